@@ -1,0 +1,298 @@
+#include "planner/dataset_index.h"
+
+#include <dirent.h>
+#include <glob.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace meshload {
+namespace {
+
+std::string StripFileScheme(const std::string& uri) {
+  if (uri.rfind("file://", 0) == 0) return uri.substr(7);
+  return uri;
+}
+
+bool HasGlobChars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
+
+std::string ShapeString(const std::vector<uint64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  if (shape.size() == 1) s += ",";
+  return s + ")";
+}
+
+uint64_t Product(const std::vector<uint64_t>& v, size_t from) {
+  uint64_t p = 1;
+  for (size_t i = from; i < v.size(); ++i) p *= v[i];
+  return p;
+}
+
+}  // namespace
+
+bool DatasetIndex::IsLocalUri(const std::string& uri) {
+  if (uri.rfind("file://", 0) == 0) return true;
+  return uri.find("://") == std::string::npos;
+}
+
+Result<std::vector<std::string>> DatasetIndex::ListFiles(const std::string& uri) {
+  if (!IsLocalUri(uri)) {
+    return Status(StatusCode::kUnavailable,
+                  "not a local path; the planner cannot list it (give spec.dataset.samples or "
+                  "--samples)",
+                  uri);
+  }
+  const std::string path = StripFileScheme(uri);
+  std::vector<std::string> files;
+  if (HasGlobChars(path)) {
+    glob_t g{};
+    int rc = ::glob(path.c_str(), GLOB_ERR | GLOB_NOSORT, nullptr, &g);
+    if (rc == GLOB_NOMATCH) {
+      globfree(&g);
+      return NotFound("the glob matches no file", uri);
+    }
+    if (rc != 0) {
+      globfree(&g);
+      return IoError("cannot expand the glob", uri);
+    }
+    for (size_t i = 0; i < g.gl_pathc; ++i) {
+      struct stat st {};
+      if (::stat(g.gl_pathv[i], &st) == 0 && S_ISREG(st.st_mode)) files.emplace_back(g.gl_pathv[i]);
+    }
+    globfree(&g);
+    if (files.empty()) return NotFound("the glob matches no regular file", uri);
+  } else {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return IoErrorFromErrno("cannot stat dataset", uri, errno);
+    if (S_ISDIR(st.st_mode)) {
+      DIR* dir = ::opendir(path.c_str());
+      if (!dir) return IoErrorFromErrno("cannot open dataset directory", uri, errno);
+      while (struct dirent* e = ::readdir(dir)) {
+        std::string name = e->d_name;
+        if (name.empty() || name[0] == '.') continue;  // hidden files and . / ..
+        std::string full = path + (path.back() == '/' ? "" : "/") + name;
+        struct stat fst {};
+        if (::stat(full.c_str(), &fst) == 0 && S_ISREG(fst.st_mode)) files.push_back(full);
+      }
+      ::closedir(dir);
+      if (files.empty()) return NotFound("the dataset directory has no regular files", uri);
+    } else if (S_ISREG(st.st_mode)) {
+      files.push_back(path);
+    } else {
+      return InvalidArgument("is neither a regular file nor a directory", uri);
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+Result<DatasetIndex> DatasetIndex::Build(const DatasetSpec& spec, Diagnostics& diags) {
+  ASSIGN_OR_RETURN(std::vector<std::string> paths, ListFiles(spec.uri));
+  DatasetIndex idx;
+  idx.format_ = spec.format;
+  idx.indexed_ = true;
+  idx.dtype_ = spec.dtype.value_or(DType::kUint8);
+  uint64_t total = 0;  // samples or tokens
+  for (const std::string& p : paths) {
+    DatasetFile f;
+    f.path = p;
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) {
+      diags.Add(IoErrorFromErrno("cannot stat", p, errno));
+      continue;
+    }
+    f.size = static_cast<uint64_t>(st.st_size);
+    switch (spec.format) {
+      case DatasetFormat::kFixedRecord: {
+        const uint64_t rb = static_cast<uint64_t>(spec.record_bytes);
+        if (f.size % rb != 0) {
+          diags.Add(p, "size " + std::to_string(f.size) + " is not a whole number of " +
+                           std::to_string(rb) + "-byte records (" + std::to_string(f.size / rb) +
+                           " records and " + std::to_string(f.size % rb) +
+                           " bytes left over); check spec.dataset.recordBytes");
+        }
+        f.count = f.size / rb;
+        break;
+      }
+      case DatasetFormat::kTokenStream: {
+        const uint64_t tb = DTypeSize(idx.dtype_);
+        if (f.size % tb != 0) {
+          diags.Add(p, "size " + std::to_string(f.size) + " is not a whole number of " +
+                           std::string(DTypeName(idx.dtype_)) + " tokens (" + std::to_string(tb) +
+                           " bytes each); check spec.dataset.dtype");
+        }
+        f.count = f.size / tb;
+        break;
+      }
+      case DatasetFormat::kNpy: {
+        auto h = ReadNpyHeader(p);
+        if (!h.ok()) {
+          diags.Add(h.status());
+          continue;
+        }
+        if (h->shape.empty()) {
+          diags.Add(p, "holds a 0-dimensional array; samples run along axis 0, so it needs at least 1 dimension");
+          continue;
+        }
+        if (spec.dtype && *spec.dtype != h->dtype) {
+          diags.Add(p, "dtype is " + std::string(DTypeName(h->dtype)) + " ('" + h->descr +
+                           "') but spec.dataset.dtype is " + std::string(DTypeName(*spec.dtype)));
+        }
+        if (!idx.files_.empty() && idx.files_.front().npy) {
+          const NpyHeader& first = *idx.files_.front().npy;
+          std::vector<uint64_t> a(first.shape.begin() + 1, first.shape.end());
+          std::vector<uint64_t> b(h->shape.begin() + 1, h->shape.end());
+          if (a != b || first.dtype != h->dtype) {
+            diags.Add(p, "holds samples of shape " + ShapeString(b) + " and dtype " +
+                             std::string(DTypeName(h->dtype)) + ", but " + idx.files_.front().path +
+                             " holds " + ShapeString(a) + " " + std::string(DTypeName(first.dtype)) +
+                             "; every file of a dataset must agree");
+          }
+        }
+        if (f.size != h->data_offset + h->data_bytes) {
+          diags.Add(p, "size " + std::to_string(f.size) + " does not match its npy header, which says " +
+                           std::to_string(h->data_offset) + " header bytes + " +
+                           std::to_string(h->data_bytes) + " data bytes = " +
+                           std::to_string(h->data_offset + h->data_bytes) +
+                           (f.size < h->data_offset + h->data_bytes ? " (truncated)" : " (trailing bytes)"));
+        }
+        f.data_offset = h->data_offset;
+        f.count = h->shape[0];
+        f.npy = std::move(*h);
+        break;
+      }
+    }
+    f.first = total;
+    total += f.count;
+    idx.files_.push_back(std::move(f));
+  }
+  if (idx.files_.empty()) return InvalidArgument("no usable dataset file", spec.uri);
+
+  switch (spec.format) {
+    case DatasetFormat::kFixedRecord: {
+      idx.num_samples_ = total;
+      idx.sample_bytes_ = static_cast<uint64_t>(spec.record_bytes);
+      idx.sample_shape_ = {idx.sample_bytes_ / DTypeSize(idx.dtype_)};
+      break;
+    }
+    case DatasetFormat::kTokenStream: {
+      idx.token_bytes_ = DTypeSize(idx.dtype_);
+      idx.sequence_length_ = static_cast<uint64_t>(spec.sequence_length);
+      idx.num_samples_ = total >= 1 ? (total - 1) / idx.sequence_length_ : 0;
+      idx.sample_bytes_ = (idx.sequence_length_ + 1) * idx.token_bytes_;
+      idx.sample_shape_ = {idx.sequence_length_ + 1};
+      break;
+    }
+    case DatasetFormat::kNpy: {
+      const NpyHeader& h = *idx.files_.front().npy;
+      idx.dtype_ = h.dtype;
+      idx.num_samples_ = total;
+      idx.sample_shape_.assign(h.shape.begin() + 1, h.shape.end());
+      idx.sample_bytes_ = Product(h.shape, 1) * DTypeSize(h.dtype);
+      if (spec.record_bytes > 0 && static_cast<uint64_t>(spec.record_bytes) != idx.sample_bytes_) {
+        diags.Add("spec.dataset.recordBytes",
+                  std::to_string(spec.record_bytes) + " disagrees with the npy files, whose samples are " +
+                      std::to_string(idx.sample_bytes_) + " bytes (shape " +
+                      ShapeString(idx.sample_shape_) + ", " + std::string(DTypeName(h.dtype)) + ")");
+      }
+      break;
+    }
+  }
+  if (spec.samples && static_cast<uint64_t>(*spec.samples) != idx.num_samples_) {
+    diags.Add("spec.dataset.samples", "says " + std::to_string(*spec.samples) + " but the files at " +
+                                          spec.uri + " hold " + std::to_string(idx.num_samples_) +
+                                          " samples; remove it or correct it");
+  }
+  return idx;
+}
+
+DatasetIndex DatasetIndex::Virtual(const DatasetSpec& spec, uint64_t samples) {
+  DatasetIndex idx;
+  idx.format_ = spec.format;
+  idx.indexed_ = false;
+  idx.dtype_ = spec.dtype.value_or(DType::kUint8);
+  idx.num_samples_ = samples;
+  DatasetFile f;
+  f.path = spec.uri;
+  switch (spec.format) {
+    case DatasetFormat::kFixedRecord:
+      idx.sample_bytes_ = static_cast<uint64_t>(spec.record_bytes);
+      idx.sample_shape_ = {idx.sample_bytes_ / DTypeSize(idx.dtype_)};
+      f.count = samples;
+      f.size = samples * idx.sample_bytes_;
+      break;
+    case DatasetFormat::kTokenStream:
+      idx.token_bytes_ = DTypeSize(idx.dtype_);
+      idx.sequence_length_ = static_cast<uint64_t>(spec.sequence_length);
+      idx.sample_bytes_ = (idx.sequence_length_ + 1) * idx.token_bytes_;
+      idx.sample_shape_ = {idx.sequence_length_ + 1};
+      f.count = samples * idx.sequence_length_ + 1;
+      f.size = f.count * idx.token_bytes_;
+      break;
+    case DatasetFormat::kNpy:
+      idx.sample_bytes_ = spec.record_bytes > 0 ? static_cast<uint64_t>(spec.record_bytes) : 0;
+      if (idx.sample_bytes_) idx.sample_shape_ = {idx.sample_bytes_ / DTypeSize(idx.dtype_)};
+      f.count = samples;
+      f.size = samples * idx.sample_bytes_;
+      break;
+  }
+  idx.files_.push_back(std::move(f));
+  return idx;
+}
+
+void DatasetIndex::AppendExtents(uint64_t i, std::vector<Extent>& out) const {
+  if (format_ == DatasetFormat::kTokenStream) {
+    uint64_t token = i * sequence_length_;
+    uint64_t left = sequence_length_ + 1;
+    // The last file whose first token is <= token (empty files share `first`
+    // with their successor and are skipped by upper_bound).
+    auto it = std::upper_bound(files_.begin(), files_.end(), token,
+                               [](uint64_t t, const DatasetFile& f) { return t < f.first; });
+    size_t fi = static_cast<size_t>(std::distance(files_.begin(), it)) - 1;
+    while (left > 0 && fi < files_.size()) {
+      const DatasetFile& f = files_[fi];
+      uint64_t in_file = token - f.first;
+      uint64_t n = std::min(left, f.count - in_file);
+      if (n > 0) {
+        out.push_back({static_cast<uint32_t>(fi), f.data_offset + in_file * token_bytes_, n * token_bytes_});
+      }
+      left -= n;
+      token += n;
+      ++fi;
+    }
+    return;
+  }
+  auto it = std::upper_bound(files_.begin(), files_.end(), i,
+                             [](uint64_t s, const DatasetFile& f) { return s < f.first; });
+  size_t fi = static_cast<size_t>(std::distance(files_.begin(), it)) - 1;
+  const DatasetFile& f = files_[fi];
+  out.push_back({static_cast<uint32_t>(fi), f.data_offset + (i - f.first) * sample_bytes_, sample_bytes_});
+}
+
+uint64_t CoalesceExtents(std::vector<Extent>& extents) {
+  if (extents.empty()) return 0;
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) {
+    return a.file != b.file ? a.file < b.file : a.offset < b.offset;
+  });
+  size_t w = 0;
+  for (size_t r = 1; r < extents.size(); ++r) {
+    Extent& cur = extents[w];
+    const Extent& next = extents[r];
+    if (next.file == cur.file && next.offset <= cur.offset + cur.length) {
+      cur.length = std::max(cur.offset + cur.length, next.offset + next.length) - cur.offset;
+    } else {
+      extents[++w] = next;
+    }
+  }
+  extents.resize(w + 1);
+  uint64_t total = 0;
+  for (const auto& e : extents) total += e.length;
+  return total;
+}
+
+}  // namespace meshload

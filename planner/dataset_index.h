@@ -1,0 +1,103 @@
+/// \file
+/// The dataset index: which files make up a dataset, how many samples it
+/// has, and where each sample's bytes are. Only sizes and headers are read.
+///
+/// A dataset URI is a plain path or a file:// URI naming one file, a
+/// directory (its regular, non-hidden files), or a glob. Several files form
+/// one dataset in lexicographic (byte) order of their paths:
+///   FixedRecord  each file is a whole number of `recordBytes` records;
+///   TokenStream  the files' tokens are concatenated into one stream, and
+///                sample i is tokens [i·T, i·T+T+1) of it (it may span two
+///                files); N = floor((tokens − 1) / T);
+///   Npy          each file is a C-order .npy array with the same dtype and
+///                trailing shape; samples run along axis 0.
+///
+/// When the files are not reachable from where the plan is computed (another
+/// machine's path, http(s)://, s3://), a *virtual* index stands in: the
+/// sample count comes from spec.dataset.samples or --samples, and sample i
+/// lives at offset i × sampleBytes of one virtual file.
+///
+/// Thread safety: immutable after construction; const methods thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/diagnostics.h"
+#include "common/status.h"
+#include "planner/dtype.h"
+#include "planner/npy.h"
+#include "planner/spec.h"
+
+namespace meshload {
+
+struct DatasetFile {
+  std::string path;
+  uint64_t size = 0;         // bytes on disk
+  uint64_t data_offset = 0;  // bytes before the sample data (the .npy header)
+  uint64_t first = 0;        // first sample (record formats) or first token (TokenStream)
+  uint64_t count = 0;        // samples (record formats) or tokens (TokenStream) in this file
+  std::optional<NpyHeader> npy;
+};
+
+/// A byte range of one file.
+struct Extent {
+  uint32_t file = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+class DatasetIndex {
+ public:
+  /// Lists and inspects the files of `spec.uri`. Every problem (missing files,
+  /// sizes that are not whole records or tokens, npy headers that disagree,
+  /// spec.dataset.samples contradicting the files) goes to `diags`; the
+  /// result is an error only when nothing usable was found. Precondition:
+  /// the format-specific fields passed ValidateJobSpec.
+  static Result<DatasetIndex> Build(const DatasetSpec& spec, Diagnostics& diags);
+
+  /// An index of `samples` samples in one virtual file, for data that the
+  /// planner cannot reach. sampleBytes is known for FixedRecord and
+  /// TokenStream, and for Npy only when spec.recordBytes gives it.
+  static DatasetIndex Virtual(const DatasetSpec& spec, uint64_t samples);
+
+  /// True for a URI the planner can list (a local path or file:// URI).
+  static bool IsLocalUri(const std::string& uri);
+  /// Expands a local URI into its files in lexicographic order.
+  static Result<std::vector<std::string>> ListFiles(const std::string& uri);
+
+  DatasetFormat format() const { return format_; }
+  DType dtype() const { return dtype_; }
+  uint64_t num_samples() const { return num_samples_; }
+  /// Bytes of one sample as delivered to the trainer (TokenStream: (T+1)
+  /// tokens). 0 when unknown (a virtual Npy index without recordBytes).
+  uint64_t sample_bytes() const { return sample_bytes_; }
+  /// Shape of one sample in elements of dtype().
+  const std::vector<uint64_t>& sample_shape() const { return sample_shape_; }
+  /// True when the files were read; false for a virtual index.
+  bool indexed() const { return indexed_; }
+  const std::vector<DatasetFile>& files() const { return files_; }
+
+  /// Appends the byte ranges holding sample `i` (one range, or more when a
+  /// TokenStream sample spans files). Precondition: i < num_samples().
+  void AppendExtents(uint64_t i, std::vector<Extent>& out) const;
+
+ private:
+  DatasetFormat format_ = DatasetFormat::kFixedRecord;
+  DType dtype_ = DType::kUint8;
+  uint64_t num_samples_ = 0;
+  uint64_t sample_bytes_ = 0;
+  uint64_t token_bytes_ = 0;       // TokenStream: bytes per token
+  uint64_t sequence_length_ = 0;   // TokenStream: T
+  std::vector<uint64_t> sample_shape_;
+  bool indexed_ = false;
+  std::vector<DatasetFile> files_;
+};
+
+/// Merges extents that touch or overlap within the same file (sorting them by
+/// file and offset first). Returns the total bytes of the merged ranges.
+uint64_t CoalesceExtents(std::vector<Extent>& extents);
+
+}  // namespace meshload

@@ -1,0 +1,380 @@
+#include "planner/shard_planner.h"
+
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+
+namespace meshload {
+namespace {
+
+// Appends [b, e) to `out`, merging with the last range when they touch.
+void AppendRange(std::vector<PositionRange>& out, uint64_t b, uint64_t e) {
+  if (b >= e) return;
+  if (!out.empty() && out.back().end == b) {
+    out.back().end = e;
+  } else {
+    out.push_back({b, e});
+  }
+}
+
+uint64_t CountPositions(const std::vector<PositionRange>& ranges) {
+  uint64_t n = 0;
+  for (const auto& r : ranges) n += r.end - r.begin;
+  return n;
+}
+
+// Groups (peer, range) pairs into one unit per peer, ranges in order.
+std::vector<TransferUnit> Collate(std::map<int64_t, std::vector<PositionRange>>& by_peer,
+                                  int64_t self, bool self_is_sender) {
+  std::vector<TransferUnit> out;
+  for (auto& [peer, ranges] : by_peer) {
+    std::sort(ranges.begin(), ranges.end(),
+              [](const PositionRange& a, const PositionRange& b) { return a.begin < b.begin; });
+    std::vector<PositionRange> merged;
+    for (const auto& r : ranges) AppendRange(merged, r.begin, r.end);
+    TransferUnit u;
+    u.from = self_is_sender ? self : peer;
+    u.to = self_is_sender ? peer : self;
+    u.positions = std::move(merged);
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& options,
+                               Diagnostics& diags) {
+  const size_t before = diags.problems().size();
+  ValidateJobSpec(spec, diags);
+  if (diags.problems().size() != before) return diags.ToStatus();
+
+  ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(spec.mesh));
+  std::optional<DatasetIndex> index;
+  if (options.samples) {
+    if (*options.samples < 1) {
+      diags.Add("--samples", "must be >= 1, got " + std::to_string(*options.samples));
+    } else {
+      index = DatasetIndex::Virtual(spec.dataset, static_cast<uint64_t>(*options.samples));
+    }
+  } else if (options.read_files && DatasetIndex::IsLocalUri(spec.dataset.uri)) {
+    auto built = DatasetIndex::Build(spec.dataset, diags);
+    if (built.ok()) {
+      index = std::move(*built);
+    } else if (spec.dataset.samples) {
+      // Not reachable from here (e.g. a path inside the trainer pods): plan
+      // from the declared size.
+      index = DatasetIndex::Virtual(spec.dataset, static_cast<uint64_t>(*spec.dataset.samples));
+    } else {
+      diags.Add("spec.dataset.uri", built.status().ToString() +
+                                        "; make the data reachable, or give its size with "
+                                        "spec.dataset.samples or --samples");
+    }
+  } else if (spec.dataset.samples) {
+    index = DatasetIndex::Virtual(spec.dataset, static_cast<uint64_t>(*spec.dataset.samples));
+  } else {
+    diags.Add("spec.dataset.samples",
+              "required when the dataset (" + spec.dataset.uri +
+                  ") is not read by the planner; give the number of samples, or --samples");
+  }
+  if (diags.problems().size() != before) return diags.ToStatus();
+
+  const uint64_t B = static_cast<uint64_t>(spec.batch.global_batch_size);
+  if (index->num_samples() < B) {
+    diags.Add("spec.dataset", "the dataset has " + std::to_string(index->num_samples()) +
+                                  " samples, fewer than one global batch of " + std::to_string(B) +
+                                  " (spec.batch.globalBatchSize)");
+    return diags.ToStatus();
+  }
+  ResolvedJob job{spec, std::move(mesh), std::move(*index), 0, B, 0};
+  job.samples = job.dataset.num_samples();
+  job.steps_per_epoch = job.samples / B;
+  return job;
+}
+
+ShardPlanner::ShardPlanner(ResolvedJob job) : job_(std::move(job)) {
+  shard_size_ = job_.global_batch / static_cast<uint64_t>(job_.mesh.shards());
+}
+
+std::string ShardPlanner::Unsupported(const Loading& loading) const {
+  if (loading.strategy == Strategy::kLoadAndReshard &&
+      job_.global_batch % static_cast<uint64_t>(job_.mesh.processes()) != 0) {
+    return "LoadAndReshard needs globalBatchSize (" + std::to_string(job_.global_batch) +
+           ") divisible by processes (" + std::to_string(job_.mesh.processes()) + ")";
+  }
+  return {};
+}
+
+PositionRange ShardPlanner::ShardRange(int64_t s) const {
+  const uint64_t b = static_cast<uint64_t>(s) * shard_size_;
+  return {b, b + shard_size_};
+}
+
+PositionRange ShardPlanner::BlockRange(int64_t p) const {
+  const uint64_t block = job_.global_batch / static_cast<uint64_t>(job_.mesh.processes());
+  const uint64_t b = static_cast<uint64_t>(p) * block;
+  return {b, b + block};
+}
+
+std::vector<PositionRange> ShardPlanner::ShardRanges(const std::vector<int64_t>& shards) const {
+  std::vector<PositionRange> out;
+  for (int64_t s : shards) {  // ascending, so touching shards merge
+    PositionRange r = ShardRange(s);
+    AppendRange(out, r.begin, r.end);
+  }
+  return out;
+}
+
+std::vector<ReadUnit> ShardPlanner::ReadUnits(int64_t p, const Loading& loading) const {
+  const DeviceMesh& mesh = job_.mesh;
+  const bool broadcast = loading.fanout == Fanout::kBroadcast;
+  std::vector<ReadUnit> units;
+  switch (loading.strategy) {
+    case Strategy::kGlobalLoad:
+      if (!broadcast || p == 0) units.push_back({p, -1, {{0, job_.global_batch}}});
+      break;
+    case Strategy::kPerDevice: {
+      const int64_t first = p * mesh.devices_per_process();
+      for (int64_t d = first; d < first + mesh.devices_per_process(); ++d) {
+        const int64_t s = mesh.ShardOf(d);
+        if (broadcast && mesh.OwnerOf(s) != p) continue;
+        units.push_back({p, d, {ShardRange(s)}});
+      }
+      break;
+    }
+    case Strategy::kPerProcess: {
+      std::vector<int64_t> shards;
+      for (int64_t s : mesh.ShardsOfProcess(p)) {
+        if (!broadcast || mesh.OwnerOf(s) == p) shards.push_back(s);
+      }
+      if (!shards.empty()) units.push_back({p, -1, ShardRanges(shards)});
+      break;
+    }
+    case Strategy::kLoadAndReshard:
+      units.push_back({p, -1, {BlockRange(p)}});
+      break;
+  }
+  return units;
+}
+
+std::vector<TransferUnit> ShardPlanner::TransfersTo(int64_t q, const Loading& loading) const {
+  const DeviceMesh& mesh = job_.mesh;
+  std::map<int64_t, std::vector<PositionRange>> by_source;
+  const bool broadcast = loading.fanout == Fanout::kBroadcast;
+  switch (loading.strategy) {
+    case Strategy::kGlobalLoad:
+      if (broadcast && q != 0) by_source[0] = ShardRanges(mesh.ShardsOfProcess(q));
+      break;
+    case Strategy::kPerDevice:
+    case Strategy::kPerProcess:
+      if (broadcast) {
+        for (int64_t s : mesh.ShardsOfProcess(q)) {
+          if (mesh.OwnerOf(s) != q) AppendRange(by_source[mesh.OwnerOf(s)], ShardRange(s).begin, ShardRange(s).end);
+        }
+      }
+      break;
+    case Strategy::kLoadAndReshard: {
+      const uint64_t block = job_.global_batch / static_cast<uint64_t>(mesh.processes());
+      for (int64_t s : mesh.ShardsOfProcess(q)) {
+        const PositionRange r = ShardRange(s);
+        for (uint64_t pb = r.begin / block; pb * block < r.end; ++pb) {
+          if (static_cast<int64_t>(pb) == q) continue;
+          const uint64_t b = std::max(r.begin, pb * block);
+          const uint64_t e = std::min(r.end, (pb + 1) * block);
+          AppendRange(by_source[static_cast<int64_t>(pb)], b, e);
+        }
+      }
+      break;
+    }
+  }
+  return Collate(by_source, q, /*self_is_sender=*/false);
+}
+
+std::vector<TransferUnit> ShardPlanner::TransfersFrom(int64_t p, const Loading& loading) const {
+  const DeviceMesh& mesh = job_.mesh;
+  std::map<int64_t, std::vector<PositionRange>> by_target;
+  const bool broadcast = loading.fanout == Fanout::kBroadcast;
+  switch (loading.strategy) {
+    case Strategy::kGlobalLoad:
+      if (broadcast && p == 0) {
+        for (int64_t q = 1; q < mesh.processes(); ++q) by_target[q] = ShardRanges(mesh.ShardsOfProcess(q));
+      }
+      break;
+    case Strategy::kPerDevice:
+    case Strategy::kPerProcess:
+      if (broadcast) {
+        for (int64_t s : mesh.ShardsOfProcess(p)) {
+          if (mesh.OwnerOf(s) != p) continue;
+          for (int64_t q : mesh.ProcessesOfShard(s)) {
+            if (q != p) AppendRange(by_target[q], ShardRange(s).begin, ShardRange(s).end);
+          }
+        }
+      }
+      break;
+    case Strategy::kLoadAndReshard: {
+      const PositionRange blk = BlockRange(p);
+      for (uint64_t s = blk.begin / shard_size_; s * shard_size_ < blk.end; ++s) {
+        const PositionRange r = ShardRange(static_cast<int64_t>(s));
+        const uint64_t b = std::max(r.begin, blk.begin);
+        const uint64_t e = std::min(r.end, blk.end);
+        for (int64_t q : mesh.ProcessesOfShard(static_cast<int64_t>(s))) {
+          if (q != p) AppendRange(by_target[q], b, e);
+        }
+      }
+      break;
+    }
+  }
+  return Collate(by_target, p, /*self_is_sender=*/true);
+}
+
+std::vector<uint64_t> ShardPlanner::GlobalBatch(int64_t step) const {
+  const uint64_t epoch = EpochOf(step);
+  const uint64_t j = static_cast<uint64_t>(step) % job_.steps_per_epoch;
+  EpochPermutation perm(job_.spec.shuffle, job_.samples, epoch);
+  std::vector<uint64_t> out(job_.global_batch);
+  const uint64_t base = j * job_.global_batch;
+  for (uint64_t i = 0; i < job_.global_batch; ++i) out[i] = perm.At(base + i);
+  return out;
+}
+
+StepPlan ShardPlanner::PlanStep(int64_t step, const Loading& loading,
+                                std::optional<int64_t> process) const {
+  const DeviceMesh& mesh = job_.mesh;
+  StepPlan plan;
+  plan.step = step;
+  plan.epoch = EpochOf(step);
+  plan.step_in_epoch = static_cast<uint64_t>(step) % job_.steps_per_epoch;
+  EpochPermutation perm(job_.spec.shuffle, job_.samples, plan.epoch);
+  const uint64_t base = plan.step_in_epoch * job_.global_batch;
+
+  // With one process we evaluate only the positions it touches; for the whole
+  // mesh the global batch is evaluated once and indexed.
+  std::vector<uint64_t> batch;
+  if (!process) batch = GlobalBatch(step);
+  auto sample_at = [&](uint64_t pos) { return process ? perm.At(base + pos) : batch[pos]; };
+  auto samples_of = [&](const std::vector<PositionRange>& ranges) {
+    std::vector<uint64_t> out;
+    out.reserve(CountPositions(ranges));
+    for (const auto& r : ranges) {
+      for (uint64_t pos = r.begin; pos < r.end; ++pos) out.push_back(sample_at(pos));
+    }
+    return out;
+  };
+
+  const int64_t p_begin = process ? *process : 0;
+  const int64_t p_end = process ? *process + 1 : mesh.processes();
+  const int64_t L = mesh.devices_per_process();
+  std::vector<Extent> extents;
+  for (int64_t p = p_begin; p < p_end; ++p) {
+    for (int64_t d = p * L; d < (p + 1) * L; ++d) {
+      const int64_t s = mesh.ShardOf(d);
+      plan.devices.push_back({d, p, s, samples_of({ShardRange(s)})});
+    }
+    for (ReadUnit& u : ReadUnits(p, loading)) {
+      ReadPlan r;
+      r.process = u.process;
+      r.device = u.device;
+      r.samples = samples_of(u.positions);
+      extents.clear();
+      for (uint64_t id : r.samples) job_.dataset.AppendExtents(id, extents);
+      r.bytes = CoalesceExtents(extents);
+      r.ranges = extents;
+      plan.bytes_read += r.bytes;
+      plan.reads.push_back(std::move(r));
+    }
+    std::vector<TransferUnit> units = TransfersFrom(p, loading);
+    if (process) {
+      std::vector<TransferUnit> in = TransfersTo(p, loading);
+      units.insert(units.end(), in.begin(), in.end());
+    }
+    for (TransferUnit& u : units) {
+      TransferPlan t;
+      t.from = u.from;
+      t.to = u.to;
+      t.samples = samples_of(u.positions);
+      t.bytes = t.samples.size() * job_.dataset.sample_bytes();
+      plan.bytes_transferred += t.bytes;
+      plan.transfers.push_back(std::move(t));
+    }
+  }
+  std::sort(plan.transfers.begin(), plan.transfers.end(), [](const TransferPlan& a, const TransferPlan& b) {
+    return a.from != b.from ? a.from < b.from : a.to < b.to;
+  });
+  return plan;
+}
+
+StepCost ShardPlanner::ComputeCost(int64_t step, const Loading& loading) const {
+  const DeviceMesh& mesh = job_.mesh;
+  const std::vector<uint64_t> batch = GlobalBatch(step);
+  const uint64_t sample_bytes = job_.dataset.sample_bytes();
+
+  // Many read units share their positions (every process under GlobalLoad,
+  // replicas under PerDevice): coalesce each distinct position set once.
+  struct Coalesced {
+    uint64_t bytes;
+    uint64_t ranges;
+  };
+  struct RangesHash {
+    size_t operator()(const std::vector<PositionRange>& v) const {
+      uint64_t h = v.size();
+      for (const auto& r : v) h = Mix64(h ^ Mix64(r.begin ^ (r.end << 32)));
+      return static_cast<size_t>(h);
+    }
+  };
+  std::unordered_map<std::vector<PositionRange>, Coalesced, RangesHash> memo;
+  std::vector<Extent> extents;
+
+  StepCost cost;
+  cost.per_process.resize(static_cast<size_t>(mesh.processes()));
+  for (int64_t p = 0; p < mesh.processes(); ++p) {
+    ProcessCost& pc = cost.per_process[static_cast<size_t>(p)];
+    for (const ReadUnit& u : ReadUnits(p, loading)) {
+      auto it = memo.find(u.positions);
+      if (it == memo.end()) {
+        extents.clear();
+        for (const auto& r : u.positions) {
+          for (uint64_t pos = r.begin; pos < r.end; ++pos) job_.dataset.AppendExtents(batch[pos], extents);
+        }
+        uint64_t bytes = CoalesceExtents(extents);
+        it = memo.emplace(u.positions, Coalesced{bytes, extents.size()}).first;
+      }
+      pc.bytes_read += it->second.bytes;
+      pc.read_ranges += it->second.ranges;
+    }
+    for (const TransferUnit& u : TransfersFrom(p, loading)) {
+      const uint64_t bytes = CountPositions(u.positions) * sample_bytes;
+      pc.bytes_sent += bytes;
+      cost.per_process[static_cast<size_t>(u.to)].bytes_received += bytes;
+      cost.bytes_transferred += bytes;
+    }
+    cost.bytes_read += pc.bytes_read;
+    cost.read_ranges += pc.read_ranges;
+  }
+  return cost;
+}
+
+Result<std::pair<int64_t, int64_t>> ParseStepRange(std::string_view text) {
+  auto parse = [](std::string_view s, int64_t& out) {
+    if (s.empty() || s.size() > 18) return false;
+    int64_t v = 0;
+    for (char c : s) {
+      if (c < '0' || c > '9') return false;
+      v = v * 10 + (c - '0');
+    }
+    out = v;
+    return true;
+  };
+  const size_t colon = text.find(':');
+  int64_t a = 0, b = 0;
+  if (colon == std::string_view::npos) {
+    if (!parse(text, a)) return InvalidArgument("expected a step N or a range A:B, got '" + std::string(text) + "'", "--steps");
+    return std::make_pair(a, a + 1);
+  }
+  if (!parse(text.substr(0, colon), a) || !parse(text.substr(colon + 1), b)) {
+    return InvalidArgument("expected A:B with non-negative integers, got '" + std::string(text) + "'", "--steps");
+  }
+  if (b <= a) return InvalidArgument("the range " + std::string(text) + " is empty; B must be > A", "--steps");
+  return std::make_pair(a, b);
+}
+
+}  // namespace meshload

@@ -1,0 +1,329 @@
+// Spec validation: everything that can be checked without the dataset.
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <set>
+
+#include "planner/spec.h"
+
+namespace meshload {
+
+std::string_view ToString(ReplicationMode m) {
+  switch (m) {
+    case ReplicationMode::kNone: return "None";
+    case ReplicationMode::kPartial: return "Partial";
+    case ReplicationMode::kFull: return "Full";
+  }
+  return "?";
+}
+std::string_view ToString(Fanout f) { return f == Fanout::kLoad ? "Load" : "Broadcast"; }
+std::string_view ToString(Strategy s) {
+  switch (s) {
+    case Strategy::kGlobalLoad: return "GlobalLoad";
+    case Strategy::kPerDevice: return "PerDevice";
+    case Strategy::kPerProcess: return "PerProcess";
+    case Strategy::kLoadAndReshard: return "LoadAndReshard";
+  }
+  return "?";
+}
+std::string_view ToString(DatasetFormat f) {
+  switch (f) {
+    case DatasetFormat::kFixedRecord: return "FixedRecord";
+    case DatasetFormat::kTokenStream: return "TokenStream";
+    case DatasetFormat::kNpy: return "Npy";
+  }
+  return "?";
+}
+std::string_view ToString(ShuffleMode m) {
+  switch (m) {
+    case ShuffleMode::kNone: return "None";
+    case ShuffleMode::kGlobal: return "Global";
+    case ShuffleMode::kBlock: return "Block";
+  }
+  return "?";
+}
+
+std::string FormatNameList(const std::vector<std::string>& names) {
+  std::string s = "[";
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i) s += ", ";
+    s += names[i];
+  }
+  return s + "]";
+}
+
+std::vector<std::string> EffectiveBatchAxes(const MeshSpec& mesh) {
+  if (mesh.batch_axes_set) return mesh.batch_axes;
+  std::vector<std::string> all;
+  for (const auto& a : mesh.axes) all.push_back(a.name);
+  return all;
+}
+
+ReplicationMode ImpliedReplicationMode(const MeshSpec& mesh) {
+  std::vector<std::string> batch = EffectiveBatchAxes(mesh);
+  if (batch.empty()) return ReplicationMode::kFull;
+  std::set<std::string> b(batch.begin(), batch.end());
+  for (const auto& a : mesh.axes) {
+    // An axis of size 1 replicates nothing, so leaving it out of batchAxes
+    // does not make the job partially replicated.
+    if (a.size > 1 && !b.count(a.name)) return ReplicationMode::kPartial;
+  }
+  return ReplicationMode::kNone;
+}
+
+namespace {
+
+constexpr int64_t kMaxAxisSize = int64_t{1} << 20;
+constexpr int64_t kMaxDevices = int64_t{1} << 22;
+constexpr int64_t kMaxPrefetch = 1024;
+
+bool IsValidAxisName(const std::string& s) {
+  if (s.empty() || s.size() > 63) return false;
+  if (!(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+
+bool IsIntegerType(DType t) {
+  switch (t) {
+    case DType::kInt8: case DType::kUint8: case DType::kInt16: case DType::kUint16:
+    case DType::kInt32: case DType::kUint32: case DType::kInt64: case DType::kUint64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Adds a problem unless the parser already reported one at this path (a
+// missing required field should not also be "must be >= 1, got 0").
+void AddOnce(Diagnostics& d, const std::string& path, std::string msg) {
+  for (const auto& p : d.problems()) {
+    if (p.path == path) return;
+  }
+  d.Add(path, std::move(msg));
+}
+
+std::string AxisList(const MeshSpec& mesh) {
+  std::string s = "[";
+  for (size_t i = 0; i < mesh.axes.size(); ++i) {
+    if (i) s += ", ";
+    s += mesh.axes[i].name + "=" + std::to_string(mesh.axes[i].size);
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+int64_t ValidateMeshSpec(const MeshSpec& mesh, Diagnostics& d) {
+  bool ok = true;
+  if (mesh.processes < 1) {
+    AddOnce(d, "spec.mesh.processes", "must be >= 1, got " + std::to_string(mesh.processes));
+    ok = false;
+  }
+  if (mesh.devices_per_process < 1) {
+    AddOnce(d, "spec.mesh.devicesPerProcess",
+            "must be >= 1, got " + std::to_string(mesh.devices_per_process));
+    ok = false;
+  }
+  if (mesh.axes.empty()) {
+    AddOnce(d, "spec.mesh.axes", "must list at least one axis, e.g. [{name: data, size: 8}]");
+    return 0;
+  }
+  std::map<std::string, size_t> seen;
+  int64_t devices = 1;
+  for (size_t i = 0; i < mesh.axes.size(); ++i) {
+    const auto& a = mesh.axes[i];
+    const std::string ap = "spec.mesh.axes[" + std::to_string(i) + "]";
+    if (!IsValidAxisName(a.name)) {
+      AddOnce(d, ap + ".name",
+              "'" + a.name + "' is not a valid axis name (a letter or _, then letters, digits, _ or -; at most 63)");
+      ok = false;
+    } else if (auto it = seen.find(a.name); it != seen.end()) {
+      d.Add(ap + ".name", "duplicate axis name '" + a.name + "' (also axes[" +
+                              std::to_string(it->second) + "]); axis names must be unique");
+      ok = false;
+    } else {
+      seen[a.name] = i;
+    }
+    if (a.size < 1) {
+      AddOnce(d, ap + ".size", "must be >= 1, got " + std::to_string(a.size));
+      ok = false;
+    } else if (a.size > kMaxAxisSize) {
+      d.Add(ap + ".size", "must be <= " + std::to_string(kMaxAxisSize) + ", got " + std::to_string(a.size));
+      ok = false;
+    } else if (ok) {
+      devices *= a.size;
+      if (devices > kMaxDevices) {
+        d.Add("spec.mesh.axes", "the mesh has more than " + std::to_string(kMaxDevices) + " devices");
+        ok = false;
+      }
+    }
+  }
+  if (!ok) return 0;
+  if (mesh.processes * mesh.devices_per_process != devices) {
+    d.Add("spec.mesh", "processes × devicesPerProcess = " + std::to_string(mesh.processes) + " × " +
+                           std::to_string(mesh.devices_per_process) + " = " +
+                           std::to_string(mesh.processes * mesh.devices_per_process) +
+                           ", but the axes " + AxisList(mesh) + " have " + std::to_string(devices) +
+                           " devices; they must be equal");
+    ok = false;
+  }
+  // batchAxes
+  int64_t shards = 1;
+  std::set<std::string> used;
+  bool batch_ok = true;
+  if (mesh.batch_axes_set) {
+    for (size_t i = 0; i < mesh.batch_axes.size(); ++i) {
+      const std::string& n = mesh.batch_axes[i];
+      const std::string bp = "spec.mesh.batchAxes[" + std::to_string(i) + "]";
+      auto it = seen.find(n);
+      if (it == seen.end()) {
+        std::string hint;
+        for (const auto& [name, idx] : seen) {
+          (void)idx;
+          if (name.size() + 2 >= n.size() && n.size() + 2 >= name.size() &&
+              (name.find(n) != std::string::npos || n.find(name) != std::string::npos)) {
+            hint = " (did you mean " + name + "?)";
+          }
+        }
+        d.Add(bp, "unknown axis '" + n + "'" + hint + "; the mesh axes are " +
+                      FormatNameList(EffectiveBatchAxes(MeshSpec{0, 0, mesh.axes, {}, false})));
+        batch_ok = false;
+      } else if (!used.insert(n).second) {
+        d.Add(bp, "axis '" + n + "' is listed twice; each axis may shard the batch once");
+        batch_ok = false;
+      } else {
+        shards *= mesh.axes[it->second].size;
+      }
+    }
+  } else {
+    for (const auto& a : mesh.axes) shards *= a.size;
+  }
+  if (!batch_ok) return 0;
+  return ok ? shards : 0;
+}
+
+void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
+  const MeshSpec& mesh = spec.mesh;
+  const int64_t shards = ValidateMeshSpec(mesh, d);
+
+  // Replication mode against batchAxes: a mismatch is an error, not a guess.
+  if (shards > 0 && spec.replication.mode) {
+    ReplicationMode implied = ImpliedReplicationMode(mesh);
+    ReplicationMode declared = *spec.replication.mode;
+    if (implied != declared) {
+      std::string why;
+      switch (declared) {
+        case ReplicationMode::kNone:
+          why = "None (pure data parallel) needs batchAxes to include every axis of size > 1";
+          break;
+        case ReplicationMode::kFull:
+          why = "Full needs batchAxes: [] (every device holds the whole global batch)";
+          break;
+        case ReplicationMode::kPartial:
+          why = "Partial needs batchAxes to leave out some axis of size > 1, but not all";
+          break;
+      }
+      std::string batch_desc = mesh.batch_axes_set
+                                   ? "batchAxes " + FormatNameList(mesh.batch_axes)
+                                   : "batchAxes (defaulted to every axis " +
+                                         FormatNameList(EffectiveBatchAxes(mesh)) + ")";
+      d.Add("spec.replication.mode", "declared " + std::string(ToString(declared)) + " but " +
+                                         batch_desc + " mean " + std::string(ToString(implied)) +
+                                         "; " + why);
+    }
+  }
+
+  const int64_t B = spec.batch.global_batch_size;
+  if (B < 1) {
+    AddOnce(d, "spec.batch.globalBatchSize", "must be >= 1, got " + std::to_string(B));
+  } else if (shards > 0) {
+    if (B % shards != 0) {
+      d.Add("spec.batch.globalBatchSize",
+            std::to_string(B) + " is not divisible by the " + std::to_string(shards) +
+                " data shards of batchAxes " + FormatNameList(EffectiveBatchAxes(mesh)) +
+                "; use a multiple of " + std::to_string(shards));
+    }
+    if (spec.strategy == Strategy::kLoadAndReshard && mesh.processes >= 1 &&
+        B % mesh.processes != 0) {
+      d.Add("spec.batch.globalBatchSize",
+            std::to_string(B) + " is not divisible by the " + std::to_string(mesh.processes) +
+                " processes, which strategy LoadAndReshard needs (process p reads positions "
+                "[p·B/P, (p+1)·B/P)); use a multiple of " + std::to_string(mesh.processes) +
+                " or another strategy");
+    }
+  }
+  if (spec.batch.prefetch < 1 || spec.batch.prefetch > kMaxPrefetch) {
+    d.Add("spec.batch.prefetch", "must be between 1 and " + std::to_string(kMaxPrefetch) +
+                                     ", got " + std::to_string(spec.batch.prefetch));
+  }
+
+  // Dataset fields by format.
+  const DatasetSpec& ds = spec.dataset;
+  if (ds.uri.empty()) AddOnce(d, "spec.dataset.uri", "must not be empty");
+  switch (ds.format) {
+    case DatasetFormat::kFixedRecord: {
+      if (ds.record_bytes < 1) {
+        AddOnce(d, "spec.dataset.recordBytes",
+                ds.record_bytes == 0 ? "required for format FixedRecord: the bytes of one record"
+                                     : "must be >= 1, got " + std::to_string(ds.record_bytes));
+      } else if (ds.dtype && ds.record_bytes % static_cast<int64_t>(DTypeSize(*ds.dtype)) != 0) {
+        d.Add("spec.dataset.recordBytes",
+              std::to_string(ds.record_bytes) + " is not a whole number of " +
+                  std::string(DTypeName(*ds.dtype)) + " elements (" +
+                  std::to_string(DTypeSize(*ds.dtype)) + " bytes each)");
+      }
+      if (ds.sequence_length != 0) {
+        d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
+      }
+      break;
+    }
+    case DatasetFormat::kTokenStream: {
+      if (!ds.dtype) {
+        AddOnce(d, "spec.dataset.dtype",
+                "required for format TokenStream: the token type, e.g. uint16 or uint32");
+      } else if (!IsIntegerType(*ds.dtype)) {
+        d.Add("spec.dataset.dtype", "TokenStream tokens must be an integer type, got " +
+                                        std::string(DTypeName(*ds.dtype)));
+      }
+      if (ds.sequence_length < 1) {
+        AddOnce(d, "spec.dataset.sequenceLength",
+                ds.sequence_length == 0
+                    ? "required for format TokenStream: tokens per sample (T; a sample is T+1 tokens)"
+                    : "must be >= 1, got " + std::to_string(ds.sequence_length));
+      }
+      if (ds.record_bytes != 0) {
+        d.Add("spec.dataset.recordBytes",
+              "is not used by format TokenStream (a sample is sequenceLength+1 tokens); remove it");
+      }
+      break;
+    }
+    case DatasetFormat::kNpy: {
+      if (ds.sequence_length != 0) {
+        d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
+      }
+      if (ds.record_bytes < 0) {
+        d.Add("spec.dataset.recordBytes", "must be >= 1, got " + std::to_string(ds.record_bytes));
+      }
+      break;
+    }
+  }
+  if (ds.samples && *ds.samples < 1) {
+    d.Add("spec.dataset.samples", "must be >= 1, got " + std::to_string(*ds.samples));
+  }
+  if (ds.samples && B >= 1 && *ds.samples >= 1 && *ds.samples < B) {
+    d.Add("spec.dataset.samples", "the dataset has " + std::to_string(*ds.samples) +
+                                      " samples, fewer than one global batch of " +
+                                      std::to_string(B));
+  }
+  if (spec.shuffle.mode == ShuffleMode::kBlock && spec.shuffle.block_size < 1) {
+    d.Add("spec.shuffle.blockSize", "must be >= 1, got " + std::to_string(spec.shuffle.block_size));
+  }
+  if (spec.resume.step < 0) {
+    d.Add("spec.resume.step", "must be >= 0, got " + std::to_string(spec.resume.step));
+  }
+}
+
+}  // namespace meshload

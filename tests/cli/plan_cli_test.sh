@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# End-to-end tests of `meshload plan`: exit codes, the JSON contract
+# (docs/plan-json.md) and validation messages on stderr.
+# usage: plan_cli_test.sh MESHLOAD_BINARY REPO_ROOT
+set -u
+BIN=$1
+ROOT=$2
+PY=${PYTHON:-python3}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+check() {  # check NAME CONDITION-EXIT-CODE
+  if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi
+}
+
+JOB=$ROOT/examples/hybrid-fsdp.yaml
+
+# 1. A valid job prints a table with the cost and exits 0.
+out=$("$BIN" plan -f "$JOB" 2>"$TMP/err"); rc=$?
+[ $rc -eq 0 ] && grep -q "cost per step" <<<"$out" && grep -q "device 7  shard 3" <<<"$out"
+check "table output for a valid job" $?
+
+# 2. JSON follows the contract.
+"$BIN" plan -f "$JOB" --format json --steps 2:5 >"$TMP/plan.json"; rc=$?
+[ $rc -eq 0 ] && "$PY" - "$TMP/plan.json" <<'PYEOF'
+import json, sys
+p = json.load(open(sys.argv[1]))
+for k in ["processes", "devices", "shards", "globalBatch", "samples", "stepsPerEpoch", "steps", "cost"]:
+    assert k in p, k
+assert p["processes"] == 4 and p["devices"] == 8 and p["shards"] == 4 and p["globalBatch"] == 32
+assert [s["step"] for s in p["steps"]] == [2, 3, 4]
+for s in p["steps"]:
+    assert set(s) >= {"step", "epoch", "devices", "reads", "transfers"}
+    assert len(s["devices"]) == 8
+    by_shard = {}
+    for d in s["devices"]:
+        assert set(d) >= {"device", "process", "shard", "samples"}
+        assert all(0 <= x < p["samples"] for x in d["samples"])
+        by_shard.setdefault(d["shard"], d["samples"])
+        assert by_shard[d["shard"]] == d["samples"], "replicas differ"
+    batch = sum((by_shard[k] for k in sorted(by_shard)), [])
+    assert len(batch) == 32 and len(set(batch)) == 32
+    for r in s["reads"]:
+        assert set(r) >= {"process", "samples"}
+    for t in s["transfers"]:
+        assert set(t) >= {"from", "to", "samples"}
+assert set(p["cost"]) >= {"bytesReadPerStep", "bytesTransferredPerStep"}
+assert p["cost"]["bytesReadPerStep"] > 0
+PYEOF
+check "json output follows the contract" $?
+
+# 3. --process restricts the output to one process.
+"$BIN" plan -f "$JOB" --format json --process 2 >"$TMP/p2.json" &&
+  "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); assert {d["process"] for d in p["steps"][0]["devices"]} == {2}; assert {r["process"] for r in p["steps"][0]["reads"]} == {2}' "$TMP/p2.json"
+check "--process restricts to one process" $?
+
+# 4. --compare lists all four strategies and both fan-outs.
+"$BIN" plan -f "$JOB" --compare --format json >"$TMP/cmp.json" &&
+  "$PY" -c 'import json,sys; c=json.load(open(sys.argv[1]))["compare"]; assert len(c)==8; assert sum(r["selected"] for r in c)==1; assert {r["strategy"] for r in c}=={"GlobalLoad","PerDevice","PerProcess","LoadAndReshard"}' "$TMP/cmp.json"
+check "--compare json has 8 rows" $?
+"$BIN" plan -f "$JOB" --compare | grep -q "LoadAndReshard"
+check "--compare table" $?
+
+# 5. An invalid spec exits 2 with every problem on stderr.
+sed -e 's/size: 2}/size: 0}/' -e 's/globalBatchSize: 32/globalBatchSize: 30/' -e 's/strategy: PerProcess/strategy: PerProces/' "$JOB" >"$TMP/bad.yaml"
+"$BIN" plan -f "$TMP/bad.yaml" >"$TMP/out" 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "spec.mesh.axes\[0\].size: must be >= 1, got 0" "$TMP/err" &&
+  grep -q "spec.strategy: unknown value 'PerProces' (did you mean PerProcess?)" "$TMP/err" && [ ! -s "$TMP/out" ]
+check "invalid spec: exit 2 and messages on stderr" $?
+
+sed -e 's/globalBatchSize: 32/globalBatchSize: 30/' "$JOB" >"$TMP/bad2.yaml"
+"$BIN" plan -f "$TMP/bad2.yaml" 2>"$TMP/err2" >/dev/null; rc=$?
+[ $rc -eq 2 ] && grep -q "spec.batch.globalBatchSize: 30 is not divisible by the 4 data shards of batchAxes \[data, fsdp\]" "$TMP/err2"
+check "B not divisible by S is named" $?
+
+# 6. resume.step sets the default first step and reproduces the same samples.
+sed -e 's/^  shuffle:/  resume: {step: 9}\n  shuffle:/' "$JOB" >"$TMP/resume.yaml"
+a=$("$BIN" plan -f "$TMP/resume.yaml" --format json | "$PY" -c 'import json,sys; s=json.load(sys.stdin)["steps"][0]; print(s["step"], s["devices"][5]["samples"])')
+b=$("$BIN" plan -f "$JOB" --format json --steps 9 | "$PY" -c 'import json,sys; s=json.load(sys.stdin)["steps"][0]; print(s["step"], s["devices"][5]["samples"])')
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "${a%% *}" = 9 ]
+check "resume.step reproduces the uninterrupted step" $?
+
+# 7. --samples plans a dataset that is not reachable; real files are indexed.
+mkdir -p "$TMP/data"
+head -c $((4098 * 100)) /dev/zero >"$TMP/data/a.bin"
+sed -e "s#uri: /datasets/tokens/\*.bin.*#uri: $TMP/data#" -e '/samples: 1000000/d' "$JOB" >"$TMP/local.yaml"
+"$BIN" plan -f "$TMP/local.yaml" --format json | "$PY" -c 'import json,sys; p=json.load(sys.stdin); assert p["dataset"]["indexed"] and p["samples"] == (4098*100//2 - 1)//2048, p["samples"]'
+check "local files are indexed" $?
+"$BIN" plan -f "$TMP/local.yaml" --samples 500 --format json | "$PY" -c 'import json,sys; p=json.load(sys.stdin); assert not p["dataset"]["indexed"] and p["samples"] == 500'
+check "--samples overrides the index" $?
+sed -e "s#uri: /datasets/tokens/\*.bin.*#uri: $TMP/nowhere#" -e '/samples: 1000000/d' "$JOB" >"$TMP/nowhere.yaml"
+"$BIN" plan -f "$TMP/nowhere.yaml" 2>"$TMP/err3" >/dev/null; rc=$?
+[ $rc -eq 2 ] && grep -q "spec.dataset.samples or --samples" "$TMP/err3"
+check "unreachable data without a sample count is explained" $?
+
+# 8. Usage errors exit 2.
+"$BIN" plan -f "$JOB" --format yaml 2>/dev/null; [ $? -eq 2 ]
+check "bad --format exits 2" $?
+"$BIN" plan -f "$JOB" --bogus 2>/dev/null; [ $? -eq 2 ]
+check "unknown flag exits 2" $?
+"$BIN" plan -f "$JOB" --process 4 2>/dev/null; [ $? -eq 2 ]
+check "out-of-range --process exits 2" $?
+"$BIN" plan -f "$TMP/missing.yaml" 2>"$TMP/err4"; rc=$?
+[ $rc -eq 1 ] && grep -q "missing.yaml" "$TMP/err4"
+check "missing job file exits 1 naming the file" $?
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

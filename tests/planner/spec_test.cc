@@ -1,0 +1,241 @@
+#include "planner/spec.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/planner/test_util.h"
+
+namespace meshload {
+namespace {
+
+using testing::MinimalJobYaml;
+
+// Parses and validates; returns every problem as "path: message" lines.
+std::vector<std::string> Problems(const std::string& yaml) {
+  Diagnostics d;
+  auto job = ParseDataLoadJob(yaml, d);
+  if (!job.ok()) {
+    return {job.status().ToString()};
+  }
+  ValidateJobSpec(job->spec, d);
+  std::vector<std::string> out;
+  for (const auto& p : d.problems()) out.push_back(p.ToString());
+  return out;
+}
+
+// Replaces the first occurrence of `from` in the minimal manifest.
+std::string Edit(const std::string& from, const std::string& to) {
+  std::string y = MinimalJobYaml();
+  size_t at = y.find(from);
+  if (at == std::string::npos) ADD_FAILURE() << "no '" << from << "' in the manifest";
+  else y.replace(at, from.size(), to);
+  return y;
+}
+
+::testing::AssertionResult HasProblem(const std::vector<std::string>& problems, const std::string& needle) {
+  for (const auto& p : problems) {
+    if (p.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
+  }
+  std::string all;
+  for (const auto& p : problems) all += "\n  " + p;
+  return ::testing::AssertionFailure() << "no problem contains '" << needle << "'; got:" << all;
+}
+
+TEST(Spec, ParsesTheMinimalManifestWithDefaults) {
+  Diagnostics d;
+  auto job = ParseDataLoadJob(MinimalJobYaml(), d);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  ValidateJobSpec(job->spec, d);
+  ASSERT_TRUE(d.ok()) << d.ToString();
+  EXPECT_EQ(job->name, "minimal");
+  const JobSpec& s = job->spec;
+  EXPECT_EQ(s.mesh.processes, 2);
+  EXPECT_EQ(s.mesh.devices_per_process, 2);
+  EXPECT_FALSE(s.mesh.batch_axes_set);
+  EXPECT_EQ(EffectiveBatchAxes(s.mesh), std::vector<std::string>{"data"});
+  EXPECT_EQ(ImpliedReplicationMode(s.mesh), ReplicationMode::kNone);
+  EXPECT_EQ(s.replication.fanout, Fanout::kLoad);
+  EXPECT_EQ(s.strategy, Strategy::kPerProcess);
+  EXPECT_EQ(s.batch.prefetch, 2);
+  EXPECT_EQ(s.shuffle.mode, ShuffleMode::kGlobal);
+  EXPECT_EQ(s.shuffle.seed, 0u);
+  EXPECT_EQ(s.resume.step, 0);
+  EXPECT_EQ(s.dataset.samples, 1000);
+}
+
+TEST(Spec, TakesTheDataLoadJobFromAMultiDocumentFile) {
+  std::string yaml = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n---\n" + MinimalJobYaml() +
+                     "---\napiVersion: batch/v1\nkind: Job\nmetadata: {name: y}\n";
+  Diagnostics d;
+  auto job = ParseDataLoadJob(yaml, d);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  EXPECT_EQ(job->name, "minimal");
+  EXPECT_TRUE(d.ok()) << d.ToString();
+}
+
+TEST(Spec, RejectsFilesWithoutOrWithSeveralDataLoadJobs) {
+  Diagnostics d;
+  EXPECT_NE(ParseDataLoadJob("kind: ConfigMap\n", d).status().message().find("no document with kind: DataLoadJob"),
+            std::string::npos);
+  EXPECT_NE(ParseDataLoadJob(MinimalJobYaml() + "---\n" + MinimalJobYaml(), d).status().message().find("2 DataLoadJob"),
+            std::string::npos);
+}
+
+TEST(Spec, InvalidYamlNamesTheLine) {
+  Diagnostics d;
+  auto job = ParseDataLoadJob("kind: DataLoadJob\nspec: [unclosed\n", d);
+  ASSERT_FALSE(job.ok());
+  EXPECT_NE(job.status().location().find("line"), std::string::npos) << job.status().ToString();
+}
+
+TEST(Spec, AxisSizeBelowOneIsNamedByPath) {
+  auto p = Problems(Edit("size: 4", "size: 0"));
+  EXPECT_TRUE(HasProblem(p, "spec.mesh.axes[0].size: must be >= 1, got 0"));
+}
+
+TEST(Spec, DuplicateAxisNames) {
+  auto p = Problems(Edit("      - name: data\n        size: 4", "      - {name: data, size: 2}\n      - {name: data, size: 2}"));
+  EXPECT_TRUE(HasProblem(p, "spec.mesh.axes[1].name: duplicate axis name 'data' (also axes[0])"));
+}
+
+TEST(Spec, UnknownBatchAxisWithSuggestion) {
+  auto p = Problems(Edit("        size: 4\n", "        size: 4\n    batchAxes: [dat]\n"));
+  EXPECT_TRUE(HasProblem(p, "spec.mesh.batchAxes[0]: unknown axis 'dat' (did you mean data?)"));
+}
+
+TEST(Spec, ProcessesTimesDevicesMustEqualTheMesh) {
+  auto p = Problems(Edit("processes: 2", "processes: 3"));
+  EXPECT_TRUE(HasProblem(p, "spec.mesh: processes × devicesPerProcess = 3 × 2 = 6, but the axes [data=4] have 4 devices"));
+}
+
+TEST(Spec, BatchNotDivisibleByShards) {
+  std::string y = Edit("      - name: data\n        size: 4",
+                       "      - {name: data, size: 2}\n      - {name: fsdp, size: 4}\n      - {name: model, size: 2}");
+  y.replace(y.find("processes: 2"), 12, "processes: 8");
+  y.replace(y.find("globalBatchSize: 8"), 18, "globalBatchSize: 100");
+  y.replace(y.find("  strategy:"), 0, "    batchAxes: [data, fsdp]\n");
+  auto p = Problems(y);
+  EXPECT_TRUE(HasProblem(p, "spec.batch.globalBatchSize: 100 is not divisible by the 8 data shards of batchAxes [data, fsdp]"));
+}
+
+TEST(Spec, LoadAndReshardNeedsBatchDivisibleByProcesses) {
+  std::string y = Edit("strategy: PerProcess", "strategy: LoadAndReshard");
+  y = y.replace(y.find("processes: 2"), 12, "processes: 4");
+  y = y.replace(y.find("devicesPerProcess: 2"), 20, "devicesPerProcess: 1");
+  y = y.replace(y.find("size: 4"), 7, "size: 4\n      - {name: model, size: 1}");
+  y = y.replace(y.find("globalBatchSize: 8"), 18, "globalBatchSize: 6");
+  auto p = Problems(y);
+  EXPECT_TRUE(HasProblem(p, "not divisible by the 4 processes, which strategy LoadAndReshard needs"));
+}
+
+TEST(Spec, ReplicationModeMustMatchBatchAxes) {
+  auto full = Problems(Edit("  strategy:", "  replication: {mode: Full}\n  strategy:"));
+  EXPECT_TRUE(HasProblem(full, "spec.replication.mode: declared Full but batchAxes (defaulted to every axis [data]) mean None"));
+  std::string y = Edit("      - name: data\n        size: 4", "      - {name: data, size: 2}\n      - {name: model, size: 2}");
+  y.replace(y.find("  strategy:"), 0, "    batchAxes: [data]\n  replication: {mode: None}\n");
+  EXPECT_TRUE(HasProblem(Problems(y), "declared None but batchAxes [data] mean Partial"));
+  std::string ok = Edit("  strategy:", "  replication: {mode: None}\n  strategy:");
+  EXPECT_TRUE(Problems(ok).empty());
+}
+
+TEST(Spec, UnknownEnumValuesAndDtypes) {
+  auto p = Problems(Edit("strategy: PerProcess", "strategy: PerProces"));
+  EXPECT_TRUE(HasProblem(p, "spec.strategy: unknown value 'PerProces' (did you mean PerProcess?); expected one of GlobalLoad, PerDevice, PerProcess, LoadAndReshard"));
+  p = Problems(Edit("format: FixedRecord", "format: FixedRecord\n    dtype: uint128"));
+  EXPECT_TRUE(HasProblem(p, "spec.dataset.dtype: unknown dtype 'uint128'"));
+  p = Problems(Edit("  strategy:", "  shuffle: {mode: Random}\n  strategy:"));
+  EXPECT_TRUE(HasProblem(p, "spec.shuffle.mode: unknown value 'Random'"));
+}
+
+TEST(Spec, DatasetSmallerThanOneGlobalBatch) {
+  auto p = Problems(Edit("samples: 1000", "samples: 5"));
+  EXPECT_TRUE(HasProblem(p, "spec.dataset.samples: the dataset has 5 samples, fewer than one global batch of 8"));
+}
+
+TEST(Spec, MissingRequiredFieldsAreAllReported) {
+  auto p = Problems("apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nspec:\n  mesh: {}\n  dataset: {}\n");
+  EXPECT_TRUE(HasProblem(p, "metadata.name: required field is missing"));
+  EXPECT_TRUE(HasProblem(p, "spec.mesh.processes: required field is missing"));
+  EXPECT_TRUE(HasProblem(p, "spec.mesh.axes: required field is missing"));
+  EXPECT_TRUE(HasProblem(p, "spec.dataset.uri: required field is missing"));
+  EXPECT_TRUE(HasProblem(p, "spec.dataset.format: required field is missing"));
+  EXPECT_TRUE(HasProblem(p, "spec.batch: required field is missing"));
+  // A missing field is reported once, not again as "must be >= 1".
+  for (const auto& s : p) EXPECT_EQ(s.find("spec.mesh.processes: must be"), std::string::npos) << s;
+}
+
+TEST(Spec, EveryProblemIsReportedAtOnce) {
+  std::string y = Edit("size: 4", "size: 0");
+  y.replace(y.find("strategy: PerProcess"), 20, "strategy: Nope");
+  y.replace(y.find("recordBytes: 64"), 15, "recordBytes: -1");
+  auto p = Problems(y);
+  EXPECT_GE(p.size(), 3u);
+  EXPECT_TRUE(HasProblem(p, "spec.mesh.axes[0].size"));
+  EXPECT_TRUE(HasProblem(p, "spec.strategy"));
+  EXPECT_TRUE(HasProblem(p, "spec.dataset.recordBytes: must be >= 1, got -1"));
+}
+
+TEST(Spec, TypeErrorsNameTheFieldAndLine) {
+  auto p = Problems(Edit("processes: 2", "processes: two"));
+  EXPECT_TRUE(HasProblem(p, "spec.mesh.processes: expected an integer, got 'two' (line 7)"));
+  p = Problems(Edit("processes: 2", "processes: \"2\""));
+  EXPECT_TRUE(HasProblem(p, "spec.mesh.processes: expected an integer, got '2' (a quoted string)"));
+  p = Problems(Edit("processes: 2", "processes: 2.5"));
+  EXPECT_TRUE(HasProblem(p, "spec.mesh.processes: expected an integer, got '2.5'"));
+  p = Problems(Edit("processes: 2", "processes: 99999999999999999999"));
+  EXPECT_TRUE(HasProblem(p, "out of range"));
+}
+
+TEST(Spec, UnknownFieldsAreErrorsWithSuggestions) {
+  auto p = Problems(Edit("globalBatchSize: 8", "globalBatchsize: 8"));
+  EXPECT_TRUE(HasProblem(p, "spec.batch.globalBatchsize: unknown field (did you mean globalBatchSize?)"));
+}
+
+TEST(Spec, FormatSpecificFields) {
+  auto p = Problems(Edit("format: FixedRecord\n    recordBytes: 64", "format: TokenStream"));
+  EXPECT_TRUE(HasProblem(p, "spec.dataset.dtype: required for format TokenStream"));
+  EXPECT_TRUE(HasProblem(p, "spec.dataset.sequenceLength: required for format TokenStream"));
+  p = Problems(Edit("format: FixedRecord\n    recordBytes: 64", "format: TokenStream\n    dtype: float32\n    sequenceLength: 8"));
+  EXPECT_TRUE(HasProblem(p, "TokenStream tokens must be an integer type, got float32"));
+  p = Problems(Edit("recordBytes: 64", "recordBytes: 6\n    dtype: float32"));
+  EXPECT_TRUE(HasProblem(p, "spec.dataset.recordBytes: 6 is not a whole number of float32 elements"));
+  p = Problems(Edit("format: FixedRecord", "format: FixedRecord\n    sequenceLength: 4"));
+  EXPECT_TRUE(HasProblem(p, "spec.dataset.sequenceLength: is only used by format TokenStream"));
+}
+
+TEST(Spec, SelectorIsParsedAndChecked) {
+  Diagnostics d;
+  auto job = ParseDataLoadJob(Edit("  strategy:", "  selector:\n    matchLabels: {app: trainer}\n    matchExpressions:\n      - {key: tier, operator: In, values: [gpu]}\n  strategy:"), d);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(d.ok()) << d.ToString();
+  ASSERT_TRUE(job->spec.selector.has_value());
+  EXPECT_EQ(job->spec.selector->match_labels.at("app"), "trainer");
+  ASSERT_EQ(job->spec.selector->match_expressions.size(), 1u);
+  EXPECT_EQ(job->spec.selector->match_expressions[0].op, "In");
+  auto p = Problems(Edit("  strategy:", "  selector:\n    matchExpressions:\n      - {key: tier, operator: In}\n  strategy:"));
+  EXPECT_TRUE(HasProblem(p, "spec.selector.matchExpressions[0].values: operator In needs at least one value"));
+}
+
+TEST(Spec, ParsesABareSpecAsJson) {
+  Diagnostics d;
+  auto spec = ParseJobSpecText(
+      R"({"mesh":{"processes":1,"axes":[{"name":"data","size":1}]},"dataset":{"uri":"/d","format":"FixedRecord","recordBytes":4},"batch":{"globalBatchSize":2}})",
+      d);
+  ASSERT_TRUE(spec.ok());
+  EXPECT_TRUE(d.ok()) << d.ToString();
+  EXPECT_EQ(spec->dataset.record_bytes, 4);
+}
+
+TEST(Spec, AxesOfSizeOneDoNotMakeAJobPartiallyReplicated) {
+  MeshSpec m;
+  m.axes = {{"data", 4}, {"model", 1}};
+  m.batch_axes = {"data"};
+  m.batch_axes_set = true;
+  EXPECT_EQ(ImpliedReplicationMode(m), ReplicationMode::kNone);
+  m.axes[1].size = 2;
+  EXPECT_EQ(ImpliedReplicationMode(m), ReplicationMode::kPartial);
+  m.batch_axes.clear();
+  EXPECT_EQ(ImpliedReplicationMode(m), ReplicationMode::kFull);
+}
+
+}  // namespace
+}  // namespace meshload

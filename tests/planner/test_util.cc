@@ -1,0 +1,124 @@
+#include "tests/planner/test_util.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+namespace meshload::testing {
+
+TempDir::TempDir() {
+  std::string tmpl = std::filesystem::temp_directory_path().string() + "/meshload-test-XXXXXX";
+  char* p = ::mkdtemp(tmpl.data());
+  if (!p) throw std::runtime_error("mkdtemp failed");
+  path_ = p;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::string TempDir::Write(const std::string& name, const std::string& bytes) const {
+  std::string full = path_ + "/" + name;
+  std::filesystem::create_directories(std::filesystem::path(full).parent_path());
+  std::ofstream out(full, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return full;
+}
+
+JobSpec RandomSpec(std::mt19937_64& rng) {
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  JobSpec spec;
+  const int naxes = static_cast<int>(uniform(1, 4));
+  std::vector<std::string> names = {"data", "fsdp", "model", "seq"};
+  std::shuffle(names.begin(), names.end(), rng);
+  int64_t devices = 1;
+  for (int i = 0; i < naxes; ++i) {
+    spec.mesh.axes.push_back({names[static_cast<size_t>(i)], uniform(1, 4)});
+    devices *= spec.mesh.axes.back().size;
+  }
+  std::vector<int64_t> divisors;
+  for (int64_t d = 1; d <= devices; ++d) {
+    if (devices % d == 0) divisors.push_back(d);
+  }
+  spec.mesh.devices_per_process = divisors[static_cast<size_t>(uniform(0, static_cast<int64_t>(divisors.size()) - 1))];
+  spec.mesh.processes = devices / spec.mesh.devices_per_process;
+  // batchAxes: a random subset in random order (or left to default).
+  int64_t shards = 1;
+  if (uniform(0, 4) == 0) {
+    spec.mesh.batch_axes_set = false;
+    shards = devices;
+  } else {
+    spec.mesh.batch_axes_set = true;
+    std::vector<MeshAxis> axes = spec.mesh.axes;
+    std::shuffle(axes.begin(), axes.end(), rng);
+    for (const auto& a : axes) {
+      if (uniform(0, 1)) {
+        spec.mesh.batch_axes.push_back(a.name);
+        shards *= a.size;
+      }
+    }
+  }
+  const int64_t unit = uniform(0, 5) == 0 ? shards : std::lcm(shards, spec.mesh.processes);
+  spec.batch.global_batch_size = unit * uniform(1, 3);
+  const int64_t B = spec.batch.global_batch_size;
+  spec.strategy = kAllStrategies[static_cast<size_t>(uniform(0, 3))];
+  if (B % spec.mesh.processes != 0 && spec.strategy == Strategy::kLoadAndReshard) {
+    spec.strategy = Strategy::kPerProcess;
+  }
+  spec.replication.fanout = kAllFanouts[static_cast<size_t>(uniform(0, 1))];
+  if (uniform(0, 1)) {
+    spec.dataset.format = DatasetFormat::kFixedRecord;
+    spec.dataset.record_bytes = uniform(1, 64);
+  } else {
+    spec.dataset.format = DatasetFormat::kTokenStream;
+    spec.dataset.dtype = uniform(0, 1) ? DType::kUint16 : DType::kUint32;
+    spec.dataset.sequence_length = uniform(1, 16);
+  }
+  spec.dataset.uri = "/virtual/data";
+  spec.dataset.samples = B * uniform(2, 6) + uniform(0, B - 1);
+  spec.shuffle.mode = static_cast<ShuffleMode>(uniform(0, 2));
+  spec.shuffle.seed = static_cast<uint64_t>(uniform(0, 1000));
+  spec.shuffle.block_size = uniform(1, 2 * B);
+  return spec;
+}
+
+ShardPlanner MakePlanner(const JobSpec& spec) {
+  Diagnostics d;
+  auto job = ResolveJob(spec, {}, d);
+  if (!job.ok()) {
+    ADD_FAILURE() << "spec did not resolve: " << d.ToString() << job.status().ToString();
+    std::abort();
+  }
+  return ShardPlanner(std::move(*job));
+}
+
+std::string MinimalJobYaml() {
+  return R"(apiVersion: meshload.io/v1alpha1
+kind: DataLoadJob
+metadata:
+  name: minimal
+spec:
+  mesh:
+    processes: 2
+    devicesPerProcess: 2
+    axes:
+      - name: data
+        size: 4
+  strategy: PerProcess
+  dataset:
+    uri: /data/records.bin
+    format: FixedRecord
+    recordBytes: 64
+    samples: 1000
+  batch:
+    globalBatchSize: 8
+)";
+}
+
+}  // namespace meshload::testing

@@ -1,0 +1,41 @@
+// Helpers for planner tests: temp dirs, files, and random valid specs.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "planner/shard_planner.h"
+#include "planner/spec.h"
+
+namespace meshload::testing {
+
+/// A temporary directory removed (recursively) on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  /// Writes `bytes` to path()/name and returns the full path.
+  std::string Write(const std::string& name, const std::string& bytes) const;
+
+ private:
+  std::string path_;
+};
+
+/// A spec that passes ValidateJobSpec, with a random mesh (1–4 axes of size
+/// 1–4, random devicesPerProcess), random batchAxes (any subset, any order),
+/// a global batch divisible by the shards and (usually) by the processes, a
+/// virtual dataset of 2–6 batches plus a remainder, and a random shuffle.
+JobSpec RandomSpec(std::mt19937_64& rng);
+
+/// Resolves a spec whose dataset is virtual (spec.dataset.samples set).
+ShardPlanner MakePlanner(const JobSpec& spec);
+
+/// A minimal valid manifest (FixedRecord, 2 processes × 2 devices) to edit in tests.
+std::string MinimalJobYaml();
+
+}  // namespace meshload::testing

@@ -1,0 +1,51 @@
+/// \file
+/// A small command-line flag parser for the meshload tools: `--name value`,
+/// `--name=value`, short aliases, and `--help`. Unknown flags and missing
+/// values are usage errors (exit code 2) that name the flag.
+///
+/// Thread safety: not thread-safe; used once per command on the main thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace meshload::cli {
+
+/// Prints `meshload: <message>` to stderr and returns 2.
+int UsageError(const std::string& message);
+
+class FlagParser {
+ public:
+  FlagParser(std::string command, std::string usage)
+      : command_(std::move(command)), usage_(std::move(usage)) {}
+
+  void String(std::vector<std::string> names, std::string* out);
+  void OptionalString(std::vector<std::string> names, std::optional<std::string>* out);
+  void Int(std::vector<std::string> names, int64_t* out);
+  void OptionalInt(std::vector<std::string> names, std::optional<int64_t>* out);
+  void Bool(std::vector<std::string> names, bool* out);
+  /// Positional arguments go here; without it they are errors.
+  void Positional(std::vector<std::string>* out) { positional_ = out; }
+
+  /// Returns -1 to go on, 0 after printing --help, or 2 after a usage error.
+  int Parse(const std::vector<std::string>& args);
+
+ private:
+  struct Flag {
+    std::vector<std::string> names;
+    bool takes_value = true;
+    std::function<bool(const std::string&, std::string&)> set;  // false + error on bad value
+  };
+  std::string command_;
+  std::string usage_;
+  std::vector<Flag> flags_;
+  std::vector<std::string>* positional_ = nullptr;
+};
+
+/// Parses a whole decimal integer (optionally signed); false when it is not one.
+bool ParseInt64(const std::string& text, int64_t* out);
+
+}  // namespace meshload::cli

@@ -1,0 +1,45 @@
+// meshload: the command-line tool. Subcommands: plan (issue #2), run --local.
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/logging.h"
+#include "tools/plan_command.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: meshload <command> [options]
+
+commands:
+  plan       show which device holds which samples, who reads what, and the I/O cost
+  version    print the version
+
+Run 'meshload <command> --help' for a command's options.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (auto st = meshload::ConfigureLoggingFromEnv(); !st.ok()) {
+    std::cerr << "meshload: " << st.ToString() << "\n";
+    return 2;
+  }
+  if (argc < 2) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (cmd == "plan") return meshload::cli::RunPlan(args);
+  if (cmd == "version" || cmd == "--version") {
+    std::cout << "meshload " << MESHLOAD_VERSION << "\n";
+    return 0;
+  }
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    std::cout << kUsage;
+    return 0;
+  }
+  std::cerr << "meshload: unknown command '" << cmd << "'\n\n" << kUsage;
+  return 2;
+}

@@ -1,0 +1,430 @@
+// `meshload plan`: preview and explain a DataLoadJob's plan.
+
+#include "tools/plan_command.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cinttypes>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "common/logging.h"
+#include "planner/shard_planner.h"
+#include "tools/flags.h"
+
+namespace meshload::cli {
+namespace {
+
+using nlohmann::ordered_json;
+
+constexpr const char* kPlanUsage = R"(usage: meshload plan -f JOB.yaml [options]
+
+Shows which device holds which samples at each step, who reads what from
+storage, what moves between processes, and what it costs.
+
+options:
+  -f, --file PATH        the DataLoadJob manifest (multi-document YAML is fine)
+  --samples N            dataset size, when the data is not reachable from here
+  --steps A:B            steps A (inclusive) to B (exclusive); N means N:N+1
+                         (default: spec.resume.step)
+  --process P            only process P: its devices, reads and transfers
+  --format table|json    output format (default table)
+  --compare              cost of every strategy and fan-out for this mesh
+  --full                 table: print every sample id (default: first 12)
+  --log-level LEVEL      debug, info, warn, error (env MESHLOAD_LOG_LEVEL)
+
+exit codes: 0 ok, 1 runtime error, 2 invalid spec or arguments
+)";
+
+std::string HumanBytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (b >= 1024.0 && u < 5) {
+    b /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0) {
+    std::snprintf(buf, sizeof buf, "%.0f B", b);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f %s", b, units[u]);
+  }
+  return buf;
+}
+
+std::string Bytes(uint64_t b, bool known) { return known ? HumanBytes(static_cast<double>(b)) : "unknown"; }
+
+std::string SampleList(const std::vector<uint64_t>& ids, bool full) {
+  constexpr size_t kShown = 12;
+  std::string s = "[";
+  size_t n = full ? ids.size() : std::min(ids.size(), kShown);
+  for (size_t i = 0; i < n; ++i) {
+    if (i) s += ' ';
+    s += std::to_string(ids[i]);
+  }
+  if (n < ids.size()) s += " … +" + std::to_string(ids.size() - n);
+  return s + "]";
+}
+
+// A mean that stays an integer when it is one.
+ordered_json Mean(uint64_t sum, uint64_t n, bool known) {
+  if (!known) return nullptr;
+  if (n == 0) return 0;
+  if (sum % n == 0) return sum / n;
+  return static_cast<double>(sum) / static_cast<double>(n);
+}
+
+std::string MeshSummary(const ResolvedJob& job) {
+  std::ostringstream o;
+  const MeshSpec& m = job.spec.mesh;
+  o << m.processes << " processes × " << m.devices_per_process << " devices = " << job.mesh.devices()
+    << " devices, axes [";
+  for (size_t i = 0; i < m.axes.size(); ++i) o << (i ? ", " : "") << m.axes[i].name << "=" << m.axes[i].size;
+  o << "], batchAxes " << FormatNameList(EffectiveBatchAxes(m)) << " → " << job.mesh.shards()
+    << " shards (replication " << ToString(ImpliedReplicationMode(m)) << ")";
+  return o.str();
+}
+
+std::string DatasetSummary(const ResolvedJob& job) {
+  std::ostringstream o;
+  const DatasetIndex& ds = job.dataset;
+  o << ToString(ds.format()) << ", " << job.samples << " samples × "
+    << (ds.sample_bytes() ? std::to_string(ds.sample_bytes()) + " B" : std::string("? B"));
+  if (ds.indexed()) {
+    o << " in " << ds.files().size() << " file" << (ds.files().size() == 1 ? "" : "s");
+  } else {
+    o << " (not read: size from spec.dataset.samples/--samples)";
+  }
+  o << "; global batch " << job.global_batch << ", " << job.steps_per_epoch << " steps/epoch; shuffle "
+    << ToString(job.spec.shuffle.mode);
+  if (job.spec.shuffle.mode != ShuffleMode::kNone) o << " seed " << job.spec.shuffle.seed;
+  if (job.spec.shuffle.mode == ShuffleMode::kBlock) o << " blockSize " << job.spec.shuffle.block_size;
+  return o.str();
+}
+
+struct PlanOptions {
+  std::string file;
+  std::optional<int64_t> samples;
+  std::optional<std::pair<int64_t, int64_t>> steps;
+  std::optional<int64_t> process;
+  std::string format = "table";
+  bool compare = false;
+  bool full = false;
+};
+
+void PrintTable(const ShardPlanner& planner, const PlanOptions& opt, int64_t a, int64_t b,
+                const std::string& job_name) {
+  const ResolvedJob& job = planner.job();
+  const Loading loading = planner.DefaultLoading();
+  const bool known = job.dataset.sample_bytes() != 0;
+  std::cout << "DataLoadJob " << job_name << ": strategy " << ToString(loading.strategy) << ", fanout "
+            << ToString(loading.fanout) << "\n"
+            << "mesh:    " << MeshSummary(job) << "\n"
+            << "dataset: " << DatasetSummary(job) << "\n";
+  uint64_t total_read = 0, total_xfer = 0;
+  for (int64_t t = a; t < b; ++t) {
+    StepPlan plan = planner.PlanStep(t, loading, opt.process);
+    std::cout << "\nstep " << t << " (epoch " << plan.epoch << ", step " << plan.step_in_epoch
+              << " of the epoch)\n";
+    int64_t cur = -1;
+    auto print_process_io = [&](int64_t p) {
+      uint64_t bytes = 0, ranges = 0, samples = 0;
+      for (const auto& r : plan.reads) {
+        if (r.process != p) continue;
+        bytes += r.bytes;
+        ranges += r.ranges.size();
+        samples += r.samples.size();
+        if (r.device >= 0) {
+          std::cout << "    read by device " << r.device << ": " << r.samples.size() << " samples in "
+                    << r.ranges.size() << " ranges, " << Bytes(r.bytes, known) << "\n";
+        }
+      }
+      std::cout << "    reads      " << samples << " samples in " << ranges << " ranges, "
+                << Bytes(bytes, known) << "\n";
+      for (const auto& x : plan.transfers) {
+        if (x.from == p) {
+          std::cout << "    sends → " << x.to << "  " << x.samples.size() << " samples "
+                    << SampleList(x.samples, opt.full) << " " << Bytes(x.bytes, known) << "\n";
+        }
+        if (x.to == p) {
+          std::cout << "    recv  ← " << x.from << "  " << x.samples.size() << " samples "
+                    << SampleList(x.samples, opt.full) << " " << Bytes(x.bytes, known) << "\n";
+        }
+      }
+    };
+    for (const auto& d : plan.devices) {
+      if (d.process != cur) {
+        if (cur >= 0) print_process_io(cur);
+        cur = d.process;
+        std::cout << "  process " << cur << "\n";
+      }
+      std::cout << "    device " << d.device << "  shard " << d.shard << "  " << SampleList(d.samples, opt.full)
+                << "\n";
+    }
+    if (cur >= 0) print_process_io(cur);
+    std::cout << "  step I/O: read " << Bytes(plan.bytes_read, known) << ", transferred "
+              << Bytes(plan.bytes_transferred, known) << "\n";
+    total_read += plan.bytes_read;
+    total_xfer += plan.bytes_transferred;
+  }
+  const uint64_t n = static_cast<uint64_t>(b - a);
+  std::cout << "\ncost per step" << (opt.process ? " (process " + std::to_string(*opt.process) + ")" : "")
+            << ": read " << Bytes(total_read / n, known) << ", transferred " << Bytes(total_xfer / n, known)
+            << "\n";
+}
+
+ordered_json PlanJson(const ShardPlanner& planner, const PlanOptions& opt, int64_t a, int64_t b,
+                      const std::string& job_name) {
+  const ResolvedJob& job = planner.job();
+  const Loading loading = planner.DefaultLoading();
+  const bool known = job.dataset.sample_bytes() != 0;
+  ordered_json out;
+  out["job"] = job_name;
+  out["strategy"] = ToString(loading.strategy);
+  out["fanout"] = ToString(loading.fanout);
+  out["processes"] = job.mesh.processes();
+  out["devices"] = job.mesh.devices();
+  out["shards"] = job.mesh.shards();
+  out["globalBatch"] = job.global_batch;
+  out["samples"] = job.samples;
+  out["stepsPerEpoch"] = job.steps_per_epoch;
+  out["sampleBytes"] = known ? ordered_json(job.dataset.sample_bytes()) : ordered_json(nullptr);
+  ordered_json files = ordered_json::array();
+  for (const auto& f : job.dataset.files()) {
+    files.push_back({{"path", f.path}, {"bytes", f.size}, {"dataOffset", f.data_offset}});
+  }
+  out["dataset"] = {{"format", ToString(job.dataset.format())}, {"indexed", job.dataset.indexed()},
+                    {"files", files}};
+  if (opt.process) out["process"] = *opt.process;
+
+  std::vector<uint64_t> read_by(static_cast<size_t>(job.mesh.processes())),
+      sent_by(read_by.size()), recv_by(read_by.size());
+  uint64_t total_read = 0, total_xfer = 0;
+  ordered_json steps = ordered_json::array();
+  for (int64_t t = a; t < b; ++t) {
+    StepPlan plan = planner.PlanStep(t, loading, opt.process);
+    ordered_json s;
+    s["step"] = t;
+    s["epoch"] = plan.epoch;
+    ordered_json devices = ordered_json::array();
+    for (const auto& d : plan.devices) {
+      devices.push_back({{"device", d.device}, {"process", d.process}, {"shard", d.shard}, {"samples", d.samples}});
+    }
+    ordered_json reads = ordered_json::array();
+    for (const auto& r : plan.reads) {
+      ordered_json jr;
+      jr["process"] = r.process;
+      if (r.device >= 0) jr["device"] = r.device;
+      jr["samples"] = r.samples;
+      ordered_json ranges = ordered_json::array();
+      for (const auto& e : r.ranges) ranges.push_back({{"file", e.file}, {"offset", e.offset}, {"length", e.length}});
+      jr["ranges"] = ranges;
+      jr["bytes"] = known ? ordered_json(r.bytes) : ordered_json(nullptr);
+      reads.push_back(std::move(jr));
+      read_by[static_cast<size_t>(r.process)] += r.bytes;
+    }
+    ordered_json transfers = ordered_json::array();
+    for (const auto& x : plan.transfers) {
+      transfers.push_back({{"from", x.from}, {"to", x.to}, {"samples", x.samples},
+                           {"bytes", known ? ordered_json(x.bytes) : ordered_json(nullptr)}});
+      sent_by[static_cast<size_t>(x.from)] += x.bytes;
+      recv_by[static_cast<size_t>(x.to)] += x.bytes;
+    }
+    s["devices"] = std::move(devices);
+    s["reads"] = std::move(reads);
+    s["transfers"] = std::move(transfers);
+    s["bytesRead"] = known ? ordered_json(plan.bytes_read) : ordered_json(nullptr);
+    s["bytesTransferred"] = known ? ordered_json(plan.bytes_transferred) : ordered_json(nullptr);
+    steps.push_back(std::move(s));
+    total_read += plan.bytes_read;
+    total_xfer += plan.bytes_transferred;
+  }
+  out["steps"] = std::move(steps);
+  const uint64_t n = static_cast<uint64_t>(b - a);
+  ordered_json per = ordered_json::array();
+  for (int64_t p = 0; p < job.mesh.processes(); ++p) {
+    if (opt.process && p != *opt.process) continue;
+    const size_t i = static_cast<size_t>(p);
+    per.push_back({{"process", p},
+                   {"bytesReadPerStep", Mean(read_by[i], n, known)},
+                   {"bytesSentPerStep", Mean(sent_by[i], n, known)},
+                   {"bytesReceivedPerStep", Mean(recv_by[i], n, known)}});
+  }
+  out["cost"] = {{"bytesReadPerStep", Mean(total_read, n, known)},
+                 {"bytesTransferredPerStep", Mean(total_xfer, n, known)},
+                 {"perProcess", std::move(per)}};
+  return out;
+}
+
+struct CompareRow {
+  Loading loading;
+  std::string unsupported;
+  uint64_t read = 0, max_read = 0, ranges = 0, xfer = 0, max_sent = 0, max_recv = 0;
+};
+
+std::vector<CompareRow> Compare(const ShardPlanner& planner, int64_t a, int64_t b) {
+  std::vector<CompareRow> rows;
+  for (Strategy s : kAllStrategies) {
+    for (Fanout f : kAllFanouts) {
+      CompareRow row;
+      row.loading = {s, f};
+      row.unsupported = planner.Unsupported(row.loading);
+      if (row.unsupported.empty()) {
+        for (int64_t t = a; t < b; ++t) {
+          StepCost c = planner.ComputeCost(t, row.loading);
+          row.read += c.bytes_read;
+          row.ranges += c.read_ranges;
+          row.xfer += c.bytes_transferred;
+          for (const auto& pc : c.per_process) {
+            row.max_read = std::max(row.max_read, pc.bytes_read);
+            row.max_sent = std::max(row.max_sent, pc.bytes_sent);
+            row.max_recv = std::max(row.max_recv, pc.bytes_received);
+          }
+        }
+        const uint64_t n = static_cast<uint64_t>(b - a);
+        row.read /= n;
+        row.ranges /= n;
+        row.xfer /= n;
+      }
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+int RunCompare(const ShardPlanner& planner, const PlanOptions& opt, int64_t a, int64_t b,
+               const std::string& job_name) {
+  const ResolvedJob& job = planner.job();
+  const bool known = job.dataset.sample_bytes() != 0;
+  const double batch_bytes = static_cast<double>(job.global_batch * job.dataset.sample_bytes());
+  const Loading mine = planner.DefaultLoading();
+  std::vector<CompareRow> rows = Compare(planner, a, b);
+  if (opt.format == "json") {
+    ordered_json out;
+    out["job"] = job_name;
+    out["processes"] = job.mesh.processes();
+    out["devices"] = job.mesh.devices();
+    out["shards"] = job.mesh.shards();
+    out["globalBatch"] = job.global_batch;
+    out["sampleBytes"] = known ? ordered_json(job.dataset.sample_bytes()) : ordered_json(nullptr);
+    out["steps"] = {a, b};
+    ordered_json arr = ordered_json::array();
+    for (const auto& r : rows) {
+      ordered_json j;
+      j["strategy"] = ToString(r.loading.strategy);
+      j["fanout"] = ToString(r.loading.fanout);
+      j["selected"] = r.loading.strategy == mine.strategy && r.loading.fanout == mine.fanout;
+      if (!r.unsupported.empty()) {
+        j["unsupported"] = r.unsupported;
+      } else {
+        auto val = [&](uint64_t v) { return known ? ordered_json(v) : ordered_json(nullptr); };
+        j["bytesReadPerStep"] = val(r.read);
+        j["maxBytesReadPerProcess"] = val(r.max_read);
+        j["readRangesPerStep"] = r.ranges;
+        j["bytesTransferredPerStep"] = val(r.xfer);
+        j["maxBytesSentPerProcess"] = val(r.max_sent);
+        j["maxBytesReceivedPerProcess"] = val(r.max_recv);
+        j["readAmplification"] = known && batch_bytes > 0 ? ordered_json(static_cast<double>(r.read) / batch_bytes)
+                                                          : ordered_json(nullptr);
+      }
+      arr.push_back(std::move(j));
+    }
+    out["compare"] = std::move(arr);
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "DataLoadJob " << job_name << "\n"
+            << "mesh:    " << MeshSummary(job) << "\n"
+            << "dataset: " << DatasetSummary(job) << "\n"
+            << "per step, averaged over steps " << a << ":" << b
+            << "; amplification = bytes read / bytes of the global batch\n\n";
+  std::printf("  %-16s %-9s %12s %10s %13s %12s %12s %12s %10s\n", "strategy", "fanout", "read/step",
+              "amplif.", "max read/proc", "read ranges", "moved/step", "max sent", "max recv");
+  for (const auto& r : rows) {
+    const bool selected = r.loading.strategy == mine.strategy && r.loading.fanout == mine.fanout;
+    std::printf("%s %-16s %-9s ", selected ? "*" : " ", std::string(ToString(r.loading.strategy)).c_str(),
+                std::string(ToString(r.loading.fanout)).c_str());
+    if (!r.unsupported.empty()) {
+      std::printf("n/a: %s\n", r.unsupported.c_str());
+      continue;
+    }
+    char amp[32] = "?";
+    if (known && batch_bytes > 0) std::snprintf(amp, sizeof amp, "%.2f×", static_cast<double>(r.read) / batch_bytes);
+    std::printf("%12s %10s %13s %12" PRIu64 " %12s %12s %12s\n", Bytes(r.read, known).c_str(), amp,
+                Bytes(r.max_read, known).c_str(), r.ranges, Bytes(r.xfer, known).c_str(),
+                Bytes(r.max_sent, known).c_str(), Bytes(r.max_recv, known).c_str());
+  }
+  std::cout << "\n* the job's strategy. LoadAndReshard reads each position once, so its fan-out changes nothing.\n";
+  return 0;
+}
+
+}  // namespace
+
+int RunPlan(const std::vector<std::string>& args) {
+  PlanOptions opt;
+  FlagParser flags("plan", kPlanUsage);
+  flags.String({"-f", "--file"}, &opt.file);
+  std::optional<std::string> steps_text;
+  flags.OptionalString({"--steps"}, &steps_text);
+  flags.OptionalInt({"--samples"}, &opt.samples);
+  flags.OptionalInt({"--process"}, &opt.process);
+  flags.String({"--format"}, &opt.format);
+  flags.Bool({"--compare"}, &opt.compare);
+  flags.Bool({"--full"}, &opt.full);
+  std::string log_level;
+  flags.String({"--log-level"}, &log_level);
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+  if (!log_level.empty()) {
+    auto lv = ParseLogLevel(log_level);
+    if (!lv.ok()) return UsageError("--log-level: " + lv.status().message());
+    ConfigureLogging(*lv, LogFormat::kJson);
+  }
+  if (opt.file.empty()) return UsageError("-f JOB.yaml is required\n\n" + std::string(kPlanUsage));
+  if (opt.format != "table" && opt.format != "json") {
+    return UsageError("--format: expected table or json, got '" + opt.format + "'");
+  }
+
+  Diagnostics diags;
+  auto job = LoadDataLoadJobFile(opt.file, diags);
+  if (!job.ok()) {
+    std::cerr << "meshload plan: " << job.status().ToString() << "\n";
+    return job.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  ResolveOptions ropts;
+  ropts.samples = opt.samples;
+  {
+    // Resolve even when parsing found problems, so the user sees every
+    // problem at once (validation does not repeat what parsing reported).
+    auto resolved = ResolveJob(job->spec, ropts, diags);
+    if (resolved.ok() && diags.ok()) {
+      ShardPlanner planner(std::move(*resolved));
+      int64_t a = job->spec.resume.step, b = a + 1;
+      if (steps_text) {
+        auto r = ParseStepRange(*steps_text);
+        if (!r.ok()) return UsageError(r.status().ToString());
+        a = r->first;
+        b = r->second;
+      }
+      if (opt.process && (*opt.process < 0 || *opt.process >= planner.job().mesh.processes())) {
+        return UsageError("--process: " + std::to_string(*opt.process) + " is not a process of this job (0.." +
+                          std::to_string(planner.job().mesh.processes() - 1) + ")");
+      }
+      const std::string name = job->name;
+      if (opt.compare) return RunCompare(planner, opt, a, b, name);
+      if (opt.format == "json") {
+        std::cout << PlanJson(planner, opt, a, b, name).dump() << "\n";
+      } else {
+        PrintTable(planner, opt, a, b, name);
+      }
+      return 0;
+    }
+    if (!resolved.ok() && diags.ok()) diags.Add(resolved.status());
+  }
+  std::cerr << opt.file << ": invalid DataLoadJob (" << diags.problems().size() << " problem"
+            << (diags.problems().size() == 1 ? "" : "s") << "):\n";
+  for (const auto& p : diags.problems()) std::cerr << "  " << p.ToString() << "\n";
+  return 2;
+}
+
+}  // namespace meshload::cli
