@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 
 namespace meshload {
@@ -272,6 +273,79 @@ void DatasetIndex::AppendExtents(uint64_t i, std::vector<Extent>& out) const {
   size_t fi = static_cast<size_t>(std::distance(files_.begin(), it)) - 1;
   const DatasetFile& f = files_[fi];
   out.push_back({static_cast<uint32_t>(fi), f.data_offset + (i - f.first) * sample_bytes_, sample_bytes_});
+}
+
+void RadixSort(std::vector<uint64_t>& v) {
+  if (v.size() < 64) {
+    std::sort(v.begin(), v.end());
+    return;
+  }
+  uint64_t max = 0;
+  for (uint64_t x : v) max |= x;
+  const int bits = 64 - std::countl_zero(max | 1);
+  // As few passes of at most 12 bits as the largest value needs.
+  const int passes = (bits + 11) / 12;
+  const int digit = (bits + passes - 1) / passes;
+  const size_t kBuckets = size_t{1} << digit;
+  std::vector<uint64_t> tmp(v.size());
+  std::vector<size_t> count(kBuckets);
+  for (int shift = 0; shift < bits; shift += digit) {
+    std::fill(count.begin(), count.end(), 0);
+    for (uint64_t x : v) ++count[(x >> shift) & (kBuckets - 1)];
+    size_t sum = 0;
+    for (size_t& c : count) {
+      const size_t n = c;
+      c = sum;
+      sum += n;
+    }
+    for (uint64_t x : v) tmp[count[(x >> shift) & (kBuckets - 1)]++] = x;
+    v.swap(tmp);
+  }
+}
+
+uint64_t DatasetIndex::CoalescedExtents(std::vector<uint64_t>& ids, std::vector<Extent>& out) const {
+  out.clear();
+  out.reserve(ids.size());
+  RadixSort(ids);
+  // Sorted ids visit files in order, so a cursor replaces the per-sample
+  // binary search, and extents arrive in (file, offset) order: one linear
+  // merge of touching ranges suffices.
+  auto emit = [&out](uint32_t file, uint64_t offset, uint64_t length) {
+    if (!out.empty()) {
+      Extent& prev = out.back();
+      if (prev.file == file && offset <= prev.offset + prev.length) {
+        prev.length = std::max(prev.offset + prev.length, offset + length) - prev.offset;
+        return;
+      }
+    }
+    out.push_back({file, offset, length});
+  };
+  size_t fi = 0;
+  const size_t nfiles = files_.size();
+  if (format_ == DatasetFormat::kTokenStream) {
+    for (uint64_t id : ids) {
+      uint64_t token = id * sequence_length_;
+      uint64_t left = sequence_length_ + 1;
+      while (fi + 1 < nfiles && token >= files_[fi].first + files_[fi].count) ++fi;
+      for (size_t f = fi; left > 0 && f < nfiles; ++f) {
+        const DatasetFile& file = files_[f];
+        const uint64_t in_file = token - file.first;
+        const uint64_t n = std::min(left, file.count - in_file);
+        if (n > 0) emit(static_cast<uint32_t>(f), file.data_offset + in_file * token_bytes_, n * token_bytes_);
+        left -= n;
+        token += n;
+      }
+    }
+  } else {
+    for (uint64_t id : ids) {
+      while (fi + 1 < nfiles && id >= files_[fi].first + files_[fi].count) ++fi;
+      const DatasetFile& file = files_[fi];
+      emit(static_cast<uint32_t>(fi), file.data_offset + (id - file.first) * sample_bytes_, sample_bytes_);
+    }
+  }
+  uint64_t total = 0;
+  for (const Extent& e : out) total += e.length;
+  return total;
 }
 
 uint64_t CoalesceExtents(std::vector<Extent>& extents) {

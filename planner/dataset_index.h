@@ -84,6 +84,12 @@ class DatasetIndex {
   /// TokenStream sample spans files). Precondition: i < num_samples().
   void AppendExtents(uint64_t i, std::vector<Extent>& out) const;
 
+  /// The coalesced read ranges of a set of samples, in file and offset order:
+  /// touching or overlapping ranges of one file merge (TokenStream
+  /// neighbours share a token). Returns their total bytes. `ids` is sorted
+  /// in place (radix sort: linear in the number of samples).
+  uint64_t CoalescedExtents(std::vector<uint64_t>& ids, std::vector<Extent>& out) const;
+
  private:
   DatasetFormat format_ = DatasetFormat::kFixedRecord;
   DType dtype_ = DType::kUint8;
@@ -95,6 +101,10 @@ class DatasetIndex {
   bool indexed_ = false;
   std::vector<DatasetFile> files_;
 };
+
+/// Sorts in place in O(n) passes of up to 12-bit digits (as many as the largest
+/// value needs).
+void RadixSort(std::vector<uint64_t>& v);
 
 /// Merges extents that touch or overlap within the same file (sorting them by
 /// file and offset first). Returns the total bytes of the merged ranges.

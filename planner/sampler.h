@@ -47,14 +47,22 @@ class FeistelPermutation {
 
   uint64_t size() const { return n_; }
 
-  /// π(x) for x < n.
-  uint64_t Forward(uint64_t x) const {
+  /// π(x) for x < n. `tweak` selects one of 2^64 related permutations
+  /// (Block mode uses it to give every block its own inner order without
+  /// deriving new round keys per block).
+  uint64_t Forward(uint64_t x, uint64_t tweak = 0) const {
     if (n_ <= 1) return x;
     do {
-      x = Encrypt(x);
+      x = Encrypt(x, tweak);
     } while (x >= n_);
     return x;
   }
+
+  /// out[i] = π(first + i) for i < count. Branch-free over the batch: every
+  /// value is encrypted once, then only the out-of-range ones walk again, so
+  /// independent evaluations overlap in the CPU instead of stalling on the
+  /// cycle-walking branch. Precondition: first + count <= n.
+  void ForwardRange(uint64_t first, size_t count, uint64_t* out, uint64_t tweak = 0) const;
 
   /// π^{-1}(y) for y < n.
   uint64_t Inverse(uint64_t y) const {
@@ -66,19 +74,42 @@ class FeistelPermutation {
   }
 
  private:
-  static uint64_t Round(uint64_t r, uint64_t key) {
-    uint64_t z = (r ^ key) * 0x9E3779B97F4A7C15ull;
-    z ^= z >> 29;
-    z *= 0xBF58476D1CE4E5B9ull;
-    return z ^ (z >> 32);
+  // Round i maps (L, R), L of h_i bits above R of w_i bits, to
+  // (R, L xor F_i(R)): the old low half becomes the high half, so the widths
+  // swap every round. F_i(r) = the top h_i bits of (r xor k_i) * m_i, a
+  // multiply-shift hash in which every output bit depends on every input bit.
+  struct RoundParams {
+    uint64_t key;     // k_i
+    uint64_t mult;    // m_i, odd
+    uint64_t lo_mask; // 2^w_i - 1
+    int lo_bits;      // w_i
+    int hi_bits;      // h_i
+    int f_shift;      // 64 - h_i
+  };
+  static uint64_t F(const RoundParams& p, uint64_t r, uint64_t tweak) {
+    return ((r ^ p.key ^ tweak) * p.mult) >> p.f_shift;
   }
-  uint64_t Encrypt(uint64_t x) const;
-  uint64_t Decrypt(uint64_t y) const;
+
+  uint64_t Encrypt(uint64_t x, uint64_t tweak) const {
+    for (const RoundParams& p : rounds_) {
+      const uint64_t l = x >> p.lo_bits;
+      const uint64_t r = x & p.lo_mask;
+      x = (r << p.hi_bits) | (l ^ F(p, r, tweak));
+    }
+    return x;
+  }
+  uint64_t Decrypt(uint64_t y) const {
+    for (int i = kRounds - 1; i >= 0; --i) {
+      const RoundParams& p = rounds_[static_cast<size_t>(i)];
+      const uint64_t r = y >> p.hi_bits;
+      const uint64_t nl = y & ((uint64_t{1} << p.hi_bits) - 1);
+      y = ((nl ^ F(p, r, 0)) << p.lo_bits) | r;
+    }
+    return y;
+  }
 
   uint64_t n_;
-  int hi_bits_ = 0;  // width of the high half before round 0
-  int lo_bits_ = 0;  // width of the low half before round 0
-  std::array<uint64_t, kRounds> keys_{};
+  std::array<RoundParams, kRounds> rounds_{};
 };
 
 /// The permutation of one epoch, with its keys derived once.
@@ -89,10 +120,21 @@ class EpochPermutation {
   /// π_e(position) for position < n.
   uint64_t At(uint64_t position) const;
 
+  /// out[i] = π_e(first + i) for i < count; much faster than `count` calls
+  /// of At() (see FeistelPermutation::ForwardRange). Precondition:
+  /// first + count <= n.
+  void AtRange(uint64_t first, size_t count, uint64_t* out) const;
+
   uint64_t size() const { return n_; }
 
  private:
   uint64_t BlockSampleAt(uint64_t position) const;
+  // The block slot holding `position`, the offset in it, and where the slot starts.
+  void Locate(uint64_t position, uint64_t* slot, uint64_t* offset) const;
+  uint64_t SlotSize(uint64_t slot) const {
+    return slot == short_block_slot_ ? last_block_size_ : block_size_;
+  }
+  uint64_t BlockTweak(uint64_t block) const { return Mix64(block_key_base_ ^ block); }
 
   ShuffleMode mode_;
   uint64_t n_;
@@ -102,6 +144,8 @@ class EpochPermutation {
   uint64_t last_block_size_ = 1;
   uint64_t short_block_slot_ = 0;  // where the short last block lands in the block order
   FeistelPermutation perm_;  // Global: over samples; Block: over blocks
+  FeistelPermutation inner_full_{0, 0};   // Block: inside a full block (tweaked per block)
+  FeistelPermutation inner_short_{0, 0};  // Block: inside the short last block
 };
 
 /// Derives the key of one network from the job's seed, the epoch and a

@@ -232,8 +232,7 @@ std::vector<uint64_t> ShardPlanner::GlobalBatch(int64_t step) const {
   const uint64_t j = static_cast<uint64_t>(step) % job_.steps_per_epoch;
   EpochPermutation perm(job_.spec.shuffle, job_.samples, epoch);
   std::vector<uint64_t> out(job_.global_batch);
-  const uint64_t base = j * job_.global_batch;
-  for (uint64_t i = 0; i < job_.global_batch; ++i) out[i] = perm.At(base + i);
+  perm.AtRange(j * job_.global_batch, out.size(), out.data());
   return out;
 }
 
@@ -251,12 +250,18 @@ StepPlan ShardPlanner::PlanStep(int64_t step, const Loading& loading,
   // mesh the global batch is evaluated once and indexed.
   std::vector<uint64_t> batch;
   if (!process) batch = GlobalBatch(step);
-  auto sample_at = [&](uint64_t pos) { return process ? perm.At(base + pos) : batch[pos]; };
   auto samples_of = [&](const std::vector<PositionRange>& ranges) {
-    std::vector<uint64_t> out;
-    out.reserve(CountPositions(ranges));
+    std::vector<uint64_t> out(CountPositions(ranges));
+    size_t at = 0;
     for (const auto& r : ranges) {
-      for (uint64_t pos = r.begin; pos < r.end; ++pos) out.push_back(sample_at(pos));
+      const size_t len = static_cast<size_t>(r.end - r.begin);
+      if (process) {
+        perm.AtRange(base + r.begin, len, out.data() + at);
+      } else {
+        std::copy(batch.begin() + static_cast<ptrdiff_t>(r.begin), batch.begin() + static_cast<ptrdiff_t>(r.end),
+                  out.begin() + static_cast<ptrdiff_t>(at));
+      }
+      at += len;
     }
     return out;
   };
@@ -264,7 +269,7 @@ StepPlan ShardPlanner::PlanStep(int64_t step, const Loading& loading,
   const int64_t p_begin = process ? *process : 0;
   const int64_t p_end = process ? *process + 1 : mesh.processes();
   const int64_t L = mesh.devices_per_process();
-  std::vector<Extent> extents;
+  std::vector<uint64_t> ids;
   for (int64_t p = p_begin; p < p_end; ++p) {
     for (int64_t d = p * L; d < (p + 1) * L; ++d) {
       const int64_t s = mesh.ShardOf(d);
@@ -275,10 +280,8 @@ StepPlan ShardPlanner::PlanStep(int64_t step, const Loading& loading,
       r.process = u.process;
       r.device = u.device;
       r.samples = samples_of(u.positions);
-      extents.clear();
-      for (uint64_t id : r.samples) job_.dataset.AppendExtents(id, extents);
-      r.bytes = CoalesceExtents(extents);
-      r.ranges = extents;
+      ids = r.samples;
+      r.bytes = job_.dataset.CoalescedExtents(ids, r.ranges);
       plan.bytes_read += r.bytes;
       plan.reads.push_back(std::move(r));
     }
@@ -323,6 +326,7 @@ StepCost ShardPlanner::ComputeCost(int64_t step, const Loading& loading) const {
   };
   std::unordered_map<std::vector<PositionRange>, Coalesced, RangesHash> memo;
   std::vector<Extent> extents;
+  std::vector<uint64_t> ids;
 
   StepCost cost;
   cost.per_process.resize(static_cast<size_t>(mesh.processes()));
@@ -331,11 +335,12 @@ StepCost ShardPlanner::ComputeCost(int64_t step, const Loading& loading) const {
     for (const ReadUnit& u : ReadUnits(p, loading)) {
       auto it = memo.find(u.positions);
       if (it == memo.end()) {
-        extents.clear();
+        ids.clear();
         for (const auto& r : u.positions) {
-          for (uint64_t pos = r.begin; pos < r.end; ++pos) job_.dataset.AppendExtents(batch[pos], extents);
+          ids.insert(ids.end(), batch.begin() + static_cast<ptrdiff_t>(r.begin),
+                     batch.begin() + static_cast<ptrdiff_t>(r.end));
         }
-        uint64_t bytes = CoalesceExtents(extents);
+        const uint64_t bytes = job_.dataset.CoalescedExtents(ids, extents);
         it = memo.emplace(u.positions, Coalesced{bytes, extents.size()}).first;
       }
       pc.bytes_read += it->second.bytes;

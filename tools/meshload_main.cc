@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "common/allocator.h"
 #include "common/logging.h"
 #include "tools/plan_command.h"
 
@@ -21,6 +22,7 @@ Run 'meshload <command> --help' for a command's options.
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshload::KeepHeapForReuse();
   if (auto st = meshload::ConfigureLoggingFromEnv(); !st.ok()) {
     std::cerr << "meshload: " << st.ToString() << "\n";
     return 2;

@@ -1,0 +1,173 @@
+// Planner benchmark: permutation throughput, one process's plan for one step
+// of a 2,048-process × 8-device mesh, and the whole-mesh --compare summary.
+//
+// Prints each figure next to its target and next to a ceiling measured in
+// the same run (machines are noisy: compare ratios, not absolute numbers).
+//
+//   build/tools/bench/planner_bench [--quick]
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/allocator.h"
+#include "planner/sampler.h"
+#include "planner/shard_planner.h"
+
+namespace meshload {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Keeps the optimiser from deleting a loop whose result is unused.
+volatile uint64_t g_sink;
+
+// Best-of-`reps` throughput of fn(i) over `n` positions, in positions/s.
+template <typename F>
+double Throughput(uint64_t n, int reps, F fn) {
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    uint64_t acc = 0;
+    auto t0 = Clock::now();
+    for (uint64_t i = 0; i < n; ++i) acc += fn(i);
+    auto t1 = Clock::now();
+    g_sink = acc;
+    best = std::max(best, static_cast<double>(n) / Seconds(t0, t1));
+  }
+  return best;
+}
+
+template <typename F>
+double BestSeconds(int reps, F fn) {
+  double best = 1e9;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    fn();
+    best = std::min(best, Seconds(t0, Clock::now()));
+  }
+  return best;
+}
+
+JobSpec BigMeshSpec() {
+  JobSpec spec;
+  spec.mesh.processes = 2048;
+  spec.mesh.devices_per_process = 8;
+  spec.mesh.axes = {{"data", 512}, {"fsdp", 4}, {"tensor", 8}};
+  spec.mesh.batch_axes = {"data", "fsdp"};
+  spec.mesh.batch_axes_set = true;
+  spec.strategy = Strategy::kPerProcess;
+  spec.dataset.uri = "/datasets/tokens";
+  spec.dataset.format = DatasetFormat::kTokenStream;
+  spec.dataset.dtype = DType::kUint16;
+  spec.dataset.sequence_length = 2048;
+  spec.dataset.samples = 10'000'000'000;  // 10^10 samples: nothing may be stored per sample
+  spec.batch.global_batch_size = 65536;
+  spec.shuffle.mode = ShuffleMode::kGlobal;
+  spec.shuffle.seed = 7;
+  return spec;
+}
+
+}  // namespace
+}  // namespace meshload
+
+int main(int argc, char** argv) {
+  using namespace meshload;
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const uint64_t n_eval = quick ? 2'000'000 : 20'000'000;
+  const int reps = quick ? 1 : 3;
+
+  std::printf("meshload planner benchmark%s\n\n", quick ? " (quick)" : "");
+
+  // 1. Permutation evaluation on one core. Ceiling: one SplitMix64 per
+  // position (the cheapest keyed hash; a permutation cannot be cheaper than
+  // one pass of mixing).
+  const uint64_t N = 10'000'000'000ull;
+  ShuffleSpec global{ShuffleMode::kGlobal, 7, 1024};
+  ShuffleSpec block{ShuffleMode::kBlock, 7, 4096};
+  EpochPermutation pg(global, N, 3), pb(block, N, 3);
+  // Positions spread over the whole domain, as a real step sees them.
+  const uint64_t stride = N / n_eval;
+  double mix = Throughput(n_eval, reps, [&](uint64_t i) { return Mix64(i * stride); });
+  double glob = Throughput(n_eval, reps, [&](uint64_t i) { return pg.At(i * stride); });
+  double blk = Throughput(n_eval, reps, [&](uint64_t i) { return pb.At(i * stride); });
+  std::printf("permutation, N = 10^10, one core (target >= 50 M positions/s)\n");
+  std::printf("  ceiling: one Mix64 per position   %8.1f M/s\n", mix / 1e6);
+  std::printf("  Global (Feistel, cycle walking)   %8.1f M/s  = %.2f of ceiling, %.2fx target\n", glob / 1e6,
+              glob / mix, glob / 50e6);
+  std::printf("  Block (blockSize 4096)            %8.1f M/s  = %.2f of ceiling, %.2fx target\n", blk / 1e6,
+              blk / mix, blk / 50e6);
+  // What a step does: a contiguous range of B positions (AtRange).
+  const size_t range = 65536;
+  std::vector<uint64_t> buf(range);
+  auto ranged = [&](const EpochPermutation& p) {
+    double best = 0;
+    for (int r = 0; r < reps * 5; ++r) {
+      auto t0 = Clock::now();
+      for (uint64_t k = 0; k < 16; ++k) p.AtRange((k * 7919 + r) * range, range, buf.data());
+      best = std::max(best, 16.0 * range / Seconds(t0, Clock::now()));
+      g_sink = buf[range / 2];
+    }
+    return best;
+  };
+  const double glob_r = ranged(pg), blk_r = ranged(pb);
+  std::printf("  Global, ranges of 65,536 (AtRange) %7.1f M/s  = %.2fx target\n", glob_r / 1e6, glob_r / 50e6);
+  std::printf("  Block, ranges of 65,536 (AtRange)  %7.1f M/s  = %.2fx target\n\n", blk_r / 1e6, blk_r / 50e6);
+
+  // 2. One process's plan for one step of a 2048 x 8 mesh, B = 65,536.
+  // First with glibc's defaults (a short-lived process), then as the
+  // sidecar runs it (KeepHeapForReuse: the heap is kept between steps).
+  Diagnostics d;
+  auto job = ResolveJob(BigMeshSpec(), {}, d);
+  if (!job.ok()) {
+    std::fprintf(stderr, "spec did not resolve: %s\n", job.status().ToString().c_str());
+    return 1;
+  }
+  ShardPlanner planner(std::move(*job));
+  std::printf("one process's plan, 2048 processes x 8 devices, axes [data=512, fsdp=4, tensor=8],\n"
+              "batchAxes [data, fsdp], B = 65,536, TokenStream T = 2048, N = 10^10 (target < 1 ms)\n");
+  const int plan_reps = quick ? 20 : 200;
+  auto time_plan = [&](const Loading& l) {
+    int64_t p = 0;
+    // Mean over reps (not best-of): a sidecar pays every step.
+    auto t0 = Clock::now();
+    for (int r = 0; r < plan_reps; ++r) {
+      StepPlan plan = planner.PlanStep(12345 + r, l, (p++ * 797) % 2048);
+      g_sink = plan.bytes_read;
+    }
+    return Seconds(t0, Clock::now()) / plan_reps;
+  };
+  const double global_cold = time_plan({Strategy::kGlobalLoad, Fanout::kLoad});
+  KeepHeapForReuse();
+  for (Strategy s : kAllStrategies) {
+    for (Fanout f : kAllFanouts) {
+      const double t = time_plan({s, f});
+      std::printf("  %-15s %-9s  %8.3f ms  (%.2fx the 1 ms budget)\n", std::string(ToString(s)).c_str(),
+                  std::string(ToString(f)).c_str(), t * 1e3, t / 1e-3);
+    }
+  }
+  std::printf("  GlobalLoad/Load with glibc's default heap trimming: %.3f ms\n", global_cold * 1e3);
+  // Ceiling for the plan: evaluating the B positions of the global batch,
+  // which GlobalLoad must do and no strategy can beat.
+  double batch_t = BestSeconds(quick ? 5 : 20, [&] { g_sink = planner.GlobalBatch(12345).size(); });
+  std::printf("  ceiling: whole global batch (65,536 positions)  %8.3f ms\n\n", batch_t * 1e3);
+
+  // 3. The whole-mesh --compare summary: all 4 strategies x 2 fan-outs.
+  double cmp = BestSeconds(quick ? 1 : 3, [&] {
+    for (Strategy s : kAllStrategies) {
+      for (Fanout f : kAllFanouts) {
+        StepCost c = planner.ComputeCost(12345, {s, f});
+        g_sink = c.bytes_read;
+      }
+    }
+  });
+  std::printf("whole-mesh --compare summary (8 strategy/fan-out costs over 2048 processes)\n");
+  std::printf("  %8.1f ms  (%.3fx the 1 s budget)\n", cmp * 1e3, cmp);
+  return 0;
+}
