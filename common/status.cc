@@ -28,7 +28,7 @@ Status Status::WithLocationPrefix(std::string_view outer) const {
   if (!location_.empty()) {
     // "file" + "@12" -> "file@12"; "spec" + "mesh" -> "spec.mesh"; "a" + "[0]" -> "a[0]".
     char first = location_.front();
-    if (first != '@' && first != '[' && first != '.') loc += '.';
+    if (first != '@' && first != '[' && first != '.' && first != ':') loc += '.';
     loc += location_;
   }
   return Status(code_, message_, std::move(loc));

@@ -53,9 +53,11 @@ Result<std::vector<std::string>> DatasetIndex::ListFiles(const std::string& uri)
   if (HasGlobChars(path)) {
     glob_t g{};
     int rc = ::glob(path.c_str(), GLOB_ERR | GLOB_NOSORT, nullptr, &g);
-    if (rc == GLOB_NOMATCH) {
+    if (rc == GLOB_NOMATCH || rc == GLOB_ABORTED) {
       globfree(&g);
-      return NotFound("the glob matches no file", uri);
+      return NotFound(rc == GLOB_NOMATCH ? "the glob matches no file"
+                                         : "the glob matches no file (a directory in it cannot be read)",
+                      uri);
     }
     if (rc != 0) {
       globfree(&g);
@@ -94,13 +96,9 @@ Result<std::vector<std::string>> DatasetIndex::ListFiles(const std::string& uri)
 
 Result<DatasetIndex> DatasetIndex::Build(const DatasetSpec& spec, Diagnostics& diags) {
   ASSIGN_OR_RETURN(std::vector<std::string> paths, ListFiles(spec.uri));
-  DatasetIndex idx;
-  idx.format_ = spec.format;
-  idx.indexed_ = true;
-  idx.dtype_ = spec.dtype.value_or(DType::kUint8);
-  uint64_t total = 0;  // samples or tokens
+  std::vector<FileFacts> facts;
   for (const std::string& p : paths) {
-    DatasetFile f;
+    FileFacts f;
     f.path = p;
     struct stat st {};
     if (::stat(p.c_str(), &st) != 0) {
@@ -108,6 +106,24 @@ Result<DatasetIndex> DatasetIndex::Build(const DatasetSpec& spec, Diagnostics& d
       continue;
     }
     f.size = static_cast<uint64_t>(st.st_size);
+    if (spec.format == DatasetFormat::kNpy) f.npy = ReadNpyHeader(p);
+    facts.push_back(std::move(f));
+  }
+  return FromFiles(spec, std::move(facts), diags);
+}
+
+Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vector<FileFacts> files,
+                                             Diagnostics& diags) {
+  DatasetIndex idx;
+  idx.format_ = spec.format;
+  idx.indexed_ = true;
+  idx.dtype_ = spec.dtype.value_or(DType::kUint8);
+  uint64_t total = 0;  // samples or tokens
+  for (FileFacts& facts : files) {
+    const std::string& p = facts.path;
+    DatasetFile f;
+    f.path = p;
+    f.size = facts.size;
     switch (spec.format) {
       case DatasetFormat::kFixedRecord: {
         const uint64_t rb = static_cast<uint64_t>(spec.record_bytes);
@@ -131,7 +147,7 @@ Result<DatasetIndex> DatasetIndex::Build(const DatasetSpec& spec, Diagnostics& d
         break;
       }
       case DatasetFormat::kNpy: {
-        auto h = ReadNpyHeader(p);
+        Result<NpyHeader>& h = facts.npy;
         if (!h.ok()) {
           diags.Add(h.status());
           continue;

@@ -58,6 +58,18 @@ class DatasetIndex {
   /// the format-specific fields passed ValidateJobSpec.
   static Result<DatasetIndex> Build(const DatasetSpec& spec, Diagnostics& diags);
 
+  /// What the index needs to know of one file; gathered by Build() for local
+  /// files, or by the sidecar through a storage source for remote ones.
+  struct FileFacts {
+    std::string path;
+    uint64_t size = 0;
+    Result<NpyHeader> npy = Status(StatusCode::kNotFound, "header not read");  // Npy only
+  };
+  /// Builds the index from facts about files, in the order given (callers
+  /// sort them). Checks and problems as for Build().
+  static Result<DatasetIndex> FromFiles(const DatasetSpec& spec, std::vector<FileFacts> files,
+                                        Diagnostics& diags);
+
   /// An index of `samples` samples in one virtual file, for data that the
   /// planner cannot reach. sampleBytes is known for FixedRecord and
   /// TokenStream, and for Npy only when spec.recordBytes gives it.

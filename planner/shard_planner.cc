@@ -45,9 +45,12 @@ std::vector<TransferUnit> Collate(std::map<int64_t, std::vector<PositionRange>>&
 
 Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& options,
                                Diagnostics& diags) {
-  const size_t before = diags.problems().size();
+  // Problems from parsing count too: a field that did not parse holds a
+  // placeholder (0), and planning with it would divide by zero.
   ValidateJobSpec(spec, diags);
-  if (diags.problems().size() != before) return diags.ToStatus();
+  if (!diags.ok()) return diags.ToStatus();
+  if (spec.batch.global_batch_size < 1) return Internal("globalBatchSize < 1 passed validation");
+  const size_t before = diags.problems().size();
 
   ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(spec.mesh));
   std::optional<DatasetIndex> index;

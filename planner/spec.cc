@@ -61,15 +61,17 @@ std::vector<std::string> EffectiveBatchAxes(const MeshSpec& mesh) {
 }
 
 ReplicationMode ImpliedReplicationMode(const MeshSpec& mesh) {
+  // Axes of size 1 shard and replicate nothing, so they count on neither side:
+  // Full when no axis of size > 1 shards the batch, None when every one does.
   std::vector<std::string> batch = EffectiveBatchAxes(mesh);
-  if (batch.empty()) return ReplicationMode::kFull;
   std::set<std::string> b(batch.begin(), batch.end());
+  bool any_sharded = false, any_replicated = false;
   for (const auto& a : mesh.axes) {
-    // An axis of size 1 replicates nothing, so leaving it out of batchAxes
-    // does not make the job partially replicated.
-    if (a.size > 1 && !b.count(a.name)) return ReplicationMode::kPartial;
+    if (a.size <= 1) continue;
+    (b.count(a.name) ? any_sharded : any_replicated) = true;
   }
-  return ReplicationMode::kNone;
+  if (!any_sharded) return ReplicationMode::kFull;
+  return any_replicated ? ReplicationMode::kPartial : ReplicationMode::kNone;
 }
 
 namespace {
@@ -96,11 +98,16 @@ bool IsIntegerType(DType t) {
   }
 }
 
-// Adds a problem unless the parser already reported one at this path (a
-// missing required field should not also be "must be >= 1, got 0").
+// Adds a problem unless one was already reported at this path or at an
+// enclosing one (a missing `spec.batch` should not also be reported as
+// "spec.batch.globalBatchSize: must be >= 1, got 0").
 void AddOnce(Diagnostics& d, const std::string& path, std::string msg) {
   for (const auto& p : d.problems()) {
     if (p.path == path) return;
+    if (path.size() > p.path.size() && path.compare(0, p.path.size(), p.path) == 0 &&
+        (path[p.path.size()] == '.' || path[p.path.size()] == '[')) {
+      return;
+    }
   }
   d.Add(path, std::move(msg));
 }
@@ -118,13 +125,14 @@ std::string AxisList(const MeshSpec& mesh) {
 
 int64_t ValidateMeshSpec(const MeshSpec& mesh, Diagnostics& d) {
   bool ok = true;
-  if (mesh.processes < 1) {
-    AddOnce(d, "spec.mesh.processes", "must be >= 1, got " + std::to_string(mesh.processes));
+  if (mesh.processes < 1 || mesh.processes > kMaxDevices) {
+    AddOnce(d, "spec.mesh.processes", "must be between 1 and " + std::to_string(kMaxDevices) + ", got " +
+                                          std::to_string(mesh.processes));
     ok = false;
   }
-  if (mesh.devices_per_process < 1) {
-    AddOnce(d, "spec.mesh.devicesPerProcess",
-            "must be >= 1, got " + std::to_string(mesh.devices_per_process));
+  if (mesh.devices_per_process < 1 || mesh.devices_per_process > kMaxDevices) {
+    AddOnce(d, "spec.mesh.devicesPerProcess", "must be between 1 and " + std::to_string(kMaxDevices) +
+                                                  ", got " + std::to_string(mesh.devices_per_process));
     ok = false;
   }
   if (mesh.axes.empty()) {
@@ -263,19 +271,21 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
   // Dataset fields by format.
   const DatasetSpec& ds = spec.dataset;
   if (ds.uri.empty()) AddOnce(d, "spec.dataset.uri", "must not be empty");
-  switch (ds.format) {
+  const bool record_bytes_given = ds.record_bytes_set || ds.record_bytes != 0;
+  const bool sequence_length_given = ds.sequence_length_set || ds.sequence_length != 0;
+  switch (ds.format_unknown ? static_cast<DatasetFormat>(-1) : ds.format) {
     case DatasetFormat::kFixedRecord: {
       if (ds.record_bytes < 1) {
         AddOnce(d, "spec.dataset.recordBytes",
-                ds.record_bytes == 0 ? "required for format FixedRecord: the bytes of one record"
-                                     : "must be >= 1, got " + std::to_string(ds.record_bytes));
+                !record_bytes_given ? "required for format FixedRecord: the bytes of one record"
+                                    : "must be >= 1, got " + std::to_string(ds.record_bytes));
       } else if (ds.dtype && ds.record_bytes % static_cast<int64_t>(DTypeSize(*ds.dtype)) != 0) {
         d.Add("spec.dataset.recordBytes",
               std::to_string(ds.record_bytes) + " is not a whole number of " +
                   std::string(DTypeName(*ds.dtype)) + " elements (" +
                   std::to_string(DTypeSize(*ds.dtype)) + " bytes each)");
       }
-      if (ds.sequence_length != 0) {
+      if (sequence_length_given) {
         d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
       }
       break;
@@ -290,25 +300,27 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
       }
       if (ds.sequence_length < 1) {
         AddOnce(d, "spec.dataset.sequenceLength",
-                ds.sequence_length == 0
+                !sequence_length_given
                     ? "required for format TokenStream: tokens per sample (T; a sample is T+1 tokens)"
                     : "must be >= 1, got " + std::to_string(ds.sequence_length));
       }
-      if (ds.record_bytes != 0) {
+      if (record_bytes_given) {
         d.Add("spec.dataset.recordBytes",
               "is not used by format TokenStream (a sample is sequenceLength+1 tokens); remove it");
       }
       break;
     }
     case DatasetFormat::kNpy: {
-      if (ds.sequence_length != 0) {
+      if (sequence_length_given) {
         d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
       }
-      if (ds.record_bytes < 0) {
+      if (record_bytes_given && ds.record_bytes < 1) {
         d.Add("spec.dataset.recordBytes", "must be >= 1, got " + std::to_string(ds.record_bytes));
       }
       break;
     }
+    default:
+      break;  // format missing or unknown: already reported
   }
   if (ds.samples && *ds.samples < 1) {
     d.Add("spec.dataset.samples", "must be >= 1, got " + std::to_string(*ds.samples));

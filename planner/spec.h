@@ -75,6 +75,11 @@ struct DatasetSpec {
   int64_t record_bytes = 0;      // FixedRecord: required; Npy: optional bytes-per-sample hint
   int64_t sequence_length = 0;   // TokenStream: required
   std::optional<int64_t> samples;  // count when the data is not reachable from the planner
+  // Set by the parser: the field was written (possibly as 0), and the format
+  // was missing or unknown (then format-specific checks would only add noise).
+  bool record_bytes_set = false;
+  bool sequence_length_set = false;
+  bool format_unknown = false;
 };
 
 struct BatchSpec {

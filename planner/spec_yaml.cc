@@ -1,6 +1,7 @@
 // YAML -> DataLoadJob. Every problem is collected, none stops the parse, so a
 // user sees all their typos at once.
 
+#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -104,8 +105,10 @@ class SpecReader {
       return std::nullopt;
     }
     uint64_t v = 0;
+    bool digits = false;
     for (; i < s.size(); ++i) {
-      if (s[i] == '_') continue;
+      if (s[i] == '_' && digits) continue;  // YAML 1.1 digit separators: 1_000
+      digits = true;
       if (s[i] < '0' || s[i] > '9') {
         d_.Add(path, "expected an integer, got '" + s + "'" + LineOf(n));
         return std::nullopt;
@@ -226,12 +229,14 @@ void ParseDataset(SpecReader& r, const YAML::Node& n, DatasetSpec& ds) {
   } else {
     r.Missing(path + ".uri", "give a path, file:// URI, directory, glob or http(s):// URL");
   }
+  ds.format_unknown = true;
   if (n["format"]) {
     if (auto f = r.Enum<DatasetFormat>(n["format"], path + ".format",
                                        {{"FixedRecord", DatasetFormat::kFixedRecord},
                                         {"TokenStream", DatasetFormat::kTokenStream},
                                         {"Npy", DatasetFormat::kNpy}})) {
       ds.format = *f;
+      ds.format_unknown = false;
     }
   } else {
     r.Missing(path + ".format", "one of FixedRecord, TokenStream, Npy");
@@ -247,9 +252,11 @@ void ParseDataset(SpecReader& r, const YAML::Node& n, DatasetSpec& ds) {
     }
   }
   if (n["recordBytes"]) {
+    ds.record_bytes_set = true;
     if (auto v = r.Int(n["recordBytes"], path + ".recordBytes")) ds.record_bytes = *v;
   }
   if (n["sequenceLength"]) {
+    ds.sequence_length_set = true;
     if (auto v = r.Int(n["sequenceLength"], path + ".sequenceLength")) ds.sequence_length = *v;
   }
   if (n["samples"]) {
@@ -321,12 +328,15 @@ JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
   if (spec["shuffle"]) {
     const YAML::Node& n = spec["shuffle"];
     if (r.Map(n, "spec.shuffle", {"mode", "seed", "blockSize"})) {
+      bool mode_ok = true;
       if (n["mode"]) {
         if (auto m = r.Enum<ShuffleMode>(n["mode"], "spec.shuffle.mode",
                                          {{"None", ShuffleMode::kNone},
                                           {"Global", ShuffleMode::kGlobal},
                                           {"Block", ShuffleMode::kBlock}})) {
           js.shuffle.mode = *m;
+        } else {
+          mode_ok = false;
         }
       }
       if (n["seed"]) {
@@ -340,7 +350,7 @@ JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
       }
       if (n["blockSize"]) {
         if (auto v = r.Int(n["blockSize"], "spec.shuffle.blockSize")) js.shuffle.block_size = *v;
-        if (js.shuffle.mode != ShuffleMode::kBlock) {
+        if (mode_ok && js.shuffle.mode != ShuffleMode::kBlock) {
           r.diags().Add("spec.shuffle.blockSize",
                         "is only used with mode Block, but mode is " +
                             std::string(ToString(js.shuffle.mode)) + "; remove it or set mode: Block");
@@ -423,9 +433,11 @@ Result<YAML::Node> LoadYamlRoot(std::string_view text, std::vector<YAML::Node>* 
     if (all) *all = docs;
     return docs.empty() ? YAML::Node() : docs.front();
   } catch (const YAML::Exception& e) {
+    // Compiler style, so that `file` + location reads `job.yaml:3:1`.
     std::string loc;
-    if (e.mark.line >= 0) loc = "line " + std::to_string(e.mark.line + 1) + ", column " +
-                                std::to_string(e.mark.column + 1);
+    if (e.mark.line >= 0) {
+      loc = ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1);
+    }
     return InvalidArgument("not valid YAML: " + e.msg, loc);
   }
 }
@@ -471,6 +483,24 @@ Result<DataLoadJob> ParseDataLoadJob(std::string_view yaml_text, Diagnostics& di
   if (doc["metadata"]) {
     const YAML::Node& md = doc["metadata"];
     if (md.IsMap()) {
+      // The ObjectMeta fields a manifest or a server round trip may carry.
+      r.Map(md, "metadata",
+            {"name", "namespace", "labels", "annotations", "uid", "resourceVersion", "generation",
+             "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "finalizers",
+             "ownerReferences", "managedFields", "generateName"});
+      for (const char* field : {"labels", "annotations"}) {
+        if (md[field] && !md[field].IsMap()) {
+          local.Add(std::string("metadata.") + field,
+                    "expected a mapping of strings, got " + NodeKind(md[field]) + LineOf(md[field]));
+        } else if (md[field]) {
+          for (const auto& kv : md[field]) {
+            if (!kv.second.IsScalar()) {
+              local.Add(std::string("metadata.") + field + "." + kv.first.Scalar(),
+                        "expected a string, got " + NodeKind(kv.second) + LineOf(kv.second));
+            }
+          }
+        }
+      }
       if (md["name"]) {
         if (auto s = r.Str(md["name"], "metadata.name")) job.name = *s;
       }
@@ -478,7 +508,9 @@ Result<DataLoadJob> ParseDataLoadJob(std::string_view yaml_text, Diagnostics& di
         if (auto s = r.Str(md["namespace"], "metadata.namespace")) job.namespace_ = *s;
       }
       if (md["labels"] && md["labels"].IsMap()) {
-        for (const auto& kv : md["labels"]) job.labels[kv.first.Scalar()] = kv.second.Scalar();
+        for (const auto& kv : md["labels"]) {
+          if (kv.second.IsScalar()) job.labels[kv.first.Scalar()] = kv.second.Scalar();
+        }
       }
     } else {
       local.Add("metadata", "expected a mapping, got " + NodeKind(md) + LineOf(md));
@@ -502,6 +534,10 @@ Result<JobSpec> ParseJobSpecText(std::string_view text, Diagnostics& diags) {
 }
 
 Result<DataLoadJob> LoadDataLoadJobFile(const std::string& path, Diagnostics& diags) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return IoError("is not a regular file; give the path of a DataLoadJob manifest", path);
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return IoErrorFromErrno("cannot open job file", path, errno);
   std::stringstream buf;

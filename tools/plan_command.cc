@@ -32,9 +32,13 @@ options:
   --format table|json    output format (default table)
   --compare              cost of every strategy and fan-out for this mesh
   --full                 table: print every sample id (default: first 12)
-  --log-level LEVEL      debug, info, warn, error (env MESHLOAD_LOG_LEVEL)
+  --log-level LEVEL      debug, info, warn, error, off (env MESHLOAD_LOG_LEVEL)
 
-exit codes: 0 ok, 1 runtime error, 2 invalid spec or arguments
+--samples overrides spec.dataset.samples and the dataset's files (which are
+then not read).
+
+exit codes: 0 ok; 1 the job file cannot be read; 2 invalid arguments, an
+invalid spec, or a dataset that does not match it (every problem is listed)
 )";
 
 std::string HumanBytes(double b) {
@@ -192,7 +196,9 @@ ordered_json PlanJson(const ShardPlanner& planner, const PlanOptions& opt, int64
   out["sampleBytes"] = known ? ordered_json(job.dataset.sample_bytes()) : ordered_json(nullptr);
   ordered_json files = ordered_json::array();
   for (const auto& f : job.dataset.files()) {
-    files.push_back({{"path", f.path}, {"bytes", f.size}, {"dataOffset", f.data_offset}});
+    files.push_back({{"path", f.path},
+                     {"bytes", job.dataset.indexed() || known ? ordered_json(f.size) : ordered_json(nullptr)},
+                     {"dataOffset", f.data_offset}});
   }
   out["dataset"] = {{"format", ToString(job.dataset.format())}, {"indexed", job.dataset.indexed()},
                     {"files", files}};
@@ -217,8 +223,11 @@ ordered_json PlanJson(const ShardPlanner& planner, const PlanOptions& opt, int64
       jr["process"] = r.process;
       if (r.device >= 0) jr["device"] = r.device;
       jr["samples"] = r.samples;
-      ordered_json ranges = ordered_json::array();
-      for (const auto& e : r.ranges) ranges.push_back({{"file", e.file}, {"offset", e.offset}, {"length", e.length}});
+      // Without a sample size there are no byte ranges to speak of.
+      ordered_json ranges = known ? ordered_json::array() : ordered_json(nullptr);
+      if (known) {
+        for (const auto& e : r.ranges) ranges.push_back({{"file", e.file}, {"offset", e.offset}, {"length", e.length}});
+      }
       jr["ranges"] = ranges;
       jr["bytes"] = known ? ordered_json(r.bytes) : ordered_json(nullptr);
       reads.push_back(std::move(jr));
@@ -260,6 +269,7 @@ ordered_json PlanJson(const ShardPlanner& planner, const PlanOptions& opt, int64
 struct CompareRow {
   Loading loading;
   std::string unsupported;
+  // Sums over the step range (means are taken when printing) and maxima.
   uint64_t read = 0, max_read = 0, ranges = 0, xfer = 0, max_sent = 0, max_recv = 0;
 };
 
@@ -282,10 +292,6 @@ std::vector<CompareRow> Compare(const ShardPlanner& planner, int64_t a, int64_t 
             row.max_recv = std::max(row.max_recv, pc.bytes_received);
           }
         }
-        const uint64_t n = static_cast<uint64_t>(b - a);
-        row.read /= n;
-        row.ranges /= n;
-        row.xfer /= n;
       }
       rows.push_back(row);
     }
@@ -300,6 +306,7 @@ int RunCompare(const ShardPlanner& planner, const PlanOptions& opt, int64_t a, i
   const double batch_bytes = static_cast<double>(job.global_batch * job.dataset.sample_bytes());
   const Loading mine = planner.DefaultLoading();
   std::vector<CompareRow> rows = Compare(planner, a, b);
+  const uint64_t n = static_cast<uint64_t>(b - a);
   if (opt.format == "json") {
     ordered_json out;
     out["job"] = job_name;
@@ -308,7 +315,7 @@ int RunCompare(const ShardPlanner& planner, const PlanOptions& opt, int64_t a, i
     out["shards"] = job.mesh.shards();
     out["globalBatch"] = job.global_batch;
     out["sampleBytes"] = known ? ordered_json(job.dataset.sample_bytes()) : ordered_json(nullptr);
-    out["steps"] = {a, b};
+    out["stepRange"] = {a, b};
     ordered_json arr = ordered_json::array();
     for (const auto& r : rows) {
       ordered_json j;
@@ -319,14 +326,15 @@ int RunCompare(const ShardPlanner& planner, const PlanOptions& opt, int64_t a, i
         j["unsupported"] = r.unsupported;
       } else {
         auto val = [&](uint64_t v) { return known ? ordered_json(v) : ordered_json(nullptr); };
-        j["bytesReadPerStep"] = val(r.read);
+        j["bytesReadPerStep"] = Mean(r.read, n, known);
         j["maxBytesReadPerProcess"] = val(r.max_read);
-        j["readRangesPerStep"] = r.ranges;
-        j["bytesTransferredPerStep"] = val(r.xfer);
+        j["readRangesPerStep"] = Mean(r.ranges, n, known);
+        j["bytesTransferredPerStep"] = Mean(r.xfer, n, known);
         j["maxBytesSentPerProcess"] = val(r.max_sent);
         j["maxBytesReceivedPerProcess"] = val(r.max_recv);
-        j["readAmplification"] = known && batch_bytes > 0 ? ordered_json(static_cast<double>(r.read) / batch_bytes)
-                                                          : ordered_json(nullptr);
+        j["readAmplification"] = known && batch_bytes > 0
+                                     ? ordered_json(static_cast<double>(r.read) / static_cast<double>(n) / batch_bytes)
+                                     : ordered_json(nullptr);
       }
       arr.push_back(std::move(j));
     }
@@ -350,9 +358,11 @@ int RunCompare(const ShardPlanner& planner, const PlanOptions& opt, int64_t a, i
       continue;
     }
     char amp[32] = "?";
-    if (known && batch_bytes > 0) std::snprintf(amp, sizeof amp, "%.2f×", static_cast<double>(r.read) / batch_bytes);
-    std::printf("%12s %10s %13s %12" PRIu64 " %12s %12s %12s\n", Bytes(r.read, known).c_str(), amp,
-                Bytes(r.max_read, known).c_str(), r.ranges, Bytes(r.xfer, known).c_str(),
+    const double read_mean = static_cast<double>(r.read) / static_cast<double>(n);
+    if (known && batch_bytes > 0) std::snprintf(amp, sizeof amp, "%.2f×", read_mean / batch_bytes);
+    std::printf("%12s %10s %13s %12.0f %12s %12s %12s\n", known ? HumanBytes(read_mean).c_str() : "unknown", amp,
+                Bytes(r.max_read, known).c_str(), static_cast<double>(r.ranges) / static_cast<double>(n),
+                known ? HumanBytes(static_cast<double>(r.xfer) / static_cast<double>(n)).c_str() : "unknown",
                 Bytes(r.max_sent, known).c_str(), Bytes(r.max_recv, known).c_str());
   }
   std::cout << "\n* the job's strategy. LoadAndReshard reads each position once, so its fan-out changes nothing.\n";
@@ -381,6 +391,9 @@ int RunPlan(const std::vector<std::string>& args) {
     ConfigureLogging(*lv, LogFormat::kJson);
   }
   if (opt.file.empty()) return UsageError("-f JOB.yaml is required\n\n" + std::string(kPlanUsage));
+  if (opt.compare && opt.process) {
+    return UsageError("--compare covers the whole mesh; it cannot be combined with --process");
+  }
   if (opt.format != "table" && opt.format != "json") {
     return UsageError("--format: expected table or json, got '" + opt.format + "'");
   }

@@ -1,6 +1,6 @@
 /// \file
 /// `meshload plan`: preview and explain a DataLoadJob's plan (see
-/// docs/cli.md and docs/plan-json.md for the JSON contract).
+/// docs/plan-json.md for its options, exit codes and JSON contract).
 #pragma once
 
 #include <string>

@@ -105,5 +105,19 @@ check "out-of-range --process exits 2" $?
 [ $rc -eq 1 ] && grep -q "missing.yaml" "$TMP/err4"
 check "missing job file exits 1 naming the file" $?
 
+"$BIN" plan -f "$TMP" 2>"$TMP/err5"; rc=$?
+[ $rc -eq 1 ] && grep -q "is not a regular file" "$TMP/err5"
+check "a directory as job file exits 1" $?
+"$BIN" plan -f "$JOB" --compare --process 1 2>/dev/null; [ $? -eq 2 ]
+check "--compare with --process is a usage error" $?
+printf 'kind: DataLoadJob\nspec: [unclosed\n' >"$TMP/broken.yaml"
+"$BIN" plan -f "$TMP/broken.yaml" 2>"$TMP/err6"; rc=$?
+[ $rc -eq 2 ] && grep -q "broken.yaml:3:1: not valid YAML" "$TMP/err6"
+check "invalid YAML names file:line:column" $?
+sed -e 's/globalBatchSize: 32/globalBatchSize: "32"/' "$JOB" >"$TMP/quoted.yaml"
+"$BIN" plan -f "$TMP/quoted.yaml" 2>"$TMP/err7" >/dev/null; rc=$?
+[ $rc -eq 2 ] && grep -q "spec.batch.globalBatchSize: expected an integer" "$TMP/err7"
+check "a quoted batch size is an error, not a crash" $?
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -1,5 +1,7 @@
 #include "planner/spec.h"
 
+#include "planner/shard_planner.h"
+
 #include <gtest/gtest.h>
 
 #include "tests/planner/test_util.h"
@@ -84,7 +86,72 @@ TEST(Spec, InvalidYamlNamesTheLine) {
   Diagnostics d;
   auto job = ParseDataLoadJob("kind: DataLoadJob\nspec: [unclosed\n", d);
   ASSERT_FALSE(job.ok());
-  EXPECT_NE(job.status().location().find("line"), std::string::npos) << job.status().ToString();
+  // The flow sequence opened on line 2 is still open at the end (line 3).
+  EXPECT_EQ(job.status().location(), ":3:1") << job.status().ToString();
+  EXPECT_EQ(job.status().WithLocationPrefix("job.yaml").ToString().rfind("job.yaml:3:1: not valid YAML", 0), 0u);
+}
+
+// Regressions: each of these once crashed, accepted nonsense, or buried the
+// real problem under follow-on messages.
+TEST(Spec, AFieldThatDoesNotParseStopsResolutionInsteadOfPlanningWithZero) {
+  for (const char* bad : {"globalBatchSize: \"8\"", "globalBatchSize: eight"}) {
+    Diagnostics d;
+    auto job = ParseDataLoadJob(Edit("globalBatchSize: 8", bad), d);
+    ASSERT_TRUE(job.ok());
+    auto resolved = ResolveJob(job->spec, {}, d);
+    EXPECT_FALSE(resolved.ok()) << bad;
+    EXPECT_TRUE(HasProblem(d.problems().empty() ? std::vector<std::string>{} : std::vector<std::string>{d.ToString()},
+                           "spec.batch.globalBatchSize: expected an integer"));
+  }
+  Diagnostics d;
+  auto job = ParseDataLoadJob(Edit("  batch:\n    globalBatchSize: 8\n", "  batch: {}\n"), d);
+  ASSERT_TRUE(job.ok());
+  EXPECT_FALSE(ResolveJob(job->spec, {}, d).ok());
+}
+
+TEST(Spec, HugeProcessCountsAreRejectedNotOverflowed) {
+  std::string y = Edit("processes: 2", "processes: 4611686018427387905");
+  y.replace(y.find("devicesPerProcess: 2"), 20, "devicesPerProcess: 4");
+  auto p = Problems(y);
+  EXPECT_TRUE(HasProblem(p, "spec.mesh.processes: must be between 1 and 4194304, got 4611686018427387905"));
+}
+
+TEST(Spec, UnderscoresAloneAreNotANumber) {
+  EXPECT_TRUE(HasProblem(Problems(Edit("  strategy:", "  shuffle: {seed: _}\n  strategy:")),
+                         "spec.shuffle.seed: expected an integer, got '_'"));
+  Diagnostics d;
+  auto job = ParseDataLoadJob(Edit("samples: 1000", "samples: 1_000"), d);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->spec.dataset.samples, 1000);
+}
+
+TEST(Spec, AMissingSectionIsReportedOnceWithoutFollowOnProblems) {
+  std::string y = MinimalJobYaml();
+  y = y.substr(0, y.find("  batch:"));
+  auto p = Problems(y);
+  EXPECT_TRUE(HasProblem(p, "spec.batch: required field is missing"));
+  for (const auto& s : p) EXPECT_EQ(s.find("spec.batch.globalBatchSize"), std::string::npos) << s;
+}
+
+TEST(Spec, AnUnknownFormatDoesNotBringFormatSpecificNoise) {
+  auto p = Problems(Edit("format: FixedRecord\n    recordBytes: 64", "format: Parquet"));
+  EXPECT_TRUE(HasProblem(p, "spec.dataset.format: unknown value 'Parquet'"));
+  for (const auto& s : p) EXPECT_EQ(s.find("recordBytes"), std::string::npos) << s;
+}
+
+TEST(Spec, AnExplicitZeroIsOutOfRangeNotMissing) {
+  EXPECT_TRUE(HasProblem(Problems(Edit("recordBytes: 64", "recordBytes: 0")),
+                         "spec.dataset.recordBytes: must be >= 1, got 0"));
+  EXPECT_TRUE(HasProblem(Problems(Edit("format: FixedRecord\n    recordBytes: 64", "format: Npy\n    recordBytes: 0")),
+                         "spec.dataset.recordBytes: must be >= 1, got 0"));
+}
+
+TEST(Spec, MetadataIsCheckedLikeTheRest) {
+  EXPECT_TRUE(HasProblem(Problems(Edit("  name: minimal", "  name: minimal\n  nmespace: x")),
+                         "metadata.nmespace: unknown field (did you mean namespace?)"));
+  EXPECT_TRUE(HasProblem(Problems(Edit("  name: minimal", "  name: minimal\n  labels: [a]")),
+                         "metadata.labels: expected a mapping of strings"));
+  EXPECT_TRUE(Problems(Edit("  name: minimal", "  name: minimal\n  labels: {team: ml}\n  resourceVersion: \"12\"")).empty());
 }
 
 TEST(Spec, AxisSizeBelowOneIsNamedByPath) {
@@ -226,6 +293,11 @@ TEST(Spec, ParsesABareSpecAsJson) {
 }
 
 TEST(Spec, AxesOfSizeOneDoNotMakeAJobPartiallyReplicated) {
+  MeshSpec one;
+  one.axes = {{"data", 1}, {"model", 8}};
+  one.batch_axes = {"data"};
+  one.batch_axes_set = true;
+  EXPECT_EQ(ImpliedReplicationMode(one), ReplicationMode::kFull);  // one shard: everyone holds the batch
   MeshSpec m;
   m.axes = {{"data", 4}, {"model", 1}};
   m.batch_axes = {"data"};
