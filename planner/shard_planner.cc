@@ -54,7 +54,9 @@ Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& option
 
   ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(spec.mesh));
   std::optional<DatasetIndex> index;
-  if (options.samples) {
+  if (options.index) {
+    index = *options.index;
+  } else if (options.samples) {
     if (*options.samples < 1) {
       diags.Add("--samples", "must be >= 1, got " + std::to_string(*options.samples));
     } else {

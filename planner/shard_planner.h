@@ -64,6 +64,9 @@ struct ResolveOptions {
   std::optional<int64_t> samples;
   /// Read the dataset's files when the URI is local.
   bool read_files = true;
+  /// An index built elsewhere (the sidecar indexes remote datasets through
+  /// its storage sources); used as is when set.
+  std::optional<DatasetIndex> index;
 };
 
 /// Validates the spec, builds the mesh and the dataset index. Every problem

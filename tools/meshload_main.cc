@@ -6,15 +6,19 @@
 
 #include "common/allocator.h"
 #include "common/logging.h"
+#include "tools/demo_trainer.h"
 #include "tools/plan_command.h"
+#include "tools/run_command.h"
 
 namespace {
 
 constexpr const char* kUsage = R"(usage: meshload <command> [options]
 
 commands:
-  plan       show which device holds which samples, who reads what, and the I/O cost
-  version    print the version
+  plan          show which device holds which samples, who reads what, and the I/O cost
+  run --local   run the whole data path on this machine, verifying every batch
+  demo-trainer  consume and verify batches from one sidecar (used by run --local)
+  version       print the version
 
 Run 'meshload <command> --help' for a command's options.
 )";
@@ -34,6 +38,8 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "plan") return meshload::cli::RunPlan(args);
+  if (cmd == "run") return meshload::cli::RunRun(args);
+  if (cmd == "demo-trainer") return meshload::cli::RunDemoTrainer(args);
   if (cmd == "version" || cmd == "--version") {
     std::cout << "meshload " << MESHLOAD_VERSION << "\n";
     return 0;

@@ -11,7 +11,7 @@
 
 #include "common/logging.h"
 #include "planner/shard_planner.h"
-#include "tools/flags.h"
+#include "common/flags.h"
 
 namespace meshload::cli {
 namespace {

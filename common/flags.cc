@@ -1,4 +1,4 @@
-#include "tools/flags.h"
+#include "common/flags.h"
 
 #include <iostream>
 #include <limits>

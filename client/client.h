@@ -1,0 +1,136 @@
+/// \file
+/// The trainer-side client: connects to the sidecar's Unix socket, maps the
+/// slot pool once, and turns each READY into a Batch of zero-copy tensors.
+///
+///   auto client = Client::Connect({.socket_path = "/run/meshload/sidecar.sock"});
+///   while (true) {
+///     Result<Batch> b = (*client)->Next();   // blocks until staged
+///     ... use b->tensors[i].data ...         // one tensor per local device
+///   }                                        // the slot goes back when the
+///                                            // Batch (and every copy of its
+///                                            // lease) is gone
+///
+/// A Batch owns a shared Lease; the slot is released (RELEASE sent) when the
+/// last reference dies, from whatever thread that happens on (Python's
+/// garbage collector, a framework's DLPack deleter). The mapping a tensor
+/// points into stays mapped while its lease lives, even across reconnects.
+///
+/// When the sidecar goes away (restart, crash), Next() reconnects with
+/// bounded exponential backoff and resumes at the next step it has not
+/// returned; the sidecar re-plans from there, so the bytes are identical.
+/// After the last attempt Next() returns kUnavailable naming the socket.
+///
+/// Everything the sidecar sends is checked before it is trusted: a tensor
+/// outside its slot, a slot outside the pool, a step out of order are
+/// protocol errors, never out-of-bounds reads.
+///
+/// Thread safety: Next() and Close() from one thread at a time; Lease
+/// release is thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "sidecar/ipc/protocol.h"
+
+namespace meshload::client {
+
+struct ClientOptions {
+  std::string socket_path;
+  /// The first step wanted; unset: the sidecar's start step.
+  std::optional<int64_t> start_step;
+  /// Reconnect attempts after the sidecar is lost (0: fail at once).
+  int max_reconnect_attempts = 8;
+  std::chrono::milliseconds reconnect_backoff_initial{50};
+  std::chrono::milliseconds reconnect_backoff_max{2000};
+};
+
+class Connection;
+class Mapping;
+
+/// A slot lent to the trainer. Destroying the last reference releases it.
+class Lease {
+ public:
+  Lease(std::shared_ptr<Connection> conn, std::shared_ptr<Mapping> mapping, uint32_t slot, int64_t step,
+        uint64_t wait_ns);
+  ~Lease();
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  uint32_t slot() const { return slot_; }
+  int64_t step() const { return step_; }
+
+ private:
+  std::shared_ptr<Connection> conn_;
+  std::shared_ptr<Mapping> mapping_;
+  uint32_t slot_;
+  int64_t step_;
+  uint64_t wait_ns_;
+};
+
+struct Tensor {
+  void* data = nullptr;
+  uint8_t dtype_code = 0;  // DLPack
+  uint8_t dtype_bits = 0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // in elements
+  uint64_t nbytes = 0;
+  int32_t device_type = 1;  // DLPack: 1 = CPU
+  int32_t device_id = 0;
+  int64_t global_device = 0;   // device number in the mesh
+  uint64_t ids_checksum = 0;   // SampleIdsChecksum of its sample ids
+};
+
+struct Batch {
+  int64_t step = 0;
+  std::vector<Tensor> tensors;  // one per local device, in the job's device order
+  std::shared_ptr<Lease> lease;
+  double wait_seconds = 0;      // how long Next() blocked for it
+};
+
+class Client {
+ public:
+  /// Connects and completes the handshake (retrying like a reconnect while
+  /// the sidecar is not up yet).
+  static Result<std::unique_ptr<Client>> Connect(ClientOptions options);
+  ~Client();
+
+  /// The next step's batch. Blocks until it is staged, or until `timeout`
+  /// (kDeadlineExceeded). kUnavailable when the sidecar is gone for good;
+  /// kDataLoss/kFailedPrecondition for errors the sidecar reported.
+  Result<Batch> Next(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  /// Closes the connection; leases still alive release nothing (the sidecar
+  /// reclaims them) but their memory stays mapped until they die.
+  void Close();
+
+  const ipc::ServerHello& hello() const { return hello_; }
+  /// The step the next call of Next() returns.
+  int64_t next_step() const { return next_step_; }
+  /// Times the client had to reconnect.
+  int reconnects() const { return reconnects_; }
+
+ private:
+  explicit Client(ClientOptions options) : options_(std::move(options)) {}
+  Status ConnectOnce(int64_t want_step);
+  Status Reconnect(const Status& why);
+  Result<Batch> MakeBatch(const ipc::Ready& ready, uint64_t wait_ns);
+
+  ClientOptions options_;
+  std::shared_ptr<Connection> conn_;
+  std::shared_ptr<Mapping> mapping_;
+  ipc::ServerHello hello_;
+  int64_t next_step_ = -1;
+  int reconnects_ = 0;
+};
+
+}  // namespace meshload::client

@@ -1,0 +1,321 @@
+/// \file
+/// Prometheus metrics in the prometheus-cpp model: a Registry of metric
+/// families, each family a set of series told apart by their labels.
+///
+///   Registry registry;
+///   auto& bytes = BuildCounter()
+///                     .Name("meshload_bytes_read_total")
+///                     .Help("Bytes read from storage.")
+///                     .Register(registry);
+///   Counter& file_bytes = bytes.Add({{"source", "file"}});
+///   file_bytes.Increment(4096);               // lock-free, from any thread
+///   std::string text = registry.Serialize();  // what GET /metrics returns
+///
+/// Contract:
+/// - Families and series live as long as the Registry; the references that
+///   Register() and Add() return stay valid until it is destroyed, so hot paths
+///   look a series up once and then only touch atomics.
+/// - Mistakes in names are programming errors, found the first time the code
+///   runs, so they abort with a message on stderr instead of returning a Status
+///   nobody checks. Register() aborts when
+///     * a metric name does not match `[a-zA-Z_:][a-zA-Z0-9_:]*`;
+///     * a counter's name does not end in `_total`, or a gauge's or
+///       histogram's name ends in `_total`, `_bucket`, `_sum` or `_count`
+///       (Prometheus conventions, which `promtool check metrics` enforces; the
+///       suffix rules also keep one family's samples from colliding with
+///       another's);
+///     * the help text is empty (promtool flags it);
+///     * a name is registered again with a different type, help text or
+///       constant labels (registering it again with the same ones returns the
+///       existing family, so two components may share a family).
+///   Register() and Add() abort when a label name does not match
+///   `[a-zA-Z_][a-zA-Z0-9_]*`, starts with `__` (reserved for Prometheus),
+///   is `le` or `quantile` (reserved for histogram and summary samples), or
+///   repeats a constant label of the family. Label *values* may be any text.
+/// - Serialize() writes the text exposition format 0.0.4: families sorted by
+///   name, series by label set, labels in a series by name (a histogram's `le`
+///   last). A family with no series is left out. Numbers: integral values
+///   below 2^63 print as integers (`1048576`, never `1.048576e+06`); others
+///   with the fewest digits that read back exactly, in fixed notation unless
+///   the exponent is below -4 (`0.005`, `0.0005`, `1.5e-07`: Go's rule, so
+///   `le` labels match the Go client's); and `+Inf`, `-Inf`, `NaN`.
+///   Timestamps are never written; Prometheus stamps the scrape.
+///
+/// Thread safety: every class here is thread-safe except the builders, which
+/// are values used by one thread. Counter, Gauge and Histogram updates are
+/// lock-free; Registry::Serialize() and registration take mutexes.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace meshload::metrics {
+
+/// Label name -> value. A std::map, so a label set has one canonical order.
+using Labels = std::map<std::string, std::string>;
+
+/// Upper bounds of a histogram's buckets, strictly increasing; the `+Inf`
+/// bucket is implicit.
+using BucketBoundaries = std::vector<double>;
+
+enum class MetricType { kCounter, kGauge, kHistogram };
+
+/// "counter", "gauge" or "histogram", as in a `# TYPE` line.
+std::string_view MetricTypeName(MetricType type);
+
+/// A value that only goes up: bytes read, samples served, errors.
+///
+/// Thread safety: thread-safe and lock-free.
+class Counter {
+ public:
+  static constexpr MetricType kType = MetricType::kCounter;
+
+  /// Adds `v`. A negative or NaN `v` is ignored — not applied, logged or
+  /// counted anywhere — because a counter that goes down reads as a process
+  /// restart to Prometheus' rate(); callers must not rely on it to report bugs.
+  void Increment(double v = 1.0) {
+    if (!(v >= 0.0)) return;
+    value_.fetch_add(v, std::memory_order_relaxed);
+  }
+  double Value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  static_assert(std::atomic<double>::is_always_lock_free);
+  std::atomic<double> value_{0.0};
+};
+
+/// A value that goes up and down: the current step, slots leased.
+///
+/// Thread safety: thread-safe and lock-free.
+class Gauge {
+ public:
+  static constexpr MetricType kType = MetricType::kGauge;
+
+  void Set(double v) { value_.store(v, std::memory_order_relaxed); }
+  void Increment(double v = 1.0) { value_.fetch_add(v, std::memory_order_relaxed); }
+  void Decrement(double v = 1.0) { value_.fetch_sub(v, std::memory_order_relaxed); }
+  /// Sets the gauge to the Unix time in seconds (with a fractional part), for
+  /// "last time X happened" gauges.
+  void SetToCurrentTime();
+  double Value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<double> value_{0.0};
+};
+
+/// A distribution of observations (latencies, sizes) in cumulative buckets.
+///
+/// Thread safety: thread-safe; Observe() is lock-free (one atomic per bucket).
+/// A reader racing with Observe() may see the sum without the newest
+/// observation, but the count always equals the `+Inf` bucket.
+class Histogram {
+ public:
+  static constexpr MetricType kType = MetricType::kHistogram;
+
+  /// Aborts unless `boundaries` are strictly increasing and finite; a
+  /// trailing `+Inf` is dropped since the `+Inf` bucket always exists.
+  explicit Histogram(BucketBoundaries boundaries);
+
+  /// Counts `v` in the first bucket whose bound is >= v (`le` is inclusive)
+  /// and adds it to the sum. NaN lands in the `+Inf` bucket only and makes the
+  /// sum NaN, as in the Go client.
+  void Observe(double v);
+
+  const BucketBoundaries& Boundaries() const { return boundaries_; }
+  /// Cumulative counts, one per boundary and a last one for `+Inf`.
+  std::vector<uint64_t> CumulativeCounts() const;
+  uint64_t Count() const;
+  double Sum() const { return sum_.load(std::memory_order_relaxed); }
+
+ private:
+  BucketBoundaries boundaries_;
+  // Per-bucket (not cumulative) counts so that Observe touches one atomic;
+  // the last one is the +Inf bucket.
+  std::unique_ptr<std::atomic<uint64_t>[]> counts_;
+  std::atomic<double> sum_{0.0};
+};
+
+/// `count` bounds: start, start·factor, start·factor², …. Aborts unless
+/// start > 0, factor > 1 and count >= 1. Bounds are rounded to 15 significant
+/// digits so that they print cleanly as `le` values.
+BucketBoundaries ExponentialBuckets(double start, double factor, int count);
+/// `count` bounds: start, start + width, …. Aborts unless width > 0 and
+/// count >= 1. Rounded like ExponentialBuckets, so LinearBuckets(0.1, 0.1, 3)
+/// is {0.1, 0.2, 0.3}, not {…, 0.30000000000000004}.
+BucketBoundaries LinearBuckets(double start, double width, int count);
+
+class Registry;
+
+/// The part of a family that does not depend on the metric type.
+///
+/// Thread safety: immutable after construction.
+class FamilyBase {
+ public:
+  virtual ~FamilyBase() = default;
+  FamilyBase(const FamilyBase&) = delete;
+  FamilyBase& operator=(const FamilyBase&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::string& help() const { return help_; }
+  MetricType type() const { return type_; }
+  const Labels& constant_labels() const { return constant_labels_; }
+
+ protected:
+  FamilyBase(MetricType type, std::string name, std::string help, Labels constant_labels);
+
+ private:
+  friend class Registry;
+  /// Appends this family's sample lines (not HELP/TYPE) to `out`; returns
+  /// false, appending nothing, when the family has no series.
+  virtual bool AppendSamples(std::string* out) const = 0;
+
+  MetricType type_;
+  std::string name_;
+  std::string help_;
+  Labels constant_labels_;
+};
+
+/// All series of one metric name, e.g. meshload_bytes_read_total for every
+/// `source`. Created by a builder's Register().
+///
+/// Thread safety: thread-safe; Add() takes the family's mutex, so call it once
+/// per series and keep the reference rather than calling it per event.
+template <typename T>
+class Family final : public FamilyBase {
+ public:
+  /// The series with these labels, created (at zero) on first use. The same
+  /// labels always return the same object. Aborts on an invalid label name
+  /// (see the file comment).
+  T& Add(const Labels& labels)
+    requires(T::kType != MetricType::kHistogram);
+
+  /// The histogram series with these labels and bucket bounds. Aborts on an
+  /// invalid label name or bounds, and when the series exists with other
+  /// bounds (one series cannot have two bucket layouts).
+  T& Add(const Labels& labels, const BucketBoundaries& boundaries)
+    requires(T::kType == MetricType::kHistogram);
+
+ private:
+  friend class Registry;
+  struct Series {
+    std::string label_text;  // `a="x",b="y"`: constant and series labels, escaped
+    std::unique_ptr<T> metric;
+  };
+
+  Family(std::string name, std::string help, Labels constant_labels);
+  Series& FindOrInsertLocked(const Labels& labels);
+  bool AppendSamples(std::string* out) const override;
+
+  mutable std::mutex mu_;
+  std::map<Labels, Series> series_;  // sorted by label set: Serialize's order
+};
+
+extern template class Family<Counter>;
+extern template class Family<Gauge>;
+extern template class Family<Histogram>;
+
+/// Owns metric families and renders them for a scrape.
+///
+/// Thread safety: thread-safe. Serialize() calls are serialized with each
+/// other, so collect hooks never run concurrently.
+class Registry {
+ public:
+  Registry();
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  /// Adds a hook that Serialize() runs before rendering, in the order added,
+  /// so a component can refresh gauges that are cheaper to read on demand than
+  /// to keep current (slots leased, queue depth). A hook may register
+  /// families and add series, but must not call Serialize() or
+  /// AddCollectHook() (it would deadlock) and should be fast: it runs on the
+  /// scrape's thread while the scraper waits. Hooks are never removed, so
+  /// whatever a hook captures must outlive the registry or its last scrape.
+  void AddCollectHook(std::function<void()> hook);
+
+  /// Runs the collect hooks, then renders every family in the text exposition
+  /// format 0.0.4 (see the file comment for the ordering and number rules).
+  std::string Serialize() const;
+
+ private:
+  template <typename T>
+  friend class Builder;
+
+  template <typename T>
+  Family<T>& Register(std::string name, std::string help, Labels constant_labels);
+
+  mutable std::mutex mu_;  // guards families_
+  std::map<std::string, std::unique_ptr<FamilyBase>, std::less<>> families_;
+  mutable std::mutex hooks_mu_;  // guards hooks_
+  std::vector<std::function<void()>> hooks_;
+  mutable std::mutex collect_mu_;  // held for a whole Serialize()
+};
+
+/// Describes a family and registers it; see BuildCounter().
+///
+/// Thread safety: not thread-safe; a builder is a temporary of one thread.
+template <typename T>
+class Builder {
+ public:
+  Builder& Name(std::string_view name) {
+    name_ = name;
+    return *this;
+  }
+  Builder& Help(std::string_view help) {
+    help_ = help;
+    return *this;
+  }
+  /// Constant labels, added to every series of the family (e.g. a pod-wide
+  /// `job_id`). Prefer target labels set by Prometheus where possible.
+  Builder& Labels(const ::meshload::metrics::Labels& labels) {
+    labels_ = labels;
+    return *this;
+  }
+  /// Registers the family, or returns the existing one with the same name,
+  /// type, help and constant labels. Aborts on the mistakes listed in the file
+  /// comment.
+  Family<T>& Register(Registry& registry) const {
+    return registry.Register<T>(name_, help_, labels_);
+  }
+
+ private:
+  std::string name_;
+  std::string help_;
+  ::meshload::metrics::Labels labels_;
+};
+
+inline Builder<Counter> BuildCounter() { return {}; }
+inline Builder<Gauge> BuildGauge() { return {}; }
+inline Builder<Histogram> BuildHistogram() { return {}; }
+
+/// Registers `meshload_build_info{component="...",version="..."} 1`, the
+/// gauge dashboards join on to show which version runs where. Calling it again
+/// with another component adds a series to the same family.
+Gauge& RegisterBuildInfo(Registry& registry, std::string_view version,
+                         std::string_view component);
+
+// ---- building blocks, exposed for tests and for code that checks names
+// coming from configuration before it would abort on them -------------------
+
+/// `[a-zA-Z_:][a-zA-Z0-9_:]*`.
+bool IsValidMetricName(std::string_view name);
+/// `[a-zA-Z_][a-zA-Z0-9_]*`, not starting with `__`, and not `le` or
+/// `quantile`.
+bool IsValidLabelName(std::string_view name);
+/// A sample value or `le` bound as the exposition format writes it.
+std::string FormatValue(double v);
+/// Escapes `\`, `"` and newline, for the inside of a quoted label value.
+std::string EscapeLabelValue(std::string_view value);
+/// Escapes `\` and newline, for a `# HELP` line.
+std::string EscapeHelp(std::string_view help);
+
+}  // namespace meshload::metrics

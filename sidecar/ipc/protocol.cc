@@ -1,0 +1,385 @@
+#include "sidecar/ipc/protocol.h"
+
+#include <cstring>
+
+namespace meshload::ipc {
+namespace {
+
+class Writer {
+ public:
+  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void U16(uint16_t v) { Raw(v, 2); }
+  void U32(uint32_t v) { Raw(v, 4); }
+  void U64(uint64_t v) { Raw(v, 8); }
+  void I64(int64_t v) { Raw(static_cast<uint64_t>(v), 8); }
+  void Str(std::string_view s) {
+    U32(static_cast<uint32_t>(s.size()));
+    out_.append(s.data(), s.size());
+  }
+  void Dims(const std::vector<int64_t>& v) {
+    U8(static_cast<uint8_t>(v.size()));
+    for (int64_t x : v) I64(x);
+  }
+  std::string Finish(MessageType type) {
+    std::string msg;
+    msg.reserve(kHeaderBytes + out_.size());
+    Writer h;
+    h.U32(kMagic);
+    h.U16(kProtocolVersion);
+    h.U16(static_cast<uint16_t>(type));
+    h.U32(static_cast<uint32_t>(out_.size()));
+    msg = h.out_ + out_;
+    return msg;
+  }
+
+ private:
+  void Raw(uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  }
+  std::string out_;
+};
+
+// Bounds-checked little-endian reader; the first failure sticks and records
+// its offset, so decoders can read a whole message and check once.
+class Reader {
+ public:
+  explicit Reader(std::string_view b, size_t base = 0) : b_(b), base_(base) {}
+
+  uint8_t U8() { return static_cast<uint8_t>(Raw(1)); }
+  uint16_t U16() { return static_cast<uint16_t>(Raw(2)); }
+  uint32_t U32() { return static_cast<uint32_t>(Raw(4)); }
+  uint64_t U64() { return Raw(8); }
+  int64_t I64() { return static_cast<int64_t>(Raw(8)); }
+  std::string Str(const char* what) {
+    const size_t at = pos_;
+    uint32_t n = U32();
+    if (!ok()) return {};
+    if (n > kMaxString) {
+      Fail(at, std::string(what) + ": string of " + std::to_string(n) + " bytes exceeds the " +
+                   std::to_string(kMaxString) + "-byte limit");
+      return {};
+    }
+    if (b_.size() - pos_ < n) {
+      Truncated(n);
+      return {};
+    }
+    std::string s(b_.substr(pos_, n));
+    pos_ += n;
+    return s;
+  }
+  std::vector<int64_t> Dims(const char* what) {
+    const size_t at = pos_;
+    uint8_t n = U8();
+    std::vector<int64_t> v;
+    if (!ok()) return v;
+    if (n > kMaxRank) {
+      Fail(at, std::string(what) + ": rank " + std::to_string(n) + " exceeds " + std::to_string(kMaxRank));
+      return v;
+    }
+    v.reserve(n);
+    for (uint8_t i = 0; i < n && ok(); ++i) v.push_back(I64());
+    return v;
+  }
+  // A count of repeated elements, bounded.
+  uint32_t Count(const char* what, size_t max) {
+    const size_t at = pos_;
+    uint32_t n = U32();
+    if (ok() && n > max) {
+      Fail(at, std::string(what) + ": " + std::to_string(n) + " entries exceed the limit of " + std::to_string(max));
+    }
+    return n;
+  }
+  void Fail(size_t at, std::string msg) {
+    if (error_.ok()) error_ = InvalidArgument(std::move(msg), "@" + std::to_string(base_ + at));
+  }
+  bool ok() const { return error_.ok(); }
+  size_t pos() const { return pos_; }
+  size_t remaining() const { return b_.size() - pos_; }
+  Status Finish() {
+    if (ok() && pos_ != b_.size()) {
+      Fail(pos_, std::to_string(b_.size() - pos_) + " unexpected trailing bytes");
+    }
+    return error_;
+  }
+
+ private:
+  void Truncated(size_t want) {
+    if (error_.ok()) {
+      error_ = DataLoss("truncated: need " + std::to_string(want) + " more bytes, have " +
+                            std::to_string(b_.size() - pos_),
+                        "@" + std::to_string(base_ + pos_));
+    }
+  }
+  uint64_t Raw(size_t bytes) {
+    if (!ok()) return 0;
+    if (b_.size() - pos_ < bytes) {
+      Truncated(bytes);
+      return 0;
+    }
+    uint64_t v = 0;
+    for (size_t i = 0; i < bytes; ++i) {
+      v |= static_cast<uint64_t>(static_cast<uint8_t>(b_[pos_ + i])) << (8 * i);
+    }
+    pos_ += bytes;
+    return v;
+  }
+
+  std::string_view b_;
+  size_t base_;
+  size_t pos_ = 0;
+  Status error_;
+};
+
+void CheckDims(Reader& r, size_t at, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  if (!r.ok()) return;
+  if (shape.size() != strides.size()) {
+    r.Fail(at, "shape has " + std::to_string(shape.size()) + " dimensions but strides " +
+                   std::to_string(strides.size()));
+    return;
+  }
+  for (int64_t d : shape) {
+    if (d < 0) {
+      r.Fail(at, "negative dimension " + std::to_string(d));
+      return;
+    }
+  }
+}
+
+bool ValidDtype(uint8_t code, uint8_t bits) {
+  switch (code) {
+    case 0: case 1: return bits == 8 || bits == 16 || bits == 32 || bits == 64;  // int, uint
+    case 2: return bits == 16 || bits == 32 || bits == 64;                       // float
+    case 4: return bits == 16;                                                    // bfloat
+    case 6: return bits == 8;                                                     // bool
+    default: return false;
+  }
+}
+
+void CheckDtype(Reader& r, size_t at, uint8_t code, uint8_t bits) {
+  if (r.ok() && !ValidDtype(code, bits)) {
+    r.Fail(at, "unknown dtype (code " + std::to_string(code) + ", " + std::to_string(bits) + " bits)");
+  }
+}
+
+}  // namespace
+
+std::string_view MessageTypeName(MessageType t) {
+  switch (t) {
+    case MessageType::kClientHello: return "CLIENT_HELLO";
+    case MessageType::kServerHello: return "SERVER_HELLO";
+    case MessageType::kReady: return "READY";
+    case MessageType::kRelease: return "RELEASE";
+    case MessageType::kError: return "ERROR";
+  }
+  return "UNKNOWN";
+}
+
+uint64_t SampleIdsChecksum(const uint64_t* ids, size_t count) {
+  // Order-sensitive: a batch with the right samples in the wrong order is
+  // the wrong batch.
+  uint64_t h = 0x6D65736C6F616431ull ^ count;
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t z = h ^ (ids[i] + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2));
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    h = z ^ (z >> 31);
+  }
+  return h;
+}
+
+std::string Encode(const Message& m) {
+  Writer w;
+  if (const auto* ch = std::get_if<ClientHello>(&m)) {
+    w.U16(ch->version);
+    w.U32(ch->pid);
+    w.I64(ch->want_step);
+    return w.Finish(MessageType::kClientHello);
+  }
+  if (const auto* sh = std::get_if<ServerHello>(&m)) {
+    w.U16(sh->version);
+    w.Str(sh->job);
+    w.U32(sh->process);
+    w.U32(static_cast<uint32_t>(sh->devices.size()));
+    for (const auto& d : sh->devices) {
+      w.U32(d.global_index);
+      w.U8(d.kind);
+      w.Str(d.uuid);
+    }
+    w.U8(static_cast<uint8_t>(sh->memory));
+    w.U32(sh->slots);
+    w.U64(sh->slot_bytes);
+    w.U64(sh->pool_bytes);
+    w.U32(sh->fd_count);
+    w.U32(static_cast<uint32_t>(sh->layout.size()));
+    for (const auto& t : sh->layout) {
+      w.U64(t.offset);
+      w.U8(t.dtype_code);
+      w.U8(t.dtype_bits);
+      w.Dims(t.shape);
+      w.Dims(t.strides);
+      w.U64(t.nbytes);
+    }
+    w.I64(sh->first_step);
+    w.U64(sh->steps_per_epoch);
+    w.U64(sh->global_batch);
+    return w.Finish(MessageType::kServerHello);
+  }
+  if (const auto* rd = std::get_if<Ready>(&m)) {
+    w.I64(rd->step);
+    w.U32(rd->slot);
+    w.U32(static_cast<uint32_t>(rd->tensors.size()));
+    for (const auto& t : rd->tensors) {
+      w.U64(t.offset);
+      w.U8(t.dtype_code);
+      w.U8(t.dtype_bits);
+      w.Dims(t.shape);
+      w.Dims(t.strides);
+      w.U64(t.ids_checksum);
+    }
+    return w.Finish(MessageType::kReady);
+  }
+  if (const auto* rl = std::get_if<Release>(&m)) {
+    w.U32(rl->slot);
+    w.I64(rl->step);
+    w.U64(rl->wait_ns);
+    return w.Finish(MessageType::kRelease);
+  }
+  const auto& er = std::get<ErrorMessage>(m);
+  w.U32(static_cast<uint32_t>(er.code));
+  w.Str(er.message.size() > kMaxString ? er.message.substr(0, kMaxString) : er.message);
+  return w.Finish(MessageType::kError);
+}
+
+Result<Message> Decode(std::string_view bytes) {
+  if (bytes.size() > kMaxMessageBytes) {
+    return InvalidArgument("message of " + std::to_string(bytes.size()) + " bytes exceeds the " +
+                               std::to_string(kMaxMessageBytes) + "-byte limit",
+                           "@0");
+  }
+  Reader h(bytes);
+  const uint32_t magic = h.U32();
+  const uint16_t version = h.U16();
+  const uint16_t type = h.U16();
+  const uint32_t len = h.U32();
+  if (!h.ok()) return h.Finish();
+  if (magic != kMagic) return InvalidArgument("bad magic; not a meshload message", "@0");
+  if (version != kProtocolVersion) {
+    return InvalidArgument("protocol version " + std::to_string(version) + " is not supported (this side speaks " +
+                               std::to_string(kProtocolVersion) + ")",
+                           "@4");
+  }
+  if (len != bytes.size() - kHeaderBytes) {
+    return DataLoss("header says " + std::to_string(len) + " payload bytes, the message has " +
+                        std::to_string(bytes.size() - kHeaderBytes),
+                    "@8");
+  }
+  Reader r(bytes.substr(kHeaderBytes), kHeaderBytes);
+  switch (static_cast<MessageType>(type)) {
+    case MessageType::kClientHello: {
+      ClientHello m;
+      m.version = r.U16();
+      m.pid = r.U32();
+      const size_t at = r.pos();
+      m.want_step = r.I64();
+      if (r.ok() && m.want_step < -1) r.Fail(at, "want_step " + std::to_string(m.want_step) + " is negative");
+      RETURN_IF_ERROR(r.Finish());
+      return Message(m);
+    }
+    case MessageType::kServerHello: {
+      ServerHello m;
+      m.version = r.U16();
+      m.job = r.Str("job");
+      m.process = r.U32();
+      const uint32_t ndev = r.Count("devices", kMaxDevices);
+      for (uint32_t i = 0; i < ndev && r.ok(); ++i) {
+        DeviceInfo d;
+        d.global_index = r.U32();
+        d.kind = r.U8();
+        d.uuid = r.Str("device uuid");
+        m.devices.push_back(std::move(d));
+      }
+      const size_t mem_at = r.pos();
+      const uint8_t mem = r.U8();
+      if (r.ok() && (mem < 1 || mem > 3)) r.Fail(mem_at, "unknown memory kind " + std::to_string(mem));
+      m.memory = static_cast<MemoryKind>(mem);
+      m.slots = r.U32();
+      m.slot_bytes = r.U64();
+      m.pool_bytes = r.U64();
+      const size_t fd_at = r.pos();
+      m.fd_count = r.U32();
+      if (r.ok() && m.fd_count > kMaxFds) r.Fail(fd_at, "fd_count " + std::to_string(m.fd_count) + " exceeds " + std::to_string(kMaxFds));
+      const uint32_t nl = r.Count("layout", kMaxDevices);
+      for (uint32_t i = 0; i < nl && r.ok(); ++i) {
+        TensorLayout t;
+        const size_t at = r.pos();
+        t.offset = r.U64();
+        t.dtype_code = r.U8();
+        t.dtype_bits = r.U8();
+        CheckDtype(r, at + 8, t.dtype_code, t.dtype_bits);
+        t.shape = r.Dims("shape");
+        t.strides = r.Dims("strides");
+        CheckDims(r, at, t.shape, t.strides);
+        t.nbytes = r.U64();
+        m.layout.push_back(std::move(t));
+      }
+      m.first_step = r.I64();
+      m.steps_per_epoch = r.U64();
+      m.global_batch = r.U64();
+      RETURN_IF_ERROR(r.Finish());
+      if (m.layout.size() != m.devices.size()) {
+        return InvalidArgument("layout has " + std::to_string(m.layout.size()) + " tensors for " +
+                                   std::to_string(m.devices.size()) + " devices",
+                               "@" + std::to_string(kHeaderBytes));
+      }
+      if (m.memory == MemoryKind::kHostMemfd && m.slots > 0 && m.slot_bytes > m.pool_bytes / m.slots) {
+        return InvalidArgument("slot_bytes " + std::to_string(m.slot_bytes) + " × " + std::to_string(m.slots) +
+                                   " slots exceed the pool's " + std::to_string(m.pool_bytes) + " bytes",
+                               "@" + std::to_string(kHeaderBytes));
+      }
+      return Message(std::move(m));
+    }
+    case MessageType::kReady: {
+      Ready m;
+      m.step = r.I64();
+      m.slot = r.U32();
+      const uint32_t n = r.Count("tensors", kMaxDevices);
+      for (uint32_t i = 0; i < n && r.ok(); ++i) {
+        TensorReady t;
+        const size_t at = r.pos();
+        t.offset = r.U64();
+        t.dtype_code = r.U8();
+        t.dtype_bits = r.U8();
+        CheckDtype(r, at + 8, t.dtype_code, t.dtype_bits);
+        t.shape = r.Dims("shape");
+        t.strides = r.Dims("strides");
+        CheckDims(r, at, t.shape, t.strides);
+        t.ids_checksum = r.U64();
+        m.tensors.push_back(std::move(t));
+      }
+      RETURN_IF_ERROR(r.Finish());
+      if (m.step < 0) return InvalidArgument("negative step " + std::to_string(m.step), "@12");
+      return Message(std::move(m));
+    }
+    case MessageType::kRelease: {
+      Release m;
+      m.slot = r.U32();
+      m.step = r.I64();
+      m.wait_ns = r.U64();
+      RETURN_IF_ERROR(r.Finish());
+      return Message(m);
+    }
+    case MessageType::kError: {
+      ErrorMessage m;
+      const size_t at = r.pos();
+      const uint32_t code = r.U32();
+      if (r.ok() && (code < 1 || code > 6)) r.Fail(at, "unknown error code " + std::to_string(code));
+      m.code = static_cast<ErrorCode>(code);
+      m.message = r.Str("message");
+      RETURN_IF_ERROR(r.Finish());
+      return Message(std::move(m));
+    }
+  }
+  return InvalidArgument("unknown message type " + std::to_string(type), "@6");
+}
+
+}  // namespace meshload::ipc

@@ -1,0 +1,161 @@
+/// \file
+/// The sidecar ⇄ trainer handoff protocol, version 1 (docs/protocol.md).
+///
+/// Transport: a Unix SOCK_SEQPACKET socket, so every message is one datagram
+/// with preserved boundaries and the kernel reports a dead peer at once.
+/// Every message starts with a 12-byte header, little-endian:
+///
+///   u32 magic 'MLD1' (0x31444C4D) | u16 version | u16 type | u32 payload bytes
+///
+/// followed by the payload. Messages are at most kMaxMessageBytes.
+///
+/// The conversation:
+///   1. client → CLIENT_HELLO {version, pid, want_step}
+///   2. server → SERVER_HELLO {job, process, devices, pool, layout, first step},
+///      with the pool's file descriptors attached once (SCM_RIGHTS)
+///      (or ERROR, then close: version mismatch, uid refused, busy)
+///   3. server → READY {step, slot, per-device tensors} for consecutive steps,
+///      as soon as each is staged, while the client holds fewer than
+///      `slots` leases
+///   4. client → RELEASE {slot, step} when the trainer is done with a batch
+///   5. either side closes; the server reclaims the client's leases. A client
+///      reconnects with CLIENT_HELLO{want_step}: the server re-plans from there.
+///   ERROR {code, message} may come from the server at any time, then it closes.
+///
+/// Decoding is strict and bounds-checked (it is fuzzed): a truncated,
+/// oversized or inconsistent message is an error naming the byte offset,
+/// never a crash.
+///
+/// Thread safety: pure functions and values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "common/status.h"
+
+namespace meshload::ipc {
+
+inline constexpr uint32_t kMagic = 0x31444C4D;  // "MLD1" little-endian
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kHeaderBytes = 12;
+inline constexpr size_t kMaxMessageBytes = 64 * 1024;
+inline constexpr size_t kMaxDevices = 64;
+inline constexpr size_t kMaxRank = 16;
+inline constexpr size_t kMaxFds = 64;
+inline constexpr size_t kMaxString = 4096;
+
+enum class MessageType : uint16_t {
+  kClientHello = 1,
+  kServerHello = 2,
+  kReady = 3,
+  kRelease = 4,
+  kError = 5,
+};
+
+/// Where slot memory lives.
+enum class MemoryKind : uint8_t {
+  kHostMemfd = 1,   // one memfd for the whole pool; tensors at byte offsets in it
+  kCudaVmmFd = 2,   // one POSIX fd per (device, slot) from cuMemExportToShareableHandle
+  kCudaIpc = 3,     // legacy cudaIpcMemHandle_t per (device, slot), no fds
+};
+
+enum class ErrorCode : uint32_t {
+  kVersionMismatch = 1,
+  kPermissionDenied = 2,  // peer uid not allowed
+  kBusy = 3,              // another trainer is connected
+  kBadRequest = 4,        // malformed message or impossible step
+  kDataError = 5,         // the sidecar cannot produce a batch (storage, format)
+  kShuttingDown = 6,
+};
+
+struct ClientHello {
+  uint16_t version = kProtocolVersion;
+  uint32_t pid = 0;
+  /// The next step the trainer wants; -1: the sidecar's start step.
+  int64_t want_step = -1;
+};
+
+/// A local device of the sidecar's process.
+struct DeviceInfo {
+  uint32_t global_index = 0;  // device number in the mesh
+  uint8_t kind = 0;           // DLPack device type: 1 = CPU, 2 = CUDA
+  std::string uuid;           // "GPU-…" for CUDA devices, "" for host memory
+};
+
+/// The layout of one device's tensor inside a slot.
+struct TensorLayout {
+  uint64_t offset = 0;  // bytes from the start of the slot; 256-byte aligned
+  uint8_t dtype_code = 0;   // DLPack type code
+  uint8_t dtype_bits = 0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // in elements, C order
+  uint64_t nbytes = 0;
+};
+
+struct ServerHello {
+  uint16_t version = kProtocolVersion;
+  std::string job;
+  uint32_t process = 0;
+  std::vector<DeviceInfo> devices;  // in the job's local device order
+  MemoryKind memory = MemoryKind::kHostMemfd;
+  uint32_t slots = 0;
+  uint64_t slot_bytes = 0;  // stride between slots in the host pool
+  uint64_t pool_bytes = 0;  // size of the host memfd
+  uint32_t fd_count = 0;    // file descriptors attached to this message
+  std::vector<TensorLayout> layout;  // one per device
+  int64_t first_step = 0;   // the step the first READY will carry
+  uint64_t steps_per_epoch = 0;
+  uint64_t global_batch = 0;
+};
+
+struct TensorReady {
+  uint64_t offset = 0;  // bytes from the start of the slot
+  uint8_t dtype_code = 0;
+  uint8_t dtype_bits = 0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  uint64_t ids_checksum = 0;  // SampleIdsChecksum of the device's sample ids
+};
+
+struct Ready {
+  int64_t step = 0;
+  uint32_t slot = 0;
+  std::vector<TensorReady> tensors;  // one per local device, in device order
+};
+
+struct Release {
+  uint32_t slot = 0;
+  int64_t step = 0;
+  /// How long the trainer's request for this batch blocked before READY
+  /// arrived, measured by the client (0 when it was already there). The
+  /// sidecar exports it as meshload_trainer_wait_seconds.
+  uint64_t wait_ns = 0;
+};
+
+struct ErrorMessage {
+  ErrorCode code = ErrorCode::kBadRequest;
+  std::string message;
+};
+
+using Message = std::variant<ClientHello, ServerHello, Ready, Release, ErrorMessage>;
+
+/// Encodes a message with its header.
+std::string Encode(const Message& m);
+
+/// Decodes one whole datagram. Errors are kInvalidArgument (or kDataLoss for
+/// truncation) located at "@<byte offset>".
+Result<Message> Decode(std::string_view bytes);
+
+/// The checksum the READY message carries for a device's sample ids: the
+/// client recomputes it from its own plan to prove it got the batch it
+/// expected.
+uint64_t SampleIdsChecksum(const uint64_t* ids, size_t count);
+
+std::string_view MessageTypeName(MessageType t);
+
+}  // namespace meshload::ipc

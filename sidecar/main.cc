@@ -1,0 +1,145 @@
+// meshload-sidecar: stages the batches of one trainer process and hands them
+// over a Unix socket. See sidecar/sidecar.h and docs/operations.md.
+
+#include <signal.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+
+#include "common/allocator.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "sidecar/sidecar.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: meshload-sidecar --job JOB.yaml --process P --socket PATH [options]
+
+Stages the batches of trainer process P of a DataLoadJob and hands them to the
+trainer over a Unix socket (protocol: docs/protocol.md).
+
+options (each also read from the environment variable named after it):
+  --job PATH             the DataLoadJob (in a pod: the mounted ConfigMap)   MESHLOAD_JOB
+  --process P            this pod's process index                             MESHLOAD_PROCESS
+  --socket PATH          the socket the trainer connects to                   MESHLOAD_SOCKET
+  --socket-mode MODE     octal permissions of the socket (default 0660)       MESHLOAD_SOCKET_MODE
+  --allow-uids LIST      comma-separated uids allowed to connect              MESHLOAD_ALLOW_UIDS
+                         (default: the sidecar's own uid)
+  --metrics-port N       serve /metrics, /healthz, /readyz (0: any free port; MESHLOAD_METRICS_PORT
+                         default: off)
+  --metrics-address A    address to serve them on (default 0.0.0.0)           MESHLOAD_METRICS_ADDRESS
+  --start-step T         first step to stage before the trainer connects      MESHLOAD_START_STEP
+                         (default spec.resume.step)
+  --reader-threads N     storage reader threads (default 4)                   MESHLOAD_READER_THREADS
+  --log-level LEVEL      debug, info, warn, error                             MESHLOAD_LOG_LEVEL
+  --log-format FORMAT    json or kv                                           MESHLOAD_LOG_FORMAT
+)";
+
+meshload::sidecar::Sidecar* g_sidecar = nullptr;
+
+void OnSignal(int) {
+  if (g_sidecar) g_sidecar->RequestStop();
+}
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace meshload;
+  KeepHeapForReuse();
+  if (Status st = ConfigureLoggingFromEnv(); !st.ok()) {
+    std::cerr << "meshload-sidecar: " << st.ToString() << "\n";
+    return 2;
+  }
+  sidecar::SidecarOptions opt;
+  std::string process = Env("MESHLOAD_PROCESS"), metrics_port = Env("MESHLOAD_METRICS_PORT");
+  std::string start_step = Env("MESHLOAD_START_STEP"), reader_threads = Env("MESHLOAD_READER_THREADS");
+  std::string allow = Env("MESHLOAD_ALLOW_UIDS"), mode = Env("MESHLOAD_SOCKET_MODE");
+  std::string log_level, log_format;
+  opt.job_path = Env("MESHLOAD_JOB");
+  opt.socket_path = Env("MESHLOAD_SOCKET");
+  if (!Env("MESHLOAD_METRICS_ADDRESS").empty()) opt.metrics_address = Env("MESHLOAD_METRICS_ADDRESS");
+
+  cli::FlagParser flags("sidecar", kUsage);
+  flags.String({"--job"}, &opt.job_path);
+  flags.String({"--process"}, &process);
+  flags.String({"--socket"}, &opt.socket_path);
+  flags.String({"--socket-mode"}, &mode);
+  flags.String({"--allow-uids"}, &allow);
+  flags.String({"--metrics-port"}, &metrics_port);
+  flags.String({"--metrics-address"}, &opt.metrics_address);
+  flags.String({"--start-step"}, &start_step);
+  flags.String({"--reader-threads"}, &reader_threads);
+  flags.String({"--log-level"}, &log_level);
+  flags.String({"--log-format"}, &log_format);
+  if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
+
+  auto int_flag = [](const std::string& text, const char* name, int64_t min, int64_t* out) {
+    if (!cli::ParseInt64(text, out) || *out < min) {
+      cli::UsageError(std::string(name) + ": expected an integer >= " + std::to_string(min) + ", got '" + text + "'");
+      return false;
+    }
+    return true;
+  };
+  if (!log_level.empty() || !log_format.empty()) {
+    auto lv = ParseLogLevel(log_level.empty() ? "info" : log_level);
+    auto fm = ParseLogFormat(log_format.empty() ? "json" : log_format);
+    if (!lv.ok()) return cli::UsageError("--log-level: " + lv.status().message());
+    if (!fm.ok()) return cli::UsageError("--log-format: " + fm.status().message());
+    ConfigureLogging(*lv, *fm);
+  }
+  if (opt.job_path.empty()) return cli::UsageError("--job (or MESHLOAD_JOB) is required");
+  if (opt.socket_path.empty()) return cli::UsageError("--socket (or MESHLOAD_SOCKET) is required");
+  if (process.empty()) return cli::UsageError("--process (or MESHLOAD_PROCESS) is required");
+  if (!int_flag(process, "--process", 0, &opt.process)) return 2;
+  int64_t v = 0;
+  if (!metrics_port.empty()) {
+    if (!int_flag(metrics_port, "--metrics-port", 0, &v) || v > 65535) return 2;
+    opt.metrics_port = static_cast<int>(v);
+  }
+  if (!start_step.empty()) {
+    if (!int_flag(start_step, "--start-step", 0, &v)) return 2;
+    opt.start_step = v;
+  }
+  if (!reader_threads.empty()) {
+    if (!int_flag(reader_threads, "--reader-threads", 1, &v) || v > 256) return 2;
+    opt.reader_threads = static_cast<int>(v);
+  }
+  if (!mode.empty()) {
+    char* end = nullptr;
+    const long m = std::strtol(mode.c_str(), &end, 8);
+    if (*end != '\0' || m < 0 || m > 0777) return cli::UsageError("--socket-mode: expected octal like 0660, got '" + mode + "'");
+    opt.socket_mode = static_cast<mode_t>(m);
+  }
+  if (!allow.empty()) {
+    std::stringstream ss(allow);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      if (!int_flag(item, "--allow-uids", 0, &v)) return 2;
+      opt.allowed_uids.push_back(static_cast<uid_t>(v));
+    }
+  }
+
+  // Signal handling is set up before any thread starts; the sidecar never forks.
+  ::signal(SIGPIPE, SIG_IGN);
+  auto sidecar = sidecar::Sidecar::Create(opt);
+  if (!sidecar.ok()) {
+    LogError("sidecar cannot start", {{"error", sidecar.status().ToString()}});
+    std::cerr << "meshload-sidecar: " << sidecar.status().ToString() << "\n";
+    return sidecar.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  g_sidecar = sidecar->get();
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  const int rc = (*sidecar)->Run();
+  g_sidecar = nullptr;
+  return rc;
+}

@@ -1,0 +1,709 @@
+#include "sidecar/sidecar.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/logging.h"
+#include "sidecar/ipc/seqpacket.h"
+
+#ifndef MESHLOAD_VERSION
+#define MESHLOAD_VERSION "dev"
+#endif
+
+namespace meshload::sidecar {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Metrics: names follow Prometheus conventions (meshload_ prefix, base
+// units, _total counters); every label has a bounded set of values.
+
+struct Sidecar::Metrics {
+  explicit Metrics(metrics::Registry& r)
+      : bytes_read(metrics::BuildCounter()
+                       .Name("meshload_bytes_read_total")
+                       .Help("Bytes read from storage, by source scheme.")
+                       .Register(r)),
+        samples_read(metrics::BuildCounter()
+                         .Name("meshload_samples_read_total")
+                         .Help("Samples read from storage (a sample read twice counts twice).")
+                         .Register(r)
+                         .Add({})),
+        batches_staged(metrics::BuildCounter()
+                           .Name("meshload_batches_staged_total")
+                           .Help("Batches staged in a slot and ready for the trainer.")
+                           .Register(r)
+                           .Add({})),
+        batches_delivered(metrics::BuildCounter()
+                              .Name("meshload_batches_delivered_total")
+                              .Help("Batches handed to the trainer (READY sent).")
+                              .Register(r)
+                              .Add({})),
+        batches_consumed(metrics::BuildCounter()
+                             .Name("meshload_batches_consumed_total")
+                             .Help("Batches the trainer finished with (RELEASE received).")
+                             .Register(r)
+                             .Add({})),
+        current_step(metrics::BuildGauge()
+                         .Name("meshload_current_step")
+                         .Help("The last step handed to the trainer.")
+                         .Register(r)
+                         .Add({})),
+        next_staged_step(metrics::BuildGauge()
+                             .Name("meshload_next_staged_step")
+                             .Help("The next step the producer will stage.")
+                             .Register(r)
+                             .Add({})),
+        slots(metrics::BuildGauge().Name("meshload_slots").Help("Staging slots by state.").Register(r)),
+        trainer_wait(metrics::BuildHistogram()
+                         .Name("meshload_trainer_wait_seconds")
+                         .Help("How long the trainer waited for each batch (measured by the client).")
+                         .Register(r)
+                         .Add({}, metrics::ExponentialBuckets(1e-6, 4, 12))),
+        read_latency(metrics::BuildHistogram()
+                         .Name("meshload_storage_read_seconds")
+                         .Help("Latency of one storage request, by source scheme.")
+                         .Register(r)),
+        step_load(metrics::BuildHistogram()
+                      .Name("meshload_step_load_seconds")
+                      .Help("Time to read one step's batch into its slot.")
+                      .Register(r)
+                      .Add({}, metrics::ExponentialBuckets(1e-4, 2, 16))),
+        retries(metrics::BuildCounter()
+                    .Name("meshload_storage_retries_total")
+                    .Help("Storage requests retried, by source scheme and reason.")
+                    .Register(r)),
+        errors(metrics::BuildCounter()
+                   .Name("meshload_errors_total")
+                   .Help("Errors by kind.")
+                   .Register(r)),
+        connections(metrics::BuildCounter()
+                        .Name("meshload_client_connections_total")
+                        .Help("Trainer connections by outcome.")
+                        .Register(r)),
+        clients(metrics::BuildGauge()
+                    .Name("meshload_clients_connected")
+                    .Help("Trainers connected (0 or 1).")
+                    .Register(r)
+                    .Add({})),
+        leases_reclaimed(metrics::BuildCounter()
+                             .Name("meshload_leases_reclaimed_total")
+                             .Help("Slots taken back from trainers that disconnected while holding them.")
+                             .Register(r)
+                             .Add({})),
+        oldest_read(metrics::BuildGauge()
+                        .Name("meshload_oldest_inflight_read_seconds")
+                        .Help("Age of the oldest storage read in flight (0 when none): a stuck read grows it.")
+                        .Register(r)
+                        .Add({})),
+        producer_blocked(metrics::BuildGauge()
+                             .Name("meshload_producer_blocked_seconds")
+                             .Help("How long the producer has waited for a free slot (0 when not waiting): "
+                                   "a trainer holding every slot grows it.")
+                             .Register(r)
+                             .Add({})),
+        staging_mode(metrics::BuildGauge()
+                         .Name("meshload_staging_mode")
+                         .Help("1 for the active staging mode (host or cuda).")
+                         .Register(r)) {}
+
+  metrics::Family<metrics::Counter>& bytes_read;
+  metrics::Counter& samples_read;
+  metrics::Counter& batches_staged;
+  metrics::Counter& batches_delivered;
+  metrics::Counter& batches_consumed;
+  metrics::Gauge& current_step;
+  metrics::Gauge& next_staged_step;
+  metrics::Family<metrics::Gauge>& slots;
+  metrics::Histogram& trainer_wait;
+  metrics::Family<metrics::Histogram>& read_latency;
+  metrics::Histogram& step_load;
+  metrics::Family<metrics::Counter>& retries;
+  metrics::Family<metrics::Counter>& errors;
+  metrics::Family<metrics::Counter>& connections;
+  metrics::Gauge& clients;
+  metrics::Counter& leases_reclaimed;
+  metrics::Gauge& oldest_read;
+  metrics::Gauge& producer_blocked;
+  metrics::Family<metrics::Gauge>& staging_mode;
+
+  void Error(std::string_view kind) { errors.Add({{"kind", std::string(kind)}}).Increment(); }
+};
+
+// Storage events -> metrics.
+// Reads are the hot path: the series of the built-in schemes are looked up
+// once; another scheme (a registered driver) goes through the family.
+class Sidecar::Observer : public source::SourceObserver {
+ public:
+  explicit Observer(Metrics& m) : m_(m) {
+    for (const char* s : {"file", "http", "https"}) {
+      known_.push_back({s, &Bytes(s), &Latency(s)});
+    }
+  }
+  void OnRead(std::string_view scheme, uint64_t bytes, double seconds) override {
+    for (const auto& k : known_) {
+      if (k.scheme == scheme) {
+        k.bytes->Increment(static_cast<double>(bytes));
+        k.latency->Observe(seconds);
+        return;
+      }
+    }
+    Bytes(scheme).Increment(static_cast<double>(bytes));
+    Latency(scheme).Observe(seconds);
+  }
+  void OnRetry(std::string_view scheme, std::string_view reason) override {
+    m_.retries.Add({{"source", std::string(scheme)}, {"reason", std::string(reason)}}).Increment();
+  }
+  void OnError(std::string_view scheme, std::string_view kind) override {
+    (void)scheme;
+    m_.Error(std::string("storage_") + std::string(kind));
+  }
+
+ private:
+  metrics::Counter& Bytes(std::string_view scheme) {
+    return m_.bytes_read.Add({{"source", std::string(scheme)}});
+  }
+  metrics::Histogram& Latency(std::string_view scheme) {
+    return m_.read_latency.Add({{"source", std::string(scheme)}}, metrics::ExponentialBuckets(1e-5, 2, 20));
+  }
+  struct Known {
+    std::string_view scheme;
+    metrics::Counter* bytes;
+    metrics::Histogram* latency;
+  };
+  Metrics& m_;
+  std::vector<Known> known_;
+};
+
+struct Sidecar::Client {
+  UniqueFd fd;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  Clock::time_point connected_at = Clock::now();
+  int64_t next_to_send = 0;
+  uint32_t leases = 0;
+};
+
+// ---------------------------------------------------------------------------
+
+Result<ResolvedJob> ResolveForSidecar(const JobSpec& spec, source::SourceRegistry& sources, Diagnostics& diags) {
+  ResolveOptions opts;
+  const std::string scheme = source::SourceRegistry::SchemeOf(spec.dataset.uri);
+  if (scheme != "file") {
+    ValidateJobSpec(spec, diags);
+    if (!diags.ok()) return diags.ToStatus();
+    auto src = sources.For(spec.dataset.uri);
+    if (!src.ok()) return src.status();
+    auto [source, name] = *src;
+    DatasetIndex::FileFacts facts;
+    facts.path = spec.dataset.uri;
+    auto info = source->Stat(name);
+    if (!info.ok()) {
+      diags.Add("spec.dataset.uri", info.status().ToString());
+      return diags.ToStatus();
+    }
+    facts.size = info->size;
+    if (spec.dataset.format == DatasetFormat::kNpy) {
+      // The header length is in its first bytes; read more if it says so.
+      size_t want = std::min<uint64_t>(4096, facts.size);
+      std::string head(want, '\0');
+      Status st = source->Read(name, 0, head.data(), head.size());
+      facts.npy = st.ok() ? ParseNpyHeader(head) : Result<NpyHeader>(st);
+      if (!facts.npy.ok() && facts.npy.status().code() == StatusCode::kDataLoss && facts.size > want) {
+        head.assign(std::min<uint64_t>(facts.size, kNpyMaxHeaderLen + 12), '\0');
+        st = source->Read(name, 0, head.data(), head.size());
+        facts.npy = st.ok() ? ParseNpyHeader(head) : Result<NpyHeader>(st);
+      }
+      if (!facts.npy.ok()) facts.npy = facts.npy.status().WithLocationPrefix(spec.dataset.uri);
+    }
+    std::vector<DatasetIndex::FileFacts> files;
+    files.push_back(std::move(facts));
+    auto index = DatasetIndex::FromFiles(spec.dataset, std::move(files), diags);
+    if (!index.ok()) return index.status();
+    if (!diags.ok()) return diags.ToStatus();
+    opts.index = std::move(*index);
+    Diagnostics again;  // spec problems were reported above
+    return ResolveJob(spec, opts, again);
+  }
+  return ResolveJob(spec, opts, diags);
+}
+
+Sidecar::Sidecar(SidecarOptions options) : options_(std::move(options)) {}
+
+Result<std::unique_ptr<Sidecar>> Sidecar::Create(SidecarOptions options) {
+  std::unique_ptr<Sidecar> s(new Sidecar(std::move(options)));
+  RETURN_IF_ERROR(s->Init());
+  return s;
+}
+
+Status Sidecar::Init() {
+  registry_ = std::make_unique<metrics::Registry>();
+  metrics_ = std::make_unique<Metrics>(*registry_);
+  observer_ = std::make_unique<Observer>(*metrics_);
+  metrics::RegisterBuildInfo(*registry_, MESHLOAD_VERSION, "sidecar");
+  metrics_->staging_mode.Add({{"mode", "host"}}).Set(1);
+  metrics_->staging_mode.Add({{"mode", "cuda"}}).Set(0);
+
+  options_.source_options.observer = observer_.get();
+  sources_ = source::SourceRegistry::WithBuiltins(options_.source_options);
+
+  Diagnostics diags;
+  auto job = LoadDataLoadJobFile(options_.job_path, diags);
+  if (!job.ok()) return job.status();
+  job_name_ = job->name;
+  auto resolved = ResolveForSidecar(job->spec, *sources_, diags);
+  if (!resolved.ok() || !diags.ok()) {
+    if (!diags.ok()) return InvalidArgument("invalid DataLoadJob:\n" + diags.ToString(), options_.job_path);
+    return resolved.status();
+  }
+  planner_ = std::make_unique<ShardPlanner>(std::move(*resolved));
+  const ResolvedJob& rj = planner_->job();
+  if (options_.process < 0 || options_.process >= rj.mesh.processes()) {
+    return InvalidArgument("process " + std::to_string(options_.process) + " is not in this job's 0.." +
+                               std::to_string(rj.mesh.processes() - 1),
+                           "--process");
+  }
+  loading_ = planner_->DefaultLoading();
+  layout_ = staging::ComputeBatchLayout(rj, options_.process);
+
+  const uint32_t slots = static_cast<uint32_t>(rj.spec.batch.prefetch);
+  ASSIGN_OR_RETURN(memory_, staging::HostSlotMemory::Create(slots, layout_.slot_bytes,
+                                                            "meshload-" + job_name_ + "-p" +
+                                                                std::to_string(options_.process)));
+  pool_ = std::make_unique<staging::SlotPool>(slots);
+  slot_checksums_.assign(slots, {});
+  StepLoaderOptions lopts;
+  lopts.reader_threads = options_.reader_threads;
+  ASSIGN_OR_RETURN(loader_, StepLoader::Create(*planner_, options_.process, loading_, *sources_, layout_, lopts));
+  RETURN_IF_ERROR(loader_->VerifyFiles());
+
+  event_fd_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!event_fd_.valid()) return IoErrorFromErrno("eventfd", "", errno);
+  ASSIGN_OR_RETURN(listen_fd_, ipc::ListenSeqpacket(options_.socket_path, options_.socket_mode));
+  if (options_.allowed_uids.empty()) options_.allowed_uids.push_back(::getuid());
+
+  next_step_ = target_step_ = options_.start_step.value_or(rj.spec.resume.step);
+  registry_->AddCollectHook([this] {
+    const staging::SlotCounts c = pool_->Counts();
+    metrics_->slots.Add({{"state", "free"}}).Set(c.free);
+    metrics_->slots.Add({{"state", "filling"}}).Set(c.filling);
+    metrics_->slots.Add({{"state", "ready"}}).Set(c.ready);
+    metrics_->slots.Add({{"state", "leased"}}).Set(c.leased);
+    metrics_->oldest_read.Set(loader_->OldestInflight().seconds);
+    const int64_t since = producer_blocked_since_ns_.load();
+    metrics_->producer_blocked.Set(since ? static_cast<double>(NowNs() - since) / 1e9 : 0.0);
+  });
+  if (options_.metrics_port >= 0) {
+    metrics::HealthServerOptions hopts;
+    hopts.bind_address = options_.metrics_address;
+    hopts.port = options_.metrics_port;
+    health_ = std::make_unique<metrics::HealthServer>(*registry_, [this] { return Readiness(); }, hopts);
+    ASSIGN_OR_RETURN(metrics_port_, health_->Start());
+  }
+  LogInfo("sidecar started", {{"job", job_name_},
+                              {"process", options_.process},
+                              {"strategy", std::string(ToString(loading_.strategy))},
+                              {"staging", "host"},
+                              {"slots", static_cast<uint64_t>(slots)},
+                              {"slot_bytes", memory_->slot_bytes()},
+                              {"socket", options_.socket_path},
+                              {"metrics_port", metrics_port_},
+                              {"first_step", next_step_}});
+  producer_ = std::thread([this] { ProducerMain(); });
+  return Status::Ok();
+}
+
+Sidecar::~Sidecar() {
+  stop_ = true;
+  if (pool_) pool_->Shutdown();
+  if (producer_.joinable()) producer_.join();
+  if (health_) health_->Stop();
+  if (listen_fd_.valid()) ::unlink(options_.socket_path.c_str());
+}
+
+void Sidecar::RequestStop() {
+  stop_.store(true);
+  if (event_fd_.valid()) {
+    uint64_t one = 1;
+    ssize_t n = ::write(event_fd_.get(), &one, sizeof one);
+    (void)n;
+  }
+}
+
+void Sidecar::Notify() {
+  uint64_t one = 1;
+  ssize_t n = ::write(event_fd_.get(), &one, sizeof one);
+  (void)n;
+}
+
+std::pair<bool, std::string> Sidecar::Readiness() const {
+  if (failed_) return {false, "failed: see the logs and meshload_errors_total"};
+  if (!target_staged_) return {false, "staging the first batch"};
+  return {true, "ready"};
+}
+
+void Sidecar::ProducerMain() {
+  while (!stop_) {
+    uint64_t gen;
+    int64_t step;
+    {
+      std::lock_guard lock(producer_mu_);
+      gen = generation_;
+      step = next_step_;
+    }
+    metrics_->next_staged_step.Set(static_cast<double>(step));
+    auto slot = pool_->AcquireForFill(step, gen, std::chrono::milliseconds(200));
+    if (!slot) {
+      // No free slot: the trainer holds them all (or the target moved).
+      if (pool_->generation() == gen && !stop_ && producer_blocked_since_ns_.load() == 0) {
+        producer_blocked_since_ns_.store(NowNs());
+      }
+      continue;
+    }
+    producer_blocked_since_ns_.store(0);
+    const auto t0 = Clock::now();
+    StepLoadStats stats;
+    Status st = loader_->Load(step, memory_->slot(*slot), slot_checksums_[*slot], &stats);
+    if (!st.ok()) {
+      pool_->AbandonFill(*slot);
+      metrics_->Error(std::string("load_") + std::string(StatusCodeName(st.code())));
+      LogError("cannot stage a batch", {{"step", step}, {"error", st.ToString()}});
+      {
+        std::lock_guard lock(producer_mu_);
+        fatal_ = st;
+      }
+      failed_ = true;
+      Notify();
+      return;
+    }
+    metrics_->step_load.Observe(std::chrono::duration<double>(Clock::now() - t0).count());
+    metrics_->samples_read.Increment(static_cast<double>(stats.samples_read));
+    if (pool_->MarkReady(*slot)) {
+      std::lock_guard lock(producer_mu_);
+      if (gen == generation_) {
+        next_step_ = step + 1;
+        metrics_->batches_staged.Increment();
+        if (step == target_step_) target_staged_ = true;
+      }
+    }
+    Notify();
+  }
+}
+
+bool Sidecar::PipelineStartsAt(int64_t step) {
+  // The staged (or staging) steps of the current generation must start at
+  // `step` and be contiguous; otherwise the trainer needs a re-plan.
+  std::lock_guard lock(producer_mu_);
+  std::vector<int64_t> held;
+  for (uint32_t i = 0; i < pool_->size(); ++i) {
+    if (auto s = pool_->StepOf(i)) held.push_back(*s);
+  }
+  if (held.empty()) return next_step_ == step;
+  std::sort(held.begin(), held.end());
+  return held.front() == step;
+}
+
+void Sidecar::RestartAt(int64_t step) {
+  std::lock_guard lock(producer_mu_);
+  generation_ = pool_->Reset();
+  next_step_ = step;
+  target_step_ = step;
+  target_staged_ = false;
+}
+
+void Sidecar::AcceptClient() {
+  auto fd = ipc::Accept(listen_fd_.get());
+  if (!fd.ok()) return;
+  auto creds = ipc::GetPeerCredentials(fd->get());
+  auto refuse = [&](ipc::ErrorCode code, const std::string& msg, const char* outcome) {
+    (void)ipc::SendMessage(fd->get(), ipc::Encode(ipc::ErrorMessage{code, msg}));
+    metrics_->connections.Add({{"outcome", outcome}}).Increment();
+    LogWarn("refused a trainer connection", {{"reason", msg}});
+    CloseLater(std::move(*fd));
+  };
+  if (!creds.ok()) {
+    refuse(ipc::ErrorCode::kPermissionDenied, "cannot read peer credentials: " + creds.status().ToString(),
+           "refused_uid");
+    return;
+  }
+  if (std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), creds->uid) ==
+      options_.allowed_uids.end()) {
+    refuse(ipc::ErrorCode::kPermissionDenied,
+           "uid " + std::to_string(creds->uid) + " is not allowed to connect (pid " + std::to_string(creds->pid) + ")",
+           "refused_uid");
+    return;
+  }
+  if (client_ || pending_) {
+    refuse(ipc::ErrorCode::kBusy,
+           "another trainer (pid " + std::to_string(client_ ? client_->pid : pending_->pid) + ") is connected",
+           "refused_busy");
+    return;
+  }
+  pending_ = std::make_unique<Client>();
+  pending_->fd = std::move(*fd);
+  pending_->pid = creds->pid;
+  pending_->uid = creds->uid;
+}
+
+void Sidecar::CloseLater(UniqueFd fd) {
+  ::shutdown(fd.get(), SHUT_WR);
+  if (closing_.size() >= 64) closing_.erase(closing_.begin());  // bounded: oldest closed now
+  closing_.push_back({std::move(fd), Clock::now() + std::chrono::seconds(1)});
+}
+
+void Sidecar::ServeClosing(const pollfd* fds, size_t count) {
+  const auto now = Clock::now();
+  for (size_t i = 0; i < closing_.size();) {
+    bool done = now > closing_[i].deadline;
+    if (i < count && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+      char buf[256];
+      done = ::recv(closing_[i].fd.get(), buf, sizeof buf, MSG_DONTWAIT) <= 0 || done;
+    }
+    if (done) {
+      closing_.erase(closing_.begin() + static_cast<ptrdiff_t>(i));
+      fds += 1;
+      count = count > 0 ? count - 1 : 0;
+      continue;
+    }
+    ++i;
+  }
+}
+
+void Sidecar::OnHello(const ipc::ClientHello& hello) {
+  const int64_t want = hello.want_step >= 0 ? hello.want_step : target_step_;
+  if (!PipelineStartsAt(want)) {
+    LogInfo("re-planning for the trainer", {{"step", want}});
+    RestartAt(want);
+  } else {
+    std::lock_guard lock(producer_mu_);
+    target_step_ = want;
+  }
+  client_ = std::move(pending_);
+  client_->next_to_send = want;
+  const ResolvedJob& rj = planner_->job();
+  ipc::ServerHello sh;
+  sh.job = job_name_;
+  sh.process = static_cast<uint32_t>(options_.process);
+  for (const auto& t : layout_.devices) {
+    sh.devices.push_back({static_cast<uint32_t>(t.device), 1, ""});
+    const DLPackType dl = ToDLPackType(layout_.dtype);
+    sh.layout.push_back({t.offset, dl.code, dl.bits, t.shape, t.strides, t.nbytes});
+  }
+  sh.memory = ipc::MemoryKind::kHostMemfd;
+  sh.slots = memory_->slots();
+  sh.slot_bytes = memory_->slot_bytes();
+  sh.pool_bytes = memory_->pool_bytes();
+  sh.fd_count = 1;
+  sh.first_step = want;
+  sh.steps_per_epoch = rj.steps_per_epoch;
+  sh.global_batch = rj.global_batch;
+  Status st = ipc::SendMessage(client_->fd.get(), ipc::Encode(sh), {memory_->fd()});
+  if (!st.ok()) {
+    DropClient("sending SERVER_HELLO failed: " + st.ToString());
+    return;
+  }
+  metrics_->connections.Add({{"outcome", "accepted"}}).Increment();
+  metrics_->clients.Set(1);
+  LogInfo("trainer connected", {{"pid", static_cast<int64_t>(client_->pid)},
+                                {"uid", static_cast<uint64_t>(client_->uid)},
+                                {"step", want}});
+  SendReadyBatches();
+}
+
+void Sidecar::SendReadyBatches() {
+  if (!client_) return;
+  while (auto slot = pool_->Lease(client_->next_to_send)) {
+    ipc::Ready r;
+    r.step = client_->next_to_send;
+    r.slot = *slot;
+    const DLPackType dl = ToDLPackType(layout_.dtype);
+    for (size_t i = 0; i < layout_.devices.size(); ++i) {
+      const auto& t = layout_.devices[i];
+      r.tensors.push_back({t.offset, dl.code, dl.bits, t.shape, t.strides, slot_checksums_[*slot][i]});
+    }
+    Status st = ipc::SendMessage(client_->fd.get(), ipc::Encode(r));
+    if (!st.ok()) {
+      pool_->Release(*slot, r.step);
+      DropClient("sending READY failed: " + st.ToString());
+      return;
+    }
+    client_->leases++;
+    client_->next_to_send++;
+    metrics_->batches_delivered.Increment();
+    metrics_->current_step.Set(static_cast<double>(r.step));
+  }
+}
+
+void Sidecar::DropClient(const std::string& why) {
+  if (!client_) return;
+  const uint32_t reclaimed = pool_->ReclaimLeases();
+  metrics_->leases_reclaimed.Increment(reclaimed);
+  metrics_->clients.Set(0);
+  LogInfo("trainer disconnected", {{"pid", static_cast<int64_t>(client_->pid)},
+                                   {"reason", why},
+                                   {"leases_reclaimed", static_cast<uint64_t>(reclaimed)},
+                                   {"next_step", client_->next_to_send}});
+  client_.reset();
+}
+
+void Sidecar::ServeClientMessage() {
+  auto msg = ipc::ReceiveMessage(client_->fd.get(), ipc::kMaxMessageBytes);
+  if (!msg.ok()) {
+    if (msg.status().code() != StatusCode::kUnavailable) metrics_->Error("protocol");
+    DropClient(msg.status().ToString());
+    return;
+  }
+  auto decoded = ipc::Decode(msg->bytes);
+  if (!decoded.ok()) {
+    metrics_->Error("protocol");
+    (void)ipc::SendMessage(client_->fd.get(),
+                           ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kBadRequest, decoded.status().ToString()}));
+    DropClient("malformed message: " + decoded.status().ToString());
+    return;
+  }
+  if (const auto* rel = std::get_if<ipc::Release>(&*decoded)) {
+    if (!pool_->Release(rel->slot, rel->step)) {
+      metrics_->Error("protocol");
+      (void)ipc::SendMessage(client_->fd.get(),
+                             ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kBadRequest,
+                                                           "RELEASE of slot " + std::to_string(rel->slot) +
+                                                               " step " + std::to_string(rel->step) +
+                                                               ", which this connection does not lease"}));
+      DropClient("bad RELEASE");
+      return;
+    }
+    client_->leases--;
+    metrics_->batches_consumed.Increment();
+    metrics_->trainer_wait.Observe(static_cast<double>(rel->wait_ns) / 1e9);
+    SendReadyBatches();
+    return;
+  }
+  metrics_->Error("protocol");
+  DropClient("unexpected message after the handshake");
+}
+
+void Sidecar::Watchdog() {
+  const double limit = std::chrono::duration<double>(options_.stall_report_after).count();
+  const InflightRead oldest = loader_->OldestInflight();
+  if (oldest.seconds > limit) {
+    if (!reported_stuck_read_) {
+      LogWarn("storage read stuck", {{"object", oldest.uri},
+                                     {"offset", oldest.offset},
+                                     {"length", oldest.length},
+                                     {"seconds", oldest.seconds}});
+      metrics_->Error("read_stalled");
+      reported_stuck_read_ = true;
+    }
+  } else {
+    reported_stuck_read_ = false;
+  }
+  const int64_t since = producer_blocked_since_ns_.load();
+  const double blocked = since ? static_cast<double>(NowNs() - since) / 1e9 : 0.0;
+  if (blocked > limit && client_) {
+    if (!reported_blocked_) {
+      LogWarn("trainer holds every slot; staging is paused", {{"seconds", blocked},
+                                                              {"leased", static_cast<uint64_t>(client_->leases)},
+                                                              {"next_step", client_->next_to_send}});
+      reported_blocked_ = true;
+    }
+  } else {
+    reported_blocked_ = false;
+  }
+}
+
+int Sidecar::Run() {
+  auto last_watchdog = Clock::now();
+  while (!stop_) {
+    pollfd fds[4 + 64];
+    nfds_t n = 0;
+    fds[n++] = {event_fd_.get(), POLLIN, 0};
+    fds[n++] = {listen_fd_.get(), POLLIN, 0};
+    const int client_i = client_ ? static_cast<int>(n) : -1;
+    if (client_) fds[n++] = {client_->fd.get(), POLLIN, 0};
+    const int pending_i = pending_ ? static_cast<int>(n) : -1;
+    if (pending_) fds[n++] = {pending_->fd.get(), POLLIN, 0};
+    const nfds_t closing_i = n;
+    for (const auto& c : closing_) fds[n++] = {c.fd.get(), POLLIN, 0};
+    int rc = ::poll(fds, n, 250);
+    if (rc < 0 && errno != EINTR) {
+      LogError("poll failed", {{"error", std::strerror(errno)}});
+      return 1;
+    }
+    if (rc > 0 && (fds[0].revents & POLLIN)) {
+      uint64_t v;
+      while (::read(event_fd_.get(), &v, sizeof v) > 0) {
+      }
+    }
+    if (stop_) break;
+    if (failed_) {
+      Status fatal;
+      {
+        std::lock_guard lock(producer_mu_);
+        fatal = fatal_;
+      }
+      for (Client* c : {client_.get(), pending_.get()}) {
+        if (c) {
+          (void)ipc::SendMessage(c->fd.get(), ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kDataError, fatal.ToString()}));
+        }
+      }
+      if (health_) health_->SetHealthy(false, fatal.ToString());
+      return 1;
+    }
+    if (!closing_.empty()) ServeClosing(fds + closing_i, n - closing_i);
+    if (rc > 0 && (fds[1].revents & POLLIN)) AcceptClient();
+    if (client_i >= 0 && client_ && (fds[client_i].revents & (POLLIN | POLLHUP | POLLERR))) ServeClientMessage();
+    if (pending_i >= 0 && pending_ && (fds[pending_i].revents & (POLLIN | POLLHUP | POLLERR))) {
+      auto msg = ipc::ReceiveMessage(pending_->fd.get(), ipc::kMaxMessageBytes);
+      Result<ipc::Message> decoded = msg.ok() ? ipc::Decode(msg->bytes) : Result<ipc::Message>(msg.status());
+      const ipc::ClientHello* hello = decoded.ok() ? std::get_if<ipc::ClientHello>(&*decoded) : nullptr;
+      if (!hello) {
+        const std::string why = decoded.ok() ? "expected CLIENT_HELLO" : decoded.status().ToString();
+        if (msg.ok()) {
+          (void)ipc::SendMessage(pending_->fd.get(),
+                                 ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kBadRequest, why}));
+        }
+        metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
+        LogWarn("dropped a trainer connection before its hello", {{"reason", why}});
+        CloseLater(std::move(pending_->fd));
+        pending_.reset();
+      } else if (hello->version != ipc::kProtocolVersion) {
+        (void)ipc::SendMessage(pending_->fd.get(),
+                               ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kVersionMismatch,
+                                                             "this sidecar speaks protocol version " +
+                                                                 std::to_string(ipc::kProtocolVersion)}));
+        metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
+        CloseLater(std::move(pending_->fd));
+        pending_.reset();
+      } else {
+        OnHello(*hello);
+      }
+    }
+    if (pending_ && Clock::now() - pending_->connected_at > options_.hello_timeout) {
+      metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
+      LogWarn("dropped a trainer connection: no CLIENT_HELLO in time", {{"pid", static_cast<int64_t>(pending_->pid)}});
+      pending_.reset();
+    }
+    SendReadyBatches();
+    if (Clock::now() - last_watchdog > std::chrono::milliseconds(500)) {
+      Watchdog();
+      last_watchdog = Clock::now();
+    }
+  }
+  LogInfo("sidecar stopping", {{"job", job_name_}, {"process", options_.process}});
+  return 0;
+}
+
+}  // namespace meshload::sidecar

@@ -1,0 +1,159 @@
+/// \file
+/// Sidecar: the program in every trainer pod that keeps the trainer fed.
+///
+/// Threads (all started after set-up; the sidecar never forks):
+///   - the *producer* plans step t, takes a free slot (waiting while the
+///     trainer holds them all: memory stays at `prefetch` slots), has the
+///     StepLoader read the batch into it, and marks it ready;
+///   - the StepLoader's *reader threads* run the storage reads;
+///   - the *server* (Run(), the caller's thread) accepts the trainer on the
+///     Unix socket, checks its uid, sends SERVER_HELLO with the pool's fd,
+///     then READY for consecutive steps as they are staged, and takes
+///     RELEASEs; a disconnect reclaims the trainer's leases; a reconnect at
+///     any step re-plans from there;
+///   - the HealthServer serves /metrics, /healthz and /readyz.
+/// A watchdog in the server loop reports, within seconds, a storage read
+/// stuck in flight and a trainer that holds every slot (logs and gauges).
+///
+/// Life of a batch: docs/life-of-a-batch.md. Protocol: docs/protocol.md.
+///
+/// Thread safety: Create() and Run() from one thread; RequestStop() from any
+/// thread or a signal handler.
+#pragma once
+
+#include <poll.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/metrics/http_endpoints.h"
+#include "common/metrics/metrics.h"
+#include "common/unique_fd.h"
+#include "planner/shard_planner.h"
+#include "sidecar/ipc/protocol.h"
+#include "sidecar/source/source.h"
+#include "sidecar/staging/batch_layout.h"
+#include "sidecar/staging/host_memory.h"
+#include "sidecar/staging/slot_pool.h"
+#include "sidecar/step_loader.h"
+
+namespace meshload::sidecar {
+
+struct SidecarOptions {
+  std::string job_path;     // a DataLoadJob manifest (the mounted ConfigMap in a pod)
+  int64_t process = -1;     // this pod's process index
+  std::string socket_path;  // where the trainer connects; its directory must exist
+  mode_t socket_mode = 0660;
+  /// The uids allowed to connect; empty means the sidecar's own uid only.
+  std::vector<uid_t> allowed_uids;
+  /// /metrics, /healthz, /readyz; -1 disables, 0 picks a free port.
+  int metrics_port = -1;
+  std::string metrics_address = "0.0.0.0";
+  /// The first step to stage before a trainer connects (default:
+  /// spec.resume.step). A trainer may ask for any other step.
+  std::optional<int64_t> start_step;
+  int reader_threads = 4;
+  source::SourceOptions source_options;
+  /// How long a read or a full pool may stall before it is reported.
+  std::chrono::milliseconds stall_report_after{3000};
+  /// How long a connected client has to send CLIENT_HELLO.
+  std::chrono::milliseconds hello_timeout{5000};
+};
+
+class Sidecar {
+ public:
+  /// Loads and resolves the job, verifies the dataset files, allocates the
+  /// slot pool, starts the producer and the metrics endpoint, and listens on
+  /// the socket. Every problem with the job is reported at once.
+  static Result<std::unique_ptr<Sidecar>> Create(SidecarOptions options);
+  ~Sidecar();
+
+  /// Serves until RequestStop(). Returns 0 after a clean stop, 1 after a
+  /// fatal error (which has been logged and sent to the trainer).
+  int Run();
+
+  /// Async-signal-safe.
+  void RequestStop();
+
+  int metrics_port() const { return metrics_port_; }
+  const ResolvedJob& job() const { return planner_->job(); }
+
+ private:
+  struct Metrics;
+  class Observer;
+  struct Client;
+
+  explicit Sidecar(SidecarOptions options);
+  Status Init();
+  void ProducerMain();
+  void RestartAt(int64_t step);
+  bool PipelineStartsAt(int64_t step);
+  void Notify();
+  void ServeClientMessage();
+  void AcceptClient();
+  void OnHello(const ipc::ClientHello& hello);
+  void SendReadyBatches();
+  void DropClient(const std::string& why);
+  void Watchdog();
+  std::pair<bool, std::string> Readiness() const;
+
+  SidecarOptions options_;
+  std::unique_ptr<metrics::Registry> registry_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Observer> observer_;
+  std::unique_ptr<source::SourceRegistry> sources_;
+  std::unique_ptr<ShardPlanner> planner_;
+  Loading loading_;
+  staging::BatchLayout layout_;
+  std::unique_ptr<staging::HostSlotMemory> memory_;
+  std::unique_ptr<staging::SlotPool> pool_;
+  std::unique_ptr<StepLoader> loader_;
+  std::vector<std::vector<uint64_t>> slot_checksums_;  // per slot, written before MarkReady
+  std::unique_ptr<metrics::HealthServer> health_;
+  int metrics_port_ = -1;
+  std::string job_name_;
+
+  UniqueFd listen_fd_;
+  UniqueFd event_fd_;  // producer -> server wake-ups, and RequestStop()
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<Client> pending_;  // connected, no CLIENT_HELLO yet
+  // Refused connections: their ERROR is sent, but closing at once with the
+  // trainer's hello unread would reset the connection and lose the ERROR.
+  // They are drained and closed on EOF or after a second.
+  struct Closing {
+    UniqueFd fd;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::vector<Closing> closing_;
+  void CloseLater(UniqueFd fd);
+  void ServeClosing(const ::pollfd* fds, size_t count);
+
+  // Producer state, guarded by producer_mu_.
+  std::mutex producer_mu_;
+  uint64_t generation_ = 0;
+  int64_t next_step_ = 0;
+  int64_t target_step_ = 0;  // the first step the trainer asked for (readiness)
+  Status fatal_;
+  std::atomic<bool> target_staged_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> failed_{false};
+  std::atomic<int64_t> producer_blocked_since_ns_{0};
+  bool reported_blocked_ = false;
+  bool reported_stuck_read_ = false;
+  std::thread producer_;
+};
+
+/// Resolves the job as a sidecar must: local datasets are indexed from their
+/// files; an http(s):// dataset (one object) is indexed through `sources`
+/// (its size, and the header of an Npy file), since the planner cannot read
+/// it. Every problem goes to `diags`.
+Result<ResolvedJob> ResolveForSidecar(const JobSpec& spec, source::SourceRegistry& sources,
+                                      Diagnostics& diags);
+
+}  // namespace meshload::sidecar

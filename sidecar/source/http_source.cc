@@ -1,0 +1,724 @@
+// The "http" and "https" sources: ranged GETs streamed into the caller's
+// iovecs, pooled keep-alive connections, and retries with jittered backoff.
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/logging.h"
+#include "sidecar/source/http_internal.h"
+#include "sidecar/source/source.h"
+
+namespace meshload::source {
+namespace internal {
+namespace {
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+}  // namespace
+
+Result<HttpUrl> ParseHttpUrl(const std::string& url) {
+  HttpUrl out;
+  out.redacted = RedactUri(url);
+  size_t sep = url.find("://");
+  if (sep == std::string::npos) return InvalidArgument("not an http(s) URL", out.redacted);
+  out.scheme = Lower(std::string_view(url).substr(0, sep));
+  if (out.scheme != "http" && out.scheme != "https") {
+    return InvalidArgument("not an http(s) URL", out.redacted);
+  }
+  size_t authority_begin = sep + 3;
+  size_t authority_end = url.find_first_of("/?#", authority_begin);
+  if (authority_end == std::string::npos) authority_end = url.size();
+  std::string_view authority =
+      std::string_view(url).substr(authority_begin, authority_end - authority_begin);
+  if (authority.find('@') != std::string_view::npos) {
+    return InvalidArgument("credentials in the URL (user:password@host) are not supported",
+                           out.redacted);
+  }
+
+  std::string_view host;
+  std::string_view port_text;
+  if (!authority.empty() && authority.front() == '[') {
+    size_t close = authority.find(']');
+    if (close == std::string_view::npos) {
+      return InvalidArgument("unterminated IPv6 address in the URL", out.redacted);
+    }
+    host = authority.substr(0, close + 1);
+    std::string_view rest = authority.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') return InvalidArgument("bad port in the URL", out.redacted);
+      port_text = rest.substr(1);
+    }
+  } else {
+    size_t colon = authority.rfind(':');
+    host = authority.substr(0, colon);
+    if (colon != std::string_view::npos) port_text = authority.substr(colon + 1);
+  }
+  if (host.empty() || host == "[]") return InvalidArgument("the URL has no host", out.redacted);
+  uint64_t port = out.scheme == "https" ? 443 : 80;
+  if (!port_text.empty()) {
+    std::optional<uint64_t> parsed = ParseDecimal(port_text);
+    if (!parsed || *parsed == 0 || *parsed > 65535) {
+      return InvalidArgument("bad port \"" + std::string(port_text) + "\" in the URL",
+                             out.redacted);
+    }
+    port = *parsed;
+  }
+  out.origin = out.scheme + "://" + Lower(host) + ":" + std::to_string(port);
+
+  // The fragment never goes on the wire; the query does (signed URLs need it).
+  std::string_view target = std::string_view(url).substr(authority_end);
+  target = target.substr(0, target.find('#'));
+  if (target.empty() || target.front() != '/') out.target = "/";
+  out.target += target;
+  return out;
+}
+
+std::optional<uint64_t> ParseDecimal(std::string_view value) {
+  if (value.empty()) return std::nullopt;
+  uint64_t n = 0;
+  for (char c : value) {
+    if (c < '0' || c > '9') return std::nullopt;
+    auto digit = static_cast<uint64_t>(c - '0');
+    if (n > (std::numeric_limits<uint64_t>::max() - digit) / 10) return std::nullopt;
+    n = n * 10 + digit;
+  }
+  return n;
+}
+
+std::optional<ContentRange> ParseContentRange(std::string_view value) {
+  constexpr std::string_view kUnit = "bytes ";
+  if (value.size() < kUnit.size() || Lower(value.substr(0, kUnit.size())) != kUnit) {
+    return std::nullopt;
+  }
+  value.remove_prefix(kUnit.size());
+  size_t slash = value.find('/');
+  if (slash == std::string_view::npos) return std::nullopt;
+  std::string_view range = value.substr(0, slash);
+  std::string_view size = value.substr(slash + 1);
+  ContentRange out;
+  if (size != "*") {
+    out.size = ParseDecimal(size);
+    if (!out.size) return std::nullopt;
+  }
+  if (range == "*") {
+    // "bytes */*" says nothing at all.
+    if (!out.size) return std::nullopt;
+    return out;
+  }
+  size_t dash = range.find('-');
+  if (dash == std::string_view::npos) return std::nullopt;
+  std::optional<uint64_t> first = ParseDecimal(range.substr(0, dash));
+  std::optional<uint64_t> last = ParseDecimal(range.substr(dash + 1));
+  if (!first || !last || *last < *first) return std::nullopt;
+  if (out.size && *last >= *out.size) return std::nullopt;
+  out.has_range = true;
+  out.first = *first;
+  out.last = *last;
+  return out;
+}
+
+std::chrono::nanoseconds BackoffBound(int retry, std::chrono::milliseconds initial,
+                                      std::chrono::milliseconds max) {
+  // Doubling in floating point cannot overflow; min() brings it back in range.
+  double bound = std::chrono::duration<double, std::nano>(initial).count() *
+                 std::pow(2.0, std::clamp(retry, 0, 1000));
+  double cap = std::chrono::duration<double, std::nano>(max).count();
+  return std::chrono::nanoseconds(static_cast<int64_t>(std::max(0.0, std::min(bound, cap))));
+}
+
+}  // namespace internal
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using internal::ContentRange;
+using internal::HttpUrl;
+using internal::ParseContentRange;
+using internal::ParseDecimal;
+
+const char* ReasonPhrase(int status) {
+  switch (status) {
+    case 300:
+      return "Multiple Choices";
+    case 301:
+      return "Moved Permanently";
+    case 302:
+      return "Found";
+    case 303:
+      return "See Other";
+    case 304:
+      return "Not Modified";
+    case 307:
+      return "Temporary Redirect";
+    case 308:
+      return "Permanent Redirect";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 410:
+      return "Gone";
+    case 412:
+      return "Precondition Failed";
+    case 416:
+      return "Range Not Satisfiable";
+    case 429:
+      return "Too Many Requests";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 502:
+      return "Bad Gateway";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return "";
+  }
+}
+
+std::string HttpStatusText(int status) {
+  std::string text = "HTTP " + std::to_string(status);
+  const char* phrase = ReasonPhrase(status);
+  if (*phrase != '\0') {
+    text += ' ';
+    text += phrase;
+  }
+  return text;
+}
+
+bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// What one attempt came to. Statuses carry no location; the retry loop adds
+// `url@offset` once.
+struct Attempt {
+  enum class Kind { kOk, kRetry, kFail };
+  Kind kind = Kind::kOk;
+  Status status;
+  // kRetry: the OnRetry reason; kFail: the OnError kind. Always a literal.
+  std::string_view label;
+  // Retry-After from a 429/503, which replaces the jittered backoff.
+  std::optional<std::chrono::milliseconds> retry_after;
+
+  static Attempt Ok() { return {}; }
+  static Attempt Retry(std::string_view reason, std::string message) {
+    return {Kind::kRetry, Status(StatusCode::kUnavailable, std::move(message)), reason, {}};
+  }
+  static Attempt Fail(std::string_view kind, Status status) {
+    return {Kind::kFail, std::move(status), kind, {}};
+  }
+};
+
+Attempt DataLossAttempt(uint64_t offset, uint64_t len, uint64_t object_size) {
+  return Attempt::Fail("data_loss",
+                       DataLoss("short read: wanted " + std::to_string(len) + " bytes at offset " +
+                                std::to_string(offset) + ", the object ends after " +
+                                std::to_string(object_size) + " bytes"));
+}
+
+// A response status that is neither the data we asked for nor 416.
+Attempt FromHttpStatus(int status, const std::string& retry_after) {
+  std::string text = HttpStatusText(status);
+  if (status == 404 || status == 410) {
+    return Attempt::Fail("not_found", NotFound(text + " (not retried)"));
+  }
+  if (status == 429 || status >= 500) {
+    Attempt a = Attempt::Retry(status == 429 ? "http_429" : "http_5xx", text);
+    if (status == 429 || status == 503) {
+      // Only the delay-seconds form; an HTTP-date falls back to the backoff.
+      if (std::optional<uint64_t> secs = ParseDecimal(retry_after)) {
+        a.retry_after = std::chrono::milliseconds(
+            std::min<uint64_t>(*secs, std::numeric_limits<int32_t>::max()) * 1000);
+      }
+    }
+    return a;
+  }
+  if (status == 401 || status == 403 || status == 407) {
+    // Credentials or permissions: the request is fine, the world is not.
+    return Attempt::Fail("http_4xx", FailedPrecondition(text + " (not retried)"));
+  }
+  if (status >= 400) return Attempt::Fail("http_4xx", InvalidArgument(text + " (not retried)"));
+  return Attempt::Fail("io", FailedPrecondition("unexpected " + text +
+                                                " (redirects are not followed; not retried)"));
+}
+
+// httplib's own names for its errors are single words ("Connection").
+std::string Describe(httplib::Error err) {
+  using httplib::Error;
+  switch (err) {
+    case Error::Connection:
+      return "cannot connect (refused, unreachable or unknown host)";
+    case Error::Read:
+      return "reading the response failed";
+    case Error::Write:
+      return "sending the request failed";
+    case Error::SSLConnection:
+      return "TLS handshake failed";
+    case Error::SSLLoadingCerts:
+      return "cannot load the CA certificates";
+    case Error::SSLServerVerification:
+      return "the server certificate did not verify";
+    default:
+      return "HTTP client error: " + httplib::to_string(err);
+  }
+}
+
+// A request that produced no complete response.
+Attempt FromTransportError(httplib::Error err, bool timed_out, bool body_started) {
+  using httplib::Error;
+  if (err == Error::SSLLoadingCerts || err == Error::SSLServerVerification) {
+    // Retrying cannot fix a certificate; fail with something actionable.
+    return Attempt::Fail("io", FailedPrecondition("TLS: " + Describe(err) + " (not retried)"));
+  }
+  if (err == Error::ConnectionTimeout) return Attempt::Retry("timeout", "connect timed out");
+  if (timed_out) {
+    return Attempt::Retry("timeout", body_started ? "timed out reading the response body"
+                                                  : "timed out waiting for the response");
+  }
+  if (body_started) {
+    return Attempt::Retry(
+        "short_body", "the connection ended before the whole body arrived (" + Describe(err) + ")");
+  }
+  return Attempt::Retry("connection", Describe(err));
+}
+
+// Copies a byte stream into consecutive iovecs.
+class IovWriter {
+ public:
+  explicit IovWriter(const std::vector<iovec>& iov) : iov_(iov) {}
+
+  // Precondition: at most the remaining capacity.
+  void Write(const char* data, size_t n) {
+    while (n > 0) {
+      const iovec& v = iov_[index_];
+      size_t take = std::min(n, v.iov_len - within_);
+      std::memcpy(static_cast<char*>(v.iov_base) + within_, data, take);
+      data += take;
+      n -= take;
+      within_ += take;
+      if (within_ == v.iov_len) {
+        ++index_;
+        within_ = 0;
+      }
+    }
+  }
+
+ private:
+  const std::vector<iovec>& iov_;
+  size_t index_ = 0;
+  size_t within_ = 0;
+};
+
+using ClientPtr = std::unique_ptr<httplib::Client>;
+
+// Idle keep-alive clients per origin (scheme://host:port). A request checks
+// one out for its whole duration, so reader threads never share a Client;
+// only a client whose last request completed cleanly comes back.
+// Thread safety: thread-safe; clients are created and destroyed (which
+// connects or closes sockets) outside the lock.
+class ClientPool {
+ public:
+  explicit ClientPool(const SourceOptions& options) : options_(options) {}
+
+  Result<ClientPtr> Checkout(const HttpUrl& url) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = idle_.find(url.origin);
+      if (it != idle_.end() && !it->second.empty()) {
+        ClientPtr client = std::move(it->second.back());
+        it->second.pop_back();
+        return client;
+      }
+    }
+    return Make(url);
+  }
+
+  void Return(const HttpUrl& url, ClientPtr client) {
+    ClientPtr surplus;  // declared before the lock: closed after it is released
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<ClientPtr>& idle = idle_[url.origin];
+    if (idle.size() < static_cast<size_t>(options_.max_idle_connections)) {
+      idle.push_back(std::move(client));
+    } else {
+      surplus = std::move(client);
+    }
+  }
+
+ private:
+  Result<ClientPtr> Make(const HttpUrl& url) {
+    auto client = std::make_unique<httplib::Client>(url.origin);
+    if (!client->is_valid()) {
+      return FailedPrecondition("cannot create an HTTP client for " + url.origin, url.redacted);
+    }
+    client->set_keep_alive(true);
+    client->set_tcp_nodelay(true);
+    // The URL is sent exactly as given: re-encoding would break signatures.
+    client->set_url_encode(false);
+    client->set_decompress(false);
+    client->set_follow_location(false);
+    client->set_connection_timeout(options_.connect_timeout);
+    client->set_read_timeout(options_.read_timeout);
+    client->set_write_timeout(options_.write_timeout);
+    if (url.scheme == "https") {
+#ifdef CPPHTTPLIB_OPENSSL_SUPPORT
+      client->enable_server_certificate_verification(options_.verify_tls);
+      if (!options_.ca_file.empty()) client->set_ca_cert_path(options_.ca_file);
+#else
+      return FailedPrecondition("https needs cpp-httplib built with OpenSSL support", url.redacted);
+#endif
+    }
+    return client;
+  }
+
+  const SourceOptions& options_;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::vector<ClientPtr>> idle_;
+};
+
+// Thread safety: thread-safe; per-request state lives on the caller's stack
+// and each request has a Client of its own.
+class HttpSource final : public Source {
+ public:
+  explicit HttpSource(const SourceOptions& options)
+      : options_(options),
+        observer_(options.observer != nullptr ? options.observer : &NullObserver()),
+        pool_(options_) {}
+
+  Result<ObjectInfo> Stat(const std::string& uri) override {
+    ASSIGN_OR_RETURN(HttpUrl url, internal::ParseHttpUrl(uri));
+    uint64_t size = 0;
+    RETURN_IF_ERROR(WithRetries(url, url.redacted, [&] { return StatAttempt(url, &size); }));
+    return ObjectInfo{size};
+  }
+
+  Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override {
+    const auto start = Clock::now();
+    ASSIGN_OR_RETURN(HttpUrl url, internal::ParseHttpUrl(uri));
+    std::string location = url.redacted + "@" + std::to_string(offset);
+    uint64_t len = 0;
+    for (const iovec& v : iov) len += v.iov_len;
+    if (len == 0) return Status::Ok();
+    if (len - 1 > std::numeric_limits<uint64_t>::max() - offset) {
+      return InvalidArgument("range of " + std::to_string(len) + " bytes overflows", location);
+    }
+    RETURN_IF_ERROR(WithRetries(url, location, [&] { return ReadAttempt(url, offset, len, iov); }));
+    observer_->OnRead(url.scheme, len, std::chrono::duration<double>(Clock::now() - start).count());
+    return Status::Ok();
+  }
+
+ private:
+  template <typename AttemptFn>
+  Status WithRetries(const HttpUrl& url, const std::string& location, AttemptFn&& attempt) {
+    const int max_attempts = std::max(1, options_.max_attempts);
+    Attempt last;
+    for (int i = 0; i < max_attempts; ++i) {
+      last = attempt();
+      if (last.kind == Attempt::Kind::kOk) return Status::Ok();
+      if (last.kind == Attempt::Kind::kFail) {
+        observer_->OnError(url.scheme, last.label);
+        return Status(last.status.code(), last.status.message(), location);
+      }
+      if (i + 1 == max_attempts) break;
+      observer_->OnRetry(url.scheme, last.label);
+      std::chrono::nanoseconds delay = Backoff(i, last.retry_after);
+      LogDebug("source: retrying HTTP request",
+               {{"location", location},
+                {"attempt", i + 1},
+                {"reason", last.label},
+                {"error", last.status.message()},
+                {"delay_ms", std::chrono::duration<double, std::milli>(delay).count()}});
+      std::this_thread::sleep_for(delay);
+    }
+    observer_->OnError(url.scheme, "retries_exhausted");
+    return Status(StatusCode::kUnavailable,
+                  "giving up after " + std::to_string(max_attempts) +
+                      (max_attempts == 1 ? " attempt: " : " attempts: ") + last.status.message(),
+                  location);
+  }
+
+  std::chrono::nanoseconds Backoff(int retry, std::optional<std::chrono::milliseconds> hint) {
+    if (hint) return std::min<std::chrono::nanoseconds>(*hint, options_.backoff_max);
+    // Full jitter: concurrent readers that failed together spread out.
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    auto bound = internal::BackoffBound(retry, options_.backoff_initial, options_.backoff_max);
+    std::uniform_int_distribution<int64_t> pick(0, bound.count());
+    return std::chrono::nanoseconds(pick(rng));
+  }
+
+  // A read error counts as a timeout when nothing arrived for (about) the
+  // read timeout; httplib reports both as Error::Read.
+  bool TimedOut(Clock::time_point last_progress) const {
+    return Clock::now() - last_progress >= options_.read_timeout * 9 / 10;
+  }
+
+  Attempt ReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len,
+                      const std::vector<iovec>& iov) {
+    auto checkout = pool_.Checkout(url);
+    if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
+    ClientPtr client = std::move(checkout).value();
+
+    const uint64_t last_byte = offset + len - 1;
+    httplib::Headers headers = {
+        {"Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(last_byte)},
+        // Byte ranges of the stored representation, never of a compressed one.
+        {"Accept-Encoding", "identity"},
+    };
+    int status = 0;
+    bool to_iov = false;    // a 206/200 whose body is our data
+    bool overflow = false;  // the server sent more than asked; we stopped reading
+    uint64_t received = 0;
+    std::string retry_after;
+    std::optional<Attempt> verdict;  // decided from the headers alone
+    IovWriter writer(iov);
+    Clock::time_point last_progress = Clock::now();
+
+    auto on_response = [&](const httplib::Response& res) {
+      last_progress = Clock::now();
+      status = res.status;
+      std::string encoding = res.get_header_value("Content-Encoding");
+      if (!encoding.empty() && !EqualsIgnoreCase(encoding, "identity") && status / 100 == 2) {
+        verdict = Attempt::Fail("io", FailedPrecondition("the server applied Content-Encoding " +
+                                                         encoding + " to a byte range"));
+        return false;
+      }
+      if (status == 206) {
+        std::optional<ContentRange> range =
+            ParseContentRange(res.get_header_value("Content-Range"));
+        if (!range || !range->has_range) {
+          verdict = Attempt::Fail(
+              "io", FailedPrecondition("HTTP 206 without a usable Content-Range header (\"" +
+                                       res.get_header_value("Content-Range") + "\")"));
+          return false;
+        }
+        if (range->first != offset) {
+          verdict = Attempt::Fail(
+              "io", FailedPrecondition("HTTP 206 for bytes " + std::to_string(range->first) + "-" +
+                                       std::to_string(range->last) + ", asked for bytes " +
+                                       std::to_string(offset) + "-" + std::to_string(last_byte)));
+          return false;
+        }
+        if (range->size && *range->size < offset + len) {
+          verdict = DataLossAttempt(offset, len, *range->size);
+          return false;
+        }
+        to_iov = true;
+        return true;
+      }
+      if (status == 200) {
+        // The server ignored Range. From offset 0 the body starts with our
+        // bytes; anywhere else we would have to download and drop a prefix.
+        if (offset != 0) {
+          verdict = Attempt::Fail(
+              "io", FailedPrecondition("the server ignored the Range header (HTTP 200 for a "
+                                       "read at offset " +
+                                       std::to_string(offset) + ")"));
+          return false;
+        }
+        if (std::optional<uint64_t> size = ParseDecimal(res.get_header_value("Content-Length"));
+            size && *size < len) {
+          verdict = DataLossAttempt(offset, len, *size);
+          return false;
+        }
+        to_iov = true;
+        return true;
+      }
+      if (status == 416) {
+        std::optional<ContentRange> range =
+            ParseContentRange(res.get_header_value("Content-Range"));
+        verdict =
+            range && range->size
+                ? DataLossAttempt(offset, len, *range->size)
+                : Attempt::Fail("data_loss", DataLoss("HTTP 416 Range Not Satisfiable: wanted " +
+                                                      std::to_string(len) + " bytes at offset " +
+                                                      std::to_string(offset)));
+      }
+      retry_after = res.get_header_value("Retry-After");
+      return true;  // drain the (small) error body so the connection stays usable
+    };
+    auto on_data = [&](const char* data, size_t n) {
+      last_progress = Clock::now();
+      if (!to_iov) return true;
+      size_t take = static_cast<size_t>(std::min<uint64_t>(n, len - received));
+      writer.Write(data, take);
+      received += take;
+      if (take < n) {
+        overflow = true;
+        return false;
+      }
+      return true;
+    };
+
+    httplib::Result res = client->Get(url.target, headers, on_response, on_data);
+    const bool clean = res.error() == httplib::Error::Success;
+    // Only a connection whose exchange finished cleanly is reused.
+    auto give_back = [&] {
+      if (clean) pool_.Return(url, std::move(client));
+    };
+
+    if (verdict) {
+      give_back();
+      return *verdict;
+    }
+    if (to_iov && received == len && (clean || overflow)) {
+      give_back();
+      return Attempt::Ok();
+    }
+    if (!clean) return FromTransportError(res.error(), TimedOut(last_progress), to_iov);
+    give_back();
+    if (to_iov && status == 200) {
+      // A complete 200 body is the whole object, so the object is this short.
+      return DataLossAttempt(offset, len, received);
+    }
+    if (to_iov) {
+      return Attempt::Retry("short_body", "short body: got " + std::to_string(received) + " of " +
+                                              std::to_string(len) + " bytes");
+    }
+    return FromHttpStatus(status, retry_after);
+  }
+
+  Attempt StatAttempt(const HttpUrl& url, uint64_t* size) {
+    auto checkout = pool_.Checkout(url);
+    if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
+    ClientPtr client = std::move(checkout).value();
+
+    const Clock::time_point start = Clock::now();
+    httplib::Result res = client->Head(url.target, {{"Accept-Encoding", "identity"}});
+    if (res.error() != httplib::Error::Success) {
+      return FromTransportError(res.error(), TimedOut(start), false);
+    }
+    const int status = res->status;
+    std::optional<uint64_t> length = ParseDecimal(res->get_header_value("Content-Length"));
+    std::string retry_after = res->get_header_value("Retry-After");
+    pool_.Return(url, std::move(client));
+    // A presigned URL is signed for one method, so a GET-signed URL answers
+    // HEAD with 403; some servers do not allow HEAD at all (405).
+    if (status == 403 || status == 405) return ProbeSize(url, size);
+    if (status / 100 != 2) return FromHttpStatus(status, retry_after);
+    if (length) {
+      *size = *length;
+      return Attempt::Ok();
+    }
+    return ProbeSize(url, size);
+  }
+
+  // HEAD gave no Content-Length (e.g. a chunked response) or was refused: ask
+  // for one byte and read the size from Content-Range.
+  Attempt ProbeSize(const HttpUrl& url, uint64_t* size) {
+    auto checkout = pool_.Checkout(url);
+    if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
+    ClientPtr client = std::move(checkout).value();
+
+    int status = 0;
+    std::optional<uint64_t> found;
+    std::string retry_after;
+    Clock::time_point last_progress = Clock::now();
+    auto on_response = [&](const httplib::Response& res) {
+      last_progress = Clock::now();
+      status = res.status;
+      retry_after = res.get_header_value("Retry-After");
+      if (status == 206 || status == 416) {
+        std::optional<ContentRange> range =
+            ParseContentRange(res.get_header_value("Content-Range"));
+        if (range) found = range->size;
+        return true;
+      }
+      if (status == 200) {
+        // Range ignored: the length of the whole body is the size; do not download it.
+        found = ParseDecimal(res.get_header_value("Content-Length"));
+        return false;
+      }
+      return true;
+    };
+    auto on_data = [&](const char*, size_t) {
+      last_progress = Clock::now();
+      return true;
+    };
+    httplib::Result res =
+        client->Get(url.target, {{"Range", "bytes=0-0"}, {"Accept-Encoding", "identity"}},
+                    on_response, on_data);
+    const bool clean = res.error() == httplib::Error::Success;
+    if (clean) pool_.Return(url, std::move(client));
+    if (found) {
+      *size = *found;
+      return Attempt::Ok();
+    }
+    if (status == 200 || status == 206 || status == 416) {
+      return Attempt::Fail(
+          "io", FailedPrecondition("the server reports no object size (no Content-Length on "
+                                   "HEAD, no Content-Range on a ranged GET)"));
+    }
+    if (!clean) return FromTransportError(res.error(), TimedOut(last_progress), false);
+    return FromHttpStatus(status, retry_after);
+  }
+
+  const SourceOptions options_;
+  SourceObserver* const observer_;
+  ClientPool pool_;
+};
+
+Status ValidateOptions(const SourceOptions& o) {
+  auto positive = [](std::chrono::milliseconds d, const char* field) {
+    return d.count() > 0 ? Status::Ok()
+                         : InvalidArgument(
+                               "must be positive, got " + std::to_string(d.count()) + " ms", field);
+  };
+  RETURN_IF_ERROR(positive(o.connect_timeout, "connect_timeout"));
+  RETURN_IF_ERROR(positive(o.read_timeout, "read_timeout"));
+  RETURN_IF_ERROR(positive(o.write_timeout, "write_timeout"));
+  if (o.max_attempts < 1) {
+    return InvalidArgument("must be at least 1, got " + std::to_string(o.max_attempts),
+                           "max_attempts");
+  }
+  if (o.backoff_initial.count() < 0 || o.backoff_max.count() < 0) {
+    return InvalidArgument("backoff_initial and backoff_max must not be negative", "backoff");
+  }
+  if (o.max_idle_connections < 0) {
+    return InvalidArgument("must not be negative", "max_idle_connections");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Source>> MakeHttpSource(const SourceOptions& options) {
+  RETURN_IF_ERROR(ValidateOptions(options));
+  return std::unique_ptr<Source>(std::make_unique<HttpSource>(options));
+}
+
+}  // namespace meshload::source

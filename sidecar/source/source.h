@@ -1,0 +1,138 @@
+/// \file
+/// Storage sources: where sample bytes come from.
+///
+/// A Source reads byte ranges of named objects (a local file path, an
+/// http(s):// URL, later s3://...) straight into the caller's memory. The
+/// sidecar asks for the coalesced ranges the planner computed and scatters
+/// each range into the destinations of its samples in the slot (preadv-style
+/// iovecs), so bytes land where the trainer will see them with no
+/// intermediate copy for local files.
+///
+/// Sources sit behind a registry keyed by URI scheme ("file" also serves plain
+/// paths); adding S3 means registering one more factory.
+///
+/// Errors name the object and, for data errors, the byte offset:
+///   /data/a.bin@1048576: short read: wanted 4096 bytes, file ends after 1200
+///   http://store/a.bin@0: HTTP 404 Not Found (not retried)
+///
+/// Thread safety: a Source is shared by the sidecar's reader threads; every
+/// method is thread-safe.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace meshload::source {
+
+struct ObjectInfo {
+  uint64_t size = 0;
+};
+
+/// Hooks for metrics and logs; the sidecar wires them to its registry. All
+/// callbacks may run concurrently from several reader threads and must be
+/// cheap. `scheme` is the registry key ("file", "http", "https").
+class SourceObserver {
+ public:
+  virtual ~SourceObserver() = default;
+  /// One storage request finished successfully: bytes delivered and its latency.
+  virtual void OnRead(std::string_view scheme, uint64_t bytes, double seconds) = 0;
+  /// One attempt failed and will be retried; `reason` is a bounded label
+  /// value: "http_5xx", "http_429", "timeout", "connection", "short_body".
+  virtual void OnRetry(std::string_view scheme, std::string_view reason) = 0;
+  /// A request failed for good (after retries, or a non-retryable error);
+  /// `kind` is a bounded label value: "not_found", "http_4xx", "io",
+  /// "data_loss", "retries_exhausted", "timeout".
+  virtual void OnError(std::string_view scheme, std::string_view kind) = 0;
+};
+
+/// An observer that does nothing.
+SourceObserver& NullObserver();
+
+struct SourceOptions {
+  // HTTP(S): timeouts per attempt.
+  std::chrono::milliseconds connect_timeout{2000};
+  std::chrono::milliseconds read_timeout{10000};
+  std::chrono::milliseconds write_timeout{10000};
+  // Retries on 5xx, timeouts and connection resets; never on 4xx.
+  int max_attempts = 5;  // total attempts, including the first
+  std::chrono::milliseconds backoff_initial{50};
+  std::chrono::milliseconds backoff_max{2000};
+  // Keep-alive connections per host kept for reuse (one per reader thread).
+  int max_idle_connections = 8;
+  // HTTPS: verify the server certificate (CA bundle from the system, or this file).
+  bool verify_tls = true;
+  std::string ca_file;
+  // Local files: at most this many file descriptors kept open.
+  int max_open_files = 256;
+  SourceObserver* observer = nullptr;  // NullObserver() when null
+};
+
+class Source {
+ public:
+  virtual ~Source() = default;
+
+  /// The size of an object. kNotFound when it does not exist.
+  virtual Result<ObjectInfo> Stat(const std::string& uri) = 0;
+
+  /// Reads exactly the bytes [offset, offset + Σ iov[i].iov_len) of `uri`
+  /// into the buffers of `iov`, in order. A range past the end of the object
+  /// is kDataLoss naming `uri@offset` and how many bytes were there; nothing
+  /// is retried for local files except EINTR and short reads.
+  virtual Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) = 0;
+
+  /// Convenience: one destination buffer.
+  Status Read(const std::string& uri, uint64_t offset, void* dst, uint64_t len) {
+    return ReadV(uri, offset, {iovec{dst, static_cast<size_t>(len)}});
+  }
+};
+
+/// Creates a source for one scheme.
+using SourceFactory = std::function<Result<std::unique_ptr<Source>>(const SourceOptions&)>;
+
+/// Maps URI schemes to sources. Plain paths and file:// URIs use "file";
+/// file:// is stripped before the path reaches the file source.
+/// Thread safety: Register before use; For() is thread-safe and creates each
+/// scheme's source once (it is then shared).
+class SourceRegistry {
+ public:
+  explicit SourceRegistry(SourceOptions options);
+  /// A registry with the built-in schemes: file, http, https.
+  static std::unique_ptr<SourceRegistry> WithBuiltins(SourceOptions options);
+
+  void Register(std::string scheme, SourceFactory factory);
+
+  /// The source for `uri`'s scheme, and the object name it expects (the
+  /// path for files, the whole URL for http). kInvalidArgument naming the
+  /// URI for an unknown scheme, listing the known ones.
+  Result<std::pair<Source*, std::string>> For(const std::string& uri);
+
+  /// The scheme of a URI: "file" for plain paths.
+  static std::string SchemeOf(const std::string& uri);
+
+ private:
+  SourceOptions options_;
+  std::mutex mu_;
+  std::map<std::string, SourceFactory> factories_;
+  std::map<std::string, std::unique_ptr<Source>> sources_;
+};
+
+/// `uri` safe to log: without its query string and fragment (signed URLs
+/// carry credentials there) and without user:password@ in the authority.
+std::string RedactUri(std::string_view uri);
+
+/// The built-in sources (exposed for tests).
+Result<std::unique_ptr<Source>> MakeFileSource(const SourceOptions& options);
+Result<std::unique_ptr<Source>> MakeHttpSource(const SourceOptions& options);
+
+}  // namespace meshload::source

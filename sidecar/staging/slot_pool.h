@@ -1,0 +1,90 @@
+/// \file
+/// SlotPool: the life cycle of staging slots, independent of where their
+/// memory lives (host memfd here, CUDA VMM allocations for GPU staging).
+///
+/// A slot holds one step's batch for this process. Its states:
+///
+///   kFree ──AcquireForFill──► kFilling ──MarkReady──► kReady ──Lease──► kLeased
+///     ▲                          │ (stale generation)     │ (Reset)       │
+///     └──────────────────────────┴────────────────────────┴──Release/Reclaim┘
+///
+/// The producer acquires free slots and blocks while none is free, so memory
+/// is bounded by the number of slots (the job's `prefetch`): a slow trainer
+/// slows the producer down, it never grows a queue. A *generation* number
+/// lets the server re-plan from another step (a client reconnecting at step
+/// t): Reset() bumps it, frees ready slots, and slots still being filled for
+/// the old generation are freed when their producer finishes.
+///
+/// Thread safety: all methods are thread-safe (one mutex, never held across
+/// I/O: producers fill slots outside the lock).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+namespace meshload::staging {
+
+enum class SlotState { kFree, kFilling, kReady, kLeased };
+
+struct SlotCounts {
+  uint32_t free = 0, filling = 0, ready = 0, leased = 0;
+};
+
+class SlotPool {
+ public:
+  explicit SlotPool(uint32_t slots);
+
+  uint32_t size() const { return static_cast<uint32_t>(slots_.size()); }
+
+  /// Waits until a slot is free and marks it kFilling for `step` of
+  /// `generation`. Returns nullopt on Shutdown(), when `generation` is no
+  /// longer current, or after `timeout` (so callers can report a stalled
+  /// consumer and check for shutdown).
+  std::optional<uint32_t> AcquireForFill(int64_t step, uint64_t generation, std::chrono::milliseconds timeout);
+
+  /// The fill of `slot` finished. Ready for leasing if its generation is
+  /// still current, otherwise freed. Returns true when it became ready.
+  bool MarkReady(uint32_t slot);
+  /// The fill of `slot` failed: the slot is freed.
+  void AbandonFill(uint32_t slot);
+
+  /// Leases the ready slot holding `step`, if there is one.
+  std::optional<uint32_t> Lease(int64_t step);
+  /// Returns a lease. False (and nothing changes) when `slot` is not leased
+  /// or holds another step: a client bug or a stale RELEASE.
+  bool Release(uint32_t slot, int64_t step);
+  /// Frees every leased slot (the client disconnected). Returns how many.
+  uint32_t ReclaimLeases();
+
+  /// Starts a new generation: ready slots are freed, slots being filled will
+  /// be freed when done. Returns the new generation.
+  uint64_t Reset();
+  uint64_t generation() const;
+
+  /// Wakes every waiter; AcquireForFill returns nullopt from now on.
+  void Shutdown();
+
+  SlotCounts Counts() const;
+  /// The step held by a ready or leased slot (for tests and diagnostics).
+  std::optional<int64_t> StepOf(uint32_t slot) const;
+  /// Waits until a slot for `step` is ready or `timeout` passes; true if one is.
+  bool WaitReady(int64_t step, std::chrono::milliseconds timeout) const;
+
+ private:
+  struct Slot {
+    SlotState state = SlotState::kFree;
+    int64_t step = -1;
+    uint64_t generation = 0;
+  };
+  mutable std::mutex mu_;
+  mutable std::condition_variable changed_;
+  std::vector<Slot> slots_;
+  uint64_t generation_ = 0;
+  bool shutdown_ = false;
+};
+
+}  // namespace meshload::staging

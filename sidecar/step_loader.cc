@@ -1,0 +1,272 @@
+#include "sidecar/step_loader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+
+#include "common/logging.h"
+#include "sidecar/ipc/protocol.h"
+
+namespace meshload::sidecar {
+namespace {
+
+// One sample's bytes in one file, and where they go in the slot (nullptr:
+// dropped, a GlobalLoad sample no local device holds).
+struct Piece {
+  uint32_t file;
+  uint64_t offset;
+  uint64_t length;
+  uint8_t* dest;
+};
+
+std::string DescribeTransfers(const std::vector<TransferUnit>& in, const std::vector<TransferUnit>& out) {
+  std::string s;
+  if (!in.empty()) s += "receives from process " + std::to_string(in.front().from);
+  if (!out.empty()) s += std::string(s.empty() ? "" : " and ") + "sends to process " + std::to_string(out.front().to);
+  return s;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<StepLoader>> StepLoader::Create(const ShardPlanner& planner, int64_t process,
+                                                       const Loading& loading, source::SourceRegistry& sources,
+                                                       const staging::BatchLayout& layout,
+                                                       StepLoaderOptions options) {
+  const ResolvedJob& job = planner.job();
+  if (process < 0 || process >= job.mesh.processes()) {
+    return InvalidArgument("process " + std::to_string(process) + " is not in the job's 0.." +
+                           std::to_string(job.mesh.processes() - 1));
+  }
+  if (job.dataset.sample_bytes() == 0) {
+    return InvalidArgument("the sample size is unknown: the Npy files could not be read; make them reachable",
+                           "spec.dataset.uri");
+  }
+  if (std::string why = planner.Unsupported(loading); !why.empty()) return FailedPrecondition(why, "spec.strategy");
+  const auto in = planner.TransfersTo(process, loading);
+  const auto out = planner.TransfersFrom(process, loading);
+  if (!in.empty() || !out.empty()) {
+    return FailedPrecondition(
+        "strategy " + std::string(ToString(loading.strategy)) + " with fanout " + std::string(ToString(loading.fanout)) +
+            " moves samples between processes (process " + std::to_string(process) + " " +
+            DescribeTransfers(in, out) +
+            "); this sidecar build has no inter-process transport yet. Use fanout Load with GlobalLoad, "
+            "PerDevice or PerProcess",
+        "spec.strategy");
+  }
+  if (options.reader_threads < 1) options.reader_threads = 1;
+  std::unique_ptr<StepLoader> loader(new StepLoader(planner, process, loading, sources, layout, options));
+  for (const auto& f : job.dataset.files()) {
+    ASSIGN_OR_RETURN(auto src, sources.For(f.path));
+    loader->files_.push_back(src);
+  }
+  if (loading.strategy == Strategy::kGlobalLoad) loader->discard_.resize(job.dataset.sample_bytes());
+  for (int i = 0; i < options.reader_threads; ++i) loader->threads_.emplace_back([l = loader.get()] { l->ReaderMain(); });
+  return loader;
+}
+
+StepLoader::StepLoader(const ShardPlanner& planner, int64_t process, const Loading& loading,
+                       source::SourceRegistry& sources, const staging::BatchLayout& layout,
+                       StepLoaderOptions options)
+    : planner_(planner), process_(process), loading_(loading), sources_(sources), layout_(layout), options_(options) {}
+
+StepLoader::~StepLoader() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  work_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+Status StepLoader::VerifyFiles() {
+  const DatasetIndex& ds = planner_.job().dataset;
+  if (!ds.indexed()) return Status::Ok();
+  for (size_t i = 0; i < ds.files().size(); ++i) {
+    const DatasetFile& f = ds.files()[i];
+    auto [src, name] = files_[i];
+    ASSIGN_OR_RETURN(source::ObjectInfo info, src->Stat(name));
+    if (info.size != f.size) {
+      return DataLoss("size is " + std::to_string(info.size) + " bytes but the dataset index says " +
+                          std::to_string(f.size) + "; the file changed after the job was resolved",
+                      f.path);
+    }
+    if (f.npy) {
+      std::string head(f.npy->data_offset, '\0');
+      RETURN_IF_ERROR(src->Read(name, 0, head.data(), head.size()));
+      auto h = ParseNpyHeader(head);
+      if (!h.ok()) return h.status().WithLocationPrefix(f.path);
+      if (h->descr != f.npy->descr || h->shape != f.npy->shape || h->data_offset != f.npy->data_offset) {
+        return DataLoss("the npy header changed after the job was resolved", f.path);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<ReadOp>& ops,
+                            std::vector<Fixup>& fixups, std::vector<std::pair<size_t, size_t>>& replica_copies,
+                            StepLoadStats& stats) {
+  const DatasetIndex& ds = planner_.job().dataset;
+  const uint64_t sb = layout_.sample_bytes;
+  const int64_t first_device = layout_.devices.front().device;
+
+  // Where each sample goes: the first local device holding its shard (the
+  // others are replicas, filled by a copy or by their own read).
+  std::map<int64_t, size_t> primary_of_shard;  // shard -> local device index
+  std::unordered_map<uint64_t, uint8_t*> dest_of;
+  for (size_t i = 0; i < plan.devices.size(); ++i) {
+    const DevicePlan& d = plan.devices[i];
+    auto [it, inserted] = primary_of_shard.emplace(d.shard, i);
+    if (!inserted) {
+      if (loading_.strategy != Strategy::kPerDevice) replica_copies.emplace_back(it->second, i);
+      continue;
+    }
+    for (size_t k = 0; k < d.samples.size(); ++k) {
+      dest_of[d.samples[k]] = slot + layout_.devices[i].offset + k * sb;
+    }
+  }
+
+  std::vector<Extent> extents;
+  for (const ReadPlan& r : plan.reads) {
+    // PerDevice: this read fills its own device, replicas included.
+    const bool own_device = r.device >= 0;
+    const size_t local = own_device ? static_cast<size_t>(r.device - first_device) : 0;
+    std::vector<Piece> pieces;
+    pieces.reserve(r.samples.size() + 4);
+    for (size_t k = 0; k < r.samples.size(); ++k) {
+      const uint64_t id = r.samples[k];
+      uint8_t* dest;
+      if (own_device) {
+        dest = slot + layout_.devices[local].offset + k * sb;
+      } else {
+        auto it = dest_of.find(id);
+        dest = it == dest_of.end() ? nullptr : it->second;
+      }
+      extents.clear();
+      ds.AppendExtents(id, extents);
+      uint64_t done = 0;
+      for (const Extent& e : extents) {
+        pieces.push_back({e.file, e.offset, e.length, dest ? dest + done : nullptr});
+        done += e.length;
+      }
+    }
+    std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+      return a.file != b.file ? a.file < b.file : a.offset < b.offset;
+    });
+    stats.samples_read += r.samples.size();
+
+    // Walk the pieces in file order; each run of touching pieces is one
+    // coalesced range (split at max_read_bytes) and becomes one ReadOp.
+    ReadOp* op = nullptr;
+    uint64_t pos = 0;       // next file byte the current op will read
+    uint64_t op_bytes = 0;
+    const Piece* prev = nullptr;
+    for (const Piece& p : pieces) {
+      const bool touches = op && prev && p.file == prev->file && p.offset <= pos;
+      if (!touches || op_bytes >= options_.max_read_bytes) {
+        ops.push_back({files_[p.file].second, p.offset, {}, files_[p.file].first});
+        op = &ops.back();
+        pos = p.offset;
+        op_bytes = 0;
+        stats.read_ranges += 1;
+      }
+      uint64_t skip = 0;
+      if (p.offset < pos) {
+        // Overlap with the previous piece (TokenStream's shared token).
+        const uint64_t overlap = pos - p.offset;
+        if (prev->dest == nullptr && !op->iov.empty()) {
+          // The bytes went to scratch: take them back for this piece.
+          op->iov.back().iov_len -= overlap;
+          if (op->iov.back().iov_len == 0) op->iov.pop_back();
+          pos -= overlap;
+          op_bytes -= overlap;
+        } else if (p.dest != nullptr) {
+          fixups.push_back({p.dest, prev->dest + (p.offset - prev->offset), overlap});
+          stats.bytes_copied += overlap;
+          skip = overlap;
+        } else {
+          skip = overlap;
+        }
+      }
+      const uint64_t len = p.length - skip;
+      if (len > 0) {
+        uint8_t* d = p.dest ? p.dest + skip : discard_.data();
+        op->iov.push_back({d, static_cast<size_t>(len)});
+        pos += len;
+        op_bytes += len;
+        stats.bytes_read += len;
+      }
+      prev = &p;
+    }
+  }
+  for (const auto& [from, to] : replica_copies) stats.bytes_copied += layout_.devices[to].nbytes;
+  (void)first_device;
+  return Status::Ok();
+}
+
+Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats_out) {
+  StepPlan plan = planner_.PlanStep(step, loading_, process_);
+  StepLoadStats stats;
+  std::vector<ReadOp> ops;
+  std::vector<Fixup> fixups;
+  std::vector<std::pair<size_t, size_t>> replica_copies;
+  RETURN_IF_ERROR(BuildOps(plan, slot, ops, fixups, replica_copies, stats));
+  RETURN_IF_ERROR(RunOps(ops));
+  for (const Fixup& f : fixups) std::memcpy(f.dst, f.src, f.len);
+  for (const auto& [from, to] : replica_copies) {
+    std::memcpy(slot + layout_.devices[to].offset, slot + layout_.devices[from].offset, layout_.devices[to].nbytes);
+  }
+  checksums.resize(plan.devices.size());
+  for (size_t i = 0; i < plan.devices.size(); ++i) {
+    checksums[i] = ipc::SampleIdsChecksum(plan.devices[i].samples.data(), plan.devices[i].samples.size());
+  }
+  if (stats_out) *stats_out = stats;
+  return Status::Ok();
+}
+
+Status StepLoader::RunOps(std::vector<ReadOp>& ops) {
+  std::unique_lock lock(mu_);
+  first_error_ = Status::Ok();
+  outstanding_ = ops.size();
+  for (ReadOp& op : ops) queue_.push_back(&op);
+  work_.notify_all();
+  done_.wait(lock, [&] { return outstanding_ == 0; });
+  return first_error_;
+}
+
+void StepLoader::ReaderMain() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    ReadOp* op = queue_.front();
+    queue_.pop_front();
+    // After a failure the rest of the step is skipped: the slot is abandoned.
+    const bool skip = !first_error_.ok();
+    inflight_.push_back({op, std::chrono::steady_clock::now()});
+    lock.unlock();
+    Status st = skip ? Status::Ok() : op->source->ReadV(op->uri, op->offset, op->iov);
+    lock.lock();
+    inflight_.erase(std::find_if(inflight_.begin(), inflight_.end(), [&](const Inflight& i) { return i.op == op; }));
+    if (!st.ok() && first_error_.ok()) first_error_ = st;
+    if (--outstanding_ == 0) done_.notify_all();
+  }
+}
+
+InflightRead StepLoader::OldestInflight() const {
+  std::lock_guard lock(mu_);
+  InflightRead out;
+  const auto now = std::chrono::steady_clock::now();
+  for (const Inflight& i : inflight_) {
+    const double s = std::chrono::duration<double>(now - i.start).count();
+    if (s > out.seconds) {
+      uint64_t len = 0;
+      for (const iovec& v : i.op->iov) len += v.iov_len;
+      out = {i.op->uri, i.op->offset, len, s};
+    }
+  }
+  return out;
+}
+
+}  // namespace meshload::sidecar

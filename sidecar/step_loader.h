@@ -1,0 +1,143 @@
+/// \file
+/// StepLoader: reads one step's batch for one process straight into a slot.
+///
+/// For step t it takes the planner's reads for this process and turns each
+/// coalesced byte range of a file into one scatter read (preadv-style) whose
+/// iovecs point at the samples' final places in the slot, so local file
+/// bytes land where the trainer sees them with no intermediate copy:
+///
+///   plan (samples, coalesced ranges) → pieces (file, offset, length, dest)
+///   → sorted, grouped per range → iovecs (+ fix-ups) → reader threads
+///
+/// Two details keep "each file byte is read once":
+///   - TokenStream neighbours overlap by one token: the shared token is read
+///     into the first sample and copied into the second afterwards (a
+///     fix-up of one token).
+///   - GlobalLoad reads samples that no local device holds (its definition):
+///     their bytes go to a scratch buffer and are dropped.
+/// Then local replicas (devices of this process holding the same shard) get
+/// a copy of the shard (PerProcess, GlobalLoad), or read it themselves
+/// (PerDevice: one loader per device).
+///
+/// Strategies whose plan moves samples between processes (Broadcast fan-out,
+/// LoadAndReshard) need the inter-process transport, which the host-only
+/// build does not have yet: Create() refuses them with an error saying so.
+///
+/// Thread safety: Load() may be called by one thread at a time; it uses the
+/// loader's reader threads internally. VerifyFiles() is thread-safe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "planner/shard_planner.h"
+#include "sidecar/source/source.h"
+#include "sidecar/staging/batch_layout.h"
+
+namespace meshload::sidecar {
+
+struct StepLoaderOptions {
+  int reader_threads = 4;
+  /// Coalesced ranges longer than this are split (at sample boundaries where
+  /// possible) so that reader threads share a large contiguous read.
+  uint64_t max_read_bytes = 8ull << 20;
+};
+
+/// What one Load() did, for metrics.
+struct StepLoadStats {
+  uint64_t samples_read = 0;
+  uint64_t bytes_read = 0;
+  uint64_t read_ranges = 0;
+  uint64_t bytes_copied = 0;  // replica copies and token fix-ups
+};
+
+/// Reports reads in flight for longer than a threshold (a stuck storage read
+/// is visible within seconds, never silent).
+struct InflightRead {
+  std::string uri;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  double seconds = 0;
+};
+
+class StepLoader {
+ public:
+  static Result<std::unique_ptr<StepLoader>> Create(const ShardPlanner& planner, int64_t process,
+                                                    const Loading& loading,
+                                                    source::SourceRegistry& sources,
+                                                    const staging::BatchLayout& layout,
+                                                    StepLoaderOptions options);
+  ~StepLoader();
+  StepLoader(const StepLoader&) = delete;
+  StepLoader& operator=(const StepLoader&) = delete;
+
+  /// Checks every dataset file against the index before the first batch:
+  /// it exists, has the indexed size, and (Npy) the same header. A file that
+  /// changed is an error naming it and what differs.
+  Status VerifyFiles();
+
+  /// Reads step `step` into `slot` (layout().slot_bytes bytes). On success,
+  /// `checksums[i]` is SampleIdsChecksum of local device i's sample ids.
+  /// Errors name the file and byte offset; the slot content is then
+  /// undefined and must not be handed out.
+  Status Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats);
+
+  /// The oldest storage read still in flight (none: seconds = 0).
+  InflightRead OldestInflight() const;
+
+  const staging::BatchLayout& layout() const { return layout_; }
+
+ private:
+  struct ReadOp {
+    std::string uri;
+    uint64_t offset = 0;
+    std::vector<iovec> iov;
+    source::Source* source = nullptr;
+  };
+  struct Fixup {
+    uint8_t* dst;
+    const uint8_t* src;
+    uint64_t len;
+  };
+
+  StepLoader(const ShardPlanner& planner, int64_t process, const Loading& loading,
+             source::SourceRegistry& sources, const staging::BatchLayout& layout, StepLoaderOptions options);
+  Status BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<ReadOp>& ops, std::vector<Fixup>& fixups,
+                  std::vector<std::pair<size_t, size_t>>& replica_copies, StepLoadStats& stats);
+  Status RunOps(std::vector<ReadOp>& ops);
+  void ReaderMain();
+
+  const ShardPlanner& planner_;
+  const int64_t process_;
+  const Loading loading_;
+  source::SourceRegistry& sources_;
+  const staging::BatchLayout layout_;
+  const StepLoaderOptions options_;
+  std::vector<std::pair<source::Source*, std::string>> files_;  // per dataset file
+  std::vector<uint8_t> discard_;                                  // GlobalLoad's unneeded samples
+
+  // Reader threads: a queue of ops for the current step.
+  mutable std::mutex mu_;
+  std::condition_variable work_;
+  std::condition_variable done_;
+  std::deque<ReadOp*> queue_;
+  size_t outstanding_ = 0;
+  Status first_error_;
+  bool stop_ = false;
+  struct Inflight {
+    const ReadOp* op;
+    std::chrono::steady_clock::time_point start;
+  };
+  std::vector<Inflight> inflight_;  // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace meshload::sidecar

@@ -1,0 +1,332 @@
+#include "common/metrics/http_endpoints.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+
+namespace meshload::metrics {
+namespace {
+
+HealthServerOptions Loopback(int port = 0) { return {.bind_address = "127.0.0.1", .port = port}; }
+
+httplib::Client ClientFor(int port) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(5, 0);
+  client.set_read_timeout(5, 0);
+  return client;
+}
+
+int ThreadCount() {
+  int n = 0;
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] != '.') ++n;
+  }
+  closedir(dir);
+  return n;
+}
+
+class HealthServerTest : public ::testing::Test {
+ protected:
+  HealthServerTest() {
+    auto& bytes = BuildCounter()
+                      .Name("meshload_bytes_read_total")
+                      .Help("Bytes read from storage.")
+                      .Register(registry_);
+    bytes.Add({{"source", "file"}}).Increment(4096);
+  }
+
+  Registry registry_;
+};
+
+TEST_F(HealthServerTest, StartsOnAnEphemeralPortAndServesMetrics) {
+  HealthServer server(registry_, nullptr, Loopback());
+  Result<int> port = server.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  EXPECT_GT(*port, 0);
+  EXPECT_EQ(server.port(), *port);
+  EXPECT_TRUE(server.running());
+
+  auto client = ClientFor(*port);
+  auto res = client.Get("/metrics");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_EQ(res->body, registry_.Serialize());
+  EXPECT_NE(res->body.find("meshload_bytes_read_total{source=\"file\"} 4096\n"), std::string::npos);
+}
+
+TEST_F(HealthServerTest, EachScrapeRunsTheCollectHooks) {
+  Gauge& step = BuildGauge().Name("meshload_current_step").Help("h").Register(registry_).Add({});
+  std::atomic<int> current{0};
+  registry_.AddCollectHook([&] { step.Set(current.load()); });
+  HealthServer server(registry_, nullptr, Loopback());
+  Result<int> port = server.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  auto client = ClientFor(*port);
+  current = 17;
+  auto res = client.Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_NE(res->body.find("meshload_current_step 17\n"), std::string::npos) << res->body;
+}
+
+TEST_F(HealthServerTest, HealthzIsOkUntilMarkedUnhealthyWithAReason) {
+  HealthServer server(registry_, nullptr, Loopback());
+  Result<int> port = server.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  auto client = ClientFor(*port);
+
+  auto res = client.Get("/healthz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->body, "ok");
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; charset=utf-8");
+
+  server.SetHealthy(false, "staging thread wedged for 120 s");
+  res = client.Get("/healthz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_EQ(res->body, "staging thread wedged for 120 s");
+
+  server.SetHealthy(true);
+  res = client.Get("/healthz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST_F(HealthServerTest, ReadyzFollowsTheReadinessCheck) {
+  std::atomic<bool> ready{false};
+  HealthServer server(
+      registry_,
+      [&]() -> std::pair<bool, std::string> {
+        if (ready) return {true, ""};
+        return {false, "waiting for the first plan"};
+      },
+      Loopback());
+  Result<int> port = server.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  auto client = ClientFor(*port);
+
+  auto res = client.Get("/readyz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_EQ(res->body, "waiting for the first plan");
+
+  ready = true;
+  res = client.Get("/readyz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->body, "ready");
+}
+
+TEST_F(HealthServerTest, NullReadinessCheckMeansReady) {
+  HealthServer server(registry_, nullptr, Loopback());
+  Result<int> port = server.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  auto res = ClientFor(*port).Get("/readyz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST_F(HealthServerTest, UnknownPathIs404WhateverTheMethod) {
+  HealthServer server(registry_, nullptr, Loopback());
+  Result<int> port = server.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  auto client = ClientFor(*port);
+  for (const char* path : {"/", "/metricsx", "/metrics/", "/favicon.ico"}) {
+    auto res = client.Get(path);
+    ASSERT_TRUE(res) << path;
+    EXPECT_EQ(res->status, 404) << path;
+  }
+  auto res = client.Post("/nope", "x", "text/plain");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 404);
+}
+
+TEST_F(HealthServerTest, NonGetMethodOnAnEndpointIs405WithAllowHeader) {
+  HealthServer server(registry_, nullptr, Loopback());
+  Result<int> port = server.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  auto client = ClientFor(*port);
+
+  auto post = client.Post("/metrics", "x=1", "application/x-www-form-urlencoded");
+  ASSERT_TRUE(post);
+  EXPECT_EQ(post->status, 405);
+  EXPECT_EQ(post->get_header_value("Allow"), "GET, HEAD");
+  auto put = client.Put("/healthz", "x", "text/plain");
+  ASSERT_TRUE(put);
+  EXPECT_EQ(put->status, 405);
+  auto del = client.Delete("/readyz");
+  ASSERT_TRUE(del);
+  EXPECT_EQ(del->status, 405);
+}
+
+TEST_F(HealthServerTest, HeadIsAnsweredLikeGetWithoutABody) {
+  HealthServer server(registry_, nullptr, Loopback());
+  Result<int> port = server.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  auto res = ClientFor(*port).Head("/healthz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->body, "");
+}
+
+TEST_F(HealthServerTest, StartOnAPortHeldByAnotherServerFailsNamingTheAddress) {
+  // httplib's own default sets SO_REUSEPORT; the occupant must still win.
+  httplib::Server occupant;
+  occupant.Get("/", [](const httplib::Request&, httplib::Response& res) { res.body = "x"; });
+  int busy = occupant.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(busy, 0);
+  std::thread occupant_thread([&] { occupant.listen_after_bind(); });
+  while (!occupant.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+
+  HealthServer server(registry_, nullptr, Loopback(busy));
+  Result<int> port = server.Start();
+  occupant.stop();
+  occupant_thread.join();
+
+  ASSERT_FALSE(port.ok());
+  EXPECT_EQ(port.status().code(), StatusCode::kIoError);
+  EXPECT_EQ(port.status().location(), "127.0.0.1:" + std::to_string(busy));
+  EXPECT_NE(port.status().message().find("Address already in use"), std::string::npos)
+      << port.status().ToString();
+  EXPECT_FALSE(server.running());
+  EXPECT_EQ(server.port(), 0);
+}
+
+TEST_F(HealthServerTest, StartOnAPortHeldByAnotherHealthServerFails) {
+  HealthServer first(registry_, nullptr, Loopback());
+  Result<int> port = first.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  HealthServer second(registry_, nullptr, Loopback(*port));
+  Result<int> again = second.Start();
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().location(), "127.0.0.1:" + std::to_string(*port));
+  // The first server is unaffected.
+  auto res = ClientFor(*port).Get("/healthz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST_F(HealthServerTest, StartOnAnAddressThatIsNotLocalFails) {
+  // 192.0.2.0/24 is TEST-NET-1: never assigned to a host.
+  HealthServer server(registry_, nullptr, {.bind_address = "192.0.2.1", .port = 0});
+  Result<int> port = server.Start();
+  ASSERT_FALSE(port.ok());
+  EXPECT_EQ(port.status().location(), "192.0.2.1:0");
+}
+
+TEST_F(HealthServerTest, StartWhileRunningFails) {
+  HealthServer server(registry_, nullptr, Loopback());
+  ASSERT_TRUE(server.Start().ok());
+  Result<int> again = server.Start();
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(HealthServerTest, StopTwiceIsHarmlessAndStartAfterStopServesAgain) {
+  HealthServer server(registry_, nullptr, Loopback());
+  server.Stop();  // before any Start
+  Result<int> port = server.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  server.Stop();
+  server.Stop();
+  EXPECT_FALSE(server.running());
+  EXPECT_EQ(server.port(), 0);
+  EXPECT_FALSE(ClientFor(*port).Get("/healthz"));
+
+  Result<int> restarted = server.Start();
+  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
+  auto res = ClientFor(*restarted).Get("/healthz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST_F(HealthServerTest, StopJoinsEveryThreadTheServerStarted) {
+  int before = ThreadCount();
+  ASSERT_GT(before, 0);
+  {
+    HealthServer server(registry_, nullptr, Loopback());
+    Result<int> port = server.Start();
+    ASSERT_TRUE(port.ok()) << port.status().ToString();
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(ClientFor(*port).Get("/metrics"));
+    EXPECT_GT(ThreadCount(), before);
+    server.Stop();
+    EXPECT_EQ(ThreadCount(), before);
+  }
+  EXPECT_EQ(ThreadCount(), before);
+}
+
+TEST_F(HealthServerTest, DestructorStopsTheServer) {
+  int port = 0;
+  {
+    HealthServer server(registry_, nullptr, Loopback());
+    Result<int> started = server.Start();
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    port = *started;
+  }
+  EXPECT_FALSE(ClientFor(port).Get("/healthz"));
+}
+
+TEST_F(HealthServerTest, StopIsPromptWhileAClientHoldsAnIdleConnection) {
+  HealthServer server(registry_, nullptr, Loopback());
+  Result<int> port = server.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+
+  int sock = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(sock, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(*port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let a worker pick it up
+
+  auto start = std::chrono::steady_clock::now();
+  server.Stop();
+  auto took = std::chrono::steady_clock::now() - start;
+  close(sock);
+  EXPECT_LT(took, std::chrono::seconds(4));
+}
+
+TEST_F(HealthServerTest, ServesConcurrentScrapesWhileMetricsChange) {
+  Counter& reads = BuildCounter().Name("reads_total").Help("h").Register(registry_).Add({});
+  HealthServer server(registry_, nullptr, Loopback());
+  Result<int> port = server.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    while (!done) reads.Increment();
+  });
+  std::vector<std::thread> scrapers;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 4; ++t) {
+    scrapers.emplace_back([&] {
+      auto client = ClientFor(*port);
+      for (int i = 0; i < 20; ++i) {
+        auto res = client.Get("/metrics");
+        if (res && res->status == 200 && res->body.find("reads_total ") != std::string::npos) {
+          ++ok;
+        }
+      }
+    });
+  }
+  for (auto& t : scrapers) t.join();
+  done = true;
+  writer.join();
+  EXPECT_EQ(ok.load(), 80);
+}
+
+}  // namespace
+}  // namespace meshload::metrics

@@ -1,0 +1,105 @@
+#include "sidecar/ipc/protocol.h"
+
+#include <gtest/gtest.h>
+
+namespace meshload::ipc {
+namespace {
+
+ServerHello SampleHello() {
+  ServerHello h;
+  h.job = "job-a";
+  h.process = 3;
+  h.devices = {{12, 1, ""}, {13, 1, ""}};
+  h.memory = MemoryKind::kHostMemfd;
+  h.slots = 4;
+  h.slot_bytes = 8192;
+  h.pool_bytes = 4 * 8192;
+  h.fd_count = 1;
+  h.layout = {{0, 1, 8, {4, 256}, {256, 1}, 1024}, {1024, 1, 8, {4, 256}, {256, 1}, 1024}};
+  h.first_step = 17;
+  h.steps_per_epoch = 100;
+  h.global_batch = 32;
+  return h;
+}
+
+TEST(Protocol, EveryMessageRoundTrips) {
+  std::vector<Message> msgs = {ClientHello{kProtocolVersion, 4242, 17}, SampleHello(),
+                               Ready{17, 2, {{0, 1, 8, {4, 256}, {256, 1}, 0xABCD}}},
+                               Release{2, 17, 12345}, ErrorMessage{ErrorCode::kBusy, "another trainer"}};
+  for (const Message& m : msgs) {
+    std::string bytes = Encode(m);
+    auto back = Decode(bytes);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(Encode(*back), bytes);
+    EXPECT_EQ(back->index(), m.index());
+  }
+  auto hello = Decode(Encode(SampleHello()));
+  const auto& h = std::get<ServerHello>(*hello);
+  EXPECT_EQ(h.job, "job-a");
+  EXPECT_EQ(h.layout[1].offset, 1024u);
+  EXPECT_EQ(h.layout[1].shape, (std::vector<int64_t>{4, 256}));
+  EXPECT_EQ(std::get<Release>(*Decode(Encode(Release{2, 17, 12345}))).wait_ns, 12345u);
+}
+
+TEST(Protocol, EveryTruncationIsAnErrorWithAnOffset) {
+  for (const Message& m : std::vector<Message>{SampleHello(), Ready{1, 0, {{0, 2, 32, {2, 3}, {3, 1}, 7}}}}) {
+    const std::string bytes = Encode(m);
+    for (size_t n = 0; n < bytes.size(); ++n) {
+      auto r = Decode(std::string_view(bytes).substr(0, n));
+      ASSERT_FALSE(r.ok()) << "prefix " << n;
+      EXPECT_EQ(r.status().location().front(), '@');
+    }
+  }
+}
+
+TEST(Protocol, RejectsBadMagicVersionLengthAndTrailingBytes) {
+  std::string b = Encode(Release{1, 2, 0});
+  std::string bad = b;
+  bad[0] = 'X';
+  EXPECT_NE(Decode(bad).status().message().find("bad magic"), std::string::npos);
+  bad = b;
+  bad[4] = 9;
+  EXPECT_NE(Decode(bad).status().message().find("protocol version 9"), std::string::npos);
+  bad = b + "x";
+  EXPECT_EQ(Decode(bad).status().location(), "@8");  // length field disagrees
+  bad = b;
+  bad[8] = static_cast<char>(bad[8] + 1);
+  bad += "x";
+  EXPECT_NE(Decode(bad).status().message().find("trailing"), std::string::npos);
+  bad = b;
+  bad[6] = 99;
+  EXPECT_NE(Decode(bad).status().message().find("unknown message type 99"), std::string::npos);
+}
+
+TEST(Protocol, RejectsOversizedMessagesAndUnboundedCounts) {
+  EXPECT_NE(Decode(std::string(kMaxMessageBytes + 1, 'x')).status().message().find("exceeds"), std::string::npos);
+  ServerHello h = SampleHello();
+  h.job = std::string(kMaxString + 1, 'j');
+  EXPECT_FALSE(Decode(Encode(h)).ok());
+  Ready r{1, 0, {}};
+  for (size_t i = 0; i <= kMaxDevices; ++i) r.tensors.push_back({0, 1, 8, {1}, {1}, 0});
+  EXPECT_NE(Decode(Encode(r)).status().message().find("exceed the limit"), std::string::npos);
+}
+
+TEST(Protocol, RejectsInconsistentLayouts) {
+  ServerHello h = SampleHello();
+  h.layout.pop_back();
+  EXPECT_NE(Decode(Encode(h)).status().message().find("layout has 1 tensors for 2 devices"), std::string::npos);
+  h = SampleHello();
+  h.slot_bytes = h.pool_bytes;
+  EXPECT_NE(Decode(Encode(h)).status().message().find("exceed the pool"), std::string::npos);
+  Ready r{1, 0, {{0, 1, 8, {2, 3}, {3}, 0}}};
+  EXPECT_NE(Decode(Encode(r)).status().message().find("strides 1"), std::string::npos);
+  r = Ready{1, 0, {{0, 9, 8, {2}, {1}, 0}}};
+  EXPECT_NE(Decode(Encode(r)).status().message().find("unknown dtype"), std::string::npos);
+}
+
+TEST(Protocol, ChecksumDependsOnIdsAndTheirOrder) {
+  const uint64_t a[] = {1, 2, 3}, b[] = {1, 3, 2}, c[] = {1, 2};
+  EXPECT_NE(SampleIdsChecksum(a, 3), SampleIdsChecksum(b, 3));
+  EXPECT_NE(SampleIdsChecksum(a, 3), SampleIdsChecksum(c, 2));
+  EXPECT_EQ(SampleIdsChecksum(a, 3), SampleIdsChecksum(a, 3));
+}
+
+}  // namespace
+}  // namespace meshload::ipc

@@ -1,0 +1,407 @@
+// The sidecar end to end, in process: a real Sidecar on a real Unix socket,
+// the real C++ client, real files (and a real HTTP server for remote data).
+
+#include "sidecar/sidecar.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <thread>
+
+#include "client/client.h"
+#include "sidecar/ipc/protocol.h"
+#include "sidecar/ipc/seqpacket.h"
+#include "tests/planner/test_util.h"
+#include "tools/synthetic_dataset.h"
+
+extern char** environ;
+
+namespace meshload::sidecar {
+namespace {
+
+using meshload::testing::TempDir;
+using std::chrono::milliseconds;
+
+std::string JobYaml(const std::string& uri, int64_t prefetch, const std::string& extra_dataset = "") {
+  return "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: sidecar-test}\nspec:\n"
+         "  mesh:\n    processes: 2\n    devicesPerProcess: 2\n    axes: [{name: data, size: 4}]\n"
+         "  strategy: PerProcess\n"
+         "  dataset:\n    uri: " + uri + "\n    format: FixedRecord\n    recordBytes: 512\n" + extra_dataset +
+         "  batch: {globalBatchSize: 16, prefetch: " + std::to_string(prefetch) + "}\n"
+         "  shuffle: {mode: Global, seed: 5}\n";
+}
+
+// A sidecar serving process 1 of a 2-process job, on a generated dataset.
+class SidecarHarness {
+ public:
+  explicit SidecarHarness(int64_t prefetch = 3, std::vector<uid_t> allowed = {}, std::string uri = {},
+                          uint64_t samples = 320) {
+    if (uri.empty()) {
+      DatasetSpec ds;
+      ds.format = DatasetFormat::kFixedRecord;
+      ds.record_bytes = 512;
+      auto u = synthetic::Generate(ds, dir_.path() + "/data", samples, 2);
+      EXPECT_TRUE(u.ok());
+      uri = *u;
+    }
+    uri_ = uri;
+    job_path_ = dir_.Write("job.yaml", JobYaml(uri, prefetch));
+    options_.job_path = job_path_;
+    options_.process = 1;
+    options_.socket_path = dir_.path() + "/s.sock";
+    options_.metrics_port = 0;
+    options_.metrics_address = "127.0.0.1";
+    options_.allowed_uids = std::move(allowed);
+    options_.stall_report_after = milliseconds(300);
+    options_.source_options.backoff_initial = milliseconds(1);
+    options_.source_options.backoff_max = milliseconds(5);
+  }
+  ~SidecarHarness() { Stop(); }
+
+  Status Start() {
+    auto s = Sidecar::Create(options_);
+    if (!s.ok()) return s.status();
+    sidecar_ = std::move(*s);
+    thread_ = std::thread([this] { rc_ = sidecar_->Run(); });
+    return Status::Ok();
+  }
+  void Stop() {
+    if (sidecar_) sidecar_->RequestStop();
+    if (thread_.joinable()) thread_.join();
+    sidecar_.reset();
+  }
+  std::string Metrics() {
+    httplib::Client c("127.0.0.1", sidecar_->metrics_port());
+    auto r = c.Get("/metrics");
+    return r ? r->body : "";
+  }
+  double Metric(const std::string& series) {
+    const std::string text = Metrics();
+    const size_t at = text.find("\n" + series + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(text.substr(at + series.size() + 2));
+  }
+  std::unique_ptr<client::Client> Connect(std::optional<int64_t> start = std::nullopt) {
+    client::ClientOptions o;
+    o.socket_path = options_.socket_path;
+    o.start_step = start;
+    o.max_reconnect_attempts = 3;
+    o.reconnect_backoff_initial = milliseconds(5);
+    auto c = client::Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  // Verifies a batch against the plan and the synthetic bytes.
+  void ExpectBatchIsPlanned(const client::Batch& b) {
+    if (!planner_) {
+      Diagnostics d;
+      auto job = LoadDataLoadJobFile(job_path_, d);
+      auto r = ResolveJob(job->spec, {}, d);
+      ASSERT_TRUE(r.ok()) << d.ToString();
+      planner_ = std::make_unique<ShardPlanner>(std::move(*r));
+    }
+    StepPlan plan = planner_->PlanStep(b.step, planner_->DefaultLoading(), 1);
+    ASSERT_EQ(b.tensors.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      const auto& ids = plan.devices[i].samples;
+      ASSERT_EQ(b.tensors[i].ids_checksum, ipc::SampleIdsChecksum(ids.data(), ids.size()));
+      ASSERT_EQ(b.tensors[i].shape, (std::vector<int64_t>{4, 512}));
+      for (size_t k = 0; k < ids.size(); ++k) {
+        ASSERT_EQ(synthetic::FirstMismatch(planner_->job().dataset, ids[k],
+                                           static_cast<const uint8_t*>(b.tensors[i].data) + k * 512),
+                  -1);
+      }
+    }
+  }
+
+  TempDir dir_;
+  std::string uri_, job_path_;
+  SidecarOptions options_;
+  std::unique_ptr<Sidecar> sidecar_;
+  std::unique_ptr<ShardPlanner> planner_;
+  std::thread thread_;
+  std::atomic<int> rc_{-1};
+};
+
+std::string Bytes(const client::Batch& b) {
+  std::string s;
+  for (const auto& t : b.tensors) s.append(static_cast<const char*>(t.data), t.nbytes);
+  return s;
+}
+
+TEST(Sidecar, ServesConsecutiveStepsWithThePlannedBytes) {
+  SidecarHarness h;
+  ASSERT_TRUE(h.Start().ok());
+  auto c = h.Connect();
+  ASSERT_TRUE(c);
+  for (int64_t step = 0; step < 45; ++step) {  // more than an epoch (20 steps)
+    auto b = c->Next(milliseconds(5000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_EQ(b->step, step);
+    h.ExpectBatchIsPlanned(*b);
+  }
+  EXPECT_GE(h.Metric("meshload_batches_consumed_total"), 44);
+  EXPECT_EQ(h.Metric("meshload_clients_connected"), 1);
+}
+
+TEST(Sidecar, AConsumerKilledHoldingLeasesIsReclaimedAndAReconnectGetsIdenticalBytes) {
+  SidecarHarness h(/*prefetch=*/3);
+  ASSERT_TRUE(h.Start().ok());
+  std::vector<std::string> first_run;
+  {
+    auto c = h.Connect();
+    std::vector<client::Batch> held;
+    for (int i = 0; i < 3; ++i) {
+      auto b = c->Next(milliseconds(5000));
+      ASSERT_TRUE(b.ok());
+      first_run.push_back(Bytes(*b));
+      held.push_back(std::move(*b));  // the trainer holds every slot ...
+    }
+    c->Close();  // ... and dies without releasing
+  }
+  for (int i = 0; i < 100 && h.Metric("meshload_leases_reclaimed_total") < 3; ++i) std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 3);
+  auto c2 = h.Connect(/*start=*/1);
+  for (int64_t step = 1; step < 3; ++step) {
+    auto b = c2->Next(milliseconds(5000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_EQ(b->step, step);
+    EXPECT_EQ(Bytes(*b), first_run[static_cast<size_t>(step)]);
+  }
+}
+
+TEST(Sidecar, ASlowConsumerKeepsMemoryBoundedAndIsReported) {
+  SidecarHarness h(/*prefetch=*/2);
+  ASSERT_TRUE(h.Start().ok());
+  auto c = h.Connect();
+  auto a = c->Next(milliseconds(5000));
+  auto b = c->Next(milliseconds(5000));
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto none = c->Next(milliseconds(300));  // the trainer holds both slots: nothing more is staged
+  EXPECT_EQ(none.status().code(), StatusCode::kDeadlineExceeded);
+  std::this_thread::sleep_for(milliseconds(400));
+  const std::string m = h.Metrics();
+  EXPECT_NE(m.find("meshload_slots{state=\"leased\"} 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("meshload_slots{state=\"ready\"} 0"), std::string::npos);
+  EXPECT_GT(h.Metric("meshload_producer_blocked_seconds"), 0.3);
+  a = Status(StatusCode::kUnavailable, "released");
+  auto next = c->Next(milliseconds(5000));
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->step, 2);
+}
+
+TEST(Sidecar, AUidOutsideTheAllowListIsRefused) {
+  SidecarHarness h(3, {::getuid() + 4242});
+  ASSERT_TRUE(h.Start().ok());
+  client::ClientOptions o;
+  o.socket_path = h.options_.socket_path;
+  o.max_reconnect_attempts = 0;
+  auto c = client::Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(c.status().message().find("uid " + std::to_string(::getuid()) + " is not allowed"), std::string::npos);
+  EXPECT_NE(h.Metrics().find("meshload_client_connections_total{outcome=\"refused_uid\"} 1"), std::string::npos);
+}
+
+TEST(Sidecar, TheSocketIsGroupOnly) {
+  SidecarHarness h;
+  ASSERT_TRUE(h.Start().ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(h.options_.socket_path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+}
+
+TEST(Sidecar, ASecondTrainerIsToldTheSidecarIsBusy) {
+  SidecarHarness h;
+  ASSERT_TRUE(h.Start().ok());
+  auto first = h.Connect();
+  client::ClientOptions o;
+  o.socket_path = h.options_.socket_path;
+  o.max_reconnect_attempts = 0;
+  auto second = client::Client::Connect(o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("another trainer"), std::string::npos) << second.status().ToString();
+}
+
+TEST(Sidecar, MalformedTruncatedAndOversizedMessagesAreRefusedAndServingGoesOn) {
+  SidecarHarness h;
+  ASSERT_TRUE(h.Start().ok());
+  const std::string hello = ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, 0});
+  for (const std::string& bad : {std::string("garbage!!garbage"), hello.substr(0, hello.size() - 3),
+                                 std::string(70000, 'x'), ipc::Encode(ipc::Release{0, 0, 0})}) {
+    auto fd = ipc::ConnectSeqpacket(h.options_.socket_path);
+    ASSERT_TRUE(fd.ok());
+    ASSERT_TRUE(ipc::SendMessage(fd->get(), bad).ok() || bad.size() > ipc::kMaxMessageBytes);
+    auto reply = ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes);
+    if (reply.ok()) {  // an ERROR, then the sidecar hangs up
+      auto m = ipc::Decode(reply->bytes);
+      ASSERT_TRUE(m.ok());
+      EXPECT_EQ(std::get<ipc::ErrorMessage>(*m).code, ipc::ErrorCode::kBadRequest);
+      EXPECT_FALSE(ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes).ok());
+    }
+  }
+  auto c = h.Connect();
+  auto b = c->Next(milliseconds(5000));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  h.ExpectBatchIsPlanned(*b);
+  EXPECT_GE(h.Metrics().find("meshload_client_connections_total{outcome=\"bad_hello\"}"), 0u);
+}
+
+TEST(Sidecar, AFileTruncatedWhileServingReachesTheTrainerAsAClearError) {
+  SidecarHarness h(/*prefetch=*/1);
+  ASSERT_TRUE(h.Start().ok());
+  auto c = h.Connect();
+  auto b = c->Next(milliseconds(5000));
+  ASSERT_TRUE(b.ok());
+  const std::string file = h.uri_ + "/part-00001.bin";
+  ASSERT_EQ(::truncate(file.c_str(), 1000), 0);
+  Status last;
+  b = Status(StatusCode::kUnavailable, "released");  // let the producer go on
+  for (int i = 0; i < 40 && last.ok(); ++i) {
+    auto n = c->Next(milliseconds(5000));
+    if (!n.ok()) last = n.status();
+  }
+  ASSERT_FALSE(last.ok());
+  EXPECT_EQ(last.code(), StatusCode::kDataLoss) << last.ToString();
+  EXPECT_NE(last.message().find(file + "@"), std::string::npos) << last.ToString();
+  h.thread_.join();
+  EXPECT_EQ(h.rc_, 1);
+}
+
+// An HTTP object store stand-in with range support and injectable faults.
+class RangeServer {
+ public:
+  explicit RangeServer(std::string body) : body_(std::move(body)) {
+    server_.Get("/data.bin", [this](const httplib::Request&, httplib::Response& res) {
+      ++requests_;
+      if (fail_next_ > 0) {
+        --fail_next_;
+        res.status = 500;
+        return;
+      }
+      // httplib answers a Range request with 206 and Content-Range itself.
+      res.set_content(body_, "application/octet-stream");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~RangeServer() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/data.bin"; }
+  std::atomic<int> fail_next_{0};
+  std::atomic<int> requests_{0};
+
+ private:
+  std::string body_;
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+TEST(Sidecar, ServesAnHttpDatasetAndRetriesServerErrors) {
+  TempDir data;
+  DatasetSpec ds;
+  ds.format = DatasetFormat::kFixedRecord;
+  ds.record_bytes = 512;
+  ASSERT_TRUE(synthetic::Generate(ds, data.path(), 320, 1).ok());
+  std::ifstream in(data.path() + "/part-00000.bin", std::ios::binary);
+  std::string body((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  RangeServer server(body);
+  SidecarHarness h(3, {}, server.url());
+  ASSERT_TRUE(h.Start().ok());
+  server.fail_next_ = 2;  // the next two requests fail with 500
+  auto c = h.Connect(/*start=*/5);
+  // The reference plan reads the same bytes from the local copy.
+  h.job_path_ = h.dir_.Write("local.yaml", JobYaml(data.path(), 3));
+  for (int i = 0; i < 8; ++i) {
+    auto b = c->Next(milliseconds(5000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    h.ExpectBatchIsPlanned(*b);
+  }
+  EXPECT_EQ(h.Metric("meshload_storage_retries_total{reason=\"http_5xx\",source=\"http\"}"), 2);
+  EXPECT_GT(h.Metric("meshload_bytes_read_total{source=\"http\"}"), 0);
+}
+
+TEST(Sidecar, AnHttpDatasetThatIsNotThereFailsFastAtStart) {
+  RangeServer server("x");
+  SidecarHarness h(3, {}, server.url() + ".missing", 320);
+  auto st = h.Start();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.ToString().find("404"), std::string::npos) << st.ToString();
+  EXPECT_EQ(server.requests_, 0);  // HEAD requests are not counted by the GET handler
+}
+
+TEST(Sidecar, ReadinessWaitsForTheFirstBatch) {
+  SidecarHarness h;
+  ASSERT_TRUE(h.Start().ok());
+  httplib::Client http("127.0.0.1", h.sidecar_->metrics_port());
+  int status = 0;
+  for (int i = 0; i < 200 && status != 200; ++i) {
+    auto r = http.Get("/readyz");
+    status = r ? r->status : 0;
+    if (status != 200) std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(status, 200);
+  auto health = http.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+// The real binary, killed and restarted under a connected trainer.
+TEST(SidecarProcess, ARestartedSidecarResumesTheTrainerWithIdenticalBytes) {
+  SidecarHarness h;  // only for its dataset, job and checks
+  auto spawn = [&]() {
+    std::vector<std::string> args = {MESHLOAD_SIDECAR_BIN, "--job", h.job_path_, "--process", "1",
+                                     "--socket", h.options_.socket_path, "--log-level", "warn"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    EXPECT_EQ(::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+    return pid;
+  };
+  pid_t pid = spawn();
+  client::ClientOptions o;
+  o.socket_path = h.options_.socket_path;
+  o.max_reconnect_attempts = 8;  // 20 ms doubling: about 5 s in all
+  o.reconnect_backoff_initial = milliseconds(20);
+  auto connected = client::Client::Connect(o);
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  auto& c = *connected;
+  for (int64_t step = 0; step < 4; ++step) {
+    auto b = c->Next(milliseconds(10000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    h.ExpectBatchIsPlanned(*b);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  pid = spawn();
+  for (int64_t step = 4; step < 10; ++step) {
+    auto b = c->Next(milliseconds(10000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_EQ(b->step, step);
+    h.ExpectBatchIsPlanned(*b);
+  }
+  EXPECT_EQ(c->reconnects(), 1);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  // Gone for good: a clear error after the bounded reconnects.
+  auto gone = c->Next(milliseconds(10000));
+  for (int i = 0; i < 5 && gone.ok(); ++i) gone = c->Next(milliseconds(10000));
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(gone.status().message().find("the sidecar is gone"), std::string::npos) << gone.status().ToString();
+}
+
+}  // namespace
+}  // namespace meshload::sidecar

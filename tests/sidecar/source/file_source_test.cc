@@ -1,0 +1,233 @@
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <limits.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sidecar/source/source.h"
+#include "test_support.h"
+
+namespace meshload::source {
+namespace {
+
+using testing::RandomBytes;
+using testing::RecordingObserver;
+using testing::TempDir;
+
+SourceOptions Options(int max_open_files, SourceObserver* observer = nullptr) {
+  SourceOptions options;
+  options.max_open_files = max_open_files;
+  options.observer = observer;
+  return options;
+}
+
+std::unique_ptr<Source> MakeFile(const SourceOptions& options = {}) {
+  auto source = MakeFileSource(options);
+  EXPECT_TRUE(source.ok()) << source.status().ToString();
+  return std::move(source).value();
+}
+
+int OpenFdCount() {
+  int n = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  while (readdir(dir) != nullptr) ++n;
+  closedir(dir);
+  return n;
+}
+
+TEST(FileSourceTest, ScatterReadFillsEveryIovecWithTheFileBytesInOrder) {
+  TempDir dir;
+  const std::string data = RandomBytes(10000, 1);
+  const std::string path = dir.Write("a.bin", data);
+  std::string a(1, '\0'), b(100, '\0'), c(4000, '\0'), d(899, '\0');
+  char unused = 'x';
+  std::vector<iovec> iov = {{a.data(), a.size()},
+                            {b.data(), b.size()},
+                            {&unused, 0},
+                            {c.data(), c.size()},
+                            {d.data(), d.size()}};
+  auto source = MakeFile();
+  ASSERT_TRUE(source->ReadV(path, 1000, iov).ok());
+  EXPECT_EQ(a + b + c + d, data.substr(1000, 5000));
+  EXPECT_EQ(unused, 'x');
+}
+
+TEST(FileSourceTest, ReadsMoreIovecsThanIovMaxInOneCall) {
+  TempDir dir;
+  const size_t count = IOV_MAX * 2 + 17;
+  const std::string data = RandomBytes(count * 3 + 5, 2);
+  const std::string path = dir.Write("many.bin", data);
+  std::string out(count * 3, '\0');
+  std::vector<iovec> iov;
+  for (size_t i = 0; i < count; ++i) iov.push_back({out.data() + 3 * i, 3});
+  auto source = MakeFile();
+  ASSERT_TRUE(source->ReadV(path, 5, iov).ok());
+  EXPECT_EQ(out, data.substr(5));
+}
+
+TEST(FileSourceTest, StatReturnsTheFileSize) {
+  TempDir dir;
+  const std::string path = dir.Write("s.bin", RandomBytes(1234, 3));
+  auto info = MakeFile()->Stat(path);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->size, 1234u);
+}
+
+TEST(FileSourceTest, StatOfADirectoryIsInvalidArgument) {
+  TempDir dir;
+  auto info = MakeFile()->Stat(dir.path());
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(info.status().location(), dir.path());
+}
+
+TEST(FileSourceTest, ReadAcrossTheEndIsDataLossNamingPathOffsetAndFileSize) {
+  TempDir dir;
+  const std::string path = dir.Write("short.bin", RandomBytes(1200, 4));
+  RecordingObserver observer;
+  auto source = MakeFile(Options(256, &observer));
+  std::string a(50, '\0'), b(4046, '\0');
+  Status st = source->ReadV(path, 1000, {{a.data(), a.size()}, {b.data(), b.size()}});
+  ASSERT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+  EXPECT_EQ(st.location(), path + "@1000");
+  EXPECT_EQ(st.message(),
+            "short read: wanted 4096 bytes at offset 1000, the file ends after 1200 bytes");
+  EXPECT_EQ(observer.errors(), std::vector<std::string>{"data_loss"});
+  EXPECT_EQ(observer.reads(), 0u);
+}
+
+TEST(FileSourceTest, ReadStartingPastTheEndIsDataLoss) {
+  TempDir dir;
+  const std::string path = dir.Write("tiny.bin", "abc");
+  std::string out(10, '\0');
+  Status st = MakeFile()->Read(path, 100, out.data(), out.size());
+  ASSERT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(st.ToString(), path +
+                               "@100: short read: wanted 10 bytes at offset 100, the file "
+                               "ends after 3 bytes");
+}
+
+TEST(FileSourceTest, MissingFileIsNotFoundForReadAndStat) {
+  TempDir dir;
+  const std::string path = dir.path() + "/nope.bin";
+  RecordingObserver observer;
+  auto source = MakeFile(Options(256, &observer));
+  char buf[4];
+  Status st = source->Read(path, 0, buf, sizeof buf);
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_EQ(st.location(), path);
+  auto info = source->Stat(path);
+  EXPECT_EQ(info.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(info.status().location(), path);
+  EXPECT_EQ(observer.errors(), (std::vector<std::string>{"not_found", "not_found"}));
+}
+
+TEST(FileSourceTest, FileTruncatedAfterStatIsDataLossWithTheNewSize) {
+  TempDir dir;
+  const std::string data = RandomBytes(8192, 5);
+  const std::string path = dir.Write("t.bin", data);
+  auto source = MakeFile();
+  auto info = source->Stat(path);
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->size, 8192u);
+  // A first read caches the descriptor; the truncation must still be seen.
+  std::string out(4096, '\0');
+  ASSERT_TRUE(source->Read(path, 0, out.data(), out.size()).ok());
+  ASSERT_EQ(truncate(path.c_str(), 100), 0);
+  Status st = source->Read(path, 4096, out.data(), out.size());
+  ASSERT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+  EXPECT_EQ(st.location(), path + "@4096");
+  EXPECT_NE(st.message().find("the file ends after 100 bytes"), std::string::npos) << st.message();
+}
+
+TEST(FileSourceTest, ZeroMaxOpenFilesIsRejected) {
+  auto source = MakeFileSource(Options(0));
+  ASSERT_FALSE(source.ok());
+  EXPECT_EQ(source.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(source.status().location(), "max_open_files");
+}
+
+TEST(FileSourceTest, MoreFilesThanMaxOpenFilesAreReadCorrectlyWithBoundedDescriptors) {
+  TempDir dir;
+  constexpr int kFiles = 20;
+  std::vector<std::string> paths, contents;
+  for (int i = 0; i < kFiles; ++i) {
+    contents.push_back(RandomBytes(300 + i, 100 + i));
+    paths.push_back(dir.Write("f" + std::to_string(i) + ".bin", contents.back()));
+  }
+  auto source = MakeFile(Options(3));
+  const int fds_before = OpenFdCount();
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < kFiles; ++i) {
+      int f = (i * 7 + round) % kFiles;
+      std::string out(200, '\0');
+      ASSERT_TRUE(source->Read(paths[f], 50, out.data(), out.size()).ok());
+      ASSERT_EQ(out, contents[f].substr(50, 200)) << paths[f];
+    }
+  }
+  EXPECT_LE(OpenFdCount() - fds_before, 3);
+}
+
+TEST(FileSourceTest, EightThreadsReadingManyFilesGetExactBytes) {
+  TempDir dir;
+  constexpr int kFiles = 64;
+  std::vector<std::string> paths, contents;
+  for (int i = 0; i < kFiles; ++i) {
+    contents.push_back(RandomBytes(4096 + 37 * i, 1000 + i));
+    paths.push_back(dir.Write("h" + std::to_string(i) + ".bin", contents.back()));
+  }
+  RecordingObserver observer;
+  // Far fewer descriptors than files, so eviction races with reads in flight.
+  auto source = MakeFile(Options(5, &observer));
+  constexpr int kThreads = 8;
+  constexpr int kReadsPerThread = 1500;
+  std::atomic<int> mismatches{0};
+  std::atomic<uint64_t> bytes{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(t);
+      for (int r = 0; r < kReadsPerThread; ++r) {
+        int f = static_cast<int>(rng() % kFiles);
+        const std::string& want = contents[f];
+        uint64_t offset = rng() % want.size();
+        uint64_t len = 1 + rng() % (want.size() - offset);
+        std::string out(len, '\0');
+        uint64_t split = rng() % (len + 1);
+        std::vector<iovec> iov = {{out.data(), split}, {out.data() + split, len - split}};
+        Status st = source->ReadV(paths[f], offset, iov);
+        if (!st.ok() || out != want.substr(offset, len)) mismatches.fetch_add(1);
+        bytes.fetch_add(len);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_EQ(observer.reads(), uint64_t{kThreads} * kReadsPerThread);
+  EXPECT_EQ(observer.bytes(), bytes.load());
+}
+
+TEST(FileSourceTest, ObserverCountsEachSuccessfulReadAndItsBytes) {
+  TempDir dir;
+  const std::string path = dir.Write("o.bin", RandomBytes(1000, 6));
+  RecordingObserver observer;
+  auto source = MakeFile(Options(256, &observer));
+  std::string out(100, '\0');
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(source->Read(path, 10 * i, out.data(), 100).ok());
+  EXPECT_EQ(observer.reads(), 5u);
+  EXPECT_EQ(observer.bytes(), 500u);
+  EXPECT_EQ(observer.schemes(), std::set<std::string>{"file"});
+  EXPECT_TRUE(observer.errors().empty());
+}
+
+}  // namespace
+}  // namespace meshload::source

@@ -1,0 +1,91 @@
+#include "sidecar/source/http_internal.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+namespace meshload::source::internal {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(ParseHttpUrlTest, SplitsOriginAndTargetKeepingTheQueryOnTheWire) {
+  auto url = ParseHttpUrl("HTTP://Store.Example:8080/a/b.bin?X-Sig=abc#frag");
+  ASSERT_TRUE(url.ok()) << url.status().ToString();
+  EXPECT_EQ(url->scheme, "http");
+  EXPECT_EQ(url->origin, "http://store.example:8080");
+  EXPECT_EQ(url->target, "/a/b.bin?X-Sig=abc");
+  EXPECT_EQ(url->redacted, "HTTP://Store.Example:8080/a/b.bin");
+}
+
+TEST(ParseHttpUrlTest, DefaultsPortsAndPath) {
+  auto https = ParseHttpUrl("https://host");
+  ASSERT_TRUE(https.ok());
+  EXPECT_EQ(https->origin, "https://host:443");
+  EXPECT_EQ(https->target, "/");
+  auto query_only = ParseHttpUrl("http://host?k=v");
+  ASSERT_TRUE(query_only.ok());
+  EXPECT_EQ(query_only->origin, "http://host:80");
+  EXPECT_EQ(query_only->target, "/?k=v");
+}
+
+TEST(ParseHttpUrlTest, AcceptsBracketedIpv6) {
+  auto url = ParseHttpUrl("http://[::1]:9000/x");
+  ASSERT_TRUE(url.ok()) << url.status().ToString();
+  EXPECT_EQ(url->origin, "http://[::1]:9000");
+}
+
+TEST(ParseHttpUrlTest, RejectsBadUrls) {
+  for (const char* bad : {"ftp://host/x", "http:///x", "http://host:0/x", "http://host:99999/",
+                          "http://host:8a/", "http://[::1/x", "/plain/path"}) {
+    auto url = ParseHttpUrl(bad);
+    EXPECT_FALSE(url.ok()) << bad;
+    EXPECT_EQ(url.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(ParseContentRangeTest, ParsesTheThreeForms) {
+  auto full = ParseContentRange("bytes 10-19/100");
+  ASSERT_TRUE(full.has_value());
+  EXPECT_TRUE(full->has_range);
+  EXPECT_EQ(full->first, 10u);
+  EXPECT_EQ(full->last, 19u);
+  EXPECT_EQ(full->size, 100u);
+  auto unknown = ParseContentRange("bytes 0-0/*");
+  ASSERT_TRUE(unknown.has_value());
+  EXPECT_FALSE(unknown->size.has_value());
+  auto unsatisfied = ParseContentRange("bytes */4096");
+  ASSERT_TRUE(unsatisfied.has_value());
+  EXPECT_FALSE(unsatisfied->has_range);
+  EXPECT_EQ(unsatisfied->size, 4096u);
+}
+
+TEST(ParseContentRangeTest, RejectsMalformedValues) {
+  for (const char* bad :
+       {"", "bytes", "bytes 1-2", "items 1-2/3", "bytes 5-4/10", "bytes 1-10/10", "bytes */*",
+        "bytes a-2/3", "bytes 1-2/x", "bytes -2/3", "bytes 1-99999999999999999999/*"}) {
+    EXPECT_FALSE(ParseContentRange(bad).has_value()) << bad;
+  }
+}
+
+TEST(ParseDecimalTest, AcceptsOnlyPlainDigitsWithoutOverflow) {
+  EXPECT_EQ(ParseDecimal("0"), 0u);
+  EXPECT_EQ(ParseDecimal("18446744073709551615"), UINT64_MAX);
+  EXPECT_FALSE(ParseDecimal("18446744073709551616").has_value());
+  EXPECT_FALSE(ParseDecimal("").has_value());
+  EXPECT_FALSE(ParseDecimal(" 1").has_value());
+  EXPECT_FALSE(ParseDecimal("-1").has_value());
+}
+
+TEST(BackoffBoundTest, DoublesFromTheInitialDelayUpToTheCap) {
+  const milliseconds initial(50), cap(2000);
+  EXPECT_EQ(BackoffBound(0, initial, cap), milliseconds(50));
+  EXPECT_EQ(BackoffBound(1, initial, cap), milliseconds(100));
+  EXPECT_EQ(BackoffBound(5, initial, cap), milliseconds(1600));
+  EXPECT_EQ(BackoffBound(6, initial, cap), milliseconds(2000));
+  EXPECT_EQ(BackoffBound(10000, initial, cap), milliseconds(2000));
+}
+
+}  // namespace
+}  // namespace meshload::source::internal

@@ -1,0 +1,540 @@
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sidecar/source/source.h"
+#include "test_support.h"
+
+namespace meshload::source {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::RandomBytes;
+using testing::RecordingObserver;
+using testing::ServeBytes;
+using testing::TestHttpServer;
+
+// Fast retries and short timeouts so that the whole suite stays quick.
+SourceOptions FastOptions(RecordingObserver* observer) {
+  SourceOptions o;
+  o.connect_timeout = milliseconds(1000);
+  o.read_timeout = milliseconds(2000);
+  o.max_attempts = 3;
+  o.backoff_initial = milliseconds(1);
+  o.backoff_max = milliseconds(5);
+  o.observer = observer;
+  return o;
+}
+
+std::unique_ptr<Source> MakeHttp(const SourceOptions& options) {
+  auto source = MakeHttpSource(options);
+  EXPECT_TRUE(source.ok()) << source.status().ToString();
+  return std::move(source).value();
+}
+
+class HttpSourceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = RandomBytes(100000, 42);
+    server_.Get("/obj", [this](const httplib::Request& req, httplib::Response& res) {
+      ServeBytes(data_, req, res);
+    });
+    server_.Get("/missing",
+                [](const httplib::Request&, httplib::Response& res) { res.status = 404; });
+  }
+
+  std::string data_;
+  TestHttpServer server_;
+  RecordingObserver observer_;
+};
+
+TEST_F(HttpSourceTest, RangeReadIntoIovecsIsByteExact) {
+  server_.Start();
+  auto source = MakeHttp(FastOptions(&observer_));
+  std::string a(7, '\0'), b(30000, '\0'), c(1, '\0');
+  char unused = 'x';
+  std::vector<iovec> iov = {
+      {a.data(), a.size()}, {&unused, 0}, {b.data(), b.size()}, {c.data(), c.size()}};
+  Status st = source->ReadV(server_.Url("/obj"), 12345, iov);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(a + b + c, data_.substr(12345, 30008));
+  EXPECT_EQ(unused, 'x');
+  EXPECT_EQ(observer_.reads(), 1u);
+  EXPECT_EQ(observer_.bytes(), 30008u);
+  EXPECT_EQ(observer_.schemes(), std::set<std::string>{"http"});
+}
+
+TEST_F(HttpSourceTest, ReadOfTheLastBytesSucceeds) {
+  server_.Start();
+  auto source = MakeHttp(FastOptions(&observer_));
+  std::string out(100, '\0');
+  ASSERT_TRUE(source->Read(server_.Url("/obj"), data_.size() - 100, out.data(), 100).ok());
+  EXPECT_EQ(out, data_.substr(data_.size() - 100));
+}
+
+TEST_F(HttpSourceTest, StatReturnsTheContentLength) {
+  server_.Start();
+  auto info = MakeHttp(FastOptions(&observer_))->Stat(server_.Url("/obj"));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->size, data_.size());
+}
+
+TEST_F(HttpSourceTest, StatWithoutContentLengthFallsBackToARangedGet) {
+  server_.Get("/chunked", [this](const httplib::Request& req, httplib::Response& res) {
+    if (req.method == "HEAD") {
+      // Chunked: the HEAD response carries no Content-Length.
+      res.set_chunked_content_provider("application/octet-stream",
+                                       [](size_t, httplib::DataSink& sink) {
+                                         sink.done();
+                                         return true;
+                                       });
+      return;
+    }
+    ServeBytes(data_, req, res);
+  });
+  server_.Start();
+  auto info = MakeHttp(FastOptions(&observer_))->Stat(server_.Url("/chunked"));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->size, data_.size());
+  EXPECT_EQ(server_.requests(), 2);
+}
+
+TEST_F(HttpSourceTest, StatOfAUrlThatRefusesHeadFallsBackToARangedGet) {
+  server_.Get("/get-only", [this](const httplib::Request& req, httplib::Response& res) {
+    if (req.method == "HEAD") {
+      res.status = 403;  // as S3 answers HEAD on a URL presigned for GET
+      return;
+    }
+    ServeBytes(data_, req, res);
+  });
+  server_.Start();
+  auto info = MakeHttp(FastOptions(&observer_))->Stat(server_.Url("/get-only?sig=1"));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->size, data_.size());
+  EXPECT_EQ(server_.requests(), 2);
+}
+
+TEST_F(HttpSourceTest, StatOfAMissingObjectIsNotFound) {
+  server_.Start();
+  auto info = MakeHttp(FastOptions(&observer_))->Stat(server_.Url("/missing"));
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(info.status().location(), server_.Url("/missing"));
+}
+
+TEST_F(HttpSourceTest, TwoServerErrorsAreRetriedThenTheReadSucceeds) {
+  std::atomic<int> calls{0};
+  server_.Get("/flaky", [&](const httplib::Request& req, httplib::Response& res) {
+    if (calls.fetch_add(1) < 2) {
+      res.status = 500;
+      res.set_content("try again", "text/plain");
+      return;
+    }
+    ServeBytes(data_, req, res);
+  });
+  server_.Start();
+  auto source = MakeHttp(FastOptions(&observer_));
+  std::string out(4096, '\0');
+  Status st = source->Read(server_.Url("/flaky"), 777, out.data(), out.size());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(out, data_.substr(777, 4096));
+  EXPECT_EQ(observer_.retries(), (std::vector<std::string>{"http_5xx", "http_5xx"}));
+  EXPECT_EQ(server_.requests(), 3);
+  EXPECT_TRUE(observer_.errors().empty());
+  // The drained 500 responses left the connection usable.
+  EXPECT_EQ(server_.connections(), 1);
+}
+
+TEST_F(HttpSourceTest, NotFoundFailsFastWithoutRetries) {
+  server_.Start();
+  auto source = MakeHttp(FastOptions(&observer_));
+  char buf[16];
+  Status st = source->Read(server_.Url("/missing"), 64, buf, sizeof buf);
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_EQ(st.location(), server_.Url("/missing") + "@64");
+  EXPECT_NE(st.message().find("404"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("not retried"), std::string::npos) << st.message();
+  EXPECT_EQ(server_.requests(), 1);
+  EXPECT_TRUE(observer_.retries().empty());
+  EXPECT_EQ(observer_.errors(), std::vector<std::string>{"not_found"});
+}
+
+TEST_F(HttpSourceTest, ForbiddenIsNotRetried) {
+  server_.Get("/forbidden",
+              [](const httplib::Request&, httplib::Response& res) { res.status = 403; });
+  server_.Start();
+  char buf[16];
+  Status st =
+      MakeHttp(FastOptions(&observer_))->Read(server_.Url("/forbidden"), 0, buf, sizeof buf);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("HTTP 403 Forbidden"), std::string::npos) << st.message();
+  EXPECT_EQ(server_.requests(), 1);
+  EXPECT_EQ(observer_.errors(), std::vector<std::string>{"http_4xx"});
+}
+
+TEST_F(HttpSourceTest, TooManyRequestsWithRetryAfterZeroIsRetried) {
+  std::atomic<int> calls{0};
+  server_.Get("/throttled", [&](const httplib::Request& req, httplib::Response& res) {
+    if (calls.fetch_add(1) == 0) {
+      res.status = 429;
+      res.set_header("Retry-After", "0");
+      return;
+    }
+    ServeBytes(data_, req, res);
+  });
+  server_.Start();
+  std::string out(1000, '\0');
+  Status st =
+      MakeHttp(FastOptions(&observer_))->Read(server_.Url("/throttled"), 0, out.data(), 1000);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(out, data_.substr(0, 1000));
+  EXPECT_EQ(observer_.retries(), std::vector<std::string>{"http_429"});
+  EXPECT_EQ(server_.requests(), 2);
+}
+
+TEST_F(HttpSourceTest, RetryAfterIsCappedAtBackoffMax) {
+  std::atomic<int> calls{0};
+  server_.Get("/slowdown", [&](const httplib::Request& req, httplib::Response& res) {
+    if (calls.fetch_add(1) == 0) {
+      res.status = 503;
+      res.set_header("Retry-After", "3600");
+      return;
+    }
+    ServeBytes(data_, req, res);
+  });
+  server_.Start();
+  std::string out(10, '\0');
+  const auto start = std::chrono::steady_clock::now();
+  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/slowdown"), 0, out.data(), 10);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_EQ(observer_.retries(), std::vector<std::string>{"http_5xx"});
+}
+
+TEST_F(HttpSourceTest, AlwaysFailingServerIsGivenUpOnAfterMaxAttempts) {
+  server_.Get("/down", [](const httplib::Request&, httplib::Response& res) { res.status = 502; });
+  server_.Start();
+  auto source = MakeHttp(FastOptions(&observer_));
+  char buf[8];
+  Status st = source->Read(server_.Url("/down"), 5, buf, sizeof buf);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(st.ToString(),
+            server_.Url("/down") + "@5: giving up after 3 attempts: HTTP 502 Bad Gateway");
+  EXPECT_EQ(server_.requests(), 3);
+  EXPECT_EQ(observer_.retries(), (std::vector<std::string>{"http_5xx", "http_5xx"}));
+  EXPECT_EQ(observer_.errors(), std::vector<std::string>{"retries_exhausted"});
+}
+
+TEST_F(HttpSourceTest, SlowResponseIsRetriedAsTimeoutAndTheFastRetrySucceeds) {
+  std::atomic<int> calls{0};
+  server_.Get("/slow", [&](const httplib::Request& req, httplib::Response& res) {
+    if (calls.fetch_add(1) == 0) std::this_thread::sleep_for(milliseconds(500));
+    ServeBytes(data_, req, res);
+  });
+  server_.Start();
+  SourceOptions options = FastOptions(&observer_);
+  options.read_timeout = milliseconds(150);
+  std::string out(2048, '\0');
+  Status st = MakeHttp(options)->Read(server_.Url("/slow"), 100, out.data(), out.size());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(out, data_.substr(100, 2048));
+  EXPECT_EQ(observer_.retries(), std::vector<std::string>{"timeout"});
+  EXPECT_EQ(server_.requests(), 2);
+}
+
+TEST_F(HttpSourceTest, BodyCutShortIsRetriedAsShortBody) {
+  std::atomic<int> calls{0};
+  server_.Get("/cut", [&](const httplib::Request& req, httplib::Response& res) {
+    if (calls.fetch_add(1) == 0) {
+      // Promise the whole range, send half of it, then drop the connection.
+      ServeBytes(data_, req, res);
+      std::string body = res.body;
+      res.body.clear();
+      res.set_content_provider(body.size(), "application/octet-stream",
+                               [body](size_t, size_t, httplib::DataSink& sink) {
+                                 sink.write(body.data(), body.size() / 2);
+                                 return false;
+                               });
+      return;
+    }
+    ServeBytes(data_, req, res);
+  });
+  server_.Start();
+  std::string out(50000, '\0');
+  Status st =
+      MakeHttp(FastOptions(&observer_))->Read(server_.Url("/cut"), 10, out.data(), out.size());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(out, data_.substr(10, 50000));
+  EXPECT_EQ(observer_.retries(), std::vector<std::string>{"short_body"});
+  EXPECT_EQ(server_.requests(), 2);
+}
+
+TEST_F(HttpSourceTest, ShorterRangeThanAskedIsRetriedAsShortBody) {
+  server_.Get("/stingy", [&](const httplib::Request& req, httplib::Response& res) {
+    // A consistent 206 for fewer bytes than asked, object size unknown.
+    ServeBytes(data_, req, res);
+    res.body.resize(res.body.size() / 2);
+    const std::string cr = res.get_header_value("Content-Range");
+    uint64_t first = std::stoull(cr.substr(6, cr.find('-') - 6));
+    res.set_header("Content-Range", "bytes " + std::to_string(first) + "-" +
+                                        std::to_string(first + res.body.size() - 1) + "/*");
+  });
+  server_.Start();
+  std::string out(1000, '\0');
+  Status st =
+      MakeHttp(FastOptions(&observer_))->Read(server_.Url("/stingy"), 0, out.data(), out.size());
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_NE(st.message().find("short body: got 500 of 1000 bytes"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(observer_.retries(), (std::vector<std::string>{"short_body", "short_body"}));
+  EXPECT_EQ(server_.requests(), 3);
+}
+
+TEST_F(HttpSourceTest, ReadPastTheEndOfTheObjectIsDataLossWithoutRetries) {
+  server_.Start();
+  auto source = MakeHttp(FastOptions(&observer_));
+  std::string out(200, '\0');
+  Status st = source->Read(server_.Url("/obj"), data_.size() - 100, out.data(), out.size());
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(st.ToString(), server_.Url("/obj") +
+                               "@99900: short read: wanted 200 bytes at "
+                               "offset 99900, the object ends after 100000 "
+                               "bytes");
+  // Starting past the end: the server answers 416.
+  st = source->Read(server_.Url("/obj"), data_.size() + 5, out.data(), out.size());
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("the object ends after 100000 bytes"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(server_.requests(), 2);
+  EXPECT_EQ(observer_.errors(), (std::vector<std::string>{"data_loss", "data_loss"}));
+}
+
+TEST_F(HttpSourceTest, PartialContentForAnotherRangeIsRejected) {
+  server_.Get("/shifted", [&](const httplib::Request&, httplib::Response& res) {
+    // Whatever was asked, answer with bytes 0-99.
+    res.status = 206;
+    res.set_header("Content-Range", "bytes 0-99/" + std::to_string(data_.size()));
+    res.set_content(data_.substr(0, 100), "application/octet-stream");
+  });
+  server_.Start();
+  std::string out(100, '\0');
+  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/shifted"), 50, out.data(), 100);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(st.ToString(),
+            server_.Url("/shifted") + "@50: HTTP 206 for bytes 0-99, asked for bytes 50-149");
+  EXPECT_EQ(server_.requests(), 1);
+}
+
+TEST_F(HttpSourceTest, ServerIgnoringRangeIsAcceptedOnlyFromOffsetZero) {
+  server_.Get("/norange", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(data_, "application/octet-stream");
+  });
+  server_.Start();
+  auto source = MakeHttp(FastOptions(&observer_));
+  std::string out(300, '\0');
+  Status st = source->Read(server_.Url("/norange"), 0, out.data(), out.size());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(out, data_.substr(0, 300));
+  st = source->Read(server_.Url("/norange"), 1, out.data(), out.size());
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("ignored the Range header"), std::string::npos) << st.message();
+  EXPECT_EQ(server_.requests(), 2);
+}
+
+TEST_F(HttpSourceTest, WholeObjectShorterThanTheReadIsDataLoss) {
+  server_.Get("/chunked-small", [](const httplib::Request&, httplib::Response& res) {
+    // Range ignored and no Content-Length: the size shows only at the end.
+    res.set_chunked_content_provider("application/octet-stream",
+                                     [](size_t, httplib::DataSink& sink) {
+                                       sink.write("0123456789", 10);
+                                       sink.done();
+                                       return true;
+                                     });
+  });
+  server_.Start();
+  std::string out(64, '\0');
+  Status st = MakeHttp(FastOptions(&observer_))
+                  ->Read(server_.Url("/chunked-small"), 0, out.data(), out.size());
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("the object ends after 10 bytes"), std::string::npos) << st.message();
+  EXPECT_EQ(server_.requests(), 1);
+}
+
+TEST_F(HttpSourceTest, SequentialReadsReuseOneKeepAliveConnection) {
+  server_.Start();
+  auto source = MakeHttp(FastOptions(&observer_));
+  constexpr int kReads = 20;
+  for (int i = 0; i < kReads; ++i) {
+    std::string out(512, '\0');
+    ASSERT_TRUE(source->Read(server_.Url("/obj"), 1000 * i, out.data(), out.size()).ok());
+    ASSERT_EQ(out, data_.substr(1000 * i, 512));
+  }
+  EXPECT_EQ(server_.requests(), kReads);
+  EXPECT_EQ(server_.connections(), 1);
+}
+
+TEST_F(HttpSourceTest, ConcurrentReadersGetExactBytesOnPooledConnections) {
+  server_.Start();
+  SourceOptions options = FastOptions(&observer_);
+  options.max_idle_connections = 4;
+  auto source = MakeHttp(options);
+  constexpr int kThreads = 4;
+  constexpr int kReadsPerThread = 50;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kReadsPerThread; ++r) {
+        uint64_t offset = (t * 7919 + r * 613) % (data_.size() - 3000);
+        std::string a(1000, '\0'), b(2000, '\0');
+        Status st = source->ReadV(server_.Url("/obj"), offset,
+                                  {{a.data(), a.size()}, {b.data(), b.size()}});
+        if (!st.ok() || a + b != data_.substr(offset, 3000)) failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(server_.requests(), kThreads * kReadsPerThread);
+  EXPECT_LE(server_.connections(), kThreads);
+  EXPECT_EQ(observer_.reads(), uint64_t{kThreads} * kReadsPerThread);
+}
+
+TEST_F(HttpSourceTest, QueryStringIsSentButNeverAppearsInErrors) {
+  std::atomic<int> saw_secret{0};
+  server_.Get("/signed", [&](const httplib::Request& req, httplib::Response& res) {
+    if (req.get_param_value("secret") == "hunter2") saw_secret.fetch_add(1);
+    res.status = req.get_param_value("fail") == "404" ? 404 : 500;
+  });
+  server_.Start();
+  auto source = MakeHttp(FastOptions(&observer_));
+  char buf[8];
+  for (const char* query : {"?secret=hunter2&fail=404", "?secret=hunter2&fail=500"}) {
+    Status st = source->Read(server_.Url(std::string("/signed") + query), 3, buf, sizeof buf);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.location(), server_.Url("/signed") + "@3");
+    EXPECT_EQ(st.ToString().find("secret"), std::string::npos) << st.ToString();
+    EXPECT_EQ(st.ToString().find("hunter2"), std::string::npos) << st.ToString();
+    EXPECT_EQ(st.ToString().find('?'), std::string::npos) << st.ToString();
+  }
+  auto info = source->Stat(server_.Url("/signed?secret=hunter2&fail=404"));
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().ToString().find("hunter2"), std::string::npos);
+  EXPECT_EQ(saw_secret.load(), 1 + 3 + 1);
+}
+
+TEST_F(HttpSourceTest, ConnectionRefusedIsRetriedAsConnectionThenUnavailable) {
+  // A port that was free a moment ago: nothing listens there.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(fd);
+  const std::string url = "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/x";
+  char buf[8];
+  Status st = MakeHttp(FastOptions(&observer_))->Read(url, 0, buf, sizeof buf);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(st.location(), url + "@0");
+  EXPECT_EQ(observer_.retries(), (std::vector<std::string>{"connection", "connection"}));
+  EXPECT_EQ(observer_.errors(), std::vector<std::string>{"retries_exhausted"});
+}
+
+TEST(HttpSourceOptionsTest, InvalidOptionsAreRejectedNamingTheField) {
+  SourceOptions options;
+  options.max_attempts = 0;
+  auto source = MakeHttpSource(options);
+  ASSERT_FALSE(source.ok());
+  EXPECT_EQ(source.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(source.status().location(), "max_attempts");
+  options = {};
+  options.read_timeout = milliseconds(0);
+  EXPECT_EQ(MakeHttpSource(options).status().location(), "read_timeout");
+}
+
+TEST(HttpSourceUrlTest, CredentialsInTheUrlAreRejectedWithoutEchoingThem) {
+  auto source = MakeHttp({});
+  char buf[1];
+  Status st = source->Read("http://user:pa55word@127.0.0.1:1/x", 0, buf, 1);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.ToString().find("pa55word"), std::string::npos) << st.ToString();
+}
+
+// HTTPS end to end against a certificate made for this test run.
+class HttpsSourceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(testing::WriteSelfSignedCert(dir_.path(), &cert_, &key_));
+    server_ = std::make_unique<TestHttpServer>(cert_, key_);
+    data_ = RandomBytes(5000, 9);
+    server_->Get("/obj", [this](const httplib::Request& req, httplib::Response& res) {
+      ServeBytes(data_, req, res);
+    });
+    server_->Start();
+  }
+
+  testing::TempDir dir_;
+  std::string cert_, key_, data_;
+  std::unique_ptr<TestHttpServer> server_;
+  RecordingObserver observer_;
+};
+
+TEST_F(HttpsSourceTest, ReadVerifiedAgainstTheCaFileIsByteExact) {
+  SourceOptions options = FastOptions(&observer_);
+  options.ca_file = cert_;
+  auto source = MakeHttp(options);
+  std::string out(1000, '\0');
+  Status st = source->Read(server_->Url("/obj?sig=1"), 1234, out.data(), out.size());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(out, data_.substr(1234, 1000));
+  auto info = source->Stat(server_->Url("/obj"));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->size, data_.size());
+  EXPECT_EQ(observer_.schemes(), std::set<std::string>{"https"});
+}
+
+TEST_F(HttpsSourceTest, UntrustedCertificateFailsWithoutRetries) {
+  auto source = MakeHttp(FastOptions(&observer_));  // system CAs only
+  char buf[8];
+  Status st = source->Read(server_->Url("/obj?sig=1"), 0, buf, sizeof buf);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(st.location(), server_->Url("/obj") + "@0");
+  EXPECT_NE(st.message().find("certificate"), std::string::npos) << st.message();
+  EXPECT_TRUE(observer_.retries().empty());
+  EXPECT_EQ(server_->requests(), 0);
+}
+
+TEST_F(HttpsSourceTest, UnreadableCaFileFailsWithoutRetries) {
+  SourceOptions options = FastOptions(&observer_);
+  options.ca_file = dir_.path() + "/missing-ca.pem";
+  char buf[8];
+  Status st = MakeHttp(options)->Read(server_->Url("/obj"), 0, buf, sizeof buf);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("CA certificates"), std::string::npos) << st.message();
+  EXPECT_TRUE(observer_.retries().empty());
+}
+
+TEST_F(HttpsSourceTest, VerificationOffAcceptsAnUntrustedCertificate) {
+  SourceOptions options = FastOptions(&observer_);
+  options.verify_tls = false;
+  std::string out(100, '\0');
+  Status st = MakeHttp(options)->Read(server_->Url("/obj"), 0, out.data(), out.size());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(out, data_.substr(0, 100));
+}
+
+}  // namespace
+}  // namespace meshload::source

@@ -1,0 +1,121 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "sidecar/source/source.h"
+#include "test_support.h"
+
+namespace meshload::source {
+namespace {
+
+using testing::RandomBytes;
+using testing::TempDir;
+
+TEST(SchemeOfTest, PlainPathsAreFilesAndSchemesAreLowerCased) {
+  EXPECT_EQ(SourceRegistry::SchemeOf("/data/a.bin"), "file");
+  EXPECT_EQ(SourceRegistry::SchemeOf("relative/a.bin"), "file");
+  EXPECT_EQ(SourceRegistry::SchemeOf("file:///data/a.bin"), "file");
+  EXPECT_EQ(SourceRegistry::SchemeOf("HTTPS://host/a"), "https");
+  EXPECT_EQ(SourceRegistry::SchemeOf("s3://bucket/key"), "s3");
+  // "://" after something that cannot be a scheme is part of a path.
+  EXPECT_EQ(SourceRegistry::SchemeOf("/odd/dir://x"), "file");
+  EXPECT_EQ(SourceRegistry::SchemeOf("://x"), "file");
+}
+
+TEST(RedactUriTest, DropsQueryFragmentAndCredentials) {
+  EXPECT_EQ(RedactUri("https://h/a.bin?X-Amz-Signature=s3cr3t"), "https://h/a.bin");
+  EXPECT_EQ(RedactUri("http://h/a#frag"), "http://h/a");
+  EXPECT_EQ(RedactUri("http://user:pw@h:80/a?q"), "http://h:80/a");
+  EXPECT_EQ(RedactUri("/data/a@b.bin"), "/data/a@b.bin");
+  EXPECT_EQ(RedactUri("http://h/dir@x/a"), "http://h/dir@x/a");
+}
+
+TEST(SourceRegistryTest, FileUrisAndPlainPathsReadThroughTheFileSource) {
+  TempDir dir;
+  const std::string data = RandomBytes(100, 7);
+  const std::string path = dir.Write("r.bin", data);
+  auto registry = SourceRegistry::WithBuiltins({});
+  for (const std::string& uri :
+       {"file://" + path, "FILE://" + path, "file://localhost" + path, path}) {
+    auto found = registry->For(uri);
+    ASSERT_TRUE(found.ok()) << uri << ": " << found.status().ToString();
+    EXPECT_EQ(found->second, path) << uri;
+    std::string out(10, '\0');
+    ASSERT_TRUE(found->first->Read(found->second, 20, out.data(), out.size()).ok()) << uri;
+    EXPECT_EQ(out, data.substr(20, 10));
+  }
+}
+
+TEST(SourceRegistryTest, FileUriWithARemoteHostIsRejected) {
+  auto registry = SourceRegistry::WithBuiltins({});
+  auto found = registry->For("file://otherhost/data/a.bin");
+  ASSERT_FALSE(found.ok());
+  EXPECT_EQ(found.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(SourceRegistryTest, HttpObjectNameIsTheWholeUrl) {
+  auto registry = SourceRegistry::WithBuiltins({});
+  const std::string url = "http://store:8080/a.bin?sig=1";
+  auto found = registry->For(url);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->second, url);
+  auto https = registry->For("https://store/a.bin");
+  ASSERT_TRUE(https.ok()) << https.status().ToString();
+  EXPECT_EQ(https->second, "https://store/a.bin");
+}
+
+TEST(SourceRegistryTest, SourcesAreCreatedOncePerSchemeAndShared) {
+  SourceRegistry registry({});
+  std::atomic<int> made{0};
+  registry.Register("file", [&](const SourceOptions& o) {
+    made.fetch_add(1);
+    return MakeFileSource(o);
+  });
+  auto a = registry.For("/a");
+  auto b = registry.For("file:///b");
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(a->first, b->first);
+  EXPECT_EQ(made.load(), 1);
+}
+
+TEST(SourceRegistryTest, NoSourceIsCreatedBeforeItsSchemeIsUsed) {
+  SourceRegistry registry({});
+  std::atomic<int> made{0};
+  registry.Register("http", [&](const SourceOptions& o) {
+    made.fetch_add(1);
+    return MakeHttpSource(o);
+  });
+  registry.Register("file", MakeFileSource);
+  ASSERT_TRUE(registry.For("/a").ok());
+  EXPECT_EQ(made.load(), 0);
+}
+
+TEST(SourceRegistryTest, UnknownSchemeNamesTheUriAndListsKnownSchemes) {
+  auto registry = SourceRegistry::WithBuiltins({});
+  auto found = registry->For("s3://bucket/key.bin?X-Amz-Signature=abc");
+  ASSERT_FALSE(found.ok());
+  EXPECT_EQ(found.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(found.status().location(), "s3://bucket/key.bin");
+  EXPECT_EQ(found.status().message(),
+            "unknown URI scheme \"s3\" (known schemes: file, http, https)");
+}
+
+TEST(SourceRegistryTest, FactoryErrorsReachTheCaller) {
+  SourceOptions options;
+  options.max_open_files = 0;
+  auto registry = SourceRegistry::WithBuiltins(options);
+  auto found = registry->For("/a");
+  ASSERT_FALSE(found.ok());
+  EXPECT_EQ(found.status().location(), "max_open_files");
+}
+
+TEST(NullObserverTest, IsOneSharedInstance) {
+  EXPECT_EQ(&NullObserver(), &NullObserver());
+  NullObserver().OnRead("file", 1, 0.1);  // must not crash
+}
+
+}  // namespace
+}  // namespace meshload::source

@@ -1,0 +1,171 @@
+#include "sidecar/step_loader.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "sidecar/ipc/protocol.h"
+#include "tests/planner/test_util.h"
+#include "tools/synthetic_dataset.h"
+
+namespace meshload::sidecar {
+namespace {
+
+using meshload::testing::TempDir;
+
+struct Case {
+  DatasetFormat format;
+  Strategy strategy;
+  ShuffleMode shuffle;
+  std::vector<MeshAxis> axes;
+  std::vector<std::string> batch_axes;
+  int64_t devices_per_process;
+};
+
+JobSpec SpecFor(const Case& c, const std::string& dir) {
+  JobSpec spec;
+  spec.mesh.axes = c.axes;
+  int64_t d = 1;
+  for (const auto& a : c.axes) d *= a.size;
+  spec.mesh.devices_per_process = c.devices_per_process;
+  spec.mesh.processes = d / c.devices_per_process;
+  spec.mesh.batch_axes = c.batch_axes;
+  spec.mesh.batch_axes_set = true;
+  spec.strategy = c.strategy;
+  spec.dataset.uri = dir;
+  spec.dataset.format = c.format;
+  switch (c.format) {
+    case DatasetFormat::kFixedRecord: spec.dataset.record_bytes = 100; break;  // not a multiple of 8
+    case DatasetFormat::kTokenStream:
+      spec.dataset.dtype = DType::kUint16;
+      spec.dataset.sequence_length = 9;
+      break;
+    case DatasetFormat::kNpy:
+      spec.dataset.dtype = DType::kFloat32;
+      spec.dataset.record_bytes = 64;
+      break;
+  }
+  spec.batch.global_batch_size = 24;
+  spec.shuffle.mode = c.shuffle;
+  spec.shuffle.seed = 11;
+  spec.shuffle.block_size = 5;
+  return spec;
+}
+
+// Generates the dataset, resolves the job and returns a planner.
+std::unique_ptr<ShardPlanner> Prepare(const JobSpec& spec_in, const std::string& dir, uint64_t samples, int files) {
+  JobSpec spec = spec_in;
+  auto uri = synthetic::Generate(spec.dataset, dir, samples, files);
+  EXPECT_TRUE(uri.ok()) << uri.status().ToString();
+  spec.dataset.uri = *uri;
+  Diagnostics d;
+  auto job = ResolveJob(spec, {}, d);
+  EXPECT_TRUE(job.ok()) << d.ToString() << job.status().ToString();
+  return std::make_unique<ShardPlanner>(std::move(*job));
+}
+
+void ExpectSlotMatchesPlan(const ShardPlanner& planner, int64_t process, int64_t step, const uint8_t* slot,
+                           const staging::BatchLayout& layout, const std::vector<uint64_t>& checksums) {
+  StepPlan plan = planner.PlanStep(step, planner.DefaultLoading(), process);
+  ASSERT_EQ(plan.devices.size(), layout.devices.size());
+  for (size_t i = 0; i < plan.devices.size(); ++i) {
+    const auto& ids = plan.devices[i].samples;
+    EXPECT_EQ(checksums[i], ipc::SampleIdsChecksum(ids.data(), ids.size()));
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const uint8_t* bytes = slot + layout.devices[i].offset + k * layout.sample_bytes;
+      ASSERT_EQ(synthetic::FirstMismatch(planner.job().dataset, ids[k], bytes), -1)
+          << "step " << step << " device " << i << " sample " << ids[k];
+    }
+  }
+}
+
+TEST(StepLoader, EveryFormatStrategyAndShuffleDeliversThePlannedBytes) {
+  std::vector<Case> cases;
+  for (DatasetFormat f : {DatasetFormat::kFixedRecord, DatasetFormat::kTokenStream, DatasetFormat::kNpy}) {
+    for (Strategy s : {Strategy::kGlobalLoad, Strategy::kPerDevice, Strategy::kPerProcess}) {
+      for (ShuffleMode m : {ShuffleMode::kNone, ShuffleMode::kGlobal, ShuffleMode::kBlock}) {
+        // 2 processes x 2 devices; `model` replicas inside each process.
+        cases.push_back({f, s, m, {{"data", 2}, {"model", 2}}, {"data"}, 2});
+        // 1 process x 4 devices, every device its own shard.
+        cases.push_back({f, s, m, {{"data", 4}}, {"data"}, 4});
+      }
+    }
+  }
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  for (const Case& c : cases) {
+    TempDir dir;
+    JobSpec spec = SpecFor(c, dir.path());
+    auto planner = Prepare(spec, dir.path(), 100, 3);
+    for (int64_t p = 0; p < planner->job().mesh.processes(); ++p) {
+      const auto layout = staging::ComputeBatchLayout(planner->job(), p);
+      StepLoaderOptions opts;
+      opts.reader_threads = 3;
+      opts.max_read_bytes = 150;  // split coalesced ranges often
+      auto loader = StepLoader::Create(*planner, p, planner->DefaultLoading(), *sources, layout, opts);
+      ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+      ASSERT_TRUE((*loader)->VerifyFiles().ok());
+      std::vector<uint8_t> slot(layout.slot_bytes);
+      for (int64_t step = 0; step < 6; ++step) {
+        std::vector<uint64_t> checksums;
+        StepLoadStats stats;
+        Status st = (*loader)->Load(step, slot.data(), checksums, &stats);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        ExpectSlotMatchesPlan(*planner, p, step, slot.data(), layout, checksums);
+        EXPECT_GT(stats.bytes_read, 0u);
+      }
+    }
+  }
+}
+
+TEST(StepLoader, StrategiesThatMoveSamplesBetweenProcessesAreRefusedClearly) {
+  TempDir dir;
+  Case c{DatasetFormat::kFixedRecord, Strategy::kLoadAndReshard, ShuffleMode::kNone, {{"model", 2}, {"data", 2}}, {"data"}, 2};
+  auto planner = Prepare(SpecFor(c, dir.path()), dir.path(), 100, 1);
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  auto layout = staging::ComputeBatchLayout(planner->job(), 0);
+  auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), *sources, layout, {});
+  ASSERT_FALSE(loader.ok());
+  EXPECT_EQ(loader.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(loader.status().message().find("moves samples between processes"), std::string::npos);
+  auto bcast = StepLoader::Create(*planner, 0, {Strategy::kPerProcess, Fanout::kBroadcast}, *sources, layout, {});
+  EXPECT_FALSE(bcast.ok());
+}
+
+TEST(StepLoader, AFileTruncatedAfterPlanningIsAnErrorNamingFileAndOffset) {
+  TempDir dir;
+  Case c{DatasetFormat::kFixedRecord, Strategy::kPerProcess, ShuffleMode::kNone, {{"data", 1}}, {"data"}, 1};
+  auto planner = Prepare(SpecFor(c, dir.path()), dir.path(), 96, 1);
+  const std::string file = planner->job().dataset.files()[0].path;
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  auto layout = staging::ComputeBatchLayout(planner->job(), 0);
+  auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), *sources, layout, {});
+  ASSERT_TRUE(loader.ok());
+  ASSERT_EQ(::truncate(file.c_str(), 50 * 100 + 30), 0);
+  Status verify = (*loader)->VerifyFiles();
+  EXPECT_EQ(verify.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(verify.location(), file);
+  EXPECT_NE(verify.message().find("the file changed"), std::string::npos);
+  std::vector<uint8_t> slot(layout.slot_bytes);
+  std::vector<uint64_t> checksums;
+  Status st = (*loader)->Load(2, slot.data(), checksums, nullptr);  // samples 48..71
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(st.location().rfind(file + "@", 0), 0u) << st.ToString();
+}
+
+TEST(StepLoader, ANpyFileShorterThanItsHeaderClaimsIsRefusedAtIndexing) {
+  TempDir dir;
+  Case c{DatasetFormat::kNpy, Strategy::kPerProcess, ShuffleMode::kNone, {{"data", 1}}, {"data"}, 1};
+  JobSpec spec = SpecFor(c, dir.path());
+  ASSERT_TRUE(synthetic::Generate(spec.dataset, dir.path(), 50, 1).ok());
+  const std::string file = dir.path() + "/part-00000.npy";
+  ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(std::filesystem::file_size(file) - 10)), 0);
+  Diagnostics d;
+  EXPECT_FALSE(ResolveJob(spec, {}, d).ok());
+  EXPECT_NE(d.ToString().find(file + ": size"), std::string::npos) << d.ToString();
+  EXPECT_NE(d.ToString().find("(truncated)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace meshload::sidecar

@@ -1,0 +1,158 @@
+// `meshload demo-trainer`: a trainer stand-in that consumes batches through
+// the C++ client and verifies each one against its own plan: the sample-id
+// checksum of every device, and (for synthetic datasets) every byte.
+//
+// It prints JSON lines on stdout for `meshload run --local`:
+//   {"type":"progress","process":0,"steps":12,"samples":384,"bytes":...}
+//   {"type":"final",...,"wait_hist":[...],"mismatches":0,"error":""}
+
+#include "tools/demo_trainer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include "client/client.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "planner/shard_planner.h"
+#include "sidecar/ipc/protocol.h"
+#include "tools/latency_histogram.h"
+#include "tools/synthetic_dataset.h"
+
+namespace meshload::cli {
+namespace {
+
+constexpr const char* kUsage = R"(usage: meshload demo-trainer --job JOB.yaml --process P --socket PATH [options]
+
+Consumes batches from a sidecar like a trainer would, and verifies each one
+against its own plan. Used by `meshload run --local`.
+
+options:
+  --steps N          batches to consume (default: until the sidecar is gone)
+  --start-step T     first step (default: the sidecar's)
+  --verify MODE      bytes (every byte of a synthetic dataset; default),
+                     ids (the sample-id checksums only), none
+  --delay-ms D       pretend each training step takes D ms
+  --report-ms MS     progress line interval (default 200)
+)";
+
+using Clock = std::chrono::steady_clock;
+
+double MonotonicSeconds() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+int RunDemoTrainer(const std::vector<std::string>& args) {
+  std::string job_path, socket, verify = "bytes";
+  int64_t process = -1, steps = -1, delay_ms = 0, report_ms = 200;
+  std::optional<int64_t> start_step;
+  FlagParser flags("demo-trainer", kUsage);
+  flags.String({"--job"}, &job_path);
+  flags.Int({"--process"}, &process);
+  flags.String({"--socket"}, &socket);
+  flags.Int({"--steps"}, &steps);
+  flags.OptionalInt({"--start-step"}, &start_step);
+  flags.String({"--verify"}, &verify);
+  flags.Int({"--delay-ms"}, &delay_ms);
+  flags.Int({"--report-ms"}, &report_ms);
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+  if (job_path.empty() || socket.empty() || process < 0) return UsageError("demo-trainer: --job, --process and --socket are required");
+  if (verify != "bytes" && verify != "ids" && verify != "none") return UsageError("--verify: expected bytes, ids or none");
+
+  nlohmann::json final_line = {{"type", "final"}, {"process", process}};
+  auto fail = [&](const std::string& error) {
+    final_line["error"] = error;
+    std::cout << final_line.dump() << std::endl;
+    LogError("demo trainer failed", {{"process", process}, {"error", error}});
+    return 1;
+  };
+
+  Diagnostics diags;
+  auto job = LoadDataLoadJobFile(job_path, diags);
+  if (!job.ok()) return fail(job.status().ToString());
+  std::unique_ptr<ShardPlanner> planner;
+  if (verify != "none") {
+    auto resolved = ResolveJob(job->spec, {}, diags);
+    if (!resolved.ok()) return fail("cannot plan for verification: " + diags.ToString() + resolved.status().ToString());
+    planner = std::make_unique<ShardPlanner>(std::move(*resolved));
+  }
+
+  const double t_start = MonotonicSeconds();
+  client::ClientOptions copts;
+  copts.socket_path = socket;
+  copts.start_step = start_step;
+  auto client = client::Client::Connect(copts);
+  if (!client.ok()) return fail(client.status().ToString());
+
+  LatencyHistogram waits;
+  uint64_t done = 0, samples = 0, bytes = 0, mismatches = 0;
+  double first_batch = -1;
+  auto last_report = Clock::now();
+  while (steps < 0 || static_cast<int64_t>(done) < steps) {
+    auto batch = (*client)->Next();
+    if (!batch.ok()) {
+      if (steps < 0 && batch.status().code() == StatusCode::kUnavailable) break;
+      return fail(batch.status().ToString());
+    }
+    if (first_batch < 0) first_batch = MonotonicSeconds();
+    waits.Record(batch->wait_seconds);
+    if (planner) {
+      StepPlan plan = planner->PlanStep(batch->step, planner->DefaultLoading(), process);
+      const uint64_t sb = planner->job().dataset.sample_bytes();
+      for (size_t i = 0; i < batch->tensors.size(); ++i) {
+        const auto& t = batch->tensors[i];
+        const auto& ids = plan.devices[i].samples;
+        if (t.ids_checksum != ipc::SampleIdsChecksum(ids.data(), ids.size())) {
+          ++mismatches;
+          LogError("sample ids differ from the plan", {{"step", batch->step}, {"device", t.global_device}});
+          continue;
+        }
+        if (verify != "bytes") continue;
+        const auto* data = static_cast<const uint8_t*>(t.data);
+        for (size_t k = 0; k < ids.size(); ++k) {
+          const int64_t at = synthetic::FirstMismatch(planner->job().dataset, ids[k], data + k * sb);
+          if (at >= 0) {
+            ++mismatches;
+            LogError("bytes differ from the dataset", {{"step", batch->step},
+                                                       {"device", t.global_device},
+                                                       {"sample", ids[k]},
+                                                       {"byte", at}});
+            break;
+          }
+        }
+      }
+    }
+    for (const auto& t : batch->tensors) bytes += t.nbytes;
+    samples += batch->tensors.empty() ? 0 : static_cast<uint64_t>(batch->tensors[0].shape[0]) * batch->tensors.size();
+    ++done;
+    // The batch is "trained on" for delay_ms, then released when it goes
+    // out of scope at the end of the iteration.
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    if (Clock::now() - last_report > std::chrono::milliseconds(report_ms)) {
+      last_report = Clock::now();
+      nlohmann::json p = {{"type", "progress"}, {"process", process},   {"steps", done},
+                          {"samples", samples}, {"bytes", bytes},       {"wait_p99", waits.Quantile(0.99)},
+                          {"mismatches", mismatches}, {"first_batch_at", first_batch}};
+      std::cout << p.dump() << std::endl;
+    }
+  }
+  final_line.update({{"steps", done},
+                     {"samples", samples},
+                     {"bytes", bytes},
+                     {"mismatches", mismatches},
+                     {"started_at", t_start},
+                     {"first_batch_at", first_batch},
+                     {"finished_at", MonotonicSeconds()},
+                     {"reconnects", (*client)->reconnects()},
+                     {"wait_hist", waits.counts()},
+                     {"error", ""}});
+  std::cout << final_line.dump() << std::endl;
+  return mismatches == 0 ? 0 : 3;
+}
+
+}  // namespace meshload::cli

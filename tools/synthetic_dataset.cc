@@ -1,0 +1,136 @@
+#include "tools/synthetic_dataset.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "planner/npy.h"
+#include "planner/sampler.h"
+
+namespace meshload::synthetic {
+namespace {
+
+uint64_t Word(uint64_t i, uint64_t k) { return k == 0 ? i : Mix64(i * 0x9E3779B97F4A7C15ull + k); }
+
+void FillRecord(uint64_t i, uint8_t* out, uint64_t bytes) {
+  for (uint64_t j = 0; j < bytes; j += 8) {
+    const uint64_t w = Word(i, j / 8);
+    const uint64_t n = std::min<uint64_t>(8, bytes - j);
+    for (uint64_t b = 0; b < n; ++b) out[j + b] = static_cast<uint8_t>(w >> (8 * b));
+  }
+}
+
+void FillTokens(uint64_t first_token, uint64_t count, size_t token_bytes, uint8_t* out) {
+  for (uint64_t t = 0; t < count; ++t) {
+    const uint64_t v = Mix64(first_token + t);
+    for (size_t b = 0; b < token_bytes; ++b) out[t * token_bytes + b] = static_cast<uint8_t>(v >> (8 * b));
+  }
+}
+
+Status WriteAll(std::ofstream& out, const std::string& path, const uint8_t* data, size_t n) {
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(n));
+  if (!out) return IoErrorFromErrno("write", path, errno);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::string> Generate(const DatasetSpec& spec, const std::string& dir, uint64_t samples, int files) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return IoError("cannot create the dataset directory: " + ec.message(), dir);
+  if (samples == 0) return InvalidArgument("a dataset needs at least one sample");
+  if (files < 1) files = 1;
+  if (static_cast<uint64_t>(files) > samples) files = static_cast<int>(samples);
+  const DType dtype = spec.dtype.value_or(DType::kUint8);
+  const size_t es = DTypeSize(dtype);
+  std::vector<uint8_t> buf;
+  auto path_of = [&](int f, const char* ext) {
+    char name[64];
+    std::snprintf(name, sizeof name, "part-%05d.%s", f, ext);
+    return dir + "/" + name;
+  };
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("part-", 0) == 0) std::filesystem::remove(e.path(), ec);
+  }
+  switch (spec.format) {
+    case DatasetFormat::kFixedRecord:
+    case DatasetFormat::kNpy: {
+      const uint64_t rb = spec.record_bytes > 0 ? static_cast<uint64_t>(spec.record_bytes) : 1024;
+      if (rb % es != 0) return InvalidArgument("recordBytes is not a whole number of " + std::string(DTypeName(dtype)), "spec.dataset.recordBytes");
+      const bool npy = spec.format == DatasetFormat::kNpy;
+      uint64_t next = 0;
+      for (int f = 0; f < files; ++f) {
+        const uint64_t count = samples / static_cast<uint64_t>(files) + (static_cast<uint64_t>(f) < samples % static_cast<uint64_t>(files) ? 1 : 0);
+        const std::string path = path_of(f, npy ? "npy" : "bin");
+        std::ofstream out(path, std::ios::binary | std::ios::trunc);
+        if (!out) return IoErrorFromErrno("create", path, errno);
+        if (npy) {
+          ASSIGN_OR_RETURN(std::string header, MakeNpyHeader(dtype, {count, rb / es}));
+          RETURN_IF_ERROR(WriteAll(out, path, reinterpret_cast<const uint8_t*>(header.data()), header.size()));
+        }
+        const uint64_t chunk = std::max<uint64_t>(1, (4ull << 20) / rb);
+        for (uint64_t done = 0; done < count; done += chunk) {
+          const uint64_t n = std::min(chunk, count - done);
+          buf.resize(n * rb);
+          for (uint64_t k = 0; k < n; ++k) FillRecord(next + done + k, buf.data() + k * rb, rb);
+          RETURN_IF_ERROR(WriteAll(out, path, buf.data(), buf.size()));
+        }
+        next += count;
+      }
+      return dir;
+    }
+    case DatasetFormat::kTokenStream: {
+      const uint64_t T = static_cast<uint64_t>(spec.sequence_length);
+      const uint64_t tokens = samples * T + 1;  // exactly `samples` samples
+      uint64_t next = 0;
+      for (int f = 0; f < files; ++f) {
+        const uint64_t count = tokens / static_cast<uint64_t>(files) + (static_cast<uint64_t>(f) < tokens % static_cast<uint64_t>(files) ? 1 : 0);
+        const std::string path = path_of(f, "tok");
+        std::ofstream out(path, std::ios::binary | std::ios::trunc);
+        if (!out) return IoErrorFromErrno("create", path, errno);
+        const uint64_t chunk = (4ull << 20) / es;
+        for (uint64_t done = 0; done < count; done += chunk) {
+          const uint64_t n = std::min(chunk, count - done);
+          buf.resize(n * es);
+          FillTokens(next + done, n, es, buf.data());
+          RETURN_IF_ERROR(WriteAll(out, path, buf.data(), buf.size()));
+        }
+        next += count;
+      }
+      return dir;
+    }
+  }
+  return Internal("unknown format");
+}
+
+int64_t FirstMismatch(const DatasetIndex& index, uint64_t id, const uint8_t* bytes) {
+  const uint64_t sb = index.sample_bytes();
+  if (index.format() == DatasetFormat::kTokenStream) {
+    const size_t es = DTypeSize(index.dtype());
+    const uint64_t tokens = sb / es;
+    const uint64_t T = tokens - 1;
+    for (uint64_t t = 0; t < tokens; ++t) {
+      const uint64_t v = Mix64(id * T + t);
+      for (size_t b = 0; b < es; ++b) {
+        if (bytes[t * es + b] != static_cast<uint8_t>(v >> (8 * b))) return static_cast<int64_t>(t * es + b);
+      }
+    }
+    return -1;
+  }
+  for (uint64_t j = 0; j < sb; j += 8) {
+    const uint64_t w = Word(id, j / 8);
+    const uint64_t n = std::min<uint64_t>(8, sb - j);
+    for (uint64_t b = 0; b < n; ++b) {
+      if (bytes[j + b] != static_cast<uint8_t>(w >> (8 * b))) return static_cast<int64_t>(j + b);
+    }
+  }
+  return -1;
+}
+
+}  // namespace meshload::synthetic

@@ -1,0 +1,38 @@
+/// \file
+/// Synthetic datasets whose bytes encode each sample's index, so a consumer
+/// can verify every byte it receives against the plan.
+///
+/// The pattern (stable: tests and docs rely on it):
+///   FixedRecord, Npy  byte j of sample i is byte (j mod 8) of the
+///                     little-endian word W(i, j div 8), with W(i, 0) = i and
+///                     W(i, k) = Mix64(i · 0x9E3779B97F4A7C15 + k) for k > 0;
+///   TokenStream       token g of the stream is Mix64(g) truncated to the
+///                     token's width (so sample i, tokens [iT, iT+T+1),
+///                     encodes its start).
+///
+/// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "planner/dataset_index.h"
+#include "planner/spec.h"
+
+namespace meshload::synthetic {
+
+/// Writes a dataset of `samples` samples in the format of `spec` into
+/// directory `dir` (created if needed; existing dataset files there are
+/// replaced), split over `files` files (a TokenStream sample may straddle
+/// two), and returns the URI to put in spec.dataset.uri. Npy needs
+/// recordBytes (bytes per sample) and a dtype whose size divides it
+/// (default uint8).
+Result<std::string> Generate(const DatasetSpec& spec, const std::string& dir, uint64_t samples, int files);
+
+/// Checks that `bytes` (sample_bytes long) are sample `id` of a generated
+/// dataset described by `index`. Returns the byte offset of the first
+/// mismatch, or -1 when every byte matches.
+int64_t FirstMismatch(const DatasetIndex& index, uint64_t id, const uint8_t* bytes);
+
+}  // namespace meshload::synthetic
