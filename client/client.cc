@@ -208,16 +208,16 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
     int wait_ms = -1;
     if (timeout) {
       const auto left = *timeout - std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
-      if (left.count() <= 0) {
-        return Status(StatusCode::kDeadlineExceeded,
-                      "no batch for step " + std::to_string(next_step_) + " within " + std::to_string(timeout->count()) + " ms",
-                      options_.socket_path);
-      }
-      wait_ms = static_cast<int>(left.count());
+      wait_ms = static_cast<int>(std::max<int64_t>(0, left.count()));  // 0 still looks once
     }
     pollfd p{conn_->fd(), POLLIN, 0};
     const int rc = ::poll(&p, 1, wait_ms);
     if (rc < 0 && errno != EINTR) return IoErrorFromErrno("poll", options_.socket_path, errno);
+    if (rc == 0 && timeout && Clock::now() - t0 >= *timeout) {
+      return Status(StatusCode::kDeadlineExceeded,
+                    "no batch for step " + std::to_string(next_step_) + " within " + std::to_string(timeout->count()) + " ms",
+                    options_.socket_path);
+    }
     if (rc <= 0) continue;
     auto got = ipc::ReceiveMessage(conn_->fd(), ipc::kMaxMessageBytes);
     if (!got.ok()) {

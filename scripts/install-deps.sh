@@ -11,7 +11,7 @@ PACKAGES=(
   libcpp-httplib-dev libssl-dev libboost-dev
   pybind11-dev python3-dev python3-numpy libdlpack-dev
   clang libclang-rt-14-dev
-  prometheus
+  prometheus curl util-linux
 )
 
 missing=()

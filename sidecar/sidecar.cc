@@ -195,6 +195,7 @@ struct Sidecar::Client {
   Clock::time_point connected_at = Clock::now();
   int64_t next_to_send = 0;
   uint32_t leases = 0;
+  std::atomic<bool> broken{false};  // a send failed; the server thread drops it
 };
 
 // ---------------------------------------------------------------------------
@@ -392,14 +393,17 @@ void Sidecar::ProducerMain() {
     metrics_->step_load.Observe(std::chrono::duration<double>(Clock::now() - t0).count());
     metrics_->samples_read.Increment(static_cast<double>(stats.samples_read));
     if (pool_->MarkReady(*slot)) {
-      std::lock_guard lock(producer_mu_);
-      if (gen == generation_) {
-        next_step_ = step + 1;
-        metrics_->batches_staged.Increment();
-        if (step == target_step_) target_staged_ = true;
+      {
+        std::lock_guard lock(producer_mu_);
+        if (gen == generation_) {
+          next_step_ = step + 1;
+          metrics_->batches_staged.Increment();
+          if (step == target_step_) target_staged_ = true;
+        }
       }
+      std::lock_guard lock(client_mu_);
+      SendReadyBatchesLocked();
     }
-    Notify();
   }
 }
 
@@ -491,6 +495,7 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
     std::lock_guard lock(producer_mu_);
     target_step_ = want;
   }
+  std::unique_lock client_lock(client_mu_);
   client_ = std::move(pending_);
   client_->next_to_send = want;
   const ResolvedJob& rj = planner_->job();
@@ -512,6 +517,7 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
   sh.global_batch = rj.global_batch;
   Status st = ipc::SendMessage(client_->fd.get(), ipc::Encode(sh), {memory_->fd()});
   if (!st.ok()) {
+    client_lock.unlock();
     DropClient("sending SERVER_HELLO failed: " + st.ToString());
     return;
   }
@@ -520,11 +526,11 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
   LogInfo("trainer connected", {{"pid", static_cast<int64_t>(client_->pid)},
                                 {"uid", static_cast<uint64_t>(client_->uid)},
                                 {"step", want}});
-  SendReadyBatches();
+  SendReadyBatchesLocked();
 }
 
-void Sidecar::SendReadyBatches() {
-  if (!client_) return;
+void Sidecar::SendReadyBatchesLocked() {
+  if (!client_ || client_->broken) return;
   while (auto slot = pool_->Lease(client_->next_to_send)) {
     ipc::Ready r;
     r.step = client_->next_to_send;
@@ -536,8 +542,10 @@ void Sidecar::SendReadyBatches() {
     }
     Status st = ipc::SendMessage(client_->fd.get(), ipc::Encode(r));
     if (!st.ok()) {
+      // Possibly on the producer thread: leave the dropping to the server.
       pool_->Release(*slot, r.step);
-      DropClient("sending READY failed: " + st.ToString());
+      client_->broken = true;
+      Notify();
       return;
     }
     client_->leases++;
@@ -548,6 +556,7 @@ void Sidecar::SendReadyBatches() {
 }
 
 void Sidecar::DropClient(const std::string& why) {
+  std::lock_guard lock(client_mu_);
   if (!client_) return;
   const uint32_t reclaimed = pool_->ReclaimLeases();
   metrics_->leases_reclaimed.Increment(reclaimed);
@@ -585,10 +594,11 @@ void Sidecar::ServeClientMessage() {
       DropClient("bad RELEASE");
       return;
     }
-    client_->leases--;
     metrics_->batches_consumed.Increment();
     metrics_->trainer_wait.Observe(static_cast<double>(rel->wait_ns) / 1e9);
-    SendReadyBatches();
+    std::lock_guard lock(client_mu_);
+    client_->leases--;
+    SendReadyBatchesLocked();
     return;
   }
   metrics_->Error("protocol");
@@ -614,6 +624,7 @@ void Sidecar::Watchdog() {
   const double blocked = since ? static_cast<double>(NowNs() - since) / 1e9 : 0.0;
   if (blocked > limit && client_) {
     if (!reported_blocked_) {
+      std::lock_guard lock(client_mu_);
       LogWarn("trainer holds every slot; staging is paused", {{"seconds", blocked},
                                                               {"leased", static_cast<uint64_t>(client_->leases)},
                                                               {"next_step", client_->next_to_send}});
@@ -696,7 +707,7 @@ int Sidecar::Run() {
       LogWarn("dropped a trainer connection: no CLIENT_HELLO in time", {{"pid", static_cast<int64_t>(pending_->pid)}});
       pending_.reset();
     }
-    SendReadyBatches();
+    if (client_ && client_->broken) DropClient("sending READY failed");
     if (Clock::now() - last_watchdog > std::chrono::milliseconds(500)) {
       Watchdog();
       last_watchdog = Clock::now();

@@ -98,7 +98,10 @@ class Sidecar {
   void ServeClientMessage();
   void AcceptClient();
   void OnHello(const ipc::ClientHello& hello);
-  void SendReadyBatches();
+  // Leases and sends READY for every staged step the trainer is due; the
+  // producer calls it right after staging (no hop through the server
+  // thread), the server after RELEASE and hello. Needs client_mu_.
+  void SendReadyBatchesLocked();
   void DropClient(const std::string& why);
   void Watchdog();
   std::pair<bool, std::string> Readiness() const;
@@ -121,6 +124,9 @@ class Sidecar {
 
   UniqueFd listen_fd_;
   UniqueFd event_fd_;  // producer -> server wake-ups, and RequestStop()
+  // client_ is set and reset by the server thread only, under client_mu_;
+  // the producer reads it (and sends READY) under client_mu_.
+  std::mutex client_mu_;
   std::unique_ptr<Client> client_;
   std::unique_ptr<Client> pending_;  // connected, no CLIENT_HELLO yet
   // Refused connections: their ERROR is sent, but closing at once with the

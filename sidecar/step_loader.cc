@@ -61,7 +61,11 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const ShardPlanner& plann
     loader->files_.push_back(src);
   }
   if (loading.strategy == Strategy::kGlobalLoad) loader->discard_.resize(job.dataset.sample_bytes());
-  for (int i = 0; i < options.reader_threads; ++i) loader->threads_.emplace_back([l = loader.get()] { l->ReaderMain(); });
+  for (int i = 0; i < options.reader_threads; ++i) loader->inflight_.push_back(std::make_unique<Inflight>());
+  // The thread calling Load() reads a share itself (inflight_[0]): start one fewer.
+  for (int i = 1; i < options.reader_threads; ++i) {
+    loader->threads_.emplace_back([l = loader.get(), i] { l->ReaderMain(*l->inflight_[static_cast<size_t>(i)]); });
+  }
   return loader;
 }
 
@@ -165,7 +169,7 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<Rea
     for (const Piece& p : pieces) {
       const bool touches = op && prev && p.file == prev->file && p.offset <= pos;
       if (!touches || op_bytes >= options_.max_read_bytes) {
-        ops.push_back({files_[p.file].second, p.offset, {}, files_[p.file].first});
+        ops.push_back({&files_[p.file].second, p.offset, {}, files_[p.file].first, 0});
         op = &ops.back();
         pos = p.offset;
         op_bytes = 0;
@@ -181,6 +185,7 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<Rea
           if (op->iov.back().iov_len == 0) op->iov.pop_back();
           pos -= overlap;
           op_bytes -= overlap;
+          op->length -= overlap;
         } else if (p.dest != nullptr) {
           fixups.push_back({p.dest, prev->dest + (p.offset - prev->offset), overlap});
           stats.bytes_copied += overlap;
@@ -193,6 +198,7 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<Rea
       if (len > 0) {
         uint8_t* d = p.dest ? p.dest + skip : discard_.data();
         op->iov.push_back({d, static_cast<size_t>(len)});
+        op->length += len;
         pos += len;
         op_bytes += len;
         stats.bytes_read += len;
@@ -208,13 +214,13 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<Rea
 Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats_out) {
   StepPlan plan = planner_.PlanStep(step, loading_, process_);
   StepLoadStats stats;
-  std::vector<ReadOp> ops;
-  std::vector<Fixup> fixups;
-  std::vector<std::pair<size_t, size_t>> replica_copies;
-  RETURN_IF_ERROR(BuildOps(plan, slot, ops, fixups, replica_copies, stats));
-  RETURN_IF_ERROR(RunOps(ops));
-  for (const Fixup& f : fixups) std::memcpy(f.dst, f.src, f.len);
-  for (const auto& [from, to] : replica_copies) {
+  ops_.clear();
+  fixups_.clear();
+  replica_copies_.clear();
+  RETURN_IF_ERROR(BuildOps(plan, slot, ops_, fixups_, replica_copies_, stats));
+  RETURN_IF_ERROR(RunOps(ops_));
+  for (const Fixup& f : fixups_) std::memcpy(f.dst, f.src, f.len);
+  for (const auto& [from, to] : replica_copies_) {
     std::memcpy(slot + layout_.devices[to].offset, slot + layout_.devices[from].offset, layout_.devices[to].nbytes);
   }
   checksums.resize(plan.devices.size());
@@ -226,44 +232,81 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& chec
 }
 
 Status StepLoader::RunOps(std::vector<ReadOp>& ops) {
-  std::unique_lock lock(mu_);
-  first_error_ = Status::Ok();
-  outstanding_ = ops.size();
-  for (ReadOp& op : ops) queue_.push_back(&op);
+  // Dispatch costs a wake-up per thread, which is more than a few small
+  // reads cost: a small step is read inline; a larger one is cut into one
+  // contiguous chunk of ops per thread, and this thread reads a chunk too.
+  uint64_t total = 0;
+  for (const ReadOp& op : ops) total += op.length;
+  const size_t threads = threads_.size() + 1;
+  if (total < options_.inline_step_bytes || ops.size() < 2 || threads == 1) {
+    return RunChunk(ops.data(), ops.size(), *inflight_[0]);
+  }
+  const uint64_t per_chunk = (total + threads - 1) / threads;
+  std::vector<std::pair<ReadOp*, size_t>> chunks;
+  size_t begin = 0;
+  uint64_t acc = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    acc += ops[i].length;
+    if (acc >= per_chunk || i + 1 == ops.size()) {
+      chunks.emplace_back(ops.data() + begin, i + 1 - begin);
+      begin = i + 1;
+      acc = 0;
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    first_error_ = Status::Ok();
+    outstanding_ = chunks.size() - 1;
+    for (size_t c = 1; c < chunks.size(); ++c) queue_.push_back(chunks[c]);
+  }
   work_.notify_all();
+  Status mine = RunChunk(chunks[0].first, chunks[0].second, *inflight_[0]);
+  std::unique_lock lock(mu_);
   done_.wait(lock, [&] { return outstanding_ == 0; });
+  if (!mine.ok()) return mine;
   return first_error_;
 }
 
-void StepLoader::ReaderMain() {
+Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
+  for (size_t i = 0; i < count; ++i) {
+    ReadOp* op = &ops[i];
+    slot.start_ns.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    slot.offset.store(op->offset, std::memory_order_relaxed);
+    slot.length.store(op->length, std::memory_order_relaxed);
+    slot.uri.store(op->uri, std::memory_order_release);
+    Status st = op->source->ReadV(*op->uri, op->offset, op->iov);
+    slot.uri.store(nullptr, std::memory_order_release);
+    if (!st.ok()) return st;  // the step is abandoned: skip the rest of the chunk
+  }
+  return Status::Ok();
+}
+
+void StepLoader::ReaderMain(Inflight& slot) {
   std::unique_lock lock(mu_);
   while (true) {
     work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (stop_) return;
-    ReadOp* op = queue_.front();
+    auto [ops, count] = queue_.front();
     queue_.pop_front();
-    // After a failure the rest of the step is skipped: the slot is abandoned.
-    const bool skip = !first_error_.ok();
-    inflight_.push_back({op, std::chrono::steady_clock::now()});
     lock.unlock();
-    Status st = skip ? Status::Ok() : op->source->ReadV(op->uri, op->offset, op->iov);
+    Status st = RunChunk(ops, count, slot);
     lock.lock();
-    inflight_.erase(std::find_if(inflight_.begin(), inflight_.end(), [&](const Inflight& i) { return i.op == op; }));
     if (!st.ok() && first_error_.ok()) first_error_ = st;
     if (--outstanding_ == 0) done_.notify_all();
   }
 }
 
 InflightRead StepLoader::OldestInflight() const {
-  std::lock_guard lock(mu_);
+  // A reader may move on between these loads; at worst the report mixes
+  // two consecutive reads of one thread, which is fine for a watchdog.
   InflightRead out;
-  const auto now = std::chrono::steady_clock::now();
-  for (const Inflight& i : inflight_) {
-    const double s = std::chrono::duration<double>(now - i.start).count();
+  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  for (const auto& slot : inflight_) {
+    const std::string* uri = slot->uri.load(std::memory_order_acquire);
+    if (!uri) continue;
+    const double s = static_cast<double>(now - slot->start_ns.load(std::memory_order_relaxed)) / 1e9;
     if (s > out.seconds) {
-      uint64_t len = 0;
-      for (const iovec& v : i.op->iov) len += v.iov_len;
-      out = {i.op->uri, i.op->offset, len, s};
+      out = {*uri, slot->offset.load(std::memory_order_relaxed), slot->length.load(std::memory_order_relaxed), s};
     }
   }
   return out;

@@ -45,10 +45,14 @@
 namespace meshload::sidecar {
 
 struct StepLoaderOptions {
+  /// Threads reading a step, the caller of Load() included.
   int reader_threads = 4;
   /// Coalesced ranges longer than this are split (at sample boundaries where
   /// possible) so that reader threads share a large contiguous read.
   uint64_t max_read_bytes = 8ull << 20;
+  /// Steps smaller than this are read by the producer thread alone: waking
+  /// reader threads costs more than the reads.
+  uint64_t inline_step_bytes = 512ull << 10;
 };
 
 /// What one Load() did, for metrics.
@@ -97,10 +101,20 @@ class StepLoader {
 
  private:
   struct ReadOp {
-    std::string uri;
+    const std::string* uri = nullptr;  // into files_, stable for the loader's life
     uint64_t offset = 0;
     std::vector<iovec> iov;
     source::Source* source = nullptr;
+    uint64_t length = 0;  // sum of the iovecs
+  };
+  // What each reading thread is doing, for OldestInflight(): written with
+  // relaxed atomics by the reader (no lock per read), read by the watchdog.
+  // Only stable data is published (no pointer into a step's scratch).
+  struct Inflight {
+    std::atomic<const std::string*> uri{nullptr};  // null: idle
+    std::atomic<uint64_t> offset{0};
+    std::atomic<uint64_t> length{0};
+    std::atomic<int64_t> start_ns{0};
   };
   struct Fixup {
     uint8_t* dst;
@@ -113,7 +127,8 @@ class StepLoader {
   Status BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<ReadOp>& ops, std::vector<Fixup>& fixups,
                   std::vector<std::pair<size_t, size_t>>& replica_copies, StepLoadStats& stats);
   Status RunOps(std::vector<ReadOp>& ops);
-  void ReaderMain();
+  Status RunChunk(ReadOp* ops, size_t count, Inflight& slot);
+  void ReaderMain(Inflight& slot);
 
   const ShardPlanner& planner_;
   const int64_t process_;
@@ -128,15 +143,15 @@ class StepLoader {
   mutable std::mutex mu_;
   std::condition_variable work_;
   std::condition_variable done_;
-  std::deque<ReadOp*> queue_;
+  std::deque<std::pair<ReadOp*, size_t>> queue_;  // chunks of the current step
   size_t outstanding_ = 0;
   Status first_error_;
   bool stop_ = false;
-  struct Inflight {
-    const ReadOp* op;
-    std::chrono::steady_clock::time_point start;
-  };
-  std::vector<Inflight> inflight_;  // guarded by mu_
+  std::vector<std::unique_ptr<Inflight>> inflight_;  // one per reading thread, fixed at Create()
+  // Scratch reused across steps (Load() is single-threaded).
+  std::vector<ReadOp> ops_;
+  std::vector<Fixup> fixups_;
+  std::vector<std::pair<size_t, size_t>> replica_copies_;
   std::vector<std::thread> threads_;
 };
 

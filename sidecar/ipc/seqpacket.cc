@@ -6,6 +6,7 @@
 #include <sys/un.h>
 
 #include <cstring>
+#include <vector>
 
 #include "sidecar/ipc/protocol.h"
 
@@ -110,8 +111,12 @@ Status SendMessage(int fd, const std::string& bytes, const std::vector<int>& fds
 
 Result<Received> ReceiveMessage(int fd, size_t max_bytes) {
   Received out;
-  out.bytes.resize(max_bytes + 1);  // one spare byte tells an oversized datagram
-  iovec iov{out.bytes.data(), out.bytes.size()};
+  // One buffer per thread, reused: messages are small and frequent, and a
+  // fresh 64 KiB buffer per message would be zero-filled every time. One
+  // spare byte tells an oversized datagram.
+  thread_local std::vector<char> buffer;
+  if (buffer.size() < max_bytes + 1) buffer.resize(max_bytes + 1);
+  iovec iov{buffer.data(), max_bytes + 1};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -142,7 +147,7 @@ Result<Received> ReceiveMessage(int fd, size_t max_bytes) {
   if (static_cast<size_t>(n) > max_bytes || (msg.msg_flags & MSG_TRUNC)) {
     return InvalidArgument("message larger than the " + std::to_string(max_bytes) + "-byte limit");
   }
-  out.bytes.resize(static_cast<size_t>(n));
+  out.bytes.assign(buffer.data(), static_cast<size_t>(n));
   return out;
 }
 

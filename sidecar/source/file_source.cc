@@ -1,13 +1,20 @@
 // The "file" source: preadv(2) from local files straight into the caller's
-// iovecs, with a bounded LRU cache of open descriptors.
+// iovecs, with a bounded LRU cache of open descriptors. Small reads are
+// copied from a read-only mapping instead (one memcpy, no system call),
+// guarded against SIGBUS so that a file truncated under a read is an error.
 
 #include <fcntl.h>
 #include <limits.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -32,19 +39,94 @@ std::string At(const std::string& path, uint64_t offset) {
   return path + "@" + std::to_string(offset);
 }
 
+// --- SIGBUS guard for mapped reads ----------------------------------------
+// Touching a mapped page past the end of a file that shrank raises SIGBUS.
+// A guarded copy records its source range; the handler jumps back out of the
+// copy when the fault lies in it, and otherwise restores the previous
+// disposition so any other SIGBUS behaves as if we were not here.
+// volatile + signal fences: the compiler knows memcpy reads no globals and
+// would otherwise drop the stores before the copy as dead.
+thread_local sigjmp_buf* volatile t_bus_jump = nullptr;
+thread_local const uint8_t* volatile t_bus_lo = nullptr;
+thread_local const uint8_t* volatile t_bus_hi = nullptr;
+struct sigaction g_previous_bus;
+
+void OnSigbus(int, siginfo_t* info, void*) {
+  const auto* addr = static_cast<const uint8_t*>(info->si_addr);
+  if (t_bus_jump != nullptr && addr >= t_bus_lo && addr < t_bus_hi) siglongjmp(*t_bus_jump, 1);
+  ::sigaction(SIGBUS, &g_previous_bus, nullptr);  // returning re-runs the access
+}
+
+void InstallSigbusGuard() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = OnSigbus;
+    // NODEFER: the jump out of the handler does not restore the signal mask.
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous_bus);
+  });
+}
+
+// Copies n bytes from a mapping; false if the source faulted (the file shrank).
+bool GuardedCopy(void* dst, const uint8_t* src, size_t n) {
+  sigjmp_buf env;
+  if (sigsetjmp(env, 0) != 0) {
+    t_bus_jump = nullptr;
+    return false;
+  }
+  t_bus_lo = src;
+  t_bus_hi = src + n;
+  t_bus_jump = &env;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(dst, src, n);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_bus_jump = nullptr;
+  return true;
+}
+
 // One open descriptor, closed when the last holder lets go. Readers hold a
-// shared_ptr for the length of their preadv, so evicting the entry from the
-// cache never closes a descriptor under a read in flight.
+// shared_ptr for the length of their read, so evicting the entry from the
+// cache never closes a descriptor (or unmaps a mapping) under a read in
+// flight. The mapping is made on the first small read.
 class FileHandle {
  public:
   explicit FileHandle(int fd) : fd_(fd) {}
-  ~FileHandle() { ::close(fd_); }
+  ~FileHandle() {
+    if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_);
+    ::close(fd_);
+  }
   FileHandle(const FileHandle&) = delete;
   FileHandle& operator=(const FileHandle&) = delete;
   int fd() const { return fd_; }
 
+  // The whole file mapped read-only, or nullptr (empty file, mmap failure).
+  const uint8_t* Mapping(uint64_t* size) const {
+    std::call_once(map_once_, [this] {
+      struct stat st;
+      if (::fstat(fd_, &st) != 0 || st.st_size <= 0) return;
+      void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd_, 0);
+      if (p == MAP_FAILED) return;
+      ::madvise(p, static_cast<size_t>(st.st_size), MADV_RANDOM);  // samples are read shuffled
+      map_ = static_cast<const uint8_t*>(p);
+      map_size_ = static_cast<uint64_t>(st.st_size);
+    });
+    *size = map_size_;
+    return map_;
+  }
+  // Drops the mapping's pages from this process (not from the page cache).
+  void DropResidentPages() const {
+    if (map_ != nullptr && touched_.exchange(false)) ::madvise(const_cast<uint8_t*>(map_), map_size_, MADV_DONTNEED);
+  }
+  void MarkTouched() const { touched_.store(true, std::memory_order_relaxed); }
+
  private:
   int fd_;
+  mutable std::once_flag map_once_;
+  mutable const uint8_t* map_ = nullptr;
+  mutable uint64_t map_size_ = 0;
+  mutable std::atomic<bool> touched_{false};
 };
 
 // At most `capacity` cached descriptors, least recently used evicted first.
@@ -92,6 +174,14 @@ class FdCache {
     return handle;
   }
 
+  // The cached handles (for dropping mapped pages).
+  std::vector<std::shared_ptr<const FileHandle>> Snapshot() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::shared_ptr<const FileHandle>> out;
+    for (const auto& e : lru_) out.push_back(e.second);
+    return out;
+  }
+
  private:
   using Entry = std::pair<std::string, std::shared_ptr<const FileHandle>>;
 
@@ -108,7 +198,11 @@ class FileSource final : public Source {
  public:
   explicit FileSource(const SourceOptions& options)
       : observer_(options.observer != nullptr ? options.observer : &NullObserver()),
-        fds_(static_cast<size_t>(options.max_open_files)) {}
+        fds_(static_cast<size_t>(options.max_open_files)),
+        mmap_below_(options.mmap_reads_below),
+        resident_limit_(options.mmap_resident_limit) {
+    if (mmap_below_ > 0) InstallSigbusGuard();
+  }
 
   Result<ObjectInfo> Stat(const std::string& path) override {
     struct stat st;
@@ -143,7 +237,8 @@ class FileSource final : public Source {
                          handle.status().code() == StatusCode::kNotFound ? "not_found" : "io");
       return handle.status();
     }
-    Status st = ReadFully((*handle)->fd(), path, offset, total, iov);
+    Status st = total < mmap_below_ ? ReadMapped(**handle, path, offset, total, iov)
+                                    : ReadFully((*handle)->fd(), path, offset, total, iov);
     if (!st.ok()) {
       observer_->OnError(kScheme, st.code() == StatusCode::kDataLoss ? "data_loss" : "io");
       return st;
@@ -199,6 +294,29 @@ class FileSource final : public Source {
     return Status::Ok();
   }
 
+  // Copies [offset, offset + total) from the file's mapping. A range past
+  // the mapped size, or a fault because the file shrank, falls back to
+  // preadv, which reports the short read with the file's current size.
+  Status ReadMapped(const FileHandle& h, const std::string& path, uint64_t offset, uint64_t total,
+                    const std::vector<iovec>& iov) {
+    uint64_t size = 0;
+    const uint8_t* map = h.Mapping(&size);
+    if (map == nullptr || offset > size || total > size - offset) return ReadFully(h.fd(), path, offset, total, iov);
+    h.MarkTouched();
+    uint64_t at = offset;
+    for (const iovec& v : iov) {
+      if (!GuardedCopy(v.iov_base, map + at, v.iov_len)) {
+        return ReadFully(h.fd(), path, offset, total, iov);
+      }
+      at += v.iov_len;
+    }
+    if (copied_.fetch_add(total, std::memory_order_relaxed) + total >= resident_limit_) {
+      copied_.store(0, std::memory_order_relaxed);
+      for (const auto& handle : fds_.Snapshot()) handle->DropResidentPages();
+    }
+    return Status::Ok();
+  }
+
   static Status ShortRead(int fd, const std::string& path, uint64_t offset, uint64_t total,
                           uint64_t done) {
     std::string msg = "short read: wanted " + std::to_string(total) + " bytes at offset " +
@@ -214,6 +332,9 @@ class FileSource final : public Source {
 
   SourceObserver* observer_;
   FdCache fds_;
+  const uint64_t mmap_below_;
+  const uint64_t resident_limit_;
+  std::atomic<uint64_t> copied_{0};  // through mappings since pages were last dropped
 };
 
 }  // namespace

@@ -75,6 +75,17 @@ struct SourceOptions {
   std::string ca_file;
   // Local files: at most this many file descriptors kept open.
   int max_open_files = 256;
+  // Local files: reads smaller than this are copied from a read-only
+  // mapping of the file instead of a preadv call each (small samples cost
+  // more in system calls than in copying); 0 turns mapping off. A file that
+  // shrinks under a mapped read is still a kDataLoss error, not a SIGBUS.
+  uint64_t mmap_reads_below = 256 << 10;
+  // Local files: after this many bytes are copied through mappings, their
+  // pages are dropped from the process (MADV_DONTNEED; the page cache keeps
+  // them). Mapped page-cache pages count in RSS (RssFile) although they are
+  // shared and reclaimable; the limit bounds that figure and the page
+  // tables. Dropping costs a refault per page later, so it is not small.
+  uint64_t mmap_resident_limit = 1ull << 30;
   SourceObserver* observer = nullptr;  // NullObserver() when null
 };
 

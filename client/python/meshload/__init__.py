@@ -1,0 +1,66 @@
+"""meshload: the trainer side of the meshload data loader.
+
+A meshload sidecar next to the trainer stages each step's batch in shared
+memory; this package connects to it over its Unix socket and hands the batch
+over as zero-copy tensors, one per local device, through DLPack::
+
+    import meshload, torch
+
+    with meshload.Client("/run/meshload/sidecar.sock") as client:
+        for batch in client:                        # steps 0, 1, 2, ... in order
+            for dev, t in enumerate(batch.tensors):  # the job's local device order
+                x = torch.from_dlpack(t)             # a view of the staged slot
+                ...
+            del batch, x                             # the slot goes back to the sidecar
+
+Lifetime. A Batch, its Tensors, and every array made from them with
+``from_dlpack`` share the batch's slot lease: the slot is released when the
+last of them is gone. Holding ``prefetch`` batches (or arrays viewing them)
+stalls the sidecar until one is dropped; copy what must outlive the step.
+The arrays are writable views of memory the sidecar reuses after release.
+``close()`` (and leaving the ``with`` block) gives every slot back at once:
+batches still alive stay mapped, so reading them cannot fault, but the
+sidecar restages into their slots -- finish with them, or copy, first.
+
+Errors. Iteration and ``Client.next()`` go on for ever. If the sidecar
+restarts, the client reconnects and resumes at the next step with identical
+bytes (``reconnects`` counts these). When it does not come back within
+``max_reconnect_attempts`` (bounded exponential backoff, 50 ms to 2 s),
+``SidecarGone`` (a ConnectionError) is raised. ``next(timeout=s)`` raises
+TimeoutError when no batch is staged within ``s`` seconds (the reconnect
+backoff is not cut short by it). Any other problem -- a data error the
+sidecar reported, a protocol violation -- raises ``MeshloadError`` (a
+RuntimeError). Both meshload exceptions carry ``.code``, e.g. "data_loss".
+
+DLPack. ``Tensor.__dlpack__`` follows the Python array API: a consumer
+passing ``max_version >= (1, 0)`` gets a DLPack 1.0 "dltensor_versioned"
+capsule, others (numpy < 2, older torch) a legacy "dltensor" capsule. The
+memory is host memory (``__dlpack_device__() == (1, 0)``); ``copy=True`` and
+other devices are refused with BufferError.
+
+Threads. ``next()`` releases the GIL while it waits; concurrent ``next()`` /
+``close()`` calls on one Client are serialized. A blocking ``next()`` without
+a timeout does not return for a signal (KeyboardInterrupt is delivered when
+it returns); pass a timeout in a loop if the trainer must stay interruptible.
+
+Public names:
+    Client(socket_path, start_step=None, max_reconnect_attempts=8)
+        .next(timeout=None) -> Batch, iteration, context manager, .close(),
+        .next_step, .reconnects, .job, .process, .devices, .slots,
+        .steps_per_epoch, .global_batch, .socket_path, .closed
+    Batch: .step, .tensors, .wait_seconds, .slot
+    Tensor: .shape, .dtype, .nbytes, .ndim, .global_device, .ids_checksum,
+        .device, .step, .data_ptr, __dlpack__(), __dlpack_device__()
+    MeshloadError, SidecarGone
+"""
+
+from ._meshload import (  # noqa: F401  (re-exported)
+    Batch,
+    Client,
+    MeshloadError,
+    SidecarGone,
+    Tensor,
+    __version__,
+)
+
+__all__ = ["Batch", "Client", "MeshloadError", "SidecarGone", "Tensor", "__version__"]

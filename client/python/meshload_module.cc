@@ -1,0 +1,510 @@
+/// \file
+/// meshload._meshload: the Python face of client::Client (client/client.h).
+///
+///   with meshload.Client("/run/meshload/sidecar.sock") as client:
+///     for batch in client:                       # blocks until staged
+///       x = torch.from_dlpack(batch.tensors[0])  # zero-copy view of the slot
+///
+/// Ownership is the whole contract. A Batch, each of its Tensors, and every
+/// DLPack export of a Tensor hold one reference to the batch's
+/// client::Lease; the slot goes back to the sidecar (RELEASE) when the last
+/// of them dies, so a framework tensor made by from_dlpack keeps its memory
+/// staged and mapped for as long as it lives, and a trainer that keeps
+/// `prefetch` batches alive stalls the sidecar (by design: memory stays
+/// bounded). Nothing is ever copied.
+///
+/// DLPack: __dlpack__ follows the Python array API (2023.12): a consumer that
+/// passes max_version >= (1, 0) gets a "dltensor_versioned" capsule holding a
+/// DLManagedTensorVersioned (DLPack 1.0 ABI, dlpack_versioned.h); any other
+/// gets a legacy "dltensor" capsule. The capsule destructor frees the managed
+/// tensor only while the capsule is unconsumed; a consumer renames it
+/// "used_dltensor[_versioned]" and owns the deleter from then on. The
+/// deleter touches no Python object and needs no GIL: consumers call it from
+/// any thread (a framework's allocator, a garbage collector).
+///
+/// Errors: the sidecar gone for good (kUnavailable after the reconnect
+/// attempts) raises meshload.SidecarGone (a ConnectionError); a timeout
+/// raises TimeoutError; everything else meshload.MeshloadError (a
+/// RuntimeError). Both meshload exceptions carry `.code`, the C++ status
+/// code name ("data_loss", "failed_precondition", ...).
+///
+/// Thread safety: every object may be shared between Python threads.
+/// Client.next() releases the GIL while it blocks; calls of next() and
+/// close() on one Client are serialized (a second caller waits, without the
+/// GIL, for the first). Lease release never needs the GIL and never waits on
+/// Python, so dropping a batch from any thread cannot deadlock.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "client/client.h"
+#include "client/python/dlpack_versioned.h"
+#include "common/status.h"
+
+#ifndef MESHLOAD_VERSION
+#define MESHLOAD_VERSION "unknown"
+#endif
+
+namespace meshload::python {
+namespace {
+
+namespace py = pybind11;
+
+// The module's exception types; created once at import and never freed (the
+// module dict holds them too), so a raise never races module teardown.
+PyObject* g_meshload_error = nullptr;
+PyObject* g_sidecar_gone = nullptr;
+
+/// Raises `type(message)` with `.code = code` and unwinds to pybind11.
+[[noreturn]] void RaiseWithCode(PyObject* type, const std::string& message, std::string_view code) {
+  py::object exc = py::reinterpret_borrow<py::object>(type)(message);
+  exc.attr("code") = py::str(code.data(), code.size());
+  PyErr_SetObject(type, exc.ptr());
+  throw py::error_already_set();
+}
+
+/// Maps a client Status onto the Python exception the API promises.
+[[noreturn]] void RaiseStatus(const Status& st) {
+  const std::string message = st.ToString();
+  switch (st.code()) {
+    case StatusCode::kDeadlineExceeded:
+      PyErr_SetString(PyExc_TimeoutError, message.c_str());
+      throw py::error_already_set();
+    case StatusCode::kUnavailable:
+      RaiseWithCode(g_sidecar_gone, message, StatusCodeName(st.code()));
+    default:
+      RaiseWithCode(g_meshload_error, message, StatusCodeName(st.code()));
+  }
+}
+
+/// numpy's spelling of a DLPack (code, bits) pair with one lane.
+std::string DTypeName(uint8_t code, uint8_t bits) {
+  struct Name {
+    uint8_t code, bits;
+    const char* name;
+  };
+  static constexpr Name kNames[] = {
+      {kDLInt, 8, "int8"},       {kDLUInt, 8, "uint8"},     {kDLInt, 16, "int16"},
+      {kDLUInt, 16, "uint16"},   {kDLInt, 32, "int32"},     {kDLUInt, 32, "uint32"},
+      {kDLInt, 64, "int64"},     {kDLUInt, 64, "uint64"},   {kDLFloat, 16, "float16"},
+      {kDLFloat, 32, "float32"}, {kDLFloat, 64, "float64"}, {kDLBfloat, 16, "bfloat16"},
+      {kDLBoolCode, 8, "bool"},
+  };
+  for (const Name& n : kNames) {
+    if (n.code == code && n.bits == bits) return n.name;
+  }
+  // A newer sidecar may stage a type this build does not know; say what it
+  // is rather than fail, since the bytes are still usable through DLPack.
+  return "dlpack(code=" + std::to_string(code) + ",bits=" + std::to_string(bits) + ")";
+}
+
+py::tuple ToTuple(const std::vector<int64_t>& v) {
+  py::tuple t(v.size());
+  for (size_t i = 0; i < v.size(); ++i) t[i] = py::int_(v[i]);
+  return t;
+}
+
+/// One DLPack export: the managed tensor a consumer holds, plus everything
+/// it points at. The Lease keeps the slot leased and the pool mapped; the
+/// shape and strides are copies so the export outlives the Tensor object.
+template <typename Managed>
+struct Export {
+  Managed managed{};
+  std::shared_ptr<client::Lease> lease;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+
+  /// The DLPack deleter. Runs in the consumer, on any thread, with or
+  /// without the GIL: it may only drop C++ state (the last Lease reference
+  /// sends RELEASE on the socket, which needs no Python).
+  static void Delete(Managed* self) noexcept {
+    if (self == nullptr) return;
+    delete static_cast<Export*>(self->manager_ctx);
+  }
+};
+
+/// The capsule names of the Python DLPack protocol, before and after a
+/// consumer takes ownership.
+template <typename Managed>
+struct CapsuleNames;
+template <>
+struct CapsuleNames<DLManagedTensor> {
+  static constexpr const char* kFresh = "dltensor";
+  static constexpr const char* kUsed = "used_dltensor";
+};
+template <>
+struct CapsuleNames<DLManagedTensorVersioned> {
+  static constexpr const char* kFresh = "dltensor_versioned";
+  static constexpr const char* kUsed = "used_dltensor_versioned";
+};
+
+/// Frees an export nobody consumed. A consumer renames the capsule to the
+/// "used_" name when it takes the managed tensor, and from then on it alone
+/// calls the deleter; calling it here too would be a double free.
+template <typename Managed>
+void CapsuleDestructor(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, CapsuleNames<Managed>::kUsed)) return;
+  // A destructor may run while an exception is propagating; keep it intact.
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  auto* managed =
+      static_cast<Managed*>(PyCapsule_GetPointer(capsule, CapsuleNames<Managed>::kFresh));
+  if (managed == nullptr) {
+    PyErr_WriteUnraisable(capsule);
+  } else if (managed->deleter != nullptr) {
+    managed->deleter(managed);
+  }
+  PyErr_Restore(type, value, traceback);
+}
+
+/// One local device's tensor of a batch: a view into the leased slot.
+class Tensor {
+ public:
+  Tensor(client::Tensor t, std::shared_ptr<client::Lease> lease, int64_t step)
+      : t_(std::move(t)), lease_(std::move(lease)), step_(step) {}
+
+  py::tuple shape() const { return ToTuple(t_.shape); }
+  std::string dtype() const { return DTypeName(t_.dtype_code, t_.dtype_bits); }
+  uint64_t nbytes() const { return t_.nbytes; }
+  int64_t ndim() const { return static_cast<int64_t>(t_.shape.size()); }
+  int64_t global_device() const { return t_.global_device; }
+  uint64_t ids_checksum() const { return t_.ids_checksum; }
+  int64_t step() const { return step_; }
+  uintptr_t data_ptr() const { return reinterpret_cast<uintptr_t>(t_.data); }
+  py::tuple device() const { return py::make_tuple(t_.device_type, t_.device_id); }
+
+  std::string Repr() const {
+    std::string shape;
+    for (size_t i = 0; i < t_.shape.size(); ++i) {
+      shape += (i ? ", " : "") + std::to_string(t_.shape[i]);
+    }
+    if (t_.shape.size() == 1) shape += ",";
+    return "<meshload.Tensor step=" + std::to_string(step_) +
+           " global_device=" + std::to_string(t_.global_device) + " shape=(" + shape +
+           ") dtype=" + dtype() + ">";
+  }
+
+  /// __dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)
+  py::object DLPack(const py::object& stream, const py::object& max_version,
+                    const py::object& dl_device, const py::object& copy) const {
+    // Host memory has no stream to order against. -1 ("do not synchronize")
+    // asks for nothing either, so it is accepted too.
+    if (!stream.is_none() && !(py::isinstance<py::int_>(stream) && stream.equal(py::int_(-1)))) {
+      throw py::buffer_error(
+          "meshload tensors are in host memory: __dlpack__ takes stream=None, got " +
+          py::repr(stream).cast<std::string>());
+    }
+    if (!dl_device.is_none()) {
+      const py::tuple mine = device();
+      if (!dl_device.equal(mine)) {
+        throw py::buffer_error(
+            "meshload tensors live on DLPack device " + py::repr(mine).cast<std::string>() +
+            " and are never copied; cannot export to " + py::repr(dl_device).cast<std::string>());
+      }
+    }
+    if (!copy.is_none()) {
+      const int truth = PyObject_IsTrue(copy.ptr());
+      if (truth < 0) throw py::error_already_set();
+      if (truth) {
+        throw py::buffer_error("meshload tensors are zero-copy views; copy in your framework");
+      }
+    }
+    bool versioned = false;
+    if (!max_version.is_none()) {
+      const bool ok = py::isinstance<py::sequence>(max_version) && py::len(max_version) == 2 &&
+                      py::isinstance<py::int_>(max_version[py::int_(0)]);
+      if (!ok) {
+        throw py::type_error("max_version must be None or a (major, minor) tuple, got " +
+                             py::repr(max_version).cast<std::string>());
+      }
+      // Compared as Python ints: a consumer from the future may send any size.
+      const py::object major = max_version[py::int_(0)];
+      const int ge = PyObject_RichCompareBool(major.ptr(), py::int_(kDLPackMajor).ptr(), Py_GE);
+      if (ge < 0) throw py::error_already_set();
+      versioned = ge == 1;
+    }
+    return versioned ? MakeCapsule<DLManagedTensorVersioned>() : MakeCapsule<DLManagedTensor>();
+  }
+
+ private:
+  template <typename Managed>
+  py::object MakeCapsule() const {
+    auto ex = std::make_unique<Export<Managed>>();
+    ex->lease = lease_;
+    ex->shape = t_.shape;
+    ex->strides = t_.strides;
+    DLTensor& dl = ex->managed.dl_tensor;
+    dl.data = t_.data;
+    dl.device = DLDevice{static_cast<DLDeviceType>(t_.device_type), t_.device_id};
+    dl.ndim = static_cast<int>(ex->shape.size());
+    dl.dtype = DLDataType{t_.dtype_code, t_.dtype_bits, 1};
+    dl.shape = ex->shape.data();
+    // Explicit element strides (the sidecar's, C order) rather than NULL:
+    // consumers then never have to guess compactness.
+    dl.strides = ex->strides.size() == ex->shape.size() ? ex->strides.data() : nullptr;
+    dl.byte_offset = 0;
+    ex->managed.manager_ctx = ex.get();
+    ex->managed.deleter = &Export<Managed>::Delete;
+    if constexpr (std::is_same_v<Managed, DLManagedTensorVersioned>) {
+      ex->managed.version = DLPackVersion{kDLPackMajor, kDLPackMinor};
+      // Writable: the slot is the trainer's until released, and the pool is
+      // mapped read-write.
+      ex->managed.flags = 0;
+    }
+    PyObject* capsule =
+        PyCapsule_New(&ex->managed, CapsuleNames<Managed>::kFresh, &CapsuleDestructor<Managed>);
+    if (capsule == nullptr) throw py::error_already_set();  // `ex` still owns the export
+    ex.release();  // the capsule (or its consumer) owns it now
+    return py::reinterpret_steal<py::object>(capsule);
+  }
+
+  client::Tensor t_;
+  std::shared_ptr<client::Lease> lease_;
+  int64_t step_;
+};
+
+/// One step's batch: a Tensor per local device, all sharing the lease.
+class Batch {
+ public:
+  explicit Batch(client::Batch b)
+      : step_(b.step), wait_seconds_(b.wait_seconds), lease_(std::move(b.lease)) {
+    tensors_.reserve(b.tensors.size());
+    for (client::Tensor& t : b.tensors) {
+      tensors_.push_back(std::make_shared<Tensor>(std::move(t), lease_, step_));
+    }
+  }
+  int64_t step() const { return step_; }
+  double wait_seconds() const { return wait_seconds_; }
+  uint32_t slot() const { return lease_->slot(); }
+  /// The same Tensor objects on every call (pybind11 maps a held pointer back
+  /// to its existing Python object), so `b.tensors[0] is b.tensors[0]`.
+  const std::vector<std::shared_ptr<Tensor>>& tensors() const { return tensors_; }
+  std::string Repr() const {
+    return "<meshload.Batch step=" + std::to_string(step_) +
+           " tensors=" + std::to_string(tensors_.size()) +
+           " slot=" + std::to_string(lease_->slot()) + ">";
+  }
+
+ private:
+  int64_t step_;
+  double wait_seconds_;
+  std::shared_ptr<client::Lease> lease_;
+  std::vector<std::shared_ptr<Tensor>> tensors_;
+};
+
+/// What the properties report; copied out of the client after every call
+/// that may reconnect, so reading a property never waits for a blocked next().
+struct Snapshot {
+  ipc::ServerHello hello;
+  int64_t next_step = 0;
+  int reconnects = 0;
+  bool closed = false;
+};
+
+class Client {
+ public:
+  Client(std::string socket_path, std::optional<int64_t> start_step, int max_reconnect_attempts)
+      : socket_path_(socket_path) {
+    if (start_step && *start_step < 0) throw py::value_error("start_step must be >= 0 or None");
+    if (max_reconnect_attempts < 0) throw py::value_error("max_reconnect_attempts must be >= 0");
+    client::ClientOptions opt;
+    opt.socket_path = std::move(socket_path);
+    opt.start_step = start_step;
+    opt.max_reconnect_attempts = max_reconnect_attempts;
+    Result<std::unique_ptr<client::Client>> c = [&] {
+      // Connect retries with backoff while the sidecar is not up yet.
+      py::gil_scoped_release nogil;
+      return client::Client::Connect(std::move(opt));
+    }();
+    if (!c.ok()) RaiseStatus(c.status());
+    client_ = std::move(*c);
+    TakeSnapshot();
+  }
+
+  std::shared_ptr<Batch> Next(std::optional<double> timeout_seconds) {
+    std::optional<std::chrono::milliseconds> timeout;
+    if (timeout_seconds && !std::isinf(*timeout_seconds)) {
+      if (std::isnan(*timeout_seconds) || *timeout_seconds < 0) {
+        throw py::value_error("timeout must be None or a number of seconds >= 0");
+      }
+      // Round up, and to at least 1 ms: the client gives up before polling
+      // once the deadline has passed, so 0 would never see a staged batch.
+      // poll() takes an int of milliseconds.
+      const double ms =
+          std::min(std::ceil(*timeout_seconds * 1000.0), static_cast<double>(INT_MAX));
+      timeout = std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(ms)));
+    }
+    Result<client::Batch> got =
+        Status(StatusCode::kFailedPrecondition, "the client is closed", socket_path_);
+    {
+      // Lock order: mu_ is only ever taken without the GIL, so a thread that
+      // waits here cannot hold up the thread inside Next().
+      py::gil_scoped_release nogil;
+      std::lock_guard lock(mu_);
+      if (client_) {
+        got = client_->Next(timeout);
+        TakeSnapshot();
+      }
+    }
+    if (!got.ok()) RaiseStatus(got.status());
+    return std::make_shared<Batch>(std::move(*got));
+  }
+
+  void Close() {
+    py::gil_scoped_release nogil;
+    std::lock_guard lock(mu_);
+    if (!client_) return;
+    // Live leases keep their memory mapped; the sidecar reclaims their slots.
+    client_->Close();
+    client_.reset();
+    std::lock_guard snap(snap_mu_);
+    snap_.closed = true;
+  }
+
+  Snapshot snapshot() const {
+    std::lock_guard lock(snap_mu_);
+    return snap_;
+  }
+  const std::string& socket_path() const { return socket_path_; }
+
+ private:
+  // Caller holds mu_ (or is the constructor).
+  void TakeSnapshot() {
+    std::lock_guard lock(snap_mu_);
+    snap_.hello = client_->hello();
+    snap_.next_step = client_->next_step();
+    snap_.reconnects = client_->reconnects();
+  }
+
+  const std::string socket_path_;
+  std::mutex mu_;                           // serializes next() and close(); see client::Client
+  std::unique_ptr<client::Client> client_;  // null once closed
+  mutable std::mutex snap_mu_;              // held briefly, never while waiting for anything
+  Snapshot snap_;
+};
+
+py::list Devices(const ipc::ServerHello& hello) {
+  py::list out;
+  for (const ipc::DeviceInfo& d : hello.devices) {
+    py::dict e;
+    e["global_index"] = d.global_index;
+    e["kind"] = d.kind;
+    e["uuid"] = d.uuid;
+    out.append(e);
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace meshload::python
+
+PYBIND11_MODULE(_meshload, m) {
+  namespace py = pybind11;
+  using namespace meshload::python;  // NOLINT(build/namespaces): the bindings name every class
+
+  m.doc() = "meshload trainer client (C++ extension); see the meshload package docstring.";
+  m.attr("__version__") = MESHLOAD_VERSION;
+
+  g_meshload_error = PyErr_NewExceptionWithDoc(
+      "meshload.MeshloadError",
+      "An error from the meshload client or the sidecar; `.code` names its kind.",
+      PyExc_RuntimeError, nullptr);
+  if (g_meshload_error == nullptr) throw py::error_already_set();
+  m.attr("MeshloadError") = py::reinterpret_borrow<py::object>(g_meshload_error);
+  g_sidecar_gone = PyErr_NewExceptionWithDoc(
+      "meshload.SidecarGone",
+      "The sidecar went away and did not come back within the reconnect attempts.",
+      PyExc_ConnectionError, nullptr);
+  if (g_sidecar_gone == nullptr) throw py::error_already_set();
+  m.attr("SidecarGone") = py::reinterpret_borrow<py::object>(g_sidecar_gone);
+
+  py::class_<Tensor, std::shared_ptr<Tensor>>(
+      m, "Tensor",
+      "One local device's part of a batch: a zero-copy view of the "
+      "leased slot, exported through DLPack.")
+      .def_property_readonly("shape", &Tensor::shape)
+      .def_property_readonly("dtype", &Tensor::dtype,
+                             "numpy-style dtype name, e.g. 'uint8', 'bfloat16'")
+      .def_property_readonly("nbytes", &Tensor::nbytes)
+      .def_property_readonly("ndim", &Tensor::ndim)
+      .def_property_readonly("global_device", &Tensor::global_device,
+                             "the device's number in the mesh")
+      .def_property_readonly("ids_checksum", &Tensor::ids_checksum,
+                             "SampleIdsChecksum of the sample ids staged for this device")
+      .def_property_readonly("step", &Tensor::step)
+      .def_property_readonly("data_ptr", &Tensor::data_ptr,
+                             "address of the first element (debugging)")
+      .def_property_readonly("device", &Tensor::device,
+                             "(DLPack device type, device id); (1, 0) is host memory")
+      .def("__dlpack_device__", &Tensor::device)
+      .def("__dlpack__", &Tensor::DLPack, py::kw_only(), py::arg("stream") = py::none(),
+           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
+           py::arg("copy") = py::none(),
+           "A DLPack capsule viewing this tensor; 'dltensor_versioned' (DLPack 1.0) when "
+           "max_version >= "
+           "(1, 0), else 'dltensor'. The export keeps the slot leased until its consumer frees it.")
+      .def("__repr__", &Tensor::Repr);
+
+  py::class_<Batch, std::shared_ptr<Batch>>(
+      m, "Batch",
+      "One step's batch. The slot is released when the Batch, its "
+      "Tensors and every DLPack export of them are gone.")
+      .def_property_readonly("step", &Batch::step)
+      .def_property_readonly("tensors", &Batch::tensors,
+                             "one Tensor per local device, in the job's device order")
+      .def_property_readonly("wait_seconds", &Batch::wait_seconds,
+                             "how long next() blocked for this batch")
+      .def_property_readonly("slot", &Batch::slot)
+      .def("__repr__", &Batch::Repr);
+
+  py::class_<Client>(m, "Client",
+                     "Connects to a meshload sidecar and yields its batches in step order.")
+      .def(py::init<std::string, std::optional<int64_t>, int>(), py::arg("socket_path"),
+           py::arg("start_step") = py::none(), py::arg("max_reconnect_attempts") = 8)
+      .def("next", &Client::Next, py::arg("timeout") = py::none(),
+           "The next step's Batch. Blocks (without the GIL) until it is staged; TimeoutError after "
+           "`timeout` seconds; reconnects transparently if the sidecar restarts; SidecarGone when "
+           "it "
+           "does not come back.")
+      .def("close", &Client::Close,
+           "Closes the connection. The sidecar reclaims every slot: live batches stay mapped "
+           "but their contents may be restaged; finish with them first.")
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", [](Client& c) { return c.Next(std::nullopt); })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__",
+           [](Client& c, const py::object&, const py::object&, const py::object&) {
+             c.Close();
+             return false;
+           })
+      .def_property_readonly("next_step", [](const Client& c) { return c.snapshot().next_step; })
+      .def_property_readonly("reconnects", [](const Client& c) { return c.snapshot().reconnects; })
+      .def_property_readonly("closed", [](const Client& c) { return c.snapshot().closed; })
+      .def_property_readonly("job", [](const Client& c) { return c.snapshot().hello.job; })
+      .def_property_readonly("process", [](const Client& c) { return c.snapshot().hello.process; })
+      .def_property_readonly("devices", [](const Client& c) { return Devices(c.snapshot().hello); })
+      .def_property_readonly("slots", [](const Client& c) { return c.snapshot().hello.slots; })
+      .def_property_readonly("steps_per_epoch",
+                             [](const Client& c) { return c.snapshot().hello.steps_per_epoch; })
+      .def_property_readonly("global_batch",
+                             [](const Client& c) { return c.snapshot().hello.global_batch; })
+      .def_property_readonly("socket_path", &Client::socket_path)
+      .def("__repr__", [](const Client& c) {
+        const Snapshot s = c.snapshot();
+        return "<meshload.Client socket=" + c.socket_path() + " job=" + s.hello.job +
+               " next_step=" + std::to_string(s.next_step) + (s.closed ? " closed>" : ">");
+      });
+}

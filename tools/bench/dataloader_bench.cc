@@ -1,0 +1,294 @@
+// Host data path benchmark: shuffled reads from the page cache, delivered by
+// a meshload-sidecar process into this (consumer) process through the real
+// client, against ceilings and the Python baseline measured in the same run.
+//
+//   build/tools/bench/dataloader_bench [--quick] [--dir DIR]
+//
+// Per scenario it prints:
+//   - the single-thread pread ceiling (shuffled per-sample preads of the same
+//     batches into one buffer) and the single-thread memcpy ceiling (the same
+//     gathers from the page-cache-mapped file);
+//   - meshload: samples/s and GB/s delivered, trainer wait, the handoff
+//     latency (Next() when the batch is already staged), time to first
+//     batch, and the sidecar's peak RSS against prefetch x batch + 64 MiB;
+//   - the Python baseline (tools/bench/numpy_baseline.py, Debian numpy) on
+//     the very same batches, and the ratios the targets are stated in.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+#include "planner/npy.h"
+#include "planner/shard_planner.h"
+#include "tools/synthetic_dataset.h"
+
+extern char** environ;
+
+namespace meshload {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+volatile uint64_t g_sink;
+
+struct Scenario {
+  std::string name;
+  DatasetFormat format;
+  uint64_t record_bytes = 0;  // FixedRecord
+  uint64_t seq = 0;           // TokenStream (uint16)
+  uint64_t batch = 32;
+  uint64_t samples = 0;
+  int64_t steps = 0;
+  int64_t prefetch = 4;
+  double target_vs_pread = 0;   // e.g. 0.70
+  double target_vs_python = 0;  // e.g. 3.0
+};
+
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  buf[n > 0 ? n : 0] = '\0';
+  return std::filesystem::path(buf).parent_path().string();
+}
+
+std::string JobYaml(const Scenario& s, const std::string& dir) {
+  std::string ds = s.format == DatasetFormat::kFixedRecord
+                       ? "    format: FixedRecord\n    recordBytes: " + std::to_string(s.record_bytes) + "\n"
+                       : "    format: TokenStream\n    dtype: uint16\n    sequenceLength: " + std::to_string(s.seq) + "\n";
+  return "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: bench-" + s.name +
+         "}\nspec:\n  mesh: {processes: 1, devicesPerProcess: 1, axes: [{name: data, size: 1}]}\n"
+         "  strategy: PerProcess\n  dataset:\n    uri: " + dir + "\n" + ds +
+         "  batch: {globalBatchSize: " + std::to_string(s.batch) + ", prefetch: " + std::to_string(s.prefetch) +
+         "}\n  shuffle: {mode: Global, seed: 1}\n";
+}
+
+struct Memory {
+  uint64_t peak = 0;   // VmHWM: everything resident, mapped page cache included
+  uint64_t own = 0;    // RssAnon + RssShmem now: the sidecar's heap and its staging slots
+  uint64_t file = 0;   // RssFile now: page-cache pages it has mapped (shared, reclaimable)
+};
+Memory SidecarMemory(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  Memory m;
+  auto kb = [](const std::string& l, size_t skip) { return std::stoull(l.substr(skip)) * 1024; };
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("VmHWM:", 0) == 0) m.peak = kb(l, 6);
+    if (l.rfind("RssAnon:", 0) == 0 || l.rfind("RssShmem:", 0) == 0) m.own += kb(l, l.find(':') + 1);
+    if (l.rfind("RssFile:", 0) == 0) m.file = kb(l, 8);
+  }
+  return m;
+}
+
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
+void RunScenario(const Scenario& s, const std::string& root) {
+  const std::string dir = root + "/" + s.name;
+  DatasetSpec ds;
+  ds.format = s.format;
+  ds.record_bytes = static_cast<int64_t>(s.record_bytes);
+  if (s.format == DatasetFormat::kTokenStream) {
+    ds.dtype = DType::kUint16;
+    ds.sequence_length = static_cast<int64_t>(s.seq);
+  }
+  const std::string file = dir + (s.format == DatasetFormat::kFixedRecord ? "/part-00000.bin" : "/part-00000.tok");
+  const uint64_t sample_bytes = s.format == DatasetFormat::kFixedRecord ? s.record_bytes : (s.seq + 1) * 2;
+  const uint64_t expect_size = s.format == DatasetFormat::kFixedRecord ? s.samples * s.record_bytes
+                                                                        : (s.samples * s.seq + 1) * 2;
+  std::error_code ec;
+  if (std::filesystem::file_size(file, ec) != expect_size) {
+    auto g = synthetic::Generate(ds, dir, s.samples, 1);
+    if (!g.ok()) {
+      std::fprintf(stderr, "generate: %s\n", g.status().ToString().c_str());
+      return;
+    }
+  }
+  const std::string job_path = root + "/" + s.name + ".yaml";
+  std::ofstream(job_path) << JobYaml(s, dir);
+  Diagnostics d;
+  auto job = LoadDataLoadJobFile(job_path, d);
+  auto resolved = ResolveJob(job->spec, {}, d);
+  if (!resolved.ok()) {
+    std::fprintf(stderr, "%s", d.ToString().c_str());
+    return;
+  }
+  ShardPlanner planner(std::move(*resolved));
+  std::vector<std::vector<uint64_t>> batches;
+  for (int64_t t = 0; t < s.steps; ++t) batches.push_back(planner.GlobalBatch(t));
+
+  // Page cache: read the whole file once, and map it (prefaulted).
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  const uint64_t size = std::filesystem::file_size(file);
+  auto* map = static_cast<const uint8_t*>(::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0));
+  std::vector<uint8_t> buf(s.batch * sample_bytes);
+  const uint64_t stride = s.format == DatasetFormat::kFixedRecord ? s.record_bytes : s.seq * 2;
+
+  // Ceilings on one thread, same batches.
+  auto t0 = Clock::now();
+  for (const auto& b : batches) {
+    for (size_t k = 0; k < b.size(); ++k) {
+      if (::pread(fd, buf.data() + k * sample_bytes, sample_bytes, static_cast<off_t>(b[k] * stride)) < 0) return;
+    }
+    g_sink = buf[0];
+  }
+  const double pread_rate = static_cast<double>(s.steps * static_cast<int64_t>(s.batch)) / Since(t0);
+  t0 = Clock::now();
+  for (const auto& b : batches) {
+    for (size_t k = 0; k < b.size(); ++k) std::memcpy(buf.data() + k * sample_bytes, map + b[k] * stride, sample_bytes);
+    g_sink = buf[1];
+  }
+  const double memcpy_rate = static_cast<double>(s.steps * static_cast<int64_t>(s.batch)) / Since(t0);
+  ::munmap(const_cast<uint8_t*>(map), size);
+  ::close(fd);
+
+  // meshload: a sidecar process, this process consumes through the client.
+  const std::string sock = root + "/" + s.name + ".sock";
+  std::string sidecar = SelfDir() + "/../../sidecar/meshload-sidecar";
+  if (const char* e = std::getenv("MESHLOAD_SIDECAR_BIN")) sidecar = e;
+  std::vector<std::string> args = {sidecar, "--job", job_path, "--process", "0", "--socket", sock,
+                                   "--log-level", "warn", "--reader-threads", "2"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const auto launch = Clock::now();
+  pid_t pid = -1;
+  if (::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+    std::fprintf(stderr, "cannot start %s\n", sidecar.c_str());
+    return;
+  }
+  client::ClientOptions co;
+  co.socket_path = sock;
+  co.reconnect_backoff_initial = std::chrono::milliseconds(2);
+  co.max_reconnect_attempts = 20;
+  auto c = client::Client::Connect(co);
+  if (!c.ok()) {
+    std::fprintf(stderr, "connect: %s\n", c.status().ToString().c_str());
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return;
+  }
+  auto first = (*c)->Next();
+  const double ttfb = Since(launch);
+  std::vector<double> waits;
+  uint64_t bytes = 0;
+  first = Status(StatusCode::kUnavailable, "released");
+  t0 = Clock::now();
+  for (int64_t t = 1; t < s.steps; ++t) {
+    auto b = (*c)->Next();
+    if (!b.ok()) {
+      std::fprintf(stderr, "next: %s\n", b.status().ToString().c_str());
+      break;
+    }
+    waits.push_back(b->wait_seconds);
+    bytes += b->tensors[0].nbytes;
+    g_sink = static_cast<const uint8_t*>(b->tensors[0].data)[0];  // the consumer sees the data
+  }
+  const double elapsed = Since(t0);
+  const double ml_rate = static_cast<double>((s.steps - 1) * static_cast<int64_t>(s.batch)) / elapsed;
+  // Handoff: a consumer slower than the loader finds every batch staged;
+  // Next() then costs RELEASE of the previous slot + READY + receive.
+  std::vector<double> handoff;
+  for (int i = 0; i < 300; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(s.format == DatasetFormat::kFixedRecord && s.record_bytes > 65536 ? 20000 : 2000));
+    auto b = (*c)->Next();
+    if (!b.ok()) break;
+    handoff.push_back(b->wait_seconds);
+  }
+  const Memory mem = SidecarMemory(pid);
+  (*c)->Close();
+  ::kill(pid, SIGTERM);
+  ::waitpid(pid, nullptr, 0);
+
+  // The Python baseline over the same batches.
+  const std::string ids_path = root + "/" + s.name + "-ids.npy";
+  {
+    std::vector<uint64_t> flat;
+    for (const auto& b : batches) flat.insert(flat.end(), b.begin(), b.end());
+    auto header = MakeNpyHeader(DType::kUint64, {static_cast<uint64_t>(batches.size()), s.batch});
+    std::ofstream out(ids_path, std::ios::binary);
+    out << *header;
+    out.write(reinterpret_cast<const char*>(flat.data()), static_cast<std::streamsize>(flat.size() * 8));
+  }
+  const std::string script = SelfDir() + "/../../../tools/bench/numpy_baseline.py";
+  std::string cmd = "/usr/bin/python3 " + script + " " +
+                    (s.format == DatasetFormat::kFixedRecord
+                         ? "fixed " + file + " " + std::to_string(s.record_bytes)
+                         : "tokens " + file + " uint16 " + std::to_string(s.seq)) +
+                    " " + ids_path + " 2>&1";
+  double py_rate = 0;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, p)) {
+      if (std::strncmp(line, "samples_per_s=", 14) == 0) py_rate = std::atof(line + 14);
+      else std::fprintf(stderr, "python: %s", line);
+    }
+    ::pclose(p);
+  }
+
+  const double batch_mb = static_cast<double>(s.batch * sample_bytes) / 1048576.0;
+  const double bound = static_cast<double>(s.prefetch) * static_cast<double>(s.batch * sample_bytes) + 64.0 * 1048576;
+  std::printf("\n%s: %llu samples x %llu B, batch %llu (%.2f MiB), %lld steps, prefetch %lld\n", s.name.c_str(),
+              static_cast<unsigned long long>(s.samples), static_cast<unsigned long long>(sample_bytes),
+              static_cast<unsigned long long>(s.batch), batch_mb, static_cast<long long>(s.steps),
+              static_cast<long long>(s.prefetch));
+  auto gbs = [&](double rate) { return rate * static_cast<double>(sample_bytes) / 1e9; };
+  std::printf("  ceiling, 1 thread pread (shuffled)   %11.0f samples/s  %6.2f GB/s\n", pread_rate, gbs(pread_rate));
+  std::printf("  ceiling, 1 thread memcpy (shuffled)  %11.0f samples/s  %6.2f GB/s\n", memcpy_rate, gbs(memcpy_rate));
+  std::printf("  python numpy memmap + gather         %11.0f samples/s  %6.2f GB/s\n", py_rate, gbs(py_rate));
+  std::printf("  meshload (sidecar -> this process)   %11.0f samples/s  %6.2f GB/s\n", ml_rate, gbs(ml_rate));
+  std::printf("    = %.2fx pread ceiling%s, %.2fx memcpy ceiling, %.2fx python%s\n", ml_rate / pread_rate,
+              s.target_vs_pread > 0 ? (" (target >= " + std::to_string(s.target_vs_pread).substr(0, 4) + ")").c_str() : "",
+              ml_rate / memcpy_rate, py_rate > 0 ? ml_rate / py_rate : 0.0,
+              s.target_vs_python > 0 ? (" (target >= " + std::to_string(s.target_vs_python).substr(0, 3) + ")").c_str() : "");
+  std::printf("  trainer wait while streaming         p50 %.1f us, p99 %.1f us\n", Quantile(waits, 0.5) * 1e6,
+              Quantile(waits, 0.99) * 1e6);
+  std::printf("  handoff, batch already staged        p50 %.1f us, p99 %.1f us (target p99 < 50 us)\n",
+              Quantile(handoff, 0.5) * 1e6, Quantile(handoff, 0.99) * 1e6);
+  std::printf("  time to first batch                  %.1f ms (target < 1000 ms, sidecar start-up included)\n",
+              ttfb * 1e3);
+  std::printf("  sidecar memory: own (anon + slots)   %.1f MiB (bound prefetch x batch + 64 MiB = %.1f MiB)\n",
+              static_cast<double>(mem.own) / 1048576.0, bound / 1048576.0);
+  std::printf("    mapped page cache (RssFile)        %.1f MiB; peak RSS (VmHWM) %.1f MiB\n",
+              static_cast<double>(mem.file) / 1048576.0, static_cast<double>(mem.peak) / 1048576.0);
+}
+
+}  // namespace
+}  // namespace meshload
+
+int main(int argc, char** argv) {
+  using namespace meshload;
+  bool quick = false;
+  std::string root = "/tmp/meshload-bench";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--dir") == 0 && i + 1 < argc) root = argv[++i];
+  }
+  std::filesystem::create_directories(root);
+  const uint64_t gib = quick ? 256ull << 20 : 1ull << 30;
+  std::vector<Scenario> scenarios = {
+      {"fixed-1MiB", DatasetFormat::kFixedRecord, 1 << 20, 0, 16, gib >> 20, quick ? 64 : 256, 4, 0.70, 0},
+      {"fixed-4KiB", DatasetFormat::kFixedRecord, 4096, 0, 32, gib >> 12, quick ? 2000 : 8000, 4, 0, 3.0},
+      {"tokens-u16-2048", DatasetFormat::kTokenStream, 0, 2048, 32, gib / 4096, quick ? 2000 : 8000, 4, 0, 3.0},
+  };
+  std::printf("meshload host data path benchmark%s (data in %s)\n", quick ? " (quick)" : "", root.c_str());
+  for (const auto& s : scenarios) RunScenario(s, root);
+  return 0;
+}
