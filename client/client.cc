@@ -27,9 +27,22 @@ class Connection {
     if (closed_) return;  // the sidecar reclaimed it when we went away
     (void)ipc::SendMessage(fd_.get(), ipc::Encode(ipc::Release{slot, step, wait_ns}));
   }
+  // Says goodbye cleanly: EOF after the RELEASEs already sent, then reads
+  // what the sidecar still had in flight until it closes (at most 200 ms).
+  // Closing with unread messages would make the kernel reset the
+  // connection, and the sidecar could lose the last RELEASEs.
   void Close() {
     std::lock_guard lock(mu_);
+    if (closed_) return;
     closed_ = true;
+    ::shutdown(fd_.get(), SHUT_WR);
+    const auto deadline = Clock::now() + std::chrono::milliseconds(200);
+    char buf[512];
+    while (Clock::now() < deadline) {
+      pollfd p{fd_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      if (::recv(fd_.get(), buf, sizeof buf, MSG_DONTWAIT) <= 0) break;  // EOF or error: done
+    }
     ::shutdown(fd_.get(), SHUT_RDWR);
   }
 
@@ -108,6 +121,11 @@ Status Client::ConnectOnce(int64_t want_step) {
   }
   const auto* sh = std::get_if<ipc::ServerHello>(&msg);
   if (!sh) return InvalidArgument("expected SERVER_HELLO from the sidecar", options_.socket_path);
+  if (sh->version != ipc::kProtocolVersion) {
+    return FailedPrecondition("the sidecar speaks protocol version " + std::to_string(sh->version) +
+                                  ", this client " + std::to_string(ipc::kProtocolVersion),
+                              options_.socket_path);
+  }
   if (sh->memory != ipc::MemoryKind::kHostMemfd) {
     return FailedPrecondition("the sidecar stages in GPU memory, which this client build cannot import",
                               options_.socket_path);
@@ -212,7 +230,13 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
     }
     pollfd p{conn_->fd(), POLLIN, 0};
     const int rc = ::poll(&p, 1, wait_ms);
-    if (rc < 0 && errno != EINTR) return IoErrorFromErrno("poll", options_.socket_path, errno);
+    if (rc < 0 && errno == EINTR) {
+      // Let the caller see its signal (Ctrl-C in Python, SIGTERM in a
+      // trainer); calling Next() again resumes where it was.
+      return Status(StatusCode::kCancelled, "interrupted by a signal while waiting for step " +
+                                                std::to_string(next_step_), options_.socket_path);
+    }
+    if (rc < 0) return IoErrorFromErrno("poll", options_.socket_path, errno);
     if (rc == 0 && timeout && Clock::now() - t0 >= *timeout) {
       return Status(StatusCode::kDeadlineExceeded,
                     "no batch for step " + std::to_string(next_step_) + " within " + std::to_string(timeout->count()) + " ms",

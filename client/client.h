@@ -13,7 +13,13 @@
 /// A Batch owns a shared Lease; the slot is released (RELEASE sent) when the
 /// last reference dies, from whatever thread that happens on (Python's
 /// garbage collector, a framework's DLPack deleter). The mapping a tensor
-/// points into stays mapped while its lease lives, even across reconnects.
+/// points into stays mapped while its lease lives, even across reconnects,
+/// so reading it never faults. But once the connection is gone (Close(), or
+/// a lost connection before a reconnect), a *running* sidecar takes its
+/// slots back and refills them: the bytes of batches still held from the old
+/// connection may change. Finish with a batch before closing; after a
+/// reconnect, use only the batches Next() returns from then on. (A
+/// restarted sidecar has a new pool; the old bytes then stay as they were.)
 ///
 /// When the sidecar goes away (restart, crash), Next() reconnects with
 /// bounded exponential backoff and resumes at the next step it has not
@@ -105,7 +111,8 @@ class Client {
   ~Client();
 
   /// The next step's batch. Blocks until it is staged, or until `timeout`
-  /// (kDeadlineExceeded). kUnavailable when the sidecar is gone for good;
+  /// (kDeadlineExceeded), or a signal interrupts the wait (kCancelled; call
+  /// again to go on). kUnavailable when the sidecar is gone for good;
   /// kDataLoss/kFailedPrecondition for errors the sidecar reported.
   Result<Batch> Next(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 

@@ -5,8 +5,8 @@
 
 namespace meshload::cli {
 
-int UsageError(const std::string& message) {
-  std::cerr << "meshload: " << message << "\n";
+int UsageError(const std::string& message, const std::string& program) {
+  std::cerr << program << ": " << message << "\n";
   return 2;
 }
 
@@ -85,7 +85,7 @@ int FlagParser::Parse(const std::vector<std::string>& args) {
         positional_->push_back(arg);
         continue;
       }
-      return UsageError(command_ + ": unexpected argument '" + arg + "' (see meshload " + command_ + " --help)");
+      return UsageError((command_.empty() ? "" : command_ + ": ") + "unexpected argument '" + arg + "' (see " + Name() + " --help)", program_);
     }
     std::optional<std::string> inline_value;
     if (auto eq = arg.find('='); eq != std::string::npos && arg.rfind("--", 0) == 0) {
@@ -99,7 +99,7 @@ int FlagParser::Parse(const std::vector<std::string>& args) {
       }
     }
     if (!flag) {
-      return UsageError(command_ + ": unknown flag " + arg + " (see meshload " + command_ + " --help)");
+      return UsageError((command_.empty() ? "" : command_ + ": ") + "unknown flag " + arg + " (see " + Name() + " --help)", program_);
     }
     std::string value;
     if (flag->takes_value) {
@@ -108,13 +108,13 @@ int FlagParser::Parse(const std::vector<std::string>& args) {
       } else if (i + 1 < args.size()) {
         value = args[++i];
       } else {
-        return UsageError(command_ + ": " + arg + " needs a value");
+        return UsageError((command_.empty() ? "" : command_ + ": ") + arg + " needs a value", program_);
       }
     } else if (inline_value) {
-      return UsageError(command_ + ": " + arg + " takes no value");
+      return UsageError((command_.empty() ? "" : command_ + ": ") + arg + " takes no value", program_);
     }
     std::string err;
-    if (!flag->set(value, err)) return UsageError(command_ + ": " + arg + ": " + err);
+    if (!flag->set(value, err)) return UsageError((command_.empty() ? "" : command_ + ": ") + arg + ": " + err, program_);
   }
   return -1;
 }

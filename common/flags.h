@@ -14,13 +14,15 @@
 
 namespace meshload::cli {
 
-/// Prints `meshload: <message>` to stderr and returns 2.
-int UsageError(const std::string& message);
+/// Prints `<program>: <message>` to stderr and returns 2.
+int UsageError(const std::string& message, const std::string& program = "meshload");
 
 class FlagParser {
  public:
-  FlagParser(std::string command, std::string usage)
-      : command_(std::move(command)), usage_(std::move(usage)) {}
+  /// `command` is the subcommand ("plan"), or empty for a program without
+  /// subcommands; messages name `program` and `command`.
+  FlagParser(std::string command, std::string usage, std::string program = "meshload")
+      : command_(std::move(command)), usage_(std::move(usage)), program_(std::move(program)) {}
 
   void String(std::vector<std::string> names, std::string* out);
   void OptionalString(std::vector<std::string> names, std::optional<std::string>* out);
@@ -39,8 +41,10 @@ class FlagParser {
     bool takes_value = true;
     std::function<bool(const std::string&, std::string&)> set;  // false + error on bad value
   };
+  std::string Name() const { return command_.empty() ? program_ : program_ + " " + command_; }
   std::string command_;
   std::string usage_;
+  std::string program_;
   std::vector<Flag> flags_;
   std::vector<std::string>* positional_ = nullptr;
 };

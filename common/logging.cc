@@ -115,6 +115,7 @@ Status ConfigureLoggingFromEnv() {
 }
 
 LogLevel CurrentLogLevel() { return static_cast<LogLevel>(g_level.load()); }
+LogFormat CurrentLogFormat() { return static_cast<LogFormat>(g_format.load()); }
 
 bool LogEnabled(LogLevel level) {
   return level != LogLevel::kOff && static_cast<int>(level) >= g_level.load();

@@ -60,6 +60,7 @@ void ConfigureLogging(LogLevel level, LogFormat format);
 Status ConfigureLoggingFromEnv();
 
 LogLevel CurrentLogLevel();
+LogFormat CurrentLogFormat();
 bool LogEnabled(LogLevel level);
 
 /// Formats one event as a line (with the trailing newline). Exposed for tests.

@@ -31,6 +31,7 @@ enum class StatusCode {
   kIoError,            // the OS refused an I/O call
   kUnavailable,        // a peer or service cannot be reached (retryable)
   kDeadlineExceeded,
+  kCancelled,          // interrupted (a signal) before it could finish
   kInternal,           // a broken invariant
 };
 

@@ -66,14 +66,15 @@ Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& option
     auto built = DatasetIndex::Build(spec.dataset, diags);
     if (built.ok()) {
       index = std::move(*built);
-    } else if (spec.dataset.samples) {
+    } else if (spec.dataset.samples && !options.require_files) {
       // Not reachable from here (e.g. a path inside the trainer pods): plan
       // from the declared size.
       index = DatasetIndex::Virtual(spec.dataset, static_cast<uint64_t>(*spec.dataset.samples));
     } else {
       diags.Add("spec.dataset.uri", built.status().ToString() +
-                                        "; make the data reachable, or give its size with "
-                                        "spec.dataset.samples or --samples");
+                                        (options.require_files ? std::string("; the sidecar reads the dataset and needs it now")
+                                                               : "; make the data reachable, or give its size with "
+                                                                 "spec.dataset.samples or --samples"));
     }
   } else if (spec.dataset.samples) {
     index = DatasetIndex::Virtual(spec.dataset, static_cast<uint64_t>(*spec.dataset.samples));

@@ -67,6 +67,9 @@ struct ResolveOptions {
   /// An index built elsewhere (the sidecar indexes remote datasets through
   /// its storage sources); used as is when set.
   std::optional<DatasetIndex> index;
+  /// The files must be read: no falling back to spec.dataset.samples when
+  /// they cannot be (the sidecar, which will read them, needs them now).
+  bool require_files = false;
 };
 
 /// Validates the spec, builds the mesh and the dataset index. Every problem

@@ -3,6 +3,7 @@
 
 #include <signal.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
   opt.socket_path = Env("MESHLOAD_SOCKET");
   if (!Env("MESHLOAD_METRICS_ADDRESS").empty()) opt.metrics_address = Env("MESHLOAD_METRICS_ADDRESS");
 
-  cli::FlagParser flags("sidecar", kUsage);
+  cli::FlagParser flags("", kUsage, "meshload-sidecar");
   flags.String({"--job"}, &opt.job_path);
   flags.String({"--process"}, &process);
   flags.String({"--socket"}, &opt.socket_path);
@@ -79,53 +80,62 @@ int main(int argc, char** argv) {
   flags.String({"--log-format"}, &log_format);
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
 
-  auto int_flag = [](const std::string& text, const char* name, int64_t min, int64_t* out) {
-    if (!cli::ParseInt64(text, out) || *out < min) {
-      cli::UsageError(std::string(name) + ": expected an integer >= " + std::to_string(min) + ", got '" + text + "'");
+  auto usage = [](const std::string& msg) { return cli::UsageError(msg, "meshload-sidecar"); };
+  // A value from a flag or its environment variable, within [min, max].
+  auto int_flag = [&](const std::string& text, const char* name, int64_t min, int64_t max, int64_t* out) {
+    if (!cli::ParseInt64(text, out) || *out < min || *out > max) {
+      usage(std::string(name) + ": expected an integer from " + std::to_string(min) + " to " + std::to_string(max) +
+            ", got '" + text + "'");
       return false;
     }
     return true;
   };
-  if (!log_level.empty() || !log_format.empty()) {
-    auto lv = ParseLogLevel(log_level.empty() ? "info" : log_level);
-    auto fm = ParseLogFormat(log_format.empty() ? "json" : log_format);
-    if (!lv.ok()) return cli::UsageError("--log-level: " + lv.status().message());
-    if (!fm.ok()) return cli::UsageError("--log-format: " + fm.status().message());
-    ConfigureLogging(*lv, *fm);
+  // Each of level and format only overrides what it names.
+  if (!log_level.empty()) {
+    auto lv = ParseLogLevel(log_level);
+    if (!lv.ok()) return usage("--log-level: " + lv.status().message());
+    ConfigureLogging(*lv, CurrentLogFormat());
   }
-  if (opt.job_path.empty()) return cli::UsageError("--job (or MESHLOAD_JOB) is required");
-  if (opt.socket_path.empty()) return cli::UsageError("--socket (or MESHLOAD_SOCKET) is required");
-  if (process.empty()) return cli::UsageError("--process (or MESHLOAD_PROCESS) is required");
-  if (!int_flag(process, "--process", 0, &opt.process)) return 2;
+  if (!log_format.empty()) {
+    auto fm = ParseLogFormat(log_format);
+    if (!fm.ok()) return usage("--log-format: " + fm.status().message());
+    ConfigureLogging(CurrentLogLevel(), *fm);
+  }
+  if (opt.job_path.empty()) return usage("--job (or MESHLOAD_JOB) is required");
+  if (opt.socket_path.empty()) return usage("--socket (or MESHLOAD_SOCKET) is required");
+  if (process.empty()) return usage("--process (or MESHLOAD_PROCESS) is required");
+  if (!int_flag(process, "--process", 0, 1 << 22, &opt.process)) return 2;
   int64_t v = 0;
   if (!metrics_port.empty()) {
-    if (!int_flag(metrics_port, "--metrics-port", 0, &v) || v > 65535) return 2;
+    if (!int_flag(metrics_port, "--metrics-port", 0, 65535, &v)) return 2;
     opt.metrics_port = static_cast<int>(v);
   }
   if (!start_step.empty()) {
-    if (!int_flag(start_step, "--start-step", 0, &v)) return 2;
+    if (!int_flag(start_step, "--start-step", 0, INT64_MAX, &v)) return 2;
     opt.start_step = v;
   }
   if (!reader_threads.empty()) {
-    if (!int_flag(reader_threads, "--reader-threads", 1, &v) || v > 256) return 2;
+    if (!int_flag(reader_threads, "--reader-threads", 1, 256, &v)) return 2;
     opt.reader_threads = static_cast<int>(v);
   }
   if (!mode.empty()) {
     char* end = nullptr;
     const long m = std::strtol(mode.c_str(), &end, 8);
-    if (*end != '\0' || m < 0 || m > 0777) return cli::UsageError("--socket-mode: expected octal like 0660, got '" + mode + "'");
+    if (*end != '\0' || m < 0 || m > 0777) return usage("--socket-mode: expected octal like 0660, got '" + mode + "'");
     opt.socket_mode = static_cast<mode_t>(m);
   }
   if (!allow.empty()) {
     std::stringstream ss(allow);
     std::string item;
     while (std::getline(ss, item, ',')) {
-      if (!int_flag(item, "--allow-uids", 0, &v)) return 2;
+      if (!int_flag(item, "--allow-uids", 0, UINT32_MAX - 1, &v)) return 2;
       opt.allowed_uids.push_back(static_cast<uid_t>(v));
     }
   }
 
-  // Signal handling is set up before any thread starts; the sidecar never forks.
+  // The sidecar never forks. SIGPIPE is ignored before any thread starts;
+  // SIGTERM/SIGINT are handled once the sidecar exists (before, the default
+  // action, exiting, is right).
   ::signal(SIGPIPE, SIG_IGN);
   auto sidecar = sidecar::Sidecar::Create(opt);
   if (!sidecar.ok()) {

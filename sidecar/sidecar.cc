@@ -112,7 +112,7 @@ struct Sidecar::Metrics {
         producer_blocked(metrics::BuildGauge()
                              .Name("meshload_producer_blocked_seconds")
                              .Help("How long the producer has waited for a free slot (0 when not waiting): "
-                                   "a trainer holding every slot grows it.")
+                                   "every slot is staged or leased and none is released.")
                              .Register(r)
                              .Add({})),
         staging_mode(metrics::BuildGauge()
@@ -228,7 +228,7 @@ Result<ResolvedJob> ResolveForSidecar(const JobSpec& spec, source::SourceRegistr
         st = source->Read(name, 0, head.data(), head.size());
         facts.npy = st.ok() ? ParseNpyHeader(head) : Result<NpyHeader>(st);
       }
-      if (!facts.npy.ok()) facts.npy = facts.npy.status().WithLocationPrefix(spec.dataset.uri);
+      if (!facts.npy.ok()) facts.npy = facts.npy.status().WithLocationPrefix(source::RedactUri(spec.dataset.uri));
     }
     std::vector<DatasetIndex::FileFacts> files;
     files.push_back(std::move(facts));
@@ -239,6 +239,7 @@ Result<ResolvedJob> ResolveForSidecar(const JobSpec& spec, source::SourceRegistr
     Diagnostics again;  // spec problems were reported above
     return ResolveJob(spec, opts, again);
   }
+  opts.require_files = true;
   return ResolveJob(spec, opts, diags);
 }
 
@@ -296,7 +297,7 @@ Status Sidecar::Init() {
   ASSIGN_OR_RETURN(listen_fd_, ipc::ListenSeqpacket(options_.socket_path, options_.socket_mode));
   if (options_.allowed_uids.empty()) options_.allowed_uids.push_back(::getuid());
 
-  next_step_ = target_step_ = options_.start_step.value_or(rj.spec.resume.step);
+  start_step_ = next_step_ = target_step_ = options_.start_step.value_or(rj.spec.resume.step);
   registry_->AddCollectHook([this] {
     const staging::SlotCounts c = pool_->Counts();
     metrics_->slots.Add({{"state", "free"}}).Set(c.free);
@@ -408,8 +409,9 @@ void Sidecar::ProducerMain() {
 }
 
 bool Sidecar::PipelineStartsAt(int64_t step) {
-  // The staged (or staging) steps of the current generation must start at
-  // `step` and be contiguous; otherwise the trainer needs a re-plan.
+  // The producer stages consecutive steps, so the pipeline serves `step`
+  // when the lowest step held in a slot is `step` (or nothing is held and
+  // `step` is next); otherwise the trainer needs a re-plan.
   std::lock_guard lock(producer_mu_);
   std::vector<int64_t> held;
   for (uint32_t i = 0; i < pool_->size(); ++i) {
@@ -450,6 +452,10 @@ void Sidecar::AcceptClient() {
            "refused_uid");
     return;
   }
+  if (failed_) {
+    refuse(ipc::ErrorCode::kDataError, fatal_message_, "refused_failed");
+    return;
+  }
   if (client_ || pending_) {
     refuse(ipc::ErrorCode::kBusy,
            "another trainer (pid " + std::to_string(client_ ? client_->pid : pending_->pid) + ") is connected",
@@ -487,7 +493,7 @@ void Sidecar::ServeClosing(const pollfd* fds, size_t count) {
 }
 
 void Sidecar::OnHello(const ipc::ClientHello& hello) {
-  const int64_t want = hello.want_step >= 0 ? hello.want_step : target_step_;
+  const int64_t want = hello.want_step >= 0 ? hello.want_step : start_step_;
   if (!PipelineStartsAt(want)) {
     LogInfo("re-planning for the trainer", {{"step", want}});
     RestartAt(want);
@@ -565,6 +571,8 @@ void Sidecar::DropClient(const std::string& why) {
                                    {"reason", why},
                                    {"leases_reclaimed", static_cast<uint64_t>(reclaimed)},
                                    {"next_step", client_->next_to_send}});
+  // Drained before closing, so an ERROR just sent is not lost to a reset.
+  CloseLater(std::move(client_->fd));
   client_.reset();
 }
 
@@ -610,7 +618,7 @@ void Sidecar::Watchdog() {
   const InflightRead oldest = loader_->OldestInflight();
   if (oldest.seconds > limit) {
     if (!reported_stuck_read_) {
-      LogWarn("storage read stuck", {{"object", oldest.uri},
+      LogWarn("storage read stuck", {{"object", source::RedactUri(oldest.uri)},
                                      {"offset", oldest.offset},
                                      {"length", oldest.length},
                                      {"seconds", oldest.seconds}});
@@ -651,7 +659,8 @@ int Sidecar::Run() {
     int rc = ::poll(fds, n, 250);
     if (rc < 0 && errno != EINTR) {
       LogError("poll failed", {{"error", std::strerror(errno)}});
-      return 1;
+      failed_ = true;
+      break;
     }
     if (rc > 0 && (fds[0].revents & POLLIN)) {
       uint64_t v;
@@ -659,19 +668,23 @@ int Sidecar::Run() {
       }
     }
     if (stop_) break;
-    if (failed_) {
+    if (failed_ && !failure_reported_) {
+      // Staging cannot go on. Stay up so the failure is visible (/healthz
+      // answers 503 with the reason; every trainer that connects gets it as
+      // an ERROR) until stopped, then exit 1.
       Status fatal;
       {
         std::lock_guard lock(producer_mu_);
         fatal = fatal_;
       }
-      for (Client* c : {client_.get(), pending_.get()}) {
-        if (c) {
-          (void)ipc::SendMessage(c->fd.get(), ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kDataError, fatal.ToString()}));
-        }
+      fatal_message_ = fatal.ToString();
+      if (client_) {
+        (void)ipc::SendMessage(client_->fd.get(),
+                               ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kDataError, fatal_message_}));
+        DropClient("staging failed");
       }
-      if (health_) health_->SetHealthy(false, fatal.ToString());
-      return 1;
+      if (health_) health_->SetHealthy(false, fatal_message_);
+      failure_reported_ = true;
     }
     if (!closing_.empty()) ServeClosing(fds + closing_i, n - closing_i);
     if (rc > 0 && (fds[1].revents & POLLIN)) AcceptClient();
@@ -682,9 +695,19 @@ int Sidecar::Run() {
       const ipc::ClientHello* hello = decoded.ok() ? std::get_if<ipc::ClientHello>(&*decoded) : nullptr;
       if (!hello) {
         const std::string why = decoded.ok() ? "expected CLIENT_HELLO" : decoded.status().ToString();
+        // A well-formed header of another protocol version deserves the
+        // version error, so a newer or older client can say what is wrong.
+        const bool other_version = msg.ok() && msg->bytes.size() >= 6 &&
+                                   static_cast<uint8_t>(msg->bytes[4]) + 256 * static_cast<uint8_t>(msg->bytes[5]) !=
+                                       ipc::kProtocolVersion &&
+                                   msg->bytes.compare(0, 4, "MLD1") == 0;
         if (msg.ok()) {
-          (void)ipc::SendMessage(pending_->fd.get(),
-                                 ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kBadRequest, why}));
+          (void)ipc::SendMessage(
+              pending_->fd.get(),
+              ipc::Encode(ipc::ErrorMessage{other_version ? ipc::ErrorCode::kVersionMismatch : ipc::ErrorCode::kBadRequest,
+                                            other_version ? "this sidecar speaks protocol version " +
+                                                                std::to_string(ipc::kProtocolVersion)
+                                                          : why}));
         }
         metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
         LogWarn("dropped a trainer connection before its hello", {{"reason", why}});
@@ -696,6 +719,7 @@ int Sidecar::Run() {
                                                              "this sidecar speaks protocol version " +
                                                                  std::to_string(ipc::kProtocolVersion)}));
         metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
+        LogWarn("dropped a trainer connection: protocol version mismatch", {{"version", static_cast<uint64_t>(hello->version)}});
         CloseLater(std::move(pending_->fd));
         pending_.reset();
       } else {
@@ -713,8 +737,13 @@ int Sidecar::Run() {
       last_watchdog = Clock::now();
     }
   }
+  if (client_) {
+    (void)ipc::SendMessage(client_->fd.get(),
+                           ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kShuttingDown, "the sidecar is stopping"}));
+    DropClient("the sidecar is stopping");
+  }
   LogInfo("sidecar stopping", {{"job", job_name_}, {"process", options_.process}});
-  return 0;
+  return failed_ ? 1 : 0;
 }
 
 }  // namespace meshload::sidecar

@@ -3,9 +3,10 @@
 ///
 /// Threads (all started after set-up; the sidecar never forks):
 ///   - the *producer* plans step t, takes a free slot (waiting while the
-///     trainer holds them all: memory stays at `prefetch` slots), has the
-///     StepLoader read the batch into it, and marks it ready;
-///   - the StepLoader's *reader threads* run the storage reads;
+///     trainer holds them all: memory stays at `prefetch` slots), reads the
+///     batch into it with the StepLoader (alone for small steps, with the
+///     loader's reader threads for large ones), marks it ready, and sends
+///     READY itself when the trainer is due that step;
 ///   - the *server* (Run(), the caller's thread) accepts the trainer on the
 ///     Unix socket, checks its uid, sends SERVER_HELLO with the pool's fd,
 ///     then READY for consecutive steps as they are staged, and takes
@@ -14,6 +15,9 @@
 ///   - the HealthServer serves /metrics, /healthz and /readyz.
 /// A watchdog in the server loop reports, within seconds, a storage read
 /// stuck in flight and a trainer that holds every slot (logs and gauges).
+/// When staging fails for good (a file truncated under it, say) the sidecar
+/// stays up: /healthz answers 503 with the reason and every trainer gets it
+/// as an ERROR, until it is stopped; then Run() returns 1.
 ///
 /// Life of a batch: docs/life-of-a-batch.md. Protocol: docs/protocol.md.
 ///
@@ -74,8 +78,8 @@ class Sidecar {
   static Result<std::unique_ptr<Sidecar>> Create(SidecarOptions options);
   ~Sidecar();
 
-  /// Serves until RequestStop(). Returns 0 after a clean stop, 1 after a
-  /// fatal error (which has been logged and sent to the trainer).
+  /// Serves until RequestStop(). Returns 0 after a clean stop, 1 when
+  /// staging had failed (logged, sent to trainers, reported on /healthz).
   int Run();
 
   /// Async-signal-safe.
@@ -145,12 +149,15 @@ class Sidecar {
   uint64_t generation_ = 0;
   int64_t next_step_ = 0;
   int64_t target_step_ = 0;  // the first step the trainer asked for (readiness)
+  int64_t start_step_ = 0;   // --start-step or spec.resume.step: what want_step -1 means
   Status fatal_;
   std::atomic<bool> target_staged_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
   std::atomic<int64_t> producer_blocked_since_ns_{0};
   bool reported_blocked_ = false;
+  bool failure_reported_ = false;  // server thread only
+  std::string fatal_message_;      // server thread only
   bool reported_stuck_read_ = false;
   std::thread producer_;
 };

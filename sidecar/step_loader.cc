@@ -60,7 +60,6 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const ShardPlanner& plann
     ASSIGN_OR_RETURN(auto src, sources.For(f.path));
     loader->files_.push_back(src);
   }
-  if (loading.strategy == Strategy::kGlobalLoad) loader->discard_.resize(job.dataset.sample_bytes());
   for (int i = 0; i < options.reader_threads; ++i) loader->inflight_.push_back(std::make_unique<Inflight>());
   // The thread calling Load() reads a share itself (inflight_[0]): start one fewer.
   for (int i = 1; i < options.reader_threads; ++i) {
@@ -93,15 +92,15 @@ Status StepLoader::VerifyFiles() {
     if (info.size != f.size) {
       return DataLoss("size is " + std::to_string(info.size) + " bytes but the dataset index says " +
                           std::to_string(f.size) + "; the file changed after the job was resolved",
-                      f.path);
+                      source::RedactUri(f.path));
     }
     if (f.npy) {
       std::string head(f.npy->data_offset, '\0');
       RETURN_IF_ERROR(src->Read(name, 0, head.data(), head.size()));
       auto h = ParseNpyHeader(head);
-      if (!h.ok()) return h.status().WithLocationPrefix(f.path);
+      if (!h.ok()) return h.status().WithLocationPrefix(source::RedactUri(f.path));
       if (h->descr != f.npy->descr || h->shape != f.npy->shape || h->data_offset != f.npy->data_offset) {
-        return DataLoss("the npy header changed after the job was resolved", f.path);
+        return DataLoss("the npy header changed after the job was resolved", source::RedactUri(f.path));
       }
     }
   }
@@ -169,9 +168,13 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<Rea
     for (const Piece& p : pieces) {
       const bool touches = op && prev && p.file == prev->file && p.offset <= pos;
       if (!touches || op_bytes >= options_.max_read_bytes) {
-        ops.push_back({&files_[p.file].second, p.offset, {}, files_[p.file].first, 0});
+        // A split of a long range goes on where the last read stopped, so a
+        // shared token is read once (and copied); after a dropped piece it
+        // is read again instead, since its first copy went to scratch.
+        const uint64_t start = touches && prev->dest != nullptr ? pos : p.offset;
+        ops.push_back({&files_[p.file].second, start, {}, files_[p.file].first, 0, false});
         op = &ops.back();
-        pos = p.offset;
+        pos = start;
         op_bytes = 0;
         stats.read_ranges += 1;
       }
@@ -196,8 +199,10 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<Rea
       }
       const uint64_t len = p.length - skip;
       if (len > 0) {
-        uint8_t* d = p.dest ? p.dest + skip : discard_.data();
-        op->iov.push_back({d, static_cast<size_t>(len)});
+        // A dropped piece (GlobalLoad) has no destination yet: the thread
+        // that runs the read points it at its own scratch.
+        op->iov.push_back({p.dest ? p.dest + skip : nullptr, static_cast<size_t>(len)});
+        op->has_scratch |= p.dest == nullptr;
         op->length += len;
         pos += len;
         op_bytes += len;
@@ -274,7 +279,21 @@ Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
     slot.offset.store(op->offset, std::memory_order_relaxed);
     slot.length.store(op->length, std::memory_order_relaxed);
     slot.uri.store(op->uri, std::memory_order_release);
-    Status st = op->source->ReadV(*op->uri, op->offset, op->iov);
+    Status st;
+    if (op->has_scratch) {
+      // Every dropped piece of this read lands in this thread's scratch.
+      thread_local std::vector<uint8_t> scratch;
+      std::vector<iovec> iov = op->iov;
+      for (iovec& v : iov) {
+        if (v.iov_base == nullptr) {
+          if (scratch.size() < v.iov_len) scratch.resize(v.iov_len);
+          v.iov_base = scratch.data();
+        }
+      }
+      st = op->source->ReadV(*op->uri, op->offset, iov);
+    } else {
+      st = op->source->ReadV(*op->uri, op->offset, op->iov);
+    }
     slot.uri.store(nullptr, std::memory_order_release);
     if (!st.ok()) return st;  // the step is abandoned: skip the rest of the chunk
   }

@@ -14,7 +14,7 @@
 ///     into the first sample and copied into the second afterwards (a
 ///     fix-up of one token).
 ///   - GlobalLoad reads samples that no local device holds (its definition):
-///     their bytes go to a scratch buffer and are dropped.
+///     their bytes go to the reading thread's scratch buffer and are dropped.
 /// Then local replicas (devices of this process holding the same shard) get
 /// a copy of the shard (PerProcess, GlobalLoad), or read it themselves
 /// (PerDevice: one loader per device).
@@ -106,6 +106,7 @@ class StepLoader {
     std::vector<iovec> iov;
     source::Source* source = nullptr;
     uint64_t length = 0;  // sum of the iovecs
+    bool has_scratch = false;  // some iovecs are dropped bytes (iov_base null until read)
   };
   // What each reading thread is doing, for OldestInflight(): written with
   // relaxed atomics by the reader (no lock per read), read by the watchdog.
@@ -137,7 +138,6 @@ class StepLoader {
   const staging::BatchLayout layout_;
   const StepLoaderOptions options_;
   std::vector<std::pair<source::Source*, std::string>> files_;  // per dataset file
-  std::vector<uint8_t> discard_;                                  // GlobalLoad's unneeded samples
 
   // Reader threads: a queue of ops for the current step.
   mutable std::mutex mu_;

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
+
 #include <chrono>
 #include <iostream>
 #include <thread>
@@ -40,6 +42,9 @@ options:
 )";
 
 using Clock = std::chrono::steady_clock;
+
+volatile sig_atomic_t g_stop = 0;
+void OnStop(int) { g_stop = 1; }
 
 double MonotonicSeconds() {
   return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
@@ -89,13 +94,20 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
   auto client = client::Client::Connect(copts);
   if (!client.ok()) return fail(client.status().ToString());
 
+  // SIGTERM/SIGINT (meshload run --local stopping) end the loop with a report.
+  struct sigaction sa {};
+  sa.sa_handler = OnStop;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
   LatencyHistogram waits;
   uint64_t done = 0, samples = 0, bytes = 0, mismatches = 0;
   double first_batch = -1;
   auto last_report = Clock::now();
-  while (steps < 0 || static_cast<int64_t>(done) < steps) {
+  while ((steps < 0 || static_cast<int64_t>(done) < steps) && !g_stop) {
     auto batch = (*client)->Next();
     if (!batch.ok()) {
+      if (batch.status().code() == StatusCode::kCancelled) continue;  // g_stop decides
       if (steps < 0 && batch.status().code() == StatusCode::kUnavailable) break;
       return fail(batch.status().ToString());
     }

@@ -359,6 +359,16 @@ class Client {
         TakeSnapshot();
       }
     }
+    // A signal interrupted the wait: run Python's handlers (Ctrl-C raises
+    // KeyboardInterrupt here), and wait again if none raised.
+    while (!got.ok() && got.status().code() == StatusCode::kCancelled) {
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      py::gil_scoped_release nogil;
+      std::lock_guard lock(mu_);
+      if (!client_) break;
+      got = client_->Next(timeout);
+      TakeSnapshot();
+    }
     if (!got.ok()) RaiseStatus(got.status());
     return std::make_shared<Batch>(std::move(*got));
   }

@@ -271,7 +271,20 @@ TEST(Sidecar, AFileTruncatedWhileServingReachesTheTrainerAsAClearError) {
   ASSERT_FALSE(last.ok());
   EXPECT_EQ(last.code(), StatusCode::kDataLoss) << last.ToString();
   EXPECT_NE(last.message().find(file + "@"), std::string::npos) << last.ToString();
-  h.thread_.join();
+  // The sidecar stays up to say why: /healthz is 503 with the reason, and a
+  // trainer that connects now is told the same; stopped, it exits 1.
+  httplib::Client http("127.0.0.1", h.sidecar_->metrics_port());
+  auto health = http.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_NE(health->body.find(file), std::string::npos) << health->body;
+  client::ClientOptions o;
+  o.socket_path = h.options_.socket_path;
+  o.max_reconnect_attempts = 0;
+  auto late = client::Client::Connect(o);
+  ASSERT_FALSE(late.ok());
+  EXPECT_NE(late.status().message().find("short read"), std::string::npos) << late.status().ToString();
+  h.Stop();
   EXPECT_EQ(h.rc_, 1);
 }
 
