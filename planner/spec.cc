@@ -76,6 +76,7 @@ ReplicationMode ImpliedReplicationMode(const MeshSpec& mesh) {
 
 namespace {
 
+constexpr size_t kMaxAxes = 8;  // the CRD's CEL rule multiplies out at most 8 sizes
 constexpr int64_t kMaxAxisSize = int64_t{1} << 20;
 constexpr int64_t kMaxDevices = int64_t{1} << 22;
 constexpr int64_t kMaxPrefetch = 1024;
@@ -137,6 +138,11 @@ int64_t ValidateMeshSpec(const MeshSpec& mesh, Diagnostics& d) {
   }
   if (mesh.axes.empty()) {
     AddOnce(d, "spec.mesh.axes", "must list at least one axis, e.g. [{name: data, size: 8}]");
+    return 0;
+  }
+  if (mesh.axes.size() > kMaxAxes) {
+    d.Add("spec.mesh.axes", "has " + std::to_string(mesh.axes.size()) + " axes; at most " +
+                                std::to_string(kMaxAxes) + " are supported");
     return 0;
   }
   std::map<std::string, size_t> seen;

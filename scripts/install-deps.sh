@@ -11,7 +11,7 @@ PACKAGES=(
   libcpp-httplib-dev libssl-dev libboost-dev
   pybind11-dev python3-dev python3-numpy libdlpack-dev
   clang libclang-rt-14-dev
-  prometheus curl util-linux
+  prometheus curl util-linux python3-yaml python3-jsonschema
 )
 
 missing=()

@@ -213,6 +213,13 @@ TEST(Spec, UnknownEnumValuesAndDtypes) {
   EXPECT_TRUE(HasProblem(p, "spec.shuffle.mode: unknown value 'Random'"));
 }
 
+TEST(Spec, AtMostEightAxes) {
+  std::string axes;
+  for (int i = 0; i < 9; ++i) axes += "      - {name: a" + std::to_string(i) + ", size: 1}\n";
+  auto p = Problems(Edit("      - name: data\n        size: 4\n", axes));
+  EXPECT_TRUE(HasProblem(p, "spec.mesh.axes: has 9 axes; at most 8 are supported"));
+}
+
 TEST(Spec, DatasetSmallerThanOneGlobalBatch) {
   auto p = Problems(Edit("samples: 1000", "samples: 5"));
   EXPECT_TRUE(HasProblem(p, "spec.dataset.samples: the dataset has 5 samples, fewer than one global batch of 8"));
