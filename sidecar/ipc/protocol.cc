@@ -161,6 +161,29 @@ void CheckDtype(Reader& r, size_t at, uint8_t code, uint8_t bits) {
   }
 }
 
+// The fields every tensor description shares (SERVER_HELLO's layout and
+// READY's tensors): offset, dtype, shape, strides.
+template <typename T>
+void WriteTensor(Writer& w, const T& t) {
+  w.U64(t.offset);
+  w.U8(t.dtype_code);
+  w.U8(t.dtype_bits);
+  w.Dims(t.shape);
+  w.Dims(t.strides);
+}
+
+template <typename T>
+void ReadTensor(Reader& r, T& t) {
+  const size_t at = r.pos();
+  t.offset = r.U64();
+  t.dtype_code = r.U8();
+  t.dtype_bits = r.U8();
+  CheckDtype(r, at + 8, t.dtype_code, t.dtype_bits);
+  t.shape = r.Dims("shape");
+  t.strides = r.Dims("strides");
+  CheckDims(r, at, t.shape, t.strides);
+}
+
 }  // namespace
 
 std::string_view MessageTypeName(MessageType t) {
@@ -212,11 +235,7 @@ std::string Encode(const Message& m) {
     w.U32(sh->fd_count);
     w.U32(static_cast<uint32_t>(sh->layout.size()));
     for (const auto& t : sh->layout) {
-      w.U64(t.offset);
-      w.U8(t.dtype_code);
-      w.U8(t.dtype_bits);
-      w.Dims(t.shape);
-      w.Dims(t.strides);
+      WriteTensor(w, t);
       w.U64(t.nbytes);
     }
     w.I64(sh->first_step);
@@ -229,11 +248,7 @@ std::string Encode(const Message& m) {
     w.U32(rd->slot);
     w.U32(static_cast<uint32_t>(rd->tensors.size()));
     for (const auto& t : rd->tensors) {
-      w.U64(t.offset);
-      w.U8(t.dtype_code);
-      w.U8(t.dtype_bits);
-      w.Dims(t.shape);
-      w.Dims(t.strides);
+      WriteTensor(w, t);
       w.U64(t.ids_checksum);
     }
     return w.Finish(MessageType::kReady);
@@ -311,14 +326,7 @@ Result<Message> Decode(std::string_view bytes) {
       const uint32_t nl = r.Count("layout", kMaxDevices);
       for (uint32_t i = 0; i < nl && r.ok(); ++i) {
         TensorLayout t;
-        const size_t at = r.pos();
-        t.offset = r.U64();
-        t.dtype_code = r.U8();
-        t.dtype_bits = r.U8();
-        CheckDtype(r, at + 8, t.dtype_code, t.dtype_bits);
-        t.shape = r.Dims("shape");
-        t.strides = r.Dims("strides");
-        CheckDims(r, at, t.shape, t.strides);
+        ReadTensor(r, t);
         t.nbytes = r.U64();
         m.layout.push_back(std::move(t));
       }
@@ -345,14 +353,7 @@ Result<Message> Decode(std::string_view bytes) {
       const uint32_t n = r.Count("tensors", kMaxDevices);
       for (uint32_t i = 0; i < n && r.ok(); ++i) {
         TensorReady t;
-        const size_t at = r.pos();
-        t.offset = r.U64();
-        t.dtype_code = r.U8();
-        t.dtype_bits = r.U8();
-        CheckDtype(r, at + 8, t.dtype_code, t.dtype_bits);
-        t.shape = r.Dims("shape");
-        t.strides = r.Dims("strides");
-        CheckDims(r, at, t.shape, t.strides);
+        ReadTensor(r, t);
         t.ids_checksum = r.U64();
         m.tensors.push_back(std::move(t));
       }

@@ -9,26 +9,6 @@
 
 namespace meshload::testing {
 
-TempDir::TempDir() {
-  std::string tmpl = std::filesystem::temp_directory_path().string() + "/meshload-test-XXXXXX";
-  char* p = ::mkdtemp(tmpl.data());
-  if (!p) throw std::runtime_error("mkdtemp failed");
-  path_ = p;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
-std::string TempDir::Write(const std::string& name, const std::string& bytes) const {
-  std::string full = path_ + "/" + name;
-  std::filesystem::create_directories(std::filesystem::path(full).parent_path());
-  std::ofstream out(full, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  return full;
-}
-
 JobSpec RandomSpec(std::mt19937_64& rng) {
   auto uniform = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);

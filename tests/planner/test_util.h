@@ -8,23 +8,9 @@
 
 #include "planner/shard_planner.h"
 #include "planner/spec.h"
+#include "tests/testing/temp_dir.h"
 
 namespace meshload::testing {
-
-/// A temporary directory removed (recursively) on destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  /// Writes `bytes` to path()/name and returns the full path.
-  std::string Write(const std::string& name, const std::string& bytes) const;
-
- private:
-  std::string path_;
-};
 
 /// A spec that passes ValidateJobSpec, with a random mesh (1–4 axes of size
 /// 1–4, random devicesPerProcess), random batchAxes (any subset, any order),

@@ -16,25 +16,6 @@
 
 namespace meshload::source::testing {
 
-TempDir::TempDir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "meshload-source-XXXXXX").string();
-  if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  path_ = tmpl;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
-std::string TempDir::Write(const std::string& name, const std::string& bytes) const {
-  std::string full = path_ + "/" + name;
-  std::ofstream out(full, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!out) throw std::runtime_error("cannot write " + full);
-  return full;
-}
-
 std::string RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::string out(n, '\0');

@@ -17,23 +17,11 @@
 #include <vector>
 
 #include "sidecar/source/source.h"
+#include "tests/testing/temp_dir.h"
 
 namespace meshload::source::testing {
 
-/// A temporary directory removed (recursively) on destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  /// Writes `bytes` to path()/name and returns the full path.
-  std::string Write(const std::string& name, const std::string& bytes) const;
-
- private:
-  std::string path_;
-};
+using ::meshload::testing::TempDir;
 
 /// `n` pseudo-random bytes, different for each seed.
 std::string RandomBytes(size_t n, uint64_t seed);
