@@ -56,6 +56,13 @@ for name in fixed tokens npy; do
   [ $rc -eq 0 ] || echo "$out" | tail -20
 done
 
+# 1b. A progress line about once a second while it runs (2.5 s here).
+out=$("$ML" run --local -f "$TMP/fixed.yaml" --generate-dataset "$TMP/data-slow" --samples 400 --steps 250 \
+      --delay-ms 10 2>&1); rc=$?
+lines=$(grep -cE '^step +[0-9]+ .* samples/s .*/s +trainer wait p99' <<<"$out")
+[ $rc -eq 0 ] && [ "$lines" -ge 2 ] && [ "$lines" -le 4 ]
+check "run --local prints a progress line about once a second ($lines in ~2.5 s)" $?
+
 # 2. A corrupted byte is caught and fails the run.
 "$ML" run --local -f "$TMP/fixed.yaml" --generate-dataset "$TMP/data-bad" --samples 400 --files 1 --steps 1 >/dev/null 2>&1
 printf '\xff' | dd of="$TMP/data-bad/part-00000.bin" bs=1 seek=123456 conv=notrunc status=none

@@ -294,6 +294,7 @@ class RangeServer {
   explicit RangeServer(std::string body) : body_(std::move(body)) {
     server_.Get("/data.bin", [this](const httplib::Request&, httplib::Response& res) {
       ++requests_;
+      if (stall_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms_.load()));
       if (fail_next_ > 0) {
         --fail_next_;
         res.status = 500;
@@ -313,6 +314,7 @@ class RangeServer {
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/data.bin"; }
   std::atomic<int> fail_next_{0};
   std::atomic<int> requests_{0};
+  std::atomic<int> stall_ms_{0};  // every GET hangs this long
 
  private:
   std::string body_;
@@ -343,6 +345,33 @@ TEST(Sidecar, ServesAnHttpDatasetAndRetriesServerErrors) {
   }
   EXPECT_EQ(h.Metric("meshload_storage_retries_total{reason=\"http_5xx\",source=\"http\"}"), 2);
   EXPECT_GT(h.Metric("meshload_bytes_read_total{source=\"http\"}"), 0);
+}
+
+TEST(Sidecar, AStuckStorageReadIsVisibleWithinSecondsInMetricsAndLogs) {
+  TempDir data;
+  DatasetSpec ds;
+  ds.format = DatasetFormat::kFixedRecord;
+  ds.record_bytes = 512;
+  ASSERT_TRUE(synthetic::Generate(ds, data.path(), 320, 1).ok());
+  std::ifstream in(data.path() + "/part-00000.bin", std::ios::binary);
+  RangeServer server(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  SidecarHarness h(3, {}, server.url());
+  h.options_.source_options.read_timeout = milliseconds(5000);
+  server.stall_ms_ = 1500;  // every read hangs 1.5 s; the report comes after 0.3 s
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(h.Start().ok());
+  double oldest = 0;
+  for (int i = 0; i < 40 && oldest < 0.5; ++i) {
+    std::this_thread::sleep_for(milliseconds(50));
+    oldest = h.Metric("meshload_oldest_inflight_read_seconds");
+  }
+  EXPECT_GE(oldest, 0.5);
+  std::this_thread::sleep_for(milliseconds(700));  // the watchdog runs every 0.5 s
+  server.stall_ms_ = 0;
+  h.Stop();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("\"msg\":\"storage read stuck\""), std::string::npos) << log;
+  EXPECT_NE(log.find("\"object\":\"" + server.url() + "\""), std::string::npos) << log;
 }
 
 TEST(Sidecar, AnHttpDatasetThatIsNotThereFailsFastAtStart) {
