@@ -251,6 +251,11 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
     }
     ASSIGN_OR_RETURN(ipc::Message msg, ipc::Decode(got->bytes));
     if (const auto* err = std::get_if<ipc::ErrorMessage>(&msg)) {
+      if (err->code == ipc::ErrorCode::kShuttingDown) {
+        // A sidecar being restarted says goodbye: reconnect, as if it had vanished.
+        RETURN_IF_ERROR(Reconnect(Status(StatusCode::kUnavailable, "the sidecar is stopping: " + err->message)));
+        continue;
+      }
       const StatusCode code = err->code == ipc::ErrorCode::kDataError ? StatusCode::kDataLoss
                                                                      : StatusCode::kFailedPrecondition;
       Close();

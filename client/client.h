@@ -21,9 +21,10 @@
 /// reconnect, use only the batches Next() returns from then on. (A
 /// restarted sidecar has a new pool; the old bytes then stay as they were.)
 ///
-/// When the sidecar goes away (restart, crash), Next() reconnects with
-/// bounded exponential backoff and resumes at the next step it has not
-/// returned; the sidecar re-plans from there, so the bytes are identical.
+/// When the sidecar goes away (a crash, or a stop announced with ERROR
+/// "shutting down"), Next() reconnects with bounded exponential backoff and
+/// resumes at the next step it has not returned; the sidecar re-plans from
+/// there, so the bytes are identical.
 /// After the last attempt Next() returns kUnavailable naming the socket.
 ///
 /// Everything the sidecar sends is checked before it is trusted: a tensor

@@ -232,8 +232,16 @@ Result<ResolvedJob> ResolveForSidecar(const JobSpec& spec, source::SourceRegistr
     }
     std::vector<DatasetIndex::FileFacts> files;
     files.push_back(std::move(facts));
-    auto index = DatasetIndex::FromFiles(spec.dataset, std::move(files), diags);
-    if (!index.ok()) return index.status();
+    Diagnostics index_diags;
+    auto index = DatasetIndex::FromFiles(spec.dataset, std::move(files), index_diags);
+    // Problems name the object; a signed URL's query must not reach the logs.
+    const std::string redacted = source::RedactUri(spec.dataset.uri);
+    auto redact = [&](std::string s) {
+      for (size_t at; (at = s.find(spec.dataset.uri)) != std::string::npos;) s.replace(at, spec.dataset.uri.size(), redacted);
+      return s;
+    };
+    for (const auto& p : index_diags.problems()) diags.Add(redact(p.path), redact(p.message));
+    if (!index.ok()) return Status(index.status().code(), redact(index.status().message()), redact(index.status().location()));
     if (!diags.ok()) return diags.ToStatus();
     opts.index = std::move(*index);
     Diagnostics again;  // spec problems were reported above
@@ -683,6 +691,12 @@ int Sidecar::Run() {
                                ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kDataError, fatal_message_}));
         DropClient("staging failed");
       }
+      if (pending_) {  // accepted before the failure, hello not yet read
+        (void)ipc::SendMessage(pending_->fd.get(),
+                               ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kDataError, fatal_message_}));
+        CloseLater(std::move(pending_->fd));
+        pending_.reset();
+      }
       if (health_) health_->SetHealthy(false, fatal_message_);
       failure_reported_ = true;
     }
@@ -741,6 +755,15 @@ int Sidecar::Run() {
     (void)ipc::SendMessage(client_->fd.get(),
                            ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kShuttingDown, "the sidecar is stopping"}));
     DropClient("the sidecar is stopping");
+  }
+  // Give the connections being closed a moment (at most 300 ms) to read what
+  // was sent to them, so the last ERROR is not lost to a reset at exit.
+  const auto drain_until = Clock::now() + std::chrono::milliseconds(300);
+  while (!closing_.empty() && Clock::now() < drain_until) {
+    std::vector<pollfd> cfds;
+    for (const auto& c : closing_) cfds.push_back({c.fd.get(), POLLIN, 0});
+    ::poll(cfds.data(), cfds.size(), 20);
+    ServeClosing(cfds.data(), cfds.size());
   }
   LogInfo("sidecar stopping", {{"job", job_name_}, {"process", options_.process}});
   return failed_ ? 1 : 0;

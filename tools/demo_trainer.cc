@@ -108,6 +108,7 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
     auto batch = (*client)->Next();
     if (!batch.ok()) {
       if (batch.status().code() == StatusCode::kCancelled) continue;  // g_stop decides
+      // Without --steps, the run ends when the sidecar is gone for good.
       if (steps < 0 && batch.status().code() == StatusCode::kUnavailable) break;
       return fail(batch.status().ToString());
     }

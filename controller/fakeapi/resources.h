@@ -1,0 +1,73 @@
+/// \file
+/// The fake API server's resource registry: what each served resource is
+/// (group, version, plural, kind, scope, subresources). Routing, discovery and
+/// Status messages all read from here, so a resource added to the registry
+/// (a built-in, or a custom resource when its CRD is created) is served
+/// everywhere at once.
+///
+/// Thread safety: ResourceType is a value. ResourceRegistry is not
+/// thread-safe; its owner (ObjectStore) guards it with its own mutex.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace meshload::fakeapi {
+
+struct ResourceType {
+  std::string group;                  // "" for core
+  std::vector<std::string> versions;  // served versions; the first is the preferred one
+  std::string plural;                 // "pods"
+  std::string kind;                   // "Pod"
+  bool namespaced = true;
+  bool has_status = false;  // a /status subresource exists
+  // metadata.generation is maintained (the real server does so for CRs, CRDs, pods).
+  bool has_generation = false;
+  // PUT on a missing object creates it (true for leases and events on a real server).
+  bool allow_create_on_update = false;
+  // Built-in types are encoded without kind/apiVersion inside list items;
+  // custom resources keep them, as on a real server.
+  bool builtin = true;
+
+  /// "pods" for core, "leases.coordination.k8s.io" otherwise: the form used
+  /// in real Status messages and in WriteCount().
+  std::string QualifiedName() const { return group.empty() ? plural : plural + "." + group; }
+  /// "v1" or "group/version".
+  std::string ApiVersion(const std::string& version) const {
+    return group.empty() ? version : group + "/" + version;
+  }
+  /// A stable key for the store: "group/plural".
+  std::string Key() const { return group + "/" + plural; }
+  bool Serves(const std::string& version) const;
+};
+
+class ResourceRegistry {
+ public:
+  /// Starts with the built-ins: namespaces, pods, configmaps, events (core/v1),
+  /// leases (coordination.k8s.io/v1), customresourcedefinitions
+  /// (apiextensions.k8s.io/v1).
+  ResourceRegistry();
+
+  /// The type served at group/version/plural, if any.
+  const ResourceType* Find(const std::string& group, const std::string& version,
+                           const std::string& plural) const;
+  /// By store key ("group/plural"), whatever the version.
+  const ResourceType* FindByKey(const std::string& key) const;
+
+  void Add(ResourceType type);
+  void Remove(const std::string& key);
+  const std::map<std::string, ResourceType>& all() const { return types_; }
+
+ private:
+  std::map<std::string, ResourceType> types_;  // by Key()
+};
+
+/// The ResourceType a CRD object describes, or nullopt with `*error` set
+/// when the CRD lacks what the fake needs (group, names, versions).
+std::optional<ResourceType> ResourceTypeFromCrd(const nlohmann::json& crd, std::string* error);
+
+}  // namespace meshload::fakeapi
