@@ -1,5 +1,6 @@
 #include "client/client.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -58,6 +59,11 @@ class Mapping {
   static Result<std::shared_ptr<Mapping>> Map(int fd, uint64_t bytes) {
     struct stat st {};
     if (::fstat(fd, &st) != 0) return IoErrorFromErrno("fstat of the pool fd", "", errno);
+    // A pool that could shrink under the mapping would turn reads into SIGBUS.
+    const int seals = ::fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+      return FailedPrecondition("the pool fd is not sealed against shrinking");
+    }
     if (static_cast<uint64_t>(st.st_size) < bytes) {
       return InvalidArgument("the pool fd holds " + std::to_string(st.st_size) + " bytes, SERVER_HELLO says " +
                              std::to_string(bytes));
@@ -112,6 +118,13 @@ Status Client::ConnectOnce(int64_t want_step) {
   hello.pid = static_cast<uint32_t>(::getpid());
   hello.want_step = want_step;
   RETURN_IF_ERROR(ipc::SendMessage(fd.get(), ipc::Encode(hello)));
+  // A listener that never answers must not hang the trainer.
+  pollfd p{fd.get(), POLLIN, 0};
+  int prc;
+  do {
+    prc = ::poll(&p, 1, 5000);
+  } while (prc < 0 && errno == EINTR);
+  if (prc == 0) return Status(StatusCode::kUnavailable, "no SERVER_HELLO within 5 s", options_.socket_path);
   ASSIGN_OR_RETURN(ipc::Received got, ipc::ReceiveMessage(fd.get(), ipc::kMaxMessageBytes));
   ASSIGN_OR_RETURN(ipc::Message msg, ipc::Decode(got.bytes));
   if (const auto* err = std::get_if<ipc::ErrorMessage>(&msg)) {
@@ -193,12 +206,23 @@ Result<Batch> Client::MakeBatch(const ipc::Ready& r, uint64_t wait_ns) {
   uint8_t* slot_base = mapping_->base() + static_cast<uint64_t>(r.slot) * hello_.slot_bytes;
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const ipc::TensorReady& t = r.tensors[i];
+    // The tensor must be a compact C-order array inside its slot: the
+    // trainer's framework will index it with these shapes and strides.
     uint64_t elems = 1;
     for (int64_t d : t.shape) {
       if (d < 0 || (d > 0 && elems > UINT64_MAX / static_cast<uint64_t>(d))) return InvalidArgument("READY shape overflows");
       elems *= static_cast<uint64_t>(d);
     }
-    const uint64_t nbytes = elems * (t.dtype_bits / 8);
+    const uint64_t item = t.dtype_bits / 8;
+    if (item == 0 || elems > UINT64_MAX / item) return InvalidArgument("READY tensor size overflows");
+    const uint64_t nbytes = elems * item;
+    int64_t expect = 1;
+    for (size_t k = t.shape.size(); k-- > 0;) {
+      if (t.shape[k] > 1 && t.strides[k] != expect) {
+        return InvalidArgument("READY tensor " + std::to_string(i) + " is not a compact C-order array");
+      }
+      expect *= t.shape[k] > 0 ? t.shape[k] : 1;
+    }
     if (t.offset > hello_.slot_bytes || nbytes > hello_.slot_bytes - t.offset) {
       return InvalidArgument("READY tensor " + std::to_string(i) + " lies outside its slot");
     }

@@ -3,6 +3,8 @@
 
 #include <signal.h>
 
+#include <atomic>
+
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
@@ -37,10 +39,12 @@ options (each also read from the environment variable named after it):
   --log-format FORMAT    json or kv                                           MESHLOAD_LOG_FORMAT
 )";
 
-meshload::sidecar::Sidecar* g_sidecar = nullptr;
+// Read by the signal handler: atomic (and lock-free, so async-signal-safe).
+std::atomic<meshload::sidecar::Sidecar*> g_sidecar{nullptr};
+static_assert(std::atomic<meshload::sidecar::Sidecar*>::is_always_lock_free);
 
 void OnSignal(int) {
-  if (g_sidecar) g_sidecar->RequestStop();
+  if (auto* s = g_sidecar.load()) s->RequestStop();
 }
 
 std::string Env(const char* name) {

@@ -16,10 +16,23 @@
 #define MESHLOAD_VERSION "dev"
 #endif
 
+namespace meshload::ipc {
+namespace {
+// Every send to a trainer is non-blocking: a trainer that stops reading must
+// not stall the producer (which sends READY under client_mu_) or a shutdown.
+Status SendTo(int fd, const std::string& bytes) { return SendMessage(fd, bytes, {}, /*nonblocking=*/true); }
+}  // namespace
+}  // namespace meshload::ipc
+
 namespace meshload::sidecar {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// At most this many READYs unanswered by RELEASE: a trainer following the
+// protocol then never fills its socket's queue (about 278 small messages on
+// Linux), so a full queue means a trainer that does not read, and is dropped.
+constexpr uint32_t kMaxLeasesPerTrainer = 128;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
@@ -287,6 +300,18 @@ Status Sidecar::Init() {
                            "--process");
   }
   loading_ = planner_->DefaultLoading();
+  // What the handoff protocol can describe (checked now, not at the first
+  // trainer, which could not decode SERVER_HELLO).
+  if (rj.mesh.devices_per_process() > static_cast<int64_t>(ipc::kMaxDevices)) {
+    return InvalidArgument("this sidecar serves at most " + std::to_string(ipc::kMaxDevices) +
+                               " devices per process, the job has " + std::to_string(rj.mesh.devices_per_process()),
+                           "spec.mesh.devicesPerProcess");
+  }
+  if (rj.dataset.sample_shape().size() + 1 > ipc::kMaxRank) {
+    return InvalidArgument("a sample of rank " + std::to_string(rj.dataset.sample_shape().size()) +
+                               " makes tensors of more than " + std::to_string(ipc::kMaxRank) + " dimensions",
+                           "spec.dataset");
+  }
   layout_ = staging::ComputeBatchLayout(rj, options_.process);
 
   const uint32_t slots = static_cast<uint32_t>(rj.spec.batch.prefetch);
@@ -443,7 +468,7 @@ void Sidecar::AcceptClient() {
   if (!fd.ok()) return;
   auto creds = ipc::GetPeerCredentials(fd->get());
   auto refuse = [&](ipc::ErrorCode code, const std::string& msg, const char* outcome) {
-    (void)ipc::SendMessage(fd->get(), ipc::Encode(ipc::ErrorMessage{code, msg}));
+    (void)ipc::SendTo(fd->get(), ipc::Encode(ipc::ErrorMessage{code, msg}));
     metrics_->connections.Add({{"outcome", outcome}}).Increment();
     LogWarn("refused a trainer connection", {{"reason", msg}});
     CloseLater(std::move(*fd));
@@ -460,7 +485,7 @@ void Sidecar::AcceptClient() {
            "refused_uid");
     return;
   }
-  if (failed_) {
+  if (failure_reported_) {
     refuse(ipc::ErrorCode::kDataError, fatal_message_, "refused_failed");
     return;
   }
@@ -483,24 +508,30 @@ void Sidecar::CloseLater(UniqueFd fd) {
 }
 
 void Sidecar::ServeClosing(const pollfd* fds, size_t count) {
+  // Matched by descriptor, not position: CloseLater may have changed the
+  // list since the poll set was built.
   const auto now = Clock::now();
-  for (size_t i = 0; i < closing_.size();) {
-    bool done = now > closing_[i].deadline;
-    if (i < count && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) {
-      char buf[256];
-      done = ::recv(closing_[i].fd.get(), buf, sizeof buf, MSG_DONTWAIT) <= 0 || done;
-    }
-    if (done) {
-      closing_.erase(closing_.begin() + static_cast<ptrdiff_t>(i));
-      fds += 1;
-      count = count > 0 ? count - 1 : 0;
-      continue;
-    }
-    ++i;
+  std::vector<int> done;
+  for (size_t i = 0; i < count; ++i) {
+    if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL))) continue;
+    char buf[256];
+    if (::recv(fds[i].fd, buf, sizeof buf, MSG_DONTWAIT) <= 0) done.push_back(fds[i].fd);
   }
+  std::erase_if(closing_, [&](const Closing& c) {
+    return now > c.deadline || std::find(done.begin(), done.end(), c.fd.get()) != done.end();
+  });
 }
 
 void Sidecar::OnHello(const ipc::ClientHello& hello) {
+  if (hello.want_step > (int64_t{1} << 62)) {
+    (void)ipc::SendTo(pending_->fd.get(), ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kBadRequest,
+                                                                        "want_step " + std::to_string(hello.want_step) +
+                                                                            " is out of range"}));
+    metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
+    CloseLater(std::move(pending_->fd));
+    pending_.reset();
+    return;
+  }
   const int64_t want = hello.want_step >= 0 ? hello.want_step : start_step_;
   if (!PipelineStartsAt(want)) {
     LogInfo("re-planning for the trainer", {{"step", want}});
@@ -529,7 +560,7 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
   sh.first_step = want;
   sh.steps_per_epoch = rj.steps_per_epoch;
   sh.global_batch = rj.global_batch;
-  Status st = ipc::SendMessage(client_->fd.get(), ipc::Encode(sh), {memory_->fd()});
+  Status st = ipc::SendMessage(client_->fd.get(), ipc::Encode(sh), {memory_->fd()}, /*nonblocking=*/true);
   if (!st.ok()) {
     client_lock.unlock();
     DropClient("sending SERVER_HELLO failed: " + st.ToString());
@@ -545,7 +576,9 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
 
 void Sidecar::SendReadyBatchesLocked() {
   if (!client_ || client_->broken) return;
-  while (auto slot = pool_->Lease(client_->next_to_send)) {
+  while (client_->leases < kMaxLeasesPerTrainer) {
+    auto slot = pool_->Lease(client_->next_to_send);
+    if (!slot) break;
     ipc::Ready r;
     r.step = client_->next_to_send;
     r.slot = *slot;
@@ -554,7 +587,7 @@ void Sidecar::SendReadyBatchesLocked() {
       const auto& t = layout_.devices[i];
       r.tensors.push_back({t.offset, dl.code, dl.bits, t.shape, t.strides, slot_checksums_[*slot][i]});
     }
-    Status st = ipc::SendMessage(client_->fd.get(), ipc::Encode(r));
+    Status st = ipc::SendTo(client_->fd.get(), ipc::Encode(r));
     if (!st.ok()) {
       // Possibly on the producer thread: leave the dropping to the server.
       pool_->Release(*slot, r.step);
@@ -594,7 +627,7 @@ void Sidecar::ServeClientMessage() {
   auto decoded = ipc::Decode(msg->bytes);
   if (!decoded.ok()) {
     metrics_->Error("protocol");
-    (void)ipc::SendMessage(client_->fd.get(),
+    (void)ipc::SendTo(client_->fd.get(),
                            ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kBadRequest, decoded.status().ToString()}));
     DropClient("malformed message: " + decoded.status().ToString());
     return;
@@ -602,7 +635,7 @@ void Sidecar::ServeClientMessage() {
   if (const auto* rel = std::get_if<ipc::Release>(&*decoded)) {
     if (!pool_->Release(rel->slot, rel->step)) {
       metrics_->Error("protocol");
-      (void)ipc::SendMessage(client_->fd.get(),
+      (void)ipc::SendTo(client_->fd.get(),
                              ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kBadRequest,
                                                            "RELEASE of slot " + std::to_string(rel->slot) +
                                                                " step " + std::to_string(rel->step) +
@@ -687,12 +720,12 @@ int Sidecar::Run() {
       }
       fatal_message_ = fatal.ToString();
       if (client_) {
-        (void)ipc::SendMessage(client_->fd.get(),
+        (void)ipc::SendTo(client_->fd.get(),
                                ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kDataError, fatal_message_}));
         DropClient("staging failed");
       }
       if (pending_) {  // accepted before the failure, hello not yet read
-        (void)ipc::SendMessage(pending_->fd.get(),
+        (void)ipc::SendTo(pending_->fd.get(),
                                ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kDataError, fatal_message_}));
         CloseLater(std::move(pending_->fd));
         pending_.reset();
@@ -716,8 +749,7 @@ int Sidecar::Run() {
                                        ipc::kProtocolVersion &&
                                    msg->bytes.compare(0, 4, "MLD1") == 0;
         if (msg.ok()) {
-          (void)ipc::SendMessage(
-              pending_->fd.get(),
+          (void)ipc::SendTo(pending_->fd.get(),
               ipc::Encode(ipc::ErrorMessage{other_version ? ipc::ErrorCode::kVersionMismatch : ipc::ErrorCode::kBadRequest,
                                             other_version ? "this sidecar speaks protocol version " +
                                                                 std::to_string(ipc::kProtocolVersion)
@@ -728,7 +760,7 @@ int Sidecar::Run() {
         CloseLater(std::move(pending_->fd));
         pending_.reset();
       } else if (hello->version != ipc::kProtocolVersion) {
-        (void)ipc::SendMessage(pending_->fd.get(),
+        (void)ipc::SendTo(pending_->fd.get(),
                                ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kVersionMismatch,
                                                              "this sidecar speaks protocol version " +
                                                                  std::to_string(ipc::kProtocolVersion)}));
@@ -752,7 +784,7 @@ int Sidecar::Run() {
     }
   }
   if (client_) {
-    (void)ipc::SendMessage(client_->fd.get(),
+    (void)ipc::SendTo(client_->fd.get(),
                            ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kShuttingDown, "the sidecar is stopping"}));
     DropClient("the sidecar is stopping");
   }

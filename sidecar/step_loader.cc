@@ -282,13 +282,17 @@ Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
     Status st;
     if (op->has_scratch) {
       // Every dropped piece of this read lands in this thread's scratch.
+      // Sized first, then pointed at: a resize after pointing would free
+      // the memory earlier iovecs point into.
       thread_local std::vector<uint8_t> scratch;
       std::vector<iovec> iov = op->iov;
+      size_t largest = 0;
+      for (const iovec& v : iov) {
+        if (v.iov_base == nullptr) largest = std::max(largest, v.iov_len);
+      }
+      if (scratch.size() < largest) scratch.resize(largest);
       for (iovec& v : iov) {
-        if (v.iov_base == nullptr) {
-          if (scratch.size() < v.iov_len) scratch.resize(v.iov_len);
-          v.iov_base = scratch.data();
-        }
+        if (v.iov_base == nullptr) v.iov_base = scratch.data();
       }
       st = op->source->ReadV(*op->uri, op->offset, iov);
     } else {

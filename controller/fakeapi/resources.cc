@@ -9,17 +9,36 @@ bool ResourceType::Serves(const std::string& version) const {
 }
 
 ResourceRegistry::ResourceRegistry() {
-  Add({.group = "", .versions = {"v1"}, .plural = "namespaces", .kind = "Namespace",
-       .namespaced = false, .has_status = true});
-  Add({.group = "", .versions = {"v1"}, .plural = "pods", .kind = "Pod", .namespaced = true,
-       .has_status = true, .has_generation = true});
+  Add({.group = "",
+       .versions = {"v1"},
+       .plural = "namespaces",
+       .kind = "Namespace",
+       .namespaced = false,
+       .has_status = true});
+  Add({.group = "",
+       .versions = {"v1"},
+       .plural = "pods",
+       .kind = "Pod",
+       .namespaced = true,
+       .has_status = true,
+       .has_generation = true});
   Add({.group = "", .versions = {"v1"}, .plural = "configmaps", .kind = "ConfigMap"});
-  Add({.group = "", .versions = {"v1"}, .plural = "events", .kind = "Event",
+  Add({.group = "",
+       .versions = {"v1"},
+       .plural = "events",
+       .kind = "Event",
        .allow_create_on_update = true});
-  Add({.group = "coordination.k8s.io", .versions = {"v1"}, .plural = "leases", .kind = "Lease",
+  Add({.group = "coordination.k8s.io",
+       .versions = {"v1"},
+       .plural = "leases",
+       .kind = "Lease",
        .allow_create_on_update = true});
-  Add({.group = "apiextensions.k8s.io", .versions = {"v1"}, .plural = "customresourcedefinitions",
-       .kind = "CustomResourceDefinition", .namespaced = false, .has_status = true,
+  Add({.group = "apiextensions.k8s.io",
+       .versions = {"v1"},
+       .plural = "customresourcedefinitions",
+       .kind = "CustomResourceDefinition",
+       .namespaced = false,
+       .has_status = true,
        .has_generation = true});
 }
 

@@ -81,7 +81,7 @@ Result<UniqueFd> Accept(int listen_fd) {
   return UniqueFd(fd);
 }
 
-Status SendMessage(int fd, const std::string& bytes, const std::vector<int>& fds) {
+Status SendMessage(int fd, const std::string& bytes, const std::vector<int>& fds, bool nonblocking) {
   if (fds.size() > kMaxFds) return InvalidArgument("too many file descriptors: " + std::to_string(fds.size()));
   iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
   msghdr msg{};
@@ -99,9 +99,12 @@ Status SendMessage(int fd, const std::string& bytes, const std::vector<int>& fds
     std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
   }
   while (true) {
-    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | (nonblocking ? MSG_DONTWAIT : 0));
     if (n >= 0) return Status::Ok();
     if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return Status(StatusCode::kUnavailable, "the peer is not reading (its queue is full)");
+    }
     if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN) {
       return Status(StatusCode::kUnavailable, std::string("peer closed the connection: ") + std::strerror(errno));
     }

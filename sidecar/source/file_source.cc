@@ -94,7 +94,7 @@ class FileHandle {
  public:
   explicit FileHandle(int fd) : fd_(fd) {}
   ~FileHandle() {
-    if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_);
+    if (const uint8_t* map = map_.load(); map != nullptr) ::munmap(const_cast<uint8_t*>(map), map_size_);
     ::close(fd_);
   }
   FileHandle(const FileHandle&) = delete;
@@ -109,22 +109,25 @@ class FileHandle {
       void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd_, 0);
       if (p == MAP_FAILED) return;
       ::madvise(p, static_cast<size_t>(st.st_size), MADV_RANDOM);  // samples are read shuffled
-      map_ = static_cast<const uint8_t*>(p);
       map_size_ = static_cast<uint64_t>(st.st_size);
+      map_.store(static_cast<const uint8_t*>(p), std::memory_order_release);  // after the size
     });
     *size = map_size_;
-    return map_;
+    return map_.load(std::memory_order_acquire);
   }
   // Drops the mapping's pages from this process (not from the page cache).
+  // May race with another thread's first Mapping(): the pointer is
+  // published after the size, so a non-null pointer has its size.
   void DropResidentPages() const {
-    if (map_ != nullptr && touched_.exchange(false)) ::madvise(const_cast<uint8_t*>(map_), map_size_, MADV_DONTNEED);
+    const uint8_t* map = map_.load(std::memory_order_acquire);
+    if (map != nullptr && touched_.exchange(false)) ::madvise(const_cast<uint8_t*>(map), map_size_, MADV_DONTNEED);
   }
   void MarkTouched() const { touched_.store(true, std::memory_order_relaxed); }
 
  private:
   int fd_;
   mutable std::once_flag map_once_;
-  mutable const uint8_t* map_ = nullptr;
+  mutable std::atomic<const uint8_t*> map_{nullptr};
   mutable uint64_t map_size_ = 0;
   mutable std::atomic<bool> touched_{false};
 };

@@ -8,6 +8,8 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -397,6 +399,90 @@ TEST(Sidecar, ReadinessWaitsForTheFirstBatch) {
   auto health = http.Get("/healthz");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+}
+
+TEST(Sidecar, ATrainerThatNeverReadsCannotStallTheSidecar) {
+  // 600 slots: far more READYs than a socket queue holds. The trainer takes
+  // SERVER_HELLO and reads nothing more; staging and stopping go on.
+  SidecarHarness h(/*prefetch=*/600, {}, {}, /*samples=*/9600);
+  ASSERT_TRUE(h.Start().ok());
+  auto fd = ipc::ConnectSeqpacket(h.options_.socket_path);
+  ASSERT_TRUE(fd.ok());
+  ASSERT_TRUE(ipc::SendMessage(fd->get(), ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, 0})).ok());
+  ASSERT_TRUE(ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes).ok());
+  std::this_thread::sleep_for(milliseconds(500));
+  const auto t0 = std::chrono::steady_clock::now();
+  h.Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
+// A stand-in sidecar that answers the handshake with whatever the test says.
+class FakeSidecar {
+ public:
+  FakeSidecar(std::string path, ipc::ServerHello hello, std::vector<ipc::Message> then, bool seal = true)
+      : path_(std::move(path)) {
+    listen_ = ipc::ListenSeqpacket(path_).value();
+    thread_ = std::thread([this, hello, then, seal] {
+      auto fd = ipc::Accept(listen_.get());
+      while (!fd.ok()) fd = ipc::Accept(listen_.get());
+      (void)ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes);
+      int mem = ::memfd_create("fake-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      EXPECT_EQ(::ftruncate(mem, static_cast<off_t>(hello.pool_bytes)), 0);
+      if (seal) ::fcntl(mem, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+      (void)ipc::SendMessage(fd->get(), ipc::Encode(hello), {mem});
+      ::close(mem);
+      for (const auto& m : then) (void)ipc::SendMessage(fd->get(), ipc::Encode(m));
+      (void)ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes);  // until the client goes
+    });
+  }
+  ~FakeSidecar() { thread_.join(); }
+
+ private:
+  std::string path_;
+  UniqueFd listen_;
+  std::thread thread_;
+};
+
+ipc::ServerHello OneDeviceHello() {
+  ipc::ServerHello h;
+  h.job = "fake";
+  h.devices = {{0, 1, ""}};
+  h.slots = 1;
+  h.slot_bytes = 4096;
+  h.pool_bytes = 4096;
+  h.fd_count = 1;
+  h.layout = {{0, 1, 8, {4, 16}, {16, 1}, 64}};
+  return h;
+}
+
+TEST(Client, RefusesReadyTensorsThatAreNotCompactOrOverflow) {
+  TempDir dir;
+  for (const ipc::TensorReady& bad : {ipc::TensorReady{0, 1, 8, {4, 16}, {1099511627776, 1}, 0},
+                                      ipc::TensorReady{0, 2, 64, {int64_t{1} << 61}, {1}, 0}}) {
+    const std::string sock = dir.path() + "/fake-" + std::to_string(bad.dtype_bits) + ".sock";
+    FakeSidecar fake(sock, OneDeviceHello(), {ipc::Ready{0, 0, {bad}}});
+    client::ClientOptions o;
+    o.socket_path = sock;
+    o.max_reconnect_attempts = 0;
+    auto c = client::Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    auto b = (*c)->Next(milliseconds(2000));
+    ASSERT_FALSE(b.ok());
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << b.status().ToString();
+    (*c)->Close();
+  }
+}
+
+TEST(Client, RefusesAPoolThatIsNotSealedAgainstShrinking) {
+  TempDir dir;
+  const std::string sock = dir.path() + "/fake.sock";
+  FakeSidecar fake(sock, OneDeviceHello(), {}, /*seal=*/false);
+  client::ClientOptions o;
+  o.socket_path = sock;
+  o.max_reconnect_attempts = 0;
+  auto c = client::Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("not sealed"), std::string::npos) << c.status().ToString();
 }
 
 // The real binary, killed and restarted under a connected trainer.

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <thread>
 
 #include "sidecar/ipc/protocol.h"
 #include "tests/planner/test_util.h"
@@ -116,6 +117,28 @@ TEST(StepLoader, EveryFormatStrategyAndShuffleDeliversThePlannedBytes) {
       }
     }
   }
+}
+
+// GlobalLoad on a TokenStream drops overlapping samples whose scratch pieces
+// have different lengths; a fresh thread (empty scratch) once freed the
+// scratch under an earlier piece (a use-after-free write ASan reports).
+TEST(StepLoader, GlobalLoadTokenStreamOnAFreshThreadDeliversThePlannedBytes) {
+  TempDir dir;
+  Case c{DatasetFormat::kTokenStream, Strategy::kGlobalLoad, ShuffleMode::kNone, {{"data", 2}}, {"data"}, 1};
+  auto planner = Prepare(SpecFor(c, dir.path()), dir.path(), 100, 2);
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  std::thread fresh([&] {
+    const auto layout = staging::ComputeBatchLayout(planner->job(), 0);
+    StepLoaderOptions opts;
+    opts.reader_threads = 1;
+    auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), *sources, layout, opts);
+    ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+    std::vector<uint8_t> slot(layout.slot_bytes);
+    std::vector<uint64_t> checksums;
+    ASSERT_TRUE((*loader)->Load(1, slot.data(), checksums, nullptr).ok());
+    ExpectSlotMatchesPlan(*planner, 0, 1, slot.data(), layout, checksums);
+  });
+  fresh.join();
 }
 
 TEST(StepLoader, StrategiesThatMoveSamplesBetweenProcessesAreRefusedClearly) {

@@ -1,0 +1,308 @@
+#include "controller/fakeapi/fake_apiserver.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/logging.h"
+#include "controller/fakeapi/store.h"
+
+namespace meshload::fakeapi {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// A real server's default watch timeout is 30-60 minutes; tests pass their own.
+constexpr int64_t kDefaultWatchSeconds = 1800;
+
+void Reply(httplib::Response& res, const ApiResponse& r) {
+  res.status = r.code;
+  res.set_content(r.body.dump(), "application/json");
+}
+
+bool IsTrue(const std::string& v) { return v == "1" || v == "true"; }
+
+int64_t ParamInt(const httplib::Request& req, const char* key, int64_t fallback, bool* ok) {
+  *ok = true;
+  if (!req.has_param(key)) return fallback;
+  int64_t v = 0;
+  const std::string s = req.get_param_value(key);
+  if (s.empty()) return fallback;
+  for (char c : s) {
+    if (c < '0' || c > '9' || v > (int64_t{1} << 40)) {
+      *ok = false;
+      return fallback;
+    }
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+struct InjectedError {
+  std::string prefix;
+  int code;
+  int remaining;
+  int retry_after;
+};
+
+}  // namespace
+
+struct FakeApiServer::Impl {
+  explicit Impl(FakeApiServerOptions o) : options(std::move(o)), store(options.history_limit) {}
+
+  void Route();
+  void Handle(const httplib::Request& req, httplib::Response& res);
+  void Watch(const RequestTarget& target, const httplib::Request& req, httplib::Response& res);
+  bool TakeInjected(const httplib::Request& req, httplib::Response& res);
+
+  FakeApiServerOptions options;
+  ObjectStore store;
+  httplib::Server server;
+  std::thread thread;
+  int port = -1;
+  bool started = false;
+  bool stopped = false;
+  std::mutex lifecycle_mu;
+
+  mutable std::mutex hooks_mu;
+  std::vector<InjectedError> injected;
+  std::chrono::milliseconds latency{0};
+  std::map<std::string, int64_t> writes;  // by qualified resource
+};
+
+bool FakeApiServer::Impl::TakeInjected(const httplib::Request& req, httplib::Response& res) {
+  std::lock_guard<std::mutex> lock(hooks_mu);
+  for (auto it = injected.begin(); it != injected.end(); ++it) {
+    if (req.path.rfind(it->prefix, 0) != 0) continue;
+    int code = it->code;
+    std::string reason = ReasonForCode(code);
+    std::string message = code == 429 ? "Too many requests, please try again later."
+                                      : "injected failure (" + std::to_string(code) + ")";
+    json details = nullptr;
+    if (it->retry_after > 0) {
+      res.set_header("Retry-After", std::to_string(it->retry_after));
+      details = {{"retryAfterSeconds", it->retry_after}};
+    }
+    Reply(res, ErrorResponse(code, reason, message, details));
+    if (--it->remaining <= 0) injected.erase(it);
+    return true;
+  }
+  return false;
+}
+
+void FakeApiServer::Impl::Route() {
+  server.new_task_queue = [n = options.worker_threads] {
+    return new httplib::ThreadPool(static_cast<size_t>(n));
+  };
+  // Short keep-alive so that Stop() does not wait on idle client connections.
+  server.set_keep_alive_timeout(1);
+  server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    std::chrono::milliseconds delay;
+    {
+      std::lock_guard<std::mutex> lock(hooks_mu);
+      delay = latency;
+    }
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    return TakeInjected(req, res) ? httplib::Server::HandlerResponse::Handled
+                                  : httplib::Server::HandlerResponse::Unhandled;
+  });
+  auto handler = [this](const httplib::Request& req, httplib::Response& res) { Handle(req, res); };
+  server.Get(".*", handler);
+  server.Post(".*", handler);
+  server.Put(".*", handler);
+  server.Patch(".*", handler);
+  server.Delete(".*", handler);
+}
+
+void FakeApiServer::Impl::Handle(const httplib::Request& req, httplib::Response& res) {
+  ApiResponse error;
+  std::optional<RequestTarget> target = store.Resolve(req.path, &error);
+  if (!target) return Reply(res, error);
+  ApiResponse r;
+  bool write = true;
+  if (req.method == "GET") {
+    write = false;
+    if (target->name.empty() && req.has_param("watch") && IsTrue(req.get_param_value("watch"))) {
+      return Watch(*target, req, res);
+    }
+    if (target->name.empty()) {
+      bool ok;
+      ListOptions options;
+      options.label_selector = req.get_param_value("labelSelector");
+      options.field_selector = req.get_param_value("fieldSelector");
+      options.limit = ParamInt(req, "limit", 0, &ok);
+      options.continue_token = req.get_param_value("continue");
+      r = ok ? store.List(*target, options)
+             : ErrorResponse(400, "BadRequest", "limit must be a non-negative integer");
+    } else {
+      r = store.Get(*target);
+    }
+  } else if (req.method == "POST") {
+    r = store.Create(*target, req.body);
+  } else if (req.method == "PUT") {
+    r = store.Update(*target, req.body);
+  } else if (req.method == "PATCH") {
+    r = store.Patch(*target, req.get_header_value("Content-Type"), req.body);
+  } else if (req.method == "DELETE") {
+    r = store.Delete(*target, req.body);
+  } else {
+    write = false;
+    r = ErrorResponse(405, "MethodNotAllowed",
+                      "the server does not allow this method on the requested resource");
+  }
+  if (write && r.ok()) {
+    std::lock_guard<std::mutex> lock(hooks_mu);
+    ++writes[target->type.QualifiedName()];
+  }
+  Reply(res, r);
+}
+
+void FakeApiServer::Impl::Watch(const RequestTarget& target, const httplib::Request& req,
+                                httplib::Response& res) {
+  bool ok;
+  int64_t timeout_s = ParamInt(req, "timeoutSeconds", kDefaultWatchSeconds, &ok);
+  if (!ok) return Reply(res, ErrorResponse(400, "BadRequest", "invalid timeoutSeconds"));
+  WatchOptions watch;
+  watch.resource_version = req.get_param_value("resourceVersion");
+  watch.label_selector = req.get_param_value("labelSelector");
+  watch.field_selector = req.get_param_value("fieldSelector");
+  bool bookmarks =
+      req.has_param("allowWatchBookmarks") && IsTrue(req.get_param_value("allowWatchBookmarks"));
+
+  struct State {
+    std::optional<WatchCursor> cursor;
+    std::vector<json> pending;  // written on the first call of the provider
+    Clock::time_point deadline;
+    Clock::time_point next_bookmark;
+  };
+  auto state = std::make_shared<State>();
+  ApiResponse error;
+  state->cursor = store.BeginWatch(target, watch, &state->pending, &error);
+  if (!state->cursor && state->pending.empty()) return Reply(res, error);
+  state->deadline = Clock::now() + std::chrono::seconds(timeout_s);
+  state->next_bookmark = Clock::now() + options.bookmark_interval;
+
+  res.status = 200;
+  // Not plain "application/json": httplib would gzip it for clients that
+  // accept gzip, and a buffering compressor would hold events back.
+  res.set_chunked_content_provider(
+      "application/json;stream=watch", [this, state, bookmarks](size_t, httplib::DataSink& sink) {
+        auto write_events = [&](const std::vector<json>& events) {
+          std::string out;
+          for (const json& e : events) out += e.dump() + "\n";
+          return out.empty() || sink.write(out.data(), out.size());
+        };
+        if (!state->pending.empty()) {
+          std::vector<json> events = std::move(state->pending);
+          state->pending.clear();
+          if (!write_events(events)) return false;
+          if (!state->cursor) sink.done();  // the 410 ERROR event ends the stream
+          return true;
+        }
+        Clock::time_point now = Clock::now();
+        if (now >= state->deadline) {
+          sink.done();
+          return true;
+        }
+        Clock::time_point wake = state->deadline;
+        if (bookmarks) wake = std::min(wake, state->next_bookmark);
+        std::vector<json> events;
+        switch (store.WaitForEvents(&*state->cursor, wake, &events)) {
+          case ObjectStore::WaitResult::kEvents:
+            return write_events(events);
+          case ObjectStore::WaitResult::kExpired:
+            if (!write_events(events)) return false;
+            sink.done();
+            return true;
+          case ObjectStore::WaitResult::kClosed:
+            sink.done();
+            return true;
+          case ObjectStore::WaitResult::kShutdown:
+            return false;  // cancel: the server is going away
+          case ObjectStore::WaitResult::kTimeout:
+            if (bookmarks && Clock::now() >= state->next_bookmark) {
+              state->next_bookmark = Clock::now() + options.bookmark_interval;
+              return write_events({store.Bookmark(*state->cursor)});
+            }
+            return true;
+        }
+        return false;
+      });
+}
+
+FakeApiServer::FakeApiServer(FakeApiServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+FakeApiServer::~FakeApiServer() { Stop(); }
+
+Status FakeApiServer::Start() {
+  std::lock_guard<std::mutex> lock(impl_->lifecycle_mu);
+  if (impl_->started) return FailedPrecondition("the fake API server was already started");
+  impl_->Route();
+  int port = impl_->options.port == 0
+                 ? impl_->server.bind_to_any_port(impl_->options.host)
+                 : (impl_->server.bind_to_port(impl_->options.host, impl_->options.port)
+                        ? impl_->options.port
+                        : -1);
+  if (port < 0) {
+    return Status(StatusCode::kUnavailable, "cannot bind the fake API server",
+                  impl_->options.host + ":" + std::to_string(impl_->options.port));
+  }
+  impl_->port = port;
+  impl_->started = true;
+  impl_->thread = std::thread([this] { impl_->server.listen_after_bind(); });
+  while (!impl_->server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  LogDebug("fake API server listening", {{"port", port}});
+  return Status::Ok();
+}
+
+void FakeApiServer::Stop() {
+  std::lock_guard<std::mutex> lock(impl_->lifecycle_mu);
+  if (!impl_->started || impl_->stopped) return;
+  impl_->stopped = true;
+  impl_->store.Shutdown();  // first: watch providers return and free their workers
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int FakeApiServer::port() const { return impl_->port; }
+
+std::string FakeApiServer::url() const {
+  return "http://" + impl_->options.host + ":" + std::to_string(impl_->port);
+}
+
+void FakeApiServer::CloseAllWatches() { impl_->store.CloseAllWatches(); }
+
+void FakeApiServer::InjectErrors(std::string path_prefix, int status_code, int count,
+                                 int retry_after_seconds) {
+  if (count <= 0) return;
+  std::lock_guard<std::mutex> lock(impl_->hooks_mu);
+  impl_->injected.push_back({std::move(path_prefix), status_code, count, retry_after_seconds});
+}
+
+void FakeApiServer::SetLatency(std::chrono::milliseconds latency) {
+  std::lock_guard<std::mutex> lock(impl_->hooks_mu);
+  impl_->latency = latency;
+}
+
+int64_t FakeApiServer::WriteCount(std::string_view resource) const {
+  std::lock_guard<std::mutex> lock(impl_->hooks_mu);
+  int64_t total = 0;
+  for (const auto& [name, n] : impl_->writes) {
+    if (resource.empty() || name == resource) total += n;
+  }
+  return total;
+}
+
+void FakeApiServer::CompactHistory() { impl_->store.CompactHistory(); }
+
+std::string FakeApiServer::CurrentResourceVersion() const {
+  return impl_->store.CurrentResourceVersion();
+}
+
+}  // namespace meshload::fakeapi

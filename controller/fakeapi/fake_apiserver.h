@@ -1,0 +1,82 @@
+/// \file
+/// FakeApiServer: an in-memory Kubernetes API server for controller tests.
+///
+/// It speaks the REST API (JSON) over plain HTTP on 127.0.0.1 for core/v1
+/// namespaces, pods, configmaps and events, coordination.k8s.io/v1 leases,
+/// apiextensions.k8s.io/v1 CRDs and the custom resources they define, with
+/// the semantics a controller depends on: resourceVersion conflicts, the
+/// status subresource, generation, finalizers, merge patch, selectors,
+/// paging, and watches with history, bookmarks and 410 Gone (see store.h for
+/// the full contract). What a real server rejects, this one rejects too, so a
+/// controller that passes against it has not been forgiven anything.
+///
+/// The C++ test hooks (not reachable over HTTP) inject faults and count
+/// writes, so tests can check retry behaviour and write amplification.
+///
+/// Thread safety: all methods are thread-safe. Start() and Stop() may each be
+/// called once; the destructor calls Stop().
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace meshload::fakeapi {
+
+struct FakeApiServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: an ephemeral port, read it back with port()
+  // Events kept for watch replay and paged lists; older RVs are 410 Gone.
+  size_t history_limit = 200;
+  std::chrono::milliseconds bookmark_interval{1000};
+  // Each open watch holds a worker thread for its lifetime.
+  int worker_threads = 64;
+};
+
+class FakeApiServer {
+ public:
+  explicit FakeApiServer(FakeApiServerOptions options = {});
+  ~FakeApiServer();
+  FakeApiServer(const FakeApiServer&) = delete;
+  FakeApiServer& operator=(const FakeApiServer&) = delete;
+
+  /// Binds and starts serving on a background thread; returns once the port
+  /// accepts connections.
+  Status Start();
+  /// Ends open watches, stops serving and joins the server thread. Idempotent.
+  void Stop();
+
+  int port() const;
+  /// "http://127.0.0.1:PORT".
+  std::string url() const;
+
+  // ---- test hooks --------------------------------------------------------
+  /// Ends every open watch stream cleanly; clients must re-watch.
+  void CloseAllWatches();
+  /// Answers the next `count` requests whose path starts with `path_prefix`
+  /// with `status_code` and a real `Status` body; a positive
+  /// `retry_after_seconds` adds a Retry-After header (as a real 429 carries).
+  void InjectErrors(std::string path_prefix, int status_code, int count,
+                    int retry_after_seconds = 0);
+  /// Delays every request by `latency` before it is handled.
+  void SetLatency(std::chrono::milliseconds latency);
+  /// Successful (2xx) create/update/patch/delete requests: all of them when
+  /// `resource` is empty, else those on one resource named as in Status
+  /// messages ("pods", "leases.coordination.k8s.io", "dataloadjobs.meshload.io").
+  int64_t WriteCount(std::string_view resource = {}) const;
+  /// Drops the event history, so watches and continue tokens from any older
+  /// resourceVersion get 410 Gone.
+  void CompactHistory();
+  /// The global resourceVersion now.
+  std::string CurrentResourceVersion() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace meshload::fakeapi

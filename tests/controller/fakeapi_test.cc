@@ -1,0 +1,725 @@
+// The fake API server through its HTTP API, as a controller would see it.
+// Each test names one behaviour of a real kube-apiserver that it pins down.
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "controller/fakeapi/fake_apiserver.h"
+
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+struct Resp {
+  int code = 0;
+  json body;
+  httplib::Headers headers;
+};
+
+constexpr char kPods[] = "/api/v1/namespaces/default/pods";
+constexpr char kConfigMaps[] = "/api/v1/namespaces/default/configmaps";
+constexpr char kJobs[] = "/apis/meshload.io/v1alpha1/namespaces/default/dataloadjobs";
+constexpr char kCrds[] = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+
+json Crd() {
+  return json::parse(R"({
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "dataloadjobs.meshload.io"},
+    "spec": {"group": "meshload.io", "scope": "Namespaced",
+             "names": {"plural": "dataloadjobs", "singular": "dataloadjob", "kind": "DataLoadJob"},
+             "versions": [{"name": "v1alpha1", "served": true, "storage": true,
+                           "subresources": {"status": {}},
+                           "schema": {"openAPIV3Schema": {"type": "object"}}}]}})");
+}
+
+json Job(const std::string& name, int batch = 8) {
+  return {{"apiVersion", "meshload.io/v1alpha1"},
+          {"kind", "DataLoadJob"},
+          {"metadata", {{"name", name}}},
+          {"spec", {{"batchSize", batch}}}};
+}
+
+json ConfigMap(const std::string& name, json labels = json::object()) {
+  return {{"apiVersion", "v1"},
+          {"kind", "ConfigMap"},
+          {"metadata", {{"name", name}, {"labels", labels}}},
+          {"data", {{"k", "v"}}}};
+}
+
+std::string Rv(const json& obj) { return obj["metadata"]["resourceVersion"].get<std::string>(); }
+
+// Collects the lines of one watch stream on a thread of its own.
+class WatchStream {
+ public:
+  WatchStream(const std::string& url, const std::string& path) : client_(url) {
+    client_.set_read_timeout(30, 0);
+    thread_ = std::thread([this, path] {
+      auto res = client_.Get(path, [this](const char* data, size_t len) {
+        std::lock_guard<std::mutex> lock(mu_);
+        buffer_.append(data, len);
+        size_t nl;
+        while ((nl = buffer_.find('\n')) != std::string::npos) {
+          events_.push_back(json::parse(buffer_.substr(0, nl)));
+          buffer_.erase(0, nl + 1);
+        }
+        cv_.notify_all();
+        return true;
+      });
+      std::lock_guard<std::mutex> lock(mu_);
+      ended_ = true;
+      if (res) status_ = res->status;
+      cv_.notify_all();
+    });
+  }
+  ~WatchStream() {
+    // stop() only interrupts a request in flight: repeat it until the stream
+    // thread has seen its request start and end.
+    while (!WaitEnded(0ms)) {
+      client_.stop();
+      WaitEnded(20ms);
+    }
+    thread_.join();
+  }
+  // Waits until `n` events have arrived (or the stream ended, or 5 s passed).
+  std::vector<json> WaitFor(size_t n, std::chrono::milliseconds timeout = 5000ms) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return events_.size() >= n || ended_; });
+    return events_;
+  }
+  bool WaitEnded(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return ended_; });
+  }
+  std::vector<json> Events() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+
+ private:
+  httplib::Client client_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string buffer_;
+  std::vector<json> events_;
+  bool ended_ = false;
+  int status_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace
+
+class FakeApiServer : public ::testing::Test {
+ protected:
+  void SetUp() override { StartServer({}); }
+  void TearDown() override { server_->Stop(); }
+
+  void StartServer(meshload::fakeapi::FakeApiServerOptions options) {
+    if (server_) server_->Stop();
+    server_ = std::make_unique<meshload::fakeapi::FakeApiServer>(options);
+    ASSERT_TRUE(server_->Start().ok());
+  }
+
+  Resp Do(const std::string& method, const std::string& path, const json& body = nullptr,
+          const std::string& content_type = "application/json") {
+    httplib::Client client(server_->url());
+    client.set_read_timeout(10, 0);
+    std::string payload = body.is_null() ? "" : body.dump();
+    httplib::Result res = [&] {
+      if (method == "POST") return client.Post(path, payload, content_type);
+      if (method == "PUT") return client.Put(path, payload, content_type);
+      if (method == "PATCH") return client.Patch(path, payload, content_type);
+      if (method == "DELETE") return client.Delete(path, payload, content_type);
+      return client.Get(path);
+    }();
+    Resp r;
+    if (!res) {
+      ADD_FAILURE() << method << " " << path << ": " << httplib::to_string(res.error());
+      return r;
+    }
+    r.code = res->status;
+    r.body = json::parse(res->body, nullptr, false);
+    r.headers = res->headers;
+    return r;
+  }
+  Resp Get(const std::string& path) { return Do("GET", path); }
+  Resp Post(const std::string& path, const json& body) { return Do("POST", path, body); }
+  Resp Put(const std::string& path, const json& body) { return Do("PUT", path, body); }
+  Resp MergePatch(const std::string& path, const json& body) {
+    return Do("PATCH", path, body, "application/merge-patch+json");
+  }
+  Resp Delete(const std::string& path) { return Do("DELETE", path); }
+
+  json CreateJobCrd() {
+    Resp r = Post(kCrds, Crd());
+    EXPECT_EQ(r.code, 201) << r.body;
+    return r.body;
+  }
+  json CreateJob(const std::string& name) {
+    Resp r = Post(kJobs, Job(name));
+    EXPECT_EQ(r.code, 201) << r.body;
+    return r.body;
+  }
+
+  std::unique_ptr<meshload::fakeapi::FakeApiServer> server_;
+};
+
+namespace {
+
+void ExpectStatus(const Resp& r, int code, const std::string& reason) {
+  EXPECT_EQ(r.code, code) << r.body;
+  EXPECT_EQ(r.body["kind"], "Status");
+  EXPECT_EQ(r.body["apiVersion"], "v1");
+  EXPECT_EQ(r.body["status"], "Failure");
+  EXPECT_EQ(r.body["reason"], reason);
+  EXPECT_EQ(r.body["code"], code);
+  EXPECT_TRUE(r.body["message"].is_string());
+}
+
+std::set<std::string> Names(const json& list) {
+  std::set<std::string> names;
+  for (const json& item : list["items"]) names.insert(item["metadata"]["name"].get<std::string>());
+  return names;
+}
+
+}  // namespace
+
+// ---- 1. resourceVersion and server-owned metadata --------------------------
+
+TEST_F(FakeApiServer, CreateSetsServerOwnedMetadata) {
+  CreateJobCrd();
+  json job = CreateJob("a");
+  const json& md = job["metadata"];
+  EXPECT_TRUE(std::regex_match(md["uid"].get<std::string>(),
+                               std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-"
+                                          "[0-9a-f]{12}")));
+  EXPECT_TRUE(std::regex_match(md["creationTimestamp"].get<std::string>(),
+                               std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")));
+  EXPECT_TRUE(std::regex_match(Rv(job), std::regex("[0-9]+")));
+  EXPECT_EQ(md["generation"], 1);
+  EXPECT_EQ(md["namespace"], "default");
+}
+
+TEST_F(FakeApiServer, ResourceVersionIsOneGlobalCounterAcrossResources) {
+  json cm = Post(kConfigMaps, ConfigMap("a")).body;
+  json lease = Post("/apis/coordination.k8s.io/v1/namespaces/default/leases",
+                    {{"metadata", {{"name", "l"}}}, {"spec", json::object()}})
+                   .body;
+  EXPECT_EQ(std::stoull(Rv(lease)), std::stoull(Rv(cm)) + 1);
+  json list = Get(kConfigMaps).body;
+  EXPECT_EQ(list["metadata"]["resourceVersion"], Rv(lease));
+  EXPECT_EQ(list["kind"], "ConfigMapList");
+  EXPECT_EQ(server_->CurrentResourceVersion(), Rv(lease));
+}
+
+// ---- 2. create --------------------------------------------------------------
+
+TEST_F(FakeApiServer, CreateDuplicateIsAlreadyExists409) {
+  ASSERT_EQ(Post(kConfigMaps, ConfigMap("a")).code, 201);
+  Resp r = Post(kConfigMaps, ConfigMap("a"));
+  ExpectStatus(r, 409, "AlreadyExists");
+  EXPECT_EQ(r.body["message"], "configmaps \"a\" already exists");
+  EXPECT_EQ(r.body["details"], json({{"name", "a"}, {"kind", "configmaps"}}));
+}
+
+TEST_F(FakeApiServer, GenerateNameMakesDistinctNames) {
+  json cm = {{"metadata", {{"generateName", "job-"}}}, {"data", json::object()}};
+  std::string a = Post(kConfigMaps, cm).body["metadata"]["name"];
+  std::string b = Post(kConfigMaps, cm).body["metadata"]["name"];
+  EXPECT_NE(a, b);
+  EXPECT_TRUE(std::regex_match(a, std::regex("job-[a-z0-9]{5}")));
+}
+
+TEST_F(FakeApiServer, CreateInMissingNamespaceIsNotFound404) {
+  Resp r = Post("/api/v1/namespaces/nope/configmaps", ConfigMap("a"));
+  ExpectStatus(r, 404, "NotFound");
+  EXPECT_EQ(r.body["message"], "namespaces \"nope\" not found");
+}
+
+TEST_F(FakeApiServer, CreateWithWrongKindOrApiVersionIsBadRequest400) {
+  json wrong_kind = ConfigMap("a");
+  wrong_kind["kind"] = "Secret";
+  ExpectStatus(Post(kConfigMaps, wrong_kind), 400, "BadRequest");
+  json wrong_version = ConfigMap("b");
+  wrong_version["apiVersion"] = "v2";
+  ExpectStatus(Post(kConfigMaps, wrong_version), 400, "BadRequest");
+  EXPECT_EQ(Get(kConfigMaps).body["items"].size(), 0u);
+}
+
+TEST_F(FakeApiServer, CustomResourcesAreServedOnlyAfterTheirCrdExists) {
+  ExpectStatus(Post(kJobs, Job("a")), 404, "NotFound");
+  json crd = CreateJobCrd();
+  EXPECT_EQ(crd["status"]["conditions"][1]["type"], "Established");
+  EXPECT_EQ(Post(kJobs, Job("a")).code, 201);
+  EXPECT_EQ(Get(std::string(kJobs) + "/a").body["spec"]["batchSize"], 8);
+}
+
+// ---- 3. get and delete --------------------------------------------------------
+
+TEST_F(FakeApiServer, GetMissingIsNotFound404) {
+  Resp r = Get("/apis/coordination.k8s.io/v1/namespaces/default/leases/x");
+  ExpectStatus(r, 404, "NotFound");
+  EXPECT_EQ(r.body["message"], "leases.coordination.k8s.io \"x\" not found");
+  EXPECT_EQ(r.body["details"]["group"], "coordination.k8s.io");
+}
+
+TEST_F(FakeApiServer, DeleteWithoutFinalizersRemovesTheObject) {
+  json cm = Post(kConfigMaps, ConfigMap("a")).body;
+  Resp r = Delete(std::string(kConfigMaps) + "/a");
+  EXPECT_EQ(r.code, 200);
+  EXPECT_EQ(r.body["metadata"]["name"], "a");
+  EXPECT_GT(std::stoull(Rv(r.body)), std::stoull(Rv(cm)));
+  ExpectStatus(Get(std::string(kConfigMaps) + "/a"), 404, "NotFound");
+  ExpectStatus(Delete(std::string(kConfigMaps) + "/a"), 404, "NotFound");
+}
+
+TEST_F(FakeApiServer, FinalizersDelayDeletionUntilCleared) {
+  CreateJobCrd();
+  json job = Job("a");
+  job["metadata"]["finalizers"] = {"meshload.io/cleanup"};
+  json created = Post(kJobs, job).body;
+  std::string path = std::string(kJobs) + "/a";
+  WatchStream watch(server_->url(), std::string(kJobs) + "?watch=1&resourceVersion=" + Rv(created));
+
+  Resp del = Delete(path);
+  EXPECT_EQ(del.code, 202);  // accepted, not yet deleted
+  json marked = Get(path).body;
+  EXPECT_TRUE(marked["metadata"].contains("deletionTimestamp"));
+  EXPECT_GT(std::stoull(Rv(marked)), std::stoull(Rv(created)));
+
+  marked["metadata"]["finalizers"] = json::array();
+  Resp cleared = Put(path, marked);
+  EXPECT_EQ(cleared.code, 200) << cleared.body;
+  ExpectStatus(Get(path), 404, "NotFound");
+
+  std::vector<json> events = watch.WaitFor(2);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0]["type"], "MODIFIED");
+  EXPECT_EQ(events[1]["type"], "DELETED");
+  EXPECT_EQ(events[1]["object"]["metadata"]["name"], "a");
+}
+
+TEST_F(FakeApiServer, TerminatingObjectCannotGainFinalizers) {
+  json cm = ConfigMap("a");
+  cm["metadata"]["finalizers"] = {"x/one"};
+  Post(kConfigMaps, cm);
+  Delete(std::string(kConfigMaps) + "/a");
+  json marked = Get(std::string(kConfigMaps) + "/a").body;
+  marked["metadata"]["finalizers"] = {"x/one", "x/two"};
+  ExpectStatus(Put(std::string(kConfigMaps) + "/a", marked), 422, "Invalid");
+}
+
+// ---- 4. update ----------------------------------------------------------------
+
+TEST_F(FakeApiServer, StaleUpdateIsConflict409) {
+  CreateJobCrd();
+  json v1 = CreateJob("a");
+  std::string path = std::string(kJobs) + "/a";
+  json v2 = v1;
+  v2["spec"]["batchSize"] = 16;
+  ASSERT_EQ(Put(path, v2).code, 200);
+  v1["spec"]["batchSize"] = 32;  // still carries the old resourceVersion
+  Resp r = Put(path, v1);
+  ExpectStatus(r, 409, "Conflict");
+  EXPECT_EQ(r.body["message"],
+            "Operation cannot be fulfilled on dataloadjobs.meshload.io \"a\": the object has been "
+            "modified; please apply your changes to the latest version and try again");
+  EXPECT_EQ(Get(path).body["spec"]["batchSize"], 16);
+}
+
+TEST_F(FakeApiServer, UpdateWithoutResourceVersionIsUnconditional) {
+  Post(kConfigMaps, ConfigMap("a"));
+  json cm = ConfigMap("a");
+  cm["data"]["k"] = "w";
+  Resp r = Put(std::string(kConfigMaps) + "/a", cm);
+  EXPECT_EQ(r.code, 200) << r.body;
+  EXPECT_EQ(r.body["data"]["k"], "w");
+}
+
+TEST_F(FakeApiServer, UpdateOfMissingObjectIsNotFound404) {
+  ExpectStatus(Put(std::string(kConfigMaps) + "/a", ConfigMap("a")), 404, "NotFound");
+}
+
+TEST_F(FakeApiServer, UpdateOfMissingLeaseCreatesIt) {
+  // Leases (like events) allow create-on-update on a real server.
+  Resp r = Put("/apis/coordination.k8s.io/v1/namespaces/default/leases/l",
+               {{"metadata", {{"name", "l"}}}, {"spec", {{"holderIdentity", "me"}}}});
+  EXPECT_EQ(r.code, 201) << r.body;
+  EXPECT_EQ(r.body["kind"], "Lease");
+}
+
+TEST_F(FakeApiServer, UpdateThatChangesNothingKeepsResourceVersion) {
+  json cm = Post(kConfigMaps, ConfigMap("a")).body;
+  Resp r = Put(std::string(kConfigMaps) + "/a", cm);
+  EXPECT_EQ(r.code, 200);
+  EXPECT_EQ(Rv(r.body), Rv(cm));
+}
+
+TEST_F(FakeApiServer, GenerationBumpsOnlyOnSpecChange) {
+  CreateJobCrd();
+  json job = CreateJob("a");
+  std::string path = std::string(kJobs) + "/a";
+  job["metadata"]["labels"] = {{"x", "y"}};
+  job = Put(path, job).body;
+  EXPECT_EQ(job["metadata"]["generation"], 1);
+  job["spec"]["batchSize"] = 99;
+  job = Put(path, job).body;
+  EXPECT_EQ(job["metadata"]["generation"], 2);
+}
+
+// ---- 5. status subresource ------------------------------------------------------
+
+TEST_F(FakeApiServer, MainResourceUpdateIgnoresStatus) {
+  CreateJobCrd();
+  json job = CreateJob("a");
+  std::string path = std::string(kJobs) + "/a";
+  job["status"] = {{"phase", "Running"}};
+  job["spec"]["batchSize"] = 4;
+  json updated = Put(path, job).body;
+  EXPECT_FALSE(updated.contains("status"));
+  EXPECT_EQ(updated["spec"]["batchSize"], 4);
+}
+
+TEST_F(FakeApiServer, StatusUpdateIgnoresSpecAndKeepsGeneration) {
+  CreateJobCrd();
+  json job = CreateJob("a");
+  std::string path = std::string(kJobs) + "/a";
+  job["status"] = {{"phase", "Running"}};
+  job["spec"]["batchSize"] = 4;
+  job["metadata"]["labels"] = {{"x", "y"}};
+  Resp r = Put(path + "/status", job);
+  ASSERT_EQ(r.code, 200) << r.body;
+  EXPECT_EQ(r.body["status"]["phase"], "Running");
+  EXPECT_EQ(r.body["spec"]["batchSize"], 8);
+  EXPECT_FALSE(r.body["metadata"].contains("labels"));
+  EXPECT_EQ(r.body["metadata"]["generation"], 1);
+}
+
+TEST_F(FakeApiServer, StaleStatusUpdateIsConflict409) {
+  CreateJobCrd();
+  json job = CreateJob("a");
+  std::string path = std::string(kJobs) + "/a";
+  json newer = job;
+  newer["spec"]["batchSize"] = 1;
+  ASSERT_EQ(Put(path, newer).code, 200);
+  job["status"] = {{"phase", "Running"}};
+  ExpectStatus(Put(path + "/status", job), 409, "Conflict");
+}
+
+TEST_F(FakeApiServer, StatusSubresourceIsAbsentWhenNotDeclared) {
+  Post(kConfigMaps, ConfigMap("a"));
+  ExpectStatus(Put(std::string(kConfigMaps) + "/a/status", ConfigMap("a")), 404, "NotFound");
+}
+
+// ---- 6. merge patch ------------------------------------------------------------
+
+TEST_F(FakeApiServer, MergePatchMergesObjectsAndNullRemovesKeys) {
+  json cm = ConfigMap("a");
+  cm["data"] = {{"keep", "1"}, {"drop", "2"}};
+  Post(kConfigMaps, cm);
+  Resp r =
+      MergePatch(std::string(kConfigMaps) + "/a", {{"data", {{"drop", nullptr}, {"add", "3"}}}});
+  ASSERT_EQ(r.code, 200) << r.body;
+  EXPECT_EQ(r.body["data"], json({{"keep", "1"}, {"add", "3"}}));
+}
+
+TEST_F(FakeApiServer, MergePatchWithStaleResourceVersionIsConflict409) {
+  json cm = Post(kConfigMaps, ConfigMap("a")).body;
+  MergePatch(std::string(kConfigMaps) + "/a", {{"data", {{"x", "1"}}}});
+  ExpectStatus(MergePatch(std::string(kConfigMaps) + "/a",
+                          {{"metadata", {{"resourceVersion", Rv(cm)}}}, {"data", {{"y", "1"}}}}),
+               409, "Conflict");
+}
+
+TEST_F(FakeApiServer, MergePatchOnStatusTouchesOnlyStatus) {
+  CreateJobCrd();
+  CreateJob("a");
+  std::string path = std::string(kJobs) + "/a";
+  Resp r = MergePatch(path + "/status",
+                      {{"status", {{"phase", "Ready"}}}, {"spec", {{"batchSize", 1}}}});
+  ASSERT_EQ(r.code, 200) << r.body;
+  EXPECT_EQ(r.body["status"]["phase"], "Ready");
+  EXPECT_EQ(r.body["spec"]["batchSize"], 8);
+  r = MergePatch(path, {{"status", {{"phase", "Lost"}}}, {"spec", {{"batchSize", 2}}}});
+  EXPECT_EQ(r.body["status"]["phase"], "Ready");
+  EXPECT_EQ(r.body["spec"]["batchSize"], 2);
+  EXPECT_EQ(r.body["metadata"]["generation"], 2);
+}
+
+TEST_F(FakeApiServer, UnsupportedPatchTypeIs415) {
+  Post(kConfigMaps, ConfigMap("a"));
+  for (const char* type : {"application/json-patch+json", "application/strategic-merge-patch+json",
+                           "application/json"}) {
+    ExpectStatus(Do("PATCH", std::string(kConfigMaps) + "/a", {{"data", json::object()}}, type),
+                 415, "UnsupportedMediaType");
+  }
+}
+
+// ---- 7. list: selectors and paging -------------------------------------------------
+
+TEST_F(FakeApiServer, LabelSelectorVariants) {
+  Post(kConfigMaps, ConfigMap("a", {{"app", "x"}, {"tier", "web"}}));
+  Post(kConfigMaps, ConfigMap("b", {{"app", "y"}}));
+  Post(kConfigMaps, ConfigMap("c", json::object()));
+  struct Case {
+    std::string selector;
+    std::set<std::string> want;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"app=x", {"a"}},
+           {"app==y", {"b"}},
+           {"app!=x", {"b", "c"}},
+           {"app in (x,y)", {"a", "b"}},
+           {"app notin (x)", {"b", "c"}},
+           {"app", {"a", "b"}},
+           {"!app", {"c"}},
+           {"app,tier=web", {"a"}},
+           {"app in (x, y),!tier", {"b"}},
+       }) {
+    Resp r = Get(std::string(kConfigMaps) +
+                 "?labelSelector=" + httplib::detail::encode_query_param(c.selector));
+    ASSERT_EQ(r.code, 200) << c.selector << ": " << r.body;
+    EXPECT_EQ(Names(r.body), c.want) << c.selector;
+  }
+  ExpectStatus(Get(std::string(kConfigMaps) +
+                   "?labelSelector=" + httplib::detail::encode_query_param("app in x")),
+               400, "BadRequest");
+}
+
+TEST_F(FakeApiServer, FieldSelectorOnNameAndNamespace) {
+  Post(kConfigMaps, ConfigMap("a"));
+  Post(kConfigMaps, ConfigMap("b"));
+  Post("/api/v1/namespaces", {{"metadata", {{"name", "other"}}}});
+  Post("/api/v1/namespaces/other/configmaps", ConfigMap("a"));
+  EXPECT_EQ(Names(Get(std::string(kConfigMaps) + "?fieldSelector=metadata.name%3Da").body),
+            std::set<std::string>{"a"});
+  EXPECT_EQ(Names(Get(std::string(kConfigMaps) + "?fieldSelector=metadata.name!%3Da").body),
+            std::set<std::string>{"b"});
+  Resp all = Get("/api/v1/configmaps?fieldSelector=metadata.namespace%3D%3Dother");
+  ASSERT_EQ(all.body["items"].size(), 1u);
+  EXPECT_EQ(all.body["items"][0]["metadata"]["namespace"], "other");
+  ExpectStatus(Get("/api/v1/configmaps?fieldSelector=spec.x%3D1"), 400, "BadRequest");
+}
+
+TEST_F(FakeApiServer, PagingReturnsEveryObjectExactlyOnce) {
+  for (int i = 0; i < 7; ++i) Post(kConfigMaps, ConfigMap("cm-" + std::to_string(i)));
+  std::multiset<std::string> seen;
+  std::string token;
+  std::string list_rv;
+  int pages = 0;
+  do {
+    std::string path = std::string(kConfigMaps) + "?limit=3";
+    if (!token.empty()) path += "&continue=" + httplib::detail::encode_query_param(token);
+    Resp r = Get(path);
+    ASSERT_EQ(r.code, 200) << r.body;
+    EXPECT_LE(r.body["items"].size(), 3u);
+    for (const json& item : r.body["items"])
+      seen.insert(item["metadata"]["name"].get<std::string>());
+    if (pages == 0) {
+      list_rv = r.body["metadata"]["resourceVersion"];
+      Post(kConfigMaps, ConfigMap("late"));  // not part of the snapshot being paged
+    }
+    EXPECT_EQ(r.body["metadata"]["resourceVersion"], list_rv);
+    token = r.body["metadata"].value("continue", "");
+    ++pages;
+  } while (!token.empty() && pages < 10);
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(seen.size(), 7u);
+  EXPECT_EQ(std::set<std::string>(seen.begin(), seen.end()).size(), 7u);
+}
+
+TEST_F(FakeApiServer, ExpiredContinueTokenIsGone410) {
+  for (int i = 0; i < 3; ++i) Post(kConfigMaps, ConfigMap("cm-" + std::to_string(i)));
+  std::string token = Get(std::string(kConfigMaps) + "?limit=1").body["metadata"]["continue"];
+  Post(kConfigMaps, ConfigMap("newer"));
+  server_->CompactHistory();
+  Resp r = Get(std::string(kConfigMaps) +
+               "?limit=1&continue=" + httplib::detail::encode_query_param(token));
+  ExpectStatus(r, 410, "Expired");
+  EXPECT_EQ(
+      r.body["message"].get<std::string>().rfind(
+          "The provided continue parameter is too old to display a consistent list result.", 0),
+      0u);
+}
+
+TEST_F(FakeApiServer, ListItemsOfBuiltinTypesOmitKindAndApiVersion) {
+  Post(kConfigMaps, ConfigMap("a"));
+  json item = Get(kConfigMaps).body["items"][0];
+  EXPECT_FALSE(item.contains("kind"));
+  CreateJobCrd();
+  CreateJob("j");
+  EXPECT_EQ(Get(kJobs).body["items"][0]["kind"], "DataLoadJob");
+}
+
+// ---- 8. watch ---------------------------------------------------------------------
+
+TEST_F(FakeApiServer, WatchWithoutResourceVersionSendsAddedThenLiveEvents) {
+  Post(kConfigMaps, ConfigMap("a"));
+  WatchStream watch(server_->url(), std::string(kConfigMaps) + "?watch=true");
+  ASSERT_EQ(watch.WaitFor(1).size(), 1u);
+  Post(kConfigMaps, ConfigMap("b"));
+  std::vector<json> events = watch.WaitFor(2);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0]["type"], "ADDED");
+  EXPECT_EQ(events[0]["object"]["metadata"]["name"], "a");
+  EXPECT_EQ(events[0]["object"]["kind"], "ConfigMap");
+  EXPECT_EQ(events[1]["type"], "ADDED");
+  EXPECT_EQ(events[1]["object"]["metadata"]["name"], "b");
+}
+
+TEST_F(FakeApiServer, WatchReplaysEventsAfterResourceVersionInOrder) {
+  json a = Post(kConfigMaps, ConfigMap("a")).body;
+  Post(kConfigMaps, ConfigMap("b"));
+  MergePatch(std::string(kConfigMaps) + "/a", {{"data", {{"k", "2"}}}});
+  Delete(std::string(kConfigMaps) + "/b");
+  WatchStream watch(server_->url(), std::string(kConfigMaps) + "?watch=1&resourceVersion=" + Rv(a));
+  std::vector<json> events = watch.WaitFor(3);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0]["type"], "ADDED");
+  EXPECT_EQ(events[0]["object"]["metadata"]["name"], "b");
+  EXPECT_EQ(events[1]["type"], "MODIFIED");
+  EXPECT_EQ(events[1]["object"]["data"]["k"], "2");
+  EXPECT_EQ(events[2]["type"], "DELETED");
+  EXPECT_LT(std::stoull(Rv(events[0]["object"])), std::stoull(Rv(events[1]["object"])));
+  EXPECT_LT(std::stoull(Rv(events[1]["object"])), std::stoull(Rv(events[2]["object"])));
+}
+
+TEST_F(FakeApiServer, WatchFromCompactedResourceVersionGetsError410) {
+  json a = Post(kConfigMaps, ConfigMap("a")).body;
+  Post(kConfigMaps, ConfigMap("b"));
+  server_->CompactHistory();
+  WatchStream watch(server_->url(), std::string(kConfigMaps) + "?watch=1&resourceVersion=" + Rv(a));
+  ASSERT_TRUE(watch.WaitEnded(5000ms));  // the server closes after the error
+  std::vector<json> events = watch.Events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["type"], "ERROR");
+  EXPECT_EQ(events[0]["object"]["kind"], "Status");
+  EXPECT_EQ(events[0]["object"]["code"], 410);
+  EXPECT_EQ(events[0]["object"]["reason"], "Expired");
+}
+
+TEST_F(FakeApiServer, WatchFromResourceVersionBeyondHistoryLimitGetsError410) {
+  meshload::fakeapi::FakeApiServerOptions options;
+  options.history_limit = 3;
+  StartServer(options);
+  json a = Post(kConfigMaps, ConfigMap("a")).body;
+  for (int i = 0; i < 4; ++i) Post(kConfigMaps, ConfigMap("x" + std::to_string(i)));
+  WatchStream watch(server_->url(), std::string(kConfigMaps) + "?watch=1&resourceVersion=" + Rv(a));
+  std::vector<json> events = watch.WaitFor(1);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["type"], "ERROR");
+  EXPECT_EQ(events[0]["object"]["code"], 410);
+}
+
+TEST_F(FakeApiServer, WatchSendsBookmarksWhenAllowed) {
+  json a = Post(kConfigMaps, ConfigMap("a")).body;
+  WatchStream watch(
+      server_->url(),
+      std::string(kConfigMaps) + "?watch=1&allowWatchBookmarks=true&resourceVersion=" + Rv(a));
+  std::vector<json> events = watch.WaitFor(1, 3000ms);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["type"], "BOOKMARK");
+  EXPECT_EQ(events[0]["object"]["kind"], "ConfigMap");
+  EXPECT_EQ(events[0]["object"]["metadata"], json({{"resourceVersion", Rv(a)}}));
+}
+
+TEST_F(FakeApiServer, WatchEndsAfterTimeoutSeconds) {
+  WatchStream watch(server_->url(), std::string(kConfigMaps) + "?watch=1&timeoutSeconds=1");
+  auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(watch.WaitEnded(5000ms));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 900ms);
+}
+
+TEST_F(FakeApiServer, WatchWithLabelSelectorReportsObjectsLeavingItAsDeleted) {
+  json a = Post(kConfigMaps, ConfigMap("a", {{"app", "x"}})).body;
+  Post(kConfigMaps, ConfigMap("b", {{"app", "y"}}));
+  WatchStream watch(server_->url(), std::string(kConfigMaps) + "?watch=1&labelSelector=app%3Dx");
+  ASSERT_EQ(watch.WaitFor(1).size(), 1u);  // only "a"
+  MergePatch(std::string(kConfigMaps) + "/a", {{"metadata", {{"labels", {{"app", "z"}}}}}});
+  std::vector<json> events = watch.WaitFor(2);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0]["object"]["metadata"]["name"], "a");
+  EXPECT_EQ(events[1]["type"], "DELETED");
+  EXPECT_EQ(events[1]["object"]["metadata"]["name"], "a");
+}
+
+TEST_F(FakeApiServer, CloseAllWatchesEndsOpenStreams) {
+  WatchStream watch(server_->url(), std::string(kConfigMaps) + "?watch=1");
+  std::this_thread::sleep_for(100ms);  // let the watch start
+  server_->CloseAllWatches();
+  EXPECT_TRUE(watch.WaitEnded(3000ms));
+}
+
+TEST_F(FakeApiServer, StopDoesNotHangOnOpenWatches) {
+  WatchStream w1(server_->url(), std::string(kConfigMaps) + "?watch=1");
+  WatchStream w2(server_->url(), std::string(kPods) + "?watch=1&allowWatchBookmarks=1");
+  std::this_thread::sleep_for(100ms);
+  auto start = std::chrono::steady_clock::now();
+  server_->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  EXPECT_TRUE(w1.WaitEnded(3000ms));
+}
+
+// ---- 9. test hooks ------------------------------------------------------------------
+
+TEST_F(FakeApiServer, InjectedTooManyRequestsCarriesRetryAfter) {
+  server_->InjectErrors("/api/v1/namespaces/default/configmaps", 429, 2, 3);
+  Resp r = Get(kConfigMaps);
+  ExpectStatus(r, 429, "TooManyRequests");
+  EXPECT_EQ(httplib::detail::get_header_value(r.headers, "Retry-After", 0, ""), std::string("3"));
+  EXPECT_EQ(Get(kConfigMaps).code, 429);
+  EXPECT_EQ(Get(kConfigMaps).code, 200);  // the count is spent
+}
+
+TEST_F(FakeApiServer, InjectedInternalErrorMatchesPathPrefixOnly) {
+  server_->InjectErrors(kPods, 500, 1);
+  EXPECT_EQ(Get(kConfigMaps).code, 200);
+  ExpectStatus(Get(kPods), 500, "InternalError");
+  EXPECT_EQ(Get(kPods).code, 200);
+}
+
+TEST_F(FakeApiServer, WriteCountCountsOnlySuccessfulWrites) {
+  EXPECT_EQ(server_->WriteCount(), 0);
+  Post(kConfigMaps, ConfigMap("a"));                                      // counted
+  Post(kConfigMaps, ConfigMap("a"));                                      // 409
+  MergePatch(std::string(kConfigMaps) + "/a", {{"data", {{"x", "1"}}}});  // counted
+  Put(std::string(kConfigMaps) + "/missing", ConfigMap("missing"));       // 404
+  server_->InjectErrors(kConfigMaps, 500, 1);
+  Delete(std::string(kConfigMaps) + "/a");  // injected 500
+  Get(kConfigMaps);                         // a read
+  Delete(std::string(kConfigMaps) + "/a");  // counted
+  Post("/apis/coordination.k8s.io/v1/namespaces/default/leases",
+       {{"metadata", {{"name", "l"}}}, {"spec", json::object()}});  // counted
+  EXPECT_EQ(server_->WriteCount("configmaps"), 3);
+  EXPECT_EQ(server_->WriteCount("leases.coordination.k8s.io"), 1);
+  EXPECT_EQ(server_->WriteCount(), 4);
+}
+
+TEST_F(FakeApiServer, SetLatencyDelaysRequests) {
+  server_->SetLatency(200ms);
+  auto start = std::chrono::steady_clock::now();
+  Get(kConfigMaps);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 190ms);
+}
+
+TEST_F(FakeApiServer, PodStatusIsASubresource) {
+  json pod = {{"metadata", {{"name", "p"}}},
+              {"spec", {{"containers", {{{"name", "c"}, {"image", "busybox"}}}}}},
+              {"status", {{"phase", "Running"}}}};
+  json created = Post(kPods, pod).body;
+  EXPECT_EQ(created["status"]["phase"], "Pending");  // create ignores status too
+  Resp r = MergePatch(std::string(kPods) + "/p/status", {{"status", {{"phase", "Running"}}}});
+  EXPECT_EQ(r.body["status"]["phase"], "Running");
+  EXPECT_EQ(r.body["metadata"]["generation"], 1);
+}
