@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "controller/fakeapi/discovery.h"
 #include "controller/fakeapi/store.h"
 
 namespace meshload::fakeapi {
@@ -43,6 +44,27 @@ int64_t ParamInt(const httplib::Request& req, const char* key, int64_t fallback,
   return v;
 }
 
+// Splits "/apis/meshload.io/v1alpha1" into {"apis", "meshload.io", "v1alpha1"}.
+std::vector<std::string> PathSegments(const std::string& path) {
+  std::vector<std::string> seg;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t slash = path.find('/', start);
+    if (slash == std::string::npos) slash = path.size();
+    if (slash > start) seg.push_back(path.substr(start, slash - start));
+    start = slash + 1;
+  }
+  return seg;
+}
+
+// True when the client asked for a meta.k8s.io Table (kubectl get does,
+// listing plain JSON last as its fallback).
+bool WantsTable(const httplib::Request& req) {
+  const std::string accept = req.get_header_value("Accept");
+  return accept.find("as=Table") != std::string::npos &&
+         accept.find("g=meta.k8s.io") != std::string::npos;
+}
+
 struct InjectedError {
   std::string prefix;
   int code;
@@ -57,6 +79,8 @@ struct FakeApiServer::Impl {
 
   void Route();
   void Handle(const httplib::Request& req, httplib::Response& res);
+  /// Answers discovery and OpenAPI paths; false when `req` is not one.
+  bool Discovery(const httplib::Request& req, httplib::Response& res);
   void Watch(const RequestTarget& target, const httplib::Request& req, httplib::Response& res);
   bool TakeInjected(const httplib::Request& req, httplib::Response& res);
 
@@ -119,7 +143,62 @@ void FakeApiServer::Impl::Route() {
   server.Delete(".*", handler);
 }
 
+bool FakeApiServer::Impl::Discovery(const httplib::Request& req, httplib::Response& res) {
+  std::vector<std::string> seg = PathSegments(req.path);
+  bool core = !seg.empty() && seg[0] == "api";
+  bool groups = !seg.empty() && seg[0] == "apis";
+  bool version = seg.size() == 1 && seg[0] == "version";
+  bool openapi = !seg.empty() && seg[0] == "openapi";
+  // /api/v1/... and /apis/g/v/... deeper than these are resources.
+  if (!version && !openapi && !(core && seg.size() <= 2) && !(groups && seg.size() <= 3)) {
+    return false;
+  }
+  if (req.method != "GET") {
+    Reply(res, ErrorResponse(405, "MethodNotAllowed",
+                             "the server does not allow this method on the requested resource"));
+    return true;
+  }
+  // Always the legacy format with a plain application/json type, whatever
+  // the Accept header asks: a client that asked for aggregated discovery
+  // (apidiscovery.k8s.io) sees the content type and falls back to it.
+  if (version) {
+    Reply(res, {200, VersionInfo()});
+    return true;
+  }
+  if (core && seg.size() == 1) {
+    Reply(res, {200, CoreApiVersions(options.host + ":" + std::to_string(port))});
+    return true;
+  }
+  ResourceTypes types = store.ResourceTypes();
+  std::optional<json> body;
+  if (openapi) {
+    if (seg.size() == 2 && seg[1] == "v2") {
+      body = OpenApiV2(types);
+    } else if (seg.size() == 2 && seg[1] == "v3") {
+      body = OpenApiV3Index(types);
+    } else if (seg.size() == 4 && seg[1] == "v3" && seg[2] == "api") {
+      body = OpenApiV3GroupVersion(types, "", seg[3]);
+    } else if (seg.size() == 5 && seg[1] == "v3" && seg[2] == "apis") {
+      body = OpenApiV3GroupVersion(types, seg[3], seg[4]);
+    }
+  } else if (groups && seg.size() == 1) {
+    body = ApiGroupList(types);
+  } else if (groups && seg.size() == 2) {
+    body = ApiGroup(types, seg[1]);
+  } else if (core) {
+    body = ApiResourceList(types, "", seg[1]);
+  } else {
+    body = ApiResourceList(types, seg[1], seg[2]);
+  }
+  Reply(res, body ? ApiResponse{200, *body}
+                  : ErrorResponse(404, "NotFound",
+                                  "the server could not find the requested resource",
+                                  json::object()));
+  return true;
+}
+
 void FakeApiServer::Impl::Handle(const httplib::Request& req, httplib::Response& res) {
+  if (Discovery(req, res)) return;
   ApiResponse error;
   std::optional<RequestTarget> target = store.Resolve(req.path, &error);
   if (!target) return Reply(res, error);
@@ -158,6 +237,13 @@ void FakeApiServer::Impl::Handle(const httplib::Request& req, httplib::Response&
   if (write && r.ok()) {
     std::lock_guard<std::mutex> lock(hooks_mu);
     ++writes[target->type.QualifiedName()];
+  }
+  if (!write && r.ok() && WantsTable(req)) {
+    std::string include = req.get_param_value("includeObject");
+    IncludeObject what = include == "None"     ? IncludeObject::kNone
+                         : include == "Object" ? IncludeObject::kObject
+                                               : IncludeObject::kMetadata;
+    r.body = ToTable(target->type, r.body, what, std::time(nullptr));
   }
   Reply(res, r);
 }

@@ -10,6 +10,11 @@
 /// the full contract). What a real server rejects, this one rejects too, so a
 /// controller that passes against it has not been forgiven anything.
 ///
+/// It also serves what the real `kubectl` needs (tests/controller/
+/// kubectl_test.sh): legacy discovery and a minimal OpenAPI generated from
+/// the registry (discovery.h), Tables for `kubectl get`, strategic merge
+/// patch (simplified) and JSON patch for `kubectl apply`/`patch`.
+///
 /// The C++ test hooks (not reachable over HTTP) inject faults and count
 /// writes, so tests can check retry behaviour and write amplification.
 ///

@@ -1,5 +1,6 @@
 // fake-apiserver: the in-memory Kubernetes API server as a program, for
-// running a controller binary (or kubectl, once discovery exists) against it.
+// running a controller binary, or kubectl (discovery and OpenAPI are served),
+// against it.
 //
 //   fake-apiserver --port 0 --kubeconfig-out /tmp/kubeconfig
 //

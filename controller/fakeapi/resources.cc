@@ -14,20 +14,28 @@ ResourceRegistry::ResourceRegistry() {
        .plural = "namespaces",
        .kind = "Namespace",
        .namespaced = false,
-       .has_status = true});
+       .has_status = true,
+       .short_names = {"ns"}});
   Add({.group = "",
        .versions = {"v1"},
        .plural = "pods",
        .kind = "Pod",
        .namespaced = true,
        .has_status = true,
-       .has_generation = true});
-  Add({.group = "", .versions = {"v1"}, .plural = "configmaps", .kind = "ConfigMap"});
+       .has_generation = true,
+       .short_names = {"po"},
+       .categories = {"all"}});
+  Add({.group = "",
+       .versions = {"v1"},
+       .plural = "configmaps",
+       .kind = "ConfigMap",
+       .short_names = {"cm"}});
   Add({.group = "",
        .versions = {"v1"},
        .plural = "events",
        .kind = "Event",
-       .allow_create_on_update = true});
+       .allow_create_on_update = true,
+       .short_names = {"ev"}});
   Add({.group = "coordination.k8s.io",
        .versions = {"v1"},
        .plural = "leases",
@@ -39,7 +47,9 @@ ResourceRegistry::ResourceRegistry() {
        .kind = "CustomResourceDefinition",
        .namespaced = false,
        .has_status = true,
-       .has_generation = true});
+       .has_generation = true,
+       .short_names = {"crd", "crds"},
+       .categories = {"api-extensions"}});
 }
 
 const ResourceType* ResourceRegistry::Find(const std::string& group, const std::string& version,
@@ -75,6 +85,19 @@ std::optional<ResourceType> ResourceTypeFromCrd(const nlohmann::json& crd, std::
       spec != nullptr && spec->is_object() && spec->contains("names") ? &(*spec)["names"] : nullptr;
   type.plural = str(names, "plural");
   type.kind = str(names, "kind");
+  type.singular = str(names, "singular");
+  auto strings = [](const nlohmann::json* obj, const char* key) {
+    std::vector<std::string> out;
+    if (obj == nullptr || !obj->is_object() || !obj->contains(key)) return out;
+    const nlohmann::json& list = (*obj)[key];
+    if (!list.is_array()) return out;
+    for (const auto& v : list) {
+      if (v.is_string()) out.push_back(v.get<std::string>());
+    }
+    return out;
+  };
+  type.short_names = strings(names, "shortNames");
+  type.categories = strings(names, "categories");
   type.namespaced = str(spec, "scope") != "Cluster";
   if (type.group.empty() || type.plural.empty() || type.kind.empty()) {
     *error = "spec.group, spec.names.plural and spec.names.kind are required";
@@ -85,6 +108,24 @@ std::optional<ResourceType> ResourceTypeFromCrd(const nlohmann::json& crd, std::
       if (!v.is_object() || !v.contains("name") || !v["name"].is_string()) continue;
       if (v.contains("served") && v["served"].is_boolean() && !v["served"].get<bool>()) continue;
       type.versions.push_back(v["name"].get<std::string>());
+      // One shape for all versions (below), so the first served version's
+      // columns stand for all of them.
+      if (type.versions.size() == 1 && v.contains("additionalPrinterColumns") &&
+          v["additionalPrinterColumns"].is_array()) {
+        for (const auto& c : v["additionalPrinterColumns"]) {
+          PrinterColumn column;
+          column.name = str(&c, "name");
+          column.type = str(&c, "type");
+          column.json_path = str(&c, "jsonPath");
+          column.description = str(&c, "description");
+          if (c.is_object() && c.contains("priority") && c["priority"].is_number_integer()) {
+            column.priority = c["priority"].get<int>();
+          }
+          if (!column.name.empty() && !column.json_path.empty()) {
+            type.printer_columns.push_back(std::move(column));
+          }
+        }
+      }
       // The fake serves one shape for all versions (conversion strategy None),
       // so one version declaring the status subresource enables it.
       if (v.contains("subresources") && v["subresources"].is_object() &&

@@ -17,6 +17,15 @@
 
 namespace meshload::fakeapi {
 
+/// One of a CRD's additionalPrinterColumns: what `kubectl get` shows.
+struct PrinterColumn {
+  std::string name;       // "Strategy"
+  std::string type;       // "string", "integer", "number", "boolean", "date"
+  std::string json_path;  // ".spec.strategy"; only simple dotted paths are evaluated
+  std::string description;
+  int priority = 0;  // > 0: shown only with -o wide
+};
+
 struct ResourceType {
   std::string group;                  // "" for core
   std::vector<std::string> versions;  // served versions; the first is the preferred one
@@ -31,6 +40,14 @@ struct ResourceType {
   // Built-in types are encoded without kind/apiVersion inside list items;
   // custom resources keep them, as on a real server.
   bool builtin = true;
+  // Discovery metadata (spec.names of a CRD); `kubectl get dlj` resolves
+  // short names and categories only through discovery.
+  std::string singular{};  // "pod"; empty: the lower-case kind
+  std::vector<std::string> short_names{};
+  std::vector<std::string> categories{};
+  // Table columns after Name; empty: Name and Age only, as a real server does
+  // for a CRD without additionalPrinterColumns.
+  std::vector<PrinterColumn> printer_columns{};
 
   /// "pods" for core, "leases.coordination.k8s.io" otherwise: the form used
   /// in real Status messages and in WriteCount().

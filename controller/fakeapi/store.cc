@@ -669,18 +669,28 @@ ApiResponse ObjectStore::Patch(const RequestTarget& t, const std::string& conten
                                const std::string& body) {
   std::string media = content_type.substr(0, content_type.find(';'));
   while (!media.empty() && media.back() == ' ') media.pop_back();
-  if (media != "application/merge-patch+json") {
-    return ErrorResponse(415, "UnsupportedMediaType",
-                         "the body of the request was in an unknown format - accepted media "
-                         "types include: application/merge-patch+json");
+  // As on a real server, strategic merge patch exists only for built-in
+  // kinds: a custom resource has no Go struct carrying patch merge keys.
+  bool merge = media == "application/merge-patch+json";
+  bool strategic = media == "application/strategic-merge-patch+json" && t.type.builtin;
+  bool json_patch = media == "application/json-patch+json";
+  if (!merge && !strategic && !json_patch) {
+    return ErrorResponse(
+        415, "UnsupportedMediaType",
+        std::string("the body of the request was in an unknown format - accepted media types "
+                    "include: application/json-patch+json, application/merge-patch+json") +
+            (t.type.builtin ? ", application/strategic-merge-patch+json" : ""));
   }
   if (t.name.empty()) {
     return ErrorResponse(405, "MethodNotAllowed",
                          "the server does not allow this method on the requested resource");
   }
   json patch = json::parse(body, nullptr, false);
-  if (patch.is_discarded() || !patch.is_object()) {
-    return ErrorResponse(400, "BadRequest", "the request body is not a JSON merge patch object");
+  if (json_patch ? (patch.is_discarded() || !patch.is_array())
+                 : (patch.is_discarded() || !patch.is_object())) {
+    return ErrorResponse(400, "BadRequest",
+                         json_patch ? "the request body is not a JSON patch array"
+                                    : "the request body is not a JSON merge patch object");
   }
   std::lock_guard<std::mutex> lock(mu_);
   ObjectMap& objects = objects_[t.type.Key()];
@@ -688,7 +698,19 @@ ApiResponse ObjectStore::Patch(const RequestTarget& t, const std::string& conten
   if (it == objects.end()) return NotFoundFor(t, t.name);
   // A resourceVersion inside the patch becomes a precondition; without one
   // the patch applies to whatever is stored.
-  json patched = ApplyMergePatch(Output(t, it->second), patch);
+  json patched;
+  if (merge) {
+    patched = ApplyMergePatch(Output(t, it->second), patch);
+  } else if (strategic) {
+    patched = ApplyStrategicMergePatch(Output(t, it->second), patch);
+  } else {
+    patched = Output(t, it->second);
+    std::string error;
+    if (!ApplyJsonPatch(&patched, patch, &error)) {
+      // A real server answers a failed `test` or a missing path as 422.
+      return ErrorResponse(422, "Invalid", "the JSON patch could not be applied: " + error);
+    }
+  }
   return UpdateLocked(t, std::move(patched));
 }
 
@@ -869,6 +891,11 @@ void ObjectStore::CompactHistory() {
   history_.clear();
   oldest_valid_rv_ = rv_;
   cv_.notify_all();
+}
+
+std::map<std::string, ResourceType> ObjectStore::ResourceTypes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return registry_.all();
 }
 
 std::string ObjectStore::CurrentResourceVersion() const {

@@ -96,7 +96,9 @@ class ObjectStore {
   ApiResponse Get(const RequestTarget& target) const;
   ApiResponse List(const RequestTarget& target, const ListOptions& options) const;
   ApiResponse Update(const RequestTarget& target, const std::string& body);
-  /// Only `application/merge-patch+json`; other types get 415.
+  /// `application/merge-patch+json`, `application/json-patch+json`, and for
+  /// built-in kinds `application/strategic-merge-patch+json` (simplified, see
+  /// merge_patch.h); other types get 415, as on a real server.
   ApiResponse Patch(const RequestTarget& target, const std::string& content_type,
                     const std::string& body);
   /// `body` may hold DeleteOptions with preconditions (uid, resourceVersion).
@@ -126,6 +128,9 @@ class ObjectStore {
   /// Drops the whole event history: every RV older than now is 410 Gone.
   void CompactHistory();
   std::string CurrentResourceVersion() const;
+  /// A snapshot of the served resource types (built-ins and established
+  /// CRDs), by ResourceType::Key(); discovery is generated from it.
+  std::map<std::string, ResourceType> ResourceTypes() const;
 
  private:
   struct Event {

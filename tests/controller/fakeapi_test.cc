@@ -459,11 +459,131 @@ TEST_F(FakeApiServer, MergePatchOnStatusTouchesOnlyStatus) {
 
 TEST_F(FakeApiServer, UnsupportedPatchTypeIs415) {
   Post(kConfigMaps, ConfigMap("a"));
-  for (const char* type : {"application/json-patch+json", "application/strategic-merge-patch+json",
-                           "application/json"}) {
+  for (const char* type : {"application/apply-patch+yaml", "application/json"}) {
     ExpectStatus(Do("PATCH", std::string(kConfigMaps) + "/a", {{"data", json::object()}}, type),
                  415, "UnsupportedMediaType");
   }
+}
+
+TEST_F(FakeApiServer, StrategicMergePatchOnlyForBuiltInKinds) {
+  // A custom resource has no patch merge keys: a real server answers 415.
+  CreateJobCrd();
+  CreateJob("j");
+  ExpectStatus(Do("PATCH", std::string(kJobs) + "/j", {{"spec", {{"batchSize", 2}}}},
+                  "application/strategic-merge-patch+json"),
+               415, "UnsupportedMediaType");
+  // On a built-in it merges maps, replaces lists and drops directives.
+  Post(kConfigMaps, ConfigMap("a", {{"app", "x"}}));
+  Resp r = Do("PATCH", std::string(kConfigMaps) + "/a",
+              {{"metadata", {{"labels", {{"tier", "web"}}}, {"$setElementOrder/finalizers", {}}}},
+               {"data", {{"k", nullptr}, {"n", "1"}}}},
+              "application/strategic-merge-patch+json");
+  ASSERT_EQ(r.code, 200) << r.body;
+  EXPECT_EQ(r.body["metadata"]["labels"], json({{"app", "x"}, {"tier", "web"}}));
+  EXPECT_EQ(r.body["data"], json({{"n", "1"}}));
+  EXPECT_FALSE(r.body["metadata"].contains("$setElementOrder/finalizers"));
+}
+
+TEST_F(FakeApiServer, JsonPatchAppliesOperationsAndFailedTestIs422) {
+  Post(kConfigMaps, ConfigMap("a"));
+  const std::string path = std::string(kConfigMaps) + "/a";
+  Resp r = Do("PATCH", path,
+              json::array({{{"op", "test"}, {"path", "/data/k"}, {"value", "v"}},
+                           {{"op", "add"}, {"path", "/data/n"}, {"value", "1"}},
+                           {{"op", "replace"}, {"path", "/data/k"}, {"value", "w"}}}),
+              "application/json-patch+json");
+  ASSERT_EQ(r.code, 200) << r.body;
+  EXPECT_EQ(r.body["data"], json({{"k", "w"}, {"n", "1"}}));
+  ExpectStatus(Do("PATCH", path, json::array({{{"op", "test"}, {"path", "/data/k"}, {"value", "v"}}}),
+                  "application/json-patch+json"),
+               422, "Invalid");
+  r = Do("PATCH", path, json::array({{{"op", "remove"}, {"path", "/data/n"}}}),
+         "application/json-patch+json");
+  ASSERT_EQ(r.code, 200) << r.body;
+  EXPECT_EQ(r.body["data"], json({{"k", "w"}}));
+}
+
+// ---- discovery, OpenAPI and Tables (what kubectl needs) ------------------------------
+
+TEST_F(FakeApiServer, DiscoveryServesVersionAndCoreGroup) {
+  Resp r = Get("/version");
+  ASSERT_EQ(r.code, 200);
+  EXPECT_EQ(r.body["major"], "1");
+  EXPECT_EQ(r.body["gitVersion"], "v1.29.0-meshload-fake");
+  r = Get("/api");
+  ASSERT_EQ(r.code, 200);
+  EXPECT_EQ(r.body["versions"], json::array({"v1"}));
+  EXPECT_EQ(r.body["serverAddressByClientCIDRs"][0]["serverAddress"],
+            "127.0.0.1:" + std::to_string(server_->port()));
+  r = Get("/api/v1");
+  ASSERT_EQ(r.code, 200);
+  EXPECT_EQ(r.body["kind"], "APIResourceList");
+  std::set<std::string> names;
+  for (const json& res : r.body["resources"]) names.insert(res["name"].get<std::string>());
+  EXPECT_TRUE(names.count("pods") && names.count("pods/status") && names.count("configmaps") &&
+              names.count("namespaces"));
+  EXPECT_FALSE(names.count("configmaps/status"));
+}
+
+TEST_F(FakeApiServer, DiscoveryFollowsCrdsAtRunTime) {
+  EXPECT_EQ(Get("/apis/meshload.io/v1alpha1").code, 404);
+  json crd = Crd();
+  crd["spec"]["names"]["shortNames"] = {"dlj"};
+  crd["spec"]["names"]["categories"] = {"meshload"};
+  ASSERT_EQ(Post(kCrds, crd).code, 201);
+  Resp r = Get("/apis");
+  ASSERT_EQ(r.code, 200);
+  json group;
+  for (const json& g : r.body["groups"]) {
+    if (g["name"] == "meshload.io") group = g;
+  }
+  ASSERT_TRUE(group.is_object()) << r.body;
+  EXPECT_EQ(group["preferredVersion"]["groupVersion"], "meshload.io/v1alpha1");
+  r = Get("/apis/meshload.io/v1alpha1");
+  ASSERT_EQ(r.code, 200);
+  ASSERT_EQ(r.body["resources"].size(), 2u) << r.body;
+  const json& jobs = r.body["resources"][0];
+  EXPECT_EQ(jobs["name"], "dataloadjobs");
+  EXPECT_EQ(jobs["singularName"], "dataloadjob");
+  EXPECT_EQ(jobs["kind"], "DataLoadJob");
+  EXPECT_EQ(jobs["namespaced"], true);
+  EXPECT_EQ(jobs["shortNames"], json::array({"dlj"}));
+  EXPECT_EQ(jobs["categories"], json::array({"meshload"}));
+  EXPECT_EQ(r.body["resources"][1]["name"], "dataloadjobs/status");
+  // The OpenAPI index names the group-version too.
+  r = Get("/openapi/v3");
+  ASSERT_EQ(r.code, 200);
+  EXPECT_TRUE(r.body["paths"].contains("apis/meshload.io/v1alpha1")) << r.body;
+  ASSERT_EQ(Delete(std::string(kCrds) + "/dataloadjobs.meshload.io").code, 200);
+  EXPECT_EQ(Get("/apis/meshload.io/v1alpha1").code, 404);
+}
+
+TEST_F(FakeApiServer, TableUsesTheCrdsPrinterColumns) {
+  json crd = Crd();
+  crd["spec"]["versions"][0]["additionalPrinterColumns"] =
+      json::parse(R"([{"name": "Batch", "type": "integer", "jsonPath": ".spec.batchSize"},
+                      {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                      {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}])");
+  ASSERT_EQ(Post(kCrds, crd).code, 201);
+  CreateJob("j");
+  httplib::Client client(server_->url());
+  auto res = client.Get(kJobs, {{"Accept", "application/json;as=Table;v=v1;g=meta.k8s.io,"
+                                           "application/json"}});
+  ASSERT_TRUE(res);
+  json table = json::parse(res->body);
+  EXPECT_EQ(table["kind"], "Table");
+  std::vector<std::string> columns;
+  for (const json& c : table["columnDefinitions"]) columns.push_back(c["name"]);
+  EXPECT_EQ(columns, (std::vector<std::string>{"Name", "Batch", "Phase", "Age"}));
+  ASSERT_EQ(table["rows"].size(), 1u);
+  const json& cells = table["rows"][0]["cells"];
+  EXPECT_EQ(cells[0], "j");
+  EXPECT_EQ(cells[1], 8);
+  EXPECT_TRUE(cells[2].is_null());
+  EXPECT_TRUE(cells[3].is_string());
+  EXPECT_EQ(table["rows"][0]["object"]["kind"], "PartialObjectMetadata");
+  // Without the Accept header the same path is a plain list.
+  EXPECT_EQ(Get(kJobs).body["kind"], "DataLoadJobList");
 }
 
 // ---- 7. list: selectors and paging -------------------------------------------------
