@@ -325,15 +325,20 @@ class RangeServer {
   std::thread thread_;
 };
 
-TEST(Sidecar, ServesAnHttpDatasetAndRetriesServerErrors) {
-  TempDir data;
+// The bytes of a one-file synthetic dataset in `dir` (what the harness's job
+// describes: 320 records of 512 bytes), to serve over HTTP.
+std::string GeneratedDatasetBytes(const TempDir& dir) {
   DatasetSpec ds;
   ds.format = DatasetFormat::kFixedRecord;
   ds.record_bytes = 512;
-  ASSERT_TRUE(synthetic::Generate(ds, data.path(), 320, 1).ok());
-  std::ifstream in(data.path() + "/part-00000.bin", std::ios::binary);
-  std::string body((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  RangeServer server(body);
+  EXPECT_TRUE(synthetic::Generate(ds, dir.path(), 320, 1).ok());
+  std::ifstream in(dir.path() + "/part-00000.bin", std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(Sidecar, ServesAnHttpDatasetAndRetriesServerErrors) {
+  TempDir data;
+  RangeServer server(GeneratedDatasetBytes(data));
   SidecarHarness h(3, {}, server.url());
   ASSERT_TRUE(h.Start().ok());
   server.fail_next_ = 2;  // the next two requests fail with 500
@@ -351,12 +356,7 @@ TEST(Sidecar, ServesAnHttpDatasetAndRetriesServerErrors) {
 
 TEST(Sidecar, AStuckStorageReadIsVisibleWithinSecondsInMetricsAndLogs) {
   TempDir data;
-  DatasetSpec ds;
-  ds.format = DatasetFormat::kFixedRecord;
-  ds.record_bytes = 512;
-  ASSERT_TRUE(synthetic::Generate(ds, data.path(), 320, 1).ok());
-  std::ifstream in(data.path() + "/part-00000.bin", std::ios::binary);
-  RangeServer server(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  RangeServer server(GeneratedDatasetBytes(data));
   SidecarHarness h(3, {}, server.url());
   h.options_.source_options.read_timeout = milliseconds(5000);
   server.stall_ms_ = 1500;  // every read hangs 1.5 s; the report comes after 0.3 s
