@@ -108,6 +108,10 @@ std::optional<ResourceType> ResourceTypeFromCrd(const nlohmann::json& crd, std::
       if (!v.is_object() || !v.contains("name") || !v["name"].is_string()) continue;
       if (v.contains("served") && v["served"].is_boolean() && !v["served"].get<bool>()) continue;
       type.versions.push_back(v["name"].get<std::string>());
+      if (v.contains("schema") && v["schema"].is_object() &&
+          v["schema"].contains("openAPIV3Schema") && v["schema"]["openAPIV3Schema"].is_object()) {
+        type.schemas[v["name"].get<std::string>()] = v["schema"]["openAPIV3Schema"];
+      }
       // One shape for all versions (below), so the first served version's
       // columns stand for all of them.
       if (type.versions.size() == 1 && v.contains("additionalPrinterColumns") &&

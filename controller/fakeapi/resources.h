@@ -48,6 +48,9 @@ struct ResourceType {
   // Table columns after Name; empty: Name and Age only, as a real server does
   // for a CRD without additionalPrinterColumns.
   std::vector<PrinterColumn> printer_columns{};
+  // A CRD's `schema.openAPIV3Schema` by served version (absent: no schema);
+  // custom resources are defaulted and validated against it (schema.h).
+  std::map<std::string, nlohmann::json> schemas{};
 
   /// "pods" for core, "leases.coordination.k8s.io" otherwise: the form used
   /// in real Status messages and in WriteCount().

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "controller/fakeapi/merge_patch.h"
+#include "controller/fakeapi/schema.h"
 
 namespace meshload::fakeapi {
 namespace {
@@ -217,6 +218,56 @@ ApiResponse InvalidFor(const RequestTarget& t, const std::string& name, const st
                        t.type.kind + " \"" + name + "\" is invalid: " + field + ": " + why, d);
 }
 
+// Defaults, then validates, a custom resource against its CRD version's
+// openAPIV3Schema (schema.h), as apiextensions-apiserver does on create and
+// update: a main-resource write checks everything but metadata (and status,
+// when status is a subresource: it is kept from storage); a /status write
+// checks status only. nullopt: valid, and `*obj` carries the defaults;
+// otherwise a 422 Invalid Status listing every cause.
+std::optional<ApiResponse> CheckSchema(const RequestTarget& t, const std::string& name, json* obj) {
+  auto it = t.type.schemas.find(t.version);
+  if (it == t.type.schemas.end()) return std::nullopt;
+  std::vector<SchemaError> errors;
+  if (t.status) {
+    const json& root = it->second;
+    if (!root.contains("properties") || !root["properties"].is_object() ||
+        !root["properties"].contains("status") || !obj->contains("status")) {
+      return std::nullopt;
+    }
+    const json& schema = root["properties"]["status"];
+    ApplyDefaults(schema, (*obj)["status"]);
+    errors = Validate(schema, (*obj)["status"], "status");
+  } else {
+    json schema = it->second;
+    if (schema.contains("properties") && schema["properties"].is_object()) {
+      // metadata is validated by the server's own rules, not by the schema.
+      schema["properties"].erase("metadata");
+      if (t.type.has_status) schema["properties"].erase("status");
+    }
+    if (t.type.has_status && schema.contains("required") && schema["required"].is_array()) {
+      json& required = schema["required"];
+      required.erase(std::remove(required.begin(), required.end(), json("status")),
+                     required.end());
+    }
+    ApplyDefaults(schema, *obj);
+    errors = Validate(schema, *obj, "");
+  }
+  if (errors.empty()) return std::nullopt;
+  json causes = json::array();
+  std::string list;
+  for (const SchemaError& e : errors) {
+    causes.push_back({{"reason", e.reason}, {"message", e.message}, {"field", e.field}});
+    list += (list.empty() ? "" : ", ") + e.field + ": " + e.message;
+  }
+  // As errors.NewInvalid prints a field.ErrorList: one error bare, several in [].
+  if (errors.size() > 1) list = "[" + list + "]";
+  std::string qualified_kind = t.type.kind + (t.type.group.empty() ? "" : "." + t.type.group);
+  json details = {{"name", name}, {"group", t.type.group}, {"kind", t.type.kind},
+                  {"causes", causes}};
+  return ErrorResponse(422, "Invalid", qualified_kind + " \"" + name + "\" is invalid: " + list,
+                       details);
+}
+
 ApiResponse PageNotFound() {
   return ErrorResponse(404, "NotFound", "the server could not find the requested resource",
                        json::object());
@@ -418,6 +469,9 @@ ApiResponse ObjectStore::CreateLocked(const RequestTarget& t, json obj) {
     md.erase("generation");
   }
   if (t.type.has_status) obj.erase("status");  // status is written through /status only
+  if (!t.type.builtin) {
+    if (std::optional<ApiResponse> invalid = CheckSchema(t, name, &obj)) return *invalid;
+  }
   if (t.type.Key() == "/pods") obj["status"] = {{"phase", "Pending"}};
   if (t.type.Key() == "/namespaces") obj["status"] = {{"phase", "Active"}};
   if (crd_type) {
@@ -597,6 +651,9 @@ ApiResponse ObjectStore::UpdateLocked(const RequestTarget& t, json obj) {
         }
       }
     }
+  }
+  if (!t.type.builtin) {
+    if (std::optional<ApiResponse> invalid = CheckSchema(t, t.name, &updated)) return *invalid;
   }
   std::optional<ResourceType> crd_type;
   if (t.type.Key() == "apiextensions.k8s.io/customresourcedefinitions" && !t.status) {

@@ -6,9 +6,11 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
 #include <regex>
 #include <set>
 #include <string>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "controller/fakeapi/fake_apiserver.h"
+#include "controller/fakeapi/schema.h"
 
 namespace {
 
@@ -842,4 +845,236 @@ TEST_F(FakeApiServer, PodStatusIsASubresource) {
   Resp r = MergePatch(std::string(kPods) + "/p/status", {{"status", {{"phase", "Running"}}}});
   EXPECT_EQ(r.body["status"]["phase"], "Running");
   EXPECT_EQ(r.body["metadata"]["generation"], 1);
+}
+
+// ---- schema validation and defaulting of custom resources -------------------
+
+namespace {
+
+// YAML -> JSON as a real client does: quoted scalars stay strings, plain
+// ones become null, booleans, integers or floats when they read as such.
+json YamlToJson(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map: {
+      json out = json::object();
+      for (const auto& kv : node) out[kv.first.as<std::string>()] = YamlToJson(kv.second);
+      return out;
+    }
+    case YAML::NodeType::Sequence: {
+      json out = json::array();
+      for (const auto& item : node) out.push_back(YamlToJson(item));
+      return out;
+    }
+    case YAML::NodeType::Scalar: {
+      std::string s = node.Scalar();
+      if (node.Tag() == "!") return s;  // quoted
+      if (s == "true") return true;
+      if (s == "false") return false;
+      if (s == "null" || s == "~") return nullptr;
+      static const std::regex kInt("^-?[0-9]+$");
+      static const std::regex kFloat("^-?[0-9]*\\.[0-9]+([eE][-+]?[0-9]+)?$");
+      if (std::regex_match(s, kInt)) return std::stoll(s);
+      if (std::regex_match(s, kFloat)) return std::stod(s);
+      return s;
+    }
+    default:
+      return nullptr;
+  }
+}
+
+json LoadYaml(const std::string& relative) {
+  return YamlToJson(YAML::LoadFile(std::string(MESHLOAD_SOURCE_DIR) + "/" + relative));
+}
+
+// examples/hybrid-fsdp.yaml, in the fixture's namespace.
+json HybridJob() {
+  json job = LoadYaml("examples/hybrid-fsdp.yaml");
+  job["metadata"]["namespace"] = "default";
+  return job;
+}
+
+// The causes of a 422 Invalid, as field -> reason.
+std::map<std::string, std::string> Causes(const Resp& r) {
+  std::map<std::string, std::string> out;
+  for (const json& c : r.body["details"]["causes"]) {
+    out[c["field"].get<std::string>()] = c["reason"].get<std::string>();
+  }
+  return out;
+}
+
+}  // namespace
+
+class SchemaApiServer : public FakeApiServer {
+ protected:
+  void SetUp() override {
+    FakeApiServer::SetUp();
+    Resp r = Post(kCrds, LoadYaml("crds/dataloadjobs.meshload.io.yaml"));
+    ASSERT_EQ(r.code, 201) << r.body;
+  }
+  // Creates HybridJob() changed by `edit`; expects 422 Invalid with a cause
+  // on `field` of `reason`.
+  template <typename Edit>
+  Resp ExpectInvalid(Edit edit, const std::string& field, const std::string& reason) {
+    json job = HybridJob();
+    edit(job);
+    Resp r = Post(kJobs, job);
+    ExpectStatus(r, 422, "Invalid");
+    EXPECT_EQ(r.body["details"]["kind"], "DataLoadJob");
+    EXPECT_EQ(r.body["details"]["group"], "meshload.io");
+    EXPECT_EQ(r.body["details"]["name"], "hybrid-fsdp");
+    std::map<std::string, std::string> causes = Causes(r);
+    EXPECT_EQ(causes.count(field), 1u) << r.body;
+    if (causes.count(field) != 0) {
+      EXPECT_EQ(causes[field], reason) << r.body;
+    }
+    EXPECT_EQ(Get(std::string(kJobs) + "/hybrid-fsdp").code, 404);
+    return r;
+  }
+};
+
+TEST_F(SchemaApiServer, ValidExampleIsCreatedWithDefaults) {
+  json job = HybridJob();
+  job["spec"].erase("strategy");
+  job["spec"]["mesh"].erase("devicesPerProcess");
+  job["spec"]["mesh"]["processes"] = 8;
+  job["spec"]["replication"].erase("fanout");
+  job["spec"]["batch"].erase("prefetch");
+  job["spec"]["shuffle"] = json::object();
+  Resp r = Post(kJobs, job);
+  ASSERT_EQ(r.code, 201) << r.body;
+  const json& spec = r.body["spec"];
+  EXPECT_EQ(spec["strategy"], "PerProcess");
+  EXPECT_EQ(spec["mesh"]["devicesPerProcess"], 1);
+  EXPECT_EQ(spec["replication"]["fanout"], "Load");
+  EXPECT_EQ(spec["batch"]["prefetch"], 2);
+  EXPECT_EQ(spec["shuffle"], json({{"mode", "Global"}, {"seed", 0}}));
+  EXPECT_FALSE(spec.contains("resume"));  // resume itself has no default
+  EXPECT_EQ(Get(std::string(kJobs) + "/hybrid-fsdp").body["spec"], spec);
+}
+
+TEST_F(SchemaApiServer, UnchangedExampleKeepsItsValues) {
+  Resp r = Post(kJobs, HybridJob());
+  ASSERT_EQ(r.code, 201) << r.body;
+  EXPECT_EQ(r.body["spec"], HybridJob()["spec"]);  // every defaulted field is given
+}
+
+TEST_F(SchemaApiServer, DefaultsApplyInsideListItemsAndDefaultedObjects) {
+  json schema = json::parse(R"({"type": "object", "properties": {
+      "a": {"type": "object", "default": {}, "properties": {"b": {"type": "integer", "default": 3}}},
+      "l": {"type": "array", "items": {"type": "object",
+            "properties": {"c": {"type": "string", "default": "x"}}}}}})");
+  json value = {{"l", json::array({json::object(), {{"c", "y"}}})}};
+  meshload::fakeapi::ApplyDefaults(schema, value);
+  EXPECT_EQ(value, json::parse(R"({"a": {"b": 3}, "l": [{"c": "x"}, {"c": "y"}]})"));
+}
+
+TEST_F(SchemaApiServer, AxisSizeZeroIsInvalid) {
+  Resp r = ExpectInvalid([](json& j) { j["spec"]["mesh"]["axes"][0]["size"] = 0; },
+                         "spec.mesh.axes[0].size", "FieldValueInvalid");
+  EXPECT_EQ(r.body["message"],
+            "DataLoadJob.meshload.io \"hybrid-fsdp\" is invalid: spec.mesh.axes[0].size: Invalid "
+            "value: 0: spec.mesh.axes[0].size in body should be greater than or equal to 1");
+}
+
+TEST_F(SchemaApiServer, MisspelledStrategyIsUnsupported) {
+  Resp r = ExpectInvalid([](json& j) { j["spec"]["strategy"] = "PerProces"; }, "spec.strategy",
+                         "FieldValueNotSupported");
+  EXPECT_EQ(r.body["details"]["causes"][0]["message"],
+            "Unsupported value: \"PerProces\": supported values: \"GlobalLoad\", \"PerDevice\", "
+            "\"PerProcess\", \"LoadAndReshard\"");
+}
+
+TEST_F(SchemaApiServer, StringBatchSizeIsATypeError) {
+  Resp r = ExpectInvalid([](json& j) { j["spec"]["batch"]["globalBatchSize"] = "32"; },
+                         "spec.batch.globalBatchSize", "FieldValueTypeInvalid");
+  EXPECT_EQ(r.body["details"]["causes"][0]["message"],
+            "Invalid value: \"string\": spec.batch.globalBatchSize in body must be of type "
+            "integer: \"string\"");
+  ExpectInvalid([](json& j) { j["spec"]["batch"]["globalBatchSize"] = 32.5; },
+                "spec.batch.globalBatchSize", "FieldValueTypeInvalid");
+}
+
+TEST_F(SchemaApiServer, MissingDatasetUriIsRequired) {
+  Resp r = ExpectInvalid([](json& j) { j["spec"]["dataset"].erase("uri"); }, "spec.dataset.uri",
+                         "FieldValueRequired");
+  EXPECT_EQ(r.body["details"]["causes"][0]["message"], "Required value");
+}
+
+TEST_F(SchemaApiServer, DuplicateAxisNameIsDuplicate) {
+  Resp r = ExpectInvalid([](json& j) { j["spec"]["mesh"]["axes"][1]["name"] = "data"; },
+                         "spec.mesh.axes[1]", "FieldValueDuplicate");
+  EXPECT_EQ(r.body["details"]["causes"][0]["message"], "Duplicate value: {\"name\":\"data\"}");
+  ExpectInvalid([](json& j) { j["spec"]["mesh"]["batchAxes"] = {"data", "data"}; },
+                "spec.mesh.batchAxes[1]", "FieldValueDuplicate");
+}
+
+TEST_F(SchemaApiServer, PrefetchAboveMaximumIsInvalid) {
+  ExpectInvalid([](json& j) { j["spec"]["batch"]["prefetch"] = 4096; }, "spec.batch.prefetch",
+                "FieldValueInvalid");
+}
+
+TEST_F(SchemaApiServer, OtherKeywordsAreChecked) {
+  ExpectInvalid([](json& j) { j["spec"]["mesh"]["axes"][0]["name"] = "1bad"; },
+                "spec.mesh.axes[0].name", "FieldValueInvalid");
+  ExpectInvalid([](json& j) { j["spec"]["mesh"]["axes"][0]["name"] = std::string(64, 'a'); },
+                "spec.mesh.axes[0].name", "FieldValueTooLong");
+  ExpectInvalid([](json& j) { j["spec"]["mesh"]["axes"] = json::array(); }, "spec.mesh.axes",
+                "FieldValueInvalid");
+  ExpectInvalid([](json& j) { j["spec"]["selector"]["matchLabels"]["app"] = 7; },
+                "spec.selector.matchLabels.app", "FieldValueTypeInvalid");
+  ExpectInvalid([](json& j) { j.erase("spec"); }, "spec", "FieldValueRequired");
+}
+
+TEST_F(SchemaApiServer, EveryErrorIsListed) {
+  Resp r = ExpectInvalid(
+      [](json& j) {
+        j["spec"]["mesh"]["axes"][0]["size"] = 0;
+        j["spec"]["strategy"] = "PerProces";
+        j["spec"]["dataset"].erase("uri");
+      },
+      "spec.strategy", "FieldValueNotSupported");
+  EXPECT_EQ(Causes(r), (std::map<std::string, std::string>{
+                           {"spec.mesh.axes[0].size", "FieldValueInvalid"},
+                           {"spec.strategy", "FieldValueNotSupported"},
+                           {"spec.dataset.uri", "FieldValueRequired"}}));
+  std::string message = r.body["message"];
+  EXPECT_EQ(message.rfind("DataLoadJob.meshload.io \"hybrid-fsdp\" is invalid: [", 0), 0u)
+      << message;
+}
+
+TEST_F(SchemaApiServer, InvalidUpdateIsRejectedAndStoredObjectUnchanged) {
+  Resp created = Post(kJobs, HybridJob());
+  ASSERT_EQ(created.code, 201) << created.body;
+  std::string path = std::string(kJobs) + "/hybrid-fsdp";
+  json job = created.body;
+  job["spec"]["mesh"]["axes"][0]["size"] = 0;
+  Resp r = Put(path, job);
+  ExpectStatus(r, 422, "Invalid");
+  EXPECT_EQ(Causes(r).count("spec.mesh.axes[0].size"), 1u) << r.body;
+  r = MergePatch(path, {{"spec", {{"batch", {{"prefetch", 4096}}}}}});
+  ExpectStatus(r, 422, "Invalid");
+  EXPECT_EQ(Causes(r).count("spec.batch.prefetch"), 1u) << r.body;
+  EXPECT_EQ(Get(path).body, created.body);
+  // A valid merge patch that drops a defaulted field gets the default back.
+  r = MergePatch(path, {{"spec", {{"batch", {{"prefetch", nullptr}}}}}});
+  ASSERT_EQ(r.code, 200) << r.body;
+  EXPECT_EQ(r.body["spec"]["batch"]["prefetch"], 2);
+}
+
+TEST_F(SchemaApiServer, StatusWritesAreValidatedAgainstTheStatusSchema) {
+  ASSERT_EQ(Post(kJobs, HybridJob()).code, 201);
+  std::string path = std::string(kJobs) + "/hybrid-fsdp/status";
+  Resp r = MergePatch(path, {{"status", {{"phase", "Runing"}}}});
+  ExpectStatus(r, 422, "Invalid");
+  EXPECT_EQ(Causes(r), (std::map<std::string, std::string>{
+                           {"status.phase", "FieldValueNotSupported"}}));
+  json job = Get(std::string(kJobs) + "/hybrid-fsdp").body;
+  EXPECT_FALSE(job.contains("status"));
+  job["status"] = {{"phase", "Running"}, {"processesReady", -1}};
+  r = Put(path, job);
+  ExpectStatus(r, 422, "Invalid");
+  EXPECT_EQ(Causes(r).count("status.processesReady"), 1u) << r.body;
+  r = MergePatch(path, {{"status", {{"phase", "Running"}, {"processesReady", 4}}}});
+  ASSERT_EQ(r.code, 200) << r.body;
+  EXPECT_EQ(r.body["status"]["phase"], "Running");
 }

@@ -113,6 +113,18 @@ check "the change bumped metadata.generation to 2 (got '$out')" $?
 k apply -f "$TMP/job2.yaml" >"$TMP/out" 2>&1 && grep -q "hybrid-fsdp unchanged" "$TMP/out"
 check "applying the same manifest again changes nothing" $?
 
+# 6b. The CRD's schema is enforced server-side: an invalid job is a 422 (kubectl
+# reprints the Status message as "The DataLoadJob \"broken\" is invalid: ...").
+sed -e 's/name: hybrid-fsdp/name: broken/' -e 's/strategy: PerProcess/strategy: PerProces/' \
+  "$ROOT/examples/hybrid-fsdp.yaml" >"$TMP/bad.yaml"
+k apply -f "$TMP/bad.yaml" >"$TMP/out" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q 'DataLoadJob[.a-z]* "broken" is invalid: spec.strategy: Unsupported value: "PerProces"' "$TMP/out"
+check "apply of an invalid job prints the server's 422 (rc $rc: $(head -c 300 "$TMP/out"))" $?
+out=$(k get dataloadjob broken -n training 2>&1)
+grep -q 'NotFound' <<<"$out"
+check "the invalid job was not stored" $?
+
 # 7. A pod: create, then a strategic merge patch on re-apply.
 cat >"$TMP/pod.yaml" <<'YAML'
 apiVersion: v1
