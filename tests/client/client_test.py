@@ -692,6 +692,14 @@ class ReconnectTest(SidecarTest):
             out[step] = snapshot(b)
         return out
 
+    def reference_run(self, total):
+        """Steps 0..total-1 from an uninterrupted sidecar, which is then stopped."""
+        self.sidecar.start()
+        with meshload.Client(self.sidecar.sock) as c:
+            ref = self.record(c, range(total))
+        self.sidecar.stop()
+        return ref
+
     def assert_same(self, step, got, want):
         self.assertEqual(len(got), len(want))
         for dev, ((gsum, gbytes), (wsum, wbytes)) in enumerate(zip(got, want)):
@@ -710,11 +718,7 @@ class ReconnectTest(SidecarTest):
 
     def test_restart_resumes_with_identical_bytes(self):
         total, k = 10, 4
-        self.sidecar.start()
-        with meshload.Client(self.sidecar.sock) as c:
-            ref = self.record(c, range(total))
-        self.sidecar.stop()
-
+        ref = self.reference_run(total)
         self.sidecar.start()
         c = meshload.Client(self.sidecar.sock)
         held = []
@@ -750,11 +754,7 @@ class ReconnectTest(SidecarTest):
         # those out first (their slots live on in the dead sidecar's pool,
         # which this process still maps), then reconnects at the right step.
         total, k = 12, 3
-        self.sidecar.start()
-        with meshload.Client(self.sidecar.sock) as c:
-            ref = self.record(c, range(total))
-        self.sidecar.stop()
-
+        ref = self.reference_run(total)
         self.sidecar.start()
         c = meshload.Client(self.sidecar.sock)
         self.record(c, range(k + 1))
