@@ -1,14 +1,20 @@
 #include "controller/fakeapi/fake_apiserver.h"
 
 #include <httplib.h>
+#include <openssl/bio.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "common/logging.h"
+#include "common/test_pki.h"
 #include "controller/fakeapi/discovery.h"
 #include "controller/fakeapi/store.h"
 
@@ -83,10 +89,18 @@ struct FakeApiServer::Impl {
   bool Discovery(const httplib::Request& req, httplib::Response& res);
   void Watch(const RequestTarget& target, const httplib::Request& req, httplib::Response& res);
   bool TakeInjected(const httplib::Request& req, httplib::Response& res);
+  /// Sets up `server` (plain or TLS with a fresh PKI).
+  Status MakeServer();
+  /// The user a request authenticates as (bearer token or verified client
+  /// certificate), or nullopt; always "anonymous" when no tokens are set
+  /// and TLS client certificates are not in use.
+  std::optional<std::string> Authenticate(const httplib::Request& req) const;
 
   FakeApiServerOptions options;
   ObjectStore store;
-  httplib::Server server;
+  std::unique_ptr<httplib::Server> server_ptr;
+  httplib::Server* server = nullptr;
+  pki::TestPki pki;  // when options.tls
   std::thread thread;
   int port = -1;
   bool started = false;
@@ -97,6 +111,7 @@ struct FakeApiServer::Impl {
   std::vector<InjectedError> injected;
   std::chrono::milliseconds latency{0};
   std::map<std::string, int64_t> writes;  // by qualified resource
+  std::map<std::string, int64_t> writes_by_agent;  // by User-Agent header
 };
 
 bool FakeApiServer::Impl::TakeInjected(const httplib::Request& req, httplib::Response& res) {
@@ -119,28 +134,97 @@ bool FakeApiServer::Impl::TakeInjected(const httplib::Request& req, httplib::Res
   return false;
 }
 
+Status FakeApiServer::Impl::MakeServer() {
+  if (!options.tls) {
+    server_ptr = std::make_unique<httplib::Server>();
+    server = server_ptr.get();
+    return Status::Ok();
+  }
+  ASSIGN_OR_RETURN(pki, pki::MakeTestPki());
+  auto setup = [this](SSL_CTX& ctx) {
+    BIO* cbio = BIO_new_mem_buf(pki.server.cert_pem.data(), static_cast<int>(pki.server.cert_pem.size()));
+    BIO* kbio = BIO_new_mem_buf(pki.server.key_pem.data(), static_cast<int>(pki.server.key_pem.size()));
+    BIO* abio = BIO_new_mem_buf(pki.ca.cert_pem.data(), static_cast<int>(pki.ca.cert_pem.size()));
+    X509* cert = cbio ? PEM_read_bio_X509(cbio, nullptr, nullptr, nullptr) : nullptr;
+    EVP_PKEY* key = kbio ? PEM_read_bio_PrivateKey(kbio, nullptr, nullptr, nullptr) : nullptr;
+    X509* ca = abio ? PEM_read_bio_X509(abio, nullptr, nullptr, nullptr) : nullptr;
+    bool ok = cert && key && ca && SSL_CTX_use_certificate(&ctx, cert) == 1 &&
+              SSL_CTX_use_PrivateKey(&ctx, key) == 1 &&
+              X509_STORE_add_cert(SSL_CTX_get_cert_store(&ctx), ca) == 1;
+    SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION);
+    // Client certificates are optional, as on a real API server: a request
+    // without one may still authenticate with a bearer token.
+    SSL_CTX_set_verify(&ctx, SSL_VERIFY_PEER, nullptr);
+    X509_free(cert);
+    EVP_PKEY_free(key);
+    X509_free(ca);
+    BIO_free(cbio);
+    BIO_free(kbio);
+    BIO_free(abio);
+    return ok;
+  };
+  auto tls = std::make_unique<httplib::SSLServer>(setup);
+  if (!tls->is_valid()) return Internal("cannot set up TLS for the fake API server");
+  server = tls.get();
+  server_ptr = std::move(tls);
+  return Status::Ok();
+}
+
+std::optional<std::string> FakeApiServer::Impl::Authenticate(const httplib::Request& req) const {
+  if (options.tls && req.ssl != nullptr) {
+    X509* peer = SSL_get1_peer_certificate(req.ssl);
+    if (peer != nullptr) {
+      // The handshake verified the chain (SSL_VERIFY_PEER fails it otherwise).
+      char cn[256] = {0};
+      X509_NAME_get_text_by_NID(X509_get_subject_name(peer), NID_commonName, cn, sizeof cn);
+      X509_free(peer);
+      if (SSL_get_verify_result(req.ssl) == X509_V_OK) return std::string(cn);
+      return std::nullopt;
+    }
+  }
+  if (options.bearer_tokens.empty()) return std::string("anonymous");
+  const std::string auth = req.get_header_value("Authorization");
+  const std::string prefix = "Bearer ";
+  if (auth.rfind(prefix, 0) != 0) return std::nullopt;
+  const std::string token = auth.substr(prefix.size());
+  for (const auto& t : options.bearer_tokens) {
+    if (t == token) return "token:" + std::to_string(&t - options.bearer_tokens.data());
+  }
+  return std::nullopt;
+}
+
 void FakeApiServer::Impl::Route() {
-  server.new_task_queue = [n = options.worker_threads] {
+  server->new_task_queue = [n = options.worker_threads] {
     return new httplib::ThreadPool(static_cast<size_t>(n));
   };
   // Short keep-alive so that Stop() does not wait on idle client connections.
-  server.set_keep_alive_timeout(1);
-  server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+  server->set_keep_alive_timeout(1);
+  server->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     std::chrono::milliseconds delay;
     {
       std::lock_guard<std::mutex> lock(hooks_mu);
       delay = latency;
     }
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
-    return TakeInjected(req, res) ? httplib::Server::HandlerResponse::Handled
-                                  : httplib::Server::HandlerResponse::Unhandled;
+    // httplib answers from here before reading a request body; closing the
+    // connection keeps an unread body from being parsed as the next request.
+    if (!Authenticate(req)) {
+      Reply(res, ErrorResponse(401, "Unauthorized", "Unauthorized"));
+      res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (TakeInjected(req, res)) {
+      res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
   });
   auto handler = [this](const httplib::Request& req, httplib::Response& res) { Handle(req, res); };
-  server.Get(".*", handler);
-  server.Post(".*", handler);
-  server.Put(".*", handler);
-  server.Patch(".*", handler);
-  server.Delete(".*", handler);
+  server->Get(".*", handler);
+  server->Post(".*", handler);
+  server->Put(".*", handler);
+  server->Patch(".*", handler);
+  server->Delete(".*", handler);
 }
 
 bool FakeApiServer::Impl::Discovery(const httplib::Request& req, httplib::Response& res) {
@@ -237,6 +321,7 @@ void FakeApiServer::Impl::Handle(const httplib::Request& req, httplib::Response&
   if (write && r.ok()) {
     std::lock_guard<std::mutex> lock(hooks_mu);
     ++writes[target->type.QualifiedName()];
+    ++writes_by_agent[req.get_header_value("User-Agent")];
   }
   if (!write && r.ok() && WantsTable(req)) {
     std::string include = req.get_param_value("includeObject");
@@ -329,10 +414,11 @@ FakeApiServer::~FakeApiServer() { Stop(); }
 Status FakeApiServer::Start() {
   std::lock_guard<std::mutex> lock(impl_->lifecycle_mu);
   if (impl_->started) return FailedPrecondition("the fake API server was already started");
+  RETURN_IF_ERROR(impl_->MakeServer());
   impl_->Route();
   int port = impl_->options.port == 0
-                 ? impl_->server.bind_to_any_port(impl_->options.host)
-                 : (impl_->server.bind_to_port(impl_->options.host, impl_->options.port)
+                 ? impl_->server->bind_to_any_port(impl_->options.host)
+                 : (impl_->server->bind_to_port(impl_->options.host, impl_->options.port)
                         ? impl_->options.port
                         : -1);
   if (port < 0) {
@@ -341,8 +427,8 @@ Status FakeApiServer::Start() {
   }
   impl_->port = port;
   impl_->started = true;
-  impl_->thread = std::thread([this] { impl_->server.listen_after_bind(); });
-  while (!impl_->server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  impl_->thread = std::thread([this] { impl_->server->listen_after_bind(); });
+  while (!impl_->server->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   LogDebug("fake API server listening", {{"port", port}});
   return Status::Ok();
 }
@@ -352,14 +438,21 @@ void FakeApiServer::Stop() {
   if (!impl_->started || impl_->stopped) return;
   impl_->stopped = true;
   impl_->store.Shutdown();  // first: watch providers return and free their workers
-  impl_->server.stop();
+  impl_->server->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
 int FakeApiServer::port() const { return impl_->port; }
 
+std::string FakeApiServer::ca_pem() const { return impl_->pki.ca.cert_pem; }
+
+Result<pki::CertAndKey> FakeApiServer::MakeClientCert(const std::string& user) const {
+  if (!impl_->options.tls) return FailedPrecondition("the fake API server does not serve TLS");
+  return pki::MakeClientCert(impl_->pki.ca, user, "system:masters");
+}
+
 std::string FakeApiServer::url() const {
-  return "http://" + impl_->options.host + ":" + std::to_string(impl_->port);
+  return std::string(impl_->options.tls ? "https://" : "http://") + impl_->options.host + ":" + std::to_string(impl_->port);
 }
 
 void FakeApiServer::CloseAllWatches() { impl_->store.CloseAllWatches(); }
@@ -371,9 +464,23 @@ void FakeApiServer::InjectErrors(std::string path_prefix, int status_code, int c
   impl_->injected.push_back({std::move(path_prefix), status_code, count, retry_after_seconds});
 }
 
+void FakeApiServer::ClearInjectedErrors() {
+  std::lock_guard<std::mutex> lock(impl_->hooks_mu);
+  impl_->injected.clear();
+}
+
 void FakeApiServer::SetLatency(std::chrono::milliseconds latency) {
   std::lock_guard<std::mutex> lock(impl_->hooks_mu);
   impl_->latency = latency;
+}
+
+int64_t FakeApiServer::WriteCountByUserAgent(std::string_view part) const {
+  std::lock_guard<std::mutex> lock(impl_->hooks_mu);
+  int64_t n = 0;
+  for (const auto& [agent, count] : impl_->writes_by_agent) {
+    if (agent.find(part) != std::string::npos) n += count;
+  }
+  return n;
 }
 
 int64_t FakeApiServer::WriteCount(std::string_view resource) const {

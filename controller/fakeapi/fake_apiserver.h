@@ -27,8 +27,10 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
+#include "common/test_pki.h"
 
 namespace meshload::fakeapi {
 
@@ -40,6 +42,13 @@ struct FakeApiServerOptions {
   std::chrono::milliseconds bookmark_interval{1000};
   // Each open watch holds a worker thread for its lifetime.
   int worker_threads = 64;
+  // HTTPS with a CA and server certificate made at Start() (ca_pem());
+  // clients may present a certificate signed by that CA (MakeClientCert).
+  bool tls = false;
+  // When not empty, every request must authenticate, as on a real server:
+  // `Authorization: Bearer <one of these>` or (with tls) a client
+  // certificate from MakeClientCert. Otherwise: 401 Unauthorized.
+  std::vector<std::string> bearer_tokens;
 };
 
 class FakeApiServer {
@@ -56,8 +65,14 @@ class FakeApiServer {
   void Stop();
 
   int port() const;
-  /// "http://127.0.0.1:PORT".
+  /// "http://127.0.0.1:PORT", or https:// with options.tls.
   std::string url() const;
+  /// The PEM of the CA that signed the server's certificate (empty without
+  /// TLS): what a kubeconfig's certificate-authority-data carries.
+  std::string ca_pem() const;
+  /// A client certificate for `user` (group system:masters) that the server
+  /// accepts; FailedPrecondition without TLS.
+  Result<pki::CertAndKey> MakeClientCert(const std::string& user) const;
 
   // ---- test hooks --------------------------------------------------------
   /// Ends every open watch stream cleanly; clients must re-watch.
@@ -67,12 +82,17 @@ class FakeApiServer {
   /// `retry_after_seconds` adds a Retry-After header (as a real 429 carries).
   void InjectErrors(std::string path_prefix, int status_code, int count,
                     int retry_after_seconds = 0);
+  /// Drops every injected error not yet answered.
+  void ClearInjectedErrors();
   /// Delays every request by `latency` before it is handled.
   void SetLatency(std::chrono::milliseconds latency);
   /// Successful (2xx) create/update/patch/delete requests: all of them when
   /// `resource` is empty, else those on one resource named as in Status
   /// messages ("pods", "leases.coordination.k8s.io", "dataloadjobs.meshload.io").
   int64_t WriteCount(std::string_view resource = {}) const;
+  /// Successful writes from clients whose User-Agent header contains
+  /// `part` (what an audit log tells apart: which controller replica wrote).
+  int64_t WriteCountByUserAgent(std::string_view part) const;
   /// Drops the event history, so watches and continue tokens from any older
   /// resourceVersion get 410 Gone.
   void CompactHistory();

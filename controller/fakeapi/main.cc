@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base64.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "controller/fakeapi/fake_apiserver.h"
@@ -21,12 +22,18 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: fake-apiserver [--port N] [--kubeconfig-out FILE] [--history-limit N]\n"
+    "usage: fake-apiserver [--port N] [--kubeconfig-out FILE] [--history-limit N] [--tls]\n"
+    "                      [--token T]\n"
     "  --port N            port on 127.0.0.1 (0, the default: an ephemeral port)\n"
     "  --kubeconfig-out F  write a kubeconfig for the server to F\n"
-    "  --history-limit N   watch/list events kept before 410 Gone (default 200)\n";
+    "  --history-limit N   watch/list events kept before 410 Gone (default 200)\n"
+    "  --tls               serve HTTPS with a CA made at start-up; the kubeconfig\n"
+    "                      carries the CA (certificate-authority-data)\n"
+    "  --token T           require `Authorization: Bearer T` (401 otherwise); the\n"
+    "                      kubeconfig carries it (default: no authentication)\n";
 
-bool WriteKubeconfig(const std::string& path, const std::string& url) {
+bool WriteKubeconfig(const std::string& path, const std::string& url, const std::string& ca_pem,
+                     const std::string& token) {
   std::ofstream out(path);
   out << "apiVersion: v1\n"
          "kind: Config\n"
@@ -34,12 +41,14 @@ bool WriteKubeconfig(const std::string& path, const std::string& url) {
          "- name: fake\n"
          "  cluster:\n"
          "    server: "
-      << url
-      << "\n"
-         "users:\n"
+      << url << "\n";
+  if (!ca_pem.empty()) out << "    certificate-authority-data: " << meshload::Base64Encode(ca_pem) << "\n";
+  out << "users:\n"
          "- name: fake\n"
          "  user:\n"
-         "    token: fake-token\n"
+         "    token: "
+      << (token.empty() ? "fake-token" : token)
+      << "\n"
          "contexts:\n"
          "- name: fake\n"
          "  context:\n"
@@ -57,11 +66,14 @@ int main(int argc, char** argv) {
   using meshload::cli::FlagParser;
   int64_t port = 0;
   int64_t history = 200;
-  std::string kubeconfig;
+  std::string kubeconfig, token;
+  bool tls = false;
   FlagParser flags("", kUsage, "fake-apiserver");
   flags.Int({"--port"}, &port);
   flags.Int({"--history-limit"}, &history);
   flags.String({"--kubeconfig-out"}, &kubeconfig);
+  flags.String({"--token"}, &token);
+  flags.Bool({"--tls"}, &tls);
   int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc));
   if (rc >= 0) return rc;
   if (port < 0 || port > 65535)
@@ -80,13 +92,15 @@ int main(int argc, char** argv) {
   meshload::fakeapi::FakeApiServerOptions options;
   options.port = static_cast<int>(port);
   options.history_limit = static_cast<size_t>(history);
+  options.tls = tls;
+  if (!token.empty()) options.bearer_tokens.push_back(token);
   meshload::fakeapi::FakeApiServer server(options);
   meshload::Status st = server.Start();
   if (!st.ok()) {
     std::cerr << "fake-apiserver: " << st.ToString() << "\n";
     return 1;
   }
-  if (!kubeconfig.empty() && !WriteKubeconfig(kubeconfig, server.url())) {
+  if (!kubeconfig.empty() && !WriteKubeconfig(kubeconfig, server.url(), server.ca_pem(), token)) {
     std::cerr << "fake-apiserver: " << kubeconfig << ": cannot write the kubeconfig\n";
     return 1;
   }

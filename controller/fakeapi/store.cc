@@ -6,6 +6,7 @@
 #include <ctime>
 #include <random>
 
+#include "common/base64.h"
 #include "controller/fakeapi/merge_patch.h"
 #include "controller/fakeapi/schema.h"
 
@@ -88,49 +89,6 @@ json GenerationContent(const json& obj, bool has_status) {
 uint64_t ParseRv(const std::string& s, bool* ok) {
   *ok = !s.empty() && s.size() < 20 && std::all_of(s.begin(), s.end(), ::isdigit);
   return *ok ? std::stoull(s) : 0;
-}
-
-const char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-std::string Base64Encode(const std::string& in) {
-  std::string out;
-  size_t i = 0;
-  while (i + 2 < in.size()) {
-    uint32_t n = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8) | uint8_t(in[i + 2]);
-    for (int k = 3; k >= 0; --k) out += kB64[(n >> (6 * k)) & 63];
-    i += 3;
-  }
-  if (i + 1 == in.size()) {
-    uint32_t n = uint8_t(in[i]) << 16;
-    out += kB64[(n >> 18) & 63];
-    out += kB64[(n >> 12) & 63];
-    out += "==";
-  } else if (i + 2 == in.size()) {
-    uint32_t n = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8);
-    out += kB64[(n >> 18) & 63];
-    out += kB64[(n >> 12) & 63];
-    out += kB64[(n >> 6) & 63];
-    out += '=';
-  }
-  return out;
-}
-
-std::optional<std::string> Base64Decode(const std::string& in) {
-  std::string out;
-  uint32_t buf = 0;
-  int bits = 0;
-  for (char c : in) {
-    if (c == '=') break;
-    const char* p = std::strchr(kB64, c);
-    if (p == nullptr || c == '\0') return std::nullopt;
-    buf = (buf << 6) | uint32_t(p - kB64);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out += char((buf >> bits) & 0xff);
-    }
-  }
-  return out;
 }
 
 const char kContinueTooOld[] =

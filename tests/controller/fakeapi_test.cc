@@ -19,6 +19,7 @@
 
 #include "controller/fakeapi/fake_apiserver.h"
 #include "controller/fakeapi/schema.h"
+#include "controller/fakeapi/yaml_json.h"
 
 namespace {
 
@@ -851,36 +852,7 @@ TEST_F(FakeApiServer, PodStatusIsASubresource) {
 
 namespace {
 
-// YAML -> JSON as a real client does: quoted scalars stay strings, plain
-// ones become null, booleans, integers or floats when they read as such.
-json YamlToJson(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map: {
-      json out = json::object();
-      for (const auto& kv : node) out[kv.first.as<std::string>()] = YamlToJson(kv.second);
-      return out;
-    }
-    case YAML::NodeType::Sequence: {
-      json out = json::array();
-      for (const auto& item : node) out.push_back(YamlToJson(item));
-      return out;
-    }
-    case YAML::NodeType::Scalar: {
-      std::string s = node.Scalar();
-      if (node.Tag() == "!") return s;  // quoted
-      if (s == "true") return true;
-      if (s == "false") return false;
-      if (s == "null" || s == "~") return nullptr;
-      static const std::regex kInt("^-?[0-9]+$");
-      static const std::regex kFloat("^-?[0-9]*\\.[0-9]+([eE][-+]?[0-9]+)?$");
-      if (std::regex_match(s, kInt)) return std::stoll(s);
-      if (std::regex_match(s, kFloat)) return std::stod(s);
-      return s;
-    }
-    default:
-      return nullptr;
-  }
-}
+using meshload::fakeapi::YamlToJson;
 
 json LoadYaml(const std::string& relative) {
   return YamlToJson(YAML::LoadFile(std::string(MESHLOAD_SOURCE_DIR) + "/" + relative));

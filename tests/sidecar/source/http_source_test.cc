@@ -477,7 +477,7 @@ TEST(HttpSourceUrlTest, CredentialsInTheUrlAreRejectedWithoutEchoingThem) {
 class HttpsSourceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(testing::WriteSelfSignedCert(dir_.path(), &cert_, &key_));
+    ASSERT_TRUE(testing::WriteTestCerts(dir_.path(), &ca_, &cert_, &key_));
     server_ = std::make_unique<TestHttpServer>(cert_, key_);
     data_ = RandomBytes(5000, 9);
     server_->Get("/obj", [this](const httplib::Request& req, httplib::Response& res) {
@@ -487,14 +487,14 @@ class HttpsSourceTest : public ::testing::Test {
   }
 
   testing::TempDir dir_;
-  std::string cert_, key_, data_;
+  std::string ca_, cert_, key_, data_;
   std::unique_ptr<TestHttpServer> server_;
   RecordingObserver observer_;
 };
 
 TEST_F(HttpsSourceTest, ReadVerifiedAgainstTheCaFileIsByteExact) {
   SourceOptions options = FastOptions(&observer_);
-  options.ca_file = cert_;
+  options.ca_file = ca_;
   auto source = MakeHttp(options);
   std::string out(1000, '\0');
   Status st = source->Read(server_->Url("/obj?sig=1"), 1234, out.data(), out.size());

@@ -1,9 +1,7 @@
 #include "test_support.h"
 
-#include <openssl/evp.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
-#include <openssl/x509v3.h>
+#include "common/test_pki.h"
+
 #include <stdlib.h>
 
 #include <chrono>
@@ -63,48 +61,15 @@ std::set<std::string> RecordingObserver::schemes() const {
   return schemes_;
 }
 
-bool WriteSelfSignedCert(const std::string& dir, std::string* cert_path, std::string* key_path) {
+bool WriteTestCerts(const std::string& dir, std::string* ca_path, std::string* cert_path,
+                    std::string* key_path) {
+  *ca_path = dir + "/ca.pem";
   *cert_path = dir + "/cert.pem";
   *key_path = dir + "/key.pem";
-  EVP_PKEY* key = EVP_EC_gen("P-256");
-  X509* cert = X509_new();
-  bool ok = key != nullptr && cert != nullptr;
-  ok = ok && X509_set_version(cert, 2) == 1;
-  ok = ok && ASN1_INTEGER_set(X509_get_serialNumber(cert), 1) == 1;
-  ok = ok && X509_gmtime_adj(X509_getm_notBefore(cert), -60) != nullptr;
-  ok = ok && X509_gmtime_adj(X509_getm_notAfter(cert), 3600) != nullptr;
-  ok = ok && X509_set_pubkey(cert, key) == 1;
-  if (ok) {
-    X509_NAME* name = X509_get_subject_name(cert);
-    ok = X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
-                                    reinterpret_cast<const unsigned char*>("127.0.0.1"), -1, -1,
-                                    0) == 1 &&
-         X509_set_issuer_name(cert, name) == 1;
-  }
-  X509V3_CTX ctx;
-  X509V3_set_ctx_nodb(&ctx);
-  X509V3_set_ctx(&ctx, cert, cert, nullptr, nullptr, 0);
-  for (auto [nid, value] : {std::pair{NID_subject_alt_name, "IP:127.0.0.1"},
-                            std::pair{NID_basic_constraints, "critical,CA:TRUE"}}) {
-    if (!ok) break;
-    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
-    ok = ext != nullptr && X509_add_ext(cert, ext, -1) == 1;
-    X509_EXTENSION_free(ext);
-  }
-  ok = ok && X509_sign(cert, key, EVP_sha256()) > 0;
-  if (ok) {
-    FILE* f = std::fopen(cert_path->c_str(), "w");
-    ok = f != nullptr && PEM_write_X509(f, cert) == 1;
-    if (f != nullptr) ok = std::fclose(f) == 0 && ok;
-  }
-  if (ok) {
-    FILE* f = std::fopen(key_path->c_str(), "w");
-    ok = f != nullptr && PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr) == 1;
-    if (f != nullptr) ok = std::fclose(f) == 0 && ok;
-  }
-  X509_free(cert);
-  EVP_PKEY_free(key);
-  return ok;
+  auto pki = pki::MakeTestPki();
+  return pki.ok() && pki::WritePem(*ca_path, pki->ca.cert_pem).ok() &&
+         pki::WritePem(*cert_path, pki->server.cert_pem).ok() &&
+         pki::WritePem(*key_path, pki->server.key_pem).ok();
 }
 
 TestHttpServer::TestHttpServer() : server_(std::make_unique<httplib::Server>()) { Configure(); }
