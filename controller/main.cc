@@ -1,0 +1,224 @@
+// meshload-controller: reconciles DataLoadJobs into ConfigMaps for the
+// sidecars and keeps their status true. See docs/controller.md.
+
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/flags.h"
+#include "common/logging.h"
+#include "common/metrics/http_endpoints.h"
+#include "common/metrics/metrics.h"
+#include "controller/controller.h"
+#include "controller/kube/client.h"
+#include "controller/kube/config.h"
+#include "controller/runtime/leader_election.h"
+
+namespace {
+
+constexpr char kUsage[] = R"(usage: meshload-controller [options]
+
+Watches DataLoadJobs and their trainer pods, writes each job's resolved
+ConfigMap and keeps its status true.
+
+options:
+  --kubeconfig PATH              kubeconfig (default: $KUBECONFIG, in-cluster, ~/.kube/config)
+  --namespace NS                 watch only this namespace (default: all)
+  --workers N                    concurrent reconciles (default 4)
+  --qps F                        client-side API request rate (default 20)
+  --burst N                      client-side burst (default 30)
+  --metrics-port N               /metrics, /healthz, /readyz (default 8080; 0: any free port)
+  --metrics-address A            address to serve them on (default 0.0.0.0)
+  --leader-elect true|false      use a Lease so that one replica reconciles (default true)
+  --leader-election-namespace NS namespace of the Lease (default $POD_NAMESPACE, else the
+                                 kubeconfig's namespace)
+  --leader-election-id NAME      name of the Lease (default meshload-controller)
+  --identity ID                  this replica's identity (default $POD_NAME, else hostname_pid)
+  --lease-duration-ms N          15000    --renew-deadline-ms N  10000    --retry-period-ms N  2000
+  --resync-seconds N             re-queue every job this often (default 600)
+  --sidecar-container NAME       the sidecar container in trainer pods (default meshload-sidecar)
+  --log-level LEVEL              debug, info, warn, error (default info)
+  --log-format FORMAT            json or kv (default json)
+)";
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace meshload;
+  ConfigureLogging(LogLevel::kInfo, LogFormat::kJson);
+  if (Status st = ConfigureLoggingFromEnv(); !st.ok()) {
+    std::cerr << "meshload-controller: " << st.ToString() << "\n";
+    return 2;
+  }
+  std::string kubeconfig, watch_ns, qps = "20", leader_elect = "true", le_ns = Env("POD_NAMESPACE");
+  std::string le_id = "meshload-controller", identity = Env("POD_NAME"), metrics_address = "0.0.0.0";
+  std::string sidecar_container = "meshload-sidecar", log_level, log_format;
+  int64_t workers = 4, burst = 30, metrics_port = 8080, lease_ms = 15000, renew_ms = 10000, retry_ms = 2000;
+  int64_t resync_s = 600;
+  cli::FlagParser flags("", kUsage, "meshload-controller");
+  flags.String({"--kubeconfig"}, &kubeconfig);
+  flags.String({"--namespace"}, &watch_ns);
+  flags.Int({"--workers"}, &workers);
+  flags.String({"--qps"}, &qps);
+  flags.Int({"--burst"}, &burst);
+  flags.Int({"--metrics-port"}, &metrics_port);
+  flags.String({"--metrics-address"}, &metrics_address);
+  flags.String({"--leader-elect"}, &leader_elect);
+  flags.String({"--leader-election-namespace"}, &le_ns);
+  flags.String({"--leader-election-id"}, &le_id);
+  flags.String({"--identity"}, &identity);
+  flags.Int({"--lease-duration-ms"}, &lease_ms);
+  flags.Int({"--renew-deadline-ms"}, &renew_ms);
+  flags.Int({"--retry-period-ms"}, &retry_ms);
+  flags.Int({"--resync-seconds"}, &resync_s);
+  flags.String({"--sidecar-container"}, &sidecar_container);
+  flags.String({"--log-level"}, &log_level);
+  flags.String({"--log-format"}, &log_format);
+  if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
+  auto usage = [](const std::string& m) { return cli::UsageError(m, "meshload-controller"); };
+  if (!log_level.empty()) {
+    auto lv = ParseLogLevel(log_level);
+    if (!lv.ok()) return usage("--log-level: " + lv.status().message());
+    ConfigureLogging(*lv, CurrentLogFormat());
+  }
+  if (!log_format.empty()) {
+    auto fm = ParseLogFormat(log_format);
+    if (!fm.ok()) return usage("--log-format: " + fm.status().message());
+    ConfigureLogging(CurrentLogLevel(), *fm);
+  }
+  double qps_value = 0;
+  try {
+    size_t used = 0;
+    qps_value = std::stod(qps, &used);
+    if (used != qps.size()) throw std::invalid_argument(qps);
+  } catch (...) {
+    return usage("--qps: expected a number, got '" + qps + "'");
+  }
+  if (workers < 1 || workers > 256) return usage("--workers must be 1..256");
+  if (burst < 1) return usage("--burst must be positive");
+  if (metrics_port < 0 || metrics_port > 65535) return usage("--metrics-port must be 0..65535");
+  if (leader_elect != "true" && leader_elect != "false") return usage("--leader-elect must be true or false");
+  if (!(renew_ms < lease_ms && retry_ms < renew_ms && retry_ms > 0)) {
+    return usage("leader election needs retry period < renew deadline < lease duration");
+  }
+  if (resync_s < 1) return usage("--resync-seconds must be positive");
+
+  // Signals are taken by sigwait on the main thread; block them first so no
+  // other thread sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto config = kube::LoadClusterConfig(kubeconfig);
+  if (!config.ok()) {
+    LogError("no cluster configuration", {{"error", config.status().ToString()}});
+    return 1;
+  }
+  if (identity.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    identity = std::string(host) + "_" + std::to_string(getpid());
+  }
+  if (le_ns.empty()) le_ns = config->namespace_;
+
+  metrics::Registry registry;
+  metrics::RegisterBuildInfo(registry, MESHLOAD_VERSION, "controller");
+  kube::ClientOptions copts;
+  copts.qps = qps_value;
+  copts.burst = static_cast<int>(burst);
+  copts.user_agent = std::string("meshload-controller/") + MESHLOAD_VERSION + " (" + identity + ")";
+  copts.observer = controller::ApiRequestObserver(registry);
+  auto client = kube::KubeClient::Create(*config, copts);
+  if (!client.ok()) {
+    LogError("cannot create the API client", {{"error", client.status().ToString()}});
+    return 1;
+  }
+  LogInfo("starting", {{"version", MESHLOAD_VERSION},
+                       {"api_server", config->server},
+                       {"config", config->origin},
+                       {"namespace", watch_ns.empty() ? std::string("(all)") : watch_ns},
+                       {"identity", identity}});
+
+  controller::ControllerOptions options;
+  options.watch_namespace = watch_ns;
+  options.workers = static_cast<int>(workers);
+  options.resync_period = std::chrono::seconds(resync_s);
+  options.reconciler.sidecar_container = sidecar_container;
+  std::unique_ptr<runtime::LeaderElector> elector;
+  if (leader_elect == "true") {
+    runtime::LeaderElectionOptions le;
+    le.ns = le_ns;
+    le.name = le_id;
+    le.identity = identity;
+    le.lease_duration = std::chrono::milliseconds(lease_ms);
+    le.renew_deadline = std::chrono::milliseconds(renew_ms);
+    le.retry_period = std::chrono::milliseconds(retry_ms);
+    elector = std::make_unique<runtime::LeaderElector>(client->get(), le);
+    options.reconciler.may_write = [e = elector.get()] { return e->IsLeader(); };
+  }
+  controller::Controller controller(client->get(), &registry, options);
+
+  std::atomic<bool> leading{elector == nullptr};
+  metrics::HealthServer health(
+      registry,
+      [&]() -> std::pair<bool, std::string> {
+        if (!controller.synced()) return {false, "informer caches not synced"};
+        return {true, ""};
+      },
+      {.bind_address = metrics_address, .port = static_cast<int>(metrics_port)});
+  auto port = health.Start();
+  if (!port.ok()) {
+    LogError("cannot serve metrics", {{"error", port.status().ToString()}});
+    return 1;
+  }
+  LogInfo("serving /metrics, /healthz, /readyz", {{"port", *port}});
+
+  if (Status st = controller.Start(); !st.ok()) {
+    LogError("cannot start", {{"error", st.ToString()}});
+    return 1;
+  }
+
+  std::thread election;
+  if (elector) {
+    election = std::thread([&] {
+      elector->Run(
+          [&] {
+            leading = true;
+            controller.SetLeader(true);
+            controller.StartWorkers();
+          },
+          [&] {
+            controller.SetLeader(false);
+            LogError("lost leadership; exiting so that a fresh process can campaign", {{"identity", identity}});
+            // Exit without unwinding: workers may be mid-reconcile, and they
+            // must not write any more (IsLeader() already stops them).
+            std::_Exit(1);
+          });
+    });
+  } else {
+    controller.SetLeader(true);
+    controller.StartWorkers();
+  }
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  LogInfo("shutting down", {{"signal", sig}});
+  if (elector) elector->Stop();
+  if (election.joinable()) election.join();  // releases the lease if held
+  controller.Stop();
+  client->get()->Shutdown();
+  health.Stop();
+  return 0;
+}

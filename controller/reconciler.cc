@@ -1,0 +1,547 @@
+#include "controller/reconciler.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <ctime>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "common/diagnostics.h"
+#include "common/logging.h"
+#include "planner/shard_planner.h"
+#include "planner/spec.h"
+
+namespace meshload::controller {
+namespace {
+
+using nlohmann::json;
+
+std::string Str(const json& obj, const char* key) {
+  if (!obj.is_object()) return "";
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+const json& Field(const json& obj, const char* key) {
+  static const json kNull;
+  if (!obj.is_object()) return kNull;
+  auto it = obj.find(key);
+  return it == obj.end() ? kNull : *it;
+}
+
+std::string NowRfc3339() {
+  std::time_t t = std::time(nullptr);
+  struct tm tm {};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string Sha256Hex(const std::string& data, size_t hex_chars) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned i = 0; i < len && out.size() < hex_chars; ++i) {
+    out += kHex[md[i] >> 4];
+    out += kHex[md[i] & 15];
+  }
+  return out;
+}
+
+bool HasFinalizer(const json& obj) {
+  const json& f = Field(Field(obj, "metadata"), "finalizers");
+  if (!f.is_array()) return false;
+  return std::any_of(f.begin(), f.end(), [](const json& v) { return v.is_string() && v == kFinalizer; });
+}
+
+std::string ConfigMapName(const std::string& job) { return job + "-meshload"; }
+
+// A pod's completion index: the annotation (Kubernetes >= 1.21), or the
+// label (>= 1.28). nullopt when absent; -1 when present but not a number.
+std::optional<int64_t> CompletionIndex(const json& pod) {
+  const json& md = Field(pod, "metadata");
+  std::string v = Str(Field(md, "annotations"), kCompletionIndex);
+  if (v.empty()) v = Str(Field(md, "labels"), kCompletionIndex);
+  if (v.empty()) return std::nullopt;
+  if (v.size() > 9 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
+  return std::stoll(v);
+}
+
+// The sidecar container's status in a pod, or null.
+const json* SidecarStatus(const json& pod, const std::string& container) {
+  const json& st = Field(pod, "status");
+  for (const char* list : {"containerStatuses", "initContainerStatuses"}) {
+    const json& cs = Field(st, list);
+    if (!cs.is_array()) continue;
+    for (const auto& c : cs) {
+      if (Str(c, "name") == container) return &c;
+    }
+  }
+  return nullptr;
+}
+
+struct Condition {
+  std::string type, status, reason, message;
+};
+
+// The desired status, built from the world; lastTransitionTime is added by
+// MergeConditions from the stored status.
+struct DesiredStatus {
+  std::string phase;
+  int64_t processes_ready = 0;
+  std::string plan_hash;
+  std::vector<Condition> conditions;
+};
+
+json StatusJson(const DesiredStatus& d, int64_t generation, const json& current) {
+  json out = json::object();
+  out["phase"] = d.phase;
+  out["observedGeneration"] = generation;
+  out["processesReady"] = d.processes_ready;
+  if (!d.plan_hash.empty()) out["planHash"] = d.plan_hash;
+  json conds = json::array();
+  const json& old = Field(current, "conditions");
+  for (const auto& c : d.conditions) {
+    std::string ltt = NowRfc3339();
+    if (old.is_array()) {
+      for (const auto& o : old) {
+        if (Str(o, "type") == c.type && Str(o, "status") == c.status && !Str(o, "lastTransitionTime").empty()) {
+          ltt = Str(o, "lastTransitionTime");
+        }
+      }
+    }
+    json cj = {{"type", c.type},
+               {"status", c.status},
+               {"reason", c.reason},
+               {"message", c.message.size() > 32000 ? c.message.substr(0, 32000) + "..." : c.message},
+               {"observedGeneration", generation},
+               {"lastTransitionTime", ltt}};
+    conds.push_back(std::move(cj));
+  }
+  out["conditions"] = std::move(conds);
+  return out;
+}
+
+std::string JoinDiagnostics(const Diagnostics& d) {
+  std::string s = d.ToString();
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+kube::ResourcePath JobsResource() { return {"/apis/meshload.io/v1alpha1", "dataloadjobs"}; }
+kube::ResourcePath PodsResource() { return {"/api/v1", "pods"}; }
+kube::ResourcePath ConfigMapsResource() { return {"/api/v1", "configmaps"}; }
+
+json SlimPod(json pod) {
+  json md = Field(pod, "metadata");
+  json slim_md = json::object();
+  for (const char* k : {"name", "namespace", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp",
+                        "labels"}) {
+    if (md.contains(k)) slim_md[k] = std::move(md[k]);
+  }
+  std::string index = Str(Field(md, "annotations"), kCompletionIndex);
+  if (!index.empty()) slim_md["annotations"] = {{kCompletionIndex, index}};
+  json st = Field(pod, "status");
+  json slim_st = json::object();
+  for (const char* k : {"phase", "podIP"}) {
+    if (st.contains(k)) slim_st[k] = std::move(st[k]);
+  }
+  for (const char* list : {"containerStatuses", "initContainerStatuses"}) {
+    const json& cs = Field(st, list);
+    if (!cs.is_array()) continue;
+    json slim = json::array();
+    for (const auto& c : cs) {
+      slim.push_back({{"name", Str(c, "name")},
+                      {"ready", Field(c, "ready").is_boolean() ? Field(c, "ready").get<bool>() : false},
+                      {"restartCount", Field(c, "restartCount").is_number() ? Field(c, "restartCount").get<int64_t>() : 0}});
+    }
+    slim_st[list] = std::move(slim);
+  }
+  return {{"metadata", std::move(slim_md)}, {"status", std::move(slim_st)}};
+}
+
+bool SelectorMatches(const json& selector, const json& labels) {
+  auto label = [&](const std::string& key) -> std::optional<std::string> {
+    if (!labels.is_object()) return std::nullopt;
+    auto it = labels.find(key);
+    if (it == labels.end() || !it->is_string()) return std::nullopt;
+    return it->get<std::string>();
+  };
+  const json& ml = Field(selector, "matchLabels");
+  if (ml.is_object()) {
+    for (auto it = ml.begin(); it != ml.end(); ++it) {
+      auto v = label(it.key());
+      if (!v || !it.value().is_string() || *v != it.value().get<std::string>()) return false;
+    }
+  }
+  const json& me = Field(selector, "matchExpressions");
+  if (me.is_array()) {
+    for (const auto& e : me) {
+      auto v = label(Str(e, "key"));
+      const std::string op = Str(e, "operator");
+      const json& values = Field(e, "values");
+      bool in = false;
+      if (v && values.is_array()) {
+        in = std::any_of(values.begin(), values.end(), [&](const json& x) { return x.is_string() && x == *v; });
+      }
+      if (op == "In" && !in) return false;
+      if (op == "NotIn" && in) return false;
+      if (op == "Exists" && !v) return false;
+      if (op == "DoesNotExist" && v) return false;
+      if (op != "In" && op != "NotIn" && op != "Exists" && op != "DoesNotExist") return false;
+    }
+  }
+  return true;
+}
+
+Reconciler::Reconciler(kube::KubeClient* client, kube::Informer* jobs, kube::Informer* pods,
+                       kube::Informer* configmaps, ReconcilerOptions options)
+    : client_(client), jobs_(jobs), pods_(pods), configmaps_(configmaps), options_(std::move(options)) {}
+
+Status Reconciler::CheckMayWrite() const {
+  if (options_.may_write && !options_.may_write()) {
+    return FailedPrecondition("not the leader: no writes");
+  }
+  return Status::Ok();
+}
+
+std::string Reconciler::JobForConfigMap(const json& cm) {
+  const json& md = Field(cm, "metadata");
+  if (Str(Field(md, "labels"), kManagedByLabel) != kManagedByValue) return "";
+  std::string job = Str(Field(md, "labels"), kJobLabel);
+  return job.empty() ? "" : Str(md, "namespace") + "/" + job;
+}
+
+std::vector<std::string> Reconciler::JobsForPod(const json& pod) const {
+  const json& md = Field(pod, "metadata");
+  const std::string ns = Str(md, "namespace"), name = Str(md, "name");
+  std::set<std::string> keys;
+  for (const auto& job : jobs_->List(ns)) {
+    const json& sel = Field(Field(*job, "spec"), "selector");
+    if (sel.is_object() && SelectorMatches(sel, Field(md, "labels"))) {
+      keys.insert(ns + "/" + Str(Field(*job, "metadata"), "name"));
+    }
+  }
+  // A pod whose labels no longer match still concerns the job it was assigned to.
+  for (const auto& cm : configmaps_->List(ns)) {
+    std::string key = JobForConfigMap(*cm);
+    if (key.empty()) continue;
+    if (Field(Field(*cm, "data"), ("process." + name).c_str()).is_string()) keys.insert(key);
+  }
+  return {keys.begin(), keys.end()};
+}
+
+Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
+  ReconcileResult local;
+  ReconcileResult& res = result ? *result : local;
+  res = {};
+  const size_t slash = key.find('/');
+  if (slash == std::string::npos) return InvalidArgument("a key is namespace/name", key);
+  const std::string ns = key.substr(0, slash), name = key.substr(slash + 1);
+  kube::ObjectPtr cached = jobs_->Get(ns, name);
+  if (!cached) return Status::Ok();  // deleted; owner references clean up
+  json job = *cached;
+  const kube::ResourcePath jobs = JobsResource(), cms = ConfigMapsResource();
+  const std::string cm_name = ConfigMapName(name);
+
+  // 1. Deletion and the finalizer.
+  if (!Field(Field(job, "metadata"), "deletionTimestamp").is_null()) {
+    if (!HasFinalizer(job)) return Status::Ok();
+    RETURN_IF_ERROR(CheckMayWrite());
+    if (configmaps_->Get(ns, cm_name)) {
+      kube::ApiResponse del = client_->Delete(cms.Object(ns, cm_name));
+      if (!del.ok() && del.code != 404) return del.ToStatus("delete ConfigMap " + ns + "/" + cm_name);
+      ++res.writes;
+    }
+    json& fins = job["metadata"]["finalizers"];
+    json kept = json::array();
+    for (const auto& f : fins) {
+      if (f != kFinalizer) kept.push_back(f);
+    }
+    fins = kept;
+    job.erase("status");
+    kube::ApiResponse put = client_->Put(jobs.Object(ns, name), job);
+    if (put.code == 404) return Status::Ok();
+    if (!put.ok()) return put.ToStatus("remove the finalizer of " + key);
+    ++res.writes;
+    LogInfo("cleaned up a deleted DataLoadJob", {{"job", key}});
+    return Status::Ok();
+  }
+  if (!HasFinalizer(job)) {
+    RETURN_IF_ERROR(CheckMayWrite());
+    json updated = job;
+    if (!updated["metadata"]["finalizers"].is_array()) updated["metadata"]["finalizers"] = json::array();
+    updated["metadata"]["finalizers"].push_back(kFinalizer);
+    updated.erase("status");
+    kube::ApiResponse put = client_->Put(jobs.Object(ns, name), updated);
+    if (put.code == 404) return Status::Ok();
+    if (!put.ok()) return put.ToStatus("add the finalizer to " + key);
+    ++res.writes;
+    job = put.body;
+  }
+
+  const int64_t generation = Field(Field(job, "metadata"), "generation").is_number()
+                                 ? Field(Field(job, "metadata"), "generation").get<int64_t>()
+                                 : 0;
+  DesiredStatus desired;
+
+  // 2. Validation, with the planner's own parser and checks.
+  Diagnostics diags;
+  const json& spec_json = Field(job, "spec");
+  auto spec = ParseJobSpecText(spec_json.dump(), diags);
+  if (spec.ok()) ValidateJobSpec(*spec, diags);
+  if (spec.ok() && diags.ok() && !spec->selector) diags.Add(InvalidArgument("a selector is required: it names the trainer pods", "spec.selector"));
+  std::optional<ResolvedJob> resolved;
+  if (spec.ok() && diags.ok() && spec->dataset.samples) {
+    ResolveOptions ro;
+    ro.samples = spec->dataset.samples;
+    ro.read_files = false;
+    auto r = ResolveJob(*spec, ro, diags);
+    if (r.ok() && diags.ok()) resolved = std::move(*r);
+  }
+  if (!spec.ok() || !diags.ok()) {
+    std::string msg = spec.ok() ? JoinDiagnostics(diags) : spec.status().ToString();
+    if (msg.empty()) msg = "the spec is invalid";
+    desired.phase = "Failed";
+    desired.conditions = {{"Valid", "False", "InvalidSpec", msg},
+                          {"Planned", "False", "InvalidSpec", "the spec must be valid first"},
+                          {"SidecarsReady", "Unknown", "InvalidSpec", "the spec must be valid first"},
+                          {"Degraded", "False", "InvalidSpec", ""}};
+  } else {
+    const int64_t processes = spec->mesh.processes;
+    // 3. Pods and process indices.
+    const json& selector = spec_json["selector"];
+    std::vector<kube::ObjectPtr> pods;
+    for (const auto& p : pods_->List(ns)) {
+      const json& md = Field(*p, "metadata");
+      std::string phase = Str(Field(*p, "status"), "phase");
+      if (phase == "Succeeded" || phase == "Failed") continue;
+      if (!Field(md, "deletionTimestamp").is_null()) continue;
+      if (SelectorMatches(selector, Field(md, "labels"))) pods.push_back(p);
+    }
+    // Oldest first, then by name: a deterministic order for fresh assignments.
+    std::sort(pods.begin(), pods.end(), [](const kube::ObjectPtr& a, const kube::ObjectPtr& b) {
+      const json& ma = Field(*a, "metadata");
+      const json& mb = Field(*b, "metadata");
+      auto ta = Str(ma, "creationTimestamp"), tb = Str(mb, "creationTimestamp");
+      return ta != tb ? ta < tb : Str(ma, "name") < Str(mb, "name");
+    });
+    json previous = json::object();
+    kube::ObjectPtr cm = configmaps_->Get(ns, cm_name);
+    if (cm) {
+      auto parsed = json::parse(Str(Field(*cm, "data"), "assignments.json"), nullptr, false);
+      if (parsed.is_object() && Field(parsed, "pods").is_object()) previous = parsed["pods"];
+    }
+    std::vector<const json*> by_index(static_cast<size_t>(processes), nullptr);
+    std::map<std::string, int64_t> index_of;  // pod name -> index
+    std::vector<std::string> problems;  // "Reason: message"
+    std::vector<const json*> waiting;
+    for (const auto& p : pods) {
+      const json& md = Field(*p, "metadata");
+      std::optional<int64_t> ci = CompletionIndex(*p);
+      if (!ci) {
+        waiting.push_back(p.get());
+        continue;
+      }
+      if (*ci < 0 || *ci >= processes) {
+        problems.push_back("CompletionIndexOutOfRange: pod " + Str(md, "name") + " has completion index " +
+                           (*ci < 0 ? std::string("that is not a number") : std::to_string(*ci)) +
+                           " but the job has " + std::to_string(processes) + " processes");
+        continue;
+      }
+      if (by_index[*ci] != nullptr) {
+        problems.push_back("DuplicateCompletionIndex: pods " + Str(Field(*by_index[*ci], "metadata"), "name") +
+                           " and " + Str(md, "name") + " both have completion index " + std::to_string(*ci));
+        continue;
+      }
+      by_index[*ci] = p.get();
+      index_of[Str(md, "name")] = *ci;
+    }
+    std::vector<const json*> fresh;
+    for (const json* p : waiting) {
+      const json& md = Field(*p, "metadata");
+      const json& prev = Field(previous, Str(md, "name").c_str());
+      if (prev.is_object() && Str(prev, "uid") == Str(md, "uid") && Field(prev, "index").is_number_integer()) {
+        int64_t i = prev["index"].get<int64_t>();
+        if (i >= 0 && i < processes && by_index[i] == nullptr) {
+          by_index[i] = p;
+          index_of[Str(md, "name")] = i;
+          continue;
+        }
+      }
+      fresh.push_back(p);
+    }
+    std::vector<std::string> extra;
+    size_t next_free = 0;
+    for (const json* p : fresh) {
+      while (next_free < by_index.size() && by_index[next_free] != nullptr) ++next_free;
+      const std::string pod_name = Str(Field(*p, "metadata"), "name");
+      if (next_free == by_index.size()) {
+        extra.push_back(pod_name);
+        continue;
+      }
+      by_index[next_free] = p;
+      index_of[pod_name] = static_cast<int64_t>(next_free);
+    }
+    if (!extra.empty()) {
+      std::string names;
+      for (const auto& e : extra) names += (names.empty() ? "" : ", ") + e;
+      problems.push_back("TooManyPods: " + std::to_string(pods.size()) + " pods match the selector but the job has " +
+                         std::to_string(processes) + " processes; not assigned: " + names);
+    }
+
+    // Readiness.
+    std::vector<int64_t> missing, not_ready;
+    for (int64_t i = 0; i < processes; ++i) {
+      const json* p = by_index[i];
+      if (p == nullptr) {
+        missing.push_back(i);
+        continue;
+      }
+      const json* sc = SidecarStatus(*p, options_.sidecar_container);
+      bool ready = sc != nullptr && Field(*sc, "ready").is_boolean() && Field(*sc, "ready").get<bool>();
+      if (ready) {
+        ++desired.processes_ready;
+      } else {
+        not_ready.push_back(i);
+        if (sc != nullptr && Field(*sc, "restartCount").is_number() && Field(*sc, "restartCount").get<int64_t>() > 0) {
+          problems.push_back("SidecarRestarting: the sidecar of process " + std::to_string(i) + " (pod " +
+                             Str(Field(*p, "metadata"), "name") + ") restarted " +
+                             std::to_string(Field(*sc, "restartCount").get<int64_t>()) + " times and is not ready");
+        }
+      }
+    }
+
+    // 4. The ConfigMap.
+    json manifest = {{"apiVersion", "meshload.io/v1alpha1"},
+                     {"kind", "DataLoadJob"},
+                     {"metadata", {{"name", name}, {"namespace", ns}}},
+                     {"spec", spec_json}};
+    const std::string job_text = manifest.dump(2) + "\n";
+    desired.plan_hash = Sha256Hex(job_text, 16);
+    json assigned = json::object();
+    json data = json::object();
+    std::string rendezvous;
+    for (int64_t i = 0; i < processes; ++i) {
+      const json* p = by_index[i];
+      if (p == nullptr) continue;
+      const json& md = Field(*p, "metadata");
+      std::string ip = Str(Field(*p, "status"), "podIP");
+      assigned[Str(md, "name")] = {{"uid", Str(md, "uid")}, {"index", i}, {"ip", ip}};
+      data["process." + Str(md, "name")] = std::to_string(i);
+      if (i == 0) rendezvous = ip;
+    }
+    json assignments = {{"processes", processes}, {"pods", assigned}};
+    if (resolved) assignments["samples"] = resolved->samples;
+    data["job.json"] = job_text;
+    data["assignments.json"] = assignments.dump(2) + "\n";
+    data["planHash"] = desired.plan_hash;
+    data["rendezvous"] = rendezvous;
+    json labels = {{kManagedByLabel, kManagedByValue}, {kJobLabel, name}};
+    json owner = json::array({{{"apiVersion", "meshload.io/v1alpha1"},
+                               {"kind", "DataLoadJob"},
+                               {"name", name},
+                               {"uid", Str(Field(job, "metadata"), "uid")},
+                               {"controller", true},
+                               {"blockOwnerDeletion", true}}});
+    if (!cm) {
+      RETURN_IF_ERROR(CheckMayWrite());
+      json body = {{"apiVersion", "v1"},
+                   {"kind", "ConfigMap"},
+                   {"metadata", {{"name", cm_name}, {"namespace", ns}, {"labels", labels}, {"ownerReferences", owner}}},
+                   {"data", data}};
+      kube::ApiResponse r = client_->Post(cms.Collection(ns), body);
+      // AlreadyExists after a retried POST, or a cache that lags: the next
+      // reconcile compares with what is there.
+      if (!r.ok()) return r.ToStatus("create ConfigMap " + ns + "/" + cm_name);
+      ++res.writes;
+    } else {
+      const json& md = Field(*cm, "metadata");
+      bool same = Field(*cm, "data") == data && Field(md, "ownerReferences") == owner;
+      const json& have_labels = Field(md, "labels");
+      for (auto it = labels.begin(); same && it != labels.end(); ++it) {
+        same = Field(have_labels, it.key().c_str()) == it.value();
+      }
+      if (!same) {
+        RETURN_IF_ERROR(CheckMayWrite());
+        json body = *cm;
+        body["data"] = data;
+        body["metadata"]["ownerReferences"] = owner;
+        for (auto it = labels.begin(); it != labels.end(); ++it) body["metadata"]["labels"][it.key()] = it.value();
+        kube::ApiResponse r = client_->Put(cms.Object(ns, cm_name), body);
+        if (!r.ok()) return r.ToStatus("update ConfigMap " + ns + "/" + cm_name);
+        ++res.writes;
+      }
+    }
+
+    // 5. Conditions and phase.
+    std::string planned_msg = resolved ? std::to_string(resolved->samples) + " samples, " +
+                                             std::to_string(resolved->steps_per_epoch) + " steps per epoch"
+                                       : "the sidecars read the dataset size from the files";
+    desired.conditions.push_back({"Valid", "True", "Valid", ""});
+    desired.conditions.push_back({"Planned", "True", resolved ? "Resolved" : "DatasetSizeFromSidecars", planned_msg});
+    auto list = [](const std::vector<int64_t>& v) {
+      std::string s;
+      for (size_t i = 0; i < v.size() && i < 32; ++i) s += (s.empty() ? "" : ", ") + std::to_string(v[i]);
+      if (v.size() > 32) s += ", ...";
+      return s;
+    };
+    const bool all_ready = desired.processes_ready == processes;
+    std::string ready_msg = std::to_string(desired.processes_ready) + " of " + std::to_string(processes) +
+                            " sidecars ready";
+    if (!missing.empty()) ready_msg += "; processes without a pod: " + list(missing);
+    if (!not_ready.empty()) ready_msg += "; sidecars not ready: " + list(not_ready);
+    desired.conditions.push_back({"SidecarsReady", all_ready ? "True" : "False",
+                                  all_ready ? "AllSidecarsReady" : (missing.empty() ? "SidecarsNotReady" : "WaitingForPods"),
+                                  ready_msg});
+    if (!problems.empty() || (desired.processes_ready > 0 && !all_ready)) {
+      std::string reason = problems.empty() ? "NotAllSidecarsReady" : problems[0].substr(0, problems[0].find(':'));
+      std::string msg;
+      for (const auto& p : problems) msg += (msg.empty() ? "" : "; ") + p;
+      if (problems.empty()) msg = ready_msg;
+      desired.conditions.push_back({"Degraded", "True", reason, msg});
+      desired.phase = "Degraded";
+    } else {
+      desired.conditions.push_back({"Degraded", "False", "AsExpected", ""});
+      desired.phase = all_ready ? "Running" : "Pending";
+    }
+  }
+  res.phase = desired.phase;
+
+  // Status: written only when different; 409 re-reads and retries.
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const json& current = Field(job, "status");
+    json want = StatusJson(desired, generation, current);
+    if (current == want) return Status::Ok();
+    RETURN_IF_ERROR(CheckMayWrite());
+    json body = job;
+    body["status"] = want;
+    kube::ApiResponse r = client_->Put(jobs.Object(ns, name) + "/status", body);
+    if (r.ok()) {
+      ++res.writes;
+      return Status::Ok();
+    }
+    if (r.code == 404) return Status::Ok();
+    if (r.code != 409) return r.ToStatus("update the status of " + key);
+    kube::ApiResponse fresh = client_->Get(jobs.Object(ns, name));
+    if (fresh.code == 404) return Status::Ok();
+    if (!fresh.ok()) return fresh.ToStatus("re-read " + key);
+    const int64_t fresh_gen = Field(Field(fresh.body, "metadata"), "generation").is_number()
+                                  ? fresh.body["metadata"]["generation"].get<int64_t>()
+                                  : 0;
+    // The spec moved on: this status describes an older generation; the
+    // informer will bring the new one.
+    if (fresh_gen != generation) return Status(StatusCode::kUnavailable, "the job changed during the reconcile", key);
+    job = std::move(fresh.body);
+  }
+  return Status(StatusCode::kUnavailable, "the status kept conflicting", key);
+}
+
+}  // namespace meshload::controller

@@ -1,0 +1,111 @@
+/// \file
+/// The DataLoadJob reconciler: level-based, it reads the world (the job, its
+/// pods, its ConfigMap, all from informer caches) and makes the cluster
+/// match, whatever event woke it.
+///
+/// For a job `ns/name`:
+/// 1. Gone: nothing (its ConfigMap is garbage-collected through the owner
+///    reference). Being deleted: delete the ConfigMap, remove the finalizer
+///    `meshload.io/cleanup`. Otherwise make sure the finalizer is there.
+/// 2. Validate the spec with the planner (the same parser and checks as
+///    `meshload plan`). Invalid: status Valid=False with every message,
+///    phase Failed, and nothing else (an existing ConfigMap is left as it
+///    is, so running sidecars keep their last valid job).
+/// 3. Trainer pods are the pods of spec.selector in the job's namespace that
+///    are not terminated or being deleted. Process indices: the pod's
+///    `batch.kubernetes.io/job-completion-index` when it has one; otherwise
+///    the index recorded for that pod (same name and uid) in the ConfigMap,
+///    so assignments survive reconciles and controller restarts; otherwise
+///    the lowest free index, pods taken oldest first. Problems (too many
+///    pods, duplicate or out-of-range completion indices, a sidecar that
+///    restarted and is not ready) are conditions, never crashes.
+/// 4. The ConfigMap `<name>-meshload` (owner reference to the job, labels
+///    `app.kubernetes.io/managed-by: meshload-controller`,
+///    `meshload.io/job: <name>`) holds `job.json` (the manifest the sidecars
+///    read), `assignments.json`, `planHash`, `process.<pod>` per assigned pod
+///    and `rendezvous` (process 0's pod IP). It is written only when its
+///    content differs.
+/// 5. Status (phase, observedGeneration, processesReady, planHash,
+///    conditions Valid, Planned, SidecarsReady, Degraded) is written through
+///    /status with the job's resourceVersion only when it differs; a 409
+///    re-reads the job and tries again. lastTransitionTime moves only when a
+///    condition's status does.
+///
+/// So a reconcile with nothing changed makes no write at all.
+///
+/// Thread safety: Reconcile may run concurrently for different keys (the
+/// work queue never hands one key to two workers).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/kube/client.h"
+#include "controller/kube/informer.h"
+
+namespace meshload::controller {
+
+inline constexpr char kFinalizer[] = "meshload.io/cleanup";
+inline constexpr char kCompletionIndex[] = "batch.kubernetes.io/job-completion-index";
+inline constexpr char kManagedByLabel[] = "app.kubernetes.io/managed-by";
+inline constexpr char kManagedByValue[] = "meshload-controller";
+inline constexpr char kJobLabel[] = "meshload.io/job";
+
+/// The resources the controller uses.
+kube::ResourcePath JobsResource();
+kube::ResourcePath PodsResource();
+kube::ResourcePath ConfigMapsResource();
+
+/// The informer transform for pods: keeps only what the reconciler reads.
+nlohmann::json SlimPod(nlohmann::json pod);
+
+/// True when `labels` (an object of strings, or null) match a Kubernetes
+/// label selector object ({matchLabels, matchExpressions}). An empty
+/// selector matches everything, as in Kubernetes.
+bool SelectorMatches(const nlohmann::json& selector, const nlohmann::json& labels);
+
+struct ReconcilerOptions {
+  /// The sidecar container's name in trainer pods (a container or a native
+  /// sidecar init container).
+  std::string sidecar_container = "meshload-sidecar";
+  /// Checked before every write; false (lost leadership) aborts the
+  /// reconcile with kFailedPrecondition.
+  std::function<bool()> may_write;
+};
+
+/// What one reconcile did.
+struct ReconcileResult {
+  int writes = 0;
+  std::string phase;
+};
+
+class Reconciler {
+ public:
+  Reconciler(kube::KubeClient* client, kube::Informer* jobs, kube::Informer* pods, kube::Informer* configmaps,
+             ReconcilerOptions options = {});
+
+  /// Reconciles the job with key "namespace/name". An error means "try
+  /// again with backoff".
+  Status Reconcile(const std::string& key, ReconcileResult* result = nullptr);
+
+  /// Keys of the jobs that a pod event concerns: jobs in its namespace whose
+  /// selector matches it, and jobs whose ConfigMap lists it.
+  std::vector<std::string> JobsForPod(const nlohmann::json& pod) const;
+  /// The key of the job owning a ConfigMap, or "" when it is not ours.
+  static std::string JobForConfigMap(const nlohmann::json& configmap);
+
+ private:
+  Status CheckMayWrite() const;
+
+  kube::KubeClient* client_;
+  kube::Informer* jobs_;
+  kube::Informer* pods_;
+  kube::Informer* configmaps_;
+  ReconcilerOptions options_;
+};
+
+}  // namespace meshload::controller

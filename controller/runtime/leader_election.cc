@@ -1,0 +1,188 @@
+#include "controller/runtime/leader_election.h"
+
+#include <sys/time.h>
+
+#include <cstdio>
+#include <ctime>
+#include <random>
+
+#include "common/logging.h"
+
+namespace meshload::runtime {
+namespace {
+
+int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+std::string MicroTimeNow() {
+  struct timeval tv {};
+  gettimeofday(&tv, nullptr);
+  struct tm tm {};
+  gmtime_r(&tv.tv_sec, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long>(tv.tv_usec));
+  return buf;
+}
+
+LeaderElector::LeaderElector(kube::KubeClient* client, LeaderElectionOptions options)
+    : client_(client), options_(std::move(options)) {}
+
+std::string LeaderElector::LeasePath(bool collection) const {
+  std::string base = "/apis/coordination.k8s.io/v1/namespaces/" + options_.ns + "/leases";
+  return collection ? base : base + "/" + options_.name;
+}
+
+bool LeaderElector::IsLeader() const {
+  if (!leading_.load()) return false;
+  auto age = std::chrono::nanoseconds(SteadyNs() - last_renew_ns_.load());
+  return age < options_.renew_deadline;
+}
+
+std::string LeaderElector::observed_holder() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return observed_record_.is_object() ? observed_record_.value("holderIdentity", "") : "";
+}
+
+bool LeaderElector::SleepUnlessStopped(std::chrono::milliseconds d) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return !cv_.wait_for(lock, d, [this] { return stop_; });
+}
+
+void LeaderElector::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stop_ = true;
+  cv_.notify_all();
+}
+
+bool LeaderElector::TryAcquireOrRenew() {
+  const std::string now = MicroTimeNow();
+  const int64_t duration_s = std::chrono::duration_cast<std::chrono::seconds>(options_.lease_duration).count();
+  kube::ApiResponse got = client_->Get(LeasePath(false));
+  if (got.code == 404) {
+    nlohmann::json lease = {
+        {"apiVersion", "coordination.k8s.io/v1"},
+        {"kind", "Lease"},
+        {"metadata", {{"name", options_.name}, {"namespace", options_.ns}}},
+        {"spec",
+         {{"holderIdentity", options_.identity},
+          {"leaseDurationSeconds", duration_s},
+          {"acquireTime", now},
+          {"renewTime", now},
+          {"leaseTransitions", 0}}}};
+    kube::ApiResponse created = client_->Post(LeasePath(true), lease);
+    if (!created.ok()) {
+      LogDebug("cannot create the lease", {{"error", created.ToStatus("create lease").ToString()}});
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    observed_record_ = created.body["spec"];
+    observed_rv_ = created.body["metadata"].value("resourceVersion", "");
+    observed_time_ = Clock::now();
+    return true;
+  }
+  if (!got.ok()) {
+    LogWarn("cannot read the lease", {{"error", got.ToStatus("get lease").ToString()}});
+    return false;
+  }
+  nlohmann::json spec = got.body.value("spec", nlohmann::json::object());
+  const std::string holder = spec.value("holderIdentity", "");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spec != observed_record_) {
+      observed_record_ = spec;
+      observed_time_ = Clock::now();
+    }
+    observed_rv_ = got.body["metadata"].value("resourceVersion", "");
+    int64_t their_duration = spec.value("leaseDurationSeconds", duration_s);
+    bool expired = Clock::now() > observed_time_ + std::chrono::seconds(their_duration);
+    if (!holder.empty() && holder != options_.identity && !expired) return false;
+  }
+  nlohmann::json updated = got.body;
+  nlohmann::json& s = updated["spec"];
+  const bool ours = holder == options_.identity;
+  s["holderIdentity"] = options_.identity;
+  s["leaseDurationSeconds"] = duration_s;
+  s["renewTime"] = now;
+  if (!ours) {
+    s["acquireTime"] = now;
+    s["leaseTransitions"] = spec.value("leaseTransitions", 0) + 1;
+  }
+  kube::ApiResponse put = client_->Put(LeasePath(false), updated);  // carries metadata.resourceVersion
+  if (!put.ok()) {
+    LogDebug("cannot update the lease", {{"error", put.ToStatus("update lease").ToString()}});
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  observed_record_ = put.body["spec"];
+  observed_rv_ = put.body["metadata"].value("resourceVersion", "");
+  observed_time_ = Clock::now();
+  return true;
+}
+
+void LeaderElector::Release() {
+  kube::ApiResponse got = client_->Get(LeasePath(false));
+  if (!got.ok() || got.body["spec"].value("holderIdentity", "") != options_.identity) return;
+  nlohmann::json updated = got.body;
+  updated["spec"]["holderIdentity"] = "";
+  updated["spec"]["leaseDurationSeconds"] = 1;
+  updated["spec"]["renewTime"] = MicroTimeNow();
+  kube::ApiResponse put = client_->Put(LeasePath(false), updated);
+  LogInfo("released the leader lease", {{"lease", options_.ns + "/" + options_.name}, {"ok", put.ok()}});
+}
+
+void LeaderElector::Run(const std::function<void()>& on_started_leading,
+                        const std::function<void()>& on_stopped_leading) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  auto jittered = [&] {
+    auto ms = options_.retry_period.count();
+    return std::chrono::milliseconds(ms + std::uniform_int_distribution<int64_t>(0, ms / 5)(rng));
+  };
+  LogInfo("campaigning for the leader lease",
+          {{"lease", options_.ns + "/" + options_.name}, {"identity", options_.identity}});
+  while (true) {
+    if (TryAcquireOrRenew()) break;
+    if (!SleepUnlessStopped(jittered())) return;
+  }
+  last_renew_ns_.store(SteadyNs());
+  leading_.store(true);
+  LogInfo("became the leader", {{"lease", options_.ns + "/" + options_.name}, {"identity", options_.identity}});
+  on_started_leading();
+  bool lost = false;
+  while (SleepUnlessStopped(options_.retry_period)) {
+    // A process that was frozen past the deadline must not renew as if
+    // nothing happened: someone else may have led meanwhile.
+    if (!IsLeader()) {
+      lost = true;
+      break;
+    }
+    if (TryAcquireOrRenew()) {
+      last_renew_ns_.store(SteadyNs());
+      continue;
+    }
+    std::string holder = observed_holder();
+    if (!holder.empty() && holder != options_.identity) {
+      lost = true;
+      break;
+    }
+    if (!IsLeader()) {
+      lost = true;
+      break;
+    }
+  }
+  leading_.store(false);
+  if (lost) {
+    LogError("lost the leader lease", {{"lease", options_.ns + "/" + options_.name},
+                                       {"holder", observed_holder()},
+                                       {"identity", options_.identity}});
+    on_stopped_leading();
+  } else {
+    Release();
+  }
+}
+
+}  // namespace meshload::runtime

@@ -1,0 +1,92 @@
+/// \file
+/// LeaderElector: leader election on a coordination.k8s.io/v1 Lease, as
+/// client-go's leaderelection package does it.
+///
+///   LeaderElector elector(client, {.ns = "meshload-system", .name = "meshload-controller",
+///                                  .identity = pod_name});
+///   elector.Run([&] { StartWorkers(); }, [&] { std::exit(1); });
+///
+/// - Try to acquire every `retry_period` (jittered up to +20%): create the
+///   Lease, or take it over when its record has not changed for
+///   `lease_duration` as measured on *this* process's clock (the holder's
+///   renewTime is never compared with our clock, so clock skew between nodes
+///   does not matter).
+/// - While leading, renew every `retry_period`; a renew that has not
+///   succeeded for `renew_deadline` means the lease is lost. IsLeader() turns
+///   false as soon as the last renew is older than `renew_deadline`, even in
+///   a process that was frozen (SIGSTOP) and has not noticed yet, so workers
+///   that check it before writing do not write after losing the lease.
+/// - Losing the lease calls `on_stopped_leading` once; the controller exits
+///   (a fresh process starts clean, as client-go recommends).
+/// - Stop() while leading releases the lease (holder cleared,
+///   leaseDurationSeconds 1), so a standby takes over at once.
+/// - Writes use the Lease's resourceVersion: two candidates never both win.
+///
+/// Defaults are client-go's: 15 s lease, 10 s renew deadline, 2 s retry.
+///
+/// Thread safety: Run blocks in the calling thread; IsLeader, Stop and the
+/// accessors are thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "controller/kube/client.h"
+
+namespace meshload::runtime {
+
+struct LeaderElectionOptions {
+  std::string ns;
+  std::string name = "meshload-controller";
+  std::string identity;
+  std::chrono::milliseconds lease_duration{15000};
+  std::chrono::milliseconds renew_deadline{10000};
+  std::chrono::milliseconds retry_period{2000};
+};
+
+class LeaderElector {
+ public:
+  LeaderElector(kube::KubeClient* client, LeaderElectionOptions options);
+
+  /// Campaigns until leading (then calls `on_started_leading`, which should
+  /// return quickly), renews until the lease is lost or Stop() is called,
+  /// then calls `on_stopped_leading` (only if it had been leading and the
+  /// lease was lost, not on Stop()). Returns when done.
+  void Run(const std::function<void()>& on_started_leading, const std::function<void()>& on_stopped_leading);
+
+  void Stop();
+  bool IsLeader() const;
+  /// The holder in the last record seen ("" when none).
+  std::string observed_holder() const;
+  const LeaderElectionOptions& options() const { return options_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  /// One acquire-or-renew attempt; true when we hold the lease afterwards.
+  bool TryAcquireOrRenew();
+  void Release();
+  bool SleepUnlessStopped(std::chrono::milliseconds d);
+  std::string LeasePath(bool collection) const;
+
+  kube::KubeClient* client_;
+  LeaderElectionOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  nlohmann::json observed_record_;  // the Lease spec last seen
+  std::string observed_rv_;
+  Clock::time_point observed_time_{};
+  std::atomic<bool> leading_{false};
+  std::atomic<int64_t> last_renew_ns_{0};  // steady clock, when we last held it
+};
+
+/// Kubernetes MicroTime: "2026-11-21T12:00:00.123456Z".
+std::string MicroTimeNow();
+
+}  // namespace meshload::runtime

@@ -1,0 +1,151 @@
+#include "controller/runtime/workqueue.h"
+
+#include <algorithm>
+
+namespace meshload::runtime {
+
+WorkQueue::WorkQueue(WorkQueueOptions options) : options_(options) {
+  delay_thread_ = std::thread([this] { DelayLoop(); });
+}
+
+WorkQueue::~WorkQueue() {
+  ShutDown();
+  if (delay_thread_.joinable()) delay_thread_.join();
+}
+
+void WorkQueue::AddLocked(const std::string& key) {
+  if (shutting_down_ || dirty_.count(key) != 0) return;
+  dirty_.insert(key);
+  if (processing_.count(key) != 0) return;  // Done() queues it
+  queue_.push_back(key);
+  cv_.notify_one();
+}
+
+void WorkQueue::Add(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  AddLocked(key);
+}
+
+void WorkQueue::AddAfter(const std::string& key, std::chrono::milliseconds delay) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) return;
+  if (delay.count() <= 0) {
+    AddLocked(key);
+    return;
+  }
+  auto at = Clock::now() + delay;
+  // Keep only the earliest pending time for a key, as client-go does.
+  auto it = delayed_at_.find(key);
+  if (it != delayed_at_.end()) {
+    if (it->second <= at) return;
+    for (auto range = delayed_.equal_range(it->second); range.first != range.second; ++range.first) {
+      if (range.first->second == key) {
+        delayed_.erase(range.first);
+        break;
+      }
+    }
+  }
+  delayed_at_[key] = at;
+  delayed_.emplace(at, key);
+  delay_cv_.notify_one();
+}
+
+std::chrono::milliseconds WorkQueue::BackoffLocked(const std::string& key) const {
+  auto it = failures_.find(key);
+  int n = it == failures_.end() ? 0 : it->second;
+  // base * 2^n, saturating at the cap (2^40 * 5 ms is far past it).
+  if (n >= 40) return options_.max_delay;
+  auto d = options_.base_delay * (int64_t(1) << n);
+  return std::min(d, options_.max_delay);
+}
+
+void WorkQueue::AddRateLimited(const std::string& key) {
+  std::chrono::milliseconds d;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    d = BackoffLocked(key);
+    ++failures_[key];
+  }
+  AddAfter(key, d);
+}
+
+void WorkQueue::Forget(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failures_.erase(key);
+}
+
+int WorkQueue::NumRequeues(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = failures_.find(key);
+  return it == failures_.end() ? 0 : it->second;
+}
+
+std::chrono::milliseconds WorkQueue::NextBackoff(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return BackoffLocked(key);
+}
+
+bool WorkQueue::Get(std::string* key) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return shutting_down_ || !queue_.empty(); });
+  if (shutting_down_) return false;
+  *key = std::move(queue_.front());
+  queue_.pop_front();
+  processing_.insert(*key);
+  dirty_.erase(*key);
+  return true;
+}
+
+void WorkQueue::Done(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  processing_.erase(key);
+  if (dirty_.count(key) != 0 && !shutting_down_) {
+    queue_.push_back(key);
+    cv_.notify_one();
+  }
+}
+
+void WorkQueue::ShutDown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutting_down_ = true;
+  cv_.notify_all();
+  delay_cv_.notify_all();
+}
+
+bool WorkQueue::shutting_down() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shutting_down_;
+}
+
+size_t WorkQueue::Len() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size();
+}
+
+size_t WorkQueue::DelayedLen() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return delayed_.size();
+}
+
+void WorkQueue::DelayLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!shutting_down_) {
+    if (delayed_.empty()) {
+      delay_cv_.wait(lock);
+      continue;
+    }
+    auto first = delayed_.begin()->first;
+    if (Clock::now() < first) {
+      delay_cv_.wait_until(lock, first);
+      continue;
+    }
+    while (!delayed_.empty() && delayed_.begin()->first <= Clock::now()) {
+      std::string key = delayed_.begin()->second;
+      delayed_.erase(delayed_.begin());
+      delayed_at_.erase(key);
+      AddLocked(key);
+    }
+  }
+}
+
+}  // namespace meshload::runtime

@@ -1,0 +1,341 @@
+// The Kubernetes client against the fake API server over TLS on loopback:
+// kubeconfig and in-cluster configuration, authentication, retries, rate
+// limits, and the informer's list/watch semantics.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/base64.h"
+#include "controller/kube/client.h"
+#include "controller/kube/config.h"
+#include "controller/kube/informer.h"
+#include "tests/controller/test_env.h"
+#include "tests/testing/temp_dir.h"
+
+namespace meshload::kube {
+namespace {
+
+using meshload::testing::TempDir;
+using meshload::testing::TestCluster;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+void Write(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+json ConfigMap(const std::string& ns, const std::string& name) {
+  return {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", {{"name", name}, {"namespace", ns}}},
+          {"data", {{"k", "v"}}}};
+}
+
+// ---- configuration ----------------------------------------------------------
+
+TEST(KubeConfig, ReadsCurrentContextWithCaAndClientCertificateData) {
+  TestCluster cluster;
+  TempDir dir;
+  cluster.WriteKubeconfig(dir.path() + "/config");
+  auto cfg = LoadKubeconfig(dir.path() + "/config");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->server, cluster.server().url());
+  EXPECT_EQ(cfg->ca_pem, cluster.server().ca_pem());
+  EXPECT_FALSE(cfg->client_cert_pem.empty());
+  EXPECT_EQ(cfg->namespace_, "default");
+  auto client = KubeClient::Create(*cfg);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ApiResponse r = (*client)->Get("/api/v1/namespaces/default/configmaps");
+  EXPECT_EQ(r.code, 200) << r.message();
+}
+
+TEST(KubeConfig, FilePathsAreRelativeToTheKubeconfigAndTokenFilesAreRead) {
+  TestCluster cluster;
+  TempDir dir;
+  Write(dir.path() + "/ca.pem", cluster.server().ca_pem());
+  Write(dir.path() + "/token", "test-token\n");
+  Write(dir.path() + "/config", "apiVersion: v1\nkind: Config\ncurrent-context: b\n"
+                                "clusters:\n- name: c\n  cluster:\n    server: " +
+                                    cluster.server().url() +
+                                    "\n    certificate-authority: ca.pem\n"
+                                    "users:\n- name: u\n  user:\n    tokenFile: token\n"
+                                    "contexts:\n- name: a\n  context: {cluster: nope, user: u}\n"
+                                    "- name: b\n  context: {cluster: c, user: u, namespace: training}\n");
+  auto cfg = LoadKubeconfig(dir.path() + "/config");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->namespace_, "training");
+  EXPECT_EQ(cfg->token_file, dir.path() + "/token");
+  auto client = KubeClient::Create(*cfg);
+  ASSERT_TRUE(client.ok());
+  EXPECT_EQ((*client)->Get("/api/v1/namespaces").code, 200);
+  // Another context by name: its cluster does not exist.
+  auto other = LoadKubeconfig(dir.path() + "/config", "a");
+  EXPECT_EQ(other.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(other.status().message().find("nope"), std::string::npos) << other.status().ToString();
+}
+
+TEST(KubeConfig, ErrorsNameTheFieldAndUnsupportedAuthIsRefused) {
+  TempDir dir;
+  const std::string head = "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+                           "contexts:\n- name: x\n  context: {cluster: c, user: u}\n";
+  Write(dir.path() + "/bad-b64", head + "clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n"
+                                        "    certificate-authority-data: '!!notbase64'\nusers:\n- name: u\n  user: {}\n");
+  auto r = LoadKubeconfig(dir.path() + "/bad-b64");
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().ToString().find("certificate-authority-data"), std::string::npos) << r.status().ToString();
+
+  Write(dir.path() + "/exec", head + "clusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n"
+                                     "users:\n- name: u\n  user:\n    exec: {command: aws}\n");
+  r = LoadKubeconfig(dir.path() + "/exec");
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().ToString().find("exec"), std::string::npos);
+
+  Write(dir.path() + "/noserver", head + "clusters:\n- name: c\n  cluster: {}\nusers:\n- name: u\n  user: {}\n");
+  r = LoadKubeconfig(dir.path() + "/noserver");
+  EXPECT_NE(r.status().ToString().find("server is missing"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ(LoadKubeconfig(dir.path() + "/missing").status().code(), StatusCode::kNotFound);
+}
+
+TEST(KubeConfig, InClusterReadsTheServiceAccountAndEnvironment) {
+  TestCluster cluster;
+  TempDir sa;
+  Write(sa.path() + "/token", "test-token");
+  Write(sa.path() + "/ca.crt", cluster.server().ca_pem());
+  Write(sa.path() + "/namespace", "meshload-system\n");
+  const std::string port = std::to_string(cluster.server().port());
+  auto cfg = InClusterConfig(sa.path(), {{"KUBERNETES_SERVICE_HOST", "127.0.0.1"}, {"KUBERNETES_SERVICE_PORT", port}});
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->server, "https://127.0.0.1:" + port);
+  EXPECT_EQ(cfg->namespace_, "meshload-system");
+  auto client = KubeClient::Create(*cfg);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  EXPECT_EQ((*client)->Get("/api/v1/namespaces").code, 200);
+
+  // The token rotates (projected tokens do): the next request sends the new one.
+  Write(sa.path() + "/token", "rotated-and-unknown");
+  std::filesystem::last_write_time(sa.path() + "/token",
+                                   std::filesystem::file_time_type::clock::now() + std::chrono::seconds(5));
+  EXPECT_EQ((*client)->Get("/api/v1/namespaces").code, 401);
+
+  auto missing = InClusterConfig(sa.path(), {{"KUBERNETES_SERVICE_HOST", ""}});
+  EXPECT_EQ(missing.status().code(), StatusCode::kFailedPrecondition);
+}
+
+// ---- authentication and TLS --------------------------------------------------
+
+TEST(KubeClient, WrongCaIsRefusedAndInsecureSkipVerifyConnects) {
+  TestCluster cluster;
+  ClusterConfig cfg = cluster.config();
+  TestCluster other;  // another CA
+  cfg.ca_pem = other.server().ca_pem();
+  auto client = KubeClient::Create(cfg, {.max_attempts = 1});
+  ASSERT_TRUE(client.ok());
+  ApiResponse r = (*client)->Get("/api/v1/namespaces");
+  EXPECT_EQ(r.code, 0) << "a server certificate from an unknown CA must not be accepted";
+  cfg.insecure_skip_tls_verify = true;
+  auto insecure = KubeClient::Create(cfg, {.max_attempts = 1});
+  ASSERT_TRUE(insecure.ok());
+  EXPECT_EQ((*insecure)->Get("/api/v1/namespaces").code, 200);
+}
+
+TEST(KubeClient, UnauthenticatedRequestsAre401) {
+  TestCluster cluster;
+  ClusterConfig cfg = cluster.config();
+  cfg.client_cert_pem.clear();
+  cfg.client_key_pem.clear();
+  auto anonymous = KubeClient::Create(cfg);
+  ASSERT_TRUE(anonymous.ok());
+  ApiResponse r = (*anonymous)->Get("/api/v1/namespaces");
+  EXPECT_EQ(r.code, 401);
+  EXPECT_EQ(r.reason(), "Unauthorized");
+  cfg.bearer_token = "test-token";
+  auto with_token = KubeClient::Create(cfg);
+  EXPECT_EQ((*with_token)->Get("/api/v1/namespaces").code, 200);
+}
+
+// ---- retries and rate limits -------------------------------------------------
+
+TEST(KubeClient, TooManyRequestsHonoursRetryAfter) {
+  TestCluster cluster;
+  std::map<std::string, int> seen;
+  std::mutex mu;
+  auto client = cluster.NewClient({.observer = [&](std::string_view verb, int code) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen[std::string(verb) + " " + std::to_string(code)]++;
+  }});
+  cluster.server().InjectErrors("/api/v1/namespaces/default/configmaps", 429, 1, /*retry_after_seconds=*/1);
+  auto start = std::chrono::steady_clock::now();
+  ApiResponse r = client->Get("/api/v1/namespaces/default/configmaps");
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(r.code, 200);
+  EXPECT_EQ(r.attempts, 2);
+  EXPECT_GE(took, 950ms) << "Retry-After: 1 must be waited out";
+  EXPECT_EQ(seen["LIST 429"], 1);
+  EXPECT_EQ(seen["LIST 200"], 1);
+}
+
+TEST(KubeClient, ServerErrorsAreRetriedWithBackoffAndClientErrorsAreNot) {
+  TestCluster cluster;
+  auto client = cluster.NewClient({.backoff_base = 5ms});
+  cluster.server().InjectErrors("/api/v1/namespaces/default/configmaps", 500, 2);
+  ApiResponse r = client->Post("/api/v1/namespaces/default/configmaps", ConfigMap("default", "a"));
+  EXPECT_EQ(r.code, 201) << r.body.dump();
+  EXPECT_EQ(r.attempts, 3);
+  r = client->Post("/api/v1/namespaces/default/configmaps", ConfigMap("default", "a"));
+  EXPECT_EQ(r.code, 409) << "AlreadyExists is an answer, not retried";
+  EXPECT_EQ(r.reason(), "AlreadyExists");
+  EXPECT_EQ(r.attempts, 1);
+  EXPECT_EQ(r.ToStatus("create").code(), StatusCode::kAlreadyExists);
+
+  cluster.server().InjectErrors("/api/v1/namespaces/default/configmaps/a", 503, 100);
+  r = client->Get("/api/v1/namespaces/default/configmaps/a");
+  EXPECT_EQ(r.code, 503) << "attempts are bounded";
+  EXPECT_EQ(r.attempts, 5);
+}
+
+TEST(KubeClient, ConnectionErrorsAreRetriedThenReported) {
+  ClusterConfig cfg;
+  cfg.server = "http://127.0.0.1:1";  // nothing listens
+  auto client = KubeClient::Create(cfg, {.max_attempts = 3, .backoff_base = 1ms});
+  ASSERT_TRUE(client.ok());
+  ApiResponse r = (*client)->Get("/api/v1/namespaces");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.attempts, 3);
+  EXPECT_EQ(r.ToStatus("list").code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.ToStatus("list").ToString().find("cannot reach"), std::string::npos);
+}
+
+TEST(KubeClient, QpsAndBurstBoundTheRequestRate) {
+  TestCluster cluster;
+  auto client = cluster.NewClient({.qps = 50, .burst = 5});
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 30; ++i) ASSERT_EQ(client->Get("/api/v1/namespaces").code, 200);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // 5 at once, then 25 at 50/s: at least 0.5 s.
+  EXPECT_GE(s, 0.45);
+}
+
+TEST(KubeClient, VerbLabelsAreBounded) {
+  EXPECT_EQ(VerbLabel("GET", "/api/v1/namespaces/a/pods"), "LIST");
+  EXPECT_EQ(VerbLabel("GET", "/api/v1/pods?limit=5"), "LIST");
+  EXPECT_EQ(VerbLabel("GET", "/api/v1/namespaces/a/pods/p"), "GET");
+  EXPECT_EQ(VerbLabel("GET", "/api/v1/namespaces"), "LIST");
+  EXPECT_EQ(VerbLabel("GET", "/api/v1/namespaces/a"), "GET");
+  EXPECT_EQ(VerbLabel("GET", "/apis/meshload.io/v1alpha1/dataloadjobs?watch=true&x=1"), "WATCH");
+  EXPECT_EQ(VerbLabel("GET", "/apis/meshload.io/v1alpha1/namespaces/a/dataloadjobs/j/status"), "GET");
+  EXPECT_EQ(VerbLabel("PUT", "/x"), "PUT");
+  EXPECT_EQ(QueryEscape("app=a,b c"), "app%3Da%2Cb%20c");
+}
+
+// ---- informer ------------------------------------------------------------------
+
+TEST(Informer, ListsInPagesThenFollowsTheWatch) {
+  TestCluster cluster;
+  cluster.CreateNamespace("a");
+  for (int i = 0; i < 25; ++i) cluster.client().Post("/api/v1/namespaces/a/configmaps", ConfigMap("a", "cm-" + std::to_string(i)));
+  Informer inf(&cluster.client(), {"/api/v1", "configmaps"}, {.page_size = 4});
+  std::atomic<int> events{0};
+  inf.OnChange([&](const json&, bool) { events.fetch_add(1); });
+  inf.Start();
+  ASSERT_TRUE(inf.WaitForSync(10s));
+  EXPECT_EQ(inf.size(), 25u);
+  EXPECT_EQ(events.load(), 25);
+  ASSERT_NE(inf.Get("a", "cm-7"), nullptr);
+  cluster.client().Post("/api/v1/namespaces/a/configmaps", ConfigMap("a", "late"));
+  cluster.client().Delete("/api/v1/namespaces/a/configmaps/cm-0");
+  EXPECT_TRUE(TestCluster::Eventually([&] { return inf.Get("a", "late") && !inf.Get("a", "cm-0"); }));
+  EXPECT_EQ(inf.List("a").size(), 25u);
+  EXPECT_EQ(inf.List("other").size(), 0u);
+  inf.Stop();
+}
+
+TEST(Informer, ClosedWatchesResumeFromTheLastResourceVersion) {
+  TestCluster cluster;
+  Informer inf(&cluster.client(), {"/api/v1", "configmaps"}, {.namespace_ = "default"});
+  inf.Start();
+  ASSERT_TRUE(inf.WaitForSync(10s));
+  for (int round = 0; round < 3; ++round) {
+    cluster.server().CloseAllWatches();
+    cluster.client().Post("/api/v1/namespaces/default/configmaps", ConfigMap("default", "r" + std::to_string(round)));
+  }
+  EXPECT_TRUE(TestCluster::Eventually([&] { return inf.size() == 3; }));
+  EXPECT_EQ(inf.lists(), 1) << "a closed watch resumes; it does not relist";
+  EXPECT_GE(inf.watches(), 2);
+}
+
+TEST(Informer, GoneResourceVersionRelistsAndSeesDeletionsItMissed) {
+  TestCluster cluster;
+  for (int i = 0; i < 3; ++i) cluster.client().Post("/api/v1/namespaces/default/configmaps", ConfigMap("default", "x" + std::to_string(i)));
+  Informer inf(&cluster.client(), {"/api/v1", "configmaps"},
+               {.namespace_ = "default", .error_backoff = 1000ms});
+  std::mutex mu;
+  std::vector<std::string> deleted;
+  inf.OnChange([&](const json& obj, bool del) {
+    if (!del) return;
+    std::lock_guard<std::mutex> lock(mu);
+    deleted.push_back(obj["metadata"]["name"]);
+  });
+  inf.Start();
+  ASSERT_TRUE(inf.WaitForSync(10s));
+  // While the watch is down (the re-watch fails with a 500 and backs off
+  // for a second), x1 goes away and history is compacted: the resumed watch
+  // gets 410 and the relist must report x1 as deleted.
+  ASSERT_TRUE(TestCluster::Eventually([&] { return inf.watches() >= 1; }));
+  std::this_thread::sleep_for(100ms);  // the first watch is open
+  const int64_t watches = inf.watches();
+  cluster.server().InjectErrors("/api/v1/namespaces/default/configmaps", 500, 1);
+  cluster.server().CloseAllWatches();
+  ASSERT_TRUE(TestCluster::Eventually([&] { return inf.watches() > watches; }));
+  std::this_thread::sleep_for(200ms);
+  ASSERT_EQ(cluster.client().Delete("/api/v1/namespaces/default/configmaps/x1").code, 200);
+  cluster.server().CompactHistory();
+  EXPECT_TRUE(TestCluster::Eventually([&] { return inf.Get("default", "x1") == nullptr; }));
+  EXPECT_GE(inf.relists_after_gone(), 1);
+  EXPECT_GE(inf.lists(), 2);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(deleted, std::vector<std::string>{"x1"});
+}
+
+TEST(Informer, AnExpiredContinueTokenFallsBackToAFullList) {
+  TestCluster cluster(TestCluster::Options{.history_limit = 5});
+  cluster.CreateNamespace("a");
+  for (int i = 0; i < 30; ++i) cluster.client().Post("/api/v1/namespaces/a/configmaps", ConfigMap("a", "c" + std::to_string(i)));
+  // Slow pages while another writer pushes the history past the token.
+  cluster.server().SetLatency(20ms);
+  std::atomic<bool> stop{false};
+  auto writer_client = cluster.NewClient({.qps = 0});
+  std::thread writer([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      writer_client->Post("/api/v1/namespaces/default/configmaps", ConfigMap("default", "w" + std::to_string(i)));
+    }
+  });
+  Informer inf(&cluster.client(), {"/api/v1", "configmaps"}, {.namespace_ = "a", .page_size = 2});
+  inf.Start();
+  bool synced = inf.WaitForSync(30s);
+  stop = true;
+  writer.join();
+  cluster.server().SetLatency(0ms);
+  ASSERT_TRUE(synced);
+  EXPECT_EQ(inf.size(), 30u);
+  EXPECT_GE(inf.relists_after_gone(), 1) << "the continue token should have expired mid-list";
+}
+
+TEST(Informer, TransformBoundsWhatIsCached) {
+  TestCluster cluster;
+  cluster.client().Post("/api/v1/namespaces/default/configmaps", ConfigMap("default", "t"));
+  Informer inf(&cluster.client(), {"/api/v1", "configmaps"},
+               {.namespace_ = "default", .transform = [](json obj) {
+                  obj.erase("data");
+                  return obj;
+                }});
+  inf.Start();
+  ASSERT_TRUE(inf.WaitForSync(10s));
+  auto obj = inf.Get("default", "t");
+  ASSERT_NE(obj, nullptr);
+  EXPECT_FALSE(obj->contains("data"));
+}
+
+}  // namespace
+}  // namespace meshload::kube

@@ -1,0 +1,91 @@
+// Leader election on a Lease in the fake API server, in process: one leader
+// at a time, release on stop, takeover after expiry, loss detection.
+
+#include "controller/runtime/leader_election.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "tests/controller/test_env.h"
+
+namespace meshload::runtime {
+namespace {
+
+using meshload::testing::TestCluster;
+using namespace std::chrono_literals;
+
+LeaderElectionOptions Fast(const std::string& identity) {
+  return {.ns = "default",
+          .name = "meshload-controller",
+          .identity = identity,
+          .lease_duration = 2000ms,
+          .renew_deadline = 1000ms,
+          .retry_period = 100ms};
+}
+
+struct Candidate {
+  Candidate(std::unique_ptr<kube::KubeClient> c, const std::string& id) : client(std::move(c)), elector(client.get(), Fast(id)) {
+    thread = std::thread([this] {
+      elector.Run([this] { started = true; }, [this] { lost = true; });
+      returned = true;
+    });
+  }
+  ~Candidate() {
+    elector.Stop();
+    thread.join();  // Run releases the lease on the way out
+    client->Shutdown();
+  }
+  std::unique_ptr<kube::KubeClient> client;
+  LeaderElector elector;
+  std::atomic<bool> started{false}, lost{false}, returned{false};
+  std::thread thread;
+};
+
+TEST(LeaderElection, OneLeaderAndReleaseOnStopHandsOverAtOnce) {
+  TestCluster cluster;
+  auto a = std::make_unique<Candidate>(cluster.NewClient(), "a");
+  ASSERT_TRUE(TestCluster::Eventually([&] { return a->started.load(); }, 5s));
+  Candidate b(cluster.NewClient(), "b");
+  std::this_thread::sleep_for(600ms);
+  EXPECT_TRUE(a->elector.IsLeader());
+  EXPECT_FALSE(b.started.load()) << "the lease is held and renewed: b must wait";
+  EXPECT_EQ(b.elector.observed_holder(), "a");
+  auto lease = cluster.Get("/apis/coordination.k8s.io/v1/namespaces/default/leases/meshload-controller");
+  EXPECT_EQ(lease["spec"]["holderIdentity"], "a");
+  EXPECT_EQ(lease["spec"]["leaseDurationSeconds"], 2);
+  auto stopped_at = std::chrono::steady_clock::now();
+  a.reset();  // Stop(): releases the lease
+  ASSERT_TRUE(TestCluster::Eventually([&] { return b.started.load(); }, 5s));
+  EXPECT_LT(std::chrono::steady_clock::now() - stopped_at, 1200ms) << "a released lease is taken at the next retry";
+  lease = cluster.Get("/apis/coordination.k8s.io/v1/namespaces/default/leases/meshload-controller");
+  EXPECT_EQ(lease["spec"]["holderIdentity"], "b");
+  EXPECT_EQ(lease["spec"]["leaseTransitions"], 1);
+}
+
+TEST(LeaderElection, ALeaderThatCannotRenewLosesAndAStandbyTakesOverAfterExpiry) {
+  TestCluster cluster;
+  Candidate a(cluster.NewClient({.max_attempts = 1}), "a");
+  ASSERT_TRUE(TestCluster::Eventually([&] { return a.started.load(); }, 5s));
+  Candidate b(cluster.NewClient(), "b");
+  // a's requests now fail (its connection to the server is gone), as for a
+  // partitioned or frozen process.
+  auto cut = std::chrono::steady_clock::now();
+  a.client->Shutdown();
+  ASSERT_TRUE(TestCluster::Eventually([&] { return !a.elector.IsLeader(); }, 3s));
+  EXPECT_GE(std::chrono::steady_clock::now() - cut, 800ms) << "leadership lasts until the renew deadline";
+  ASSERT_TRUE(TestCluster::Eventually([&] { return a.lost.load(); }, 3s));
+  ASSERT_TRUE(TestCluster::Eventually([&] { return b.started.load(); }, 5s));
+  EXPECT_GE(std::chrono::steady_clock::now() - cut, 1800ms) << "b waits out the lease duration";
+}
+
+TEST(LeaderElection, MicroTimeIsRfc3339WithMicroseconds) {
+  std::string t = MicroTimeNow();
+  EXPECT_EQ(t.size(), 27u) << t;
+  EXPECT_EQ(t[10], 'T');
+  EXPECT_EQ(t.back(), 'Z');
+}
+
+}  // namespace
+}  // namespace meshload::runtime

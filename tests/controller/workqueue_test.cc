@@ -1,0 +1,149 @@
+// The work queue's guarantees: collapsing, one worker per key, per-key
+// exponential backoff, delayed adds, shutdown.
+
+#include "controller/runtime/workqueue.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace meshload::runtime {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(WorkQueue, RepeatedAddsCollapseIntoOneItem) {
+  WorkQueue q;
+  for (int i = 0; i < 10; ++i) q.Add("ns/a");
+  q.Add("ns/b");
+  EXPECT_EQ(q.Len(), 2u);
+  std::string k;
+  ASSERT_TRUE(q.Get(&k));
+  EXPECT_EQ(k, "ns/a");
+  ASSERT_TRUE(q.Get(&k));
+  EXPECT_EQ(k, "ns/b");
+  EXPECT_EQ(q.Len(), 0u);
+}
+
+TEST(WorkQueue, AKeyAddedWhileProcessingIsHeldBackUntilDone) {
+  WorkQueue q;
+  q.Add("k");
+  std::string k;
+  ASSERT_TRUE(q.Get(&k));
+  q.Add("k");
+  q.Add("k");
+  EXPECT_EQ(q.Len(), 0u) << "a key being processed must not be handed out again";
+  q.Done("k");
+  EXPECT_EQ(q.Len(), 1u) << "Done re-queues a key that was added meanwhile, once";
+  ASSERT_TRUE(q.Get(&k));
+  q.Done("k");
+  EXPECT_EQ(q.Len(), 0u);
+}
+
+TEST(WorkQueue, NoKeyIsEverProcessedByTwoWorkersAtOnce) {
+  WorkQueue q;
+  std::mutex mu;
+  std::set<std::string> active;
+  std::atomic<bool> overlap{false};
+  std::atomic<int> processed{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 8; ++w) {
+    workers.emplace_back([&] {
+      std::string k;
+      while (q.Get(&k)) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!active.insert(k).second) overlap = true;
+        }
+        std::this_thread::sleep_for(100us);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          active.erase(k);
+        }
+        processed.fetch_add(1);
+        q.Done(k);
+      }
+    });
+  }
+  for (int i = 0; i < 5000; ++i) q.Add("key-" + std::to_string(i % 7));
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while ((q.Len() > 0) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(20ms);
+  q.ShutDown();
+  for (auto& t : workers) t.join();
+  EXPECT_FALSE(overlap.load());
+  EXPECT_GE(processed.load(), 7);
+  EXPECT_LT(processed.load(), 5000) << "adds should have collapsed";
+}
+
+TEST(WorkQueue, BackoffStartsAt5msDoublesAndCapsAt1000s) {
+  WorkQueue q;
+  EXPECT_EQ(q.NextBackoff("k"), 5ms);
+  std::vector<int64_t> seen;
+  for (int i = 0; i < 30; ++i) {
+    seen.push_back(q.NextBackoff("k").count());
+    q.AddRateLimited("k");
+  }
+  EXPECT_EQ(seen[0], 5);
+  EXPECT_EQ(seen[1], 10);
+  EXPECT_EQ(seen[2], 20);
+  EXPECT_EQ(seen[10], 5 * 1024);
+  EXPECT_EQ(seen[17], 655360);
+  EXPECT_EQ(seen[18], 1000000) << "capped at 1000 s";
+  EXPECT_EQ(seen[29], 1000000);
+  EXPECT_EQ(q.NumRequeues("k"), 30);
+  EXPECT_EQ(q.NextBackoff("other"), 5ms) << "backoff is per key";
+  q.Forget("k");
+  EXPECT_EQ(q.NumRequeues("k"), 0);
+  EXPECT_EQ(q.NextBackoff("k"), 5ms) << "Forget resets the backoff";
+}
+
+TEST(WorkQueue, RateLimitedAddArrivesAfterItsBackoff) {
+  WorkQueue q({.base_delay = 40ms, .max_delay = 1000s});
+  auto start = std::chrono::steady_clock::now();
+  q.AddRateLimited("k");
+  EXPECT_EQ(q.Len(), 0u);
+  EXPECT_EQ(q.DelayedLen(), 1u);
+  std::string k;
+  ASSERT_TRUE(q.Get(&k));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 40ms);
+  EXPECT_EQ(q.DelayedLen(), 0u);
+}
+
+TEST(WorkQueue, AddAfterKeepsTheEarliestTimeForAKey) {
+  WorkQueue q;
+  q.AddAfter("k", 10s);
+  q.AddAfter("k", 20ms);
+  q.AddAfter("k", 5s);
+  EXPECT_EQ(q.DelayedLen(), 1u);
+  auto start = std::chrono::steady_clock::now();
+  std::string k;
+  ASSERT_TRUE(q.Get(&k));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+}
+
+TEST(WorkQueue, ShutDownWakesBlockedGetters) {
+  WorkQueue q;
+  std::atomic<int> returned{0};
+  std::vector<std::thread> t;
+  for (int i = 0; i < 3; ++i) {
+    t.emplace_back([&] {
+      std::string k;
+      if (!q.Get(&k)) returned.fetch_add(1);
+    });
+  }
+  std::this_thread::sleep_for(20ms);
+  q.ShutDown();
+  for (auto& th : t) th.join();
+  EXPECT_EQ(returned.load(), 3);
+  q.Add("late");
+  EXPECT_EQ(q.Len(), 0u) << "adds after shutdown are dropped";
+}
+
+}  // namespace
+}  // namespace meshload::runtime
