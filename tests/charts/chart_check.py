@@ -1,0 +1,707 @@
+#!/usr/bin/python3
+"""Checks the Helm chart charts/meshload without a helm binary:
+
+- Chart.yaml has what Helm and the project need; values.yaml parses; every
+  .Values path a template reads is in values.yaml, and every value is read;
+  every include names a define of _helpers.tpl; the chart's CRD is the
+  repository's crds/dataloadjobs.meshload.io.yaml, byte for byte;
+- the templates are rendered by a small Go-template renderer
+  (tests/charts/gotemplate.py, which errors on what it does not support)
+  with the default values and with others, every document is parsed as YAML,
+  and the objects are checked: the Deployment is hardened (non-root, read-only
+  root filesystem, no capabilities, RuntimeDefault seccomp), passes the
+  controller's flags from the values (flags controller/main.cc parses, where
+  it exists), probes the metrics port; the RBAC
+  grants exactly what the controller needs (no wildcards, no secrets), the
+  Lease only in the release's namespace, and nothing cluster-wide when
+  watchNamespace is set; selectors, bindings and names agree;
+- the checks themselves fail on broken objects (negative controls);
+- examples/trainer-pod.yaml runs the sidecar as the chart's controller and
+  examples/hybrid-fsdp.yaml expect.
+
+usage: chart_check.py REPO_ROOT
+"""
+import copy
+import os
+import re
+import sys
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gotemplate as gt  # noqa: E402
+
+ROOT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "../..")
+CHART = os.path.join(ROOT, "charts/meshload")
+TEMPLATES = os.path.join(CHART, "templates")
+results = {"passed": 0, "failed": 0}
+
+
+def check(name, ok, detail=""):
+    """ok: a truth value, or a function that returns one, or a list of problems
+    (ok when empty) when detail is None. An object too broken to look at
+    (a missing field, a missing object) fails the check instead of the script."""
+    if callable(ok):
+        try:
+            ok = ok()
+        except (KeyError, IndexError, TypeError, AttributeError, AssertionError) as e:
+            ok, detail = False, "could not check: %s: %s" % (type(e).__name__, e)
+    if detail is None:
+        ok, detail = not ok, ok
+    results["passed" if ok else "failed"] += 1
+    print(("ok   " if ok else "FAIL ") + name + ("" if ok or not detail else "\n     " + str(detail)))
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+class StrictLoader(yaml.SafeLoader):
+    """Like Helm's YAML parser, a key defined twice in one map is an error
+    (PyYAML would keep the last silently)."""
+
+
+def _unique_map(loader, node):
+    loader.flatten_mapping(node)
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, "key %r defined twice" % (key,), key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_map)
+
+
+# ---- Chart.yaml, values.yaml, static references ------------------------------
+chart = yaml.safe_load(read(os.path.join(CHART, "Chart.yaml")))
+project_version = re.search(r"project\(meshload VERSION ([0-9.]+)", read(os.path.join(ROOT, "CMakeLists.txt"))).group(1)
+want_chart = {"apiVersion": "v2", "name": "meshload", "type": "application", "version": "0.1.0",
+              "appVersion": project_version, "kubeVersion": ">=1.28.0-0"}
+wrong = {k: (chart.get(k), v) for k, v in want_chart.items() if chart.get(k) != v}
+check("Chart.yaml: apiVersion v2, name, type, version, appVersion (the CMake project's), kubeVersion",
+      not wrong and chart.get("description"), wrong)
+check("Chart.yaml: the name is the chart's directory name", chart.get("name") == os.path.basename(CHART))
+
+try:
+    default_values = yaml.safe_load(read(os.path.join(CHART, "values.yaml")))
+    check("values.yaml parses to a map", isinstance(default_values, dict))
+except yaml.YAMLError as e:
+    check("values.yaml parses to a map", False, e)
+    default_values = {}
+
+template_files = sorted(os.listdir(TEMPLATES))
+sources = {name: read(os.path.join(TEMPLATES, name)) for name in template_files}
+want_files = {"_helpers.tpl", "serviceaccount.yaml", "rbac.yaml", "deployment.yaml", "service.yaml",
+              "servicemonitor.yaml", "poddisruptionbudget.yaml", "NOTES.txt"}
+check("templates/ has every template", want_files <= set(template_files), sorted(want_files - set(template_files)))
+
+
+def has_path(tree, path):
+    for part in path:
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
+
+
+refs = set()
+for name, src in sources.items():
+    for m in re.finditer(r"\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)", src):
+        refs.add(m.group(1)[1:])
+missing = sorted(r for r in refs if not has_path(default_values, r.split(".")))
+check("every .Values path a template reads is in values.yaml (%d paths)" % len(refs), refs and not missing, missing)
+
+
+def value_paths(tree, prefix=""):
+    for k, v in tree.items():
+        path = prefix + k
+        yield path
+        if isinstance(v, dict) and v:
+            yield from value_paths(v, path + ".")
+
+
+unread = [p for p in value_paths(default_values)
+          if not any(r == p or p.startswith(r + ".") or r.startswith(p + ".") for r in refs)]
+check("every key of values.yaml is read by a template", not unread, unread)
+
+defines = set(re.findall(r'define\s+"([^"]+)"', sources.get("_helpers.tpl", "")))
+includes = {(name, m) for name, src in sources.items() for m in re.findall(r'include\s+"([^"]+)"', src)}
+undefined = sorted("%s: %s" % x for x in includes if x[1] not in defines)
+check("every include names a define of _helpers.tpl (%d includes)" % len(includes), includes and not undefined, undefined)
+unused = sorted(d for d in defines if d not in {m for _, m in includes})
+check("every define of _helpers.tpl is used", not unused, unused)
+stray = sorted(n for n, src in sources.items() if n != "_helpers.tpl" and re.search(r"\bdefine\s", src))
+check("defines live only in _helpers.tpl", not stray, stray)
+
+crd_src = os.path.join(ROOT, "crds/dataloadjobs.meshload.io.yaml")
+crd_chart = os.path.join(CHART, "crds/dataloadjobs.meshload.io.yaml")
+same = os.path.exists(crd_chart) and open(crd_src, "rb").read() == open(crd_chart, "rb").read()
+check("charts/meshload/crds/ holds crds/dataloadjobs.meshload.io.yaml byte for byte", same,
+      "cp crds/dataloadjobs.meshload.io.yaml charts/meshload/crds/")
+check("the chart has no other CRD", sorted(os.listdir(os.path.join(CHART, "crds"))) == ["dataloadjobs.meshload.io.yaml"])
+
+
+# ---- the renderer itself --------------------------------------------------------
+def render_text(src, values=None, release="r"):
+    r = gt.Renderer()
+    nodes = r.add(src, "t")
+    root = {"Values": gt.helm_values(values or {}),
+            "Release": gt.Struct("*chart.Release", {"Name": release, "Namespace": "ns", "Service": "Helm"})}
+    return r.render(nodes, root)
+
+
+def raises(src, values=None, exc=gt.TemplateError):
+    try:
+        render_text(src, values)
+    except exc:
+        return True
+    return False
+
+
+renderer_cases = [
+    ("trims white space at {{- and -}}", render_text("a\n  {{- 1 }}  \n{{- 2 -}}\n b") == "a12b"),
+    ("prints a value's float64 as Go does (1000000 is 1e+06)",
+     render_text("{{ .Values.n }} {{ .Values.m }} {{ int .Values.n }}", {"n": 1000000, "m": 4}) == "1e+06 4 1000000"),
+    ("default, quote and printf", render_text('{{ .Values.a | default "x" | quote }} {{ printf "%s-%d" "a" 3 }}',
+                                               {"a": ""}) == '"x" a-3'),
+    ("toYaml | nindent", render_text("k:{{- toYaml .Values.m | nindent 2 }}", {"m": {"b": [1, "x"], "a": True}})
+     == "k:\n  a: true\n  b:\n  - 1\n  - x"),
+    ("if / else if / else, with, range over a map in key order",
+     render_text('{{ if .Values.no }}1{{ else if .Values.yes }}2{{ else }}3{{ end }}'
+                 '{{ with .Values.m }}{{ range $k, $v := . }}{{ $k }}={{ $v }};{{ end }}{{ end }}'
+                 '{{ range .Values.none }}x{{ else }}empty{{ end }}',
+                 {"yes": True, "m": {"b": 2, "a": "1"}}) == "2a=1;b=2;empty"),
+    ("an unknown function is an error", raises('{{ lower "A" }}')),
+    ("template, block and break are errors", raises('{{ template "x" . }}') and raises('{{ block "x" . }}{{ end }}')),
+    ("a field of a missing value is an error (nil pointer)", raises("{{ .Values.nope.x }}")),
+    ("an unknown field of .Release is an error", raises("{{ .Release.Nam }}")),
+    ("comparing a float64 value with an int is an error", raises("{{ if gt .Values.n 1 }}x{{ end }}", {"n": 2})),
+    ("a missing {{end}} is an error", raises("{{ if true }}x")),
+    ("a field of a parenthesised pipeline is an error", raises('{{ (include "x" .).y }}')),
+    ("fail stops the render", raises('{{ fail "no" }}', exc=gt.TemplateFail)),
+]
+try:
+    yaml.load("a: 1\nb: 2\na: 3\n", Loader=StrictLoader)
+    renderer_cases.append(("a key defined twice in rendered YAML is an error", False))
+except yaml.YAMLError:
+    renderer_cases.append(("a key defined twice in rendered YAML is an error", True))
+for what, ok in renderer_cases:
+    check("renderer: " + what, ok)
+
+
+# ---- rendering the chart --------------------------------------------------------
+def merge(base, over):
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+CHART_FIELDS = {"name": "Name", "version": "Version", "appVersion": "AppVersion", "kubeVersion": "KubeVersion",
+                "apiVersion": "APIVersion", "description": "Description", "type": "Type", "keywords": "Keywords",
+                "home": "Home", "sources": "Sources", "icon": "Icon", "annotations": "Annotations",
+                "deprecated": "Deprecated", "maintainers": "Maintainers", "dependencies": "Dependencies"}
+
+
+def render_chart(overrides=None, release="meshload", namespace="meshload-system"):
+    """{template name: rendered text} and the parsed documents of the manifests.
+    Raises gt.TemplateError (or gt.TemplateFail) as `helm template` would fail."""
+    r = gt.Renderer()
+    parsed = {name: r.add(src, "meshload/templates/" + name) for name, src in sources.items()}
+    values = merge(gt.helm_values(default_values), gt.helm_values(overrides or {}))
+    rendered, docs = {}, []
+    for name, nodes in parsed.items():
+        if name.startswith("_"):
+            continue
+        root = {
+            "Values": values,
+            "Release": gt.Struct("*chart.Release", {"Name": release, "Namespace": namespace, "Service": "Helm",
+                                                    "IsInstall": True, "IsUpgrade": False, "Revision": 1}),
+            "Chart": gt.Struct("*chart.Metadata", {v: chart.get(k) for k, v in CHART_FIELDS.items()}),
+            "Template": gt.Struct("chartutil.Values", {"Name": "meshload/templates/" + name,
+                                                       "BasePath": "meshload/templates"}),
+            "Capabilities": gt.Struct("*chartutil.Capabilities", {}),
+        }
+        text = r.render(nodes, root)
+        rendered[name] = text
+        if name == "NOTES.txt":
+            continue
+        for doc in yaml.load_all(text, Loader=StrictLoader):
+            if doc is not None:
+                doc["__file"] = name
+                docs.append(doc)
+    return rendered, docs
+
+
+def objs(docs, kind):
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def the(docs, kind):
+    found = objs(docs, kind)
+    if len(found) != 1:
+        raise AssertionError("expected one %s, found %d" % (kind, len(found)))
+    return found[0]
+
+
+def parse_args(args):
+    """{flag: value} from --flag=value and --flag value."""
+    out, i = {}, 0
+    while i < len(args):
+        a = str(args[i])
+        if a.startswith("--") and "=" in a:
+            k, v = a[2:].split("=", 1)
+        elif a.startswith("--") and i + 1 < len(args) and not str(args[i + 1]).startswith("--"):
+            k, v = a[2:], str(args[i + 1])
+            i += 1
+        else:
+            k, v = a.lstrip("-"), None
+        out[k] = v
+        i += 1
+    return out
+
+
+CONTROLLER_FLAGS = {"kubeconfig", "namespace", "workers", "qps", "burst", "metrics-port", "metrics-address",
+                    "leader-elect", "leader-election-namespace", "leader-election-id", "identity",
+                    "sidecar-container", "log-level", "log-format"}
+# The flags the controller's main.cc registers with its FlagParser, where it exists.
+CONTROLLER_MAIN = os.path.join(ROOT, "controller/main.cc")
+PARSED_FLAGS = set(re.findall(r'flags\.\w+\(\{"--([a-z0-9-]+)"', read(CONTROLLER_MAIN))) \
+    if os.path.exists(CONTROLLER_MAIN) else None
+
+
+def security_problems(pod_spec, container):
+    """What is missing from the hardening the chart and the example promise."""
+    pod_sc = pod_spec.get("securityContext") or {}
+    sc = container.get("securityContext") or {}
+    eff = dict(pod_sc)
+    eff.update({k: v for k, v in sc.items()})
+    p = []
+    if eff.get("runAsNonRoot") is not True:
+        p.append("runAsNonRoot is not true")
+    if eff.get("runAsUser") != 65532:
+        p.append("runAsUser is %r, not 65532" % eff.get("runAsUser"))
+    if sc.get("readOnlyRootFilesystem") is not True:
+        p.append("readOnlyRootFilesystem is not true")
+    if sc.get("allowPrivilegeEscalation") is not False:
+        p.append("allowPrivilegeEscalation is not false")
+    if sc.get("privileged"):
+        p.append("privileged")
+    caps = sc.get("capabilities") or {}
+    if caps.get("drop") != ["ALL"] or caps.get("add"):
+        p.append("capabilities are %r, not drop [ALL]" % caps)
+    if (eff.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+        p.append("seccompProfile is %r" % eff.get("seccompProfile"))
+    return p
+
+
+def controller_container(docs):
+    dep = the(docs, "Deployment")
+    containers = dep["spec"]["template"]["spec"]["containers"]
+    return dep, [c for c in containers if c["name"] == "controller"][0]
+
+
+def deployment_problems(docs, values, namespace):
+    """The Deployment against the values it was rendered from."""
+    dep, c = controller_container(docs)
+    pod = dep["spec"]["template"]["spec"]
+    p = ["security: " + x for x in security_problems(pod, c)]
+    args = parse_args(c.get("args", []))
+    unknown = sorted(set(args) - CONTROLLER_FLAGS - {a.lstrip("-").split("=")[0] for a in values["extraArgs"]})
+    if unknown:
+        p.append("flags the controller does not have: %s" % unknown)
+    le = values["leaderElection"]["enabled"]
+    want = {"workers": str(values["workers"]), "qps": str(values["qps"]), "burst": str(values["burst"]),
+            "metrics-port": str(values["metrics"]["port"]), "leader-elect": "true" if le else "false",
+            "sidecar-container": values["sidecarContainerName"], "log-level": values["logLevel"],
+            "log-format": values["logFormat"]}
+    if values["watchNamespace"]:
+        want["namespace"] = values["watchNamespace"]
+    if le:
+        want["leader-election-namespace"] = namespace
+    for k, v in want.items():
+        if args.get(k) != v:
+            p.append("--%s is %r, want %r" % (k, args.get(k), v))
+    if not values["watchNamespace"] and "namespace" in args:
+        p.append("--namespace is set without watchNamespace")
+    if not le and "leader-election-id" in args:
+        p.append("--leader-election-id without leader election")
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c.get("env", [])}
+    if env.get("POD_NAME") != "metadata.name" or env.get("POD_NAMESPACE") != "metadata.namespace":
+        p.append("env POD_NAME/POD_NAMESPACE do not come from the downward API: %r" % env)
+    ports = {x.get("name"): x for x in c.get("ports", [])}
+    port = values["metrics"]["port"]
+    if ports.get("metrics", {}).get("containerPort") != port:
+        p.append("no containerPort %d named metrics: %r" % (port, c.get("ports")))
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = (c.get(probe) or {}).get("httpGet") or {}
+        target = get.get("port")
+        if get.get("path") != path or not (target == "metrics" or target == port):
+            p.append("%s is %r, want GET %s on the metrics port" % (probe, c.get(probe), path))
+    if pod.get("automountServiceAccountToken") is not True:
+        p.append("automountServiceAccountToken is not true")
+    if c.get("image") != "%s:%s" % (values["image"]["repository"], values["image"]["tag"] or chart["appVersion"]):
+        p.append("image is %r" % c.get("image"))
+    if not (c.get("resources") or {}).get("requests"):
+        p.append("no resource requests")
+    if dep["spec"].get("replicas") != values["replicaCount"]:
+        p.append("replicas is %r" % dep["spec"].get("replicas"))
+    return p
+
+
+WORKLOAD_RULES = [("meshload.io", "dataloadjobs", ["get", "list", "watch", "update", "patch"]),
+                  ("meshload.io", "dataloadjobs/status", ["get", "update", "patch"]),
+                  ("meshload.io", "dataloadjobs/finalizers", ["update"]),
+                  ("", "pods", ["get", "list", "watch"]),
+                  ("", "configmaps", ["get", "list", "watch", "create", "update", "patch", "delete"]),
+                  ("", "events", ["create", "patch"])]
+
+
+def grants(docs):
+    """Every (scope, apiGroup, resource, verb, resourceNames) the rendered
+    roles grant, and what is wrong with them that a set cannot show."""
+    out, p = set(), []
+    for d in docs:
+        if d["kind"] not in ("Role", "ClusterRole"):
+            continue
+        scope = "cluster" if d["kind"] == "ClusterRole" else "namespace " + str(d["metadata"].get("namespace"))
+        if d.get("aggregationRule"):
+            p.append("%s %s aggregates other roles" % (d["kind"], d["metadata"]["name"]))
+        for rule in d.get("rules") or []:
+            if rule.get("nonResourceURLs"):
+                p.append("nonResourceURLs in %s" % d["metadata"]["name"])
+            for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                if "*" in (rule.get(field) or []):
+                    p.append("a wildcard in %s of %s %s" % (field, d["kind"], d["metadata"]["name"]))
+            if "secrets" in (rule.get("resources") or []):
+                p.append("secrets access in %s %s" % (d["kind"], d["metadata"]["name"]))
+            names = tuple(sorted(rule.get("resourceNames") or []))
+            for g in rule.get("apiGroups") or []:
+                for r in rule.get("resources") or []:
+                    for v in rule.get("verbs") or []:
+                        out.add((scope, g, r, v, names))
+    return out, p
+
+
+def rbac_problems(docs, values, namespace):
+    got, p = grants(docs)
+    watch = values["watchNamespace"]
+    scope = "namespace " + watch if watch else "cluster"
+    want = {(scope, g, r, v, ()) for g, r, verbs in WORKLOAD_RULES for v in verbs}
+    if values["leaderElection"]["enabled"]:
+        _, c = controller_container(docs)
+        lease = parse_args(c["args"]).get("leader-election-id")
+        ns = "namespace " + namespace
+        want |= {(ns, "coordination.k8s.io", "leases", "create", ()),
+                 (ns, "coordination.k8s.io", "leases", "get", (lease,)),
+                 (ns, "coordination.k8s.io", "leases", "update", (lease,))}
+    if got != want:
+        p.append("granted but not needed: %s; needed but not granted: %s" % (sorted(got - want), sorted(want - got)))
+    # Every role is bound to the controller's service account, and every
+    # binding to a role of this release.
+    sa = the(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    roles = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) for d in docs
+             if d["kind"] in ("Role", "ClusterRole")}
+    bound = set()
+    for b in docs:
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        ref = b["roleRef"]
+        key = (ref["kind"], ref["name"], b["metadata"].get("namespace") if ref["kind"] == "Role" else None)
+        if key not in roles:
+            p.append("%s %s refers to %s, which is not rendered" % (b["kind"], b["metadata"]["name"], key))
+        bound.add(key)
+        if b.get("subjects") != [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]:
+            p.append("%s %s binds %r, not the controller's service account" % (b["kind"], b["metadata"]["name"],
+                                                                             b.get("subjects")))
+    if roles - bound:
+        p.append("roles bound to nothing: %s" % sorted(roles - bound, key=str))
+    return p
+
+
+STANDARD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+                   "app.kubernetes.io/managed-by", "helm.sh/chart")
+
+
+def common_problems(docs, values, namespace, release):
+    p = []
+    for d in docs:
+        what = "%s %s (%s)" % (d.get("kind"), d.get("metadata", {}).get("name"), d["__file"])
+        if not d.get("apiVersion") or not d.get("kind") or not d.get("metadata", {}).get("name"):
+            p.append(what + ": no apiVersion, kind or name")
+            continue
+        labels = d["metadata"].get("labels") or {}
+        want = {"app.kubernetes.io/name": "meshload", "app.kubernetes.io/instance": release,
+                "app.kubernetes.io/version": chart["appVersion"], "app.kubernetes.io/managed-by": "Helm",
+                "helm.sh/chart": "meshload-" + chart["version"]}
+        bad = {k: labels.get(k) for k in STANDARD_LABELS if labels.get(k) != want[k]}
+        if bad:
+            p.append(what + ": labels %r" % bad)
+        if len(d["metadata"]["name"]) > 63:
+            p.append(what + ": name longer than 63")
+        cluster_scoped = d["kind"] in ("ClusterRole", "ClusterRoleBinding")
+        ns = d["metadata"].get("namespace")
+        if cluster_scoped and ns:
+            p.append(what + ": a cluster-scoped object with a namespace")
+        if not cluster_scoped:
+            allowed = {namespace}
+            if d["kind"] in ("Role", "RoleBinding") and values["watchNamespace"]:
+                allowed.add(values["watchNamespace"])
+            if ns not in allowed:
+                p.append(what + ": namespace %r, want one of %s" % (ns, sorted(allowed)))
+    dep = the(docs, "Deployment")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    selector = dep["spec"]["selector"]["matchLabels"]
+    if not selector or any(pod_labels.get(k) != v for k, v in selector.items()):
+        p.append("the Deployment's selector %r does not select its pods %r" % (selector, pod_labels))
+    if "app.kubernetes.io/version" in selector or "helm.sh/chart" in selector:
+        p.append("the Deployment's selector changes with the version (selectors are immutable)")
+    svc = the(docs, "Service")
+    if svc["spec"]["selector"] != selector:
+        p.append("the Service selects %r, not the controller's pods" % svc["spec"]["selector"])
+    sport = svc["spec"]["ports"][0]
+    if sport.get("name") != "metrics" or sport.get("targetPort") not in ("metrics", values["metrics"]["port"]):
+        p.append("the Service's port is %r" % sport)
+    sa_name = dep["spec"]["template"]["spec"]["serviceAccountName"]
+    if values["serviceAccount"]["create"] and [s["metadata"]["name"] for s in objs(docs, "ServiceAccount")] != [sa_name]:
+        p.append("the pods' service account %r is not the one rendered" % sa_name)
+    return p
+
+
+results_by_scenario = {}
+
+
+def scenario(title, overrides, namespace="meshload-system", release="meshload"):
+    values = merge(default_values, overrides)
+    try:
+        rendered, docs = render_chart(overrides, release, namespace)
+    except (gt.TemplateError, yaml.YAMLError, AssertionError) as e:
+        check("%s: renders and every document parses" % title, False, e)
+        return None
+    check("%s: renders and every document parses (%d objects)" % (title, len(docs)), True)
+    ctx = (values, namespace, release)
+    results_by_scenario[title] = (rendered, docs, ctx)
+    check("%s: labels, namespaces, selectors and names agree" % title,
+          lambda: common_problems(docs, values, namespace, release), None)
+    check("%s: the Deployment is hardened, passes the flags, probes the metrics port" % title,
+          lambda: deployment_problems(docs, values, namespace), None)
+    check("%s: RBAC grants exactly what the controller needs, to its service account" % title,
+          lambda: rbac_problems(docs, values, namespace), None)
+    if PARSED_FLAGS is not None:
+        check("%s: every flag passed is one controller/main.cc parses" % title,
+              lambda: sorted(set(parse_args(controller_container(docs)[1]["args"])) - PARSED_FLAGS)
+              or ([] if PARSED_FLAGS else ["no flags found in controller/main.cc"]), None)
+    return rendered, docs
+
+
+if PARSED_FLAGS is None:
+    print("note controller/main.cc does not exist: the flags are checked against the documented list only")
+
+# Defaults.
+out = scenario("defaults", {})
+if out:
+    rendered, docs = out
+    kinds = sorted(d["kind"] for d in docs)
+    check("defaults: ServiceAccount, ClusterRole(+Binding), leader-election Role(+Binding), Deployment, "
+          "Service, PodDisruptionBudget and nothing else",
+          kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                           "Deployment", "Service", "PodDisruptionBudget"]), kinds)
+    check("defaults: the Lease is granted only in the release's namespace, limited to the controller's Lease "
+          "for get and update",
+          lambda: the(docs, "Role")["metadata"]["namespace"] == "meshload-system"
+          and all(r["resources"] == ["leases"] for r in the(docs, "Role")["rules"])
+          and not any("leases" in r.get("resources", []) for d in objs(docs, "ClusterRole") for r in d["rules"])
+          and [r.get("resourceNames") for r in the(docs, "Role")["rules"] if "get" in r["verbs"]] == [["meshload"]])
+    check("defaults: 2 replicas with a PodDisruptionBudget of minAvailable 1 over the controller's pods",
+          lambda: the(docs, "Deployment")["spec"]["replicas"] == 2
+          and the(docs, "PodDisruptionBudget")["spec"].get("minAvailable") == 1
+          and the(docs, "PodDisruptionBudget")["spec"]["selector"] == the(docs, "Deployment")["spec"]["selector"])
+    check("defaults: replicas are spread over nodes",
+          lambda: [(s["topologyKey"], s["labelSelector"]["matchLabels"]) for s in
+                   the(docs, "Deployment")["spec"]["template"]["spec"].get("topologySpreadConstraints") or []]
+          == [("kubernetes.io/hostname", the(docs, "Deployment")["spec"]["selector"]["matchLabels"])])
+    check("defaults: the controller is started with its flags",
+          lambda: controller_container(docs)[1]["args"] == [
+              "--workers=4", "--qps=20", "--burst=30", "--metrics-port=8080", "--leader-elect=true",
+              "--leader-election-namespace=meshload-system", "--leader-election-id=meshload",
+              "--sidecar-container=meshload-sidecar", "--log-level=info", "--log-format=json"])
+    check("defaults: NOTES.txt renders and names the release's namespace",
+          "meshload-system" in rendered.get("NOTES.txt", "") and "kubectl apply -f crds/" in rendered["NOTES.txt"])
+
+# One namespace, with a ServiceMonitor.
+out = scenario("watchNamespace=training, serviceMonitor on",
+               {"watchNamespace": "training", "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}})
+if out:
+    rendered, docs = out
+    check("watchNamespace: no ClusterRole or ClusterRoleBinding (nothing cluster-wide, pods included)",
+          not objs(docs, "ClusterRole") and not objs(docs, "ClusterRoleBinding"))
+    watched = [r for r in objs(docs, "Role") if r["metadata"].get("namespace") == "training"]
+    check("watchNamespace: pods, configmaps, events and dataloadjobs are a Role in that namespace",
+          lambda: len(watched) == 1 and {res for r in watched[0]["rules"] for res in r["resources"]}
+          == {"pods", "configmaps", "events", "dataloadjobs", "dataloadjobs/status", "dataloadjobs/finalizers"})
+    sm = objs(docs, "ServiceMonitor")
+    check("serviceMonitor: a monitoring.coreos.com/v1 ServiceMonitor scrapes the metrics port of the Service",
+          lambda: len(sm) == 1 and sm[0]["apiVersion"] == "monitoring.coreos.com/v1"
+          and [e.get("port") for e in sm[0]["spec"]["endpoints"]] == ["metrics"]
+          and all(the(docs, "Service")["metadata"]["labels"].get(k) == v
+                  for k, v in sm[0]["spec"]["selector"]["matchLabels"].items())
+          and sm[0]["spec"]["namespaceSelector"] == {"matchNames": ["meshload-system"]}
+          and sm[0]["metadata"]["labels"].get("release") == "prom", sm)
+
+# One replica without leader election; another release name and namespace.
+out = scenario("1 replica, no leader election, release ml in ns ops",
+               {"replicaCount": 1, "leaderElection": {"enabled": False}, "extraArgs": ["--metrics-address=::"],
+                "podAnnotations": {"a": "b"}}, namespace="ops", release="ml")
+if out:
+    rendered, docs = out
+    dep = objs(docs, "Deployment")[0] if objs(docs, "Deployment") else {}
+    check("1 replica: no PodDisruptionBudget, no Lease Role, no spread constraint; names are ml-meshload",
+          lambda: not objs(docs, "PodDisruptionBudget") and not objs(docs, "Role")
+          and "topologySpreadConstraints" not in dep["spec"]["template"]["spec"]
+          and dep["metadata"]["name"] == "ml-meshload"
+          and dep["spec"]["template"]["metadata"].get("annotations") == {"a": "b"}
+          and dep["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--metrics-address=::")
+
+# What must not render.
+try:
+    render_chart({"replicaCount": 3, "leaderElection": {"enabled": False}})
+    check("replicaCount 3 without leader election does not render", False, "it rendered")
+except gt.TemplateFail as e:
+    check("replicaCount 3 without leader election does not render", "leaderElection" in str(e), e)
+except gt.TemplateError as e:
+    check("replicaCount 3 without leader election does not render", False, "not by its fail: %s" % e)
+
+# ---- negative controls: the checks above catch broken objects -----------------------
+if "defaults" in results_by_scenario:
+    _, docs0, (values0, ns0, release0) = results_by_scenario["defaults"]
+
+    def mutated(f):
+        docs = copy.deepcopy(docs0)
+        f(docs)
+        return docs
+
+    def cluster_rule(docs):
+        return the(docs, "ClusterRole")["rules"]
+
+    def container(docs):
+        return the(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+    controls = [
+        ("a wildcard verb", rbac_problems,
+         lambda d: cluster_rule(d)[3]["verbs"].append("*")),
+        ("read access to secrets", rbac_problems,
+         lambda d: cluster_rule(d).append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})),
+        ("a missing verb (dataloadjobs/finalizers update)", rbac_problems,
+         lambda d: cluster_rule(d).pop(2)),
+        ("leases granted cluster-wide", rbac_problems,
+         lambda d: cluster_rule(d).append({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                           "verbs": ["get"]})),
+        ("a binding to another service account", rbac_problems,
+         lambda d: the(d, "ClusterRoleBinding")["subjects"][0].__setitem__("name", "default")),
+        ("a writable root filesystem", deployment_problems,
+         lambda d: container(d)["securityContext"].__setitem__("readOnlyRootFilesystem", False)),
+        ("running as root", deployment_problems,
+         lambda d: (container(d)["securityContext"].__setitem__("runAsUser", 0),
+                    container(d)["securityContext"].__setitem__("runAsNonRoot", False))),
+        ("an added capability", deployment_problems,
+         lambda d: container(d)["securityContext"]["capabilities"].__setitem__("add", ["NET_ADMIN"])),
+        ("a probe on another port", deployment_problems,
+         lambda d: container(d)["readinessProbe"]["httpGet"].__setitem__("port", 9090)),
+        ("a missing --workers", deployment_problems,
+         lambda d: container(d)["args"].pop(0)),
+        ("a misspelt flag", deployment_problems,
+         lambda d: container(d)["args"].append("--leader-elect-id=x")),
+        ("a Service that selects nothing", lambda docs, v, ns: common_problems(docs, v, ns, release0),
+         lambda d: the(d, "Service")["spec"]["selector"].__setitem__("app.kubernetes.io/name", "other")),
+    ]
+    for what, problems, mutate in controls:
+        try:
+            broken_docs = mutated(mutate)
+        except (KeyError, IndexError, TypeError, AttributeError, AssertionError) as e:
+            check("the checks catch " + what, False, "the defaults are not as expected: %s: %s" % (type(e).__name__, e))
+            continue
+        check("the checks catch " + what, lambda: bool(problems(broken_docs, values0, ns0)))
+
+
+# ---- examples/trainer-pod.yaml ------------------------------------------------------
+def example_problems(pod_job, dlj, sidecar_name):
+    p = []
+    spec = pod_job["spec"]
+    processes = dlj["spec"]["mesh"]["processes"]
+    if pod_job.get("apiVersion") != "batch/v1" or spec.get("completionMode") != "Indexed":
+        p.append("not an Indexed batch/v1 Job")
+    if spec.get("completions") != processes or spec.get("parallelism") != processes:
+        p.append("completions/parallelism are not mesh.processes (%d)" % processes)
+    if pod_job["metadata"].get("namespace") != dlj["metadata"].get("namespace"):
+        p.append("not in the DataLoadJob's namespace")
+    labels = spec["template"]["metadata"].get("labels") or {}
+    if any(labels.get(k) != v for k, v in dlj["spec"]["selector"]["matchLabels"].items()):
+        p.append("pods %r are not selected by %r" % (labels, dlj["spec"]["selector"]))
+    pod = spec["template"]["spec"]
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    sidecars = [c for c in pod.get("initContainers", []) if c["name"] == sidecar_name]
+    trainers = pod.get("containers", [])
+    if len(sidecars) != 1 or sidecars[0].get("restartPolicy") != "Always":
+        p.append("no native sidecar named %s (an init container with restartPolicy Always)" % sidecar_name)
+        return p
+    sc = sidecars[0]
+    args = parse_args(sc.get("args", []))
+    job_dir = "/etc/meshload/job"
+    want = {"job": job_dir + "/job.json", "process-file": job_dir + "/process.$(POD_NAME)",
+            "socket": "/run/meshload/sidecar.sock", "metrics-port": "9464"}
+    bad = {k: args.get(k) for k, v in want.items() if args.get(k) != v}
+    if bad:
+        p.append("sidecar args %r" % bad)
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in sc.get("env", [])}
+    if env.get("POD_NAME") != "metadata.name":
+        p.append("the sidecar's POD_NAME is not metadata.name")
+    probe = (sc.get("readinessProbe") or {}).get("httpGet") or {}
+    if probe.get("path") != "/readyz" or probe.get("port") not in (9464, "metrics"):
+        p.append("the sidecar's readinessProbe is %r" % sc.get("readinessProbe"))
+
+    def mounts(c):
+        return {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+    job_mount = mounts(sc).get(job_dir)
+    cm = volumes.get(job_mount["name"], {}).get("configMap", {}) if job_mount else {}
+    if not job_mount or not job_mount.get("readOnly") or cm.get("name") != dlj["metadata"]["name"] + "-meshload":
+        p.append("the ConfigMap %s-meshload is not mounted read-only at %s" % (dlj["metadata"]["name"], job_dir))
+    for c in [sc] + trainers:
+        m = mounts(c).get("/run/meshload")
+        if not m or "emptyDir" not in volumes.get(m["name"], {}):
+            p.append("%s does not mount the shared emptyDir at /run/meshload" % c["name"])
+        p += ["%s: %s" % (c["name"], x) for x in security_problems(pod, c)]
+    gpus = [str((c.get("resources") or {}).get("limits", {}).get("nvidia.com/gpu")) for c in trainers]
+    if gpus != [str(dlj["spec"]["mesh"].get("devicesPerProcess", 1))]:
+        p.append("the trainer's GPUs %r are not mesh.devicesPerProcess" % gpus)
+    return p
+
+
+example = os.path.join(ROOT, "examples/trainer-pod.yaml")
+job_docs = [d for d in yaml.safe_load_all(read(example)) if d]
+dlj = [d for d in yaml.safe_load_all(read(os.path.join(ROOT, "examples/hybrid-fsdp.yaml"))) if d
+       and d.get("kind") == "DataLoadJob"][0]
+check("examples/trainer-pod.yaml: an Indexed Job whose pods hybrid-fsdp selects, with the native sidecar, "
+      "its ConfigMap, socket volume and hardening",
+      lambda: example_problems(job_docs[0], dlj, default_values["sidecarContainerName"]) if len(job_docs) == 1
+      else ["expected one document, found %d" % len(job_docs)], None)
+
+
+def plain_init_container():
+    broken = copy.deepcopy(job_docs[0])
+    broken["spec"]["template"]["spec"]["initContainers"][0].pop("restartPolicy", None)
+    return bool(example_problems(broken, dlj, default_values["sidecarContainerName"]))
+
+
+check("the checks catch a sidecar that is a plain init container", plain_init_container)
+
+print("%d passed, %d failed" % (results["passed"], results["failed"]))
+sys.exit(1 if results["failed"] else 0)
