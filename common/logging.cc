@@ -100,6 +100,20 @@ void ConfigureLogging(LogLevel level, LogFormat format) {
   g_format.store(static_cast<int>(format));
 }
 
+Status ConfigureLoggingFromFlags(std::string_view level, std::string_view format) {
+  if (!level.empty()) {
+    auto lv = ParseLogLevel(level);
+    if (!lv.ok()) return InvalidArgument("--log-level: " + lv.status().message());
+    ConfigureLogging(*lv, CurrentLogFormat());
+  }
+  if (!format.empty()) {
+    auto fm = ParseLogFormat(format);
+    if (!fm.ok()) return InvalidArgument("--log-format: " + fm.status().message());
+    ConfigureLogging(CurrentLogLevel(), *fm);
+  }
+  return Status::Ok();
+}
+
 Status ConfigureLoggingFromEnv() {
   if (const char* lv = std::getenv("MESHLOAD_LOG_LEVEL"); lv && *lv) {
     auto r = ParseLogLevel(lv);

@@ -59,6 +59,10 @@ void ConfigureLogging(LogLevel level, LogFormat format);
 /// returned as an error naming the variable, and the setting is left as is.
 Status ConfigureLoggingFromEnv();
 
+/// Applies --log-level / --log-format values; each, when not empty,
+/// overrides only what it names. Errors say which flag was wrong.
+Status ConfigureLoggingFromFlags(std::string_view level, std::string_view format);
+
 LogLevel CurrentLogLevel();
 LogFormat CurrentLogFormat();
 bool LogEnabled(LogLevel level);

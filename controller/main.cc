@@ -86,16 +86,7 @@ int main(int argc, char** argv) {
   flags.String({"--log-format"}, &log_format);
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
   auto usage = [](const std::string& m) { return cli::UsageError(m, "meshload-controller"); };
-  if (!log_level.empty()) {
-    auto lv = ParseLogLevel(log_level);
-    if (!lv.ok()) return usage("--log-level: " + lv.status().message());
-    ConfigureLogging(*lv, CurrentLogFormat());
-  }
-  if (!log_format.empty()) {
-    auto fm = ParseLogFormat(log_format);
-    if (!fm.ok()) return usage("--log-format: " + fm.status().message());
-    ConfigureLogging(CurrentLogLevel(), *fm);
-  }
+  if (Status st = ConfigureLoggingFromFlags(log_level, log_format); !st.ok()) return usage(st.message());
   double qps_value = 0;
   try {
     size_t used = 0;

@@ -94,17 +94,7 @@ int main(int argc, char** argv) {
     }
     return true;
   };
-  // Each of level and format only overrides what it names.
-  if (!log_level.empty()) {
-    auto lv = ParseLogLevel(log_level);
-    if (!lv.ok()) return usage("--log-level: " + lv.status().message());
-    ConfigureLogging(*lv, CurrentLogFormat());
-  }
-  if (!log_format.empty()) {
-    auto fm = ParseLogFormat(log_format);
-    if (!fm.ok()) return usage("--log-format: " + fm.status().message());
-    ConfigureLogging(CurrentLogLevel(), *fm);
-  }
+  if (Status st = ConfigureLoggingFromFlags(log_level, log_format); !st.ok()) return usage(st.message());
   if (opt.job_path.empty()) return usage("--job (or MESHLOAD_JOB) is required");
   if (opt.socket_path.empty()) return usage("--socket (or MESHLOAD_SOCKET) is required");
   if (process.empty()) return usage("--process (or MESHLOAD_PROCESS) is required");

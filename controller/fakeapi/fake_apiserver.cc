@@ -199,6 +199,9 @@ void FakeApiServer::Impl::Route() {
   };
   // Short keep-alive so that Stop() does not wait on idle client connections.
   server->set_keep_alive_timeout(1);
+  // Headers and body go out in separate writes: without TCP_NODELAY each
+  // response waits for the client's delayed ACK (40 ms).
+  server->set_tcp_nodelay(true);
   server->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     std::chrono::milliseconds delay;
     {
