@@ -656,7 +656,7 @@ def example_problems(pod_job, dlj, sidecar_name):
     sc = sidecars[0]
     args = parse_args(sc.get("args", []))
     job_dir = "/etc/meshload/job"
-    want = {"job": job_dir + "/job.json", "process-file": job_dir + "/process.$(POD_NAME)",
+    want = {"job": job_dir + "/job.json",
             "socket": "/run/meshload/sidecar.sock", "metrics-port": "9464"}
     bad = {k: args.get(k) for k, v in want.items() if args.get(k) != v}
     if bad:
@@ -664,6 +664,8 @@ def example_problems(pod_job, dlj, sidecar_name):
     env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in sc.get("env", [])}
     if env.get("POD_NAME") != "metadata.name":
         p.append("the sidecar's POD_NAME is not metadata.name")
+    if env.get("MESHLOAD_PROCESS") != "metadata.annotations['batch.kubernetes.io/job-completion-index']":
+        p.append("the sidecar's MESHLOAD_PROCESS is not the Indexed Job's completion index")
     probe = (sc.get("readinessProbe") or {}).get("httpGet") or {}
     if probe.get("path") != "/readyz" or probe.get("port") not in (9464, "metrics"):
         p.append("the sidecar's readinessProbe is %r" % sc.get("readinessProbe"))
