@@ -1,5 +1,7 @@
 #include "common/flags.h"
 
+#include <cstdlib>
+
 #include <iostream>
 #include <limits>
 
@@ -117,6 +119,11 @@ int FlagParser::Parse(const std::vector<std::string>& args) {
     if (!flag->set(value, err)) return UsageError((command_.empty() ? "" : command_ + ": ") + arg + ": " + err, program_);
   }
   return -1;
+}
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
 }
 
 }  // namespace meshload::cli

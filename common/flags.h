@@ -49,6 +49,9 @@ class FlagParser {
   std::vector<std::string>* positional_ = nullptr;
 };
 
+/// The value of environment variable `name`, or "" when it is unset.
+std::string Env(const char* name);
+
 /// Parses a whole decimal integer (optionally signed); false when it is not one.
 bool ParseInt64(const std::string& text, int64_t* out);
 

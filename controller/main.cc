@@ -46,15 +46,11 @@ options:
   --log-format FORMAT            json or kv (default json)
 )";
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace meshload;
+  using cli::Env;
   ConfigureLogging(LogLevel::kInfo, LogFormat::kJson);
   if (Status st = ConfigureLoggingFromEnv(); !st.ok()) {
     std::cerr << "meshload-controller: " << st.ToString() << "\n";

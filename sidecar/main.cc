@@ -47,15 +47,11 @@ void OnSignal(int) {
   if (auto* s = g_sidecar.load()) s->RequestStop();
 }
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace meshload;
+  using cli::Env;
   KeepHeapForReuse();
   if (Status st = ConfigureLoggingFromEnv(); !st.ok()) {
     std::cerr << "meshload-sidecar: " << st.ToString() << "\n";
