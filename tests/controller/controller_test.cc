@@ -298,21 +298,26 @@ json RunScenario(bool faults, const json& expect = nullptr) {
   bad["spec"]["batch"]["globalBatchSize"] = 3;
   cluster.CreateJob(bad);
 
-  std::atomic<bool> stop{false};
+  // The faults last a fixed 25 rounds (about 4 s) from before the
+  // controller starts, however slowly it starts (sanitizer builds), and a
+  // change lands in the middle of them.
   std::atomic<int> rounds{0};
   std::thread chaos;
   if (faults) {
     chaos = std::thread([&] {
-      while (!stop.load()) {
-        switch (rounds++ % 5) {
+      for (; rounds < 25; ++rounds) {
+        switch (rounds % 5) {
           case 0: cluster.server().CloseAllWatches(); break;
           case 1: cluster.server().InjectErrors("/api", 500, 2); break;
           case 2: cluster.server().InjectErrors("/api", 429, 1, 1); break;
           case 3: cluster.server().CompactHistory(); cluster.server().CloseAllWatches(); break;
           case 4: cluster.server().InjectErrors("/apis/meshload.io", 503, 1); break;
         }
+        // A change while the faults go on: the last pod of app2 becomes ready.
+        if (rounds == 8) cluster.SetSidecar(kNs, "app2-2", true);
         std::this_thread::sleep_for(150ms);
       }
+      cluster.server().ClearInjectedErrors();
     });
   }
   metrics::Registry registry;
@@ -320,15 +325,10 @@ json RunScenario(bool faults, const json& expect = nullptr) {
   options.watch_timeout = std::chrono::seconds(2);
   auto client = cluster.NewClient();  // default retries, as in production
   Controller controller(client.get(), &registry, options);
-  EXPECT_TRUE(controller.Start(30s).ok());
+  EXPECT_TRUE(controller.Start(120s).ok());
   controller.StartWorkers();
-  // A change while the faults go on: the last pod of app2 becomes ready.
-  if (faults) std::this_thread::sleep_for(1s);
-  cluster.SetSidecar(kNs, "app2-2", true);
-  if (faults) std::this_thread::sleep_for(2s);
-  stop = true;
+  if (!faults) cluster.SetSidecar(kNs, "app2-2", true);
   if (chaos.joinable()) chaos.join();
-  cluster.server().ClearInjectedErrors();
   if (faults) {
     EXPECT_GE(rounds.load(), 15);
   }
