@@ -467,6 +467,13 @@ void FakeApiServer::InjectErrors(std::string path_prefix, int status_code, int c
   impl_->injected.push_back({std::move(path_prefix), status_code, count, retry_after_seconds});
 }
 
+int FakeApiServer::InjectedErrorsPending() const {
+  std::lock_guard<std::mutex> lock(impl_->hooks_mu);
+  int n = 0;
+  for (const auto& e : impl_->injected) n += e.remaining;
+  return n;
+}
+
 void FakeApiServer::ClearInjectedErrors() {
   std::lock_guard<std::mutex> lock(impl_->hooks_mu);
   impl_->injected.clear();

@@ -82,6 +82,8 @@ class FakeApiServer {
   /// `retry_after_seconds` adds a Retry-After header (as a real 429 carries).
   void InjectErrors(std::string path_prefix, int status_code, int count,
                     int retry_after_seconds = 0);
+  /// Injected errors not yet answered.
+  int InjectedErrorsPending() const;
   /// Drops every injected error not yet answered.
   void ClearInjectedErrors();
   /// Delays every request by `latency` before it is handled.

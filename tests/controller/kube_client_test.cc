@@ -291,7 +291,8 @@ TEST(Informer, GoneResourceVersionRelistsAndSeesDeletionsItMissed) {
   cluster.server().InjectErrors("/api/v1/namespaces/default/configmaps", 500, 1);
   cluster.server().CloseAllWatches();
   ASSERT_TRUE(TestCluster::Eventually([&] { return inf.watches() > watches; }));
-  std::this_thread::sleep_for(200ms);
+  // The re-watch has taken the 500 (and not the delete below).
+  ASSERT_TRUE(TestCluster::Eventually([&] { return cluster.server().InjectedErrorsPending() == 0; }));
   ASSERT_EQ(cluster.client().Delete("/api/v1/namespaces/default/configmaps/x1").code, 200);
   cluster.server().CompactHistory();
   EXPECT_TRUE(TestCluster::Eventually([&] { return inf.Get("default", "x1") == nullptr; }));
