@@ -1,8 +1,10 @@
 #include "sidecar/staging/slot_pool.h"
 
+#include <algorithm>
+
 namespace meshload::staging {
 
-SlotPool::SlotPool(uint32_t slots) : slots_(slots) {}
+SlotPool::SlotPool(uint32_t slots, int64_t first_step) : slots_(slots), next_fill_(first_step) {}
 
 std::optional<uint32_t> SlotPool::AcquireForFill(int64_t step, uint64_t generation,
                                                  std::chrono::milliseconds timeout) {
@@ -13,12 +15,40 @@ std::optional<uint32_t> SlotPool::AcquireForFill(int64_t step, uint64_t generati
     for (uint32_t i = 0; i < slots_.size(); ++i) {
       if (slots_[i].state == SlotState::kFree) {
         slots_[i] = {SlotState::kFilling, step, generation};
-        changed_.notify_all();
         return i;
       }
     }
-    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
+    if (free_.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
   }
+}
+
+std::optional<SlotPool::Fill> SlotPool::AcquireNextForFill(uint64_t generation, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    if (shutdown_ || generation != generation_) return std::nullopt;
+    for (uint32_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].state == SlotState::kFree) {
+        slots_[i] = {SlotState::kFilling, next_fill_, generation};
+        return Fill{i, next_fill_++};
+      }
+    }
+    if (free_.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
+  }
+}
+
+int64_t SlotPool::next_fill_step() const {
+  std::lock_guard lock(mu_);
+  return next_fill_;
+}
+
+int64_t SlotPool::FirstPendingStep() const {
+  std::lock_guard lock(mu_);
+  int64_t first = next_fill_;
+  for (const Slot& s : slots_) {
+    if (s.state != SlotState::kFree && s.generation == generation_) first = std::min(first, s.step);
+  }
+  return first;
 }
 
 bool SlotPool::MarkReady(uint32_t slot) {
@@ -28,7 +58,11 @@ bool SlotPool::MarkReady(uint32_t slot) {
   const bool current = s.generation == generation_ && !shutdown_;
   s.state = current ? SlotState::kReady : SlotState::kFree;
   if (!current) s.step = -1;
-  changed_.notify_all();
+  if (current) {
+    ready_.notify_all();
+  } else {
+    free_.notify_one();
+  }
   return current;
 }
 
@@ -36,7 +70,7 @@ void SlotPool::AbandonFill(uint32_t slot) {
   std::lock_guard lock(mu_);
   Slot& s = slots_.at(slot);
   if (s.state == SlotState::kFilling) s = Slot{};
-  changed_.notify_all();
+  free_.notify_one();
 }
 
 std::optional<uint32_t> SlotPool::Lease(int64_t step) {
@@ -44,8 +78,7 @@ std::optional<uint32_t> SlotPool::Lease(int64_t step) {
   for (uint32_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     if (s.state == SlotState::kReady && s.step == step && s.generation == generation_) {
-      s.state = SlotState::kLeased;
-      changed_.notify_all();
+      s.state = SlotState::kLeased;  // frees nothing and readies nothing: no waiter to wake
       return i;
     }
   }
@@ -58,7 +91,7 @@ bool SlotPool::Release(uint32_t slot, int64_t step) {
   Slot& s = slots_[slot];
   if (s.state != SlotState::kLeased || s.step != step) return false;
   s = Slot{};
-  changed_.notify_all();
+  free_.notify_one();  // one slot: one producer (a broadcast would wake them all for it)
   return true;
 }
 
@@ -71,8 +104,20 @@ uint32_t SlotPool::ReclaimLeases() {
       ++n;
     }
   }
-  if (n) changed_.notify_all();
+  if (n) free_.notify_all();
   return n;
+}
+
+uint64_t SlotPool::Reset(int64_t next_step) {
+  std::lock_guard lock(mu_);
+  next_fill_ = next_step;
+  ++generation_;
+  for (Slot& s : slots_) {
+    if (s.state == SlotState::kReady) s = Slot{};
+  }
+  free_.notify_all();  // producers of the old generation return
+  ready_.notify_all();
+  return generation_;
 }
 
 uint64_t SlotPool::Reset() {
@@ -81,7 +126,8 @@ uint64_t SlotPool::Reset() {
   for (Slot& s : slots_) {
     if (s.state == SlotState::kReady) s = Slot{};
   }
-  changed_.notify_all();
+  free_.notify_all();  // producers of the old generation return
+  ready_.notify_all();
   return generation_;
 }
 
@@ -93,7 +139,8 @@ uint64_t SlotPool::generation() const {
 void SlotPool::Shutdown() {
   std::lock_guard lock(mu_);
   shutdown_ = true;
-  changed_.notify_all();
+  free_.notify_all();
+  ready_.notify_all();
 }
 
 SlotCounts SlotPool::Counts() const {
@@ -119,7 +166,7 @@ std::optional<int64_t> SlotPool::StepOf(uint32_t slot) const {
 
 bool SlotPool::WaitReady(int64_t step, std::chrono::milliseconds timeout) const {
   std::unique_lock lock(mu_);
-  return changed_.wait_for(lock, timeout, [&] {
+  return ready_.wait_for(lock, timeout, [&] {
     if (shutdown_) return true;
     for (const Slot& s : slots_) {
       if (s.state == SlotState::kReady && s.step == step && s.generation == generation_) return true;

@@ -15,6 +15,11 @@
 /// t): Reset() bumps it, frees ready slots, and slots still being filled for
 /// the old generation are freed when their producer finishes.
 ///
+/// Several producers may fill slots at once (AcquireNextForFill): the pool
+/// hands out consecutive steps in the order it hands out slots, so the
+/// lowest step not yet staged always has a slot, whatever the trainer holds
+/// (a producer holding step t+1 can never starve step t of a slot).
+///
 /// Thread safety: all methods are thread-safe (one mutex, never held across
 /// I/O: producers fill slots outside the lock).
 #pragma once
@@ -36,7 +41,7 @@ struct SlotCounts {
 
 class SlotPool {
  public:
-  explicit SlotPool(uint32_t slots);
+  explicit SlotPool(uint32_t slots, int64_t first_step = 0);
 
   uint32_t size() const { return static_cast<uint32_t>(slots_.size()); }
 
@@ -45,6 +50,21 @@ class SlotPool {
   /// longer current, or after `timeout` (so callers can report a stalled
   /// consumer and check for shutdown).
   std::optional<uint32_t> AcquireForFill(int64_t step, uint64_t generation, std::chrono::milliseconds timeout);
+
+  /// Waits until a slot is free and marks it kFilling for the next step of
+  /// the current generation (the cursor set by Reset(), or the constructor's
+  /// first step), which it advances. Returns {slot, step}; nullopt as
+  /// AcquireForFill does.
+  struct Fill {
+    uint32_t slot = 0;
+    int64_t step = 0;
+  };
+  std::optional<Fill> AcquireNextForFill(uint64_t generation, std::chrono::milliseconds timeout);
+  /// The step AcquireNextForFill hands out next.
+  int64_t next_fill_step() const;
+  /// The lowest step of the current generation in a filling, ready or
+  /// leased slot; next_fill_step() when there is none.
+  int64_t FirstPendingStep() const;
 
   /// The fill of `slot` finished. Ready for leasing if its generation is
   /// still current, otherwise freed. Returns true when it became ready.
@@ -61,8 +81,10 @@ class SlotPool {
   uint32_t ReclaimLeases();
 
   /// Starts a new generation: ready slots are freed, slots being filled will
-  /// be freed when done. Returns the new generation.
+  /// be freed when done. Returns the new generation. With `next_step`,
+  /// AcquireNextForFill goes on from there.
   uint64_t Reset();
+  uint64_t Reset(int64_t next_step);
   uint64_t generation() const;
 
   /// Wakes every waiter; AcquireForFill returns nullopt from now on.
@@ -81,9 +103,13 @@ class SlotPool {
     uint64_t generation = 0;
   };
   mutable std::mutex mu_;
-  mutable std::condition_variable changed_;
+  // Precise wake-ups: a freed slot wakes one producer, a ready slot wakes
+  // WaitReady(); Reset() and Shutdown() wake everyone.
+  mutable std::condition_variable free_;
+  mutable std::condition_variable ready_;
   std::vector<Slot> slots_;
   uint64_t generation_ = 0;
+  int64_t next_fill_ = 0;
   bool shutdown_ = false;
 };
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <deque>
+#include <vector>
 #include <thread>
 
 #include "sidecar/staging/host_memory.h"
@@ -101,6 +103,67 @@ TEST(SlotPool, ConcurrentProducerAndConsumerSeeEveryStepOnceInOrder) {
     ASSERT_TRUE(pool.Release(*s, step));
   }
   producer.join();
+}
+
+TEST(SlotPool, NextFillHandsOutConsecutiveStepsFromTheFirstAndFromEachReset) {
+  SlotPool pool(3, /*first_step=*/10);
+  EXPECT_EQ(pool.FirstPendingStep(), 10);
+  auto a = pool.AcquireNextForFill(0, milliseconds(10));
+  auto b = pool.AcquireNextForFill(0, milliseconds(10));
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->step, 10);
+  EXPECT_EQ(b->step, 11);
+  EXPECT_EQ(pool.next_fill_step(), 12);
+  EXPECT_EQ(pool.FirstPendingStep(), 10);  // step 10 is still being filled
+  ASSERT_TRUE(pool.MarkReady(b->slot));
+  EXPECT_EQ(pool.FirstPendingStep(), 10);
+  ASSERT_TRUE(pool.MarkReady(a->slot));
+  ASSERT_TRUE(pool.Lease(10));
+  EXPECT_EQ(pool.FirstPendingStep(), 10);  // leased counts
+  const uint64_t gen = pool.Reset(/*next_step=*/100);
+  EXPECT_FALSE(pool.AcquireNextForFill(0, milliseconds(10)));  // the old generation is refused
+  EXPECT_EQ(pool.FirstPendingStep(), 100);  // the lease is of the old generation
+  auto c = pool.AcquireNextForFill(gen, milliseconds(10));
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->step, 100);
+}
+
+TEST(SlotPool, SeveralProducersFillEveryStepOnceAndTheTrainerNeverStarves) {
+  // The trainer holds up to slots-1 leases while it waits for the next step
+  // (the worst a trainer may do). If a producer could take the last slot
+  // for a later step than the lowest one missing, this would deadlock.
+  constexpr uint32_t kSlots = 4;
+  constexpr int64_t kSteps = 3000;
+  SlotPool pool(kSlots);
+  std::atomic<bool> stop{false};
+  std::vector<std::atomic<int>> filled(kSteps);
+  std::vector<std::thread> producers;
+  for (int i = 0; i < 3; ++i) {
+    producers.emplace_back([&] {
+      while (!stop) {
+        auto f = pool.AcquireNextForFill(0, milliseconds(50));
+        if (!f) continue;
+        if (f->step < kSteps) filled[static_cast<size_t>(f->step)]++;
+        if (i % 2) std::this_thread::yield();
+        pool.MarkReady(f->slot);
+      }
+    });
+  }
+  std::deque<std::pair<uint32_t, int64_t>> held;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    ASSERT_TRUE(pool.WaitReady(step, milliseconds(5000))) << "step " << step << " never staged";
+    auto s = pool.Lease(step);
+    ASSERT_TRUE(s);
+    held.emplace_back(*s, step);
+    if (held.size() == kSlots - 1) {
+      ASSERT_TRUE(pool.Release(held.front().first, held.front().second));
+      held.pop_front();
+    }
+  }
+  stop = true;
+  pool.Shutdown();
+  for (auto& t : producers) t.join();
+  for (int64_t step = 0; step < kSteps; ++step) EXPECT_EQ(filled[static_cast<size_t>(step)], 1) << step;
 }
 
 TEST(HostSlotMemory, IsSealedAgainstShrinkingAndPageAligned) {
