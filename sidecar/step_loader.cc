@@ -1,9 +1,11 @@
 #include "sidecar/step_loader.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstring>
-#include <map>
-#include <unordered_map>
+#include <ctime>
+#include <iterator>
 
 #include "common/logging.h"
 #include "sidecar/ipc/protocol.h"
@@ -11,14 +13,14 @@
 namespace meshload::sidecar {
 namespace {
 
-// One sample's bytes in one file, and where they go in the slot (nullptr:
-// dropped, a GlobalLoad sample no local device holds).
-struct Piece {
-  uint32_t file;
-  uint64_t offset;
-  uint64_t length;
-  uint8_t* dest;
-};
+// The watchdog's clock for reads in flight: a stuck read is reported after
+// seconds, so the coarse clock (a few ms; a memory read, no TSC read per
+// sample) is precise enough.
+int64_t CoarseNowNs() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 std::string DescribeTransfers(const std::vector<TransferUnit>& in, const std::vector<TransferUnit>& out) {
   std::string s;
@@ -55,15 +57,23 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const ShardPlanner& plann
         "spec.strategy");
   }
   if (options.reader_threads < 1) options.reader_threads = 1;
+  if (options.callers < 1) options.callers = 1;
   std::unique_ptr<StepLoader> loader(new StepLoader(planner, process, loading, sources, layout, options));
   for (const auto& f : job.dataset.files()) {
     ASSIGN_OR_RETURN(auto src, sources.For(f.path));
     loader->files_.push_back(src);
   }
-  for (int i = 0; i < options.reader_threads; ++i) loader->inflight_.push_back(std::make_unique<Inflight>());
-  // The thread calling Load() reads a share itself (inflight_[0]): start one fewer.
+  // Every caller of Load() reads a share of its step itself: one inflight
+  // record per caller, then one per reader thread (one fewer than
+  // reader_threads, the caller being the first reader).
+  for (int i = 0; i < options.callers; ++i) {
+    loader->inflight_.push_back(std::make_unique<Inflight>());
+    loader->callers_.push_back(std::make_unique<Caller>());
+    loader->callers_.back()->inflight = loader->inflight_.back().get();
+  }
   for (int i = 1; i < options.reader_threads; ++i) {
-    loader->threads_.emplace_back([l = loader.get(), i] { l->ReaderMain(*l->inflight_[static_cast<size_t>(i)]); });
+    loader->inflight_.push_back(std::make_unique<Inflight>());
+    loader->threads_.emplace_back([l = loader.get(), slot = loader->inflight_.back().get()] { l->ReaderMain(*slot); });
   }
   return loader;
 }
@@ -107,49 +117,65 @@ Status StepLoader::VerifyFiles() {
   return Status::Ok();
 }
 
-Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<ReadOp>& ops,
-                            std::vector<Fixup>& fixups, std::vector<std::pair<size_t, size_t>>& replica_copies,
-                            StepLoadStats& stats) {
+StepLoader::ReadOp& StepLoader::Caller::NewOp() {
+  if (used == ops.size()) ops.emplace_back();
+  ReadOp& op = ops[used++];
+  op.iov.clear();  // keeps its capacity for the next steps
+  op.length = 0;
+  op.has_scratch = false;
+  return op;
+}
+
+Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, StepLoadStats& stats) {
   const DatasetIndex& ds = planner_.job().dataset;
   const uint64_t sb = layout_.sample_bytes;
   const int64_t first_device = layout_.devices.front().device;
 
   // Where each sample goes: the first local device holding its shard (the
   // others are replicas, filled by a copy or by their own read).
-  std::map<int64_t, size_t> primary_of_shard;  // shard -> local device index
-  std::unordered_map<uint64_t, uint8_t*> dest_of;
+  c.dest_of.clear();
   for (size_t i = 0; i < plan.devices.size(); ++i) {
     const DevicePlan& d = plan.devices[i];
-    auto [it, inserted] = primary_of_shard.emplace(d.shard, i);
-    if (!inserted) {
-      if (loading_.strategy != Strategy::kPerDevice) replica_copies.emplace_back(it->second, i);
+    size_t primary = i;
+    for (size_t j = 0; j < i; ++j) {
+      if (plan.devices[j].shard == d.shard) {
+        primary = j;
+        break;
+      }
+    }
+    if (primary != i) {
+      if (loading_.strategy != Strategy::kPerDevice) c.replica_copies.emplace_back(primary, i);
       continue;
     }
     for (size_t k = 0; k < d.samples.size(); ++k) {
-      dest_of[d.samples[k]] = slot + layout_.devices[i].offset + k * sb;
+      c.dest_of.emplace_back(d.samples[k], slot + layout_.devices[i].offset + k * sb);
     }
   }
+  // Stable: for an id listed twice, the later place wins (as a map's last
+  // assignment would).
+  std::stable_sort(c.dest_of.begin(), c.dest_of.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
 
-  std::vector<Extent> extents;
   for (const ReadPlan& r : plan.reads) {
     // PerDevice: this read fills its own device, replicas included.
     const bool own_device = r.device >= 0;
     const size_t local = own_device ? static_cast<size_t>(r.device - first_device) : 0;
-    std::vector<Piece> pieces;
-    pieces.reserve(r.samples.size() + 4);
+    std::vector<Piece>& pieces = c.pieces;
+    pieces.clear();
     for (size_t k = 0; k < r.samples.size(); ++k) {
       const uint64_t id = r.samples[k];
       uint8_t* dest;
       if (own_device) {
         dest = slot + layout_.devices[local].offset + k * sb;
       } else {
-        auto it = dest_of.find(id);
-        dest = it == dest_of.end() ? nullptr : it->second;
+        auto it = std::upper_bound(c.dest_of.begin(), c.dest_of.end(), id,
+                                   [](uint64_t v, const auto& e) { return v < e.first; });
+        dest = it == c.dest_of.begin() || std::prev(it)->first != id ? nullptr : std::prev(it)->second;
       }
-      extents.clear();
-      ds.AppendExtents(id, extents);
+      c.extents.clear();
+      ds.AppendExtents(id, c.extents);
       uint64_t done = 0;
-      for (const Extent& e : extents) {
+      for (const Extent& e : c.extents) {
         pieces.push_back({e.file, e.offset, e.length, dest ? dest + done : nullptr});
         done += e.length;
       }
@@ -172,8 +198,10 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<Rea
         // shared token is read once (and copied); after a dropped piece it
         // is read again instead, since its first copy went to scratch.
         const uint64_t start = touches && prev->dest != nullptr ? pos : p.offset;
-        ops.push_back({&files_[p.file].second, start, {}, files_[p.file].first, 0, false});
-        op = &ops.back();
+        op = &c.NewOp();
+        op->uri = &files_[p.file].second;
+        op->offset = start;
+        op->source = files_[p.file].first;
         pos = start;
         op_bytes = 0;
         stats.read_ranges += 1;
@@ -190,7 +218,7 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<Rea
           op_bytes -= overlap;
           op->length -= overlap;
         } else if (p.dest != nullptr) {
-          fixups.push_back({p.dest, prev->dest + (p.offset - prev->offset), overlap});
+          c.fixups.push_back({p.dest, prev->dest + (p.offset - prev->offset), overlap});
           stats.bytes_copied += overlap;
           skip = overlap;
         } else {
@@ -211,21 +239,26 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<Rea
       prev = &p;
     }
   }
-  for (const auto& [from, to] : replica_copies) stats.bytes_copied += layout_.devices[to].nbytes;
-  (void)first_device;
+  for (const auto& [from, to] : c.replica_copies) stats.bytes_copied += layout_.devices[to].nbytes;
   return Status::Ok();
 }
 
-Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats_out) {
+Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats_out,
+                        int caller) {
+  if (caller < 0 || static_cast<size_t>(caller) >= callers_.size()) {
+    return InvalidArgument("caller " + std::to_string(caller) + " is not in 0.." +
+                           std::to_string(callers_.size() - 1));
+  }
+  Caller& c = *callers_[static_cast<size_t>(caller)];
   StepPlan plan = planner_.PlanStep(step, loading_, process_);
   StepLoadStats stats;
-  ops_.clear();
-  fixups_.clear();
-  replica_copies_.clear();
-  RETURN_IF_ERROR(BuildOps(plan, slot, ops_, fixups_, replica_copies_, stats));
-  RETURN_IF_ERROR(RunOps(ops_));
-  for (const Fixup& f : fixups_) std::memcpy(f.dst, f.src, f.len);
-  for (const auto& [from, to] : replica_copies_) {
+  c.used = 0;
+  c.fixups.clear();
+  c.replica_copies.clear();
+  RETURN_IF_ERROR(BuildOps(plan, slot, c, stats));
+  RETURN_IF_ERROR(RunOps(c));
+  for (const Fixup& f : c.fixups) std::memcpy(f.dst, f.src, f.len);
+  for (const auto& [from, to] : c.replica_copies) {
     std::memcpy(slot + layout_.devices[to].offset, slot + layout_.devices[from].offset, layout_.devices[to].nbytes);
   }
   checksums.resize(plan.devices.size());
@@ -236,46 +269,48 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& chec
   return Status::Ok();
 }
 
-Status StepLoader::RunOps(std::vector<ReadOp>& ops) {
+Status StepLoader::RunOps(Caller& c) {
   // Dispatch costs a wake-up per thread, which is more than a few small
   // reads cost: a small step is read inline; a larger one is cut into one
   // contiguous chunk of ops per thread, and this thread reads a chunk too.
+  ReadOp* ops = c.ops.data();
+  const size_t count = c.used;
   uint64_t total = 0;
-  for (const ReadOp& op : ops) total += op.length;
+  for (size_t i = 0; i < count; ++i) total += ops[i].length;
   const size_t threads = threads_.size() + 1;
-  if (total < options_.inline_step_bytes || ops.size() < 2 || threads == 1) {
-    return RunChunk(ops.data(), ops.size(), *inflight_[0]);
+  if (total < options_.inline_step_bytes || count < 2 || threads == 1) {
+    return RunChunk(ops, count, *c.inflight);
   }
+  Batch batch;
   const uint64_t per_chunk = (total + threads - 1) / threads;
-  std::vector<std::pair<ReadOp*, size_t>> chunks;
+  c.chunks.clear();
   size_t begin = 0;
   uint64_t acc = 0;
-  for (size_t i = 0; i < ops.size(); ++i) {
+  for (size_t i = 0; i < count; ++i) {
     acc += ops[i].length;
-    if (acc >= per_chunk || i + 1 == ops.size()) {
-      chunks.emplace_back(ops.data() + begin, i + 1 - begin);
+    if (acc >= per_chunk || i + 1 == count) {
+      c.chunks.push_back({ops + begin, i + 1 - begin, &batch});
       begin = i + 1;
       acc = 0;
     }
   }
   {
     std::lock_guard lock(mu_);
-    first_error_ = Status::Ok();
-    outstanding_ = chunks.size() - 1;
-    for (size_t c = 1; c < chunks.size(); ++c) queue_.push_back(chunks[c]);
+    batch.outstanding = c.chunks.size() - 1;
+    for (size_t k = 1; k < c.chunks.size(); ++k) queue_.push_back(c.chunks[k]);
   }
   work_.notify_all();
-  Status mine = RunChunk(chunks[0].first, chunks[0].second, *inflight_[0]);
+  Status mine = RunChunk(c.chunks[0].ops, c.chunks[0].count, *c.inflight);
   std::unique_lock lock(mu_);
-  done_.wait(lock, [&] { return outstanding_ == 0; });
+  done_.wait(lock, [&] { return batch.outstanding == 0; });
   if (!mine.ok()) return mine;
-  return first_error_;
+  return batch.first_error;
 }
 
 Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
   for (size_t i = 0; i < count; ++i) {
     ReadOp* op = &ops[i];
-    slot.start_ns.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    slot.start_ns.store(CoarseNowNs(), std::memory_order_relaxed);
     slot.offset.store(op->offset, std::memory_order_relaxed);
     slot.length.store(op->length, std::memory_order_relaxed);
     slot.uri.store(op->uri, std::memory_order_release);
@@ -305,17 +340,18 @@ Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
 }
 
 void StepLoader::ReaderMain(Inflight& slot) {
+  ::pthread_setname_np(::pthread_self(), "ml-read");
   std::unique_lock lock(mu_);
   while (true) {
     work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (stop_) return;
-    auto [ops, count] = queue_.front();
+    const Chunk chunk = queue_.front();
     queue_.pop_front();
     lock.unlock();
-    Status st = RunChunk(ops, count, slot);
+    Status st = RunChunk(chunk.ops, chunk.count, slot);
     lock.lock();
-    if (!st.ok() && first_error_.ok()) first_error_ = st;
-    if (--outstanding_ == 0) done_.notify_all();
+    if (!st.ok() && chunk.batch->first_error.ok()) chunk.batch->first_error = st;
+    if (--chunk.batch->outstanding == 0) done_.notify_all();
   }
 }
 
@@ -323,7 +359,7 @@ InflightRead StepLoader::OldestInflight() const {
   // A reader may move on between these loads; at worst the report mixes
   // two consecutive reads of one thread, which is fine for a watchdog.
   InflightRead out;
-  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  const int64_t now = CoarseNowNs();
   for (const auto& slot : inflight_) {
     const std::string* uri = slot->uri.load(std::memory_order_acquire);
     if (!uri) continue;

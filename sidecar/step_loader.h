@@ -23,8 +23,12 @@
 /// LoadAndReshard) need the inter-process transport, which the host-only
 /// build does not have yet: Create() refuses them with an error saying so.
 ///
-/// Thread safety: Load() may be called by one thread at a time; it uses the
-/// loader's reader threads internally. VerifyFiles() is thread-safe.
+/// Thread safety: up to `callers` threads (StepLoaderOptions) may call Load()
+/// at once, each with its own caller index, so several producers stage
+/// consecutive steps in parallel; large steps are shared with the loader's
+/// reader threads. Each caller's scratch (read ops, iovecs, pieces) is kept
+/// between steps: a step allocates nothing once the first has been read.
+/// VerifyFiles() is thread-safe.
 #pragma once
 
 #include <atomic>
@@ -47,6 +51,9 @@ namespace meshload::sidecar {
 struct StepLoaderOptions {
   /// Threads reading a step, the caller of Load() included.
   int reader_threads = 4;
+  /// How many threads may call Load() concurrently (caller indices
+  /// 0..callers-1).
+  int callers = 1;
   /// Coalesced ranges longer than this are split (at sample boundaries where
   /// possible) so that reader threads share a large contiguous read.
   uint64_t max_read_bytes = 8ull << 20;
@@ -92,7 +99,10 @@ class StepLoader {
   /// `checksums[i]` is SampleIdsChecksum of local device i's sample ids.
   /// Errors name the file and byte offset; the slot content is then
   /// undefined and must not be handed out.
-  Status Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats);
+  /// `caller` is this thread's index in 0..callers-1; two threads must not
+  /// use the same index at once.
+  Status Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats,
+              int caller = 0);
 
   /// The oldest storage read still in flight (none: seconds = 0).
   InflightRead OldestInflight() const;
@@ -122,12 +132,43 @@ class StepLoader {
     const uint8_t* src;
     uint64_t len;
   };
+  // One sample's bytes in one file, and where they go in the slot (nullptr:
+  // dropped, a GlobalLoad sample no local device holds).
+  struct Piece {
+    uint32_t file;
+    uint64_t offset;
+    uint64_t length;
+    uint8_t* dest;
+  };
+  // A step's reads shared with the reader threads: the caller waits until
+  // `outstanding` chunks are done.
+  struct Batch {
+    size_t outstanding = 0;
+    Status first_error;
+  };
+  struct Chunk {
+    ReadOp* ops;
+    size_t count;
+    Batch* batch;
+  };
+  // What one caller of Load() keeps between steps.
+  struct Caller {
+    std::vector<ReadOp> ops;  // the first `used` are this step's; the rest keep their capacity
+    size_t used = 0;
+    std::vector<Fixup> fixups;
+    std::vector<std::pair<size_t, size_t>> replica_copies;
+    std::vector<Piece> pieces;
+    std::vector<Extent> extents;
+    std::vector<std::pair<uint64_t, uint8_t*>> dest_of;  // sample id -> slot address, sorted
+    std::vector<Chunk> chunks;
+    Inflight* inflight = nullptr;
+    ReadOp& NewOp();
+  };
 
   StepLoader(const ShardPlanner& planner, int64_t process, const Loading& loading,
              source::SourceRegistry& sources, const staging::BatchLayout& layout, StepLoaderOptions options);
-  Status BuildOps(const StepPlan& plan, uint8_t* slot, std::vector<ReadOp>& ops, std::vector<Fixup>& fixups,
-                  std::vector<std::pair<size_t, size_t>>& replica_copies, StepLoadStats& stats);
-  Status RunOps(std::vector<ReadOp>& ops);
+  Status BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, StepLoadStats& stats);
+  Status RunOps(Caller& c);
   Status RunChunk(ReadOp* ops, size_t count, Inflight& slot);
   void ReaderMain(Inflight& slot);
 
@@ -139,19 +180,15 @@ class StepLoader {
   const StepLoaderOptions options_;
   std::vector<std::pair<source::Source*, std::string>> files_;  // per dataset file
 
-  // Reader threads: a queue of ops for the current step.
+  // Reader threads: a queue of chunks of the steps being read.
   mutable std::mutex mu_;
   std::condition_variable work_;
   std::condition_variable done_;
-  std::deque<std::pair<ReadOp*, size_t>> queue_;  // chunks of the current step
-  size_t outstanding_ = 0;
-  Status first_error_;
+  std::deque<Chunk> queue_;
   bool stop_ = false;
-  std::vector<std::unique_ptr<Inflight>> inflight_;  // one per reading thread, fixed at Create()
-  // Scratch reused across steps (Load() is single-threaded).
-  std::vector<ReadOp> ops_;
-  std::vector<Fixup> fixups_;
-  std::vector<std::pair<size_t, size_t>> replica_copies_;
+  // One per caller, then one per reader thread; fixed at Create().
+  std::vector<std::unique_ptr<Inflight>> inflight_;
+  std::vector<std::unique_ptr<Caller>> callers_;
   std::vector<std::thread> threads_;
 };
 

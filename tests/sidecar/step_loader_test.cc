@@ -119,6 +119,45 @@ TEST(StepLoader, EveryFormatStrategyAndShuffleDeliversThePlannedBytes) {
   }
 }
 
+// Several producers call Load() at once, each with its caller index, on
+// consecutive steps; small steps are read inline, large ones are shared with
+// the reader threads, whose queue then holds chunks of several steps.
+TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  for (uint64_t inline_below : {uint64_t{1} << 30, uint64_t{0}}) {
+    TempDir dir;
+    Case c{DatasetFormat::kTokenStream, Strategy::kGlobalLoad, ShuffleMode::kGlobal, {{"data", 2}, {"model", 2}},
+           {"data"}, 2};
+    JobSpec spec = SpecFor(c, dir.path());
+    auto planner = Prepare(spec, dir.path(), 200, 3);
+    const auto layout = staging::ComputeBatchLayout(planner->job(), 1);
+    StepLoaderOptions opts;
+    opts.reader_threads = 3;
+    opts.callers = 3;
+    opts.max_read_bytes = 60;
+    opts.inline_step_bytes = inline_below;
+    auto loader = StepLoader::Create(*planner, 1, planner->DefaultLoading(), *sources, layout, opts);
+    ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+    std::vector<std::thread> callers;
+    for (int caller = 0; caller < 3; ++caller) {
+      callers.emplace_back([&, caller] {
+        std::vector<uint8_t> slot(layout.slot_bytes);
+        for (int64_t step = caller; step < 30; step += 3) {
+          std::vector<uint64_t> checksums;
+          Status st = (*loader)->Load(step, slot.data(), checksums, nullptr, caller);
+          ASSERT_TRUE(st.ok()) << st.ToString();
+          ExpectSlotMatchesPlan(*planner, 1, step, slot.data(), layout, checksums);
+        }
+      });
+    }
+    for (auto& t : callers) t.join();
+    std::vector<uint64_t> checksums;
+    std::vector<uint8_t> slot(layout.slot_bytes);
+    Status bad = (*loader)->Load(0, slot.data(), checksums, nullptr, 3);
+    EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument) << bad.ToString();
+  }
+}
+
 // GlobalLoad on a TokenStream drops overlapping samples whose scratch pieces
 // have different lengths; a fresh thread (empty scratch) once freed the
 // scratch under an earlier piece (a use-after-free write ASan reports).
