@@ -19,9 +19,9 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
-#include <list>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -135,19 +135,22 @@ class FileHandle {
 // At most `capacity` cached descriptors, least recently used evicted first.
 // Descriptors still held by readers stay open past eviction, so the process
 // may briefly hold up to capacity + (reads in flight) descriptors.
-// Thread safety: thread-safe; open(2) and close(2) run outside the lock so a
-// slow file system does not serialise the readers.
+// Thread safety: thread-safe. A hit (every read but a file's first) takes
+// the lock shared and stamps the entry with an atomic use counter, so
+// readers on several threads never wait for each other; open(2), close(2)
+// and eviction (the entry with the oldest stamp) happen on a miss, open and
+// close outside the lock so a slow file system does not serialise readers.
 class FdCache {
  public:
   explicit FdCache(size_t capacity) : capacity_(capacity) {}
 
   Result<std::shared_ptr<const FileHandle>> Acquire(const std::string& path) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::shared_lock lock(mu_);
       auto it = index_.find(path);
       if (it != index_.end()) {
-        lru_.splice(lru_.begin(), lru_, it->second);
-        return it->second->second;
+        it->second.last_used.store(clock_.fetch_add(1, std::memory_order_relaxed), std::memory_order_relaxed);
+        return it->second.handle;
       }
     }
     int fd;
@@ -159,39 +162,47 @@ class FdCache {
 
     // Declared before the lock so that descriptors are closed after it is released.
     std::vector<std::shared_ptr<const FileHandle>> dropped;
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = index_.find(path);
-    if (it != index_.end()) {
+    std::unique_lock lock(mu_);
+    auto [it, inserted] = index_.try_emplace(path);
+    if (!inserted) {
       // Another reader opened the same file meanwhile; keep one descriptor.
       dropped.push_back(std::move(handle));
-      lru_.splice(lru_.begin(), lru_, it->second);
-      return it->second->second;
+    } else {
+      it->second.handle = std::move(handle);
     }
-    lru_.emplace_front(path, handle);
-    index_.emplace(path, lru_.begin());
-    while (lru_.size() > capacity_) {
-      dropped.push_back(std::move(lru_.back().second));
-      index_.erase(lru_.back().first);
-      lru_.pop_back();
+    it->second.last_used.store(clock_.fetch_add(1, std::memory_order_relaxed), std::memory_order_relaxed);
+    std::shared_ptr<const FileHandle> out = it->second.handle;
+    while (index_.size() > capacity_) {
+      auto oldest = index_.begin();
+      for (auto e = index_.begin(); e != index_.end(); ++e) {
+        if (e->second.last_used.load(std::memory_order_relaxed) < oldest->second.last_used.load(std::memory_order_relaxed)) {
+          oldest = e;
+        }
+      }
+      dropped.push_back(std::move(oldest->second.handle));
+      index_.erase(oldest);
     }
-    return handle;
+    return out;
   }
 
   // The cached handles (for dropping mapped pages).
   std::vector<std::shared_ptr<const FileHandle>> Snapshot() {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::shared_lock lock(mu_);
     std::vector<std::shared_ptr<const FileHandle>> out;
-    for (const auto& e : lru_) out.push_back(e.second);
+    for (const auto& e : index_) out.push_back(e.second.handle);
     return out;
   }
 
  private:
-  using Entry = std::pair<std::string, std::shared_ptr<const FileHandle>>;
+  struct Entry {
+    std::shared_ptr<const FileHandle> handle;
+    std::atomic<uint64_t> last_used{0};
+  };
 
   const size_t capacity_;
-  std::mutex mu_;
-  std::list<Entry> lru_;  // most recently used first
-  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+  std::shared_mutex mu_;
+  std::atomic<uint64_t> clock_{1};
+  std::unordered_map<std::string, Entry> index_;
 };
 
 // Thread safety: thread-safe (the descriptor cache is; the rest is immutable).

@@ -177,6 +177,37 @@ TEST(FileSourceTest, MoreFilesThanMaxOpenFilesAreReadCorrectlyWithBoundedDescrip
   EXPECT_LE(OpenFdCount() - fds_before, 3);
 }
 
+// Whether this process has `path` open.
+bool IsOpen(const std::string& path) {
+  DIR* dir = opendir("/proc/self/fd");
+  bool found = false;
+  while (dirent* e = readdir(dir)) {
+    char target[4096];
+    const std::string link = std::string("/proc/self/fd/") + e->d_name;
+    const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+    if (n > 0 && std::string(target, static_cast<size_t>(n)) == path) found = true;
+  }
+  closedir(dir);
+  return found;
+}
+
+TEST(FileSourceTest, TheLeastRecentlyUsedDescriptorIsTheOneClosed) {
+  TempDir dir;
+  const std::string a = dir.Write("a.bin", RandomBytes(64, 1)), b = dir.Write("b.bin", RandomBytes(64, 2)),
+                    c = dir.Write("c.bin", RandomBytes(64, 3));
+  auto source = MakeFile(Options(2));
+  std::string out(8, '\0');
+  for (const std::string* p : {&a, &b, &a, &c}) ASSERT_TRUE(source->Read(*p, 0, out.data(), out.size()).ok());
+  // a was used after b: b goes when c comes in.
+  EXPECT_TRUE(IsOpen(a));
+  EXPECT_FALSE(IsOpen(b));
+  EXPECT_TRUE(IsOpen(c));
+  ASSERT_TRUE(source->Read(b, 0, out.data(), out.size()).ok());
+  EXPECT_FALSE(IsOpen(a));  // now the oldest
+  EXPECT_TRUE(IsOpen(b));
+  EXPECT_TRUE(IsOpen(c));
+}
+
 TEST(FileSourceTest, EightThreadsReadingManyFilesGetExactBytes) {
   TempDir dir;
   constexpr int kFiles = 64;
