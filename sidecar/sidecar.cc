@@ -1,6 +1,7 @@
 #include "sidecar/sidecar.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -318,10 +319,13 @@ Status Sidecar::Init() {
   ASSIGN_OR_RETURN(memory_, staging::HostSlotMemory::Create(slots, layout_.slot_bytes,
                                                             "meshload-" + job_name_ + "-p" +
                                                                 std::to_string(options_.process)));
-  pool_ = std::make_unique<staging::SlotPool>(slots);
+  start_step_ = target_step_ = options_.start_step.value_or(rj.spec.resume.step);
+  pool_ = std::make_unique<staging::SlotPool>(slots, start_step_);
   slot_checksums_.assign(slots, {});
+  options_.staging_threads = std::clamp(options_.staging_threads, 1, static_cast<int>(slots));
   StepLoaderOptions lopts;
   lopts.reader_threads = options_.reader_threads;
+  lopts.callers = options_.staging_threads;
   ASSIGN_OR_RETURN(loader_, StepLoader::Create(*planner_, options_.process, loading_, *sources_, layout_, lopts));
   RETURN_IF_ERROR(loader_->VerifyFiles());
 
@@ -330,7 +334,6 @@ Status Sidecar::Init() {
   ASSIGN_OR_RETURN(listen_fd_, ipc::ListenSeqpacket(options_.socket_path, options_.socket_mode));
   if (options_.allowed_uids.empty()) options_.allowed_uids.push_back(::getuid());
 
-  start_step_ = next_step_ = target_step_ = options_.start_step.value_or(rj.spec.resume.step);
   registry_->AddCollectHook([this] {
     const staging::SlotCounts c = pool_->Counts();
     metrics_->slots.Add({{"state", "free"}}).Set(c.free);
@@ -356,15 +359,16 @@ Status Sidecar::Init() {
                               {"slot_bytes", memory_->slot_bytes()},
                               {"socket", options_.socket_path},
                               {"metrics_port", metrics_port_},
-                              {"first_step", next_step_}});
-  producer_ = std::thread([this] { ProducerMain(); });
+                              {"staging_threads", options_.staging_threads},
+                              {"first_step", start_step_}});
+  for (int i = 0; i < options_.staging_threads; ++i) producers_.emplace_back([this, i] { ProducerMain(i); });
   return Status::Ok();
 }
 
 Sidecar::~Sidecar() {
   stop_ = true;
   if (pool_) pool_->Shutdown();
-  if (producer_.joinable()) producer_.join();
+  for (auto& p : producers_) p.join();
   if (health_) health_->Stop();
   if (listen_fd_.valid()) ::unlink(options_.socket_path.c_str());
 }
@@ -390,18 +394,13 @@ std::pair<bool, std::string> Sidecar::Readiness() const {
   return {true, "ready"};
 }
 
-void Sidecar::ProducerMain() {
-  while (!stop_) {
-    uint64_t gen;
-    int64_t step;
-    {
-      std::lock_guard lock(producer_mu_);
-      gen = generation_;
-      step = next_step_;
-    }
-    metrics_->next_staged_step.Set(static_cast<double>(step));
-    auto slot = pool_->AcquireForFill(step, gen, std::chrono::milliseconds(200));
-    if (!slot) {
+void Sidecar::ProducerMain(int index) {
+  ::pthread_setname_np(::pthread_self(), ("ml-stage-" + std::to_string(index)).c_str());
+  while (!stop_ && !failed_) {
+    const uint64_t gen = pool_->generation();
+    metrics_->next_staged_step.Set(static_cast<double>(pool_->next_fill_step()));
+    auto fill = pool_->AcquireNextForFill(gen, std::chrono::milliseconds(200));
+    if (!fill) {
       // No free slot: the trainer holds them all (or the target moved).
       if (pool_->generation() == gen && !stop_ && producer_blocked_since_ns_.load() == 0) {
         producer_blocked_since_ns_.store(NowNs());
@@ -409,16 +408,17 @@ void Sidecar::ProducerMain() {
       continue;
     }
     producer_blocked_since_ns_.store(0);
+    const auto [slot, step] = *fill;
     const auto t0 = Clock::now();
     StepLoadStats stats;
-    Status st = loader_->Load(step, memory_->slot(*slot), slot_checksums_[*slot], &stats);
+    Status st = loader_->Load(step, memory_->slot(slot), slot_checksums_[slot], &stats, index);
     if (!st.ok()) {
-      pool_->AbandonFill(*slot);
+      pool_->AbandonFill(slot);
       metrics_->Error(std::string("load_") + std::string(StatusCodeName(st.code())));
       LogError("cannot stage a batch", {{"step", step}, {"error", st.ToString()}});
       {
         std::lock_guard lock(producer_mu_);
-        fatal_ = st;
+        if (fatal_.ok()) fatal_ = st;
       }
       failed_ = true;
       Notify();
@@ -426,39 +426,53 @@ void Sidecar::ProducerMain() {
     }
     metrics_->step_load.Observe(std::chrono::duration<double>(Clock::now() - t0).count());
     metrics_->samples_read.Increment(static_cast<double>(stats.samples_read));
-    if (pool_->MarkReady(*slot)) {
+    if (pool_->MarkReady(slot)) {
       {
         std::lock_guard lock(producer_mu_);
         if (gen == generation_) {
-          next_step_ = step + 1;
           metrics_->batches_staged.Increment();
           if (step == target_step_) target_staged_ = true;
         }
       }
-      std::lock_guard lock(client_mu_);
-      SendReadyBatchesLocked();
+      DeliverReady();
     }
   }
 }
 
-bool Sidecar::PipelineStartsAt(int64_t step) {
-  // The producer stages consecutive steps, so the pipeline serves `step`
-  // when the lowest step held in a slot is `step` (or nothing is held and
-  // `step` is next); otherwise the trainer needs a re-plan.
-  std::lock_guard lock(producer_mu_);
-  std::vector<int64_t> held;
-  for (uint32_t i = 0; i < pool_->size(); ++i) {
-    if (auto s = pool_->StepOf(i)) held.push_back(*s);
+void Sidecar::DeliverReady() {
+  // Producers must not queue up behind each other (or the server) on
+  // client_mu_ just to send a READY: a producer that finds the lock taken
+  // leaves the sending to the holder, who checks ready_pending_ after
+  // letting go (ClientLock).
+  ready_pending_.store(true);
+  while (ready_pending_.load()) {
+    std::unique_lock lock(client_mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    ready_pending_.store(false);
+    SendReadyBatchesLocked();
   }
-  if (held.empty()) return next_step_ == step;
-  std::sort(held.begin(), held.end());
-  return held.front() == step;
+}
+
+Sidecar::ClientLock::ClientLock(Sidecar& s) : s_(s), lock_(s.client_mu_) {}
+
+Sidecar::ClientLock::~ClientLock() { Unlock(); }
+
+void Sidecar::ClientLock::Unlock() {
+  if (!lock_.owns_lock()) return;
+  lock_.unlock();
+  if (s_.ready_pending_.load()) s_.DeliverReady();
+}
+
+bool Sidecar::PipelineStartsAt(int64_t step) {
+  // The producers stage consecutive steps, so the pipeline serves `step`
+  // when the lowest step held in a slot (or, with none held, the next step
+  // to stage) is `step`; otherwise the trainer needs a re-plan.
+  return pool_->FirstPendingStep() == step;
 }
 
 void Sidecar::RestartAt(int64_t step) {
   std::lock_guard lock(producer_mu_);
-  generation_ = pool_->Reset();
-  next_step_ = step;
+  generation_ = pool_->Reset(step);
   target_step_ = step;
   target_staged_ = false;
 }
@@ -540,7 +554,7 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
     std::lock_guard lock(producer_mu_);
     target_step_ = want;
   }
-  std::unique_lock client_lock(client_mu_);
+  ClientLock client_lock(*this);
   client_ = std::move(pending_);
   client_->next_to_send = want;
   const ResolvedJob& rj = planner_->job();
@@ -562,7 +576,7 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
   sh.global_batch = rj.global_batch;
   Status st = ipc::SendMessage(client_->fd.get(), ipc::Encode(sh), {memory_->fd()}, /*nonblocking=*/true);
   if (!st.ok()) {
-    client_lock.unlock();
+    client_lock.Unlock();
     DropClient("sending SERVER_HELLO failed: " + st.ToString());
     return;
   }
@@ -603,7 +617,7 @@ void Sidecar::SendReadyBatchesLocked() {
 }
 
 void Sidecar::DropClient(const std::string& why) {
-  std::lock_guard lock(client_mu_);
+  ClientLock lock(*this);
   if (!client_) return;
   const uint32_t reclaimed = pool_->ReclaimLeases();
   metrics_->leases_reclaimed.Increment(reclaimed);
@@ -645,7 +659,7 @@ void Sidecar::ServeClientMessage() {
     }
     metrics_->batches_consumed.Increment();
     metrics_->trainer_wait.Observe(static_cast<double>(rel->wait_ns) / 1e9);
-    std::lock_guard lock(client_mu_);
+    ClientLock lock(*this);
     client_->leases--;
     SendReadyBatchesLocked();
     return;
@@ -673,7 +687,7 @@ void Sidecar::Watchdog() {
   const double blocked = since ? static_cast<double>(NowNs() - since) / 1e9 : 0.0;
   if (blocked > limit && client_) {
     if (!reported_blocked_) {
-      std::lock_guard lock(client_mu_);
+      ClientLock lock(*this);
       LogWarn("trainer holds every slot; staging is paused", {{"seconds", blocked},
                                                               {"leased", static_cast<uint64_t>(client_->leases)},
                                                               {"next_step", client_->next_to_send}});
@@ -735,7 +749,17 @@ int Sidecar::Run() {
     }
     if (!closing_.empty()) ServeClosing(fds + closing_i, n - closing_i);
     if (rc > 0 && (fds[1].revents & POLLIN)) AcceptClient();
-    if (client_i >= 0 && client_ && (fds[client_i].revents & (POLLIN | POLLHUP | POLLERR))) ServeClientMessage();
+    if (client_i >= 0 && client_ && (fds[client_i].revents & (POLLIN | POLLHUP | POLLERR))) {
+      // Every message already queued is served in this wake-up (RELEASEs
+      // pile up while the producers keep the cores busy).
+      ServeClientMessage();
+      for (int more = 0; more < 64 && client_; ++more) {
+        pollfd again{client_->fd.get(), POLLIN, 0};
+        if (::poll(&again, 1, 0) <= 0) break;
+        ServeClientMessage();
+      }
+    }
+    if (ready_pending_.load()) DeliverReady();
     if (pending_i >= 0 && pending_ && (fds[pending_i].revents & (POLLIN | POLLHUP | POLLERR))) {
       auto msg = ipc::ReceiveMessage(pending_->fd.get(), ipc::kMaxMessageBytes);
       Result<ipc::Message> decoded = msg.ok() ? ipc::Decode(msg->bytes) : Result<ipc::Message>(msg.status());

@@ -2,11 +2,13 @@
 /// Sidecar: the program in every trainer pod that keeps the trainer fed.
 ///
 /// Threads (all started after set-up; the sidecar never forks):
-///   - the *producer* plans step t, takes a free slot (waiting while the
-///     trainer holds them all: memory stays at `prefetch` slots), reads the
+///   - the *producers* (`staging_threads`, at most one per slot) each take
+///     a free slot together with the next step to stage (waiting while the
+///     trainer holds them all: memory stays at `prefetch` slots), read the
 ///     batch into it with the StepLoader (alone for small steps, with the
-///     loader's reader threads for large ones), marks it ready, and sends
-///     READY itself when the trainer is due that step;
+///     loader's reader threads for large ones), mark it ready, and send
+///     READY themselves when the trainer is due that step. Consecutive
+///     steps are staged in parallel; READYs still go out in step order;
 ///   - the *server* (Run(), the caller's thread) accepts the trainer on the
 ///     Unix socket, checks its uid, sends SERVER_HELLO with the pool's fd,
 ///     then READY for consecutive steps as they are staged, and takes
@@ -63,6 +65,9 @@ struct SidecarOptions {
   /// spec.resume.step). A trainer may ask for any other step.
   std::optional<int64_t> start_step;
   int reader_threads = 4;
+  /// Producers staging consecutive steps at once (clamped to the slots):
+  /// small batches are bound by per-step work, which this spreads over cores.
+  int staging_threads = 2;
   source::SourceOptions source_options;
   /// How long a read or a full pool may stall before it is reported.
   std::chrono::milliseconds stall_report_after{3000};
@@ -95,7 +100,7 @@ class Sidecar {
 
   explicit Sidecar(SidecarOptions options);
   Status Init();
-  void ProducerMain();
+  void ProducerMain(int index);
   void RestartAt(int64_t step);
   bool PipelineStartsAt(int64_t step);
   void Notify();
@@ -106,6 +111,19 @@ class Sidecar {
   // producer calls it right after staging (no hop through the server
   // thread), the server after RELEASE and hello. Needs client_mu_.
   void SendReadyBatchesLocked();
+  // Sends the READYs now due without waiting for client_mu_ (see .cc).
+  void DeliverReady();
+  // client_mu_, held; letting go delivers READYs left pending meanwhile.
+  class ClientLock {
+   public:
+    explicit ClientLock(Sidecar& s);
+    ~ClientLock();
+    void Unlock();
+
+   private:
+    Sidecar& s_;
+    std::unique_lock<std::mutex> lock_;
+  };
   void DropClient(const std::string& why);
   void Watchdog();
   std::pair<bool, std::string> Readiness() const;
@@ -129,10 +147,12 @@ class Sidecar {
   UniqueFd listen_fd_;
   UniqueFd event_fd_;  // producer -> server wake-ups, and RequestStop()
   // client_ is set and reset by the server thread only, under client_mu_;
-  // the producer reads it (and sends READY) under client_mu_.
+  // the producers read it (and send READY) under client_mu_, taken with
+  // try_lock (DeliverReady); every other holder uses ClientLock.
   std::mutex client_mu_;
   std::unique_ptr<Client> client_;
   std::unique_ptr<Client> pending_;  // connected, no CLIENT_HELLO yet
+  std::atomic<bool> ready_pending_{false};  // a READY may be due; whoever holds client_mu_ sends it
   // Refused connections: their ERROR is sent, but closing at once with the
   // trainer's hello unread would reset the connection and lose the ERROR.
   // They are drained and closed on EOF or after a second.
@@ -147,7 +167,6 @@ class Sidecar {
   // Producer state, guarded by producer_mu_.
   std::mutex producer_mu_;
   uint64_t generation_ = 0;
-  int64_t next_step_ = 0;
   int64_t target_step_ = 0;  // the first step the trainer asked for (readiness)
   int64_t start_step_ = 0;   // --start-step or spec.resume.step: what want_step -1 means
   Status fatal_;
@@ -159,7 +178,7 @@ class Sidecar {
   bool failure_reported_ = false;  // server thread only
   std::string fatal_message_;      // server thread only
   bool reported_stuck_read_ = false;
-  std::thread producer_;
+  std::vector<std::thread> producers_;
 };
 
 /// Resolves the job as a sidecar must: local datasets are indexed from their

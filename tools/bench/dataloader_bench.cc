@@ -2,7 +2,7 @@
 // a meshload-sidecar process into this (consumer) process through the real
 // client, against ceilings and the Python baseline measured in the same run.
 //
-//   build/tools/bench/dataloader_bench [--quick] [--dir DIR]
+//   build/tools/bench/dataloader_bench [--quick] [--dir DIR] [--only SCENARIO]
 //
 // Per scenario it prints:
 //   - the single-thread pread ceiling (shuffled per-sample preads of the same
@@ -28,6 +28,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -92,6 +94,37 @@ Memory SidecarMemory(pid_t pid) {
     if (l.rfind("RssFile:", 0) == 0) m.file = kb(l, 8);
   }
   return m;
+}
+
+// CPU seconds (user + system) a process has used so far; 0 if unknown.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = all.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(all.substr(close + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// Context switches (voluntary + involuntary) of every thread of a process.
+uint64_t ContextSwitches(pid_t pid) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "status");
+    for (std::string l; std::getline(in, l);) {
+      if (l.rfind("voluntary_ctxt_switches:", 0) == 0 || l.rfind("nonvoluntary_ctxt_switches:", 0) == 0) {
+        total += std::stoull(l.substr(l.find(':') + 1));
+      }
+    }
+  }
+  return total;
 }
 
 double Quantile(std::vector<double> v, double q) {
@@ -191,6 +224,8 @@ void RunScenario(const Scenario& s, const std::string& root) {
   uint64_t bytes = 0;
   first = Status(StatusCode::kUnavailable, "released");
   t0 = Clock::now();
+  const double sidecar_cpu0 = CpuSeconds(pid), self_cpu0 = CpuSeconds(::getpid());
+  const uint64_t sidecar_cs0 = ContextSwitches(pid), self_cs0 = ContextSwitches(::getpid());
   for (int64_t t = 1; t < s.steps; ++t) {
     auto b = (*c)->Next();
     if (!b.ok()) {
@@ -202,6 +237,10 @@ void RunScenario(const Scenario& s, const std::string& root) {
     g_sink = static_cast<const uint8_t*>(b->tensors[0].data)[0];  // the consumer sees the data
   }
   const double elapsed = Since(t0);
+  const double sidecar_cpu = CpuSeconds(pid) - sidecar_cpu0, self_cpu = CpuSeconds(::getpid()) - self_cpu0;
+  const double per_step = static_cast<double>(s.steps - 1);
+  const double sidecar_cs = static_cast<double>(ContextSwitches(pid) - sidecar_cs0) / per_step;
+  const double self_cs = static_cast<double>(ContextSwitches(::getpid()) - self_cs0) / per_step;
   const double ml_rate = static_cast<double>((s.steps - 1) * static_cast<int64_t>(s.batch)) / elapsed;
   // Handoff: a consumer slower than the loader finds every batch staged;
   // Next() then costs RELEASE of the previous slot + READY + receive.
@@ -260,6 +299,9 @@ void RunScenario(const Scenario& s, const std::string& root) {
               s.target_vs_pread > 0 ? (" (target >= " + std::to_string(s.target_vs_pread).substr(0, 4) + ")").c_str() : "",
               ml_rate / memcpy_rate, py_rate > 0 ? ml_rate / py_rate : 0.0,
               s.target_vs_python > 0 ? (" (target >= " + std::to_string(s.target_vs_python).substr(0, 3) + ")").c_str() : "");
+  std::printf("  CPU while streaming                  sidecar %.2f cores, consumer %.2f cores (%.2f s)\n",
+              sidecar_cpu / elapsed, self_cpu / elapsed, elapsed);
+  std::printf("  context switches per step            sidecar %.2f, consumer %.2f\n", sidecar_cs, self_cs);
   std::printf("  trainer wait while streaming         p50 %.1f us, p99 %.1f us\n", Quantile(waits, 0.5) * 1e6,
               Quantile(waits, 0.99) * 1e6);
   std::printf("  handoff, batch already staged        p50 %.1f us, p99 %.1f us (target p99 < 50 us)\n",
@@ -278,19 +320,23 @@ void RunScenario(const Scenario& s, const std::string& root) {
 int main(int argc, char** argv) {
   using namespace meshload;
   bool quick = false;
+  std::string only;  // --only NAME: one scenario
   std::string root = "/tmp/meshload-bench";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--dir") == 0 && i + 1 < argc) root = argv[++i];
+    if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
   }
   std::filesystem::create_directories(root);
   const uint64_t gib = quick ? 256ull << 20 : 1ull << 30;
   std::vector<Scenario> scenarios = {
       {"fixed-1MiB", DatasetFormat::kFixedRecord, 1 << 20, 0, 16, gib >> 20, quick ? 64 : 256, 4, 0.70, 0},
-      {"fixed-4KiB", DatasetFormat::kFixedRecord, 4096, 0, 32, gib >> 12, quick ? 2000 : 8000, 4, 0, 3.0},
-      {"tokens-u16-2048", DatasetFormat::kTokenStream, 0, 2048, 32, gib / 4096, quick ? 2000 : 8000, 4, 0, 3.0},
+      {"fixed-4KiB", DatasetFormat::kFixedRecord, 4096, 0, 32, gib >> 12, quick ? 2000 : 24000, 4, 0, 3.0},
+      {"tokens-u16-2048", DatasetFormat::kTokenStream, 0, 2048, 32, gib / 4096, quick ? 2000 : 24000, 4, 0, 3.0},
   };
   std::printf("meshload host data path benchmark%s (data in %s)\n", quick ? " (quick)" : "", root.c_str());
-  for (const auto& s : scenarios) RunScenario(s, root);
+  for (const auto& s : scenarios) {
+    if (only.empty() || s.name == only) RunScenario(s, root);
+  }
   return 0;
 }
