@@ -5,10 +5,15 @@
 
 #include <atomic>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <sstream>
+#include <string>
+#include <thread>
 
 #include "common/allocator.h"
 #include "common/flags.h"
@@ -25,6 +30,10 @@ trainer over a Unix socket (protocol: docs/protocol.md).
 options (each also read from the environment variable named after it):
   --job PATH             the DataLoadJob (in a pod: the mounted ConfigMap)   MESHLOAD_JOB
   --process P            this pod's process index                             MESHLOAD_PROCESS
+  --process-file PATH    read the index from PATH instead, waiting until it   MESHLOAD_PROCESS_FILE
+                         exists: the controller's ConfigMap key
+                         process.<pod name>, mounted (e.g.
+                         /etc/meshload/job/process.$(POD_NAME))
   --socket PATH          the socket the trainer connects to                   MESHLOAD_SOCKET
   --socket-mode MODE     octal permissions of the socket (default 0660)       MESHLOAD_SOCKET_MODE
   --allow-uids LIST      comma-separated uids allowed to connect              MESHLOAD_ALLOW_UIDS
@@ -35,6 +44,8 @@ options (each also read from the environment variable named after it):
   --start-step T         first step to stage before the trainer connects      MESHLOAD_START_STEP
                          (default spec.resume.step)
   --reader-threads N     storage reader threads (default 4)                   MESHLOAD_READER_THREADS
+  --staging-threads N    steps staged in parallel (default 2, at most the     MESHLOAD_STAGING_THREADS
+                         job's prefetch)
   --log-level LEVEL      debug, info, warn, error                             MESHLOAD_LOG_LEVEL
   --log-format FORMAT    json or kv                                           MESHLOAD_LOG_FORMAT
 )";
@@ -43,8 +54,43 @@ options (each also read from the environment variable named after it):
 std::atomic<meshload::sidecar::Sidecar*> g_sidecar{nullptr};
 static_assert(std::atomic<meshload::sidecar::Sidecar*>::is_always_lock_free);
 
+std::atomic<bool> g_stop_waiting{false};
+
 void OnSignal(int) {
+  g_stop_waiting.store(true);
   if (auto* s = g_sidecar.load()) s->RequestStop();
+}
+
+// The process index from a file the controller writes (a ConfigMap key,
+// which appears in the mounted volume some seconds after the pod starts):
+// waits for it, saying so every 10 s, until it exists or a signal arrives.
+// The content is a decimal index, optionally followed by a newline.
+meshload::Result<int64_t> WaitForProcessFile(const std::string& path) {
+  using namespace std::chrono;
+  const auto start = steady_clock::now();
+  auto next_log = start;
+  while (!g_stop_waiting.load()) {
+    std::ifstream in(path);
+    if (in) {
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
+      int64_t v = 0;
+      if (!meshload::cli::ParseInt64(text, &v) || v < 0 || v > (1 << 22)) {
+        return meshload::InvalidArgument("expected a process index (a decimal integer), got '" + text.substr(0, 40) +
+                                             "'",
+                                         path);
+      }
+      return v;
+    }
+    if (steady_clock::now() >= next_log) {
+      meshload::LogInfo("waiting for the controller to assign this pod a process index",
+                        {{"file", path},
+                         {"waited_seconds", duration_cast<seconds>(steady_clock::now() - start).count()}});
+      next_log += seconds(10);
+    }
+    std::this_thread::sleep_for(milliseconds(250));
+  }
+  return meshload::Status(meshload::StatusCode::kCancelled, "stopped while waiting for the process index", path);
 }
 
 }  // namespace
@@ -60,6 +106,8 @@ int main(int argc, char** argv) {
   sidecar::SidecarOptions opt;
   std::string process = Env("MESHLOAD_PROCESS"), metrics_port = Env("MESHLOAD_METRICS_PORT");
   std::string start_step = Env("MESHLOAD_START_STEP"), reader_threads = Env("MESHLOAD_READER_THREADS");
+  std::string staging_threads = Env("MESHLOAD_STAGING_THREADS");
+  std::string process_file = Env("MESHLOAD_PROCESS_FILE");
   std::string allow = Env("MESHLOAD_ALLOW_UIDS"), mode = Env("MESHLOAD_SOCKET_MODE");
   std::string log_level, log_format;
   opt.job_path = Env("MESHLOAD_JOB");
@@ -69,6 +117,7 @@ int main(int argc, char** argv) {
   cli::FlagParser flags("", kUsage, "meshload-sidecar");
   flags.String({"--job"}, &opt.job_path);
   flags.String({"--process"}, &process);
+  flags.String({"--process-file"}, &process_file);
   flags.String({"--socket"}, &opt.socket_path);
   flags.String({"--socket-mode"}, &mode);
   flags.String({"--allow-uids"}, &allow);
@@ -76,6 +125,7 @@ int main(int argc, char** argv) {
   flags.String({"--metrics-address"}, &opt.metrics_address);
   flags.String({"--start-step"}, &start_step);
   flags.String({"--reader-threads"}, &reader_threads);
+  flags.String({"--staging-threads"}, &staging_threads);
   flags.String({"--log-level"}, &log_level);
   flags.String({"--log-format"}, &log_format);
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
@@ -93,8 +143,11 @@ int main(int argc, char** argv) {
   if (Status st = ConfigureLoggingFromFlags(log_level, log_format); !st.ok()) return usage(st.message());
   if (opt.job_path.empty()) return usage("--job (or MESHLOAD_JOB) is required");
   if (opt.socket_path.empty()) return usage("--socket (or MESHLOAD_SOCKET) is required");
-  if (process.empty()) return usage("--process (or MESHLOAD_PROCESS) is required");
-  if (!int_flag(process, "--process", 0, 1 << 22, &opt.process)) return 2;
+  if (process.empty() && process_file.empty()) {
+    return usage("--process or --process-file (or MESHLOAD_PROCESS / MESHLOAD_PROCESS_FILE) is required");
+  }
+  if (!process.empty() && !process_file.empty()) return usage("give --process or --process-file, not both");
+  if (!process.empty() && !int_flag(process, "--process", 0, 1 << 22, &opt.process)) return 2;
   int64_t v = 0;
   if (!metrics_port.empty()) {
     if (!int_flag(metrics_port, "--metrics-port", 0, 65535, &v)) return 2;
@@ -107,6 +160,10 @@ int main(int argc, char** argv) {
   if (!reader_threads.empty()) {
     if (!int_flag(reader_threads, "--reader-threads", 1, 256, &v)) return 2;
     opt.reader_threads = static_cast<int>(v);
+  }
+  if (!staging_threads.empty()) {
+    if (!int_flag(staging_threads, "--staging-threads", 1, 64, &v)) return 2;
+    opt.staging_threads = static_cast<int>(v);
   }
   if (!mode.empty()) {
     char* end = nullptr;
@@ -127,6 +184,23 @@ int main(int argc, char** argv) {
   // SIGTERM/SIGINT are handled once the sidecar exists (before, the default
   // action, exiting, is right).
   ::signal(SIGPIPE, SIG_IGN);
+  if (!process_file.empty()) {
+    // A signal while waiting stops the wait (the sidecar does not exist yet).
+    struct sigaction wait_sa {};
+    wait_sa.sa_handler = OnSignal;
+    sigemptyset(&wait_sa.sa_mask);
+    ::sigaction(SIGTERM, &wait_sa, nullptr);
+    ::sigaction(SIGINT, &wait_sa, nullptr);
+    auto index = WaitForProcessFile(process_file);
+    if (!index.ok()) {
+      if (index.status().code() == StatusCode::kCancelled) return 0;
+      LogError("sidecar cannot start", {{"error", index.status().ToString()}});
+      std::cerr << "meshload-sidecar: " << index.status().ToString() << "\n";
+      return 2;
+    }
+    opt.process = *index;
+    LogInfo("process index assigned", {{"process", opt.process}, {"file", process_file}});
+  }
   auto sidecar = sidecar::Sidecar::Create(opt);
   if (!sidecar.ok()) {
     LogError("sidecar cannot start", {{"error", sidecar.status().ToString()}});

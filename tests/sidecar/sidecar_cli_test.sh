@@ -126,5 +126,34 @@ else
   skipped "a real Prometheus scrapes the sidecar" "prometheus is not installed (scripts/install-deps.sh installs it)"
 fi
 
+# 5. --process-file: the index comes from the controller's ConfigMap key
+#    (process.<pod name>), which appears after the pod starts; the sidecar
+#    waits for it, then serves that process.
+SOCK2=$TMP/pf.sock
+PF=$TMP/cm/process.trainer-1
+mkdir -p "$TMP/cm"
+MESHLOAD_PROCESS_FILE=$PF "$SIDECAR" --job "$TMP/fixed.yaml" --socket "$SOCK2" --log-level info \
+  2>"$TMP/pf.log" &
+PF_PID=$!
+PIDS+=($PF_PID)
+sleep 0.6
+waiting=1
+[ ! -S "$SOCK2" ] && kill -0 $PF_PID 2>/dev/null && grep -q "waiting for the controller" "$TMP/pf.log" && waiting=0
+printf '1\n' >"$PF.tmp" && mv "$PF.tmp" "$PF"
+for _ in $(seq 100); do [ -S "$SOCK2" ] && break; sleep 0.05; done
+out=$("$ML" demo-trainer --job "$TMP/fixed.yaml" --process 1 --socket "$SOCK2" --steps 5 2>&1); rc=$?
+[ $waiting -eq 0 ] && [ $rc -eq 0 ] && grep -q '"process":1' "$TMP/pf.log"
+check "--process-file waits for the index, then serves that process (the trainer verifies process 1's bytes)" $?
+[ $rc -eq 0 ] || { echo "$out" | tail -5; tail -5 "$TMP/pf.log"; }
+echo "garbage" >"$TMP/cm/process.bad"
+out=$("$SIDECAR" --job "$TMP/fixed.yaml" --socket "$TMP/bad.sock" --process-file "$TMP/cm/process.bad" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "process.bad" <<<"$out" && grep -q "got 'garbage'" <<<"$out"
+check "a process file that is not an index is a clear error naming the file" $?
+MESHLOAD_PROCESS_FILE=$TMP/cm/never "$SIDECAR" --job "$TMP/fixed.yaml" --socket "$TMP/never.sock" 2>/dev/null &
+NEVER=$!
+sleep 0.3; kill -TERM $NEVER; wait $NEVER; rc=$?
+[ $rc -eq 0 ]
+check "SIGTERM while waiting for the process file exits cleanly" $?
+
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]
