@@ -164,20 +164,32 @@ TEST_F(ControllerProcess, MetricsHealthAndReadinessAndPromtool) {
   auto health = http.Get("/healthz");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
-  auto m = http.Get("/metrics");
-  ASSERT_TRUE(m);
-  for (const char* want : {"meshload_controller_reconciles_total", "meshload_controller_reconcile_duration_seconds",
-                           "meshload_controller_queue_depth", "meshload_controller_leader 1",
-                           "meshload_controller_api_requests_total", "meshload_build_info{component=\"controller\""}) {
-    EXPECT_NE(m->body.find(want), std::string::npos) << want;
-  }
+  // The status write lands before the reconcile that made it is counted
+  // and logged: wait for those too.
+  const std::vector<std::string> wanted = {
+      "meshload_controller_reconciles_total", "meshload_controller_reconcile_duration_seconds",
+      "meshload_controller_queue_depth", "meshload_controller_leader 1", "meshload_controller_api_requests_total",
+      "meshload_build_info{component=\"controller\""};
+  std::string metrics;
+  const bool all_there = TestCluster::Eventually([&] {
+    auto m = http.Get("/metrics");
+    if (!m) return false;
+    metrics = m->body;
+    for (const auto& want : wanted) {
+      if (metrics.find(want) == std::string::npos) return false;
+    }
+    return true;
+  }, 20s);
+  for (const auto& want : wanted) EXPECT_NE(metrics.find(want), std::string::npos) << want;
+  EXPECT_TRUE(all_there);
   // JSON logs with a reconcile id.
-  std::string log = Slurp(dir_.path() + "/solo.log");
-  EXPECT_NE(log.find("\"reconcile_id\":"), std::string::npos) << log;
+  EXPECT_TRUE(TestCluster::Eventually(
+      [&] { return Slurp(dir_.path() + "/solo.log").find("\"reconcile_id\":") != std::string::npos; }, 20s))
+      << Slurp(dir_.path() + "/solo.log");
   if (std::system("command -v promtool >/dev/null 2>&1") == 0) {
-    std::ofstream(dir_.path() + "/metrics.txt") << m->body;
+    std::ofstream(dir_.path() + "/metrics.txt") << metrics;
     std::string cmd = "promtool check metrics < " + dir_.path() + "/metrics.txt";
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << m->body;
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << metrics;
   } else {
     std::cout << "[ note ] promtool not installed: the exposition format is not checked here\n";
   }
