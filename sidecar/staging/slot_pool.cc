@@ -6,35 +6,32 @@ namespace meshload::staging {
 
 SlotPool::SlotPool(uint32_t slots, int64_t first_step) : slots_(slots), next_fill_(first_step) {}
 
-std::optional<uint32_t> SlotPool::AcquireForFill(int64_t step, uint64_t generation,
-                                                 std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
+std::optional<uint32_t> SlotPool::WaitForFree(std::unique_lock<std::mutex>& lock, uint64_t generation,
+                                              std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     if (shutdown_ || generation != generation_) return std::nullopt;
     for (uint32_t i = 0; i < slots_.size(); ++i) {
-      if (slots_[i].state == SlotState::kFree) {
-        slots_[i] = {SlotState::kFilling, step, generation};
-        return i;
-      }
+      if (slots_[i].state == SlotState::kFree) return i;
     }
     if (free_.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
   }
 }
 
+std::optional<uint32_t> SlotPool::AcquireForFill(int64_t step, uint64_t generation,
+                                                 std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  auto slot = WaitForFree(lock, generation, timeout);
+  if (slot) slots_[*slot] = {SlotState::kFilling, step, generation};
+  return slot;
+}
+
 std::optional<SlotPool::Fill> SlotPool::AcquireNextForFill(uint64_t generation, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    if (shutdown_ || generation != generation_) return std::nullopt;
-    for (uint32_t i = 0; i < slots_.size(); ++i) {
-      if (slots_[i].state == SlotState::kFree) {
-        slots_[i] = {SlotState::kFilling, next_fill_, generation};
-        return Fill{i, next_fill_++};
-      }
-    }
-    if (free_.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
-  }
+  auto slot = WaitForFree(lock, generation, timeout);
+  if (!slot) return std::nullopt;
+  slots_[*slot] = {SlotState::kFilling, next_fill_, generation};
+  return Fill{*slot, next_fill_++};
 }
 
 int64_t SlotPool::next_fill_step() const {
@@ -110,18 +107,16 @@ uint32_t SlotPool::ReclaimLeases() {
 
 uint64_t SlotPool::Reset(int64_t next_step) {
   std::lock_guard lock(mu_);
-  next_fill_ = next_step;
-  ++generation_;
-  for (Slot& s : slots_) {
-    if (s.state == SlotState::kReady) s = Slot{};
-  }
-  free_.notify_all();  // producers of the old generation return
-  ready_.notify_all();
-  return generation_;
+  return ResetLocked(next_step);
 }
 
 uint64_t SlotPool::Reset() {
   std::lock_guard lock(mu_);
+  return ResetLocked(next_fill_);
+}
+
+uint64_t SlotPool::ResetLocked(int64_t next_step) {
+  next_fill_ = next_step;
   ++generation_;
   for (Slot& s : slots_) {
     if (s.state == SlotState::kReady) s = Slot{};

@@ -97,6 +97,13 @@ class SlotPool {
   bool WaitReady(int64_t step, std::chrono::milliseconds timeout) const;
 
  private:
+  // With mu_ held: a free slot once there is one, nullopt on shutdown, a
+  // new generation or timeout.
+  std::optional<uint32_t> WaitForFree(std::unique_lock<std::mutex>& lock, uint64_t generation,
+                                      std::chrono::milliseconds timeout);
+
+  uint64_t ResetLocked(int64_t next_step);
+
   struct Slot {
     SlotState state = SlotState::kFree;
     int64_t step = -1;
