@@ -733,6 +733,8 @@ int Sidecar::Run() {
         fatal = fatal_;
       }
       fatal_message_ = fatal.ToString();
+      // /healthz first: a trainer told of the failure may look there at once.
+      if (health_) health_->SetHealthy(false, fatal_message_);
       if (client_) {
         (void)ipc::SendTo(client_->fd.get(),
                                ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kDataError, fatal_message_}));
@@ -744,7 +746,6 @@ int Sidecar::Run() {
         CloseLater(std::move(pending_->fd));
         pending_.reset();
       }
-      if (health_) health_->SetHealthy(false, fatal_message_);
       failure_reported_ = true;
     }
     if (!closing_.empty()) ServeClosing(fds + closing_i, n - closing_i);

@@ -149,6 +149,10 @@ TEST(Sidecar, ServesConsecutiveStepsWithThePlannedBytes) {
     ASSERT_EQ(b->step, step);
     h.ExpectBatchIsPlanned(*b);
   }
+  // The last RELEASEs may still be on their way to the server thread.
+  for (int i = 0; i < 500 && h.Metric("meshload_batches_consumed_total") < 44; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
   EXPECT_GE(h.Metric("meshload_batches_consumed_total"), 44);
   EXPECT_EQ(h.Metric("meshload_clients_connected"), 1);
 }
