@@ -459,6 +459,7 @@ std::string FakeApiServer::url() const {
 }
 
 void FakeApiServer::CloseAllWatches() { impl_->store.CloseAllWatches(); }
+uint64_t FakeApiServer::WatchesBegun() const { return impl_->store.watches_begun(); }
 
 void FakeApiServer::InjectErrors(std::string path_prefix, int status_code, int count,
                                  int retry_after_seconds) {

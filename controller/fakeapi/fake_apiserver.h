@@ -77,6 +77,9 @@ class FakeApiServer {
   // ---- test hooks --------------------------------------------------------
   /// Ends every open watch stream cleanly; clients must re-watch.
   void CloseAllWatches();
+  /// Watches the server has begun (a client's watch counts once the server
+  /// holds it, so CloseAllWatches() after this sees it).
+  uint64_t WatchesBegun() const;
   /// Answers the next `count` requests whose path starts with `path_prefix`
   /// with `status_code` and a real `Status` body; a positive
   /// `retry_after_seconds` adds a Retry-After header (as a real 429 carries).

@@ -825,6 +825,7 @@ std::optional<WatchCursor> ObjectStore::BeginWatch(const RequestTarget& t,
   WatchCursor c{t, *labels, *fields, 0, 0};
   std::lock_guard<std::mutex> lock(mu_);
   c.close_generation = close_generation_;
+  ++watches_begun_;  // counted once the cursor would be ended by CloseAllWatches()
   const std::string& rv_text = options.resource_version;
   if (rv_text.empty() || rv_text == "0") {
     c.rv = rv_;
@@ -887,6 +888,11 @@ json ObjectStore::Bookmark(const WatchCursor& c) const {
            {{"kind", c.target.type.kind},
             {"apiVersion", c.target.type.ApiVersion(c.target.version)},
             {"metadata", {{"resourceVersion", std::to_string(c.rv)}}}}}};
+}
+
+uint64_t ObjectStore::watches_begun() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return watches_begun_;
 }
 
 void ObjectStore::CloseAllWatches() {

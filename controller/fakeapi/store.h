@@ -123,6 +123,9 @@ class ObjectStore {
   /// Ends every open watch (a clean end of stream, as when a real server
   /// drops a watch); clients are expected to re-watch.
   void CloseAllWatches();
+  /// Watches begun so far (each one CloseAllWatches() would now end, unless
+  /// it has ended already).
+  uint64_t watches_begun() const;
   /// Wakes and ends all watches for good; used by the server's Stop().
   void Shutdown();
   /// Drops the whole event history: every RV older than now is 410 Gone.
@@ -163,6 +166,7 @@ class ObjectStore {
   uint64_t rv_ = 0;
   uint64_t oldest_valid_rv_ = 0;  // every event after this RV is in history_
   uint64_t close_generation_ = 0;
+  uint64_t watches_begun_ = 0;
   bool shutdown_ = false;
 };
 

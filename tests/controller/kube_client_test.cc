@@ -257,9 +257,11 @@ TEST(Informer, ClosedWatchesResumeFromTheLastResourceVersion) {
   inf.Start();
   ASSERT_TRUE(inf.WaitForSync(10s));
   for (int round = 0; round < 3; ++round) {
-    // Close only once a watch is open, and wait for the informer to re-watch.
+    // Close only once the server holds the informer's watch (a close before
+    // that would miss it), and wait for the informer to re-watch.
     ASSERT_TRUE(TestCluster::Eventually([&] { return inf.watches() >= round + 1; }));
-    std::this_thread::sleep_for(100ms);
+    ASSERT_TRUE(TestCluster::Eventually(
+        [&] { return cluster.server().WatchesBegun() >= static_cast<uint64_t>(round) + 1; }));
     cluster.server().CloseAllWatches();
     cluster.client().Post("/api/v1/namespaces/default/configmaps", ConfigMap("default", "r" + std::to_string(round)));
   }

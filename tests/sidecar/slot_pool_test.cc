@@ -139,7 +139,7 @@ TEST(SlotPool, SeveralProducersFillEveryStepOnceAndTheTrainerNeverStarves) {
   std::vector<std::atomic<int>> filled(kSteps);
   std::vector<std::thread> producers;
   for (int i = 0; i < 3; ++i) {
-    producers.emplace_back([&] {
+    producers.emplace_back([&, i] {
       while (!stop) {
         auto f = pool.AcquireNextForFill(0, milliseconds(50));
         if (!f) continue;
