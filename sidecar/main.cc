@@ -16,8 +16,11 @@
 #include <thread>
 
 #include "common/allocator.h"
+#include <nlohmann/json.hpp>
+
 #include "common/flags.h"
 #include "common/logging.h"
+#include "sidecar/exchange/peer_exchange.h"
 #include "sidecar/sidecar.h"
 
 namespace {
@@ -46,6 +49,17 @@ options (each also read from the environment variable named after it):
   --reader-threads N     storage reader threads (default 4)                   MESHLOAD_READER_THREADS
   --staging-threads N    steps staged in parallel (default 2, at most the     MESHLOAD_STAGING_THREADS
                          job's prefetch)
+  --peers LIST           HOST:PORT of every process's sidecar, in process     MESHLOAD_PEERS
+                         order (for Broadcast and LoadAndReshard, which move
+                         samples between processes)
+  --assignments PATH     read the peers from the controller's                 MESHLOAD_ASSIGNMENTS
+                         assignments.json instead (pod IPs; waits until every
+                         process has one), with --peer-port
+  --peer-port N          the port every sidecar listens on for its peers      MESHLOAD_PEER_PORT
+                         (default 7441; with --assignments)
+  --peer-timeout S       a peer silent this long is dead (default 30)         MESHLOAD_PEER_TIMEOUT
+  --peer-listen-fd N     listen for peers on this inherited socket (meshload
+                         run --local)
   --log-level LEVEL      debug, info, warn, error                             MESHLOAD_LOG_LEVEL
   --log-format FORMAT    json or kv                                           MESHLOAD_LOG_FORMAT
 )";
@@ -93,6 +107,55 @@ meshload::Result<int64_t> WaitForProcessFile(const std::string& path) {
   return meshload::Status(meshload::StatusCode::kCancelled, "stopped while waiting for the process index", path);
 }
 
+// The peers from the controller's assignments.json ({"processes": P,
+// "pods": {name: {"index": i, "ip": "10.1.2.3"}}}): waits, saying so every
+// 10 s, until every process has a pod with an IP (pods get theirs when they
+// start), or a signal arrives.
+meshload::Result<std::vector<meshload::sidecar::exchange::PeerAddress>> WaitForAssignments(const std::string& path,
+                                                                                          uint16_t port) {
+  using namespace std::chrono;
+  const auto start = steady_clock::now();
+  auto next_log = start;
+  while (!g_stop_waiting.load()) {
+    std::ifstream in(path);
+    std::string missing = "the file";
+    if (in) {
+      nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.is_object() || !j.contains("processes") || !j["processes"].is_number_integer() ||
+          !j.contains("pods") || !j["pods"].is_object()) {
+        return meshload::InvalidArgument("expected the controller's assignments (processes, pods)", path);
+      }
+      const int64_t n = j["processes"].get<int64_t>();
+      if (n < 1 || n > (1 << 22)) return meshload::InvalidArgument("processes: out of range", path);
+      std::vector<meshload::sidecar::exchange::PeerAddress> peers(static_cast<size_t>(n));
+      for (const auto& [name, pod] : j["pods"].items()) {
+        if (!pod.is_object() || !pod.contains("index") || !pod["index"].is_number_integer()) {
+          return meshload::InvalidArgument("pods." + name + ".index: expected an integer", path);
+        }
+        const int64_t i = pod["index"].get<int64_t>();
+        if (i < 0 || i >= n) return meshload::InvalidArgument("pods." + name + ".index: out of range", path);
+        if (pod.contains("ip") && pod["ip"].is_string()) peers[static_cast<size_t>(i)].host = pod["ip"].get<std::string>();
+        peers[static_cast<size_t>(i)].port = port;
+      }
+      missing.clear();
+      for (int64_t i = 0; i < n; ++i) {
+        if (peers[static_cast<size_t>(i)].host.empty()) missing += (missing.empty() ? "" : ",") + std::to_string(i);
+      }
+      if (missing.empty()) return peers;
+      missing = "the IPs of processes " + missing;
+    }
+    if (steady_clock::now() >= next_log) {
+      meshload::LogInfo("waiting for the controller to publish every process's address",
+                        {{"file", path},
+                         {"missing", missing},
+                         {"waited_seconds", duration_cast<seconds>(steady_clock::now() - start).count()}});
+      next_log += seconds(10);
+    }
+    std::this_thread::sleep_for(milliseconds(500));
+  }
+  return meshload::Status(meshload::StatusCode::kCancelled, "stopped while waiting for the assignments", path);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -110,6 +173,8 @@ int main(int argc, char** argv) {
   std::string process_file = Env("MESHLOAD_PROCESS_FILE");
   std::string allow = Env("MESHLOAD_ALLOW_UIDS"), mode = Env("MESHLOAD_SOCKET_MODE");
   std::string log_level, log_format;
+  std::string peers = Env("MESHLOAD_PEERS"), assignments = Env("MESHLOAD_ASSIGNMENTS");
+  std::string peer_port = Env("MESHLOAD_PEER_PORT"), peer_timeout = Env("MESHLOAD_PEER_TIMEOUT"), peer_fd;
   opt.job_path = Env("MESHLOAD_JOB");
   opt.socket_path = Env("MESHLOAD_SOCKET");
   if (!Env("MESHLOAD_METRICS_ADDRESS").empty()) opt.metrics_address = Env("MESHLOAD_METRICS_ADDRESS");
@@ -126,6 +191,11 @@ int main(int argc, char** argv) {
   flags.String({"--start-step"}, &start_step);
   flags.String({"--reader-threads"}, &reader_threads);
   flags.String({"--staging-threads"}, &staging_threads);
+  flags.String({"--peers"}, &peers);
+  flags.String({"--assignments"}, &assignments);
+  flags.String({"--peer-port"}, &peer_port);
+  flags.String({"--peer-timeout"}, &peer_timeout);
+  flags.String({"--peer-listen-fd"}, &peer_fd);
   flags.String({"--log-level"}, &log_level);
   flags.String({"--log-format"}, &log_format);
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
@@ -165,6 +235,24 @@ int main(int argc, char** argv) {
     if (!int_flag(staging_threads, "--staging-threads", 1, 64, &v)) return 2;
     opt.staging_threads = static_cast<int>(v);
   }
+  sidecar::exchange::ExchangeOptions xo;
+  int64_t port_number = 7441;
+  if (!peers.empty() && !assignments.empty()) return usage("give --peers or --assignments, not both");
+  if (!peers.empty()) {
+    auto list = sidecar::exchange::ParsePeerList(peers);
+    if (!list.ok()) return usage("--peers: " + list.status().message());
+    xo.peers = *list;
+  }
+  if (!peer_port.empty() && !int_flag(peer_port, "--peer-port", 1, 65535, &port_number)) return 2;
+  if (!peer_timeout.empty()) {
+    if (!int_flag(peer_timeout, "--peer-timeout", 1, 3600, &v)) return 2;
+    xo.peer_timeout = std::chrono::seconds(v);
+  }
+  if (!peer_fd.empty()) {
+    if (!int_flag(peer_fd, "--peer-listen-fd", 3, 65535, &v)) return 2;
+    xo.listen_fd = static_cast<int>(v);
+  }
+  if (!peers.empty() || !assignments.empty()) opt.peers = xo;
   if (!mode.empty()) {
     char* end = nullptr;
     const long m = std::strtol(mode.c_str(), &end, 8);
@@ -200,6 +288,21 @@ int main(int argc, char** argv) {
     }
     opt.process = *index;
     LogInfo("process index assigned", {{"process", opt.process}, {"file", process_file}});
+  }
+  if (!assignments.empty()) {
+    struct sigaction wait_sa {};
+    wait_sa.sa_handler = OnSignal;
+    sigemptyset(&wait_sa.sa_mask);
+    ::sigaction(SIGTERM, &wait_sa, nullptr);
+    ::sigaction(SIGINT, &wait_sa, nullptr);
+    auto list = WaitForAssignments(assignments, static_cast<uint16_t>(port_number));
+    if (!list.ok()) {
+      if (list.status().code() == StatusCode::kCancelled) return 0;
+      LogError("sidecar cannot start", {{"error", list.status().ToString()}});
+      std::cerr << "meshload-sidecar: " << list.status().ToString() << "\n";
+      return 2;
+    }
+    opt.peers->peers = *list;
   }
   auto sidecar = sidecar::Sidecar::Create(opt);
   if (!sidecar.ok()) {

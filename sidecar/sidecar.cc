@@ -132,7 +132,27 @@ struct Sidecar::Metrics {
         staging_mode(metrics::BuildGauge()
                          .Name("meshload_staging_mode")
                          .Help("1 for the active staging mode (host or cuda).")
-                         .Register(r)) {}
+                         .Register(r)),
+        peer_bytes(metrics::BuildCounter()
+                       .Name("meshload_peer_bytes_total")
+                       .Help("Sample bytes moved to or from other processes' sidecars (Broadcast, LoadAndReshard), "
+                             "by direction.")
+                       .Register(r)),
+        peer_parts(metrics::BuildCounter()
+                       .Name("meshload_peer_parts_total")
+                       .Help("Step parts handled for peers: sent, received, skipped (the peer had moved past them), "
+                             "served (read again from storage on a peer's demand).")
+                       .Register(r)),
+        peers_connected(metrics::BuildGauge()
+                            .Name("meshload_peers_connected")
+                            .Help("Connections to other processes' sidecars that are up.")
+                            .Register(r)
+                            .Add({})),
+        peer_wait(metrics::BuildHistogram()
+                      .Name("meshload_peer_wait_seconds")
+                      .Help("Time a step waited on its peers after its own reads were done.")
+                      .Register(r)
+                      .Add({}, metrics::ExponentialBuckets(1e-5, 4, 10))) {}
 
   metrics::Family<metrics::Counter>& bytes_read;
   metrics::Counter& samples_read;
@@ -153,6 +173,10 @@ struct Sidecar::Metrics {
   metrics::Gauge& oldest_read;
   metrics::Gauge& producer_blocked;
   metrics::Family<metrics::Gauge>& staging_mode;
+  metrics::Family<metrics::Counter>& peer_bytes;
+  metrics::Family<metrics::Counter>& peer_parts;
+  metrics::Gauge& peers_connected;
+  metrics::Histogram& peer_wait;
 
   void Error(std::string_view kind) { errors.Add({{"kind", std::string(kind)}}).Increment(); }
 };
@@ -326,6 +350,11 @@ Status Sidecar::Init() {
   StepLoaderOptions lopts;
   lopts.reader_threads = options_.reader_threads;
   lopts.callers = options_.staging_threads;
+  if (options_.peers) {
+    lopts.peers = *options_.peers;
+    lopts.peers->first_step = start_step_;
+    lopts.peers->stall_report_after = options_.stall_report_after;
+  }
   ASSIGN_OR_RETURN(loader_, StepLoader::Create(*planner_, options_.process, loading_, *sources_, layout_, lopts));
   RETURN_IF_ERROR(loader_->VerifyFiles());
 
@@ -343,6 +372,24 @@ Status Sidecar::Init() {
     metrics_->oldest_read.Set(loader_->OldestInflight().seconds);
     const int64_t since = producer_blocked_since_ns_.load();
     metrics_->producer_blocked.Set(since ? static_cast<double>(NowNs() - since) / 1e9 : 0.0);
+    if (const exchange::PeerExchange* x = loader_->peers()) {
+      // The exchange counts; the counters follow (each collect adds what
+      // is new, under the registry's collect lock).
+      const exchange::ExchangeCounters now = x->counters();
+      metrics_->peers_connected.Set(now.peers_connected);
+      auto add = [&](const char* family_label, uint64_t value, uint64_t& seen, bool bytes) {
+        auto& family = bytes ? metrics_->peer_bytes : metrics_->peer_parts;
+        const char* key = bytes ? "direction" : "outcome";
+        family.Add({{key, family_label}}).Increment(static_cast<double>(value - seen));
+        seen = value;
+      };
+      add("sent", now.bytes_sent, peer_seen_.bytes_sent, true);
+      add("received", now.bytes_received, peer_seen_.bytes_received, true);
+      add("sent", now.parts_sent, peer_seen_.parts_sent, false);
+      add("received", now.parts_received, peer_seen_.parts_received, false);
+      add("skipped", now.parts_skipped, peer_seen_.parts_skipped, false);
+      add("served", now.parts_served, peer_seen_.parts_served, false);
+    }
   });
   if (options_.metrics_port >= 0) {
     metrics::HealthServerOptions hopts;
@@ -411,7 +458,14 @@ void Sidecar::ProducerMain(int index) {
     const auto [slot, step] = *fill;
     const auto t0 = Clock::now();
     StepLoadStats stats;
-    Status st = loader_->Load(step, memory_->slot(slot), slot_checksums_[slot], &stats, index);
+    Status st = loader_->Load(step, memory_->slot(slot), slot_checksums_[slot], &stats, index, [&] {
+      return pool_->generation() != gen || stop_.load() || failed_.load();
+    });
+    if (!st.ok() && st.code() == StatusCode::kCancelled && (pool_->generation() != gen || stop_.load())) {
+      // A re-plan (or a stop) abandoned this step while it waited on peers.
+      pool_->AbandonFill(slot);
+      continue;
+    }
     if (!st.ok()) {
       pool_->AbandonFill(slot);
       metrics_->Error(std::string("load_") + std::string(StatusCodeName(st.code())));
@@ -425,6 +479,7 @@ void Sidecar::ProducerMain(int index) {
       return;
     }
     metrics_->step_load.Observe(std::chrono::duration<double>(Clock::now() - t0).count());
+    if (loader_->peers()) metrics_->peer_wait.Observe(stats.peer_wait_seconds);
     metrics_->samples_read.Increment(static_cast<double>(stats.samples_read));
     if (pool_->MarkReady(slot)) {
       {
@@ -472,6 +527,9 @@ bool Sidecar::PipelineStartsAt(int64_t step) {
 
 void Sidecar::RestartAt(int64_t step) {
   std::lock_guard lock(producer_mu_);
+  // The exchange first: stagings of the old generation stop moving data
+  // before a new one can begin.
+  if (exchange::PeerExchange* x = loader_->peers()) x->Restart(step);
   generation_ = pool_->Reset(step);
   target_step_ = step;
   target_staged_ = false;

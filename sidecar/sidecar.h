@@ -69,6 +69,10 @@ struct SidecarOptions {
   /// small batches are bound by per-step work, which this spreads over cores.
   int staging_threads = 2;
   source::SourceOptions source_options;
+  /// The other processes' sidecars, for plans that move samples between
+  /// processes (Broadcast, LoadAndReshard); `process`, `fingerprint`,
+  /// `first_step` and `serve` are filled in.
+  std::optional<exchange::ExchangeOptions> peers;
   /// How long a read or a full pool may stall before it is reported.
   std::chrono::milliseconds stall_report_after{3000};
   /// How long a connected client has to send CLIENT_HELLO.
@@ -179,6 +183,7 @@ class Sidecar {
   std::string fatal_message_;      // server thread only
   bool reported_stuck_read_ = false;
   std::vector<std::thread> producers_;
+  exchange::ExchangeCounters peer_seen_;  // what the metrics have counted (collect hook)
 };
 
 /// Resolves the job as a sidecar must: local datasets are indexed from their

@@ -29,7 +29,30 @@ std::string DescribeTransfers(const std::vector<TransferUnit>& in, const std::ve
   return s;
 }
 
+// The address of `id` in a sorted (id, address) list; for an id listed
+// twice, the later place.
+uint8_t* Find(const std::vector<std::pair<uint64_t, uint8_t*>>& v, uint64_t id) {
+  auto it = std::upper_bound(v.begin(), v.end(), id, [](uint64_t x, const auto& e) { return x < e.first; });
+  return it == v.begin() || std::prev(it)->first != id ? nullptr : std::prev(it)->second;
+}
+
 }  // namespace
+
+uint64_t JobFingerprint(const ShardPlanner& planner, const Loading& loading) {
+  const ResolvedJob& job = planner.job();
+  std::vector<uint64_t> v = {job.samples,
+                             job.global_batch,
+                             job.dataset.sample_bytes(),
+                             static_cast<uint64_t>(job.mesh.processes()),
+                             static_cast<uint64_t>(job.mesh.devices()),
+                             static_cast<uint64_t>(loading.strategy),
+                             static_cast<uint64_t>(loading.fanout)};
+  for (int64_t step : {int64_t{0}, static_cast<int64_t>(job.steps_per_epoch)}) {
+    const std::vector<uint64_t> batch = planner.GlobalBatch(step);
+    v.push_back(ipc::SampleIdsChecksum(batch.data(), batch.size()));
+  }
+  return ipc::SampleIdsChecksum(v.data(), v.size());
+}
 
 Result<std::unique_ptr<StepLoader>> StepLoader::Create(const ShardPlanner& planner, int64_t process,
                                                        const Loading& loading, source::SourceRegistry& sources,
@@ -47,13 +70,12 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const ShardPlanner& plann
   if (std::string why = planner.Unsupported(loading); !why.empty()) return FailedPrecondition(why, "spec.strategy");
   const auto in = planner.TransfersTo(process, loading);
   const auto out = planner.TransfersFrom(process, loading);
-  if (!in.empty() || !out.empty()) {
+  if ((!in.empty() || !out.empty()) && !options.peers) {
     return FailedPrecondition(
         "strategy " + std::string(ToString(loading.strategy)) + " with fanout " + std::string(ToString(loading.fanout)) +
             " moves samples between processes (process " + std::to_string(process) + " " +
             DescribeTransfers(in, out) +
-            "); this sidecar build has no inter-process transport yet. Use fanout Load with GlobalLoad, "
-            "PerDevice or PerProcess",
+            "), so the sidecar needs its peers' addresses: give --peers (or --assignments with --peer-port)",
         "spec.strategy");
   }
   if (options.reader_threads < 1) options.reader_threads = 1;
@@ -74,6 +96,19 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const ShardPlanner& plann
   for (int i = 1; i < options.reader_threads; ++i) {
     loader->inflight_.push_back(std::make_unique<Inflight>());
     loader->threads_.emplace_back([l = loader.get(), slot = loader->inflight_.back().get()] { l->ReaderMain(*slot); });
+  }
+  if (!in.empty() || !out.empty()) {
+    exchange::ExchangeOptions xo = *options.peers;
+    xo.process = process;
+    xo.fingerprint = JobFingerprint(planner, loading);
+    xo.serve = [l = loader.get()](int64_t step, int64_t peer, std::vector<uint8_t>& buf, uint64_t& checksum) {
+      return l->ServePart(step, peer, buf, checksum);
+    };
+    std::vector<int64_t> send_to, receive_from;
+    for (const TransferUnit& u : out) send_to.push_back(u.to);
+    for (const TransferUnit& u : in) receive_from.push_back(u.from);
+    ASSIGN_OR_RETURN(loader->exchange_,
+                     exchange::PeerExchange::Create(std::move(xo), std::move(send_to), std::move(receive_from)));
   }
   return loader;
 }
@@ -144,7 +179,13 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
       }
     }
     if (primary != i) {
-      if (loading_.strategy != Strategy::kPerDevice) c.replica_copies.emplace_back(primary, i);
+      // PerDevice: a replica reads for itself, unless its process receives
+      // the shard (Broadcast): then it is copied like any other replica.
+      bool reads = false;
+      if (loading_.strategy == Strategy::kPerDevice) {
+        for (const ReadPlan& r : plan.reads) reads |= r.device == d.device;
+      }
+      if (!reads) c.replica_copies.emplace_back(primary, i);
       continue;
     }
     for (size_t k = 0; k < d.samples.size(); ++k) {
@@ -155,6 +196,19 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
   // assignment would).
   std::stable_sort(c.dest_of.begin(), c.dest_of.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
+
+  // With peers, a sample read that no local device holds is a peer's: it is
+  // read into the outbox (sized first: its addresses must not move).
+  c.outbox_of.clear();
+  if (exchange_) {
+    uint64_t outside = 0;
+    for (const ReadPlan& r : plan.reads) {
+      if (r.device >= 0) continue;
+      for (uint64_t id : r.samples) outside += Find(c.dest_of, id) == nullptr;
+    }
+    if (c.outbox.size() < outside * sb) c.outbox.resize(outside * sb);
+  }
+  uint8_t* outbox_next = c.outbox.data();
 
   for (const ReadPlan& r : plan.reads) {
     // PerDevice: this read fills its own device, replicas included.
@@ -168,9 +222,12 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
       if (own_device) {
         dest = slot + layout_.devices[local].offset + k * sb;
       } else {
-        auto it = std::upper_bound(c.dest_of.begin(), c.dest_of.end(), id,
-                                   [](uint64_t v, const auto& e) { return v < e.first; });
-        dest = it == c.dest_of.begin() || std::prev(it)->first != id ? nullptr : std::prev(it)->second;
+        dest = Find(c.dest_of, id);
+        if (dest == nullptr && exchange_) {
+          dest = outbox_next;
+          outbox_next += sb;
+          c.outbox_of.emplace_back(id, dest);
+        }
       }
       c.extents.clear();
       ds.AppendExtents(id, c.extents);
@@ -240,11 +297,64 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
     }
   }
   for (const auto& [from, to] : c.replica_copies) stats.bytes_copied += layout_.devices[to].nbytes;
+  std::sort(c.outbox_of.begin(), c.outbox_of.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return Status::Ok();
 }
 
+Status StepLoader::BuildParts(const StepPlan& plan, bool incoming, Caller& c, std::vector<exchange::Part>& parts) {
+  const uint64_t sb = layout_.sample_bytes;
+  parts.clear();
+  for (const TransferPlan& t : plan.transfers) {
+    if ((incoming ? t.to : t.from) != process_) continue;
+    exchange::Part part;
+    part.peer = incoming ? t.from : t.to;
+    part.bytes = t.samples.size() * sb;
+    part.checksum = ipc::SampleIdsChecksum(t.samples.data(), t.samples.size());
+    for (uint64_t id : t.samples) {
+      uint8_t* p = Find(c.dest_of, id);
+      if (p == nullptr && !incoming) p = Find(c.outbox_of, id);
+      if (p == nullptr) {
+        return Internal("step " + std::to_string(plan.step) + ": sample " + std::to_string(id) + (incoming ? " from" : " for") +
+                        " process " + std::to_string(part.peer) + " has no place in this process");
+      }
+      // Neighbours in the slot (a shard's samples) make one iovec.
+      if (!part.iov.empty() && static_cast<uint8_t*>(part.iov.back().iov_base) + part.iov.back().iov_len == p) {
+        part.iov.back().iov_len += sb;
+      } else {
+        part.iov.push_back({p, static_cast<size_t>(sb)});
+      }
+    }
+    parts.push_back(std::move(part));
+  }
+  return Status::Ok();
+}
+
+Status StepLoader::ServePart(int64_t step, int64_t peer, std::vector<uint8_t>& out, uint64_t& checksum) {
+  const DatasetIndex& ds = planner_.job().dataset;
+  const uint64_t sb = layout_.sample_bytes;
+  const StepPlan plan = planner_.PlanStep(step, loading_, process_);
+  for (const TransferPlan& t : plan.transfers) {
+    if (t.from != process_ || t.to != peer) continue;
+    out.resize(t.samples.size() * sb);
+    checksum = ipc::SampleIdsChecksum(t.samples.data(), t.samples.size());
+    std::vector<Extent> extents;
+    uint8_t* dest = out.data();
+    for (uint64_t id : t.samples) {
+      extents.clear();
+      ds.AppendExtents(id, extents);
+      for (const Extent& e : extents) {
+        RETURN_IF_ERROR(files_[e.file].first->Read(files_[e.file].second, e.offset, dest, e.length));
+        dest += e.length;
+      }
+    }
+    return Status::Ok();
+  }
+  return Internal("step " + std::to_string(step) + " sends nothing from process " + std::to_string(process_) +
+                  " to process " + std::to_string(peer));
+}
+
 Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats_out,
-                        int caller) {
+                        int caller, const std::function<bool()>& cancelled) {
   if (caller < 0 || static_cast<size_t>(caller) >= callers_.size()) {
     return InvalidArgument("caller " + std::to_string(caller) + " is not in 0.." +
                            std::to_string(callers_.size() - 1));
@@ -256,8 +366,37 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& chec
   c.fixups.clear();
   c.replica_copies.clear();
   RETURN_IF_ERROR(BuildOps(plan, slot, c, stats));
-  RETURN_IF_ERROR(RunOps(c));
-  for (const Fixup& f : c.fixups) std::memcpy(f.dst, f.src, f.len);
+  if (exchange_) {
+    // Credit first: a peer may send while this process still reads.
+    exchange::PeerExchange::Ticket ticket = exchange_->Begin(step);
+    Status st = BuildParts(plan, /*incoming=*/true, c, c.parts);
+    if (st.ok()) {
+      for (const auto& p : c.parts) stats.bytes_received += p.bytes;
+      st = exchange_->Expect(ticket, std::move(c.parts));
+    }
+    if (st.ok()) st = RunOps(c);
+    if (st.ok()) {
+      for (const Fixup& f : c.fixups) std::memcpy(f.dst, f.src, f.len);
+      st = BuildParts(plan, /*incoming=*/false, c, c.parts);
+    }
+    if (st.ok()) {
+      for (const auto& p : c.parts) stats.bytes_sent += p.bytes;
+      st = exchange_->Send(ticket, std::move(c.parts));
+    }
+    if (st.ok()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      st = exchange_->Wait(ticket, cancelled);
+      stats.peer_wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    if (!st.ok()) {
+      exchange_->Abandon(ticket);
+      return st;
+    }
+    c.parts.clear();
+  } else {
+    RETURN_IF_ERROR(RunOps(c));
+    for (const Fixup& f : c.fixups) std::memcpy(f.dst, f.src, f.len);
+  }
   for (const auto& [from, to] : c.replica_copies) {
     std::memcpy(slot + layout_.devices[to].offset, slot + layout_.devices[from].offset, layout_.devices[to].nbytes);
   }

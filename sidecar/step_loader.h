@@ -20,8 +20,16 @@
 /// (PerDevice: one loader per device).
 ///
 /// Strategies whose plan moves samples between processes (Broadcast fan-out,
-/// LoadAndReshard) need the inter-process transport, which the host-only
-/// build does not have yet: Create() refuses them with an error saying so.
+/// LoadAndReshard) go through a PeerExchange (StepLoaderOptions::peers):
+///
+///   Expect(the parts this process receives, into their slot places)
+///   → read (samples no local device holds but a peer needs go to the
+///     caller's outbox) → Send(the parts for each peer, from slot or
+///     outbox) → Wait(all parts moved) → replica copies
+///
+/// so a received sample lands once in its primary device's place and is
+/// copied to local replicas like a read one. Without peers, Create()
+/// refuses such a plan with an error saying how to give them.
 ///
 /// Thread safety: up to `callers` threads (StepLoaderOptions) may call Load()
 /// at once, each with its own caller index, so several producers stage
@@ -38,11 +46,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "planner/shard_planner.h"
+#include "sidecar/exchange/peer_exchange.h"
 #include "sidecar/source/source.h"
 #include "sidecar/staging/batch_layout.h"
 
@@ -60,6 +70,9 @@ struct StepLoaderOptions {
   /// Steps smaller than this are read by the producer thread alone: waking
   /// reader threads costs more than the reads.
   uint64_t inline_step_bytes = 512ull << 10;
+  /// The peer exchange for plans with transfers (its `process`,
+  /// `fingerprint` and `serve` are filled in by Create()).
+  std::optional<exchange::ExchangeOptions> peers;
 };
 
 /// What one Load() did, for metrics.
@@ -68,7 +81,15 @@ struct StepLoadStats {
   uint64_t bytes_read = 0;
   uint64_t read_ranges = 0;
   uint64_t bytes_copied = 0;  // replica copies and token fix-ups
+  uint64_t bytes_sent = 0;      // to other processes' sidecars
+  uint64_t bytes_received = 0;  // from them
+  double peer_wait_seconds = 0; // waiting on peers after the reads were done
 };
+
+/// Identifies a job's plan across processes: processes exchanging samples
+/// must agree on it (the dataset's size and sample bytes, B, the mesh,
+/// the strategy, and the global batches of two steps, which cover the seed).
+uint64_t JobFingerprint(const ShardPlanner& planner, const Loading& loading);
 
 /// Reports reads in flight for longer than a threshold (a stuck storage read
 /// is visible within seconds, never silent).
@@ -101,8 +122,17 @@ class StepLoader {
   /// undefined and must not be handed out.
   /// `caller` is this thread's index in 0..callers-1; two threads must not
   /// use the same index at once.
+  /// `cancelled` is polled while waiting on peers: when it says so, Load
+  /// returns a kCancelled error (the step was abandoned by a re-plan).
   Status Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats,
-              int caller = 0);
+              int caller = 0, const std::function<bool()>& cancelled = {});
+
+  /// Reads this process's part of `step` for `peer` alone (the exchange's
+  /// on-demand path: a peer asks again for a step this process has passed).
+  Status ServePart(int64_t step, int64_t peer, std::vector<uint8_t>& out, uint64_t& checksum);
+
+  /// The peer exchange, or null when the plan moves nothing between processes.
+  exchange::PeerExchange* peers() const { return exchange_.get(); }
 
   /// The oldest storage read still in flight (none: seconds = 0).
   InflightRead OldestInflight() const;
@@ -161,6 +191,10 @@ class StepLoader {
     std::vector<Extent> extents;
     std::vector<std::pair<uint64_t, uint8_t*>> dest_of;  // sample id -> slot address, sorted
     std::vector<Chunk> chunks;
+    // Samples read for peers only (no local device holds them).
+    std::vector<uint8_t> outbox;
+    std::vector<std::pair<uint64_t, uint8_t*>> outbox_of;  // sample id -> outbox address, sorted
+    std::vector<exchange::Part> parts;
     Inflight* inflight = nullptr;
     ReadOp& NewOp();
   };
@@ -168,6 +202,9 @@ class StepLoader {
   StepLoader(const ShardPlanner& planner, int64_t process, const Loading& loading,
              source::SourceRegistry& sources, const staging::BatchLayout& layout, StepLoaderOptions options);
   Status BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, StepLoadStats& stats);
+  // The transfers of `plan` to or from this process as exchange parts whose
+  // iovecs point at the samples' places (slot or outbox).
+  Status BuildParts(const StepPlan& plan, bool incoming, Caller& c, std::vector<exchange::Part>& parts);
   Status RunOps(Caller& c);
   Status RunChunk(ReadOp* ops, size_t count, Inflight& slot);
   void ReaderMain(Inflight& slot);
@@ -190,6 +227,8 @@ class StepLoader {
   std::vector<std::unique_ptr<Inflight>> inflight_;
   std::vector<std::unique_ptr<Caller>> callers_;
   std::vector<std::thread> threads_;
+  // Last: destroyed first, since its serving thread calls ServePart().
+  std::unique_ptr<exchange::PeerExchange> exchange_;
 };
 
 }  // namespace meshload::sidecar

@@ -8,11 +8,14 @@
 
 #include "tools/run_command.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,6 +35,7 @@
 
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/unique_fd.h"
 #include "planner/shard_planner.h"
 #include "tools/latency_histogram.h"
 #include "tools/synthetic_dataset.h"
@@ -97,10 +101,39 @@ struct Child {
   std::string log;
 };
 
+// A TCP socket listening on 127.0.0.1 at a port the kernel picks: a local
+// sidecar's peer port, handed to it open (--peer-listen-fd), so no port is
+// ever raced for.
+Result<std::pair<UniqueFd, uint16_t>> ListenLoopback() {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return IoErrorFromErrno("socket", "peer port", errno);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd.get(), 64) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    return IoErrorFromErrno("listen", "peer port", errno);
+  }
+  const uint16_t port = ntohs(a.sin_port);
+  return std::make_pair(std::move(fd), port);
+}
+
+// The inherited peer socket lands on this descriptor in the sidecar.
+constexpr int kPeerListenFd = 3;
+
 Result<Child> Spawn(const std::string& what, const std::vector<std::string>& argv, const std::string& log_path,
-                    bool capture_stdout) {
+                    bool capture_stdout, int inherit_fd = -1) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
+  // dup2 clears close-on-exec on the copy: only this socket is inherited
+  // (from another descriptor number, since a dup2 onto itself would not).
+  UniqueFd moved;
+  if (inherit_fd == kPeerListenFd) {
+    moved.Reset(::fcntl(inherit_fd, F_DUPFD_CLOEXEC, kPeerListenFd + 1));
+    inherit_fd = moved.get();
+  }
+  if (inherit_fd >= 0) posix_spawn_file_actions_adddup2(&actions, inherit_fd, kPeerListenFd);
   int pipe_fds[2] = {-1, -1};
   if (capture_stdout) {
     if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return IoErrorFromErrno("pipe", what, errno);
@@ -324,16 +357,34 @@ int RunRun(const std::vector<std::string>& args) {
     std::cerr << "meshload run: " << msg << "\n";
     return 1;
   };
+  // Plans that move samples between processes get their sidecars
+  // connected over loopback TCP.
+  ShardPlanner planner(rj);
+  bool moves = false;
+  for (int64_t p = 0; p < P && !moves; ++p) moves = !planner.TransfersFrom(p, planner.DefaultLoading()).empty();
+  std::vector<UniqueFd> peer_fds;
+  std::string peer_list;
+  for (int64_t p = 0; moves && p < P; ++p) {
+    auto l = ListenLoopback();
+    if (!l.ok()) return fail(l.status().ToString());
+    peer_list += (p ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(l->second);
+    peer_fds.push_back(std::move(l->first));
+  }
+  if (moves) std::printf("samples move between processes: sidecars exchange them over TCP (%s)\n", peer_list.c_str());
   for (int64_t p = 0; p < P; ++p) {
     const std::string sock = run_dir + "/sidecar-" + std::to_string(p) + ".sock";
-    auto c = Spawn("sidecar " + std::to_string(p),
-                   {sidecar_bin, "--job", job_path, "--process", std::to_string(p), "--socket", sock,
-                    "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--reader-threads",
-                    std::to_string(reader_threads)},
-                   run_dir + "/sidecar-" + std::to_string(p) + ".log", false);
+    std::vector<std::string> argv = {sidecar_bin, "--job", job_path, "--process", std::to_string(p), "--socket", sock,
+                                     "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--reader-threads",
+                                     std::to_string(reader_threads)};
+    if (moves) {
+      argv.insert(argv.end(), {"--peers", peer_list, "--peer-listen-fd", std::to_string(kPeerListenFd)});
+    }
+    auto c = Spawn("sidecar " + std::to_string(p), argv, run_dir + "/sidecar-" + std::to_string(p) + ".log", false,
+                   moves ? peer_fds[static_cast<size_t>(p)].get() : -1);
     if (!c.ok()) return fail(c.status().ToString());
     sidecars.push_back(std::move(*c));
   }
+  peer_fds.clear();  // the sidecars hold them now
   for (int64_t p = 0; p < P; ++p) {
     const std::string sock = run_dir + "/sidecar-" + std::to_string(p) + ".sock";
     std::vector<std::string> argv = {meshload_bin, "demo-trainer", "--job", job_path, "--process", std::to_string(p),

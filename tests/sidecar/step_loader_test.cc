@@ -1,7 +1,12 @@
 #include "sidecar/step_loader.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <mutex>
 
 #include <filesystem>
 #include <thread>
@@ -180,7 +185,7 @@ TEST(StepLoader, GlobalLoadTokenStreamOnAFreshThreadDeliversThePlannedBytes) {
   fresh.join();
 }
 
-TEST(StepLoader, StrategiesThatMoveSamplesBetweenProcessesAreRefusedClearly) {
+TEST(StepLoader, StrategiesThatMoveSamplesBetweenProcessesNeedPeers) {
   TempDir dir;
   Case c{DatasetFormat::kFixedRecord, Strategy::kLoadAndReshard, ShuffleMode::kNone, {{"model", 2}, {"data", 2}}, {"data"}, 2};
   auto planner = Prepare(SpecFor(c, dir.path()), dir.path(), 100, 1);
@@ -190,8 +195,102 @@ TEST(StepLoader, StrategiesThatMoveSamplesBetweenProcessesAreRefusedClearly) {
   ASSERT_FALSE(loader.ok());
   EXPECT_EQ(loader.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(loader.status().message().find("moves samples between processes"), std::string::npos);
+  EXPECT_NE(loader.status().message().find("--peers"), std::string::npos);
   auto bcast = StepLoader::Create(*planner, 0, {Strategy::kPerProcess, Fanout::kBroadcast}, *sources, layout, {});
   EXPECT_FALSE(bcast.ok());
+}
+
+// A TCP socket listening on a loopback port the kernel picks.
+std::pair<int, uint16_t> ListenLoopback() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_EQ(::listen(fd, 16), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  return {fd, ntohs(a.sin_port)};
+}
+
+// One loader per process, connected by real PeerExchanges over loopback;
+// each process stages steps on its own thread with two callers (so steps
+// overlap), and every slot must hold exactly the planned bytes.
+void RunExchangeCase(const Case& c, Fanout fanout, int64_t steps) {
+  TempDir dir;
+  JobSpec spec = SpecFor(c, dir.path());
+  spec.replication.fanout = fanout;
+  auto planner = Prepare(spec, dir.path(), 100, 3);
+  const Loading loading = planner->DefaultLoading();
+  const int64_t P = planner->job().mesh.processes();
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  std::vector<exchange::PeerAddress> peers;
+  std::vector<int> fds;
+  for (int64_t p = 0; p < P; ++p) {
+    auto [fd, port] = ListenLoopback();
+    fds.push_back(fd);
+    peers.push_back({"127.0.0.1", port});
+  }
+  std::vector<staging::BatchLayout> layouts;
+  std::vector<std::unique_ptr<StepLoader>> loaders;
+  for (int64_t p = 0; p < P; ++p) {
+    layouts.push_back(staging::ComputeBatchLayout(planner->job(), p));
+    StepLoaderOptions opts;
+    opts.reader_threads = 2;
+    opts.callers = 2;
+    exchange::ExchangeOptions xo;
+    xo.peers = peers;
+    xo.listen_fd = fds[static_cast<size_t>(p)];
+    xo.connect_timeout = std::chrono::seconds(20);
+    opts.peers = xo;
+    auto loader = StepLoader::Create(*planner, p, loading, *sources, layouts.back(), opts);
+    ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+    loaders.push_back(std::move(*loader));
+  }
+  uint64_t moved = 0;
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  for (int64_t p = 0; p < P; ++p) {
+    for (int caller = 0; caller < 2; ++caller) {
+      threads.emplace_back([&, p, caller] {
+        const auto& layout = layouts[static_cast<size_t>(p)];
+        std::vector<uint8_t> slot(layout.slot_bytes);
+        for (int64_t step = caller; step < steps; step += 2) {
+          std::vector<uint64_t> checksums;
+          StepLoadStats stats;
+          Status st = loaders[static_cast<size_t>(p)]->Load(step, slot.data(), checksums, &stats, caller);
+          ASSERT_TRUE(st.ok()) << "process " << p << " step " << step << ": " << st.ToString();
+          ExpectSlotMatchesPlan(*planner, p, step, slot.data(), layout, checksums);
+          std::lock_guard lock(mu);
+          moved += stats.bytes_received;
+        }
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  uint64_t planned = 0;
+  for (int64_t step = 0; step < steps; ++step) planned += planner->ComputeCost(step, loading).bytes_transferred;
+  EXPECT_EQ(moved, planned) << "the bytes received are the plan's transfers";
+  EXPECT_GT(moved, 0u);
+}
+
+TEST(StepLoader, BroadcastAndReshardMoveThePlannedBytesBetweenProcesses) {
+  for (DatasetFormat f : {DatasetFormat::kFixedRecord, DatasetFormat::kTokenStream, DatasetFormat::kNpy}) {
+    SCOPED_TRACE(std::string(ToString(f)));
+    // 2 processes x 2 devices, each process holding both shards (`model`
+    // spans the processes): each reads half and receives the other half.
+    RunExchangeCase({f, Strategy::kLoadAndReshard, ShuffleMode::kGlobal, {{"model", 2}, {"data", 2}}, {"data"}, 2},
+                    Fanout::kLoad, 8);
+    // Replicas across processes: `model` spans the processes.
+    for (Strategy s : {Strategy::kGlobalLoad, Strategy::kPerDevice, Strategy::kPerProcess}) {
+      SCOPED_TRACE(std::string(ToString(s)));
+      RunExchangeCase({f, s, ShuffleMode::kGlobal, {{"model", 2}, {"data", 2}}, {"data"}, 2}, Fanout::kBroadcast, 8);
+    }
+  }
+  // 3 processes, all-to-all: each reads a third and receives the rest.
+  RunExchangeCase({DatasetFormat::kTokenStream, Strategy::kLoadAndReshard, ShuffleMode::kBlock, {{"model", 3}, {"data", 2}},
+                   {"data"}, 2},
+                  Fanout::kLoad, 10);
 }
 
 TEST(StepLoader, AFileTruncatedAfterPlanningIsAnErrorNamingFileAndOffset) {

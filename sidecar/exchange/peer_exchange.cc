@@ -1,0 +1,957 @@
+#include "sidecar/exchange/peer_exchange.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "common/flags.h"
+#include "common/logging.h"
+
+namespace meshload::sidecar::exchange {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+// Frames are a 32-byte little-endian header, then (DATA, ERROR) a payload.
+constexpr uint32_t kMagic = 0x58504c4d;  // "MLPX"
+constexpr uint16_t kVersion = 1;
+constexpr uint64_t kMaxErrorText = 4096;
+constexpr size_t kSentMemory = 1 << 16;  // steps remembered per receiver, to refuse a second credit
+
+enum class Type : uint16_t {
+  kHello = 1,     // a = from, b = to, c = fingerprint
+  kHelloOk = 2,
+  kCredit = 3,    // a = step
+  kReset = 4,     // a = first step the receiver still wants
+  kData = 5,      // a = step, b = bytes, c = sample-id checksum; then b bytes
+  kHeartbeat = 6,
+  kError = 7,     // b = text bytes; then the text
+};
+
+struct Header {
+  uint32_t magic = kMagic;
+  uint16_t type = 0;
+  uint16_t version = kVersion;
+  int64_t a = 0;
+  uint64_t b = 0;
+  uint64_t c = 0;
+};
+static_assert(sizeof(Header) == 32);
+
+Header Frame(Type t, int64_t a = 0, uint64_t b = 0, uint64_t c = 0) {
+  Header h;
+  h.type = static_cast<uint16_t>(t);
+  h.a = a;
+  h.b = b;
+  h.c = c;
+  return h;
+}
+
+std::string Seconds(std::chrono::milliseconds d) { return std::to_string(d.count() / 1000.0).substr(0, 4) + " s"; }
+
+}  // namespace
+
+std::string PeerAddress::ToString() const {
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+Result<std::vector<PeerAddress>> ParsePeerList(std::string_view text) {
+  std::vector<PeerAddress> out;
+  size_t index = 0;
+  std::vector<std::string> items;
+  for (size_t pos = 0; pos <= text.size();) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    items.emplace_back(text.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  if (text.empty()) items.clear();
+  for (const std::string& item : items) {
+    const std::string where = "peer " + std::to_string(index++) + " ('" + item + "')";
+    PeerAddress a;
+    std::string port;
+    if (!item.empty() && item.front() == '[') {
+      const size_t close = item.find(']');
+      if (close == std::string::npos || close + 1 >= item.size() || item[close + 1] != ':') {
+        return InvalidArgument(where + ": expected [IPV6]:PORT");
+      }
+      a.host = item.substr(1, close - 1);
+      port = item.substr(close + 2);
+    } else {
+      const size_t colon = item.rfind(':');
+      if (colon == std::string::npos || item.find(':') != colon) {
+        return InvalidArgument(where + ": expected HOST:PORT");
+      }
+      a.host = item.substr(0, colon);
+      port = item.substr(colon + 1);
+    }
+    int64_t p = 0;
+    if (a.host.empty() || !cli::ParseInt64(port, &p) || p < 1 || p > 65535) {
+      return InvalidArgument(where + ": expected HOST:PORT with a port in 1..65535");
+    }
+    a.port = static_cast<uint16_t>(p);
+    out.push_back(std::move(a));
+  }
+  if (out.empty()) return InvalidArgument("the peer list is empty");
+  return out;
+}
+
+class PeerExchange::Impl {
+ public:
+  using Ticket = PeerExchange::Ticket;
+  enum class PartStatus { kWaiting, kBusy, kDone, kFailed, kSkipped };
+  struct PartState {
+    Part part;
+    PartStatus status = PartStatus::kWaiting;
+    bool credited = false;  // incoming: CREDIT sent
+  };
+  struct StepState {
+    int64_t step = 0;
+    std::vector<PartState> in, out;
+    Status error;
+    Clock::time_point since = Clock::now();
+    bool reported = false;
+  };
+  struct WriteItem {
+    Header h;
+    std::vector<asio::const_buffer> payload;
+    std::string text;
+    std::function<void(bool)> done;
+  };
+  struct Conn {
+    int64_t peer = 0;
+    bool outbound = false;  // this process sends data on it
+    PeerAddress addr;
+    // I/O thread only.
+    std::unique_ptr<tcp::socket> sock;
+    std::unique_ptr<asio::steady_timer> retry;
+    std::unique_ptr<tcp::resolver> resolver;
+    Clock::time_point deadline;
+    Clock::time_point last_rx;
+    Header rx;
+    std::vector<uint8_t> scratch;
+    std::deque<WriteItem> wq;
+    bool writing = false;
+    // Under mu_.
+    bool ready = false;
+    std::string failed;
+    bool dead = false;  // I/O thread: Fail() ran; close once the queue is written
+    std::set<int64_t> credited;  // outbound
+    int64_t floor = INT64_MIN;   // outbound: the receiver's RESET
+    std::set<int64_t> sent;      // outbound: recently sent steps
+    std::set<int64_t> again;     // outbound: credited again after being sent
+    std::deque<int64_t> sent_order;
+    std::string Name() const { return "process " + std::to_string(peer) + " (" + addr.ToString() + ")"; }
+  };
+  struct Pending {
+    tcp::socket sock;
+    Header rx;
+    Clock::time_point deadline;
+    explicit Pending(tcp::socket s) : sock(std::move(s)) {}
+  };
+
+  explicit Impl(ExchangeOptions o) : opt_(std::move(o)), acceptor_(io_), heartbeat_(io_) {
+    self_floor_ = opt_.first_step;
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    serve_cv_.notify_all();
+    if (server_.joinable()) server_.join();
+    io_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  Status Start(const std::vector<int64_t>& send_to, const std::vector<int64_t>& receive_from) {
+    const int64_t n = static_cast<int64_t>(opt_.peers.size());
+    if (opt_.process < 0 || opt_.process >= n) {
+      return InvalidArgument("process " + std::to_string(opt_.process) + " has no entry in the peer list of " +
+                             std::to_string(n) + " addresses");
+    }
+    boost::system::error_code ec;
+    if (opt_.listen_fd >= 0) {
+      acceptor_.assign(tcp::v4(), opt_.listen_fd, ec);
+      if (ec) {
+        // The socket may be IPv6.
+        ec.clear();
+        acceptor_.assign(tcp::v6(), opt_.listen_fd, ec);
+      }
+      if (ec) return InvalidArgument("--peer-listen-fd " + std::to_string(opt_.listen_fd) + ": " + ec.message());
+    } else {
+      const auto addr = asio::ip::make_address(opt_.listen_address, ec);
+      if (ec) return InvalidArgument("peer listen address '" + opt_.listen_address + "': " + ec.message());
+      tcp::endpoint ep(addr, opt_.peers[static_cast<size_t>(opt_.process)].port);
+      acceptor_.open(ep.protocol(), ec);
+      if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+      if (!ec) acceptor_.bind(ep, ec);
+      if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+      if (ec) {
+        return Status(StatusCode::kUnavailable, "cannot listen for peers on " + opt_.listen_address + ":" +
+                                                    std::to_string(ep.port()) + ": " + ec.message());
+      }
+    }
+    port_ = acceptor_.local_endpoint(ec).port();
+    auto add = [&](int64_t p, bool outbound) -> Status {
+      if (p < 0 || p >= n || p == opt_.process) {
+        return InvalidArgument("peer process " + std::to_string(p) + " is not another process of the job's 0.." +
+                               std::to_string(n - 1));
+      }
+      auto c = std::make_unique<Conn>();
+      c->peer = p;
+      c->outbound = outbound;
+      c->addr = opt_.peers[static_cast<size_t>(p)];
+      (outbound ? out_ : in_)[p] = std::move(c);
+      return Status::Ok();
+    };
+    for (int64_t p : send_to) RETURN_IF_ERROR(add(p, true));
+    for (int64_t p : receive_from) RETURN_IF_ERROR(add(p, false));
+    StartAccept();
+    for (auto& [p, c] : out_) {
+      c->deadline = Clock::now() + opt_.connect_timeout;
+      Connect(*c);
+    }
+    Heartbeat();
+    server_ = std::thread([this] { ServeMain(); });
+    thread_ = std::thread([this] {
+      ::pthread_setname_np(::pthread_self(), "ml-peers");
+      io_.run();
+    });
+    LogInfo("peer exchange listening",
+            {{"port", static_cast<int>(port_)}, {"sends_to", send_to.size()}, {"receives_from", receive_from.size()}});
+    return Status::Ok();
+  }
+
+  uint16_t port() const { return port_; }
+
+  // ---- called by staging threads ----
+
+  Ticket Begin(int64_t step) {
+    std::lock_guard lock(mu_);
+    const Ticket t = ++last_ticket_;
+    steps_[t].step = step;
+    return t;
+  }
+
+  Status Expect(Ticket t, std::vector<Part> incoming) {
+    {
+      std::lock_guard lock(mu_);
+      StepState& st = steps_.at(t);
+      for (Part& p : incoming) {
+        if (!in_.count(p.peer)) {
+          return Internal("step " + std::to_string(st.step) + " expects data from process " + std::to_string(p.peer) +
+                          ", which is not a sender of this process");
+        }
+        st.in.push_back({std::move(p), PartStatus::kWaiting, false});
+      }
+    }
+    asio::post(io_, [this] { SendCredits(); });
+    return Status::Ok();
+  }
+
+  Status Send(Ticket t, std::vector<Part> outgoing) {
+    std::vector<Conn*> conns;
+    {
+      std::lock_guard lock(mu_);
+      StepState& st = steps_.at(t);
+      for (Part& p : outgoing) {
+        auto it = out_.find(p.peer);
+        if (it == out_.end()) {
+          return Internal("step " + std::to_string(st.step) + " sends to process " + std::to_string(p.peer) +
+                          ", which is not a receiver of this process");
+        }
+        conns.push_back(it->second.get());
+        st.out.push_back({std::move(p), PartStatus::kWaiting, false});
+      }
+    }
+    asio::post(io_, [this, conns] {
+      for (Conn* c : conns) Dispatch(*c);
+    });
+    return Status::Ok();
+  }
+
+  Status Wait(Ticket t, const std::function<bool()>& cancelled) {
+    std::unique_lock lock(mu_);
+    StepState& st = steps_.at(t);
+    while (true) {
+      if (!st.error.ok()) return st.error;
+      std::string pending;
+      for (const PartState& p : st.in) {
+        if (p.status == PartStatus::kWaiting || p.status == PartStatus::kBusy) {
+          pending += (pending.empty() ? "" : ", ") + in_.at(p.part.peer)->Name() + " has not sent its part";
+        }
+      }
+      for (const PartState& p : st.out) {
+        if (p.status == PartStatus::kWaiting || p.status == PartStatus::kBusy) {
+          pending += (pending.empty() ? "" : ", ") + out_.at(p.part.peer)->Name() +
+                     (p.status == PartStatus::kWaiting ? " has not asked for its part" : " is receiving its part");
+        }
+      }
+      if (pending.empty()) {
+        steps_.erase(t);
+        return Status::Ok();
+      }
+      if (cancelled && cancelled()) {
+        return Status(StatusCode::kCancelled, "step " + std::to_string(st.step) + " abandoned");
+      }
+      if (!st.reported && Clock::now() - st.since > opt_.stall_report_after) {
+        st.reported = true;
+        LogWarn("a step waits on its peers", {{"step", st.step}, {"waiting_for", pending}});
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+    }
+  }
+
+  void Abandon(Ticket t) {
+    std::unique_lock lock(mu_);
+    auto it = steps_.find(t);
+    if (it == steps_.end()) return;
+    StepState& st = it->second;
+    Skip(st);
+    // A part being written or read finishes (or fails with its connection)
+    // before the memory it touches is given back.
+    cv_.wait(lock, [&] {
+      for (const auto* v : {&st.in, &st.out}) {
+        for (const PartState& p : *v) {
+          if (p.status == PartStatus::kBusy) return false;
+        }
+      }
+      return true;
+    });
+    steps_.erase(it);
+  }
+
+  void Restart(int64_t step) {
+    {
+      std::lock_guard lock(mu_);
+      self_floor_ = step;
+      for (auto& [t, st] : steps_) Skip(st);
+      cv_.notify_all();
+    }
+    asio::post(io_, [this, step] {
+      for (auto& [p, c] : in_) {
+        bool ready;
+        {
+          std::lock_guard lock(mu_);
+          ready = c->ready;
+        }
+        if (ready) Queue(*c, {Frame(Type::kReset, step), {}, {}, nullptr});
+      }
+      // Credits held for steps this process will no longer stage are now
+      // served on demand.
+      for (auto& [p, c] : out_) Dispatch(*c);
+    });
+  }
+
+  // Parts not yet under way will not be: their staging is over. Needs mu_.
+  static void Skip(StepState& st) {
+    for (auto* v : {&st.in, &st.out}) {
+      for (PartState& p : *v) {
+        if (p.status == PartStatus::kWaiting) p.status = PartStatus::kSkipped;
+      }
+    }
+  }
+
+  ExchangeCounters counters() const {
+    std::lock_guard lock(mu_);
+    ExchangeCounters c = counters_;
+    c.peers_connected = 0;
+    for (const auto* m : {&in_, &out_}) {
+      for (const auto& [p, conn] : *m) c.peers_connected += conn->ready ? 1 : 0;
+    }
+    return c;
+  }
+
+ private:
+  // ---- the I/O thread ----
+
+  void StartAccept() {
+    acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket s) {
+      if (ec == asio::error::operation_aborted) return;
+      if (!ec) {
+        s.set_option(tcp::no_delay(true), ec);
+        auto p = std::make_shared<Pending>(std::move(s));
+        p->deadline = Clock::now() + opt_.peer_timeout;
+        pending_.push_back(p);
+        asio::async_read(p->sock, asio::buffer(&p->rx, sizeof p->rx),
+                         [this, p](boost::system::error_code e, size_t) { OnHello(p, e); });
+      }
+      StartAccept();
+    });
+  }
+
+  void Refuse(const std::shared_ptr<Pending>& p, const std::string& why) {
+    LogWarn("refused a peer connection", {{"reason", why}});
+    auto text = std::make_shared<std::string>(why);
+    auto h = std::make_shared<Header>(Frame(Type::kError, 0, text->size()));
+    std::vector<asio::const_buffer> bufs{asio::buffer(h.get(), sizeof *h), asio::buffer(*text)};
+    asio::async_write(p->sock, bufs, [this, p, h, text](boost::system::error_code, size_t) {
+      boost::system::error_code ignored;
+      p->sock.shutdown(tcp::socket::shutdown_both, ignored);
+      p->sock.close(ignored);
+      Forget(p);
+    });
+  }
+
+  void Forget(const std::shared_ptr<Pending>& p) {
+    pending_.erase(std::remove(pending_.begin(), pending_.end(), p), pending_.end());
+  }
+
+  void OnHello(const std::shared_ptr<Pending>& p, boost::system::error_code ec) {
+    if (ec) {
+      Forget(p);
+      return;
+    }
+    const Header& h = p->rx;
+    if (h.magic != kMagic || h.type != static_cast<uint16_t>(Type::kHello)) {
+      Refuse(p, "not a meshload peer HELLO");
+      return;
+    }
+    if (h.version != kVersion) {
+      Refuse(p, "peer protocol version " + std::to_string(h.version) + " is not " + std::to_string(kVersion));
+      return;
+    }
+    auto it = in_.find(h.a);
+    if (static_cast<int64_t>(h.b) != opt_.process || it == in_.end()) {
+      Refuse(p, "process " + std::to_string(h.a) + " connected to send to process " + std::to_string(h.b) +
+                    ", but this is process " + std::to_string(opt_.process) +
+                    " and its plan receives nothing from it: the processes run different jobs or peer lists");
+      return;
+    }
+    Conn& c = *it->second;
+    if (h.c != opt_.fingerprint) {
+      const std::string why = "process " + std::to_string(h.a) + " runs a different job (fingerprint " +
+                              std::to_string(h.c) + ", this process " + std::to_string(opt_.fingerprint) +
+                              "): every process must load the same DataLoadJob";
+      Refuse(p, why);
+      Fail(c, why);
+      return;
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (c.ready || !c.failed.empty()) {
+        const std::string why = c.ready ? c.Name() + " is already connected" : c.failed;
+        Refuse(p, why);
+        return;
+      }
+      c.ready = true;
+    }
+    Forget(p);
+    c.sock = std::make_unique<tcp::socket>(std::move(p->sock));
+    c.last_rx = Clock::now();
+    LogInfo("peer connected", {{"peer", c.Name()}, {"direction", "receive"}});
+    Queue(c, {Frame(Type::kHelloOk), {}, {}, nullptr});
+    int64_t floor;
+    {
+      std::lock_guard lock(mu_);
+      floor = self_floor_;
+    }
+    Queue(c, {Frame(Type::kReset, floor), {}, {}, nullptr});
+    SendCredits();
+    ReadFrame(c);
+  }
+
+  void Connect(Conn& c) {
+    c.resolver = std::make_unique<tcp::resolver>(io_);
+    c.resolver->async_resolve(
+        c.addr.host, std::to_string(c.addr.port),
+        [this, &c](boost::system::error_code ec, tcp::resolver::results_type results) {
+          if (ec) {
+            Retry(c, ec.message());
+            return;
+          }
+          c.sock = std::make_unique<tcp::socket>(io_);
+          asio::async_connect(*c.sock, results, [this, &c](boost::system::error_code e, const tcp::endpoint&) {
+            if (e) {
+              Retry(c, e.message());
+              return;
+            }
+            boost::system::error_code ignored;
+            c.sock->set_option(tcp::no_delay(true), ignored);
+            c.last_rx = Clock::now();
+            auto h = std::make_shared<Header>(
+                Frame(Type::kHello, opt_.process, static_cast<uint64_t>(c.peer), opt_.fingerprint));
+            asio::async_write(*c.sock, asio::buffer(h.get(), sizeof *h), [this, &c, h](boost::system::error_code we, size_t) {
+              if (we) {
+                Retry(c, we.message());
+                return;
+              }
+              asio::async_read(*c.sock, asio::buffer(&c.rx, sizeof c.rx), [this, &c](boost::system::error_code re, size_t) {
+                if (re) {
+                  Retry(c, re.message());
+                  return;
+                }
+                if (c.rx.magic == kMagic && c.rx.type == static_cast<uint16_t>(Type::kError)) {
+                  OnFrame(c);  // reads the text and fails the connection
+                  return;
+                }
+                if (c.rx.magic != kMagic || c.rx.type != static_cast<uint16_t>(Type::kHelloOk)) {
+                  Fail(c, c.Name() + " answered HELLO with something else than HELLO_OK");
+                  return;
+                }
+                {
+                  std::lock_guard lock(mu_);
+                  c.ready = true;
+                }
+                LogInfo("peer connected", {{"peer", c.Name()}, {"direction", "send"}});
+                ReadFrame(c);
+                Dispatch(c);
+              });
+            });
+          });
+        });
+  }
+
+  void Retry(Conn& c, const std::string& why) {
+    if (c.sock) {
+      boost::system::error_code ignored;
+      c.sock->close(ignored);
+    }
+    if (Clock::now() >= c.deadline) {
+      Fail(c, "cannot connect to " + c.Name() + " for " + Seconds(opt_.connect_timeout) + ": " + why);
+      return;
+    }
+    c.retry = std::make_unique<asio::steady_timer>(io_, std::chrono::milliseconds(200));
+    c.retry->async_wait([this, &c](boost::system::error_code ec) {
+      if (!ec) Connect(c);
+    });
+  }
+
+  void ReadFrame(Conn& c) {
+    asio::async_read(*c.sock, asio::buffer(&c.rx, sizeof c.rx), [this, &c](boost::system::error_code ec, size_t) {
+      if (ec) {
+        Fail(c, "lost the connection to " + c.Name() + ": " + ec.message());
+        return;
+      }
+      OnFrame(c);
+    });
+  }
+
+  void OnFrame(Conn& c) {
+    c.last_rx = Clock::now();
+    const Header h = c.rx;
+    if (h.magic != kMagic) {
+      Fail(c, c.Name() + " sent a frame without the meshload peer magic (protocol error)");
+      return;
+    }
+    const Type t = static_cast<Type>(h.type);
+    if (t == Type::kHeartbeat) {
+      ReadFrame(c);
+    } else if (t == Type::kError) {
+      if (h.b > kMaxErrorText) {
+        Fail(c, c.Name() + " sent an error of " + std::to_string(h.b) + " bytes (protocol error)");
+        return;
+      }
+      c.scratch.resize(h.b);
+      asio::async_read(*c.sock, asio::buffer(c.scratch), [this, &c](boost::system::error_code ec, size_t) {
+        Fail(c, ec ? "lost the connection to " + c.Name() + ": " + ec.message()
+                   : c.Name() + " reported: " + std::string(c.scratch.begin(), c.scratch.end()));
+      });
+    } else if (c.outbound && t == Type::kCredit) {
+      {
+        std::lock_guard lock(mu_);
+        if (h.a >= c.floor) {
+          c.credited.insert(h.a);
+          // Asked again for a step already delivered: it moved back.
+          if (c.sent.erase(h.a)) c.again.insert(h.a);
+        }
+      }
+      Dispatch(c);
+      ReadFrame(c);
+    } else if (c.outbound && t == Type::kReset) {
+      {
+        std::lock_guard lock(mu_);
+        c.floor = h.a;
+        c.credited.erase(c.credited.begin(), c.credited.lower_bound(h.a));
+      }
+      Dispatch(c);
+      ReadFrame(c);
+    } else if (!c.outbound && t == Type::kData) {
+      OnData(c, h);
+    } else {
+      Fail(c, c.Name() + " sent an unexpected frame of type " + std::to_string(h.type) + " (protocol error)");
+    }
+  }
+
+  void OnData(Conn& c, const Header& h) {
+    PartState* part = nullptr;
+    std::string mismatch;
+    {
+      std::lock_guard lock(mu_);
+      for (auto it = steps_.begin(); part == nullptr && mismatch.empty() && it != steps_.end(); ++it) {
+        if (it->second.step != h.a) continue;
+        for (PartState& p : it->second.in) {
+          if (p.part.peer != c.peer || p.status != PartStatus::kWaiting) continue;
+          if (p.part.bytes != h.b || p.part.checksum != h.c) {
+            mismatch = c.Name() + " sent " + std::to_string(h.b) + " bytes for step " + std::to_string(h.a) +
+                       " (sample-id checksum " + std::to_string(h.c) + ") but this process's plan expects " +
+                       std::to_string(p.part.bytes) + " bytes (checksum " + std::to_string(p.part.checksum) +
+                       "): the processes do not run the same plan";
+            p.status = PartStatus::kFailed;
+            if (it->second.error.ok()) it->second.error = DataLoss(mismatch);
+            cv_.notify_all();
+          } else {
+            p.status = PartStatus::kBusy;
+            part = &p;
+          }
+          break;
+        }
+      }
+    }
+    if (!mismatch.empty()) LogError("peer data does not match the plan", {{"error", mismatch}});
+    if (part == nullptr) {
+      // A step this process abandoned (or a mismatch): the bytes were sent
+      // on credit and are read and dropped.
+      Discard(c, h.b);
+      return;
+    }
+    std::vector<asio::mutable_buffer> bufs;
+    bufs.reserve(part->part.iov.size());
+    for (const iovec& v : part->part.iov) bufs.emplace_back(v.iov_base, v.iov_len);
+    asio::async_read(*c.sock, bufs, [this, &c, part, bytes = h.b](boost::system::error_code ec, size_t) {
+      {
+        std::lock_guard lock(mu_);
+        part->status = ec ? PartStatus::kFailed : PartStatus::kDone;
+        if (!ec) {
+          counters_.bytes_received += bytes;
+          counters_.parts_received += 1;
+        }
+        cv_.notify_all();
+      }
+      if (ec) {
+        Fail(c, "lost the connection to " + c.Name() + " while receiving: " + ec.message());
+        return;
+      }
+      c.last_rx = Clock::now();
+      ReadFrame(c);
+    });
+  }
+
+  void Discard(Conn& c, uint64_t remaining) {
+    if (remaining == 0) {
+      ReadFrame(c);
+      return;
+    }
+    c.scratch.resize(std::min<uint64_t>(remaining, 1 << 20));
+    asio::async_read(*c.sock, asio::buffer(c.scratch), [this, &c, remaining](boost::system::error_code ec, size_t n) {
+      if (ec) {
+        Fail(c, "lost the connection to " + c.Name() + ": " + ec.message());
+        return;
+      }
+      c.last_rx = Clock::now();
+      Discard(c, remaining - n);
+    });
+  }
+
+  // Credits every registered incoming part whose sender is connected.
+  void SendCredits() {
+    std::vector<std::pair<Conn*, int64_t>> credits;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [ticket, st] : steps_) {
+        for (PartState& p : st.in) {
+          Conn& c = *in_.at(p.part.peer);
+          if (p.status != PartStatus::kWaiting || p.credited) continue;
+          if (!c.failed.empty()) {
+            p.status = PartStatus::kFailed;
+            if (st.error.ok()) st.error = Status(StatusCode::kUnavailable, c.failed);
+            cv_.notify_all();
+            continue;
+          }
+          if (!c.ready) continue;
+          p.credited = true;
+          credits.emplace_back(&c, st.step);
+        }
+      }
+    }
+    for (auto& [c, step] : credits) Queue(*c, {Frame(Type::kCredit, step), {}, {}, nullptr});
+  }
+
+  // Needs mu_.
+  void MarkSent(Conn& c, int64_t step) {
+    c.sent.insert(step);
+    c.sent_order.push_back(step);
+    if (c.sent_order.size() > kSentMemory) {
+      c.sent.erase(c.sent_order.front());
+      c.sent_order.pop_front();
+    }
+  }
+
+  // Writes every part for this receiver that it has credited; drops those it
+  // has moved past or had already; hands credits this process's pipeline
+  // will not meet to the serving thread.
+  void Dispatch(Conn& c) {
+    std::vector<std::pair<int64_t, PartState*>> go;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [ticket, st] : steps_) {
+        for (PartState& p : st.out) {
+          if (p.part.peer != c.peer || p.status != PartStatus::kWaiting) continue;
+          if (!c.failed.empty()) {
+            p.status = PartStatus::kFailed;
+            if (st.error.ok()) st.error = Status(StatusCode::kUnavailable, c.failed);
+            cv_.notify_all();
+          } else if (st.step < c.floor || (c.sent.count(st.step) && !c.credited.count(st.step))) {
+            p.status = PartStatus::kSkipped;
+            counters_.parts_skipped += 1;
+            cv_.notify_all();
+          } else if (c.ready && c.credited.erase(st.step)) {
+            p.status = PartStatus::kBusy;
+            c.again.erase(st.step);
+            MarkSent(c, st.step);
+            go.emplace_back(st.step, &p);
+          }
+        }
+      }
+      if (c.ready && c.failed.empty()) {
+        for (auto it = c.credited.begin(); it != c.credited.end();) {
+          const int64_t step = *it;
+          if (step < self_floor_ || c.again.count(step)) {
+            it = c.credited.erase(it);
+            c.again.erase(step);
+            MarkSent(c, step);
+            serve_queue_.emplace_back(&c, step);
+            serve_cv_.notify_one();
+          } else {
+            ++it;
+          }
+        }
+      }
+    }
+    for (auto& [step, p] : go) {
+      WriteItem w{Frame(Type::kData, step, p->part.bytes, p->part.checksum), {}, {}, nullptr};
+      w.payload.reserve(p->part.iov.size());
+      for (const iovec& v : p->part.iov) w.payload.emplace_back(v.iov_base, v.iov_len);
+      w.done = [this, p = p](bool ok) {
+        std::lock_guard lock(mu_);
+        p->status = ok ? PartStatus::kDone : PartStatus::kFailed;
+        if (ok) {
+          counters_.bytes_sent += p->part.bytes;
+          counters_.parts_sent += 1;
+        }
+        cv_.notify_all();
+      };
+      Queue(c, std::move(w));
+    }
+  }
+
+  // The serving thread: reads parts again on demand (see the header).
+  void ServeMain() {
+    ::pthread_setname_np(::pthread_self(), "ml-peer-serve");
+    std::unique_lock lock(mu_);
+    while (true) {
+      serve_cv_.wait(lock, [&] { return stopping_ || !serve_queue_.empty(); });
+      if (stopping_) return;
+      auto [c, step] = serve_queue_.front();
+      serve_queue_.pop_front();
+      lock.unlock();
+      auto buf = std::make_shared<std::vector<uint8_t>>();
+      uint64_t checksum = 0;
+      Status st = opt_.serve ? opt_.serve(step, c->peer, *buf, checksum)
+                             : Internal("no on-demand reader for step " + std::to_string(step));
+      LogInfo("serving a peer's part again from storage",
+              {{"step", step}, {"peer", c->Name()}, {"bytes", buf->size()}, {"ok", st.ok() ? "true" : "false"}});
+      asio::post(io_, [this, c, step, buf, checksum, st] {
+        if (!st.ok()) {
+          const std::string why = "process " + std::to_string(opt_.process) + " cannot read its part of step " +
+                                  std::to_string(step) + " again: " + st.ToString();
+          SendError(*c, why);
+          Fail(*c, why);
+          return;
+        }
+        WriteItem w{Frame(Type::kData, step, buf->size(), checksum), {asio::buffer(*buf)}, {}, nullptr};
+        w.done = [this, buf](bool ok) {
+          std::lock_guard lock(mu_);
+          if (ok) {
+            counters_.bytes_sent += buf->size();
+            counters_.parts_served += 1;
+          }
+        };
+        Queue(*c, std::move(w));
+      });
+      lock.lock();
+    }
+  }
+
+  void Queue(Conn& c, WriteItem w) {
+    if (!c.sock || !c.sock->is_open() || (c.dead && w.h.type != static_cast<uint16_t>(Type::kError))) {
+      if (w.done) w.done(false);
+      return;
+    }
+    c.wq.push_back(std::move(w));
+    if (!c.writing) WriteNext(c);
+  }
+
+  void WriteNext(Conn& c) {
+    if (c.wq.empty()) {
+      c.writing = false;
+      if (c.dead) Close(c);
+      return;
+    }
+    c.writing = true;
+    WriteItem& w = c.wq.front();
+    std::vector<asio::const_buffer> bufs;
+    bufs.reserve(w.payload.size() + 2);
+    bufs.emplace_back(&w.h, sizeof w.h);
+    for (const auto& b : w.payload) bufs.push_back(b);
+    if (!w.text.empty()) bufs.emplace_back(w.text.data(), w.text.size());
+    asio::async_write(*c.sock, bufs, [this, &c](boost::system::error_code ec, size_t) {
+      WriteItem done = std::move(c.wq.front());
+      c.wq.pop_front();
+      if (done.done) done.done(!ec);
+      if (ec) {
+        Fail(c, "lost the connection to " + c.Name() + " while sending: " + ec.message());
+        c.writing = false;
+        while (!c.wq.empty()) {
+          if (c.wq.front().done) c.wq.front().done(false);
+          c.wq.pop_front();
+        }
+        Close(c);
+        return;
+      }
+      WriteNext(c);
+    });
+  }
+
+  void SendError(Conn& c, const std::string& why) {
+    WriteItem w{Frame(Type::kError, 0, std::min<uint64_t>(why.size(), kMaxErrorText)), {}, why.substr(0, kMaxErrorText),
+                nullptr};
+    Queue(c, std::move(w));
+  }
+
+  // The connection is dead: every part that needs it fails, with `why`.
+  void Fail(Conn& c, const std::string& why) {
+    {
+      std::lock_guard lock(mu_);
+      if (!c.failed.empty()) return;
+      c.failed = why;
+      c.ready = false;
+      for (auto& [ticket, st] : steps_) {
+        for (PartState& p : c.outbound ? st.out : st.in) {
+          if (p.part.peer != c.peer || p.status != PartStatus::kWaiting) continue;
+          p.status = PartStatus::kFailed;
+          if (st.error.ok()) st.error = Status(StatusCode::kUnavailable, why);
+        }
+        // A part in flight fails in its own handler; the step's error is
+        // the connection's.
+        for (PartState& p : c.outbound ? st.out : st.in) {
+          if (p.part.peer == c.peer && p.status == PartStatus::kBusy && st.error.ok()) {
+            st.error = Status(StatusCode::kUnavailable, why);
+          }
+        }
+      }
+      cv_.notify_all();
+    }
+    LogError("peer connection failed", {{"peer", c.Name()}, {"error", why}});
+    c.dead = true;
+    if (c.retry) c.retry->cancel();
+    // Writes still queued (an ERROR for the peer) go out first; the socket
+    // closes when the queue is done (WriteNext), and at once when idle.
+    if (!c.writing) Close(c);
+  }
+
+  void Close(Conn& c) {
+    if (!c.sock) return;
+    boost::system::error_code ignored;
+    c.sock->shutdown(tcp::socket::shutdown_both, ignored);
+    c.sock->close(ignored);
+  }
+
+  void Heartbeat() {
+    heartbeat_.expires_after(opt_.heartbeat);
+    heartbeat_.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      const auto now = Clock::now();
+      for (auto* m : {&in_, &out_}) {
+        for (auto& [p, c] : *m) {
+          bool ready;
+          {
+            std::lock_guard lock(mu_);
+            ready = c->ready;
+          }
+          if (!ready) {
+            // A sender that never shows up is reported like one that cannot
+            // be reached (senders time out on their side).
+            if (!c->outbound && !c->dead && now > started_ + opt_.connect_timeout) {
+              Fail(*c, c->Name() + " has not connected for " + Seconds(opt_.connect_timeout) +
+                           ": is its sidecar running, with the same peer list?");
+            }
+            continue;
+          }
+          if (now - c->last_rx > opt_.peer_timeout) {
+            Fail(*c, "no word from " + c->Name() + " for " + Seconds(opt_.peer_timeout) +
+                         ": it is stopped, dead or unreachable");
+            continue;
+          }
+          if (c->wq.empty()) Queue(*c, {Frame(Type::kHeartbeat), {}, {}, nullptr});
+        }
+      }
+      // Connections that never said HELLO.
+      std::vector<std::shared_ptr<Pending>> late;
+      for (const auto& p : pending_) {
+        if (now > p->deadline) late.push_back(p);
+      }
+      for (const auto& p : late) {
+        boost::system::error_code ignored;
+        p->sock.close(ignored);
+        Forget(p);
+      }
+      Heartbeat();
+    });
+  }
+
+  const ExchangeOptions opt_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  asio::steady_timer heartbeat_;
+  uint16_t port_ = 0;
+  const Clock::time_point started_ = Clock::now();
+  std::map<int64_t, std::unique_ptr<Conn>> in_, out_;  // fixed after Start()
+  std::vector<std::shared_ptr<Pending>> pending_;      // I/O thread only
+  std::thread thread_;
+  std::thread server_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<Ticket, StepState> steps_;
+  Ticket last_ticket_ = 0;
+  bool stopping_ = false;
+  std::condition_variable serve_cv_;
+  std::deque<std::pair<Conn*, int64_t>> serve_queue_;
+  int64_t self_floor_ = 0;
+  ExchangeCounters counters_;
+};
+
+Result<std::unique_ptr<PeerExchange>> PeerExchange::Create(ExchangeOptions options, std::vector<int64_t> send_to,
+                                                           std::vector<int64_t> receive_from) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  RETURN_IF_ERROR(impl->Start(send_to, receive_from));
+  return std::unique_ptr<PeerExchange>(new PeerExchange(std::move(impl)));
+}
+
+PeerExchange::PeerExchange(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PeerExchange::~PeerExchange() = default;
+uint16_t PeerExchange::port() const { return impl_->port(); }
+PeerExchange::Ticket PeerExchange::Begin(int64_t step) { return impl_->Begin(step); }
+Status PeerExchange::Expect(Ticket t, std::vector<Part> incoming) { return impl_->Expect(t, std::move(incoming)); }
+Status PeerExchange::Send(Ticket t, std::vector<Part> outgoing) { return impl_->Send(t, std::move(outgoing)); }
+Status PeerExchange::Wait(Ticket t, const std::function<bool()>& cancelled) { return impl_->Wait(t, cancelled); }
+void PeerExchange::Abandon(Ticket t) { impl_->Abandon(t); }
+void PeerExchange::Restart(int64_t step) { impl_->Restart(step); }
+ExchangeCounters PeerExchange::counters() const { return impl_->counters(); }
+
+}  // namespace meshload::sidecar::exchange

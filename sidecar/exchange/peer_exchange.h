@@ -1,0 +1,154 @@
+/// \file
+/// PeerExchange: moves samples between the sidecars of a job over TCP
+/// (Boost.Asio), for the plans whose transfers are not empty: the
+/// `Broadcast` fan-out and `LoadAndReshard`. It is the transport a host
+/// without GPUs uses (and `meshload run --local`); NCCL takes its place
+/// between GPUs.
+///
+/// Connections: every sidecar listens on its peer port; a process that sends
+/// to another (the planner's TransfersFrom) connects to it, so each
+/// connection carries data one way, sender → receiver, and credits the
+/// other way. HELLO names both processes and the job's fingerprint; a
+/// receiver refuses a sender that runs another job (a clear error on both
+/// sides).
+///
+/// Flow control is by credit, per step: a receiver that has a slot for step
+/// t registers where each sender's samples go (Expect) and sends CREDIT(t);
+/// a sender hands its part of step t over (Send) and the I/O thread writes
+/// it once the receiver has credited t, straight from the sender's slot or
+/// read buffer into the receiver's slot (a scatter read, no staging copy).
+/// So a sender never runs more than a receiver's prefetch ahead, memory
+/// stays bounded, and there is no cycle: a receiver's credit for t depends
+/// only on its trainer having released t − prefetch.
+///
+/// Processes may move independently (a trainer that reconnects at another
+/// step re-plans its sidecar from there). A receiver that re-plans from
+/// step r sends RESET(r): senders drop what they still hold for earlier
+/// steps. A credit for a step the sender's own pipeline will not stage (it
+/// is behind the sender's re-plan point, or was already delivered and is
+/// asked for again) is served on demand: the `serve` callback reads that
+/// part again from storage on the exchange's own thread. Every part is a
+/// pure function of the plan, so the bytes are the same either way.
+///
+/// Faults are reported, not hung on: a connection that cannot be made within
+/// `connect_timeout`, a peer silent for `peer_timeout` (both sides send a
+/// heartbeat every `heartbeat`), a connection lost, or a peer's data that
+/// does not match this process's plan (size or sample-id checksum) fails the
+/// steps that involve that peer with an error naming it and its address.
+///
+/// Thread safety: all public methods are thread-safe; Expect/Send/Wait/
+/// Abandon of one step come from the one thread staging it.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace meshload::sidecar::exchange {
+
+struct PeerAddress {
+  std::string host;
+  uint16_t port = 0;
+  std::string ToString() const;
+};
+
+/// `HOST:PORT,HOST:PORT,...`, one per process in process order (IPv6 hosts
+/// in brackets). Errors name the item.
+Result<std::vector<PeerAddress>> ParsePeerList(std::string_view text);
+
+struct ExchangeOptions {
+  int64_t process = 0;
+  /// Every process's peer address, by process index; this process's entry
+  /// gives the port it listens on (unless listen_fd is set).
+  std::vector<PeerAddress> peers;
+  /// An already listening TCP socket to use (run --local passes one, so
+  /// ports are never raced for); the exchange takes it over.
+  int listen_fd = -1;
+  std::string listen_address = "0.0.0.0";
+  /// Both sides must agree (JobFingerprint).
+  uint64_t fingerprint = 0;
+  /// The first step this process stages (its first RESET).
+  int64_t first_step = 0;
+  std::chrono::milliseconds connect_timeout{120000};
+  std::chrono::milliseconds peer_timeout{30000};
+  std::chrono::milliseconds heartbeat{1000};
+  /// How long a step may wait on its peers before it is logged (once).
+  std::chrono::milliseconds stall_report_after{5000};
+  /// Reads this process's part of `step` for `peer` into `out` (resized to
+  /// its bytes) and sets its sample-id checksum: the on-demand path above.
+  std::function<Status(int64_t step, int64_t peer, std::vector<uint8_t>& out, uint64_t& checksum)> serve;
+};
+
+/// One peer's share of a step: where its bytes come from or go, their size,
+/// and the checksum of their sample ids (ipc::SampleIdsChecksum), which both
+/// sides compute from their own plan.
+struct Part {
+  int64_t peer = 0;
+  std::vector<iovec> iov;
+  uint64_t bytes = 0;
+  uint64_t checksum = 0;
+};
+
+struct ExchangeCounters {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t parts_sent = 0;
+  uint64_t parts_received = 0;
+  uint64_t parts_skipped = 0;  // dropped: the receiver moved past them, or had them already
+  uint64_t parts_served = 0;   // read again on demand (see above)
+  int peers_connected = 0;
+};
+
+class PeerExchange {
+ public:
+  /// Listens, then connects to every process in `send_to` in the background
+  /// (retrying until connect_timeout). `receive_from` lists the processes
+  /// allowed to connect.
+  static Result<std::unique_ptr<PeerExchange>> Create(ExchangeOptions options, std::vector<int64_t> send_to,
+                                                      std::vector<int64_t> receive_from);
+  ~PeerExchange();
+  PeerExchange(const PeerExchange&) = delete;
+  PeerExchange& operator=(const PeerExchange&) = delete;
+
+  /// The port this process listens on.
+  uint16_t port() const;
+
+  /// One staging of one step; two may exist for a step across a re-plan.
+  using Ticket = uint64_t;
+  Ticket Begin(int64_t step);
+  /// Registers where the peers' parts of the step go (the memory must stay
+  /// valid until Wait() or Abandon() returns) and credits them.
+  Status Expect(Ticket t, std::vector<Part> incoming);
+  /// Hands this process's parts of the step to the I/O thread; each is
+  /// written when its receiver has credited the step (the memory must stay
+  /// valid until Wait() or Abandon() returns).
+  Status Send(Ticket t, std::vector<Part> outgoing);
+  /// Waits until every part has arrived and been sent (or dropped because
+  /// its receiver moved on). `cancelled` is polled: when it says so, Wait
+  /// returns a kCancelled error. The ticket is closed on success; after an
+  /// error call Abandon().
+  Status Wait(Ticket t, const std::function<bool()>& cancelled);
+  /// Closes the ticket: returns once no transfer touches its memory.
+  void Abandon(Ticket t);
+  /// This process now stages from `step` on (a re-plan): the stagings begun
+  /// before no longer receive or send, and the senders are told. Call it
+  /// before the new stagings begin.
+  void Restart(int64_t step);
+
+  ExchangeCounters counters() const;
+
+ private:
+  class Impl;
+  explicit PeerExchange(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace meshload::sidecar::exchange
