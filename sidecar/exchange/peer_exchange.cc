@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -38,6 +39,7 @@ enum class Type : uint16_t {
   kData = 5,      // a = step, b = bytes, c = sample-id checksum; then b bytes
   kHeartbeat = 6,
   kError = 7,     // b = text bytes; then the text
+  kBye = 8,       // the sender of it is stopping
 };
 
 struct Header {
@@ -173,6 +175,26 @@ class PeerExchange::Impl {
     }
     serve_cv_.notify_all();
     if (server_.joinable()) server_.join();
+    // Say goodbye, so that peers report a stop, not a lost connection
+    // (bounded: a peer that does not read is not waited for).
+    if (thread_.joinable()) {
+      auto said = std::make_shared<std::promise<void>>();
+      asio::post(io_, [this, said] {
+        closing_ = true;
+        auto left = std::make_shared<int>(0);
+        for (auto* m : {&in_, &out_}) {
+          for (auto& [p, c] : *m) {
+            if (c->dead || !c->sock || !c->sock->is_open()) continue;
+            ++*left;
+            Queue(*c, {Frame(Type::kBye), {}, {}, [said, left](bool) {
+                         if (--*left == 0) said->set_value();
+                       }});
+          }
+        }
+        if (*left == 0) said->set_value();
+      });
+      said->get_future().wait_for(std::chrono::milliseconds(200));
+    }
     io_.stop();
     if (thread_.joinable()) thread_.join();
   }
@@ -551,6 +573,8 @@ class PeerExchange::Impl {
     const Type t = static_cast<Type>(h.type);
     if (t == Type::kHeartbeat) {
       ReadFrame(c);
+    } else if (t == Type::kBye) {
+      Fail(c, c.Name() + " stopped", /*quiet=*/true);
     } else if (t == Type::kError) {
       if (h.b > kMaxErrorText) {
         Fail(c, c.Name() + " sent an error of " + std::to_string(h.b) + " bytes (protocol error)");
@@ -834,7 +858,7 @@ class PeerExchange::Impl {
   }
 
   // The connection is dead: every part that needs it fails, with `why`.
-  void Fail(Conn& c, const std::string& why) {
+  void Fail(Conn& c, const std::string& why, bool quiet = false) {
     {
       std::lock_guard lock(mu_);
       if (!c.failed.empty()) return;
@@ -856,7 +880,11 @@ class PeerExchange::Impl {
       }
       cv_.notify_all();
     }
-    LogError("peer connection failed", {{"peer", c.Name()}, {"error", why}});
+    if (quiet || closing_) {
+      LogInfo("peer connection closed", {{"peer", c.Name()}, {"reason", why}});
+    } else {
+      LogError("peer connection failed", {{"peer", c.Name()}, {"error", why}});
+    }
     c.dead = true;
     if (c.retry) c.retry->cancel();
     // Writes still queued (an ERROR for the peer) go out first; the socket
@@ -922,6 +950,7 @@ class PeerExchange::Impl {
   const Clock::time_point started_ = Clock::now();
   std::map<int64_t, std::unique_ptr<Conn>> in_, out_;  // fixed after Start()
   std::vector<std::shared_ptr<Pending>> pending_;      // I/O thread only
+  bool closing_ = false;                               // I/O thread: this exchange is stopping
   std::thread thread_;
   std::thread server_;
 

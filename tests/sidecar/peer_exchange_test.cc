@@ -1,0 +1,272 @@
+#include "sidecar/exchange/peer_exchange.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+namespace meshload::sidecar::exchange {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::pair<int, uint16_t> ListenLoopback() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_EQ(::listen(fd, 16), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  return {fd, ntohs(a.sin_port)};
+}
+
+// Process 0 sends to process 1, over loopback.
+struct Pair {
+  std::vector<PeerAddress> peers;
+  int fds[2];
+  Pair() {
+    for (int p = 0; p < 2; ++p) {
+      auto [fd, port] = ListenLoopback();
+      fds[p] = fd;
+      peers.push_back({"127.0.0.1", port});
+    }
+  }
+  ExchangeOptions Options(int64_t process, uint64_t fingerprint = 7) const {
+    ExchangeOptions o;
+    o.process = process;
+    o.peers = peers;
+    o.listen_fd = fds[process];
+    o.fingerprint = fingerprint;
+    o.connect_timeout = 5s;
+    o.peer_timeout = 2s;
+    o.heartbeat = 100ms;
+    return o;
+  }
+};
+
+Part PartOf(int64_t peer, std::vector<uint8_t>& buf, uint64_t checksum) {
+  Part p;
+  p.peer = peer;
+  p.iov.push_back({buf.data(), buf.size()});
+  p.bytes = buf.size();
+  p.checksum = checksum;
+  return p;
+}
+
+std::vector<uint8_t> Pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7);
+  return v;
+}
+
+TEST(ParsePeerList, AcceptsHostsAndIpv6AndNamesTheBadItem) {
+  auto ok = ParsePeerList("10.0.0.1:7441,pod-1.svc:80,[fd00::1]:9000");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  ASSERT_EQ(ok->size(), 3u);
+  EXPECT_EQ((*ok)[1].host, "pod-1.svc");
+  EXPECT_EQ((*ok)[2].host, "fd00::1");
+  EXPECT_EQ((*ok)[2].port, 9000);
+  EXPECT_EQ((*ok)[2].ToString(), "[fd00::1]:9000");
+  auto bad = ParsePeerList("10.0.0.1:7441,nohost");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("peer 1 ('nohost')"), std::string::npos) << bad.status().message();
+  EXPECT_FALSE(ParsePeerList("a:0").ok());
+  EXPECT_FALSE(ParsePeerList("a:70000").ok());
+  EXPECT_FALSE(ParsePeerList("").ok());
+}
+
+TEST(PeerExchange, MovesStepsOnCreditWithScatteredDestinations) {
+  Pair pair;
+  auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
+  auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  for (int64_t step = 0; step < 20; ++step) {
+    std::vector<uint8_t> src = Pattern(3000, static_cast<uint8_t>(step));
+    std::vector<uint8_t> a(1000), b(2000);
+    Part in;
+    in.peer = 0;
+    in.iov = {{a.data(), a.size()}, {b.data(), b.size()}};
+    in.bytes = 3000;
+    in.checksum = 100 + step;
+    auto rt = (*receiver)->Begin(step);
+    ASSERT_TRUE((*receiver)->Expect(rt, {in}).ok());
+    auto st = (*sender)->Begin(step);
+    ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 100 + step)}).ok());
+    ASSERT_TRUE((*sender)->Wait(st, {}).ok());
+    ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+    EXPECT_EQ(0, std::memcmp(a.data(), src.data(), 1000));
+    EXPECT_EQ(0, std::memcmp(b.data(), src.data() + 1000, 2000));
+  }
+  EXPECT_EQ((*sender)->counters().bytes_sent, 20u * 3000);
+  EXPECT_EQ((*receiver)->counters().parts_received, 20u);
+}
+
+TEST(PeerExchange, ASenderWaitsForTheReceiversCreditSoMemoryStaysBounded) {
+  Pair pair;
+  auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
+  auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  std::vector<uint8_t> src = Pattern(64, 1), dst(64);
+  auto st = (*sender)->Begin(5);
+  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 1)}).ok());
+  // No credit yet: the send does not complete.
+  const auto t0 = std::chrono::steady_clock::now();
+  Status w = (*sender)->Wait(st, [&] { return std::chrono::steady_clock::now() - t0 > 300ms; });
+  EXPECT_EQ(w.code(), StatusCode::kCancelled);
+  auto rt = (*receiver)->Begin(5);
+  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 1)}).ok());
+  EXPECT_TRUE((*sender)->Wait(st, {}).ok());
+  EXPECT_TRUE((*receiver)->Wait(rt, {}).ok());
+  EXPECT_EQ(src, dst);
+}
+
+TEST(PeerExchange, PlansThatDisagreeAreAClearErrorNotWrongBytes) {
+  Pair pair;
+  auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
+  auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  std::vector<uint8_t> src = Pattern(64, 1), dst(64, 0);
+  auto rt = (*receiver)->Begin(0);
+  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 111)}).ok());
+  auto st = (*sender)->Begin(0);
+  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 222)}).ok());
+  Status w = (*receiver)->Wait(rt, {});
+  EXPECT_EQ(w.code(), StatusCode::kDataLoss);
+  EXPECT_NE(w.message().find("do not run the same plan"), std::string::npos) << w.message();
+  (*receiver)->Abandon(rt);
+  EXPECT_EQ(dst, std::vector<uint8_t>(64, 0)) << "nothing written into the slot";
+}
+
+TEST(PeerExchange, ADifferentJobIsRefusedOnBothSides) {
+  Pair pair;
+  auto sender = PeerExchange::Create(pair.Options(0, 1), {1}, {});
+  auto receiver = PeerExchange::Create(pair.Options(1, 2), {}, {0});
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  std::vector<uint8_t> src(8), dst(8);
+  auto st = (*sender)->Begin(0);
+  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 1)}).ok());
+  Status ws = (*sender)->Wait(st, {});
+  EXPECT_FALSE(ws.ok());
+  EXPECT_NE(ws.message().find("different job"), std::string::npos) << ws.message();
+  auto rt = (*receiver)->Begin(0);
+  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 1)}).ok());
+  Status wr = (*receiver)->Wait(rt, {});
+  EXPECT_FALSE(wr.ok());
+  EXPECT_NE(wr.message().find("different job"), std::string::npos) << wr.message();
+  (*sender)->Abandon(st);
+  (*receiver)->Abandon(rt);
+}
+
+TEST(PeerExchange, ADeadPeerIsReportedNotHungOn) {
+  Pair pair;
+  auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
+  ASSERT_TRUE(receiver.ok());
+  std::vector<uint8_t> src(8), dst(8);
+  {
+    auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
+    ASSERT_TRUE(sender.ok());
+    auto st = (*sender)->Begin(0);
+    auto rt = (*receiver)->Begin(0);
+    ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 1)}).ok());
+    ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 1)}).ok());
+    ASSERT_TRUE((*sender)->Wait(st, {}).ok());
+    ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+  }  // the sender's process is gone
+  auto rt = (*receiver)->Begin(1);
+  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 1)}).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  Status w = (*receiver)->Wait(rt, {});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_EQ(w.code(), StatusCode::kUnavailable);
+  EXPECT_NE(w.message().find("process 0 (127.0.0.1:"), std::string::npos) << w.message();
+  (*receiver)->Abandon(rt);
+}
+
+TEST(PeerExchange, APeerThatNeverStartsIsReportedAfterTheConnectTimeout) {
+  Pair pair;
+  ExchangeOptions o = pair.Options(0);
+  o.connect_timeout = 600ms;
+  ::close(pair.fds[1]);  // process 1 never listens
+  auto sender = PeerExchange::Create(o, {1}, {});
+  ASSERT_TRUE(sender.ok());
+  std::vector<uint8_t> src(8);
+  auto st = (*sender)->Begin(0);
+  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 1)}).ok());
+  Status w = (*sender)->Wait(st, {});
+  EXPECT_EQ(w.code(), StatusCode::kUnavailable);
+  EXPECT_NE(w.message().find("cannot connect to process 1"), std::string::npos) << w.message();
+  (*sender)->Abandon(st);
+
+  // And the receiving side of a sender that never connects.
+  Pair other;
+  ExchangeOptions r = other.Options(1);
+  r.connect_timeout = 600ms;
+  auto receiver = PeerExchange::Create(r, {}, {0});
+  ASSERT_TRUE(receiver.ok());
+  std::vector<uint8_t> dst(8);
+  auto rt = (*receiver)->Begin(0);
+  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 1)}).ok());
+  Status wr = (*receiver)->Wait(rt, {});
+  EXPECT_EQ(wr.code(), StatusCode::kUnavailable);
+  EXPECT_NE(wr.message().find("has not connected"), std::string::npos) << wr.message();
+  (*receiver)->Abandon(rt);
+}
+
+TEST(PeerExchange, AReceiverThatMovesOnSkipsAndOneThatMovesBackIsServedAgain) {
+  Pair pair;
+  std::atomic<int> served{0};
+  ExchangeOptions so = pair.Options(0);
+  so.serve = [&](int64_t step, int64_t peer, std::vector<uint8_t>& out, uint64_t& checksum) {
+    EXPECT_EQ(peer, 1);
+    out = Pattern(32, static_cast<uint8_t>(step));
+    checksum = static_cast<uint64_t>(step);
+    served++;
+    return Status::Ok();
+  };
+  auto sender = PeerExchange::Create(so, {1}, {});
+  auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  // Step 0 goes through normally.
+  std::vector<uint8_t> s0 = Pattern(32, 0), d0(32);
+  auto rt = (*receiver)->Begin(0);
+  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, d0, 0)}).ok());
+  auto st = (*sender)->Begin(0);
+  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, s0, 0)}).ok());
+  ASSERT_TRUE((*sender)->Wait(st, {}).ok());
+  ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+  // The receiver re-plans from step 5: the sender's step 1 is dropped.
+  (*receiver)->Restart(5);
+  std::vector<uint8_t> s1 = Pattern(32, 1);
+  auto st1 = (*sender)->Begin(1);
+  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, s1, 1)}).ok());
+  EXPECT_TRUE((*sender)->Wait(st1, {}).ok());
+  EXPECT_EQ((*sender)->counters().parts_skipped, 1u);
+  // It moves back to step 0, which the sender delivered already: the sender
+  // reads it again on demand, and the bytes are the same.
+  (*receiver)->Restart(0);
+  std::vector<uint8_t> again(32);
+  auto rt2 = (*receiver)->Begin(0);
+  ASSERT_TRUE((*receiver)->Expect(rt2, {PartOf(0, again, 0)}).ok());
+  ASSERT_TRUE((*receiver)->Wait(rt2, {}).ok());
+  EXPECT_EQ(again, s0);
+  EXPECT_EQ(served.load(), 1);
+  // And a sender that re-planned past a step serves it on demand too.
+  (*sender)->Restart(10);
+  std::vector<uint8_t> d3(32);
+  auto rt3 = (*receiver)->Begin(3);
+  ASSERT_TRUE((*receiver)->Expect(rt3, {PartOf(0, d3, 3)}).ok());
+  ASSERT_TRUE((*receiver)->Wait(rt3, {}).ok());
+  EXPECT_EQ(d3, Pattern(32, 3));
+  EXPECT_EQ(served.load(), 2);
+}
+
+}  // namespace
+}  // namespace meshload::sidecar::exchange
