@@ -272,13 +272,15 @@ int main(int argc, char** argv) {
   // SIGTERM/SIGINT are handled once the sidecar exists (before, the default
   // action, exiting, is right).
   ::signal(SIGPIPE, SIG_IGN);
-  if (!process_file.empty()) {
+  if (!process_file.empty() || !assignments.empty()) {
     // A signal while waiting stops the wait (the sidecar does not exist yet).
     struct sigaction wait_sa {};
     wait_sa.sa_handler = OnSignal;
     sigemptyset(&wait_sa.sa_mask);
     ::sigaction(SIGTERM, &wait_sa, nullptr);
     ::sigaction(SIGINT, &wait_sa, nullptr);
+  }
+  if (!process_file.empty()) {
     auto index = WaitForProcessFile(process_file);
     if (!index.ok()) {
       if (index.status().code() == StatusCode::kCancelled) return 0;
@@ -290,11 +292,6 @@ int main(int argc, char** argv) {
     LogInfo("process index assigned", {{"process", opt.process}, {"file", process_file}});
   }
   if (!assignments.empty()) {
-    struct sigaction wait_sa {};
-    wait_sa.sa_handler = OnSignal;
-    sigemptyset(&wait_sa.sa_mask);
-    ::sigaction(SIGTERM, &wait_sa, nullptr);
-    ::sigaction(SIGINT, &wait_sa, nullptr);
     auto list = WaitForAssignments(assignments, static_cast<uint16_t>(port_number));
     if (!list.ok()) {
       if (list.status().code() == StatusCode::kCancelled) return 0;

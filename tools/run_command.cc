@@ -37,6 +37,7 @@
 #include "common/logging.h"
 #include "common/unique_fd.h"
 #include "planner/shard_planner.h"
+#include "sidecar/exchange/peer_exchange.h"
 #include "tools/latency_histogram.h"
 #include "tools/synthetic_dataset.h"
 
@@ -100,24 +101,6 @@ struct Child {
   int status = 0;
   std::string log;
 };
-
-// A TCP socket listening on 127.0.0.1 at a port the kernel picks: a local
-// sidecar's peer port, handed to it open (--peer-listen-fd), so no port is
-// ever raced for.
-Result<std::pair<UniqueFd, uint16_t>> ListenLoopback() {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return IoErrorFromErrno("socket", "peer port", errno);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd.get(), 64) != 0 ||
-      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    return IoErrorFromErrno("listen", "peer port", errno);
-  }
-  const uint16_t port = ntohs(a.sin_port);
-  return std::make_pair(std::move(fd), port);
-}
 
 // The inherited peer socket lands on this descriptor in the sidecar.
 constexpr int kPeerListenFd = 3;
@@ -365,7 +348,7 @@ int RunRun(const std::vector<std::string>& args) {
   std::vector<UniqueFd> peer_fds;
   std::string peer_list;
   for (int64_t p = 0; moves && p < P; ++p) {
-    auto l = ListenLoopback();
+    auto l = sidecar::exchange::ListenLoopback();
     if (!l.ok()) return fail(l.status().ToString());
     peer_list += (p ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(l->second);
     peer_fds.push_back(std::move(l->first));

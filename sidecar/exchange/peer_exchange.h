@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace meshload::sidecar::exchange {
 
@@ -59,6 +60,11 @@ struct PeerAddress {
   uint16_t port = 0;
   std::string ToString() const;
 };
+
+/// A TCP socket listening on 127.0.0.1 at a port the kernel picks
+/// (close-on-exec), and that port: a local sidecar's peer socket, handed to
+/// it open (ExchangeOptions::listen_fd), so no port is ever raced for.
+Result<std::pair<UniqueFd, uint16_t>> ListenLoopback();
 
 /// `HOST:PORT,HOST:PORT,...`, one per process in process order (IPv6 hosts
 /// in brackets). Errors name the item.

@@ -16,16 +16,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::pair<int, uint16_t> ListenLoopback() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  EXPECT_EQ(::listen(fd, 16), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  return {fd, ntohs(a.sin_port)};
+// A listening loopback socket (kept open for the test's life) and its port.
+std::pair<int, uint16_t> Listen() {
+  auto l = exchange::ListenLoopback();
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  return {l->first.Release(), l->second};
 }
 
 // Process 0 sends to process 1, over loopback.
@@ -34,7 +29,7 @@ struct Pair {
   int fds[2];
   Pair() {
     for (int p = 0; p < 2; ++p) {
-      auto [fd, port] = ListenLoopback();
+      auto [fd, port] = Listen();
       fds[p] = fd;
       peers.push_back({"127.0.0.1", port});
     }

@@ -188,5 +188,31 @@ sleep 0.3; kill -TERM $NEVER; wait $NEVER; rc=$?
 [ $rc -eq 0 ]
 check "SIGTERM while waiting for the process file exits cleanly" $?
 
+# 6. Peers: a bad --peers names the item; --assignments waits for the
+#    controller's pod IPs, then the exchange listens on --peer-port.
+sed -i "s#uri: $TMP/none#uri: $TMP/data-reshard#" "$TMP/reshard.yaml"
+out=$("$SIDECAR" --job "$TMP/reshard.yaml" --process 0 --socket "$TMP/p.sock" --peers "127.0.0.1:7441,nohost" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "peer 1 ('nohost')" <<<"$out"
+check "a bad --peers entry is a usage error naming it" $?
+echo '{"processes": 2, "pods": {"a": {"index": "zero"}}}' >"$TMP/cm/assign-bad.json"
+out=$("$SIDECAR" --job "$TMP/reshard.yaml" --process 0 --socket "$TMP/p.sock" --assignments "$TMP/cm/assign-bad.json" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "assign-bad.json" <<<"$out" && grep -q "pods.a.index" <<<"$out"
+check "assignments that are not the controller's are a clear error naming the file and field" $?
+PORT=$((20000 + RANDOM % 20000))
+echo '{"processes": 2, "pods": {"t-0": {"index": 0, "ip": "127.0.0.1"}, "t-1": {"index": 1, "ip": ""}}}' >"$TMP/cm/assign.json"
+"$SIDECAR" --job "$TMP/reshard.yaml" --process 0 --socket "$TMP/as.sock" --assignments "$TMP/cm/assign.json" \
+  --peer-port $PORT --log-level info 2>"$TMP/as.log" &
+AS=$!
+sleep 0.6
+grep -q "waiting for the controller to publish every process's address" "$TMP/as.log" && ! grep -q "peer exchange listening" "$TMP/as.log"
+waited=$?
+echo '{"processes": 2, "pods": {"t-0": {"index": 0, "ip": "127.0.0.1"}, "t-1": {"index": 1, "ip": "127.0.0.1"}}}' >"$TMP/cm/assign.json.new"
+mv "$TMP/cm/assign.json.new" "$TMP/cm/assign.json"
+for _ in $(seq 50); do grep -q "peer exchange listening" "$TMP/as.log" && break; sleep 0.1; done
+[ $waited -eq 0 ] && grep -q "\"port\":$PORT" "$TMP/as.log"
+check "--assignments waits for every process's IP, then listens for peers on --peer-port" $?
+[ $waited -eq 0 ] || tail -5 "$TMP/as.log"
+kill -TERM $AS; wait $AS
+
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]

@@ -200,17 +200,11 @@ TEST(StepLoader, StrategiesThatMoveSamplesBetweenProcessesNeedPeers) {
   EXPECT_FALSE(bcast.ok());
 }
 
-// A TCP socket listening on a loopback port the kernel picks.
-std::pair<int, uint16_t> ListenLoopback() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  EXPECT_EQ(::listen(fd, 16), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  return {fd, ntohs(a.sin_port)};
+// A listening loopback socket (kept open for the test's life) and its port.
+std::pair<int, uint16_t> Listen() {
+  auto l = exchange::ListenLoopback();
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  return {l->first.Release(), l->second};
 }
 
 // One loader per process, connected by real PeerExchanges over loopback;
@@ -227,7 +221,7 @@ void RunExchangeCase(const Case& c, Fanout fanout, int64_t steps) {
   std::vector<exchange::PeerAddress> peers;
   std::vector<int> fds;
   for (int64_t p = 0; p < P; ++p) {
-    auto [fd, port] = ListenLoopback();
+    auto [fd, port] = Listen();
     fds.push_back(fd);
     peers.push_back({"127.0.0.1", port});
   }
