@@ -12,6 +12,7 @@
 
 #include "common/logging.h"
 #include "sidecar/ipc/seqpacket.h"
+#include "sidecar/staging/cuda_probe.h"
 
 #ifndef MESHLOAD_VERSION
 #define MESHLOAD_VERSION "dev"
@@ -304,6 +305,16 @@ Status Sidecar::Init() {
   metrics::RegisterBuildInfo(*registry_, MESHLOAD_VERSION, "sidecar");
   metrics_->staging_mode.Add({{"mode", "host"}}).Set(1);
   metrics_->staging_mode.Add({{"mode", "cuda"}}).Set(0);
+  // Which staging runs, and why: probed at run time (dlopen, no link-time
+  // dependency on the driver), before any thread starts.
+  const staging::CudaProbe cuda = staging::ProbeCuda();
+  std::string gpus;
+  for (const auto& d : cuda.devices) gpus += (gpus.empty() ? "" : ",") + d.uuid;
+  staging_reason_ = cuda.available
+                        ? "CUDA driver " + std::to_string(cuda.driver_version) + " with " +
+                              std::to_string(cuda.devices.size()) + " devices (" + gpus +
+                              "), but device staging is not in this build: host staging"
+                        : cuda.reason + ": host staging";
 
   options_.source_options.observer = observer_.get();
   sources_ = source::SourceRegistry::WithBuiltins(options_.source_options);
@@ -402,6 +413,7 @@ Status Sidecar::Init() {
                               {"process", options_.process},
                               {"strategy", std::string(ToString(loading_.strategy))},
                               {"staging", "host"},
+                              {"staging_reason", staging_reason_},
                               {"slots", static_cast<uint64_t>(slots)},
                               {"slot_bytes", memory_->slot_bytes()},
                               {"socket", options_.socket_path},

@@ -147,6 +147,7 @@ class Sidecar {
   std::unique_ptr<metrics::HealthServer> health_;
   int metrics_port_ = -1;
   std::string job_name_;
+  std::string staging_reason_;  // why this staging mode (logged at start)
 
   UniqueFd listen_fd_;
   UniqueFd event_fd_;  // producer -> server wake-ups, and RequestStop()
