@@ -7,9 +7,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <random>
 #include <thread>
 
+#include "common/logging.h"
 #include "sidecar/ipc/seqpacket.h"
 
 namespace meshload::client {
@@ -53,10 +55,12 @@ class Connection {
   bool closed_ = false;
 };
 
-/// The slot pool mapped into this process.
+/// The slot pool in this process: the host memfd mapped once, or every
+/// (device, slot) allocation of a GPU pool imported and mapped once (per
+/// connection) for the trainer's own device with that UUID.
 class Mapping {
  public:
-  static Result<std::shared_ptr<Mapping>> Map(int fd, uint64_t bytes) {
+  static Result<std::shared_ptr<Mapping>> MapHost(int fd, uint64_t bytes) {
     struct stat st {};
     if (::fstat(fd, &st) != 0) return IoErrorFromErrno("fstat of the pool fd", "", errno);
     // A pool that could shrink under the mapping would turn reads into SIGBUS.
@@ -73,17 +77,83 @@ class Mapping {
     auto m = std::shared_ptr<Mapping>(new Mapping());
     m->base_ = static_cast<uint8_t*>(p);
     m->bytes_ = bytes;
+    m->slot_bytes_ = 0;
     return m;
   }
+
+  // The trainer's ordinal for each of the sidecar's GPUs, by UUID.
+  static Result<std::vector<int>> MapDevices(const cuda::Driver& driver, const ipc::ServerHello& sh) {
+    std::vector<int> ordinals;
+    for (const auto& d : sh.devices) {
+      const int o = driver.OrdinalOf(d.uuid);
+      if (o < 0) {
+        std::string theirs, ours;
+        for (const auto& x : sh.devices) theirs += (theirs.empty() ? "" : ", ") + x.uuid;
+        for (const auto& x : driver.devices()) {
+          ours += (ours.empty() ? "" : ", ") + std::to_string(x.ordinal) + "=" + x.uuid;
+        }
+        return FailedPrecondition("the sidecar stages batches on " + d.uuid + " (device " +
+                                  std::to_string(d.global_index) + " of the mesh), which this process cannot see. "
+                                  "Sidecar's GPUs: [" + theirs + "]; this process's GPUs: [" + ours +
+                                  "]. Give the trainer container the same GPUs (resources, CUDA_VISIBLE_DEVICES)");
+      }
+      ordinals.push_back(o);
+    }
+    return ordinals;
+  }
+
+  static Result<std::shared_ptr<Mapping>> ImportCuda(const ipc::ServerHello& sh, const std::vector<UniqueFd>& fds) {
+    auto driver = cuda::Driver::Open();
+    if (!driver.ok()) {
+      return FailedPrecondition("the sidecar stages batches in GPU memory, but this process cannot use CUDA: " +
+                                driver.status().message());
+    }
+    ASSIGN_OR_RETURN(std::vector<int> ordinals, MapDevices(**driver, sh));
+    auto m = std::shared_ptr<Mapping>(new Mapping());
+    m->ordinals_ = ordinals;
+    m->slots_ = sh.slots;
+    m->slot_bytes_ = sh.slot_bytes;
+    // Once per (device, slot), here and never per batch.
+    for (size_t i = 0; i < sh.devices.size(); ++i) {
+      for (uint32_t s = 0; s < sh.slots; ++s) {
+        const size_t k = i * sh.slots + s;
+        auto imported = sh.memory == ipc::MemoryKind::kCudaVmmFd
+                            ? (*driver)->Import(ordinals[i], fds[k].get(), sh.slot_bytes)
+                            : (*driver)->OpenIpc(ordinals[i], ToHandle(sh.ipc_handles[k]), sh.slot_bytes);
+        if (!imported.ok()) {
+          return imported.status().WithLocationPrefix("importing slot " + std::to_string(s) + " of " +
+                                                      sh.devices[i].uuid);
+        }
+        m->imports_.push_back(std::move(*imported));
+      }
+    }
+    return m;
+  }
+
   ~Mapping() {
     if (base_) ::munmap(base_, bytes_);
   }
-  uint8_t* base() const { return base_; }
+  bool on_gpu() const { return !imports_.empty(); }
+  int ordinal(size_t device) const { return on_gpu() ? ordinals_[device] : 0; }
+  /// Where (local device, slot)'s memory starts; tensor offsets are from here.
+  uint8_t* Base(size_t device, uint32_t slot, uint64_t host_slot_bytes) const {
+    if (on_gpu()) return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(imports_[device * slots_ + slot]->ptr()));
+    return base_ + static_cast<uint64_t>(slot) * host_slot_bytes;
+  }
 
  private:
   Mapping() = default;
+  static cuda::IpcHandle ToHandle(const std::string& s) {
+    cuda::IpcHandle h{};
+    std::memcpy(h.data(), s.data(), std::min(s.size(), h.size()));
+    return h;
+  }
   uint8_t* base_ = nullptr;
   uint64_t bytes_ = 0;
+  uint64_t slot_bytes_ = 0;
+  uint32_t slots_ = 0;
+  std::vector<int> ordinals_;
+  std::vector<std::unique_ptr<cuda::ImportedAllocation>> imports_;
 };
 
 Lease::Lease(std::shared_ptr<Connection> conn, std::shared_ptr<Mapping> mapping, uint32_t slot, int64_t step,
@@ -91,7 +161,28 @@ Lease::Lease(std::shared_ptr<Connection> conn, std::shared_ptr<Mapping> mapping,
     : conn_(std::move(conn)), mapping_(std::move(mapping)), slot_(slot), step_(step), wait_ns_(wait_ns) {}
 
 Lease::~Lease() {
+  // A GPU batch may still be read by work the trainer queued on its
+  // streams: the slot goes back once that work is done (WaitForConsumers),
+  // never while a kernel may still read it.
+  if (!consumer_streams_.empty()) {
+    if (auto driver = cuda::Driver::Open(); driver.ok()) {
+      for (const auto& [ordinal, stream] : consumer_streams_) {
+        if (Status st = (*driver)->WaitForStream(ordinal, stream); !st.ok()) {
+          LogWarn("cannot wait for the trainer's stream before releasing a slot",
+                  {{"step", step_}, {"error", st.ToString()}});
+        }
+      }
+    }
+  }
   if (conn_) conn_->SendRelease(slot_, step_, wait_ns_);
+}
+
+void Lease::AddConsumerStream(int ordinal, uintptr_t stream) {
+  std::lock_guard lock(mu_);
+  for (const auto& s : consumer_streams_) {
+    if (s.first == ordinal && s.second == stream) return;
+  }
+  consumer_streams_.emplace_back(ordinal, stream);
 }
 
 Result<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
@@ -139,12 +230,10 @@ Status Client::ConnectOnce(int64_t want_step) {
                                   ", this client " + std::to_string(ipc::kProtocolVersion),
                               options_.socket_path);
   }
-  if (sh->memory != ipc::MemoryKind::kHostMemfd) {
-    return FailedPrecondition("the sidecar stages in GPU memory, which this client build cannot import",
-                              options_.socket_path);
-  }
-  if (got.fds.size() != 1 || sh->fd_count != 1) {
-    return InvalidArgument("SERVER_HELLO must carry exactly one pool fd, got " + std::to_string(got.fds.size()),
+  const size_t want_fds = sh->memory == ipc::MemoryKind::kHostMemfd ? 1 : sh->fd_count;
+  if (got.fds.size() != want_fds || sh->fd_count != want_fds) {
+    return InvalidArgument("SERVER_HELLO must carry " + std::to_string(want_fds) + " pool fds, got " +
+                               std::to_string(got.fds.size()),
                            options_.socket_path);
   }
   for (const auto& t : sh->layout) {
@@ -152,8 +241,11 @@ Status Client::ConnectOnce(int64_t want_step) {
       return InvalidArgument("a tensor of the layout lies outside its slot", options_.socket_path);
     }
   }
-  ASSIGN_OR_RETURN(auto mapping, Mapping::Map(got.fds[0].get(), sh->pool_bytes));
-  // The descriptor is no longer needed once mapped; UniqueFd closes it.
+  auto mapped = sh->memory == ipc::MemoryKind::kHostMemfd ? Mapping::MapHost(got.fds[0].get(), sh->pool_bytes)
+                                                          : Mapping::ImportCuda(*sh, got.fds);
+  if (!mapped.ok()) return mapped.status().WithLocationPrefix(options_.socket_path);
+  auto mapping = std::move(*mapped);
+  // The descriptors are no longer needed once mapped; UniqueFd closes them.
   if (conn_) conn_->Close();
   conn_ = std::make_shared<Connection>(std::move(fd));
   mapping_ = std::move(mapping);
@@ -203,7 +295,6 @@ Result<Batch> Client::MakeBatch(const ipc::Ready& r, uint64_t wait_ns) {
   b.step = r.step;
   b.wait_seconds = static_cast<double>(wait_ns) / 1e9;
   b.lease = std::make_shared<Lease>(conn_, mapping_, r.slot, r.step, wait_ns);
-  uint8_t* slot_base = mapping_->base() + static_cast<uint64_t>(r.slot) * hello_.slot_bytes;
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const ipc::TensorReady& t = r.tensors[i];
     // The tensor must be a compact C-order array inside its slot: the
@@ -227,14 +318,14 @@ Result<Batch> Client::MakeBatch(const ipc::Ready& r, uint64_t wait_ns) {
       return InvalidArgument("READY tensor " + std::to_string(i) + " lies outside its slot");
     }
     Tensor out;
-    out.data = slot_base + t.offset;
+    out.data = mapping_->Base(i, r.slot, hello_.slot_bytes) + t.offset;
     out.dtype_code = t.dtype_code;
     out.dtype_bits = t.dtype_bits;
     out.shape = t.shape;
     out.strides = t.strides;
     out.nbytes = nbytes;
-    out.device_type = 1;
-    out.device_id = 0;
+    out.device_type = mapping_->on_gpu() ? 2 : 1;  // DLPack kDLCUDA : kDLCPU
+    out.device_id = mapping_->ordinal(i);
     out.global_device = hello_.devices[i].global_index;
     out.ids_checksum = t.ids_checksum;
     b.tensors.push_back(std::move(out));

@@ -27,6 +27,14 @@
 /// there, so the bytes are identical.
 /// After the last attempt Next() returns kUnavailable naming the socket.
 ///
+/// GPU staging: when the sidecar stages in GPU memory, each (device, slot)
+/// allocation is imported once per connection (VMM file descriptors, or
+/// legacy IPC handles) for this process's device with the same UUID, and
+/// tensors are device addresses (device_type 2, device_id this process's
+/// ordinal). A sidecar GPU this process cannot see is an error listing both
+/// sides' UUIDs. The sidecar fences its copies before READY, so the data is
+/// there when Next() returns.
+///
 /// Everything the sidecar sends is checked before it is trusted: a tensor
 /// outside its slot, a slot outside the pool, a step out of order are
 /// protocol errors, never out-of-bounds reads.
@@ -46,6 +54,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_driver.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "sidecar/ipc/protocol.h"
@@ -75,8 +84,14 @@ class Lease {
   Lease& operator=(const Lease&) = delete;
   uint32_t slot() const { return slot_; }
   int64_t step() const { return step_; }
+  /// GPU batches: a stream of the trainer's (a CUstream, or 1/2 for the
+  /// legacy/per-thread default stream) that reads this batch. The slot is
+  /// released only after the work queued on it when the lease dies is done.
+  void AddConsumerStream(int ordinal, uintptr_t stream);
 
  private:
+  std::mutex mu_;
+  std::vector<std::pair<int, uintptr_t>> consumer_streams_;
   std::shared_ptr<Connection> conn_;
   std::shared_ptr<Mapping> mapping_;
   uint32_t slot_;
@@ -91,7 +106,7 @@ struct Tensor {
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // in elements
   uint64_t nbytes = 0;
-  int32_t device_type = 1;  // DLPack: 1 = CPU
+  int32_t device_type = 1;  // DLPack: 1 = CPU, 2 = CUDA (data is then a device address)
   int32_t device_id = 0;
   int64_t global_device = 0;   // device number in the mesh
   uint64_t ids_checksum = 0;   // SampleIdsChecksum of its sample ids

@@ -49,6 +49,12 @@ options (each also read from the environment variable named after it):
   --reader-threads N     storage reader threads (default 4)                   MESHLOAD_READER_THREADS
   --staging-threads N    steps staged in parallel (default 2, at most the     MESHLOAD_STAGING_THREADS
                          job's prefetch)
+  --staging MODE         auto (GPU when CUDA and the devices are there, host  MESHLOAD_STAGING
+                         otherwise, logged), host, cuda (VMM, fds over
+                         SCM_RIGHTS; an error without CUDA) or cuda-ipc
+                         (legacy IPC handles; needs shareProcessNamespace)
+  --cuda-devices LIST    CUDA ordinal of each local device, in the job's      MESHLOAD_CUDA_DEVICES
+                         local device order (default 0,1,...)
   --peers LIST           HOST:PORT of every process's sidecar, in process     MESHLOAD_PEERS
                          order (for Broadcast and LoadAndReshard, which move
                          samples between processes)
@@ -170,6 +176,7 @@ int main(int argc, char** argv) {
   std::string process = Env("MESHLOAD_PROCESS"), metrics_port = Env("MESHLOAD_METRICS_PORT");
   std::string start_step = Env("MESHLOAD_START_STEP"), reader_threads = Env("MESHLOAD_READER_THREADS");
   std::string staging_threads = Env("MESHLOAD_STAGING_THREADS");
+  std::string staging = Env("MESHLOAD_STAGING"), cuda_devices = Env("MESHLOAD_CUDA_DEVICES");
   std::string process_file = Env("MESHLOAD_PROCESS_FILE");
   std::string allow = Env("MESHLOAD_ALLOW_UIDS"), mode = Env("MESHLOAD_SOCKET_MODE");
   std::string log_level, log_format;
@@ -191,6 +198,8 @@ int main(int argc, char** argv) {
   flags.String({"--start-step"}, &start_step);
   flags.String({"--reader-threads"}, &reader_threads);
   flags.String({"--staging-threads"}, &staging_threads);
+  flags.String({"--staging"}, &staging);
+  flags.String({"--cuda-devices"}, &cuda_devices);
   flags.String({"--peers"}, &peers);
   flags.String({"--assignments"}, &assignments);
   flags.String({"--peer-port"}, &peer_port);
@@ -234,6 +243,17 @@ int main(int argc, char** argv) {
   if (!staging_threads.empty()) {
     if (!int_flag(staging_threads, "--staging-threads", 1, 64, &v)) return 2;
     opt.staging_threads = static_cast<int>(v);
+  }
+  if (!staging.empty()) opt.staging = staging;  // checked by the sidecar, which names the flag
+  if (!cuda_devices.empty()) {
+    size_t at = 0;
+    while (at <= cuda_devices.size()) {
+      size_t comma = cuda_devices.find(',', at);
+      if (comma == std::string::npos) comma = cuda_devices.size();
+      if (!int_flag(cuda_devices.substr(at, comma - at), "--cuda-devices", 0, 1023, &v)) return 2;
+      opt.cuda_devices.push_back(static_cast<int>(v));
+      at = comma + 1;
+    }
   }
   sidecar::exchange::ExchangeOptions xo;
   int64_t port_number = 7441;

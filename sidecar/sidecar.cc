@@ -12,7 +12,6 @@
 
 #include "common/logging.h"
 #include "sidecar/ipc/seqpacket.h"
-#include "sidecar/staging/cuda_probe.h"
 
 #ifndef MESHLOAD_VERSION
 #define MESHLOAD_VERSION "dev"
@@ -303,19 +302,6 @@ Status Sidecar::Init() {
   metrics_ = std::make_unique<Metrics>(*registry_);
   observer_ = std::make_unique<Observer>(*metrics_);
   metrics::RegisterBuildInfo(*registry_, MESHLOAD_VERSION, "sidecar");
-  metrics_->staging_mode.Add({{"mode", "host"}}).Set(1);
-  metrics_->staging_mode.Add({{"mode", "cuda"}}).Set(0);
-  // Which staging runs, and why: probed at run time (dlopen, no link-time
-  // dependency on the driver), before any thread starts.
-  const staging::CudaProbe cuda = staging::ProbeCuda();
-  std::string gpus;
-  for (const auto& d : cuda.devices) gpus += (gpus.empty() ? "" : ",") + d.uuid;
-  staging_reason_ = cuda.available
-                        ? "CUDA driver " + std::to_string(cuda.driver_version) + " with " +
-                              std::to_string(cuda.devices.size()) + " devices (" + gpus +
-                              "), but device staging is not in this build: host staging"
-                        : cuda.reason + ": host staging";
-
   options_.source_options.observer = observer_.get();
   sources_ = source::SourceRegistry::WithBuiltins(options_.source_options);
 
@@ -355,12 +341,15 @@ Status Sidecar::Init() {
                                                             "meshload-" + job_name_ + "-p" +
                                                                 std::to_string(options_.process)));
   start_step_ = target_step_ = options_.start_step.value_or(rj.spec.resume.step);
+  RETURN_IF_ERROR(InitDeviceStaging());
   pool_ = std::make_unique<staging::SlotPool>(slots, start_step_);
   slot_checksums_.assign(slots, {});
   options_.staging_threads = std::clamp(options_.staging_threads, 1, static_cast<int>(slots));
   StepLoaderOptions lopts;
   lopts.reader_threads = options_.reader_threads;
   lopts.callers = options_.staging_threads;
+  // On GPUs, local replicas get a device-to-device copy, not a host one.
+  lopts.host_replica_copies = device_ == nullptr;
   if (options_.peers) {
     lopts.peers = *options_.peers;
     lopts.peers->first_step = start_step_;
@@ -412,7 +401,10 @@ Status Sidecar::Init() {
   LogInfo("sidecar started", {{"job", job_name_},
                               {"process", options_.process},
                               {"strategy", std::string(ToString(loading_.strategy))},
-                              {"staging", "host"},
+                              {"staging", std::string(device_ ? (device_->share() == staging::DeviceShare::kCudaVmm
+                                                                     ? "cuda"
+                                                                     : "cuda-ipc")
+                                                               : "host")},
                               {"staging_reason", staging_reason_},
                               {"slots", static_cast<uint64_t>(slots)},
                               {"slot_bytes", memory_->slot_bytes()},
@@ -421,6 +413,86 @@ Status Sidecar::Init() {
                               {"staging_threads", options_.staging_threads},
                               {"first_step", start_step_}});
   for (int i = 0; i < options_.staging_threads; ++i) producers_.emplace_back([this, i] { ProducerMain(i); });
+  return Status::Ok();
+}
+
+Status Sidecar::InitDeviceStaging() {
+  const std::string& want = options_.staging;
+  if (want != "auto" && want != "host" && want != "cuda" && want != "cuda-ipc") {
+    return InvalidArgument("staging must be auto, host, cuda or cuda-ipc, got \"" + want + "\"", "--staging");
+  }
+  const char* mode = "host";
+  auto set_mode = [&] {
+    for (const char* m : {"host", "cuda", "cuda-ipc"}) {
+      metrics_->staging_mode.Add({{"mode", m}}).Set(std::string(m) == mode ? 1 : 0);
+    }
+  };
+  set_mode();
+  if (want == "host") {
+    staging_reason_ = "--staging host";
+    return Status::Ok();
+  }
+  // Which staging runs, and why: the driver is opened at run time (dlopen,
+  // no link-time dependency), before any thread starts.
+  const bool required = want != "auto";
+  auto host_because = [&](const std::string& why) -> Status {
+    if (required) return FailedPrecondition("--staging " + want + ": " + why, "--staging");
+    staging_reason_ = why + ": host staging";
+    return Status::Ok();
+  };
+  auto driver = cuda::Driver::Open();
+  if (!driver.ok()) return host_because(driver.status().message());
+  const ResolvedJob& rj = planner_->job();
+  const size_t local = layout_.devices.size();
+  std::vector<int> ordinals = options_.cuda_devices;
+  if (ordinals.empty()) {
+    for (size_t i = 0; i < local; ++i) ordinals.push_back(static_cast<int>(i));
+  }
+  std::string gpus;
+  for (const auto& d : (*driver)->devices()) gpus += (gpus.empty() ? "" : ",") + d.uuid;
+  if (ordinals.size() != local) {
+    return InvalidArgument("give one CUDA device per local device: the job has " + std::to_string(local) +
+                               " per process, --cuda-devices names " + std::to_string(ordinals.size()),
+                           "--cuda-devices");
+  }
+  for (int o : ordinals) {
+    if (o < 0 || o >= static_cast<int>((*driver)->devices().size())) {
+      return host_because("the job has " + std::to_string(local) + " devices per process, CUDA device " +
+                          std::to_string(o) + " is not among the " + std::to_string((*driver)->devices().size()) +
+                          " this process sees (" + gpus + ")");
+    }
+  }
+  const auto share = want == "cuda-ipc" ? staging::DeviceShare::kCudaIpc : staging::DeviceShare::kCudaVmm;
+  const uint64_t allocs = static_cast<uint64_t>(local) * static_cast<uint64_t>(rj.spec.batch.prefetch);
+  if (share == staging::DeviceShare::kCudaVmm && allocs > ipc::kMaxFds) {
+    return InvalidArgument(std::to_string(local) + " devices × prefetch " + std::to_string(rj.spec.batch.prefetch) +
+                               " slots make " + std::to_string(allocs) + " allocations; one SERVER_HELLO carries at most " +
+                               std::to_string(ipc::kMaxFds) + " descriptors",
+                           "spec.batch.prefetch");
+  }
+  if (share == staging::DeviceShare::kCudaIpc && allocs > ipc::kMaxIpcHandles) {
+    return InvalidArgument("too many IPC handles: " + std::to_string(allocs), "spec.batch.prefetch");
+  }
+  // Devices holding the same shard are replicas: they get a device copy.
+  const StepPlan plan = planner_->PlanStep(start_step_, loading_, options_.process);
+  std::vector<int64_t> shard_of;
+  for (const auto& d : plan.devices) shard_of.push_back(d.shard);
+  auto device = staging::DeviceSlotMemory::Create(**driver, share, layout_, ordinals, shard_of,
+                                                  static_cast<uint32_t>(rj.spec.batch.prefetch), memory_->slot(0),
+                                                  memory_->pool_bytes());
+  if (!device.ok()) return host_because("device staging could not be set up: " + device.status().ToString());
+  device_ = std::move(*device);
+  mode = share == staging::DeviceShare::kCudaVmm ? "cuda" : "cuda-ipc";
+  set_mode();
+  std::string used;
+  for (const auto& u : device_->uuids()) used += (used.empty() ? "" : ",") + u;
+  staging_reason_ = "CUDA driver " + std::to_string((*driver)->version()) + ", staging on " + used +
+                    (share == staging::DeviceShare::kCudaVmm ? " (VMM, fds over SCM_RIGHTS)"
+                                                             : " (legacy CUDA IPC handles)");
+  if (!device_->host_pinned()) {
+    LogWarn("the host assembly pool is not page-locked: copies to the GPU are slower",
+               {{"error", device_->host_pin_error()}});
+  }
   return Status::Ok();
 }
 
@@ -489,6 +561,21 @@ void Sidecar::ProducerMain(int index) {
       failed_ = true;
       Notify();
       return;
+    }
+    if (device_) {
+      // To the GPUs, fenced: READY may go out once this returns.
+      if (Status ds = device_->Stage(slot, memory_->slot(slot)); !ds.ok()) {
+        pool_->AbandonFill(slot);
+        metrics_->Error("device_copy");
+        LogError("cannot copy a batch to the GPU", {{"step", step}, {"error", ds.ToString()}});
+        {
+          std::lock_guard lock(producer_mu_);
+          if (fatal_.ok()) fatal_ = ds;
+        }
+        failed_ = true;
+        Notify();
+        return;
+      }
     }
     metrics_->step_load.Observe(std::chrono::duration<double>(Clock::now() - t0).count());
     if (loader_->peers()) metrics_->peer_wait.Observe(stats.peer_wait_seconds);
@@ -631,20 +718,36 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
   ipc::ServerHello sh;
   sh.job = job_name_;
   sh.process = static_cast<uint32_t>(options_.process);
-  for (const auto& t : layout_.devices) {
-    sh.devices.push_back({static_cast<uint32_t>(t.device), 1, ""});
+  for (size_t i = 0; i < layout_.devices.size(); ++i) {
+    const auto& t = layout_.devices[i];
+    sh.devices.push_back({static_cast<uint32_t>(t.device), static_cast<uint8_t>(device_ ? 2 : 1),
+                          device_ ? device_->uuids()[i] : ""});
     const DLPackType dl = ToDLPackType(layout_.dtype);
-    sh.layout.push_back({t.offset, dl.code, dl.bits, t.shape, t.strides, t.nbytes});
+    sh.layout.push_back({TensorOffset(i), dl.code, dl.bits, t.shape, t.strides, t.nbytes});
   }
-  sh.memory = ipc::MemoryKind::kHostMemfd;
   sh.slots = memory_->slots();
-  sh.slot_bytes = memory_->slot_bytes();
-  sh.pool_bytes = memory_->pool_bytes();
-  sh.fd_count = 1;
+  std::vector<int> fds;
+  if (!device_) {
+    sh.memory = ipc::MemoryKind::kHostMemfd;
+    sh.slot_bytes = memory_->slot_bytes();
+    sh.pool_bytes = memory_->pool_bytes();
+    fds = {memory_->fd()};
+  } else {
+    sh.slot_bytes = device_->alloc_bytes();
+    sh.pool_bytes = device_->alloc_bytes() * device_->slots();
+    if (device_->share() == staging::DeviceShare::kCudaVmm) {
+      sh.memory = ipc::MemoryKind::kCudaVmmFd;
+      fds = device_->fds();
+    } else {
+      sh.memory = ipc::MemoryKind::kCudaIpc;
+      for (const auto& h : device_->ipc_handles()) sh.ipc_handles.emplace_back(h.begin(), h.end());
+    }
+  }
+  sh.fd_count = static_cast<uint32_t>(fds.size());
   sh.first_step = want;
   sh.steps_per_epoch = rj.steps_per_epoch;
   sh.global_batch = rj.global_batch;
-  Status st = ipc::SendMessage(client_->fd.get(), ipc::Encode(sh), {memory_->fd()}, /*nonblocking=*/true);
+  Status st = ipc::SendMessage(client_->fd.get(), ipc::Encode(sh), fds, /*nonblocking=*/true);
   if (!st.ok()) {
     client_lock.Unlock();
     DropClient("sending SERVER_HELLO failed: " + st.ToString());
@@ -669,7 +772,7 @@ void Sidecar::SendReadyBatchesLocked() {
     const DLPackType dl = ToDLPackType(layout_.dtype);
     for (size_t i = 0; i < layout_.devices.size(); ++i) {
       const auto& t = layout_.devices[i];
-      r.tensors.push_back({t.offset, dl.code, dl.bits, t.shape, t.strides, slot_checksums_[*slot][i]});
+      r.tensors.push_back({TensorOffset(i), dl.code, dl.bits, t.shape, t.strides, slot_checksums_[*slot][i]});
     }
     Status st = ipc::SendTo(client_->fd.get(), ipc::Encode(r));
     if (!st.ok()) {

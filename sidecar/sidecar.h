@@ -45,6 +45,7 @@
 #include "sidecar/ipc/protocol.h"
 #include "sidecar/source/source.h"
 #include "sidecar/staging/batch_layout.h"
+#include "sidecar/staging/device_memory.h"
 #include "sidecar/staging/host_memory.h"
 #include "sidecar/staging/slot_pool.h"
 #include "sidecar/step_loader.h"
@@ -73,6 +74,14 @@ struct SidecarOptions {
   /// processes (Broadcast, LoadAndReshard); `process`, `fingerprint`,
   /// `first_step` and `serve` are filled in.
   std::optional<exchange::ExchangeOptions> peers;
+  /// Where batches are staged: "auto" (CUDA VMM when a driver and enough
+  /// devices are there, host memory otherwise, saying why), "host", "cuda"
+  /// (VMM; an error when CUDA cannot be used) or "cuda-ipc" (the legacy
+  /// cudaIpcMemHandle fallback; the trainer must see the sidecar's pid).
+  std::string staging = "auto";
+  /// The CUDA device of each local device, in the job's local device order
+  /// (default 0, 1, ...: the pod's GPUs as CUDA_VISIBLE_DEVICES shows them).
+  std::vector<int> cuda_devices;
   /// How long a read or a full pool may stall before it is reported.
   std::chrono::milliseconds stall_report_after{3000};
   /// How long a connected client has to send CLIENT_HELLO.
@@ -104,6 +113,8 @@ class Sidecar {
 
   explicit Sidecar(SidecarOptions options);
   Status Init();
+  // Sets up GPU staging as options_.staging asks (device_, staging_reason_).
+  Status InitDeviceStaging();
   void ProducerMain(int index);
   void RestartAt(int64_t step);
   bool PipelineStartsAt(int64_t step);
@@ -129,6 +140,9 @@ class Sidecar {
     std::unique_lock<std::mutex> lock_;
   };
   void DropClient(const std::string& why);
+  // Where local device i's tensor starts: in the host slot, or at the start
+  // of its own device allocation.
+  uint64_t TensorOffset(size_t i) const { return device_ ? 0 : layout_.devices[i].offset; }
   void Watchdog();
   std::pair<bool, std::string> Readiness() const;
 
@@ -141,6 +155,7 @@ class Sidecar {
   Loading loading_;
   staging::BatchLayout layout_;
   std::unique_ptr<staging::HostSlotMemory> memory_;
+  std::unique_ptr<staging::DeviceSlotMemory> device_;  // GPU staging; null: host staging
   std::unique_ptr<staging::SlotPool> pool_;
   std::unique_ptr<StepLoader> loader_;
   std::vector<std::vector<uint64_t>> slot_checksums_;  // per slot, written before MarkReady

@@ -397,8 +397,10 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& chec
     RETURN_IF_ERROR(RunOps(c));
     for (const Fixup& f : c.fixups) std::memcpy(f.dst, f.src, f.len);
   }
-  for (const auto& [from, to] : c.replica_copies) {
-    std::memcpy(slot + layout_.devices[to].offset, slot + layout_.devices[from].offset, layout_.devices[to].nbytes);
+  if (options_.host_replica_copies) {
+    for (const auto& [from, to] : c.replica_copies) {
+      std::memcpy(slot + layout_.devices[to].offset, slot + layout_.devices[from].offset, layout_.devices[to].nbytes);
+    }
   }
   checksums.resize(plan.devices.size());
   for (size_t i = 0; i < plan.devices.size(); ++i) {

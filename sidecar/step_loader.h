@@ -70,6 +70,9 @@ struct StepLoaderOptions {
   /// Steps smaller than this are read by the producer thread alone: waking
   /// reader threads costs more than the reads.
   uint64_t inline_step_bytes = 512ull << 10;
+  /// Copy a shard to the local devices that replicate it inside the host
+  /// slot. Off for GPU staging, where replicas get a device-to-device copy.
+  bool host_replica_copies = true;
   /// The peer exchange for plans with transfers (its `process`,
   /// `fingerprint` and `serve` are filled in by Create()).
   std::optional<exchange::ExchangeOptions> peers;

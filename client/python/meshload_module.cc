@@ -200,12 +200,30 @@ class Tensor {
   /// __dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)
   py::object DLPack(const py::object& stream, const py::object& max_version,
                     const py::object& dl_device, const py::object& copy) const {
-    // Host memory has no stream to order against. -1 ("do not synchronize")
-    // asks for nothing either, so it is accepted too.
-    if (!stream.is_none() && !(py::isinstance<py::int_>(stream) && stream.equal(py::int_(-1)))) {
-      throw py::buffer_error(
-          "meshload tensors are in host memory: __dlpack__ takes stream=None, got " +
-          py::repr(stream).cast<std::string>());
+    if (t_.device_type == kDLCPU) {
+      // Host memory has no stream to order against. -1 ("do not
+      // synchronize") asks for nothing either, so it is accepted too.
+      if (!stream.is_none() && !(py::isinstance<py::int_>(stream) && stream.equal(py::int_(-1)))) {
+        throw py::buffer_error(
+            "meshload tensors are in host memory: __dlpack__ takes stream=None, got " +
+            py::repr(stream).cast<std::string>());
+      }
+    } else {
+      // CUDA: the sidecar fenced its copies before READY, so the consumer's
+      // stream needs to wait on nothing. The stream is remembered instead:
+      // the slot is released only after the work queued on it is done.
+      // None means the legacy default stream (1); -1: the consumer
+      // synchronizes itself; 0 is ambiguous and refused (the DLPack rules).
+      int64_t handle = 1;
+      if (!stream.is_none()) {
+        if (!py::isinstance<py::int_>(stream)) {
+          throw py::type_error("stream must be None or an int, got " + py::repr(stream).cast<std::string>());
+        }
+        handle = stream.cast<int64_t>();
+        if (handle == 0) throw py::value_error("stream=0 is ambiguous for CUDA; pass 1 for the legacy default stream");
+        if (handle < -1) throw py::value_error("stream must be -1, 1, 2 or a CUDA stream handle");
+      }
+      if (handle > 0) lease_->AddConsumerStream(t_.device_id, static_cast<uintptr_t>(handle));
     }
     if (!dl_device.is_none()) {
       const py::tuple mine = device();

@@ -241,6 +241,12 @@ std::string Encode(const Message& m) {
     w.I64(sh->first_step);
     w.U64(sh->steps_per_epoch);
     w.U64(sh->global_batch);
+    w.U32(static_cast<uint32_t>(sh->ipc_handles.size()));
+    for (const auto& h : sh->ipc_handles) {
+      std::string fixed = h;
+      fixed.resize(kIpcHandleBytes, '\0');
+      for (char c : fixed) w.U8(static_cast<uint8_t>(c));
+    }
     return w.Finish(MessageType::kServerHello);
   }
   if (const auto* rd = std::get_if<Ready>(&m)) {
@@ -333,7 +339,42 @@ Result<Message> Decode(std::string_view bytes) {
       m.first_step = r.I64();
       m.steps_per_epoch = r.U64();
       m.global_batch = r.U64();
+      const uint32_t nh = r.Count("ipc handles", kMaxIpcHandles);
+      for (uint32_t i = 0; i < nh && r.ok(); ++i) {
+        std::string h(kIpcHandleBytes, '\0');
+        for (auto& c : h) c = static_cast<char>(r.U8());
+        m.ipc_handles.push_back(std::move(h));
+      }
       RETURN_IF_ERROR(r.Finish());
+      const std::string at_payload = "@" + std::to_string(kHeaderBytes);
+      if (m.memory != MemoryKind::kHostMemfd) {
+        // Device memory: every device is a CUDA device named by its UUID,
+        // and there is one allocation per (device, slot).
+        const uint64_t allocs = static_cast<uint64_t>(m.devices.size()) * m.slots;
+        for (const auto& d : m.devices) {
+          if (d.kind != 2 || d.uuid.empty()) {
+            return InvalidArgument("device " + std::to_string(d.global_index) +
+                                       " of a CUDA pool is not a CUDA device with a UUID",
+                                   at_payload);
+          }
+        }
+        if (m.memory == MemoryKind::kCudaVmmFd && m.fd_count != allocs) {
+          return InvalidArgument("a CUDA VMM pool of " + std::to_string(allocs) + " allocations carries " +
+                                     std::to_string(m.fd_count) + " fds",
+                                 at_payload);
+        }
+        if (m.memory == MemoryKind::kCudaIpc && (m.ipc_handles.size() != allocs || m.fd_count != 0)) {
+          return InvalidArgument("a CUDA IPC pool of " + std::to_string(allocs) + " allocations carries " +
+                                     std::to_string(m.ipc_handles.size()) + " handles and " +
+                                     std::to_string(m.fd_count) + " fds",
+                                 at_payload);
+        }
+        if (m.slots > 0 && m.slot_bytes > m.pool_bytes / m.slots) {
+          return InvalidArgument("slot_bytes × slots exceed pool_bytes", at_payload);
+        }
+      } else if (!m.ipc_handles.empty()) {
+        return InvalidArgument("a host pool carries IPC handles", at_payload);
+      }
       if (m.layout.size() != m.devices.size()) {
         return InvalidArgument("layout has " + std::to_string(m.layout.size()) + " tensors for " +
                                    std::to_string(m.devices.size()) + " devices",

@@ -46,7 +46,10 @@ inline constexpr size_t kHeaderBytes = 12;
 inline constexpr size_t kMaxMessageBytes = 64 * 1024;
 inline constexpr size_t kMaxDevices = 64;
 inline constexpr size_t kMaxRank = 16;
-inline constexpr size_t kMaxFds = 64;
+// SCM_MAX_FD: the most descriptors one message can carry on Linux.
+inline constexpr size_t kMaxFds = 253;
+inline constexpr size_t kMaxIpcHandles = 512;
+inline constexpr size_t kIpcHandleBytes = 64;
 inline constexpr size_t kMaxString = 4096;
 
 enum class MessageType : uint16_t {
@@ -60,8 +63,13 @@ enum class MessageType : uint16_t {
 /// Where slot memory lives.
 enum class MemoryKind : uint8_t {
   kHostMemfd = 1,   // one memfd for the whole pool; tensors at byte offsets in it
-  kCudaVmmFd = 2,   // one POSIX fd per (device, slot) from cuMemExportToShareableHandle
-  kCudaIpc = 3,     // legacy cudaIpcMemHandle_t per (device, slot), no fds
+  // One POSIX fd per (device, slot) from cuMemExportToShareableHandle,
+  // device-major (fd index = device * slots + slot), each an allocation of
+  // slot_bytes; a tensor's offset is from the start of its allocation.
+  kCudaVmmFd = 2,
+  // Legacy: one 64-byte cudaIpcMemHandle_t per (device, slot), device-major,
+  // in ServerHello::ipc_handles; no fds. Offsets as for kCudaVmmFd.
+  kCudaIpc = 3,
 };
 
 enum class ErrorCode : uint32_t {
@@ -104,13 +112,15 @@ struct ServerHello {
   std::vector<DeviceInfo> devices;  // in the job's local device order
   MemoryKind memory = MemoryKind::kHostMemfd;
   uint32_t slots = 0;
-  uint64_t slot_bytes = 0;  // stride between slots in the host pool
-  uint64_t pool_bytes = 0;  // size of the host memfd
+  uint64_t slot_bytes = 0;  // host: stride between slots in the memfd; CUDA: bytes of each (device, slot) allocation
+  uint64_t pool_bytes = 0;  // host: size of the memfd; CUDA: slot_bytes × slots, per device
   uint32_t fd_count = 0;    // file descriptors attached to this message
   std::vector<TensorLayout> layout;  // one per device
   int64_t first_step = 0;   // the step the first READY will carry
   uint64_t steps_per_epoch = 0;
   uint64_t global_batch = 0;
+  /// kCudaIpc only: one handle (kIpcHandleBytes) per (device, slot).
+  std::vector<std::string> ipc_handles;
 };
 
 struct TensorReady {

@@ -118,7 +118,7 @@ class Sidecar:
         self.log_path = os.path.join(TMP, "%s.%d.log" % (self.name, Sidecar.starts))
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [SIDECAR, "--job", JOB, "--process", "0", "--socket", self.sock,
+                [SIDECAR, "--job", JOB, "--process", "0", "--socket", self.sock, "--staging", "host",
                  "--metrics-port", "0", "--metrics-address", "127.0.0.1"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                 preexec_fn=die_with_parent)

@@ -62,6 +62,7 @@ class SidecarHarness {
     options_.metrics_address = "127.0.0.1";
     options_.allowed_uids = std::move(allowed);
     options_.stall_report_after = milliseconds(300);
+    options_.staging = "host";  // these tests read the bytes on the host (GPU staging: device_staging_test)
     options_.source_options.backoff_initial = milliseconds(1);
     options_.source_options.backoff_max = milliseconds(5);
   }
@@ -494,7 +495,8 @@ TEST(SidecarProcess, ARestartedSidecarResumesTheTrainerWithIdenticalBytes) {
   SidecarHarness h;  // only for its dataset, job and checks
   auto spawn = [&]() {
     std::vector<std::string> args = {MESHLOAD_SIDECAR_BIN, "--job", h.job_path_, "--process", "1",
-                                     "--socket", h.options_.socket_path, "--log-level", "warn"};
+                                     "--socket", h.options_.socket_path, "--log-level", "warn",
+                                     "--staging", "host"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

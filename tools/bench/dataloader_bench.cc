@@ -196,7 +196,7 @@ void RunScenario(const Scenario& s, const std::string& root) {
   const std::string sock = root + "/" + s.name + ".sock";
   std::string sidecar = SelfDir() + "/../../sidecar/meshload-sidecar";
   if (const char* e = std::getenv("MESHLOAD_SIDECAR_BIN")) sidecar = e;
-  std::vector<std::string> args = {sidecar, "--job", job_path, "--process", "0", "--socket", sock,
+  std::vector<std::string> args = {sidecar, "--job", job_path, "--process", "0", "--socket", sock, "--staging", "host",
                                    "--log-level", "warn", "--reader-threads", "2"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

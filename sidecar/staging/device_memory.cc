@@ -1,0 +1,130 @@
+#include "sidecar/staging/device_memory.h"
+
+#include <algorithm>
+#include <set>
+
+namespace meshload::staging {
+
+Result<std::unique_ptr<DeviceSlotMemory>> DeviceSlotMemory::Create(const cuda::Driver& driver, DeviceShare share,
+                                                                   const BatchLayout& layout,
+                                                                   std::vector<int> ordinals,
+                                                                   std::vector<int64_t> shard_of, uint32_t slots,
+                                                                   void* host_base, uint64_t host_bytes) {
+  if (ordinals.size() != layout.devices.size() || shard_of.size() != layout.devices.size()) {
+    return InvalidArgument("device staging needs one CUDA device per local device: the job has " +
+                           std::to_string(layout.devices.size()) + ", given " + std::to_string(ordinals.size()));
+  }
+  const int visible = static_cast<int>(driver.devices().size());
+  std::set<int> seen;
+  for (int o : ordinals) {
+    if (o < 0 || o >= visible) {
+      return FailedPrecondition("CUDA device " + std::to_string(o) + " does not exist: this process sees " +
+                                std::to_string(visible) + " device(s)");
+    }
+    if (!seen.insert(o).second) {
+      return InvalidArgument("CUDA device " + std::to_string(o) + " is given to two local devices");
+    }
+  }
+  std::unique_ptr<DeviceSlotMemory> m(new DeviceSlotMemory());
+  m->driver_ = &driver;
+  m->share_ = share;
+  m->layout_ = layout;
+  m->ordinals_ = std::move(ordinals);
+  m->slots_ = slots;
+  uint64_t largest = 1;
+  for (const auto& t : layout.devices) largest = std::max(largest, t.nbytes);
+  m->alloc_bytes_ = largest;
+  if (share == DeviceShare::kCudaVmm) {
+    uint64_t g = 1;
+    for (int o : m->ordinals_) {
+      ASSIGN_OR_RETURN(uint64_t dg, driver.Granularity(o));
+      g = std::max(g, dg);
+    }
+    m->alloc_bytes_ = (largest + g - 1) / g * g;
+  } else {
+    m->alloc_bytes_ = (largest + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+  }
+  for (size_t i = 0; i < m->ordinals_.size(); ++i) {
+    int primary = static_cast<int>(i);
+    for (size_t j = 0; j < i; ++j) {
+      if (shard_of[j] == shard_of[i]) {
+        primary = static_cast<int>(j);
+        break;
+      }
+    }
+    m->primary_.push_back(primary);
+    m->uuids_.push_back(driver.devices()[m->ordinals_[i]].uuid);
+    const int o = m->ordinals_[i];
+    for (uint32_t s = 0; s < slots; ++s) {
+      if (share == DeviceShare::kCudaVmm) {
+        ASSIGN_OR_RETURN(auto a, driver.AllocateShareable(o, m->alloc_bytes_));
+        ASSIGN_OR_RETURN(UniqueFd fd, a->Export());
+        m->vmm_.push_back(std::move(a));
+        m->exported_.push_back(std::move(fd));
+      } else {
+        ASSIGN_OR_RETURN(auto a, driver.AllocateIpc(o, m->alloc_bytes_));
+        m->ipc_.push_back(std::move(a));
+      }
+    }
+    ASSIGN_OR_RETURN(auto stream, driver.CreateStream(o, slots));
+    m->streams_.push_back(std::move(stream));
+  }
+  if (host_base != nullptr && host_bytes > 0) {
+    auto pinned = driver.RegisterHost(host_base, host_bytes);
+    if (pinned.ok()) {
+      m->pinned_ = std::move(*pinned);
+    } else {
+      m->pin_error_ = pinned.status().message();
+    }
+  }
+  return m;
+}
+
+std::vector<int> DeviceSlotMemory::fds() const {
+  std::vector<int> out;
+  for (const auto& fd : exported_) out.push_back(fd.get());
+  return out;
+}
+
+std::vector<cuda::IpcHandle> DeviceSlotMemory::ipc_handles() const {
+  std::vector<cuda::IpcHandle> out;
+  for (const auto& a : ipc_) out.push_back(a->handle());
+  return out;
+}
+
+cuda::DevicePtr DeviceSlotMemory::ptr(size_t device, uint32_t slot) const {
+  const size_t k = device * slots_ + slot;
+  return share_ == DeviceShare::kCudaVmm ? vmm_[k]->ptr() : ipc_[k]->ptr();
+}
+
+Status DeviceSlotMemory::Stage(uint32_t slot, const uint8_t* host_slot) {
+  if (slot >= slots_) return InvalidArgument("no slot " + std::to_string(slot));
+  // First every shard's first device, from the host; then local replicas,
+  // device to device, once their source is there.
+  bool replicas = false;
+  for (size_t i = 0; i < ordinals_.size(); ++i) {
+    if (primary_[i] != static_cast<int>(i)) {
+      replicas = true;
+      continue;
+    }
+    const auto& t = layout_.devices[i];
+    RETURN_IF_ERROR(streams_[i]->CopyToDevice(ptr(i, slot), host_slot + t.offset, t.nbytes));
+    RETURN_IF_ERROR(streams_[i]->Record(slot));
+  }
+  for (size_t i = 0; i < ordinals_.size(); ++i) {
+    if (primary_[i] == static_cast<int>(i)) RETURN_IF_ERROR(streams_[i]->Wait(slot));
+  }
+  if (!replicas) return Status::Ok();
+  for (size_t i = 0; i < ordinals_.size(); ++i) {
+    const int p = primary_[i];
+    if (p == static_cast<int>(i)) continue;
+    RETURN_IF_ERROR(streams_[i]->CopyFromPeer(ptr(i, slot), ptr(p, slot), ordinals_[p], layout_.devices[i].nbytes));
+    RETURN_IF_ERROR(streams_[i]->Record(slot));
+  }
+  for (size_t i = 0; i < ordinals_.size(); ++i) {
+    if (primary_[i] != static_cast<int>(i)) RETURN_IF_ERROR(streams_[i]->Wait(slot));
+  }
+  return Status::Ok();
+}
+
+}  // namespace meshload::staging

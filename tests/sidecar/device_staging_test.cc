@@ -1,0 +1,439 @@
+// GPU staging end to end: the VMM slot pool, the fence before READY, the fd
+// handoff and its one-time import, UUID mapping between the sidecar's and
+// the trainer's device numbering, the legacy IPC mode, local replicas by
+// device copy, and a sidecar restart under a connected trainer.
+//
+// By default the driver is tests/testing/fake_cuda.cc (host memory behind
+// the real driver API), so these paths run in CI on machines without a GPU;
+// every byte is read back through the driver (cuMemcpyDtoH), never through
+// the device pointer, so the same tests run unchanged on a real GPU with
+// MESHLOAD_GPU_TESTS=real (scripts/gpu-check). Tests that need the stand-in
+// (several fake GPUs, GPUs the trainer cannot see) skip there, saying so.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "client/client.h"
+#include "common/cuda_driver.h"
+#include "sidecar/ipc/protocol.h"
+#include "sidecar/sidecar.h"
+#include "tests/planner/test_util.h"
+#include "tools/synthetic_dataset.h"
+
+extern char** environ;
+
+namespace meshload::sidecar {
+namespace {
+
+using meshload::testing::TempDir;
+using std::chrono::milliseconds;
+
+// The stand-in's devices as this test process sees them (C, B, A); the
+// sidecar processes below see them as A, B, C.
+constexpr const char* kGpuA = "GPU-aaaaaaaa-0000-4000-8000-000000000001";
+constexpr const char* kGpuB = "GPU-bbbbbbbb-0000-4000-8000-000000000002";
+constexpr const char* kGpuC = "GPU-cccccccc-0000-4000-8000-000000000003";
+
+bool RealGpu() {
+  const char* v = std::getenv("MESHLOAD_GPU_TESTS");
+  return v && std::string(v) == "real";
+}
+
+const cuda::Driver* DriverOrNull() {
+  auto d = cuda::Driver::Open();
+  return d.ok() ? *d : nullptr;
+}
+
+#define REQUIRE_DRIVER()                                                                           \
+  const cuda::Driver* driver = DriverOrNull();                                                     \
+  if (driver == nullptr) {                                                                         \
+    GTEST_SKIP() << "no CUDA driver (" << cuda::Driver::Open().status().message() << "): skipped"; \
+  }
+
+#define REQUIRE_STAND_IN()                                                                              \
+  if (RealGpu()) {                                                                                       \
+    GTEST_SKIP() << "needs the stand-in driver's devices (several GPUs, unseen UUIDs): skipped on a real GPU"; \
+  }                                                                                                     \
+  do {                                                                                                  \
+  } while (0)
+
+// Imports the stand-in has made in this process (its own counter).
+int64_t FakeImports() {
+  if (RealGpu()) return -1;
+  void* h = ::dlopen(MESHLOAD_FAKE_CUDA, RTLD_NOW | RTLD_NOLOAD);
+  if (!h) return -1;
+  auto fn = reinterpret_cast<uint64_t (*)()>(::dlsym(h, "meshload_fake_cuda_imports"));
+  return fn ? static_cast<int64_t>(fn()) : -1;
+}
+
+std::string JobYaml(const std::string& uri, bool replicas) {
+  const std::string mesh = replicas ? "    axes: [{name: data, size: 2}, {name: model, size: 2}]\n"
+                                      "    batchAxes: [data]\n"
+                                    : "    axes: [{name: data, size: 4}]\n";
+  return "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: gpu-test}\nspec:\n"
+         "  mesh:\n    processes: 2\n    devicesPerProcess: 2\n" + mesh +
+         (replicas ? "  replication: {mode: Partial, fanout: Load}\n" : "") +
+         "  strategy: PerProcess\n"
+         "  dataset:\n    uri: " + uri + "\n    format: FixedRecord\n    recordBytes: 4096\n"
+         "  batch: {globalBatchSize: 16, prefetch: 3}\n"
+         "  shuffle: {mode: Global, seed: 11}\n";
+}
+
+class GpuJob {
+ public:
+  explicit GpuJob(bool replicas = false) {
+    DatasetSpec ds;
+    ds.format = DatasetFormat::kFixedRecord;
+    ds.record_bytes = 4096;
+    auto u = synthetic::Generate(ds, dir_.path() + "/data", 320, 2);
+    EXPECT_TRUE(u.ok());
+    job_path_ = dir_.Write("job.yaml", JobYaml(*u, replicas));
+    socket_ = dir_.path() + "/s.sock";
+    Diagnostics d;
+    auto job = LoadDataLoadJobFile(job_path_, d);
+    auto r = ResolveJob(job->spec, {}, d);
+    EXPECT_TRUE(r.ok()) << d.ToString();
+    planner_ = std::make_unique<ShardPlanner>(std::move(*r));
+  }
+
+  // Reads every tensor back through the driver and checks it against the
+  // plan and the synthetic bytes.
+  void ExpectOnGpuAndPlanned(const client::Batch& b, const cuda::Driver& driver) {
+    const StepPlan plan = planner_->PlanStep(b.step, planner_->DefaultLoading(), 1);
+    ASSERT_EQ(b.tensors.size(), 2u);
+    for (size_t i = 0; i < b.tensors.size(); ++i) {
+      const client::Tensor& t = b.tensors[i];
+      EXPECT_EQ(t.device_type, 2);  // kDLCUDA
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % 256, 0u);
+      const auto& ids = plan.devices[i].samples;
+      ASSERT_EQ(t.ids_checksum, ipc::SampleIdsChecksum(ids.data(), ids.size()));
+      std::vector<uint8_t> host(t.nbytes);
+      ASSERT_TRUE(driver.CopyToHost(host.data(), reinterpret_cast<uintptr_t>(t.data), t.nbytes, t.device_id).ok());
+      for (size_t k = 0; k < ids.size(); ++k) {
+        ASSERT_EQ(synthetic::FirstMismatch(planner_->job().dataset, ids[k], host.data() + k * 4096), -1)
+            << "step " << b.step << " device " << i << " sample " << ids[k];
+      }
+    }
+  }
+
+  std::unique_ptr<client::Client> Connect(int attempts = 3) {
+    client::ClientOptions o;
+    o.socket_path = socket_;
+    o.max_reconnect_attempts = attempts;
+    o.reconnect_backoff_initial = milliseconds(20);
+    auto c = client::Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  // The real sidecar binary for process 1, with extra environment and
+  // flags; its log goes to log_path().
+  pid_t Spawn(const std::vector<std::string>& env_extra, const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {MESHLOAD_SIDECAR_BIN, "--job", job_path_, "--process", "1",
+                                     "--socket", socket_, "--log-format", "kv"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::vector<std::string> env = env_extra;  // these win over this process's own
+    for (char** e = environ; *e; ++e) {
+      const std::string kv = *e;
+      bool overridden = false;
+      for (const auto& x : env_extra) overridden |= kv.substr(0, kv.find('=') + 1) == x.substr(0, x.find('=') + 1);
+      if (!overridden) env.push_back(kv);
+    }
+    std::vector<char*> argv, envp;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, log_path().c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    pid_t pid = -1;
+    EXPECT_EQ(::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
+  }
+  std::string log_path() const { return dir_.path() + "/sidecar.log"; }
+  std::string Log() const {
+    std::ifstream f(log_path());
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+
+  TempDir dir_;
+  std::string job_path_, socket_;
+  std::unique_ptr<ShardPlanner> planner_;
+};
+
+void Reap(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+TEST(DeviceStaging, VmmAllocationsRoundTripThroughAnExportedDescriptor) {
+  REQUIRE_DRIVER();
+  ASSERT_TRUE(driver->Granularity(0).ok());
+  const uint64_t g = *driver->Granularity(0);
+  auto a = driver->AllocateShareable(0, g + 1);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ((*a)->bytes(), 2 * g);  // rounded to the granularity
+  auto fd = (*a)->Export();
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  auto imported = driver->Import(0, fd->get(), (*a)->bytes());
+  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  fd->Reset();  // the import does not need the descriptor any more
+  auto stream = driver->CreateStream(0, 1);
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  std::vector<uint8_t> src(g + 1);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 3);
+  ASSERT_TRUE((*stream)->CopyToDevice((*a)->ptr(), src.data(), src.size()).ok());
+  ASSERT_TRUE((*stream)->Record(0).ok());
+  ASSERT_TRUE((*stream)->Wait(0).ok());
+  std::vector<uint8_t> back(src.size());
+  ASSERT_TRUE(driver->CopyToHost(back.data(), (*imported)->ptr(), back.size(), 0).ok());
+  EXPECT_EQ(back, src);  // the same memory, seen through the importer's mapping
+}
+
+TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
+  REQUIRE_DRIVER();
+  if (driver->devices().size() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs, this process sees " << driver->devices().size();
+  }
+  GpuJob job;
+  SidecarOptions o;
+  o.job_path = job.job_path_;
+  o.process = 1;
+  o.socket_path = job.socket_;
+  o.metrics_port = 0;
+  o.metrics_address = "127.0.0.1";
+  o.staging = "cuda";
+  auto s = Sidecar::Create(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::thread server([&] { (*s)->Run(); });
+  const int64_t imports_before = FakeImports();
+  {
+    auto c = job.Connect();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->hello().memory, ipc::MemoryKind::kCudaVmmFd);
+    EXPECT_EQ(c->hello().fd_count, 2u * 3u);
+    for (int64_t step = 0; step < 25; ++step) {
+      auto b = c->Next(milliseconds(10000));
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      ASSERT_EQ(b->step, step);
+      EXPECT_EQ(b->tensors[0].device_id, 0);
+      EXPECT_EQ(b->tensors[1].device_id, 1);
+      job.ExpectOnGpuAndPlanned(*b, *driver);
+    }
+    if (imports_before >= 0) {  // 2 devices × 3 slots, not per batch
+      EXPECT_EQ(FakeImports() - imports_before, 6);
+    }
+  }
+  httplib::Client http("127.0.0.1", (*s)->metrics_port());
+  auto m = http.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("meshload_staging_mode{mode=\"cuda\"} 1"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("meshload_staging_mode{mode=\"host\"} 0"), std::string::npos);
+  (*s)->RequestStop();
+  server.join();
+}
+
+TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
+  REQUIRE_DRIVER();
+  if (driver->devices().size() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs, this process sees " << driver->devices().size();
+  }
+  GpuJob job(/*replicas=*/true);
+  SidecarOptions o;
+  o.job_path = job.job_path_;
+  o.process = 1;
+  o.socket_path = job.socket_;
+  o.staging = "cuda";
+  auto s = Sidecar::Create(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::thread server([&] { (*s)->Run(); });
+  {
+    auto c = job.Connect();
+    ASSERT_TRUE(c);
+    for (int64_t step = 0; step < 8; ++step) {
+      auto b = c->Next(milliseconds(10000));
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      // Both local devices hold the same shard; the host copy of the second
+      // is never made, so its bytes can only have come from the first GPU.
+      EXPECT_EQ(b->tensors[0].ids_checksum, b->tensors[1].ids_checksum);
+      job.ExpectOnGpuAndPlanned(*b, *driver);
+    }
+  }
+  (*s)->RequestStop();
+  server.join();
+}
+
+TEST(DeviceStaging, DeviceStagingNeedsADeviceForEveryLocalDevice) {
+  REQUIRE_DRIVER();
+  GpuJob job;
+  SidecarOptions o;
+  o.job_path = job.job_path_;
+  o.process = 1;
+  o.socket_path = job.socket_;
+  o.staging = "cuda";
+  o.cuda_devices = {0, 99};
+  auto s = Sidecar::Create(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("CUDA device 99 is not among"), std::string::npos) << s.status().ToString();
+  o.cuda_devices = {0};
+  s = Sidecar::Create(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().ToString().find("--cuda-devices"), std::string::npos) << s.status().ToString();
+  // auto falls back to host staging and says why.
+  o.staging = "auto";
+  o.cuda_devices = {0, 99};
+  s = Sidecar::Create(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+}
+
+TEST(DeviceStagingProcess, TheTrainersOrdinalsFollowTheUuids) {
+  REQUIRE_STAND_IN();
+  REQUIRE_DRIVER();
+  GpuJob job;
+  // The sidecar sees A, B, C and stages on A and B; this process sees C, B, A.
+  const pid_t pid = job.Spawn({std::string("MESHLOAD_FAKE_CUDA_DEVICES=") + kGpuA + "," + kGpuB + "," + kGpuC},
+                              {"--staging", "cuda", "--cuda-devices", "0,1"});
+  auto c = job.Connect(10);
+  ASSERT_TRUE(c) << job.Log();
+  EXPECT_EQ(c->hello().devices[0].uuid, kGpuA);
+  EXPECT_EQ(c->hello().devices[1].uuid, kGpuB);
+  for (int64_t step = 0; step < 5; ++step) {
+    auto b = c->Next(milliseconds(10000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_EQ(b->tensors[0].device_id, 2);  // A is this process's device 2
+    EXPECT_EQ(b->tensors[1].device_id, 1);
+    job.ExpectOnGpuAndPlanned(*b, *driver);
+  }
+  Reap(pid);
+}
+
+TEST(DeviceStagingProcess, AGpuTheTrainerCannotSeeIsAClearErrorListingBothSides) {
+  REQUIRE_STAND_IN();
+  REQUIRE_DRIVER();
+  GpuJob job;
+  const std::string unseen = "GPU-dddddddd-0000-4000-8000-000000000004";
+  const pid_t pid = job.Spawn({"MESHLOAD_FAKE_CUDA_DEVICES=" + std::string(kGpuA) + "," + unseen},
+                              {"--staging", "cuda"});
+  client::ClientOptions o;
+  o.socket_path = job.socket_;
+  o.max_reconnect_attempts = 10;
+  o.reconnect_backoff_initial = milliseconds(20);
+  auto c = client::Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
+  const std::string msg = c.status().message();
+  EXPECT_NE(msg.find("which this process cannot see"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(unseen), std::string::npos) << msg;
+  EXPECT_NE(msg.find(kGpuC), std::string::npos) << msg;  // this side's list
+  Reap(pid);
+}
+
+TEST(DeviceStagingProcess, LegacyIpcHandlesCarryTheSameBytes) {
+  REQUIRE_DRIVER();
+  if (driver->devices().size() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs, this process sees " << driver->devices().size();
+  }
+  GpuJob job;
+  std::vector<std::string> env;
+  if (!RealGpu()) env.push_back(std::string("MESHLOAD_FAKE_CUDA_DEVICES=") + kGpuC + "," + kGpuB);
+  const pid_t pid = job.Spawn(env, {"--staging", "cuda-ipc"});
+  auto c = job.Connect(10);
+  ASSERT_TRUE(c) << job.Log();
+  EXPECT_EQ(c->hello().memory, ipc::MemoryKind::kCudaIpc);
+  EXPECT_EQ(c->hello().fd_count, 0u);
+  EXPECT_EQ(c->hello().ipc_handles.size(), 6u);
+  for (int64_t step = 0; step < 6; ++step) {
+    auto b = c->Next(milliseconds(10000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    job.ExpectOnGpuAndPlanned(*b, *driver);
+  }
+  Reap(pid);
+}
+
+TEST(DeviceStagingProcess, ARestartedSidecarIsImportedAgainAndTheTrainerGetsIdenticalBytes) {
+  REQUIRE_DRIVER();
+  if (driver->devices().size() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs, this process sees " << driver->devices().size();
+  }
+  GpuJob job;
+  std::vector<std::string> env;
+  if (!RealGpu()) env.push_back(std::string("MESHLOAD_FAKE_CUDA_DEVICES=") + kGpuC + "," + kGpuB);
+  pid_t pid = job.Spawn(env, {"--staging", "cuda"});
+  auto c = job.Connect(10);
+  ASSERT_TRUE(c) << job.Log();
+  const int64_t imports_before = FakeImports();
+  std::vector<client::Batch> held;
+  for (int64_t step = 0; step < 3; ++step) {
+    auto b = c->Next(milliseconds(10000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    job.ExpectOnGpuAndPlanned(*b, *driver);
+    if (step == 2) held.push_back(std::move(*b));  // the trainer dies holding a slot, as far as the sidecar knows
+  }
+  Reap(pid);
+  pid = job.Spawn(env, {"--staging", "cuda"});
+  for (int64_t step = 3; step < 9; ++step) {
+    auto b = c->Next(milliseconds(15000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString() << job.Log();
+    EXPECT_EQ(b->step, step);
+    job.ExpectOnGpuAndPlanned(*b, *driver);
+  }
+  EXPECT_EQ(c->reconnects(), 1);
+  if (imports_before >= 0) {  // the new pool, once
+    EXPECT_EQ(FakeImports() - imports_before, 6);
+  }
+  held.clear();
+  Reap(pid);
+}
+
+TEST(DeviceStagingProcess, CudaStagingWithoutADriverIsAnErrorAndAutoSaysWhyItStagesOnTheHost) {
+  GpuJob job;
+  pid_t pid = job.Spawn({"MESHLOAD_CUDA_LIBRARY=/nonexistent/libcuda.so.1"}, {"--staging", "cuda"});
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_NE(job.Log().find("--staging cuda: no CUDA driver: cannot open /nonexistent/libcuda.so.1"),
+            std::string::npos)
+      << job.Log();
+  pid = job.Spawn({"MESHLOAD_CUDA_LIBRARY=/nonexistent/libcuda.so.1"}, {"--staging", "auto"});
+  auto c = job.Connect(10);
+  ASSERT_TRUE(c) << job.Log();
+  EXPECT_EQ(c->hello().memory, ipc::MemoryKind::kHostMemfd);
+  const std::string log = job.Log();
+  EXPECT_NE(log.find("staging=host"), std::string::npos) << log;
+  EXPECT_NE(log.find("cannot open /nonexistent/libcuda.so.1"), std::string::npos) << log;
+  c.reset();
+  Reap(pid);
+}
+
+}  // namespace
+}  // namespace meshload::sidecar
+
+int main(int argc, char** argv) {
+  // The stand-in driver unless the real one is asked for. Set before
+  // anything opens the driver (it is opened once per process).
+  if (!meshload::sidecar::RealGpu()) {
+    ::setenv("MESHLOAD_CUDA_LIBRARY", MESHLOAD_FAKE_CUDA, 1);
+    ::setenv("MESHLOAD_FAKE_CUDA_DEVICES",
+             (std::string(meshload::sidecar::kGpuC) + "," + meshload::sidecar::kGpuB + "," +
+              meshload::sidecar::kGpuA)
+                 .c_str(),
+             1);
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
