@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "client/client.h"
+#include "common/cuda_driver.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "planner/shard_planner.h"
@@ -101,6 +102,8 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
   LatencyHistogram waits;
+  std::vector<uint8_t> on_host;       // GPU tensors copied back for --verify bytes
+  uint64_t gpu_batches_checked = 0;
   uint64_t done = 0, samples = 0, bytes = 0, mismatches = 0;
   double first_batch = -1;
   auto last_report = Clock::now();
@@ -127,6 +130,20 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
         }
         if (verify != "bytes") continue;
         const auto* data = static_cast<const uint8_t*>(t.data);
+        if (t.device_type == 2) {
+          // GPU staging: the bytes are checked on a copy back from the
+          // device (a trainer would hand t.data to its framework instead).
+          auto driver = cuda::Driver::Open();
+          if (!driver.ok()) return fail(driver.status().ToString());
+          on_host.resize(t.nbytes);
+          if (Status st = (*driver)->CopyToHost(on_host.data(), reinterpret_cast<uintptr_t>(t.data), t.nbytes,
+                                                t.device_id);
+              !st.ok()) {
+            return fail(st.ToString());
+          }
+          data = on_host.data();
+          gpu_batches_checked++;
+        }
         for (size_t k = 0; k < ids.size(); ++k) {
           const int64_t at = synthetic::FirstMismatch(planner->job().dataset, ids[k], data + k * sb);
           if (at >= 0) {
@@ -162,6 +179,10 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
                      {"first_batch_at", first_batch},
                      {"finished_at", MonotonicSeconds()},
                      {"reconnects", (*client)->reconnects()},
+                     {"staging", (*client)->hello().memory == ipc::MemoryKind::kHostMemfd ? "host"
+                                 : (*client)->hello().memory == ipc::MemoryKind::kCudaVmmFd ? "cuda"
+                                                                                             : "cuda-ipc"},
+                     {"gpu_batches_checked", gpu_batches_checked},
                      {"wait_hist", waits.counts()},
                      {"error", ""}});
   std::cout << final_line.dump() << std::endl;

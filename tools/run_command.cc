@@ -23,12 +23,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/cuda_driver.h"
+
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -354,6 +357,20 @@ int RunRun(const std::vector<std::string>& args) {
     peer_fds.push_back(std::move(l->first));
   }
   if (moves) std::printf("samples move between processes: sidecars exchange them over TCP (%s)\n", peer_list.c_str());
+  // GPUs: with one for every device of the mesh, process p stages on its
+  // own (p × devicesPerProcess + i); otherwise each sidecar takes the
+  // first devicesPerProcess it sees (sharing them), or stages on the host
+  // when there are fewer (the sidecar logs why).
+  const int64_t dpp = rj.mesh.devices_per_process();
+  int64_t gpus = 0;
+  if (auto driver = cuda::Driver::Open(); driver.ok()) gpus = static_cast<int64_t>((*driver)->devices().size());
+  const bool gpu_per_device = gpus >= P * dpp;
+  if (gpus > 0) {
+    std::printf("CUDA sees %" PRId64 " GPU(s): %s\n", gpus,
+                gpu_per_device ? "each process stages on its own"
+                : gpus >= dpp  ? "the processes share them"
+                               : "fewer than the devices of one process, so the sidecars stage on the host");
+  }
   for (int64_t p = 0; p < P; ++p) {
     const std::string sock = run_dir + "/sidecar-" + std::to_string(p) + ".sock";
     std::vector<std::string> argv = {sidecar_bin, "--job", job_path, "--process", std::to_string(p), "--socket", sock,
@@ -361,6 +378,11 @@ int RunRun(const std::vector<std::string>& args) {
                                      std::to_string(reader_threads)};
     if (moves) {
       argv.insert(argv.end(), {"--peers", peer_list, "--peer-listen-fd", std::to_string(kPeerListenFd)});
+    }
+    if (gpu_per_device) {
+      std::string list;
+      for (int64_t i = 0; i < dpp; ++i) list += (i ? "," : "") + std::to_string(p * dpp + i);
+      argv.insert(argv.end(), {"--cuda-devices", list});
     }
     auto c = Spawn("sidecar " + std::to_string(p), argv, run_dir + "/sidecar-" + std::to_string(p) + ".log", false,
                    moves ? peer_fds[static_cast<size_t>(p)].get() : -1);
@@ -496,6 +518,8 @@ int RunRun(const std::vector<std::string>& args) {
   uint64_t total_steps = 0, total_samples = 0, total_bytes = 0, mismatches = 0, reconnects = 0;
   double first_batch = 0, finish = 0;
   std::string errors;
+  std::set<std::string> staging_modes;
+  uint64_t gpu_checked = 0;
   for (size_t p = 0; p < finals.size(); ++p) {
     const auto& j = finals[p];
     if (j.is_null()) {
@@ -508,6 +532,8 @@ int RunRun(const std::vector<std::string>& args) {
     total_bytes += j.value("bytes", uint64_t{0});
     mismatches += j.value("mismatches", uint64_t{0});
     reconnects += j.value("reconnects", uint64_t{0});
+    staging_modes.insert(j.value("staging", std::string("host")));
+    gpu_checked += j.value("gpu_batches_checked", uint64_t{0});
     first_batch = std::max(first_batch, j.value("first_batch_at", 0.0) - start_mono);
     finish = std::max(finish, j.value("finished_at", 0.0) - start_mono);
     if (j.contains("wait_hist")) waits.Merge(j["wait_hist"].get<std::vector<uint64_t>>());
@@ -531,6 +557,11 @@ int RunRun(const std::vector<std::string>& args) {
               "                       %s of mapped page cache (shared, reclaimable)\n",
               Human(static_cast<double>(peak), "B").c_str(), Human(static_cast<double>(bound), "B").c_str(),
               Human(static_cast<double>(mapped), "B").c_str());
+  std::string staging;
+  for (const auto& m : staging_modes) staging += (staging.empty() ? "" : ", ") + m;
+  std::printf("  staging              %s%s\n", staging.c_str(),
+              gpu_checked ? (" (" + std::to_string(gpu_checked) + " GPU tensors copied back and checked)").c_str()
+                          : staging == "host" ? " (see the sidecar log's staging_reason)" : "");
   std::printf("  verified             %s, %" PRIu64 " mismatches, %" PRIu64 " reconnects\n", verify.c_str(), mismatches,
               reconnects);
   if (!errors.empty()) std::printf("  errors:\n%s", errors.c_str());

@@ -2,11 +2,12 @@
 # End-to-end checks of the real binaries: `meshload run --local` on every
 # format, mismatch detection, a trainer with another uid refused, the
 # sidecar's /metrics checked by promtool and scraped by a real Prometheus.
-# usage: sidecar_cli_test.sh MESHLOAD MESHLOAD_SIDECAR REPO_ROOT
+# usage: sidecar_cli_test.sh MESHLOAD MESHLOAD_SIDECAR REPO_ROOT [FAKE_LIBCUDA]
 set -u
 ML=$1
 SIDECAR=$2
 ROOT=$3
+FAKE_CUDA=${4:-}
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -88,6 +89,37 @@ for name in reshard bcast gbcast; do
   check "run --local $name: samples moved between sidecars, every byte verified" $?
   [ $rc -eq 0 ] || echo "$out" | tail -20
 done
+
+# 1c. GPU staging with the stand-in driver (tests/testing/fake_cuda.cc): the
+# sidecars stage on "GPUs", each process on its own, local replicas by
+# device copy; the trainers import the slots and copy every tensor back to
+# check it. Legacy IPC handles too, with samples moving between sidecars.
+# With fewer GPUs than a process has devices, the sidecars stage on the host.
+if [ -n "$FAKE_CUDA" ]; then
+  gpus=GPU-aaaaaaaa-0000-4000-8000-000000000001,GPU-aaaaaaaa-0000-4000-8000-000000000002
+  gpus=$gpus,GPU-aaaaaaaa-0000-4000-8000-000000000003,GPU-aaaaaaaa-0000-4000-8000-000000000004
+  out=$(MESHLOAD_CUDA_LIBRARY=$FAKE_CUDA MESHLOAD_FAKE_CUDA_DEVICES=$gpus "$ML" run --local -f "$TMP/fixed.yaml" \
+        --generate-dataset "$TMP/data-gpu" --samples 400 --steps 100 2>&1); rc=$?
+  [ $rc -eq 0 ] && grep -q "each process stages on its own" <<<"$out" \
+    && grep -qE "staging +cuda \(400 GPU tensors copied back and checked\)" <<<"$out" && grep -q "^OK$" <<<"$out"
+  check "run --local on (stand-in) GPUs: VMM slots imported by the trainers, every byte verified" $?
+  [ $rc -eq 0 ] || echo "$out" | tail -20
+  out=$(MESHLOAD_STAGING=cuda-ipc MESHLOAD_CUDA_LIBRARY=$FAKE_CUDA MESHLOAD_FAKE_CUDA_DEVICES=$gpus "$ML" run --local \
+        -f "$TMP/bcast.yaml" --generate-dataset "$TMP/data-gpu-ipc" --samples 400 --steps 100 2>&1); rc=$?
+  [ $rc -eq 0 ] && grep -qE "staging +cuda-ipc \(" <<<"$out" && grep -q "exchange them over TCP" <<<"$out" \
+    && grep -q "^OK$" <<<"$out"
+  check "run --local with legacy CUDA IPC handles and Broadcast between sidecars: every byte verified" $?
+  [ $rc -eq 0 ] || echo "$out" | tail -20
+  out=$(MESHLOAD_CUDA_LIBRARY=$FAKE_CUDA MESHLOAD_FAKE_CUDA_DEVICES=GPU-aaaaaaaa-0000-4000-8000-000000000001 \
+        "$ML" run --local -f "$TMP/fixed.yaml" --generate-dataset "$TMP/data-gpu1" --samples 400 --steps 20 \
+        --run-dir "$TMP/gpu1-logs" 2>&1); rc=$?
+  [ $rc -eq 0 ] && grep -q "so the sidecars stage on the host" <<<"$out" && grep -qE "staging +host" <<<"$out" \
+    && grep -q "CUDA device 1 is not among the 1 this process sees" "$TMP"/gpu1-logs/sidecar-0.log
+  check "run --local with one GPU for two devices per process: host staging, and the sidecar log says why" $?
+  [ $rc -eq 0 ] || echo "$out" | tail -20
+else
+  skipped "run --local on GPUs" "no CUDA headers at build time, so no stand-in driver"
+fi
 
 # 1b. A progress line about once a second while it runs (2.5 s here).
 out=$("$ML" run --local -f "$TMP/fixed.yaml" --generate-dataset "$TMP/data-slow" --samples 400 --steps 250 \
