@@ -37,6 +37,7 @@ import numpy as np
 import meshload
 
 SIDECAR = None  # set in main()
+FAKE_CUDA = None  # the stand-in libcuda (--fake-cuda), for the GPU staging tests
 TMP = None  # set in setUpModule()
 JOB = None
 N_RECORDS = 64
@@ -106,9 +107,10 @@ class Sidecar:
 
     starts = 0
 
-    def __init__(self, name):
+    def __init__(self, name, staging="host"):
         self.sock = os.path.join(TMP, name + ".sock")
         self.name = name
+        self.staging = staging
         self.proc = None
         self.log_path = None
         self.metrics_port = None
@@ -118,7 +120,7 @@ class Sidecar:
         self.log_path = os.path.join(TMP, "%s.%d.log" % (self.name, Sidecar.starts))
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [SIDECAR, "--job", JOB, "--process", "0", "--socket", self.sock, "--staging", "host",
+                [SIDECAR, "--job", JOB, "--process", "0", "--socket", self.sock, "--staging", self.staging,
                  "--metrics-port", "0", "--metrics-address", "127.0.0.1"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                 preexec_fn=die_with_parent)
@@ -795,6 +797,95 @@ class ReconnectTest(SidecarTest):
         c.close()
 
 
+# ---- GPU staging (the stand-in driver) -------------------------------------------
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+def capsule_tensor(capsule, name):
+    """The DLTensor inside a DLPack capsule (the first member of both the
+    legacy DLManagedTensor and DLManagedTensorVersioned, after the version
+    and manager fields for the latter)."""
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    ptr = get(capsule, name.encode())
+    if name == "dltensor_versioned":
+        # DLPackVersion (2 x u32), manager_ctx, deleter, flags (u64), then dl_tensor.
+        ptr += 8 + 8 + 8 + 8
+    return DLTensor.from_address(ptr)
+
+
+class GpuStagingTest(unittest.TestCase):
+    """The sidecar stages in (stand-in) GPU memory: tensors are CUDA DLPack
+    views with the trainer's ordinal; the stand-in's device memory is host
+    memory, so these tests may read it through the pointer (on a real GPU,
+    scripts/gpu-check reads it through PyTorch, JAX and CuPy instead)."""
+
+    def setUp(self):
+        if FAKE_CUDA is None:
+            self.skipTest("no stand-in CUDA driver (--fake-cuda; a build without CUDA headers has none)")
+        self.sidecar = Sidecar("gpu", staging="cuda").start()
+
+    def tearDown(self):
+        self.sidecar.stop()
+
+    def test_tensors_are_cuda_dlpack_views_on_the_trainers_ordinals(self):
+        with meshload.Client(self.sidecar.sock) as c:
+            for _ in range(2 * STEPS_PER_EPOCH):
+                b = c.next(timeout=10)
+                for i, t in enumerate(b.tensors):
+                    self.assertEqual(t.__dlpack_device__(), (2, i))
+                    for name, kwargs in (("dltensor", {}), ("dltensor_versioned", {"max_version": (1, 0)})):
+                        cap = t.__dlpack__(**kwargs)
+                        dl = capsule_tensor(cap, name)
+                        self.assertEqual((dl.device.device_type, dl.device.device_id), (2, i))
+                        self.assertEqual(dl.data + dl.byte_offset, t.data_ptr)
+                        self.assertEqual(dl.data % 256, 0)
+                        self.assertEqual([dl.shape[k] for k in range(dl.ndim)], [PER_DEVICE, RECORD_BYTES])
+                        del cap
+                    raw = np.frombuffer(ctypes.string_at(t.data_ptr, t.nbytes), dtype="<u8").reshape(PER_DEVICE, WORDS)
+                    for row in raw:
+                        self.assertLess(int(row[0]), N_RECORDS)
+                        np.testing.assert_array_equal(row, EXPECTED[int(row[0])])
+                del b, t
+
+    def test_the_stream_argument_follows_dlpack_and_release_waits_on_it(self):
+        with meshload.Client(self.sidecar.sock) as c:
+            b = c.next(timeout=10)
+            t = b.tensors[0]
+            with self.assertRaises(ValueError):
+                t.__dlpack__(stream=0)  # ambiguous for CUDA
+            with self.assertRaises(TypeError):
+                t.__dlpack__(stream="default")
+            t.__dlpack__(stream=-1)
+            t.__dlpack__(stream=None)  # the legacy default stream: recorded for the release
+            t.__dlpack__(stream=2)
+            with self.assertRaises(Exception):
+                np.from_dlpack(t)  # numpy cannot read GPU memory, and must not try
+            consumed = self.sidecar.metrics().get("meshload_batches_consumed_total", 0)
+            del b, t
+            gc.collect()
+            for _ in range(300):
+                if self.sidecar.metrics().get("meshload_batches_consumed_total", 0) > consumed:
+                    break
+                time.sleep(0.01)
+            self.assertGreater(self.sidecar.metrics().get("meshload_batches_consumed_total", 0), consumed)
+            c.next(timeout=10)
+
+
 # ---- main ----------------------------------------------------------------------
 
 
@@ -804,7 +895,15 @@ def main():
     parser.add_argument("--sidecar", default=os.environ.get("MESHLOAD_SIDECAR"),
                         help="the meshload-sidecar binary (default: $MESHLOAD_SIDECAR)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--fake-cuda", help="the stand-in libcuda (tests/testing/fake_cuda.cc) for the GPU staging tests")
     args, rest = parser.parse_known_args()
+    global FAKE_CUDA
+    if args.fake_cuda:
+        FAKE_CUDA = os.path.abspath(args.fake_cuda)
+        # For the sidecars (inherited) and this process's client alike.
+        os.environ["MESHLOAD_CUDA_LIBRARY"] = FAKE_CUDA
+        os.environ["MESHLOAD_FAKE_CUDA_DEVICES"] = ("GPU-aaaaaaaa-0000-4000-8000-000000000001,"
+                                                    "GPU-aaaaaaaa-0000-4000-8000-000000000002")
     if not args.sidecar or not os.access(args.sidecar, os.X_OK):
         print("client_test.py: --sidecar (or MESHLOAD_SIDECAR) must name the "
               "meshload-sidecar binary", file=sys.stderr)

@@ -34,9 +34,17 @@ RuntimeError). Both meshload exceptions carry ``.code``, e.g. "data_loss".
 
 DLPack. ``Tensor.__dlpack__`` follows the Python array API: a consumer
 passing ``max_version >= (1, 0)`` gets a DLPack 1.0 "dltensor_versioned"
-capsule, others (numpy < 2, older torch) a legacy "dltensor" capsule. The
-memory is host memory (``__dlpack_device__() == (1, 0)``); ``copy=True`` and
-other devices are refused with BufferError.
+capsule, others (numpy < 2, older torch, JAX) a legacy "dltensor" capsule.
+With host staging the memory is host memory (``__dlpack_device__() ==
+(1, 0)``). With GPU staging it is the GPU the sidecar staged on, as this
+process numbers it (``(2, ordinal)``, mapped by GPU UUID): the sidecar's
+copies are complete before the batch is handed over, so the consumer's
+stream waits on nothing; the stream passed to ``__dlpack__`` (None: the
+legacy default stream; -1: none) is remembered, and the slot is released
+only after the work queued on it when the batch dies is done.
+``copy=True`` and other devices are refused with BufferError.
+``meshload.interop`` has helpers for PyTorch, JAX (including a global
+``jax.Array`` for the job's mesh) and CuPy.
 
 Threads. ``next()`` releases the GIL while it waits; concurrent ``next()`` /
 ``close()`` calls on one Client are serialized. A blocking ``next()`` without
