@@ -633,7 +633,7 @@ if "defaults" in results_by_scenario:
 
 
 # ---- examples/trainer-pod.yaml ------------------------------------------------------
-def example_problems(pod_job, dlj, sidecar_name):
+def example_problems(pod_job, dlj, sidecar_name, claim_templates):
     p = []
     spec = pod_job["spec"]
     processes = dlj["spec"]["mesh"]["processes"]
@@ -681,29 +681,54 @@ def example_problems(pod_job, dlj, sidecar_name):
         if not m or "emptyDir" not in volumes.get(m["name"], {}):
             p.append("%s does not mount the shared emptyDir at /run/meshload" % c["name"])
         p += ["%s: %s" % (c["name"], x) for x in security_problems(pod, c)]
-    gpus = [str((c.get("resources") or {}).get("limits", {}).get("nvidia.com/gpu")) for c in trainers]
-    if gpus != [str(dlj["spec"]["mesh"].get("devicesPerProcess", 1))]:
-        p.append("the trainer's GPUs %r are not mesh.devicesPerProcess" % gpus)
+    # The GPUs: one DRA claim of mesh.devicesPerProcess GPUs, listed by the
+    # sidecar and the trainer (device-plugin GPUs would reach one container only).
+    claims = {c["name"]: c for c in pod.get("resourceClaims", [])}
+    for c in [sc] + trainers:
+        if "nvidia.com/gpu" in ((c.get("resources") or {}).get("limits") or {}):
+            p.append("%s takes device-plugin GPUs, which the other container cannot see" % c["name"])
+    listed = [{x["name"] for x in (c.get("resources") or {}).get("claims", [])} for c in [sc] + trainers]
+    shared = set.intersection(*listed) & set(claims) if listed else set()
+    if len(shared) != 1:
+        p.append("the sidecar and the trainer do not share one GPU claim (claims %r)" % listed)
+    else:
+        tmpl = claim_templates.get(claims[shared.pop()].get("resourceClaimTemplateName"))
+        reqs = (tmpl or {}).get("spec", {}).get("spec", {}).get("devices", {}).get("requests", [])
+        counts = [r.get("exactly", {}).get("count") for r in reqs]
+        if counts != [dlj["spec"]["mesh"].get("devicesPerProcess", 1)]:
+            p.append("the GPU claim asks for %r GPUs, not mesh.devicesPerProcess" % counts)
     return p
 
 
 example = os.path.join(ROOT, "examples/trainer-pod.yaml")
-job_docs = [d for d in yaml.safe_load_all(read(example)) if d]
+example_docs = [d for d in yaml.safe_load_all(read(example)) if d]
+job_docs = [d for d in example_docs if d.get("kind") == "Job"]
+claim_templates = {d["metadata"]["name"]: d for d in example_docs if d.get("kind") == "ResourceClaimTemplate"}
 dlj = [d for d in yaml.safe_load_all(read(os.path.join(ROOT, "examples/hybrid-fsdp.yaml"))) if d
        and d.get("kind") == "DataLoadJob"][0]
 check("examples/trainer-pod.yaml: an Indexed Job whose pods hybrid-fsdp selects, with the native sidecar, "
       "its ConfigMap, socket volume and hardening",
-      lambda: example_problems(job_docs[0], dlj, default_values["sidecarContainerName"]) if len(job_docs) == 1
-      else ["expected one document, found %d" % len(job_docs)], None)
+      lambda: example_problems(job_docs[0], dlj, default_values["sidecarContainerName"], claim_templates)
+      if len(job_docs) == 1 else ["expected one Job, found %d" % len(job_docs)], None)
 
 
 def plain_init_container():
     broken = copy.deepcopy(job_docs[0])
     broken["spec"]["template"]["spec"]["initContainers"][0].pop("restartPolicy", None)
-    return bool(example_problems(broken, dlj, default_values["sidecarContainerName"]))
+    return bool(example_problems(broken, dlj, default_values["sidecarContainerName"], claim_templates))
 
 
 check("the checks catch a sidecar that is a plain init container", plain_init_container)
+
+
+def trainer_only_gpus():
+    broken = copy.deepcopy(job_docs[0])
+    broken["spec"]["template"]["spec"]["initContainers"][0]["resources"].pop("claims", None)
+    return any("do not share one GPU claim" in x
+               for x in example_problems(broken, dlj, default_values["sidecarContainerName"], claim_templates))
+
+
+check("the checks catch a sidecar that does not see the trainer's GPUs", trainer_only_gpus)
 
 print("%d passed, %d failed" % (results["passed"], results["failed"]))
 sys.exit(1 if results["failed"] else 0)
