@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <condition_variable>
 #include <random>
 #include <thread>
 
@@ -23,13 +24,60 @@ using Clock = std::chrono::steady_clock;
 class Connection {
  public:
   explicit Connection(UniqueFd fd) : fd_(std::move(fd)) {}
+  ~Connection() {
+    {
+      std::lock_guard lock(queue_mu_);
+      stopping_ = true;
+    }
+    queue_cv_.notify_all();
+    if (releaser_.joinable()) releaser_.join();  // it finishes what is queued
+  }
   int fd() const { return fd_.get(); }
+
+  // A GPU batch whose trainer streams may still read it: the slot goes back
+  // (RELEASE) once the fences have passed, from the releaser thread, so the
+  // thread dropping the batch does not wait for the GPU. The mapping stays
+  // until then too.
+  struct Pending {
+    std::vector<std::unique_ptr<cuda::Fence>> fences;
+    uint32_t slot = 0;
+    int64_t step = 0;
+    uint64_t wait_ns = 0;
+    std::shared_ptr<Mapping> mapping;
+  };
+  void ReleaseAfter(Pending p) {
+    std::lock_guard lock(queue_mu_);
+    if (!releaser_.joinable()) releaser_ = std::thread([this] { ReleaserMain(); });
+    queue_.push_back(std::move(p));
+    queue_cv_.notify_one();
+  }
 
   void SendRelease(uint32_t slot, int64_t step, uint64_t wait_ns) {
     std::lock_guard lock(mu_);
     if (closed_) return;  // the sidecar reclaimed it when we went away
     (void)ipc::SendMessage(fd_.get(), ipc::Encode(ipc::Release{slot, step, wait_ns}));
   }
+  void ReleaserMain() {
+    ::pthread_setname_np(::pthread_self(), "ml-release");
+    std::unique_lock lock(queue_mu_);
+    while (true) {
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      Pending p = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      for (auto& f : p.fences) {
+        if (Status st = f->Wait(); !st.ok()) {
+          LogWarn("cannot wait for the trainer's stream before releasing a slot",
+                  {{"step", p.step}, {"error", st.ToString()}});
+        }
+      }
+      SendRelease(p.slot, p.step, p.wait_ns);
+      p = Pending{};  // fences and the mapping go here, not under the lock
+      lock.lock();
+    }
+  }
+
   // Says goodbye cleanly: EOF after the RELEASEs already sent, then reads
   // what the sidecar still had in flight until it closes (at most 200 ms).
   // Closing with unread messages would make the kernel reset the
@@ -53,6 +101,11 @@ class Connection {
   std::mutex mu_;
   UniqueFd fd_;
   bool closed_ = false;
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Pending> queue_;
+  bool stopping_ = false;
+  std::thread releaser_;
 };
 
 /// The slot pool in this process: the host memfd mapped once, or every
@@ -162,17 +215,28 @@ Lease::Lease(std::shared_ptr<Connection> conn, std::shared_ptr<Mapping> mapping,
 
 Lease::~Lease() {
   // A GPU batch may still be read by work the trainer queued on its
-  // streams: the slot goes back once that work is done (WaitForConsumers),
-  // never while a kernel may still read it.
-  if (!consumer_streams_.empty()) {
+  // streams: fences are recorded on them now, and the slot goes back once
+  // they have passed (Connection::ReleaseAfter), never while a kernel may
+  // still read it.
+  if (!consumer_streams_.empty() && conn_) {
+    Connection::Pending p;
     if (auto driver = cuda::Driver::Open(); driver.ok()) {
       for (const auto& [ordinal, stream] : consumer_streams_) {
-        if (Status st = (*driver)->WaitForStream(ordinal, stream); !st.ok()) {
-          LogWarn("cannot wait for the trainer's stream before releasing a slot",
-                  {{"step", step_}, {"error", st.ToString()}});
+        auto f = (*driver)->RecordFence(ordinal, stream);
+        if (f.ok()) {
+          p.fences.push_back(std::move(*f));
+        } else {
+          LogWarn("cannot fence the trainer's stream before releasing a slot",
+                  {{"step", step_}, {"error", f.status().ToString()}});
         }
       }
     }
+    p.slot = slot_;
+    p.step = step_;
+    p.wait_ns = wait_ns_;
+    p.mapping = mapping_;
+    conn_->ReleaseAfter(std::move(p));
+    return;
   }
   if (conn_) conn_->SendRelease(slot_, step_, wait_ns_);
 }

@@ -85,8 +85,9 @@ class Lease {
   uint32_t slot() const { return slot_; }
   int64_t step() const { return step_; }
   /// GPU batches: a stream of the trainer's (a CUstream, or 1/2 for the
-  /// legacy/per-thread default stream) that reads this batch. The slot is
-  /// released only after the work queued on it when the lease dies is done.
+  /// legacy/per-thread default stream) that reads this batch. When the lease
+  /// dies an event is recorded on each such stream, and the slot is released
+  /// (by the connection's release thread) only once they have passed.
   void AddConsumerStream(int ordinal, uintptr_t stream);
 
  private:

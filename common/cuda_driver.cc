@@ -381,18 +381,36 @@ Status Stream::Wait(uint32_t index) {
                         "cuEventSynchronize");
 }
 
-Status Driver::WaitForStream(int ordinal, uintptr_t stream) const {
+Result<std::unique_ptr<Fence>> Driver::RecordFence(int ordinal, uintptr_t stream) const {
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
   ScopedContext scope(*api_, Ctx(contexts_, ordinal));
   CUstream s = stream == 1 ? CU_STREAM_LEGACY : stream == 2 ? CU_STREAM_PER_THREAD : reinterpret_cast<CUstream>(stream);
+  std::unique_ptr<Fence> f(new Fence());
+  f->driver_ = this;
+  f->ordinal_ = ordinal;
   CUevent e = nullptr;
   ML_CU_RETURN(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC));
-  Status st = ML_CU(cuEventRecord(e, s));
-  if (st.ok()) st = ML_CU(cuEventSynchronize(e));
-  api_->cuEventDestroy(e);
-  return st;
+  f->event_ = e;
+  ML_CU_RETURN(cuEventRecord(e, s));
+  return f;
+}
+
+Status Driver::WaitForStream(int ordinal, uintptr_t stream) const {
+  ASSIGN_OR_RETURN(auto fence, RecordFence(ordinal, stream));
+  return fence->Wait();
+}
+
+Status Fence::Wait() {
+  return driver_->Check(driver_->api().cuEventSynchronize(static_cast<CUevent>(event_)), "cuEventSynchronize");
+}
+
+Fence::~Fence() {
+  if (driver_ && event_) {
+    ScopedContext scope(driver_->api(), Ctx(driver_->contexts_, ordinal_));
+    driver_->api().cuEventDestroy(static_cast<CUevent>(event_));
+  }
 }
 
 Status Driver::CopyToHost(void* dst, DevicePtr src, uint64_t bytes, int ordinal) const {
@@ -425,6 +443,9 @@ Result<std::unique_ptr<PinnedRegistration>> Driver::RegisterHost(void*, uint64_t
 Result<std::unique_ptr<Stream>> Driver::CreateStream(int, uint32_t) const { return Check(1, "cuStreamCreate"); }
 Status Driver::CopyToHost(void*, DevicePtr, uint64_t, int) const { return Check(1, "cuMemcpyDtoH"); }
 Status Driver::WaitForStream(int, uintptr_t) const { return Check(1, "cuEventRecord"); }
+Result<std::unique_ptr<Fence>> Driver::RecordFence(int, uintptr_t) const { return Check(1, "cuEventRecord"); }
+Fence::~Fence() = default;
+Status Fence::Wait() { return Status(StatusCode::kUnavailable, "no CUDA in this build"); }
 VmmAllocation::~VmmAllocation() = default;
 Result<UniqueFd> VmmAllocation::Export() const { return Status(StatusCode::kUnavailable, "no CUDA in this build"); }
 ImportedAllocation::~ImportedAllocation() = default;

@@ -160,6 +160,23 @@ class Stream {
   std::vector<void*> events_;         // CUevent
 };
 
+/// An event recorded on a stream: Wait() blocks until the work queued on
+/// the stream before it is done. Destroyed with the object.
+class Fence {
+ public:
+  ~Fence();
+  Fence(const Fence&) = delete;
+  Fence& operator=(const Fence&) = delete;
+  Status Wait();
+
+ private:
+  friend class Driver;
+  Fence() = default;
+  const Driver* driver_ = nullptr;
+  void* event_ = nullptr;  // CUevent
+  int ordinal_ = 0;
+};
+
 class Driver {
  public:
   /// The process's driver, opened and initialised once (later calls return
@@ -198,6 +215,8 @@ class Driver {
   /// is a CUstream, or 1 / 2 for the legacy / per-thread default stream, as
   /// DLPack's __dlpack__(stream=...) numbers them.
   Status WaitForStream(int ordinal, uintptr_t stream) const;
+  /// Records an event on such a stream without waiting for it.
+  Result<std::unique_ptr<Fence>> RecordFence(int ordinal, uintptr_t stream) const;
 
   /// Synchronous device-to-host copy (for checks, not the data path).
   Status CopyToHost(void* dst, DevicePtr src, uint64_t bytes, int ordinal) const;
@@ -217,6 +236,7 @@ class Driver {
   friend class IpcAllocation;
   friend class PinnedRegistration;
   friend class Stream;
+  friend class Fence;
 
   std::string library_;
   int version_ = 0;

@@ -296,7 +296,9 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
       prev = &p;
     }
   }
-  for (const auto& [from, to] : c.replica_copies) stats.bytes_copied += layout_.devices[to].nbytes;
+  if (options_.host_replica_copies) {
+    for (const auto& [from, to] : c.replica_copies) stats.bytes_copied += layout_.devices[to].nbytes;
+  }
   std::sort(c.outbox_of.begin(), c.outbox_of.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return Status::Ok();
 }
