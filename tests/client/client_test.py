@@ -800,32 +800,11 @@ class ReconnectTest(SidecarTest):
 # ---- GPU staging (the stand-in driver) -------------------------------------------
 
 
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
 def capsule_tensor(capsule, name):
-    """The DLTensor inside a DLPack capsule (the first member of both the
-    legacy DLManagedTensor and DLManagedTensorVersioned, after the version
-    and manager fields for the latter)."""
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype = ctypes.c_void_p
-    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    ptr = get(capsule, name.encode())
-    if name == "dltensor_versioned":
-        # DLPackVersion (2 x u32), manager_ctx, deleter, flags (u64), then dl_tensor.
-        ptr += 8 + 8 + 8 + 8
-    return DLTensor.from_address(ptr)
+    """The DLTensor inside a capsule, left unconsumed (its destructor frees it)."""
+    ptr = _api.PyCapsule_GetPointer(capsule, name.encode())
+    struct = DLManagedTensorVersioned if name == "dltensor_versioned" else DLManagedTensor
+    return struct.from_address(ptr).dl_tensor
 
 
 class GpuStagingTest(unittest.TestCase):

@@ -67,6 +67,21 @@ const cuda::Driver* DriverOrNull() {
   do {                                                                                                  \
   } while (0)
 
+#define REQUIRE_TWO_GPUS()                                                               \
+  REQUIRE_DRIVER();                                                                      \
+  if (driver->devices().size() < 2) {                                                    \
+    GTEST_SKIP() << "needs 2 GPUs, this process sees " << driver->devices().size();      \
+  }                                                                                      \
+  do {                                                                                   \
+  } while (0)
+
+// A sidecar process's environment: with the stand-in, the two GPUs this
+// process sees as its 0 and 1 (C, B); a real driver's own GPUs otherwise.
+std::vector<std::string> TwoGpuEnv() {
+  if (RealGpu()) return {};
+  return {std::string("MESHLOAD_FAKE_CUDA_DEVICES=") + kGpuC + "," + kGpuB};
+}
+
 // Imports the stand-in has made in this process (its own counter).
 int64_t FakeImports() {
   if (RealGpu()) return -1;
@@ -205,10 +220,7 @@ TEST(DeviceStaging, VmmAllocationsRoundTripThroughAnExportedDescriptor) {
 }
 
 TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
-  REQUIRE_DRIVER();
-  if (driver->devices().size() < 2) {
-    GTEST_SKIP() << "needs 2 GPUs, this process sees " << driver->devices().size();
-  }
+  REQUIRE_TWO_GPUS();
   GpuJob job;
   SidecarOptions o;
   o.job_path = job.job_path_;
@@ -248,10 +260,7 @@ TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
 }
 
 TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
-  REQUIRE_DRIVER();
-  if (driver->devices().size() < 2) {
-    GTEST_SKIP() << "needs 2 GPUs, this process sees " << driver->devices().size();
-  }
+  REQUIRE_TWO_GPUS();
   GpuJob job(/*replicas=*/true);
   SidecarOptions o;
   o.job_path = job.job_path_;
@@ -343,13 +352,9 @@ TEST(DeviceStagingProcess, AGpuTheTrainerCannotSeeIsAClearErrorListingBothSides)
 }
 
 TEST(DeviceStagingProcess, LegacyIpcHandlesCarryTheSameBytes) {
-  REQUIRE_DRIVER();
-  if (driver->devices().size() < 2) {
-    GTEST_SKIP() << "needs 2 GPUs, this process sees " << driver->devices().size();
-  }
+  REQUIRE_TWO_GPUS();
   GpuJob job;
-  std::vector<std::string> env;
-  if (!RealGpu()) env.push_back(std::string("MESHLOAD_FAKE_CUDA_DEVICES=") + kGpuC + "," + kGpuB);
+  const std::vector<std::string> env = TwoGpuEnv();
   const pid_t pid = job.Spawn(env, {"--staging", "cuda-ipc"});
   auto c = job.Connect(10);
   ASSERT_TRUE(c) << job.Log();
@@ -365,13 +370,9 @@ TEST(DeviceStagingProcess, LegacyIpcHandlesCarryTheSameBytes) {
 }
 
 TEST(DeviceStagingProcess, ARestartedSidecarIsImportedAgainAndTheTrainerGetsIdenticalBytes) {
-  REQUIRE_DRIVER();
-  if (driver->devices().size() < 2) {
-    GTEST_SKIP() << "needs 2 GPUs, this process sees " << driver->devices().size();
-  }
+  REQUIRE_TWO_GPUS();
   GpuJob job;
-  std::vector<std::string> env;
-  if (!RealGpu()) env.push_back(std::string("MESHLOAD_FAKE_CUDA_DEVICES=") + kGpuC + "," + kGpuB);
+  const std::vector<std::string> env = TwoGpuEnv();
   pid_t pid = job.Spawn(env, {"--staging", "cuda"});
   auto c = job.Connect(10);
   ASSERT_TRUE(c) << job.Log();
