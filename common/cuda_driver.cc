@@ -68,7 +68,7 @@ namespace {
 
 constexpr CUresult kStubLibrary = static_cast<CUresult>(34);  // CUDA_ERROR_STUB_LIBRARY
 
-CUcontext Ctx(const std::vector<void*>& contexts, int ordinal) { return static_cast<CUcontext>(contexts[ordinal]); }
+CUcontext Ctx(const Driver& d, int ordinal) { return static_cast<CUcontext>(d.Context(ordinal)); }
 
 // Makes a device's primary context current for a scope.
 class ScopedContext {
@@ -162,14 +162,26 @@ Result<std::unique_ptr<Driver>> Driver::Load(const std::string& library) {
     RETURN_IF_ERROR(d->Check(api.cuDeviceGet(&dev, i), "cuDeviceGet"));
     RETURN_IF_ERROR(d->Check(api.cuDeviceGetUuid(&u, dev), "cuDeviceGetUuid"));
     api.cuDeviceGetName(name, sizeof name - 1, dev);
-    CUcontext ctx = nullptr;
-    // The primary context: the one CUDA runtimes (PyTorch, JAX) use too.
-    RETURN_IF_ERROR(d->Check(api.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain"));
     d->devices_.push_back({i, FormatGpuUuid(reinterpret_cast<const unsigned char*>(u.bytes)), name});
-    d->contexts_.push_back(ctx);
   }
   if (d->devices_.empty()) return fail("the CUDA driver sees no device");
+  d->contexts_.assign(d->devices_.size(), nullptr);
   return d;
+}
+
+void* Driver::Context(int ordinal) const {
+  // The primary context (the one CUDA runtimes such as PyTorch's and JAX's
+  // use too), retained on first use: a device this process never touches
+  // gets no context (each costs device memory).
+  std::lock_guard lock(contexts_mu_);
+  if (contexts_[ordinal] == nullptr) {
+    CUdevice dev = 0;
+    CUcontext ctx = nullptr;
+    if (api_->cuDeviceGet(&dev, ordinal) == CUDA_SUCCESS && api_->cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS) {
+      contexts_[ordinal] = ctx;
+    }
+  }
+  return contexts_[ordinal];
 }
 
 Result<uint64_t> Driver::Granularity(int ordinal) const {
@@ -185,7 +197,7 @@ Result<std::unique_ptr<VmmAllocation>> Driver::AllocateShareable(int ordinal, ui
   }
   ASSIGN_OR_RETURN(const uint64_t g, Granularity(ordinal));
   const uint64_t size = (std::max<uint64_t>(bytes, 1) + g - 1) / g * g;
-  ScopedContext scope(*api_, Ctx(contexts_, ordinal));
+  ScopedContext scope(*api_, Ctx(*this, ordinal));
   const CUmemAllocationProp prop = ShareableProp(ordinal);
   std::unique_ptr<VmmAllocation> a(new VmmAllocation());
   a->driver_ = this;
@@ -225,11 +237,19 @@ Result<UniqueFd> VmmAllocation::Export() const {
   return UniqueFd(fd);
 }
 
+Status VmmAllocation::GrantAccess(int other_ordinal) const {
+  if (other_ordinal < 0 || other_ordinal >= static_cast<int>(driver_->devices().size())) {
+    return InvalidArgument("no CUDA device " + std::to_string(other_ordinal));
+  }
+  const CUmemAccessDesc access[2] = {ReadWrite(ordinal_), ReadWrite(other_ordinal)};
+  return driver_->Check(driver_->api().cuMemSetAccess(ptr_, bytes_, access, 2), "cuMemSetAccess");
+}
+
 Result<std::unique_ptr<ImportedAllocation>> Driver::Import(int ordinal, int fd, uint64_t bytes) const {
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
-  ScopedContext scope(*api_, Ctx(contexts_, ordinal));
+  ScopedContext scope(*api_, Ctx(*this, ordinal));
   CUmemGenericAllocationHandle h = 0;
   ML_CU_RETURN(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
@@ -256,7 +276,7 @@ ImportedAllocation::~ImportedAllocation() {
   if (!driver_ || !ptr_) return;
   const auto& api = driver_->api();
   if (ipc_) {
-    ScopedContext scope(api, Ctx(driver_->contexts_, ordinal_));
+    ScopedContext scope(api, Ctx(*driver_, ordinal_));
     api.cuIpcCloseMemHandle(ptr_);
   } else {
     api.cuMemUnmap(ptr_, bytes_);
@@ -268,7 +288,7 @@ Result<std::unique_ptr<IpcAllocation>> Driver::AllocateIpc(int ordinal, uint64_t
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
-  ScopedContext scope(*api_, Ctx(contexts_, ordinal));
+  ScopedContext scope(*api_, Ctx(*this, ordinal));
   std::unique_ptr<IpcAllocation> a(new IpcAllocation());
   a->driver_ = this;
   a->ordinal_ = ordinal;
@@ -285,7 +305,7 @@ Result<std::unique_ptr<IpcAllocation>> Driver::AllocateIpc(int ordinal, uint64_t
 
 IpcAllocation::~IpcAllocation() {
   if (!driver_ || !ptr_) return;
-  ScopedContext scope(driver_->api(), Ctx(driver_->contexts_, ordinal_));
+  ScopedContext scope(driver_->api(), Ctx(*driver_, ordinal_));
   driver_->api().cuMemFree(ptr_);
 }
 
@@ -294,7 +314,7 @@ Result<std::unique_ptr<ImportedAllocation>> Driver::OpenIpc(int ordinal, const I
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
-  ScopedContext scope(*api_, Ctx(contexts_, ordinal));
+  ScopedContext scope(*api_, Ctx(*this, ordinal));
   CUipcMemHandle h;
   std::memcpy(&h, handle.data(), sizeof h);
   CUdeviceptr p = 0;
@@ -308,18 +328,22 @@ Result<std::unique_ptr<ImportedAllocation>> Driver::OpenIpc(int ordinal, const I
   return a;
 }
 
-Result<std::unique_ptr<PinnedRegistration>> Driver::RegisterHost(void* base, uint64_t bytes) const {
-  ScopedContext scope(*api_, Ctx(contexts_, 0));
+Result<std::unique_ptr<PinnedRegistration>> Driver::RegisterHost(void* base, uint64_t bytes, int ordinal) const {
+  if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
+    return InvalidArgument("no CUDA device " + std::to_string(ordinal));
+  }
+  ScopedContext scope(*api_, Ctx(*this, ordinal));
   ML_CU_RETURN(cuMemHostRegister(base, bytes, CU_MEMHOSTREGISTER_PORTABLE));
   std::unique_ptr<PinnedRegistration> r(new PinnedRegistration());
   r->driver_ = this;
   r->base_ = base;
+  r->ordinal_ = ordinal;
   return r;
 }
 
 PinnedRegistration::~PinnedRegistration() {
   if (!driver_ || !base_) return;
-  ScopedContext scope(driver_->api(), Ctx(driver_->contexts_, 0));
+  ScopedContext scope(driver_->api(), Ctx(*driver_, ordinal_));
   driver_->api().cuMemHostUnregister(base_);
 }
 
@@ -327,7 +351,7 @@ Result<std::unique_ptr<Stream>> Driver::CreateStream(int ordinal, uint32_t event
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
-  ScopedContext scope(*api_, Ctx(contexts_, ordinal));
+  ScopedContext scope(*api_, Ctx(*this, ordinal));
   std::unique_ptr<Stream> s(new Stream());
   s->driver_ = this;
   s->ordinal_ = ordinal;
@@ -347,22 +371,22 @@ Result<std::unique_ptr<Stream>> Driver::CreateStream(int ordinal, uint32_t event
 Stream::~Stream() {
   if (!driver_) return;
   const auto& api = driver_->api();
-  ScopedContext scope(api, Ctx(driver_->contexts_, ordinal_));
+  ScopedContext scope(api, Ctx(*driver_, ordinal_));
   for (void* e : events_) api.cuEventDestroy(static_cast<CUevent>(e));
   if (stream_) api.cuStreamDestroy(static_cast<CUstream>(stream_));
 }
 
 Status Stream::CopyToDevice(DevicePtr dst, const void* src, uint64_t bytes) {
   const auto& api = driver_->api();
-  ScopedContext scope(api, Ctx(driver_->contexts_, ordinal_));
+  ScopedContext scope(api, Ctx(*driver_, ordinal_));
   return driver_->Check(api.cuMemcpyHtoDAsync(dst, src, bytes, static_cast<CUstream>(stream_)), "cuMemcpyHtoDAsync");
 }
 
 Status Stream::CopyFromPeer(DevicePtr dst, DevicePtr src, int src_ordinal, uint64_t bytes) {
   const auto& api = driver_->api();
-  ScopedContext scope(api, Ctx(driver_->contexts_, ordinal_));
-  return driver_->Check(api.cuMemcpyPeerAsync(dst, Ctx(driver_->contexts_, ordinal_), src,
-                                              Ctx(driver_->contexts_, src_ordinal), bytes,
+  ScopedContext scope(api, Ctx(*driver_, ordinal_));
+  return driver_->Check(api.cuMemcpyPeerAsync(dst, Ctx(*driver_, ordinal_), src,
+                                              Ctx(*driver_, src_ordinal), bytes,
                                               static_cast<CUstream>(stream_)),
                         "cuMemcpyPeerAsync");
 }
@@ -370,7 +394,7 @@ Status Stream::CopyFromPeer(DevicePtr dst, DevicePtr src, int src_ordinal, uint6
 Status Stream::Record(uint32_t index) {
   if (index >= events_.size()) return InvalidArgument("no event " + std::to_string(index));
   const auto& api = driver_->api();
-  ScopedContext scope(api, Ctx(driver_->contexts_, ordinal_));
+  ScopedContext scope(api, Ctx(*driver_, ordinal_));
   return driver_->Check(api.cuEventRecord(static_cast<CUevent>(events_[index]), static_cast<CUstream>(stream_)),
                         "cuEventRecord");
 }
@@ -385,7 +409,7 @@ Result<std::unique_ptr<Fence>> Driver::RecordFence(int ordinal, uintptr_t stream
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
-  ScopedContext scope(*api_, Ctx(contexts_, ordinal));
+  ScopedContext scope(*api_, Ctx(*this, ordinal));
   CUstream s = stream == 1 ? CU_STREAM_LEGACY : stream == 2 ? CU_STREAM_PER_THREAD : reinterpret_cast<CUstream>(stream);
   std::unique_ptr<Fence> f(new Fence());
   f->driver_ = this;
@@ -408,7 +432,7 @@ Status Fence::Wait() {
 
 Fence::~Fence() {
   if (driver_ && event_) {
-    ScopedContext scope(driver_->api(), Ctx(driver_->contexts_, ordinal_));
+    ScopedContext scope(driver_->api(), Ctx(*driver_, ordinal_));
     driver_->api().cuEventDestroy(static_cast<CUevent>(event_));
   }
 }
@@ -417,7 +441,7 @@ Status Driver::CopyToHost(void* dst, DevicePtr src, uint64_t bytes, int ordinal)
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
-  ScopedContext scope(*api_, Ctx(contexts_, ordinal));
+  ScopedContext scope(*api_, Ctx(*this, ordinal));
   return ML_CU(cuMemcpyDtoH(dst, src, bytes));
 }
 
@@ -437,7 +461,8 @@ Result<std::unique_ptr<IpcAllocation>> Driver::AllocateIpc(int, uint64_t) const 
 Result<std::unique_ptr<ImportedAllocation>> Driver::OpenIpc(int, const IpcHandle&, uint64_t) const {
   return Check(1, "cuIpcOpenMemHandle");
 }
-Result<std::unique_ptr<PinnedRegistration>> Driver::RegisterHost(void*, uint64_t) const {
+void* Driver::Context(int) const { return nullptr; }
+Result<std::unique_ptr<PinnedRegistration>> Driver::RegisterHost(void*, uint64_t, int) const {
   return Check(1, "cuMemHostRegister");
 }
 Result<std::unique_ptr<Stream>> Driver::CreateStream(int, uint32_t) const { return Check(1, "cuStreamCreate"); }
@@ -448,6 +473,7 @@ Fence::~Fence() = default;
 Status Fence::Wait() { return Status(StatusCode::kUnavailable, "no CUDA in this build"); }
 VmmAllocation::~VmmAllocation() = default;
 Result<UniqueFd> VmmAllocation::Export() const { return Status(StatusCode::kUnavailable, "no CUDA in this build"); }
+Status VmmAllocation::GrantAccess(int) const { return Status(StatusCode::kUnavailable, "no CUDA in this build"); }
 ImportedAllocation::~ImportedAllocation() = default;
 IpcAllocation::~IpcAllocation() = default;
 PinnedRegistration::~PinnedRegistration() = default;

@@ -28,6 +28,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,10 @@ class VmmAllocation {
   /// A new POSIX file descriptor for the allocation (cuMemExportToShareableHandle),
   /// to send to another process with SCM_RIGHTS.
   Result<UniqueFd> Export() const;
+  /// Lets another device of this process read and write it too (peer
+  /// access), so device-to-device copies from it go over the peer path.
+  /// Fails where the two devices cannot reach each other.
+  Status GrantAccess(int other_ordinal) const;
 
  private:
   friend class Driver;
@@ -129,6 +134,7 @@ class PinnedRegistration {
   PinnedRegistration() = default;
   const Driver* driver_ = nullptr;
   void* base_ = nullptr;
+  int ordinal_ = 0;
 };
 
 /// A stream in a device's primary context, with one event per user-chosen
@@ -207,7 +213,9 @@ class Driver {
   /// Legacy: opens another process's IPC handle in `ordinal`'s context.
   Result<std::unique_ptr<ImportedAllocation>> OpenIpc(int ordinal, const IpcHandle& handle, uint64_t bytes) const;
 
-  Result<std::unique_ptr<PinnedRegistration>> RegisterHost(void* base, uint64_t bytes) const;
+  /// Page-locks host memory, registered in `ordinal`'s context (portable:
+  /// usable for copies to every device).
+  Result<std::unique_ptr<PinnedRegistration>> RegisterHost(void* base, uint64_t bytes, int ordinal) const;
   Result<std::unique_ptr<Stream>> CreateStream(int ordinal, uint32_t events) const;
 
   /// Waits until the work queued so far on a stream of `ordinal`'s primary
@@ -226,6 +234,8 @@ class Driver {
 
   struct Api;
   const Api& api() const { return *api_; }
+  /// A device's primary context (a CUcontext), retained on first use.
+  void* Context(int ordinal) const;
 
  private:
   Driver() = default;
@@ -241,7 +251,8 @@ class Driver {
   std::string library_;
   int version_ = 0;
   std::vector<DeviceInfo> devices_;
-  std::vector<void*> contexts_;  // primary context per ordinal (retained for the process's life)
+  mutable std::mutex contexts_mu_;
+  mutable std::vector<void*> contexts_;  // primary context per ordinal, retained on first use, for the process's life
   std::unique_ptr<Api> api_;
 };
 

@@ -96,6 +96,17 @@ struct Sidecar::Metrics {
                       .Help("Time to read one step's batch into its slot.")
                       .Register(r)
                       .Add({}, metrics::ExponentialBuckets(1e-4, 2, 16))),
+        device_copy(metrics::BuildHistogram()
+                        .Name("meshload_device_copy_seconds")
+                        .Help("GPU staging: time to copy one step's batch to the GPUs and wait for it (the fence "
+                              "before READY), included in meshload_step_load_seconds.")
+                        .Register(r)
+                        .Add({}, metrics::ExponentialBuckets(1e-5, 2, 18))),
+        device_memory(metrics::BuildGauge()
+                          .Name("meshload_device_memory_bytes")
+                          .Help("GPU memory held by the staging slots, all local GPUs together (0 with host staging).")
+                          .Register(r)
+                          .Add({})),
         retries(metrics::BuildCounter()
                     .Name("meshload_storage_retries_total")
                     .Help("Storage requests retried, by source scheme and reason.")
@@ -165,6 +176,8 @@ struct Sidecar::Metrics {
   metrics::Histogram& trainer_wait;
   metrics::Family<metrics::Histogram>& read_latency;
   metrics::Histogram& step_load;
+  metrics::Histogram& device_copy;
+  metrics::Gauge& device_memory;
   metrics::Family<metrics::Counter>& retries;
   metrics::Family<metrics::Counter>& errors;
   metrics::Family<metrics::Counter>& connections;
@@ -482,6 +495,7 @@ Status Sidecar::InitDeviceStaging() {
                                                   memory_->pool_bytes());
   if (!device.ok()) return host_because("device staging could not be set up: " + device.status().ToString());
   device_ = std::move(*device);
+  metrics_->device_memory.Set(static_cast<double>(device_->total_bytes()));
   mode = share == staging::DeviceShare::kCudaVmm ? "cuda" : "cuda-ipc";
   set_mode();
   std::string used;
@@ -489,6 +503,9 @@ Status Sidecar::InitDeviceStaging() {
   staging_reason_ = "CUDA driver " + std::to_string((*driver)->version()) + ", staging on " + used +
                     (share == staging::DeviceShare::kCudaVmm ? " (VMM, fds over SCM_RIGHTS)"
                                                              : " (legacy CUDA IPC handles)");
+  if (!device_->peer_access()) {
+    LogInfo("some local replicas cannot reach their shard's GPU directly: those copies go through the host");
+  }
   if (!device_->host_pinned()) {
     LogWarn("the host assembly pool is not page-locked: copies to the GPU are slower",
                {{"error", device_->host_pin_error()}});
@@ -564,7 +581,10 @@ void Sidecar::ProducerMain(int index) {
     }
     if (device_) {
       // To the GPUs, fenced: READY may go out once this returns.
-      if (Status ds = device_->Stage(slot, memory_->slot(slot)); !ds.ok()) {
+      const auto c0 = Clock::now();
+      Status ds = device_->Stage(slot, memory_->slot(slot));
+      metrics_->device_copy.Observe(std::chrono::duration<double>(Clock::now() - c0).count());
+      if (!ds.ok()) {
         pool_->AbandonFill(slot);
         metrics_->Error("device_copy");
         LogError("cannot copy a batch to the GPU", {{"step", step}, {"error", ds.ToString()}});

@@ -69,8 +69,21 @@ Result<std::unique_ptr<DeviceSlotMemory>> DeviceSlotMemory::Create(const cuda::D
     ASSIGN_OR_RETURN(auto stream, driver.CreateStream(o, slots));
     m->streams_.push_back(std::move(stream));
   }
+  // Replicas copy from their shard's first device: give them access to its
+  // slots where the GPUs can reach each other (the peer path); elsewhere
+  // the driver stages the copy through the host.
+  if (share == DeviceShare::kCudaVmm) {
+    for (size_t i = 0; i < m->ordinals_.size(); ++i) {
+      const int p = m->primary_[i];
+      if (p == static_cast<int>(i) || m->ordinals_[p] == m->ordinals_[i]) continue;
+      for (uint32_t s = 0; s < slots; ++s) {
+        Status st = m->vmm_[static_cast<size_t>(p) * slots + s]->GrantAccess(m->ordinals_[i]);
+        m->peer_access_ = m->peer_access_ && st.ok();
+      }
+    }
+  }
   if (host_base != nullptr && host_bytes > 0) {
-    auto pinned = driver.RegisterHost(host_base, host_bytes);
+    auto pinned = driver.RegisterHost(host_base, host_bytes, m->ordinals_[0]);
     if (pinned.ok()) {
       m->pinned_ = std::move(*pinned);
     } else {

@@ -65,6 +65,9 @@ class DeviceSlotMemory {
   /// Whether the host pool is page-locked (false: copies from pageable memory).
   bool host_pinned() const { return pinned_ != nullptr; }
   std::string host_pin_error() const { return pin_error_; }
+  /// Whether every replica's device may read its source's slots directly
+  /// (false: some replica copies go through the host).
+  bool peer_access() const { return peer_access_; }
 
   /// kCudaVmm: one descriptor per (device, slot), device-major
   /// (index = device * slots + slot). Owned here; sending dups them.
@@ -95,6 +98,7 @@ class DeviceSlotMemory {
   std::vector<std::unique_ptr<cuda::Stream>> streams_;  // per local device, one event per slot
   std::unique_ptr<cuda::PinnedRegistration> pinned_;
   std::string pin_error_;
+  bool peer_access_ = true;
 };
 
 }  // namespace meshload::staging

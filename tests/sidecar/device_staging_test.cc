@@ -255,6 +255,11 @@ TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("meshload_staging_mode{mode=\"cuda\"} 1"), std::string::npos) << m->body;
   EXPECT_NE(m->body.find("meshload_staging_mode{mode=\"host\"} 0"), std::string::npos);
+  // 2 GPUs x 3 slots, each rounded up to the granularity; a copy timed per step.
+  const uint64_t granularity = *driver->Granularity(0);
+  EXPECT_NE(m->body.find("meshload_device_memory_bytes " + std::to_string(6 * granularity)), std::string::npos)
+      << m->body;
+  EXPECT_EQ(m->body.find("meshload_device_copy_seconds_count 0"), std::string::npos) << m->body;
   (*s)->RequestStop();
   server.join();
 }
