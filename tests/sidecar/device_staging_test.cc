@@ -291,6 +291,68 @@ TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
   server.join();
 }
 
+TEST(DeviceStaging, ATrainerThatDiesHoldingGpuSlotsHasThemReclaimedAndReconnectsToTheSameBytes) {
+  REQUIRE_TWO_GPUS();
+  GpuJob job;
+  SidecarOptions o;
+  o.job_path = job.job_path_;
+  o.process = 1;
+  o.socket_path = job.socket_;
+  o.metrics_port = 0;
+  o.metrics_address = "127.0.0.1";
+  o.staging = "cuda";
+  auto s = Sidecar::Create(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::thread server([&] { (*s)->Run(); });
+  httplib::Client http("127.0.0.1", (*s)->metrics_port());
+  auto metric = [&](const std::string& series) {
+    auto r = http.Get("/metrics");
+    const size_t at = r ? r->body.find("\n" + series + " ") : std::string::npos;
+    return at == std::string::npos ? -1.0 : std::stod(r->body.substr(at + series.size() + 2));
+  };
+  std::vector<std::vector<uint8_t>> first;  // steps 0..2 as read back from the GPUs
+  {
+    auto c = job.Connect();
+    ASSERT_TRUE(c);
+    std::vector<client::Batch> held;
+    for (int i = 0; i < 3; ++i) {
+      auto b = c->Next(milliseconds(10000));
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      std::vector<uint8_t> bytes(b->tensors[0].nbytes);
+      ASSERT_TRUE(driver->CopyToHost(bytes.data(), reinterpret_cast<uintptr_t>(b->tensors[0].data), bytes.size(),
+                                     b->tensors[0].device_id)
+                      .ok());
+      first.push_back(std::move(bytes));
+      held.push_back(std::move(*b));  // every slot leased ...
+    }
+    EXPECT_EQ(c->Next(milliseconds(300)).status().code(), StatusCode::kDeadlineExceeded);  // ... so nothing more
+    c->Close();  // ... and the trainer goes away without releasing
+  }
+  for (int i = 0; i < 200 && metric("meshload_leases_reclaimed_total") < 3; ++i) std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_EQ(metric("meshload_leases_reclaimed_total"), 3);
+  client::ClientOptions co;
+  co.socket_path = job.socket_;
+  co.start_step = 1;
+  auto c2 = client::Client::Connect(co);
+  ASSERT_TRUE(c2.ok()) << c2.status().ToString();
+  for (int64_t step = 1; step < 6; ++step) {
+    auto b = (*c2)->Next(milliseconds(10000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_EQ(b->step, step);
+    job.ExpectOnGpuAndPlanned(*b, *driver);
+    if (step < 3) {
+      std::vector<uint8_t> bytes(b->tensors[0].nbytes);
+      ASSERT_TRUE(driver->CopyToHost(bytes.data(), reinterpret_cast<uintptr_t>(b->tensors[0].data), bytes.size(),
+                                     b->tensors[0].device_id)
+                      .ok());
+      EXPECT_EQ(bytes, first[static_cast<size_t>(step)]);
+    }
+  }
+  c2->reset();
+  (*s)->RequestStop();
+  server.join();
+}
+
 TEST(DeviceStaging, DeviceStagingNeedsADeviceForEveryLocalDevice) {
   REQUIRE_DRIVER();
   GpuJob job;
