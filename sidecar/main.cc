@@ -312,6 +312,20 @@ int main(int argc, char** argv) {
     LogInfo("process index assigned", {{"process", opt.process}, {"file", process_file}});
   }
   if (!assignments.empty()) {
+    // Only a Broadcast fan-out or LoadAndReshard moves samples between
+    // processes; other jobs need no peers and do not wait for their IPs. (A
+    // job that does not load is reported by the sidecar below.)
+    Diagnostics job_diags;
+    auto job = LoadDataLoadJobFile(opt.job_path, job_diags);
+    if (job.ok() && job->spec.strategy != Strategy::kLoadAndReshard &&
+        job->spec.replication.fanout != Fanout::kBroadcast) {
+      LogInfo("no samples move between this job's processes: the peer exchange is off",
+              {{"strategy", std::string(ToString(job->spec.strategy))}});
+      opt.peers.reset();
+      assignments.clear();
+    }
+  }
+  if (!assignments.empty()) {
     auto list = WaitForAssignments(assignments, static_cast<uint16_t>(port_number));
     if (!list.ok()) {
       if (list.status().code() == StatusCode::kCancelled) return 0;

@@ -245,6 +245,12 @@ for _ in $(seq 50); do grep -q "peer exchange listening" "$TMP/as.log" && break;
 check "--assignments waits for every process's IP, then listens for peers on --peer-port" $?
 [ $waited -eq 0 ] || tail -5 "$TMP/as.log"
 kill -TERM $AS; wait $AS
+# A job that moves nothing between processes does not wait for the IPs.
+out=$(timeout 10 "$SIDECAR" --job "$TMP/fixed.yaml" --process 0 --socket "$TMP/np.sock" --assignments "$TMP/cm/none.json" \
+      --staging host --log-level info 2>&1 & NP=$!; sleep 0.6; kill -TERM $NP; wait $NP); rc=$?
+grep -q "no samples move between this job's processes" <<<"$out" && grep -q "sidecar started" <<<"$out" \
+  && ! grep -q "waiting for the controller" <<<"$out"
+check "--assignments with a job that moves nothing between processes starts at once, without peers" $?
 
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]
