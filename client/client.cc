@@ -40,6 +40,12 @@ class Connection {
   // until then too.
   struct Pending {
     std::vector<std::unique_ptr<cuda::Fence>> fences;
+    // Streams whose fence could not be recorded yet (another thread is
+    // capturing a CUDA graph): retried from the release thread.
+    std::vector<std::pair<int, uintptr_t>> unfenced;
+    // No stream known (stream=-1, or the raw pointer used): the whole
+    // device is waited for before the slot goes back.
+    std::vector<int> sync_devices;
     uint32_t slot = 0;
     int64_t step = 0;
     uint64_t wait_ns = 0;
@@ -66,15 +72,43 @@ class Connection {
       Pending p = std::move(queue_.front());
       queue_.pop_front();
       lock.unlock();
-      for (auto& f : p.fences) {
-        if (Status st = f->Wait(); !st.ok()) {
-          LogWarn("cannot wait for the trainer's stream before releasing a slot",
-                  {{"step", p.step}, {"error", st.ToString()}});
-        }
-      }
+      WaitForTrainer(p);
       SendRelease(p.slot, p.step, p.wait_ns);
       p = Pending{};  // fences and the mapping go here, not under the lock
       lock.lock();
+    }
+  }
+
+  static void WaitForTrainer(Pending& p) {
+    auto driver = cuda::Driver::Open();
+    if (!driver.ok()) return;  // a GPU lease cannot exist then
+    for (const auto& [ordinal, stream] : p.unfenced) {
+      Status st;
+      for (int attempt = 0; attempt < 10000; ++attempt) {  // up to 10 s
+        auto f = (*driver)->RecordFence(ordinal, stream);
+        st = f.ok() ? Status::Ok() : f.status();
+        if (f.ok()) {
+          p.fences.push_back(std::move(*f));
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (!st.ok()) {
+        LogWarn("cannot fence the trainer's stream; releasing the slot after a device synchronization",
+                {{"step", p.step}, {"error", st.ToString()}});
+        p.sync_devices.push_back(ordinal);
+      }
+    }
+    for (auto& f : p.fences) {
+      if (Status st = f->Wait(); !st.ok()) {
+        LogWarn("cannot wait for the trainer's stream before releasing a slot",
+                {{"step", p.step}, {"error", st.ToString()}});
+      }
+    }
+    for (int ordinal : p.sync_devices) {
+      if (Status st = (*driver)->SynchronizeDevice(ordinal); !st.ok()) {
+        LogWarn("cannot wait for the device before releasing a slot", {{"step", p.step}, {"error", st.ToString()}});
+      }
     }
   }
 
@@ -187,6 +221,7 @@ class Mapping {
     if (base_) ::munmap(base_, bytes_);
   }
   bool on_gpu() const { return !imports_.empty(); }
+  const std::vector<int>& ordinals() const { return ordinals_; }
   int ordinal(size_t device) const { return on_gpu() ? ordinals_[device] : 0; }
   /// Where (local device, slot)'s memory starts; tensor offsets are from here.
   uint8_t* Base(size_t device, uint32_t slot, uint64_t host_slot_bytes) const {
@@ -214,20 +249,25 @@ Lease::Lease(std::shared_ptr<Connection> conn, std::shared_ptr<Mapping> mapping,
     : conn_(std::move(conn)), mapping_(std::move(mapping)), slot_(slot), step_(step), wait_ns_(wait_ns) {}
 
 Lease::~Lease() {
-  // A GPU batch may still be read by work the trainer queued on its
-  // streams: fences are recorded on them now, and the slot goes back once
-  // they have passed (Connection::ReleaseAfter), never while a kernel may
-  // still read it.
-  if (!consumer_streams_.empty() && conn_) {
+  if (!conn_) return;
+  // A GPU batch may still be read by work the trainer queued: the slot goes
+  // back (from the connection's release thread, Connection::ReleaseAfter)
+  // only once that work is done, never while a kernel may still read it.
+  // With the streams it named in __dlpack__, a fence on each is recorded
+  // now (the trainer does not wait); without any, the release thread waits
+  // for the whole device.
+  if (mapping_ && mapping_->on_gpu()) {
     Connection::Pending p;
-    if (auto driver = cuda::Driver::Open(); driver.ok()) {
+    auto driver = cuda::Driver::Open();
+    if (consumer_streams_.empty() || !driver.ok()) {
+      p.sync_devices = mapping_->ordinals();
+    } else {
       for (const auto& [ordinal, stream] : consumer_streams_) {
         auto f = (*driver)->RecordFence(ordinal, stream);
         if (f.ok()) {
           p.fences.push_back(std::move(*f));
         } else {
-          LogWarn("cannot fence the trainer's stream before releasing a slot",
-                  {{"step", step_}, {"error", f.status().ToString()}});
+          p.unfenced.emplace_back(ordinal, stream);
         }
       }
     }
@@ -238,7 +278,7 @@ Lease::~Lease() {
     conn_->ReleaseAfter(std::move(p));
     return;
   }
-  if (conn_) conn_->SendRelease(slot_, step_, wait_ns_);
+  conn_->SendRelease(slot_, step_, wait_ns_);
 }
 
 void Lease::AddConsumerStream(int ordinal, uintptr_t stream) {

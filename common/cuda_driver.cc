@@ -53,7 +53,8 @@ int Driver::OrdinalOf(const std::string& uuid) const {
   X(cuMemSetAccess) X(cuMemAlloc) X(cuMemFree) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)    \
   X(cuMemHostRegister) X(cuMemHostUnregister) X(cuStreamCreate) X(cuStreamDestroy) X(cuEventCreate)                \
   X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuMemcpyHtoDAsync) X(cuMemcpyPeerAsync)               \
-  X(cuMemcpyDtoH)
+  X(cuMemcpyDtoH) X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuDeviceCanAccessPeer)                            \
+  X(cuThreadExchangeStreamCaptureMode)
 
 #define ML_STR2(x) #x
 #define ML_STR(x) ML_STR2(x)
@@ -71,20 +72,51 @@ constexpr CUresult kStubLibrary = static_cast<CUresult>(34);  // CUDA_ERROR_STUB
 CUcontext Ctx(const Driver& d, int ordinal) { return static_cast<CUcontext>(d.Context(ordinal)); }
 
 // Makes a device's primary context current for a scope.
+// (A device whose primary context cannot be had: an EXCLUSIVE_PROCESS GPU
+// already used by another process, say. The calls then fail with this.)
 class ScopedContext {
  public:
-  ScopedContext(const Driver::Api& api, CUcontext ctx) : api_(api) { pushed_ = api_.cuCtxPushCurrent(ctx) == CUDA_SUCCESS; }
+  ScopedContext(const Driver& d, int ordinal) : api_(d.api()) {
+    void* ctx = d.Context(ordinal);
+    if (ctx == nullptr) {
+      status_ = d.ContextError(ordinal);
+      return;
+    }
+    const CUresult r = api_.cuCtxPushCurrent(static_cast<CUcontext>(ctx));
+    pushed_ = r == CUDA_SUCCESS;
+    if (!pushed_) status_ = Status(StatusCode::kInternal, "cuCtxPushCurrent failed: " + d.ErrorText(r));
+  }
   ~ScopedContext() {
     if (pushed_) {
       CUcontext popped = nullptr;
       api_.cuCtxPopCurrent(&popped);
     }
   }
-  bool ok() const { return pushed_; }
+  const Status& status() const { return status_; }
 
  private:
   const Driver::Api& api_;
   bool pushed_ = false;
+  Status status_;
+};
+
+// Calls that are not allowed while another thread captures a CUDA graph in
+// the global mode (PyTorch's default) are made in the relaxed mode: the
+// release path runs on threads the trainer does not control.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(const Driver::Api& api) : api_(api) {
+    mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+    changed_ = api_.cuThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+  }
+  ~RelaxedCapture() {
+    if (changed_) api_.cuThreadExchangeStreamCaptureMode(&mode_);
+  }
+
+ private:
+  const Driver::Api& api_;
+  CUstreamCaptureMode mode_;
+  bool changed_ = false;
 };
 
 CUmemAllocationProp ShareableProp(int ordinal) {
@@ -166,6 +198,7 @@ Result<std::unique_ptr<Driver>> Driver::Load(const std::string& library) {
   }
   if (d->devices_.empty()) return fail("the CUDA driver sees no device");
   d->contexts_.assign(d->devices_.size(), nullptr);
+  d->retain_errors_.assign(d->devices_.size(), 0);
   return d;
 }
 
@@ -173,15 +206,43 @@ void* Driver::Context(int ordinal) const {
   // The primary context (the one CUDA runtimes such as PyTorch's and JAX's
   // use too), retained on first use: a device this process never touches
   // gets no context (each costs device memory).
+  if (ordinal < 0 || ordinal >= static_cast<int>(contexts_.size())) return nullptr;
   std::lock_guard lock(contexts_mu_);
   if (contexts_[ordinal] == nullptr) {
     CUdevice dev = 0;
     CUcontext ctx = nullptr;
-    if (api_->cuDeviceGet(&dev, ordinal) == CUDA_SUCCESS && api_->cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS) {
+    CUresult r = api_->cuDeviceGet(&dev, ordinal);
+    if (r == CUDA_SUCCESS) r = api_->cuDevicePrimaryCtxRetain(&ctx, dev);
+    if (r == CUDA_SUCCESS) {
       contexts_[ordinal] = ctx;
+    } else {
+      retain_errors_[ordinal] = r;
     }
   }
   return contexts_[ordinal];
+}
+
+Status Driver::ContextError(int ordinal) const {
+  if (ordinal < 0 || ordinal >= static_cast<int>(contexts_.size())) {
+    return InvalidArgument("no CUDA device " + std::to_string(ordinal));
+  }
+  std::lock_guard lock(contexts_mu_);
+  return Status(StatusCode::kUnavailable,
+                "cannot use CUDA device " + std::to_string(ordinal) + " (" + devices_[ordinal].uuid +
+                    "): cuDevicePrimaryCtxRetain failed: " + ErrorText(retain_errors_[ordinal]) +
+                    " (a GPU in EXCLUSIVE_PROCESS compute mode that another process already uses?)");
+}
+
+bool Driver::CanAccessPeer(int ordinal, int peer) const {
+  int can = 0;
+  return api_->cuDeviceCanAccessPeer(&can, ordinal, peer) == CUDA_SUCCESS && can != 0;
+}
+
+Status Driver::SynchronizeDevice(int ordinal) const {
+  ScopedContext scope(*this, ordinal);
+  RETURN_IF_ERROR(scope.status());
+  RelaxedCapture relaxed(*api_);
+  return ML_CU(cuCtxSynchronize());
 }
 
 Result<uint64_t> Driver::Granularity(int ordinal) const {
@@ -197,7 +258,8 @@ Result<std::unique_ptr<VmmAllocation>> Driver::AllocateShareable(int ordinal, ui
   }
   ASSIGN_OR_RETURN(const uint64_t g, Granularity(ordinal));
   const uint64_t size = (std::max<uint64_t>(bytes, 1) + g - 1) / g * g;
-  ScopedContext scope(*api_, Ctx(*this, ordinal));
+  ScopedContext scope(*this, ordinal);
+  RETURN_IF_ERROR(scope.status());
   const CUmemAllocationProp prop = ShareableProp(ordinal);
   std::unique_ptr<VmmAllocation> a(new VmmAllocation());
   a->driver_ = this;
@@ -249,15 +311,17 @@ Result<std::unique_ptr<ImportedAllocation>> Driver::Import(int ordinal, int fd, 
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
-  ScopedContext scope(*api_, Ctx(*this, ordinal));
+  ScopedContext scope(*this, ordinal);
+  RETURN_IF_ERROR(scope.status());
   CUmemGenericAllocationHandle h = 0;
   ML_CU_RETURN(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
   std::unique_ptr<ImportedAllocation> a(new ImportedAllocation());
   a->driver_ = this;
   a->ordinal_ = ordinal;
+  auto g = Granularity(ordinal);
   CUdeviceptr p = 0;
-  Status st = ML_CU(cuMemAddressReserve(&p, bytes, 0, 0, 0));
+  Status st = ML_CU(cuMemAddressReserve(&p, bytes, g.ok() ? *g : 0, 0, 0));
   if (st.ok()) {
     st = ML_CU(cuMemMap(p, bytes, 0, h, 0));
     if (!st.ok()) api_->cuMemAddressFree(p, bytes);
@@ -275,8 +339,12 @@ Result<std::unique_ptr<ImportedAllocation>> Driver::Import(int ordinal, int fd, 
 ImportedAllocation::~ImportedAllocation() {
   if (!driver_ || !ptr_) return;
   const auto& api = driver_->api();
+  // Unmapping does not wait for kernels still reading the memory: wait
+  // for the device first (this runs when a connection's last batch is gone).
+  (void)driver_->SynchronizeDevice(ordinal_);
+  RelaxedCapture relaxed(api);
   if (ipc_) {
-    ScopedContext scope(api, Ctx(*driver_, ordinal_));
+    ScopedContext scope(*driver_, ordinal_);
     api.cuIpcCloseMemHandle(ptr_);
   } else {
     api.cuMemUnmap(ptr_, bytes_);
@@ -288,7 +356,8 @@ Result<std::unique_ptr<IpcAllocation>> Driver::AllocateIpc(int ordinal, uint64_t
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
-  ScopedContext scope(*api_, Ctx(*this, ordinal));
+  ScopedContext scope(*this, ordinal);
+  RETURN_IF_ERROR(scope.status());
   std::unique_ptr<IpcAllocation> a(new IpcAllocation());
   a->driver_ = this;
   a->ordinal_ = ordinal;
@@ -305,7 +374,7 @@ Result<std::unique_ptr<IpcAllocation>> Driver::AllocateIpc(int ordinal, uint64_t
 
 IpcAllocation::~IpcAllocation() {
   if (!driver_ || !ptr_) return;
-  ScopedContext scope(driver_->api(), Ctx(*driver_, ordinal_));
+  ScopedContext scope(*driver_, ordinal_);
   driver_->api().cuMemFree(ptr_);
 }
 
@@ -314,7 +383,8 @@ Result<std::unique_ptr<ImportedAllocation>> Driver::OpenIpc(int ordinal, const I
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
-  ScopedContext scope(*api_, Ctx(*this, ordinal));
+  ScopedContext scope(*this, ordinal);
+  RETURN_IF_ERROR(scope.status());
   CUipcMemHandle h;
   std::memcpy(&h, handle.data(), sizeof h);
   CUdeviceptr p = 0;
@@ -332,7 +402,8 @@ Result<std::unique_ptr<PinnedRegistration>> Driver::RegisterHost(void* base, uin
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
-  ScopedContext scope(*api_, Ctx(*this, ordinal));
+  ScopedContext scope(*this, ordinal);
+  RETURN_IF_ERROR(scope.status());
   ML_CU_RETURN(cuMemHostRegister(base, bytes, CU_MEMHOSTREGISTER_PORTABLE));
   std::unique_ptr<PinnedRegistration> r(new PinnedRegistration());
   r->driver_ = this;
@@ -343,7 +414,7 @@ Result<std::unique_ptr<PinnedRegistration>> Driver::RegisterHost(void* base, uin
 
 PinnedRegistration::~PinnedRegistration() {
   if (!driver_ || !base_) return;
-  ScopedContext scope(driver_->api(), Ctx(*driver_, ordinal_));
+  ScopedContext scope(*driver_, ordinal_);
   driver_->api().cuMemHostUnregister(base_);
 }
 
@@ -351,7 +422,8 @@ Result<std::unique_ptr<Stream>> Driver::CreateStream(int ordinal, uint32_t event
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
-  ScopedContext scope(*api_, Ctx(*this, ordinal));
+  ScopedContext scope(*this, ordinal);
+  RETURN_IF_ERROR(scope.status());
   std::unique_ptr<Stream> s(new Stream());
   s->driver_ = this;
   s->ordinal_ = ordinal;
@@ -368,23 +440,32 @@ Result<std::unique_ptr<Stream>> Driver::CreateStream(int ordinal, uint32_t event
   return s;
 }
 
+Status Stream::Synchronize() {
+  ScopedContext scope(*driver_, ordinal_);
+  RETURN_IF_ERROR(scope.status());
+  return driver_->Check(driver_->api().cuStreamSynchronize(static_cast<CUstream>(stream_)), "cuStreamSynchronize");
+}
+
 Stream::~Stream() {
   if (!driver_) return;
   const auto& api = driver_->api();
-  ScopedContext scope(api, Ctx(*driver_, ordinal_));
+  ScopedContext scope(*driver_, ordinal_);
+  if (stream_) api.cuStreamSynchronize(static_cast<CUstream>(stream_));
   for (void* e : events_) api.cuEventDestroy(static_cast<CUevent>(e));
   if (stream_) api.cuStreamDestroy(static_cast<CUstream>(stream_));
 }
 
 Status Stream::CopyToDevice(DevicePtr dst, const void* src, uint64_t bytes) {
   const auto& api = driver_->api();
-  ScopedContext scope(api, Ctx(*driver_, ordinal_));
+  ScopedContext scope(*driver_, ordinal_);
+  RETURN_IF_ERROR(scope.status());
   return driver_->Check(api.cuMemcpyHtoDAsync(dst, src, bytes, static_cast<CUstream>(stream_)), "cuMemcpyHtoDAsync");
 }
 
 Status Stream::CopyFromPeer(DevicePtr dst, DevicePtr src, int src_ordinal, uint64_t bytes) {
   const auto& api = driver_->api();
-  ScopedContext scope(api, Ctx(*driver_, ordinal_));
+  ScopedContext scope(*driver_, ordinal_);
+  RETURN_IF_ERROR(scope.status());
   return driver_->Check(api.cuMemcpyPeerAsync(dst, Ctx(*driver_, ordinal_), src,
                                               Ctx(*driver_, src_ordinal), bytes,
                                               static_cast<CUstream>(stream_)),
@@ -394,13 +475,16 @@ Status Stream::CopyFromPeer(DevicePtr dst, DevicePtr src, int src_ordinal, uint6
 Status Stream::Record(uint32_t index) {
   if (index >= events_.size()) return InvalidArgument("no event " + std::to_string(index));
   const auto& api = driver_->api();
-  ScopedContext scope(api, Ctx(*driver_, ordinal_));
+  ScopedContext scope(*driver_, ordinal_);
+  RETURN_IF_ERROR(scope.status());
   return driver_->Check(api.cuEventRecord(static_cast<CUevent>(events_[index]), static_cast<CUstream>(stream_)),
                         "cuEventRecord");
 }
 
 Status Stream::Wait(uint32_t index) {
   if (index >= events_.size()) return InvalidArgument("no event " + std::to_string(index));
+  ScopedContext scope(*driver_, ordinal_);
+  RETURN_IF_ERROR(scope.status());
   return driver_->Check(driver_->api().cuEventSynchronize(static_cast<CUevent>(events_[index])),
                         "cuEventSynchronize");
 }
@@ -409,8 +493,14 @@ Result<std::unique_ptr<Fence>> Driver::RecordFence(int ordinal, uintptr_t stream
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
-  ScopedContext scope(*api_, Ctx(*this, ordinal));
-  CUstream s = stream == 1 ? CU_STREAM_LEGACY : stream == 2 ? CU_STREAM_PER_THREAD : reinterpret_cast<CUstream>(stream);
+  ScopedContext scope(*this, ordinal);
+  RETURN_IF_ERROR(scope.status());
+  // 1 and 2 (DLPack's legacy and per-thread default streams) are fenced on
+  // the legacy stream, which waits for every blocking stream, per-thread
+  // default streams included: a per-thread stream here would be this
+  // thread's, not the trainer's.
+  CUstream s = stream == 1 || stream == 2 ? CU_STREAM_LEGACY : reinterpret_cast<CUstream>(stream);
+  RelaxedCapture relaxed(*api_);
   std::unique_ptr<Fence> f(new Fence());
   f->driver_ = this;
   f->ordinal_ = ordinal;
@@ -427,12 +517,15 @@ Status Driver::WaitForStream(int ordinal, uintptr_t stream) const {
 }
 
 Status Fence::Wait() {
+  ScopedContext scope(*driver_, ordinal_);
+  RETURN_IF_ERROR(scope.status());
+  RelaxedCapture relaxed(driver_->api());
   return driver_->Check(driver_->api().cuEventSynchronize(static_cast<CUevent>(event_)), "cuEventSynchronize");
 }
 
 Fence::~Fence() {
   if (driver_ && event_) {
-    ScopedContext scope(driver_->api(), Ctx(*driver_, ordinal_));
+    ScopedContext scope(*driver_, ordinal_);
     driver_->api().cuEventDestroy(static_cast<CUevent>(event_));
   }
 }
@@ -441,7 +534,8 @@ Status Driver::CopyToHost(void* dst, DevicePtr src, uint64_t bytes, int ordinal)
   if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
     return InvalidArgument("no CUDA device " + std::to_string(ordinal));
   }
-  ScopedContext scope(*api_, Ctx(*this, ordinal));
+  ScopedContext scope(*this, ordinal);
+  RETURN_IF_ERROR(scope.status());
   return ML_CU(cuMemcpyDtoH(dst, src, bytes));
 }
 
@@ -462,6 +556,10 @@ Result<std::unique_ptr<ImportedAllocation>> Driver::OpenIpc(int, const IpcHandle
   return Check(1, "cuIpcOpenMemHandle");
 }
 void* Driver::Context(int) const { return nullptr; }
+Status Driver::ContextError(int) const { return Check(1, "cuDevicePrimaryCtxRetain"); }
+bool Driver::CanAccessPeer(int, int) const { return false; }
+Status Driver::SynchronizeDevice(int) const { return Check(1, "cuCtxSynchronize"); }
+Status Stream::Synchronize() { return Status(StatusCode::kUnavailable, "no CUDA in this build"); }
 Result<std::unique_ptr<PinnedRegistration>> Driver::RegisterHost(void*, uint64_t, int) const {
   return Check(1, "cuMemHostRegister");
 }

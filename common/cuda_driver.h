@@ -156,6 +156,8 @@ class Stream {
   Status Record(uint32_t index);
   /// Blocks until event `index` has completed: the fence before READY.
   Status Wait(uint32_t index);
+  /// Blocks until everything queued on the stream is done.
+  Status Synchronize();
 
  private:
   friend class Driver;
@@ -234,8 +236,14 @@ class Driver {
 
   struct Api;
   const Api& api() const { return *api_; }
-  /// A device's primary context (a CUcontext), retained on first use.
+  /// A device's primary context (a CUcontext), retained on first use; null
+  /// when it cannot be had (ContextError() says why).
   void* Context(int ordinal) const;
+  Status ContextError(int ordinal) const;
+  /// Whether `ordinal` can read `peer`'s memory directly (cuDeviceCanAccessPeer).
+  bool CanAccessPeer(int ordinal, int peer) const;
+  /// Waits until everything queued on the device's primary context is done.
+  Status SynchronizeDevice(int ordinal) const;
 
  private:
   Driver() = default;
@@ -253,6 +261,7 @@ class Driver {
   std::vector<DeviceInfo> devices_;
   mutable std::mutex contexts_mu_;
   mutable std::vector<void*> contexts_;  // primary context per ordinal, retained on first use, for the process's life
+  mutable std::vector<int> retain_errors_;  // the CUresult when retaining failed
   std::unique_ptr<Api> api_;
 };
 

@@ -69,17 +69,21 @@ Result<std::unique_ptr<DeviceSlotMemory>> DeviceSlotMemory::Create(const cuda::D
     ASSIGN_OR_RETURN(auto stream, driver.CreateStream(o, slots));
     m->streams_.push_back(std::move(stream));
   }
-  // Replicas copy from their shard's first device: give them access to its
-  // slots where the GPUs can reach each other (the peer path); elsewhere
-  // the driver stages the copy through the host.
-  if (share == DeviceShare::kCudaVmm) {
-    for (size_t i = 0; i < m->ordinals_.size(); ++i) {
-      const int p = m->primary_[i];
-      if (p == static_cast<int>(i) || m->ordinals_[p] == m->ordinals_[i]) continue;
-      for (uint32_t s = 0; s < slots; ++s) {
-        Status st = m->vmm_[static_cast<size_t>(p) * slots + s]->GrantAccess(m->ordinals_[i]);
-        m->peer_access_ = m->peer_access_ && st.ok();
-      }
+  // Replicas copy from their shard's first device, over the peer path:
+  // their GPU gets access to its source's slots. Where the GPUs cannot reach
+  // each other, the replica is copied from the host slot instead (the
+  // source's bytes, also page-locked).
+  m->via_host_.assign(m->ordinals_.size(), false);
+  for (size_t i = 0; i < m->ordinals_.size(); ++i) {
+    const int p = m->primary_[i];
+    if (p == static_cast<int>(i)) continue;
+    bool peer = driver.CanAccessPeer(m->ordinals_[i], m->ordinals_[p]);
+    for (uint32_t s = 0; peer && s < slots && share == DeviceShare::kCudaVmm; ++s) {
+      peer = m->vmm_[static_cast<size_t>(p) * slots + s]->GrantAccess(m->ordinals_[i]).ok();
+    }
+    if (!peer) {
+      m->via_host_[i] = true;
+      m->peer_access_ = false;
     }
   }
   if (host_base != nullptr && host_bytes > 0) {
@@ -91,6 +95,12 @@ Result<std::unique_ptr<DeviceSlotMemory>> DeviceSlotMemory::Create(const cuda::D
     }
   }
   return m;
+}
+
+DeviceSlotMemory::~DeviceSlotMemory() {
+  // Copies may still be in flight (a stop during staging): wait for them
+  // before the host pool is unregistered and the slots are freed.
+  for (auto& s : streams_) (void)s->Synchronize();
 }
 
 std::vector<int> DeviceSlotMemory::fds() const {
@@ -114,28 +124,40 @@ Status DeviceSlotMemory::Stage(uint32_t slot, const uint8_t* host_slot) {
   if (slot >= slots_) return InvalidArgument("no slot " + std::to_string(slot));
   // First every shard's first device, from the host; then local replicas,
   // device to device, once their source is there.
-  bool replicas = false;
+  Status st = CopyAndFence(slot, host_slot);
+  if (!st.ok()) {
+    // Nothing may be left in flight into a slot that is handed out again.
+    for (auto& s : streams_) (void)s->Synchronize();
+  }
+  return st;
+}
+
+Status DeviceSlotMemory::CopyAndFence(uint32_t slot, const uint8_t* host_slot) {
+  bool peer_replicas = false;
   for (size_t i = 0; i < ordinals_.size(); ++i) {
-    if (primary_[i] != static_cast<int>(i)) {
-      replicas = true;
+    const int p = primary_[i];
+    if (p != static_cast<int>(i) && !via_host_[i]) {
+      peer_replicas = true;
       continue;
     }
-    const auto& t = layout_.devices[i];
-    RETURN_IF_ERROR(streams_[i]->CopyToDevice(ptr(i, slot), host_slot + t.offset, t.nbytes));
+    // A shard's first device, or a replica that cannot reach it: from the
+    // host slot (the first device's bytes; replicas are not assembled there).
+    const auto& src = layout_.devices[static_cast<size_t>(p)];
+    RETURN_IF_ERROR(streams_[i]->CopyToDevice(ptr(i, slot), host_slot + src.offset, layout_.devices[i].nbytes));
     RETURN_IF_ERROR(streams_[i]->Record(slot));
   }
   for (size_t i = 0; i < ordinals_.size(); ++i) {
-    if (primary_[i] == static_cast<int>(i)) RETURN_IF_ERROR(streams_[i]->Wait(slot));
+    if (primary_[i] == static_cast<int>(i) || via_host_[i]) RETURN_IF_ERROR(streams_[i]->Wait(slot));
   }
-  if (!replicas) return Status::Ok();
+  if (!peer_replicas) return Status::Ok();
   for (size_t i = 0; i < ordinals_.size(); ++i) {
     const int p = primary_[i];
-    if (p == static_cast<int>(i)) continue;
+    if (p == static_cast<int>(i) || via_host_[i]) continue;
     RETURN_IF_ERROR(streams_[i]->CopyFromPeer(ptr(i, slot), ptr(p, slot), ordinals_[p], layout_.devices[i].nbytes));
     RETURN_IF_ERROR(streams_[i]->Record(slot));
   }
   for (size_t i = 0; i < ordinals_.size(); ++i) {
-    if (primary_[i] != static_cast<int>(i)) RETURN_IF_ERROR(streams_[i]->Wait(slot));
+    if (primary_[i] != static_cast<int>(i) && !via_host_[i]) RETURN_IF_ERROR(streams_[i]->Wait(slot));
   }
   return Status::Ok();
 }

@@ -7,7 +7,8 @@
 /// memory); Stage() then copies each device's tensor to that device on the
 /// device's stream (cuMemcpyHtoDAsync), gives local replicas a
 /// device-to-device copy from the first device holding their shard
-/// (cuMemcpyPeerAsync) instead of a second host copy, records the slot's
+/// (cuMemcpyPeerAsync, where the GPUs can reach each other; from the host
+/// slot where they cannot) instead of assembling them on the host, records the slot's
 /// event and waits for it: when Stage() returns, the bytes are on the
 /// devices, so READY can go out and the trainer's stream needs to wait on
 /// nothing.
@@ -52,6 +53,10 @@ class DeviceSlotMemory {
                                                           std::vector<int64_t> shard_of, uint32_t slots,
                                                           void* host_base, uint64_t host_bytes);
 
+  ~DeviceSlotMemory();
+  DeviceSlotMemory(const DeviceSlotMemory&) = delete;
+  DeviceSlotMemory& operator=(const DeviceSlotMemory&) = delete;
+
   DeviceShare share() const { return share_; }
   uint32_t slots() const { return slots_; }
   /// Bytes of each (device, slot) allocation (a multiple of the granularity
@@ -84,11 +89,13 @@ class DeviceSlotMemory {
 
  private:
   DeviceSlotMemory() = default;
+  Status CopyAndFence(uint32_t slot, const uint8_t* host_slot);
   const cuda::Driver* driver_ = nullptr;
   DeviceShare share_ = DeviceShare::kCudaVmm;
   BatchLayout layout_;
   std::vector<int> ordinals_;
   std::vector<int> primary_;  // per device: the first device with its shard (itself if none before)
+  std::vector<bool> via_host_;  // per device: a replica whose GPU cannot reach its source's (copied from the host)
   std::vector<std::string> uuids_;
   uint32_t slots_ = 0;
   uint64_t alloc_bytes_ = 0;

@@ -291,6 +291,33 @@ TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
   server.join();
 }
 
+TEST(DeviceStaging, ReplicasOnGpusThatCannotReachEachOtherAreCopiedFromTheHostSlot) {
+  REQUIRE_STAND_IN();
+  REQUIRE_TWO_GPUS();
+  ::setenv("MESHLOAD_FAKE_CUDA_NO_PEER", "1", 1);  // cuDeviceCanAccessPeer says no
+  GpuJob job(/*replicas=*/true);
+  SidecarOptions o;
+  o.job_path = job.job_path_;
+  o.process = 1;
+  o.socket_path = job.socket_;
+  o.staging = "cuda";
+  auto s = Sidecar::Create(o);
+  ::unsetenv("MESHLOAD_FAKE_CUDA_NO_PEER");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::thread server([&] { (*s)->Run(); });
+  {
+    auto c = job.Connect();
+    ASSERT_TRUE(c);
+    for (int64_t step = 0; step < 8; ++step) {
+      auto b = c->Next(milliseconds(10000));
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      job.ExpectOnGpuAndPlanned(*b, *driver);
+    }
+  }
+  (*s)->RequestStop();
+  server.join();
+}
+
 TEST(DeviceStaging, ATrainerThatDiesHoldingGpuSlotsHasThemReclaimedAndReconnectsToTheSameBytes) {
   REQUIRE_TWO_GPUS();
   GpuJob job;

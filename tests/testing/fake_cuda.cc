@@ -33,6 +33,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -406,6 +407,25 @@ CUresult cuEventRecord(CUevent e, CUstream) {
 }
 
 CUresult cuEventSynchronize(CUevent) { return CUDA_SUCCESS; }
+
+CUresult cuStreamSynchronize(CUstream) { return HaveContext() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+
+CUresult cuCtxSynchronize() { return HaveContext() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+
+CUresult cuDeviceCanAccessPeer(int* can, CUdevice d, CUdevice peer) {
+  const int n = static_cast<int>(S().devices.size());
+  if (d < 0 || d >= n || peer < 0 || peer >= n) return CUDA_ERROR_INVALID_DEVICE;
+  // MESHLOAD_FAKE_CUDA_NO_PEER=1: GPUs that cannot reach each other.
+  const char* no_peer = std::getenv("MESHLOAD_FAKE_CUDA_NO_PEER");
+  *can = d != peer && !(no_peer && *no_peer == '1');
+  return CUDA_SUCCESS;
+}
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  thread_local CUstreamCaptureMode current = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  std::swap(current, *mode);
+  return CUDA_SUCCESS;
+}
 
 CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream) {
   if (!HaveContext()) return CUDA_ERROR_INVALID_CONTEXT;
