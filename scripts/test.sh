@@ -4,7 +4,8 @@
 #   1. release build, warnings as errors: every test (ctest)
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build: every test
 #   3. clang libFuzzer build: each fuzz target for MESHLOAD_FUZZ_SECONDS (default 60)
-#   4. ThreadSanitizer build of the concurrent parts: the sidecar, sources, metrics
+#   4. ThreadSanitizer build of the concurrent parts: the sidecar, sources, metrics,
+#      GPU staging (against the stand-in driver)
 # Exits non-zero on the first failing configuration. `.ci/run` runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,15 +34,16 @@ CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo 
 cmake --build build-fuzz -j "$JOBS" --target npy_header_fuzz protocol_fuzz
 (cd build-fuzz && ctest --output-on-failure -R '^fuzz\.')
 
-step "ThreadSanitizer build (sidecar, sources, metrics)"
+step "ThreadSanitizer build (sidecar, sources, metrics, GPU staging)"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHLOAD_TSAN=ON \
   -DMESHLOAD_BUILD_BENCHMARKS=OFF
-cmake --build build-tsan -j "$JOBS" --target sidecar_test source_test metrics_test meshload-sidecar
+cmake --build build-tsan -j "$JOBS" --target sidecar_test source_test metrics_test meshload-sidecar \
+  device_staging_test meshload_fake_cuda
 # Left out: a test that counts the process's threads (TSan adds one) and one
 # whose 150 ms timeout is too tight under TSan's slowdown.
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" \
   ctest --output-on-failure -j "$JOBS" \
-    -R '^(Sidecar|SidecarProcess|StepLoader|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|SourceRegistry|Metrics|HealthServer)' \
+    -R '^(Sidecar|SidecarProcess|StepLoader|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|SourceRegistry|Metrics|HealthServer|DeviceStaging)' \
     -E 'StopJoinsEveryThreadTheServerStarted|SlowResponseIsRetriedAsTimeout')
 
 step "all configurations passed"
