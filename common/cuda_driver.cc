@@ -511,11 +511,6 @@ Result<std::unique_ptr<Fence>> Driver::RecordFence(int ordinal, uintptr_t stream
   return f;
 }
 
-Status Driver::WaitForStream(int ordinal, uintptr_t stream) const {
-  ASSIGN_OR_RETURN(auto fence, RecordFence(ordinal, stream));
-  return fence->Wait();
-}
-
 Status Fence::Wait() {
   ScopedContext scope(*driver_, ordinal_);
   RETURN_IF_ERROR(scope.status());
@@ -565,7 +560,6 @@ Result<std::unique_ptr<PinnedRegistration>> Driver::RegisterHost(void*, uint64_t
 }
 Result<std::unique_ptr<Stream>> Driver::CreateStream(int, uint32_t) const { return Check(1, "cuStreamCreate"); }
 Status Driver::CopyToHost(void*, DevicePtr, uint64_t, int) const { return Check(1, "cuMemcpyDtoH"); }
-Status Driver::WaitForStream(int, uintptr_t) const { return Check(1, "cuEventRecord"); }
 Result<std::unique_ptr<Fence>> Driver::RecordFence(int, uintptr_t) const { return Check(1, "cuEventRecord"); }
 Fence::~Fence() = default;
 Status Fence::Wait() { return Status(StatusCode::kUnavailable, "no CUDA in this build"); }

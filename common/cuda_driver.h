@@ -220,12 +220,10 @@ class Driver {
   Result<std::unique_ptr<PinnedRegistration>> RegisterHost(void* base, uint64_t bytes, int ordinal) const;
   Result<std::unique_ptr<Stream>> CreateStream(int ordinal, uint32_t events) const;
 
-  /// Waits until the work queued so far on a stream of `ordinal`'s primary
-  /// context is done (an event recorded on it, then synchronized). `stream`
-  /// is a CUstream, or 1 / 2 for the legacy / per-thread default stream, as
-  /// DLPack's __dlpack__(stream=...) numbers them.
-  Status WaitForStream(int ordinal, uintptr_t stream) const;
-  /// Records an event on such a stream without waiting for it.
+  /// Records an event on a stream of `ordinal`'s primary context, without
+  /// waiting: Wait() on it blocks until the work queued so far is done.
+  /// `stream` is a CUstream, or 1 / 2 for the legacy / per-thread default
+  /// stream, as DLPack's __dlpack__(stream=...) numbers them.
   Result<std::unique_ptr<Fence>> RecordFence(int ordinal, uintptr_t stream) const;
 
   /// Synchronous device-to-host copy (for checks, not the data path).

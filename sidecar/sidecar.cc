@@ -414,10 +414,7 @@ Status Sidecar::Init() {
   LogInfo("sidecar started", {{"job", job_name_},
                               {"process", options_.process},
                               {"strategy", std::string(ToString(loading_.strategy))},
-                              {"staging", std::string(device_ ? (device_->share() == staging::DeviceShare::kCudaVmm
-                                                                     ? "cuda"
-                                                                     : "cuda-ipc")
-                                                               : "host")},
+                              {"staging", staging_mode_},
                               {"staging_reason", staging_reason_},
                               {"slots", static_cast<uint64_t>(slots)},
                               {"slot_bytes", memory_->slot_bytes()},
@@ -434,10 +431,10 @@ Status Sidecar::InitDeviceStaging() {
   if (want != "auto" && want != "host" && want != "cuda" && want != "cuda-ipc") {
     return InvalidArgument("staging must be auto, host, cuda or cuda-ipc, got \"" + want + "\"", "--staging");
   }
-  const char* mode = "host";
+  staging_mode_ = "host";
   auto set_mode = [&] {
     for (const char* m : {"host", "cuda", "cuda-ipc"}) {
-      metrics_->staging_mode.Add({{"mode", m}}).Set(std::string(m) == mode ? 1 : 0);
+      metrics_->staging_mode.Add({{"mode", m}}).Set(staging_mode_ == m ? 1 : 0);
     }
   };
   set_mode();
@@ -496,7 +493,7 @@ Status Sidecar::InitDeviceStaging() {
   if (!device.ok()) return host_because("device staging could not be set up: " + device.status().ToString());
   device_ = std::move(*device);
   metrics_->device_memory.Set(static_cast<double>(device_->total_bytes()));
-  mode = share == staging::DeviceShare::kCudaVmm ? "cuda" : "cuda-ipc";
+  staging_mode_ = share == staging::DeviceShare::kCudaVmm ? "cuda" : "cuda-ipc";
   set_mode();
   std::string used;
   for (const auto& u : device_->uuids()) used += (used.empty() ? "" : ",") + u;
@@ -568,15 +565,8 @@ void Sidecar::ProducerMain(int index) {
       continue;
     }
     if (!st.ok()) {
-      pool_->AbandonFill(slot);
-      metrics_->Error(std::string("load_") + std::string(StatusCodeName(st.code())));
-      LogError("cannot stage a batch", {{"step", step}, {"error", st.ToString()}});
-      {
-        std::lock_guard lock(producer_mu_);
-        if (fatal_.ok()) fatal_ = st;
-      }
-      failed_ = true;
-      Notify();
+      StagingFailed(slot, step, std::string("load_") + std::string(StatusCodeName(st.code())),
+                    "cannot stage a batch", st);
       return;
     }
     if (device_) {
@@ -585,15 +575,7 @@ void Sidecar::ProducerMain(int index) {
       Status ds = device_->Stage(slot, memory_->slot(slot));
       metrics_->device_copy.Observe(std::chrono::duration<double>(Clock::now() - c0).count());
       if (!ds.ok()) {
-        pool_->AbandonFill(slot);
-        metrics_->Error("device_copy");
-        LogError("cannot copy a batch to the GPU", {{"step", step}, {"error", ds.ToString()}});
-        {
-          std::lock_guard lock(producer_mu_);
-          if (fatal_.ok()) fatal_ = ds;
-        }
-        failed_ = true;
-        Notify();
+        StagingFailed(slot, step, "device_copy", "cannot copy a batch to the GPU", ds);
         return;
       }
     }
@@ -611,6 +593,19 @@ void Sidecar::ProducerMain(int index) {
       DeliverReady();
     }
   }
+}
+
+void Sidecar::StagingFailed(uint32_t slot, int64_t step, const std::string& kind, const char* what,
+                            const Status& st) {
+  pool_->AbandonFill(slot);
+  metrics_->Error(kind);
+  LogError(what, {{"step", step}, {"error", st.ToString()}});
+  {
+    std::lock_guard lock(producer_mu_);
+    if (fatal_.ok()) fatal_ = st;
+  }
+  failed_ = true;
+  Notify();
 }
 
 void Sidecar::DeliverReady() {

@@ -116,6 +116,9 @@ class Sidecar {
   // Sets up GPU staging as options_.staging asks (device_, staging_reason_).
   Status InitDeviceStaging();
   void ProducerMain(int index);
+  // A step could not be staged: staging stops for good (counted as `kind`,
+  // logged as `what`); the server tells trainers and /healthz fails.
+  void StagingFailed(uint32_t slot, int64_t step, const std::string& kind, const char* what, const Status& st);
   void RestartAt(int64_t step);
   bool PipelineStartsAt(int64_t step);
   void Notify();
@@ -162,6 +165,7 @@ class Sidecar {
   std::unique_ptr<metrics::HealthServer> health_;
   int metrics_port_ = -1;
   std::string job_name_;
+  std::string staging_mode_ = "host";  // host, cuda or cuda-ipc
   std::string staging_reason_;  // why this staging mode (logged at start)
 
   UniqueFd listen_fd_;

@@ -103,7 +103,7 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
   ::sigaction(SIGINT, &sa, nullptr);
   LatencyHistogram waits;
   std::vector<uint8_t> on_host;       // GPU tensors copied back for --verify bytes
-  uint64_t gpu_batches_checked = 0;
+  uint64_t gpu_tensors_checked = 0;
   uint64_t done = 0, samples = 0, bytes = 0, mismatches = 0;
   double first_batch = -1;
   auto last_report = Clock::now();
@@ -142,7 +142,7 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
             return fail(st.ToString());
           }
           data = on_host.data();
-          gpu_batches_checked++;
+          gpu_tensors_checked++;
         }
         for (size_t k = 0; k < ids.size(); ++k) {
           const int64_t at = synthetic::FirstMismatch(planner->job().dataset, ids[k], data + k * sb);
@@ -182,7 +182,7 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
                      {"staging", (*client)->hello().memory == ipc::MemoryKind::kHostMemfd ? "host"
                                  : (*client)->hello().memory == ipc::MemoryKind::kCudaVmmFd ? "cuda"
                                                                                              : "cuda-ipc"},
-                     {"gpu_batches_checked", gpu_batches_checked},
+                     {"gpu_tensors_checked", gpu_tensors_checked},
                      {"wait_hist", waits.counts()},
                      {"error", ""}});
   std::cout << final_line.dump() << std::endl;

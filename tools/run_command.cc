@@ -533,7 +533,7 @@ int RunRun(const std::vector<std::string>& args) {
     mismatches += j.value("mismatches", uint64_t{0});
     reconnects += j.value("reconnects", uint64_t{0});
     staging_modes.insert(j.value("staging", std::string("host")));
-    gpu_checked += j.value("gpu_batches_checked", uint64_t{0});
+    gpu_checked += j.value("gpu_tensors_checked", uint64_t{0});
     first_batch = std::max(first_batch, j.value("first_batch_at", 0.0) - start_mono);
     finish = std::max(finish, j.value("finished_at", 0.0) - start_mono);
     if (j.contains("wait_hist")) waits.Merge(j["wait_hist"].get<std::vector<uint64_t>>());
