@@ -38,7 +38,7 @@ step "ThreadSanitizer build (sidecar, sources, metrics, GPU staging)"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHLOAD_TSAN=ON \
   -DMESHLOAD_BUILD_BENCHMARKS=OFF
 cmake --build build-tsan -j "$JOBS" --target sidecar_test source_test metrics_test meshload-sidecar \
-  device_staging_test meshload_fake_cuda
+  gpu_staging_tests
 # Left out: a test that counts the process's threads (TSan adds one) and one
 # whose 150 ms timeout is too tight under TSan's slowdown.
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" \
