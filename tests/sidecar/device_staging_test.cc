@@ -104,6 +104,30 @@ std::string JobYaml(const std::string& uri, bool replicas) {
          "  shuffle: {mode: Global, seed: 11}\n";
 }
 
+// An in-process sidecar serving until destroyed.
+class RunningSidecar {
+ public:
+  explicit RunningSidecar(std::unique_ptr<Sidecar> s) : s_(std::move(s)), thread_([this] { s_->Run(); }) {}
+  ~RunningSidecar() {
+    s_->RequestStop();
+    thread_.join();
+  }
+  std::string Metrics() {
+    httplib::Client http("127.0.0.1", s_->metrics_port());
+    auto r = http.Get("/metrics");
+    return r ? r->body : "";
+  }
+  double Metric(const std::string& series) {
+    const std::string body = Metrics();
+    const size_t at = body.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::stod(body.substr(at + series.size() + 2));
+  }
+
+ private:
+  std::unique_ptr<Sidecar> s_;
+  std::thread thread_;
+};
+
 class GpuJob {
  public:
   explicit GpuJob(bool replicas = false) {
@@ -139,6 +163,22 @@ class GpuJob {
             << "step " << b.step << " device " << i << " sample " << ids[k];
       }
     }
+  }
+
+  // Process 1 of the job, staging on the GPUs, metrics on a free port.
+  SidecarOptions Options() const {
+    SidecarOptions o;
+    o.job_path = job_path_;
+    o.process = 1;
+    o.socket_path = socket_;
+    o.metrics_port = 0;
+    o.metrics_address = "127.0.0.1";
+    o.staging = "cuda";
+    return o;
+  }
+  Result<std::unique_ptr<RunningSidecar>> Start(const SidecarOptions& o) {
+    ASSIGN_OR_RETURN(auto s, Sidecar::Create(o));
+    return std::make_unique<RunningSidecar>(std::move(s));
   }
 
   std::unique_ptr<client::Client> Connect(int attempts = 3) {
@@ -222,16 +262,8 @@ TEST(DeviceStaging, VmmAllocationsRoundTripThroughAnExportedDescriptor) {
 TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
   REQUIRE_TWO_GPUS();
   GpuJob job;
-  SidecarOptions o;
-  o.job_path = job.job_path_;
-  o.process = 1;
-  o.socket_path = job.socket_;
-  o.metrics_port = 0;
-  o.metrics_address = "127.0.0.1";
-  o.staging = "cuda";
-  auto s = Sidecar::Create(o);
+  auto s = job.Start(job.Options());
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  std::thread server([&] { (*s)->Run(); });
   const int64_t imports_before = FakeImports();
   {
     auto c = job.Connect();
@@ -250,31 +282,20 @@ TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
       EXPECT_EQ(FakeImports() - imports_before, 6);
     }
   }
-  httplib::Client http("127.0.0.1", (*s)->metrics_port());
-  auto m = http.Get("/metrics");
-  ASSERT_TRUE(m);
-  EXPECT_NE(m->body.find("meshload_staging_mode{mode=\"cuda\"} 1"), std::string::npos) << m->body;
-  EXPECT_NE(m->body.find("meshload_staging_mode{mode=\"host\"} 0"), std::string::npos);
+  const std::string m = (*s)->Metrics();
+  EXPECT_NE(m.find("meshload_staging_mode{mode=\"cuda\"} 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("meshload_staging_mode{mode=\"host\"} 0"), std::string::npos);
   // 2 GPUs x 3 slots, each rounded up to the granularity; a copy timed per step.
   const uint64_t granularity = *driver->Granularity(0);
-  EXPECT_NE(m->body.find("meshload_device_memory_bytes " + std::to_string(6 * granularity)), std::string::npos)
-      << m->body;
-  EXPECT_EQ(m->body.find("meshload_device_copy_seconds_count 0"), std::string::npos) << m->body;
-  (*s)->RequestStop();
-  server.join();
+  EXPECT_NE(m.find("meshload_device_memory_bytes " + std::to_string(6 * granularity)), std::string::npos) << m;
+  EXPECT_EQ(m.find("meshload_device_copy_seconds_count 0"), std::string::npos) << m;
 }
 
 TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
   REQUIRE_TWO_GPUS();
   GpuJob job(/*replicas=*/true);
-  SidecarOptions o;
-  o.job_path = job.job_path_;
-  o.process = 1;
-  o.socket_path = job.socket_;
-  o.staging = "cuda";
-  auto s = Sidecar::Create(o);
+  auto s = job.Start(job.Options());
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  std::thread server([&] { (*s)->Run(); });
   {
     auto c = job.Connect();
     ASSERT_TRUE(c);
@@ -287,8 +308,6 @@ TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
       job.ExpectOnGpuAndPlanned(*b, *driver);
     }
   }
-  (*s)->RequestStop();
-  server.join();
 }
 
 TEST(DeviceStaging, ReplicasOnGpusThatCannotReachEachOtherAreCopiedFromTheHostSlot) {
@@ -296,15 +315,9 @@ TEST(DeviceStaging, ReplicasOnGpusThatCannotReachEachOtherAreCopiedFromTheHostSl
   REQUIRE_TWO_GPUS();
   ::setenv("MESHLOAD_FAKE_CUDA_NO_PEER", "1", 1);  // cuDeviceCanAccessPeer says no
   GpuJob job(/*replicas=*/true);
-  SidecarOptions o;
-  o.job_path = job.job_path_;
-  o.process = 1;
-  o.socket_path = job.socket_;
-  o.staging = "cuda";
-  auto s = Sidecar::Create(o);
+  auto s = job.Start(job.Options());
   ::unsetenv("MESHLOAD_FAKE_CUDA_NO_PEER");
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  std::thread server([&] { (*s)->Run(); });
   {
     auto c = job.Connect();
     ASSERT_TRUE(c);
@@ -314,29 +327,14 @@ TEST(DeviceStaging, ReplicasOnGpusThatCannotReachEachOtherAreCopiedFromTheHostSl
       job.ExpectOnGpuAndPlanned(*b, *driver);
     }
   }
-  (*s)->RequestStop();
-  server.join();
 }
 
 TEST(DeviceStaging, ATrainerThatDiesHoldingGpuSlotsHasThemReclaimedAndReconnectsToTheSameBytes) {
   REQUIRE_TWO_GPUS();
   GpuJob job;
-  SidecarOptions o;
-  o.job_path = job.job_path_;
-  o.process = 1;
-  o.socket_path = job.socket_;
-  o.metrics_port = 0;
-  o.metrics_address = "127.0.0.1";
-  o.staging = "cuda";
-  auto s = Sidecar::Create(o);
+  auto s = job.Start(job.Options());
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  std::thread server([&] { (*s)->Run(); });
-  httplib::Client http("127.0.0.1", (*s)->metrics_port());
-  auto metric = [&](const std::string& series) {
-    auto r = http.Get("/metrics");
-    const size_t at = r ? r->body.find("\n" + series + " ") : std::string::npos;
-    return at == std::string::npos ? -1.0 : std::stod(r->body.substr(at + series.size() + 2));
-  };
+  auto metric = [&](const std::string& series) { return (*s)->Metric(series); };
   std::vector<std::vector<uint8_t>> first;  // steps 0..2 as read back from the GPUs
   {
     auto c = job.Connect();
@@ -376,18 +374,12 @@ TEST(DeviceStaging, ATrainerThatDiesHoldingGpuSlotsHasThemReclaimedAndReconnects
     }
   }
   c2->reset();
-  (*s)->RequestStop();
-  server.join();
 }
 
 TEST(DeviceStaging, DeviceStagingNeedsADeviceForEveryLocalDevice) {
   REQUIRE_DRIVER();
   GpuJob job;
-  SidecarOptions o;
-  o.job_path = job.job_path_;
-  o.process = 1;
-  o.socket_path = job.socket_;
-  o.staging = "cuda";
+  SidecarOptions o = job.Options();
   o.cuda_devices = {0, 99};
   auto s = Sidecar::Create(o);
   ASSERT_FALSE(s.ok());
