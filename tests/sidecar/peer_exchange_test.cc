@@ -137,6 +137,8 @@ TEST(PeerExchange, PlansThatDisagreeAreAClearErrorNotWrongBytes) {
   EXPECT_EQ(w.code(), StatusCode::kDataLoss);
   EXPECT_NE(w.message().find("do not run the same plan"), std::string::npos) << w.message();
   (*receiver)->Abandon(rt);
+  // The sender's part may still be on its way out: `src` must outlive it.
+  (*sender)->Abandon(st);
   EXPECT_EQ(dst, std::vector<uint8_t>(64, 0)) << "nothing written into the slot";
 }
 
