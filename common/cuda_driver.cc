@@ -23,6 +23,13 @@ std::string FormatGpuUuid(const unsigned char b[16]) {
 
 Driver::~Driver() = default;
 
+Status Driver::CheckOrdinal(int ordinal) const {
+  if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
+    return InvalidArgument("no CUDA device " + std::to_string(ordinal));
+  }
+  return Status::Ok();
+}
+
 Result<const Driver*> Driver::Open() {
   static std::once_flag once;
   static Result<const Driver*>* opened = nullptr;
@@ -223,9 +230,7 @@ void* Driver::Context(int ordinal) const {
 }
 
 Status Driver::ContextError(int ordinal) const {
-  if (ordinal < 0 || ordinal >= static_cast<int>(contexts_.size())) {
-    return InvalidArgument("no CUDA device " + std::to_string(ordinal));
-  }
+  RETURN_IF_ERROR(CheckOrdinal(ordinal));
   std::lock_guard lock(contexts_mu_);
   return Status(StatusCode::kUnavailable,
                 "cannot use CUDA device " + std::to_string(ordinal) + " (" + devices_[ordinal].uuid +
@@ -253,9 +258,7 @@ Result<uint64_t> Driver::Granularity(int ordinal) const {
 }
 
 Result<std::unique_ptr<VmmAllocation>> Driver::AllocateShareable(int ordinal, uint64_t bytes) const {
-  if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
-    return InvalidArgument("no CUDA device " + std::to_string(ordinal));
-  }
+  RETURN_IF_ERROR(CheckOrdinal(ordinal));
   ASSIGN_OR_RETURN(const uint64_t g, Granularity(ordinal));
   const uint64_t size = (std::max<uint64_t>(bytes, 1) + g - 1) / g * g;
   ScopedContext scope(*this, ordinal);
@@ -300,18 +303,13 @@ Result<UniqueFd> VmmAllocation::Export() const {
 }
 
 Status VmmAllocation::GrantAccess(int other_ordinal) const {
-  if (other_ordinal < 0 || other_ordinal >= static_cast<int>(driver_->devices().size())) {
-    return InvalidArgument("no CUDA device " + std::to_string(other_ordinal));
-  }
+  RETURN_IF_ERROR(driver_->CheckOrdinal(other_ordinal));
   const CUmemAccessDesc access[2] = {ReadWrite(ordinal_), ReadWrite(other_ordinal)};
   return driver_->Check(driver_->api().cuMemSetAccess(ptr_, bytes_, access, 2), "cuMemSetAccess");
 }
 
 Result<std::unique_ptr<ImportedAllocation>> Driver::Import(int ordinal, int fd, uint64_t bytes) const {
-  if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
-    return InvalidArgument("no CUDA device " + std::to_string(ordinal));
-  }
-  ScopedContext scope(*this, ordinal);
+  ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
   RETURN_IF_ERROR(scope.status());
   CUmemGenericAllocationHandle h = 0;
   ML_CU_RETURN(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
@@ -353,10 +351,7 @@ ImportedAllocation::~ImportedAllocation() {
 }
 
 Result<std::unique_ptr<IpcAllocation>> Driver::AllocateIpc(int ordinal, uint64_t bytes) const {
-  if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
-    return InvalidArgument("no CUDA device " + std::to_string(ordinal));
-  }
-  ScopedContext scope(*this, ordinal);
+  ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
   RETURN_IF_ERROR(scope.status());
   std::unique_ptr<IpcAllocation> a(new IpcAllocation());
   a->driver_ = this;
@@ -380,10 +375,7 @@ IpcAllocation::~IpcAllocation() {
 
 Result<std::unique_ptr<ImportedAllocation>> Driver::OpenIpc(int ordinal, const IpcHandle& handle,
                                                             uint64_t bytes) const {
-  if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
-    return InvalidArgument("no CUDA device " + std::to_string(ordinal));
-  }
-  ScopedContext scope(*this, ordinal);
+  ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
   RETURN_IF_ERROR(scope.status());
   CUipcMemHandle h;
   std::memcpy(&h, handle.data(), sizeof h);
@@ -399,10 +391,7 @@ Result<std::unique_ptr<ImportedAllocation>> Driver::OpenIpc(int ordinal, const I
 }
 
 Result<std::unique_ptr<PinnedRegistration>> Driver::RegisterHost(void* base, uint64_t bytes, int ordinal) const {
-  if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
-    return InvalidArgument("no CUDA device " + std::to_string(ordinal));
-  }
-  ScopedContext scope(*this, ordinal);
+  ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
   RETURN_IF_ERROR(scope.status());
   ML_CU_RETURN(cuMemHostRegister(base, bytes, CU_MEMHOSTREGISTER_PORTABLE));
   std::unique_ptr<PinnedRegistration> r(new PinnedRegistration());
@@ -419,10 +408,7 @@ PinnedRegistration::~PinnedRegistration() {
 }
 
 Result<std::unique_ptr<Stream>> Driver::CreateStream(int ordinal, uint32_t events) const {
-  if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
-    return InvalidArgument("no CUDA device " + std::to_string(ordinal));
-  }
-  ScopedContext scope(*this, ordinal);
+  ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
   RETURN_IF_ERROR(scope.status());
   std::unique_ptr<Stream> s(new Stream());
   s->driver_ = this;
@@ -490,10 +476,7 @@ Status Stream::Wait(uint32_t index) {
 }
 
 Result<std::unique_ptr<Fence>> Driver::RecordFence(int ordinal, uintptr_t stream) const {
-  if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
-    return InvalidArgument("no CUDA device " + std::to_string(ordinal));
-  }
-  ScopedContext scope(*this, ordinal);
+  ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
   RETURN_IF_ERROR(scope.status());
   // 1 and 2 (DLPack's legacy and per-thread default streams) are fenced on
   // the legacy stream, which waits for every blocking stream, per-thread
@@ -526,10 +509,7 @@ Fence::~Fence() {
 }
 
 Status Driver::CopyToHost(void* dst, DevicePtr src, uint64_t bytes, int ordinal) const {
-  if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) {
-    return InvalidArgument("no CUDA device " + std::to_string(ordinal));
-  }
-  ScopedContext scope(*this, ordinal);
+  ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
   RETURN_IF_ERROR(scope.status());
   return ML_CU(cuMemcpyDtoH(dst, src, bytes));
 }

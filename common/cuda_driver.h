@@ -245,6 +245,7 @@ class Driver {
 
  private:
   Driver() = default;
+  Status CheckOrdinal(int ordinal) const;
   // Turns a CUresult into a Status naming the call.
   Status Check(int result, const char* call) const;
   friend class VmmAllocation;

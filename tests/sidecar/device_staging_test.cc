@@ -20,6 +20,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -181,6 +182,19 @@ class GpuJob {
     return std::make_unique<RunningSidecar>(std::move(s));
   }
 
+  // Connects and checks `steps` batches on the GPUs (and `also` on each).
+  void TakeSteps(int64_t steps, const cuda::Driver& driver,
+                 const std::function<void(const client::Batch&)>& also = {}) {
+    auto c = Connect();
+    ASSERT_TRUE(c);
+    for (int64_t step = 0; step < steps; ++step) {
+      auto b = c->Next(milliseconds(10000));
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      if (also) also(*b);
+      ExpectOnGpuAndPlanned(*b, driver);
+    }
+  }
+
   std::unique_ptr<client::Client> Connect(int attempts = 3) {
     client::ClientOptions o;
     o.socket_path = socket_;
@@ -296,18 +310,11 @@ TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
   GpuJob job(/*replicas=*/true);
   auto s = job.Start(job.Options());
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  {
-    auto c = job.Connect();
-    ASSERT_TRUE(c);
-    for (int64_t step = 0; step < 8; ++step) {
-      auto b = c->Next(milliseconds(10000));
-      ASSERT_TRUE(b.ok()) << b.status().ToString();
-      // Both local devices hold the same shard; the host copy of the second
-      // is never made, so its bytes can only have come from the first GPU.
-      EXPECT_EQ(b->tensors[0].ids_checksum, b->tensors[1].ids_checksum);
-      job.ExpectOnGpuAndPlanned(*b, *driver);
-    }
-  }
+  // Both local devices hold the same shard; the host copy of the second is
+  // never made, so its bytes can only have come from the first GPU.
+  job.TakeSteps(8, *driver, [](const client::Batch& b) {
+    EXPECT_EQ(b.tensors[0].ids_checksum, b.tensors[1].ids_checksum);
+  });
 }
 
 TEST(DeviceStaging, ReplicasOnGpusThatCannotReachEachOtherAreCopiedFromTheHostSlot) {
@@ -318,15 +325,7 @@ TEST(DeviceStaging, ReplicasOnGpusThatCannotReachEachOtherAreCopiedFromTheHostSl
   auto s = job.Start(job.Options());
   ::unsetenv("MESHLOAD_FAKE_CUDA_NO_PEER");
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  {
-    auto c = job.Connect();
-    ASSERT_TRUE(c);
-    for (int64_t step = 0; step < 8; ++step) {
-      auto b = c->Next(milliseconds(10000));
-      ASSERT_TRUE(b.ok()) << b.status().ToString();
-      job.ExpectOnGpuAndPlanned(*b, *driver);
-    }
-  }
+  job.TakeSteps(8, *driver);
 }
 
 TEST(DeviceStaging, ATrainerThatDiesHoldingGpuSlotsHasThemReclaimedAndReconnectsToTheSameBytes) {
