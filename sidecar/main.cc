@@ -63,7 +63,11 @@ options (each also read from the environment variable named after it):
                          process has one), with --peer-port
   --peer-port N          the port every sidecar listens on for its peers      MESHLOAD_PEER_PORT
                          (default 7441; with --assignments)
-  --peer-timeout S       a peer silent this long is dead (default 30)         MESHLOAD_PEER_TIMEOUT
+  --peer-timeout S       a peer silent this long is lost (default 30)         MESHLOAD_PEER_TIMEOUT
+  --peer-reconnect-timeout S                                                  MESHLOAD_PEER_RECONNECT_TIMEOUT
+                         how long a lost peer (a restarted sidecar) has to
+                         come back before the steps that need it fail
+                         (default 120; 0: fail at once)
   --peer-listen-fd N     listen for peers on this inherited socket (meshload
                          run --local)
   --log-level LEVEL      debug, info, warn, error                             MESHLOAD_LOG_LEVEL
@@ -182,6 +186,7 @@ int main(int argc, char** argv) {
   std::string log_level, log_format;
   std::string peers = Env("MESHLOAD_PEERS"), assignments = Env("MESHLOAD_ASSIGNMENTS");
   std::string peer_port = Env("MESHLOAD_PEER_PORT"), peer_timeout = Env("MESHLOAD_PEER_TIMEOUT"), peer_fd;
+  std::string peer_reconnect = Env("MESHLOAD_PEER_RECONNECT_TIMEOUT");
   opt.job_path = Env("MESHLOAD_JOB");
   opt.socket_path = Env("MESHLOAD_SOCKET");
   if (!Env("MESHLOAD_METRICS_ADDRESS").empty()) opt.metrics_address = Env("MESHLOAD_METRICS_ADDRESS");
@@ -204,6 +209,7 @@ int main(int argc, char** argv) {
   flags.String({"--assignments"}, &assignments);
   flags.String({"--peer-port"}, &peer_port);
   flags.String({"--peer-timeout"}, &peer_timeout);
+  flags.String({"--peer-reconnect-timeout"}, &peer_reconnect);
   flags.String({"--peer-listen-fd"}, &peer_fd);
   flags.String({"--log-level"}, &log_level);
   flags.String({"--log-format"}, &log_format);
@@ -267,6 +273,10 @@ int main(int argc, char** argv) {
   if (!peer_timeout.empty()) {
     if (!int_flag(peer_timeout, "--peer-timeout", 1, 3600, &v)) return 2;
     xo.peer_timeout = std::chrono::seconds(v);
+  }
+  if (!peer_reconnect.empty()) {
+    if (!int_flag(peer_reconnect, "--peer-reconnect-timeout", 0, 86400, &v)) return 2;
+    xo.reconnect_timeout = std::chrono::seconds(v);
   }
   if (!peer_fd.empty()) {
     if (!int_flag(peer_fd, "--peer-listen-fd", 3, 65535, &v)) return 2;

@@ -154,6 +154,12 @@ struct Sidecar::Metrics {
                        .Help("Step parts handled for peers: sent, received, skipped (the peer had moved past them), "
                              "served (read again from storage on a peer's demand).")
                        .Register(r)),
+        peer_reconnects(metrics::BuildCounter()
+                            .Name("meshload_peer_reconnects_total")
+                            .Help("Connections to other processes' sidecars re-established after a loss (a peer "
+                                  "restarted, or the network dropped the connection).")
+                            .Register(r)
+                            .Add({})),
         peers_connected(metrics::BuildGauge()
                             .Name("meshload_peers_connected")
                             .Help("Connections to other processes' sidecars that are up.")
@@ -188,6 +194,7 @@ struct Sidecar::Metrics {
   metrics::Family<metrics::Gauge>& staging_mode;
   metrics::Family<metrics::Counter>& peer_bytes;
   metrics::Family<metrics::Counter>& peer_parts;
+  metrics::Counter& peer_reconnects;
   metrics::Gauge& peers_connected;
   metrics::Histogram& peer_wait;
 
@@ -402,6 +409,8 @@ Status Sidecar::Init() {
       add("received", now.parts_received, peer_seen_.parts_received, false);
       add("skipped", now.parts_skipped, peer_seen_.parts_skipped, false);
       add("served", now.parts_served, peer_seen_.parts_served, false);
+      metrics_->peer_reconnects.Increment(static_cast<double>(now.reconnects - peer_seen_.reconnects));
+      peer_seen_.reconnects = now.reconnects;
     }
   });
   if (options_.metrics_port >= 0) {

@@ -10,6 +10,7 @@
 #include <boost/asio.hpp>
 #include <climits>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <future>
@@ -30,9 +31,10 @@ using Clock = std::chrono::steady_clock;
 
 // Frames are a 32-byte little-endian header, then (DATA, ERROR) a payload.
 constexpr uint32_t kMagic = 0x58504c4d;  // "MLPX"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;  // 2: HAVE and HAVE_THROUGH (connections survive a peer's restart)
 constexpr uint64_t kMaxErrorText = 4096;
 constexpr size_t kSentMemory = 1 << 16;  // steps remembered per receiver, to refuse a second credit
+constexpr size_t kHaveMemory = 4096;     // steps a receiver reports as already had (HAVE), at most
 
 enum class Type : uint16_t {
   kHello = 1,     // a = from, b = to, c = fingerprint
@@ -43,6 +45,8 @@ enum class Type : uint16_t {
   kHeartbeat = 6,
   kError = 7,     // b = text bytes; then the text
   kBye = 8,       // the sender of it is stopping
+  kHaveThrough = 9,  // a = step: the receiver has every step from its RESET step through a (on connection)
+  kHave = 10,        // a = step: the receiver has step a (on connection)
 };
 
 struct Header {
@@ -64,7 +68,11 @@ Header Frame(Type t, int64_t a = 0, uint64_t b = 0, uint64_t c = 0) {
   return h;
 }
 
-std::string Seconds(std::chrono::milliseconds d) { return std::to_string(d.count() / 1000.0).substr(0, 4) + " s"; }
+std::string Seconds(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(d.count()) / 1000.0);
+  return buf;
+}
 
 }  // namespace
 
@@ -139,6 +147,7 @@ class PeerExchange::Impl {
   };
   struct StepState {
     int64_t step = 0;
+    uint64_t generation = 0;  // restarts_ at Begin
     std::vector<PartState> in, out;
     Status error;
     Clock::time_point since = Clock::now();
@@ -155,6 +164,13 @@ class PeerExchange::Impl {
     bool outbound = false;  // this process sends data on it
     PeerAddress addr;
     // I/O thread only.
+    // Bumped whenever the socket is replaced or dropped: a handler of an
+    // older socket finds it changed and does nothing.
+    uint64_t gen = 0;
+    bool connected_once = false;
+    bool lost = false;  // lost and waiting for the peer to come back (since lost_at)
+    Clock::time_point lost_at;
+    std::string lost_why;
     std::unique_ptr<tcp::socket> sock;
     std::unique_ptr<asio::steady_timer> retry;
     std::unique_ptr<tcp::resolver> resolver;
@@ -167,11 +183,13 @@ class PeerExchange::Impl {
     // Under mu_.
     bool ready = false;
     std::string failed;
-    bool dead = false;  // I/O thread: Fail() ran; close once the queue is written
+    bool dead = false;  // I/O thread: Fail() ran (for good); close once the queue is written
     std::set<int64_t> credited;  // outbound
     int64_t floor = INT64_MIN;   // outbound: the receiver's RESET
     std::set<int64_t> sent;      // outbound: recently sent steps
     std::set<int64_t> again;     // outbound: credited again after being sent
+    int64_t have_through = INT64_MIN;  // outbound: the receiver has every step in [floor, have_through]
+    std::set<int64_t> have;            // outbound: and these
     std::deque<int64_t> sent_order;
     std::string Name() const { return "process " + std::to_string(peer) + " (" + addr.ToString() + ")"; }
   };
@@ -184,6 +202,8 @@ class PeerExchange::Impl {
 
   explicit Impl(ExchangeOptions o) : opt_(std::move(o)), acceptor_(io_), heartbeat_(io_) {
     self_floor_ = opt_.first_step;
+    max_begun_ = self_floor_ - 1;
+    done_through_ = self_floor_ - 1;
   }
 
   ~Impl() {
@@ -284,6 +304,8 @@ class PeerExchange::Impl {
     std::lock_guard lock(mu_);
     const Ticket t = ++last_ticket_;
     steps_[t].step = step;
+    steps_[t].generation = restarts_;
+    max_begun_ = std::max(max_begun_, step);
     return t;
   }
 
@@ -342,6 +364,7 @@ class PeerExchange::Impl {
         }
       }
       if (pending.empty()) {
+        if (st.generation == restarts_) MarkDone(st.step);
         steps_.erase(t);
         return Status::Ok();
       }
@@ -379,6 +402,10 @@ class PeerExchange::Impl {
     {
       std::lock_guard lock(mu_);
       self_floor_ = step;
+      ++restarts_;
+      max_begun_ = step - 1;
+      done_through_ = step - 1;
+      done_above_.clear();
       for (auto& [t, st] : steps_) Skip(st);
       cv_.notify_all();
     }
@@ -395,6 +422,17 @@ class PeerExchange::Impl {
       // served on demand.
       for (auto& [p, c] : out_) Dispatch(*c);
     });
+  }
+
+  // Step `step` has all its parts (this generation). Needs mu_.
+  void MarkDone(int64_t step) {
+    if (step <= done_through_) return;
+    done_above_.insert(step);
+    while (!done_above_.empty() && *done_above_.begin() == done_through_ + 1) {
+      done_through_ += 1;
+      done_above_.erase(done_above_.begin());
+    }
+    while (done_above_.size() > kHaveMemory) done_above_.erase(done_above_.begin());  // advisory only
   }
 
   // Parts not yet under way will not be: their staging is over. Needs mu_.
@@ -481,19 +519,26 @@ class PeerExchange::Impl {
       Fail(c, why);
       return;
     }
+    std::string failed;
+    bool was_ready;
     {
       std::lock_guard lock(mu_);
-      if (c.ready || !c.failed.empty()) {
-        const std::string why = c.ready ? c.Name() + " is already connected" : c.failed;
-        Refuse(p, why);
-        return;
-      }
-      c.ready = true;
+      failed = c.failed;
+      was_ready = c.ready;
     }
+    if (!failed.empty()) {
+      Refuse(p, failed);
+      return;
+    }
+    // The same process dialling again while its old connection still looks
+    // alive: it was restarted (or the old connection is half-dead). The new
+    // connection wins.
+    if (was_ready) Lose(c, c.Name() + " connected again");
     Forget(p);
+    DropSocket(c);
     c.sock = std::make_unique<tcp::socket>(std::move(p->sock));
     c.last_rx = Clock::now();
-    LogInfo("peer connected", {{"peer", c.Name()}, {"direction", "receive"}});
+    MarkConnected(c, "receive");
     Queue(c, {Frame(Type::kHelloOk), {}, {}, nullptr});
     int64_t floor;
     {
@@ -501,21 +546,64 @@ class PeerExchange::Impl {
       floor = self_floor_;
     }
     Queue(c, {Frame(Type::kReset, floor), {}, {}, nullptr});
+    SayWhatIsHad(c);
     SendCredits();
     ReadFrame(c);
   }
 
+  // A (re)connected sender may stage steps this process already has from it
+  // (a restarted sender starts again at its trainer's step): it is told, so
+  // it does not wait for credits that will not come. Advisory: a step
+  // reported here and asked for later is served on demand.
+  void SayWhatIsHad(Conn& c) {
+    int64_t through, floor;
+    std::set<int64_t> had;
+    {
+      std::lock_guard lock(mu_);
+      floor = self_floor_;
+      std::set<int64_t> waiting;
+      for (const auto& [ticket, st] : steps_) {
+        for (const PartState& p : st.in) {
+          if (p.part.peer != c.peer) continue;
+          if (p.status == PartStatus::kDone) {
+            had.insert(st.step);
+          } else if (p.status == PartStatus::kWaiting || p.status == PartStatus::kBusy) {
+            waiting.insert(st.step);
+          }
+        }
+      }
+      through = done_through_;
+      if (!waiting.empty()) through = std::min(through, *waiting.begin() - 1);
+      for (int64_t step : done_above_) {
+        if (step > through) had.insert(step);
+      }
+      for (int64_t step : waiting) had.erase(step);
+    }
+    if (through >= floor) Queue(c, {Frame(Type::kHaveThrough, through), {}, {}, nullptr});
+    size_t n = 0;
+    for (int64_t step : had) {
+      if (step <= through) continue;
+      if (++n > kHaveMemory) break;
+      Queue(c, {Frame(Type::kHave, step), {}, {}, nullptr});
+    }
+  }
+
+
   void Connect(Conn& c) {
+    DropSocket(c);
+    const uint64_t g = c.gen;
     c.resolver = std::make_unique<tcp::resolver>(io_);
     c.resolver->async_resolve(
         c.addr.host, std::to_string(c.addr.port),
-        [this, &c](boost::system::error_code ec, tcp::resolver::results_type results) {
+        [this, &c, g](boost::system::error_code ec, tcp::resolver::results_type results) {
+          if (g != c.gen) return;
           if (ec) {
             Retry(c, ec.message());
             return;
           }
           c.sock = std::make_unique<tcp::socket>(io_);
-          asio::async_connect(*c.sock, results, [this, &c](boost::system::error_code e, const tcp::endpoint&) {
+          asio::async_connect(*c.sock, results, [this, &c, g](boost::system::error_code e, const tcp::endpoint&) {
+            if (g != c.gen) return;
             if (e) {
               Retry(c, e.message());
               return;
@@ -525,12 +613,14 @@ class PeerExchange::Impl {
             c.last_rx = Clock::now();
             auto h = std::make_shared<Header>(
                 Frame(Type::kHello, opt_.process, static_cast<uint64_t>(c.peer), opt_.fingerprint));
-            asio::async_write(*c.sock, asio::buffer(h.get(), sizeof *h), [this, &c, h](boost::system::error_code we, size_t) {
+            asio::async_write(*c.sock, asio::buffer(h.get(), sizeof *h), [this, &c, g, h](boost::system::error_code we, size_t) {
+              if (g != c.gen) return;
               if (we) {
                 Retry(c, we.message());
                 return;
               }
-              asio::async_read(*c.sock, asio::buffer(&c.rx, sizeof c.rx), [this, &c](boost::system::error_code re, size_t) {
+              asio::async_read(*c.sock, asio::buffer(&c.rx, sizeof c.rx), [this, &c, g](boost::system::error_code re, size_t) {
+                if (g != c.gen) return;
                 if (re) {
                   Retry(c, re.message());
                   return;
@@ -543,11 +633,7 @@ class PeerExchange::Impl {
                   Fail(c, c.Name() + " answered HELLO with something else than HELLO_OK");
                   return;
                 }
-                {
-                  std::lock_guard lock(mu_);
-                  c.ready = true;
-                }
-                LogInfo("peer connected", {{"peer", c.Name()}, {"direction", "send"}});
+                MarkConnected(c, "send");
                 ReadFrame(c);
                 Dispatch(c);
               });
@@ -557,24 +643,115 @@ class PeerExchange::Impl {
   }
 
   void Retry(Conn& c, const std::string& why) {
-    if (c.sock) {
-      boost::system::error_code ignored;
-      c.sock->close(ignored);
-    }
+    DropSocket(c);
     if (Clock::now() >= c.deadline) {
-      Fail(c, "cannot connect to " + c.Name() + " for " + Seconds(opt_.connect_timeout) + ": " + why);
+      Fail(c, c.lost ? c.lost_why + ", and it could not be reached again within " +
+                           Seconds(opt_.reconnect_timeout) + ": " + why
+                     : "cannot connect to " + c.Name() + " for " + Seconds(opt_.connect_timeout) + ": " + why);
       return;
     }
     c.retry = std::make_unique<asio::steady_timer>(io_, std::chrono::milliseconds(200));
     c.retry->async_wait([this, &c](boost::system::error_code ec) {
-      if (!ec) Connect(c);
+      if (!ec && !c.dead) Connect(c);
     });
   }
 
+  // A connection (the first, or one after a loss) has said HELLO / HELLO_OK.
+  void MarkConnected(Conn& c, const char* direction) {
+    const bool again = c.connected_once;
+    const double down = c.lost ? std::chrono::duration<double>(Clock::now() - c.lost_at).count() : 0.0;
+    c.connected_once = true;
+    c.lost = false;
+    {
+      std::lock_guard lock(mu_);
+      c.ready = true;
+      if (again) counters_.reconnects += 1;
+      if (again && c.outbound) {
+        // Perhaps a new receiver, which has none of it: it says what it
+        // has (RESET, HAVE) and credits what it lacks.
+        c.sent.clear();
+        c.again.clear();
+        c.sent_order.clear();
+        c.have_through = INT64_MIN;
+        c.have.clear();
+      }
+    }
+    if (again) {
+      LogInfo("peer reconnected", {{"peer", c.Name()}, {"direction", direction}, {"seconds_lost", down}});
+    } else {
+      LogInfo("peer connected", {{"peer", c.Name()}, {"direction", direction}});
+    }
+  }
+
+  // Closes the connection's socket (its pending operations end without
+  // touching a buffer again, and their handlers find the generation changed)
+  // and drops what was queued on it.
+  void DropSocket(Conn& c) {
+    ++c.gen;
+    if (c.sock) {
+      Close(c);
+      closed_.push_back(std::move(c.sock));  // freed once its aborted handlers have run (Heartbeat)
+    }
+    c.writing = false;
+    std::deque<WriteItem> queued = std::move(c.wq);
+    c.wq.clear();
+    for (WriteItem& w : queued) {
+      if (w.done) w.done(false);
+    }
+  }
+
+  // The connection broke, went silent, or the peer said goodbye: the peer
+  // may come back (see the header). Parts under way on it wait again, and an
+  // outbound connection is dialled again; after reconnect_timeout without
+  // the peer, Fail().
+  void Lose(Conn& c, const std::string& why) {
+    if (c.dead) {
+      DropSocket(c);
+      return;
+    }
+    if (closing_ || opt_.reconnect_timeout.count() <= 0) {
+      Fail(c, why, closing_);
+      return;
+    }
+    DropSocket(c);
+    {
+      std::lock_guard lock(mu_);
+      c.ready = false;
+      c.credited.clear();
+      for (auto& [ticket, st] : steps_) {
+        for (PartState& p : c.outbound ? st.out : st.in) {
+          if (p.part.peer != c.peer) continue;
+          if (p.status == PartStatus::kBusy) {
+            p.status = PartStatus::kWaiting;
+            if (c.outbound) c.sent.erase(st.step);  // not delivered: send it again when credited
+          }
+          p.credited = false;
+        }
+      }
+      cv_.notify_all();
+    }
+    if (!c.lost) {
+      c.lost = true;
+      c.lost_at = Clock::now();
+      c.lost_why = why;
+      LogWarn("lost a peer; waiting for it to come back",
+              {{"peer", c.Name()}, {"reason", why}, {"seconds", Seconds(opt_.reconnect_timeout)}});
+    }
+    if (c.outbound) {
+      c.deadline = c.lost_at + opt_.reconnect_timeout;
+      c.retry = std::make_unique<asio::steady_timer>(io_, std::chrono::milliseconds(200));
+      c.retry->async_wait([this, &c](boost::system::error_code ec) {
+        if (!ec && !c.dead) Connect(c);
+      });
+    }
+  }
+
   void ReadFrame(Conn& c) {
-    asio::async_read(*c.sock, asio::buffer(&c.rx, sizeof c.rx), [this, &c](boost::system::error_code ec, size_t) {
+    const uint64_t g = c.gen;
+    asio::async_read(*c.sock, asio::buffer(&c.rx, sizeof c.rx), [this, &c, g](boost::system::error_code ec, size_t) {
+      if (g != c.gen) return;
       if (ec) {
-        Fail(c, "lost the connection to " + c.Name() + ": " + ec.message());
+        Lose(c, "lost the connection to " + c.Name() + ": " + ec.message());
         return;
       }
       OnFrame(c);
@@ -592,16 +769,21 @@ class PeerExchange::Impl {
     if (t == Type::kHeartbeat) {
       ReadFrame(c);
     } else if (t == Type::kBye) {
-      Fail(c, c.Name() + " stopped", /*quiet=*/true);
+      Lose(c, c.Name() + " stopped");
     } else if (t == Type::kError) {
       if (h.b > kMaxErrorText) {
         Fail(c, c.Name() + " sent an error of " + std::to_string(h.b) + " bytes (protocol error)");
         return;
       }
       c.scratch.resize(h.b);
-      asio::async_read(*c.sock, asio::buffer(c.scratch), [this, &c](boost::system::error_code ec, size_t) {
-        Fail(c, ec ? "lost the connection to " + c.Name() + ": " + ec.message()
-                   : c.Name() + " reported: " + std::string(c.scratch.begin(), c.scratch.end()));
+      const uint64_t g = c.gen;
+      asio::async_read(*c.sock, asio::buffer(c.scratch), [this, &c, g](boost::system::error_code ec, size_t) {
+        if (g != c.gen) return;
+        if (ec) {
+          Lose(c, "lost the connection to " + c.Name() + ": " + ec.message());
+        } else {
+          Fail(c, c.Name() + " reported: " + std::string(c.scratch.begin(), c.scratch.end()));
+        }
       });
     } else if (c.outbound && t == Type::kCredit) {
       {
@@ -619,6 +801,20 @@ class PeerExchange::Impl {
         std::lock_guard lock(mu_);
         c.floor = h.a;
         c.credited.erase(c.credited.begin(), c.credited.lower_bound(h.a));
+        // What the receiver had is what it had before it re-planned.
+        c.have_through = INT64_MIN;
+        c.have.clear();
+      }
+      Dispatch(c);
+      ReadFrame(c);
+    } else if (c.outbound && (t == Type::kHaveThrough || t == Type::kHave)) {
+      {
+        std::lock_guard lock(mu_);
+        if (t == Type::kHaveThrough) {
+          c.have_through = h.a;
+        } else if (c.have.size() < kHaveMemory) {
+          c.have.insert(h.a);
+        }
       }
       Dispatch(c);
       ReadFrame(c);
@@ -664,10 +860,15 @@ class PeerExchange::Impl {
     std::vector<asio::mutable_buffer> bufs;
     bufs.reserve(part->part.iov.size());
     for (const iovec& v : part->part.iov) bufs.emplace_back(v.iov_base, v.iov_len);
-    asio::async_read(*c.sock, bufs, [this, &c, part, bytes = h.b](boost::system::error_code ec, size_t) {
+    const uint64_t g = c.gen;
+    asio::async_read(*c.sock, bufs, [this, &c, g, part, bytes = h.b](boost::system::error_code ec, size_t) {
+      // A dropped connection (Lose) has put the part back to waiting.
+      if (g != c.gen) return;
       {
         std::lock_guard lock(mu_);
-        part->status = ec ? PartStatus::kFailed : PartStatus::kDone;
+        // Failed half-way: the part is asked for again on the next connection.
+        part->status = ec ? PartStatus::kWaiting : PartStatus::kDone;
+        part->credited = false;
         if (!ec) {
           counters_.bytes_received += bytes;
           counters_.parts_received += 1;
@@ -675,7 +876,7 @@ class PeerExchange::Impl {
         cv_.notify_all();
       }
       if (ec) {
-        Fail(c, "lost the connection to " + c.Name() + " while receiving: " + ec.message());
+        Lose(c, "lost the connection to " + c.Name() + " while receiving: " + ec.message());
         return;
       }
       c.last_rx = Clock::now();
@@ -689,9 +890,11 @@ class PeerExchange::Impl {
       return;
     }
     c.scratch.resize(std::min<uint64_t>(remaining, 1 << 20));
-    asio::async_read(*c.sock, asio::buffer(c.scratch), [this, &c, remaining](boost::system::error_code ec, size_t n) {
+    const uint64_t g = c.gen;
+    asio::async_read(*c.sock, asio::buffer(c.scratch), [this, &c, g, remaining](boost::system::error_code ec, size_t n) {
+      if (g != c.gen) return;
       if (ec) {
-        Fail(c, "lost the connection to " + c.Name() + ": " + ec.message());
+        Lose(c, "lost the connection to " + c.Name() + ": " + ec.message());
         return;
       }
       c.last_rx = Clock::now();
@@ -751,6 +954,13 @@ class PeerExchange::Impl {
             p.status = PartStatus::kSkipped;
             counters_.parts_skipped += 1;
             cv_.notify_all();
+          } else if (!c.credited.count(st.step) && (st.step <= c.have_through || c.have.count(st.step))) {
+            // The receiver has it already (HAVE). Counted as sent, so that
+            // a credit for it later is served on demand.
+            p.status = PartStatus::kSkipped;
+            counters_.parts_skipped += 1;
+            MarkSent(c, st.step);
+            cv_.notify_all();
           } else if (c.ready && c.credited.erase(st.step)) {
             p.status = PartStatus::kBusy;
             c.again.erase(st.step);
@@ -760,9 +970,21 @@ class PeerExchange::Impl {
         }
       }
       if (c.ready && c.failed.empty()) {
+        // Steps this process's pipeline is staging for this receiver now.
+        std::set<int64_t> held;
+        for (const auto& [ticket, st] : steps_) {
+          for (const PartState& p : st.out) {
+            if (p.part.peer == c.peer && (p.status == PartStatus::kWaiting || p.status == PartStatus::kBusy)) {
+              held.insert(st.step);
+            }
+          }
+        }
         for (auto it = c.credited.begin(); it != c.credited.end();) {
           const int64_t step = *it;
-          if (step < self_floor_ || c.again.count(step)) {
+          // Passed: behind this process's re-plan point, or staged (and
+          // sent or skipped) already, or asked for again.
+          const bool passed = step < self_floor_ || (step <= max_begun_ && !held.count(step));
+          if (passed || c.again.count(step)) {
             it = c.credited.erase(it);
             c.again.erase(step);
             MarkSent(c, step);
@@ -778,12 +1000,17 @@ class PeerExchange::Impl {
       WriteItem w{Frame(Type::kData, step, p->part.bytes, p->part.checksum), {}, {}, nullptr};
       w.payload.reserve(p->part.iov.size());
       for (const iovec& v : p->part.iov) w.payload.emplace_back(v.iov_base, v.iov_len);
-      w.done = [this, p = p](bool ok) {
+      w.done = [this, &c, p = p, step = step](bool ok) {
         std::lock_guard lock(mu_);
-        p->status = ok ? PartStatus::kDone : PartStatus::kFailed;
         if (ok) {
+          p->status = PartStatus::kDone;
           counters_.bytes_sent += p->part.bytes;
           counters_.parts_sent += 1;
+        } else if (p->status == PartStatus::kBusy) {
+          // Not delivered. A lost connection sends it again when the
+          // receiver, connected again, credits it; a failed one fails it.
+          p->status = c.failed.empty() ? PartStatus::kWaiting : PartStatus::kFailed;
+          if (c.failed.empty()) c.sent.erase(step);
         }
         cv_.notify_all();
       };
@@ -845,24 +1072,20 @@ class PeerExchange::Impl {
       return;
     }
     c.writing = true;
+    const uint64_t g = c.gen;
     WriteItem& w = c.wq.front();
     std::vector<asio::const_buffer> bufs;
     bufs.reserve(w.payload.size() + 2);
     bufs.emplace_back(&w.h, sizeof w.h);
     for (const auto& b : w.payload) bufs.push_back(b);
     if (!w.text.empty()) bufs.emplace_back(w.text.data(), w.text.size());
-    asio::async_write(*c.sock, bufs, [this, &c](boost::system::error_code ec, size_t) {
+    asio::async_write(*c.sock, bufs, [this, &c, g](boost::system::error_code ec, size_t) {
+      if (g != c.gen) return;  // the connection was dropped; its queue with it
       WriteItem done = std::move(c.wq.front());
       c.wq.pop_front();
       if (done.done) done.done(!ec);
       if (ec) {
-        Fail(c, "lost the connection to " + c.Name() + " while sending: " + ec.message());
-        c.writing = false;
-        while (!c.wq.empty()) {
-          if (c.wq.front().done) c.wq.front().done(false);
-          c.wq.pop_front();
-        }
-        Close(c);
+        Lose(c, "lost the connection to " + c.Name() + " while sending: " + ec.message());
         return;
       }
       WriteNext(c);
@@ -930,16 +1153,26 @@ class PeerExchange::Impl {
             ready = c->ready;
           }
           if (!ready) {
-            // A sender that never shows up is reported like one that cannot
-            // be reached (senders time out on their side).
-            if (!c->outbound && !c->dead && now > started_ + opt_.connect_timeout) {
+            if (c->dead) continue;
+            if (c->outbound) {
+              // A peer that accepts but never answers HELLO: give up on
+              // this attempt (its handler then retries, or fails the
+              // connection past its deadline).
+              if (c->sock && now > c->deadline) Close(*c);
+            } else if (c->lost && now - c->lost_at > opt_.reconnect_timeout) {
+              // Senders time out on their side too.
+              Fail(*c, c->lost_why + ", and it did not connect again within " + Seconds(opt_.reconnect_timeout) +
+                           ": is its sidecar running?");
+            } else if (!c->connected_once && now > started_ + opt_.connect_timeout) {
+              // A sender that never shows up is reported like one that
+              // cannot be reached.
               Fail(*c, c->Name() + " has not connected for " + Seconds(opt_.connect_timeout) +
                            ": is its sidecar running, with the same peer list?");
             }
             continue;
           }
           if (now - c->last_rx > opt_.peer_timeout) {
-            Fail(*c, "no word from " + c->Name() + " for " + Seconds(opt_.peer_timeout) +
+            Lose(*c, "no word from " + c->Name() + " for " + Seconds(opt_.peer_timeout) +
                          ": it is stopped, dead or unreachable");
             continue;
           }
@@ -956,6 +1189,9 @@ class PeerExchange::Impl {
         p->sock.close(ignored);
         Forget(p);
       }
+      // Sockets closed before the last tick: their aborted handlers have run.
+      closed_.erase(closed_.begin(), closed_.begin() + static_cast<std::ptrdiff_t>(closed_before_));
+      closed_before_ = closed_.size();
       Heartbeat();
     });
   }
@@ -968,6 +1204,8 @@ class PeerExchange::Impl {
   const Clock::time_point started_ = Clock::now();
   std::map<int64_t, std::unique_ptr<Conn>> in_, out_;  // fixed after Start()
   std::vector<std::shared_ptr<Pending>> pending_;      // I/O thread only
+  std::vector<std::unique_ptr<tcp::socket>> closed_;   // I/O thread: dropped sockets, freed a tick later
+  size_t closed_before_ = 0;
   bool closing_ = false;                               // I/O thread: this exchange is stopping
   std::thread thread_;
   std::thread server_;
@@ -980,6 +1218,10 @@ class PeerExchange::Impl {
   std::condition_variable serve_cv_;
   std::deque<std::pair<Conn*, int64_t>> serve_queue_;
   int64_t self_floor_ = 0;
+  uint64_t restarts_ = 0;                // Restart() calls
+  int64_t max_begun_ = -1;               // the highest step begun since the last re-plan
+  int64_t done_through_ = -1;            // every step from self_floor_ through this has all its parts
+  std::set<int64_t> done_above_;         // and these
   ExchangeCounters counters_;
 };
 

@@ -30,11 +30,23 @@
 /// part again from storage on the exchange's own thread. Every part is a
 /// pure function of the plan, so the bytes are the same either way.
 ///
+/// A lost connection is not the end: a peer's sidecar may be restarted (the
+/// kubelet restarts a crashed container; its trainer reconnects and it
+/// re-plans from the trainer's step). When a connection breaks, goes silent
+/// for `peer_timeout` (both sides send a heartbeat every `heartbeat`), or
+/// the peer says goodbye, the parts under way on it go back to waiting, the
+/// sender dials again, and the receiver accepts the sender's new HELLO (one
+/// that arrives while the old connection still looks alive replaces it).
+/// On the new connection the receiver sends RESET and credits again for
+/// every part it still lacks; what the sender no longer holds is served on
+/// demand, so the bytes are the same as without the restart.
+///
 /// Faults are reported, not hung on: a connection that cannot be made within
-/// `connect_timeout`, a peer silent for `peer_timeout` (both sides send a
-/// heartbeat every `heartbeat`), a connection lost, or a peer's data that
-/// does not match this process's plan (size or sample-id checksum) fails the
-/// steps that involve that peer with an error naming it and its address.
+/// `connect_timeout`, a lost peer that is not back within
+/// `reconnect_timeout`, a peer that refuses this one or breaks the protocol,
+/// or a peer's data that does not match this process's plan (size or
+/// sample-id checksum) fails the steps that involve that peer with an error
+/// naming it and its address.
 ///
 /// Thread safety: all public methods are thread-safe; Expect/Send/Wait/
 /// Abandon of one step come from the one thread staging it.
@@ -85,6 +97,9 @@ struct ExchangeOptions {
   int64_t first_step = 0;
   std::chrono::milliseconds connect_timeout{120000};
   std::chrono::milliseconds peer_timeout{30000};
+  /// How long a lost peer has to come back (0: a lost connection fails the
+  /// steps that need it at once).
+  std::chrono::milliseconds reconnect_timeout{120000};
   std::chrono::milliseconds heartbeat{1000};
   /// How long a step may wait on its peers before it is logged (once).
   std::chrono::milliseconds stall_report_after{5000};
@@ -110,6 +125,7 @@ struct ExchangeCounters {
   uint64_t parts_received = 0;
   uint64_t parts_skipped = 0;  // dropped: the receiver moved past them, or had them already
   uint64_t parts_served = 0;   // read again on demand (see above)
+  uint64_t reconnects = 0;     // connections re-established after a loss
   int peers_connected = 0;
 };
 

@@ -23,6 +23,7 @@ std::pair<int, uint16_t> Listen() {
   return {l->first.Release(), l->second};
 }
 
+
 // Process 0 sends to process 1, over loopback.
 struct Pair {
   std::vector<PeerAddress> peers;
@@ -42,6 +43,7 @@ struct Pair {
     o.fingerprint = fingerprint;
     o.connect_timeout = 5s;
     o.peer_timeout = 2s;
+    o.reconnect_timeout = 1s;
     o.heartbeat = 100ms;
     return o;
   }
@@ -162,7 +164,7 @@ TEST(PeerExchange, ADifferentJobIsRefusedOnBothSides) {
   (*receiver)->Abandon(rt);
 }
 
-TEST(PeerExchange, ADeadPeerIsReportedNotHungOn) {
+TEST(PeerExchange, APeerThatDoesNotComeBackIsReportedNotHungOn) {
   Pair pair;
   auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
   ASSERT_TRUE(receiver.ok());
@@ -184,7 +186,205 @@ TEST(PeerExchange, ADeadPeerIsReportedNotHungOn) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
   EXPECT_EQ(w.code(), StatusCode::kUnavailable);
   EXPECT_NE(w.message().find("process 0 (127.0.0.1:"), std::string::npos) << w.message();
+  EXPECT_NE(w.message().find("did not connect again within 1 s"), std::string::npos) << w.message();
   (*receiver)->Abandon(rt);
+}
+
+TEST(PeerExchange, ASenderThatRestartsIsWaitedForAndItsStepsArriveIntact) {
+  Pair pair;
+  ExchangeOptions ro = pair.Options(1);
+  ro.reconnect_timeout = 20s;
+  auto receiver = PeerExchange::Create(ro, {}, {0});
+  ASSERT_TRUE(receiver.ok());
+  std::vector<uint8_t> s0 = Pattern(256, 0), d0(256), d1(256), d2(256);
+  {
+    auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
+    ASSERT_TRUE(sender.ok());
+    auto rt = (*receiver)->Begin(0);
+    ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, d0, 0)}).ok());
+    auto st = (*sender)->Begin(0);
+    ASSERT_TRUE((*sender)->Send(st, {PartOf(1, s0, 0)}).ok());
+    ASSERT_TRUE((*sender)->Wait(st, {}).ok());
+    ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+  }  // the sender's sidecar stops (a crash or a restart)
+  EXPECT_EQ(d0, s0);
+  // The receiver goes on to steps 1 and 2; they wait for the sender.
+  auto rt1 = (*receiver)->Begin(1);
+  ASSERT_TRUE((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}).ok());
+  auto rt2 = (*receiver)->Begin(2);
+  ASSERT_TRUE((*receiver)->Expect(rt2, {PartOf(0, d2, 2)}).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  Status early = (*receiver)->Wait(rt1, [&] { return std::chrono::steady_clock::now() - t0 > 300ms; });
+  EXPECT_EQ(early.code(), StatusCode::kCancelled) << "still waiting, not failed: " << early.ToString();
+  // The sender comes back, on another port (it only dials), with its
+  // pipeline at step 2 (its trainer's step): step 1 is served from storage.
+  std::atomic<int> served{0};
+  ExchangeOptions so = pair.Options(0);
+  auto [fd, port] = Listen();
+  so.listen_fd = fd;
+  so.first_step = 2;
+  so.serve = [&](int64_t step, int64_t peer, std::vector<uint8_t>& out, uint64_t& checksum) {
+    EXPECT_EQ(peer, 1);
+    out = Pattern(256, static_cast<uint8_t>(step));
+    checksum = static_cast<uint64_t>(step);
+    served++;
+    return Status::Ok();
+  };
+  auto again = PeerExchange::Create(so, {1}, {});
+  ASSERT_TRUE(again.ok());
+  std::vector<uint8_t> s2 = Pattern(256, 2);
+  auto st2 = (*again)->Begin(2);
+  ASSERT_TRUE((*again)->Send(st2, {PartOf(1, s2, 2)}).ok());
+  ASSERT_TRUE((*again)->Wait(st2, {}).ok());
+  ASSERT_TRUE((*receiver)->Wait(rt1, {}).ok());
+  ASSERT_TRUE((*receiver)->Wait(rt2, {}).ok());
+  EXPECT_EQ(d1, Pattern(256, 1));
+  EXPECT_EQ(d2, s2);
+  EXPECT_EQ(served.load(), 1);
+  EXPECT_EQ((*receiver)->counters().reconnects, 1u);
+  EXPECT_EQ((*receiver)->counters().peers_connected, 1);
+}
+
+// The peer protocol's frame header (peer_exchange.cc), for a hand-made peer.
+struct RawHeader {
+  uint32_t magic = 0x58504c4d;
+  uint16_t type = 0;
+  uint16_t version = 2;
+  int64_t a = 0;
+  uint64_t b = 0;
+  uint64_t c = 0;
+};
+
+bool WriteAll(int fd, const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  while (n > 0) {
+    const ssize_t w = ::send(fd, b, n, MSG_NOSIGNAL);
+    if (w <= 0) return false;
+    b += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+TEST(PeerExchange, APartCutOffHalfWayIsAskedForAgainAndArrivesWhole) {
+  Pair pair;
+  ExchangeOptions ro = pair.Options(1);
+  ro.reconnect_timeout = 20s;
+  auto receiver = PeerExchange::Create(ro, {}, {0});
+  ASSERT_TRUE(receiver.ok());
+  std::vector<uint8_t> src = Pattern(1 << 16, 9), dst(1 << 16, 0);
+  auto rt = (*receiver)->Begin(0);
+  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 42)}).ok());
+  {
+    // Process 0's first incarnation: HELLO, waits for the credit of step 0,
+    // writes the header and half the bytes, and dies.
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(pair.peers[1].port);
+    ASSERT_EQ(0, ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a)) << std::strerror(errno);
+    RawHeader hello;
+    hello.type = 1;
+    hello.a = 0;
+    hello.b = 1;
+    hello.c = 7;  // the fingerprint Pair::Options uses
+    ASSERT_TRUE(WriteAll(fd, &hello, sizeof hello));
+    bool credited = false;
+    while (!credited) {
+      RawHeader h;
+      ASSERT_EQ(static_cast<ssize_t>(sizeof h), ::recv(fd, &h, sizeof h, MSG_WAITALL));
+      credited = h.type == 3 && h.a == 0;
+    }
+    RawHeader data;
+    data.type = 5;
+    data.a = 0;
+    data.b = src.size();
+    data.c = 42;
+    ASSERT_TRUE(WriteAll(fd, &data, sizeof data));
+    ASSERT_TRUE(WriteAll(fd, src.data(), src.size() / 2));
+    ::close(fd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Status early = (*receiver)->Wait(rt, [&] { return std::chrono::steady_clock::now() - t0 > 300ms; });
+  EXPECT_EQ(early.code(), StatusCode::kCancelled) << "still waiting, not failed: " << early.ToString();
+  // The restarted process 0 is credited step 0 again and sends all of it.
+  auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
+  ASSERT_TRUE(sender.ok());
+  auto st = (*sender)->Begin(0);
+  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 42)}).ok());
+  ASSERT_TRUE((*sender)->Wait(st, {}).ok());
+  ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+  EXPECT_EQ(dst, src);
+  EXPECT_EQ((*receiver)->counters().parts_received, 1u);
+  EXPECT_EQ((*receiver)->counters().reconnects, 1u);
+}
+
+TEST(PeerExchange, AReceiverThatRestartsIsDialledAgain) {
+  Pair pair;
+  ExchangeOptions so = pair.Options(0);
+  so.reconnect_timeout = 20s;
+  auto sender = PeerExchange::Create(so, {1}, {});
+  ASSERT_TRUE(sender.ok());
+  std::vector<uint8_t> s0 = Pattern(4096, 0), s1 = Pattern(4096, 1), d0(4096), d1(4096);
+  // The port stays bound here while the receiver is down (a restarted
+  // container keeps its pod's address; nothing else may take the port).
+  {
+    ExchangeOptions first = pair.Options(1);
+    first.listen_fd = ::dup(pair.fds[1]);
+    auto receiver = PeerExchange::Create(first, {}, {0});
+    ASSERT_TRUE(receiver.ok());
+    auto rt = (*receiver)->Begin(0);
+    ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, d0, 0)}).ok());
+    auto st = (*sender)->Begin(0);
+    ASSERT_TRUE((*sender)->Send(st, {PartOf(1, s0, 0)}).ok());
+    ASSERT_TRUE((*sender)->Wait(st, {}).ok());
+    ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+  }  // the receiver's sidecar stops
+  EXPECT_EQ(d0, s0);
+  auto st1 = (*sender)->Begin(1);
+  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, s1, 1)}).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  Status early = (*sender)->Wait(st1, [&] { return std::chrono::steady_clock::now() - t0 > 500ms; });
+  EXPECT_EQ(early.code(), StatusCode::kCancelled) << "still waiting, not failed: " << early.ToString();
+  // It comes back on the same port and re-plans from step 1.
+  ExchangeOptions ro = pair.Options(1);
+  ro.listen_fd = ::dup(pair.fds[1]);
+  ro.first_step = 1;
+  auto receiver = PeerExchange::Create(ro, {}, {0});
+  ASSERT_TRUE(receiver.ok());
+  auto rt1 = (*receiver)->Begin(1);
+  ASSERT_TRUE((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}).ok());
+  ASSERT_TRUE((*receiver)->Wait(rt1, {}).ok());
+  ASSERT_TRUE((*sender)->Wait(st1, {}).ok());
+  EXPECT_EQ(d1, s1);
+  EXPECT_EQ((*sender)->counters().reconnects, 1u);
+  EXPECT_EQ((*sender)->counters().parts_served, 0u) << "step 1 was still in the sender's slot";
+}
+
+TEST(PeerExchange, ALostReceiverThatDoesNotComeBackFailsTheSendersStep) {
+  Pair pair;
+  auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
+  ASSERT_TRUE(sender.ok());
+  std::vector<uint8_t> src(64), dst(64);
+  {
+    auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
+    ASSERT_TRUE(receiver.ok());
+    auto rt = (*receiver)->Begin(0);
+    ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 0)}).ok());
+    auto st = (*sender)->Begin(0);
+    ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 0)}).ok());
+    ASSERT_TRUE((*sender)->Wait(st, {}).ok());
+    ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+  }
+  auto st1 = (*sender)->Begin(1);
+  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, src, 1)}).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  Status w = (*sender)->Wait(st1, {});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_EQ(w.code(), StatusCode::kUnavailable);
+  EXPECT_NE(w.message().find("could not be reached again within 1 s"), std::string::npos) << w.message();
+  (*sender)->Abandon(st1);
 }
 
 TEST(PeerExchange, APeerThatNeverStartsIsReportedAfterTheConnectTimeout) {

@@ -15,10 +15,13 @@
 
 #include <atomic>
 #include <fstream>
+#include <iostream>
+#include <iterator>
 #include <thread>
 
 #include "client/client.h"
 #include "sidecar/ipc/protocol.h"
+#include "sidecar/exchange/peer_exchange.h"
 #include "sidecar/ipc/seqpacket.h"
 #include "tests/planner/test_util.h"
 #include "tools/synthetic_dataset.h"
@@ -535,6 +538,150 @@ TEST(SidecarProcess, ARestartedSidecarResumesTheTrainerWithIdenticalBytes) {
   ASSERT_FALSE(gone.ok());
   EXPECT_EQ(gone.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(gone.status().message().find("the sidecar is gone"), std::string::npos) << gone.status().ToString();
+}
+
+// Two sidecar processes of a job that moves samples between them exchange
+// over TCP; one (`victim`) is killed and started again. Its peer waits for
+// it (it does not fail its steps), both trainers go on from where they were,
+// and every byte of every batch is the planned one.
+void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::string& fanout, int victim) {
+  TempDir dir;
+  DatasetSpec ds;
+  ds.format = DatasetFormat::kFixedRecord;
+  ds.record_bytes = 512;
+  auto uri = synthetic::Generate(ds, dir.path() + "/data", 400, 2);
+  ASSERT_TRUE(uri.ok());
+  const std::string job_path = dir.Write(
+      "job.yaml",
+      "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: peers-restart}\nspec:\n"
+      "  mesh:\n    processes: 2\n    devicesPerProcess: 2\n"
+      "    axes: [{name: model, size: 2}, {name: data, size: 2}]\n    batchAxes: [data]\n"
+      "  replication: {mode: Partial, fanout: " + fanout + "}\n  strategy: " + strategy + "\n"
+      "  dataset: {uri: " + *uri + ", format: FixedRecord, recordBytes: 512}\n"
+      "  batch: {globalBatchSize: 8, prefetch: 3}\n  shuffle: {mode: Global, seed: 9}\n");
+  Diagnostics d;
+  auto job = LoadDataLoadJobFile(job_path, d);
+  ASSERT_TRUE(job.ok()) << d.ToString();
+  auto resolved = ResolveJob(job->spec, {}, d);
+  ASSERT_TRUE(resolved.ok()) << d.ToString();
+  ShardPlanner planner(std::move(*resolved));
+  // Each sidecar's peer socket stays open here, so a restarted sidecar
+  // listens on the same port (as a restarted container keeps its pod's IP).
+  int listen_fd[2];
+  std::string peers;
+  for (int p = 0; p < 2; ++p) {
+    auto l = exchange::ListenLoopback();
+    ASSERT_TRUE(l.ok());
+    listen_fd[p] = l->first.Release();
+    peers += (p ? "," : "") + std::string("127.0.0.1:") + std::to_string(l->second);
+  }
+  auto spawn = [&](int p, const std::string& log) {
+    std::vector<std::string> args = {MESHLOAD_SIDECAR_BIN, "--job", job_path, "--process", std::to_string(p),
+                                     "--socket", dir.path() + "/s" + std::to_string(p) + ".sock",
+                                     "--peers", peers, "--peer-listen-fd", "3", "--peer-reconnect-timeout", "30",
+                                     "--staging", "host", "--log-level", "info"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, listen_fd[p], 3);
+    posix_spawn_file_actions_adddup2(&fa, log_fd, 2);
+    pid_t pid = -1;
+    EXPECT_EQ(::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(log_fd);
+    return pid;
+  };
+  pid_t pid[2] = {spawn(0, dir.path() + "/s0.log"), spawn(1, dir.path() + "/s1.log")};
+  struct Reaper {  // no sidecar outlives a failed assertion; a failure shows their logs
+    pid_t* pid;
+    std::string dir;
+    ~Reaper() {
+      for (int p = 0; p < 2; ++p) {
+        if (pid[p] > 0 && ::kill(pid[p], SIGKILL) == 0) ::waitpid(pid[p], nullptr, 0);
+      }
+      if (!::testing::Test::HasFailure()) return;
+      for (int p = 0; p < 2; ++p) {
+        std::ifstream log(dir + "/s" + std::to_string(p) + ".log");
+        std::cerr << "---- sidecar " << p << " log\n" << log.rdbuf() << "\n";
+      }
+    }
+  } reaper{pid, dir.path()};
+  std::unique_ptr<client::Client> c[2];
+  for (int p = 0; p < 2; ++p) {
+    client::ClientOptions o;
+    o.socket_path = dir.path() + "/s" + std::to_string(p) + ".sock";
+    o.max_reconnect_attempts = 9;  // 20 ms doubling: about 10 s in all
+    o.reconnect_backoff_initial = milliseconds(20);
+    auto connected = client::Client::Connect(o);
+    ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+    c[p] = std::move(*connected);
+  }
+  auto check = [&](int p, int64_t step) {
+    auto b = c[p]->Next(milliseconds(20000));
+    ASSERT_TRUE(b.ok()) << "process " << p << " step " << step << ": " << b.status().ToString();
+    ASSERT_EQ(b->step, step);
+    const StepPlan plan = planner.PlanStep(step, planner.DefaultLoading(), p);
+    ASSERT_EQ(b->tensors.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      const auto& ids = plan.devices[i].samples;
+      ASSERT_EQ(b->tensors[i].ids_checksum, ipc::SampleIdsChecksum(ids.data(), ids.size()));
+      for (size_t k = 0; k < ids.size(); ++k) {
+        ASSERT_EQ(synthetic::FirstMismatch(planner.job().dataset, ids[k],
+                                           static_cast<const uint8_t*>(b->tensors[i].data) + k * 512),
+                  -1)
+            << "process " << p << " step " << step << " device " << i << " sample " << ids[k];
+      }
+    }
+  };
+  // Each trainer on its own thread, as trainers run (one that waits on its
+  // batch must not keep the other from reconnecting).
+  auto consume = [&](int64_t from, int64_t to) {
+    std::thread t[2];
+    for (int p = 0; p < 2; ++p) {
+      t[p] = std::thread([&, p] {
+        for (int64_t step = from; step < to && !::testing::Test::HasFatalFailure(); ++step) check(p, step);
+      });
+    }
+    for (auto& th : t) th.join();
+  };
+  consume(0, 6);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  const int other = 1 - victim;
+  ::kill(pid[victim], SIGKILL);
+  ::waitpid(pid[victim], nullptr, 0);
+  std::this_thread::sleep_for(milliseconds(300));  // the other notices, and waits for it
+  pid[victim] = spawn(victim, dir.path() + "/s" + std::to_string(victim) + ".log");
+  consume(6, 30);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  EXPECT_EQ(c[victim]->reconnects(), 1);
+  EXPECT_EQ(c[other]->reconnects(), 0) << "that sidecar never went away";
+  for (int p = 0; p < 2; ++p) {
+    c[p]->Close();
+    ::kill(pid[p], SIGTERM);
+    ::waitpid(pid[p], nullptr, 0);
+    pid[p] = -1;
+    ::close(listen_fd[p]);
+  }
+  std::ifstream log(dir.path() + "/s" + std::to_string(other) + ".log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("lost a peer; waiting for it to come back"), std::string::npos) << text;
+  EXPECT_NE(text.find("peer reconnected"), std::string::npos) << text;
+  EXPECT_EQ(text.find("peer connection failed"), std::string::npos) << text;
+}
+
+TEST(SidecarProcess, ARestartedBroadcastSenderRejoinsItsReceiver) {
+  RestartOneSidecarOfAMovingJob("PerProcess", "Broadcast", 0);
+}
+
+TEST(SidecarProcess, ARestartedBroadcastReceiverIsDialledAgain) {
+  RestartOneSidecarOfAMovingJob("PerProcess", "Broadcast", 1);
+}
+
+TEST(SidecarProcess, ARestartedSidecarOfALoadAndReshardJobRejoins) {
+  RestartOneSidecarOfAMovingJob("LoadAndReshard", "Load", 0);
 }
 
 }  // namespace
