@@ -37,9 +37,12 @@
 /// the peer says goodbye, the parts under way on it go back to waiting, the
 /// sender dials again, and the receiver accepts the sender's new HELLO (one
 /// that arrives while the old connection still looks alive replaces it).
-/// On the new connection the receiver sends RESET and credits again for
-/// every part it still lacks; what the sender no longer holds is served on
-/// demand, so the bytes are the same as without the restart.
+/// On the new connection the receiver sends RESET, says which steps it
+/// already has from that sender (HAVE: a restarted sender starts again at
+/// its trainer's step and must not wait for credits that will not come),
+/// and credits again every part it still lacks; what the sender's pipeline
+/// has passed is served on demand, so the bytes are the same as without the
+/// restart.
 ///
 /// Faults are reported, not hung on: a connection that cannot be made within
 /// `connect_timeout`, a lost peer that is not back within
