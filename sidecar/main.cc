@@ -117,9 +117,36 @@ meshload::Result<int64_t> WaitForProcessFile(const std::string& path) {
   return meshload::Status(meshload::StatusCode::kCancelled, "stopped while waiting for the process index", path);
 }
 
-// The peers from the controller's assignments.json ({"processes": P,
-// "pods": {name: {"index": i, "ip": "10.1.2.3"}}}): waits, saying so every
-// 10 s, until every process has a pod with an IP (pods get theirs when they
+// The peers in the controller's assignments.json ({"processes": P,
+// "pods": {name: {"index": i, "ip": "10.1.2.3"}}}), by process index; a
+// process without a pod or an IP yet has an empty host. kNotFound: no file
+// (yet).
+meshload::Result<std::vector<meshload::sidecar::exchange::PeerAddress>> ReadAssignments(const std::string& path,
+                                                                                       uint16_t port) {
+  std::ifstream in(path);
+  if (!in) return meshload::Status(meshload::StatusCode::kNotFound, "not there (yet)", path);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("processes") || !j["processes"].is_number_integer() ||
+      !j.contains("pods") || !j["pods"].is_object()) {
+    return meshload::InvalidArgument("expected the controller's assignments (processes, pods)", path);
+  }
+  const int64_t n = j["processes"].get<int64_t>();
+  if (n < 1 || n > (1 << 22)) return meshload::InvalidArgument("processes: out of range", path);
+  std::vector<meshload::sidecar::exchange::PeerAddress> peers(static_cast<size_t>(n));
+  for (const auto& [name, pod] : j["pods"].items()) {
+    if (!pod.is_object() || !pod.contains("index") || !pod["index"].is_number_integer()) {
+      return meshload::InvalidArgument("pods." + name + ".index: expected an integer", path);
+    }
+    const int64_t i = pod["index"].get<int64_t>();
+    if (i < 0 || i >= n) return meshload::InvalidArgument("pods." + name + ".index: out of range", path);
+    if (pod.contains("ip") && pod["ip"].is_string()) peers[static_cast<size_t>(i)].host = pod["ip"].get<std::string>();
+  }
+  for (auto& p : peers) p.port = port;
+  return peers;
+}
+
+// The peers from the controller's assignments: waits, saying so every 10 s,
+// until every process has a pod with an IP (pods get theirs when they
 // start), or a signal arrives.
 meshload::Result<std::vector<meshload::sidecar::exchange::PeerAddress>> WaitForAssignments(const std::string& path,
                                                                                           uint16_t port) {
@@ -127,29 +154,13 @@ meshload::Result<std::vector<meshload::sidecar::exchange::PeerAddress>> WaitForA
   const auto start = steady_clock::now();
   auto next_log = start;
   while (!g_stop_waiting.load()) {
-    std::ifstream in(path);
+    auto peers = ReadAssignments(path, port);
     std::string missing = "the file";
-    if (in) {
-      nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.is_object() || !j.contains("processes") || !j["processes"].is_number_integer() ||
-          !j.contains("pods") || !j["pods"].is_object()) {
-        return meshload::InvalidArgument("expected the controller's assignments (processes, pods)", path);
-      }
-      const int64_t n = j["processes"].get<int64_t>();
-      if (n < 1 || n > (1 << 22)) return meshload::InvalidArgument("processes: out of range", path);
-      std::vector<meshload::sidecar::exchange::PeerAddress> peers(static_cast<size_t>(n));
-      for (const auto& [name, pod] : j["pods"].items()) {
-        if (!pod.is_object() || !pod.contains("index") || !pod["index"].is_number_integer()) {
-          return meshload::InvalidArgument("pods." + name + ".index: expected an integer", path);
-        }
-        const int64_t i = pod["index"].get<int64_t>();
-        if (i < 0 || i >= n) return meshload::InvalidArgument("pods." + name + ".index: out of range", path);
-        if (pod.contains("ip") && pod["ip"].is_string()) peers[static_cast<size_t>(i)].host = pod["ip"].get<std::string>();
-        peers[static_cast<size_t>(i)].port = port;
-      }
+    if (!peers.ok() && peers.status().code() != meshload::StatusCode::kNotFound) return peers.status();
+    if (peers.ok()) {
       missing.clear();
-      for (int64_t i = 0; i < n; ++i) {
-        if (peers[static_cast<size_t>(i)].host.empty()) missing += (missing.empty() ? "" : ",") + std::to_string(i);
+      for (size_t i = 0; i < peers->size(); ++i) {
+        if ((*peers)[i].host.empty()) missing += (missing.empty() ? "" : ",") + std::to_string(i);
       }
       if (missing.empty()) return peers;
       missing = "the IPs of processes " + missing;
@@ -344,6 +355,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     opt.peers->peers = *list;
+    // A replaced pod comes back with another IP: a lost peer is looked up
+    // again before each dial (the kubelet refreshes the mounted ConfigMap).
+    opt.peers->address_of = [path = assignments, port = static_cast<uint16_t>(port_number)](
+                                int64_t process) -> std::optional<sidecar::exchange::PeerAddress> {
+      auto now = ReadAssignments(path, port);
+      if (!now.ok() || process < 0 || static_cast<size_t>(process) >= now->size()) return std::nullopt;
+      return (*now)[static_cast<size_t>(process)];
+    };
   }
   auto sidecar = sidecar::Sidecar::Create(opt);
   if (!sidecar.ok()) {

@@ -162,6 +162,9 @@ class PeerExchange::Impl {
   struct Conn {
     int64_t peer = 0;
     bool outbound = false;  // this process sends data on it
+    // Written by the I/O thread only (a peer found at a new address), read
+    // anywhere through Name().
+    mutable std::mutex addr_mu;
     PeerAddress addr;
     // I/O thread only.
     // Bumped whenever the socket is replaced or dropped: a handler of an
@@ -191,7 +194,10 @@ class PeerExchange::Impl {
     int64_t have_through = INT64_MIN;  // outbound: the receiver has every step in [floor, have_through]
     std::set<int64_t> have;            // outbound: and these
     std::deque<int64_t> sent_order;
-    std::string Name() const { return "process " + std::to_string(peer) + " (" + addr.ToString() + ")"; }
+    std::string Name() const {
+      std::lock_guard lock(addr_mu);
+      return "process " + std::to_string(peer) + " (" + addr.ToString() + ")";
+    }
   };
   struct Pending {
     tcp::socket sock;
@@ -592,6 +598,15 @@ class PeerExchange::Impl {
   void Connect(Conn& c) {
     DropSocket(c);
     const uint64_t g = c.gen;
+    if (c.lost && opt_.address_of) {
+      // A peer whose pod was replaced comes back at another address.
+      if (std::optional<PeerAddress> now = opt_.address_of(c.peer); now && !now->host.empty() && now->port != 0 &&
+                                                                     (now->host != c.addr.host || now->port != c.addr.port)) {
+        LogInfo("a lost peer has a new address", {{"peer", c.Name()}, {"address", now->ToString()}});
+        std::lock_guard lock(c.addr_mu);
+        c.addr = *now;
+      }
+    }
     c.resolver = std::make_unique<tcp::resolver>(io_);
     c.resolver->async_resolve(
         c.addr.host, std::to_string(c.addr.port),

@@ -61,6 +61,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -103,6 +104,11 @@ struct ExchangeOptions {
   /// How long a lost peer has to come back (0: a lost connection fails the
   /// steps that need it at once).
   std::chrono::milliseconds reconnect_timeout{120000};
+  /// Where a process's sidecar is now (nullopt or an empty host: not known),
+  /// asked on the I/O thread before each dial of a lost receiver: a pod
+  /// that was replaced comes back with another IP (the sidecar reads the
+  /// controller's assignments again). Unset: the address in `peers`.
+  std::function<std::optional<PeerAddress>(int64_t process)> address_of;
   std::chrono::milliseconds heartbeat{1000};
   /// How long a step may wait on its peers before it is logged (once).
   std::chrono::milliseconds stall_report_after{5000};

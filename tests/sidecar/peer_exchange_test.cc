@@ -362,6 +362,53 @@ TEST(PeerExchange, AReceiverThatRestartsIsDialledAgain) {
   EXPECT_EQ((*sender)->counters().parts_served, 0u) << "step 1 was still in the sender's slot";
 }
 
+TEST(PeerExchange, AReceiverThatComesBackAtANewAddressIsFoundThere) {
+  Pair pair;
+  auto [moved_fd, moved_port] = Listen();  // the replaced pod's new address
+  std::atomic<bool> moved{false};
+  std::atomic<int> asked{0};
+  ExchangeOptions so = pair.Options(0);
+  so.reconnect_timeout = 20s;
+  so.address_of = [&](int64_t process) -> std::optional<PeerAddress> {
+    EXPECT_EQ(process, 1);
+    asked++;
+    if (!moved) return std::nullopt;  // not published yet: keep the old one
+    return PeerAddress{"127.0.0.1", moved_port};
+  };
+  auto sender = PeerExchange::Create(so, {1}, {});
+  ASSERT_TRUE(sender.ok());
+  std::vector<uint8_t> s0 = Pattern(512, 0), s1 = Pattern(512, 1), d0(512), d1(512);
+  {
+    auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
+    ASSERT_TRUE(receiver.ok());
+    auto rt = (*receiver)->Begin(0);
+    ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, d0, 0)}).ok());
+    auto st = (*sender)->Begin(0);
+    ASSERT_TRUE((*sender)->Send(st, {PartOf(1, s0, 0)}).ok());
+    ASSERT_TRUE((*sender)->Wait(st, {}).ok());
+    ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+  }
+  EXPECT_EQ(asked.load(), 0) << "the first dial uses the peer list";
+  auto st1 = (*sender)->Begin(1);
+  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, s1, 1)}).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  Status early = (*sender)->Wait(st1, [&] { return std::chrono::steady_clock::now() - t0 > 500ms; });
+  EXPECT_EQ(early.code(), StatusCode::kCancelled) << early.ToString();
+  EXPECT_GT(asked.load(), 0) << "a lost receiver is looked up before each dial";
+  // The receiver comes back elsewhere, and the new address is published.
+  ExchangeOptions ro = pair.Options(1);
+  ro.listen_fd = moved_fd;
+  ro.first_step = 1;
+  auto receiver = PeerExchange::Create(ro, {}, {0});
+  ASSERT_TRUE(receiver.ok());
+  moved = true;
+  auto rt1 = (*receiver)->Begin(1);
+  ASSERT_TRUE((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}).ok());
+  ASSERT_TRUE((*receiver)->Wait(rt1, {}).ok());
+  ASSERT_TRUE((*sender)->Wait(st1, {}).ok());
+  EXPECT_EQ(d1, s1);
+}
+
 TEST(PeerExchange, ALostReceiverThatDoesNotComeBackFailsTheSendersStep) {
   Pair pair;
   auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
