@@ -358,7 +358,7 @@ Status Client::ConnectOnce(int64_t want_step) {
   return Status::Ok();
 }
 
-Status Client::Reconnect(const Status& why) {
+Status Client::Reconnect(const Status& why, std::optional<Clock::time_point> deadline) {
   if (conn_) conn_->Close();
   conn_.reset();
   std::mt19937_64 rng(static_cast<uint64_t>(::getpid()) ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
@@ -368,7 +368,13 @@ Status Client::Reconnect(const Status& why) {
     const auto cap = std::min(options_.reconnect_backoff_max,
                               options_.reconnect_backoff_initial * (int64_t{1} << std::min(attempt, 20)));
     std::uniform_int_distribution<int64_t> jitter(cap.count() / 2, cap.count());
-    std::this_thread::sleep_for(std::chrono::milliseconds(jitter(rng)));
+    const auto wake = Clock::now() + std::chrono::milliseconds(jitter(rng));
+    if (deadline && wake > *deadline) {
+      std::this_thread::sleep_until(*deadline);
+      return Status(StatusCode::kDeadlineExceeded, "still reconnecting to the sidecar (" + why.message() +
+                                                       "); last error: " + last.message());
+    }
+    std::this_thread::sleep_until(wake);
     const bool was_connected = next_step_ >= 0;
     last = ConnectOnce(was_connected ? next_step_ : options_.start_step.value_or(-1));
     if (last.ok()) {
@@ -440,8 +446,19 @@ Result<Batch> Client::MakeBatch(const ipc::Ready& r, uint64_t wait_ns) {
 
 Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
   const auto t0 = Clock::now();
+  std::optional<Clock::time_point> deadline;
+  if (timeout) deadline = t0 + *timeout;
+  // Reconnects within the caller's timeout.
+  auto reconnect = [&](const Status& why) -> Status {
+    Status st = Reconnect(why, deadline);
+    if (st.code() != StatusCode::kDeadlineExceeded) return st;
+    return Status(StatusCode::kDeadlineExceeded,
+                  "no batch for step " + std::to_string(next_step_) + " within " + std::to_string(timeout->count()) +
+                      " ms: " + st.message(),
+                  options_.socket_path);
+  };
   while (true) {
-    if (!conn_) RETURN_IF_ERROR(Reconnect(Status(StatusCode::kUnavailable, "not connected")));
+    if (!conn_) RETURN_IF_ERROR(reconnect(Status(StatusCode::kUnavailable, "not connected")));
     int wait_ms = -1;
     if (timeout) {
       const auto left = *timeout - std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
@@ -465,14 +482,14 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
     auto got = ipc::ReceiveMessage(conn_->fd(), ipc::kMaxMessageBytes);
     if (!got.ok()) {
       if (got.status().code() != StatusCode::kUnavailable) return got.status().WithLocationPrefix(options_.socket_path);
-      RETURN_IF_ERROR(Reconnect(got.status()));
+      RETURN_IF_ERROR(reconnect(got.status()));
       continue;
     }
     ASSIGN_OR_RETURN(ipc::Message msg, ipc::Decode(got->bytes));
     if (const auto* err = std::get_if<ipc::ErrorMessage>(&msg)) {
       if (err->code == ipc::ErrorCode::kShuttingDown) {
         // A sidecar being restarted says goodbye: reconnect, as if it had vanished.
-        RETURN_IF_ERROR(Reconnect(Status(StatusCode::kUnavailable, "the sidecar is stopping: " + err->message)));
+        RETURN_IF_ERROR(reconnect(Status(StatusCode::kUnavailable, "the sidecar is stopping: " + err->message)));
         continue;
       }
       const StatusCode code = err->code == ipc::ErrorCode::kDataError ? StatusCode::kDataLoss

@@ -128,9 +128,11 @@ class Client {
   ~Client();
 
   /// The next step's batch. Blocks until it is staged, or until `timeout`
-  /// (kDeadlineExceeded), or a signal interrupts the wait (kCancelled; call
-  /// again to go on). kUnavailable when the sidecar is gone for good;
-  /// kDataLoss/kFailedPrecondition for errors the sidecar reported.
+  /// (kDeadlineExceeded, also while reconnecting to a sidecar that is
+  /// restarting: the next call goes on reconnecting), or a signal interrupts
+  /// the wait (kCancelled; call again to go on). kUnavailable when the
+  /// sidecar is gone for good; kDataLoss/kFailedPrecondition for errors the
+  /// sidecar reported.
   Result<Batch> Next(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
   /// Closes the connection; leases still alive release nothing (the sidecar
@@ -146,7 +148,10 @@ class Client {
  private:
   explicit Client(ClientOptions options) : options_(std::move(options)) {}
   Status ConnectOnce(int64_t want_step);
-  Status Reconnect(const Status& why);
+  // kDeadlineExceeded once `deadline` passes (the connection stays closed;
+  // the next Next() reconnects again).
+  Status Reconnect(const Status& why,
+                   std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
   Result<Batch> MakeBatch(const ipc::Ready& ready, uint64_t wait_ns);
 
   ClientOptions options_;

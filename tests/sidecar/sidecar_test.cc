@@ -532,6 +532,16 @@ TEST(SidecarProcess, ARestartedSidecarResumesTheTrainerWithIdenticalBytes) {
   EXPECT_EQ(c->reconnects(), 1);
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
+  // While it reconnects, Next() keeps to its timeout.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto late = c->Next(milliseconds(200));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), StatusCode::kDeadlineExceeded) << late.status().ToString();
+  EXPECT_NE(late.status().message().find("still reconnecting to the sidecar"), std::string::npos)
+      << late.status().ToString();
+  EXPECT_GE(took, milliseconds(200));
+  EXPECT_LT(took, milliseconds(1500));
   // Gone for good: a clear error after the bounded reconnects.
   auto gone = c->Next(milliseconds(10000));
   for (int i = 0; i < 5 && gone.ok(); ++i) gone = c->Next(milliseconds(10000));
