@@ -43,7 +43,7 @@ cmake --build build-tsan -j "$JOBS" --target sidecar_test source_test metrics_te
 # whose 150 ms timeout is too tight under TSan's slowdown.
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" \
   ctest --output-on-failure -j "$JOBS" \
-    -R '^(Sidecar|SidecarProcess|StepLoader|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|SourceRegistry|Metrics|HealthServer|DeviceStaging)' \
+    -R '^(Sidecar|SidecarProcess|PeerExchange|StepLoader|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|SourceRegistry|Metrics|HealthServer|DeviceStaging)' \
     -E 'StopJoinsEveryThreadTheServerStarted|SlowResponseIsRetriedAsTimeout')
 
 step "all configurations passed"

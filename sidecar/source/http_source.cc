@@ -323,6 +323,20 @@ class IovWriter {
  public:
   explicit IovWriter(const std::vector<iovec>& iov) : iov_(iov) {}
 
+  // Skips the first n bytes (written by an earlier attempt).
+  void Skip(uint64_t n) {
+    while (n > 0) {
+      const iovec& v = iov_[index_];
+      const uint64_t take = std::min<uint64_t>(n, v.iov_len - within_);
+      n -= take;
+      within_ += take;
+      if (within_ == v.iov_len) {
+        ++index_;
+        within_ = 0;
+      }
+    }
+  }
+
   // Precondition: at most the remaining capacity.
   void Write(const char* data, size_t n) {
     while (n > 0) {
@@ -437,7 +451,10 @@ class HttpSource final : public Source {
     if (len - 1 > std::numeric_limits<uint64_t>::max() - offset) {
       return InvalidArgument("range of " + std::to_string(len) + " bytes overflows", location);
     }
-    RETURN_IF_ERROR(WithRetries(url, location, [&] { return ReadAttempt(url, offset, len, iov); }));
+    // A 206 body cut short leaves its bytes in place: the next attempt asks
+    // for the rest only.
+    uint64_t done = 0;
+    RETURN_IF_ERROR(WithRetries(url, location, [&] { return ReadAttempt(url, offset, len, iov, done); }));
     observer_->OnRead(url.scheme, len, std::chrono::duration<double>(Clock::now() - start).count());
     return Status::Ok();
   }
@@ -487,25 +504,29 @@ class HttpSource final : public Source {
     return Clock::now() - last_progress >= options_.read_timeout * 9 / 10;
   }
 
+  // Reads bytes [offset + done, offset + len) into iov (from byte `done` of
+  // it) and advances `done` by what a 206 delivered, even on failure.
   Attempt ReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len,
-                      const std::vector<iovec>& iov) {
+                      const std::vector<iovec>& iov, uint64_t& done) {
     auto checkout = pool_.Checkout(url);
     if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
     ClientPtr client = std::move(checkout).value();
 
+    const uint64_t from = offset + done;
     const uint64_t last_byte = offset + len - 1;
     httplib::Headers headers = {
-        {"Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(last_byte)},
+        {"Range", "bytes=" + std::to_string(from) + "-" + std::to_string(last_byte)},
         // Byte ranges of the stored representation, never of a compressed one.
         {"Accept-Encoding", "identity"},
     };
     int status = 0;
     bool to_iov = false;    // a 206/200 whose body is our data
     bool overflow = false;  // the server sent more than asked; we stopped reading
-    uint64_t received = 0;
+    uint64_t received = done;
     std::string retry_after;
     std::optional<Attempt> verdict;  // decided from the headers alone
     IovWriter writer(iov);
+    writer.Skip(done);
     Clock::time_point last_progress = Clock::now();
 
     auto on_response = [&](const httplib::Response& res) {
@@ -526,11 +547,11 @@ class HttpSource final : public Source {
                                        res.get_header_value("Content-Range") + "\")"));
           return false;
         }
-        if (range->first != offset) {
+        if (range->first != from) {
           verdict = Attempt::Fail(
               "io", FailedPrecondition("HTTP 206 for bytes " + std::to_string(range->first) + "-" +
                                        std::to_string(range->last) + ", asked for bytes " +
-                                       std::to_string(offset) + "-" + std::to_string(last_byte)));
+                                       std::to_string(from) + "-" + std::to_string(last_byte)));
           return false;
         }
         if (range->size && *range->size < offset + len) {
@@ -543,11 +564,11 @@ class HttpSource final : public Source {
       if (status == 200) {
         // The server ignored Range. From offset 0 the body starts with our
         // bytes; anywhere else we would have to download and drop a prefix.
-        if (offset != 0) {
+        if (from != 0) {
           verdict = Attempt::Fail(
               "io", FailedPrecondition("the server ignored the Range header (HTTP 200 for a "
                                        "read at offset " +
-                                       std::to_string(offset) + ")"));
+                                       std::to_string(from) + ")"));
           return false;
         }
         if (std::optional<uint64_t> size = ParseDecimal(res.get_header_value("Content-Length"));
@@ -586,6 +607,7 @@ class HttpSource final : public Source {
 
     httplib::Result res = client->Get(url.target, headers, on_response, on_data);
     const bool clean = res.error() == httplib::Error::Success;
+    if (to_iov && status == 206) done = received;  // kept for the next attempt
     // Only a connection whose exchange finished cleanly is reused.
     auto give_back = [&] {
       if (clean) pool_.Return(url, std::move(client));

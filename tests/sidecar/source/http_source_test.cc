@@ -252,8 +252,9 @@ TEST_F(HttpSourceTest, SlowResponseIsRetriedAsTimeoutAndTheFastRetrySucceeds) {
   EXPECT_EQ(server_.requests(), 2);
 }
 
-TEST_F(HttpSourceTest, BodyCutShortIsRetriedAsShortBody) {
+TEST_F(HttpSourceTest, BodyCutShortIsRetriedForTheRestOnly) {
   std::atomic<int> calls{0};
+  std::string second_range;
   server_.Get("/cut", [&](const httplib::Request& req, httplib::Response& res) {
     if (calls.fetch_add(1) == 0) {
       // Promise the whole range, send half of it, then drop the connection.
@@ -267,6 +268,7 @@ TEST_F(HttpSourceTest, BodyCutShortIsRetriedAsShortBody) {
                                });
       return;
     }
+    second_range = req.get_header_value("Range");
     ServeBytes(data_, req, res);
   });
   server_.Start();
@@ -277,6 +279,8 @@ TEST_F(HttpSourceTest, BodyCutShortIsRetriedAsShortBody) {
   EXPECT_EQ(out, data_.substr(10, 50000));
   EXPECT_EQ(observer_.retries(), std::vector<std::string>{"short_body"});
   EXPECT_EQ(server_.requests(), 2);
+  // The first 25,000 bytes arrived: the retry asks for the rest.
+  EXPECT_EQ(second_range, "bytes=25010-50009");
 }
 
 TEST_F(HttpSourceTest, ShorterRangeThanAskedIsRetriedAsShortBody) {
@@ -294,8 +298,10 @@ TEST_F(HttpSourceTest, ShorterRangeThanAskedIsRetriedAsShortBody) {
   Status st =
       MakeHttp(FastOptions(&observer_))->Read(server_.Url("/stingy"), 0, out.data(), out.size());
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
-  EXPECT_NE(st.message().find("short body: got 500 of 1000 bytes"), std::string::npos)
+  // Each attempt asks for the rest and gets half of it: 500, 250, 125.
+  EXPECT_NE(st.message().find("short body: got 875 of 1000 bytes"), std::string::npos)
       << st.message();
+  EXPECT_EQ(out.substr(0, 875), data_.substr(0, 875));
   EXPECT_EQ(observer_.retries(), (std::vector<std::string>{"short_body", "short_body"}));
   EXPECT_EQ(server_.requests(), 3);
 }
