@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <cctype>
+#include <cstring>
 #include <iterator>
 #include <sstream>
 #include <string>
@@ -68,6 +70,10 @@ options (each also read from the environment variable named after it):
                          how long a lost peer (a restarted sidecar) has to
                          come back before the steps that need it fail
                          (default 120; 0: fail at once)
+  --peer-secret-file PATH                                                     MESHLOAD_PEER_SECRET_FILE
+                         the job's peer secret (at least 16 bytes): peers
+                         prove they hold it before samples move; every
+                         sidecar of the job needs the same one
   --peer-listen-fd N     listen for peers on this inherited socket (meshload
                          run --local)
   --log-level LEVEL      debug, info, warn, error                             MESHLOAD_LOG_LEVEL
@@ -198,6 +204,7 @@ int main(int argc, char** argv) {
   std::string peers = Env("MESHLOAD_PEERS"), assignments = Env("MESHLOAD_ASSIGNMENTS");
   std::string peer_port = Env("MESHLOAD_PEER_PORT"), peer_timeout = Env("MESHLOAD_PEER_TIMEOUT"), peer_fd;
   std::string peer_reconnect = Env("MESHLOAD_PEER_RECONNECT_TIMEOUT");
+  std::string peer_secret_file = Env("MESHLOAD_PEER_SECRET_FILE");
   opt.job_path = Env("MESHLOAD_JOB");
   opt.socket_path = Env("MESHLOAD_SOCKET");
   if (!Env("MESHLOAD_METRICS_ADDRESS").empty()) opt.metrics_address = Env("MESHLOAD_METRICS_ADDRESS");
@@ -221,6 +228,7 @@ int main(int argc, char** argv) {
   flags.String({"--peer-port"}, &peer_port);
   flags.String({"--peer-timeout"}, &peer_timeout);
   flags.String({"--peer-reconnect-timeout"}, &peer_reconnect);
+  flags.String({"--peer-secret-file"}, &peer_secret_file);
   flags.String({"--peer-listen-fd"}, &peer_fd);
   flags.String({"--log-level"}, &log_level);
   flags.String({"--log-format"}, &log_format);
@@ -289,6 +297,18 @@ int main(int argc, char** argv) {
     if (!int_flag(peer_reconnect, "--peer-reconnect-timeout", 0, 86400, &v)) return 2;
     xo.reconnect_timeout = std::chrono::seconds(v);
   }
+  if (!peer_secret_file.empty()) {
+    // The secret never reaches a log line: errors name the file and the size.
+    std::ifstream in(peer_secret_file, std::ios::binary);
+    if (!in) return usage("--peer-secret-file " + peer_secret_file + ": cannot read it (" + std::strerror(errno) + ")");
+    std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) secret.pop_back();
+    if (secret.size() < 16) {
+      return usage("--peer-secret-file " + peer_secret_file + ": the secret must be at least 16 bytes, this one has " +
+                   std::to_string(secret.size()));
+    }
+    xo.secret = std::move(secret);
+  }
   if (!peer_fd.empty()) {
     if (!int_flag(peer_fd, "--peer-listen-fd", 3, 65535, &v)) return 2;
     xo.listen_fd = static_cast<int>(v);
@@ -345,6 +365,11 @@ int main(int argc, char** argv) {
       opt.peers.reset();
       assignments.clear();
     }
+  }
+  if (opt.peers && opt.peers->secret.empty()) {
+    LogWarn("peer connections are not authenticated: anyone who can reach the peer port can feed this job "
+            "samples; give every sidecar of the job the same --peer-secret-file",
+            {});
   }
   if (!assignments.empty()) {
     auto list = WaitForAssignments(assignments, static_cast<uint16_t>(port_number));

@@ -22,6 +22,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <nlohmann/json.hpp>
+#include <openssl/rand.h>
 
 #include "common/cuda_driver.h"
 
@@ -356,7 +357,26 @@ int RunRun(const std::vector<std::string>& args) {
     peer_list += (p ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(l->second);
     peer_fds.push_back(std::move(l->first));
   }
-  if (moves) std::printf("samples move between processes: sidecars exchange them over TCP (%s)\n", peer_list.c_str());
+  // The sidecars authenticate each other with a secret of this run's.
+  const std::string secret_path = run_dir + "/peer-secret";
+  if (moves) {
+    std::printf("samples move between processes: sidecars exchange them over TCP (%s), authenticated\n",
+                peer_list.c_str());
+    uint8_t raw[32];
+    if (RAND_bytes(raw, sizeof raw) != 1) return fail("cannot make a peer secret: no randomness");
+    std::string hex;
+    for (uint8_t b : raw) {
+      static const char* digits = "0123456789abcdef";
+      hex += digits[b >> 4];
+      hex += digits[b & 15];
+    }
+    const int sfd = ::open(secret_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (sfd < 0 || ::write(sfd, hex.data(), hex.size()) != static_cast<ssize_t>(hex.size())) {
+      if (sfd >= 0) ::close(sfd);
+      return fail("cannot write " + secret_path + ": " + std::strerror(errno));
+    }
+    ::close(sfd);
+  }
   // GPUs: with one for every device of the mesh, process p stages on its
   // own (p × devicesPerProcess + i); otherwise each sidecar takes the
   // first devicesPerProcess it sees (sharing them), or stages on the host
@@ -377,7 +397,8 @@ int RunRun(const std::vector<std::string>& args) {
                                      "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--reader-threads",
                                      std::to_string(reader_threads)};
     if (moves) {
-      argv.insert(argv.end(), {"--peers", peer_list, "--peer-listen-fd", std::to_string(kPeerListenFd)});
+      argv.insert(argv.end(), {"--peers", peer_list, "--peer-listen-fd", std::to_string(kPeerListenFd),
+                               "--peer-secret-file", secret_path});
     }
     if (gpu_per_device) {
       std::string list;

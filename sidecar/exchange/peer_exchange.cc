@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <array>
 #include <boost/asio.hpp>
 #include <climits>
 #include <condition_variable>
@@ -18,6 +19,11 @@
 #include <mutex>
 #include <set>
 #include <thread>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 
 #include "common/flags.h"
 #include "common/logging.h"
@@ -47,7 +53,40 @@ enum class Type : uint16_t {
   kBye = 8,       // the sender of it is stopping
   kHaveThrough = 9,  // a = step: the receiver has every step from its RESET step through a (on connection)
   kHave = 10,        // a = step: the receiver has step a (on connection)
+  kChallenge = 11,   // b = 32; then the receiver's nonce (the receiver has a peer secret)
+  kAuth = 12,        // b = 64; then HMAC(secret, "MLPX-auth", nonce, from, to, fingerprint) and the sender's nonce
 };
+
+// Peer authentication (ExchangeOptions::secret): HMAC-SHA256 over a label,
+// the other side's nonce, both process indexes and the job's fingerprint.
+using Mac = std::array<uint8_t, 32>;
+using Nonce = std::array<uint8_t, 32>;
+
+Mac PeerMac(const std::string& secret, std::string_view label, const uint8_t* nonce, int64_t from, int64_t to,
+            uint64_t fingerprint) {
+  std::string msg(label);
+  msg.append(reinterpret_cast<const char*>(nonce), 32);
+  msg.append(reinterpret_cast<const char*>(&from), sizeof from);
+  msg.append(reinterpret_cast<const char*>(&to), sizeof to);
+  msg.append(reinterpret_cast<const char*>(&fingerprint), sizeof fingerprint);
+  Mac out{};
+  unsigned int n = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(msg.data()),
+       msg.size(), out.data(), &n);
+  return out;
+}
+
+bool SameMac(const uint8_t* a, const Mac& b) { return CRYPTO_memcmp(a, b.data(), b.size()) == 0; }
+
+Nonce MakeNonce() {
+  Nonce n{};
+  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1) {
+    // No randomness: a nonce from the clock still differs per connection.
+    const auto t = std::chrono::steady_clock::now().time_since_epoch().count();
+    std::memcpy(n.data(), &t, sizeof t);
+  }
+  return n;
+}
 
 struct Header {
   uint32_t magic = kMagic;
@@ -202,6 +241,9 @@ class PeerExchange::Impl {
   struct Pending {
     tcp::socket sock;
     Header rx;
+    Header hello;
+    Nonce nonce{};                   // sent in CHALLENGE
+    std::array<uint8_t, 64> auth{};  // AUTH's payload
     Clock::time_point deadline;
     explicit Pending(tcp::socket s) : sock(std::move(s)) {}
   };
@@ -516,7 +558,56 @@ class PeerExchange::Impl {
                     " and its plan receives nothing from it: the processes run different jobs or peer lists");
       return;
     }
-    Conn& c = *it->second;
+    p->hello = h;
+    if (opt_.secret.empty()) {
+      Admit(p);
+      return;
+    }
+    // Authenticate first: nothing a peer says counts before it proves it
+    // holds the job's secret.
+    p->nonce = MakeNonce();
+    auto challenge = std::make_shared<Header>(Frame(Type::kChallenge, 0, p->nonce.size()));
+    std::vector<asio::const_buffer> out{asio::buffer(challenge.get(), sizeof *challenge), asio::buffer(p->nonce)};
+    asio::async_write(p->sock, out, [this, p, challenge](boost::system::error_code ec, size_t) {
+      if (ec) {
+        Forget(p);
+        return;
+      }
+      asio::async_read(p->sock, asio::buffer(&p->rx, sizeof p->rx), [this, p](boost::system::error_code e, size_t) {
+        if (e) {
+          Forget(p);
+          return;
+        }
+        if (p->rx.magic != kMagic || p->rx.type != static_cast<uint16_t>(Type::kAuth) || p->rx.b != p->auth.size()) {
+          Refuse(p, "this sidecar requires peer authentication: process " + std::to_string(p->hello.a) +
+                        " must run with the same --peer-secret-file");
+          return;
+        }
+        asio::async_read(p->sock, asio::buffer(p->auth), [this, p](boost::system::error_code r, size_t) {
+          if (r) {
+            Forget(p);
+            return;
+          }
+          const Mac want = PeerMac(opt_.secret, "MLPX-auth", p->nonce.data(), p->hello.a,
+                                   static_cast<int64_t>(p->hello.b), p->hello.c);
+          if (!SameMac(p->auth.data(), want)) {
+            // Refused, and nothing else: an impostor must not cost the real
+            // peer its connection.
+            Refuse(p, "peer authentication failed for a connection claiming to be process " +
+                          std::to_string(p->hello.a) + ": its --peer-secret-file differs");
+            return;
+          }
+          Admit(p);
+        });
+      });
+    });
+  }
+
+  // A sender that passed the checks (and authenticated): the job's
+  // fingerprint, then the connection replaces any earlier one.
+  void Admit(const std::shared_ptr<Pending>& p) {
+    const Header& h = p->hello;
+    Conn& c = *in_.at(h.a);
     if (h.c != opt_.fingerprint) {
       const std::string why = "process " + std::to_string(h.a) + " runs a different job (fingerprint " +
                               std::to_string(h.c) + ", this process " + std::to_string(opt_.fingerprint) +
@@ -545,7 +636,15 @@ class PeerExchange::Impl {
     c.sock = std::make_unique<tcp::socket>(std::move(p->sock));
     c.last_rx = Clock::now();
     MarkConnected(c, "receive");
-    Queue(c, {Frame(Type::kHelloOk), {}, {}, nullptr});
+    if (opt_.secret.empty()) {
+      Queue(c, {Frame(Type::kHelloOk), {}, {}, nullptr});
+    } else {
+      // Proves this side holds the secret too (over the sender's nonce).
+      auto proof = std::make_shared<Mac>(PeerMac(opt_.secret, "MLPX-ok", p->auth.data() + 32, h.a,
+                                                 static_cast<int64_t>(h.b), h.c));
+      WriteItem w{Frame(Type::kHelloOk, 0, proof->size()), {asio::buffer(*proof)}, {}, [proof](bool) {}};
+      Queue(c, std::move(w));
+    }
     int64_t floor;
     {
       std::lock_guard lock(mu_);
@@ -644,17 +743,103 @@ class PeerExchange::Impl {
                   OnFrame(c);  // reads the text and fails the connection
                   return;
                 }
-                if (c.rx.magic != kMagic || c.rx.type != static_cast<uint16_t>(Type::kHelloOk)) {
-                  Fail(c, c.Name() + " answered HELLO with something else than HELLO_OK");
+                if (c.rx.magic == kMagic && c.rx.type == static_cast<uint16_t>(Type::kChallenge)) {
+                  Authenticate(c, g);
                   return;
                 }
-                MarkConnected(c, "send");
-                ReadFrame(c);
-                Dispatch(c);
+                OnHelloOk(c, g, nullptr);
               });
             });
           });
         });
+  }
+
+  // The receiver asked this sender to prove it holds the secret (CHALLENGE
+  // just read): AUTH, then HELLO_OK with the receiver's proof.
+  void Authenticate(Conn& c, uint64_t g) {
+    if (opt_.secret.empty()) {
+      Fail(c, c.Name() + " requires peer authentication (its sidecar has --peer-secret-file): give this "
+                         "sidecar the same secret");
+      return;
+    }
+    if (c.rx.b != 32) {
+      Fail(c, c.Name() + " sent a CHALLENGE of " + std::to_string(c.rx.b) + " bytes (protocol error)");
+      return;
+    }
+    c.scratch.resize(32);
+    asio::async_read(*c.sock, asio::buffer(c.scratch), [this, &c, g](boost::system::error_code ec, size_t) {
+      if (g != c.gen) return;
+      if (ec) {
+        Retry(c, ec.message());
+        return;
+      }
+      auto mine = std::make_shared<Nonce>(MakeNonce());
+      auto auth = std::make_shared<std::array<uint8_t, 64>>();
+      const Mac mac = PeerMac(opt_.secret, "MLPX-auth", c.scratch.data(), opt_.process, c.peer, opt_.fingerprint);
+      std::memcpy(auth->data(), mac.data(), mac.size());
+      std::memcpy(auth->data() + 32, mine->data(), mine->size());
+      auto h = std::make_shared<Header>(Frame(Type::kAuth, 0, auth->size()));
+      std::vector<asio::const_buffer> out{asio::buffer(h.get(), sizeof *h), asio::buffer(*auth)};
+      asio::async_write(*c.sock, out, [this, &c, g, h, auth, mine](boost::system::error_code we, size_t) {
+        if (g != c.gen) return;
+        if (we) {
+          Retry(c, we.message());
+          return;
+        }
+        asio::async_read(*c.sock, asio::buffer(&c.rx, sizeof c.rx), [this, &c, g, mine](boost::system::error_code re, size_t) {
+          if (g != c.gen) return;
+          if (re) {
+            Retry(c, re.message());
+            return;
+          }
+          OnHelloOk(c, g, mine);
+        });
+      });
+    });
+  }
+
+  // The receiver's answer to HELLO (or AUTH) is in c.rx. With a secret, it
+  // must carry the receiver's proof over `nonce`.
+  void OnHelloOk(Conn& c, uint64_t g, std::shared_ptr<Nonce> nonce) {
+    if (c.rx.magic == kMagic && c.rx.type == static_cast<uint16_t>(Type::kError)) {
+      OnFrame(c);  // reads the text and fails the connection
+      return;
+    }
+    if (c.rx.magic != kMagic || c.rx.type != static_cast<uint16_t>(Type::kHelloOk)) {
+      Fail(c, c.Name() + " answered HELLO with something else than HELLO_OK");
+      return;
+    }
+    if (opt_.secret.empty()) {
+      if (c.rx.b != 0) {
+        Fail(c, c.Name() + " answered HELLO with a HELLO_OK of " + std::to_string(c.rx.b) + " bytes (protocol error)");
+        return;
+      }
+      MarkConnected(c, "send");
+      ReadFrame(c);
+      Dispatch(c);
+      return;
+    }
+    if (!nonce || c.rx.b != 32) {
+      Fail(c, c.Name() + " does not authenticate (its sidecar runs without --peer-secret-file): this sidecar "
+                         "sends samples only to peers that hold the job's secret");
+      return;
+    }
+    c.scratch.resize(32);
+    asio::async_read(*c.sock, asio::buffer(c.scratch), [this, &c, g, nonce](boost::system::error_code ec, size_t) {
+      if (g != c.gen) return;
+      if (ec) {
+        Retry(c, ec.message());
+        return;
+      }
+      const Mac want = PeerMac(opt_.secret, "MLPX-ok", nonce->data(), opt_.process, c.peer, opt_.fingerprint);
+      if (!SameMac(c.scratch.data(), want)) {
+        Fail(c, c.Name() + " failed peer authentication: its --peer-secret-file differs");
+        return;
+      }
+      MarkConnected(c, "send");
+      ReadFrame(c);
+      Dispatch(c);
+    });
   }
 
   void Retry(Conn& c, const std::string& why) {

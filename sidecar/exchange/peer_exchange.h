@@ -97,6 +97,11 @@ struct ExchangeOptions {
   std::string listen_address = "0.0.0.0";
   /// Both sides must agree (JobFingerprint).
   uint64_t fingerprint = 0;
+  /// The job's shared peer secret (--peer-secret-file). Non-empty: a sender
+  /// must prove it holds it before anything it sends counts (HMAC-SHA256
+  /// over a fresh nonce of the receiver's), and the receiver proves it back
+  /// before a sample goes out. Empty: connections are not authenticated.
+  std::string secret;
   /// The first step this process stages (its first RESET).
   int64_t first_step = 0;
   std::chrono::milliseconds connect_timeout{120000};

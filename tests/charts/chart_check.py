@@ -676,6 +676,22 @@ def example_problems(pod_job, dlj, sidecar_name, claim_templates):
     cm = volumes.get(job_mount["name"], {}).get("configMap", {}) if job_mount else {}
     if not job_mount or not job_mount.get("readOnly") or cm.get("name") != dlj["metadata"]["name"] + "-meshload":
         p.append("the ConfigMap %s-meshload is not mounted read-only at %s" % (dlj["metadata"]["name"], job_dir))
+    # Peers authenticate with the job's secret, mounted from a Secret that
+    # only root and the pod's fsGroup can read.
+    if "assignments" in args or "peers" in args:
+        sec = args.get("peer-secret-file") or ""
+        mount = next((m for path, m in mounts(sc).items() if sec.startswith(path.rstrip("/") + "/")), None)
+        secret = volumes.get(mount["name"], {}).get("secret") if mount else None
+        if not sec or not mount or not mount.get("readOnly") or not secret:
+            p.append("the sidecar's peer connections are not authenticated: no --peer-secret-file in a read-only "
+                     "Secret volume")
+        else:
+            mode = secret.get("defaultMode", 0o644)
+            if mode & 0o007:
+                p.append("the peer secret is readable by others (defaultMode %o)" % mode)
+            if not (mode & 0o040) or (pod.get("securityContext") or {}).get("fsGroup") is None:
+                p.append("the sidecar (a non-root uid) cannot read the peer secret: it needs the pod's fsGroup "
+                         "and a group-readable defaultMode")
     for c in [sc] + trainers:
         m = mounts(c).get("/run/meshload")
         if not m or "emptyDir" not in volumes.get(m["name"], {}):
@@ -710,6 +726,17 @@ check("examples/trainer-pod.yaml: an Indexed Job whose pods hybrid-fsdp selects,
       "its ConfigMap, socket volume and hardening",
       lambda: example_problems(job_docs[0], dlj, default_values["sidecarContainerName"], claim_templates)
       if len(job_docs) == 1 else ["expected one Job, found %d" % len(job_docs)], None)
+
+
+def unauthenticated_peers():
+    broken = copy.deepcopy(job_docs[0])
+    sc = broken["spec"]["template"]["spec"]["initContainers"][0]
+    sc["args"] = [a for a in sc["args"] if not a.startswith("--peer-secret-file")]
+    return bool(example_problems(broken, dlj, default_values["sidecarContainerName"], claim_templates))
+
+
+check("the trainer-pod check catches sidecars whose peers do not authenticate",
+      lambda: [] if unauthenticated_peers() else ["not caught"], None)
 
 
 def plain_init_container():

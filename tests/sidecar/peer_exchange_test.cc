@@ -180,6 +180,81 @@ TEST(PeerExchange, ADifferentJobIsRefusedOnBothSides) {
   (*receiver)->Abandon(rt);
 }
 
+TEST(PeerExchange, PeersWithTheJobsSecretAuthenticateEachOther) {
+  Pair pair;
+  ExchangeOptions so = pair.Options(0), ro = pair.Options(1);
+  so.secret = ro.secret = "0123456789abcdef0123456789abcdef";
+  auto sender = PeerExchange::Create(so, {1}, {});
+  auto receiver = PeerExchange::Create(ro, {}, {0});
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  for (int64_t step = 0; step < 3; ++step) {
+    std::vector<uint8_t> src = Pattern(777, static_cast<uint8_t>(step)), dst(777);
+    MoveStep(**sender, **receiver, step, src, dst, static_cast<uint64_t>(step));
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    EXPECT_EQ(dst, src);
+  }
+}
+
+TEST(PeerExchange, ASenderWithTheWrongSecretIsRefusedAndTheRealOneStillGetsIn) {
+  Pair pair;
+  ExchangeOptions ro = pair.Options(1);
+  ro.secret = "the job's secret, 32 bytes long.";
+  auto receiver = PeerExchange::Create(ro, {}, {0});
+  ASSERT_TRUE(receiver.ok());
+  std::vector<uint8_t> src = Pattern(64, 3), dst(64, 0);
+  auto rt = (*receiver)->Begin(0);
+  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 3)}).ok());
+  {
+    // An impostor claiming to be process 0 (another secret, or none).
+    for (const std::string secret : {"not the job's secret, 32 bytes..", ""}) {
+      ExchangeOptions io = pair.Options(0);
+      auto [fd, port] = Listen();
+      io.listen_fd = fd;
+      io.secret = secret;
+      auto impostor = PeerExchange::Create(io, {1}, {});
+      ASSERT_TRUE(impostor.ok());
+      auto it = (*impostor)->Begin(0);
+      std::vector<uint8_t> junk(64, 0xee);
+      ASSERT_TRUE((*impostor)->Send(it, {PartOf(1, junk, 3)}).ok());
+      Status w = (*impostor)->Wait(it, {});
+      EXPECT_EQ(w.code(), StatusCode::kUnavailable) << w.ToString();
+      EXPECT_NE(w.message().find(secret.empty() ? "requires peer authentication" : "peer authentication failed"),
+                std::string::npos)
+          << w.ToString();
+      (*impostor)->Abandon(it);
+    }
+  }
+  EXPECT_EQ(dst, std::vector<uint8_t>(64, 0)) << "nothing an impostor sent was written";
+  EXPECT_EQ(WaitAtMost(**receiver, rt, 200ms).code(), StatusCode::kCancelled) << "the step still waits";
+  // The real process 0.
+  ExchangeOptions so = pair.Options(0);
+  so.secret = ro.secret;
+  auto sender = PeerExchange::Create(so, {1}, {});
+  ASSERT_TRUE(sender.ok());
+  auto st = (*sender)->Begin(0);
+  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 3)}).ok());
+  ASSERT_TRUE((*sender)->Wait(st, {}).ok());
+  ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+  EXPECT_EQ(dst, src);
+}
+
+TEST(PeerExchange, ASenderWithASecretSendsNothingToAReceiverWithout) {
+  Pair pair;
+  ExchangeOptions so = pair.Options(0);
+  so.secret = "the job's secret, 32 bytes long.";
+  auto sender = PeerExchange::Create(so, {1}, {});
+  auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});  // no secret
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  std::vector<uint8_t> src = Pattern(64, 1);
+  auto st = (*sender)->Begin(0);
+  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 1)}).ok());
+  Status w = (*sender)->Wait(st, {});
+  EXPECT_EQ(w.code(), StatusCode::kUnavailable);
+  EXPECT_NE(w.message().find("does not authenticate"), std::string::npos) << w.ToString();
+  (*sender)->Abandon(st);
+  EXPECT_EQ((*receiver)->counters().bytes_received, 0u);
+}
+
 TEST(PeerExchange, APeerThatDoesNotComeBackIsReportedNotHungOn) {
   Pair pair;
   auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});

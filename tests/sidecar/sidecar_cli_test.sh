@@ -226,6 +226,16 @@ sed -i "s#uri: $TMP/none#uri: $TMP/data-reshard#" "$TMP/reshard.yaml"
 out=$("$SIDECAR" --job "$TMP/reshard.yaml" --process 0 --socket "$TMP/p.sock" --peers "127.0.0.1:7441,nohost" 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "peer 1 ('nohost')" <<<"$out"
 check "a bad --peers entry is a usage error naming it" $?
+printf 'hunter2-short\n' >"$TMP/short-secret"
+out=$("$SIDECAR" --job "$TMP/reshard.yaml" --process 0 --socket "$TMP/p.sock" --peers "127.0.0.1:7441,127.0.0.1:7442" \
+      --peer-secret-file "$TMP/short-secret" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "short-secret: the secret must be at least 16 bytes, this one has 13" <<<"$out" \
+  && ! grep -q "hunter2" <<<"$out"
+check "a peer secret shorter than 16 bytes is a usage error naming the file, never the secret" $?
+out=$("$SIDECAR" --job "$TMP/reshard.yaml" --process 0 --socket "$TMP/p.sock" --peers "127.0.0.1:7441,127.0.0.1:7442" \
+      --peer-secret-file "$TMP/no-such-secret" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "no-such-secret: cannot read it" <<<"$out"
+check "a missing peer secret file is a usage error naming it" $?
 echo '{"processes": 2, "pods": {"a": {"index": "zero"}}}' >"$TMP/cm/assign-bad.json"
 out=$("$SIDECAR" --job "$TMP/reshard.yaml" --process 0 --socket "$TMP/p.sock" --assignments "$TMP/cm/assign-bad.json" 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "assign-bad.json" <<<"$out" && grep -q "pods.a.index" <<<"$out"
