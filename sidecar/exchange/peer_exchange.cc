@@ -250,8 +250,7 @@ class PeerExchange::Impl {
 
   explicit Impl(ExchangeOptions o) : opt_(std::move(o)), acceptor_(io_), heartbeat_(io_) {
     self_floor_ = opt_.first_step;
-    max_begun_ = self_floor_ - 1;
-    done_through_ = self_floor_ - 1;
+    begun_through_ = done_through_ = self_floor_ - 1;
   }
 
   ~Impl() {
@@ -353,7 +352,7 @@ class PeerExchange::Impl {
     const Ticket t = ++last_ticket_;
     steps_[t].step = step;
     steps_[t].generation = restarts_;
-    max_begun_ = std::max(max_begun_, step);
+    Mark(step, begun_through_, begun_above_);
     return t;
   }
 
@@ -412,7 +411,7 @@ class PeerExchange::Impl {
         }
       }
       if (pending.empty()) {
-        if (st.generation == restarts_) MarkDone(st.step);
+        if (st.generation == restarts_) Mark(st.step, done_through_, done_above_);
         steps_.erase(t);
         return Status::Ok();
       }
@@ -451,8 +450,8 @@ class PeerExchange::Impl {
       std::lock_guard lock(mu_);
       self_floor_ = step;
       ++restarts_;
-      max_begun_ = step - 1;
-      done_through_ = step - 1;
+      begun_through_ = done_through_ = step - 1;
+      begun_above_.clear();
       done_above_.clear();
       for (auto& [t, st] : steps_) Skip(st);
       cv_.notify_all();
@@ -472,15 +471,16 @@ class PeerExchange::Impl {
     });
   }
 
-  // Step `step` has all its parts (this generation). Needs mu_.
-  void MarkDone(int64_t step) {
-    if (step <= done_through_) return;
-    done_above_.insert(step);
-    while (!done_above_.empty() && *done_above_.begin() == done_through_ + 1) {
-      done_through_ += 1;
-      done_above_.erase(done_above_.begin());
+  // Adds `step` to a set of steps kept as "every step from the re-plan
+  // point through `through`, and `above`" (begun, or done). Needs mu_.
+  static void Mark(int64_t step, int64_t& through, std::set<int64_t>& above) {
+    if (step <= through) return;
+    above.insert(step);
+    while (!above.empty() && *above.begin() == through + 1) {
+      through += 1;
+      above.erase(above.begin());
     }
-    while (done_above_.size() > kHaveMemory) done_above_.erase(done_above_.begin());  // advisory only
+    while (above.size() > kHaveMemory) above.erase(above.begin());  // a gap that never fills: forget it
   }
 
   // Parts not yet under way will not be: their staging is over. Needs mu_.
@@ -1181,9 +1181,10 @@ class PeerExchange::Impl {
         }
         for (auto it = c.credited.begin(); it != c.credited.end();) {
           const int64_t step = *it;
-          // Passed: behind this process's re-plan point, or staged (and
-          // sent or skipped) already, or asked for again.
-          const bool passed = step < self_floor_ || (step <= max_begun_ && !held.count(step));
+          // Passed: behind this process's re-plan point, or begun (with
+          // every step before it) and sent or skipped already, or asked
+          // for again.
+          const bool passed = step < self_floor_ || (step <= begun_through_ && !held.count(step));
           if (passed || c.again.count(step)) {
             it = c.credited.erase(it);
             c.again.erase(step);
@@ -1419,7 +1420,8 @@ class PeerExchange::Impl {
   std::deque<std::pair<Conn*, int64_t>> serve_queue_;
   int64_t self_floor_ = 0;
   uint64_t restarts_ = 0;                // Restart() calls
-  int64_t max_begun_ = -1;               // the highest step begun since the last re-plan
+  int64_t begun_through_ = -1;           // every step from self_floor_ through this was begun
+  std::set<int64_t> begun_above_;        // and these
   int64_t done_through_ = -1;            // every step from self_floor_ through this has all its parts
   std::set<int64_t> done_above_;         // and these
   ExchangeCounters counters_;

@@ -123,6 +123,41 @@ TEST(PeerExchange, MovesStepsOnCreditWithScatteredDestinations) {
   EXPECT_EQ((*receiver)->counters().parts_received, 20u);
 }
 
+TEST(PeerExchange, StepsBegunOutOfOrderAreSentFromTheirSlotsNotReadAgain) {
+  // Two staging threads: step 1 may be begun before step 0. A credit for
+  // step 0 must then wait for step 0's staging, not be read again.
+  Pair pair;
+  std::atomic<int> served{0};
+  ExchangeOptions so = pair.Options(0);
+  so.serve = [&](int64_t, int64_t, std::vector<uint8_t>& out, uint64_t&) {
+    served++;
+    out.assign(64, 0);
+    return Status::Ok();
+  };
+  auto sender = PeerExchange::Create(so, {1}, {});
+  auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  std::vector<uint8_t> s0 = Pattern(64, 0), s1 = Pattern(64, 1), d0(64), d1(64);
+  auto rt0 = (*receiver)->Begin(0);
+  ASSERT_TRUE((*receiver)->Expect(rt0, {PartOf(0, d0, 0)}).ok());
+  auto rt1 = (*receiver)->Begin(1);
+  ASSERT_TRUE((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}).ok());
+  std::this_thread::sleep_for(200ms);  // both credits reach the sender
+  auto st1 = (*sender)->Begin(1);
+  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, s1, 1)}).ok());
+  ASSERT_TRUE((*sender)->Wait(st1, {}).ok());
+  auto st0 = (*sender)->Begin(0);
+  ASSERT_TRUE((*sender)->Send(st0, {PartOf(1, s0, 0)}).ok());
+  ASSERT_TRUE((*sender)->Wait(st0, {}).ok());
+  ASSERT_TRUE((*receiver)->Wait(rt0, {}).ok());
+  ASSERT_TRUE((*receiver)->Wait(rt1, {}).ok());
+  EXPECT_EQ(d0, s0);
+  EXPECT_EQ(d1, s1);
+  EXPECT_EQ(served.load(), 0);
+  EXPECT_EQ((*sender)->counters().parts_sent, 2u);
+  EXPECT_EQ((*sender)->counters().parts_skipped, 0u);
+}
+
 TEST(PeerExchange, ASenderWaitsForTheReceiversCreditSoMemoryStaysBounded) {
   Pair pair;
   auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
