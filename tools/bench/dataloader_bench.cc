@@ -112,6 +112,21 @@ double CpuSeconds(pid_t pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
+// Minor page faults of a process (all its threads): for the sidecar, mostly
+// first touches of the dataset's read-only mapping.
+uint64_t MinorFaults(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = all.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(all.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 10 && rest >> field; ++i) {
+    if (i == 10) return std::stoull(field);
+  }
+  return 0;
+}
+
 // Context switches (voluntary + involuntary) of every thread of a process.
 uint64_t ContextSwitches(pid_t pid) {
   uint64_t total = 0;
@@ -226,6 +241,7 @@ void RunScenario(const Scenario& s, const std::string& root) {
   t0 = Clock::now();
   const double sidecar_cpu0 = CpuSeconds(pid), self_cpu0 = CpuSeconds(::getpid());
   const uint64_t sidecar_cs0 = ContextSwitches(pid), self_cs0 = ContextSwitches(::getpid());
+  const uint64_t sidecar_faults0 = MinorFaults(pid);
   for (int64_t t = 1; t < s.steps; ++t) {
     auto b = (*c)->Next();
     if (!b.ok()) {
@@ -240,6 +256,7 @@ void RunScenario(const Scenario& s, const std::string& root) {
   const double sidecar_cpu = CpuSeconds(pid) - sidecar_cpu0, self_cpu = CpuSeconds(::getpid()) - self_cpu0;
   const double per_step = static_cast<double>(s.steps - 1);
   const double sidecar_cs = static_cast<double>(ContextSwitches(pid) - sidecar_cs0) / per_step;
+  const double sidecar_faults = static_cast<double>(MinorFaults(pid) - sidecar_faults0) / per_step;
   const double self_cs = static_cast<double>(ContextSwitches(::getpid()) - self_cs0) / per_step;
   const double ml_rate = static_cast<double>((s.steps - 1) * static_cast<int64_t>(s.batch)) / elapsed;
   // Handoff: a consumer slower than the loader finds every batch staged;
@@ -302,6 +319,8 @@ void RunScenario(const Scenario& s, const std::string& root) {
   std::printf("  CPU while streaming                  sidecar %.2f cores, consumer %.2f cores (%.2f s)\n",
               sidecar_cpu / elapsed, self_cpu / elapsed, elapsed);
   std::printf("  context switches per step            sidecar %.2f, consumer %.2f\n", sidecar_cs, self_cs);
+  std::printf("  page faults per step                 sidecar %.2f (first touches of the read-only dataset mapping)\n",
+              sidecar_faults);
   std::printf("  trainer wait while streaming         p50 %.1f us, p99 %.1f us\n", Quantile(waits, 0.5) * 1e6,
               Quantile(waits, 0.99) * 1e6);
   std::printf("  handoff, batch already staged        p50 %.1f us, p99 %.1f us (target p99 < 50 us)\n",
