@@ -65,6 +65,9 @@ options (each also read from the environment variable named after it):
                          process has one), with --peer-port
   --peer-port N          the port every sidecar listens on for its peers      MESHLOAD_PEER_PORT
                          (default 7441; with --assignments)
+  --peer-listen-address ADDR                                                  MESHLOAD_PEER_LISTEN_ADDRESS
+                         the local address to listen for peers on (default
+                         0.0.0.0: every interface)
   --peer-timeout S       a peer silent this long is lost (default 30)         MESHLOAD_PEER_TIMEOUT
   --peer-reconnect-timeout S                                                  MESHLOAD_PEER_RECONNECT_TIMEOUT
                          how long a lost peer (a restarted sidecar) has to
@@ -205,6 +208,7 @@ int main(int argc, char** argv) {
   std::string peer_port = Env("MESHLOAD_PEER_PORT"), peer_timeout = Env("MESHLOAD_PEER_TIMEOUT"), peer_fd;
   std::string peer_reconnect = Env("MESHLOAD_PEER_RECONNECT_TIMEOUT");
   std::string peer_secret_file = Env("MESHLOAD_PEER_SECRET_FILE");
+  std::string peer_listen_address = Env("MESHLOAD_PEER_LISTEN_ADDRESS");
   opt.job_path = Env("MESHLOAD_JOB");
   opt.socket_path = Env("MESHLOAD_SOCKET");
   if (!Env("MESHLOAD_METRICS_ADDRESS").empty()) opt.metrics_address = Env("MESHLOAD_METRICS_ADDRESS");
@@ -229,6 +233,7 @@ int main(int argc, char** argv) {
   flags.String({"--peer-timeout"}, &peer_timeout);
   flags.String({"--peer-reconnect-timeout"}, &peer_reconnect);
   flags.String({"--peer-secret-file"}, &peer_secret_file);
+  flags.String({"--peer-listen-address"}, &peer_listen_address);
   flags.String({"--peer-listen-fd"}, &peer_fd);
   flags.String({"--log-level"}, &log_level);
   flags.String({"--log-format"}, &log_format);
@@ -297,6 +302,7 @@ int main(int argc, char** argv) {
     if (!int_flag(peer_reconnect, "--peer-reconnect-timeout", 0, 86400, &v)) return 2;
     xo.reconnect_timeout = std::chrono::seconds(v);
   }
+  if (!peer_listen_address.empty()) xo.listen_address = peer_listen_address;  // checked when the exchange listens
   if (!peer_secret_file.empty()) {
     // The secret never reaches a log line: errors name the file and the size.
     std::ifstream in(peer_secret_file, std::ios::binary);
