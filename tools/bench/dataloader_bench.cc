@@ -96,36 +96,28 @@ Memory SidecarMemory(pid_t pid) {
   return m;
 }
 
-// CPU seconds (user + system) a process has used so far; 0 if unknown.
-double CpuSeconds(pid_t pid) {
+// Numeric field `n` (1-based, as in proc(5)) of /proc/PID/stat; 0 if unknown.
+uint64_t StatField(pid_t pid, int n) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = all.rfind(')');
+  const size_t close = all.rfind(')');  // field 2, the name, may hold spaces
   if (close == std::string::npos) return 0;
   std::istringstream rest(all.substr(close + 2));
   std::string field;
-  unsigned long long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14) utime = std::stoull(field);
-    if (i == 15) stime = std::stoull(field);
+  for (int i = 3; rest >> field; ++i) {
+    if (i == n) return std::stoull(field);
   }
-  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  return 0;
+}
+
+// CPU seconds (user + system) a process has used so far; 0 if unknown.
+double CpuSeconds(pid_t pid) {
+  return static_cast<double>(StatField(pid, 14) + StatField(pid, 15)) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 // Minor page faults of a process (all its threads): for the sidecar, mostly
 // first touches of the dataset's read-only mapping.
-uint64_t MinorFaults(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = all.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(all.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 10 && rest >> field; ++i) {
-    if (i == 10) return std::stoull(field);
-  }
-  return 0;
-}
+uint64_t MinorFaults(pid_t pid) { return StatField(pid, 10); }
 
 // Context switches (voluntary + involuntary) of every thread of a process.
 uint64_t ContextSwitches(pid_t pid) {
