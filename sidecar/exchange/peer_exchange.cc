@@ -739,10 +739,6 @@ class PeerExchange::Impl {
                   Retry(c, re.message());
                   return;
                 }
-                if (c.rx.magic == kMagic && c.rx.type == static_cast<uint16_t>(Type::kError)) {
-                  OnFrame(c);  // reads the text and fails the connection
-                  return;
-                }
                 if (c.rx.magic == kMagic && c.rx.type == static_cast<uint16_t>(Type::kChallenge)) {
                   Authenticate(c, g);
                   return;
@@ -798,8 +794,8 @@ class PeerExchange::Impl {
     });
   }
 
-  // The receiver's answer to HELLO (or AUTH) is in c.rx. With a secret, it
-  // must carry the receiver's proof over `nonce`.
+  // The receiver's answer to HELLO (or AUTH) is in c.rx: HELLO_OK or ERROR.
+  // With a secret, HELLO_OK must carry the receiver's proof over `nonce`.
   void OnHelloOk(Conn& c, uint64_t g, std::shared_ptr<Nonce> nonce) {
     if (c.rx.magic == kMagic && c.rx.type == static_cast<uint16_t>(Type::kError)) {
       OnFrame(c);  // reads the text and fails the connection
@@ -814,9 +810,7 @@ class PeerExchange::Impl {
         Fail(c, c.Name() + " answered HELLO with a HELLO_OK of " + std::to_string(c.rx.b) + " bytes (protocol error)");
         return;
       }
-      MarkConnected(c, "send");
-      ReadFrame(c);
-      Dispatch(c);
+      Sending(c);
       return;
     }
     if (!nonce || c.rx.b != 32) {
@@ -836,10 +830,16 @@ class PeerExchange::Impl {
         Fail(c, c.Name() + " failed peer authentication: its --peer-secret-file differs");
         return;
       }
-      MarkConnected(c, "send");
-      ReadFrame(c);
-      Dispatch(c);
+      Sending(c);
     });
+  }
+
+  // An outbound connection is up: read the receiver's frames, send what it
+  // has credited.
+  void Sending(Conn& c) {
+    MarkConnected(c, "send");
+    ReadFrame(c);
+    Dispatch(c);
   }
 
   void Retry(Conn& c, const std::string& why) {
