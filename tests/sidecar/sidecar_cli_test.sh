@@ -17,6 +17,10 @@ cleanup() {
 }
 trap cleanup EXIT
 pass=0 fail=0 skip=0
+# A port to listen on: below the kernel's ephemeral range (32768 and up by
+# default), so no outgoing connection of a test running beside this one
+# holds it.
+listen_port() { echo $((20000 + RANDOM % 12000)); }
 check() { if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi; }
 skipped() { skip=$((skip + 1)); echo "SKIP $1: $2"; }
 
@@ -168,7 +172,7 @@ check "promtool check metrics is clean on the sidecar's /metrics" $?
 grep -q "^meshload_batches_consumed_total 30" "$TMP/metrics.txt" || { grep "consumed|delivered|connections" "$TMP/metrics.txt"; tail -3 "$TMP/trainer.out"; tail -5 "$TMP/sidecar.log"; }
 
 if command -v prometheus >/dev/null; then
-  PROM_PORT=$((20000 + RANDOM % 20000))
+  PROM_PORT=$(listen_port)
   cat >"$TMP/prom.yml" <<YAML
 global: {scrape_interval: 1s}
 scrape_configs:
@@ -240,7 +244,7 @@ echo '{"processes": 2, "pods": {"a": {"index": "zero"}}}' >"$TMP/cm/assign-bad.j
 out=$("$SIDECAR" --job "$TMP/reshard.yaml" --process 0 --socket "$TMP/p.sock" --assignments "$TMP/cm/assign-bad.json" 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "assign-bad.json" <<<"$out" && grep -q "pods.a.index" <<<"$out"
 check "assignments that are not the controller's are a clear error naming the file and field" $?
-PORT=$((20000 + RANDOM % 20000))
+PORT=$(listen_port)
 echo '{"processes": 2, "pods": {"t-0": {"index": 0, "ip": "127.0.0.1"}, "t-1": {"index": 1, "ip": ""}}}' >"$TMP/cm/assign.json"
 "$SIDECAR" --job "$TMP/reshard.yaml" --process 0 --socket "$TMP/as.sock" --assignments "$TMP/cm/assign.json" \
   --peer-port $PORT --log-level info 2>"$TMP/as.log" &
@@ -267,7 +271,7 @@ check "--assignments with a job that moves nothing between processes starts at o
 #    IP, process 0's sidecar reads it before dialling again, and both demo
 #    trainers verify every byte through it. Authenticated, as a job should be.
 sed -i "s#uri: $TMP/none#uri: $TMP/data-bcast#" "$TMP/bcast.yaml"
-PORT=$((20000 + RANDOM % 20000))
+PORT=$(listen_port)
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/peer-secret"
 assign() {  # assign IP_OF_PROCESS_1
   echo "{\"processes\": 2, \"pods\": {\"t-0\": {\"index\": 0, \"ip\": \"127.0.0.2\"}, \"t-1\": {\"index\": 1, \"ip\": \"$1\"}}}" \
