@@ -663,9 +663,11 @@ void Sidecar::AcceptClient() {
   if (!fd.ok()) return;
   auto creds = ipc::GetPeerCredentials(fd->get());
   auto refuse = [&](ipc::ErrorCode code, const std::string& msg, const char* outcome) {
-    (void)ipc::SendTo(fd->get(), ipc::Encode(ipc::ErrorMessage{code, msg}));
+    // Counted and logged before the trainer hears of it, so that what it
+    // then sees in /metrics includes its own refusal.
     metrics_->connections.Add({{"outcome", outcome}}).Increment();
     LogWarn("refused a trainer connection", {{"reason", msg}});
+    (void)ipc::SendTo(fd->get(), ipc::Encode(ipc::ErrorMessage{code, msg}));
     CloseLater(std::move(*fd));
   };
   if (!creds.ok()) {
