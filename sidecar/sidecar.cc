@@ -721,10 +721,11 @@ void Sidecar::ServeClosing(const pollfd* fds, size_t count) {
 
 void Sidecar::OnHello(const ipc::ClientHello& hello) {
   if (hello.want_step > (int64_t{1} << 62)) {
+    // Counted before the trainer hears of it (as in AcceptClient).
+    metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
     (void)ipc::SendTo(pending_->fd.get(), ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kBadRequest,
                                                                         "want_step " + std::to_string(hello.want_step) +
                                                                             " is out of range"}));
-    metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
     CloseLater(std::move(pending_->fd));
     pending_.reset();
     return;
@@ -972,6 +973,8 @@ int Sidecar::Run() {
                                    static_cast<uint8_t>(msg->bytes[4]) + 256 * static_cast<uint8_t>(msg->bytes[5]) !=
                                        ipc::kProtocolVersion &&
                                    msg->bytes.compare(0, 4, "MLD1") == 0;
+        metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
+        LogWarn("dropped a trainer connection before its hello", {{"reason", why}});
         if (msg.ok()) {
           (void)ipc::SendTo(pending_->fd.get(),
               ipc::Encode(ipc::ErrorMessage{other_version ? ipc::ErrorCode::kVersionMismatch : ipc::ErrorCode::kBadRequest,
@@ -979,17 +982,15 @@ int Sidecar::Run() {
                                                                 std::to_string(ipc::kProtocolVersion)
                                                           : why}));
         }
-        metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
-        LogWarn("dropped a trainer connection before its hello", {{"reason", why}});
         CloseLater(std::move(pending_->fd));
         pending_.reset();
       } else if (hello->version != ipc::kProtocolVersion) {
+        metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
+        LogWarn("dropped a trainer connection: protocol version mismatch", {{"version", static_cast<uint64_t>(hello->version)}});
         (void)ipc::SendTo(pending_->fd.get(),
                                ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kVersionMismatch,
                                                              "this sidecar speaks protocol version " +
                                                                  std::to_string(ipc::kProtocolVersion)}));
-        metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
-        LogWarn("dropped a trainer connection: protocol version mismatch", {{"version", static_cast<uint64_t>(hello->version)}});
         CloseLater(std::move(pending_->fd));
         pending_.reset();
       } else {
