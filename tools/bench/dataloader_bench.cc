@@ -47,6 +47,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 volatile uint64_t g_sink;
+// A scenario whose streaming stopped early: its figures are not reported as results.
+bool g_failed = false;
 
 struct Scenario {
   std::string name;
@@ -234,23 +236,26 @@ void RunScenario(const Scenario& s, const std::string& root) {
   const double sidecar_cpu0 = CpuSeconds(pid), self_cpu0 = CpuSeconds(::getpid());
   const uint64_t sidecar_cs0 = ContextSwitches(pid), self_cs0 = ContextSwitches(::getpid());
   const uint64_t sidecar_faults0 = MinorFaults(pid);
+  int64_t streamed = 0;  // steps received after the first
   for (int64_t t = 1; t < s.steps; ++t) {
     auto b = (*c)->Next();
     if (!b.ok()) {
-      std::fprintf(stderr, "next: %s\n", b.status().ToString().c_str());
+      std::fprintf(stderr, "FAILED at step %lld: %s\n", static_cast<long long>(t), b.status().ToString().c_str());
+      g_failed = true;
       break;
     }
+    ++streamed;
     waits.push_back(b->wait_seconds);
     bytes += b->tensors[0].nbytes;
     g_sink = static_cast<const uint8_t*>(b->tensors[0].data)[0];  // the consumer sees the data
   }
   const double elapsed = Since(t0);
   const double sidecar_cpu = CpuSeconds(pid) - sidecar_cpu0, self_cpu = CpuSeconds(::getpid()) - self_cpu0;
-  const double per_step = static_cast<double>(s.steps - 1);
+  const double per_step = static_cast<double>(std::max<int64_t>(streamed, 1));
   const double sidecar_cs = static_cast<double>(ContextSwitches(pid) - sidecar_cs0) / per_step;
   const double sidecar_faults = static_cast<double>(MinorFaults(pid) - sidecar_faults0) / per_step;
   const double self_cs = static_cast<double>(ContextSwitches(::getpid()) - self_cs0) / per_step;
-  const double ml_rate = static_cast<double>((s.steps - 1) * static_cast<int64_t>(s.batch)) / elapsed;
+  const double ml_rate = static_cast<double>(streamed * static_cast<int64_t>(s.batch)) / elapsed;
   // Handoff: a consumer slower than the loader finds every batch staged;
   // Next() then costs RELEASE of the previous slot + READY + receive.
   std::vector<double> handoff;
@@ -348,6 +353,10 @@ int main(int argc, char** argv) {
   std::printf("meshload host data path benchmark%s (data in %s)\n", quick ? " (quick)" : "", root.c_str());
   for (const auto& s : scenarios) {
     if (only.empty() || s.name == only) RunScenario(s, root);
+  }
+  if (g_failed) {
+    std::printf("\nFAILED: a scenario stopped early (see above); its rates cover only the steps received\n");
+    return 1;
   }
   return 0;
 }
