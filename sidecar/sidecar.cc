@@ -413,6 +413,16 @@ Status Sidecar::Init() {
       peer_seen_.reconnects = now.reconnects;
     }
   });
+  // Which job and process this sidecar serves, for dashboards and alerts
+  // to join on (one series per sidecar).
+  metrics::BuildGauge()
+      .Name("meshload_job_info")
+      .Help("The DataLoadJob and process this sidecar serves, and the job's loading strategy; the value is always 1.")
+      .Register(*registry_)
+      .Add({{"dataloadjob", job_name_},
+            {"process", std::to_string(options_.process)},
+            {"strategy", std::string(ToString(loading_.strategy))}})
+      .Set(1);
   if (options_.metrics_port >= 0) {
     metrics::HealthServerOptions hopts;
     hopts.bind_address = options_.metrics_address;

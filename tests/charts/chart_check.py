@@ -22,6 +22,7 @@
 usage: chart_check.py REPO_ROOT
 """
 import copy
+import json
 import os
 import re
 import sys
@@ -230,6 +231,7 @@ def render_chart(overrides=None, release="meshload", namespace="meshload-system"
             "Template": gt.Struct("chartutil.Values", {"Name": "meshload/templates/" + name,
                                                        "BasePath": "meshload/templates"}),
             "Capabilities": gt.Struct("*chartutil.Capabilities", {}),
+            "Files": gt.chart_files(CHART),
         }
         text = r.render(nodes, root)
         rendered[name] = text
@@ -456,6 +458,8 @@ def common_problems(docs, values, namespace, release):
             allowed = {namespace}
             if d["kind"] in ("Role", "RoleBinding") and values["watchNamespace"]:
                 allowed.add(values["watchNamespace"])
+            if d["__file"] == "grafana-dashboard.yaml" and values["grafanaDashboard"]["namespace"]:
+                allowed = {values["grafanaDashboard"]["namespace"]}  # where Grafana's sidecar looks
             if ns not in allowed:
                 p.append(what + ": namespace %r, want one of %s" % (ns, sorted(allowed)))
     dep = the(docs, "Deployment")
@@ -570,6 +574,109 @@ if out:
           and dep["metadata"]["name"] == "ml-meshload"
           and dep["spec"]["template"]["metadata"].get("annotations") == {"a": "b"}
           and dep["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--metrics-address=::")
+
+# Monitoring: the sidecars' PodMonitor, the alerting rules and the dashboard.
+MONITORING = {"sidecarMonitor": {"enabled": True, "labels": {"release": "prom"}},
+              "prometheusRule": {"enabled": True, "labels": {"release": "prom"}},
+              "grafanaDashboard": {"enabled": True, "namespace": "grafana", "annotations": {"grafana_folder": "ml"}}}
+out = scenario("sidecarMonitor, prometheusRule and grafanaDashboard on", MONITORING)
+monitoring_docs = out[1] if out else []
+if out:
+    rendered, docs = out
+    pm = objs(docs, "PodMonitor")
+    example_pod = [d for d in yaml.safe_load_all(read(os.path.join(ROOT, "examples/trainer-pod.yaml")))
+                   if d and d.get("kind") == "Job"][0]["spec"]["template"]
+    sidecar = [c for c in example_pod["spec"]["initContainers"] if c["name"] == default_values["sidecarContainerName"]][0]
+
+    def podmonitor_problems(docs):
+        pm = objs(docs, "PodMonitor")
+        if len(pm) != 1 or pm[0]["apiVersion"] != "monitoring.coreos.com/v1":
+            return ["expected one monitoring.coreos.com/v1 PodMonitor, found %d" % len(pm)]
+        spec, p = pm[0]["spec"], []
+        if spec["namespaceSelector"] != {"any": True}:
+            p.append("namespaceSelector %r" % spec["namespaceSelector"])
+        if any(example_pod["metadata"]["labels"].get(k) != v for k, v in spec["selector"]["matchLabels"].items()):
+            p.append("selector %r does not select the example trainer pods" % spec["selector"])
+        ports = [e["port"] for e in spec["podMetricsEndpoints"]]
+        if ports != ["metrics"] or not any(x.get("name") == "metrics" for x in sidecar.get("ports", [])):
+            p.append("endpoints %r: not the sidecar's port named metrics" % ports)
+        if pm[0]["metadata"]["labels"].get("release") != "prom":
+            p.append("labels %r" % pm[0]["metadata"]["labels"])
+        return p
+    check("sidecarMonitor: a PodMonitor in every namespace selects the example trainer pods and scrapes the "
+          "sidecar's port named metrics", lambda: podmonitor_problems(docs), None)
+    other = copy.deepcopy(docs)
+    objs(other, "PodMonitor")[0]["spec"]["selector"]["matchLabels"] = {"app": "someone-else"}
+    check("the checks catch a PodMonitor that does not select the trainer pods",
+          lambda: bool(podmonitor_problems(other)))
+    rules = objs(docs, "PrometheusRule")
+    flat = [r for g in (rules[0]["spec"]["groups"] if rules else []) for r in g["rules"]]
+
+    def rule_problems():
+        p = [] if len(rules) == 1 and rules[0]["metadata"]["labels"].get("release") == "prom" else ["no PrometheusRule"]
+        for r in flat:
+            if not r.get("alert") or not r.get("expr"):
+                p.append("a rule without alert or expr: %r" % r)
+            if (r.get("labels") or {}).get("severity") not in ("warning", "critical"):
+                p.append("%s: severity %r" % (r.get("alert"), (r.get("labels") or {}).get("severity")))
+            ann = r.get("annotations") or {}
+            if not ann.get("summary") or not ann.get("description"):
+                p.append("%s: no summary or description" % r.get("alert"))
+        names = [r.get("alert") for r in flat]
+        if len(set(names)) != len(names):
+            p.append("alert names repeat: %r" % names)
+        text = rendered["prometheusrule.yaml"]
+        if "{{ $labels.pod }}" not in text or "{{`" in text:
+            p.append("the alerts' own templates ({{ $labels.pod }}) did not survive Helm's templating")
+        return p
+    check("prometheusRule: every alert has an expression, a severity, a summary and a description; "
+          "$labels templates reach Prometheus", rule_problems, None)
+    starved = [r["expr"] for r in flat if r.get("alert") == "MeshloadTrainerStarved"]
+    check("prometheusRule: thresholds come from values (trainerWaitP99Seconds 0.05)",
+          lambda: len(starved) == 1 and "> 0.05" in starved[0], starved)
+    dash = objs(docs, "ConfigMap")
+    shipped = json.loads(read(os.path.join(CHART, "files/dashboards/meshload.json")))
+
+    def dashboard_problems():
+        if len(dash) != 1:
+            return ["expected one dashboard ConfigMap, found %d" % len(dash)]
+        d = dash[0]
+        p = []
+        if d["metadata"].get("namespace") != "grafana":
+            p.append("namespace %r" % d["metadata"].get("namespace"))
+        if d["metadata"]["labels"].get("grafana_dashboard") != "1":
+            p.append("no grafana_dashboard label")
+        if (d["metadata"].get("annotations") or {}).get("grafana_folder") != "ml":
+            p.append("annotations %r" % d["metadata"].get("annotations"))
+        if json.loads(d["data"]["meshload.json"]) != shipped:
+            p.append("the ConfigMap's meshload.json is not files/dashboards/meshload.json")
+        return p
+    check("grafanaDashboard: a ConfigMap carries files/dashboards/meshload.json unchanged, with Grafana's label",
+          dashboard_problems, None)
+    if "--write-monitoring" in sys.argv:
+        # For tests/observability: the rendered rules as a Prometheus rules file.
+        out_dir = sys.argv[sys.argv.index("--write-monitoring") + 1]
+        with open(os.path.join(out_dir, "rules.yaml"), "w") as f:
+            yaml.safe_dump({"groups": rules[0]["spec"]["groups"]}, f, sort_keys=False)
+
+
+def files_get_problems():
+    get = gt.chart_files(CHART)["Get"]
+    p = []
+    if get("Chart.yaml") != read(os.path.join(CHART, "Chart.yaml")):
+        p.append("Chart.yaml not read")
+    if get("files/none.json") != "":
+        p.append("a missing file is not empty")
+    try:
+        get("../../README.md")
+        p.append("a path outside the chart was read")
+    except gt.TemplateError:
+        pass
+    return p
+
+
+check("renderer: .Files.Get reads a chart file, gives \"\" for a missing one, refuses a path outside the chart",
+      files_get_problems, None)
 
 # What must not render.
 try:

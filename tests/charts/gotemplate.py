@@ -15,7 +15,8 @@ What it does as Helm does:
     evaluating interface {}.x"), as is an unknown field of .Release or .Chart;
   - comparing an int with a float (`gt .Values.replicaCount 1`) is an error,
     as in Go; `and` and `or` stop at the first deciding argument.
-Anything else (an unknown function, `template`, `block`, `break`, methods,
+Anything else (an unknown function, `template`, `block`, `break`, methods
+other than `.Files.Get`,
 ranges over integers, printf verbs other than %s %d %v %q) raises
 TemplateError: the renderer never ignores what it does not understand.
 
@@ -43,6 +44,41 @@ class Struct(dict):
     def __init__(self, type_name, fields):
         super().__init__(fields)
         self.type_name = type_name
+
+
+class Method:
+    """A method of a Go value (`.Files.Get "path"`): called with the command's
+    arguments; a method is never printed or compared as a value."""
+
+    def __init__(self, name, fn, nargs):
+        self.name, self.fn, self.nargs = name, fn, nargs
+
+    def __call__(self, *args):
+        if len(args) != self.nargs:
+            raise TemplateError("wrong number of args for %s: want %d got %d" % (self.name, self.nargs, len(args)))
+        return self.fn(*args)
+
+
+def chart_files(chart_dir):
+    """Helm's .Files for a chart directory: Get returns a file's text, or ""
+    for a file the chart does not have (as Helm does). Paths are relative to
+    the chart's root; one that leaves it is an error."""
+    import os
+
+    root = os.path.realpath(chart_dir)
+
+    def get(path):
+        if not isinstance(path, str):
+            raise TemplateError("Files.Get: the path must be a string")
+        full = os.path.realpath(os.path.join(root, path))
+        if not full.startswith(root + os.sep):
+            raise TemplateError("Files.Get: %s is outside the chart" % path)
+        if full.startswith(os.path.join(root, "templates") + os.sep) or not os.path.isfile(full):
+            return ""
+        with open(full, encoding="utf-8") as f:
+            return f.read()
+
+    return Struct("chart.Files", {"Get": Method("Files.Get", get, 1)})
 
 
 WS = " \t\r\n"
@@ -313,7 +349,7 @@ def parse_pipeline(toks, where):
         if head[0] == "func":
             if head[1] not in FUNCTIONS:
                 raise TemplateError("%s: function %r is not supported by this renderer" % (where, head[1]))
-        elif len(cmd) > 1:
+        elif len(cmd) > 1 and not (head[0] == "field" and head[2][-2:] == ["Files", "Get"]):
             raise TemplateError("%s: %r is not a function but has arguments" % (where, head))
     for cmd in cmds[1:]:
         if cmd[0][0] != "func":
@@ -528,12 +564,17 @@ class Renderer:
         prev, have_prev = None, False
         for cmd in cmds:
             head = cmd[0]
+            extra = [("lit", prev)] if have_prev else []
             if head[0] == "func":
-                args = list(cmd[1:])
-                extra = [("lit", prev)] if have_prev else []
-                prev = self.call(head[1], args + extra, dot, scopes)
+                prev = self.call(head[1], list(cmd[1:]) + extra, dot, scopes)
             else:
-                prev = self.operand(head, dot, scopes)
+                v = self.operand(head, dot, scopes)
+                args = list(cmd[1:]) + extra
+                if isinstance(v, Method):
+                    v = v(*[self.operand(a, dot, scopes) for a in args])
+                elif args:
+                    raise TemplateError("can't give argument to non-function %r" % (v,))
+                prev = v
             have_prev = True
         return prev
 
