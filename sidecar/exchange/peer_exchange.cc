@@ -78,13 +78,11 @@ Mac PeerMac(const std::string& secret, std::string_view label, const uint8_t* no
 
 bool SameMac(const uint8_t* a, const Mac& b) { return CRYPTO_memcmp(a, b.data(), b.size()) == 0; }
 
-Nonce MakeNonce() {
+// nullopt when the system has no randomness to give: a predictable nonce
+// would let a recorded handshake be replayed, so the handshake is refused.
+std::optional<Nonce> MakeNonce() {
   Nonce n{};
-  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1) {
-    // No randomness: a nonce from the clock still differs per connection.
-    const auto t = std::chrono::steady_clock::now().time_since_epoch().count();
-    std::memcpy(n.data(), &t, sizeof t);
-  }
+  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1) return std::nullopt;
   return n;
 }
 
@@ -191,6 +189,7 @@ class PeerExchange::Impl {
     Status error;
     Clock::time_point since = Clock::now();
     bool reported = false;
+    bool sent = false;  // Send() ran: until then the step is being staged here (held)
   };
   struct WriteItem {
     Header h;
@@ -216,7 +215,9 @@ class PeerExchange::Impl {
     std::unique_ptr<tcp::socket> sock;
     std::unique_ptr<asio::steady_timer> retry;
     std::unique_ptr<tcp::resolver> resolver;
-    Clock::time_point deadline;
+    Clock::time_point deadline;          // outbound: give up connecting (Retry fails past it)
+    Clock::time_point attempt_deadline;  // outbound: give up this dial and handshake, and dial again
+    Clock::time_point dead_at;           // when Fail() ran
     Clock::time_point last_rx;
     Header rx;
     std::vector<uint8_t> scratch;
@@ -377,6 +378,7 @@ class PeerExchange::Impl {
     {
       std::lock_guard lock(mu_);
       StepState& st = steps_.at(t);
+      st.sent = true;
       for (Part& p : outgoing) {
         auto it = out_.find(p.peer);
         if (it == out_.end()) {
@@ -565,7 +567,13 @@ class PeerExchange::Impl {
     }
     // Authenticate first: nothing a peer says counts before it proves it
     // holds the job's secret.
-    p->nonce = MakeNonce();
+    std::optional<Nonce> nonce = MakeNonce();
+    if (!nonce) {
+      LogError("cannot authenticate a peer: no random bytes for the challenge", {});
+      Forget(p);
+      return;
+    }
+    p->nonce = *nonce;
     auto challenge = std::make_shared<Header>(Frame(Type::kChallenge, 0, p->nonce.size()));
     std::vector<asio::const_buffer> out{asio::buffer(challenge.get(), sizeof *challenge), asio::buffer(p->nonce)};
     asio::async_write(p->sock, out, [this, p, challenge](boost::system::error_code ec, size_t) {
@@ -697,6 +705,10 @@ class PeerExchange::Impl {
   void Connect(Conn& c) {
     DropSocket(c);
     const uint64_t g = c.gen;
+    // One attempt may not take the whole deadline: a dial to a replaced
+    // pod's old address can hang until the kernel gives up (minutes); the
+    // next attempt looks the address up again.
+    c.attempt_deadline = Clock::now() + std::min<Clock::duration>(opt_.peer_timeout, std::chrono::seconds(10));
     if (c.lost && opt_.address_of) {
       // A peer whose pod was replaced comes back at another address.
       if (std::optional<PeerAddress> now = opt_.address_of(c.peer); now && !now->host.empty() && now->port != 0 &&
@@ -769,7 +781,12 @@ class PeerExchange::Impl {
         Retry(c, ec.message());
         return;
       }
-      auto mine = std::make_shared<Nonce>(MakeNonce());
+      std::optional<Nonce> nonce = MakeNonce();
+      if (!nonce) {
+        Fail(c, "cannot authenticate to " + c.Name() + ": no random bytes for the nonce");
+        return;
+      }
+      auto mine = std::make_shared<Nonce>(*nonce);
       auto auth = std::make_shared<std::array<uint8_t, 64>>();
       const Mac mac = PeerMac(opt_.secret, "MLPX-auth", c.scratch.data(), opt_.process, c.peer, opt_.fingerprint);
       std::memcpy(auth->data(), mac.data(), mac.size());
@@ -1061,7 +1078,14 @@ class PeerExchange::Impl {
     bufs.reserve(part->part.iov.size());
     for (const iovec& v : part->part.iov) bufs.emplace_back(v.iov_base, v.iov_len);
     const uint64_t g = c.gen;
-    asio::async_read(*c.sock, bufs, [this, &c, g, part, bytes = h.b](boost::system::error_code ec, size_t) {
+    // Bytes arriving count as word from the peer, so a part that takes
+    // longer than --peer-timeout to arrive is not taken for silence.
+    auto progress = [&c, g](const boost::system::error_code& ec, size_t) -> size_t {
+      if (ec) return 0;
+      if (g == c.gen) c.last_rx = Clock::now();
+      return 1 << 20;
+    };
+    asio::async_read(*c.sock, bufs, progress, [this, &c, g, part, bytes = h.b](boost::system::error_code ec, size_t) {
       // A dropped connection (Lose) has put the part back to waiting.
       if (g != c.gen) return;
       {
@@ -1170,9 +1194,12 @@ class PeerExchange::Impl {
         }
       }
       if (c.ready && c.failed.empty()) {
-        // Steps this process's pipeline is staging for this receiver now.
+        // Steps this process's pipeline is staging for this receiver now:
+        // begun and not yet handed to Send (still being read here), or
+        // with a part for it waiting or being written.
         std::set<int64_t> held;
         for (const auto& [ticket, st] : steps_) {
+          if (!st.sent && st.generation == restarts_) held.insert(st.step);
           for (const PartState& p : st.out) {
             if (p.part.peer == c.peer && (p.status == PartStatus::kWaiting || p.status == PartStatus::kBusy)) {
               held.insert(st.step);
@@ -1236,6 +1263,13 @@ class PeerExchange::Impl {
       LogInfo("serving a peer's part again from storage",
               {{"step", step}, {"peer", c->Name()}, {"bytes", buf->size()}, {"ok", st.ok() ? "true" : "false"}});
       asio::post(io_, [this, c, step, buf, checksum, st] {
+        {
+          // Lost meanwhile (perhaps reconnecting, not yet authenticated):
+          // nothing goes out before the handshake; the receiver credits the
+          // step again once it is back.
+          std::lock_guard lock(mu_);
+          if (!c->ready) return;
+        }
         if (!st.ok()) {
           const std::string why = "process " + std::to_string(opt_.process) + " cannot read its part of step " +
                                   std::to_string(step) + " again: " + st.ToString();
@@ -1328,6 +1362,7 @@ class PeerExchange::Impl {
       LogError("peer connection failed", {{"peer", c.Name()}, {"error", why}});
     }
     c.dead = true;
+    c.dead_at = Clock::now();
     if (c.retry) c.retry->cancel();
     // Writes still queued (an ERROR for the peer) go out first; the socket
     // closes when the queue is done (WriteNext), and at once when idle.
@@ -1354,12 +1389,18 @@ class PeerExchange::Impl {
             ready = c->ready;
           }
           if (!ready) {
-            if (c->dead) continue;
+            if (c->dead) {
+              // Its last writes (an ERROR, a part under way) may not finish
+              // against a peer that stopped reading: close it anyway, so the
+              // parts fail and nothing waits on them for ever.
+              if (c->writing && c->sock && c->sock->is_open() && now - c->dead_at > opt_.peer_timeout) Close(*c);
+              continue;
+            }
             if (c->outbound) {
               // A peer that accepts but never answers HELLO: give up on
               // this attempt (its handler then retries, or fails the
               // connection past its deadline).
-              if (c->sock && now > c->deadline) Close(*c);
+              if (c->sock && (now > c->deadline || now > c->attempt_deadline)) Close(*c);
             } else if (c->lost && now - c->lost_at > opt_.reconnect_timeout) {
               // Senders time out on their side too.
               Fail(*c, c->lost_why + ", and it did not connect again within " + Seconds(opt_.reconnect_timeout) +

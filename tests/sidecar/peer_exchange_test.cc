@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -616,6 +618,209 @@ TEST(PeerExchange, AReceiverThatMovesOnSkipsAndOneThatMovesBackIsServedAgain) {
   ASSERT_TRUE((*receiver)->Wait(rt3, {}).ok());
   EXPECT_EQ(d3, Pattern(32, 3));
   EXPECT_EQ(served.load(), 2);
+}
+
+
+TEST(PeerExchange, AStepCreditedWhileItIsStillBeingStagedIsSentFromItsSlotNotReadAgain) {
+  // The receiver's credit for step 0 arrives after the sender began staging
+  // step 0 and before it hands the step to Send: the sender waits for its
+  // own staging instead of reading the part from storage a second time.
+  Pair pair;
+  std::atomic<int> served{0};
+  ExchangeOptions so = pair.Options(0);
+  so.serve = [&](int64_t, int64_t, std::vector<uint8_t>& out, uint64_t&) {
+    served++;
+    out.assign(64, 0);
+    return Status::Ok();
+  };
+  auto sender = PeerExchange::Create(so, {1}, {});
+  auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  std::vector<uint8_t> s0 = Pattern(64, 3), d0(64), s1 = Pattern(64, 4), d1(64);
+  auto st0 = (*sender)->Begin(0);  // staging step 0: reads under way
+  auto rt0 = (*receiver)->Begin(0);
+  ASSERT_TRUE((*receiver)->Expect(rt0, {PartOf(0, d0, 0)}).ok());
+  std::this_thread::sleep_for(300ms);  // the credit reaches the sender
+  // Another step moving meanwhile makes the sender look at its credits again.
+  auto rt1 = (*receiver)->Begin(1);
+  ASSERT_TRUE((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}).ok());
+  auto st1 = (*sender)->Begin(1);
+  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, s1, 1)}).ok());
+  ASSERT_TRUE((*sender)->Wait(st1, {}).ok());
+  ASSERT_TRUE((*sender)->Send(st0, {PartOf(1, s0, 0)}).ok());
+  ASSERT_TRUE((*sender)->Wait(st0, {}).ok());
+  ASSERT_TRUE((*receiver)->Wait(rt0, {}).ok());
+  ASSERT_TRUE((*receiver)->Wait(rt1, {}).ok());
+  EXPECT_EQ(d0, s0);
+  EXPECT_EQ(d1, s1);
+  EXPECT_EQ(served.load(), 0) << "step 0 was read from storage again";
+  EXPECT_EQ((*sender)->counters().parts_sent, 2u);
+}
+
+// A loopback listener on `port` that accepts connections into its backlog
+// and never answers them.
+int SilentListener(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 8) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+TEST(PeerExchange, ADialThatHangsIsGivenUpAndTheReceiversNewAddressLookedUp) {
+  // The replaced pod's old address still accepts (or black-holes) the dial:
+  // that attempt must not use up the whole reconnect timeout; the next one
+  // asks for the address again and finds the new pod.
+  Pair pair;
+  auto [moved_fd, moved_port] = Listen();
+  std::atomic<int> asked{0};
+  ExchangeOptions so = pair.Options(0);
+  so.reconnect_timeout = 30s;
+  so.peer_timeout = 1s;
+  so.address_of = [&](int64_t) -> std::optional<PeerAddress> {
+    if (asked++ == 0) return std::nullopt;  // the first redial still uses the old address
+    return PeerAddress{"127.0.0.1", moved_port};
+  };
+  auto sender = PeerExchange::Create(so, {1}, {});
+  ASSERT_TRUE(sender.ok());
+  std::vector<uint8_t> s0 = Pattern(256, 0), s1 = Pattern(256, 1), d0(256), d1(256);
+  {
+    auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
+    ASSERT_TRUE(receiver.ok());
+    MoveStep(**sender, **receiver, 0, s0, d0, 0);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  }
+  // (The receiver's exchange closed its listening socket: the port is free.)
+  const int silent = SilentListener(pair.peers[1].port);
+  ASSERT_GE(silent, 0) << std::strerror(errno);
+  ExchangeOptions ro = pair.Options(1);
+  ro.listen_fd = moved_fd;
+  ro.first_step = 1;
+  auto receiver = PeerExchange::Create(ro, {}, {0});
+  ASSERT_TRUE(receiver.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto st1 = (*sender)->Begin(1);
+  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, s1, 1)}).ok());
+  auto rt1 = (*receiver)->Begin(1);
+  ASSERT_TRUE((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}).ok());
+  Status got = WaitAtMost(**receiver, rt1, 10s);
+  ASSERT_TRUE(got.ok()) << got.ToString();
+  ASSERT_TRUE((*sender)->Wait(st1, {}).ok());
+  EXPECT_EQ(d1, s1);
+  EXPECT_GE(asked.load(), 2);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  ::close(silent);
+}
+
+TEST(PeerExchange, AFailedConnectionWithAPartStuckInTheSocketDoesNotHangTheStep) {
+  // A receiver that credits a large part and stops reading, with no
+  // reconnecting allowed: the sender's part fails, and giving the step up
+  // returns instead of waiting for a write that never ends.
+  Pair pair;
+  ExchangeOptions so = pair.Options(0);
+  so.reconnect_timeout = 0s;
+  so.peer_timeout = 1s;
+  auto sender = PeerExchange::Create(so, {1}, {});
+  ASSERT_TRUE(sender.ok());
+  // Process 1 by hand: accept, answer HELLO, credit step 0, then go quiet.
+  sockaddr_in from{};
+  socklen_t len = sizeof from;
+  const int fd = ::accept(pair.fds[1], reinterpret_cast<sockaddr*>(&from), &len);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  int small = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  RawHeader hello;
+  ASSERT_EQ(static_cast<ssize_t>(sizeof hello), ::recv(fd, &hello, sizeof hello, MSG_WAITALL));
+  ASSERT_EQ(hello.type, 1);
+  RawHeader ok;
+  ok.type = 2;
+  ASSERT_TRUE(WriteAll(fd, &ok, sizeof ok));
+  RawHeader credit;
+  credit.type = 3;
+  credit.a = 0;
+  ASSERT_TRUE(WriteAll(fd, &credit, sizeof credit));
+  std::vector<uint8_t> big(64 << 20, 1);
+  auto st = (*sender)->Begin(0);
+  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, big, 0)}).ok());
+  Status failed = WaitAtMost(**sender, st, 10s);
+  EXPECT_EQ(failed.code(), StatusCode::kUnavailable) << failed.ToString();
+  std::atomic<bool> abandoned{false};
+  std::thread t([&] {
+    (*sender)->Abandon(st);
+    abandoned = true;
+  });
+  for (int i = 0; i < 100 && !abandoned; ++i) std::this_thread::sleep_for(100ms);
+  EXPECT_TRUE(abandoned.load()) << "Abandon still waits for the stuck write after 10 s";
+  ::shutdown(fd, SHUT_RDWR);  // lets a stuck Abandon finish, so the test ends
+  t.join();
+  ::close(fd);
+}
+
+TEST(PeerExchange, APartReadAgainWhileThePeerIsReconnectingWaitsForTheHandshake) {
+  // A part the sender reads again from storage for a receiver that is lost
+  // before the read finishes: nothing of it may go out on the next
+  // connection before that connection's handshake is done.
+  Pair pair;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> served{0};
+  ExchangeOptions so = pair.Options(0);
+  so.reconnect_timeout = 30s;
+  so.peer_timeout = 5s;
+  so.serve = [&](int64_t step, int64_t, std::vector<uint8_t>& out, uint64_t& checksum) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return release; });
+    out = Pattern(32, static_cast<uint8_t>(step));
+    checksum = static_cast<uint64_t>(step);
+    served++;
+    return Status::Ok();
+  };
+  auto sender = PeerExchange::Create(so, {1}, {});
+  ASSERT_TRUE(sender.ok());
+  (*sender)->Restart(10);  // steps before 10 are served on demand
+  {
+    auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
+    ASSERT_TRUE(receiver.ok());
+    std::vector<uint8_t> d3(32);
+    auto rt = (*receiver)->Begin(3);
+    ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, d3, 3)}).ok());
+    std::this_thread::sleep_for(300ms);  // the credit arrives; the read blocks
+  }
+  const int silent = SilentListener(pair.peers[1].port);
+  ASSERT_GE(silent, 0) << std::strerror(errno);
+  std::this_thread::sleep_for(700ms);  // the sender dials again: HELLO, then no answer
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  for (int i = 0; i < 50 && served.load() == 0; ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_EQ(served.load(), 1);
+  std::this_thread::sleep_for(300ms);
+  const int fd = ::accept(silent, nullptr, nullptr);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  std::vector<uint8_t> got(4096);
+  size_t n = 0;
+  while (true) {
+    const ssize_t r = ::recv(fd, got.data() + n, got.size() - n, MSG_DONTWAIT);
+    if (r <= 0) break;
+    n += static_cast<size_t>(r);
+  }
+  EXPECT_EQ(n, sizeof(RawHeader)) << "the sender wrote more than its HELLO to a peer that has not answered it";
+  RawHeader hello;
+  ASSERT_GE(n, sizeof hello);
+  std::memcpy(&hello, got.data(), sizeof hello);
+  EXPECT_EQ(hello.type, 1);
+  ::close(fd);
+  ::close(silent);
 }
 
 }  // namespace
