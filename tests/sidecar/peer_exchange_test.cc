@@ -823,5 +823,53 @@ TEST(PeerExchange, APartReadAgainWhileThePeerIsReconnectingWaitsForTheHandshake)
   ::close(silent);
 }
 
+TEST(PeerExchange, APartSlowerThanThePeerTimeoutIsNotTakenForSilence) {
+  // A part whose bytes trickle in over three peer timeouts: the receiver
+  // hears from its sender all along, so it keeps the connection.
+  Pair pair;
+  ExchangeOptions ro = pair.Options(1);
+  ro.peer_timeout = 1s;
+  ro.reconnect_timeout = 20s;
+  auto receiver = PeerExchange::Create(ro, {}, {0});
+  ASSERT_TRUE(receiver.ok());
+  std::vector<uint8_t> src = Pattern(60 << 10, 5), dst(60 << 10, 0);
+  auto rt = (*receiver)->Begin(0);
+  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 9)}).ok());
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(pair.peers[1].port);
+  ASSERT_EQ(0, ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a)) << std::strerror(errno);
+  RawHeader hello;
+  hello.type = 1;
+  hello.a = 0;
+  hello.b = 1;
+  hello.c = 7;
+  ASSERT_TRUE(WriteAll(fd, &hello, sizeof hello));
+  bool credited = false;
+  while (!credited) {
+    RawHeader h;
+    ASSERT_EQ(static_cast<ssize_t>(sizeof h), ::recv(fd, &h, sizeof h, MSG_WAITALL));
+    credited = h.type == 3 && h.a == 0;
+  }
+  RawHeader data;
+  data.type = 5;
+  data.a = 0;
+  data.b = src.size();
+  data.c = 9;
+  ASSERT_TRUE(WriteAll(fd, &data, sizeof data));
+  for (size_t off = 0; off < src.size(); off += 1024) {  // 60 pieces, 50 ms apart: 3 s
+    ASSERT_TRUE(WriteAll(fd, src.data() + off, std::min<size_t>(1024, src.size() - off)));
+    std::this_thread::sleep_for(50ms);
+  }
+  Status got = WaitAtMost(**receiver, rt, 2s);
+  ASSERT_TRUE(got.ok()) << got.ToString();
+  EXPECT_EQ(dst, src);
+  EXPECT_EQ((*receiver)->counters().parts_received, 1u);
+  EXPECT_EQ((*receiver)->counters().reconnects, 0u);
+  ::close(fd);
+}
+
 }  // namespace
 }  // namespace meshload::sidecar::exchange
