@@ -7,7 +7,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <condition_variable>
 #include <random>
 #include <thread>
@@ -270,6 +273,16 @@ Lease::~Lease() {
           p.unfenced.emplace_back(ordinal, stream);
         }
       }
+      // A device of the batch whose tensor was read without naming a
+      // stream (the raw pointer, stream=-1) may still be reading: wait for
+      // the whole device, as for a batch with no stream at all.
+      for (int ordinal : mapping_->ordinals()) {
+        const bool fenced = std::any_of(consumer_streams_.begin(), consumer_streams_.end(),
+                                        [&](const auto& s) { return s.first == ordinal; });
+        if (!fenced && std::find(p.sync_devices.begin(), p.sync_devices.end(), ordinal) == p.sync_devices.end()) {
+          p.sync_devices.push_back(ordinal);
+        }
+      }
     }
     p.slot = slot_;
     p.step = step_;
@@ -315,10 +328,10 @@ Status Client::ConnectOnce(int64_t want_step) {
   RETURN_IF_ERROR(ipc::SendMessage(fd.get(), ipc::Encode(hello)));
   // A listener that never answers must not hang the trainer.
   pollfd p{fd.get(), POLLIN, 0};
-  int prc;
-  do {
-    prc = ::poll(&p, 1, 5000);
-  } while (prc < 0 && errno == EINTR);
+  const int prc = ::poll(&p, 1, 5000);
+  if (prc < 0 && errno == EINTR) {
+    return Status(StatusCode::kCancelled, "interrupted by a signal while connecting", options_.socket_path);
+  }
   if (prc == 0) return Status(StatusCode::kUnavailable, "no SERVER_HELLO within 5 s", options_.socket_path);
   ASSIGN_OR_RETURN(ipc::Received got, ipc::ReceiveMessage(fd.get(), ipc::kMaxMessageBytes));
   ASSIGN_OR_RETURN(ipc::Message msg, ipc::Decode(got.bytes));
@@ -358,6 +371,27 @@ Status Client::ConnectOnce(int64_t want_step) {
   return Status::Ok();
 }
 
+namespace {
+
+// Sleeps until `until`; false when a signal interrupted the sleep (so a
+// trainer's Ctrl-C is seen while the client waits to reconnect).
+bool SleepUntil(Clock::time_point until) {
+  while (true) {
+    const auto left = until - Clock::now();
+    if (left <= Clock::duration::zero()) return true;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    if (::nanosleep(&ts, nullptr) != 0 && errno == EINTR) return false;
+  }
+}
+
+}  // namespace
+
+Status Client::Interrupted() const {
+  return Status(StatusCode::kCancelled, "interrupted by a signal while reconnecting to the sidecar",
+                options_.socket_path);
+}
+
 Status Client::Reconnect(const Status& why, std::optional<Clock::time_point> deadline) {
   if (conn_) conn_->Close();
   conn_.reset();
@@ -370,17 +404,18 @@ Status Client::Reconnect(const Status& why, std::optional<Clock::time_point> dea
     std::uniform_int_distribution<int64_t> jitter(cap.count() / 2, cap.count());
     const auto wake = Clock::now() + std::chrono::milliseconds(jitter(rng));
     if (deadline && wake > *deadline) {
-      std::this_thread::sleep_until(*deadline);
+      if (!SleepUntil(*deadline)) return Interrupted();
       return Status(StatusCode::kDeadlineExceeded, "still reconnecting to the sidecar (" + why.message() +
                                                        "); last error: " + last.message());
     }
-    std::this_thread::sleep_until(wake);
+    if (!SleepUntil(wake)) return Interrupted();
     const bool was_connected = next_step_ >= 0;
     last = ConnectOnce(was_connected ? next_step_ : options_.start_step.value_or(-1));
     if (last.ok()) {
       if (was_connected) ++reconnects_;  // waiting for a sidecar to come up is not a reconnect
       return Status::Ok();
     }
+    if (last.code() == StatusCode::kCancelled) return last;  // a signal: the caller's handlers run first
     if (last.code() != StatusCode::kUnavailable && last.code() != StatusCode::kNotFound &&
         last.code() != StatusCode::kIoError) {
       return last;
@@ -417,12 +452,14 @@ Result<Batch> Client::MakeBatch(const ipc::Ready& r, uint64_t wait_ns) {
     const uint64_t item = t.dtype_bits / 8;
     if (item == 0 || elems > UINT64_MAX / item) return InvalidArgument("READY tensor size overflows");
     const uint64_t nbytes = elems * item;
-    int64_t expect = 1;
+    // In uint64_t: the element count above did not overflow, so neither
+    // does this running product of the same dimensions.
+    uint64_t expect = 1;
     for (size_t k = t.shape.size(); k-- > 0;) {
-      if (t.shape[k] > 1 && t.strides[k] != expect) {
+      if (t.shape[k] > 1 && (t.strides[k] < 0 || static_cast<uint64_t>(t.strides[k]) != expect)) {
         return InvalidArgument("READY tensor " + std::to_string(i) + " is not a compact C-order array");
       }
-      expect *= t.shape[k] > 0 ? t.shape[k] : 1;
+      expect *= t.shape[k] > 0 ? static_cast<uint64_t>(t.shape[k]) : 1;
     }
     if (t.offset > hello_.slot_bytes || nbytes > hello_.slot_bytes - t.offset) {
       return InvalidArgument("READY tensor " + std::to_string(i) + " lies outside its slot");
@@ -442,6 +479,15 @@ Result<Batch> Client::MakeBatch(const ipc::Ready& r, uint64_t wait_ns) {
   }
   ++next_step_;
   return b;
+}
+
+Status Client::ProtocolError(const Status& st) {
+  // The connection cannot go on in step: close it, so the sidecar takes its
+  // slots back; the next Next() connects again at the step it has not
+  // returned.
+  LogWarn("dropping the connection to the sidecar after a protocol error", {{"error", st.ToString()}});
+  Close();
+  return st.WithLocationPrefix(options_.socket_path);
 }
 
 Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
@@ -481,11 +527,13 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
     if (rc <= 0) continue;
     auto got = ipc::ReceiveMessage(conn_->fd(), ipc::kMaxMessageBytes);
     if (!got.ok()) {
-      if (got.status().code() != StatusCode::kUnavailable) return got.status().WithLocationPrefix(options_.socket_path);
+      if (got.status().code() != StatusCode::kUnavailable) return ProtocolError(got.status());
       RETURN_IF_ERROR(reconnect(got.status()));
       continue;
     }
-    ASSIGN_OR_RETURN(ipc::Message msg, ipc::Decode(got->bytes));
+    auto decoded = ipc::Decode(got->bytes);
+    if (!decoded.ok()) return ProtocolError(decoded.status());
+    ipc::Message& msg = *decoded;
     if (const auto* err = std::get_if<ipc::ErrorMessage>(&msg)) {
       if (err->code == ipc::ErrorCode::kShuttingDown) {
         // A sidecar being restarted says goodbye: reconnect, as if it had vanished.
@@ -498,10 +546,12 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
       return Status(code, "the sidecar reported: " + err->message, options_.socket_path);
     }
     const auto* ready = std::get_if<ipc::Ready>(&msg);
-    if (!ready) return InvalidArgument("unexpected message from the sidecar", options_.socket_path);
+    if (!ready) return ProtocolError(InvalidArgument("unexpected message from the sidecar"));
     const uint64_t wait_ns = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-    return MakeBatch(*ready, wait_ns);
+    auto batch = MakeBatch(*ready, wait_ns);
+    if (!batch.ok()) return ProtocolError(batch.status());
+    return batch;
   }
 }
 

@@ -37,7 +37,13 @@
 ///
 /// Everything the sidecar sends is checked before it is trusted: a tensor
 /// outside its slot, a slot outside the pool, a step out of order are
-/// protocol errors, never out-of-bounds reads.
+/// protocol errors, never out-of-bounds reads. After one, Next() closes the
+/// connection (the sidecar takes the slots back) and the next call
+/// reconnects at the step it has not returned.
+///
+/// Signals: a signal whose handler is installed without SA_RESTART (every
+/// Python handler) interrupts Next() with kCancelled wherever it waits: for
+/// a batch, between reconnect attempts, or for SERVER_HELLO.
 ///
 /// Thread safety: Next() and Close() from one thread at a time; Lease
 /// release is thread-safe.
@@ -153,6 +159,10 @@ class Client {
   Status Reconnect(const Status& why,
                    std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
   Result<Batch> MakeBatch(const ipc::Ready& ready, uint64_t wait_ns);
+  // A message the client cannot accept: closes the connection (the sidecar
+  // reclaims its slots) and returns `st`.
+  Status ProtocolError(const Status& st);
+  Status Interrupted() const;
 
   ClientOptions options_;
   std::shared_ptr<Connection> conn_;

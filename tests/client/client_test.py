@@ -773,6 +773,35 @@ class ReconnectTest(SidecarTest):
         self.assertGreater(connected[0], k + 1)  # READYs were in flight
         c.close()
 
+    def test_a_signal_while_reconnecting_reaches_python(self):
+        # Ctrl-C (here SIGALRM with a handler that raises) while next() waits
+        # between reconnect attempts to a sidecar that is not coming back:
+        # the handler runs at once, not after every attempt has failed.
+        self.sidecar.start()
+        c = meshload.Client(self.sidecar.sock, max_reconnect_attempts=50)
+        c.next(timeout=10)
+        time.sleep(0.2)  # the sidecar sends the READYs it can
+        self.sidecar.kill()
+
+        class Interrupted(Exception):
+            pass
+
+        def raise_interrupted(signum, frame):
+            raise Interrupted()
+
+        old = signal.signal(signal.SIGALRM, raise_interrupted)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            t0 = time.monotonic()
+            with self.assertRaises(Interrupted):
+                for _ in range(PREFETCH + 2):  # queued READYs first, then reconnecting
+                    c.next()
+            self.assertLess(time.monotonic() - t0, 3.0)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        c.close()
+
     def test_sidecar_gone_for_good(self):
         self.sidecar.start()
         c = meshload.Client(self.sidecar.sock, max_reconnect_attempts=3)

@@ -441,11 +441,14 @@ class FakeSidecar {
       ::close(mem);
       for (const auto& m : then) (void)ipc::SendMessage(fd->get(), ipc::Encode(m));
       (void)ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes);  // until the client goes
+      client_gone_ = true;
     });
   }
   ~FakeSidecar() { thread_.join(); }
+  bool client_gone() const { return client_gone_.load(); }
 
  private:
+  std::atomic<bool> client_gone_{false};
   std::string path_;
   UniqueFd listen_;
   std::thread thread_;
@@ -479,6 +482,25 @@ TEST(Client, RefusesReadyTensorsThatAreNotCompactOrOverflow) {
     EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << b.status().ToString();
     (*c)->Close();
   }
+}
+
+TEST(Client, AReadyItCannotAcceptClosesTheConnectionSoTheSidecarTakesItsSlotsBack) {
+  // Without closing, the client would stay connected and out of step:
+  // every later READY refused, the slots never given back.
+  TempDir dir;
+  const std::string sock = dir.path() + "/fake.sock";
+  FakeSidecar fake(sock, OneDeviceHello(), {ipc::Ready{5, 0, {}}});  // step 5 where 0 is due
+  client::ClientOptions o;
+  o.socket_path = sock;
+  o.max_reconnect_attempts = 0;
+  auto c = client::Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto b = (*c)->Next(milliseconds(2000));
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << b.status().ToString();
+  for (int i = 0; i < 100 && !fake.client_gone(); ++i) std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_TRUE(fake.client_gone()) << "the client kept the connection after a READY it refused";
+  EXPECT_EQ((*c)->next_step(), 0);  // a reconnect asks for step 0 again
 }
 
 TEST(Client, RefusesAPoolThatIsNotSealedAgainstShrinking) {
