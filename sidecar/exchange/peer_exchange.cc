@@ -40,6 +40,8 @@ constexpr uint32_t kMagic = 0x58504c4d;  // "MLPX"
 constexpr uint16_t kVersion = 2;  // 2: HAVE and HAVE_THROUGH (connections survive a peer's restart)
 constexpr uint64_t kMaxErrorText = 4096;
 constexpr size_t kSentMemory = 1 << 16;  // steps remembered per receiver, to refuse a second credit
+// Connections accepted that have not said HELLO (or authenticated) yet.
+constexpr size_t kMaxPending = 64;
 constexpr size_t kHaveMemory = 4096;     // steps a receiver reports as already had (HAVE), at most
 
 enum class Type : uint16_t {
@@ -249,7 +251,7 @@ class PeerExchange::Impl {
     explicit Pending(tcp::socket s) : sock(std::move(s)) {}
   };
 
-  explicit Impl(ExchangeOptions o) : opt_(std::move(o)), acceptor_(io_), heartbeat_(io_) {
+  explicit Impl(ExchangeOptions o) : opt_(std::move(o)), acceptor_(io_), heartbeat_(io_), accept_retry_(io_) {
     self_floor_ = opt_.first_step;
     begun_through_ = done_through_ = self_floor_ - 1;
   }
@@ -510,14 +512,35 @@ class PeerExchange::Impl {
   void StartAccept() {
     acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket s) {
       if (ec == asio::error::operation_aborted) return;
-      if (!ec) {
-        s.set_option(tcp::no_delay(true), ec);
-        auto p = std::make_shared<Pending>(std::move(s));
-        p->deadline = Clock::now() + opt_.peer_timeout;
-        pending_.push_back(p);
-        asio::async_read(p->sock, asio::buffer(&p->rx, sizeof p->rx),
-                         [this, p](boost::system::error_code e, size_t) { OnHello(p, e); });
+      if (ec) {
+        // Out of descriptors (EMFILE) and the like: accepting again at once
+        // would spin; try again in a moment.
+        LogWarn("cannot accept a peer connection", {{"error", ec.message()}});
+        accept_retry_.expires_after(std::chrono::milliseconds(100));
+        accept_retry_.async_wait([this](boost::system::error_code e) {
+          if (!e) StartAccept();
+        });
+        return;
       }
+      if (pending_.size() >= kMaxPending) {
+        // Connections that have not said HELLO yet are bounded, so a flood
+        // of them cannot take the sidecar's descriptors. The oldest goes:
+        // a real peer connecting during a flood still gets its turn.
+        if (!flood_logged_) {
+          LogWarn("too many peer connections without a HELLO; closing the oldest", {{"pending", kMaxPending}});
+          flood_logged_ = true;
+        }
+        const std::shared_ptr<Pending> oldest = pending_.front();
+        boost::system::error_code ignored;
+        oldest->sock.close(ignored);
+        Forget(oldest);
+      }
+      s.set_option(tcp::no_delay(true), ec);
+      auto p = std::make_shared<Pending>(std::move(s));
+      p->deadline = Clock::now() + opt_.peer_timeout;
+      pending_.push_back(p);
+      asio::async_read(p->sock, asio::buffer(&p->rx, sizeof p->rx),
+                       [this, p](boost::system::error_code e, size_t) { OnHello(p, e); });
       StartAccept();
     });
   }
@@ -1421,6 +1444,7 @@ class PeerExchange::Impl {
           if (c->wq.empty()) Queue(*c, {Frame(Type::kHeartbeat), {}, {}, nullptr});
         }
       }
+      if (pending_.size() < kMaxPending / 2) flood_logged_ = false;
       // Connections that never said HELLO.
       std::vector<std::shared_ptr<Pending>> late;
       for (const auto& p : pending_) {
@@ -1442,6 +1466,8 @@ class PeerExchange::Impl {
   asio::io_context io_;
   tcp::acceptor acceptor_;
   asio::steady_timer heartbeat_;
+  asio::steady_timer accept_retry_;  // accepting again after an error
+  bool flood_logged_ = false;        // I/O thread: "too many peer connections" logged
   uint16_t port_ = 0;
   const Clock::time_point started_ = Clock::now();
   std::map<int64_t, std::unique_ptr<Conn>> in_, out_;  // fixed after Start()

@@ -871,5 +871,44 @@ TEST(PeerExchange, APartSlowerThanThePeerTimeoutIsNotTakenForSilence) {
   ::close(fd);
 }
 
+TEST(PeerExchange, AFloodOfSilentConnectionsDoesNotLockTheRealSenderOut) {
+  // 200 connections that never say HELLO: the receiver keeps at most 64 of
+  // them (closing the oldest), and the real sender still gets in at once.
+  Pair pair;
+  ExchangeOptions ro = pair.Options(1);
+  ro.peer_timeout = 30s;
+  auto receiver = PeerExchange::Create(ro, {}, {0});
+  ASSERT_TRUE(receiver.ok());
+  std::vector<int> flood;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(pair.peers[1].port);
+    ASSERT_EQ(0, ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a)) << std::strerror(errno);
+    flood.push_back(fd);
+  }
+  std::this_thread::sleep_for(300ms);  // the receiver accepts them all
+  // The receiver closed all but the newest 64: their reads see the end.
+  int closed = 0;
+  for (int fd : flood) {
+    char c;
+    if (::recv(fd, &c, 1, MSG_DONTWAIT) == 0) ++closed;
+  }
+  EXPECT_GE(closed, 200 - 64);
+  auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
+  ASSERT_TRUE(sender.ok());
+  std::vector<uint8_t> src = Pattern(128, 2), dst(128);
+  auto rt = (*receiver)->Begin(0);
+  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 0)}).ok());
+  auto st = (*sender)->Begin(0);
+  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 0)}).ok());
+  Status got = WaitAtMost(**receiver, rt, 3s);
+  EXPECT_TRUE(got.ok()) << got.ToString();
+  EXPECT_EQ(dst, src);
+  for (int fd : flood) ::close(fd);
+}
+
 }  // namespace
 }  // namespace meshload::sidecar::exchange
