@@ -125,18 +125,22 @@ TEST(PeerExchange, MovesStepsOnCreditWithScatteredDestinations) {
   EXPECT_EQ((*receiver)->counters().parts_received, 20u);
 }
 
+// A sender's options whose reads on demand count themselves in `served`.
+ExchangeOptions CountingServes(ExchangeOptions so, std::atomic<int>& served) {
+  so.serve = [&served](int64_t, int64_t, std::vector<uint8_t>& out, uint64_t&) {
+    served++;
+    out.assign(64, 0);
+    return Status::Ok();
+  };
+  return so;
+}
+
 TEST(PeerExchange, StepsBegunOutOfOrderAreSentFromTheirSlotsNotReadAgain) {
   // Two staging threads: step 1 may be begun before step 0. A credit for
   // step 0 must then wait for step 0's staging, not be read again.
   Pair pair;
   std::atomic<int> served{0};
-  ExchangeOptions so = pair.Options(0);
-  so.serve = [&](int64_t, int64_t, std::vector<uint8_t>& out, uint64_t&) {
-    served++;
-    out.assign(64, 0);
-    return Status::Ok();
-  };
-  auto sender = PeerExchange::Create(so, {1}, {});
+  auto sender = PeerExchange::Create(CountingServes(pair.Options(0), served), {1}, {});
   auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
   ASSERT_TRUE(sender.ok() && receiver.ok());
   std::vector<uint8_t> s0 = Pattern(64, 0), s1 = Pattern(64, 1), d0(64), d1(64);
@@ -389,6 +393,38 @@ bool WriteAll(int fd, const void* p, size_t n) {
   return true;
 }
 
+// A TCP connection to the loopback `port` (-1 on failure, errno set).
+int ConnectLoopback(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Process 0 by hand: connects to process 1 at `port`, says HELLO and waits
+// for the credit of `step`. The connected socket, or -1.
+int RawSenderCredited(uint16_t port, int64_t step) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return -1;
+  RawHeader hello;
+  hello.type = 1;
+  hello.a = 0;
+  hello.b = 1;
+  hello.c = 7;  // the fingerprint Pair::Options uses
+  if (!WriteAll(fd, &hello, sizeof hello)) return ::close(fd), -1;
+  while (true) {
+    RawHeader h;
+    if (::recv(fd, &h, sizeof h, MSG_WAITALL) != static_cast<ssize_t>(sizeof h)) return ::close(fd), -1;
+    if (h.type == 3 && h.a == step) return fd;
+  }
+}
+
 TEST(PeerExchange, APartCutOffHalfWayIsAskedForAgainAndArrivesWhole) {
   Pair pair;
   ExchangeOptions ro = pair.Options(1);
@@ -401,24 +437,8 @@ TEST(PeerExchange, APartCutOffHalfWayIsAskedForAgainAndArrivesWhole) {
   {
     // Process 0's first incarnation: HELLO, waits for the credit of step 0,
     // writes the header and half the bytes, and dies.
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(pair.peers[1].port);
-    ASSERT_EQ(0, ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a)) << std::strerror(errno);
-    RawHeader hello;
-    hello.type = 1;
-    hello.a = 0;
-    hello.b = 1;
-    hello.c = 7;  // the fingerprint Pair::Options uses
-    ASSERT_TRUE(WriteAll(fd, &hello, sizeof hello));
-    bool credited = false;
-    while (!credited) {
-      RawHeader h;
-      ASSERT_EQ(static_cast<ssize_t>(sizeof h), ::recv(fd, &h, sizeof h, MSG_WAITALL));
-      credited = h.type == 3 && h.a == 0;
-    }
+    const int fd = RawSenderCredited(pair.peers[1].port, 0);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
     RawHeader data;
     data.type = 5;
     data.a = 0;
@@ -627,13 +647,7 @@ TEST(PeerExchange, AStepCreditedWhileItIsStillBeingStagedIsSentFromItsSlotNotRea
   // own staging instead of reading the part from storage a second time.
   Pair pair;
   std::atomic<int> served{0};
-  ExchangeOptions so = pair.Options(0);
-  so.serve = [&](int64_t, int64_t, std::vector<uint8_t>& out, uint64_t&) {
-    served++;
-    out.assign(64, 0);
-    return Status::Ok();
-  };
-  auto sender = PeerExchange::Create(so, {1}, {});
+  auto sender = PeerExchange::Create(CountingServes(pair.Options(0), served), {1}, {});
   auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
   ASSERT_TRUE(sender.ok() && receiver.ok());
   std::vector<uint8_t> s0 = Pattern(64, 3), d0(64), s1 = Pattern(64, 4), d1(64);
@@ -835,24 +849,8 @@ TEST(PeerExchange, APartSlowerThanThePeerTimeoutIsNotTakenForSilence) {
   std::vector<uint8_t> src = Pattern(60 << 10, 5), dst(60 << 10, 0);
   auto rt = (*receiver)->Begin(0);
   ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 9)}).ok());
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(pair.peers[1].port);
-  ASSERT_EQ(0, ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a)) << std::strerror(errno);
-  RawHeader hello;
-  hello.type = 1;
-  hello.a = 0;
-  hello.b = 1;
-  hello.c = 7;
-  ASSERT_TRUE(WriteAll(fd, &hello, sizeof hello));
-  bool credited = false;
-  while (!credited) {
-    RawHeader h;
-    ASSERT_EQ(static_cast<ssize_t>(sizeof h), ::recv(fd, &h, sizeof h, MSG_WAITALL));
-    credited = h.type == 3 && h.a == 0;
-  }
+  const int fd = RawSenderCredited(pair.peers[1].port, 0);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
   RawHeader data;
   data.type = 5;
   data.a = 0;
@@ -881,12 +879,8 @@ TEST(PeerExchange, AFloodOfSilentConnectionsDoesNotLockTheRealSenderOut) {
   ASSERT_TRUE(receiver.ok());
   std::vector<int> flood;
   for (int i = 0; i < 200; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(pair.peers[1].port);
-    ASSERT_EQ(0, ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a)) << std::strerror(errno);
+    const int fd = ConnectLoopback(pair.peers[1].port);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
     flood.push_back(fd);
   }
   std::this_thread::sleep_for(300ms);  // the receiver accepts them all
