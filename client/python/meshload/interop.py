@@ -62,8 +62,11 @@ def jax_arrays(batch):
             # JAX >= 0.4.27 takes any object with __dlpack__ ...
             out.append(jax.dlpack.from_dlpack(t))
         except TypeError:
-            # ... older ones only a legacy (unversioned) capsule.
-            out.append(jax.dlpack.from_dlpack(t.__dlpack__()))
+            # ... older ones only a legacy (unversioned) capsule. It says
+            # nothing of the stream XLA will read on (not the legacy default
+            # stream): stream=-1, so the slot goes back only after a device
+            # synchronization.
+            out.append(jax.dlpack.from_dlpack(t.__dlpack__(stream=-1)))
     return out
 
 
