@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <thread>
 
@@ -671,36 +673,21 @@ TEST(PeerExchange, AStepCreditedWhileItIsStillBeingStagedIsSentFromItsSlotNotRea
   EXPECT_EQ((*sender)->counters().parts_sent, 2u);
 }
 
-// A loopback listener on `port` that accepts connections into its backlog
-// and never answers them.
-int SilentListener(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 8) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 TEST(PeerExchange, ADialThatHangsIsGivenUpAndTheReceiversNewAddressLookedUp) {
   // The replaced pod's old address still accepts (or black-holes) the dial:
   // that attempt must not use up the whole reconnect timeout; the next one
   // asks for the address again and finds the new pod.
   Pair pair;
   auto [moved_fd, moved_port] = Listen();
+  // Listens and never accepts: a dial there connects and hears nothing.
+  auto [silent_fd, silent_port] = Listen();
   std::atomic<int> asked{0};
   ExchangeOptions so = pair.Options(0);
   so.reconnect_timeout = 30s;
   so.peer_timeout = 1s;
-  so.address_of = [&](int64_t) -> std::optional<PeerAddress> {
-    if (asked++ == 0) return std::nullopt;  // the first redial still uses the old address
-    return PeerAddress{"127.0.0.1", moved_port};
+  so.address_of = [&, silent = silent_port, moved = moved_port](int64_t) -> std::optional<PeerAddress> {
+    // The first redial goes where nothing answers; later ones find the pod.
+    return PeerAddress{"127.0.0.1", asked++ == 0 ? silent : moved};
   };
   auto sender = PeerExchange::Create(so, {1}, {});
   ASSERT_TRUE(sender.ok());
@@ -711,9 +698,6 @@ TEST(PeerExchange, ADialThatHangsIsGivenUpAndTheReceiversNewAddressLookedUp) {
     MoveStep(**sender, **receiver, 0, s0, d0, 0);
     ASSERT_FALSE(::testing::Test::HasFatalFailure());
   }
-  // (The receiver's exchange closed its listening socket: the port is free.)
-  const int silent = SilentListener(pair.peers[1].port);
-  ASSERT_GE(silent, 0) << std::strerror(errno);
   ExchangeOptions ro = pair.Options(1);
   ro.listen_fd = moved_fd;
   ro.first_step = 1;
@@ -726,11 +710,12 @@ TEST(PeerExchange, ADialThatHangsIsGivenUpAndTheReceiversNewAddressLookedUp) {
   ASSERT_TRUE((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}).ok());
   Status got = WaitAtMost(**receiver, rt1, 10s);
   ASSERT_TRUE(got.ok()) << got.ToString();
-  ASSERT_TRUE((*sender)->Wait(st1, {}).ok());
+  Status sent = WaitAtMost(**sender, st1, 5s);
+  ASSERT_TRUE(sent.ok()) << sent.ToString();
   EXPECT_EQ(d1, s1);
   EXPECT_GE(asked.load(), 2);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
-  ::close(silent);
+  ::close(silent_fd);
 }
 
 TEST(PeerExchange, AFailedConnectionWithAPartStuckInTheSocketDoesNotHangTheStep) {
@@ -782,6 +767,8 @@ TEST(PeerExchange, APartReadAgainWhileThePeerIsReconnectingWaitsForTheHandshake)
   // before the read finishes: nothing of it may go out on the next
   // connection before that connection's handshake is done.
   Pair pair;
+  // Where the lost receiver is dialled again: listens, never answers.
+  auto [silent_fd, silent_port] = Listen();
   std::mutex mu;
   std::condition_variable cv;
   bool release = false;
@@ -789,6 +776,9 @@ TEST(PeerExchange, APartReadAgainWhileThePeerIsReconnectingWaitsForTheHandshake)
   ExchangeOptions so = pair.Options(0);
   so.reconnect_timeout = 30s;
   so.peer_timeout = 5s;
+  so.address_of = [silent = silent_port](int64_t) -> std::optional<PeerAddress> {
+    return PeerAddress{"127.0.0.1", silent};
+  };
   so.serve = [&](int64_t step, int64_t, std::vector<uint8_t>& out, uint64_t& checksum) {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return release; });
@@ -799,6 +789,19 @@ TEST(PeerExchange, APartReadAgainWhileThePeerIsReconnectingWaitsForTheHandshake)
   };
   auto sender = PeerExchange::Create(so, {1}, {});
   ASSERT_TRUE(sender.ok());
+  auto let_go = [&] {
+    {
+      std::lock_guard lock(mu);
+      release = true;
+    }
+    cv.notify_all();
+  };
+  // Destroyed before the sender, on every way out of the test: the read
+  // blocked in `serve` must end, or the sender's serving thread never does.
+  struct Guard {
+    std::function<void()> f;
+    ~Guard() { f(); }
+  } guard{let_go};
   (*sender)->Restart(10);  // steps before 10 are served on demand
   {
     auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
@@ -808,18 +811,14 @@ TEST(PeerExchange, APartReadAgainWhileThePeerIsReconnectingWaitsForTheHandshake)
     ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, d3, 3)}).ok());
     std::this_thread::sleep_for(300ms);  // the credit arrives; the read blocks
   }
-  const int silent = SilentListener(pair.peers[1].port);
-  ASSERT_GE(silent, 0) << std::strerror(errno);
   std::this_thread::sleep_for(700ms);  // the sender dials again: HELLO, then no answer
-  {
-    std::lock_guard lock(mu);
-    release = true;
-  }
-  cv.notify_all();
-  for (int i = 0; i < 50 && served.load() == 0; ++i) std::this_thread::sleep_for(20ms);
+  let_go();
+  for (int i = 0; i < 100 && served.load() == 0; ++i) std::this_thread::sleep_for(20ms);
   ASSERT_EQ(served.load(), 1);
   std::this_thread::sleep_for(300ms);
-  const int fd = ::accept(silent, nullptr, nullptr);
+  pollfd dialled{silent_fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&dialled, 1, 3000), 1) << "the sender did not dial the lost receiver again";
+  const int fd = ::accept(silent_fd, nullptr, nullptr);
   ASSERT_GE(fd, 0) << std::strerror(errno);
   std::vector<uint8_t> got(4096);
   size_t n = 0;
@@ -834,7 +833,7 @@ TEST(PeerExchange, APartReadAgainWhileThePeerIsReconnectingWaitsForTheHandshake)
   std::memcpy(&hello, got.data(), sizeof hello);
   EXPECT_EQ(hello.type, 1);
   ::close(fd);
-  ::close(silent);
+  ::close(silent_fd);
 }
 
 TEST(PeerExchange, APartSlowerThanThePeerTimeoutIsNotTakenForSilence) {
