@@ -320,17 +320,26 @@ void Client::Close() {
   conn_.reset();
 }
 
-Status Client::ConnectOnce(int64_t want_step) {
+Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> deadline) {
   ASSIGN_OR_RETURN(UniqueFd fd, ipc::ConnectSeqpacket(options_.socket_path));
   ipc::ClientHello hello;
   hello.pid = static_cast<uint32_t>(::getpid());
   hello.want_step = want_step;
   RETURN_IF_ERROR(ipc::SendMessage(fd.get(), ipc::Encode(hello)));
   // A listener that never answers must not hang the trainer.
+  // Within 5 s, and within the caller's deadline.
+  int wait_ms = 5000;
+  if (deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now()).count();
+    wait_ms = static_cast<int>(std::clamp<int64_t>(left, 0, wait_ms));
+  }
   pollfd p{fd.get(), POLLIN, 0};
-  const int prc = ::poll(&p, 1, 5000);
+  const int prc = ::poll(&p, 1, wait_ms);
   if (prc < 0 && errno == EINTR) {
     return Status(StatusCode::kCancelled, "interrupted by a signal while connecting", options_.socket_path);
+  }
+  if (prc == 0 && wait_ms < 5000) {
+    return Status(StatusCode::kDeadlineExceeded, "no SERVER_HELLO before the deadline", options_.socket_path);
   }
   if (prc == 0) return Status(StatusCode::kUnavailable, "no SERVER_HELLO within 5 s", options_.socket_path);
   ASSIGN_OR_RETURN(ipc::Received got, ipc::ReceiveMessage(fd.get(), ipc::kMaxMessageBytes));
@@ -410,12 +419,16 @@ Status Client::Reconnect(const Status& why, std::optional<Clock::time_point> dea
     }
     if (!SleepUntil(wake)) return Interrupted();
     const bool was_connected = next_step_ >= 0;
-    last = ConnectOnce(was_connected ? next_step_ : options_.start_step.value_or(-1));
+    last = ConnectOnce(was_connected ? next_step_ : options_.start_step.value_or(-1), deadline);
     if (last.ok()) {
       if (was_connected) ++reconnects_;  // waiting for a sidecar to come up is not a reconnect
       return Status::Ok();
     }
     if (last.code() == StatusCode::kCancelled) return last;  // a signal: the caller's handlers run first
+    if (last.code() == StatusCode::kDeadlineExceeded) {
+      return Status(StatusCode::kDeadlineExceeded, "still reconnecting to the sidecar (" + why.message() +
+                                                       "); last error: " + last.message());
+    }
     if (last.code() != StatusCode::kUnavailable && last.code() != StatusCode::kNotFound &&
         last.code() != StatusCode::kIoError) {
       return last;

@@ -153,7 +153,9 @@ class Client {
 
  private:
   explicit Client(ClientOptions options) : options_(std::move(options)) {}
-  Status ConnectOnce(int64_t want_step);
+  // kDeadlineExceeded when `deadline` passes before SERVER_HELLO.
+  Status ConnectOnce(int64_t want_step,
+                     std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
   // kDeadlineExceeded once `deadline` passes (the connection stays closed;
   // the next Next() reconnects again).
   Status Reconnect(const Status& why,

@@ -365,6 +365,8 @@ class Client {
           std::min(std::ceil(*timeout_seconds * 1000.0), static_cast<double>(INT_MAX));
       timeout = std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(ms)));
     }
+    // The whole call's deadline, when there is a timeout.
+    const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(std::chrono::milliseconds(0));
     Result<client::Batch> got =
         Status(StatusCode::kFailedPrecondition, "the client is closed", socket_path_);
     {
@@ -378,13 +380,19 @@ class Client {
       }
     }
     // A signal interrupted the wait: run Python's handlers (Ctrl-C raises
-    // KeyboardInterrupt here), and wait again if none raised.
+    // KeyboardInterrupt here), and wait again if none raised, for what is
+    // left of the timeout (signals that come often must not stretch it).
     while (!got.ok() && got.status().code() == StatusCode::kCancelled) {
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      std::optional<std::chrono::milliseconds> left;
+      if (timeout) {
+        left = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                          deadline - std::chrono::steady_clock::now()));
+      }
       py::gil_scoped_release nogil;
       std::lock_guard lock(mu_);
       if (!client_) break;
-      got = client_->Next(timeout);
+      got = client_->Next(left);
       TakeSnapshot();
     }
     if (!got.ok()) RaiseStatus(got.status());

@@ -428,6 +428,33 @@ class StreamTest(SidecarTest):
             self.assertEqual(c.next(timeout=float("inf")).step, 2)
 
 
+    def test_signals_that_come_often_do_not_stretch_the_timeout(self):
+        # A handler that returns (no exception) every 20 ms: next() goes on
+        # waiting after each, but only for what is left of its timeout.
+        with meshload.Client(self.sidecar.sock) as c:
+            held = [c.next(timeout=10) for _ in range(PREFETCH)]  # every slot: nothing more comes
+            ticks = [0]
+
+            def tick(signum, frame):
+                ticks[0] += 1
+                if ticks[0] >= 100:  # 2 s at most, so a stretched timeout still ends
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+
+            old = signal.signal(signal.SIGALRM, tick)
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0.02, 0.02)
+                t0 = time.monotonic()
+                with self.assertRaises(TimeoutError):
+                    c.next(timeout=0.3)
+                elapsed = time.monotonic() - t0
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+            self.assertGreaterEqual(elapsed, 0.29)
+            self.assertLess(elapsed, 1.5)
+            del held
+
+
 class DLPackTest(SidecarTest):
     socket_name = "dlpack"
 

@@ -503,6 +503,33 @@ TEST(Client, AReadyItCannotAcceptClosesTheConnectionSoTheSidecarTakesItsSlotsBac
   EXPECT_EQ((*c)->next_step(), 0);  // a reconnect asks for step 0 again
 }
 
+TEST(Client, AHandshakeThatGetsNoAnswerEndsAtTheCallersTimeout) {
+  // The sidecar says it is stopping; where it listened, something accepts
+  // and never answers. Next(300 ms) must give up at its timeout, not after
+  // the 5 s a handshake may otherwise take.
+  TempDir dir;
+  const std::string sock = dir.path() + "/fake.sock";
+  FakeSidecar fake(sock, OneDeviceHello(),
+                   {ipc::ErrorMessage{ipc::ErrorCode::kShuttingDown, "the sidecar is stopping"}});
+  client::ClientOptions o;
+  o.socket_path = sock;
+  o.max_reconnect_attempts = 100;
+  o.reconnect_backoff_initial = milliseconds(1);
+  o.reconnect_backoff_max = milliseconds(2);
+  auto c = client::Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(::unlink(sock.c_str()), 0);
+  auto silent = ipc::ListenSeqpacket(sock);  // never accepts
+  ASSERT_TRUE(silent.ok()) << silent.status().ToString();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto b = (*c)->Next(milliseconds(300));
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kDeadlineExceeded) << b.status().ToString();
+  EXPECT_LT(elapsed, milliseconds(2000));
+  (*c)->Close();
+}
+
 TEST(Client, RefusesAPoolThatIsNotSealedAgainstShrinking) {
   TempDir dir;
   const std::string sock = dir.path() + "/fake.sock";
