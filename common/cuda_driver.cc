@@ -61,7 +61,7 @@ int Driver::OrdinalOf(const std::string& uuid) const {
   X(cuMemHostRegister) X(cuMemHostUnregister) X(cuStreamCreate) X(cuStreamDestroy) X(cuEventCreate)                \
   X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuMemcpyHtoDAsync) X(cuMemcpyPeerAsync)               \
   X(cuMemcpyDtoH) X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuDeviceCanAccessPeer)                            \
-  X(cuThreadExchangeStreamCaptureMode)
+  X(cuThreadExchangeStreamCaptureMode) X(cuMemGetAddressRange)
 
 #define ML_STR2(x) #x
 #define ML_STR(x) ML_STR2(x)
@@ -381,6 +381,19 @@ Result<std::unique_ptr<ImportedAllocation>> Driver::OpenIpc(int ordinal, const I
   std::memcpy(&h, handle.data(), sizeof h);
   CUdeviceptr p = 0;
   ML_CU_RETURN(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+  // The handle's allocation must hold the bytes the peer says it does, or
+  // tensors "inside" the slot would be read past its end.
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  Status range = ML_CU(cuMemGetAddressRange(&base, &size, p));
+  if (range.ok() && (p < base || p - base > size || size - (p - base) < bytes)) {
+    range = InvalidArgument("the IPC handle's allocation holds " + std::to_string(size - (p - base)) +
+                            " bytes; the sidecar says a slot has " + std::to_string(bytes));
+  }
+  if (!range.ok()) {
+    (void)ML_CU(cuIpcCloseMemHandle(p));
+    return range;
+  }
   std::unique_ptr<ImportedAllocation> a(new ImportedAllocation());
   a->driver_ = this;
   a->ordinal_ = ordinal;

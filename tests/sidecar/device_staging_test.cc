@@ -273,6 +273,39 @@ TEST(DeviceStaging, VmmAllocationsRoundTripThroughAnExportedDescriptor) {
   EXPECT_EQ(back, src);  // the same memory, seen through the importer's mapping
 }
 
+TEST(DeviceStaging, AnIpcHandleSmallerThanTheSlotItIsSaidToHoldIsRefused) {
+  // A legacy IPC handle names an allocation; a sidecar that claims larger
+  // slots would make the trainer read past its end. The importer checks.
+  REQUIRE_STAND_IN();  // the exporter is a forked child: CUDA does not survive fork on a real GPU
+  REQUIRE_DRIVER();
+  int to_parent[2];
+  ASSERT_EQ(::pipe(to_parent), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(to_parent[0]);
+    auto a = driver->AllocateIpc(0, 4096);
+    cuda::IpcHandle h{};
+    if (a.ok()) h = (*a)->handle();
+    const ssize_t n = ::write(to_parent[1], h.data(), h.size());
+    ::pause();  // the handle stays valid while this process lives
+    ::_exit(n == static_cast<ssize_t>(h.size()) ? 0 : 1);
+  }
+  ::close(to_parent[1]);
+  cuda::IpcHandle h{};
+  ASSERT_EQ(::read(to_parent[0], h.data(), h.size()), static_cast<ssize_t>(h.size()));
+  ::close(to_parent[0]);
+  auto too_big = driver->OpenIpc(0, h, 1 << 20);
+  EXPECT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), StatusCode::kInvalidArgument) << too_big.status().ToString();
+  EXPECT_NE(too_big.status().message().find("holds 4096 bytes"), std::string::npos) << too_big.status().ToString();
+  auto fits = driver->OpenIpc(0, h, 4096);
+  EXPECT_TRUE(fits.ok()) << fits.status().ToString();
+  fits = Status(StatusCode::kCancelled, "closed");  // closes the import before the exporter goes
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+}
+
 TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
   REQUIRE_TWO_GPUS();
   GpuJob job;

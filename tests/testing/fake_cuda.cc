@@ -362,6 +362,26 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
   return CUDA_SUCCESS;
 }
 
+CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
+  if (!HaveContext()) return CUDA_ERROR_INVALID_CONTEXT;
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  // The cuMemAlloc'd and IPC-opened allocations (the ones meshload asks about).
+  auto contains = [&](uintptr_t start, size_t bytes) {
+    if (p < start || p - start >= bytes) return false;
+    if (base) *base = start;
+    if (size) *size = bytes;
+    return true;
+  };
+  for (const auto& [start, a] : s.linear) {
+    if (contains(start, a.size)) return CUDA_SUCCESS;
+  }
+  for (const auto& [start, bytes] : s.ipc_opened) {
+    if (contains(start, bytes)) return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
 CUresult cuMemHostRegister(void* p, size_t size, unsigned int) {
   if (!HaveContext()) return CUDA_ERROR_INVALID_CONTEXT;
   State& s = S();
