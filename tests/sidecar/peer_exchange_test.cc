@@ -649,10 +649,10 @@ TEST(PeerExchange, AStepCreditedWhileItIsStillBeingStagedIsSentFromItsSlotNotRea
   // own staging instead of reading the part from storage a second time.
   Pair pair;
   std::atomic<int> served{0};
+  std::vector<uint8_t> s0 = Pattern(64, 3), d0(64), s1 = Pattern(64, 4), d1(64);  // outlive the exchanges
   auto sender = PeerExchange::Create(CountingServes(pair.Options(0), served), {1}, {});
   auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
   ASSERT_TRUE(sender.ok() && receiver.ok());
-  std::vector<uint8_t> s0 = Pattern(64, 3), d0(64), s1 = Pattern(64, 4), d1(64);
   auto st0 = (*sender)->Begin(0);  // staging step 0: reads under way
   auto rt0 = (*receiver)->Begin(0);
   ASSERT_TRUE((*receiver)->Expect(rt0, {PartOf(0, d0, 0)}).ok());
@@ -689,9 +689,9 @@ TEST(PeerExchange, ADialThatHangsIsGivenUpAndTheReceiversNewAddressLookedUp) {
     // The first redial goes where nothing answers; later ones find the pod.
     return PeerAddress{"127.0.0.1", asked++ == 0 ? silent : moved};
   };
+  std::vector<uint8_t> s0 = Pattern(256, 0), s1 = Pattern(256, 1), d0(256), d1(256);  // outlive the exchanges
   auto sender = PeerExchange::Create(so, {1}, {});
   ASSERT_TRUE(sender.ok());
-  std::vector<uint8_t> s0 = Pattern(256, 0), s1 = Pattern(256, 1), d0(256), d1(256);
   {
     auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
     ASSERT_TRUE(receiver.ok());
@@ -726,6 +726,7 @@ TEST(PeerExchange, AFailedConnectionWithAPartStuckInTheSocketDoesNotHangTheStep)
   ExchangeOptions so = pair.Options(0);
   so.reconnect_timeout = 0s;
   so.peer_timeout = 1s;
+  std::vector<uint8_t> big(64 << 20, 1);  // outlives the exchange
   auto sender = PeerExchange::Create(so, {1}, {});
   ASSERT_TRUE(sender.ok());
   // Process 1 by hand: accept, answer HELLO, credit step 0, then go quiet.
@@ -745,7 +746,6 @@ TEST(PeerExchange, AFailedConnectionWithAPartStuckInTheSocketDoesNotHangTheStep)
   credit.type = 3;
   credit.a = 0;
   ASSERT_TRUE(WriteAll(fd, &credit, sizeof credit));
-  std::vector<uint8_t> big(64 << 20, 1);
   auto st = (*sender)->Begin(0);
   ASSERT_TRUE((*sender)->Send(st, {PartOf(1, big, 0)}).ok());
   Status failed = WaitAtMost(**sender, st, 10s);
@@ -840,12 +840,12 @@ TEST(PeerExchange, APartSlowerThanThePeerTimeoutIsNotTakenForSilence) {
   // A part whose bytes trickle in over three peer timeouts: the receiver
   // hears from its sender all along, so it keeps the connection.
   Pair pair;
+  std::vector<uint8_t> src = Pattern(60 << 10, 5), dst(60 << 10, 0);  // outlive the exchange
   ExchangeOptions ro = pair.Options(1);
   ro.peer_timeout = 1s;
   ro.reconnect_timeout = 20s;
   auto receiver = PeerExchange::Create(ro, {}, {0});
   ASSERT_TRUE(receiver.ok());
-  std::vector<uint8_t> src = Pattern(60 << 10, 5), dst(60 << 10, 0);
   auto rt = (*receiver)->Begin(0);
   ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 9)}).ok());
   const int fd = RawSenderCredited(pair.peers[1].port, 0);
@@ -872,6 +872,7 @@ TEST(PeerExchange, AFloodOfSilentConnectionsDoesNotLockTheRealSenderOut) {
   // 200 connections that never say HELLO: the receiver keeps at most 64 of
   // them (closing the oldest), and the real sender still gets in at once.
   Pair pair;
+  std::vector<uint8_t> src = Pattern(128, 2), dst(128);  // outlive the exchanges
   ExchangeOptions ro = pair.Options(1);
   ro.peer_timeout = 30s;
   auto receiver = PeerExchange::Create(ro, {}, {0});
@@ -892,13 +893,14 @@ TEST(PeerExchange, AFloodOfSilentConnectionsDoesNotLockTheRealSenderOut) {
   EXPECT_GE(closed, 200 - 64);
   auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
   ASSERT_TRUE(sender.ok());
-  std::vector<uint8_t> src = Pattern(128, 2), dst(128);
   auto rt = (*receiver)->Begin(0);
   ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 0)}).ok());
   auto st = (*sender)->Begin(0);
   ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 0)}).ok());
   Status got = WaitAtMost(**receiver, rt, 3s);
   EXPECT_TRUE(got.ok()) << got.ToString();
+  Status sent = WaitAtMost(**sender, st, 3s);  // the write is over before src may go
+  EXPECT_TRUE(sent.ok()) << sent.ToString();
   EXPECT_EQ(dst, src);
   for (int fd : flood) ::close(fd);
 }
