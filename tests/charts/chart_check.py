@@ -364,8 +364,7 @@ WORKLOAD_RULES = [("meshload.io", "dataloadjobs", ["get", "list", "watch", "upda
                   ("meshload.io", "dataloadjobs/status", ["get", "update", "patch"]),
                   ("meshload.io", "dataloadjobs/finalizers", ["update"]),
                   ("", "pods", ["get", "list", "watch"]),
-                  ("", "configmaps", ["get", "list", "watch", "create", "update", "patch", "delete"]),
-                  ("", "events", ["create", "patch"])]
+                  ("", "configmaps", ["get", "list", "watch", "create", "update", "patch", "delete"])]
 
 
 def grants(docs):
@@ -549,9 +548,9 @@ if out:
     check("watchNamespace: no ClusterRole or ClusterRoleBinding (nothing cluster-wide, pods included)",
           not objs(docs, "ClusterRole") and not objs(docs, "ClusterRoleBinding"))
     watched = [r for r in objs(docs, "Role") if r["metadata"].get("namespace") == "training"]
-    check("watchNamespace: pods, configmaps, events and dataloadjobs are a Role in that namespace",
+    check("watchNamespace: pods, configmaps and dataloadjobs are a Role in that namespace",
           lambda: len(watched) == 1 and {res for r in watched[0]["rules"] for res in r["resources"]}
-          == {"pods", "configmaps", "events", "dataloadjobs", "dataloadjobs/status", "dataloadjobs/finalizers"})
+          == {"pods", "configmaps", "dataloadjobs", "dataloadjobs/status", "dataloadjobs/finalizers"})
     sm = objs(docs, "ServiceMonitor")
     check("serviceMonitor: a monitoring.coreos.com/v1 ServiceMonitor scrapes the metrics port of the Service",
           lambda: len(sm) == 1 and sm[0]["apiVersion"] == "monitoring.coreos.com/v1"
