@@ -409,6 +409,16 @@ int ConnectLoopback(uint16_t port) {
   return fd;
 }
 
+// A hand-made DATA header: `bytes` of `step` with sample-id checksum `checksum` follow.
+bool WriteDataHeader(int fd, int64_t step, uint64_t bytes, uint64_t checksum) {
+  RawHeader data;
+  data.type = 5;
+  data.a = step;
+  data.b = bytes;
+  data.c = checksum;
+  return WriteAll(fd, &data, sizeof data);
+}
+
 // Process 0 by hand: connects to process 1 at `port`, says HELLO and waits
 // for the credit of `step`. The connected socket, or -1.
 int RawSenderCredited(uint16_t port, int64_t step) {
@@ -441,12 +451,7 @@ TEST(PeerExchange, APartCutOffHalfWayIsAskedForAgainAndArrivesWhole) {
     // writes the header and half the bytes, and dies.
     const int fd = RawSenderCredited(pair.peers[1].port, 0);
     ASSERT_GE(fd, 0) << std::strerror(errno);
-    RawHeader data;
-    data.type = 5;
-    data.a = 0;
-    data.b = src.size();
-    data.c = 42;
-    ASSERT_TRUE(WriteAll(fd, &data, sizeof data));
+    ASSERT_TRUE(WriteDataHeader(fd, 0, src.size(), 42));
     ASSERT_TRUE(WriteAll(fd, src.data(), src.size() / 2));
     ::close(fd);
   }
@@ -850,12 +855,7 @@ TEST(PeerExchange, APartSlowerThanThePeerTimeoutIsNotTakenForSilence) {
   ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 9)}).ok());
   const int fd = RawSenderCredited(pair.peers[1].port, 0);
   ASSERT_GE(fd, 0) << std::strerror(errno);
-  RawHeader data;
-  data.type = 5;
-  data.a = 0;
-  data.b = src.size();
-  data.c = 9;
-  ASSERT_TRUE(WriteAll(fd, &data, sizeof data));
+  ASSERT_TRUE(WriteDataHeader(fd, 0, src.size(), 9));
   for (size_t off = 0; off < src.size(); off += 1024) {  // 60 pieces, 50 ms apart: 3 s
     ASSERT_TRUE(WriteAll(fd, src.data() + off, std::min<size_t>(1024, src.size() - off)));
     std::this_thread::sleep_for(50ms);

@@ -466,16 +466,21 @@ ipc::ServerHello OneDeviceHello() {
   return h;
 }
 
+// Client options for `sock` that do not retry a failed connection.
+client::ClientOptions NoRetry(const std::string& sock) {
+  client::ClientOptions o;
+  o.socket_path = sock;
+  o.max_reconnect_attempts = 0;
+  return o;
+}
+
 TEST(Client, RefusesReadyTensorsThatAreNotCompactOrOverflow) {
   TempDir dir;
   for (const ipc::TensorReady& bad : {ipc::TensorReady{0, 1, 8, {4, 16}, {1099511627776, 1}, 0},
                                       ipc::TensorReady{0, 2, 64, {int64_t{1} << 61}, {1}, 0}}) {
     const std::string sock = dir.path() + "/fake-" + std::to_string(bad.dtype_bits) + ".sock";
     FakeSidecar fake(sock, OneDeviceHello(), {ipc::Ready{0, 0, {bad}}});
-    client::ClientOptions o;
-    o.socket_path = sock;
-    o.max_reconnect_attempts = 0;
-    auto c = client::Client::Connect(o);
+    auto c = client::Client::Connect(NoRetry(sock));
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     auto b = (*c)->Next(milliseconds(2000));
     ASSERT_FALSE(b.ok());
@@ -490,10 +495,7 @@ TEST(Client, AReadyItCannotAcceptClosesTheConnectionSoTheSidecarTakesItsSlotsBac
   TempDir dir;
   const std::string sock = dir.path() + "/fake.sock";
   FakeSidecar fake(sock, OneDeviceHello(), {ipc::Ready{5, 0, {}}});  // step 5 where 0 is due
-  client::ClientOptions o;
-  o.socket_path = sock;
-  o.max_reconnect_attempts = 0;
-  auto c = client::Client::Connect(o);
+  auto c = client::Client::Connect(NoRetry(sock));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   auto b = (*c)->Next(milliseconds(2000));
   ASSERT_FALSE(b.ok());
@@ -534,10 +536,7 @@ TEST(Client, RefusesAPoolThatIsNotSealedAgainstShrinking) {
   TempDir dir;
   const std::string sock = dir.path() + "/fake.sock";
   FakeSidecar fake(sock, OneDeviceHello(), {}, /*seal=*/false);
-  client::ClientOptions o;
-  o.socket_path = sock;
-  o.max_reconnect_attempts = 0;
-  auto c = client::Client::Connect(o);
+  auto c = client::Client::Connect(NoRetry(sock));
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("not sealed"), std::string::npos) << c.status().ToString();
 }
