@@ -92,9 +92,15 @@ bool GuardedCopy(void* dst, const uint8_t* src, size_t n) {
 // flight. The mapping is made on the first small read.
 class FileHandle {
  public:
-  explicit FileHandle(int fd) : fd_(fd) {}
+  // `mapped_total` sums the sizes of the mappings of every live handle of
+  // one source (shared with the source, which may go first).
+  FileHandle(int fd, std::shared_ptr<std::atomic<uint64_t>> mapped_total)
+      : fd_(fd), mapped_total_(std::move(mapped_total)) {}
   ~FileHandle() {
-    if (const uint8_t* map = map_.load(); map != nullptr) ::munmap(const_cast<uint8_t*>(map), map_size_);
+    if (const uint8_t* map = map_.load(); map != nullptr) {
+      ::munmap(const_cast<uint8_t*>(map), map_size_);
+      mapped_total_->fetch_sub(map_size_, std::memory_order_relaxed);
+    }
     ::close(fd_);
   }
   FileHandle(const FileHandle&) = delete;
@@ -110,6 +116,7 @@ class FileHandle {
       if (p == MAP_FAILED) return;
       ::madvise(p, static_cast<size_t>(st.st_size), MADV_RANDOM);  // samples are read shuffled
       map_size_ = static_cast<uint64_t>(st.st_size);
+      mapped_total_->fetch_add(map_size_, std::memory_order_relaxed);
       map_.store(static_cast<const uint8_t*>(p), std::memory_order_release);  // after the size
     });
     *size = map_size_;
@@ -126,6 +133,7 @@ class FileHandle {
 
  private:
   int fd_;
+  const std::shared_ptr<std::atomic<uint64_t>> mapped_total_;
   mutable std::once_flag map_once_;
   mutable std::atomic<const uint8_t*> map_{nullptr};
   mutable uint64_t map_size_ = 0;
@@ -144,6 +152,10 @@ class FdCache {
  public:
   explicit FdCache(size_t capacity) : capacity_(capacity) {}
 
+  // The bytes mapped by this cache's handles, evicted ones still held
+  // by a reader included.
+  uint64_t mapped_bytes() const { return mapped_total_->load(std::memory_order_relaxed); }
+
   Result<std::shared_ptr<const FileHandle>> Acquire(const std::string& path) {
     {
       std::shared_lock lock(mu_);
@@ -158,7 +170,7 @@ class FdCache {
       fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) return IoErrorFromErrno("open", path, errno);
-    std::shared_ptr<const FileHandle> handle = std::make_shared<const FileHandle>(fd);
+    std::shared_ptr<const FileHandle> handle = std::make_shared<const FileHandle>(fd, mapped_total_);
 
     // Declared before the lock so that descriptors are closed after it is released.
     std::vector<std::shared_ptr<const FileHandle>> dropped;
@@ -200,6 +212,7 @@ class FdCache {
   };
 
   const size_t capacity_;
+  const std::shared_ptr<std::atomic<uint64_t>> mapped_total_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_mutex mu_;
   std::atomic<uint64_t> clock_{1};
   std::unordered_map<std::string, Entry> index_;
@@ -324,9 +337,13 @@ class FileSource final : public Source {
       }
       at += v.iov_len;
     }
+    // While every mapping together is no larger than the limit, the pages
+    // mapped cannot exceed it and dropping them would only cost refaults.
     if (copied_.fetch_add(total, std::memory_order_relaxed) + total >= resident_limit_) {
       copied_.store(0, std::memory_order_relaxed);
-      for (const auto& handle : fds_.Snapshot()) handle->DropResidentPages();
+      if (fds_.mapped_bytes() > resident_limit_) {
+        for (const auto& handle : fds_.Snapshot()) handle->DropResidentPages();
+      }
     }
     return Status::Ok();
   }

@@ -80,12 +80,16 @@ struct SourceOptions {
   // more in system calls than in copying); 0 turns mapping off. A file that
   // shrinks under a mapped read is still a kDataLoss error, not a SIGBUS.
   uint64_t mmap_reads_below = 256 << 10;
-  // Local files: after this many bytes are copied through mappings, their
-  // pages are dropped from the process (MADV_DONTNEED; the page cache keeps
-  // them). Mapped page-cache pages count in RSS (RssFile) although they are
-  // shared and reclaimable; the limit bounds that figure and the page
-  // tables. Dropping costs a refault per page later, so it is not small.
-  uint64_t mmap_resident_limit = 1ull << 30;
+  // Local files: the page-cache pages mapped into the process stay within
+  // this many bytes. Mapped pages count in RSS (RssFile) although they are
+  // shared and reclaimable, and cost page tables (2 MiB per GiB mapped).
+  // While the files mapped at once are no larger than the limit together,
+  // nothing is done; otherwise, after each `mmap_resident_limit` bytes
+  // copied through mappings, their pages are dropped from the process
+  // (MADV_DONTNEED; the page cache keeps them), which costs a refault per
+  // page touched again (a quarter of the time of a small-sample step on a
+  // dataset that fits: docs/benchmarks.md, run 8).
+  uint64_t mmap_resident_limit = 4ull << 30;
   SourceObserver* observer = nullptr;  // NullObserver() when null
 };
 
