@@ -51,6 +51,9 @@ options (each also read from the environment variable named after it):
   --reader-threads N     storage reader threads (default 4)                   MESHLOAD_READER_THREADS
   --staging-threads N    steps staged in parallel (default 2, at most the     MESHLOAD_STAGING_THREADS
                          job's prefetch)
+  --staging-sched S      scheduling class of the staging, reader and server   MESHLOAD_STAGING_SCHED
+                         threads: batch (default: their wake-ups do not
+                         preempt the trainer) or normal
   --staging MODE         auto (GPU when CUDA and the devices are there, host  MESHLOAD_STAGING
                          otherwise, logged), host, cuda (VMM, fds over
                          SCM_RIGHTS; an error without CUDA) or cuda-ipc
@@ -199,7 +202,7 @@ int main(int argc, char** argv) {
   sidecar::SidecarOptions opt;
   std::string process = Env("MESHLOAD_PROCESS"), metrics_port = Env("MESHLOAD_METRICS_PORT");
   std::string start_step = Env("MESHLOAD_START_STEP"), reader_threads = Env("MESHLOAD_READER_THREADS");
-  std::string staging_threads = Env("MESHLOAD_STAGING_THREADS");
+  std::string staging_threads = Env("MESHLOAD_STAGING_THREADS"), staging_sched = Env("MESHLOAD_STAGING_SCHED");
   std::string staging = Env("MESHLOAD_STAGING"), cuda_devices = Env("MESHLOAD_CUDA_DEVICES");
   std::string process_file = Env("MESHLOAD_PROCESS_FILE");
   std::string allow = Env("MESHLOAD_ALLOW_UIDS"), mode = Env("MESHLOAD_SOCKET_MODE");
@@ -225,6 +228,7 @@ int main(int argc, char** argv) {
   flags.String({"--start-step"}, &start_step);
   flags.String({"--reader-threads"}, &reader_threads);
   flags.String({"--staging-threads"}, &staging_threads);
+  flags.String({"--staging-sched"}, &staging_sched);
   flags.String({"--staging"}, &staging);
   flags.String({"--cuda-devices"}, &cuda_devices);
   flags.String({"--peers"}, &peers);
@@ -273,6 +277,11 @@ int main(int argc, char** argv) {
   if (!staging_threads.empty()) {
     if (!int_flag(staging_threads, "--staging-threads", 1, 64, &v)) return 2;
     opt.staging_threads = static_cast<int>(v);
+  }
+  if (!staging_sched.empty()) {
+    auto sched = ParseThreadSched(staging_sched);
+    if (!sched.ok()) return usage("--staging-sched: " + sched.status().message());
+    opt.thread_sched = *sched;
   }
   if (!staging.empty()) opt.staging = staging;  // checked by the sidecar, which names the flag
   if (!cuda_devices.empty()) {

@@ -368,6 +368,7 @@ Status Sidecar::Init() {
   StepLoaderOptions lopts;
   lopts.reader_threads = options_.reader_threads;
   lopts.callers = options_.staging_threads;
+  lopts.reader_sched = options_.thread_sched;
   // On GPUs, local replicas get a device-to-device copy, not a host one.
   lopts.host_replica_copies = device_ == nullptr;
   if (options_.peers) {
@@ -440,6 +441,7 @@ Status Sidecar::Init() {
                               {"socket", options_.socket_path},
                               {"metrics_port", metrics_port_},
                               {"staging_threads", options_.staging_threads},
+                              {"thread_sched", ToString(options_.thread_sched)},
                               {"first_step", start_step_}});
   for (int i = 0; i < options_.staging_threads; ++i) producers_.emplace_back([this, i] { ProducerMain(i); });
   return Status::Ok();
@@ -559,7 +561,9 @@ std::pair<bool, std::string> Sidecar::Readiness() const {
 }
 
 void Sidecar::ProducerMain(int index) {
-  ::pthread_setname_np(::pthread_self(), ("ml-stage-" + std::to_string(index)).c_str());
+  const std::string name = "ml-stage-" + std::to_string(index);
+  ::pthread_setname_np(::pthread_self(), name.c_str());
+  ApplyThreadSched(options_.thread_sched, name.c_str());
   while (!stop_ && !failed_) {
     const uint64_t gen = pool_->generation();
     metrics_->next_staged_step.Set(static_cast<double>(pool_->next_fill_step()));
@@ -910,6 +914,9 @@ void Sidecar::Watchdog() {
 
 int Sidecar::Run() {
   auto last_watchdog = Clock::now();
+  // The server loop too: a RELEASE it handles a little later costs nothing
+  // (the trainer has `prefetch` batches), preempting a producer does.
+  ApplyThreadSched(options_.thread_sched, "server");
   while (!stop_) {
     pollfd fds[4 + 64];
     nfds_t n = 0;

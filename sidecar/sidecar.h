@@ -40,6 +40,7 @@
 
 #include "common/metrics/http_endpoints.h"
 #include "common/metrics/metrics.h"
+#include "common/thread_sched.h"
 #include "common/unique_fd.h"
 #include "planner/shard_planner.h"
 #include "sidecar/ipc/protocol.h"
@@ -69,6 +70,10 @@ struct SidecarOptions {
   /// Producers staging consecutive steps at once (clamped to the slots):
   /// small batches are bound by per-step work, which this spreads over cores.
   int staging_threads = 2;
+  /// The scheduling class of the producers, the reader threads and the
+  /// server loop (common/thread_sched.h): batch keeps their wake-ups from
+  /// preempting the trainer and each other.
+  ThreadSched thread_sched = ThreadSched::kBatch;
   source::SourceOptions source_options;
   /// The other processes' sidecars, for plans that move samples between
   /// processes (Broadcast, LoadAndReshard); `process`, `fingerprint`,

@@ -484,6 +484,7 @@ Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
 
 void StepLoader::ReaderMain(Inflight& slot) {
   ::pthread_setname_np(::pthread_self(), "ml-read");
+  ApplyThreadSched(options_.reader_sched, "ml-read");
   std::unique_lock lock(mu_);
   while (true) {
     work_.wait(lock, [&] { return stop_ || !queue_.empty(); });

@@ -51,6 +51,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/thread_sched.h"
 #include "planner/shard_planner.h"
 #include "sidecar/exchange/peer_exchange.h"
 #include "sidecar/source/source.h"
@@ -64,6 +65,8 @@ struct StepLoaderOptions {
   /// How many threads may call Load() concurrently (caller indices
   /// 0..callers-1).
   int callers = 1;
+  /// The scheduling class the reader threads put themselves in.
+  ThreadSched reader_sched = ThreadSched::kNormal;
   /// Coalesced ranges longer than this are split (at sample boundaries where
   /// possible) so that reader threads share a large contiguous read.
   uint64_t max_read_bytes = 8ull << 20;

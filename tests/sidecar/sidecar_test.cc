@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -14,7 +16,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <iostream>
 #include <iterator>
 #include <thread>
@@ -391,6 +395,53 @@ TEST(Sidecar, AnHttpDatasetThatIsNotThereFailsFastAtStart) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.ToString().find("404"), std::string::npos) << st.ToString();
   EXPECT_EQ(server.requests_, 0);  // HEAD requests are not counted by the GET handler
+}
+
+// The scheduling policy (proc(5) stat field 41) of this process's threads
+// whose name starts with `prefix`, once `want` of them are there.
+std::vector<int> PoliciesOf(const std::string& prefix, size_t want) {
+  std::vector<int> out;
+  for (int attempt = 0; attempt < 200 && out.size() < want; ++attempt) {
+    out.clear();
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      if (name.rfind(prefix, 0) != 0) continue;
+      std::ifstream stat(task.path() / "stat");
+      std::string all((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+      std::istringstream rest(all.substr(all.rfind(')') + 2));
+      std::string field;
+      for (int i = 3; rest >> field; ++i) {
+        if (i == 41) out.push_back(std::stoi(field));
+      }
+    }
+    if (out.size() < want) std::this_thread::sleep_for(milliseconds(10));
+  }
+  return out;
+}
+
+TEST(Sidecar, TheDataPathThreadsRunAsBatchUnlessToldOtherwise) {
+  for (const ThreadSched sched : {ThreadSched::kBatch, ThreadSched::kNormal}) {
+    SCOPED_TRACE(ToString(sched));
+    const int want = sched == ThreadSched::kBatch ? SCHED_BATCH : SCHED_OTHER;
+    SidecarHarness h;
+    h.options_.thread_sched = sched;
+    h.options_.staging_threads = 2;
+    h.options_.reader_threads = 3;
+    ASSERT_TRUE(h.Start().ok());
+    auto c = h.Connect();  // served: the producers have started
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->Next().ok());
+    EXPECT_EQ(PoliciesOf("ml-stage-", 2), std::vector<int>(2, want));
+    // The loader's readers: the producer is one of the reader_threads.
+    EXPECT_EQ(PoliciesOf("ml-read", 2), std::vector<int>(2, want));
+    int policy = -1;
+    sched_param param{};
+    ASSERT_EQ(::pthread_getschedparam(h.thread_.native_handle(), &policy, &param), 0);
+    EXPECT_EQ(policy, want) << "the server loop";
+  }
 }
 
 TEST(Sidecar, ReadinessWaitsForTheFirstBatch) {
