@@ -2,7 +2,7 @@
 // a meshload-sidecar process into this (consumer) process through the real
 // client, against ceilings and the Python baseline measured in the same run.
 //
-//   build/tools/bench/dataloader_bench [--quick] [--dir DIR] [--only SCENARIO]
+//   build/tools/bench/dataloader_bench [--quick] [--dir DIR] [--only SCENARIO] [--rounds N]
 //
 // Per scenario it prints:
 //   - the single-thread pread ceiling (shuffled per-sample preads of the same
@@ -13,6 +13,9 @@
 //     batch, and the sidecar's peak RSS against prefetch x batch + 64 MiB;
 //   - the Python baseline (tools/bench/numpy_baseline.py, Debian numpy) on
 //     the very same batches, and the ratios the targets are stated in.
+// meshload (a fresh sidecar each time) and Python take turns --rounds times
+// (default 3): every round's ratio is printed, and the rates and ratio of
+// the median round are the headline.
 
 #include <fcntl.h>
 #include <signal.h>
@@ -142,7 +145,114 @@ double Quantile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
 }
 
-void RunScenario(const Scenario& s, const std::string& root) {
+// One meshload stream: a sidecar process started for it, this process
+// consuming through the client.
+struct MeshloadRun {
+  bool ok = false;
+  double rate = 0;  // samples/s while streaming
+  double elapsed = 0, sidecar_cores = 0, consumer_cores = 0;
+  double sidecar_cs = 0, consumer_cs = 0, sidecar_faults = 0;  // per step
+  double ttfb = 0;
+  std::vector<double> waits, handoff;
+  Memory mem;
+};
+
+MeshloadRun RunMeshload(const Scenario& s, const std::string& job_path, const std::string& root) {
+  MeshloadRun run;
+  // meshload: a sidecar process, this process consumes through the client.
+  const std::string sock = root + "/" + s.name + ".sock";
+  std::string sidecar = SelfDir() + "/../../sidecar/meshload-sidecar";
+  if (const char* e = std::getenv("MESHLOAD_SIDECAR_BIN")) sidecar = e;
+  std::vector<std::string> args = {sidecar, "--job", job_path, "--process", "0", "--socket", sock, "--staging", "host",
+                                   "--log-level", "warn", "--reader-threads", "2"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const auto launch = Clock::now();
+  pid_t pid = -1;
+  if (::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+    std::fprintf(stderr, "FAILED: cannot start %s\n", sidecar.c_str());
+    g_failed = true;
+    return run;
+  }
+  client::ClientOptions co;
+  co.socket_path = sock;
+  co.reconnect_backoff_initial = std::chrono::milliseconds(2);
+  co.max_reconnect_attempts = 20;
+  auto c = client::Client::Connect(co);
+  if (!c.ok()) {
+    std::fprintf(stderr, "FAILED to connect: %s\n", c.status().ToString().c_str());
+    g_failed = true;
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return run;
+  }
+  auto first = (*c)->Next();
+  run.ttfb = Since(launch);
+  if (!first.ok()) {
+    std::fprintf(stderr, "FAILED at the first step: %s\n", first.status().ToString().c_str());
+    g_failed = true;
+  }
+  first = Status(StatusCode::kUnavailable, "released");
+  const auto t0 = Clock::now();
+  const double sidecar_cpu0 = CpuSeconds(pid), self_cpu0 = CpuSeconds(::getpid());
+  const uint64_t sidecar_cs0 = ContextSwitches(pid), self_cs0 = ContextSwitches(::getpid());
+  const uint64_t sidecar_faults0 = MinorFaults(pid);
+  int64_t streamed = 0;  // steps received after the first
+  for (int64_t t = 1; t < s.steps && !g_failed; ++t) {
+    auto b = (*c)->Next();
+    if (!b.ok()) {
+      std::fprintf(stderr, "FAILED at step %lld: %s\n", static_cast<long long>(t), b.status().ToString().c_str());
+      g_failed = true;
+      break;
+    }
+    ++streamed;
+    run.waits.push_back(b->wait_seconds);
+    g_sink = static_cast<const uint8_t*>(b->tensors[0].data)[0];  // the consumer sees the data
+  }
+  const double elapsed = Since(t0);
+  const double sidecar_cpu = CpuSeconds(pid) - sidecar_cpu0, self_cpu = CpuSeconds(::getpid()) - self_cpu0;
+  const double per_step = static_cast<double>(std::max<int64_t>(streamed, 1));
+  run.sidecar_cs = static_cast<double>(ContextSwitches(pid) - sidecar_cs0) / per_step;
+  run.sidecar_faults = static_cast<double>(MinorFaults(pid) - sidecar_faults0) / per_step;
+  run.consumer_cs = static_cast<double>(ContextSwitches(::getpid()) - self_cs0) / per_step;
+  run.rate = static_cast<double>(streamed * static_cast<int64_t>(s.batch)) / elapsed;
+  run.elapsed = elapsed;
+  run.sidecar_cores = sidecar_cpu / elapsed;
+  run.consumer_cores = self_cpu / elapsed;
+  // Handoff: a consumer slower than the loader finds every batch staged;
+  // Next() then costs RELEASE of the previous slot + READY + receive.
+  for (int i = 0; i < 300; ++i) {
+    // 2 ms of "training" per step: longer than any scenario takes to stage a
+    // batch, so the next one is always ready when Next() is called.
+    std::this_thread::sleep_for(std::chrono::microseconds(2000));
+    auto b = (*c)->Next();
+    if (!b.ok()) break;
+    run.handoff.push_back(b->wait_seconds);
+  }
+  run.mem = SidecarMemory(pid);
+  (*c)->Close();
+  ::kill(pid, SIGTERM);
+  ::waitpid(pid, nullptr, 0);
+  run.ok = !g_failed;
+  return run;
+}
+
+// The Python baseline over the same batches (samples/s; 0 if it failed).
+double RunPython(const std::string& cmd) {
+  double py_rate = 0;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, p)) {
+      if (std::strncmp(line, "samples_per_s=", 14) == 0) py_rate = std::atof(line + 14);
+      else std::fprintf(stderr, "python: %s", line);
+    }
+    ::pclose(p);
+  }
+  return py_rate;
+}
+
+void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   const std::string dir = root + "/" + s.name;
   DatasetSpec ds;
   ds.format = s.format;
@@ -201,78 +311,7 @@ void RunScenario(const Scenario& s, const std::string& root) {
   ::munmap(const_cast<uint8_t*>(map), size);
   ::close(fd);
 
-  // meshload: a sidecar process, this process consumes through the client.
-  const std::string sock = root + "/" + s.name + ".sock";
-  std::string sidecar = SelfDir() + "/../../sidecar/meshload-sidecar";
-  if (const char* e = std::getenv("MESHLOAD_SIDECAR_BIN")) sidecar = e;
-  std::vector<std::string> args = {sidecar, "--job", job_path, "--process", "0", "--socket", sock, "--staging", "host",
-                                   "--log-level", "warn", "--reader-threads", "2"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const auto launch = Clock::now();
-  pid_t pid = -1;
-  if (::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-    std::fprintf(stderr, "cannot start %s\n", sidecar.c_str());
-    return;
-  }
-  client::ClientOptions co;
-  co.socket_path = sock;
-  co.reconnect_backoff_initial = std::chrono::milliseconds(2);
-  co.max_reconnect_attempts = 20;
-  auto c = client::Client::Connect(co);
-  if (!c.ok()) {
-    std::fprintf(stderr, "connect: %s\n", c.status().ToString().c_str());
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    return;
-  }
-  auto first = (*c)->Next();
-  const double ttfb = Since(launch);
-  std::vector<double> waits;
-  uint64_t bytes = 0;
-  first = Status(StatusCode::kUnavailable, "released");
-  t0 = Clock::now();
-  const double sidecar_cpu0 = CpuSeconds(pid), self_cpu0 = CpuSeconds(::getpid());
-  const uint64_t sidecar_cs0 = ContextSwitches(pid), self_cs0 = ContextSwitches(::getpid());
-  const uint64_t sidecar_faults0 = MinorFaults(pid);
-  int64_t streamed = 0;  // steps received after the first
-  for (int64_t t = 1; t < s.steps; ++t) {
-    auto b = (*c)->Next();
-    if (!b.ok()) {
-      std::fprintf(stderr, "FAILED at step %lld: %s\n", static_cast<long long>(t), b.status().ToString().c_str());
-      g_failed = true;
-      break;
-    }
-    ++streamed;
-    waits.push_back(b->wait_seconds);
-    bytes += b->tensors[0].nbytes;
-    g_sink = static_cast<const uint8_t*>(b->tensors[0].data)[0];  // the consumer sees the data
-  }
-  const double elapsed = Since(t0);
-  const double sidecar_cpu = CpuSeconds(pid) - sidecar_cpu0, self_cpu = CpuSeconds(::getpid()) - self_cpu0;
-  const double per_step = static_cast<double>(std::max<int64_t>(streamed, 1));
-  const double sidecar_cs = static_cast<double>(ContextSwitches(pid) - sidecar_cs0) / per_step;
-  const double sidecar_faults = static_cast<double>(MinorFaults(pid) - sidecar_faults0) / per_step;
-  const double self_cs = static_cast<double>(ContextSwitches(::getpid()) - self_cs0) / per_step;
-  const double ml_rate = static_cast<double>(streamed * static_cast<int64_t>(s.batch)) / elapsed;
-  // Handoff: a consumer slower than the loader finds every batch staged;
-  // Next() then costs RELEASE of the previous slot + READY + receive.
-  std::vector<double> handoff;
-  for (int i = 0; i < 300; ++i) {
-    // 2 ms of "training" per step: longer than any scenario takes to stage a
-    // batch, so the next one is always ready when Next() is called.
-    std::this_thread::sleep_for(std::chrono::microseconds(2000));
-    auto b = (*c)->Next();
-    if (!b.ok()) break;
-    handoff.push_back(b->wait_seconds);
-  }
-  const Memory mem = SidecarMemory(pid);
-  (*c)->Close();
-  ::kill(pid, SIGTERM);
-  ::waitpid(pid, nullptr, 0);
-
-  // The Python baseline over the same batches.
+  // The Python baseline reads the same batches from a file of ids.
   const std::string ids_path = root + "/" + s.name + "-ids.npy";
   {
     std::vector<uint64_t> flat;
@@ -282,20 +321,40 @@ void RunScenario(const Scenario& s, const std::string& root) {
     out << *header;
     out.write(reinterpret_cast<const char*>(flat.data()), static_cast<std::streamsize>(flat.size() * 8));
   }
-  const std::string script = SelfDir() + "/../../../tools/bench/numpy_baseline.py";
-  std::string cmd = "/usr/bin/python3 " + script + " " +
-                    (s.format == DatasetFormat::kFixedRecord
-                         ? "fixed " + file + " " + std::to_string(s.record_bytes)
-                         : "tokens " + file + " uint16 " + std::to_string(s.seq)) +
-                    " " + ids_path + " 2>&1";
-  double py_rate = 0;
-  if (FILE* p = ::popen(cmd.c_str(), "r")) {
-    char line[512];
-    while (std::fgets(line, sizeof line, p)) {
-      if (std::strncmp(line, "samples_per_s=", 14) == 0) py_rate = std::atof(line + 14);
-      else std::fprintf(stderr, "python: %s", line);
-    }
-    ::pclose(p);
+  const std::string py_cmd = "/usr/bin/python3 " + SelfDir() + "/../../../tools/bench/numpy_baseline.py " +
+                             (s.format == DatasetFormat::kFixedRecord
+                                  ? "fixed " + file + " " + std::to_string(s.record_bytes)
+                                  : "tokens " + file + " uint16 " + std::to_string(s.seq)) +
+                             " " + ids_path + " 2>&1";
+
+  // meshload and Python take turns, `rounds` times: the machine's speed
+  // drifts by tens of percent between minutes, so each ratio compares runs
+  // a few seconds apart, and the median round is the headline.
+  std::vector<MeshloadRun> runs;
+  std::vector<double> py_rates;
+  for (int r = 0; r < rounds && !g_failed; ++r) {
+    runs.push_back(RunMeshload(s, job_path, root));
+    if (!runs.back().ok) return;
+    py_rates.push_back(RunPython(py_cmd));
+  }
+  if (runs.empty()) return;
+  std::vector<size_t> order(runs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto ratio = [&](size_t i) { return py_rates[i] > 0 ? runs[i].rate / py_rates[i] : 0.0; };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ratio(a) < ratio(b); });
+  const size_t mid = order[order.size() / 2];  // the median round (of an odd count)
+  const MeshloadRun& m = runs[mid];
+  const double ml_rate = m.rate, py_rate = py_rates[mid];
+  std::vector<double> waits, handoff;
+  double ttfb = 0;
+  Memory mem;
+  for (const auto& run : runs) {
+    waits.insert(waits.end(), run.waits.begin(), run.waits.end());
+    handoff.insert(handoff.end(), run.handoff.begin(), run.handoff.end());
+    ttfb = std::max(ttfb, run.ttfb);
+    mem.own = std::max(mem.own, run.mem.own);
+    mem.file = std::max(mem.file, run.mem.file);
+    mem.peak = std::max(mem.peak, run.mem.peak);
   }
 
   const double batch_mb = static_cast<double>(s.batch * sample_bytes) / 1048576.0;
@@ -307,22 +366,29 @@ void RunScenario(const Scenario& s, const std::string& root) {
   auto gbs = [&](double rate) { return rate * static_cast<double>(sample_bytes) / 1e9; };
   std::printf("  ceiling, 1 thread pread (shuffled)   %11.0f samples/s  %6.2f GB/s\n", pread_rate, gbs(pread_rate));
   std::printf("  ceiling, 1 thread memcpy (shuffled)  %11.0f samples/s  %6.2f GB/s\n", memcpy_rate, gbs(memcpy_rate));
-  std::printf("  python numpy memmap + gather         %11.0f samples/s  %6.2f GB/s\n", py_rate, gbs(py_rate));
-  std::printf("  meshload (sidecar -> this process)   %11.0f samples/s  %6.2f GB/s\n", ml_rate, gbs(ml_rate));
+  std::printf("  python numpy memmap + gather         %11.0f samples/s  %6.2f GB/s  (median round)\n", py_rate,
+              gbs(py_rate));
+  std::printf("  meshload (sidecar -> this process)   %11.0f samples/s  %6.2f GB/s  (median round)\n", ml_rate,
+              gbs(ml_rate));
   std::printf("    = %.2fx pread ceiling%s, %.2fx memcpy ceiling, %.2fx python%s\n", ml_rate / pread_rate,
               s.target_vs_pread > 0 ? (" (target >= " + std::to_string(s.target_vs_pread).substr(0, 4) + ")").c_str() : "",
               ml_rate / memcpy_rate, py_rate > 0 ? ml_rate / py_rate : 0.0,
               s.target_vs_python > 0 ? (" (target >= " + std::to_string(s.target_vs_python).substr(0, 3) + ")").c_str() : "");
-  std::printf("  CPU while streaming                  sidecar %.2f cores, consumer %.2f cores (%.2f s)\n",
-              sidecar_cpu / elapsed, self_cpu / elapsed, elapsed);
-  std::printf("  context switches per step            sidecar %.2f, consumer %.2f\n", sidecar_cs, self_cs);
+  std::printf("  rounds (meshload / python, x python) ");
+  for (size_t i = 0; i < runs.size(); ++i) {
+    std::printf("%s%.0fk / %.0fk = %.2fx", i ? ", " : "", runs[i].rate / 1e3, py_rates[i] / 1e3, ratio(i));
+  }
+  std::printf("\n");
+  std::printf("  CPU while streaming                  sidecar %.2f cores, consumer %.2f cores (%.2f s, median round)\n",
+              m.sidecar_cores, m.consumer_cores, m.elapsed);
+  std::printf("  context switches per step            sidecar %.2f, consumer %.2f\n", m.sidecar_cs, m.consumer_cs);
   std::printf("  page faults per step                 sidecar %.2f (first touches of the read-only dataset mapping)\n",
-              sidecar_faults);
-  std::printf("  trainer wait while streaming         p50 %.1f us, p99 %.1f us\n", Quantile(waits, 0.5) * 1e6,
+              m.sidecar_faults);
+  std::printf("  trainer wait while streaming         p50 %.1f us, p99 %.1f us (all rounds)\n", Quantile(waits, 0.5) * 1e6,
               Quantile(waits, 0.99) * 1e6);
-  std::printf("  handoff, batch already staged        p50 %.1f us, p99 %.1f us (target p99 < 50 us)\n",
+  std::printf("  handoff, batch already staged        p50 %.1f us, p99 %.1f us (target p99 < 50 us, all rounds)\n",
               Quantile(handoff, 0.5) * 1e6, Quantile(handoff, 0.99) * 1e6);
-  std::printf("  time to first batch                  %.1f ms (target < 1000 ms, sidecar start-up included)\n",
+  std::printf("  time to first batch                  %.1f ms (target < 1000 ms, sidecar start-up included; worst round)\n",
               ttfb * 1e3);
   std::printf("  sidecar memory: own (anon + slots)   %.1f MiB (bound prefetch x batch + 64 MiB = %.1f MiB)\n",
               static_cast<double>(mem.own) / 1048576.0, bound / 1048576.0);
@@ -337,12 +403,15 @@ int main(int argc, char** argv) {
   using namespace meshload;
   bool quick = false;
   std::string only;  // --only NAME: one scenario
+  int rounds = 0;  // --rounds N (odd): meshload and Python alternate N times; default 3, 1 with --quick
   std::string root = "/tmp/meshload-bench";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--dir") == 0 && i + 1 < argc) root = argv[++i];
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
+    if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]) | 1);
   }
+  if (rounds == 0) rounds = quick ? 1 : 3;
   std::filesystem::create_directories(root);
   const uint64_t gib = quick ? 256ull << 20 : 1ull << 30;
   std::vector<Scenario> scenarios = {
@@ -352,7 +421,7 @@ int main(int argc, char** argv) {
   };
   std::printf("meshload host data path benchmark%s (data in %s)\n", quick ? " (quick)" : "", root.c_str());
   for (const auto& s : scenarios) {
-    if (only.empty() || s.name == only) RunScenario(s, root);
+    if (only.empty() || s.name == only) RunScenario(s, root, rounds);
   }
   if (g_failed) {
     std::printf("\nFAILED: a scenario stopped early (see above); its rates cover only the steps received\n");
