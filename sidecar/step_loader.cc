@@ -451,7 +451,26 @@ Status StepLoader::RunOps(Caller& c) {
 }
 
 Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
+  // Reads are hinted to their sources a window ahead: small samples copied
+  // from a mapping then wait for memory once per window, not once each.
+  constexpr size_t kPrefetchWindow = 32;
+  thread_local std::vector<source::Source::Range> hints;  // kept between steps
+  size_t hinted = 0;  // ops [0, hinted) were hinted
   for (size_t i = 0; i < count; ++i) {
+    if (i == hinted) {
+      const size_t end = std::min(count, i + kPrefetchWindow);
+      for (size_t j = i; j < end;) {  // one call per run of ops on the same object
+        size_t k = j;
+        hints.clear();
+        while (k < end && ops[k].uri == ops[j].uri && ops[k].source == ops[j].source) {
+          hints.push_back({ops[k].offset, ops[k].length});
+          ++k;
+        }
+        ops[j].source->Prefetch(*ops[j].uri, hints.data(), hints.size());
+        j = k;
+      }
+      hinted = end;
+    }
     ReadOp* op = &ops[i];
     slot.start_ns.store(CoarseNowNs(), std::memory_order_relaxed);
     slot.offset.store(op->offset, std::memory_order_relaxed);

@@ -245,6 +245,23 @@ class FileSource final : public Source {
     return ObjectInfo{static_cast<uint64_t>(st.st_size)};
   }
 
+  void Prefetch(const std::string& path, const Range* ranges, size_t count) override {
+    if (mmap_below_ == 0 || count == 0) return;
+    auto handle = fds_.Acquire(path);  // a miss opens it, as the read would
+    if (!handle.ok()) return;          // the read reports it
+    uint64_t size = 0;
+    const uint8_t* map = (*handle)->Mapping(&size);
+    if (map == nullptr) return;
+    for (size_t i = 0; i < count; ++i) {
+      const Range& r = ranges[i];
+      if (r.length == 0 || r.length >= mmap_below_ || r.offset > size || r.length > size - r.offset) continue;
+      // A prefetch never faults: a page the file no longer has is skipped
+      // by the CPU, and the read itself reports it.
+      __builtin_prefetch(map + r.offset, 0, 3);
+      __builtin_prefetch(map + r.offset + r.length - 1, 0, 3);
+    }
+  }
+
   Status ReadV(const std::string& path, uint64_t offset, const std::vector<iovec>& iov) override {
     const auto start = std::chrono::steady_clock::now();
     uint64_t total = 0;

@@ -106,6 +106,22 @@ class Source {
   /// is retried for local files except EINTR and short reads.
   virtual Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) = 0;
 
+  /// A hint that [offset, offset + length) of `uri` will be read soon, for
+  /// each range: a source that can start fetching them without blocking
+  /// does so (local files: the CPU fetches the first and last cache line of
+  /// each range that will be copied from the mapping, which overlaps the
+  /// TLB and cache misses of many small samples). Never fails, never
+  /// blocks on storage; the default does nothing.
+  struct Range {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  virtual void Prefetch(const std::string& uri, const Range* ranges, size_t count) {
+    (void)uri;
+    (void)ranges;
+    (void)count;
+  }
+
   /// Convenience: one destination buffer.
   Status Read(const std::string& uri, uint64_t offset, void* dst, uint64_t len) {
     return ReadV(uri, offset, {iovec{dst, static_cast<size_t>(len)}});

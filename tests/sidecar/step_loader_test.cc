@@ -6,7 +6,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <map>
 #include <mutex>
+#include <set>
+#include <tuple>
 
 #include <filesystem>
 #include <thread>
@@ -122,6 +126,98 @@ TEST(StepLoader, EveryFormatStrategyAndShuffleDeliversThePlannedBytes) {
       }
     }
   }
+}
+
+// The file source, recording the hints and reads it gets, in order.
+class RecordingSource final : public source::Source {
+ public:
+  explicit RecordingSource(std::unique_ptr<source::Source> real) : real_(std::move(real)) {}
+  struct Event {
+    bool hint;
+    std::string uri;
+    uint64_t offset, length;
+    size_t call;  // which Prefetch call (hints)
+  };
+  Result<source::ObjectInfo> Stat(const std::string& uri) override { return real_->Stat(uri); }
+  Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override {
+    uint64_t n = 0;
+    for (const iovec& v : iov) n += v.iov_len;
+    {
+      std::lock_guard lock(mu_);
+      events_.push_back({false, uri, offset, n, 0});
+    }
+    return real_->ReadV(uri, offset, iov);
+  }
+  void Prefetch(const std::string& uri, const Range* ranges, size_t count) override {
+    {
+      std::lock_guard lock(mu_);
+      ++calls_;
+      for (size_t i = 0; i < count; ++i) events_.push_back({true, uri, ranges[i].offset, ranges[i].length, calls_});
+    }
+    real_->Prefetch(uri, ranges, count);
+  }
+  std::vector<Event> events() {
+    std::lock_guard lock(mu_);
+    return events_;
+  }
+
+ private:
+  std::unique_ptr<source::Source> real_;
+  std::mutex mu_;
+  std::vector<Event> events_;
+  size_t calls_ = 0;
+};
+
+TEST(StepLoader, EveryReadIsHintedToItsSourceBeforeItRunsAWindowAtATime) {
+  TempDir dir;
+  Case c{DatasetFormat::kTokenStream, Strategy::kPerProcess, ShuffleMode::kGlobal, {{"data", 1}}, {"data"}, 1};
+  JobSpec spec = SpecFor(c, dir.path());
+  spec.batch.global_batch_size = 80;  // more reads per step than one window of hints
+  auto planner = Prepare(spec, dir.path(), 400, 3);
+  source::SourceRegistry sources({});
+  RecordingSource* recorder = nullptr;
+  sources.Register("file", [&](const source::SourceOptions& o) -> Result<std::unique_ptr<source::Source>> {
+    ASSIGN_OR_RETURN(auto real, source::MakeFileSource(o));
+    auto r = std::make_unique<RecordingSource>(std::move(real));
+    recorder = r.get();
+    return std::unique_ptr<source::Source>(std::move(r));
+  });
+  const auto layout = staging::ComputeBatchLayout(planner->job(), 0);
+  StepLoaderOptions opts;
+  opts.reader_threads = 1;  // one thread: the events are in the order they happened
+  auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), sources, layout, opts);
+  ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+  std::vector<uint8_t> slot(layout.slot_bytes);
+  std::vector<uint64_t> checksums;
+  StepLoadStats stats;
+  ASSERT_TRUE((*loader)->Load(3, slot.data(), checksums, &stats).ok());
+  ExpectSlotMatchesPlan(*planner, 0, 3, slot.data(), layout, checksums);
+  ASSERT_NE(recorder, nullptr);
+
+  const auto events = recorder->events();
+  size_t reads = 0, max_hinted_ahead = 0;
+  std::map<size_t, std::set<std::string>> uris_per_call;
+  std::map<std::string, size_t> calls_per_uri_run;
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> pending;  // hinted, not read yet
+  for (const auto& e : events) {
+    if (e.hint) {
+      uris_per_call[e.call].insert(e.uri);
+      pending.emplace_back(e.uri, e.offset, e.length);
+      max_hinted_ahead = std::max(max_hinted_ahead, pending.size());
+      continue;
+    }
+    ++reads;
+    // Each read was hinted, with its exact range, before it ran.
+    auto it = std::find(pending.begin(), pending.end(), std::make_tuple(e.uri, e.offset, e.length));
+    ASSERT_NE(it, pending.end()) << e.uri << "@" << e.offset << " was read without a hint";
+    pending.erase(it);
+  }
+  EXPECT_TRUE(pending.empty()) << pending.size() << " hints were never read";
+  EXPECT_EQ(reads, stats.read_ranges);
+  EXPECT_GT(reads, 32u);
+  EXPECT_LE(max_hinted_ahead, 32u) << "hints go a window ahead, not the whole step";
+  for (const auto& [call, uris] : uris_per_call) EXPECT_EQ(uris.size(), 1u) << "one object per hint call";
+  EXPECT_GT(uris_per_call.size(), 3u);  // three files, more than one window
 }
 
 // Several producers call Load() at once, each with its caller index, on

@@ -105,6 +105,29 @@ TEST(FileSourceTest, MappedPagesStayWhileTheMappingsTogetherFitTheResidentLimit)
   EXPECT_EQ(MappedResidentBytes(pb), b.size());
 }
 
+TEST(FileSourceTest, PrefetchHintsNeverFailAndLeaveReadsExact) {
+  TempDir dir;
+  const std::string data = RandomBytes(64 << 10, 15);
+  const std::string path = dir.Write("p.bin", data);
+  auto source = MakeFile();
+  // In range, empty, past the end, overflowing, larger than a mapped read.
+  const std::vector<Source::Range> ranges = {
+      {0, 4096}, {4098, 4098}, {100, 0}, {60 << 10, 8 << 10}, {~0ull - 10, 100}, {0, 1ull << 30}};
+  source->Prefetch(path, ranges.data(), ranges.size());
+  source->Prefetch(path, nullptr, 0);
+  source->Prefetch(dir.path() + "/missing.bin", ranges.data(), ranges.size());  // the read reports it
+  std::string out(4098, '\0');
+  ASSERT_TRUE(source->Read(path, 4098, out.data(), out.size()).ok());
+  EXPECT_EQ(out, data.substr(4098, 4098));
+  // The file shrinks under its mapping: hints to pages it no longer has do
+  // not fault, and the read reports the short file.
+  ASSERT_EQ(truncate(path.c_str(), 4096), 0);
+  source->Prefetch(path, ranges.data(), 2);
+  Status st = source->Read(path, 4098, out.data(), out.size());
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+  EXPECT_EQ(source->Read(dir.path() + "/missing.bin", 0, out.data(), 1).code(), StatusCode::kNotFound);
+}
+
 TEST(FileSourceTest, ScatterReadFillsEveryIovecWithTheFileBytesInOrder) {
   TempDir dir;
   const std::string data = RandomBytes(10000, 1);
