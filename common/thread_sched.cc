@@ -29,7 +29,6 @@ Status SetCurrentThreadSched(ThreadSched sched) {
 }
 
 void ApplyThreadSched(ThreadSched sched, const char* thread) {
-  if (sched == ThreadSched::kNormal) return;  // threads are created SCHED_OTHER
   if (Status st = SetCurrentThreadSched(sched); !st.ok()) {
     LogWarn("cannot change the thread's scheduling class; it keeps the one it has",
             {{"thread", thread}, {"sched", ToString(sched)}, {"error", st.ToString()}});

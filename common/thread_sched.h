@@ -32,13 +32,15 @@ enum class ThreadSched {
 Result<ThreadSched> ParseThreadSched(const std::string& text);
 const char* ToString(ThreadSched sched);
 
-/// Puts the calling thread (only it: not the process, not threads it
-/// creates later, which inherit it) in the given class.
+/// Puts the calling thread in the given class (only it, not the rest of
+/// the process; threads it creates afterwards inherit the class).
 Status SetCurrentThreadSched(ThreadSched sched);
 
 /// SetCurrentThreadSched, and a warning naming `thread` when the system
 /// refuses (a seccomp profile that denies it): the thread then runs as it
-/// was, which costs throughput, not correctness.
+/// was, which costs throughput, not correctness. `kNormal` is applied too:
+/// a process started in another class (`chrt -b`) passes it on to its
+/// threads.
 void ApplyThreadSched(ThreadSched sched, const char* thread);
 
 }  // namespace meshload

@@ -49,6 +49,10 @@ options (each also read from the environment variable named after it):
   --start-step T         first step to stage before the trainer connects      MESHLOAD_START_STEP
                          (default spec.resume.step)
   --reader-threads N     storage reader threads (default 4)                   MESHLOAD_READER_THREADS
+  --mmap-resident-limit-mib N                                                 MESHLOAD_MMAP_RESIDENT_LIMIT_MIB
+                         page-cache pages of local files mapped into the
+                         sidecar stay within N MiB (default 4096, 16 to
+                         1048576); dropped and refaulted beyond it
   --staging-threads N    steps staged in parallel (default 2, at most the     MESHLOAD_STAGING_THREADS
                          job's prefetch)
   --staging-sched S      scheduling class of the staging, reader and server   MESHLOAD_STAGING_SCHED
@@ -202,6 +206,7 @@ int main(int argc, char** argv) {
   sidecar::SidecarOptions opt;
   std::string process = Env("MESHLOAD_PROCESS"), metrics_port = Env("MESHLOAD_METRICS_PORT");
   std::string start_step = Env("MESHLOAD_START_STEP"), reader_threads = Env("MESHLOAD_READER_THREADS");
+  std::string resident_limit = Env("MESHLOAD_MMAP_RESIDENT_LIMIT_MIB");
   std::string staging_threads = Env("MESHLOAD_STAGING_THREADS"), staging_sched = Env("MESHLOAD_STAGING_SCHED");
   std::string staging = Env("MESHLOAD_STAGING"), cuda_devices = Env("MESHLOAD_CUDA_DEVICES");
   std::string process_file = Env("MESHLOAD_PROCESS_FILE");
@@ -227,6 +232,7 @@ int main(int argc, char** argv) {
   flags.String({"--metrics-address"}, &opt.metrics_address);
   flags.String({"--start-step"}, &start_step);
   flags.String({"--reader-threads"}, &reader_threads);
+  flags.String({"--mmap-resident-limit-mib"}, &resident_limit);
   flags.String({"--staging-threads"}, &staging_threads);
   flags.String({"--staging-sched"}, &staging_sched);
   flags.String({"--staging"}, &staging);
@@ -273,6 +279,10 @@ int main(int argc, char** argv) {
   if (!reader_threads.empty()) {
     if (!int_flag(reader_threads, "--reader-threads", 1, 256, &v)) return 2;
     opt.reader_threads = static_cast<int>(v);
+  }
+  if (!resident_limit.empty()) {
+    if (!int_flag(resident_limit, "--mmap-resident-limit-mib", 16, 1 << 20, &v)) return 2;
+    opt.source_options.mmap_resident_limit = static_cast<uint64_t>(v) << 20;
   }
   if (!staging_threads.empty()) {
     if (!int_flag(staging_threads, "--staging-threads", 1, 64, &v)) return 2;

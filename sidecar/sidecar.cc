@@ -442,6 +442,7 @@ Status Sidecar::Init() {
                               {"metrics_port", metrics_port_},
                               {"staging_threads", options_.staging_threads},
                               {"thread_sched", ToString(options_.thread_sched)},
+                              {"mmap_resident_limit_mib", options_.source_options.mmap_resident_limit >> 20},
                               {"first_step", start_step_}});
   for (int i = 0; i < options_.staging_threads; ++i) producers_.emplace_back([this, i] { ProducerMain(i); });
   return Status::Ok();
@@ -562,8 +563,8 @@ std::pair<bool, std::string> Sidecar::Readiness() const {
 
 void Sidecar::ProducerMain(int index) {
   const std::string name = "ml-stage-" + std::to_string(index);
+  ApplyThreadSched(options_.thread_sched, name.c_str());  // before the name, which tests wait for
   ::pthread_setname_np(::pthread_self(), name.c_str());
-  ApplyThreadSched(options_.thread_sched, name.c_str());
   while (!stop_ && !failed_) {
     const uint64_t gen = pool_->generation();
     metrics_->next_staged_step.Set(static_cast<double>(pool_->next_fill_step()));

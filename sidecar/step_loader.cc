@@ -451,15 +451,18 @@ Status StepLoader::RunOps(Caller& c) {
 }
 
 Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
-  // Reads are hinted to their sources a window ahead: small samples copied
-  // from a mapping then wait for memory once per window, not once each.
+  // Reads are hinted to their sources 16 to 32 ahead (topped up every 16,
+  // which keeps the calls into the source few): small samples copied from
+  // a mapping then wait for memory about once per window, not once each.
   constexpr size_t kPrefetchWindow = 32;
   thread_local std::vector<source::Source::Range> hints;  // kept between steps
   size_t hinted = 0;  // ops [0, hinted) were hinted
   for (size_t i = 0; i < count; ++i) {
-    if (i == hinted) {
+    if (hinted < count && hinted - i <= kPrefetchWindow / 2) {
       const size_t end = std::min(count, i + kPrefetchWindow);
-      for (size_t j = i; j < end;) {  // one call per run of ops on the same object
+      size_t j = hinted;
+      hinted = end;
+      while (j < end) {  // one call per run of ops on the same object
         size_t k = j;
         hints.clear();
         while (k < end && ops[k].uri == ops[j].uri && ops[k].source == ops[j].source) {
@@ -469,7 +472,6 @@ Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
         ops[j].source->Prefetch(*ops[j].uri, hints.data(), hints.size());
         j = k;
       }
-      hinted = end;
     }
     ReadOp* op = &ops[i];
     slot.start_ns.store(CoarseNowNs(), std::memory_order_relaxed);
@@ -502,8 +504,8 @@ Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
 }
 
 void StepLoader::ReaderMain(Inflight& slot) {
+  ApplyThreadSched(options_.reader_sched, "ml-read");  // before the name, which tests wait for
   ::pthread_setname_np(::pthread_self(), "ml-read");
-  ApplyThreadSched(options_.reader_sched, "ml-read");
   std::unique_lock lock(mu_);
   while (true) {
     work_.wait(lock, [&] { return stop_ || !queue_.empty(); });

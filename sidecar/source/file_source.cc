@@ -246,7 +246,10 @@ class FileSource final : public Source {
   }
 
   void Prefetch(const std::string& path, const Range* ranges, size_t count) override {
-    if (mmap_below_ == 0 || count == 0) return;
+    // Only ranges that will be copied from the mapping: a file read with
+    // preadv alone is never mapped for a hint.
+    auto mapped_read = [&](const Range& r) { return r.length > 0 && r.length < mmap_below_; };
+    if (std::none_of(ranges, ranges + count, mapped_read)) return;
     auto handle = fds_.Acquire(path);  // a miss opens it, as the read would
     if (!handle.ok()) return;          // the read reports it
     uint64_t size = 0;
@@ -254,7 +257,7 @@ class FileSource final : public Source {
     if (map == nullptr) return;
     for (size_t i = 0; i < count; ++i) {
       const Range& r = ranges[i];
-      if (r.length == 0 || r.length >= mmap_below_ || r.offset > size || r.length > size - r.offset) continue;
+      if (!mapped_read(r) || r.offset > size || r.length > size - r.offset) continue;
       // A prefetch never faults: a page the file no longer has is skipped
       // by the CPU, and the read itself reports it.
       __builtin_prefetch(map + r.offset, 0, 3);

@@ -107,11 +107,12 @@ class Source {
   virtual Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) = 0;
 
   /// A hint that [offset, offset + length) of `uri` will be read soon, for
-  /// each range: a source that can start fetching them without blocking
-  /// does so (local files: the CPU fetches the first and last cache line of
-  /// each range that will be copied from the mapping, which overlaps the
-  /// TLB and cache misses of many small samples). Never fails, never
-  /// blocks on storage; the default does nothing.
+  /// each range: a source that can start fetching them without waiting for
+  /// the data does so (local files: the CPU fetches the first and last cache
+  /// line of each range that will be copied from the mapping, which
+  /// overlaps the TLB and cache misses of many small samples; the first
+  /// hint for a file opens and maps it, as its first read would). Never
+  /// fails: errors are left to the read. The default does nothing.
   struct Range {
     uint64_t offset = 0;
     uint64_t length = 0;

@@ -268,6 +268,15 @@ out=$(timeout 10 "$SIDECAR" --job "$TMP/fixed.yaml" --process 0 --socket "$TMP/n
 grep -q "no samples move between this job's processes" <<<"$out" && grep -q "sidecar started" <<<"$out" \
   && ! grep -q "waiting for the controller" <<<"$out"
 check "--assignments with a job that moves nothing between processes starts at once, without peers" $?
+# The tuning flags reach the sidecar (its start-up line says what it runs with).
+out=$(MESHLOAD_STAGING_SCHED=normal timeout 10 "$SIDECAR" --job "$TMP/fixed.yaml" --process 0 --socket "$TMP/tn.sock" \
+      --mmap-resident-limit-mib 64 --staging host --log-level info 2>&1 & TN=$!; sleep 0.6; kill -TERM $TN; wait $TN); rc=$?
+grep "sidecar started" <<<"$out" | grep -q '"thread_sched":"normal"' \
+  && grep "sidecar started" <<<"$out" | grep -q '"mmap_resident_limit_mib":64'
+check "--staging-sched and --mmap-resident-limit-mib reach the sidecar" $?
+out=$("$SIDECAR" --job "$TMP/fixed.yaml" --process 0 --socket "$TMP/tn.sock" --mmap-resident-limit-mib 4k 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q -- "--mmap-resident-limit-mib: expected an integer from 16 to 1048576, got '4k'" <<<"$out"
+check "a bad --mmap-resident-limit-mib is a usage error naming the flag and the value" $?
 
 # 7. A pod replaced at another IP: process 1's sidecar is killed and comes
 #    back on 127.0.0.4 instead of 127.0.0.3; the controller publishes the new

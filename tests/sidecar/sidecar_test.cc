@@ -430,7 +430,14 @@ TEST(Sidecar, TheDataPathThreadsRunAsBatchUnlessToldOtherwise) {
     h.options_.thread_sched = sched;
     h.options_.staging_threads = 2;
     h.options_.reader_threads = 3;
-    ASSERT_TRUE(h.Start().ok());
+    // "normal" must hold even when the sidecar inherits batch (`chrt -b`):
+    // its threads are then created in batch.
+    if (sched == ThreadSched::kNormal) {
+      ASSERT_TRUE(SetCurrentThreadSched(ThreadSched::kBatch).ok());
+    }
+    Status started = h.Start();
+    ASSERT_TRUE(SetCurrentThreadSched(ThreadSched::kNormal).ok());
+    ASSERT_TRUE(started.ok()) << started.ToString();
     auto c = h.Connect();  // served: the producers have started
     ASSERT_TRUE(c);
     ASSERT_TRUE(c->Next().ok());

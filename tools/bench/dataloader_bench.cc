@@ -15,7 +15,9 @@
 //     the very same batches, and the ratios the targets are stated in.
 // meshload (a fresh sidecar each time) and Python take turns --rounds times
 // (default 3): every round's ratio is printed, and the rates and ratio of
-// the median round are the headline.
+// the median round are the headline (of an even count, the upper middle).
+// A round whose stream stops early ends the scenario; the rounds before it
+// are printed, and the program exits 1.
 
 #include <fcntl.h>
 #include <signal.h>
@@ -50,7 +52,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 volatile uint64_t g_sink;
-// A scenario whose streaming stopped early: its figures are not reported as results.
+// A round failed (its stream stopped early, or the sidecar did not start): exit 1.
 bool g_failed = false;
 
 struct Scenario {
@@ -172,7 +174,6 @@ MeshloadRun RunMeshload(const Scenario& s, const std::string& job_path, const st
   pid_t pid = -1;
   if (::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
     std::fprintf(stderr, "FAILED: cannot start %s\n", sidecar.c_str());
-    g_failed = true;
     return run;
   }
   client::ClientOptions co;
@@ -182,16 +183,16 @@ MeshloadRun RunMeshload(const Scenario& s, const std::string& job_path, const st
   auto c = client::Client::Connect(co);
   if (!c.ok()) {
     std::fprintf(stderr, "FAILED to connect: %s\n", c.status().ToString().c_str());
-    g_failed = true;
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
     return run;
   }
+  bool failed = false;  // the stream stopped early: this run's figures are not results
   auto first = (*c)->Next();
   run.ttfb = Since(launch);
   if (!first.ok()) {
     std::fprintf(stderr, "FAILED at the first step: %s\n", first.status().ToString().c_str());
-    g_failed = true;
+    failed = true;
   }
   first = Status(StatusCode::kUnavailable, "released");
   const auto t0 = Clock::now();
@@ -199,11 +200,11 @@ MeshloadRun RunMeshload(const Scenario& s, const std::string& job_path, const st
   const uint64_t sidecar_cs0 = ContextSwitches(pid), self_cs0 = ContextSwitches(::getpid());
   const uint64_t sidecar_faults0 = MinorFaults(pid);
   int64_t streamed = 0;  // steps received after the first
-  for (int64_t t = 1; t < s.steps && !g_failed; ++t) {
+  for (int64_t t = 1; t < s.steps && !failed; ++t) {
     auto b = (*c)->Next();
     if (!b.ok()) {
       std::fprintf(stderr, "FAILED at step %lld: %s\n", static_cast<long long>(t), b.status().ToString().c_str());
-      g_failed = true;
+      failed = true;
       break;
     }
     ++streamed;
@@ -234,7 +235,7 @@ MeshloadRun RunMeshload(const Scenario& s, const std::string& job_path, const st
   (*c)->Close();
   ::kill(pid, SIGTERM);
   ::waitpid(pid, nullptr, 0);
-  run.ok = !g_failed;
+  run.ok = !failed;
   return run;
 }
 
@@ -332,17 +333,26 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   // a few seconds apart, and the median round is the headline.
   std::vector<MeshloadRun> runs;
   std::vector<double> py_rates;
-  for (int r = 0; r < rounds && !g_failed; ++r) {
-    runs.push_back(RunMeshload(s, job_path, root));
-    if (!runs.back().ok) return;
+  int failed_round = 0;  // 1-based; 0: none failed
+  for (int r = 0; r < rounds; ++r) {
+    MeshloadRun run = RunMeshload(s, job_path, root);
+    if (!run.ok) {
+      failed_round = r + 1;
+      g_failed = true;
+      break;
+    }
+    runs.push_back(std::move(run));
     py_rates.push_back(RunPython(py_cmd));
   }
-  if (runs.empty()) return;
+  if (runs.empty()) {
+    std::printf("\n%s: FAILED in round 1 (see above): no figures\n", s.name.c_str());
+    return;
+  }
   std::vector<size_t> order(runs.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   auto ratio = [&](size_t i) { return py_rates[i] > 0 ? runs[i].rate / py_rates[i] : 0.0; };
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ratio(a) < ratio(b); });
-  const size_t mid = order[order.size() / 2];  // the median round (of an odd count)
+  const size_t mid = order[order.size() / 2];  // the median round (the upper one of an even count)
   const MeshloadRun& m = runs[mid];
   const double ml_rate = m.rate, py_rate = py_rates[mid];
   std::vector<double> waits, handoff;
@@ -378,11 +388,13 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   for (size_t i = 0; i < runs.size(); ++i) {
     std::printf("%s%.0fk / %.0fk = %.2fx", i ? ", " : "", runs[i].rate / 1e3, py_rates[i] / 1e3, ratio(i));
   }
+  if (failed_round > 0) std::printf(", round %d FAILED (see above)", failed_round);
   std::printf("\n");
   std::printf("  CPU while streaming                  sidecar %.2f cores, consumer %.2f cores (%.2f s, median round)\n",
               m.sidecar_cores, m.consumer_cores, m.elapsed);
-  std::printf("  context switches per step            sidecar %.2f, consumer %.2f\n", m.sidecar_cs, m.consumer_cs);
-  std::printf("  page faults per step                 sidecar %.2f (first touches of the read-only dataset mapping)\n",
+  std::printf("  context switches per step            sidecar %.2f, consumer %.2f (median round)\n", m.sidecar_cs,
+              m.consumer_cs);
+  std::printf("  page faults per step                 sidecar %.2f (first touches of the dataset mapping; median round)\n",
               m.sidecar_faults);
   std::printf("  trainer wait while streaming         p50 %.1f us, p99 %.1f us (all rounds)\n", Quantile(waits, 0.5) * 1e6,
               Quantile(waits, 0.99) * 1e6);
@@ -403,13 +415,13 @@ int main(int argc, char** argv) {
   using namespace meshload;
   bool quick = false;
   std::string only;  // --only NAME: one scenario
-  int rounds = 0;  // --rounds N (odd): meshload and Python alternate N times; default 3, 1 with --quick
+  int rounds = 0;  // --rounds N: meshload and Python alternate N times; default 3, 1 with --quick
   std::string root = "/tmp/meshload-bench";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--dir") == 0 && i + 1 < argc) root = argv[++i];
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
-    if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]) | 1);
+    if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
   }
   if (rounds == 0) rounds = quick ? 1 : 3;
   std::filesystem::create_directories(root);
@@ -424,7 +436,7 @@ int main(int argc, char** argv) {
     if (only.empty() || s.name == only) RunScenario(s, root, rounds);
   }
   if (g_failed) {
-    std::printf("\nFAILED: a scenario stopped early (see above); its rates cover only the steps received\n");
+    std::printf("\nFAILED: a round stopped early (see above); the figures printed cover the rounds before it\n");
     return 1;
   }
   return 0;
