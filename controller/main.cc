@@ -17,6 +17,7 @@
 #include "controller/controller.h"
 #include "controller/kube/client.h"
 #include "controller/kube/config.h"
+#include "controller/runtime/event_recorder.h"
 #include "controller/runtime/leader_election.h"
 
 namespace {
@@ -32,6 +33,8 @@ options:
   --workers N                    concurrent reconciles (default 4)
   --qps F                        client-side API request rate (default 20)
   --burst N                      client-side burst (default 30)
+  --event-qps F                  rate of Kubernetes Events about jobs, on their own client
+                                 (default 5; 0: no events)
   --metrics-port N               /metrics, /healthz, /readyz (default 8080; 0: any free port)
   --metrics-address A            address to serve them on (default 0.0.0.0)
   --leader-elect true|false      use a Lease so that one replica reconciles (default true)
@@ -56,7 +59,7 @@ int main(int argc, char** argv) {
     std::cerr << "meshload-controller: " << st.ToString() << "\n";
     return 2;
   }
-  std::string kubeconfig, watch_ns, qps = "20", leader_elect = "true", le_ns = Env("POD_NAMESPACE");
+  std::string kubeconfig, watch_ns, qps = "20", event_qps = "5", leader_elect = "true", le_ns = Env("POD_NAMESPACE");
   std::string le_id = "meshload-controller", identity = Env("POD_NAME"), metrics_address = "0.0.0.0";
   std::string sidecar_container = "meshload-sidecar", log_level, log_format;
   int64_t workers = 4, burst = 30, metrics_port = 8080, lease_ms = 15000, renew_ms = 10000, retry_ms = 2000;
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
   flags.String({"--namespace"}, &watch_ns);
   flags.Int({"--workers"}, &workers);
   flags.String({"--qps"}, &qps);
+  flags.String({"--event-qps"}, &event_qps);
   flags.Int({"--burst"}, &burst);
   flags.Int({"--metrics-port"}, &metrics_port);
   flags.String({"--metrics-address"}, &metrics_address);
@@ -83,13 +87,19 @@ int main(int argc, char** argv) {
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
   auto usage = [](const std::string& m) { return cli::UsageError(m, "meshload-controller"); };
   if (Status st = ConfigureLoggingFromFlags(log_level, log_format); !st.ok()) return usage(st.message());
-  double qps_value = 0;
-  try {
-    size_t used = 0;
-    qps_value = std::stod(qps, &used);
-    if (used != qps.size()) throw std::invalid_argument(qps);
-  } catch (...) {
-    return usage("--qps: expected a number, got '" + qps + "'");
+  auto number = [](const std::string& text, double* out) {
+    try {
+      size_t used = 0;
+      *out = std::stod(text, &used);
+      return used == text.size() && *out >= 0;
+    } catch (...) {
+      return false;
+    }
+  };
+  double qps_value = 0, event_qps_value = 0;
+  if (!number(qps, &qps_value) || qps_value <= 0) return usage("--qps: expected a positive number, got '" + qps + "'");
+  if (!number(event_qps, &event_qps_value)) {
+    return usage("--event-qps: expected a number >= 0, got '" + event_qps + "'");
   }
   if (workers < 1 || workers > 256) return usage("--workers must be 1..256");
   if (burst < 1) return usage("--burst must be positive");
@@ -155,6 +165,30 @@ int main(int argc, char** argv) {
     elector = std::make_unique<runtime::LeaderElector>(client->get(), le);
     options.reconciler.may_write = [e = elector.get()] { return e->IsLeader(); };
   }
+  // Events: their own client and rate, so that they never slow the status
+  // writes; written by the leader only.
+  std::unique_ptr<kube::KubeClient> event_client;
+  std::unique_ptr<runtime::EventRecorder> events;
+  if (event_qps_value > 0) {
+    kube::ClientOptions eopts = copts;
+    eopts.qps = event_qps_value;
+    eopts.burst = std::max(1, static_cast<int>(event_qps_value * 5));
+    eopts.max_attempts = 2;  // an event is not worth a long retry
+    auto ec = kube::KubeClient::Create(*config, eopts);
+    if (!ec.ok()) {
+      LogError("cannot create the API client for events", {{"error", ec.status().ToString()}});
+      return 1;
+    }
+    event_client = std::move(*ec);
+    runtime::EventRecorderOptions ro;
+    ro.instance = identity;
+    ro.may_write = options.reconciler.may_write;
+    events = std::make_unique<runtime::EventRecorder>(event_client.get(), &registry, ro);
+    options.reconciler.record_event = [r = events.get()](const nlohmann::json& job, const std::string& type,
+                                                         const std::string& reason, const std::string& message) {
+      r->Record(job, type, reason, message);
+    };
+  }
   controller::Controller controller(client->get(), &registry, options);
 
   std::atomic<bool> leading{elector == nullptr};
@@ -205,6 +239,8 @@ int main(int argc, char** argv) {
   if (elector) elector->Stop();
   if (election.joinable()) election.join();  // releases the lease if held
   controller.Stop();
+  if (events) events->Stop();
+  if (event_client) event_client->Shutdown();
   client->get()->Shutdown();
   health.Stop();
   return 0;

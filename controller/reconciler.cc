@@ -127,6 +127,51 @@ json StatusJson(const DesiredStatus& d, int64_t generation, const json& current)
   return out;
 }
 
+// The events a status change deserves: one per condition whose status
+// changed (or, on a new job, that starts bad, or Planned).
+struct ConditionEvent {
+  std::string type, reason, message;
+};
+std::vector<ConditionEvent> ConditionEvents(const json& before, const json& after) {
+  std::vector<ConditionEvent> out;
+  const json& old = Field(before, "conditions");
+  const json& now = Field(after, "conditions");
+  if (!now.is_array()) return out;
+  for (const auto& c : now) {
+    const std::string type = Str(c, "type"), status = Str(c, "status");
+    std::string was, was_reason;
+    if (old.is_array()) {
+      for (const auto& o : old) {
+        if (Str(o, "type") == type) {
+          was = Str(o, "status");
+          was_reason = Str(o, "reason");
+        }
+      }
+    }
+    if (was == status || status == "Unknown") continue;
+    const bool good = (type == "Degraded") == (status == "False");
+    if (was.empty() || was == "Unknown") {
+      // A new (or newly valid) job: say what is wrong, and that it was
+      // planned; sidecars not ready yet, and not degraded, is the start.
+      const bool worth = type == "Planned" || (!good && type != "SidecarsReady");
+      if (!worth) continue;
+    }
+    if (type == "Degraded" && good && was.empty()) continue;
+    // Sidecars that are not all ready are SidecarsReady's events (Degraded
+    // says it too, and would repeat each one, at every job's start as well).
+    if (type == "Degraded" && (good ? was_reason : Str(c, "reason")) == "NotAllSidecarsReady") continue;
+    std::string reason = Str(c, "reason"), message = Str(c, "message");
+    if (type == "Degraded" && good) {
+      reason = "Recovered";
+      message = "no longer degraded (was: " + was_reason + ")";
+    }
+    if (message.empty()) message = type + " is now " + status;
+    if (message.rfind(reason + ": ", 0) == 0) message.erase(0, reason.size() + 2);  // "Reason: ..." problems
+    out.push_back({good ? "Normal" : "Warning", reason.empty() ? type : reason, message});
+  }
+  return out;
+}
+
 std::string JoinDiagnostics(const Diagnostics& d) {
   std::string s = d.ToString();
   while (!s.empty() && s.back() == '\n') s.pop_back();
@@ -526,6 +571,9 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     kube::ApiResponse r = client_->Put(jobs.Object(ns, name) + "/status", body);
     if (r.ok()) {
       ++res.writes;
+      if (options_.record_event) {
+        for (const auto& e : ConditionEvents(current, want)) options_.record_event(job, e.type, e.reason, e.message);
+      }
       return Status::Ok();
     }
     if (r.code == 404) return Status::Ok();

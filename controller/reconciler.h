@@ -31,6 +31,14 @@
 ///    re-reads the job and tries again. lastTransitionTime moves only when a
 ///    condition's status does.
 ///
+/// 6. After a status write, each condition that changed becomes an Event
+///    (ReconcilerOptions::record_event): Warning when it went bad (Valid or
+///    Planned False, SidecarsReady False after True, Degraded True for a
+///    problem other than sidecars not all ready, which SidecarsReady
+///    reports), Normal when it went good (and Planned True on a new job).
+///    A condition that did not change makes none, so an idle cluster gets
+///    no events.
+///
 /// So a reconcile with nothing changed makes no write at all.
 ///
 /// Thread safety: Reconcile may run concurrently for different keys (the
@@ -75,6 +83,12 @@ struct ReconcilerOptions {
   /// Checked before every write; false (lost leadership) aborts the
   /// reconcile with kFailedPrecondition.
   std::function<bool()> may_write;
+  /// Called after a status write for each condition that changed, to become
+  /// a Kubernetes Event (runtime::EventRecorder::Record): `type` "Normal" or
+  /// "Warning", the condition's reason and message. Unset: no events.
+  std::function<void(const nlohmann::json& job, const std::string& type, const std::string& reason,
+                     const std::string& message)>
+      record_event;
 };
 
 /// What one reconcile did.

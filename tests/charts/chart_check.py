@@ -272,7 +272,7 @@ def parse_args(args):
     return out
 
 
-CONTROLLER_FLAGS = {"kubeconfig", "namespace", "workers", "qps", "burst", "metrics-port", "metrics-address",
+CONTROLLER_FLAGS = {"kubeconfig", "namespace", "workers", "qps", "burst", "event-qps", "metrics-port", "metrics-address",
                     "leader-elect", "leader-election-namespace", "leader-election-id", "identity",
                     "sidecar-container", "log-level", "log-format"}
 # The flags the controller's main.cc registers with its FlagParser, where it exists.
@@ -323,6 +323,7 @@ def deployment_problems(docs, values, namespace):
         p.append("flags the controller does not have: %s" % unknown)
     le = values["leaderElection"]["enabled"]
     want = {"workers": str(values["workers"]), "qps": str(values["qps"]), "burst": str(values["burst"]),
+            "event-qps": str(values["eventQps"]),
             "metrics-port": str(values["metrics"]["port"]), "leader-elect": "true" if le else "false",
             "sidecar-container": values["sidecarContainerName"], "log-level": values["logLevel"],
             "log-format": values["logFormat"]}
@@ -364,7 +365,8 @@ WORKLOAD_RULES = [("meshload.io", "dataloadjobs", ["get", "list", "watch", "upda
                   ("meshload.io", "dataloadjobs/status", ["get", "update", "patch"]),
                   ("meshload.io", "dataloadjobs/finalizers", ["update"]),
                   ("", "pods", ["get", "list", "watch"]),
-                  ("", "configmaps", ["get", "list", "watch", "create", "update", "patch", "delete"])]
+                  ("", "configmaps", ["get", "list", "watch", "create", "update", "patch", "delete"]),
+                  ("", "events", ["create", "patch"])]
 
 
 def grants(docs):
@@ -534,7 +536,7 @@ if out:
           == [("kubernetes.io/hostname", the(docs, "Deployment")["spec"]["selector"]["matchLabels"])])
     check("defaults: the controller is started with its flags",
           lambda: controller_container(docs)[1]["args"] == [
-              "--workers=4", "--qps=20", "--burst=30", "--metrics-port=8080", "--leader-elect=true",
+              "--workers=4", "--qps=20", "--burst=30", "--event-qps=5", "--metrics-port=8080", "--leader-elect=true",
               "--leader-election-namespace=meshload-system", "--leader-election-id=meshload",
               "--sidecar-container=meshload-sidecar", "--log-level=info", "--log-format=json"])
     check("defaults: NOTES.txt renders and names the release's namespace",
@@ -548,9 +550,9 @@ if out:
     check("watchNamespace: no ClusterRole or ClusterRoleBinding (nothing cluster-wide, pods included)",
           not objs(docs, "ClusterRole") and not objs(docs, "ClusterRoleBinding"))
     watched = [r for r in objs(docs, "Role") if r["metadata"].get("namespace") == "training"]
-    check("watchNamespace: pods, configmaps and dataloadjobs are a Role in that namespace",
+    check("watchNamespace: pods, configmaps, events and dataloadjobs are a Role in that namespace",
           lambda: len(watched) == 1 and {res for r in watched[0]["rules"] for res in r["resources"]}
-          == {"pods", "configmaps", "dataloadjobs", "dataloadjobs/status", "dataloadjobs/finalizers"})
+          == {"pods", "configmaps", "events", "dataloadjobs", "dataloadjobs/status", "dataloadjobs/finalizers"})
     sm = objs(docs, "ServiceMonitor")
     check("serviceMonitor: a monitoring.coreos.com/v1 ServiceMonitor scrapes the metrics port of the Service",
           lambda: len(sm) == 1 and sm[0]["apiVersion"] == "monitoring.coreos.com/v1"

@@ -5,10 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <memory>
 #include <thread>
 
 #include "common/metrics/metrics.h"
+#include "controller/runtime/event_recorder.h"
 #include "tests/controller/test_env.h"
 
 namespace meshload::controller {
@@ -370,6 +373,162 @@ TEST(ControllerFaults, EndStateUnderApiFaultsEqualsTheCleanRun) {
   EXPECT_EQ(clean["bad"]["status"]["phase"], "Failed");
   EXPECT_EQ(clean["job0"]["status"]["phase"], "Running");
   EXPECT_EQ(faulty, clean) << "clean:\n" << clean.dump(1) << "\nwith faults:\n" << faulty.dump(1);
+}
+
+// Events in namespace kNs about `name`, oldest first: "type reason: message (count)".
+std::vector<std::string> EventsAbout(TestCluster& cluster, const std::string& name) {
+  json list = cluster.Get(std::string("/api/v1/namespaces/") + kNs + "/events");
+  std::vector<std::pair<std::string, std::string>> found;  // (name, line)
+  for (const auto& e : list["items"]) {
+    if (e["involvedObject"]["name"] != name) continue;
+    found.emplace_back(e["metadata"]["name"].get<std::string>(),
+                       e["type"].get<std::string>() + " " + e["reason"].get<std::string>() + ": " +
+                           e["message"].get<std::string>() + " (" + std::to_string(e["count"].get<int64_t>()) + ")");
+  }
+  std::sort(found.begin(), found.end());  // names end in the creation time, in hex of equal width
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+TEST(EventRecorder, WritesEventsAggregatesRepeatsAndLimitsEachObject) {
+  TestCluster cluster;
+  cluster.CreateNamespace(kNs);
+  json job = cluster.CreateJob(cluster.JobManifest(kNs, "ev", 2, "ev"));
+  metrics::Registry registry;
+  runtime::EventRecorderOptions o;
+  o.instance = "replica-a";
+  o.burst_per_object = 4;
+  runtime::EventRecorder events(&cluster.client(), &registry, o);
+  events.Record(job, "Warning", "InvalidSpec", "spec.mesh: 3 devices");
+  events.Record(job, "Warning", "InvalidSpec", "spec.mesh: 3 devices");  // the same: counted, not a new one
+  events.Record(job, "Normal", "Planned", "8192 samples");
+  ASSERT_TRUE(events.Flush(10s));
+  EXPECT_EQ(EventsAbout(cluster, "ev"),
+            (std::vector<std::string>{"Warning InvalidSpec: spec.mesh: 3 devices (2)", "Normal Planned: 8192 samples (1)"}));
+  json list = cluster.Get(std::string("/api/v1/namespaces/") + kNs + "/events");
+  const json& e = list["items"][0];
+  EXPECT_EQ(e["involvedObject"]["kind"], "DataLoadJob");
+  EXPECT_EQ(e["involvedObject"]["apiVersion"], "meshload.io/v1alpha1");
+  EXPECT_EQ(e["involvedObject"]["uid"], job["metadata"]["uid"]);
+  EXPECT_EQ(e["source"]["component"], "meshload-controller");
+  EXPECT_EQ(e["reportingInstance"], "replica-a");
+  EXPECT_FALSE(e["firstTimestamp"].get<std::string>().empty());
+
+  // The object's bucket held 4: 3 taken above, 1 left, then dropped.
+  events.Record(job, "Normal", "A", "one");
+  events.Record(job, "Normal", "B", "two");
+  ASSERT_TRUE(events.Flush(10s));
+  EXPECT_EQ(EventsAbout(cluster, "ev").size(), 3u);
+  const auto c = events.counts();
+  EXPECT_EQ(c.created, 3u);
+  EXPECT_EQ(c.aggregated, 1u);
+  EXPECT_EQ(c.dropped, 1u);
+  EXPECT_EQ(c.failed, 0u);
+  const std::string text = registry.Serialize();
+  EXPECT_NE(text.find("meshload_controller_events_total{outcome=\"dropped\"} 1"), std::string::npos) << text;
+  // A message longer than 1 KiB is cut.
+  json other = cluster.CreateJob(cluster.JobManifest(kNs, "long", 2, "ev"));
+  events.Record(other, "Warning", "X", std::string(5000, 'm'));
+  ASSERT_TRUE(events.Flush(10s));
+  const auto long_events = EventsAbout(cluster, "long");
+  ASSERT_EQ(long_events.size(), 1u);
+  EXPECT_LT(long_events[0].size(), 1100u);
+}
+
+TEST(EventRecorder, NeverBlocksAFullQueueOrANonLeaderDrops) {
+  TestCluster cluster;
+  cluster.CreateNamespace(kNs);
+  json job = cluster.CreateJob(cluster.JobManifest(kNs, "q", 2, "q"));
+  std::atomic<bool> leader{true}, hold{true};
+  std::atomic<int> asked{0};
+  runtime::EventRecorderOptions o;
+  o.queue_capacity = 2;
+  o.may_write = [&] {
+    ++asked;
+    while (hold) std::this_thread::sleep_for(1ms);  // the writer is stuck on the first event
+    return leader.load();
+  };
+  runtime::EventRecorder events(&cluster.client(), nullptr, o);
+  events.Record(job, "Normal", "R", "0");
+  ASSERT_TRUE(TestCluster::Eventually([&] { return asked.load() == 1; }));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 1; i <= 4; ++i) events.Record(job, "Normal", "R", std::to_string(i));  // 2 queued, 2 dropped
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 100ms) << "Record must not wait for the writer";
+  EXPECT_EQ(events.counts().dropped, 2u);
+  hold = false;
+  ASSERT_TRUE(events.Flush(10s));
+  EXPECT_EQ(events.counts().created, 3u);
+  leader = false;  // lost the lease: nothing more is written
+  events.Record(job, "Warning", "R", "late");
+  ASSERT_TRUE(events.Flush(10s));
+  EXPECT_EQ(events.counts().created, 3u);
+  EXPECT_EQ(events.counts().dropped, 3u);
+  EXPECT_EQ(EventsAbout(cluster, "q").size(), 3u);
+}
+
+TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
+  runtime::EventRecorder events(&cluster_.client(), nullptr, {});
+  ControllerOptions options;
+  options.reconciler.record_event = [&](const json& job, const std::string& type, const std::string& reason,
+                                        const std::string& message) { events.Record(job, type, reason, message); };
+  json manifest = cluster_.JobManifest(kNs, "watched", 2, "w");
+  manifest["spec"]["mesh"]["axes"] = json::array({{{"name", "data"}, {"size", 3}}});  // invalid
+  cluster_.CreateJob(manifest);
+  StartController(options);
+  Settle();
+  ASSERT_TRUE(events.Flush(10s));
+  auto seen = EventsAbout(cluster_, "watched");
+  ASSERT_EQ(seen.size(), 2u) << ::testing::PrintToString(seen);
+  EXPECT_EQ(seen[0].rfind("Warning InvalidSpec: ", 0), 0u) << seen[0];
+  EXPECT_NE(seen[0].find("spec.mesh"), std::string::npos) << seen[0];
+  EXPECT_EQ(seen[1], "Warning InvalidSpec: the spec must be valid first (1)");
+
+  // Fixed, then its trainers come up.
+  json job = Job("watched");
+  job["spec"]["mesh"]["axes"] = json::array({{{"name", "data"}, {"size", 4}}});
+  job.erase("status");
+  ASSERT_TRUE(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/watched", job).ok());
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Pending"; }));
+  ReadyPods("w", 2);
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Running"; }));
+  Settle();
+  ASSERT_TRUE(events.Flush(10s));
+  seen = EventsAbout(cluster_, "watched");
+  ASSERT_EQ(seen.size(), 5u) << ::testing::PrintToString(seen);
+  EXPECT_EQ(seen[2], "Normal Valid: Valid is now True (1)");
+  EXPECT_EQ(seen[3].rfind("Normal Resolved: ", 0), 0u) << seen[3];
+  EXPECT_EQ(seen[4], "Normal AllSidecarsReady: 2 of 2 sidecars ready (1)");
+
+  // A sidecar restarts and is not ready: SidecarsReady False, and Degraded
+  // True for the restart (a sidecar merely not ready is SidecarsReady's).
+  cluster_.SetSidecar(kNs, "w-1", false, 1);
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Degraded"; }));
+  Settle();
+  ASSERT_TRUE(events.Flush(10s));
+  seen = EventsAbout(cluster_, "watched");
+  ASSERT_EQ(seen.size(), 7u) << ::testing::PrintToString(seen);
+  EXPECT_EQ(seen[5].rfind("Warning SidecarsNotReady: 1 of 2 sidecars ready", 0), 0u) << seen[5];
+  EXPECT_EQ(seen[6].rfind("Warning SidecarRestarting: the sidecar of process 1 (pod w-1) restarted", 0), 0u) << seen[6];
+  // It comes back: ready again, and recovered.
+  cluster_.SetSidecar(kNs, "w-1", true, 1);
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Running"; }));
+  Settle();
+  ASSERT_TRUE(events.Flush(10s));
+  seen = EventsAbout(cluster_, "watched");
+  // The same event again within 10 minutes raises the first one's count.
+  ASSERT_EQ(seen.size(), 8u) << ::testing::PrintToString(seen);
+  EXPECT_EQ(seen[4], "Normal AllSidecarsReady: 2 of 2 sidecars ready (2)");
+  EXPECT_EQ(seen[7], "Normal Recovered: no longer degraded (was: SidecarRestarting) (1)");
+
+  // Nothing changes: reconciles make no events.
+  const auto before = events.counts();
+  for (int i = 0; i < 10; ++i) controller_->queue().Add(std::string(kNs) + "/watched");
+  Settle();
+  ASSERT_TRUE(events.Flush(10s));
+  EXPECT_EQ(events.counts().created, before.created);
+  EXPECT_EQ(events.counts().aggregated, before.aggregated);
+  StopController();
 }
 
 TEST(ControllerMetrics, ExposesReconcilesQueueAndApiRequests) {

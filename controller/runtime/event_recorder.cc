@@ -1,0 +1,228 @@
+#include "controller/runtime/event_recorder.h"
+
+#include <cstdio>
+#include <ctime>
+
+#include "common/logging.h"
+
+namespace meshload::runtime {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMaxMessageBytes = 1024;
+constexpr size_t kMaxRemembered = 4096;  // aggregation entries kept
+
+std::string NowRfc3339() {
+  std::time_t t = std::time(nullptr);
+  struct tm tm {};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string Str(const json& obj, const char* key) {
+  if (!obj.is_object()) return {};
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+}  // namespace
+
+EventRecorder::EventRecorder(kube::KubeClient* client, metrics::Registry* registry, EventRecorderOptions options)
+    : client_(client), options_(std::move(options)) {
+  if (registry != nullptr) {
+    events_total_ = &metrics::BuildCounter()
+                         .Name("meshload_controller_events_total")
+                         .Help("Kubernetes Events about DataLoadJobs: created, aggregated into an earlier one "
+                               "(count raised), dropped (queue full, rate-limited or not the leader) or failed "
+                               "(the API refused them).")
+                         .Register(*registry);
+    for (const char* outcome : {"created", "aggregated", "dropped", "failed"}) {
+      events_total_->Add({{"outcome", outcome}});
+    }
+  }
+  thread_ = std::thread([this] { Run(); });
+}
+
+EventRecorder::~EventRecorder() { Stop(); }
+
+void EventRecorder::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard lock(mu_);
+  counts_.dropped += queue_.size();
+  if (events_total_ != nullptr && !queue_.empty()) {
+    events_total_->Add({{"outcome", "dropped"}}).Increment(static_cast<double>(queue_.size()));
+  }
+  queue_.clear();
+  idle_cv_.notify_all();
+}
+
+void EventRecorder::Count(const char* outcome) {
+  {
+    std::lock_guard lock(mu_);
+    const std::string o = outcome;
+    if (o == "created") ++counts_.created;
+    if (o == "aggregated") ++counts_.aggregated;
+    if (o == "dropped") ++counts_.dropped;
+    if (o == "failed") ++counts_.failed;
+  }
+  if (events_total_ != nullptr) events_total_->Add({{"outcome", outcome}}).Increment();
+}
+
+EventRecorder::Counts EventRecorder::counts() const {
+  std::lock_guard lock(mu_);
+  return counts_;
+}
+
+void EventRecorder::Record(const json& object, const std::string& type, const std::string& reason,
+                           const std::string& message) {
+  const json& md = object.contains("metadata") ? object["metadata"] : json();
+  Pending e;
+  e.ref = {{"apiVersion", Str(object, "apiVersion")},
+           {"kind", Str(object, "kind")},
+           {"namespace", Str(md, "namespace")},
+           {"name", Str(md, "name")},
+           {"uid", Str(md, "uid")}};
+  if (!Str(md, "resourceVersion").empty()) e.ref["resourceVersion"] = Str(md, "resourceVersion");
+  e.type = type;
+  e.reason = reason;
+  e.message = message.size() > kMaxMessageBytes ? message.substr(0, kMaxMessageBytes - 3) + "..." : message;
+  e.timestamp = NowRfc3339();
+  {
+    std::lock_guard lock(mu_);
+    if (!stopping_ && queue_.size() < options_.queue_capacity) {
+      queue_.push_back(std::move(e));
+      cv_.notify_one();
+      return;
+    }
+  }
+  Count("dropped");
+}
+
+bool EventRecorder::Flush(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  return idle_cv_.wait_for(lock, timeout, [&] { return queue_.empty() && !writing_; });
+}
+
+void EventRecorder::Run() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    Pending e = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    lock.unlock();
+    Write(e);
+    lock.lock();
+    writing_ = false;
+    if (queue_.empty()) idle_cv_.notify_all();
+  }
+}
+
+bool EventRecorder::TakeToken(const std::string& uid) {
+  const auto now = Clock::now();
+  auto [it, fresh] = buckets_.try_emplace(uid);
+  Bucket& b = it->second;
+  if (fresh) {
+    b.tokens = options_.burst_per_object;
+  } else {
+    const double refill = std::chrono::duration<double>(now - b.last).count() /
+                          std::max(1.0, static_cast<double>(options_.refill_per_object.count()));
+    b.tokens = std::min<double>(options_.burst_per_object, b.tokens + refill);
+  }
+  b.last = now;
+  if (b.tokens < 1) return false;
+  b.tokens -= 1;
+  if (buckets_.size() > kMaxRemembered) {  // forget the objects whose buckets are full again
+    for (auto b2 = buckets_.begin(); b2 != buckets_.end();) {
+      const double idle = std::chrono::duration<double>(now - b2->second.last).count();
+      const bool full = b2->second.tokens + idle / std::max(1.0, static_cast<double>(options_.refill_per_object.count())) >=
+                        options_.burst_per_object;
+      b2 = full && b2->first != uid ? buckets_.erase(b2) : std::next(b2);
+    }
+  }
+  return true;
+}
+
+void EventRecorder::Write(const Pending& e) {
+  if (options_.may_write && !options_.may_write()) {
+    Count("dropped");
+    return;
+  }
+  const std::string uid = Str(e.ref, "uid");
+  const std::string ns = Str(e.ref, "namespace");
+  const std::string key = uid + "\x1f" + e.type + "\x1f" + e.reason + "\x1f" + e.message;
+  const auto now = Clock::now();
+  if (!TakeToken(uid)) {
+    Count("dropped");
+    return;
+  }
+  const std::string base = "/api/v1/namespaces/" + kube::QueryEscape(ns) + "/events";
+
+  auto it = written_.find(key);
+  if (it != written_.end() && it->second.expires > now) {
+    Written& w = it->second;
+    const json patch = {{"count", w.count + 1}, {"lastTimestamp", e.timestamp}};
+    kube::ApiResponse r = client_->Patch(base + "/" + kube::QueryEscape(w.name), patch);
+    if (r.ok()) {
+      ++w.count;
+      w.expires = now + options_.aggregate_for;
+      Count("aggregated");
+      return;
+    }
+    if (r.code != 404) {
+      LogWarn("cannot update an event", {{"event", w.name}, {"error", r.ToStatus("patch").ToString()}});
+      Count("failed");
+      return;
+    }
+    written_.erase(it);  // expired in the cluster: create it again
+  }
+
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    char suffix[24];
+    std::snprintf(suffix, sizeof suffix, ".%llx",
+                  static_cast<unsigned long long>(std::chrono::system_clock::now().time_since_epoch().count()) +
+                      static_cast<unsigned long long>(attempt));
+    const std::string name = Str(e.ref, "name") + suffix;
+    json event = {{"apiVersion", "v1"},
+                  {"kind", "Event"},
+                  {"metadata", {{"name", name}, {"namespace", ns}}},
+                  {"involvedObject", e.ref},
+                  {"reason", e.reason},
+                  {"message", e.message},
+                  {"type", e.type},
+                  {"count", 1},
+                  {"firstTimestamp", e.timestamp},
+                  {"lastTimestamp", e.timestamp},
+                  {"source", {{"component", options_.component}}},
+                  {"reportingComponent", options_.component},
+                  {"reportingInstance", options_.instance}};
+    kube::ApiResponse r = client_->Post(base, event);
+    if (r.ok()) {
+      if (written_.size() >= kMaxRemembered) {
+        for (auto w = written_.begin(); w != written_.end();) w = w->second.expires <= now ? written_.erase(w) : std::next(w);
+        if (written_.size() >= kMaxRemembered) written_.erase(written_.begin());
+      }
+      written_[key] = {ns, name, 1, e.timestamp, now + options_.aggregate_for};
+      Count("created");
+      return;
+    }
+    if (r.code == 409) continue;  // the name was taken: another suffix
+    LogWarn("cannot create an event",
+            {{"object", ns + "/" + Str(e.ref, "name")}, {"reason", e.reason}, {"error", r.ToStatus("create").ToString()}});
+    break;
+  }
+  Count("failed");
+}
+
+}  // namespace meshload::runtime
