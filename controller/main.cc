@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     }
   };
   double qps_value = 0, event_qps_value = 0;
-  if (!number(qps, &qps_value) || qps_value <= 0) return usage("--qps: expected a positive number, got '" + qps + "'");
+  if (!number(qps, &qps_value)) return usage("--qps: expected a number >= 0 (0: no limit), got '" + qps + "'");
   if (!number(event_qps, &event_qps_value)) {
     return usage("--event-qps: expected a number >= 0, got '" + event_qps + "'");
   }
@@ -239,8 +239,10 @@ int main(int argc, char** argv) {
   if (elector) elector->Stop();
   if (election.joinable()) election.join();  // releases the lease if held
   controller.Stop();
-  if (events) events->Stop();
+  // The client first: a request waiting on the rate limit or a backoff
+  // returns at once, so the writer thread stops promptly.
   if (event_client) event_client->Shutdown();
+  if (events) events->Stop();
   client->get()->Shutdown();
   health.Stop();
   return 0;

@@ -98,6 +98,15 @@ struct DesiredStatus {
   std::vector<Condition> conditions;
 };
 
+// At most `max` bytes (and "..."), cut at a UTF-8 character boundary: the
+// JSON writer refuses a split character.
+std::string CutUtf8(const std::string& s, size_t max) {
+  if (s.size() <= max) return s;
+  size_t end = max;
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
+  return s.substr(0, end) + "...";
+}
+
 json StatusJson(const DesiredStatus& d, int64_t generation, const json& current) {
   json out = json::object();
   out["phase"] = d.phase;
@@ -118,7 +127,7 @@ json StatusJson(const DesiredStatus& d, int64_t generation, const json& current)
     json cj = {{"type", c.type},
                {"status", c.status},
                {"reason", c.reason},
-               {"message", c.message.size() > 32000 ? c.message.substr(0, 32000) + "..." : c.message},
+               {"message", CutUtf8(c.message, 32000)},
                {"observedGeneration", generation},
                {"lastTransitionTime", ltt}};
     conds.push_back(std::move(cj));
@@ -139,28 +148,37 @@ std::vector<ConditionEvent> ConditionEvents(const json& before, const json& afte
   if (!now.is_array()) return out;
   for (const auto& c : now) {
     const std::string type = Str(c, "type"), status = Str(c, "status");
-    std::string was, was_reason;
+    std::string reason = Str(c, "reason"), message = Str(c, "message");
+    std::string was, was_reason, was_message;
     if (old.is_array()) {
       for (const auto& o : old) {
         if (Str(o, "type") == type) {
           was = Str(o, "status");
           was_reason = Str(o, "reason");
+          was_message = Str(o, "message");
         }
       }
     }
-    if (was == status || status == "Unknown") continue;
+    if (status == "Unknown") continue;
     const bool good = (type == "Degraded") == (status == "False");
-    if (was.empty() || was == "Unknown") {
-      // A new (or newly valid) job: say what is wrong, and that it was
-      // planned; sidecars not ready yet, and not degraded, is the start.
-      const bool worth = type == "Planned" || (!good && type != "SidecarsReady");
+    const bool fresh = was.empty() || was == "Unknown";  // a new, or newly valid, job
+    if (was == status) {
+      // Still bad, for another reason or with other errors (an edit that
+      // leaves the spec invalid, a different problem): say so. Repeats of
+      // the same are raised counts, not new events.
+      const bool still_bad = !good && (type == "Valid" || type == "Degraded");
+      if (!still_bad || (reason == was_reason && message == was_message)) continue;
+    } else if (fresh) {
+      // Say what is wrong, that it was planned, and that its sidecars are
+      // ready; not ready yet, and not degraded, is how a job starts.
+      const bool worth = type == "Planned" || (type == "SidecarsReady" ? good : !good);
       if (!worth) continue;
+    } else if (type == "Degraded" && good && reason == "InvalidSpec") {
+      continue;  // not a recovery: the spec went invalid (Valid says so)
     }
-    if (type == "Degraded" && good && was.empty()) continue;
     // Sidecars that are not all ready are SidecarsReady's events (Degraded
     // says it too, and would repeat each one, at every job's start as well).
-    if (type == "Degraded" && (good ? was_reason : Str(c, "reason")) == "NotAllSidecarsReady") continue;
-    std::string reason = Str(c, "reason"), message = Str(c, "message");
+    if (type == "Degraded" && (good ? was_reason : reason) == "NotAllSidecarsReady") continue;
     if (type == "Degraded" && good) {
       reason = "Recovered";
       message = "no longer degraded (was: " + was_reason + ")";

@@ -23,6 +23,15 @@ std::string NowRfc3339() {
   return buf;
 }
 
+// At most `max` bytes of `s`, cut at a UTF-8 character boundary (the JSON
+// writer refuses a split character).
+std::string CutUtf8(const std::string& s, size_t max) {
+  if (s.size() <= max) return s;
+  size_t end = max - 3;
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
+  return s.substr(0, end) + "...";
+}
+
 std::string Str(const json& obj, const char* key) {
   if (!obj.is_object()) return {};
   auto it = obj.find(key);
@@ -95,7 +104,7 @@ void EventRecorder::Record(const json& object, const std::string& type, const st
   if (!Str(md, "resourceVersion").empty()) e.ref["resourceVersion"] = Str(md, "resourceVersion");
   e.type = type;
   e.reason = reason;
-  e.message = message.size() > kMaxMessageBytes ? message.substr(0, kMaxMessageBytes - 3) + "..." : message;
+  e.message = CutUtf8(message, kMaxMessageBytes);
   e.timestamp = NowRfc3339();
   {
     std::lock_guard lock(mu_);
@@ -122,7 +131,12 @@ void EventRecorder::Run() {
     queue_.pop_front();
     writing_ = true;
     lock.unlock();
-    Write(e);
+    try {
+      Write(e);
+    } catch (const std::exception& ex) {  // e.g. a message that is not UTF-8: lose the event, not the controller
+      LogWarn("cannot write an event", {{"reason", e.reason}, {"error", ex.what()}});
+      Count("failed");
+    }
     lock.lock();
     writing_ = false;
     if (queue_.empty()) idle_cv_.notify_all();
@@ -213,6 +227,13 @@ void EventRecorder::Write(const Pending& e) {
         for (auto w = written_.begin(); w != written_.end();) w = w->second.expires <= now ? written_.erase(w) : std::next(w);
         if (written_.size() >= kMaxRemembered) written_.erase(written_.begin());
       }
+      written_[key] = {ns, name, 1, e.timestamp, now + options_.aggregate_for};
+      Count("created");
+      return;
+    }
+    if (r.code == 409 && r.attempts > 1) {
+      // A retried create that was refused as existing: the first attempt
+      // landed (the client's own rule).
       written_[key] = {ns, name, 1, e.timestamp, now + options_.aggregate_for};
       Count("created");
       return;

@@ -47,7 +47,8 @@ struct EventRecorderOptions {
   std::chrono::seconds aggregate_for{600};
   int burst_per_object = 25;
   std::chrono::seconds refill_per_object{300};
-  /// Checked before every write; false drops the event.
+  /// Checked before every write; false drops the event. Must not block
+  /// (the writer thread waits for it, and Stop() for the writer).
   std::function<bool()> may_write;
 };
 

@@ -427,13 +427,20 @@ TEST(EventRecorder, WritesEventsAggregatesRepeatsAndLimitsEachObject) {
   EXPECT_EQ(c.failed, 0u);
   const std::string text = registry.Serialize();
   EXPECT_NE(text.find("meshload_controller_events_total{outcome=\"dropped\"} 1"), std::string::npos) << text;
-  // A message longer than 1 KiB is cut.
+  // A message longer than 1 KiB is cut, at a character boundary (a cut
+  // inside a UTF-8 character would make the JSON writer throw).
   json other = cluster.CreateJob(cluster.JobManifest(kNs, "long", 2, "ev"));
   events.Record(other, "Warning", "X", std::string(5000, 'm'));
+  std::string accents;
+  for (int i = 0; i < 1000; ++i) accents += "\xc3\xa9";  // é, two bytes each
+  events.Record(other, "Warning", "Y", "x" + accents);    // odd: 1021 bytes would split one
   ASSERT_TRUE(events.Flush(10s));
   const auto long_events = EventsAbout(cluster, "long");
-  ASSERT_EQ(long_events.size(), 1u);
+  ASSERT_EQ(long_events.size(), 2u) << ::testing::PrintToString(long_events);
   EXPECT_LT(long_events[0].size(), 1100u);
+  EXPECT_LT(long_events[1].size(), 1100u);
+  EXPECT_NE(long_events[1].find("\xc3\xa9..."), std::string::npos);
+  EXPECT_EQ(events.counts().failed, 0u);
 }
 
 TEST(EventRecorder, NeverBlocksAFullQueueOrANonLeaderDrops) {
@@ -446,7 +453,10 @@ TEST(EventRecorder, NeverBlocksAFullQueueOrANonLeaderDrops) {
   o.queue_capacity = 2;
   o.may_write = [&] {
     ++asked;
-    while (hold) std::this_thread::sleep_for(1ms);  // the writer is stuck on the first event
+    // The writer is stuck on the first event (bounded, so that a failed
+    // assertion below cannot hang the test in the recorder's destructor).
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (hold && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
     return leader.load();
   };
   runtime::EventRecorder events(&cluster.client(), nullptr, o);
@@ -469,6 +479,8 @@ TEST(EventRecorder, NeverBlocksAFullQueueOrANonLeaderDrops) {
 
 TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   runtime::EventRecorder events(&cluster_.client(), nullptr, {});
+  // The controller stops before the recorder it calls goes, however the test ends.
+  std::shared_ptr<void> stop_first(nullptr, [this](void*) { StopController(); });
   ControllerOptions options;
   options.reconciler.record_event = [&](const json& job, const std::string& type, const std::string& reason,
                                         const std::string& message) { events.Record(job, type, reason, message); };
@@ -529,6 +541,41 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   EXPECT_EQ(events.counts().created, before.created);
   EXPECT_EQ(events.counts().aggregated, before.aggregated);
   StopController();
+}
+
+TEST_F(ControllerTest, EventsForAJobReadyAtOnceAndForEditsThatKeepItInvalid) {
+  runtime::EventRecorder events(&cluster_.client(), nullptr, {});
+  std::shared_ptr<void> stop_first(nullptr, [this](void*) { StopController(); });
+  ControllerOptions options;
+  options.reconciler.record_event = [&](const json& job, const std::string& type, const std::string& reason,
+                                        const std::string& message) { events.Record(job, type, reason, message); };
+  // Pods ready before the job: its first status is Running.
+  ReadyPods("r", 2);
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "ready", 2, "r"));
+  // Invalid, then edited and still invalid, for another reason.
+  json manifest = cluster_.JobManifest(kNs, "edited", 2, "e");
+  manifest["spec"]["mesh"]["axes"] = json::array({{{"name", "data"}, {"size", 3}}});
+  cluster_.CreateJob(manifest);
+  StartController(options);
+  Settle();
+  ASSERT_TRUE(events.Flush(10s));
+  auto ready = EventsAbout(cluster_, "ready");
+  ASSERT_EQ(ready.size(), 2u) << ::testing::PrintToString(ready);
+  EXPECT_EQ(ready[0].rfind("Normal Resolved: ", 0), 0u) << ready[0];
+  EXPECT_EQ(ready[1], "Normal AllSidecarsReady: 2 of 2 sidecars ready (1)");
+
+  json job = Job("edited");
+  job["spec"]["mesh"]["axes"] = json::array({{{"name", "data"}, {"size", 5}}});
+  job.erase("status");
+  ASSERT_TRUE(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/edited", job).ok());
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("edited")["status"]["observedGeneration"] == 2; }));
+  Settle();
+  ASSERT_TRUE(events.Flush(10s));
+  auto edited = EventsAbout(cluster_, "edited");
+  ASSERT_EQ(edited.size(), 3u) << ::testing::PrintToString(edited);
+  EXPECT_NE(edited[0].find("[data=3]"), std::string::npos) << edited[0];
+  EXPECT_EQ(edited[1], "Warning InvalidSpec: the spec must be valid first (1)");
+  EXPECT_NE(edited[2].find("[data=5]"), std::string::npos) << edited[2];
 }
 
 TEST(ControllerMetrics, ExposesReconcilesQueueAndApiRequests) {
