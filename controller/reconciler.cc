@@ -31,15 +31,6 @@ const json& Field(const json& obj, const char* key) {
   return it == obj.end() ? kNull : *it;
 }
 
-std::string NowRfc3339() {
-  std::time_t t = std::time(nullptr);
-  struct tm tm {};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 std::string Sha256Hex(const std::string& data, size_t hex_chars) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -98,15 +89,6 @@ struct DesiredStatus {
   std::vector<Condition> conditions;
 };
 
-// At most `max` bytes (and "..."), cut at a UTF-8 character boundary: the
-// JSON writer refuses a split character.
-std::string CutUtf8(const std::string& s, size_t max) {
-  if (s.size() <= max) return s;
-  size_t end = max;
-  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
-  return s.substr(0, end) + "...";
-}
-
 json StatusJson(const DesiredStatus& d, int64_t generation, const json& current) {
   json out = json::object();
   out["phase"] = d.phase;
@@ -116,7 +98,7 @@ json StatusJson(const DesiredStatus& d, int64_t generation, const json& current)
   json conds = json::array();
   const json& old = Field(current, "conditions");
   for (const auto& c : d.conditions) {
-    std::string ltt = NowRfc3339();
+    std::string ltt = kube::NowRfc3339();
     if (old.is_array()) {
       for (const auto& o : old) {
         if (Str(o, "type") == c.type && Str(o, "status") == c.status && !Str(o, "lastTransitionTime").empty()) {
@@ -127,7 +109,7 @@ json StatusJson(const DesiredStatus& d, int64_t generation, const json& current)
     json cj = {{"type", c.type},
                {"status", c.status},
                {"reason", c.reason},
-               {"message", CutUtf8(c.message, 32000)},
+               {"message", kube::CutUtf8(c.message, 32000)},
                {"observedGeneration", generation},
                {"lastTransitionTime", ltt}};
     conds.push_back(std::move(cj));

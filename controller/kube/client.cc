@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <ctime>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -89,6 +90,22 @@ bool RateLimiter::Acquire(const std::atomic<bool>& stop) {
     std::this_thread::sleep_for(std::min(wait, std::chrono::duration<double>(0.05)));
   }
   return false;
+}
+
+std::string NowRfc3339() {
+  std::time_t t = std::time(nullptr);
+  struct tm tm {};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string CutUtf8(const std::string& s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return s;
+  size_t end = max_bytes;
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
+  return s.substr(0, end) + "...";
 }
 
 std::string QueryEscape(std::string_view s) {

@@ -164,6 +164,13 @@ class KubeClient {
 /// Percent-encodes a query parameter value.
 std::string QueryEscape(std::string_view s);
 
+/// The time now as Kubernetes writes it in timestamps ("2026-11-22T04:47:29Z").
+std::string NowRfc3339();
+
+/// At most `max_bytes` of `s` (then "..." when cut), cut at a UTF-8
+/// character boundary: the JSON writer refuses a split character.
+std::string CutUtf8(const std::string& s, size_t max_bytes);
+
 /// The verb label for a request: LIST and WATCH are GETs on collections.
 std::string_view VerbLabel(std::string_view method, const std::string& path);
 

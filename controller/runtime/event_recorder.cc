@@ -1,7 +1,6 @@
 #include "controller/runtime/event_recorder.h"
 
 #include <cstdio>
-#include <ctime>
 
 #include "common/logging.h"
 
@@ -13,24 +12,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxMessageBytes = 1024;
 constexpr size_t kMaxRemembered = 4096;  // aggregation entries kept
-
-std::string NowRfc3339() {
-  std::time_t t = std::time(nullptr);
-  struct tm tm {};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-// At most `max` bytes of `s`, cut at a UTF-8 character boundary (the JSON
-// writer refuses a split character).
-std::string CutUtf8(const std::string& s, size_t max) {
-  if (s.size() <= max) return s;
-  size_t end = max - 3;
-  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
-  return s.substr(0, end) + "...";
-}
 
 std::string Str(const json& obj, const char* key) {
   if (!obj.is_object()) return {};
@@ -104,8 +85,8 @@ void EventRecorder::Record(const json& object, const std::string& type, const st
   if (!Str(md, "resourceVersion").empty()) e.ref["resourceVersion"] = Str(md, "resourceVersion");
   e.type = type;
   e.reason = reason;
-  e.message = CutUtf8(message, kMaxMessageBytes);
-  e.timestamp = NowRfc3339();
+  e.message = kube::CutUtf8(message, kMaxMessageBytes - 3);
+  e.timestamp = kube::NowRfc3339();
   {
     std::lock_guard lock(mu_);
     if (!stopping_ && queue_.size() < options_.queue_capacity) {

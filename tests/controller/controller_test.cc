@@ -72,6 +72,30 @@ class ControllerTest : public ::testing::Test {
     }
   }
   int64_t Writes() { return cluster_.server().WriteCount(); }
+  // A job whose mesh does not add up: 2 processes x 2 devices, axes of 3.
+  json InvalidManifest(const std::string& name, const std::string& app) {
+    json manifest = cluster_.JobManifest(kNs, name, 2, app);
+    manifest["spec"]["mesh"]["axes"] = json::array({{{"name", "data"}, {"size", 3}}});
+    return manifest;
+  }
+  // Options whose reconciler records events with `events`.
+  static ControllerOptions RecordingEvents(runtime::EventRecorder& events) {
+    ControllerOptions options;
+    options.reconciler.record_event = [&events](const json& job, const std::string& type, const std::string& reason,
+                                                const std::string& message) { events.Record(job, type, reason, message); };
+    return options;
+  }
+  // Waits until the controller is idle and its events are written.
+  void SettleWithEvents(runtime::EventRecorder& events) {
+    Settle();
+    ASSERT_TRUE(events.Flush(10s));
+  }
+  // Stops the controller when it goes out of scope: declared after a
+  // recorder the controller calls, it stops the controller first, however
+  // the test ends.
+  std::shared_ptr<void> StopBeforeRecorderGoes() {
+    return std::shared_ptr<void>(nullptr, [this](void*) { StopController(); });
+  }
 
   TestCluster cluster_;
   std::unique_ptr<metrics::Registry> registry_;
@@ -433,7 +457,7 @@ TEST(EventRecorder, WritesEventsAggregatesRepeatsAndLimitsEachObject) {
   events.Record(other, "Warning", "X", std::string(5000, 'm'));
   std::string accents;
   for (int i = 0; i < 1000; ++i) accents += "\xc3\xa9";  // é, two bytes each
-  events.Record(other, "Warning", "Y", "x" + accents);    // odd: 1021 bytes would split one
+  events.Record(other, "Warning", "Y", accents);  // 1,021 bytes would end inside an é
   ASSERT_TRUE(events.Flush(10s));
   const auto long_events = EventsAbout(cluster, "long");
   ASSERT_EQ(long_events.size(), 2u) << ::testing::PrintToString(long_events);
@@ -479,17 +503,11 @@ TEST(EventRecorder, NeverBlocksAFullQueueOrANonLeaderDrops) {
 
 TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   runtime::EventRecorder events(&cluster_.client(), nullptr, {});
-  // The controller stops before the recorder it calls goes, however the test ends.
-  std::shared_ptr<void> stop_first(nullptr, [this](void*) { StopController(); });
-  ControllerOptions options;
-  options.reconciler.record_event = [&](const json& job, const std::string& type, const std::string& reason,
-                                        const std::string& message) { events.Record(job, type, reason, message); };
-  json manifest = cluster_.JobManifest(kNs, "watched", 2, "w");
-  manifest["spec"]["mesh"]["axes"] = json::array({{{"name", "data"}, {"size", 3}}});  // invalid
-  cluster_.CreateJob(manifest);
+  auto stop_first = StopBeforeRecorderGoes();
+  ControllerOptions options = RecordingEvents(events);
+  cluster_.CreateJob(InvalidManifest("watched", "w"));
   StartController(options);
-  Settle();
-  ASSERT_TRUE(events.Flush(10s));
+  SettleWithEvents(events);
   auto seen = EventsAbout(cluster_, "watched");
   ASSERT_EQ(seen.size(), 2u) << ::testing::PrintToString(seen);
   EXPECT_EQ(seen[0].rfind("Warning InvalidSpec: ", 0), 0u) << seen[0];
@@ -504,8 +522,7 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Pending"; }));
   ReadyPods("w", 2);
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Running"; }));
-  Settle();
-  ASSERT_TRUE(events.Flush(10s));
+  SettleWithEvents(events);
   seen = EventsAbout(cluster_, "watched");
   ASSERT_EQ(seen.size(), 5u) << ::testing::PrintToString(seen);
   EXPECT_EQ(seen[2], "Normal Valid: Valid is now True (1)");
@@ -516,8 +533,7 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   // True for the restart (a sidecar merely not ready is SidecarsReady's).
   cluster_.SetSidecar(kNs, "w-1", false, 1);
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Degraded"; }));
-  Settle();
-  ASSERT_TRUE(events.Flush(10s));
+  SettleWithEvents(events);
   seen = EventsAbout(cluster_, "watched");
   ASSERT_EQ(seen.size(), 7u) << ::testing::PrintToString(seen);
   EXPECT_EQ(seen[5].rfind("Warning SidecarsNotReady: 1 of 2 sidecars ready", 0), 0u) << seen[5];
@@ -525,8 +541,7 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   // It comes back: ready again, and recovered.
   cluster_.SetSidecar(kNs, "w-1", true, 1);
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Running"; }));
-  Settle();
-  ASSERT_TRUE(events.Flush(10s));
+  SettleWithEvents(events);
   seen = EventsAbout(cluster_, "watched");
   // The same event again within 10 minutes raises the first one's count.
   ASSERT_EQ(seen.size(), 8u) << ::testing::PrintToString(seen);
@@ -536,8 +551,7 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   // Nothing changes: reconciles make no events.
   const auto before = events.counts();
   for (int i = 0; i < 10; ++i) controller_->queue().Add(std::string(kNs) + "/watched");
-  Settle();
-  ASSERT_TRUE(events.Flush(10s));
+  SettleWithEvents(events);
   EXPECT_EQ(events.counts().created, before.created);
   EXPECT_EQ(events.counts().aggregated, before.aggregated);
   StopController();
@@ -545,20 +559,15 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
 
 TEST_F(ControllerTest, EventsForAJobReadyAtOnceAndForEditsThatKeepItInvalid) {
   runtime::EventRecorder events(&cluster_.client(), nullptr, {});
-  std::shared_ptr<void> stop_first(nullptr, [this](void*) { StopController(); });
-  ControllerOptions options;
-  options.reconciler.record_event = [&](const json& job, const std::string& type, const std::string& reason,
-                                        const std::string& message) { events.Record(job, type, reason, message); };
+  auto stop_first = StopBeforeRecorderGoes();
+  ControllerOptions options = RecordingEvents(events);
   // Pods ready before the job: its first status is Running.
   ReadyPods("r", 2);
   cluster_.CreateJob(cluster_.JobManifest(kNs, "ready", 2, "r"));
   // Invalid, then edited and still invalid, for another reason.
-  json manifest = cluster_.JobManifest(kNs, "edited", 2, "e");
-  manifest["spec"]["mesh"]["axes"] = json::array({{{"name", "data"}, {"size", 3}}});
-  cluster_.CreateJob(manifest);
+  cluster_.CreateJob(InvalidManifest("edited", "e"));
   StartController(options);
-  Settle();
-  ASSERT_TRUE(events.Flush(10s));
+  SettleWithEvents(events);
   auto ready = EventsAbout(cluster_, "ready");
   ASSERT_EQ(ready.size(), 2u) << ::testing::PrintToString(ready);
   EXPECT_EQ(ready[0].rfind("Normal Resolved: ", 0), 0u) << ready[0];
@@ -569,8 +578,7 @@ TEST_F(ControllerTest, EventsForAJobReadyAtOnceAndForEditsThatKeepItInvalid) {
   job.erase("status");
   ASSERT_TRUE(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/edited", job).ok());
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("edited")["status"]["observedGeneration"] == 2; }));
-  Settle();
-  ASSERT_TRUE(events.Flush(10s));
+  SettleWithEvents(events);
   auto edited = EventsAbout(cluster_, "edited");
   ASSERT_EQ(edited.size(), 3u) << ::testing::PrintToString(edited);
   EXPECT_NE(edited[0].find("[data=3]"), std::string::npos) << edited[0];
