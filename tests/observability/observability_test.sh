@@ -12,17 +12,7 @@
 set -u
 ML=$1
 ROOT=$2
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-pass=0 fail=0
-check() { if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi; }
-finish() { echo "$pass passed, $fail failed"; [ $fail -eq 0 ]; exit $?; }
+source "$(dirname "$0")/../testing/shell_checks.sh"
 # Below the kernel's ephemeral range, so no test's outgoing connection holds it.
 listen_port() { echo $((20000 + RANDOM % 12000)); }
 

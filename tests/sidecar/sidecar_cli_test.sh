@@ -8,21 +8,11 @@ ML=$1
 SIDECAR=$2
 ROOT=$3
 FAKE_CUDA=${4:-}
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-pass=0 fail=0 skip=0
+source "$(dirname "$0")/../testing/shell_checks.sh"
 # A port to listen on: below the kernel's ephemeral range (32768 and up by
 # default), so no outgoing connection of a test running beside this one
 # holds it.
 listen_port() { echo $((20000 + RANDOM % 12000)); }
-check() { if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi; }
-skipped() { skip=$((skip + 1)); echo "SKIP $1: $2"; }
 
 job() {  # job NAME FORMAT-FIELDS STRATEGY
   cat >"$TMP/$1.yaml" <<YAML
@@ -315,5 +305,4 @@ check "a sidecar replaced at a new IP is found there through the controller's as
 [ $r0 -eq 0 ] && [ $r1 -eq 0 ] || { tail -5 "$TMP/mvt0.log" "$TMP/mvt1.log"; grep -v '"level":"debug"' "$TMP/mv0.log" | tail -8; }
 kill -TERM $MV0 $MV1 2>/dev/null; wait $MV0 $MV1 2>/dev/null
 
-echo "$pass passed, $fail failed, $skip skipped"
-[ $fail -eq 0 ]
+finish

@@ -1,0 +1,25 @@
+# The common part of the end-to-end shell tests; source it after `set -u`:
+#   source "$(dirname "$0")/../testing/shell_checks.sh"
+# It gives:
+#   TMP            a scratch directory, removed at exit
+#   PIDS           processes to kill at exit (PIDS+=($!))
+#   check NAME RC  counts RC 0 as passed ("ok   NAME"), else failed ("FAIL NAME")
+#   skipped NAME WHY
+#                  counts a check that cannot run here ("SKIP NAME: WHY"), never as passed
+#   finish         prints "N passed, N failed[, N skipped]" and exits 1 if any failed
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+pass=0 fail=0 skip=0
+check() { if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi; }
+skipped() { skip=$((skip + 1)); echo "SKIP $1: $2"; }
+finish() {
+  if [ $skip -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
+  [ $fail -eq 0 ]
+  exit $?
+}
