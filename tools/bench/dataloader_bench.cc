@@ -34,12 +34,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "client/client.h"
+#include "common/flags.h"
 #include "planner/npy.h"
 #include "planner/shard_planner.h"
 #include "tools/synthetic_dataset.h"
@@ -414,16 +416,22 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
 int main(int argc, char** argv) {
   using namespace meshload;
   bool quick = false;
-  std::string only;  // --only NAME: one scenario
-  int rounds = 0;  // --rounds N: meshload and Python alternate N times; default 3, 1 with --quick
+  std::string only;       // --only NAME: one scenario
+  std::optional<int64_t> rounds;  // --rounds N: meshload and Python alternate N times; default 3, 1 with --quick
   std::string root = "/tmp/meshload-bench";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
-    if (std::strcmp(argv[i], "--dir") == 0 && i + 1 < argc) root = argv[++i];
-    if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
-    if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
+  cli::FlagParser flags("",
+                        "usage: dataloader_bench [--quick] [--dir DIR] [--only fixed-1MiB|fixed-4KiB|tokens-u16-2048]"
+                        " [--rounds N]\n",
+                        "dataloader_bench");
+  flags.Bool({"--quick"}, &quick);
+  flags.String({"--dir"}, &root);
+  flags.String({"--only"}, &only);
+  flags.OptionalInt({"--rounds"}, &rounds);
+  if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
+  if (rounds && (*rounds < 1 || *rounds > 100)) {
+    return cli::UsageError("--rounds must be 1..100, got " + std::to_string(*rounds), "dataloader_bench");
   }
-  if (rounds == 0) rounds = quick ? 1 : 3;
+  const int round_count = rounds ? static_cast<int>(*rounds) : (quick ? 1 : 3);
   std::filesystem::create_directories(root);
   const uint64_t gib = quick ? 256ull << 20 : 1ull << 30;
   std::vector<Scenario> scenarios = {
@@ -431,9 +439,13 @@ int main(int argc, char** argv) {
       {"fixed-4KiB", DatasetFormat::kFixedRecord, 4096, 0, 32, gib >> 12, quick ? 2000 : 24000, 4, 0, 3.0},
       {"tokens-u16-2048", DatasetFormat::kTokenStream, 0, 2048, 32, gib / 4096, quick ? 2000 : 24000, 4, 0, 3.0},
   };
+  if (!only.empty() && std::none_of(scenarios.begin(), scenarios.end(), [&](const Scenario& s) { return s.name == only; })) {
+    return cli::UsageError("--only: no scenario named " + only + " (fixed-1MiB, fixed-4KiB, tokens-u16-2048)",
+                           "dataloader_bench");
+  }
   std::printf("meshload host data path benchmark%s (data in %s)\n", quick ? " (quick)" : "", root.c_str());
   for (const auto& s : scenarios) {
-    if (only.empty() || s.name == only) RunScenario(s, root, rounds);
+    if (only.empty() || s.name == only) RunScenario(s, root, round_count);
   }
   if (g_failed) {
     std::printf("\nFAILED: a round stopped early (see above); the figures printed cover the rounds before it\n");

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/cuda_driver.h"
+#include "common/flags.h"
 #include "sidecar/staging/batch_layout.h"
 #include "sidecar/staging/device_memory.h"
 #include "sidecar/staging/host_memory.h"
@@ -38,11 +39,14 @@ using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 int Main(int argc, char** argv) {
-  int device = 0, iters = 200;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::string(argv[i]) == "--device") device = std::atoi(argv[i + 1]);
-    if (std::string(argv[i]) == "--iters") iters = std::atoi(argv[i + 1]);
-  }
+  int64_t device_flag = 0, iters_flag = 200;
+  cli::FlagParser flags("", "usage: gpu_bench [--device N] [--iters N]\n", "gpu_bench");
+  flags.Int({"--device"}, &device_flag);
+  flags.Int({"--iters"}, &iters_flag);
+  if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
+  if (device_flag < 0 || device_flag > 1023) return cli::UsageError("--device must be 0..1023", "gpu_bench");
+  if (iters_flag < 1 || iters_flag > 1000000) return cli::UsageError("--iters must be 1..1000000", "gpu_bench");
+  const int device = static_cast<int>(device_flag), iters = static_cast<int>(iters_flag);
   auto driver = cuda::Driver::Open();
   if (!driver.ok()) {
     std::printf("gpu_bench: no GPU (%s): nothing measured\n", driver.status().message().c_str());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/allocator.h"
+#include "common/flags.h"
 #include "planner/sampler.h"
 #include "planner/shard_planner.h"
 
@@ -79,7 +80,10 @@ JobSpec BigMeshSpec() {
 
 int main(int argc, char** argv) {
   using namespace meshload;
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  cli::FlagParser flags("", "usage: planner_bench [--quick]\n", "planner_bench");
+  flags.Bool({"--quick"}, &quick);
+  if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
   const uint64_t n_eval = quick ? 2'000'000 : 20'000'000;
   const int reps = quick ? 1 : 3;
 
