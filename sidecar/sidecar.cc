@@ -212,15 +212,34 @@ class Sidecar::Observer : public source::SourceObserver {
     }
   }
   void OnRead(std::string_view scheme, uint64_t bytes, double seconds) override {
+    const ReadSample one{bytes, seconds};
+    OnReads(scheme, &one, 1);
+  }
+  // One add to the bytes counter and a few to the latency histogram per
+  // batch (these atomics are shared by every reader thread).
+  void OnReads(std::string_view scheme, const ReadSample* reads, size_t count) override {
+    thread_local std::vector<double> seconds;
+    seconds.clear();
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < count; ++i) {
+      bytes += reads[i].bytes;
+      seconds.push_back(reads[i].seconds);
+    }
+    metrics::Counter* bytes_total = nullptr;
+    metrics::Histogram* latency = nullptr;
     for (const auto& k : known_) {
       if (k.scheme == scheme) {
-        k.bytes->Increment(static_cast<double>(bytes));
-        k.latency->Observe(seconds);
-        return;
+        bytes_total = k.bytes;
+        latency = k.latency;
+        break;
       }
     }
-    Bytes(scheme).Increment(static_cast<double>(bytes));
-    Latency(scheme).Observe(seconds);
+    if (bytes_total == nullptr) {
+      bytes_total = &Bytes(scheme);
+      latency = &Latency(scheme);
+    }
+    bytes_total->Increment(static_cast<double>(bytes));
+    latency->ObserveMany(seconds.data(), seconds.size());
   }
   void OnRetry(std::string_view scheme, std::string_view reason) override {
     m_.retries.Add({{"source", std::string(scheme)}, {"reason", std::string(reason)}}).Increment();

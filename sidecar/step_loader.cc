@@ -450,14 +450,33 @@ Status StepLoader::RunOps(Caller& c) {
   return batch.first_error;
 }
 
+namespace {
+
+// Publishes the read about to start to this thread's watchdog slot.
+template <typename Op, typename Slot>
+void NoteInflight(const Op& op, Slot& slot) {
+  slot.start_ns.store(CoarseNowNs(), std::memory_order_relaxed);
+  slot.offset.store(op.offset, std::memory_order_relaxed);
+  slot.length.store(op.length, std::memory_order_relaxed);
+  slot.uri.store(op.uri, std::memory_order_release);
+}
+
+}  // namespace
+
 Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
   // Reads are hinted to their sources 16 to 32 ahead (topped up every 16,
   // which keeps the calls into the source few): small samples copied from
   // a mapping then wait for memory about once per window, not once each.
+  // Runs of up to 16 reads of one object go to the source in one call
+  // (Source::ReadMany), which shares the lookups and metric updates that
+  // would otherwise cost more than copying a small sample.
   constexpr size_t kPrefetchWindow = 32;
-  thread_local std::vector<source::Source::Range> hints;  // kept between steps
+  constexpr size_t kMaxBatch = kPrefetchWindow / 2;
+  thread_local std::vector<source::Source::Range> hints;           // kept between steps
+  thread_local std::vector<source::Source::ReadRequest> batch;  // kept between steps
   size_t hinted = 0;  // ops [0, hinted) were hinted
-  for (size_t i = 0; i < count; ++i) {
+  size_t i = 0;
+  while (i < count) {
     if (hinted < count && hinted - i <= kPrefetchWindow / 2) {
       const size_t end = std::min(count, i + kPrefetchWindow);
       size_t j = hinted;
@@ -474,10 +493,6 @@ Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
       }
     }
     ReadOp* op = &ops[i];
-    slot.start_ns.store(CoarseNowNs(), std::memory_order_relaxed);
-    slot.offset.store(op->offset, std::memory_order_relaxed);
-    slot.length.store(op->length, std::memory_order_relaxed);
-    slot.uri.store(op->uri, std::memory_order_release);
     Status st;
     if (op->has_scratch) {
       // Every dropped piece of this read lands in this thread's scratch.
@@ -493,9 +508,32 @@ Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
       for (iovec& v : iov) {
         if (v.iov_base == nullptr) v.iov_base = scratch.data();
       }
+      NoteInflight(*op, slot);
       st = op->source->ReadV(*op->uri, op->offset, iov);
+      ++i;
     } else {
-      st = op->source->ReadV(*op->uri, op->offset, op->iov);
+      // The run: following reads of the same object, as far as every one
+      // of them still has more than half a window hinted ahead of it (what
+      // topping up before each read would keep).
+      const size_t limit = std::min(i + kMaxBatch, hinted == count ? count : hinted - kPrefetchWindow / 2);
+      size_t end = i + 1;
+      while (end < limit && !ops[end].has_scratch && ops[end].uri == op->uri && ops[end].source == op->source) {
+        ++end;
+      }
+      batch.clear();
+      for (size_t k = i; k < end; ++k) batch.push_back({ops[k].offset, &ops[k].iov});
+      struct Progress {
+        const ReadOp* ops;
+        Inflight* slot;
+      } progress{op, &slot};
+      st = op->source->ReadMany(
+          *op->uri, batch.data(), batch.size(),
+          [](void* context, size_t k) {
+            auto* p = static_cast<Progress*>(context);
+            NoteInflight(p->ops[k], *p->slot);
+          },
+          &progress);
+      i = end;
     }
     slot.uri.store(nullptr, std::memory_order_release);
     if (!st.ok()) return st;  // the step is abandoned: skip the rest of the chunk

@@ -124,13 +124,36 @@ Histogram::Histogram(BucketBoundaries boundaries)
   for (size_t i = 0; i <= boundaries_.size(); ++i) counts_[i].store(0, std::memory_order_relaxed);
 }
 
-void Histogram::Observe(double v) {
+size_t Histogram::BucketOf(double v) const {
   // The first bound >= v; `!(b >= v)` rather than `b < v` so that NaN, which
   // compares false with everything, falls through to the +Inf bucket.
   auto it = std::partition_point(boundaries_.begin(), boundaries_.end(),
                                  [v](double bound) { return !(bound >= v); });
-  counts_[static_cast<size_t>(it - boundaries_.begin())].fetch_add(1, std::memory_order_relaxed);
+  return static_cast<size_t>(it - boundaries_.begin());
+}
+
+void Histogram::Observe(double v) {
+  counts_[BucketOf(v)].fetch_add(1, std::memory_order_relaxed);
   sum_.fetch_add(v, std::memory_order_relaxed);
+}
+
+void Histogram::ObserveMany(const double* values, size_t n) {
+  if (n == 0) return;
+  double sum = 0.0;
+  size_t bucket = BucketOf(values[0]);
+  uint64_t run = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t b = BucketOf(values[i]);
+    if (b != bucket) {
+      counts_[bucket].fetch_add(run, std::memory_order_relaxed);
+      bucket = b;
+      run = 0;
+    }
+    ++run;
+    sum += values[i];
+  }
+  counts_[bucket].fetch_add(run, std::memory_order_relaxed);
+  sum_.fetch_add(sum, std::memory_order_relaxed);
 }
 
 std::vector<uint64_t> Histogram::CumulativeCounts() const {

@@ -128,6 +128,11 @@ class Histogram {
   /// and adds it to the sum. NaN lands in the `+Inf` bucket only and makes the
   /// sum NaN, as in the Go client.
   void Observe(double v);
+  /// Observe() for each of `values`, with one atomic add per run of values
+  /// in the same bucket and one to the sum: a reader thread reporting a
+  /// batch of reads touches the shared counters a few times, not per read.
+  /// Concurrent scrapes may see some of the batch before the rest.
+  void ObserveMany(const double* values, size_t n);
 
   const BucketBoundaries& Boundaries() const { return boundaries_; }
   /// Cumulative counts, one per boundary and a last one for `+Inf`.
@@ -136,6 +141,8 @@ class Histogram {
   double Sum() const { return sum_.load(std::memory_order_relaxed); }
 
  private:
+  size_t BucketOf(double v) const;
+
   BucketBoundaries boundaries_;
   // Per-bucket (not cumulative) counts so that Observe touches one atomic;
   // the last one is the +Inf bucket.

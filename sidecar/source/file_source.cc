@@ -129,7 +129,10 @@ class FileHandle {
     const uint8_t* map = map_.load(std::memory_order_acquire);
     if (map != nullptr && touched_.exchange(false)) ::madvise(const_cast<uint8_t*>(map), map_size_, MADV_DONTNEED);
   }
-  void MarkTouched() const { touched_.store(true, std::memory_order_relaxed); }
+  // Loads first: a store on every read would bounce the line between readers.
+  void MarkTouched() const {
+    if (!touched_.load(std::memory_order_relaxed)) touched_.store(true, std::memory_order_relaxed);
+  }
 
  private:
   int fd_;
@@ -266,34 +269,65 @@ class FileSource final : public Source {
   }
 
   Status ReadV(const std::string& path, uint64_t offset, const std::vector<iovec>& iov) override {
-    const auto start = std::chrono::steady_clock::now();
-    uint64_t total = 0;
-    for (const iovec& v : iov) total += v.iov_len;
-    constexpr uint64_t kMaxOffset = std::numeric_limits<off_t>::max();
-    if (offset > kMaxOffset || total > kMaxOffset - offset) {
-      observer_->OnError(kScheme, "io");
-      return InvalidArgument(
-          "range of " + std::to_string(total) + " bytes does not fit in a file offset",
-          At(path, offset));
-    }
-    if (total == 0) return Status::Ok();
+    const ReadRequest read{offset, &iov};
+    return ReadMany(path, &read, 1, nullptr, nullptr);
+  }
 
-    auto handle = fds_.Acquire(path);
-    if (!handle.ok()) {
-      observer_->OnError(kScheme,
-                         handle.status().code() == StatusCode::kNotFound ? "not_found" : "io");
-      return handle.status();
+  // One descriptor-cache lookup for the batch, and the shared counters (the
+  // observer's, the bytes copied through mappings) updated once at its end:
+  // with small samples those atomics, bounced between reader threads, cost
+  // more than the copies.
+  Status ReadMany(const std::string& path, const ReadRequest* reads, size_t count, BeforeRead before,
+                  void* context) override {
+    thread_local std::vector<SourceObserver::ReadSample> done;
+    done.clear();
+    std::shared_ptr<const FileHandle> handle;
+    uint64_t mapped_copied = 0;
+    Status st;
+    // One clock read per read: each read's end is the next one's start.
+    auto start = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < count && st.ok(); ++i) {
+      if (before != nullptr) before(context, i);
+      const uint64_t offset = reads[i].offset;
+      const std::vector<iovec>& iov = *reads[i].iov;
+      uint64_t total = 0;
+      for (const iovec& v : iov) total += v.iov_len;
+      constexpr uint64_t kMaxOffset = std::numeric_limits<off_t>::max();
+      if (offset > kMaxOffset || total > kMaxOffset - offset) {
+        st = InvalidArgument("range of " + std::to_string(total) + " bytes does not fit in a file offset",
+                             At(path, offset));
+        break;
+      }
+      if (total == 0) continue;
+      if (handle == nullptr) {
+        auto acquired = fds_.Acquire(path);
+        if (!acquired.ok()) {
+          st = acquired.status();
+          break;
+        }
+        handle = std::move(*acquired);
+      }
+      if (total < mmap_below_) {
+        st = ReadMapped(*handle, path, offset, total, iov);
+        if (st.ok()) mapped_copied += total;
+      } else {
+        st = ReadFully(handle->fd(), path, offset, total, iov);
+      }
+      if (st.ok()) {
+        const auto end = std::chrono::steady_clock::now();
+        done.push_back({total, std::chrono::duration<double>(end - start).count()});
+        start = end;
+      }
     }
-    Status st = total < mmap_below_ ? ReadMapped(**handle, path, offset, total, iov)
-                                    : ReadFully((*handle)->fd(), path, offset, total, iov);
+    if (!done.empty()) observer_->OnReads(kScheme, done.data(), done.size());
+    if (mapped_copied > 0) AccountMappedCopy(mapped_copied);
     if (!st.ok()) {
-      observer_->OnError(kScheme, st.code() == StatusCode::kDataLoss ? "data_loss" : "io");
-      return st;
+      const char* kind = st.code() == StatusCode::kNotFound  ? "not_found"
+                         : st.code() == StatusCode::kDataLoss ? "data_loss"
+                                                              : "io";
+      observer_->OnError(kScheme, kind);
     }
-    observer_->OnRead(
-        kScheme, total,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    return Status::Ok();
+    return st;
   }
 
  private:
@@ -349,7 +383,7 @@ class FileSource final : public Source {
     uint64_t size = 0;
     const uint8_t* map = h.Mapping(&size);
     if (map == nullptr || offset > size || total > size - offset) return ReadFully(h.fd(), path, offset, total, iov);
-    h.MarkTouched();
+    h.MarkTouched();  // before the copy, so that a drop racing with it is not skipped
     uint64_t at = offset;
     for (const iovec& v : iov) {
       if (!GuardedCopy(v.iov_base, map + at, v.iov_len)) {
@@ -357,15 +391,20 @@ class FileSource final : public Source {
       }
       at += v.iov_len;
     }
-    // While every mapping together is no larger than the limit, the pages
-    // mapped cannot exceed it and dropping them would only cost refaults.
-    if (copied_.fetch_add(total, std::memory_order_relaxed) + total >= resident_limit_) {
+    return Status::Ok();
+  }
+
+  // Counts `bytes` copied through mappings; after each `resident_limit_` of
+  // them, drops the mapped pages if the mappings together exceed the limit.
+  // While every mapping together is no larger than the limit, the pages
+  // mapped cannot exceed it and dropping them would only cost refaults.
+  void AccountMappedCopy(uint64_t bytes) {
+    if (copied_.fetch_add(bytes, std::memory_order_relaxed) + bytes >= resident_limit_) {
       copied_.store(0, std::memory_order_relaxed);
       if (fds_.mapped_bytes() > resident_limit_) {
         for (const auto& handle : fds_.Snapshot()) handle->DropResidentPages();
       }
     }
-    return Status::Ok();
   }
 
   static Status ShortRead(int fd, const std::string& path, uint64_t offset, uint64_t total,

@@ -47,6 +47,16 @@ class SourceObserver {
   virtual ~SourceObserver() = default;
   /// One storage request finished successfully: bytes delivered and its latency.
   virtual void OnRead(std::string_view scheme, uint64_t bytes, double seconds) = 0;
+  /// Several requests finished successfully (the reads of one batch,
+  /// Source::ReadMany), reported at once so that an observer can update
+  /// shared counters once per batch. The default calls OnRead for each.
+  struct ReadSample {
+    uint64_t bytes = 0;
+    double seconds = 0;
+  };
+  virtual void OnReads(std::string_view scheme, const ReadSample* reads, size_t count) {
+    for (size_t i = 0; i < count; ++i) OnRead(scheme, reads[i].bytes, reads[i].seconds);
+  }
   /// One attempt failed and will be retried; `reason` is a bounded label
   /// value: "http_5xx", "http_429", "timeout", "connection", "short_body".
   virtual void OnRetry(std::string_view scheme, std::string_view reason) = 0;
@@ -105,6 +115,30 @@ class Source {
   /// is kDataLoss naming `uri@offset` and how many bytes were there; nothing
   /// is retried for local files except EINTR and short reads.
   virtual Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) = 0;
+
+  /// Several reads of one object, run in order: read i is
+  /// ReadV(uri, reads[i].offset, *reads[i].iov). `before(context, i)`, when
+  /// given, is called just before read i starts (the sidecar's watchdog
+  /// notes the read in flight there). Stops at the first read that fails and
+  /// returns its error, which names `uri@offset` of that read; the reads
+  /// before it have landed. Each read is still one storage request for
+  /// metrics (SourceObserver::OnReads, once per batch). A source that can
+  /// share work between the reads of one object overrides it (local files:
+  /// one descriptor-cache lookup and one metrics update per batch); the
+  /// default calls ReadV for each.
+  struct ReadRequest {
+    uint64_t offset = 0;
+    const std::vector<iovec>* iov = nullptr;
+  };
+  using BeforeRead = void (*)(void* context, size_t i);
+  virtual Status ReadMany(const std::string& uri, const ReadRequest* reads, size_t count, BeforeRead before,
+                          void* context) {
+    for (size_t i = 0; i < count; ++i) {
+      if (before != nullptr) before(context, i);
+      if (Status st = ReadV(uri, reads[i].offset, *reads[i].iov); !st.ok()) return st;
+    }
+    return Status::Ok();
+  }
 
   /// A hint that [offset, offset + length) of `uri` will be read soon, for
   /// each range: a source that can start fetching them without waiting for

@@ -133,6 +133,38 @@ TEST(MetricsHistogram, ConcurrentObservationsAreAllCounted) {
   EXPECT_EQ(h.Sum(), kThreads / 2 * kPerThread * (0.5 + 5));
 }
 
+TEST(MetricsHistogram, ObserveManyCountsLikeObservingEachValue) {
+  // Runs in one bucket, bucket changes back and forth, NaN and +Inf.
+  const std::vector<double> values = {0.5, 0.7, 3, 3, 0.1, 20, 20, 20, 2, 1, 1e300, 0.5};
+  Histogram many({1, 2, 5});
+  Histogram each({1, 2, 5});
+  many.ObserveMany(values.data(), values.size());
+  for (double v : values) each.Observe(v);
+  EXPECT_EQ(many.CumulativeCounts(), each.CumulativeCounts());
+  EXPECT_EQ(many.CumulativeCounts(), (std::vector<uint64_t>{5, 6, 8, 12}));
+  EXPECT_DOUBLE_EQ(many.Sum(), each.Sum());
+
+  many.ObserveMany(values.data(), 0);  // nothing
+  EXPECT_EQ(many.Count(), 12u);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  many.ObserveMany(&nan, 1);
+  EXPECT_EQ(many.CumulativeCounts(), (std::vector<uint64_t>{5, 6, 8, 13}));
+  EXPECT_TRUE(std::isnan(many.Sum()));
+}
+
+TEST(MetricsHistogram, ConcurrentBatchesAreAllCounted) {
+  Histogram h({1, 10});
+  RunConcurrently([&](int t) {
+    std::vector<double> batch(50, t % 2 ? 0.5 : 5);
+    batch[7] = 100;  // a bucket change inside the batch
+    for (int i = 0; i < kPerThread / 50; ++i) h.ObserveMany(batch.data(), batch.size());
+  });
+  const uint64_t batches = kThreads * (kPerThread / 50), n = batches * 50;
+  EXPECT_EQ(h.CumulativeCounts().back(), n);
+  EXPECT_EQ(h.CumulativeCounts()[0], batches / 2 * 49);
+  EXPECT_EQ(h.CumulativeCounts()[1], n - batches);
+}
+
 TEST(MetricsHistogram, ExponentialBucketsMultiplyAndPrintCleanly) {
   EXPECT_EQ(ExponentialBuckets(0.005, 2, 4), (BucketBoundaries{0.005, 0.01, 0.02, 0.04}));
   // 0.001 * 10 * 10 is 0.10000000000000002 in doubles; the helper rounds it.

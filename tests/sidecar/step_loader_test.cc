@@ -148,6 +148,19 @@ class RecordingSource final : public source::Source {
     }
     return real_->ReadV(uri, offset, iov);
   }
+  // Recorded, then run as the default does (a ReadV each, recorded too).
+  Status ReadMany(const std::string& uri, const ReadRequest* reads, size_t count, BeforeRead before,
+                  void* context) override {
+    {
+      std::lock_guard lock(mu_);
+      batches_.push_back(count);
+    }
+    return Source::ReadMany(uri, reads, count, before, context);
+  }
+  std::vector<size_t> batches() {
+    std::lock_guard lock(mu_);
+    return batches_;
+  }
   void Prefetch(const std::string& uri, const Range* ranges, size_t count) override {
     {
       std::lock_guard lock(mu_);
@@ -165,6 +178,7 @@ class RecordingSource final : public source::Source {
   std::unique_ptr<source::Source> real_;
   std::mutex mu_;
   std::vector<Event> events_;
+  std::vector<size_t> batches_;  // ReadMany calls: reads in each
   size_t calls_ = 0;
 };
 
@@ -237,6 +251,19 @@ TEST(StepLoader, EveryReadIsHintedToItsSourceAWindowAhead) {
         EXPECT_GE(ahead[i], std::min<size_t>(17, ahead.size() - i)) << "read " << i;
       }
       EXPECT_EQ(ahead.front(), 32u);
+    }
+    // Reads of one object go to the source in runs of at most 16 (one
+    // ReadMany call each; the files are three, so the runs are long).
+    const std::vector<size_t> batches = recorder->batches();
+    size_t batched = 0;
+    for (size_t n : batches) {
+      EXPECT_GE(n, 1u);
+      EXPECT_LE(n, 16u);
+      batched += n;
+    }
+    EXPECT_EQ(batched, ahead.size()) << "every read is in a batch";
+    if (threads == 1) {
+      EXPECT_LE(batches.size() * 4, ahead.size()) << "runs, not a call per read";
     }
   }
 }

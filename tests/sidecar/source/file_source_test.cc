@@ -344,5 +344,108 @@ TEST(FileSourceTest, ObserverCountsEachSuccessfulReadAndItsBytes) {
   EXPECT_TRUE(observer.errors().empty());
 }
 
+// Counts the batches the source reports, as well as the reads in them.
+class BatchObserver : public RecordingObserver {
+ public:
+  void OnReads(std::string_view scheme, const ReadSample* reads, size_t count) override {
+    batches.push_back(count);
+    for (size_t i = 0; i < count; ++i) latencies_ok &= reads[i].seconds >= 0 && reads[i].seconds < 10;
+    RecordingObserver::OnReads(scheme, reads, count);
+  }
+  std::vector<size_t> batches;
+  bool latencies_ok = true;
+};
+
+// ReadMany on files: every read lands exactly, `before` sees each index just
+// before its read, and the observer hears of the batch once, with each read
+// in it. Small reads go through the mapping, large ones through preadv.
+TEST(FileSourceTest, ReadManyReadsEachRangeInOrderAndReportsTheBatchOnce) {
+  for (const uint64_t size : {uint64_t{100}, uint64_t{300} << 10}) {
+    SCOPED_TRACE(std::to_string(size) + "-byte reads");
+    TempDir dir;
+    const std::string data = RandomBytes(8 * size + 7, 11);
+    const std::string path = dir.Write("m.bin", data);
+    BatchObserver observer;
+    auto source = MakeFile(Options(256, &observer));
+    const std::vector<uint64_t> offsets = {7 * size, 3, size, 2 * size + 1, 5 * size};
+    std::vector<std::string> out(offsets.size(), std::string(size, '\0'));
+    std::vector<std::vector<iovec>> iovs;
+    std::vector<Source::ReadRequest> reads;
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      // Two iovecs each: the scatter is kept within a read.
+      iovs.push_back({{out[i].data(), 10}, {out[i].data() + 10, size - 10}});
+    }
+    for (size_t i = 0; i < offsets.size(); ++i) reads.push_back({offsets[i], &iovs[i]});
+    struct Seen {
+      std::vector<size_t> order;
+      std::vector<std::string>* out;
+      bool clean = true;  // read i's buffer untouched when `before` sees it
+    } seen{{}, &out};
+    ASSERT_TRUE(source
+                    ->ReadMany(
+                        path, reads.data(), reads.size(),
+                        [](void* context, size_t i) {
+                          auto* s = static_cast<Seen*>(context);
+                          s->order.push_back(i);
+                          s->clean &= (*s->out)[i] == std::string((*s->out)[i].size(), '\0');
+                        },
+                        &seen)
+                    .ok());
+    for (size_t i = 0; i < offsets.size(); ++i) EXPECT_EQ(out[i], data.substr(offsets[i], size)) << i;
+    EXPECT_EQ(seen.order, (std::vector<size_t>{0, 1, 2, 3, 4}));
+    EXPECT_TRUE(seen.clean);
+    EXPECT_EQ(observer.batches, std::vector<size_t>{5});
+    EXPECT_EQ(observer.reads(), 5u);
+    EXPECT_EQ(observer.bytes(), 5 * size);
+    EXPECT_TRUE(observer.latencies_ok);
+
+    // No callback is fine too; an empty batch reads and reports nothing.
+    out[0].assign(size, '\0');
+    ASSERT_TRUE(source->ReadMany(path, reads.data(), 1, nullptr, nullptr).ok());
+    EXPECT_EQ(out[0], data.substr(offsets[0], size));
+    ASSERT_TRUE(source->ReadMany(path, reads.data(), 0, nullptr, nullptr).ok());
+    EXPECT_EQ(observer.batches, (std::vector<size_t>{5, 1}));
+  }
+}
+
+// A batch stops at its first failing read: the error names that read's
+// offset, the reads before it landed and are reported, the ones after it
+// are not attempted.
+TEST(FileSourceTest, ReadManyStopsAtTheFirstFailingReadAndNamesIt) {
+  TempDir dir;
+  const std::string data = RandomBytes(4096, 12);
+  const std::string path = dir.Write("f.bin", data);
+  BatchObserver observer;
+  auto source = MakeFile(Options(256, &observer));
+  std::string a(100, '\0'), b(100, '\0'), c(100, '\0');
+  std::vector<iovec> ia = {{a.data(), a.size()}}, ib = {{b.data(), b.size()}}, ic = {{c.data(), c.size()}};
+  const std::vector<Source::ReadRequest> reads = {{200, &ia}, {4050, &ib}, {0, &ic}};
+  std::vector<size_t> order;
+  Status st = source->ReadMany(
+      path, reads.data(), reads.size(),
+      [](void* context, size_t i) { static_cast<std::vector<size_t>*>(context)->push_back(i); }, &order);
+  ASSERT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+  EXPECT_EQ(st.location(), path + "@4050");
+  EXPECT_EQ(st.message(), "short read: wanted 100 bytes at offset 4050, the file ends after 4096 bytes");
+  EXPECT_EQ(a, data.substr(200, 100));
+  EXPECT_EQ(c, std::string(100, '\0'));
+  EXPECT_EQ(order, (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(observer.batches, std::vector<size_t>{1});
+  EXPECT_EQ(observer.bytes(), 100u);
+  EXPECT_EQ(observer.errors(), std::vector<std::string>{"data_loss"});
+
+  // A missing file fails at its first read, as not_found.
+  const std::string missing = dir.path() + "/nope.bin";
+  order.clear();
+  st = source->ReadMany(
+      missing, reads.data(), reads.size(),
+      [](void* context, size_t i) { static_cast<std::vector<size_t>*>(context)->push_back(i); }, &order);
+  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.ToString();
+  EXPECT_EQ(st.location(), missing);
+  EXPECT_EQ(order, std::vector<size_t>{0});
+  EXPECT_EQ(observer.errors(), (std::vector<std::string>{"data_loss", "not_found"}));
+  EXPECT_EQ(observer.batches, std::vector<size_t>{1});
+}
+
 }  // namespace
 }  // namespace meshload::source

@@ -27,7 +27,7 @@ using ::meshload::testing::TempDir;
 std::string RandomBytes(size_t n, uint64_t seed);
 
 /// Records every callback. Thread-safe.
-class RecordingObserver final : public SourceObserver {
+class RecordingObserver : public SourceObserver {
  public:
   void OnRead(std::string_view scheme, uint64_t bytes, double seconds) override;
   void OnRetry(std::string_view scheme, std::string_view reason) override;
