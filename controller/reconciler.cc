@@ -1,13 +1,17 @@
 #include "controller/reconciler.h"
 
 #include <openssl/evp.h>
+#include <sys/random.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <optional>
 #include <set>
 
+#include "common/base64.h"
 #include "common/diagnostics.h"
 #include "common/logging.h"
 #include "planner/shard_planner.h"
@@ -52,6 +56,26 @@ bool HasFinalizer(const json& obj) {
 
 std::string ConfigMapName(const std::string& job) { return job + "-meshload"; }
 
+// 32 bytes from the kernel's CSPRNG, as 64 hex digits (what
+// `openssl rand -hex 32` gives; the sidecar takes the file's text as is).
+Result<std::string> NewPeerSecret() {
+  unsigned char bytes[32];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status(StatusCode::kInternal, std::string("getrandom: ") + std::strerror(errno), "peer secret");
+    got += static_cast<size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
 // A pod's completion index: the annotation (Kubernetes >= 1.21), or the
 // label (>= 1.28). nullopt when absent; -1 when present but not a number.
 std::optional<int64_t> CompletionIndex(const json& pod) {
@@ -86,6 +110,7 @@ struct DesiredStatus {
   std::string phase;
   int64_t processes_ready = 0;
   std::string plan_hash;
+  std::string peer_secret;  // the Secret's name, once it exists
   std::vector<Condition> conditions;
 };
 
@@ -95,6 +120,7 @@ json StatusJson(const DesiredStatus& d, int64_t generation, const json& current)
   out["observedGeneration"] = generation;
   out["processesReady"] = d.processes_ready;
   if (!d.plan_hash.empty()) out["planHash"] = d.plan_hash;
+  if (!d.peer_secret.empty()) out["peerSecretName"] = d.peer_secret;
   json conds = json::array();
   const json& old = Field(current, "conditions");
   for (const auto& c : d.conditions) {
@@ -183,6 +209,8 @@ std::string JoinDiagnostics(const Diagnostics& d) {
 kube::ResourcePath JobsResource() { return {"/apis/meshload.io/v1alpha1", "dataloadjobs"}; }
 kube::ResourcePath PodsResource() { return {"/api/v1", "pods"}; }
 kube::ResourcePath ConfigMapsResource() { return {"/api/v1", "configmaps"}; }
+kube::ResourcePath SecretsResource() { return {"/api/v1", "secrets"}; }
+std::string PeerSecretName(const std::string& job) { return job + "-meshload-peer"; }
 
 json SlimPod(json pod) {
   json md = Field(pod, "metadata");
@@ -250,6 +278,11 @@ Reconciler::Reconciler(kube::KubeClient* client, kube::Informer* jobs, kube::Inf
                        kube::Informer* configmaps, ReconcilerOptions options)
     : client_(client), jobs_(jobs), pods_(pods), configmaps_(configmaps), options_(std::move(options)) {}
 
+bool Reconciler::SecretMade(const std::string& uid) const {
+  std::lock_guard lock(secrets_mu_);
+  return secrets_made_.count(uid) > 0;
+}
+
 Status Reconciler::CheckMayWrite() const {
   if (options_.may_write && !options_.may_write()) {
     return FailedPrecondition("not the leader: no writes");
@@ -316,6 +349,10 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     if (put.code == 404) return Status::Ok();
     if (!put.ok()) return put.ToStatus("remove the finalizer of " + key);
     ++res.writes;
+    {
+      std::lock_guard lock(secrets_mu_);
+      secrets_made_.erase(Str(Field(job, "metadata"), "uid"));
+    }
     LogInfo("cleaned up a deleted DataLoadJob", {{"job", key}});
     return Status::Ok();
   }
@@ -336,6 +373,9 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
                                  ? Field(Field(job, "metadata"), "generation").get<int64_t>()
                                  : 0;
   DesiredStatus desired;
+  // Once created, the peer secret stays in the status (an invalid edit
+  // does not take it away).
+  desired.peer_secret = Str(Field(job, "status"), "peerSecretName");
 
   // 2. Validation, with the planner's own parser and checks.
   Diagnostics diags;
@@ -524,6 +564,36 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
         if (!r.ok()) return r.ToStatus("update ConfigMap " + ns + "/" + cm_name);
         ++res.writes;
       }
+    }
+
+    // 4b. The peer secret, created once: status.peerSecretName records it,
+    // so neither an idle reconcile nor a restarted controller asks again.
+    // The controller may only create Secrets, never read them: one that
+    // exists already (a lost status write, or the user's own) is kept.
+    // A job whose status write has not reached the informer yet is in
+    // secrets_made_ (by uid), so a lagging cache does not ask again either.
+    const std::string secret_name = PeerSecretName(name);
+    const std::string uid = Str(Field(job, "metadata"), "uid");
+    if (desired.peer_secret != secret_name && SecretMade(uid)) desired.peer_secret = secret_name;
+    if (desired.peer_secret != secret_name) {
+      RETURN_IF_ERROR(CheckMayWrite());
+      ASSIGN_OR_RETURN(std::string secret, NewPeerSecret());
+      json body = {{"apiVersion", "v1"},
+                   {"kind", "Secret"},
+                   {"metadata", {{"name", secret_name}, {"namespace", ns}, {"labels", labels}, {"ownerReferences", owner}}},
+                   {"type", "Opaque"},
+                   {"immutable", true},
+                   {"data", {{"secret", Base64Encode(secret)}}}};
+      kube::ApiResponse r = client_->Post(SecretsResource().Collection(ns), body);
+      if (r.ok()) {
+        ++res.writes;
+        LogInfo("created the peer secret", {{"job", key}, {"secret", ns + "/" + secret_name}});
+      } else if (r.code != 409) {
+        return r.ToStatus("create Secret " + ns + "/" + secret_name);
+      }
+      desired.peer_secret = secret_name;
+      std::lock_guard lock(secrets_mu_);
+      secrets_made_.insert(uid);
     }
 
     // 5. Conditions and phase.

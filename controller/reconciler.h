@@ -25,8 +25,13 @@
 ///    read), `assignments.json`, `planHash`, `process.<pod>` per assigned pod
 ///    and `rendezvous` (process 0's pod IP). It is written only when its
 ///    content differs.
+///    Then the Secret `<name>-meshload-peer` (same labels and owner
+///    reference; type Opaque, immutable): key `secret`, 64 random hex
+///    digits, which the sidecars mount for --peer-secret-file. Created once,
+///    recorded in status.peerSecretName; one that exists is kept as it is
+///    (409: the controller may create Secrets but not read them).
 /// 5. Status (phase, observedGeneration, processesReady, planHash,
-///    conditions Valid, Planned, SidecarsReady, Degraded) is written through
+///    peerSecretName, conditions Valid, Planned, SidecarsReady, Degraded) is written through
 ///    /status with the job's resourceVersion only when it differs; a 409
 ///    re-reads the job and tries again. lastTransitionTime moves only when a
 ///    condition's status does.
@@ -47,6 +52,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -67,6 +74,9 @@ inline constexpr char kJobLabel[] = "meshload.io/job";
 kube::ResourcePath JobsResource();
 kube::ResourcePath PodsResource();
 kube::ResourcePath ConfigMapsResource();
+kube::ResourcePath SecretsResource();
+/// The Secret holding a job's peer secret: `<job>-meshload-peer`.
+std::string PeerSecretName(const std::string& job);
 
 /// The informer transform for pods: keeps only what the reconciler reads.
 nlohmann::json SlimPod(nlohmann::json pod);
@@ -114,12 +124,17 @@ class Reconciler {
 
  private:
   Status CheckMayWrite() const;
+  bool SecretMade(const std::string& uid) const;
 
   kube::KubeClient* client_;
   kube::Informer* jobs_;
   kube::Informer* pods_;
   kube::Informer* configmaps_;
   ReconcilerOptions options_;
+  // Jobs (by uid) whose peer secret this process made or found: a job read
+  // from a cache that has not seen its status write yet is not asked again.
+  mutable std::mutex secrets_mu_;
+  std::set<std::string> secrets_made_;
 };
 
 }  // namespace meshload::controller

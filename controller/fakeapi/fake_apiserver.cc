@@ -112,6 +112,7 @@ struct FakeApiServer::Impl {
   std::chrono::milliseconds latency{0};
   std::map<std::string, int64_t> writes;  // by qualified resource
   std::map<std::string, int64_t> writes_by_agent;  // by User-Agent header
+  std::map<std::pair<std::string, std::string>, int64_t> requests;  // by (method, qualified resource)
 };
 
 bool FakeApiServer::Impl::TakeInjected(const httplib::Request& req, httplib::Response& res) {
@@ -289,6 +290,10 @@ void FakeApiServer::Impl::Handle(const httplib::Request& req, httplib::Response&
   ApiResponse error;
   std::optional<RequestTarget> target = store.Resolve(req.path, &error);
   if (!target) return Reply(res, error);
+  {
+    std::lock_guard<std::mutex> lock(hooks_mu);
+    ++requests[{req.method, target->type.QualifiedName()}];
+  }
   ApiResponse r;
   bool write = true;
   if (req.method == "GET") {
@@ -499,6 +504,15 @@ int64_t FakeApiServer::WriteCount(std::string_view resource) const {
   int64_t total = 0;
   for (const auto& [name, n] : impl_->writes) {
     if (resource.empty() || name == resource) total += n;
+  }
+  return total;
+}
+
+int64_t FakeApiServer::RequestCount(std::string_view method, std::string_view resource) const {
+  std::lock_guard<std::mutex> lock(impl_->hooks_mu);
+  int64_t total = 0;
+  for (const auto& [key, n] : impl_->requests) {
+    if ((method.empty() || key.first == method) && key.second == resource) total += n;
   }
   return total;
 }

@@ -2,7 +2,7 @@
 /// FakeApiServer: an in-memory Kubernetes API server for controller tests.
 ///
 /// It speaks the REST API (JSON) over plain HTTP on 127.0.0.1 for core/v1
-/// namespaces, pods, configmaps and events, coordination.k8s.io/v1 leases,
+/// namespaces, pods, configmaps, secrets and events, coordination.k8s.io/v1 leases,
 /// apiextensions.k8s.io/v1 CRDs and the custom resources they define, with
 /// the semantics a controller depends on: resourceVersion conflicts, the
 /// status subresource, generation, finalizers, merge patch, selectors,
@@ -98,6 +98,11 @@ class FakeApiServer {
   /// Successful writes from clients whose User-Agent header contains
   /// `part` (what an audit log tells apart: which controller replica wrote).
   int64_t WriteCountByUserAgent(std::string_view part) const;
+  /// Requests handled, of any outcome (watches and errors included; an
+  /// injected error is answered before and not counted), with HTTP `method`
+  /// ("GET", "POST", ...; empty: all) on `resource`, named as in
+  /// WriteCount: what an audit log shows a client has touched.
+  int64_t RequestCount(std::string_view method, std::string_view resource) const;
   /// Drops the event history, so watches and continue tokens from any older
   /// resourceVersion get 410 Gone.
   void CompactHistory();

@@ -32,6 +32,10 @@ ResourceRegistry::ResourceRegistry() {
        .short_names = {"cm"}});
   Add({.group = "",
        .versions = {"v1"},
+       .plural = "secrets",
+       .kind = "Secret"});
+  Add({.group = "",
+       .versions = {"v1"},
        .plural = "events",
        .kind = "Event",
        .allow_create_on_update = true,

@@ -176,6 +176,79 @@ ApiResponse InvalidFor(const RequestTarget& t, const std::string& name, const st
                        t.type.kind + " \"" + name + "\" is invalid: " + field + ": " + why, d);
 }
 
+// obj[key], or null (without inserting it).
+json FieldOf(const json& obj, const char* key) {
+  if (!obj.is_object()) return nullptr;
+  auto it = obj.find(key);
+  return it == obj.end() ? json() : *it;
+}
+
+// core/v1 Secret, as the real server treats it (pkg/apis/core/validation
+// ValidateSecret and the registry's strategy): `stringData` is write-only,
+// merged over `data` (base64-encoded) and dropped; `data` values must be
+// base64 (the JSON of a []byte field) and keys valid config keys; the total
+// is at most 1 MiB; `type` defaults to Opaque and never changes; with
+// `immutable: true`, neither the data nor `immutable` may change any more.
+// `stored` is the object being updated, or null on create.
+std::optional<ApiResponse> PrepareSecret(const RequestTarget& t, const std::string& name, json* obj,
+                                         const json* stored) {
+  if (obj->contains("stringData")) {
+    const json& sd = (*obj)["stringData"];
+    if (!sd.is_null() && !sd.is_object()) return InvalidFor(t, name, "stringData", "Invalid value: must be an object");
+    if (sd.is_object()) {
+      if (!(*obj)["data"].is_object()) (*obj)["data"] = json::object();
+      for (auto it = sd.begin(); it != sd.end(); ++it) {
+        if (!it.value().is_string()) {
+          return ErrorResponse(400, "BadRequest", "json: cannot unmarshal " + std::string(it.value().type_name()) +
+                                                      " into Go struct field Secret.stringData of type string");
+        }
+        (*obj)["data"][it.key()] = Base64Encode(it.value().get<std::string>());
+      }
+    }
+    obj->erase("stringData");
+  }
+  uint64_t total = 0;
+  if (obj->contains("data") && !(*obj)["data"].is_null()) {
+    const json& data = (*obj)["data"];
+    if (!data.is_object()) return InvalidFor(t, name, "data", "Invalid value: must be an object");
+    for (auto it = data.begin(); it != data.end(); ++it) {
+      const std::string& key = it.key();
+      const bool key_ok = !key.empty() && key.size() <= 253 && key != "." && key != ".." &&
+                          std::all_of(key.begin(), key.end(), [](unsigned char c) {
+                            return std::isalnum(c) || c == '-' || c == '_' || c == '.';
+                          });
+      if (!key_ok) {
+        return InvalidFor(t, name, "data[" + key + "]",
+                          "Invalid value: \"" + key +
+                              "\": a valid config key must consist of alphanumeric characters, '-', '_' or '.'");
+      }
+      std::optional<std::string> bytes;
+      if (it.value().is_string()) bytes = Base64Decode(it.value().get<std::string>());
+      if (!bytes) {
+        // The value itself is never echoed: it is a secret.
+        return ErrorResponse(400, "BadRequest", "json: illegal base64 data in Secret.data[" + key + "]");
+      }
+      total += bytes->size();
+    }
+  }
+  if (total > (1u << 20)) return InvalidFor(t, name, "data", "Too long: must have at most 1048576 bytes");
+  if (!(*obj)["type"].is_string() || (*obj)["type"].get<std::string>().empty()) (*obj)["type"] = "Opaque";
+  if (stored != nullptr) {
+    if (FieldOf(*stored, "type") != (*obj)["type"]) {
+      return InvalidFor(t, name, "type", "Invalid value: " + (*obj)["type"].dump() + ": field is immutable");
+    }
+    if (FieldOf(*stored, "immutable") == true) {
+      if (FieldOf(*obj, "immutable") != true) {
+        return InvalidFor(t, name, "immutable", "Forbidden: field is immutable when `immutable` is set");
+      }
+      if (FieldOf(*obj, "data") != FieldOf(*stored, "data")) {
+        return InvalidFor(t, name, "data", "Forbidden: field is immutable when `immutable` is set");
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 // Defaults, then validates, a custom resource against its CRD version's
 // openAPIV3Schema (schema.h), as apiextensions-apiserver does on create and
 // update: a main-resource write checks everything but metadata (and status,
@@ -430,6 +503,9 @@ ApiResponse ObjectStore::CreateLocked(const RequestTarget& t, json obj) {
   if (!t.type.builtin) {
     if (std::optional<ApiResponse> invalid = CheckSchema(t, name, &obj)) return *invalid;
   }
+  if (t.type.Key() == "/secrets") {
+    if (std::optional<ApiResponse> invalid = PrepareSecret(t, name, &obj, nullptr)) return *invalid;
+  }
   if (t.type.Key() == "/pods") obj["status"] = {{"phase", "Pending"}};
   if (t.type.Key() == "/namespaces") obj["status"] = {{"phase", "Active"}};
   if (crd_type) {
@@ -612,6 +688,9 @@ ApiResponse ObjectStore::UpdateLocked(const RequestTarget& t, json obj) {
   }
   if (!t.type.builtin) {
     if (std::optional<ApiResponse> invalid = CheckSchema(t, t.name, &updated)) return *invalid;
+  }
+  if (t.type.Key() == "/secrets") {
+    if (std::optional<ApiResponse> invalid = PrepareSecret(t, t.name, &updated, &stored)) return *invalid;
   }
   std::optional<ResourceType> crd_type;
   if (t.type.Key() == "apiextensions.k8s.io/customresourcedefinitions" && !t.status) {

@@ -366,6 +366,7 @@ WORKLOAD_RULES = [("meshload.io", "dataloadjobs", ["get", "list", "watch", "upda
                   ("meshload.io", "dataloadjobs/finalizers", ["update"]),
                   ("", "pods", ["get", "list", "watch"]),
                   ("", "configmaps", ["get", "list", "watch", "create", "update", "patch", "delete"]),
+                  ("", "secrets", ["create"]),
                   ("", "events", ["create", "patch"])]
 
 
@@ -385,8 +386,10 @@ def grants(docs):
             for field in ("apiGroups", "resources", "verbs", "resourceNames"):
                 if "*" in (rule.get(field) or []):
                     p.append("a wildcard in %s of %s %s" % (field, d["kind"], d["metadata"]["name"]))
-            if "secrets" in (rule.get("resources") or []):
-                p.append("secrets access in %s %s" % (d["kind"], d["metadata"]["name"]))
+            # Secrets: create only (the peer secrets); reading any is refused.
+            if "secrets" in (rule.get("resources") or []) and set(rule.get("verbs") or []) - {"create"}:
+                p.append("secrets %s in %s %s" % (sorted(set(rule.get("verbs") or []) - {"create"}), d["kind"],
+                                                  d["metadata"]["name"]))
             names = tuple(sorted(rule.get("resourceNames") or []))
             for g in rule.get("apiGroups") or []:
                 for r in rule.get("resources") or []:
@@ -550,9 +553,10 @@ if out:
     check("watchNamespace: no ClusterRole or ClusterRoleBinding (nothing cluster-wide, pods included)",
           not objs(docs, "ClusterRole") and not objs(docs, "ClusterRoleBinding"))
     watched = [r for r in objs(docs, "Role") if r["metadata"].get("namespace") == "training"]
-    check("watchNamespace: pods, configmaps, events and dataloadjobs are a Role in that namespace",
+    check("watchNamespace: pods, configmaps, secrets, events and dataloadjobs are a Role in that namespace",
           lambda: len(watched) == 1 and {res for r in watched[0]["rules"] for res in r["resources"]}
-          == {"pods", "configmaps", "events", "dataloadjobs", "dataloadjobs/status", "dataloadjobs/finalizers"})
+          == {"pods", "configmaps", "secrets", "events", "dataloadjobs", "dataloadjobs/status",
+              "dataloadjobs/finalizers"})
     sm = objs(docs, "ServiceMonitor")
     check("serviceMonitor: a monitoring.coreos.com/v1 ServiceMonitor scrapes the metrics port of the Service",
           lambda: len(sm) == 1 and sm[0]["apiVersion"] == "monitoring.coreos.com/v1"
@@ -708,6 +712,8 @@ if "defaults" in results_by_scenario:
          lambda d: cluster_rule(d)[3]["verbs"].append("*")),
         ("read access to secrets", rbac_problems,
          lambda d: cluster_rule(d).append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})),
+        ("list and watch added to the create-only secrets rule", rbac_problems,
+         lambda d: [r for r in cluster_rule(d) if r["resources"] == ["secrets"]][0]["verbs"].extend(["list", "watch"])),
         ("a missing verb (dataloadjobs/finalizers update)", rbac_problems,
          lambda d: cluster_rule(d).pop(2)),
         ("leases granted cluster-wide", rbac_problems,

@@ -10,6 +10,7 @@
 #include <memory>
 #include <thread>
 
+#include "common/base64.h"
 #include "common/metrics/metrics.h"
 #include "controller/runtime/event_recorder.h"
 #include "tests/controller/test_env.h"
@@ -253,6 +254,87 @@ TEST_F(ControllerTest, RestartKeepsTheAssignmentAndMakesNoWrites) {
   EXPECT_EQ(Assignment("rs"), assignment);
   EXPECT_EQ(Job("rs")["status"], status);
   EXPECT_EQ(Writes(), writes) << "a restarted controller must find nothing to write";
+}
+
+// Each valid job gets an immutable Secret of 64 random hex digits for its
+// sidecars' --peer-secret-file, owned by the job, created once: the status
+// records it, so idle reconciles and a restarted controller ask no more.
+// The controller creates Secrets and never reads, lists or changes one.
+TEST_F(ControllerTest, AValidJobGetsItsPeerSecretOnceAndTheControllerNeverReadsSecrets) {
+  ReadyPods("ps", 2);
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "ps", 2, "ps"));
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "other", 2, "ps-other"));
+  StartController();
+  Settle();
+  auto& server = cluster_.server();
+  EXPECT_EQ(server.RequestCount("POST", "secrets"), 2);
+  EXPECT_EQ(server.RequestCount("", "secrets"), 2) << "no get, list, watch, update, patch or delete";
+  EXPECT_EQ(server.WriteCount("secrets"), 2);
+
+  json job = Job("ps");
+  EXPECT_EQ(job["status"]["peerSecretName"], "ps-meshload-peer");
+  json secret = cluster_.Get(std::string("/api/v1/namespaces/") + kNs + "/secrets/ps-meshload-peer");
+  ASSERT_TRUE(secret.is_object());
+  EXPECT_EQ(secret["type"], "Opaque");
+  EXPECT_EQ(secret["immutable"], true);
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["uid"], job["metadata"]["uid"]);
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["kind"], "DataLoadJob");
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["controller"], true);
+  EXPECT_EQ(secret["metadata"]["labels"]["meshload.io/job"], "ps");
+  EXPECT_EQ(secret["metadata"]["labels"]["app.kubernetes.io/managed-by"], "meshload-controller");
+  ASSERT_EQ(secret["data"].size(), 1u);
+  auto value = Base64Decode(secret["data"]["secret"].get<std::string>());
+  ASSERT_TRUE(value.has_value());
+  EXPECT_EQ(value->size(), 64u);
+  EXPECT_EQ(value->find_first_not_of("0123456789abcdef"), std::string::npos) << *value;
+  json other = cluster_.Get(std::string("/api/v1/namespaces/") + kNs + "/secrets/other-meshload-peer");
+  ASSERT_TRUE(other.is_object());
+  EXPECT_NE(other["data"]["secret"], secret["data"]["secret"]) << "each job has its own";
+
+  // Idle, then restarted: nothing more is asked of the Secrets (the count
+  // includes this test's two reads above).
+  const int64_t secret_requests = server.RequestCount("", "secrets");
+  EXPECT_EQ(secret_requests, 4);
+  for (int i = 0; i < 5; ++i) controller_->queue().Add(std::string(kNs) + "/ps");
+  Settle();
+  StopController();
+  const int64_t writes = Writes();
+  StartController();
+  Settle();
+  EXPECT_EQ(Writes(), writes);
+  EXPECT_EQ(server.RequestCount("", "secrets"), secret_requests);
+}
+
+// A Secret of that name that exists already (the user's own, made with
+// kubectl create secret) is kept as it is; an invalid job gets none, and an
+// edit that makes a job invalid keeps the name in its status.
+TEST_F(ControllerTest, AnExistingPeerSecretIsKeptAndAnInvalidJobGetsNone) {
+  const std::string secrets = std::string("/api/v1/namespaces/") + kNs + "/secrets";
+  auto mine = cluster_.client().Post(secrets, {{"apiVersion", "v1"},
+                                               {"kind", "Secret"},
+                                               {"metadata", {{"name", "own-meshload-peer"}}},
+                                               {"stringData", {{"secret", "the user's own secret, 32 bytes+"}}}});
+  ASSERT_TRUE(mine.ok()) << mine.message();
+  ReadyPods("own", 2);
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "own", 2, "own"));
+  cluster_.CreateJob(InvalidManifest("bad", "bad"));
+  StartController();
+  Settle();
+  json kept = cluster_.Get(secrets + "/own-meshload-peer");
+  EXPECT_EQ(kept["data"], mine.body["data"]);
+  EXPECT_EQ(kept["metadata"]["resourceVersion"], mine.body["metadata"]["resourceVersion"]);
+  EXPECT_FALSE(kept["metadata"].contains("ownerReferences"));
+  EXPECT_EQ(Job("own")["status"]["peerSecretName"], "own-meshload-peer");
+  EXPECT_EQ(cluster_.server().WriteCount("secrets"), 1) << "only the user's";
+  EXPECT_FALSE(cluster_.Get(secrets + "/bad-meshload-peer").is_object());
+  EXPECT_FALSE(Job("bad")["status"].contains("peerSecretName"));
+
+  // The valid job goes invalid: its status keeps the Secret's name.
+  json job = Job("own");
+  job["spec"]["mesh"]["axes"] = json::array({{{"name", "data"}, {"size", 3}}});
+  ASSERT_TRUE(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own", job).ok());
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("own")["status"]["phase"] == "Failed"; }));
+  EXPECT_EQ(Job("own")["status"]["peerSecretName"], "own-meshload-peer");
 }
 
 TEST_F(ControllerTest, SidecarNotReadyAndRestartingAreVisible) {

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/base64.h"
 #include "controller/fakeapi/fake_apiserver.h"
 #include "controller/fakeapi/schema.h"
 #include "controller/fakeapi/yaml_json.h"
@@ -828,6 +829,93 @@ TEST_F(FakeApiServer, WriteCountCountsOnlySuccessfulWrites) {
   EXPECT_EQ(server_->WriteCount("configmaps"), 3);
   EXPECT_EQ(server_->WriteCount("leases.coordination.k8s.io"), 1);
   EXPECT_EQ(server_->WriteCount(), 4);
+}
+
+TEST_F(FakeApiServer, RequestCountCountsEveryHandledRequestByMethodAndResource) {
+  Post(kConfigMaps, ConfigMap("a"));  // 201
+  Post(kConfigMaps, ConfigMap("a"));  // 409
+  Get(kConfigMaps);
+  Get(std::string(kConfigMaps) + "/missing");  // 404
+  Get(kPods);
+  EXPECT_EQ(server_->RequestCount("POST", "configmaps"), 2);
+  EXPECT_EQ(server_->RequestCount("GET", "configmaps"), 2);
+  EXPECT_EQ(server_->RequestCount("", "configmaps"), 4);
+  EXPECT_EQ(server_->RequestCount("GET", "pods"), 1);
+  EXPECT_EQ(server_->RequestCount("", "secrets"), 0);
+}
+
+// ---- core/v1 Secret ---------------------------------------------------------
+
+constexpr char kSecrets[] = "/api/v1/namespaces/default/secrets";
+
+TEST_F(FakeApiServer, SecretStringDataIsMergedIntoDataAndTypeDefaultsToOpaque) {
+  Resp r = Post(kSecrets, {{"apiVersion", "v1"},
+                           {"kind", "Secret"},
+                           {"metadata", {{"name", "s"}}},
+                           {"data", {{"a", "YWFh"}, {"b", "YmJi"}}},  // "aaa", "bbb"
+                           {"stringData", {{"b", "over"}, {"c", "ccc"}}}});
+  ASSERT_EQ(r.code, 201) << r.body;
+  EXPECT_FALSE(r.body.contains("stringData")) << "stringData is write-only";
+  EXPECT_EQ(r.body["data"], json({{"a", "YWFh"}, {"b", "b3Zlcg=="}, {"c", "Y2Nj"}}));
+  EXPECT_EQ(r.body["type"], "Opaque");
+  EXPECT_EQ(Get(std::string(kSecrets) + "/s").body["data"], r.body["data"]);
+}
+
+TEST_F(FakeApiServer, SecretDataMustBeBase64WithValidKeysAndFitOneMebibyte) {
+  auto secret = [](json data) {
+    return json{{"apiVersion", "v1"}, {"kind", "Secret"}, {"metadata", {{"name", "s"}}}, {"data", data}};
+  };
+  Resp r = Post(kSecrets, secret({{"k", "not base64!"}}));
+  ExpectStatus(r, 400, "BadRequest");
+  EXPECT_EQ(r.body["message"], "json: illegal base64 data in Secret.data[k]");
+  EXPECT_EQ(r.body["message"].get<std::string>().find("not base64"), std::string::npos) << "never echoes the value";
+  r = Post(kSecrets, secret({{"k", 12}}));
+  ExpectStatus(r, 400, "BadRequest");
+  r = Post(kSecrets, secret({{"bad key", "YQ=="}}));
+  ExpectStatus(r, 422, "Invalid");
+  EXPECT_NE(r.body["message"].get<std::string>().find("data[bad key]: Invalid value"), std::string::npos) << r.body;
+  r = Post(kSecrets, secret({{"big", meshload::Base64Encode(std::string((1 << 20) + 1, 'x'))}}));
+  ExpectStatus(r, 422, "Invalid");
+  EXPECT_NE(r.body["message"].get<std::string>().find("data: Too long"), std::string::npos) << r.body;
+  EXPECT_EQ(Get(kSecrets).body["items"].size(), 0u) << "nothing was stored";
+  EXPECT_EQ(Post(kSecrets, secret({{"k", meshload::Base64Encode(std::string(1 << 20, 'x'))}})).code, 201);
+}
+
+TEST_F(FakeApiServer, AnImmutableSecretKeepsItsDataAndTypeNeverChanges) {
+  json s = Post(kSecrets, {{"apiVersion", "v1"},
+                           {"kind", "Secret"},
+                           {"metadata", {{"name", "s"}, {"labels", {{"a", "1"}}}}},
+                           {"type", "Opaque"},
+                           {"immutable", true},
+                           {"data", {{"k", "YQ=="}}}})
+               .body;
+  ASSERT_EQ(s["immutable"], true) << s;
+  const std::string path = std::string(kSecrets) + "/s";
+  json changed = s;
+  changed["data"]["k"] = "Yg==";
+  Resp r = Put(path, changed);
+  ExpectStatus(r, 422, "Invalid");
+  EXPECT_NE(r.body["message"].get<std::string>().find("data: Forbidden: field is immutable"), std::string::npos);
+  r = MergePatch(path, {{"stringData", {{"k", "b"}}}});
+  ExpectStatus(r, 422, "Invalid");
+  r = MergePatch(path, {{"immutable", false}});
+  ExpectStatus(r, 422, "Invalid");
+  EXPECT_NE(r.body["message"].get<std::string>().find("immutable: Forbidden"), std::string::npos);
+  r = MergePatch(path, {{"type", "kubernetes.io/tls"}});
+  ExpectStatus(r, 422, "Invalid");
+  EXPECT_NE(r.body["message"].get<std::string>().find("type: Invalid value"), std::string::npos);
+  // Metadata may still change.
+  r = MergePatch(path, {{"metadata", {{"labels", {{"a", "2"}}}}}});
+  ASSERT_EQ(r.code, 200) << r.body;
+  EXPECT_EQ(r.body["data"], json({{"k", "YQ=="}}));
+  EXPECT_EQ(r.body["metadata"]["labels"]["a"], "2");
+  // A mutable one may change its data.
+  json m = Post(kSecrets, {{"apiVersion", "v1"}, {"kind", "Secret"}, {"metadata", {{"name", "m"}}},
+                           {"data", {{"k", "YQ=="}}}})
+               .body;
+  r = MergePatch(std::string(kSecrets) + "/m", {{"stringData", {{"k", "b"}}}});
+  ASSERT_EQ(r.code, 200) << r.body;
+  EXPECT_EQ(r.body["data"], json({{"k", "Yg=="}}));
 }
 
 TEST_F(FakeApiServer, SetLatencyDelaysRequests) {
