@@ -34,22 +34,18 @@ CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo 
 cmake --build build-fuzz -j "$JOBS" --target npy_header_fuzz protocol_fuzz
 (cd build-fuzz && ctest --output-on-failure -R '^fuzz\.')
 
-step "ThreadSanitizer build (sidecar, sources, metrics, GPU staging, controller events)"
+step "ThreadSanitizer build (sidecar, sources, metrics, GPU staging, controller)"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHLOAD_TSAN=ON \
   -DMESHLOAD_BUILD_BENCHMARKS=OFF
 cmake --build build-tsan -j "$JOBS" --target sidecar_test source_test metrics_test meshload-sidecar \
   gpu_staging_tests controller_test
-# Of the controller's tests, the event recorder's (its queue and writer
-# thread). The others stop their informers' watches with cpp-httplib's
-# stop(), where TSan reports "unlock of an unlocked mutex" in
-# KubeClient::CancelWatch: the lock is taken inside the uninstrumented
-# library, which tests/tsan.supp tells TSan to ignore, and the unlock is
-# seen (likely a false positive of that suppression; not proven).
+# The controller's tests run too (informers, watches, leader election, the
+# work queue, the event recorder).
 # Left out: a test that counts the process's threads (TSan adds one) and one
 # whose 150 ms timeout is too tight under TSan's slowdown.
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" \
   ctest --output-on-failure -j "$JOBS" \
-    -R '^(Sidecar|SidecarProcess|PeerExchange|StepLoader|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|SourceRegistry|Metrics|HealthServer|DeviceStaging|EventRecorder)' \
+    -R '^(Sidecar|SidecarProcess|PeerExchange|StepLoader|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|SourceRegistry|Metrics|HealthServer|DeviceStaging|EventRecorder|ControllerTest|ControllerFaults|ControllerMetrics|KubeClient|KubeConfig|Informer|WorkQueue|LeaderElection)' \
     -E 'StopJoinsEveryThreadTheServerStarted|SlowResponseIsRetriedAsTimeout')
 
 step "all configurations passed"
