@@ -22,8 +22,11 @@ namespace meshload::client {
 
 using Clock = std::chrono::steady_clock;
 
-/// One connection to the sidecar; shared by the client and its leases so a
-/// lease outliving a reconnect releases nothing on the new connection.
+/// One connection to the sidecar; shared by the client and its leases. When
+/// the client leaves it (a reconnect, Close(), an error), it says BYE with
+/// the leases still held: the sidecar keeps those slots lent, so the bytes of
+/// batches the trainer still holds never change, and their RELEASEs still go
+/// on this connection, which stays open until its last lease is gone.
 class Connection {
  public:
   explicit Connection(UniqueFd fd) : fd_(std::move(fd)) {}
@@ -34,8 +37,29 @@ class Connection {
     }
     queue_cv_.notify_all();
     if (releaser_.joinable()) releaser_.join();  // it finishes what is queued
+    Close();
   }
   int fd() const { return fd_.get(); }
+
+  // A batch handed to the trainer on this connection.
+  void AddHeld(uint32_t slot, int64_t step) {
+    std::lock_guard lock(mu_);
+    held_.push_back({slot, step});
+  }
+
+  // The client leaves this connection but not the batches it holds: BYE
+  // lists them (the sidecar takes the other slots back, READYs never handed
+  // out included). Their RELEASEs still come here. Idempotent.
+  void Leave() {
+    std::lock_guard lock(mu_);
+    if (left_ || closed_) return;
+    left_ = true;
+    ipc::Bye bye;
+    for (const auto& h : held_) {
+      if (bye.held.size() < ipc::kMaxByeLeases) bye.held.push_back(h);
+    }
+    (void)ipc::SendMessage(fd_.get(), ipc::Encode(bye));  // a sidecar that is gone needs none
+  }
 
   // A GPU batch whose trainer streams may still read it: the slot goes back
   // (RELEASE) once the fences have passed, from the releaser thread, so the
@@ -63,6 +87,8 @@ class Connection {
 
   void SendRelease(uint32_t slot, int64_t step, uint64_t wait_ns) {
     std::lock_guard lock(mu_);
+    auto it = std::find(held_.begin(), held_.end(), ipc::Bye::Held{slot, step});
+    if (it != held_.end()) held_.erase(it);
     if (closed_) return;  // the sidecar reclaimed it when we went away
     (void)ipc::SendMessage(fd_.get(), ipc::Encode(ipc::Release{slot, step, wait_ns}));
   }
@@ -115,22 +141,24 @@ class Connection {
     }
   }
 
-  // Says goodbye cleanly: EOF after the RELEASEs already sent, then reads
-  // what the sidecar still had in flight until it closes (at most 200 ms).
-  // Closing with unread messages would make the kernel reset the
-  // connection, and the sidecar could lose the last RELEASEs.
+  // Says goodbye cleanly, once no lease needs the connection: EOF after the
+  // RELEASEs already sent, then reads what the sidecar still had in flight
+  // until it closes (at most 200 ms; not at all after a BYE, which the
+  // sidecar answers with nothing). Closing with unread messages would make
+  // the kernel reset the connection, and the sidecar could lose the last
+  // RELEASEs.
   void Close() {
     std::lock_guard lock(mu_);
     if (closed_) return;
     closed_ = true;
     ::shutdown(fd_.get(), SHUT_WR);
-    const auto deadline = Clock::now() + std::chrono::milliseconds(200);
+    const auto deadline = Clock::now() + std::chrono::milliseconds(left_ ? 0 : 200);
     char buf[512];
-    while (Clock::now() < deadline) {
+    do {
       pollfd p{fd_.get(), POLLIN, 0};
-      if (::poll(&p, 1, 20) <= 0) continue;
+      if (::poll(&p, 1, left_ ? 0 : 20) <= 0) continue;
       if (::recv(fd_.get(), buf, sizeof buf, MSG_DONTWAIT) <= 0) break;  // EOF or error: done
-    }
+    } while (Clock::now() < deadline);
     ::shutdown(fd_.get(), SHUT_RDWR);
   }
 
@@ -138,6 +166,8 @@ class Connection {
   std::mutex mu_;
   UniqueFd fd_;
   bool closed_ = false;
+  bool left_ = false;                   // BYE sent
+  std::vector<ipc::Bye::Held> held_;    // leases handed out and not released
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::deque<Pending> queue_;
@@ -316,7 +346,9 @@ Result<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 Client::~Client() { Close(); }
 
 void Client::Close() {
-  if (conn_) conn_->Close();
+  // Batches still held keep the connection (and their slots) until they
+  // are released; without any, it closes now.
+  if (conn_) conn_->Leave();
   conn_.reset();
 }
 
@@ -372,7 +404,7 @@ Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> d
   if (!mapped.ok()) return mapped.status().WithLocationPrefix(options_.socket_path);
   auto mapping = std::move(*mapped);
   // The descriptors are no longer needed once mapped; UniqueFd closes them.
-  if (conn_) conn_->Close();
+  if (conn_) conn_->Leave();
   conn_ = std::make_shared<Connection>(std::move(fd));
   mapping_ = std::move(mapping);
   hello_ = *sh;
@@ -402,7 +434,7 @@ Status Client::Interrupted() const {
 }
 
 Status Client::Reconnect(const Status& why, std::optional<Clock::time_point> deadline) {
-  if (conn_) conn_->Close();
+  if (conn_) conn_->Leave();
   conn_.reset();
   std::mt19937_64 rng(static_cast<uint64_t>(::getpid()) ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
   Status last = why;
@@ -453,6 +485,7 @@ Result<Batch> Client::MakeBatch(const ipc::Ready& r, uint64_t wait_ns) {
   b.step = r.step;
   b.wait_seconds = static_cast<double>(wait_ns) / 1e9;
   b.lease = std::make_shared<Lease>(conn_, mapping_, r.slot, r.step, wait_ns);
+  conn_->AddHeld(r.slot, r.step);
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const ipc::TensorReady& t = r.tensors[i];
     // The tensor must be a compact C-order array inside its slot: the

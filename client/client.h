@@ -14,12 +14,13 @@
 /// last reference dies, from whatever thread that happens on (Python's
 /// garbage collector, a framework's DLPack deleter). The mapping a tensor
 /// points into stays mapped while its lease lives, even across reconnects,
-/// so reading it never faults. But once the connection is gone (Close(), or
-/// a lost connection before a reconnect), a *running* sidecar takes its
-/// slots back and refills them: the bytes of batches still held from the old
-/// connection may change. Finish with a batch before closing; after a
-/// reconnect, use only the batches Next() returns from then on. (A
-/// restarted sidecar has a new pool; the old bytes then stay as they were.)
+/// so reading it never faults, and its bytes never change: when the client
+/// leaves a connection (Close(), a reconnect, an error) it tells the sidecar
+/// which batches it still holds (BYE), the sidecar keeps those slots lent,
+/// and their RELEASEs still go on the old connection, which stays open
+/// until the last of them. (A restarted sidecar has a new pool; nobody
+/// writes the old one any more.) Held batches keep their slots, so holding
+/// many across a reconnect leaves fewer to stage into, as it always does.
 ///
 /// When the sidecar goes away (a crash, or a stop announced with ERROR
 /// "shutting down"), Next() reconnects with bounded exponential backoff and
@@ -37,9 +38,9 @@
 ///
 /// Everything the sidecar sends is checked before it is trusted: a tensor
 /// outside its slot, a slot outside the pool, a step out of order are
-/// protocol errors, never out-of-bounds reads. After one, Next() closes the
-/// connection (the sidecar takes the slots back) and the next call
-/// reconnects at the step it has not returned.
+/// protocol errors, never out-of-bounds reads. After one, Next() leaves the
+/// connection (the sidecar takes back the slots of batches not handed out)
+/// and the next call reconnects at the step it has not returned.
 ///
 /// Signals: a signal whose handler is installed without SA_RESTART (every
 /// Python handler) interrupts Next() with kCancelled wherever it waits: for
@@ -141,8 +142,8 @@ class Client {
   /// sidecar reported.
   Result<Batch> Next(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
-  /// Closes the connection; leases still alive release nothing (the sidecar
-  /// reclaims them) but their memory stays mapped until they die.
+  /// Leaves the connection (BYE with the leases still alive, which keep
+  /// their slots and bytes until they die and are released on it).
   void Close();
 
   const ipc::ServerHello& hello() const { return hello_; }

@@ -732,24 +732,96 @@ void Sidecar::AcceptClient() {
   pending_->uid = creds->uid;
 }
 
-void Sidecar::CloseLater(UniqueFd fd) {
-  ::shutdown(fd.get(), SHUT_WR);
-  if (closing_.size() >= 64) closing_.erase(closing_.begin());  // bounded: oldest closed now
-  closing_.push_back({std::move(fd), Clock::now() + std::chrono::seconds(1)});
+void Sidecar::CloseLater(UniqueFd fd, LeaseList leases, pid_t pid) {
+  // A connection that holds leases still receives RELEASEs: it keeps its
+  // write side until it closes.
+  if (leases.empty()) ::shutdown(fd.get(), SHUT_WR);
+  if (closing_.size() >= 64) {  // bounded: the oldest is closed now
+    ReclaimClosing(closing_.front(), "too many connections closing");
+    closing_.erase(closing_.begin());
+  }
+  closing_.push_back({std::move(fd), Clock::now() + std::chrono::seconds(1), std::move(leases), pid});
+}
+
+void Sidecar::ReclaimClosing(Closing& c, const char* why, const LeaseList* only) {
+  uint32_t reclaimed = 0;
+  std::erase_if(c.leases, [&](const auto& l) {
+    if (only != nullptr && std::find(only->begin(), only->end(), l) == only->end()) return false;
+    reclaimed += pool_->Release(l.first, l.second) ? 1 : 0;
+    return true;
+  });
+  if (reclaimed > 0) {
+    metrics_->leases_reclaimed.Increment(reclaimed);
+    LogInfo("leases of a former trainer connection reclaimed",
+            {{"pid", static_cast<int64_t>(c.pid)},
+             {"reason", why},
+             {"leases_reclaimed", static_cast<uint64_t>(reclaimed)},
+             {"leases_kept", static_cast<uint64_t>(c.leases.size())}});
+  }
+}
+
+bool Sidecar::ServeClosingMessages(Closing& c) {
+  if (c.leases.empty()) {
+    char buf[256];
+    while (true) {
+      const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
+      if (n < 0) return true;
+    }
+  }
+  // The trainer may still release the batches it held: every message
+  // queued is read now (a closing connection gets no ERROR back; anything
+  // but a RELEASE of one of its leases, or a BYE, is ignored).
+  for (int i = 0; i < 256; ++i) {
+    pollfd p{c.fd.get(), POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) return true;
+    auto msg = ipc::ReceiveMessage(c.fd.get(), ipc::kMaxMessageBytes);
+    if (!msg.ok()) {
+      if (msg.status().code() == StatusCode::kUnavailable) return false;  // EOF or reset
+      continue;
+    }
+    auto decoded = ipc::Decode(msg->bytes);
+    if (!decoded.ok()) continue;
+    if (const auto* rel = std::get_if<ipc::Release>(&*decoded)) {
+      auto it = std::find(c.leases.begin(), c.leases.end(), std::make_pair(rel->slot, rel->step));
+      if (it == c.leases.end()) continue;
+      c.leases.erase(it);
+      if (pool_->Release(rel->slot, rel->step)) metrics_->batches_consumed.Increment();
+    } else if (const auto* bye = std::get_if<ipc::Bye>(&*decoded)) {
+      // After an ERROR: the trainer says which batches it still holds; the
+      // others (READYs it never handed out) come back now.
+      LeaseList unheld;
+      for (const auto& l : c.leases) {
+        if (std::find(bye->held.begin(), bye->held.end(), ipc::Bye::Held{l.first, l.second}) == bye->held.end()) {
+          unheld.push_back(l);
+        }
+      }
+      ReclaimClosing(c, "BYE: batches the trainer never received", &unheld);
+    }
+    if (c.leases.empty()) {
+      ::shutdown(c.fd.get(), SHUT_WR);
+      c.deadline = Clock::now() + std::chrono::seconds(1);
+      return true;
+    }
+  }
+  return true;
 }
 
 void Sidecar::ServeClosing(const pollfd* fds, size_t count) {
   // Matched by descriptor, not position: CloseLater may have changed the
   // list since the poll set was built.
-  const auto now = Clock::now();
   std::vector<int> done;
   for (size_t i = 0; i < count; ++i) {
     if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL))) continue;
-    char buf[256];
-    if (::recv(fds[i].fd, buf, sizeof buf, MSG_DONTWAIT) <= 0) done.push_back(fds[i].fd);
+    for (Closing& c : closing_) {
+      if (c.fd.get() == fds[i].fd && !ServeClosingMessages(c)) done.push_back(fds[i].fd);
+    }
   }
-  std::erase_if(closing_, [&](const Closing& c) {
-    return now > c.deadline || std::find(done.begin(), done.end(), c.fd.get()) != done.end();
+  const auto now = Clock::now();
+  std::erase_if(closing_, [&](Closing& c) {
+    const bool closed = std::find(done.begin(), done.end(), c.fd.get()) != done.end();
+    if (closed) ReclaimClosing(c, "the trainer closed it");
+    return closed || (c.leases.empty() && now > c.deadline);
   });
 }
 
@@ -850,26 +922,49 @@ void Sidecar::SendReadyBatchesLocked() {
   }
 }
 
-void Sidecar::DropClient(const std::string& why) {
+void Sidecar::DropClient(const std::string& why, bool keep_leases, const LeaseList* keep) {
   ClientLock lock(*this);
   if (!client_) return;
-  const uint32_t reclaimed = pool_->ReclaimLeases();
+  // This connection's leases: every lease but those former connections keep.
+  LeaseList mine = pool_->LeasedSlots();
+  std::erase_if(mine, [&](const auto& l) {
+    for (const Closing& c : closing_) {
+      if (std::find(c.leases.begin(), c.leases.end(), l) != c.leases.end()) return true;
+    }
+    return false;
+  });
+  LeaseList kept;
+  uint32_t reclaimed = 0;
+  for (const auto& l : mine) {
+    const bool held = keep_leases && (keep == nullptr || std::find(keep->begin(), keep->end(), l) != keep->end());
+    if (held) {
+      kept.push_back(l);
+    } else {
+      reclaimed += pool_->Release(l.first, l.second) ? 1 : 0;
+    }
+  }
   metrics_->leases_reclaimed.Increment(reclaimed);
   metrics_->clients.Set(0);
   LogInfo("trainer disconnected", {{"pid", static_cast<int64_t>(client_->pid)},
                                    {"reason", why},
                                    {"leases_reclaimed", static_cast<uint64_t>(reclaimed)},
+                                   {"leases_kept", static_cast<uint64_t>(kept.size())},
                                    {"next_step", client_->next_to_send}});
-  // Drained before closing, so an ERROR just sent is not lost to a reset.
-  CloseLater(std::move(client_->fd));
+  // Drained before closing, so an ERROR just sent is not lost to a reset;
+  // batches the trainer still holds stay lent until it releases or closes.
+  CloseLater(std::move(client_->fd), std::move(kept), client_->pid);
   client_.reset();
 }
 
 void Sidecar::ServeClientMessage() {
   auto msg = ipc::ReceiveMessage(client_->fd.get(), ipc::kMaxMessageBytes);
   if (!msg.ok()) {
-    if (msg.status().code() != StatusCode::kUnavailable) metrics_->Error("protocol");
-    DropClient(msg.status().ToString());
+    // End of file or a reset: the trainer is gone, its leases come back.
+    // Anything else (an oversized datagram) leaves a trainer that may
+    // still hold batches: they stay lent until it closes.
+    const bool gone = msg.status().code() == StatusCode::kUnavailable;
+    if (!gone) metrics_->Error("protocol");
+    DropClient(msg.status().ToString(), /*keep_leases=*/!gone);
     return;
   }
   auto decoded = ipc::Decode(msg->bytes);
@@ -877,7 +972,13 @@ void Sidecar::ServeClientMessage() {
     metrics_->Error("protocol");
     (void)ipc::SendTo(client_->fd.get(),
                            ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kBadRequest, decoded.status().ToString()}));
-    DropClient("malformed message: " + decoded.status().ToString());
+    DropClient("malformed message: " + decoded.status().ToString(), /*keep_leases=*/true);
+    return;
+  }
+  if (const auto* bye = std::get_if<ipc::Bye>(&*decoded)) {
+    LeaseList keep;
+    for (const auto& h : bye->held) keep.emplace_back(h.slot, h.step);
+    DropClient("the trainer left the connection (BYE)", /*keep_leases=*/true, &keep);
     return;
   }
   if (const auto* rel = std::get_if<ipc::Release>(&*decoded)) {
@@ -888,7 +989,7 @@ void Sidecar::ServeClientMessage() {
                                                            "RELEASE of slot " + std::to_string(rel->slot) +
                                                                " step " + std::to_string(rel->step) +
                                                                ", which this connection does not lease"}));
-      DropClient("bad RELEASE");
+      DropClient("bad RELEASE", /*keep_leases=*/true);
       return;
     }
     metrics_->batches_consumed.Increment();
@@ -899,7 +1000,7 @@ void Sidecar::ServeClientMessage() {
     return;
   }
   metrics_->Error("protocol");
-  DropClient("unexpected message after the handshake");
+  DropClient("unexpected message after the handshake", /*keep_leases=*/true);
 }
 
 void Sidecar::Watchdog() {
@@ -975,7 +1076,7 @@ int Sidecar::Run() {
       if (client_) {
         (void)ipc::SendTo(client_->fd.get(),
                                ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kDataError, fatal_message_}));
-        DropClient("staging failed");
+        DropClient("staging failed", /*keep_leases=*/true);
       }
       if (pending_) {  // accepted before the failure, hello not yet read
         (void)ipc::SendTo(pending_->fd.get(),
@@ -986,7 +1087,8 @@ int Sidecar::Run() {
       failure_reported_ = true;
     }
     if (!closing_.empty()) ServeClosing(fds + closing_i, n - closing_i);
-    if (rc > 0 && (fds[1].revents & POLLIN)) AcceptClient();
+    // The trainer's messages before new connections: a BYE and the same
+    // trainer's next connection may arrive in one wake-up.
     if (client_i >= 0 && client_ && (fds[client_i].revents & (POLLIN | POLLHUP | POLLERR))) {
       // Every message already queued is served in this wake-up (RELEASEs
       // pile up while the producers keep the cores busy).
@@ -997,6 +1099,7 @@ int Sidecar::Run() {
         ServeClientMessage();
       }
     }
+    if (rc > 0 && (fds[1].revents & POLLIN)) AcceptClient();
     if (ready_pending_.load()) DeliverReady();
     if (pending_i >= 0 && pending_ && (fds[pending_i].revents & (POLLIN | POLLHUP | POLLERR))) {
       auto msg = ipc::ReceiveMessage(pending_->fd.get(), ipc::kMaxMessageBytes);
@@ -1039,7 +1142,7 @@ int Sidecar::Run() {
       LogWarn("dropped a trainer connection: no CLIENT_HELLO in time", {{"pid", static_cast<int64_t>(pending_->pid)}});
       pending_.reset();
     }
-    if (client_ && client_->broken) DropClient("sending READY failed");
+    if (client_ && client_->broken) DropClient("sending READY failed", /*keep_leases=*/true);
     if (Clock::now() - last_watchdog > std::chrono::milliseconds(500)) {
       Watchdog();
       last_watchdog = Clock::now();

@@ -147,7 +147,13 @@ class Sidecar {
     Sidecar& s_;
     std::unique_lock<std::mutex> lock_;
   };
-  void DropClient(const std::string& why);
+  // Ends the connection of the trainer. With `keep_leases` (the sidecar
+  // drops a trainer that may still hold batches: after an ERROR, or a BYE
+  // listing them), the connection's leases in `keep` (all of them when
+  // null) stay lent until released on it or until it closes; the others are
+  // taken back at once.
+  using LeaseList = std::vector<std::pair<uint32_t, int64_t>>;
+  void DropClient(const std::string& why, bool keep_leases = false, const LeaseList* keep = nullptr);
   // Where local device i's tensor starts: in the host slot, or at the start
   // of its own device allocation.
   uint64_t TensorOffset(size_t i) const { return device_ ? 0 : layout_.devices[i].offset; }
@@ -182,16 +188,27 @@ class Sidecar {
   std::unique_ptr<Client> client_;
   std::unique_ptr<Client> pending_;  // connected, no CLIENT_HELLO yet
   std::atomic<bool> ready_pending_{false};  // a READY may be due; whoever holds client_mu_ sends it
-  // Refused connections: their ERROR is sent, but closing at once with the
-  // trainer's hello unread would reset the connection and lose the ERROR.
-  // They are drained and closed on EOF or after a second.
+  // Connections being closed. Refused ones: their ERROR is sent, but
+  // closing at once with the trainer's hello unread would reset the
+  // connection and lose the ERROR; they are drained and closed on EOF or
+  // after a second. A trainer's former connection may also hold leases
+  // (batches it still uses after a BYE, or after the sidecar dropped it):
+  // those stay lent until a RELEASE on it, a BYE on it that does not list
+  // them, or its EOF, with no deadline while any is left.
   struct Closing {
     UniqueFd fd;
     std::chrono::steady_clock::time_point deadline;
+    LeaseList leases;
+    pid_t pid = 0;
   };
   std::vector<Closing> closing_;
-  void CloseLater(UniqueFd fd);
+  void CloseLater(UniqueFd fd, LeaseList leases = {}, pid_t pid = 0);
   void ServeClosing(const ::pollfd* fds, size_t count);
+  // Reads what a closing connection sent; false once it is closed (EOF or error).
+  bool ServeClosingMessages(Closing& c);
+  // Takes back the leases of a closing connection (those in `only`, when
+  // given): it closed, was evicted, or said it does not hold them.
+  void ReclaimClosing(Closing& c, const char* why, const LeaseList* only = nullptr);
 
   // Producer state, guarded by producer_mu_.
   std::mutex producer_mu_;

@@ -516,8 +516,8 @@ PYBIND11_MODULE(_meshload, m) {
            "it "
            "does not come back.")
       .def("close", &Client::Close,
-           "Closes the connection. The sidecar reclaims every slot: live batches stay mapped "
-           "but their contents may be restaged; finish with them first.")
+           "Closes the connection. The sidecar takes back every slot but those of batches still "
+           "alive, which keep their bytes until they are dropped.")
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", [](Client& c) { return c.Next(std::nullopt); })
       .def("__enter__", [](py::object self) { return self; })

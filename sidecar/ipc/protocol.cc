@@ -193,6 +193,7 @@ std::string_view MessageTypeName(MessageType t) {
     case MessageType::kReady: return "READY";
     case MessageType::kRelease: return "RELEASE";
     case MessageType::kError: return "ERROR";
+    case MessageType::kBye: return "BYE";
   }
   return "UNKNOWN";
 }
@@ -264,6 +265,14 @@ std::string Encode(const Message& m) {
     w.I64(rl->step);
     w.U64(rl->wait_ns);
     return w.Finish(MessageType::kRelease);
+  }
+  if (const auto* bye = std::get_if<Bye>(&m)) {
+    w.U32(static_cast<uint32_t>(bye->held.size()));
+    for (const auto& h : bye->held) {
+      w.U32(h.slot);
+      w.I64(h.step);
+    }
+    return w.Finish(MessageType::kBye);
   }
   const auto& er = std::get<ErrorMessage>(m);
   w.U32(static_cast<uint32_t>(er.code));
@@ -409,6 +418,20 @@ Result<Message> Decode(std::string_view bytes) {
       m.wait_ns = r.U64();
       RETURN_IF_ERROR(r.Finish());
       return Message(m);
+    }
+    case MessageType::kBye: {
+      Bye m;
+      const uint32_t n = r.Count("held leases", kMaxByeLeases);
+      for (uint32_t i = 0; i < n && r.ok(); ++i) {
+        const size_t at = r.pos();
+        Bye::Held h;
+        h.slot = r.U32();
+        h.step = r.I64();
+        if (r.ok() && h.step < 0) r.Fail(at + 4, "negative step " + std::to_string(h.step));
+        m.held.push_back(h);
+      }
+      RETURN_IF_ERROR(r.Finish());
+      return Message(std::move(m));
     }
     case MessageType::kError: {
       ErrorMessage m;

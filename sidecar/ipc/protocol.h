@@ -51,6 +51,8 @@ inline constexpr size_t kMaxFds = 253;
 inline constexpr size_t kMaxIpcHandles = 512;
 inline constexpr size_t kIpcHandleBytes = 64;
 inline constexpr size_t kMaxString = 4096;
+// The most leases one BYE may list (the sidecar lends at most 128).
+inline constexpr size_t kMaxByeLeases = 128;
 
 enum class MessageType : uint16_t {
   kClientHello = 1,
@@ -58,6 +60,7 @@ enum class MessageType : uint16_t {
   kReady = 3,
   kRelease = 4,
   kError = 5,
+  kBye = 6,
 };
 
 /// Where slot memory lives.
@@ -152,7 +155,22 @@ struct ErrorMessage {
   std::string message;
 };
 
-using Message = std::variant<ClientHello, ServerHello, Ready, Release, ErrorMessage>;
+/// The trainer leaves this connection (it reconnects, or closes) but keeps
+/// the batches it still holds: the leases listed stay lent, and their
+/// RELEASEs still come on this connection; every other lease of the
+/// connection (a READY sent but never handed to the trainer) is taken back
+/// at once. The connection stays open until its last lease is released.
+struct Bye {
+  struct Held {
+    uint32_t slot = 0;
+    int64_t step = 0;
+    bool operator==(const Held&) const = default;
+    auto operator<=>(const Held&) const = default;
+  };
+  std::vector<Held> held;
+};
+
+using Message = std::variant<ClientHello, ServerHello, Ready, Release, ErrorMessage, Bye>;
 
 /// Encodes a message with its header.
 std::string Encode(const Message& m);

@@ -43,7 +43,9 @@ int64_t SlotPool::FirstPendingStep() const {
   std::lock_guard lock(mu_);
   int64_t first = next_fill_;
   for (const Slot& s : slots_) {
-    if (s.state != SlotState::kFree && s.generation == generation_) first = std::min(first, s.step);
+    if ((s.state == SlotState::kFilling || s.state == SlotState::kReady) && s.generation == generation_) {
+      first = std::min(first, s.step);
+    }
   }
   return first;
 }
@@ -92,17 +94,13 @@ bool SlotPool::Release(uint32_t slot, int64_t step) {
   return true;
 }
 
-uint32_t SlotPool::ReclaimLeases() {
+std::vector<std::pair<uint32_t, int64_t>> SlotPool::LeasedSlots() const {
   std::lock_guard lock(mu_);
-  uint32_t n = 0;
-  for (Slot& s : slots_) {
-    if (s.state == SlotState::kLeased) {
-      s = Slot{};
-      ++n;
-    }
+  std::vector<std::pair<uint32_t, int64_t>> out;
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].state == SlotState::kLeased) out.emplace_back(i, slots_[i].step);
   }
-  if (n) free_.notify_all();
-  return n;
+  return out;
 }
 
 uint64_t SlotPool::Reset(int64_t next_step) {

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace meshload::staging {
@@ -62,8 +63,9 @@ class SlotPool {
   std::optional<Fill> AcquireNextForFill(uint64_t generation, std::chrono::milliseconds timeout);
   /// The step AcquireNextForFill hands out next.
   int64_t next_fill_step() const;
-  /// The lowest step of the current generation in a filling, ready or
-  /// leased slot; next_fill_step() when there is none.
+  /// The lowest step of the current generation in a filling or ready slot
+  /// (leased ones are the trainer's: a reconnecting trainer may still hold
+  /// some); next_fill_step() when there is none.
   int64_t FirstPendingStep() const;
 
   /// The fill of `slot` finished. Ready for leasing if its generation is
@@ -77,8 +79,8 @@ class SlotPool {
   /// Returns a lease. False (and nothing changes) when `slot` is not leased
   /// or holds another step: a client bug or a stale RELEASE.
   bool Release(uint32_t slot, int64_t step);
-  /// Frees every leased slot (the client disconnected). Returns how many.
-  uint32_t ReclaimLeases();
+  /// Every leased slot and its step, by slot number.
+  std::vector<std::pair<uint32_t, int64_t>> LeasedSlots() const;
 
   /// Starts a new generation: ready slots are freed, slots being filled will
   /// be freed when done. Returns the new generation. With `next_step`,

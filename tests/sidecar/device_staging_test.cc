@@ -27,6 +27,7 @@
 #include "client/client.h"
 #include "common/cuda_driver.h"
 #include "sidecar/ipc/protocol.h"
+#include "sidecar/ipc/seqpacket.h"
 #include "sidecar/sidecar.h"
 #include "tests/planner/test_util.h"
 #include "tools/synthetic_dataset.h"
@@ -365,7 +366,7 @@ TEST(DeviceStaging, ReplicasOnGpusThatCannotReachEachOtherAreCopiedFromTheHostSl
   job.TakeSteps(8, *driver);
 }
 
-TEST(DeviceStaging, ATrainerThatDiesHoldingGpuSlotsHasThemReclaimedAndReconnectsToTheSameBytes) {
+TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed) {
   REQUIRE_TWO_GPUS();
   GpuJob job;
   auto s = job.Start(job.Options());
@@ -387,7 +388,26 @@ TEST(DeviceStaging, ATrainerThatDiesHoldingGpuSlotsHasThemReclaimedAndReconnects
       held.push_back(std::move(*b));  // every slot leased ...
     }
     EXPECT_EQ(c->Next(milliseconds(300)).status().code(), StatusCode::kDeadlineExceeded);  // ... so nothing more
-    c->Close();  // ... and the trainer goes away without releasing
+    c->Close();  // BYE: the trainer still holds all three, which stay lent
+    std::this_thread::sleep_for(milliseconds(200));
+    EXPECT_EQ(metric("meshload_leases_reclaimed_total"), 0);
+  }  // dropped: their RELEASEs go on the old connection once the fences pass
+  for (int i = 0; i < 500 && metric("meshload_batches_consumed_total") < 3; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(metric("meshload_batches_consumed_total"), 3);
+  {
+    // A trainer that dies holding every slot: its socket closes with no BYE
+    // and no RELEASE.
+    auto fd = ipc::ConnectSeqpacket(job.socket_);
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    ASSERT_TRUE(ipc::SendMessage(fd->get(), ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, 3})).ok());
+    ASSERT_TRUE(ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes).ok());  // SERVER_HELLO
+    for (int i = 0; i < 3; ++i) {
+      auto r = ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ASSERT_TRUE(std::holds_alternative<ipc::Ready>(ipc::Decode(r->bytes).value()));
+    }
   }
   for (int i = 0; i < 200 && metric("meshload_leases_reclaimed_total") < 3; ++i) std::this_thread::sleep_for(milliseconds(10));
   EXPECT_EQ(metric("meshload_leases_reclaimed_total"), 3);

@@ -25,7 +25,8 @@ ServerHello SampleHello() {
 TEST(Protocol, EveryMessageRoundTrips) {
   std::vector<Message> msgs = {ClientHello{kProtocolVersion, 4242, 17}, SampleHello(),
                                Ready{17, 2, {{0, 1, 8, {4, 256}, {256, 1}, 0xABCD}}},
-                               Release{2, 17, 12345}, ErrorMessage{ErrorCode::kBusy, "another trainer"}};
+                               Release{2, 17, 12345}, ErrorMessage{ErrorCode::kBusy, "another trainer"},
+                               Bye{}, Bye{{{2, 17}, {0, 18}}}};
   for (const Message& m : msgs) {
     std::string bytes = Encode(m);
     auto back = Decode(bytes);
@@ -41,8 +42,27 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_EQ(std::get<Release>(*Decode(Encode(Release{2, 17, 12345}))).wait_ns, 12345u);
 }
 
+TEST(Protocol, ByeListsTheLeasesStillHeldWithinLimits) {
+  auto back = Decode(Encode(Bye{{{2, 17}, {0, 18}}}));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(std::get<Bye>(*back).held, (std::vector<Bye::Held>{{2, 17}, {0, 18}}));
+  EXPECT_EQ(MessageTypeName(MessageType::kBye), "BYE");
+  Bye many;
+  many.held.resize(kMaxByeLeases + 1);
+  auto r = Decode(Encode(many));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().location(), "@12");
+  EXPECT_NE(r.status().message().find("held leases: 129 entries exceed the limit of 128"), std::string::npos)
+      << r.status().ToString();
+  r = Decode(Encode(Bye{{{1, -5}}}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().location(), "@20");
+  EXPECT_NE(r.status().message().find("negative step -5"), std::string::npos) << r.status().ToString();
+}
+
 TEST(Protocol, EveryTruncationIsAnErrorWithAnOffset) {
-  for (const Message& m : std::vector<Message>{SampleHello(), Ready{1, 0, {{0, 2, 32, {2, 3}, {3, 1}, 7}}}}) {
+  for (const Message& m :
+       std::vector<Message>{SampleHello(), Ready{1, 0, {{0, 2, 32, {2, 3}, {3, 1}, 7}}}, Bye{{{1, 2}, {3, 4}}}}) {
     const std::string bytes = Encode(m);
     for (size_t n = 0; n < bytes.size(); ++n) {
       auto r = Decode(std::string_view(bytes).substr(0, n));

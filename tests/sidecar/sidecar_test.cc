@@ -165,22 +165,79 @@ TEST(Sidecar, ServesConsecutiveStepsWithThePlannedBytes) {
   EXPECT_EQ(h.Metric("meshload_clients_connected"), 1);
 }
 
+// A trainer speaking the protocol by hand: what a process that dies (its
+// socket closes with no BYE and no RELEASE), or that misbehaves, looks like.
+class RawTrainer {
+ public:
+  explicit RawTrainer(const std::string& socket, int64_t want_step = 0) {
+    auto fd = ipc::ConnectSeqpacket(socket);
+    EXPECT_TRUE(fd.ok()) << fd.status().ToString();
+    if (!fd.ok()) return;
+    fd_ = std::move(*fd);
+    EXPECT_TRUE(ipc::SendMessage(fd_.get(), ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, want_step})).ok());
+    auto got = ipc::ReceiveMessage(fd_.get(), ipc::kMaxMessageBytes);
+    EXPECT_TRUE(got.ok() && got->fds.size() == 1) << got.status().ToString();
+    if (!got.ok() || got->fds.size() != 1) return;
+    hello_ = std::get<ipc::ServerHello>(ipc::Decode(got->bytes).value());
+    void* p = ::mmap(nullptr, hello_.pool_bytes, PROT_READ, MAP_SHARED, got->fds[0].get(), 0);
+    EXPECT_NE(p, MAP_FAILED);
+    base_ = static_cast<const char*>(p);
+  }
+  ~RawTrainer() {
+    if (base_) ::munmap(const_cast<char*>(base_), hello_.pool_bytes);
+  }
+  // The next READY (a lease), or nullopt.
+  std::optional<ipc::Ready> NextReady() {
+    auto got = ipc::ReceiveMessage(fd_.get(), ipc::kMaxMessageBytes);
+    if (!got.ok()) return std::nullopt;
+    auto m = ipc::Decode(got->bytes);
+    if (!m.ok() || !std::holds_alternative<ipc::Ready>(*m)) return std::nullopt;
+    return std::get<ipc::Ready>(*m);
+  }
+  // The bytes of a leased batch, as the trainer sees them now.
+  std::string Bytes(const ipc::Ready& r) const {
+    std::string s;
+    for (size_t i = 0; i < r.tensors.size(); ++i) {
+      uint64_t n = r.tensors[i].dtype_bits / 8;
+      for (int64_t d : r.tensors[i].shape) n *= static_cast<uint64_t>(d);
+      s.append(base_ + r.slot * hello_.slot_bytes + r.tensors[i].offset, n);
+    }
+    return s;
+  }
+  void Send(const ipc::Message& m) { ASSERT_TRUE(ipc::SendMessage(fd_.get(), ipc::Encode(m)).ok()); }
+  void SendRaw(const std::string& bytes) { ASSERT_TRUE(ipc::SendMessage(fd_.get(), bytes).ok()); }
+  void Close() { fd_ = UniqueFd(); }
+  int fd() const { return fd_.get(); }
+
+ private:
+  UniqueFd fd_;
+  ipc::ServerHello hello_;
+  const char* base_ = nullptr;
+};
+
+// Polls the sidecar's metric until it reaches `want` (at most 5 s).
+bool MetricReaches(SidecarHarness& h, const std::string& series, double want) {
+  for (int i = 0; i < 500; ++i) {
+    if (h.Metric(series) >= want) return true;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return false;
+}
+
 TEST(Sidecar, AConsumerKilledHoldingLeasesIsReclaimedAndAReconnectGetsIdenticalBytes) {
   SidecarHarness h(/*prefetch=*/3);
   ASSERT_TRUE(h.Start().ok());
   std::vector<std::string> first_run;
   {
-    auto c = h.Connect();
-    std::vector<client::Batch> held;
-    for (int i = 0; i < 3; ++i) {
-      auto b = c->Next(milliseconds(5000));
-      ASSERT_TRUE(b.ok());
-      first_run.push_back(Bytes(*b));
-      held.push_back(std::move(*b));  // the trainer holds every slot ...
+    RawTrainer dying(h.options_.socket_path);
+    for (int i = 0; i < 3; ++i) {  // the trainer holds every slot ...
+      auto r = dying.NextReady();
+      ASSERT_TRUE(r);
+      first_run.push_back(dying.Bytes(*r));
     }
-    c->Close();  // ... and dies without releasing
+    dying.Close();  // ... and dies: its socket closes, with no BYE and no RELEASE
   }
-  for (int i = 0; i < 100 && h.Metric("meshload_leases_reclaimed_total") < 3; ++i) std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", 3));
   EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 3);
   auto c2 = h.Connect(/*start=*/1);
   for (int64_t step = 1; step < 3; ++step) {
@@ -189,6 +246,110 @@ TEST(Sidecar, AConsumerKilledHoldingLeasesIsReclaimedAndAReconnectGetsIdenticalB
     EXPECT_EQ(b->step, step);
     EXPECT_EQ(Bytes(*b), first_run[static_cast<size_t>(step)]);
   }
+}
+
+// The trainer closes its client (or reconnects) while it still holds two
+// batches: their slots stay lent, so their bytes never change while the next
+// connection streams on, and they go back when the trainer drops them.
+TEST(Sidecar, BatchesHeldAcrossACloseKeepTheirBytesUntilTheTrainerDropsThem) {
+  SidecarHarness h(/*prefetch=*/3);
+  ASSERT_TRUE(h.Start().ok());
+  auto c = h.Connect();
+  std::vector<client::Batch> held;
+  std::vector<std::string> bytes;
+  for (int i = 0; i < 2; ++i) {
+    auto b = c->Next(milliseconds(5000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    bytes.push_back(Bytes(*b));
+    held.push_back(std::move(*b));
+  }
+  c->Close();  // BYE: steps 0 and 1 are held; a READY not yet handed out (step 2) comes back
+  auto c2 = h.Connect(/*start=*/2);
+  for (int64_t step = 2; step < 40; ++step) {  // the one free slot goes round many times
+    auto b = c2->Next(milliseconds(5000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_EQ(b->step, step);
+    h.ExpectBatchIsPlanned(*b);
+    for (size_t i = 0; i < held.size(); ++i) ASSERT_EQ(Bytes(held[i]), bytes[i]) << "held step " << i << " changed";
+  }
+  for (const auto& b : held) h.ExpectBatchIsPlanned(b);
+  EXPECT_LE(h.Metric("meshload_leases_reclaimed_total"), 1) << "only a READY that was never handed out";
+  // Dropping them releases their slots on the old connection.
+  const double consumed = h.Metric("meshload_batches_consumed_total");
+  held.clear();
+  EXPECT_TRUE(MetricReaches(h, "meshload_batches_consumed_total", consumed + 2));
+  std::vector<client::Batch> three;  // all three slots serve the new connection again
+  for (int i = 0; i < 3; ++i) {
+    auto b = c2->Next(milliseconds(5000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    three.push_back(std::move(*b));
+  }
+}
+
+// The sidecar drops a trainer that sent something malformed, but the trainer
+// may still be using its batches: they stay lent until it says which it holds
+// (BYE), releases them on the old connection, or closes it.
+TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
+  SidecarHarness h(/*prefetch=*/3);
+  ASSERT_TRUE(h.Start().ok());
+  RawTrainer old(h.options_.socket_path);
+  std::vector<ipc::Ready> leases;
+  for (int i = 0; i < 3; ++i) {
+    auto r = old.NextReady();
+    ASSERT_TRUE(r);
+    leases.push_back(*r);
+  }
+  const std::string held_bytes = old.Bytes(leases[0]);
+  old.SendRaw("garbage!!garbage");  // ERROR, and the sidecar drops the connection
+  auto err = ipc::ReceiveMessage(old.fd(), ipc::kMaxMessageBytes);
+  ASSERT_TRUE(err.ok());
+  EXPECT_TRUE(std::holds_alternative<ipc::ErrorMessage>(ipc::Decode(err->bytes).value()));
+
+  // Every slot is still the old trainer's: the next connection gets nothing.
+  auto c = h.Connect(/*start=*/3);
+  auto none = c->Next(milliseconds(300));
+  EXPECT_EQ(none.status().code(), StatusCode::kDeadlineExceeded) << none.status().ToString();
+  EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 0);
+
+  // BYE: only step 0 is still held; the two others come back.
+  old.Send(ipc::Bye{{{leases[0].slot, leases[0].step}}});
+  EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", 2));
+  for (int64_t step = 3; step < 20; ++step) {
+    auto b = c->Next(milliseconds(5000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_EQ(b->step, step);
+    h.ExpectBatchIsPlanned(*b);
+    ASSERT_EQ(old.Bytes(leases[0]), held_bytes) << "a held batch changed under the old trainer";
+  }
+  // Its RELEASE on the old connection is taken; a RELEASE of a lease it
+  // gave up, and a second one, change nothing.
+  const double consumed = h.Metric("meshload_batches_consumed_total");
+  old.Send(ipc::Release{leases[1].slot, leases[1].step, 0});
+  old.Send(ipc::Release{leases[0].slot, leases[0].step, 0});
+  old.Send(ipc::Release{leases[0].slot, leases[0].step, 0});
+  EXPECT_TRUE(MetricReaches(h, "meshload_batches_consumed_total", consumed + 1));
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(h.Metric("meshload_batches_consumed_total"), consumed + 1);
+  EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 2);
+
+  // A trainer dropped while holding batches that then dies: they come back at its EOF.
+  c.reset();
+  RawTrainer second(h.options_.socket_path, 40);
+  std::vector<ipc::Ready> more;
+  for (int i = 0; i < 3; ++i) {
+    auto r = second.NextReady();
+    ASSERT_TRUE(r);
+    more.push_back(*r);
+  }
+  second.SendRaw("garbage!!garbage");
+  ASSERT_TRUE(ipc::ReceiveMessage(second.fd(), ipc::kMaxMessageBytes).ok());  // the ERROR
+  const double reclaimed = h.Metric("meshload_leases_reclaimed_total");
+  second.Close();
+  EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", reclaimed + 3));
+  auto c3 = h.Connect(/*start=*/43);
+  auto b = c3->Next(milliseconds(5000));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  h.ExpectBatchIsPlanned(*b);
 }
 
 TEST(Sidecar, ASlowConsumerKeepsMemoryBoundedAndIsReported) {
@@ -498,7 +659,8 @@ class FakeSidecar {
       (void)ipc::SendMessage(fd->get(), ipc::Encode(hello), {mem});
       ::close(mem);
       for (const auto& m : then) (void)ipc::SendMessage(fd->get(), ipc::Encode(m));
-      (void)ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes);  // until the client goes
+      while (ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes).ok()) {
+      }  // until the client closes (a BYE comes first)
       client_gone_ = true;
     });
   }

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <deque>
 #include <vector>
@@ -45,19 +47,26 @@ TEST(SlotPool, ReleaseChecksSlotAndStep) {
   EXPECT_FALSE(pool.Release(*s, 5));  // twice
 }
 
-TEST(SlotPool, ReclaimFreesEveryLeaseAndNothingElse) {
+TEST(SlotPool, LeasedSlotsListsEveryLeaseWithItsStepAndNothingElse) {
   SlotPool pool(3);
+  std::vector<uint32_t> slot_of;
   for (int64_t step = 0; step < 3; ++step) {
     auto s = pool.AcquireForFill(step, 0, milliseconds(10));
     pool.MarkReady(*s);
+    slot_of.push_back(*s);
   }
   pool.Lease(0);
-  pool.Lease(1);
-  EXPECT_EQ(pool.ReclaimLeases(), 2u);
+  pool.Lease(2);
+  const auto leased = pool.LeasedSlots();
+  auto want = std::vector<std::pair<uint32_t, int64_t>>{{slot_of[0], 0}, {slot_of[2], 2}};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(leased, want);
+  for (const auto& [slot, step] : leased) EXPECT_TRUE(pool.Release(slot, step));
   const SlotCounts c = pool.Counts();
   EXPECT_EQ(c.free, 2u);
   EXPECT_EQ(c.ready, 1u);
   EXPECT_EQ(c.leased, 0u);
+  EXPECT_TRUE(pool.LeasedSlots().empty());
 }
 
 TEST(SlotPool, ResetDropsReadySlotsAndStaleFills) {
@@ -119,7 +128,7 @@ TEST(SlotPool, NextFillHandsOutConsecutiveStepsFromTheFirstAndFromEachReset) {
   EXPECT_EQ(pool.FirstPendingStep(), 10);
   ASSERT_TRUE(pool.MarkReady(a->slot));
   ASSERT_TRUE(pool.Lease(10));
-  EXPECT_EQ(pool.FirstPendingStep(), 10);  // leased counts
+  EXPECT_EQ(pool.FirstPendingStep(), 11);  // a leased step is the trainer's
   const uint64_t gen = pool.Reset(/*next_step=*/100);
   EXPECT_FALSE(pool.AcquireNextForFill(0, milliseconds(10)));  // the old generation is refused
   EXPECT_EQ(pool.FirstPendingStep(), 100);  // the lease is of the old generation

@@ -18,9 +18,10 @@ Lifetime. A Batch, its Tensors, and every array made from them with
 last of them is gone. Holding ``prefetch`` batches (or arrays viewing them)
 stalls the sidecar until one is dropped; copy what must outlive the step.
 The arrays are writable views of memory the sidecar reuses after release.
-``close()`` (and leaving the ``with`` block) gives every slot back at once:
-batches still alive stay mapped, so reading them cannot fault, but the
-sidecar restages into their slots -- finish with them, or copy, first.
+``close()`` (and leaving the ``with`` block) gives back every slot but those
+of batches still alive: they keep their slots, bytes and mapping until they
+are dropped (the client tells the sidecar which it holds), so reading them
+after close() or a reconnect is safe.
 
 Errors. Iteration and ``Client.next()`` go on for ever. If the sidecar
 restarts, the client reconnects and resumes at the next step with identical
