@@ -110,7 +110,8 @@ struct DesiredStatus {
   std::string phase;
   int64_t processes_ready = 0;
   std::string plan_hash;
-  std::string peer_secret;  // the Secret's name, once it exists
+  std::string peer_secret;      // the Secret's name, once it exists
+  std::string peer_secret_uid;  // its uid, when this controller made it
   std::vector<Condition> conditions;
 };
 
@@ -121,6 +122,7 @@ json StatusJson(const DesiredStatus& d, int64_t generation, const json& current)
   out["processesReady"] = d.processes_ready;
   if (!d.plan_hash.empty()) out["planHash"] = d.plan_hash;
   if (!d.peer_secret.empty()) out["peerSecretName"] = d.peer_secret;
+  if (!d.peer_secret_uid.empty()) out["peerSecretUID"] = d.peer_secret_uid;
   json conds = json::array();
   const json& old = Field(current, "conditions");
   for (const auto& c : d.conditions) {
@@ -278,9 +280,10 @@ Reconciler::Reconciler(kube::KubeClient* client, kube::Informer* jobs, kube::Inf
                        kube::Informer* configmaps, ReconcilerOptions options)
     : client_(client), jobs_(jobs), pods_(pods), configmaps_(configmaps), options_(std::move(options)) {}
 
-bool Reconciler::SecretMade(const std::string& uid) const {
+std::string Reconciler::MadeSecret(const std::string& key, const std::string& job_uid) const {
   std::lock_guard lock(secrets_mu_);
-  return secrets_made_.count(uid) > 0;
+  auto it = secrets_made_.find(key);
+  return it != secrets_made_.end() && it->second.job_uid == job_uid ? it->second.secret_uid : "";
 }
 
 Status Reconciler::CheckMayWrite() const {
@@ -324,7 +327,11 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
   if (slash == std::string::npos) return InvalidArgument("a key is namespace/name", key);
   const std::string ns = key.substr(0, slash), name = key.substr(slash + 1);
   kube::ObjectPtr cached = jobs_->Get(ns, name);
-  if (!cached) return Status::Ok();  // deleted; owner references clean up
+  if (!cached) {  // deleted; owner references clean up
+    std::lock_guard lock(secrets_mu_);
+    secrets_made_.erase(key);
+    return Status::Ok();
+  }
   json job = *cached;
   const kube::ResourcePath jobs = JobsResource(), cms = ConfigMapsResource();
   const std::string cm_name = ConfigMapName(name);
@@ -337,6 +344,24 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
       kube::ApiResponse del = client_->Delete(cms.Object(ns, cm_name));
       if (!del.ok() && del.code != 404) return del.ToStatus("delete ConfigMap " + ns + "/" + cm_name);
       ++res.writes;
+    }
+    // The peer secret this controller made, by its uid (never one it found:
+    // the user's own is left alone). Deleted before the job goes, so a job
+    // re-created under the same name at once does not find it still there,
+    // waiting for garbage collection, and take it for its own.
+    std::string secret_uid = Str(Field(job, "status"), "peerSecretUID");
+    if (secret_uid.empty()) secret_uid = MadeSecret(key, Str(Field(job, "metadata"), "uid"));
+    if (!secret_uid.empty()) {
+      const std::string secret_name = PeerSecretName(name);
+      kube::ApiResponse del = client_->Delete(SecretsResource().Object(ns, secret_name),
+                                              {{"apiVersion", "v1"},
+                                               {"kind", "DeleteOptions"},
+                                               {"preconditions", {{"uid", secret_uid}}}});
+      // 404: gone already; 409: the uid differs, someone else's now.
+      if (!del.ok() && del.code != 404 && del.code != 409) {
+        return del.ToStatus("delete Secret " + ns + "/" + secret_name);
+      }
+      if (del.ok()) ++res.writes;
     }
     json& fins = job["metadata"]["finalizers"];
     json kept = json::array();
@@ -351,7 +376,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     ++res.writes;
     {
       std::lock_guard lock(secrets_mu_);
-      secrets_made_.erase(Str(Field(job, "metadata"), "uid"));
+      secrets_made_.erase(key);
     }
     LogInfo("cleaned up a deleted DataLoadJob", {{"job", key}});
     return Status::Ok();
@@ -373,9 +398,11 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
                                  ? Field(Field(job, "metadata"), "generation").get<int64_t>()
                                  : 0;
   DesiredStatus desired;
+  Status secret_error;  // the peer secret could not be created: retried after the status write
   // Once created, the peer secret stays in the status (an invalid edit
   // does not take it away).
   desired.peer_secret = Str(Field(job, "status"), "peerSecretName");
+  desired.peer_secret_uid = Str(Field(job, "status"), "peerSecretUID");
 
   // 2. Validation, with the planner's own parser and checks.
   Diagnostics diags;
@@ -566,15 +593,24 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
       }
     }
 
-    // 4b. The peer secret, created once: status.peerSecretName records it,
-    // so neither an idle reconcile nor a restarted controller asks again.
-    // The controller may only create Secrets, never read them: one that
-    // exists already (a lost status write, or the user's own) is kept.
-    // A job whose status write has not reached the informer yet is in
-    // secrets_made_ (by uid), so a lagging cache does not ask again either.
+    // 4b. The peer secret, created once: status.peerSecretName records it
+    // (and peerSecretUID, when this controller made it), so neither an idle
+    // reconcile nor a restarted controller asks again. The controller may
+    // create and delete Secrets but never read them: one that exists
+    // already (the user's own, or a lost status write) is kept. A job whose
+    // status write has not reached the informer yet is in secrets_made_, so
+    // a lagging cache does not ask again either. A failure does not hold up
+    // the status: the job is Degraded (PeerSecretFailed) and retried.
     const std::string secret_name = PeerSecretName(name);
     const std::string uid = Str(Field(job, "metadata"), "uid");
-    if (desired.peer_secret != secret_name && SecretMade(uid)) desired.peer_secret = secret_name;
+    if (desired.peer_secret != secret_name) {
+      std::lock_guard lock(secrets_mu_);
+      auto made = secrets_made_.find(key);
+      if (made != secrets_made_.end() && made->second.job_uid == uid) {
+        desired.peer_secret = secret_name;
+        desired.peer_secret_uid = made->second.secret_uid;
+      }
+    }
     if (desired.peer_secret != secret_name) {
       RETURN_IF_ERROR(CheckMayWrite());
       ASSIGN_OR_RETURN(std::string secret, NewPeerSecret());
@@ -585,15 +621,21 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
                    {"immutable", true},
                    {"data", {{"secret", Base64Encode(secret)}}}};
       kube::ApiResponse r = client_->Post(SecretsResource().Collection(ns), body);
-      if (r.ok()) {
-        ++res.writes;
-        LogInfo("created the peer secret", {{"job", key}, {"secret", ns + "/" + secret_name}});
-      } else if (r.code != 409) {
-        return r.ToStatus("create Secret " + ns + "/" + secret_name);
+      if (r.ok() || (r.code == 409 && Str(r.body, "reason") == "AlreadyExists")) {
+        desired.peer_secret = secret_name;
+        desired.peer_secret_uid = r.ok() ? Str(Field(r.body, "metadata"), "uid") : "";
+        if (r.ok()) {
+          ++res.writes;
+          LogInfo("created the peer secret", {{"job", key}, {"secret", ns + "/" + secret_name}});
+        } else {
+          LogInfo("kept the peer secret that exists", {{"job", key}, {"secret", ns + "/" + secret_name}});
+        }
+        std::lock_guard lock(secrets_mu_);
+        secrets_made_[key] = {uid, desired.peer_secret_uid};
+      } else {
+        secret_error = r.ToStatus("create Secret " + ns + "/" + secret_name);
+        problems.push_back("PeerSecretFailed: " + secret_error.ToString());
       }
-      desired.peer_secret = secret_name;
-      std::lock_guard lock(secrets_mu_);
-      secrets_made_.insert(uid);
     }
 
     // 5. Conditions and phase.
@@ -634,7 +676,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
   for (int attempt = 0; attempt < 5; ++attempt) {
     const json& current = Field(job, "status");
     json want = StatusJson(desired, generation, current);
-    if (current == want) return Status::Ok();
+    if (current == want) return secret_error;
     RETURN_IF_ERROR(CheckMayWrite());
     json body = job;
     body["status"] = want;
@@ -644,7 +686,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
       if (options_.record_event) {
         for (const auto& e : ConditionEvents(current, want)) options_.record_event(job, e.type, e.reason, e.message);
       }
-      return Status::Ok();
+      return secret_error;
     }
     if (r.code == 404) return Status::Ok();
     if (r.code != 409) return r.ToStatus("update the status of " + key);

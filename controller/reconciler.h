@@ -52,8 +52,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
-#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -124,17 +124,24 @@ class Reconciler {
 
  private:
   Status CheckMayWrite() const;
-  bool SecretMade(const std::string& uid) const;
+  // The uid of the peer secret made for job `key` (of uid `job_uid`) by
+  // this process, or "" (none, or found rather than made).
+  std::string MadeSecret(const std::string& key, const std::string& job_uid) const;
 
   kube::KubeClient* client_;
   kube::Informer* jobs_;
   kube::Informer* pods_;
   kube::Informer* configmaps_;
   ReconcilerOptions options_;
-  // Jobs (by uid) whose peer secret this process made or found: a job read
-  // from a cache that has not seen its status write yet is not asked again.
+  // Jobs ("ns/name") whose peer secret this process made or found, with
+  // the job's uid and the Secret's (empty when found): a job read from a
+  // cache that has not seen its status write yet is not asked again.
+  // Entries go when the job does.
+  struct MadeSecretEntry {
+    std::string job_uid, secret_uid;
+  };
   mutable std::mutex secrets_mu_;
-  std::set<std::string> secrets_made_;
+  std::map<std::string, MadeSecretEntry> secrets_made_;
 };
 
 }  // namespace meshload::controller

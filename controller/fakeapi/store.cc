@@ -198,6 +198,10 @@ std::optional<ApiResponse> PrepareSecret(const RequestTarget& t, const std::stri
     if (sd.is_object()) {
       if (!(*obj)["data"].is_object()) (*obj)["data"] = json::object();
       for (auto it = sd.begin(); it != sd.end(); ++it) {
+        if (it.value().is_null()) {  // a Go string: "" when null
+          (*obj)["data"][it.key()] = "";
+          continue;
+        }
         if (!it.value().is_string()) {
           return ErrorResponse(400, "BadRequest", "json: cannot unmarshal " + std::string(it.value().type_name()) +
                                                       " into Go struct field Secret.stringData of type string");
@@ -211,9 +215,10 @@ std::optional<ApiResponse> PrepareSecret(const RequestTarget& t, const std::stri
   if (obj->contains("data") && !(*obj)["data"].is_null()) {
     const json& data = (*obj)["data"];
     if (!data.is_object()) return InvalidFor(t, name, "data", "Invalid value: must be an object");
+    json canonical = json::object();
     for (auto it = data.begin(); it != data.end(); ++it) {
       const std::string& key = it.key();
-      const bool key_ok = !key.empty() && key.size() <= 253 && key != "." && key != ".." &&
+      const bool key_ok = !key.empty() && key.size() <= 253 && key != "." && key.rfind("..", 0) != 0 &&
                           std::all_of(key.begin(), key.end(), [](unsigned char c) {
                             return std::isalnum(c) || c == '-' || c == '_' || c == '.';
                           });
@@ -222,17 +227,34 @@ std::optional<ApiResponse> PrepareSecret(const RequestTarget& t, const std::stri
                           "Invalid value: \"" + key +
                               "\": a valid config key must consist of alphanumeric characters, '-', '_' or '.'");
       }
+      // A []byte in Go's JSON: standard base64 with padding, nothing else
+      // (no line breaks); null is empty.
       std::optional<std::string> bytes;
-      if (it.value().is_string()) bytes = Base64Decode(it.value().get<std::string>());
+      if (it.value().is_null()) {
+        bytes = std::string();
+      } else if (it.value().is_string()) {
+        const std::string& text = it.value().get_ref<const std::string&>();
+        const size_t body = text.find_last_not_of('=') + 1;
+        const bool strict = text.size() % 4 == 0 && text.size() - (text.empty() ? 0 : body) <= 2 &&
+                            std::all_of(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(text.empty() ? 0 : body),
+                                        [](unsigned char c) { return std::isalnum(c) || c == '+' || c == '/'; });
+        if (strict) bytes = Base64Decode(text);
+      }
       if (!bytes) {
         // The value itself is never echoed: it is a secret.
         return ErrorResponse(400, "BadRequest", "json: illegal base64 data in Secret.data[" + key + "]");
       }
       total += bytes->size();
+      canonical[key] = Base64Encode(*bytes);
     }
+    (*obj)["data"] = std::move(canonical);
   }
   if (total > (1u << 20)) return InvalidFor(t, name, "data", "Too long: must have at most 1048576 bytes");
-  if (!(*obj)["type"].is_string() || (*obj)["type"].get<std::string>().empty()) (*obj)["type"] = "Opaque";
+  if (!(*obj)["type"].is_null() && !(*obj)["type"].is_string()) {
+    return ErrorResponse(400, "BadRequest", "json: cannot unmarshal " + std::string((*obj)["type"].type_name()) +
+                                                " into Go struct field Secret.type of type v1.SecretType");
+  }
+  if ((*obj)["type"].is_null() || (*obj)["type"].get<std::string>().empty()) (*obj)["type"] = "Opaque";
   if (stored != nullptr) {
     if (FieldOf(*stored, "type") != (*obj)["type"]) {
       return InvalidFor(t, name, "type", "Invalid value: " + (*obj)["type"].dump() + ": field is immutable");

@@ -308,8 +308,9 @@ class FileSource final : public Source {
         handle = std::move(*acquired);
       }
       if (total < mmap_below_) {
-        st = ReadMapped(*handle, path, offset, total, iov);
-        if (st.ok()) mapped_copied += total;
+        bool via_mapping = false;
+        st = ReadMapped(*handle, path, offset, total, iov, &via_mapping);
+        if (st.ok() && via_mapping) mapped_copied += total;
       } else {
         st = ReadFully(handle->fd(), path, offset, total, iov);
       }
@@ -320,7 +321,12 @@ class FileSource final : public Source {
       }
     }
     if (!done.empty()) observer_->OnReads(kScheme, done.data(), done.size());
-    if (mapped_copied > 0) AccountMappedCopy(mapped_copied);
+    if (mapped_copied > 0) {
+      // After the copies: a drop between a copy and the mark then still
+      // finds the mark (and a drop before it finds the pages).
+      handle->MarkTouched();
+      AccountMappedCopy(mapped_copied);
+    }
     if (!st.ok()) {
       const char* kind = st.code() == StatusCode::kNotFound  ? "not_found"
                          : st.code() == StatusCode::kDataLoss ? "data_loss"
@@ -378,12 +384,12 @@ class FileSource final : public Source {
   // Copies [offset, offset + total) from the file's mapping. A range past
   // the mapped size, or a fault because the file shrank, falls back to
   // preadv, which reports the short read with the file's current size.
+  // `*via_mapping`: the bytes came from the mapping (not from preadv).
   Status ReadMapped(const FileHandle& h, const std::string& path, uint64_t offset, uint64_t total,
-                    const std::vector<iovec>& iov) {
+                    const std::vector<iovec>& iov, bool* via_mapping) {
     uint64_t size = 0;
     const uint8_t* map = h.Mapping(&size);
     if (map == nullptr || offset > size || total > size - offset) return ReadFully(h.fd(), path, offset, total, iov);
-    h.MarkTouched();  // before the copy, so that a drop racing with it is not skipped
     uint64_t at = offset;
     for (const iovec& v : iov) {
       if (!GuardedCopy(v.iov_base, map + at, v.iov_len)) {
@@ -391,6 +397,7 @@ class FileSource final : public Source {
       }
       at += v.iov_len;
     }
+    *via_mapping = true;
     return Status::Ok();
   }
 

@@ -120,7 +120,8 @@ class Source {
   /// ReadV(uri, reads[i].offset, *reads[i].iov). `before(context, i)`, when
   /// given, is called just before read i starts (the sidecar's watchdog
   /// notes the read in flight there). Stops at the first read that fails and
-  /// returns its error, which names `uri@offset` of that read; the reads
+  /// returns its error, which names `uri@offset` of that read (or just
+  /// `uri` when the object cannot be opened at all); the reads
   /// before it have landed. Each read is still one storage request for
   /// metrics (SourceObserver::OnReads, once per batch). A source that can
   /// share work between the reads of one object overrides it (local files:

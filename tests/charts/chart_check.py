@@ -366,7 +366,7 @@ WORKLOAD_RULES = [("meshload.io", "dataloadjobs", ["get", "list", "watch", "upda
                   ("meshload.io", "dataloadjobs/finalizers", ["update"]),
                   ("", "pods", ["get", "list", "watch"]),
                   ("", "configmaps", ["get", "list", "watch", "create", "update", "patch", "delete"]),
-                  ("", "secrets", ["create"]),
+                  ("", "secrets", ["create", "delete"]),
                   ("", "events", ["create", "patch"])]
 
 
@@ -386,10 +386,10 @@ def grants(docs):
             for field in ("apiGroups", "resources", "verbs", "resourceNames"):
                 if "*" in (rule.get(field) or []):
                     p.append("a wildcard in %s of %s %s" % (field, d["kind"], d["metadata"]["name"]))
-            # Secrets: create only (the peer secrets); reading any is refused.
-            if "secrets" in (rule.get("resources") or []) and set(rule.get("verbs") or []) - {"create"}:
-                p.append("secrets %s in %s %s" % (sorted(set(rule.get("verbs") or []) - {"create"}), d["kind"],
-                                                  d["metadata"]["name"]))
+            # Secrets: create and delete (the peer secrets); reading any is refused.
+            if "secrets" in (rule.get("resources") or []) and set(rule.get("verbs") or []) - {"create", "delete"}:
+                p.append("secrets %s in %s %s" % (sorted(set(rule.get("verbs") or []) - {"create", "delete"}),
+                                                  d["kind"], d["metadata"]["name"]))
             names = tuple(sorted(rule.get("resourceNames") or []))
             for g in rule.get("apiGroups") or []:
                 for r in rule.get("resources") or []:
@@ -712,7 +712,7 @@ if "defaults" in results_by_scenario:
          lambda d: cluster_rule(d)[3]["verbs"].append("*")),
         ("read access to secrets", rbac_problems,
          lambda d: cluster_rule(d).append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})),
-        ("list and watch added to the create-only secrets rule", rbac_problems,
+        ("list and watch added to the secrets rule", rbac_problems,
          lambda d: [r for r in cluster_rule(d) if r["resources"] == ["secrets"]][0]["verbs"].extend(["list", "watch"])),
         ("a missing verb (dataloadjobs/finalizers update)", rbac_problems,
          lambda d: cluster_rule(d).pop(2)),

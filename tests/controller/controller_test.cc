@@ -335,6 +335,14 @@ TEST_F(ControllerTest, AnExistingPeerSecretIsKeptAndAnInvalidJobGetsNone) {
   ASSERT_TRUE(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own", job).ok());
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("own")["status"]["phase"] == "Failed"; }));
   EXPECT_EQ(Job("own")["status"]["peerSecretName"], "own-meshload-peer");
+  EXPECT_FALSE(Job("own")["status"].contains("peerSecretUID")) << "found, not made";
+
+  // Deleting the job leaves the user's Secret alone.
+  ASSERT_TRUE(cluster_.client().Delete(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own").ok());
+  ASSERT_TRUE(TestCluster::Eventually([&] {
+    return cluster_.client().Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own").code == 404;
+  }));
+  EXPECT_EQ(cluster_.Get(secrets + "/own-meshload-peer")["data"], mine.body["data"]);
 }
 
 TEST_F(ControllerTest, SidecarNotReadyAndRestartingAreVisible) {
@@ -367,6 +375,39 @@ TEST_F(ControllerTest, DeletionCleansUpAndRemovesTheFinalizer) {
     return cluster_.client().Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/del").code == 404;
   }));
   EXPECT_FALSE(ConfigMapOf("del").is_object());
+  // The peer secret it made goes before the job does (by uid precondition),
+  // so the same job applied again at once gets a new one, not the old one
+  // waiting for garbage collection.
+  const std::string secret = std::string("/api/v1/namespaces/") + kNs + "/secrets/del-meshload-peer";
+  EXPECT_FALSE(cluster_.Get(secret).is_object());
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "del", 2, "del"));
+  Settle();
+  json again = cluster_.Get(secret);
+  ASSERT_TRUE(again.is_object());
+  EXPECT_EQ(again["metadata"]["ownerReferences"][0]["uid"], Job("del")["metadata"]["uid"]);
+  EXPECT_EQ(Job("del")["status"]["peerSecretUID"], again["metadata"]["uid"]);
+}
+
+// A Secret that cannot be created does not hold up the status: the job is
+// Degraded with PeerSecretFailed and the error, and recovers once the
+// create succeeds.
+TEST_F(ControllerTest, APeerSecretThatCannotBeCreatedDegradesTheJobUntilItCan) {
+  ReadyPods("sf", 2);
+  cluster_.server().InjectErrors(std::string("/api/v1/namespaces/") + kNs + "/secrets", 403, 1000);
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "sf", 2, "sf"));
+  StartController();
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("sf")["status"]["phase"] == "Degraded"; }));
+  json job = Job("sf");
+  EXPECT_EQ(Condition(job, "Degraded")["reason"], "PeerSecretFailed");
+  EXPECT_NE(Condition(job, "Degraded")["message"].get<std::string>().find("create Secret training/sf-meshload-peer"),
+            std::string::npos)
+      << Condition(job, "Degraded").dump();
+  EXPECT_EQ(job["status"]["processesReady"], 2) << "the rest of the status is written";
+  EXPECT_FALSE(job["status"].contains("peerSecretName"));
+  cluster_.server().ClearInjectedErrors();
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("sf")["status"]["phase"] == "Running"; }, 30s));
+  EXPECT_EQ(Job("sf")["status"]["peerSecretName"], "sf-meshload-peer");
+  EXPECT_TRUE(cluster_.Get(std::string("/api/v1/namespaces/") + kNs + "/secrets/sf-meshload-peer").is_object());
 }
 
 TEST_F(ControllerTest, StatusConflictsAreRetriedAfterReReading) {
@@ -449,6 +490,8 @@ json RunScenario(bool faults, const json& expect = nullptr) {
     json job = cluster.Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/" + j);
     json status = job["status"];
     for (auto& c : status["conditions"]) c.erase("lastTransitionTime");
+    // The Secret's uid differs between the two clusters; that there is one must not.
+    if (status.contains("peerSecretUID")) status["peerSecretUID"] = !status["peerSecretUID"].get<std::string>().empty();
     state[j] = {{"status", status}, {"finalizers", job["metadata"]["finalizers"]}};
     json cm = cluster.Get(std::string("/api/v1/namespaces/") + kNs + "/configmaps/" + j + "-meshload");
     if (!cm.is_object()) continue;

@@ -871,6 +871,12 @@ TEST_F(FakeApiServer, SecretDataMustBeBase64WithValidKeysAndFitOneMebibyte) {
   EXPECT_EQ(r.body["message"].get<std::string>().find("not base64"), std::string::npos) << "never echoes the value";
   r = Post(kSecrets, secret({{"k", 12}}));
   ExpectStatus(r, 400, "BadRequest");
+  for (const char* loose : {"YQ", "YQ==\n", "Y Q==", "YQ===", "=YQ="}) {  // Go's decoder refuses these
+    ExpectStatus(Post(kSecrets, secret({{"k", loose}})), 400, "BadRequest");
+  }
+  ExpectStatus(Post(kSecrets, secret({{"..k", "YQ=="}})), 422, "Invalid");
+  r = Post(kSecrets, {{"apiVersion", "v1"}, {"kind", "Secret"}, {"metadata", {{"name", "s"}}}, {"type", 7}});
+  ExpectStatus(r, 400, "BadRequest");
   r = Post(kSecrets, secret({{"bad key", "YQ=="}}));
   ExpectStatus(r, 422, "Invalid");
   EXPECT_NE(r.body["message"].get<std::string>().find("data[bad key]: Invalid value"), std::string::npos) << r.body;
@@ -878,6 +884,10 @@ TEST_F(FakeApiServer, SecretDataMustBeBase64WithValidKeysAndFitOneMebibyte) {
   ExpectStatus(r, 422, "Invalid");
   EXPECT_NE(r.body["message"].get<std::string>().find("data: Too long"), std::string::npos) << r.body;
   EXPECT_EQ(Get(kSecrets).body["items"].size(), 0u) << "nothing was stored";
+  r = Post(kSecrets, {{"apiVersion", "v1"}, {"kind", "Secret"}, {"metadata", {{"name", "nulls"}}},
+                      {"data", {{"a", nullptr}}}, {"stringData", {{"b", nullptr}}}});
+  ASSERT_EQ(r.code, 201) << r.body;
+  EXPECT_EQ(r.body["data"], json({{"a", ""}, {"b", ""}}));
   EXPECT_EQ(Post(kSecrets, secret({{"k", meshload::Base64Encode(std::string(1 << 20, 'x'))}})).code, 201);
 }
 
