@@ -58,7 +58,9 @@ class Connection {
     for (const auto& h : held_) {
       if (bye.held.size() < ipc::kMaxByeLeases) bye.held.push_back(h);
     }
-    (void)ipc::SendMessage(fd_.get(), ipc::Encode(bye));  // a sidecar that is gone needs none
+    // Never waits (a sidecar that is gone, or one that stopped reading,
+    // needs none).
+    (void)ipc::SendMessage(fd_.get(), ipc::Encode(bye), {}, /*nonblocking=*/true);
   }
 
   // A GPU batch whose trainer streams may still read it: the slot goes back
@@ -142,23 +144,29 @@ class Connection {
   }
 
   // Says goodbye cleanly, once no lease needs the connection: EOF after the
-  // RELEASEs already sent, then reads what the sidecar still had in flight
-  // until it closes (at most 200 ms; not at all after a BYE, which the
-  // sidecar answers with nothing). Closing with unread messages would make
-  // the kernel reset the connection, and the sidecar could lose the last
-  // RELEASEs.
+  // RELEASEs already sent, then reads what the sidecar sent that is still
+  // unread. Closing with unread messages would make the kernel reset the
+  // connection, and the sidecar could lose the last RELEASEs. After a BYE
+  // the sidecar sends nothing more, so what is queued is all there is; a
+  // connection that did not say BYE waits up to 200 ms for the sidecar's
+  // end of file.
   void Close() {
     std::lock_guard lock(mu_);
     if (closed_) return;
     closed_ = true;
     ::shutdown(fd_.get(), SHUT_WR);
-    const auto deadline = Clock::now() + std::chrono::milliseconds(left_ ? 0 : 200);
     char buf[512];
-    do {
-      pollfd p{fd_.get(), POLLIN, 0};
-      if (::poll(&p, 1, left_ ? 0 : 20) <= 0) continue;
-      if (::recv(fd_.get(), buf, sizeof buf, MSG_DONTWAIT) <= 0) break;  // EOF or error: done
-    } while (Clock::now() < deadline);
+    if (left_) {
+      while (::recv(fd_.get(), buf, sizeof buf, MSG_DONTWAIT) > 0) {
+      }
+    } else {
+      const auto deadline = Clock::now() + std::chrono::milliseconds(200);
+      while (Clock::now() < deadline) {
+        pollfd p{fd_.get(), POLLIN, 0};
+        if (::poll(&p, 1, 20) <= 0) continue;
+        if (::recv(fd_.get(), buf, sizeof buf, MSG_DONTWAIT) <= 0) break;  // EOF or error: done
+      }
+    }
     ::shutdown(fd_.get(), SHUT_RDWR);
   }
 

@@ -34,6 +34,7 @@ using Clock = std::chrono::steady_clock;
 // protocol then never fills its socket's queue (about 278 small messages on
 // Linux), so a full queue means a trainer that does not read, and is dropped.
 constexpr uint32_t kMaxLeasesPerTrainer = 128;
+static_assert(ipc::kMaxByeLeases >= kMaxLeasesPerTrainer, "a BYE must be able to list every lease");
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
@@ -271,7 +272,9 @@ struct Sidecar::Client {
   uid_t uid = 0;
   Clock::time_point connected_at = Clock::now();
   int64_t next_to_send = 0;
-  uint32_t leases = 0;
+  // The leases of this connection, (slot, step), in the order lent: a
+  // RELEASE must name one of them (not a lease another connection keeps).
+  std::vector<std::pair<uint32_t, int64_t>> leased;
   std::atomic<bool> broken{false};  // a send failed; the server thread drops it
 };
 
@@ -733,12 +736,15 @@ void Sidecar::AcceptClient() {
 }
 
 void Sidecar::CloseLater(UniqueFd fd, LeaseList leases, pid_t pid) {
-  // A connection that holds leases still receives RELEASEs: it keeps its
-  // write side until it closes.
-  if (leases.empty()) ::shutdown(fd.get(), SHUT_WR);
-  if (closing_.size() >= 64) {  // bounded: the oldest is closed now
-    ReclaimClosing(closing_.front(), "too many connections closing");
-    closing_.erase(closing_.begin());
+  // The sidecar sends nothing more: the trainer reads what is queued, then
+  // end of file. It may still send (RELEASEs and a BYE, for kept leases).
+  ::shutdown(fd.get(), SHUT_WR);
+  // At most 64 connections without leases drain at once: beyond that the
+  // oldest of them is closed now. Connections that keep leases are never
+  // evicted (a flood of refused connections must not free a trainer's held
+  // slots); there are at most as many as slots, each keeps at least one.
+  if (std::count_if(closing_.begin(), closing_.end(), [](const Closing& c) { return c.leases.empty(); }) >= 64) {
+    closing_.erase(std::find_if(closing_.begin(), closing_.end(), [](const Closing& c) { return c.leases.empty(); }));
   }
   closing_.push_back({std::move(fd), Clock::now() + std::chrono::seconds(1), std::move(leases), pid});
 }
@@ -799,7 +805,6 @@ bool Sidecar::ServeClosingMessages(Closing& c) {
       ReclaimClosing(c, "BYE: batches the trainer never received", &unheld);
     }
     if (c.leases.empty()) {
-      ::shutdown(c.fd.get(), SHUT_WR);
       c.deadline = Clock::now() + std::chrono::seconds(1);
       return true;
     }
@@ -896,7 +901,7 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
 
 void Sidecar::SendReadyBatchesLocked() {
   if (!client_ || client_->broken) return;
-  while (client_->leases < kMaxLeasesPerTrainer) {
+  while (client_->leased.size() < kMaxLeasesPerTrainer) {
     auto slot = pool_->Lease(client_->next_to_send);
     if (!slot) break;
     ipc::Ready r;
@@ -915,7 +920,7 @@ void Sidecar::SendReadyBatchesLocked() {
       Notify();
       return;
     }
-    client_->leases++;
+    client_->leased.emplace_back(*slot, r.step);
     client_->next_to_send++;
     metrics_->batches_delivered.Increment();
     metrics_->current_step.Set(static_cast<double>(r.step));
@@ -925,14 +930,7 @@ void Sidecar::SendReadyBatchesLocked() {
 void Sidecar::DropClient(const std::string& why, bool keep_leases, const LeaseList* keep) {
   ClientLock lock(*this);
   if (!client_) return;
-  // This connection's leases: every lease but those former connections keep.
-  LeaseList mine = pool_->LeasedSlots();
-  std::erase_if(mine, [&](const auto& l) {
-    for (const Closing& c : closing_) {
-      if (std::find(c.leases.begin(), c.leases.end(), l) != c.leases.end()) return true;
-    }
-    return false;
-  });
+  const LeaseList& mine = client_->leased;
   LeaseList kept;
   uint32_t reclaimed = 0;
   for (const auto& l : mine) {
@@ -982,7 +980,20 @@ void Sidecar::ServeClientMessage() {
     return;
   }
   if (const auto* rel = std::get_if<ipc::Release>(&*decoded)) {
-    if (!pool_->Release(rel->slot, rel->step)) {
+    bool ours = false;
+    {
+      ClientLock lock(*this);
+      auto& leased = client_->leased;
+      auto it = std::find(leased.begin(), leased.end(), std::make_pair(rel->slot, rel->step));
+      ours = it != leased.end() && pool_->Release(rel->slot, rel->step);
+      if (ours) {
+        leased.erase(it);
+        metrics_->batches_consumed.Increment();
+        metrics_->trainer_wait.Observe(static_cast<double>(rel->wait_ns) / 1e9);
+        SendReadyBatchesLocked();
+      }
+    }
+    if (!ours) {
       metrics_->Error("protocol");
       (void)ipc::SendTo(client_->fd.get(),
                              ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kBadRequest,
@@ -990,13 +1001,7 @@ void Sidecar::ServeClientMessage() {
                                                                " step " + std::to_string(rel->step) +
                                                                ", which this connection does not lease"}));
       DropClient("bad RELEASE", /*keep_leases=*/true);
-      return;
     }
-    metrics_->batches_consumed.Increment();
-    metrics_->trainer_wait.Observe(static_cast<double>(rel->wait_ns) / 1e9);
-    ClientLock lock(*this);
-    client_->leases--;
-    SendReadyBatchesLocked();
     return;
   }
   metrics_->Error("protocol");
@@ -1024,7 +1029,7 @@ void Sidecar::Watchdog() {
     if (!reported_blocked_) {
       ClientLock lock(*this);
       LogWarn("trainer holds every slot; staging is paused", {{"seconds", blocked},
-                                                              {"leased", static_cast<uint64_t>(client_->leases)},
+                                                              {"leased", static_cast<uint64_t>(client_->leased.size())},
                                                               {"next_step", client_->next_to_send}});
       reported_blocked_ = true;
     }
@@ -1039,7 +1044,11 @@ int Sidecar::Run() {
   // (the trainer has `prefetch` batches), preempting a producer does.
   ApplyThreadSched(options_.thread_sched, "server");
   while (!stop_) {
-    pollfd fds[4 + 64];
+    // Connections closing: at most 64 without leases, and at most one per
+    // slot with them.
+    thread_local std::vector<pollfd> fd_storage;
+    fd_storage.resize(4 + closing_.size());
+    pollfd* fds = fd_storage.data();
     nfds_t n = 0;
     fds[n++] = {event_fd_.get(), POLLIN, 0};
     fds[n++] = {listen_fd_.get(), POLLIN, 0};
@@ -1155,6 +1164,8 @@ int Sidecar::Run() {
   }
   // Give the connections being closed a moment (at most 300 ms) to read what
   // was sent to them, so the last ERROR is not lost to a reset at exit.
+  // Those that keep leases are not waited for: the slots go with the process.
+  std::erase_if(closing_, [](const Closing& c) { return !c.leases.empty(); });
   const auto drain_until = Clock::now() + std::chrono::milliseconds(300);
   while (!closing_.empty() && Clock::now() < drain_until) {
     std::vector<pollfd> cfds;

@@ -12,8 +12,9 @@
 ///   - the *server* (Run(), the caller's thread) accepts the trainer on the
 ///     Unix socket, checks its uid, sends SERVER_HELLO with the pool's fd,
 ///     then READY for consecutive steps as they are staged, and takes
-///     RELEASEs; a disconnect reclaims the trainer's leases; a reconnect at
-///     any step re-plans from there;
+///     RELEASEs; a trainer that dies has its leases reclaimed, one that
+///     leaves (BYE) keeps those of the batches it still holds until they
+///     are released; a reconnect at any step re-plans from there;
 ///   - the HealthServer serves /metrics, /healthz and /readyz.
 /// A watchdog in the server loop reports, within seconds, a storage read
 /// stuck in flight and a trainer that holds every slot (logs and gauges).

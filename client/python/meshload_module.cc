@@ -403,7 +403,7 @@ class Client {
     py::gil_scoped_release nogil;
     std::lock_guard lock(mu_);
     if (!client_) return;
-    // Live leases keep their memory mapped; the sidecar reclaims their slots.
+    // Live leases keep their memory mapped and their slots (BYE lists them).
     client_->Close();
     client_.reset();
     std::lock_guard snap(snap_mu_);

@@ -18,8 +18,11 @@
 ///      as soon as each is staged, while the client holds fewer than
 ///      `slots` leases
 ///   4. client → RELEASE {slot, step} when the trainer is done with a batch
-///   5. either side closes; the server reclaims the client's leases. A client
-///      reconnects with CLIENT_HELLO{want_step}: the server re-plans from there.
+///   5. the client leaves with BYE {the leases it still holds}: those stay
+///      lent, their RELEASEs still come on this connection, the others are
+///      reclaimed. A client that dies (end of file) has every lease
+///      reclaimed. It reconnects with CLIENT_HELLO{want_step}: the server
+///      re-plans from there.
 ///   ERROR {code, message} may come from the server at any time, then it closes.
 ///
 /// Decoding is strict and bounds-checked (it is fuzzed): a truncated,

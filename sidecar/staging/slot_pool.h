@@ -6,7 +6,10 @@
 ///
 ///   kFree ──AcquireForFill──► kFilling ──MarkReady──► kReady ──Lease──► kLeased
 ///     ▲                          │ (stale generation)     │ (Reset)       │
-///     └──────────────────────────┴────────────────────────┴──Release/Reclaim┘
+///     └──────────────────────────┴────────────────────────┴───────Release┘
+///
+/// (The sidecar releases a lease on the trainer's RELEASE, or when it takes
+/// it back: the trainer died, or left without holding that batch.)
 ///
 /// The producer acquires free slots and blocks while none is free, so memory
 /// is bounded by the number of slots (the job's `prefetch`): a slow trainer

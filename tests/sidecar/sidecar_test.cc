@@ -352,6 +352,76 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
   h.ExpectBatchIsPlanned(*b);
 }
 
+// Kept leases belong to their connection: a flood of refused connections
+// cannot evict them, and another connection cannot release them.
+TEST(Sidecar, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionReleasesThem) {
+  SidecarHarness h(/*prefetch=*/3);
+  ASSERT_TRUE(h.Start().ok());
+  RawTrainer old(h.options_.socket_path);
+  std::vector<ipc::Ready> leases;
+  for (int i = 0; i < 3; ++i) {
+    auto r = old.NextReady();
+    ASSERT_TRUE(r);
+    leases.push_back(*r);
+  }
+  const std::string held = old.Bytes(leases[0]);
+  old.SendRaw("garbage!!garbage");  // dropped with an ERROR; all three kept
+  ASSERT_TRUE(ipc::ReceiveMessage(old.fd(), ipc::kMaxMessageBytes).ok());
+
+  // A trainer connects (it gets no slot: all are kept), and 80 more are
+  // refused as busy: each of those drains, more than 64 at once.
+  RawTrainer current(h.options_.socket_path, 3);
+  std::vector<UniqueFd> refused;
+  for (int i = 0; i < 80; ++i) {
+    auto fd = ipc::ConnectSeqpacket(h.options_.socket_path);
+    ASSERT_TRUE(fd.ok());
+    refused.push_back(std::move(*fd));
+  }
+  for (auto& fd : refused) ASSERT_TRUE(ipc::ReceiveMessage(fd.get(), ipc::kMaxMessageBytes).ok());  // ERROR busy
+  EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 0);
+  EXPECT_EQ(old.Bytes(leases[0]), held);
+
+  // The current trainer cannot release the old one's lease.
+  current.Send(ipc::Release{leases[0].slot, leases[0].step, 0});
+  auto err = ipc::ReceiveMessage(current.fd(), ipc::kMaxMessageBytes);
+  ASSERT_TRUE(err.ok()) << err.status().ToString();
+  auto m = ipc::Decode(err->bytes);
+  ASSERT_TRUE(m.ok() && std::holds_alternative<ipc::ErrorMessage>(*m));
+  EXPECT_NE(std::get<ipc::ErrorMessage>(*m).message.find("which this connection does not lease"), std::string::npos);
+
+  // The old connection still keeps all three: its BYE lists one, and
+  // exactly the two others come back.
+  old.Send(ipc::Bye{{{leases[0].slot, leases[0].step}}});
+  EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", 2));
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 2);
+  EXPECT_EQ(old.Bytes(leases[0]), held);
+}
+
+// The sidecar drops a trainer without an ERROR (a datagram over 64 KiB):
+// the trainer still sees end of file after what was queued, so it can
+// leave (BYE) and reconnect instead of waiting for ever; what it holds stays.
+TEST(Sidecar, ATrainerDroppedWithoutAnErrorSeesEndOfFileAndKeepsWhatItHolds) {
+  SidecarHarness h(/*prefetch=*/3);
+  ASSERT_TRUE(h.Start().ok());
+  RawTrainer old(h.options_.socket_path);
+  auto first = old.NextReady();
+  ASSERT_TRUE(first);
+  const std::string held = old.Bytes(*first);
+  (void)ipc::SendMessage(old.fd(), std::string(70000, 'x'));  // the sidecar truncates it: no ERROR
+  int readies = 0;
+  while (old.NextReady()) ++readies;  // the READYs queued, then end of file (not a hang)
+  EXPECT_LE(readies, 2);
+  old.Send(ipc::Bye{{{first->slot, first->step}}});
+  auto c = h.Connect(/*start=*/first->step + 1);
+  for (int64_t step = first->step + 1; step < 15; ++step) {
+    auto b = c->Next(milliseconds(5000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_EQ(b->step, step);
+    ASSERT_EQ(old.Bytes(*first), held);
+  }
+}
+
 TEST(Sidecar, ASlowConsumerKeepsMemoryBoundedAndIsReported) {
   SidecarHarness h(/*prefetch=*/2);
   ASSERT_TRUE(h.Start().ok());
