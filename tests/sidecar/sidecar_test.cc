@@ -194,6 +194,26 @@ class RawTrainer {
     if (!m.ok() || !std::holds_alternative<ipc::Ready>(*m)) return std::nullopt;
     return std::get<ipc::Ready>(*m);
   }
+  // The next `n` READYs (a test failure if they do not come).
+  std::vector<ipc::Ready> Take(int n) {
+    std::vector<ipc::Ready> out;
+    for (int i = 0; i < n; ++i) {
+      auto r = NextReady();
+      EXPECT_TRUE(r) << "READY " << i << " of " << n;
+      if (!r) break;
+      out.push_back(*r);
+    }
+    return out;
+  }
+  // Sends something that does not decode and reads the sidecar's ERROR:
+  // the sidecar drops this connection, keeping every lease.
+  void MisbehaveAndGetDropped() {
+    SendRaw("garbage!!garbage");
+    auto err = ipc::ReceiveMessage(fd_.get(), ipc::kMaxMessageBytes);
+    ASSERT_TRUE(err.ok()) << err.status().ToString();
+    auto m = ipc::Decode(err->bytes);
+    ASSERT_TRUE(m.ok() && std::holds_alternative<ipc::ErrorMessage>(*m));
+  }
   // The bytes of a leased batch, as the trainer sees them now.
   std::string Bytes(const ipc::Ready& r) const {
     std::string s;
@@ -230,11 +250,8 @@ TEST(Sidecar, AConsumerKilledHoldingLeasesIsReclaimedAndAReconnectGetsIdenticalB
   std::vector<std::string> first_run;
   {
     RawTrainer dying(h.options_.socket_path);
-    for (int i = 0; i < 3; ++i) {  // the trainer holds every slot ...
-      auto r = dying.NextReady();
-      ASSERT_TRUE(r);
-      first_run.push_back(dying.Bytes(*r));
-    }
+    for (const auto& r : dying.Take(3)) first_run.push_back(dying.Bytes(r));  // the trainer holds every slot ...
+    ASSERT_EQ(first_run.size(), 3u);
     dying.Close();  // ... and dies: its socket closes, with no BYE and no RELEASE
   }
   EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", 3));
@@ -293,17 +310,10 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
   SidecarHarness h(/*prefetch=*/3);
   ASSERT_TRUE(h.Start().ok());
   RawTrainer old(h.options_.socket_path);
-  std::vector<ipc::Ready> leases;
-  for (int i = 0; i < 3; ++i) {
-    auto r = old.NextReady();
-    ASSERT_TRUE(r);
-    leases.push_back(*r);
-  }
+  const std::vector<ipc::Ready> leases = old.Take(3);
+  ASSERT_EQ(leases.size(), 3u);
   const std::string held_bytes = old.Bytes(leases[0]);
-  old.SendRaw("garbage!!garbage");  // ERROR, and the sidecar drops the connection
-  auto err = ipc::ReceiveMessage(old.fd(), ipc::kMaxMessageBytes);
-  ASSERT_TRUE(err.ok());
-  EXPECT_TRUE(std::holds_alternative<ipc::ErrorMessage>(ipc::Decode(err->bytes).value()));
+  old.MisbehaveAndGetDropped();
 
   // Every slot is still the old trainer's: the next connection gets nothing.
   auto c = h.Connect(/*start=*/3);
@@ -335,14 +345,8 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
   // A trainer dropped while holding batches that then dies: they come back at its EOF.
   c.reset();
   RawTrainer second(h.options_.socket_path, 40);
-  std::vector<ipc::Ready> more;
-  for (int i = 0; i < 3; ++i) {
-    auto r = second.NextReady();
-    ASSERT_TRUE(r);
-    more.push_back(*r);
-  }
-  second.SendRaw("garbage!!garbage");
-  ASSERT_TRUE(ipc::ReceiveMessage(second.fd(), ipc::kMaxMessageBytes).ok());  // the ERROR
+  ASSERT_EQ(second.Take(3).size(), 3u);
+  second.MisbehaveAndGetDropped();
   const double reclaimed = h.Metric("meshload_leases_reclaimed_total");
   second.Close();
   EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", reclaimed + 3));
@@ -358,15 +362,10 @@ TEST(Sidecar, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionR
   SidecarHarness h(/*prefetch=*/3);
   ASSERT_TRUE(h.Start().ok());
   RawTrainer old(h.options_.socket_path);
-  std::vector<ipc::Ready> leases;
-  for (int i = 0; i < 3; ++i) {
-    auto r = old.NextReady();
-    ASSERT_TRUE(r);
-    leases.push_back(*r);
-  }
+  const std::vector<ipc::Ready> leases = old.Take(3);
+  ASSERT_EQ(leases.size(), 3u);
   const std::string held = old.Bytes(leases[0]);
-  old.SendRaw("garbage!!garbage");  // dropped with an ERROR; all three kept
-  ASSERT_TRUE(ipc::ReceiveMessage(old.fd(), ipc::kMaxMessageBytes).ok());
+  old.MisbehaveAndGetDropped();  // all three kept
 
   // A trainer connects (it gets no slot: all are kept), and 80 more are
   // refused as busy: each of those drains, more than 64 at once.
