@@ -22,24 +22,28 @@ namespace meshload::client {
 
 using Clock = std::chrono::steady_clock;
 
-/// One connection to the sidecar; shared by the client and its leases. When
-/// the client leaves it (a reconnect, Close(), an error), it says BYE with
-/// the leases still held: the sidecar keeps those slots lent, so the bytes of
-/// batches the trainer still holds never change, and their RELEASEs still go
-/// on this connection, which stays open until its last lease is gone.
-class Connection {
+/// The socket of one connection and its release worker. Owned by a
+/// Connection, and by the release worker while it runs: the worker (which
+/// may wait for the GPU) outlives the Connection if it has to, so dropping
+/// the last batch of a connection never waits for the GPU.
+class Link : public std::enable_shared_from_this<Link> {
  public:
-  explicit Connection(UniqueFd fd) : fd_(std::move(fd)) {}
-  ~Connection() {
+  explicit Link(UniqueFd fd) : fd_(std::move(fd)) {}
+  int fd() const { return fd_.get(); }
+
+  // Nobody uses the connection any more: it closes now, or, while the
+  // release worker still has RELEASEs to send (fences to wait for), the
+  // worker closes it once it has sent them.
+  void Retire() {
+    bool worker;
     {
       std::lock_guard lock(queue_mu_);
       stopping_ = true;
+      worker = worker_started_;
     }
     queue_cv_.notify_all();
-    if (releaser_.joinable()) releaser_.join();  // it finishes what is queued
-    Close();
+    if (!worker) Close();
   }
-  int fd() const { return fd_.get(); }
 
   // A batch handed to the trainer on this connection.
   void AddHeld(uint32_t slot, int64_t step) {
@@ -82,7 +86,12 @@ class Connection {
   };
   void ReleaseAfter(Pending p) {
     std::lock_guard lock(queue_mu_);
-    if (!releaser_.joinable()) releaser_ = std::thread([this] { ReleaserMain(); });
+    if (!worker_started_) {
+      // Detached, owning the link: it ends after Retire(), once its queue is
+      // empty, and nothing ever waits for it.
+      worker_started_ = true;
+      std::thread([self = shared_from_this()] { self->ReleaserMain(); }).detach();
+    }
     queue_.push_back(std::move(p));
     queue_cv_.notify_one();
   }
@@ -99,7 +108,11 @@ class Connection {
     std::unique_lock lock(queue_mu_);
     while (true) {
       queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, nothing left
+      if (queue_.empty()) {  // retired, nothing left: the connection closes here
+        lock.unlock();
+        Close();
+        return;
+      }
       Pending p = std::move(queue_.front());
       queue_.pop_front();
       lock.unlock();
@@ -180,7 +193,29 @@ class Connection {
   std::condition_variable queue_cv_;
   std::deque<Pending> queue_;
   bool stopping_ = false;
-  std::thread releaser_;
+  bool worker_started_ = false;
+};
+
+/// One connection to the sidecar; shared by the client and its leases. When
+/// the client leaves it (a reconnect, Close(), an error), it says BYE with
+/// the leases still held: the sidecar keeps those slots lent, so the bytes of
+/// batches the trainer still holds never change, and their RELEASEs still go
+/// on this connection, which stays open until its last lease is gone.
+class Connection {
+ public:
+  using Pending = Link::Pending;
+  explicit Connection(UniqueFd fd) : link_(std::make_shared<Link>(std::move(fd))) {}
+  ~Connection() { link_->Retire(); }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+  int fd() const { return link_->fd(); }
+  void AddHeld(uint32_t slot, int64_t step) { link_->AddHeld(slot, step); }
+  void Leave() { link_->Leave(); }
+  void ReleaseAfter(Pending p) { link_->ReleaseAfter(std::move(p)); }
+  void SendRelease(uint32_t slot, int64_t step, uint64_t wait_ns) { link_->SendRelease(slot, step, wait_ns); }
+
+ private:
+  std::shared_ptr<Link> link_;
 };
 
 /// The slot pool in this process: the host memfd mapped once, or every

@@ -432,6 +432,34 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
   c2->reset();
 }
 
+// The last batch of a connection the client has left is dropped (in Python:
+// with the GIL held) while the GPU is still busy: the drop does not wait for
+// the GPU; the release worker sends the RELEASE once the device is done.
+TEST(DeviceStaging, DroppingTheLastGpuBatchOfALeftConnectionNeverWaitsForTheGpu) {
+  REQUIRE_TWO_GPUS();
+  GpuJob job;
+  auto s = job.Start(job.Options());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto c = job.Connect();
+  ASSERT_TRUE(c);
+  auto b = c->Next(milliseconds(10000));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  c->Close();  // BYE: the batch keeps its slot and the connection
+  c.reset();
+  ::setenv("MESHLOAD_FAKE_CUDA_CTX_SYNC_MS", "500", 1);  // the trainer's GPU work takes 0.5 s more
+  const auto t0 = std::chrono::steady_clock::now();
+  b = client::Batch{};  // the last lease of the connection, without a stream: the device is waited for
+  const auto dropped = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(dropped, milliseconds(200)) << "dropping the batch waited for the GPU";
+  double consumed = 0;
+  for (int i = 0; i < 300 && (consumed = (*s)->Metric("meshload_batches_consumed_total")) < 1; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(consumed, 1) << "the RELEASE is sent once the device is done";
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(450));
+  ::unsetenv("MESHLOAD_FAKE_CUDA_CTX_SYNC_MS");
+}
+
 TEST(DeviceStaging, DeviceStagingNeedsADeviceForEveryLocalDevice) {
   REQUIRE_DRIVER();
   GpuJob job;

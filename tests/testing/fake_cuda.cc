@@ -28,7 +28,9 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -430,7 +432,15 @@ CUresult cuEventSynchronize(CUevent) { return CUDA_SUCCESS; }
 
 CUresult cuStreamSynchronize(CUstream) { return HaveContext() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
 
-CUresult cuCtxSynchronize() { return HaveContext() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+// MESHLOAD_FAKE_CUDA_CTX_SYNC_MS=N: a device synchronization takes N ms (a
+// GPU still busy with the trainer's work), read at each call.
+CUresult cuCtxSynchronize() {
+  if (!HaveContext()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (const char* ms = std::getenv("MESHLOAD_FAKE_CUDA_CTX_SYNC_MS")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
+  }
+  return CUDA_SUCCESS;
+}
 
 CUresult cuDeviceCanAccessPeer(int* can, CUdevice d, CUdevice peer) {
   const int n = static_cast<int>(S().devices.size());
