@@ -1028,8 +1028,11 @@ void Sidecar::Watchdog() {
   if (blocked > limit && client_) {
     if (!reported_blocked_) {
       ClientLock lock(*this);
+      uint64_t kept = 0;  // batches the trainer still holds from connections it left
+      for (const Closing& c : closing_) kept += c.leases.size();
       LogWarn("trainer holds every slot; staging is paused", {{"seconds", blocked},
                                                               {"leased", static_cast<uint64_t>(client_->leased.size())},
+                                                              {"kept", kept},
                                                               {"next_step", client_->next_to_send}});
       reported_blocked_ = true;
     }

@@ -421,6 +421,28 @@ TEST(Sidecar, ATrainerDroppedWithoutAnErrorSeesEndOfFileAndKeepsWhatItHolds) {
   }
 }
 
+// A trainer's BYE reaches the sidecar before its next connection does, and
+// the sidecar serves the trainer's messages before new connections: closing
+// and connecting again at once is never refused as busy (no retry here).
+TEST(Sidecar, ATrainerThatLeavesAndConnectsAgainAtOnceIsNotToldBusy) {
+  SidecarHarness h(/*prefetch=*/3);
+  ASSERT_TRUE(h.Start().ok());
+  int64_t step = 0;
+  for (int round = 0; round < 20; ++round) {
+    client::ClientOptions o;
+    o.socket_path = h.options_.socket_path;
+    o.start_step = step;
+    o.max_reconnect_attempts = 0;
+    auto c = client::Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << "round " << round << ": " << c.status().ToString();
+    auto b = (*c)->Next(milliseconds(5000));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_EQ(b->step, step);
+    ++step;
+    (*c)->Close();  // BYE (holding this batch), then at once the next connection
+  }
+}
+
 TEST(Sidecar, ASlowConsumerKeepsMemoryBoundedAndIsReported) {
   SidecarHarness h(/*prefetch=*/2);
   ASSERT_TRUE(h.Start().ok());
