@@ -571,9 +571,9 @@ Result<Batch> Client::MakeBatch(const ipc::Ready& r, uint64_t wait_ns) {
 }
 
 Status Client::ProtocolError(const Status& st) {
-  // The connection cannot go on in step: close it, so the sidecar takes its
-  // slots back; the next Next() connects again at the step it has not
-  // returned.
+  // The connection cannot go on in step: leave it (BYE), so the sidecar
+  // takes back the slots of batches not handed out; the next Next()
+  // connects again at the step it has not returned.
   LogWarn("dropping the connection to the sidecar after a protocol error", {{"error", st.ToString()}});
   Close();
   return st.WithLocationPrefix(options_.socket_path);

@@ -19,7 +19,8 @@
 /// which batches it still holds (BYE), the sidecar keeps those slots lent,
 /// and their RELEASEs still go on the old connection, which stays open
 /// until the last of them. (A restarted sidecar has a new pool; nobody
-/// writes the old one any more.) Held batches keep their slots, so holding
+/// writes the old one any more. With legacy CUDA IPC staging, batches held
+/// across a sidecar restart point at memory the dead sidecar freed.) Held batches keep their slots, so holding
 /// many across a reconnect leaves fewer to stage into, as it always does.
 ///
 /// When the sidecar goes away (a crash, or a stop announced with ERROR
@@ -162,8 +163,8 @@ class Client {
   Status Reconnect(const Status& why,
                    std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
   Result<Batch> MakeBatch(const ipc::Ready& ready, uint64_t wait_ns);
-  // A message the client cannot accept: closes the connection (the sidecar
-  // reclaims its slots) and returns `st`.
+  // A message the client cannot accept: leaves the connection (BYE: the
+  // sidecar takes back the slots of batches not handed out) and returns `st`.
   Status ProtocolError(const Status& st);
   Status Interrupted() const;
 

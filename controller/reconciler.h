@@ -4,8 +4,9 @@
 /// match, whatever event woke it.
 ///
 /// For a job `ns/name`:
-/// 1. Gone: nothing (its ConfigMap is garbage-collected through the owner
-///    reference). Being deleted: delete the ConfigMap, remove the finalizer
+/// 1. Gone: nothing (its ConfigMap and peer Secret are garbage-collected
+///    through the owner reference). Being deleted: delete the ConfigMap and
+///    the peer Secret this controller made (by its uid), remove the finalizer
 ///    `meshload.io/cleanup`. Otherwise make sure the finalizer is there.
 /// 2. Validate the spec with the planner (the same parser and checks as
 ///    `meshload plan`). Invalid: status Valid=False with every message,
@@ -28,10 +29,12 @@
 ///    Then the Secret `<name>-meshload-peer` (same labels and owner
 ///    reference; type Opaque, immutable): key `secret`, 64 random hex
 ///    digits, which the sidecars mount for --peer-secret-file. Created once,
-///    recorded in status.peerSecretName; one that exists is kept as it is
-///    (409: the controller may create Secrets but not read them).
+///    recorded in status.peerSecretName and peerSecretUID; one that exists
+///    is kept as it is (409 AlreadyExists: the controller may create and
+///    delete Secrets but not read them). A failed create is a problem
+///    (PeerSecretFailed): the status is written, the job retried.
 /// 5. Status (phase, observedGeneration, processesReady, planHash,
-///    peerSecretName, conditions Valid, Planned, SidecarsReady, Degraded) is written through
+///    peerSecretName, peerSecretUID, conditions Valid, Planned, SidecarsReady, Degraded) is written through
 ///    /status with the job's resourceVersion only when it differs; a 409
 ///    re-reads the job and tries again. lastTransitionTime moves only when a
 ///    condition's status does.

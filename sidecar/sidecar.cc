@@ -792,7 +792,10 @@ bool Sidecar::ServeClosingMessages(Closing& c) {
       auto it = std::find(c.leases.begin(), c.leases.end(), std::make_pair(rel->slot, rel->step));
       if (it == c.leases.end()) continue;
       c.leases.erase(it);
-      if (pool_->Release(rel->slot, rel->step)) metrics_->batches_consumed.Increment();
+      if (pool_->Release(rel->slot, rel->step)) {
+        metrics_->batches_consumed.Increment();
+        metrics_->trainer_wait.Observe(static_cast<double>(rel->wait_ns) / 1e9);
+      }
     } else if (const auto* bye = std::get_if<ipc::Bye>(&*decoded)) {
       // After an ERROR: the trainer says which batches it still holds; the
       // others (READYs it never handed out) come back now.

@@ -208,7 +208,7 @@ class Sidecar {
   // Reads what a closing connection sent; false once it is closed (EOF or error).
   bool ServeClosingMessages(Closing& c);
   // Takes back the leases of a closing connection (those in `only`, when
-  // given): it closed, was evicted, or said it does not hold them.
+  // given): it closed, or said (BYE) it does not hold them.
   void ReclaimClosing(Closing& c, const char* why, const LeaseList* only = nullptr);
 
   // Producer state, guarded by producer_mu_.

@@ -15,8 +15,9 @@
 /// the registry (discovery.h), Tables for `kubectl get`, strategic merge
 /// patch (simplified) and JSON patch for `kubectl apply`/`patch`.
 ///
-/// The C++ test hooks (not reachable over HTTP) inject faults and count
-/// writes, so tests can check retry behaviour and write amplification.
+/// The C++ test hooks (not reachable over HTTP) inject faults, count writes
+/// and count requests by method and resource, so tests can check retry
+/// behaviour, write amplification and what a client touched.
 ///
 /// Thread safety: all methods are thread-safe. Start() and Stop() may each be
 /// called once; the destructor calls Stop().

@@ -23,7 +23,8 @@
 ///      reclaimed. A client that dies (end of file) has every lease
 ///      reclaimed. It reconnects with CLIENT_HELLO{want_step}: the server
 ///      re-plans from there.
-///   ERROR {code, message} may come from the server at any time, then it closes.
+///   ERROR {code, message} may come from the server at any time; it then
+///   sends nothing more, but reads RELEASEs and a BYE for the leases it keeps.
 ///
 /// Decoding is strict and bounds-checked (it is fuzzed): a truncated,
 /// oversized or inconsistent message is an error naming the byte offset,

@@ -123,7 +123,8 @@ class Source {
   /// returns its error, which names `uri@offset` of that read (or just
   /// `uri` when the object cannot be opened at all); the reads
   /// before it have landed. Each read is still one storage request for
-  /// metrics (SourceObserver::OnReads, once per batch). A source that can
+  /// metrics (an override reports them with SourceObserver::OnReads, once
+  /// per batch; the default, through ReadV, one OnRead each). A source that can
   /// share work between the reads of one object overrides it (local files:
   /// one descriptor-cache lookup and one metrics update per batch); the
   /// default calls ReadV for each.

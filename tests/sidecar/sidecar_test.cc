@@ -295,6 +295,7 @@ TEST(Sidecar, BatchesHeldAcrossACloseKeepTheirBytesUntilTheTrainerDropsThem) {
   const double consumed = h.Metric("meshload_batches_consumed_total");
   held.clear();
   EXPECT_TRUE(MetricReaches(h, "meshload_batches_consumed_total", consumed + 2));
+  EXPECT_EQ(h.Metric("meshload_trainer_wait_seconds_count"), consumed + 2) << "each RELEASE records its wait";
   std::vector<client::Batch> three;  // all three slots serve the new connection again
   for (int i = 0; i < 3; ++i) {
     auto b = c2->Next(milliseconds(5000));

@@ -21,7 +21,9 @@ The arrays are writable views of memory the sidecar reuses after release.
 ``close()`` (and leaving the ``with`` block) gives back every slot but those
 of batches still alive: they keep their slots, bytes and mapping until they
 are dropped (the client tells the sidecar which it holds), so reading them
-after close() or a reconnect is safe.
+after close() or a reconnect is safe. (One exception: with legacy CUDA IPC
+staging, ``--staging cuda-ipc``, batches held across a sidecar *restart*
+point at memory the dead sidecar freed; see docs/life-of-a-batch.md.)
 
 Errors. Iteration and ``Client.next()`` go on for ever. If the sidecar
 restarts, the client reconnects and resumes at the next step with identical
@@ -48,9 +50,9 @@ only after the work queued on it when the batch dies is done.
 ``jax.Array`` for the job's mesh) and CuPy.
 
 Threads. ``next()`` releases the GIL while it waits; concurrent ``next()`` /
-``close()`` calls on one Client are serialized. A blocking ``next()`` without
-a timeout does not return for a signal (KeyboardInterrupt is delivered when
-it returns); pass a timeout in a loop if the trainer must stay interruptible.
+``close()`` calls on one Client are serialized. A signal interrupts a
+blocking ``next()``: Python's handlers run (Ctrl-C raises KeyboardInterrupt
+there), and when none raises, ``next()`` goes on waiting.
 
 Public names:
     Client(socket_path, start_step=None, max_reconnect_attempts=8)
