@@ -280,10 +280,11 @@ Reconciler::Reconciler(kube::KubeClient* client, kube::Informer* jobs, kube::Inf
                        kube::Informer* configmaps, ReconcilerOptions options)
     : client_(client), jobs_(jobs), pods_(pods), configmaps_(configmaps), options_(std::move(options)) {}
 
-std::string Reconciler::MadeSecret(const std::string& key, const std::string& job_uid) const {
+std::optional<std::string> Reconciler::MadeSecret(const std::string& key, const std::string& job_uid) const {
   std::lock_guard lock(secrets_mu_);
   auto it = secrets_made_.find(key);
-  return it != secrets_made_.end() && it->second.job_uid == job_uid ? it->second.secret_uid : "";
+  if (it == secrets_made_.end() || it->second.job_uid != job_uid) return std::nullopt;
+  return it->second.secret_uid;
 }
 
 Status Reconciler::CheckMayWrite() const {
@@ -350,7 +351,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     // re-created under the same name at once does not find it still there,
     // waiting for garbage collection, and take it for its own.
     std::string secret_uid = Str(Field(job, "status"), "peerSecretUID");
-    if (secret_uid.empty()) secret_uid = MadeSecret(key, Str(Field(job, "metadata"), "uid"));
+    if (secret_uid.empty()) secret_uid = MadeSecret(key, Str(Field(job, "metadata"), "uid")).value_or("");
     if (!secret_uid.empty()) {
       const std::string secret_name = PeerSecretName(name);
       kube::ApiResponse del = client_->Delete(SecretsResource().Object(ns, secret_name),
@@ -604,11 +605,9 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     const std::string secret_name = PeerSecretName(name);
     const std::string uid = Str(Field(job, "metadata"), "uid");
     if (desired.peer_secret != secret_name) {
-      std::lock_guard lock(secrets_mu_);
-      auto made = secrets_made_.find(key);
-      if (made != secrets_made_.end() && made->second.job_uid == uid) {
+      if (std::optional<std::string> made = MadeSecret(key, uid)) {
         desired.peer_secret = secret_name;
-        desired.peer_secret_uid = made->second.secret_uid;
+        desired.peer_secret_uid = *made;
       }
     }
     if (desired.peer_secret != secret_name) {

@@ -57,6 +57,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -127,9 +128,9 @@ class Reconciler {
 
  private:
   Status CheckMayWrite() const;
-  // The uid of the peer secret made for job `key` (of uid `job_uid`) by
-  // this process, or "" (none, or found rather than made).
-  std::string MadeSecret(const std::string& key, const std::string& job_uid) const;
+  // Whether this process made or found the peer secret of job `key` (of
+  // uid `job_uid`): then the Secret's uid ("" when found rather than made).
+  std::optional<std::string> MadeSecret(const std::string& key, const std::string& job_uid) const;
 
   kube::KubeClient* client_;
   kube::Informer* jobs_;

@@ -94,14 +94,7 @@ bool SlotPool::Release(uint32_t slot, int64_t step) {
   return true;
 }
 
-std::vector<std::pair<uint32_t, int64_t>> SlotPool::LeasedSlots() const {
-  std::lock_guard lock(mu_);
-  std::vector<std::pair<uint32_t, int64_t>> out;
-  for (uint32_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i].state == SlotState::kLeased) out.emplace_back(i, slots_[i].step);
-  }
-  return out;
-}
+
 
 uint64_t SlotPool::Reset(int64_t next_step) {
   std::lock_guard lock(mu_);

@@ -82,8 +82,6 @@ class SlotPool {
   /// Returns a lease. False (and nothing changes) when `slot` is not leased
   /// or holds another step: a client bug or a stale RELEASE.
   bool Release(uint32_t slot, int64_t step);
-  /// Every leased slot and its step, by slot number.
-  std::vector<std::pair<uint32_t, int64_t>> LeasedSlots() const;
 
   /// Starts a new generation: ready slots are freed, slots being filled will
   /// be freed when done. Returns the new generation. With `next_step`,
