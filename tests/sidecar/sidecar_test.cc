@@ -291,8 +291,11 @@ TEST(Sidecar, BatchesHeldAcrossACloseKeepTheirBytesUntilTheTrainerDropsThem) {
   }
   for (const auto& b : held) h.ExpectBatchIsPlanned(b);
   EXPECT_LE(h.Metric("meshload_leases_reclaimed_total"), 1) << "only a READY that was never handed out";
-  // Dropping them releases their slots on the old connection.
+  // Dropping them releases their slots on the old connection. (The new
+  // connection's 38 RELEASEs first: the last may still be on its way.)
+  EXPECT_TRUE(MetricReaches(h, "meshload_batches_consumed_total", 38));
   const double consumed = h.Metric("meshload_batches_consumed_total");
+  EXPECT_EQ(consumed, 38);
   held.clear();
   EXPECT_TRUE(MetricReaches(h, "meshload_batches_consumed_total", consumed + 2));
   EXPECT_EQ(h.Metric("meshload_trainer_wait_seconds_count"), consumed + 2) << "each RELEASE records its wait";
@@ -333,8 +336,11 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
     ASSERT_EQ(old.Bytes(leases[0]), held_bytes) << "a held batch changed under the old trainer";
   }
   // Its RELEASE on the old connection is taken; a RELEASE of a lease it
-  // gave up, and a second one, change nothing.
+  // gave up, and a second one, change nothing. (The new trainer's 17
+  // RELEASEs first: the last may still be on its way.)
+  EXPECT_TRUE(MetricReaches(h, "meshload_batches_consumed_total", 17));
   const double consumed = h.Metric("meshload_batches_consumed_total");
+  EXPECT_EQ(consumed, 17);
   old.Send(ipc::Release{leases[1].slot, leases[1].step, 0});
   old.Send(ipc::Release{leases[0].slot, leases[0].step, 0});
   old.Send(ipc::Release{leases[0].slot, leases[0].step, 0});
