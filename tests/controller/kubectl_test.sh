@@ -44,7 +44,7 @@ field() { k get "$@" 2>/dev/null; }
 
 "$BIN" --port 0 --kubeconfig-out "$TMP/kubeconfig" >"$TMP/port" 2>"$TMP/server.err" &
 SERVER_PID=$!
-for _ in $(seq 100); do [ -s "$TMP/kubeconfig" ] && [ -s "$TMP/port" ] && break; sleep 0.05; done
+for _ in $(seq 600); do [ -s "$TMP/kubeconfig" ] && [ -s "$TMP/port" ] && break; sleep 0.05; done
 export KUBECONFIG=$TMP/kubeconfig
 echo "kubectl: $("$KUBECTL" version --client 2>&1 | head -1); server port $(cat "$TMP/port")"
 

@@ -136,7 +136,7 @@ sed -i "s#uri: $TMP/none#uri: $TMP/data-fixed#" "$TMP/fixed.yaml"
 "$SIDECAR" --job "$TMP/fixed.yaml" --process 0 --socket "$SOCK" --metrics-port 0 --metrics-address 127.0.0.1 \
   --log-level info 2>"$TMP/sidecar.log" &
 PIDS+=($!)
-for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
+for _ in $(seq 600); do [ -S "$SOCK" ] && break; sleep 0.05; done
 if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null; then
   chmod 0755 "$TMP"; chmod 0666 "$SOCK"  # let uid 65534 reach the socket: the uid check must refuse it
   out=$(setpriv --reuid 65534 --regid 65534 --clear-groups "$ML" demo-trainer --job "$TMP/fixed.yaml" \
@@ -195,11 +195,11 @@ MESHLOAD_PROCESS_FILE=$PF "$SIDECAR" --job "$TMP/fixed.yaml" --socket "$SOCK2" -
   2>"$TMP/pf.log" &
 PF_PID=$!
 PIDS+=($PF_PID)
-sleep 0.6
+wait_for "$TMP/pf.log" "waiting for the controller"
 waiting=1
 [ ! -S "$SOCK2" ] && kill -0 $PF_PID 2>/dev/null && grep -q "waiting for the controller" "$TMP/pf.log" && waiting=0
 printf '1\n' >"$PF.tmp" && mv "$PF.tmp" "$PF"
-for _ in $(seq 100); do [ -S "$SOCK2" ] && break; sleep 0.05; done
+for _ in $(seq 600); do [ -S "$SOCK2" ] && break; sleep 0.05; done
 out=$("$ML" demo-trainer --job "$TMP/fixed.yaml" --process 1 --socket "$SOCK2" --steps 5 2>&1); rc=$?
 [ $waiting -eq 0 ] && [ $rc -eq 0 ] && grep -q '"process":1' "$TMP/pf.log"
 check "--process-file waits for the index, then serves that process (the trainer verifies process 1's bytes)" $?
@@ -208,10 +208,12 @@ echo "garbage" >"$TMP/cm/process.bad"
 out=$("$SIDECAR" --job "$TMP/fixed.yaml" --socket "$TMP/bad.sock" --process-file "$TMP/cm/process.bad" 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "process.bad" <<<"$out" && grep -q "got 'garbage'" <<<"$out"
 check "a process file that is not an index is a clear error naming the file" $?
-MESHLOAD_PROCESS_FILE=$TMP/cm/never "$SIDECAR" --job "$TMP/fixed.yaml" --socket "$TMP/never.sock" 2>/dev/null &
+MESHLOAD_PROCESS_FILE=$TMP/cm/never "$SIDECAR" --job "$TMP/fixed.yaml" --socket "$TMP/never.sock" --log-level info \
+  2>"$TMP/never.log" &
 NEVER=$!
-sleep 0.3; kill -TERM $NEVER; wait $NEVER; rc=$?
-[ $rc -eq 0 ]
+wait_for "$TMP/never.log" "waiting for the controller"; waiting=$?
+kill -TERM $NEVER; wait $NEVER; rc=$?
+[ $waiting -eq 0 ] && [ $rc -eq 0 ]
 check "SIGTERM while waiting for the process file exits cleanly" $?
 
 # 6. Peers: a bad --peers names the item; --assignments waits for the
@@ -242,25 +244,33 @@ echo '{"processes": 2, "pods": {"t-0": {"index": 0, "ip": "127.0.0.1"}, "t-1": {
 "$SIDECAR" --job "$TMP/reshard.yaml" --process 0 --socket "$TMP/as.sock" --assignments "$TMP/cm/assign.json" \
   --peer-port $PORT --log-level info 2>"$TMP/as.log" &
 AS=$!
-sleep 0.6
+wait_for "$TMP/as.log" "waiting for the controller to publish|peer exchange listening"
 grep -q "waiting for the controller to publish every process's address" "$TMP/as.log" && ! grep -q "peer exchange listening" "$TMP/as.log"
 waited=$?
 echo '{"processes": 2, "pods": {"t-0": {"index": 0, "ip": "127.0.0.1"}, "t-1": {"index": 1, "ip": "127.0.0.1"}}}' >"$TMP/cm/assign.json.new"
 mv "$TMP/cm/assign.json.new" "$TMP/cm/assign.json"
-for _ in $(seq 50); do grep -q "peer exchange listening" "$TMP/as.log" && break; sleep 0.1; done
+wait_for "$TMP/as.log" "peer exchange listening"
 [ $waited -eq 0 ] && grep -q "\"port\":$PORT" "$TMP/as.log"
 check "--assignments waits for every process's IP, then listens for peers on --peer-port" $?
 [ $waited -eq 0 ] || tail -5 "$TMP/as.log"
 kill -TERM $AS; wait $AS
 # A job that moves nothing between processes does not wait for the IPs.
-out=$(timeout 10 "$SIDECAR" --job "$TMP/fixed.yaml" --process 0 --socket "$TMP/np.sock" --assignments "$TMP/cm/none.json" \
-      --staging host --log-level info 2>&1 & NP=$!; sleep 0.6; kill -TERM $NP; wait $NP); rc=$?
+timeout 60 "$SIDECAR" --job "$TMP/fixed.yaml" --process 0 --socket "$TMP/np.sock" --assignments "$TMP/cm/none.json" \
+  --staging host --log-level info 2>"$TMP/np.log" &
+NP=$!
+wait_for "$TMP/np.log" "sidecar started|waiting for the controller|sidecar cannot start"
+kill -TERM $NP; wait $NP
+out=$(cat "$TMP/np.log")
 grep -q "no samples move between this job's processes" <<<"$out" && grep -q "sidecar started" <<<"$out" \
   && ! grep -q "waiting for the controller" <<<"$out"
 check "--assignments with a job that moves nothing between processes starts at once, without peers" $?
 # The tuning flags reach the sidecar (its start-up line says what it runs with).
-out=$(MESHLOAD_STAGING_SCHED=normal timeout 10 "$SIDECAR" --job "$TMP/fixed.yaml" --process 0 --socket "$TMP/tn.sock" \
-      --mmap-resident-limit-mib 64 --staging host --log-level info 2>&1 & TN=$!; sleep 0.6; kill -TERM $TN; wait $TN); rc=$?
+MESHLOAD_STAGING_SCHED=normal timeout 60 "$SIDECAR" --job "$TMP/fixed.yaml" --process 0 --socket "$TMP/tn.sock" \
+  --mmap-resident-limit-mib 64 --staging host --log-level info 2>"$TMP/tn.log" &
+TN=$!
+wait_for "$TMP/tn.log" "sidecar started|sidecar cannot start"
+kill -TERM $TN; wait $TN
+out=$(cat "$TMP/tn.log")
 grep "sidecar started" <<<"$out" | grep -q '"thread_sched":"normal"' \
   && grep "sidecar started" <<<"$out" | grep -q '"mmap_resident_limit_mib":64'
 check "--staging-sched and --mmap-resident-limit-mib reach the sidecar" $?

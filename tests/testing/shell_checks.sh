@@ -6,6 +6,11 @@
 #   check NAME RC  counts RC 0 as passed ("ok   NAME"), else failed ("FAIL NAME")
 #   skipped NAME WHY
 #                  counts a check that cannot run here ("SKIP NAME: WHY"), never as passed
+#   wait_for FILE PATTERN [SECONDS]
+#                  waits until FILE has a line matching PATTERN (grep -E), at
+#                  most SECONDS (default 30); returns 1 if it never does. Use
+#                  it instead of sleeping: a loaded machine (TSan, CI) can take
+#                  seconds where an idle one takes milliseconds.
 #   finish         prints "N passed, N failed[, N skipped]" and exits 1 if any failed
 TMP=$(mktemp -d)
 PIDS=()
@@ -18,6 +23,13 @@ trap cleanup EXIT
 pass=0 fail=0 skip=0
 check() { if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi; }
 skipped() { skip=$((skip + 1)); echo "SKIP $1: $2"; }
+wait_for() {
+  local deadline=$((SECONDS + ${3:-30}))
+  until grep -qE -- "$2" "$1" 2>/dev/null; do
+    [ $SECONDS -ge $deadline ] && return 1
+    sleep 0.05
+  done
+}
 finish() {
   if [ $skip -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
   [ $fail -eq 0 ]
