@@ -242,8 +242,8 @@ std::vector<uint64_t> ShardPlanner::GlobalBatch(int64_t step) const {
   return out;
 }
 
-StepPlan ShardPlanner::PlanStep(int64_t step, const Loading& loading,
-                                std::optional<int64_t> process) const {
+StepPlan ShardPlanner::PlanStep(int64_t step, const Loading& loading, std::optional<int64_t> process,
+                                Detail detail) const {
   const DeviceMesh& mesh = job_.mesh;
   StepPlan plan;
   plan.step = step;
@@ -286,9 +286,11 @@ StepPlan ShardPlanner::PlanStep(int64_t step, const Loading& loading,
       r.process = u.process;
       r.device = u.device;
       r.samples = samples_of(u.positions);
-      ids = r.samples;
-      r.bytes = job_.dataset.CoalescedExtents(ids, r.ranges);
-      plan.bytes_read += r.bytes;
+      if (detail == Detail::kFull) {
+        ids = r.samples;
+        r.bytes = job_.dataset.CoalescedExtents(ids, r.ranges);
+        plan.bytes_read += r.bytes;
+      }
       plan.reads.push_back(std::move(r));
     }
     std::vector<TransferUnit> units = TransfersFrom(p, loading);

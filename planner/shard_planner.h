@@ -164,10 +164,16 @@ class ShardPlanner {
   /// The global batch of `step`: B sample ids.
   std::vector<uint64_t> GlobalBatch(int64_t step) const;
 
+  /// What PlanStep computes of each read: the samples always; with kFull
+  /// also its coalesced file ranges and bytes (and the plan's bytes_read).
+  /// The sidecar, which builds its own reads from the samples, asks for
+  /// kSamples: the ranges cost as much as planning the step.
+  enum class Detail { kFull, kSamples };
+
   /// The plan of `step`; with `process`, only that process's devices and
   /// reads and the transfers from or to it (computing only what it needs).
-  StepPlan PlanStep(int64_t step, const Loading& loading,
-                    std::optional<int64_t> process = std::nullopt) const;
+  StepPlan PlanStep(int64_t step, const Loading& loading, std::optional<int64_t> process = std::nullopt,
+                    Detail detail = Detail::kFull) const;
 
   /// The bytes of `step` under `loading`, for every process, without
   /// materialising sample lists (fast enough for a 16k-device mesh).

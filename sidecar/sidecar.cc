@@ -528,7 +528,7 @@ Status Sidecar::InitDeviceStaging() {
     return InvalidArgument("too many IPC handles: " + std::to_string(allocs), "spec.batch.prefetch");
   }
   // Devices holding the same shard are replicas: they get a device copy.
-  const StepPlan plan = planner_->PlanStep(start_step_, loading_, options_.process);
+  const StepPlan plan = planner_->PlanStep(start_step_, loading_, options_.process, ShardPlanner::Detail::kSamples);
   std::vector<int64_t> shard_of;
   for (const auto& d : plan.devices) shard_of.push_back(d.shard);
   auto device = staging::DeviceSlotMemory::Create(**driver, share, layout_, ordinals, shard_of,

@@ -192,10 +192,11 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
       c.dest_of.emplace_back(d.samples[k], slot + layout_.devices[i].offset + k * sb);
     }
   }
-  // Stable: for an id listed twice, the later place wins (as a map's last
-  // assignment would).
-  std::stable_sort(c.dest_of.begin(), c.dest_of.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  // For an id listed twice, the later place wins (as a map's last
+  // assignment would): places were added in slot order (device offsets grow
+  // with the device, see ComputeBatchLayout), so sorting by (id, place) keeps
+  // them in the order they were added, without stable_sort's buffer.
+  std::sort(c.dest_of.begin(), c.dest_of.end());
 
   // With peers, a sample read that no local device holds is a peer's: it is
   // read into the outbox (sized first: its addresses must not move).
@@ -334,7 +335,7 @@ Status StepLoader::BuildParts(const StepPlan& plan, bool incoming, Caller& c, st
 Status StepLoader::ServePart(int64_t step, int64_t peer, std::vector<uint8_t>& out, uint64_t& checksum) {
   const DatasetIndex& ds = planner_.job().dataset;
   const uint64_t sb = layout_.sample_bytes;
-  const StepPlan plan = planner_.PlanStep(step, loading_, process_);
+  const StepPlan plan = planner_.PlanStep(step, loading_, process_, ShardPlanner::Detail::kSamples);
   for (const TransferPlan& t : plan.transfers) {
     if (t.from != process_ || t.to != peer) continue;
     out.resize(t.samples.size() * sb);
@@ -362,7 +363,7 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& chec
                            std::to_string(callers_.size() - 1));
   }
   Caller& c = *callers_[static_cast<size_t>(caller)];
-  StepPlan plan = planner_.PlanStep(step, loading_, process_);
+  StepPlan plan = planner_.PlanStep(step, loading_, process_, ShardPlanner::Detail::kSamples);
   StepLoadStats stats;
   c.used = 0;
   c.fixups.clear();

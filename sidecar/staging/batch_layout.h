@@ -20,7 +20,7 @@ inline constexpr uint64_t kTensorAlignment = 256;
 
 struct DeviceTensor {
   int64_t device = 0;  // global device index
-  uint64_t offset = 0; // bytes from the slot start
+  uint64_t offset = 0; // bytes from the slot start; grows with the device (StepLoader relies on it)
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // elements
   uint64_t nbytes = 0;

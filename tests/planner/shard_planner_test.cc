@@ -344,6 +344,42 @@ TEST(ShardPlanner, OneProcessPlanEqualsTheWholeMeshPlanRestrictedToIt) {
   }
 }
 
+TEST(ShardPlanner, ASamplesOnlyPlanIsTheFullPlanWithoutItsRanges) {
+  std::mt19937_64 rng(10);
+  for (int i = 0; i < 100; ++i) {
+    JobSpec spec = RandomSpec(rng);
+    ShardPlanner planner = MakePlanner(spec);
+    for (const Loading& l : SupportedLoadings(planner)) {
+      for (int64_t p = 0; p < planner.job().mesh.processes(); ++p) {
+        const StepPlan full = planner.PlanStep(3, l, p);
+        const StepPlan lean = planner.PlanStep(3, l, p, ShardPlanner::Detail::kSamples);
+        ASSERT_EQ(full.devices.size(), lean.devices.size());
+        for (size_t d = 0; d < full.devices.size(); ++d) {
+          EXPECT_EQ(full.devices[d].device, lean.devices[d].device);
+          EXPECT_EQ(full.devices[d].samples, lean.devices[d].samples);
+        }
+        ASSERT_EQ(full.reads.size(), lean.reads.size()) << Describe(spec, l);
+        for (size_t r = 0; r < full.reads.size(); ++r) {
+          EXPECT_EQ(full.reads[r].device, lean.reads[r].device);
+          EXPECT_EQ(full.reads[r].samples, lean.reads[r].samples);
+          EXPECT_TRUE(lean.reads[r].ranges.empty());
+          EXPECT_EQ(lean.reads[r].bytes, 0u);
+          if (!full.reads[r].samples.empty()) {
+            EXPECT_FALSE(full.reads[r].ranges.empty());
+          }
+        }
+        EXPECT_EQ(lean.bytes_read, 0u);
+        ASSERT_EQ(full.transfers.size(), lean.transfers.size());
+        for (size_t t = 0; t < full.transfers.size(); ++t) {
+          EXPECT_EQ(full.transfers[t].samples, lean.transfers[t].samples);
+          EXPECT_EQ(full.transfers[t].bytes, lean.transfers[t].bytes);
+        }
+        EXPECT_EQ(full.bytes_transferred, lean.bytes_transferred);
+      }
+    }
+  }
+}
+
 TEST(ShardPlanner, BroadcastReadsEachShardOnceAcrossProcesses) {
   std::mt19937_64 rng(10);
   for (int i = 0; i < kRandomSpecs; ++i) {
