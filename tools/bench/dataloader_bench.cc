@@ -2,7 +2,11 @@
 // a meshload-sidecar process into this (consumer) process through the real
 // client, against ceilings and the Python baseline measured in the same run.
 //
-//   build/tools/bench/dataloader_bench [--quick] [--dir DIR] [--only SCENARIO] [--rounds N]
+//   build/tools/bench/dataloader_bench [--quick] [--dir DIR] [--only SCENARIO] [--rounds N] [--prefetch N]
+//
+// --prefetch N replaces every scenario's prefetch (4: the slots the job
+// asks for; small batches cycle through 4 slots faster than a RELEASE's
+// round trip to the sidecar and back to a producer).
 //
 // Per scenario it prints:
 //   - the single-thread pread ceiling (shuffled per-sample preads of the same
@@ -480,18 +484,23 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;       // --only NAME: one scenario
   std::optional<int64_t> rounds;  // --rounds N: meshload and Python alternate N times; default 3, 1 with --quick
+  std::optional<int64_t> prefetch;  // --prefetch N: every scenario's slots
   std::string root = "/tmp/meshload-bench";
   cli::FlagParser flags("",
                         "usage: dataloader_bench [--quick] [--dir DIR] [--only fixed-1MiB|fixed-4KiB|tokens-u16-2048]"
-                        " [--rounds N]\n",
+                        " [--rounds N] [--prefetch N]\n",
                         "dataloader_bench");
   flags.Bool({"--quick"}, &quick);
   flags.String({"--dir"}, &root);
   flags.String({"--only"}, &only);
   flags.OptionalInt({"--rounds"}, &rounds);
+  flags.OptionalInt({"--prefetch"}, &prefetch);
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
   if (rounds && (*rounds < 1 || *rounds > 100)) {
     return cli::UsageError("--rounds must be 1..100, got " + std::to_string(*rounds), "dataloader_bench");
+  }
+  if (prefetch && (*prefetch < 1 || *prefetch > 64)) {
+    return cli::UsageError("--prefetch must be 1..64, got " + std::to_string(*prefetch), "dataloader_bench");
   }
   const int round_count = rounds ? static_cast<int>(*rounds) : (quick ? 1 : 3);
   std::filesystem::create_directories(root);
@@ -501,6 +510,9 @@ int main(int argc, char** argv) {
       {"fixed-4KiB", DatasetFormat::kFixedRecord, 4096, 0, 32, gib >> 12, quick ? 2000 : 24000, 4, 0, 3.0},
       {"tokens-u16-2048", DatasetFormat::kTokenStream, 0, 2048, 32, gib / 4096, quick ? 2000 : 24000, 4, 0, 3.0},
   };
+  if (prefetch) {
+    for (auto& s : scenarios) s.prefetch = *prefetch;
+  }
   if (!only.empty() && std::none_of(scenarios.begin(), scenarios.end(), [&](const Scenario& s) { return s.name == only; })) {
     return cli::UsageError("--only: no scenario named " + only + " (fixed-1MiB, fixed-4KiB, tokens-u16-2048)",
                            "dataloader_bench");
