@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -49,6 +50,12 @@ class Link : public std::enable_shared_from_this<Link> {
   void AddHeld(uint32_t slot, int64_t step) {
     std::lock_guard lock(mu_);
     held_.push_back({slot, step});
+  }
+
+  // A slot of a batch handed out and not released yet.
+  bool Holds(uint32_t slot) {
+    std::lock_guard lock(mu_);
+    return std::any_of(held_.begin(), held_.end(), [&](const ipc::Bye::Held& h) { return h.slot == slot; });
   }
 
   // The client leaves this connection but not the batches it holds: BYE
@@ -210,6 +217,7 @@ class Connection {
   Connection& operator=(const Connection&) = delete;
   int fd() const { return link_->fd(); }
   void AddHeld(uint32_t slot, int64_t step) { link_->AddHeld(slot, step); }
+  bool Holds(uint32_t slot) { return link_->Holds(slot); }
   void Leave() { link_->Leave(); }
   void ReleaseAfter(Pending p) { link_->ReleaseAfter(std::move(p)); }
   void SendRelease(uint32_t slot, int64_t step, uint64_t wait_ns) { link_->SendRelease(slot, step, wait_ns); }
@@ -360,7 +368,9 @@ Lease::~Lease() {
     p.slot = slot_;
     p.step = step_;
     p.wait_ns = wait_ns_;
-    p.mapping = mapping_;
+    // Moved: the worker may hold the connection's last reference, and then
+    // tears the mapping down off this thread.
+    p.mapping = std::move(mapping_);
     conn_->ReleaseAfter(std::move(p));
     return;
   }
@@ -375,14 +385,20 @@ void Lease::AddConsumerStream(int ordinal, uintptr_t stream) {
   consumer_streams_.emplace_back(ordinal, stream);
 }
 
-Result<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
+Client::Client(ClientOptions options) : options_(std::move(options)) {
+  rng_state_ = static_cast<uint64_t>(::getpid()) ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+}
+
+Result<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   std::unique_ptr<Client> c(new Client(std::move(options)));
-  const int64_t want = c->options_.start_step.value_or(-1);
-  Status st = c->ConnectOnce(want);
-  if (!st.ok()) {
-    if (st.code() != StatusCode::kUnavailable) return st;
-    RETURN_IF_ERROR(c->Reconnect(st));
-  }
+  c->wake_fd_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!c->wake_fd_.valid()) return IoErrorFromErrno("eventfd", c->options_.socket_path, errno);
+  return c;
+}
+
+Result<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Create(std::move(options)));
+  RETURN_IF_ERROR(c->EnsureConnected());
   return c;
 }
 
@@ -393,30 +409,65 @@ void Client::Close() {
   // are released; without any, it closes now.
   if (conn_) conn_->Leave();
   conn_.reset();
+  handshake_.reset();
+}
+
+void Client::Interrupt() {
+  interrupted_.store(true);
+  const uint64_t one = 1;
+  (void)!::write(wake_fd_.get(), &one, sizeof one);
+}
+
+Status Client::Closed() const {
+  return Status(StatusCode::kFailedPrecondition, "the client was closed", options_.socket_path);
+}
+
+int Client::Wait(int fd, std::optional<Clock::time_point> until) {
+  while (true) {
+    if (interrupted_.load()) return -2;
+    int wait_ms = -1;
+    if (until) {
+      // Rounded up: a wait that ends early would poll again for nothing.
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(*until - Clock::now()).count();
+      wait_ms = static_cast<int>(std::clamp<int64_t>(left, 0, INT32_MAX));
+    }
+    pollfd p[2] = {{wake_fd_.get(), POLLIN, 0}, {fd, POLLIN, 0}};
+    const int rc = ::poll(p, fd >= 0 ? 2 : 1, wait_ms);
+    if (rc < 0) return errno == EINTR ? -1 : -2 - errno;
+    if (interrupted_.load()) return -2;
+    if (fd >= 0 && rc > 0 && p[1].revents != 0) return 1;
+    if (until && Clock::now() >= *until) return 0;
+    if (!until && rc == 0) continue;
+  }
 }
 
 Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> deadline) {
-  ASSIGN_OR_RETURN(UniqueFd fd, ipc::ConnectSeqpacket(options_.socket_path));
-  ipc::ClientHello hello;
-  hello.pid = static_cast<uint32_t>(::getpid());
-  hello.want_step = want_step;
-  RETURN_IF_ERROR(ipc::SendMessage(fd.get(), ipc::Encode(hello)));
-  // A listener that never answers must not hang the trainer.
-  // Within 5 s, and within the caller's deadline.
-  int wait_ms = 5000;
-  if (deadline) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now()).count();
-    wait_ms = static_cast<int>(std::clamp<int64_t>(left, 0, wait_ms));
+  if (handshake_ && handshake_->want_step != want_step) handshake_.reset();
+  if (!handshake_) {
+    ASSIGN_OR_RETURN(UniqueFd fd, ipc::ConnectSeqpacket(options_.socket_path));
+    ipc::ClientHello hello;
+    hello.pid = static_cast<uint32_t>(::getpid());
+    hello.want_step = want_step;
+    RETURN_IF_ERROR(ipc::SendMessage(fd.get(), ipc::Encode(hello)));
+    handshake_ = Handshake{std::move(fd), want_step, Clock::now()};
   }
-  pollfd p{fd.get(), POLLIN, 0};
-  const int prc = ::poll(&p, 1, wait_ms);
-  if (prc < 0 && errno == EINTR) {
-    return Status(StatusCode::kCancelled, "interrupted by a signal while connecting", options_.socket_path);
-  }
-  if (prc == 0 && wait_ms < 5000) {
+  // A listener that never answers must not hang the trainer: 5 s from the
+  // hello, and within the caller's deadline.
+  const auto limit = handshake_->sent + std::chrono::seconds(5);
+  const bool deadline_first = deadline && *deadline < limit;
+  const int w = Wait(handshake_->fd.get(), deadline_first ? *deadline : limit);
+  if (w == -1) return Status(StatusCode::kCancelled, "interrupted by a signal while connecting", options_.socket_path);
+  if (w == -2) return Closed();
+  if (w < -2) return IoErrorFromErrno("poll", options_.socket_path, -2 - w);
+  if (w == 0 && deadline_first) {
     return Status(StatusCode::kDeadlineExceeded, "no SERVER_HELLO before the deadline", options_.socket_path);
   }
-  if (prc == 0) return Status(StatusCode::kUnavailable, "no SERVER_HELLO within 5 s", options_.socket_path);
+  if (w == 0) {
+    handshake_.reset();
+    return Status(StatusCode::kUnavailable, "no SERVER_HELLO within 5 s", options_.socket_path);
+  }
+  UniqueFd fd = std::move(handshake_->fd);
+  handshake_.reset();
   ASSIGN_OR_RETURN(ipc::Received got, ipc::ReceiveMessage(fd.get(), ipc::kMaxMessageBytes));
   ASSIGN_OR_RETURN(ipc::Message msg, ipc::Decode(got.bytes));
   if (const auto* err = std::get_if<ipc::ErrorMessage>(&msg)) {
@@ -430,6 +481,14 @@ Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> d
     return FailedPrecondition("the sidecar speaks protocol version " + std::to_string(sh->version) +
                                   ", this client " + std::to_string(ipc::kProtocolVersion),
                               options_.socket_path);
+  }
+  if (want_step >= 0 && sh->first_step != want_step) {
+    return InvalidArgument("the sidecar starts at step " + std::to_string(sh->first_step) + ", step " +
+                               std::to_string(want_step) + " was asked for",
+                           options_.socket_path);
+  }
+  if (sh->first_step < 0) {
+    return InvalidArgument("the sidecar starts at step " + std::to_string(sh->first_step), options_.socket_path);
   }
   const size_t want_fds = sh->memory == ipc::MemoryKind::kHostMemfd ? 1 : sh->fd_count;
   if (got.fds.size() != want_fds || sh->fd_count != want_fds) {
@@ -455,66 +514,79 @@ Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> d
   return Status::Ok();
 }
 
-namespace {
-
-// Sleeps until `until`; false when a signal interrupted the sleep (so a
-// trainer's Ctrl-C is seen while the client waits to reconnect).
-bool SleepUntil(Clock::time_point until) {
-  while (true) {
-    const auto left = until - Clock::now();
-    if (left <= Clock::duration::zero()) return true;
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-    if (::nanosleep(&ts, nullptr) != 0 && errno == EINTR) return false;
-  }
-}
-
-}  // namespace
-
 Status Client::Interrupted() const {
   return Status(StatusCode::kCancelled, "interrupted by a signal while reconnecting to the sidecar",
                 options_.socket_path);
 }
 
+Status Client::EnsureConnected(std::optional<std::chrono::milliseconds> timeout) {
+  if (conn_) return Status::Ok();
+  std::optional<Clock::time_point> deadline;
+  if (timeout) deadline = Clock::now() + *timeout;
+  return Reconnect(Status(StatusCode::kUnavailable, "not connected yet"), deadline);
+}
+
 Status Client::Reconnect(const Status& why, std::optional<Clock::time_point> deadline) {
   if (conn_) conn_->Leave();
   conn_.reset();
-  std::mt19937_64 rng(static_cast<uint64_t>(::getpid()) ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
-  Status last = why;
-  const auto started = Clock::now();
-  for (int attempt = 0; attempt < options_.max_reconnect_attempts; ++attempt) {
-    const auto cap = std::min(options_.reconnect_backoff_max,
-                              options_.reconnect_backoff_initial * (int64_t{1} << std::min(attempt, 20)));
-    std::uniform_int_distribution<int64_t> jitter(cap.count() / 2, cap.count());
-    const auto wake = Clock::now() + std::chrono::milliseconds(jitter(rng));
-    if (deadline && wake > *deadline) {
-      if (!SleepUntil(*deadline)) return Interrupted();
-      return Status(StatusCode::kDeadlineExceeded, "still reconnecting to the sidecar (" + why.message() +
-                                                       "); last error: " + last.message());
+  if (!outage_) {
+    // The first attempt at once; the schedule then lives until it ends.
+    const auto now = Clock::now();
+    outage_ = Outage{why, why, now, now, 0};
+  }
+  Outage& o = *outage_;
+  auto still = [&] {
+    return Status(StatusCode::kDeadlineExceeded,
+                  "still reconnecting to the sidecar (" + o.why.message() + "); last error: " + o.last.message());
+  };
+  while (true) {
+    // The first attempt, then max_reconnect_attempts more.
+    if (o.attempts > options_.max_reconnect_attempts) {
+      const double secs = std::chrono::duration<double>(Clock::now() - o.started).count();
+      Status gone(StatusCode::kUnavailable,
+                  "the sidecar is gone (" + o.why.message() + "); gave up after " +
+                      std::to_string(options_.max_reconnect_attempts) + " reconnect attempts over " +
+                      std::to_string(static_cast<int>(secs * 1000)) + " ms; last error: " + o.last.message(),
+                  options_.socket_path);
+      outage_.reset();
+      handshake_.reset();
+      return gone;
     }
-    if (!SleepUntil(wake)) return Interrupted();
+    if (deadline && o.next_try > *deadline) {
+      const int w = Wait(-1, *deadline);
+      if (w == -1) return Interrupted();
+      if (w == -2) return Closed();
+      return still();
+    }
+    const int w = Wait(-1, o.next_try);
+    if (w == -1) return Interrupted();
+    if (w == -2) return Closed();
     const bool was_connected = next_step_ >= 0;
-    last = ConnectOnce(was_connected ? next_step_ : options_.start_step.value_or(-1), deadline);
-    if (last.ok()) {
+    Status st = ConnectOnce(was_connected ? next_step_ : options_.start_step.value_or(-1), deadline);
+    if (st.ok()) {
       if (was_connected) ++reconnects_;  // waiting for a sidecar to come up is not a reconnect
+      outage_.reset();
       return Status::Ok();
     }
-    if (last.code() == StatusCode::kCancelled) return last;  // a signal: the caller's handlers run first
-    if (last.code() == StatusCode::kDeadlineExceeded) {
-      return Status(StatusCode::kDeadlineExceeded, "still reconnecting to the sidecar (" + why.message() +
-                                                       "); last error: " + last.message());
+    // A signal or the caller's deadline: the handshake and the schedule
+    // wait for the next call.
+    if (st.code() == StatusCode::kCancelled) return st;
+    if (st.code() == StatusCode::kFailedPrecondition && interrupted_.load()) return st;
+    if (st.code() == StatusCode::kDeadlineExceeded) return still();
+    o.last = st;
+    if (st.code() != StatusCode::kUnavailable && st.code() != StatusCode::kNotFound &&
+        st.code() != StatusCode::kIoError) {
+      outage_.reset();
+      return st;
     }
-    if (last.code() != StatusCode::kUnavailable && last.code() != StatusCode::kNotFound &&
-        last.code() != StatusCode::kIoError) {
-      return last;
-    }
+    ++o.attempts;
+    const auto cap = std::min(options_.reconnect_backoff_max,
+                              options_.reconnect_backoff_initial * (int64_t{1} << std::min(o.attempts - 1, 20)));
+    std::mt19937_64 rng(rng_state_);
+    rng_state_ = rng();
+    std::uniform_int_distribution<int64_t> jitter(cap.count() / 2, cap.count());
+    o.next_try = Clock::now() + std::chrono::milliseconds(jitter(rng));
   }
-  const double secs = std::chrono::duration<double>(Clock::now() - started).count();
-  return Status(StatusCode::kUnavailable,
-                "the sidecar is gone (" + why.message() + "); gave up after " +
-                    std::to_string(options_.max_reconnect_attempts) + " reconnect attempts over " +
-                    std::to_string(static_cast<int>(secs * 1000)) + " ms; last error: " + last.message(),
-                options_.socket_path);
 }
 
 Result<Batch> Client::MakeBatch(const ipc::Ready& r, uint64_t wait_ns) {
@@ -523,6 +595,9 @@ Result<Batch> Client::MakeBatch(const ipc::Ready& r, uint64_t wait_ns) {
                            " was expected");
   }
   if (r.slot >= hello_.slots) return InvalidArgument("READY names slot " + std::to_string(r.slot) + " of " + std::to_string(hello_.slots));
+  if (conn_->Holds(r.slot)) {
+    return InvalidArgument("READY names slot " + std::to_string(r.slot) + ", which a live batch still holds");
+  }
   if (r.tensors.size() != hello_.devices.size()) return InvalidArgument("READY has the wrong number of tensors");
   Batch b;
   b.step = r.step;
@@ -593,27 +668,22 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
                   options_.socket_path);
   };
   while (true) {
+    if (interrupted_.load()) return Closed();
     if (!conn_) RETURN_IF_ERROR(reconnect(Status(StatusCode::kUnavailable, "not connected")));
-    int wait_ms = -1;
-    if (timeout) {
-      const auto left = *timeout - std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
-      wait_ms = static_cast<int>(std::max<int64_t>(0, left.count()));  // 0 still looks once
-    }
-    pollfd p{conn_->fd(), POLLIN, 0};
-    const int rc = ::poll(&p, 1, wait_ms);
-    if (rc < 0 && errno == EINTR) {
+    const int w = Wait(conn_->fd(), deadline);  // a past deadline still looks once
+    if (w == -1) {
       // Let the caller see its signal (Ctrl-C in Python, SIGTERM in a
       // trainer); calling Next() again resumes where it was.
       return Status(StatusCode::kCancelled, "interrupted by a signal while waiting for step " +
                                                 std::to_string(next_step_), options_.socket_path);
     }
-    if (rc < 0) return IoErrorFromErrno("poll", options_.socket_path, errno);
-    if (rc == 0 && timeout && Clock::now() - t0 >= *timeout) {
+    if (w == -2) return Closed();
+    if (w < -2) return IoErrorFromErrno("poll", options_.socket_path, -2 - w);
+    if (w == 0) {
       return Status(StatusCode::kDeadlineExceeded,
                     "no batch for step " + std::to_string(next_step_) + " within " + std::to_string(timeout->count()) + " ms",
                     options_.socket_path);
     }
-    if (rc <= 0) continue;
     auto got = ipc::ReceiveMessage(conn_->fd(), ipc::kMaxMessageBytes);
     if (!got.ok()) {
       if (got.status().code() != StatusCode::kUnavailable) return ProtocolError(got.status());

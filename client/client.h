@@ -43,16 +43,24 @@
 /// connection (the sidecar takes back the slots of batches not handed out)
 /// and the next call reconnects at the step it has not returned.
 ///
-/// Signals: a signal whose handler is installed without SA_RESTART (every
-/// Python handler) interrupts Next() with kCancelled wherever it waits: for
-/// a batch, between reconnect attempts, or for SERVER_HELLO.
+/// Reconnecting keeps its schedule across calls: the first attempt is made
+/// at once, later ones after a backoff counted from the previous failure,
+/// and a call that returns early (its timeout, a signal) leaves the attempt
+/// count, the next attempt's time and a handshake in progress to the next
+/// call. So next(timeout=0) polling, or a profiler's signals every few
+/// milliseconds, still reconnect, and still give up after the last attempt.
 ///
-/// Thread safety: Next() and Close() from one thread at a time; Lease
-/// release is thread-safe.
+/// Signals: a signal with a handler interrupts Next() with kCancelled
+/// wherever it waits (for a batch, between reconnect attempts, or for
+/// SERVER_HELLO); calling it again goes on where it was.
+///
+/// Thread safety: Next() and Close() from one thread at a time; Interrupt()
+/// and Lease release from any thread.
 #pragma once
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -131,8 +139,15 @@ struct Batch {
 class Client {
  public:
   /// Connects and completes the handshake (retrying like a reconnect while
-  /// the sidecar is not up yet).
+  /// the sidecar is not up yet). A signal returns kCancelled.
   static Result<std::unique_ptr<Client>> Connect(ClientOptions options);
+  /// A client not connected yet: the first Next() (or EnsureConnected())
+  /// connects, with the same schedule.
+  static Result<std::unique_ptr<Client>> Create(ClientOptions options);
+  /// Connects if not connected, retrying on the reconnect schedule, by
+  /// `timeout` if given (kDeadlineExceeded: the next call goes on). A
+  /// signal returns kCancelled; the next call goes on where it was.
+  Status EnsureConnected(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   ~Client();
 
   /// The next step's batch. Blocks until it is staged, or until `timeout`
@@ -147,6 +162,12 @@ class Client {
   /// their slots and bytes until they die and are released on it).
   void Close();
 
+  /// From any thread: the Next() (or EnsureConnected()) waiting in another
+  /// thread, and every later one, returns kFailedPrecondition ("closed") at
+  /// once. For closing a client that another thread is reading: Interrupt(),
+  /// then Close() once that thread has returned.
+  void Interrupt();
+
   const ipc::ServerHello& hello() const { return hello_; }
   /// The step the next call of Next() returns.
   int64_t next_step() const { return next_step_; }
@@ -154,10 +175,19 @@ class Client {
   int reconnects() const { return reconnects_; }
 
  private:
-  explicit Client(ClientOptions options) : options_(std::move(options)) {}
-  // kDeadlineExceeded when `deadline` passes before SERVER_HELLO.
+  explicit Client(ClientOptions options);
+  // One attempt: connect and send CLIENT_HELLO (unless a handshake for
+  // `want_step` is already in progress), then wait for SERVER_HELLO until 5 s
+  // after the hello was sent. kDeadlineExceeded when `deadline` comes first
+  // and kCancelled on a signal: the handshake stays in progress for the next
+  // attempt.
   Status ConnectOnce(int64_t want_step,
                      std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
+  // Waits until `fd` (if >= 0) is readable or `until` (if set) passes: 1
+  // readable, 0 timed out, -1 interrupted by a signal, -2 Interrupt() was
+  // called, or an errno-style error below -2 (-2 - errno).
+  int Wait(int fd, std::optional<std::chrono::steady_clock::time_point> until);
+  Status Closed() const;
   // kDeadlineExceeded once `deadline` passes (the connection stays closed;
   // the next Next() reconnects again).
   Status Reconnect(const Status& why,
@@ -169,6 +199,25 @@ class Client {
   Status Interrupted() const;
 
   ClientOptions options_;
+  UniqueFd wake_fd_;                    // eventfd: Interrupt() makes it readable
+  std::atomic<bool> interrupted_{false};
+  // A handshake sent and not answered yet (kept across calls).
+  struct Handshake {
+    UniqueFd fd;
+    int64_t want_step = -1;
+    std::chrono::steady_clock::time_point sent;
+  };
+  std::optional<Handshake> handshake_;
+  // While not connected: the reconnect schedule (kept across calls).
+  struct Outage {
+    Status why;                                       // what ended the connection
+    Status last;                                      // the last attempt's error
+    std::chrono::steady_clock::time_point started;
+    std::chrono::steady_clock::time_point next_try;
+    int attempts = 0;                                 // failed attempts so far
+  };
+  std::optional<Outage> outage_;
+  uint64_t rng_state_ = 0;
   std::shared_ptr<Connection> conn_;
   std::shared_ptr<Mapping> mapping_;
   ipc::ServerHello hello_;

@@ -342,13 +342,23 @@ class Client {
     opt.socket_path = std::move(socket_path);
     opt.start_step = start_step;
     opt.max_reconnect_attempts = max_reconnect_attempts;
-    Result<std::unique_ptr<client::Client>> c = [&] {
-      // Connect retries with backoff while the sidecar is not up yet.
-      py::gil_scoped_release nogil;
-      return client::Client::Connect(std::move(opt));
-    }();
+    Result<std::unique_ptr<client::Client>> c = client::Client::Create(std::move(opt));
     if (!c.ok()) RaiseStatus(c.status());
     client_ = std::move(*c);
+    raw_ = client_.get();
+    // Connects, retrying with backoff while the sidecar is not up yet. A
+    // signal runs Python's handlers (Ctrl-C raises KeyboardInterrupt), then
+    // the wait goes on where it was.
+    while (true) {
+      Status st;
+      {
+        py::gil_scoped_release nogil;
+        st = client_->EnsureConnected();
+      }
+      if (st.ok()) break;
+      if (st.code() != StatusCode::kCancelled) RaiseStatus(st);
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
     TakeSnapshot();
   }
 
@@ -366,43 +376,55 @@ class Client {
       timeout = std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(ms)));
     }
     // The whole call's deadline, when there is a timeout.
-    const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(std::chrono::milliseconds(0));
-    Result<client::Batch> got =
-        Status(StatusCode::kFailedPrecondition, "the client is closed", socket_path_);
-    {
-      // Lock order: mu_ is only ever taken without the GIL, so a thread that
-      // waits here cannot hold up the thread inside Next().
-      py::gil_scoped_release nogil;
-      std::lock_guard lock(mu_);
-      if (client_) {
-        got = client_->Next(timeout);
+    std::optional<std::chrono::steady_clock::time_point> deadline;
+    if (timeout) deadline = std::chrono::steady_clock::now() + *timeout;
+    Result<client::Batch> got = Status(StatusCode::kFailedPrecondition, "the client is closed", socket_path_);
+    // A signal interrupts the wait: Python's handlers run (Ctrl-C raises
+    // KeyboardInterrupt here), and the wait goes on if none raised, for
+    // what is left of the timeout (signals that come often must not
+    // stretch it).
+    while (true) {
+      std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
+      if (!LockBy(lock, deadline)) {
+        got = Status(StatusCode::kDeadlineExceeded,
+                     "no batch within " + std::to_string(timeout->count()) +
+                         " ms: another thread's next() was using the client all that time",
+                     socket_path_);
+        break;
+      }
+      if (!client_) break;
+      std::optional<std::chrono::milliseconds> left;
+      if (deadline) {
+        left = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                          *deadline - std::chrono::steady_clock::now()));
+      }
+      {
+        py::gil_scoped_release nogil;
+        got = client_->Next(left);
         TakeSnapshot();
       }
-    }
-    // A signal interrupted the wait: run Python's handlers (Ctrl-C raises
-    // KeyboardInterrupt here), and wait again if none raised, for what is
-    // left of the timeout (signals that come often must not stretch it).
-    while (!got.ok() && got.status().code() == StatusCode::kCancelled) {
+      if (got.ok() || got.status().code() != StatusCode::kCancelled) break;
+      lock.unlock();
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-      std::optional<std::chrono::milliseconds> left;
-      if (timeout) {
-        left = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                          deadline - std::chrono::steady_clock::now()));
-      }
-      py::gil_scoped_release nogil;
-      std::lock_guard lock(mu_);
-      if (!client_) break;
-      got = client_->Next(left);
-      TakeSnapshot();
     }
     if (!got.ok()) RaiseStatus(got.status());
     return std::make_shared<Batch>(std::move(*got));
   }
 
   void Close() {
+    {
+      // Wakes a next() waiting in another thread (it raises "closed"), so
+      // closing never waits for a batch that may never come.
+      std::lock_guard lock(raw_mu_);
+      if (raw_) raw_->Interrupt();
+    }
     py::gil_scoped_release nogil;
     std::lock_guard lock(mu_);
     if (!client_) return;
+    {
+      std::lock_guard raw(raw_mu_);
+      raw_ = nullptr;
+    }
     // Live leases keep their memory mapped and their slots (BYE lists them).
     client_->Close();
     client_.reset();
@@ -417,6 +439,26 @@ class Client {
   const std::string& socket_path() const { return socket_path_; }
 
  private:
+  // Takes mu_ with the GIL released (lock order: nobody waits for mu_ while
+  // holding the GIL), by `deadline` if given (false when it passes first).
+  // Between tries Python's signal handlers run, so Ctrl-C reaches a thread
+  // that waits for another thread's next().
+  bool LockBy(std::unique_lock<std::timed_mutex>& lock,
+              std::optional<std::chrono::steady_clock::time_point> deadline) {
+    while (true) {
+      auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      if (deadline && *deadline < until) until = *deadline;
+      bool locked;
+      {
+        py::gil_scoped_release nogil;
+        locked = lock.try_lock_until(until);
+      }
+      if (locked) return true;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (deadline && std::chrono::steady_clock::now() >= *deadline) return false;
+    }
+  }
+
   // Caller holds mu_ (or is the constructor).
   void TakeSnapshot() {
     std::lock_guard lock(snap_mu_);
@@ -426,8 +468,10 @@ class Client {
   }
 
   const std::string socket_path_;
-  std::mutex mu_;                           // serializes next() and close(); see client::Client
+  std::timed_mutex mu_;                     // serializes next() and close(); see client::Client
   std::unique_ptr<client::Client> client_;  // null once closed
+  std::mutex raw_mu_;                       // guards raw_; held only to call Interrupt()
+  client::Client* raw_ = nullptr;           // client_ for Interrupt() (null once closed)
   mutable std::mutex snap_mu_;              // held briefly, never while waiting for anything
   Snapshot snap_;
 };

@@ -1,6 +1,7 @@
 #include "sidecar/ipc/seqpacket.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -57,7 +58,11 @@ Result<UniqueFd> ListenSeqpacket(const std::string& path, mode_t mode) {
 
 Result<UniqueFd> ConnectSeqpacket(const std::string& path) {
   ASSIGN_OR_RETURN(sockaddr_un addr, Address(path));
-  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  // Non-blocking for the connect only: a listener whose queue is full (a
+  // sidecar that is stopping, or too busy to accept) makes connect() fail
+  // with EAGAIN instead of blocking the trainer, ignoring its timeout and
+  // its signals, until the queue drains.
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return IoErrorFromErrno("socket", path, errno);
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     const int err = errno;
@@ -65,7 +70,14 @@ Result<UniqueFd> ConnectSeqpacket(const std::string& path) {
     if (err == ENOENT || err == ECONNREFUSED) {
       return Status(StatusCode::kUnavailable, s.message() + " (is the sidecar running?)", path);
     }
+    if (err == EAGAIN || err == EINPROGRESS) {
+      return Status(StatusCode::kUnavailable, s.message() + " (the sidecar's listen queue is full)", path);
+    }
     return s;
+  }
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return IoErrorFromErrno("fcntl", path, errno);
   }
   return fd;
 }

@@ -834,6 +834,129 @@ class ReconnectTest(SidecarTest):
             signal.signal(signal.SIGALRM, old)
         c.close()
 
+    def test_short_timeouts_still_reconnect(self):
+        # A trainer polling with next(timeout=0.01) while its sidecar
+        # restarts: each call returns TimeoutError, but the reconnect
+        # schedule carries over between calls, so an attempt is made and
+        # the stream resumes at the step it had reached.
+        self.sidecar.start()
+        c = meshload.Client(self.sidecar.sock, max_reconnect_attempts=50)
+        for step in range(3):
+            self.assertEqual(c.next(timeout=10).step, step)
+        self.sidecar.kill()
+        self.sidecar.start()
+        t0 = time.monotonic()
+        got = None
+        timeouts = 0
+        while got is None and time.monotonic() - t0 < 30:
+            try:
+                b = c.next(timeout=0.01)
+            except TimeoutError:
+                timeouts += 1
+                continue
+            if b.step >= 3:
+                got = b
+            del b
+        self.assertIsNotNone(got, "never reconnected with 10 ms timeouts (%d timeouts)" % timeouts)
+        self.assertEqual(got.step, 3)
+        self.assertEqual(c.reconnects, 1)
+        for t in got.tensors:
+            decode(self, t)
+        del got
+        c.close()
+
+    def test_close_from_another_thread_wakes_a_blocked_next(self):
+        # A loader thread blocked in next() because the trainer holds every
+        # slot: close() from the main thread returns at once, and the
+        # loader's next() raises "closed" instead of waiting for ever.
+        self.sidecar.start()
+        c = meshload.Client(self.sidecar.sock)
+        held = [c.next(timeout=10) for _ in range(PREFETCH)]
+        outcome = {}
+
+        def loader():
+            try:
+                c.next()
+                outcome["result"] = "a batch"
+            except meshload.MeshloadError as e:
+                outcome["result"] = e
+
+        th = threading.Thread(target=loader)
+        th.start()
+        time.sleep(0.3)  # the loader is blocked in next()
+        self.assertTrue(th.is_alive())
+        t0 = time.monotonic()
+        c.close()
+        th.join(10)
+        self.assertFalse(th.is_alive(), "next() still blocked after close()")
+        self.assertLess(time.monotonic() - t0, 5.0)
+        e = outcome.get("result")
+        self.assertIsInstance(e, meshload.MeshloadError)
+        self.assertEqual(e.code, "failed_precondition")
+        self.assertIn("closed", str(e))
+        self.assertTrue(c.closed)
+        for b in held:  # held batches keep their bytes after close()
+            for t in b.tensors:
+                decode(self, t)
+        del held
+
+    def test_a_timed_next_behind_another_threads_next_keeps_its_timeout(self):
+        self.sidecar.start()
+        c = meshload.Client(self.sidecar.sock)
+        held = [c.next(timeout=10) for _ in range(PREFETCH)]
+        th = threading.Thread(target=lambda: self.assertRaises(meshload.MeshloadError, c.next))
+        th.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        with self.assertRaises(TimeoutError) as cm:
+            c.next(timeout=0.3)
+        self.assertLess(time.monotonic() - t0, 3.0)
+        self.assertIn("another thread", str(cm.exception))
+        c.close()
+        th.join(10)
+        self.assertFalse(th.is_alive())
+        del held
+
+    def test_signals_while_the_constructor_waits_for_the_sidecar(self):
+        # The trainer starts first; a handled signal every 5 ms (a sampling
+        # profiler) must neither fail the constructor nor keep it from
+        # connecting once the sidecar is up.
+        calls = [0]
+
+        def count(signum, frame):
+            calls[0] += 1
+
+        # The thread that starts the sidecar lives until the test ends: the
+        # sidecar dies with the thread that forked it (PR_SET_PDEATHSIG).
+        done = threading.Event()
+
+        def start_later():
+            time.sleep(0.5)
+            self.sidecar.start()
+            done.wait(60)
+
+        old = signal.signal(signal.SIGALRM, count)
+        starter = threading.Thread(target=start_later)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.005, 0.005)
+            starter.start()
+            c = meshload.Client(self.sidecar.sock, max_reconnect_attempts=50)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        try:
+            self.assertGreater(calls[0], 10)
+            b = c.next(timeout=10)
+            self.assertEqual(b.step, 0)
+            for t in b.tensors:
+                decode(self, t)
+            del b
+            c.close()
+            self.sidecar.stop()
+        finally:
+            done.set()
+            starter.join(30)
+
     def test_sidecar_gone_for_good(self):
         self.sidecar.start()
         c = meshload.Client(self.sidecar.sock, max_reconnect_attempts=3)

@@ -859,6 +859,85 @@ TEST(Client, RefusesAPoolThatIsNotSealedAgainstShrinking) {
   EXPECT_NE(c.status().message().find("not sealed"), std::string::npos) << c.status().ToString();
 }
 
+TEST(Client, RefusesAReadyForASlotALiveBatchStillHolds) {
+  // Two batches in one slot: the first one's bytes would change under it.
+  TempDir dir;
+  const std::string sock = dir.path() + "/fake.sock";
+  ipc::ServerHello hello = OneDeviceHello();
+  hello.slots = 2;
+  hello.pool_bytes = 8192;
+  const ipc::TensorReady t{0, 1, 8, {4, 16}, {16, 1}, 0};
+  FakeSidecar fake(sock, hello, {ipc::Ready{0, 0, {t}}, ipc::Ready{1, 0, {t}}});
+  auto c = client::Client::Connect(NoRetry(sock));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto first = (*c)->Next(milliseconds(2000));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto second = (*c)->Next(milliseconds(2000));
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(second.status().message().find("slot 0, which a live batch still holds"), std::string::npos)
+      << second.status().ToString();
+}
+
+TEST(Client, RefusesASidecarThatStartsAtAnotherStepThanAskedFor) {
+  TempDir dir;
+  const std::string sock = dir.path() + "/fake.sock";
+  ipc::ServerHello hello = OneDeviceHello();
+  hello.first_step = 7;
+  FakeSidecar fake(sock, hello, {});
+  client::ClientOptions o = NoRetry(sock);
+  o.start_step = 3;
+  auto c = client::Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("starts at step 7, step 3 was asked for"), std::string::npos)
+      << c.status().ToString();
+}
+
+TEST(Client, AFullListenQueueIsUnavailableNotABlockedConnect) {
+  // A sidecar that stopped accepting (it is stopping, or stuck): connect()
+  // must not block the trainer past its timeout and its signals.
+  TempDir dir;
+  const std::string sock = dir.path() + "/full.sock";
+  auto listener = ipc::ListenSeqpacket(sock);  // never accepts
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  std::vector<UniqueFd> queued;
+  Status refused;
+  for (int i = 0; i < 64 && refused.ok(); ++i) {
+    auto fd = ipc::ConnectSeqpacket(sock);
+    if (fd.ok()) {
+      queued.push_back(std::move(*fd));
+    } else {
+      refused = fd.status();
+    }
+  }
+  ASSERT_FALSE(refused.ok()) << "64 connections queued on a listener with a backlog of 8";
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.ToString();
+  EXPECT_NE(refused.message().find("listen queue is full"), std::string::npos) << refused.ToString();
+  // A queued connection is an ordinary blocking socket.
+  ASSERT_FALSE(queued.empty());
+  EXPECT_EQ(::fcntl(queued[0].get(), F_GETFL) & O_NONBLOCK, 0);
+}
+
+TEST(Client, InterruptWakesANextWaitingInAnotherThread) {
+  TempDir dir;
+  const std::string sock = dir.path() + "/fake.sock";
+  FakeSidecar fake(sock, OneDeviceHello(), {});  // never sends a READY
+  auto c = client::Client::Connect(NoRetry(sock));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Status got;
+  std::thread reader([&] { got = (*c)->Next().status(); });
+  std::this_thread::sleep_for(milliseconds(100));
+  const auto t0 = std::chrono::steady_clock::now();
+  (*c)->Interrupt();
+  reader.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(1000));
+  EXPECT_EQ(got.code(), StatusCode::kFailedPrecondition) << got.ToString();
+  EXPECT_NE(got.message().find("closed"), std::string::npos) << got.ToString();
+  EXPECT_EQ((*c)->Next(milliseconds(10)).status().code(), StatusCode::kFailedPrecondition);
+  (*c)->Close();
+}
+
 // The real binary, killed and restarted under a connected trainer.
 TEST(SidecarProcess, ARestartedSidecarResumesTheTrainerWithIdenticalBytes) {
   SidecarHarness h;  // only for its dataset, job and checks

@@ -30,8 +30,8 @@ restarts, the client reconnects and resumes at the next step with identical
 bytes (``reconnects`` counts these). When it does not come back within
 ``max_reconnect_attempts`` (bounded exponential backoff, 50 ms to 2 s),
 ``SidecarGone`` (a ConnectionError) is raised. ``next(timeout=s)`` raises
-TimeoutError when no batch is staged within ``s`` seconds (the reconnect
-backoff is not cut short by it). Any other problem -- a data error the
+TimeoutError when no batch is staged within ``s`` seconds (a reconnect in
+progress goes on at the next call, on its own schedule). Any other problem -- a data error the
 sidecar reported, a protocol violation -- raises ``MeshloadError`` (a
 RuntimeError). Both meshload exceptions carry ``.code``, e.g. "data_loss".
 
@@ -49,10 +49,15 @@ only after the work queued on it when the batch dies is done.
 ``meshload.interop`` has helpers for PyTorch, JAX (including a global
 ``jax.Array`` for the job's mesh) and CuPy.
 
-Threads. ``next()`` releases the GIL while it waits; concurrent ``next()`` /
-``close()`` calls on one Client are serialized. A signal interrupts a
-blocking ``next()``: Python's handlers run (Ctrl-C raises KeyboardInterrupt
-there), and when none raises, ``next()`` goes on waiting.
+Threads. ``next()`` releases the GIL while it waits; concurrent ``next()``
+calls on one Client are serialized (a ``next(timeout=s)`` waiting behind
+another thread's still raises TimeoutError after ``s``). ``close()`` from
+another thread wakes a blocked ``next()``, which raises MeshloadError
+("closed"), so a loader thread never keeps the trainer from shutting down.
+A signal interrupts a blocking ``next()`` or the constructor: Python's
+handlers run (Ctrl-C raises KeyboardInterrupt there), and when none raises,
+the wait goes on where it was (reconnect attempts included: a profiler's
+frequent signals or a polling ``next(timeout=0)`` still reconnect).
 
 Public names:
     Client(socket_path, start_step=None, max_reconnect_attempts=8)
