@@ -426,6 +426,9 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
+  // A signal that came while the sidecar was being created (with the
+  // waiting handler installed) found no sidecar to stop: stop it now.
+  if (g_stop_waiting.load()) (*sidecar)->RequestStop();
   const int rc = (*sidecar)->Run();
   g_sidecar = nullptr;
   return rc;

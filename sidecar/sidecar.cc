@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <cerrno>
 #include <cstring>
 
@@ -30,11 +31,29 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// At most this many READYs unanswered by RELEASE: a trainer following the
-// protocol then never fills its socket's queue (about 278 small messages on
-// Linux), so a full queue means a trainer that does not read, and is dropped.
+// At most this many READYs unanswered by RELEASE, and at most half of what
+// the trainer's socket queue holds (MeasureReadyQueue): a trainer following
+// the protocol then never fills its queue, so a full queue means a trainer
+// that does not read, and is dropped.
 constexpr uint32_t kMaxLeasesPerTrainer = 128;
 static_assert(ipc::kMaxByeLeases >= kMaxLeasesPerTrainer, "a BYE must be able to list every lease");
+
+// How many copies of `message` a connected SOCK_SEQPACKET socket queues
+// before a send would block: the kernel counts bytes with a per-message
+// overhead (about 278 READYs of 132 bytes, 93 of 828 bytes with the default
+// 208 KiB send buffer), so the count depends on the job's layout. Measured
+// on a socket pair, which gets the same default buffer as an accepted
+// connection; 0 if the pair cannot be made.
+uint32_t MeasureReadyQueue(const std::string& message) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) return 0;
+  UniqueFd a(sv[0]), b(sv[1]);
+  uint32_t n = 0;
+  while (n < 4096 && ::send(a.get(), message.data(), message.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(message.size())) {
+    ++n;
+  }
+  return n;
+}
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
@@ -453,6 +472,24 @@ Status Sidecar::Init() {
     health_ = std::make_unique<metrics::HealthServer>(*registry_, [this] { return Readiness(); }, hopts);
     ASSIGN_OR_RETURN(metrics_port_, health_->Start());
   }
+  {
+    // The largest READY of this layout (every field at its widest).
+    ipc::Ready r;
+    r.step = std::numeric_limits<int64_t>::max();
+    r.slot = std::numeric_limits<uint32_t>::max();
+    const DLPackType dl = ToDLPackType(layout_.dtype);
+    for (size_t i = 0; i < layout_.devices.size(); ++i) {
+      r.tensors.push_back({TensorOffset(i), dl.code, dl.bits, layout_.devices[i].shape, layout_.devices[i].strides,
+                           std::numeric_limits<uint64_t>::max()});
+    }
+    const uint32_t queue = MeasureReadyQueue(ipc::Encode(r));
+    max_leases_ = std::clamp<uint32_t>(queue / 2, 1, kMaxLeasesPerTrainer);
+    if (max_leases_ < slots) {
+      LogInfo("a trainer is sent at most this many batches ahead: its socket queue holds no more",
+              {{"max_leases", static_cast<uint64_t>(max_leases_)}, {"slots", static_cast<uint64_t>(slots)},
+               {"ready_queue", static_cast<uint64_t>(queue)}});
+    }
+  }
   LogInfo("sidecar started", {{"job", job_name_},
                               {"process", options_.process},
                               {"strategy", std::string(ToString(loading_.strategy))},
@@ -849,8 +886,13 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
     LogInfo("re-planning for the trainer", {{"step", want}});
     RestartAt(want);
   } else {
+    // Ready once `want` is staged: maybe already (a producer comparing its
+    // step with target_step_ before this did not count it), maybe not yet
+    // (every staged step was consumed: an earlier step's readiness does
+    // not count).
     std::lock_guard lock(producer_mu_);
     target_step_ = want;
+    target_staged_ = pool_->WaitReady(want, std::chrono::milliseconds(0));
   }
   ClientLock client_lock(*this);
   client_ = std::move(pending_);
@@ -904,7 +946,7 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
 
 void Sidecar::SendReadyBatchesLocked() {
   if (!client_ || client_->broken) return;
-  while (client_->leased.size() < kMaxLeasesPerTrainer) {
+  while (client_->leased.size() < max_leases_) {
     auto slot = pool_->Lease(client_->next_to_send);
     if (!slot) break;
     ipc::Ready r;
@@ -1163,10 +1205,21 @@ int Sidecar::Run() {
       last_watchdog = Clock::now();
     }
   }
+  // From here on no producer stages into any slot: the trainer keeps the
+  // batches it holds (it reconnects to the next sidecar and releases them
+  // on this connection, or not at all), and their bytes must not change.
+  // Nor is a connection queued where nobody will accept it: a trainer
+  // reconnecting finds no socket and backs off instead of waiting 5 s for a
+  // SERVER_HELLO that never comes.
+  pool_->Shutdown();
+  if (listen_fd_.valid()) {
+    listen_fd_.Reset();
+    ::unlink(options_.socket_path.c_str());
+  }
   if (client_) {
     (void)ipc::SendTo(client_->fd.get(),
                            ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kShuttingDown, "the sidecar is stopping"}));
-    DropClient("the sidecar is stopping");
+    DropClient("the sidecar is stopping", /*keep_leases=*/true);
   }
   // Give the connections being closed a moment (at most 300 ms) to read what
   // was sent to them, so the last ERROR is not lost to a reset at exit.

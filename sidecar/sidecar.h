@@ -215,6 +215,7 @@ class Sidecar {
   std::mutex producer_mu_;
   uint64_t generation_ = 0;
   int64_t target_step_ = 0;  // the first step the trainer asked for (readiness)
+  uint32_t max_leases_ = 1;  // READYs a trainer may have unanswered (MeasureReadyQueue)
   int64_t start_step_ = 0;   // --start-step or spec.resume.step: what want_step -1 means
   Status fatal_;
   std::atomic<bool> target_staged_{false};
