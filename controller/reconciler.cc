@@ -206,6 +206,16 @@ std::string JoinDiagnostics(const Diagnostics& d) {
   return s;
 }
 
+// The uid of an object's controller owner reference, or "".
+std::string ControllerUid(const json& obj) {
+  const json& refs = Field(Field(obj, "metadata"), "ownerReferences");
+  if (!refs.is_array()) return "";
+  for (const auto& r : refs) {
+    if (Field(r, "controller").is_boolean() && r["controller"].get<bool>()) return Str(r, "uid");
+  }
+  return "";
+}
+
 }  // namespace
 
 kube::ResourcePath JobsResource() { return {"/apis/meshload.io/v1alpha1", "dataloadjobs"}; }
@@ -399,7 +409,9 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
                                  ? Field(Field(job, "metadata"), "generation").get<int64_t>()
                                  : 0;
   DesiredStatus desired;
-  Status secret_error;  // the peer secret could not be created: retried after the status write
+  // A child that could not be made (the peer secret, a ConfigMap name
+  // taken): reported in the status, then returned so the job is retried.
+  Status deferred;
   // Once created, the peer secret stays in the status (an invalid edit
   // does not take it away).
   desired.peer_secret = Str(Field(job, "status"), "peerSecretName");
@@ -411,6 +423,14 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
   auto spec = ParseJobSpecText(spec_json.dump(), diags);
   if (spec.ok()) ValidateJobSpec(*spec, diags);
   if (spec.ok() && diags.ok() && !spec->selector) diags.Add(InvalidArgument("a selector is required: it names the trainer pods", "spec.selector"));
+  if (name.size() > kMaxJobNameLength) {
+    // It is the value of the meshload.io/job label on the objects made for
+    // the job (label values have at most 63 characters), as for batch Jobs.
+    diags.Add(InvalidArgument("at most " + std::to_string(kMaxJobNameLength) +
+                                  " characters (it labels the ConfigMap and Secret made for the job), got " +
+                                  std::to_string(name.size()),
+                              "metadata.name"));
+  }
   std::optional<ResolvedJob> resolved;
   if (spec.ok() && diags.ok() && spec->dataset.samples) {
     ResolveOptions ro;
@@ -571,10 +591,39 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
                    {"metadata", {{"name", cm_name}, {"namespace", ns}, {"labels", labels}, {"ownerReferences", owner}}},
                    {"data", data}};
       kube::ApiResponse r = client_->Post(cms.Collection(ns), body);
-      // AlreadyExists after a retried POST, or a cache that lags: the next
-      // reconcile compares with what is there.
-      if (!r.ok()) return r.ToStatus("create ConfigMap " + ns + "/" + cm_name);
-      ++res.writes;
+      if (r.code == 409 && Str(r.body, "reason") == "AlreadyExists") {
+        // Not in the cache, which holds only ConfigMaps labelled as ours:
+        // a retried POST that had landed or a cache that lags (ours, as
+        // labelled), ours with its labels taken off, or somebody else's.
+        kube::ApiResponse got = client_->Get(cms.Object(ns, cm_name));
+        if (!got.ok()) return got.ToStatus("read ConfigMap " + ns + "/" + cm_name);
+        if (ControllerUid(got.body) == Str(Field(job, "metadata"), "uid")) {
+          const json& have = Field(Field(got.body, "metadata"), "labels");
+          bool labelled = true;
+          for (auto it = labels.begin(); labelled && it != labels.end(); ++it) {
+            labelled = Field(have, it.key().c_str()) == it.value();
+          }
+          if (!labelled || Field(got.body, "data") != data) {
+            json put = got.body;
+            put["data"] = data;
+            for (auto it = labels.begin(); it != labels.end(); ++it) put["metadata"]["labels"][it.key()] = it.value();
+            kube::ApiResponse u = client_->Put(cms.Object(ns, cm_name), put);
+            if (!u.ok()) return u.ToStatus("update ConfigMap " + ns + "/" + cm_name);
+            ++res.writes;
+          }
+        } else {
+          // Somebody else's: left alone. The job says so and is retried.
+          problems.push_back("ConfigMapConflict: ConfigMap " + ns + "/" + cm_name +
+                             " exists and was not made for this job (no controller reference to it); the trainer "
+                             "pods mount that name: rename or delete it");
+          deferred = Status(StatusCode::kUnavailable, "ConfigMap " + ns + "/" + cm_name + " belongs to something else",
+                            key);
+        }
+      } else if (!r.ok()) {
+        return r.ToStatus("create ConfigMap " + ns + "/" + cm_name);
+      } else {
+        ++res.writes;
+      }
     } else {
       const json& md = Field(*cm, "metadata");
       bool same = Field(*cm, "data") == data && Field(md, "ownerReferences") == owner;
@@ -632,8 +681,9 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
         std::lock_guard lock(secrets_mu_);
         secrets_made_[key] = {uid, desired.peer_secret_uid};
       } else {
-        secret_error = r.ToStatus("create Secret " + ns + "/" + secret_name);
+        const Status secret_error = r.ToStatus("create Secret " + ns + "/" + secret_name);
         problems.push_back("PeerSecretFailed: " + secret_error.ToString());
+        if (deferred.ok()) deferred = secret_error;
       }
     }
 
@@ -675,7 +725,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
   for (int attempt = 0; attempt < 5; ++attempt) {
     const json& current = Field(job, "status");
     json want = StatusJson(desired, generation, current);
-    if (current == want) return secret_error;
+    if (current == want) return deferred;
     RETURN_IF_ERROR(CheckMayWrite());
     json body = job;
     body["status"] = want;
@@ -685,7 +735,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
       if (options_.record_event) {
         for (const auto& e : ConditionEvents(current, want)) options_.record_event(job, e.type, e.reason, e.message);
       }
-      return secret_error;
+      return deferred;
     }
     if (r.code == 404) return Status::Ok();
     if (r.code != 409) return r.ToStatus("update the status of " + key);

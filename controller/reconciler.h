@@ -73,6 +73,9 @@ inline constexpr char kCompletionIndex[] = "batch.kubernetes.io/job-completion-i
 inline constexpr char kManagedByLabel[] = "app.kubernetes.io/managed-by";
 inline constexpr char kManagedByValue[] = "meshload-controller";
 inline constexpr char kJobLabel[] = "meshload.io/job";
+/// A DataLoadJob's name is the value of kJobLabel on what is made for it,
+/// so at most a label value's 63 characters (the CRD says so too).
+inline constexpr size_t kMaxJobNameLength = 63;
 
 /// The resources the controller uses.
 kube::ResourcePath JobsResource();

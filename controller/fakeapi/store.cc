@@ -176,6 +176,85 @@ ApiResponse InvalidFor(const RequestTarget& t, const std::string& name, const st
                        t.type.kind + " \"" + name + "\" is invalid: " + field + ": " + why, d);
 }
 
+// RFC 1123 subdomain: what most objects' names must be (metadata.name of
+// ConfigMaps, Secrets, pods, custom resources). Namespaces need a label.
+bool IsDnsSubdomain(const std::string& s) {
+  if (s.empty() || s.size() > 253) return false;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = s.find('.', start);
+    const std::string part = s.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (part.empty()) return false;
+    for (size_t i = 0; i < part.size(); ++i) {
+      const char c = part[i];
+      const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+      if (!alnum && !(c == '-' && i > 0 && i + 1 < part.size())) return false;
+    }
+    if (dot == std::string::npos) return true;
+    start = dot + 1;
+  }
+}
+
+// A label value, or the name part of a label key: at most 63 characters of
+// [A-Za-z0-9_.-], starting and ending with an alphanumeric (values may be
+// empty).
+bool IsLabelValue(const std::string& s) {
+  if (s.size() > 63) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    if (alnum) continue;
+    if ((c == '-' || c == '_' || c == '.') && i > 0 && i + 1 < s.size()) continue;
+    return false;
+  }
+  return true;
+}
+
+// apimachinery's ValidateObjectMeta, the parts a client can get wrong: the
+// name (a DNS label for namespaces, a DNS subdomain otherwise) and every
+// label key (optional DNS-subdomain prefix + "/" + name) and value.
+std::optional<ApiResponse> ValidateMeta(const RequestTarget& t, const std::string& name, const json& md) {
+  const bool label_name = t.type.Key() == "/namespaces";
+  if (label_name ? (name.empty() || name.size() > 63 || !IsDnsSubdomain(name) || name.find('.') != std::string::npos)
+                 : !IsDnsSubdomain(name)) {
+    return InvalidFor(t, name, "metadata.name",
+                      "Invalid value: \"" + name + "\": a lowercase RFC 1123 " +
+                          (label_name ? "label" : "subdomain") +
+                          " must consist of lower case alphanumeric characters, '-'" +
+                          (label_name ? "" : " or '.'") +
+                          ", and must start and end with an alphanumeric character");
+  }
+  if (!md.is_object() || !md.contains("labels") || md["labels"].is_null()) return std::nullopt;
+  const json& labels = md["labels"];
+  if (!labels.is_object()) return InvalidFor(t, name, "metadata.labels", "Invalid value: must be an object");
+  for (auto it = labels.begin(); it != labels.end(); ++it) {
+    const std::string& key = it.key();
+    const size_t slash = key.find('/');
+    const std::string prefix = slash == std::string::npos ? "" : key.substr(0, slash);
+    const std::string kname = slash == std::string::npos ? key : key.substr(slash + 1);
+    if ((slash != std::string::npos && !IsDnsSubdomain(prefix)) || kname.empty() || !IsLabelValue(kname)) {
+      return InvalidFor(t, name, "metadata.labels",
+                        "Invalid value: \"" + key + "\": name part must consist of alphanumeric characters, '-', "
+                        "'_' or '.', and must start and end with an alphanumeric character (at most 63 characters), "
+                        "with an optional DNS subdomain prefix and '/'");
+    }
+    if (!it.value().is_string()) {
+      return InvalidFor(t, name, "metadata.labels", "Invalid value: the value of " + key + " must be a string");
+    }
+    const std::string value = it.value().get<std::string>();
+    if (value.size() > 63) {
+      return InvalidFor(t, name, "metadata.labels", "Invalid value: \"" + value + "\": must be no more than 63 characters");
+    }
+    if (!IsLabelValue(value)) {
+      return InvalidFor(t, name, "metadata.labels",
+                        "Invalid value: \"" + value + "\": a valid label must be an empty string or consist of "
+                        "alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric "
+                        "character");
+    }
+  }
+  return std::nullopt;
+}
+
 // obj[key], or null (without inserting it).
 json FieldOf(const json& obj, const char* key) {
   if (!obj.is_object()) return nullptr;
@@ -494,6 +573,9 @@ ApiResponse ObjectStore::CreateLocked(const RequestTarget& t, json obj) {
     } while (objects.count(ObjectKey(t.ns, name)) > 0);
     md["name"] = name;
   }
+  // Validated before the name is looked up: a real server answers 422
+  // before it would answer 409.
+  if (std::optional<ApiResponse> invalid = ValidateMeta(t, name, md)) return *invalid;
   std::string key = ObjectKey(t.type.namespaced ? t.ns : "", name);
   if (objects.count(key) > 0) {
     return ErrorResponse(409, "AlreadyExists",
@@ -707,6 +789,9 @@ ApiResponse ObjectStore::UpdateLocked(const RequestTarget& t, json obj) {
         }
       }
     }
+  }
+  if (!t.status) {
+    if (std::optional<ApiResponse> invalid = ValidateMeta(t, t.name, MetaOf(updated))) return *invalid;
   }
   if (!t.type.builtin) {
     if (std::optional<ApiResponse> invalid = CheckSchema(t, t.name, &updated)) return *invalid;

@@ -177,6 +177,89 @@ TEST_F(ControllerTest, InvalidSpecIsValidFalseWithTheMessagesAndNothingElse) {
   EXPECT_TRUE(ConfigMapOf("broken").is_object());
 }
 
+TEST_F(ControllerTest, AConfigMapOfTheSameNameThatIsNotTheJobsIsLeftAloneAndReported) {
+  // The user's own ConfigMap holds the name: the controller's cache (only
+  // ConfigMaps labelled as its own) does not see it, so the create answers
+  // 409. The job must still get a status saying why, and the ConfigMap
+  // must stay as it is.
+  ReadyPods("llm", 2);
+  const std::string cms = std::string("/api/v1/namespaces/") + kNs + "/configmaps";
+  json mine = {{"apiVersion", "v1"},
+               {"kind", "ConfigMap"},
+               {"metadata", {{"name", "train-meshload"}, {"namespace", kNs}}},
+               {"data", {{"owner", "somebody else"}}}};
+  ASSERT_TRUE(cluster_.client().Post(cms, mine).ok());
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "train", 2, "llm"));
+  StartController();
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("train")["status"]["phase"] == "Degraded"; }))
+      << Job("train")["status"].dump(2);
+  json job = Job("train");
+  json degraded = Condition(job, "Degraded");
+  EXPECT_EQ(degraded["reason"], "ConfigMapConflict") << degraded.dump();
+  EXPECT_NE(degraded["message"].get<std::string>().find("train-meshload exists and was not made for this job"),
+            std::string::npos)
+      << degraded.dump();
+  EXPECT_EQ(Condition(job, "Valid")["status"], "True");
+  EXPECT_EQ(job["status"]["observedGeneration"], job["metadata"]["generation"]);
+  json cm = ConfigMapOf("train");
+  EXPECT_EQ(cm["data"], json({{"owner", "somebody else"}})) << "the user's ConfigMap was changed";
+  EXPECT_FALSE(cm["metadata"].contains("ownerReferences"));
+
+  // Once it is gone, the job gets its own.
+  ASSERT_TRUE(cluster_.client().Delete(cms + "/train-meshload").ok());
+  controller_->queue().Add(std::string(kNs) + "/train");
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("train")["status"]["phase"] == "Running"; }))
+      << Job("train")["status"].dump(2);
+  EXPECT_EQ(ConfigMapOf("train")["metadata"]["ownerReferences"][0]["uid"], Job("train")["metadata"]["uid"]);
+}
+
+TEST_F(ControllerTest, ItsOwnConfigMapWithTheLabelsTakenOffIsTakenBack) {
+  ReadyPods("llm", 2);
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "train", 2, "llm"));
+  StartController();
+  Settle();
+  json cm = ConfigMapOf("train");
+  ASSERT_TRUE(cm.is_object());
+  // Somebody removes the labels: the filtered watch reports it DELETED.
+  cm["metadata"].erase("labels");
+  cm["data"]["planHash"] = "edited";
+  const std::string path = std::string("/api/v1/namespaces/") + kNs + "/configmaps/train-meshload";
+  ASSERT_TRUE(cluster_.client().Put(path, cm).ok());
+  controller_->queue().Add(std::string(kNs) + "/train");
+  ASSERT_TRUE(TestCluster::Eventually([&] {
+    json now = ConfigMapOf("train");
+    return now["metadata"]["labels"]["meshload.io/job"] == "train" &&
+           now["data"]["planHash"] == Job("train")["status"]["planHash"];
+  })) << ConfigMapOf("train").dump(2);
+  Settle();
+  EXPECT_EQ(Job("train")["status"]["phase"], "Running");
+}
+
+TEST_F(ControllerTest, ANameLongerThanALabelValueIsInvalidAndGetsNothingMade) {
+  // 64 characters: Kubernetes accepts the name, but not as the value of the
+  // meshload.io/job label on the ConfigMap and Secret.
+  const std::string name(64, 'a');
+  ReadyPods("llm", 2);
+  cluster_.CreateJob(cluster_.JobManifest(kNs, name, 2, "llm"));
+  StartController();
+  Settle();
+  json job = Job(name);
+  EXPECT_EQ(job["status"]["phase"], "Failed") << job["status"].dump(2);
+  json valid = Condition(job, "Valid");
+  EXPECT_EQ(valid["status"], "False");
+  EXPECT_NE(valid["message"].get<std::string>().find("metadata.name: at most 63 characters"), std::string::npos)
+      << valid.dump();
+  EXPECT_FALSE(ConfigMapOf(name).is_object());
+  EXPECT_EQ(cluster_.server().RequestCount("POST", "secrets"), 0);
+
+  // 63 is fine.
+  const std::string ok(63, 'b');
+  cluster_.CreateJob(cluster_.JobManifest(kNs, ok, 2, "llm"));
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job(ok)["status"]["phase"] == "Running"; }))
+      << Job(ok)["status"].dump(2);
+  EXPECT_EQ(ConfigMapOf(ok)["metadata"]["labels"]["meshload.io/job"], ok);
+}
+
 TEST_F(ControllerTest, CompletionIndexWinsAndProblemsAreConditions) {
   for (int i = 0; i < 3; ++i) {
     std::string name = "idx-" + std::to_string(i);

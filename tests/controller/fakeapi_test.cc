@@ -238,6 +238,47 @@ TEST_F(FakeApiServer, CreateDuplicateIsAlreadyExists409) {
   EXPECT_EQ(r.body["details"], json({{"name", "a"}, {"kind", "configmaps"}}));
 }
 
+TEST_F(FakeApiServer, NamesAndLabelsAreValidatedAsTheRealServerDoes) {
+  // A label value of 64 characters, a name that is not an RFC 1123
+  // subdomain, a label key with a bad prefix: 422 Invalid naming the field,
+  // on create and on update; 422 comes before 409.
+  json cm = ConfigMap("ok");
+  cm["metadata"]["labels"] = {{"meshload.io/job", std::string(63, 'x')}, {"app", ""}};
+  ASSERT_EQ(Post(kConfigMaps, cm).code, 201);
+
+  json long_value = ConfigMap("long");
+  long_value["metadata"]["labels"] = {{"meshload.io/job", std::string(64, 'x')}};
+  Resp r = Post(kConfigMaps, long_value);
+  EXPECT_EQ(r.code, 422);
+  EXPECT_EQ(r.body["reason"], "Invalid");
+  EXPECT_EQ(r.body["details"]["causes"][0]["field"], "metadata.labels");
+  EXPECT_NE(r.body["message"].get<std::string>().find("must be no more than 63 characters"), std::string::npos)
+      << r.body.dump();
+
+  for (const std::string& bad : std::vector<std::string>{"Upper", "-lead", "trail-", "a..b", std::string(254, 'a')}) {
+    Resp n = Post(kConfigMaps, ConfigMap(bad));
+    EXPECT_EQ(n.code, 422) << bad;
+    EXPECT_EQ(n.body["details"]["causes"][0]["field"], "metadata.name") << bad;
+  }
+  EXPECT_EQ(Post(kConfigMaps, ConfigMap("a.b-c.d")).code, 201);
+
+  json bad_key = ConfigMap("key");
+  bad_key["metadata"]["labels"] = {{"Not_A_Domain/x", "v"}};
+  EXPECT_EQ(Post(kConfigMaps, bad_key).code, 422);
+  bad_key["metadata"]["labels"] = {{"x/", "v"}};
+  EXPECT_EQ(Post(kConfigMaps, bad_key).code, 422);
+
+  // Before 409: the same name again, with a bad label.
+  json again = ConfigMap("ok");
+  again["metadata"]["labels"] = {{"bad", "-x"}};
+  EXPECT_EQ(Post(kConfigMaps, again).code, 422);
+
+  // On update.
+  json stored = Get(std::string(kConfigMaps) + "/ok").body;
+  stored["metadata"]["labels"]["meshload.io/job"] = std::string(64, 'y');
+  EXPECT_EQ(Put(std::string(kConfigMaps) + "/ok", stored).code, 422);
+}
+
 TEST_F(FakeApiServer, GenerateNameMakesDistinctNames) {
   json cm = {{"metadata", {{"generateName", "job-"}}}, {"data", json::object()}};
   std::string a = Post(kConfigMaps, cm).body["metadata"]["name"];
