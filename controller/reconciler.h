@@ -73,6 +73,9 @@ inline constexpr char kCompletionIndex[] = "batch.kubernetes.io/job-completion-i
 inline constexpr char kManagedByLabel[] = "app.kubernetes.io/managed-by";
 inline constexpr char kManagedByValue[] = "meshload-controller";
 inline constexpr char kJobLabel[] = "meshload.io/job";
+/// On the peer Secret: the uid of the job it was made for (finalization
+/// deletes by it; a user's own Secret does not carry it).
+inline constexpr char kJobUidLabel[] = "meshload.io/job-uid";
 /// A DataLoadJob's name is the value of kJobLabel on what is made for it,
 /// so at most a label value's 63 characters (the CRD says so too).
 inline constexpr size_t kMaxJobNameLength = 63;

@@ -517,6 +517,12 @@ Result<DataLoadJob> ParseDataLoadJob(std::string_view yaml_text, Diagnostics& di
     }
   }
   if (job.name.empty()) r.Missing("metadata.name", "every Kubernetes object needs a name");
+  if (job.name.size() > 63) {
+    // As the CRD and the controller say: the name labels what is made for
+    // the job, and label values have at most 63 characters.
+    local.Add("metadata.name", "at most 63 characters (it labels the ConfigMap and Secret made for the job), got " +
+                                   std::to_string(job.name.size()) + LineOf(doc["metadata"]["name"]));
+  }
   if (doc["spec"]) {
     job.spec = ParseSpecMapping(r, doc["spec"]);
   } else {

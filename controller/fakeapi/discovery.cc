@@ -10,10 +10,10 @@ namespace {
 
 using nlohmann::json;
 
-// The verbs every fake-served resource supports. deletecollection is left
-// out: the fake answers DELETE on a collection with 405, and advertising a
-// verb that fails would mislead clients that check discovery first.
-json Verbs() { return json::array({"create", "delete", "get", "list", "patch", "update", "watch"}); }
+// The verbs every fake-served resource supports.
+json Verbs() {
+  return json::array({"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"});
+}
 
 json GroupVersion(const std::string& group, const std::string& version) {
   return {{"groupVersion", group + "/" + version}, {"version", version}};

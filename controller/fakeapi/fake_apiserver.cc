@@ -319,6 +319,11 @@ void FakeApiServer::Impl::Handle(const httplib::Request& req, httplib::Response&
     r = store.Update(*target, req.body);
   } else if (req.method == "PATCH") {
     r = store.Patch(*target, req.get_header_value("Content-Type"), req.body);
+  } else if (req.method == "DELETE" && target->name.empty() && !target->status) {
+    ListOptions options;
+    options.label_selector = req.get_param_value("labelSelector");
+    options.field_selector = req.get_param_value("fieldSelector");
+    r = store.DeleteCollection(*target, options, req.body);
   } else if (req.method == "DELETE") {
     r = store.Delete(*target, req.body);
   } else {

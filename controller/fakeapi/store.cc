@@ -925,6 +925,10 @@ ApiResponse ObjectStore::Delete(const RequestTarget& t, const std::string& body)
     return ErrorResponse(400, "BadRequest", "the request body is not valid DeleteOptions");
   }
   std::lock_guard<std::mutex> lock(mu_);
+  return DeleteLocked(t, options);
+}
+
+ApiResponse ObjectStore::DeleteLocked(const RequestTarget& t, const json& options) {
   ObjectMap& objects = objects_[t.type.Key()];
   std::string key = ObjectKey(t.ns, t.name);
   auto it = objects.find(key);
@@ -956,6 +960,45 @@ ApiResponse ObjectStore::Delete(const RequestTarget& t, const std::string& body)
   umd["resourceVersion"] = std::to_string(NextRv());
   Record(t.type.Key(), "MODIFIED", it->second, old);
   return {202, Output(t, it->second)};
+}
+
+ApiResponse ObjectStore::DeleteCollection(const RequestTarget& t, const ListOptions& list, const std::string& body) {
+  if (!t.name.empty() || t.status) {
+    return ErrorResponse(405, "MethodNotAllowed",
+                         "the server does not allow this method on the requested resource");
+  }
+  json options = body.empty() ? json::object() : json::parse(body, nullptr, false);
+  if (options.is_discarded() || !options.is_object()) {
+    return ErrorResponse(400, "BadRequest", "the request body is not valid DeleteOptions");
+  }
+  std::string why;
+  std::optional<LabelSelector> labels = LabelSelector::Parse(list.label_selector, &why);
+  if (!labels) return ErrorResponse(400, "BadRequest", why);
+  std::optional<FieldSelector> fields = FieldSelector::Parse(list.field_selector, &why);
+  if (!fields) return ErrorResponse(400, "BadRequest", why);
+  std::lock_guard<std::mutex> lock(mu_);
+  // As the registry does: list what matches, then delete each (finalizers
+  // and all); the answer is the list of what was deleted or marked.
+  std::vector<std::pair<std::string, std::string>> matched;  // (namespace, name)
+  for (const auto& [key, obj] : objects_[t.type.Key()]) {
+    const json& md = MetaOf(obj);
+    if (t.type.namespaced && !t.ns.empty() && Str(md, "namespace") != t.ns) continue;
+    if (labels->Matches(obj) && fields->Matches(obj)) matched.emplace_back(Str(md, "namespace"), Str(md, "name"));
+  }
+  json items = json::array();
+  for (const auto& [ns, name] : matched) {
+    RequestTarget one = t;
+    one.ns = ns;
+    one.name = name;
+    ApiResponse r = DeleteLocked(one, options);
+    if (!r.ok()) return r;
+    items.push_back(r.body);
+  }
+  json out = {{"kind", t.type.kind + "List"},
+              {"apiVersion", t.type.ApiVersion(t.version)},
+              {"metadata", {{"resourceVersion", std::to_string(rv_)}}},
+              {"items", items}};
+  return {200, out};
 }
 
 json ObjectStore::ExpiredWatchEvent(uint64_t rv) const {

@@ -103,6 +103,9 @@ class ObjectStore {
                     const std::string& body);
   /// `body` may hold DeleteOptions with preconditions (uid, resourceVersion).
   ApiResponse Delete(const RequestTarget& target, const std::string& body);
+  /// DELETE on a collection (deletecollection): every object the label and
+  /// field selectors match, each as Delete() would; 200 with their list.
+  ApiResponse DeleteCollection(const RequestTarget& target, const ListOptions& options, const std::string& body);
 
   /// Starts a watch. On success `*initial` holds the events to send first
   /// (synthetic ADDED, or nothing when replaying from an RV: the first
@@ -148,6 +151,7 @@ class ObjectStore {
   ApiResponse CreateLocked(const RequestTarget& target, nlohmann::json obj);
   ApiResponse UpdateLocked(const RequestTarget& target, nlohmann::json obj);
   ApiResponse RemoveLocked(const RequestTarget& target, const std::string& key, nlohmann::json obj);
+  ApiResponse DeleteLocked(const RequestTarget& target, const nlohmann::json& options);
   ApiResponse CheckTypeMeta(const RequestTarget& target, nlohmann::json* obj) const;
   nlohmann::json Output(const RequestTarget& target, nlohmann::json obj) const;
   std::string Qualified(const RequestTarget& target) const { return target.type.QualifiedName(); }

@@ -279,6 +279,31 @@ TEST_F(FakeApiServer, NamesAndLabelsAreValidatedAsTheRealServerDoes) {
   EXPECT_EQ(Put(std::string(kConfigMaps) + "/ok", stored).code, 422);
 }
 
+TEST_F(FakeApiServer, DeleteCollectionDeletesWhatTheSelectorPicksAndHonoursFinalizers) {
+  auto labelled = [&](const std::string& name, const std::string& team, bool finalizer) {
+    json cm = ConfigMap(name);
+    cm["metadata"]["labels"] = {{"team", team}};
+    if (finalizer) cm["metadata"]["finalizers"] = json::array({"example.com/hold"});
+    return Post(kConfigMaps, cm).code;
+  };
+  ASSERT_EQ(labelled("a", "x", false), 201);
+  ASSERT_EQ(labelled("b", "x", true), 201);
+  ASSERT_EQ(labelled("c", "y", false), 201);
+  Resp r = Do("DELETE", std::string(kConfigMaps) + "?labelSelector=team%3Dx");
+  ASSERT_EQ(r.code, 200) << r.body.dump();
+  EXPECT_EQ(r.body["kind"], "ConfigMapList");
+  EXPECT_EQ(r.body["items"].size(), 2u);
+  EXPECT_EQ(Get(std::string(kConfigMaps) + "/a").code, 404);
+  json b = Get(std::string(kConfigMaps) + "/b").body;
+  EXPECT_TRUE(b["metadata"].contains("deletionTimestamp")) << "a finalizer holds it, marked";
+  EXPECT_EQ(Get(std::string(kConfigMaps) + "/c").code, 200) << "not picked by the selector";
+  // Nothing picked: 200 with no items.
+  Resp none = Do("DELETE", std::string(kConfigMaps) + "?labelSelector=team%3Dnobody");
+  EXPECT_EQ(none.code, 200);
+  EXPECT_TRUE(none.body["items"].empty());
+  EXPECT_EQ(Do("DELETE", std::string(kConfigMaps) + "?labelSelector=%3D%3D%3D").code, 400);
+}
+
 TEST_F(FakeApiServer, GenerateNameMakesDistinctNames) {
   json cm = {{"metadata", {{"generateName", "job-"}}}, {"data", json::object()}};
   std::string a = Post(kConfigMaps, cm).body["metadata"]["name"];

@@ -225,6 +225,13 @@ TEST(Spec, DatasetSmallerThanOneGlobalBatch) {
   EXPECT_TRUE(HasProblem(p, "spec.dataset.samples: the dataset has 5 samples, fewer than one global batch of 8"));
 }
 
+TEST(Spec, ANameLongerThanALabelValueIsRefused) {
+  EXPECT_TRUE(Problems(Edit("  name: minimal", "  name: " + std::string(63, 'a'))).empty());
+  EXPECT_TRUE(HasProblem(Problems(Edit("  name: minimal", "  name: " + std::string(64, 'a'))),
+                         "metadata.name: at most 63 characters (it labels the ConfigMap and Secret made for the job), "
+                         "got 64 (line 4)"));
+}
+
 TEST(Spec, MissingRequiredFieldsAreAllReported) {
   auto p = Problems("apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nspec:\n  mesh: {}\n  dataset: {}\n");
   EXPECT_TRUE(HasProblem(p, "metadata.name: required field is missing"));
