@@ -544,8 +544,9 @@ Status Client::Reconnect(const Status& why, std::optional<Clock::time_point> dea
     if (o.attempts > options_.max_reconnect_attempts) {
       const double secs = std::chrono::duration<double>(Clock::now() - o.started).count();
       Status gone(StatusCode::kUnavailable,
-                  "the sidecar is gone (" + o.why.message() + "); gave up after " +
-                      std::to_string(options_.max_reconnect_attempts) + " reconnect attempts over " +
+                  "the sidecar is gone (" + o.why.message() + "); gave up after " + std::to_string(o.attempts) +
+                      " connection attempts (max_reconnect_attempts " +
+                      std::to_string(options_.max_reconnect_attempts) + ") over " +
                       std::to_string(static_cast<int>(secs * 1000)) + " ms; last error: " + o.last.message(),
                   options_.socket_path);
       outage_.reset();
@@ -574,8 +575,12 @@ Status Client::Reconnect(const Status& why, std::optional<Clock::time_point> dea
     if (st.code() == StatusCode::kFailedPrecondition && interrupted_.load()) return st;
     if (st.code() == StatusCode::kDeadlineExceeded) return still();
     o.last = st;
-    if (st.code() != StatusCode::kUnavailable && st.code() != StatusCode::kNotFound &&
-        st.code() != StatusCode::kIoError) {
+    // Before the first connection only "no sidecar yet" is worth waiting
+    // for (a socket this trainer may not open is not); after it, a sidecar
+    // being replaced may also look like a missing or broken socket.
+    const bool retry = st.code() == StatusCode::kUnavailable ||
+                       (was_connected && (st.code() == StatusCode::kNotFound || st.code() == StatusCode::kIoError));
+    if (!retry) {
       outage_.reset();
       return st;
     }

@@ -81,7 +81,8 @@ struct ClientOptions {
   std::string socket_path;
   /// The first step wanted; unset: the sidecar's start step.
   std::optional<int64_t> start_step;
-  /// Reconnect attempts after the sidecar is lost (0: fail at once).
+  /// Retries after a failed connection attempt (the first attempt is
+  /// made at once; 0: that one only).
   int max_reconnect_attempts = 8;
   std::chrono::milliseconds reconnect_backoff_initial{50};
   std::chrono::milliseconds reconnect_backoff_max{2000};

@@ -356,20 +356,26 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
       if (!del.ok() && del.code != 404) return del.ToStatus("delete ConfigMap " + ns + "/" + cm_name);
       ++res.writes;
     }
-    // The peer secret this controller made for this job: selected by the
-    // job's uid label, which only Secrets made for it carry (never a user's
-    // own, never one of an earlier job of the same name), whether or not
-    // its uid reached the status (a create retried after it had landed, a
-    // controller that died before the status write). Deleted before the
-    // job goes, so a job re-created under the same name at once does not
-    // find it still there, waiting for garbage collection, and take it for
-    // its own.
-    const std::string selector = std::string(kManagedByLabel) + "=" + kManagedByValue + "," + kJobUidLabel + "=" +
-                                 Str(Field(job, "metadata"), "uid");
-    kube::ApiResponse del = client_->Delete(SecretsResource().Collection(ns) + "?labelSelector=" +
-                                            kube::QueryEscape(selector));
-    if (!del.ok()) return del.ToStatus("delete the peer Secret of " + key);
-    if (Field(del.body, "items").is_array() && !del.body["items"].empty()) ++res.writes;
+    // The peer secret this controller made, by its uid (never one it found:
+    // the user's own is left alone). Deleted before the job goes, so a job
+    // re-created under the same name at once does not find it still there,
+    // waiting for garbage collection, and take it for its own. By name with
+    // a uid precondition, never by label (deletecollection answers with the
+    // Secrets it deleted, data included: the controller reads no Secret).
+    std::string secret_uid = Str(Field(job, "status"), "peerSecretUID");
+    if (secret_uid.empty()) secret_uid = MadeSecret(key, Str(Field(job, "metadata"), "uid")).value_or("");
+    if (!secret_uid.empty()) {
+      const std::string secret_name = PeerSecretName(name);
+      kube::ApiResponse del = client_->Delete(SecretsResource().Object(ns, secret_name),
+                                              {{"apiVersion", "v1"},
+                                               {"kind", "DeleteOptions"},
+                                               {"preconditions", {{"uid", secret_uid}}}});
+      // 404: gone already; 409: the uid differs, someone else's now.
+      if (!del.ok() && del.code != 404 && del.code != 409) {
+        return del.ToStatus("delete Secret " + ns + "/" + secret_name);
+      }
+      if (del.ok()) ++res.writes;
+    }
     json& fins = job["metadata"]["finalizers"];
     json kept = json::array();
     for (const auto& f : fins) {
@@ -661,7 +667,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
       RETURN_IF_ERROR(CheckMayWrite());
       ASSIGN_OR_RETURN(std::string secret, NewPeerSecret());
       json secret_labels = labels;
-      secret_labels[kJobUidLabel] = uid;  // what finalization deletes by
+      secret_labels[kJobUidLabel] = uid;  // which job instance it was made for (kubectl -l)
       json body = {{"apiVersion", "v1"},
                    {"kind", "Secret"},
                    {"metadata",

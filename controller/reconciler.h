@@ -73,8 +73,8 @@ inline constexpr char kCompletionIndex[] = "batch.kubernetes.io/job-completion-i
 inline constexpr char kManagedByLabel[] = "app.kubernetes.io/managed-by";
 inline constexpr char kManagedByValue[] = "meshload-controller";
 inline constexpr char kJobLabel[] = "meshload.io/job";
-/// On the peer Secret: the uid of the job it was made for (finalization
-/// deletes by it; a user's own Secret does not carry it).
+/// On the peer Secret: the uid of the job instance it was made for (a
+/// user's own Secret does not carry it), for operators to select by.
 inline constexpr char kJobUidLabel[] = "meshload.io/job-uid";
 /// A DataLoadJob's name is the value of kJobLabel on what is made for it,
 /// so at most a label value's 63 characters (the CRD says so too).

@@ -483,9 +483,16 @@ Status Sidecar::Init() {
                            std::numeric_limits<uint64_t>::max()});
     }
     const uint32_t queue = MeasureReadyQueue(ipc::Encode(r));
-    max_leases_ = std::clamp<uint32_t>(queue / 2, 1, kMaxLeasesPerTrainer);
+    if (queue == 0) {
+      // No socket pair (out of descriptors?): the fixed limit, as before.
+      max_leases_ = kMaxLeasesPerTrainer;
+      LogWarn("could not measure a trainer's socket queue; at most 128 READYs unanswered", {});
+    } else {
+      max_leases_ = std::clamp<uint32_t>(queue / 2, 1, kMaxLeasesPerTrainer);
+    }
     if (max_leases_ < slots) {
-      LogInfo("a trainer is sent at most this many batches ahead: its socket queue holds no more",
+      LogInfo("a trainer is sent at most this many batches ahead: its socket queue holds no more (a trainer "
+              "that keeps that many batches alive gets no more until it lets one go)",
               {{"max_leases", static_cast<uint64_t>(max_leases_)}, {"slots", static_cast<uint64_t>(slots)},
                {"ready_queue", static_cast<uint64_t>(queue)}});
     }

@@ -366,7 +366,7 @@ WORKLOAD_RULES = [("meshload.io", "dataloadjobs", ["get", "list", "watch", "upda
                   ("meshload.io", "dataloadjobs/finalizers", ["update"]),
                   ("", "pods", ["get", "list", "watch"]),
                   ("", "configmaps", ["get", "list", "watch", "create", "update", "patch", "delete"]),
-                  ("", "secrets", ["create", "deletecollection"]),
+                  ("", "secrets", ["create", "delete"]),
                   ("", "events", ["create", "patch"])]
 
 
@@ -386,10 +386,10 @@ def grants(docs):
             for field in ("apiGroups", "resources", "verbs", "resourceNames"):
                 if "*" in (rule.get(field) or []):
                     p.append("a wildcard in %s of %s %s" % (field, d["kind"], d["metadata"]["name"]))
-            # Secrets: create and deletecollection (the peer secrets, deleted
-            # by their job's uid label); reading any, or deleting by name, is refused.
-            if "secrets" in (rule.get("resources") or []) and set(rule.get("verbs") or []) - {"create", "deletecollection"}:
-                p.append("secrets %s in %s %s" % (sorted(set(rule.get("verbs") or []) - {"create", "deletecollection"}),
+            # Secrets: create and delete (the peer secrets); reading any is
+            # refused, and so is deletecollection, whose answer carries the data.
+            if "secrets" in (rule.get("resources") or []) and set(rule.get("verbs") or []) - {"create", "delete"}:
+                p.append("secrets %s in %s %s" % (sorted(set(rule.get("verbs") or []) - {"create", "delete"}),
                                                   d["kind"], d["metadata"]["name"]))
             names = tuple(sorted(rule.get("resourceNames") or []))
             for g in rule.get("apiGroups") or []:

@@ -903,7 +903,16 @@ class ReconnectTest(SidecarTest):
         self.sidecar.start()
         c = meshload.Client(self.sidecar.sock)
         held = [c.next(timeout=10) for _ in range(PREFETCH)]
-        th = threading.Thread(target=lambda: self.assertRaises(meshload.MeshloadError, c.next))
+        outcome = {}
+
+        def blocked():
+            try:
+                c.next()
+                outcome["result"] = "a batch"
+            except meshload.MeshloadError as e:
+                outcome["result"] = e
+
+        th = threading.Thread(target=blocked)
         th.start()
         time.sleep(0.3)
         t0 = time.monotonic()
@@ -914,6 +923,7 @@ class ReconnectTest(SidecarTest):
         c.close()
         th.join(10)
         self.assertFalse(th.is_alive())
+        self.assertIsInstance(outcome.get("result"), meshload.MeshloadError)  # woken by close()
         del held
 
     def test_signals_while_the_constructor_waits_for_the_sidecar(self):
@@ -972,7 +982,7 @@ class ReconnectTest(SidecarTest):
         e = cm.exception
         self.assertIsInstance(e, ConnectionError)
         self.assertEqual(e.code, "unavailable")
-        self.assertIn("gave up after 3 reconnect attempts", str(e))
+        self.assertIn("gave up after 4 connection attempts (max_reconnect_attempts 3)", str(e))
         self.assertIn(self.sidecar.sock, str(e))
         # It stays gone.
         with self.assertRaises(meshload.SidecarGone):

@@ -428,45 +428,34 @@ TEST_F(ControllerTest, AnExistingPeerSecretIsKeptAndAnInvalidJobGetsNone) {
   EXPECT_EQ(cluster_.Get(secrets + "/own-meshload-peer")["data"], mine.body["data"]);
 }
 
-TEST_F(ControllerTest, APeerSecretMadeButNeverRecordedIsStillDeletedWithItsJob) {
-  // The controller made the Secret, then died before its status write (or
-  // its create was retried after it had landed, and answered 409): a new
-  // controller finds it (409) with no uid to go by. Deleting the job must
-  // still delete it, by the job's uid label, and the same job applied
-  // again must get a new one rather than the old one on its way out.
+TEST_F(ControllerTest, APeerSecretIsLabelledWithItsJobInstanceAndGoesWithIt) {
+  // The label tells the Secret of this job instance from an earlier job's of
+  // the same name; deleting the job deletes its Secret (by uid), and the
+  // same job applied again gets a new one for its new uid.
   const std::string secrets = std::string("/api/v1/namespaces/") + kNs + "/secrets";
   const std::string jobs = std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs";
-  ReadyPods("lost", 2);
-  cluster_.CreateJob(cluster_.JobManifest(kNs, "lost", 2, "lost"));
+  ReadyPods("again", 2);
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "again", 2, "again"));
   StartController();
   Settle();
-  json made = cluster_.Get(secrets + "/lost-meshload-peer");
+  json made = cluster_.Get(secrets + "/again-meshload-peer");
   ASSERT_TRUE(made.is_object());
-  EXPECT_EQ(made["metadata"]["labels"]["meshload.io/job-uid"], Job("lost")["metadata"]["uid"]);
-  StopController();
-  // As if the status write had never happened.
-  json job = Job("lost");
-  job["status"].erase("peerSecretName");
-  job["status"].erase("peerSecretUID");
-  ASSERT_TRUE(cluster_.client().Put(jobs + "/lost/status", job).ok());
-  StartController();
-  Settle();
-  EXPECT_EQ(Job("lost")["status"]["peerSecretName"], "lost-meshload-peer");
-  EXPECT_FALSE(Job("lost")["status"].contains("peerSecretUID")) << "found, so its uid is not known";
-  EXPECT_EQ(cluster_.Get(secrets + "/lost-meshload-peer")["metadata"]["uid"], made["metadata"]["uid"]);
+  EXPECT_EQ(made["metadata"]["labels"]["meshload.io/job-uid"], Job("again")["metadata"]["uid"]);
+  EXPECT_EQ(made["metadata"]["labels"]["meshload.io/job"], "again");
+  EXPECT_EQ(Job("again")["status"]["peerSecretUID"], made["metadata"]["uid"]);
 
-  ASSERT_TRUE(cluster_.client().Delete(jobs + "/lost").ok());
-  ASSERT_TRUE(TestCluster::Eventually([&] { return cluster_.client().Get(jobs + "/lost").code == 404; }));
-  EXPECT_EQ(cluster_.client().Get(secrets + "/lost-meshload-peer").code, 404) << "the Secret it made outlived its job";
+  ASSERT_TRUE(cluster_.client().Delete(jobs + "/again").ok());
+  ASSERT_TRUE(TestCluster::Eventually([&] { return cluster_.client().Get(jobs + "/again").code == 404; }));
+  EXPECT_EQ(cluster_.client().Get(secrets + "/again-meshload-peer").code, 404);
+  EXPECT_EQ(cluster_.server().RequestCount("DELETE", "secrets"), 1);
 
-  // Applied again: a new Secret, for the new uid.
-  cluster_.CreateJob(cluster_.JobManifest(kNs, "lost", 2, "lost"));
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("lost")["status"]["phase"] == "Running"; }));
-  json again = cluster_.Get(secrets + "/lost-meshload-peer");
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "again", 2, "again"));
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("again")["status"]["phase"] == "Running"; }));
+  json again = cluster_.Get(secrets + "/again-meshload-peer");
   ASSERT_TRUE(again.is_object());
   EXPECT_NE(again["metadata"]["uid"], made["metadata"]["uid"]);
-  EXPECT_EQ(again["metadata"]["labels"]["meshload.io/job-uid"], Job("lost")["metadata"]["uid"]);
-  EXPECT_EQ(Job("lost")["status"]["peerSecretUID"], again["metadata"]["uid"]);
+  EXPECT_EQ(again["metadata"]["labels"]["meshload.io/job-uid"], Job("again")["metadata"]["uid"]);
+  EXPECT_EQ(Job("again")["status"]["peerSecretUID"], again["metadata"]["uid"]);
 }
 
 TEST_F(ControllerTest, SidecarNotReadyAndRestartingAreVisible) {

@@ -16,7 +16,9 @@ over as zero-copy tensors, one per local device, through DLPack::
 Lifetime. A Batch, its Tensors, and every array made from them with
 ``from_dlpack`` share the batch's slot lease: the slot is released when the
 last of them is gone. Holding ``prefetch`` batches (or arrays viewing them)
-stalls the sidecar until one is dropped; copy what must outlive the step.
+stalls the sidecar until one is dropped (for jobs with many local devices,
+fewer: the sidecar's log says how many when it limits them); copy what must
+outlive the step.
 The arrays are writable views of memory the sidecar reuses after release.
 ``close()`` (and leaving the ``with`` block) gives back every slot but those
 of batches still alive: they keep their slots, bytes and mapping until they
