@@ -153,8 +153,29 @@ int main(int argc, char** argv) {
   options.workers = static_cast<int>(workers);
   options.resync_period = std::chrono::seconds(resync_s);
   options.reconciler.sidecar_container = sidecar_container;
+  std::unique_ptr<kube::KubeClient> election_client;  // declared first: it outlives the elector
   std::unique_ptr<runtime::LeaderElector> elector;
   if (leader_elect == "true") {
+    // The lease has its own client: with one rate limiter shared with the
+    // reconcilers, a backlog of their writes (a new leader with many jobs,
+    // a low --qps) held renewals past the renew deadline, and the leader
+    // gave up the lease and exited. A renewal is a GET and a PUT every
+    // retry period; each is tried twice at most, and must answer within
+    // half the renew deadline (the elector tries again itself).
+    kube::ClientOptions lopts = copts;
+    lopts.user_agent += " leader-election";
+    lopts.qps = 5;
+    lopts.burst = 10;
+    lopts.max_attempts = 2;
+    lopts.max_retry_after = std::chrono::seconds(1);
+    lopts.request_timeout = std::chrono::seconds(std::max<int64_t>(1, renew_ms / 2000));
+    lopts.connect_timeout = std::min(lopts.connect_timeout, lopts.request_timeout);
+    auto lc = kube::KubeClient::Create(*config, lopts);
+    if (!lc.ok()) {
+      LogError("cannot create the API client for leader election", {{"error", lc.status().ToString()}});
+      return 1;
+    }
+    election_client = std::move(*lc);
     runtime::LeaderElectionOptions le;
     le.ns = le_ns;
     le.name = le_id;
@@ -162,7 +183,7 @@ int main(int argc, char** argv) {
     le.lease_duration = std::chrono::milliseconds(lease_ms);
     le.renew_deadline = std::chrono::milliseconds(renew_ms);
     le.retry_period = std::chrono::milliseconds(retry_ms);
-    elector = std::make_unique<runtime::LeaderElector>(client->get(), le);
+    elector = std::make_unique<runtime::LeaderElector>(election_client.get(), le);
     options.reconciler.may_write = [e = elector.get()] { return e->IsLeader(); };
   }
   // Events: their own client and rate, so that they never slow the status

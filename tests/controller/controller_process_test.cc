@@ -151,6 +151,35 @@ TEST_F(ControllerProcess, OneLeaderWritesAndAStandbyTakesOverFromAStoppedLeader)
   EXPECT_EQ(Holder(), "");
 }
 
+TEST_F(ControllerProcess, ABacklogOfWritesNeverCostsTheLeaderItsLease) {
+  // 30 jobs to set up at 0.5 requests/s: a minute of backlog for the
+  // reconcilers' client. Renewals (every 500 ms, deadline 2 s) go through
+  // the election's own client, so the leader stays sure of its lease; with
+  // one shared rate limiter they waited behind the reconcilers, the lease
+  // looked expired past the renew deadline, and every reconcile failed with
+  // "not the leader" (a second replica would have taken over).
+  for (int i = 0; i < 30; ++i) {
+    cluster_.CreateJob(cluster_.JobManifest("training", "backlog-" + std::to_string(i), 2, "backlog"));
+  }
+  auto p = Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", "slow",
+                  "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--leader-election-namespace", "default",
+                  "--qps", "0.5", "--burst", "1", "--lease-duration-ms", "3000", "--renew-deadline-ms", "2000",
+                  "--retry-period-ms", "500", "--log-level", "info"},
+                 dir_.path() + "/slow.log");
+  ASSERT_GT(p->pid, 0);
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Holder() == "slow"; }, 20s)) << Slurp(dir_.path() + "/slow.log");
+  EXPECT_FALSE(p->WaitExit(10s)) << "the leader exited:\n" << Slurp(dir_.path() + "/slow.log");
+  EXPECT_EQ(Holder(), "slow");
+  const std::string log = Slurp(dir_.path() + "/slow.log");
+  EXPECT_EQ(log.find("lost leadership"), std::string::npos);
+  // Renewals starved behind the reconcilers' writes made the leader doubt
+  // its lease past the renew deadline, and refuse its own writes.
+  EXPECT_EQ(log.find("not the leader"), std::string::npos) << "the leader's renewals fell behind";
+  EXPECT_GT(cluster_.server().WriteCountByUserAgent("leader-election"), 0) << "renewals come from their own client";
+  kill(p->pid, SIGTERM);
+  EXPECT_TRUE(p->WaitExit(15s));
+}
+
 TEST_F(ControllerProcess, MetricsHealthAndReadinessAndPromtool) {
   cluster_.CreateJob(cluster_.JobManifest("training", "lead", 2, "lead"));
   const int port = FreePort();
