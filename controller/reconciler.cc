@@ -594,6 +594,11 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
                                {"uid", Str(Field(job, "metadata"), "uid")},
                                {"controller", true},
                                {"blockOwnerDeletion", true}}});
+    // The ConfigMap there is: from the cache, or read after a create that
+    // found the name taken (the cache holds only ConfigMaps labelled as
+    // ours: a retried POST that had landed, a cache that lags, ours with
+    // its labels taken off, or somebody else's).
+    json existing = cm ? *cm : json();
     if (!cm) {
       RETURN_IF_ERROR(CheckMayWrite());
       json body = {{"apiVersion", "v1"},
@@ -602,25 +607,10 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
                    {"data", data}};
       kube::ApiResponse r = client_->Post(cms.Collection(ns), body);
       if (r.code == 409 && Str(r.body, "reason") == "AlreadyExists") {
-        // Not in the cache, which holds only ConfigMaps labelled as ours:
-        // a retried POST that had landed or a cache that lags (ours, as
-        // labelled), ours with its labels taken off, or somebody else's.
         kube::ApiResponse got = client_->Get(cms.Object(ns, cm_name));
         if (!got.ok()) return got.ToStatus("read ConfigMap " + ns + "/" + cm_name);
         if (ControllerUid(got.body) == Str(Field(job, "metadata"), "uid")) {
-          const json& have = Field(Field(got.body, "metadata"), "labels");
-          bool labelled = true;
-          for (auto it = labels.begin(); labelled && it != labels.end(); ++it) {
-            labelled = Field(have, it.key().c_str()) == it.value();
-          }
-          if (!labelled || Field(got.body, "data") != data) {
-            json put = got.body;
-            put["data"] = data;
-            for (auto it = labels.begin(); it != labels.end(); ++it) put["metadata"]["labels"][it.key()] = it.value();
-            kube::ApiResponse u = client_->Put(cms.Object(ns, cm_name), put);
-            if (!u.ok()) return u.ToStatus("update ConfigMap " + ns + "/" + cm_name);
-            ++res.writes;
-          }
+          existing = std::move(got.body);
         } else {
           // Somebody else's: left alone. The job says so and is retried.
           problems.push_back("ConfigMapConflict: ConfigMap " + ns + "/" + cm_name +
@@ -634,16 +624,17 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
       } else {
         ++res.writes;
       }
-    } else {
-      const json& md = Field(*cm, "metadata");
-      bool same = Field(*cm, "data") == data && Field(md, "ownerReferences") == owner;
+    }
+    if (existing.is_object()) {
+      const json& md = Field(existing, "metadata");
+      bool same = Field(existing, "data") == data && Field(md, "ownerReferences") == owner;
       const json& have_labels = Field(md, "labels");
       for (auto it = labels.begin(); same && it != labels.end(); ++it) {
         same = Field(have_labels, it.key().c_str()) == it.value();
       }
       if (!same) {
         RETURN_IF_ERROR(CheckMayWrite());
-        json body = *cm;
+        json body = existing;
         body["data"] = data;
         body["metadata"]["ownerReferences"] = owner;
         for (auto it = labels.begin(); it != labels.end(); ++it) body["metadata"]["labels"][it.key()] = it.value();
