@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs every Debian package that meshload's build, tests and tools need.
-# Idempotent: packages already present are skipped; safe to run repeatedly.
+# Installs what meshload's build, tests and tools need: the Debian packages,
+# and a project-local Python environment (.venv) from the pinned
+# requirements.txt. Idempotent: what is present is skipped; safe to run repeatedly.
 # Runs as root on a fresh Debian 12 (uses sudo when not root).
 set -euo pipefail
 
@@ -11,7 +12,7 @@ PACKAGES=(
   libcpp-httplib-dev libssl-dev libboost-dev
   pybind11-dev python3-dev python3-numpy libdlpack-dev
   clang libclang-rt-14-dev
-  prometheus curl util-linux python3-yaml python3-jsonschema
+  prometheus curl util-linux python3-yaml python3-jsonschema python3-venv
 )
 
 missing=()
@@ -21,14 +22,28 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#PACKAGES[@]} packages present"
-  exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The project-local Python environment, from the pinned requirements.txt.
+# Reinstalled only when requirements.txt changed since the last install.
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VENV=$ROOT/.venv
+STAMP=$VENV/.requirements.sha256
+want=$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)
+if [ -x "$VENV/bin/python" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ]; then
+  echo "install-deps: .venv matches requirements.txt"
+else
+  echo "install-deps: making .venv from requirements.txt"
+  python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt"
+  echo "$want" >"$STAMP"
+fi
