@@ -305,6 +305,7 @@ class Mapping {
     if (base_) ::munmap(base_, bytes_);
   }
   bool on_gpu() const { return !imports_.empty(); }
+  int64_t gpu_imports() const { return static_cast<int64_t>(imports_.size()); }
   const std::vector<int>& ordinals() const { return ordinals_; }
   int ordinal(size_t device) const { return on_gpu() ? ordinals_[device] : 0; }
   /// Where (local device, slot)'s memory starts; tensor offsets are from here.
@@ -509,6 +510,7 @@ Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> d
   if (conn_) conn_->Leave();
   conn_ = std::make_shared<Connection>(std::move(fd));
   mapping_ = std::move(mapping);
+  gpu_imports_ += mapping_->gpu_imports();
   hello_ = *sh;
   next_step_ = sh->first_step;
   return Status::Ok();

@@ -174,6 +174,9 @@ class Client {
   int64_t next_step() const { return next_step_; }
   /// Times the client had to reconnect.
   int reconnects() const { return reconnects_; }
+  /// GPU slot allocations imported and mapped so far, over every connection
+  /// (devices × slots at each connect; never per batch). 0 for host pools.
+  int64_t gpu_imports() const { return gpu_imports_; }
 
  private:
   explicit Client(ClientOptions options);
@@ -224,6 +227,7 @@ class Client {
   ipc::ServerHello hello_;
   int64_t next_step_ = -1;
   int reconnects_ = 0;
+  int64_t gpu_imports_ = 0;
 };
 
 }  // namespace meshload::client

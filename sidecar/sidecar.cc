@@ -588,6 +588,15 @@ Status Sidecar::InitDeviceStaging() {
   staging_reason_ = "CUDA driver " + std::to_string((*driver)->version()) + ", staging on " + used +
                     (share == staging::DeviceShare::kCudaVmm ? " (VMM, fds over SCM_RIGHTS)"
                                                              : " (legacy CUDA IPC handles)");
+  bool replicas = false;
+  for (size_t i = 0; i < shard_of.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) replicas |= shard_of[i] == shard_of[j];
+  }
+  if (replicas) {
+    staging_reason_ += device_->peer_access() ? ", local replicas copied device to device"
+                                              : ", local replicas copied from the host where their GPUs cannot reach "
+                                                "each other";
+  }
   if (!device_->peer_access()) {
     LogInfo("some local replicas cannot reach their shard's GPU directly: those copies go through the host");
   }

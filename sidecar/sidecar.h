@@ -110,6 +110,8 @@ class Sidecar {
   void RequestStop();
 
   int metrics_port() const { return metrics_port_; }
+  /// The staging mode in use and why (the start-up log line's staging_reason).
+  const std::string& staging_reason() const { return staging_reason_; }
   const ResolvedJob& job() const { return planner_->job(); }
 
  private:

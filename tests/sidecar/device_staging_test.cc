@@ -9,6 +9,9 @@
 // the device pointer, so the same tests run unchanged on a real GPU with
 // MESHLOAD_GPU_TESTS=real (scripts/gpu-check). Tests that need the stand-in
 // (several fake GPUs, GPUs the trainer cannot see) skip there, saying so.
+// The jobs use two devices per process where there are two GPUs (always
+// with the stand-in) and one on a single-GPU machine, so the handoff, the
+// faults and the restart run on any real GPU; only local replicas need two.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -18,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -69,6 +73,21 @@ const cuda::Driver* DriverOrNull() {
   do {                                                                                                  \
   } while (0)
 
+// Local devices per process in GpuJob: 2 with the stand-in, else as many
+// GPUs as the driver sees, at most 2.
+int JobDevices() {
+  if (!RealGpu()) return 2;
+  const cuda::Driver* d = DriverOrNull();
+  return d == nullptr ? 2 : static_cast<int>(std::min<size_t>(2, d->devices().size()));
+}
+
+// The sidecar binary: MESHLOAD_SIDECAR_BIN (scripts/gpu-check runs a bundle
+// away from the build tree), else the one this build made.
+std::string SidecarBin() {
+  const char* e = std::getenv("MESHLOAD_SIDECAR_BIN");
+  return e && *e ? e : MESHLOAD_SIDECAR_BIN;
+}
+
 #define REQUIRE_TWO_GPUS()                                                               \
   REQUIRE_DRIVER();                                                                      \
   if (driver->devices().size() < 2) {                                                    \
@@ -93,12 +112,12 @@ int64_t FakeImports() {
   return fn ? static_cast<int64_t>(fn()) : -1;
 }
 
-std::string JobYaml(const std::string& uri, bool replicas) {
+std::string JobYaml(const std::string& uri, bool replicas, int devices) {
   const std::string mesh = replicas ? "    axes: [{name: data, size: 2}, {name: model, size: 2}]\n"
                                       "    batchAxes: [data]\n"
-                                    : "    axes: [{name: data, size: 4}]\n";
+                                    : "    axes: [{name: data, size: " + std::to_string(2 * devices) + "}]\n";
   return "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: gpu-test}\nspec:\n"
-         "  mesh:\n    processes: 2\n    devicesPerProcess: 2\n" + mesh +
+         "  mesh:\n    processes: 2\n    devicesPerProcess: " + std::to_string(devices) + "\n" + mesh +
          (replicas ? "  replication: {mode: Partial, fanout: Load}\n" : "") +
          "  strategy: PerProcess\n"
          "  dataset:\n    uri: " + uri + "\n    format: FixedRecord\n    recordBytes: 4096\n"
@@ -114,6 +133,7 @@ class RunningSidecar {
     s_->RequestStop();
     thread_.join();
   }
+  const std::string& staging_reason() const { return s_->staging_reason(); }
   std::string Metrics() {
     httplib::Client http("127.0.0.1", s_->metrics_port());
     auto r = http.Get("/metrics");
@@ -132,13 +152,15 @@ class RunningSidecar {
 
 class GpuJob {
  public:
-  explicit GpuJob(bool replicas = false) {
+  // `devices`: local devices per process; 0: JobDevices() (2 with replicas).
+  explicit GpuJob(bool replicas = false, int devices = 0)
+      : devices_(devices > 0 ? devices : replicas ? 2 : JobDevices()) {
     DatasetSpec ds;
     ds.format = DatasetFormat::kFixedRecord;
     ds.record_bytes = 4096;
     auto u = synthetic::Generate(ds, dir_.path() + "/data", 320, 2);
     EXPECT_TRUE(u.ok());
-    job_path_ = dir_.Write("job.yaml", JobYaml(*u, replicas));
+    job_path_ = dir_.Write("job.yaml", JobYaml(*u, replicas, devices_));
     socket_ = dir_.path() + "/s.sock";
     Diagnostics d;
     auto job = LoadDataLoadJobFile(job_path_, d);
@@ -151,7 +173,7 @@ class GpuJob {
   // plan and the synthetic bytes.
   void ExpectOnGpuAndPlanned(const client::Batch& b, const cuda::Driver& driver) {
     const StepPlan plan = planner_->PlanStep(b.step, planner_->DefaultLoading(), 1);
-    ASSERT_EQ(b.tensors.size(), 2u);
+    ASSERT_EQ(b.tensors.size(), static_cast<size_t>(devices_));
     for (size_t i = 0; i < b.tensors.size(); ++i) {
       const client::Tensor& t = b.tensors[i];
       EXPECT_EQ(t.device_type, 2);  // kDLCUDA
@@ -209,7 +231,7 @@ class GpuJob {
   // The real sidecar binary for process 1, with extra environment and
   // flags; its log goes to log_path().
   pid_t Spawn(const std::vector<std::string>& env_extra, const std::vector<std::string>& flags) {
-    std::vector<std::string> args = {MESHLOAD_SIDECAR_BIN, "--job", job_path_, "--process", "1",
+    std::vector<std::string> args = {SidecarBin(), "--job", job_path_, "--process", "1",
                                      "--socket", socket_, "--log-format", "kv"};
     args.insert(args.end(), flags.begin(), flags.end());
     std::vector<std::string> env = env_extra;  // these win over this process's own
@@ -240,6 +262,10 @@ class GpuJob {
     return s.str();
   }
 
+  // Local devices per process (the tensors of a batch).
+  int devices() const { return devices_; }
+
+  int devices_;
   TempDir dir_;
   std::string job_path_, socket_;
   std::unique_ptr<ShardPlanner> planner_;
@@ -312,7 +338,7 @@ TEST(DeviceStaging, AnIpcHandleSmallerThanTheSlotItIsSaidToHoldIsRefused) {
 }
 
 TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
-  REQUIRE_TWO_GPUS();
+  REQUIRE_DRIVER();
   GpuJob job;
   auto s = job.Start(job.Options());
   ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -321,33 +347,39 @@ TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
     auto c = job.Connect();
     ASSERT_TRUE(c);
     EXPECT_EQ(c->hello().memory, ipc::MemoryKind::kCudaVmmFd);
-    EXPECT_EQ(c->hello().fd_count, 2u * 3u);
+    EXPECT_EQ(c->hello().fd_count, static_cast<uint32_t>(job.devices()) * 3u);
     for (int64_t step = 0; step < 25; ++step) {
       auto b = c->Next(milliseconds(10000));
       ASSERT_TRUE(b.ok()) << b.status().ToString();
       ASSERT_EQ(b->step, step);
-      EXPECT_EQ(b->tensors[0].device_id, 0);
-      EXPECT_EQ(b->tensors[1].device_id, 1);
+      for (int i = 0; i < job.devices(); ++i) EXPECT_EQ(b->tensors[i].device_id, i);
       job.ExpectOnGpuAndPlanned(*b, *driver);
     }
-    if (imports_before >= 0) {  // 2 devices × 3 slots, not per batch
-      EXPECT_EQ(FakeImports() - imports_before, 6);
+    // devices × 3 slots, once at connect, not per batch: as the client
+    // counts them (any driver), and as the stand-in does.
+    EXPECT_EQ(c->gpu_imports(), job.devices() * 3);
+    if (imports_before >= 0) {
+      EXPECT_EQ(FakeImports() - imports_before, job.devices() * 3);
     }
   }
   const std::string m = (*s)->Metrics();
   EXPECT_NE(m.find("meshload_staging_mode{mode=\"cuda\"} 1"), std::string::npos) << m;
   EXPECT_NE(m.find("meshload_staging_mode{mode=\"host\"} 0"), std::string::npos);
-  // 2 GPUs x 3 slots, each rounded up to the granularity; a copy timed per step.
+  // devices x 3 slots, each rounded up to the granularity; a copy timed per step.
   const uint64_t granularity = *driver->Granularity(0);
-  EXPECT_NE(m.find("meshload_device_memory_bytes " + std::to_string(6 * granularity)), std::string::npos) << m;
+  EXPECT_NE(m.find("meshload_device_memory_bytes " + std::to_string(job.devices() * 3 * granularity)),
+            std::string::npos)
+      << m;
   EXPECT_EQ(m.find("meshload_device_copy_seconds_count 0"), std::string::npos) << m;
 }
 
 TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
-  REQUIRE_TWO_GPUS();
+  REQUIRE_TWO_GPUS();  // one GPU per local device: the sidecar refuses one GPU for two
   GpuJob job(/*replicas=*/true);
   auto s = job.Start(job.Options());
   ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_NE((*s)->staging_reason().find("local replicas copied device to device"), std::string::npos)
+      << (*s)->staging_reason();
   // Both local devices hold the same shard; the host copy of the second is
   // never made, so its bytes can only have come from the first GPU.
   job.TakeSteps(8, *driver, [](const client::Batch& b) {
@@ -363,11 +395,13 @@ TEST(DeviceStaging, ReplicasOnGpusThatCannotReachEachOtherAreCopiedFromTheHostSl
   auto s = job.Start(job.Options());
   ::unsetenv("MESHLOAD_FAKE_CUDA_NO_PEER");
   ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_NE((*s)->staging_reason().find("local replicas copied from the host"), std::string::npos)
+      << (*s)->staging_reason();
   job.TakeSteps(8, *driver);
 }
 
 TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed) {
-  REQUIRE_TWO_GPUS();
+  REQUIRE_DRIVER();
   GpuJob job;
   auto s = job.Start(job.Options());
   ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -436,7 +470,8 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
 // with the GIL held) while the GPU is still busy: the drop does not wait for
 // the GPU; the release worker sends the RELEASE once the device is done.
 TEST(DeviceStaging, DroppingTheLastGpuBatchOfALeftConnectionNeverWaitsForTheGpu) {
-  REQUIRE_TWO_GPUS();
+  REQUIRE_STAND_IN();  // the GPU is kept busy by the stand-in's MESHLOAD_FAKE_CUDA_CTX_SYNC_MS
+  REQUIRE_DRIVER();
   GpuJob job;
   auto s = job.Start(job.Options());
   ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -462,7 +497,7 @@ TEST(DeviceStaging, DroppingTheLastGpuBatchOfALeftConnectionNeverWaitsForTheGpu)
 
 TEST(DeviceStaging, DeviceStagingNeedsADeviceForEveryLocalDevice) {
   REQUIRE_DRIVER();
-  GpuJob job;
+  GpuJob job(/*replicas=*/false, /*devices=*/2);  // nothing is staged: any GPU count will do
   SidecarOptions o = job.Options();
   o.cuda_devices = {0, 99};
   auto s = Sidecar::Create(o);
@@ -522,7 +557,7 @@ TEST(DeviceStagingProcess, AGpuTheTrainerCannotSeeIsAClearErrorListingBothSides)
 }
 
 TEST(DeviceStagingProcess, LegacyIpcHandlesCarryTheSameBytes) {
-  REQUIRE_TWO_GPUS();
+  REQUIRE_DRIVER();
   GpuJob job;
   const std::vector<std::string> env = TwoGpuEnv();
   const pid_t pid = job.Spawn(env, {"--staging", "cuda-ipc"});
@@ -530,7 +565,7 @@ TEST(DeviceStagingProcess, LegacyIpcHandlesCarryTheSameBytes) {
   ASSERT_TRUE(c) << job.Log();
   EXPECT_EQ(c->hello().memory, ipc::MemoryKind::kCudaIpc);
   EXPECT_EQ(c->hello().fd_count, 0u);
-  EXPECT_EQ(c->hello().ipc_handles.size(), 6u);
+  EXPECT_EQ(c->hello().ipc_handles.size(), static_cast<size_t>(job.devices()) * 3u);
   for (int64_t step = 0; step < 6; ++step) {
     auto b = c->Next(milliseconds(10000));
     ASSERT_TRUE(b.ok()) << b.status().ToString();
@@ -540,7 +575,7 @@ TEST(DeviceStagingProcess, LegacyIpcHandlesCarryTheSameBytes) {
 }
 
 TEST(DeviceStagingProcess, ARestartedSidecarIsImportedAgainAndTheTrainerGetsIdenticalBytes) {
-  REQUIRE_TWO_GPUS();
+  REQUIRE_DRIVER();
   GpuJob job;
   const std::vector<std::string> env = TwoGpuEnv();
   pid_t pid = job.Spawn(env, {"--staging", "cuda"});
@@ -563,8 +598,9 @@ TEST(DeviceStagingProcess, ARestartedSidecarIsImportedAgainAndTheTrainerGetsIden
     job.ExpectOnGpuAndPlanned(*b, *driver);
   }
   EXPECT_EQ(c->reconnects(), 1);
+  EXPECT_EQ(c->gpu_imports(), 2 * job.devices() * 3);  // the first pool and the new one, once each
   if (imports_before >= 0) {  // the new pool, once
-    EXPECT_EQ(FakeImports() - imports_before, 6);
+    EXPECT_EQ(FakeImports() - imports_before, job.devices() * 3);
   }
   held.clear();
   Reap(pid);
