@@ -8,7 +8,8 @@ Two sidecars serve the same job and process: one stages on the GPUs
 (--staging cuda), one in host memory (--staging host, the reference). For
 each framework a trainer takes the same steps from both and checks that the
 framework's array is on the GPU the sidecar staged on (by UUID, as this
-process numbers it) and holds exactly the reference bytes. For JAX it also
+process numbers it), is the slot itself (its device pointer is the
+tensor's: zero-copy) and holds exactly the reference bytes. For JAX it also
 builds the global jax.Array for the job's mesh (meshload.interop).
 Run by scripts/gpu-check; prints "frameworks: ..." and exits non-zero on any
 mismatch, or on a framework that is not installed (unless --allow-missing).
@@ -66,7 +67,7 @@ def reference(host_batch):
     return [np.from_dlpack(t).copy() for t in host_batch.tensors]
 
 
-def check_framework(name, convert, to_numpy, device_index, gpu_sock, host_sock, steps, start):
+def check_framework(name, convert, to_numpy, device_index, pointer, gpu_sock, host_sock, steps, start):
     with meshload.Client(gpu_sock, start_step=start) as g, meshload.Client(host_sock, start_step=start) as h:
         for _ in range(steps):
             gb, hb = g.next(timeout=30), h.next(timeout=30)
@@ -77,12 +78,15 @@ def check_framework(name, convert, to_numpy, device_index, gpu_sock, host_sock, 
                 if device_index(a) != t.device[1]:
                     raise AssertionError("%s: device %d's array is on GPU %s, the batch on %s"
                                          % (name, i, device_index(a), t.device[1]))
+                if pointer(a) != t.data_ptr:  # zero-copy: the framework reads the slot itself
+                    raise AssertionError("%s: step %d device %d: the array is at 0x%x, the slot at 0x%x (a copy)"
+                                         % (name, gb.step, i, pointer(a), t.data_ptr))
                 got = to_numpy(a)
                 if got.shape != want[i].shape or not np.array_equal(got, want[i]):
                     raise AssertionError("%s: step %d device %d: bytes differ from the host-staged batch"
                                          % (name, gb.step, i))
             del arrays, gb, hb
-    return "%s ok" % name
+    return "%s ok (zero-copy)" % name
 
 
 def main():
@@ -117,13 +121,14 @@ def main():
         try:
             import torch
 
-            checks.append(("torch", interop.torch_tensors, lambda a: a.cpu().numpy(), lambda a: a.device.index))
+            checks.append(("torch", interop.torch_tensors, lambda a: a.cpu().numpy(), lambda a: a.device.index,
+                           lambda a: a.data_ptr()))
         except ImportError:
             results.append("torch missing")
         try:
             import cupy
 
-            checks.append(("cupy", interop.cupy_arrays, cupy.asnumpy, lambda a: a.device.id))
+            checks.append(("cupy", interop.cupy_arrays, cupy.asnumpy, lambda a: a.device.id, lambda a: a.data.ptr))
         except ImportError:
             results.append("cupy missing")
         try:
@@ -133,7 +138,7 @@ def main():
                 (d,) = a.devices()
                 return d.local_hardware_id
 
-            checks.append(("jax", interop.jax_arrays, np.asarray, jax_index))
+            checks.append(("jax", interop.jax_arrays, np.asarray, jax_index, lambda a: a.unsafe_buffer_pointer()))
         except ImportError:
             results.append("jax missing")
         if "fake" in os.environ.get("MESHLOAD_CUDA_LIBRARY", ""):
@@ -142,15 +147,15 @@ def main():
                 return [np.frombuffer(ctypes.string_at(t.data_ptr, t.nbytes), dtype=np.uint8).reshape(t.shape)
                         for t in batch.tensors]
 
-            checks.append(("raw (stand-in driver)", raw, lambda a: a, lambda a: None))
+            checks.append(("raw (stand-in driver)", raw, lambda a: a, lambda a: None, None))
         start = 0
-        for name, convert, to_numpy, index in checks:
+        for name, convert, to_numpy, index, pointer in checks:
             try:
                 if name.startswith("raw"):
                     results.append(check_raw(convert, gpu_sock, host_sock, args.steps, start))
                 else:
-                    results.append(check_framework(name, convert, to_numpy, index, gpu_sock, host_sock, args.steps,
-                                                   start))
+                    results.append(check_framework(name, convert, to_numpy, index, pointer, gpu_sock, host_sock,
+                                                   args.steps, start))
             except Exception as e:  # noqa: BLE001 (report every framework)
                 failed = True
                 results.append("%s FAILED (%s: %s)" % (name, type(e).__name__, e))

@@ -19,8 +19,9 @@
 //   - meshload: samples/s and GB/s delivered, trainer wait, the handoff
 //     latency (Next() when the batch is already staged), time to first
 //     batch, and the sidecar's peak RSS against prefetch x batch + 64 MiB;
-//   - the Python baseline (tools/bench/numpy_baseline.py, Debian numpy) on
-//     the very same batches, and the ratios the targets are stated in.
+//   - the Python baseline (tools/bench/numpy_baseline.py, Debian numpy; run
+//     by /usr/bin/python3, or MESHLOAD_BENCH_PYTHON) on the very same
+//     batches, and the ratios the targets are stated in.
 // meshload (a fresh sidecar each time) and Python take turns --rounds times
 // (default 3): every round's ratio is printed, and the rates and ratio of
 // the median round are the headline (of an even count, the upper middle).
@@ -375,7 +376,10 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
     out << *header;
     out.write(reinterpret_cast<const char*>(flat.data()), static_cast<std::streamsize>(flat.size() * 8));
   }
-  const std::string py_cmd = "/usr/bin/python3 " + SelfDir() + "/../../../tools/bench/numpy_baseline.py " +
+  // MESHLOAD_BENCH_PYTHON: another python3 with numpy (a machine whose
+  // numpy is in a virtual environment).
+  const char* py_env = std::getenv("MESHLOAD_BENCH_PYTHON");
+  const std::string py_cmd = std::string(py_env && *py_env ? py_env : "/usr/bin/python3") + " " + SelfDir() + "/../../../tools/bench/numpy_baseline.py " +
                              (s.format == DatasetFormat::kFixedRecord
                                   ? "fixed " + file + " " + std::to_string(s.record_bytes)
                                   : "tokens " + file + " uint16 " + std::to_string(s.seq)) +
