@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
 # Installs what meshload's build, tests and tools need: the Debian packages,
-# and a project-local Python environment (.venv) from the pinned
-# requirements.txt. Idempotent: what is present is skipped; safe to run repeatedly.
+# a project-local Python environment (.venv) from the pinned
+# requirements.txt, and the real control plane the tests run against (etcd,
+# kube-apiserver, kube-controller-manager, kubectl, helm), built from the
+# pinned Go module in tests/tools by scripts/build-test-tools.sh (Go 1.26 or
+# newer must be installed; the binaries are cached under ~/.cache/meshload).
+# Idempotent: what is present is skipped; a second run takes seconds.
 # Runs as root on a fresh Debian 12 (uses sudo when not root).
+#
+#   scripts/install-deps.sh               everything
+#   scripts/install-deps.sh --build-only  what building meshload needs (no test tools)
 set -euo pipefail
+BUILD_ONLY=0
+case "${1:-}" in
+  "") ;;
+  --build-only) BUILD_ONLY=1 ;;
+  *) echo "usage: scripts/install-deps.sh [--build-only]" >&2; exit 2 ;;
+esac
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates
@@ -12,7 +25,7 @@ PACKAGES=(
   libcpp-httplib-dev libssl-dev libboost-dev
   pybind11-dev python3-dev python3-numpy libdlpack-dev
   clang libclang-rt-14-dev
-  prometheus curl util-linux python3-yaml python3-jsonschema python3-venv
+  prometheus curl util-linux openssl python3-yaml python3-jsonschema python3-venv
 )
 
 missing=()
@@ -46,4 +59,8 @@ else
   python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt"
   echo "$want" >"$STAMP"
+fi
+
+if [ "$BUILD_ONLY" = 0 ]; then
+  bash "$ROOT/scripts/build-test-tools.sh" >/dev/null
 fi
