@@ -110,6 +110,10 @@ int main(int argc, char** argv) {
   }
   if (resync_s < 1) return usage("--resync-seconds must be positive");
 
+  // A write to a connection the API server has closed (an idle keep-alive
+  // it dropped, a restart) must be an error on that request, not SIGPIPE
+  // killing the process: ignored before any thread starts.
+  ::signal(SIGPIPE, SIG_IGN);
   // Signals are taken by sigwait on the main thread; block them first so no
   // other thread sees them.
   sigset_t signals;

@@ -28,6 +28,9 @@
 ///
 /// Thread safety: all methods are thread-safe; each request uses a
 /// connection of its own from a pool of keep-alive connections.
+///
+/// The process must ignore SIGPIPE (meshload-controller's main does): a
+/// TLS write to a connection the server has closed raises it.
 #pragma once
 
 #include <atomic>

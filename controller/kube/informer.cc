@@ -107,8 +107,27 @@ void Informer::Notify(const nlohmann::json& obj, bool deleted) {
   for (const auto& h : handlers_) h(obj, deleted);
 }
 
+nlohmann::json Informer::Prepare(nlohmann::json obj) const {
+  std::string ns, name, rv;
+  if (auto md = obj.find("metadata"); md != obj.end() && md->is_object()) {
+    md->erase("managedFields");
+    ns = MetaString(obj, "namespace");
+    name = MetaString(obj, "name");
+    rv = MetaString(obj, "resourceVersion");
+  }
+  if (!options_.transform) return obj;
+  obj = options_.transform(std::move(obj));
+  if (!obj.is_object()) obj = nlohmann::json::object();
+  nlohmann::json& md = obj["metadata"];
+  if (!md.is_object()) md = nlohmann::json::object();
+  if (!ns.empty()) md["namespace"] = ns;
+  md["name"] = name;
+  md["resourceVersion"] = rv;
+  return obj;
+}
+
 void Informer::Apply(nlohmann::json obj, bool deleted) {
-  if (options_.transform) obj = options_.transform(std::move(obj));
+  obj = Prepare(std::move(obj));
   const std::string ns = MetaString(obj, "namespace"), name = MetaString(obj, "name");
   ObjectPtr ptr = std::make_shared<const nlohmann::json>(std::move(obj));
   {
@@ -142,7 +161,7 @@ Result<std::string> Informer::ListPaged(int64_t limit, std::vector<nlohmann::jso
     if (!r.ok()) return r.ToStatus("list " + resource_.plural);
     auto& list_items = r.body["items"];
     if (list_items.is_array()) {
-      for (auto& item : list_items) items->push_back(std::move(item));
+      for (auto& item : list_items) items->push_back(Prepare(std::move(item)));
     }
     const auto& md = r.body["metadata"];
     cont = md.is_object() ? md.value("continue", "") : "";
@@ -187,7 +206,6 @@ Result<std::string> Informer::ListAll() {
     if (previous && MetaString(*previous, "resourceVersion") == item_rv) {
       fresh[ns][name] = previous;  // unchanged: no notification
     } else {
-      if (options_.transform) item = options_.transform(std::move(item));
       auto ptr = std::make_shared<const nlohmann::json>(std::move(item));
       fresh[ns][name] = ptr;
       changed.push_back(ptr);

@@ -9,9 +9,10 @@
 ///   for (const auto& pod : pods.List("training")) ...
 ///
 /// The loop (one thread per informer):
-/// 1. LIST in pages of `page_size` (limit/continue). A continue token that
-///    expired (410) restarts the list without paging, so the result is one
-///    consistent snapshot. The cache is replaced by the snapshot; handlers
+/// 1. LIST in pages of `page_size` (limit/continue), each object made small
+///    (`transform`) as its page arrives, so a list never holds every object
+///    in full at once. A continue token that expired (410) restarts the list
+///    without paging, so the result is one consistent snapshot. The cache is replaced by the snapshot; handlers
 ///    see every object that was added, changed or removed by the replacement.
 /// 2. WATCH from the list's resourceVersion with allowWatchBookmarks=true and
 ///    timeoutSeconds jittered in [watch_timeout, 2 × watch_timeout), so that
@@ -64,8 +65,12 @@ struct InformerOptions {
   int64_t page_size = 500;
   std::chrono::seconds watch_timeout{300};
   std::chrono::milliseconds error_backoff{500};
-  /// Applied to every object before it is cached (client-go's
+  /// Applied to every object as it arrives, before it is cached (client-go's
   /// TransformFunc): drop what the controller never reads to bound memory.
+  /// The object's namespace, name and resourceVersion are kept whatever it
+  /// returns (the cache is keyed and compared by them). metadata.managedFields
+  /// is always dropped first (server-side apply's bookkeeping, often the
+  /// largest part of an object, never read by an informer's user).
   std::function<nlohmann::json(nlohmann::json)> transform{};
 };
 
@@ -109,6 +114,9 @@ class Informer {
   /// Watches once from `rv`; returns the new rv, or "" when a relist is needed.
   Status WatchOnce(std::string* rv, bool* relist);
   void Apply(nlohmann::json obj, bool deleted);
+  /// Drops metadata.managedFields and applies the transform (keeping the
+  /// object's namespace, name and resourceVersion).
+  nlohmann::json Prepare(nlohmann::json obj) const;
   void Notify(const nlohmann::json& obj, bool deleted);
   bool SleepUnlessStopped(std::chrono::milliseconds d);
 
