@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
 # Builds the real components the tests run against from the pinned Go module
 # in tests/tools (go.mod, go.sum): etcd, kube-apiserver,
-# kube-controller-manager, kubectl and helm. Everything comes through the Go
+# kube-controller-manager, kubectl and helm; and the module's own test tool,
+# faultproxy (tests/tools/faultproxy). Everything comes through the Go
 # module proxy; no binary is downloaded from anywhere else.
 #
 #   scripts/build-test-tools.sh            build unless cached; prints the bin dir
 #   scripts/build-test-tools.sh --dir      prints the bin dir if it is built (exit 1 if not)
 #
 # The binaries are cached outside the source and build trees, keyed by
-# go.mod, go.sum, this script and the Go version, in
+# go.mod, go.sum, tests/tools' own sources, this script and the Go version, in
 # ${MESHLOAD_TEST_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/meshload/test-tools}/KEY/bin,
 # so a second run, and CI on the same machine, do not rebuild. A build that
 # fails leaves nothing in the cache.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SELF=$ROOT/scripts/build-test-tools.sh
 MOD=$ROOT/tests/tools
-TOOLS=(etcd kube-apiserver kube-controller-manager kubectl helm)
+TOOLS=(etcd kube-apiserver kube-controller-manager kubectl helm faultproxy)
 
 if ! command -v go >/dev/null 2>&1; then
   echo "build-test-tools: go is not installed (the control-plane tests need Go $(sed -n 's/^go //p' "$MOD/go.mod") or newer)" >&2
   exit 1
 fi
 GOVERSION=$(go env GOVERSION)
-KEY=$(cat "$MOD/go.mod" "$MOD/go.sum" "$0" <(echo "$GOVERSION") | sha256sum | cut -c1-16)
+# Keyed by everything the binaries are made of: the module files, the test
+# tools' own sources, this script and the Go version.
+KEY=$( (cd "$MOD" && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs cat
+        cat "$SELF"; echo "$GOVERSION") | sha256sum | cut -c1-16)
 CACHE=${MESHLOAD_TEST_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/meshload/test-tools}
 OUT=$CACHE/$KEY/bin
 
@@ -64,9 +69,14 @@ go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$STAGE/" \
 go build -trimpath -ldflags "-s -w" -o "$STAGE/etcd" go.etcd.io/etcd/server/v3
 go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM" -o "$STAGE/helm" \
   helm.sh/helm/v3/cmd/helm
+go build -trimpath -ldflags "-s -w" -o "$STAGE/faultproxy" ./faultproxy
 mkdir -p "$CACHE/$KEY"
 rm -rf "$OUT"
 mv "$STAGE" "$OUT"
 trap - EXIT
+# Builds for other keys (an older go.sum) are not used again: about 400 MB each.
+for old in "$CACHE"/*/; do
+  [ "$old" = "$CACHE/$KEY/" ] || rm -rf "$old"
+done
 echo "build-test-tools: built in $(( $(date +%s) - start )) s into $OUT" >&2
 echo "$OUT"

@@ -1,6 +1,8 @@
-// meshload-controller as a process: two replicas with one Lease (only the
-// leader writes; SIGSTOP the leader and the standby takes over within 20 s;
-// the old leader exits when resumed), /metrics checked by promtool, flags.
+// meshload-controller as a process against the real kube-apiserver (the
+// test program's control plane): two replicas with one Lease (only the
+// leader writes, counted from the audit log; SIGSTOP the leader and the
+// standby takes over within 20 s; the old leader exits when resumed),
+// /metrics checked by promtool, flags.
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -64,10 +66,14 @@ struct Process {
   }
 };
 
+// Spawns `args` with a parent-death signal (setpriv execs it: same pid), so
+// a crashed test leaves no controller behind.
 std::unique_ptr<Process> Spawn(const std::vector<std::string>& args, const std::string& log) {
   auto p = std::make_unique<Process>();
+  std::vector<std::string> full = {"/usr/bin/setpriv", "--pdeathsig", "KILL"};
+  full.insert(full.end(), args.begin(), args.end());
   std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& a : full) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -85,34 +91,33 @@ std::string Slurp(const std::string& path) {
 
 class ControllerProcess : public ::testing::Test {
  protected:
-  void SetUp() override {
-    cluster_.CreateNamespace("training");
-    cluster_.WriteKubeconfig(dir_.path() + "/kubeconfig");
-  }
+  // The controller's identity (a client certificate of its own), namespace ns_.
+  void SetUp() override { cluster_.WriteKubeconfig(dir_.path() + "/kubeconfig"); }
   std::unique_ptr<Process> Start(const std::string& identity, int metrics_port) {
     return Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", identity,
                   "--metrics-port", std::to_string(metrics_port), "--metrics-address", "127.0.0.1",
-                  "--leader-election-namespace", "default", "--log-level", "debug"},
+                  "--namespace", ns_, "--leader-election-namespace", ns_, "--log-level", "debug"},
                  dir_.path() + "/" + identity + ".log");
   }
   std::string Holder() {
-    json lease = cluster_.Get("/apis/coordination.k8s.io/v1/namespaces/default/leases/meshload-controller");
+    json lease = cluster_.Get("/apis/coordination.k8s.io/v1/namespaces/" + ns_ + "/leases/meshload-controller");
     return lease.is_object() ? lease["spec"].value("holderIdentity", "") : "";
   }
   // Creates one job and its pods; a new generation of readiness each call.
   void Touch(int i) {
     std::string pod = "p-" + std::to_string(i);
-    cluster_.CreatePod("training", pod, "lead");
-    cluster_.SetSidecar("training", pod, true);
+    cluster_.CreatePod(ns_, pod, "lead");
+    cluster_.SetSidecar(ns_, pod, true);
   }
-  json Job() { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/training/dataloadjobs/lead"); }
+  json Job() { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/lead"); }
 
   TestCluster cluster_;
+  const std::string ns_ = cluster_.ns();
   TempDir dir_;
 };
 
 TEST_F(ControllerProcess, OneLeaderWritesAndAStandbyTakesOverFromAStoppedLeader) {
-  cluster_.CreateJob(cluster_.JobManifest("training", "lead", 4, "lead"));
+  cluster_.CreateJob(cluster_.JobManifest(ns_, "lead", 4, "lead"));
   Touch(0);
   auto a = Start("replica-a", FreePort());
   ASSERT_TRUE(TestCluster::Eventually([&] { return Holder() == "replica-a"; }, 20s)) << Slurp(dir_.path() + "/replica-a.log");
@@ -121,8 +126,8 @@ TEST_F(ControllerProcess, OneLeaderWritesAndAStandbyTakesOverFromAStoppedLeader)
   Touch(1);
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job()["status"]["processesReady"] == 2; }, 20s));
   std::this_thread::sleep_for(2s);  // b has campaigned at least once
-  EXPECT_GT(cluster_.server().WriteCountByUserAgent("(replica-a)"), 0);
-  EXPECT_EQ(cluster_.server().WriteCountByUserAgent("(replica-b)"), 0) << "the standby must not write";
+  EXPECT_GT(cluster_.WriteCountByUserAgent("(replica-a)"), 0);
+  EXPECT_EQ(cluster_.WriteCountByUserAgent("(replica-b)"), 0) << "the standby must not write";
 
   // Freeze the leader: the standby takes the lease after it expires.
   ASSERT_EQ(kill(a->pid, SIGSTOP), 0);
@@ -132,14 +137,14 @@ TEST_F(ControllerProcess, OneLeaderWritesAndAStandbyTakesOverFromAStoppedLeader)
   EXPECT_LT(took, 20s);
   Touch(2);
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job()["status"]["processesReady"] == 3; }, 20s));
-  EXPECT_GT(cluster_.server().WriteCountByUserAgent("(replica-b)"), 0);
+  EXPECT_GT(cluster_.WriteCountByUserAgent("(replica-b)"), 0);
 
   // The old leader wakes up: it must notice it lost the lease, not write, and exit.
-  const int64_t a_writes = cluster_.server().WriteCountByUserAgent("(replica-a)");
+  const int64_t a_writes = cluster_.WriteCountByUserAgent("(replica-a)");
   kill(a->pid, SIGCONT);
   ASSERT_TRUE(a->WaitExit(15s)) << "the old leader must exit";
   EXPECT_TRUE(WIFEXITED(a->status) && WEXITSTATUS(a->status) == 1);
-  EXPECT_EQ(cluster_.server().WriteCountByUserAgent("(replica-a)"), a_writes) << "no writes after losing the lease";
+  EXPECT_EQ(cluster_.WriteCountByUserAgent("(replica-a)"), a_writes) << "no writes after losing the lease";
   EXPECT_NE(Slurp(dir_.path() + "/replica-a.log").find("lost"), std::string::npos);
   std::cout << "[ measured ] takeover after SIGSTOP of the leader: "
             << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms\n";
@@ -159,10 +164,10 @@ TEST_F(ControllerProcess, ABacklogOfWritesNeverCostsTheLeaderItsLease) {
   // looked expired past the renew deadline, and every reconcile failed with
   // "not the leader" (a second replica would have taken over).
   for (int i = 0; i < 30; ++i) {
-    cluster_.CreateJob(cluster_.JobManifest("training", "backlog-" + std::to_string(i), 2, "backlog"));
+    cluster_.CreateJob(cluster_.JobManifest(ns_, "backlog-" + std::to_string(i), 2, "backlog"));
   }
   auto p = Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", "slow",
-                  "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--leader-election-namespace", "default",
+                  "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--namespace", ns_, "--leader-election-namespace", ns_,
                   "--qps", "0.5", "--burst", "1", "--lease-duration-ms", "3000", "--renew-deadline-ms", "2000",
                   "--retry-period-ms", "500", "--log-level", "info"},
                  dir_.path() + "/slow.log");
@@ -175,13 +180,13 @@ TEST_F(ControllerProcess, ABacklogOfWritesNeverCostsTheLeaderItsLease) {
   // Renewals starved behind the reconcilers' writes made the leader doubt
   // its lease past the renew deadline, and refuse its own writes.
   EXPECT_EQ(log.find("not the leader"), std::string::npos) << "the leader's renewals fell behind";
-  EXPECT_GT(cluster_.server().WriteCountByUserAgent("leader-election"), 0) << "renewals come from their own client";
+  EXPECT_GT(cluster_.WriteCountByUserAgent("leader-election"), 0) << "renewals come from their own client";
   kill(p->pid, SIGTERM);
   EXPECT_TRUE(p->WaitExit(15s));
 }
 
 TEST_F(ControllerProcess, MetricsHealthAndReadinessAndPromtool) {
-  cluster_.CreateJob(cluster_.JobManifest("training", "lead", 2, "lead"));
+  cluster_.CreateJob(cluster_.JobManifest(ns_, "lead", 2, "lead"));
   const int port = FreePort();
   auto p = Start("solo", port);
   httplib::Client http("127.0.0.1", port);

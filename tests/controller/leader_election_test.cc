@@ -1,5 +1,6 @@
-// Leader election on a Lease in the fake API server, in process: one leader
-// at a time, release on stop, takeover after expiry, loss detection.
+// Leader election on a Lease in the real kube-apiserver (the test program's
+// control plane), in process: one leader at a time, release on stop,
+// takeover after expiry, loss detection.
 
 #include "controller/runtime/leader_election.h"
 
@@ -16,8 +17,8 @@ namespace {
 using meshload::testing::TestCluster;
 using namespace std::chrono_literals;
 
-LeaderElectionOptions Fast(const std::string& identity) {
-  return {.ns = "default",
+LeaderElectionOptions Fast(const std::string& ns, const std::string& identity) {
+  return {.ns = ns,
           .name = "meshload-controller",
           .identity = identity,
           .lease_duration = 2000ms,
@@ -26,7 +27,8 @@ LeaderElectionOptions Fast(const std::string& identity) {
 }
 
 struct Candidate {
-  Candidate(std::unique_ptr<kube::KubeClient> c, const std::string& id) : client(std::move(c)), elector(client.get(), Fast(id)) {
+  Candidate(std::unique_ptr<kube::KubeClient> c, const std::string& ns, const std::string& id)
+      : client(std::move(c)), elector(client.get(), Fast(ns, id)) {
     thread = std::thread([this] {
       elector.Run([this] { started = true; }, [this] { lost = true; });
       returned = true;
@@ -45,30 +47,30 @@ struct Candidate {
 
 TEST(LeaderElection, OneLeaderAndReleaseOnStopHandsOverAtOnce) {
   TestCluster cluster;
-  auto a = std::make_unique<Candidate>(cluster.NewClient(), "a");
+  auto a = std::make_unique<Candidate>(cluster.NewClient(), cluster.ns(), "a");
   ASSERT_TRUE(TestCluster::Eventually([&] { return a->started.load(); }, 5s));
-  Candidate b(cluster.NewClient(), "b");
+  Candidate b(cluster.NewClient(), cluster.ns(), "b");
   std::this_thread::sleep_for(600ms);
   EXPECT_TRUE(a->elector.IsLeader());
   EXPECT_FALSE(b.started.load()) << "the lease is held and renewed: b must wait";
   EXPECT_EQ(b.elector.observed_holder(), "a");
-  auto lease = cluster.Get("/apis/coordination.k8s.io/v1/namespaces/default/leases/meshload-controller");
+  auto lease = cluster.Get("/apis/coordination.k8s.io/v1/namespaces/" + cluster.ns() + "/leases/meshload-controller");
   EXPECT_EQ(lease["spec"]["holderIdentity"], "a");
   EXPECT_EQ(lease["spec"]["leaseDurationSeconds"], 2);
   auto stopped_at = std::chrono::steady_clock::now();
   a.reset();  // Stop(): releases the lease
   ASSERT_TRUE(TestCluster::Eventually([&] { return b.started.load(); }, 5s));
   EXPECT_LT(std::chrono::steady_clock::now() - stopped_at, 1200ms) << "a released lease is taken at the next retry";
-  lease = cluster.Get("/apis/coordination.k8s.io/v1/namespaces/default/leases/meshload-controller");
+  lease = cluster.Get("/apis/coordination.k8s.io/v1/namespaces/" + cluster.ns() + "/leases/meshload-controller");
   EXPECT_EQ(lease["spec"]["holderIdentity"], "b");
   EXPECT_EQ(lease["spec"]["leaseTransitions"], 1);
 }
 
 TEST(LeaderElection, ALeaderThatCannotRenewLosesAndAStandbyTakesOverAfterExpiry) {
   TestCluster cluster;
-  Candidate a(cluster.NewClient({.max_attempts = 1}), "a");
+  Candidate a(cluster.NewClient({.max_attempts = 1}), cluster.ns(), "a");
   ASSERT_TRUE(TestCluster::Eventually([&] { return a.started.load(); }, 5s));
-  Candidate b(cluster.NewClient(), "b");
+  Candidate b(cluster.NewClient(), cluster.ns(), "b");
   // a's requests now fail (its connection to the server is gone), as for a
   // partitioned or frozen process.
   auto cut = std::chrono::steady_clock::now();

@@ -1,75 +1,98 @@
 #include "tests/controller/test_env.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
-#include "common/base64.h"
-#include "controller/fakeapi/yaml_json.h"
+#include "tests/testing/yaml_json.h"
 
 namespace meshload::testing {
 
 std::string SourceDir() { return MESHLOAD_SOURCE_DIR; }
 
-TestCluster::TestCluster(Options options) {
-  fakeapi::FakeApiServerOptions so;
-  so.tls = options.tls;
-  so.history_limit = options.history_limit;
-  so.bearer_tokens = {"test-token"};
-  server_ = std::make_unique<fakeapi::FakeApiServer>(so);
-  Status st = server_->Start();
-  if (!st.ok()) {
-    ADD_FAILURE() << st.ToString();
-    return;
-  }
-  config_.server = server_->url();
-  config_.origin = "test";
-  if (options.tls) {
-    config_.ca_pem = server_->ca_pem();
-    auto cert = server_->MakeClientCert("meshload-test");
-    if (!cert.ok()) {
-      ADD_FAILURE() << cert.status().ToString();
+namespace {
+
+// The CRD, installed once per program and Established before any test uses it.
+void InstallCrd(kube::KubeClient& client) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    auto crd = LoadYamlDocuments(SourceDir() + "/crds/dataloadjobs.meshload.io.yaml").at(0);
+    auto r = client.Post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd);
+    if (!r.ok() && r.code != 409) {
+      ADD_FAILURE() << r.ToStatus("install the CRD").ToString();
       return;
     }
-    config_.client_cert_pem = cert->cert_pem;
-    config_.client_key_pem = cert->key_pem;
-  } else {
-    config_.bearer_token = "test-token";
-  }
-  auto client = kube::KubeClient::Create(config_, options.client);
+    const bool established = TestCluster::Eventually([&] {
+      auto got = client.Get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/dataloadjobs.meshload.io");
+      if (!got.ok()) return false;
+      for (const auto& c : got.body["status"]["conditions"]) {
+        if (c["type"] == "Established" && c["status"] == "True") return true;
+      }
+      return false;
+    });
+    if (!established) ADD_FAILURE() << "the CRD did not become Established";
+    // Served once the discovery and the storage for it are up.
+    TestCluster::Eventually([&] { return client.Get("/apis/meshload.io/v1alpha1/dataloadjobs").ok(); });
+  });
+}
+
+std::string UniqueSuffix() {
+  static std::atomic<int> counter{0};
+  return std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+
+}  // namespace
+
+TestCluster::TestCluster(Options options)
+    : cp_(ControlPlane::Get()), ns_("t" + UniqueSuffix()), controller_user_("meshload-controller-" + ns_) {
+  auto client = kube::KubeClient::Create(cp_.AdminConfig(), options.client);
   if (!client.ok()) {
     ADD_FAILURE() << client.status().ToString();
     return;
   }
   client_ = std::move(*client);
-  auto crd = fakeapi::LoadYamlDocuments(SourceDir() + "/crds/dataloadjobs.meshload.io.yaml");
-  auto r = client_->Post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd.at(0));
-  if (!r.ok()) ADD_FAILURE() << r.ToStatus("install the CRD").ToString();
+  if (options.fault_proxy) proxy_ = std::make_unique<FaultProxy>(cp_);
+  InstallCrd(*client_);
+  CreateNamespace(ns_);
 }
 
 TestCluster::~TestCluster() {
   if (client_) client_->Shutdown();
-  if (server_) server_->Stop();
 }
 
-void TestCluster::WriteKubeconfig(const std::string& path) const {
-  std::ofstream out(path);
-  out << "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
-      << "clusters:\n- name: fake\n  cluster:\n    server: " << config_.server << "\n";
-  if (!config_.ca_pem.empty()) out << "    certificate-authority-data: " << Base64Encode(config_.ca_pem) << "\n";
-  out << "users:\n- name: tester\n  user:\n";
-  if (!config_.client_cert_pem.empty()) {
-    out << "    client-certificate-data: " << Base64Encode(config_.client_cert_pem) << "\n"
-        << "    client-key-data: " << Base64Encode(config_.client_key_pem) << "\n";
-  } else {
-    out << "    token: " << config_.bearer_token << "\n";
+FaultProxy& TestCluster::proxy() {
+  if (!proxy_) {
+    ADD_FAILURE() << "this TestCluster has no fault proxy (Options::fault_proxy)";
+    proxy_ = std::make_unique<FaultProxy>(cp_);
   }
-  out << "contexts:\n- name: test\n  context: {cluster: fake, user: tester, namespace: default}\n";
+  return *proxy_;
+}
+
+kube::ClusterConfig TestCluster::ControllerConfig() const {
+  kube::ClusterConfig c = cp_.UserConfig(controller_user_, {"system:masters"});
+  c.namespace_ = ns_;
+  return proxy_ ? proxy_->Through(c) : c;
+}
+
+std::unique_ptr<kube::KubeClient> TestCluster::ControllerClient(kube::ClientOptions options) const {
+  return NewClient(ControllerConfig(), std::move(options));
+}
+
+void TestCluster::WriteKubeconfig(const std::string& path, const kube::ClusterConfig& config) {
+  testing::WriteKubeconfig(path, config);
 }
 
 std::unique_ptr<kube::KubeClient> TestCluster::NewClient(kube::ClientOptions options) const {
-  auto c = kube::KubeClient::Create(config_, std::move(options));
+  return NewClient(cp_.AdminConfig(), std::move(options));
+}
+
+std::unique_ptr<kube::KubeClient> TestCluster::NewClient(const kube::ClusterConfig& config,
+                                                        kube::ClientOptions options) const {
+  auto c = kube::KubeClient::Create(config, std::move(options));
   if (!c.ok()) {
     ADD_FAILURE() << c.status().ToString();
     return nullptr;
@@ -77,14 +100,44 @@ std::unique_ptr<kube::KubeClient> TestCluster::NewClient(kube::ClientOptions opt
   return std::move(*c);
 }
 
+std::string TestCluster::ServiceAccountToken(const std::string& name) {
+  const std::string sa = "/api/v1/namespaces/" + ns_ + "/serviceaccounts";
+  auto r = client_->Post(sa, {{"apiVersion", "v1"}, {"kind", "ServiceAccount"}, {"metadata", {{"name", name}}}});
+  if (r.ok()) {
+    json binding = {{"apiVersion", "rbac.authorization.k8s.io/v1"},
+                    {"kind", "ClusterRoleBinding"},
+                    {"metadata", {{"name", ns_ + "-" + name}}},
+                    {"roleRef", {{"apiGroup", "rbac.authorization.k8s.io"}, {"kind", "ClusterRole"}, {"name", "cluster-admin"}}},
+                    {"subjects", json::array({{{"kind", "ServiceAccount"}, {"name", name}, {"namespace", ns_}}})}};
+    auto b = client_->Post("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding);
+    if (!b.ok()) ADD_FAILURE() << b.ToStatus("bind " + name).ToString();
+  } else if (r.code != 409) {
+    ADD_FAILURE() << r.ToStatus("create service account " + name).ToString();
+  }
+  auto t = client_->Post(sa + "/" + name + "/token",
+                         {{"apiVersion", "authentication.k8s.io/v1"}, {"kind", "TokenRequest"},
+                          {"spec", {{"expirationSeconds", 3600}}}});
+  if (!t.ok()) {
+    ADD_FAILURE() << t.ToStatus("token for " + name).ToString();
+    return "";
+  }
+  return t.body["status"]["token"].get<std::string>();
+}
+
 void TestCluster::CreateNamespace(const std::string& ns) {
+  namespaces_.insert(ns);
   auto r = client_->Post("/api/v1/namespaces", {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}});
   if (!r.ok() && r.code != 409) ADD_FAILURE() << r.ToStatus("create namespace").ToString();
+  // Pods are admitted once the service-account controller has made the
+  // namespace's default account.
+  if (!Eventually([&] { return client_->Get("/api/v1/namespaces/" + ns + "/serviceaccounts/default").ok(); })) {
+    ADD_FAILURE() << "namespace " << ns << " got no default service account";
+  }
 }
 
 json TestCluster::JobManifest(const std::string& ns, const std::string& name, int processes,
                               const std::string& app) const {
-  auto docs = fakeapi::LoadYamlDocuments(SourceDir() + "/examples/local-fixedrecord.yaml");
+  auto docs = LoadYamlDocuments(SourceDir() + "/examples/local-fixedrecord.yaml");
   json job = docs.at(0);
   job["metadata"] = {{"name", name}, {"namespace", ns}};
   job["spec"]["mesh"]["processes"] = processes;
@@ -118,28 +171,87 @@ json TestCluster::CreatePod(const std::string& ns, const std::string& name, cons
 
 void TestCluster::SetSidecar(const std::string& ns, const std::string& name, bool ready, int restarts) {
   const std::string path = "/api/v1/namespaces/" + ns + "/pods/" + name + "/status";
+  json current = Get("/api/v1/namespaces/" + ns + "/pods/" + name);
+  std::string ip = "10.0." + std::to_string(pod_ip_ / 250) + "." + std::to_string(pod_ip_ % 250 + 1);
+  ++pod_ip_;
+  // The IP stays the same across readiness changes of a pod.
+  if (current.contains("status") && current["status"].contains("podIP")) ip = current["status"]["podIP"];
   json patch = {{"status",
                  {{"phase", "Running"},
-                  {"podIP", "10.0." + std::to_string(pod_ip_ / 250) + "." + std::to_string(pod_ip_ % 250 + 1)},
+                  {"podIP", ip},
+                  {"podIPs", json::array({{{"ip", ip}}})},
                   {"containerStatuses",
-                   json::array({{{"name", "trainer"}, {"ready", true}, {"restartCount", 0}},
-                                {{"name", "meshload-sidecar"}, {"ready", ready}, {"restartCount", restarts}}})}}}};
-  ++pod_ip_;
-  // Keep the IP stable across readiness changes of the same pod.
-  json current = Get("/api/v1/namespaces/" + ns + "/pods/" + name);
-  if (current["status"].contains("podIP")) patch["status"]["podIP"] = current["status"]["podIP"];
+                   json::array({{{"name", "trainer"},
+                                 {"image", "trainer:1"},
+                                 {"imageID", ""},
+                                 {"ready", true},
+                                 {"restartCount", 0},
+                                 {"state", {{"running", json::object()}}}},
+                                {{"name", "meshload-sidecar"},
+                                 {"image", "meshload/sidecar:0.1.0"},
+                                 {"imageID", ""},
+                                 {"ready", ready},
+                                 {"restartCount", restarts},
+                                 {"state", {{"running", json::object()}}}}})}}}};
   auto r = client_->Patch(path, patch);
-  if (!r.ok()) ADD_FAILURE() << r.ToStatus("set pod status").ToString();
+  if (!r.ok()) ADD_FAILURE() << r.ToStatus("set pod status").ToString() << " " << r.body.dump();
 }
 
 void TestCluster::DeletePod(const std::string& ns, const std::string& name) {
-  auto r = client_->Delete("/api/v1/namespaces/" + ns + "/pods/" + name);
+  // No kubelet confirms the pod has stopped: delete it at once.
+  auto r = client_->Delete("/api/v1/namespaces/" + ns + "/pods/" + name + "?gracePeriodSeconds=0");
   if (!r.ok()) ADD_FAILURE() << r.ToStatus("delete pod").ToString();
 }
 
 json TestCluster::Get(const std::string& path) {
   auto r = client_->Get(path);
   return r.ok() ? r.body : json();
+}
+
+bool TestCluster::Ours(const AuditEvent& e) const {
+  if (e.user == "meshload-admin") return false;  // the test itself
+  return e.namespace_.empty() ? false : namespaces_.count(e.namespace_) > 0;
+}
+
+namespace {
+
+bool ResourceIs(const AuditEvent& e, std::string_view resource) {
+  if (resource.empty()) return true;
+  if (e.resource == resource) return true;
+  return !e.api_group.empty() && e.resource + "." + e.api_group == resource;
+}
+
+bool VerbIs(const AuditEvent& e, std::string_view method) {
+  if (method.empty()) return true;
+  if (method == "GET") return e.verb == "get" || e.verb == "list" || e.verb == "watch";
+  if (method == "POST") return e.verb == "create";
+  if (method == "PUT") return e.verb == "update";
+  if (method == "PATCH") return e.verb == "patch";
+  if (method == "DELETE") return e.verb == "delete" || e.verb == "deletecollection";
+  return false;
+}
+
+bool Succeeded(const AuditEvent& e) { return e.code >= 200 && e.code < 300; }
+
+}  // namespace
+
+int64_t TestCluster::WriteCount(std::string_view resource) const {
+  return static_cast<int64_t>(
+      cp_.Audit([&](const AuditEvent& e) { return Ours(e) && e.write() && Succeeded(e) && ResourceIs(e, resource); })
+          .size());
+}
+
+int64_t TestCluster::WriteCountByUserAgent(std::string_view part) const {
+  return static_cast<int64_t>(cp_.Audit([&](const AuditEvent& e) {
+                                  return Ours(e) && e.write() && Succeeded(e) &&
+                                         e.user_agent.find(part) != std::string::npos;
+                                })
+                                  .size());
+}
+
+int64_t TestCluster::RequestCount(std::string_view method, std::string_view resource) const {
+  return static_cast<int64_t>(
+      cp_.Audit([&](const AuditEvent& e) { return Ours(e) && VerbIs(e, method) && ResourceIs(e, resource); }).size());
 }
 
 bool TestCluster::Eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {

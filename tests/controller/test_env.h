@@ -1,6 +1,11 @@
-// A fake cluster for controller tests: the fake API server (TLS by default),
-// a KubeClient authenticated with a client certificate, the real CRD from
-// crds/, and helpers that create pods and play the kubelet's part.
+// A cluster for controller tests on the real control plane
+// (tests/testing/control_plane.h: etcd, kube-apiserver,
+// kube-controller-manager, one per test program): each TestCluster has a
+// namespace of its own, the real CRD installed, the test's own client (the
+// admin), the controller's identity (a client certificate of its own, so the
+// audit log tells its requests from the test's), an optional fault proxy in
+// front of the server, and helpers that create pods and play the kubelet's
+// part (there is no kubelet: pods are stored, never run).
 #pragma once
 
 #include <chrono>
@@ -8,11 +13,13 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
+#include <string_view>
 
-#include "controller/fakeapi/fake_apiserver.h"
 #include "controller/kube/client.h"
 #include "controller/kube/config.h"
+#include "tests/testing/control_plane.h"
 
 namespace meshload::testing {
 
@@ -21,32 +28,51 @@ using nlohmann::json;
 class TestCluster {
  public:
   struct Options {
-    bool tls = true;
-    size_t history_limit = 1000;
     kube::ClientOptions client{};
+    /// Put a fault proxy (tests/tools/faultproxy) in front of the server for
+    /// the controller's identity: proxy(), ControllerConfig().
+    bool fault_proxy = false;
   };
-  /// Starts the server, installs the CRD, creates namespace `ns`. Fails the
-  /// current test (ADD_FAILURE) on error.
+  /// Makes this cluster's namespace (ns()) and installs the CRD (once per
+  /// program). Fails the current test (ADD_FAILURE) on error.
   explicit TestCluster(Options options);
   TestCluster() : TestCluster(Options{}) {}
   ~TestCluster();
 
-  fakeapi::FakeApiServer& server() { return *server_; }
-  kube::KubeClient& client() { return *client_; }
-  /// A kubeconfig authenticating with a client certificate.
-  kube::ClusterConfig config() const { return config_; }
-  /// Writes that kubeconfig to `path` (for controller processes).
-  void WriteKubeconfig(const std::string& path) const;
-  /// Another client (e.g. for a second controller) with its own options.
-  std::unique_ptr<kube::KubeClient> NewClient(kube::ClientOptions options = {}) const;
+  /// This cluster's namespace, unique in the program's control plane.
+  const std::string& ns() const { return ns_; }
+  ControlPlane& control_plane() { return cp_; }
+  FaultProxy& proxy();
 
+  /// The test's own client (the admin).
+  kube::KubeClient& client() { return *client_; }
+  /// The admin's configuration.
+  kube::ClusterConfig config() const { return cp_.AdminConfig(); }
+  /// The controller's configuration: user controller_user() (in
+  /// system:masters), through the fault proxy when there is one.
+  kube::ClusterConfig ControllerConfig() const;
+  const std::string& controller_user() const { return controller_user_; }
+  /// A client with the controller's identity.
+  std::unique_ptr<kube::KubeClient> ControllerClient(kube::ClientOptions options = {}) const;
+  /// Writes `config` (the controller's by default) as a kubeconfig file.
+  void WriteKubeconfig(const std::string& path) const { WriteKubeconfig(path, ControllerConfig()); }
+  static void WriteKubeconfig(const std::string& path, const kube::ClusterConfig& config);
+  /// Another client with `config` (the admin's by default).
+  std::unique_ptr<kube::KubeClient> NewClient(kube::ClientOptions options = {}) const;
+  std::unique_ptr<kube::KubeClient> NewClient(const kube::ClusterConfig& config, kube::ClientOptions options = {}) const;
+
+  /// A token (TokenRequest) of service account `name` in ns(), made and
+  /// bound to cluster-admin on first use.
+  std::string ServiceAccountToken(const std::string& name);
+
+  /// Creates namespace `ns` (and counts it as this cluster's).
   void CreateNamespace(const std::string& ns);
   /// A DataLoadJob from examples/local-fixedrecord.yaml's spec with
   /// `processes` processes (2 devices each), selecting app=<app>.
   json JobManifest(const std::string& ns, const std::string& name, int processes, const std::string& app) const;
   json CreateJob(const json& manifest);
-  /// A trainer pod with labels {app: app} (+ `labels`) and optional
-  /// completion index annotation; the kubelet part (SetSidecar) is separate.
+  /// A trainer pod with labels {app: app} and optional annotations (the
+  /// completion index); the kubelet's part (SetSidecar) is separate.
   json CreatePod(const std::string& ns, const std::string& name, const std::string& app,
                  std::map<std::string, std::string> annotations = {});
   /// Writes pod status as the kubelet would: Running, a pod IP, and the
@@ -55,14 +81,28 @@ class TestCluster {
   void DeletePod(const std::string& ns, const std::string& name);
   json Get(const std::string& path);
 
+  /// From the audit log, requests by anyone but the test itself (the admin)
+  /// in this cluster's namespaces: successful writes (on `resource`:
+  /// "secrets", "leases.coordination.k8s.io", "dataloadjobs.meshload.io"; all
+  /// when empty); successful writes whose User-Agent contains `part`; and
+  /// requests of any outcome with HTTP `method` ("GET" covers get, list and
+  /// watch; empty: any) on `resource`.
+  int64_t WriteCount(std::string_view resource = {}) const;
+  int64_t WriteCountByUserAgent(std::string_view part) const;
+  int64_t RequestCount(std::string_view method, std::string_view resource) const;
+
   /// Polls `pred` until true or `timeout`.
   static bool Eventually(const std::function<bool()>& pred,
                          std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
  private:
-  std::unique_ptr<fakeapi::FakeApiServer> server_;
+  bool Ours(const AuditEvent& e) const;
+
+  ControlPlane& cp_;
+  std::string ns_, controller_user_;
+  std::set<std::string> namespaces_;
+  std::unique_ptr<FaultProxy> proxy_;
   std::unique_ptr<kube::KubeClient> client_;
-  kube::ClusterConfig config_;
   int pod_ip_ = 10;
 };
 

@@ -1,6 +1,6 @@
 #include "test_support.h"
 
-#include "common/test_pki.h"
+#include "tests/testing/test_pki.h"
 
 #include <stdlib.h>
 

@@ -1,9 +1,8 @@
 /// \file
-/// A throw-away public-key infrastructure for TLS on loopback: a CA, a
-/// server certificate for 127.0.0.1 and localhost, and client certificates,
-/// all P-256 and valid for a day. The fake API server serves HTTPS with it
-/// and the tests authenticate to it with client certificates, as a
-/// kubeconfig's `client-certificate-data` does against a real API server.
+/// A throw-away public-key infrastructure for TLS on loopback in tests: a
+/// CA, a server certificate for 127.0.0.1 and localhost, and client
+/// certificates, all P-256 and valid for a day (the HTTPS source's tests
+/// serve with it; the client tests use a CA that is not the server's).
 ///
 /// Not for production: keys are generated in memory and written unencrypted.
 ///

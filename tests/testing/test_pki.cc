@@ -1,4 +1,4 @@
-#include "common/test_pki.h"
+#include "tests/testing/test_pki.h"
 
 #include <fcntl.h>
 #include <openssl/bio.h>

@@ -1,8 +1,8 @@
-#include "controller/fakeapi/yaml_json.h"
+#include "tests/testing/yaml_json.h"
 
 #include <regex>
 
-namespace meshload::fakeapi {
+namespace meshload::testing {
 
 nlohmann::json YamlToJson(const YAML::Node& node) {
   using nlohmann::json;
@@ -43,4 +43,4 @@ std::vector<nlohmann::json> LoadYamlDocuments(const std::string& path) {
   return out;
 }
 
-}  // namespace meshload::fakeapi
+}  // namespace meshload::testing

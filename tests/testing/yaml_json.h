@@ -6,16 +6,18 @@
 /// Thread safety: pure functions.
 #pragma once
 
+#include <vector>
+
 #include <yaml-cpp/yaml.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
 
-namespace meshload::fakeapi {
+namespace meshload::testing {
 
 nlohmann::json YamlToJson(const YAML::Node& node);
 /// Every document of a YAML file, skipping empty ones; throws
 /// YAML::Exception on bad YAML.
 std::vector<nlohmann::json> LoadYamlDocuments(const std::string& path);
 
-}  // namespace meshload::fakeapi
+}  // namespace meshload::testing
