@@ -476,8 +476,27 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
       auto ta = Str(ma, "creationTimestamp"), tb = Str(mb, "creationTimestamp");
       return ta != tb ? ta < tb : Str(ma, "name") < Str(mb, "name");
     });
+    // The ConfigMap holds the assignment every later one must keep. The
+    // cache holds only ConfigMaps labelled as ours and may lag behind our
+    // own create (its watch event not here yet): when it has none, the
+    // server is asked, so that a lagging cache never makes a fresh
+    // assignment that renumbers running trainers. Somebody else's of that
+    // name is left alone (ConfigMapConflict below).
     json previous = json::object();
     kube::ObjectPtr cm = configmaps_->Get(ns, cm_name);
+    json foreign;  // a ConfigMap of that name not made for this job
+    if (!cm) {
+      kube::ApiResponse got = client_->Get(cms.Object(ns, cm_name));
+      if (got.ok()) {
+        if (ControllerUid(got.body) == Str(Field(job, "metadata"), "uid")) {
+          cm = std::make_shared<const json>(std::move(got.body));
+        } else {
+          foreign = std::move(got.body);
+        }
+      } else if (got.code != 404) {
+        return got.ToStatus("read ConfigMap " + ns + "/" + cm_name);
+      }
+    }
     if (cm) {
       auto parsed = json::parse(Str(Field(*cm, "data"), "assignments.json"), nullptr, false);
       if (parsed.is_object() && Field(parsed, "pods").is_object()) previous = parsed["pods"];
@@ -594,12 +613,20 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
                                {"uid", Str(Field(job, "metadata"), "uid")},
                                {"controller", true},
                                {"blockOwnerDeletion", true}}});
-    // The ConfigMap there is: from the cache, or read after a create that
-    // found the name taken (the cache holds only ConfigMaps labelled as
-    // ours: a retried POST that had landed, a cache that lags, ours with
-    // its labels taken off, or somebody else's).
+    // The ConfigMap there is: ours from the cache or the server (ours with
+    // its labels taken off included), somebody else's, or none.
     json existing = cm ? *cm : json();
-    if (!cm) {
+    auto conflict = [&] {
+      // Somebody else's: left alone. The job says so and is retried.
+      problems.push_back("ConfigMapConflict: ConfigMap " + ns + "/" + cm_name +
+                         " exists and was not made for this job (no controller reference to it); the trainer "
+                         "pods mount that name: rename or delete it");
+      deferred = Status(StatusCode::kUnavailable, "ConfigMap " + ns + "/" + cm_name + " belongs to something else",
+                        key);
+    };
+    if (foreign.is_object()) {
+      conflict();
+    } else if (!cm) {
       RETURN_IF_ERROR(CheckMayWrite());
       json body = {{"apiVersion", "v1"},
                    {"kind", "ConfigMap"},
@@ -607,17 +634,16 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
                    {"data", data}};
       kube::ApiResponse r = client_->Post(cms.Collection(ns), body);
       if (r.code == 409 && Str(r.body, "reason") == "AlreadyExists") {
+        // Made since it was read (a retried POST that had landed): this
+        // reconcile's assignment did not start from it, so nothing is
+        // written; the next one reads it.
         kube::ApiResponse got = client_->Get(cms.Object(ns, cm_name));
         if (!got.ok()) return got.ToStatus("read ConfigMap " + ns + "/" + cm_name);
-        if (ControllerUid(got.body) == Str(Field(job, "metadata"), "uid")) {
-          existing = std::move(got.body);
+        if (ControllerUid(got.body) != Str(Field(job, "metadata"), "uid")) {
+          conflict();
         } else {
-          // Somebody else's: left alone. The job says so and is retried.
-          problems.push_back("ConfigMapConflict: ConfigMap " + ns + "/" + cm_name +
-                             " exists and was not made for this job (no controller reference to it); the trainer "
-                             "pods mount that name: rename or delete it");
-          deferred = Status(StatusCode::kUnavailable, "ConfigMap " + ns + "/" + cm_name + " belongs to something else",
-                            key);
+          deferred = Status(StatusCode::kUnavailable,
+                            "ConfigMap " + ns + "/" + cm_name + " appeared while reconciling: reconciled again", key);
         }
       } else if (!r.ok()) {
         return r.ToStatus("create ConfigMap " + ns + "/" + cm_name);

@@ -15,6 +15,8 @@
 
 #include "common/base64.h"
 #include "common/metrics/metrics.h"
+#include "controller/kube/informer.h"
+#include "controller/reconciler.h"
 #include "controller/runtime/event_recorder.h"
 #include "tests/controller/test_env.h"
 
@@ -318,6 +320,46 @@ TEST_F(ControllerTest, ReplacedPodsTakeTheFreedIndexAndOthersKeepTheirs) {
   ASSERT_TRUE(TestCluster::Eventually([&] { return Condition(Job("rep"), "Degraded")["reason"] == "TooManyPods"; }));
   EXPECT_NE(Condition(Job("rep"), "Degraded")["message"].get<std::string>().find("rep-extra"), std::string::npos);
   EXPECT_EQ(Assignment("rep"), after);
+}
+
+// The ConfigMap cache can lag behind the controller's own create (its
+// watch event not there yet) when a pod event starts the next reconcile. That
+// reconcile must keep the stored assignment, not make a fresh one that
+// renumbers the running trainers. Here the ConfigMap cache never catches up
+// (it watches another namespace), so every reconcile runs on a missing one.
+TEST_F(ControllerTest, AConfigMapCacheThatLagsNeverRenumbersTheTrainers) {
+  ReadyPods("lag", 4);
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "lag", 4, "lag"));
+  auto client = cluster_.ControllerClient();
+  kube::InformerOptions here{.namespace_ = kNs};
+  kube::Informer jobs(client.get(), JobsResource(), here), pods(client.get(), PodsResource(), here);
+  kube::Informer lagging(client.get(), ConfigMapsResource(), {.namespace_ = kNs + "-elsewhere"});
+  for (kube::Informer* inf : {&jobs, &pods, &lagging}) inf->Start();
+  for (kube::Informer* inf : {&jobs, &pods, &lagging}) ASSERT_TRUE(inf->WaitForSync(10s));
+  Reconciler reconciler(client.get(), &jobs, &pods, &lagging);
+  const std::string key = kNs + "/lag";
+  // As the work queue would: again until it succeeds (a status write on a
+  // job the cache has not caught up with yet answers 409 and is retried).
+  auto reconcile = [&] { return TestCluster::Eventually([&] { return reconciler.Reconcile(key).ok(); }); };
+  ASSERT_TRUE(reconcile());
+  const auto before = Assignment("lag");
+  ASSERT_EQ(before.size(), 4u);
+  cluster_.DeletePod(kNs, "lag-1");
+  ASSERT_TRUE(TestCluster::Eventually([&] { return pods.List(kNs).size() == 3; }));
+  ASSERT_TRUE(reconcile());
+  auto after = Assignment("lag");
+  for (const char* p : {"lag-0", "lag-2", "lag-3"}) EXPECT_EQ(after[p], before.at(p)) << p << " was renumbered";
+  EXPECT_EQ(after.count("lag-1"), 0u);
+  EXPECT_NE(Condition(Job("lag"), "SidecarsReady")["message"].get<std::string>().find("processes without a pod: 1"),
+            std::string::npos)
+      << Condition(Job("lag"), "SidecarsReady").dump();
+  // Nothing changed since: once the job's cache has the last status, a
+  // reconcile on the lagging ConfigMap cache writes nothing.
+  EXPECT_TRUE(TestCluster::Eventually([&] {
+    ReconcileResult r;
+    return reconciler.Reconcile(key, &r).ok() && r.writes == 0;
+  }));
+  for (kube::Informer* inf : {&jobs, &pods, &lagging}) inf->Stop();
 }
 
 TEST_F(ControllerTest, RestartKeepsTheAssignmentAndMakesNoWrites) {
