@@ -11,23 +11,11 @@ set -u
 CONTROLLER=$1
 ROOT=$2
 CP=$ROOT/scripts/control-plane
-TMP=$(mktemp -d /tmp/meshload-kubectl-test-XXXXXX)
-pass=0
-fail=0
-check() {  # check NAME EXIT-CODE
-  if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi
-}
-SUP=
+source "$(dirname "$0")/../testing/shell_checks.sh"
 CTRL=
-cleanup() {
-  [ -n "$CTRL" ] && kill "$CTRL" 2>/dev/null && wait "$CTRL" 2>/dev/null
-  [ -n "$SUP" ] && kill -TERM "$SUP" 2>/dev/null && wait "$SUP" 2>/dev/null
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
 
 setpriv --pdeathsig TERM "$CP" run "$TMP/cp" 2>"$TMP/cp.err" &
-SUP=$!
+PIDS+=($!)
 if ! "$CP" wait "$TMP/cp"; then
   echo "FAIL the control plane did not start"
   echo "0 passed, 1 failed"
@@ -46,6 +34,7 @@ for _ in $(seq 100); do k -n "$NS" get serviceaccount default >/dev/null 2>&1 &&
 setpriv --pdeathsig KILL "$CONTROLLER" --metrics-port 0 --metrics-address 127.0.0.1 \
   --leader-election-namespace "$NS" --log-format kv >"$TMP/controller.log" 2>&1 &
 CTRL=$!
+PIDS+=($CTRL)
 
 # A job selecting its trainer pods, and two pods the test plays the kubelet for.
 sed 's/^spec:/spec:\n  selector: {matchLabels: {app: trainer}}/' "$ROOT/examples/local-fixedrecord.yaml" >"$TMP/job.yaml"
@@ -116,7 +105,6 @@ k -n "$NS" wait --for=condition=Planned --timeout=30s dlj/orphaned >/dev/null 2>
 made=$?
 for _ in $(seq 100); do k -n "$NS" get secret orphaned-meshload-peer >/dev/null 2>&1 && break; sleep 0.2; done
 kill "$CTRL" && wait "$CTRL" 2>/dev/null
-CTRL=
 k -n "$NS" patch dlj orphaned --type=json -p '[{"op": "remove", "path": "/metadata/finalizers"}]' >/dev/null &&
   k -n "$NS" delete dlj orphaned --timeout=30s >/dev/null
 gone=1
@@ -132,5 +120,4 @@ if [ "$fail" -ne 0 ]; then
   echo "--- controller log (last 30 lines)"
   tail -30 "$TMP/controller.log"
 fi
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

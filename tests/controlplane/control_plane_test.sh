@@ -9,19 +9,9 @@
 set -u
 ROOT=$1
 CP=$ROOT/scripts/control-plane
-TMP=$(mktemp -d /tmp/meshload-cp-test-XXXXXX)
-pass=0
-fail=0
-check() {  # check NAME EXIT-CODE
-  if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi
-}
-SUP=
-cleanup() {
-  [ -n "$SUP" ] && kill -TERM "$SUP" 2>/dev/null && wait "$SUP" 2>/dev/null
-  for d in "$TMP"/*/; do [ -f "$d/supervisor.pid" ] && "$CP" stop "$d" >/dev/null 2>&1; done
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/../testing/shell_checks.sh"
+# Control planes started detached (`start`) are stopped too.
+trap 'for d in "$TMP"/*/; do [ -f "$d/supervisor.pid" ] && "$CP" stop "$d" >/dev/null 2>&1; done; cleanup' EXIT
 # The processes of a control plane in DIR, found by their command line.
 procs_of() { pgrep -f -- "$1" | grep -v "^$$\$" || true; }
 
@@ -35,7 +25,7 @@ fi
 D=$TMP/cp
 t0=$(date +%s)
 setpriv --pdeathsig TERM "$CP" run "$D" 2>"$TMP/run.err" &
-SUP=$!
+PIDS+=($!)
 "$CP" wait "$D"
 check "the control plane is ready ($(( $(date +%s) - t0 )) s)" $?
 export KUBECONFIG=$D/kubeconfig
@@ -164,5 +154,4 @@ else
   check "a data directory that cannot be made: an error naming etcd" $?
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish
