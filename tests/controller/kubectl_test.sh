@@ -107,8 +107,10 @@ for _ in $(seq 100); do k -n "$NS" get secret orphaned-meshload-peer >/dev/null 
 kill "$CTRL" && wait "$CTRL" 2>/dev/null
 k -n "$NS" patch dlj orphaned --type=json -p '[{"op": "remove", "path": "/metadata/finalizers"}]' >/dev/null &&
   k -n "$NS" delete dlj orphaned --timeout=30s >/dev/null
+# The garbage collector finds the CRD's resource by rediscovering the API
+# every 30 s: allow it three rounds.
 gone=1
-for _ in $(seq 150); do
+for _ in $(seq 450); do
   if ! k -n "$NS" get configmap orphaned-meshload >/dev/null 2>&1 &&
      ! k -n "$NS" get secret orphaned-meshload-peer >/dev/null 2>&1; then gone=0; break; fi
   sleep 0.2

@@ -82,8 +82,10 @@ metadata:
 data: {a: b}
 EOF
 K -n cp-test delete dlj local-fixedrecord --wait=true >/dev/null
+# kube-controller-manager's garbage collector finds a new resource (the
+# CRD's) by rediscovering the API every 30 s: allow it three rounds.
 gone=1
-for _ in $(seq 150); do K -n cp-test get configmap owned >/dev/null 2>&1 || { gone=0; break; }; sleep 0.2; done
+for _ in $(seq 450); do K -n cp-test get configmap owned >/dev/null 2>&1 || { gone=0; break; }; sleep 0.2; done
 check "deleting the DataLoadJob removes the ConfigMap it owns (garbage collector)" $gone
 
 # 5. The Job controller runs (a Job gets its pods; no kubelet runs them).
