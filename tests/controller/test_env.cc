@@ -82,10 +82,6 @@ std::unique_ptr<kube::KubeClient> TestCluster::ControllerClient(kube::ClientOpti
   return NewClient(ControllerConfig(), std::move(options));
 }
 
-void TestCluster::WriteKubeconfig(const std::string& path, const kube::ClusterConfig& config) {
-  testing::WriteKubeconfig(path, config);
-}
-
 std::unique_ptr<kube::KubeClient> TestCluster::NewClient(kube::ClientOptions options) const {
   return NewClient(cp_.AdminConfig(), std::move(options));
 }
@@ -157,43 +153,18 @@ json TestCluster::CreateJob(const json& manifest) {
 
 json TestCluster::CreatePod(const std::string& ns, const std::string& name, const std::string& app,
                             std::map<std::string, std::string> annotations) {
-  json pod = {{"apiVersion", "v1"},
-              {"kind", "Pod"},
-              {"metadata", {{"name", name}, {"namespace", ns}, {"labels", {{"app", app}}}}},
-              {"spec",
-               {{"containers", json::array({{{"name", "trainer"}, {"image", "trainer:1"}},
-                                            {{"name", "meshload-sidecar"}, {"image", "meshload/sidecar:0.1.0"}}})}}}};
-  if (!annotations.empty()) pod["metadata"]["annotations"] = annotations;
-  auto r = client_->Post("/api/v1/namespaces/" + ns + "/pods", pod);
+  auto r = client_->Post("/api/v1/namespaces/" + ns + "/pods", TrainerPod(ns, name, app, annotations));
   if (!r.ok()) ADD_FAILURE() << r.ToStatus("create pod").ToString();
   return r.body;
 }
 
 void TestCluster::SetSidecar(const std::string& ns, const std::string& name, bool ready, int restarts) {
-  const std::string path = "/api/v1/namespaces/" + ns + "/pods/" + name + "/status";
   json current = Get("/api/v1/namespaces/" + ns + "/pods/" + name);
   std::string ip = "10.0." + std::to_string(pod_ip_ / 250) + "." + std::to_string(pod_ip_ % 250 + 1);
   ++pod_ip_;
   // The IP stays the same across readiness changes of a pod.
   if (current.contains("status") && current["status"].contains("podIP")) ip = current["status"]["podIP"];
-  json patch = {{"status",
-                 {{"phase", "Running"},
-                  {"podIP", ip},
-                  {"podIPs", json::array({{{"ip", ip}}})},
-                  {"containerStatuses",
-                   json::array({{{"name", "trainer"},
-                                 {"image", "trainer:1"},
-                                 {"imageID", ""},
-                                 {"ready", true},
-                                 {"restartCount", 0},
-                                 {"state", {{"running", json::object()}}}},
-                                {{"name", "meshload-sidecar"},
-                                 {"image", "meshload/sidecar:0.1.0"},
-                                 {"imageID", ""},
-                                 {"ready", ready},
-                                 {"restartCount", restarts},
-                                 {"state", {{"running", json::object()}}}}})}}}};
-  auto r = client_->Patch(path, patch);
+  auto r = client_->Patch("/api/v1/namespaces/" + ns + "/pods/" + name + "/status", RunningPodStatus(ip, ready, restarts));
   if (!r.ok()) ADD_FAILURE() << r.ToStatus("set pod status").ToString() << " " << r.body.dump();
 }
 

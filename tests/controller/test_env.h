@@ -54,9 +54,8 @@ class TestCluster {
   const std::string& controller_user() const { return controller_user_; }
   /// A client with the controller's identity.
   std::unique_ptr<kube::KubeClient> ControllerClient(kube::ClientOptions options = {}) const;
-  /// Writes `config` (the controller's by default) as a kubeconfig file.
-  void WriteKubeconfig(const std::string& path) const { WriteKubeconfig(path, ControllerConfig()); }
-  static void WriteKubeconfig(const std::string& path, const kube::ClusterConfig& config);
+  /// Writes the controller's configuration as a kubeconfig file.
+  void WriteKubeconfig(const std::string& path) const { testing::WriteKubeconfig(path, ControllerConfig()); }
   /// Another client with `config` (the admin's by default).
   std::unique_ptr<kube::KubeClient> NewClient(kube::ClientOptions options = {}) const;
   std::unique_ptr<kube::KubeClient> NewClient(const kube::ClusterConfig& config, kube::ClientOptions options = {}) const;

@@ -242,6 +242,37 @@ Status ControlPlane::Compact() const {
   return Status::Ok();
 }
 
+nlohmann::json TrainerPod(const std::string& ns, const std::string& name, const std::string& app,
+                          const std::map<std::string, std::string>& annotations) {
+  nlohmann::json pod = {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata", {{"name", name}, {"namespace", ns}, {"labels", {{"app", app}}}}},
+      {"spec",
+       {{"containers", nlohmann::json::array({{{"name", "trainer"}, {"image", "trainer:1"}},
+                                              {{"name", "meshload-sidecar"}, {"image", "meshload/sidecar:0.1.0"}}})}}}};
+  if (!annotations.empty()) pod["metadata"]["annotations"] = annotations;
+  return pod;
+}
+
+nlohmann::json RunningPodStatus(const std::string& ip, bool sidecar_ready, int restarts) {
+  auto container = [](const char* name, const char* image, bool ready, int restart_count) {
+    return nlohmann::json{{"name", name},
+                          {"image", image},
+                          {"imageID", ""},
+                          {"ready", ready},
+                          {"restartCount", restart_count},
+                          {"state", {{"running", nlohmann::json::object()}}}};
+  };
+  return {{"status",
+           {{"phase", "Running"},
+            {"podIP", ip},
+            {"podIPs", nlohmann::json::array({{{"ip", ip}}})},
+            {"containerStatuses",
+             nlohmann::json::array({container("trainer", "trainer:1", true, 0),
+                                    container("meshload-sidecar", "meshload/sidecar:0.1.0", sidecar_ready, restarts)})}}}};
+}
+
 void WriteKubeconfig(const std::string& path, const kube::ClusterConfig& config) {
   std::ofstream out(path);
   out << "apiVersion: v1\nkind: Config\ncurrent-context: test\n"

@@ -88,6 +88,15 @@ class ControlPlane {
   mutable std::map<std::string, size_t> audit_index_;  // audit id -> position in audit_
 };
 
+/// A trainer pod as the tests and benchmarks make it: containers "trainer"
+/// and "meshload-sidecar", labels {app: app}, and `annotations` (the
+/// completion index).
+nlohmann::json TrainerPod(const std::string& ns, const std::string& name, const std::string& app,
+                          const std::map<std::string, std::string>& annotations = {});
+/// The status a kubelet writes for a TrainerPod (there is no kubelet): Running
+/// at `ip`, the trainer ready, the sidecar ready or not, with `restarts`.
+nlohmann::json RunningPodStatus(const std::string& ip, bool sidecar_ready, int restarts = 0);
+
 /// Writes `config` as a kubeconfig file (certificates and keys inline).
 void WriteKubeconfig(const std::string& path, const kube::ClusterConfig& config);
 

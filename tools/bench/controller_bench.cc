@@ -100,35 +100,17 @@ int main(int argc, char** argv) {
     const std::string sa = "/api/v1/namespaces/team-" + std::to_string(n) + "/serviceaccounts/default";
     for (int i = 0; i < 600 && !c.Get(sa).ok(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  // Jobs and their pods, from 8 threads (the server takes requests in parallel).
-  std::atomic<int64_t> next_job{0};
-  auto make_jobs = [&] {
-  for (int64_t j; (j = next_job.fetch_add(1)) < jobs;) {
+  // One job and its ready pods (the benchmark plays the kubelet).
+  auto make_job = [&](int64_t j) {
     const std::string ns = "team-" + std::to_string(j / per_ns), name = "job-" + std::to_string(j);
     for (int64_t p = 0; p < pods_per_job; ++p) {
       const std::string pod = name + "-" + std::to_string(p);
-      json body = {{"apiVersion", "v1"},
-                   {"kind", "Pod"},
-                   {"metadata", {{"name", pod}, {"namespace", ns}, {"labels", {{"app", name}}}}},
-                   {"spec", {{"containers", json::array({{{"name", "trainer"}, {"image", "t"}},
-                                                          {{"name", "meshload-sidecar"}, {"image", "s"}}})}}}};
-      const std::string ip_text = [&] {
-        const int64_t ip = j * pods_per_job + p;
-        return "10." + std::to_string(ip / 65536) + "." + std::to_string(ip / 256 % 256) + "." +
-               std::to_string(ip % 256);
-      }();
-      must(c.Post("/api/v1/namespaces/" + ns + "/pods", body), "create pod");
-      auto container = [](const char* name, const char* image) {
-        return json{{"name", name}, {"image", image}, {"imageID", ""}, {"ready", true}, {"restartCount", 0},
-                    {"state", {{"running", json::object()}}}};
-      };
-      json status = {{"status",
-                      {{"phase", "Running"},
-                       {"podIP", ip_text},
-                       {"podIPs", json::array({{{"ip", ip_text}}})},
-                       {"containerStatuses",
-                        json::array({container("trainer", "t"), container("meshload-sidecar", "s")})}}}};
-      must(c.Patch("/api/v1/namespaces/" + ns + "/pods/" + pod + "/status", status), "set pod status");
+      const int64_t ip = j * pods_per_job + p;
+      const std::string ip_text = "10." + std::to_string(ip / 65536) + "." + std::to_string(ip / 256 % 256) + "." +
+                                  std::to_string(ip % 256);
+      must(c.Post("/api/v1/namespaces/" + ns + "/pods", testing::TrainerPod(ns, pod, name)), "create pod");
+      must(c.Patch("/api/v1/namespaces/" + ns + "/pods/" + pod + "/status", testing::RunningPodStatus(ip_text, true)),
+           "set pod status");
     }
     json job = example;
     job["metadata"] = {{"name", name}, {"namespace", ns}};
@@ -138,7 +120,11 @@ int main(int argc, char** argv) {
     job["spec"]["batch"]["globalBatchSize"] = pods_per_job * 4;
     job["spec"]["selector"] = {{"matchLabels", {{"app", name}}}};
     must(c.Post("/apis/meshload.io/v1alpha1/namespaces/" + ns + "/dataloadjobs", job), "create job");
-  }
+  };
+  // From 8 threads: the server takes requests in parallel.
+  std::atomic<int64_t> next_job{0};
+  auto make_jobs = [&] {
+    for (int64_t j; (j = next_job.fetch_add(1)) < jobs;) make_job(j);
   };
   std::vector<std::thread> makers;
   for (int t = 0; t < 8; ++t) makers.emplace_back(make_jobs);
