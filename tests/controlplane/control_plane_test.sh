@@ -27,15 +27,18 @@ t0=$(date +%s)
 setpriv --pdeathsig TERM "$CP" run "$D" 2>"$TMP/run.err" &
 PIDS+=($!)
 "$CP" wait "$D"
-check "the control plane is ready ($(( $(date +%s) - t0 )) s)" $?
+rc=$?  # before the message's command substitutions overwrite $?
+check "the control plane is ready ($(( $(date +%s) - t0 )) s)" $rc
+[ $rc -eq 0 ] || finish  # nothing below can pass without it
 export KUBECONFIG=$D/kubeconfig
 K() { "$D/bin/kubectl" --request-timeout=20s "$@"; }
 ver=$(K version -o json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])')
 want=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2}' "$ROOT/tests/tools/go.mod")
 [ "$ver" = "$want" ]
 check "kubectl reaches kube-apiserver $ver (go.mod pins $want)" $?
-"$D/bin/helm" version --short 2>/dev/null | grep -q '^v3\.'
-check "helm is linked into DIR/bin ($("$D/bin/helm" version --short 2>/dev/null))" $?
+helm_version=$("$D/bin/helm" version --short 2>/dev/null)
+grep -q '^v3\.' <<<"$helm_version"
+check "helm is linked into DIR/bin ($helm_version)" $?
 K get --raw /readyz >/dev/null 2>&1
 check "/readyz answers with the admin kubeconfig" $?
 
