@@ -46,7 +46,11 @@ class ControllerTest : public ::testing::Test {
     registry_.reset();
   }
   // Waits until the controller has nothing left to do.
-  void Settle() { ASSERT_TRUE(controller_->WaitIdle(300ms, 30s)); }
+  // Idle for a whole second: a watch event for the test's own last write can
+  // take hundreds of milliseconds to arrive on a loaded machine (two cores,
+  // the control plane and ThreadSanitizer), and a shorter quiet spell ends
+  // before the controller has heard of it.
+  void Settle() { ASSERT_TRUE(controller_->WaitIdle(1s, 60s)); }
 
   json Job(const std::string& name) {
     return cluster_.Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/" + name);
@@ -529,9 +533,12 @@ TEST_F(ControllerTest, DeletionCleansUpAndRemovesTheFinalizer) {
   ASSERT_TRUE(ConfigMapOf("del").is_object());
   auto r = cluster_.client().Delete(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/del");
   ASSERT_TRUE(r.ok()) << r.message();
-  ASSERT_TRUE(TestCluster::Eventually([&] {
-    return cluster_.client().Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/del").code == 404;
-  }));
+  ASSERT_TRUE(TestCluster::Eventually(
+      [&] {
+        return cluster_.client().Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/del").code ==
+               404;
+      },
+      60s));
   EXPECT_FALSE(ConfigMapOf("del").is_object());
   // The peer secret it made goes before the job does (by uid precondition),
   // so the same job applied again at once gets a new one, not the old one
@@ -539,6 +546,8 @@ TEST_F(ControllerTest, DeletionCleansUpAndRemovesTheFinalizer) {
   const std::string secret = std::string("/api/v1/namespaces/") + kNs + "/secrets/del-meshload-peer";
   EXPECT_FALSE(cluster_.Get(secret).is_object());
   cluster_.CreateJob(cluster_.JobManifest(kNs, "del", 2, "del"));
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("del")["status"].contains("peerSecretUID"); }, 60s))
+      << Job("del").dump(2);
   Settle();
   json again = cluster_.Get(secret);
   ASSERT_TRUE(again.is_object());
