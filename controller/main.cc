@@ -263,12 +263,14 @@ int main(int argc, char** argv) {
   LogInfo("shutting down", {{"signal", sig}});
   if (elector) elector->Stop();
   if (election.joinable()) election.join();  // releases the lease if held
+  // Each client before what uses it: a request waiting on the rate limit or
+  // a backoff returns at once, so the workers (a reconcile can hold several
+  // writes, seconds apart at a low --qps) and the event writer stop
+  // promptly instead of finishing their backlog after the lease is gone.
+  client->get()->Shutdown();
   controller.Stop();
-  // The client first: a request waiting on the rate limit or a backoff
-  // returns at once, so the writer thread stops promptly.
   if (event_client) event_client->Shutdown();
   if (events) events->Stop();
-  client->get()->Shutdown();
   health.Stop();
   return 0;
 }
