@@ -624,6 +624,10 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
       deferred = Status(StatusCode::kUnavailable, "ConfigMap " + ns + "/" + cm_name + " belongs to something else",
                         key);
     };
+    auto configmap_failed = [&](const Status& error) {
+      problems.push_back("ConfigMapFailed: " + error.ToString());
+      if (deferred.ok()) deferred = error;
+    };
     if (foreign.is_object()) {
       conflict();
     } else if (!cm) {
@@ -646,7 +650,9 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
                             "ConfigMap " + ns + "/" + cm_name + " appeared while reconciling: reconciled again", key);
         }
       } else if (!r.ok()) {
-        return r.ToStatus("create ConfigMap " + ns + "/" + cm_name);
+        // Refused (a role without the finalizers grant, a quota, a webhook):
+        // the status says why, and the job is retried.
+        configmap_failed(r.ToStatus("create ConfigMap " + ns + "/" + cm_name));
       } else {
         ++res.writes;
       }
@@ -665,8 +671,11 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
         body["metadata"]["ownerReferences"] = owner;
         for (auto it = labels.begin(); it != labels.end(); ++it) body["metadata"]["labels"][it.key()] = it.value();
         kube::ApiResponse r = client_->Put(cms.Object(ns, cm_name), body);
-        if (!r.ok()) return r.ToStatus("update ConfigMap " + ns + "/" + cm_name);
-        ++res.writes;
+        if (r.ok()) {
+          ++res.writes;
+        } else {
+          configmap_failed(r.ToStatus("update ConfigMap " + ns + "/" + cm_name));
+        }
       }
     }
 
