@@ -4,7 +4,9 @@
 # requirements.txt, and the real control plane the tests run against (etcd,
 # kube-apiserver, kube-controller-manager, kubectl, helm), built from the
 # pinned Go module in tests/tools by scripts/build-test-tools.sh (Go 1.26 or
-# newer must be installed; the binaries are cached under ~/.cache/meshload).
+# newer must be installed; the binaries are cached under ~/.cache/meshload),
+# and the third-party CRDs the chart's objects need on that control plane
+# (Prometheus Operator, cert-manager; scripts/fetch-test-crds.sh).
 # Idempotent: what is present is skipped; a second run takes seconds.
 # Runs as root on a fresh Debian 12 (uses sudo when not root).
 #
@@ -63,4 +65,5 @@ fi
 
 if [ "$BUILD_ONLY" = 0 ]; then
   bash "$ROOT/scripts/build-test-tools.sh" >/dev/null
+  bash "$ROOT/scripts/fetch-test-crds.sh" >/dev/null
 fi

@@ -25,10 +25,11 @@ step "ASan + UBSan build"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMESHLOAD_SANITIZE=ON \
   -DMESHLOAD_BUILD_BENCHMARKS=OFF
 cmake --build build-asan -j "$JOBS"
-# The control-plane harness's own check (scripts only, no C++ of ours) runs
-# in the release configuration alone.
+# The control-plane harness's own check and the chart's on the control plane
+# (scripts, helm and kubectl only, no C++ of ours) run in the release
+# configuration alone.
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -j "$JOBS" -E '^controlplane\.check$')
+  ctest --output-on-failure -j "$JOBS" -E '^(controlplane\.check|charts\.cluster)$')
 
 step "libFuzzer build (clang, ${FUZZ_SECONDS}s per target)"
 CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHLOAD_FUZZ=ON \

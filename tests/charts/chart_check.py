@@ -1,36 +1,39 @@
 #!/usr/bin/python3
-"""Checks the Helm chart charts/meshload without a helm binary:
+"""Checks the Helm chart charts/meshload with the real helm (built from the
+pinned Go module by scripts/build-test-tools.sh), without a cluster
+(tests/charts/helm_cluster_test.sh takes the chart to the real API server):
 
-- Chart.yaml has what Helm and the project need; values.yaml parses; every
-  .Values path a template reads is in values.yaml, and every value is read;
-  every include names a define of _helpers.tpl; the chart's CRD is the
-  repository's crds/dataloadjobs.meshload.io.yaml, byte for byte;
-- the templates are rendered by a small Go-template renderer
-  (tests/charts/gotemplate.py, which errors on what it does not support)
-  with the default values and with others, every document is parsed as YAML,
-  and the objects are checked: the Deployment is hardened (non-root, read-only
-  root filesystem, no capabilities, RuntimeDefault seccomp), passes the
-  controller's flags from the values (flags controller/main.cc parses, where
-  it exists), probes the metrics port; the RBAC
-  grants exactly what the controller needs (no wildcards, no secrets), the
-  Lease only in the release's namespace, and nothing cluster-wide when
-  watchNamespace is set; selectors, bindings and names agree;
+- `helm lint --strict` is clean, with the default values and with others;
+- Chart.yaml has what Helm and the project need; every .Values path a
+  template reads is in values.yaml, and every value is read; every include
+  names a define of _helpers.tpl; the chart's CRD is the repository's
+  crds/dataloadjobs.meshload.io.yaml, byte for byte;
+- values.schema.json: a wrong type, an unknown key, an out-of-range or
+  malformed value makes helm refuse the values with a message naming it;
+- `helm template` renders with the default values and with others, and the
+  objects are checked: the Deployment is hardened (non-root, read-only root
+  filesystem, no capabilities, RuntimeDefault seccomp), passes the
+  controller's flags from the values (flags controller/main.cc parses),
+  probes the metrics port; the RBAC grants exactly what the controller needs
+  (no wildcards, no secrets read), the Lease only in the release's
+  namespace, and nothing cluster-wide when watchNamespace is set; selectors,
+  bindings and names agree;
 - the checks themselves fail on broken objects (negative controls);
 - examples/trainer-pod.yaml runs the sidecar as the chart's controller and
   examples/hybrid-fsdp.yaml expect.
 
-usage: chart_check.py REPO_ROOT
+usage: chart_check.py REPO_ROOT [--write-monitoring DIR]
+helm: $MESHLOAD_HELM, else the one scripts/build-test-tools.sh built.
 """
 import copy
 import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 
 import yaml
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gotemplate as gt  # noqa: E402
 
 ROOT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "../..")
 CHART = os.path.join(ROOT, "charts/meshload")
@@ -146,54 +149,6 @@ check("charts/meshload/crds/ holds crds/dataloadjobs.meshload.io.yaml byte for b
 check("the chart has no other CRD", sorted(os.listdir(os.path.join(CHART, "crds"))) == ["dataloadjobs.meshload.io.yaml"])
 
 
-# ---- the renderer itself --------------------------------------------------------
-def render_text(src, values=None, release="r"):
-    r = gt.Renderer()
-    nodes = r.add(src, "t")
-    root = {"Values": gt.helm_values(values or {}),
-            "Release": gt.Struct("*chart.Release", {"Name": release, "Namespace": "ns", "Service": "Helm"})}
-    return r.render(nodes, root)
-
-
-def raises(src, values=None, exc=gt.TemplateError):
-    try:
-        render_text(src, values)
-    except exc:
-        return True
-    return False
-
-
-renderer_cases = [
-    ("trims white space at {{- and -}}", render_text("a\n  {{- 1 }}  \n{{- 2 -}}\n b") == "a12b"),
-    ("prints a value's float64 as Go does (1000000 is 1e+06)",
-     render_text("{{ .Values.n }} {{ .Values.m }} {{ int .Values.n }}", {"n": 1000000, "m": 4}) == "1e+06 4 1000000"),
-    ("default, quote and printf", render_text('{{ .Values.a | default "x" | quote }} {{ printf "%s-%d" "a" 3 }}',
-                                               {"a": ""}) == '"x" a-3'),
-    ("toYaml | nindent", render_text("k:{{- toYaml .Values.m | nindent 2 }}", {"m": {"b": [1, "x"], "a": True}})
-     == "k:\n  a: true\n  b:\n  - 1\n  - x"),
-    ("if / else if / else, with, range over a map in key order",
-     render_text('{{ if .Values.no }}1{{ else if .Values.yes }}2{{ else }}3{{ end }}'
-                 '{{ with .Values.m }}{{ range $k, $v := . }}{{ $k }}={{ $v }};{{ end }}{{ end }}'
-                 '{{ range .Values.none }}x{{ else }}empty{{ end }}',
-                 {"yes": True, "m": {"b": 2, "a": "1"}}) == "2a=1;b=2;empty"),
-    ("an unknown function is an error", raises('{{ lower "A" }}')),
-    ("template, block and break are errors", raises('{{ template "x" . }}') and raises('{{ block "x" . }}{{ end }}')),
-    ("a field of a missing value is an error (nil pointer)", raises("{{ .Values.nope.x }}")),
-    ("an unknown field of .Release is an error", raises("{{ .Release.Nam }}")),
-    ("comparing a float64 value with an int is an error", raises("{{ if gt .Values.n 1 }}x{{ end }}", {"n": 2})),
-    ("a missing {{end}} is an error", raises("{{ if true }}x")),
-    ("a field of a parenthesised pipeline is an error", raises('{{ (include "x" .).y }}')),
-    ("fail stops the render", raises('{{ fail "no" }}', exc=gt.TemplateFail)),
-]
-try:
-    yaml.load("a: 1\nb: 2\na: 3\n", Loader=StrictLoader)
-    renderer_cases.append(("a key defined twice in rendered YAML is an error", False))
-except yaml.YAMLError:
-    renderer_cases.append(("a key defined twice in rendered YAML is an error", True))
-for what, ok in renderer_cases:
-    check("renderer: " + what, ok)
-
-
 # ---- rendering the chart --------------------------------------------------------
 def merge(base, over):
     out = copy.deepcopy(base)
@@ -207,37 +162,58 @@ def merge(base, over):
     return out
 
 
-CHART_FIELDS = {"name": "Name", "version": "Version", "appVersion": "AppVersion", "kubeVersion": "KubeVersion",
-                "apiVersion": "APIVersion", "description": "Description", "type": "Type", "keywords": "Keywords",
-                "home": "Home", "sources": "Sources", "icon": "Icon", "annotations": "Annotations",
-                "deprecated": "Deprecated", "maintainers": "Maintainers", "dependencies": "Dependencies"}
+def find_helm():
+    if os.environ.get("MESHLOAD_HELM"):
+        return os.environ["MESHLOAD_HELM"]
+    out = subprocess.run([os.path.join(ROOT, "scripts/build-test-tools.sh"), "--dir"], capture_output=True, text=True)
+    if out.returncode != 0:
+        print("FAIL helm is not built: " + out.stderr.strip())
+        print("0 passed, 1 failed")
+        sys.exit(1)
+    return os.path.join(out.stdout.strip(), "helm")
+
+
+HELM = find_helm()
+# `helm template` checks Chart.yaml's kubeVersion against this: the version
+# of the Kubernetes the tests run (tests/tools/go.mod).
+KUBE_VERSION = re.search(r"k8s.io/kubernetes (v[0-9.]+)", read(os.path.join(ROOT, "tests/tools/go.mod"))).group(1)
+
+
+class HelmError(Exception):
+    pass
+
+
+def helm(*args, values=None):
+    """Runs helm; raises HelmError with its message when it fails."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        extra = []
+        if values is not None:
+            json.dump(values, f)
+            f.flush()
+            extra = ["-f", f.name]
+        out = subprocess.run([HELM, *args, *extra], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise HelmError(out.stderr.strip() or out.stdout.strip())
+    return out.stdout
 
 
 def render_chart(overrides=None, release="meshload", namespace="meshload-system"):
-    """{template name: rendered text} and the parsed documents of the manifests.
-    Raises gt.TemplateError (or gt.TemplateFail) as `helm template` would fail."""
-    r = gt.Renderer()
-    parsed = {name: r.add(src, "meshload/templates/" + name) for name, src in sources.items()}
-    values = merge(gt.helm_values(default_values), gt.helm_values(overrides or {}))
+    """{template name: rendered text} and the parsed documents of the
+    manifests, as `helm template` renders them (overrides merge into
+    values.yaml as `helm -f` does; None removes a key). Raises HelmError
+    where helm fails."""
+    text = helm("template", release, CHART, "--namespace", namespace, "--kube-version", KUBE_VERSION,
+                values=overrides or {})
     rendered, docs = {}, []
-    for name, nodes in parsed.items():
-        if name.startswith("_"):
+    for part in re.split(r"^---\n", text, flags=re.M):
+        m = re.match(r"# Source: meshload/templates/(\S+)\n", part)
+        if not m:
+            if part.strip():
+                raise HelmError("a rendered document without its Source line: %r" % part[:200])
             continue
-        root = {
-            "Values": values,
-            "Release": gt.Struct("*chart.Release", {"Name": release, "Namespace": namespace, "Service": "Helm",
-                                                    "IsInstall": True, "IsUpgrade": False, "Revision": 1}),
-            "Chart": gt.Struct("*chart.Metadata", {v: chart.get(k) for k, v in CHART_FIELDS.items()}),
-            "Template": gt.Struct("chartutil.Values", {"Name": "meshload/templates/" + name,
-                                                       "BasePath": "meshload/templates"}),
-            "Capabilities": gt.Struct("*chartutil.Capabilities", {}),
-            "Files": gt.chart_files(CHART),
-        }
-        text = r.render(nodes, root)
-        rendered[name] = text
-        if name == "NOTES.txt":
-            continue
-        for doc in yaml.load_all(text, Loader=StrictLoader):
+        name = m.group(1)
+        rendered[name] = rendered.get(name, "") + part
+        for doc in yaml.load_all(part, Loader=StrictLoader):
             if doc is not None:
                 doc["__file"] = name
                 docs.append(doc)
@@ -361,11 +337,13 @@ def deployment_problems(docs, values, namespace):
     return p
 
 
-WORKLOAD_RULES = [("meshload.io", "dataloadjobs", ["get", "list", "watch", "update", "patch"]),
-                  ("meshload.io", "dataloadjobs/status", ["get", "update", "patch"]),
+# What the controller uses (tests/controller proves each against the real
+# authoriser: nothing refused, nothing unused).
+WORKLOAD_RULES = [("meshload.io", "dataloadjobs", ["get", "list", "watch", "update"]),
+                  ("meshload.io", "dataloadjobs/status", ["update"]),
                   ("meshload.io", "dataloadjobs/finalizers", ["update"]),
-                  ("", "pods", ["get", "list", "watch"]),
-                  ("", "configmaps", ["get", "list", "watch", "create", "update", "patch", "delete"]),
+                  ("", "pods", ["list", "watch"]),
+                  ("", "configmaps", ["get", "list", "watch", "create", "update", "delete"]),
                   ("", "secrets", ["create", "delete"]),
                   ("", "events", ["create", "patch"])]
 
@@ -493,7 +471,7 @@ def scenario(title, overrides, namespace="meshload-system", release="meshload"):
     values = merge(default_values, overrides)
     try:
         rendered, docs = render_chart(overrides, release, namespace)
-    except (gt.TemplateError, yaml.YAMLError, AssertionError) as e:
+    except (HelmError, yaml.YAMLError, AssertionError) as e:
         check("%s: renders and every document parses" % title, False, e)
         return None
     check("%s: renders and every document parses (%d objects)" % (title, len(docs)), True)
@@ -543,8 +521,6 @@ if out:
               "--workers=4", "--qps=20", "--burst=30", "--event-qps=5", "--metrics-port=8080", "--leader-elect=true",
               "--leader-election-namespace=meshload-system", "--leader-election-id=meshload",
               "--sidecar-container=meshload-sidecar", "--log-level=info", "--log-format=json"])
-    check("defaults: NOTES.txt renders and names the release's namespace",
-          "meshload-system" in rendered.get("NOTES.txt", "") and "kubectl apply -f crds/" in rendered["NOTES.txt"])
 
 # One namespace, with a ServiceMonitor.
 out = scenario("watchNamespace=training, serviceMonitor on",
@@ -666,32 +642,50 @@ if out:
             yaml.safe_dump({"groups": rules[0]["spec"]["groups"]}, f, sort_keys=False)
 
 
-def files_get_problems():
-    get = gt.chart_files(CHART)["Get"]
-    p = []
-    if get("Chart.yaml") != read(os.path.join(CHART, "Chart.yaml")):
-        p.append("Chart.yaml not read")
-    if get("files/none.json") != "":
-        p.append("a missing file is not empty")
-    try:
-        get("../../README.md")
-        p.append("a path outside the chart was read")
-    except gt.TemplateError:
-        pass
-    return p
-
-
-check("renderer: .Files.Get reads a chart file, gives \"\" for a missing one, refuses a path outside the chart",
-      files_get_problems, None)
-
 # What must not render.
 try:
     render_chart({"replicaCount": 3, "leaderElection": {"enabled": False}})
     check("replicaCount 3 without leader election does not render", False, "it rendered")
-except gt.TemplateFail as e:
-    check("replicaCount 3 without leader election does not render", "leaderElection" in str(e), e)
-except gt.TemplateError as e:
-    check("replicaCount 3 without leader election does not render", False, "not by its fail: %s" % e)
+except HelmError as e:
+    check("replicaCount 3 without leader election does not render (the chart's own message)",
+          "needs leaderElection.enabled" in str(e), e)
+
+# values.schema.json: helm refuses values that do not fit, naming them.
+for what, over, says in [
+        ("a wrong type", {"workers": "four"}, ["/workers", "want integer"]),
+        ("an unknown key", {"wokers": 4}, ["'wokers' not allowed"]),
+        ("an unknown nested key", {"metrics": {"prot": 9090}}, ["/metrics", "'prot' not allowed"]),
+        ("an out-of-range port", {"metrics": {"port": 70000}}, ["/metrics/port", "maximum"]),
+        ("no replicas", {"replicaCount": 0}, ["/replicaCount", "minimum"]),
+        ("an unknown log level", {"logLevel": "loud"}, ["/logLevel", "debug", "error"]),
+        ("a malformed scrape interval", {"serviceMonitor": {"interval": "5 minutes"}},
+         ["/serviceMonitor/interval", "5 minutes"]),
+        ("a namespace that is not a DNS label", {"watchNamespace": "Training_Jobs"}, ["/watchNamespace"]),
+        ("a label value that is not a string", {"podLabels": {"team": 7}}, ["/podLabels/team", "want string"]),
+        ("an extra argument that is not a flag", {"extraArgs": ["debug"]}, ["/extraArgs/0"])]:
+    try:
+        render_chart(over)
+        check("values.schema.json refuses %s, naming it" % what, False, "it rendered")
+    except HelmError as e:
+        check("values.schema.json refuses %s, naming it" % what,
+              "values don't meet the specifications of the schema" in str(e) and all(x in str(e) for x in says), e)
+
+
+def lint(values):
+    try:
+        out = helm("lint", "--strict", CHART, "--kube-version", KUBE_VERSION, values=values)
+        return [] if "0 chart(s) failed" in out and "[WARNING]" not in out and "[ERROR]" not in out else [out]
+    except HelmError as e:
+        return [str(e)]
+
+
+check("helm lint --strict is clean with the default values", lambda: lint({}), None)
+check("helm lint --strict is clean with monitoring on, one namespace and one replica",
+      lambda: lint({"serviceMonitor": {"enabled": True}, "sidecarMonitor": {"enabled": True},
+                    "prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True},
+                    "watchNamespace": "training", "replicaCount": 1}), None)
+check("helm lint --strict fails values the schema refuses (the lint check can fail)",
+      lambda: bool(lint({"workers": "four"})))
 
 # ---- negative controls: the checks above catch broken objects -----------------------
 if "defaults" in results_by_scenario:

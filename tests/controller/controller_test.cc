@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iostream>
 #include <memory>
 #include <thread>
 
@@ -26,6 +27,32 @@ namespace {
 using meshload::testing::TestCluster;
 using nlohmann::json;
 using namespace std::chrono_literals;
+
+// Least privilege, proven by the real authoriser: every TestCluster binds
+// the chart's roles to the controller and fails a test whose controller was
+// refused anything (403 in the audit log); once the whole program has run
+// (not a filtered part of it), every grant of the chart must have been used.
+class ChartGrantsAreAllUsed : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    const auto* unit = ::testing::UnitTest::GetInstance();
+    if (unit->test_to_run_count() != unit->total_test_count()) {
+      std::cout << "[ note ] a filtered run: the check that every grant of the chart is used needs the whole program\n";
+      return;
+    }
+    auto unused = TestCluster::ChartGrantsNeverUsed();
+    std::string list;
+    for (const auto& g : unused) list += "\n  " + g;
+    if (unused.empty()) {
+      std::cout << "[ rbac ] every (verb, resource) the chart grants the controller was used\n";
+    } else {
+      ADD_FAILURE() << "the chart grants the controller what it never used in this program (least privilege: "
+                       "take it out of charts/meshload/templates/rbac.yaml):"
+                    << list;
+    }
+  }
+};
+const auto* const kChartGrants = ::testing::AddGlobalTestEnvironment(new ChartGrantsAreAllUsed);
 
 class ControllerTest : public ::testing::Test {
  protected:
@@ -555,6 +582,49 @@ TEST_F(ControllerTest, DeletionCleansUpAndRemovesTheFinalizer) {
   EXPECT_EQ(Job("del")["status"]["peerSecretUID"], again["metadata"]["uid"]);
 }
 
+// The chart's grant of dataloadjobs/finalizers is what lets the controller
+// own its ConfigMap with blockOwnerDeletion (the server's
+// OwnerReferencesPermissionEnforcement): taken out of the chart's role, the
+// server refuses the create, and the cluster's 403 check names it.
+TEST_F(ControllerTest, WithoutTheChartsFinalizersGrantTheServerRefusesTheOwnedConfigMap) {
+  const std::string role = "/apis/rbac.authorization.k8s.io/v1/clusterroles/" + cluster_.chart_release();
+  json cr = cluster_.Get(role);
+  ASSERT_TRUE(cr.is_object());
+  json kept = json::array();
+  for (const auto& rule : cr["rules"]) {
+    if (rule["resources"] != json::array({"dataloadjobs/finalizers"})) kept.push_back(rule);
+  }
+  ASSERT_EQ(kept.size() + 1, cr["rules"].size()) << "the chart's role has no dataloadjobs/finalizers rule";
+  cr["rules"] = kept;
+  ASSERT_TRUE(cluster_.client().Put(role, cr).ok());
+  cluster_.ExpectForbidden();
+  // The authoriser follows the role by its own watch.
+  ASSERT_TRUE(TestCluster::Eventually([&] {
+    json review = {{"apiVersion", "authorization.k8s.io/v1"},
+                   {"kind", "SubjectAccessReview"},
+                   {"spec", {{"user", cluster_.controller_user()},
+                             {"resourceAttributes", {{"verb", "update"}, {"group", "meshload.io"},
+                                                     {"resource", "dataloadjobs"}, {"subresource", "finalizers"},
+                                                     {"namespace", kNs}}}}}};
+    auto r = cluster_.client().Post("/apis/authorization.k8s.io/v1/subjectaccessreviews", review);
+    return r.ok() && !r.body["status"].value("allowed", true);
+  }));
+  ReadyPods("fin", 2);
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "fin", 2, "fin"));
+  StartController();
+  ASSERT_TRUE(TestCluster::Eventually([&] {
+    for (const auto& f : cluster_.Forbidden()) {
+      if (f.rfind("create core/configmaps", 0) == 0) return true;
+    }
+    return false;
+  }, 30s));
+  EXPECT_FALSE(ConfigMapOf("fin").is_object());
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("fin")["status"]["phase"] == "Degraded"; }, 30s))
+      << Job("fin").dump(2);
+  EXPECT_NE(Condition(Job("fin"), "Degraded")["message"].get<std::string>().find("403"), std::string::npos)
+      << Condition(Job("fin"), "Degraded").dump();
+}
+
 // A Secret that cannot be created does not hold up the status: the job is
 // Degraded with PeerSecretFailed and the error, and recovers once the
 // create succeeds.
@@ -729,7 +799,8 @@ TEST(EventRecorder, WritesEventsAggregatesRepeatsAndLimitsEachObject) {
   runtime::EventRecorderOptions o;
   o.instance = "replica-a";
   o.burst_per_object = 4;
-  runtime::EventRecorder events(&cluster.client(), &registry, o);
+  auto event_client = cluster.ControllerClient();
+  runtime::EventRecorder events(event_client.get(), &registry, o);
   events.Record(job, "Warning", "InvalidSpec", "spec.mesh: 3 devices");
   events.Record(job, "Warning", "InvalidSpec", "spec.mesh: 3 devices");  // the same: counted, not a new one
   events.Record(job, "Normal", "Planned", "8192 samples");
@@ -789,7 +860,8 @@ TEST(EventRecorder, NeverBlocksAFullQueueOrANonLeaderDrops) {
     while (hold && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
     return leader.load();
   };
-  runtime::EventRecorder events(&cluster.client(), nullptr, o);
+  auto event_client = cluster.ControllerClient();
+  runtime::EventRecorder events(event_client.get(), nullptr, o);
   events.Record(job, "Normal", "R", "0");
   ASSERT_TRUE(TestCluster::Eventually([&] { return asked.load() == 1; }));
   const auto t0 = std::chrono::steady_clock::now();
@@ -808,7 +880,8 @@ TEST(EventRecorder, NeverBlocksAFullQueueOrANonLeaderDrops) {
 }
 
 TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
-  runtime::EventRecorder events(&cluster_.client(), nullptr, {});
+  auto event_client = cluster_.ControllerClient();
+  runtime::EventRecorder events(event_client.get(), nullptr, {});
   auto stop_first = StopBeforeRecorderGoes();
   ControllerOptions options = RecordingEvents(events);
   cluster_.CreateJob(InvalidManifest("watched", "w"));
@@ -864,7 +937,8 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
 }
 
 TEST_F(ControllerTest, EventsForAJobReadyAtOnceAndForEditsThatKeepItInvalid) {
-  runtime::EventRecorder events(&cluster_.client(), nullptr, {});
+  auto event_client = cluster_.ControllerClient();
+  runtime::EventRecorder events(event_client.get(), nullptr, {});
   auto stop_first = StopBeforeRecorderGoes();
   ControllerOptions options = RecordingEvents(events);
   // Pods ready before the job: its first status is Running.

@@ -47,9 +47,9 @@ struct Candidate {
 
 TEST(LeaderElection, OneLeaderAndReleaseOnStopHandsOverAtOnce) {
   TestCluster cluster;
-  auto a = std::make_unique<Candidate>(cluster.NewClient(), cluster.ns(), "a");
+  auto a = std::make_unique<Candidate>(cluster.ControllerClient(), cluster.ns(), "a");
   ASSERT_TRUE(TestCluster::Eventually([&] { return a->started.load(); }, 5s));
-  Candidate b(cluster.NewClient(), cluster.ns(), "b");
+  Candidate b(cluster.ControllerClient(), cluster.ns(), "b");
   std::this_thread::sleep_for(600ms);
   EXPECT_TRUE(a->elector.IsLeader());
   EXPECT_FALSE(b.started.load()) << "the lease is held and renewed: b must wait";
@@ -68,9 +68,9 @@ TEST(LeaderElection, OneLeaderAndReleaseOnStopHandsOverAtOnce) {
 
 TEST(LeaderElection, ALeaderThatCannotRenewLosesAndAStandbyTakesOverAfterExpiry) {
   TestCluster cluster;
-  Candidate a(cluster.NewClient({.max_attempts = 1}), cluster.ns(), "a");
+  Candidate a(cluster.ControllerClient({.max_attempts = 1}), cluster.ns(), "a");
   ASSERT_TRUE(TestCluster::Eventually([&] { return a.started.load(); }, 5s));
-  Candidate b(cluster.NewClient(), cluster.ns(), "b");
+  Candidate b(cluster.ControllerClient(), cluster.ns(), "b");
   // a's requests now fail (its connection to the server is gone), as for a
   // partitioned or frozen process.
   auto cut = std::chrono::steady_clock::now();

@@ -1,9 +1,13 @@
 #include "tests/controller/test_env.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -40,6 +44,47 @@ void InstallCrd(kube::KubeClient& client) {
   });
 }
 
+// The program's controller identities bound to the chart's roles, and the
+// grants those roles hold ("verb group/resource"), for ChartGrantsNeverUsed.
+struct ChartIdentities {
+  std::mutex mu;
+  std::set<std::string> users;
+  std::set<std::string> grants;
+};
+ChartIdentities& Identities() {
+  static ChartIdentities ids;
+  return ids;
+}
+
+std::string Quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// Runs `argv` and returns its standard output; `ok` says whether it exited 0
+// (its standard error goes to the test's).
+std::string Capture(const std::vector<std::string>& argv, bool* ok) {
+  std::string cmd;
+  for (const auto& a : argv) cmd += Quote(a) + " ";
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    *ok = false;
+    return out;
+  }
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = pclose(p);
+  *ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  return out;
+}
+
+std::string GrantName(const std::string& verb, const std::string& group, const std::string& resource) {
+  return verb + " " + (group.empty() ? "core" : group) + "/" + resource;
+}
+
 std::string UniqueSuffix() {
   static std::atomic<int> counter{0};
   return std::to_string(::getpid()) + "-" + std::to_string(counter++);
@@ -48,7 +93,11 @@ std::string UniqueSuffix() {
 }  // namespace
 
 TestCluster::TestCluster(Options options)
-    : cp_(ControlPlane::Get()), ns_("t" + UniqueSuffix()), controller_user_("meshload-controller-" + ns_) {
+    : cp_(ControlPlane::Get()),
+      ns_("t" + UniqueSuffix()),
+      controller_user_(options.chart_rbac ? "system:serviceaccount:" + ns_ + ":" + chart_release()
+                                          : "meshload-controller-" + ns_),
+      chart_rbac_(options.chart_rbac) {
   auto client = kube::KubeClient::Create(cp_.AdminConfig(), options.client);
   if (!client.ok()) {
     ADD_FAILURE() << client.status().ToString();
@@ -58,10 +107,97 @@ TestCluster::TestCluster(Options options)
   if (options.fault_proxy) proxy_ = std::make_unique<FaultProxy>(cp_);
   InstallCrd(*client_);
   CreateNamespace(ns_);
+  if (chart_rbac_) BindChartRbac();
 }
 
 TestCluster::~TestCluster() {
+  if (chart_rbac_ && client_ && !forbidden_expected_) {
+    auto refused = Forbidden();
+    if (!refused.empty()) {
+      std::string list;
+      for (const auto& r : refused) list += "\n  " + r;
+      ADD_FAILURE() << "the server refused the controller (the chart's roles) " << refused.size()
+                    << " request(s): the chart must grant what the controller needs" << list;
+    }
+  }
   if (client_) client_->Shutdown();
+}
+
+// The controller's ServiceAccount and roles exactly as the chart renders them
+// for a release in this namespace (cluster-wide roles, as with the chart's
+// default watchNamespace ""), its name meshload-<ns>, the Lease's name the
+// controller's default.
+void TestCluster::BindChartRbac() {
+  static std::string kube_version;
+  if (kube_version.empty()) {
+    auto v = client_->Get("/version");
+    if (v.ok()) kube_version = v.body.value("gitVersion", "");
+  }
+  bool ok = false;
+  const std::string out = Capture({cp_.bin_dir() + "/helm", "template", chart_release(), SourceDir() + "/charts/meshload",
+                                   "--namespace", ns_, "--kube-version", kube_version, "--set",
+                                   "fullnameOverride=" + chart_release(), "--set", "leaderElection.id=meshload-controller",
+                                   "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml"},
+                                  &ok);
+  if (!ok) {
+    ADD_FAILURE() << "helm template of the chart's RBAC failed";
+    return;
+  }
+  std::set<std::string> grants;
+  for (const json& doc : ParseYamlDocuments(out)) {
+    const std::string kind = doc.value("kind", "");
+    std::string path;
+    if (kind == "ServiceAccount") {
+      path = "/api/v1/namespaces/" + ns_ + "/serviceaccounts";
+    } else if (kind == "ClusterRole" || kind == "ClusterRoleBinding") {
+      path = "/apis/rbac.authorization.k8s.io/v1/" + std::string(kind == "ClusterRole" ? "clusterroles" : "clusterrolebindings");
+    } else if (kind == "Role" || kind == "RoleBinding") {
+      path = "/apis/rbac.authorization.k8s.io/v1/namespaces/" + doc["metadata"].value("namespace", ns_) + "/" +
+             (kind == "Role" ? "roles" : "rolebindings");
+    } else {
+      ADD_FAILURE() << "the chart's RBAC rendered a " << kind;
+      continue;
+    }
+    auto r = client_->Post(path, doc);
+    if (!r.ok()) ADD_FAILURE() << r.ToStatus("create the chart's " + kind).ToString();
+    if (kind == "ClusterRole" || kind == "Role") {
+      for (const auto& rule : doc["rules"]) {
+        for (const auto& g : rule["apiGroups"]) {
+          for (const auto& res : rule["resources"]) {
+            for (const auto& verb : rule["verbs"]) grants.insert(GrantName(verb, g, res));
+          }
+        }
+      }
+    }
+  }
+  {
+    auto& ids = Identities();
+    std::lock_guard<std::mutex> lock(ids.mu);
+    ids.users.insert(controller_user_);
+    ids.grants.insert(grants.begin(), grants.end());
+  }
+  // The authorizer works from its own watch of the roles: wait until it
+  // allows what they grant.
+  auto allowed = [&](const json& attributes) {
+    json review = {{"apiVersion", "authorization.k8s.io/v1"},
+                   {"kind", "SubjectAccessReview"},
+                   {"spec", {{"user", controller_user_},
+                             {"groups", json::array({"system:serviceaccounts", "system:serviceaccounts:" + ns_,
+                                                     "system:authenticated"})},
+                             {"resourceAttributes", attributes}}}};
+    auto r = client_->Post("/apis/authorization.k8s.io/v1/subjectaccessreviews", review);
+    return r.ok() && r.body["status"].value("allowed", false);
+  };
+  if (!Eventually([&] {
+        return allowed({{"verb", "watch"}, {"group", "meshload.io"}, {"resource", "dataloadjobs"}}) &&
+               allowed({{"verb", "update"},
+                        {"group", "coordination.k8s.io"},
+                        {"resource", "leases"},
+                        {"namespace", ns_},
+                        {"name", "meshload-controller"}});
+      })) {
+    ADD_FAILURE() << "the chart's roles never took effect for " << controller_user_;
+  }
 }
 
 FaultProxy& TestCluster::proxy() {
@@ -73,7 +209,9 @@ FaultProxy& TestCluster::proxy() {
 }
 
 kube::ClusterConfig TestCluster::ControllerConfig() const {
-  kube::ClusterConfig c = cp_.UserConfig(controller_user_, {"system:masters"});
+  kube::ClusterConfig c =
+      chart_rbac_ ? cp_.UserConfig(controller_user_, {"system:serviceaccounts", "system:serviceaccounts:" + ns_})
+                  : cp_.UserConfig(controller_user_, {"system:masters"});
   c.namespace_ = ns_;
   return proxy_ ? proxy_->Through(c) : c;
 }
@@ -223,6 +361,35 @@ int64_t TestCluster::WriteCountByUserAgent(std::string_view part) const {
 int64_t TestCluster::RequestCount(std::string_view method, std::string_view resource) const {
   return static_cast<int64_t>(
       cp_.Audit([&](const AuditEvent& e) { return Ours(e) && VerbIs(e, method) && ResourceIs(e, resource); }).size());
+}
+
+std::vector<std::string> TestCluster::Forbidden() const {
+  std::vector<std::string> out;
+  for (const auto& e : cp_.Audit([&](const AuditEvent& e) { return e.user == controller_user_ && e.code == 403; })) {
+    out.push_back(GrantName(e.verb, e.api_group, e.resource + (e.subresource.empty() ? "" : "/" + e.subresource)) + " " +
+                  (e.namespace_.empty() ? "" : e.namespace_ + "/") + e.name);
+  }
+  return out;
+}
+
+std::vector<std::string> TestCluster::ChartGrantsNeverUsed() {
+  auto& ids = Identities();
+  std::set<std::string> users, unused;
+  {
+    std::lock_guard<std::mutex> lock(ids.mu);
+    users = ids.users;
+    unused = ids.grants;
+  }
+  for (const auto& e : ControlPlane::Get().Audit([&](const AuditEvent& e) { return users.count(e.user) > 0; })) {
+    if (e.code == 403) continue;
+    unused.erase(GrantName(e.verb, e.api_group, e.resource + (e.subresource.empty() ? "" : "/" + e.subresource)));
+    // OwnerReferencesPermissionEnforcement checks this right on each create
+    // of an object owned by a DataLoadJob with blockOwnerDeletion.
+    if (e.verb == "create" && e.code >= 200 && e.code < 300 && (e.resource == "configmaps" || e.resource == "secrets")) {
+      unused.erase(GrantName("update", "meshload.io", "dataloadjobs/finalizers"));
+    }
+  }
+  return {unused.begin(), unused.end()};
 }
 
 bool TestCluster::Eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {

@@ -2,10 +2,17 @@
 // (tests/testing/control_plane.h: etcd, kube-apiserver,
 // kube-controller-manager, one per test program): each TestCluster has a
 // namespace of its own, the real CRD installed, the test's own client (the
-// admin), the controller's identity (a client certificate of its own, so the
-// audit log tells its requests from the test's), an optional fault proxy in
-// front of the server, and helpers that create pods and play the kubelet's
-// part (there is no kubelet: pods are stored, never run).
+// admin), the controller's identity, an optional fault proxy in front of the
+// server, and helpers that create pods and play the kubelet's part (there is
+// no kubelet: pods are stored, never run).
+//
+// The controller's identity is the chart's: the ServiceAccount, ClusterRole,
+// leader-election Role and their bindings that `helm template` renders from
+// charts/meshload for this namespace, authorized by the server's RBAC (a
+// client certificate named as that ServiceAccount, so the audit log tells
+// its requests from the test's). A request the server refuses with 403 fails
+// the test when the TestCluster goes; ChartGrantsNeverUsed() lists what the
+// chart grants that no controller of the program has used.
 #pragma once
 
 #include <chrono>
@@ -16,6 +23,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "controller/kube/client.h"
 #include "controller/kube/config.h"
@@ -32,6 +40,10 @@ class TestCluster {
     /// Put a fault proxy (tests/tools/faultproxy) in front of the server for
     /// the controller's identity: proxy(), ControllerConfig().
     bool fault_proxy = false;
+    /// The controller's identity: the chart's ServiceAccount and roles
+    /// (true), or a user in system:masters (false: for tests of the client
+    /// itself, which do what no controller does).
+    bool chart_rbac = true;
   };
   /// Makes this cluster's namespace (ns()) and installs the CRD (once per
   /// program). Fails the current test (ADD_FAILURE) on error.
@@ -48,8 +60,9 @@ class TestCluster {
   kube::KubeClient& client() { return *client_; }
   /// The admin's configuration.
   kube::ClusterConfig config() const { return cp_.AdminConfig(); }
-  /// The controller's configuration: user controller_user() (in
-  /// system:masters), through the fault proxy when there is one.
+  /// The controller's configuration: user controller_user() (the chart's
+  /// ServiceAccount, or in system:masters without Options::chart_rbac),
+  /// through the fault proxy when there is one.
   kube::ClusterConfig ControllerConfig() const;
   const std::string& controller_user() const { return controller_user_; }
   /// A client with the controller's identity.
@@ -90,15 +103,34 @@ class TestCluster {
   int64_t WriteCountByUserAgent(std::string_view part) const;
   int64_t RequestCount(std::string_view method, std::string_view resource) const;
 
+  /// Requests by the controller's identity that the server refused (403),
+  /// from the audit log, as "verb group/resource[/subresource] ns/name".
+  std::vector<std::string> Forbidden() const;
+  /// For a test that takes a grant away on purpose: refusals no longer fail
+  /// the test when the TestCluster goes.
+  void ExpectForbidden() { forbidden_expected_ = true; }
+  /// The name of the chart's release for this namespace (its ServiceAccount,
+  /// ClusterRole and bindings are named so).
+  std::string chart_release() const { return "meshload-" + ns_; }
+  /// What the chart's roles grant ("verb group/resource[/subresource]") that
+  /// no controller identity of this program has asked for (any answer but
+  /// 403), from the audit log. The finalizers grant counts as used by each
+  /// create of an object owned with blockOwnerDeletion (the admission
+  /// plugin OwnerReferencesPermissionEnforcement checks it there).
+  static std::vector<std::string> ChartGrantsNeverUsed();
+
   /// Polls `pred` until true or `timeout`.
   static bool Eventually(const std::function<bool()>& pred,
                          std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
  private:
   bool Ours(const AuditEvent& e) const;
+  void BindChartRbac();
 
   ControlPlane& cp_;
   std::string ns_, controller_user_;
+  bool chart_rbac_ = true;
+  bool forbidden_expected_ = false;
   std::set<std::string> namespaces_;
   std::unique_ptr<FaultProxy> proxy_;
   std::unique_ptr<kube::KubeClient> client_;

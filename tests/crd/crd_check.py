@@ -6,7 +6,8 @@
 - its defaults are the planner's defaults (docs/crd-reference.md);
 - every DataLoadJob in examples/ validates against the schema, and broken
   variants do not (Debian's python3-jsonschema; CEL rules are not evaluated
-  here, the controller's test API server does that);
+  here: tests/charts/helm_cluster_test.sh has the real API server evaluate
+  every rule);
 - its dtype enum is the planner's list, read from the real `meshload plan`.
 
 usage: crd_check.py REPO_ROOT MESHLOAD_BINARY
@@ -64,6 +65,27 @@ for k, v in schema["properties"].items():
     if k not in ("apiVersion", "kind", "metadata"):
         walk(v, k)
 check("the schema is structural and every string, list and map is bounded", not problems, problems)
+
+
+def undescribed(node, path, out):
+    """Properties without a description (kubectl explain shows nothing for them)."""
+    for k, v in (node.get("properties") or {}).items():
+        p = (path + "." if path else "") + k
+        # metadata: the server refuses anything but a type there (ObjectMeta documents itself).
+        if p != "metadata" and not (v.get("description") or "").strip():
+            out.append(p)
+        undescribed(v, p, out)
+    if isinstance(node.get("items"), dict):
+        undescribed(node["items"], path + "[]", out)
+    return out
+
+
+missing = undescribed(schema, "", [])
+check("every property has a description (kubectl explain documents every field)",
+      not missing and schema.get("description"), missing)
+batch_axes = schema["properties"]["spec"]["properties"]["mesh"]["properties"]["batchAxes"]
+check("batchAxes is an ordered list (atomic), not a set: its order decides the sharding",
+      batch_axes.get("x-kubernetes-list-type") == "atomic", batch_axes.get("x-kubernetes-list-type"))
 check("group, kind, short name, scope",
       crd["spec"]["group"] == "meshload.io" and crd["spec"]["names"]["kind"] == "DataLoadJob"
       and "dlj" in crd["spec"]["names"]["shortNames"] and crd["spec"]["scope"] == "Namespaced")

@@ -34,13 +34,19 @@ nlohmann::json YamlToJson(const YAML::Node& node) {
   }
 }
 
-std::vector<nlohmann::json> LoadYamlDocuments(const std::string& path) {
+namespace {
+std::vector<nlohmann::json> Documents(const std::vector<YAML::Node>& docs) {
   std::vector<nlohmann::json> out;
-  for (const auto& doc : YAML::LoadAllFromFile(path)) {
+  for (const auto& doc : docs) {
     if (doc.IsNull()) continue;
     out.push_back(YamlToJson(doc));
   }
   return out;
 }
+}  // namespace
+
+std::vector<nlohmann::json> LoadYamlDocuments(const std::string& path) { return Documents(YAML::LoadAllFromFile(path)); }
+
+std::vector<nlohmann::json> ParseYamlDocuments(const std::string& text) { return Documents(YAML::LoadAll(text)); }
 
 }  // namespace meshload::testing

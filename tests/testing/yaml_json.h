@@ -19,5 +19,7 @@ nlohmann::json YamlToJson(const YAML::Node& node);
 /// Every document of a YAML file, skipping empty ones; throws
 /// YAML::Exception on bad YAML.
 std::vector<nlohmann::json> LoadYamlDocuments(const std::string& path);
+/// The same for YAML text (e.g. what `helm template` printed).
+std::vector<nlohmann::json> ParseYamlDocuments(const std::string& text);
 
 }  // namespace meshload::testing

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# The chart and the CRD on the real control plane (scripts/control-plane:
+# etcd, kube-apiserver with RBAC and admission, kube-controller-manager),
+# with the real helm and kubectl:
+#   - `helm template` for a matrix of values, every rendered object accepted
+#     by the server (`kubectl apply --dry-run=server`: schema, admission,
+#     the Prometheus Operator's own CRDs for the monitoring objects);
+#   - `helm install`, `helm upgrade` with changed values, an upgrade and an
+#     install the values schema refuses (naming the value, changing nothing),
+#     `helm uninstall` leaving nothing behind but the CRD;
+#   - the CRD as the server enforces it (tests/crd/crd_server_check.py: every
+#     CEL rule and schema bound, batchAxes' order, kubectl explain).
+# usage: helm_cluster_test.sh REPO_ROOT
+set -u
+ROOT=$1
+CP=$ROOT/scripts/control-plane
+CHART=$ROOT/charts/meshload
+source "$(dirname "$0")/../testing/shell_checks.sh"
+
+setpriv --pdeathsig TERM "$CP" run "$TMP/cp" 2>"$TMP/cp.err" &
+PIDS+=($!)
+if ! "$CP" wait "$TMP/cp"; then
+  echo "FAIL the control plane did not start"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+export KUBECONFIG=$TMP/cp/kubeconfig
+k() { "$TMP/cp/bin/kubectl" --request-timeout=30s "$@"; }
+helm() { "$TMP/cp/bin/helm" "$@"; }
+# helm keeps its cache and configuration here, not in $HOME.
+export HELM_CACHE_HOME=$TMP/helm/cache HELM_CONFIG_HOME=$TMP/helm/config HELM_DATA_HOME=$TMP/helm/data
+
+CRDS=$("$ROOT/scripts/fetch-test-crds.sh" --dir)
+check "the Prometheus Operator's and cert-manager's CRDs are fetched" $?
+# Server-side: the CRDs are larger than kubectl's last-applied annotation allows.
+k apply --server-side -f "$CRDS" >"$TMP/out" 2>&1 &&
+  k wait --for condition=Established --timeout=60s -f "$CRDS" >>"$TMP/out" 2>&1
+rc=$?
+check "they are Established on the server (ServiceMonitor, PodMonitor, PrometheusRule, Certificate, Issuer)" $rc
+[ $rc -eq 0 ] || cat "$TMP/out"
+for ns in meshload-system training grafana ops; do k create namespace "$ns" >/dev/null; done
+# `helm template` checks the chart's kubeVersion against the server it renders for.
+KUBE_VERSION=$(k version -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])')
+
+# ---- helm template: a matrix of values, every object accepted by the server ----
+values() { # name: writes $TMP/values-NAME.yaml
+  case $1 in
+    defaults) echo '{}' ;;
+    monitoring)
+      cat <<'EOF'
+serviceMonitor: {enabled: true, labels: {release: prom}}
+sidecarMonitor: {enabled: true, labels: {release: prom}}
+prometheusRule: {enabled: true, labels: {release: prom}}
+grafanaDashboard: {enabled: true, namespace: grafana}
+EOF
+      ;;
+    one-namespace) echo '{watchNamespace: training}' ;;
+    one-replica) echo '{replicaCount: 1, leaderElection: {enabled: false}}' ;;
+  esac >"$TMP/values-$1.yaml"
+}
+for case in defaults monitoring one-namespace one-replica; do
+  values $case
+  ns=meshload-system release=meshload
+  [ $case = one-replica ] && ns=ops release=ml
+  helm template $release "$CHART" -n $ns --kube-version "$KUBE_VERSION" -f "$TMP/values-$case.yaml" >"$TMP/$case.yaml" 2>"$TMP/$case.err"
+  rc=$?
+  objects=$(grep -c '^kind: ' "$TMP/$case.yaml")
+  k apply --dry-run=server -f "$TMP/$case.yaml" >"$TMP/$case.applied" 2>&1
+  applied=$(grep -c '(server dry run)$' "$TMP/$case.applied")
+  [ $rc -eq 0 ] && [ "$objects" -gt 0 ] && [ "$applied" -eq "$objects" ]
+  rc=$?
+  check "helm template ($case): the server accepts all $objects objects" $rc
+  [ $rc -eq 0 ] || cat "$TMP/$case.err" "$TMP/$case.applied"
+done
+grep -q '^kind: PrometheusRule' "$TMP/monitoring.yaml" && grep -q '^kind: PodMonitor' "$TMP/monitoring.yaml" &&
+  grep -q '^kind: ServiceMonitor' "$TMP/monitoring.yaml"
+check "the monitoring values render a ServiceMonitor, a PodMonitor and a PrometheusRule" $?
+# The check above can fail: an object the server refuses.
+sed 's/^kind: ServiceMonitor/kind: ServiceMonitr/' "$TMP/monitoring.yaml" | k apply --dry-run=server -f - >/dev/null 2>&1
+[ $? -ne 0 ]
+check "an object of a kind the server does not know is refused (the matrix check can fail)" $?
+
+# ---- what the cluster holds, for the uninstall check ----
+snapshot() {
+  local kinds
+  kinds=$(k api-resources --verbs=list -o name | grep -v -E '^(events|events\.events\.k8s\.io)$' | paste -sd, -)
+  k get "$kinds" -A -o jsonpath='{range .items[*]}{.kind}/{.metadata.namespace}/{.metadata.name}{"\n"}{end}' 2>/dev/null |
+    grep -v -E '^Lease/kube-(system|node-lease)/' | LC_ALL=C sort
+}
+snapshot >"$TMP/before"
+
+# ---- helm install ----
+helm install meshload "$CHART" -n meshload-system >"$TMP/install" 2>&1
+rc=$?
+check "helm install meshload -n meshload-system" $rc
+[ $rc -eq 0 ] || cat "$TMP/install"
+grep -q "NOTES:" "$TMP/install" && grep -q "meshload-system" "$TMP/install" && grep -q "kubectl" "$TMP/install"
+check "its NOTES name the release's namespace and say what to do next" $?
+k wait --for condition=Established --timeout=30s crd/dataloadjobs.meshload.io >/dev/null 2>&1
+check "the chart's CRD is installed and Established" $?
+missing=
+for obj in deployment/meshload serviceaccount/meshload service/meshload-metrics poddisruptionbudget/meshload \
+  role/meshload-leader-election rolebinding/meshload-leader-election; do
+  k -n meshload-system get $obj >/dev/null 2>&1 || missing="$missing $obj"
+done
+for obj in clusterrole/meshload clusterrolebinding/meshload; do
+  k get $obj >/dev/null 2>&1 || missing="$missing $obj"
+done
+[ -z "$missing" ] || echo "     missing:$missing"
+[ -z "$missing" ]
+check "the Deployment, ServiceAccount, Service, PodDisruptionBudget and RBAC exist" $?
+# kube-controller-manager's Deployment and ReplicaSet controllers make the pods
+# (nothing schedules them here): the Deployment is one the real controllers run.
+pods=0
+for _ in $(seq 150); do
+  pods=$(k -n meshload-system get pods -l app.kubernetes.io/instance=meshload -o name 2>/dev/null | wc -l)
+  [ "$pods" -eq 2 ] && break
+  sleep 0.2
+done
+[ "$pods" -eq 2 ]
+check "kube-controller-manager makes the Deployment's 2 pods" $?
+k -n meshload-system get pods -l app.kubernetes.io/instance=meshload \
+  -o jsonpath='{range .items[*]}{.spec.securityContext.runAsNonRoot}{.spec.containers[0].securityContext.readOnlyRootFilesystem}{"\n"}{end}' |
+  sort -u | grep -qx truetrue
+check "the pods run as non-root on a read-only root filesystem" $?
+
+# ---- helm upgrade with changed values ----
+helm upgrade meshload "$CHART" -n meshload-system --set workers=8 --set logLevel=debug \
+  --set prometheusRule.enabled=true --set sidecarMonitor.enabled=true >"$TMP/upgrade" 2>&1
+rc=$?
+check "helm upgrade with changed values (workers, log level, monitoring on)" $rc
+[ $rc -eq 0 ] || cat "$TMP/upgrade"
+k -n meshload-system get deployment meshload -o jsonpath='{.spec.template.spec.containers[0].args}' |
+  grep -q -- '--workers=8' &&
+  k -n meshload-system get prometheusrule meshload >/dev/null 2>&1 && k -n meshload-system get podmonitor meshload-sidecars >/dev/null 2>&1
+check "the upgrade changed the Deployment's flags and added the PrometheusRule and the PodMonitor" $?
+helm upgrade meshload "$CHART" -n meshload-system --set workers=eight >"$TMP/bad-upgrade" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "/workers" "$TMP/bad-upgrade" && grep -q "want integer" "$TMP/bad-upgrade" &&
+  [ "$(helm status meshload -n meshload-system -o json | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["version"], d["info"]["status"])')" = "2 deployed" ]
+check "an upgrade with workers=eight is refused naming /workers; the release stays at revision 2" $?
+helm install other "$CHART" -n training --set metrics.port=70000 >"$TMP/bad-install" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "/metrics/port" "$TMP/bad-install" && ! helm list -A -q | grep -qx other &&
+  [ -z "$(k get all,sa,roles,rolebindings -n training -l app.kubernetes.io/instance=other -o name 2>/dev/null)" ]
+check "an install with metrics.port=70000 is refused naming /metrics/port, and makes nothing" $?
+helm install typo "$CHART" -n training --set wokers=8 >"$TMP/typo" 2>&1
+[ $? -ne 0 ] && grep -q "'wokers' not allowed" "$TMP/typo"
+check "an install with an unknown value (wokers) is refused naming it" $?
+
+# ---- the CRD as the server enforces it ----
+k create namespace crd-test >/dev/null
+/usr/bin/python3 "$ROOT/tests/crd/crd_server_check.py" "$TMP/cp/bin/kubectl" "$CHART/crds/dataloadjobs.meshload.io.yaml" \
+  crd-test >"$TMP/crd.out" 2>&1
+rc=$?
+check "the CRD on the server: $(tail -1 "$TMP/crd.out")" $rc
+[ $rc -eq 0 ] || grep -v '^ok' "$TMP/crd.out"
+k delete namespace crd-test --wait=false >/dev/null
+
+# ---- helm uninstall: nothing left but the CRD ----
+helm uninstall meshload -n meshload-system >"$TMP/uninstall" 2>&1
+check "helm uninstall meshload" $?
+# The CRD's API group is served through an APIService the aggregator makes
+# for it (and removes with it).
+want_left="APIService//v1alpha1.meshload.io
+CustomResourceDefinition//dataloadjobs.meshload.io"
+# The garbage collector removes the ReplicaSet and pods after the Deployment
+# (and the namespace controller crd-test): wait for them.
+left=
+for _ in $(seq 90); do
+  snapshot >"$TMP/after"
+  left=$(comm -13 "$TMP/before" "$TMP/after")
+  gone=$(comm -23 "$TMP/before" "$TMP/after")
+  [ "$left" = "$want_left" ] && [ -z "$gone" ] && break
+  sleep 1
+done
+[ "$left" = "$want_left" ] && [ -z "$gone" ]
+rc=$?
+check "uninstall leaves nothing behind but the CRD (Helm keeps CRDs), and removes nothing else" $rc
+[ $rc -eq 0 ] && echo "     left: $left" || { echo "     left behind:"; echo "$left"; echo "     gone:"; echo "$gone"; }
+finish
