@@ -67,8 +67,14 @@ export CGO_ENABLED=0 GOFLAGS=-mod=readonly
 go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$STAGE/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
 go build -trimpath -ldflags "-s -w" -o "$STAGE/etcd" go.etcd.io/etcd/server/v3
-go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM" -o "$STAGE/helm" \
-  helm.sh/helm/v3/cmd/helm
+# The Kubernetes version helm assumes without a cluster (`helm template`,
+# `helm lint`: Chart.yaml's kubeVersion, deprecated APIs), as helm's own
+# Makefile sets it; unset, it would be 1.20.
+HV=helm.sh/helm/v3/pkg
+HELM_LDFLAGS="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM"
+HELM_LDFLAGS="$HELM_LDFLAGS -X $HV/chartutil.k8sVersionMajor=1 -X $HV/chartutil.k8sVersionMinor=$K8S_MINOR"
+HELM_LDFLAGS="$HELM_LDFLAGS -X $HV/lint/rules.k8sVersionMajor=1 -X $HV/lint/rules.k8sVersionMinor=$K8S_MINOR"
+go build -trimpath -ldflags "$HELM_LDFLAGS" -o "$STAGE/helm" helm.sh/helm/v3/cmd/helm
 go build -trimpath -ldflags "-s -w" -o "$STAGE/faultproxy" ./faultproxy
 mkdir -p "$CACHE/$KEY"
 rm -rf "$OUT"
