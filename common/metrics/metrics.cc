@@ -226,7 +226,11 @@ T& Family<T>::Add(const Labels& labels)
 {
   std::lock_guard<std::mutex> lock(mu_);
   Series& series = FindOrInsertLocked(labels);
-  if (!series.metric) series.metric = std::make_unique<T>();
+  // if constexpr as well as the constraint: clang before 15 instantiates a
+  // constrained-out member in `template class Family<Histogram>`.
+  if constexpr (T::kType != MetricType::kHistogram) {
+    if (!series.metric) series.metric = std::make_unique<T>();
+  }
   return *series.metric;
 }
 
@@ -237,11 +241,13 @@ T& Family<T>::Add(const Labels& labels, const BucketBoundaries& boundaries)
   BucketBoundaries normalized = NormalizeBoundaries(boundaries);
   std::lock_guard<std::mutex> lock(mu_);
   Series& series = FindOrInsertLocked(labels);
-  if (!series.metric) {
-    series.metric = std::make_unique<T>(std::move(normalized));
-  } else if (series.metric->Boundaries() != normalized) {
-    Die("histogram " + Quote(name()) + "{" + series.label_text +
-        "} already exists with other bucket bounds");
+  if constexpr (T::kType == MetricType::kHistogram) {  // as above
+    if (!series.metric) {
+      series.metric = std::make_unique<T>(std::move(normalized));
+    } else if (series.metric->Boundaries() != normalized) {
+      Die("histogram " + Quote(name()) + "{" + series.label_text +
+          "} already exists with other bucket bounds");
+    }
   }
   return *series.metric;
 }
