@@ -44,6 +44,10 @@ std::string_view ToString(ShuffleMode m) {
   return "?";
 }
 
+bool MovesSamplesBetweenProcesses(const JobSpec& spec) {
+  return spec.strategy == Strategy::kLoadAndReshard || spec.replication.fanout == Fanout::kBroadcast;
+}
+
 std::string FormatNameList(const std::vector<std::string>& names) {
   std::string s = "[";
   for (size_t i = 0; i < names.size(); ++i) {
@@ -120,6 +124,58 @@ std::string AxisList(const MeshSpec& mesh) {
     s += mesh.axes[i].name + "=" + std::to_string(mesh.axes[i].size);
   }
   return s + "]";
+}
+
+
+// A DNS-1123 label: what Kubernetes allows as a volume's name.
+bool IsDnsLabel(const std::string& s) {
+  if (s.empty() || s.size() > 63) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && !(c == '-' && i > 0 && i + 1 < s.size())) return false;
+  }
+  return true;
+}
+
+void ValidateDatasetVolume(const DatasetSpec& ds, Diagnostics& d) {
+  const DatasetVolume& v = *ds.volume;
+  if (!v.name.empty() && !IsDnsLabel(v.name)) {
+    d.Add("spec.dataset.volume.name", "'" + v.name + "' is not a volume name (a DNS label: lower-case letters, "
+                                      "digits and '-', at most 63 characters)");
+  }
+  const std::string& m = v.mount_path;
+  if (m.empty()) return;  // reported as missing by the parser
+  if (m[0] != '/' || m.find("/../") != std::string::npos || m.size() > 4096 ||
+      (m.size() >= 3 && m.compare(m.size() - 3, 3, "/..") == 0)) {
+    d.Add("spec.dataset.volume.mountPath", "'" + m + "' must be an absolute path without '..'");
+    return;
+  }
+  // A local dataset must be inside the mount, or the sidecar would not see it.
+  std::string path = ds.uri;
+  if (path.rfind("file://", 0) == 0) path = path.substr(7);
+  if (path.find("://") != std::string::npos || path.empty()) return;  // not local: the volume may hold a cache
+  std::string prefix = m;
+  while (prefix.size() > 1 && prefix.back() == '/') prefix.pop_back();
+  if (!(path == prefix || path.rfind(prefix == "/" ? prefix : prefix + "/", 0) == 0)) {
+    d.Add("spec.dataset.uri", "'" + ds.uri + "' is not under spec.dataset.volume.mountPath '" + m +
+                                  "', where the sidecar mounts the dataset's volume");
+  }
+}
+
+void ValidateSidecar(const SidecarSpec& sc, Diagnostics& d) {
+  if (sc.image.find_first_of(" \t\n") != std::string::npos) {
+    d.Add("spec.sidecar.image", "'" + sc.image + "' is not an image reference (it contains white space)");
+  }
+  for (const auto* m : {&sc.requests, &sc.limits}) {
+    for (const auto& [name, q] : *m) {
+      const bool digits = !q.empty() && ((q[0] >= '0' && q[0] <= '9') || q[0] == '.');
+      if (!digits) {
+        d.Add(std::string("spec.sidecar.resources.") + (m == &sc.requests ? "requests." : "limits.") + name,
+              "'" + q + "' is not a quantity (e.g. 500m, 2, 1Gi)");
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -277,6 +333,8 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
   // Dataset fields by format.
   const DatasetSpec& ds = spec.dataset;
   if (ds.uri.empty()) AddOnce(d, "spec.dataset.uri", "must not be empty");
+  if (ds.volume) ValidateDatasetVolume(ds, d);
+  if (spec.sidecar.resources_set || !spec.sidecar.image.empty()) ValidateSidecar(spec.sidecar, d);
   const bool record_bytes_given = ds.record_bytes_set || ds.record_bytes != 0;
   const bool sequence_length_given = ds.sequence_length_set || ds.sequence_length != 0;
   switch (ds.format_unknown ? static_cast<DatasetFormat>(-1) : ds.format) {

@@ -68,6 +68,13 @@ struct ReplicationSpec {
   Fanout fanout = Fanout::kLoad;
 };
 
+/// The pod volume that holds a local dataset: the injected sidecar mounts it
+/// read-only at mount_path (the path spec.dataset.uri is under).
+struct DatasetVolume {
+  std::string name;        // a volume of the trainer pods
+  std::string mount_path;  // absolute
+};
+
 struct DatasetSpec {
   std::string uri;  // required: path, file:// URI, directory or glob; http(s)://, s3:// for the sidecar
   DatasetFormat format = DatasetFormat::kFixedRecord;  // required
@@ -75,6 +82,7 @@ struct DatasetSpec {
   int64_t record_bytes = 0;      // FixedRecord: required; Npy: optional bytes-per-sample hint
   int64_t sequence_length = 0;   // TokenStream: required
   std::optional<int64_t> samples;  // count when the data is not reachable from the planner
+  std::optional<DatasetVolume> volume;
   // Set by the parser: the field was written (possibly as 0), and the format
   // was missing or unknown (then format-specific checks would only add noise).
   bool record_bytes_set = false;
@@ -109,6 +117,15 @@ struct LabelSelector {
   bool empty() const { return match_labels.empty() && match_expressions.empty(); }
 };
 
+/// The sidecar the controller's webhook injects into trainer pods, where the
+/// job overrides the chart's defaults. The planner checks the shapes only;
+/// resources are Kubernetes quantities, passed on as written.
+struct SidecarSpec {
+  std::string image;                                 // empty: the controller's --sidecar-image
+  std::map<std::string, std::string> requests, limits;  // empty: the controller's defaults
+  bool resources_set = false;
+};
+
 struct JobSpec {
   MeshSpec mesh;
   ReplicationSpec replication;
@@ -118,6 +135,7 @@ struct JobSpec {
   ShuffleSpec shuffle;
   ResumeSpec resume;
   std::optional<LabelSelector> selector;
+  SidecarSpec sidecar;
 };
 
 struct DataLoadJob {
@@ -161,6 +179,11 @@ ReplicationMode ImpliedReplicationMode(const MeshSpec& mesh);
 
 /// The effective batchAxes (the declared list, or every axis).
 std::vector<std::string> EffectiveBatchAxes(const MeshSpec& mesh);
+
+/// True when the job moves samples between its processes' sidecars (a
+/// Broadcast fan-out or LoadAndReshard): they need the peer exchange and the
+/// job's peer secret.
+bool MovesSamplesBetweenProcesses(const JobSpec& spec);
 
 /// Renders `[a, b]`.
 std::string FormatNameList(const std::vector<std::string>& names);

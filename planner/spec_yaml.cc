@@ -223,7 +223,7 @@ void ParseMesh(SpecReader& r, const YAML::Node& n, MeshSpec& mesh) {
 
 void ParseDataset(SpecReader& r, const YAML::Node& n, DatasetSpec& ds) {
   const std::string path = "spec.dataset";
-  if (!r.Map(n, path, {"uri", "format", "dtype", "recordBytes", "sequenceLength", "samples"})) return;
+  if (!r.Map(n, path, {"uri", "format", "dtype", "recordBytes", "sequenceLength", "samples", "volume"})) return;
   if (n["uri"]) {
     if (auto s = r.Str(n["uri"], path + ".uri")) ds.uri = *s;
   } else {
@@ -262,6 +262,52 @@ void ParseDataset(SpecReader& r, const YAML::Node& n, DatasetSpec& ds) {
   if (n["samples"]) {
     if (auto v = r.Int(n["samples"], path + ".samples")) ds.samples = *v;
   }
+  if (n["volume"]) {
+    const YAML::Node& v = n["volume"];
+    const std::string vp = path + ".volume";
+    if (r.Map(v, vp, {"name", "mountPath"})) {
+      DatasetVolume vol;
+      if (v["name"]) {
+        if (auto s = r.Str(v["name"], vp + ".name")) vol.name = *s;
+      } else {
+        r.Missing(vp + ".name", "name the trainer pods' volume that holds the dataset");
+      }
+      if (v["mountPath"]) {
+        if (auto s = r.Str(v["mountPath"], vp + ".mountPath")) vol.mount_path = *s;
+      } else {
+        r.Missing(vp + ".mountPath", "give the absolute path the sidecar mounts it at (spec.dataset.uri is under it)");
+      }
+      ds.volume = std::move(vol);
+    }
+  }
+}
+
+void ParseQuantities(SpecReader& r, const YAML::Node& n, const std::string& path,
+                     std::map<std::string, std::string>& out) {
+  if (!n.IsMap()) {
+    r.diags().Add(path, "expected a mapping of resource name to quantity, got " + NodeKind(n) + LineOf(n));
+    return;
+  }
+  for (const auto& kv : n) {
+    const std::string key = kv.first.Scalar();
+    if (auto v = r.Str(kv.second, path + "." + key)) out[key] = *v;
+  }
+}
+
+void ParseSidecar(SpecReader& r, const YAML::Node& n, SidecarSpec& sc) {
+  const std::string path = "spec.sidecar";
+  if (!r.Map(n, path, {"image", "resources"})) return;
+  if (n["image"]) {
+    if (auto s = r.Str(n["image"], path + ".image")) sc.image = *s;
+  }
+  if (n["resources"]) {
+    const YAML::Node& res = n["resources"];
+    sc.resources_set = true;
+    if (r.Map(res, path + ".resources", {"requests", "limits"})) {
+      if (res["requests"]) ParseQuantities(r, res["requests"], path + ".resources.requests", sc.requests);
+      if (res["limits"]) ParseQuantities(r, res["limits"], path + ".resources.limits", sc.limits);
+    }
+  }
 }
 
 JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
@@ -269,7 +315,7 @@ JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
   const std::string path = "spec";
   if (!r.Map(spec, path,
              {"mesh", "replication", "strategy", "dataset", "batch", "shuffle", "resume",
-              "selector"})) {
+              "selector", "sidecar"})) {
     return js;
   }
   if (spec["mesh"]) {
@@ -366,6 +412,7 @@ JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
       }
     }
   }
+  if (spec["sidecar"]) ParseSidecar(r, spec["sidecar"], js.sidecar);
   if (spec["selector"]) {
     const YAML::Node& n = spec["selector"];
     LabelSelector sel;

@@ -383,8 +383,7 @@ int main(int argc, char** argv) {
     // job that does not load is reported by the sidecar below.)
     Diagnostics job_diags;
     auto job = LoadDataLoadJobFile(opt.job_path, job_diags);
-    if (job.ok() && job->spec.strategy != Strategy::kLoadAndReshard &&
-        job->spec.replication.fanout != Fanout::kBroadcast) {
+    if (job.ok() && !MovesSamplesBetweenProcesses(job->spec)) {
       LogInfo("no samples move between this job's processes: the peer exchange is off",
               {{"strategy", std::string(ToString(job->spec.strategy))}});
       opt.peers.reset();

@@ -84,12 +84,14 @@ check "resume.step reproduces the uninterrupted step" $?
 # 7. --samples plans a dataset that is not reachable; real files are indexed.
 mkdir -p "$TMP/data"
 head -c $((4098 * 100)) /dev/zero >"$TMP/data/a.bin"
-sed -e "s#uri: /datasets/tokens/\*.bin.*#uri: $TMP/data#" -e '/samples: 1000000/d' "$JOB" >"$TMP/local.yaml"
+# The data on this machine, not in the trainer pods' volume: the volume goes too.
+NOVOL=(-e '/    volume:/,/mountPath:/d')
+sed -e "s#uri: /datasets/tokens/\*.bin.*#uri: $TMP/data#" -e '/samples: 1000000/d' "${NOVOL[@]}" "$JOB" >"$TMP/local.yaml"
 "$BIN" plan -f "$TMP/local.yaml" --format json | "$PY" -c 'import json,sys; p=json.load(sys.stdin); assert p["dataset"]["indexed"] and p["samples"] == (4098*100//2 - 1)//2048, p["samples"]'
 check "local files are indexed" $?
 "$BIN" plan -f "$TMP/local.yaml" --samples 500 --format json | "$PY" -c 'import json,sys; p=json.load(sys.stdin); assert not p["dataset"]["indexed"] and p["samples"] == 500'
 check "--samples overrides the index" $?
-sed -e "s#uri: /datasets/tokens/\*.bin.*#uri: $TMP/nowhere#" -e '/samples: 1000000/d' "$JOB" >"$TMP/nowhere.yaml"
+sed -e "s#uri: /datasets/tokens/\*.bin.*#uri: $TMP/nowhere#" -e '/samples: 1000000/d' "${NOVOL[@]}" "$JOB" >"$TMP/nowhere.yaml"
 "$BIN" plan -f "$TMP/nowhere.yaml" 2>"$TMP/err3" >/dev/null; rc=$?
 [ $rc -eq 2 ] && grep -q "spec.dataset.samples or --samples" "$TMP/err3"
 check "unreachable data without a sample count is explained" $?

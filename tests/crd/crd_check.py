@@ -42,6 +42,10 @@ problems = []
 def walk(node, path):
     if path == "metadata":
         return
+    if node.get("x-kubernetes-int-or-string"):
+        if "maxLength" not in node:
+            problems.append(path + ": unbounded int-or-string")
+        return
     if "type" not in node:
         problems.append(path + ": no type")
         return

@@ -154,6 +154,60 @@ TEST(Spec, MetadataIsCheckedLikeTheRest) {
   EXPECT_TRUE(Problems(Edit("  name: minimal", "  name: minimal\n  labels: {team: ml}\n  resourceVersion: \"12\"")).empty());
 }
 
+TEST(Spec, TheDatasetVolumeAndTheSidecarOverridesAreParsed) {
+  Diagnostics d;
+  auto job = ParseDataLoadJob(Edit("    samples: 1000\n",
+                                   "    samples: 1000\n    volume: {name: data, mountPath: /data}\n"
+                                   "  sidecar:\n    image: registry.example.com/meshload/sidecar:1.2\n"
+                                   "    resources: {requests: {cpu: 500m, memory: 1Gi}, limits: {memory: 2Gi}}\n"),
+                              d);
+  ASSERT_TRUE(job.ok());
+  ValidateJobSpec(job->spec, d);
+  ASSERT_TRUE(d.ok()) << d.ToString();
+  ASSERT_TRUE(job->spec.dataset.volume.has_value());
+  EXPECT_EQ(job->spec.dataset.volume->name, "data");
+  EXPECT_EQ(job->spec.dataset.volume->mount_path, "/data");
+  EXPECT_EQ(job->spec.sidecar.image, "registry.example.com/meshload/sidecar:1.2");
+  EXPECT_EQ(job->spec.sidecar.requests.at("cpu"), "500m");
+  EXPECT_EQ(job->spec.sidecar.limits.at("memory"), "2Gi");
+}
+
+TEST(Spec, ADatasetVolumeMustHoldALocalDataset) {
+  auto with = [](const std::string& volume) {
+    return Problems(Edit("    samples: 1000\n", "    samples: 1000\n    volume: " + volume + "\n"));
+  };
+  EXPECT_TRUE(HasProblem(with("{name: data, mountPath: /datasets}"),
+                         "spec.dataset.uri: '/data/records.bin' is not under spec.dataset.volume.mountPath '/datasets'"));
+  EXPECT_TRUE(HasProblem(with("{name: data, mountPath: /dat}"), "is not under spec.dataset.volume.mountPath '/dat'"));
+  EXPECT_TRUE(with("{name: data, mountPath: /data/}").empty());
+  EXPECT_TRUE(HasProblem(with("{name: Data_Set, mountPath: /data}"), "spec.dataset.volume.name: 'Data_Set' is not a volume name"));
+  EXPECT_TRUE(HasProblem(with("{name: data, mountPath: data}"), "spec.dataset.volume.mountPath: 'data' must be an absolute path"));
+  EXPECT_TRUE(HasProblem(with("{name: data, mountPath: /data/../etc}"), "must be an absolute path without '..'"));
+  EXPECT_TRUE(HasProblem(with("{name: data}"), "spec.dataset.volume.mountPath: required field is missing"));
+  EXPECT_TRUE(HasProblem(with("{name: data, mountPath: /data, readOnly: true}"), "spec.dataset.volume.readOnly: unknown field"));
+}
+
+TEST(Spec, SidecarOverridesAreChecked) {
+  auto p = Problems(Edit("  batch:\n", "  sidecar: {image: 'a b', resources: {limits: {memory: lots}}, imag: x}\n  batch:\n"));
+  EXPECT_TRUE(HasProblem(p, "spec.sidecar.imag: unknown field (did you mean image?)"));
+  EXPECT_TRUE(HasProblem(p, "spec.sidecar.image: 'a b' is not an image reference"));
+  EXPECT_TRUE(HasProblem(p, "spec.sidecar.resources.limits.memory: 'lots' is not a quantity"));
+}
+
+TEST(Spec, OnlyBroadcastAndLoadAndReshardMoveSamplesBetweenProcesses) {
+  JobSpec s;
+  EXPECT_FALSE(MovesSamplesBetweenProcesses(s));
+  s.replication.fanout = Fanout::kBroadcast;
+  EXPECT_TRUE(MovesSamplesBetweenProcesses(s));
+  s.replication.fanout = Fanout::kLoad;
+  for (Strategy st : {Strategy::kGlobalLoad, Strategy::kPerDevice, Strategy::kPerProcess}) {
+    s.strategy = st;
+    EXPECT_FALSE(MovesSamplesBetweenProcesses(s)) << ToString(st);
+  }
+  s.strategy = Strategy::kLoadAndReshard;
+  EXPECT_TRUE(MovesSamplesBetweenProcesses(s));
+}
+
 TEST(Spec, AxisSizeBelowOneIsNamedByPath) {
   auto p = Problems(Edit("size: 4", "size: 0"));
   EXPECT_TRUE(HasProblem(p, "spec.mesh.axes[0].size: must be >= 1, got 0"));
