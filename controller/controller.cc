@@ -169,6 +169,10 @@ void Controller::ResyncLoop() {
   }
 }
 
+kube::ObjectPtr Controller::Job(const std::string& ns, const std::string& name) const {
+  return jobs_ ? jobs_->Get(ns, name) : nullptr;
+}
+
 bool Controller::WaitIdle(std::chrono::milliseconds quiet, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   auto idle_since = std::chrono::steady_clock::time_point::max();

@@ -72,6 +72,8 @@ class Controller {
   void Stop();
 
   bool synced() const;
+  /// A DataLoadJob from the informer cache (null: none), for the webhook.
+  kube::ObjectPtr Job(const std::string& ns, const std::string& name) const;
   void SetLeader(bool leader);
 
   // For tests and benchmarks.

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -19,6 +20,7 @@
 #include "controller/kube/config.h"
 #include "controller/runtime/event_recorder.h"
 #include "controller/runtime/leader_election.h"
+#include "controller/webhook/server.h"
 
 namespace {
 
@@ -45,6 +47,18 @@ options:
   --lease-duration-ms N          15000    --renew-deadline-ms N  10000    --retry-period-ms N  2000
   --resync-seconds N             re-queue every job this often (default 600)
   --sidecar-container NAME       the sidecar container in trainer pods (default meshload-sidecar)
+
+the sidecar-injection webhook (docs/webhook.md), on when --webhook-cert-dir is given:
+  --webhook-cert-dir DIR         tls.crt and tls.key of its serving certificate (reloaded
+                                 when they change)
+  --webhook-port N               its HTTPS port (default 9443; 0: any free port)
+  --webhook-address A            address to serve it on (default 0.0.0.0)
+  --sidecar-image IMAGE          the injected sidecar's image (default meshload/sidecar:VERSION);
+                                 a job's spec.sidecar.image overrides it
+  --sidecar-resources JSON       its resources, {"requests": {...}, "limits": {...}}; a job's
+                                 spec.sidecar.resources overrides them
+  --sidecar-fs-group GID         the pod fsGroup set, when a pod has none, for jobs whose
+                                 sidecars read the peer secret (default 65532)
   --log-level LEVEL              debug, info, warn, error (default info)
   --log-format FORMAT            json or kv (default json)
 )";
@@ -62,6 +76,10 @@ int main(int argc, char** argv) {
   std::string kubeconfig, watch_ns, qps = "20", event_qps = "5", leader_elect = "true", le_ns = Env("POD_NAMESPACE");
   std::string le_id = "meshload-controller", identity = Env("POD_NAME"), metrics_address = "0.0.0.0";
   std::string sidecar_container = "meshload-sidecar", log_level, log_format;
+  std::string webhook_cert_dir, webhook_address = "0.0.0.0";
+  std::string sidecar_image = std::string("meshload/sidecar:") + MESHLOAD_VERSION;
+  std::string sidecar_resources = R"({"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}})";
+  int64_t webhook_port = 9443, sidecar_fs_group = 65532;
   int64_t workers = 4, burst = 30, metrics_port = 8080, lease_ms = 15000, renew_ms = 10000, retry_ms = 2000;
   int64_t resync_s = 600;
   cli::FlagParser flags("", kUsage, "meshload-controller");
@@ -82,6 +100,12 @@ int main(int argc, char** argv) {
   flags.Int({"--retry-period-ms"}, &retry_ms);
   flags.Int({"--resync-seconds"}, &resync_s);
   flags.String({"--sidecar-container"}, &sidecar_container);
+  flags.String({"--webhook-cert-dir"}, &webhook_cert_dir);
+  flags.Int({"--webhook-port"}, &webhook_port);
+  flags.String({"--webhook-address"}, &webhook_address);
+  flags.String({"--sidecar-image"}, &sidecar_image);
+  flags.String({"--sidecar-resources"}, &sidecar_resources);
+  flags.Int({"--sidecar-fs-group"}, &sidecar_fs_group);
   flags.String({"--log-level"}, &log_level);
   flags.String({"--log-format"}, &log_format);
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
@@ -109,6 +133,20 @@ int main(int argc, char** argv) {
     return usage("leader election needs retry period < renew deadline < lease duration");
   }
   if (resync_s < 1) return usage("--resync-seconds must be positive");
+  if (webhook_port < 0 || webhook_port > 65535) return usage("--webhook-port must be 0..65535");
+  if (sidecar_image.empty()) return usage("--sidecar-image must not be empty");
+  if (sidecar_fs_group < 1) return usage("--sidecar-fs-group must be positive");
+  controller::webhook::InjectorOptions injector;
+  injector.sidecar_name = sidecar_container;
+  injector.image = sidecar_image;
+  injector.fs_group = sidecar_fs_group;
+  injector.resources = nlohmann::json::parse(sidecar_resources, nullptr, false);
+  if (!injector.resources.is_object() ||
+      !std::all_of(injector.resources.items().begin(), injector.resources.items().end(),
+                   [](const auto& kv) { return (kv.key() == "requests" || kv.key() == "limits") && kv.value().is_object(); })) {
+    return usage("--sidecar-resources: expected a JSON object with \"requests\" and \"limits\" maps, got '" +
+                 sidecar_resources + "'");
+  }
 
   // A write to a connection the API server has closed (an idle keep-alive
   // it dropped, a restart) must be an error on that request, not SIGPIPE
@@ -235,6 +273,23 @@ int main(int argc, char** argv) {
     LogError("cannot start", {{"error", st.ToString()}});
     return 1;
   }
+  // Every replica serves the webhook from its own informer cache, leader or
+  // not: the Service spreads admission requests over all of them.
+  std::unique_ptr<controller::webhook::WebhookServer> webhook;
+  if (!webhook_cert_dir.empty()) {
+    webhook = std::make_unique<controller::webhook::WebhookServer>(
+        &registry, [&controller](const std::string& ns, const std::string& name) { return controller.Job(ns, name); },
+        injector,
+        controller::webhook::WebhookServerOptions{.bind_address = webhook_address,
+                                                  .port = static_cast<int>(webhook_port),
+                                                  .cert_dir = webhook_cert_dir});
+    auto wport = webhook->Start();
+    if (!wport.ok()) {
+      LogError("cannot serve the webhook", {{"error", wport.status().ToString()}});
+      return 1;
+    }
+    LogInfo("serving the sidecar-injection webhook", {{"port", *wport}, {"sidecar_image", sidecar_image}});
+  }
 
   std::thread election;
   if (elector) {
@@ -268,6 +323,7 @@ int main(int argc, char** argv) {
   // writes, seconds apart at a low --qps) and the event writer stop
   // promptly instead of finishing their backlog after the lease is gone.
   client->get()->Shutdown();
+  if (webhook) webhook->Stop();
   controller.Stop();
   if (event_client) event_client->Shutdown();
   if (events) events->Stop();

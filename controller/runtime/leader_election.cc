@@ -76,7 +76,13 @@ bool LeaderElector::TryAcquireOrRenew() {
           {"leaseTransitions", 0}}}};
     kube::ApiResponse created = client_->Post(LeasePath(true), lease);
     if (!created.ok()) {
-      LogDebug("cannot create the lease", {{"error", created.ToStatus("create lease").ToString()}});
+      if (created.code == 403) {
+        // The chart makes the Lease and grants no right to create one.
+        LogWarn("the lease does not exist and this identity may not create it: make it (the Helm chart does)",
+                {{"lease", options_.ns + "/" + options_.name}, {"error", created.ToStatus("create lease").ToString()}});
+      } else {
+        LogDebug("cannot create the lease", {{"error", created.ToStatus("create lease").ToString()}});
+      }
       return false;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -109,8 +115,11 @@ bool LeaderElector::TryAcquireOrRenew() {
   s["leaseDurationSeconds"] = duration_s;
   s["renewTime"] = now;
   if (!ours) {
+    // A Lease made empty (the chart makes it) was never held: its first
+    // holder is no transition, as when the elector creates it.
+    const bool never_held = holder.empty() && !spec.contains("acquireTime");
     s["acquireTime"] = now;
-    s["leaseTransitions"] = spec.value("leaseTransitions", 0) + 1;
+    s["leaseTransitions"] = spec.value("leaseTransitions", 0) + (never_held ? 0 : 1);
   }
   kube::ApiResponse put = client_->Put(LeasePath(false), updated);  // carries metadata.resourceVersion
   if (!put.ok()) {

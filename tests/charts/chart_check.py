@@ -99,7 +99,7 @@ except yaml.YAMLError as e:
 
 template_files = sorted(os.listdir(TEMPLATES))
 sources = {name: read(os.path.join(TEMPLATES, name)) for name in template_files}
-want_files = {"_helpers.tpl", "serviceaccount.yaml", "rbac.yaml", "deployment.yaml", "service.yaml",
+want_files = {"_helpers.tpl", "serviceaccount.yaml", "rbac.yaml", "lease.yaml", "webhook.yaml", "deployment.yaml", "service.yaml",
               "servicemonitor.yaml", "poddisruptionbudget.yaml", "NOTES.txt"}
 check("templates/ has every template", want_files <= set(template_files), sorted(want_files - set(template_files)))
 
@@ -116,7 +116,20 @@ refs = set()
 for name, src in sources.items():
     for m in re.finditer(r"\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)", src):
         refs.add(m.group(1)[1:])
-missing = sorted(r for r in refs if not has_path(default_values, r.split(".")))
+def open_map_prefix(tree, path):
+    """True when a prefix of path is an empty map in values.yaml: free-form
+    (labels, issuerRef), whose keys a template may read without defaults."""
+    for i in range(1, len(path)):
+        node = tree
+        for part in path[:i]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if node == {}:
+            return True
+    return False
+
+
+missing = sorted(r for r in refs if not has_path(default_values, r.split("."))
+                 and not open_map_prefix(default_values, r.split(".")))
 check("every .Values path a template reads is in values.yaml (%d paths)" % len(refs), refs and not missing, missing)
 
 
@@ -249,6 +262,8 @@ def parse_args(args):
 
 
 CONTROLLER_FLAGS = {"kubeconfig", "namespace", "workers", "qps", "burst", "event-qps", "metrics-port", "metrics-address",
+                    "webhook-cert-dir", "webhook-port", "webhook-address", "sidecar-image", "sidecar-resources",
+                    "sidecar-fs-group",
                     "leader-elect", "leader-election-namespace", "leader-election-id", "identity",
                     "sidecar-container", "log-level", "log-format"}
 # The flags the controller's main.cc registers with its FlagParser, where it exists.
@@ -282,6 +297,18 @@ def security_problems(pod_spec, container):
     return p
 
 
+def the_release_name(docs):
+    """The release's full name: the Deployment's."""
+    return the(docs, "Deployment")["metadata"]["name"]
+
+
+def metrics_service(docs):
+    found = [d for d in objs(docs, "Service") if d["metadata"]["name"].endswith("-metrics")]
+    if len(found) != 1:
+        raise AssertionError("expected one metrics Service, found %d" % len(found))
+    return found[0]
+
+
 def controller_container(docs):
     dep = the(docs, "Deployment")
     containers = dep["spec"]["template"]["spec"]["containers"]
@@ -305,6 +332,27 @@ def deployment_problems(docs, values, namespace):
             "log-format": values["logFormat"]}
     if values["watchNamespace"]:
         want["namespace"] = values["watchNamespace"]
+    if values["webhook"]["enabled"]:
+        image = values["sidecar"]["image"]
+        want.update({"webhook-cert-dir": "/etc/meshload/webhook", "webhook-port": str(values["webhook"]["port"]),
+                     "sidecar-image": "%s:%s" % (image["repository"], image["tag"] or chart["appVersion"]),
+                     "sidecar-fs-group": str(values["sidecar"]["fsGroup"])})
+        try:
+            if json.loads(args.get("sidecar-resources") or "null") != values["sidecar"]["resources"]:
+                p.append("--sidecar-resources is %r, not the values' sidecar.resources" % args.get("sidecar-resources"))
+        except ValueError:
+            p.append("--sidecar-resources is not JSON: %r" % args.get("sidecar-resources"))
+        mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+        m = mounts.get("/etc/meshload/webhook")
+        vols = {v["name"]: v for v in pod.get("volumes", [])}
+        if not m or not m.get("readOnly") or \
+                vols.get(m["name"], {}).get("secret", {}).get("secretName") != the_release_name(docs) + "-webhook-tls":
+            p.append("the webhook's certificate Secret is not mounted read-only at /etc/meshload/webhook")
+        if not any(x.get("name") == "webhook" and x.get("containerPort") == values["webhook"]["port"]
+                   for x in c.get("ports", [])):
+            p.append("no containerPort named webhook")
+    elif any(k.startswith("webhook") or k.startswith("sidecar-i") for k in args):
+        p.append("webhook flags without the webhook")
     if le:
         want["leader-election-namespace"] = namespace
     for k, v in want.items():
@@ -386,8 +434,7 @@ def rbac_problems(docs, values, namespace):
         _, c = controller_container(docs)
         lease = parse_args(c["args"]).get("leader-election-id")
         ns = "namespace " + namespace
-        want |= {(ns, "coordination.k8s.io", "leases", "create", ()),
-                 (ns, "coordination.k8s.io", "leases", "get", (lease,)),
+        want |= {(ns, "coordination.k8s.io", "leases", "get", (lease,)),
                  (ns, "coordination.k8s.io", "leases", "update", (lease,))}
     if got != want:
         p.append("granted but not needed: %s; needed but not granted: %s" % (sorted(got - want), sorted(want - got)))
@@ -433,7 +480,7 @@ def common_problems(docs, values, namespace, release):
             p.append(what + ": labels %r" % bad)
         if len(d["metadata"]["name"]) > 63:
             p.append(what + ": name longer than 63")
-        cluster_scoped = d["kind"] in ("ClusterRole", "ClusterRoleBinding")
+        cluster_scoped = d["kind"] in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration")
         ns = d["metadata"].get("namespace")
         if cluster_scoped and ns:
             p.append(what + ": a cluster-scoped object with a namespace")
@@ -452,7 +499,7 @@ def common_problems(docs, values, namespace, release):
         p.append("the Deployment's selector %r does not select its pods %r" % (selector, pod_labels))
     if "app.kubernetes.io/version" in selector or "helm.sh/chart" in selector:
         p.append("the Deployment's selector changes with the version (selectors are immutable)")
-    svc = the(docs, "Service")
+    svc = metrics_service(docs)
     if svc["spec"]["selector"] != selector:
         p.append("the Service selects %r, not the controller's pods" % svc["spec"]["selector"])
     sport = svc["spec"]["ports"][0]
@@ -461,6 +508,66 @@ def common_problems(docs, values, namespace, release):
     sa_name = dep["spec"]["template"]["spec"]["serviceAccountName"]
     if values["serviceAccount"]["create"] and [s["metadata"]["name"] for s in objs(docs, "ServiceAccount")] != [sa_name]:
         p.append("the pods' service account %r is not the one rendered" % sa_name)
+    return p
+
+
+def webhook_problems(docs, namespace, fullname, ca_bundle=True):
+    p = []
+    mwc = the(docs, "MutatingWebhookConfiguration")
+    if len(mwc["webhooks"]) != 1:
+        return ["expected one webhook, found %d" % len(mwc["webhooks"])]
+    w = mwc["webhooks"][0]
+    want = {"admissionReviewVersions": ["v1"], "failurePolicy": "Fail", "sideEffects": "None",
+            "reinvocationPolicy": "IfNeeded", "matchPolicy": "Equivalent",
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+                       "scope": "Namespaced"}],
+            "objectSelector": {"matchExpressions": [{"key": "meshload.io/job", "operator": "Exists"}]}}
+    for k, v in want.items():
+        if w.get(k) != v:
+            p.append("%s is %r, want %r" % (k, w.get(k), v))
+    if not 1 <= w.get("timeoutSeconds", 10) <= 5:
+        p.append("timeoutSeconds %r is not 1..5" % w.get("timeoutSeconds"))
+    exprs = w.get("namespaceSelector", {}).get("matchExpressions", [])
+    excluded = [set(e["values"]) for e in exprs if e["key"] == "kubernetes.io/metadata.name" and e["operator"] == "NotIn"]
+    if not excluded or not {"kube-system", namespace} <= excluded[0]:
+        p.append("the namespaceSelector does not exclude kube-system and %s: %r" % (namespace, exprs))
+    svc = w["clientConfig"].get("service", {})
+    if svc != {"name": fullname + "-webhook", "namespace": namespace, "path": "/mutate-pods", "port": 443}:
+        p.append("clientConfig.service is %r" % svc)
+    services = {d["metadata"]["name"]: d for d in objs(docs, "Service")}
+    ws = services.get(fullname + "-webhook")
+    if not ws or ws["spec"]["ports"] != [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}] \
+            or ws["spec"]["selector"] != the(docs, "Deployment")["spec"]["selector"]["matchLabels"]:
+        p.append("the webhook Service does not send 443 to the controller pods' port named webhook: %r" % ws)
+    if ca_bundle and not w["clientConfig"].get("caBundle"):
+        p.append("no caBundle")
+    return p
+
+
+def certificate_problems(docs, namespace, fullname):
+    import base64
+    secret = [d for d in objs(docs, "Secret") if d["metadata"]["name"] == fullname + "-webhook-tls"]
+    if len(secret) != 1 or secret[0].get("type") != "kubernetes.io/tls":
+        return ["no kubernetes.io/tls Secret %s-webhook-tls" % fullname]
+    data = secret[0]["data"]
+    w = the(docs, "MutatingWebhookConfiguration")["webhooks"][0]
+    p = []
+    if w["clientConfig"]["caBundle"] != data["ca.crt"]:
+        p.append("caBundle is not the Secret's ca.crt")
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in ("ca.crt", "tls.crt", "tls.key"):
+            with open(os.path.join(tmp, k), "wb") as f:
+                f.write(base64.b64decode(data[k]))
+        dns = "%s-webhook.%s.svc" % (fullname, namespace)
+        out = subprocess.run(["openssl", "verify", "-CAfile", os.path.join(tmp, "ca.crt"), "-verify_hostname", dns,
+                              "-purpose", "sslserver", os.path.join(tmp, "tls.crt")], capture_output=True, text=True)
+        if out.returncode != 0:
+            p.append("openssl verify for %s: %s" % (dns, (out.stdout + out.stderr).strip()))
+        pub = [subprocess.run(["openssl", kind, "-pubout", "-in", os.path.join(tmp, f)] + extra, capture_output=True,
+                              text=True).stdout for kind, f, extra in (("x509", "tls.crt", ["-noout", "-pubkey"]),
+                                                                       ("pkey", "tls.key", []))]
+        if not pub[0] or pub[0].replace("-----BEGIN PUBLIC KEY-----", "") != pub[1].replace("-----BEGIN PUBLIC KEY-----", ""):
+            p.append("tls.key is not tls.crt's key")
     return p
 
 
@@ -499,9 +606,13 @@ if out:
     rendered, docs = out
     kinds = sorted(d["kind"] for d in docs)
     check("defaults: ServiceAccount, ClusterRole(+Binding), leader-election Role(+Binding), Deployment, "
-          "Service, PodDisruptionBudget and nothing else",
+          "metrics Service, PodDisruptionBudget, and the webhook's Secret, Service and configuration; nothing else",
           kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-                           "Deployment", "Service", "PodDisruptionBudget"]), kinds)
+                           "Deployment", "Service", "PodDisruptionBudget", "Secret", "Service",
+                           "MutatingWebhookConfiguration", "Lease"]), kinds)
+    check("defaults: the chart makes the controller's Lease, in the release's namespace",
+          lambda: [(l["metadata"]["name"], l["metadata"]["namespace"]) for l in objs(docs, "Lease")]
+          == [("meshload", "meshload-system")])
     check("defaults: the Lease is granted only in the release's namespace, limited to the controller's Lease "
           "for get and update",
           lambda: the(docs, "Role")["metadata"]["namespace"] == "meshload-system"
@@ -520,7 +631,49 @@ if out:
           lambda: controller_container(docs)[1]["args"] == [
               "--workers=4", "--qps=20", "--burst=30", "--event-qps=5", "--metrics-port=8080", "--leader-elect=true",
               "--leader-election-namespace=meshload-system", "--leader-election-id=meshload",
-              "--sidecar-container=meshload-sidecar", "--log-level=info", "--log-format=json"])
+              "--sidecar-container=meshload-sidecar", "--webhook-cert-dir=/etc/meshload/webhook",
+              "--webhook-port=9443", "--sidecar-image=meshload/sidecar:" + chart["appVersion"],
+              "--sidecar-resources=" + json.dumps(default_values["sidecar"]["resources"], separators=(",", ":"), sort_keys=True),
+              "--sidecar-fs-group=65532", "--log-level=info", "--log-format=json"],
+          controller_container(docs)[1]["args"])
+    check("defaults: the webhook is on, opt-in by the label, never kube-system or the release's namespace, "
+          "refusing opted-in pods when it is down, at most 5 s, no side effects, reinvoked if needed",
+          lambda: webhook_problems(docs, "meshload-system", "meshload"), None)
+    check("defaults: the webhook's serving certificate is signed by the caBundle's CA for the Service's DNS name",
+          lambda: certificate_problems(docs, "meshload-system", "meshload"), None)
+
+# The webhook: cert-manager instead of the chart's certificate, and off.
+out = scenario("webhook with cert-manager", {"webhook": {"certManager": {"enabled": True}}})
+if out:
+    rendered, docs = out
+    check("cert-manager: a self-signed CA chain and the serving Certificate into the Secret the controller mounts; "
+          "caBundle from cert-manager's CA injector, no Secret from the chart",
+          lambda: sorted(d["kind"] for d in docs if d["__file"] == "webhook.yaml")
+          == ["Certificate", "Certificate", "Issuer", "Issuer", "MutatingWebhookConfiguration", "Service"]
+          and [c["spec"]["secretName"] for c in objs(docs, "Certificate") if not c["spec"].get("isCA")]
+          == ["meshload-webhook-tls"]
+          and "meshload-system.svc" in " ".join(objs(docs, "Certificate")[-1]["spec"]["dnsNames"])
+          and the(docs, "MutatingWebhookConfiguration")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+          == "meshload-system/meshload-webhook"
+          and "caBundle" not in the(docs, "MutatingWebhookConfiguration")["webhooks"][0]["clientConfig"]
+          and not objs(docs, "Secret"))
+    check("cert-manager: the webhook configuration is otherwise the same",
+          lambda: webhook_problems(docs, "meshload-system", "meshload", ca_bundle=False), None)
+out = scenario("webhook with cert-manager and the user's ClusterIssuer",
+               {"webhook": {"certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}})
+if out:
+    rendered, docs = out
+    check("cert-manager with an issuerRef: only the serving Certificate, issued by it",
+          lambda: [c["spec"]["issuerRef"] for c in objs(docs, "Certificate")] == [{"name": "corp-ca", "kind": "ClusterIssuer"}]
+          and not objs(docs, "Issuer"))
+out = scenario("webhook off", {"webhook": {"enabled": False}})
+if out:
+    rendered, docs = out
+    check("webhook off: no webhook configuration, Secret or Service, no webhook flags or port",
+          lambda: not objs(docs, "MutatingWebhookConfiguration") and not objs(docs, "Secret")
+          and [d["metadata"]["name"] for d in objs(docs, "Service")] == ["meshload-metrics"]
+          and not any(a.startswith("--webhook") or a.startswith("--sidecar-image")
+                      for a in controller_container(docs)[1]["args"]))
 
 # One namespace, with a ServiceMonitor.
 out = scenario("watchNamespace=training, serviceMonitor on",
@@ -538,7 +691,7 @@ if out:
     check("serviceMonitor: a monitoring.coreos.com/v1 ServiceMonitor scrapes the metrics port of the Service",
           lambda: len(sm) == 1 and sm[0]["apiVersion"] == "monitoring.coreos.com/v1"
           and [e.get("port") for e in sm[0]["spec"]["endpoints"]] == ["metrics"]
-          and all(the(docs, "Service")["metadata"]["labels"].get(k) == v
+          and all(metrics_service(docs)["metadata"]["labels"].get(k) == v
                   for k, v in sm[0]["spec"]["selector"]["matchLabels"].items())
           and sm[0]["spec"]["namespaceSelector"] == {"matchNames": ["meshload-system"]}
           and sm[0]["metadata"]["labels"].get("release") == "prom", sm)
@@ -550,8 +703,8 @@ out = scenario("1 replica, no leader election, release ml in ns ops",
 if out:
     rendered, docs = out
     dep = objs(docs, "Deployment")[0] if objs(docs, "Deployment") else {}
-    check("1 replica: no PodDisruptionBudget, no Lease Role, no spread constraint; names are ml-meshload",
-          lambda: not objs(docs, "PodDisruptionBudget") and not objs(docs, "Role")
+    check("1 replica: no PodDisruptionBudget, no Lease or its Role, no spread constraint; names are ml-meshload",
+          lambda: not objs(docs, "PodDisruptionBudget") and not objs(docs, "Role") and not objs(docs, "Lease")
           and "topologySpreadConstraints" not in dep["spec"]["template"]["spec"]
           and dep["metadata"]["name"] == "ml-meshload"
           and dep["spec"]["template"]["metadata"].get("annotations") == {"a": "b"}
@@ -730,7 +883,7 @@ if "defaults" in results_by_scenario:
         ("a misspelt flag", deployment_problems,
          lambda d: container(d)["args"].append("--leader-elect-id=x")),
         ("a Service that selects nothing", lambda docs, v, ns: common_problems(docs, v, ns, release0),
-         lambda d: the(d, "Service")["spec"]["selector"].__setitem__("app.kubernetes.io/name", "other")),
+         lambda d: metrics_service(d)["spec"]["selector"].__setitem__("app.kubernetes.io/name", "other")),
     ]
     for what, problems, mutate in controls:
         try:

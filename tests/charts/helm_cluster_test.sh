@@ -8,11 +8,19 @@
 #   - `helm install`, `helm upgrade` with changed values, an upgrade and an
 #     install the values schema refuses (naming the value, changing nothing),
 #     `helm uninstall` leaving nothing behind but the CRD;
+#   - the sidecar-injection webhook end to end: meshload-controller (as the
+#     chart's ServiceAccount) serving it, the chart's webhook configuration
+#     pointed at it on loopback by url (there is no cluster network here;
+#     everything else as the chart renders it), examples/hybrid-fsdp.yaml
+#     and examples/trainer-job.yaml applied, the Job controller's pods stored
+#     with the sidecar injected and given their indices; with the webhook
+#     down, labelled pods are refused and unlabelled ones created;
 #   - the CRD as the server enforces it (tests/crd/crd_server_check.py: every
 #     CEL rule and schema bound, batchAxes' order, kubectl explain).
-# usage: helm_cluster_test.sh REPO_ROOT
+# usage: helm_cluster_test.sh REPO_ROOT MESHLOAD_CONTROLLER_BINARY
 set -u
 ROOT=$1
+CONTROLLER=$2
 CP=$ROOT/scripts/control-plane
 CHART=$ROOT/charts/meshload
 source "$(dirname "$0")/../testing/shell_checks.sh"
@@ -80,12 +88,14 @@ sed 's/^kind: ServiceMonitor/kind: ServiceMonitr/' "$TMP/monitoring.yaml" | k ap
 [ $? -ne 0 ]
 check "an object of a kind the server does not know is refused (the matrix check can fail)" $?
 
-# ---- what the cluster holds, for the uninstall check ----
+# ---- what the cluster holds, for the uninstall check (but the namespaces
+# the test fills and deletes itself: training, crd-test) ----
 snapshot() {
   local kinds
   kinds=$(k api-resources --verbs=list -o name | grep -v -E '^(events|events\.events\.k8s\.io)$' | paste -sd, -)
   k get "$kinds" -A -o jsonpath='{range .items[*]}{.kind}/{.metadata.namespace}/{.metadata.name}{"\n"}{end}' 2>/dev/null |
-    grep -v -E '^Lease/kube-(system|node-lease)/' | LC_ALL=C sort
+    grep -v -E '^Lease/kube-(system|node-lease)/' |
+    grep -v -E '^[A-Za-z]+/(training|crd-test)/|^Namespace//(training|crd-test)$' | LC_ALL=C sort
 }
 snapshot >"$TMP/before"
 
@@ -147,6 +157,96 @@ check "an install with metrics.port=70000 is refused naming /metrics/port, and m
 helm install typo "$CHART" -n training --set wokers=8 >"$TMP/typo" 2>&1
 [ $? -ne 0 ] && grep -q "'wokers' not allowed" "$TMP/typo"
 check "an install with an unknown value (wokers) is refused naming it" $?
+
+# ---- the sidecar-injection webhook, end to end ----
+# A serving certificate for 127.0.0.1 (the url below), from a CA of the test's.
+mkdir -p "$TMP/wh"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=test-ca \
+  -keyout "$TMP/wh/ca.key" -out "$TMP/wh/ca.crt" 2>/dev/null &&
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=127.0.0.1 \
+    -keyout "$TMP/wh/tls.key" -out "$TMP/wh/tls.csr" 2>/dev/null &&
+  openssl x509 -req -in "$TMP/wh/tls.csr" -CA "$TMP/wh/ca.crt" -CAkey "$TMP/wh/ca.key" -CAcreateserial -days 1 \
+    -extfile <(printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth') -out "$TMP/wh/tls.crt" 2>/dev/null
+check "a loopback serving certificate for the webhook" $?
+# The controller as the chart's ServiceAccount (a token from the TokenRequest API).
+token=$(k -n meshload-system create token meshload --duration=1h)
+k config view --raw --flatten --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$TMP/cluster-ca.crt"
+server=$(k config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+cat >"$TMP/sa.kubeconfig" <<KUBECONFIG
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "$server", certificate-authority: "$TMP/cluster-ca.crt"}}]
+users: [{name: u, user: {token: "$token"}}]
+contexts: [{name: c, context: {cluster: c, user: u, namespace: meshload-system}}]
+current-context: c
+KUBECONFIG
+WHPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+setpriv --pdeathsig KILL "$CONTROLLER" --kubeconfig "$TMP/sa.kubeconfig" --metrics-port 0 --metrics-address 127.0.0.1 \
+  --leader-election-namespace meshload-system --leader-election-id meshload --log-format kv \
+  --webhook-cert-dir "$TMP/wh" --webhook-address 127.0.0.1 --webhook-port "$WHPORT" \
+  --sidecar-image meshload/sidecar:test >"$TMP/controller.log" 2>&1 &
+CTRL=$!
+PIDS+=($CTRL)
+wait_for "$TMP/controller.log" "serving the sidecar-injection webhook" 30
+rc=$?
+check "meshload-controller serves the webhook as the chart's ServiceAccount" $rc
+[ $rc -eq 0 ] || tail -20 "$TMP/controller.log"
+# The chart's configuration, pointed at it by url, with the test's CA.
+k patch mutatingwebhookconfiguration meshload-sidecar-injector --type=json -p "[
+  {\"op\": \"replace\", \"path\": \"/webhooks/0/clientConfig\",
+   \"value\": {\"url\": \"https://127.0.0.1:$WHPORT/mutate-pods\", \"caBundle\": \"$(base64 -w0 "$TMP/wh/ca.crt")\"}}]" >/dev/null
+check "the chart's webhook configuration points at it (a url on loopback)" $?
+
+k apply -f "$ROOT/examples/hybrid-fsdp.yaml" -f "$ROOT/examples/trainer-job.yaml" >"$TMP/apply" 2>&1
+rc=$?
+check "kubectl apply examples/hybrid-fsdp.yaml and examples/trainer-job.yaml" $rc
+[ $rc -eq 0 ] || cat "$TMP/apply"
+pods=0
+for _ in $(seq 150); do
+  pods=$(k -n training get pods -l job-name=llama-trainer -o name 2>/dev/null | wc -l)
+  [ "$pods" -eq 4 ] && break
+  sleep 0.2
+done
+[ "$pods" -eq 4 ]
+rc=$?
+check "the Job controller's 4 pods are admitted" $rc
+[ $rc -eq 0 ] || { k -n training get events 2>&1 | tail -5; tail -5 "$TMP/controller.log"; }
+k -n training get pods -l job-name=llama-trainer -o json >"$TMP/pods.json"
+/usr/bin/python3 "$ROOT/tests/charts/injected_pods_check.py" "$TMP/pods.json" >"$TMP/pods.check" 2>&1
+rc=$?
+check "the stored pods carry the sidecar as docs/webhook.md says (sidecar, ConfigMap, socket, dataset, GPUs)" $rc
+[ $rc -eq 0 ] || cat "$TMP/pods.check"
+indices=
+for _ in $(seq 150); do
+  indices=$(k -n training get configmap hybrid-fsdp-meshload -o json 2>/dev/null |
+    python3 -c 'import json,sys; d=json.load(sys.stdin)["data"]; print(" ".join(sorted(v for k, v in d.items() if k.startswith("process."))))' 2>/dev/null)
+  [ "$indices" = "0 1 2 3" ] && break
+  sleep 0.2
+done
+[ "$indices" = "0 1 2 3" ]
+check "the controller gives the 4 pods the process indices 0..3 (their completion indices)" $?
+pod() { # name labels
+  printf 'apiVersion: v1\nkind: Pod\nmetadata: {name: %s, namespace: training, labels: %s}\nspec: {containers: [{name: trainer, image: trainer:1}]}\n' "$1" "$2"
+}
+pod nojob '{meshload.io/job: nope}' | k apply -f - >"$TMP/nojob.out" 2>&1
+[ $? -ne 0 ] && grep -q 'meshload: DataLoadJob training/nope (label meshload.io/job) does not exist' "$TMP/nojob.out"
+check "a pod labelled for a job that does not exist is refused, naming it" $?
+metrics_port=$(sed -n 's/.*serving \/metrics.*port=\([0-9]*\).*/\1/p' "$TMP/controller.log" | head -1)
+curl -s "http://127.0.0.1:$metrics_port/metrics" >"$TMP/metrics"
+grep -q 'meshload_controller_webhook_requests_total{outcome="injected"} 4' "$TMP/metrics" &&
+  grep -q 'meshload_controller_webhook_requests_total{outcome="refused"} 1' "$TMP/metrics"
+check "the webhook's metrics count 4 injections and 1 refusal" $?
+# The webhook down: opted-in pods are refused (failurePolicy Fail), others are not touched.
+kill $CTRL
+wait $CTRL 2>/dev/null
+pod labelled '{meshload.io/job: hybrid-fsdp, app: llama-trainer}' | k apply -f - >"$TMP/down.out" 2>&1
+[ $? -ne 0 ] && grep -q 'failed calling webhook "sidecar.meshload.io"' "$TMP/down.out"
+rc=$?
+check "with the webhook down, a labelled pod is refused" $rc
+[ $rc -eq 0 ] || cat "$TMP/down.out"
+pod plain '{app: other}' | k apply -f - >/dev/null 2>&1
+check "with the webhook down, an unlabelled pod is created" $?
+k delete namespace training --wait=false >/dev/null
 
 # ---- the CRD as the server enforces it ----
 k create namespace crd-test >/dev/null

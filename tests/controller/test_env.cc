@@ -137,7 +137,8 @@ void TestCluster::BindChartRbac() {
   const std::string out = Capture({cp_.bin_dir() + "/helm", "template", chart_release(), SourceDir() + "/charts/meshload",
                                    "--namespace", ns_, "--kube-version", kube_version, "--set",
                                    "fullnameOverride=" + chart_release(), "--set", "leaderElection.id=meshload-controller",
-                                   "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml"},
+                                   "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
+                                   "--show-only", "templates/lease.yaml"},
                                   &ok);
   if (!ok) {
     ADD_FAILURE() << "helm template of the chart's RBAC failed";
@@ -151,6 +152,8 @@ void TestCluster::BindChartRbac() {
       path = "/api/v1/namespaces/" + ns_ + "/serviceaccounts";
     } else if (kind == "ClusterRole" || kind == "ClusterRoleBinding") {
       path = "/apis/rbac.authorization.k8s.io/v1/" + std::string(kind == "ClusterRole" ? "clusterroles" : "clusterrolebindings");
+    } else if (kind == "Lease") {
+      path = "/apis/coordination.k8s.io/v1/namespaces/" + doc["metadata"].value("namespace", ns_) + "/leases";
     } else if (kind == "Role" || kind == "RoleBinding") {
       path = "/apis/rbac.authorization.k8s.io/v1/namespaces/" + doc["metadata"].value("namespace", ns_) + "/" +
              (kind == "Role" ? "roles" : "rolebindings");

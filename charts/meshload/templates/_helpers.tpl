@@ -50,3 +50,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "meshload.image" -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
+
+{{/* The sidecar image the webhook injects. */}}
+{{- define "meshload.sidecarImage" -}}
+{{- printf "%s:%s" .Values.sidecar.image.repository (.Values.sidecar.image.tag | default .Chart.AppVersion) }}
+{{- end }}

@@ -1,0 +1,231 @@
+#include "controller/webhook/injector.h"
+
+#include <set>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/reconciler.h"
+#include "planner/spec.h"
+
+namespace meshload::controller::webhook {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr char kJobVolume[] = "meshload-job";
+constexpr char kRunVolume[] = "meshload-run";
+constexpr char kPeerVolume[] = "meshload-peer";
+constexpr char kJobDir[] = "/etc/meshload/job";
+constexpr char kPeerDir[] = "/etc/meshload/peer";
+constexpr char kRunDir[] = "/run/meshload";
+constexpr char kSocket[] = "/run/meshload/sidecar.sock";
+
+const json& Field(const json& j, const char* key) {
+  static const json kNull;
+  if (!j.is_object()) return kNull;
+  auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
+std::string Str(const json& j, const char* key) {
+  const json& v = Field(j, key);
+  return v.is_string() ? v.get<std::string>() : std::string();
+}
+
+Decision Unchanged() {
+  Decision d;
+  d.outcome = "unchanged";
+  return d;
+}
+
+Decision Refuse(std::string message) {
+  Decision d;
+  d.allowed = false;
+  d.outcome = "refused";
+  d.message = std::move(message);
+  return d;
+}
+
+json FieldEnv(const std::string& name, const std::string& path) {
+  return {{"name", name}, {"valueFrom", {{"fieldRef", {{"fieldPath", path}}}}}};
+}
+
+bool HasContainer(const json& list, const std::string& name) {
+  if (!list.is_array()) return false;
+  for (const auto& c : list) {
+    if (Str(c, "name") == name) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& jobs, const InjectorOptions& options) {
+  const json& md = Field(pod, "metadata");
+  const json& spec = Field(pod, "spec");
+  const std::string job_name = Str(Field(md, "labels"), kJobLabel);
+  const std::string pod_name = Str(md, "name").empty() ? Str(md, "generateName") + "*" : Str(md, "name");
+  const std::string what = "pod " + ns + "/" + pod_name;
+  if (job_name.empty()) return Unchanged();
+  const std::string job_ref = "DataLoadJob " + ns + "/" + job_name + " (label " + kJobLabel + ")";
+
+  // Injected already (a reinvocation, or a retried create): nothing to do.
+  if (Str(Field(md, "annotations"), kInjectedAnnotation) == job_name &&
+      HasContainer(Field(spec, "initContainers"), options.sidecar_name)) {
+    return Unchanged();
+  }
+  if (HasContainer(Field(spec, "initContainers"), options.sidecar_name) ||
+      HasContainer(Field(spec, "containers"), options.sidecar_name)) {
+    return Refuse(what + " already has a container named " + options.sidecar_name + ": remove it to have it injected for " +
+                  job_ref + ", or remove the label to keep your own");
+  }
+  for (const auto& v : Field(spec, "volumes").is_array() ? Field(spec, "volumes") : json::array()) {
+    const std::string name = Str(v, "name");
+    if (name == kJobVolume || name == kRunVolume || name == kPeerVolume) {
+      return Refuse(what + " already has a volume named " + name + ", which the sidecar's injection adds for " + job_ref +
+                    ": rename it");
+    }
+  }
+
+  std::shared_ptr<const json> job = jobs ? jobs(ns, job_name) : nullptr;
+  if (!job) {
+    return Refuse(job_ref + " does not exist: create the DataLoadJob before its trainer pods");
+  }
+  const json& job_spec = Field(*job, "spec");
+  Diagnostics diags;
+  auto parsed = ParseJobSpecText(job_spec.dump(), diags);
+  if (parsed.ok()) ValidateJobSpec(*parsed, diags);
+  if (!parsed.ok() || !diags.ok()) {
+    std::string why = parsed.ok() ? diags.ToString() : parsed.status().ToString();
+    while (!why.empty() && why.back() == '\n') why.pop_back();
+    return Refuse(job_ref + " is invalid, so its trainer pods cannot get a sidecar: " + why);
+  }
+  const JobSpec& js = *parsed;
+  const json& selector = Field(job_spec, "selector");
+  if (!selector.is_object() || !SelectorMatches(selector, Field(md, "labels"))) {
+    return Refuse(what + " is labelled for " + job_ref + " but the job's spec.selector " + selector.dump() +
+                  " does not select it, so it would get no process index: give the pod the labels the selector asks for");
+  }
+  if (js.dataset.volume && !HasContainer(Field(spec, "volumes"), js.dataset.volume->name)) {
+    return Refuse(what + " has no volume named " + js.dataset.volume->name + " (spec.dataset.volume.name of " + job_ref +
+                  "), which holds the dataset");
+  }
+
+  const bool peers = MovesSamplesBetweenProcesses(js) && js.mesh.processes > 1;
+  const json& annotations = Field(md, "annotations");
+  const bool indexed = annotations.is_object() && annotations.contains(kCompletionIndexAnnotation);
+  const json& containers = Field(spec, "containers").is_array() ? Field(spec, "containers") : json::array();
+
+  json sidecar = {{"name", options.sidecar_name},
+                  {"image", js.sidecar.image.empty() ? options.image : js.sidecar.image},
+                  {"restartPolicy", "Always"}};
+  json args = json::array({std::string("--job=") + kJobDir + "/job.json", std::string("--socket=") + kSocket,
+                           "--metrics-port=" + std::to_string(options.metrics_port)});
+  json env = json::array({FieldEnv("POD_NAME", "metadata.name"), FieldEnv("POD_NAMESPACE", "metadata.namespace"),
+                          FieldEnv("POD_IP", "status.podIP")});
+  if (indexed) {
+    // The Indexed Job's completion index, which the controller gives the pod too.
+    env.push_back(FieldEnv("MESHLOAD_PROCESS", std::string("metadata.annotations['") + kCompletionIndexAnnotation + "']"));
+  } else {
+    // The index the controller writes to the job's ConfigMap (the sidecar waits for it).
+    args.push_back(std::string("--process-file=") + kJobDir + "/process.$(POD_NAME)");
+  }
+  json ports = json::array({{{"name", "metrics"}, {"containerPort", options.metrics_port}, {"protocol", "TCP"}}});
+  json mounts = json::array({{{"name", kJobVolume}, {"mountPath", kJobDir}, {"readOnly", true}},
+                             {{"name", kRunVolume}, {"mountPath", kRunDir}}});
+  if (peers) {
+    args.push_back(std::string("--assignments=") + kJobDir + "/assignments.json");
+    args.push_back("--peer-port=" + std::to_string(options.peer_port));
+    args.push_back(std::string("--peer-secret-file=") + kPeerDir + "/secret");
+    ports.push_back({{"name", "peers"}, {"containerPort", options.peer_port}, {"protocol", "TCP"}});
+    mounts.push_back({{"name", kPeerVolume}, {"mountPath", kPeerDir}, {"readOnly", true}});
+  }
+  if (js.dataset.volume) {
+    mounts.push_back({{"name", js.dataset.volume->name}, {"mountPath", js.dataset.volume->mount_path}, {"readOnly", true}});
+  }
+  sidecar["args"] = args;
+  sidecar["env"] = env;
+  sidecar["ports"] = ports;
+  sidecar["readinessProbe"] = {{"httpGet", {{"path", "/readyz"}, {"port", options.metrics_port}}}, {"periodSeconds", 5}};
+
+  json resources = options.resources.is_object() ? options.resources : json::object();
+  if (js.sidecar.resources_set) {
+    resources = json::object();
+    if (!js.sidecar.requests.empty()) resources["requests"] = js.sidecar.requests;
+    if (!js.sidecar.limits.empty()) resources["limits"] = js.sidecar.limits;
+  }
+  // The trainers' DRA claims: the sidecar stages batches on the same GPUs.
+  json claims = json::array();
+  std::set<std::string> claimed;
+  for (const auto& c : containers) {
+    for (const auto& claim : Field(Field(c, "resources"), "claims").is_array() ? Field(Field(c, "resources"), "claims")
+                                                                              : json::array()) {
+      if (claimed.insert(Str(claim, "name")).second) claims.push_back(claim);
+    }
+  }
+  if (!claims.empty()) resources["claims"] = claims;
+  if (!resources.empty()) sidecar["resources"] = resources;
+
+  // Restricted (Pod Security Standards), and the trainer's uid where the
+  // trainer sets its own: the sidecar accepts connections from its own uid.
+  json sc = {{"runAsNonRoot", true},
+             {"allowPrivilegeEscalation", false},
+             {"readOnlyRootFilesystem", true},
+             {"capabilities", {{"drop", json::array({"ALL"})}}},
+             {"seccompProfile", {{"type", "RuntimeDefault"}}}};
+  if (!containers.empty()) {
+    const json& trainer_sc = Field(containers[0], "securityContext");
+    for (const char* k : {"runAsUser", "runAsGroup"}) {
+      if (Field(trainer_sc, k).is_number_integer()) sc[k] = Field(trainer_sc, k);
+    }
+  }
+  sidecar["securityContext"] = sc;
+  sidecar["volumeMounts"] = mounts;
+
+  // The pod.
+  json init = Field(spec, "initContainers").is_array() ? Field(spec, "initContainers") : json::array();
+  init.insert(init.begin(), sidecar);
+  json volumes = Field(spec, "volumes").is_array() ? Field(spec, "volumes") : json::array();
+  volumes.push_back({{"name", kJobVolume}, {"configMap", {{"name", job_name + "-meshload"}, {"optional", true}}}});
+  volumes.push_back({{"name", kRunVolume}, {"emptyDir", json::object()}});
+  if (peers) {
+    volumes.push_back({{"name", kPeerVolume}, {"secret", {{"secretName", job_name + "-meshload-peer"}, {"defaultMode", 0440}}}});
+  }
+  json trainers = containers;
+  for (auto& c : trainers) {
+    bool mounted = false;
+    for (const auto& m : Field(c, "volumeMounts").is_array() ? Field(c, "volumeMounts") : json::array()) {
+      mounted = mounted || Str(m, "mountPath") == kRunDir;
+    }
+    if (!mounted) c["volumeMounts"].push_back({{"name", kRunVolume}, {"mountPath", kRunDir}});
+    bool has_env = false;
+    for (const auto& e : Field(c, "env").is_array() ? Field(c, "env") : json::array()) {
+      has_env = has_env || Str(e, "name") == "MESHLOAD_SOCKET";
+    }
+    if (!has_env) c["env"].push_back({{"name", "MESHLOAD_SOCKET"}, {"value", kSocket}});
+  }
+  json new_annotations = annotations.is_object() ? annotations : json::object();
+  new_annotations[kInjectedAnnotation] = job_name;
+
+  Decision d;
+  d.outcome = "injected";
+  // "add" replaces a member that exists (RFC 6902 4.1), so each is one op.
+  d.patch.push_back({{"op", "add"}, {"path", "/metadata/annotations"}, {"value", new_annotations}});
+  d.patch.push_back({{"op", "add"}, {"path", "/spec/initContainers"}, {"value", init}});
+  d.patch.push_back({{"op", "add"}, {"path", "/spec/containers"}, {"value", trainers}});
+  d.patch.push_back({{"op", "add"}, {"path", "/spec/volumes"}, {"value", volumes}});
+  if (peers) {
+    // The peer secret is 0440: readable by the pod's fsGroup (the sidecar's group).
+    json pod_sc = Field(spec, "securityContext").is_object() ? Field(spec, "securityContext") : json::object();
+    if (!pod_sc.contains("fsGroup")) {
+      pod_sc["fsGroup"] = sc.contains("runAsGroup") ? sc["runAsGroup"] : json(options.fs_group);
+      if (!pod_sc.contains("fsGroupChangePolicy")) pod_sc["fsGroupChangePolicy"] = "OnRootMismatch";
+      d.patch.push_back({{"op", "add"}, {"path", "/spec/securityContext"}, {"value", pod_sc}});
+    }
+  }
+  return d;
+}
+
+}  // namespace meshload::controller::webhook

@@ -1,0 +1,395 @@
+// The sidecar injector without a cluster: the patch it makes for a labelled
+// pod (applied here and checked as the stored pod would be), idempotence,
+// every refusal with its message, AdmissionReview decoding of bad bodies,
+// and the HTTPS server (TLS, certificate reload, metrics). The API server
+// calling it for real is in tests/charts/helm_cluster_test.sh.
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "common/base64.h"
+#include "common/metrics/metrics.h"
+#include "controller/webhook/admission.h"
+#include "controller/webhook/injector.h"
+#include "controller/webhook/server.h"
+#include "tests/testing/test_pki.h"
+
+namespace meshload::controller::webhook {
+namespace {
+
+using nlohmann::json;
+
+json Job(const std::string& strategy = "PerProcess", const std::string& fanout = "Load") {
+  json j = json::parse(R"({
+    "apiVersion": "meshload.io/v1alpha1", "kind": "DataLoadJob",
+    "metadata": {"name": "llm", "namespace": "training"},
+    "spec": {
+      "mesh": {"processes": 2, "devicesPerProcess": 2, "axes": [{"name": "data", "size": 4}]},
+      "dataset": {"uri": "/datasets/tokens", "format": "TokenStream", "dtype": "uint16", "sequenceLength": 2048,
+                  "samples": 100000, "volume": {"name": "datasets", "mountPath": "/datasets"}},
+      "batch": {"globalBatchSize": 32},
+      "selector": {"matchLabels": {"app": "trainer"}}
+    }})");
+  j["spec"]["strategy"] = strategy;
+  j["spec"]["replication"] = {{"fanout", fanout}};
+  return j;
+}
+
+json Pod(bool indexed = true) {
+  json pod = json::parse(R"({
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"generateName": "trainer-0-", "namespace": "training",
+                 "labels": {"app": "trainer", "meshload.io/job": "llm"}},
+    "spec": {
+      "containers": [{"name": "trainer", "image": "trainer:1",
+                      "resources": {"claims": [{"name": "gpus"}]},
+                      "securityContext": {"runAsUser": 1000, "runAsGroup": 1000}}],
+      "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "gpus"}],
+      "volumes": [{"name": "datasets", "persistentVolumeClaim": {"claimName": "tokens"}}]
+    }})");
+  if (indexed) pod["metadata"]["annotations"] = {{"batch.kubernetes.io/job-completion-index", "0"}};
+  return pod;
+}
+
+JobLookup Lookup(const json& job) {
+  auto ptr = std::make_shared<const json>(job);
+  return [ptr](const std::string& ns, const std::string& name) -> std::shared_ptr<const json> {
+    if (ns == "training" && name == "llm") return ptr;
+    return nullptr;
+  };
+}
+
+InjectorOptions Options() {
+  InjectorOptions o;
+  o.image = "meshload/sidecar:0.1.0";
+  o.resources = {{"requests", {{"cpu", "1"}}}, {"limits", {{"memory", "2Gi"}}}};
+  return o;
+}
+
+// Applies a JSON Patch of "add" operations as the API server would.
+json Apply(json doc, const json& patch) {
+  for (const auto& op : patch) {
+    EXPECT_EQ(op["op"], "add");
+    doc[json::json_pointer(op["path"].get<std::string>())] = op["value"];
+  }
+  return doc;
+}
+
+const json& Sidecar(const json& pod) { return pod["spec"]["initContainers"][0]; }
+
+bool HasArg(const json& c, const std::string& arg) {
+  for (const auto& a : c["args"]) {
+    if (a == arg) return true;
+  }
+  return false;
+}
+
+json Named(const json& list, const std::string& name) {
+  for (const auto& x : list) {
+    if (x["name"] == name) return x;
+  }
+  return json();
+}
+
+TEST(Injector, AnIndexedTrainerGetsTheNativeSidecarAsDocumented) {
+  Decision d = InjectSidecar(Pod(), "training", Lookup(Job()), Options());
+  ASSERT_TRUE(d.allowed) << d.message;
+  EXPECT_EQ(d.outcome, "injected");
+  json pod = Apply(Pod(), d.patch);
+  const json& sc = Sidecar(pod);
+  EXPECT_EQ(sc["name"], "meshload-sidecar");
+  EXPECT_EQ(sc["image"], "meshload/sidecar:0.1.0");
+  EXPECT_EQ(sc["restartPolicy"], "Always");
+  EXPECT_TRUE(HasArg(sc, "--job=/etc/meshload/job/job.json"));
+  EXPECT_TRUE(HasArg(sc, "--socket=/run/meshload/sidecar.sock"));
+  EXPECT_FALSE(HasArg(sc, "--peer-secret-file=/etc/meshload/peer/secret")) << "PerProcess/Load moves no samples";
+  EXPECT_EQ(Named(sc["env"], "MESHLOAD_PROCESS")["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.annotations['batch.kubernetes.io/job-completion-index']");
+  EXPECT_EQ(Named(sc["env"], "POD_IP")["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+  EXPECT_EQ(Named(sc["env"], "POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"], "metadata.namespace");
+  EXPECT_EQ(sc["readinessProbe"]["httpGet"]["path"], "/readyz");
+  EXPECT_EQ(sc["resources"]["requests"]["cpu"], "1");
+  EXPECT_EQ(sc["resources"]["claims"], json::parse(R"([{"name": "gpus"}])")) << "the trainer's GPUs";
+  // PSS restricted, and the trainer's uid (the sidecar's socket accepts its own uid).
+  EXPECT_EQ(sc["securityContext"]["runAsNonRoot"], true);
+  EXPECT_EQ(sc["securityContext"]["allowPrivilegeEscalation"], false);
+  EXPECT_EQ(sc["securityContext"]["capabilities"]["drop"], json::array({"ALL"}));
+  EXPECT_EQ(sc["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+  EXPECT_EQ(sc["securityContext"]["runAsUser"], 1000);
+  EXPECT_EQ(Named(sc["volumeMounts"], "datasets"), json::parse(R"({"name": "datasets", "mountPath": "/datasets", "readOnly": true})"));
+  EXPECT_EQ(Named(sc["volumeMounts"], "meshload-job")["readOnly"], true);
+  // The job's ConfigMap and the socket volume; no peer secret.
+  EXPECT_EQ(Named(pod["spec"]["volumes"], "meshload-job")["configMap"]["name"], "llm-meshload");
+  EXPECT_TRUE(Named(pod["spec"]["volumes"], "meshload-run").contains("emptyDir"));
+  EXPECT_TRUE(Named(pod["spec"]["volumes"], "meshload-peer").is_null());
+  // The trainer: the socket mounted and named.
+  const json& trainer = pod["spec"]["containers"][0];
+  EXPECT_EQ(Named(trainer["volumeMounts"], "meshload-run")["mountPath"], "/run/meshload");
+  EXPECT_EQ(Named(trainer["env"], "MESHLOAD_SOCKET")["value"], "/run/meshload/sidecar.sock");
+  EXPECT_EQ(pod["metadata"]["annotations"]["meshload.io/sidecar-injected"], "llm");
+  EXPECT_FALSE(pod["spec"].contains("securityContext")) << "no fsGroup without a peer secret";
+}
+
+TEST(Injector, APodOutsideAnIndexedJobReadsItsIndexFromTheConfigMap) {
+  json pod = Apply(Pod(false), InjectSidecar(Pod(false), "training", Lookup(Job()), Options()).patch);
+  EXPECT_TRUE(HasArg(Sidecar(pod), "--process-file=/etc/meshload/job/process.$(POD_NAME)"));
+  EXPECT_TRUE(Named(Sidecar(pod)["env"], "MESHLOAD_PROCESS").is_null());
+}
+
+TEST(Injector, JobsThatMoveSamplesGetThePeerSecretReadableByThePodsGroupOnly) {
+  for (const auto& [strategy, fanout] : std::vector<std::pair<std::string, std::string>>{{"PerProcess", "Broadcast"},
+                                                                                           {"LoadAndReshard", "Load"}}) {
+    Decision d = InjectSidecar(Pod(), "training", Lookup(Job(strategy, fanout)), Options());
+    ASSERT_TRUE(d.allowed) << d.message;
+    json pod = Apply(Pod(), d.patch);
+    EXPECT_TRUE(HasArg(Sidecar(pod), "--peer-secret-file=/etc/meshload/peer/secret")) << strategy << fanout;
+    EXPECT_TRUE(HasArg(Sidecar(pod), "--assignments=/etc/meshload/job/assignments.json"));
+    json secret = Named(pod["spec"]["volumes"], "meshload-peer")["secret"];
+    EXPECT_EQ(secret["secretName"], "llm-meshload-peer");
+    EXPECT_EQ(secret["defaultMode"], 0440);
+    EXPECT_EQ(pod["spec"]["securityContext"]["fsGroup"], 1000) << "the sidecar's group (the trainer's)";
+    EXPECT_EQ(Named(Sidecar(pod)["ports"], "peers")["containerPort"], 7441);
+  }
+}
+
+TEST(Injector, TheJobsSidecarImageAndResourcesOverrideTheDefaults) {
+  json job = Job();
+  job["spec"]["sidecar"] = {{"image", "registry.example.com/sidecar:2"},
+                            {"resources", {{"requests", {{"cpu", "4"}}}}}};
+  json pod = Apply(Pod(), InjectSidecar(Pod(), "training", Lookup(job), Options()).patch);
+  EXPECT_EQ(Sidecar(pod)["image"], "registry.example.com/sidecar:2");
+  EXPECT_EQ(Sidecar(pod)["resources"]["requests"], json({{"cpu", "4"}}));
+  EXPECT_FALSE(Sidecar(pod)["resources"].contains("limits"));
+}
+
+TEST(Injector, AnInjectedPodGetsAnEmptyPatchAndAnUnlabelledOneIsLeftAlone) {
+  json injected = Apply(Pod(), InjectSidecar(Pod(), "training", Lookup(Job()), Options()).patch);
+  Decision again = InjectSidecar(injected, "training", Lookup(Job()), Options());
+  EXPECT_TRUE(again.allowed);
+  EXPECT_TRUE(again.patch.empty());
+  EXPECT_EQ(again.outcome, "unchanged");
+  json plain = Pod();
+  plain["metadata"]["labels"].erase("meshload.io/job");
+  Decision d = InjectSidecar(plain, "training", Lookup(Job()), Options());
+  EXPECT_TRUE(d.allowed);
+  EXPECT_TRUE(d.patch.empty());
+}
+
+TEST(Injector, RefusalsNameTheJobAndTheReason) {
+  auto refused = [](const json& pod, const json& job) {
+    Decision d = InjectSidecar(pod, "training", Lookup(job), Options());
+    EXPECT_FALSE(d.allowed);
+    EXPECT_EQ(d.outcome, "refused");
+    return d.message;
+  };
+  json other = Pod();
+  other["metadata"]["labels"]["meshload.io/job"] = "nope";
+  EXPECT_EQ(refused(other, Job()),
+            "DataLoadJob training/nope (label meshload.io/job) does not exist: create the DataLoadJob before its trainer pods");
+  json invalid = Job();
+  invalid["spec"]["batch"]["globalBatchSize"] = 3;
+  EXPECT_NE(refused(Pod(), invalid).find("DataLoadJob training/llm (label meshload.io/job) is invalid, so its trainer pods "
+                                         "cannot get a sidecar: spec.batch.globalBatchSize: 3 is not divisible by the 4 data shards"),
+            std::string::npos)
+      << refused(Pod(), invalid);
+  json own = Pod();
+  own["spec"]["containers"].push_back({{"name", "meshload-sidecar"}, {"image", "x"}});
+  EXPECT_NE(refused(own, Job()).find("already has a container named meshload-sidecar"), std::string::npos);
+  json unselected = Pod();
+  unselected["metadata"]["labels"]["app"] = "other";
+  EXPECT_NE(refused(unselected, Job()).find("the job's spec.selector {\"matchLabels\":{\"app\":\"trainer\"}} does not select it"),
+            std::string::npos);
+  json no_volume = Pod();
+  no_volume["spec"]["volumes"] = json::array();
+  EXPECT_NE(refused(no_volume, Job()).find("has no volume named datasets (spec.dataset.volume.name of DataLoadJob training/llm"),
+            std::string::npos);
+  json clash = Pod();
+  clash["spec"]["volumes"].push_back({{"name", "meshload-run"}, {"emptyDir", json::object()}});
+  EXPECT_NE(refused(clash, Job()).find("already has a volume named meshload-run"), std::string::npos);
+}
+
+std::string Review(const json& pod, const std::string& operation = "CREATE") {
+  return json{{"apiVersion", "admission.k8s.io/v1"},
+              {"kind", "AdmissionReview"},
+              {"request",
+               {{"uid", "705ab4f5-6393-11e8-b7cc-42010a800002"},
+                {"kind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
+                {"resource", {{"group", ""}, {"version", "v1"}, {"resource", "pods"}}},
+                {"namespace", "training"},
+                {"operation", operation},
+                {"object", pod}}}}
+      .dump();
+}
+
+TEST(Admission, ARequestIsAnsweredWithItsUidAndABase64JsonPatch) {
+  AdmissionAnswer a = ReviewPodAdmission(Review(Pod()), Lookup(Job()), Options());
+  ASSERT_EQ(a.http_status, 200) << a.body;
+  EXPECT_EQ(a.outcome, "injected");
+  json r = json::parse(a.body);
+  EXPECT_EQ(r["apiVersion"], "admission.k8s.io/v1");
+  EXPECT_EQ(r["kind"], "AdmissionReview");
+  EXPECT_EQ(r["response"]["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+  EXPECT_EQ(r["response"]["allowed"], true);
+  EXPECT_EQ(r["response"]["patchType"], "JSONPatch");
+  auto patch = Base64Decode(r["response"]["patch"].get<std::string>());
+  ASSERT_TRUE(patch.has_value());
+  EXPECT_EQ(json::parse(*patch), InjectSidecar(Pod(), "training", Lookup(Job()), Options()).patch);
+}
+
+TEST(Admission, ARefusalIsA403StatusWithTheMessage) {
+  json pod = Pod();
+  pod["metadata"]["labels"]["meshload.io/job"] = "nope";
+  json r = json::parse(ReviewPodAdmission(Review(pod), Lookup(Job()), Options()).body);
+  EXPECT_EQ(r["response"]["allowed"], false);
+  EXPECT_EQ(r["response"]["status"]["code"], 403);
+  EXPECT_EQ(r["response"]["status"]["message"].get<std::string>().rfind("meshload: DataLoadJob training/nope", 0), 0u);
+  EXPECT_FALSE(r["response"].contains("patch"));
+}
+
+TEST(Admission, OtherOperationsAndKindsAreAllowedUnchanged) {
+  json r = json::parse(ReviewPodAdmission(Review(Pod(), "UPDATE"), Lookup(Job()), Options()).body);
+  EXPECT_EQ(r["response"]["allowed"], true);
+  EXPECT_FALSE(r["response"].contains("patch"));
+}
+
+TEST(Admission, MalformedBodiesAre400NamingTheProblem) {
+  const std::map<std::string, std::string> cases = {
+      {"", "not JSON"},
+      {"{", "not JSON"},
+      {"[]", "not a JSON object"},
+      {R"({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"})", "must be admission.k8s.io/v1"},
+      {R"({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"})", "no request object"},
+      {R"({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": 7}})", "request.uid is missing"},
+      {R"({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u",
+          "kind": {"group": "", "kind": "Pod"}, "operation": "CREATE", "object": "pod"}})",
+       "request.object is not an object"},
+  };
+  for (const auto& [body, says] : cases) {
+    AdmissionAnswer a = ReviewPodAdmission(body, Lookup(Job()), Options());
+    EXPECT_EQ(a.http_status, 400) << body;
+    EXPECT_EQ(a.outcome, "bad_request");
+    EXPECT_NE(a.body.find(says), std::string::npos) << body << " -> " << a.body;
+  }
+  std::string big(kMaxAdmissionReviewBytes + 1, ' ');
+  EXPECT_EQ(ReviewPodAdmission(big, Lookup(Job()), Options()).http_status, 400);
+}
+
+// ---- the HTTPS server ----
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/meshload-webhook-XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+void WritePair(const std::string& dir, const pki::CertAndKey& pair) {
+  // As the kubelet updates a Secret volume: new files, then a rename.
+  ASSERT_TRUE(pki::WritePem(dir + "/tls.crt.new", pair.cert_pem).ok());
+  ASSERT_TRUE(pki::WritePem(dir + "/tls.key.new", pair.key_pem).ok());
+  std::filesystem::rename(dir + "/tls.key.new", dir + "/tls.key");
+  std::filesystem::rename(dir + "/tls.crt.new", dir + "/tls.crt");
+}
+
+TEST(WebhookServer, ServesOverTlsReloadsItsCertificateAndCounts) {
+  auto first = pki::MakeTestPki();
+  auto second = pki::MakeTestPki();
+  ASSERT_TRUE(first.ok() && second.ok());
+  TempDir dir;
+  WritePair(dir.path(), first->server);
+  metrics::Registry registry;
+  WebhookServer server(&registry, Lookup(Job()), Options(),
+                       {.bind_address = "127.0.0.1", .port = 0, .cert_dir = dir.path()});
+  auto port = server.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+
+  TempDir cas;
+  ASSERT_TRUE(pki::WritePem(cas.path() + "/first.pem", first->ca.cert_pem).ok());
+  ASSERT_TRUE(pki::WritePem(cas.path() + "/second.pem", second->ca.cert_pem).ok());
+  auto client = [&](const pki::TestPki& trust) {
+    auto c = std::make_unique<httplib::SSLClient>("127.0.0.1", *port);
+    c->set_ca_cert_path((cas.path() + (&trust == &*first ? "/first.pem" : "/second.pem")).c_str());
+    c->enable_server_certificate_verification(true);
+    return c;
+  };
+  auto r = client(*first)->Post("/mutate-pods", Review(Pod()), "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["response"]["patchType"], "JSONPatch");
+  auto bad = client(*first)->Post("/mutate-pods", "{", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  auto get = client(*first)->Get("/mutate-pods");
+  ASSERT_TRUE(get);
+  EXPECT_EQ(get->status, 405);
+  EXPECT_EQ(client(*first)->Post("/other", "{}", "application/json")->status, 404);
+  EXPECT_FALSE(client(*second)->Post("/mutate-pods", Review(Pod()), "application/json"))
+      << "a client trusting another CA does not connect";
+
+  // A renewed certificate (another CA here) is served without a restart.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  WritePair(dir.path(), second->server);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  client(*second)->Post("/mutate-pods", Review(Pod()), "application/json");  // the handshake that notices
+  auto after = client(*second)->Post("/mutate-pods", Review(Pod()), "application/json");
+  ASSERT_TRUE(after) << "the new certificate is not served: " << httplib::to_string(after.error());
+  EXPECT_EQ(after->status, 200);
+  EXPECT_FALSE(client(*first)->Post("/mutate-pods", Review(Pod()), "application/json")) << "the old one is gone";
+
+  // A broken pair is not taken: the last good one stays.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  {
+    std::ofstream(dir.path() + "/tls.crt") << "not a certificate";
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  client(*second)->Post("/mutate-pods", Review(Pod()), "application/json");
+  auto kept = client(*second)->Post("/mutate-pods", Review(Pod()), "application/json");
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(kept->status, 200);
+
+  const std::string m = registry.Serialize();
+  EXPECT_NE(m.find("meshload_controller_webhook_requests_total{outcome=\"bad_request\"} 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("meshload_controller_webhook_certificate_reloads_total{result=\"ok\"} 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("meshload_controller_webhook_certificate_reloads_total{result=\"error\"} 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("meshload_controller_webhook_certificate_expiry_timestamp_seconds "), std::string::npos) << m;
+  EXPECT_NE(m.find("meshload_controller_webhook_request_duration_seconds_count"), std::string::npos) << m;
+  // promtool is installed with the project's dependencies (Debian's prometheus).
+  ASSERT_EQ(std::system("command -v promtool >/dev/null 2>&1"), 0) << "promtool is not installed (scripts/install-deps.sh)";
+  std::ofstream(dir.path() + "/metrics.txt") << m;
+  EXPECT_EQ(std::system(("promtool check metrics < " + dir.path() + "/metrics.txt").c_str()), 0) << m;
+  server.Stop();
+}
+
+TEST(WebhookServer, AMissingOrMismatchedCertificateIsAnErrorNamingTheFile) {
+  TempDir dir;
+  WebhookServer none(nullptr, Lookup(Job()), Options(), {.bind_address = "127.0.0.1", .port = 0, .cert_dir = dir.path()});
+  auto r = none.Start();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(dir.path() + "/tls.crt"), std::string::npos) << r.status().ToString();
+  auto a = pki::MakeTestPki();
+  auto b = pki::MakeTestPki();
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(pki::WritePem(dir.path() + "/tls.crt", a->server.cert_pem).ok());
+  ASSERT_TRUE(pki::WritePem(dir.path() + "/tls.key", b->server.key_pem).ok());
+  WebhookServer mismatched(nullptr, Lookup(Job()), Options(),
+                           {.bind_address = "127.0.0.1", .port = 0, .cert_dir = dir.path()});
+  r = mismatched.Start();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("is not the certificate's"), std::string::npos) << r.status().ToString();
+}
+
+}  // namespace
+}  // namespace meshload::controller::webhook
