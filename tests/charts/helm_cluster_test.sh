@@ -2,7 +2,9 @@
 # The chart and the CRD on the real control plane (scripts/control-plane:
 # etcd, kube-apiserver with RBAC and admission, kube-controller-manager),
 # with the real helm and kubectl:
-#   - `helm template` for a matrix of values, every rendered object accepted
+#   - `helm template` for a matrix of values (defaults: two replicas and the
+#     webhook with the chart's certificate; monitoring; one namespace; one
+#     replica; the webhook with cert-manager; no webhook), every rendered object accepted
 #     by the server (`kubectl apply --dry-run=server`: schema, admission,
 #     the Prometheus Operator's own CRDs for the monitoring objects);
 #   - `helm install`, `helm upgrade` with changed values, an upgrade and an
@@ -64,9 +66,13 @@ EOF
       ;;
     one-namespace) echo '{watchNamespace: training}' ;;
     one-replica) echo '{replicaCount: 1, leaderElection: {enabled: false}}' ;;
+    cert-manager) echo '{webhook: {certManager: {enabled: true}}}' ;;
+    no-webhook) echo '{webhook: {enabled: false}}' ;;
   esac >"$TMP/values-$1.yaml"
 }
-for case in defaults monitoring one-namespace one-replica; do
+# defaults: two replicas, leader election, the webhook with the chart's own
+# certificate; cert-manager: its Issuers and Certificates (cert-manager's CRDs).
+for case in defaults monitoring one-namespace one-replica cert-manager no-webhook; do
   values $case
   ns=meshload-system release=meshload
   [ $case = one-replica ] && ns=ops release=ml
