@@ -680,6 +680,9 @@ out = scenario("watchNamespace=training, serviceMonitor on",
                {"watchNamespace": "training", "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}})
 if out:
     rendered, docs = out
+    check("watchNamespace: the webhook is sent pods of that namespace only",
+          lambda: {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["training"]}
+          in the(docs, "MutatingWebhookConfiguration")["webhooks"][0]["namespaceSelector"]["matchExpressions"])
     check("watchNamespace: no ClusterRole or ClusterRoleBinding (nothing cluster-wide, pods included)",
           not objs(docs, "ClusterRole") and not objs(docs, "ClusterRoleBinding"))
     watched = [r for r in objs(docs, "Role") if r["metadata"].get("namespace") == "training"]
