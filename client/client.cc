@@ -1,5 +1,7 @@
 #include "client/client.h"
 
+#include <cstdlib>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -391,6 +393,15 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
 }
 
 Result<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
+  if (options.socket_path.empty()) {
+    const char* env = std::getenv(kSocketEnv);
+    if (env == nullptr || *env == '\0') {
+      return Status(StatusCode::kInvalidArgument,
+                    std::string("no socket path: give one, or set ") + kSocketEnv +
+                        " (the sidecar-injection webhook sets it in trainer containers)");
+    }
+    options.socket_path = env;
+  }
   std::unique_ptr<Client> c(new Client(std::move(options)));
   c->wake_fd_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!c->wake_fd_.valid()) return IoErrorFromErrno("eventfd", c->options_.socket_path, errno);

@@ -77,7 +77,12 @@
 
 namespace meshload::client {
 
+/// The environment variable that names the sidecar's socket in a trainer
+/// container (the sidecar-injection webhook sets it).
+inline constexpr char kSocketEnv[] = "MESHLOAD_SOCKET";
+
 struct ClientOptions {
+  /// The sidecar's socket; empty: $MESHLOAD_SOCKET.
   std::string socket_path;
   /// The first step wanted; unset: the sidecar's start step.
   std::optional<int64_t> start_step;

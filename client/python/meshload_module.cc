@@ -37,6 +37,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -335,11 +336,16 @@ struct Snapshot {
 class Client {
  public:
   Client(std::string socket_path, std::optional<int64_t> start_step, int max_reconnect_attempts)
-      : socket_path_(socket_path) {
+      : socket_path_(socket_path.empty() && std::getenv(client::kSocketEnv) ? std::getenv(client::kSocketEnv)
+                                                                           : socket_path) {
     if (start_step && *start_step < 0) throw py::value_error("start_step must be >= 0 or None");
     if (max_reconnect_attempts < 0) throw py::value_error("max_reconnect_attempts must be >= 0");
+    if (socket_path_.empty()) {
+      throw py::value_error(std::string("no socket path: give one, or set ") + client::kSocketEnv +
+                            " (the sidecar-injection webhook sets it in trainer containers)");
+    }
     client::ClientOptions opt;
-    opt.socket_path = std::move(socket_path);
+    opt.socket_path = socket_path_;
     opt.start_step = start_step;
     opt.max_reconnect_attempts = max_reconnect_attempts;
     Result<std::unique_ptr<client::Client>> c = client::Client::Create(std::move(opt));
@@ -552,7 +558,7 @@ PYBIND11_MODULE(_meshload, m) {
 
   py::class_<Client>(m, "Client",
                      "Connects to a meshload sidecar and yields its batches in step order.")
-      .def(py::init<std::string, std::optional<int64_t>, int>(), py::arg("socket_path"),
+      .def(py::init<std::string, std::optional<int64_t>, int>(), py::arg("socket_path") = "",
            py::arg("start_step") = py::none(), py::arg("max_reconnect_attempts") = 8)
       .def("next", &Client::Next, py::arg("timeout") = py::none(),
            "The next step's Batch. Blocks (without the GIL) until it is staged; TimeoutError after "

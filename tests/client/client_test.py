@@ -705,6 +705,22 @@ class LifecycleTest(SidecarTest):
         with self.assertRaises(ValueError):
             meshload.Client(self.sidecar.sock, max_reconnect_attempts=-1)
 
+    def test_the_socket_comes_from_meshload_socket_when_not_given(self):
+        # The sidecar-injection webhook sets MESHLOAD_SOCKET in trainer containers.
+        old = os.environ.pop("MESHLOAD_SOCKET", None)
+        try:
+            with self.assertRaises(ValueError) as cm:
+                meshload.Client()
+            self.assertIn("MESHLOAD_SOCKET", str(cm.exception))
+            os.environ["MESHLOAD_SOCKET"] = self.sidecar.sock
+            with meshload.Client() as c:
+                self.assertEqual(c.socket_path, self.sidecar.sock)
+                self.assertEqual(c.next(timeout=10).step, 0)
+        finally:
+            os.environ.pop("MESHLOAD_SOCKET", None)
+            if old is not None:
+                os.environ["MESHLOAD_SOCKET"] = old
+
     def test_no_sidecar(self):
         t0 = time.monotonic()
         with self.assertRaises(meshload.SidecarGone) as cm:

@@ -62,7 +62,8 @@ the wait goes on where it was (reconnect attempts included: a profiler's
 frequent signals or a polling ``next(timeout=0)`` still reconnect).
 
 Public names:
-    Client(socket_path, start_step=None, max_reconnect_attempts=8)
+    Client(socket_path="", start_step=None, max_reconnect_attempts=8)
+        (socket_path "": $MESHLOAD_SOCKET, which the sidecar-injection webhook sets)
         .next(timeout=None) -> Batch, iteration, context manager, .close(),
         .next_step, .reconnects, .job, .process, .devices, .slots,
         .steps_per_epoch, .global_batch, .socket_path, .closed
