@@ -182,6 +182,26 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
     }
   }
   sidecar["securityContext"] = sc;
+  // Trainer containers of several uids: the sidecar lets each of them in
+  // (it accepts its own uid only otherwise).
+  std::set<int64_t> uids;
+  bool all_known = true;
+  const json& pod_uid = Field(Field(spec, "securityContext"), "runAsUser");
+  for (const auto& c : containers) {
+    const json& uid = Field(Field(c, "securityContext"), "runAsUser");
+    if (uid.is_number_integer()) {
+      uids.insert(uid.get<int64_t>());
+    } else if (pod_uid.is_number_integer()) {
+      uids.insert(pod_uid.get<int64_t>());
+    } else {
+      all_known = false;
+    }
+  }
+  if (all_known && uids.size() > 1) {
+    std::string list;
+    for (int64_t u : uids) list += (list.empty() ? "" : ",") + std::to_string(u);
+    sidecar["args"].push_back("--allow-uids=" + list);
+  }
   sidecar["volumeMounts"] = mounts;
 
   // The pod.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a user does with kubectl, against the real control plane
-# (scripts/control-plane) with meshload-controller running: apply the CRD
+# (scripts/control-plane) with meshload-controller running as the chart's
+# ServiceAccount (its roles as `helm template` renders them): apply the CRD
 # and a job, `kubectl get dlj` (printer columns), `kubectl wait
 # --for=condition=Planned`, `kubectl describe` (the controller's Events),
 # `kubectl get -o jsonpath`, and `kubectl delete` (the finalizer runs; the
@@ -31,8 +32,31 @@ check "kubectl apply the CRD; it is Established" $?
 k create namespace "$NS" >/dev/null
 for _ in $(seq 100); do k -n "$NS" get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
 
-setpriv --pdeathsig KILL "$CONTROLLER" --metrics-port 0 --metrics-address 127.0.0.1 \
-  --leader-election-namespace "$NS" --log-format kv >"$TMP/controller.log" 2>&1 &
+# The controller as the chart's ServiceAccount, with the roles and Lease
+# `helm template` renders for a release in $NS (a token from the TokenRequest API).
+"$TMP/cp/bin/helm" template meshload "$ROOT/charts/meshload" -n "$NS" --show-only templates/serviceaccount.yaml \
+  --show-only templates/rbac.yaml --show-only templates/lease.yaml | k apply -f - >"$TMP/rbac.out" 2>&1
+rc=$?
+check "the chart's ServiceAccount, roles and Lease are applied" $rc
+[ $rc -eq 0 ] || cat "$TMP/rbac.out"
+# The authoriser follows the roles by its own watch: wait until it allows them.
+for _ in $(seq 100); do
+  [ "$(k auth can-i watch dataloadjobs.meshload.io --all-namespaces --as "system:serviceaccount:$NS:meshload")" = yes ] &&
+    [ "$(k -n "$NS" auth can-i update leases.coordination.k8s.io/meshload --as "system:serviceaccount:$NS:meshload")" = yes ] && break
+  sleep 0.1
+done
+token=$(k -n "$NS" create token meshload --duration=1h)
+k config view --raw --flatten --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$TMP/cluster-ca.crt"
+cat >"$TMP/sa.kubeconfig" <<KUBECONFIG
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "$(k config view --minify -o jsonpath='{.clusters[0].cluster.server}')", certificate-authority: "$TMP/cluster-ca.crt"}}]
+users: [{name: u, user: {token: "$token"}}]
+contexts: [{name: c, context: {cluster: c, user: u, namespace: $NS}}]
+current-context: c
+KUBECONFIG
+setpriv --pdeathsig KILL "$CONTROLLER" --kubeconfig "$TMP/sa.kubeconfig" --metrics-port 0 --metrics-address 127.0.0.1 \
+  --leader-election-namespace "$NS" --leader-election-id meshload --log-format kv >"$TMP/controller.log" 2>&1 &
 CTRL=$!
 PIDS+=($CTRL)
 
@@ -117,6 +141,11 @@ for _ in $(seq 450); do
 done
 [ $made -eq 0 ] && [ $gone -eq 0 ]
 check "with the controller stopped, the garbage collector removes the job's ConfigMap and Secret" $?
+
+sa_requests=$(grep -c "\"username\":\"system:serviceaccount:$NS:meshload\"" "$TMP/cp/logs/audit.log")
+refused=$(grep "\"username\":\"system:serviceaccount:$NS:meshload\"" "$TMP/cp/logs/audit.log" | grep -c '"code":403')
+[ "$sa_requests" -gt 0 ] && [ "$refused" -eq 0 ]
+check "the server refused the controller nothing with the chart's roles ($sa_requests requests in the audit log)" $?
 
 if [ "$fail" -ne 0 ]; then
   echo "--- controller log (last 30 lines)"

@@ -137,6 +137,19 @@ TEST(Injector, AnIndexedTrainerGetsTheNativeSidecarAsDocumented) {
   EXPECT_FALSE(pod["spec"].contains("securityContext")) << "no fsGroup without a peer secret";
 }
 
+TEST(Injector, TrainersOfSeveralUidsAreEachLetIntoTheSocket) {
+  EXPECT_FALSE(Sidecar(Apply(Pod(), InjectSidecar(Pod(), "training", Lookup(Job()), Options()).patch))["args"].dump().find(
+                   "--allow-uids") != std::string::npos)
+      << "one trainer: the sidecar runs as its uid, and accepts its own";
+  json pod = Pod();
+  pod["spec"]["securityContext"] = {{"runAsUser", 3000}};
+  pod["spec"]["containers"].push_back({{"name", "evaluator"}, {"image", "e:1"}, {"securityContext", {{"runAsUser", 2000}}}});
+  pod["spec"]["containers"].push_back({{"name", "logger"}, {"image", "l:1"}});  // the pod's uid
+  json injected = Apply(pod, InjectSidecar(pod, "training", Lookup(Job()), Options()).patch);
+  EXPECT_TRUE(HasArg(Sidecar(injected), "--allow-uids=1000,2000,3000")) << Sidecar(injected)["args"].dump();
+  EXPECT_EQ(Sidecar(injected)["securityContext"]["runAsUser"], 1000);
+}
+
 TEST(Injector, APodOutsideAnIndexedJobReadsItsIndexFromTheConfigMap) {
   json pod = Apply(Pod(false), InjectSidecar(Pod(false), "training", Lookup(Job()), Options()).patch);
   EXPECT_TRUE(HasArg(Sidecar(pod), "--process-file=/etc/meshload/job/process.$(POD_NAME)"));
