@@ -14,6 +14,7 @@
 #include "common/base64.h"
 #include "common/diagnostics.h"
 #include "common/logging.h"
+#include "controller/kube/json_fields.h"
 #include "planner/shard_planner.h"
 #include "planner/spec.h"
 
@@ -22,18 +23,8 @@ namespace {
 
 using nlohmann::json;
 
-std::string Str(const json& obj, const char* key) {
-  if (!obj.is_object()) return "";
-  auto it = obj.find(key);
-  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-const json& Field(const json& obj, const char* key) {
-  static const json kNull;
-  if (!obj.is_object()) return kNull;
-  auto it = obj.find(key);
-  return it == obj.end() ? kNull : *it;
-}
+using kube::Field;
+using kube::Str;
 
 std::string Sha256Hex(const std::string& data, size_t hex_chars) {
   unsigned char md[EVP_MAX_MD_SIZE];

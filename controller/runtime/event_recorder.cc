@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "common/logging.h"
+#include "controller/kube/json_fields.h"
 
 namespace meshload::runtime {
 namespace {
@@ -13,11 +14,7 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxMessageBytes = 1024;
 constexpr size_t kMaxRemembered = 4096;  // aggregation entries kept
 
-std::string Str(const json& obj, const char* key) {
-  if (!obj.is_object()) return {};
-  auto it = obj.find(key);
-  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
+using kube::Str;
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "controller/kube/json_fields.h"
 #include "controller/reconciler.h"
 #include "planner/spec.h"
 
@@ -22,16 +23,14 @@ constexpr char kPeerDir[] = "/etc/meshload/peer";
 constexpr char kRunDir[] = "/run/meshload";
 constexpr char kSocket[] = "/run/meshload/sidecar.sock";
 
-const json& Field(const json& j, const char* key) {
-  static const json kNull;
-  if (!j.is_object()) return kNull;
-  auto it = j.find(key);
-  return it == j.end() ? kNull : *it;
-}
+using kube::Field;
+using kube::Str;
 
-std::string Str(const json& j, const char* key) {
+// j[key] when it is an array, else an empty one.
+const json& Items(const json& j, const char* key) {
+  static const json kEmpty = json::array();
   const json& v = Field(j, key);
-  return v.is_string() ? v.get<std::string>() : std::string();
+  return v.is_array() ? v : kEmpty;
 }
 
 Decision Unchanged() {
@@ -52,10 +51,10 @@ json FieldEnv(const std::string& name, const std::string& path) {
   return {{"name", name}, {"valueFrom", {{"fieldRef", {{"fieldPath", path}}}}}};
 }
 
-bool HasContainer(const json& list, const std::string& name) {
-  if (!list.is_array()) return false;
-  for (const auto& c : list) {
-    if (Str(c, "name") == name) return true;
+// Whether spec[list] (containers, volumes, ...) has an entry named `name`.
+bool HasNamed(const json& spec, const char* list, const std::string& name) {
+  for (const auto& x : Items(spec, list)) {
+    if (Str(x, "name") == name) return true;
   }
   return false;
 }
@@ -73,15 +72,15 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
 
   // Injected already (a reinvocation, or a retried create): nothing to do.
   if (Str(Field(md, "annotations"), kInjectedAnnotation) == job_name &&
-      HasContainer(Field(spec, "initContainers"), options.sidecar_name)) {
+      HasNamed(spec, "initContainers", options.sidecar_name)) {
     return Unchanged();
   }
-  if (HasContainer(Field(spec, "initContainers"), options.sidecar_name) ||
-      HasContainer(Field(spec, "containers"), options.sidecar_name)) {
+  if (HasNamed(spec, "initContainers", options.sidecar_name) ||
+      HasNamed(spec, "containers", options.sidecar_name)) {
     return Refuse(what + " already has a container named " + options.sidecar_name + ": remove it to have it injected for " +
                   job_ref + ", or remove the label to keep your own");
   }
-  for (const auto& v : Field(spec, "volumes").is_array() ? Field(spec, "volumes") : json::array()) {
+  for (const auto& v : Items(spec, "volumes")) {
     const std::string name = Str(v, "name");
     if (name == kJobVolume || name == kRunVolume || name == kPeerVolume) {
       return Refuse(what + " already has a volume named " + name + ", which the sidecar's injection adds for " + job_ref +
@@ -108,7 +107,7 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
     return Refuse(what + " is labelled for " + job_ref + " but the job's spec.selector " + selector.dump() +
                   " does not select it, so it would get no process index: give the pod the labels the selector asks for");
   }
-  if (js.dataset.volume && !HasContainer(Field(spec, "volumes"), js.dataset.volume->name)) {
+  if (js.dataset.volume && !HasNamed(spec, "volumes", js.dataset.volume->name)) {
     return Refuse(what + " has no volume named " + js.dataset.volume->name + " (spec.dataset.volume.name of " + job_ref +
                   "), which holds the dataset");
   }
@@ -116,7 +115,7 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   const bool peers = MovesSamplesBetweenProcesses(js) && js.mesh.processes > 1;
   const json& annotations = Field(md, "annotations");
   const bool indexed = annotations.is_object() && annotations.contains(kCompletionIndexAnnotation);
-  const json& containers = Field(spec, "containers").is_array() ? Field(spec, "containers") : json::array();
+  const json& containers = Items(spec, "containers");
 
   json sidecar = {{"name", options.sidecar_name},
                   {"image", js.sidecar.image.empty() ? options.image : js.sidecar.image},
@@ -160,8 +159,7 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   json claims = json::array();
   std::set<std::string> claimed;
   for (const auto& c : containers) {
-    for (const auto& claim : Field(Field(c, "resources"), "claims").is_array() ? Field(Field(c, "resources"), "claims")
-                                                                              : json::array()) {
+    for (const auto& claim : Items(Field(c, "resources"), "claims")) {
       if (claimed.insert(Str(claim, "name")).second) claims.push_back(claim);
     }
   }
@@ -205,9 +203,9 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   sidecar["volumeMounts"] = mounts;
 
   // The pod.
-  json init = Field(spec, "initContainers").is_array() ? Field(spec, "initContainers") : json::array();
+  json init = Items(spec, "initContainers");
   init.insert(init.begin(), sidecar);
-  json volumes = Field(spec, "volumes").is_array() ? Field(spec, "volumes") : json::array();
+  json volumes = Items(spec, "volumes");
   volumes.push_back({{"name", kJobVolume}, {"configMap", {{"name", job_name + "-meshload"}, {"optional", true}}}});
   volumes.push_back({{"name", kRunVolume}, {"emptyDir", json::object()}});
   if (peers) {
@@ -216,12 +214,12 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   json trainers = containers;
   for (auto& c : trainers) {
     bool mounted = false;
-    for (const auto& m : Field(c, "volumeMounts").is_array() ? Field(c, "volumeMounts") : json::array()) {
+    for (const auto& m : Items(c, "volumeMounts")) {
       mounted = mounted || Str(m, "mountPath") == kRunDir;
     }
     if (!mounted) c["volumeMounts"].push_back({{"name", kRunVolume}, {"mountPath", kRunDir}});
     bool has_env = false;
-    for (const auto& e : Field(c, "env").is_array() ? Field(c, "env") : json::array()) {
+    for (const auto& e : Items(c, "env")) {
       has_env = has_env || Str(e, "name") == "MESHLOAD_SOCKET";
     }
     if (!has_env) c["env"].push_back({{"name", "MESHLOAD_SOCKET"}, {"value", kSocket}});

@@ -178,12 +178,12 @@ WebhookServer::WebhookServer(metrics::Registry* registry, JobLookup jobs, Inject
       options_(std::move(options)),
       certs_(std::make_unique<CertificateStore>(options_.cert_dir, registry)) {
   if (registry != nullptr) {
-    requests_ = &metrics::BuildCounter()
-                     .Name("meshload_controller_webhook_requests_total")
-                     .Help("Admission requests to the sidecar injector, by outcome: injected, unchanged (not "
-                           "labelled, or injected already), refused (the pod is not admitted), bad_request.")
-                     .Register(*registry);
-    for (const char* o : {"injected", "unchanged", "refused", "bad_request"}) requests_->Add({{"outcome", o}});
+    auto& requests = metrics::BuildCounter()
+                         .Name("meshload_controller_webhook_requests_total")
+                         .Help("Admission requests to the sidecar injector, by outcome: injected, unchanged (not "
+                               "labelled, or injected already), refused (the pod is not admitted), bad_request.")
+                         .Register(*registry);
+    for (const char* o : {"injected", "unchanged", "refused", "bad_request"}) requests_[o] = &requests.Add({{"outcome", o}});
     duration_ = &metrics::BuildHistogram()
                      .Name("meshload_controller_webhook_request_duration_seconds")
                      .Help("Time to answer one admission request.")
@@ -221,7 +221,7 @@ Result<int> WebhookServer::Start() {
     AdmissionAnswer a = ReviewPodAdmission(req.body, jobs_, injector_);
     res.status = a.http_status;
     res.set_content(a.body, "application/json");
-    if (requests_ != nullptr) requests_->Add({{"outcome", a.outcome}}).Increment();
+    if (auto it = requests_.find(a.outcome); it != requests_.end()) it->second->Increment();
     if (duration_ != nullptr) {
       duration_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }

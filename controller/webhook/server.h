@@ -27,6 +27,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -67,7 +68,7 @@ class WebhookServer {
   std::unique_ptr<CertificateStore> certs_;
   std::unique_ptr<httplib::SSLServer> server_;
   std::thread thread_;
-  metrics::Family<metrics::Counter>* requests_ = nullptr;
+  std::map<std::string, metrics::Counter*> requests_;  // by outcome; empty without a registry
   metrics::Histogram* duration_ = nullptr;
 };
 
