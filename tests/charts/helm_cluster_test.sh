@@ -23,19 +23,11 @@
 set -u
 ROOT=$1
 CONTROLLER=$2
-CP=$ROOT/scripts/control-plane
 CHART=$ROOT/charts/meshload
 source "$(dirname "$0")/../testing/shell_checks.sh"
+source "$(dirname "$0")/../testing/control_plane.sh"
 
-setpriv --pdeathsig TERM "$CP" run "$TMP/cp" 2>"$TMP/cp.err" &
-PIDS+=($!)
-if ! "$CP" wait "$TMP/cp"; then
-  echo "FAIL the control plane did not start"
-  echo "0 passed, 1 failed"
-  exit 1
-fi
-export KUBECONFIG=$TMP/cp/kubeconfig
-k() { "$TMP/cp/bin/kubectl" --request-timeout=30s "$@"; }
+start_control_plane "$ROOT"
 helm() { "$TMP/cp/bin/helm" "$@"; }
 # helm keeps its cache and configuration here, not in $HOME.
 export HELM_CACHE_HOME=$TMP/helm/cache HELM_CONFIG_HOME=$TMP/helm/config HELM_DATA_HOME=$TMP/helm/data
@@ -175,17 +167,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -su
     -extfile <(printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth') -out "$TMP/wh/tls.crt" 2>/dev/null
 check "a loopback serving certificate for the webhook" $?
 # The controller as the chart's ServiceAccount (a token from the TokenRequest API).
-token=$(k -n meshload-system create token meshload --duration=1h)
-k config view --raw --flatten --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$TMP/cluster-ca.crt"
-server=$(k config view --minify -o jsonpath='{.clusters[0].cluster.server}')
-cat >"$TMP/sa.kubeconfig" <<KUBECONFIG
-apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "$server", certificate-authority: "$TMP/cluster-ca.crt"}}]
-users: [{name: u, user: {token: "$token"}}]
-contexts: [{name: c, context: {cluster: c, user: u, namespace: meshload-system}}]
-current-context: c
-KUBECONFIG
+service_account_kubeconfig meshload-system meshload "$TMP/sa.kubeconfig"
 WHPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 setpriv --pdeathsig KILL "$CONTROLLER" --kubeconfig "$TMP/sa.kubeconfig" --metrics-port 0 --metrics-address 127.0.0.1 \
   --leader-election-namespace meshload-system --leader-election-id meshload --log-format kv \

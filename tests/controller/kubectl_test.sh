@@ -11,19 +11,11 @@
 set -u
 CONTROLLER=$1
 ROOT=$2
-CP=$ROOT/scripts/control-plane
 source "$(dirname "$0")/../testing/shell_checks.sh"
+source "$(dirname "$0")/../testing/control_plane.sh"
 CTRL=
 
-setpriv --pdeathsig TERM "$CP" run "$TMP/cp" 2>"$TMP/cp.err" &
-PIDS+=($!)
-if ! "$CP" wait "$TMP/cp"; then
-  echo "FAIL the control plane did not start"
-  echo "0 passed, 1 failed"
-  exit 1
-fi
-export KUBECONFIG=$TMP/cp/kubeconfig
-k() { "$TMP/cp/bin/kubectl" --request-timeout=20s "$@"; }
+start_control_plane "$ROOT"
 NS=kubectl-test
 
 k apply -f "$ROOT/crds/dataloadjobs.meshload.io.yaml" >/dev/null &&
@@ -45,16 +37,7 @@ for _ in $(seq 100); do
     [ "$(k -n "$NS" auth can-i update leases.coordination.k8s.io/meshload --as "system:serviceaccount:$NS:meshload")" = yes ] && break
   sleep 0.1
 done
-token=$(k -n "$NS" create token meshload --duration=1h)
-k config view --raw --flatten --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$TMP/cluster-ca.crt"
-cat >"$TMP/sa.kubeconfig" <<KUBECONFIG
-apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "$(k config view --minify -o jsonpath='{.clusters[0].cluster.server}')", certificate-authority: "$TMP/cluster-ca.crt"}}]
-users: [{name: u, user: {token: "$token"}}]
-contexts: [{name: c, context: {cluster: c, user: u, namespace: $NS}}]
-current-context: c
-KUBECONFIG
+service_account_kubeconfig "$NS" meshload "$TMP/sa.kubeconfig"
 setpriv --pdeathsig KILL "$CONTROLLER" --kubeconfig "$TMP/sa.kubeconfig" --metrics-port 0 --metrics-address 127.0.0.1 \
   --leader-election-namespace "$NS" --leader-election-id meshload --log-format kv >"$TMP/controller.log" 2>&1 &
 CTRL=$!
