@@ -946,6 +946,10 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
   sh.first_step = want;
   sh.steps_per_epoch = rj.steps_per_epoch;
   sh.global_batch = rj.global_batch;
+  sh.mesh.processes = static_cast<uint32_t>(rj.mesh.processes());
+  sh.mesh.devices_per_process = static_cast<uint32_t>(rj.mesh.devices_per_process());
+  for (const MeshAxis& a : rj.spec.mesh.axes) sh.mesh.axes.push_back({a.name, static_cast<uint64_t>(a.size)});
+  sh.mesh.batch_axes = EffectiveBatchAxes(rj.spec.mesh);
   Status st = ipc::SendMessage(client_->fd.get(), ipc::Encode(sh), fds, /*nonblocking=*/true);
   if (!st.ok()) {
     client_lock.Unlock();

@@ -295,11 +295,46 @@ class Tensor {
   int64_t step_;
 };
 
+/// The job's device mesh from the sidecar's hello (ipc::MeshInfo).
+class JobMesh {
+ public:
+  explicit JobMesh(ipc::MeshInfo m) : m_(std::move(m)) {}
+  uint32_t processes() const { return m_.processes; }
+  uint32_t devices_per_process() const { return m_.devices_per_process; }
+  py::tuple axes() const {
+    py::tuple t(m_.axes.size());
+    for (size_t i = 0; i < m_.axes.size(); ++i) t[i] = py::make_tuple(m_.axes[i].name, m_.axes[i].size);
+    return t;
+  }
+  py::tuple batch_axes() const {
+    py::tuple t(m_.batch_axes.size());
+    for (size_t i = 0; i < m_.batch_axes.size(); ++i) t[i] = py::str(m_.batch_axes[i]);
+    return t;
+  }
+  bool Equals(const JobMesh& o) const { return m_ == o.m_; }
+  std::string Repr() const {
+    std::string axes, batch;
+    for (const auto& a : m_.axes) axes += (axes.empty() ? "" : ", ") + a.name + "=" + std::to_string(a.size);
+    for (const auto& b : m_.batch_axes) batch += (batch.empty() ? "" : ", ") + b;
+    return "<meshload.JobMesh processes=" + std::to_string(m_.processes) +
+           " devices_per_process=" + std::to_string(m_.devices_per_process) + " axes=(" + axes + ") batch_axes=(" +
+           batch + ")>";
+  }
+
+ private:
+  ipc::MeshInfo m_;
+};
+
 /// One step's batch: a Tensor per local device, all sharing the lease.
 class Batch {
  public:
-  explicit Batch(client::Batch b)
-      : step_(b.step), wait_seconds_(b.wait_seconds), lease_(std::move(b.lease)) {
+  Batch(client::Batch b, std::shared_ptr<JobMesh> mesh, std::string job, uint32_t process)
+      : step_(b.step),
+        wait_seconds_(b.wait_seconds),
+        lease_(std::move(b.lease)),
+        mesh_(std::move(mesh)),
+        job_(std::move(job)),
+        process_(process) {
     tensors_.reserve(b.tensors.size());
     for (client::Tensor& t : b.tensors) {
       tensors_.push_back(std::make_shared<Tensor>(std::move(t), lease_, step_));
@@ -311,6 +346,9 @@ class Batch {
   /// The same Tensor objects on every call (pybind11 maps a held pointer back
   /// to its existing Python object), so `b.tensors[0] is b.tensors[0]`.
   const std::vector<std::shared_ptr<Tensor>>& tensors() const { return tensors_; }
+  const std::shared_ptr<JobMesh>& mesh() const { return mesh_; }
+  const std::string& job() const { return job_; }
+  uint32_t process() const { return process_; }
   std::string Repr() const {
     return "<meshload.Batch step=" + std::to_string(step_) +
            " tensors=" + std::to_string(tensors_.size()) +
@@ -321,6 +359,9 @@ class Batch {
   int64_t step_;
   double wait_seconds_;
   std::shared_ptr<client::Lease> lease_;
+  std::shared_ptr<JobMesh> mesh_;
+  std::string job_;
+  uint32_t process_;
   std::vector<std::shared_ptr<Tensor>> tensors_;
 };
 
@@ -328,6 +369,7 @@ class Batch {
 /// that may reconnect, so reading a property never waits for a blocked next().
 struct Snapshot {
   ipc::ServerHello hello;
+  std::shared_ptr<JobMesh> mesh;  // hello.mesh, shared by the batches
   int64_t next_step = 0;
   int reconnects = 0;
   bool closed = false;
@@ -414,7 +456,8 @@ class Client {
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
     if (!got.ok()) RaiseStatus(got.status());
-    return std::make_shared<Batch>(std::move(*got));
+    const Snapshot snap = snapshot();
+    return std::make_shared<Batch>(std::move(*got), snap.mesh, snap.hello.job, snap.hello.process);
   }
 
   void Close() {
@@ -469,6 +512,11 @@ class Client {
   void TakeSnapshot() {
     std::lock_guard lock(snap_mu_);
     snap_.hello = client_->hello();
+    // A reconnect may bring another job's mesh (a resized job): the
+    // batches from then on carry the new one.
+    if (!snap_.mesh || !(JobMesh(snap_.hello.mesh).Equals(*snap_.mesh))) {
+      snap_.mesh = std::make_shared<JobMesh>(snap_.hello.mesh);
+    }
     snap_.next_step = client_->next_step();
     snap_.reconnects = client_->reconnects();
   }
@@ -544,6 +592,24 @@ PYBIND11_MODULE(_meshload, m) {
            "(1, 0), else 'dltensor'. The export keeps the slot leased until its consumer frees it.")
       .def("__repr__", &Tensor::Repr);
 
+  py::class_<JobMesh, std::shared_ptr<JobMesh>>(
+      m, "JobMesh",
+      "The job's device mesh (spec.mesh) as the sidecar resolved it. Global device g belongs to "
+      "process g // devices_per_process; the axes are row-major over the global device numbers "
+      "(last axis fastest); the batch dimension is sharded over batch_axes, in that order (a JAX "
+      "PartitionSpec), and devices along the other axes hold replicas.")
+      .def_property_readonly("processes", &JobMesh::processes)
+      .def_property_readonly("devices_per_process", &JobMesh::devices_per_process)
+      .def_property_readonly("axes", &JobMesh::axes, "((name, size), ...) in mesh order")
+      .def_property_readonly("batch_axes", &JobMesh::batch_axes,
+                             "the mesh axes the batch dimension is sharded over, in order")
+      .def("__eq__", [](const JobMesh& a, const py::object& b) -> py::object {
+        if (!py::isinstance<JobMesh>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+        return py::bool_(a.Equals(b.cast<const JobMesh&>()));
+      })
+      .def("__hash__", [](const JobMesh& m) { return py::hash(py::make_tuple(m.processes(), m.devices_per_process(), m.axes(), m.batch_axes())); })
+      .def("__repr__", &JobMesh::Repr);
+
   py::class_<Batch, std::shared_ptr<Batch>>(
       m, "Batch",
       "One step's batch. The slot is released when the Batch, its "
@@ -554,6 +620,10 @@ PYBIND11_MODULE(_meshload, m) {
       .def_property_readonly("wait_seconds", &Batch::wait_seconds,
                              "how long next() blocked for this batch")
       .def_property_readonly("slot", &Batch::slot)
+      .def_property_readonly("mesh", &Batch::mesh,
+                             "the JobMesh of the job that staged this batch")
+      .def_property_readonly("job", &Batch::job, "the DataLoadJob's name")
+      .def_property_readonly("process", &Batch::process, "the process index of the sidecar that staged it")
       .def("__repr__", &Batch::Repr);
 
   py::class_<Client>(m, "Client",
@@ -581,6 +651,8 @@ PYBIND11_MODULE(_meshload, m) {
       .def_property_readonly("closed", [](const Client& c) { return c.snapshot().closed; })
       .def_property_readonly("job", [](const Client& c) { return c.snapshot().hello.job; })
       .def_property_readonly("process", [](const Client& c) { return c.snapshot().hello.process; })
+      .def_property_readonly("mesh", [](const Client& c) { return c.snapshot().mesh; },
+                             "the job's JobMesh, from the sidecar's hello")
       .def_property_readonly("devices", [](const Client& c) { return Devices(c.snapshot().hello); })
       .def_property_readonly("slots", [](const Client& c) { return c.snapshot().hello.slots; })
       .def_property_readonly("steps_per_epoch",

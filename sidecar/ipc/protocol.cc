@@ -1,5 +1,6 @@
 #include "sidecar/ipc/protocol.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace meshload::ipc {
@@ -211,6 +212,65 @@ uint64_t SampleIdsChecksum(const uint64_t* ids, size_t count) {
   return h;
 }
 
+namespace {
+
+/// The mesh of a SERVER_HELLO must describe the devices it lists: the axes
+/// multiply to processes × devices_per_process, the batch axes are distinct
+/// axes, and every listed device is one of `process`'s.
+Status CheckMesh(const ServerHello& m, const std::string& at) {
+  const MeshInfo& mesh = m.mesh;
+  if (mesh.processes == 0 || mesh.devices_per_process == 0 || mesh.axes.empty()) {
+    return InvalidArgument("the mesh has " + std::to_string(mesh.processes) + " processes of " +
+                               std::to_string(mesh.devices_per_process) + " devices and " +
+                               std::to_string(mesh.axes.size()) + " axes; each must be at least 1",
+                           at);
+  }
+  const uint64_t devices = uint64_t{mesh.processes} * mesh.devices_per_process;
+  uint64_t product = 1;
+  for (const MeshAxisInfo& a : mesh.axes) {
+    if (a.name.empty() || a.size == 0 || a.size > devices) {
+      return InvalidArgument("mesh axis '" + a.name + "' of size " + std::to_string(a.size) +
+                                 " is not a named axis of 1 to " + std::to_string(devices) + " devices",
+                             at);
+    }
+    product *= a.size;
+    if (product > devices) break;
+  }
+  if (product != devices) {
+    return InvalidArgument("the mesh axes do not multiply to " + std::to_string(mesh.processes) + " processes × " +
+                               std::to_string(mesh.devices_per_process) + " devices",
+                           at);
+  }
+  for (size_t i = 0; i < mesh.batch_axes.size(); ++i) {
+    const std::string& b = mesh.batch_axes[i];
+    const bool known = std::any_of(mesh.axes.begin(), mesh.axes.end(), [&](const MeshAxisInfo& a) { return a.name == b; });
+    const bool repeated = std::find(mesh.batch_axes.begin(), mesh.batch_axes.begin() + i, b) != mesh.batch_axes.begin() + i;
+    if (!known || repeated) {
+      return InvalidArgument("batch axis '" + b + "' is " + (known ? "repeated" : "not an axis of the mesh"), at);
+    }
+  }
+  if (m.process >= mesh.processes) {
+    return InvalidArgument("process " + std::to_string(m.process) + " is not one of the mesh's " +
+                               std::to_string(mesh.processes),
+                           at);
+  }
+  if (m.devices.size() != mesh.devices_per_process) {
+    return InvalidArgument("the sidecar lists " + std::to_string(m.devices.size()) + " devices; the mesh gives " +
+                               std::to_string(mesh.devices_per_process) + " to each process",
+                           at);
+  }
+  for (const DeviceInfo& d : m.devices) {
+    if (d.global_index / mesh.devices_per_process != m.process) {
+      return InvalidArgument("device " + std::to_string(d.global_index) + " is not one of process " +
+                                 std::to_string(m.process) + "'s",
+                             at);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 std::string Encode(const Message& m) {
   Writer w;
   if (const auto* ch = std::get_if<ClientHello>(&m)) {
@@ -248,6 +308,15 @@ std::string Encode(const Message& m) {
       fixed.resize(kIpcHandleBytes, '\0');
       for (char c : fixed) w.U8(static_cast<uint8_t>(c));
     }
+    w.U32(sh->mesh.processes);
+    w.U32(sh->mesh.devices_per_process);
+    w.U32(static_cast<uint32_t>(sh->mesh.axes.size()));
+    for (const auto& a : sh->mesh.axes) {
+      w.Str(a.name);
+      w.U64(a.size);
+    }
+    w.U32(static_cast<uint32_t>(sh->mesh.batch_axes.size()));
+    for (const auto& a : sh->mesh.batch_axes) w.Str(a);
     return w.Finish(MessageType::kServerHello);
   }
   if (const auto* rd = std::get_if<Ready>(&m)) {
@@ -354,6 +423,17 @@ Result<Message> Decode(std::string_view bytes) {
         for (auto& c : h) c = static_cast<char>(r.U8());
         m.ipc_handles.push_back(std::move(h));
       }
+      m.mesh.processes = r.U32();
+      m.mesh.devices_per_process = r.U32();
+      const uint32_t na = r.Count("mesh axes", kMaxMeshAxes);
+      for (uint32_t i = 0; i < na && r.ok(); ++i) {
+        MeshAxisInfo a;
+        a.name = r.Str("mesh axis name");
+        a.size = r.U64();
+        m.mesh.axes.push_back(std::move(a));
+      }
+      const uint32_t nb = r.Count("batch axes", kMaxMeshAxes);
+      for (uint32_t i = 0; i < nb && r.ok(); ++i) m.mesh.batch_axes.push_back(r.Str("batch axis name"));
       RETURN_IF_ERROR(r.Finish());
       const std::string at_payload = "@" + std::to_string(kHeaderBytes);
       if (m.memory != MemoryKind::kHostMemfd) {
@@ -394,6 +474,7 @@ Result<Message> Decode(std::string_view bytes) {
                                    " slots exceed the pool's " + std::to_string(m.pool_bytes) + " bytes",
                                "@" + std::to_string(kHeaderBytes));
       }
+      RETURN_IF_ERROR(CheckMesh(m, at_payload));
       return Message(std::move(m));
     }
     case MessageType::kReady: {

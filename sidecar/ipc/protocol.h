@@ -45,7 +45,8 @@
 namespace meshload::ipc {
 
 inline constexpr uint32_t kMagic = 0x31444C4D;  // "MLD1" little-endian
-inline constexpr uint16_t kProtocolVersion = 1;
+// 2: SERVER_HELLO carries the job's mesh (axes, batch axes, processes).
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kHeaderBytes = 12;
 inline constexpr size_t kMaxMessageBytes = 64 * 1024;
 inline constexpr size_t kMaxDevices = 64;
@@ -55,6 +56,8 @@ inline constexpr size_t kMaxFds = 253;
 inline constexpr size_t kMaxIpcHandles = 512;
 inline constexpr size_t kIpcHandleBytes = 64;
 inline constexpr size_t kMaxString = 4096;
+// The most mesh axes a SERVER_HELLO may describe.
+inline constexpr size_t kMaxMeshAxes = 16;
 // The most leases one BYE may list (the sidecar lends at most 128).
 inline constexpr size_t kMaxByeLeases = 128;
 
@@ -112,6 +115,26 @@ struct TensorLayout {
   uint64_t nbytes = 0;
 };
 
+/// One axis of the job's device mesh (spec.mesh.axes).
+struct MeshAxisInfo {
+  std::string name;
+  uint64_t size = 0;
+  bool operator==(const MeshAxisInfo&) const = default;
+};
+
+/// The job's device mesh, as the trainer needs it to assemble global arrays:
+/// global device g belongs to process g / devices_per_process, and the axes
+/// are row-major (last fastest) over the global device numbers. The batch
+/// dimension is sharded over batch_axes in that order (the PartitionSpec);
+/// devices along the other axes hold replicas.
+struct MeshInfo {
+  uint32_t processes = 0;
+  uint32_t devices_per_process = 0;
+  std::vector<MeshAxisInfo> axes;
+  std::vector<std::string> batch_axes;
+  bool operator==(const MeshInfo&) const = default;
+};
+
 struct ServerHello {
   uint16_t version = kProtocolVersion;
   std::string job;
@@ -128,6 +151,7 @@ struct ServerHello {
   uint64_t global_batch = 0;
   /// kCudaIpc only: one handle (kIpcHandleBytes) per (device, slot).
   std::vector<std::string> ipc_handles;
+  MeshInfo mesh;
 };
 
 struct TensorReady {

@@ -317,6 +317,18 @@ class StreamTest(SidecarTest):
             self.assertEqual(c.global_batch, GLOBAL_BATCH)
             self.assertEqual(c.socket_path, self.sidecar.sock)
             self.assertFalse(c.closed)
+            # The job's mesh, from the hello (protocol version 2).
+            mesh = c.mesh
+            self.assertEqual(mesh.processes, 1)
+            self.assertEqual(mesh.devices_per_process, 2)
+            self.assertEqual(mesh.axes, (("data", 2),))
+            self.assertEqual(mesh.batch_axes, ("data",))
+            self.assertIn("axes=(data=2) batch_axes=(data)", repr(mesh))
+            batch = c.next()
+            self.assertIs(batch.mesh, mesh)  # one object for the whole connection
+            self.assertEqual(batch.mesh, mesh)
+            self.assertEqual((batch.job, batch.process), ("pytest-job", 0))
+            self.assertEqual(hash(batch.mesh), hash(mesh))
 
     def test_two_epochs_in_order_each_sample_once(self):
         with meshload.Client(self.sidecar.sock) as c:

@@ -8,7 +8,7 @@ namespace {
 ServerHello SampleHello() {
   ServerHello h;
   h.job = "job-a";
-  h.process = 3;
+  h.process = 6;
   h.devices = {{12, 1, ""}, {13, 1, ""}};
   h.memory = MemoryKind::kHostMemfd;
   h.slots = 4;
@@ -19,6 +19,10 @@ ServerHello SampleHello() {
   h.first_step = 17;
   h.steps_per_epoch = 100;
   h.global_batch = 32;
+  h.mesh.processes = 8;
+  h.mesh.devices_per_process = 2;
+  h.mesh.axes = {{"data", 4}, {"model", 4}};
+  h.mesh.batch_axes = {"data"};
   return h;
 }
 
@@ -39,6 +43,7 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_EQ(h.job, "job-a");
   EXPECT_EQ(h.layout[1].offset, 1024u);
   EXPECT_EQ(h.layout[1].shape, (std::vector<int64_t>{4, 256}));
+  EXPECT_EQ(h.mesh, SampleHello().mesh);
   EXPECT_EQ(std::get<Release>(*Decode(Encode(Release{2, 17, 12345}))).wait_ns, 12345u);
 }
 
@@ -112,6 +117,39 @@ TEST(Protocol, RejectsInconsistentLayouts) {
   EXPECT_NE(Decode(Encode(r)).status().message().find("strides 1"), std::string::npos);
   r = Ready{1, 0, {{0, 9, 8, {2}, {1}, 0}}};
   EXPECT_NE(Decode(Encode(r)).status().message().find("unknown dtype"), std::string::npos);
+}
+
+TEST(Protocol, RejectsAMeshThatDoesNotDescribeTheListedDevices) {
+  const auto error_of = [](const ServerHello& h) {
+    auto r = Decode(Encode(h));
+    return r.ok() ? std::string("ok") : r.status().message();
+  };
+  ServerHello h = SampleHello();
+  h.mesh.axes = {{"data", 4}, {"model", 3}};
+  EXPECT_NE(error_of(h).find("do not multiply to 8 processes × 2 devices"), std::string::npos) << error_of(h);
+  h = SampleHello();
+  h.mesh.axes.clear();
+  EXPECT_NE(error_of(h).find("0 axes"), std::string::npos) << error_of(h);
+  h = SampleHello();
+  h.mesh.batch_axes = {"data", "fsdp"};
+  EXPECT_NE(error_of(h).find("batch axis 'fsdp' is not an axis of the mesh"), std::string::npos) << error_of(h);
+  h = SampleHello();
+  h.mesh.batch_axes = {"data", "data"};
+  EXPECT_NE(error_of(h).find("batch axis 'data' is repeated"), std::string::npos) << error_of(h);
+  h = SampleHello();
+  h.mesh.devices_per_process = 4;
+  h.mesh.axes = {{"data", 4}, {"model", 8}};
+  EXPECT_NE(error_of(h).find("lists 2 devices; the mesh gives 4"), std::string::npos) << error_of(h);
+  h = SampleHello();
+  h.devices[1].global_index = 14;
+  EXPECT_NE(error_of(h).find("device 14 is not one of process 6's"), std::string::npos) << error_of(h);
+  h = SampleHello();
+  h.process = 8;
+  h.devices = {{16, 1, ""}, {17, 1, ""}};
+  EXPECT_NE(error_of(h).find("process 8 is not one of the mesh's 8"), std::string::npos) << error_of(h);
+  h = SampleHello();
+  h.mesh.batch_axes.clear();  // every device a replica: allowed
+  EXPECT_EQ(error_of(h), "ok");
 }
 
 TEST(Protocol, ChecksumDependsOnIdsAndTheirOrder) {

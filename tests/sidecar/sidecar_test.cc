@@ -856,6 +856,7 @@ ipc::ServerHello OneDeviceHello() {
   h.pool_bytes = 4096;
   h.fd_count = 1;
   h.layout = {{0, 1, 8, {4, 16}, {16, 1}, 64}};
+  h.mesh = {1, 1, {{"data", 1}}, {"data"}};
   return h;
 }
 
