@@ -527,7 +527,14 @@ Status Driver::CopyToHost(void* dst, DevicePtr src, uint64_t bytes, int ordinal)
   return ML_CU(cuMemcpyDtoH(dst, src, bytes));
 }
 
+std::string BuildDescription() {
+  return "built in (CUDA " + std::to_string(CUDA_VERSION / 1000) + "." + std::to_string(CUDA_VERSION % 1000 / 10) +
+         " headers)";
+}
+
 #else  // !MESHLOAD_WITH_CUDA: built without cuda.h; every answer is "not in this build".
+
+std::string BuildDescription() { return "not built (no cuda.h at build time)"; }
 
 struct Driver::Api {};
 

@@ -51,6 +51,11 @@ using IpcHandle = std::array<uint8_t, 64>;
 
 class Driver;
 
+/// What this build can do with a GPU, for version output and start-up logs:
+/// "built in (CUDA 13.0 headers)" when cuda.h was found at configure time,
+/// else "not built (no cuda.h at build time)".
+std::string BuildDescription();
+
 /// A VMM allocation on one device, mapped read-write for that device in this
 /// process at `ptr()`. Freed (unmapped, address range released, handle
 /// released) on destruction.

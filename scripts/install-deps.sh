@@ -64,6 +64,19 @@ else
 fi
 
 if [ "$BUILD_ONLY" = 0 ]; then
+  # The wheels the Python package's tests install offline into fresh
+  # environments (tests/client/wheelhouse.txt, every version pinned).
+  WHEELHOUSE=${MESHLOAD_WHEELHOUSE:-$HOME/.cache/meshload/wheelhouse}
+  want=$(sha256sum "$ROOT/tests/client/wheelhouse.txt" | cut -d' ' -f1)
+  if [ "$(cat "$WHEELHOUSE/.wheelhouse.sha256" 2>/dev/null)" = "$want" ]; then
+    echo "install-deps: wheelhouse matches tests/client/wheelhouse.txt"
+  else
+    echo "install-deps: downloading the wheelhouse (tests/client/wheelhouse.txt)"
+    mkdir -p "$WHEELHOUSE"
+    "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      -d "$WHEELHOUSE" -r "$ROOT/tests/client/wheelhouse.txt"
+    echo "$want" >"$WHEELHOUSE/.wheelhouse.sha256"
+  fi
   bash "$ROOT/scripts/build-test-tools.sh" >/dev/null
   bash "$ROOT/scripts/fetch-test-crds.sh" >/dev/null
 fi

@@ -53,6 +53,7 @@
 
 #include "client/client.h"
 #include "client/python/dlpack_versioned.h"
+#include "common/cuda_driver.h"
 #include "common/status.h"
 
 #ifndef MESHLOAD_VERSION
@@ -551,6 +552,13 @@ PYBIND11_MODULE(_meshload, m) {
 
   m.doc() = "meshload trainer client (C++ extension); see the meshload package docstring.";
   m.attr("__version__") = MESHLOAD_VERSION;
+  {
+    py::dict info;
+    info["version"] = MESHLOAD_VERSION;
+    info["gpu_import"] = meshload::cuda::BuildDescription();
+    info["protocol_version"] = meshload::ipc::kProtocolVersion;
+    m.attr("build_info") = info;
+  }
 
   g_meshload_error = PyErr_NewExceptionWithDoc(
       "meshload.MeshloadError",

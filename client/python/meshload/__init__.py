@@ -48,8 +48,9 @@ stream waits on nothing; the stream passed to ``__dlpack__`` (None: the
 legacy default stream; -1: none) is remembered, and the slot is released
 only after the work queued on it when the batch dies is done.
 ``copy=True`` and other devices are refused with BufferError.
-``meshload.interop`` has helpers for PyTorch, JAX (including a global
-``jax.Array`` for the job's mesh) and CuPy.
+``meshload.jax.global_array(batch)`` assembles the job's global ``jax.Array``
+(the mesh and PartitionSpec come from the sidecar: ``batch.mesh``);
+``meshload.interop`` has helpers for PyTorch and CuPy.
 
 Threads. ``next()`` releases the GIL while it waits; concurrent ``next()``
 calls on one Client are serialized (a ``next(timeout=s)`` waiting behind
@@ -65,21 +66,26 @@ Public names:
     Client(socket_path="", start_step=None, max_reconnect_attempts=8)
         (socket_path "": $MESHLOAD_SOCKET, which the sidecar-injection webhook sets)
         .next(timeout=None) -> Batch, iteration, context manager, .close(),
-        .next_step, .reconnects, .job, .process, .devices, .slots,
+        .next_step, .reconnects, .job, .process, .devices, .mesh, .slots,
         .steps_per_epoch, .global_batch, .socket_path, .closed
-    Batch: .step, .tensors, .wait_seconds, .slot
+    Batch: .step, .tensors, .wait_seconds, .slot, .mesh, .job, .process
+    JobMesh: .processes, .devices_per_process, .axes, .batch_axes
     Tensor: .shape, .dtype, .nbytes, .ndim, .global_device, .ids_checksum,
         .device, .step, .data_ptr, __dlpack__(), __dlpack_device__()
     MeshloadError, SidecarGone
+    build_info: {"version", "protocol_version", "gpu_import"} of this build
+    (gpu_import: "built in (CUDA 13.0 headers)" or "not built ...")
 """
 
 from ._meshload import (  # noqa: F401  (re-exported)
     Batch,
     Client,
+    JobMesh,
     MeshloadError,
     SidecarGone,
     Tensor,
     __version__,
+    build_info,
 )
 
-__all__ = ["Batch", "Client", "MeshloadError", "SidecarGone", "Tensor", "__version__"]
+__all__ = ["Batch", "Client", "JobMesh", "MeshloadError", "SidecarGone", "Tensor", "__version__", "build_info"]

@@ -1,0 +1,142 @@
+"""Type stubs of meshload._meshload, the C++ extension (meshload_module.cc).
+
+The objects are documented in the extension's docstrings (``help(meshload.Client)``)
+and in the package docstring (``help(meshload)``).
+"""
+
+from types import TracebackType
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, TypedDict, Union
+
+__version__: str
+
+class _BuildInfo(TypedDict):
+    version: str
+    protocol_version: int
+    gpu_import: str
+
+build_info: _BuildInfo
+
+class MeshloadError(RuntimeError):
+    """An error from the meshload client or the sidecar; ``.code`` names its kind."""
+
+    code: str
+
+class SidecarGone(ConnectionError):
+    """The sidecar went away and did not come back within the reconnect attempts."""
+
+    code: str
+
+class JobMesh:
+    """The job's device mesh (spec.mesh) as the sidecar resolved it."""
+
+    @property
+    def processes(self) -> int: ...
+    @property
+    def devices_per_process(self) -> int: ...
+    @property
+    def axes(self) -> Tuple[Tuple[str, int], ...]:
+        """((name, size), ...) in mesh order (row-major, last axis fastest)."""
+    @property
+    def batch_axes(self) -> Tuple[str, ...]:
+        """The mesh axes the batch dimension is sharded over, in order."""
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+class Tensor:
+    """One local device's part of a batch: a zero-copy view of the leased slot."""
+
+    @property
+    def shape(self) -> Tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str:
+        """numpy-style dtype name, e.g. 'uint8', 'bfloat16'."""
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def ndim(self) -> int: ...
+    @property
+    def global_device(self) -> int:
+        """The device's number in the job's mesh."""
+    @property
+    def ids_checksum(self) -> int:
+        """SampleIdsChecksum of the sample ids staged for this device."""
+    @property
+    def step(self) -> int: ...
+    @property
+    def data_ptr(self) -> int:
+        """Address of the first element."""
+    @property
+    def device(self) -> Tuple[int, int]:
+        """(DLPack device type, device id); (1, 0) is host memory, (2, n) CUDA device n."""
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[int] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
+        """A DLPack capsule viewing this tensor ('dltensor_versioned' when max_version >= (1, 0))."""
+
+class Batch:
+    """One step's batch; its slot is released when it, its Tensors and every DLPack export are gone."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def tensors(self) -> List[Tensor]:
+        """One Tensor per local device, in the job's local device order."""
+    @property
+    def wait_seconds(self) -> float:
+        """How long next() blocked for this batch."""
+    @property
+    def slot(self) -> int: ...
+    @property
+    def mesh(self) -> JobMesh: ...
+    @property
+    def job(self) -> str: ...
+    @property
+    def process(self) -> int: ...
+
+class Client:
+    """Connects to a meshload sidecar and yields its batches in step order."""
+
+    def __init__(
+        self, socket_path: str = "", start_step: Optional[int] = None, max_reconnect_attempts: int = 8
+    ) -> None: ...
+    def next(self, timeout: Optional[float] = None) -> Batch:
+        """The next step's Batch; TimeoutError after `timeout` seconds, SidecarGone when the sidecar does not come back."""
+    def close(self) -> None: ...
+    def __iter__(self) -> Iterator[Batch]: ...
+    def __next__(self) -> Batch: ...
+    def __enter__(self) -> "Client": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+    @property
+    def next_step(self) -> int: ...
+    @property
+    def reconnects(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def job(self) -> str: ...
+    @property
+    def process(self) -> int: ...
+    @property
+    def devices(self) -> List[Dict[str, Union[int, str]]]:
+        """[{"global_index": int, "kind": int, "uuid": str}, ...] in local device order."""
+    @property
+    def mesh(self) -> JobMesh: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def steps_per_epoch(self) -> int: ...
+    @property
+    def global_batch(self) -> int: ...
+    @property
+    def socket_path(self) -> str: ...

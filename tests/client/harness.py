@@ -1,0 +1,139 @@
+"""Test harness for the Python client's end-to-end tests: real sidecar
+processes, self-describing datasets, and the planner's answer to compare with.
+
+Only the standard library and numpy.
+
+Dataset: record i (RECORD_BYTES = 256 bytes) is 32 little-endian uint64
+words, word 0 = i and word k = i * 1000003 + k, so every delivered byte can be
+checked against the sample it claims to be.
+"""
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+
+RECORD_BYTES = 256
+WORDS = RECORD_BYTES // 8
+MASK = 0xFFFFFFFFFFFFFFFF
+
+
+def records(n):
+    """The dataset's n records as an (n, 32) uint64 array."""
+    i = np.arange(n, dtype=np.uint64)[:, None]
+    k = np.arange(WORDS, dtype=np.uint64)[None, :]
+    with np.errstate(over="ignore"):
+        out = i * np.uint64(1000003) + k
+    out[:, 0] = i[:, 0]
+    return out.astype("<u8")
+
+
+def write_dataset(path, n):
+    records(n).tofile(path)
+    return path
+
+
+def job_yaml(name, data, processes, devices_per_process, axes, batch_axes=None, global_batch=8,
+             prefetch=3, seed=7, replication=None, strategy="PerProcess"):
+    """A FixedRecord DataLoadJob over `data` (records of RECORD_BYTES)."""
+    lines = [
+        "apiVersion: meshload.io/v1alpha1",
+        "kind: DataLoadJob",
+        "metadata:",
+        "  name: %s" % name,
+        "spec:",
+        "  mesh:",
+        "    processes: %d" % processes,
+        "    devicesPerProcess: %d" % devices_per_process,
+        "    axes:",
+    ]
+    lines += ["      - {name: %s, size: %d}" % a for a in axes]
+    if batch_axes is not None:
+        lines.append("    batchAxes: [%s]" % ", ".join(batch_axes))
+    if replication:
+        lines += ["  replication:", "    mode: %s" % replication]
+    lines += [
+        "  strategy: %s" % strategy,
+        "  dataset:",
+        "    uri: %s" % data,
+        "    format: FixedRecord",
+        "    recordBytes: %d" % RECORD_BYTES,
+        "  batch:",
+        "    globalBatchSize: %d" % global_batch,
+        "    prefetch: %d" % prefetch,
+        "  shuffle:",
+        "    mode: Global",
+        "    seed: %d" % seed,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def planned_global_batches(meshload, job_path, steps):
+    """{step: [sample ids of the global batch, shard 0 first]} from `meshload plan`."""
+    out = subprocess.run([meshload, "plan", "-f", job_path, "--steps", "0:%d" % steps, "--format", "json"],
+                         check=True, capture_output=True, text=True).stdout
+    plan = json.loads(out)
+    batches = {}
+    for step in plan["steps"]:
+        by_shard = {}
+        for d in step["devices"]:
+            by_shard.setdefault(d["shard"], d["samples"])
+        batches[step["step"]] = [i for s in sorted(by_shard) for i in by_shard[s]]
+    return batches
+
+
+def die_with_parent():
+    """In the forked child: SIGKILL when the test process dies."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class SidecarProcess:
+    """One meshload-sidecar serving `process` of `job` on `sock`."""
+
+    def __init__(self, binary, job, process, sock, log_path, extra=()):
+        self.binary, self.job, self.process, self.sock = binary, job, process, sock
+        self.log_path = log_path
+        self.extra = list(extra)
+        self.proc = None
+
+    def start(self, timeout=20.0):
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, "--job", self.job, "--process", str(self.process), "--socket", self.sock,
+                 "--staging", "host", "--metrics-port", "0", "--metrics-address", "127.0.0.1"] + self.extra,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, preexec_fn=die_with_parent)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.path.exists(self.sock) and '"sidecar started"' in self.log_text():
+                return self
+            if self.proc.poll() is not None:
+                raise AssertionError("meshload-sidecar exited with %d:\n%s" % (self.proc.returncode, self.log_text()))
+            time.sleep(0.01)
+        raise AssertionError("meshload-sidecar did not start in %.0f s:\n%s" % (timeout, self.log_text()))
+
+    def log_text(self):
+        with open(self.log_path, "r", errors="replace") as f:
+            return f.read()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def summary(result):
+    """The `N passed, N failed` line of a unittest result; skips are not passes."""
+    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
+    passed = result.testsRun - failed - len(result.skipped)
+    skipped = ", %d skipped" % len(result.skipped) if result.skipped else ""
+    return "%d passed, %d failed%s" % (passed, failed, skipped)

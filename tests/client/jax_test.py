@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""meshload.jax with JAX from PyPI on the CPU, against real sidecars.
+
+    PYTHONPATH=<build>/client/python .venv/bin/python jax_test.py \
+        --sidecar <build>/sidecar/meshload-sidecar --meshload <build>/tools/meshload
+
+Each scenario starts one sidecar per job process and one JAX process
+(tests/client/jax_worker.py) per sidecar; multi-process scenarios join the
+JAX processes with jax.distributed.initialize on loopback. Every worker
+checks, at every step, in jitted functions, that the global jax.Array equals
+the planner's global batch (`meshload plan`) and that replicas hold identical
+data, and that JAX holds the staged slots without a copy. CTest runs this as
+`python.jax` (tests/client/CMakeLists.txt).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+import harness
+
+SIDECAR = MESHLOAD = None
+TMP = None
+N_RECORDS = 96  # 12 steps per epoch at a global batch of 8
+STEPS = 14  # into the second epoch
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jax_worker.py")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Scenario:
+    """A job, its sidecars and the planner's global batches."""
+
+    def __init__(self, name, processes, devices_per_process, axes, batch_axes=None, replication=None,
+                 sidecar_processes=None):
+        self.dir = os.path.join(TMP, name)
+        os.makedirs(self.dir)
+        data = harness.write_dataset(os.path.join(self.dir, "data.bin"), N_RECORDS)
+        self.job = os.path.join(self.dir, "job.yaml")
+        with open(self.job, "w") as f:
+            f.write(harness.job_yaml(name, data, processes, devices_per_process, axes, batch_axes,
+                                     replication=replication))
+        plan = harness.planned_global_batches(MESHLOAD, self.job, STEPS)
+        rows = harness.records(N_RECORDS)
+        self.expected = os.path.join(self.dir, "expected.npy")
+        np.save(self.expected, np.stack([rows[plan[s]] for s in range(STEPS)]))
+        # Which meshload process each sidecar serves (default: one each).
+        self.sidecar_processes = sidecar_processes or list(range(processes))
+        self.sidecars = [
+            harness.SidecarProcess(SIDECAR, self.job, p, os.path.join(self.dir, "s%d.sock" % i),
+                                   os.path.join(self.dir, "sidecar%d.log" % i))
+            for i, p in enumerate(self.sidecar_processes)]
+
+    def __enter__(self):
+        for s in self.sidecars:
+            s.start()
+        return self
+
+    def __exit__(self, *exc):
+        for s in self.sidecars:
+            s.stop()
+
+    def run(self, cpu_devices, distributed=None, user_mesh="none", steps=STEPS):
+        """Runs one worker per sidecar; returns their reports."""
+        coordinator = "127.0.0.1:%d" % free_port() if distributed else None
+        procs = []
+        for i, s in enumerate(self.sidecars):
+            argv = [sys.executable, WORKER, "--socket", s.sock, "--cpu-devices", str(cpu_devices),
+                    "--steps", str(steps), "--expected", self.expected, "--user-mesh", user_mesh]
+            if coordinator:
+                argv += ["--coordinator", coordinator, "--num-processes", str(len(self.sidecars)),
+                         "--process-id", str(i)]
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          preexec_fn=harness.die_with_parent))
+        reports = []
+        for p in procs:
+            out, err = p.communicate(timeout=240)
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            if p.returncode != 0 or not lines:
+                raise AssertionError("a JAX worker exited with %d:\n%s\n%s" % (p.returncode, out, err[-4000:]))
+            reports.append(json.loads(lines[-1]))
+        return reports
+
+
+class GlobalArrayTest(unittest.TestCase):
+    def assert_all_ok(self, reports, devices_per_process, replicas):
+        for i, r in enumerate(reports):
+            self.assertTrue(r["ok"], "worker %d: %s" % (i, r))
+            self.assertEqual(r["steps"], STEPS)
+            self.assertEqual(r["zero_copy"], STEPS * devices_per_process)
+            self.assertEqual(r["replica_checks"], STEPS if replicas else 0)
+            self.assertTrue(r["from_dlpack_zero_copy"], r)
+
+    def test_one_process_four_cpu_devices(self):
+        with Scenario("one-process", 1, 4, [("data", 4)]) as sc:
+            reports = sc.run(cpu_devices=4)
+        self.assert_all_ok(reports, 4, replicas=False)
+        self.assertEqual(reports[0]["global_shape"], [8, harness.RECORD_BYTES])
+
+    def test_one_process_with_a_model_axis(self):
+        with Scenario("one-process-tp", 1, 4, [("data", 2), ("model", 2)], ["data"], "Partial") as sc:
+            reports = sc.run(cpu_devices=4)
+        self.assert_all_ok(reports, 4, replicas=True)
+
+    def test_two_processes_data_parallel(self):
+        with Scenario("dp", 2, 2, [("data", 4)]) as sc:
+            reports = sc.run(cpu_devices=2, distributed=True)
+        self.assert_all_ok(reports, 2, replicas=False)
+
+    def test_two_processes_hybrid_with_replicas_across_processes(self):
+        # model is the slow axis: process 0 holds model 0, process 1 model 1,
+        # so every shard's replicas live in different processes.
+        with Scenario("hybrid", 2, 2, [("model", 2), ("data", 2)], ["data"], "Partial") as sc:
+            reports = sc.run(cpu_devices=2, distributed=True)
+            self.assert_all_ok(reports, 2, replicas=True)
+            # The caller's own mesh works when it is the job's.
+            self.assert_all_ok(sc.run(cpu_devices=2, distributed=True, user_mesh="job", steps=STEPS), 2, True)
+
+
+class MismatchTest(unittest.TestCase):
+    def assert_error(self, reports, *fragments):
+        for i, r in enumerate(reports):
+            self.assertFalse(r["ok"], "worker %d: %s" % (i, r))
+            self.assertEqual(r["error"], "MeshMismatch", r)
+            for fragment in fragments:
+                self.assertIn(fragment, r["message"])
+
+    def test_wrong_device_count(self):
+        with Scenario("device-count", 1, 2, [("data", 2)]) as sc:
+            self.assert_error(sc.run(cpu_devices=3),
+                              "job 'device-count' gives each process 2 devices (spec.mesh.devicesPerProcess), "
+                              "but JAX has 3 local CPU devices", "jax_num_cpu_devices=2")
+
+    def test_a_multi_process_job_in_one_jax_process(self):
+        with Scenario("not-distributed", 2, 2, [("data", 4)], sidecar_processes=[0]) as sc:
+            self.assert_error(sc.run(cpu_devices=2),
+                              "job 'not-distributed' has 2 processes (spec.mesh.processes), but JAX runs 1",
+                              "jax.distributed.initialize")
+
+    def test_two_jax_processes_fed_by_the_same_meshload_process(self):
+        with Scenario("same-process", 2, 2, [("data", 4)], sidecar_processes=[0, 0]) as sc:
+            self.assert_error(sc.run(cpu_devices=2, distributed=True),
+                              "JAX processes 0 and 1 are both fed by the sidecar of meshload process 0")
+
+    def test_a_mesh_with_other_axes(self):
+        with Scenario("axes", 1, 4, [("data", 2), ("model", 2)], ["data"], "Partial") as sc:
+            self.assert_error(sc.run(cpu_devices=4, user_mesh="axes-swapped"),
+                              "the given mesh has axes model=2, data=2, but job 'axes''s mesh is "
+                              "(data=2, model=2), batch axes (data)")
+
+    def test_a_mesh_in_another_device_order(self):
+        with Scenario("order", 1, 4, [("data", 4)]) as sc:
+            self.assert_error(sc.run(cpu_devices=4, user_mesh="devices-reversed"),
+                              "the given mesh puts the job's global device 0 on", "build the mesh in the job's "
+                              "global device order")
+
+
+def main():
+    global SIDECAR, MESHLOAD, TMP
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sidecar", required=True)
+    ap.add_argument("--meshload", required=True)
+    ap.add_argument("--keep", action="store_true")
+    args, rest = ap.parse_known_args()
+    SIDECAR, MESHLOAD = os.path.abspath(args.sidecar), os.path.abspath(args.meshload)
+    TMP = tempfile.mkdtemp(prefix="mljax-")
+    program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+    print(harness.summary(program.result))
+    if program.result.wasSuccessful() and not args.keep:
+        shutil.rmtree(TMP, ignore_errors=True)
+    else:
+        print("logs and data kept in " + TMP)
+    return 0 if program.result.wasSuccessful() and program.result.testsRun > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
