@@ -6,7 +6,9 @@
 # pinned Go module in tests/tools by scripts/build-test-tools.sh (Go 1.26 or
 # newer must be installed; the binaries are cached under ~/.cache/meshload),
 # and the third-party CRDs the chart's objects need on that control plane
-# (Prometheus Operator, cert-manager; scripts/fetch-test-crds.sh).
+# (Prometheus Operator, cert-manager; scripts/fetch-test-crds.sh), and the
+# wheelhouse the Python package's tests install from offline
+# (tests/client/wheelhouse.txt, into ~/.cache/meshload/wheelhouse).
 # Idempotent: what is present is skipped; a second run takes seconds.
 # Runs as root on a fresh Debian 12 (uses sudo when not root).
 #

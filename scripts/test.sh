@@ -27,9 +27,11 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMESHLOAD_SANITIZE=O
 cmake --build build-asan -j "$JOBS"
 # The control-plane harness's own check and the chart's on the control plane
 # (scripts, helm and kubectl only, no C++ of ours) run in the release
-# configuration alone.
+# configuration alone, as do the pip package's test (it builds its own,
+# uninstrumented) and the JAX tests (JAX's runtime in an interpreter without
+# the sanitizer runtimes; python.client covers the instrumented module).
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -j "$JOBS" -E '^(controlplane\.check|charts\.cluster)$')
+  ctest --output-on-failure -j "$JOBS" -E '^(controlplane\.check|charts\.cluster|python\.package|python\.jax)$')
 
 step "libFuzzer build (clang, ${FUZZ_SECONDS}s per target)"
 CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHLOAD_FUZZ=ON \

@@ -32,6 +32,7 @@ TMP = None
 N_RECORDS = 96  # 12 steps per epoch at a global batch of 8
 STEPS = 14  # into the second epoch
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jax_worker.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def free_port():
@@ -74,24 +75,32 @@ class Scenario:
 
     def run(self, cpu_devices, distributed=None, user_mesh="none", steps=STEPS):
         """Runs one worker per sidecar; returns their reports."""
+        outputs = self.run_each(
+            lambda i, s: [WORKER, "--socket", s.sock, "--cpu-devices", str(cpu_devices), "--steps", str(steps),
+                          "--expected", self.expected, "--user-mesh", user_mesh],
+            distributed)
+        return [json.loads(lines[-1]) for lines in outputs]
+
+    def run_each(self, argv_of, distributed):
+        """Runs `python argv_of(i, sidecar)` per sidecar, joined by
+        jax.distributed when `distributed`; returns each one's JSON lines."""
         coordinator = "127.0.0.1:%d" % free_port() if distributed else None
         procs = []
         for i, s in enumerate(self.sidecars):
-            argv = [sys.executable, WORKER, "--socket", s.sock, "--cpu-devices", str(cpu_devices),
-                    "--steps", str(steps), "--expected", self.expected, "--user-mesh", user_mesh]
+            argv = [sys.executable] + argv_of(i, s)
             if coordinator:
                 argv += ["--coordinator", coordinator, "--num-processes", str(len(self.sidecars)),
                          "--process-id", str(i)]
             procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                           preexec_fn=harness.die_with_parent))
-        reports = []
+        outputs = []
         for p in procs:
             out, err = p.communicate(timeout=240)
             lines = [line for line in out.splitlines() if line.startswith("{")]
             if p.returncode != 0 or not lines:
-                raise AssertionError("a JAX worker exited with %d:\n%s\n%s" % (p.returncode, out, err[-4000:]))
-            reports.append(json.loads(lines[-1]))
-        return reports
+                raise AssertionError("%s exited with %d:\n%s\n%s" % (p.args[1], p.returncode, out, err[-4000:]))
+            outputs.append(lines)
+        return outputs
 
 
 class GlobalArrayTest(unittest.TestCase):
@@ -127,6 +136,21 @@ class GlobalArrayTest(unittest.TestCase):
             self.assert_all_ok(reports, 2, replicas=True)
             # The caller's own mesh works when it is the job's.
             self.assert_all_ok(sc.run(cpu_devices=2, distributed=True, user_mesh="job", steps=STEPS), 2, True)
+
+
+class ExampleTest(unittest.TestCase):
+    def test_the_jax_example_trainer_in_two_processes(self):
+        example = os.path.join(ROOT, "examples", "python", "jax_trainer.py")
+        with Scenario("example", 2, 2, [("data", 2), ("model", 2)], ["data"], "Partial") as sc:
+            outputs = sc.run_each(lambda i, s: [example, "--socket", s.sock, "--cpu-devices", "2",
+                                                "--steps", str(STEPS)], distributed=True)
+            expected = np.load(sc.expected).view(np.uint8)
+        want = [int(expected[s].sum(dtype=np.int64)) for s in range(STEPS)]
+        for i, lines in enumerate(outputs):
+            steps = [json.loads(line) for line in lines]
+            self.assertEqual([r["step"] for r in steps], list(range(STEPS)), "process %d" % i)
+            self.assertEqual([r["batch_sum"] for r in steps], want, "process %d" % i)
+            self.assertTrue(all(np.isfinite(r["loss"]) for r in steps))
 
 
 class MismatchTest(unittest.TestCase):

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""The meshload Python client with PyTorch (CPU), against real sidecars.
+
+    scripts/torch-check            # makes the PyTorch environment, then runs this
+
+or, in an environment with torch and the meshload package installed:
+
+    python torch_test.py --sidecar <build>/sidecar/meshload-sidecar --meshload <build>/tools/meshload
+
+torch.from_dlpack on host-staged batches (zero-copy, every byte checked,
+lifetime across releases), meshload.interop.torch_tensors, and the
+DistributedDataParallel example trainer (examples/python/torch_ddp_trainer.py)
+in two processes against two sidecars, its per-step batch sums compared with
+the planner's global batches.
+"""
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+import torch
+
+import harness
+import meshload
+from meshload import interop
+
+SIDECAR = MESHLOAD = None
+TMP = None
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+N_RECORDS = 96
+STEPS = 14
+ROWS = harness.records(N_RECORDS)
+
+
+class OneSidecar(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(dir=TMP)
+        data = harness.write_dataset(os.path.join(self.dir, "data.bin"), N_RECORDS)
+        self.job = os.path.join(self.dir, "job.yaml")
+        with open(self.job, "w") as f:
+            f.write(harness.job_yaml("torch-one", data, 1, 2, [("data", 2)]))
+        self.sidecar = harness.SidecarProcess(SIDECAR, self.job, 0, os.path.join(self.dir, "s.sock"),
+                                              os.path.join(self.dir, "sidecar.log")).start()
+
+    def tearDown(self):
+        gc.collect()
+        self.sidecar.stop()
+
+    def check_rows(self, x):
+        words = x.numpy().view("<u8")
+        for row in words:
+            np.testing.assert_array_equal(row, ROWS[int(row[0])])
+        return [int(i) for i in words[:, 0]]
+
+    def test_from_dlpack_is_a_zero_copy_view_of_the_slot(self):
+        with meshload.Client(self.sidecar.sock) as c:
+            for _ in range(STEPS):
+                b = c.next(timeout=30)
+                for t in b.tensors:
+                    x = torch.from_dlpack(t)
+                    self.assertEqual(x.data_ptr(), t.data_ptr)
+                    self.assertEqual(x.dtype, torch.uint8)
+                    self.assertEqual(tuple(x.shape), (4, harness.RECORD_BYTES))
+                    self.assertEqual(x.device.type, "cpu")
+                    self.check_rows(x)
+
+    def test_interop_helper_and_lifetime(self):
+        with meshload.Client(self.sidecar.sock) as c:
+            b = c.next(timeout=30)
+            xs = interop.torch_tensors(b)
+            copies = [x.clone() for x in xs]
+            ids = [self.check_rows(x) for x in xs]
+            del b  # the tensors keep the slot: the sidecar must not restage it
+            for _ in range(6):  # twice round the 3 slots
+                later = c.next(timeout=30)
+                for x in interop.torch_tensors(later):
+                    self.check_rows(x)
+                del later
+            for x, copy in zip(xs, copies):
+                self.assertTrue(torch.equal(x, copy), "a slot was restaged under a live tensor")
+            self.assertEqual(ids, [self.check_rows(x) for x in xs])
+
+
+class DDPExampleTest(unittest.TestCase):
+    def test_two_ranks(self):
+        d = tempfile.mkdtemp(dir=TMP)
+        data = harness.write_dataset(os.path.join(d, "data.bin"), N_RECORDS)
+        job = os.path.join(d, "job.yaml")
+        with open(job, "w") as f:
+            f.write(harness.job_yaml("torch-ddp", data, 2, 1, [("data", 2)]))
+        plan = harness.planned_global_batches(MESHLOAD, job, STEPS)
+        want = [int(ROWS[plan[s]].view(np.uint8).sum(dtype=np.int64)) for s in range(STEPS)]
+        sidecars = [harness.SidecarProcess(SIDECAR, job, p, os.path.join(d, "s%d.sock" % p),
+                                           os.path.join(d, "sidecar%d.log" % p)).start() for p in range(2)]
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            example = os.path.join(ROOT, "examples", "python", "torch_ddp_trainer.py")
+            procs = []
+            for rank in range(2):
+                env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port), MESHLOAD_SOCKET=sidecars[rank].sock)
+                procs.append(subprocess.Popen([sys.executable, example, "--steps", str(STEPS)], env=env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                              preexec_fn=harness.die_with_parent))
+            outs = []
+            for p in procs:
+                out, err = p.communicate(timeout=300)
+                self.assertEqual(p.returncode, 0, err[-3000:])
+                outs.append(out)
+        finally:
+            for s in sidecars:
+                s.stop()
+        steps = [json.loads(line) for line in outs[0].splitlines() if line.startswith("{")]
+        self.assertEqual([r["step"] for r in steps], list(range(STEPS)))
+        self.assertEqual([r["batch_sum"] for r in steps], want)
+        self.assertTrue(all(np.isfinite(r["loss"]) for r in steps))
+        self.assertEqual(outs[1].strip(), "")  # rank 1 prints nothing
+
+
+def main():
+    global SIDECAR, MESHLOAD, TMP
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sidecar", required=True)
+    ap.add_argument("--meshload", required=True)
+    args, rest = ap.parse_known_args()
+    SIDECAR, MESHLOAD = os.path.abspath(args.sidecar), os.path.abspath(args.meshload)
+    TMP = tempfile.mkdtemp(prefix="mltorch-")
+    print("torch %s, meshload %s from %s" % (torch.__version__, meshload.__version__, meshload.__file__))
+    program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+    print(harness.summary(program.result))
+    if program.result.wasSuccessful():
+        shutil.rmtree(TMP, ignore_errors=True)
+    else:
+        print("logs and data kept in " + TMP)
+    return 0 if program.result.wasSuccessful() and program.result.testsRun > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
