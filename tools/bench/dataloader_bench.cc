@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -251,15 +252,31 @@ MeshloadRun RunMeshload(const Scenario& s, const std::string& job_path, const st
 }
 
 // The Python baseline over the same batches (samples/s; 0 if it failed).
+// The NumPy baseline's rate; a baseline that fails to run (no interpreter, no
+// numpy, no script, or no rate printed) stops the program with its output:
+// a ratio against a baseline that did not run would be meaningless.
 double RunPython(const std::string& cmd) {
   double py_rate = 0;
+  std::string output;
+  int status = -1;
   if (FILE* p = ::popen(cmd.c_str(), "r")) {
     char line[512];
     while (std::fgets(line, sizeof line, p)) {
-      if (std::strncmp(line, "samples_per_s=", 14) == 0) py_rate = std::atof(line + 14);
-      else std::fprintf(stderr, "python: %s", line);
+      if (std::strncmp(line, "samples_per_s=", 14) == 0) {
+        py_rate = std::atof(line + 14);
+      } else {
+        std::fprintf(stderr, "python: %s", line);
+        output += line;
+      }
     }
-    ::pclose(p);
+    status = ::pclose(p);
+  }
+  if (status != 0 || !(py_rate > 0)) {
+    std::fprintf(stderr,
+                 "dataloader_bench: the NumPy baseline failed (exit status %d, %s):\n  %s\n%s"
+                 "(set MESHLOAD_BENCH_PYTHON to a python3 with numpy)\n",
+                 status, py_rate > 0 ? "a rate printed" : "no rate printed", cmd.c_str(), output.c_str());
+    std::exit(1);
   }
   return py_rate;
 }
@@ -511,8 +528,8 @@ int main(int argc, char** argv) {
   const uint64_t gib = quick ? 256ull << 20 : 1ull << 30;
   std::vector<Scenario> scenarios = {
       {"fixed-1MiB", DatasetFormat::kFixedRecord, 1 << 20, 0, 16, gib >> 20, quick ? 64 : 256, 4, 0.70, 0},
-      {"fixed-4KiB", DatasetFormat::kFixedRecord, 4096, 0, 32, gib >> 12, quick ? 2000 : 24000, 4, 0, 3.0},
-      {"tokens-u16-2048", DatasetFormat::kTokenStream, 0, 2048, 32, gib / 4096, quick ? 2000 : 24000, 4, 0, 3.0},
+      {"fixed-4KiB", DatasetFormat::kFixedRecord, 4096, 0, 32, gib >> 12, quick ? 2000 : 24000, 4, 0, 0},
+      {"tokens-u16-2048", DatasetFormat::kTokenStream, 0, 2048, 32, gib / 4096, quick ? 2000 : 24000, 4, 0, 0},
   };
   if (prefetch) {
     for (auto& s : scenarios) s.prefetch = *prefetch;

@@ -1,0 +1,314 @@
+"""meshload against the loaders users would otherwise pick, in one run.
+
+    scripts/bench-peers [--quick] [--only SCENARIO] [--procs 1,2] [--rounds N] [--dir DIR]
+
+For each scenario (tokens-u16-2048, fixed-4KiB, fixed-1MiB) and process
+count (one trainer; two trainers each with its own loader), the same dataset
+files, the same global batch and sample size, with a global shuffle, are fed
+into trainer processes (tools/bench/peers/worker.py) that read every byte of
+every batch, through:
+
+  meshload     a sidecar per trainer (host staging) and the Python client,
+               consumed as NumPy (meshload) and as JAX arrays (meshload-jax)
+  dataloader   PyTorch DataLoader over a memory-mapped map-style dataset
+               (batched __getitems__, persistent workers), best num_workers
+  grain        Grain's DataLoader over a random-access source on the mapped
+               file, best worker_count
+  streaming    MosaicML Streaming's StreamingDataset over MDS shards written
+               from the same samples (local), in a DataLoader, best num_workers
+  numpy        the NumPy memmap + fancy-index loop (a baseline, not a loader)
+
+Each configuration of a peer is tried once and its best kept; then every
+loader runs --rounds times, in alternating order, and the median round is the
+figure. Printed per loader: samples/s, trainer wait p50/p99, time to first
+batch, loader CPU seconds per GB delivered, peak RSS of loader + trainer; and
+the machine's single-thread memcpy and page-cache read ceilings, measured in
+the same run. It ends with one line per scenario:
+
+  SCENARIO: meshload N samples/s, best peer NAME M samples/s, ratio R
+
+A loader that fails stops the program with its output (exit 1): no figure is
+ever a made-up 0.
+"""
+
+import argparse
+import faulthandler
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from datasets import MiB, SCENARIOS, job_yaml, make_dataset, sample_view  # noqa: E402
+
+WORKER = os.path.join(HERE, "worker.py")
+TARGETS = {"tokens-u16-2048": 2.0, "fixed-4KiB": 2.0, "fixed-1MiB": 1.2}
+PEERS = ("dataloader", "grain", "streaming")
+
+
+class Failed(Exception):
+    pass
+
+
+def ceilings(path, size):
+    """Single-thread memcpy and page-cache read rates, GB/s."""
+    n = min(size, 256 * MiB)
+    src = np.random.default_rng(0).integers(0, 256, n, dtype=np.uint8)
+    dst = np.empty_like(src)
+    best_copy = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best_copy = max(best_copy, n / (time.perf_counter() - t) / 1e9)
+    buf = bytearray(16 * MiB)
+    best_read = 0.0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for _ in range(3):
+            t = time.perf_counter()
+            off = 0
+            while off < size:
+                got = os.preadv(fd, [buf], off)
+                if got <= 0:
+                    break
+                off += got
+            best_read = max(best_read, off / (time.perf_counter() - t) / 1e9)
+    finally:
+        os.close(fd)
+    return best_copy, best_read
+
+
+def write_mds(root, scenario, path):
+    """MDS shards of the same samples, for MosaicML Streaming (cached)."""
+    out = os.path.join(root, scenario.name, "mds")
+    done = os.path.join(out, ".complete")
+    if os.path.exists(done):
+        return out
+    from streaming import MDSWriter
+
+    shutil.rmtree(out, ignore_errors=True)
+    view = sample_view(path, scenario)
+    with MDSWriter(out=out, columns={"x": "bytes"}, size_limit=64 * MiB) as w:
+        for i in range(len(view)):
+            w.write({"x": view[i].tobytes()})
+    open(done, "w").close()
+    return out
+
+
+class Runner:
+    def __init__(self, args, root):
+        self.args = args
+        self.root = root
+        self.python = sys.executable
+
+    def run(self, loader, scenario, path, procs, steps, workers=0, consumer="numpy", mds=None):
+        """One measurement: `procs` trainers at once; returns the merged figures."""
+        sidecars = []
+        if loader == "streaming":
+            # Streaming coordinates a job's ranks through shared memory named
+            # after the dataset: what a killed run left behind must go.
+            from streaming.base.util import clean_stale_shared_memory
+
+            clean_stale_shared_memory()
+        tmp = tempfile.mkdtemp(prefix="bp-", dir=self.root)
+        try:
+            t0 = time.monotonic()
+            socks = []
+            if loader == "meshload":
+                job = os.path.join(tmp, "job.yaml")
+                with open(job, "w") as f:
+                    # Small batches want more slots (docs/crd-reference.md, spec.batch.prefetch).
+                    prefetch = 16 if scenario.batch * scenario.sample_bytes < 4 * MiB else 4
+                    f.write(job_yaml("bench-" + scenario.name, path, scenario, procs, prefetch=prefetch))
+                for p in range(procs):
+                    sock = os.path.join(tmp, "s%d.sock" % p)
+                    log = open(os.path.join(tmp, "sidecar%d.log" % p), "wb")
+                    sidecars.append(subprocess.Popen(
+                        [self.args.sidecar, "--job", job, "--process", str(p), "--socket", sock, "--staging", "host",
+                         "--metrics-port", "0", "--log-level", "warn"], stdout=subprocess.DEVNULL, stderr=log))
+                    socks.append(sock)
+            port = 29000 + (os.getpid() % 1000)
+            procs_ = []
+            for r in range(procs):
+                cfg = {"loader": loader, "scenario": scenario.name, "path": path, "steps": steps,
+                       "batch": scenario.batch, "procs": procs, "rank": r, "seed": 11 + r, "workers": workers,
+                       "consumer": consumer, "t0": t0, "mds": mds, "port": port}
+                if loader == "meshload":
+                    cfg["socket"] = socks[r]
+                    cfg["loader_pids"] = [sidecars[r].pid]
+                procs_.append(subprocess.Popen([self.python, WORKER, json.dumps(cfg)], stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, text=True, cwd=tmp, start_new_session=True))
+            results = []
+            for p in procs_:
+                try:
+                    out, err = p.communicate(timeout=600)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    out, err = p.communicate()
+                lines = [x for x in out.splitlines() if x.startswith("{")]
+                if p.returncode != 0 or not lines:
+                    logs = ""
+                    for name in sorted(os.listdir(tmp)):
+                        if name.endswith(".log"):
+                            logs += "\n--- %s\n%s" % (name, open(os.path.join(tmp, name), errors="replace").read()[-3000:])
+                    raise Failed("%s (workers=%d, consumer=%s) on %s failed with exit %s:\n%s\n%s%s"
+                                 % (loader, workers, consumer, scenario.name, p.returncode, out[-2000:], err[-4000:],
+                                    logs))
+                results.append(json.loads(lines[-1]))
+        finally:
+            for p in procs_ if "procs_" in locals() else []:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)  # what a worker left behind
+                except OSError:
+                    pass
+            for s in sidecars:
+                s.send_signal(signal.SIGTERM)
+            for s in sidecars:
+                try:
+                    s.wait(20)
+                except subprocess.TimeoutExpired:
+                    s.kill()
+            shutil.rmtree(tmp, ignore_errors=True)
+        total = sum(r["samples"] for r in results)
+        elapsed = max(r["elapsed"] for r in results)
+        gb = sum(r["bytes"] for r in results) / 1e9
+        return {
+            "rate": total / elapsed,
+            "gbs": gb / elapsed,
+            "wait_p50": max(r["wait_p50"] for r in results),
+            "wait_p99": max(r["wait_p99"] for r in results),
+            "ttfb": max(r["ttfb"] for r in results),
+            "cpu_per_gb": sum(r["loader_cpu"] for r in results) / gb,
+            "peak_rss": sum(r["peak_rss"] for r in results),
+        }
+
+
+def fmt_s(x):
+    return "%.0f us" % (x * 1e6) if x < 1e-3 else ("%.2f ms" % (x * 1e3) if x < 1 else "%.2f s" % x)
+
+
+def scenario_run(runner, scenario, procs, args):
+    size = (128 if args.quick else 1024) * MiB
+    path, samples = make_dataset(args.dir, scenario, size)
+    steps = max(8, (size // 2) // (scenario.batch * scenario.sample_bytes))  # half the dataset per run
+    tune_steps = max(4, steps // 4)
+    with open(path, "rb") as f:  # into the page cache
+        while f.read(64 * MiB):
+            pass
+    copy_gbs, read_gbs = ceilings(path, os.path.getsize(path))
+    name = scenario.name + ("-%dproc" % procs if procs > 1 else "")
+    print("\n== %s: %d samples x %d B, global batch %d, %d steps per run, %d trainer(s)"
+          % (name, samples, scenario.sample_bytes, scenario.batch, steps, procs), flush=True)
+    print("  ceilings (1 thread): memcpy %.2f GB/s, page-cache read %.2f GB/s" % (copy_gbs, read_gbs))
+    mds = write_mds(args.dir, scenario, path) if "streaming" in args.loaders else None
+
+    configs = []  # (label, loader, workers, consumer)
+    if "meshload" in args.loaders:
+        configs.append(("meshload", "meshload", 0, "numpy"))
+        if not args.no_jax:
+            configs.append(("meshload-jax", "meshload", 0, "jax"))
+    worker_choices = (0, 2) if args.quick else (0, 1, 2, 4)
+    for peer in PEERS:
+        if peer not in args.loaders:
+            continue
+        best, best_rate = None, -1.0
+        tried = []
+        for w in worker_choices:
+            r = runner.run(peer, scenario, path, procs, tune_steps, workers=w, mds=mds)
+            tried.append("%d: %.0f/s" % (w, r["rate"]))
+            if r["rate"] > best_rate:
+                best, best_rate = w, r["rate"]
+        print("  %s workers tried (samples/s): %s -> %d" % (peer, ", ".join(tried), best), flush=True)
+        configs.append(("%s (%d workers)" % (peer, best), peer, best, "numpy"))
+    if "numpy" in args.loaders:
+        configs.append(("numpy memmap loop", "numpy", 0, "numpy"))
+
+    rounds = {label: [] for label, *_ in configs}
+    for r in range(args.rounds):
+        order = configs if r % 2 == 0 else list(reversed(configs))
+        for label, loader, workers, consumer in order:
+            rounds[label].append(runner.run(loader, scenario, path, procs, steps, workers, consumer, mds))
+    print("  %-26s %12s %8s %10s %10s %9s %10s %9s" % ("loader", "samples/s", "GB/s", "wait p50", "wait p99",
+                                                      "1st batch", "CPU s/GB", "peak RSS"))
+    figures = {}
+    for label, *_ in configs:
+        runs = sorted(rounds[label], key=lambda x: x["rate"])
+        m = runs[len(runs) // 2]
+        figures[label] = m
+        print("  %-26s %12.0f %8.2f %10s %10s %9s %10.2f %6.0f MiB   (rounds: %s)"
+              % (label, m["rate"], m["gbs"], fmt_s(m["wait_p50"]), fmt_s(m["wait_p99"]), fmt_s(m["ttfb"]),
+                 m["cpu_per_gb"], m["peak_rss"] / MiB, ", ".join("%.0f" % x["rate"] for x in rounds[label])),
+              flush=True)
+    peers = {k: v for k, v in figures.items() if k.split(" ")[0] in PEERS}
+    line = None
+    if "meshload" in figures and peers:
+        best = max(peers, key=lambda k: peers[k]["rate"])
+        ml = figures["meshload"]
+        ratio = ml["rate"] / peers[best]["rate"]
+        target = TARGETS[scenario.name]
+        lower_wait = all(ml["wait_p99"] < v["wait_p99"] for v in peers.values())
+        print("  meshload / best peer: %.2fx (target >= %.1fx: %s); trainer wait p99 %s than every peer's"
+              % (ratio, target, "met" if ratio >= target else "NOT met", "lower" if lower_wait else "NOT lower"))
+        line = "%s: meshload %.0f samples/s, best peer %s %.0f samples/s, ratio %.2f" % (
+            name, ml["rate"], best.split(" ")[0], peers[best]["rate"], ratio)
+    return line
+
+
+def versions():
+    out = ["python %s" % platform.python_version()]
+    for mod in ("numpy", "torch", "grain", "streaming", "jax", "meshload"):
+        try:
+            m = __import__(mod)
+            out.append("%s %s" % (mod, getattr(m, "__version__", "?")))
+        except ImportError:
+            out.append("%s missing" % mod)
+    return ", ".join(out)
+
+
+def main():
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 prints every thread's stack
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sidecar", required=True)
+    ap.add_argument("--quick", action="store_true", help="128 MiB datasets, 1 round, workers 0 and 2: a few minutes")
+    ap.add_argument("--only", help="one scenario: " + ", ".join(SCENARIOS))
+    ap.add_argument("--procs", default="1,2", help="trainer process counts (default 1,2)")
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--loaders", default="meshload,dataloader,grain,streaming,numpy")
+    ap.add_argument("--no-jax", action="store_true", help="leave out meshload's JAX consumer")
+    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "meshload-bench-peers"))
+    args = ap.parse_args()
+    args.loaders = args.loaders.split(",")
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
+    os.makedirs(args.dir, exist_ok=True)
+    print("bench-peers: %s; %d cores; %s" % (platform.node(), os.cpu_count(), versions()))
+    runner = Runner(args, args.dir)
+    lines = []
+    try:
+        for name, scenario in SCENARIOS.items():
+            if args.only and name != args.only:
+                continue
+            for procs in [int(x) for x in args.procs.split(",")]:
+                line = scenario_run(runner, scenario, procs, args)
+                if line:
+                    lines.append(line)
+    except Failed as e:
+        print("\nbench-peers: FAILED: %s" % e, flush=True)
+        return 1
+    print()
+    for line in lines:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The benchmark's scenarios and their data, shared by every loader.
+
+A scenario is a dataset (files that meshload reads as FixedRecord or
+TokenStream), the samples the trainer asks for and a global batch size. The
+peers read the very same files (memory-mapped) or, for MosaicML Streaming,
+MDS shards written from the very same samples.
+"""
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    format: str  # "FixedRecord" or "TokenStream"
+    sample_bytes: int  # bytes of one delivered sample
+    record_bytes: int = 0  # FixedRecord
+    seq: int = 0  # TokenStream: sequence length (a sample is seq + 1 uint16 tokens)
+    batch: int = 32  # global batch
+
+    def samples_in(self, dataset_bytes):
+        if self.format == "FixedRecord":
+            return dataset_bytes // self.record_bytes
+        return (dataset_bytes // 2 - 1) // self.seq
+
+    def file_bytes(self, samples):
+        if self.format == "FixedRecord":
+            return samples * self.record_bytes
+        return (samples * self.seq + 1) * 2
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario("tokens-u16-2048", "TokenStream", sample_bytes=2049 * 2, seq=2048, batch=32),
+        Scenario("fixed-4KiB", "FixedRecord", sample_bytes=4096, record_bytes=4096, batch=256),
+        Scenario("fixed-1MiB", "FixedRecord", sample_bytes=MiB, record_bytes=MiB, batch=16),
+    )
+}
+
+
+def data_file(root, scenario):
+    return os.path.join(root, scenario.name, "part-00000." + ("tok" if scenario.format == "TokenStream" else "bin"))
+
+
+def make_dataset(root, scenario, dataset_bytes):
+    """Writes the scenario's file (random bytes) unless it is there with the
+    right size; returns (path, samples)."""
+    samples = scenario.samples_in(dataset_bytes)
+    path = data_file(root, scenario)
+    size = scenario.file_bytes(samples)
+    if not (os.path.exists(path) and os.path.getsize(path) == size):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        rng = np.random.default_rng(1234)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            left = size
+            while left:
+                n = min(left, 64 * MiB)
+                f.write(rng.integers(0, 256, size=n, dtype=np.uint8).tobytes())
+                left -= n
+        os.replace(tmp, path)
+    return path, samples
+
+
+def sample_view(path, scenario):
+    """The dataset as an (N, sample_bytes) uint8 array view of the mapped file
+    (TokenStream: overlapping windows of seq + 1 tokens, as meshload reads them)."""
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    if scenario.format == "FixedRecord":
+        return mm.reshape(-1, scenario.record_bytes)
+    n = scenario.samples_in(mm.size)
+    return np.lib.stride_tricks.as_strided(mm, shape=(n, scenario.sample_bytes), strides=(scenario.seq * 2, 1),
+                                           writeable=False)
+
+
+def job_yaml(name, path, scenario, processes, prefetch=4, seed=1):
+    """The DataLoadJob meshload runs for a scenario: one device per process,
+    the global batch sharded over the processes, global shuffle."""
+    fmt = ["    format: %s" % scenario.format]
+    if scenario.format == "FixedRecord":
+        fmt.append("    recordBytes: %d" % scenario.record_bytes)
+    else:
+        fmt += ["    dtype: uint16", "    sequenceLength: %d" % scenario.seq]
+    return "\n".join([
+        "apiVersion: meshload.io/v1alpha1",
+        "kind: DataLoadJob",
+        "metadata:",
+        "  name: %s" % name,
+        "spec:",
+        "  mesh:",
+        "    processes: %d" % processes,
+        "    devicesPerProcess: 1",
+        "    axes:",
+        "      - {name: data, size: %d}" % processes,
+        "  strategy: PerProcess",
+        "  dataset:",
+        "    uri: %s" % path,
+    ] + fmt + [
+        "  batch:",
+        "    globalBatchSize: %d" % scenario.batch,
+        "    prefetch: %d" % prefetch,
+        "  shuffle:",
+        "    mode: Global",
+        "    seed: %d" % seed,
+        "",
+    ])

@@ -1,0 +1,334 @@
+"""One trainer process of scripts/bench-peers: one loader, one configuration.
+
+    python worker.py '{"loader": "dataloader", "scenario": "fixed-4KiB", ...}'
+
+Reads `steps` batches of the trainer's share of the global batch through the
+loader, reads every byte of every batch (a checksum: the same consumer for
+every loader), and prints one JSON line: samples, elapsed seconds from the
+first batch to the last, the trainer's wait for each batch (p50, p99), time
+to first batch (from `t0`, when the loader was started, CLOCK_MONOTONIC),
+the loader's CPU seconds (its processes' and threads', the consumer's own
+time taken out), and the peak RSS of the trainer and the loader's processes.
+"""
+
+import faulthandler
+import gc
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from datasets import SCENARIOS, sample_view  # noqa: E402
+
+
+def clock_ticks():
+    return os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid):
+    """utime + stime of a process (all its threads), in seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / clock_ticks()
+
+
+def peak_rss(pid):
+    """VmHWM of a process, in bytes (0 when it is gone)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def child_pids(pid):
+    out = []
+    try:
+        for tid in os.listdir("/proc/%d/task" % pid):
+            with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def descendants(pid):
+    out = []
+    for c in child_pids(pid):
+        out += [c] + descendants(c)
+    return out
+
+
+class Consumer:
+    """Reads every byte of a batch; its own CPU time is kept apart."""
+
+    def __init__(self, kind):
+        self.kind = kind
+        self.cpu = 0.0
+        self.sink = 0
+        if kind == "jax":
+            import jax
+            import jax.numpy as jnp
+
+            def words_sum(x):
+                # Every byte, read as 32-bit words (XLA vectorizes those;
+                # a uint8 -> uint32 sum runs bytewise).
+                w = jax.lax.bitcast_convert_type(x.reshape(-1, 4), jnp.uint32)
+                return jnp.sum(w, dtype=jnp.uint32)
+
+            self.jax_sum = jax.jit(words_sum)
+
+    def __call__(self, batch):
+        # JAX computes on its own threads: its CPU is the process's while it
+        # runs (nothing else of the loader runs in this process then).
+        clock = time.process_time if self.kind == "jax" else time.thread_time
+        t = clock()
+        if self.kind == "jax":
+            self.sink ^= int(self.jax_sum(batch))
+        else:
+            a = np.asarray(batch).reshape(-1)
+            if a.size % 8 == 0:
+                a = a.view(np.uint64)
+            self.sink ^= int(np.add.reduce(a, dtype=np.uint64))
+        self.cpu += clock() - t
+
+
+# ---- loaders: each yields the trainer's batches as arrays ---------------------
+
+
+def shard_indices(perm, batch, rank, procs):
+    """This rank's part of each global batch of a permutation, as index arrays."""
+    per = batch // procs
+    for s in range(len(perm) // batch):
+        g = perm[s * batch:(s + 1) * batch]
+        yield g[rank * per:(rank + 1) * per]
+
+
+def numpy_loader(cfg, view):
+    """The NumPy memmap loop: a global shuffle, fancy-indexed gathers."""
+    rng = np.random.default_rng(cfg["seed"])
+    while True:
+        perm = rng.permutation(len(view))
+        for idx in shard_indices(perm, cfg["batch"], cfg["rank"], cfg["procs"]):
+            yield view[np.sort(idx)] if cfg.get("sorted") else view[idx]
+
+
+def dataloader_loader(cfg, view):
+    """PyTorch DataLoader over a memory-mapped map-style dataset: the batch
+    sampler hands each worker a batch of indices, __getitems__ gathers them
+    (one fancy-indexed read, the fast path), tensors come back through shared
+    memory. Persistent workers."""
+    import torch
+    from torch.utils.data import DataLoader, Dataset, Sampler
+
+    path = cfg["path"]
+    scenario = SCENARIOS[cfg["scenario"]]
+
+    class Samples(Dataset):
+        def __init__(self):
+            self.view = None  # mapped in each worker
+
+        def _v(self):
+            if self.view is None:
+                self.view = sample_view(path, scenario)
+            return self.view
+
+        def __len__(self):
+            return len(view)
+
+        def __getitem__(self, i):
+            return torch.from_numpy(np.array(self._v()[i]))
+
+        def __getitems__(self, idx):
+            return torch.from_numpy(self._v()[np.asarray(idx)])
+
+    class GlobalShuffleShard(Sampler):
+        def __init__(self):
+            self.epoch = 0
+
+        def __iter__(self):
+            rng = np.random.default_rng(cfg["seed"] + self.epoch)
+            self.epoch += 1
+            for idx in shard_indices(rng.permutation(len(view)), cfg["batch"], cfg["rank"], cfg["procs"]):
+                yield idx.tolist()
+
+        def __len__(self):
+            return len(view) // cfg["batch"]
+
+    workers = cfg["workers"]
+    dl = DataLoader(Samples(), batch_sampler=GlobalShuffleShard(), collate_fn=lambda b: b, num_workers=workers,
+                    persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+    while True:
+        for b in dl:
+            yield b.numpy()
+
+
+def grain_loader(cfg, view):
+    """Grain's DataLoader: a random-access source over the mapped file, its
+    index sampler (global shuffle, this rank's shard), Batch."""
+    import grain.python as grain
+    from absl import flags as absl_flags
+
+    if not absl_flags.FLAGS.is_parsed():  # Grain reads absl flags; a program without absl.app must parse them
+        absl_flags.FLAGS.mark_as_parsed()
+    scenario = SCENARIOS[cfg["scenario"]]
+    path = cfg["path"]
+
+    class Source(grain.RandomAccessDataSource):
+        def __init__(self):
+            self.n = len(view)
+            self.view = None
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            if self.view is None:
+                self.view = sample_view(path, scenario)
+            return np.array(self.view[i])
+
+    per = cfg["batch"] // cfg["procs"]
+    sampler = grain.IndexSampler(
+        num_records=len(view),
+        shard_options=grain.ShardOptions(shard_index=cfg["rank"], shard_count=cfg["procs"], drop_remainder=True),
+        shuffle=True, num_epochs=None, seed=cfg["seed"])
+    loader = grain.DataLoader(data_source=Source(), sampler=sampler,
+                              operations=[grain.Batch(per, drop_remainder=True)], worker_count=cfg["workers"],
+                              read_options=grain.ReadOptions(num_threads=cfg.get("threads", 16), prefetch_buffer_size=64))
+    for b in loader:
+        yield b
+
+
+def streaming_loader(cfg, view):
+    """MosaicML Streaming: a StreamingDataset over MDS shards of the same
+    samples (local), its global shuffle, through a DataLoader."""
+    from streaming import StreamingDataset
+    from torch.utils.data import DataLoader
+
+    os.environ.update(RANK=str(cfg["rank"]), WORLD_SIZE=str(cfg["procs"]), LOCAL_RANK="0",
+                      LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cfg.get("port", 29517)))
+    os.environ.setdefault("NODE_RANK", str(cfg["rank"]))
+    per = cfg["batch"] // cfg["procs"]
+    ds = StreamingDataset(local=cfg["mds"], remote=None, batch_size=per, shuffle=True, shuffle_seed=cfg["seed"],
+                          predownload=None, num_canonical_nodes=1)
+    sb = SCENARIOS[cfg["scenario"]].sample_bytes
+
+    def collate(samples):
+        out = np.empty((len(samples), sb), dtype=np.uint8)
+        for i, s in enumerate(samples):
+            out[i] = np.frombuffer(s["x"], dtype=np.uint8)
+        return out
+
+    workers = cfg["workers"]
+    dl = DataLoader(ds, batch_size=per, collate_fn=collate, num_workers=workers, persistent_workers=workers > 0,
+                    drop_last=True)
+    while True:
+        for b in dl:
+            yield b
+
+
+def meshload_loader(cfg, view):
+    """meshload: this process's sidecar (started by the driver), the Python
+    client, the batch viewed in place (NumPy) or imported into JAX."""
+    import meshload
+
+    client = meshload.Client(cfg["socket"])
+    if cfg["consumer"] == "jax":
+        import jax.numpy as jnp
+
+        while True:
+            b = client.next()
+            yield jnp.from_dlpack(b.tensors[0])
+            del b
+    while True:
+        b = client.next()
+        yield np.from_dlpack(b.tensors[0])
+        del b
+
+
+LOADERS = {
+    "numpy": numpy_loader,
+    "dataloader": dataloader_loader,
+    "grain": grain_loader,
+    "streaming": streaming_loader,
+    "meshload": meshload_loader,
+}
+
+
+def main():
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 prints every thread's stack
+    cfg = json.loads(sys.argv[1])
+    scenario = SCENARIOS[cfg["scenario"]]
+    view = sample_view(cfg["path"], scenario)
+    consumer = Consumer(cfg.get("consumer", "numpy"))
+    me = os.getpid()
+    loader_pids = [p for p in cfg.get("loader_pids", [])]
+    it = LOADERS[cfg["loader"]](cfg, view)
+    waits = []
+    per = cfg["batch"] // cfg["procs"]
+    gc.disable()  # the same for every loader: no collection pauses inside the timed loop
+
+    def take():
+        b = next(it)
+        if b.shape[0] != per:
+            raise SystemExit("%s delivered a batch of %d samples, expected %d" % (cfg["loader"], b.shape[0], per))
+        return b
+
+    # The first batch: set-up (imports, starting workers, the sidecar's
+    # start, JAX's compilation of the consumer) counts in the time to first
+    # batch; rates, waits and CPU count from the end of its step.
+    b = take()
+    ttfb = time.monotonic() - cfg["t0"]
+    consumer(b)
+    del b
+    first = time.monotonic()
+    cpu0 = proc_cpu(me)
+    child_cpu0 = {p: proc_cpu(p) for p in child_pids(me)}
+    loader_cpu0 = {p: proc_cpu(p) for p in loader_pids}
+    consumer.cpu = 0.0
+    for _ in range(cfg["steps"]):
+        t = time.monotonic()
+        b = take()
+        waits.append(time.monotonic() - t)
+        consumer(b)
+        del b
+    end = time.monotonic()
+    children = child_pids(me)
+    # Loader CPU: this process's (the loop, the client, in-process workers)
+    # without the consumer's, plus the worker processes' and the sidecar's.
+    cpu = proc_cpu(me) - cpu0 - consumer.cpu
+    cpu += sum(proc_cpu(p) - child_cpu0.get(p, 0.0) for p in children if os.path.exists("/proc/%d" % p))
+    cpu += sum(proc_cpu(p) - loader_cpu0[p] for p in loader_pids)
+    rss = peak_rss(me) + sum(peak_rss(p) for p in children + loader_pids)
+    waits.sort()
+    print(json.dumps({
+        "samples": cfg["steps"] * per,
+        "bytes": cfg["steps"] * per * scenario.sample_bytes,
+        "elapsed": end - first,
+        "wait_p50": waits[len(waits) // 2],
+        "wait_p99": waits[min(len(waits) - 1, int(len(waits) * 0.99))],
+        "ttfb": ttfb,
+        "loader_cpu": cpu,
+        "consumer_cpu": consumer.cpu,
+        "peak_rss": rss,
+        "checksum": consumer.sink,
+    }), flush=True)
+    # The loaders' worker processes (spawned ones outlive their parent and
+    # hold its stdout) and threads are not waited for: every descendant goes.
+    for pid in descendants(me):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
