@@ -18,9 +18,11 @@ every batch, through:
                from the same samples (local), in a DataLoader, best num_workers
   numpy        the NumPy memmap + fancy-index loop (a baseline, not a loader)
 
-Each configuration of a peer is tried once and its best kept; then every
-loader runs --rounds times, in alternating order, and the median round is the
-figure. Printed per loader: samples/s, trainer wait p50/p99, time to first
+Datasets are 512 MiB (--quick: 128 MiB), read once into the page cache
+first. Each configuration of a peer is tried once (for half a run) and its
+best kept; then every loader runs --rounds times (default 3; --quick 1), for
+6 s each (--quick 2 s) after its first batch, in alternating order, and the
+median round is the figure. Printed per loader: samples/s, trainer wait p50/p99, time to first
 batch, loader CPU seconds per GB delivered, peak RSS of loader + trainer; and
 the machine's single-thread memcpy and page-cache read ceilings, measured in
 the same run. It ends with one line per scenario:
@@ -110,7 +112,7 @@ class Runner:
         self.root = root
         self.python = sys.executable
 
-    def run(self, loader, scenario, path, procs, steps, workers=0, consumer="numpy", mds=None):
+    def run(self, loader, scenario, path, procs, seconds, workers=0, consumer="numpy", mds=None):
         """One measurement: `procs` trainers at once; returns the merged figures."""
         sidecars = []
         if loader == "streaming":
@@ -139,30 +141,35 @@ class Runner:
             port = 29000 + (os.getpid() % 1000)
             procs_ = []
             for r in range(procs):
-                cfg = {"loader": loader, "scenario": scenario.name, "path": path, "steps": steps,
+                cfg = {"loader": loader, "scenario": scenario.name, "path": path, "seconds": seconds,
+                       "min_steps": 5,
                        "batch": scenario.batch, "procs": procs, "rank": r, "seed": 11 + r, "workers": workers,
-                       "consumer": consumer, "t0": t0, "mds": mds, "port": port}
+                       "consumer": consumer, "t0": t0, "mds": mds, "port": port, "barrier": tmp}
                 if loader == "meshload":
                     cfg["socket"] = socks[r]
                     cfg["loader_pids"] = [sidecars[r].pid]
                 procs_.append(subprocess.Popen([self.python, WORKER, json.dumps(cfg)], stdout=subprocess.PIPE,
                                                stderr=subprocess.PIPE, text=True, cwd=tmp, start_new_session=True))
-            results = []
+            outputs = []
             for p in procs_:
                 try:
                     out, err = p.communicate(timeout=600)
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)
                     out, err = p.communicate()
+                outputs.append((p.returncode, out, err))
+            results = []
+            for rank, (code, out, err) in enumerate(outputs):
                 lines = [x for x in out.splitlines() if x.startswith("{")]
-                if p.returncode != 0 or not lines:
-                    logs = ""
+                if code != 0 or not lines:
+                    report = ""
+                    for r, (c, o, e) in enumerate(outputs):
+                        report += "\n--- trainer %d: exit %s\n%s\n%s" % (r, c, o[-2000:], e[-4000:])
                     for name in sorted(os.listdir(tmp)):
                         if name.endswith(".log"):
-                            logs += "\n--- %s\n%s" % (name, open(os.path.join(tmp, name), errors="replace").read()[-3000:])
-                    raise Failed("%s (workers=%d, consumer=%s) on %s failed with exit %s:\n%s\n%s%s"
-                                 % (loader, workers, consumer, scenario.name, p.returncode, out[-2000:], err[-4000:],
-                                    logs))
+                            report += "\n--- %s\n%s" % (name, open(os.path.join(tmp, name), errors="replace").read()[-3000:])
+                    raise Failed("%s (workers=%d, consumer=%s) on %s: trainer %d failed%s"
+                                 % (loader, workers, consumer, scenario.name, rank, report))
                 results.append(json.loads(lines[-1]))
         finally:
             for p in procs_ if "procs_" in locals() else []:
@@ -197,17 +204,17 @@ def fmt_s(x):
 
 
 def scenario_run(runner, scenario, procs, args):
-    size = (128 if args.quick else 1024) * MiB
+    size = (128 if args.quick else 512) * MiB
     path, samples = make_dataset(args.dir, scenario, size)
-    steps = max(8, (size // 2) // (scenario.batch * scenario.sample_bytes))  # half the dataset per run
-    tune_steps = max(4, steps // 4)
+    seconds = 2.0 if args.quick else 6.0
+    tune_seconds = seconds / 2
     with open(path, "rb") as f:  # into the page cache
         while f.read(64 * MiB):
             pass
     copy_gbs, read_gbs = ceilings(path, os.path.getsize(path))
     name = scenario.name + ("-%dproc" % procs if procs > 1 else "")
-    print("\n== %s: %d samples x %d B, global batch %d, %d steps per run, %d trainer(s)"
-          % (name, samples, scenario.sample_bytes, scenario.batch, steps, procs), flush=True)
+    print("\n== %s: %d samples x %d B, global batch %d, %.0f s per run, %d trainer(s)"
+          % (name, samples, scenario.sample_bytes, scenario.batch, seconds, procs), flush=True)
     print("  ceilings (1 thread): memcpy %.2f GB/s, page-cache read %.2f GB/s" % (copy_gbs, read_gbs))
     mds = write_mds(args.dir, scenario, path) if "streaming" in args.loaders else None
 
@@ -223,7 +230,7 @@ def scenario_run(runner, scenario, procs, args):
         best, best_rate = None, -1.0
         tried = []
         for w in worker_choices:
-            r = runner.run(peer, scenario, path, procs, tune_steps, workers=w, mds=mds)
+            r = runner.run(peer, scenario, path, procs, tune_seconds, workers=w, mds=mds)
             tried.append("%d: %.0f/s" % (w, r["rate"]))
             if r["rate"] > best_rate:
                 best, best_rate = w, r["rate"]
@@ -236,7 +243,7 @@ def scenario_run(runner, scenario, procs, args):
     for r in range(args.rounds):
         order = configs if r % 2 == 0 else list(reversed(configs))
         for label, loader, workers, consumer in order:
-            rounds[label].append(runner.run(loader, scenario, path, procs, steps, workers, consumer, mds))
+            rounds[label].append(runner.run(loader, scenario, path, procs, seconds, workers, consumer, mds))
     print("  %-26s %12s %8s %10s %10s %9s %10s %9s" % ("loader", "samples/s", "GB/s", "wait p50", "wait p99",
                                                       "1st batch", "CPU s/GB", "peak RSS"))
     figures = {}
@@ -278,7 +285,8 @@ def main():
     faulthandler.register(signal.SIGUSR1)  # kill -USR1 prints every thread's stack
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sidecar", required=True)
-    ap.add_argument("--quick", action="store_true", help="128 MiB datasets, 1 round, workers 0 and 2: a few minutes")
+    ap.add_argument("--quick", action="store_true",
+                    help="128 MiB datasets, 2 s runs, 1 round, workers 0 and 2: a few minutes")
     ap.add_argument("--only", help="one scenario: " + ", ".join(SCENARIOS))
     ap.add_argument("--procs", default="1,2", help="trainer process counts (default 1,2)")
     ap.add_argument("--rounds", type=int)

@@ -2,10 +2,10 @@
 
     python worker.py '{"loader": "dataloader", "scenario": "fixed-4KiB", ...}'
 
-Reads `steps` batches of the trainer's share of the global batch through the
+Reads batches of the trainer's share of the global batch through the
 loader, reads every byte of every batch (a checksum: the same consumer for
-every loader), and prints one JSON line: samples, elapsed seconds from the
-first batch to the last, the trainer's wait for each batch (p50, p99), time
+every loader) for `seconds` after the first batch, and prints one JSON line:
+samples, elapsed seconds after the first batch, the trainer's wait for each batch (p50, p99), time
 to first batch (from `t0`, when the loader was started, CLOCK_MONOTONIC),
 the loader's CPU seconds (its processes' and threads', the consumer's own
 time taken out), and the peak RSS of the trainer and the loader's processes.
@@ -80,8 +80,9 @@ class Consumer:
             def words_sum(x):
                 # Every byte, read as 32-bit words (XLA vectorizes those;
                 # a uint8 -> uint32 sum runs bytewise).
-                w = jax.lax.bitcast_convert_type(x.reshape(-1, 4), jnp.uint32)
-                return jnp.sum(w, dtype=jnp.uint32)
+                per_word = 4 // x.dtype.itemsize
+                w = jax.lax.bitcast_convert_type(x.reshape(-1, per_word), jnp.uint32) if per_word > 1 else x
+                return jnp.sum(w.reshape(-1), dtype=jnp.uint32)
 
             self.jax_sum = jax.jit(words_sum)
 
@@ -93,7 +94,7 @@ class Consumer:
         if self.kind == "jax":
             self.sink ^= int(self.jax_sum(batch))
         else:
-            a = np.asarray(batch).reshape(-1)
+            a = np.asarray(batch).reshape(-1).view(np.uint8)
             if a.size % 8 == 0:
                 a = a.view(np.uint64)
             self.sink ^= int(np.add.reduce(a, dtype=np.uint64))
@@ -212,9 +213,10 @@ def streaming_loader(cfg, view):
     from streaming import StreamingDataset
     from torch.utils.data import DataLoader
 
-    os.environ.update(RANK=str(cfg["rank"]), WORLD_SIZE=str(cfg["procs"]), LOCAL_RANK="0",
-                      LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cfg.get("port", 29517)))
-    os.environ.setdefault("NODE_RANK", str(cfg["rank"]))
+    # The ranks of one node, as torchrun would set them.
+    os.environ.update(RANK=str(cfg["rank"]), WORLD_SIZE=str(cfg["procs"]), LOCAL_RANK=str(cfg["rank"]),
+                      LOCAL_WORLD_SIZE=str(cfg["procs"]), NODE_RANK="0", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(cfg.get("port", 29517)))
     per = cfg["batch"] // cfg["procs"]
     ds = StreamingDataset(local=cfg["mds"], remote=None, batch_size=per, shuffle=True, shuffle_seed=cfg["seed"],
                           predownload=None, num_canonical_nodes=1)
@@ -293,13 +295,29 @@ def main():
     child_cpu0 = {p: proc_cpu(p) for p in child_pids(me)}
     loader_cpu0 = {p: proc_cpu(p) for p in loader_pids}
     consumer.cpu = 0.0
-    for _ in range(cfg["steps"]):
+    # Runs for `seconds` (and at least `min_steps` steps): fast and slow
+    # loaders get measured over the same stretch of time.
+    steps = 0
+    deadline = first + cfg["seconds"]
+    while steps < cfg["min_steps"] or time.monotonic() < deadline:
         t = time.monotonic()
         b = take()
         waits.append(time.monotonic() - t)
         consumer(b)
         del b
+        steps += 1
     end = time.monotonic()
+    # Ranks leave together, and keep reading (uncounted) until every rank's
+    # time is up: as in training, no rank stops while another still steps
+    # (Streaming's workers of all ranks meet at epoch boundaries, so a rank
+    # that stops reading early can block the others).
+    if cfg["procs"] > 1:
+        open(os.path.join(cfg["barrier"], "done.%d" % cfg["rank"]), "w").close()
+        give_up = time.monotonic() + 120
+        while len([f for f in os.listdir(cfg["barrier"]) if f.startswith("done.")]) < cfg["procs"]:
+            if time.monotonic() > give_up:
+                raise SystemExit("the other trainers did not finish within 120 s")
+            consumer(take())
     children = child_pids(me)
     # Loader CPU: this process's (the loop, the client, in-process workers)
     # without the consumer's, plus the worker processes' and the sidecar's.
@@ -309,8 +327,8 @@ def main():
     rss = peak_rss(me) + sum(peak_rss(p) for p in children + loader_pids)
     waits.sort()
     print(json.dumps({
-        "samples": cfg["steps"] * per,
-        "bytes": cfg["steps"] * per * scenario.sample_bytes,
+        "samples": steps * per,
+        "bytes": steps * per * scenario.sample_bytes,
         "elapsed": end - first,
         "wait_p50": waits[len(waits) // 2],
         "wait_p99": waits[min(len(waits) - 1, int(len(waits) * 0.99))],
