@@ -313,6 +313,7 @@ class JobMesh {
     return t;
   }
   bool Equals(const JobMesh& o) const { return m_ == o.m_; }
+  const ipc::MeshInfo& info() const { return m_; }
   std::string Repr() const {
     std::string axes, batch;
     for (const auto& a : m_.axes) axes += (axes.empty() ? "" : ", ") + a.name + "=" + std::to_string(a.size);
@@ -457,8 +458,17 @@ class Client {
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
     if (!got.ok()) RaiseStatus(got.status());
-    const Snapshot snap = snapshot();
-    return std::make_shared<Batch>(std::move(*got), snap.mesh, snap.hello.job, snap.hello.process);
+    std::shared_ptr<JobMesh> mesh;
+    std::string job;
+    uint32_t process;
+    {
+      // What the batch names, without copying the whole hello each step.
+      std::lock_guard lock(snap_mu_);
+      mesh = snap_.mesh;
+      job = snap_.hello.job;
+      process = snap_.hello.process;
+    }
+    return std::make_shared<Batch>(std::move(*got), std::move(mesh), std::move(job), process);
   }
 
   void Close() {
@@ -515,7 +525,7 @@ class Client {
     snap_.hello = client_->hello();
     // A reconnect may bring another job's mesh (a resized job): the
     // batches from then on carry the new one.
-    if (!snap_.mesh || !(JobMesh(snap_.hello.mesh).Equals(*snap_.mesh))) {
+    if (!snap_.mesh || !(snap_.mesh->info() == snap_.hello.mesh)) {
       snap_.mesh = std::make_shared<JobMesh>(snap_.hello.mesh);
     }
     snap_.next_step = client_->next_step();

@@ -34,6 +34,7 @@ import urllib.request
 
 import numpy as np
 
+import harness
 import meshload
 
 SIDECAR = None  # set in main()
@@ -94,13 +95,6 @@ def setUpModule():
 # ---- the sidecar process ---------------------------------------------------
 
 
-def die_with_parent():
-    """In the forked child: SIGKILL when this test process dies, so a test
-    that crashes (the point of some of them) leaves no sidecar behind."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 class Sidecar:
     """One meshload-sidecar on a socket; start() again after kill() restarts it
     with the same arguments (a new log file each time)."""
@@ -123,7 +117,7 @@ class Sidecar:
                 [SIDECAR, "--job", JOB, "--process", "0", "--socket", self.sock, "--staging", self.staging,
                  "--metrics-port", "0", "--metrics-address", "127.0.0.1"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                preexec_fn=die_with_parent)
+                preexec_fn=harness.die_with_parent)
         # "sidecar started" is logged after the socket listens. The socket
         # file alone proves nothing on a restart: a killed sidecar leaves it.
         deadline = time.monotonic() + timeout
@@ -165,12 +159,7 @@ class Sidecar:
             self.proc.wait(10)
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        harness.stop_process(self.proc)
 
     def metrics(self):
         """{name{labels}: value} from /metrics."""
@@ -1118,10 +1107,8 @@ def main():
 
     program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
     result = program.result
-    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
-    passed = result.testsRun - failed - len(result.skipped)
-    skipped = ", %d skipped" % len(result.skipped) if result.skipped else ""
-    print("%d passed, %d failed%s" % (passed, failed, skipped))
+    failed = not result.wasSuccessful()
+    print(harness.summary(result))
     if TMP:
         if failed or args.keep:
             print("sidecar logs and data kept in " + TMP)

@@ -8,12 +8,17 @@ words, word 0 = i and word k = i * 1000003 + k, so every delivered byte can be
 checked against the sample it claims to be.
 """
 
+import argparse
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
+import unittest
 
 import numpy as np
 
@@ -122,13 +127,18 @@ class SidecarProcess:
             return f.read()
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
+
+
+def stop_process(proc):
+    """SIGTERM, and SIGKILL when it has not exited after 10 s."""
+    if proc and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def summary(result):
@@ -137,3 +147,26 @@ def summary(result):
     passed = result.testsRun - failed - len(result.skipped)
     skipped = ", %d skipped" % len(result.skipped) if result.skipped else ""
     return "%d passed, %d failed%s" % (passed, failed, skipped)
+
+
+def run_unittests(caller_globals, doc, tmp_prefix, banner=None):
+    """main() of the tests that take --sidecar and --meshload: sets the
+    caller's SIDECAR, MESHLOAD and TMP (a fresh directory, kept with --keep
+    or when a test fails), runs its tests, prints the summary line; returns
+    the exit code (1 when a test failed or none ran)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--sidecar", required=True)
+    ap.add_argument("--meshload", required=True)
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args, rest = ap.parse_known_args()
+    tmp = tempfile.mkdtemp(prefix=tmp_prefix)
+    caller_globals.update(SIDECAR=os.path.abspath(args.sidecar), MESHLOAD=os.path.abspath(args.meshload), TMP=tmp)
+    if banner:
+        print(banner)
+    program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+    print(summary(program.result))
+    if program.result.wasSuccessful() and not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print("logs and data kept in " + tmp)
+    return 0 if program.result.wasSuccessful() and program.result.testsRun > 0 else 1

@@ -13,14 +13,11 @@ data, and that JAX holds the staged slots without a copy. CTest runs this as
 `python.jax` (tests/client/CMakeLists.txt).
 """
 
-import argparse
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -192,21 +189,7 @@ class MismatchTest(unittest.TestCase):
 
 
 def main():
-    global SIDECAR, MESHLOAD, TMP
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sidecar", required=True)
-    ap.add_argument("--meshload", required=True)
-    ap.add_argument("--keep", action="store_true")
-    args, rest = ap.parse_known_args()
-    SIDECAR, MESHLOAD = os.path.abspath(args.sidecar), os.path.abspath(args.meshload)
-    TMP = tempfile.mkdtemp(prefix="mljax-")
-    program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    print(harness.summary(program.result))
-    if program.result.wasSuccessful() and not args.keep:
-        shutil.rmtree(TMP, ignore_errors=True)
-    else:
-        print("logs and data kept in " + TMP)
-    return 0 if program.result.wasSuccessful() and program.result.testsRun > 0 else 1
+    return harness.run_unittests(globals(), __doc__, "mljax-")
 
 
 if __name__ == "__main__":

@@ -14,11 +14,9 @@ in two processes against two sidecars, its per-step batch sums compared with
 the planner's global batches.
 """
 
-import argparse
 import gc
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -128,21 +126,8 @@ class DDPExampleTest(unittest.TestCase):
 
 
 def main():
-    global SIDECAR, MESHLOAD, TMP
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sidecar", required=True)
-    ap.add_argument("--meshload", required=True)
-    args, rest = ap.parse_known_args()
-    SIDECAR, MESHLOAD = os.path.abspath(args.sidecar), os.path.abspath(args.meshload)
-    TMP = tempfile.mkdtemp(prefix="mltorch-")
-    print("torch %s, meshload %s from %s" % (torch.__version__, meshload.__version__, meshload.__file__))
-    program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    print(harness.summary(program.result))
-    if program.result.wasSuccessful():
-        shutil.rmtree(TMP, ignore_errors=True)
-    else:
-        print("logs and data kept in " + TMP)
-    return 0 if program.result.wasSuccessful() and program.result.testsRun > 0 else 1
+    return harness.run_unittests(globals(), __doc__, "mltorch-", banner="torch %s, meshload %s from %s" % (
+        torch.__version__, meshload.__version__, meshload.__file__))
 
 
 if __name__ == "__main__":
