@@ -82,6 +82,10 @@ int FlagParser::Parse(const std::vector<std::string>& args) {
       std::cout << usage_;
       return 0;
     }
+    if (arg == "--version" && !version_.empty()) {
+      std::cout << version_;
+      return 0;
+    }
     if (arg.size() < 2 || arg[0] != '-') {
       if (positional_) {
         positional_->push_back(arg);

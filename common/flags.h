@@ -1,6 +1,6 @@
 /// \file
 /// A small command-line flag parser for the meshload tools: `--name value`,
-/// `--name=value`, short aliases, and `--help`. Unknown flags and missing
+/// `--name=value`, short aliases, `--help` and `--version`. Unknown flags and missing
 /// values are usage errors (exit code 2) that name the flag.
 ///
 /// Thread safety: not thread-safe; used once per command on the main thread.
@@ -29,10 +29,14 @@ class FlagParser {
   void Int(std::vector<std::string> names, int64_t* out);
   void OptionalInt(std::vector<std::string> names, std::optional<int64_t>* out);
   void Bool(std::vector<std::string> names, bool* out);
+  /// `--version` prints `text` and ends parsing like `--help`; without it
+  /// `--version` is an unknown flag.
+  void Version(std::string text) { version_ = std::move(text); }
   /// Positional arguments go here; without it they are errors.
   void Positional(std::vector<std::string>* out) { positional_ = out; }
 
-  /// Returns -1 to go on, 0 after printing --help, or 2 after a usage error.
+  /// Returns -1 to go on, 0 after printing --help or --version, or 2 after a
+  /// usage error.
   int Parse(const std::vector<std::string>& args);
 
  private:
@@ -45,6 +49,7 @@ class FlagParser {
   std::string command_;
   std::string usage_;
   std::string program_;
+  std::string version_;
   std::vector<Flag> flags_;
   std::vector<std::string>* positional_ = nullptr;
 };

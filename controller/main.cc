@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/build_info.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/metrics/http_endpoints.h"
@@ -61,6 +62,7 @@ the sidecar-injection webhook (docs/webhook.md), on when --webhook-cert-dir is g
                                  sidecars read the peer secret (default 65532)
   --log-level LEVEL              debug, info, warn, error (default info)
   --log-format FORMAT            json or kv (default json)
+  --version                      print the version
 )";
 
 }  // namespace
@@ -108,6 +110,7 @@ int main(int argc, char** argv) {
   flags.Int({"--sidecar-fs-group"}, &sidecar_fs_group);
   flags.String({"--log-level"}, &log_level);
   flags.String({"--log-format"}, &log_format);
+  flags.Version(VersionText("meshload-controller", /*with_gpu_staging=*/false));
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
   auto usage = [](const std::string& m) { return cli::UsageError(m, "meshload-controller"); };
   if (Status st = ConfigureLoggingFromFlags(log_level, log_format); !st.ok()) return usage(st.message());
@@ -185,6 +188,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   LogInfo("starting", {{"version", MESHLOAD_VERSION},
+                       {"build", CompilerBuild()},
                        {"api_server", config->server},
                        {"config", config->origin},
                        {"namespace", watch_ns.empty() ? std::string("(all)") : watch_ns},

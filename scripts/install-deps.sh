@@ -13,7 +13,13 @@
 # Runs as root on a fresh Debian 12 (uses sudo when not root).
 #
 #   scripts/install-deps.sh               everything
-#   scripts/install-deps.sh --build-only  what building meshload needs (no test tools)
+#   scripts/install-deps.sh --build-only  what building meshload needs and no
+#                                         more: the compiler, the libraries'
+#                                         headers, and cuda.h from NVIDIA's
+#                                         CUDA runtime wheel
+#                                         (requirements-build.txt) in .venv;
+#                                         no test tools, no control plane (the
+#                                         images' build stage uses this)
 set -euo pipefail
 BUILD_ONLY=0
 case "${1:-}" in
@@ -22,15 +28,22 @@ case "${1:-}" in
   *) echo "usage: scripts/install-deps.sh [--build-only]" >&2; exit 2 ;;
 esac
 
-PACKAGES=(
-  build-essential cmake ninja-build pkg-config git ca-certificates
-  libgtest-dev libgmock-dev libbenchmark-dev
+# What the build needs (the product binaries and the Python module).
+BUILD_PACKAGES=(
+  build-essential cmake ninja-build pkg-config ca-certificates
   libyaml-cpp-dev nlohmann-json3-dev
   libcpp-httplib-dev libssl-dev libboost-dev
-  pybind11-dev python3-dev python3-numpy libdlpack-dev
-  clang libclang-rt-14-dev
-  prometheus curl util-linux openssl python3-yaml python3-jsonschema python3-venv
+  pybind11-dev python3-dev libdlpack-dev python3-venv
 )
+# What the tests, benchmarks, fuzzers and the image builds need on top.
+TEST_PACKAGES=(
+  git libgtest-dev libgmock-dev libbenchmark-dev python3-numpy
+  clang libclang-rt-14-dev
+  prometheus curl util-linux openssl python3-yaml python3-jsonschema
+  podman debootstrap
+)
+PACKAGES=("${BUILD_PACKAGES[@]}")
+if [ "$BUILD_ONLY" = 0 ]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -50,18 +63,23 @@ else
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# The project-local Python environment, from the pinned requirements.txt.
-# Reinstalled only when requirements.txt changed since the last install.
+# The project-local Python environment, from the pinned requirements.txt
+# (which includes requirements-build.txt), or requirements-build.txt alone
+# for --build-only. Reinstalled only when those files changed since the last
+# install; a full environment also serves --build-only.
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=$ROOT/.venv
 STAMP=$VENV/.requirements.sha256
-want=$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)
-if [ -x "$VENV/bin/python" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ]; then
-  echo "install-deps: .venv matches requirements.txt"
+full=full-$(cat "$ROOT/requirements.txt" "$ROOT/requirements-build.txt" | sha256sum | cut -d' ' -f1)
+build=build-$(sha256sum <"$ROOT/requirements-build.txt" | cut -d' ' -f1)
+have=$(cat "$STAMP" 2>/dev/null || true)
+if [ "$BUILD_ONLY" = 1 ]; then want=$build req=requirements-build.txt; else want=$full req=requirements.txt; fi
+if [ -x "$VENV/bin/python" ] && { [ "$have" = "$want" ] || { [ "$BUILD_ONLY" = 1 ] && [ "$have" = "$full" ]; }; }; then
+  echo "install-deps: .venv matches $req"
 else
-  echo "install-deps: making .venv from requirements.txt"
+  echo "install-deps: making .venv from $req"
   python3 -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir -r "$ROOT/$req"
   echo "$want" >"$STAMP"
 fi
 

@@ -6,6 +6,8 @@
 #   3. clang libFuzzer build: each fuzz target for MESHLOAD_FUZZ_SECONDS (default 60)
 #   4. ThreadSanitizer build of the concurrent parts: the sidecar, sources, metrics,
 #      GPU staging (against the stand-in driver)
+#   (the release configuration also builds the container images with podman
+#   and checks them from the inside: tests/docker/images_test.py)
 # Exits non-zero on the first failing configuration. `.ci/run` runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -20,6 +20,7 @@
 #include "common/allocator.h"
 #include <nlohmann/json.hpp>
 
+#include "common/build_info.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "sidecar/exchange/peer_exchange.h"
@@ -88,6 +89,7 @@ options (each also read from the environment variable named after it):
                          run --local)
   --log-level LEVEL      debug, info, warn, error                             MESHLOAD_LOG_LEVEL
   --log-format FORMAT    json or kv                                           MESHLOAD_LOG_FORMAT
+  --version              print the version and whether GPU staging is built in
 )";
 
 // Read by the signal handler: atomic (and lock-free, so async-signal-safe).
@@ -247,6 +249,7 @@ int main(int argc, char** argv) {
   flags.String({"--peer-listen-fd"}, &peer_fd);
   flags.String({"--log-level"}, &log_level);
   flags.String({"--log-format"}, &log_format);
+  flags.Version(VersionText("meshload-sidecar", /*with_gpu_staging=*/true));
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
 
   auto usage = [](const std::string& msg) { return cli::UsageError(msg, "meshload-sidecar"); };
@@ -260,6 +263,9 @@ int main(int argc, char** argv) {
     return true;
   };
   if (Status st = ConfigureLoggingFromFlags(log_level, log_format); !st.ok()) return usage(st.message());
+  LogInfo("meshload-sidecar", {{"version", std::string(Version())},
+                               {"gpu_staging", GpuStagingBuild()},
+                               {"build", CompilerBuild()}});
   if (opt.job_path.empty()) return usage("--job (or MESHLOAD_JOB) is required");
   if (opt.socket_path.empty()) return usage("--socket (or MESHLOAD_SOCKET) is required");
   if (process.empty() && process_file.empty()) {

@@ -1,10 +1,12 @@
-// meshload: the command-line tool. Subcommands: plan (issue #2), run --local.
+// meshload: the command-line tool. Subcommands: plan, run --local,
+// demo-trainer, version.
 
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "common/allocator.h"
+#include "common/build_info.h"
 #include "common/logging.h"
 #include "tools/demo_trainer.h"
 #include "tools/plan_command.h"
@@ -18,7 +20,7 @@ commands:
   plan          show which device holds which samples, who reads what, and the I/O cost
   run --local   run the whole data path on this machine, verifying every batch
   demo-trainer  consume and verify batches from one sidecar (used by run --local)
-  version       print the version
+  version       print the version and whether GPU staging is built in (also --version)
 
 Run 'meshload <command> --help' for a command's options.
 )";
@@ -41,7 +43,7 @@ int main(int argc, char** argv) {
   if (cmd == "run") return meshload::cli::RunRun(args);
   if (cmd == "demo-trainer") return meshload::cli::RunDemoTrainer(args);
   if (cmd == "version" || cmd == "--version") {
-    std::cout << "meshload " << MESHLOAD_VERSION << "\n";
+    std::cout << meshload::VersionText("meshload", /*with_gpu_staging=*/true);
     return 0;
   }
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {

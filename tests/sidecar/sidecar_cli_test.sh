@@ -204,6 +204,12 @@ out=$("$ML" demo-trainer --job "$TMP/fixed.yaml" --process 1 --socket "$SOCK2" -
 [ $waiting -eq 0 ] && [ $rc -eq 0 ] && grep -q '"process":1' "$TMP/pf.log"
 check "--process-file waits for the index, then serves that process (the trainer verifies process 1's bytes)" $?
 [ $rc -eq 0 ] || { echo "$out" | tail -5; tail -5 "$TMP/pf.log"; }
+ver=$("$SIDECAR" --version); rc=$?
+gpu=$(sed -n 's/^gpu-staging: //p' <<<"$ver")
+[ $rc -eq 0 ] && [[ "$(head -1 <<<"$ver")" =~ ^meshload-sidecar\ [0-9]+\.[0-9]+\.[0-9]+$ ]] && [ -n "$gpu" ] &&
+  grep '"msg":"meshload-sidecar"' "$TMP/pf.log" | grep -qF "\"gpu_staging\":\"$gpu\"" &&
+  [ "$("$ML" version)" = "$(sed 's/^meshload-sidecar /meshload /' <<<"$ver")" ]
+check "--version says whether GPU staging is built in ($gpu), the start-up log and 'meshload version' say the same" $?
 echo "garbage" >"$TMP/cm/process.bad"
 out=$("$SIDECAR" --job "$TMP/fixed.yaml" --socket "$TMP/bad.sock" --process-file "$TMP/cm/process.bad" 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "process.bad" <<<"$out" && grep -q "got 'garbage'" <<<"$out"
