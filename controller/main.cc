@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
         if (!controller.synced()) return {false, "informer caches not synced"};
         return {true, ""};
       },
-      {.bind_address = metrics_address, .port = static_cast<int>(metrics_port)});
+      {.bind_address = metrics_address, .port = static_cast<int>(metrics_port), .progress = nullptr});
   auto port = health.Start();
   if (!port.ok()) {
     LogError("cannot serve metrics", {{"error", port.status().ToString()}});

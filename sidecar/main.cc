@@ -44,9 +44,10 @@ options (each also read from the environment variable named after it):
   --socket-mode MODE     octal permissions of the socket (default 0660)       MESHLOAD_SOCKET_MODE
   --allow-uids LIST      comma-separated uids allowed to connect              MESHLOAD_ALLOW_UIDS
                          (default: the sidecar's own uid)
-  --metrics-port N       serve /metrics, /healthz, /readyz (0: any free port; MESHLOAD_METRICS_PORT
-                         default: off)
+  --metrics-port N       serve /metrics, /healthz, /readyz, /progress (0: any MESHLOAD_METRICS_PORT
+                         free port; default: off)
   --metrics-address A    address to serve them on (default 0.0.0.0)           MESHLOAD_METRICS_ADDRESS
+  --progress-window S    seconds /progress reports rates over (default 15)    MESHLOAD_PROGRESS_WINDOW
   --start-step T         first step to stage before the trainer connects      MESHLOAD_START_STEP
                          (default spec.resume.step)
   --reader-threads N     storage reader threads (default 4)                   MESHLOAD_READER_THREADS
@@ -207,6 +208,7 @@ int main(int argc, char** argv) {
   }
   sidecar::SidecarOptions opt;
   std::string process = Env("MESHLOAD_PROCESS"), metrics_port = Env("MESHLOAD_METRICS_PORT");
+  std::string progress_window = Env("MESHLOAD_PROGRESS_WINDOW");
   std::string start_step = Env("MESHLOAD_START_STEP"), reader_threads = Env("MESHLOAD_READER_THREADS");
   std::string resident_limit = Env("MESHLOAD_MMAP_RESIDENT_LIMIT_MIB");
   std::string staging_threads = Env("MESHLOAD_STAGING_THREADS"), staging_sched = Env("MESHLOAD_STAGING_SCHED");
@@ -231,6 +233,7 @@ int main(int argc, char** argv) {
   flags.String({"--socket-mode"}, &mode);
   flags.String({"--allow-uids"}, &allow);
   flags.String({"--metrics-port"}, &metrics_port);
+  flags.String({"--progress-window"}, &progress_window);
   flags.String({"--metrics-address"}, &opt.metrics_address);
   flags.String({"--start-step"}, &start_step);
   flags.String({"--reader-threads"}, &reader_threads);
@@ -274,6 +277,10 @@ int main(int argc, char** argv) {
   if (!process.empty() && !process_file.empty()) return usage("give --process or --process-file, not both");
   if (!process.empty() && !int_flag(process, "--process", 0, 1 << 22, &opt.process)) return 2;
   int64_t v = 0;
+  if (!progress_window.empty()) {
+    if (!int_flag(progress_window, "--progress-window", 1, 3600, &v)) return 2;
+    opt.progress_window = std::chrono::seconds(v);
+  }
   if (!metrics_port.empty()) {
     if (!int_flag(metrics_port, "--metrics-port", 0, 65535, &v)) return 2;
     opt.metrics_port = static_cast<int>(v);

@@ -65,6 +65,10 @@ int64_t NowNs() {
 // Metrics: names follow Prometheus conventions (meshload_ prefix, base
 // units, _total counters); every label has a bounded set of values.
 
+// Storage request latency buckets (every source the same, so /progress can
+// add them up): 10 µs to about 5 s.
+const metrics::BucketBoundaries kReadLatencyBuckets = metrics::ExponentialBuckets(1e-5, 2, 20);
+
 struct Sidecar::Metrics {
   explicit Metrics(metrics::Registry& r)
       : bytes_read(metrics::BuildCounter()
@@ -274,7 +278,7 @@ class Sidecar::Observer : public source::SourceObserver {
     return m_.bytes_read.Add({{"source", std::string(scheme)}});
   }
   metrics::Histogram& Latency(std::string_view scheme) {
-    return m_.read_latency.Add({{"source", std::string(scheme)}}, metrics::ExponentialBuckets(1e-5, 2, 20));
+    return m_.read_latency.Add({{"source", std::string(scheme)}}, kReadLatencyBuckets);
   }
   struct Known {
     std::string_view scheme;
@@ -402,6 +406,11 @@ Status Sidecar::Init() {
                                                             "meshload-" + job_name_ + "-p" +
                                                                 std::to_string(options_.process)));
   start_step_ = target_step_ = options_.start_step.value_or(rj.spec.resume.step);
+  consumed_.Reset(start_step_);
+  delivered_step_.store(start_step_ - 1);
+  ProgressOptions popts;
+  popts.window = options_.progress_window;
+  progress_ = std::make_unique<ProgressWindow>(kReadLatencyBuckets, popts);
   RETURN_IF_ERROR(InitDeviceStaging());
   pool_ = std::make_unique<staging::SlotPool>(slots, start_step_);
   slot_checksums_.assign(slots, {});
@@ -469,6 +478,8 @@ Status Sidecar::Init() {
     metrics::HealthServerOptions hopts;
     hopts.bind_address = options_.metrics_address;
     hopts.port = options_.metrics_port;
+    progress_->Add(TakeProgressSample());  // the window's first sample: rates count from the start
+    hopts.progress = [this] { return ProgressJson(); };
     health_ = std::make_unique<metrics::HealthServer>(*registry_, [this] { return Readiness(); }, hopts);
     ASSIGN_OR_RETURN(metrics_port_, health_->Start());
   }
@@ -845,10 +856,7 @@ bool Sidecar::ServeClosingMessages(Closing& c) {
       auto it = std::find(c.leases.begin(), c.leases.end(), std::make_pair(rel->slot, rel->step));
       if (it == c.leases.end()) continue;
       c.leases.erase(it);
-      if (pool_->Release(rel->slot, rel->step)) {
-        metrics_->batches_consumed.Increment();
-        metrics_->trainer_wait.Observe(static_cast<double>(rel->wait_ns) / 1e9);
-      }
+      if (pool_->Release(rel->slot, rel->step)) Consumed(rel->step, rel->wait_ns);
     } else if (const auto* bye = std::get_if<ipc::Bye>(&*decoded)) {
       // After an ERROR: the trainer says which batches it still holds; the
       // others (READYs it never handed out) come back now.
@@ -913,6 +921,9 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
   ClientLock client_lock(*this);
   client_ = std::move(pending_);
   client_->next_to_send = want;
+  // The trainer starts at `want`: what comes before it is done, from its side.
+  consumed_.Reset(want);
+  delivered_step_.store(want - 1);
   const ResolvedJob& rj = planner_->job();
   ipc::ServerHello sh;
   sh.job = job_name_;
@@ -989,6 +1000,7 @@ void Sidecar::SendReadyBatchesLocked() {
     client_->next_to_send++;
     metrics_->batches_delivered.Increment();
     metrics_->current_step.Set(static_cast<double>(r.step));
+    delivered_step_.store(r.step);
   }
 }
 
@@ -1053,8 +1065,7 @@ void Sidecar::ServeClientMessage() {
       ours = it != leased.end() && pool_->Release(rel->slot, rel->step);
       if (ours) {
         leased.erase(it);
-        metrics_->batches_consumed.Increment();
-        metrics_->trainer_wait.Observe(static_cast<double>(rel->wait_ns) / 1e9);
+        Consumed(rel->step, rel->wait_ns);
         SendReadyBatchesLocked();
       }
     }
@@ -1073,7 +1084,49 @@ void Sidecar::ServeClientMessage() {
   DropClient("unexpected message after the handshake", /*keep_leases=*/true);
 }
 
+void Sidecar::Consumed(int64_t step, uint64_t wait_ns) {
+  metrics_->batches_consumed.Increment();
+  metrics_->trainer_wait.Observe(static_cast<double>(wait_ns) / 1e9);
+  consumed_.Consumed(step);
+}
+
+ProgressSample Sidecar::TakeProgressSample() const {
+  ProgressSample s;
+  s.time_ns = NowNs();
+  s.consumed_step = consumed_.step();
+  s.delivered_step = delivered_step_.load();
+  s.next_staged_step = pool_->next_fill_step();
+  s.batches_consumed = static_cast<uint64_t>(metrics_->batches_consumed.Value());
+  s.trainer_wait_seconds = metrics_->trainer_wait.Sum();
+  s.trainer_waits = metrics_->trainer_wait.Count();
+  s.read_latency_buckets.assign(kReadLatencyBuckets.size() + 1, 0);
+  metrics_->read_latency.ForEach([&](const metrics::Labels&, const metrics::Histogram& h) {
+    const std::vector<uint64_t> c = h.CumulativeCounts();
+    for (size_t i = 0; i < c.size() && i < s.read_latency_buckets.size(); ++i) s.read_latency_buckets[i] += c[i];
+  });
+  auto sum = [](const metrics::Family<metrics::Counter>& f) {
+    double total = 0;
+    f.ForEach([&](const metrics::Labels&, const metrics::Counter& c) { total += c.Value(); });
+    return static_cast<uint64_t>(total);
+  };
+  s.bytes_read = sum(metrics_->bytes_read);
+  s.storage_retries = sum(metrics_->retries);
+  s.errors = sum(metrics_->errors);
+  s.trainer_connected = metrics_->clients.Value() > 0;
+  return s;
+}
+
+std::string Sidecar::ProgressJson() {
+  progress_->Add(TakeProgressSample());
+  nlohmann::json report = progress_->Report();
+  report["job"] = job_name_;
+  report["process"] = options_.process;
+  report["stepsPerEpoch"] = planner_->job().steps_per_epoch;
+  return report.dump();
+}
+
 void Sidecar::Watchdog() {
+  if (progress_) progress_->Add(TakeProgressSample());
   const double limit = std::chrono::duration<double>(options_.stall_report_after).count();
   const InflightRead oldest = loader_->OldestInflight();
   if (oldest.seconds > limit) {

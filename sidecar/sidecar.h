@@ -15,7 +15,9 @@
 ///     RELEASEs; a trainer that dies has its leases reclaimed, one that
 ///     leaves (BYE) keeps those of the batches it still holds until they
 ///     are released; a reconnect at any step re-plans from there;
-///   - the HealthServer serves /metrics, /healthz and /readyz.
+///   - the HealthServer serves /metrics, /healthz, /readyz and /progress
+///     (sidecar/progress.h: the consumed step, staged steps, the trainer's
+///     wait and storage latency over the last `progress_window`).
 /// A watchdog in the server loop reports, within seconds, a storage read
 /// stuck in flight and a trainer that holds every slot (logs and gauges).
 /// When staging fails for good (a file truncated under it, say) the sidecar
@@ -45,6 +47,7 @@
 #include "common/unique_fd.h"
 #include "planner/shard_planner.h"
 #include "sidecar/ipc/protocol.h"
+#include "sidecar/progress.h"
 #include "sidecar/source/source.h"
 #include "sidecar/staging/batch_layout.h"
 #include "sidecar/staging/device_memory.h"
@@ -64,6 +67,9 @@ struct SidecarOptions {
   /// /metrics, /healthz, /readyz; -1 disables, 0 picks a free port.
   int metrics_port = -1;
   std::string metrics_address = "0.0.0.0";
+  /// The span GET /progress reports rates over (the controller polls about
+  /// this often).
+  std::chrono::nanoseconds progress_window = std::chrono::seconds(15);
   /// The first step to stage before a trainer connects (default:
   /// spec.resume.step). A trainer may ask for any other step.
   std::optional<int64_t> start_step;
@@ -230,6 +236,16 @@ class Sidecar {
   bool reported_stuck_read_ = false;
   std::vector<std::thread> producers_;
   exchange::ExchangeCounters peer_seen_;  // what the metrics have counted (collect hook)
+
+  // Progress (GET /progress): the consumed watermark, moved by RELEASEs and
+  // reset where a trainer starts; the last step handed over; the window.
+  ConsumedWatermark consumed_;
+  std::atomic<int64_t> delivered_step_{-1};
+  std::unique_ptr<ProgressWindow> progress_;
+  ProgressSample TakeProgressSample() const;
+  std::string ProgressJson();
+  // A RELEASE of `step` after a wait of `wait_ns`: counted, and the watermark moves.
+  void Consumed(int64_t step, uint64_t wait_ns);
 };
 
 /// Resolves the job as a sidecar must: local datasets are indexed from their

@@ -142,7 +142,8 @@ int HealthServer::port() const { return port_; }
 
 void HealthServer::Handle(const httplib::Request& request, httplib::Response& response) const {
   const std::string& path = request.path;
-  if (path != "/metrics" && path != "/healthz" && path != "/readyz") {
+  if (path != "/metrics" && path != "/healthz" && path != "/readyz" &&
+      !(path == "/progress" && options_.progress)) {
     response.status = 404;
     response.set_content("not found: " + path, kTextContentType);
     return;
@@ -157,6 +158,9 @@ void HealthServer::Handle(const httplib::Request& request, httplib::Response& re
   if (path == "/metrics") {
     response.status = 200;
     response.set_content(registry_.Serialize(), kExpositionContentType);
+  } else if (path == "/progress") {
+    response.status = 200;
+    response.set_content(options_.progress(), "application/json");
   } else if (path == "/healthz") {
     std::lock_guard<std::mutex> lock(health_mu_);
     response.status = healthy_ ? 200 : 503;

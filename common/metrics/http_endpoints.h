@@ -9,10 +9,14 @@
 ///                 restarts the container)
 ///   GET /readyz   200 `ready` when the readiness check says so, else 503 with
 ///                 the reason it gave (readiness: the pod leaves the Service)
+///   GET /progress 200, `application/json`, the progress report's text, when
+///                 HealthServerOptions::progress is set (the sidecar's; see
+///                 sidecar/progress.h); 404 otherwise
 ///
 /// HEAD is answered like GET without the body. Any other method on these
-/// three paths is 405 with `Allow: GET, HEAD`; any other path is 404, whatever
-/// the method. Bodies are `text/plain; charset=utf-8`.
+/// paths is 405 with `Allow: GET, HEAD`; any other path is 404, whatever
+/// the method. Bodies other than /metrics and /progress are
+/// `text/plain; charset=utf-8`.
 ///
 ///   HealthServer server(registry, [&] { return pool.Ready(); },
 ///                       {.bind_address = "0.0.0.0", .port = 9090});
@@ -69,6 +73,9 @@ struct HealthServerOptions {
   std::string bind_address = "0.0.0.0";
   /// 0 picks a free ephemeral port; Start() returns the one bound.
   int port = 0;
+  /// GET /progress's body (a JSON document), made per request on a worker
+  /// thread: must be thread-safe. Unset: /progress is 404.
+  std::function<std::string()> progress;
 };
 
 /// Serves /metrics, /healthz and /readyz from a thread of its own.

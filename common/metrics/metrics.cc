@@ -253,6 +253,12 @@ T& Family<T>::Add(const Labels& labels, const BucketBoundaries& boundaries)
 }
 
 template <typename T>
+void Family<T>::ForEach(const std::function<void(const Labels&, const T&)>& fn) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [labels, series] : series_) fn(labels, *series.metric);
+}
+
+template <typename T>
 bool Family<T>::AppendSamples(std::string* out) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (series_.empty()) return false;

@@ -210,6 +210,10 @@ class Family final : public FamilyBase {
   T& Add(const Labels& labels, const BucketBoundaries& boundaries)
     requires(T::kType == MetricType::kHistogram);
 
+  /// Calls `fn` for each series, in label order, under the family's lock:
+  /// `fn` must not add series to this family.
+  void ForEach(const std::function<void(const Labels&, const T&)>& fn) const;
+
  private:
   friend class Registry;
   struct Series {

@@ -16,7 +16,7 @@
 namespace meshload::metrics {
 namespace {
 
-HealthServerOptions Loopback(int port = 0) { return {.bind_address = "127.0.0.1", .port = port}; }
+HealthServerOptions Loopback(int port = 0) { return {.bind_address = "127.0.0.1", .port = port, .progress = nullptr}; }
 
 httplib::Client ClientFor(int port) {
   httplib::Client client("127.0.0.1", port);
@@ -138,6 +138,33 @@ TEST_F(HealthServerTest, NullReadinessCheckMeansReady) {
   EXPECT_EQ(res->status, 200);
 }
 
+TEST_F(HealthServerTest, ProgressServesTheCallersJsonAndIs404WithoutOne) {
+  HealthServerOptions options = Loopback();
+  std::atomic<int> calls{0};
+  options.progress = [&] { return "{\"consumedStep\":" + std::to_string(calls++) + "}"; };
+  HealthServer server(registry_, nullptr, options);
+  Result<int> port = server.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  auto client = ClientFor(*port);
+  for (int i = 0; i < 2; ++i) {
+    auto res = client.Get("/progress");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200);
+    EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
+    EXPECT_EQ(res->body, "{\"consumedStep\":" + std::to_string(i) + "}");
+  }
+  auto post = client.Post("/progress", "", "text/plain");
+  ASSERT_TRUE(post);
+  EXPECT_EQ(post->status, 405);
+
+  HealthServer plain(registry_, nullptr, Loopback());
+  Result<int> plain_port = plain.Start();
+  ASSERT_TRUE(plain_port.ok()) << plain_port.status().ToString();
+  auto res = ClientFor(*plain_port).Get("/progress");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 404);
+}
+
 TEST_F(HealthServerTest, UnknownPathIs404WhateverTheMethod) {
   HealthServer server(registry_, nullptr, Loopback());
   Result<int> port = server.Start();
@@ -220,7 +247,7 @@ TEST_F(HealthServerTest, StartOnAPortHeldByAnotherHealthServerFails) {
 
 TEST_F(HealthServerTest, StartOnAnAddressThatIsNotLocalFails) {
   // 192.0.2.0/24 is TEST-NET-1: never assigned to a host.
-  HealthServer server(registry_, nullptr, {.bind_address = "192.0.2.1", .port = 0});
+  HealthServer server(registry_, nullptr, {.bind_address = "192.0.2.1", .port = 0, .progress = nullptr});
   Result<int> port = server.Start();
   ASSERT_FALSE(port.ok());
   EXPECT_EQ(port.status().location(), "192.0.2.1:0");

@@ -161,6 +161,21 @@ check "promtool check metrics is clean on the sidecar's /metrics" $?
 [ -s "$TMP/promtool.out" ] && cat "$TMP/promtool.out"
 grep -q "^meshload_batches_consumed_total 30" "$TMP/metrics.txt" || { grep "consumed|delivered|connections" "$TMP/metrics.txt"; tail -3 "$TMP/trainer.out"; tail -5 "$TMP/sidecar.log"; }
 
+# GET /progress: the trainer finished steps 0..29, so a restarted job resumes at 30.
+curl -sf "http://127.0.0.1:$PORT/progress" >"$TMP/progress.json"
+python3 - "$TMP/progress.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+ok = (p["job"] == "fixed" and p["process"] == 0 and p["consumedStep"] == 29 and p["resumeStep"] == 30
+      and p["deliveredStep"] >= 29 and p["trainerConnected"] is False and p["windowSeconds"] > 0
+      and p["stepsPerSecond"] > 0 and 0 <= p["trainerWaitFraction"] <= 1 and p["bytesPerSecond"] > 0
+      and p["errors"] == 0 and p["stagedAhead"] >= 1)
+sys.exit(0 if ok else 1)
+PY
+rc=$?
+check "GET /progress: consumed step 29, resume at 30, rates over the window" $rc
+[ $rc -eq 0 ] || cat "$TMP/progress.json"
+
 if command -v prometheus >/dev/null; then
   PROM_PORT=$(listen_port)
   cat >"$TMP/prom.yml" <<YAML
