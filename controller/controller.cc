@@ -26,7 +26,16 @@ Controller::Controller(kube::KubeClient* client, metrics::Registry* registry, Co
   jobs_ = std::make_unique<kube::Informer>(client, JobsResource(), jo);
   pods_ = std::make_unique<kube::Informer>(client, PodsResource(), po);
   configmaps_ = std::make_unique<kube::Informer>(client, ConfigMapsResource(), co);
-  reconciler_ = std::make_unique<Reconciler>(client, jobs_.get(), pods_.get(), configmaps_.get(), options_.reconciler);
+  ReconcilerOptions ro = options_.reconciler;
+  if (options_.progress_interval.count() > 0) {
+    ProgressPollerOptions pp = options_.progress;
+    pp.interval = options_.progress_interval;
+    pp.sidecar_container = ro.sidecar_container;
+    pp.on_polled = [this](const std::string& key) { queue_.Add(key); };
+    poller_ = std::make_unique<ProgressPoller>(jobs_.get(), pods_.get(), configmaps_.get(), pp);
+    ro.progress = [this](const std::string& key) { return poller_->Get(key); };
+  }
+  reconciler_ = std::make_unique<Reconciler>(client, jobs_.get(), pods_.get(), configmaps_.get(), ro);
 
   jobs_->OnChange([this](const nlohmann::json& job, bool) { queue_.Add(kube::ObjectKey(job)); });
   pods_->OnChange([this](const nlohmann::json& pod, bool) {
@@ -111,6 +120,7 @@ void Controller::StartWorkers() {
   EnqueueAllJobs();
   for (int i = 0; i < std::max(1, options_.workers); ++i) workers_.emplace_back([this] { Worker(); });
   resync_ = std::thread([this] { ResyncLoop(); });
+  if (poller_) poller_->Start();
 }
 
 void Controller::EnqueueAllJobs() {
@@ -197,6 +207,7 @@ void Controller::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     cv_.notify_all();
   }
+  if (poller_) poller_->Stop();
   queue_.ShutDown();
   for (auto& w : workers_) w.join();
   if (resync_.joinable()) resync_.join();

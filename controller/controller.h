@@ -14,6 +14,10 @@
 /// to its job. What the event was does not matter: the reconcile reads the
 /// world.
 ///
+/// With ControllerOptions::progress_interval, a ProgressPoller reads the
+/// ready sidecars' /progress that often and queues each job after it, so
+/// its status.progress and resume.json follow the trainers.
+///
 /// Metrics (prefix meshload_controller_): reconciles_total{result}
 /// (success, error), reconcile_duration_seconds, queue_depth, leader,
 /// api_requests_total{verb,code} (the latter fed by the client's
@@ -38,6 +42,7 @@
 #include "common/metrics/metrics.h"
 #include "controller/kube/client.h"
 #include "controller/kube/informer.h"
+#include "controller/progress_poller.h"
 #include "controller/reconciler.h"
 #include "controller/runtime/workqueue.h"
 
@@ -50,6 +55,12 @@ struct ControllerOptions {
   std::chrono::seconds resync_period{600};
   std::chrono::seconds watch_timeout{300};
   runtime::WorkQueueOptions queue;
+  /// How often the sidecars' /progress is polled (ProgressPoller) for
+  /// status.progress and resume.json; 0 turns polling off.
+  std::chrono::milliseconds progress_interval{0};
+  /// The poller's timeout, concurrency and default port (its interval,
+  /// container name and callback are set from the above).
+  ProgressPollerOptions progress;
 };
 
 /// Registers meshload_controller_api_requests_total in `registry` and
@@ -95,6 +106,7 @@ class Controller {
   ControllerOptions options_;
   runtime::WorkQueue queue_;
   std::unique_ptr<kube::Informer> jobs_, pods_, configmaps_;
+  std::unique_ptr<ProgressPoller> poller_;
   std::unique_ptr<Reconciler> reconciler_;
   std::vector<std::thread> workers_;
   std::thread resync_;

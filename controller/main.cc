@@ -48,6 +48,16 @@ options:
   --lease-duration-ms N          15000    --renew-deadline-ms N  10000    --retry-period-ms N  2000
   --resync-seconds N             re-queue every job this often (default 600)
   --sidecar-container NAME       the sidecar container in trainer pods (default meshload-sidecar)
+  --progress-interval-seconds N  poll the ready sidecars' /progress this often for
+                                 status.progress and the resume step (default 15; 0: off)
+  --progress-timeout-ms N        a poll request's timeout (default 2000)
+  --progress-concurrency N       poll requests at once (default 16)
+  --sidecar-metrics-port N       the sidecars' metrics port when their container names
+                                 none (default 9464)
+  --progress-step-granularity N  rewrite status.progress when a step moved this much, the
+                                 rate by 10% or anything else changed (default 100)
+  --progress-lag-steps N         list a process as lagging this many steps behind the
+                                 median (default 100)
 
 the sidecar-injection webhook (docs/webhook.md), on when --webhook-cert-dir is given:
   --webhook-cert-dir DIR         tls.crt and tls.key of its serving certificate (reloaded
@@ -84,6 +94,8 @@ int main(int argc, char** argv) {
   int64_t webhook_port = 9443, sidecar_fs_group = 65532;
   int64_t workers = 4, burst = 30, metrics_port = 8080, lease_ms = 15000, renew_ms = 10000, retry_ms = 2000;
   int64_t resync_s = 600;
+  int64_t progress_s = 15, progress_timeout_ms = 2000, progress_concurrency = 16, sidecar_metrics_port = 9464;
+  int64_t progress_granularity = 100, progress_lag = 100;
   cli::FlagParser flags("", kUsage, "meshload-controller");
   flags.String({"--kubeconfig"}, &kubeconfig);
   flags.String({"--namespace"}, &watch_ns);
@@ -102,6 +114,12 @@ int main(int argc, char** argv) {
   flags.Int({"--retry-period-ms"}, &retry_ms);
   flags.Int({"--resync-seconds"}, &resync_s);
   flags.String({"--sidecar-container"}, &sidecar_container);
+  flags.Int({"--progress-interval-seconds"}, &progress_s);
+  flags.Int({"--progress-timeout-ms"}, &progress_timeout_ms);
+  flags.Int({"--progress-concurrency"}, &progress_concurrency);
+  flags.Int({"--sidecar-metrics-port"}, &sidecar_metrics_port);
+  flags.Int({"--progress-step-granularity"}, &progress_granularity);
+  flags.Int({"--progress-lag-steps"}, &progress_lag);
   flags.String({"--webhook-cert-dir"}, &webhook_cert_dir);
   flags.Int({"--webhook-port"}, &webhook_port);
   flags.String({"--webhook-address"}, &webhook_address);
@@ -136,6 +154,12 @@ int main(int argc, char** argv) {
     return usage("leader election needs retry period < renew deadline < lease duration");
   }
   if (resync_s < 1) return usage("--resync-seconds must be positive");
+  if (progress_s < 0 || progress_s > 3600) return usage("--progress-interval-seconds must be 0..3600");
+  if (progress_timeout_ms < 1 || progress_timeout_ms > 60000) return usage("--progress-timeout-ms must be 1..60000");
+  if (progress_concurrency < 1 || progress_concurrency > 256) return usage("--progress-concurrency must be 1..256");
+  if (sidecar_metrics_port < 1 || sidecar_metrics_port > 65535) return usage("--sidecar-metrics-port must be 1..65535");
+  if (progress_granularity < 1) return usage("--progress-step-granularity must be positive");
+  if (progress_lag < 1) return usage("--progress-lag-steps must be positive");
   if (webhook_port < 0 || webhook_port > 65535) return usage("--webhook-port must be 0..65535");
   if (sidecar_image.empty()) return usage("--sidecar-image must not be empty");
   if (sidecar_fs_group < 1) return usage("--sidecar-fs-group must be positive");
@@ -199,6 +223,12 @@ int main(int argc, char** argv) {
   options.workers = static_cast<int>(workers);
   options.resync_period = std::chrono::seconds(resync_s);
   options.reconciler.sidecar_container = sidecar_container;
+  options.progress_interval = std::chrono::seconds(progress_s);
+  options.progress.timeout = std::chrono::milliseconds(progress_timeout_ms);
+  options.progress.concurrency = static_cast<int>(progress_concurrency);
+  options.progress.default_port = static_cast<int>(sidecar_metrics_port);
+  options.reconciler.progress_step_granularity = progress_granularity;
+  options.reconciler.progress_lag_steps = progress_lag;
   std::unique_ptr<kube::KubeClient> election_client;  // declared first: it outlives the elector
   std::unique_ptr<runtime::LeaderElector> elector;
   if (leader_elect == "true") {

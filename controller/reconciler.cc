@@ -103,6 +103,7 @@ struct DesiredStatus {
   std::string plan_hash;
   std::string peer_secret;      // the Secret's name, once it exists
   std::string peer_secret_uid;  // its uid, when this controller made it
+  json progress;                // status.progress (ProgressStatus), null without a poll
   std::vector<Condition> conditions;
 };
 
@@ -114,6 +115,7 @@ json StatusJson(const DesiredStatus& d, int64_t generation, const json& current)
   if (!d.plan_hash.empty()) out["planHash"] = d.plan_hash;
   if (!d.peer_secret.empty()) out["peerSecretName"] = d.peer_secret;
   if (!d.peer_secret_uid.empty()) out["peerSecretUID"] = d.peer_secret_uid;
+  if (d.progress.is_object()) out["progress"] = d.progress;
   json conds = json::array();
   const json& old = Field(current, "conditions");
   for (const auto& c : d.conditions) {
@@ -240,7 +242,24 @@ json SlimPod(json pod) {
     }
     slim_st[list] = std::move(slim);
   }
-  return {{"metadata", std::move(slim_md)}, {"status", std::move(slim_st)}};
+  // The sidecar's metrics port, where the ProgressPoller asks for /progress.
+  json slim_spec = json::object();
+  const json& spec = Field(pod, "spec");
+  for (const char* list : {"containers", "initContainers"}) {
+    const json& cs = Field(spec, list);
+    if (!cs.is_array()) continue;
+    for (const auto& c : cs) {
+      if (Str(c, "name") != kDefaultSidecarContainer || !Field(c, "ports").is_array()) continue;
+      for (const auto& port : Field(c, "ports")) {
+        if (Str(port, "name") == "metrics" && Field(port, "containerPort").is_number_integer()) {
+          slim_spec["metricsPort"] = Field(port, "containerPort");
+        }
+      }
+    }
+  }
+  json slim = {{"metadata", std::move(slim_md)}, {"status", std::move(slim_st)}};
+  if (!slim_spec.empty()) slim["spec"] = std::move(slim_spec);
+  return slim;
 }
 
 bool SelectorMatches(const json& selector, const json& labels) {
@@ -591,12 +610,35 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
       data["process." + Str(md, "name")] = std::to_string(i);
       if (i == 0) rendezvous = ip;
     }
+    // Progress (the sidecars' /progress, polled by the ProgressPoller) and
+    // the step a restarted or resized job resumes at: resume.json, which
+    // the sidecars read at start next to job.json.
+    if (options_.progress) {
+      if (std::optional<JobProgress> poll = options_.progress(key)) {
+        const json fresh = ProgressStatus(*poll, spec->batch.global_batch_size, options_.progress_lag_steps);
+        desired.progress = ProgressToWrite(Field(Field(job, "status"), "progress"), fresh,
+                                           options_.progress_step_granularity);
+      }
+    }
+    const int64_t spec_resume = spec->resume.step;
+    int64_t resume_step = spec_resume;
+    if (desired.progress.is_object() && Field(desired.progress, "resumeStep").is_number_integer()) {
+      resume_step = Field(desired.progress, "resumeStep").get<int64_t>();
+    } else if (cm) {
+      // No fresh figure: keep the recorded one, unless spec.resume.step was
+      // changed since it was recorded (then the spec says where to start).
+      json recorded = json::parse(Str(Field(*cm, "data"), "resume.json"), nullptr, false);
+      if (Field(recorded, "specStep") == json(spec_resume) && Field(recorded, "step").is_number_integer()) {
+        resume_step = Field(recorded, "step").get<int64_t>();
+      }
+    }
     json assignments = {{"processes", processes}, {"pods", assigned}};
     if (resolved) assignments["samples"] = resolved->samples;
     data["job.json"] = job_text;
     data["assignments.json"] = assignments.dump(2) + "\n";
     data["planHash"] = desired.plan_hash;
     data["rendezvous"] = rendezvous;
+    data["resume.json"] = json({{"step", resume_step}, {"specStep", spec_resume}}).dump() + "\n";
     json labels = {{kManagedByLabel, kManagedByValue}, {kJobLabel, name}};
     json owner = json::array({{{"apiVersion", "meshload.io/v1alpha1"},
                                {"kind", "DataLoadJob"},

@@ -24,8 +24,12 @@
 ///    `app.kubernetes.io/managed-by: meshload-controller`,
 ///    `meshload.io/job: <name>`) holds `job.json` (the manifest the sidecars
 ///    read), `assignments.json`, `planHash`, `process.<pod>` per assigned pod
-///    and `rendezvous` (process 0's pod IP). It is written only when its
-///    content differs.
+///    and `rendezvous` (process 0's pod IP), and `resume.json`
+///    ({"step": R, "specStep": S}): where sidecars that start now begin, the
+///    step every process has consumed + 1 from the last poll of the
+///    sidecars (ReconcilerOptions::progress), else the one recorded before
+///    while spec.resume.step is still S, else spec.resume.step. It is
+///    written only when its content differs.
 ///    Then the Secret `<name>-meshload-peer` (same labels and owner
 ///    reference; type Opaque, immutable): key `secret`, 64 random hex
 ///    digits, which the sidecars mount for --peer-secret-file. Created once,
@@ -34,7 +38,8 @@
 ///    delete Secrets but not read them). A failed create is a problem
 ///    (PeerSecretFailed): the status is written, the job retried.
 /// 5. Status (phase, observedGeneration, processesReady, planHash,
-///    peerSecretName, peerSecretUID, conditions Valid, Planned, SidecarsReady, Degraded) is written through
+///    peerSecretName, peerSecretUID, progress (ProgressStatus, rewritten as
+///    ProgressToWrite says), conditions Valid, Planned, SidecarsReady, Degraded) is written through
 ///    /status with the job's resourceVersion only when it differs; a 409
 ///    re-reads the job and tries again. lastTransitionTime moves only when a
 ///    condition's status does.
@@ -65,6 +70,7 @@
 #include "common/status.h"
 #include "controller/kube/client.h"
 #include "controller/kube/informer.h"
+#include "controller/progress_poller.h"
 
 namespace meshload::controller {
 
@@ -73,6 +79,8 @@ inline constexpr char kCompletionIndex[] = "batch.kubernetes.io/job-completion-i
 inline constexpr char kManagedByLabel[] = "app.kubernetes.io/managed-by";
 inline constexpr char kManagedByValue[] = "meshload-controller";
 inline constexpr char kJobLabel[] = "meshload.io/job";
+/// The sidecar container's name in trainer pods, as the webhook injects it.
+inline constexpr char kDefaultSidecarContainer[] = "meshload-sidecar";
 /// On the peer Secret: the uid of the job instance it was made for (a
 /// user's own Secret does not carry it), for operators to select by.
 inline constexpr char kJobUidLabel[] = "meshload.io/job-uid";
@@ -88,7 +96,9 @@ kube::ResourcePath SecretsResource();
 /// The Secret holding a job's peer secret: `<job>-meshload-peer`.
 std::string PeerSecretName(const std::string& job);
 
-/// The informer transform for pods: keeps only what the reconciler reads.
+/// The informer transform for pods: keeps only what the reconciler and the
+/// ProgressPoller read (spec.metricsPort: the port named `metrics` of the
+/// container kDefaultSidecarContainer).
 nlohmann::json SlimPod(nlohmann::json pod);
 
 /// True when `labels` (an object of strings, or null) match a Kubernetes
@@ -109,6 +119,15 @@ struct ReconcilerOptions {
   std::function<void(const nlohmann::json& job, const std::string& type, const std::string& reason,
                      const std::string& message)>
       record_event;
+  /// The last poll of a job's sidecars (ProgressPoller::Get), for
+  /// status.progress and resume.json. Unset: neither is written from
+  /// progress (resume.json then holds spec.resume.step).
+  std::function<std::optional<JobProgress>(const std::string& key)> progress;
+  /// status.progress is rewritten when a step moved by this much, or the
+  /// rate by 10%, or anything else changed (ProgressToWrite).
+  int64_t progress_step_granularity = 100;
+  /// A process more steps than this behind the median is listed as lagging.
+  int64_t progress_lag_steps = 100;
 };
 
 /// What one reconcile did.

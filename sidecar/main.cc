@@ -49,7 +49,12 @@ options (each also read from the environment variable named after it):
   --metrics-address A    address to serve them on (default 0.0.0.0)           MESHLOAD_METRICS_ADDRESS
   --progress-window S    seconds /progress reports rates over (default 15)    MESHLOAD_PROGRESS_WINDOW
   --start-step T         first step to stage before the trainer connects      MESHLOAD_START_STEP
-                         (default spec.resume.step)
+                         (default: the resume file's step, else
+                         spec.resume.step)
+  --resume-file PATH     the controller's resume.json: start at its step      MESHLOAD_RESUME_FILE
+                         while spec.resume.step is the one it was recorded
+                         for (default: resume.json beside --job when --job
+                         is a ConfigMap's job.json)
   --reader-threads N     storage reader threads (default 4)                   MESHLOAD_READER_THREADS
   --mmap-resident-limit-mib N                                                 MESHLOAD_MMAP_RESIDENT_LIMIT_MIB
                          page-cache pages of local files mapped into the
@@ -209,6 +214,7 @@ int main(int argc, char** argv) {
   sidecar::SidecarOptions opt;
   std::string process = Env("MESHLOAD_PROCESS"), metrics_port = Env("MESHLOAD_METRICS_PORT");
   std::string progress_window = Env("MESHLOAD_PROGRESS_WINDOW");
+  std::string resume_file = Env("MESHLOAD_RESUME_FILE");
   std::string start_step = Env("MESHLOAD_START_STEP"), reader_threads = Env("MESHLOAD_READER_THREADS");
   std::string resident_limit = Env("MESHLOAD_MMAP_RESIDENT_LIMIT_MIB");
   std::string staging_threads = Env("MESHLOAD_STAGING_THREADS"), staging_sched = Env("MESHLOAD_STAGING_SCHED");
@@ -234,6 +240,7 @@ int main(int argc, char** argv) {
   flags.String({"--allow-uids"}, &allow);
   flags.String({"--metrics-port"}, &metrics_port);
   flags.String({"--progress-window"}, &progress_window);
+  flags.String({"--resume-file"}, &resume_file);
   flags.String({"--metrics-address"}, &opt.metrics_address);
   flags.String({"--start-step"}, &start_step);
   flags.String({"--reader-threads"}, &reader_threads);
@@ -276,6 +283,13 @@ int main(int argc, char** argv) {
   }
   if (!process.empty() && !process_file.empty()) return usage("give --process or --process-file, not both");
   if (!process.empty() && !int_flag(process, "--process", 0, 1 << 22, &opt.process)) return 2;
+  if (resume_file.empty()) {
+    // The ConfigMap's keys are files side by side: job.json, resume.json.
+    const auto slash = opt.job_path.rfind('/');
+    const std::string base = slash == std::string::npos ? opt.job_path : opt.job_path.substr(slash + 1);
+    if (base == "job.json") resume_file = opt.job_path.substr(0, opt.job_path.size() - base.size()) + "resume.json";
+  }
+  opt.resume_file = resume_file;
   int64_t v = 0;
   if (!progress_window.empty()) {
     if (!int_flag(progress_window, "--progress-window", 1, 3600, &v)) return 2;

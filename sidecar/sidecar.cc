@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <sstream>
+#include <fstream>
 #include <limits>
 #include <cerrno>
 #include <cstring>
@@ -405,7 +407,18 @@ Status Sidecar::Init() {
   ASSIGN_OR_RETURN(memory_, staging::HostSlotMemory::Create(slots, layout_.slot_bytes,
                                                             "meshload-" + job_name_ + "-p" +
                                                                 std::to_string(options_.process)));
-  start_step_ = target_step_ = options_.start_step.value_or(rj.spec.resume.step);
+  int64_t first_step = rj.spec.resume.step;
+  if (options_.start_step) {
+    first_step = *options_.start_step;
+  } else if (!options_.resume_file.empty()) {
+    ASSIGN_OR_RETURN(std::optional<int64_t> recorded, ReadResumeFile(options_.resume_file, rj.spec.resume.step));
+    if (recorded) {
+      LogInfo("resuming at the step the controller recorded", {{"step", *recorded},
+                                                              {"file", options_.resume_file}});
+      first_step = *recorded;
+    }
+  }
+  start_step_ = target_step_ = first_step;
   consumed_.Reset(start_step_);
   delivered_step_.store(start_step_ - 1);
   ProgressOptions popts;
@@ -1082,6 +1095,31 @@ void Sidecar::ServeClientMessage() {
   }
   metrics_->Error("protocol");
   DropClient("unexpected message after the handshake", /*keep_leases=*/true);
+}
+
+Result<std::optional<int64_t>> ReadResumeFile(const std::string& path, int64_t spec_step) {
+  std::ifstream in(path);
+  if (!in) {
+    if (errno == ENOENT) return std::optional<int64_t>();
+    return IoErrorFromErrno("cannot read the resume file", path, errno);
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  auto bad = [&](const std::string& what) {
+    return Status(StatusCode::kInvalidArgument, "resume file: " + what + ", expected {\"step\": N, \"specStep\": S}",
+                  path);
+  };
+  if (!doc.is_object()) return bad("not a JSON object");
+  const auto step = doc.find("step");
+  const auto spec = doc.find("specStep");
+  if (step == doc.end() || !step->is_number_integer() || step->get<int64_t>() < 0) {
+    return bad("\"step\" is not a non-negative integer");
+  }
+  if (spec == doc.end() || !spec->is_number_integer()) return bad("\"specStep\" is not an integer");
+  // Recorded under another spec.resume.step: the user asked for a new start since.
+  if (spec->get<int64_t>() != spec_step) return std::optional<int64_t>();
+  return std::optional<int64_t>(step->get<int64_t>());
 }
 
 void Sidecar::Consumed(int64_t step, uint64_t wait_ns) {

@@ -70,9 +70,16 @@ struct SidecarOptions {
   /// The span GET /progress reports rates over (the controller polls about
   /// this often).
   std::chrono::nanoseconds progress_window = std::chrono::seconds(15);
-  /// The first step to stage before a trainer connects (default:
-  /// spec.resume.step). A trainer may ask for any other step.
+  /// The first step to stage before a trainer connects (default: the
+  /// resume file's step, else spec.resume.step). A trainer may ask for any
+  /// other step.
   std::optional<int64_t> start_step;
+  /// The controller's resume.json ({"step": R, "specStep": S}, a key of the
+  /// job's ConfigMap, mounted next to job.json): the sidecar starts at R
+  /// while the job's spec.resume.step is still S. Empty, or a file that does
+  /// not exist: spec.resume.step. A file that is not such a document is an
+  /// error naming it.
+  std::string resume_file;
   int reader_threads = 4;
   /// Producers staging consecutive steps at once (clamped to the slots):
   /// small batches are bound by per-step work, which this spreads over cores.
@@ -247,6 +254,13 @@ class Sidecar {
   // A RELEASE of `step` after a wait of `wait_ns`: counted, and the watermark moves.
   void Consumed(int64_t step, uint64_t wait_ns);
 };
+
+/// The step in the controller's resume file `path` (SidecarOptions::
+/// resume_file), when it was recorded for `spec_step` (the job's
+/// spec.resume.step); nullopt when the file does not exist or was recorded
+/// for another spec.resume.step. kInvalidArgument naming the file when it is
+/// not {"step": N >= 0, "specStep": S}.
+Result<std::optional<int64_t>> ReadResumeFile(const std::string& path, int64_t spec_step);
 
 /// Resolves the job as a sidecar must: local datasets are indexed from their
 /// files; an http(s):// dataset (one object) is indexed through `sources`

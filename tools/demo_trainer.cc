@@ -106,6 +106,7 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
   uint64_t gpu_tensors_checked = 0;
   uint64_t done = 0, samples = 0, bytes = 0, mismatches = 0;
   double first_batch = -1;
+  int64_t first_step = -1;  // the step of the first batch received
   auto last_report = Clock::now();
   while ((steps < 0 || static_cast<int64_t>(done) < steps) && !g_stop) {
     auto batch = (*client)->Next();
@@ -115,7 +116,10 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
       if (steps < 0 && batch.status().code() == StatusCode::kUnavailable) break;
       return fail(batch.status().ToString());
     }
-    if (first_batch < 0) first_batch = MonotonicSeconds();
+    if (first_batch < 0) {
+      first_batch = MonotonicSeconds();
+      first_step = batch->step;
+    }
     waits.Record(batch->wait_seconds);
     if (planner) {
       StepPlan plan = planner->PlanStep(batch->step, planner->DefaultLoading(), process);
@@ -177,6 +181,7 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
                      {"mismatches", mismatches},
                      {"started_at", t_start},
                      {"first_batch_at", first_batch},
+                     {"first_step", first_step},
                      {"finished_at", MonotonicSeconds()},
                      {"reconnects", (*client)->reconnects()},
                      {"staging", (*client)->hello().memory == ipc::MemoryKind::kHostMemfd ? "host"

@@ -2,7 +2,9 @@
 // test program's control plane): two replicas with one Lease (only the
 // leader writes, counted from the audit log; SIGSTOP the leader and the
 // standby takes over within 20 s; the old leader exits when resumed),
-// /metrics checked by promtool, flags.
+// /metrics checked by promtool, flags; and a job killed and resized that
+// resumes, with real sidecars and trainers standing in for its pods, at the
+// step the controller recorded.
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -13,8 +15,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <filesystem>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "tests/controller/test_env.h"
@@ -88,6 +93,59 @@ std::string Slurp(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
+
+// What `cmd` prints on stdout (its exit status in `rc`).
+std::string Shell(const std::string& cmd, int* rc = nullptr) {
+  std::string out;
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) return out;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  int status = pclose(f);
+  if (rc != nullptr) *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+// The global batches of steps [from, to) as `meshload plan` gives them:
+// each step's samples, shard by shard.
+std::map<int64_t, std::vector<int64_t>> GlobalBatches(const std::string& job_file, int64_t from, int64_t to) {
+  std::map<int64_t, std::vector<int64_t>> out;
+  int rc = 0;
+  const std::string text = Shell(std::string(MESHLOAD_BIN) + " plan -f " + job_file + " --format json --steps " +
+                                   std::to_string(from) + ":" + std::to_string(to),
+                               &rc);
+  json plan = json::parse(text, nullptr, false);
+  if (rc != 0 || !plan.is_object()) {
+    ADD_FAILURE() << "meshload plan " << job_file << " failed: " << text;
+    return out;
+  }
+  for (const auto& step : plan["steps"]) {
+    std::map<int64_t, std::vector<int64_t>> by_shard;  // replicas hold the same shard
+    for (const auto& d : step["devices"]) by_shard[d["shard"]] = d["samples"].get<std::vector<int64_t>>();
+    auto& batch = out[step["step"].get<int64_t>()];
+    for (const auto& [shard, samples] : by_shard) batch.insert(batch.end(), samples.begin(), samples.end());
+  }
+  return out;
+}
+
+// The demo trainer's report: its last line of output.
+json LastJsonLine(const std::string& out) {
+  std::string text = out;
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  const auto nl = text.rfind('\n');
+  return json::parse(nl == std::string::npos ? text : text.substr(nl + 1), nullptr, false);
+}
+
+// The kubelet's part for one trainer pod of the test: the ConfigMap's keys
+// as files (job.json, resume.json) and a sidecar on the pod's "IP" (a
+// loopback address); trainers are run to completion by the test.
+struct FakePod {
+  std::string name, ip, dir;
+  int64_t process = -1;
+  std::unique_ptr<Process> sidecar;
+};
+
 
 class ControllerProcess : public ::testing::Test {
  protected:
@@ -183,6 +241,142 @@ TEST_F(ControllerProcess, ABacklogOfWritesNeverCostsTheLeaderItsLease) {
   EXPECT_GT(cluster_.WriteCountByUserAgent("leader-election"), 0) << "renewals come from their own client";
   kill(p->pid, SIGTERM);
   EXPECT_TRUE(p->WaitExit(15s));
+}
+
+TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecordedStep) {
+  // The dataset the demo trainers verify every byte of.
+  const std::string data = dir_.path() + "/data";
+  json manifest = cluster_.JobManifest(ns_, "rs", 4, "rs");
+  manifest["spec"]["batch"]["globalBatchSize"] = 64;  // the same global batch before and after the resize
+  manifest["spec"]["dataset"]["uri"] = data;
+  const std::string four = dir_.path() + "/rs-4.json";
+  std::ofstream(four) << manifest.dump();
+  int rc = 0;
+  const std::string gen = Shell(std::string(MESHLOAD_BIN) + " run --local -f " + four + " --generate-dataset " + data +
+                                  " --steps 1 2>&1",
+                              &rc);
+  ASSERT_EQ(rc, 0) << gen;
+  cluster_.CreateJob(manifest);
+
+  const int metrics_port = FreePort();
+  auto controller = Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", "rs",
+                           "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--namespace", ns_,
+                           "--leader-election-namespace", ns_, "--progress-interval-seconds", "1",
+                           "--sidecar-metrics-port", std::to_string(metrics_port), "--log-level", "info"},
+                          dir_.path() + "/rs-controller.log");
+  const std::string cm_path = "/api/v1/namespaces/" + ns_ + "/configmaps/rs-meshload";
+  auto job = [&] { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/rs"); };
+  auto resume = [&] {
+    json cm = cluster_.Get(cm_path);
+    return cm.is_object() ? json::parse(cm["data"].value("resume.json", "null"), nullptr, false) : json();
+  };
+
+  // Pods with loopback "IPs", each with a sidecar and, when asked, a trainer.
+  auto start_pods = [&](int n, int first_ip) {
+    std::vector<FakePod> pods(n);
+    for (int i = 0; i < n; ++i) {
+      pods[i].name = "rs-" + std::to_string(i);
+      pods[i].ip = "127.0.0." + std::to_string(first_ip + i);
+      pods[i].dir = dir_.path() + "/" + pods[i].name + "-" + std::to_string(first_ip);
+      std::filesystem::create_directories(pods[i].dir);
+      cluster_.CreatePod(ns_, pods[i].name, "rs");
+      cluster_.SetSidecar(ns_, pods[i].name, true, 0, pods[i].ip);
+    }
+    // The ConfigMap for this many processes, every pod assigned.
+    EXPECT_TRUE(TestCluster::Eventually([&] {
+      json cm = cluster_.Get(cm_path);
+      if (!cm.is_object()) return false;
+      json j = json::parse(cm["data"].value("job.json", "null"), nullptr, false);
+      if (!j.is_object() || j["spec"]["mesh"]["processes"] != n) return false;
+      for (const auto& p : pods) {
+        if (!cm["data"].contains("process." + p.name)) return false;
+      }
+      return true;
+    }, 30s)) << cluster_.Get(cm_path).dump(2);
+    json cm = cluster_.Get(cm_path);
+    for (auto& p : pods) {
+      std::ofstream(p.dir + "/job.json") << cm["data"]["job.json"].get<std::string>();
+      std::ofstream(p.dir + "/resume.json") << cm["data"]["resume.json"].get<std::string>();
+      p.process = std::stoll(cm["data"]["process." + p.name].get<std::string>());
+      p.sidecar = Spawn({MESHLOAD_SIDECAR_BIN, "--job", p.dir + "/job.json", "--process", std::to_string(p.process),
+                         "--socket", p.dir + "/s.sock", "--metrics-port", std::to_string(metrics_port),
+                         "--metrics-address", p.ip, "--progress-window", "2", "--log-level", "info"},
+                        p.dir + "/sidecar.log");
+    }
+    for (auto& p : pods) {
+      EXPECT_TRUE(TestCluster::Eventually([&] { return std::filesystem::exists(p.dir + "/s.sock"); }, 30s))
+          << Slurp(p.dir + "/sidecar.log");
+    }
+    return pods;
+  };
+
+  // 1. Four processes train to step 20 (steps 0..19), then stop.
+  auto pods4 = start_pods(4, 10);
+  for (auto& p : pods4) {
+    int trc = 0;
+    const std::string out = Shell(std::string(MESHLOAD_BIN) + " demo-trainer --job " + p.dir + "/job.json --process " +
+                                    std::to_string(p.process) + " --socket " + p.dir + "/s.sock --steps 20 2>&1",
+                                &trc);
+    ASSERT_EQ(trc, 0) << out;
+    const json last = LastJsonLine(out);
+    ASSERT_TRUE(last.is_object()) << out;
+    EXPECT_EQ(last["mismatches"], 0);
+    EXPECT_EQ(last["first_step"], 0);
+  }
+  ASSERT_TRUE(TestCluster::Eventually([&] { return resume() == json({{"step", 20}, {"specStep", 0}}); }, 60s))
+      << job()["status"].dump(2) << "\n" << Slurp(dir_.path() + "/rs-controller.log");
+  EXPECT_EQ(job()["status"]["progress"]["step"], 19);
+  EXPECT_EQ(job()["status"]["progress"]["resumeStep"], 20);
+
+  // 2. Everything is killed; the job is resized to 8 processes with the same
+  //    global batch, and new pods come up.
+  for (auto& p : pods4) {
+    kill(p.sidecar->pid, SIGKILL);
+    p.sidecar->WaitExit(10s);
+    cluster_.DeletePod(ns_, p.name);
+  }
+  json resized = job();
+  resized["spec"]["mesh"]["processes"] = 8;
+  resized["spec"]["mesh"]["axes"] = json::array({{{"name", "data"}, {"size", 16}}});
+  resized.erase("status");
+  auto put = cluster_.client().Put("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/rs", resized);
+  ASSERT_TRUE(put.ok()) << put.message();
+  auto pods8 = start_pods(8, 30);
+  EXPECT_EQ(resume(), json({{"step", 20}, {"specStep", 0}})) << "the recorded step survives the resize";
+
+  // 3. Each new sidecar starts at the recorded step; each trainer gets step
+  //    20 first and every byte of its shard as planned for 8 processes.
+  for (auto& p : pods8) {
+    httplib::Client http(p.ip, metrics_port);
+    auto r = http.Get("/progress");
+    ASSERT_TRUE(r && r->status == 200) << p.name << " " << Slurp(p.dir + "/sidecar.log");
+    EXPECT_EQ(json::parse(r->body)["resumeStep"], 20) << r->body;
+  }
+  for (auto& p : pods8) {
+    int trc = 0;
+    const std::string out = Shell(std::string(MESHLOAD_BIN) + " demo-trainer --job " + p.dir + "/job.json --process " +
+                                    std::to_string(p.process) + " --socket " + p.dir + "/s.sock --steps 10 2>&1",
+                                &trc);
+    ASSERT_EQ(trc, 0) << out;
+    const json last = LastJsonLine(out);
+    ASSERT_TRUE(last.is_object()) << out;
+    EXPECT_EQ(last["mismatches"], 0) << p.name;
+    EXPECT_EQ(last["first_step"], 20) << p.name;
+    EXPECT_EQ(last["steps"], 10) << p.name;
+  }
+  ASSERT_TRUE(TestCluster::Eventually([&] { return job()["status"]["progress"]["step"] == 29; }, 60s))
+      << job()["status"].dump(2);
+
+  // 4. Those are the global batches of the uninterrupted 4-process run.
+  const std::string eight = dir_.path() + "/rs-8.json";
+  std::ofstream(eight) << json::parse(Slurp(pods8[0].dir + "/job.json")).dump();
+  auto before = GlobalBatches(four, 20, 30), after = GlobalBatches(eight, 20, 30);
+  ASSERT_EQ(before.size(), 10u);
+  EXPECT_EQ(before, after) << "the global batches of steps 20..29 depend on the mesh";
+
+  for (auto& p : pods8) kill(p.sidecar->pid, SIGTERM);
+  kill(controller->pid, SIGTERM);
+  controller->WaitExit(15s);
 }
 
 TEST_F(ControllerProcess, MetricsHealthAndReadinessAndPromtool) {

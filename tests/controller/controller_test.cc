@@ -12,7 +12,10 @@
 #include <atomic>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <thread>
+
+#include <unistd.h>
 
 #include "common/base64.h"
 #include "common/metrics/metrics.h"
@@ -20,6 +23,8 @@
 #include "controller/reconciler.h"
 #include "controller/runtime/event_recorder.h"
 #include "tests/controller/test_env.h"
+
+#include <httplib.h>
 
 namespace meshload::controller {
 namespace {
@@ -532,6 +537,115 @@ TEST_F(ControllerTest, APeerSecretIsLabelledWithItsJobInstanceAndGoesWithIt) {
   EXPECT_NE(again["metadata"]["uid"], made["metadata"]["uid"]);
   EXPECT_EQ(again["metadata"]["labels"]["meshload.io/job-uid"], Job("again")["metadata"]["uid"]);
   EXPECT_EQ(Job("again")["status"]["peerSecretUID"], again["metadata"]["uid"]);
+}
+
+// Stands in for a sidecar's GET /progress (whose own report is tested in
+// tests/sidecar: progress_test and sidecar.cli) on a loopback address of
+// its own, as a pod IP: the step and rate are set by the test.
+class ProgressEndpoint {
+ public:
+  ProgressEndpoint(std::string ip, int port, int64_t process) : ip_(std::move(ip)), process_(process) {
+    server_.Get("/progress", [this](const httplib::Request&, httplib::Response& res) {
+      std::lock_guard lock(mu_);
+      res.set_content(json({{"job", "pg"}, {"process", process_}, {"consumedStep", step_}, {"resumeStep", step_ + 1},
+                            {"stepsPerSecond", rate_}})
+                          .dump(),
+                      "application/json");
+    });
+    ok_ = server_.bind_to_port(ip_, port);
+    if (ok_) thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~ProgressEndpoint() { Stop(); }
+  void Stop() {
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  void Set(int64_t step, double rate) {
+    std::lock_guard lock(mu_);
+    step_ = step;
+    rate_ = rate;
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  std::string ip_;
+  int64_t process_;
+  httplib::Server server_;
+  std::thread thread_;
+  bool ok_ = false;
+  std::mutex mu_;
+  int64_t step_ = -1;
+  double rate_ = 0;
+};
+
+TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConfigMap) {
+  // Two "pods" on 127.0.0.2 and 127.0.0.3, one port: the poller asks each
+  // pod IP on the sidecars' metrics port.
+  const int port = 20000 + static_cast<int>(::getpid() % 10000);
+  ProgressEndpoint p0("127.0.0.2", port, 0), p1("127.0.0.3", port, 1);
+  ASSERT_TRUE(p0.ok() && p1.ok()) << "cannot listen on 127.0.0.2/3:" << port;
+  p0.Set(41, 2.0);
+  p1.Set(43, 2.0);
+  cluster_.CreatePod(kNs, "pg-0", "pg");
+  cluster_.CreatePod(kNs, "pg-1", "pg");
+  cluster_.SetSidecar(kNs, "pg-0", true, 0, "127.0.0.2");
+  cluster_.SetSidecar(kNs, "pg-1", true, 0, "127.0.0.3");
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "pg", 2, "pg"));
+  ControllerOptions options;
+  options.progress_interval = 200ms;
+  options.progress.default_port = port;
+  options.progress.timeout = 1s;
+  options.reconciler.progress_step_granularity = 100;
+  options.reconciler.progress_lag_steps = 100;
+  StartController(options);
+  auto progress = [&] { return Job("pg")["status"]["progress"]; };
+  auto resume = [&] {
+    json cm = ConfigMapOf("pg");
+    return cm.is_object() ? json::parse(cm["data"]["resume.json"].get<std::string>()) : json();
+  };
+  ASSERT_TRUE(TestCluster::Eventually([&] { return progress()["step"] == 41; })) << Job("pg").dump(2);
+  json p = progress();
+  EXPECT_EQ(p["resumeStep"], 42);
+  EXPECT_EQ(p["maxStep"], 43);
+  EXPECT_EQ(p["processesReporting"], 2);
+  EXPECT_DOUBLE_EQ(p["samplesPerSecond"].get<double>(), 2.0 * 32);  // 2 processes x 2 devices x 8
+  ASSERT_TRUE(TestCluster::Eventually([&] { return resume() == json({{"step", 42}, {"specStep", 0}}); }))
+      << ConfigMapOf("pg").dump(2);
+
+  // Running on by less than the granularity, at the same rate: nothing is
+  // written, however often the sidecars are polled.
+  Settle();
+  const int64_t writes = Writes();
+  p0.Set(91, 2.0);
+  p1.Set(93, 2.0);
+  std::this_thread::sleep_for(1500ms);  // about seven polls
+  Settle();
+  EXPECT_EQ(progress()["step"], 41);
+  EXPECT_EQ(Writes(), writes) << "moves below the granularity made writes";
+
+  // The trainers stop: the exact step is written, and recorded for a restart.
+  p0.Set(95, 0.0);
+  p1.Set(95, 0.0);
+  ASSERT_TRUE(TestCluster::Eventually([&] { return progress()["step"] == 95; })) << Job("pg").dump(2);
+  EXPECT_EQ(progress()["samplesPerSecond"], 0.0);
+  ASSERT_TRUE(TestCluster::Eventually([&] { return resume() == json({{"step", 96}, {"specStep", 0}}); }));
+
+  // One far behind: named as lagging. One that stops answering: named as
+  // unreachable, and the recorded resume step stays as it was.
+  p0.Set(400, 0.0);
+  ASSERT_TRUE(TestCluster::Eventually([&] { return progress().contains("lagging"); })) << Job("pg").dump(2);
+  EXPECT_EQ(progress()["lagging"][0]["process"], 1);
+  EXPECT_EQ(progress()["lagging"][0]["pod"], "pg-1");
+  p1.Stop();
+  ASSERT_TRUE(TestCluster::Eventually([&] { return progress().contains("unreachable"); })) << Job("pg").dump(2);
+  p = progress();
+  EXPECT_EQ(p["unreachable"][0]["process"], 1);
+  EXPECT_EQ(p["unreachable"][0]["pod"], "pg-1");
+  EXPECT_NE(p["unreachable"][0]["reason"].get<std::string>().find("127.0.0.3"), std::string::npos) << p.dump();
+  EXPECT_FALSE(p.contains("step")) << "a step is not guessed while a process cannot be asked";
+  EXPECT_EQ(p["processesReporting"], 1);
+  Settle();
+  EXPECT_EQ(resume(), json({{"step", 96}, {"specStep", 0}}));
 }
 
 TEST_F(ControllerTest, SidecarNotReadyAndRestartingAreVisible) {

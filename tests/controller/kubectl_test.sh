@@ -67,7 +67,7 @@ done
 k -n "$NS" wait --for=condition=Planned --timeout=30s dlj/local-fixedrecord >"$TMP/out" 2>&1
 check "kubectl wait --for=condition=Planned dlj/local-fixedrecord" $?
 k -n "$NS" get dlj local-fixedrecord >"$TMP/out" 2>&1
-head -1 "$TMP/out" | grep -Eq '^NAME +STRATEGY +PROCESSES +READY +PHASE +AGE$' &&
+head -1 "$TMP/out" | grep -Eq '^NAME +STRATEGY +PROCESSES +READY +PHASE +STEP +AGE$' &&
   grep -Eq '^local-fixedrecord +PerProcess +2 +0 +Pending ' "$TMP/out"
 check "kubectl get dlj: Pending, 0 ready, in the printer columns" $?
 

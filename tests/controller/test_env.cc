@@ -299,12 +299,14 @@ json TestCluster::CreatePod(const std::string& ns, const std::string& name, cons
   return r.body;
 }
 
-void TestCluster::SetSidecar(const std::string& ns, const std::string& name, bool ready, int restarts) {
+void TestCluster::SetSidecar(const std::string& ns, const std::string& name, bool ready, int restarts,
+                             const std::string& given_ip) {
   json current = Get("/api/v1/namespaces/" + ns + "/pods/" + name);
   std::string ip = "10.0." + std::to_string(pod_ip_ / 250) + "." + std::to_string(pod_ip_ % 250 + 1);
   ++pod_ip_;
   // The IP stays the same across readiness changes of a pod.
   if (current.contains("status") && current["status"].contains("podIP")) ip = current["status"]["podIP"];
+  if (!given_ip.empty()) ip = given_ip;
   auto r = client_->Patch("/api/v1/namespaces/" + ns + "/pods/" + name + "/status", RunningPodStatus(ip, ready, restarts));
   if (!r.ok()) ADD_FAILURE() << r.ToStatus("set pod status").ToString() << " " << r.body.dump();
 }

@@ -88,8 +88,11 @@ class TestCluster {
   json CreatePod(const std::string& ns, const std::string& name, const std::string& app,
                  std::map<std::string, std::string> annotations = {});
   /// Writes pod status as the kubelet would: Running, a pod IP, and the
-  /// sidecar container's readiness and restart count.
-  void SetSidecar(const std::string& ns, const std::string& name, bool ready, int restarts = 0);
+  /// sidecar container's readiness and restart count; the pod IP is `ip`
+  /// when given (a loopback address, where a test serves the sidecar's
+  /// endpoints), else one of 10.0.0.0/16, kept across calls.
+  void SetSidecar(const std::string& ns, const std::string& name, bool ready, int restarts = 0,
+                  const std::string& ip = "");
   void DeletePod(const std::string& ns, const std::string& name);
   json Get(const std::string& path);
 

@@ -95,7 +95,7 @@ check("group, kind, short name, scope",
       and "dlj" in crd["spec"]["names"]["shortNames"] and crd["spec"]["scope"] == "Namespaced")
 check("status subresource and printer columns",
       "status" in version["subresources"]
-      and [c["name"] for c in version["additionalPrinterColumns"]] == ["Strategy", "Processes", "Ready", "Phase", "Age"])
+      and [c["name"] for c in version["additionalPrinterColumns"]] == ["Strategy", "Processes", "Ready", "Phase", "Step", "Age"])
 
 # --- defaults are the planner's ---------------------------------------------
 spec = schema["properties"]["spec"]["properties"]

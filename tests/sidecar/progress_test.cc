@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
 #include <vector>
+
+#include "sidecar/sidecar.h"
+#include "tests/testing/temp_dir.h"
 
 namespace meshload::sidecar {
 namespace {
@@ -121,6 +125,29 @@ TEST(ProgressWindow, AWaitFractionNeverExceedsOne) {
   w.Add(Sample(0, 0, 0, 0, 0, {0, 0}));
   w.Add(Sample(2 * kSecond, 1, 1, 5.0, 0, {0, 0}));  // a wait that began before the window
   EXPECT_DOUBLE_EQ(w.Report()["trainerWaitFraction"].get<double>(), 1.0);
+}
+
+TEST(ResumeFile, TheRecordedStepHoldsWhileTheSpecsResumeStepIsTheOneItWasRecordedFor) {
+  meshload::testing::TempDir dir;
+  const std::string path = dir.path() + "/resume.json";
+  auto none = ReadResumeFile(path, 0);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_FALSE(none->has_value()) << "no file: spec.resume.step";
+  std::ofstream(path) << R"({"step": 4120, "specStep": 0})" << "\n";
+  auto recorded = ReadResumeFile(path, 0);
+  ASSERT_TRUE(recorded.ok()) << recorded.status().ToString();
+  EXPECT_EQ(recorded->value_or(-1), 4120);
+  auto changed = ReadResumeFile(path, 500);
+  ASSERT_TRUE(changed.ok());
+  EXPECT_FALSE(changed->has_value()) << "spec.resume.step changed since: the spec wins";
+  for (const char* bad : {"4120", "{\"step\": -1, \"specStep\": 0}", "{\"step\": 3}", "{\"step\": \"x\", \"specStep\": 0}",
+                          "not json"}) {
+    std::ofstream(path, std::ios::trunc) << bad;
+    auto r = ReadResumeFile(path, 0);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().ToString().find(path), std::string::npos) << r.status().ToString();
+  }
 }
 
 }  // namespace

@@ -1,0 +1,282 @@
+#include "controller/progress_poller.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace meshload::controller {
+
+using nlohmann::json;
+
+namespace {
+
+const json& At(const json& j, const char* key) {
+  static const json kNull;
+  if (!j.is_object()) return kNull;
+  auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
+std::string Text(const json& j, const char* key) {
+  const json& v = At(j, key);
+  return v.is_string() ? v.get<std::string>() : std::string();
+}
+
+bool SidecarReady(const json& pod, const std::string& container) {
+  for (const char* list : {"containerStatuses", "initContainerStatuses"}) {
+    const json& statuses = At(At(pod, "status"), list);
+    if (!statuses.is_array()) continue;
+    for (const auto& c : statuses) {
+      if (Text(c, "name") == container) return At(c, "ready").is_boolean() && At(c, "ready").get<bool>();
+    }
+  }
+  return false;
+}
+
+// The port of the sidecar container named `metrics` (SlimPod keeps it as
+// spec.metricsPort), else `fallback`.
+int MetricsPort(const json& pod, int fallback) {
+  const json& port = At(At(pod, "spec"), "metricsPort");
+  return port.is_number_integer() && port.get<int64_t>() > 0 && port.get<int64_t>() < 65536 ? port.get<int>()
+                                                                                             : fallback;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+double ThreeSignificant(double v) {
+  if (v <= 0 || !std::isfinite(v)) return 0;
+  const double scale = std::pow(10.0, 2 - static_cast<int>(std::floor(std::log10(v))));
+  return std::round(v * scale) / scale;
+}
+
+}  // namespace
+
+ProgressPoller::ProgressPoller(kube::Informer* jobs, kube::Informer* pods, kube::Informer* configmaps,
+                               ProgressPollerOptions options)
+    : jobs_(jobs), pods_(pods), configmaps_(configmaps), options_(std::move(options)) {}
+
+ProgressPoller::~ProgressPoller() { Stop(); }
+
+void ProgressPoller::Start() {
+  {
+    std::lock_guard lock(loop_mu_);
+    stopping_ = false;
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void ProgressPoller::Stop() {
+  {
+    std::lock_guard lock(loop_mu_);
+    stopping_ = true;
+  }
+  loop_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ProgressPoller::Loop() {
+  std::unique_lock lock(loop_mu_);
+  while (!stopping_) {
+    lock.unlock();
+    PollOnce();
+    lock.lock();
+    loop_cv_.wait_for(lock, options_.interval, [this] { return stopping_; });
+  }
+}
+
+std::optional<JobProgress> ProgressPoller::Get(const std::string& key) const {
+  std::lock_guard lock(mu_);
+  auto it = last_.find(key);
+  if (it == last_.end()) return std::nullopt;
+  return it->second;
+}
+
+void ProgressPoller::Fetch(Target& t) const {
+  ProcessProgress& out = *t.out;
+  httplib::Client client(t.host, t.port);
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.timeout);
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(options_.timeout - seconds);
+  client.set_connection_timeout(seconds.count(), micros.count());
+  client.set_read_timeout(seconds.count(), micros.count());
+  client.set_keep_alive(false);
+  auto res = client.Get("/progress");
+  const std::string where = t.host + ":" + std::to_string(t.port);
+  if (!res) {
+    out.error = "GET http://" + where + "/progress: " + httplib::to_string(res.error());
+    return;
+  }
+  if (res->status != 200) {
+    out.error = "GET http://" + where + "/progress: HTTP " + std::to_string(res->status);
+    return;
+  }
+  json report = json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+  if (!report.is_object() || !At(report, "consumedStep").is_number_integer()) {
+    out.error = "GET http://" + where + "/progress: not a progress report";
+    return;
+  }
+  if (At(report, "process") != json(out.process)) {
+    // A pod IP reused by another pod, or a sidecar of another process.
+    out.error = "http://" + where + " answers for process " + At(report, "process").dump() + ", not " +
+                std::to_string(out.process);
+    return;
+  }
+  out.reached = true;
+  out.report = std::move(report);
+}
+
+void ProgressPoller::PollOnce() {
+  std::map<std::string, JobProgress> polls;
+  std::vector<Target> targets;
+  for (const kube::ObjectPtr& job : jobs_->List("")) {
+    const json& md = At(*job, "metadata");
+    const std::string ns = Text(md, "namespace"), name = Text(md, "name");
+    if (ns.empty() || name.empty() || !At(md, "deletionTimestamp").is_null()) continue;
+    const std::string key = ns + "/" + name;
+    JobProgress& poll = polls[key];
+    const json& processes = At(At(At(*job, "spec"), "mesh"), "processes");
+    poll.processes = processes.is_number_integer() ? processes.get<int64_t>() : 0;
+    kube::ObjectPtr cm = configmaps_->Get(ns, name + "-meshload");
+    if (!cm) continue;
+    const json& data = At(*cm, "data");
+    if (!data.is_object()) continue;
+    for (auto it = data.begin(); it != data.end(); ++it) {
+      if (it.key().rfind("process.", 0) != 0 || !it.value().is_string()) continue;
+      const std::string pod_name = it.key().substr(8);
+      kube::ObjectPtr pod = pods_->Get(ns, pod_name);
+      if (!pod || !SidecarReady(*pod, options_.sidecar_container)) continue;
+      const std::string ip = Text(At(*pod, "status"), "podIP");
+      if (ip.empty()) continue;
+      ProcessProgress p;
+      p.pod = pod_name;
+      try {
+        p.process = std::stoll(it.value().get<std::string>());
+      } catch (...) {
+        continue;
+      }
+      poll.sidecars.push_back(std::move(p));
+    }
+    std::sort(poll.sidecars.begin(), poll.sidecars.end(),
+              [](const ProcessProgress& a, const ProcessProgress& b) { return a.process < b.process; });
+  }
+  // The targets point into `polls`, which no longer changes shape.
+  for (auto& [key, poll] : polls) {
+    for (ProcessProgress& p : poll.sidecars) {
+      const auto slash = key.find('/');
+      kube::ObjectPtr pod = pods_->Get(key.substr(0, slash), p.pod);
+      if (!pod) continue;
+      targets.push_back({key, &p, Text(At(*pod, "status"), "podIP"), MetricsPort(*pod, options_.default_port)});
+    }
+  }
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < targets.size(); i = next++) Fetch(targets[i]);
+  };
+  const size_t n = std::min<size_t>(targets.size(), static_cast<size_t>(std::max(1, options_.concurrency)));
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < n; ++i) threads.emplace_back(work);
+  work();
+  for (auto& t : threads) t.join();
+
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::string> keys;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = last_.begin(); it != last_.end();) {
+      it = polls.count(it->first) ? std::next(it) : last_.erase(it);
+    }
+    for (auto& [key, poll] : polls) {
+      poll.polled_at = now;
+      last_[key] = std::move(poll);
+      keys.push_back(key);
+    }
+  }
+  if (options_.on_polled) {
+    for (const auto& key : keys) options_.on_polled(key);
+  }
+}
+
+json ProgressStatus(const JobProgress& poll, int64_t global_batch, int64_t lag_steps) {
+  std::vector<const ProcessProgress*> reached;
+  json unreachable = json::array();
+  for (const auto& p : poll.sidecars) {
+    if (p.reached) {
+      reached.push_back(&p);
+    } else {
+      unreachable.push_back({{"process", p.process}, {"pod", p.pod}, {"reason", p.error}});
+    }
+  }
+  json out = {{"processesReporting", static_cast<int64_t>(reached.size())}};
+  if (!unreachable.empty()) out["unreachable"] = unreachable;
+  if (reached.empty()) return out;
+  std::vector<double> steps, rates;
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  for (const auto* p : reached) {
+    const int64_t s = p->report["consumedStep"].get<int64_t>();
+    lo = std::min(lo, s);
+    hi = std::max(hi, s);
+    steps.push_back(static_cast<double>(s));
+    const json& r = At(p->report, "stepsPerSecond");
+    if (r.is_number()) rates.push_back(r.get<double>());
+  }
+  std::set<int64_t> reporting;
+  for (const auto* p : reached) reporting.insert(p->process);
+  const bool all = poll.processes > 0 && static_cast<int64_t>(reporting.size()) == poll.processes;
+  if (all) {
+    out["step"] = lo;
+    out["resumeStep"] = lo + 1;
+  }
+  out["maxStep"] = hi;
+  if (!rates.empty()) out["samplesPerSecond"] = ThreeSignificant(Median(rates) * static_cast<double>(global_batch));
+  const double median = Median(steps);
+  json lagging = json::array();
+  for (const auto* p : reached) {
+    const int64_t s = p->report["consumedStep"].get<int64_t>();
+    const double behind = median - static_cast<double>(s);
+    if (behind > static_cast<double>(lag_steps)) {
+      lagging.push_back({{"process", p->process}, {"pod", p->pod}, {"step", s},
+                         {"behind", static_cast<int64_t>(std::llround(behind))}});
+    }
+  }
+  if (!lagging.empty()) out["lagging"] = lagging;
+  return out;
+}
+
+json ProgressToWrite(const json& current, const json& fresh, int64_t granularity) {
+  if (!current.is_object() || !fresh.is_object()) return fresh;
+  // Everything but the moving figures must be equal.
+  json a = current, b = fresh;
+  for (const char* k : {"step", "maxStep", "resumeStep", "samplesPerSecond"}) {
+    a.erase(k);
+    b.erase(k);
+  }
+  if (a != b) return fresh;
+  for (const char* k : {"step", "maxStep", "resumeStep"}) {
+    const json& x = At(current, k);
+    const json& y = At(fresh, k);
+    if (x.is_null() != y.is_null()) return fresh;
+    if (x.is_number_integer() && std::llabs(x.get<int64_t>() - y.get<int64_t>()) >= granularity) return fresh;
+  }
+  const json& x = At(current, "samplesPerSecond");
+  const json& y = At(fresh, "samplesPerSecond");
+  if (x.is_null() != y.is_null()) return fresh;
+  if (y.is_number()) {
+    const double before = x.get<double>(), now = y.get<double>();
+    if (now == 0 && before != 0) return fresh;  // the trainers stopped: the exact step
+    if (before == 0 && now != 0) return fresh;
+    if (std::fabs(now - before) > 0.1 * std::max(before, now)) return fresh;
+    if (now == 0 && current != fresh) return fresh;
+  }
+  return current;
+}
+
+}  // namespace meshload::controller

@@ -1,0 +1,124 @@
+/// \file
+/// ProgressPoller: reads every ready sidecar's `GET /progress`
+/// (sidecar/progress.h) for the controller, so that a DataLoadJob's status
+/// says where its trainers are (status.progress) and the step a restarted or
+/// resized job resumes at is recorded without the user's bookkeeping.
+///
+/// Every `interval` it takes, from the informer caches, each job's assigned
+/// pods (the ConfigMap's `process.<pod>` keys) whose sidecar is ready and
+/// has a pod IP, and asks each sidecar on its metrics port (the sidecar
+/// container's port named `metrics`, else `default_port`) with a timeout, at
+/// most `concurrency` requests at once. A sidecar that cannot be reached, or
+/// answers something that is not a progress report, is recorded as such with
+/// the reason: never guessed. Then `on_polled(job key)` (the controller
+/// queues a reconcile, which writes the status; see ProgressStatus).
+///
+/// Thread safety: thread-safe. Start() and Stop() from one thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "controller/kube/informer.h"
+
+namespace meshload::controller {
+
+/// One process's answer in a poll.
+struct ProcessProgress {
+  int64_t process = -1;
+  std::string pod;
+  bool reached = false;
+  std::string error;      // when not reached: why (connection refused, timeout, HTTP 404, not JSON, ...)
+  nlohmann::json report;  // when reached: the sidecar's /progress document
+};
+
+/// One poll of a job's sidecars.
+struct JobProgress {
+  std::chrono::steady_clock::time_point polled_at;
+  int64_t processes = 0;  // the job's process count (spec.mesh.processes)
+  std::vector<ProcessProgress> sidecars;  // the ready sidecars polled, by process index
+};
+
+struct ProgressPollerOptions {
+  std::chrono::milliseconds interval{15000};
+  std::chrono::milliseconds timeout{2000};
+  int concurrency = 16;
+  /// The sidecar's metrics port when its container names none.
+  int default_port = 9464;
+  /// The sidecar container's name in trainer pods.
+  std::string sidecar_container = "meshload-sidecar";
+  std::function<void(const std::string& key)> on_polled;
+};
+
+class ProgressPoller {
+ public:
+  ProgressPoller(kube::Informer* jobs, kube::Informer* pods, kube::Informer* configmaps,
+                 ProgressPollerOptions options);
+  ~ProgressPoller();
+  ProgressPoller(const ProgressPoller&) = delete;
+  ProgressPoller& operator=(const ProgressPoller&) = delete;
+
+  /// Polls every `interval` from a thread of its own, the first time at once.
+  void Start();
+  void Stop();
+
+  /// One round over every job now, on the caller's thread.
+  void PollOnce();
+
+  /// The last poll of job "ns/name"; nullopt before the first, or once the
+  /// job is gone.
+  std::optional<JobProgress> Get(const std::string& key) const;
+
+ private:
+  struct Target {
+    std::string key;
+    ProcessProgress* out;
+    std::string host;
+    int port;
+  };
+  void Loop();
+  void Fetch(Target& t) const;
+
+  kube::Informer* jobs_;
+  kube::Informer* pods_;
+  kube::Informer* configmaps_;
+  const ProgressPollerOptions options_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, JobProgress> last_;  // guarded by mu_
+
+  std::mutex loop_mu_;
+  std::condition_variable loop_cv_;
+  bool stopping_ = false;  // guarded by loop_mu_
+  std::thread thread_;
+};
+
+/// The status.progress of a job from its last poll (null without one):
+///   {"step": the step every process has consumed (the minimum),
+///    "maxStep", "resumeStep": step + 1, "samplesPerSecond" (the median
+///    process's steps per second × the global batch, 3 significant digits),
+///    "processesReporting": N, "lagging": [{"process", "pod", "step",
+///    "behind"}], "unreachable": [{"process", "pod", "reason"}]}
+/// `step` and `resumeStep` only when every process of the job answered
+/// (otherwise an unreachable one may be behind); a process lags when its
+/// step is more than `lag_steps` behind the median.
+nlohmann::json ProgressStatus(const JobProgress& poll, int64_t global_batch, int64_t lag_steps);
+
+/// What to write: `fresh`, or `current` (the status.progress written
+/// before) when nothing changed but steps by less than `granularity` and
+/// the rate by less than 10%, so that a running job's status is written
+/// about once per `granularity` steps. A job whose trainers stopped
+/// (samplesPerSecond 0) gets its exact step.
+nlohmann::json ProgressToWrite(const nlohmann::json& current, const nlohmann::json& fresh, int64_t granularity);
+
+}  // namespace meshload::controller
