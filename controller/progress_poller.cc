@@ -251,6 +251,119 @@ json ProgressStatus(const JobProgress& poll, int64_t global_batch, int64_t lag_s
   return out;
 }
 
+namespace {
+
+// The condition of `type` in the status's array, or null.
+json CurrentCondition(const json& conditions, const std::string& type) {
+  if (!conditions.is_array()) return json();
+  for (const auto& c : conditions) {
+    if (c.is_object() && Text(c, "type") == type) return c;
+  }
+  return json();
+}
+
+std::string Who(const ProcessProgress& p) { return "process " + std::to_string(p.process) + " (pod " + p.pod + ")"; }
+
+std::string Join(const std::vector<std::string>& parts) {
+  std::string out;
+  for (size_t i = 0; i < parts.size() && i < 16; ++i) out += (i ? ", " : "") + parts[i];
+  if (parts.size() > 16) out += " and " + std::to_string(parts.size() - 16) + " more";
+  return out;
+}
+
+std::optional<double> Number(const json& j) {
+  if (!j.is_number()) return std::nullopt;
+  return j.get<double>();
+}
+
+}  // namespace
+
+std::vector<ProgressCondition> ProgressConditions(const JobProgress& poll, const HealthThresholds& t,
+                                                  const json& conditions) {
+  std::vector<const ProcessProgress*> reached;
+  for (const auto& p : poll.sidecars) {
+    if (p.reached) reached.push_back(&p);
+  }
+  std::vector<ProgressCondition> out;
+  if (reached.empty()) {
+    out.push_back({"Starved", "Unknown", "NoProgress", "no sidecar answered the controller's last poll"});
+    out.push_back({"Straggling", "Unknown", "NoProgress", "no sidecar answered the controller's last poll"});
+    return out;
+  }
+  auto keep = [&](const std::string& type) -> std::optional<ProgressCondition> {
+    json c = CurrentCondition(conditions, type);
+    if (Text(c, "status") != "True") return std::nullopt;
+    return ProgressCondition{type, "True", Text(c, "reason"), Text(c, "message")};
+  };
+
+  // Starved.
+  const double starve = static_cast<double>(t.starved_wait_percent) / 100.0;
+  std::vector<std::string> starving;
+  bool in_band = false;
+  for (const auto* p : reached) {
+    if (!At(p->report, "trainerConnected").is_boolean() || !p->report["trainerConnected"].get<bool>()) continue;
+    auto f = Number(At(p->report, "trainerWaitFraction"));
+    if (!f) continue;
+    if (*f > starve) starving.push_back(Who(*p));
+    if (*f > starve / 2) in_band = true;
+  }
+  if (!starving.empty()) {
+    out.push_back({"Starved", "True", "TrainersWaitForData",
+                   "the trainers of " + Join(starving) + " waited for data more than " +
+                       std::to_string(t.starved_wait_percent) +
+                       "% of the last window: the loader, not the model, is the bottleneck"});
+  } else if (auto kept = keep("Starved"); kept && in_band) {
+    out.push_back(*kept);
+  } else {
+    out.push_back({"Starved", "False", "LoaderKeepsUp", ""});
+  }
+
+  // Straggling.
+  std::vector<double> steps, p99s;
+  for (const auto* p : reached) {
+    steps.push_back(static_cast<double>(p->report["consumedStep"].get<int64_t>()));
+    if (auto v = Number(At(At(p->report, "storageReadSeconds"), "p99"))) p99s.push_back(*v);
+  }
+  const double median_step = Median(steps);
+  const double median_p99 = Median(p99s);
+  std::vector<std::string> straggling;
+  in_band = false;
+  for (const auto* p : reached) {
+    const double behind = median_step - static_cast<double>(p->report["consumedStep"].get<int64_t>());
+    const auto p99 = Number(At(At(p->report, "storageReadSeconds"), "p99"));
+    const bool slow_storage =
+        p99 && median_p99 > 0 && *p99 > static_cast<double>(t.straggler_latency_factor) * median_p99;
+    const bool lags = behind > static_cast<double>(t.straggler_steps);
+    if (behind > static_cast<double>(t.straggler_steps) / 2 ||
+        (p99 && median_p99 > 0 && *p99 > static_cast<double>(t.straggler_latency_factor) / 2 * median_p99)) {
+      in_band = true;
+    }
+    if (!lags && !slow_storage) continue;
+    std::string what;
+    if (slow_storage) {
+      what = "its storage is slow (p99 over " + std::to_string(t.straggler_latency_factor) + "x the job's median)";
+    } else if (auto f = Number(At(p->report, "trainerWaitFraction")); f && *f < 0.05) {
+      what = "its trainer is slow (it does not wait for data)";
+    } else {
+      what = "its staging or exchange is slow (its trainer waits, its storage is not slow)";
+    }
+    straggling.push_back(Who(*p) + (lags ? " is more than " + std::to_string(t.straggler_steps) +
+                                               " steps behind the median: "
+                                         : ": ") +
+                         what);
+  }
+  if (!straggling.empty()) {
+    std::string msg;
+    for (const auto& s : straggling) msg += (msg.empty() ? "" : "; ") + s;
+    out.push_back({"Straggling", "True", "ProcessesStraggle", msg});
+  } else if (auto kept = keep("Straggling"); kept && in_band) {
+    out.push_back(*kept);
+  } else {
+    out.push_back({"Straggling", "False", "NoStragglers", ""});
+  }
+  return out;
+}
+
 json ProgressToWrite(const json& current, const json& fresh, int64_t granularity) {
   if (!current.is_object() || !fresh.is_object()) return fresh;
   // Everything but the moving figures must be equal.

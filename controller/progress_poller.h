@@ -114,6 +114,37 @@ class ProgressPoller {
 /// step is more than `lag_steps` behind the median.
 nlohmann::json ProgressStatus(const JobProgress& poll, int64_t global_batch, int64_t lag_steps);
 
+/// A condition the progress decides: Starved or Straggling.
+struct ProgressCondition {
+  std::string type, status, reason, message;
+};
+
+struct HealthThresholds {
+  int64_t starved_wait_percent = 25;
+  int64_t straggler_steps = 100;
+  int64_t straggler_latency_factor = 4;
+};
+
+/// The Starved and Straggling conditions from a poll, given the job's
+/// current conditions (`conditions`, the status's array) for hysteresis:
+///  - Starved True (TrainersWaitForData) when a connected trainer waited for
+///    data more than starved_wait_percent of the sidecar's window; it stays
+///    True, unchanged, until every trainer waits less than half that; False
+///    (LoaderKeepsUp) otherwise.
+///  - Straggling True (ProcessesStraggle) when a process is more than
+///    straggler_steps behind the median step, or its storage p99 is more
+///    than straggler_latency_factor times the job's median p99; it stays
+///    True, unchanged, until each is below half its threshold; False
+///    (NoStragglers) otherwise. The message names each process and pod and
+///    what is slow: storage (its latency), the trainer (it does not wait
+///    for data, yet lags), or staging/exchange (its trainer waits and its
+///    storage is not slow).
+/// Unknown (NoProgress) while no sidecar answered. Messages carry no
+/// measured figures, so a condition is rewritten only when it or the set of
+/// processes it names changes.
+std::vector<ProgressCondition> ProgressConditions(const JobProgress& poll, const HealthThresholds& thresholds,
+                                                  const nlohmann::json& conditions);
+
 /// What to write: `fresh`, or `current` (the status.progress written
 /// before) when nothing changed but steps by less than `granularity` and
 /// the rate by less than 10%, so that a running job's status is written

@@ -163,7 +163,9 @@ std::vector<ConditionEvent> ConditionEvents(const json& before, const json& afte
       }
     }
     if (status == "Unknown") continue;
-    const bool good = (type == "Degraded") == (status == "False");
+    // Degraded, Starved and Straggling are good when False.
+    const bool negative = type == "Degraded" || type == "Starved" || type == "Straggling";
+    const bool good = negative == (status == "False");
     const bool fresh = was.empty() || was == "Unknown";  // a new, or newly valid, job
     if (was == status) {
       // Still bad, for another reason or with other errors (an edit that
@@ -613,11 +615,16 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     // Progress (the sidecars' /progress, polled by the ProgressPoller) and
     // the step a restarted or resized job resumes at: resume.json, which
     // the sidecars read at start next to job.json.
+    std::vector<ProgressCondition> progress_conditions;
     if (options_.progress) {
       if (std::optional<JobProgress> poll = options_.progress(key)) {
-        const json fresh = ProgressStatus(*poll, spec->batch.global_batch_size, options_.progress_lag_steps);
+        const json fresh = ProgressStatus(*poll, spec->batch.global_batch_size, spec->health.straggler_steps);
         desired.progress = ProgressToWrite(Field(Field(job, "status"), "progress"), fresh,
                                            options_.progress_step_granularity);
+        progress_conditions = ProgressConditions(
+            *poll,
+            {spec->health.starved_wait_percent, spec->health.straggler_steps, spec->health.straggler_latency_factor},
+            Field(Field(job, "status"), "conditions"));
       }
     }
     const int64_t spec_resume = spec->resume.step;
@@ -784,6 +791,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
       desired.conditions.push_back({"Degraded", "False", "AsExpected", ""});
       desired.phase = all_ready ? "Running" : "Pending";
     }
+    for (const auto& c : progress_conditions) desired.conditions.push_back({c.type, c.status, c.reason, c.message});
   }
   res.phase = desired.phase;
 

@@ -39,7 +39,8 @@
 ///    (PeerSecretFailed): the status is written, the job retried.
 /// 5. Status (phase, observedGeneration, processesReady, planHash,
 ///    peerSecretName, peerSecretUID, progress (ProgressStatus, rewritten as
-///    ProgressToWrite says), conditions Valid, Planned, SidecarsReady, Degraded) is written through
+///    ProgressToWrite says), conditions Valid, Planned, SidecarsReady, Degraded, and Starved and
+///    Straggling from the last poll (ProgressConditions, thresholds from spec.health)) is written through
 ///    /status with the job's resourceVersion only when it differs; a 409
 ///    re-reads the job and tries again. lastTransitionTime moves only when a
 ///    condition's status does.
@@ -126,8 +127,6 @@ struct ReconcilerOptions {
   /// status.progress is rewritten when a step moved by this much, or the
   /// rate by 10%, or anything else changed (ProgressToWrite).
   int64_t progress_step_granularity = 100;
-  /// A process more steps than this behind the median is listed as lagging.
-  int64_t progress_lag_steps = 100;
 };
 
 /// What one reconcile did.

@@ -400,6 +400,17 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
   if (spec.resume.step < 0) {
     d.Add("spec.resume.step", "must be >= 0, got " + std::to_string(spec.resume.step));
   }
+  if (spec.health.starved_wait_percent < 1 || spec.health.starved_wait_percent > 100) {
+    d.Add("spec.health.starvedWaitPercent",
+          "must be 1 to 100 (% of the window), got " + std::to_string(spec.health.starved_wait_percent));
+  }
+  if (spec.health.straggler_steps < 1) {
+    d.Add("spec.health.stragglerSteps", "must be >= 1, got " + std::to_string(spec.health.straggler_steps));
+  }
+  if (spec.health.straggler_latency_factor < 2) {
+    d.Add("spec.health.stragglerLatencyFactor",
+          "must be >= 2 (times the job's median latency), got " + std::to_string(spec.health.straggler_latency_factor));
+  }
 }
 
 }  // namespace meshload

@@ -105,6 +105,17 @@ struct ResumeSpec {
   int64_t step = 0;
 };
 
+/// When the controller says the loader starves the trainers or a process
+/// straggles (the Starved and Straggling conditions; docs/controller.md).
+struct HealthSpec {
+  /// Starved: a trainer waited for data more than this % of the last window.
+  int64_t starved_wait_percent = 25;
+  /// Straggling: a process is more than this many steps behind the median...
+  int64_t straggler_steps = 100;
+  /// ...or its storage p99 latency is this many times the job's median.
+  int64_t straggler_latency_factor = 4;
+};
+
 struct LabelSelectorRequirement {
   std::string key;
   std::string op;  // In, NotIn, Exists, DoesNotExist
@@ -134,6 +145,7 @@ struct JobSpec {
   BatchSpec batch;
   ShuffleSpec shuffle;
   ResumeSpec resume;
+  HealthSpec health;
   std::optional<LabelSelector> selector;
   SidecarSpec sidecar;
 };

@@ -314,7 +314,7 @@ JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
   JobSpec js;
   const std::string path = "spec";
   if (!r.Map(spec, path,
-             {"mesh", "replication", "strategy", "dataset", "batch", "shuffle", "resume",
+             {"mesh", "replication", "strategy", "dataset", "batch", "shuffle", "resume", "health",
               "selector", "sidecar"})) {
     return js;
   }
@@ -409,6 +409,22 @@ JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
     if (r.Map(n, "spec.resume", {"step"})) {
       if (n["step"]) {
         if (auto v = r.Int(n["step"], "spec.resume.step")) js.resume.step = *v;
+      }
+    }
+  }
+  if (spec["health"]) {
+    const YAML::Node& n = spec["health"];
+    if (r.Map(n, "spec.health", {"starvedWaitPercent", "stragglerSteps", "stragglerLatencyFactor"})) {
+      if (n["starvedWaitPercent"]) {
+        if (auto v = r.Int(n["starvedWaitPercent"], "spec.health.starvedWaitPercent")) js.health.starved_wait_percent = *v;
+      }
+      if (n["stragglerSteps"]) {
+        if (auto v = r.Int(n["stragglerSteps"], "spec.health.stragglerSteps")) js.health.straggler_steps = *v;
+      }
+      if (n["stragglerLatencyFactor"]) {
+        if (auto v = r.Int(n["stragglerLatencyFactor"], "spec.health.stragglerLatencyFactor")) {
+          js.health.straggler_latency_factor = *v;
+        }
       }
     }
   }

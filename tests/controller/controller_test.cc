@@ -596,7 +596,6 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   options.progress.default_port = port;
   options.progress.timeout = 1s;
   options.reconciler.progress_step_granularity = 100;
-  options.reconciler.progress_lag_steps = 100;
   StartController(options);
   auto progress = [&] { return Job("pg")["status"]["progress"]; };
   auto resume = [&] {
@@ -636,6 +635,13 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   ASSERT_TRUE(TestCluster::Eventually([&] { return progress().contains("lagging"); })) << Job("pg").dump(2);
   EXPECT_EQ(progress()["lagging"][0]["process"], 1);
   EXPECT_EQ(progress()["lagging"][0]["pod"], "pg-1");
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Condition(Job("pg"), "Straggling")["status"] == "True"; }))
+      << Job("pg").dump(2);
+  EXPECT_NE(Condition(Job("pg"), "Straggling")["message"].get<std::string>().find("process 1 (pod pg-1) is more than "
+                                                                                 "100 steps behind the median"),
+            std::string::npos)
+      << Condition(Job("pg"), "Straggling").dump();
+  EXPECT_EQ(Condition(Job("pg"), "Starved")["status"], "False") << "no trainer reported waiting";
   p1.Stop();
   ASSERT_TRUE(TestCluster::Eventually([&] { return progress().contains("unreachable"); })) << Job("pg").dump(2);
   p = progress();
@@ -644,6 +650,8 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   EXPECT_NE(p["unreachable"][0]["reason"].get<std::string>().find("127.0.0.3"), std::string::npos) << p.dump();
   EXPECT_FALSE(p.contains("step")) << "a step is not guessed while a process cannot be asked";
   EXPECT_EQ(p["processesReporting"], 1);
+  ASSERT_TRUE(TestCluster::Eventually([&] { return Condition(Job("pg"), "Straggling")["status"] == "False"; }))
+      << Job("pg").dump(2);
   Settle();
   EXPECT_EQ(resume(), json({{"step", 96}, {"specStep", 0}}));
 }

@@ -5,6 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <string>
+#include <vector>
+
 namespace meshload::controller {
 namespace {
 
@@ -91,6 +95,96 @@ TEST(ProgressToWrite, SmallMovesKeepTheWrittenStatusAndRealChangesReplaceIt) {
   later["resumeStep"] = 1062;
   EXPECT_EQ(ProgressToWrite(fresh, later, 100), later);  // stopped, and moved at all: exact
   EXPECT_EQ(ProgressToWrite(json(), fresh, 100), fresh);  // nothing written yet
+}
+
+ProcessProgress Full(int64_t process, int64_t step, double wait, std::optional<double> p99) {
+  ProcessProgress p = Reached(process, step, 2.0);
+  p.report["trainerConnected"] = true;
+  p.report["trainerWaitFraction"] = wait;
+  p.report["storageReadSeconds"] = {{"p99", p99 ? json(*p99) : json()}};
+  return p;
+}
+
+json Status(const std::vector<ProgressCondition>& cs) {
+  json out = json::array();
+  for (const auto& c : cs) out.push_back({{"type", c.type}, {"status", c.status}, {"reason", c.reason}, {"message", c.message}});
+  return out;
+}
+
+const ProgressCondition& Get(const std::vector<ProgressCondition>& cs, const std::string& type) {
+  for (const auto& c : cs) {
+    if (c.type == type) return c;
+  }
+  static ProgressCondition none;
+  return none;
+}
+
+TEST(ProgressConditions, StarvedNamesTheWaitingTrainersAndClearsOnlyBelowHalfTheThreshold) {
+  JobProgress poll;
+  poll.processes = 3;
+  poll.sidecars = {Full(0, 10, 0.02, 0.001), Full(1, 10, 0.40, 0.001), Full(2, 10, 0.30, 0.001)};
+  auto cs = ProgressConditions(poll, {}, json());
+  EXPECT_EQ(Get(cs, "Starved").status, "True");
+  EXPECT_EQ(Get(cs, "Starved").reason, "TrainersWaitForData");
+  EXPECT_EQ(Get(cs, "Starved").message,
+            "the trainers of process 1 (pod trainer-1), process 2 (pod trainer-2) waited for data more than 25% of "
+            "the last window: the loader, not the model, is the bottleneck");
+  // 20% and 15%: below the threshold, above half of it: stays as it was.
+  poll.sidecars = {Full(0, 20, 0.02, 0.001), Full(1, 20, 0.20, 0.001), Full(2, 20, 0.15, 0.001)};
+  auto held = ProgressConditions(poll, {}, Status(cs));
+  EXPECT_EQ(Get(held, "Starved").status, "True");
+  EXPECT_EQ(Get(held, "Starved").message, Get(cs, "Starved").message);
+  // The same figures on a job that was not starved: not starved.
+  EXPECT_EQ(Get(ProgressConditions(poll, {}, json()), "Starved").status, "False");
+  // Everyone below 12.5%: cleared.
+  poll.sidecars = {Full(0, 30, 0.02, 0.001), Full(1, 30, 0.10, 0.001), Full(2, 30, 0.05, 0.001)};
+  auto cleared = ProgressConditions(poll, {}, Status(held));
+  EXPECT_EQ(Get(cleared, "Starved").status, "False");
+  EXPECT_EQ(Get(cleared, "Starved").reason, "LoaderKeepsUp");
+}
+
+TEST(ProgressConditions, StragglingSaysWhetherStorageTheTrainerOrStagingIsSlow) {
+  JobProgress poll;
+  poll.processes = 5;
+  poll.sidecars = {Full(0, 1000, 0.01, 0.002), Full(1, 1001, 0.01, 0.002),
+                   Full(2, 850, 0.01, 0.002),    // behind, not waiting: its trainer
+                   Full(3, 1000, 0.01, 0.050),   // storage 25x the median
+                   Full(4, 820, 0.60, 0.002)};   // behind, waiting, storage fine: staging or exchange
+  HealthThresholds t;
+  auto cs = ProgressConditions(poll, t, json());
+  const auto& s = Get(cs, "Straggling");
+  EXPECT_EQ(s.status, "True");
+  EXPECT_EQ(s.reason, "ProcessesStraggle");
+  EXPECT_NE(s.message.find("process 2 (pod trainer-2) is more than 100 steps behind the median: its trainer is slow"),
+            std::string::npos) << s.message;
+  EXPECT_NE(s.message.find("process 3 (pod trainer-3): its storage is slow"), std::string::npos) << s.message;
+  EXPECT_NE(s.message.find("process 4 (pod trainer-4) is more than 100 steps behind the median: its staging or "
+                           "exchange is slow"),
+            std::string::npos)
+      << s.message;
+  EXPECT_EQ(s.message.find("process 0"), std::string::npos) << s.message;
+  // Process 4 (starving) also makes the job Starved.
+  EXPECT_EQ(Get(cs, "Starved").status, "True");
+
+  // 60 steps behind (more than half of 100): held; 40: cleared.
+  poll.sidecars = {Full(0, 2000, 0.01, 0.002), Full(1, 2000, 0.01, 0.002), Full(2, 1940, 0.01, 0.002)};
+  poll.processes = 3;
+  EXPECT_EQ(Get(ProgressConditions(poll, t, Status(cs)), "Straggling").message, s.message);
+  poll.sidecars[2] = Full(2, 1960, 0.01, 0.002);
+  EXPECT_EQ(Get(ProgressConditions(poll, t, Status(cs)), "Straggling").status, "False");
+}
+
+TEST(ProgressConditions, NoAnswerIsUnknownNeverAGuess) {
+  JobProgress poll;
+  poll.processes = 2;
+  ProcessProgress gone;
+  gone.process = 0;
+  gone.error = "timeout";
+  poll.sidecars = {gone};
+  auto cs = ProgressConditions(poll, {}, json());
+  EXPECT_EQ(Get(cs, "Starved").status, "Unknown");
+  EXPECT_EQ(Get(cs, "Straggling").status, "Unknown");
+  EXPECT_EQ(Get(cs, "Straggling").reason, "NoProgress");
 }
 
 }  // namespace

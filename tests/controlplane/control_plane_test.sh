@@ -57,7 +57,7 @@ check "the CRD is Established" $?
 K -n cp-test apply -f "$ROOT/examples/local-fixedrecord.yaml" >"$TMP/out" 2>&1
 check "the example DataLoadJob is accepted" $?
 K -n cp-test get dlj local-fixedrecord >"$TMP/out" 2>&1
-head -1 "$TMP/out" | grep -Eq '^NAME +STRATEGY +PROCESSES +READY +PHASE +AGE$' &&
+head -1 "$TMP/out" | grep -Eq '^NAME +STRATEGY +PROCESSES +READY +PHASE +STEP +AGE$' &&
   grep -Eq '^local-fixedrecord +PerProcess +2 ' "$TMP/out"
 check "kubectl get dlj prints the printer columns" $?
 long=$(printf 'a%.0s' $(seq 64))

@@ -107,6 +107,9 @@ defaults = {
     "shuffle.mode": (spec["shuffle"]["properties"]["mode"].get("default"), "Global"),
     "shuffle.seed": (spec["shuffle"]["properties"]["seed"].get("default"), 0),
     "resume.step": (spec["resume"]["properties"]["step"].get("default"), 0),
+    "health.starvedWaitPercent": (spec["health"]["properties"]["starvedWaitPercent"].get("default"), 25),
+    "health.stragglerSteps": (spec["health"]["properties"]["stragglerSteps"].get("default"), 100),
+    "health.stragglerLatencyFactor": (spec["health"]["properties"]["stragglerLatencyFactor"].get("default"), 4),
 }
 wrong = {k: v for k, v in defaults.items() if v[0] != v[1]}
 check("defaults match the planner's", not wrong, wrong)
