@@ -73,7 +73,8 @@ struct Process {
 
 // Spawns `args` with a parent-death signal (setpriv execs it: same pid), so
 // a crashed test leaves no controller behind.
-std::unique_ptr<Process> Spawn(const std::vector<std::string>& args, const std::string& log) {
+std::unique_ptr<Process> Spawn(const std::vector<std::string>& args, const std::string& log,
+                               const std::string& out = "/dev/null") {
   auto p = std::make_unique<Process>();
   std::vector<std::string> full = {"/usr/bin/setpriv", "--pdeathsig", "KILL"};
   full.insert(full.end(), args.begin(), args.end());
@@ -83,7 +84,7 @@ std::unique_ptr<Process> Spawn(const std::vector<std::string>& args, const std::
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (posix_spawn(&p->pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) p->pid = -1;
   posix_spawn_file_actions_destroy(&fa);
   return p;
@@ -375,6 +376,93 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
   EXPECT_EQ(before, after) << "the global batches of steps 20..29 depend on the mesh";
 
   for (auto& p : pods8) kill(p.sidecar->pid, SIGTERM);
+  kill(controller->pid, SIGTERM);
+  controller->WaitExit(15s);
+}
+
+TEST_F(ControllerProcess, ASidecarKilledMidRunComesBackAndItsTrainerGoesOnWithIdenticalBytes) {
+  const std::string data = dir_.path() + "/data";
+  json manifest = cluster_.JobManifest(ns_, "mid", 2, "mid");
+  manifest["spec"]["dataset"]["uri"] = data;
+  const std::string file = dir_.path() + "/mid.json";
+  std::ofstream(file) << manifest.dump();
+  int rc = 0;
+  const std::string gen = Shell(std::string(MESHLOAD_BIN) + " run --local -f " + file + " --generate-dataset " + data +
+                                    " --steps 1 2>&1",
+                                &rc);
+  ASSERT_EQ(rc, 0) << gen;
+  cluster_.CreateJob(manifest);
+  const int metrics_port = FreePort();
+  auto controller = Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", "mid",
+                           "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--namespace", ns_,
+                           "--leader-election-namespace", ns_, "--progress-interval-seconds", "1",
+                           "--sidecar-metrics-port", std::to_string(metrics_port), "--log-level", "info"},
+                          dir_.path() + "/mid-controller.log");
+  const std::string cm_path = "/api/v1/namespaces/" + ns_ + "/configmaps/mid-meshload";
+  std::vector<FakePod> pods(2);
+  for (int i = 0; i < 2; ++i) {
+    pods[i].name = "mid-" + std::to_string(i);
+    pods[i].ip = "127.0.0." + std::to_string(50 + i);
+    pods[i].dir = dir_.path() + "/" + pods[i].name;
+    std::filesystem::create_directories(pods[i].dir);
+    cluster_.CreatePod(ns_, pods[i].name, "mid");
+    cluster_.SetSidecar(ns_, pods[i].name, true, 0, pods[i].ip);
+  }
+  ASSERT_TRUE(TestCluster::Eventually([&] {
+    json cm = cluster_.Get(cm_path);
+    return cm.is_object() && cm["data"].contains("process.mid-0") && cm["data"].contains("process.mid-1");
+  }, 30s));
+  auto start_sidecar = [&](FakePod& p) {
+    json cm = cluster_.Get(cm_path);
+    std::ofstream(p.dir + "/job.json") << cm["data"]["job.json"].get<std::string>();
+    std::ofstream(p.dir + "/resume.json") << cm["data"]["resume.json"].get<std::string>();
+    p.process = std::stoll(cm["data"]["process." + p.name].get<std::string>());
+    std::filesystem::remove(p.dir + "/s.sock");
+    p.sidecar = Spawn({MESHLOAD_SIDECAR_BIN, "--job", p.dir + "/job.json", "--process", std::to_string(p.process),
+                       "--socket", p.dir + "/s.sock", "--metrics-port", std::to_string(metrics_port),
+                       "--metrics-address", p.ip, "--progress-window", "2", "--log-level", "info"},
+                      p.dir + "/sidecar.log");
+    EXPECT_TRUE(TestCluster::Eventually([&] { return std::filesystem::exists(p.dir + "/s.sock"); }, 30s))
+        << Slurp(p.dir + "/sidecar.log");
+  };
+  for (auto& p : pods) start_sidecar(p);
+  // Trainers that take 20 ms a step and run until stopped.
+  std::vector<std::unique_ptr<Process>> trainers;
+  for (auto& p : pods) {
+    trainers.push_back(Spawn({MESHLOAD_BIN, "demo-trainer", "--job", p.dir + "/job.json", "--process",
+                              std::to_string(p.process), "--socket", p.dir + "/s.sock", "--delay-ms", "20"},
+                             p.dir + "/trainer.log", p.dir + "/trainer.out"));
+  }
+  auto job = [&] { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/mid"); };
+  ASSERT_TRUE(TestCluster::Eventually([&] {
+    const json j = job();
+    const json& st = j["status"]["progress"]["step"];
+    return st.is_number() && st.get<int64_t>() >= 20;
+  }, 60s)) << job()["status"].dump(2) << Slurp(pods[0].dir + "/trainer.log") << Slurp(pods[0].dir + "/sidecar.log");
+
+  // Process 1's sidecar dies mid-run and is restarted (the kubelet would):
+  // it starts at the recorded step, its trainer reconnects and asks for the
+  // step it has not had, and goes on.
+  kill(pods[1].sidecar->pid, SIGKILL);
+  pods[1].sidecar->WaitExit(10s);
+  start_sidecar(pods[1]);
+  ASSERT_TRUE(TestCluster::Eventually([&] {
+    const json j = job();
+    const json& st = j["status"]["progress"]["step"];
+    return st.is_number() && st.get<int64_t>() >= 60 && !j["status"]["progress"].contains("unreachable");
+  }, 60s)) << job()["status"].dump(2);
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    kill(trainers[i]->pid, SIGTERM);
+    ASSERT_TRUE(trainers[i]->WaitExit(15s));
+    EXPECT_TRUE(WIFEXITED(trainers[i]->status) && WEXITSTATUS(trainers[i]->status) == 0)
+        << Slurp(pods[i].dir + "/trainer.log");
+    const json last = LastJsonLine(Slurp(pods[i].dir + "/trainer.out"));
+    ASSERT_TRUE(last.is_object()) << Slurp(pods[i].dir + "/trainer.out");
+    EXPECT_EQ(last["mismatches"], 0) << pods[i].name;
+    EXPECT_GE(last["steps"].get<int64_t>(), 60) << pods[i].name;
+    EXPECT_EQ(last["reconnects"].get<int64_t>() > 0, i == 1) << pods[i].name << ": " << last.dump();
+  }
+  for (auto& p : pods) kill(p.sidecar->pid, SIGTERM);
   kill(controller->pid, SIGTERM);
   controller->WaitExit(15s);
 }
