@@ -539,6 +539,10 @@ TEST_F(ControllerTest, APeerSecretIsLabelledWithItsJobInstanceAndGoesWithIt) {
   EXPECT_EQ(Job("again")["status"]["peerSecretUID"], again["metadata"]["uid"]);
 }
 
+// "type reason: message (count)" of the Events about `name`, oldest first
+// (defined with the event tests below).
+std::vector<std::string> EventsAbout(TestCluster& cluster, const std::string& name);
+
 // Stands in for a sidecar's GET /progress (whose own report is tested in
 // tests/sidecar: progress_test and sidecar.cli) on a loopback address of
 // its own, as a pod IP: the step and rate are set by the test.
@@ -591,7 +595,10 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   cluster_.SetSidecar(kNs, "pg-0", true, 0, "127.0.0.2");
   cluster_.SetSidecar(kNs, "pg-1", true, 0, "127.0.0.3");
   cluster_.CreateJob(cluster_.JobManifest(kNs, "pg", 2, "pg"));
-  ControllerOptions options;
+  auto event_client = cluster_.ControllerClient();
+  runtime::EventRecorder events(event_client.get(), nullptr, {});
+  auto stop_first = StopBeforeRecorderGoes();
+  ControllerOptions options = RecordingEvents(events);
   options.progress_interval = 200ms;
   options.progress.default_port = port;
   options.progress.timeout = 1s;
@@ -652,8 +659,17 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   EXPECT_EQ(p["processesReporting"], 1);
   ASSERT_TRUE(TestCluster::Eventually([&] { return Condition(Job("pg"), "Straggling")["status"] == "False"; }))
       << Job("pg").dump(2);
-  Settle();
+  SettleWithEvents(events);
   EXPECT_EQ(resume(), json({{"step", 96}, {"specStep", 0}}));
+  // The straggler came and went as two events; starvation never began.
+  std::vector<std::string> straggle;
+  for (const auto& e : EventsAbout(cluster_, "pg")) {
+    if (e.find("Straggl") != std::string::npos || e.find("Starv") != std::string::npos) straggle.push_back(e);
+  }
+  ASSERT_EQ(straggle.size(), 2u) << ::testing::PrintToString(EventsAbout(cluster_, "pg"));
+  EXPECT_EQ(straggle[0].rfind("Warning ProcessesStraggle: process 1 (pod pg-1) is more than 100 steps behind", 0), 0u)
+      << straggle[0];
+  EXPECT_EQ(straggle[1], "Normal NoStragglers: Straggling is now False (1)");
 }
 
 TEST_F(ControllerTest, SidecarNotReadyAndRestartingAreVisible) {
