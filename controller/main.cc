@@ -56,6 +56,8 @@ options:
                                  none (default 9464)
   --progress-step-granularity N  rewrite status.progress when a step moved this much, the
                                  rate by 10% or anything else changed (default 100)
+  --progress-min-write-seconds N ...moving steps and rates no more often than this per job
+                                 (default 120; other changes at once)
 
 the sidecar-injection webhook (docs/webhook.md), on when --webhook-cert-dir is given:
   --webhook-cert-dir DIR         tls.crt and tls.key of its serving certificate (reloaded
@@ -93,7 +95,7 @@ int main(int argc, char** argv) {
   int64_t workers = 4, burst = 30, metrics_port = 8080, lease_ms = 15000, renew_ms = 10000, retry_ms = 2000;
   int64_t resync_s = 600;
   int64_t progress_s = 15, progress_timeout_ms = 2000, progress_concurrency = 16, sidecar_metrics_port = 9464;
-  int64_t progress_granularity = 100;
+  int64_t progress_granularity = 100, progress_min_write_s = 120;
   cli::FlagParser flags("", kUsage, "meshload-controller");
   flags.String({"--kubeconfig"}, &kubeconfig);
   flags.String({"--namespace"}, &watch_ns);
@@ -117,6 +119,7 @@ int main(int argc, char** argv) {
   flags.Int({"--progress-concurrency"}, &progress_concurrency);
   flags.Int({"--sidecar-metrics-port"}, &sidecar_metrics_port);
   flags.Int({"--progress-step-granularity"}, &progress_granularity);
+  flags.Int({"--progress-min-write-seconds"}, &progress_min_write_s);
 
   flags.String({"--webhook-cert-dir"}, &webhook_cert_dir);
   flags.Int({"--webhook-port"}, &webhook_port);
@@ -157,6 +160,9 @@ int main(int argc, char** argv) {
   if (progress_concurrency < 1 || progress_concurrency > 256) return usage("--progress-concurrency must be 1..256");
   if (sidecar_metrics_port < 1 || sidecar_metrics_port > 65535) return usage("--sidecar-metrics-port must be 1..65535");
   if (progress_granularity < 1) return usage("--progress-step-granularity must be positive");
+  if (progress_min_write_s < 0 || progress_min_write_s > 86400) {
+    return usage("--progress-min-write-seconds must be 0..86400");
+  }
 
   if (webhook_port < 0 || webhook_port > 65535) return usage("--webhook-port must be 0..65535");
   if (sidecar_image.empty()) return usage("--sidecar-image must not be empty");
@@ -226,6 +232,7 @@ int main(int argc, char** argv) {
   options.progress.concurrency = static_cast<int>(progress_concurrency);
   options.progress.default_port = static_cast<int>(sidecar_metrics_port);
   options.reconciler.progress_step_granularity = progress_granularity;
+  options.reconciler.progress_min_write_interval = std::chrono::seconds(progress_min_write_s);
   std::unique_ptr<kube::KubeClient> election_client;  // declared first: it outlives the elector
   std::unique_ptr<runtime::LeaderElector> elector;
   if (leader_elect == "true") {

@@ -364,7 +364,7 @@ std::vector<ProgressCondition> ProgressConditions(const JobProgress& poll, const
   return out;
 }
 
-json ProgressToWrite(const json& current, const json& fresh, int64_t granularity) {
+json ProgressToWrite(const json& current, const json& fresh, int64_t granularity, bool moves_due) {
   if (!current.is_object() || !fresh.is_object()) return fresh;
   // Everything but the moving figures must be equal.
   json a = current, b = fresh;
@@ -373,11 +373,12 @@ json ProgressToWrite(const json& current, const json& fresh, int64_t granularity
     b.erase(k);
   }
   if (a != b) return fresh;
+  bool moved = false;
   for (const char* k : {"step", "maxStep", "resumeStep"}) {
     const json& x = At(current, k);
     const json& y = At(fresh, k);
     if (x.is_null() != y.is_null()) return fresh;
-    if (x.is_number_integer() && std::llabs(x.get<int64_t>() - y.get<int64_t>()) >= granularity) return fresh;
+    if (x.is_number_integer() && std::llabs(x.get<int64_t>() - y.get<int64_t>()) >= granularity) moved = true;
   }
   const json& x = At(current, "samplesPerSecond");
   const json& y = At(fresh, "samplesPerSecond");
@@ -386,10 +387,10 @@ json ProgressToWrite(const json& current, const json& fresh, int64_t granularity
     const double before = x.get<double>(), now = y.get<double>();
     if (now == 0 && before != 0) return fresh;  // the trainers stopped: the exact step
     if (before == 0 && now != 0) return fresh;
-    if (std::fabs(now - before) > 0.1 * std::max(before, now)) return fresh;
+    if (std::fabs(now - before) > 0.1 * std::max(before, now)) moved = true;
     if (now == 0 && current != fresh) return fresh;
   }
-  return current;
+  return moved && moves_due ? fresh : current;
 }
 
 }  // namespace meshload::controller

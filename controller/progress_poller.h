@@ -148,8 +148,12 @@ std::vector<ProgressCondition> ProgressConditions(const JobProgress& poll, const
 /// What to write: `fresh`, or `current` (the status.progress written
 /// before) when nothing changed but steps by less than `granularity` and
 /// the rate by less than 10%, so that a running job's status is written
-/// about once per `granularity` steps. A job whose trainers stopped
-/// (samplesPerSecond 0) gets its exact step.
-nlohmann::json ProgressToWrite(const nlohmann::json& current, const nlohmann::json& fresh, int64_t granularity);
+/// about once per `granularity` steps; and while `moves_due` is false (the
+/// last write was less than the controller's minimum interval ago) not for
+/// moving steps or rate at all. A job whose trainers stopped
+/// (samplesPerSecond 0), or any other change (who reports, lags or is
+/// unreachable), is written at once, with its exact figures.
+nlohmann::json ProgressToWrite(const nlohmann::json& current, const nlohmann::json& fresh, int64_t granularity,
+                               bool moves_due = true);
 
 }  // namespace meshload::controller

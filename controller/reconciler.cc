@@ -351,6 +351,10 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
   const std::string ns = key.substr(0, slash), name = key.substr(slash + 1);
   kube::ObjectPtr cached = jobs_->Get(ns, name);
   if (!cached) {  // deleted; owner references clean up
+    {
+      std::lock_guard lock(progress_mu_);
+      progress_written_.erase(key);
+    }
     std::lock_guard lock(secrets_mu_);
     secrets_made_.erase(key);
     return Status::Ok();
@@ -619,8 +623,15 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     if (options_.progress) {
       if (std::optional<JobProgress> poll = options_.progress(key)) {
         const json fresh = ProgressStatus(*poll, spec->batch.global_batch_size, spec->health.straggler_steps);
+        bool moves_due = true;
+        {
+          std::lock_guard lock(progress_mu_);
+          auto it = progress_written_.find(key);
+          moves_due = it == progress_written_.end() ||
+                      std::chrono::steady_clock::now() - it->second >= options_.progress_min_write_interval;
+        }
         desired.progress = ProgressToWrite(Field(Field(job, "status"), "progress"), fresh,
-                                           options_.progress_step_granularity);
+                                           options_.progress_step_granularity, moves_due);
         progress_conditions = ProgressConditions(
             *poll,
             {spec->health.starved_wait_percent, spec->health.straggler_steps, spec->health.straggler_latency_factor},
@@ -806,6 +817,10 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     kube::ApiResponse r = client_->Put(jobs.Object(ns, name) + "/status", body);
     if (r.ok()) {
       ++res.writes;
+      if (Field(want, "progress") != Field(current, "progress")) {
+        std::lock_guard lock(progress_mu_);
+        progress_written_[key] = std::chrono::steady_clock::now();
+      }
       if (options_.record_event) {
         for (const auto& e : ConditionEvents(current, want)) options_.record_event(job, e.type, e.reason, e.message);
       }

@@ -59,6 +59,7 @@
 /// work queue never hands one key to two workers).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -127,6 +128,10 @@ struct ReconcilerOptions {
   /// status.progress is rewritten when a step moved by this much, or the
   /// rate by 10%, or anything else changed (ProgressToWrite).
   int64_t progress_step_granularity = 100;
+  /// ...but moving steps and rates no more often than this per job (other
+  /// changes at once), so that the status writes of many running jobs stay
+  /// within the controller's QPS.
+  std::chrono::milliseconds progress_min_write_interval{std::chrono::seconds(120)};
 };
 
 /// What one reconcile did.
@@ -170,6 +175,10 @@ class Reconciler {
   };
   mutable std::mutex secrets_mu_;
   std::map<std::string, MadeSecretEntry> secrets_made_;
+  // When each job's status.progress was last written by this process (a
+  // restarted controller may write one sooner).
+  std::mutex progress_mu_;
+  std::map<std::string, std::chrono::steady_clock::time_point> progress_written_;  // guarded by progress_mu_
 };
 
 }  // namespace meshload::controller

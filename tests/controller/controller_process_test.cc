@@ -262,7 +262,7 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
   const int metrics_port = FreePort();
   auto controller = Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", "rs",
                            "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--namespace", ns_,
-                           "--leader-election-namespace", ns_, "--progress-interval-seconds", "1",
+                           "--leader-election-namespace", ns_, "--progress-interval-seconds", "1", "--progress-min-write-seconds", "0",
                            "--sidecar-metrics-port", std::to_string(metrics_port), "--log-level", "info"},
                           dir_.path() + "/rs-controller.log");
   const std::string cm_path = "/api/v1/namespaces/" + ns_ + "/configmaps/rs-meshload";
@@ -395,7 +395,7 @@ TEST_F(ControllerProcess, ASidecarKilledMidRunComesBackAndItsTrainerGoesOnWithId
   const int metrics_port = FreePort();
   auto controller = Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", "mid",
                            "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--namespace", ns_,
-                           "--leader-election-namespace", ns_, "--progress-interval-seconds", "1",
+                           "--leader-election-namespace", ns_, "--progress-interval-seconds", "1", "--progress-min-write-seconds", "0",
                            "--sidecar-metrics-port", std::to_string(metrics_port), "--log-level", "info"},
                           dir_.path() + "/mid-controller.log");
   const std::string cm_path = "/api/v1/namespaces/" + ns_ + "/configmaps/mid-meshload";

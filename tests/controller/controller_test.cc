@@ -603,6 +603,7 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   options.progress.default_port = port;
   options.progress.timeout = 1s;
   options.reconciler.progress_step_granularity = 100;
+  options.reconciler.progress_min_write_interval = 0ms;  // the granularity alone (the floor: progress_poller_test)
   StartController(options);
   auto progress = [&] { return Job("pg")["status"]["progress"]; };
   auto resume = [&] {

@@ -97,6 +97,21 @@ TEST(ProgressToWrite, SmallMovesKeepTheWrittenStatusAndRealChangesReplaceIt) {
   EXPECT_EQ(ProgressToWrite(json(), fresh, 100), fresh);  // nothing written yet
 }
 
+TEST(ProgressToWrite, BeforeTheMinimumIntervalOnlyRealChangesAreWritten) {
+  json written = {{"step", 1000}, {"resumeStep", 1001}, {"maxStep", 1002}, {"samplesPerSecond", 256.0},
+                  {"processesReporting", 4}};
+  json moved = {{"step", 1500}, {"resumeStep", 1501}, {"maxStep", 1502}, {"samplesPerSecond", 128.0},
+                {"processesReporting", 4}};
+  EXPECT_EQ(ProgressToWrite(written, moved, 100, /*moves_due=*/false), written);
+  EXPECT_EQ(ProgressToWrite(written, moved, 100, /*moves_due=*/true), moved);
+  json lost = moved;
+  lost["processesReporting"] = 3;
+  EXPECT_EQ(ProgressToWrite(written, lost, 100, false), lost);  // who reports changed: at once
+  json stopped = moved;
+  stopped["samplesPerSecond"] = 0.0;
+  EXPECT_EQ(ProgressToWrite(written, stopped, 100, false), stopped);  // stopped: the exact step at once
+}
+
 ProcessProgress Full(int64_t process, int64_t step, double wait, std::optional<double> p99) {
   ProcessProgress p = Reached(process, step, 2.0);
   p.report["trainerConnected"] = true;
