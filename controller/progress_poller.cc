@@ -205,7 +205,8 @@ void ProgressPoller::PollOnce() {
   }
 }
 
-json ProgressStatus(const JobProgress& poll, int64_t global_batch, int64_t lag_steps) {
+json ProgressStatus(const JobProgress& poll, int64_t global_batch, int64_t lag_steps, int64_t starved_percent,
+                    const json& current) {
   std::vector<const ProcessProgress*> reached;
   json unreachable = json::array();
   for (const auto& p : poll.sidecars) {
@@ -248,6 +249,24 @@ json ProgressStatus(const JobProgress& poll, int64_t global_batch, int64_t lag_s
     }
   }
   if (!lagging.empty()) out["lagging"] = lagging;
+  std::set<int64_t> listed;
+  if (At(current, "starving").is_array()) {
+    for (const auto& e : current["starving"]) {
+      if (At(e, "process").is_number_integer()) listed.insert(e["process"].get<int64_t>());
+    }
+  }
+  json starving = json::array();
+  const double limit = static_cast<double>(starved_percent) / 100.0;
+  for (const auto* p : reached) {
+    if (!At(p->report, "trainerConnected").is_boolean() || !p->report["trainerConnected"].get<bool>()) continue;
+    const json& f = At(p->report, "trainerWaitFraction");
+    if (!f.is_number()) continue;
+    const double wait = f.get<double>();
+    if (wait > limit || (listed.count(p->process) && wait > limit / 2)) {
+      starving.push_back({{"process", p->process}, {"pod", p->pod}});
+    }
+  }
+  if (!starving.empty()) out["starving"] = starving;
   return out;
 }
 

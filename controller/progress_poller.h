@@ -108,11 +108,16 @@ class ProgressPoller {
 ///    "maxStep", "resumeStep": step + 1, "samplesPerSecond" (the median
 ///    process's steps per second × the global batch, 3 significant digits),
 ///    "processesReporting": N, "lagging": [{"process", "pod", "step",
-///    "behind"}], "unreachable": [{"process", "pod", "reason"}]}
+///    "behind"}], "starving": [{"process", "pod"}], "unreachable":
+///    [{"process", "pod", "reason"}]}
 /// `step` and `resumeStep` only when every process of the job answered
 /// (otherwise an unreachable one may be behind); a process lags when its
-/// step is more than `lag_steps` behind the median.
-nlohmann::json ProgressStatus(const JobProgress& poll, int64_t global_batch, int64_t lag_steps);
+/// step is more than `lag_steps` behind the median; a process starves when
+/// its connected trainer waited for data more than `starved_percent` % of
+/// the window, and stays listed (in `current`, the status.progress written
+/// before) until it waits less than half that.
+nlohmann::json ProgressStatus(const JobProgress& poll, int64_t global_batch, int64_t lag_steps,
+                              int64_t starved_percent = 25, const nlohmann::json& current = nlohmann::json());
 
 /// A condition the progress decides: Starved or Straggling.
 struct ProgressCondition {

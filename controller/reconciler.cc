@@ -622,7 +622,9 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     std::vector<ProgressCondition> progress_conditions;
     if (options_.progress) {
       if (std::optional<JobProgress> poll = options_.progress(key)) {
-        const json fresh = ProgressStatus(*poll, spec->batch.global_batch_size, spec->health.straggler_steps);
+        const json fresh = ProgressStatus(*poll, spec->batch.global_batch_size, spec->health.straggler_steps,
+                                          spec->health.starved_wait_percent,
+                                          Field(Field(job, "status"), "progress"));
         bool moves_due = true;
         {
           std::lock_guard lock(progress_mu_);

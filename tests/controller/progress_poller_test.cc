@@ -72,6 +72,26 @@ TEST(ProgressStatus, AProcessFarBehindTheMedianLags) {
   EXPECT_EQ(s["step"], 850);
 }
 
+TEST(ProgressStatus, StarvingProcessesAreNamedAndStayListedDownToHalfTheThreshold) {
+  JobProgress poll;
+  poll.processes = 3;
+  auto with_wait = [](ProcessProgress p, double wait) {
+    p.report["trainerConnected"] = true;
+    p.report["trainerWaitFraction"] = wait;
+    return p;
+  };
+  poll.sidecars = {with_wait(Reached(0, 10, 1), 0.30), with_wait(Reached(1, 10, 1), 0.02),
+                   with_wait(Reached(2, 10, 1), 0.20)};
+  json s = ProgressStatus(poll, 8, 100, 25);
+  ASSERT_EQ(s["starving"], json::array({{{"process", 0}, {"pod", "trainer-0"}}}));
+  // 0 at 20%: still listed (above half of 25%); 2 at 20% was not listed: not added.
+  poll.sidecars[0] = with_wait(Reached(0, 20, 1), 0.20);
+  json again = ProgressStatus(poll, 8, 100, 25, s);
+  EXPECT_EQ(again["starving"], s["starving"]);
+  poll.sidecars[0] = with_wait(Reached(0, 30, 1), 0.10);
+  EXPECT_FALSE(ProgressStatus(poll, 8, 100, 25, again).contains("starving"));
+}
+
 TEST(ProgressToWrite, SmallMovesKeepTheWrittenStatusAndRealChangesReplaceIt) {
   json written = {{"step", 1000}, {"resumeStep", 1001}, {"maxStep", 1002}, {"samplesPerSecond", 256.0},
                   {"processesReporting", 4}};
