@@ -619,14 +619,33 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   ASSERT_TRUE(TestCluster::Eventually([&] { return resume() == json({{"step", 42}, {"specStep", 0}}); }))
       << ConfigMapOf("pg").dump(2);
 
+  // With the poller queueing the job every 200 ms the controller is never
+  // idle (Settle would wait in vain): wait until its writes stop instead.
+  auto quiet = [&] {
+    int64_t last = Writes();
+    auto since = std::chrono::steady_clock::now();
+    const auto deadline = since + 60s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(250ms);
+      const int64_t now = Writes();
+      if (now != last) {
+        last = now;
+        since = std::chrono::steady_clock::now();
+      } else if (std::chrono::steady_clock::now() - since >= 1500ms) {
+        return true;
+      }
+    }
+    return false;
+  };
+
   // Running on by less than the granularity, at the same rate: nothing is
   // written, however often the sidecars are polled.
-  Settle();
+  ASSERT_TRUE(quiet());
   const int64_t writes = Writes();
   p0.Set(91, 2.0);
   p1.Set(93, 2.0);
   std::this_thread::sleep_for(1500ms);  // about seven polls
-  Settle();
+  ASSERT_TRUE(quiet());
   EXPECT_EQ(progress()["step"], 41);
   EXPECT_EQ(Writes(), writes) << "moves below the granularity made writes";
 
@@ -660,7 +679,8 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   EXPECT_EQ(p["processesReporting"], 1);
   ASSERT_TRUE(TestCluster::Eventually([&] { return Condition(Job("pg"), "Straggling")["status"] == "False"; }))
       << Job("pg").dump(2);
-  SettleWithEvents(events);
+  ASSERT_TRUE(quiet());
+  ASSERT_TRUE(events.Flush(10s));
   EXPECT_EQ(resume(), json({{"step", 96}, {"specStep", 0}}));
   // The straggler came and went as two events; starvation never began.
   std::vector<std::string> straggle;
