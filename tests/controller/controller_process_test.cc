@@ -175,6 +175,26 @@ class ControllerProcess : public ::testing::Test {
     cluster_.SetSidecar(ns_, pod, true);
   }
   json Job() { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/lead"); }
+  // Writes `manifest` to `file` and generates the synthetic dataset its
+  // spec.dataset.uri names (the demo trainers verify every byte of it).
+  void GenerateDataset(const json& manifest, const std::string& file) {
+    std::ofstream(file) << manifest.dump();
+    int rc = 0;
+    const std::string out = Shell(std::string(MESHLOAD_BIN) + " run --local -f " + file + " --generate-dataset " +
+                                      manifest["spec"]["dataset"]["uri"].get<std::string>() + " --steps 1 2>&1",
+                                  &rc);
+    ASSERT_EQ(rc, 0) << out;
+  }
+  // A controller that polls the sidecars' /progress every second on
+  // `sidecar_port`, writing every move at once.
+  std::unique_ptr<Process> StartPollingController(const std::string& identity, int sidecar_port) {
+    return Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", identity,
+                  "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--namespace", ns_,
+                  "--leader-election-namespace", ns_, "--progress-interval-seconds", "1",
+                  "--progress-min-write-seconds", "0", "--sidecar-metrics-port", std::to_string(sidecar_port),
+                  "--log-level", "info"},
+                 dir_.path() + "/" + identity + "-controller.log");
+  }
 
   TestCluster cluster_;
   const std::string ns_ = cluster_.ns();
@@ -257,20 +277,11 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
   manifest["spec"]["batch"]["globalBatchSize"] = 64;  // the same global batch before and after the resize
   manifest["spec"]["dataset"]["uri"] = data;
   const std::string four = dir_.path() + "/rs-4.json";
-  std::ofstream(four) << manifest.dump();
-  int rc = 0;
-  const std::string gen = Shell(std::string(MESHLOAD_BIN) + " run --local -f " + four + " --generate-dataset " + data +
-                                  " --steps 1 2>&1",
-                              &rc);
-  ASSERT_EQ(rc, 0) << gen;
+  ASSERT_NO_FATAL_FAILURE(GenerateDataset(manifest, four));
   cluster_.CreateJob(manifest);
 
   const int metrics_port = FreePort();
-  auto controller = Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", "rs",
-                           "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--namespace", ns_,
-                           "--leader-election-namespace", ns_, "--progress-interval-seconds", "1", "--progress-min-write-seconds", "0",
-                           "--sidecar-metrics-port", std::to_string(metrics_port), "--log-level", "info"},
-                          dir_.path() + "/rs-controller.log");
+  auto controller = StartPollingController("rs", metrics_port);
   const std::string cm_path = "/api/v1/namespaces/" + ns_ + "/configmaps/rs-meshload";
   auto job = [&] { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/rs"); };
   auto resume = [&] {
@@ -395,20 +406,10 @@ TEST_F(ControllerProcess, ASidecarKilledMidRunComesBackAndItsTrainerGoesOnWithId
   const std::string data = dir_.path() + "/data";
   json manifest = cluster_.JobManifest(ns_, "mid", 2, "mid");
   manifest["spec"]["dataset"]["uri"] = data;
-  const std::string file = dir_.path() + "/mid.json";
-  std::ofstream(file) << manifest.dump();
-  int rc = 0;
-  const std::string gen = Shell(std::string(MESHLOAD_BIN) + " run --local -f " + file + " --generate-dataset " + data +
-                                    " --steps 1 2>&1",
-                                &rc);
-  ASSERT_EQ(rc, 0) << gen;
+  ASSERT_NO_FATAL_FAILURE(GenerateDataset(manifest, dir_.path() + "/mid.json"));
   cluster_.CreateJob(manifest);
   const int metrics_port = FreePort();
-  auto controller = Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", "mid",
-                           "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--namespace", ns_,
-                           "--leader-election-namespace", ns_, "--progress-interval-seconds", "1", "--progress-min-write-seconds", "0",
-                           "--sidecar-metrics-port", std::to_string(metrics_port), "--log-level", "info"},
-                          dir_.path() + "/mid-controller.log");
+  auto controller = StartPollingController("mid", metrics_port);
   const std::string cm_path = "/api/v1/namespaces/" + ns_ + "/configmaps/mid-meshload";
   std::vector<FakePod> pods(2);
   for (int i = 0; i < 2; ++i) {
