@@ -136,7 +136,13 @@ void ProgressPoller::Fetch(Target& t) const {
 
 void ProgressPoller::PollOnce() {
   std::map<std::string, JobProgress> polls;
-  std::vector<Target> targets;
+  struct Address {
+    std::string key;
+    size_t index;  // into the job's sidecars
+    std::string host;
+    int port;
+  };
+  std::vector<Address> addresses;
   for (const kube::ObjectPtr& job : jobs_->List("")) {
     const json& md = At(*job, "metadata");
     const std::string ns = Text(md, "namespace"), name = Text(md, "name");
@@ -163,20 +169,13 @@ void ProgressPoller::PollOnce() {
       } catch (...) {
         continue;
       }
+      addresses.push_back({key, poll.sidecars.size(), ip, MetricsPort(*pod, options_.default_port)});
       poll.sidecars.push_back(std::move(p));
     }
-    std::sort(poll.sidecars.begin(), poll.sidecars.end(),
-              [](const ProcessProgress& a, const ProcessProgress& b) { return a.process < b.process; });
   }
   // The targets point into `polls`, which no longer changes shape.
-  for (auto& [key, poll] : polls) {
-    for (ProcessProgress& p : poll.sidecars) {
-      const auto slash = key.find('/');
-      kube::ObjectPtr pod = pods_->Get(key.substr(0, slash), p.pod);
-      if (!pod) continue;
-      targets.push_back({key, &p, Text(At(*pod, "status"), "podIP"), MetricsPort(*pod, options_.default_port)});
-    }
-  }
+  std::vector<Target> targets;
+  for (const Address& a : addresses) targets.push_back({a.key, &polls[a.key].sidecars[a.index], a.host, a.port});
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i = next++; i < targets.size(); i = next++) Fetch(targets[i]);
@@ -187,6 +186,10 @@ void ProgressPoller::PollOnce() {
   work();
   for (auto& t : threads) t.join();
 
+  for (auto& [key, poll] : polls) {
+    std::sort(poll.sidecars.begin(), poll.sidecars.end(),
+              [](const ProcessProgress& a, const ProcessProgress& b) { return a.process < b.process; });
+  }
   const auto now = std::chrono::steady_clock::now();
   std::vector<std::string> keys;
   {
