@@ -208,8 +208,48 @@ void ProgressPoller::PollOnce() {
   }
 }
 
-json ProgressStatus(const JobProgress& poll, int64_t global_batch, int64_t lag_steps, int64_t starved_percent,
+const char* SlowPartName(SlowPart part) {
+  switch (part) {
+    case SlowPart::kStorage: return "storage";
+    case SlowPart::kTrainer: return "trainer";
+    case SlowPart::kExchange: return "exchange";
+    case SlowPart::kStaging: return "staging";
+  }
+  return "staging";
+}
+
+namespace {
+
+std::optional<double> Number(const json& j) {
+  if (!j.is_number()) return std::nullopt;
+  return j.get<double>();
+}
+
+std::optional<double> StorageP99(const json& report) { return Number(At(At(report, "storageReadSeconds"), "p99")); }
+
+// The median of the reached processes' storage p99 (0 when none measured).
+double MedianP99(const std::vector<const ProcessProgress*>& reached) {
+  std::vector<double> p99s;
+  for (const auto* p : reached) {
+    if (auto v = StorageP99(p->report)) p99s.push_back(*v);
+  }
+  return Median(p99s);
+}
+
+}  // namespace
+
+SlowPart WhatIsSlow(const json& report, double median_p99, int64_t latency_factor) {
+  const auto p99 = StorageP99(report);
+  if (p99 && median_p99 > 0 && *p99 > static_cast<double>(latency_factor) * median_p99) return SlowPart::kStorage;
+  if (auto f = Number(At(report, "trainerWaitFraction")); f && *f < 0.05) return SlowPart::kTrainer;
+  if (auto f = Number(At(report, "peerWaitFraction")); f && *f > 0.5) return SlowPart::kExchange;
+  return SlowPart::kStaging;
+}
+
+json ProgressStatus(const JobProgress& poll, int64_t global_batch, const HealthThresholds& thresholds,
                     const json& current) {
+  const int64_t lag_steps = thresholds.straggler_steps;
+  const int64_t starved_percent = thresholds.starved_wait_percent;
   std::vector<const ProcessProgress*> reached;
   json unreachable = json::array();
   for (const auto& p : poll.sidecars) {
@@ -242,13 +282,16 @@ json ProgressStatus(const JobProgress& poll, int64_t global_batch, int64_t lag_s
   out["maxStep"] = hi;
   if (!rates.empty()) out["samplesPerSecond"] = ThreeSignificant(Median(rates) * static_cast<double>(global_batch));
   const double median = Median(steps);
+  const double median_p99 = MedianP99(reached);
   json lagging = json::array();
   for (const auto* p : reached) {
     const int64_t s = p->report["consumedStep"].get<int64_t>();
     const double behind = median - static_cast<double>(s);
     if (behind > static_cast<double>(lag_steps)) {
       lagging.push_back({{"process", p->process}, {"pod", p->pod}, {"step", s},
-                         {"behind", static_cast<int64_t>(std::llround(behind))}});
+                         {"behind", static_cast<int64_t>(std::llround(behind))},
+                         {"slow", SlowPartName(WhatIsSlow(p->report, median_p99,
+                                                          thresholds.straggler_latency_factor))}});
     }
   }
   if (!lagging.empty()) out["lagging"] = lagging;
@@ -291,11 +334,6 @@ std::string Join(const std::vector<std::string>& parts) {
   for (size_t i = 0; i < parts.size() && i < 16; ++i) out += (i ? ", " : "") + parts[i];
   if (parts.size() > 16) out += " and " + std::to_string(parts.size() - 16) + " more";
   return out;
-}
-
-std::optional<double> Number(const json& j) {
-  if (!j.is_number()) return std::nullopt;
-  return j.get<double>();
 }
 
 }  // namespace
@@ -341,33 +379,37 @@ std::vector<ProgressCondition> ProgressConditions(const JobProgress& poll, const
   }
 
   // Straggling.
-  std::vector<double> steps, p99s;
-  for (const auto* p : reached) {
-    steps.push_back(static_cast<double>(p->report["consumedStep"].get<int64_t>()));
-    if (auto v = Number(At(At(p->report, "storageReadSeconds"), "p99"))) p99s.push_back(*v);
-  }
+  std::vector<double> steps;
+  for (const auto* p : reached) steps.push_back(static_cast<double>(p->report["consumedStep"].get<int64_t>()));
   const double median_step = Median(steps);
-  const double median_p99 = Median(p99s);
+  const double median_p99 = MedianP99(reached);
+  const double factor = static_cast<double>(t.straggler_latency_factor);
   std::vector<std::string> straggling;
   in_band = false;
   for (const auto* p : reached) {
     const double behind = median_step - static_cast<double>(p->report["consumedStep"].get<int64_t>());
-    const auto p99 = Number(At(At(p->report, "storageReadSeconds"), "p99"));
-    const bool slow_storage =
-        p99 && median_p99 > 0 && *p99 > static_cast<double>(t.straggler_latency_factor) * median_p99;
+    const auto p99 = StorageP99(p->report);
+    const bool slow_storage = p99 && median_p99 > 0 && *p99 > factor * median_p99;
     const bool lags = behind > static_cast<double>(t.straggler_steps);
-    if (behind > static_cast<double>(t.straggler_steps) / 2 ||
-        (p99 && median_p99 > 0 && *p99 > static_cast<double>(t.straggler_latency_factor) / 2 * median_p99)) {
+    if (behind > static_cast<double>(t.straggler_steps) / 2 || (p99 && median_p99 > 0 && *p99 > factor / 2 * median_p99)) {
       in_band = true;
     }
     if (!lags && !slow_storage) continue;
     std::string what;
-    if (slow_storage) {
-      what = "its storage is slow (p99 over " + std::to_string(t.straggler_latency_factor) + "x the job's median)";
-    } else if (auto f = Number(At(p->report, "trainerWaitFraction")); f && *f < 0.05) {
-      what = "its trainer is slow (it does not wait for data)";
-    } else {
-      what = "its staging or exchange is slow (its trainer waits, its storage is not slow)";
+    switch (WhatIsSlow(p->report, median_p99, t.straggler_latency_factor)) {
+      case SlowPart::kStorage:
+        what = "its storage is slow (p99 over " + std::to_string(t.straggler_latency_factor) + "x the job's median)";
+        break;
+      case SlowPart::kTrainer:
+        what = "its trainer is slow (it does not wait for data)";
+        break;
+      case SlowPart::kExchange:
+        what = "the exchange is slow (its trainer waits, and its sidecar spends most of its staging time waiting "
+               "on other processes' sidecars)";
+        break;
+      case SlowPart::kStaging:
+        what = "its staging is slow (its trainer waits; neither its storage nor the exchange is slow)";
+        break;
     }
     straggling.push_back(Who(*p) + (lags ? " is more than " + std::to_string(t.straggler_steps) +
                                                " steps behind the median: "

@@ -103,31 +103,47 @@ class ProgressPoller {
   std::thread thread_;
 };
 
+struct HealthThresholds {
+  int64_t starved_wait_percent = 25;
+  int64_t straggler_steps = 100;
+  int64_t straggler_latency_factor = 4;
+};
+
+/// What makes a process slow, as its sidecar reports it (with the job's
+/// median storage p99 for comparison):
+///  - kStorage: its storage read p99 is more than latency_factor times the
+///    job's median p99;
+///  - kTrainer: its trainer hardly waits for data (under 5% of the window):
+///    the loader keeps up, the model is slow;
+///  - kExchange: its trainer waits, and more than half of its staging time
+///    was spent waiting on other processes' sidecars (peerWaitFraction);
+///  - kStaging: its trainer waits and neither storage nor the exchange is
+///    slow: gathering, decoding or the copy to the device.
+enum class SlowPart { kStorage, kTrainer, kExchange, kStaging };
+/// "storage", "trainer", "exchange", "staging" (status.progress.lagging[].slow).
+const char* SlowPartName(SlowPart part);
+SlowPart WhatIsSlow(const nlohmann::json& report, double median_p99, int64_t latency_factor);
+
 /// The status.progress of a job from its last poll (null without one):
 ///   {"step": the step every process has consumed (the minimum),
 ///    "maxStep", "resumeStep": step + 1, "samplesPerSecond" (the median
 ///    process's steps per second × the global batch, 3 significant digits),
 ///    "processesReporting": N, "lagging": [{"process", "pod", "step",
-///    "behind"}], "starving": [{"process", "pod"}], "unreachable":
+///    "behind", "slow"}], "starving": [{"process", "pod"}], "unreachable":
 ///    [{"process", "pod", "reason"}]}
 /// `step` and `resumeStep` only when every process of the job answered
 /// (otherwise an unreachable one may be behind); a process lags when its
-/// step is more than `lag_steps` behind the median; a process starves when
-/// its connected trainer waited for data more than `starved_percent` % of
+/// step is more than thresholds.straggler_steps behind the median (`slow`:
+/// SlowPartName(WhatIsSlow(...))); a process starves when its connected
+/// trainer waited for data more than thresholds.starved_wait_percent % of
 /// the window, and stays listed (in `current`, the status.progress written
 /// before) until it waits less than half that.
-nlohmann::json ProgressStatus(const JobProgress& poll, int64_t global_batch, int64_t lag_steps,
-                              int64_t starved_percent = 25, const nlohmann::json& current = nlohmann::json());
+nlohmann::json ProgressStatus(const JobProgress& poll, int64_t global_batch, const HealthThresholds& thresholds,
+                              const nlohmann::json& current = nlohmann::json());
 
 /// A condition the progress decides: Starved or Straggling.
 struct ProgressCondition {
   std::string type, status, reason, message;
-};
-
-struct HealthThresholds {
-  int64_t starved_wait_percent = 25;
-  int64_t straggler_steps = 100;
-  int64_t straggler_latency_factor = 4;
 };
 
 /// The Starved and Straggling conditions from a poll, given the job's
@@ -141,9 +157,8 @@ struct HealthThresholds {
 ///    than straggler_latency_factor times the job's median p99; it stays
 ///    True, unchanged, until each is below half its threshold; False
 ///    (NoStragglers) otherwise. The message names each process and pod and
-///    what is slow: storage (its latency), the trainer (it does not wait
-///    for data, yet lags), or staging/exchange (its trainer waits and its
-///    storage is not slow).
+///    what is slow (WhatIsSlow): its storage, its trainer, the exchange
+///    with its peers, or its staging.
 /// Unknown (NoProgress) while no sidecar answered. Messages carry no
 /// measured figures, so a condition is rewritten only when it or the set of
 /// processes it names changes.

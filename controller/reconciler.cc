@@ -622,8 +622,9 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     std::vector<ProgressCondition> progress_conditions;
     if (options_.progress) {
       if (std::optional<JobProgress> poll = options_.progress(key)) {
-        const json fresh = ProgressStatus(*poll, spec->batch.global_batch_size, spec->health.straggler_steps,
-                                          spec->health.starved_wait_percent,
+        const HealthThresholds thresholds{spec->health.starved_wait_percent, spec->health.straggler_steps,
+                                          spec->health.straggler_latency_factor};
+        const json fresh = ProgressStatus(*poll, spec->batch.global_batch_size, thresholds,
                                           Field(Field(job, "status"), "progress"));
         bool moves_due = true;
         {
@@ -634,10 +635,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
         }
         desired.progress = ProgressToWrite(Field(Field(job, "status"), "progress"), fresh,
                                            options_.progress_step_granularity, moves_due);
-        progress_conditions = ProgressConditions(
-            *poll,
-            {spec->health.starved_wait_percent, spec->health.straggler_steps, spec->health.straggler_latency_factor},
-            Field(Field(job, "status"), "conditions"));
+        progress_conditions = ProgressConditions(*poll, thresholds, Field(Field(job, "status"), "conditions"));
       }
     }
     const int64_t spec_resume = spec->resume.step;

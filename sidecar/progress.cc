@@ -71,7 +71,7 @@ json ProgressWindow::Report() const {
               {"stagedAhead", nullptr}, {"trainerConnected", false}, {"windowSeconds", nullptr},
               {"trainerWaitFraction", nullptr}, {"stepsPerSecond", nullptr}, {"bytesPerSecond", nullptr},
               {"storageReadSeconds", {{"p50", nullptr}, {"p90", nullptr}, {"p99", nullptr}, {"requests", 0}}},
-              {"storageRetries", 0}, {"errors", 0}, {"errorsInWindow", nullptr}};
+              {"stagingSecondsPerStep", nullptr}, {"peerWaitFraction", nullptr}, {"storageRetries", 0}, {"errors", 0}, {"errorsInWindow", nullptr}};
   if (samples_.empty()) return out;
   const ProgressSample& now = samples_.back();
   out["consumedStep"] = now.consumed_step;
@@ -93,6 +93,14 @@ json ProgressWindow::Report() const {
   out["stepsPerSecond"] = static_cast<double>(delta(now.batches_consumed, then.batches_consumed)) / seconds;
   out["bytesPerSecond"] = static_cast<double>(delta(now.bytes_read, then.bytes_read)) / seconds;
   out["errorsInWindow"] = delta(now.errors, then.errors);
+  if (const uint64_t staged = delta(now.steps_staged, then.steps_staged); staged > 0) {
+    const double staging = std::max(0.0, now.staging_seconds - then.staging_seconds);
+    out["stagingSecondsPerStep"] = staging / static_cast<double>(staged);
+    if (now.exchanges && staging > 0) {
+      out["peerWaitFraction"] =
+          std::clamp(std::max(0.0, now.peer_wait_seconds - then.peer_wait_seconds) / staging, 0.0, 1.0);
+    }
+  }
   // Per-bucket counts of the reads in the window, from the cumulative ones.
   std::vector<uint64_t> counts(now.read_latency_buckets.size(), 0);
   uint64_t previous = 0;

@@ -45,6 +45,13 @@ struct ProgressSample {
   /// together), for the bounds given to ProgressWindow.
   std::vector<uint64_t> read_latency_buckets;
   uint64_t bytes_read = 0;
+  /// Staging: seconds spent loading steps (reads, gathers, the exchange and
+  /// the device copy), the steps loaded, and of those seconds the ones a
+  /// step waited on other processes' sidecars after its own reads.
+  double staging_seconds = 0;
+  uint64_t steps_staged = 0;
+  double peer_wait_seconds = 0;
+  bool exchanges = false;  // the job exchanges samples with peers
   uint64_t storage_retries = 0;
   uint64_t errors = 0;
   bool trainer_connected = false;
@@ -89,10 +96,12 @@ class ProgressWindow {
   ///   {"consumedStep", "resumeStep", "deliveredStep", "stagedAhead",
   ///    "trainerConnected", "windowSeconds", "trainerWaitFraction",
   ///    "stepsPerSecond", "bytesPerSecond", "storageReadSeconds": {"p50",
-  ///    "p90", "p99", "requests"}, "storageRetries", "errors",
-  ///    "errorsInWindow"}
+  ///    "p90", "p99", "requests"}, "stagingSecondsPerStep",
+  ///    "peerWaitFraction", "storageRetries", "errors", "errorsInWindow"}
   /// Rates are null without two samples; percentiles are null without reads
-  /// in the window. resumeStep = consumedStep + 1: where a restarted job
+  /// in the window; stagingSecondsPerStep is null without a step staged in
+  /// the window, and peerWaitFraction (the share of the staging time spent
+  /// waiting on peers' sidecars) also when the job exchanges nothing. resumeStep = consumedStep + 1: where a restarted job
   /// picks up. The caller adds who it is (job, process).
   nlohmann::json Report() const;
 

@@ -1148,6 +1148,10 @@ ProgressSample Sidecar::TakeProgressSample() const {
     return static_cast<uint64_t>(total);
   };
   s.bytes_read = sum(metrics_->bytes_read);
+  s.staging_seconds = metrics_->step_load.Sum();
+  s.steps_staged = metrics_->step_load.Count();
+  s.exchanges = loader_->peers() != nullptr;
+  s.peer_wait_seconds = metrics_->peer_wait.Sum();
   s.storage_retries = sum(metrics_->retries);
   s.errors = sum(metrics_->errors);
   s.trainer_connected = metrics_->clients.Value() > 0;

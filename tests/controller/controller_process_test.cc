@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <thread>
 
 #include "tests/controller/test_env.h"
@@ -196,6 +197,54 @@ class ControllerProcess : public ::testing::Test {
                  dir_.path() + "/" + identity + "-controller.log");
   }
 
+  std::string ConfigMapPath(const std::string& job) const {
+    return "/api/v1/namespaces/" + ns_ + "/configmaps/" + job + "-meshload";
+  }
+  // The kubelet's part for pod `p` of `job`: the ConfigMap's files and a
+  // sidecar serving /progress on the pod's "IP" and `metrics_port`.
+  void StartSidecar(FakePod& p, const std::string& job, int metrics_port) {
+    json cm = cluster_.Get(ConfigMapPath(job));
+    std::ofstream(p.dir + "/job.json") << cm["data"]["job.json"].get<std::string>();
+    std::ofstream(p.dir + "/resume.json") << cm["data"]["resume.json"].get<std::string>();
+    p.process = std::stoll(cm["data"]["process." + p.name].get<std::string>());
+    std::filesystem::remove(p.dir + "/s.sock");
+    p.sidecar = Spawn({MESHLOAD_SIDECAR_BIN, "--job", p.dir + "/job.json", "--process", std::to_string(p.process),
+                       "--socket", p.dir + "/s.sock", "--metrics-port", std::to_string(metrics_port),
+                       "--metrics-address", p.ip, "--progress-window", "2", "--log-level", "info"},
+                      p.dir + "/sidecar.log");
+  }
+  // `n` ready pods <job>-0.. of `job` at 127.0.0.<first_ip + i>, each with
+  // a sidecar once the controller has assigned every one a process of an
+  // `n`-process plan.
+  std::vector<FakePod> StartPods(const std::string& job, int n, int first_ip, int metrics_port) {
+    std::vector<FakePod> pods(n);
+    for (int i = 0; i < n; ++i) {
+      pods[i].name = job + "-" + std::to_string(i);
+      pods[i].ip = "127.0.0." + std::to_string(first_ip + i);
+      pods[i].dir = dir_.path() + "/" + pods[i].name + "-" + std::to_string(first_ip);
+      std::filesystem::create_directories(pods[i].dir);
+      cluster_.CreatePod(ns_, pods[i].name, job);
+      cluster_.SetSidecar(ns_, pods[i].name, true, 0, pods[i].ip);
+    }
+    EXPECT_TRUE(TestCluster::Eventually([&] {
+      json cm = cluster_.Get(ConfigMapPath(job));
+      if (!cm.is_object()) return false;
+      json j = json::parse(cm["data"].value("job.json", "null"), nullptr, false);
+      if (!j.is_object() || j["spec"]["mesh"]["processes"] != n) return false;
+      for (const auto& p : pods) {
+        if (!cm["data"].contains("process." + p.name)) return false;
+      }
+      return true;
+    }, 30s)) << cluster_.Get(ConfigMapPath(job)).dump(2);
+    for (auto& p : pods) StartSidecar(p, job, metrics_port);
+    for (auto& p : pods) WaitForSocket(p);
+    return pods;
+  }
+  static void WaitForSocket(const FakePod& p) {
+    EXPECT_TRUE(TestCluster::Eventually([&] { return std::filesystem::exists(p.dir + "/s.sock"); }, 30s))
+        << Slurp(p.dir + "/sidecar.log");
+  }
+
   TestCluster cluster_;
   const std::string ns_ = cluster_.ns();
   TempDir dir_;
@@ -282,54 +331,15 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
 
   const int metrics_port = FreePort();
   auto controller = StartPollingController("rs", metrics_port);
-  const std::string cm_path = "/api/v1/namespaces/" + ns_ + "/configmaps/rs-meshload";
+  const std::string cm_path = ConfigMapPath("rs");
   auto job = [&] { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/rs"); };
   auto resume = [&] {
     json cm = cluster_.Get(cm_path);
     return cm.is_object() ? json::parse(cm["data"].value("resume.json", "null"), nullptr, false) : json();
   };
 
-  // Pods with loopback "IPs", each with a sidecar and, when asked, a trainer.
-  auto start_pods = [&](int n, int first_ip) {
-    std::vector<FakePod> pods(n);
-    for (int i = 0; i < n; ++i) {
-      pods[i].name = "rs-" + std::to_string(i);
-      pods[i].ip = "127.0.0." + std::to_string(first_ip + i);
-      pods[i].dir = dir_.path() + "/" + pods[i].name + "-" + std::to_string(first_ip);
-      std::filesystem::create_directories(pods[i].dir);
-      cluster_.CreatePod(ns_, pods[i].name, "rs");
-      cluster_.SetSidecar(ns_, pods[i].name, true, 0, pods[i].ip);
-    }
-    // The ConfigMap for this many processes, every pod assigned.
-    EXPECT_TRUE(TestCluster::Eventually([&] {
-      json cm = cluster_.Get(cm_path);
-      if (!cm.is_object()) return false;
-      json j = json::parse(cm["data"].value("job.json", "null"), nullptr, false);
-      if (!j.is_object() || j["spec"]["mesh"]["processes"] != n) return false;
-      for (const auto& p : pods) {
-        if (!cm["data"].contains("process." + p.name)) return false;
-      }
-      return true;
-    }, 30s)) << cluster_.Get(cm_path).dump(2);
-    json cm = cluster_.Get(cm_path);
-    for (auto& p : pods) {
-      std::ofstream(p.dir + "/job.json") << cm["data"]["job.json"].get<std::string>();
-      std::ofstream(p.dir + "/resume.json") << cm["data"]["resume.json"].get<std::string>();
-      p.process = std::stoll(cm["data"]["process." + p.name].get<std::string>());
-      p.sidecar = Spawn({MESHLOAD_SIDECAR_BIN, "--job", p.dir + "/job.json", "--process", std::to_string(p.process),
-                         "--socket", p.dir + "/s.sock", "--metrics-port", std::to_string(metrics_port),
-                         "--metrics-address", p.ip, "--progress-window", "2", "--log-level", "info"},
-                        p.dir + "/sidecar.log");
-    }
-    for (auto& p : pods) {
-      EXPECT_TRUE(TestCluster::Eventually([&] { return std::filesystem::exists(p.dir + "/s.sock"); }, 30s))
-          << Slurp(p.dir + "/sidecar.log");
-    }
-    return pods;
-  };
-
   // 1. Four processes train to step 20 (steps 0..19), then stop.
-  auto pods4 = start_pods(4, 10);
+  auto pods4 = StartPods("rs", 4, 10, metrics_port);
   for (auto& p : pods4) {
     int trc = 0;
     const std::string out = Shell(std::string(MESHLOAD_BIN) + " demo-trainer --job " + p.dir + "/job.json --process " +
@@ -364,7 +374,7 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
     put_error = put.message();
     return put.ok();
   }, 30s)) << put_error;
-  auto pods8 = start_pods(8, 30);
+  auto pods8 = StartPods("rs", 8, 30, metrics_port);
   EXPECT_EQ(resume(), json({{"step", 20}, {"specStep", 0}})) << "the recorded step survives the resize";
 
   // 3. Each new sidecar starts at the recorded step; each trainer gets step
@@ -410,34 +420,7 @@ TEST_F(ControllerProcess, ASidecarKilledMidRunComesBackAndItsTrainerGoesOnWithId
   cluster_.CreateJob(manifest);
   const int metrics_port = FreePort();
   auto controller = StartPollingController("mid", metrics_port);
-  const std::string cm_path = "/api/v1/namespaces/" + ns_ + "/configmaps/mid-meshload";
-  std::vector<FakePod> pods(2);
-  for (int i = 0; i < 2; ++i) {
-    pods[i].name = "mid-" + std::to_string(i);
-    pods[i].ip = "127.0.0." + std::to_string(50 + i);
-    pods[i].dir = dir_.path() + "/" + pods[i].name;
-    std::filesystem::create_directories(pods[i].dir);
-    cluster_.CreatePod(ns_, pods[i].name, "mid");
-    cluster_.SetSidecar(ns_, pods[i].name, true, 0, pods[i].ip);
-  }
-  ASSERT_TRUE(TestCluster::Eventually([&] {
-    json cm = cluster_.Get(cm_path);
-    return cm.is_object() && cm["data"].contains("process.mid-0") && cm["data"].contains("process.mid-1");
-  }, 30s));
-  auto start_sidecar = [&](FakePod& p) {
-    json cm = cluster_.Get(cm_path);
-    std::ofstream(p.dir + "/job.json") << cm["data"]["job.json"].get<std::string>();
-    std::ofstream(p.dir + "/resume.json") << cm["data"]["resume.json"].get<std::string>();
-    p.process = std::stoll(cm["data"]["process." + p.name].get<std::string>());
-    std::filesystem::remove(p.dir + "/s.sock");
-    p.sidecar = Spawn({MESHLOAD_SIDECAR_BIN, "--job", p.dir + "/job.json", "--process", std::to_string(p.process),
-                       "--socket", p.dir + "/s.sock", "--metrics-port", std::to_string(metrics_port),
-                       "--metrics-address", p.ip, "--progress-window", "2", "--log-level", "info"},
-                      p.dir + "/sidecar.log");
-    EXPECT_TRUE(TestCluster::Eventually([&] { return std::filesystem::exists(p.dir + "/s.sock"); }, 30s))
-        << Slurp(p.dir + "/sidecar.log");
-  };
-  for (auto& p : pods) start_sidecar(p);
+  std::vector<FakePod> pods = StartPods("mid", 2, 50, metrics_port);
   // Trainers that take 20 ms a step and run until stopped.
   std::vector<std::unique_ptr<Process>> trainers;
   for (auto& p : pods) {
@@ -455,7 +438,8 @@ TEST_F(ControllerProcess, ASidecarKilledMidRunComesBackAndItsTrainerGoesOnWithId
   // step it has not had, and goes on.
   kill(pods[1].sidecar->pid, SIGKILL);
   pods[1].sidecar->WaitExit(10s);
-  start_sidecar(pods[1]);
+  StartSidecar(pods[1], "mid", metrics_port);
+  WaitForSocket(pods[1]);
   ASSERT_TRUE(TestCluster::Eventually([&] {
     json j = job();
     return ProgressStep(j) >= 60 && !j["status"]["progress"].contains("unreachable");
@@ -471,6 +455,84 @@ TEST_F(ControllerProcess, ASidecarKilledMidRunComesBackAndItsTrainerGoesOnWithId
     EXPECT_GE(last["steps"].get<int64_t>(), 60) << pods[i].name;
     EXPECT_EQ(last["reconnects"].get<int64_t>() > 0, i == 1) << pods[i].name << ": " << last.dump();
   }
+  for (auto& p : pods) kill(p.sidecar->pid, SIGTERM);
+  kill(controller->pid, SIGTERM);
+  controller->WaitExit(15s);
+}
+
+TEST_F(ControllerProcess, ASlowTrainerIsStragglingAndKubectlDescribeNamesItsProcessAndWhatIsSlow) {
+  const std::string data = dir_.path() + "/data";
+  json manifest = cluster_.JobManifest(ns_, "slow", 2, "slow");
+  manifest["spec"]["dataset"]["uri"] = data;
+  manifest["spec"]["health"] = {{"stragglerSteps", 20}};
+  ASSERT_NO_FATAL_FAILURE(GenerateDataset(manifest, dir_.path() + "/slow.json"));
+  cluster_.CreateJob(manifest);
+  const int metrics_port = FreePort();
+  auto controller = StartPollingController("slow", metrics_port);
+  std::vector<FakePod> pods = StartPods("slow", 2, 70, metrics_port);
+  // Process of pod slow-1 trains at 60 ms a step, the other at 1 ms: the
+  // slow one falls behind without ever waiting for data.
+  std::vector<std::unique_ptr<Process>> trainers;
+  for (size_t i = 0; i < pods.size(); ++i) {
+    trainers.push_back(Spawn({MESHLOAD_BIN, "demo-trainer", "--job", pods[i].dir + "/job.json", "--process",
+                              std::to_string(pods[i].process), "--socket", pods[i].dir + "/s.sock", "--delay-ms",
+                              i == 1 ? "60" : "1"},
+                             pods[i].dir + "/trainer.log", pods[i].dir + "/trainer.out"));
+  }
+  const std::string slow = "process " + std::to_string(pods[1].process) + " (pod slow-1)";
+  auto job = [&] { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/slow"); };
+  auto condition = [&](const json& j, const std::string& type) {
+    for (const auto& c : j["status"].value("conditions", json::array())) {
+      if (c.value("type", "") == type) return c;
+    }
+    return json();
+  };
+  ASSERT_TRUE(TestCluster::Eventually([&] {
+    json c = condition(job(), "Straggling");
+    return c.is_object() && c.value("status", "") == "True";
+  }, 60s)) << job()["status"].dump(2) << Slurp(dir_.path() + "/slow-controller.log");
+  json j = job();
+  json straggling = condition(j, "Straggling");
+  EXPECT_EQ(straggling["reason"], "ProcessesStraggle");
+  EXPECT_EQ(straggling["message"],
+            slow + " is more than 20 steps behind the median: its trainer is slow (it does not wait for data)")
+      << straggling.dump();
+  ASSERT_TRUE(j["status"]["progress"].contains("lagging")) << j["status"].dump(2);
+  ASSERT_EQ(j["status"]["progress"]["lagging"].size(), 1u) << j["status"].dump(2);
+  EXPECT_EQ(j["status"]["progress"]["lagging"][0]["pod"], "slow-1");
+  EXPECT_EQ(j["status"]["progress"]["lagging"][0]["slow"], "trainer");
+
+  // What a user sees: kubectl describe, as the admin.
+  const std::string kubeconfig = dir_.path() + "/admin.kubeconfig";
+  meshload::testing::WriteKubeconfig(kubeconfig, cluster_.config());
+  int rc = 0;
+  const std::string described = Shell(cluster_.control_plane().bin_dir() + "/kubectl --kubeconfig " + kubeconfig +
+                                          " -n " + ns_ + " describe dlj slow 2>&1",
+                                      &rc);
+  ASSERT_EQ(rc, 0) << described;
+  EXPECT_NE(described.find(slow + " is more than 20 steps behind the median: its trainer is slow"),
+            std::string::npos)
+      << described;
+  EXPECT_NE(described.find("Lagging:"), std::string::npos) << described;
+  EXPECT_TRUE(std::regex_search(described, std::regex("Lagging:\\n +Behind: +[0-9]+\\n +Pod: +slow-1\\n +Process: +" +
+                                                           std::to_string(pods[1].process) + "\\n +Slow: +trainer\\n")))
+      << described;
+  // The change of condition is an Event, a warning with the same message.
+  EXPECT_TRUE(std::regex_search(described, std::regex("Warning +ProcessesStraggle +.* meshload-controller +process " +
+                                                           std::to_string(pods[1].process) +
+                                                           " \\(pod slow-1\\) is more than 20 steps")))
+      << described;
+  // kubectl get shows the step every process has consumed: the slow one's.
+  const std::string got = Shell(cluster_.control_plane().bin_dir() + "/kubectl --kubeconfig " + kubeconfig + " -n " +
+                                    ns_ + " get dlj slow -o custom-columns=STEP:.status.progress.step --no-headers",
+                                &rc);
+  ASSERT_EQ(rc, 0) << got;
+  const json after = job();
+  EXPECT_GE(std::stoll(got), j["status"]["progress"]["step"].get<int64_t>()) << got;
+  EXPECT_LE(std::stoll(got), after["status"]["progress"]["step"].get<int64_t>()) << got;
+
+  for (auto& t : trainers) kill(t->pid, SIGTERM);
+  for (auto& t : trainers) t->WaitExit(15s);
   for (auto& p : pods) kill(p.sidecar->pid, SIGTERM);
   kill(controller->pid, SIGTERM);
   controller->WaitExit(15s);

@@ -27,7 +27,7 @@ TEST(ProgressStatus, TheStepEveryProcessConsumedIsTheMinimumAndResumeIsOneMore) 
   JobProgress poll;
   poll.processes = 3;
   poll.sidecars = {Reached(0, 120, 2.0), Reached(1, 118, 2.1), Reached(2, 125, 1.9)};
-  json s = ProgressStatus(poll, /*global_batch=*/64, /*lag_steps=*/100);
+  json s = ProgressStatus(poll, /*global_batch=*/64, HealthThresholds{});
   EXPECT_EQ(s["step"], 118);
   EXPECT_EQ(s["resumeStep"], 119);
   EXPECT_EQ(s["maxStep"], 125);
@@ -45,7 +45,7 @@ TEST(ProgressStatus, AnUnreachableSidecarIsNamedAndNoResumeStepIsGuessed) {
   gone.pod = "trainer-1";
   gone.error = "GET http://10.0.0.7:9464/progress: Connection refused";
   poll.sidecars = {Reached(0, 50, 1.0), gone};
-  json s = ProgressStatus(poll, 8, 100);
+  json s = ProgressStatus(poll, 8, HealthThresholds{});
   EXPECT_FALSE(s.contains("step"));
   EXPECT_FALSE(s.contains("resumeStep"));
   EXPECT_EQ(s["maxStep"], 50);
@@ -57,14 +57,14 @@ TEST(ProgressStatus, AnUnreachableSidecarIsNamedAndNoResumeStepIsGuessed) {
 
   // A process without a ready sidecar is not polled: still no resume step.
   poll.sidecars = {Reached(0, 50, 1.0)};
-  EXPECT_FALSE(ProgressStatus(poll, 8, 100).contains("resumeStep"));
+  EXPECT_FALSE(ProgressStatus(poll, 8, HealthThresholds{}).contains("resumeStep"));
 }
 
 TEST(ProgressStatus, AProcessFarBehindTheMedianLags) {
   JobProgress poll;
   poll.processes = 4;
   poll.sidecars = {Reached(0, 1000, 3), Reached(1, 1001, 3), Reached(2, 850, 3), Reached(3, 1002, 3)};
-  json s = ProgressStatus(poll, 8, 100);
+  json s = ProgressStatus(poll, 8, HealthThresholds{});
   ASSERT_EQ(s["lagging"].size(), 1u);
   EXPECT_EQ(s["lagging"][0]["process"], 2);
   EXPECT_EQ(s["lagging"][0]["step"], 850);
@@ -82,14 +82,14 @@ TEST(ProgressStatus, StarvingProcessesAreNamedAndStayListedDownToHalfTheThreshol
   };
   poll.sidecars = {with_wait(Reached(0, 10, 1), 0.30), with_wait(Reached(1, 10, 1), 0.02),
                    with_wait(Reached(2, 10, 1), 0.20)};
-  json s = ProgressStatus(poll, 8, 100, 25);
+  json s = ProgressStatus(poll, 8, HealthThresholds{});
   ASSERT_EQ(s["starving"], json::array({{{"process", 0}, {"pod", "trainer-0"}}}));
   // 0 at 20%: still listed (above half of 25%); 2 at 20% was not listed: not added.
   poll.sidecars[0] = with_wait(Reached(0, 20, 1), 0.20);
-  json again = ProgressStatus(poll, 8, 100, 25, s);
+  json again = ProgressStatus(poll, 8, HealthThresholds{}, s);
   EXPECT_EQ(again["starving"], s["starving"]);
   poll.sidecars[0] = with_wait(Reached(0, 30, 1), 0.10);
-  EXPECT_FALSE(ProgressStatus(poll, 8, 100, 25, again).contains("starving"));
+  EXPECT_FALSE(ProgressStatus(poll, 8, HealthThresholds{}, again).contains("starving"));
 }
 
 TEST(ProgressToWrite, SmallMovesKeepTheWrittenStatusAndRealChangesReplaceIt) {
@@ -178,13 +178,19 @@ TEST(ProgressConditions, StarvedNamesTheWaitingTrainersAndClearsOnlyBelowHalfThe
   EXPECT_EQ(Get(cleared, "Starved").reason, "LoaderKeepsUp");
 }
 
-TEST(ProgressConditions, StragglingSaysWhetherStorageTheTrainerOrStagingIsSlow) {
+TEST(ProgressConditions, StragglingSaysWhetherStorageTheTrainerTheExchangeOrStagingIsSlow) {
   JobProgress poll;
-  poll.processes = 5;
-  poll.sidecars = {Full(0, 1000, 0.01, 0.002), Full(1, 1001, 0.01, 0.002),
-                   Full(2, 850, 0.01, 0.002),    // behind, not waiting: its trainer
-                   Full(3, 1000, 0.01, 0.050),   // storage 25x the median
-                   Full(4, 820, 0.60, 0.002)};   // behind, waiting, storage fine: staging or exchange
+  poll.processes = 8;
+  auto exchanging = [](ProcessProgress p, double peer_wait) {
+    p.report["peerWaitFraction"] = peer_wait;
+    return p;
+  };
+  poll.sidecars = {exchanging(Full(0, 1000, 0.01, 0.002), 0.1), exchanging(Full(1, 1001, 0.01, 0.002), 0.1),
+                   exchanging(Full(2, 850, 0.01, 0.002), 0.1),    // behind, not waiting: its trainer
+                   exchanging(Full(3, 1000, 0.01, 0.050), 0.1),   // storage 25x the median
+                   exchanging(Full(4, 820, 0.60, 0.002), 0.2),    // behind, waiting, no peer wait: staging
+                   exchanging(Full(5, 840, 0.50, 0.002), 0.8),    // behind, waiting on its peers: the exchange
+                   exchanging(Full(6, 1000, 0.01, 0.002), 0.1), exchanging(Full(7, 1000, 0.01, 0.002), 0.1)};
   HealthThresholds t;
   auto cs = ProgressConditions(poll, t, json());
   const auto& s = Get(cs, "Straggling");
@@ -193,13 +199,29 @@ TEST(ProgressConditions, StragglingSaysWhetherStorageTheTrainerOrStagingIsSlow) 
   EXPECT_NE(s.message.find("process 2 (pod trainer-2) is more than 100 steps behind the median: its trainer is slow"),
             std::string::npos) << s.message;
   EXPECT_NE(s.message.find("process 3 (pod trainer-3): its storage is slow"), std::string::npos) << s.message;
-  EXPECT_NE(s.message.find("process 4 (pod trainer-4) is more than 100 steps behind the median: its staging or "
-                           "exchange is slow"),
+  EXPECT_NE(s.message.find("process 4 (pod trainer-4) is more than 100 steps behind the median: its staging is "
+                           "slow (its trainer waits; neither its storage nor the exchange is slow)"),
+            std::string::npos)
+      << s.message;
+  EXPECT_NE(s.message.find("process 5 (pod trainer-5) is more than 100 steps behind the median: the exchange is "
+                           "slow"),
             std::string::npos)
       << s.message;
   EXPECT_EQ(s.message.find("process 0"), std::string::npos) << s.message;
   // Process 4 (starving) also makes the job Starved.
   EXPECT_EQ(Get(cs, "Starved").status, "True");
+  // status.progress names the laggards with the same cause.
+  json status = ProgressStatus(poll, 8, t);
+  EXPECT_EQ(status["lagging"],
+            json::parse(R"([{"process": 2, "pod": "trainer-2", "step": 850, "behind": 150, "slow": "trainer"},
+                            {"process": 4, "pod": "trainer-4", "step": 820, "behind": 180, "slow": "staging"},
+                            {"process": 5, "pod": "trainer-5", "step": 840, "behind": 160, "slow": "exchange"}])"))
+      << status.dump();
+
+  // Without the exchange (no peerWaitFraction), a waiting laggard's staging is slow.
+  EXPECT_EQ(WhatIsSlow(Full(0, 0, 0.6, 0.002).report, 0.002, 4), SlowPart::kStaging);
+  EXPECT_EQ(WhatIsSlow(Full(0, 0, 0.6, 0.009).report, 0.002, 4), SlowPart::kStorage);
+  EXPECT_EQ(WhatIsSlow(Full(0, 0, 0.6, std::nullopt).report, 0.0, 4), SlowPart::kStaging);
 
   // 60 steps behind (more than half of 100): held; 40: cleared.
   poll.sidecars = {Full(0, 2000, 0.01, 0.002), Full(1, 2000, 0.01, 0.002), Full(2, 1940, 0.01, 0.002)};

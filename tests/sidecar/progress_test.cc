@@ -127,6 +127,40 @@ TEST(ProgressWindow, AWaitFractionNeverExceedsOne) {
   EXPECT_DOUBLE_EQ(w.Report()["trainerWaitFraction"].get<double>(), 1.0);
 }
 
+TEST(ProgressWindow, StagingTimePerStepAndTheShareOfItSpentWaitingOnPeers) {
+  ProgressWindow w({0.1});
+  ProgressSample a = Sample(0, 0, 0, 0, 0, {0, 0});
+  a.staging_seconds = 1.0;
+  a.steps_staged = 10;
+  a.peer_wait_seconds = 0.5;
+  ProgressSample b = Sample(4 * kSecond, 40, 40, 0, 0, {0, 0});
+  b.staging_seconds = 9.0;  // 8 s for 40 steps
+  b.steps_staged = 50;
+  b.peer_wait_seconds = 6.5;  // 6 of those 8 s waiting on peers
+  w.Add(a);
+  w.Add(b);
+  json r = w.Report();
+  EXPECT_DOUBLE_EQ(r["stagingSecondsPerStep"].get<double>(), 0.2);
+  EXPECT_TRUE(r["peerWaitFraction"].is_null()) << "a job without the exchange has no peer wait to report";
+
+  ProgressWindow x({0.1});
+  a.exchanges = b.exchanges = true;
+  x.Add(a);
+  x.Add(b);
+  r = x.Report();
+  EXPECT_DOUBLE_EQ(r["peerWaitFraction"].get<double>(), 0.75);
+
+  // No step staged in the window: nothing to divide by, null.
+  ProgressWindow idle({0.1});
+  ProgressSample c = b;
+  c.time_ns = 8 * kSecond;
+  idle.Add(b);
+  idle.Add(c);
+  r = idle.Report();
+  EXPECT_TRUE(r["stagingSecondsPerStep"].is_null());
+  EXPECT_TRUE(r["peerWaitFraction"].is_null());
+}
+
 TEST(ResumeFile, TheRecordedStepHoldsWhileTheSpecsResumeStepIsTheOneItWasRecordedFor) {
   meshload::testing::TempDir dir;
   const std::string path = dir.path() + "/resume.json";

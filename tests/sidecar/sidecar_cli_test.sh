@@ -169,7 +169,8 @@ p = json.load(open(sys.argv[1]))
 ok = (p["job"] == "fixed" and p["process"] == 0 and p["consumedStep"] == 29 and p["resumeStep"] == 30
       and p["deliveredStep"] >= 29 and p["trainerConnected"] is False and p["windowSeconds"] > 0
       and p["stepsPerSecond"] > 0 and 0 <= p["trainerWaitFraction"] <= 1 and p["bytesPerSecond"] > 0
-      and p["errors"] == 0 and p["stagedAhead"] >= 1)
+      and p["errors"] == 0 and p["stagedAhead"] >= 1
+      and p["stagingSecondsPerStep"] > 0 and p["peerWaitFraction"] is None)
 sys.exit(0 if ok else 1)
 PY
 rc=$?

@@ -21,6 +21,7 @@
 #include <sstream>
 #include <iostream>
 #include <iterator>
+#include <regex>
 #include <thread>
 
 #include "client/client.h"
@@ -1118,8 +1119,8 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
     std::vector<std::string> args = {MESHLOAD_SIDECAR_BIN, "--job", job_path, "--process", std::to_string(p),
                                      "--socket", dir.path() + "/s" + std::to_string(p) + ".sock",
                                      "--peers", peers, "--peer-listen-fd", "3", "--peer-reconnect-timeout", "30",
-                                     "--peer-secret-file", secret,
-                                     "--staging", "host", "--log-level", "info"};
+                                     "--peer-secret-file", secret, "--metrics-port", "0",
+                                     "--metrics-address", "127.0.0.1", "--staging", "host", "--log-level", "info"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -1198,6 +1199,25 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   EXPECT_EQ(c[victim]->reconnects(), 1);
   EXPECT_EQ(c[other]->reconnects(), 0) << "that sidecar never went away";
+  // The sidecar that waited says so in its /progress: the share of its
+  // staging time spent waiting on its peer (what tells the controller that
+  // the exchange, not its storage or staging, held it up).
+  {
+    std::ifstream log(dir.path() + "/s" + std::to_string(other) + ".log");
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(text, m, std::regex("\"metrics_port\":([0-9]+)"))) << text;
+    httplib::Client http("127.0.0.1", std::stoi(m[1].str()));
+    auto r = http.Get("/progress");
+    ASSERT_TRUE(r && r->status == 200);
+    const nlohmann::json progress = nlohmann::json::parse(r->body);
+    ASSERT_TRUE(progress["peerWaitFraction"].is_number()) << r->body;
+    ASSERT_TRUE(progress["stagingSecondsPerStep"].is_number()) << r->body;
+    // It waited at least 300 ms for its restarted peer; its own reads of 30
+    // steps of 512-byte records take a few milliseconds.
+    EXPECT_GT(progress["peerWaitFraction"].get<double>(), 0.5) << r->body;
+    EXPECT_LE(progress["peerWaitFraction"].get<double>(), 1.0) << r->body;
+  }
   for (int p = 0; p < 2; ++p) {
     c[p]->Close();
     ::kill(pid[p], SIGTERM);
