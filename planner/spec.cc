@@ -138,6 +138,44 @@ bool IsDnsLabel(const std::string& s) {
   return true;
 }
 
+void ValidateDatasetS3(const DatasetSpec& ds, Diagnostics& d) {
+  const DatasetS3& s3 = *ds.s3;
+  if (ds.uri.rfind("s3://", 0) != 0) {
+    d.Add("spec.dataset.s3", "is for s3:// datasets; spec.dataset.uri is '" + ds.uri + "'");
+  }
+  const std::string& e = s3.endpoint;
+  if (!e.empty()) {
+    const size_t sep = e.find("://");
+    const std::string scheme = sep == std::string::npos ? "" : e.substr(0, sep);
+    const std::string rest = sep == std::string::npos ? "" : e.substr(sep + 3);
+    const std::string host = rest.substr(0, rest.find('/'));
+    const std::string path = rest.substr(host.size());
+    if ((scheme != "http" && scheme != "https") || host.empty() || host.find('@') != std::string::npos ||
+        (!path.empty() && path != "/")) {
+      d.Add("spec.dataset.s3.endpoint",
+            "'" + e + "' is not an endpoint: give http(s)://host[:port], without a path or credentials");
+    }
+  }
+  const std::string& r = s3.region;
+  if (!r.empty() && (r.size() > 64 || r.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") !=
+                                          std::string::npos)) {
+    d.Add("spec.dataset.s3.region", "'" + r + "' is not a region (lower-case letters, digits and '-')");
+  }
+  if (s3.addressing != "Auto" && s3.addressing != "Path" && s3.addressing != "VirtualHosted") {
+    d.Add("spec.dataset.s3.addressing", "must be one of Auto, Path, VirtualHosted, got '" + s3.addressing + "'");
+  }
+  const std::string& secret = s3.credentials_secret;
+  bool name_ok = !secret.empty() && secret.size() <= 253;
+  for (size_t i = 0; i < secret.size(); ++i) {
+    const char c = secret[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    name_ok = name_ok && (alnum || ((c == '-' || c == '.') && i > 0 && i + 1 < secret.size()));
+  }
+  if (!secret.empty() && !name_ok) {
+    d.Add("spec.dataset.s3.credentialsSecret", "'" + secret + "' is not a Secret name (a DNS subdomain)");
+  }
+}
+
 void ValidateDatasetVolume(const DatasetSpec& ds, Diagnostics& d) {
   const DatasetVolume& v = *ds.volume;
   if (!v.name.empty() && !IsDnsLabel(v.name)) {
@@ -334,6 +372,7 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
   const DatasetSpec& ds = spec.dataset;
   if (ds.uri.empty()) AddOnce(d, "spec.dataset.uri", "must not be empty");
   if (ds.volume) ValidateDatasetVolume(ds, d);
+  if (ds.s3) ValidateDatasetS3(ds, d);
   if (spec.sidecar.resources_set || !spec.sidecar.image.empty()) ValidateSidecar(spec.sidecar, d);
   const bool record_bytes_given = ds.record_bytes_set || ds.record_bytes != 0;
   const bool sequence_length_given = ds.sequence_length_set || ds.sequence_length != 0;

@@ -75,6 +75,15 @@ struct DatasetVolume {
   std::string mount_path;  // absolute
 };
 
+/// How the sidecar reaches an s3:// dataset (spec.dataset.s3). Empty fields
+/// fall back to the standard AWS environment variables of the sidecar.
+struct DatasetS3 {
+  std::string endpoint;            // http(s)://host[:port]; empty: AWS_ENDPOINT_URL_S3 / AWS's
+  std::string region;              // empty: AWS_REGION, else us-east-1
+  std::string addressing = "Auto";  // Auto, Path, VirtualHosted
+  std::string credentials_secret;  // a Secret in the job's namespace the injected sidecar mounts
+};
+
 struct DatasetSpec {
   std::string uri;  // required: path, file:// URI, directory or glob; http(s)://, s3:// for the sidecar
   DatasetFormat format = DatasetFormat::kFixedRecord;  // required
@@ -83,6 +92,7 @@ struct DatasetSpec {
   int64_t sequence_length = 0;   // TokenStream: required
   std::optional<int64_t> samples;  // count when the data is not reachable from the planner
   std::optional<DatasetVolume> volume;
+  std::optional<DatasetS3> s3;
   // Set by the parser: the field was written (possibly as 0), and the format
   // was missing or unknown (then format-specific checks would only add noise).
   bool record_bytes_set = false;

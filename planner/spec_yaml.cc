@@ -223,11 +223,13 @@ void ParseMesh(SpecReader& r, const YAML::Node& n, MeshSpec& mesh) {
 
 void ParseDataset(SpecReader& r, const YAML::Node& n, DatasetSpec& ds) {
   const std::string path = "spec.dataset";
-  if (!r.Map(n, path, {"uri", "format", "dtype", "recordBytes", "sequenceLength", "samples", "volume"})) return;
+  if (!r.Map(n, path, {"uri", "format", "dtype", "recordBytes", "sequenceLength", "samples", "volume", "s3"})) {
+    return;
+  }
   if (n["uri"]) {
     if (auto s = r.Str(n["uri"], path + ".uri")) ds.uri = *s;
   } else {
-    r.Missing(path + ".uri", "give a path, file:// URI, directory, glob or http(s):// URL");
+    r.Missing(path + ".uri", "give a path, file:// URI, directory, glob, http(s):// URL or s3:// URI");
   }
   ds.format_unknown = true;
   if (n["format"]) {
@@ -278,6 +280,26 @@ void ParseDataset(SpecReader& r, const YAML::Node& n, DatasetSpec& ds) {
         r.Missing(vp + ".mountPath", "give the absolute path the sidecar mounts it at (spec.dataset.uri is under it)");
       }
       ds.volume = std::move(vol);
+    }
+  }
+  if (n["s3"]) {
+    const YAML::Node& v = n["s3"];
+    const std::string sp = path + ".s3";
+    if (r.Map(v, sp, {"endpoint", "region", "addressing", "credentialsSecret"})) {
+      DatasetS3 s3;
+      if (v["endpoint"]) {
+        if (auto x = r.Str(v["endpoint"], sp + ".endpoint")) s3.endpoint = *x;
+      }
+      if (v["region"]) {
+        if (auto x = r.Str(v["region"], sp + ".region")) s3.region = *x;
+      }
+      if (v["addressing"]) {
+        if (auto x = r.Str(v["addressing"], sp + ".addressing")) s3.addressing = *x;
+      }
+      if (v["credentialsSecret"]) {
+        if (auto x = r.Str(v["credentialsSecret"], sp + ".credentialsSecret")) s3.credentials_secret = *x;
+      }
+      ds.s3 = std::move(s3);
     }
   }
 }

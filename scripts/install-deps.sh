@@ -5,6 +5,8 @@
 # kube-apiserver, kube-controller-manager, kubectl, helm), built from the
 # pinned Go module in tests/tools by scripts/build-test-tools.sh (Go 1.26 or
 # newer must be installed; the binaries are cached under ~/.cache/meshload),
+# the S3 server of the object-storage tests (versitygw, from tests/s3/tools
+# by scripts/build-s3-test-tools.sh),
 # and the third-party CRDs the chart's objects need on that control plane
 # (Prometheus Operator, cert-manager; scripts/fetch-test-crds.sh), and the
 # wheelhouse the Python package's tests install from offline
@@ -98,5 +100,6 @@ if [ "$BUILD_ONLY" = 0 ]; then
     echo "$want" >"$WHEELHOUSE/.wheelhouse.sha256"
   fi
   bash "$ROOT/scripts/build-test-tools.sh" >/dev/null
+  bash "$ROOT/scripts/build-s3-test-tools.sh" >/dev/null
   bash "$ROOT/scripts/fetch-test-crds.sh" >/dev/null
 fi

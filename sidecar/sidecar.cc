@@ -15,6 +15,7 @@
 
 #include "common/logging.h"
 #include "sidecar/ipc/seqpacket.h"
+#include "sidecar/source/dataset_facts.h"
 
 #ifndef MESHLOAD_VERSION
 #define MESHLOAD_VERSION "dev"
@@ -307,53 +308,8 @@ struct Sidecar::Client {
 
 Result<ResolvedJob> ResolveForSidecar(const JobSpec& spec, source::SourceRegistry& sources, Diagnostics& diags) {
   ResolveOptions opts;
-  const std::string scheme = source::SourceRegistry::SchemeOf(spec.dataset.uri);
-  if (scheme != "file") {
-    ValidateJobSpec(spec, diags);
-    if (!diags.ok()) return diags.ToStatus();
-    auto src = sources.For(spec.dataset.uri);
-    if (!src.ok()) return src.status();
-    auto [source, name] = *src;
-    DatasetIndex::FileFacts facts;
-    facts.path = spec.dataset.uri;
-    auto info = source->Stat(name);
-    if (!info.ok()) {
-      diags.Add("spec.dataset.uri", info.status().ToString());
-      return diags.ToStatus();
-    }
-    facts.size = info->size;
-    if (spec.dataset.format == DatasetFormat::kNpy) {
-      // The header length is in its first bytes; read more if it says so.
-      size_t want = std::min<uint64_t>(4096, facts.size);
-      std::string head(want, '\0');
-      Status st = source->Read(name, 0, head.data(), head.size());
-      facts.npy = st.ok() ? ParseNpyHeader(head) : Result<NpyHeader>(st);
-      if (!facts.npy.ok() && facts.npy.status().code() == StatusCode::kDataLoss && facts.size > want) {
-        head.assign(std::min<uint64_t>(facts.size, kNpyMaxHeaderLen + 12), '\0');
-        st = source->Read(name, 0, head.data(), head.size());
-        facts.npy = st.ok() ? ParseNpyHeader(head) : Result<NpyHeader>(st);
-      }
-      if (!facts.npy.ok()) facts.npy = facts.npy.status().WithLocationPrefix(source::RedactUri(spec.dataset.uri));
-    }
-    std::vector<DatasetIndex::FileFacts> files;
-    files.push_back(std::move(facts));
-    Diagnostics index_diags;
-    auto index = DatasetIndex::FromFiles(spec.dataset, std::move(files), index_diags);
-    // Problems name the object; a signed URL's query must not reach the logs.
-    const std::string redacted = source::RedactUri(spec.dataset.uri);
-    auto redact = [&](std::string s) {
-      for (size_t at; (at = s.find(spec.dataset.uri)) != std::string::npos;) s.replace(at, spec.dataset.uri.size(), redacted);
-      return s;
-    };
-    for (const auto& p : index_diags.problems()) diags.Add(redact(p.path), redact(p.message));
-    if (!index.ok()) return Status(index.status().code(), redact(index.status().message()), redact(index.status().location()));
-    if (!diags.ok()) return diags.ToStatus();
-    opts.index = std::move(*index);
-    Diagnostics again;  // spec problems were reported above
-    return ResolveJob(spec, opts, again);
-  }
   opts.require_files = true;
-  return ResolveJob(spec, opts, diags);
+  return source::ResolveWithSources(spec, sources, opts, source::Unreachable::kFail, diags);
 }
 
 Sidecar::Sidecar(SidecarOptions options) : options_(std::move(options)) {}
@@ -370,12 +326,14 @@ Status Sidecar::Init() {
   observer_ = std::make_unique<Observer>(*metrics_);
   metrics::RegisterBuildInfo(*registry_, MESHLOAD_VERSION, "sidecar");
   options_.source_options.observer = observer_.get();
-  sources_ = source::SourceRegistry::WithBuiltins(options_.source_options);
-
   Diagnostics diags;
   auto job = LoadDataLoadJobFile(options_.job_path, diags);
   if (!job.ok()) return job.status();
   job_name_ = job->name;
+  if (source::SourceRegistry::SchemeOf(job->spec.dataset.uri) == "s3") {
+    RETURN_IF_ERROR(source::S3OptionsForDataset(job->spec.dataset, options_.source_options.s3));
+  }
+  sources_ = source::SourceRegistry::WithBuiltins(options_.source_options);
   auto resolved = ResolveForSidecar(job->spec, *sources_, diags);
   if (!resolved.ok() || !diags.ok()) {
     if (!diags.ok()) return InvalidArgument("invalid DataLoadJob:\n" + diags.ToString(), options_.job_path);

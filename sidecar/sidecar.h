@@ -263,9 +263,9 @@ class Sidecar {
 Result<std::optional<int64_t>> ReadResumeFile(const std::string& path, int64_t spec_step);
 
 /// Resolves the job as a sidecar must: local datasets are indexed from their
-/// files; an http(s):// dataset (one object) is indexed through `sources`
-/// (its size, and the header of an Npy file), since the planner cannot read
-/// it. Every problem goes to `diags`.
+/// files; http(s):// and s3:// datasets through `sources`
+/// (source::ResolveWithSources: their objects, sizes and .npy headers),
+/// since the planner cannot read them. Every problem goes to `diags`.
 Result<ResolvedJob> ResolveForSidecar(const JobSpec& spec, source::SourceRegistry& sources,
                                       Diagnostics& diags);
 

@@ -20,6 +20,7 @@
 #include "common/cuda_driver.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "sidecar/source/dataset_facts.h"
 #include "planner/shard_planner.h"
 #include "sidecar/ipc/protocol.h"
 #include "tools/latency_histogram.h"
@@ -83,7 +84,7 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
   if (!job.ok()) return fail(job.status().ToString());
   std::unique_ptr<ShardPlanner> planner;
   if (verify != "none") {
-    auto resolved = ResolveJob(job->spec, {}, diags);
+    auto resolved = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, diags);
     if (!resolved.ok()) return fail("cannot plan for verification: " + diags.ToString() + resolved.status().ToString());
     planner = std::make_unique<ShardPlanner>(std::move(*resolved));
   }

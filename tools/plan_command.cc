@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "sidecar/source/dataset_facts.h"
 #include "planner/shard_planner.h"
 #include "common/flags.h"
 
@@ -409,7 +410,8 @@ int RunPlan(const std::vector<std::string>& args) {
   {
     // Resolve even when parsing found problems, so the user sees every
     // problem at once (validation does not repeat what parsing reported).
-    auto resolved = ResolveJob(job->spec, ropts, diags);
+    auto resolved =
+        source::ResolveReadingDataset(job->spec, ropts, source::Unreachable::kUseDeclaredSamples, diags);
     if (resolved.ok() && diags.ok()) {
       ShardPlanner planner(std::move(*resolved));
       int64_t a = job->spec.resume.step, b = a + 1;

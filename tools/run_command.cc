@@ -40,6 +40,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/unique_fd.h"
+#include "sidecar/source/dataset_facts.h"
 #include "planner/shard_planner.h"
 #include "sidecar/exchange/peer_exchange.h"
 #include "tools/latency_histogram.h"
@@ -295,7 +296,7 @@ int RunRun(const std::vector<std::string>& args) {
     }
   }
   diags = Diagnostics();
-  auto resolved = ResolveJob(job->spec, {}, diags);
+  auto resolved = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, diags);
   if (!resolved.ok()) {
     std::cerr << job_path << ": invalid DataLoadJob (" << diags.problems().size() << " problems):\n";
     for (const auto& p : diags.problems()) std::cerr << "  " << p.ToString() << "\n";

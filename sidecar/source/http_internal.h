@@ -5,13 +5,20 @@
 /// Thread safety: pure functions over values.
 #pragma once
 
+#include <httplib.h>
+#include <sys/uio.h>
+
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
+#include "sidecar/source/source.h"
 
 namespace meshload::source::internal {
 
@@ -47,5 +54,46 @@ std::optional<uint64_t> ParseDecimal(std::string_view value);
 /// retry): min(max, initial * 2^retry). The sleep is uniform in [0, bound].
 std::chrono::nanoseconds BackoffBound(int retry, std::chrono::milliseconds initial,
                                       std::chrono::milliseconds max);
+
+/// What a server's error body says, for the message (S3: "NoSuchKey: The
+/// specified key does not exist."), and whether it asks the client to slow
+/// down (S3 SlowDown): the retry is then counted as "throttled".
+struct HttpErrorDetail {
+  std::string text;
+  bool throttled = false;
+};
+
+/// What a storage protocol on HTTP adds to plain requests.
+struct HttpHooks {
+  /// Adds the request's authentication to `headers` (S3: Signature Version
+  /// 4). Called for each attempt, so each is signed at its own time.
+  std::function<void(std::string_view method, const HttpUrl& url, httplib::Headers& headers)> sign;
+  /// Reads an error response's body (its first 8 KiB).
+  std::function<HttpErrorDetail(int status, std::string_view body)> explain;
+};
+
+/// Ranged GETs streamed into iovecs, HEADs and small GETs over pooled
+/// keep-alive connections, with retries (jittered exponential backoff, or
+/// Retry-After) on 5xx, 429, timeouts and dropped connections, never on
+/// other 4xx. Errors name `url.redacted` (and @offset for reads); metrics
+/// and logs name `scheme`. The "http"/"https" sources and the "s3" source
+/// are built on it.
+/// Thread safety: thread-safe.
+class HttpTransport {
+ public:
+  HttpTransport(const SourceOptions& options, std::string scheme, HttpHooks hooks);
+  ~HttpTransport();
+  /// The object's size: HEAD (unsigned transports fall back to a one-byte
+  /// ranged GET when HEAD gives no length or is refused).
+  Status Stat(const HttpUrl& url, uint64_t* size);
+  /// Bytes [offset, offset + Σ iov) into the iovecs.
+  Status ReadV(const HttpUrl& url, uint64_t offset, const std::vector<iovec>& iov);
+  /// A whole 200 response body of at most `limit` bytes (a listing).
+  Status GetBody(const HttpUrl& url, std::string* body, uint64_t limit);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace meshload::source::internal

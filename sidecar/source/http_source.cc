@@ -252,14 +252,16 @@ Attempt DataLossAttempt(uint64_t offset, uint64_t len, uint64_t object_size) {
                                 std::to_string(object_size) + " bytes"));
 }
 
-// A response status that is neither the data we asked for nor 416.
-Attempt FromHttpStatus(int status, const std::string& retry_after) {
+// A response status that is neither the data we asked for nor 416, with
+// what the server's error body says (`detail`, from HttpHooks::explain).
+Attempt FromHttpStatus(int status, const std::string& retry_after, const internal::HttpErrorDetail& detail = {}) {
   std::string text = HttpStatusText(status);
+  if (!detail.text.empty()) text += ": " + detail.text;
   if (status == 404 || status == 410) {
     return Attempt::Fail("not_found", NotFound(text + " (not retried)"));
   }
   if (status == 429 || status >= 500) {
-    Attempt a = Attempt::Retry(status == 429 ? "http_429" : "http_5xx", text);
+    Attempt a = Attempt::Retry(detail.throttled ? "throttled" : status == 429 ? "http_429" : "http_5xx", text);
     if (status == 429 || status == 503) {
       // Only the delay-seconds form; an HTTP-date falls back to the backoff.
       if (std::optional<uint64_t> secs = ParseDecimal(retry_after)) {
@@ -425,25 +427,25 @@ class ClientPool {
   std::unordered_map<std::string, std::vector<ClientPtr>> idle_;
 };
 
+}  // namespace
+
 // Thread safety: thread-safe; per-request state lives on the caller's stack
 // and each request has a Client of its own.
-class HttpSource final : public Source {
+class internal::HttpTransport::Impl {
  public:
-  explicit HttpSource(const SourceOptions& options)
+  Impl(const SourceOptions& options, std::string scheme, HttpHooks hooks)
       : options_(options),
         observer_(options.observer != nullptr ? options.observer : &NullObserver()),
+        scheme_(std::move(scheme)),
+        hooks_(std::move(hooks)),
         pool_(options_) {}
 
-  Result<ObjectInfo> Stat(const std::string& uri) override {
-    ASSIGN_OR_RETURN(HttpUrl url, internal::ParseHttpUrl(uri));
-    uint64_t size = 0;
-    RETURN_IF_ERROR(WithRetries(url, url.redacted, [&] { return StatAttempt(url, &size); }));
-    return ObjectInfo{size};
+  Status Stat(const HttpUrl& url, uint64_t* size) {
+    return WithRetries(url, url.redacted, [&] { return StatAttempt(url, size); });
   }
 
-  Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override {
+  Status ReadV(const HttpUrl& url, uint64_t offset, const std::vector<iovec>& iov) {
     const auto start = Clock::now();
-    ASSIGN_OR_RETURN(HttpUrl url, internal::ParseHttpUrl(uri));
     std::string location = url.redacted + "@" + std::to_string(offset);
     uint64_t len = 0;
     for (const iovec& v : iov) len += v.iov_len;
@@ -455,26 +457,77 @@ class HttpSource final : public Source {
     // for the rest only.
     uint64_t done = 0;
     RETURN_IF_ERROR(WithRetries(url, location, [&] { return ReadAttempt(url, offset, len, iov, done); }));
-    observer_->OnRead(url.scheme, len, std::chrono::duration<double>(Clock::now() - start).count());
+    observer_->OnRead(scheme_, len, std::chrono::duration<double>(Clock::now() - start).count());
     return Status::Ok();
   }
 
+  Status GetBody(const HttpUrl& url, std::string* body, uint64_t limit) {
+    return WithRetries(url, url.redacted, [&] { return BodyAttempt(url, body, limit); });
+  }
+
  private:
+  // The request's headers: `base`, and the hook's authentication.
+  httplib::Headers Headers(std::string_view method, const HttpUrl& url, httplib::Headers base) const {
+    if (hooks_.sign) hooks_.sign(method, url, base);
+    return base;
+  }
+  internal::HttpErrorDetail Explain(int status, const std::string& body) const {
+    return hooks_.explain ? hooks_.explain(status, body) : internal::HttpErrorDetail{};
+  }
+
+  // A whole (small) response body: a listing.
+  Attempt BodyAttempt(const HttpUrl& url, std::string* body, uint64_t limit) {
+    auto checkout = pool_.Checkout(url);
+    if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
+    ClientPtr client = std::move(checkout).value();
+    body->clear();
+    int status = 0;
+    bool too_long = false;
+    std::string retry_after;
+    Clock::time_point last_progress = Clock::now();
+    auto on_response = [&](const httplib::Response& res) {
+      last_progress = Clock::now();
+      status = res.status;
+      retry_after = res.get_header_value("Retry-After");
+      return true;
+    };
+    auto on_data = [&](const char* data, size_t n) {
+      last_progress = Clock::now();
+      if (body->size() + n > limit) {
+        too_long = true;
+        return false;
+      }
+      body->append(data, n);
+      return true;
+    };
+    httplib::Result res = client->Get(url.target, Headers("GET", url, {{"Accept-Encoding", "identity"}}),
+                                      on_response, on_data);
+    const bool clean = res.error() == httplib::Error::Success;
+    if (too_long) {
+      return Attempt::Fail("io", FailedPrecondition("the response is longer than " + std::to_string(limit) +
+                                                    " bytes"));
+    }
+    if (!clean) return FromTransportError(res.error(), TimedOut(last_progress), false);
+    pool_.Return(url, std::move(client));
+    if (status == 200) return Attempt::Ok();
+    return FromHttpStatus(status, retry_after, Explain(status, *body));
+  }
+
   template <typename AttemptFn>
-  Status WithRetries(const HttpUrl& url, const std::string& location, AttemptFn&& attempt) {
+  Status WithRetries(const HttpUrl& /*url*/, const std::string& location, AttemptFn&& attempt) {
     const int max_attempts = std::max(1, options_.max_attempts);
     Attempt last;
     for (int i = 0; i < max_attempts; ++i) {
       last = attempt();
       if (last.kind == Attempt::Kind::kOk) return Status::Ok();
       if (last.kind == Attempt::Kind::kFail) {
-        observer_->OnError(url.scheme, last.label);
+        observer_->OnError(scheme_, last.label);
         return Status(last.status.code(), last.status.message(), location);
       }
       if (i + 1 == max_attempts) break;
-      observer_->OnRetry(url.scheme, last.label);
+      observer_->OnRetry(scheme_, last.label);
       std::chrono::nanoseconds delay = Backoff(i, last.retry_after);
-      LogDebug("source: retrying HTTP request",
+      LogDebug("source: retrying a storage request",
                {{"location", location},
                 {"attempt", i + 1},
                 {"reason", last.label},
@@ -482,7 +535,7 @@ class HttpSource final : public Source {
                 {"delay_ms", std::chrono::duration<double, std::milli>(delay).count()}});
       std::this_thread::sleep_for(delay);
     }
-    observer_->OnError(url.scheme, "retries_exhausted");
+    observer_->OnError(scheme_, "retries_exhausted");
     return Status(StatusCode::kUnavailable,
                   "giving up after " + std::to_string(max_attempts) +
                       (max_attempts == 1 ? " attempt: " : " attempts: ") + last.status.message(),
@@ -514,11 +567,14 @@ class HttpSource final : public Source {
 
     const uint64_t from = offset + done;
     const uint64_t last_byte = offset + len - 1;
-    httplib::Headers headers = {
-        {"Range", "bytes=" + std::to_string(from) + "-" + std::to_string(last_byte)},
-        // Byte ranges of the stored representation, never of a compressed one.
-        {"Accept-Encoding", "identity"},
-    };
+    const httplib::Headers headers = Headers(
+        "GET", url,
+        {
+            {"Range", "bytes=" + std::to_string(from) + "-" + std::to_string(last_byte)},
+            // Byte ranges of the stored representation, never of a compressed one.
+            {"Accept-Encoding", "identity"},
+        });
+    std::string error_body;  // the start of an error response's body, for Explain
     int status = 0;
     bool to_iov = false;    // a 206/200 whose body is our data
     bool overflow = false;  // the server sent more than asked; we stopped reading
@@ -594,7 +650,10 @@ class HttpSource final : public Source {
     };
     auto on_data = [&](const char* data, size_t n) {
       last_progress = Clock::now();
-      if (!to_iov) return true;
+      if (!to_iov) {
+        if (error_body.size() < kErrorBodyLimit) error_body.append(data, std::min(n, kErrorBodyLimit - error_body.size()));
+        return true;
+      }
       size_t take = static_cast<size_t>(std::min<uint64_t>(n, len - received));
       writer.Write(data, take);
       received += take;
@@ -631,7 +690,7 @@ class HttpSource final : public Source {
       return Attempt::Retry("short_body", "short body: got " + std::to_string(received) + " of " +
                                               std::to_string(len) + " bytes");
     }
-    return FromHttpStatus(status, retry_after);
+    return FromHttpStatus(status, retry_after, Explain(status, error_body));
   }
 
   Attempt StatAttempt(const HttpUrl& url, uint64_t* size) {
@@ -640,7 +699,7 @@ class HttpSource final : public Source {
     ClientPtr client = std::move(checkout).value();
 
     const Clock::time_point start = Clock::now();
-    httplib::Result res = client->Head(url.target, {{"Accept-Encoding", "identity"}});
+    httplib::Result res = client->Head(url.target, Headers("HEAD", url, {{"Accept-Encoding", "identity"}}));
     if (res.error() != httplib::Error::Success) {
       return FromTransportError(res.error(), TimedOut(start), false);
     }
@@ -650,7 +709,7 @@ class HttpSource final : public Source {
     pool_.Return(url, std::move(client));
     // A presigned URL is signed for one method, so a GET-signed URL answers
     // HEAD with 403; some servers do not allow HEAD at all (405).
-    if (status == 403 || status == 405) return ProbeSize(url, size);
+    if ((status == 403 || status == 405) && !hooks_.sign) return ProbeSize(url, size);
     if (status / 100 != 2) return FromHttpStatus(status, retry_after);
     if (length) {
       *size = *length;
@@ -691,9 +750,9 @@ class HttpSource final : public Source {
       last_progress = Clock::now();
       return true;
     };
-    httplib::Result res =
-        client->Get(url.target, {{"Range", "bytes=0-0"}, {"Accept-Encoding", "identity"}},
-                    on_response, on_data);
+    httplib::Result res = client->Get(
+        url.target, Headers("GET", url, {{"Range", "bytes=0-0"}, {"Accept-Encoding", "identity"}}), on_response,
+        on_data);
     const bool clean = res.error() == httplib::Error::Success;
     if (clean) pool_.Return(url, std::move(client));
     if (found) {
@@ -709,9 +768,54 @@ class HttpSource final : public Source {
     return FromHttpStatus(status, retry_after);
   }
 
+  static constexpr size_t kErrorBodyLimit = 8192;
+
   const SourceOptions options_;
   SourceObserver* const observer_;
+  const std::string scheme_;
+  const HttpHooks hooks_;
   ClientPool pool_;
+};
+
+namespace internal {
+
+HttpTransport::HttpTransport(const SourceOptions& options, std::string scheme, HttpHooks hooks)
+    : impl_(std::make_unique<Impl>(options, std::move(scheme), std::move(hooks))) {}
+HttpTransport::~HttpTransport() = default;
+Status HttpTransport::Stat(const HttpUrl& url, uint64_t* size) { return impl_->Stat(url, size); }
+Status HttpTransport::ReadV(const HttpUrl& url, uint64_t offset, const std::vector<iovec>& iov) {
+  return impl_->ReadV(url, offset, iov);
+}
+Status HttpTransport::GetBody(const HttpUrl& url, std::string* body, uint64_t limit) {
+  return impl_->GetBody(url, body, limit);
+}
+
+}  // namespace internal
+
+namespace {
+
+// Thread safety: thread-safe (HttpTransport is).
+class HttpSource final : public Source {
+ public:
+  explicit HttpSource(const SourceOptions& options) : transport_(options, "http", {}), transport_tls_(options, "https", {}) {}
+
+  Result<ObjectInfo> Stat(const std::string& uri) override {
+    ASSIGN_OR_RETURN(HttpUrl url, internal::ParseHttpUrl(uri));
+    uint64_t size = 0;
+    RETURN_IF_ERROR(For(url).Stat(url, &size));
+    return ObjectInfo{size};
+  }
+
+  Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override {
+    ASSIGN_OR_RETURN(HttpUrl url, internal::ParseHttpUrl(uri));
+    return For(url).ReadV(url, offset, iov);
+  }
+
+ private:
+  // Metrics and logs name the scheme the URL has.
+  internal::HttpTransport& For(const HttpUrl& url) { return url.scheme == "https" ? transport_tls_ : transport_; }
+
+  internal::HttpTransport transport_, transport_tls_;
 };
 
 Status ValidateOptions(const SourceOptions& o) {

@@ -72,6 +72,7 @@ std::unique_ptr<SourceRegistry> SourceRegistry::WithBuiltins(SourceOptions optio
   registry->Register("file", MakeFileSource);
   registry->Register("http", MakeHttpSource);
   registry->Register("https", MakeHttpSource);
+  registry->Register("s3", MakeS3Source);
   return registry;
 }
 

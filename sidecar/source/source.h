@@ -2,14 +2,16 @@
 /// Storage sources: where sample bytes come from.
 ///
 /// A Source reads byte ranges of named objects (a local file path, an
-/// http(s):// URL, later s3://...) straight into the caller's memory. The
+/// http(s):// URL, an s3://bucket/key object) straight into the caller's memory. The
 /// sidecar asks for the coalesced ranges the planner computed and scatters
 /// each range into the destinations of its samples in the slot (preadv-style
 /// iovecs), so bytes land where the trainer will see them with no
 /// intermediate copy for local files.
 ///
 /// Sources sit behind a registry keyed by URI scheme ("file" also serves plain
-/// paths); adding S3 means registering one more factory.
+/// paths): file, http, https, s3. A source also lists what a dataset URI
+/// names (Source::List), which is how the planner's dataset facts are
+/// gathered for every scheme (sidecar/source/dataset_facts.h).
 ///
 /// Errors name the object and, for data errors, the byte offset:
 ///   /data/a.bin@1048576: short read: wanted 4096 bytes, file ends after 1200
@@ -69,6 +71,29 @@ class SourceObserver {
 /// An observer that does nothing.
 SourceObserver& NullObserver();
 
+/// Where and how the "s3" source reaches object storage. Filled from the
+/// job's spec.dataset.s3 and the standard AWS environment variables and
+/// files (S3OptionsFromEnvironment). The credentials are never logged or
+/// put in a message.
+struct S3Options {
+  /// http(s)://host[:port]; empty: https://s3.<region>.amazonaws.com.
+  std::string endpoint;
+  /// The region requests are signed for; empty: us-east-1.
+  std::string region;
+  enum class Addressing {
+    kAuto,           // virtual-hosted for amazonaws.com endpoints, path-style for any other
+    kPath,           // http://endpoint/bucket/key
+    kVirtualHosted,  // http://bucket.endpoint/key
+  };
+  Addressing addressing = Addressing::kAuto;
+  /// No access key: requests go unsigned (public buckets).
+  std::string access_key_id;
+  std::string secret_access_key;
+  std::string session_token;
+  /// ListObjectsV2 max-keys per page (1..1000).
+  int list_page_size = 1000;
+};
+
 struct SourceOptions {
   // HTTP(S): timeouts per attempt.
   std::chrono::milliseconds connect_timeout{2000};
@@ -100,12 +125,29 @@ struct SourceOptions {
   // page touched again (a quarter of the time of a small-sample step on a
   // dataset that fits: docs/benchmarks.md, run 8).
   uint64_t mmap_resident_limit = 4ull << 30;
+  // Object storage (s3://bucket/key).
+  S3Options s3;
   SourceObserver* observer = nullptr;  // NullObserver() when null
 };
 
 class Source {
  public:
   virtual ~Source() = default;
+
+  /// One object a dataset URI names: what ReadV takes, and its size.
+  struct Listed {
+    std::string name;
+    uint64_t size = 0;
+  };
+  /// The objects `uri` names, in lexicographic byte order of their names:
+  /// one object; a directory's (a prefix ending in '/', or a key that is
+  /// one) direct, non-hidden objects; or a glob (*, ?, [...]) in the last
+  /// path segment. kNotFound naming `uri` when it names nothing. The
+  /// default: the one object, by Stat.
+  virtual Result<std::vector<Listed>> List(const std::string& uri) {
+    ASSIGN_OR_RETURN(ObjectInfo info, Stat(uri));
+    return std::vector<Listed>{{uri, info.size}};
+  }
 
   /// The size of an object. kNotFound when it does not exist.
   virtual Result<ObjectInfo> Stat(const std::string& uri) = 0;
@@ -175,7 +217,7 @@ using SourceFactory = std::function<Result<std::unique_ptr<Source>>(const Source
 class SourceRegistry {
  public:
   explicit SourceRegistry(SourceOptions options);
-  /// A registry with the built-in schemes: file, http, https.
+  /// A registry with the built-in schemes: file, http, https, s3.
   static std::unique_ptr<SourceRegistry> WithBuiltins(SourceOptions options);
 
   void Register(std::string scheme, SourceFactory factory);
@@ -202,5 +244,17 @@ std::string RedactUri(std::string_view uri);
 /// The built-in sources (exposed for tests).
 Result<std::unique_ptr<Source>> MakeFileSource(const SourceOptions& options);
 Result<std::unique_ptr<Source>> MakeHttpSource(const SourceOptions& options);
+Result<std::unique_ptr<Source>> MakeS3Source(const SourceOptions& options);
+
+/// Fills what `s3` leaves empty from the environment, as the AWS tools do:
+/// AWS_ENDPOINT_URL_S3 (else AWS_ENDPOINT_URL), AWS_REGION (else
+/// AWS_DEFAULT_REGION); credentials from AWS_ACCESS_KEY_ID,
+/// AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, else from the files of a
+/// mounted Secret in MESHLOAD_S3_CREDENTIALS_DIR (files AWS_ACCESS_KEY_ID,
+/// AWS_SECRET_ACCESS_KEY, optional AWS_SESSION_TOKEN), else from the shared
+/// credentials file (AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials;
+/// profile AWS_PROFILE, else "default"). An access key without its secret
+/// is kInvalidArgument naming where it came from (never its value).
+Status S3OptionsFromEnvironment(S3Options& s3);
 
 }  // namespace meshload::source

@@ -1,0 +1,112 @@
+#include "sidecar/source/dataset_facts.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "planner/npy.h"
+
+namespace meshload::source {
+
+namespace {
+
+// The .npy header of `name` from its first bytes (more when it says so).
+Result<NpyHeader> ReadHeader(Source& source, const std::string& name, uint64_t size) {
+  size_t want = static_cast<size_t>(std::min<uint64_t>(4096, size));
+  std::string head(want, '\0');
+  Status st = source.Read(name, 0, head.data(), head.size());
+  Result<NpyHeader> header = st.ok() ? ParseNpyHeader(head) : Result<NpyHeader>(st);
+  if (!header.ok() && header.status().code() == StatusCode::kDataLoss && size > want) {
+    head.assign(static_cast<size_t>(std::min<uint64_t>(size, kNpyMaxHeaderLen + 12)), '\0');
+    st = source.Read(name, 0, head.data(), head.size());
+    header = st.ok() ? ParseNpyHeader(head) : Result<NpyHeader>(st);
+  }
+  if (!header.ok()) return header.status().WithLocationPrefix(RedactUri(name));
+  return header;
+}
+
+}  // namespace
+
+Status S3OptionsForDataset(const DatasetSpec& spec, S3Options& s3) {
+  if (spec.s3) {
+    if (!spec.s3->endpoint.empty()) s3.endpoint = spec.s3->endpoint;
+    if (!spec.s3->region.empty()) s3.region = spec.s3->region;
+    if (spec.s3->addressing == "Path") s3.addressing = S3Options::Addressing::kPath;
+    if (spec.s3->addressing == "VirtualHosted") s3.addressing = S3Options::Addressing::kVirtualHosted;
+  }
+  return S3OptionsFromEnvironment(s3);
+}
+
+Result<DatasetIndex> IndexDataset(const DatasetSpec& spec, SourceRegistry& sources, Diagnostics& diags) {
+  ASSIGN_OR_RETURN(auto found, sources.For(spec.uri));
+  auto [source, name] = found;
+  ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source->List(name));
+  std::vector<DatasetIndex::FileFacts> files;
+  files.reserve(objects.size());
+  std::vector<std::pair<std::string, std::string>> secret;  // names whose redacted form differs
+  for (auto& o : objects) {
+    if (std::string r = RedactUri(o.name); r != o.name) secret.emplace_back(o.name, std::move(r));
+    DatasetIndex::FileFacts facts;
+    facts.path = o.name;
+    facts.size = o.size;
+    if (spec.format == DatasetFormat::kNpy) facts.npy = ReadHeader(*source, o.name, o.size);
+    files.push_back(std::move(facts));
+  }
+  Diagnostics index_diags;
+  auto index = DatasetIndex::FromFiles(spec, std::move(files), index_diags);
+  // A signed URL's query must not reach messages and logs.
+  auto redact = [&](std::string s) {
+    for (const auto& [name, redacted] : secret) {
+      for (size_t at; (at = s.find(name)) != std::string::npos;) s.replace(at, name.size(), redacted);
+    }
+    return s;
+  };
+  for (const auto& p : index_diags.problems()) diags.Add(redact(p.path), redact(p.message));
+  if (!index.ok()) {
+    return Status(index.status().code(), redact(index.status().message()), redact(index.status().location()));
+  }
+  return index;
+}
+
+Result<ResolvedJob> ResolveWithSources(const JobSpec& spec, SourceRegistry& sources, ResolveOptions options,
+                                       Unreachable unreachable, Diagnostics& diags) {
+  if (options.index || options.samples || SourceRegistry::SchemeOf(spec.dataset.uri) == "file") {
+    return ResolveJob(spec, options, diags);
+  }
+  ValidateJobSpec(spec, diags);
+  if (!diags.ok()) return diags.ToStatus();
+  Diagnostics index_diags;
+  auto index = IndexDataset(spec.dataset, sources, index_diags);
+  if (!index.ok() && unreachable == Unreachable::kUseDeclaredSamples && spec.dataset.samples) {
+    return ResolveJob(spec, options, diags);  // planned from spec.dataset.samples
+  }
+  for (const auto& p : index_diags.problems()) diags.Add(p.path, p.message);
+  if (!index.ok()) {
+    diags.Add("spec.dataset.uri", index.status().ToString() +
+                                      (unreachable == Unreachable::kFail
+                                           ? std::string()
+                                           : "; make the data reachable from here, or give its size with "
+                                             "spec.dataset.samples or --samples"));
+    return diags.ToStatus();
+  }
+  if (!diags.ok()) return diags.ToStatus();
+  options.index = std::move(*index);
+  Diagnostics again;  // spec problems were reported above
+  return ResolveJob(spec, options, again);
+}
+
+Result<ResolvedJob> ResolveReadingDataset(const JobSpec& spec, ResolveOptions options, Unreachable unreachable,
+                                          Diagnostics& diags) {
+  SourceOptions sopts;
+  if (SourceRegistry::SchemeOf(spec.dataset.uri) == "s3") {
+    if (Status st = S3OptionsForDataset(spec.dataset, sopts.s3); !st.ok()) {
+      diags.Add(st);
+      return diags.ToStatus();
+    }
+  }
+  auto sources = SourceRegistry::WithBuiltins(sopts);
+  return ResolveWithSources(spec, *sources, std::move(options), unreachable, diags);
+}
+
+}  // namespace meshload::source

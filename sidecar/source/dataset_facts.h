@@ -1,0 +1,50 @@
+/// \file
+/// A dataset's facts (its objects, their sizes, the .npy headers) gathered
+/// through the storage sources, for the schemes the planner cannot read
+/// itself (http, https, s3), and a job resolved with them. Used by the
+/// sidecar and by `meshload plan` / `meshload run`, so a storage scheme is
+/// added in one place: its Source (Stat, ReadV, List).
+///
+/// Thread safety: functions over the registry, which is thread-safe.
+#pragma once
+
+#include "common/diagnostics.h"
+#include "common/status.h"
+#include "planner/dataset_index.h"
+#include "planner/shard_planner.h"
+#include "planner/spec.h"
+#include "sidecar/source/source.h"
+
+namespace meshload::source {
+
+/// `s3` for the job's dataset: spec.dataset.s3's fields, then what they
+/// leave empty from the environment (S3OptionsFromEnvironment).
+Status S3OptionsForDataset(const DatasetSpec& spec, S3Options& s3);
+
+/// The index of `spec.uri`'s objects as its source lists them
+/// (Source::List: one object, a prefix, or a glob), in name order, with
+/// each .npy header read from the object's first bytes. Problems with the
+/// objects go to `diags` (as DatasetIndex::FromFiles reports them), URIs
+/// redacted; an error when nothing usable was found, naming the URI.
+Result<DatasetIndex> IndexDataset(const DatasetSpec& spec, SourceRegistry& sources, Diagnostics& diags);
+
+/// How ResolveWithSources treats a dataset it cannot list.
+enum class Unreachable {
+  kFail,               // the caller reads the data next (the sidecar, run --local)
+  kUseDeclaredSamples  // plan from spec.dataset.samples when it is given (meshload plan)
+};
+
+/// ResolveJob, with a dataset whose scheme is not "file" indexed through
+/// `sources` (IndexDataset) unless `options` already gives the index or the
+/// sample count. Local datasets are indexed by the planner from their files
+/// as before (options.require_files as given).
+Result<ResolvedJob> ResolveWithSources(const JobSpec& spec, SourceRegistry& sources, ResolveOptions options,
+                                       Unreachable unreachable, Diagnostics& diags);
+
+/// ResolveWithSources with a registry of the built-in sources made for the
+/// job (S3OptionsForDataset for an s3:// dataset): what the CLI's commands
+/// use.
+Result<ResolvedJob> ResolveReadingDataset(const JobSpec& spec, ResolveOptions options, Unreachable unreachable,
+                                          Diagnostics& diags);
+
+}  // namespace meshload::source
