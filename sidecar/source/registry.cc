@@ -50,6 +50,8 @@ SourceObserver& NullObserver() {
 }
 
 std::string RedactUri(std::string_view uri) {
+  // An s3:// URI has no query: a '?' there is a glob character of the key.
+  if (uri.size() >= 5 && Lower(uri.substr(0, 5)) == "s3://") return std::string(uri);
   std::string_view kept = uri.substr(0, uri.find_first_of("?#"));
   size_t sep = SchemeEnd(kept);
   if (sep == std::string_view::npos) return std::string(kept);

@@ -82,14 +82,12 @@ std::vector<std::string_view> Elements(std::string_view xml, std::string_view ta
 
 Result<S3Uri> ParseS3Uri(std::string_view uri) {
   constexpr std::string_view kScheme = "s3://";
-  const std::string where = RedactUri(uri);
+  const std::string where(uri);
   if (uri.size() < kScheme.size() || Lower(uri.substr(0, kScheme.size())) != kScheme) {
     return InvalidArgument("not an s3:// URI", where);
   }
+  // Everything after the bucket is the key: '?' is a glob character there.
   std::string_view rest = uri.substr(kScheme.size());
-  if (rest.find_first_of("?#") != std::string_view::npos) {
-    return InvalidArgument("s3:// URIs take no query or fragment", where);
-  }
   const size_t slash = rest.find('/');
   S3Uri out;
   out.bucket = std::string(rest.substr(0, slash));

@@ -239,6 +239,8 @@ class SourceRegistry {
 
 /// `uri` safe to log: without its query string and fragment (signed URLs
 /// carry credentials there) and without user:password@ in the authority.
+/// An s3:// URI is kept whole: it has no query ('?' is a glob character of
+/// its key) and its credentials never are in it.
 std::string RedactUri(std::string_view uri);
 
 /// The built-in sources (exposed for tests).

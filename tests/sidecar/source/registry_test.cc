@@ -95,12 +95,12 @@ TEST(SourceRegistryTest, NoSourceIsCreatedBeforeItsSchemeIsUsed) {
 
 TEST(SourceRegistryTest, UnknownSchemeNamesTheUriAndListsKnownSchemes) {
   auto registry = SourceRegistry::WithBuiltins({});
-  auto found = registry->For("s3://bucket/key.bin?X-Amz-Signature=abc");
+  auto found = registry->For("gs://bucket/key.bin?X-Goog-Signature=abc");
   ASSERT_FALSE(found.ok());
   EXPECT_EQ(found.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(found.status().location(), "s3://bucket/key.bin");
+  EXPECT_EQ(found.status().location(), "gs://bucket/key.bin");
   EXPECT_EQ(found.status().message(),
-            "unknown URI scheme \"s3\" (known schemes: file, http, https)");
+            "unknown URI scheme \"gs\" (known schemes: file, http, https, s3)");
 }
 
 TEST(SourceRegistryTest, FactoryErrorsReachTheCaller) {

@@ -1,0 +1,232 @@
+// The pure parts of the "s3" source (sidecar/source/s3_internal.h): s3://
+// URIs, Signature Version 4 against the worked examples of the S3 API
+// reference, the XML of listings and errors, globs, and credentials from the
+// environment.
+#include "sidecar/source/s3_internal.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "tests/testing/temp_dir.h"
+
+namespace meshload::source::internal {
+namespace {
+
+constexpr const char* kAccessKey = "AKIAIOSFODNN7EXAMPLE";
+constexpr const char* kSecret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+constexpr const char* kEmpty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+TEST(SignV4, TheGetObjectExampleOfTheS3Reference) {
+  SigV4Request r;
+  r.method = "GET";
+  r.path = "/test.txt";
+  r.headers = {{"Host", "examplebucket.s3.amazonaws.com"},
+               {"Range", "bytes=0-9"},
+               {"x-amz-content-sha256", kEmpty},
+               {"x-amz-date", "20130524T000000Z"}};
+  r.payload_hash = kEmpty;
+  SigV4Result s = SignV4(r, kAccessKey, kSecret, "us-east-1", "20130524T000000Z");
+  EXPECT_EQ(s.canonical_request,
+            std::string("GET\n/test.txt\n\nhost:examplebucket.s3.amazonaws.com\nrange:bytes=0-9\n"
+                        "x-amz-content-sha256:") +
+                kEmpty + "\nx-amz-date:20130524T000000Z\n\nhost;range;x-amz-content-sha256;x-amz-date\n" + kEmpty);
+  EXPECT_EQ(s.string_to_sign,
+            "AWS4-HMAC-SHA256\n20130524T000000Z\n20130524/us-east-1/s3/aws4_request\n"
+            "7344ae5b7ee6c3e7e6b0fe0640412a37625d1fbfff95c48bbb2dc43964946972");
+  EXPECT_EQ(s.authorization,
+            "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, "
+            "SignedHeaders=host;range;x-amz-content-sha256;x-amz-date, "
+            "Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41");
+}
+
+TEST(SignV4, TheListObjectsExampleOfTheS3Reference) {
+  SigV4Request r;
+  r.method = "GET";
+  r.path = "/";
+  r.query = CanonicalQuery({{"prefix", "J"}, {"max-keys", "2"}});
+  EXPECT_EQ(r.query, "max-keys=2&prefix=J");
+  r.headers = {{"host", "examplebucket.s3.amazonaws.com"},
+               {"x-amz-content-sha256", kEmpty},
+               {"x-amz-date", "20130524T000000Z"}};
+  r.payload_hash = kEmpty;
+  EXPECT_EQ(SignV4(r, kAccessKey, kSecret, "us-east-1", "20130524T000000Z").authorization,
+            "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, "
+            "SignedHeaders=host;x-amz-content-sha256;x-amz-date, "
+            "Signature=34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7");
+}
+
+TEST(SignV4, HeaderValuesAreTrimmedAndNamesLowerCased) {
+  SigV4Request a, b;
+  a.method = b.method = "GET";
+  a.path = b.path = "/k";
+  a.payload_hash = b.payload_hash = kEmpty;
+  a.headers = {{"Host", "  h   x  "}, {"X-Amz-Date", "20200101T000000Z"}};
+  b.headers = {{"x-amz-date", "20200101T000000Z"}, {"host", "h x"}};
+  EXPECT_EQ(SignV4(a, "k", "s", "r", "20200101T000000Z").authorization,
+            SignV4(b, "k", "s", "r", "20200101T000000Z").authorization);
+}
+
+TEST(UriEncode, EverythingButUnreservedIsEscapedWithUpperCaseHex) {
+  EXPECT_EQ(UriEncode("a b/c~d_e.f-g*h", true), "a%20b/c~d_e.f-g%2Ah");
+  EXPECT_EQ(UriEncode("a b/c", false), "a%20b%2Fc");
+  EXPECT_EQ(UriEncode("\xc3\xa9=&", false), "%C3%A9%3D%26");
+  EXPECT_EQ(CanonicalQuery({{"prefix", "data/x y"}, {"delimiter", "/"}, {"list-type", "2"}}),
+            "delimiter=%2F&list-type=2&prefix=data%2Fx%20y");
+}
+
+TEST(ParseS3Uri, BucketAndKey) {
+  auto u = ParseS3Uri("s3://my-bucket.data/a/b/c.bin");
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_EQ(u->bucket, "my-bucket.data");
+  EXPECT_EQ(u->key, "a/b/c.bin");
+  EXPECT_EQ(ParseS3Uri("s3://bkt")->key, "");
+  EXPECT_EQ(ParseS3Uri("s3://bkt/pre/")->key, "pre/");
+  EXPECT_EQ(ParseS3Uri("s3://bkt/part-?.bin")->key, "part-?.bin") << "'?' is a glob character in a key";
+  for (const char* bad : {"s3://", "s3:///key", "s3://AB/k", "s3://ab/k", "s3://-bucket/k", "http://bkt/k"}) {
+    auto r = ParseS3Uri(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(ParseS3Uri("s3://AB/k").status().message().find("\"AB\" is not a bucket name"), std::string::npos);
+}
+
+TEST(ParseListObjectsV2, KeysSizesPrefixesAndTheContinuationToken) {
+  const char* xml = R"(<?xml version="1.0" encoding="UTF-8"?>
+<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>bkt</Name><Prefix>d/</Prefix>
+<KeyCount>3</KeyCount><MaxKeys>2</MaxKeys><Delimiter>/</Delimiter><IsTruncated>true</IsTruncated>
+<Contents><Key>d/a&amp;b.bin</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified><Size>4096</Size></Contents>
+<Contents><Key>d/c&#233;.bin</Key><Size>0</Size></Contents>
+<CommonPrefixes><Prefix>d/sub/</Prefix></CommonPrefixes>
+<NextContinuationToken>tok+/=</NextContinuationToken></ListBucketResult>)";
+  auto page = ParseListObjectsV2(xml);
+  ASSERT_TRUE(page.ok()) << page.status().ToString();
+  ASSERT_EQ(page->objects.size(), 2u);
+  EXPECT_EQ(page->objects[0].name, "d/a&b.bin");
+  EXPECT_EQ(page->objects[0].size, 4096u);
+  EXPECT_EQ(page->objects[1].name, "d/c\xc3\xa9.bin");
+  EXPECT_EQ(page->common_prefixes, std::vector<std::string>{"d/sub/"});
+  EXPECT_TRUE(page->truncated);
+  EXPECT_EQ(page->next_token, "tok+/=");
+
+  EXPECT_EQ(ParseListObjectsV2("<html>proxy error</html>").status().code(), StatusCode::kDataLoss);
+  auto bad = ParseListObjectsV2("<ListBucketResult><Contents><Key>k</Key><Size>x</Size></Contents></ListBucketResult>");
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("<Contents> 0"), std::string::npos) << bad.status().message();
+  EXPECT_FALSE(ParseListObjectsV2("<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>").ok());
+}
+
+TEST(ParseS3Error, CodeMessageAndRegion) {
+  auto e = ParseS3Error(
+      "<?xml version=\"1.0\"?><Error><Code>AuthorizationHeaderMalformed</Code><Message>the region is "
+      "wrong</Message><Region>eu-west-1</Region><RequestId>1</RequestId></Error>");
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code, "AuthorizationHeaderMalformed");
+  EXPECT_EQ(e->message, "the region is wrong");
+  EXPECT_EQ(e->region, "eu-west-1");
+  EXPECT_FALSE(ParseS3Error("").has_value());
+  EXPECT_FALSE(ParseS3Error("<Error><Message>no code</Message></Error>").has_value());
+}
+
+TEST(GlobMatch, StarQuestionAndSetsWithinOneSegment) {
+  EXPECT_TRUE(GlobMatch("*.bin", "part-00001.bin"));
+  EXPECT_FALSE(GlobMatch("*.bin", "part-00001.bin.tmp"));
+  EXPECT_TRUE(GlobMatch("part-0000?.bin", "part-00007.bin"));
+  EXPECT_TRUE(GlobMatch("part-0000[0-3].bin", "part-00002.bin"));
+  EXPECT_FALSE(GlobMatch("part-0000[0-3].bin", "part-00004.bin"));
+  EXPECT_TRUE(GlobMatch("part-0000[!0-3].bin", "part-00004.bin"));
+  EXPECT_FALSE(GlobMatch("*", "a/b"));
+  EXPECT_TRUE(GlobMatch("a*b*c", "aXXbYYc"));
+  EXPECT_TRUE(GlobMatch("[[]x", "[x"));
+}
+
+TEST(XmlUnescape, EntitiesAndCharacterReferences) {
+  EXPECT_EQ(XmlUnescape("a&lt;b&gt;&amp;&quot;&apos;&#65;&#x263A;"), "a<b>&\"'A\xe2\x98\xba");
+  EXPECT_EQ(XmlUnescape("&unknown; & alone"), "&unknown; & alone");
+}
+
+// The environment of one test, put back as it was after.
+class Env {
+ public:
+  ~Env() {
+    for (auto& [k, v] : saved_) v ? ::setenv(k.c_str(), v->c_str(), 1) : ::unsetenv(k.c_str());
+  }
+  void Set(const std::string& k, const char* v) {
+    if (!saved_.count(k)) {
+      const char* old = ::getenv(k.c_str());
+      saved_[k] = old ? std::optional<std::string>(old) : std::nullopt;
+    }
+    v ? ::setenv(k.c_str(), v, 1) : ::unsetenv(k.c_str());
+  }
+
+ private:
+  std::map<std::string, std::optional<std::string>> saved_;
+};
+
+TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
+  meshload::testing::TempDir dir;
+  Env env;
+  for (const char* k : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
+                        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                        "MESHLOAD_S3_CREDENTIALS_DIR", "AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE"}) {
+    env.Set(k, nullptr);
+  }
+  env.Set("HOME", dir.path().c_str());
+  env.Set("AWS_ENDPOINT_URL", "http://general:1");
+  env.Set("AWS_ENDPOINT_URL_S3", "http://s3-only:2");
+  env.Set("AWS_DEFAULT_REGION", "eu-west-1");
+  env.Set("AWS_ACCESS_KEY_ID", "AKID");
+  env.Set("AWS_SECRET_ACCESS_KEY", "SECRET");
+  S3Options o;
+  ASSERT_TRUE(S3OptionsFromEnvironment(o).ok());
+  EXPECT_EQ(o.endpoint, "http://s3-only:2");
+  EXPECT_EQ(o.region, "eu-west-1");
+  EXPECT_EQ(o.access_key_id, "AKID");
+  EXPECT_EQ(o.secret_access_key, "SECRET");
+  // What the job says wins.
+  S3Options given;
+  given.endpoint = "http://spec:3";
+  given.region = "us-west-2";
+  ASSERT_TRUE(S3OptionsFromEnvironment(given).ok());
+  EXPECT_EQ(given.endpoint, "http://spec:3");
+  EXPECT_EQ(given.region, "us-west-2");
+
+  // A key without its secret names the variable, never the value.
+  env.Set("AWS_SECRET_ACCESS_KEY", nullptr);
+  S3Options half;
+  Status st = S3OptionsFromEnvironment(half);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("AWS_SECRET_ACCESS_KEY"), std::string::npos);
+  EXPECT_EQ(st.ToString().find("AKID"), std::string::npos);
+
+  // The mounted Secret's files.
+  env.Set("AWS_ACCESS_KEY_ID", nullptr);
+  std::ofstream(dir.path() + "/AWS_ACCESS_KEY_ID") << "FROMFILE\n";
+  std::ofstream(dir.path() + "/AWS_SECRET_ACCESS_KEY") << "FILESECRET";
+  env.Set("MESHLOAD_S3_CREDENTIALS_DIR", dir.path().c_str());
+  S3Options mounted;
+  ASSERT_TRUE(S3OptionsFromEnvironment(mounted).ok());
+  EXPECT_EQ(mounted.access_key_id, "FROMFILE");
+  EXPECT_EQ(mounted.secret_access_key, "FILESECRET");
+  EXPECT_EQ(mounted.session_token, "");
+
+  // The shared credentials file, profile AWS_PROFILE.
+  env.Set("MESHLOAD_S3_CREDENTIALS_DIR", nullptr);
+  std::ofstream(dir.path() + "/credentials")
+      << "[default]\naws_access_key_id = D\naws_secret_access_key = DS\n\n[train]\naws_access_key_id=T\n"
+         "aws_secret_access_key=TS\naws_session_token = TT\n";
+  env.Set("AWS_SHARED_CREDENTIALS_FILE", (dir.path() + "/credentials").c_str());
+  env.Set("AWS_PROFILE", "train");
+  S3Options shared;
+  ASSERT_TRUE(S3OptionsFromEnvironment(shared).ok());
+  EXPECT_EQ(shared.access_key_id, "T");
+  EXPECT_EQ(shared.secret_access_key, "TS");
+  EXPECT_EQ(shared.session_token, "TT");
+}
+
+}  // namespace
+}  // namespace meshload::source::internal
