@@ -460,8 +460,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
   std::optional<ResolvedJob> resolved;
   if (spec.ok() && diags.ok() && spec->dataset.samples) {
     ResolveOptions ro;
-    ro.samples = spec->dataset.samples;
-    ro.read_files = false;
+    ro.samples = spec->dataset.samples;  // the controller reads no dataset
     auto r = ResolveJob(*spec, ro, diags);
     if (r.ok() && diags.ok()) resolved = std::move(*r);
   }

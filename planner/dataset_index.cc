@@ -1,22 +1,11 @@
 #include "planner/dataset_index.h"
 
-#include <dirent.h>
-#include <glob.h>
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 
 namespace meshload {
 namespace {
-
-std::string StripFileScheme(const std::string& uri) {
-  if (uri.rfind("file://", 0) == 0) return uri.substr(7);
-  return uri;
-}
-
-bool HasGlobChars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
 
 std::string ShapeString(const std::vector<uint64_t>& shape) {
   std::string s = "(";
@@ -35,82 +24,6 @@ uint64_t Product(const std::vector<uint64_t>& v, size_t from) {
 }
 
 }  // namespace
-
-bool DatasetIndex::IsLocalUri(const std::string& uri) {
-  if (uri.rfind("file://", 0) == 0) return true;
-  return uri.find("://") == std::string::npos;
-}
-
-Result<std::vector<std::string>> DatasetIndex::ListFiles(const std::string& uri) {
-  if (!IsLocalUri(uri)) {
-    return Status(StatusCode::kUnavailable,
-                  "not a local path; the planner cannot list it (give spec.dataset.samples or "
-                  "--samples)",
-                  uri);
-  }
-  const std::string path = StripFileScheme(uri);
-  std::vector<std::string> files;
-  if (HasGlobChars(path)) {
-    glob_t g{};
-    int rc = ::glob(path.c_str(), GLOB_ERR | GLOB_NOSORT, nullptr, &g);
-    if (rc == GLOB_NOMATCH || rc == GLOB_ABORTED) {
-      globfree(&g);
-      return NotFound(rc == GLOB_NOMATCH ? "the glob matches no file"
-                                         : "the glob matches no file (a directory in it cannot be read)",
-                      uri);
-    }
-    if (rc != 0) {
-      globfree(&g);
-      return IoError("cannot expand the glob", uri);
-    }
-    for (size_t i = 0; i < g.gl_pathc; ++i) {
-      struct stat st {};
-      if (::stat(g.gl_pathv[i], &st) == 0 && S_ISREG(st.st_mode)) files.emplace_back(g.gl_pathv[i]);
-    }
-    globfree(&g);
-    if (files.empty()) return NotFound("the glob matches no regular file", uri);
-  } else {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return IoErrorFromErrno("cannot stat dataset", uri, errno);
-    if (S_ISDIR(st.st_mode)) {
-      DIR* dir = ::opendir(path.c_str());
-      if (!dir) return IoErrorFromErrno("cannot open dataset directory", uri, errno);
-      while (struct dirent* e = ::readdir(dir)) {
-        std::string name = e->d_name;
-        if (name.empty() || name[0] == '.') continue;  // hidden files and . / ..
-        std::string full = path + (path.back() == '/' ? "" : "/") + name;
-        struct stat fst {};
-        if (::stat(full.c_str(), &fst) == 0 && S_ISREG(fst.st_mode)) files.push_back(full);
-      }
-      ::closedir(dir);
-      if (files.empty()) return NotFound("the dataset directory has no regular files", uri);
-    } else if (S_ISREG(st.st_mode)) {
-      files.push_back(path);
-    } else {
-      return InvalidArgument("is neither a regular file nor a directory", uri);
-    }
-  }
-  std::sort(files.begin(), files.end());
-  return files;
-}
-
-Result<DatasetIndex> DatasetIndex::Build(const DatasetSpec& spec, Diagnostics& diags) {
-  ASSIGN_OR_RETURN(std::vector<std::string> paths, ListFiles(spec.uri));
-  std::vector<FileFacts> facts;
-  for (const std::string& p : paths) {
-    FileFacts f;
-    f.path = p;
-    struct stat st {};
-    if (::stat(p.c_str(), &st) != 0) {
-      diags.Add(IoErrorFromErrno("cannot stat", p, errno));
-      continue;
-    }
-    f.size = static_cast<uint64_t>(st.st_size);
-    if (spec.format == DatasetFormat::kNpy) f.npy = ReadNpyHeader(p);
-    facts.push_back(std::move(f));
-  }
-  return FromFiles(spec, std::move(facts), diags);
-}
 
 Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vector<FileFacts> files,
                                              Diagnostics& diags) {

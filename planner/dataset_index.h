@@ -2,9 +2,11 @@
 /// The dataset index: which files make up a dataset, how many samples it
 /// has, and where each sample's bytes are. Only sizes and headers are read.
 ///
-/// A dataset URI is a plain path or a file:// URI naming one file, a
-/// directory (its regular, non-hidden files), or a glob. Several files form
-/// one dataset in lexicographic (byte) order of their paths:
+/// A dataset URI names one object, a directory or prefix (its non-hidden
+/// objects), or a glob, of any storage scheme the sources serve (a local
+/// path or file:// URI, http(s)://, s3://); the sources list them
+/// (Source::List) and gather their facts. Several files form one dataset in
+/// lexicographic (byte) order of their names:
 ///   FixedRecord  each file is a whole number of `recordBytes` records;
 ///   TokenStream  the files' tokens are concatenated into one stream, and
 ///                sample i is tokens [i·T, i·T+T+1) of it (it may span two
@@ -13,9 +15,10 @@
 ///                trailing shape; samples run along axis 0.
 ///
 /// When the files are not reachable from where the plan is computed (another
-/// machine's path, http(s)://, s3://), a *virtual* index stands in: the
-/// sample count comes from spec.dataset.samples or --samples, and sample i
-/// lives at offset i × sampleBytes of one virtual file.
+/// machine's path, a bucket without credentials, the controller), a
+/// *virtual* index stands in: the sample count comes from
+/// spec.dataset.samples or --samples, and sample i lives at offset
+/// i × sampleBytes of one virtual file.
 ///
 /// Thread safety: immutable after construction; const methods thread-safe.
 #pragma once
@@ -51,22 +54,20 @@ struct Extent {
 
 class DatasetIndex {
  public:
-  /// Lists and inspects the files of `spec.uri`. Every problem (missing files,
-  /// sizes that are not whole records or tokens, npy headers that disagree,
-  /// spec.dataset.samples contradicting the files) goes to `diags`; the
-  /// result is an error only when nothing usable was found. Precondition:
-  /// the format-specific fields passed ValidateJobSpec.
-  static Result<DatasetIndex> Build(const DatasetSpec& spec, Diagnostics& diags);
-
-  /// What the index needs to know of one file; gathered by Build() for local
-  /// files, or by the sidecar through a storage source for remote ones.
+  /// What the index needs to know of one file (an object of any storage
+  /// scheme), gathered through the storage sources
+  /// (sidecar/source/dataset_facts.h): the planner itself does no I/O.
   struct FileFacts {
     std::string path;
     uint64_t size = 0;
     Result<NpyHeader> npy = Status(StatusCode::kNotFound, "header not read");  // Npy only
   };
   /// Builds the index from facts about files, in the order given (callers
-  /// sort them). Checks and problems as for Build().
+  /// sort them). Every problem (sizes that are not whole records or tokens,
+  /// npy headers that disagree or did not parse, spec.dataset.samples
+  /// contradicting the files) goes to `diags`; the result is an error only
+  /// when nothing usable was found. Precondition: the format-specific
+  /// fields passed ValidateJobSpec.
   static Result<DatasetIndex> FromFiles(const DatasetSpec& spec, std::vector<FileFacts> files,
                                         Diagnostics& diags);
 
@@ -74,11 +75,6 @@ class DatasetIndex {
   /// planner cannot reach. sampleBytes is known for FixedRecord and
   /// TokenStream, and for Npy only when spec.recordBytes gives it.
   static DatasetIndex Virtual(const DatasetSpec& spec, uint64_t samples);
-
-  /// True for a URI the planner can list (a local path or file:// URI).
-  static bool IsLocalUri(const std::string& uri);
-  /// Expands a local URI into its files in lexicographic order.
-  static Result<std::vector<std::string>> ListFiles(const std::string& uri);
 
   DatasetFormat format() const { return format_; }
   DType dtype() const { return dtype_; }

@@ -1,8 +1,5 @@
 #include "planner/npy.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstddef>
 #include <string>
@@ -162,7 +159,7 @@ struct Preamble {
 };
 
 // Validates magic, version and header_len; needs only the first 10 or 12
-// bytes, which is what lets ReadNpyHeader size its second read.
+// bytes, which is what lets a reader (NpyDataOffset) size its second read.
 Result<Preamble> ParsePreamble(std::string_view bytes) {
   size_t n = bytes.size() < kMagic.size() ? bytes.size() : kMagic.size();
   for (size_t i = 0; i < n; ++i) {
@@ -460,33 +457,6 @@ class DictParser {
   std::vector<uint64_t> dim_offsets_;
 };
 
-// Closes a descriptor on every return path of ReadNpyHeader.
-class FdCloser {
- public:
-  explicit FdCloser(int fd) : fd_(fd) {}
-  ~FdCloser() { ::close(fd_); }
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-
- private:
-  int fd_;
-};
-
-// Reads up to `n` bytes at `offset`, stopping early only at end of file.
-Result<size_t> PreadFull(int fd, char* buf, size_t n, uint64_t offset, const std::string& path) {
-  size_t done = 0;
-  while (done < n) {
-    ssize_t r = ::pread(fd, buf + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return IoErrorFromErrno("read", path, errno);
-    }
-    if (r == 0) break;
-    done += static_cast<size_t>(r);
-  }
-  return done;
-}
-
 }  // namespace
 
 Result<std::string> NpyDescr(DType dtype) {
@@ -557,33 +527,9 @@ Result<NpyHeader> ParseNpyHeader(std::string_view bytes) {
   return out;
 }
 
-Result<NpyHeader> ReadNpyHeader(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return IoErrorFromErrno("open", path, errno);
-  FdCloser closer(fd);
-
-  // Two reads: the preamble tells how long the header is, and the data after
-  // it may be gigabytes that this call must not touch.
-  std::string buf(kMaxPreambleSize, '\0');
-  ASSIGN_OR_RETURN(size_t got, PreadFull(fd, buf.data(), buf.size(), 0, path));
-  buf.resize(got);
-  Result<Preamble> pre = ParsePreamble(buf);
-  if (!pre.ok()) return pre.status().WithLocationPrefix(path);
-  // data_offset <= 12 + 1 MiB by ParsePreamble's cap, so this is bounded.
-  const uint64_t want = pre->data_offset;
-  if (want > buf.size()) {
-    // Only a full first read can be followed by more header bytes.
-    if (got == kMaxPreambleSize) {
-      buf.resize(want);
-      ASSIGN_OR_RETURN(size_t more, PreadFull(fd, buf.data() + got, want - got, got, path));
-      buf.resize(got + more);
-    }
-  } else {
-    buf.resize(want);
-  }
-  Result<NpyHeader> header = ParseNpyHeader(buf);
-  if (!header.ok()) return header.status().WithLocationPrefix(path);
-  return header;
+Result<uint64_t> NpyDataOffset(std::string_view first_bytes) {
+  ASSIGN_OR_RETURN(Preamble pre, ParsePreamble(first_bytes.substr(0, kMaxPreambleSize)));
+  return pre.data_offset;
 }
 
 Result<std::string> MakeNpyHeader(DType dtype, const std::vector<uint64_t>& shape) {

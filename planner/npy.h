@@ -67,14 +67,15 @@ inline constexpr uint64_t kNpyMaxHeaderLen = uint64_t{1} << 20;
 /// of the file, e.g. "@6" for a bad major version.
 Result<NpyHeader> ParseNpyHeader(std::string_view bytes);
 
-/// Opens `path`, reads only the header bytes (never the array data) and
-/// parses them with ParseNpyHeader. Does not check that the file holds
-/// data_bytes of data after the header.
-///
-/// Errors: as ParseNpyHeader, with the location prefixed by the path
-/// ("path@offset"); kNotFound (location `path`) for a missing file; kIoError
-/// when the OS refuses to open or read it.
-Result<NpyHeader> ReadNpyHeader(const std::string& path);
+/// The first bytes a reader must fetch to learn the header's length.
+inline constexpr size_t kNpyPreambleBytes = 12;
+
+/// The header's length, data_offset (the whole header, preamble included),
+/// from the file's first kNpyPreambleBytes bytes (or all of a shorter
+/// file), so that a reader fetches exactly the header and never the data
+/// (sidecar/source/dataset_facts.h reads .npy headers through the storage
+/// sources). Errors as ParseNpyHeader's for the preamble.
+Result<uint64_t> NpyDataOffset(std::string_view first_bytes);
 
 /// Builds a version-1.0 header for a C-order array of `dtype` and `shape`,
 /// byte for byte as numpy (>= 1.23) writes it: the dict, spare spaces for

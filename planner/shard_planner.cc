@@ -62,26 +62,13 @@ Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& option
     } else {
       index = DatasetIndex::Virtual(spec.dataset, static_cast<uint64_t>(*options.samples));
     }
-  } else if (options.read_files && DatasetIndex::IsLocalUri(spec.dataset.uri)) {
-    auto built = DatasetIndex::Build(spec.dataset, diags);
-    if (built.ok()) {
-      index = std::move(*built);
-    } else if (spec.dataset.samples && !options.require_files) {
-      // Not reachable from here (e.g. a path inside the trainer pods): plan
-      // from the declared size.
-      index = DatasetIndex::Virtual(spec.dataset, static_cast<uint64_t>(*spec.dataset.samples));
-    } else {
-      diags.Add("spec.dataset.uri", built.status().ToString() +
-                                        (options.require_files ? std::string("; the sidecar reads the dataset and needs it now")
-                                                               : "; make the data reachable, or give its size with "
-                                                                 "spec.dataset.samples or --samples"));
-    }
   } else if (spec.dataset.samples) {
     index = DatasetIndex::Virtual(spec.dataset, static_cast<uint64_t>(*spec.dataset.samples));
   } else {
     diags.Add("spec.dataset.samples",
               "required when the dataset (" + spec.dataset.uri +
-                  ") is not read by the planner; give the number of samples, or --samples");
+                  ") is not indexed (the planner reads no storage: its facts come from the storage sources, "
+                  "sidecar/source/dataset_facts.h); give the number of samples, or --samples");
   }
   if (diags.problems().size() != before) return diags.ToStatus();
 

@@ -60,20 +60,18 @@ struct ResolvedJob {
 
 struct ResolveOptions {
   /// The dataset size when the data is not reachable (the CLI's --samples);
-  /// when set, files are not read.
+  /// a virtual index of this many samples.
   std::optional<int64_t> samples;
-  /// Read the dataset's files when the URI is local.
-  bool read_files = true;
-  /// An index built elsewhere (the sidecar indexes remote datasets through
-  /// its storage sources); used as is when set.
+  /// The index of the dataset's files, built from their facts by the
+  /// storage sources (source::IndexDataset); used as is when set.
   std::optional<DatasetIndex> index;
-  /// The files must be read: no falling back to spec.dataset.samples when
-  /// they cannot be (the sidecar, which will read them, needs them now).
-  bool require_files = false;
 };
 
-/// Validates the spec, builds the mesh and the dataset index. Every problem
-/// goes to `diags`; the result is an error when there is any.
+/// Validates the spec, builds the mesh, and takes the dataset index from
+/// `options` (the index, else --samples), else a virtual index of
+/// spec.dataset.samples. The planner reads no storage: to index the files,
+/// resolve through source::ResolveWithSources. Every problem goes to
+/// `diags`; the result is an error when there is any.
 Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& options,
                                Diagnostics& diags);
 

@@ -307,9 +307,7 @@ struct Sidecar::Client {
 // ---------------------------------------------------------------------------
 
 Result<ResolvedJob> ResolveForSidecar(const JobSpec& spec, source::SourceRegistry& sources, Diagnostics& diags) {
-  ResolveOptions opts;
-  opts.require_files = true;
-  return source::ResolveWithSources(spec, sources, opts, source::Unreachable::kFail, diags);
+  return source::ResolveWithSources(spec, sources, {}, source::Unreachable::kFail, diags);
 }
 
 Sidecar::Sidecar(SidecarOptions options) : options_(std::move(options)) {}

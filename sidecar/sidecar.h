@@ -262,10 +262,11 @@ class Sidecar {
 /// not {"step": N >= 0, "specStep": S}.
 Result<std::optional<int64_t>> ReadResumeFile(const std::string& path, int64_t spec_step);
 
-/// Resolves the job as a sidecar must: local datasets are indexed from their
-/// files; http(s):// and s3:// datasets through `sources`
-/// (source::ResolveWithSources: their objects, sizes and .npy headers),
-/// since the planner cannot read them. Every problem goes to `diags`.
+/// Resolves the job as a sidecar must, with its dataset indexed through
+/// `sources` (source::ResolveWithSources: its files or objects, their sizes
+/// and .npy headers, for every scheme): the sidecar reads the data next, so
+/// data it cannot reach is an error, never a plan from
+/// spec.dataset.samples. Every problem goes to `diags`.
 Result<ResolvedJob> ResolveForSidecar(const JobSpec& spec, source::SourceRegistry& sources,
                                       Diagnostics& diags);
 

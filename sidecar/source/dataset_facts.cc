@@ -5,28 +5,26 @@
 #include <utility>
 #include <vector>
 
-#include "planner/npy.h"
 
 namespace meshload::source {
 
-namespace {
-
-// The .npy header of `name` from its first bytes (more when it says so).
-Result<NpyHeader> ReadHeader(Source& source, const std::string& name, uint64_t size) {
-  size_t want = static_cast<size_t>(std::min<uint64_t>(4096, size));
-  std::string head(want, '\0');
-  Status st = source.Read(name, 0, head.data(), head.size());
-  Result<NpyHeader> header = st.ok() ? ParseNpyHeader(head) : Result<NpyHeader>(st);
-  if (!header.ok() && header.status().code() == StatusCode::kDataLoss && size > want) {
-    head.assign(static_cast<size_t>(std::min<uint64_t>(size, kNpyMaxHeaderLen + 12)), '\0');
-    st = source.Read(name, 0, head.data(), head.size());
-    header = st.ok() ? ParseNpyHeader(head) : Result<NpyHeader>(st);
+Result<NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size) {
+  const std::string where = RedactUri(name);
+  std::string head(static_cast<size_t>(std::min<uint64_t>(kNpyPreambleBytes, size)), '\0');
+  RETURN_IF_ERROR(source.Read(name, 0, head.data(), head.size()));
+  Result<uint64_t> data_offset = NpyDataOffset(head);
+  if (!data_offset.ok()) return data_offset.status().WithLocationPrefix(where);
+  // Bounded: NpyDataOffset caps the header at about 1 MiB.
+  const uint64_t want = std::min<uint64_t>(*data_offset, size);
+  if (want > head.size()) {
+    const size_t got = head.size();
+    head.resize(static_cast<size_t>(want));
+    RETURN_IF_ERROR(source.Read(name, got, head.data() + got, want - got));
   }
-  if (!header.ok()) return header.status().WithLocationPrefix(RedactUri(name));
+  Result<NpyHeader> header = ParseNpyHeader(head);
+  if (!header.ok()) return header.status().WithLocationPrefix(where);
   return header;
 }
-
-}  // namespace
 
 Status S3OptionsForDataset(const DatasetSpec& spec, S3Options& s3) {
   if (spec.s3) {
@@ -50,7 +48,7 @@ Result<DatasetIndex> IndexDataset(const DatasetSpec& spec, SourceRegistry& sourc
     DatasetIndex::FileFacts facts;
     facts.path = o.name;
     facts.size = o.size;
-    if (spec.format == DatasetFormat::kNpy) facts.npy = ReadHeader(*source, o.name, o.size);
+    if (spec.format == DatasetFormat::kNpy) facts.npy = ReadNpyHeader(*source, o.name, o.size);
     files.push_back(std::move(facts));
   }
   Diagnostics index_diags;
@@ -71,7 +69,7 @@ Result<DatasetIndex> IndexDataset(const DatasetSpec& spec, SourceRegistry& sourc
 
 Result<ResolvedJob> ResolveWithSources(const JobSpec& spec, SourceRegistry& sources, ResolveOptions options,
                                        Unreachable unreachable, Diagnostics& diags) {
-  if (options.index || options.samples || SourceRegistry::SchemeOf(spec.dataset.uri) == "file") {
+  if (options.index || options.samples) {
     return ResolveJob(spec, options, diags);
   }
   ValidateJobSpec(spec, diags);

@@ -1,9 +1,10 @@
 /// \file
-/// A dataset's facts (its objects, their sizes, the .npy headers) gathered
-/// through the storage sources, for the schemes the planner cannot read
-/// itself (http, https, s3), and a job resolved with them. Used by the
-/// sidecar and by `meshload plan` / `meshload run`, so a storage scheme is
-/// added in one place: its Source (Stat, ReadV, List).
+/// A dataset's facts (its files or objects, their sizes, the .npy headers)
+/// gathered through the storage sources for every scheme (a stat and a
+/// directory listing or glob for files, HEAD for http(s), ListObjectsV2 for
+/// s3), and a job resolved with them. The planner itself reads no storage.
+/// Used by the sidecar and by `meshload plan` / `run` / `demo-trainer`, so
+/// a storage scheme is added in one place: its Source (Stat, ReadV, List).
 ///
 /// Thread safety: functions over the registry, which is thread-safe.
 #pragma once
@@ -11,6 +12,7 @@
 #include "common/diagnostics.h"
 #include "common/status.h"
 #include "planner/dataset_index.h"
+#include "planner/npy.h"
 #include "planner/shard_planner.h"
 #include "planner/spec.h"
 #include "sidecar/source/source.h"
@@ -20,6 +22,12 @@ namespace meshload::source {
 /// `s3` for the job's dataset: spec.dataset.s3's fields, then what they
 /// leave empty from the environment (S3OptionsFromEnvironment).
 Status S3OptionsForDataset(const DatasetSpec& spec, S3Options& s3);
+
+/// The .npy header of object `name` (of `size` bytes) from its first bytes:
+/// the preamble, then exactly the header, never the data. Errors as
+/// ParseNpyHeader's, located "name@offset"; the source's own when it cannot
+/// be read.
+Result<NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size);
 
 /// The index of `spec.uri`'s objects as its source lists them
 /// (Source::List: one object, a prefix, or a glob), in name order, with
@@ -34,10 +42,8 @@ enum class Unreachable {
   kUseDeclaredSamples  // plan from spec.dataset.samples when it is given (meshload plan)
 };
 
-/// ResolveJob, with a dataset whose scheme is not "file" indexed through
-/// `sources` (IndexDataset) unless `options` already gives the index or the
-/// sample count. Local datasets are indexed by the planner from their files
-/// as before (options.require_files as given).
+/// ResolveJob, with the dataset indexed through `sources` (IndexDataset)
+/// unless `options` already gives the index or the sample count.
 Result<ResolvedJob> ResolveWithSources(const JobSpec& spec, SourceRegistry& sources, ResolveOptions options,
                                        Unreachable unreachable, Diagnostics& diags);
 

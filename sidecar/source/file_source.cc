@@ -3,7 +3,9 @@
 // copied from a read-only mapping instead (one memcpy, no system call),
 // guarded against SIGBUS so that a file truncated under a read is an error.
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <limits.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -246,6 +248,53 @@ class FileSource final : public Source {
       return InvalidArgument("not a regular file", path);
     }
     return ObjectInfo{static_cast<uint64_t>(st.st_size)};
+  }
+
+  // A file, a directory's regular non-hidden files, or a glob's regular
+  // files, in byte order of their paths.
+  Result<std::vector<Listed>> List(const std::string& path) override {
+    std::vector<Listed> files;
+    auto add_regular = [&](const std::string& p) {
+      struct stat st {};
+      if (::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode)) files.push_back({p, static_cast<uint64_t>(st.st_size)});
+    };
+    if (path.find_first_of("*?[") != std::string::npos) {
+      glob_t g{};
+      const int rc = ::glob(path.c_str(), GLOB_ERR | GLOB_NOSORT, nullptr, &g);
+      if (rc == GLOB_NOMATCH || rc == GLOB_ABORTED) {
+        globfree(&g);
+        return NotFound(rc == GLOB_NOMATCH ? "the glob matches no file"
+                                           : "the glob matches no file (a directory in it cannot be read)",
+                        path);
+      }
+      if (rc != 0) {
+        globfree(&g);
+        return IoError("cannot expand the glob", path);
+      }
+      for (size_t i = 0; i < g.gl_pathc; ++i) add_regular(g.gl_pathv[i]);
+      globfree(&g);
+      if (files.empty()) return NotFound("the glob matches no regular file", path);
+    } else {
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0) return IoErrorFromErrno("cannot stat dataset", path, errno);
+      if (S_ISDIR(st.st_mode)) {
+        DIR* dir = ::opendir(path.c_str());
+        if (!dir) return IoErrorFromErrno("cannot open dataset directory", path, errno);
+        while (struct dirent* e = ::readdir(dir)) {
+          const std::string name = e->d_name;
+          if (name.empty() || name[0] == '.') continue;  // hidden files and . / ..
+          add_regular(path + (path.back() == '/' ? "" : "/") + name);
+        }
+        ::closedir(dir);
+        if (files.empty()) return NotFound("the dataset directory has no regular files", path);
+      } else if (S_ISREG(st.st_mode)) {
+        files.push_back({path, static_cast<uint64_t>(st.st_size)});
+      } else {
+        return InvalidArgument("is neither a regular file nor a directory", path);
+      }
+    }
+    std::sort(files.begin(), files.end(), [](const Listed& a, const Listed& b) { return a.name < b.name; });
+    return files;
   }
 
   void Prefetch(const std::string& path, const Range* ranges, size_t count) override {

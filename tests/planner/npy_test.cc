@@ -95,7 +95,6 @@ std::string Wrap(int major, std::string_view header) {
   return out;
 }
 std::string V1(std::string_view header) { return Wrap(1, header); }
-std::string V2(std::string_view header) { return Wrap(2, header); }
 std::string V3(std::string_view header) { return Wrap(3, header); }
 
 // A v1 header around `dict`, padded with spaces as numpy pads it.
@@ -679,112 +678,11 @@ TEST(MakeNpyHeader, KeepsNumpyGrowthPaddingForHugeFirstAxis) {
   EXPECT_EQ(h->shape, std::vector<uint64_t>{kU64Max});
 }
 
-// ---------------------------------------------------------------------------
-// ReadNpyHeader.
-
-class ReadNpyHeaderTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "npy_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-
-  std::string Write(const std::string& name, std::string_view content) {
-    std::string path = dir_ + "/" + name;
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    EXPECT_GE(fd, 0);
-    size_t done = 0;
-    while (done < content.size()) {
-      ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-      EXPECT_GT(n, 0);
-      if (n <= 0) break;
-      done += static_cast<size_t>(n);
-    }
-    ::close(fd);
-    return path;
-  }
-
-  std::string dir_;
-};
-
-TEST_F(ReadNpyHeaderTest, ReadsHeaderOfACompleteFile) {
-  std::string path = Write("a.npy", kNumpyI8_2x3x4 + std::string(192, '\0'));
-  Result<NpyHeader> h = ReadNpyHeader(path);
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
-  EXPECT_EQ(h->dtype, DType::kInt64);
-  EXPECT_EQ(h->shape, (std::vector<uint64_t>{2, 3, 4}));
-  EXPECT_EQ(h->data_offset, 128u);
-  EXPECT_EQ(h->data_bytes, 192u);
-}
-
-TEST_F(ReadNpyHeaderTest, DoesNotNeedTheData) {
-  // The shape claims 8 GB of data that is not there: sizing the file against
-  // data_bytes is the caller's job.
-  std::string path = Write("header_only.npy", *MakeNpyHeader(DType::kUint16, {1 << 16, 1 << 16}));
-  Result<NpyHeader> h = ReadNpyHeader(path);
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
-  EXPECT_EQ(h->data_bytes, uint64_t{1} << 33);
-}
-
-TEST_F(ReadNpyHeaderTest, ReadsVersion2And3AndTinyHeaders) {
-  Result<NpyHeader> h = ReadNpyHeader(Write("v2.npy", kNumpyU4_7_V2));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
-  EXPECT_EQ(h->major_version, 2);
-  h = ReadNpyHeader(Write("v3.npy", kNumpyF2_5x0_V3));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
-  EXPECT_EQ(h->major_version, 3);
-  // A header shorter than the 12-byte first read.
-  h = ReadNpyHeader(Write("tiny.npy", V1("{'descr':'|u1','fortran_order':False,'shape':()}\n")));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
-  EXPECT_EQ(h->element_count, 1u);
-}
-
-TEST_F(ReadNpyHeaderTest, ReadsALongVersion2Header) {
-  // Longer than v1's 65535 limit: exercises the second, header-sized read.
-  std::string dict = "{'descr': '<f8', 'fortran_order': False, 'shape': (3, 2), }";
-  dict += std::string(70000, ' ');
-  std::string path = Write("long.npy", V2(dict + "\n") + std::string(48, '\0'));
-  Result<NpyHeader> h = ReadNpyHeader(path);
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
-  EXPECT_EQ(h->data_offset, kV2Dict + dict.size() + 1);
-  EXPECT_EQ(h->data_bytes, 48u);
-}
-
-TEST_F(ReadNpyHeaderTest, MissingFileIsNotFound) {
-  std::string path = dir_ + "/missing.npy";
-  Result<NpyHeader> h = ReadNpyHeader(path);
-  ExpectError(h, StatusCode::kNotFound, "No such file", path);
-}
-
-TEST_F(ReadNpyHeaderTest, ErrorsCarryPathAndOffset) {
-  std::string path = Write("fortran.npy", kNumpyFortranF8 + std::string(48, '\0'));
-  ExpectError(ReadNpyHeader(path), StatusCode::kInvalidArgument,
-              "fortran_order must be False", path + "@44");
-  path = Write("text.npy", "hello, world\n");
-  ExpectError(ReadNpyHeader(path), StatusCode::kInvalidArgument, "not an .npy file",
-              path + "@0");
-}
-
-TEST_F(ReadNpyHeaderTest, TruncatedFileIsDataLoss) {
-  std::string path = Write("cut.npy", kNumpyU2_1000x2049.substr(0, 70));
-  ExpectError(ReadNpyHeader(path), StatusCode::kDataLoss,
-              "truncated: header needs 128 bytes, have 70", path + "@70");
-  path = Write("cut_preamble.npy", kNumpyU4_7_V2.substr(0, 9));
-  ExpectError(ReadNpyHeader(path), StatusCode::kDataLoss, "truncated", path + "@9");
-  path = Write("empty.npy", "");
-  ExpectError(ReadNpyHeader(path), StatusCode::kDataLoss, "truncated", path + "@0");
-}
-
-TEST_F(ReadNpyHeaderTest, DirectoryIsAnIoError) {
-  Result<NpyHeader> h = ReadNpyHeader(dir_);
-  ASSERT_FALSE(h.ok());
-  EXPECT_EQ(h.status().code(), StatusCode::kIoError) << h.status().ToString();
-  EXPECT_EQ(h.status().location(), dir_);
+TEST(NpyDataOffset, TheHeaderLengthFromThePreambleAlone) {
+  EXPECT_EQ(*NpyDataOffset(kNumpyU2_1000x2049.substr(0, 12)), 128u);
+  EXPECT_EQ(*NpyDataOffset(kNumpyU4_7_V2.substr(0, 12)), kNumpyU4_7_V2.size());
+  EXPECT_EQ(NpyDataOffset(kNumpyU2_1000x2049.substr(0, 9)).status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(NpyDataOffset("hello, world").status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -433,19 +433,37 @@ TEST(ShardPlanner, KnownPlanForATwoByTwoHybridMesh) {
   EXPECT_EQ(plan.bytes_transferred, 40u);
 }
 
+// A planner for `spec` over files of these sizes (the facts the storage
+// sources would gather).
+ShardPlanner PlannerOver(const JobSpec& spec, const std::vector<std::pair<std::string, uint64_t>>& sizes) {
+  std::vector<DatasetIndex::FileFacts> files;
+  for (const auto& [path, size] : sizes) {
+    DatasetIndex::FileFacts f;
+    f.path = path;
+    f.size = size;
+    files.push_back(std::move(f));
+  }
+  Diagnostics d;
+  auto index = DatasetIndex::FromFiles(spec.dataset, std::move(files), d);
+  EXPECT_TRUE(index.ok() && d.ok()) << d.ToString();
+  ResolveOptions o;
+  o.index = std::move(*index);
+  auto job = ResolveJob(spec, o, d);
+  EXPECT_TRUE(job.ok()) << d.ToString();
+  return ShardPlanner(std::move(*job));
+}
+
 TEST(ShardPlanner, AdjacentSamplesInOneFileAreCoalescedAcrossFileBoundariesNot) {
-  TempDir dir;
-  dir.Write("a.bin", std::string(4 * 8, 'a'));  // samples 0..3
-  dir.Write("b.bin", std::string(4 * 8, 'b'));  // samples 4..7
   JobSpec spec;
   spec.mesh.processes = 1;
   spec.mesh.axes = {{"data", 1}};
   spec.batch.global_batch_size = 8;
-  spec.dataset.uri = dir.path();
+  spec.dataset.uri = "/data";
   spec.dataset.format = DatasetFormat::kFixedRecord;
   spec.dataset.record_bytes = 8;
   spec.shuffle.mode = ShuffleMode::kNone;
-  ShardPlanner planner = MakePlanner(spec);
+  // Samples 0..3 in a.bin, 4..7 in b.bin.
+  ShardPlanner planner = PlannerOver(spec, {{"/data/a.bin", 4 * 8}, {"/data/b.bin", 4 * 8}});
   StepPlan plan = planner.PlanStep(0, planner.DefaultLoading());
   ASSERT_EQ(plan.reads.size(), 1u);
   ASSERT_EQ(plan.reads[0].ranges.size(), 2u);  // one per file
@@ -459,18 +477,16 @@ TEST(ShardPlanner, AdjacentSamplesInOneFileAreCoalescedAcrossFileBoundariesNot) 
 TEST(ShardPlanner, TokenStreamNeighboursShareTheirOverlappingToken) {
   // T = 4 tokens of uint16: sample i is tokens [4i, 4i+5); samples 0 and 1
   // coalesce into tokens [0, 9) = 18 bytes, not 2 × 10.
-  TempDir dir;
-  dir.Write("tokens.bin", std::string(2 * 41, '\0'));  // 41 tokens -> N = 10
   JobSpec spec;
   spec.mesh.processes = 1;
   spec.mesh.axes = {{"data", 1}};
   spec.batch.global_batch_size = 2;
-  spec.dataset.uri = "file://" + dir.path() + "/tokens.bin";
+  spec.dataset.uri = "/data/tokens.bin";
   spec.dataset.format = DatasetFormat::kTokenStream;
   spec.dataset.dtype = DType::kUint16;
   spec.dataset.sequence_length = 4;
   spec.shuffle.mode = ShuffleMode::kNone;
-  ShardPlanner planner = MakePlanner(spec);
+  ShardPlanner planner = PlannerOver(spec, {{"/data/tokens.bin", 2 * 41}});  // 41 tokens -> N = 10
   EXPECT_EQ(planner.job().samples, 10u);
   StepPlan plan = planner.PlanStep(0, planner.DefaultLoading());
   ASSERT_EQ(plan.reads[0].ranges.size(), 1u);

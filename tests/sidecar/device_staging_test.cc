@@ -28,6 +28,7 @@
 #include <sstream>
 #include <thread>
 
+#include "sidecar/source/dataset_facts.h"
 #include "client/client.h"
 #include "common/cuda_driver.h"
 #include "sidecar/ipc/protocol.h"
@@ -164,7 +165,7 @@ class GpuJob {
     socket_ = dir_.path() + "/s.sock";
     Diagnostics d;
     auto job = LoadDataLoadJobFile(job_path_, d);
-    auto r = ResolveJob(job->spec, {}, d);
+    auto r = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
     EXPECT_TRUE(r.ok()) << d.ToString();
     planner_ = std::make_unique<ShardPlanner>(std::move(*r));
   }

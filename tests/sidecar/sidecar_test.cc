@@ -1,6 +1,7 @@
 // The sidecar end to end, in process: a real Sidecar on a real Unix socket,
 // the real C++ client, real files (and a real HTTP server for remote data).
 
+#include "sidecar/source/dataset_facts.h"
 #include "sidecar/sidecar.h"
 
 #include <gtest/gtest.h>
@@ -114,7 +115,7 @@ class SidecarHarness {
     if (!planner_) {
       Diagnostics d;
       auto job = LoadDataLoadJobFile(job_path_, d);
-      auto r = ResolveJob(job->spec, {}, d);
+      auto r = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
       ASSERT_TRUE(r.ok()) << d.ToString();
       planner_ = std::make_unique<ShardPlanner>(std::move(*r));
     }
@@ -1100,7 +1101,7 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
   Diagnostics d;
   auto job = LoadDataLoadJobFile(job_path, d);
   ASSERT_TRUE(job.ok()) << d.ToString();
-  auto resolved = ResolveJob(job->spec, {}, d);
+  auto resolved = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
   ASSERT_TRUE(resolved.ok()) << d.ToString();
   ShardPlanner planner(std::move(*resolved));
   // Each sidecar's peer socket stays open here, so a restarted sidecar

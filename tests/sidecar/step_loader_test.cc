@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "sidecar/source/dataset_facts.h"
 #include "sidecar/ipc/protocol.h"
 #include "tests/planner/test_util.h"
 #include "tools/synthetic_dataset.h"
@@ -70,7 +71,7 @@ std::unique_ptr<ShardPlanner> Prepare(const JobSpec& spec_in, const std::string&
   EXPECT_TRUE(uri.ok()) << uri.status().ToString();
   spec.dataset.uri = *uri;
   Diagnostics d;
-  auto job = ResolveJob(spec, {}, d);
+  auto job = source::ResolveReadingDataset(spec, {}, source::Unreachable::kFail, d);
   EXPECT_TRUE(job.ok()) << d.ToString() << job.status().ToString();
   return std::make_unique<ShardPlanner>(std::move(*job));
 }
@@ -461,7 +462,7 @@ TEST(StepLoader, ANpyFileShorterThanItsHeaderClaimsIsRefusedAtIndexing) {
   const std::string file = dir.path() + "/part-00000.npy";
   ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(std::filesystem::file_size(file) - 10)), 0);
   Diagnostics d;
-  EXPECT_FALSE(ResolveJob(spec, {}, d).ok());
+  EXPECT_FALSE(source::ResolveReadingDataset(spec, {}, source::Unreachable::kFail, d).ok());
   EXPECT_NE(d.ToString().find(file + ": size"), std::string::npos) << d.ToString();
   EXPECT_NE(d.ToString().find("(truncated)"), std::string::npos);
 }

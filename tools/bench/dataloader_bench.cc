@@ -50,6 +50,7 @@
 #include <thread>
 #include <vector>
 
+#include "sidecar/source/dataset_facts.h"
 #include "client/client.h"
 #include "common/flags.h"
 #include "planner/npy.h"
@@ -306,7 +307,7 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   std::ofstream(job_path) << JobYaml(s, dir);
   Diagnostics d;
   auto job = LoadDataLoadJobFile(job_path, d);
-  auto resolved = ResolveJob(job->spec, {}, d);
+  auto resolved = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
   if (!resolved.ok()) {
     std::fprintf(stderr, "%s", d.ToString().c_str());
     return;

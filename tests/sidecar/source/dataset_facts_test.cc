@@ -1,0 +1,298 @@
+// The dataset's facts gathered through the storage sources
+// (sidecar/source/dataset_facts.h) for local files: directories, globs and
+// file:// URIs, sizes that are not whole records or tokens, .npy headers read
+// without the data (source::ReadNpyHeader), and a job resolved with them.
+// The same path serves http(s) (http_source_test.cc) and s3
+// (s3_source_test.cc, tests/s3/s3_run_test.sh).
+#include "sidecar/source/dataset_facts.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "planner/npy.h"
+#include "tests/testing/temp_dir.h"
+
+namespace meshload::source {
+namespace {
+
+using meshload::testing::TempDir;
+
+DatasetSpec Fixed(const std::string& uri, int64_t record_bytes) {
+  DatasetSpec s;
+  s.uri = uri;
+  s.format = DatasetFormat::kFixedRecord;
+  s.record_bytes = record_bytes;
+  return s;
+}
+
+std::string NpyFile(DType t, const std::vector<uint64_t>& shape, uint64_t data_bytes) {
+  auto h = MakeNpyHeader(t, shape);
+  EXPECT_TRUE(h.ok());
+  return *h + std::string(data_bytes, '\x01');
+}
+
+Result<DatasetIndex> Index(const DatasetSpec& spec, Diagnostics& d) {
+  auto sources = SourceRegistry::WithBuiltins({});
+  return IndexDataset(spec, *sources, d);
+}
+
+// The header of a local file through the file source.
+Result<NpyHeader> ReadNpyHeader(const std::string& path) {
+  auto file = MakeFileSource({});
+  EXPECT_TRUE(file.ok());
+  ASSIGN_OR_RETURN(ObjectInfo info, (*file)->Stat(path));
+  return source::ReadNpyHeader(**file, path, info.size);
+}
+
+// A version `major` header around `header` (ending in '\n'), header_len exact.
+std::string Wrap(int major, std::string_view header) {
+  std::string out("\x93NUMPY", 6);
+  out += static_cast<char>(major);
+  out += '\0';
+  const size_t len_size = major == 1 ? 2 : 4;
+  for (size_t i = 0; i < len_size; ++i) out += static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  out += header;
+  return out;
+}
+
+TEST(IndexDataset, DirectoryFilesFormOneDatasetInLexicographicOrder) {
+  TempDir dir;
+  dir.Write("part-10.bin", std::string(3 * 16, 'c'));
+  dir.Write("part-02.bin", std::string(2 * 16, 'b'));
+  dir.Write("part-01.bin", std::string(1 * 16, 'a'));
+  dir.Write(".hidden", "x");
+  Diagnostics d;
+  auto idx = Index(Fixed(dir.path(), 16), d);
+  ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+  ASSERT_TRUE(d.ok()) << d.ToString();
+  ASSERT_EQ(idx->files().size(), 3u);
+  EXPECT_NE(idx->files()[0].path.find("part-01"), std::string::npos);
+  EXPECT_NE(idx->files()[2].path.find("part-10"), std::string::npos);
+  EXPECT_EQ(idx->num_samples(), 6u);
+  std::vector<Extent> ex;
+  idx->AppendExtents(2, ex);  // the second sample of part-02
+  ASSERT_EQ(ex.size(), 1u);
+  EXPECT_EQ(ex[0].file, 1u);
+  EXPECT_EQ(ex[0].offset, 16u);
+  EXPECT_EQ(ex[0].length, 16u);
+}
+
+TEST(IndexDataset, GlobsAndFileUris) {
+  TempDir dir;
+  dir.Write("b.rec", std::string(8, 'b'));
+  dir.Write("a.rec", std::string(8, 'a'));
+  dir.Write("z.txt", "ignored by the glob");
+  Diagnostics d;
+  auto idx = Index(Fixed("file://" + dir.path() + "/*.rec", 4), d);
+  ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+  EXPECT_EQ(idx->num_samples(), 4u);
+  EXPECT_NE(idx->files()[0].path.find("a.rec"), std::string::npos);
+  auto none = Index(Fixed(dir.path() + "/*.nothing", 4), d);
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(none.status().location(), dir.path() + "/*.nothing");
+}
+
+TEST(IndexDataset, AFileThatIsNotWholeRecordsIsNamed) {
+  TempDir dir;
+  std::string f = dir.Write("odd.bin", std::string(100, 'x'));
+  Diagnostics d;
+  auto idx = Index(Fixed(f, 64), d);
+  ASSERT_EQ(d.problems().size(), 1u);
+  EXPECT_EQ(d.problems()[0].path, f);
+  EXPECT_NE(d.problems()[0].message.find("size 100 is not a whole number of 64-byte records (1 records and 36 bytes left over)"),
+            std::string::npos);
+}
+
+TEST(IndexDataset, TokenStreamSamplesSpanFiles) {
+  TempDir dir;
+  dir.Write("0.tok", std::string(2 * 6, 'a'));  // 6 tokens
+  dir.Write("1.tok", std::string(2 * 5, 'b'));  // 5 tokens: 11 in all
+  DatasetSpec s;
+  s.uri = dir.path();
+  s.format = DatasetFormat::kTokenStream;
+  s.dtype = DType::kUint16;
+  s.sequence_length = 4;  // sample i = tokens [4i, 4i+5): N = floor(10/4) = 2
+  Diagnostics d;
+  auto idx = Index(s, d);
+  ASSERT_TRUE(idx.ok());
+  EXPECT_EQ(idx->num_samples(), 2u);
+  EXPECT_EQ(idx->sample_bytes(), 10u);
+  std::vector<Extent> ex;
+  idx->AppendExtents(1, ex);  // tokens 4..8: 2 in file 0, 3 in file 1
+  ASSERT_EQ(ex.size(), 2u);
+  EXPECT_EQ(ex[0].file, 0u);
+  EXPECT_EQ(ex[0].offset, 8u);
+  EXPECT_EQ(ex[0].length, 4u);
+  EXPECT_EQ(ex[1].file, 1u);
+  EXPECT_EQ(ex[1].offset, 0u);
+  EXPECT_EQ(ex[1].length, 6u);
+}
+
+TEST(IndexDataset, TokenFileWithAPartialToken) {
+  TempDir dir;
+  std::string f = dir.Write("t.bin", std::string(7, 'a'));
+  DatasetSpec s;
+  s.uri = f;
+  s.format = DatasetFormat::kTokenStream;
+  s.dtype = DType::kUint32;
+  s.sequence_length = 1;
+  Diagnostics d;
+  (void)Index(s, d);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.problems()[0].message.find("not a whole number of uint32 tokens"), std::string::npos);
+}
+
+TEST(IndexDataset, NpyFilesMustAgreeAndMatchTheirHeaders) {
+  TempDir dir;
+  dir.Write("a.npy", NpyFile(DType::kFloat32, {3, 4}, 3 * 4 * 4));
+  dir.Write("b.npy", NpyFile(DType::kFloat32, {2, 4}, 2 * 4 * 4));
+  DatasetSpec s;
+  s.uri = dir.path();
+  s.format = DatasetFormat::kNpy;
+  Diagnostics d;
+  auto idx = Index(s, d);
+  ASSERT_TRUE(idx.ok());
+  ASSERT_TRUE(d.ok()) << d.ToString();
+  EXPECT_EQ(idx->num_samples(), 5u);
+  EXPECT_EQ(idx->sample_bytes(), 16u);
+  EXPECT_EQ(idx->dtype(), DType::kFloat32);
+  std::vector<Extent> ex;
+  idx->AppendExtents(4, ex);
+  EXPECT_EQ(ex[0].file, 1u);
+  EXPECT_EQ(ex[0].offset, idx->files()[1].data_offset + 16);
+
+  // A different trailing shape, a truncated file, and a dtype that contradicts the spec.
+  std::string c = dir.Write("c.npy", NpyFile(DType::kFloat32, {2, 5}, 2 * 5 * 4));
+  std::string t = dir.Write("d.npy", NpyFile(DType::kFloat32, {2, 4}, 10));
+  s.dtype = DType::kFloat64;
+  Diagnostics d2;
+  (void)Index(s, d2);
+  std::string all = d2.ToString();
+  EXPECT_NE(all.find(c + ": holds samples of shape (5,)"), std::string::npos) << all;
+  EXPECT_NE(all.find(t + ": size"), std::string::npos) << all;
+  EXPECT_NE(all.find("(truncated)"), std::string::npos) << all;
+  EXPECT_NE(all.find("but spec.dataset.dtype is float64"), std::string::npos) << all;
+}
+
+TEST(IndexDataset, AMalformedNpyHeaderIsAnErrorNamingTheFile) {
+  TempDir dir;
+  std::string f = dir.Write("bad.npy", "\x93NUMPY\x01\x00\x10\x00{'descr': '<f4'");
+  DatasetSpec s;
+  s.uri = f;
+  s.format = DatasetFormat::kNpy;
+  Diagnostics d;
+  (void)Index(s, d);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.problems()[0].path.rfind(f, 0), 0u) << d.ToString();
+}
+
+TEST(IndexDataset, DeclaredSampleCountMustMatchTheFiles) {
+  TempDir dir;
+  std::string f = dir.Write("r.bin", std::string(40, 'x'));
+  DatasetSpec s = Fixed(f, 4);
+  s.samples = 11;
+  Diagnostics d;
+  (void)Index(s, d);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.ToString().find("spec.dataset.samples: says 11 but the files at"), std::string::npos);
+}
+
+TEST(IndexDataset, MissingDataIsNotFoundAndAnUnknownSchemeIsNamed) {
+  Diagnostics d;
+  auto r = Index(Fixed("/no/such/dir/data.bin", 4), d);
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(r.status().location(), "/no/such/dir/data.bin");
+  auto gs = Index(Fixed("gs://bucket/x", 4), d);
+  EXPECT_EQ(gs.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(gs.status().message().find("unknown URI scheme \"gs\""), std::string::npos);
+}
+
+TEST(ReadNpyHeader, ReadsTheHeaderAndNeverTheData) {
+  TempDir dir;
+  std::string path = dir.Write("a.npy", *MakeNpyHeader(DType::kInt64, {2, 3, 4}) + std::string(192, '\0'));
+  Result<NpyHeader> h = ReadNpyHeader(path);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->dtype, DType::kInt64);
+  EXPECT_EQ(h->shape, (std::vector<uint64_t>{2, 3, 4}));
+  EXPECT_EQ(h->data_offset, 128u);
+  EXPECT_EQ(h->data_bytes, 192u);
+  // The shape claims 8 GiB that is not there: sizing the file is the index's job.
+  path = dir.Write("header_only.npy", *MakeNpyHeader(DType::kUint16, {1 << 16, 1 << 16}));
+  h = ReadNpyHeader(path);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->data_bytes, uint64_t{1} << 33);
+}
+
+TEST(ReadNpyHeader, VersionsTwoAndThreeTinyAndLongHeaders) {
+  TempDir dir;
+  const std::string dict = "{'descr': '<f8', 'fortran_order': False, 'shape': (3, 2), }";
+  Result<NpyHeader> h = ReadNpyHeader(dir.Write("v3.npy", Wrap(3, dict + "\n") + std::string(48, '\0')));
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->major_version, 3);
+  h = ReadNpyHeader(dir.Write("tiny.npy", Wrap(1, "{'descr':'|u1','fortran_order':False,'shape':()}\n")));
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->element_count, 1u);
+  // Longer than version 1's 65535 limit: the second, header-sized read.
+  const std::string long_dict = dict + std::string(70000, ' ');
+  h = ReadNpyHeader(dir.Write("long.npy", Wrap(2, long_dict + "\n") + std::string(48, '\0')));
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->data_offset, 12 + long_dict.size() + 1);
+  EXPECT_EQ(h->data_bytes, 48u);
+}
+
+TEST(ReadNpyHeader, ErrorsNameTheFileAndTheByteOffset) {
+  TempDir dir;
+  std::string path = dir.Write(
+      "fortran.npy", Wrap(1, "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3), }\n") + std::string(48, '\0'));
+  Result<NpyHeader> h = ReadNpyHeader(path);
+  EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(h.status().message().find("fortran_order must be False"), std::string::npos) << h.status().ToString();
+  EXPECT_EQ(h.status().location(), path + "@44");
+  path = dir.Write("text.npy", "hello, world\n");
+  h = ReadNpyHeader(path);
+  EXPECT_NE(h.status().message().find("not an .npy file"), std::string::npos);
+  EXPECT_EQ(h.status().location(), path + "@0");
+  const std::string full = *MakeNpyHeader(DType::kUint16, {1000, 2049});
+  path = dir.Write("cut.npy", full.substr(0, 70));
+  h = ReadNpyHeader(path);
+  EXPECT_EQ(h.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(h.status().message().find("truncated: header needs 128 bytes, have 70"), std::string::npos)
+      << h.status().ToString();
+  EXPECT_EQ(h.status().location(), path + "@70");
+  path = dir.Write("empty.npy", "");
+  EXPECT_EQ(ReadNpyHeader(path).status().location(), path + "@0");
+  EXPECT_EQ(ReadNpyHeader(dir.path() + "/missing.npy").status().code(), StatusCode::kNotFound);
+}
+
+TEST(ResolveWithSources, LocalFilesAreIndexedAndUnreachableDataFallsBackOnlyWhenAsked) {
+  TempDir dir;
+  dir.Write("r.bin", std::string(64 * 16, 'x'));
+  JobSpec spec;
+  spec.mesh.processes = 1;
+  spec.mesh.devices_per_process = 1;
+  spec.mesh.axes = {{"data", 1}};
+  spec.dataset = Fixed(dir.path(), 16);
+  spec.batch.global_batch_size = 8;
+  auto sources = SourceRegistry::WithBuiltins({});
+  Diagnostics d;
+  auto job = ResolveWithSources(spec, *sources, {}, Unreachable::kFail, d);
+  ASSERT_TRUE(job.ok()) << d.ToString() << job.status().ToString();
+  EXPECT_TRUE(job->dataset.indexed());
+  EXPECT_EQ(job->samples, 64u);
+
+  spec.dataset.uri = dir.path() + "/elsewhere";
+  spec.dataset.samples = 80;
+  Diagnostics planned;
+  auto virtual_job = ResolveWithSources(spec, *sources, {}, Unreachable::kUseDeclaredSamples, planned);
+  ASSERT_TRUE(virtual_job.ok()) << planned.ToString();
+  EXPECT_FALSE(virtual_job->dataset.indexed());
+  EXPECT_EQ(virtual_job->samples, 80u);
+  Diagnostics failed;
+  EXPECT_FALSE(ResolveWithSources(spec, *sources, {}, Unreachable::kFail, failed).ok());
+  EXPECT_NE(failed.ToString().find("spec.dataset.uri"), std::string::npos) << failed.ToString();
+}
+
+}  // namespace
+}  // namespace meshload::source
