@@ -18,6 +18,8 @@ namespace {
 constexpr char kJobVolume[] = "meshload-job";
 constexpr char kRunVolume[] = "meshload-run";
 constexpr char kPeerVolume[] = "meshload-peer";
+constexpr char kS3Volume[] = "meshload-s3";
+constexpr char kS3Dir[] = "/etc/meshload/s3";
 constexpr char kJobDir[] = "/etc/meshload/job";
 constexpr char kPeerDir[] = "/etc/meshload/peer";
 constexpr char kRunDir[] = "/run/meshload";
@@ -82,7 +84,7 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   }
   for (const auto& v : Items(spec, "volumes")) {
     const std::string name = Str(v, "name");
-    if (name == kJobVolume || name == kRunVolume || name == kPeerVolume) {
+    if (name == kJobVolume || name == kRunVolume || name == kPeerVolume || name == kS3Volume) {
       return Refuse(what + " already has a volume named " + name + ", which the sidecar's injection adds for " + job_ref +
                     ": rename it");
     }
@@ -143,6 +145,14 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   }
   if (js.dataset.volume) {
     mounts.push_back({{"name", js.dataset.volume->name}, {"mountPath", js.dataset.volume->mount_path}, {"readOnly", true}});
+  }
+  // The object store's credentials: the Secret's keys as files, which the
+  // sidecar reads (never environment variables, which `kubectl describe`
+  // and crash reports show).
+  const bool s3_secret = js.dataset.s3 && !js.dataset.s3->credentials_secret.empty();
+  if (s3_secret) {
+    mounts.push_back({{"name", kS3Volume}, {"mountPath", kS3Dir}, {"readOnly", true}});
+    env.push_back({{"name", "MESHLOAD_S3_CREDENTIALS_DIR"}, {"value", kS3Dir}});
   }
   sidecar["args"] = args;
   sidecar["env"] = env;
@@ -211,6 +221,10 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   if (peers) {
     volumes.push_back({{"name", kPeerVolume}, {"secret", {{"secretName", job_name + "-meshload-peer"}, {"defaultMode", 0440}}}});
   }
+  if (s3_secret) {
+    volumes.push_back(
+        {{"name", kS3Volume}, {"secret", {{"secretName", js.dataset.s3->credentials_secret}, {"defaultMode", 0440}}}});
+  }
   json trainers = containers;
   for (auto& c : trainers) {
     bool mounted = false;
@@ -234,8 +248,8 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   d.patch.push_back({{"op", "add"}, {"path", "/spec/initContainers"}, {"value", init}});
   d.patch.push_back({{"op", "add"}, {"path", "/spec/containers"}, {"value", trainers}});
   d.patch.push_back({{"op", "add"}, {"path", "/spec/volumes"}, {"value", volumes}});
-  if (peers) {
-    // The peer secret is 0440: readable by the pod's fsGroup (the sidecar's group).
+  if (peers || s3_secret) {
+    // The peer and S3 Secrets are 0440: readable by the pod's fsGroup (the sidecar's group).
     json pod_sc = Field(spec, "securityContext").is_object() ? Field(spec, "securityContext") : json::object();
     if (!pod_sc.contains("fsGroup")) {
       pod_sc["fsGroup"] = sc.contains("runAsGroup") ? sc["runAsGroup"] : json(options.fs_group);

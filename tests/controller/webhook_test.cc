@@ -172,6 +172,32 @@ TEST(Injector, JobsThatMoveSamplesGetThePeerSecretReadableByThePodsGroupOnly) {
   }
 }
 
+TEST(Injector, AnS3JobsCredentialsSecretIsMountedAsFilesForTheSidecarOnly) {
+  json job = Job();
+  job["spec"]["dataset"] = json::parse(R"({"uri": "s3://corpus/tokens/", "format": "TokenStream", "dtype": "uint16",
+      "sequenceLength": 2048, "samples": 100000,
+      "s3": {"endpoint": "https://minio.storage:9000", "credentialsSecret": "corpus-reader"}})");
+  json pod = Pod();
+  pod["spec"].erase("volumes");
+  Decision d = InjectSidecar(pod, "training", Lookup(job), Options());
+  ASSERT_TRUE(d.allowed) << d.message;
+  pod = Apply(pod, d.patch);
+  json secret = Named(pod["spec"]["volumes"], "meshload-s3")["secret"];
+  EXPECT_EQ(secret["secretName"], "corpus-reader");
+  EXPECT_EQ(secret["defaultMode"], 0440);
+  EXPECT_EQ(Named(Sidecar(pod)["volumeMounts"], "meshload-s3"),
+            json::parse(R"({"name": "meshload-s3", "mountPath": "/etc/meshload/s3", "readOnly": true})"));
+  EXPECT_EQ(Named(Sidecar(pod)["env"], "MESHLOAD_S3_CREDENTIALS_DIR")["value"], "/etc/meshload/s3");
+  EXPECT_EQ(pod["spec"]["securityContext"]["fsGroup"], 1000) << "the sidecar's group reads the 0440 files";
+  EXPECT_TRUE(Named(pod["spec"]["containers"][0]["volumeMounts"], "meshload-s3").is_null())
+      << "the trainer does not see the credentials";
+  // Without a Secret: nothing mounted (the sidecar's own environment or role).
+  job["spec"]["dataset"]["s3"].erase("credentialsSecret");
+  json plain = Pod();
+  plain = Apply(plain, InjectSidecar(plain, "training", Lookup(job), Options()).patch);
+  EXPECT_TRUE(Named(plain["spec"]["volumes"], "meshload-s3").is_null());
+}
+
 TEST(Injector, TheJobsSidecarImageAndResourcesOverrideTheDefaults) {
   json job = Job();
   job["spec"]["sidecar"] = {{"image", "registry.example.com/sidecar:2"},

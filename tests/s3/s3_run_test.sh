@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# meshload on an s3:// dataset against a real S3 server (versitygw with its
+# POSIX backend, scripts/build-s3-test-tools.sh): `meshload run --local` for
+# every format and every strategy, every byte verified by the trainers;
+# `meshload plan` without --samples (the objects listed, the .npy headers
+# read through S3); a sidecar killed mid-epoch and restarted under its
+# trainer (identical bytes); throttling injected by s3faultproxy; and the
+# secret access key nowhere in what the user sees.
+# usage: s3_run_test.sh MESHLOAD_BINARY SIDECAR_BINARY REPO_ROOT
+set -u
+ML=$1
+SIDECAR=$2
+ROOT=$3
+source "$(dirname "$0")/../testing/shell_checks.sh"
+
+BIN=$(bash "$ROOT/scripts/build-s3-test-tools.sh" --dir) || {
+  echo "FAIL versitygw is not built: run scripts/install-deps.sh (scripts/build-s3-test-tools.sh)"; exit 1; }
+ACCESS=MESHLOADS3TEST
+SECRET=s3-test-secret-$RANDOM$RANDOM-never-shown
+GW=$TMP/gw
+mkdir -p "$GW/corpus"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+PORT=$(free_port)
+"$BIN/versitygw" --access "$ACCESS" --secret "$SECRET" --port "127.0.0.1:$PORT" --quiet posix "$GW" >"$TMP/gw.log" 2>&1 &
+PIDS+=($!)
+"$BIN/s3faultproxy" --upstream "http://127.0.0.1:$PORT" --ready-file "$TMP/proxy.ready" >"$TMP/proxy.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 200); do
+  curl -s -o /dev/null "http://127.0.0.1:$PORT/" && [ -s "$TMP/proxy.ready" ] && break
+  sleep 0.05
+done
+read -r PROXY ADMIN <"$TMP/proxy.ready"
+export AWS_ACCESS_KEY_ID=$ACCESS AWS_SECRET_ACCESS_KEY=$SECRET AWS_ENDPOINT_URL_S3=http://127.0.0.1:$PORT AWS_REGION=us-east-1
+unset AWS_SESSION_TOKEN AWS_PROFILE MESHLOAD_S3_CREDENTIALS_DIR
+
+# job NAME FORMAT STRATEGY FANOUT URI: a 2-process job whose `model` axis
+# spans the processes, so that every strategy moves samples somewhere.
+job() {
+  local fmt
+  case $2 in
+    FixedRecord) fmt="format: FixedRecord, recordBytes: 1024" ;;
+    TokenStream) fmt="format: TokenStream, dtype: uint16, sequenceLength: 127" ;;
+    Npy) fmt="format: Npy" ;;
+  esac
+  cat >"$TMP/$1.yaml" <<YAML
+apiVersion: meshload.io/v1alpha1
+kind: DataLoadJob
+metadata: {name: $1}
+spec:
+  mesh:
+    processes: 2
+    devicesPerProcess: 2
+    axes: [{name: model, size: 2}, {name: data, size: 2}]
+    batchAxes: [data]
+  replication: {mode: Partial, fanout: $4}
+  strategy: $3
+  dataset: {uri: "$5", $fmt}
+  batch: {globalBatchSize: 8, prefetch: 3}
+  shuffle: {mode: Global, seed: 11}
+YAML
+}
+
+# The datasets, written into the bucket's directory (what the POSIX backend
+# serves) by the CLI's generator.
+for fmt in FixedRecord TokenStream Npy; do
+  job gen-$fmt $fmt PerProcess Load "$GW/corpus/$fmt"
+  "$ML" run --local -f "$TMP/gen-$fmt.yaml" --generate-dataset "$GW/corpus/$fmt" --samples 600 --files 3 --steps 1 \
+    >"$TMP/gen-$fmt.out" 2>&1 || { echo "cannot generate the $fmt dataset:"; tail -5 "$TMP/gen-$fmt.out"; }
+done
+
+# 1. run --local: every format, every strategy, on s3://.
+for fmt in FixedRecord TokenStream Npy; do
+  for sf in PerProcess:Load PerProcess:Broadcast GlobalLoad:Broadcast LoadAndReshard:Load; do
+    strategy=${sf%%:*} fanout=${sf##*:}
+    name=$(echo "$fmt-$strategy-$fanout" | tr 'A-Z' 'a-z')
+    job "$name" $fmt $strategy $fanout "s3://corpus/$fmt/"
+    out=$("$ML" run --local -f "$TMP/$name.yaml" --steps 40 2>&1); rc=$?
+    echo "$out" >"$TMP/$name.out"
+    [ $rc -eq 0 ] && grep -q "verified             bytes, 0 mismatches" <<<"$out" && grep -q "^OK$" <<<"$out"
+    check "run --local $fmt $strategy/$fanout on s3://corpus/$fmt/: every byte verified" $?
+    [ $rc -eq 0 ] || tail -8 <<<"$out"
+  done
+done
+
+# 2. meshload plan lists the objects itself: no --samples needed.
+job plan-npy Npy PerProcess Load "s3://corpus/Npy/*.npy"
+out=$("$ML" plan -f "$TMP/plan-npy.yaml" 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "dataset: Npy, 600 samples" <<<"$out" && grep -q "in 3 files" <<<"$out"
+check "meshload plan on s3:// without --samples: 600 samples in 3 objects, .npy headers read over S3" $?
+[ $rc -eq 0 ] || echo "$out" | head -5
+out=$(AWS_SECRET_ACCESS_KEY=wrong-secret "$ML" plan -f "$TMP/plan-npy.yaml" 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "s3://corpus/Npy/" <<<"$out" && grep -q "S3 SignatureDoesNotMatch" <<<"$out"
+check "wrong credentials: plan names the bucket, the prefix and the S3 error code" $?
+[ $rc -ne 0 ] || echo "$out" | head -3
+job plan-missing FixedRecord PerProcess Load "s3://nosuchbucket/data/"
+out=$("$ML" plan -f "$TMP/plan-missing.yaml" 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "s3://nosuchbucket/data/: HTTP 404 Not Found: S3 NoSuchBucket" <<<"$out"
+check "a missing bucket is an error naming it and NoSuchBucket" $?
+sed 's|dataset: {uri: "s3://nosuchbucket/data/",|dataset: {uri: "s3://nosuchbucket/data/", samples: 640,|' \
+  "$TMP/plan-missing.yaml" >"$TMP/plan-declared.yaml"
+out=$(env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY "$ML" plan -f "$TMP/plan-declared.yaml" 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "640 samples" <<<"$out"
+check "unreachable data with spec.dataset.samples: plan uses the declared size" $?
+
+# 3. A sidecar killed mid-epoch and started again: its trainer reconnects,
+#    asks for the step it has not had, and every byte is still the planned one.
+job restart FixedRecord PerProcess Load "s3://corpus/FixedRecord/"
+"$SIDECAR" --job "$TMP/restart.yaml" --process 0 --socket "$TMP/r.sock" --staging host --log-level info \
+  2>"$TMP/restart-1.log" &
+SC=$!
+PIDS+=($SC)
+wait_for "$TMP/restart-1.log" "sidecar started"
+"$ML" demo-trainer --job "$TMP/restart.yaml" --process 0 --socket "$TMP/r.sock" --delay-ms 10 \
+  >"$TMP/trainer.out" 2>"$TMP/trainer.log" &
+TR=$!
+PIDS+=($TR)
+sleep 1
+kill -9 $SC; wait $SC 2>/dev/null
+"$SIDECAR" --job "$TMP/restart.yaml" --process 0 --socket "$TMP/r.sock" --staging host --log-level info \
+  2>"$TMP/restart-2.log" &
+SC=$!
+PIDS+=($SC)
+wait_for "$TMP/restart-2.log" "sidecar started"
+sleep 1.5
+kill $TR; wait $TR; trc=$?
+kill $SC
+last=$(tail -1 "$TMP/trainer.out")
+python3 - "$last" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+ok = r["mismatches"] == 0 and r["reconnects"] == 1 and r["steps"] > 40
+sys.exit(0 if ok else 1)
+PY
+rc=$?
+[ $trc -eq 0 ] && [ $rc -eq 0 ]
+check "a sidecar killed mid-epoch on s3:// comes back; its trainer goes on with identical bytes" $?
+[ $rc -eq 0 ] || { echo "$last"; tail -3 "$TMP/trainer.log"; }
+
+# 4. Throttling: 503 SlowDown on the way, retried with backoff; the job goes on.
+job throttled TokenStream PerProcess Load "s3://corpus/TokenStream/"
+# Four in a row at most for any one request (it makes five attempts): four on
+# the objects' reads, two on the listing.
+curl -s -X POST "http://$ADMIN/inject?status=503&code=SlowDown&count=4&prefix=/corpus/TokenStream/" >/dev/null
+curl -s -X POST "http://$ADMIN/inject?status=503&code=SlowDown&count=2&prefix=/corpus" >/dev/null
+out=$(AWS_ENDPOINT_URL_S3=http://$PROXY "$ML" run --local -f "$TMP/throttled.yaml" --steps 20 2>&1); rc=$?
+answered=$(curl -s "http://$ADMIN/answered")
+[ $rc -eq 0 ] && grep -q "0 mismatches" <<<"$out" && [ "$answered" = 6 ]
+check "6 SlowDown answers through s3faultproxy are retried; every byte verified" $?
+[ $rc -eq 0 ] || tail -5 <<<"$out"
+
+# 5. The secret access key is nowhere: outputs, sidecar logs.
+if grep -rl -- "$SECRET" "$TMP"/*.out "$TMP"/*.log 2>/dev/null | grep -v "gw.log"; then
+  check "the secret access key appears in no output or log" 1
+else
+  check "the secret access key appears in no output or log" 0
+fi
+finish
