@@ -710,7 +710,7 @@ class internal::HttpTransport::Impl {
     // A presigned URL is signed for one method, so a GET-signed URL answers
     // HEAD with 403; some servers do not allow HEAD at all (405).
     if ((status == 403 || status == 405) && !hooks_.sign) return ProbeSize(url, size);
-    if (status / 100 != 2) return FromHttpStatus(status, retry_after);
+    if (status / 100 != 2) return FromHttpStatus(status, retry_after, Explain(status, ""));
     if (length) {
       *size = *length;
       return Attempt::Ok();

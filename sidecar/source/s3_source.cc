@@ -536,7 +536,19 @@ class S3Source final : public Source {
   internal::HttpErrorDetail Explain(int status, std::string_view body) const {
     internal::HttpErrorDetail detail;
     std::optional<internal::S3Error> e = internal::ParseS3Error(body);
-    if (!e) return detail;
+    if (!e) {
+      // A HEAD's answer has no body to say which error it is.
+      if (status == 503) {
+        detail.text = "S3 SlowDown (a 503 without a body: the store asks for fewer requests)";
+        detail.throttled = true;
+      } else if (status == 404) {
+        detail.text = "S3 NoSuchKey or NoSuchBucket (the answer has no body to say which)";
+      } else if (status == 403 || status == 400) {
+        detail.text = "S3 refused the request (the answer has no body to say why; check the credentials and the "
+                      "region, " + region_ + ")";
+      }
+      return detail;
+    }
     detail.text = "S3 " + e->code + (e->message.empty() ? "" : ": " + e->message);
     if (!e->region.empty() && e->region != region_) {
       detail.text += " (the bucket is in region " + e->region + ", requests are signed for " + region_ +

@@ -60,7 +60,8 @@ class SourceObserver {
     for (size_t i = 0; i < count; ++i) OnRead(scheme, reads[i].bytes, reads[i].seconds);
   }
   /// One attempt failed and will be retried; `reason` is a bounded label
-  /// value: "http_5xx", "http_429", "timeout", "connection", "short_body".
+  /// value: "http_5xx", "http_429", "throttled" (S3 SlowDown), "timeout",
+  /// "connection", "short_body".
   virtual void OnRetry(std::string_view scheme, std::string_view reason) = 0;
   /// A request failed for good (after retries, or a non-retryable error);
   /// `kind` is a bounded label value: "not_found", "http_4xx", "io",
