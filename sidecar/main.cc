@@ -55,7 +55,8 @@ options (each also read from the environment variable named after it):
                          while spec.resume.step is the one it was recorded
                          for (default: resume.json beside --job when --job
                          is a ConfigMap's job.json)
-  --reader-threads N     storage reader threads (default 4)                   MESHLOAD_READER_THREADS
+  --reader-threads N     storage reader threads (default 4 for local files,   MESHLOAD_READER_THREADS
+                         16 for http(s):// and s3:// datasets)
   --mmap-resident-limit-mib N                                                 MESHLOAD_MMAP_RESIDENT_LIMIT_MIB
                          page-cache pages of local files mapped into the
                          sidecar stay within N MiB (default 4096, 16 to

@@ -328,9 +328,15 @@ Status Sidecar::Init() {
   auto job = LoadDataLoadJobFile(options_.job_path, diags);
   if (!job.ok()) return job.status();
   job_name_ = job->name;
-  if (source::SourceRegistry::SchemeOf(job->spec.dataset.uri) == "s3") {
+  const std::string scheme = source::SourceRegistry::SchemeOf(job->spec.dataset.uri);
+  if (scheme == "s3") {
     RETURN_IF_ERROR(source::S3OptionsForDataset(job->spec.dataset, options_.source_options.s3));
   }
+  if (options_.reader_threads <= 0) options_.reader_threads = scheme == "file" ? 4 : 16;
+  // Every reader of every producer keeps its connection between steps.
+  options_.source_options.max_idle_connections =
+      std::max(options_.source_options.max_idle_connections,
+               options_.reader_threads * std::max(1, options_.staging_threads));
   sources_ = source::SourceRegistry::WithBuiltins(options_.source_options);
   auto resolved = ResolveForSidecar(job->spec, *sources_, diags);
   if (!resolved.ok() || !diags.ok()) {

@@ -80,7 +80,9 @@ struct SidecarOptions {
   /// not exist: spec.resume.step. A file that is not such a document is an
   /// error naming it.
   std::string resume_file;
-  int reader_threads = 4;
+  /// Storage reader threads; 0: 4 for local files, 16 for a remote
+  /// (latency-bound: http, https, s3) dataset, whose reads are round trips.
+  int reader_threads = 0;
   /// Producers staging consecutive steps at once (clamped to the slots):
   /// small batches are bound by per-step work, which this spreads over cores.
   int staging_threads = 2;

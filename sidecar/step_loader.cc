@@ -84,6 +84,7 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const ShardPlanner& plann
   for (const auto& f : job.dataset.files()) {
     ASSIGN_OR_RETURN(auto src, sources.For(f.path));
     loader->files_.push_back(src);
+    loader->latency_bound_ = loader->latency_bound_ || src.first->LatencyBound();
   }
   // Every caller of Load() reads a share of its step itself: one inflight
   // record per caller, then one per reader thread (one fewer than
@@ -244,14 +245,18 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
     stats.samples_read += r.samples.size();
 
     // Walk the pieces in file order; each run of touching pieces is one
-    // coalesced range (split at max_read_bytes) and becomes one ReadOp.
+    // coalesced range (split at max_read_bytes) and becomes one ReadOp; for
+    // a latency-bound source, so is a run whose gaps are at most
+    // max_gap_bytes (the gaps are read into scratch and dropped).
     ReadOp* op = nullptr;
     uint64_t pos = 0;       // next file byte the current op will read
     uint64_t op_bytes = 0;
     const Piece* prev = nullptr;
     for (const Piece& p : pieces) {
       const bool touches = op && prev && p.file == prev->file && p.offset <= pos;
-      if (!touches || op_bytes >= options_.max_read_bytes) {
+      const bool bridges = latency_bound_ && op && prev && p.file == prev->file && p.offset > pos &&
+                           p.offset - pos <= options_.max_gap_bytes;
+      if ((!touches && !bridges) || op_bytes >= options_.max_read_bytes) {
         // A split of a long range goes on where the last read stopped, so a
         // shared token is read once (and copied); after a dropped piece it
         // is read again instead, since its first copy went to scratch.
@@ -263,6 +268,14 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
         pos = start;
         op_bytes = 0;
         stats.read_ranges += 1;
+      } else if (bridges) {
+        const uint64_t gap = p.offset - pos;
+        op->iov.push_back({nullptr, static_cast<size_t>(gap)});
+        op->has_scratch = true;
+        op->length += gap;
+        pos += gap;
+        op_bytes += gap;
+        stats.bytes_read += gap;
       }
       uint64_t skip = 0;
       if (p.offset < pos) {
@@ -415,14 +428,16 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& chec
 
 Status StepLoader::RunOps(Caller& c) {
   // Dispatch costs a wake-up per thread, which is more than a few small
-  // reads cost: a small step is read inline; a larger one is cut into one
-  // contiguous chunk of ops per thread, and this thread reads a chunk too.
+  // reads of local files cost: a small step is read inline; a larger one,
+  // or any step of a latency-bound (remote) source, whose reads are round
+  // trips, is cut into one contiguous chunk of ops per thread, and this
+  // thread reads a chunk too.
   ReadOp* ops = c.ops.data();
   const size_t count = c.used;
   uint64_t total = 0;
   for (size_t i = 0; i < count; ++i) total += ops[i].length;
   const size_t threads = threads_.size() + 1;
-  if (total < options_.inline_step_bytes || count < 2 || threads == 1) {
+  if ((total < options_.inline_step_bytes && !latency_bound_) || count < 2 || threads == 1) {
     return RunChunk(ops, count, *c.inflight);
   }
   Batch batch;

@@ -71,8 +71,14 @@ struct StepLoaderOptions {
   /// possible) so that reader threads share a large contiguous read.
   uint64_t max_read_bytes = 8ull << 20;
   /// Steps smaller than this are read by the producer thread alone: waking
-  /// reader threads costs more than the reads.
+  /// reader threads costs more than the reads (local files only: a
+  /// latency-bound source's reads always go to every reader thread).
   uint64_t inline_step_bytes = 512ull << 10;
+  /// For a latency-bound (remote) source: ranges of one object at most this
+  /// far apart are read by one request, the bytes between them dropped
+  /// (a ranged GET costs a round trip; a MiB more of its body costs less).
+  /// 0: only touching ranges are merged.
+  uint64_t max_gap_bytes = 1ull << 20;
   /// Copy a shard to the local devices that replicate it inside the host
   /// slot. Off for GPU staging, where replicas get a device-to-device copy.
   bool host_replica_copies = true;
@@ -222,6 +228,7 @@ class StepLoader {
   const staging::BatchLayout layout_;
   const StepLoaderOptions options_;
   std::vector<std::pair<source::Source*, std::string>> files_;  // per dataset file
+  bool latency_bound_ = false;  // a file's source is (Source::LatencyBound): no inline steps
 
   // Reader threads: a queue of chunks of the steps being read.
   mutable std::mutex mu_;

@@ -68,7 +68,8 @@ options:
   --files K                  files to split the generated dataset into (default 2)
   --verify MODE              bytes (default), ids or none
   --delay-ms D               each trainer step takes D ms (a slow consumer)
-  --reader-threads N         storage reader threads per sidecar (default 4)
+  --reader-threads N         storage reader threads per sidecar (default: the
+                             sidecar's, 4 for local files, 16 for remote data)
   --run-dir DIR              where sockets, logs and the job go (default: a new
                              temporary directory, removed afterwards)
 
@@ -218,7 +219,7 @@ Result<std::string> RewriteJob(const std::string& job_path, const std::string& u
 int RunRun(const std::vector<std::string>& args) {
   std::string file, generate_dir, verify = "bytes", run_dir_flag;
   bool local = false;
-  int64_t steps = -1, files = 2, delay_ms = 0, reader_threads = 4;
+  int64_t steps = -1, files = 2, delay_ms = 0, reader_threads = 0;
   std::optional<int64_t> samples;
   FlagParser flags("run", kRunUsage);
   flags.String({"-f", "--file"}, &file);
@@ -395,8 +396,8 @@ int RunRun(const std::vector<std::string>& args) {
   for (int64_t p = 0; p < P; ++p) {
     const std::string sock = run_dir + "/sidecar-" + std::to_string(p) + ".sock";
     std::vector<std::string> argv = {sidecar_bin, "--job", job_path, "--process", std::to_string(p), "--socket", sock,
-                                     "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--reader-threads",
-                                     std::to_string(reader_threads)};
+                                     "--metrics-port", "0", "--metrics-address", "127.0.0.1"};
+    if (reader_threads > 0) argv.insert(argv.end(), {"--reader-threads", std::to_string(reader_threads)});
     if (moves) {
       argv.insert(argv.end(), {"--peers", peer_list, "--peer-listen-fd", std::to_string(kPeerListenFd),
                                "--peer-secret-file", secret_path});

@@ -811,6 +811,8 @@ class HttpSource final : public Source {
     return For(url).ReadV(url, offset, iov);
   }
 
+  bool LatencyBound() const override { return true; }
+
  private:
   // Metrics and logs name the scheme the URL has.
   internal::HttpTransport& For(const HttpUrl& url) { return url.scheme == "https" ? transport_tls_ : transport_; }

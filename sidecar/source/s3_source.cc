@@ -419,6 +419,8 @@ class S3Source final : public Source {
     return transport_.ReadV(Url(loc.bucket, loc.key, ""), offset, iov);
   }
 
+  bool LatencyBound() const override { return true; }
+
   Result<std::vector<Listed>> List(const std::string& uri) override {
     ASSIGN_OR_RETURN(S3Uri loc, internal::ParseS3Uri(uri));
     const std::string where = "s3://" + loc.bucket + "/" + loc.key;

@@ -202,6 +202,12 @@ class Source {
     (void)count;
   }
 
+  /// True when a read costs mostly waiting on a network round trip (http,
+  /// https, s3) rather than copying: the sidecar then reads a step's ranges
+  /// on all its reader threads at once however small the step is, and gives
+  /// such datasets more reader threads by default.
+  virtual bool LatencyBound() const { return false; }
+
   /// Convenience: one destination buffer.
   Status Read(const std::string& uri, uint64_t offset, void* dst, uint64_t len) {
     return ReadV(uri, offset, {iovec{dst, static_cast<size_t>(len)}});

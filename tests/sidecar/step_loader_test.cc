@@ -132,7 +132,9 @@ TEST(StepLoader, EveryFormatStrategyAndShuffleDeliversThePlannedBytes) {
 // The file source, recording the hints and reads it gets, in order.
 class RecordingSource final : public source::Source {
  public:
-  explicit RecordingSource(std::unique_ptr<source::Source> real) : real_(std::move(real)) {}
+  explicit RecordingSource(std::unique_ptr<source::Source> real, bool latency_bound = false)
+      : real_(std::move(real)), latency_bound_(latency_bound) {}
+  bool LatencyBound() const override { return latency_bound_; }
   struct Event {
     bool hint;
     std::string uri;
@@ -177,6 +179,7 @@ class RecordingSource final : public source::Source {
 
  private:
   std::unique_ptr<source::Source> real_;
+  const bool latency_bound_;
   std::mutex mu_;
   std::vector<Event> events_;
   std::vector<size_t> batches_;  // ReadMany calls: reads in each
@@ -265,6 +268,47 @@ TEST(StepLoader, EveryReadIsHintedToItsSourceAWindowAhead) {
     EXPECT_EQ(batched, ahead.size()) << "every read is in a batch";
     if (threads == 1) {
       EXPECT_LE(batches.size() * 4, ahead.size()) << "runs, not a call per read";
+    }
+  }
+}
+
+// A latency-bound (remote) source gets one request for ranges of an object
+// that lie close together, the bytes between them dropped; the slot still
+// holds exactly the planned samples. A local source gets a read per range.
+TEST(StepLoader, CloseRangesOfARemoteObjectAreOneRequest) {
+  for (const bool remote : {false, true}) {
+    SCOPED_TRACE(remote ? "latency-bound source" : "local source");
+    TempDir dir;
+    Case c{DatasetFormat::kFixedRecord, Strategy::kPerProcess, ShuffleMode::kGlobal, {{"data", 1}}, {"data"}, 1};
+    JobSpec spec = SpecFor(c, dir.path());
+    spec.batch.global_batch_size = 40;
+    auto planner = Prepare(spec, dir.path(), 400, 2);  // 40 of 400 shuffled samples: gaps between them
+    source::SourceRegistry sources({});
+    RecordingSource* recorder = nullptr;
+    sources.Register("file", [&](const source::SourceOptions& o) -> Result<std::unique_ptr<source::Source>> {
+      ASSIGN_OR_RETURN(auto real, source::MakeFileSource(o));
+      auto r = std::make_unique<RecordingSource>(std::move(real), remote);
+      recorder = r.get();
+      return std::unique_ptr<source::Source>(std::move(r));
+    });
+    const auto layout = staging::ComputeBatchLayout(planner->job(), 0);
+    StepLoaderOptions opts;
+    opts.reader_threads = 1;
+    auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), sources, layout, opts);
+    ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+    std::vector<uint8_t> slot(layout.slot_bytes);
+    std::vector<uint64_t> checksums;
+    StepLoadStats stats;
+    ASSERT_TRUE((*loader)->Load(5, slot.data(), checksums, &stats).ok());
+    ExpectSlotMatchesPlan(*planner, 0, 5, slot.data(), layout, checksums);
+    size_t reads = 0;
+    for (const auto& e : recorder->events()) reads += !e.hint;
+    if (remote) {
+      EXPECT_EQ(reads, 2u) << "one request per file: the files are far smaller than max_gap_bytes";
+      EXPECT_GT(stats.bytes_read, 40 * layout.sample_bytes) << "the gaps were read and dropped";
+    } else {
+      EXPECT_GT(reads, 20u) << "a read per range";
+      EXPECT_EQ(stats.bytes_read, 40 * layout.sample_bytes);
     }
   }
 }
