@@ -21,7 +21,7 @@ GW=$TMP/gw
 mkdir -p "$GW/corpus"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 PORT=$(free_port)
-"$BIN/versitygw" --access "$ACCESS" --secret "$SECRET" --port "127.0.0.1:$PORT" --quiet posix "$GW" >"$TMP/gw.log" 2>&1 &
+"$BIN/versitygw" --access "$ACCESS" --secret "$SECRET" --port "127.0.0.1:$PORT" --keep-alive --quiet posix "$GW" >"$TMP/gw.log" 2>&1 &
 PIDS+=($!)
 "$BIN/s3faultproxy" --upstream "http://127.0.0.1:$PORT" --ready-file "$TMP/proxy.ready" >"$TMP/proxy.log" 2>&1 &
 PIDS+=($!)

@@ -90,7 +90,8 @@ class S3SourceTest : public ::testing::Test {
     std::filesystem::create_directories(root_->path() + "/gw/bkt");
     port_ = FreePort();
     server_ = Spawn({bin_ + "/versitygw", "--access", kAccess, "--secret", kSecret, "--region", "us-east-1",
-                     "--port", "127.0.0.1:" + std::to_string(port_), "--quiet", "posix", root_->path() + "/gw"},
+                     "--port", "127.0.0.1:" + std::to_string(port_), "--keep-alive", "--quiet", "posix",
+                     root_->path() + "/gw"},
                     root_->path() + "/versitygw.log");
     const std::string ready = root_->path() + "/proxy.ready";
     proxy_ = Spawn({bin_ + "/s3faultproxy", "--upstream", "http://127.0.0.1:" + std::to_string(port_),
