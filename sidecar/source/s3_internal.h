@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "sidecar/source/http_internal.h"
 #include "sidecar/source/source.h"
 
 namespace meshload::source::internal {
@@ -40,6 +41,13 @@ struct S3Uri {
   std::string key;  // may be empty (the whole bucket) or end in '/' (a prefix)
 };
 Result<S3Uri> ParseS3Uri(std::string_view uri);
+
+/// The request URL of `key` in `bucket` at `endpoint`: path-style
+/// (endpoint/bucket/key) or virtual-hosted (bucket.endpoint/key), the key
+/// percent-encoded but for '/', with a canonical `query` (CanonicalQuery);
+/// `redacted`, what errors and logs name, is s3://bucket/key.
+HttpUrl S3RequestUrl(const HttpUrl& endpoint, bool virtual_hosted, const std::string& bucket, const std::string& key,
+                     const std::string& query);
 
 /// Hex SHA-256 of `data`; raw HMAC-SHA256 of `data` with `key`.
 std::string Sha256Hex(std::string_view data);

@@ -326,6 +326,24 @@ bool GlobMatch(std::string_view pattern, std::string_view name) {
   return p == pattern.size();
 }
 
+HttpUrl S3RequestUrl(const HttpUrl& endpoint, bool virtual_hosted, const std::string& bucket, const std::string& key,
+                     const std::string& query) {
+  HttpUrl url;
+  url.scheme = endpoint.scheme;
+  const std::string path = UriEncode(key, true);
+  if (virtual_hosted) {
+    const std::string host = endpoint.origin.substr(url.scheme.size() + 3);
+    url.origin = url.scheme + "://" + bucket + "." + host;
+    url.target = "/" + path;
+  } else {
+    url.origin = endpoint.origin;
+    url.target = "/" + bucket + (key.empty() && !query.empty() ? "" : "/" + path);
+  }
+  if (!query.empty()) url.target += "?" + query;
+  url.redacted = "s3://" + bucket + "/" + key;
+  return url;
+}
+
 }  // namespace internal
 
 namespace {
@@ -491,23 +509,11 @@ class S3Source final : public Source {
     return hooks;
   }
 
-  // The URL of `key` in `bucket` (path-style or virtual-hosted), with a
-  // canonical `query`; errors and logs name s3://bucket/key.
   HttpUrl Url(const std::string& bucket, const std::string& key, const std::string& query) const {
-    HttpUrl url;
-    url.scheme = endpoint_.scheme;
-    const std::string path = internal::UriEncode(key, true);
-    if (virtual_hosted_) {
-      const std::string host = endpoint_.origin.substr(url.scheme.size() + 3);
-      url.origin = url.scheme + "://" + bucket + "." + host;
-      url.target = "/" + path;
-    } else {
-      url.origin = endpoint_.origin;
-      url.target = "/" + bucket + (key.empty() && !query.empty() ? "" : "/" + path);
-    }
-    if (!query.empty()) url.target += "?" + query;
-    url.redacted = "s3://" + bucket + "/" + key;
-    return url;
+    // Auto: a bucket with dots stays path-style, as a wildcard certificate
+    // covers one label only.
+    const bool dotted = s3_.addressing == S3Options::Addressing::kAuto && bucket.find('.') != std::string::npos;
+    return internal::S3RequestUrl(endpoint_, virtual_hosted_ && !dotted, bucket, key, query);
   }
 
   void Sign(std::string_view method, const HttpUrl& url, httplib::Headers& headers) const {

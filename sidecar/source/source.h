@@ -82,7 +82,7 @@ struct S3Options {
   /// The region requests are signed for; empty: us-east-1.
   std::string region;
   enum class Addressing {
-    kAuto,           // virtual-hosted for amazonaws.com endpoints, path-style for any other
+    kAuto,           // virtual-hosted for amazonaws.com endpoints (buckets without dots), else path-style
     kPath,           // http://endpoint/bucket/key
     kVirtualHosted,  // http://bucket.endpoint/key
   };

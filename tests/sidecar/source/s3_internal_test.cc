@@ -79,6 +79,21 @@ TEST(UriEncode, EverythingButUnreservedIsEscapedWithUpperCaseHex) {
             "delimiter=%2F&list-type=2&prefix=data%2Fx%20y");
 }
 
+TEST(S3RequestUrl, PathStyleAndVirtualHosted) {
+  auto endpoint = ParseHttpUrl("https://s3.eu-west-1.amazonaws.com");
+  ASSERT_TRUE(endpoint.ok());
+  HttpUrl v = S3RequestUrl(*endpoint, true, "corpus", "tokens/part 1.bin", "");
+  EXPECT_EQ(v.origin, "https://corpus.s3.eu-west-1.amazonaws.com:443");
+  EXPECT_EQ(v.target, "/tokens/part%201.bin");
+  EXPECT_EQ(v.redacted, "s3://corpus/tokens/part 1.bin");
+  HttpUrl p = S3RequestUrl(*endpoint, false, "corpus", "tokens/part 1.bin", "");
+  EXPECT_EQ(p.origin, "https://s3.eu-west-1.amazonaws.com:443");
+  EXPECT_EQ(p.target, "/corpus/tokens/part%201.bin");
+  const std::string list = CanonicalQuery({{"list-type", "2"}, {"prefix", "tokens/"}});
+  EXPECT_EQ(S3RequestUrl(*endpoint, false, "corpus", "", list).target, "/corpus?list-type=2&prefix=tokens%2F");
+  EXPECT_EQ(S3RequestUrl(*endpoint, true, "corpus", "", list).target, "/?list-type=2&prefix=tokens%2F");
+}
+
 TEST(ParseS3Uri, BucketAndKey) {
   auto u = ParseS3Uri("s3://my-bucket.data/a/b/c.bin");
   ASSERT_TRUE(u.ok()) << u.status().ToString();
