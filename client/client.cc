@@ -281,7 +281,7 @@ class Mapping {
       return FailedPrecondition("the sidecar stages batches in GPU memory, but this process cannot use CUDA: " +
                                 driver.status().message());
     }
-    ASSIGN_OR_RETURN(std::vector<int> ordinals, MapDevices(**driver, sh));
+    MESHLOAD_ASSIGN_OR_RETURN(std::vector<int> ordinals, MapDevices(**driver, sh));
     auto m = std::shared_ptr<Mapping>(new Mapping());
     m->ordinals_ = ordinals;
     m->slots_ = sh.slots;
@@ -409,8 +409,8 @@ Result<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
 }
 
 Result<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Create(std::move(options)));
-  RETURN_IF_ERROR(c->EnsureConnected());
+  MESHLOAD_ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Create(std::move(options)));
+  MESHLOAD_RETURN_IF_ERROR(c->EnsureConnected());
   return c;
 }
 
@@ -456,11 +456,11 @@ int Client::Wait(int fd, std::optional<Clock::time_point> until) {
 Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> deadline) {
   if (handshake_ && handshake_->want_step != want_step) handshake_.reset();
   if (!handshake_) {
-    ASSIGN_OR_RETURN(UniqueFd fd, ipc::ConnectSeqpacket(options_.socket_path));
+    MESHLOAD_ASSIGN_OR_RETURN(UniqueFd fd, ipc::ConnectSeqpacket(options_.socket_path));
     ipc::ClientHello hello;
     hello.pid = static_cast<uint32_t>(::getpid());
     hello.want_step = want_step;
-    RETURN_IF_ERROR(ipc::SendMessage(fd.get(), ipc::Encode(hello)));
+    MESHLOAD_RETURN_IF_ERROR(ipc::SendMessage(fd.get(), ipc::Encode(hello)));
     handshake_ = Handshake{std::move(fd), want_step, Clock::now()};
   }
   // A listener that never answers must not hang the trainer: 5 s from the
@@ -480,8 +480,8 @@ Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> d
   }
   UniqueFd fd = std::move(handshake_->fd);
   handshake_.reset();
-  ASSIGN_OR_RETURN(ipc::Received got, ipc::ReceiveMessage(fd.get(), ipc::kMaxMessageBytes));
-  ASSIGN_OR_RETURN(ipc::Message msg, ipc::Decode(got.bytes));
+  MESHLOAD_ASSIGN_OR_RETURN(ipc::Received got, ipc::ReceiveMessage(fd.get(), ipc::kMaxMessageBytes));
+  MESHLOAD_ASSIGN_OR_RETURN(ipc::Message msg, ipc::Decode(got.bytes));
   if (const auto* err = std::get_if<ipc::ErrorMessage>(&msg)) {
     const StatusCode code = err->code == ipc::ErrorCode::kBusy ? StatusCode::kUnavailable
                                                               : StatusCode::kFailedPrecondition;
@@ -687,7 +687,7 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
   };
   while (true) {
     if (interrupted_.load()) return Closed();
-    if (!conn_) RETURN_IF_ERROR(reconnect(Status(StatusCode::kUnavailable, "not connected")));
+    if (!conn_) MESHLOAD_RETURN_IF_ERROR(reconnect(Status(StatusCode::kUnavailable, "not connected")));
     const int w = Wait(conn_->fd(), deadline);  // a past deadline still looks once
     if (w == -1) {
       // Let the caller see its signal (Ctrl-C in Python, SIGTERM in a
@@ -705,7 +705,7 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
     auto got = ipc::ReceiveMessage(conn_->fd(), ipc::kMaxMessageBytes);
     if (!got.ok()) {
       if (got.status().code() != StatusCode::kUnavailable) return ProtocolError(got.status());
-      RETURN_IF_ERROR(reconnect(got.status()));
+      MESHLOAD_RETURN_IF_ERROR(reconnect(got.status()));
       continue;
     }
     auto decoded = ipc::Decode(got->bytes);
@@ -714,7 +714,7 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
     if (const auto* err = std::get_if<ipc::ErrorMessage>(&msg)) {
       if (err->code == ipc::ErrorCode::kShuttingDown) {
         // A sidecar being restarted says goodbye: reconnect, as if it had vanished.
-        RETURN_IF_ERROR(reconnect(Status(StatusCode::kUnavailable, "the sidecar is stopping: " + err->message)));
+        MESHLOAD_RETURN_IF_ERROR(reconnect(Status(StatusCode::kUnavailable, "the sidecar is stopping: " + err->message)));
         continue;
       }
       const StatusCode code = err->code == ipc::ErrorCode::kDataError ? StatusCode::kDataLoss

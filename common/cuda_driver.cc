@@ -164,7 +164,7 @@ Status Driver::Check(int result, const char* call) const {
 }
 
 #define ML_CU(call) Check(api_->call, ML_STR2(call))
-#define ML_CU_RETURN(call) RETURN_IF_ERROR(Check(api_->call, ML_STR2(call)))
+#define ML_CU_RETURN(call) MESHLOAD_RETURN_IF_ERROR(Check(api_->call, ML_STR2(call)))
 
 Result<std::unique_ptr<Driver>> Driver::Load(const std::string& library) {
   std::unique_ptr<Driver> d(new Driver());
@@ -193,13 +193,13 @@ Result<std::unique_ptr<Driver>> Driver::Load(const std::string& library) {
   }
   api.cuDriverGetVersion(&d->version_);
   int n = 0;
-  RETURN_IF_ERROR(d->Check(api.cuDeviceGetCount(&n), "cuDeviceGetCount"));
+  MESHLOAD_RETURN_IF_ERROR(d->Check(api.cuDeviceGetCount(&n), "cuDeviceGetCount"));
   for (int i = 0; i < n; ++i) {
     CUdevice dev = 0;
     CUuuid u{};
     char name[256] = {};
-    RETURN_IF_ERROR(d->Check(api.cuDeviceGet(&dev, i), "cuDeviceGet"));
-    RETURN_IF_ERROR(d->Check(api.cuDeviceGetUuid(&u, dev), "cuDeviceGetUuid"));
+    MESHLOAD_RETURN_IF_ERROR(d->Check(api.cuDeviceGet(&dev, i), "cuDeviceGet"));
+    MESHLOAD_RETURN_IF_ERROR(d->Check(api.cuDeviceGetUuid(&u, dev), "cuDeviceGetUuid"));
     api.cuDeviceGetName(name, sizeof name - 1, dev);
     d->devices_.push_back({i, FormatGpuUuid(reinterpret_cast<const unsigned char*>(u.bytes)), name});
   }
@@ -230,7 +230,7 @@ void* Driver::Context(int ordinal) const {
 }
 
 Status Driver::ContextError(int ordinal) const {
-  RETURN_IF_ERROR(CheckOrdinal(ordinal));
+  MESHLOAD_RETURN_IF_ERROR(CheckOrdinal(ordinal));
   std::lock_guard lock(contexts_mu_);
   return Status(StatusCode::kUnavailable,
                 "cannot use CUDA device " + std::to_string(ordinal) + " (" + devices_[ordinal].uuid +
@@ -245,7 +245,7 @@ bool Driver::CanAccessPeer(int ordinal, int peer) const {
 
 Status Driver::SynchronizeDevice(int ordinal) const {
   ScopedContext scope(*this, ordinal);
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   RelaxedCapture relaxed(*api_);
   return ML_CU(cuCtxSynchronize());
 }
@@ -258,11 +258,11 @@ Result<uint64_t> Driver::Granularity(int ordinal) const {
 }
 
 Result<std::unique_ptr<VmmAllocation>> Driver::AllocateShareable(int ordinal, uint64_t bytes) const {
-  RETURN_IF_ERROR(CheckOrdinal(ordinal));
-  ASSIGN_OR_RETURN(const uint64_t g, Granularity(ordinal));
+  MESHLOAD_RETURN_IF_ERROR(CheckOrdinal(ordinal));
+  MESHLOAD_ASSIGN_OR_RETURN(const uint64_t g, Granularity(ordinal));
   const uint64_t size = (std::max<uint64_t>(bytes, 1) + g - 1) / g * g;
   ScopedContext scope(*this, ordinal);
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   const CUmemAllocationProp prop = ShareableProp(ordinal);
   std::unique_ptr<VmmAllocation> a(new VmmAllocation());
   a->driver_ = this;
@@ -296,21 +296,21 @@ VmmAllocation::~VmmAllocation() {
 
 Result<UniqueFd> VmmAllocation::Export() const {
   int fd = -1;
-  RETURN_IF_ERROR(driver_->Check(
+  MESHLOAD_RETURN_IF_ERROR(driver_->Check(
       driver_->api().cuMemExportToShareableHandle(&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
       "cuMemExportToShareableHandle"));
   return UniqueFd(fd);
 }
 
 Status VmmAllocation::GrantAccess(int other_ordinal) const {
-  RETURN_IF_ERROR(driver_->CheckOrdinal(other_ordinal));
+  MESHLOAD_RETURN_IF_ERROR(driver_->CheckOrdinal(other_ordinal));
   const CUmemAccessDesc access[2] = {ReadWrite(ordinal_), ReadWrite(other_ordinal)};
   return driver_->Check(driver_->api().cuMemSetAccess(ptr_, bytes_, access, 2), "cuMemSetAccess");
 }
 
 Result<std::unique_ptr<ImportedAllocation>> Driver::Import(int ordinal, int fd, uint64_t bytes) const {
   ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   CUmemGenericAllocationHandle h = 0;
   ML_CU_RETURN(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
@@ -326,7 +326,7 @@ Result<std::unique_ptr<ImportedAllocation>> Driver::Import(int ordinal, int fd, 
   }
   // The mapping keeps the memory alive; the handle is not needed any more.
   api_->cuMemRelease(h);
-  RETURN_IF_ERROR(st);
+  MESHLOAD_RETURN_IF_ERROR(st);
   a->ptr_ = p;
   a->bytes_ = bytes;
   const CUmemAccessDesc access = ReadWrite(ordinal);
@@ -352,7 +352,7 @@ ImportedAllocation::~ImportedAllocation() {
 
 Result<std::unique_ptr<IpcAllocation>> Driver::AllocateIpc(int ordinal, uint64_t bytes) const {
   ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   std::unique_ptr<IpcAllocation> a(new IpcAllocation());
   a->driver_ = this;
   a->ordinal_ = ordinal;
@@ -376,7 +376,7 @@ IpcAllocation::~IpcAllocation() {
 Result<std::unique_ptr<ImportedAllocation>> Driver::OpenIpc(int ordinal, const IpcHandle& handle,
                                                             uint64_t bytes) const {
   ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   CUipcMemHandle h;
   std::memcpy(&h, handle.data(), sizeof h);
   CUdeviceptr p = 0;
@@ -405,7 +405,7 @@ Result<std::unique_ptr<ImportedAllocation>> Driver::OpenIpc(int ordinal, const I
 
 Result<std::unique_ptr<PinnedRegistration>> Driver::RegisterHost(void* base, uint64_t bytes, int ordinal) const {
   ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   ML_CU_RETURN(cuMemHostRegister(base, bytes, CU_MEMHOSTREGISTER_PORTABLE));
   std::unique_ptr<PinnedRegistration> r(new PinnedRegistration());
   r->driver_ = this;
@@ -422,7 +422,7 @@ PinnedRegistration::~PinnedRegistration() {
 
 Result<std::unique_ptr<Stream>> Driver::CreateStream(int ordinal, uint32_t events) const {
   ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   std::unique_ptr<Stream> s(new Stream());
   s->driver_ = this;
   s->ordinal_ = ordinal;
@@ -441,7 +441,7 @@ Result<std::unique_ptr<Stream>> Driver::CreateStream(int ordinal, uint32_t event
 
 Status Stream::Synchronize() {
   ScopedContext scope(*driver_, ordinal_);
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   return driver_->Check(driver_->api().cuStreamSynchronize(static_cast<CUstream>(stream_)), "cuStreamSynchronize");
 }
 
@@ -457,14 +457,14 @@ Stream::~Stream() {
 Status Stream::CopyToDevice(DevicePtr dst, const void* src, uint64_t bytes) {
   const auto& api = driver_->api();
   ScopedContext scope(*driver_, ordinal_);
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   return driver_->Check(api.cuMemcpyHtoDAsync(dst, src, bytes, static_cast<CUstream>(stream_)), "cuMemcpyHtoDAsync");
 }
 
 Status Stream::CopyFromPeer(DevicePtr dst, DevicePtr src, int src_ordinal, uint64_t bytes) {
   const auto& api = driver_->api();
   ScopedContext scope(*driver_, ordinal_);
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   return driver_->Check(api.cuMemcpyPeerAsync(dst, Ctx(*driver_, ordinal_), src,
                                               Ctx(*driver_, src_ordinal), bytes,
                                               static_cast<CUstream>(stream_)),
@@ -475,7 +475,7 @@ Status Stream::Record(uint32_t index) {
   if (index >= events_.size()) return InvalidArgument("no event " + std::to_string(index));
   const auto& api = driver_->api();
   ScopedContext scope(*driver_, ordinal_);
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   return driver_->Check(api.cuEventRecord(static_cast<CUevent>(events_[index]), static_cast<CUstream>(stream_)),
                         "cuEventRecord");
 }
@@ -483,14 +483,14 @@ Status Stream::Record(uint32_t index) {
 Status Stream::Wait(uint32_t index) {
   if (index >= events_.size()) return InvalidArgument("no event " + std::to_string(index));
   ScopedContext scope(*driver_, ordinal_);
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   return driver_->Check(driver_->api().cuEventSynchronize(static_cast<CUevent>(events_[index])),
                         "cuEventSynchronize");
 }
 
 Result<std::unique_ptr<Fence>> Driver::RecordFence(int ordinal, uintptr_t stream) const {
   ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   // 1 and 2 (DLPack's legacy and per-thread default streams) are fenced on
   // the legacy stream, which waits for every blocking stream, per-thread
   // default streams included: a per-thread stream here would be this
@@ -509,7 +509,7 @@ Result<std::unique_ptr<Fence>> Driver::RecordFence(int ordinal, uintptr_t stream
 
 Status Fence::Wait() {
   ScopedContext scope(*driver_, ordinal_);
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   RelaxedCapture relaxed(driver_->api());
   return driver_->Check(driver_->api().cuEventSynchronize(static_cast<CUevent>(event_)), "cuEventSynchronize");
 }
@@ -523,7 +523,7 @@ Fence::~Fence() {
 
 Status Driver::CopyToHost(void* dst, DevicePtr src, uint64_t bytes, int ordinal) const {
   ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
-  RETURN_IF_ERROR(scope.status());
+  MESHLOAD_RETURN_IF_ERROR(scope.status());
   return ML_CU(cuMemcpyDtoH(dst, src, bytes));
 }
 

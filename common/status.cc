@@ -1,6 +1,8 @@
 #include "common/status.h"
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace meshload {
@@ -48,5 +50,16 @@ Status IoErrorFromErrno(std::string_view what, std::string location, int err) {
   StatusCode code = err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError;
   return Status(code, std::move(msg), std::move(location));
 }
+
+namespace internal {
+
+void InvariantBroken(const char* file, int line, std::string_view what) {
+  std::fprintf(stderr, "meshload: invariant broken at %s:%d: %.*s\n", file, line, static_cast<int>(what.size()),
+               what.data());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace internal
 
 }  // namespace meshload

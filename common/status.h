@@ -7,6 +7,10 @@
 /// byte offset (`/data/shard-0003.bin@4096`). ToString() renders
 /// `location: message`, the form every user-facing error takes.
 ///
+/// Likely errors are Statuses; broken invariants crash: MESHLOAD_CHECK, a
+/// Result made from an OK status, and value() of a Result holding an error
+/// print what broke and where, and abort.
+///
 /// Thread safety: Status and Result are values; distinct objects may be used
 /// from distinct threads, a shared object only for reading.
 #pragma once
@@ -91,14 +95,21 @@ inline Status Internal(std::string msg, std::string loc = {}) {
 /// An I/O error from errno, e.g. `IoErrorFromErrno("open", path)`.
 Status IoErrorFromErrno(std::string_view what, std::string location, int err);
 
+namespace internal {
+/// Prints "meshload: invariant broken at FILE:LINE: WHAT" to stderr and
+/// aborts.
+[[noreturn]] void InvariantBroken(const char* file, int line, std::string_view what);
+}  // namespace internal
+
 /// Result<T>: either a T or a non-OK Status.
 template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}  // NOLINT(runtime/explicit)
+  /// Precondition (checked: aborts): `status` is not OK.
   Result(Status status) : v_(std::move(status)) {  // NOLINT(runtime/explicit)
     if (std::get<Status>(v_).ok()) {
-      v_ = Status(StatusCode::kInternal, "Result constructed from an OK status");
+      internal::InvariantBroken(__FILE__, __LINE__, "a Result made from an OK status: give it a value or an error");
     }
   }
 
@@ -106,35 +117,57 @@ class [[nodiscard]] Result {
   /// The error; an OK status when the result holds a value.
   Status status() const { return ok() ? Status() : std::get<Status>(v_); }
 
-  /// Precondition: ok().
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
-  T&& value() && { return std::get<T>(std::move(v_)); }
+  /// Precondition (checked: aborts, printing the error): ok().
+  T& value() & {
+    CheckOk();
+    return std::get<T>(v_);
+  }
+  const T& value() const& {
+    CheckOk();
+    return std::get<T>(v_);
+  }
+  T&& value() && {
+    CheckOk();
+    return std::get<T>(std::move(v_));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 
  private:
+  void CheckOk() const {
+    if (!ok()) {
+      internal::InvariantBroken(__FILE__, __LINE__,
+                                "value() of a Result holding an error: " + std::get<Status>(v_).ToString());
+    }
+  }
   std::variant<T, Status> v_;
 };
 
 }  // namespace meshload
 
+/// Aborts with `what` (a string) when `cond` is false: for invariants, never
+/// for errors a caller can meet (those are Statuses).
+#define MESHLOAD_CHECK(cond, what)                                              \
+  do {                                                                          \
+    if (!(cond)) ::meshload::internal::InvariantBroken(__FILE__, __LINE__, (what)); \
+  } while (0)
+
 #define MESHLOAD_CONCAT_INNER_(a, b) a##b
 #define MESHLOAD_CONCAT_(a, b) MESHLOAD_CONCAT_INNER_(a, b)
 
 /// Returns the status from the enclosing function when `expr` is not OK.
-#define RETURN_IF_ERROR(expr)                         \
+#define MESHLOAD_RETURN_IF_ERROR(expr)                         \
   do {                                                \
     ::meshload::Status _st = (expr);                  \
     if (!_st.ok()) return _st;                        \
   } while (0)
 
-/// `ASSIGN_OR_RETURN(auto x, Compute());` binds the value or returns the error.
-#define ASSIGN_OR_RETURN(lhs, expr) \
-  ASSIGN_OR_RETURN_IMPL_(MESHLOAD_CONCAT_(_result_, __LINE__), lhs, expr)
-#define ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
+/// `MESHLOAD_ASSIGN_OR_RETURN(auto x, Compute());` binds the value or returns the error.
+#define MESHLOAD_ASSIGN_OR_RETURN(lhs, expr) \
+  MESHLOAD_ASSIGN_OR_RETURN_IMPL_(MESHLOAD_CONCAT_(_result_, __LINE__), lhs, expr)
+#define MESHLOAD_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                           \
   if (!tmp.ok()) return tmp.status();          \
   lhs = std::move(tmp).value()

@@ -4,7 +4,7 @@
 /// a periodic resync, and the controller's Prometheus metrics.
 ///
 ///   Controller c(client, &registry, {.workers = 4});
-///   RETURN_IF_ERROR(c.Start());   // informers listed and watching
+///   MESHLOAD_RETURN_IF_ERROR(c.Start());   // informers listed and watching
 ///   c.StartWorkers();             // once this process leads
 ///   ...
 ///   c.Stop();

@@ -366,7 +366,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
   // 1. Deletion and the finalizer.
   if (!Field(Field(job, "metadata"), "deletionTimestamp").is_null()) {
     if (!HasFinalizer(job)) return Status::Ok();
-    RETURN_IF_ERROR(CheckMayWrite());
+    MESHLOAD_RETURN_IF_ERROR(CheckMayWrite());
     if (configmaps_->Get(ns, cm_name)) {
       kube::ApiResponse del = client_->Delete(cms.Object(ns, cm_name));
       if (!del.ok() && del.code != 404) return del.ToStatus("delete ConfigMap " + ns + "/" + cm_name);
@@ -411,7 +411,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     return Status::Ok();
   }
   if (!HasFinalizer(job)) {
-    RETURN_IF_ERROR(CheckMayWrite());
+    MESHLOAD_RETURN_IF_ERROR(CheckMayWrite());
     json updated = job;
     if (!updated["metadata"]["finalizers"].is_array()) updated["metadata"]["finalizers"] = json::array();
     updated["metadata"]["finalizers"].push_back(kFinalizer);
@@ -681,7 +681,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     if (foreign.is_object()) {
       conflict();
     } else if (!cm) {
-      RETURN_IF_ERROR(CheckMayWrite());
+      MESHLOAD_RETURN_IF_ERROR(CheckMayWrite());
       json body = {{"apiVersion", "v1"},
                    {"kind", "ConfigMap"},
                    {"metadata", {{"name", cm_name}, {"namespace", ns}, {"labels", labels}, {"ownerReferences", owner}}},
@@ -715,7 +715,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
         same = Field(have_labels, it.key().c_str()) == it.value();
       }
       if (!same) {
-        RETURN_IF_ERROR(CheckMayWrite());
+        MESHLOAD_RETURN_IF_ERROR(CheckMayWrite());
         json body = existing;
         body["data"] = data;
         body["metadata"]["ownerReferences"] = owner;
@@ -740,8 +740,8 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     const std::string secret_name = PeerSecretName(name);
     const std::string uid = Str(Field(job, "metadata"), "uid");
     if (desired.peer_secret != secret_name) {
-      RETURN_IF_ERROR(CheckMayWrite());
-      ASSIGN_OR_RETURN(std::string secret, NewPeerSecret());
+      MESHLOAD_RETURN_IF_ERROR(CheckMayWrite());
+      MESHLOAD_ASSIGN_OR_RETURN(std::string secret, NewPeerSecret());
       json secret_labels = labels;
       secret_labels[kJobUidLabel] = uid;  // which job instance it was made for (kubectl -l)
       json body = {{"apiVersion", "v1"},
@@ -810,7 +810,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     const json& current = Field(job, "status");
     json want = StatusJson(desired, generation, current);
     if (current == want) return deferred;
-    RETURN_IF_ERROR(CheckMayWrite());
+    MESHLOAD_RETURN_IF_ERROR(CheckMayWrite());
     json body = job;
     body["status"] = want;
     kube::ApiResponse r = client_->Put(jobs.Object(ns, name) + "/status", body);

@@ -230,7 +230,7 @@ class DictParser {
       const uint64_t key_offset = Offset();
       std::string_view key;
       if (Peek() == '\'' || Peek() == '"') {
-        ASSIGN_OR_RETURN(key, ParseString());
+        MESHLOAD_ASSIGN_OR_RETURN(key, ParseString());
       } else {
         return Unexpected("a quoted key or '}'");
       }
@@ -253,13 +253,13 @@ class DictParser {
       SkipWs();
       switch (index) {
         case 0:
-          RETURN_IF_ERROR(ParseDescr(out));
+          MESHLOAD_RETURN_IF_ERROR(ParseDescr(out));
           break;
         case 1:
-          RETURN_IF_ERROR(ParseFortranOrder(out));
+          MESHLOAD_RETURN_IF_ERROR(ParseFortranOrder(out));
           break;
         default:
-          RETURN_IF_ERROR(ParseShape(out));
+          MESHLOAD_RETURN_IF_ERROR(ParseShape(out));
           break;
       }
       SkipWs();
@@ -347,8 +347,8 @@ class DictParser {
       return UnsupportedDescr("[...]", "a list: structured dtypes are not supported", Offset());
     }
     if (Peek() != '\'' && Peek() != '"') return Unexpected("a quoted dtype descr");
-    ASSIGN_OR_RETURN(std::string_view descr, ParseString());
-    ASSIGN_OR_RETURN(out->dtype, DescrToDType(descr, descr_offset_));
+    MESHLOAD_ASSIGN_OR_RETURN(std::string_view descr, ParseString());
+    MESHLOAD_ASSIGN_OR_RETURN(out->dtype, DescrToDType(descr, descr_offset_));
     out->descr = std::string(descr);
     return Status::Ok();
   }
@@ -420,7 +420,7 @@ class DictParser {
     if (Consume(')')) return Status::Ok();
     while (true) {
       const uint64_t dim_offset = Offset();
-      ASSIGN_OR_RETURN(uint64_t dim, ParseDim());
+      MESHLOAD_ASSIGN_OR_RETURN(uint64_t dim, ParseDim());
       if (out->shape.size() == kNpyMaxRank) {
         return InvalidArgument("shape has more than " + std::to_string(kNpyMaxRank) + " dimensions",
                                At(dim_offset));
@@ -480,7 +480,7 @@ Result<std::string> NpyDescr(DType dtype) {
 }
 
 Result<NpyHeader> ParseNpyHeader(std::string_view bytes) {
-  ASSIGN_OR_RETURN(Preamble pre, ParsePreamble(bytes));
+  MESHLOAD_ASSIGN_OR_RETURN(Preamble pre, ParsePreamble(bytes));
   if (bytes.size() < pre.data_offset) {
     return DataLoss("truncated: header needs " + std::to_string(pre.data_offset) +
                         " bytes, have " + std::to_string(bytes.size()),
@@ -509,7 +509,7 @@ Result<NpyHeader> ParseNpyHeader(std::string_view bytes) {
   out.minor_version = pre.minor;
   out.data_offset = pre.data_offset;
   DictParser parser(header.substr(0, header.size() - 1), pre.header_start);
-  RETURN_IF_ERROR(parser.Parse(&out));
+  MESHLOAD_RETURN_IF_ERROR(parser.Parse(&out));
 
   size_t bad_dim = 0;
   if (!ComputeSizes(out.shape, DTypeSize(out.dtype), &out.element_count, &out.data_bytes,
@@ -528,12 +528,12 @@ Result<NpyHeader> ParseNpyHeader(std::string_view bytes) {
 }
 
 Result<uint64_t> NpyDataOffset(std::string_view first_bytes) {
-  ASSIGN_OR_RETURN(Preamble pre, ParsePreamble(first_bytes.substr(0, kMaxPreambleSize)));
+  MESHLOAD_ASSIGN_OR_RETURN(Preamble pre, ParsePreamble(first_bytes.substr(0, kMaxPreambleSize)));
   return pre.data_offset;
 }
 
 Result<std::string> MakeNpyHeader(DType dtype, const std::vector<uint64_t>& shape) {
-  ASSIGN_OR_RETURN(std::string descr, NpyDescr(dtype));
+  MESHLOAD_ASSIGN_OR_RETURN(std::string descr, NpyDescr(dtype));
   if (shape.size() > kNpyMaxRank) {
     return InvalidArgument("shape has " + std::to_string(shape.size()) + " dimensions; at most " +
                            std::to_string(kNpyMaxRank) + " are supported");

@@ -52,7 +52,7 @@ Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& option
   if (spec.batch.global_batch_size < 1) return Internal("globalBatchSize < 1 passed validation");
   const size_t before = diags.problems().size();
 
-  ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(spec.mesh));
+  MESHLOAD_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(spec.mesh));
   std::optional<DatasetIndex> index;
   if (options.index) {
     index = *options.index;

@@ -314,7 +314,7 @@ Sidecar::Sidecar(SidecarOptions options) : options_(std::move(options)) {}
 
 Result<std::unique_ptr<Sidecar>> Sidecar::Create(SidecarOptions options) {
   std::unique_ptr<Sidecar> s(new Sidecar(std::move(options)));
-  RETURN_IF_ERROR(s->Init());
+  MESHLOAD_RETURN_IF_ERROR(s->Init());
   return s;
 }
 
@@ -330,7 +330,7 @@ Status Sidecar::Init() {
   job_name_ = job->name;
   const std::string scheme = source::SourceRegistry::SchemeOf(job->spec.dataset.uri);
   if (scheme == "s3") {
-    RETURN_IF_ERROR(source::S3OptionsForDataset(job->spec.dataset, options_.source_options.s3));
+    MESHLOAD_RETURN_IF_ERROR(source::S3OptionsForDataset(job->spec.dataset, options_.source_options.s3));
   }
   if (options_.reader_threads <= 0) options_.reader_threads = scheme == "file" ? 4 : 16;
   // Every reader of every producer keeps its connection between steps.
@@ -366,14 +366,14 @@ Status Sidecar::Init() {
   layout_ = staging::ComputeBatchLayout(rj, options_.process);
 
   const uint32_t slots = static_cast<uint32_t>(rj.spec.batch.prefetch);
-  ASSIGN_OR_RETURN(memory_, staging::HostSlotMemory::Create(slots, layout_.slot_bytes,
+  MESHLOAD_ASSIGN_OR_RETURN(memory_, staging::HostSlotMemory::Create(slots, layout_.slot_bytes,
                                                             "meshload-" + job_name_ + "-p" +
                                                                 std::to_string(options_.process)));
   int64_t first_step = rj.spec.resume.step;
   if (options_.start_step) {
     first_step = *options_.start_step;
   } else if (!options_.resume_file.empty()) {
-    ASSIGN_OR_RETURN(std::optional<int64_t> recorded, ReadResumeFile(options_.resume_file, rj.spec.resume.step));
+    MESHLOAD_ASSIGN_OR_RETURN(std::optional<int64_t> recorded, ReadResumeFile(options_.resume_file, rj.spec.resume.step));
     if (recorded) {
       LogInfo("resuming at the step the controller recorded", {{"step", *recorded},
                                                               {"file", options_.resume_file}});
@@ -386,7 +386,7 @@ Status Sidecar::Init() {
   ProgressOptions popts;
   popts.window = options_.progress_window;
   progress_ = std::make_unique<ProgressWindow>(kReadLatencyBuckets, popts);
-  RETURN_IF_ERROR(InitDeviceStaging());
+  MESHLOAD_RETURN_IF_ERROR(InitDeviceStaging());
   pool_ = std::make_unique<staging::SlotPool>(slots, start_step_);
   slot_checksums_.assign(slots, {});
   options_.staging_threads = std::clamp(options_.staging_threads, 1, static_cast<int>(slots));
@@ -401,12 +401,12 @@ Status Sidecar::Init() {
     lopts.peers->first_step = start_step_;
     lopts.peers->stall_report_after = options_.stall_report_after;
   }
-  ASSIGN_OR_RETURN(loader_, StepLoader::Create(*planner_, options_.process, loading_, *sources_, layout_, lopts));
-  RETURN_IF_ERROR(loader_->VerifyFiles());
+  MESHLOAD_ASSIGN_OR_RETURN(loader_, StepLoader::Create(*planner_, options_.process, loading_, *sources_, layout_, lopts));
+  MESHLOAD_RETURN_IF_ERROR(loader_->VerifyFiles());
 
   event_fd_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!event_fd_.valid()) return IoErrorFromErrno("eventfd", "", errno);
-  ASSIGN_OR_RETURN(listen_fd_, ipc::ListenSeqpacket(options_.socket_path, options_.socket_mode));
+  MESHLOAD_ASSIGN_OR_RETURN(listen_fd_, ipc::ListenSeqpacket(options_.socket_path, options_.socket_mode));
   if (options_.allowed_uids.empty()) options_.allowed_uids.push_back(::getuid());
 
   registry_->AddCollectHook([this] {
@@ -456,7 +456,7 @@ Status Sidecar::Init() {
     progress_->Add(TakeProgressSample());  // the window's first sample: rates count from the start
     hopts.progress = [this] { return ProgressJson(); };
     health_ = std::make_unique<metrics::HealthServer>(*registry_, [this] { return Readiness(); }, hopts);
-    ASSIGN_OR_RETURN(metrics_port_, health_->Start());
+    MESHLOAD_ASSIGN_OR_RETURN(metrics_port_, health_->Start());
   }
   {
     // The largest READY of this layout (every field at its widest).

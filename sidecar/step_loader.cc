@@ -82,7 +82,7 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const ShardPlanner& plann
   if (options.callers < 1) options.callers = 1;
   std::unique_ptr<StepLoader> loader(new StepLoader(planner, process, loading, sources, layout, options));
   for (const auto& f : job.dataset.files()) {
-    ASSIGN_OR_RETURN(auto src, sources.For(f.path));
+    MESHLOAD_ASSIGN_OR_RETURN(auto src, sources.For(f.path));
     loader->files_.push_back(src);
     loader->latency_bound_ = loader->latency_bound_ || src.first->LatencyBound();
   }
@@ -108,7 +108,7 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const ShardPlanner& plann
     std::vector<int64_t> send_to, receive_from;
     for (const TransferUnit& u : out) send_to.push_back(u.to);
     for (const TransferUnit& u : in) receive_from.push_back(u.from);
-    ASSIGN_OR_RETURN(loader->exchange_,
+    MESHLOAD_ASSIGN_OR_RETURN(loader->exchange_,
                      exchange::PeerExchange::Create(std::move(xo), std::move(send_to), std::move(receive_from)));
   }
   return loader;
@@ -134,7 +134,7 @@ Status StepLoader::VerifyFiles() {
   for (size_t i = 0; i < ds.files().size(); ++i) {
     const DatasetFile& f = ds.files()[i];
     auto [src, name] = files_[i];
-    ASSIGN_OR_RETURN(source::ObjectInfo info, src->Stat(name));
+    MESHLOAD_ASSIGN_OR_RETURN(source::ObjectInfo info, src->Stat(name));
     if (info.size != f.size) {
       return DataLoss("size is " + std::to_string(info.size) + " bytes but the dataset index says " +
                           std::to_string(f.size) + "; the file changed after the job was resolved",
@@ -142,7 +142,7 @@ Status StepLoader::VerifyFiles() {
     }
     if (f.npy) {
       std::string head(f.npy->data_offset, '\0');
-      RETURN_IF_ERROR(src->Read(name, 0, head.data(), head.size()));
+      MESHLOAD_RETURN_IF_ERROR(src->Read(name, 0, head.data(), head.size()));
       auto h = ParseNpyHeader(head);
       if (!h.ok()) return h.status().WithLocationPrefix(source::RedactUri(f.path));
       if (h->descr != f.npy->descr || h->shape != f.npy->shape || h->data_offset != f.npy->data_offset) {
@@ -359,7 +359,7 @@ Status StepLoader::ServePart(int64_t step, int64_t peer, std::vector<uint8_t>& o
       extents.clear();
       ds.AppendExtents(id, extents);
       for (const Extent& e : extents) {
-        RETURN_IF_ERROR(files_[e.file].first->Read(files_[e.file].second, e.offset, dest, e.length));
+        MESHLOAD_RETURN_IF_ERROR(files_[e.file].first->Read(files_[e.file].second, e.offset, dest, e.length));
         dest += e.length;
       }
     }
@@ -381,7 +381,7 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& chec
   c.used = 0;
   c.fixups.clear();
   c.replica_copies.clear();
-  RETURN_IF_ERROR(BuildOps(plan, slot, c, stats));
+  MESHLOAD_RETURN_IF_ERROR(BuildOps(plan, slot, c, stats));
   if (exchange_) {
     // Credit first: a peer may send while this process still reads.
     exchange::PeerExchange::Ticket ticket = exchange_->Begin(step);
@@ -410,7 +410,7 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& chec
     }
     c.parts.clear();
   } else {
-    RETURN_IF_ERROR(RunOps(c));
+    MESHLOAD_RETURN_IF_ERROR(RunOps(c));
     for (const Fixup& f : c.fixups) std::memcpy(f.dst, f.src, f.len);
   }
   if (options_.host_replica_copies) {

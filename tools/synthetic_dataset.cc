@@ -71,15 +71,15 @@ Result<std::string> Generate(const DatasetSpec& spec, const std::string& dir, ui
         std::ofstream out(path, std::ios::binary | std::ios::trunc);
         if (!out) return IoErrorFromErrno("create", path, errno);
         if (npy) {
-          ASSIGN_OR_RETURN(std::string header, MakeNpyHeader(dtype, {count, rb / es}));
-          RETURN_IF_ERROR(WriteAll(out, path, reinterpret_cast<const uint8_t*>(header.data()), header.size()));
+          MESHLOAD_ASSIGN_OR_RETURN(std::string header, MakeNpyHeader(dtype, {count, rb / es}));
+          MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, reinterpret_cast<const uint8_t*>(header.data()), header.size()));
         }
         const uint64_t chunk = std::max<uint64_t>(1, (4ull << 20) / rb);
         for (uint64_t done = 0; done < count; done += chunk) {
           const uint64_t n = std::min(chunk, count - done);
           buf.resize(n * rb);
           for (uint64_t k = 0; k < n; ++k) FillRecord(next + done + k, buf.data() + k * rb, rb);
-          RETURN_IF_ERROR(WriteAll(out, path, buf.data(), buf.size()));
+          MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, buf.data(), buf.size()));
         }
         next += count;
       }
@@ -99,7 +99,7 @@ Result<std::string> Generate(const DatasetSpec& spec, const std::string& dir, ui
           const uint64_t n = std::min(chunk, count - done);
           buf.resize(n * es);
           FillTokens(next + done, n, es, buf.data());
-          RETURN_IF_ERROR(WriteAll(out, path, buf.data(), buf.size()));
+          MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, buf.data(), buf.size()));
         }
         next += count;
       }

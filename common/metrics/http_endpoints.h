@@ -20,7 +20,7 @@
 ///
 ///   HealthServer server(registry, [&] { return pool.Ready(); },
 ///                       {.bind_address = "0.0.0.0", .port = 9090});
-///   ASSIGN_OR_RETURN(int port, server.Start());
+///   MESHLOAD_ASSIGN_OR_RETURN(int port, server.Start());
 ///
 /// Contract:
 /// - Start() binds synchronously, so a busy port is an error from Start() (it

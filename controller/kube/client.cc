@@ -155,7 +155,7 @@ KubeClient::~KubeClient() { Shutdown(); }
 
 Result<std::unique_ptr<KubeClient>> KubeClient::Create(ClusterConfig config, ClientOptions options) {
   std::unique_ptr<KubeClient> c(new KubeClient(std::move(config), std::move(options)));
-  RETURN_IF_ERROR(c->Init());
+  MESHLOAD_RETURN_IF_ERROR(c->Init());
   return c;
 }
 
@@ -189,7 +189,7 @@ Status KubeClient::Init() {
   }
   // One connection up front: a bad client certificate or key fails here,
   // with a clear message, and not on the first request.
-  ASSIGN_OR_RETURN(auto conn, NewConnection(options_.request_timeout));
+  MESHLOAD_ASSIGN_OR_RETURN(auto conn, NewConnection(options_.request_timeout));
   ReturnConnection(std::move(conn));
   return Status::Ok();
 }
@@ -400,7 +400,7 @@ Status KubeClient::Watch(const std::string& path, const std::function<bool(nlohm
   if (!limiter_.Acquire(stopping_)) return Status(StatusCode::kCancelled, "the client is shutting down");
   // A watch may legitimately be silent for its whole timeoutSeconds; the read
   // timeout only guards against a dead peer.
-  ASSIGN_OR_RETURN(auto conn, NewConnection(options_.request_timeout + std::chrono::seconds(600)));
+  MESHLOAD_ASSIGN_OR_RETURN(auto conn, NewConnection(options_.request_timeout + std::chrono::seconds(600)));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_.load() ||

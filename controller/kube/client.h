@@ -1,7 +1,7 @@
 /// \file
 /// KubeClient: a small Kubernetes REST client over cpp-httplib + OpenSSL.
 ///
-///   ASSIGN_OR_RETURN(auto client, KubeClient::Create(config, {.qps = 20, .burst = 30}));
+///   MESHLOAD_ASSIGN_OR_RETURN(auto client, KubeClient::Create(config, {.qps = 20, .burst = 30}));
 ///   ApiResponse r = client->Get("/api/v1/namespaces/default/pods/trainer-0");
 ///   if (r.code == 404) ...; if (!r.ok()) return r.ToStatus("get pod");
 ///

@@ -56,7 +56,7 @@ Result<std::string> FileOrData(const YAML::Node& n, const std::string& field, co
 }  // namespace
 
 Result<ClusterConfig> LoadKubeconfig(const std::string& path, const std::string& context_name) {
-  ASSIGN_OR_RETURN(std::string text, ReadFile(path, "the kubeconfig"));
+  MESHLOAD_ASSIGN_OR_RETURN(std::string text, ReadFile(path, "the kubeconfig"));
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -87,7 +87,7 @@ Result<ClusterConfig> LoadKubeconfig(const std::string& path, const std::string&
   if (cfg.server.rfind("https://", 0) != 0 && cfg.server.rfind("http://", 0) != 0) {
     return InvalidArgument("server must be an http:// or https:// URL, got '" + cfg.server + "'", cwhere);
   }
-  ASSIGN_OR_RETURN(cfg.ca_pem, FileOrData(cluster, "certificate-authority", base, cwhere));
+  MESHLOAD_ASSIGN_OR_RETURN(cfg.ca_pem, FileOrData(cluster, "certificate-authority", base, cwhere));
   std::string insecure = Str(cluster, "insecure-skip-tls-verify");
   cfg.insecure_skip_tls_verify = insecure == "true";
   if (!Str(cluster, "tls-server-name").empty()) {
@@ -113,11 +113,11 @@ Result<ClusterConfig> LoadKubeconfig(const std::string& path, const std::string&
         fs::path p(token_file);
         if (p.is_relative()) p = base / p;
         cfg.token_file = p.string();
-        ASSIGN_OR_RETURN(std::string t, ReadFile(cfg.token_file, uwhere + ".tokenFile"));
+        MESHLOAD_ASSIGN_OR_RETURN(std::string t, ReadFile(cfg.token_file, uwhere + ".tokenFile"));
         (void)t;
       }
-      ASSIGN_OR_RETURN(cfg.client_cert_pem, FileOrData(user, "client-certificate", base, uwhere));
-      ASSIGN_OR_RETURN(cfg.client_key_pem, FileOrData(user, "client-key", base, uwhere));
+      MESHLOAD_ASSIGN_OR_RETURN(cfg.client_cert_pem, FileOrData(user, "client-certificate", base, uwhere));
+      MESHLOAD_ASSIGN_OR_RETURN(cfg.client_key_pem, FileOrData(user, "client-key", base, uwhere));
       if (cfg.client_cert_pem.empty() != cfg.client_key_pem.empty()) {
         return InvalidArgument("client-certificate and client-key must be given together", uwhere);
       }
@@ -148,9 +148,9 @@ Result<ClusterConfig> InClusterConfig(const std::string& dir, const std::map<std
   bool v6 = host.find(':') != std::string::npos;
   cfg.server = "https://" + (v6 ? "[" + host + "]" : host) + ":" + port;
   cfg.token_file = dir + "/token";
-  ASSIGN_OR_RETURN(std::string token, ReadFile(cfg.token_file, "the service account token"));
+  MESHLOAD_ASSIGN_OR_RETURN(std::string token, ReadFile(cfg.token_file, "the service account token"));
   (void)token;
-  ASSIGN_OR_RETURN(cfg.ca_pem, ReadFile(dir + "/ca.crt", "the cluster CA"));
+  MESHLOAD_ASSIGN_OR_RETURN(cfg.ca_pem, ReadFile(dir + "/ca.crt", "the cluster CA"));
   auto ns = ReadFile(dir + "/namespace", "the namespace");
   if (ns.ok()) {
     std::string n = *ns;

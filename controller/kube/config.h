@@ -2,7 +2,7 @@
 /// Where the Kubernetes API server is and how to authenticate to it: a
 /// kubeconfig file (as kubectl reads it) or the in-cluster service account.
 ///
-///   ASSIGN_OR_RETURN(ClusterConfig cfg, LoadClusterConfig(flag_kubeconfig));
+///   MESHLOAD_ASSIGN_OR_RETURN(ClusterConfig cfg, LoadClusterConfig(flag_kubeconfig));
 ///
 /// Resolution order of LoadClusterConfig (client-go's): the --kubeconfig flag;
 /// $KUBECONFIG (its first existing file); the in-cluster service account when

@@ -195,7 +195,7 @@ WebhookServer::WebhookServer(metrics::Registry* registry, JobLookup jobs, Inject
 WebhookServer::~WebhookServer() { Stop(); }
 
 Result<int> WebhookServer::Start() {
-  RETURN_IF_ERROR(certs_->Load());
+  MESHLOAD_RETURN_IF_ERROR(certs_->Load());
   CertificateStore* store = certs_.get();
   auto server = std::make_unique<httplib::SSLServer>([store](SSL_CTX& ctx) {
     SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION);

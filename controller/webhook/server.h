@@ -4,7 +4,7 @@
 ///
 ///   WebhookServer server(&registry, lookup, injector_options,
 ///                        {.port = 9443, .cert_dir = "/etc/meshload/webhook"});
-///   ASSIGN_OR_RETURN(int port, server.Start());
+///   MESHLOAD_ASSIGN_OR_RETURN(int port, server.Start());
 ///
 /// Contract:
 /// - TLS only (1.2 or later), with the serving certificate and key from

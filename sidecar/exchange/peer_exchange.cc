@@ -328,8 +328,8 @@ class PeerExchange::Impl {
       (outbound ? out_ : in_)[p] = std::move(c);
       return Status::Ok();
     };
-    for (int64_t p : send_to) RETURN_IF_ERROR(add(p, true));
-    for (int64_t p : receive_from) RETURN_IF_ERROR(add(p, false));
+    for (int64_t p : send_to) MESHLOAD_RETURN_IF_ERROR(add(p, true));
+    for (int64_t p : receive_from) MESHLOAD_RETURN_IF_ERROR(add(p, false));
     StartAccept();
     for (auto& [p, c] : out_) {
       c->deadline = Clock::now() + opt_.connect_timeout;
@@ -1497,7 +1497,7 @@ class PeerExchange::Impl {
 Result<std::unique_ptr<PeerExchange>> PeerExchange::Create(ExchangeOptions options, std::vector<int64_t> send_to,
                                                            std::vector<int64_t> receive_from) {
   auto impl = std::make_unique<Impl>(std::move(options));
-  RETURN_IF_ERROR(impl->Start(send_to, receive_from));
+  MESHLOAD_RETURN_IF_ERROR(impl->Start(send_to, receive_from));
   return std::unique_ptr<PeerExchange>(new PeerExchange(std::move(impl)));
 }
 

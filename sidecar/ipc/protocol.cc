@@ -381,7 +381,7 @@ Result<Message> Decode(std::string_view bytes) {
       const size_t at = r.pos();
       m.want_step = r.I64();
       if (r.ok() && m.want_step < -1) r.Fail(at, "want_step " + std::to_string(m.want_step) + " is negative");
-      RETURN_IF_ERROR(r.Finish());
+      MESHLOAD_RETURN_IF_ERROR(r.Finish());
       return Message(m);
     }
     case MessageType::kServerHello: {
@@ -434,7 +434,7 @@ Result<Message> Decode(std::string_view bytes) {
       }
       const uint32_t nb = r.Count("batch axes", kMaxMeshAxes);
       for (uint32_t i = 0; i < nb && r.ok(); ++i) m.mesh.batch_axes.push_back(r.Str("batch axis name"));
-      RETURN_IF_ERROR(r.Finish());
+      MESHLOAD_RETURN_IF_ERROR(r.Finish());
       const std::string at_payload = "@" + std::to_string(kHeaderBytes);
       if (m.memory != MemoryKind::kHostMemfd) {
         // Device memory: every device is a CUDA device named by its UUID,
@@ -474,7 +474,7 @@ Result<Message> Decode(std::string_view bytes) {
                                    " slots exceed the pool's " + std::to_string(m.pool_bytes) + " bytes",
                                "@" + std::to_string(kHeaderBytes));
       }
-      RETURN_IF_ERROR(CheckMesh(m, at_payload));
+      MESHLOAD_RETURN_IF_ERROR(CheckMesh(m, at_payload));
       return Message(std::move(m));
     }
     case MessageType::kReady: {
@@ -488,7 +488,7 @@ Result<Message> Decode(std::string_view bytes) {
         t.ids_checksum = r.U64();
         m.tensors.push_back(std::move(t));
       }
-      RETURN_IF_ERROR(r.Finish());
+      MESHLOAD_RETURN_IF_ERROR(r.Finish());
       if (m.step < 0) return InvalidArgument("negative step " + std::to_string(m.step), "@12");
       return Message(std::move(m));
     }
@@ -497,7 +497,7 @@ Result<Message> Decode(std::string_view bytes) {
       m.slot = r.U32();
       m.step = r.I64();
       m.wait_ns = r.U64();
-      RETURN_IF_ERROR(r.Finish());
+      MESHLOAD_RETURN_IF_ERROR(r.Finish());
       return Message(m);
     }
     case MessageType::kBye: {
@@ -511,7 +511,7 @@ Result<Message> Decode(std::string_view bytes) {
         if (r.ok() && h.step < 0) r.Fail(at + 4, "negative step " + std::to_string(h.step));
         m.held.push_back(h);
       }
-      RETURN_IF_ERROR(r.Finish());
+      MESHLOAD_RETURN_IF_ERROR(r.Finish());
       return Message(std::move(m));
     }
     case MessageType::kError: {
@@ -521,7 +521,7 @@ Result<Message> Decode(std::string_view bytes) {
       if (r.ok() && (code < 1 || code > 6)) r.Fail(at, "unknown error code " + std::to_string(code));
       m.code = static_cast<ErrorCode>(code);
       m.message = r.Str("message");
-      RETURN_IF_ERROR(r.Finish());
+      MESHLOAD_RETURN_IF_ERROR(r.Finish());
       return Message(std::move(m));
     }
   }

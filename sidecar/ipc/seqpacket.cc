@@ -29,7 +29,7 @@ Result<sockaddr_un> Address(const std::string& path) {
 }  // namespace
 
 Result<UniqueFd> ListenSeqpacket(const std::string& path, mode_t mode) {
-  ASSIGN_OR_RETURN(sockaddr_un addr, Address(path));
+  MESHLOAD_ASSIGN_OR_RETURN(sockaddr_un addr, Address(path));
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
@@ -57,7 +57,7 @@ Result<UniqueFd> ListenSeqpacket(const std::string& path, mode_t mode) {
 }
 
 Result<UniqueFd> ConnectSeqpacket(const std::string& path) {
-  ASSIGN_OR_RETURN(sockaddr_un addr, Address(path));
+  MESHLOAD_ASSIGN_OR_RETURN(sockaddr_un addr, Address(path));
   // Non-blocking for the connect only: a listener whose queue is full (a
   // sidecar that is stopping, or too busy to accept) makes connect() fail
   // with EAGAIN instead of blocking the trainer, ignoring its timeout and

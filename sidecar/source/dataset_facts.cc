@@ -11,7 +11,7 @@ namespace meshload::source {
 Result<NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size) {
   const std::string where = RedactUri(name);
   std::string head(static_cast<size_t>(std::min<uint64_t>(kNpyPreambleBytes, size)), '\0');
-  RETURN_IF_ERROR(source.Read(name, 0, head.data(), head.size()));
+  MESHLOAD_RETURN_IF_ERROR(source.Read(name, 0, head.data(), head.size()));
   Result<uint64_t> data_offset = NpyDataOffset(head);
   if (!data_offset.ok()) return data_offset.status().WithLocationPrefix(where);
   // Bounded: NpyDataOffset caps the header at about 1 MiB.
@@ -19,7 +19,7 @@ Result<NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_
   if (want > head.size()) {
     const size_t got = head.size();
     head.resize(static_cast<size_t>(want));
-    RETURN_IF_ERROR(source.Read(name, got, head.data() + got, want - got));
+    MESHLOAD_RETURN_IF_ERROR(source.Read(name, got, head.data() + got, want - got));
   }
   Result<NpyHeader> header = ParseNpyHeader(head);
   if (!header.ok()) return header.status().WithLocationPrefix(where);
@@ -37,9 +37,9 @@ Status S3OptionsForDataset(const DatasetSpec& spec, S3Options& s3) {
 }
 
 Result<DatasetIndex> IndexDataset(const DatasetSpec& spec, SourceRegistry& sources, Diagnostics& diags) {
-  ASSIGN_OR_RETURN(auto found, sources.For(spec.uri));
+  MESHLOAD_ASSIGN_OR_RETURN(auto found, sources.For(spec.uri));
   auto [source, name] = found;
-  ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source->List(name));
+  MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source->List(name));
   std::vector<DatasetIndex::FileFacts> files;
   files.reserve(objects.size());
   std::vector<std::pair<std::string, std::string>> secret;  // names whose redacted form differs

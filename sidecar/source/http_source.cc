@@ -456,7 +456,7 @@ class internal::HttpTransport::Impl {
     // A 206 body cut short leaves its bytes in place: the next attempt asks
     // for the rest only.
     uint64_t done = 0;
-    RETURN_IF_ERROR(WithRetries(url, location, [&] { return ReadAttempt(url, offset, len, iov, done); }));
+    MESHLOAD_RETURN_IF_ERROR(WithRetries(url, location, [&] { return ReadAttempt(url, offset, len, iov, done); }));
     observer_->OnRead(scheme_, len, std::chrono::duration<double>(Clock::now() - start).count());
     return Status::Ok();
   }
@@ -800,14 +800,14 @@ class HttpSource final : public Source {
   explicit HttpSource(const SourceOptions& options) : transport_(options, "http", {}), transport_tls_(options, "https", {}) {}
 
   Result<ObjectInfo> Stat(const std::string& uri) override {
-    ASSIGN_OR_RETURN(HttpUrl url, internal::ParseHttpUrl(uri));
+    MESHLOAD_ASSIGN_OR_RETURN(HttpUrl url, internal::ParseHttpUrl(uri));
     uint64_t size = 0;
-    RETURN_IF_ERROR(For(url).Stat(url, &size));
+    MESHLOAD_RETURN_IF_ERROR(For(url).Stat(url, &size));
     return ObjectInfo{size};
   }
 
   Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override {
-    ASSIGN_OR_RETURN(HttpUrl url, internal::ParseHttpUrl(uri));
+    MESHLOAD_ASSIGN_OR_RETURN(HttpUrl url, internal::ParseHttpUrl(uri));
     return For(url).ReadV(url, offset, iov);
   }
 
@@ -826,9 +826,9 @@ Status ValidateOptions(const SourceOptions& o) {
                          : InvalidArgument(
                                "must be positive, got " + std::to_string(d.count()) + " ms", field);
   };
-  RETURN_IF_ERROR(positive(o.connect_timeout, "connect_timeout"));
-  RETURN_IF_ERROR(positive(o.read_timeout, "read_timeout"));
-  RETURN_IF_ERROR(positive(o.write_timeout, "write_timeout"));
+  MESHLOAD_RETURN_IF_ERROR(positive(o.connect_timeout, "connect_timeout"));
+  MESHLOAD_RETURN_IF_ERROR(positive(o.read_timeout, "read_timeout"));
+  MESHLOAD_RETURN_IF_ERROR(positive(o.write_timeout, "write_timeout"));
   if (o.max_attempts < 1) {
     return InvalidArgument("must be at least 1, got " + std::to_string(o.max_attempts),
                            "max_attempts");
@@ -845,7 +845,7 @@ Status ValidateOptions(const SourceOptions& o) {
 }  // namespace
 
 Result<std::unique_ptr<Source>> MakeHttpSource(const SourceOptions& options) {
-  RETURN_IF_ERROR(ValidateOptions(options));
+  MESHLOAD_RETURN_IF_ERROR(ValidateOptions(options));
   return std::unique_ptr<Source>(std::make_unique<HttpSource>(options));
 }
 

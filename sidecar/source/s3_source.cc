@@ -420,17 +420,17 @@ class S3Source final : public Source {
   }
 
   Result<ObjectInfo> Stat(const std::string& uri) override {
-    ASSIGN_OR_RETURN(S3Uri loc, internal::ParseS3Uri(uri));
+    MESHLOAD_ASSIGN_OR_RETURN(S3Uri loc, internal::ParseS3Uri(uri));
     if (loc.key.empty() || loc.key.back() == '/') {
       return InvalidArgument("names a prefix, not an object", RedactUri(uri));
     }
     uint64_t size = 0;
-    RETURN_IF_ERROR(transport_.Stat(Url(loc.bucket, loc.key, ""), &size));
+    MESHLOAD_RETURN_IF_ERROR(transport_.Stat(Url(loc.bucket, loc.key, ""), &size));
     return ObjectInfo{size};
   }
 
   Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override {
-    ASSIGN_OR_RETURN(S3Uri loc, internal::ParseS3Uri(uri));
+    MESHLOAD_ASSIGN_OR_RETURN(S3Uri loc, internal::ParseS3Uri(uri));
     if (loc.key.empty() || loc.key.back() == '/') {
       return InvalidArgument("names a prefix, not an object", RedactUri(uri));
     }
@@ -440,7 +440,7 @@ class S3Source final : public Source {
   bool LatencyBound() const override { return true; }
 
   Result<std::vector<Listed>> List(const std::string& uri) override {
-    ASSIGN_OR_RETURN(S3Uri loc, internal::ParseS3Uri(uri));
+    MESHLOAD_ASSIGN_OR_RETURN(S3Uri loc, internal::ParseS3Uri(uri));
     const std::string where = "s3://" + loc.bucket + "/" + loc.key;
     const std::string& key = loc.key;
     std::vector<Listed> out;
@@ -452,7 +452,7 @@ class S3Source final : public Source {
       if (pattern.find('/') != std::string::npos) {
         return InvalidArgument("a glob may only be in the last path segment", where);
       }
-      ASSIGN_OR_RETURN(internal::S3ListPage all, ListAll(loc.bucket, dir));
+      MESHLOAD_ASSIGN_OR_RETURN(internal::S3ListPage all, ListAll(loc.bucket, dir));
       for (auto& o : all.objects) {
         const std::string name = o.name.substr(dir.size());
         if ((name.empty() || name[0] != '.' || pattern[0] == '.') && internal::GlobMatch(pattern, name)) {
@@ -461,9 +461,9 @@ class S3Source final : public Source {
       }
       if (out.empty()) return NotFound("the glob matches no object", where);
     } else if (key.empty() || key.back() == '/') {
-      ASSIGN_OR_RETURN(out, Directory(loc.bucket, key, where));
+      MESHLOAD_ASSIGN_OR_RETURN(out, Directory(loc.bucket, key, where));
     } else {
-      ASSIGN_OR_RETURN(internal::S3ListPage all, ListAll(loc.bucket, key));
+      MESHLOAD_ASSIGN_OR_RETURN(internal::S3ListPage all, ListAll(loc.bucket, key));
       for (auto& o : all.objects) {
         if (o.name == key) out.push_back({"s3://" + loc.bucket + "/" + o.name, o.size});
       }
@@ -472,7 +472,7 @@ class S3Source final : public Source {
             all.common_prefixes.end()) {
           return NotFound("no such object, and no objects under " + where + "/", where);
         }
-        ASSIGN_OR_RETURN(out, Directory(loc.bucket, key + "/", where));
+        MESHLOAD_ASSIGN_OR_RETURN(out, Directory(loc.bucket, key + "/", where));
       }
     }
     std::sort(out.begin(), out.end(), [](const Listed& a, const Listed& b) { return a.name < b.name; });
@@ -581,7 +581,7 @@ class S3Source final : public Source {
       HttpUrl url = Url(bucket, "", internal::CanonicalQuery(query));
       url.redacted = "s3://" + bucket + "/" + prefix;
       std::string body;
-      RETURN_IF_ERROR(transport_.GetBody(url, &body, 64ull << 20));
+      MESHLOAD_RETURN_IF_ERROR(transport_.GetBody(url, &body, 64ull << 20));
       auto parsed = internal::ParseListObjectsV2(body);
       if (!parsed.ok()) {
         return Status(parsed.status().code(),
@@ -601,7 +601,7 @@ class S3Source final : public Source {
   // The direct, non-hidden objects under `prefix` (which ends in '/' or is empty).
   Result<std::vector<Listed>> Directory(const std::string& bucket, const std::string& prefix,
                                         const std::string& where) {
-    ASSIGN_OR_RETURN(internal::S3ListPage all, ListAll(bucket, prefix));
+    MESHLOAD_ASSIGN_OR_RETURN(internal::S3ListPage all, ListAll(bucket, prefix));
     std::vector<Listed> out;
     for (auto& o : all.objects) {
       const std::string name = o.name.substr(prefix.size());

@@ -146,7 +146,7 @@ class Source {
   /// path segment. kNotFound naming `uri` when it names nothing. The
   /// default: the one object, by Stat.
   virtual Result<std::vector<Listed>> List(const std::string& uri) {
-    ASSIGN_OR_RETURN(ObjectInfo info, Stat(uri));
+    MESHLOAD_ASSIGN_OR_RETURN(ObjectInfo info, Stat(uri));
     return std::vector<Listed>{{uri, info.size}};
   }
 

@@ -37,7 +37,7 @@ Result<std::unique_ptr<DeviceSlotMemory>> DeviceSlotMemory::Create(const cuda::D
   if (share == DeviceShare::kCudaVmm) {
     uint64_t g = 1;
     for (int o : m->ordinals_) {
-      ASSIGN_OR_RETURN(uint64_t dg, driver.Granularity(o));
+      MESHLOAD_ASSIGN_OR_RETURN(uint64_t dg, driver.Granularity(o));
       g = std::max(g, dg);
     }
     m->alloc_bytes_ = (largest + g - 1) / g * g;
@@ -57,16 +57,16 @@ Result<std::unique_ptr<DeviceSlotMemory>> DeviceSlotMemory::Create(const cuda::D
     const int o = m->ordinals_[i];
     for (uint32_t s = 0; s < slots; ++s) {
       if (share == DeviceShare::kCudaVmm) {
-        ASSIGN_OR_RETURN(auto a, driver.AllocateShareable(o, m->alloc_bytes_));
-        ASSIGN_OR_RETURN(UniqueFd fd, a->Export());
+        MESHLOAD_ASSIGN_OR_RETURN(auto a, driver.AllocateShareable(o, m->alloc_bytes_));
+        MESHLOAD_ASSIGN_OR_RETURN(UniqueFd fd, a->Export());
         m->vmm_.push_back(std::move(a));
         m->exported_.push_back(std::move(fd));
       } else {
-        ASSIGN_OR_RETURN(auto a, driver.AllocateIpc(o, m->alloc_bytes_));
+        MESHLOAD_ASSIGN_OR_RETURN(auto a, driver.AllocateIpc(o, m->alloc_bytes_));
         m->ipc_.push_back(std::move(a));
       }
     }
-    ASSIGN_OR_RETURN(auto stream, driver.CreateStream(o, slots));
+    MESHLOAD_ASSIGN_OR_RETURN(auto stream, driver.CreateStream(o, slots));
     m->streams_.push_back(std::move(stream));
   }
   // Replicas copy from their shard's first device, over the peer path:
@@ -143,21 +143,21 @@ Status DeviceSlotMemory::CopyAndFence(uint32_t slot, const uint8_t* host_slot) {
     // A shard's first device, or a replica that cannot reach it: from the
     // host slot (the first device's bytes; replicas are not assembled there).
     const auto& src = layout_.devices[static_cast<size_t>(p)];
-    RETURN_IF_ERROR(streams_[i]->CopyToDevice(ptr(i, slot), host_slot + src.offset, layout_.devices[i].nbytes));
-    RETURN_IF_ERROR(streams_[i]->Record(slot));
+    MESHLOAD_RETURN_IF_ERROR(streams_[i]->CopyToDevice(ptr(i, slot), host_slot + src.offset, layout_.devices[i].nbytes));
+    MESHLOAD_RETURN_IF_ERROR(streams_[i]->Record(slot));
   }
   for (size_t i = 0; i < ordinals_.size(); ++i) {
-    if (primary_[i] == static_cast<int>(i) || via_host_[i]) RETURN_IF_ERROR(streams_[i]->Wait(slot));
+    if (primary_[i] == static_cast<int>(i) || via_host_[i]) MESHLOAD_RETURN_IF_ERROR(streams_[i]->Wait(slot));
   }
   if (!peer_replicas) return Status::Ok();
   for (size_t i = 0; i < ordinals_.size(); ++i) {
     const int p = primary_[i];
     if (p == static_cast<int>(i) || via_host_[i]) continue;
-    RETURN_IF_ERROR(streams_[i]->CopyFromPeer(ptr(i, slot), ptr(p, slot), ordinals_[p], layout_.devices[i].nbytes));
-    RETURN_IF_ERROR(streams_[i]->Record(slot));
+    MESHLOAD_RETURN_IF_ERROR(streams_[i]->CopyFromPeer(ptr(i, slot), ptr(p, slot), ordinals_[p], layout_.devices[i].nbytes));
+    MESHLOAD_RETURN_IF_ERROR(streams_[i]->Record(slot));
   }
   for (size_t i = 0; i < ordinals_.size(); ++i) {
-    if (primary_[i] != static_cast<int>(i) && !via_host_[i]) RETURN_IF_ERROR(streams_[i]->Wait(slot));
+    if (primary_[i] != static_cast<int>(i) && !via_host_[i]) MESHLOAD_RETURN_IF_ERROR(streams_[i]->Wait(slot));
   }
   return Status::Ok();
 }

@@ -92,7 +92,9 @@ if env -u PYTHONPATH PYTHONDONTWRITEBYTECODE=1 "$WORK/wheel-env/bin/python" \
   tail -1 "$WORK/client-test.log"
   passed=$((passed + 1))
 else
-  tail -60 "$WORK/client-test.log"
+  # The failures first (unittest's FAIL/ERROR blocks), then the end of the log.
+  awk '/^(FAIL|ERROR): /{p=1} p{print} /^Ran [0-9]+ tests?/{p=0}' "$WORK/client-test.log" | head -120
+  tail -30 "$WORK/client-test.log"
   fail "tests/client/client_test.py with the installed wheel"
 fi
 rm -rf "$SRC"

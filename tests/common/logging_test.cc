@@ -1,4 +1,5 @@
 #include "common/logging.h"
+#include "tests/testing/status_matchers.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -41,7 +42,7 @@ TEST(Logging, LevelsFilterAndParse) {
 
 TEST(Logging, EnvironmentSetsLevelAndRejectsNonsenseByName) {
   ::setenv("MESHLOAD_LOG_LEVEL", "debug", 1);
-  ASSERT_TRUE(ConfigureLoggingFromEnv().ok());
+  ASSERT_OK(ConfigureLoggingFromEnv());
   EXPECT_EQ(CurrentLogLevel(), LogLevel::kDebug);
   ::setenv("MESHLOAD_LOG_LEVEL", "chatty", 1);
   Status s = ConfigureLoggingFromEnv();

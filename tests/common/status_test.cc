@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/diagnostics.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload {
 namespace {
@@ -13,13 +14,13 @@ Result<int> Half(int x) {
 }
 
 Result<int> Quarter(int x) {
-  ASSIGN_OR_RETURN(int h, Half(x));
-  ASSIGN_OR_RETURN(int q, Half(h));
+  MESHLOAD_ASSIGN_OR_RETURN(int h, Half(x));
+  MESHLOAD_ASSIGN_OR_RETURN(int q, Half(h));
   return q;
 }
 
 Status CheckEven(int x) {
-  RETURN_IF_ERROR(Half(x).status());
+  MESHLOAD_RETURN_IF_ERROR(Half(x).status());
   return Status::Ok();
 }
 
@@ -35,7 +36,7 @@ TEST(Status, LocationPrefixesJoinFilesOffsetsAndFields) {
   EXPECT_EQ(InvalidArgument("x", "mesh").WithLocationPrefix("spec").location(), "spec.mesh");
   EXPECT_EQ(InvalidArgument("x", "[2]").WithLocationPrefix("axes").location(), "axes[2]");
   EXPECT_EQ(InvalidArgument("x").WithLocationPrefix("f").location(), "f");
-  EXPECT_TRUE(Status::Ok().WithLocationPrefix("f").ok());
+  EXPECT_OK(Status::Ok().WithLocationPrefix("f"));
 }
 
 TEST(Result, MacrosPropagateTheFirstError) {
@@ -43,14 +44,29 @@ TEST(Result, MacrosPropagateTheFirstError) {
   Result<int> r = Quarter(6);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().ToString(), "x: must be even, got 3");
-  EXPECT_TRUE(CheckEven(4).ok());
+  EXPECT_OK(CheckEven(4));
   EXPECT_EQ(CheckEven(5).code(), StatusCode::kInvalidArgument);
 }
 
-TEST(Result, AnOkStatusIsNotAValue) {
-  Result<int> r{Status::Ok()};
-  EXPECT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+// Broken invariants crash, saying what broke; likely errors are statuses.
+TEST(ResultDeathTest, AResultMadeFromAnOkStatusAborts) {
+  EXPECT_DEATH({ Result<int> r{Status::Ok()}; }, "invariant broken at .*a Result made from an OK status");
+}
+
+TEST(ResultDeathTest, TheValueOfAnErrorAbortsPrintingTheError) {
+  EXPECT_DEATH({ (void)Quarter(6).value(); }, "value\\(\\) of a Result holding an error: x: must be even, got 3");
+}
+
+TEST(ResultDeathTest, MeshloadCheckAbortsWithItsMessage) {
+  EXPECT_DEATH(MESHLOAD_CHECK(1 + 1 == 3, "arithmetic"), "invariant broken at .*status_test.cc:[0-9]+: arithmetic");
+}
+
+TEST(StatusMatchers, AFailedExpectOkPrintsTheError) {
+  const Result<int> r = Quarter(6);
+  const ::testing::AssertionResult a = ::meshload::testing::IsOkFormat("Quarter(6)", r);
+  EXPECT_FALSE(a);
+  EXPECT_STREQ(a.message(), "Quarter(6) is not OK: x: must be even, got 3 (invalid_argument)");
+  EXPECT_TRUE(::meshload::testing::IsOkFormat("Quarter(8)", Quarter(8)));
 }
 
 TEST(Status, ErrnoErrorsSayWhatFailed) {
@@ -63,7 +79,7 @@ TEST(Status, ErrnoErrorsSayWhatFailed) {
 
 TEST(Diagnostics, CollectsEveryProblemAndSummarisesThem) {
   Diagnostics d;
-  EXPECT_TRUE(d.ToStatus().ok());
+  EXPECT_OK(d.ToStatus());
   d.Add("spec.a", "bad a");
   EXPECT_EQ(d.ToStatus().ToString(), "spec.a: bad a");
   d.Add(DataLoss("short", "f@3"));

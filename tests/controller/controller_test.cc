@@ -23,6 +23,7 @@
 #include "controller/reconciler.h"
 #include "controller/runtime/event_recorder.h"
 #include "tests/controller/test_env.h"
+#include "tests/testing/status_matchers.h"
 
 #include <httplib.h>
 
@@ -68,7 +69,7 @@ class ControllerTest : public ::testing::Test {
     if (options.watch_namespace.empty()) options.watch_namespace = kNs;
     controller_client_ = cluster_.ControllerClient();
     controller_ = std::make_unique<Controller>(controller_client_.get(), registry_.get(), options);
-    ASSERT_TRUE(controller_->Start(10s).ok());
+    ASSERT_OK(controller_->Start(10s));
     controller_->StartWorkers();
   }
   void StopController() {
@@ -193,7 +194,7 @@ TEST_F(ControllerTest, ReconcileWithNothingChangedMakesZeroWrites) {
   Settle();
   EXPECT_GT(controller_->reconciles(), reconciles);
   ReconcileResult r;
-  ASSERT_TRUE(controller_->reconciler().Reconcile(std::string(kNs) + "/train", &r).ok());
+  ASSERT_OK(controller_->reconciler().Reconcile(std::string(kNs) + "/train", &r));
   EXPECT_EQ(r.writes, 0);
   EXPECT_EQ(Writes(), before) << "an idle reconcile must not write";
 }
@@ -215,7 +216,7 @@ TEST_F(ControllerTest, InvalidSpecIsValidFalseWithTheMessagesAndNothingElse) {
   // Fixing the spec: generation moves, the job becomes valid and configured.
   job["spec"]["batch"]["globalBatchSize"] = 32;
   job.erase("status");
-  ASSERT_TRUE(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/broken", job).ok());
+  ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/broken", job));
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("broken")["status"]["phase"] == "Running"; }));
   json fixed = Job("broken");
   EXPECT_EQ(fixed["status"]["observedGeneration"], 2);
@@ -234,7 +235,7 @@ TEST_F(ControllerTest, AConfigMapOfTheSameNameThatIsNotTheJobsIsLeftAloneAndRepo
                {"kind", "ConfigMap"},
                {"metadata", {{"name", "train-meshload"}, {"namespace", kNs}}},
                {"data", {{"owner", "somebody else"}}}};
-  ASSERT_TRUE(cluster_.client().Post(cms, mine).ok());
+  ASSERT_OK(cluster_.client().Post(cms, mine));
   cluster_.CreateJob(cluster_.JobManifest(kNs, "train", 2, "llm"));
   StartController();
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("train")["status"]["phase"] == "Degraded"; }))
@@ -252,7 +253,7 @@ TEST_F(ControllerTest, AConfigMapOfTheSameNameThatIsNotTheJobsIsLeftAloneAndRepo
   EXPECT_FALSE(cm["metadata"].contains("ownerReferences"));
 
   // Once it is gone, the job gets its own.
-  ASSERT_TRUE(cluster_.client().Delete(cms + "/train-meshload").ok());
+  ASSERT_OK(cluster_.client().Delete(cms + "/train-meshload"));
   controller_->queue().Add(std::string(kNs) + "/train");
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("train")["status"]["phase"] == "Running"; }))
       << Job("train")["status"].dump(2);
@@ -270,7 +271,7 @@ TEST_F(ControllerTest, ItsOwnConfigMapWithTheLabelsTakenOffIsTakenBack) {
   cm["metadata"].erase("labels");
   cm["data"]["planHash"] = "edited";
   const std::string path = std::string("/api/v1/namespaces/") + kNs + "/configmaps/train-meshload";
-  ASSERT_TRUE(cluster_.client().Put(path, cm).ok());
+  ASSERT_OK(cluster_.client().Put(path, cm));
   controller_->queue().Add(std::string(kNs) + "/train");
   ASSERT_TRUE(TestCluster::Eventually([&] {
     json now = ConfigMapOf("train");
@@ -479,7 +480,7 @@ TEST_F(ControllerTest, AnExistingPeerSecretIsKeptAndAnInvalidJobGetsNone) {
                                                {"kind", "Secret"},
                                                {"metadata", {{"name", "own-meshload-peer"}}},
                                                {"stringData", {{"secret", "the user's own secret, 32 bytes+"}}}});
-  ASSERT_TRUE(mine.ok()) << mine.message();
+  ASSERT_OK(mine) << mine.message();
   ReadyPods("own", 2);
   cluster_.CreateJob(cluster_.JobManifest(kNs, "own", 2, "own"));
   cluster_.CreateJob(InvalidManifest("bad", "bad"));
@@ -497,13 +498,13 @@ TEST_F(ControllerTest, AnExistingPeerSecretIsKeptAndAnInvalidJobGetsNone) {
   // The valid job goes invalid: its status keeps the Secret's name.
   json job = Job("own");
   job["spec"]["batch"]["globalBatchSize"] = 3;
-  ASSERT_TRUE(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own", job).ok());
+  ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own", job));
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("own")["status"]["phase"] == "Failed"; }));
   EXPECT_EQ(Job("own")["status"]["peerSecretName"], "own-meshload-peer");
   EXPECT_FALSE(Job("own")["status"].contains("peerSecretUID")) << "found, not made";
 
   // Deleting the job leaves the user's Secret alone.
-  ASSERT_TRUE(cluster_.client().Delete(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own").ok());
+  ASSERT_OK(cluster_.client().Delete(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own"));
   ASSERT_TRUE(TestCluster::Eventually([&] {
     return cluster_.client().Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own").code == 404;
   }));
@@ -526,7 +527,7 @@ TEST_F(ControllerTest, APeerSecretIsLabelledWithItsJobInstanceAndGoesWithIt) {
   EXPECT_EQ(made["metadata"]["labels"]["meshload.io/job"], "again");
   EXPECT_EQ(Job("again")["status"]["peerSecretUID"], made["metadata"]["uid"]);
 
-  ASSERT_TRUE(cluster_.client().Delete(jobs + "/again").ok());
+  ASSERT_OK(cluster_.client().Delete(jobs + "/again"));
   ASSERT_TRUE(TestCluster::Eventually([&] { return cluster_.client().Get(jobs + "/again").code == 404; }));
   EXPECT_EQ(cluster_.client().Get(secrets + "/again-meshload-peer").code, 404);
 
@@ -718,7 +719,7 @@ TEST_F(ControllerTest, DeletionCleansUpAndRemovesTheFinalizer) {
   Settle();
   ASSERT_TRUE(ConfigMapOf("del").is_object());
   auto r = cluster_.client().Delete(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/del");
-  ASSERT_TRUE(r.ok()) << r.message();
+  ASSERT_OK(r) << r.message();
   ASSERT_TRUE(TestCluster::Eventually(
       [&] {
         return cluster_.client().Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/del").code ==
@@ -755,7 +756,7 @@ TEST_F(ControllerTest, WithoutTheChartsFinalizersGrantTheServerRefusesTheOwnedCo
   }
   ASSERT_EQ(kept.size() + 1, cr["rules"].size()) << "the chart's role has no dataloadjobs/finalizers rule";
   cr["rules"] = kept;
-  ASSERT_TRUE(cluster_.client().Put(role, cr).ok());
+  ASSERT_OK(cluster_.client().Put(role, cr));
   cluster_.ExpectForbidden();
   // The authoriser follows the role by its own watch.
   ASSERT_TRUE(TestCluster::Eventually([&] {
@@ -874,7 +875,7 @@ json RunScenario(bool faults, const json& expect = nullptr) {
   options.watch_timeout = std::chrono::seconds(2);
   auto client = cluster.ControllerClient();  // default retries, as in production
   Controller controller(client.get(), &registry, options);
-  EXPECT_TRUE(controller.Start(120s).ok());
+  EXPECT_OK(controller.Start(120s));
   controller.StartWorkers();
   if (!faults) cluster.SetSidecar(kNs, "app2-2", true);
   if (chaos.joinable()) chaos.join();
@@ -1056,7 +1057,7 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   json job = Job("watched");
   job["spec"]["batch"]["globalBatchSize"] = 32;
   job.erase("status");
-  ASSERT_TRUE(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/watched", job).ok());
+  ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/watched", job));
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Pending"; }));
   ReadyPods("w", 2);
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Running"; }));
@@ -1115,7 +1116,7 @@ TEST_F(ControllerTest, EventsForAJobReadyAtOnceAndForEditsThatKeepItInvalid) {
   json job = Job("edited");
   job["spec"]["batch"]["globalBatchSize"] = 5;
   job.erase("status");
-  ASSERT_TRUE(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/edited", job).ok());
+  ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/edited", job));
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("edited")["status"]["observedGeneration"] == 2; }));
   SettleWithEvents(events);
   auto edited = EventsAbout(cluster_, "edited");
@@ -1134,7 +1135,7 @@ TEST(ControllerMetrics, ExposesReconcilesQueueAndApiRequests) {
   ControllerOptions options;
   options.watch_namespace = kNs;
   Controller controller(client.get(), &registry, options);
-  ASSERT_TRUE(controller.Start(10s).ok());
+  ASSERT_OK(controller.Start(10s));
   controller.SetLeader(true);
   controller.StartWorkers();
   ASSERT_TRUE(controller.WaitIdle(200ms, 20s));

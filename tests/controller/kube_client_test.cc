@@ -18,6 +18,7 @@
 #include "controller/kube/informer.h"
 #include "tests/controller/test_env.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload::kube {
 namespace {
@@ -43,13 +44,13 @@ TEST(KubeConfig, ReadsCurrentContextWithCaAndClientCertificateData) {
   TempDir dir;
   cluster.WriteKubeconfig(dir.path() + "/config");
   auto cfg = LoadKubeconfig(dir.path() + "/config");
-  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  ASSERT_OK(cfg);
   EXPECT_EQ(cfg->server, cluster.control_plane().server());
   EXPECT_EQ(cfg->ca_pem, cluster.control_plane().ca_pem());
   EXPECT_FALSE(cfg->client_cert_pem.empty());
   EXPECT_EQ(cfg->namespace_, cluster.ns());
   auto client = KubeClient::Create(*cfg);
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_OK(client);
   ApiResponse r = (*client)->Get("/api/v1/namespaces/" + cluster.ns() + "/configmaps");
   EXPECT_EQ(r.code, 200) << r.message();
 }
@@ -67,11 +68,11 @@ TEST(KubeConfig, FilePathsAreRelativeToTheKubeconfigAndTokenFilesAreRead) {
                                     "contexts:\n- name: a\n  context: {cluster: nope, user: u}\n"
                                     "- name: b\n  context: {cluster: c, user: u, namespace: training}\n");
   auto cfg = LoadKubeconfig(dir.path() + "/config");
-  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  ASSERT_OK(cfg);
   EXPECT_EQ(cfg->namespace_, "training");
   EXPECT_EQ(cfg->token_file, dir.path() + "/token");
   auto client = KubeClient::Create(*cfg);
-  ASSERT_TRUE(client.ok());
+  ASSERT_OK(client);
   EXPECT_EQ((*client)->Get("/api/v1/namespaces").code, 200);
   // Another context by name: its cluster does not exist.
   auto other = LoadKubeconfig(dir.path() + "/config", "a");
@@ -109,11 +110,11 @@ TEST(KubeConfig, InClusterReadsTheServiceAccountAndEnvironment) {
   Write(sa.path() + "/namespace", "meshload-system\n");
   const std::string port = std::to_string(cluster.control_plane().port("apiserver"));
   auto cfg = InClusterConfig(sa.path(), {{"KUBERNETES_SERVICE_HOST", "127.0.0.1"}, {"KUBERNETES_SERVICE_PORT", port}});
-  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  ASSERT_OK(cfg);
   EXPECT_EQ(cfg->server, "https://127.0.0.1:" + port);
   EXPECT_EQ(cfg->namespace_, "meshload-system");
   auto client = KubeClient::Create(*cfg);
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_OK(client);
   EXPECT_EQ((*client)->Get("/api/v1/namespaces").code, 200);
 
   // The token rotates (projected tokens do): the next request sends the new one.
@@ -132,15 +133,15 @@ TEST(KubeClient, WrongCaIsRefusedAndInsecureSkipVerifyConnects) {
   TestCluster cluster;
   ClusterConfig cfg = cluster.config();
   auto other = pki::MakeTestPki();  // another CA
-  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  ASSERT_OK(other);
   cfg.ca_pem = other->ca.cert_pem;
   auto client = KubeClient::Create(cfg, {.max_attempts = 1});
-  ASSERT_TRUE(client.ok());
+  ASSERT_OK(client);
   ApiResponse r = (*client)->Get("/api/v1/namespaces");
   EXPECT_EQ(r.code, 0) << "a server certificate from an unknown CA must not be accepted";
   cfg.insecure_skip_tls_verify = true;
   auto insecure = KubeClient::Create(cfg, {.max_attempts = 1});
-  ASSERT_TRUE(insecure.ok());
+  ASSERT_OK(insecure);
   EXPECT_EQ((*insecure)->Get("/api/v1/namespaces").code, 200);
 }
 
@@ -150,7 +151,7 @@ TEST(KubeClient, AnUnknownTokenIs401AndNoCredentialsAreTheAnonymousUser) {
   cfg.client_cert_pem.clear();
   cfg.client_key_pem.clear();
   auto anonymous = KubeClient::Create(cfg);
-  ASSERT_TRUE(anonymous.ok());
+  ASSERT_OK(anonymous);
   ApiResponse r = (*anonymous)->Get("/api/v1/namespaces");
   EXPECT_EQ(r.code, 403) << "kube-apiserver authenticates no credentials as system:anonymous";
   EXPECT_NE(r.message().find("system:anonymous"), std::string::npos) << r.message();
@@ -211,7 +212,7 @@ TEST(KubeClient, ConnectionErrorsAreRetriedThenReported) {
   ClusterConfig cfg;
   cfg.server = "http://127.0.0.1:1";  // nothing listens
   auto client = KubeClient::Create(cfg, {.max_attempts = 3, .backoff_base = 1ms});
-  ASSERT_TRUE(client.ok());
+  ASSERT_OK(client);
   ApiResponse r = (*client)->Get("/api/v1/namespaces");
   EXPECT_EQ(r.code, 0);
   EXPECT_EQ(r.attempts, 3);
@@ -318,7 +319,7 @@ TEST(Informer, GoneResourceVersionRelistsAndSeesDeletionsItMissed) {
   // Other writes move etcd's revision on, then history is compacted past
   // the informer's resource version.
   for (int i = 0; i < 3; ++i) cluster.client().Post(cms, ConfigMap(ns, "y" + std::to_string(i)));
-  ASSERT_TRUE(cluster.control_plane().Compact().ok());
+  ASSERT_OK(cluster.control_plane().Compact());
   EXPECT_TRUE(TestCluster::Eventually([&] { return inf.Get(ns, "x1") == nullptr && inf.Get(ns, "y2") != nullptr; }));
   EXPECT_GE(inf.relists_after_gone(), 1);
   EXPECT_GE(inf.lists(), 2);

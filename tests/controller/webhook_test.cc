@@ -20,6 +20,7 @@
 #include "controller/webhook/injector.h"
 #include "controller/webhook/server.h"
 #include "tests/testing/test_pki.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload::controller::webhook {
 namespace {
@@ -337,8 +338,8 @@ class TempDir {
 
 void WritePair(const std::string& dir, const pki::CertAndKey& pair) {
   // As the kubelet updates a Secret volume: new files, then a rename.
-  ASSERT_TRUE(pki::WritePem(dir + "/tls.crt.new", pair.cert_pem).ok());
-  ASSERT_TRUE(pki::WritePem(dir + "/tls.key.new", pair.key_pem).ok());
+  ASSERT_OK(pki::WritePem(dir + "/tls.crt.new", pair.cert_pem));
+  ASSERT_OK(pki::WritePem(dir + "/tls.key.new", pair.key_pem));
   std::filesystem::rename(dir + "/tls.key.new", dir + "/tls.key");
   std::filesystem::rename(dir + "/tls.crt.new", dir + "/tls.crt");
 }
@@ -353,11 +354,11 @@ TEST(WebhookServer, ServesOverTlsReloadsItsCertificateAndCounts) {
   WebhookServer server(&registry, Lookup(Job()), Options(),
                        {.bind_address = "127.0.0.1", .port = 0, .cert_dir = dir.path()});
   auto port = server.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
 
   TempDir cas;
-  ASSERT_TRUE(pki::WritePem(cas.path() + "/first.pem", first->ca.cert_pem).ok());
-  ASSERT_TRUE(pki::WritePem(cas.path() + "/second.pem", second->ca.cert_pem).ok());
+  ASSERT_OK(pki::WritePem(cas.path() + "/first.pem", first->ca.cert_pem));
+  ASSERT_OK(pki::WritePem(cas.path() + "/second.pem", second->ca.cert_pem));
   auto client = [&](const pki::TestPki& trust) {
     auto c = std::make_unique<httplib::SSLClient>("127.0.0.1", *port);
     c->set_ca_cert_path((cas.path() + (&trust == &*first ? "/first.pem" : "/second.pem")).c_str());
@@ -421,8 +422,8 @@ TEST(WebhookServer, AMissingOrMismatchedCertificateIsAnErrorNamingTheFile) {
   auto a = pki::MakeTestPki();
   auto b = pki::MakeTestPki();
   ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_TRUE(pki::WritePem(dir.path() + "/tls.crt", a->server.cert_pem).ok());
-  ASSERT_TRUE(pki::WritePem(dir.path() + "/tls.key", b->server.key_pem).ok());
+  ASSERT_OK(pki::WritePem(dir.path() + "/tls.crt", a->server.cert_pem));
+  ASSERT_OK(pki::WritePem(dir.path() + "/tls.key", b->server.key_pem));
   WebhookServer mismatched(nullptr, Lookup(Job()), Options(),
                            {.bind_address = "127.0.0.1", .port = 0, .cert_dir = dir.path()});
   r = mismatched.Start();

@@ -1,4 +1,5 @@
 #include "common/metrics/http_endpoints.h"
+#include "tests/testing/status_matchers.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -52,7 +53,7 @@ class HealthServerTest : public ::testing::Test {
 TEST_F(HealthServerTest, StartsOnAnEphemeralPortAndServesMetrics) {
   HealthServer server(registry_, nullptr, Loopback());
   Result<int> port = server.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
   EXPECT_GT(*port, 0);
   EXPECT_EQ(server.port(), *port);
   EXPECT_TRUE(server.running());
@@ -72,7 +73,7 @@ TEST_F(HealthServerTest, EachScrapeRunsTheCollectHooks) {
   registry_.AddCollectHook([&] { step.Set(current.load()); });
   HealthServer server(registry_, nullptr, Loopback());
   Result<int> port = server.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
   auto client = ClientFor(*port);
   current = 17;
   auto res = client.Get("/metrics");
@@ -83,7 +84,7 @@ TEST_F(HealthServerTest, EachScrapeRunsTheCollectHooks) {
 TEST_F(HealthServerTest, HealthzIsOkUntilMarkedUnhealthyWithAReason) {
   HealthServer server(registry_, nullptr, Loopback());
   Result<int> port = server.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
   auto client = ClientFor(*port);
 
   auto res = client.Get("/healthz");
@@ -114,7 +115,7 @@ TEST_F(HealthServerTest, ReadyzFollowsTheReadinessCheck) {
       },
       Loopback());
   Result<int> port = server.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
   auto client = ClientFor(*port);
 
   auto res = client.Get("/readyz");
@@ -132,7 +133,7 @@ TEST_F(HealthServerTest, ReadyzFollowsTheReadinessCheck) {
 TEST_F(HealthServerTest, NullReadinessCheckMeansReady) {
   HealthServer server(registry_, nullptr, Loopback());
   Result<int> port = server.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
   auto res = ClientFor(*port).Get("/readyz");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
@@ -144,7 +145,7 @@ TEST_F(HealthServerTest, ProgressServesTheCallersJsonAndIs404WithoutOne) {
   options.progress = [&] { return "{\"consumedStep\":" + std::to_string(calls++) + "}"; };
   HealthServer server(registry_, nullptr, options);
   Result<int> port = server.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
   auto client = ClientFor(*port);
   for (int i = 0; i < 2; ++i) {
     auto res = client.Get("/progress");
@@ -159,7 +160,7 @@ TEST_F(HealthServerTest, ProgressServesTheCallersJsonAndIs404WithoutOne) {
 
   HealthServer plain(registry_, nullptr, Loopback());
   Result<int> plain_port = plain.Start();
-  ASSERT_TRUE(plain_port.ok()) << plain_port.status().ToString();
+  ASSERT_OK(plain_port);
   auto res = ClientFor(*plain_port).Get("/progress");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 404);
@@ -168,7 +169,7 @@ TEST_F(HealthServerTest, ProgressServesTheCallersJsonAndIs404WithoutOne) {
 TEST_F(HealthServerTest, UnknownPathIs404WhateverTheMethod) {
   HealthServer server(registry_, nullptr, Loopback());
   Result<int> port = server.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
   auto client = ClientFor(*port);
   for (const char* path : {"/", "/metricsx", "/metrics/", "/favicon.ico"}) {
     auto res = client.Get(path);
@@ -183,7 +184,7 @@ TEST_F(HealthServerTest, UnknownPathIs404WhateverTheMethod) {
 TEST_F(HealthServerTest, NonGetMethodOnAnEndpointIs405WithAllowHeader) {
   HealthServer server(registry_, nullptr, Loopback());
   Result<int> port = server.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
   auto client = ClientFor(*port);
 
   auto post = client.Post("/metrics", "x=1", "application/x-www-form-urlencoded");
@@ -201,7 +202,7 @@ TEST_F(HealthServerTest, NonGetMethodOnAnEndpointIs405WithAllowHeader) {
 TEST_F(HealthServerTest, HeadIsAnsweredLikeGetWithoutABody) {
   HealthServer server(registry_, nullptr, Loopback());
   Result<int> port = server.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
   auto res = ClientFor(*port).Head("/healthz");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
@@ -234,7 +235,7 @@ TEST_F(HealthServerTest, StartOnAPortHeldByAnotherServerFailsNamingTheAddress) {
 TEST_F(HealthServerTest, StartOnAPortHeldByAnotherHealthServerFails) {
   HealthServer first(registry_, nullptr, Loopback());
   Result<int> port = first.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
   HealthServer second(registry_, nullptr, Loopback(*port));
   Result<int> again = second.Start();
   ASSERT_FALSE(again.ok());
@@ -255,7 +256,7 @@ TEST_F(HealthServerTest, StartOnAnAddressThatIsNotLocalFails) {
 
 TEST_F(HealthServerTest, StartWhileRunningFails) {
   HealthServer server(registry_, nullptr, Loopback());
-  ASSERT_TRUE(server.Start().ok());
+  ASSERT_OK(server.Start());
   Result<int> again = server.Start();
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
@@ -265,7 +266,7 @@ TEST_F(HealthServerTest, StopTwiceIsHarmlessAndStartAfterStopServesAgain) {
   HealthServer server(registry_, nullptr, Loopback());
   server.Stop();  // before any Start
   Result<int> port = server.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
   server.Stop();
   server.Stop();
   EXPECT_FALSE(server.running());
@@ -273,7 +274,7 @@ TEST_F(HealthServerTest, StopTwiceIsHarmlessAndStartAfterStopServesAgain) {
   EXPECT_FALSE(ClientFor(*port).Get("/healthz"));
 
   Result<int> restarted = server.Start();
-  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
+  ASSERT_OK(restarted);
   auto res = ClientFor(*restarted).Get("/healthz");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
@@ -285,7 +286,7 @@ TEST_F(HealthServerTest, StopJoinsEveryThreadTheServerStarted) {
   {
     HealthServer server(registry_, nullptr, Loopback());
     Result<int> port = server.Start();
-    ASSERT_TRUE(port.ok()) << port.status().ToString();
+    ASSERT_OK(port);
     for (int i = 0; i < 10; ++i) ASSERT_TRUE(ClientFor(*port).Get("/metrics"));
     EXPECT_GT(ThreadCount(), before);
     server.Stop();
@@ -299,7 +300,7 @@ TEST_F(HealthServerTest, DestructorStopsTheServer) {
   {
     HealthServer server(registry_, nullptr, Loopback());
     Result<int> started = server.Start();
-    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    ASSERT_OK(started);
     port = *started;
   }
   EXPECT_FALSE(ClientFor(port).Get("/healthz"));
@@ -308,7 +309,7 @@ TEST_F(HealthServerTest, DestructorStopsTheServer) {
 TEST_F(HealthServerTest, StopIsPromptWhileAClientHoldsAnIdleConnection) {
   HealthServer server(registry_, nullptr, Loopback());
   Result<int> port = server.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
 
   int sock = socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(sock, 0);
@@ -330,7 +331,7 @@ TEST_F(HealthServerTest, ServesConcurrentScrapesWhileMetricsChange) {
   Counter& reads = BuildCounter().Name("reads_total").Help("h").Register(registry_).Add({});
   HealthServer server(registry_, nullptr, Loopback());
   Result<int> port = server.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  ASSERT_OK(port);
 
   std::atomic<bool> done{false};
   std::thread writer([&] {

@@ -1,4 +1,5 @@
 #include "planner/mesh.h"
+#include "tests/testing/status_matchers.h"
 
 #include <gtest/gtest.h>
 
@@ -20,7 +21,7 @@ MeshSpec Mesh(int64_t processes, int64_t per_process, std::vector<MeshAxis> axes
 
 TEST(DeviceMesh, DevicesAreRowMajorWithTheLastAxisFastest) {
   auto m = DeviceMesh::Create(Mesh(3, 2, {{"data", 3}, {"model", 2}}));
-  ASSERT_TRUE(m.ok());
+  ASSERT_OK(m);
   EXPECT_EQ(m->Coordinates(0), (std::vector<int64_t>{0, 0}));
   EXPECT_EQ(m->Coordinates(1), (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(m->Coordinates(2), (std::vector<int64_t>{1, 0}));
@@ -31,7 +32,7 @@ TEST(DeviceMesh, DevicesAreRowMajorWithTheLastAxisFastest) {
 TEST(DeviceMesh, ShardIsRowMajorOverBatchAxesInTheirListedOrder) {
   // axes data=2, fsdp=3; batchAxes [fsdp, data] makes fsdp the major index.
   auto m = DeviceMesh::Create(Mesh(6, 1, {{"data", 2}, {"fsdp", 3}}, std::vector<std::string>{"fsdp", "data"}));
-  ASSERT_TRUE(m.ok());
+  ASSERT_OK(m);
   EXPECT_EQ(m->shards(), 6);
   // device 1 = (data 0, fsdp 1) -> shard 1*2 + 0 = 2
   EXPECT_EQ(m->ShardOf(1), 2);
@@ -43,7 +44,7 @@ TEST(DeviceMesh, ReplicaAxesShareShardsAndOwnersAreTheLowestProcess) {
   // model=2 is the replica axis and the major axis: processes 0,1 hold
   // model 0, processes 2,3 hold model 1 (one device each).
   auto m = DeviceMesh::Create(Mesh(4, 1, {{"model", 2}, {"data", 2}}, std::vector<std::string>{"data"}));
-  ASSERT_TRUE(m.ok());
+  ASSERT_OK(m);
   EXPECT_EQ(m->shards(), 2);
   EXPECT_EQ(m->ShardOf(0), 0);
   EXPECT_EQ(m->ShardOf(2), 0);
@@ -55,7 +56,7 @@ TEST(DeviceMesh, ReplicaAxesShareShardsAndOwnersAreTheLowestProcess) {
 
 TEST(DeviceMesh, FullReplicationHasOneShard) {
   auto m = DeviceMesh::Create(Mesh(2, 4, {{"data", 8}}, std::vector<std::string>{}));
-  ASSERT_TRUE(m.ok());
+  ASSERT_OK(m);
   EXPECT_EQ(m->shards(), 1);
   EXPECT_EQ(m->ProcessesOfShard(0), (std::vector<int64_t>{0, 1}));
 }

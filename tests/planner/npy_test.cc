@@ -1,4 +1,5 @@
 #include "planner/npy.h"
+#include "tests/testing/status_matchers.h"
 
 #include <fcntl.h>
 #include <stdlib.h>
@@ -152,10 +153,10 @@ TEST(NpyHeader, RoundTripsEveryDtypeAndShape) {
     for (const auto& shape : shapes) {
       SCOPED_TRACE(std::string(DTypeName(dtype)) + " rank " + std::to_string(shape.size()));
       Result<std::string> bytes = MakeNpyHeader(dtype, shape);
-      ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+      ASSERT_OK(bytes);
       EXPECT_EQ(bytes->size() % 64, 0u);
       Result<NpyHeader> h = ParseNpyHeader(*bytes);
-      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      ASSERT_OK(h);
       EXPECT_EQ(h->major_version, 1);
       EXPECT_EQ(h->minor_version, 0);
       EXPECT_EQ(h->descr, *NpyDescr(dtype));
@@ -198,7 +199,7 @@ TEST(NpyHeader, ParsesHeadersWrittenByNumpy) {
   for (const Case& c : cases) {
     SCOPED_TRACE(*c.bytes);
     Result<NpyHeader> h = ParseNpyHeader(*c.bytes);
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_OK(h);
     EXPECT_EQ(h->major_version, c.major);
     EXPECT_EQ(h->minor_version, 0);
     EXPECT_EQ(h->descr, c.descr);
@@ -225,7 +226,7 @@ TEST(NpyHeader, ParsesHandBuiltVersion1And2And3Headers) {
     SCOPED_TRACE(major);
     std::string bytes = Wrap(major, dict);
     Result<NpyHeader> h = ParseNpyHeader(bytes);
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_OK(h);
     EXPECT_EQ(h->major_version, major);
     EXPECT_EQ(h->data_offset, (major == 1 ? kV1Dict : kV2Dict) + dict.size());
     EXPECT_EQ(h->shape, (std::vector<uint64_t>{4, 5}));
@@ -238,7 +239,7 @@ TEST(NpyHeader, AcceptsVersion3Utf8PaddingAfterTheDict) {
   // header is plain ASCII, and a non-ASCII key is merely unknown.
   Result<NpyHeader> h = ParseNpyHeader(V3("{'descr': '<u1', 'fortran_order': False, "
                                           "'shape': (2,)}   \n"));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   std::string bytes = V3("{'d\xc3\xa9scr': '<u1', 'fortran_order': False, 'shape': (2,)}\n");
   ExpectInvalid(bytes, "unknown key 'd\\xc3\\xa9scr'", At(kV2Dict + 1));
 }
@@ -267,7 +268,7 @@ TEST(NpyHeader, AcceptsPythonSyntaxVariants) {
     // Unaligned (exact length) and padded to 64 as numpy does.
     for (const std::string& bytes : {V1(c.dict + "\n"), Padded(c.dict)}) {
       Result<NpyHeader> h = ParseNpyHeader(bytes);
-      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      ASSERT_OK(h);
       EXPECT_EQ(h->dtype, DType::kUint16);
       EXPECT_EQ(h->shape, c.shape);
       EXPECT_EQ(h->data_offset, bytes.size());
@@ -290,7 +291,7 @@ TEST(NpyHeader, AcceptsNativeAndNotApplicableByteOrders) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.descr);
     Result<NpyHeader> h = ParseNpyHeader(WithDescrAndShape(c.descr, "(2,)"));
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_OK(h);
     EXPECT_EQ(h->dtype, c.dtype);
     EXPECT_EQ(h->descr, c.descr);  // kept as written
   }
@@ -299,20 +300,20 @@ TEST(NpyHeader, AcceptsNativeAndNotApplicableByteOrders) {
 TEST(NpyHeader, IgnoresBytesAfterTheHeader) {
   std::string bytes = kNumpyB1_3 + Bytes("\x01\x00\x01 trailing data and more");
   Result<NpyHeader> h = ParseNpyHeader(bytes);
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   EXPECT_EQ(h->data_offset, 128u);
   EXPECT_EQ(h->data_bytes, 3u);
 }
 
 TEST(NpyHeader, AcceptsTheLargestDimensions) {
   Result<NpyHeader> h = ParseNpyHeader(WithDescrAndShape("|u1", "(18446744073709551615,)"));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   EXPECT_EQ(h->element_count, kU64Max);
   EXPECT_EQ(h->data_bytes, kU64Max);
   // A zero anywhere makes the product 0, even when other factors would overflow.
   h = ParseNpyHeader(
       WithDescrAndShape("<u8", "(18446744073709551615, 18446744073709551615, 0)"));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   EXPECT_EQ(h->element_count, 0u);
   EXPECT_EQ(h->data_bytes, 0u);
 }
@@ -613,7 +614,7 @@ TEST(NpyHeader, RejectsByteSizeOverflow) {
   ExpectInvalid(bytes, "byte size overflows uint64 (4611686018427387904 elements of 8 bytes)",
                 At(OffsetOf(bytes, "(4611")));
   Result<NpyHeader> h = ParseNpyHeader(WithDescrAndShape("<u4", "(4611686018427387903,)"));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   EXPECT_EQ(h->data_bytes, uint64_t{4611686018427387903} * 4);
 }
 
@@ -621,7 +622,7 @@ TEST(NpyHeader, RejectsMoreThan32Dimensions) {
   std::string dims;
   for (size_t i = 0; i < kNpyMaxRank; ++i) dims += "1, ";
   Result<NpyHeader> h = ParseNpyHeader(WithDescrAndShape("<u2", "(" + dims + ")"));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   EXPECT_EQ(h->shape.size(), kNpyMaxRank);
   std::string bytes = WithDescrAndShape("<u2", "(" + dims + "7)");
   ExpectInvalid(bytes, "shape has more than 32 dimensions", At(OffsetOf(bytes, "7)")));
@@ -671,10 +672,10 @@ TEST(MakeNpyHeader, KeepsNumpyGrowthPaddingForHugeFirstAxis) {
   // The first axis reserves room for 21 digits, so a 20-digit first axis
   // still yields a 64-aligned header that parses back.
   Result<std::string> r = MakeNpyHeader(DType::kUint8, {kU64Max});
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_OK(r);
   EXPECT_EQ(r->size() % 64, 0u);
   Result<NpyHeader> h = ParseNpyHeader(*r);
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   EXPECT_EQ(h->shape, std::vector<uint64_t>{kU64Max});
 }
 

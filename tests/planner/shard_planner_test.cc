@@ -11,6 +11,7 @@
 
 #include "planner/npy.h"
 #include "tests/planner/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload {
 namespace {
@@ -449,7 +450,7 @@ ShardPlanner PlannerOver(const JobSpec& spec, const std::vector<std::pair<std::s
   ResolveOptions o;
   o.index = std::move(*index);
   auto job = ResolveJob(spec, o, d);
-  EXPECT_TRUE(job.ok()) << d.ToString();
+  EXPECT_OK(job) << d.ToString();
   return ShardPlanner(std::move(*job));
 }
 
@@ -516,11 +517,11 @@ TEST(ShardPlanner, UnsupportedLoadAndReshardIsExplained) {
 
 TEST(ParseStepRange, AcceptsRangesAndSingleStepsAndRejectsTheRest) {
   auto r = ParseStepRange("3:7");
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   EXPECT_EQ(r->first, 3);
   EXPECT_EQ(r->second, 7);
   r = ParseStepRange("5");
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   EXPECT_EQ(r->second, 6);
   EXPECT_FALSE(ParseStepRange("7:3").ok());
   EXPECT_FALSE(ParseStepRange("a:b").ok());

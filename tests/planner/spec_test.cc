@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/planner/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload {
 namespace {
@@ -45,9 +46,9 @@ std::string Edit(const std::string& from, const std::string& to) {
 TEST(Spec, ParsesTheMinimalManifestWithDefaults) {
   Diagnostics d;
   auto job = ParseDataLoadJob(MinimalJobYaml(), d);
-  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  ASSERT_OK(job);
   ValidateJobSpec(job->spec, d);
-  ASSERT_TRUE(d.ok()) << d.ToString();
+  ASSERT_OK(d);
   EXPECT_EQ(job->name, "minimal");
   const JobSpec& s = job->spec;
   EXPECT_EQ(s.mesh.processes, 2);
@@ -69,9 +70,9 @@ TEST(Spec, TakesTheDataLoadJobFromAMultiDocumentFile) {
                      "---\napiVersion: batch/v1\nkind: Job\nmetadata: {name: y}\n";
   Diagnostics d;
   auto job = ParseDataLoadJob(yaml, d);
-  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  ASSERT_OK(job);
   EXPECT_EQ(job->name, "minimal");
-  EXPECT_TRUE(d.ok()) << d.ToString();
+  EXPECT_OK(d);
 }
 
 TEST(Spec, RejectsFilesWithoutOrWithSeveralDataLoadJobs) {
@@ -97,7 +98,7 @@ TEST(Spec, AFieldThatDoesNotParseStopsResolutionInsteadOfPlanningWithZero) {
   for (const char* bad : {"globalBatchSize: \"8\"", "globalBatchSize: eight"}) {
     Diagnostics d;
     auto job = ParseDataLoadJob(Edit("globalBatchSize: 8", bad), d);
-    ASSERT_TRUE(job.ok());
+    ASSERT_OK(job);
     auto resolved = ResolveJob(job->spec, {}, d);
     EXPECT_FALSE(resolved.ok()) << bad;
     EXPECT_TRUE(HasProblem(d.problems().empty() ? std::vector<std::string>{} : std::vector<std::string>{d.ToString()},
@@ -105,7 +106,7 @@ TEST(Spec, AFieldThatDoesNotParseStopsResolutionInsteadOfPlanningWithZero) {
   }
   Diagnostics d;
   auto job = ParseDataLoadJob(Edit("  batch:\n    globalBatchSize: 8\n", "  batch: {}\n"), d);
-  ASSERT_TRUE(job.ok());
+  ASSERT_OK(job);
   EXPECT_FALSE(ResolveJob(job->spec, {}, d).ok());
 }
 
@@ -121,7 +122,7 @@ TEST(Spec, UnderscoresAloneAreNotANumber) {
                          "spec.shuffle.seed: expected an integer, got '_'"));
   Diagnostics d;
   auto job = ParseDataLoadJob(Edit("samples: 1000", "samples: 1_000"), d);
-  ASSERT_TRUE(job.ok());
+  ASSERT_OK(job);
   EXPECT_EQ(job->spec.dataset.samples, 1000);
 }
 
@@ -161,9 +162,9 @@ TEST(Spec, TheDatasetVolumeAndTheSidecarOverridesAreParsed) {
                                    "  sidecar:\n    image: registry.example.com/meshload/sidecar:1.2\n"
                                    "    resources: {requests: {cpu: 500m, memory: 1Gi}, limits: {memory: 2Gi}}\n"),
                               d);
-  ASSERT_TRUE(job.ok());
+  ASSERT_OK(job);
   ValidateJobSpec(job->spec, d);
-  ASSERT_TRUE(d.ok()) << d.ToString();
+  ASSERT_OK(d);
   ASSERT_TRUE(job->spec.dataset.volume.has_value());
   EXPECT_EQ(job->spec.dataset.volume->name, "data");
   EXPECT_EQ(job->spec.dataset.volume->mount_path, "/data");
@@ -340,8 +341,8 @@ TEST(Spec, FormatSpecificFields) {
 TEST(Spec, SelectorIsParsedAndChecked) {
   Diagnostics d;
   auto job = ParseDataLoadJob(Edit("  strategy:", "  selector:\n    matchLabels: {app: trainer}\n    matchExpressions:\n      - {key: tier, operator: In, values: [gpu]}\n  strategy:"), d);
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(d.ok()) << d.ToString();
+  ASSERT_OK(job);
+  ASSERT_OK(d);
   ASSERT_TRUE(job->spec.selector.has_value());
   EXPECT_EQ(job->spec.selector->match_labels.at("app"), "trainer");
   ASSERT_EQ(job->spec.selector->match_expressions.size(), 1u);
@@ -355,8 +356,8 @@ TEST(Spec, ParsesABareSpecAsJson) {
   auto spec = ParseJobSpecText(
       R"({"mesh":{"processes":1,"axes":[{"name":"data","size":1}]},"dataset":{"uri":"/d","format":"FixedRecord","recordBytes":4},"batch":{"globalBatchSize":2}})",
       d);
-  ASSERT_TRUE(spec.ok());
-  EXPECT_TRUE(d.ok()) << d.ToString();
+  ASSERT_OK(spec);
+  EXPECT_OK(d);
   EXPECT_EQ(spec->dataset.record_bytes, 4);
 }
 

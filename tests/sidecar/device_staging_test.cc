@@ -36,6 +36,7 @@
 #include "sidecar/sidecar.h"
 #include "tests/planner/test_util.h"
 #include "tools/synthetic_dataset.h"
+#include "tests/testing/status_matchers.h"
 
 extern char** environ;
 
@@ -160,13 +161,13 @@ class GpuJob {
     ds.format = DatasetFormat::kFixedRecord;
     ds.record_bytes = 4096;
     auto u = synthetic::Generate(ds, dir_.path() + "/data", 320, 2);
-    EXPECT_TRUE(u.ok());
+    EXPECT_OK(u);
     job_path_ = dir_.Write("job.yaml", JobYaml(*u, replicas, devices_));
     socket_ = dir_.path() + "/s.sock";
     Diagnostics d;
     auto job = LoadDataLoadJobFile(job_path_, d);
     auto r = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
-    EXPECT_TRUE(r.ok()) << d.ToString();
+    EXPECT_OK(r) << d.ToString();
     planner_ = std::make_unique<ShardPlanner>(std::move(*r));
   }
 
@@ -182,7 +183,7 @@ class GpuJob {
       const auto& ids = plan.devices[i].samples;
       ASSERT_EQ(t.ids_checksum, ipc::SampleIdsChecksum(ids.data(), ids.size()));
       std::vector<uint8_t> host(t.nbytes);
-      ASSERT_TRUE(driver.CopyToHost(host.data(), reinterpret_cast<uintptr_t>(t.data), t.nbytes, t.device_id).ok());
+      ASSERT_OK(driver.CopyToHost(host.data(), reinterpret_cast<uintptr_t>(t.data), t.nbytes, t.device_id));
       for (size_t k = 0; k < ids.size(); ++k) {
         ASSERT_EQ(synthetic::FirstMismatch(planner_->job().dataset, ids[k], host.data() + k * 4096), -1)
             << "step " << b.step << " device " << i << " sample " << ids[k];
@@ -202,7 +203,7 @@ class GpuJob {
     return o;
   }
   Result<std::unique_ptr<RunningSidecar>> Start(const SidecarOptions& o) {
-    ASSIGN_OR_RETURN(auto s, Sidecar::Create(o));
+    MESHLOAD_ASSIGN_OR_RETURN(auto s, Sidecar::Create(o));
     return std::make_unique<RunningSidecar>(std::move(s));
   }
 
@@ -213,7 +214,7 @@ class GpuJob {
     ASSERT_TRUE(c);
     for (int64_t step = 0; step < steps; ++step) {
       auto b = c->Next(milliseconds(10000));
-      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      ASSERT_OK(b);
       if (also) also(*b);
       ExpectOnGpuAndPlanned(*b, driver);
     }
@@ -225,7 +226,7 @@ class GpuJob {
     o.max_reconnect_attempts = attempts;
     o.reconnect_backoff_initial = milliseconds(20);
     auto c = client::Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_OK(c);
     return c.ok() ? std::move(*c) : nullptr;
   }
 
@@ -279,25 +280,25 @@ void Reap(pid_t pid) {
 
 TEST(DeviceStaging, VmmAllocationsRoundTripThroughAnExportedDescriptor) {
   REQUIRE_DRIVER();
-  ASSERT_TRUE(driver->Granularity(0).ok());
+  ASSERT_OK(driver->Granularity(0));
   const uint64_t g = *driver->Granularity(0);
   auto a = driver->AllocateShareable(0, g + 1);
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_OK(a);
   EXPECT_EQ((*a)->bytes(), 2 * g);  // rounded to the granularity
   auto fd = (*a)->Export();
-  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  ASSERT_OK(fd);
   auto imported = driver->Import(0, fd->get(), (*a)->bytes());
-  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  ASSERT_OK(imported);
   fd->Reset();  // the import does not need the descriptor any more
   auto stream = driver->CreateStream(0, 1);
-  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  ASSERT_OK(stream);
   std::vector<uint8_t> src(g + 1);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 3);
-  ASSERT_TRUE((*stream)->CopyToDevice((*a)->ptr(), src.data(), src.size()).ok());
-  ASSERT_TRUE((*stream)->Record(0).ok());
-  ASSERT_TRUE((*stream)->Wait(0).ok());
+  ASSERT_OK((*stream)->CopyToDevice((*a)->ptr(), src.data(), src.size()));
+  ASSERT_OK((*stream)->Record(0));
+  ASSERT_OK((*stream)->Wait(0));
   std::vector<uint8_t> back(src.size());
-  ASSERT_TRUE(driver->CopyToHost(back.data(), (*imported)->ptr(), back.size(), 0).ok());
+  ASSERT_OK(driver->CopyToHost(back.data(), (*imported)->ptr(), back.size(), 0));
   EXPECT_EQ(back, src);  // the same memory, seen through the importer's mapping
 }
 
@@ -332,7 +333,7 @@ TEST(DeviceStaging, AnIpcHandleSmallerThanTheSlotItIsSaidToHoldIsRefused) {
   EXPECT_EQ(too_big.status().code(), StatusCode::kInvalidArgument) << too_big.status().ToString();
   EXPECT_NE(too_big.status().message().find("holds 4096 bytes"), std::string::npos) << too_big.status().ToString();
   auto fits = driver->OpenIpc(0, h, 4096);
-  EXPECT_TRUE(fits.ok()) << fits.status().ToString();
+  EXPECT_OK(fits);
   fits = Status(StatusCode::kCancelled, "closed");  // closes the import before the exporter goes
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
@@ -342,7 +343,7 @@ TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
   REQUIRE_DRIVER();
   GpuJob job;
   auto s = job.Start(job.Options());
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_OK(s);
   const int64_t imports_before = FakeImports();
   {
     auto c = job.Connect();
@@ -351,7 +352,7 @@ TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
     EXPECT_EQ(c->hello().fd_count, static_cast<uint32_t>(job.devices()) * 3u);
     for (int64_t step = 0; step < 25; ++step) {
       auto b = c->Next(milliseconds(10000));
-      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      ASSERT_OK(b);
       ASSERT_EQ(b->step, step);
       for (int i = 0; i < job.devices(); ++i) EXPECT_EQ(b->tensors[i].device_id, i);
       job.ExpectOnGpuAndPlanned(*b, *driver);
@@ -378,7 +379,7 @@ TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
   REQUIRE_TWO_GPUS();  // one GPU per local device: the sidecar refuses one GPU for two
   GpuJob job(/*replicas=*/true);
   auto s = job.Start(job.Options());
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_OK(s);
   EXPECT_NE((*s)->staging_reason().find("local replicas copied device to device"), std::string::npos)
       << (*s)->staging_reason();
   // Both local devices hold the same shard; the host copy of the second is
@@ -395,7 +396,7 @@ TEST(DeviceStaging, ReplicasOnGpusThatCannotReachEachOtherAreCopiedFromTheHostSl
   GpuJob job(/*replicas=*/true);
   auto s = job.Start(job.Options());
   ::unsetenv("MESHLOAD_FAKE_CUDA_NO_PEER");
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_OK(s);
   EXPECT_NE((*s)->staging_reason().find("local replicas copied from the host"), std::string::npos)
       << (*s)->staging_reason();
   job.TakeSteps(8, *driver);
@@ -405,7 +406,7 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
   REQUIRE_DRIVER();
   GpuJob job;
   auto s = job.Start(job.Options());
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_OK(s);
   auto metric = [&](const std::string& series) { return (*s)->Metric(series); };
   std::vector<std::vector<uint8_t>> first;  // steps 0..2 as read back from the GPUs
   {
@@ -414,7 +415,7 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
     std::vector<client::Batch> held;
     for (int i = 0; i < 3; ++i) {
       auto b = c->Next(milliseconds(10000));
-      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      ASSERT_OK(b);
       std::vector<uint8_t> bytes(b->tensors[0].nbytes);
       ASSERT_TRUE(driver->CopyToHost(bytes.data(), reinterpret_cast<uintptr_t>(b->tensors[0].data), bytes.size(),
                                      b->tensors[0].device_id)
@@ -435,12 +436,12 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
     // A trainer that dies holding every slot: its socket closes with no BYE
     // and no RELEASE.
     auto fd = ipc::ConnectSeqpacket(job.socket_);
-    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
-    ASSERT_TRUE(ipc::SendMessage(fd->get(), ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, 3})).ok());
-    ASSERT_TRUE(ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes).ok());  // SERVER_HELLO
+    ASSERT_OK(fd);
+    ASSERT_OK(ipc::SendMessage(fd->get(), ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, 3})));
+    ASSERT_OK(ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes));  // SERVER_HELLO
     for (int i = 0; i < 3; ++i) {
       auto r = ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes);
-      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ASSERT_OK(r);
       ASSERT_TRUE(std::holds_alternative<ipc::Ready>(ipc::Decode(r->bytes).value()));
     }
   }
@@ -450,10 +451,10 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
   co.socket_path = job.socket_;
   co.start_step = 1;
   auto c2 = client::Client::Connect(co);
-  ASSERT_TRUE(c2.ok()) << c2.status().ToString();
+  ASSERT_OK(c2);
   for (int64_t step = 1; step < 6; ++step) {
     auto b = (*c2)->Next(milliseconds(10000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     ASSERT_EQ(b->step, step);
     job.ExpectOnGpuAndPlanned(*b, *driver);
     if (step < 3) {
@@ -475,11 +476,11 @@ TEST(DeviceStaging, DroppingTheLastGpuBatchOfALeftConnectionNeverWaitsForTheGpu)
   REQUIRE_DRIVER();
   GpuJob job;
   auto s = job.Start(job.Options());
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_OK(s);
   auto c = job.Connect();
   ASSERT_TRUE(c);
   auto b = c->Next(milliseconds(10000));
-  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_OK(b);
   c->Close();  // BYE: the batch keeps its slot and the connection
   c.reset();
   ::setenv("MESHLOAD_FAKE_CUDA_CTX_SYNC_MS", "500", 1);  // the trainer's GPU work takes 0.5 s more
@@ -512,7 +513,7 @@ TEST(DeviceStaging, DeviceStagingNeedsADeviceForEveryLocalDevice) {
   o.staging = "auto";
   o.cuda_devices = {0, 99};
   s = Sidecar::Create(o);
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_OK(s);
 }
 
 TEST(DeviceStagingProcess, TheTrainersOrdinalsFollowTheUuids) {
@@ -528,7 +529,7 @@ TEST(DeviceStagingProcess, TheTrainersOrdinalsFollowTheUuids) {
   EXPECT_EQ(c->hello().devices[1].uuid, kGpuB);
   for (int64_t step = 0; step < 5; ++step) {
     auto b = c->Next(milliseconds(10000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     EXPECT_EQ(b->tensors[0].device_id, 2);  // A is this process's device 2
     EXPECT_EQ(b->tensors[1].device_id, 1);
     job.ExpectOnGpuAndPlanned(*b, *driver);
@@ -569,7 +570,7 @@ TEST(DeviceStagingProcess, LegacyIpcHandlesCarryTheSameBytes) {
   EXPECT_EQ(c->hello().ipc_handles.size(), static_cast<size_t>(job.devices()) * 3u);
   for (int64_t step = 0; step < 6; ++step) {
     auto b = c->Next(milliseconds(10000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     job.ExpectOnGpuAndPlanned(*b, *driver);
   }
   Reap(pid);
@@ -586,7 +587,7 @@ TEST(DeviceStagingProcess, ARestartedSidecarIsImportedAgainAndTheTrainerGetsIden
   std::vector<client::Batch> held;
   for (int64_t step = 0; step < 3; ++step) {
     auto b = c->Next(milliseconds(10000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     job.ExpectOnGpuAndPlanned(*b, *driver);
     if (step == 2) held.push_back(std::move(*b));  // the trainer dies holding a slot, as far as the sidecar knows
   }
@@ -594,7 +595,7 @@ TEST(DeviceStagingProcess, ARestartedSidecarIsImportedAgainAndTheTrainerGetsIden
   pid = job.Spawn(env, {"--staging", "cuda"});
   for (int64_t step = 3; step < 9; ++step) {
     auto b = c->Next(milliseconds(15000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString() << job.Log();
+    ASSERT_OK(b) << b.status().ToString() << job.Log();
     EXPECT_EQ(b->step, step);
     job.ExpectOnGpuAndPlanned(*b, *driver);
   }

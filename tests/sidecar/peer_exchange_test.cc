@@ -1,4 +1,5 @@
 #include "sidecar/exchange/peer_exchange.h"
+#include "tests/testing/status_matchers.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -23,7 +24,7 @@ using namespace std::chrono_literals;
 // A listening loopback socket (kept open for the test's life) and its port.
 std::pair<int, uint16_t> Listen() {
   auto l = exchange::ListenLoopback();
-  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_OK(l);
   return {l->first.Release(), l->second};
 }
 
@@ -72,11 +73,11 @@ std::vector<uint8_t> Pattern(size_t n, uint8_t seed) {
 void MoveStep(PeerExchange& sender, PeerExchange& receiver, int64_t step, std::vector<uint8_t>& src,
               std::vector<uint8_t>& dst, uint64_t checksum) {
   auto rt = receiver.Begin(step);
-  ASSERT_TRUE(receiver.Expect(rt, {PartOf(0, dst, checksum)}).ok());
+  ASSERT_OK(receiver.Expect(rt, {PartOf(0, dst, checksum)}));
   auto st = sender.Begin(step);
-  ASSERT_TRUE(sender.Send(st, {PartOf(1, src, checksum)}).ok());
-  ASSERT_TRUE(sender.Wait(st, {}).ok());
-  ASSERT_TRUE(receiver.Wait(rt, {}).ok());
+  ASSERT_OK(sender.Send(st, {PartOf(1, src, checksum)}));
+  ASSERT_OK(sender.Wait(st, {}));
+  ASSERT_OK(receiver.Wait(rt, {}));
 }
 
 // Waits on a step for `d` at most (kCancelled: still waiting).
@@ -87,7 +88,7 @@ Status WaitAtMost(PeerExchange& x, PeerExchange::Ticket t, std::chrono::millisec
 
 TEST(ParsePeerList, AcceptsHostsAndIpv6AndNamesTheBadItem) {
   auto ok = ParsePeerList("10.0.0.1:7441,pod-1.svc:80,[fd00::1]:9000");
-  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  ASSERT_OK(ok);
   ASSERT_EQ(ok->size(), 3u);
   EXPECT_EQ((*ok)[1].host, "pod-1.svc");
   EXPECT_EQ((*ok)[2].host, "fd00::1");
@@ -115,11 +116,11 @@ TEST(PeerExchange, MovesStepsOnCreditWithScatteredDestinations) {
     in.bytes = 3000;
     in.checksum = 100 + step;
     auto rt = (*receiver)->Begin(step);
-    ASSERT_TRUE((*receiver)->Expect(rt, {in}).ok());
+    ASSERT_OK((*receiver)->Expect(rt, {in}));
     auto st = (*sender)->Begin(step);
-    ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 100 + step)}).ok());
-    ASSERT_TRUE((*sender)->Wait(st, {}).ok());
-    ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+    ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 100 + step)}));
+    ASSERT_OK((*sender)->Wait(st, {}));
+    ASSERT_OK((*receiver)->Wait(rt, {}));
     EXPECT_EQ(0, std::memcmp(a.data(), src.data(), 1000));
     EXPECT_EQ(0, std::memcmp(b.data(), src.data() + 1000, 2000));
   }
@@ -147,18 +148,18 @@ TEST(PeerExchange, StepsBegunOutOfOrderAreSentFromTheirSlotsNotReadAgain) {
   ASSERT_TRUE(sender.ok() && receiver.ok());
   std::vector<uint8_t> s0 = Pattern(64, 0), s1 = Pattern(64, 1), d0(64), d1(64);
   auto rt0 = (*receiver)->Begin(0);
-  ASSERT_TRUE((*receiver)->Expect(rt0, {PartOf(0, d0, 0)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt0, {PartOf(0, d0, 0)}));
   auto rt1 = (*receiver)->Begin(1);
-  ASSERT_TRUE((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
   std::this_thread::sleep_for(200ms);  // both credits reach the sender
   auto st1 = (*sender)->Begin(1);
-  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, s1, 1)}).ok());
-  ASSERT_TRUE((*sender)->Wait(st1, {}).ok());
+  ASSERT_OK((*sender)->Send(st1, {PartOf(1, s1, 1)}));
+  ASSERT_OK((*sender)->Wait(st1, {}));
   auto st0 = (*sender)->Begin(0);
-  ASSERT_TRUE((*sender)->Send(st0, {PartOf(1, s0, 0)}).ok());
-  ASSERT_TRUE((*sender)->Wait(st0, {}).ok());
-  ASSERT_TRUE((*receiver)->Wait(rt0, {}).ok());
-  ASSERT_TRUE((*receiver)->Wait(rt1, {}).ok());
+  ASSERT_OK((*sender)->Send(st0, {PartOf(1, s0, 0)}));
+  ASSERT_OK((*sender)->Wait(st0, {}));
+  ASSERT_OK((*receiver)->Wait(rt0, {}));
+  ASSERT_OK((*receiver)->Wait(rt1, {}));
   EXPECT_EQ(d0, s0);
   EXPECT_EQ(d1, s1);
   EXPECT_EQ(served.load(), 0);
@@ -173,14 +174,14 @@ TEST(PeerExchange, ASenderWaitsForTheReceiversCreditSoMemoryStaysBounded) {
   ASSERT_TRUE(sender.ok() && receiver.ok());
   std::vector<uint8_t> src = Pattern(64, 1), dst(64);
   auto st = (*sender)->Begin(5);
-  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 1)}).ok());
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 1)}));
   // No credit yet: the send does not complete.
   Status w = WaitAtMost(**sender, st, 300ms);
   EXPECT_EQ(w.code(), StatusCode::kCancelled);
   auto rt = (*receiver)->Begin(5);
-  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 1)}).ok());
-  EXPECT_TRUE((*sender)->Wait(st, {}).ok());
-  EXPECT_TRUE((*receiver)->Wait(rt, {}).ok());
+  ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 1)}));
+  EXPECT_OK((*sender)->Wait(st, {}));
+  EXPECT_OK((*receiver)->Wait(rt, {}));
   EXPECT_EQ(src, dst);
 }
 
@@ -191,9 +192,9 @@ TEST(PeerExchange, PlansThatDisagreeAreAClearErrorNotWrongBytes) {
   ASSERT_TRUE(sender.ok() && receiver.ok());
   std::vector<uint8_t> src = Pattern(64, 1), dst(64, 0);
   auto rt = (*receiver)->Begin(0);
-  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 111)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 111)}));
   auto st = (*sender)->Begin(0);
-  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 222)}).ok());
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 222)}));
   Status w = (*receiver)->Wait(rt, {});
   EXPECT_EQ(w.code(), StatusCode::kDataLoss);
   EXPECT_NE(w.message().find("do not run the same plan"), std::string::npos) << w.message();
@@ -210,12 +211,12 @@ TEST(PeerExchange, ADifferentJobIsRefusedOnBothSides) {
   ASSERT_TRUE(sender.ok() && receiver.ok());
   std::vector<uint8_t> src(8), dst(8);
   auto st = (*sender)->Begin(0);
-  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 1)}).ok());
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 1)}));
   Status ws = (*sender)->Wait(st, {});
   EXPECT_FALSE(ws.ok());
   EXPECT_NE(ws.message().find("different job"), std::string::npos) << ws.message();
   auto rt = (*receiver)->Begin(0);
-  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 1)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 1)}));
   Status wr = (*receiver)->Wait(rt, {});
   EXPECT_FALSE(wr.ok());
   EXPECT_NE(wr.message().find("different job"), std::string::npos) << wr.message();
@@ -243,10 +244,10 @@ TEST(PeerExchange, ASenderWithTheWrongSecretIsRefusedAndTheRealOneStillGetsIn) {
   ExchangeOptions ro = pair.Options(1);
   ro.secret = "the job's secret, 32 bytes long.";
   auto receiver = PeerExchange::Create(ro, {}, {0});
-  ASSERT_TRUE(receiver.ok());
+  ASSERT_OK(receiver);
   std::vector<uint8_t> src = Pattern(64, 3), dst(64, 0);
   auto rt = (*receiver)->Begin(0);
-  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 3)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 3)}));
   {
     // An impostor claiming to be process 0 (another secret, or none).
     for (const std::string secret : {"not the job's secret, 32 bytes..", ""}) {
@@ -255,10 +256,10 @@ TEST(PeerExchange, ASenderWithTheWrongSecretIsRefusedAndTheRealOneStillGetsIn) {
       io.listen_fd = fd;
       io.secret = secret;
       auto impostor = PeerExchange::Create(io, {1}, {});
-      ASSERT_TRUE(impostor.ok());
+      ASSERT_OK(impostor);
       auto it = (*impostor)->Begin(0);
       std::vector<uint8_t> junk(64, 0xee);
-      ASSERT_TRUE((*impostor)->Send(it, {PartOf(1, junk, 3)}).ok());
+      ASSERT_OK((*impostor)->Send(it, {PartOf(1, junk, 3)}));
       Status w = (*impostor)->Wait(it, {});
       EXPECT_EQ(w.code(), StatusCode::kUnavailable) << w.ToString();
       EXPECT_NE(w.message().find(secret.empty() ? "requires peer authentication" : "peer authentication failed"),
@@ -273,11 +274,11 @@ TEST(PeerExchange, ASenderWithTheWrongSecretIsRefusedAndTheRealOneStillGetsIn) {
   ExchangeOptions so = pair.Options(0);
   so.secret = ro.secret;
   auto sender = PeerExchange::Create(so, {1}, {});
-  ASSERT_TRUE(sender.ok());
+  ASSERT_OK(sender);
   auto st = (*sender)->Begin(0);
-  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 3)}).ok());
-  ASSERT_TRUE((*sender)->Wait(st, {}).ok());
-  ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 3)}));
+  ASSERT_OK((*sender)->Wait(st, {}));
+  ASSERT_OK((*receiver)->Wait(rt, {}));
   EXPECT_EQ(dst, src);
 }
 
@@ -290,7 +291,7 @@ TEST(PeerExchange, ASenderWithASecretSendsNothingToAReceiverWithout) {
   ASSERT_TRUE(sender.ok() && receiver.ok());
   std::vector<uint8_t> src = Pattern(64, 1);
   auto st = (*sender)->Begin(0);
-  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 1)}).ok());
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 1)}));
   Status w = (*sender)->Wait(st, {});
   EXPECT_EQ(w.code(), StatusCode::kUnavailable);
   EXPECT_NE(w.message().find("does not authenticate"), std::string::npos) << w.ToString();
@@ -301,20 +302,20 @@ TEST(PeerExchange, ASenderWithASecretSendsNothingToAReceiverWithout) {
 TEST(PeerExchange, APeerThatDoesNotComeBackIsReportedNotHungOn) {
   Pair pair;
   auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
-  ASSERT_TRUE(receiver.ok());
+  ASSERT_OK(receiver);
   std::vector<uint8_t> src(8), dst(8);
   {
     auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
-    ASSERT_TRUE(sender.ok());
+    ASSERT_OK(sender);
     auto st = (*sender)->Begin(0);
     auto rt = (*receiver)->Begin(0);
-    ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 1)}).ok());
-    ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 1)}).ok());
-    ASSERT_TRUE((*sender)->Wait(st, {}).ok());
-    ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+    ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 1)}));
+    ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 1)}));
+    ASSERT_OK((*sender)->Wait(st, {}));
+    ASSERT_OK((*receiver)->Wait(rt, {}));
   }  // the sender's process is gone
   auto rt = (*receiver)->Begin(1);
-  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 1)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 1)}));
   const auto t0 = std::chrono::steady_clock::now();
   Status w = (*receiver)->Wait(rt, {});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
@@ -329,20 +330,20 @@ TEST(PeerExchange, ASenderThatRestartsIsWaitedForAndItsStepsArriveIntact) {
   ExchangeOptions ro = pair.Options(1);
   ro.reconnect_timeout = 20s;
   auto receiver = PeerExchange::Create(ro, {}, {0});
-  ASSERT_TRUE(receiver.ok());
+  ASSERT_OK(receiver);
   std::vector<uint8_t> s0 = Pattern(256, 0), d0(256), d1(256), d2(256);
   {
     auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
-    ASSERT_TRUE(sender.ok());
+    ASSERT_OK(sender);
     MoveStep(**sender, **receiver, 0, s0, d0, 0);
     ASSERT_FALSE(::testing::Test::HasFatalFailure());
   }  // the sender's sidecar stops (a crash or a restart)
   EXPECT_EQ(d0, s0);
   // The receiver goes on to steps 1 and 2; they wait for the sender.
   auto rt1 = (*receiver)->Begin(1);
-  ASSERT_TRUE((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
   auto rt2 = (*receiver)->Begin(2);
-  ASSERT_TRUE((*receiver)->Expect(rt2, {PartOf(0, d2, 2)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt2, {PartOf(0, d2, 2)}));
   Status early = WaitAtMost(**receiver, rt1, 300ms);
   EXPECT_EQ(early.code(), StatusCode::kCancelled) << "still waiting, not failed: " << early.ToString();
   // The sender comes back, on another port (it only dials), with its
@@ -360,13 +361,13 @@ TEST(PeerExchange, ASenderThatRestartsIsWaitedForAndItsStepsArriveIntact) {
     return Status::Ok();
   };
   auto again = PeerExchange::Create(so, {1}, {});
-  ASSERT_TRUE(again.ok());
+  ASSERT_OK(again);
   std::vector<uint8_t> s2 = Pattern(256, 2);
   auto st2 = (*again)->Begin(2);
-  ASSERT_TRUE((*again)->Send(st2, {PartOf(1, s2, 2)}).ok());
-  ASSERT_TRUE((*again)->Wait(st2, {}).ok());
-  ASSERT_TRUE((*receiver)->Wait(rt1, {}).ok());
-  ASSERT_TRUE((*receiver)->Wait(rt2, {}).ok());
+  ASSERT_OK((*again)->Send(st2, {PartOf(1, s2, 2)}));
+  ASSERT_OK((*again)->Wait(st2, {}));
+  ASSERT_OK((*receiver)->Wait(rt1, {}));
+  ASSERT_OK((*receiver)->Wait(rt2, {}));
   EXPECT_EQ(d1, Pattern(256, 1));
   EXPECT_EQ(d2, s2);
   EXPECT_EQ(served.load(), 1);
@@ -442,10 +443,10 @@ TEST(PeerExchange, APartCutOffHalfWayIsAskedForAgainAndArrivesWhole) {
   ExchangeOptions ro = pair.Options(1);
   ro.reconnect_timeout = 20s;
   auto receiver = PeerExchange::Create(ro, {}, {0});
-  ASSERT_TRUE(receiver.ok());
+  ASSERT_OK(receiver);
   std::vector<uint8_t> src = Pattern(1 << 16, 9), dst(1 << 16, 0);
   auto rt = (*receiver)->Begin(0);
-  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 42)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 42)}));
   {
     // Process 0's first incarnation: HELLO, waits for the credit of step 0,
     // writes the header and half the bytes, and dies.
@@ -459,11 +460,11 @@ TEST(PeerExchange, APartCutOffHalfWayIsAskedForAgainAndArrivesWhole) {
   EXPECT_EQ(early.code(), StatusCode::kCancelled) << "still waiting, not failed: " << early.ToString();
   // The restarted process 0 is credited step 0 again and sends all of it.
   auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
-  ASSERT_TRUE(sender.ok());
+  ASSERT_OK(sender);
   auto st = (*sender)->Begin(0);
-  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 42)}).ok());
-  ASSERT_TRUE((*sender)->Wait(st, {}).ok());
-  ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 42)}));
+  ASSERT_OK((*sender)->Wait(st, {}));
+  ASSERT_OK((*receiver)->Wait(rt, {}));
   EXPECT_EQ(dst, src);
   EXPECT_EQ((*receiver)->counters().parts_received, 1u);
   EXPECT_EQ((*receiver)->counters().reconnects, 1u);
@@ -474,7 +475,7 @@ TEST(PeerExchange, AReceiverThatRestartsIsDialledAgain) {
   ExchangeOptions so = pair.Options(0);
   so.reconnect_timeout = 20s;
   auto sender = PeerExchange::Create(so, {1}, {});
-  ASSERT_TRUE(sender.ok());
+  ASSERT_OK(sender);
   std::vector<uint8_t> s0 = Pattern(4096, 0), s1 = Pattern(4096, 1), d0(4096), d1(4096);
   // The port stays bound here while the receiver is down (a restarted
   // container keeps its pod's address; nothing else may take the port).
@@ -482,13 +483,13 @@ TEST(PeerExchange, AReceiverThatRestartsIsDialledAgain) {
     ExchangeOptions first = pair.Options(1);
     first.listen_fd = ::dup(pair.fds[1]);
     auto receiver = PeerExchange::Create(first, {}, {0});
-    ASSERT_TRUE(receiver.ok());
+    ASSERT_OK(receiver);
     MoveStep(**sender, **receiver, 0, s0, d0, 0);
     ASSERT_FALSE(::testing::Test::HasFatalFailure());
   }  // the receiver's sidecar stops
   EXPECT_EQ(d0, s0);
   auto st1 = (*sender)->Begin(1);
-  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, s1, 1)}).ok());
+  ASSERT_OK((*sender)->Send(st1, {PartOf(1, s1, 1)}));
   Status early = WaitAtMost(**sender, st1, 500ms);
   EXPECT_EQ(early.code(), StatusCode::kCancelled) << "still waiting, not failed: " << early.ToString();
   // It comes back on the same port and re-plans from step 1.
@@ -496,11 +497,11 @@ TEST(PeerExchange, AReceiverThatRestartsIsDialledAgain) {
   ro.listen_fd = ::dup(pair.fds[1]);
   ro.first_step = 1;
   auto receiver = PeerExchange::Create(ro, {}, {0});
-  ASSERT_TRUE(receiver.ok());
+  ASSERT_OK(receiver);
   auto rt1 = (*receiver)->Begin(1);
-  ASSERT_TRUE((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}).ok());
-  ASSERT_TRUE((*receiver)->Wait(rt1, {}).ok());
-  ASSERT_TRUE((*sender)->Wait(st1, {}).ok());
+  ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
+  ASSERT_OK((*receiver)->Wait(rt1, {}));
+  ASSERT_OK((*sender)->Wait(st1, {}));
   EXPECT_EQ(d1, s1);
   EXPECT_EQ((*sender)->counters().reconnects, 1u);
   EXPECT_EQ((*sender)->counters().parts_served, 0u) << "step 1 was still in the sender's slot";
@@ -520,17 +521,17 @@ TEST(PeerExchange, AReceiverThatComesBackAtANewAddressIsFoundThere) {
     return PeerAddress{"127.0.0.1", moved_port};
   };
   auto sender = PeerExchange::Create(so, {1}, {});
-  ASSERT_TRUE(sender.ok());
+  ASSERT_OK(sender);
   std::vector<uint8_t> s0 = Pattern(512, 0), s1 = Pattern(512, 1), d0(512), d1(512);
   {
     auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
-    ASSERT_TRUE(receiver.ok());
+    ASSERT_OK(receiver);
     MoveStep(**sender, **receiver, 0, s0, d0, 0);
     ASSERT_FALSE(::testing::Test::HasFatalFailure());
   }
   EXPECT_EQ(asked.load(), 0) << "the first dial uses the peer list";
   auto st1 = (*sender)->Begin(1);
-  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, s1, 1)}).ok());
+  ASSERT_OK((*sender)->Send(st1, {PartOf(1, s1, 1)}));
   Status early = WaitAtMost(**sender, st1, 500ms);
   EXPECT_EQ(early.code(), StatusCode::kCancelled) << early.ToString();
   EXPECT_GT(asked.load(), 0) << "a lost receiver is looked up before each dial";
@@ -539,28 +540,28 @@ TEST(PeerExchange, AReceiverThatComesBackAtANewAddressIsFoundThere) {
   ro.listen_fd = moved_fd;
   ro.first_step = 1;
   auto receiver = PeerExchange::Create(ro, {}, {0});
-  ASSERT_TRUE(receiver.ok());
+  ASSERT_OK(receiver);
   moved = true;
   auto rt1 = (*receiver)->Begin(1);
-  ASSERT_TRUE((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}).ok());
-  ASSERT_TRUE((*receiver)->Wait(rt1, {}).ok());
-  ASSERT_TRUE((*sender)->Wait(st1, {}).ok());
+  ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
+  ASSERT_OK((*receiver)->Wait(rt1, {}));
+  ASSERT_OK((*sender)->Wait(st1, {}));
   EXPECT_EQ(d1, s1);
 }
 
 TEST(PeerExchange, ALostReceiverThatDoesNotComeBackFailsTheSendersStep) {
   Pair pair;
   auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
-  ASSERT_TRUE(sender.ok());
+  ASSERT_OK(sender);
   std::vector<uint8_t> src(64), dst(64);
   {
     auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
-    ASSERT_TRUE(receiver.ok());
+    ASSERT_OK(receiver);
     MoveStep(**sender, **receiver, 0, src, dst, 0);
     ASSERT_FALSE(::testing::Test::HasFatalFailure());
   }
   auto st1 = (*sender)->Begin(1);
-  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, src, 1)}).ok());
+  ASSERT_OK((*sender)->Send(st1, {PartOf(1, src, 1)}));
   const auto t0 = std::chrono::steady_clock::now();
   Status w = (*sender)->Wait(st1, {});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
@@ -575,10 +576,10 @@ TEST(PeerExchange, APeerThatNeverStartsIsReportedAfterTheConnectTimeout) {
   o.connect_timeout = 600ms;
   ::close(pair.fds[1]);  // process 1 never listens
   auto sender = PeerExchange::Create(o, {1}, {});
-  ASSERT_TRUE(sender.ok());
+  ASSERT_OK(sender);
   std::vector<uint8_t> src(8);
   auto st = (*sender)->Begin(0);
-  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 1)}).ok());
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 1)}));
   Status w = (*sender)->Wait(st, {});
   EXPECT_EQ(w.code(), StatusCode::kUnavailable);
   EXPECT_NE(w.message().find("cannot connect to process 1"), std::string::npos) << w.message();
@@ -589,10 +590,10 @@ TEST(PeerExchange, APeerThatNeverStartsIsReportedAfterTheConnectTimeout) {
   ExchangeOptions r = other.Options(1);
   r.connect_timeout = 600ms;
   auto receiver = PeerExchange::Create(r, {}, {0});
-  ASSERT_TRUE(receiver.ok());
+  ASSERT_OK(receiver);
   std::vector<uint8_t> dst(8);
   auto rt = (*receiver)->Begin(0);
-  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 1)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 1)}));
   Status wr = (*receiver)->Wait(rt, {});
   EXPECT_EQ(wr.code(), StatusCode::kUnavailable);
   EXPECT_NE(wr.message().find("has not connected"), std::string::npos) << wr.message();
@@ -616,33 +617,33 @@ TEST(PeerExchange, AReceiverThatMovesOnSkipsAndOneThatMovesBackIsServedAgain) {
   // Step 0 goes through normally.
   std::vector<uint8_t> s0 = Pattern(32, 0), d0(32);
   auto rt = (*receiver)->Begin(0);
-  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, d0, 0)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, d0, 0)}));
   auto st = (*sender)->Begin(0);
-  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, s0, 0)}).ok());
-  ASSERT_TRUE((*sender)->Wait(st, {}).ok());
-  ASSERT_TRUE((*receiver)->Wait(rt, {}).ok());
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, s0, 0)}));
+  ASSERT_OK((*sender)->Wait(st, {}));
+  ASSERT_OK((*receiver)->Wait(rt, {}));
   // The receiver re-plans from step 5: the sender's step 1 is dropped.
   (*receiver)->Restart(5);
   std::vector<uint8_t> s1 = Pattern(32, 1);
   auto st1 = (*sender)->Begin(1);
-  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, s1, 1)}).ok());
-  EXPECT_TRUE((*sender)->Wait(st1, {}).ok());
+  ASSERT_OK((*sender)->Send(st1, {PartOf(1, s1, 1)}));
+  EXPECT_OK((*sender)->Wait(st1, {}));
   EXPECT_EQ((*sender)->counters().parts_skipped, 1u);
   // It moves back to step 0, which the sender delivered already: the sender
   // reads it again on demand, and the bytes are the same.
   (*receiver)->Restart(0);
   std::vector<uint8_t> again(32);
   auto rt2 = (*receiver)->Begin(0);
-  ASSERT_TRUE((*receiver)->Expect(rt2, {PartOf(0, again, 0)}).ok());
-  ASSERT_TRUE((*receiver)->Wait(rt2, {}).ok());
+  ASSERT_OK((*receiver)->Expect(rt2, {PartOf(0, again, 0)}));
+  ASSERT_OK((*receiver)->Wait(rt2, {}));
   EXPECT_EQ(again, s0);
   EXPECT_EQ(served.load(), 1);
   // And a sender that re-planned past a step serves it on demand too.
   (*sender)->Restart(10);
   std::vector<uint8_t> d3(32);
   auto rt3 = (*receiver)->Begin(3);
-  ASSERT_TRUE((*receiver)->Expect(rt3, {PartOf(0, d3, 3)}).ok());
-  ASSERT_TRUE((*receiver)->Wait(rt3, {}).ok());
+  ASSERT_OK((*receiver)->Expect(rt3, {PartOf(0, d3, 3)}));
+  ASSERT_OK((*receiver)->Wait(rt3, {}));
   EXPECT_EQ(d3, Pattern(32, 3));
   EXPECT_EQ(served.load(), 2);
 }
@@ -660,18 +661,18 @@ TEST(PeerExchange, AStepCreditedWhileItIsStillBeingStagedIsSentFromItsSlotNotRea
   ASSERT_TRUE(sender.ok() && receiver.ok());
   auto st0 = (*sender)->Begin(0);  // staging step 0: reads under way
   auto rt0 = (*receiver)->Begin(0);
-  ASSERT_TRUE((*receiver)->Expect(rt0, {PartOf(0, d0, 0)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt0, {PartOf(0, d0, 0)}));
   std::this_thread::sleep_for(300ms);  // the credit reaches the sender
   // Another step moving meanwhile makes the sender look at its credits again.
   auto rt1 = (*receiver)->Begin(1);
-  ASSERT_TRUE((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
   auto st1 = (*sender)->Begin(1);
-  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, s1, 1)}).ok());
-  ASSERT_TRUE((*sender)->Wait(st1, {}).ok());
-  ASSERT_TRUE((*sender)->Send(st0, {PartOf(1, s0, 0)}).ok());
-  ASSERT_TRUE((*sender)->Wait(st0, {}).ok());
-  ASSERT_TRUE((*receiver)->Wait(rt0, {}).ok());
-  ASSERT_TRUE((*receiver)->Wait(rt1, {}).ok());
+  ASSERT_OK((*sender)->Send(st1, {PartOf(1, s1, 1)}));
+  ASSERT_OK((*sender)->Wait(st1, {}));
+  ASSERT_OK((*sender)->Send(st0, {PartOf(1, s0, 0)}));
+  ASSERT_OK((*sender)->Wait(st0, {}));
+  ASSERT_OK((*receiver)->Wait(rt0, {}));
+  ASSERT_OK((*receiver)->Wait(rt1, {}));
   EXPECT_EQ(d0, s0);
   EXPECT_EQ(d1, s1);
   EXPECT_EQ(served.load(), 0) << "step 0 was read from storage again";
@@ -696,10 +697,10 @@ TEST(PeerExchange, ADialThatHangsIsGivenUpAndTheReceiversNewAddressLookedUp) {
   };
   std::vector<uint8_t> s0 = Pattern(256, 0), s1 = Pattern(256, 1), d0(256), d1(256);  // outlive the exchanges
   auto sender = PeerExchange::Create(so, {1}, {});
-  ASSERT_TRUE(sender.ok());
+  ASSERT_OK(sender);
   {
     auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
-    ASSERT_TRUE(receiver.ok());
+    ASSERT_OK(receiver);
     MoveStep(**sender, **receiver, 0, s0, d0, 0);
     ASSERT_FALSE(::testing::Test::HasFatalFailure());
   }
@@ -707,16 +708,16 @@ TEST(PeerExchange, ADialThatHangsIsGivenUpAndTheReceiversNewAddressLookedUp) {
   ro.listen_fd = moved_fd;
   ro.first_step = 1;
   auto receiver = PeerExchange::Create(ro, {}, {0});
-  ASSERT_TRUE(receiver.ok());
+  ASSERT_OK(receiver);
   const auto t0 = std::chrono::steady_clock::now();
   auto st1 = (*sender)->Begin(1);
-  ASSERT_TRUE((*sender)->Send(st1, {PartOf(1, s1, 1)}).ok());
+  ASSERT_OK((*sender)->Send(st1, {PartOf(1, s1, 1)}));
   auto rt1 = (*receiver)->Begin(1);
-  ASSERT_TRUE((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
   Status got = WaitAtMost(**receiver, rt1, 10s);
-  ASSERT_TRUE(got.ok()) << got.ToString();
+  ASSERT_OK(got);
   Status sent = WaitAtMost(**sender, st1, 5s);
-  ASSERT_TRUE(sent.ok()) << sent.ToString();
+  ASSERT_OK(sent);
   EXPECT_EQ(d1, s1);
   EXPECT_GE(asked.load(), 2);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
@@ -733,7 +734,7 @@ TEST(PeerExchange, AFailedConnectionWithAPartStuckInTheSocketDoesNotHangTheStep)
   so.peer_timeout = 1s;
   std::vector<uint8_t> big(64 << 20, 1);  // outlives the exchange
   auto sender = PeerExchange::Create(so, {1}, {});
-  ASSERT_TRUE(sender.ok());
+  ASSERT_OK(sender);
   // Process 1 by hand: accept, answer HELLO, credit step 0, then go quiet.
   sockaddr_in from{};
   socklen_t len = sizeof from;
@@ -752,7 +753,7 @@ TEST(PeerExchange, AFailedConnectionWithAPartStuckInTheSocketDoesNotHangTheStep)
   credit.a = 0;
   ASSERT_TRUE(WriteAll(fd, &credit, sizeof credit));
   auto st = (*sender)->Begin(0);
-  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, big, 0)}).ok());
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, big, 0)}));
   Status failed = WaitAtMost(**sender, st, 10s);
   EXPECT_EQ(failed.code(), StatusCode::kUnavailable) << failed.ToString();
   std::atomic<bool> abandoned{false};
@@ -793,7 +794,7 @@ TEST(PeerExchange, APartReadAgainWhileThePeerIsReconnectingWaitsForTheHandshake)
     return Status::Ok();
   };
   auto sender = PeerExchange::Create(so, {1}, {});
-  ASSERT_TRUE(sender.ok());
+  ASSERT_OK(sender);
   auto let_go = [&] {
     {
       std::lock_guard lock(mu);
@@ -810,10 +811,10 @@ TEST(PeerExchange, APartReadAgainWhileThePeerIsReconnectingWaitsForTheHandshake)
   (*sender)->Restart(10);  // steps before 10 are served on demand
   {
     auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
-    ASSERT_TRUE(receiver.ok());
+    ASSERT_OK(receiver);
     std::vector<uint8_t> d3(32);
     auto rt = (*receiver)->Begin(3);
-    ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, d3, 3)}).ok());
+    ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, d3, 3)}));
     std::this_thread::sleep_for(300ms);  // the credit arrives; the read blocks
   }
   std::this_thread::sleep_for(700ms);  // the sender dials again: HELLO, then no answer
@@ -850,9 +851,9 @@ TEST(PeerExchange, APartSlowerThanThePeerTimeoutIsNotTakenForSilence) {
   ro.peer_timeout = 1s;
   ro.reconnect_timeout = 20s;
   auto receiver = PeerExchange::Create(ro, {}, {0});
-  ASSERT_TRUE(receiver.ok());
+  ASSERT_OK(receiver);
   auto rt = (*receiver)->Begin(0);
-  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 9)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 9)}));
   const int fd = RawSenderCredited(pair.peers[1].port, 0);
   ASSERT_GE(fd, 0) << std::strerror(errno);
   ASSERT_TRUE(WriteDataHeader(fd, 0, src.size(), 9));
@@ -861,7 +862,7 @@ TEST(PeerExchange, APartSlowerThanThePeerTimeoutIsNotTakenForSilence) {
     std::this_thread::sleep_for(50ms);
   }
   Status got = WaitAtMost(**receiver, rt, 2s);
-  ASSERT_TRUE(got.ok()) << got.ToString();
+  ASSERT_OK(got);
   EXPECT_EQ(dst, src);
   EXPECT_EQ((*receiver)->counters().parts_received, 1u);
   EXPECT_EQ((*receiver)->counters().reconnects, 0u);
@@ -876,7 +877,7 @@ TEST(PeerExchange, AFloodOfSilentConnectionsDoesNotLockTheRealSenderOut) {
   ExchangeOptions ro = pair.Options(1);
   ro.peer_timeout = 30s;
   auto receiver = PeerExchange::Create(ro, {}, {0});
-  ASSERT_TRUE(receiver.ok());
+  ASSERT_OK(receiver);
   std::vector<int> flood;
   for (int i = 0; i < 200; ++i) {
     const int fd = ConnectLoopback(pair.peers[1].port);
@@ -892,15 +893,15 @@ TEST(PeerExchange, AFloodOfSilentConnectionsDoesNotLockTheRealSenderOut) {
   }
   EXPECT_GE(closed, 200 - 64);
   auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
-  ASSERT_TRUE(sender.ok());
+  ASSERT_OK(sender);
   auto rt = (*receiver)->Begin(0);
-  ASSERT_TRUE((*receiver)->Expect(rt, {PartOf(0, dst, 0)}).ok());
+  ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 0)}));
   auto st = (*sender)->Begin(0);
-  ASSERT_TRUE((*sender)->Send(st, {PartOf(1, src, 0)}).ok());
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 0)}));
   Status got = WaitAtMost(**receiver, rt, 3s);
-  EXPECT_TRUE(got.ok()) << got.ToString();
+  EXPECT_OK(got);
   Status sent = WaitAtMost(**sender, st, 3s);  // the write is over before src may go
-  EXPECT_TRUE(sent.ok()) << sent.ToString();
+  EXPECT_OK(sent);
   EXPECT_EQ(dst, src);
   for (int fd : flood) ::close(fd);
 }

@@ -8,6 +8,7 @@
 
 #include "sidecar/sidecar.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload::sidecar {
 namespace {
@@ -165,14 +166,14 @@ TEST(ResumeFile, TheRecordedStepHoldsWhileTheSpecsResumeStepIsTheOneItWasRecorde
   meshload::testing::TempDir dir;
   const std::string path = dir.path() + "/resume.json";
   auto none = ReadResumeFile(path, 0);
-  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  ASSERT_OK(none);
   EXPECT_FALSE(none->has_value()) << "no file: spec.resume.step";
   std::ofstream(path) << R"({"step": 4120, "specStep": 0})" << "\n";
   auto recorded = ReadResumeFile(path, 0);
-  ASSERT_TRUE(recorded.ok()) << recorded.status().ToString();
+  ASSERT_OK(recorded);
   EXPECT_EQ(recorded->value_or(-1), 4120);
   auto changed = ReadResumeFile(path, 500);
-  ASSERT_TRUE(changed.ok());
+  ASSERT_OK(changed);
   EXPECT_FALSE(changed->has_value()) << "spec.resume.step changed since: the spec wins";
   for (const char* bad : {"4120", "{\"step\": -1, \"specStep\": 0}", "{\"step\": 3}", "{\"step\": \"x\", \"specStep\": 0}",
                           "not json"}) {

@@ -1,4 +1,5 @@
 #include "sidecar/ipc/protocol.h"
+#include "tests/testing/status_matchers.h"
 
 #include <gtest/gtest.h>
 
@@ -34,7 +35,7 @@ TEST(Protocol, EveryMessageRoundTrips) {
   for (const Message& m : msgs) {
     std::string bytes = Encode(m);
     auto back = Decode(bytes);
-    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    ASSERT_OK(back);
     EXPECT_EQ(Encode(*back), bytes);
     EXPECT_EQ(back->index(), m.index());
   }
@@ -49,7 +50,7 @@ TEST(Protocol, EveryMessageRoundTrips) {
 
 TEST(Protocol, ByeListsTheLeasesStillHeldWithinLimits) {
   auto back = Decode(Encode(Bye{{{2, 17}, {0, 18}}}));
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_OK(back);
   EXPECT_EQ(std::get<Bye>(*back).held, (std::vector<Bye::Held>{{2, 17}, {0, 18}}));
   EXPECT_EQ(MessageTypeName(MessageType::kBye), "BYE");
   Bye many;

@@ -31,6 +31,7 @@
 #include "sidecar/ipc/seqpacket.h"
 #include "tests/planner/test_util.h"
 #include "tools/synthetic_dataset.h"
+#include "tests/testing/status_matchers.h"
 
 extern char** environ;
 
@@ -59,7 +60,7 @@ class SidecarHarness {
       ds.format = DatasetFormat::kFixedRecord;
       ds.record_bytes = 512;
       auto u = synthetic::Generate(ds, dir_.path() + "/data", samples, 2);
-      EXPECT_TRUE(u.ok());
+      EXPECT_OK(u);
       uri = *u;
     }
     uri_ = uri;
@@ -107,7 +108,7 @@ class SidecarHarness {
     o.max_reconnect_attempts = 3;
     o.reconnect_backoff_initial = milliseconds(5);
     auto c = client::Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_OK(c);
     return c.ok() ? std::move(*c) : nullptr;
   }
   // Verifies a batch against the plan and the synthetic bytes.
@@ -116,7 +117,7 @@ class SidecarHarness {
       Diagnostics d;
       auto job = LoadDataLoadJobFile(job_path_, d);
       auto r = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
-      ASSERT_TRUE(r.ok()) << d.ToString();
+      ASSERT_OK(r) << d.ToString();
       planner_ = std::make_unique<ShardPlanner>(std::move(*r));
     }
     StepPlan plan = planner_->PlanStep(b.step, planner_->DefaultLoading(), 1);
@@ -150,12 +151,12 @@ std::string Bytes(const client::Batch& b) {
 
 TEST(Sidecar, ServesConsecutiveStepsWithThePlannedBytes) {
   SidecarHarness h;
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   auto c = h.Connect();
   ASSERT_TRUE(c);
   for (int64_t step = 0; step < 45; ++step) {  // more than an epoch (20 steps)
     auto b = c->Next(milliseconds(5000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     ASSERT_EQ(b->step, step);
     h.ExpectBatchIsPlanned(*b);
   }
@@ -173,10 +174,10 @@ class RawTrainer {
  public:
   explicit RawTrainer(const std::string& socket, int64_t want_step = 0) {
     auto fd = ipc::ConnectSeqpacket(socket);
-    EXPECT_TRUE(fd.ok()) << fd.status().ToString();
+    EXPECT_OK(fd);
     if (!fd.ok()) return;
     fd_ = std::move(*fd);
-    EXPECT_TRUE(ipc::SendMessage(fd_.get(), ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, want_step})).ok());
+    EXPECT_OK(ipc::SendMessage(fd_.get(), ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, want_step})));
     auto got = ipc::ReceiveMessage(fd_.get(), ipc::kMaxMessageBytes);
     EXPECT_TRUE(got.ok() && got->fds.size() == 1) << got.status().ToString();
     if (!got.ok() || got->fds.size() != 1) return;
@@ -212,7 +213,7 @@ class RawTrainer {
   void MisbehaveAndGetDropped() {
     SendRaw("garbage!!garbage");
     auto err = ipc::ReceiveMessage(fd_.get(), ipc::kMaxMessageBytes);
-    ASSERT_TRUE(err.ok()) << err.status().ToString();
+    ASSERT_OK(err);
     auto m = ipc::Decode(err->bytes);
     ASSERT_TRUE(m.ok() && std::holds_alternative<ipc::ErrorMessage>(*m));
   }
@@ -226,8 +227,8 @@ class RawTrainer {
     }
     return s;
   }
-  void Send(const ipc::Message& m) { ASSERT_TRUE(ipc::SendMessage(fd_.get(), ipc::Encode(m)).ok()); }
-  void SendRaw(const std::string& bytes) { ASSERT_TRUE(ipc::SendMessage(fd_.get(), bytes).ok()); }
+  void Send(const ipc::Message& m) { ASSERT_OK(ipc::SendMessage(fd_.get(), ipc::Encode(m))); }
+  void SendRaw(const std::string& bytes) { ASSERT_OK(ipc::SendMessage(fd_.get(), bytes)); }
   void Close() { fd_ = UniqueFd(); }
   int fd() const { return fd_.get(); }
 
@@ -248,7 +249,7 @@ bool MetricReaches(SidecarHarness& h, const std::string& series, double want) {
 
 TEST(Sidecar, AConsumerKilledHoldingLeasesIsReclaimedAndAReconnectGetsIdenticalBytes) {
   SidecarHarness h(/*prefetch=*/3);
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   std::vector<std::string> first_run;
   {
     RawTrainer dying(h.options_.socket_path);
@@ -261,7 +262,7 @@ TEST(Sidecar, AConsumerKilledHoldingLeasesIsReclaimedAndAReconnectGetsIdenticalB
   auto c2 = h.Connect(/*start=*/1);
   for (int64_t step = 1; step < 3; ++step) {
     auto b = c2->Next(milliseconds(5000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     EXPECT_EQ(b->step, step);
     EXPECT_EQ(Bytes(*b), first_run[static_cast<size_t>(step)]);
   }
@@ -272,13 +273,13 @@ TEST(Sidecar, AConsumerKilledHoldingLeasesIsReclaimedAndAReconnectGetsIdenticalB
 // connection streams on, and they go back when the trainer drops them.
 TEST(Sidecar, BatchesHeldAcrossACloseKeepTheirBytesUntilTheTrainerDropsThem) {
   SidecarHarness h(/*prefetch=*/3);
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   auto c = h.Connect();
   std::vector<client::Batch> held;
   std::vector<std::string> bytes;
   for (int i = 0; i < 2; ++i) {
     auto b = c->Next(milliseconds(5000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     bytes.push_back(Bytes(*b));
     held.push_back(std::move(*b));
   }
@@ -286,7 +287,7 @@ TEST(Sidecar, BatchesHeldAcrossACloseKeepTheirBytesUntilTheTrainerDropsThem) {
   auto c2 = h.Connect(/*start=*/2);
   for (int64_t step = 2; step < 40; ++step) {  // the one free slot goes round many times
     auto b = c2->Next(milliseconds(5000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     ASSERT_EQ(b->step, step);
     h.ExpectBatchIsPlanned(*b);
     for (size_t i = 0; i < held.size(); ++i) ASSERT_EQ(Bytes(held[i]), bytes[i]) << "held step " << i << " changed";
@@ -304,7 +305,7 @@ TEST(Sidecar, BatchesHeldAcrossACloseKeepTheirBytesUntilTheTrainerDropsThem) {
   std::vector<client::Batch> three;  // all three slots serve the new connection again
   for (int i = 0; i < 3; ++i) {
     auto b = c2->Next(milliseconds(5000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     three.push_back(std::move(*b));
   }
 }
@@ -314,7 +315,7 @@ TEST(Sidecar, BatchesHeldAcrossACloseKeepTheirBytesUntilTheTrainerDropsThem) {
 // (BYE), releases them on the old connection, or closes it.
 TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
   SidecarHarness h(/*prefetch=*/3);
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   RawTrainer old(h.options_.socket_path);
   const std::vector<ipc::Ready> leases = old.Take(3);
   ASSERT_EQ(leases.size(), 3u);
@@ -332,7 +333,7 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
   EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", 2));
   for (int64_t step = 3; step < 20; ++step) {
     auto b = c->Next(milliseconds(5000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     ASSERT_EQ(b->step, step);
     h.ExpectBatchIsPlanned(*b);
     ASSERT_EQ(old.Bytes(leases[0]), held_bytes) << "a held batch changed under the old trainer";
@@ -361,7 +362,7 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
   EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", reclaimed + 3));
   auto c3 = h.Connect(/*start=*/43);
   auto b = c3->Next(milliseconds(5000));
-  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_OK(b);
   h.ExpectBatchIsPlanned(*b);
 }
 
@@ -369,7 +370,7 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
 // cannot evict them, and another connection cannot release them.
 TEST(Sidecar, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionReleasesThem) {
   SidecarHarness h(/*prefetch=*/3);
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   RawTrainer old(h.options_.socket_path);
   const std::vector<ipc::Ready> leases = old.Take(3);
   ASSERT_EQ(leases.size(), 3u);
@@ -386,17 +387,17 @@ TEST(Sidecar, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionR
       std::this_thread::sleep_for(milliseconds(2));  // the listen queue (8) is full: the sidecar catches up
       fd = ipc::ConnectSeqpacket(h.options_.socket_path);
     }
-    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    ASSERT_OK(fd);
     refused.push_back(std::move(*fd));
   }
-  for (auto& fd : refused) ASSERT_TRUE(ipc::ReceiveMessage(fd.get(), ipc::kMaxMessageBytes).ok());  // ERROR busy
+  for (auto& fd : refused) ASSERT_OK(ipc::ReceiveMessage(fd.get(), ipc::kMaxMessageBytes));  // ERROR busy
   EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 0);
   EXPECT_EQ(old.Bytes(leases[0]), held);
 
   // The current trainer cannot release the old one's lease.
   current.Send(ipc::Release{leases[0].slot, leases[0].step, 0});
   auto err = ipc::ReceiveMessage(current.fd(), ipc::kMaxMessageBytes);
-  ASSERT_TRUE(err.ok()) << err.status().ToString();
+  ASSERT_OK(err);
   auto m = ipc::Decode(err->bytes);
   ASSERT_TRUE(m.ok() && std::holds_alternative<ipc::ErrorMessage>(*m));
   EXPECT_NE(std::get<ipc::ErrorMessage>(*m).message.find("which this connection does not lease"), std::string::npos);
@@ -416,7 +417,7 @@ TEST(Sidecar, StoppingNeverRestagesASlotTheTrainerHolds) {
   // the stopping one must not stage into their slots on the way out.
   for (int round = 0; round < 3; ++round) {
     SidecarHarness h(/*prefetch=*/3);
-    ASSERT_TRUE(h.Start().ok());
+    ASSERT_OK(h.Start());
     RawTrainer t(h.options_.socket_path);
     const std::vector<ipc::Ready> leases = t.Take(3);
     ASSERT_EQ(leases.size(), 3u);
@@ -436,7 +437,7 @@ TEST(Sidecar, StoppingNeverRestagesASlotTheTrainerHolds) {
 // leave (BYE) and reconnect instead of waiting for ever; what it holds stays.
 TEST(Sidecar, ATrainerDroppedWithoutAnErrorSeesEndOfFileAndKeepsWhatItHolds) {
   SidecarHarness h(/*prefetch=*/3);
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   RawTrainer old(h.options_.socket_path);
   auto first = old.NextReady();
   ASSERT_TRUE(first);
@@ -449,7 +450,7 @@ TEST(Sidecar, ATrainerDroppedWithoutAnErrorSeesEndOfFileAndKeepsWhatItHolds) {
   auto c = h.Connect(/*start=*/first->step + 1);
   for (int64_t step = first->step + 1; step < 15; ++step) {
     auto b = c->Next(milliseconds(5000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     ASSERT_EQ(b->step, step);
     ASSERT_EQ(old.Bytes(*first), held);
   }
@@ -460,7 +461,7 @@ TEST(Sidecar, ATrainerDroppedWithoutAnErrorSeesEndOfFileAndKeepsWhatItHolds) {
 // and connecting again at once is never refused as busy (no retry here).
 TEST(Sidecar, ATrainerThatLeavesAndConnectsAgainAtOnceIsNotToldBusy) {
   SidecarHarness h(/*prefetch=*/3);
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   int64_t step = 0;
   for (int round = 0; round < 20; ++round) {
     client::ClientOptions o;
@@ -468,9 +469,9 @@ TEST(Sidecar, ATrainerThatLeavesAndConnectsAgainAtOnceIsNotToldBusy) {
     o.start_step = step;
     o.max_reconnect_attempts = 0;
     auto c = client::Client::Connect(o);
-    ASSERT_TRUE(c.ok()) << "round " << round << ": " << c.status().ToString();
+    ASSERT_OK(c) << "round " << round << ": " << c.status().ToString();
     auto b = (*c)->Next(milliseconds(5000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     ASSERT_EQ(b->step, step);
     ++step;
     (*c)->Close();  // BYE (holding this batch), then at once the next connection
@@ -479,7 +480,7 @@ TEST(Sidecar, ATrainerThatLeavesAndConnectsAgainAtOnceIsNotToldBusy) {
 
 TEST(Sidecar, ASlowConsumerKeepsMemoryBoundedAndIsReported) {
   SidecarHarness h(/*prefetch=*/2);
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   auto c = h.Connect();
   auto a = c->Next(milliseconds(5000));
   auto b = c->Next(milliseconds(5000));
@@ -493,13 +494,13 @@ TEST(Sidecar, ASlowConsumerKeepsMemoryBoundedAndIsReported) {
   EXPECT_GT(h.Metric("meshload_producer_blocked_seconds"), 0.3);
   a = Status(StatusCode::kUnavailable, "released");
   auto next = c->Next(milliseconds(5000));
-  ASSERT_TRUE(next.ok());
+  ASSERT_OK(next);
   EXPECT_EQ(next->step, 2);
 }
 
 TEST(Sidecar, AUidOutsideTheAllowListIsRefused) {
   SidecarHarness h(3, {::getuid() + 4242});
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   client::ClientOptions o;
   o.socket_path = h.options_.socket_path;
   o.max_reconnect_attempts = 0;
@@ -512,7 +513,7 @@ TEST(Sidecar, AUidOutsideTheAllowListIsRefused) {
 
 TEST(Sidecar, TheSocketIsGroupOnly) {
   SidecarHarness h;
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   struct stat st {};
   ASSERT_EQ(::stat(h.options_.socket_path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0660u);
@@ -520,7 +521,7 @@ TEST(Sidecar, TheSocketIsGroupOnly) {
 
 TEST(Sidecar, ASecondTrainerIsToldTheSidecarIsBusy) {
   SidecarHarness h;
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   auto first = h.Connect();
   client::ClientOptions o;
   o.socket_path = h.options_.socket_path;
@@ -532,34 +533,34 @@ TEST(Sidecar, ASecondTrainerIsToldTheSidecarIsBusy) {
 
 TEST(Sidecar, MalformedTruncatedAndOversizedMessagesAreRefusedAndServingGoesOn) {
   SidecarHarness h;
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   const std::string hello = ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, 0});
   for (const std::string& bad : {std::string("garbage!!garbage"), hello.substr(0, hello.size() - 3),
                                  std::string(70000, 'x'), ipc::Encode(ipc::Release{0, 0, 0})}) {
     auto fd = ipc::ConnectSeqpacket(h.options_.socket_path);
-    ASSERT_TRUE(fd.ok());
+    ASSERT_OK(fd);
     ASSERT_TRUE(ipc::SendMessage(fd->get(), bad).ok() || bad.size() > ipc::kMaxMessageBytes);
     auto reply = ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes);
     if (reply.ok()) {  // an ERROR, then the sidecar hangs up
       auto m = ipc::Decode(reply->bytes);
-      ASSERT_TRUE(m.ok());
+      ASSERT_OK(m);
       EXPECT_EQ(std::get<ipc::ErrorMessage>(*m).code, ipc::ErrorCode::kBadRequest);
       EXPECT_FALSE(ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes).ok());
     }
   }
   auto c = h.Connect();
   auto b = c->Next(milliseconds(5000));
-  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_OK(b);
   h.ExpectBatchIsPlanned(*b);
   EXPECT_GE(h.Metrics().find("meshload_client_connections_total{outcome=\"bad_hello\"}"), 0u);
 }
 
 TEST(Sidecar, AFileTruncatedWhileServingReachesTheTrainerAsAClearError) {
   SidecarHarness h(/*prefetch=*/1);
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   auto c = h.Connect();
   auto b = c->Next(milliseconds(5000));
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   const std::string file = h.uri_ + "/part-00001.bin";
   ASSERT_EQ(::truncate(file.c_str(), 1000), 0);
   Status last;
@@ -629,7 +630,7 @@ std::string GeneratedDatasetBytes(const TempDir& dir) {
   DatasetSpec ds;
   ds.format = DatasetFormat::kFixedRecord;
   ds.record_bytes = 512;
-  EXPECT_TRUE(synthetic::Generate(ds, dir.path(), 320, 1).ok());
+  EXPECT_OK(synthetic::Generate(ds, dir.path(), 320, 1));
   std::ifstream in(dir.path() + "/part-00000.bin", std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
@@ -638,14 +639,14 @@ TEST(Sidecar, ServesAnHttpDatasetAndRetriesServerErrors) {
   TempDir data;
   RangeServer server(GeneratedDatasetBytes(data));
   SidecarHarness h(3, {}, server.url());
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   server.fail_next_ = 2;  // the next two requests fail with 500
   auto c = h.Connect(/*start=*/5);
   // The reference plan reads the same bytes from the local copy.
   h.job_path_ = h.dir_.Write("local.yaml", JobYaml(data.path(), 3));
   for (int i = 0; i < 8; ++i) {
     auto b = c->Next(milliseconds(5000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     h.ExpectBatchIsPlanned(*b);
   }
   EXPECT_EQ(h.Metric("meshload_storage_retries_total{reason=\"http_5xx\",source=\"http\"}"), 2);
@@ -659,7 +660,7 @@ TEST(Sidecar, AStuckStorageReadIsVisibleWithinSecondsInMetricsAndLogs) {
   h.options_.source_options.read_timeout = milliseconds(5000);
   server.stall_ms_ = 1500;  // every read hangs 1.5 s; the report comes after 0.3 s
   ::testing::internal::CaptureStderr();
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   double oldest = 0;
   for (int i = 0; i < 40 && oldest < 0.5; ++i) {
     std::this_thread::sleep_for(milliseconds(50));
@@ -719,14 +720,14 @@ TEST(Sidecar, TheDataPathThreadsRunAsBatchUnlessToldOtherwise) {
     // "normal" must hold even when the sidecar inherits batch (`chrt -b`):
     // its threads are then created in batch.
     if (sched == ThreadSched::kNormal) {
-      ASSERT_TRUE(SetCurrentThreadSched(ThreadSched::kBatch).ok());
+      ASSERT_OK(SetCurrentThreadSched(ThreadSched::kBatch));
     }
     Status started = h.Start();
-    ASSERT_TRUE(SetCurrentThreadSched(ThreadSched::kNormal).ok());
-    ASSERT_TRUE(started.ok()) << started.ToString();
+    ASSERT_OK(SetCurrentThreadSched(ThreadSched::kNormal));
+    ASSERT_OK(started);
     auto c = h.Connect();  // served: the producers have started
     ASSERT_TRUE(c);
-    ASSERT_TRUE(c->Next().ok());
+    ASSERT_OK(c->Next());
     EXPECT_EQ(PoliciesOf("ml-stage-", 2), std::vector<int>(2, want));
     // The loader's readers: the producer is one of the reader_threads.
     EXPECT_EQ(PoliciesOf("ml-read", 2), std::vector<int>(2, want));
@@ -739,7 +740,7 @@ TEST(Sidecar, TheDataPathThreadsRunAsBatchUnlessToldOtherwise) {
 
 TEST(Sidecar, ReadinessWaitsForTheFirstBatch) {
   SidecarHarness h;
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   httplib::Client http("127.0.0.1", h.sidecar_->metrics_port());
   int status = 0;
   for (int i = 0; i < 200 && status != 200; ++i) {
@@ -757,11 +758,11 @@ TEST(Sidecar, ATrainerThatNeverReadsCannotStallTheSidecar) {
   // 600 slots: far more READYs than a socket queue holds. The trainer takes
   // SERVER_HELLO and reads nothing more; staging and stopping go on.
   SidecarHarness h(/*prefetch=*/600, {}, {}, /*samples=*/9600);
-  ASSERT_TRUE(h.Start().ok());
+  ASSERT_OK(h.Start());
   auto fd = ipc::ConnectSeqpacket(h.options_.socket_path);
-  ASSERT_TRUE(fd.ok());
-  ASSERT_TRUE(ipc::SendMessage(fd->get(), ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, 0})).ok());
-  ASSERT_TRUE(ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes).ok());
+  ASSERT_OK(fd);
+  ASSERT_OK(ipc::SendMessage(fd->get(), ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, 0})));
+  ASSERT_OK(ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes));
   std::this_thread::sleep_for(milliseconds(500));
   const auto t0 = std::chrono::steady_clock::now();
   h.Stop();
@@ -778,7 +779,7 @@ TEST(Sidecar, ATrainerOfAWideJobIsNeverSentMoreReadysThanItsSocketHolds) {
   ds.format = DatasetFormat::kFixedRecord;
   ds.record_bytes = 64;
   auto uri = synthetic::Generate(ds, dir.path() + "/data", 4096, 1);
-  ASSERT_TRUE(uri.ok());
+  ASSERT_OK(uri);
   const std::string job = dir.Write(
       "job.yaml",
       "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: wide}\nspec:\n"
@@ -792,7 +793,7 @@ TEST(Sidecar, ATrainerOfAWideJobIsNeverSentMoreReadysThanItsSocketHolds) {
   o.socket_path = dir.path() + "/s.sock";
   o.staging = "host";
   auto sc = Sidecar::Create(o);
-  ASSERT_TRUE(sc.ok()) << sc.status().ToString();
+  ASSERT_OK(sc);
   int rc = -1;
   std::thread run([&] { rc = (*sc)->Run(); });
   {
@@ -803,10 +804,10 @@ TEST(Sidecar, ATrainerOfAWideJobIsNeverSentMoreReadysThanItsSocketHolds) {
       pollfd p{t.fd(), POLLIN, 0};
       if (::poll(&p, 1, 200) <= 0) break;
       auto got = ipc::ReceiveMessage(t.fd(), ipc::kMaxMessageBytes);
-      ASSERT_TRUE(got.ok()) << "the sidecar dropped a trainer that was only slow to read: "
+      ASSERT_OK(got) << "the sidecar dropped a trainer that was only slow to read: "
                             << got.status().ToString();
       auto m = ipc::Decode(got->bytes);
-      ASSERT_TRUE(m.ok());
+      ASSERT_OK(m);
       ASSERT_TRUE(std::holds_alternative<ipc::Ready>(*m)) << "expected READYs only";
       ++readys;
     }
@@ -877,7 +878,7 @@ TEST(Client, RefusesReadyTensorsThatAreNotCompactOrOverflow) {
     const std::string sock = dir.path() + "/fake-" + std::to_string(bad.dtype_bits) + ".sock";
     FakeSidecar fake(sock, OneDeviceHello(), {ipc::Ready{0, 0, {bad}}});
     auto c = client::Client::Connect(NoRetry(sock));
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_OK(c);
     auto b = (*c)->Next(milliseconds(2000));
     ASSERT_FALSE(b.ok());
     EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << b.status().ToString();
@@ -892,7 +893,7 @@ TEST(Client, AReadyItCannotAcceptClosesTheConnectionSoTheSidecarTakesItsSlotsBac
   const std::string sock = dir.path() + "/fake.sock";
   FakeSidecar fake(sock, OneDeviceHello(), {ipc::Ready{5, 0, {}}});  // step 5 where 0 is due
   auto c = client::Client::Connect(NoRetry(sock));
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   auto b = (*c)->Next(milliseconds(2000));
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << b.status().ToString();
@@ -915,10 +916,10 @@ TEST(Client, AHandshakeThatGetsNoAnswerEndsAtTheCallersTimeout) {
   o.reconnect_backoff_initial = milliseconds(1);
   o.reconnect_backoff_max = milliseconds(2);
   auto c = client::Client::Connect(o);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   ASSERT_EQ(::unlink(sock.c_str()), 0);
   auto silent = ipc::ListenSeqpacket(sock);  // never accepts
-  ASSERT_TRUE(silent.ok()) << silent.status().ToString();
+  ASSERT_OK(silent);
   const auto t0 = std::chrono::steady_clock::now();
   auto b = (*c)->Next(milliseconds(300));
   const auto elapsed = std::chrono::steady_clock::now() - t0;
@@ -947,9 +948,9 @@ TEST(Client, RefusesAReadyForASlotALiveBatchStillHolds) {
   const ipc::TensorReady t{0, 1, 8, {4, 16}, {16, 1}, 0};
   FakeSidecar fake(sock, hello, {ipc::Ready{0, 0, {t}}, ipc::Ready{1, 0, {t}}});
   auto c = client::Client::Connect(NoRetry(sock));
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   auto first = (*c)->Next(milliseconds(2000));
-  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_OK(first);
   auto second = (*c)->Next(milliseconds(2000));
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), StatusCode::kInvalidArgument);
@@ -978,7 +979,7 @@ TEST(Client, AFullListenQueueIsUnavailableNotABlockedConnect) {
   TempDir dir;
   const std::string sock = dir.path() + "/full.sock";
   auto listener = ipc::ListenSeqpacket(sock);  // never accepts
-  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  ASSERT_OK(listener);
   std::vector<UniqueFd> queued;
   Status refused;
   for (int i = 0; i < 64 && refused.ok(); ++i) {
@@ -1002,7 +1003,7 @@ TEST(Client, InterruptWakesANextWaitingInAnotherThread) {
   const std::string sock = dir.path() + "/fake.sock";
   FakeSidecar fake(sock, OneDeviceHello(), {});  // never sends a READY
   auto c = client::Client::Connect(NoRetry(sock));
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   Status got;
   std::thread reader([&] { got = (*c)->Next().status(); });
   std::this_thread::sleep_for(milliseconds(100));
@@ -1036,11 +1037,11 @@ TEST(SidecarProcess, ARestartedSidecarResumesTheTrainerWithIdenticalBytes) {
   o.max_reconnect_attempts = 8;  // 20 ms doubling: about 5 s in all
   o.reconnect_backoff_initial = milliseconds(20);
   auto connected = client::Client::Connect(o);
-  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  ASSERT_OK(connected);
   auto& c = *connected;
   for (int64_t step = 0; step < 4; ++step) {
     auto b = c->Next(milliseconds(10000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     h.ExpectBatchIsPlanned(*b);
   }
   ::kill(pid, SIGKILL);
@@ -1048,7 +1049,7 @@ TEST(SidecarProcess, ARestartedSidecarResumesTheTrainerWithIdenticalBytes) {
   pid = spawn();
   for (int64_t step = 4; step < 10; ++step) {
     auto b = c->Next(milliseconds(10000));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(b);
     EXPECT_EQ(b->step, step);
     h.ExpectBatchIsPlanned(*b);
   }
@@ -1089,7 +1090,7 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
   ds.format = DatasetFormat::kFixedRecord;
   ds.record_bytes = 512;
   auto uri = synthetic::Generate(ds, dir.path() + "/data", 400, 2);
-  ASSERT_TRUE(uri.ok());
+  ASSERT_OK(uri);
   const std::string job_path = dir.Write(
       "job.yaml",
       "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: peers-restart}\nspec:\n"
@@ -1100,9 +1101,9 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
       "  batch: {globalBatchSize: 8, prefetch: 3}\n  shuffle: {mode: Global, seed: 9}\n");
   Diagnostics d;
   auto job = LoadDataLoadJobFile(job_path, d);
-  ASSERT_TRUE(job.ok()) << d.ToString();
+  ASSERT_OK(job) << d.ToString();
   auto resolved = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
-  ASSERT_TRUE(resolved.ok()) << d.ToString();
+  ASSERT_OK(resolved) << d.ToString();
   ShardPlanner planner(std::move(*resolved));
   // Each sidecar's peer socket stays open here, so a restarted sidecar
   // listens on the same port (as a restarted container keeps its pod's IP).
@@ -1110,7 +1111,7 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
   std::string peers;
   for (int p = 0; p < 2; ++p) {
     auto l = exchange::ListenLoopback();
-    ASSERT_TRUE(l.ok());
+    ASSERT_OK(l);
     listen_fd[p] = l->first.Release();
     peers += (p ? "," : "") + std::string("127.0.0.1:") + std::to_string(l->second);
   }
@@ -1158,12 +1159,12 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
     o.max_reconnect_attempts = 9;  // 20 ms doubling: about 10 s in all
     o.reconnect_backoff_initial = milliseconds(20);
     auto connected = client::Client::Connect(o);
-    ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+    ASSERT_OK(connected);
     c[p] = std::move(*connected);
   }
   auto check = [&](int p, int64_t step) {
     auto b = c[p]->Next(milliseconds(20000));
-    ASSERT_TRUE(b.ok()) << "process " << p << " step " << step << ": " << b.status().ToString();
+    ASSERT_OK(b) << "process " << p << " step " << step << ": " << b.status().ToString();
     ASSERT_EQ(b->step, step);
     const StepPlan plan = planner.PlanStep(step, planner.DefaultLoading(), p);
     ASSERT_EQ(b->tensors.size(), 2u);

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "sidecar/staging/host_memory.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload::staging {
 namespace {
@@ -174,7 +175,7 @@ TEST(SlotPool, SeveralProducersFillEveryStepOnceAndTheTrainerNeverStarves) {
 
 TEST(HostSlotMemory, IsSealedAgainstShrinkingAndPageAligned) {
   auto m = HostSlotMemory::Create(3, 5000, "test-pool");
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_OK(m);
   EXPECT_EQ((*m)->slot_bytes() % 4096, 0u);
   EXPECT_EQ((*m)->pool_bytes(), 3 * (*m)->slot_bytes());
   (*m)->slot(2)[(*m)->slot_bytes() - 1] = 42;  // the last byte is writable

@@ -19,6 +19,7 @@
 #include "sidecar/ipc/protocol.h"
 #include "tests/planner/test_util.h"
 #include "tools/synthetic_dataset.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload::sidecar {
 namespace {
@@ -68,11 +69,11 @@ JobSpec SpecFor(const Case& c, const std::string& dir) {
 std::unique_ptr<ShardPlanner> Prepare(const JobSpec& spec_in, const std::string& dir, uint64_t samples, int files) {
   JobSpec spec = spec_in;
   auto uri = synthetic::Generate(spec.dataset, dir, samples, files);
-  EXPECT_TRUE(uri.ok()) << uri.status().ToString();
+  EXPECT_OK(uri);
   spec.dataset.uri = *uri;
   Diagnostics d;
   auto job = source::ResolveReadingDataset(spec, {}, source::Unreachable::kFail, d);
-  EXPECT_TRUE(job.ok()) << d.ToString() << job.status().ToString();
+  EXPECT_OK(job) << d.ToString() << job.status().ToString();
   return std::make_unique<ShardPlanner>(std::move(*job));
 }
 
@@ -114,14 +115,14 @@ TEST(StepLoader, EveryFormatStrategyAndShuffleDeliversThePlannedBytes) {
       opts.reader_threads = 3;
       opts.max_read_bytes = 150;  // split coalesced ranges often
       auto loader = StepLoader::Create(*planner, p, planner->DefaultLoading(), *sources, layout, opts);
-      ASSERT_TRUE(loader.ok()) << loader.status().ToString();
-      ASSERT_TRUE((*loader)->VerifyFiles().ok());
+      ASSERT_OK(loader);
+      ASSERT_OK((*loader)->VerifyFiles());
       std::vector<uint8_t> slot(layout.slot_bytes);
       for (int64_t step = 0; step < 6; ++step) {
         std::vector<uint64_t> checksums;
         StepLoadStats stats;
         Status st = (*loader)->Load(step, slot.data(), checksums, &stats);
-        ASSERT_TRUE(st.ok()) << st.ToString();
+        ASSERT_OK(st);
         ExpectSlotMatchesPlan(*planner, p, step, slot.data(), layout, checksums);
         EXPECT_GT(stats.bytes_read, 0u);
       }
@@ -223,7 +224,7 @@ TEST(StepLoader, EveryReadIsHintedToItsSourceAWindowAhead) {
     source::SourceRegistry sources({});
     RecordingSource* recorder = nullptr;
     sources.Register("file", [&](const source::SourceOptions& o) -> Result<std::unique_ptr<source::Source>> {
-      ASSIGN_OR_RETURN(auto real, source::MakeFileSource(o));
+      MESHLOAD_ASSIGN_OR_RETURN(auto real, source::MakeFileSource(o));
       auto r = std::make_unique<RecordingSource>(std::move(real));
       recorder = r.get();
       return std::unique_ptr<source::Source>(std::move(r));
@@ -233,11 +234,11 @@ TEST(StepLoader, EveryReadIsHintedToItsSourceAWindowAhead) {
     opts.reader_threads = threads;
     opts.inline_step_bytes = 0;  // with 3 threads: the step is cut into chunks
     auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), sources, layout, opts);
-    ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+    ASSERT_OK(loader);
     std::vector<uint8_t> slot(layout.slot_bytes);
     std::vector<uint64_t> checksums;
     StepLoadStats stats;
-    ASSERT_TRUE((*loader)->Load(3, slot.data(), checksums, &stats).ok());
+    ASSERT_OK((*loader)->Load(3, slot.data(), checksums, &stats));
     ExpectSlotMatchesPlan(*planner, 0, 3, slot.data(), layout, checksums);
     ASSERT_NE(recorder, nullptr);
 
@@ -286,7 +287,7 @@ TEST(StepLoader, CloseRangesOfARemoteObjectAreOneRequest) {
     source::SourceRegistry sources({});
     RecordingSource* recorder = nullptr;
     sources.Register("file", [&](const source::SourceOptions& o) -> Result<std::unique_ptr<source::Source>> {
-      ASSIGN_OR_RETURN(auto real, source::MakeFileSource(o));
+      MESHLOAD_ASSIGN_OR_RETURN(auto real, source::MakeFileSource(o));
       auto r = std::make_unique<RecordingSource>(std::move(real), remote);
       recorder = r.get();
       return std::unique_ptr<source::Source>(std::move(r));
@@ -295,11 +296,11 @@ TEST(StepLoader, CloseRangesOfARemoteObjectAreOneRequest) {
     StepLoaderOptions opts;
     opts.reader_threads = 1;
     auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), sources, layout, opts);
-    ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+    ASSERT_OK(loader);
     std::vector<uint8_t> slot(layout.slot_bytes);
     std::vector<uint64_t> checksums;
     StepLoadStats stats;
-    ASSERT_TRUE((*loader)->Load(5, slot.data(), checksums, &stats).ok());
+    ASSERT_OK((*loader)->Load(5, slot.data(), checksums, &stats));
     ExpectSlotMatchesPlan(*planner, 0, 5, slot.data(), layout, checksums);
     size_t reads = 0;
     for (const auto& e : recorder->events()) reads += !e.hint;
@@ -331,7 +332,7 @@ TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
     opts.max_read_bytes = 60;
     opts.inline_step_bytes = inline_below;
     auto loader = StepLoader::Create(*planner, 1, planner->DefaultLoading(), *sources, layout, opts);
-    ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+    ASSERT_OK(loader);
     std::vector<std::thread> callers;
     for (int caller = 0; caller < 3; ++caller) {
       callers.emplace_back([&, caller] {
@@ -339,7 +340,7 @@ TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
         for (int64_t step = caller; step < 30; step += 3) {
           std::vector<uint64_t> checksums;
           Status st = (*loader)->Load(step, slot.data(), checksums, nullptr, caller);
-          ASSERT_TRUE(st.ok()) << st.ToString();
+          ASSERT_OK(st);
           ExpectSlotMatchesPlan(*planner, 1, step, slot.data(), layout, checksums);
         }
       });
@@ -365,10 +366,10 @@ TEST(StepLoader, GlobalLoadTokenStreamOnAFreshThreadDeliversThePlannedBytes) {
     StepLoaderOptions opts;
     opts.reader_threads = 1;
     auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), *sources, layout, opts);
-    ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+    ASSERT_OK(loader);
     std::vector<uint8_t> slot(layout.slot_bytes);
     std::vector<uint64_t> checksums;
-    ASSERT_TRUE((*loader)->Load(1, slot.data(), checksums, nullptr).ok());
+    ASSERT_OK((*loader)->Load(1, slot.data(), checksums, nullptr));
     ExpectSlotMatchesPlan(*planner, 0, 1, slot.data(), layout, checksums);
   });
   fresh.join();
@@ -392,7 +393,7 @@ TEST(StepLoader, StrategiesThatMoveSamplesBetweenProcessesNeedPeers) {
 // A listening loopback socket (kept open for the test's life) and its port.
 std::pair<int, uint16_t> Listen() {
   auto l = exchange::ListenLoopback();
-  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_OK(l);
   return {l->first.Release(), l->second};
 }
 
@@ -427,7 +428,7 @@ void RunExchangeCase(const Case& c, Fanout fanout, int64_t steps) {
     xo.connect_timeout = std::chrono::seconds(20);
     opts.peers = xo;
     auto loader = StepLoader::Create(*planner, p, loading, *sources, layouts.back(), opts);
-    ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+    ASSERT_OK(loader);
     loaders.push_back(std::move(*loader));
   }
   uint64_t moved = 0;
@@ -442,7 +443,7 @@ void RunExchangeCase(const Case& c, Fanout fanout, int64_t steps) {
           std::vector<uint64_t> checksums;
           StepLoadStats stats;
           Status st = loaders[static_cast<size_t>(p)]->Load(step, slot.data(), checksums, &stats, caller);
-          ASSERT_TRUE(st.ok()) << "process " << p << " step " << step << ": " << st.ToString();
+          ASSERT_OK(st) << "process " << p << " step " << step << ": " << st.ToString();
           ExpectSlotMatchesPlan(*planner, p, step, slot.data(), layout, checksums);
           std::lock_guard lock(mu);
           moved += stats.bytes_received;
@@ -484,7 +485,7 @@ TEST(StepLoader, AFileTruncatedAfterPlanningIsAnErrorNamingFileAndOffset) {
   auto sources = source::SourceRegistry::WithBuiltins({});
   auto layout = staging::ComputeBatchLayout(planner->job(), 0);
   auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), *sources, layout, {});
-  ASSERT_TRUE(loader.ok());
+  ASSERT_OK(loader);
   ASSERT_EQ(::truncate(file.c_str(), 50 * 100 + 30), 0);
   Status verify = (*loader)->VerifyFiles();
   EXPECT_EQ(verify.code(), StatusCode::kDataLoss);
@@ -502,7 +503,7 @@ TEST(StepLoader, ANpyFileShorterThanItsHeaderClaimsIsRefusedAtIndexing) {
   TempDir dir;
   Case c{DatasetFormat::kNpy, Strategy::kPerProcess, ShuffleMode::kNone, {{"data", 1}}, {"data"}, 1};
   JobSpec spec = SpecFor(c, dir.path());
-  ASSERT_TRUE(synthetic::Generate(spec.dataset, dir.path(), 50, 1).ok());
+  ASSERT_OK(synthetic::Generate(spec.dataset, dir.path(), 50, 1));
   const std::string file = dir.path() + "/part-00000.npy";
   ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(std::filesystem::file_size(file) - 10)), 0);
   Diagnostics d;

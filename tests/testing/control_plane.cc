@@ -99,7 +99,7 @@ Status ControlPlane::Start() {
   dir_ = tmpl;
   const std::string root = MESHLOAD_SOURCE_DIR;
   const auto t0 = Clock::now();
-  ASSIGN_OR_RETURN(supervisor_, Spawn({root + "/scripts/control-plane", "run", dir_}, dir_ + "/supervisor.log", "TERM"));
+  MESHLOAD_ASSIGN_OR_RETURN(supervisor_, Spawn({root + "/scripts/control-plane", "run", dir_}, dir_ + "/supervisor.log", "TERM"));
   while (!Exists(dir_ + "/ready")) {
     if (Exists(dir_ + "/failed")) return Status(StatusCode::kUnavailable, Slurp(dir_ + "/failed"));
     int status = 0;

@@ -93,8 +93,8 @@ Result<CertAndKey> Issue(const std::vector<std::pair<std::string, std::string>>&
   }
   ok = ok && X509_sign(cert.get(), signer_key, EVP_sha256()) > 0;
   if (!ok) return Internal("cannot issue a certificate");
-  ASSIGN_OR_RETURN(std::string cert_pem, CertPem(cert.get()));
-  ASSIGN_OR_RETURN(std::string key_pem, KeyPem(key.get()));
+  MESHLOAD_ASSIGN_OR_RETURN(std::string cert_pem, CertPem(cert.get()));
+  MESHLOAD_ASSIGN_OR_RETURN(std::string key_pem, KeyPem(key.get()));
   return CertAndKey{std::move(cert_pem), std::move(key_pem)};
 }
 
@@ -102,13 +102,13 @@ Result<CertAndKey> Issue(const std::vector<std::pair<std::string, std::string>>&
 
 Result<TestPki> MakeTestPki() {
   TestPki pki;
-  ASSIGN_OR_RETURN(pki.ca, Issue({{"CN", "meshload-test-ca"}},
+  MESHLOAD_ASSIGN_OR_RETURN(pki.ca, Issue({{"CN", "meshload-test-ca"}},
                                  {{NID_basic_constraints, "critical,CA:TRUE"},
                                   {NID_key_usage, "critical,keyCertSign,cRLSign,digitalSignature"},
                                   {NID_subject_key_identifier, "hash"}},
                                  nullptr, nullptr));
-  ASSIGN_OR_RETURN(auto ca, Parse(pki.ca));
-  ASSIGN_OR_RETURN(pki.server, Issue({{"CN", "127.0.0.1"}},
+  MESHLOAD_ASSIGN_OR_RETURN(auto ca, Parse(pki.ca));
+  MESHLOAD_ASSIGN_OR_RETURN(pki.server, Issue({{"CN", "127.0.0.1"}},
                                      {{NID_basic_constraints, "critical,CA:FALSE"},
                                       {NID_key_usage, "critical,digitalSignature,keyEncipherment"},
                                       {NID_ext_key_usage, "serverAuth"},
@@ -119,7 +119,7 @@ Result<TestPki> MakeTestPki() {
 
 Result<CertAndKey> MakeClientCert(const CertAndKey& ca, const std::string& common_name,
                                   const std::string& organization) {
-  ASSIGN_OR_RETURN(auto issuer, Parse(ca));
+  MESHLOAD_ASSIGN_OR_RETURN(auto issuer, Parse(ca));
   std::vector<std::pair<std::string, std::string>> subject;
   if (!organization.empty()) subject.emplace_back("O", organization);
   subject.emplace_back("CN", common_name);

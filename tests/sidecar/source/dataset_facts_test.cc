@@ -13,6 +13,7 @@
 
 #include "planner/npy.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload::source {
 namespace {
@@ -29,7 +30,7 @@ DatasetSpec Fixed(const std::string& uri, int64_t record_bytes) {
 
 std::string NpyFile(DType t, const std::vector<uint64_t>& shape, uint64_t data_bytes) {
   auto h = MakeNpyHeader(t, shape);
-  EXPECT_TRUE(h.ok());
+  EXPECT_OK(h);
   return *h + std::string(data_bytes, '\x01');
 }
 
@@ -41,8 +42,8 @@ Result<DatasetIndex> Index(const DatasetSpec& spec, Diagnostics& d) {
 // The header of a local file through the file source.
 Result<NpyHeader> ReadNpyHeader(const std::string& path) {
   auto file = MakeFileSource({});
-  EXPECT_TRUE(file.ok());
-  ASSIGN_OR_RETURN(ObjectInfo info, (*file)->Stat(path));
+  EXPECT_OK(file);
+  MESHLOAD_ASSIGN_OR_RETURN(ObjectInfo info, (*file)->Stat(path));
   return source::ReadNpyHeader(**file, path, info.size);
 }
 
@@ -65,8 +66,8 @@ TEST(IndexDataset, DirectoryFilesFormOneDatasetInLexicographicOrder) {
   dir.Write(".hidden", "x");
   Diagnostics d;
   auto idx = Index(Fixed(dir.path(), 16), d);
-  ASSERT_TRUE(idx.ok()) << idx.status().ToString();
-  ASSERT_TRUE(d.ok()) << d.ToString();
+  ASSERT_OK(idx);
+  ASSERT_OK(d);
   ASSERT_EQ(idx->files().size(), 3u);
   EXPECT_NE(idx->files()[0].path.find("part-01"), std::string::npos);
   EXPECT_NE(idx->files()[2].path.find("part-10"), std::string::npos);
@@ -86,7 +87,7 @@ TEST(IndexDataset, GlobsAndFileUris) {
   dir.Write("z.txt", "ignored by the glob");
   Diagnostics d;
   auto idx = Index(Fixed("file://" + dir.path() + "/*.rec", 4), d);
-  ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+  ASSERT_OK(idx);
   EXPECT_EQ(idx->num_samples(), 4u);
   EXPECT_NE(idx->files()[0].path.find("a.rec"), std::string::npos);
   auto none = Index(Fixed(dir.path() + "/*.nothing", 4), d);
@@ -116,7 +117,7 @@ TEST(IndexDataset, TokenStreamSamplesSpanFiles) {
   s.sequence_length = 4;  // sample i = tokens [4i, 4i+5): N = floor(10/4) = 2
   Diagnostics d;
   auto idx = Index(s, d);
-  ASSERT_TRUE(idx.ok());
+  ASSERT_OK(idx);
   EXPECT_EQ(idx->num_samples(), 2u);
   EXPECT_EQ(idx->sample_bytes(), 10u);
   std::vector<Extent> ex;
@@ -153,8 +154,8 @@ TEST(IndexDataset, NpyFilesMustAgreeAndMatchTheirHeaders) {
   s.format = DatasetFormat::kNpy;
   Diagnostics d;
   auto idx = Index(s, d);
-  ASSERT_TRUE(idx.ok());
-  ASSERT_TRUE(d.ok()) << d.ToString();
+  ASSERT_OK(idx);
+  ASSERT_OK(d);
   EXPECT_EQ(idx->num_samples(), 5u);
   EXPECT_EQ(idx->sample_bytes(), 16u);
   EXPECT_EQ(idx->dtype(), DType::kFloat32);
@@ -213,7 +214,7 @@ TEST(ReadNpyHeader, ReadsTheHeaderAndNeverTheData) {
   TempDir dir;
   std::string path = dir.Write("a.npy", *MakeNpyHeader(DType::kInt64, {2, 3, 4}) + std::string(192, '\0'));
   Result<NpyHeader> h = ReadNpyHeader(path);
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   EXPECT_EQ(h->dtype, DType::kInt64);
   EXPECT_EQ(h->shape, (std::vector<uint64_t>{2, 3, 4}));
   EXPECT_EQ(h->data_offset, 128u);
@@ -221,7 +222,7 @@ TEST(ReadNpyHeader, ReadsTheHeaderAndNeverTheData) {
   // The shape claims 8 GiB that is not there: sizing the file is the index's job.
   path = dir.Write("header_only.npy", *MakeNpyHeader(DType::kUint16, {1 << 16, 1 << 16}));
   h = ReadNpyHeader(path);
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   EXPECT_EQ(h->data_bytes, uint64_t{1} << 33);
 }
 
@@ -229,15 +230,15 @@ TEST(ReadNpyHeader, VersionsTwoAndThreeTinyAndLongHeaders) {
   TempDir dir;
   const std::string dict = "{'descr': '<f8', 'fortran_order': False, 'shape': (3, 2), }";
   Result<NpyHeader> h = ReadNpyHeader(dir.Write("v3.npy", Wrap(3, dict + "\n") + std::string(48, '\0')));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   EXPECT_EQ(h->major_version, 3);
   h = ReadNpyHeader(dir.Write("tiny.npy", Wrap(1, "{'descr':'|u1','fortran_order':False,'shape':()}\n")));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   EXPECT_EQ(h->element_count, 1u);
   // Longer than version 1's 65535 limit: the second, header-sized read.
   const std::string long_dict = dict + std::string(70000, ' ');
   h = ReadNpyHeader(dir.Write("long.npy", Wrap(2, long_dict + "\n") + std::string(48, '\0')));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   EXPECT_EQ(h->data_offset, 12 + long_dict.size() + 1);
   EXPECT_EQ(h->data_bytes, 48u);
 }
@@ -278,7 +279,7 @@ TEST(ResolveWithSources, LocalFilesAreIndexedAndUnreachableDataFallsBackOnlyWhen
   auto sources = SourceRegistry::WithBuiltins({});
   Diagnostics d;
   auto job = ResolveWithSources(spec, *sources, {}, Unreachable::kFail, d);
-  ASSERT_TRUE(job.ok()) << d.ToString() << job.status().ToString();
+  ASSERT_OK(job) << d.ToString() << job.status().ToString();
   EXPECT_TRUE(job->dataset.indexed());
   EXPECT_EQ(job->samples, 64u);
 
@@ -286,7 +287,7 @@ TEST(ResolveWithSources, LocalFilesAreIndexedAndUnreachableDataFallsBackOnlyWhen
   spec.dataset.samples = 80;
   Diagnostics planned;
   auto virtual_job = ResolveWithSources(spec, *sources, {}, Unreachable::kUseDeclaredSamples, planned);
-  ASSERT_TRUE(virtual_job.ok()) << planned.ToString();
+  ASSERT_OK(virtual_job) << planned.ToString();
   EXPECT_FALSE(virtual_job->dataset.indexed());
   EXPECT_EQ(virtual_job->samples, 80u);
   Diagnostics failed;

@@ -15,6 +15,7 @@
 
 #include "sidecar/source/source.h"
 #include "test_support.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload::source {
 namespace {
@@ -32,7 +33,7 @@ SourceOptions Options(int max_open_files, SourceObserver* observer = nullptr) {
 
 std::unique_ptr<Source> MakeFile(const SourceOptions& options = {}) {
   auto source = MakeFileSource(options);
-  EXPECT_TRUE(source.ok()) << source.status().ToString();
+  EXPECT_OK(source);
   return std::move(source).value();
 }
 
@@ -68,7 +69,7 @@ uint64_t MappedResidentBytes(const std::string& path) {
 void ReadInPages(Source& source, const std::string& path, uint64_t n, const std::string& want) {
   std::string out(4096, '\0');
   for (uint64_t at = 0; at < n; at += 4096) {
-    ASSERT_TRUE(source.Read(path, at, out.data(), out.size()).ok());
+    ASSERT_OK(source.Read(path, at, out.data(), out.size()));
     ASSERT_EQ(out, want.substr(at, 4096)) << at;
   }
 }
@@ -117,7 +118,7 @@ TEST(FileSourceTest, PrefetchHintsNeverFailAndLeaveReadsExact) {
   source->Prefetch(path, nullptr, 0);
   source->Prefetch(dir.path() + "/missing.bin", ranges.data(), ranges.size());  // the read reports it
   std::string out(4098, '\0');
-  ASSERT_TRUE(source->Read(path, 4098, out.data(), out.size()).ok());
+  ASSERT_OK(source->Read(path, 4098, out.data(), out.size()));
   EXPECT_EQ(out, data.substr(4098, 4098));
   // The file shrinks under its mapping: hints to pages it no longer has do
   // not fault, and the read reports the short file.
@@ -140,7 +141,7 @@ TEST(FileSourceTest, ScatterReadFillsEveryIovecWithTheFileBytesInOrder) {
                             {c.data(), c.size()},
                             {d.data(), d.size()}};
   auto source = MakeFile();
-  ASSERT_TRUE(source->ReadV(path, 1000, iov).ok());
+  ASSERT_OK(source->ReadV(path, 1000, iov));
   EXPECT_EQ(a + b + c + d, data.substr(1000, 5000));
   EXPECT_EQ(unused, 'x');
 }
@@ -154,7 +155,7 @@ TEST(FileSourceTest, ReadsMoreIovecsThanIovMaxInOneCall) {
   std::vector<iovec> iov;
   for (size_t i = 0; i < count; ++i) iov.push_back({out.data() + 3 * i, 3});
   auto source = MakeFile();
-  ASSERT_TRUE(source->ReadV(path, 5, iov).ok());
+  ASSERT_OK(source->ReadV(path, 5, iov));
   EXPECT_EQ(out, data.substr(5));
 }
 
@@ -162,7 +163,7 @@ TEST(FileSourceTest, StatReturnsTheFileSize) {
   TempDir dir;
   const std::string path = dir.Write("s.bin", RandomBytes(1234, 3));
   auto info = MakeFile()->Stat(path);
-  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  ASSERT_OK(info);
   EXPECT_EQ(info->size, 1234u);
 }
 
@@ -221,11 +222,11 @@ TEST(FileSourceTest, FileTruncatedAfterStatIsDataLossWithTheNewSize) {
   const std::string path = dir.Write("t.bin", data);
   auto source = MakeFile();
   auto info = source->Stat(path);
-  ASSERT_TRUE(info.ok());
+  ASSERT_OK(info);
   ASSERT_EQ(info->size, 8192u);
   // A first read caches the descriptor; the truncation must still be seen.
   std::string out(4096, '\0');
-  ASSERT_TRUE(source->Read(path, 0, out.data(), out.size()).ok());
+  ASSERT_OK(source->Read(path, 0, out.data(), out.size()));
   ASSERT_EQ(truncate(path.c_str(), 100), 0);
   Status st = source->Read(path, 4096, out.data(), out.size());
   ASSERT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
@@ -254,7 +255,7 @@ TEST(FileSourceTest, MoreFilesThanMaxOpenFilesAreReadCorrectlyWithBoundedDescrip
     for (int i = 0; i < kFiles; ++i) {
       int f = (i * 7 + round) % kFiles;
       std::string out(200, '\0');
-      ASSERT_TRUE(source->Read(paths[f], 50, out.data(), out.size()).ok());
+      ASSERT_OK(source->Read(paths[f], 50, out.data(), out.size()));
       ASSERT_EQ(out, contents[f].substr(50, 200)) << paths[f];
     }
   }
@@ -281,12 +282,12 @@ TEST(FileSourceTest, TheLeastRecentlyUsedDescriptorIsTheOneClosed) {
                     c = dir.Write("c.bin", RandomBytes(64, 3));
   auto source = MakeFile(Options(2));
   std::string out(8, '\0');
-  for (const std::string* p : {&a, &b, &a, &c}) ASSERT_TRUE(source->Read(*p, 0, out.data(), out.size()).ok());
+  for (const std::string* p : {&a, &b, &a, &c}) ASSERT_OK(source->Read(*p, 0, out.data(), out.size()));
   // a was used after b: b goes when c comes in.
   EXPECT_TRUE(IsOpen(a));
   EXPECT_FALSE(IsOpen(b));
   EXPECT_TRUE(IsOpen(c));
-  ASSERT_TRUE(source->Read(b, 0, out.data(), out.size()).ok());
+  ASSERT_OK(source->Read(b, 0, out.data(), out.size()));
   EXPECT_FALSE(IsOpen(a));  // now the oldest
   EXPECT_TRUE(IsOpen(b));
   EXPECT_TRUE(IsOpen(c));
@@ -337,7 +338,7 @@ TEST(FileSourceTest, ObserverCountsEachSuccessfulReadAndItsBytes) {
   RecordingObserver observer;
   auto source = MakeFile(Options(256, &observer));
   std::string out(100, '\0');
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(source->Read(path, 10 * i, out.data(), 100).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_OK(source->Read(path, 10 * i, out.data(), 100));
   EXPECT_EQ(observer.reads(), 5u);
   EXPECT_EQ(observer.bytes(), 500u);
   EXPECT_EQ(observer.schemes(), std::set<std::string>{"file"});
@@ -401,9 +402,9 @@ TEST(FileSourceTest, ReadManyReadsEachRangeInOrderAndReportsTheBatchOnce) {
 
     // No callback is fine too; an empty batch reads and reports nothing.
     out[0].assign(size, '\0');
-    ASSERT_TRUE(source->ReadMany(path, reads.data(), 1, nullptr, nullptr).ok());
+    ASSERT_OK(source->ReadMany(path, reads.data(), 1, nullptr, nullptr));
     EXPECT_EQ(out[0], data.substr(offsets[0], size));
-    ASSERT_TRUE(source->ReadMany(path, reads.data(), 0, nullptr, nullptr).ok());
+    ASSERT_OK(source->ReadMany(path, reads.data(), 0, nullptr, nullptr));
     EXPECT_EQ(observer.batches, (std::vector<size_t>{5, 1}));
   }
 }

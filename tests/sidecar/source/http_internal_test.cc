@@ -1,4 +1,5 @@
 #include "sidecar/source/http_internal.h"
+#include "tests/testing/status_matchers.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +13,7 @@ using std::chrono::milliseconds;
 
 TEST(ParseHttpUrlTest, SplitsOriginAndTargetKeepingTheQueryOnTheWire) {
   auto url = ParseHttpUrl("HTTP://Store.Example:8080/a/b.bin?X-Sig=abc#frag");
-  ASSERT_TRUE(url.ok()) << url.status().ToString();
+  ASSERT_OK(url);
   EXPECT_EQ(url->scheme, "http");
   EXPECT_EQ(url->origin, "http://store.example:8080");
   EXPECT_EQ(url->target, "/a/b.bin?X-Sig=abc");
@@ -21,18 +22,18 @@ TEST(ParseHttpUrlTest, SplitsOriginAndTargetKeepingTheQueryOnTheWire) {
 
 TEST(ParseHttpUrlTest, DefaultsPortsAndPath) {
   auto https = ParseHttpUrl("https://host");
-  ASSERT_TRUE(https.ok());
+  ASSERT_OK(https);
   EXPECT_EQ(https->origin, "https://host:443");
   EXPECT_EQ(https->target, "/");
   auto query_only = ParseHttpUrl("http://host?k=v");
-  ASSERT_TRUE(query_only.ok());
+  ASSERT_OK(query_only);
   EXPECT_EQ(query_only->origin, "http://host:80");
   EXPECT_EQ(query_only->target, "/?k=v");
 }
 
 TEST(ParseHttpUrlTest, AcceptsBracketedIpv6) {
   auto url = ParseHttpUrl("http://[::1]:9000/x");
-  ASSERT_TRUE(url.ok()) << url.status().ToString();
+  ASSERT_OK(url);
   EXPECT_EQ(url->origin, "http://[::1]:9000");
 }
 

@@ -14,6 +14,7 @@
 
 #include "sidecar/source/source.h"
 #include "test_support.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload::source {
 namespace {
@@ -38,7 +39,7 @@ SourceOptions FastOptions(RecordingObserver* observer) {
 
 std::unique_ptr<Source> MakeHttp(const SourceOptions& options) {
   auto source = MakeHttpSource(options);
-  EXPECT_TRUE(source.ok()) << source.status().ToString();
+  EXPECT_OK(source);
   return std::move(source).value();
 }
 
@@ -66,7 +67,7 @@ TEST_F(HttpSourceTest, RangeReadIntoIovecsIsByteExact) {
   std::vector<iovec> iov = {
       {a.data(), a.size()}, {&unused, 0}, {b.data(), b.size()}, {c.data(), c.size()}};
   Status st = source->ReadV(server_.Url("/obj"), 12345, iov);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_EQ(a + b + c, data_.substr(12345, 30008));
   EXPECT_EQ(unused, 'x');
   EXPECT_EQ(observer_.reads(), 1u);
@@ -78,14 +79,14 @@ TEST_F(HttpSourceTest, ReadOfTheLastBytesSucceeds) {
   server_.Start();
   auto source = MakeHttp(FastOptions(&observer_));
   std::string out(100, '\0');
-  ASSERT_TRUE(source->Read(server_.Url("/obj"), data_.size() - 100, out.data(), 100).ok());
+  ASSERT_OK(source->Read(server_.Url("/obj"), data_.size() - 100, out.data(), 100));
   EXPECT_EQ(out, data_.substr(data_.size() - 100));
 }
 
 TEST_F(HttpSourceTest, StatReturnsTheContentLength) {
   server_.Start();
   auto info = MakeHttp(FastOptions(&observer_))->Stat(server_.Url("/obj"));
-  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  ASSERT_OK(info);
   EXPECT_EQ(info->size, data_.size());
 }
 
@@ -104,7 +105,7 @@ TEST_F(HttpSourceTest, StatWithoutContentLengthFallsBackToARangedGet) {
   });
   server_.Start();
   auto info = MakeHttp(FastOptions(&observer_))->Stat(server_.Url("/chunked"));
-  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  ASSERT_OK(info);
   EXPECT_EQ(info->size, data_.size());
   EXPECT_EQ(server_.requests(), 2);
 }
@@ -119,7 +120,7 @@ TEST_F(HttpSourceTest, StatOfAUrlThatRefusesHeadFallsBackToARangedGet) {
   });
   server_.Start();
   auto info = MakeHttp(FastOptions(&observer_))->Stat(server_.Url("/get-only?sig=1"));
-  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  ASSERT_OK(info);
   EXPECT_EQ(info->size, data_.size());
   EXPECT_EQ(server_.requests(), 2);
 }
@@ -146,7 +147,7 @@ TEST_F(HttpSourceTest, TwoServerErrorsAreRetriedThenTheReadSucceeds) {
   auto source = MakeHttp(FastOptions(&observer_));
   std::string out(4096, '\0');
   Status st = source->Read(server_.Url("/flaky"), 777, out.data(), out.size());
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_EQ(out, data_.substr(777, 4096));
   EXPECT_EQ(observer_.retries(), (std::vector<std::string>{"http_5xx", "http_5xx"}));
   EXPECT_EQ(server_.requests(), 3);
@@ -196,7 +197,7 @@ TEST_F(HttpSourceTest, TooManyRequestsWithRetryAfterZeroIsRetried) {
   std::string out(1000, '\0');
   Status st =
       MakeHttp(FastOptions(&observer_))->Read(server_.Url("/throttled"), 0, out.data(), 1000);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_EQ(out, data_.substr(0, 1000));
   EXPECT_EQ(observer_.retries(), std::vector<std::string>{"http_429"});
   EXPECT_EQ(server_.requests(), 2);
@@ -216,7 +217,7 @@ TEST_F(HttpSourceTest, RetryAfterIsCappedAtBackoffMax) {
   std::string out(10, '\0');
   const auto start = std::chrono::steady_clock::now();
   Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/slowdown"), 0, out.data(), 10);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   EXPECT_EQ(observer_.retries(), std::vector<std::string>{"http_5xx"});
 }
@@ -246,7 +247,7 @@ TEST_F(HttpSourceTest, SlowResponseIsRetriedAsTimeoutAndTheFastRetrySucceeds) {
   options.read_timeout = milliseconds(150);
   std::string out(2048, '\0');
   Status st = MakeHttp(options)->Read(server_.Url("/slow"), 100, out.data(), out.size());
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_EQ(out, data_.substr(100, 2048));
   EXPECT_EQ(observer_.retries(), std::vector<std::string>{"timeout"});
   EXPECT_EQ(server_.requests(), 2);
@@ -275,7 +276,7 @@ TEST_F(HttpSourceTest, BodyCutShortIsRetriedForTheRestOnly) {
   std::string out(50000, '\0');
   Status st =
       MakeHttp(FastOptions(&observer_))->Read(server_.Url("/cut"), 10, out.data(), out.size());
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_EQ(out, data_.substr(10, 50000));
   EXPECT_EQ(observer_.retries(), std::vector<std::string>{"short_body"});
   EXPECT_EQ(server_.requests(), 2);
@@ -349,7 +350,7 @@ TEST_F(HttpSourceTest, ServerIgnoringRangeIsAcceptedOnlyFromOffsetZero) {
   auto source = MakeHttp(FastOptions(&observer_));
   std::string out(300, '\0');
   Status st = source->Read(server_.Url("/norange"), 0, out.data(), out.size());
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_EQ(out, data_.substr(0, 300));
   st = source->Read(server_.Url("/norange"), 1, out.data(), out.size());
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
@@ -382,7 +383,7 @@ TEST_F(HttpSourceTest, SequentialReadsReuseOneKeepAliveConnection) {
   constexpr int kReads = 20;
   for (int i = 0; i < kReads; ++i) {
     std::string out(512, '\0');
-    ASSERT_TRUE(source->Read(server_.Url("/obj"), 1000 * i, out.data(), out.size()).ok());
+    ASSERT_OK(source->Read(server_.Url("/obj"), 1000 * i, out.data(), out.size()));
     ASSERT_EQ(out, data_.substr(1000 * i, 512));
   }
   EXPECT_EQ(server_.requests(), kReads);
@@ -504,10 +505,10 @@ TEST_F(HttpsSourceTest, ReadVerifiedAgainstTheCaFileIsByteExact) {
   auto source = MakeHttp(options);
   std::string out(1000, '\0');
   Status st = source->Read(server_->Url("/obj?sig=1"), 1234, out.data(), out.size());
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_EQ(out, data_.substr(1234, 1000));
   auto info = source->Stat(server_->Url("/obj"));
-  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  ASSERT_OK(info);
   EXPECT_EQ(info->size, data_.size());
   EXPECT_EQ(observer_.schemes(), std::set<std::string>{"https"});
 }
@@ -538,7 +539,7 @@ TEST_F(HttpsSourceTest, VerificationOffAcceptsAnUntrustedCertificate) {
   options.verify_tls = false;
   std::string out(100, '\0');
   Status st = MakeHttp(options)->Read(server_->Url("/obj"), 0, out.data(), out.size());
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_EQ(out, data_.substr(0, 100));
 }
 

@@ -6,6 +6,7 @@
 
 #include "sidecar/source/source.h"
 #include "test_support.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload::source {
 namespace {
@@ -40,10 +41,10 @@ TEST(SourceRegistryTest, FileUrisAndPlainPathsReadThroughTheFileSource) {
   for (const std::string& uri :
        {"file://" + path, "FILE://" + path, "file://localhost" + path, path}) {
     auto found = registry->For(uri);
-    ASSERT_TRUE(found.ok()) << uri << ": " << found.status().ToString();
+    ASSERT_OK(found) << uri << ": " << found.status().ToString();
     EXPECT_EQ(found->second, path) << uri;
     std::string out(10, '\0');
-    ASSERT_TRUE(found->first->Read(found->second, 20, out.data(), out.size()).ok()) << uri;
+    ASSERT_OK(found->first->Read(found->second, 20, out.data(), out.size())) << uri;
     EXPECT_EQ(out, data.substr(20, 10));
   }
 }
@@ -59,10 +60,10 @@ TEST(SourceRegistryTest, HttpObjectNameIsTheWholeUrl) {
   auto registry = SourceRegistry::WithBuiltins({});
   const std::string url = "http://store:8080/a.bin?sig=1";
   auto found = registry->For(url);
-  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_OK(found);
   EXPECT_EQ(found->second, url);
   auto https = registry->For("https://store/a.bin");
-  ASSERT_TRUE(https.ok()) << https.status().ToString();
+  ASSERT_OK(https);
   EXPECT_EQ(https->second, "https://store/a.bin");
 }
 
@@ -75,8 +76,8 @@ TEST(SourceRegistryTest, SourcesAreCreatedOncePerSchemeAndShared) {
   });
   auto a = registry.For("/a");
   auto b = registry.For("file:///b");
-  ASSERT_TRUE(a.ok());
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   EXPECT_EQ(a->first, b->first);
   EXPECT_EQ(made.load(), 1);
 }
@@ -89,7 +90,7 @@ TEST(SourceRegistryTest, NoSourceIsCreatedBeforeItsSchemeIsUsed) {
     return MakeHttpSource(o);
   });
   registry.Register("file", MakeFileSource);
-  ASSERT_TRUE(registry.For("/a").ok());
+  ASSERT_OK(registry.For("/a"));
   EXPECT_EQ(made.load(), 0);
 }
 

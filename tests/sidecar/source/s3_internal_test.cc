@@ -13,6 +13,7 @@
 #include <string>
 
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload::source::internal {
 namespace {
@@ -81,7 +82,7 @@ TEST(UriEncode, EverythingButUnreservedIsEscapedWithUpperCaseHex) {
 
 TEST(S3RequestUrl, PathStyleAndVirtualHosted) {
   auto endpoint = ParseHttpUrl("https://s3.eu-west-1.amazonaws.com");
-  ASSERT_TRUE(endpoint.ok());
+  ASSERT_OK(endpoint);
   HttpUrl v = S3RequestUrl(*endpoint, true, "corpus", "tokens/part 1.bin", "");
   EXPECT_EQ(v.origin, "https://corpus.s3.eu-west-1.amazonaws.com:443");
   EXPECT_EQ(v.target, "/tokens/part%201.bin");
@@ -96,7 +97,7 @@ TEST(S3RequestUrl, PathStyleAndVirtualHosted) {
 
 TEST(ParseS3Uri, BucketAndKey) {
   auto u = ParseS3Uri("s3://my-bucket.data/a/b/c.bin");
-  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  ASSERT_OK(u);
   EXPECT_EQ(u->bucket, "my-bucket.data");
   EXPECT_EQ(u->key, "a/b/c.bin");
   EXPECT_EQ(ParseS3Uri("s3://bkt")->key, "");
@@ -119,7 +120,7 @@ TEST(ParseListObjectsV2, KeysSizesPrefixesAndTheContinuationToken) {
 <CommonPrefixes><Prefix>d/sub/</Prefix></CommonPrefixes>
 <NextContinuationToken>tok+/=</NextContinuationToken></ListBucketResult>)";
   auto page = ParseListObjectsV2(xml);
-  ASSERT_TRUE(page.ok()) << page.status().ToString();
+  ASSERT_OK(page);
   ASSERT_EQ(page->objects.size(), 2u);
   EXPECT_EQ(page->objects[0].name, "d/a&b.bin");
   EXPECT_EQ(page->objects[0].size, 4096u);
@@ -197,7 +198,7 @@ TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
   env.Set("AWS_ACCESS_KEY_ID", "AKID");
   env.Set("AWS_SECRET_ACCESS_KEY", "SECRET");
   S3Options o;
-  ASSERT_TRUE(S3OptionsFromEnvironment(o).ok());
+  ASSERT_OK(S3OptionsFromEnvironment(o));
   EXPECT_EQ(o.endpoint, "http://s3-only:2");
   EXPECT_EQ(o.region, "eu-west-1");
   EXPECT_EQ(o.access_key_id, "AKID");
@@ -206,7 +207,7 @@ TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
   S3Options given;
   given.endpoint = "http://spec:3";
   given.region = "us-west-2";
-  ASSERT_TRUE(S3OptionsFromEnvironment(given).ok());
+  ASSERT_OK(S3OptionsFromEnvironment(given));
   EXPECT_EQ(given.endpoint, "http://spec:3");
   EXPECT_EQ(given.region, "us-west-2");
 
@@ -224,7 +225,7 @@ TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
   std::ofstream(dir.path() + "/AWS_SECRET_ACCESS_KEY") << "FILESECRET";
   env.Set("MESHLOAD_S3_CREDENTIALS_DIR", dir.path().c_str());
   S3Options mounted;
-  ASSERT_TRUE(S3OptionsFromEnvironment(mounted).ok());
+  ASSERT_OK(S3OptionsFromEnvironment(mounted));
   EXPECT_EQ(mounted.access_key_id, "FROMFILE");
   EXPECT_EQ(mounted.secret_access_key, "FILESECRET");
   EXPECT_EQ(mounted.session_token, "");
@@ -237,7 +238,7 @@ TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
   env.Set("AWS_SHARED_CREDENTIALS_FILE", (dir.path() + "/credentials").c_str());
   env.Set("AWS_PROFILE", "train");
   S3Options shared;
-  ASSERT_TRUE(S3OptionsFromEnvironment(shared).ok());
+  ASSERT_OK(S3OptionsFromEnvironment(shared));
   EXPECT_EQ(shared.access_key_id, "T");
   EXPECT_EQ(shared.secret_access_key, "TS");
   EXPECT_EQ(shared.session_token, "TT");

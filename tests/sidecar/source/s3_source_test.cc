@@ -27,6 +27,7 @@
 
 #include "sidecar/source/source.h"
 #include "tests/sidecar/source/test_support.h"
+#include "tests/testing/status_matchers.h"
 
 extern char** environ;
 
@@ -146,7 +147,7 @@ class S3SourceTest : public ::testing::Test {
     o.observer = &observer_;
     o.backoff_initial = std::chrono::milliseconds(5);
     auto s = MakeS3Source(o);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_OK(s);
     return s.ok() ? std::move(*s) : nullptr;
   }
 
@@ -170,7 +171,7 @@ TEST_F(S3SourceTest, ListsAPrefixAcrossManyPagesAGlobAndOneObject) {
   o.s3.list_page_size = 7;  // 36 pages
   auto s = Make(o);
   auto all = s->List("s3://bkt/many/");
-  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_OK(all);
   ASSERT_EQ(all->size(), 250u) << "hidden objects and deeper prefixes are not part of the dataset";
   for (int i = 0; i < 250; ++i) {
     char name[64];
@@ -181,14 +182,14 @@ TEST_F(S3SourceTest, ListsAPrefixAcrossManyPagesAGlobAndOneObject) {
   EXPECT_GE(std::stoll(Admin("/requests")), 0);
   // "many" without the slash names the same prefix; a glob picks some.
   auto same = s->List("s3://bkt/many");
-  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  ASSERT_OK(same);
   EXPECT_EQ(same->size(), 250u);
   auto some = s->List("s3://bkt/many/obj-01[0-4]?.bin");
-  ASSERT_TRUE(some.ok()) << some.status().ToString();
+  ASSERT_OK(some);
   ASSERT_EQ(some->size(), 50u);
   EXPECT_EQ(some->front().name, "s3://bkt/many/obj-0100.bin");
   auto one = s->List("s3://bkt/many/obj-0042.bin");
-  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  ASSERT_OK(one);
   ASSERT_EQ(one->size(), 1u);
   EXPECT_EQ((*one)[0].size, 43u);
   auto none = s->List("s3://bkt/many/*.npy");
@@ -202,11 +203,11 @@ TEST_F(S3SourceTest, RangedReadsLandInTheIovecsAndAShortObjectIsDataLoss) {
   Put("ranged/blob.bin", bytes);
   auto s = Make({});
   auto info = s->Stat("s3://bkt/ranged/blob.bin");
-  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  ASSERT_OK(info);
   EXPECT_EQ(info->size, bytes.size());
   std::string a(1000, '\0'), b(70000, '\0'), c(3, '\0');
   std::vector<iovec> iov = {{a.data(), a.size()}, {b.data(), b.size()}, {c.data(), c.size()}};
-  ASSERT_TRUE(s->ReadV("s3://bkt/ranged/blob.bin", 12345, iov).ok());
+  ASSERT_OK(s->ReadV("s3://bkt/ranged/blob.bin", 12345, iov));
   EXPECT_EQ(a + b + c, bytes.substr(12345, a.size() + b.size() + c.size()));
   EXPECT_EQ(observer_.reads(), 1u);
   std::string past(100, '\0');
@@ -260,7 +261,7 @@ TEST_F(S3SourceTest, ThrottlingIsRetriedWithBackoffAndCountedAsThrottled) {
   Admin("/inject?status=503&code=SlowDown&count=3");
   std::string got(bytes.size(), '\0');
   Status st = s->Read("s3://bkt/t/obj.bin", 0, got.data(), got.size());
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_EQ(got, bytes);
   EXPECT_EQ(observer_.retries(), (std::vector<std::string>{"throttled", "throttled", "throttled"}));
   EXPECT_EQ(Admin("/answered"), "3\n");
@@ -288,7 +289,7 @@ TEST_F(S3SourceTest, ASlowServerTimesOutAndIsRetried) {
   EXPECT_NE(st.message().find("timed out"), std::string::npos) << st.ToString();
   EXPECT_EQ(observer_.retries(), std::vector<std::string>{"timeout"});
   Admin("/latency?ms=0");
-  ASSERT_TRUE(s->Read("s3://bkt/slow/obj.bin", 0, got.data(), got.size()).ok());
+  ASSERT_OK(s->Read("s3://bkt/slow/obj.bin", 0, got.data(), got.size()));
   EXPECT_EQ(got, "abcdef");
 }
 
