@@ -237,6 +237,10 @@ int RunRun(const std::vector<std::string>& args) {
   if (file.empty()) return UsageError("run: -f JOB.yaml is required");
   if (verify != "bytes" && verify != "ids" && verify != "none") return UsageError("--verify: expected bytes, ids or none");
   if (steps == 0 || steps < -1) return UsageError("--steps: expected a positive number of steps");
+  if (reader_threads < 0 || reader_threads > 256) {
+    return UsageError("--reader-threads: expected 1 to 256 (or 0: the sidecar's default), got " +
+                      std::to_string(reader_threads));
+  }
 
   // The run directory: sockets (0700: only this user reaches them), logs, job.
   std::string run_dir = run_dir_flag;

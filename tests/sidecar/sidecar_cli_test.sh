@@ -84,6 +84,11 @@ for name in reshard bcast gbcast; do
   [ $rc -eq 0 ] || echo "$out" | tail -20
 done
 
+# run's own flags: a bad one is a usage error naming it (exit 2).
+out=$("$ML" run --local -f "$TMP/reshard.yaml" --reader-threads -1 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q -- "--reader-threads: expected 1 to 256 (or 0: the sidecar's default), got -1" <<<"$out"
+check "run --local --reader-threads -1 is a usage error naming the flag" $?
+
 # 1c. GPU staging with the stand-in driver (tests/testing/fake_cuda.cc): the
 # sidecars stage on "GPUs", each process on its own, local replicas by
 # device copy; the trainers import the slots and copy every tensor back to
