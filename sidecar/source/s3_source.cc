@@ -420,21 +420,15 @@ class S3Source final : public Source {
   }
 
   Result<ObjectInfo> Stat(const std::string& uri) override {
-    MESHLOAD_ASSIGN_OR_RETURN(S3Uri loc, internal::ParseS3Uri(uri));
-    if (loc.key.empty() || loc.key.back() == '/') {
-      return InvalidArgument("names a prefix, not an object", RedactUri(uri));
-    }
+    MESHLOAD_ASSIGN_OR_RETURN(HttpUrl url, ObjectUrl(uri));
     uint64_t size = 0;
-    MESHLOAD_RETURN_IF_ERROR(transport_.Stat(Url(loc.bucket, loc.key, ""), &size));
+    MESHLOAD_RETURN_IF_ERROR(transport_.Stat(url, &size));
     return ObjectInfo{size};
   }
 
   Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override {
-    MESHLOAD_ASSIGN_OR_RETURN(S3Uri loc, internal::ParseS3Uri(uri));
-    if (loc.key.empty() || loc.key.back() == '/') {
-      return InvalidArgument("names a prefix, not an object", RedactUri(uri));
-    }
-    return transport_.ReadV(Url(loc.bucket, loc.key, ""), offset, iov);
+    MESHLOAD_ASSIGN_OR_RETURN(HttpUrl url, ObjectUrl(uri));
+    return transport_.ReadV(url, offset, iov);
   }
 
   bool LatencyBound() const override { return true; }
@@ -507,6 +501,13 @@ class S3Source final : public Source {
     }
     hooks.explain = [this](int status, std::string_view body) { return Explain(status, body); };
     return hooks;
+  }
+
+  // The request URL of the object `uri` names; an error for a prefix.
+  Result<HttpUrl> ObjectUrl(const std::string& uri) const {
+    MESHLOAD_ASSIGN_OR_RETURN(S3Uri loc, internal::ParseS3Uri(uri));
+    if (loc.key.empty() || loc.key.back() == '/') return InvalidArgument("names a prefix, not an object", uri);
+    return Url(loc.bucket, loc.key, "");
   }
 
   HttpUrl Url(const std::string& bucket, const std::string& key, const std::string& query) const {

@@ -240,6 +240,13 @@ class ControllerProcess : public ::testing::Test {
     for (auto& p : pods) WaitForSocket(p);
     return pods;
   }
+  // A demo trainer of pod `p` taking `delay_ms` a step, until stopped; its
+  // log and its final JSON line (trainer.out) in the pod's directory.
+  static std::unique_ptr<Process> StartTrainer(const FakePod& p, const std::string& delay_ms) {
+    return Spawn({MESHLOAD_BIN, "demo-trainer", "--job", p.dir + "/job.json", "--process", std::to_string(p.process),
+                  "--socket", p.dir + "/s.sock", "--delay-ms", delay_ms},
+                 p.dir + "/trainer.log", p.dir + "/trainer.out");
+  }
   static void WaitForSocket(const FakePod& p) {
     EXPECT_TRUE(TestCluster::Eventually([&] { return std::filesystem::exists(p.dir + "/s.sock"); }, 30s))
         << Slurp(p.dir + "/sidecar.log");
@@ -423,11 +430,7 @@ TEST_F(ControllerProcess, ASidecarKilledMidRunComesBackAndItsTrainerGoesOnWithId
   std::vector<FakePod> pods = StartPods("mid", 2, 50, metrics_port);
   // Trainers that take 20 ms a step and run until stopped.
   std::vector<std::unique_ptr<Process>> trainers;
-  for (auto& p : pods) {
-    trainers.push_back(Spawn({MESHLOAD_BIN, "demo-trainer", "--job", p.dir + "/job.json", "--process",
-                              std::to_string(p.process), "--socket", p.dir + "/s.sock", "--delay-ms", "20"},
-                             p.dir + "/trainer.log", p.dir + "/trainer.out"));
-  }
+  for (auto& p : pods) trainers.push_back(StartTrainer(p, "20"));
   auto job = [&] { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/mid"); };
   ASSERT_TRUE(TestCluster::Eventually([&] {
     return ProgressStep(job()) >= 20;
@@ -473,12 +476,7 @@ TEST_F(ControllerProcess, ASlowTrainerIsStragglingAndKubectlDescribeNamesItsProc
   // Process of pod slow-1 trains at 60 ms a step, the other at 1 ms: the
   // slow one falls behind without ever waiting for data.
   std::vector<std::unique_ptr<Process>> trainers;
-  for (size_t i = 0; i < pods.size(); ++i) {
-    trainers.push_back(Spawn({MESHLOAD_BIN, "demo-trainer", "--job", pods[i].dir + "/job.json", "--process",
-                              std::to_string(pods[i].process), "--socket", pods[i].dir + "/s.sock", "--delay-ms",
-                              i == 1 ? "60" : "1"},
-                             pods[i].dir + "/trainer.log", pods[i].dir + "/trainer.out"));
-  }
+  for (size_t i = 0; i < pods.size(); ++i) trainers.push_back(StartTrainer(pods[i], i == 1 ? "60" : "1"));
   const std::string slow = "process " + std::to_string(pods[1].process) + " (pod slow-1)";
   auto job = [&] { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/slow"); };
   auto condition = [&](const json& j, const std::string& type) {

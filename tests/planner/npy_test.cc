@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/testing/npy_bytes.h"
+
 namespace meshload {
 namespace {
 
@@ -84,19 +86,9 @@ constexpr uint64_t kV1Dict = 10;
 // The same for V2()/V3(): a 4-byte length.
 constexpr uint64_t kV2Dict = 12;
 
-// A version `major` header around `header` (which must include its final
-// '\n'), with header_len set to its exact length: no alignment padding.
-std::string Wrap(int major, std::string_view header) {
-  std::string out = Bytes("\x93" "NUMPY");
-  out += static_cast<char>(major);
-  out += '\0';
-  const size_t len_size = major == 1 ? 2 : 4;
-  for (size_t i = 0; i < len_size; ++i) out += static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  out += header;
-  return out;
-}
-std::string V1(std::string_view header) { return Wrap(1, header); }
-std::string V3(std::string_view header) { return Wrap(3, header); }
+using meshload::testing::NpyWrap;
+std::string V1(std::string_view header) { return NpyWrap(1, header); }
+std::string V3(std::string_view header) { return NpyWrap(3, header); }
 
 // A v1 header around `dict`, padded with spaces as numpy pads it.
 std::string Padded(std::string dict) {
@@ -224,7 +216,7 @@ TEST(NpyHeader, ParsesHandBuiltVersion1And2And3Headers) {
   const std::string dict = "{'descr': '<u2', 'fortran_order': False, 'shape': (4, 5), }\n";
   for (int major : {1, 2, 3}) {
     SCOPED_TRACE(major);
-    std::string bytes = Wrap(major, dict);
+    std::string bytes = NpyWrap(major, dict);
     Result<NpyHeader> h = ParseNpyHeader(bytes);
     ASSERT_OK(h);
     EXPECT_EQ(h->major_version, major);
@@ -423,7 +415,7 @@ TEST(NpyHeader, RejectsAnythingButSpacesAfterTheDict) {
 TEST(NpyHeader, RejectsNonAsciiInVersion1And2Headers) {
   for (int major : {1, 2}) {
     std::string bytes =
-        Wrap(major, "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), } \xe9\n");
+        NpyWrap(major, "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), } \xe9\n");
     uint64_t base = major == 1 ? kV1Dict : kV2Dict;
     ExpectInvalid(bytes, "non-ASCII byte 0xe9 in a version " + std::to_string(major) + ".0",
                   At(base + OffsetOf(bytes.substr(base), "\xe9")));

@@ -12,12 +12,14 @@
 #include <vector>
 
 #include "planner/npy.h"
+#include "tests/testing/npy_bytes.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/status_matchers.h"
 
 namespace meshload::source {
 namespace {
 
+using meshload::testing::NpyWrap;
 using meshload::testing::TempDir;
 
 DatasetSpec Fixed(const std::string& uri, int64_t record_bytes) {
@@ -45,17 +47,6 @@ Result<NpyHeader> ReadNpyHeader(const std::string& path) {
   EXPECT_OK(file);
   MESHLOAD_ASSIGN_OR_RETURN(ObjectInfo info, (*file)->Stat(path));
   return source::ReadNpyHeader(**file, path, info.size);
-}
-
-// A version `major` header around `header` (ending in '\n'), header_len exact.
-std::string Wrap(int major, std::string_view header) {
-  std::string out("\x93NUMPY", 6);
-  out += static_cast<char>(major);
-  out += '\0';
-  const size_t len_size = major == 1 ? 2 : 4;
-  for (size_t i = 0; i < len_size; ++i) out += static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  out += header;
-  return out;
 }
 
 TEST(IndexDataset, DirectoryFilesFormOneDatasetInLexicographicOrder) {
@@ -229,15 +220,15 @@ TEST(ReadNpyHeader, ReadsTheHeaderAndNeverTheData) {
 TEST(ReadNpyHeader, VersionsTwoAndThreeTinyAndLongHeaders) {
   TempDir dir;
   const std::string dict = "{'descr': '<f8', 'fortran_order': False, 'shape': (3, 2), }";
-  Result<NpyHeader> h = ReadNpyHeader(dir.Write("v3.npy", Wrap(3, dict + "\n") + std::string(48, '\0')));
+  Result<NpyHeader> h = ReadNpyHeader(dir.Write("v3.npy", NpyWrap(3, dict + "\n") + std::string(48, '\0')));
   ASSERT_OK(h);
   EXPECT_EQ(h->major_version, 3);
-  h = ReadNpyHeader(dir.Write("tiny.npy", Wrap(1, "{'descr':'|u1','fortran_order':False,'shape':()}\n")));
+  h = ReadNpyHeader(dir.Write("tiny.npy", NpyWrap(1, "{'descr':'|u1','fortran_order':False,'shape':()}\n")));
   ASSERT_OK(h);
   EXPECT_EQ(h->element_count, 1u);
   // Longer than version 1's 65535 limit: the second, header-sized read.
   const std::string long_dict = dict + std::string(70000, ' ');
-  h = ReadNpyHeader(dir.Write("long.npy", Wrap(2, long_dict + "\n") + std::string(48, '\0')));
+  h = ReadNpyHeader(dir.Write("long.npy", NpyWrap(2, long_dict + "\n") + std::string(48, '\0')));
   ASSERT_OK(h);
   EXPECT_EQ(h->data_offset, 12 + long_dict.size() + 1);
   EXPECT_EQ(h->data_bytes, 48u);
@@ -246,7 +237,7 @@ TEST(ReadNpyHeader, VersionsTwoAndThreeTinyAndLongHeaders) {
 TEST(ReadNpyHeader, ErrorsNameTheFileAndTheByteOffset) {
   TempDir dir;
   std::string path = dir.Write(
-      "fortran.npy", Wrap(1, "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3), }\n") + std::string(48, '\0'));
+      "fortran.npy", NpyWrap(1, "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3), }\n") + std::string(48, '\0'));
   Result<NpyHeader> h = ReadNpyHeader(path);
   EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(h.status().message().find("fortran_order must be False"), std::string::npos) << h.status().ToString();
