@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "common/logging.h"
-#include "sidecar/ipc/seqpacket.h"
+#include "protocol/seqpacket.h"
 
 namespace meshload::client {
 
@@ -57,7 +57,7 @@ class Link : public std::enable_shared_from_this<Link> {
   // A slot of a batch handed out and not released yet.
   bool Holds(uint32_t slot) {
     std::lock_guard lock(mu_);
-    return std::any_of(held_.begin(), held_.end(), [&](const ipc::Bye::Held& h) { return h.slot == slot; });
+    return std::any_of(held_.begin(), held_.end(), [&](const protocol::Bye::Held& h) { return h.slot == slot; });
   }
 
   // The client leaves this connection but not the batches it holds: BYE
@@ -67,13 +67,13 @@ class Link : public std::enable_shared_from_this<Link> {
     std::lock_guard lock(mu_);
     if (left_ || closed_) return;
     left_ = true;
-    ipc::Bye bye;
+    protocol::Bye bye;
     for (const auto& h : held_) {
-      if (bye.held.size() < ipc::kMaxByeLeases) bye.held.push_back(h);
+      if (bye.held.size() < protocol::kMaxByeLeases) bye.held.push_back(h);
     }
     // Never waits (a sidecar that is gone, or one that stopped reading,
     // needs none).
-    (void)ipc::SendMessage(fd_.get(), ipc::Encode(bye), {}, /*nonblocking=*/true);
+    (void)protocol::SendMessage(fd_.get(), protocol::Encode(bye), {}, /*nonblocking=*/true);
   }
 
   // A GPU batch whose trainer streams may still read it: the slot goes back
@@ -107,10 +107,10 @@ class Link : public std::enable_shared_from_this<Link> {
 
   void SendRelease(uint32_t slot, int64_t step, uint64_t wait_ns) {
     std::lock_guard lock(mu_);
-    auto it = std::find(held_.begin(), held_.end(), ipc::Bye::Held{slot, step});
+    auto it = std::find(held_.begin(), held_.end(), protocol::Bye::Held{slot, step});
     if (it != held_.end()) held_.erase(it);
     if (closed_) return;  // the sidecar reclaimed it when we went away
-    (void)ipc::SendMessage(fd_.get(), ipc::Encode(ipc::Release{slot, step, wait_ns}));
+    (void)protocol::SendMessage(fd_.get(), protocol::Encode(protocol::Release{slot, step, wait_ns}));
   }
   void ReleaserMain() {
     ::pthread_setname_np(::pthread_self(), "ml-release");
@@ -197,7 +197,7 @@ class Link : public std::enable_shared_from_this<Link> {
   UniqueFd fd_;
   bool closed_ = false;
   bool left_ = false;                   // BYE sent
-  std::vector<ipc::Bye::Held> held_;    // leases handed out and not released
+  std::vector<protocol::Bye::Held> held_;    // leases handed out and not released
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::deque<Pending> queue_;
@@ -255,7 +255,7 @@ class Mapping {
   }
 
   // The trainer's ordinal for each of the sidecar's GPUs, by UUID.
-  static Result<std::vector<int>> MapDevices(const cuda::Driver& driver, const ipc::ServerHello& sh) {
+  static Result<std::vector<int>> MapDevices(const cuda::Driver& driver, const protocol::ServerHello& sh) {
     std::vector<int> ordinals;
     for (const auto& d : sh.devices) {
       const int o = driver.OrdinalOf(d.uuid);
@@ -275,7 +275,7 @@ class Mapping {
     return ordinals;
   }
 
-  static Result<std::shared_ptr<Mapping>> ImportCuda(const ipc::ServerHello& sh, const std::vector<UniqueFd>& fds) {
+  static Result<std::shared_ptr<Mapping>> ImportCuda(const protocol::ServerHello& sh, const std::vector<UniqueFd>& fds) {
     auto driver = cuda::Driver::Open();
     if (!driver.ok()) {
       return FailedPrecondition("the sidecar stages batches in GPU memory, but this process cannot use CUDA: " +
@@ -290,7 +290,7 @@ class Mapping {
     for (size_t i = 0; i < sh.devices.size(); ++i) {
       for (uint32_t s = 0; s < sh.slots; ++s) {
         const size_t k = i * sh.slots + s;
-        auto imported = sh.memory == ipc::MemoryKind::kCudaVmmFd
+        auto imported = sh.memory == protocol::MemoryKind::kCudaVmmFd
                             ? (*driver)->Import(ordinals[i], fds[k].get(), sh.slot_bytes)
                             : (*driver)->OpenIpc(ordinals[i], ToHandle(sh.ipc_handles[k]), sh.slot_bytes);
         if (!imported.ok()) {
@@ -456,11 +456,11 @@ int Client::Wait(int fd, std::optional<Clock::time_point> until) {
 Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> deadline) {
   if (handshake_ && handshake_->want_step != want_step) handshake_.reset();
   if (!handshake_) {
-    MESHLOAD_ASSIGN_OR_RETURN(UniqueFd fd, ipc::ConnectSeqpacket(options_.socket_path));
-    ipc::ClientHello hello;
+    MESHLOAD_ASSIGN_OR_RETURN(UniqueFd fd, protocol::ConnectSeqpacket(options_.socket_path));
+    protocol::ClientHello hello;
     hello.pid = static_cast<uint32_t>(::getpid());
     hello.want_step = want_step;
-    MESHLOAD_RETURN_IF_ERROR(ipc::SendMessage(fd.get(), ipc::Encode(hello)));
+    MESHLOAD_RETURN_IF_ERROR(protocol::SendMessage(fd.get(), protocol::Encode(hello)));
     handshake_ = Handshake{std::move(fd), want_step, Clock::now()};
   }
   // A listener that never answers must not hang the trainer: 5 s from the
@@ -480,18 +480,18 @@ Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> d
   }
   UniqueFd fd = std::move(handshake_->fd);
   handshake_.reset();
-  MESHLOAD_ASSIGN_OR_RETURN(ipc::Received got, ipc::ReceiveMessage(fd.get(), ipc::kMaxMessageBytes));
-  MESHLOAD_ASSIGN_OR_RETURN(ipc::Message msg, ipc::Decode(got.bytes));
-  if (const auto* err = std::get_if<ipc::ErrorMessage>(&msg)) {
-    const StatusCode code = err->code == ipc::ErrorCode::kBusy ? StatusCode::kUnavailable
+  MESHLOAD_ASSIGN_OR_RETURN(protocol::Received got, protocol::ReceiveMessage(fd.get(), protocol::kMaxMessageBytes));
+  MESHLOAD_ASSIGN_OR_RETURN(protocol::Message msg, protocol::Decode(got.bytes));
+  if (const auto* err = std::get_if<protocol::ErrorMessage>(&msg)) {
+    const StatusCode code = err->code == protocol::ErrorCode::kBusy ? StatusCode::kUnavailable
                                                               : StatusCode::kFailedPrecondition;
     return Status(code, "the sidecar refused the connection: " + err->message, options_.socket_path);
   }
-  const auto* sh = std::get_if<ipc::ServerHello>(&msg);
+  const auto* sh = std::get_if<protocol::ServerHello>(&msg);
   if (!sh) return InvalidArgument("expected SERVER_HELLO from the sidecar", options_.socket_path);
-  if (sh->version != ipc::kProtocolVersion) {
+  if (sh->version != protocol::kProtocolVersion) {
     return FailedPrecondition("the sidecar speaks protocol version " + std::to_string(sh->version) +
-                                  ", this client " + std::to_string(ipc::kProtocolVersion),
+                                  ", this client " + std::to_string(protocol::kProtocolVersion),
                               options_.socket_path);
   }
   if (want_step >= 0 && sh->first_step != want_step) {
@@ -502,7 +502,7 @@ Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> d
   if (sh->first_step < 0) {
     return InvalidArgument("the sidecar starts at step " + std::to_string(sh->first_step), options_.socket_path);
   }
-  const size_t want_fds = sh->memory == ipc::MemoryKind::kHostMemfd ? 1 : sh->fd_count;
+  const size_t want_fds = sh->memory == protocol::MemoryKind::kHostMemfd ? 1 : sh->fd_count;
   if (got.fds.size() != want_fds || sh->fd_count != want_fds) {
     return InvalidArgument("SERVER_HELLO must carry " + std::to_string(want_fds) + " pool fds, got " +
                                std::to_string(got.fds.size()),
@@ -513,7 +513,7 @@ Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> d
       return InvalidArgument("a tensor of the layout lies outside its slot", options_.socket_path);
     }
   }
-  auto mapped = sh->memory == ipc::MemoryKind::kHostMemfd ? Mapping::MapHost(got.fds[0].get(), sh->pool_bytes)
+  auto mapped = sh->memory == protocol::MemoryKind::kHostMemfd ? Mapping::MapHost(got.fds[0].get(), sh->pool_bytes)
                                                           : Mapping::ImportCuda(*sh, got.fds);
   if (!mapped.ok()) return mapped.status().WithLocationPrefix(options_.socket_path);
   auto mapping = std::move(*mapped);
@@ -607,7 +607,7 @@ Status Client::Reconnect(const Status& why, std::optional<Clock::time_point> dea
   }
 }
 
-Result<Batch> Client::MakeBatch(const ipc::Ready& r, uint64_t wait_ns) {
+Result<Batch> Client::MakeBatch(const protocol::Ready& r, uint64_t wait_ns) {
   if (r.step != next_step_) {
     return InvalidArgument("READY for step " + std::to_string(r.step) + " while step " + std::to_string(next_step_) +
                            " was expected");
@@ -623,7 +623,7 @@ Result<Batch> Client::MakeBatch(const ipc::Ready& r, uint64_t wait_ns) {
   b.lease = std::make_shared<Lease>(conn_, mapping_, r.slot, r.step, wait_ns);
   conn_->AddHeld(r.slot, r.step);
   for (size_t i = 0; i < r.tensors.size(); ++i) {
-    const ipc::TensorReady& t = r.tensors[i];
+    const protocol::TensorReady& t = r.tensors[i];
     // The tensor must be a compact C-order array inside its slot: the
     // trainer's framework will index it with these shapes and strides.
     uint64_t elems = 1;
@@ -702,27 +702,27 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
                     "no batch for step " + std::to_string(next_step_) + " within " + std::to_string(timeout->count()) + " ms",
                     options_.socket_path);
     }
-    auto got = ipc::ReceiveMessage(conn_->fd(), ipc::kMaxMessageBytes);
+    auto got = protocol::ReceiveMessage(conn_->fd(), protocol::kMaxMessageBytes);
     if (!got.ok()) {
       if (got.status().code() != StatusCode::kUnavailable) return ProtocolError(got.status());
       MESHLOAD_RETURN_IF_ERROR(reconnect(got.status()));
       continue;
     }
-    auto decoded = ipc::Decode(got->bytes);
+    auto decoded = protocol::Decode(got->bytes);
     if (!decoded.ok()) return ProtocolError(decoded.status());
-    ipc::Message& msg = *decoded;
-    if (const auto* err = std::get_if<ipc::ErrorMessage>(&msg)) {
-      if (err->code == ipc::ErrorCode::kShuttingDown) {
+    protocol::Message& msg = *decoded;
+    if (const auto* err = std::get_if<protocol::ErrorMessage>(&msg)) {
+      if (err->code == protocol::ErrorCode::kShuttingDown) {
         // A sidecar being restarted says goodbye: reconnect, as if it had vanished.
         MESHLOAD_RETURN_IF_ERROR(reconnect(Status(StatusCode::kUnavailable, "the sidecar is stopping: " + err->message)));
         continue;
       }
-      const StatusCode code = err->code == ipc::ErrorCode::kDataError ? StatusCode::kDataLoss
+      const StatusCode code = err->code == protocol::ErrorCode::kDataError ? StatusCode::kDataLoss
                                                                      : StatusCode::kFailedPrecondition;
       Close();
       return Status(code, "the sidecar reported: " + err->message, options_.socket_path);
     }
-    const auto* ready = std::get_if<ipc::Ready>(&msg);
+    const auto* ready = std::get_if<protocol::Ready>(&msg);
     if (!ready) return ProtocolError(InvalidArgument("unexpected message from the sidecar"));
     const uint64_t wait_ns = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());

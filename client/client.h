@@ -73,7 +73,7 @@
 #include "common/cuda_driver.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "sidecar/ipc/protocol.h"
+#include "protocol/protocol.h"
 
 namespace meshload::client {
 
@@ -174,7 +174,7 @@ class Client {
   /// then Close() once that thread has returned.
   void Interrupt();
 
-  const ipc::ServerHello& hello() const { return hello_; }
+  const protocol::ServerHello& hello() const { return hello_; }
   /// The step the next call of Next() returns.
   int64_t next_step() const { return next_step_; }
   /// Times the client had to reconnect.
@@ -201,7 +201,7 @@ class Client {
   // the next Next() reconnects again).
   Status Reconnect(const Status& why,
                    std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
-  Result<Batch> MakeBatch(const ipc::Ready& ready, uint64_t wait_ns);
+  Result<Batch> MakeBatch(const protocol::Ready& ready, uint64_t wait_ns);
   // A message the client cannot accept: leaves the connection (BYE: the
   // sidecar takes back the slots of batches not handed out) and returns `st`.
   Status ProtocolError(const Status& st);
@@ -229,7 +229,7 @@ class Client {
   uint64_t rng_state_ = 0;
   std::shared_ptr<Connection> conn_;
   std::shared_ptr<Mapping> mapping_;
-  ipc::ServerHello hello_;
+  protocol::ServerHello hello_;
   int64_t next_step_ = -1;
   int reconnects_ = 0;
   int64_t gpu_imports_ = 0;

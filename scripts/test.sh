@@ -44,7 +44,7 @@ cmake --build build-fuzz -j "$JOBS" --target npy_header_fuzz protocol_fuzz admis
 step "ThreadSanitizer build (sidecar, sources, metrics, GPU staging, controller)"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHLOAD_TSAN=ON \
   -DMESHLOAD_BUILD_BENCHMARKS=OFF
-cmake --build build-tsan -j "$JOBS" --target sidecar_test source_test metrics_test meshload-sidecar \
+cmake --build build-tsan -j "$JOBS" --target protocol_test sidecar_test source_test metrics_test meshload-sidecar \
   gpu_staging_tests controller_test workqueue_test
 # The controller's tests run too (informers, watches, leader election, the
 # work queue, the event recorder), against the real control plane.

@@ -14,20 +14,20 @@
 #include <cstring>
 
 #include "common/logging.h"
-#include "sidecar/ipc/seqpacket.h"
+#include "protocol/seqpacket.h"
 #include "sidecar/source/dataset_facts.h"
 
 #ifndef MESHLOAD_VERSION
 #define MESHLOAD_VERSION "dev"
 #endif
 
-namespace meshload::ipc {
+namespace meshload::protocol {
 namespace {
 // Every send to a trainer is non-blocking: a trainer that stops reading must
 // not stall the producer (which sends READY under client_mu_) or a shutdown.
 Status SendTo(int fd, const std::string& bytes) { return SendMessage(fd, bytes, {}, /*nonblocking=*/true); }
 }  // namespace
-}  // namespace meshload::ipc
+}  // namespace meshload::protocol
 
 namespace meshload::sidecar {
 namespace {
@@ -39,7 +39,7 @@ using Clock = std::chrono::steady_clock;
 // the protocol then never fills its queue, so a full queue means a trainer
 // that does not read, and is dropped.
 constexpr uint32_t kMaxLeasesPerTrainer = 128;
-static_assert(ipc::kMaxByeLeases >= kMaxLeasesPerTrainer, "a BYE must be able to list every lease");
+static_assert(protocol::kMaxByeLeases >= kMaxLeasesPerTrainer, "a BYE must be able to list every lease");
 
 // How many copies of `message` a connected SOCK_SEQPACKET socket queues
 // before a send would block: the kernel counts bytes with a per-message
@@ -353,14 +353,14 @@ Status Sidecar::Init() {
   loading_ = planner_->DefaultLoading();
   // What the handoff protocol can describe (checked now, not at the first
   // trainer, which could not decode SERVER_HELLO).
-  if (rj.mesh.devices_per_process() > static_cast<int64_t>(ipc::kMaxDevices)) {
-    return InvalidArgument("this sidecar serves at most " + std::to_string(ipc::kMaxDevices) +
+  if (rj.mesh.devices_per_process() > static_cast<int64_t>(protocol::kMaxDevices)) {
+    return InvalidArgument("this sidecar serves at most " + std::to_string(protocol::kMaxDevices) +
                                " devices per process, the job has " + std::to_string(rj.mesh.devices_per_process()),
                            "spec.mesh.devicesPerProcess");
   }
-  if (rj.dataset.sample_shape().size() + 1 > ipc::kMaxRank) {
+  if (rj.dataset.sample_shape().size() + 1 > protocol::kMaxRank) {
     return InvalidArgument("a sample of rank " + std::to_string(rj.dataset.sample_shape().size()) +
-                               " makes tensors of more than " + std::to_string(ipc::kMaxRank) + " dimensions",
+                               " makes tensors of more than " + std::to_string(protocol::kMaxRank) + " dimensions",
                            "spec.dataset");
   }
   layout_ = staging::ComputeBatchLayout(rj, options_.process);
@@ -406,7 +406,7 @@ Status Sidecar::Init() {
 
   event_fd_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!event_fd_.valid()) return IoErrorFromErrno("eventfd", "", errno);
-  MESHLOAD_ASSIGN_OR_RETURN(listen_fd_, ipc::ListenSeqpacket(options_.socket_path, options_.socket_mode));
+  MESHLOAD_ASSIGN_OR_RETURN(listen_fd_, protocol::ListenSeqpacket(options_.socket_path, options_.socket_mode));
   if (options_.allowed_uids.empty()) options_.allowed_uids.push_back(::getuid());
 
   registry_->AddCollectHook([this] {
@@ -460,7 +460,7 @@ Status Sidecar::Init() {
   }
   {
     // The largest READY of this layout (every field at its widest).
-    ipc::Ready r;
+    protocol::Ready r;
     r.step = std::numeric_limits<int64_t>::max();
     r.slot = std::numeric_limits<uint32_t>::max();
     const DLPackType dl = ToDLPackType(layout_.dtype);
@@ -468,7 +468,7 @@ Status Sidecar::Init() {
       r.tensors.push_back({TensorOffset(i), dl.code, dl.bits, layout_.devices[i].shape, layout_.devices[i].strides,
                            std::numeric_limits<uint64_t>::max()});
     }
-    const uint32_t queue = MeasureReadyQueue(ipc::Encode(r));
+    const uint32_t queue = MeasureReadyQueue(protocol::Encode(r));
     if (queue == 0) {
       // No socket pair (out of descriptors?): the fixed limit, as before.
       max_leases_ = kMaxLeasesPerTrainer;
@@ -548,13 +548,13 @@ Status Sidecar::InitDeviceStaging() {
   }
   const auto share = want == "cuda-ipc" ? staging::DeviceShare::kCudaIpc : staging::DeviceShare::kCudaVmm;
   const uint64_t allocs = static_cast<uint64_t>(local) * static_cast<uint64_t>(rj.spec.batch.prefetch);
-  if (share == staging::DeviceShare::kCudaVmm && allocs > ipc::kMaxFds) {
+  if (share == staging::DeviceShare::kCudaVmm && allocs > protocol::kMaxFds) {
     return InvalidArgument(std::to_string(local) + " devices × prefetch " + std::to_string(rj.spec.batch.prefetch) +
                                " slots make " + std::to_string(allocs) + " allocations; one SERVER_HELLO carries at most " +
-                               std::to_string(ipc::kMaxFds) + " descriptors",
+                               std::to_string(protocol::kMaxFds) + " descriptors",
                            "spec.batch.prefetch");
   }
-  if (share == staging::DeviceShare::kCudaIpc && allocs > ipc::kMaxIpcHandles) {
+  if (share == staging::DeviceShare::kCudaIpc && allocs > protocol::kMaxIpcHandles) {
     return InvalidArgument("too many IPC handles: " + std::to_string(allocs), "spec.batch.prefetch");
   }
   // Devices holding the same shard are replicas: they get a device copy.
@@ -735,35 +735,35 @@ void Sidecar::RestartAt(int64_t step) {
 }
 
 void Sidecar::AcceptClient() {
-  auto fd = ipc::Accept(listen_fd_.get());
+  auto fd = protocol::Accept(listen_fd_.get());
   if (!fd.ok()) return;
-  auto creds = ipc::GetPeerCredentials(fd->get());
-  auto refuse = [&](ipc::ErrorCode code, const std::string& msg, const char* outcome) {
+  auto creds = protocol::GetPeerCredentials(fd->get());
+  auto refuse = [&](protocol::ErrorCode code, const std::string& msg, const char* outcome) {
     // Counted and logged before the trainer hears of it, so that what it
     // then sees in /metrics includes its own refusal.
     metrics_->connections.Add({{"outcome", outcome}}).Increment();
     LogWarn("refused a trainer connection", {{"reason", msg}});
-    (void)ipc::SendTo(fd->get(), ipc::Encode(ipc::ErrorMessage{code, msg}));
+    (void)protocol::SendTo(fd->get(), protocol::Encode(protocol::ErrorMessage{code, msg}));
     CloseLater(std::move(*fd));
   };
   if (!creds.ok()) {
-    refuse(ipc::ErrorCode::kPermissionDenied, "cannot read peer credentials: " + creds.status().ToString(),
+    refuse(protocol::ErrorCode::kPermissionDenied, "cannot read peer credentials: " + creds.status().ToString(),
            "refused_uid");
     return;
   }
   if (std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), creds->uid) ==
       options_.allowed_uids.end()) {
-    refuse(ipc::ErrorCode::kPermissionDenied,
+    refuse(protocol::ErrorCode::kPermissionDenied,
            "uid " + std::to_string(creds->uid) + " is not allowed to connect (pid " + std::to_string(creds->pid) + ")",
            "refused_uid");
     return;
   }
   if (failure_reported_) {
-    refuse(ipc::ErrorCode::kDataError, fatal_message_, "refused_failed");
+    refuse(protocol::ErrorCode::kDataError, fatal_message_, "refused_failed");
     return;
   }
   if (client_ || pending_) {
-    refuse(ipc::ErrorCode::kBusy,
+    refuse(protocol::ErrorCode::kBusy,
            "another trainer (pid " + std::to_string(client_ ? client_->pid : pending_->pid) + ") is connected",
            "refused_busy");
     return;
@@ -820,24 +820,24 @@ bool Sidecar::ServeClosingMessages(Closing& c) {
   for (int i = 0; i < 256; ++i) {
     pollfd p{c.fd.get(), POLLIN, 0};
     if (::poll(&p, 1, 0) <= 0) return true;
-    auto msg = ipc::ReceiveMessage(c.fd.get(), ipc::kMaxMessageBytes);
+    auto msg = protocol::ReceiveMessage(c.fd.get(), protocol::kMaxMessageBytes);
     if (!msg.ok()) {
       if (msg.status().code() == StatusCode::kUnavailable) return false;  // EOF or reset
       continue;
     }
-    auto decoded = ipc::Decode(msg->bytes);
+    auto decoded = protocol::Decode(msg->bytes);
     if (!decoded.ok()) continue;
-    if (const auto* rel = std::get_if<ipc::Release>(&*decoded)) {
+    if (const auto* rel = std::get_if<protocol::Release>(&*decoded)) {
       auto it = std::find(c.leases.begin(), c.leases.end(), std::make_pair(rel->slot, rel->step));
       if (it == c.leases.end()) continue;
       c.leases.erase(it);
       if (pool_->Release(rel->slot, rel->step)) Consumed(rel->step, rel->wait_ns);
-    } else if (const auto* bye = std::get_if<ipc::Bye>(&*decoded)) {
+    } else if (const auto* bye = std::get_if<protocol::Bye>(&*decoded)) {
       // After an ERROR: the trainer says which batches it still holds; the
       // others (READYs it never handed out) come back now.
       LeaseList unheld;
       for (const auto& l : c.leases) {
-        if (std::find(bye->held.begin(), bye->held.end(), ipc::Bye::Held{l.first, l.second}) == bye->held.end()) {
+        if (std::find(bye->held.begin(), bye->held.end(), protocol::Bye::Held{l.first, l.second}) == bye->held.end()) {
           unheld.push_back(l);
         }
       }
@@ -869,11 +869,11 @@ void Sidecar::ServeClosing(const pollfd* fds, size_t count) {
   });
 }
 
-void Sidecar::OnHello(const ipc::ClientHello& hello) {
+void Sidecar::OnHello(const protocol::ClientHello& hello) {
   if (hello.want_step > (int64_t{1} << 62)) {
     // Counted before the trainer hears of it (as in AcceptClient).
     metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
-    (void)ipc::SendTo(pending_->fd.get(), ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kBadRequest,
+    (void)protocol::SendTo(pending_->fd.get(), protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest,
                                                                         "want_step " + std::to_string(hello.want_step) +
                                                                             " is out of range"}));
     CloseLater(std::move(pending_->fd));
@@ -900,7 +900,7 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
   consumed_.Reset(want);
   delivered_step_.store(want - 1);
   const ResolvedJob& rj = planner_->job();
-  ipc::ServerHello sh;
+  protocol::ServerHello sh;
   sh.job = job_name_;
   sh.process = static_cast<uint32_t>(options_.process);
   for (size_t i = 0; i < layout_.devices.size(); ++i) {
@@ -913,7 +913,7 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
   sh.slots = memory_->slots();
   std::vector<int> fds;
   if (!device_) {
-    sh.memory = ipc::MemoryKind::kHostMemfd;
+    sh.memory = protocol::MemoryKind::kHostMemfd;
     sh.slot_bytes = memory_->slot_bytes();
     sh.pool_bytes = memory_->pool_bytes();
     fds = {memory_->fd()};
@@ -921,10 +921,10 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
     sh.slot_bytes = device_->alloc_bytes();
     sh.pool_bytes = device_->alloc_bytes() * device_->slots();
     if (device_->share() == staging::DeviceShare::kCudaVmm) {
-      sh.memory = ipc::MemoryKind::kCudaVmmFd;
+      sh.memory = protocol::MemoryKind::kCudaVmmFd;
       fds = device_->fds();
     } else {
-      sh.memory = ipc::MemoryKind::kCudaIpc;
+      sh.memory = protocol::MemoryKind::kCudaIpc;
       for (const auto& h : device_->ipc_handles()) sh.ipc_handles.emplace_back(h.begin(), h.end());
     }
   }
@@ -936,7 +936,7 @@ void Sidecar::OnHello(const ipc::ClientHello& hello) {
   sh.mesh.devices_per_process = static_cast<uint32_t>(rj.mesh.devices_per_process());
   for (const MeshAxis& a : rj.spec.mesh.axes) sh.mesh.axes.push_back({a.name, static_cast<uint64_t>(a.size)});
   sh.mesh.batch_axes = EffectiveBatchAxes(rj.spec.mesh);
-  Status st = ipc::SendMessage(client_->fd.get(), ipc::Encode(sh), fds, /*nonblocking=*/true);
+  Status st = protocol::SendMessage(client_->fd.get(), protocol::Encode(sh), fds, /*nonblocking=*/true);
   if (!st.ok()) {
     client_lock.Unlock();
     DropClient("sending SERVER_HELLO failed: " + st.ToString());
@@ -955,7 +955,7 @@ void Sidecar::SendReadyBatchesLocked() {
   while (client_->leased.size() < max_leases_) {
     auto slot = pool_->Lease(client_->next_to_send);
     if (!slot) break;
-    ipc::Ready r;
+    protocol::Ready r;
     r.step = client_->next_to_send;
     r.slot = *slot;
     const DLPackType dl = ToDLPackType(layout_.dtype);
@@ -963,7 +963,7 @@ void Sidecar::SendReadyBatchesLocked() {
       const auto& t = layout_.devices[i];
       r.tensors.push_back({TensorOffset(i), dl.code, dl.bits, t.shape, t.strides, slot_checksums_[*slot][i]});
     }
-    Status st = ipc::SendTo(client_->fd.get(), ipc::Encode(r));
+    Status st = protocol::SendTo(client_->fd.get(), protocol::Encode(r));
     if (!st.ok()) {
       // Possibly on the producer thread: leave the dropping to the server.
       pool_->Release(*slot, r.step);
@@ -1007,7 +1007,7 @@ void Sidecar::DropClient(const std::string& why, bool keep_leases, const LeaseLi
 }
 
 void Sidecar::ServeClientMessage() {
-  auto msg = ipc::ReceiveMessage(client_->fd.get(), ipc::kMaxMessageBytes);
+  auto msg = protocol::ReceiveMessage(client_->fd.get(), protocol::kMaxMessageBytes);
   if (!msg.ok()) {
     // End of file or a reset: the trainer is gone, its leases come back.
     // Anything else (an oversized datagram) leaves a trainer that may
@@ -1017,21 +1017,21 @@ void Sidecar::ServeClientMessage() {
     DropClient(msg.status().ToString(), /*keep_leases=*/!gone);
     return;
   }
-  auto decoded = ipc::Decode(msg->bytes);
+  auto decoded = protocol::Decode(msg->bytes);
   if (!decoded.ok()) {
     metrics_->Error("protocol");
-    (void)ipc::SendTo(client_->fd.get(),
-                           ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kBadRequest, decoded.status().ToString()}));
+    (void)protocol::SendTo(client_->fd.get(),
+                           protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest, decoded.status().ToString()}));
     DropClient("malformed message: " + decoded.status().ToString(), /*keep_leases=*/true);
     return;
   }
-  if (const auto* bye = std::get_if<ipc::Bye>(&*decoded)) {
+  if (const auto* bye = std::get_if<protocol::Bye>(&*decoded)) {
     LeaseList keep;
     for (const auto& h : bye->held) keep.emplace_back(h.slot, h.step);
     DropClient("the trainer left the connection (BYE)", /*keep_leases=*/true, &keep);
     return;
   }
-  if (const auto* rel = std::get_if<ipc::Release>(&*decoded)) {
+  if (const auto* rel = std::get_if<protocol::Release>(&*decoded)) {
     bool ours = false;
     {
       ClientLock lock(*this);
@@ -1046,8 +1046,8 @@ void Sidecar::ServeClientMessage() {
     }
     if (!ours) {
       metrics_->Error("protocol");
-      (void)ipc::SendTo(client_->fd.get(),
-                             ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kBadRequest,
+      (void)protocol::SendTo(client_->fd.get(),
+                             protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest,
                                                            "RELEASE of slot " + std::to_string(rel->slot) +
                                                                " step " + std::to_string(rel->step) +
                                                                ", which this connection does not lease"}));
@@ -1208,13 +1208,13 @@ int Sidecar::Run() {
       // /healthz first: a trainer told of the failure may look there at once.
       if (health_) health_->SetHealthy(false, fatal_message_);
       if (client_) {
-        (void)ipc::SendTo(client_->fd.get(),
-                               ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kDataError, fatal_message_}));
+        (void)protocol::SendTo(client_->fd.get(),
+                               protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kDataError, fatal_message_}));
         DropClient("staging failed", /*keep_leases=*/true);
       }
       if (pending_) {  // accepted before the failure, hello not yet read
-        (void)ipc::SendTo(pending_->fd.get(),
-                               ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kDataError, fatal_message_}));
+        (void)protocol::SendTo(pending_->fd.get(),
+                               protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kDataError, fatal_message_}));
         CloseLater(std::move(pending_->fd));
         pending_.reset();
       }
@@ -1236,35 +1236,35 @@ int Sidecar::Run() {
     if (rc > 0 && (fds[1].revents & POLLIN)) AcceptClient();
     if (ready_pending_.load()) DeliverReady();
     if (pending_i >= 0 && pending_ && (fds[pending_i].revents & (POLLIN | POLLHUP | POLLERR))) {
-      auto msg = ipc::ReceiveMessage(pending_->fd.get(), ipc::kMaxMessageBytes);
-      Result<ipc::Message> decoded = msg.ok() ? ipc::Decode(msg->bytes) : Result<ipc::Message>(msg.status());
-      const ipc::ClientHello* hello = decoded.ok() ? std::get_if<ipc::ClientHello>(&*decoded) : nullptr;
+      auto msg = protocol::ReceiveMessage(pending_->fd.get(), protocol::kMaxMessageBytes);
+      Result<protocol::Message> decoded = msg.ok() ? protocol::Decode(msg->bytes) : Result<protocol::Message>(msg.status());
+      const protocol::ClientHello* hello = decoded.ok() ? std::get_if<protocol::ClientHello>(&*decoded) : nullptr;
       if (!hello) {
         const std::string why = decoded.ok() ? "expected CLIENT_HELLO" : decoded.status().ToString();
         // A well-formed header of another protocol version deserves the
         // version error, so a newer or older client can say what is wrong.
         const bool other_version = msg.ok() && msg->bytes.size() >= 6 &&
                                    static_cast<uint8_t>(msg->bytes[4]) + 256 * static_cast<uint8_t>(msg->bytes[5]) !=
-                                       ipc::kProtocolVersion &&
+                                       protocol::kProtocolVersion &&
                                    msg->bytes.compare(0, 4, "MLD1") == 0;
         metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
         LogWarn("dropped a trainer connection before its hello", {{"reason", why}});
         if (msg.ok()) {
-          (void)ipc::SendTo(pending_->fd.get(),
-              ipc::Encode(ipc::ErrorMessage{other_version ? ipc::ErrorCode::kVersionMismatch : ipc::ErrorCode::kBadRequest,
+          (void)protocol::SendTo(pending_->fd.get(),
+              protocol::Encode(protocol::ErrorMessage{other_version ? protocol::ErrorCode::kVersionMismatch : protocol::ErrorCode::kBadRequest,
                                             other_version ? "this sidecar speaks protocol version " +
-                                                                std::to_string(ipc::kProtocolVersion)
+                                                                std::to_string(protocol::kProtocolVersion)
                                                           : why}));
         }
         CloseLater(std::move(pending_->fd));
         pending_.reset();
-      } else if (hello->version != ipc::kProtocolVersion) {
+      } else if (hello->version != protocol::kProtocolVersion) {
         metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
         LogWarn("dropped a trainer connection: protocol version mismatch", {{"version", static_cast<uint64_t>(hello->version)}});
-        (void)ipc::SendTo(pending_->fd.get(),
-                               ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kVersionMismatch,
+        (void)protocol::SendTo(pending_->fd.get(),
+                               protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kVersionMismatch,
                                                              "this sidecar speaks protocol version " +
-                                                                 std::to_string(ipc::kProtocolVersion)}));
+                                                                 std::to_string(protocol::kProtocolVersion)}));
         CloseLater(std::move(pending_->fd));
         pending_.reset();
       } else {
@@ -1294,8 +1294,8 @@ int Sidecar::Run() {
     ::unlink(options_.socket_path.c_str());
   }
   if (client_) {
-    (void)ipc::SendTo(client_->fd.get(),
-                           ipc::Encode(ipc::ErrorMessage{ipc::ErrorCode::kShuttingDown, "the sidecar is stopping"}));
+    (void)protocol::SendTo(client_->fd.get(),
+                           protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kShuttingDown, "the sidecar is stopping"}));
     DropClient("the sidecar is stopping", /*keep_leases=*/true);
   }
   // Give the connections being closed a moment (at most 300 ms) to read what

@@ -46,7 +46,7 @@
 #include "common/thread_sched.h"
 #include "common/unique_fd.h"
 #include "planner/shard_planner.h"
-#include "sidecar/ipc/protocol.h"
+#include "protocol/protocol.h"
 #include "sidecar/progress.h"
 #include "sidecar/source/source.h"
 #include "sidecar/staging/batch_layout.h"
@@ -147,7 +147,7 @@ class Sidecar {
   void Notify();
   void ServeClientMessage();
   void AcceptClient();
-  void OnHello(const ipc::ClientHello& hello);
+  void OnHello(const protocol::ClientHello& hello);
   // Leases and sends READY for every staged step the trainer is due; the
   // producer calls it right after staging (no hop through the server
   // thread), the server after RELEASE and hello. Needs client_mu_.

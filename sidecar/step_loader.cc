@@ -8,7 +8,7 @@
 #include <iterator>
 
 #include "common/logging.h"
-#include "sidecar/ipc/protocol.h"
+#include "protocol/protocol.h"
 
 namespace meshload::sidecar {
 namespace {
@@ -49,9 +49,9 @@ uint64_t JobFingerprint(const ShardPlanner& planner, const Loading& loading) {
                              static_cast<uint64_t>(loading.fanout)};
   for (int64_t step : {int64_t{0}, static_cast<int64_t>(job.steps_per_epoch)}) {
     const std::vector<uint64_t> batch = planner.GlobalBatch(step);
-    v.push_back(ipc::SampleIdsChecksum(batch.data(), batch.size()));
+    v.push_back(protocol::SampleIdsChecksum(batch.data(), batch.size()));
   }
-  return ipc::SampleIdsChecksum(v.data(), v.size());
+  return protocol::SampleIdsChecksum(v.data(), v.size());
 }
 
 Result<std::unique_ptr<StepLoader>> StepLoader::Create(const ShardPlanner& planner, int64_t process,
@@ -325,7 +325,7 @@ Status StepLoader::BuildParts(const StepPlan& plan, bool incoming, Caller& c, st
     exchange::Part part;
     part.peer = incoming ? t.from : t.to;
     part.bytes = t.samples.size() * sb;
-    part.checksum = ipc::SampleIdsChecksum(t.samples.data(), t.samples.size());
+    part.checksum = protocol::SampleIdsChecksum(t.samples.data(), t.samples.size());
     for (uint64_t id : t.samples) {
       uint8_t* p = Find(c.dest_of, id);
       if (p == nullptr && !incoming) p = Find(c.outbox_of, id);
@@ -352,7 +352,7 @@ Status StepLoader::ServePart(int64_t step, int64_t peer, std::vector<uint8_t>& o
   for (const TransferPlan& t : plan.transfers) {
     if (t.from != process_ || t.to != peer) continue;
     out.resize(t.samples.size() * sb);
-    checksum = ipc::SampleIdsChecksum(t.samples.data(), t.samples.size());
+    checksum = protocol::SampleIdsChecksum(t.samples.data(), t.samples.size());
     std::vector<Extent> extents;
     uint8_t* dest = out.data();
     for (uint64_t id : t.samples) {
@@ -420,7 +420,7 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& chec
   }
   checksums.resize(plan.devices.size());
   for (size_t i = 0; i < plan.devices.size(); ++i) {
-    checksums[i] = ipc::SampleIdsChecksum(plan.devices[i].samples.data(), plan.devices[i].samples.size());
+    checksums[i] = protocol::SampleIdsChecksum(plan.devices[i].samples.data(), plan.devices[i].samples.size());
   }
   if (stats_out) *stats_out = stats;
   return Status::Ok();

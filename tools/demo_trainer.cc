@@ -22,7 +22,7 @@
 #include "common/logging.h"
 #include "sidecar/source/dataset_facts.h"
 #include "planner/shard_planner.h"
-#include "sidecar/ipc/protocol.h"
+#include "protocol/protocol.h"
 #include "tools/latency_histogram.h"
 #include "tools/synthetic_dataset.h"
 
@@ -128,7 +128,7 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
       for (size_t i = 0; i < batch->tensors.size(); ++i) {
         const auto& t = batch->tensors[i];
         const auto& ids = plan.devices[i].samples;
-        if (t.ids_checksum != ipc::SampleIdsChecksum(ids.data(), ids.size())) {
+        if (t.ids_checksum != protocol::SampleIdsChecksum(ids.data(), ids.size())) {
           ++mismatches;
           LogError("sample ids differ from the plan", {{"step", batch->step}, {"device", t.global_device}});
           continue;
@@ -185,8 +185,8 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
                      {"first_step", first_step},
                      {"finished_at", MonotonicSeconds()},
                      {"reconnects", (*client)->reconnects()},
-                     {"staging", (*client)->hello().memory == ipc::MemoryKind::kHostMemfd ? "host"
-                                 : (*client)->hello().memory == ipc::MemoryKind::kCudaVmmFd ? "cuda"
+                     {"staging", (*client)->hello().memory == protocol::MemoryKind::kHostMemfd ? "host"
+                                 : (*client)->hello().memory == protocol::MemoryKind::kCudaVmmFd ? "cuda"
                                                                                              : "cuda-ipc"},
                      {"gpu_tensors_checked", gpu_tensors_checked},
                      {"wait_hist", waits.counts()},

@@ -39,10 +39,10 @@
 
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/loopback.h"
 #include "common/unique_fd.h"
 #include "sidecar/source/dataset_facts.h"
 #include "planner/shard_planner.h"
-#include "sidecar/exchange/peer_exchange.h"
 #include "tools/latency_histogram.h"
 #include "tools/synthetic_dataset.h"
 
@@ -358,7 +358,7 @@ int RunRun(const std::vector<std::string>& args) {
   std::vector<UniqueFd> peer_fds;
   std::string peer_list;
   for (int64_t p = 0; moves && p < P; ++p) {
-    auto l = sidecar::exchange::ListenLoopback();
+    auto l = ListenLoopback();
     if (!l.ok()) return fail(l.status().ToString());
     peer_list += (p ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(l->second);
     peer_fds.push_back(std::move(l->first));

@@ -296,10 +296,10 @@ class Tensor {
   int64_t step_;
 };
 
-/// The job's device mesh from the sidecar's hello (ipc::MeshInfo).
+/// The job's device mesh from the sidecar's hello (protocol::MeshInfo).
 class JobMesh {
  public:
-  explicit JobMesh(ipc::MeshInfo m) : m_(std::move(m)) {}
+  explicit JobMesh(protocol::MeshInfo m) : m_(std::move(m)) {}
   uint32_t processes() const { return m_.processes; }
   uint32_t devices_per_process() const { return m_.devices_per_process; }
   py::tuple axes() const {
@@ -313,7 +313,7 @@ class JobMesh {
     return t;
   }
   bool Equals(const JobMesh& o) const { return m_ == o.m_; }
-  const ipc::MeshInfo& info() const { return m_; }
+  const protocol::MeshInfo& info() const { return m_; }
   std::string Repr() const {
     std::string axes, batch;
     for (const auto& a : m_.axes) axes += (axes.empty() ? "" : ", ") + a.name + "=" + std::to_string(a.size);
@@ -324,7 +324,7 @@ class JobMesh {
   }
 
  private:
-  ipc::MeshInfo m_;
+  protocol::MeshInfo m_;
 };
 
 /// One step's batch: a Tensor per local device, all sharing the lease.
@@ -370,7 +370,7 @@ class Batch {
 /// What the properties report; copied out of the client after every call
 /// that may reconnect, so reading a property never waits for a blocked next().
 struct Snapshot {
-  ipc::ServerHello hello;
+  protocol::ServerHello hello;
   std::shared_ptr<JobMesh> mesh;  // hello.mesh, shared by the batches
   int64_t next_step = 0;
   int reconnects = 0;
@@ -541,9 +541,9 @@ class Client {
   Snapshot snap_;
 };
 
-py::list Devices(const ipc::ServerHello& hello) {
+py::list Devices(const protocol::ServerHello& hello) {
   py::list out;
-  for (const ipc::DeviceInfo& d : hello.devices) {
+  for (const protocol::DeviceInfo& d : hello.devices) {
     py::dict e;
     e["global_index"] = d.global_index;
     e["kind"] = d.kind;
@@ -566,7 +566,7 @@ PYBIND11_MODULE(_meshload, m) {
     py::dict info;
     info["version"] = MESHLOAD_VERSION;
     info["gpu_import"] = meshload::cuda::BuildDescription();
-    info["protocol_version"] = meshload::ipc::kProtocolVersion;
+    info["protocol_version"] = meshload::protocol::kProtocolVersion;
     m.attr("build_info") = info;
   }
 

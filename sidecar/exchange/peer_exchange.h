@@ -77,11 +77,6 @@ struct PeerAddress {
   std::string ToString() const;
 };
 
-/// A TCP socket listening on 127.0.0.1 at a port the kernel picks
-/// (close-on-exec), and that port: a local sidecar's peer socket, handed to
-/// it open (ExchangeOptions::listen_fd), so no port is ever raced for.
-Result<std::pair<UniqueFd, uint16_t>> ListenLoopback();
-
 /// `HOST:PORT,HOST:PORT,...`, one per process in process order (IPv6 hosts
 /// in brackets). Errors name the item.
 Result<std::vector<PeerAddress>> ParsePeerList(std::string_view text);
@@ -123,7 +118,7 @@ struct ExchangeOptions {
 };
 
 /// One peer's share of a step: where its bytes come from or go, their size,
-/// and the checksum of their sample ids (ipc::SampleIdsChecksum), which both
+/// and the checksum of their sample ids (protocol::SampleIdsChecksum), which both
 /// sides compute from their own plan.
 struct Part {
   int64_t peer = 0;

@@ -7,15 +7,15 @@
 #include <cstdint>
 #include <string_view>
 
-#include "sidecar/ipc/protocol.h"
+#include "protocol/protocol.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view bytes(reinterpret_cast<const char*>(data), size);
-  auto m = meshload::ipc::Decode(bytes);
+  auto m = meshload::protocol::Decode(bytes);
   if (!m.ok()) {
     if (m.status().location().empty() || m.status().location()[0] != '@') __builtin_trap();
     return 0;
   }
-  if (meshload::ipc::Encode(*m) != bytes) __builtin_trap();
+  if (meshload::protocol::Encode(*m) != bytes) __builtin_trap();
   return 0;
 }

@@ -31,8 +31,8 @@
 #include "sidecar/source/dataset_facts.h"
 #include "client/client.h"
 #include "common/cuda_driver.h"
-#include "sidecar/ipc/protocol.h"
-#include "sidecar/ipc/seqpacket.h"
+#include "protocol/protocol.h"
+#include "protocol/seqpacket.h"
 #include "sidecar/sidecar.h"
 #include "tests/planner/test_util.h"
 #include "tools/synthetic_dataset.h"
@@ -181,7 +181,7 @@ class GpuJob {
       EXPECT_EQ(t.device_type, 2);  // kDLCUDA
       EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % 256, 0u);
       const auto& ids = plan.devices[i].samples;
-      ASSERT_EQ(t.ids_checksum, ipc::SampleIdsChecksum(ids.data(), ids.size()));
+      ASSERT_EQ(t.ids_checksum, protocol::SampleIdsChecksum(ids.data(), ids.size()));
       std::vector<uint8_t> host(t.nbytes);
       ASSERT_OK(driver.CopyToHost(host.data(), reinterpret_cast<uintptr_t>(t.data), t.nbytes, t.device_id));
       for (size_t k = 0; k < ids.size(); ++k) {
@@ -348,7 +348,7 @@ TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
   {
     auto c = job.Connect();
     ASSERT_TRUE(c);
-    EXPECT_EQ(c->hello().memory, ipc::MemoryKind::kCudaVmmFd);
+    EXPECT_EQ(c->hello().memory, protocol::MemoryKind::kCudaVmmFd);
     EXPECT_EQ(c->hello().fd_count, static_cast<uint32_t>(job.devices()) * 3u);
     for (int64_t step = 0; step < 25; ++step) {
       auto b = c->Next(milliseconds(10000));
@@ -435,14 +435,14 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
   {
     // A trainer that dies holding every slot: its socket closes with no BYE
     // and no RELEASE.
-    auto fd = ipc::ConnectSeqpacket(job.socket_);
+    auto fd = protocol::ConnectSeqpacket(job.socket_);
     ASSERT_OK(fd);
-    ASSERT_OK(ipc::SendMessage(fd->get(), ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, 3})));
-    ASSERT_OK(ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes));  // SERVER_HELLO
+    ASSERT_OK(protocol::SendMessage(fd->get(), protocol::Encode(protocol::ClientHello{protocol::kProtocolVersion, 1, 3})));
+    ASSERT_OK(protocol::ReceiveMessage(fd->get(), protocol::kMaxMessageBytes));  // SERVER_HELLO
     for (int i = 0; i < 3; ++i) {
-      auto r = ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes);
+      auto r = protocol::ReceiveMessage(fd->get(), protocol::kMaxMessageBytes);
       ASSERT_OK(r);
-      ASSERT_TRUE(std::holds_alternative<ipc::Ready>(ipc::Decode(r->bytes).value()));
+      ASSERT_TRUE(std::holds_alternative<protocol::Ready>(protocol::Decode(r->bytes).value()));
     }
   }
   for (int i = 0; i < 200 && metric("meshload_leases_reclaimed_total") < 3; ++i) std::this_thread::sleep_for(milliseconds(10));
@@ -565,7 +565,7 @@ TEST(DeviceStagingProcess, LegacyIpcHandlesCarryTheSameBytes) {
   const pid_t pid = job.Spawn(env, {"--staging", "cuda-ipc"});
   auto c = job.Connect(10);
   ASSERT_TRUE(c) << job.Log();
-  EXPECT_EQ(c->hello().memory, ipc::MemoryKind::kCudaIpc);
+  EXPECT_EQ(c->hello().memory, protocol::MemoryKind::kCudaIpc);
   EXPECT_EQ(c->hello().fd_count, 0u);
   EXPECT_EQ(c->hello().ipc_handles.size(), static_cast<size_t>(job.devices()) * 3u);
   for (int64_t step = 0; step < 6; ++step) {
@@ -621,7 +621,7 @@ TEST(DeviceStagingProcess, CudaStagingWithoutADriverIsAnErrorAndAutoSaysWhyItSta
   pid = job.Spawn({"MESHLOAD_CUDA_LIBRARY=/nonexistent/libcuda.so.1"}, {"--staging", "auto"});
   auto c = job.Connect(10);
   ASSERT_TRUE(c) << job.Log();
-  EXPECT_EQ(c->hello().memory, ipc::MemoryKind::kHostMemfd);
+  EXPECT_EQ(c->hello().memory, protocol::MemoryKind::kHostMemfd);
   const std::string log = job.Log();
   EXPECT_NE(log.find("staging=host"), std::string::npos) << log;
   EXPECT_NE(log.find("cannot open /nonexistent/libcuda.so.1"), std::string::npos) << log;

@@ -1,4 +1,5 @@
 #include "sidecar/exchange/peer_exchange.h"
+#include "common/loopback.h"
 #include "tests/testing/status_matchers.h"
 
 #include <arpa/inet.h>
@@ -23,7 +24,7 @@ using namespace std::chrono_literals;
 
 // A listening loopback socket (kept open for the test's life) and its port.
 std::pair<int, uint16_t> Listen() {
-  auto l = exchange::ListenLoopback();
+  auto l = ListenLoopback();
   EXPECT_OK(l);
   return {l->first.Release(), l->second};
 }

@@ -2,6 +2,7 @@
 // the real C++ client, real files (and a real HTTP server for remote data).
 
 #include "sidecar/source/dataset_facts.h"
+#include "common/loopback.h"
 #include "sidecar/sidecar.h"
 
 #include <gtest/gtest.h>
@@ -26,9 +27,9 @@
 #include <thread>
 
 #include "client/client.h"
-#include "sidecar/ipc/protocol.h"
+#include "protocol/protocol.h"
 #include "sidecar/exchange/peer_exchange.h"
-#include "sidecar/ipc/seqpacket.h"
+#include "protocol/seqpacket.h"
 #include "tests/planner/test_util.h"
 #include "tools/synthetic_dataset.h"
 #include "tests/testing/status_matchers.h"
@@ -124,7 +125,7 @@ class SidecarHarness {
     ASSERT_EQ(b.tensors.size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
       const auto& ids = plan.devices[i].samples;
-      ASSERT_EQ(b.tensors[i].ids_checksum, ipc::SampleIdsChecksum(ids.data(), ids.size()));
+      ASSERT_EQ(b.tensors[i].ids_checksum, protocol::SampleIdsChecksum(ids.data(), ids.size()));
       ASSERT_EQ(b.tensors[i].shape, (std::vector<int64_t>{4, 512}));
       for (size_t k = 0; k < ids.size(); ++k) {
         ASSERT_EQ(synthetic::FirstMismatch(planner_->job().dataset, ids[k],
@@ -173,15 +174,15 @@ TEST(Sidecar, ServesConsecutiveStepsWithThePlannedBytes) {
 class RawTrainer {
  public:
   explicit RawTrainer(const std::string& socket, int64_t want_step = 0) {
-    auto fd = ipc::ConnectSeqpacket(socket);
+    auto fd = protocol::ConnectSeqpacket(socket);
     EXPECT_OK(fd);
     if (!fd.ok()) return;
     fd_ = std::move(*fd);
-    EXPECT_OK(ipc::SendMessage(fd_.get(), ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, want_step})));
-    auto got = ipc::ReceiveMessage(fd_.get(), ipc::kMaxMessageBytes);
+    EXPECT_OK(protocol::SendMessage(fd_.get(), protocol::Encode(protocol::ClientHello{protocol::kProtocolVersion, 1, want_step})));
+    auto got = protocol::ReceiveMessage(fd_.get(), protocol::kMaxMessageBytes);
     EXPECT_TRUE(got.ok() && got->fds.size() == 1) << got.status().ToString();
     if (!got.ok() || got->fds.size() != 1) return;
-    hello_ = std::get<ipc::ServerHello>(ipc::Decode(got->bytes).value());
+    hello_ = std::get<protocol::ServerHello>(protocol::Decode(got->bytes).value());
     void* p = ::mmap(nullptr, hello_.pool_bytes, PROT_READ, MAP_SHARED, got->fds[0].get(), 0);
     EXPECT_NE(p, MAP_FAILED);
     base_ = static_cast<const char*>(p);
@@ -190,16 +191,16 @@ class RawTrainer {
     if (base_) ::munmap(const_cast<char*>(base_), hello_.pool_bytes);
   }
   // The next READY (a lease), or nullopt.
-  std::optional<ipc::Ready> NextReady() {
-    auto got = ipc::ReceiveMessage(fd_.get(), ipc::kMaxMessageBytes);
+  std::optional<protocol::Ready> NextReady() {
+    auto got = protocol::ReceiveMessage(fd_.get(), protocol::kMaxMessageBytes);
     if (!got.ok()) return std::nullopt;
-    auto m = ipc::Decode(got->bytes);
-    if (!m.ok() || !std::holds_alternative<ipc::Ready>(*m)) return std::nullopt;
-    return std::get<ipc::Ready>(*m);
+    auto m = protocol::Decode(got->bytes);
+    if (!m.ok() || !std::holds_alternative<protocol::Ready>(*m)) return std::nullopt;
+    return std::get<protocol::Ready>(*m);
   }
   // The next `n` READYs (a test failure if they do not come).
-  std::vector<ipc::Ready> Take(int n) {
-    std::vector<ipc::Ready> out;
+  std::vector<protocol::Ready> Take(int n) {
+    std::vector<protocol::Ready> out;
     for (int i = 0; i < n; ++i) {
       auto r = NextReady();
       EXPECT_TRUE(r) << "READY " << i << " of " << n;
@@ -212,13 +213,13 @@ class RawTrainer {
   // the sidecar drops this connection, keeping every lease.
   void MisbehaveAndGetDropped() {
     SendRaw("garbage!!garbage");
-    auto err = ipc::ReceiveMessage(fd_.get(), ipc::kMaxMessageBytes);
+    auto err = protocol::ReceiveMessage(fd_.get(), protocol::kMaxMessageBytes);
     ASSERT_OK(err);
-    auto m = ipc::Decode(err->bytes);
-    ASSERT_TRUE(m.ok() && std::holds_alternative<ipc::ErrorMessage>(*m));
+    auto m = protocol::Decode(err->bytes);
+    ASSERT_TRUE(m.ok() && std::holds_alternative<protocol::ErrorMessage>(*m));
   }
   // The bytes of a leased batch, as the trainer sees them now.
-  std::string Bytes(const ipc::Ready& r) const {
+  std::string Bytes(const protocol::Ready& r) const {
     std::string s;
     for (size_t i = 0; i < r.tensors.size(); ++i) {
       uint64_t n = r.tensors[i].dtype_bits / 8;
@@ -227,14 +228,14 @@ class RawTrainer {
     }
     return s;
   }
-  void Send(const ipc::Message& m) { ASSERT_OK(ipc::SendMessage(fd_.get(), ipc::Encode(m))); }
-  void SendRaw(const std::string& bytes) { ASSERT_OK(ipc::SendMessage(fd_.get(), bytes)); }
+  void Send(const protocol::Message& m) { ASSERT_OK(protocol::SendMessage(fd_.get(), protocol::Encode(m))); }
+  void SendRaw(const std::string& bytes) { ASSERT_OK(protocol::SendMessage(fd_.get(), bytes)); }
   void Close() { fd_ = UniqueFd(); }
   int fd() const { return fd_.get(); }
 
  private:
   UniqueFd fd_;
-  ipc::ServerHello hello_;
+  protocol::ServerHello hello_;
   const char* base_ = nullptr;
 };
 
@@ -317,7 +318,7 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
   SidecarHarness h(/*prefetch=*/3);
   ASSERT_OK(h.Start());
   RawTrainer old(h.options_.socket_path);
-  const std::vector<ipc::Ready> leases = old.Take(3);
+  const std::vector<protocol::Ready> leases = old.Take(3);
   ASSERT_EQ(leases.size(), 3u);
   const std::string held_bytes = old.Bytes(leases[0]);
   old.MisbehaveAndGetDropped();
@@ -329,7 +330,7 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
   EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 0);
 
   // BYE: only step 0 is still held; the two others come back.
-  old.Send(ipc::Bye{{{leases[0].slot, leases[0].step}}});
+  old.Send(protocol::Bye{{{leases[0].slot, leases[0].step}}});
   EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", 2));
   for (int64_t step = 3; step < 20; ++step) {
     auto b = c->Next(milliseconds(5000));
@@ -344,9 +345,9 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
   EXPECT_TRUE(MetricReaches(h, "meshload_batches_consumed_total", 17));
   const double consumed = h.Metric("meshload_batches_consumed_total");
   EXPECT_EQ(consumed, 17);
-  old.Send(ipc::Release{leases[1].slot, leases[1].step, 0});
-  old.Send(ipc::Release{leases[0].slot, leases[0].step, 0});
-  old.Send(ipc::Release{leases[0].slot, leases[0].step, 0});
+  old.Send(protocol::Release{leases[1].slot, leases[1].step, 0});
+  old.Send(protocol::Release{leases[0].slot, leases[0].step, 0});
+  old.Send(protocol::Release{leases[0].slot, leases[0].step, 0});
   EXPECT_TRUE(MetricReaches(h, "meshload_batches_consumed_total", consumed + 1));
   std::this_thread::sleep_for(milliseconds(100));
   EXPECT_EQ(h.Metric("meshload_batches_consumed_total"), consumed + 1);
@@ -372,7 +373,7 @@ TEST(Sidecar, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionR
   SidecarHarness h(/*prefetch=*/3);
   ASSERT_OK(h.Start());
   RawTrainer old(h.options_.socket_path);
-  const std::vector<ipc::Ready> leases = old.Take(3);
+  const std::vector<protocol::Ready> leases = old.Take(3);
   ASSERT_EQ(leases.size(), 3u);
   const std::string held = old.Bytes(leases[0]);
   old.MisbehaveAndGetDropped();  // all three kept
@@ -382,29 +383,29 @@ TEST(Sidecar, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionR
   RawTrainer current(h.options_.socket_path, 3);
   std::vector<UniqueFd> refused;
   for (int i = 0; i < 80; ++i) {
-    auto fd = ipc::ConnectSeqpacket(h.options_.socket_path);
+    auto fd = protocol::ConnectSeqpacket(h.options_.socket_path);
     for (int tries = 0; !fd.ok() && fd.status().code() == StatusCode::kUnavailable && tries < 500; ++tries) {
       std::this_thread::sleep_for(milliseconds(2));  // the listen queue (8) is full: the sidecar catches up
-      fd = ipc::ConnectSeqpacket(h.options_.socket_path);
+      fd = protocol::ConnectSeqpacket(h.options_.socket_path);
     }
     ASSERT_OK(fd);
     refused.push_back(std::move(*fd));
   }
-  for (auto& fd : refused) ASSERT_OK(ipc::ReceiveMessage(fd.get(), ipc::kMaxMessageBytes));  // ERROR busy
+  for (auto& fd : refused) ASSERT_OK(protocol::ReceiveMessage(fd.get(), protocol::kMaxMessageBytes));  // ERROR busy
   EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 0);
   EXPECT_EQ(old.Bytes(leases[0]), held);
 
   // The current trainer cannot release the old one's lease.
-  current.Send(ipc::Release{leases[0].slot, leases[0].step, 0});
-  auto err = ipc::ReceiveMessage(current.fd(), ipc::kMaxMessageBytes);
+  current.Send(protocol::Release{leases[0].slot, leases[0].step, 0});
+  auto err = protocol::ReceiveMessage(current.fd(), protocol::kMaxMessageBytes);
   ASSERT_OK(err);
-  auto m = ipc::Decode(err->bytes);
-  ASSERT_TRUE(m.ok() && std::holds_alternative<ipc::ErrorMessage>(*m));
-  EXPECT_NE(std::get<ipc::ErrorMessage>(*m).message.find("which this connection does not lease"), std::string::npos);
+  auto m = protocol::Decode(err->bytes);
+  ASSERT_TRUE(m.ok() && std::holds_alternative<protocol::ErrorMessage>(*m));
+  EXPECT_NE(std::get<protocol::ErrorMessage>(*m).message.find("which this connection does not lease"), std::string::npos);
 
   // The old connection still keeps all three: its BYE lists one, and
   // exactly the two others come back.
-  old.Send(ipc::Bye{{{leases[0].slot, leases[0].step}}});
+  old.Send(protocol::Bye{{{leases[0].slot, leases[0].step}}});
   EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", 2));
   std::this_thread::sleep_for(milliseconds(100));
   EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 2);
@@ -419,7 +420,7 @@ TEST(Sidecar, StoppingNeverRestagesASlotTheTrainerHolds) {
     SidecarHarness h(/*prefetch=*/3);
     ASSERT_OK(h.Start());
     RawTrainer t(h.options_.socket_path);
-    const std::vector<ipc::Ready> leases = t.Take(3);
+    const std::vector<protocol::Ready> leases = t.Take(3);
     ASSERT_EQ(leases.size(), 3u);
     std::vector<std::string> held;
     for (const auto& r : leases) held.push_back(t.Bytes(r));
@@ -442,11 +443,11 @@ TEST(Sidecar, ATrainerDroppedWithoutAnErrorSeesEndOfFileAndKeepsWhatItHolds) {
   auto first = old.NextReady();
   ASSERT_TRUE(first);
   const std::string held = old.Bytes(*first);
-  (void)ipc::SendMessage(old.fd(), std::string(70000, 'x'));  // the sidecar truncates it: no ERROR
+  (void)protocol::SendMessage(old.fd(), std::string(70000, 'x'));  // the sidecar truncates it: no ERROR
   int readies = 0;
   while (old.NextReady()) ++readies;  // the READYs queued, then end of file (not a hang)
   EXPECT_LE(readies, 2);
-  old.Send(ipc::Bye{{{first->slot, first->step}}});
+  old.Send(protocol::Bye{{{first->slot, first->step}}});
   auto c = h.Connect(/*start=*/first->step + 1);
   for (int64_t step = first->step + 1; step < 15; ++step) {
     auto b = c->Next(milliseconds(5000));
@@ -534,18 +535,18 @@ TEST(Sidecar, ASecondTrainerIsToldTheSidecarIsBusy) {
 TEST(Sidecar, MalformedTruncatedAndOversizedMessagesAreRefusedAndServingGoesOn) {
   SidecarHarness h;
   ASSERT_OK(h.Start());
-  const std::string hello = ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, 0});
+  const std::string hello = protocol::Encode(protocol::ClientHello{protocol::kProtocolVersion, 1, 0});
   for (const std::string& bad : {std::string("garbage!!garbage"), hello.substr(0, hello.size() - 3),
-                                 std::string(70000, 'x'), ipc::Encode(ipc::Release{0, 0, 0})}) {
-    auto fd = ipc::ConnectSeqpacket(h.options_.socket_path);
+                                 std::string(70000, 'x'), protocol::Encode(protocol::Release{0, 0, 0})}) {
+    auto fd = protocol::ConnectSeqpacket(h.options_.socket_path);
     ASSERT_OK(fd);
-    ASSERT_TRUE(ipc::SendMessage(fd->get(), bad).ok() || bad.size() > ipc::kMaxMessageBytes);
-    auto reply = ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes);
+    ASSERT_TRUE(protocol::SendMessage(fd->get(), bad).ok() || bad.size() > protocol::kMaxMessageBytes);
+    auto reply = protocol::ReceiveMessage(fd->get(), protocol::kMaxMessageBytes);
     if (reply.ok()) {  // an ERROR, then the sidecar hangs up
-      auto m = ipc::Decode(reply->bytes);
+      auto m = protocol::Decode(reply->bytes);
       ASSERT_OK(m);
-      EXPECT_EQ(std::get<ipc::ErrorMessage>(*m).code, ipc::ErrorCode::kBadRequest);
-      EXPECT_FALSE(ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes).ok());
+      EXPECT_EQ(std::get<protocol::ErrorMessage>(*m).code, protocol::ErrorCode::kBadRequest);
+      EXPECT_FALSE(protocol::ReceiveMessage(fd->get(), protocol::kMaxMessageBytes).ok());
     }
   }
   auto c = h.Connect();
@@ -759,10 +760,10 @@ TEST(Sidecar, ATrainerThatNeverReadsCannotStallTheSidecar) {
   // SERVER_HELLO and reads nothing more; staging and stopping go on.
   SidecarHarness h(/*prefetch=*/600, {}, {}, /*samples=*/9600);
   ASSERT_OK(h.Start());
-  auto fd = ipc::ConnectSeqpacket(h.options_.socket_path);
+  auto fd = protocol::ConnectSeqpacket(h.options_.socket_path);
   ASSERT_OK(fd);
-  ASSERT_OK(ipc::SendMessage(fd->get(), ipc::Encode(ipc::ClientHello{ipc::kProtocolVersion, 1, 0})));
-  ASSERT_OK(ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes));
+  ASSERT_OK(protocol::SendMessage(fd->get(), protocol::Encode(protocol::ClientHello{protocol::kProtocolVersion, 1, 0})));
+  ASSERT_OK(protocol::ReceiveMessage(fd->get(), protocol::kMaxMessageBytes));
   std::this_thread::sleep_for(milliseconds(500));
   const auto t0 = std::chrono::steady_clock::now();
   h.Stop();
@@ -803,12 +804,12 @@ TEST(Sidecar, ATrainerOfAWideJobIsNeverSentMoreReadysThanItsSocketHolds) {
     while (true) {
       pollfd p{t.fd(), POLLIN, 0};
       if (::poll(&p, 1, 200) <= 0) break;
-      auto got = ipc::ReceiveMessage(t.fd(), ipc::kMaxMessageBytes);
+      auto got = protocol::ReceiveMessage(t.fd(), protocol::kMaxMessageBytes);
       ASSERT_OK(got) << "the sidecar dropped a trainer that was only slow to read: "
                             << got.status().ToString();
-      auto m = ipc::Decode(got->bytes);
+      auto m = protocol::Decode(got->bytes);
       ASSERT_OK(m);
-      ASSERT_TRUE(std::holds_alternative<ipc::Ready>(*m)) << "expected READYs only";
+      ASSERT_TRUE(std::holds_alternative<protocol::Ready>(*m)) << "expected READYs only";
       ++readys;
     }
     EXPECT_GE(readys, 8);
@@ -822,20 +823,20 @@ TEST(Sidecar, ATrainerOfAWideJobIsNeverSentMoreReadysThanItsSocketHolds) {
 // A stand-in sidecar that answers the handshake with whatever the test says.
 class FakeSidecar {
  public:
-  FakeSidecar(std::string path, ipc::ServerHello hello, std::vector<ipc::Message> then, bool seal = true)
+  FakeSidecar(std::string path, protocol::ServerHello hello, std::vector<protocol::Message> then, bool seal = true)
       : path_(std::move(path)) {
-    listen_ = ipc::ListenSeqpacket(path_).value();
+    listen_ = protocol::ListenSeqpacket(path_).value();
     thread_ = std::thread([this, hello, then, seal] {
-      auto fd = ipc::Accept(listen_.get());
-      while (!fd.ok()) fd = ipc::Accept(listen_.get());
-      (void)ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes);
+      auto fd = protocol::Accept(listen_.get());
+      while (!fd.ok()) fd = protocol::Accept(listen_.get());
+      (void)protocol::ReceiveMessage(fd->get(), protocol::kMaxMessageBytes);
       int mem = ::memfd_create("fake-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
       EXPECT_EQ(::ftruncate(mem, static_cast<off_t>(hello.pool_bytes)), 0);
       if (seal) ::fcntl(mem, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
-      (void)ipc::SendMessage(fd->get(), ipc::Encode(hello), {mem});
+      (void)protocol::SendMessage(fd->get(), protocol::Encode(hello), {mem});
       ::close(mem);
-      for (const auto& m : then) (void)ipc::SendMessage(fd->get(), ipc::Encode(m));
-      while (ipc::ReceiveMessage(fd->get(), ipc::kMaxMessageBytes).ok()) {
+      for (const auto& m : then) (void)protocol::SendMessage(fd->get(), protocol::Encode(m));
+      while (protocol::ReceiveMessage(fd->get(), protocol::kMaxMessageBytes).ok()) {
       }  // until the client closes (a BYE comes first)
       client_gone_ = true;
     });
@@ -850,8 +851,8 @@ class FakeSidecar {
   std::thread thread_;
 };
 
-ipc::ServerHello OneDeviceHello() {
-  ipc::ServerHello h;
+protocol::ServerHello OneDeviceHello() {
+  protocol::ServerHello h;
   h.job = "fake";
   h.devices = {{0, 1, ""}};
   h.slots = 1;
@@ -873,10 +874,10 @@ client::ClientOptions NoRetry(const std::string& sock) {
 
 TEST(Client, RefusesReadyTensorsThatAreNotCompactOrOverflow) {
   TempDir dir;
-  for (const ipc::TensorReady& bad : {ipc::TensorReady{0, 1, 8, {4, 16}, {1099511627776, 1}, 0},
-                                      ipc::TensorReady{0, 2, 64, {int64_t{1} << 61}, {1}, 0}}) {
+  for (const protocol::TensorReady& bad : {protocol::TensorReady{0, 1, 8, {4, 16}, {1099511627776, 1}, 0},
+                                      protocol::TensorReady{0, 2, 64, {int64_t{1} << 61}, {1}, 0}}) {
     const std::string sock = dir.path() + "/fake-" + std::to_string(bad.dtype_bits) + ".sock";
-    FakeSidecar fake(sock, OneDeviceHello(), {ipc::Ready{0, 0, {bad}}});
+    FakeSidecar fake(sock, OneDeviceHello(), {protocol::Ready{0, 0, {bad}}});
     auto c = client::Client::Connect(NoRetry(sock));
     ASSERT_OK(c);
     auto b = (*c)->Next(milliseconds(2000));
@@ -891,7 +892,7 @@ TEST(Client, AReadyItCannotAcceptClosesTheConnectionSoTheSidecarTakesItsSlotsBac
   // every later READY refused, the slots never given back.
   TempDir dir;
   const std::string sock = dir.path() + "/fake.sock";
-  FakeSidecar fake(sock, OneDeviceHello(), {ipc::Ready{5, 0, {}}});  // step 5 where 0 is due
+  FakeSidecar fake(sock, OneDeviceHello(), {protocol::Ready{5, 0, {}}});  // step 5 where 0 is due
   auto c = client::Client::Connect(NoRetry(sock));
   ASSERT_OK(c);
   auto b = (*c)->Next(milliseconds(2000));
@@ -909,7 +910,7 @@ TEST(Client, AHandshakeThatGetsNoAnswerEndsAtTheCallersTimeout) {
   TempDir dir;
   const std::string sock = dir.path() + "/fake.sock";
   FakeSidecar fake(sock, OneDeviceHello(),
-                   {ipc::ErrorMessage{ipc::ErrorCode::kShuttingDown, "the sidecar is stopping"}});
+                   {protocol::ErrorMessage{protocol::ErrorCode::kShuttingDown, "the sidecar is stopping"}});
   client::ClientOptions o;
   o.socket_path = sock;
   o.max_reconnect_attempts = 100;
@@ -918,7 +919,7 @@ TEST(Client, AHandshakeThatGetsNoAnswerEndsAtTheCallersTimeout) {
   auto c = client::Client::Connect(o);
   ASSERT_OK(c);
   ASSERT_EQ(::unlink(sock.c_str()), 0);
-  auto silent = ipc::ListenSeqpacket(sock);  // never accepts
+  auto silent = protocol::ListenSeqpacket(sock);  // never accepts
   ASSERT_OK(silent);
   const auto t0 = std::chrono::steady_clock::now();
   auto b = (*c)->Next(milliseconds(300));
@@ -942,11 +943,11 @@ TEST(Client, RefusesAReadyForASlotALiveBatchStillHolds) {
   // Two batches in one slot: the first one's bytes would change under it.
   TempDir dir;
   const std::string sock = dir.path() + "/fake.sock";
-  ipc::ServerHello hello = OneDeviceHello();
+  protocol::ServerHello hello = OneDeviceHello();
   hello.slots = 2;
   hello.pool_bytes = 8192;
-  const ipc::TensorReady t{0, 1, 8, {4, 16}, {16, 1}, 0};
-  FakeSidecar fake(sock, hello, {ipc::Ready{0, 0, {t}}, ipc::Ready{1, 0, {t}}});
+  const protocol::TensorReady t{0, 1, 8, {4, 16}, {16, 1}, 0};
+  FakeSidecar fake(sock, hello, {protocol::Ready{0, 0, {t}}, protocol::Ready{1, 0, {t}}});
   auto c = client::Client::Connect(NoRetry(sock));
   ASSERT_OK(c);
   auto first = (*c)->Next(milliseconds(2000));
@@ -961,7 +962,7 @@ TEST(Client, RefusesAReadyForASlotALiveBatchStillHolds) {
 TEST(Client, RefusesASidecarThatStartsAtAnotherStepThanAskedFor) {
   TempDir dir;
   const std::string sock = dir.path() + "/fake.sock";
-  ipc::ServerHello hello = OneDeviceHello();
+  protocol::ServerHello hello = OneDeviceHello();
   hello.first_step = 7;
   FakeSidecar fake(sock, hello, {});
   client::ClientOptions o = NoRetry(sock);
@@ -978,12 +979,12 @@ TEST(Client, AFullListenQueueIsUnavailableNotABlockedConnect) {
   // must not block the trainer past its timeout and its signals.
   TempDir dir;
   const std::string sock = dir.path() + "/full.sock";
-  auto listener = ipc::ListenSeqpacket(sock);  // never accepts
+  auto listener = protocol::ListenSeqpacket(sock);  // never accepts
   ASSERT_OK(listener);
   std::vector<UniqueFd> queued;
   Status refused;
   for (int i = 0; i < 64 && refused.ok(); ++i) {
-    auto fd = ipc::ConnectSeqpacket(sock);
+    auto fd = protocol::ConnectSeqpacket(sock);
     if (fd.ok()) {
       queued.push_back(std::move(*fd));
     } else {
@@ -1110,7 +1111,7 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
   int listen_fd[2];
   std::string peers;
   for (int p = 0; p < 2; ++p) {
-    auto l = exchange::ListenLoopback();
+    auto l = ListenLoopback();
     ASSERT_OK(l);
     listen_fd[p] = l->first.Release();
     peers += (p ? "," : "") + std::string("127.0.0.1:") + std::to_string(l->second);
@@ -1170,7 +1171,7 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
     ASSERT_EQ(b->tensors.size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
       const auto& ids = plan.devices[i].samples;
-      ASSERT_EQ(b->tensors[i].ids_checksum, ipc::SampleIdsChecksum(ids.data(), ids.size()));
+      ASSERT_EQ(b->tensors[i].ids_checksum, protocol::SampleIdsChecksum(ids.data(), ids.size()));
       for (size_t k = 0; k < ids.size(); ++k) {
         ASSERT_EQ(synthetic::FirstMismatch(planner.job().dataset, ids[k],
                                            static_cast<const uint8_t*>(b->tensors[i].data) + k * 512),

@@ -15,8 +15,9 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/loopback.h"
 #include "sidecar/source/dataset_facts.h"
-#include "sidecar/ipc/protocol.h"
+#include "protocol/protocol.h"
 #include "tests/planner/test_util.h"
 #include "tools/synthetic_dataset.h"
 #include "tests/testing/status_matchers.h"
@@ -83,7 +84,7 @@ void ExpectSlotMatchesPlan(const ShardPlanner& planner, int64_t process, int64_t
   ASSERT_EQ(plan.devices.size(), layout.devices.size());
   for (size_t i = 0; i < plan.devices.size(); ++i) {
     const auto& ids = plan.devices[i].samples;
-    EXPECT_EQ(checksums[i], ipc::SampleIdsChecksum(ids.data(), ids.size()));
+    EXPECT_EQ(checksums[i], protocol::SampleIdsChecksum(ids.data(), ids.size()));
     for (size_t k = 0; k < ids.size(); ++k) {
       const uint8_t* bytes = slot + layout.devices[i].offset + k * layout.sample_bytes;
       ASSERT_EQ(synthetic::FirstMismatch(planner.job().dataset, ids[k], bytes), -1)
@@ -392,7 +393,7 @@ TEST(StepLoader, StrategiesThatMoveSamplesBetweenProcessesNeedPeers) {
 
 // A listening loopback socket (kept open for the test's life) and its port.
 std::pair<int, uint16_t> Listen() {
-  auto l = exchange::ListenLoopback();
+  auto l = ListenLoopback();
   EXPECT_OK(l);
   return {l->first.Release(), l->second};
 }

@@ -15,7 +15,7 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 
-namespace meshload::ipc {
+namespace meshload::protocol {
 
 /// Creates, binds and listens on a SOCK_SEQPACKET socket at `path` with
 /// permissions `mode` (default 0660: the sidecar's user and group). A stale
@@ -53,4 +53,4 @@ struct PeerCredentials {
 };
 Result<PeerCredentials> GetPeerCredentials(int fd);
 
-}  // namespace meshload::ipc
+}  // namespace meshload::protocol

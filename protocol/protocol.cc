@@ -1,9 +1,9 @@
-#include "sidecar/ipc/protocol.h"
+#include "protocol/protocol.h"
 
 #include <algorithm>
 #include <cstring>
 
-namespace meshload::ipc {
+namespace meshload::protocol {
 namespace {
 
 class Writer {
@@ -528,4 +528,4 @@ Result<Message> Decode(std::string_view bytes) {
   return InvalidArgument("unknown message type " + std::to_string(type), "@6");
 }
 
-}  // namespace meshload::ipc
+}  // namespace meshload::protocol

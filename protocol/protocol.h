@@ -42,7 +42,7 @@
 
 #include "common/status.h"
 
-namespace meshload::ipc {
+namespace meshload::protocol {
 
 inline constexpr uint32_t kMagic = 0x31444C4D;  // "MLD1" little-endian
 // 2: SERVER_HELLO carries the job's mesh (axes, batch axes, processes).
@@ -214,4 +214,4 @@ uint64_t SampleIdsChecksum(const uint64_t* ids, size_t count);
 
 std::string_view MessageTypeName(MessageType t);
 
-}  // namespace meshload::ipc
+}  // namespace meshload::protocol

@@ -1,4 +1,4 @@
-#include "sidecar/ipc/seqpacket.h"
+#include "protocol/seqpacket.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -9,9 +9,9 @@
 #include <cstring>
 #include <vector>
 
-#include "sidecar/ipc/protocol.h"
+#include "protocol/protocol.h"
 
-namespace meshload::ipc {
+namespace meshload::protocol {
 namespace {
 
 Result<sockaddr_un> Address(const std::string& path) {
@@ -175,4 +175,4 @@ Result<PeerCredentials> GetPeerCredentials(int fd) {
   return PeerCredentials{cred.pid, cred.uid, cred.gid};
 }
 
-}  // namespace meshload::ipc
+}  // namespace meshload::protocol

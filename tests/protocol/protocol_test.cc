@@ -1,9 +1,9 @@
-#include "sidecar/ipc/protocol.h"
+#include "protocol/protocol.h"
 #include "tests/testing/status_matchers.h"
 
 #include <gtest/gtest.h>
 
-namespace meshload::ipc {
+namespace meshload::protocol {
 namespace {
 
 ServerHello SampleHello() {
@@ -161,4 +161,4 @@ TEST(Protocol, ChecksumDependsOnIdsAndTheirOrder) {
 }
 
 }  // namespace
-}  // namespace meshload::ipc
+}  // namespace meshload::protocol
