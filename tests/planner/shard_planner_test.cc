@@ -10,7 +10,7 @@
 #include <set>
 
 #include "planner/npy.h"
-#include "tests/planner/test_util.h"
+#include "tests/testing/job_fixtures.h"
 #include "tests/testing/status_matchers.h"
 
 namespace meshload {

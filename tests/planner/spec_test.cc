@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/planner/test_util.h"
+#include "tests/testing/job_fixtures.h"
 #include "tests/testing/status_matchers.h"
 
 namespace meshload {

@@ -18,7 +18,7 @@
 #include "common/loopback.h"
 #include "sidecar/source/dataset_facts.h"
 #include "protocol/protocol.h"
-#include "tests/planner/test_util.h"
+#include "tests/testing/job_fixtures.h"
 #include "tools/synthetic_dataset.h"
 #include "tests/testing/status_matchers.h"
 

@@ -1,7 +1,7 @@
 // controller_bench: meshload-controller at scale against the real
 // kube-apiserver and etcd (scripts/control-plane, started by this program).
 //
-//   build/tools/bench/controller_bench [--jobs 1000] [--pods-per-job 10] [--idle-seconds 30]
+//   build/tests/bench/controller_bench [--jobs 1000] [--pods-per-job 10] [--idle-seconds 30]
 //                                      [--progress-seconds 0] [--steps-per-second 5]
 //
 // Creates --jobs DataLoadJobs (10 per namespace) and --pods-per-job ready

@@ -34,7 +34,7 @@
 #include "protocol/protocol.h"
 #include "protocol/seqpacket.h"
 #include "sidecar/sidecar.h"
-#include "tests/planner/test_util.h"
+#include "tests/testing/job_fixtures.h"
 #include "tools/synthetic_dataset.h"
 #include "tests/testing/status_matchers.h"
 

@@ -1,4 +1,4 @@
-#include "tests/planner/test_util.h"
+#include "tests/testing/job_fixtures.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
