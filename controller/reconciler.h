@@ -156,6 +156,11 @@ class Reconciler {
   static std::string JobForConfigMap(const nlohmann::json& configmap);
 
  private:
+  // One reconcile of one job, step by step (controller/job_reconcile.h).
+  friend class JobReconcile;
+
+  // A deleted job: what this process remembers of it goes.
+  void Forget(const std::string& key);
   Status CheckMayWrite() const;
   // Whether this process made or found the peer secret of job `key` (of
   // uid `job_uid`): then the Secret's uid ("" when found rather than made).
@@ -174,7 +179,7 @@ class Reconciler {
     std::string job_uid, secret_uid;
   };
   mutable std::mutex secrets_mu_;
-  std::map<std::string, MadeSecretEntry> secrets_made_;
+  std::map<std::string, MadeSecretEntry> secrets_made_;  // guarded by secrets_mu_
   // When each job's status.progress was last written by this process (a
   // restarted controller may write one sooner).
   std::mutex progress_mu_;

@@ -1,0 +1,636 @@
+#include "controller/job_reconcile.h"
+
+#include <openssl/evp.h>
+#include <sys/random.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+
+#include "common/base64.h"
+#include "common/diagnostics.h"
+#include "common/logging.h"
+#include "controller/kube/json_fields.h"
+
+namespace meshload::controller {
+namespace {
+
+using nlohmann::json;
+
+using kube::Field;
+using kube::Str;
+
+std::string Sha256Hex(const std::string& data, size_t hex_chars) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned i = 0; i < len && out.size() < hex_chars; ++i) {
+    out += kHex[md[i] >> 4];
+    out += kHex[md[i] & 15];
+  }
+  return out;
+}
+
+bool HasFinalizer(const json& obj) {
+  const json& f = Field(Field(obj, "metadata"), "finalizers");
+  if (!f.is_array()) return false;
+  return std::any_of(f.begin(), f.end(), [](const json& v) { return v.is_string() && v == kFinalizer; });
+}
+
+std::string ConfigMapName(const std::string& job) { return job + "-meshload"; }
+
+// 32 bytes from the kernel's CSPRNG, as 64 hex digits (what
+// `openssl rand -hex 32` gives; the sidecar takes the file's text as is).
+Result<std::string> NewPeerSecret() {
+  unsigned char bytes[32];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status(StatusCode::kInternal, std::string("getrandom: ") + std::strerror(errno), "peer secret");
+    got += static_cast<size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+// A pod's completion index: the annotation (Kubernetes >= 1.21), or the
+// label (>= 1.28). nullopt when absent; -1 when present but not a number.
+std::optional<int64_t> CompletionIndex(const json& pod) {
+  const json& md = Field(pod, "metadata");
+  std::string v = Str(Field(md, "annotations"), kCompletionIndex);
+  if (v.empty()) v = Str(Field(md, "labels"), kCompletionIndex);
+  if (v.empty()) return std::nullopt;
+  if (v.size() > 9 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
+  return std::stoll(v);
+}
+
+// The sidecar container's status in a pod, or null.
+const json* SidecarStatus(const json& pod, const std::string& container) {
+  const json& st = Field(pod, "status");
+  for (const char* list : {"containerStatuses", "initContainerStatuses"}) {
+    const json& cs = Field(st, list);
+    if (!cs.is_array()) continue;
+    for (const auto& c : cs) {
+      if (Str(c, "name") == container) return &c;
+    }
+  }
+  return nullptr;
+}
+
+std::string JoinDiagnostics(const Diagnostics& d) {
+  std::string s = d.ToString();
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+// The uid of an object's controller owner reference, or "".
+std::string ControllerUid(const json& obj) {
+  const json& refs = Field(Field(obj, "metadata"), "ownerReferences");
+  if (!refs.is_array()) return "";
+  for (const auto& r : refs) {
+    if (Field(r, "controller").is_boolean() && r["controller"].get<bool>()) return Str(r, "uid");
+  }
+  return "";
+}
+
+}  // namespace
+
+JobReconcile::JobReconcile(Reconciler& reconciler, std::string key, std::string ns, std::string name, json job,
+                           ReconcileResult& result)
+    : r_(reconciler),
+      key_(std::move(key)),
+      ns_(std::move(ns)),
+      name_(std::move(name)),
+      cm_name_(ConfigMapName(name_)),
+      job_(std::move(job)),
+      res_(result) {}
+
+std::string JobReconcile::Uid() const { return Str(Field(job_, "metadata"), "uid"); }
+
+Status JobReconcile::Run() {
+  if (!Field(Field(job_, "metadata"), "deletionTimestamp").is_null()) return Finalize();
+  MESHLOAD_ASSIGN_OR_RETURN(const bool exists, EnsureFinalizer());
+  if (!exists) return Status::Ok();
+  generation_ = Field(Field(job_, "metadata"), "generation").is_number()
+                    ? Field(Field(job_, "metadata"), "generation").get<int64_t>()
+                    : 0;
+  RecordedPeerSecret();
+  if (Validate()) {
+    MESHLOAD_RETURN_IF_ERROR(ReadConfigMap());
+    AssignProcesses();
+    CheckReadiness();
+    ReadProgress();
+    const json data = ConfigMapData();
+    MESHLOAD_RETURN_IF_ERROR(ApplyConfigMap(data));
+    MESHLOAD_RETURN_IF_ERROR(EnsurePeerSecret());
+    SetConditions();
+  }
+  res_.phase = desired_.phase;
+  return WriteStatus();
+}
+
+Status JobReconcile::Finalize() {
+  if (!HasFinalizer(job_)) return Status::Ok();
+  MESHLOAD_RETURN_IF_ERROR(r_.CheckMayWrite());
+  if (r_.configmaps_->Get(ns_, cm_name_)) {
+    kube::ApiResponse del = r_.client_->Delete(ConfigMapsResource().Object(ns_, cm_name_));
+    if (!del.ok() && del.code != 404) return del.ToStatus("delete ConfigMap " + ns_ + "/" + cm_name_);
+    ++res_.writes;
+  }
+  // The peer secret this controller made, by its uid (never one it found:
+  // the user's own is left alone). Deleted before the job goes, so a job
+  // re-created under the same name at once does not find it still there,
+  // waiting for garbage collection, and take it for its own. By name with
+  // a uid precondition, never by label (deletecollection answers with the
+  // Secrets it deleted, data included: the controller reads no Secret).
+  std::string secret_uid = Str(Field(job_, "status"), "peerSecretUID");
+  if (secret_uid.empty()) secret_uid = r_.MadeSecret(key_, Uid()).value_or("");
+  if (!secret_uid.empty()) {
+    const std::string secret_name = PeerSecretName(name_);
+    kube::ApiResponse del = r_.client_->Delete(SecretsResource().Object(ns_, secret_name),
+                                               {{"apiVersion", "v1"},
+                                                {"kind", "DeleteOptions"},
+                                                {"preconditions", {{"uid", secret_uid}}}});
+    // 404: gone already; 409: the uid differs, someone else's now.
+    if (!del.ok() && del.code != 404 && del.code != 409) {
+      return del.ToStatus("delete Secret " + ns_ + "/" + secret_name);
+    }
+    if (del.ok()) ++res_.writes;
+  }
+  json& fins = job_["metadata"]["finalizers"];
+  json kept = json::array();
+  for (const auto& f : fins) {
+    if (f != kFinalizer) kept.push_back(f);
+  }
+  fins = kept;
+  job_.erase("status");
+  kube::ApiResponse put = r_.client_->Put(JobsResource().Object(ns_, name_), job_);
+  if (put.code == 404) return Status::Ok();
+  if (!put.ok()) return put.ToStatus("remove the finalizer of " + key_);
+  ++res_.writes;
+  {
+    std::lock_guard lock(r_.secrets_mu_);
+    r_.secrets_made_.erase(key_);
+  }
+  LogInfo("cleaned up a deleted DataLoadJob", {{"job", key_}});
+  return Status::Ok();
+}
+
+Result<bool> JobReconcile::EnsureFinalizer() {
+  if (HasFinalizer(job_)) return true;
+  MESHLOAD_RETURN_IF_ERROR(r_.CheckMayWrite());
+  json updated = job_;
+  if (!updated["metadata"]["finalizers"].is_array()) updated["metadata"]["finalizers"] = json::array();
+  updated["metadata"]["finalizers"].push_back(kFinalizer);
+  updated.erase("status");
+  kube::ApiResponse put = r_.client_->Put(JobsResource().Object(ns_, name_), updated);
+  if (put.code == 404) return false;
+  if (!put.ok()) return put.ToStatus("add the finalizer to " + key_);
+  ++res_.writes;
+  job_ = put.body;
+  return true;
+}
+
+void JobReconcile::RecordedPeerSecret() {
+  // Once created, the peer secret stays in the status (an invalid edit
+  // does not take it away).
+  desired_.peer_secret = Str(Field(job_, "status"), "peerSecretName");
+  desired_.peer_secret_uid = Str(Field(job_, "status"), "peerSecretUID");
+  // Made, and its status write lost (a conflict, a lagging cache): the
+  // status gets it now, whether or not this generation is valid.
+  if (desired_.peer_secret != PeerSecretName(name_)) {
+    if (std::optional<std::string> made = r_.MadeSecret(key_, Uid())) {
+      desired_.peer_secret = PeerSecretName(name_);
+      desired_.peer_secret_uid = *made;
+    }
+  }
+}
+
+bool JobReconcile::Validate() {
+  Diagnostics diags;
+  const json& spec_json = Field(job_, "spec");
+  auto spec = ParseJobSpecText(spec_json.dump(), diags);
+  if (spec.ok()) ValidateJobSpec(*spec, diags);
+  if (spec.ok() && diags.ok() && !spec->selector) {
+    diags.Add(InvalidArgument("a selector is required: it names the trainer pods", "spec.selector"));
+  }
+  if (name_.size() > kMaxJobNameLength) {
+    // It is the value of the meshload.io/job label on the objects made for
+    // the job (label values have at most 63 characters), as for batch Jobs.
+    diags.Add(InvalidArgument("at most " + std::to_string(kMaxJobNameLength) +
+                                  " characters (it labels the ConfigMap and Secret made for the job), got " +
+                                  std::to_string(name_.size()),
+                              "metadata.name"));
+  }
+  if (spec.ok() && diags.ok() && spec->dataset.samples) {
+    ResolveOptions ro;
+    ro.samples = spec->dataset.samples;  // the controller reads no dataset
+    auto r = ResolveJob(*spec, ro, diags);
+    if (r.ok() && diags.ok()) resolved_ = std::move(*r);
+  }
+  if (!spec.ok() || !diags.ok()) {
+    std::string msg = spec.ok() ? JoinDiagnostics(diags) : spec.status().ToString();
+    if (msg.empty()) msg = "the spec is invalid";
+    desired_.phase = "Failed";
+    desired_.conditions = {{"Valid", "False", "InvalidSpec", msg},
+                           {"Planned", "False", "InvalidSpec", "the spec must be valid first"},
+                           {"SidecarsReady", "Unknown", "InvalidSpec", "the spec must be valid first"},
+                           {"Degraded", "False", "InvalidSpec", ""}};
+    return false;
+  }
+  spec_ = std::move(*spec);
+  processes_ = spec_->mesh.processes;
+  return true;
+}
+
+Status JobReconcile::ReadConfigMap() {
+  // The ConfigMap holds the assignment every later one must keep. The
+  // cache holds only ConfigMaps labelled as ours and may lag behind our
+  // own create (its watch event not here yet): when it has none, the
+  // server is asked, so that a lagging cache never makes a fresh
+  // assignment that renumbers running trainers. Somebody else's of that
+  // name is left alone (ConfigMapConflict).
+  cm_ = r_.configmaps_->Get(ns_, cm_name_);
+  if (cm_) return Status::Ok();
+  kube::ApiResponse got = r_.client_->Get(ConfigMapsResource().Object(ns_, cm_name_));
+  if (got.ok()) {
+    if (ControllerUid(got.body) == Uid()) {
+      cm_ = std::make_shared<const json>(std::move(got.body));
+    } else {
+      foreign_ = std::move(got.body);
+    }
+  } else if (got.code != 404) {
+    return got.ToStatus("read ConfigMap " + ns_ + "/" + cm_name_);
+  }
+  return Status::Ok();
+}
+
+void JobReconcile::AssignProcesses() {
+  const json& selector = Field(job_, "spec")["selector"];
+  for (const auto& p : r_.pods_->List(ns_)) {
+    const json& md = Field(*p, "metadata");
+    std::string phase = Str(Field(*p, "status"), "phase");
+    if (phase == "Succeeded" || phase == "Failed") continue;
+    if (!Field(md, "deletionTimestamp").is_null()) continue;
+    if (SelectorMatches(selector, Field(md, "labels"))) pods_.push_back(p);
+  }
+  // Oldest first, then by name: a deterministic order for fresh assignments.
+  std::sort(pods_.begin(), pods_.end(), [](const kube::ObjectPtr& a, const kube::ObjectPtr& b) {
+    const json& ma = Field(*a, "metadata");
+    const json& mb = Field(*b, "metadata");
+    auto ta = Str(ma, "creationTimestamp"), tb = Str(mb, "creationTimestamp");
+    return ta != tb ? ta < tb : Str(ma, "name") < Str(mb, "name");
+  });
+  json previous = json::object();
+  if (cm_) {
+    auto parsed = json::parse(Str(Field(*cm_, "data"), "assignments.json"), nullptr, false);
+    if (parsed.is_object() && Field(parsed, "pods").is_object()) previous = parsed["pods"];
+  }
+  by_index_.assign(static_cast<size_t>(processes_), nullptr);
+  std::vector<const json*> waiting;
+  for (const auto& p : pods_) {
+    const json& md = Field(*p, "metadata");
+    std::optional<int64_t> ci = CompletionIndex(*p);
+    if (!ci) {
+      waiting.push_back(p.get());
+      continue;
+    }
+    if (*ci < 0 || *ci >= processes_) {
+      problems_.push_back("CompletionIndexOutOfRange: pod " + Str(md, "name") + " has completion index " +
+                          (*ci < 0 ? std::string("that is not a number") : std::to_string(*ci)) +
+                          " but the job has " + std::to_string(processes_) + " processes");
+      continue;
+    }
+    if (by_index_[*ci] != nullptr) {
+      problems_.push_back("DuplicateCompletionIndex: pods " + Str(Field(*by_index_[*ci], "metadata"), "name") +
+                          " and " + Str(md, "name") + " both have completion index " + std::to_string(*ci));
+      continue;
+    }
+    by_index_[*ci] = p.get();
+  }
+  std::vector<const json*> fresh;
+  for (const json* p : waiting) {
+    const json& md = Field(*p, "metadata");
+    const json& prev = Field(previous, Str(md, "name").c_str());
+    if (prev.is_object() && Str(prev, "uid") == Str(md, "uid") && Field(prev, "index").is_number_integer()) {
+      int64_t i = prev["index"].get<int64_t>();
+      if (i >= 0 && i < processes_ && by_index_[i] == nullptr) {
+        by_index_[i] = p;
+        continue;
+      }
+    }
+    fresh.push_back(p);
+  }
+  std::vector<std::string> extra;
+  size_t next_free = 0;
+  for (const json* p : fresh) {
+    while (next_free < by_index_.size() && by_index_[next_free] != nullptr) ++next_free;
+    if (next_free == by_index_.size()) {
+      extra.push_back(Str(Field(*p, "metadata"), "name"));
+      continue;
+    }
+    by_index_[next_free] = p;
+  }
+  if (!extra.empty()) {
+    std::string names;
+    for (const auto& e : extra) names += (names.empty() ? "" : ", ") + e;
+    problems_.push_back("TooManyPods: " + std::to_string(pods_.size()) + " pods match the selector but the job has " +
+                        std::to_string(processes_) + " processes; not assigned: " + names);
+  }
+}
+
+void JobReconcile::CheckReadiness() {
+  for (int64_t i = 0; i < processes_; ++i) {
+    const json* p = by_index_[i];
+    if (p == nullptr) {
+      missing_.push_back(i);
+      continue;
+    }
+    const json* sc = SidecarStatus(*p, r_.options_.sidecar_container);
+    bool ready = sc != nullptr && Field(*sc, "ready").is_boolean() && Field(*sc, "ready").get<bool>();
+    if (ready) {
+      ++desired_.processes_ready;
+    } else {
+      not_ready_.push_back(i);
+      if (sc != nullptr && Field(*sc, "restartCount").is_number() && Field(*sc, "restartCount").get<int64_t>() > 0) {
+        problems_.push_back("SidecarRestarting: the sidecar of process " + std::to_string(i) + " (pod " +
+                            Str(Field(*p, "metadata"), "name") + ") restarted " +
+                            std::to_string(Field(*sc, "restartCount").get<int64_t>()) + " times and is not ready");
+      }
+    }
+  }
+}
+
+void JobReconcile::ReadProgress() {
+  // Progress (the sidecars' /progress, polled by the ProgressPoller) and
+  // the step a restarted or resized job resumes at: resume.json, which
+  // the sidecars read at start next to job.json.
+  if (!r_.options_.progress) return;
+  std::optional<JobProgress> poll = r_.options_.progress(key_);
+  if (!poll) return;
+  const HealthThresholds thresholds{spec_->health.starved_wait_percent, spec_->health.straggler_steps,
+                                    spec_->health.straggler_latency_factor};
+  const json fresh = ProgressStatus(*poll, spec_->batch.global_batch_size, thresholds,
+                                    Field(Field(job_, "status"), "progress"));
+  bool moves_due = true;
+  {
+    std::lock_guard lock(r_.progress_mu_);
+    auto it = r_.progress_written_.find(key_);
+    moves_due = it == r_.progress_written_.end() ||
+                std::chrono::steady_clock::now() - it->second >= r_.options_.progress_min_write_interval;
+  }
+  desired_.progress = ProgressToWrite(Field(Field(job_, "status"), "progress"), fresh,
+                                      r_.options_.progress_step_granularity, moves_due);
+  progress_conditions_ = ProgressConditions(*poll, thresholds, Field(Field(job_, "status"), "conditions"));
+}
+
+int64_t JobReconcile::ResumeStep() const {
+  const int64_t spec_resume = spec_->resume.step;
+  if (desired_.progress.is_object() && Field(desired_.progress, "resumeStep").is_number_integer()) {
+    return Field(desired_.progress, "resumeStep").get<int64_t>();
+  }
+  if (cm_) {
+    // No fresh figure: keep the recorded one, unless spec.resume.step was
+    // changed since it was recorded (then the spec says where to start).
+    json recorded = json::parse(Str(Field(*cm_, "data"), "resume.json"), nullptr, false);
+    if (Field(recorded, "specStep") == json(spec_resume) && Field(recorded, "step").is_number_integer()) {
+      return Field(recorded, "step").get<int64_t>();
+    }
+  }
+  return spec_resume;
+}
+
+json JobReconcile::ConfigMapData() {
+  json manifest = {{"apiVersion", "meshload.io/v1alpha1"},
+                   {"kind", "DataLoadJob"},
+                   {"metadata", {{"name", name_}, {"namespace", ns_}}},
+                   {"spec", Field(job_, "spec")}};
+  const std::string job_text = manifest.dump(2) + "\n";
+  desired_.plan_hash = Sha256Hex(job_text, 16);
+  json assigned = json::object();
+  json data = json::object();
+  std::string rendezvous;
+  for (int64_t i = 0; i < processes_; ++i) {
+    const json* p = by_index_[i];
+    if (p == nullptr) continue;
+    const json& md = Field(*p, "metadata");
+    std::string ip = Str(Field(*p, "status"), "podIP");
+    assigned[Str(md, "name")] = {{"uid", Str(md, "uid")}, {"index", i}, {"ip", ip}};
+    data["process." + Str(md, "name")] = std::to_string(i);
+    if (i == 0) rendezvous = ip;
+  }
+  json assignments = {{"processes", processes_}, {"pods", assigned}};
+  if (resolved_) assignments["samples"] = resolved_->samples;
+  data["job.json"] = job_text;
+  data["assignments.json"] = assignments.dump(2) + "\n";
+  data["planHash"] = desired_.plan_hash;
+  data["rendezvous"] = rendezvous;
+  data["resume.json"] = json({{"step", ResumeStep()}, {"specStep", spec_->resume.step}}).dump() + "\n";
+  return data;
+}
+
+void JobReconcile::ConfigMapConflict() {
+  // Somebody else's: left alone. The job says so and is retried.
+  problems_.push_back("ConfigMapConflict: ConfigMap " + ns_ + "/" + cm_name_ +
+                      " exists and was not made for this job (no controller reference to it); the trainer "
+                      "pods mount that name: rename or delete it");
+  deferred_ = Status(StatusCode::kUnavailable, "ConfigMap " + ns_ + "/" + cm_name_ + " belongs to something else",
+                     key_);
+}
+
+void JobReconcile::ConfigMapFailed(const Status& error) {
+  problems_.push_back("ConfigMapFailed: " + error.ToString());
+  if (deferred_.ok()) deferred_ = error;
+}
+
+Status JobReconcile::ApplyConfigMap(const json& data) {
+  const kube::ResourcePath cms = ConfigMapsResource();
+  labels_ = {{kManagedByLabel, kManagedByValue}, {kJobLabel, name_}};
+  owner_ = json::array({{{"apiVersion", "meshload.io/v1alpha1"},
+                         {"kind", "DataLoadJob"},
+                         {"name", name_},
+                         {"uid", Uid()},
+                         {"controller", true},
+                         {"blockOwnerDeletion", true}}});
+  // The ConfigMap there is: ours from the cache or the server (ours with
+  // its labels taken off included), somebody else's, or none.
+  if (foreign_.is_object()) {
+    ConfigMapConflict();
+  } else if (!cm_) {
+    MESHLOAD_RETURN_IF_ERROR(r_.CheckMayWrite());
+    json body = {{"apiVersion", "v1"},
+                 {"kind", "ConfigMap"},
+                 {"metadata", {{"name", cm_name_}, {"namespace", ns_}, {"labels", labels_}, {"ownerReferences", owner_}}},
+                 {"data", data}};
+    kube::ApiResponse r = r_.client_->Post(cms.Collection(ns_), body);
+    if (r.code == 409 && Str(r.body, "reason") == "AlreadyExists") {
+      // Made since it was read (a retried POST that had landed): this
+      // reconcile's assignment did not start from it, so nothing is
+      // written; the next one reads it.
+      kube::ApiResponse got = r_.client_->Get(cms.Object(ns_, cm_name_));
+      if (!got.ok()) return got.ToStatus("read ConfigMap " + ns_ + "/" + cm_name_);
+      if (ControllerUid(got.body) != Uid()) {
+        ConfigMapConflict();
+      } else {
+        deferred_ = Status(StatusCode::kUnavailable,
+                           "ConfigMap " + ns_ + "/" + cm_name_ + " appeared while reconciling: reconciled again", key_);
+      }
+    } else if (!r.ok()) {
+      // Refused (a role without the finalizers grant, a quota, a webhook):
+      // the status says why, and the job is retried.
+      ConfigMapFailed(r.ToStatus("create ConfigMap " + ns_ + "/" + cm_name_));
+    } else {
+      ++res_.writes;
+    }
+    return Status::Ok();
+  }
+  if (cm_) {
+    const json& existing = *cm_;
+    const json& md = Field(existing, "metadata");
+    bool same = Field(existing, "data") == data && Field(md, "ownerReferences") == owner_;
+    const json& have_labels = Field(md, "labels");
+    for (auto it = labels_.begin(); same && it != labels_.end(); ++it) {
+      same = Field(have_labels, it.key().c_str()) == it.value();
+    }
+    if (!same) {
+      MESHLOAD_RETURN_IF_ERROR(r_.CheckMayWrite());
+      json body = existing;
+      body["data"] = data;
+      body["metadata"]["ownerReferences"] = owner_;
+      for (auto it = labels_.begin(); it != labels_.end(); ++it) body["metadata"]["labels"][it.key()] = it.value();
+      kube::ApiResponse r = r_.client_->Put(cms.Object(ns_, cm_name_), body);
+      if (r.ok()) {
+        ++res_.writes;
+      } else {
+        ConfigMapFailed(r.ToStatus("update ConfigMap " + ns_ + "/" + cm_name_));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status JobReconcile::EnsurePeerSecret() {
+  // Created once: status.peerSecretName records it (and peerSecretUID, when
+  // this controller made it), so neither an idle reconcile nor a restarted
+  // controller asks again. The controller may create and delete Secrets but
+  // never read them: one that exists already (the user's own, or a lost
+  // status write) is kept. A job whose status write has not reached the
+  // informer yet is in secrets_made_, so a lagging cache does not ask again
+  // either. A failure does not hold up the status: the job is Degraded
+  // (PeerSecretFailed) and retried.
+  const std::string secret_name = PeerSecretName(name_);
+  if (desired_.peer_secret == secret_name) return Status::Ok();
+  const std::string uid = Uid();
+  MESHLOAD_RETURN_IF_ERROR(r_.CheckMayWrite());
+  MESHLOAD_ASSIGN_OR_RETURN(std::string secret, NewPeerSecret());
+  json secret_labels = labels_;
+  secret_labels[kJobUidLabel] = uid;  // which job instance it was made for (kubectl -l)
+  json body = {{"apiVersion", "v1"},
+               {"kind", "Secret"},
+               {"metadata",
+                {{"name", secret_name}, {"namespace", ns_}, {"labels", secret_labels}, {"ownerReferences", owner_}}},
+               {"type", "Opaque"},
+               {"immutable", true},
+               {"data", {{"secret", Base64Encode(secret)}}}};
+  kube::ApiResponse r = r_.client_->Post(SecretsResource().Collection(ns_), body);
+  if (r.ok() || (r.code == 409 && Str(r.body, "reason") == "AlreadyExists")) {
+    desired_.peer_secret = secret_name;
+    desired_.peer_secret_uid = r.ok() ? Str(Field(r.body, "metadata"), "uid") : "";
+    if (r.ok()) {
+      ++res_.writes;
+      LogInfo("created the peer secret", {{"job", key_}, {"secret", ns_ + "/" + secret_name}});
+    } else {
+      LogInfo("kept the peer secret that exists", {{"job", key_}, {"secret", ns_ + "/" + secret_name}});
+    }
+    std::lock_guard lock(r_.secrets_mu_);
+    r_.secrets_made_[key_] = {uid, desired_.peer_secret_uid};
+  } else {
+    const Status secret_error = r.ToStatus("create Secret " + ns_ + "/" + secret_name);
+    problems_.push_back("PeerSecretFailed: " + secret_error.ToString());
+    if (deferred_.ok()) deferred_ = secret_error;
+  }
+  return Status::Ok();
+}
+
+void JobReconcile::SetConditions() {
+  std::string planned_msg = resolved_ ? std::to_string(resolved_->samples) + " samples, " +
+                                            std::to_string(resolved_->steps_per_epoch) + " steps per epoch"
+                                      : "the sidecars read the dataset size from the files";
+  desired_.conditions.push_back({"Valid", "True", "Valid", ""});
+  desired_.conditions.push_back({"Planned", "True", resolved_ ? "Resolved" : "DatasetSizeFromSidecars", planned_msg});
+  auto list = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size() && i < 32; ++i) s += (s.empty() ? "" : ", ") + std::to_string(v[i]);
+    if (v.size() > 32) s += ", ...";
+    return s;
+  };
+  const bool all_ready = desired_.processes_ready == processes_;
+  std::string ready_msg = std::to_string(desired_.processes_ready) + " of " + std::to_string(processes_) +
+                          " sidecars ready";
+  if (!missing_.empty()) ready_msg += "; processes without a pod: " + list(missing_);
+  if (!not_ready_.empty()) ready_msg += "; sidecars not ready: " + list(not_ready_);
+  desired_.conditions.push_back({"SidecarsReady", all_ready ? "True" : "False",
+                                 all_ready ? "AllSidecarsReady" : (missing_.empty() ? "SidecarsNotReady" : "WaitingForPods"),
+                                 ready_msg});
+  if (!problems_.empty() || (desired_.processes_ready > 0 && !all_ready)) {
+    std::string reason = problems_.empty() ? "NotAllSidecarsReady" : problems_[0].substr(0, problems_[0].find(':'));
+    std::string msg;
+    for (const auto& p : problems_) msg += (msg.empty() ? "" : "; ") + p;
+    if (problems_.empty()) msg = ready_msg;
+    desired_.conditions.push_back({"Degraded", "True", reason, msg});
+    desired_.phase = "Degraded";
+  } else {
+    desired_.conditions.push_back({"Degraded", "False", "AsExpected", ""});
+    desired_.phase = all_ready ? "Running" : "Pending";
+  }
+  for (const auto& c : progress_conditions_) desired_.conditions.push_back({c.type, c.status, c.reason, c.message});
+}
+
+Status JobReconcile::WriteStatus() {
+  const kube::ResourcePath jobs = JobsResource();
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const json& current = Field(job_, "status");
+    json want = StatusJson(desired_, generation_, current);
+    if (current == want) return deferred_;
+    MESHLOAD_RETURN_IF_ERROR(r_.CheckMayWrite());
+    json body = job_;
+    body["status"] = want;
+    kube::ApiResponse r = r_.client_->Put(jobs.Object(ns_, name_) + "/status", body);
+    if (r.ok()) {
+      ++res_.writes;
+      if (Field(want, "progress") != Field(current, "progress")) {
+        std::lock_guard lock(r_.progress_mu_);
+        r_.progress_written_[key_] = std::chrono::steady_clock::now();
+      }
+      if (r_.options_.record_event) {
+        for (const auto& e : ConditionEvents(current, want)) r_.options_.record_event(job_, e.type, e.reason, e.message);
+      }
+      return deferred_;
+    }
+    if (r.code == 404) return Status::Ok();
+    if (r.code != 409) return r.ToStatus("update the status of " + key_);
+    kube::ApiResponse fresh = r_.client_->Get(jobs.Object(ns_, name_));
+    if (fresh.code == 404) return Status::Ok();
+    if (!fresh.ok()) return fresh.ToStatus("re-read " + key_);
+    const int64_t fresh_gen = Field(Field(fresh.body, "metadata"), "generation").is_number()
+                                  ? fresh.body["metadata"]["generation"].get<int64_t>()
+                                  : 0;
+    // The spec moved on: this status describes an older generation; the
+    // informer will bring the new one.
+    if (fresh_gen != generation_) return Status(StatusCode::kUnavailable, "the job changed during the reconcile", key_);
+    job_ = std::move(fresh.body);
+  }
+  return Status(StatusCode::kUnavailable, "the status kept conflicting", key_);
+}
+
+}  // namespace meshload::controller

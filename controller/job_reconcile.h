@@ -1,0 +1,102 @@
+// One reconcile of one DataLoadJob, one method per step of the reconcile
+// that controller/reconciler.h describes:
+//   1. Finalize (being deleted) or EnsureFinalizer
+//   2. Validate (the planner's parser and checks)
+//   3. ReadConfigMap, AssignProcesses, CheckReadiness
+//   4. ReadProgress, ConfigMapData, ApplyConfigMap, EnsurePeerSecret
+//   5. SetConditions, then WriteStatus (and the Events it makes)
+// Internal to the controller: Reconciler::Reconcile makes one per call, on
+// the calling worker's thread; it holds no lock of its own and takes the
+// Reconciler's (secrets_mu_, progress_mu_) only around their maps.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/job_status.h"
+#include "controller/kube/informer.h"
+#include "controller/progress_poller.h"
+#include "controller/reconciler.h"
+#include "planner/shard_planner.h"
+#include "planner/spec.h"
+
+namespace meshload::controller {
+
+class JobReconcile {
+ public:
+  JobReconcile(Reconciler& reconciler, std::string key, std::string ns, std::string name, nlohmann::json job,
+               ReconcileResult& result);
+
+  /// Runs the steps; an error means "try again with backoff".
+  Status Run();
+
+ private:
+  // 1. A job being deleted: its ConfigMap and the peer Secret this
+  // controller made go, then the finalizer.
+  Status Finalize();
+  // Adds the finalizer when missing. False: the job is gone, nothing to do.
+  Result<bool> EnsureFinalizer();
+  // The peer secret the status records, or this process made and has not
+  // seen in the status yet.
+  void RecordedPeerSecret();
+  // 2. The spec, parsed and checked; false: desired_ says why it is invalid.
+  bool Validate();
+  // 3. The ConfigMap there is (ours, somebody else's, or none), read from the
+  // cache or, when the cache has none, from the server.
+  Status ReadConfigMap();
+  // Process indices for the selected pods: completion index, else the one
+  // recorded in the ConfigMap, else the lowest free one, oldest pod first.
+  void AssignProcesses();
+  // Which processes have no pod, or a sidecar that is not ready.
+  void CheckReadiness();
+  // 4. Progress from the last poll of the sidecars (status.progress and the
+  // Starved/Straggling conditions).
+  void ReadProgress();
+  // The step sidecars that start now begin at (resume.json).
+  int64_t ResumeStep() const;
+  // The ConfigMap's data: job.json, assignments.json, planHash, rendezvous,
+  // resume.json and process.<pod>; sets desired_.plan_hash.
+  nlohmann::json ConfigMapData();
+  // Creates or updates the ConfigMap; somebody else's is left alone.
+  Status ApplyConfigMap(const nlohmann::json& data);
+  // The peer secret, created once.
+  Status EnsurePeerSecret();
+  // 5. Valid, Planned, SidecarsReady, Degraded, progress conditions; phase.
+  void SetConditions();
+  // Written only when different; a conflict re-reads the job and retries.
+  Status WriteStatus();
+
+  // A ConfigMap of the job's name that is not the job's: a problem, retried.
+  void ConfigMapConflict();
+  void ConfigMapFailed(const Status& error);
+  std::string Uid() const;
+
+  Reconciler& r_;
+  const std::string key_, ns_, name_, cm_name_;
+  nlohmann::json job_;
+  ReconcileResult& res_;
+  int64_t generation_ = 0;
+  DesiredStatus desired_;
+  // A child that could not be made (the peer secret, a ConfigMap name
+  // taken): reported in the status, then returned so the job is retried.
+  Status deferred_;
+
+  std::optional<JobSpec> spec_;
+  std::optional<ResolvedJob> resolved_;
+  int64_t processes_ = 0;
+  kube::ObjectPtr cm_;     // ours, from the cache or the server
+  nlohmann::json foreign_;  // a ConfigMap of that name not made for this job
+  std::vector<const nlohmann::json*> by_index_;  // process -> pod
+  std::vector<kube::ObjectPtr> pods_;             // the selected pods (by_index_ points into them)
+  std::vector<std::string> problems_;             // "Reason: message"
+  std::vector<int64_t> missing_, not_ready_;
+  std::vector<ProgressCondition> progress_conditions_;
+  nlohmann::json labels_, owner_;
+};
+
+}  // namespace meshload::controller
