@@ -3,6 +3,7 @@
 // The GPU code paths themselves: device_staging_test.cc.
 #include "common/cuda_driver.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +12,8 @@
 
 namespace meshload::cuda {
 namespace {
+
+using ::testing::HasSubstr;
 
 TEST(CudaDriver, FormatsUuidsLikeNvidiaSmi) {
   const unsigned char b[16] = {0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0,
@@ -23,7 +26,8 @@ TEST(CudaDriver, AMissingDriverIsUnavailableWithTheReason) {
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), StatusCode::kUnavailable);
 #if MESHLOAD_WITH_CUDA
-  EXPECT_NE(d.status().message().find("no CUDA driver: cannot open /nonexistent/libcuda.so.1"), std::string::npos)
+  EXPECT_THAT(d.status().message(),
+              HasSubstr("no CUDA driver: cannot open /nonexistent/libcuda.so.1"))
       << d.status().ToString();
 #endif
 }

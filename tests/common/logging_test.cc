@@ -1,27 +1,30 @@
 #include "common/logging.h"
 #include "tests/testing/status_matchers.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 namespace meshload {
 namespace {
 
+using ::testing::HasSubstr;
+
 TEST(Logging, JsonLinesCarryLevelMessageAndTypedFields) {
   std::string line = FormatLogLine(LogLevel::kWarn, "slow \"read\"",
                                    {{"file", "/d/a.bin"}, {"offset", uint64_t{4096}}, {"ok", false}, {"ms", 1.5}},
                                    LogFormat::kJson);
   EXPECT_EQ(line.back(), '\n');
-  EXPECT_NE(line.find("\"level\":\"warn\""), std::string::npos);
-  EXPECT_NE(line.find("\"msg\":\"slow \\\"read\\\"\""), std::string::npos);
-  EXPECT_NE(line.find("\"file\":\"/d/a.bin\",\"offset\":4096,\"ok\":false,\"ms\":1.5}"), std::string::npos) << line;
+  EXPECT_THAT(line, HasSubstr("\"level\":\"warn\""));
+  EXPECT_THAT(line, HasSubstr("\"msg\":\"slow \\\"read\\\"\""));
+  EXPECT_THAT(line, HasSubstr("\"file\":\"/d/a.bin\",\"offset\":4096,\"ok\":false,\"ms\":1.5}"));
   EXPECT_EQ(line.rfind("{\"ts\":\"", 0), 0u);
 }
 
 TEST(Logging, KeyValueQuotesOnlyWhatNeedsIt) {
   std::string line = FormatLogLine(LogLevel::kInfo, "plan computed", {{"step", 3}, {"job", "a b"}, {"p", "x"}},
                                    LogFormat::kKeyValue);
-  EXPECT_NE(line.find("level=info msg=\"plan computed\" step=3 job=\"a b\" p=x\n"), std::string::npos) << line;
+  EXPECT_THAT(line, HasSubstr("level=info msg=\"plan computed\" step=3 job=\"a b\" p=x\n"));
 }
 
 TEST(Logging, EscapesControlCharacters) {

@@ -1,5 +1,6 @@
 #include "common/status.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "common/diagnostics.h"
@@ -7,6 +8,12 @@
 
 namespace meshload {
 namespace {
+
+using ::meshload::testing::HasMessage;
+using ::meshload::testing::IsOk;
+using ::meshload::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 Result<int> Half(int x) {
   if (x % 2) return InvalidArgument("must be even, got " + std::to_string(x), "x");
@@ -69,6 +76,56 @@ TEST(StatusMatchers, AFailedExpectOkPrintsTheError) {
   EXPECT_TRUE(::meshload::testing::IsOkFormat("Quarter(8)", Quarter(8)));
 }
 
+TEST(StatusMatchers, MatchStatusesAndResults) {
+  const Status bad = InvalidArgument("must be even, got 3", "x");
+  EXPECT_THAT(Status::Ok(), IsOk());
+  EXPECT_THAT(Quarter(8), IsOk());
+  EXPECT_THAT(bad, Not(IsOk()));
+  EXPECT_THAT(Quarter(6), Not(IsOk()));
+
+  EXPECT_THAT(bad, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(Quarter(6), StatusIs(StatusCode::kInvalidArgument, HasSubstr("got 3")));
+  EXPECT_THAT(bad, StatusIs(StatusCode::kInvalidArgument, "must be even, got 3"));
+  EXPECT_THAT(bad, Not(StatusIs(StatusCode::kNotFound)));
+  EXPECT_THAT(bad, Not(StatusIs(StatusCode::kInvalidArgument, HasSubstr("odd"))));
+  EXPECT_THAT(Status::Ok(), StatusIs(StatusCode::kOk));
+  EXPECT_THAT(Quarter(8), Not(StatusIs(StatusCode::kInvalidArgument)));
+
+  EXPECT_THAT(bad, HasMessage(HasSubstr("even")));
+  EXPECT_THAT(Quarter(6), HasMessage("must be even, got 3"));
+  EXPECT_THAT(bad, Not(HasMessage(HasSubstr("x:"))));  // the location is not the message
+  EXPECT_THAT(Status::Ok(), Not(HasMessage(::testing::_)));
+}
+
+TEST(StatusMatchers, DescribeThemselvesAndWhatTheyGot) {
+  const ::testing::Matcher<const Status&> is =
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("axes"));
+  EXPECT_EQ(::testing::DescribeMatcher<const Status&>(is),
+            "has code invalid_argument and a message that has substring \"axes\"");
+  EXPECT_EQ(::testing::DescribeMatcher<const Status&>(is, /*negation=*/true),
+            "has a code other than invalid_argument or has a message that has no substring "
+            "\"axes\"");
+  EXPECT_EQ(::testing::DescribeMatcher<const Status&>(IsOk()), "is OK");
+  EXPECT_EQ(::testing::DescribeMatcher<const Status&>(IsOk(), true), "is not OK");
+  EXPECT_EQ(::testing::DescribeMatcher<const Result<int>&>(HasMessage(HasSubstr("b"))),
+            "is an error (any code) and a message that has substring \"b\"");
+
+  ::testing::StringMatchResultListener why;
+  EXPECT_FALSE(is.MatchAndExplain(NotFound("no such file", "/d/a.npy"), &why));
+  EXPECT_EQ(why.str(),
+            "whose code is not_found and message is \"no such file\" (location \"/d/a.npy\")");
+
+  const ::testing::Matcher<const Result<int>&> ok = IsOk();
+  ::testing::StringMatchResultListener why_not_ok;
+  EXPECT_FALSE(ok.MatchAndExplain(Quarter(6), &why_not_ok));
+  EXPECT_EQ(why_not_ok.str(),
+            "whose code is invalid_argument and message is \"must be even, got 3\" (location \"x\")");
+
+  EXPECT_EQ(::testing::PrintToString(InvalidArgument("bad", "f")), "invalid_argument: \"f: bad\"");
+  EXPECT_EQ(::testing::PrintToString(Quarter(8)), "ok: 2");
+  EXPECT_EQ(::testing::PrintToString(Status::Ok()), "ok");
+}
+
 TEST(Status, ErrnoErrorsSayWhatFailed) {
   Status s = IoErrorFromErrno("open", "/x", ENOENT);
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
@@ -86,7 +143,7 @@ TEST(Diagnostics, CollectsEveryProblemAndSummarisesThem) {
   d.Add(Status::Ok());
   EXPECT_EQ(d.problems().size(), 2u);
   EXPECT_EQ(d.ToString(), "spec.a: bad a\nf@3: short\n");
-  EXPECT_NE(d.ToStatus().message().find("2 problems"), std::string::npos);
+  EXPECT_THAT(d.ToStatus().message(), HasSubstr("2 problems"));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // resumes, with real sidecars and trainers standing in for its pods, at the
 // step the controller recorded.
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -34,6 +35,8 @@ namespace {
 using meshload::testing::TempDir;
 using meshload::testing::TestCluster;
 using nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
 int FreePort() {
@@ -286,7 +289,7 @@ TEST_F(ControllerProcess, OneLeaderWritesAndAStandbyTakesOverFromAStoppedLeader)
   ASSERT_TRUE(a->WaitExit(15s)) << "the old leader must exit";
   EXPECT_TRUE(WIFEXITED(a->status) && WEXITSTATUS(a->status) == 1);
   EXPECT_EQ(cluster_.WriteCountByUserAgent("(replica-a)"), a_writes) << "no writes after losing the lease";
-  EXPECT_NE(Slurp(dir_.path() + "/replica-a.log").find("lost"), std::string::npos);
+  EXPECT_THAT(Slurp(dir_.path() + "/replica-a.log"), HasSubstr("lost"));
   std::cout << "[ measured ] takeover after SIGSTOP of the leader: "
             << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms\n";
 
@@ -317,10 +320,10 @@ TEST_F(ControllerProcess, ABacklogOfWritesNeverCostsTheLeaderItsLease) {
   EXPECT_FALSE(p->WaitExit(10s)) << "the leader exited:\n" << Slurp(dir_.path() + "/slow.log");
   EXPECT_EQ(Holder(), "slow");
   const std::string log = Slurp(dir_.path() + "/slow.log");
-  EXPECT_EQ(log.find("lost leadership"), std::string::npos);
+  EXPECT_THAT(log, Not(HasSubstr("lost leadership")));
   // Renewals starved behind the reconcilers' writes made the leader doubt
   // its lease past the renew deadline, and refuse its own writes.
-  EXPECT_EQ(log.find("not the leader"), std::string::npos) << "the leader's renewals fell behind";
+  EXPECT_THAT(log, Not(HasSubstr("not the leader"))) << "the leader's renewals fell behind";
   EXPECT_GT(cluster_.WriteCountByUserAgent("leader-election"), 0) << "renewals come from their own client";
   kill(p->pid, SIGTERM);
   EXPECT_TRUE(p->WaitExit(15s));
@@ -508,10 +511,9 @@ TEST_F(ControllerProcess, ASlowTrainerIsStragglingAndKubectlDescribeNamesItsProc
                                           " -n " + ns_ + " describe dlj slow 2>&1",
                                       &rc);
   ASSERT_EQ(rc, 0) << described;
-  EXPECT_NE(described.find(slow + " is more than 20 steps behind the median: its trainer is slow"),
-            std::string::npos)
-      << described;
-  EXPECT_NE(described.find("Lagging:"), std::string::npos) << described;
+  EXPECT_THAT(described,
+              HasSubstr(slow + " is more than 20 steps behind the median: its trainer is slow"));
+  EXPECT_THAT(described, HasSubstr("Lagging:"));
   EXPECT_TRUE(std::regex_search(described, std::regex("Lagging:\\n +Behind: +[0-9]+\\n +Pod: +slow-1\\n +Process: +" +
                                                            std::to_string(pods[1].process) + "\\n +Slow: +trainer\\n")))
       << described;
@@ -565,7 +567,7 @@ TEST_F(ControllerProcess, MetricsHealthAndReadinessAndPromtool) {
     }
     return true;
   }, 20s);
-  for (const auto& want : wanted) EXPECT_NE(metrics.find(want), std::string::npos) << want;
+  for (const auto& want : wanted) EXPECT_THAT(metrics, HasSubstr(want)) << want;
   EXPECT_TRUE(all_there);
   // JSON logs with a reconcile id.
   EXPECT_TRUE(TestCluster::Eventually(
@@ -586,11 +588,11 @@ TEST_F(ControllerProcess, BadFlagsAndMissingConfigAreClearErrors) {
   auto p = Spawn({MESHLOAD_CONTROLLER_BIN, "--workers", "0"}, dir_.path() + "/flags.log");
   ASSERT_TRUE(p->WaitExit(10s));
   EXPECT_EQ(WEXITSTATUS(p->status), 2);
-  EXPECT_NE(Slurp(dir_.path() + "/flags.log").find("--workers"), std::string::npos);
+  EXPECT_THAT(Slurp(dir_.path() + "/flags.log"), HasSubstr("--workers"));
   auto q = Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/nope"}, dir_.path() + "/cfg.log");
   ASSERT_TRUE(q->WaitExit(10s));
   EXPECT_EQ(WEXITSTATUS(q->status), 1);
-  EXPECT_NE(Slurp(dir_.path() + "/cfg.log").find("nope"), std::string::npos);
+  EXPECT_THAT(Slurp(dir_.path() + "/cfg.log"), HasSubstr("nope"));
 }
 
 }  // namespace

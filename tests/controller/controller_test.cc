@@ -6,6 +6,7 @@
 
 #include "controller/controller.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,6 +33,7 @@ namespace {
 
 using meshload::testing::TestCluster;
 using nlohmann::json;
+using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
 // Least privilege, proven by the real authoriser: every TestCluster binds
@@ -209,7 +211,7 @@ TEST_F(ControllerTest, InvalidSpecIsValidFalseWithTheMessagesAndNothingElse) {
   json valid = Condition(job, "Valid");
   EXPECT_EQ(valid["status"], "False");
   EXPECT_EQ(valid["reason"], "InvalidSpec");
-  EXPECT_NE(valid["message"].get<std::string>().find("spec.batch.globalBatchSize: 3"), std::string::npos)
+  EXPECT_THAT(valid["message"].get<std::string>(), HasSubstr("spec.batch.globalBatchSize: 3"))
       << valid.dump();
   EXPECT_FALSE(ConfigMapOf("broken").is_object()) << "an invalid job gets no ConfigMap";
 
@@ -243,8 +245,8 @@ TEST_F(ControllerTest, AConfigMapOfTheSameNameThatIsNotTheJobsIsLeftAloneAndRepo
   json job = Job("train");
   json degraded = Condition(job, "Degraded");
   EXPECT_EQ(degraded["reason"], "ConfigMapConflict") << degraded.dump();
-  EXPECT_NE(degraded["message"].get<std::string>().find("train-meshload exists and was not made for this job"),
-            std::string::npos)
+  EXPECT_THAT(degraded["message"].get<std::string>(),
+              HasSubstr("train-meshload exists and was not made for this job"))
       << degraded.dump();
   EXPECT_EQ(Condition(job, "Valid")["status"], "True");
   EXPECT_EQ(job["status"]["observedGeneration"], job["metadata"]["generation"]);
@@ -292,7 +294,7 @@ TEST_F(ControllerTest, ANameLongerThanALabelValueIsRefusedByTheCrdAndSixtyThreeI
   auto refused = cluster_.client().Post(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs",
                                         cluster_.JobManifest(kNs, name, 2, "llm"));
   EXPECT_EQ(refused.code, 422) << refused.body.dump();
-  EXPECT_NE(refused.message().find("the name is at most 63 characters"), std::string::npos) << refused.message();
+  EXPECT_THAT(refused.message(), HasSubstr("the name is at most 63 characters"));
   StartController();
 
   // 63 is fine.
@@ -321,7 +323,7 @@ TEST_F(ControllerTest, CompletionIndexWinsAndProblemsAreConditions) {
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("indexed")["status"]["phase"] == "Degraded"; }));
   json d = Condition(Job("indexed"), "Degraded");
   EXPECT_EQ(d["reason"], "DuplicateCompletionIndex");
-  EXPECT_NE(d["message"].get<std::string>().find("idx-dup"), std::string::npos);
+  EXPECT_THAT(d["message"].get<std::string>(), HasSubstr("idx-dup"));
   cluster_.CreatePod(kNs, "idx-far", "idx", {{"batch.kubernetes.io/job-completion-index", "7"}});
   ASSERT_TRUE(TestCluster::Eventually([&] {
     return Condition(Job("indexed"), "Degraded")["message"].get<std::string>().find("completion index 7") !=
@@ -343,8 +345,8 @@ TEST_F(ControllerTest, ReplacedPodsTakeTheFreedIndexAndOthersKeepTheirs) {
   json job = Job("rep");
   EXPECT_EQ(job["status"]["phase"], "Degraded");
   EXPECT_EQ(Condition(job, "SidecarsReady")["reason"], "WaitingForPods");
-  EXPECT_NE(Condition(job, "SidecarsReady")["message"].get<std::string>().find("processes without a pod: 1"),
-            std::string::npos);
+  EXPECT_THAT(Condition(job, "SidecarsReady")["message"].get<std::string>(),
+              HasSubstr("processes without a pod: 1"));
   // Its replacement (a new name, as a Deployment or JobSet would make) gets 1.
   cluster_.CreatePod(kNs, "rep-new", "rep");
   cluster_.SetSidecar(kNs, "rep-new", true);
@@ -355,7 +357,8 @@ TEST_F(ControllerTest, ReplacedPodsTakeTheFreedIndexAndOthersKeepTheirs) {
   // Too many pods: a condition naming the extra pod; assignments unchanged.
   cluster_.CreatePod(kNs, "rep-extra", "rep");
   ASSERT_TRUE(TestCluster::Eventually([&] { return Condition(Job("rep"), "Degraded")["reason"] == "TooManyPods"; }));
-  EXPECT_NE(Condition(Job("rep"), "Degraded")["message"].get<std::string>().find("rep-extra"), std::string::npos);
+  EXPECT_THAT(Condition(Job("rep"), "Degraded")["message"].get<std::string>(),
+              HasSubstr("rep-extra"));
   EXPECT_EQ(Assignment("rep"), after);
 }
 
@@ -387,8 +390,8 @@ TEST_F(ControllerTest, AConfigMapCacheThatLagsNeverRenumbersTheTrainers) {
   auto after = Assignment("lag");
   for (const char* p : {"lag-0", "lag-2", "lag-3"}) EXPECT_EQ(after[p], before.at(p)) << p << " was renumbered";
   EXPECT_EQ(after.count("lag-1"), 0u);
-  EXPECT_NE(Condition(Job("lag"), "SidecarsReady")["message"].get<std::string>().find("processes without a pod: 1"),
-            std::string::npos)
+  EXPECT_THAT(Condition(Job("lag"), "SidecarsReady")["message"].get<std::string>(),
+              HasSubstr("processes without a pod: 1"))
       << Condition(Job("lag"), "SidecarsReady").dump();
   // Nothing changed since: once the job's cache has the last status, a
   // reconcile on the lagging ConfigMap cache writes nothing.
@@ -665,9 +668,8 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   EXPECT_EQ(progress()["lagging"][0]["pod"], "pg-1");
   ASSERT_TRUE(TestCluster::Eventually([&] { return Condition(Job("pg"), "Straggling")["status"] == "True"; }))
       << Job("pg").dump(2);
-  EXPECT_NE(Condition(Job("pg"), "Straggling")["message"].get<std::string>().find("process 1 (pod pg-1) is more than "
-                                                                                 "100 steps behind the median"),
-            std::string::npos)
+  EXPECT_THAT(Condition(Job("pg"), "Straggling")["message"].get<std::string>(),
+              HasSubstr("process 1 (pod pg-1) is more than 100 steps behind the median"))
       << Condition(Job("pg"), "Straggling").dump();
   EXPECT_EQ(Condition(Job("pg"), "Starved")["status"], "False") << "no trainer reported waiting";
   p1.Stop();
@@ -675,7 +677,7 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   p = progress();
   EXPECT_EQ(p["unreachable"][0]["process"], 1);
   EXPECT_EQ(p["unreachable"][0]["pod"], "pg-1");
-  EXPECT_NE(p["unreachable"][0]["reason"].get<std::string>().find("127.0.0.3"), std::string::npos) << p.dump();
+  EXPECT_THAT(p["unreachable"][0]["reason"].get<std::string>(), HasSubstr("127.0.0.3")) << p.dump();
   EXPECT_FALSE(p.contains("step")) << "a step is not guessed while a process cannot be asked";
   EXPECT_EQ(p["processesReporting"], 1);
   ASSERT_TRUE(TestCluster::Eventually([&] { return Condition(Job("pg"), "Straggling")["status"] == "False"; }))
@@ -781,7 +783,7 @@ TEST_F(ControllerTest, WithoutTheChartsFinalizersGrantTheServerRefusesTheOwnedCo
   EXPECT_FALSE(ConfigMapOf("fin").is_object());
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("fin")["status"]["phase"] == "Degraded"; }, 30s))
       << Job("fin").dump(2);
-  EXPECT_NE(Condition(Job("fin"), "Degraded")["message"].get<std::string>().find("403"), std::string::npos)
+  EXPECT_THAT(Condition(Job("fin"), "Degraded")["message"].get<std::string>(), HasSubstr("403"))
       << Condition(Job("fin"), "Degraded").dump();
 }
 
@@ -796,8 +798,8 @@ TEST_F(ControllerTest, APeerSecretThatCannotBeCreatedDegradesTheJobUntilItCan) {
   ASSERT_TRUE(TestCluster::Eventually([&] { return Job("sf")["status"]["phase"] == "Degraded"; }));
   json job = Job("sf");
   EXPECT_EQ(Condition(job, "Degraded")["reason"], "PeerSecretFailed");
-  EXPECT_NE(Condition(job, "Degraded")["message"].get<std::string>().find("create Secret " + kNs + "/sf-meshload-peer"),
-            std::string::npos)
+  EXPECT_THAT(Condition(job, "Degraded")["message"].get<std::string>(),
+              HasSubstr("create Secret " + kNs + "/sf-meshload-peer"))
       << Condition(job, "Degraded").dump();
   EXPECT_EQ(job["status"]["processesReady"], 2) << "the rest of the status is written";
   EXPECT_FALSE(job["status"].contains("peerSecretName"));
@@ -987,7 +989,7 @@ TEST(EventRecorder, WritesEventsAggregatesRepeatsAndLimitsEachObject) {
   EXPECT_EQ(c.dropped, 1u);
   EXPECT_EQ(c.failed, 0u);
   const std::string text = registry.Serialize();
-  EXPECT_NE(text.find("meshload_controller_events_total{outcome=\"dropped\"} 1"), std::string::npos) << text;
+  EXPECT_THAT(text, HasSubstr("meshload_controller_events_total{outcome=\"dropped\"} 1"));
   // A message longer than 1 KiB is cut, at a character boundary (a cut
   // inside a UTF-8 character would make the JSON writer throw).
   json other = cluster.CreateJob(cluster.JobManifest(kNs, "long", 2, "ev"));
@@ -1000,7 +1002,7 @@ TEST(EventRecorder, WritesEventsAggregatesRepeatsAndLimitsEachObject) {
   ASSERT_EQ(long_events.size(), 2u) << ::testing::PrintToString(long_events);
   EXPECT_LT(long_events[0].size(), 1100u);
   EXPECT_LT(long_events[1].size(), 1100u);
-  EXPECT_NE(long_events[1].find("\xc3\xa9..."), std::string::npos);
+  EXPECT_THAT(long_events[1], HasSubstr("\xc3\xa9..."));
   EXPECT_EQ(events.counts().failed, 0u);
 }
 
@@ -1050,7 +1052,7 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   auto seen = EventsAbout(cluster_, "watched");
   ASSERT_EQ(seen.size(), 2u) << ::testing::PrintToString(seen);
   EXPECT_EQ(seen[0].rfind("Warning InvalidSpec: ", 0), 0u) << seen[0];
-  EXPECT_NE(seen[0].find("spec.batch.globalBatchSize"), std::string::npos) << seen[0];
+  EXPECT_THAT(seen[0], HasSubstr("spec.batch.globalBatchSize"));
   EXPECT_EQ(seen[1], "Warning InvalidSpec: the spec must be valid first (1)");
 
   // Fixed, then its trainers come up.
@@ -1121,9 +1123,9 @@ TEST_F(ControllerTest, EventsForAJobReadyAtOnceAndForEditsThatKeepItInvalid) {
   SettleWithEvents(events);
   auto edited = EventsAbout(cluster_, "edited");
   ASSERT_EQ(edited.size(), 3u) << ::testing::PrintToString(edited);
-  EXPECT_NE(edited[0].find("globalBatchSize: 3 "), std::string::npos) << edited[0];
+  EXPECT_THAT(edited[0], HasSubstr("globalBatchSize: 3 "));
   EXPECT_EQ(edited[1], "Warning InvalidSpec: the spec must be valid first (1)");
-  EXPECT_NE(edited[2].find("globalBatchSize: 5 "), std::string::npos) << edited[2];
+  EXPECT_THAT(edited[2], HasSubstr("globalBatchSize: 5 "));
 }
 
 TEST(ControllerMetrics, ExposesReconcilesQueueAndApiRequests) {
@@ -1146,7 +1148,7 @@ TEST(ControllerMetrics, ExposesReconcilesQueueAndApiRequests) {
                            "meshload_controller_api_requests_total{code=\"200\",verb=\"LIST\"}",
                            "meshload_controller_api_requests_total{code=\"201\",verb=\"POST\"}",
                            "meshload_controller_cached_objects{resource=\"dataloadjobs\"} 1"}) {
-    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+    EXPECT_THAT(text, HasSubstr(want)) << want << "\n" << text;
   }
   controller.Stop();
 }

@@ -12,12 +12,16 @@
 #include <string_view>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "tests/testing/npy_bytes.h"
 
 namespace meshload {
 namespace {
+
+using meshload::testing::StatusIs;
+using ::testing::HasSubstr;
 
 constexpr uint64_t kU64Max = std::numeric_limits<uint64_t>::max();
 
@@ -114,9 +118,7 @@ std::string At(uint64_t offset) { return "@" + std::to_string(offset); }
 void ExpectError(const Result<NpyHeader>& r, StatusCode code, std::string_view message_part,
                  std::string_view location) {
   ASSERT_FALSE(r.ok()) << "expected an error containing: " << message_part;
-  EXPECT_EQ(r.status().code(), code) << r.status().ToString();
-  EXPECT_NE(r.status().message().find(message_part), std::string::npos)
-      << "message: " << r.status().message() << "\nwanted: " << message_part;
+  EXPECT_THAT(r, StatusIs(code, HasSubstr(std::string(message_part))));
   EXPECT_EQ(r.status().location(), location) << r.status().ToString();
 }
 
@@ -369,7 +371,7 @@ TEST(NpyHeader, ReturnsDataLossForEveryPrefixOfAValidHeader) {
       ASSERT_FALSE(h.ok());
       EXPECT_EQ(h.status().code(), StatusCode::kDataLoss) << h.status().ToString();
       EXPECT_EQ(h.status().location(), At(n));
-      EXPECT_NE(h.status().message().find("truncated"), std::string::npos);
+      EXPECT_THAT(h.status().message(), HasSubstr("truncated"));
     }
   }
 }
@@ -641,23 +643,21 @@ TEST(NpyDescr, MapsEverySupportedDtype) {
 TEST(NpyDescr, RejectsBFloat16) {
   Result<std::string> d = NpyDescr(DType::kBFloat16);
   ASSERT_FALSE(d.ok());
-  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(d.status().message().find("bfloat16 has no numpy descr"), std::string::npos);
+  EXPECT_THAT(d, StatusIs(StatusCode::kInvalidArgument, HasSubstr("bfloat16 has no numpy descr")));
 }
 
 TEST(MakeNpyHeader, RejectsWhatTheParserWouldReject) {
   Result<std::string> r = MakeNpyHeader(DType::kBFloat16, {2});
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("bfloat16"), std::string::npos);
+  EXPECT_THAT(r.status().message(), HasSubstr("bfloat16"));
 
   r = MakeNpyHeader(DType::kUint8, std::vector<uint64_t>(kNpyMaxRank + 1, 1));
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("at most 32"), std::string::npos);
+  EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument, HasSubstr("at most 32")));
 
   r = MakeNpyHeader(DType::kUint16, {kU64Max});
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("overflows"), std::string::npos);
+  EXPECT_THAT(r.status().message(), HasSubstr("overflows"));
 }
 
 TEST(MakeNpyHeader, KeepsNumpyGrowthPaddingForHugeFirstAxis) {

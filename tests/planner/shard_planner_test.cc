@@ -3,6 +3,7 @@
 
 #include "planner/shard_planner.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@ namespace {
 using testing::MakePlanner;
 using testing::RandomSpec;
 using testing::TempDir;
+using ::testing::HasSubstr;
 
 constexpr int kRandomSpecs = 300;
 
@@ -511,8 +513,8 @@ TEST(ShardPlanner, UnsupportedLoadAndReshardIsExplained) {
   spec.mesh.batch_axes_set = true;
   spec.batch.global_batch_size = 2;
   ShardPlanner p2 = MakePlanner(spec);
-  EXPECT_NE(p2.Unsupported({Strategy::kLoadAndReshard, Fanout::kLoad}).find("divisible by processes"),
-            std::string::npos);
+  EXPECT_THAT(p2.Unsupported({Strategy::kLoadAndReshard, Fanout::kLoad}),
+              HasSubstr("divisible by processes"));
 }
 
 TEST(ParseStepRange, AcceptsRangesAndSingleStepsAndRejectsTheRest) {

@@ -2,6 +2,7 @@
 
 #include "planner/shard_planner.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "tests/testing/job_fixtures.h"
@@ -11,6 +12,8 @@ namespace meshload {
 namespace {
 
 using testing::MinimalJobYaml;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Parses and validates; returns every problem as "path: message" lines.
 std::vector<std::string> Problems(const std::string& yaml) {
@@ -77,10 +80,10 @@ TEST(Spec, TakesTheDataLoadJobFromAMultiDocumentFile) {
 
 TEST(Spec, RejectsFilesWithoutOrWithSeveralDataLoadJobs) {
   Diagnostics d;
-  EXPECT_NE(ParseDataLoadJob("kind: ConfigMap\n", d).status().message().find("no document with kind: DataLoadJob"),
-            std::string::npos);
-  EXPECT_NE(ParseDataLoadJob(MinimalJobYaml() + "---\n" + MinimalJobYaml(), d).status().message().find("2 DataLoadJob"),
-            std::string::npos);
+  EXPECT_THAT(ParseDataLoadJob("kind: ConfigMap\n", d).status().message(),
+              HasSubstr("no document with kind: DataLoadJob"));
+  EXPECT_THAT(ParseDataLoadJob(MinimalJobYaml() + "---\n" + MinimalJobYaml(), d).status().message(),
+              HasSubstr("2 DataLoadJob"));
 }
 
 TEST(Spec, InvalidYamlNamesTheLine) {
@@ -131,13 +134,13 @@ TEST(Spec, AMissingSectionIsReportedOnceWithoutFollowOnProblems) {
   y = y.substr(0, y.find("  batch:"));
   auto p = Problems(y);
   EXPECT_TRUE(HasProblem(p, "spec.batch: required field is missing"));
-  for (const auto& s : p) EXPECT_EQ(s.find("spec.batch.globalBatchSize"), std::string::npos) << s;
+  for (const auto& s : p) EXPECT_THAT(s, Not(HasSubstr("spec.batch.globalBatchSize")));
 }
 
 TEST(Spec, AnUnknownFormatDoesNotBringFormatSpecificNoise) {
   auto p = Problems(Edit("format: FixedRecord\n    recordBytes: 64", "format: Parquet"));
   EXPECT_TRUE(HasProblem(p, "spec.dataset.format: unknown value 'Parquet'"));
-  for (const auto& s : p) EXPECT_EQ(s.find("recordBytes"), std::string::npos) << s;
+  for (const auto& s : p) EXPECT_THAT(s, Not(HasSubstr("recordBytes")));
 }
 
 TEST(Spec, AnExplicitZeroIsOutOfRangeNotMissing) {
@@ -296,7 +299,7 @@ TEST(Spec, MissingRequiredFieldsAreAllReported) {
   EXPECT_TRUE(HasProblem(p, "spec.dataset.format: required field is missing"));
   EXPECT_TRUE(HasProblem(p, "spec.batch: required field is missing"));
   // A missing field is reported once, not again as "must be >= 1".
-  for (const auto& s : p) EXPECT_EQ(s.find("spec.mesh.processes: must be"), std::string::npos) << s;
+  for (const auto& s : p) EXPECT_THAT(s, Not(HasSubstr("spec.mesh.processes: must be")));
 }
 
 TEST(Spec, EveryProblemIsReportedAtOnce) {

@@ -1,10 +1,13 @@
 #include "protocol/protocol.h"
 #include "tests/testing/status_matchers.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 namespace meshload::protocol {
 namespace {
+
+using ::testing::HasSubstr;
 
 ServerHello SampleHello() {
   ServerHello h;
@@ -58,12 +61,12 @@ TEST(Protocol, ByeListsTheLeasesStillHeldWithinLimits) {
   auto r = Decode(Encode(many));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().location(), "@12");
-  EXPECT_NE(r.status().message().find("held leases: 129 entries exceed the limit of 128"), std::string::npos)
+  EXPECT_THAT(r.status().message(), HasSubstr("held leases: 129 entries exceed the limit of 128"))
       << r.status().ToString();
   r = Decode(Encode(Bye{{{1, -5}}}));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().location(), "@20");
-  EXPECT_NE(r.status().message().find("negative step -5"), std::string::npos) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr("negative step -5")) << r.status().ToString();
 }
 
 TEST(Protocol, EveryTruncationIsAnErrorWithAnOffset) {
@@ -82,42 +85,44 @@ TEST(Protocol, RejectsBadMagicVersionLengthAndTrailingBytes) {
   std::string b = Encode(Release{1, 2, 0});
   std::string bad = b;
   bad[0] = 'X';
-  EXPECT_NE(Decode(bad).status().message().find("bad magic"), std::string::npos);
+  EXPECT_THAT(Decode(bad).status().message(), HasSubstr("bad magic"));
   bad = b;
   bad[4] = 9;
-  EXPECT_NE(Decode(bad).status().message().find("protocol version 9"), std::string::npos);
+  EXPECT_THAT(Decode(bad).status().message(), HasSubstr("protocol version 9"));
   bad = b + "x";
   EXPECT_EQ(Decode(bad).status().location(), "@8");  // length field disagrees
   bad = b;
   bad[8] = static_cast<char>(bad[8] + 1);
   bad += "x";
-  EXPECT_NE(Decode(bad).status().message().find("trailing"), std::string::npos);
+  EXPECT_THAT(Decode(bad).status().message(), HasSubstr("trailing"));
   bad = b;
   bad[6] = 99;
-  EXPECT_NE(Decode(bad).status().message().find("unknown message type 99"), std::string::npos);
+  EXPECT_THAT(Decode(bad).status().message(), HasSubstr("unknown message type 99"));
 }
 
 TEST(Protocol, RejectsOversizedMessagesAndUnboundedCounts) {
-  EXPECT_NE(Decode(std::string(kMaxMessageBytes + 1, 'x')).status().message().find("exceeds"), std::string::npos);
+  EXPECT_THAT(Decode(std::string(kMaxMessageBytes + 1, 'x')).status().message(),
+              HasSubstr("exceeds"));
   ServerHello h = SampleHello();
   h.job = std::string(kMaxString + 1, 'j');
   EXPECT_FALSE(Decode(Encode(h)).ok());
   Ready r{1, 0, {}};
   for (size_t i = 0; i <= kMaxDevices; ++i) r.tensors.push_back({0, 1, 8, {1}, {1}, 0});
-  EXPECT_NE(Decode(Encode(r)).status().message().find("exceed the limit"), std::string::npos);
+  EXPECT_THAT(Decode(Encode(r)).status().message(), HasSubstr("exceed the limit"));
 }
 
 TEST(Protocol, RejectsInconsistentLayouts) {
   ServerHello h = SampleHello();
   h.layout.pop_back();
-  EXPECT_NE(Decode(Encode(h)).status().message().find("layout has 1 tensors for 2 devices"), std::string::npos);
+  EXPECT_THAT(Decode(Encode(h)).status().message(),
+              HasSubstr("layout has 1 tensors for 2 devices"));
   h = SampleHello();
   h.slot_bytes = h.pool_bytes;
-  EXPECT_NE(Decode(Encode(h)).status().message().find("exceed the pool"), std::string::npos);
+  EXPECT_THAT(Decode(Encode(h)).status().message(), HasSubstr("exceed the pool"));
   Ready r{1, 0, {{0, 1, 8, {2, 3}, {3}, 0}}};
-  EXPECT_NE(Decode(Encode(r)).status().message().find("strides 1"), std::string::npos);
+  EXPECT_THAT(Decode(Encode(r)).status().message(), HasSubstr("strides 1"));
   r = Ready{1, 0, {{0, 9, 8, {2}, {1}, 0}}};
-  EXPECT_NE(Decode(Encode(r)).status().message().find("unknown dtype"), std::string::npos);
+  EXPECT_THAT(Decode(Encode(r)).status().message(), HasSubstr("unknown dtype"));
 }
 
 TEST(Protocol, RejectsAMeshThatDoesNotDescribeTheListedDevices) {
@@ -127,27 +132,27 @@ TEST(Protocol, RejectsAMeshThatDoesNotDescribeTheListedDevices) {
   };
   ServerHello h = SampleHello();
   h.mesh.axes = {{"data", 4}, {"model", 3}};
-  EXPECT_NE(error_of(h).find("do not multiply to 8 processes × 2 devices"), std::string::npos) << error_of(h);
+  EXPECT_THAT(error_of(h), HasSubstr("do not multiply to 8 processes × 2 devices"));
   h = SampleHello();
   h.mesh.axes.clear();
-  EXPECT_NE(error_of(h).find("0 axes"), std::string::npos) << error_of(h);
+  EXPECT_THAT(error_of(h), HasSubstr("0 axes"));
   h = SampleHello();
   h.mesh.batch_axes = {"data", "fsdp"};
-  EXPECT_NE(error_of(h).find("batch axis 'fsdp' is not an axis of the mesh"), std::string::npos) << error_of(h);
+  EXPECT_THAT(error_of(h), HasSubstr("batch axis 'fsdp' is not an axis of the mesh"));
   h = SampleHello();
   h.mesh.batch_axes = {"data", "data"};
-  EXPECT_NE(error_of(h).find("batch axis 'data' is repeated"), std::string::npos) << error_of(h);
+  EXPECT_THAT(error_of(h), HasSubstr("batch axis 'data' is repeated"));
   h = SampleHello();
   h.mesh.devices_per_process = 4;
   h.mesh.axes = {{"data", 4}, {"model", 8}};
-  EXPECT_NE(error_of(h).find("lists 2 devices; the mesh gives 4"), std::string::npos) << error_of(h);
+  EXPECT_THAT(error_of(h), HasSubstr("lists 2 devices; the mesh gives 4"));
   h = SampleHello();
   h.devices[1].global_index = 14;
-  EXPECT_NE(error_of(h).find("device 14 is not one of process 6's"), std::string::npos) << error_of(h);
+  EXPECT_THAT(error_of(h), HasSubstr("device 14 is not one of process 6's"));
   h = SampleHello();
   h.process = 8;
   h.devices = {{16, 1, ""}, {17, 1, ""}};
-  EXPECT_NE(error_of(h).find("process 8 is not one of the mesh's 8"), std::string::npos) << error_of(h);
+  EXPECT_THAT(error_of(h), HasSubstr("process 8 is not one of the mesh's 8"));
   h = SampleHello();
   h.mesh.batch_axes.clear();  // every device a replica: allowed
   EXPECT_EQ(error_of(h), "ok");

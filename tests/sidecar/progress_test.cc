@@ -1,5 +1,6 @@
 #include "sidecar/progress.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@ namespace meshload::sidecar {
 namespace {
 
 using nlohmann::json;
+using ::testing::HasSubstr;
 constexpr int64_t kSecond = 1'000'000'000;
 
 TEST(ConsumedWatermark, StartsBeforeTheFirstStepAndMovesOnlyOverContiguousSteps) {
@@ -181,7 +183,7 @@ TEST(ResumeFile, TheRecordedStepHoldsWhileTheSpecsResumeStepIsTheOneItWasRecorde
     auto r = ReadResumeFile(path, 0);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(r.status().ToString().find(path), std::string::npos) << r.status().ToString();
+    EXPECT_THAT(r.status().ToString(), HasSubstr(path));
   }
 }
 

@@ -5,6 +5,7 @@
 #include "common/loopback.h"
 #include "sidecar/sidecar.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <pthread.h>
@@ -39,8 +40,11 @@ extern char** environ;
 namespace meshload::sidecar {
 namespace {
 
+using meshload::testing::StatusIs;
 using meshload::testing::TempDir;
 using std::chrono::milliseconds;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string JobYaml(const std::string& uri, int64_t prefetch, const std::string& extra_dataset = "") {
   return "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: sidecar-test}\nspec:\n"
@@ -401,7 +405,8 @@ TEST(Sidecar, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionR
   ASSERT_OK(err);
   auto m = protocol::Decode(err->bytes);
   ASSERT_TRUE(m.ok() && std::holds_alternative<protocol::ErrorMessage>(*m));
-  EXPECT_NE(std::get<protocol::ErrorMessage>(*m).message.find("which this connection does not lease"), std::string::npos);
+  EXPECT_THAT(std::get<protocol::ErrorMessage>(*m).message,
+              HasSubstr("which this connection does not lease"));
 
   // The old connection still keeps all three: its BYE lists one, and
   // exactly the two others come back.
@@ -490,8 +495,8 @@ TEST(Sidecar, ASlowConsumerKeepsMemoryBoundedAndIsReported) {
   EXPECT_EQ(none.status().code(), StatusCode::kDeadlineExceeded);
   std::this_thread::sleep_for(milliseconds(400));
   const std::string m = h.Metrics();
-  EXPECT_NE(m.find("meshload_slots{state=\"leased\"} 2"), std::string::npos) << m;
-  EXPECT_NE(m.find("meshload_slots{state=\"ready\"} 0"), std::string::npos);
+  EXPECT_THAT(m, HasSubstr("meshload_slots{state=\"leased\"} 2"));
+  EXPECT_THAT(m, HasSubstr("meshload_slots{state=\"ready\"} 0"));
   EXPECT_GT(h.Metric("meshload_producer_blocked_seconds"), 0.3);
   a = Status(StatusCode::kUnavailable, "released");
   auto next = c->Next(milliseconds(5000));
@@ -508,8 +513,10 @@ TEST(Sidecar, AUidOutsideTheAllowListIsRefused) {
   auto c = client::Client::Connect(o);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(c.status().message().find("uid " + std::to_string(::getuid()) + " is not allowed"), std::string::npos);
-  EXPECT_NE(h.Metrics().find("meshload_client_connections_total{outcome=\"refused_uid\"} 1"), std::string::npos);
+  EXPECT_THAT(c.status().message(),
+              HasSubstr("uid " + std::to_string(::getuid()) + " is not allowed"));
+  EXPECT_THAT(h.Metrics(),
+              HasSubstr("meshload_client_connections_total{outcome=\"refused_uid\"} 1"));
 }
 
 TEST(Sidecar, TheSocketIsGroupOnly) {
@@ -529,7 +536,8 @@ TEST(Sidecar, ASecondTrainerIsToldTheSidecarIsBusy) {
   o.max_reconnect_attempts = 0;
   auto second = client::Client::Connect(o);
   ASSERT_FALSE(second.ok());
-  EXPECT_NE(second.status().message().find("another trainer"), std::string::npos) << second.status().ToString();
+  EXPECT_THAT(second.status().message(), HasSubstr("another trainer"))
+      << second.status().ToString();
 }
 
 TEST(Sidecar, MalformedTruncatedAndOversizedMessagesAreRefusedAndServingGoesOn) {
@@ -571,21 +579,20 @@ TEST(Sidecar, AFileTruncatedWhileServingReachesTheTrainerAsAClearError) {
     if (!n.ok()) last = n.status();
   }
   ASSERT_FALSE(last.ok());
-  EXPECT_EQ(last.code(), StatusCode::kDataLoss) << last.ToString();
-  EXPECT_NE(last.message().find(file + "@"), std::string::npos) << last.ToString();
+  EXPECT_THAT(last, StatusIs(StatusCode::kDataLoss, HasSubstr(file + "@")));
   // The sidecar stays up to say why: /healthz is 503 with the reason, and a
   // trainer that connects now is told the same; stopped, it exits 1.
   httplib::Client http("127.0.0.1", h.sidecar_->metrics_port());
   auto health = http.Get("/healthz");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 503);
-  EXPECT_NE(health->body.find(file), std::string::npos) << health->body;
+  EXPECT_THAT(health->body, HasSubstr(file));
   client::ClientOptions o;
   o.socket_path = h.options_.socket_path;
   o.max_reconnect_attempts = 0;
   auto late = client::Client::Connect(o);
   ASSERT_FALSE(late.ok());
-  EXPECT_NE(late.status().message().find("short read"), std::string::npos) << late.status().ToString();
+  EXPECT_THAT(late.status().message(), HasSubstr("short read")) << late.status().ToString();
   h.Stop();
   EXPECT_EQ(h.rc_, 1);
 }
@@ -672,8 +679,8 @@ TEST(Sidecar, AStuckStorageReadIsVisibleWithinSecondsInMetricsAndLogs) {
   server.stall_ms_ = 0;
   h.Stop();
   const std::string log = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(log.find("\"msg\":\"storage read stuck\""), std::string::npos) << log;
-  EXPECT_NE(log.find("\"object\":\"" + server.url() + "\""), std::string::npos) << log;
+  EXPECT_THAT(log, HasSubstr("\"msg\":\"storage read stuck\""));
+  EXPECT_THAT(log, HasSubstr("\"object\":\"" + server.url() + "\""));
 }
 
 TEST(Sidecar, AnHttpDatasetThatIsNotThereFailsFastAtStart) {
@@ -681,7 +688,7 @@ TEST(Sidecar, AnHttpDatasetThatIsNotThereFailsFastAtStart) {
   SidecarHarness h(3, {}, server.url() + ".missing", 320);
   auto st = h.Start();
   ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.ToString().find("404"), std::string::npos) << st.ToString();
+  EXPECT_THAT(st.ToString(), HasSubstr("404"));
   EXPECT_EQ(server.requests_, 0);  // HEAD requests are not counted by the GET handler
 }
 
@@ -936,7 +943,7 @@ TEST(Client, RefusesAPoolThatIsNotSealedAgainstShrinking) {
   FakeSidecar fake(sock, OneDeviceHello(), {}, /*seal=*/false);
   auto c = client::Client::Connect(NoRetry(sock));
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("not sealed"), std::string::npos) << c.status().ToString();
+  EXPECT_THAT(c.status().message(), HasSubstr("not sealed")) << c.status().ToString();
 }
 
 TEST(Client, RefusesAReadyForASlotALiveBatchStillHolds) {
@@ -954,9 +961,8 @@ TEST(Client, RefusesAReadyForASlotALiveBatchStillHolds) {
   ASSERT_OK(first);
   auto second = (*c)->Next(milliseconds(2000));
   ASSERT_FALSE(second.ok());
-  EXPECT_EQ(second.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(second.status().message().find("slot 0, which a live batch still holds"), std::string::npos)
-      << second.status().ToString();
+  EXPECT_THAT(second, StatusIs(StatusCode::kInvalidArgument,
+                               HasSubstr("slot 0, which a live batch still holds")));
 }
 
 TEST(Client, RefusesASidecarThatStartsAtAnotherStepThanAskedFor) {
@@ -969,9 +975,8 @@ TEST(Client, RefusesASidecarThatStartsAtAnotherStepThanAskedFor) {
   o.start_step = 3;
   auto c = client::Client::Connect(o);
   ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(c.status().message().find("starts at step 7, step 3 was asked for"), std::string::npos)
-      << c.status().ToString();
+  EXPECT_THAT(c, StatusIs(StatusCode::kInvalidArgument,
+                          HasSubstr("starts at step 7, step 3 was asked for")));
 }
 
 TEST(Client, AFullListenQueueIsUnavailableNotABlockedConnect) {
@@ -992,8 +997,7 @@ TEST(Client, AFullListenQueueIsUnavailableNotABlockedConnect) {
     }
   }
   ASSERT_FALSE(refused.ok()) << "64 connections queued on a listener with a backlog of 8";
-  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.ToString();
-  EXPECT_NE(refused.message().find("listen queue is full"), std::string::npos) << refused.ToString();
+  EXPECT_THAT(refused, StatusIs(StatusCode::kUnavailable, HasSubstr("listen queue is full")));
   // A queued connection is an ordinary blocking socket.
   ASSERT_FALSE(queued.empty());
   EXPECT_EQ(::fcntl(queued[0].get(), F_GETFL) & O_NONBLOCK, 0);
@@ -1012,8 +1016,7 @@ TEST(Client, InterruptWakesANextWaitingInAnotherThread) {
   (*c)->Interrupt();
   reader.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(1000));
-  EXPECT_EQ(got.code(), StatusCode::kFailedPrecondition) << got.ToString();
-  EXPECT_NE(got.message().find("closed"), std::string::npos) << got.ToString();
+  EXPECT_THAT(got, StatusIs(StatusCode::kFailedPrecondition, HasSubstr("closed")));
   EXPECT_EQ((*c)->Next(milliseconds(10)).status().code(), StatusCode::kFailedPrecondition);
   (*c)->Close();
 }
@@ -1068,17 +1071,15 @@ TEST(SidecarProcess, ARestartedSidecarResumesTheTrainerWithIdenticalBytes) {
     took = std::chrono::steady_clock::now() - t0;
   }
   ASSERT_FALSE(late.ok());
-  EXPECT_EQ(late.status().code(), StatusCode::kDeadlineExceeded) << late.status().ToString();
-  EXPECT_NE(late.status().message().find("still reconnecting to the sidecar"), std::string::npos)
-      << late.status().ToString();
+  EXPECT_THAT(late, StatusIs(StatusCode::kDeadlineExceeded,
+                             HasSubstr("still reconnecting to the sidecar")));
   EXPECT_GE(took, milliseconds(200));
   EXPECT_LT(took, milliseconds(1500));
   // Gone for good: a clear error after the bounded reconnects.
   auto gone = c->Next(milliseconds(10000));
   for (int i = 0; i < 5 && gone.ok(); ++i) gone = c->Next(milliseconds(10000));
   ASSERT_FALSE(gone.ok());
-  EXPECT_EQ(gone.status().code(), StatusCode::kUnavailable);
-  EXPECT_NE(gone.status().message().find("the sidecar is gone"), std::string::npos) << gone.status().ToString();
+  EXPECT_THAT(gone, StatusIs(StatusCode::kUnavailable, HasSubstr("the sidecar is gone")));
 }
 
 // Two sidecar processes of a job that moves samples between them exchange
@@ -1230,9 +1231,9 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
   }
   std::ifstream log(dir.path() + "/s" + std::to_string(other) + ".log");
   const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("lost a peer; waiting for it to come back"), std::string::npos) << text;
-  EXPECT_NE(text.find("peer reconnected"), std::string::npos) << text;
-  EXPECT_EQ(text.find("peer connection failed"), std::string::npos) << text;
+  EXPECT_THAT(text, HasSubstr("lost a peer; waiting for it to come back"));
+  EXPECT_THAT(text, HasSubstr("peer reconnected"));
+  EXPECT_THAT(text, Not(HasSubstr("peer connection failed")));
 }
 
 TEST(SidecarProcess, ARestartedBroadcastSenderRejoinsItsReceiver) {

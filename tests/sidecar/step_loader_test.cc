@@ -1,6 +1,7 @@
 #include "sidecar/step_loader.h"
 
 #include <arpa/inet.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -25,7 +26,10 @@
 namespace meshload::sidecar {
 namespace {
 
+using meshload::testing::StatusIs;
 using meshload::testing::TempDir;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 struct Case {
   DatasetFormat format;
@@ -384,9 +388,9 @@ TEST(StepLoader, StrategiesThatMoveSamplesBetweenProcessesNeedPeers) {
   auto layout = staging::ComputeBatchLayout(planner->job(), 0);
   auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), *sources, layout, {});
   ASSERT_FALSE(loader.ok());
-  EXPECT_EQ(loader.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(loader.status().message().find("moves samples between processes"), std::string::npos);
-  EXPECT_NE(loader.status().message().find("--peers"), std::string::npos);
+  EXPECT_THAT(loader, StatusIs(StatusCode::kFailedPrecondition,
+                               AllOf(HasSubstr("moves samples between processes"),
+                                     HasSubstr("--peers"))));
   auto bcast = StepLoader::Create(*planner, 0, {Strategy::kPerProcess, Fanout::kBroadcast}, *sources, layout, {});
   EXPECT_FALSE(bcast.ok());
 }
@@ -491,7 +495,7 @@ TEST(StepLoader, AFileTruncatedAfterPlanningIsAnErrorNamingFileAndOffset) {
   Status verify = (*loader)->VerifyFiles();
   EXPECT_EQ(verify.code(), StatusCode::kDataLoss);
   EXPECT_EQ(verify.location(), file);
-  EXPECT_NE(verify.message().find("the file changed"), std::string::npos);
+  EXPECT_THAT(verify.message(), HasSubstr("the file changed"));
   std::vector<uint8_t> slot(layout.slot_bytes);
   std::vector<uint64_t> checksums;
   Status st = (*loader)->Load(2, slot.data(), checksums, nullptr);  // samples 48..71
@@ -509,8 +513,8 @@ TEST(StepLoader, ANpyFileShorterThanItsHeaderClaimsIsRefusedAtIndexing) {
   ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(std::filesystem::file_size(file) - 10)), 0);
   Diagnostics d;
   EXPECT_FALSE(source::ResolveReadingDataset(spec, {}, source::Unreachable::kFail, d).ok());
-  EXPECT_NE(d.ToString().find(file + ": size"), std::string::npos) << d.ToString();
-  EXPECT_NE(d.ToString().find("(truncated)"), std::string::npos);
+  EXPECT_THAT(d.ToString(), HasSubstr(file + ": size"));
+  EXPECT_THAT(d.ToString(), HasSubstr("(truncated)"));
 }
 
 }  // namespace

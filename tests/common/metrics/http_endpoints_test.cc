@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -16,6 +17,8 @@
 
 namespace meshload::metrics {
 namespace {
+
+using ::testing::HasSubstr;
 
 HealthServerOptions Loopback(int port = 0) { return {.bind_address = "127.0.0.1", .port = port, .progress = nullptr}; }
 
@@ -64,7 +67,7 @@ TEST_F(HealthServerTest, StartsOnAnEphemeralPortAndServesMetrics) {
   EXPECT_EQ(res->status, 200);
   EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
   EXPECT_EQ(res->body, registry_.Serialize());
-  EXPECT_NE(res->body.find("meshload_bytes_read_total{source=\"file\"} 4096\n"), std::string::npos);
+  EXPECT_THAT(res->body, HasSubstr("meshload_bytes_read_total{source=\"file\"} 4096\n"));
 }
 
 TEST_F(HealthServerTest, EachScrapeRunsTheCollectHooks) {
@@ -78,7 +81,7 @@ TEST_F(HealthServerTest, EachScrapeRunsTheCollectHooks) {
   current = 17;
   auto res = client.Get("/metrics");
   ASSERT_TRUE(res);
-  EXPECT_NE(res->body.find("meshload_current_step 17\n"), std::string::npos) << res->body;
+  EXPECT_THAT(res->body, HasSubstr("meshload_current_step 17\n"));
 }
 
 TEST_F(HealthServerTest, HealthzIsOkUntilMarkedUnhealthyWithAReason) {
@@ -226,7 +229,7 @@ TEST_F(HealthServerTest, StartOnAPortHeldByAnotherServerFailsNamingTheAddress) {
   ASSERT_FALSE(port.ok());
   EXPECT_EQ(port.status().code(), StatusCode::kIoError);
   EXPECT_EQ(port.status().location(), "127.0.0.1:" + std::to_string(busy));
-  EXPECT_NE(port.status().message().find("Address already in use"), std::string::npos)
+  EXPECT_THAT(port.status().message(), HasSubstr("Address already in use"))
       << port.status().ToString();
   EXPECT_FALSE(server.running());
   EXPECT_EQ(server.port(), 0);

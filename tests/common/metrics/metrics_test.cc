@@ -1,5 +1,6 @@
 #include "common/metrics/metrics.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,6 +12,8 @@
 
 namespace meshload::metrics {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr int kThreads = 8;
 constexpr int kPerThread = 100000;
@@ -220,10 +223,9 @@ TEST(MetricsRegistry, BuildInfoIsAGaugeOfOneLabelledWithVersionAndComponent) {
   Registry r;
   Gauge& g = RegisterBuildInfo(r, "0.1.0", "sidecar");
   EXPECT_EQ(g.Value(), 1);
-  EXPECT_NE(r.Serialize().find("# TYPE meshload_build_info gauge\n"
-                               "meshload_build_info{component=\"sidecar\",version=\"0.1.0\"} 1\n"),
-            std::string::npos)
-      << r.Serialize();
+  EXPECT_THAT(r.Serialize(),
+              HasSubstr("# TYPE meshload_build_info gauge\n"
+                        "meshload_build_info{component=\"sidecar\",version=\"0.1.0\"} 1\n"));
 }
 
 TEST(MetricsRegistry, BuildInfoForTwoComponentsSharesOneFamily) {
@@ -231,10 +233,8 @@ TEST(MetricsRegistry, BuildInfoForTwoComponentsSharesOneFamily) {
   RegisterBuildInfo(r, "0.1.0", "sidecar");
   RegisterBuildInfo(r, "0.1.0", "controller");
   std::string text = r.Serialize();
-  EXPECT_NE(text.find("{component=\"controller\",version=\"0.1.0\"} 1\n"
-                      "meshload_build_info{component=\"sidecar\",version=\"0.1.0\"} 1\n"),
-            std::string::npos)
-      << text;
+  EXPECT_THAT(text, HasSubstr("{component=\"controller\",version=\"0.1.0\"} 1\n"
+                              "meshload_build_info{component=\"sidecar\",version=\"0.1.0\"} 1\n"));
 }
 
 // ---- serialization --------------------------------------------------------
@@ -390,9 +390,9 @@ TEST(MetricsCollectHook, HooksRunBeforeEachSerialization) {
     leased.Set(slots);
   });
   EXPECT_EQ(runs, 0);
-  EXPECT_NE(r.Serialize().find("meshload_slots_leased 3\n"), std::string::npos);
+  EXPECT_THAT(r.Serialize(), HasSubstr("meshload_slots_leased 3\n"));
   slots = 5;
-  EXPECT_NE(r.Serialize().find("meshload_slots_leased 5\n"), std::string::npos);
+  EXPECT_THAT(r.Serialize(), HasSubstr("meshload_slots_leased 5\n"));
   EXPECT_EQ(runs, 2);
 }
 

@@ -4,6 +4,7 @@
 // authentication, retries, rate limits, and the informer's list/watch
 // semantics (410 Gone from a real etcd compaction).
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -26,6 +27,8 @@ namespace {
 using meshload::testing::TempDir;
 using meshload::testing::TestCluster;
 using nlohmann::json;
+using meshload::testing::StatusIs;
+using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
 void Write(const std::string& path, const std::string& text) {
@@ -76,8 +79,7 @@ TEST(KubeConfig, FilePathsAreRelativeToTheKubeconfigAndTokenFilesAreRead) {
   EXPECT_EQ((*client)->Get("/api/v1/namespaces").code, 200);
   // Another context by name: its cluster does not exist.
   auto other = LoadKubeconfig(dir.path() + "/config", "a");
-  EXPECT_EQ(other.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(other.status().message().find("nope"), std::string::npos) << other.status().ToString();
+  EXPECT_THAT(other, StatusIs(StatusCode::kNotFound, HasSubstr("nope")));
 }
 
 TEST(KubeConfig, ErrorsNameTheFieldAndUnsupportedAuthIsRefused) {
@@ -88,17 +90,17 @@ TEST(KubeConfig, ErrorsNameTheFieldAndUnsupportedAuthIsRefused) {
                                         "    certificate-authority-data: '!!notbase64'\nusers:\n- name: u\n  user: {}\n");
   auto r = LoadKubeconfig(dir.path() + "/bad-b64");
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().ToString().find("certificate-authority-data"), std::string::npos) << r.status().ToString();
+  EXPECT_THAT(r.status().ToString(), HasSubstr("certificate-authority-data"));
 
   Write(dir.path() + "/exec", head + "clusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n"
                                      "users:\n- name: u\n  user:\n    exec: {command: aws}\n");
   r = LoadKubeconfig(dir.path() + "/exec");
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().ToString().find("exec"), std::string::npos);
+  EXPECT_THAT(r.status().ToString(), HasSubstr("exec"));
 
   Write(dir.path() + "/noserver", head + "clusters:\n- name: c\n  cluster: {}\nusers:\n- name: u\n  user: {}\n");
   r = LoadKubeconfig(dir.path() + "/noserver");
-  EXPECT_NE(r.status().ToString().find("server is missing"), std::string::npos) << r.status().ToString();
+  EXPECT_THAT(r.status().ToString(), HasSubstr("server is missing"));
   EXPECT_EQ(LoadKubeconfig(dir.path() + "/missing").status().code(), StatusCode::kNotFound);
 }
 
@@ -154,7 +156,7 @@ TEST(KubeClient, AnUnknownTokenIs401AndNoCredentialsAreTheAnonymousUser) {
   ASSERT_OK(anonymous);
   ApiResponse r = (*anonymous)->Get("/api/v1/namespaces");
   EXPECT_EQ(r.code, 403) << "kube-apiserver authenticates no credentials as system:anonymous";
-  EXPECT_NE(r.message().find("system:anonymous"), std::string::npos) << r.message();
+  EXPECT_THAT(r.message(), HasSubstr("system:anonymous"));
   cfg.bearer_token = "not-a-token";
   auto unknown = KubeClient::Create(cfg);
   r = (*unknown)->Get("/api/v1/namespaces");
@@ -217,7 +219,7 @@ TEST(KubeClient, ConnectionErrorsAreRetriedThenReported) {
   EXPECT_EQ(r.code, 0);
   EXPECT_EQ(r.attempts, 3);
   EXPECT_EQ(r.ToStatus("list").code(), StatusCode::kUnavailable);
-  EXPECT_NE(r.ToStatus("list").ToString().find("cannot reach"), std::string::npos);
+  EXPECT_THAT(r.ToStatus("list").ToString(), HasSubstr("cannot reach"));
 }
 
 TEST(KubeClient, QpsAndBurstBoundTheRequestRate) {

@@ -4,6 +4,7 @@
 // and the HTTPS server (TLS, certificate reload, metrics). The API server
 // calling it for real is in tests/charts/helm_cluster_test.sh.
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <unistd.h>
@@ -26,6 +27,8 @@ namespace meshload::controller::webhook {
 namespace {
 
 using nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 json Job(const std::string& strategy = "PerProcess", const std::string& fanout = "Load") {
   json j = json::parse(R"({
@@ -139,8 +142,8 @@ TEST(Injector, AnIndexedTrainerGetsTheNativeSidecarAsDocumented) {
 }
 
 TEST(Injector, TrainersOfSeveralUidsAreEachLetIntoTheSocket) {
-  EXPECT_FALSE(Sidecar(Apply(Pod(), InjectSidecar(Pod(), "training", Lookup(Job()), Options()).patch))["args"].dump().find(
-                   "--allow-uids") != std::string::npos)
+  EXPECT_THAT(Sidecar(Apply(Pod(), InjectSidecar(Pod(), "training", Lookup(Job()), Options()).patch))["args"].dump(),
+              Not(HasSubstr("--allow-uids")))
       << "one trainer: the sidecar runs as its uid, and accepts its own";
   json pod = Pod();
   pod["spec"]["securityContext"] = {{"runAsUser", 3000}};
@@ -235,24 +238,23 @@ TEST(Injector, RefusalsNameTheJobAndTheReason) {
             "DataLoadJob training/nope (label meshload.io/job) does not exist: create the DataLoadJob before its trainer pods");
   json invalid = Job();
   invalid["spec"]["batch"]["globalBatchSize"] = 3;
-  EXPECT_NE(refused(Pod(), invalid).find("DataLoadJob training/llm (label meshload.io/job) is invalid, so its trainer pods "
-                                         "cannot get a sidecar: spec.batch.globalBatchSize: 3 is not divisible by the 4 data shards"),
-            std::string::npos)
-      << refused(Pod(), invalid);
+  EXPECT_THAT(refused(Pod(), invalid),
+              HasSubstr("DataLoadJob training/llm (label meshload.io/job) is invalid, so its trainer pods "
+                        "cannot get a sidecar: spec.batch.globalBatchSize: 3 is not divisible by the 4 data shards"));
   json own = Pod();
   own["spec"]["containers"].push_back({{"name", "meshload-sidecar"}, {"image", "x"}});
-  EXPECT_NE(refused(own, Job()).find("already has a container named meshload-sidecar"), std::string::npos);
+  EXPECT_THAT(refused(own, Job()), HasSubstr("already has a container named meshload-sidecar"));
   json unselected = Pod();
   unselected["metadata"]["labels"]["app"] = "other";
-  EXPECT_NE(refused(unselected, Job()).find("the job's spec.selector {\"matchLabels\":{\"app\":\"trainer\"}} does not select it"),
-            std::string::npos);
+  EXPECT_THAT(refused(unselected, Job()),
+              HasSubstr("the job's spec.selector {\"matchLabels\":{\"app\":\"trainer\"}} does not select it"));
   json no_volume = Pod();
   no_volume["spec"]["volumes"] = json::array();
-  EXPECT_NE(refused(no_volume, Job()).find("has no volume named datasets (spec.dataset.volume.name of DataLoadJob training/llm"),
-            std::string::npos);
+  EXPECT_THAT(refused(no_volume, Job()),
+              HasSubstr("has no volume named datasets (spec.dataset.volume.name of DataLoadJob training/llm"));
   json clash = Pod();
   clash["spec"]["volumes"].push_back({{"name", "meshload-run"}, {"emptyDir", json::object()}});
-  EXPECT_NE(refused(clash, Job()).find("already has a volume named meshload-run"), std::string::npos);
+  EXPECT_THAT(refused(clash, Job()), HasSubstr("already has a volume named meshload-run"));
 }
 
 std::string Review(const json& pod, const std::string& operation = "CREATE") {
@@ -315,7 +317,7 @@ TEST(Admission, MalformedBodiesAre400NamingTheProblem) {
     AdmissionAnswer a = ReviewPodAdmission(body, Lookup(Job()), Options());
     EXPECT_EQ(a.http_status, 400) << body;
     EXPECT_EQ(a.outcome, "bad_request");
-    EXPECT_NE(a.body.find(says), std::string::npos) << body << " -> " << a.body;
+    EXPECT_THAT(a.body, HasSubstr(says)) << body << " -> " << a.body;
   }
   std::string big(kMaxAdmissionReviewBytes + 1, ' ');
   EXPECT_EQ(ReviewPodAdmission(big, Lookup(Job()), Options()).http_status, 400);
@@ -401,11 +403,14 @@ TEST(WebhookServer, ServesOverTlsReloadsItsCertificateAndCounts) {
   EXPECT_EQ(kept->status, 200);
 
   const std::string m = registry.Serialize();
-  EXPECT_NE(m.find("meshload_controller_webhook_requests_total{outcome=\"bad_request\"} 1"), std::string::npos) << m;
-  EXPECT_NE(m.find("meshload_controller_webhook_certificate_reloads_total{result=\"ok\"} 1"), std::string::npos) << m;
-  EXPECT_NE(m.find("meshload_controller_webhook_certificate_reloads_total{result=\"error\"} 1"), std::string::npos) << m;
-  EXPECT_NE(m.find("meshload_controller_webhook_certificate_expiry_timestamp_seconds "), std::string::npos) << m;
-  EXPECT_NE(m.find("meshload_controller_webhook_request_duration_seconds_count"), std::string::npos) << m;
+  EXPECT_THAT(m,
+              HasSubstr("meshload_controller_webhook_requests_total{outcome=\"bad_request\"} 1"));
+  EXPECT_THAT(m,
+              HasSubstr("meshload_controller_webhook_certificate_reloads_total{result=\"ok\"} 1"));
+  EXPECT_THAT(m,
+              HasSubstr("meshload_controller_webhook_certificate_reloads_total{result=\"error\"} 1"));
+  EXPECT_THAT(m, HasSubstr("meshload_controller_webhook_certificate_expiry_timestamp_seconds "));
+  EXPECT_THAT(m, HasSubstr("meshload_controller_webhook_request_duration_seconds_count"));
   // promtool is installed with the project's dependencies (Debian's prometheus).
   ASSERT_EQ(std::system("command -v promtool >/dev/null 2>&1"), 0) << "promtool is not installed (scripts/install-deps.sh)";
   std::ofstream(dir.path() + "/metrics.txt") << m;
@@ -418,7 +423,7 @@ TEST(WebhookServer, AMissingOrMismatchedCertificateIsAnErrorNamingTheFile) {
   WebhookServer none(nullptr, Lookup(Job()), Options(), {.bind_address = "127.0.0.1", .port = 0, .cert_dir = dir.path()});
   auto r = none.Start();
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find(dir.path() + "/tls.crt"), std::string::npos) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr(dir.path() + "/tls.crt")) << r.status().ToString();
   auto a = pki::MakeTestPki();
   auto b = pki::MakeTestPki();
   ASSERT_TRUE(a.ok() && b.ok());
@@ -428,7 +433,7 @@ TEST(WebhookServer, AMissingOrMismatchedCertificateIsAnErrorNamingTheFile) {
                            {.bind_address = "127.0.0.1", .port = 0, .cert_dir = dir.path()});
   r = mismatched.Start();
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("is not the certificate's"), std::string::npos) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr("is not the certificate's")) << r.status().ToString();
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "tests/testing/status_matchers.h"
 
 #include <arpa/inet.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -20,6 +21,9 @@
 namespace meshload::sidecar::exchange {
 namespace {
 
+using meshload::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
 // A listening loopback socket (kept open for the test's life) and its port.
@@ -97,7 +101,7 @@ TEST(ParsePeerList, AcceptsHostsAndIpv6AndNamesTheBadItem) {
   EXPECT_EQ((*ok)[2].ToString(), "[fd00::1]:9000");
   auto bad = ParsePeerList("10.0.0.1:7441,nohost");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("peer 1 ('nohost')"), std::string::npos) << bad.status().message();
+  EXPECT_THAT(bad.status().message(), HasSubstr("peer 1 ('nohost')"));
   EXPECT_FALSE(ParsePeerList("a:0").ok());
   EXPECT_FALSE(ParsePeerList("a:70000").ok());
   EXPECT_FALSE(ParsePeerList("").ok());
@@ -197,8 +201,7 @@ TEST(PeerExchange, PlansThatDisagreeAreAClearErrorNotWrongBytes) {
   auto st = (*sender)->Begin(0);
   ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 222)}));
   Status w = (*receiver)->Wait(rt, {});
-  EXPECT_EQ(w.code(), StatusCode::kDataLoss);
-  EXPECT_NE(w.message().find("do not run the same plan"), std::string::npos) << w.message();
+  EXPECT_THAT(w, StatusIs(StatusCode::kDataLoss, HasSubstr("do not run the same plan")));
   (*receiver)->Abandon(rt);
   // The sender's part may still be on its way out: `src` must outlive it.
   (*sender)->Abandon(st);
@@ -215,12 +218,12 @@ TEST(PeerExchange, ADifferentJobIsRefusedOnBothSides) {
   ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 1)}));
   Status ws = (*sender)->Wait(st, {});
   EXPECT_FALSE(ws.ok());
-  EXPECT_NE(ws.message().find("different job"), std::string::npos) << ws.message();
+  EXPECT_THAT(ws.message(), HasSubstr("different job"));
   auto rt = (*receiver)->Begin(0);
   ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 1)}));
   Status wr = (*receiver)->Wait(rt, {});
   EXPECT_FALSE(wr.ok());
-  EXPECT_NE(wr.message().find("different job"), std::string::npos) << wr.message();
+  EXPECT_THAT(wr.message(), HasSubstr("different job"));
   (*sender)->Abandon(st);
   (*receiver)->Abandon(rt);
 }
@@ -262,10 +265,9 @@ TEST(PeerExchange, ASenderWithTheWrongSecretIsRefusedAndTheRealOneStillGetsIn) {
       std::vector<uint8_t> junk(64, 0xee);
       ASSERT_OK((*impostor)->Send(it, {PartOf(1, junk, 3)}));
       Status w = (*impostor)->Wait(it, {});
-      EXPECT_EQ(w.code(), StatusCode::kUnavailable) << w.ToString();
-      EXPECT_NE(w.message().find(secret.empty() ? "requires peer authentication" : "peer authentication failed"),
-                std::string::npos)
-          << w.ToString();
+      EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable,
+                              HasSubstr(secret.empty() ? "requires peer authentication"
+                                                       : "peer authentication failed")));
       (*impostor)->Abandon(it);
     }
   }
@@ -294,8 +296,7 @@ TEST(PeerExchange, ASenderWithASecretSendsNothingToAReceiverWithout) {
   auto st = (*sender)->Begin(0);
   ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 1)}));
   Status w = (*sender)->Wait(st, {});
-  EXPECT_EQ(w.code(), StatusCode::kUnavailable);
-  EXPECT_NE(w.message().find("does not authenticate"), std::string::npos) << w.ToString();
+  EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable, HasSubstr("does not authenticate")));
   (*sender)->Abandon(st);
   EXPECT_EQ((*receiver)->counters().bytes_received, 0u);
 }
@@ -320,9 +321,9 @@ TEST(PeerExchange, APeerThatDoesNotComeBackIsReportedNotHungOn) {
   const auto t0 = std::chrono::steady_clock::now();
   Status w = (*receiver)->Wait(rt, {});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
-  EXPECT_EQ(w.code(), StatusCode::kUnavailable);
-  EXPECT_NE(w.message().find("process 0 (127.0.0.1:"), std::string::npos) << w.message();
-  EXPECT_NE(w.message().find("did not connect again within 1 s"), std::string::npos) << w.message();
+  EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable,
+                          AllOf(HasSubstr("process 0 (127.0.0.1:"),
+                                HasSubstr("did not connect again within 1 s"))));
   (*receiver)->Abandon(rt);
 }
 
@@ -566,8 +567,8 @@ TEST(PeerExchange, ALostReceiverThatDoesNotComeBackFailsTheSendersStep) {
   const auto t0 = std::chrono::steady_clock::now();
   Status w = (*sender)->Wait(st1, {});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
-  EXPECT_EQ(w.code(), StatusCode::kUnavailable);
-  EXPECT_NE(w.message().find("could not be reached again within 1 s"), std::string::npos) << w.message();
+  EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable,
+                          HasSubstr("could not be reached again within 1 s")));
   (*sender)->Abandon(st1);
 }
 
@@ -582,8 +583,7 @@ TEST(PeerExchange, APeerThatNeverStartsIsReportedAfterTheConnectTimeout) {
   auto st = (*sender)->Begin(0);
   ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 1)}));
   Status w = (*sender)->Wait(st, {});
-  EXPECT_EQ(w.code(), StatusCode::kUnavailable);
-  EXPECT_NE(w.message().find("cannot connect to process 1"), std::string::npos) << w.message();
+  EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable, HasSubstr("cannot connect to process 1")));
   (*sender)->Abandon(st);
 
   // And the receiving side of a sender that never connects.
@@ -596,8 +596,7 @@ TEST(PeerExchange, APeerThatNeverStartsIsReportedAfterTheConnectTimeout) {
   auto rt = (*receiver)->Begin(0);
   ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 1)}));
   Status wr = (*receiver)->Wait(rt, {});
-  EXPECT_EQ(wr.code(), StatusCode::kUnavailable);
-  EXPECT_NE(wr.message().find("has not connected"), std::string::npos) << wr.message();
+  EXPECT_THAT(wr, StatusIs(StatusCode::kUnavailable, HasSubstr("has not connected")));
   (*receiver)->Abandon(rt);
 }
 

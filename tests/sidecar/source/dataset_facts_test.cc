@@ -6,6 +6,7 @@
 // (s3_source_test.cc, tests/s3/s3_run_test.sh).
 #include "sidecar/source/dataset_facts.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -20,7 +21,9 @@ namespace meshload::source {
 namespace {
 
 using meshload::testing::NpyWrap;
+using meshload::testing::StatusIs;
 using meshload::testing::TempDir;
+using ::testing::HasSubstr;
 
 DatasetSpec Fixed(const std::string& uri, int64_t record_bytes) {
   DatasetSpec s;
@@ -60,8 +63,8 @@ TEST(IndexDataset, DirectoryFilesFormOneDatasetInLexicographicOrder) {
   ASSERT_OK(idx);
   ASSERT_OK(d);
   ASSERT_EQ(idx->files().size(), 3u);
-  EXPECT_NE(idx->files()[0].path.find("part-01"), std::string::npos);
-  EXPECT_NE(idx->files()[2].path.find("part-10"), std::string::npos);
+  EXPECT_THAT(idx->files()[0].path, HasSubstr("part-01"));
+  EXPECT_THAT(idx->files()[2].path, HasSubstr("part-10"));
   EXPECT_EQ(idx->num_samples(), 6u);
   std::vector<Extent> ex;
   idx->AppendExtents(2, ex);  // the second sample of part-02
@@ -80,7 +83,7 @@ TEST(IndexDataset, GlobsAndFileUris) {
   auto idx = Index(Fixed("file://" + dir.path() + "/*.rec", 4), d);
   ASSERT_OK(idx);
   EXPECT_EQ(idx->num_samples(), 4u);
-  EXPECT_NE(idx->files()[0].path.find("a.rec"), std::string::npos);
+  EXPECT_THAT(idx->files()[0].path, HasSubstr("a.rec"));
   auto none = Index(Fixed(dir.path() + "/*.nothing", 4), d);
   EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(none.status().location(), dir.path() + "/*.nothing");
@@ -93,8 +96,8 @@ TEST(IndexDataset, AFileThatIsNotWholeRecordsIsNamed) {
   auto idx = Index(Fixed(f, 64), d);
   ASSERT_EQ(d.problems().size(), 1u);
   EXPECT_EQ(d.problems()[0].path, f);
-  EXPECT_NE(d.problems()[0].message.find("size 100 is not a whole number of 64-byte records (1 records and 36 bytes left over)"),
-            std::string::npos);
+  EXPECT_THAT(d.problems()[0].message,
+              HasSubstr("size 100 is not a whole number of 64-byte records (1 records and 36 bytes left over)"));
 }
 
 TEST(IndexDataset, TokenStreamSamplesSpanFiles) {
@@ -133,7 +136,7 @@ TEST(IndexDataset, TokenFileWithAPartialToken) {
   Diagnostics d;
   (void)Index(s, d);
   ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.problems()[0].message.find("not a whole number of uint32 tokens"), std::string::npos);
+  EXPECT_THAT(d.problems()[0].message, HasSubstr("not a whole number of uint32 tokens"));
 }
 
 TEST(IndexDataset, NpyFilesMustAgreeAndMatchTheirHeaders) {
@@ -162,10 +165,10 @@ TEST(IndexDataset, NpyFilesMustAgreeAndMatchTheirHeaders) {
   Diagnostics d2;
   (void)Index(s, d2);
   std::string all = d2.ToString();
-  EXPECT_NE(all.find(c + ": holds samples of shape (5,)"), std::string::npos) << all;
-  EXPECT_NE(all.find(t + ": size"), std::string::npos) << all;
-  EXPECT_NE(all.find("(truncated)"), std::string::npos) << all;
-  EXPECT_NE(all.find("but spec.dataset.dtype is float64"), std::string::npos) << all;
+  EXPECT_THAT(all, HasSubstr(c + ": holds samples of shape (5,)"));
+  EXPECT_THAT(all, HasSubstr(t + ": size"));
+  EXPECT_THAT(all, HasSubstr("(truncated)"));
+  EXPECT_THAT(all, HasSubstr("but spec.dataset.dtype is float64"));
 }
 
 TEST(IndexDataset, AMalformedNpyHeaderIsAnErrorNamingTheFile) {
@@ -188,7 +191,7 @@ TEST(IndexDataset, DeclaredSampleCountMustMatchTheFiles) {
   Diagnostics d;
   (void)Index(s, d);
   ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.ToString().find("spec.dataset.samples: says 11 but the files at"), std::string::npos);
+  EXPECT_THAT(d.ToString(), HasSubstr("spec.dataset.samples: says 11 but the files at"));
 }
 
 TEST(IndexDataset, MissingDataIsNotFoundAndAnUnknownSchemeIsNamed) {
@@ -197,8 +200,7 @@ TEST(IndexDataset, MissingDataIsNotFoundAndAnUnknownSchemeIsNamed) {
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(r.status().location(), "/no/such/dir/data.bin");
   auto gs = Index(Fixed("gs://bucket/x", 4), d);
-  EXPECT_EQ(gs.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(gs.status().message().find("unknown URI scheme \"gs\""), std::string::npos);
+  EXPECT_THAT(gs, StatusIs(StatusCode::kInvalidArgument, HasSubstr("unknown URI scheme \"gs\"")));
 }
 
 TEST(ReadNpyHeader, ReadsTheHeaderAndNeverTheData) {
@@ -239,19 +241,17 @@ TEST(ReadNpyHeader, ErrorsNameTheFileAndTheByteOffset) {
   std::string path = dir.Write(
       "fortran.npy", NpyWrap(1, "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3), }\n") + std::string(48, '\0'));
   Result<NpyHeader> h = ReadNpyHeader(path);
-  EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(h.status().message().find("fortran_order must be False"), std::string::npos) << h.status().ToString();
+  EXPECT_THAT(h, StatusIs(StatusCode::kInvalidArgument, HasSubstr("fortran_order must be False")));
   EXPECT_EQ(h.status().location(), path + "@44");
   path = dir.Write("text.npy", "hello, world\n");
   h = ReadNpyHeader(path);
-  EXPECT_NE(h.status().message().find("not an .npy file"), std::string::npos);
+  EXPECT_THAT(h.status().message(), HasSubstr("not an .npy file"));
   EXPECT_EQ(h.status().location(), path + "@0");
   const std::string full = *MakeNpyHeader(DType::kUint16, {1000, 2049});
   path = dir.Write("cut.npy", full.substr(0, 70));
   h = ReadNpyHeader(path);
-  EXPECT_EQ(h.status().code(), StatusCode::kDataLoss);
-  EXPECT_NE(h.status().message().find("truncated: header needs 128 bytes, have 70"), std::string::npos)
-      << h.status().ToString();
+  EXPECT_THAT(h, StatusIs(StatusCode::kDataLoss,
+                          HasSubstr("truncated: header needs 128 bytes, have 70")));
   EXPECT_EQ(h.status().location(), path + "@70");
   path = dir.Write("empty.npy", "");
   EXPECT_EQ(ReadNpyHeader(path).status().location(), path + "@0");
@@ -283,7 +283,7 @@ TEST(ResolveWithSources, LocalFilesAreIndexedAndUnreachableDataFallsBackOnlyWhen
   EXPECT_EQ(virtual_job->samples, 80u);
   Diagnostics failed;
   EXPECT_FALSE(ResolveWithSources(spec, *sources, {}, Unreachable::kFail, failed).ok());
-  EXPECT_NE(failed.ToString().find("spec.dataset.uri"), std::string::npos) << failed.ToString();
+  EXPECT_THAT(failed.ToString(), HasSubstr("spec.dataset.uri"));
 }
 
 }  // namespace

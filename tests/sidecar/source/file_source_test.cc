@@ -1,4 +1,5 @@
 #include <dirent.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <limits.h>
 #include <sys/uio.h>
@@ -23,6 +24,7 @@ namespace {
 using testing::RandomBytes;
 using testing::RecordingObserver;
 using testing::TempDir;
+using ::testing::HasSubstr;
 
 SourceOptions Options(int max_open_files, SourceObserver* observer = nullptr) {
   SourceOptions options;
@@ -231,7 +233,7 @@ TEST(FileSourceTest, FileTruncatedAfterStatIsDataLossWithTheNewSize) {
   Status st = source->Read(path, 4096, out.data(), out.size());
   ASSERT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
   EXPECT_EQ(st.location(), path + "@4096");
-  EXPECT_NE(st.message().find("the file ends after 100 bytes"), std::string::npos) << st.message();
+  EXPECT_THAT(st.message(), HasSubstr("the file ends after 100 bytes"));
 }
 
 TEST(FileSourceTest, ZeroMaxOpenFilesIsRejected) {

@@ -1,3 +1,4 @@
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -19,11 +20,14 @@
 namespace meshload::source {
 namespace {
 
+using meshload::testing::StatusIs;
 using std::chrono::milliseconds;
 using testing::RandomBytes;
 using testing::RecordingObserver;
 using testing::ServeBytes;
 using testing::TestHttpServer;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Fast retries and short timeouts so that the whole suite stays quick.
 SourceOptions FastOptions(RecordingObserver* observer) {
@@ -163,8 +167,8 @@ TEST_F(HttpSourceTest, NotFoundFailsFastWithoutRetries) {
   Status st = source->Read(server_.Url("/missing"), 64, buf, sizeof buf);
   EXPECT_EQ(st.code(), StatusCode::kNotFound);
   EXPECT_EQ(st.location(), server_.Url("/missing") + "@64");
-  EXPECT_NE(st.message().find("404"), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find("not retried"), std::string::npos) << st.message();
+  EXPECT_THAT(st.message(), HasSubstr("404"));
+  EXPECT_THAT(st.message(), HasSubstr("not retried"));
   EXPECT_EQ(server_.requests(), 1);
   EXPECT_TRUE(observer_.retries().empty());
   EXPECT_EQ(observer_.errors(), std::vector<std::string>{"not_found"});
@@ -177,8 +181,7 @@ TEST_F(HttpSourceTest, ForbiddenIsNotRetried) {
   char buf[16];
   Status st =
       MakeHttp(FastOptions(&observer_))->Read(server_.Url("/forbidden"), 0, buf, sizeof buf);
-  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(st.message().find("HTTP 403 Forbidden"), std::string::npos) << st.message();
+  EXPECT_THAT(st, StatusIs(StatusCode::kFailedPrecondition, HasSubstr("HTTP 403 Forbidden")));
   EXPECT_EQ(server_.requests(), 1);
   EXPECT_EQ(observer_.errors(), std::vector<std::string>{"http_4xx"});
 }
@@ -300,8 +303,7 @@ TEST_F(HttpSourceTest, ShorterRangeThanAskedIsRetriedAsShortBody) {
       MakeHttp(FastOptions(&observer_))->Read(server_.Url("/stingy"), 0, out.data(), out.size());
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
   // Each attempt asks for the rest and gets half of it: 500, 250, 125.
-  EXPECT_NE(st.message().find("short body: got 875 of 1000 bytes"), std::string::npos)
-      << st.message();
+  EXPECT_THAT(st.message(), HasSubstr("short body: got 875 of 1000 bytes"));
   EXPECT_EQ(out.substr(0, 875), data_.substr(0, 875));
   EXPECT_EQ(observer_.retries(), (std::vector<std::string>{"short_body", "short_body"}));
   EXPECT_EQ(server_.requests(), 3);
@@ -319,9 +321,7 @@ TEST_F(HttpSourceTest, ReadPastTheEndOfTheObjectIsDataLossWithoutRetries) {
                                "bytes");
   // Starting past the end: the server answers 416.
   st = source->Read(server_.Url("/obj"), data_.size() + 5, out.data(), out.size());
-  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
-  EXPECT_NE(st.message().find("the object ends after 100000 bytes"), std::string::npos)
-      << st.message();
+  EXPECT_THAT(st, StatusIs(StatusCode::kDataLoss, HasSubstr("the object ends after 100000 bytes")));
   EXPECT_EQ(server_.requests(), 2);
   EXPECT_EQ(observer_.errors(), (std::vector<std::string>{"data_loss", "data_loss"}));
 }
@@ -353,8 +353,7 @@ TEST_F(HttpSourceTest, ServerIgnoringRangeIsAcceptedOnlyFromOffsetZero) {
   ASSERT_OK(st);
   EXPECT_EQ(out, data_.substr(0, 300));
   st = source->Read(server_.Url("/norange"), 1, out.data(), out.size());
-  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(st.message().find("ignored the Range header"), std::string::npos) << st.message();
+  EXPECT_THAT(st, StatusIs(StatusCode::kFailedPrecondition, HasSubstr("ignored the Range header")));
   EXPECT_EQ(server_.requests(), 2);
 }
 
@@ -372,8 +371,7 @@ TEST_F(HttpSourceTest, WholeObjectShorterThanTheReadIsDataLoss) {
   std::string out(64, '\0');
   Status st = MakeHttp(FastOptions(&observer_))
                   ->Read(server_.Url("/chunked-small"), 0, out.data(), out.size());
-  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
-  EXPECT_NE(st.message().find("the object ends after 10 bytes"), std::string::npos) << st.message();
+  EXPECT_THAT(st, StatusIs(StatusCode::kDataLoss, HasSubstr("the object ends after 10 bytes")));
   EXPECT_EQ(server_.requests(), 1);
 }
 
@@ -430,13 +428,13 @@ TEST_F(HttpSourceTest, QueryStringIsSentButNeverAppearsInErrors) {
     Status st = source->Read(server_.Url(std::string("/signed") + query), 3, buf, sizeof buf);
     ASSERT_FALSE(st.ok());
     EXPECT_EQ(st.location(), server_.Url("/signed") + "@3");
-    EXPECT_EQ(st.ToString().find("secret"), std::string::npos) << st.ToString();
-    EXPECT_EQ(st.ToString().find("hunter2"), std::string::npos) << st.ToString();
-    EXPECT_EQ(st.ToString().find('?'), std::string::npos) << st.ToString();
+    EXPECT_THAT(st.ToString(), Not(HasSubstr("secret")));
+    EXPECT_THAT(st.ToString(), Not(HasSubstr("hunter2")));
+    EXPECT_THAT(st.ToString(), Not(HasSubstr("?")));
   }
   auto info = source->Stat(server_.Url("/signed?secret=hunter2&fail=404"));
   ASSERT_FALSE(info.ok());
-  EXPECT_EQ(info.status().ToString().find("hunter2"), std::string::npos);
+  EXPECT_THAT(info.status().ToString(), Not(HasSubstr("hunter2")));
   EXPECT_EQ(saw_secret.load(), 1 + 3 + 1);
 }
 
@@ -477,7 +475,7 @@ TEST(HttpSourceUrlTest, CredentialsInTheUrlAreRejectedWithoutEchoingThem) {
   char buf[1];
   Status st = source->Read("http://user:pa55word@127.0.0.1:1/x", 0, buf, 1);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(st.ToString().find("pa55word"), std::string::npos) << st.ToString();
+  EXPECT_THAT(st.ToString(), Not(HasSubstr("pa55word")));
 }
 
 // HTTPS end to end against a certificate made for this test run.
@@ -519,7 +517,7 @@ TEST_F(HttpsSourceTest, UntrustedCertificateFailsWithoutRetries) {
   Status st = source->Read(server_->Url("/obj?sig=1"), 0, buf, sizeof buf);
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(st.location(), server_->Url("/obj") + "@0");
-  EXPECT_NE(st.message().find("certificate"), std::string::npos) << st.message();
+  EXPECT_THAT(st.message(), HasSubstr("certificate"));
   EXPECT_TRUE(observer_.retries().empty());
   EXPECT_EQ(server_->requests(), 0);
 }
@@ -529,8 +527,7 @@ TEST_F(HttpsSourceTest, UnreadableCaFileFailsWithoutRetries) {
   options.ca_file = dir_.path() + "/missing-ca.pem";
   char buf[8];
   Status st = MakeHttp(options)->Read(server_->Url("/obj"), 0, buf, sizeof buf);
-  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(st.message().find("CA certificates"), std::string::npos) << st.message();
+  EXPECT_THAT(st, StatusIs(StatusCode::kFailedPrecondition, HasSubstr("CA certificates")));
   EXPECT_TRUE(observer_.retries().empty());
 }
 

@@ -4,6 +4,7 @@
 // environment.
 #include "sidecar/source/s3_internal.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -17,6 +18,10 @@
 
 namespace meshload::source::internal {
 namespace {
+
+using meshload::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr const char* kAccessKey = "AKIAIOSFODNN7EXAMPLE";
 constexpr const char* kSecret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
@@ -108,7 +113,7 @@ TEST(ParseS3Uri, BucketAndKey) {
     EXPECT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
   }
-  EXPECT_NE(ParseS3Uri("s3://AB/k").status().message().find("\"AB\" is not a bucket name"), std::string::npos);
+  EXPECT_THAT(ParseS3Uri("s3://AB/k").status().message(), HasSubstr("\"AB\" is not a bucket name"));
 }
 
 TEST(ParseListObjectsV2, KeysSizesPrefixesAndTheContinuationToken) {
@@ -131,8 +136,7 @@ TEST(ParseListObjectsV2, KeysSizesPrefixesAndTheContinuationToken) {
 
   EXPECT_EQ(ParseListObjectsV2("<html>proxy error</html>").status().code(), StatusCode::kDataLoss);
   auto bad = ParseListObjectsV2("<ListBucketResult><Contents><Key>k</Key><Size>x</Size></Contents></ListBucketResult>");
-  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
-  EXPECT_NE(bad.status().message().find("<Contents> 0"), std::string::npos) << bad.status().message();
+  EXPECT_THAT(bad, StatusIs(StatusCode::kDataLoss, HasSubstr("<Contents> 0")));
   EXPECT_FALSE(ParseListObjectsV2("<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>").ok());
 }
 
@@ -215,9 +219,8 @@ TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
   env.Set("AWS_SECRET_ACCESS_KEY", nullptr);
   S3Options half;
   Status st = S3OptionsFromEnvironment(half);
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("AWS_SECRET_ACCESS_KEY"), std::string::npos);
-  EXPECT_EQ(st.ToString().find("AKID"), std::string::npos);
+  EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument, HasSubstr("AWS_SECRET_ACCESS_KEY")));
+  EXPECT_THAT(st.ToString(), Not(HasSubstr("AKID")));
 
   // The mounted Secret's files.
   env.Set("AWS_ACCESS_KEY_ID", nullptr);

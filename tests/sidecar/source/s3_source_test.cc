@@ -5,6 +5,7 @@
 // prefixes, ranged reads into iovecs, and the errors a user meets: wrong
 // credentials, a missing bucket or key, the wrong region.
 #include <arpa/inet.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -34,9 +35,12 @@ extern char** environ;
 namespace meshload::source {
 namespace {
 
+using meshload::testing::StatusIs;
 using testing::RandomBytes;
 using testing::RecordingObserver;
 using testing::TempDir;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr const char* kAccess = "MESHLOADTESTKEY";
 constexpr const char* kSecret = "meshload-test-secret-0123456789";
@@ -227,26 +231,25 @@ TEST_F(S3SourceTest, WrongCredentialsAMissingBucketOrKeyAndTheWrongRegionFailAtO
   Status st = s->Read("s3://bkt/e/obj.bin", 0, buf.data(), buf.size());
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
   EXPECT_EQ(st.location(), "s3://bkt/e/obj.bin@0");
-  EXPECT_NE(st.message().find("HTTP 403 Forbidden: S3 SignatureDoesNotMatch"), std::string::npos) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr("HTTP 403 Forbidden: S3 SignatureDoesNotMatch"))
+      << st.ToString();
   EXPECT_EQ(std::stoll(Admin("/requests")) - before, 1) << "a refusal is not retried";
-  EXPECT_EQ(st.ToString().find("not-the-secret"), std::string::npos);
+  EXPECT_THAT(st.ToString(), Not(HasSubstr("not-the-secret")));
 
   auto ok = Make({});
   Status bucket = ok->Read("s3://nosuchbucket/e/obj.bin", 0, buf.data(), buf.size());
-  EXPECT_EQ(bucket.code(), StatusCode::kNotFound) << bucket.ToString();
-  EXPECT_NE(bucket.message().find("S3 NoSuchBucket"), std::string::npos) << bucket.ToString();
+  EXPECT_THAT(bucket, StatusIs(StatusCode::kNotFound, HasSubstr("S3 NoSuchBucket")));
   EXPECT_EQ(bucket.location(), "s3://nosuchbucket/e/obj.bin@0");
   Status key = ok->Read("s3://bkt/e/missing.bin", 0, buf.data(), buf.size());
-  EXPECT_EQ(key.code(), StatusCode::kNotFound) << key.ToString();
-  EXPECT_NE(key.message().find("S3 NoSuchKey"), std::string::npos) << key.ToString();
+  EXPECT_THAT(key, StatusIs(StatusCode::kNotFound, HasSubstr("S3 NoSuchKey")));
   auto listed = ok->List("s3://nosuchbucket/");
-  EXPECT_NE(listed.status().message().find("NoSuchBucket"), std::string::npos) << listed.status().ToString();
+  EXPECT_THAT(listed.status().message(), HasSubstr("NoSuchBucket")) << listed.status().ToString();
 
   SourceOptions region;
   region.s3.region = "eu-west-1";
   Status r = Make(region)->Read("s3://bkt/e/obj.bin", 0, buf.data(), buf.size());
-  EXPECT_NE(r.message().find("AuthorizationHeaderMalformed"), std::string::npos) << r.ToString();
-  EXPECT_NE(r.message().find("region"), std::string::npos) << r.ToString();
+  EXPECT_THAT(r.message(), HasSubstr("AuthorizationHeaderMalformed")) << r.ToString();
+  EXPECT_THAT(r.message(), HasSubstr("region")) << r.ToString();
   EXPECT_EQ(observer_.retries().size(), 0u);
 
   anonymous_ = true;
@@ -271,8 +274,8 @@ TEST_F(S3SourceTest, ThrottlingIsRetriedWithBackoffAndCountedAsThrottled) {
   Admin("/inject?status=503&code=SlowDown&count=5");
   Status gave_up = Make(few, proxy_endpoint_)->Read("s3://bkt/t/obj.bin", 0, got.data(), got.size());
   EXPECT_EQ(gave_up.code(), StatusCode::kUnavailable);
-  EXPECT_NE(gave_up.message().find("giving up after 2 attempts: HTTP 503 Service Unavailable: S3 SlowDown"),
-            std::string::npos)
+  EXPECT_THAT(gave_up.message(),
+              HasSubstr("giving up after 2 attempts: HTTP 503 Service Unavailable: S3 SlowDown"))
       << gave_up.ToString();
 }
 
@@ -285,8 +288,7 @@ TEST_F(S3SourceTest, ASlowServerTimesOutAndIsRetried) {
   Admin("/latency?ms=600");
   std::string got(6, '\0');
   Status st = s->Read("s3://bkt/slow/obj.bin", 0, got.data(), got.size());
-  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
-  EXPECT_NE(st.message().find("timed out"), std::string::npos) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kUnavailable, HasSubstr("timed out")));
   EXPECT_EQ(observer_.retries(), std::vector<std::string>{"timeout"});
   Admin("/latency?ms=0");
   ASSERT_OK(s->Read("s3://bkt/slow/obj.bin", 0, got.data(), got.size()));

@@ -14,6 +14,7 @@
 // faults and the restart run on any real GPU; only local replicas need two.
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
@@ -43,8 +44,11 @@ extern char** environ;
 namespace meshload::sidecar {
 namespace {
 
+using meshload::testing::StatusIs;
 using meshload::testing::TempDir;
 using std::chrono::milliseconds;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 // The stand-in's devices as this test process sees them (C, B, A); the
 // sidecar processes below see them as A, B, C.
@@ -330,8 +334,7 @@ TEST(DeviceStaging, AnIpcHandleSmallerThanTheSlotItIsSaidToHoldIsRefused) {
   ::close(to_parent[0]);
   auto too_big = driver->OpenIpc(0, h, 1 << 20);
   EXPECT_FALSE(too_big.ok());
-  EXPECT_EQ(too_big.status().code(), StatusCode::kInvalidArgument) << too_big.status().ToString();
-  EXPECT_NE(too_big.status().message().find("holds 4096 bytes"), std::string::npos) << too_big.status().ToString();
+  EXPECT_THAT(too_big, StatusIs(StatusCode::kInvalidArgument, HasSubstr("holds 4096 bytes")));
   auto fits = driver->OpenIpc(0, h, 4096);
   EXPECT_OK(fits);
   fits = Status(StatusCode::kCancelled, "closed");  // closes the import before the exporter goes
@@ -365,14 +368,13 @@ TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
     }
   }
   const std::string m = (*s)->Metrics();
-  EXPECT_NE(m.find("meshload_staging_mode{mode=\"cuda\"} 1"), std::string::npos) << m;
-  EXPECT_NE(m.find("meshload_staging_mode{mode=\"host\"} 0"), std::string::npos);
+  EXPECT_THAT(m, HasSubstr("meshload_staging_mode{mode=\"cuda\"} 1"));
+  EXPECT_THAT(m, HasSubstr("meshload_staging_mode{mode=\"host\"} 0"));
   // devices x 3 slots, each rounded up to the granularity; a copy timed per step.
   const uint64_t granularity = *driver->Granularity(0);
-  EXPECT_NE(m.find("meshload_device_memory_bytes " + std::to_string(job.devices() * 3 * granularity)),
-            std::string::npos)
-      << m;
-  EXPECT_EQ(m.find("meshload_device_copy_seconds_count 0"), std::string::npos) << m;
+  EXPECT_THAT(m,
+              HasSubstr("meshload_device_memory_bytes " + std::to_string(job.devices() * 3 * granularity)));
+  EXPECT_THAT(m, Not(HasSubstr("meshload_device_copy_seconds_count 0")));
 }
 
 TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
@@ -380,8 +382,7 @@ TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
   GpuJob job(/*replicas=*/true);
   auto s = job.Start(job.Options());
   ASSERT_OK(s);
-  EXPECT_NE((*s)->staging_reason().find("local replicas copied device to device"), std::string::npos)
-      << (*s)->staging_reason();
+  EXPECT_THAT((*s)->staging_reason(), HasSubstr("local replicas copied device to device"));
   // Both local devices hold the same shard; the host copy of the second is
   // never made, so its bytes can only have come from the first GPU.
   job.TakeSteps(8, *driver, [](const client::Batch& b) {
@@ -397,8 +398,7 @@ TEST(DeviceStaging, ReplicasOnGpusThatCannotReachEachOtherAreCopiedFromTheHostSl
   auto s = job.Start(job.Options());
   ::unsetenv("MESHLOAD_FAKE_CUDA_NO_PEER");
   ASSERT_OK(s);
-  EXPECT_NE((*s)->staging_reason().find("local replicas copied from the host"), std::string::npos)
-      << (*s)->staging_reason();
+  EXPECT_THAT((*s)->staging_reason(), HasSubstr("local replicas copied from the host"));
   job.TakeSteps(8, *driver);
 }
 
@@ -504,11 +504,12 @@ TEST(DeviceStaging, DeviceStagingNeedsADeviceForEveryLocalDevice) {
   o.cuda_devices = {0, 99};
   auto s = Sidecar::Create(o);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("CUDA device 99 is not among"), std::string::npos) << s.status().ToString();
+  EXPECT_THAT(s.status().message(), HasSubstr("CUDA device 99 is not among"))
+      << s.status().ToString();
   o.cuda_devices = {0};
   s = Sidecar::Create(o);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().ToString().find("--cuda-devices"), std::string::npos) << s.status().ToString();
+  EXPECT_THAT(s.status().ToString(), HasSubstr("--cuda-devices"));
   // auto falls back to host staging and says why.
   o.staging = "auto";
   o.cuda_devices = {0, 99};
@@ -552,9 +553,9 @@ TEST(DeviceStagingProcess, AGpuTheTrainerCannotSeeIsAClearErrorListingBothSides)
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
   const std::string msg = c.status().message();
-  EXPECT_NE(msg.find("which this process cannot see"), std::string::npos) << msg;
-  EXPECT_NE(msg.find(unseen), std::string::npos) << msg;
-  EXPECT_NE(msg.find(kGpuC), std::string::npos) << msg;  // this side's list
+  EXPECT_THAT(msg, HasSubstr("which this process cannot see"));
+  EXPECT_THAT(msg, HasSubstr(unseen));
+  EXPECT_THAT(msg, HasSubstr(kGpuC));  // this side's list
   Reap(pid);
 }
 
@@ -615,16 +616,15 @@ TEST(DeviceStagingProcess, CudaStagingWithoutADriverIsAnErrorAndAutoSaysWhyItSta
   ::waitpid(pid, &status, 0);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_NE(WEXITSTATUS(status), 0);
-  EXPECT_NE(job.Log().find("--staging cuda: no CUDA driver: cannot open /nonexistent/libcuda.so.1"),
-            std::string::npos)
-      << job.Log();
+  EXPECT_THAT(job.Log(),
+              HasSubstr("--staging cuda: no CUDA driver: cannot open /nonexistent/libcuda.so.1"));
   pid = job.Spawn({"MESHLOAD_CUDA_LIBRARY=/nonexistent/libcuda.so.1"}, {"--staging", "auto"});
   auto c = job.Connect(10);
   ASSERT_TRUE(c) << job.Log();
   EXPECT_EQ(c->hello().memory, protocol::MemoryKind::kHostMemfd);
   const std::string log = job.Log();
-  EXPECT_NE(log.find("staging=host"), std::string::npos) << log;
-  EXPECT_NE(log.find("cannot open /nonexistent/libcuda.so.1"), std::string::npos) << log;
+  EXPECT_THAT(log, HasSubstr("staging=host"));
+  EXPECT_THAT(log, HasSubstr("cannot open /nonexistent/libcuda.so.1"));
   c.reset();
   Reap(pid);
 }
