@@ -26,6 +26,7 @@
 
 #include "tests/controller/test_env.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 extern char** environ;
 
@@ -34,6 +35,7 @@ namespace {
 
 using meshload::testing::TempDir;
 using meshload::testing::TestCluster;
+using meshload::testing::WaitFor;
 using nlohmann::json;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -63,15 +65,9 @@ struct Process {
     }
   }
   bool WaitExit(std::chrono::milliseconds timeout) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        exited = true;
-        return true;
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    return false;
+    if (!WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, timeout, 20ms)) return false;
+    exited = true;
+    return true;
   }
 };
 
@@ -229,7 +225,7 @@ class ControllerProcess : public ::testing::Test {
       cluster_.CreatePod(ns_, pods[i].name, job);
       cluster_.SetSidecar(ns_, pods[i].name, true, 0, pods[i].ip);
     }
-    EXPECT_TRUE(TestCluster::Eventually([&] {
+    EXPECT_TRUE(WaitFor([&] {
       json cm = cluster_.Get(ConfigMapPath(job));
       if (!cm.is_object()) return false;
       json j = json::parse(cm["data"].value("job.json", "null"), nullptr, false);
@@ -251,7 +247,7 @@ class ControllerProcess : public ::testing::Test {
                  p.dir + "/trainer.log", p.dir + "/trainer.out");
   }
   static void WaitForSocket(const FakePod& p) {
-    EXPECT_TRUE(TestCluster::Eventually([&] { return std::filesystem::exists(p.dir + "/s.sock"); }, 30s))
+    EXPECT_TRUE(WaitFor([&] { return std::filesystem::exists(p.dir + "/s.sock"); }, 30s))
         << Slurp(p.dir + "/sidecar.log");
   }
 
@@ -264,23 +260,34 @@ TEST_F(ControllerProcess, OneLeaderWritesAndAStandbyTakesOverFromAStoppedLeader)
   cluster_.CreateJob(cluster_.JobManifest(ns_, "lead", 4, "lead"));
   Touch(0);
   auto a = Start("replica-a", FreePort());
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Holder() == "replica-a"; }, 20s)) << Slurp(dir_.path() + "/replica-a.log");
+  ASSERT_TRUE(WaitFor([&] { return Holder() == "replica-a"; }, 20s)) << Slurp(dir_.path() + "/replica-a.log");
   auto b = Start("replica-b", FreePort());
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job()["status"]["processesReady"] == 1; }, 20s));
+  ASSERT_TRUE(WaitFor([&] { return Job()["status"]["processesReady"] == 1; }, 20s));
   Touch(1);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job()["status"]["processesReady"] == 2; }, 20s));
-  std::this_thread::sleep_for(2s);  // b has campaigned at least once
+  ASSERT_TRUE(WaitFor([&] { return Job()["status"]["processesReady"] == 2; }, 20s));
+  // b has campaigned: it read the lease, found it held, and came back for it
+  // again (so it has acted on the first read).
+  auto lease_reads_of_b = [&] {
+    return cluster_.control_plane()
+        .Audit([&](const meshload::testing::AuditEvent& e) {
+          return e.verb == "get" && e.resource == "leases" && e.namespace_ == ns_ && e.code == 200 &&
+                 e.user_agent.find("(replica-b)") != std::string::npos;
+        })
+        .size();
+  };
+  ASSERT_TRUE(WaitFor([&] { return lease_reads_of_b() >= 2; }, 20s, 100ms))
+      << "replica-b never campaigned\n" << Slurp(dir_.path() + "/replica-b.log");
   EXPECT_GT(cluster_.WriteCountByUserAgent("(replica-a)"), 0);
   EXPECT_EQ(cluster_.WriteCountByUserAgent("(replica-b)"), 0) << "the standby must not write";
 
   // Freeze the leader: the standby takes the lease after it expires.
   ASSERT_EQ(kill(a->pid, SIGSTOP), 0);
   auto frozen = std::chrono::steady_clock::now();
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Holder() == "replica-b"; }, 25s)) << Slurp(dir_.path() + "/replica-b.log");
+  ASSERT_TRUE(WaitFor([&] { return Holder() == "replica-b"; }, 25s)) << Slurp(dir_.path() + "/replica-b.log");
   auto took = std::chrono::steady_clock::now() - frozen;
   EXPECT_LT(took, 20s);
   Touch(2);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job()["status"]["processesReady"] == 3; }, 20s));
+  ASSERT_TRUE(WaitFor([&] { return Job()["status"]["processesReady"] == 3; }, 20s));
   EXPECT_GT(cluster_.WriteCountByUserAgent("(replica-b)"), 0);
 
   // The old leader wakes up: it must notice it lost the lease, not write, and exit.
@@ -316,7 +323,7 @@ TEST_F(ControllerProcess, ABacklogOfWritesNeverCostsTheLeaderItsLease) {
                   "--retry-period-ms", "500", "--log-level", "info"},
                  dir_.path() + "/slow.log");
   ASSERT_GT(p->pid, 0);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Holder() == "slow"; }, 20s)) << Slurp(dir_.path() + "/slow.log");
+  ASSERT_TRUE(WaitFor([&] { return Holder() == "slow"; }, 20s)) << Slurp(dir_.path() + "/slow.log");
   EXPECT_FALSE(p->WaitExit(10s)) << "the leader exited:\n" << Slurp(dir_.path() + "/slow.log");
   EXPECT_EQ(Holder(), "slow");
   const std::string log = Slurp(dir_.path() + "/slow.log");
@@ -361,7 +368,7 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
     EXPECT_EQ(last["mismatches"], 0);
     EXPECT_EQ(last["first_step"], 0);
   }
-  ASSERT_TRUE(TestCluster::Eventually([&] { return resume() == json({{"step", 20}, {"specStep", 0}}); }, 60s))
+  ASSERT_TRUE(WaitFor([&] { return resume() == json({{"step", 20}, {"specStep", 0}}); }, 60s))
       << job()["status"].dump(2) << "\n" << Slurp(dir_.path() + "/rs-controller.log");
   EXPECT_EQ(job()["status"]["progress"]["step"], 19);
   EXPECT_EQ(job()["status"]["progress"]["resumeStep"], 20);
@@ -375,7 +382,7 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
   }
   // As kubectl edit would: again on a conflict (the controller writes the status meanwhile).
   std::string put_error;
-  ASSERT_TRUE(TestCluster::Eventually([&] {
+  ASSERT_TRUE(WaitFor([&] {
     json resized = job();
     resized["spec"]["mesh"]["processes"] = 8;
     resized["spec"]["mesh"]["axes"] = json::array({{{"name", "data"}, {"size", 16}}});
@@ -407,7 +414,7 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
     EXPECT_EQ(last["first_step"], 20) << p.name;
     EXPECT_EQ(last["steps"], 10) << p.name;
   }
-  ASSERT_TRUE(TestCluster::Eventually([&] { return job()["status"]["progress"]["step"] == 29; }, 60s))
+  ASSERT_TRUE(WaitFor([&] { return job()["status"]["progress"]["step"] == 29; }, 60s))
       << job()["status"].dump(2);
 
   // 4. Those are the global batches of the uninterrupted 4-process run.
@@ -435,7 +442,7 @@ TEST_F(ControllerProcess, ASidecarKilledMidRunComesBackAndItsTrainerGoesOnWithId
   std::vector<std::unique_ptr<Process>> trainers;
   for (auto& p : pods) trainers.push_back(StartTrainer(p, "20"));
   auto job = [&] { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/mid"); };
-  ASSERT_TRUE(TestCluster::Eventually([&] {
+  ASSERT_TRUE(WaitFor([&] {
     return ProgressStep(job()) >= 20;
   }, 60s)) << job()["status"].dump(2) << Slurp(pods[0].dir + "/trainer.log") << Slurp(pods[0].dir + "/sidecar.log");
 
@@ -446,7 +453,7 @@ TEST_F(ControllerProcess, ASidecarKilledMidRunComesBackAndItsTrainerGoesOnWithId
   pods[1].sidecar->WaitExit(10s);
   StartSidecar(pods[1], "mid", metrics_port);
   WaitForSocket(pods[1]);
-  ASSERT_TRUE(TestCluster::Eventually([&] {
+  ASSERT_TRUE(WaitFor([&] {
     json j = job();
     return ProgressStep(j) >= 60 && !j["status"]["progress"].contains("unreachable");
   }, 60s)) << job()["status"].dump(2);
@@ -488,7 +495,7 @@ TEST_F(ControllerProcess, ASlowTrainerIsStragglingAndKubectlDescribeNamesItsProc
     }
     return json();
   };
-  ASSERT_TRUE(TestCluster::Eventually([&] {
+  ASSERT_TRUE(WaitFor([&] {
     json c = condition(job(), "Straggling");
     return c.is_object() && c.value("status", "") == "True";
   }, 60s)) << job()["status"].dump(2) << Slurp(dir_.path() + "/slow-controller.log");
@@ -543,11 +550,11 @@ TEST_F(ControllerProcess, MetricsHealthAndReadinessAndPromtool) {
   const int port = FreePort();
   auto p = Start("solo", port);
   httplib::Client http("127.0.0.1", port);
-  ASSERT_TRUE(TestCluster::Eventually([&] {
+  ASSERT_TRUE(WaitFor([&] {
     auto r = http.Get("/readyz");
     return r && r->status == 200;
   }, 20s)) << Slurp(dir_.path() + "/solo.log");
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job()["status"].contains("phase"); }, 20s));
+  ASSERT_TRUE(WaitFor([&] { return Job()["status"].contains("phase"); }, 20s));
   auto health = http.Get("/healthz");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
@@ -558,7 +565,7 @@ TEST_F(ControllerProcess, MetricsHealthAndReadinessAndPromtool) {
       "meshload_controller_queue_depth", "meshload_controller_leader 1", "meshload_controller_api_requests_total",
       "meshload_build_info{component=\"controller\""};
   std::string metrics;
-  const bool all_there = TestCluster::Eventually([&] {
+  const bool all_there = WaitFor([&] {
     auto m = http.Get("/metrics");
     if (!m) return false;
     metrics = m->body;
@@ -570,7 +577,7 @@ TEST_F(ControllerProcess, MetricsHealthAndReadinessAndPromtool) {
   for (const auto& want : wanted) EXPECT_THAT(metrics, HasSubstr(want)) << want;
   EXPECT_TRUE(all_there);
   // JSON logs with a reconcile id.
-  EXPECT_TRUE(TestCluster::Eventually(
+  EXPECT_TRUE(WaitFor(
       [&] { return Slurp(dir_.path() + "/solo.log").find("\"reconcile_id\":") != std::string::npos; }, 20s))
       << Slurp(dir_.path() + "/solo.log");
   if (std::system("command -v promtool >/dev/null 2>&1") == 0) {

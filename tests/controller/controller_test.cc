@@ -25,6 +25,7 @@
 #include "controller/runtime/event_recorder.h"
 #include "tests/controller/test_env.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 #include <httplib.h>
 
@@ -32,6 +33,7 @@ namespace meshload::controller {
 namespace {
 
 using meshload::testing::TestCluster;
+using meshload::testing::WaitFor;
 using nlohmann::json;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
@@ -219,7 +221,7 @@ TEST_F(ControllerTest, InvalidSpecIsValidFalseWithTheMessagesAndNothingElse) {
   job["spec"]["batch"]["globalBatchSize"] = 32;
   job.erase("status");
   ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/broken", job));
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("broken")["status"]["phase"] == "Running"; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("broken")["status"]["phase"] == "Running"; }, 20s));
   json fixed = Job("broken");
   EXPECT_EQ(fixed["status"]["observedGeneration"], 2);
   EXPECT_EQ(Condition(fixed, "Valid")["observedGeneration"], 2);
@@ -240,7 +242,7 @@ TEST_F(ControllerTest, AConfigMapOfTheSameNameThatIsNotTheJobsIsLeftAloneAndRepo
   ASSERT_OK(cluster_.client().Post(cms, mine));
   cluster_.CreateJob(cluster_.JobManifest(kNs, "train", 2, "llm"));
   StartController();
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("train")["status"]["phase"] == "Degraded"; }))
+  ASSERT_TRUE(WaitFor([&] { return Job("train")["status"]["phase"] == "Degraded"; }, 20s))
       << Job("train")["status"].dump(2);
   json job = Job("train");
   json degraded = Condition(job, "Degraded");
@@ -257,7 +259,7 @@ TEST_F(ControllerTest, AConfigMapOfTheSameNameThatIsNotTheJobsIsLeftAloneAndRepo
   // Once it is gone, the job gets its own.
   ASSERT_OK(cluster_.client().Delete(cms + "/train-meshload"));
   controller_->queue().Add(std::string(kNs) + "/train");
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("train")["status"]["phase"] == "Running"; }))
+  ASSERT_TRUE(WaitFor([&] { return Job("train")["status"]["phase"] == "Running"; }, 20s))
       << Job("train")["status"].dump(2);
   EXPECT_EQ(ConfigMapOf("train")["metadata"]["ownerReferences"][0]["uid"], Job("train")["metadata"]["uid"]);
 }
@@ -275,11 +277,11 @@ TEST_F(ControllerTest, ItsOwnConfigMapWithTheLabelsTakenOffIsTakenBack) {
   const std::string path = std::string("/api/v1/namespaces/") + kNs + "/configmaps/train-meshload";
   ASSERT_OK(cluster_.client().Put(path, cm));
   controller_->queue().Add(std::string(kNs) + "/train");
-  ASSERT_TRUE(TestCluster::Eventually([&] {
+  ASSERT_TRUE(WaitFor([&] {
     json now = ConfigMapOf("train");
     return now["metadata"]["labels"]["meshload.io/job"] == "train" &&
            now["data"]["planHash"] == Job("train")["status"]["planHash"];
-  })) << ConfigMapOf("train").dump(2);
+  }, 20s)) << ConfigMapOf("train").dump(2);
   Settle();
   EXPECT_EQ(Job("train")["status"]["phase"], "Running");
 }
@@ -300,7 +302,7 @@ TEST_F(ControllerTest, ANameLongerThanALabelValueIsRefusedByTheCrdAndSixtyThreeI
   // 63 is fine.
   const std::string ok(63, 'b');
   cluster_.CreateJob(cluster_.JobManifest(kNs, ok, 2, "llm"));
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job(ok)["status"]["phase"] == "Running"; }))
+  ASSERT_TRUE(WaitFor([&] { return Job(ok)["status"]["phase"] == "Running"; }, 20s))
       << Job(ok)["status"].dump(2);
   EXPECT_EQ(ConfigMapOf(ok)["metadata"]["labels"]["meshload.io/job"], ok);
 }
@@ -320,15 +322,15 @@ TEST_F(ControllerTest, CompletionIndexWinsAndProblemsAreConditions) {
   // A fourth pod with a duplicate index: Degraded, nobody crashes, the
   // assignment holds.
   cluster_.CreatePod(kNs, "idx-dup", "idx", {{"batch.kubernetes.io/job-completion-index", "1"}});
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("indexed")["status"]["phase"] == "Degraded"; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("indexed")["status"]["phase"] == "Degraded"; }, 20s));
   json d = Condition(Job("indexed"), "Degraded");
   EXPECT_EQ(d["reason"], "DuplicateCompletionIndex");
   EXPECT_THAT(d["message"].get<std::string>(), HasSubstr("idx-dup"));
   cluster_.CreatePod(kNs, "idx-far", "idx", {{"batch.kubernetes.io/job-completion-index", "7"}});
-  ASSERT_TRUE(TestCluster::Eventually([&] {
+  ASSERT_TRUE(WaitFor([&] {
     return Condition(Job("indexed"), "Degraded")["message"].get<std::string>().find("completion index 7") !=
            std::string::npos;
-  }));
+  }, 20s));
   EXPECT_EQ(Assignment("indexed").size(), 3u);
 }
 
@@ -341,7 +343,7 @@ TEST_F(ControllerTest, ReplacedPodsTakeTheFreedIndexAndOthersKeepTheirs) {
   ASSERT_EQ(before.size(), 4u);
   // rep-1 dies: too few pods is a condition.
   cluster_.DeletePod(kNs, "rep-1");
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("rep")["status"]["processesReady"] == 3; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("rep")["status"]["processesReady"] == 3; }, 20s));
   json job = Job("rep");
   EXPECT_EQ(job["status"]["phase"], "Degraded");
   EXPECT_EQ(Condition(job, "SidecarsReady")["reason"], "WaitingForPods");
@@ -350,13 +352,13 @@ TEST_F(ControllerTest, ReplacedPodsTakeTheFreedIndexAndOthersKeepTheirs) {
   // Its replacement (a new name, as a Deployment or JobSet would make) gets 1.
   cluster_.CreatePod(kNs, "rep-new", "rep");
   cluster_.SetSidecar(kNs, "rep-new", true);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("rep")["status"]["phase"] == "Running"; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("rep")["status"]["phase"] == "Running"; }, 20s));
   auto after = Assignment("rep");
   EXPECT_EQ(after["rep-new"], before["rep-1"]);
   for (const char* p : {"rep-0", "rep-2", "rep-3"}) EXPECT_EQ(after[p], before[p]) << p;
   // Too many pods: a condition naming the extra pod; assignments unchanged.
   cluster_.CreatePod(kNs, "rep-extra", "rep");
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Condition(Job("rep"), "Degraded")["reason"] == "TooManyPods"; }));
+  ASSERT_TRUE(WaitFor([&] { return Condition(Job("rep"), "Degraded")["reason"] == "TooManyPods"; }, 20s));
   EXPECT_THAT(Condition(Job("rep"), "Degraded")["message"].get<std::string>(),
               HasSubstr("rep-extra"));
   EXPECT_EQ(Assignment("rep"), after);
@@ -380,12 +382,12 @@ TEST_F(ControllerTest, AConfigMapCacheThatLagsNeverRenumbersTheTrainers) {
   const std::string key = kNs + "/lag";
   // As the work queue would: again until it succeeds (a status write on a
   // job the cache has not caught up with yet answers 409 and is retried).
-  auto reconcile = [&] { return TestCluster::Eventually([&] { return reconciler.Reconcile(key).ok(); }); };
+  auto reconcile = [&] { return WaitFor([&] { return reconciler.Reconcile(key).ok(); }, 20s); };
   ASSERT_TRUE(reconcile());
   const auto before = Assignment("lag");
   ASSERT_EQ(before.size(), 4u);
   cluster_.DeletePod(kNs, "lag-1");
-  ASSERT_TRUE(TestCluster::Eventually([&] { return pods.List(kNs).size() == 3; }));
+  ASSERT_TRUE(WaitFor([&] { return pods.List(kNs).size() == 3; }, 20s));
   ASSERT_TRUE(reconcile());
   auto after = Assignment("lag");
   for (const char* p : {"lag-0", "lag-2", "lag-3"}) EXPECT_EQ(after[p], before.at(p)) << p << " was renumbered";
@@ -395,10 +397,10 @@ TEST_F(ControllerTest, AConfigMapCacheThatLagsNeverRenumbersTheTrainers) {
       << Condition(Job("lag"), "SidecarsReady").dump();
   // Nothing changed since: once the job's cache has the last status, a
   // reconcile on the lagging ConfigMap cache writes nothing.
-  EXPECT_TRUE(TestCluster::Eventually([&] {
+  EXPECT_TRUE(WaitFor([&] {
     ReconcileResult r;
     return reconciler.Reconcile(key, &r).ok() && r.writes == 0;
-  }));
+  }, 20s));
   for (kube::Informer* inf : {&jobs, &pods, &lagging}) inf->Stop();
 }
 
@@ -412,7 +414,7 @@ TEST_F(ControllerTest, RestartKeepsTheAssignmentAndMakesNoWrites) {
   cluster_.DeletePod(kNs, "rs-0");
   cluster_.CreatePod(kNs, "aa-rs", "rs");
   cluster_.SetSidecar(kNs, "aa-rs", true);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Assignment("rs").count("aa-rs") == 1; }));
+  ASSERT_TRUE(WaitFor([&] { return Assignment("rs").count("aa-rs") == 1; }, 20s));
   Settle();
   auto assignment = Assignment("rs");
   json status = Job("rs")["status"];
@@ -502,15 +504,15 @@ TEST_F(ControllerTest, AnExistingPeerSecretIsKeptAndAnInvalidJobGetsNone) {
   json job = Job("own");
   job["spec"]["batch"]["globalBatchSize"] = 3;
   ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own", job));
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("own")["status"]["phase"] == "Failed"; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("own")["status"]["phase"] == "Failed"; }, 20s));
   EXPECT_EQ(Job("own")["status"]["peerSecretName"], "own-meshload-peer");
   EXPECT_FALSE(Job("own")["status"].contains("peerSecretUID")) << "found, not made";
 
   // Deleting the job leaves the user's Secret alone.
   ASSERT_OK(cluster_.client().Delete(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own"));
-  ASSERT_TRUE(TestCluster::Eventually([&] {
+  ASSERT_TRUE(WaitFor([&] {
     return cluster_.client().Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own").code == 404;
-  }));
+  }, 20s));
   EXPECT_EQ(cluster_.Get(secrets + "/own-meshload-peer")["data"], mine.body["data"]);
 }
 
@@ -531,11 +533,11 @@ TEST_F(ControllerTest, APeerSecretIsLabelledWithItsJobInstanceAndGoesWithIt) {
   EXPECT_EQ(Job("again")["status"]["peerSecretUID"], made["metadata"]["uid"]);
 
   ASSERT_OK(cluster_.client().Delete(jobs + "/again"));
-  ASSERT_TRUE(TestCluster::Eventually([&] { return cluster_.client().Get(jobs + "/again").code == 404; }));
+  ASSERT_TRUE(WaitFor([&] { return cluster_.client().Get(jobs + "/again").code == 404; }, 20s));
   EXPECT_EQ(cluster_.client().Get(secrets + "/again-meshload-peer").code, 404);
 
   cluster_.CreateJob(cluster_.JobManifest(kNs, "again", 2, "again"));
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("again")["status"]["phase"] == "Running"; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("again")["status"]["phase"] == "Running"; }, 20s));
   json again = cluster_.Get(secrets + "/again-meshload-peer");
   ASSERT_TRUE(again.is_object());
   EXPECT_NE(again["metadata"]["uid"], made["metadata"]["uid"]);
@@ -554,6 +556,7 @@ class ProgressEndpoint {
  public:
   ProgressEndpoint(std::string ip, int port, int64_t process) : ip_(std::move(ip)), process_(process) {
     server_.Get("/progress", [this](const httplib::Request&, httplib::Response& res) {
+      ++polls_;
       std::lock_guard lock(mu_);
       res.set_content(json({{"job", "pg"}, {"process", process_}, {"consumedStep", step_}, {"resumeStep", step_ + 1},
                             {"stepsPerSecond", rate_}})
@@ -574,6 +577,8 @@ class ProgressEndpoint {
     rate_ = rate;
   }
   bool ok() const { return ok_; }
+  /// GET /progress requests so far.
+  int polls() const { return polls_.load(); }
 
  private:
   std::string ip_;
@@ -584,6 +589,7 @@ class ProgressEndpoint {
   std::mutex mu_;
   int64_t step_ = -1;
   double rate_ = 0;
+  std::atomic<int> polls_{0};
 };
 
 TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConfigMap) {
@@ -614,32 +620,32 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
     json cm = ConfigMapOf("pg");
     return cm.is_object() ? json::parse(cm["data"]["resume.json"].get<std::string>()) : json();
   };
-  ASSERT_TRUE(TestCluster::Eventually([&] { return progress()["step"] == 41; })) << Job("pg").dump(2);
+  ASSERT_TRUE(WaitFor([&] { return progress()["step"] == 41; }, 20s)) << Job("pg").dump(2);
   json p = progress();
   EXPECT_EQ(p["resumeStep"], 42);
   EXPECT_EQ(p["maxStep"], 43);
   EXPECT_EQ(p["processesReporting"], 2);
   EXPECT_DOUBLE_EQ(p["samplesPerSecond"].get<double>(), 2.0 * 32);  // 2 processes x 2 devices x 8
-  ASSERT_TRUE(TestCluster::Eventually([&] { return resume() == json({{"step", 42}, {"specStep", 0}}); }))
+  ASSERT_TRUE(WaitFor([&] { return resume() == json({{"step", 42}, {"specStep", 0}}); }, 20s))
       << ConfigMapOf("pg").dump(2);
 
   // With the poller queueing the job every 200 ms the controller is never
   // idle (Settle would wait in vain): wait until its writes stop instead.
+  // (Quiet is no write for 1.5 s: that time is part of the condition.)
   auto quiet = [&] {
     int64_t last = Writes();
     auto since = std::chrono::steady_clock::now();
-    const auto deadline = since + 60s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(250ms);
-      const int64_t now = Writes();
-      if (now != last) {
-        last = now;
-        since = std::chrono::steady_clock::now();
-      } else if (std::chrono::steady_clock::now() - since >= 1500ms) {
-        return true;
-      }
-    }
-    return false;
+    return WaitFor(
+        [&] {
+          const int64_t now = Writes();
+          if (now != last) {
+            last = now;
+            since = std::chrono::steady_clock::now();
+            return false;
+          }
+          return std::chrono::steady_clock::now() - since >= 1500ms;
+        },
+        60s, 250ms);
   };
 
   // Running on by less than the granularity, at the same rate: nothing is
@@ -648,7 +654,9 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   const int64_t writes = Writes();
   p0.Set(91, 2.0);
   p1.Set(93, 2.0);
-  std::this_thread::sleep_for(1500ms);  // about seven polls
+  const int p0_polls = p0.polls(), p1_polls = p1.polls();
+  ASSERT_TRUE(WaitFor([&] { return p0.polls() >= p0_polls + 7 && p1.polls() >= p1_polls + 7; }, 30s))
+      << "the sidecars were not polled seven times at their new steps";
   ASSERT_TRUE(quiet());
   EXPECT_EQ(progress()["step"], 41);
   EXPECT_EQ(Writes(), writes) << "moves below the granularity made writes";
@@ -656,31 +664,31 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   // The trainers stop: the exact step is written, and recorded for a restart.
   p0.Set(95, 0.0);
   p1.Set(95, 0.0);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return progress()["step"] == 95; })) << Job("pg").dump(2);
+  ASSERT_TRUE(WaitFor([&] { return progress()["step"] == 95; }, 20s)) << Job("pg").dump(2);
   EXPECT_EQ(progress()["samplesPerSecond"], 0.0);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return resume() == json({{"step", 96}, {"specStep", 0}}); }));
+  ASSERT_TRUE(WaitFor([&] { return resume() == json({{"step", 96}, {"specStep", 0}}); }, 20s));
 
   // One far behind: named as lagging. One that stops answering: named as
   // unreachable, and the recorded resume step stays as it was.
   p0.Set(400, 0.0);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return progress().contains("lagging"); })) << Job("pg").dump(2);
+  ASSERT_TRUE(WaitFor([&] { return progress().contains("lagging"); }, 20s)) << Job("pg").dump(2);
   EXPECT_EQ(progress()["lagging"][0]["process"], 1);
   EXPECT_EQ(progress()["lagging"][0]["pod"], "pg-1");
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Condition(Job("pg"), "Straggling")["status"] == "True"; }))
+  ASSERT_TRUE(WaitFor([&] { return Condition(Job("pg"), "Straggling")["status"] == "True"; }, 20s))
       << Job("pg").dump(2);
   EXPECT_THAT(Condition(Job("pg"), "Straggling")["message"].get<std::string>(),
               HasSubstr("process 1 (pod pg-1) is more than 100 steps behind the median"))
       << Condition(Job("pg"), "Straggling").dump();
   EXPECT_EQ(Condition(Job("pg"), "Starved")["status"], "False") << "no trainer reported waiting";
   p1.Stop();
-  ASSERT_TRUE(TestCluster::Eventually([&] { return progress().contains("unreachable"); })) << Job("pg").dump(2);
+  ASSERT_TRUE(WaitFor([&] { return progress().contains("unreachable"); }, 20s)) << Job("pg").dump(2);
   p = progress();
   EXPECT_EQ(p["unreachable"][0]["process"], 1);
   EXPECT_EQ(p["unreachable"][0]["pod"], "pg-1");
   EXPECT_THAT(p["unreachable"][0]["reason"].get<std::string>(), HasSubstr("127.0.0.3")) << p.dump();
   EXPECT_FALSE(p.contains("step")) << "a step is not guessed while a process cannot be asked";
   EXPECT_EQ(p["processesReporting"], 1);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Condition(Job("pg"), "Straggling")["status"] == "False"; }))
+  ASSERT_TRUE(WaitFor([&] { return Condition(Job("pg"), "Straggling")["status"] == "False"; }, 20s))
       << Job("pg").dump(2);
   ASSERT_TRUE(quiet());
   ASSERT_TRUE(events.Flush(10s));
@@ -702,14 +710,14 @@ TEST_F(ControllerTest, SidecarNotReadyAndRestartingAreVisible) {
   StartController();
   Settle();
   cluster_.SetSidecar(kNs, "sc-1", false, /*restarts=*/3);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("sc")["status"]["processesReady"] == 1; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("sc")["status"]["processesReady"] == 1; }, 20s));
   json job = Job("sc");
   EXPECT_EQ(job["status"]["phase"], "Degraded");
   EXPECT_EQ(Condition(job, "Degraded")["reason"], "SidecarRestarting");
   EXPECT_EQ(Condition(job, "SidecarsReady")["reason"], "SidecarsNotReady");
   std::string ltt = Condition(job, "Valid")["lastTransitionTime"];
   cluster_.SetSidecar(kNs, "sc-1", true, 3);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("sc")["status"]["phase"] == "Running"; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("sc")["status"]["phase"] == "Running"; }, 20s));
   EXPECT_EQ(Condition(Job("sc"), "Valid")["lastTransitionTime"], ltt)
       << "a condition whose status did not change keeps its lastTransitionTime";
 }
@@ -722,7 +730,7 @@ TEST_F(ControllerTest, DeletionCleansUpAndRemovesTheFinalizer) {
   ASSERT_TRUE(ConfigMapOf("del").is_object());
   auto r = cluster_.client().Delete(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/del");
   ASSERT_OK(r) << r.message();
-  ASSERT_TRUE(TestCluster::Eventually(
+  ASSERT_TRUE(WaitFor(
       [&] {
         return cluster_.client().Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/del").code ==
                404;
@@ -735,7 +743,7 @@ TEST_F(ControllerTest, DeletionCleansUpAndRemovesTheFinalizer) {
   const std::string secret = std::string("/api/v1/namespaces/") + kNs + "/secrets/del-meshload-peer";
   EXPECT_FALSE(cluster_.Get(secret).is_object());
   cluster_.CreateJob(cluster_.JobManifest(kNs, "del", 2, "del"));
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("del")["status"].contains("peerSecretUID"); }, 60s))
+  ASSERT_TRUE(WaitFor([&] { return Job("del")["status"].contains("peerSecretUID"); }, 60s))
       << Job("del").dump(2);
   Settle();
   json again = cluster_.Get(secret);
@@ -761,7 +769,7 @@ TEST_F(ControllerTest, WithoutTheChartsFinalizersGrantTheServerRefusesTheOwnedCo
   ASSERT_OK(cluster_.client().Put(role, cr));
   cluster_.ExpectForbidden();
   // The authoriser follows the role by its own watch.
-  ASSERT_TRUE(TestCluster::Eventually([&] {
+  ASSERT_TRUE(WaitFor([&] {
     json review = {{"apiVersion", "authorization.k8s.io/v1"},
                    {"kind", "SubjectAccessReview"},
                    {"spec", {{"user", cluster_.controller_user()},
@@ -770,18 +778,18 @@ TEST_F(ControllerTest, WithoutTheChartsFinalizersGrantTheServerRefusesTheOwnedCo
                                                      {"namespace", kNs}}}}}};
     auto r = cluster_.client().Post("/apis/authorization.k8s.io/v1/subjectaccessreviews", review);
     return r.ok() && !r.body["status"].value("allowed", true);
-  }));
+  }, 20s));
   ReadyPods("fin", 2);
   cluster_.CreateJob(cluster_.JobManifest(kNs, "fin", 2, "fin"));
   StartController();
-  ASSERT_TRUE(TestCluster::Eventually([&] {
+  ASSERT_TRUE(WaitFor([&] {
     for (const auto& f : cluster_.Forbidden()) {
       if (f.rfind("create core/configmaps", 0) == 0) return true;
     }
     return false;
   }, 30s));
   EXPECT_FALSE(ConfigMapOf("fin").is_object());
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("fin")["status"]["phase"] == "Degraded"; }, 30s))
+  ASSERT_TRUE(WaitFor([&] { return Job("fin")["status"]["phase"] == "Degraded"; }, 30s))
       << Job("fin").dump(2);
   EXPECT_THAT(Condition(Job("fin"), "Degraded")["message"].get<std::string>(), HasSubstr("403"))
       << Condition(Job("fin"), "Degraded").dump();
@@ -795,7 +803,7 @@ TEST_F(ControllerTest, APeerSecretThatCannotBeCreatedDegradesTheJobUntilItCan) {
   cluster_.proxy().InjectErrors(std::string("/api/v1/namespaces/") + kNs + "/secrets", 403, 1000);
   cluster_.CreateJob(cluster_.JobManifest(kNs, "sf", 2, "sf"));
   StartController();
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("sf")["status"]["phase"] == "Degraded"; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("sf")["status"]["phase"] == "Degraded"; }, 20s));
   json job = Job("sf");
   EXPECT_EQ(Condition(job, "Degraded")["reason"], "PeerSecretFailed");
   EXPECT_THAT(Condition(job, "Degraded")["message"].get<std::string>(),
@@ -804,7 +812,7 @@ TEST_F(ControllerTest, APeerSecretThatCannotBeCreatedDegradesTheJobUntilItCan) {
   EXPECT_EQ(job["status"]["processesReady"], 2) << "the rest of the status is written";
   EXPECT_FALSE(job["status"].contains("peerSecretName"));
   cluster_.proxy().ClearInjectedErrors();
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("sf")["status"]["phase"] == "Running"; }, 30s));
+  ASSERT_TRUE(WaitFor([&] { return Job("sf")["status"]["phase"] == "Running"; }, 30s));
   EXPECT_EQ(Job("sf")["status"]["peerSecretName"], "sf-meshload-peer");
   EXPECT_TRUE(cluster_.Get(std::string("/api/v1/namespaces/") + kNs + "/secrets/sf-meshload-peer").is_object());
 }
@@ -866,7 +874,7 @@ json RunScenario(bool faults, const json& expect = nullptr) {
         }
         // A change while the faults go on: the last pod of app2 becomes ready.
         if (rounds == 8) cluster.SetSidecar(kNs, "app2-2", true);
-        std::this_thread::sleep_for(150ms);
+        std::this_thread::sleep_for(150ms);  // fixed on purpose: the faults go on for a set time
       }
       cluster.proxy().ClearInjectedErrors();
     });
@@ -922,7 +930,7 @@ json RunScenario(bool faults, const json& expect = nullptr) {
     EXPECT_TRUE(controller.WaitIdle(1s, 60s));
     state = snapshot();
   } else {
-    TestCluster::Eventually([&] { return (state = snapshot()) == expect; }, 60s);
+    (void)WaitFor([&] { return (state = snapshot()) == expect; }, 60s);  // the caller compares the states
   }
   controller.Stop();
   return state;
@@ -1018,14 +1026,13 @@ TEST(EventRecorder, NeverBlocksAFullQueueOrANonLeaderDrops) {
     ++asked;
     // The writer is stuck on the first event (bounded, so that a failed
     // assertion below cannot hang the test in the recorder's destructor).
-    const auto until = std::chrono::steady_clock::now() + 10s;
-    while (hold && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    (void)WaitFor([&] { return !hold.load(); }, 10s, 1ms);
     return leader.load();
   };
   auto event_client = cluster.ControllerClient();
   runtime::EventRecorder events(event_client.get(), nullptr, o);
   events.Record(job, "Normal", "R", "0");
-  ASSERT_TRUE(TestCluster::Eventually([&] { return asked.load() == 1; }));
+  ASSERT_TRUE(WaitFor([&] { return asked.load() == 1; }, 20s));
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 1; i <= 4; ++i) events.Record(job, "Normal", "R", std::to_string(i));  // 2 queued, 2 dropped
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 100ms) << "Record must not wait for the writer";
@@ -1060,9 +1067,9 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   job["spec"]["batch"]["globalBatchSize"] = 32;
   job.erase("status");
   ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/watched", job));
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Pending"; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("watched")["status"]["phase"] == "Pending"; }, 20s));
   ReadyPods("w", 2);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Running"; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("watched")["status"]["phase"] == "Running"; }, 20s));
   SettleWithEvents(events);
   seen = EventsAbout(cluster_, "watched");
   ASSERT_EQ(seen.size(), 5u) << ::testing::PrintToString(seen);
@@ -1073,7 +1080,7 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   // A sidecar restarts and is not ready: SidecarsReady False, and Degraded
   // True for the restart (a sidecar merely not ready is SidecarsReady's).
   cluster_.SetSidecar(kNs, "w-1", false, 1);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Degraded"; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("watched")["status"]["phase"] == "Degraded"; }, 20s));
   SettleWithEvents(events);
   seen = EventsAbout(cluster_, "watched");
   ASSERT_EQ(seen.size(), 7u) << ::testing::PrintToString(seen);
@@ -1081,7 +1088,7 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   EXPECT_EQ(seen[6].rfind("Warning SidecarRestarting: the sidecar of process 1 (pod w-1) restarted", 0), 0u) << seen[6];
   // It comes back: ready again, and recovered.
   cluster_.SetSidecar(kNs, "w-1", true, 1);
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("watched")["status"]["phase"] == "Running"; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("watched")["status"]["phase"] == "Running"; }, 20s));
   SettleWithEvents(events);
   seen = EventsAbout(cluster_, "watched");
   // The same event again within 10 minutes raises the first one's count.
@@ -1119,7 +1126,7 @@ TEST_F(ControllerTest, EventsForAJobReadyAtOnceAndForEditsThatKeepItInvalid) {
   job["spec"]["batch"]["globalBatchSize"] = 5;
   job.erase("status");
   ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/edited", job));
-  ASSERT_TRUE(TestCluster::Eventually([&] { return Job("edited")["status"]["observedGeneration"] == 2; }));
+  ASSERT_TRUE(WaitFor([&] { return Job("edited")["status"]["observedGeneration"] == 2; }, 20s));
   SettleWithEvents(events);
   auto edited = EventsAbout(cluster_, "edited");
   ASSERT_EQ(edited.size(), 3u) << ::testing::PrintToString(edited);

@@ -12,9 +12,12 @@
 #include <mutex>
 #include <thread>
 
+#include "tests/testing/wait.h"
 #include "tests/testing/yaml_json.h"
 
 namespace meshload::testing {
+
+using namespace std::chrono_literals;
 
 std::string SourceDir() { return MESHLOAD_SOURCE_DIR; }
 
@@ -30,17 +33,18 @@ void InstallCrd(kube::KubeClient& client) {
       ADD_FAILURE() << r.ToStatus("install the CRD").ToString();
       return;
     }
-    const bool established = TestCluster::Eventually([&] {
+    const bool established = WaitFor([&] {
       auto got = client.Get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/dataloadjobs.meshload.io");
       if (!got.ok()) return false;
       for (const auto& c : got.body["status"]["conditions"]) {
         if (c["type"] == "Established" && c["status"] == "True") return true;
       }
       return false;
-    });
+    }, 20s);
     if (!established) ADD_FAILURE() << "the CRD did not become Established";
-    // Served once the discovery and the storage for it are up.
-    TestCluster::Eventually([&] { return client.Get("/apis/meshload.io/v1alpha1/dataloadjobs").ok(); });
+    // Served once the discovery and the storage for it are up (if not, the
+    // tests' own requests say so).
+    (void)WaitFor([&] { return client.Get("/apis/meshload.io/v1alpha1/dataloadjobs").ok(); }, 20s);
   });
 }
 
@@ -191,14 +195,14 @@ void TestCluster::BindChartRbac() {
     auto r = client_->Post("/apis/authorization.k8s.io/v1/subjectaccessreviews", review);
     return r.ok() && r.body["status"].value("allowed", false);
   };
-  if (!Eventually([&] {
+  if (!WaitFor([&] {
         return allowed({{"verb", "watch"}, {"group", "meshload.io"}, {"resource", "dataloadjobs"}}) &&
                allowed({{"verb", "update"},
                         {"group", "coordination.k8s.io"},
                         {"resource", "leases"},
                         {"namespace", ns_},
                         {"name", "meshload-controller"}});
-      })) {
+      }, 20s)) {
     ADD_FAILURE() << "the chart's roles never took effect for " << controller_user_;
   }
 }
@@ -267,7 +271,7 @@ void TestCluster::CreateNamespace(const std::string& ns) {
   if (!r.ok() && r.code != 409) ADD_FAILURE() << r.ToStatus("create namespace").ToString();
   // Pods are admitted once the service-account controller has made the
   // namespace's default account.
-  if (!Eventually([&] { return client_->Get("/api/v1/namespaces/" + ns + "/serviceaccounts/default").ok(); })) {
+  if (!WaitFor([&] { return client_->Get("/api/v1/namespaces/" + ns + "/serviceaccounts/default").ok(); }, 20s)) {
     ADD_FAILURE() << "namespace " << ns << " got no default service account";
   }
 }
@@ -395,15 +399,6 @@ std::vector<std::string> TestCluster::ChartGrantsNeverUsed() {
     }
   }
   return {unused.begin(), unused.end()};
-}
-
-bool TestCluster::Eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pred();
 }
 
 }  // namespace meshload::testing

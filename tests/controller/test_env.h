@@ -122,10 +122,6 @@ class TestCluster {
   /// plugin OwnerReferencesPermissionEnforcement checks it there).
   static std::vector<std::string> ChartGrantsNeverUsed();
 
-  /// Polls `pred` until true or `timeout`.
-  static bool Eventually(const std::function<bool()>& pred,
-                         std::chrono::milliseconds timeout = std::chrono::seconds(20));
-
  private:
   bool Ours(const AuditEvent& e) const;
   void BindChartRbac();

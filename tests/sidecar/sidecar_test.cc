@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -34,6 +35,7 @@
 #include "tests/testing/job_fixtures.h"
 #include "tools/synthetic_dataset.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 extern char** environ;
 
@@ -41,10 +43,14 @@ namespace meshload::sidecar {
 namespace {
 
 using meshload::testing::StatusIs;
+using meshload::testing::CurrentThreadId;
 using meshload::testing::TempDir;
+using meshload::testing::ThreadIsAsleep;
+using meshload::testing::WaitFor;
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using std::chrono::seconds;
 
 std::string JobYaml(const std::string& uri, int64_t prefetch, const std::string& extra_dataset = "") {
   return "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: sidecar-test}\nspec:\n"
@@ -166,9 +172,7 @@ TEST(Sidecar, ServesConsecutiveStepsWithThePlannedBytes) {
     h.ExpectBatchIsPlanned(*b);
   }
   // The last RELEASEs may still be on their way to the server thread.
-  for (int i = 0; i < 500 && h.Metric("meshload_batches_consumed_total") < 44; ++i) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  (void)WaitFor([&] { return h.Metric("meshload_batches_consumed_total") >= 44; }, seconds(20));
   EXPECT_GE(h.Metric("meshload_batches_consumed_total"), 44);
   EXPECT_EQ(h.Metric("meshload_clients_connected"), 1);
 }
@@ -243,13 +247,22 @@ class RawTrainer {
   const char* base_ = nullptr;
 };
 
-// Polls the sidecar's metric until it reaches `want` (at most 5 s).
+// Polls the sidecar's metric until it reaches `want` (at most 20 s).
 bool MetricReaches(SidecarHarness& h, const std::string& series, double want) {
-  for (int i = 0; i < 500; ++i) {
-    if (h.Metric(series) >= want) return true;
-    std::this_thread::sleep_for(milliseconds(10));
+  return WaitFor([&] { return h.Metric(series) >= want; }, seconds(20));
+}
+
+// This process's threads whose name starts with `prefix` (their kernel ids).
+std::vector<pid_t> ThreadsNamed(const std::string& prefix) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name.rfind(prefix, 0) == 0) out.push_back(static_cast<pid_t>(std::stol(task.path().filename().string())));
   }
-  return false;
+  return out;
 }
 
 TEST(Sidecar, AConsumerKilledHoldingLeasesIsReclaimedAndAReconnectGetsIdenticalBytes) {
@@ -353,6 +366,8 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
   old.Send(protocol::Release{leases[0].slot, leases[0].step, 0});
   old.Send(protocol::Release{leases[0].slot, leases[0].step, 0});
   EXPECT_TRUE(MetricReaches(h, "meshload_batches_consumed_total", consumed + 1));
+  // Time for the other two RELEASEs to (wrongly) count: what must NOT
+  // happen, so the time is fixed.
   std::this_thread::sleep_for(milliseconds(100));
   EXPECT_EQ(h.Metric("meshload_batches_consumed_total"), consumed + 1);
   EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 2);
@@ -388,10 +403,13 @@ TEST(Sidecar, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionR
   std::vector<UniqueFd> refused;
   for (int i = 0; i < 80; ++i) {
     auto fd = protocol::ConnectSeqpacket(h.options_.socket_path);
-    for (int tries = 0; !fd.ok() && fd.status().code() == StatusCode::kUnavailable && tries < 500; ++tries) {
-      std::this_thread::sleep_for(milliseconds(2));  // the listen queue (8) is full: the sidecar catches up
-      fd = protocol::ConnectSeqpacket(h.options_.socket_path);
-    }
+    (void)WaitFor(  // while the listen queue (8) is full: the sidecar catches up
+        [&] {
+          if (fd.ok() || fd.status().code() != StatusCode::kUnavailable) return true;
+          fd = protocol::ConnectSeqpacket(h.options_.socket_path);
+          return false;
+        },
+        seconds(20), milliseconds(2));
     ASSERT_OK(fd);
     refused.push_back(std::move(*fd));
   }
@@ -412,6 +430,8 @@ TEST(Sidecar, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionR
   // exactly the two others come back.
   old.Send(protocol::Bye{{{leases[0].slot, leases[0].step}}});
   EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", 2));
+  // Time for a third (wrong) reclaim to show: what must NOT happen, so the
+  // time is fixed.
   std::this_thread::sleep_for(milliseconds(100));
   EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 2);
   EXPECT_EQ(old.Bytes(leases[0]), held);
@@ -429,7 +449,14 @@ TEST(Sidecar, StoppingNeverRestagesASlotTheTrainerHolds) {
     ASSERT_EQ(leases.size(), 3u);
     std::vector<std::string> held;
     for (const auto& r : leases) held.push_back(t.Bytes(r));
-    std::this_thread::sleep_for(milliseconds(50));  // both producers wait for a slot
+    // Both producers wait for a slot (asleep in the pool: every slot is the trainer's).
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          const std::vector<pid_t> producers = ThreadsNamed("ml-stage-");
+          return !producers.empty() && std::all_of(producers.begin(), producers.end(), ThreadIsAsleep);
+        },
+        seconds(10)))
+        << "round " << round << ": the producers never waited for a slot";
     h.Stop();
     for (size_t i = 0; i < leases.size(); ++i) {
       EXPECT_EQ(t.Bytes(leases[i]), held[i]) << "round " << round << ": the slot of step " << leases[i].step
@@ -493,7 +520,7 @@ TEST(Sidecar, ASlowConsumerKeepsMemoryBoundedAndIsReported) {
   ASSERT_TRUE(a.ok() && b.ok());
   auto none = c->Next(milliseconds(300));  // the trainer holds both slots: nothing more is staged
   EXPECT_EQ(none.status().code(), StatusCode::kDeadlineExceeded);
-  std::this_thread::sleep_for(milliseconds(400));
+  (void)WaitFor([&] { return h.Metric("meshload_producer_blocked_seconds") > 0.3; }, seconds(20));
   const std::string m = h.Metrics();
   EXPECT_THAT(m, HasSubstr("meshload_slots{state=\"leased\"} 2"));
   EXPECT_THAT(m, HasSubstr("meshload_slots{state=\"ready\"} 0"));
@@ -603,7 +630,7 @@ class RangeServer {
   explicit RangeServer(std::string body) : body_(std::move(body)) {
     server_.Get("/data.bin", [this](const httplib::Request&, httplib::Response& res) {
       ++requests_;
-      if (stall_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms_.load()));
+      if (stall_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms_.load()));  // a slow store
       if (fail_next_ > 0) {
         --fail_next_;
         res.status = 500;
@@ -614,7 +641,7 @@ class RangeServer {
     });
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(WaitFor([&] { return server_.is_running(); }, seconds(10))) << "the range server did not start";
   }
   ~RangeServer() {
     server_.stop();
@@ -670,12 +697,12 @@ TEST(Sidecar, AStuckStorageReadIsVisibleWithinSecondsInMetricsAndLogs) {
   ::testing::internal::CaptureStderr();
   ASSERT_OK(h.Start());
   double oldest = 0;
-  for (int i = 0; i < 40 && oldest < 0.5; ++i) {
-    std::this_thread::sleep_for(milliseconds(50));
-    oldest = h.Metric("meshload_oldest_inflight_read_seconds");
-  }
+  (void)WaitFor([&] { return (oldest = h.Metric("meshload_oldest_inflight_read_seconds")) >= 0.5; }, seconds(20),
+                milliseconds(50));
   EXPECT_GE(oldest, 0.5);
-  std::this_thread::sleep_for(milliseconds(700));  // the watchdog runs every 0.5 s
+  // The watchdog (every 0.5 s) has reported it: it logs, then counts the error.
+  EXPECT_TRUE(WaitFor([&] { return h.Metric("meshload_errors_total{kind=\"read_stalled\"}") >= 1; }, seconds(20)))
+      << "no stuck read was reported";
   server.stall_ms_ = 0;
   h.Stop();
   const std::string log = ::testing::internal::GetCapturedStderr();
@@ -696,7 +723,7 @@ TEST(Sidecar, AnHttpDatasetThatIsNotThereFailsFastAtStart) {
 // whose name starts with `prefix`, once `want` of them are there.
 std::vector<int> PoliciesOf(const std::string& prefix, size_t want) {
   std::vector<int> out;
-  for (int attempt = 0; attempt < 200 && out.size() < want; ++attempt) {
+  (void)WaitFor([&] {
     out.clear();
     std::error_code ec;
     for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
@@ -712,8 +739,8 @@ std::vector<int> PoliciesOf(const std::string& prefix, size_t want) {
         if (i == 41) out.push_back(std::stoi(field));
       }
     }
-    if (out.size() < want) std::this_thread::sleep_for(milliseconds(10));
-  }
+    return out.size() >= want;
+  }, seconds(10), milliseconds(10));
   return out;
 }
 
@@ -751,11 +778,13 @@ TEST(Sidecar, ReadinessWaitsForTheFirstBatch) {
   ASSERT_OK(h.Start());
   httplib::Client http("127.0.0.1", h.sidecar_->metrics_port());
   int status = 0;
-  for (int i = 0; i < 200 && status != 200; ++i) {
-    auto r = http.Get("/readyz");
-    status = r ? r->status : 0;
-    if (status != 200) std::this_thread::sleep_for(milliseconds(10));
-  }
+  (void)WaitFor(
+      [&] {
+        auto r = http.Get("/readyz");
+        status = r ? r->status : 0;
+        return status == 200;
+      },
+      seconds(20), milliseconds(10));
   EXPECT_EQ(status, 200);
   auto health = http.Get("/healthz");
   ASSERT_TRUE(health);
@@ -771,7 +800,13 @@ TEST(Sidecar, ATrainerThatNeverReadsCannotStallTheSidecar) {
   ASSERT_OK(fd);
   ASSERT_OK(protocol::SendMessage(fd->get(), protocol::Encode(protocol::ClientHello{protocol::kProtocolVersion, 1, 0})));
   ASSERT_OK(protocol::ReceiveMessage(fd->get(), protocol::kMaxMessageBytes));
-  std::this_thread::sleep_for(milliseconds(500));
+  // Every slot staged (the READYs the sidecar may send queued in the socket, the rest ready).
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return h.Metric("meshload_slots{state=\"free\"}") == 0 && h.Metric("meshload_slots{state=\"filling\"}") == 0;
+      },
+      seconds(30)))
+      << "staging did not go on: " << h.Metrics();
   const auto t0 = std::chrono::steady_clock::now();
   h.Stop();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
@@ -806,7 +841,9 @@ TEST(Sidecar, ATrainerOfAWideJobIsNeverSentMoreReadysThanItsSocketHolds) {
   std::thread run([&] { rc = (*sc)->Run(); });
   {
     RawTrainer t(o.socket_path);
-    std::this_thread::sleep_for(milliseconds(500));  // every slot staged, READYs queued
+    // The trainer slow to read (the case under test): meanwhile every slot
+    // is staged and the READYs are queued.
+    std::this_thread::sleep_for(milliseconds(500));
     int readys = 0;
     while (true) {
       pollfd p{t.fd(), POLLIN, 0};
@@ -905,7 +942,7 @@ TEST(Client, AReadyItCannotAcceptClosesTheConnectionSoTheSidecarTakesItsSlotsBac
   auto b = (*c)->Next(milliseconds(2000));
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << b.status().ToString();
-  for (int i = 0; i < 100 && !fake.client_gone(); ++i) std::this_thread::sleep_for(milliseconds(10));
+  (void)WaitFor([&] { return fake.client_gone(); }, seconds(10));
   EXPECT_TRUE(fake.client_gone()) << "the client kept the connection after a READY it refused";
   EXPECT_EQ((*c)->next_step(), 0);  // a reconnect asks for step 0 again
 }
@@ -1010,8 +1047,15 @@ TEST(Client, InterruptWakesANextWaitingInAnotherThread) {
   auto c = client::Client::Connect(NoRetry(sock));
   ASSERT_OK(c);
   Status got;
-  std::thread reader([&] { got = (*c)->Next().status(); });
-  std::this_thread::sleep_for(milliseconds(100));
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> returned{false};
+  std::thread reader([&] {
+    tid = CurrentThreadId();
+    got = (*c)->Next().status();
+    returned = true;
+  });
+  // The reader waits in Next (or, wrongly, is back already).
+  EXPECT_TRUE(WaitFor([&] { return returned || (tid != 0 && ThreadIsAsleep(tid)); }, seconds(10)));
   const auto t0 = std::chrono::steady_clock::now();
   (*c)->Interrupt();
   reader.join();
@@ -1197,7 +1241,8 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
   const int other = 1 - victim;
   ::kill(pid[victim], SIGKILL);
   ::waitpid(pid[victim], nullptr, 0);
-  std::this_thread::sleep_for(milliseconds(300));  // the other notices, and waits for it
+  // The other notices, and waits for it: the wait measured below, so a fixed time.
+  std::this_thread::sleep_for(milliseconds(300));
   pid[victim] = spawn(victim, dir.path() + "/s" + std::to_string(victim) + ".log");
   consume(6, 30);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "common/base64.h"
+#include "tests/testing/wait.h"
 
 extern char** environ;
 
@@ -58,11 +59,7 @@ Result<pid_t> Spawn(std::vector<std::string> argv, const std::string& log, const
 void StopProcess(pid_t pid, std::chrono::seconds grace) {
   if (pid <= 0) return;
   ::kill(pid, SIGTERM);
-  const auto deadline = Clock::now() + grace;
-  while (Clock::now() < deadline) {
-    if (::waitpid(pid, nullptr, WNOHANG) == pid) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  if (WaitFor([&] { return ::waitpid(pid, nullptr, WNOHANG) == pid; }, grace, std::chrono::milliseconds(50))) return;
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
 }
@@ -100,18 +97,22 @@ Status ControlPlane::Start() {
   const std::string root = MESHLOAD_SOURCE_DIR;
   const auto t0 = Clock::now();
   MESHLOAD_ASSIGN_OR_RETURN(supervisor_, Spawn({root + "/scripts/control-plane", "run", dir_}, dir_ + "/supervisor.log", "TERM"));
-  while (!Exists(dir_ + "/ready")) {
+  bool exited = false;  // (and reaped)
+  (void)WaitFor(
+      [&] {
+        if (Exists(dir_ + "/ready") || Exists(dir_ + "/failed")) return true;
+        exited = ::waitpid(supervisor_, nullptr, WNOHANG) == supervisor_;
+        return exited;
+      },
+      std::chrono::seconds(90), std::chrono::milliseconds(100));
+  if (exited) supervisor_ = -1;
+  if (exited || !Exists(dir_ + "/ready")) {
     if (Exists(dir_ + "/failed")) return Status(StatusCode::kUnavailable, Slurp(dir_ + "/failed"));
-    int status = 0;
-    if (::waitpid(supervisor_, &status, WNOHANG) == supervisor_) {
-      supervisor_ = -1;
+    if (exited) {
       return Status(StatusCode::kUnavailable,
                     "scripts/control-plane exited before it was ready: " + Slurp(dir_ + "/supervisor.log"));
     }
-    if (Clock::now() - t0 > std::chrono::seconds(90)) {
-      return Status(StatusCode::kDeadlineExceeded, "the control plane was not ready within 90 s (see " + dir_ + "/logs)");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return Status(StatusCode::kDeadlineExceeded, "the control plane was not ready within 90 s (see " + dir_ + "/logs)");
   }
   std::istringstream ports(Slurp(dir_ + "/ports"));
   std::string name;
@@ -300,11 +301,14 @@ FaultProxy::FaultProxy(ControlPlane& cp) {
     return;
   }
   pid_ = *pid;
-  const auto deadline = Clock::now() + std::chrono::seconds(20);
-  while (!Exists(ready) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  std::istringstream addrs(Slurp(ready));
   std::string proxy, admin;
-  if (!(addrs >> proxy >> admin)) {
+  const bool started = WaitFor(
+      [&] {
+        std::istringstream addrs(Exists(ready) ? Slurp(ready) : "");
+        return static_cast<bool>(addrs >> proxy >> admin);
+      },
+      std::chrono::seconds(20), std::chrono::milliseconds(20));
+  if (!started) {
     ADD_FAILURE() << "faultproxy did not start (see " << cp.dir() << "/logs/faultproxy.log)";
     return;
   }

@@ -1,5 +1,6 @@
 #include "common/metrics/http_endpoints.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -12,6 +13,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -19,6 +23,8 @@ namespace meshload::metrics {
 namespace {
 
 using ::testing::HasSubstr;
+using meshload::testing::WaitFor;
+using namespace std::chrono_literals;
 
 HealthServerOptions Loopback(int port = 0) { return {.bind_address = "127.0.0.1", .port = port, .progress = nullptr}; }
 
@@ -38,6 +44,27 @@ int ThreadCount() {
   }
   closedir(dir);
   return n;
+}
+
+// Connections waiting in the accept queue of the IPv4 socket listening on
+// `port` (for a socket in LISTEN, /proc/net/tcp's rx_queue is its accept
+// backlog); nullopt when there is no such socket.
+std::optional<int> AcceptQueue(int port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // the header
+  std::optional<int> queued;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state, queues;
+    if (!(fields >> slot >> local >> remote >> state >> queues)) continue;
+    const size_t colon = local.find(':');
+    if (state != "0A" || colon == std::string::npos || std::stoi(local.substr(colon + 1), nullptr, 16) != port) {
+      continue;
+    }
+    queued = queued.value_or(0) + std::stoi(queues.substr(queues.find(':') + 1), nullptr, 16);
+  }
+  return queued;
 }
 
 class HealthServerTest : public ::testing::Test {
@@ -219,7 +246,7 @@ TEST_F(HealthServerTest, StartOnAPortHeldByAnotherServerFailsNamingTheAddress) {
   int busy = occupant.bind_to_any_port("127.0.0.1");
   ASSERT_GT(busy, 0);
   std::thread occupant_thread([&] { occupant.listen_after_bind(); });
-  while (!occupant.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(WaitFor([&] { return occupant.is_running(); }, 10s)) << "the occupant did not start";
 
   HealthServer server(registry_, nullptr, Loopback(busy));
   Result<int> port = server.Start();
@@ -321,7 +348,9 @@ TEST_F(HealthServerTest, StopIsPromptWhileAClientHoldsAnIdleConnection) {
   addr.sin_port = htons(static_cast<uint16_t>(*port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let a worker pick it up
+  // The server has accepted it (a worker takes it from there).
+  EXPECT_TRUE(WaitFor([&] { return AcceptQueue(*port) == 0; }, 10s))
+      << "the connection was not accepted (accept queue: " << AcceptQueue(*port).value_or(-1) << ")";
 
   auto start = std::chrono::steady_clock::now();
   server.Stop();

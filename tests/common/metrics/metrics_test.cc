@@ -419,7 +419,7 @@ TEST(MetricsCollectHook, ConcurrentSerializationsNeverRunHooksConcurrently) {
   std::atomic<int> overlaps{0};
   r.AddCollectHook([&] {
     if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    std::this_thread::sleep_for(std::chrono::microseconds(100));  // a hook that takes a while: room to overlap
     inside.fetch_sub(1);
   });
   RunConcurrently([&](int) {

@@ -20,12 +20,14 @@
 #include "tests/controller/test_env.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 namespace meshload::kube {
 namespace {
 
 using meshload::testing::TempDir;
 using meshload::testing::TestCluster;
+using meshload::testing::WaitFor;
 using nlohmann::json;
 using meshload::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -265,7 +267,7 @@ TEST(Informer, ListsInPagesThenFollowsTheWatch) {
   ASSERT_NE(inf.Get(a, "cm-7"), nullptr);
   cluster.client().Post("/api/v1/namespaces/" + a + "/configmaps", ConfigMap(a, "late"));
   cluster.client().Delete("/api/v1/namespaces/" + a + "/configmaps/cm-0");
-  EXPECT_TRUE(TestCluster::Eventually([&] { return inf.Get(a, "late") && !inf.Get(a, "cm-0"); }));
+  EXPECT_TRUE(WaitFor([&] { return inf.Get(a, "late") && !inf.Get(a, "cm-0"); }, 20s));
   EXPECT_EQ(inf.List(a).size(), 26u);
   EXPECT_EQ(inf.List("other").size(), 0u);
   inf.Stop();
@@ -281,12 +283,12 @@ TEST(Informer, ClosedWatchesResumeFromTheLastResourceVersion) {
   for (int round = 0; round < 3; ++round) {
     // Close only once the proxy holds the informer's watch (a close before
     // that would miss it), and wait for the informer to re-watch.
-    ASSERT_TRUE(TestCluster::Eventually([&] { return inf.watches() >= round + 1; }));
-    ASSERT_TRUE(TestCluster::Eventually([&] { return cluster.proxy().WatchesBegun() >= round + 1; }));
+    ASSERT_TRUE(WaitFor([&] { return inf.watches() >= round + 1; }, 20s));
+    ASSERT_TRUE(WaitFor([&] { return cluster.proxy().WatchesBegun() >= round + 1; }, 20s));
     cluster.proxy().CloseAllWatches();
     cluster.client().Post("/api/v1/namespaces/" + ns + "/configmaps", ConfigMap(ns, "r" + std::to_string(round)));
   }
-  EXPECT_TRUE(TestCluster::Eventually([&] { return inf.size() == 4; }));  // and kube-root-ca.crt
+  EXPECT_TRUE(WaitFor([&] { return inf.size() == 4; }, 20s));  // and kube-root-ca.crt
   EXPECT_EQ(inf.lists(), 1) << "a closed watch resumes; it does not relist";
   EXPECT_GE(inf.watches(), 2);
 }
@@ -310,19 +312,19 @@ TEST(Informer, GoneResourceVersionRelistsAndSeesDeletionsItMissed) {
   // While the watch is down (the re-watch fails with a 500 and backs off
   // for a second), x1 goes away and etcd's history is compacted: the resumed
   // watch gets 410 Gone and the relist must report x1 as deleted.
-  ASSERT_TRUE(TestCluster::Eventually([&] { return inf.watches() >= 1 && cluster.proxy().WatchesBegun() >= 1; }));
+  ASSERT_TRUE(WaitFor([&] { return inf.watches() >= 1 && cluster.proxy().WatchesBegun() >= 1; }, 20s));
   const int64_t watches = inf.watches();
   cluster.proxy().InjectErrors(cms, 500, 1);
   cluster.proxy().CloseAllWatches();
-  ASSERT_TRUE(TestCluster::Eventually([&] { return inf.watches() > watches; }));
+  ASSERT_TRUE(WaitFor([&] { return inf.watches() > watches; }, 20s));
   // The re-watch has taken the 500.
-  ASSERT_TRUE(TestCluster::Eventually([&] { return cluster.proxy().InjectedErrorsPending() == 0; }));
+  ASSERT_TRUE(WaitFor([&] { return cluster.proxy().InjectedErrorsPending() == 0; }, 20s));
   ASSERT_EQ(cluster.client().Delete(cms + "/x1").code, 200);
   // Other writes move etcd's revision on, then history is compacted past
   // the informer's resource version.
   for (int i = 0; i < 3; ++i) cluster.client().Post(cms, ConfigMap(ns, "y" + std::to_string(i)));
   ASSERT_OK(cluster.control_plane().Compact());
-  EXPECT_TRUE(TestCluster::Eventually([&] { return inf.Get(ns, "x1") == nullptr && inf.Get(ns, "y2") != nullptr; }));
+  EXPECT_TRUE(WaitFor([&] { return inf.Get(ns, "x1") == nullptr && inf.Get(ns, "y2") != nullptr; }, 20s));
   EXPECT_GE(inf.relists_after_gone(), 1);
   EXPECT_GE(inf.lists(), 2);
   std::lock_guard<std::mutex> lock(mu);
@@ -385,7 +387,7 @@ TEST(Informer, TransformBoundsWhatIsCachedAndKeepsTheObjectsIdentity) {
   plain.Start();
   ASSERT_TRUE(plain.WaitForSync(10s));
   cluster.client().Post("/api/v1/namespaces/" + ns + "/configmaps", ConfigMap(ns, "late"));
-  ASSERT_TRUE(TestCluster::Eventually([&] { return plain.Get(ns, "late") != nullptr; }));
+  ASSERT_TRUE(WaitFor([&] { return plain.Get(ns, "late") != nullptr; }, 20s));
   for (const char* name : {"t0", "late"}) {
     auto o = plain.Get(ns, name);
     ASSERT_NE(o, nullptr);

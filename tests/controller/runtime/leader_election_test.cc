@@ -10,11 +10,13 @@
 #include <thread>
 
 #include "tests/controller/test_env.h"
+#include "tests/testing/wait.h"
 
 namespace meshload::runtime {
 namespace {
 
 using meshload::testing::TestCluster;
+using meshload::testing::WaitFor;
 using namespace std::chrono_literals;
 
 LeaderElectionOptions Fast(const std::string& ns, const std::string& identity) {
@@ -48,8 +50,11 @@ struct Candidate {
 TEST(LeaderElection, OneLeaderAndReleaseOnStopHandsOverAtOnce) {
   TestCluster cluster;
   auto a = std::make_unique<Candidate>(cluster.ControllerClient(), cluster.ns(), "a");
-  ASSERT_TRUE(TestCluster::Eventually([&] { return a->started.load(); }, 5s));
+  ASSERT_TRUE(WaitFor([&] { return a->started.load(); }, 5s));
   Candidate b(cluster.ControllerClient(), cluster.ns(), "b");
+  ASSERT_TRUE(WaitFor([&] { return b.elector.observed_holder() == "a"; }, 5s)) << "b never read the lease";
+  // Time for b's retries (every 100 ms) and a's renewals to go on: that b
+  // still does not lead after them is what is checked, so the time is fixed.
   std::this_thread::sleep_for(600ms);
   EXPECT_TRUE(a->elector.IsLeader());
   EXPECT_FALSE(b.started.load()) << "the lease is held and renewed: b must wait";
@@ -59,7 +64,7 @@ TEST(LeaderElection, OneLeaderAndReleaseOnStopHandsOverAtOnce) {
   EXPECT_EQ(lease["spec"]["leaseDurationSeconds"], 2);
   auto stopped_at = std::chrono::steady_clock::now();
   a.reset();  // Stop(): releases the lease
-  ASSERT_TRUE(TestCluster::Eventually([&] { return b.started.load(); }, 5s));
+  ASSERT_TRUE(WaitFor([&] { return b.started.load(); }, 5s));
   EXPECT_LT(std::chrono::steady_clock::now() - stopped_at, 1200ms) << "a released lease is taken at the next retry";
   lease = cluster.Get("/apis/coordination.k8s.io/v1/namespaces/" + cluster.ns() + "/leases/meshload-controller");
   EXPECT_EQ(lease["spec"]["holderIdentity"], "b");
@@ -69,16 +74,16 @@ TEST(LeaderElection, OneLeaderAndReleaseOnStopHandsOverAtOnce) {
 TEST(LeaderElection, ALeaderThatCannotRenewLosesAndAStandbyTakesOverAfterExpiry) {
   TestCluster cluster;
   Candidate a(cluster.ControllerClient({.max_attempts = 1}), cluster.ns(), "a");
-  ASSERT_TRUE(TestCluster::Eventually([&] { return a.started.load(); }, 5s));
+  ASSERT_TRUE(WaitFor([&] { return a.started.load(); }, 5s));
   Candidate b(cluster.ControllerClient(), cluster.ns(), "b");
   // a's requests now fail (its connection to the server is gone), as for a
   // partitioned or frozen process.
   auto cut = std::chrono::steady_clock::now();
   a.client->Shutdown();
-  ASSERT_TRUE(TestCluster::Eventually([&] { return !a.elector.IsLeader(); }, 3s));
+  ASSERT_TRUE(WaitFor([&] { return !a.elector.IsLeader(); }, 3s));
   EXPECT_GE(std::chrono::steady_clock::now() - cut, 800ms) << "leadership lasts until the renew deadline";
-  ASSERT_TRUE(TestCluster::Eventually([&] { return a.lost.load(); }, 3s));
-  ASSERT_TRUE(TestCluster::Eventually([&] { return b.started.load(); }, 5s));
+  ASSERT_TRUE(WaitFor([&] { return a.lost.load(); }, 3s));
+  ASSERT_TRUE(WaitFor([&] { return b.started.load(); }, 5s));
   EXPECT_GE(std::chrono::steady_clock::now() - cut, 1800ms) << "b waits out the lease duration";
 }
 

@@ -4,6 +4,7 @@
 #include "controller/runtime/workqueue.h"
 
 #include <gtest/gtest.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <map>
@@ -12,9 +13,14 @@
 #include <thread>
 #include <vector>
 
+#include "tests/testing/wait.h"
+
 namespace meshload::runtime {
 namespace {
 
+using meshload::testing::CurrentThreadId;
+using meshload::testing::ThreadIsAsleep;
+using meshload::testing::WaitFor;
 using namespace std::chrono_literals;
 
 TEST(WorkQueue, RepeatedAddsCollapseIntoOneItem) {
@@ -60,7 +66,7 @@ TEST(WorkQueue, NoKeyIsEverProcessedByTwoWorkersAtOnce) {
           std::lock_guard<std::mutex> lock(mu);
           if (!active.insert(k).second) overlap = true;
         }
-        std::this_thread::sleep_for(100us);
+        std::this_thread::sleep_for(100us);  // holds the key a while: a second worker would overlap
         {
           std::lock_guard<std::mutex> lock(mu);
           active.erase(k);
@@ -71,11 +77,16 @@ TEST(WorkQueue, NoKeyIsEverProcessedByTwoWorkersAtOnce) {
     });
   }
   for (int i = 0; i < 5000; ++i) q.Add("key-" + std::to_string(i % 7));
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while ((q.Len() > 0) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
-  std::this_thread::sleep_for(20ms);
+  // Worked off: nothing queued, and no worker in the middle of a key.
+  const bool drained = WaitFor(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return q.Len() == 0 && active.empty();
+      },
+      10s, 1ms);
   q.ShutDown();
   for (auto& t : workers) t.join();
+  EXPECT_TRUE(drained) << "the workers did not work the queue off within 10 s";
   EXPECT_FALSE(overlap.load());
   EXPECT_GE(processed.load(), 7);
   EXPECT_LT(processed.load(), 5000) << "adds should have collapsed";
@@ -130,14 +141,27 @@ TEST(WorkQueue, AddAfterKeepsTheEarliestTimeForAKey) {
 TEST(WorkQueue, ShutDownWakesBlockedGetters) {
   WorkQueue q;
   std::atomic<int> returned{0};
+  std::atomic<pid_t> tids[3]{};
+  std::atomic<bool> left[3]{};
   std::vector<std::thread> t;
   for (int i = 0; i < 3; ++i) {
-    t.emplace_back([&] {
+    t.emplace_back([&, i] {
+      tids[i] = CurrentThreadId();
       std::string k;
       if (!q.Get(&k)) returned.fetch_add(1);
+      left[i] = true;
     });
   }
-  std::this_thread::sleep_for(20ms);
+  // Every getter blocked in Get (or, wrongly, back from it already).
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        for (int i = 0; i < 3; ++i) {
+          if (!left[i] && (tids[i] == 0 || !ThreadIsAsleep(tids[i]))) return false;
+        }
+        return true;
+      },
+      10s))
+      << "the getters never blocked in Get";
   q.ShutDown();
   for (auto& th : t) th.join();
   EXPECT_EQ(returned.load(), 3);

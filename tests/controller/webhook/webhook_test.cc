@@ -22,13 +22,16 @@
 #include "controller/webhook/server.h"
 #include "tests/testing/test_pki.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 namespace meshload::controller::webhook {
 namespace {
 
+using meshload::testing::WaitFor;
 using nlohmann::json;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using namespace std::chrono_literals;
 
 json Job(const std::string& strategy = "PerProcess", const std::string& fanout = "Load") {
   json j = json::parse(R"({
@@ -382,22 +385,36 @@ TEST(WebhookServer, ServesOverTlsReloadsItsCertificateAndCounts) {
       << "a client trusting another CA does not connect";
 
   // A renewed certificate (another CA here) is served without a restart.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  // The server looks at the files at a handshake, at most once a second:
+  // handshakes go on until one has noticed (the reload is counted).
+  auto reloads = [&](const std::string& result) {
+    return registry.Serialize().find("meshload_controller_webhook_certificate_reloads_total{result=\"" + result +
+                                     "\"} 1") != std::string::npos;
+  };
   WritePair(dir.path(), second->server);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-  client(*second)->Post("/mutate-pods", Review(Pod()), "application/json");  // the handshake that notices
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        client(*second)->Post("/mutate-pods", Review(Pod()), "application/json");  // a handshake that may notice
+        return reloads("ok");
+      },
+      20s, 100ms))
+      << "the renewed certificate was not loaded";
   auto after = client(*second)->Post("/mutate-pods", Review(Pod()), "application/json");
   ASSERT_TRUE(after) << "the new certificate is not served: " << httplib::to_string(after.error());
   EXPECT_EQ(after->status, 200);
   EXPECT_FALSE(client(*first)->Post("/mutate-pods", Review(Pod()), "application/json")) << "the old one is gone";
 
   // A broken pair is not taken: the last good one stays.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
   {
     std::ofstream(dir.path() + "/tls.crt") << "not a certificate";
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-  client(*second)->Post("/mutate-pods", Review(Pod()), "application/json");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        client(*second)->Post("/mutate-pods", Review(Pod()), "application/json");
+        return reloads("error");
+      },
+      20s, 100ms))
+      << "the broken pair was not looked at";
   auto kept = client(*second)->Post("/mutate-pods", Review(Pod()), "application/json");
   ASSERT_TRUE(kept);
   EXPECT_EQ(kept->status, 200);

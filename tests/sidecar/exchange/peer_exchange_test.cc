@@ -1,6 +1,7 @@
 #include "sidecar/exchange/peer_exchange.h"
 #include "common/loopback.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
@@ -24,6 +25,7 @@ namespace {
 using meshload::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using meshload::testing::WaitFor;
 using namespace std::chrono_literals;
 
 // A listening loopback socket (kept open for the test's life) and its port.
@@ -156,7 +158,10 @@ TEST(PeerExchange, StepsBegunOutOfOrderAreSentFromTheirSlotsNotReadAgain) {
   ASSERT_OK((*receiver)->Expect(rt0, {PartOf(0, d0, 0)}));
   auto rt1 = (*receiver)->Begin(1);
   ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
-  std::this_thread::sleep_for(200ms);  // both credits reach the sender
+  // Both credits reach the sender. The exchange shows no sign of a credit
+  // taken, so this is a fixed time; a late credit only makes the test less
+  // strict (the sender then has step 0 before it is asked for it).
+  std::this_thread::sleep_for(200ms);
   auto st1 = (*sender)->Begin(1);
   ASSERT_OK((*sender)->Send(st1, {PartOf(1, s1, 1)}));
   ASSERT_OK((*sender)->Wait(st1, {}));
@@ -662,7 +667,9 @@ TEST(PeerExchange, AStepCreditedWhileItIsStillBeingStagedIsSentFromItsSlotNotRea
   auto st0 = (*sender)->Begin(0);  // staging step 0: reads under way
   auto rt0 = (*receiver)->Begin(0);
   ASSERT_OK((*receiver)->Expect(rt0, {PartOf(0, d0, 0)}));
-  std::this_thread::sleep_for(300ms);  // the credit reaches the sender
+  // The credit reaches the sender: a fixed time, as the exchange shows no
+  // sign of a credit taken; a late one only makes the test less strict.
+  std::this_thread::sleep_for(300ms);
   // Another step moving meanwhile makes the sender look at its credits again.
   auto rt1 = (*receiver)->Begin(1);
   ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
@@ -761,8 +768,7 @@ TEST(PeerExchange, AFailedConnectionWithAPartStuckInTheSocketDoesNotHangTheStep)
     (*sender)->Abandon(st);
     abandoned = true;
   });
-  for (int i = 0; i < 100 && !abandoned; ++i) std::this_thread::sleep_for(100ms);
-  EXPECT_TRUE(abandoned.load()) << "Abandon still waits for the stuck write after 10 s";
+  EXPECT_TRUE(WaitFor([&] { return abandoned.load(); }, 10s)) << "Abandon still waits for the stuck write after 10 s";
   ::shutdown(fd, SHUT_RDWR);  // lets a stuck Abandon finish, so the test ends
   t.join();
   ::close(fd);
@@ -778,6 +784,7 @@ TEST(PeerExchange, APartReadAgainWhileThePeerIsReconnectingWaitsForTheHandshake)
   std::mutex mu;
   std::condition_variable cv;
   bool release = false;
+  std::atomic<bool> serving{false};
   std::atomic<int> served{0};
   ExchangeOptions so = pair.Options(0);
   so.reconnect_timeout = 30s;
@@ -786,6 +793,7 @@ TEST(PeerExchange, APartReadAgainWhileThePeerIsReconnectingWaitsForTheHandshake)
     return PeerAddress{"127.0.0.1", silent};
   };
   so.serve = [&](int64_t step, int64_t, std::vector<uint8_t>& out, uint64_t& checksum) {
+    serving = true;
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return release; });
     out = Pattern(32, static_cast<uint8_t>(step));
@@ -815,12 +823,22 @@ TEST(PeerExchange, APartReadAgainWhileThePeerIsReconnectingWaitsForTheHandshake)
     std::vector<uint8_t> d3(32);
     auto rt = (*receiver)->Begin(3);
     ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, d3, 3)}));
-    std::this_thread::sleep_for(300ms);  // the credit arrives; the read blocks
+    ASSERT_TRUE(WaitFor([&] { return serving.load(); }, 10s)) << "the credit did not start a read";  // it blocks
   }
-  std::this_thread::sleep_for(700ms);  // the sender dials again: HELLO, then no answer
+  // The sender dials again (HELLO, then no answer): the connection waits
+  // to be accepted.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        pollfd pending{silent_fd, POLLIN, 0};
+        return ::poll(&pending, 1, 0) == 1;
+      },
+      10s))
+      << "the sender did not dial the lost receiver again";
   let_go();
-  for (int i = 0; i < 100 && served.load() == 0; ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(WaitFor([&] { return served.load() != 0; }, 10s)) << "the read did not finish";
   ASSERT_EQ(served.load(), 1);
+  // Room for the sender to (wrongly) write the part on the new connection:
+  // what must NOT happen, so the time is fixed.
   std::this_thread::sleep_for(300ms);
   pollfd dialled{silent_fd, POLLIN, 0};
   ASSERT_EQ(::poll(&dialled, 1, 3000), 1) << "the sender did not dial the lost receiver again";
@@ -859,7 +877,7 @@ TEST(PeerExchange, APartSlowerThanThePeerTimeoutIsNotTakenForSilence) {
   ASSERT_TRUE(WriteDataHeader(fd, 0, src.size(), 9));
   for (size_t off = 0; off < src.size(); off += 1024) {  // 60 pieces, 50 ms apart: 3 s
     ASSERT_TRUE(WriteAll(fd, src.data() + off, std::min<size_t>(1024, src.size() - off)));
-    std::this_thread::sleep_for(50ms);
+    std::this_thread::sleep_for(50ms);  // the slowness under test
   }
   Status got = WaitAtMost(**receiver, rt, 2s);
   ASSERT_OK(got);
@@ -884,13 +902,18 @@ TEST(PeerExchange, AFloodOfSilentConnectionsDoesNotLockTheRealSenderOut) {
     ASSERT_GE(fd, 0) << std::strerror(errno);
     flood.push_back(fd);
   }
-  std::this_thread::sleep_for(300ms);  // the receiver accepts them all
-  // The receiver closed all but the newest 64: their reads see the end.
-  int closed = 0;
-  for (int fd : flood) {
-    char c;
-    if (::recv(fd, &c, 1, MSG_DONTWAIT) == 0) ++closed;
-  }
+  // The receiver accepts them all, and closes all but the newest 64: their
+  // reads see the end.
+  auto closed_count = [&] {
+    int closed = 0;
+    for (int fd : flood) {
+      char c;
+      if (::recv(fd, &c, 1, MSG_DONTWAIT) == 0) ++closed;
+    }
+    return closed;
+  };
+  (void)WaitFor([&] { return closed_count() >= 200 - 64; }, 10s);
+  const int closed = closed_count();
   EXPECT_GE(closed, 200 - 64);
   auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
   ASSERT_OK(sender);

@@ -242,7 +242,7 @@ TEST_F(HttpSourceTest, AlwaysFailingServerIsGivenUpOnAfterMaxAttempts) {
 TEST_F(HttpSourceTest, SlowResponseIsRetriedAsTimeoutAndTheFastRetrySucceeds) {
   std::atomic<int> calls{0};
   server_.Get("/slow", [&](const httplib::Request& req, httplib::Response& res) {
-    if (calls.fetch_add(1) == 0) std::this_thread::sleep_for(milliseconds(500));
+    if (calls.fetch_add(1) == 0) std::this_thread::sleep_for(milliseconds(500));  // slower than the read timeout
     ServeBytes(data_, req, res);
   });
   server_.Start();

@@ -29,6 +29,7 @@
 #include "sidecar/source/source.h"
 #include "tests/sidecar/source/test_support.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 extern char** environ;
 
@@ -102,11 +103,13 @@ class S3SourceTest : public ::testing::Test {
     proxy_ = Spawn({bin_ + "/s3faultproxy", "--upstream", "http://127.0.0.1:" + std::to_string(port_),
                     "--ready-file", ready},
                    root_->path() + "/proxy.log");
-    for (int i = 0; i < 300; ++i) {
-      httplib::Client c("127.0.0.1", port_);
-      if (c.Get("/") && std::filesystem::exists(ready)) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    const bool up = ::meshload::testing::WaitFor(
+        [&] {
+          httplib::Client c("127.0.0.1", port_);
+          return c.Get("/") && std::filesystem::exists(ready);
+        },
+        std::chrono::seconds(30), std::chrono::milliseconds(50));
+    if (!up) ADD_FAILURE() << "versitygw or s3faultproxy did not start within 30 s (see " << root_->path() << ")";
     std::ifstream in(ready);
     std::string proxy_addr, admin_addr;
     in >> proxy_addr >> admin_addr;

@@ -1,6 +1,7 @@
 #include "test_support.h"
 
 #include "tests/testing/test_pki.h"
+#include "tests/testing/wait.h"
 
 #include <stdlib.h>
 
@@ -114,7 +115,9 @@ void TestHttpServer::Start() {
   port_ = server_->bind_to_any_port("127.0.0.1");
   if (port_ <= 0) throw std::runtime_error("cannot bind a test HTTP server");
   thread_ = std::thread([this] { server_->listen_after_bind(); });
-  while (!server_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!::meshload::testing::WaitFor([&] { return server_->is_running(); }, std::chrono::seconds(10))) {
+    throw std::runtime_error("the test HTTP server did not start within 10 s");
+  }
 }
 
 std::string TestHttpServer::Url(const std::string& path_and_query) const {

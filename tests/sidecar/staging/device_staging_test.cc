@@ -38,6 +38,7 @@
 #include "tests/testing/job_fixtures.h"
 #include "tools/synthetic_dataset.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 extern char** environ;
 
@@ -46,9 +47,11 @@ namespace {
 
 using meshload::testing::StatusIs;
 using meshload::testing::TempDir;
+using meshload::testing::WaitFor;
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using std::chrono::seconds;
 
 // The stand-in's devices as this test process sees them (C, B, A); the
 // sidecar processes below see them as A, B, C.
@@ -425,12 +428,11 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
     }
     EXPECT_EQ(c->Next(milliseconds(300)).status().code(), StatusCode::kDeadlineExceeded);  // ... so nothing more
     c->Close();  // BYE: the trainer still holds all three, which stay lent
+    // Time for a wrong reclaim to show: what must NOT happen, so the time is fixed.
     std::this_thread::sleep_for(milliseconds(200));
     EXPECT_EQ(metric("meshload_leases_reclaimed_total"), 0);
   }  // dropped: their RELEASEs go on the old connection once the fences pass
-  for (int i = 0; i < 500 && metric("meshload_batches_consumed_total") < 3; ++i) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  (void)WaitFor([&] { return metric("meshload_batches_consumed_total") >= 3; }, seconds(20));
   EXPECT_EQ(metric("meshload_batches_consumed_total"), 3);
   {
     // A trainer that dies holding every slot: its socket closes with no BYE
@@ -445,7 +447,7 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
       ASSERT_TRUE(std::holds_alternative<protocol::Ready>(protocol::Decode(r->bytes).value()));
     }
   }
-  for (int i = 0; i < 200 && metric("meshload_leases_reclaimed_total") < 3; ++i) std::this_thread::sleep_for(milliseconds(10));
+  (void)WaitFor([&] { return metric("meshload_leases_reclaimed_total") >= 3; }, seconds(20));
   EXPECT_EQ(metric("meshload_leases_reclaimed_total"), 3);
   client::ClientOptions co;
   co.socket_path = job.socket_;
@@ -489,9 +491,7 @@ TEST(DeviceStaging, DroppingTheLastGpuBatchOfALeftConnectionNeverWaitsForTheGpu)
   const auto dropped = std::chrono::steady_clock::now() - t0;
   EXPECT_LT(dropped, milliseconds(200)) << "dropping the batch waited for the GPU";
   double consumed = 0;
-  for (int i = 0; i < 300 && (consumed = (*s)->Metric("meshload_batches_consumed_total")) < 1; ++i) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  (void)WaitFor([&] { return (consumed = (*s)->Metric("meshload_batches_consumed_total")) >= 1; }, seconds(20));
   EXPECT_EQ(consumed, 1) << "the RELEASE is sent once the device is done";
   EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(450));
   ::unsetenv("MESHLOAD_FAKE_CUDA_CTX_SYNC_MS");

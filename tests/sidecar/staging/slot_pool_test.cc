@@ -1,6 +1,7 @@
 #include "sidecar/staging/slot_pool.h"
 
 #include <gtest/gtest.h>
+#include <sys/types.h>
 
 #include <algorithm>
 
@@ -11,11 +12,16 @@
 
 #include "sidecar/staging/host_memory.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 namespace meshload::staging {
 namespace {
 
+using meshload::testing::CurrentThreadId;
+using meshload::testing::ThreadIsAsleep;
+using meshload::testing::WaitFor;
 using std::chrono::milliseconds;
+using std::chrono::seconds;
 
 TEST(SlotPool, TheProducerWaitsWhileTheTrainerHoldsEverySlot) {
   SlotPool pool(2);
@@ -28,8 +34,13 @@ TEST(SlotPool, TheProducerWaitsWhileTheTrainerHoldsEverySlot) {
   // Memory is bounded: no third slot appears.
   EXPECT_FALSE(pool.AcquireForFill(2, 0, milliseconds(50)));
   std::atomic<bool> got{false};
-  std::thread producer([&] { got = pool.AcquireForFill(2, 0, milliseconds(2000)).has_value(); });
-  std::this_thread::sleep_for(milliseconds(30));
+  std::atomic<pid_t> tid{0};
+  std::thread producer([&] {
+    tid = CurrentThreadId();
+    got = pool.AcquireForFill(2, 0, milliseconds(2000)).has_value();
+  });
+  // The producer waits in AcquireForFill (or, wrongly, got a slot).
+  EXPECT_TRUE(WaitFor([&] { return got || (tid != 0 && ThreadIsAsleep(tid)); }, seconds(10)));
   EXPECT_FALSE(got);
   EXPECT_TRUE(pool.Release(0, 0));
   producer.join();
@@ -86,8 +97,15 @@ TEST(SlotPool, ShutdownWakesTheProducer) {
   auto s = pool.AcquireForFill(0, 0, milliseconds(10));
   pool.MarkReady(*s);
   pool.Lease(0);
-  std::thread t([&] { EXPECT_FALSE(pool.AcquireForFill(1, 0, milliseconds(10000))); });
-  std::this_thread::sleep_for(milliseconds(20));
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> returned{false};
+  std::thread t([&] {
+    tid = CurrentThreadId();
+    EXPECT_FALSE(pool.AcquireForFill(1, 0, milliseconds(10000)));
+    returned = true;
+  });
+  // The producer waits in AcquireForFill (or, wrongly, is back already).
+  EXPECT_TRUE(WaitFor([&] { return returned || (tid != 0 && ThreadIsAsleep(tid)); }, seconds(10)));
   pool.Shutdown();
   t.join();
 }
