@@ -14,7 +14,8 @@
 ///     then READY for consecutive steps as they are staged, and takes
 ///     RELEASEs; a trainer that dies has its leases reclaimed, one that
 ///     leaves (BYE) keeps those of the batches it still holds until they
-///     are released; a reconnect at any step re-plans from there;
+///     are released; a reconnect at any step re-plans from there
+///     (sidecar/session_server.h: SessionServer);
 ///   - the HealthServer serves /metrics, /healthz, /readyz and /progress
 ///     (sidecar/progress.h: the consumed step, staged steps, the trainer's
 ///     wait and storage latency over the last `progress_window`).
@@ -24,7 +25,8 @@
 /// stays up: /healthz answers 503 with the reason and every trainer gets it
 /// as an ERROR, until it is stopped; then Run() returns 1.
 ///
-/// Life of a batch: docs/life-of-a-batch.md. Protocol: docs/protocol.md.
+/// Metrics: sidecar/sidecar_metrics.h. Life of a batch:
+/// docs/life-of-a-batch.md. Protocol: docs/protocol.md.
 ///
 /// Thread safety: Create() and Run() from one thread; RequestStop() from any
 /// thread or a signal handler.
@@ -56,6 +58,10 @@
 #include "sidecar/step_loader.h"
 
 namespace meshload::sidecar {
+
+class SessionServer;           // sidecar/session_server.h
+struct SidecarMetrics;         // sidecar/sidecar_metrics.h
+class StorageMetricsObserver;  // sidecar/sidecar_metrics.h
 
 struct SidecarOptions {
   std::string job_path;     // a DataLoadJob manifest (the mounted ConfigMap in a pod)
@@ -130,10 +136,6 @@ class Sidecar {
   const ResolvedJob& job() const { return planner_->job(); }
 
  private:
-  struct Metrics;
-  class Observer;
-  struct Client;
-
   explicit Sidecar(SidecarOptions options);
   Status Init();
   // Sets up GPU staging as options_.staging asks (device_, staging_reason_).
@@ -144,44 +146,20 @@ class Sidecar {
   void StagingFailed(uint32_t slot, int64_t step, const std::string& kind, const char* what, const Status& st);
   void RestartAt(int64_t step);
   bool PipelineStartsAt(int64_t step);
+  // A trainer starts at `want` (its hello; the server's start_at hook): the
+  // producers serve it next, re-planned unless the pipeline starts there.
+  void StageFrom(int64_t want);
+  // Staging failed (the server's failure hook, server thread): /healthz
+  // fails with fatal_, and its text is what trainers are told.
+  std::string ReportFailure();
   void Notify();
-  void ServeClientMessage();
-  void AcceptClient();
-  void OnHello(const protocol::ClientHello& hello);
-  // Leases and sends READY for every staged step the trainer is due; the
-  // producer calls it right after staging (no hop through the server
-  // thread), the server after RELEASE and hello. Needs client_mu_.
-  void SendReadyBatchesLocked();
-  // Sends the READYs now due without waiting for client_mu_ (see .cc).
-  void DeliverReady();
-  // client_mu_, held; letting go delivers READYs left pending meanwhile.
-  class ClientLock {
-   public:
-    explicit ClientLock(Sidecar& s);
-    ~ClientLock();
-    void Unlock();
-
-   private:
-    Sidecar& s_;
-    std::unique_lock<std::mutex> lock_;
-  };
-  // Ends the connection of the trainer. With `keep_leases` (the sidecar
-  // drops a trainer that may still hold batches: after an ERROR, or a BYE
-  // listing them), the connection's leases in `keep` (all of them when
-  // null) stay lent until released on it or until it closes; the others are
-  // taken back at once.
-  using LeaseList = std::vector<std::pair<uint32_t, int64_t>>;
-  void DropClient(const std::string& why, bool keep_leases = false, const LeaseList* keep = nullptr);
-  // Where local device i's tensor starts: in the host slot, or at the start
-  // of its own device allocation.
-  uint64_t TensorOffset(size_t i) const { return device_ ? 0 : layout_.devices[i].offset; }
   void Watchdog();
   std::pair<bool, std::string> Readiness() const;
 
   SidecarOptions options_;
   std::unique_ptr<metrics::Registry> registry_;
-  std::unique_ptr<Metrics> metrics_;
-  std::unique_ptr<Observer> observer_;
+  std::unique_ptr<SidecarMetrics> metrics_;
+  std::unique_ptr<StorageMetricsObserver> observer_;
   std::unique_ptr<source::SourceRegistry> sources_;
   std::unique_ptr<ShardPlanner> planner_;
   Loading loading_;
@@ -197,64 +175,29 @@ class Sidecar {
   std::string staging_mode_ = "host";  // host, cuda or cuda-ipc
   std::string staging_reason_;  // why this staging mode (logged at start)
 
-  UniqueFd listen_fd_;
+  // The trainer side: the socket, connections, handshake, READY/RELEASE,
+  // leases (sidecar/session_server.h, which says what its mutex guards).
+  std::unique_ptr<SessionServer> server_;
   UniqueFd event_fd_;  // producer -> server wake-ups, and RequestStop()
-  // client_ is set and reset by the server thread only, under client_mu_;
-  // the producers read it (and send READY) under client_mu_, taken with
-  // try_lock (DeliverReady); every other holder uses ClientLock.
-  std::mutex client_mu_;
-  std::unique_ptr<Client> client_;
-  std::unique_ptr<Client> pending_;  // connected, no CLIENT_HELLO yet
-  std::atomic<bool> ready_pending_{false};  // a READY may be due; whoever holds client_mu_ sends it
-  // Connections being closed. Refused ones: their ERROR is sent, but
-  // closing at once with the trainer's hello unread would reset the
-  // connection and lose the ERROR; they are drained and closed on EOF or
-  // after a second. A trainer's former connection may also hold leases
-  // (batches it still uses after a BYE, or after the sidecar dropped it):
-  // those stay lent until a RELEASE on it, a BYE on it that does not list
-  // them, or its EOF, with no deadline while any is left.
-  struct Closing {
-    UniqueFd fd;
-    std::chrono::steady_clock::time_point deadline;
-    LeaseList leases;
-    pid_t pid = 0;
-  };
-  std::vector<Closing> closing_;
-  void CloseLater(UniqueFd fd, LeaseList leases = {}, pid_t pid = 0);
-  void ServeClosing(const ::pollfd* fds, size_t count);
-  // Reads what a closing connection sent; false once it is closed (EOF or error).
-  bool ServeClosingMessages(Closing& c);
-  // Takes back the leases of a closing connection (those in `only`, when
-  // given): it closed, or said (BYE) it does not hold them.
-  void ReclaimClosing(Closing& c, const char* why, const LeaseList* only = nullptr);
 
   // Producer state, guarded by producer_mu_.
   std::mutex producer_mu_;
   uint64_t generation_ = 0;
   int64_t target_step_ = 0;  // the first step the trainer asked for (readiness)
-  uint32_t max_leases_ = 1;  // READYs a trainer may have unanswered (MeasureReadyQueue)
   int64_t start_step_ = 0;   // --start-step or spec.resume.step: what want_step -1 means
   Status fatal_;
   std::atomic<bool> target_staged_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
   std::atomic<int64_t> producer_blocked_since_ns_{0};
-  bool reported_blocked_ = false;
-  bool failure_reported_ = false;  // server thread only
-  std::string fatal_message_;      // server thread only
-  bool reported_stuck_read_ = false;
+  bool reported_stuck_read_ = false;  // server thread only (the watchdog)
   std::vector<std::thread> producers_;
-  exchange::ExchangeCounters peer_seen_;  // what the metrics have counted (collect hook)
 
-  // Progress (GET /progress): the consumed watermark, moved by RELEASEs and
-  // reset where a trainer starts; the last step handed over; the window.
-  ConsumedWatermark consumed_;
-  std::atomic<int64_t> delivered_step_{-1};
+  // Progress (GET /progress): the window; the consumed watermark and the
+  // last step handed over are the server's (SessionServer::consumed_step).
   std::unique_ptr<ProgressWindow> progress_;
   ProgressSample TakeProgressSample() const;
   std::string ProgressJson();
-  // A RELEASE of `step` after a wait of `wait_ns`: counted, and the watermark moves.
-  void Consumed(int64_t step, uint64_t wait_ns);
 };
 
 /// The step in the controller's resume file `path` (SidecarOptions::
