@@ -4,6 +4,8 @@
 #   1. release build, warnings as errors: every test (ctest)
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build: every test
 #   3. clang libFuzzer build: each fuzz target for MESHLOAD_FUZZ_SECONDS (default 60)
+#   3b. clang thread-safety analysis of every product target (-Wthread-safety
+#      -Werror=thread-safety; unoptimised, nothing runs)
 #   4. ThreadSanitizer build of the concurrent parts: the sidecar, sources, metrics,
 #      GPU staging (against the stand-in driver)
 #   (the release configuration also builds the container images with podman
@@ -40,6 +42,13 @@ CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo 
   -DMESHLOAD_BUILD_TESTS=OFF -DMESHLOAD_BUILD_BENCHMARKS=OFF -DMESHLOAD_FUZZ_SECONDS="$FUZZ_SECONDS"
 cmake --build build-fuzz -j "$JOBS" --target npy_header_fuzz protocol_fuzz admission_review_fuzz
 (cd build-fuzz && ctest --output-on-failure -R '^fuzz\.')
+
+step "clang thread-safety analysis (-Wthread-safety -Werror=thread-safety)"
+# Every program and library of the product, compiled by clang without
+# optimisation (the analysis is all this build is for; nothing runs).
+CXX=clang++ cmake -S . -B build-tsa -G Ninja -DCMAKE_BUILD_TYPE=ThreadSafety -DMESHLOAD_THREAD_SAFETY=ON \
+  -DMESHLOAD_BUILD_TESTS=OFF -DMESHLOAD_BUILD_BENCHMARKS=OFF
+cmake --build build-tsa -j "$JOBS"
 
 step "ThreadSanitizer build (sidecar, sources, metrics, GPU staging, controller)"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHLOAD_TSAN=ON \
