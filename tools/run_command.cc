@@ -8,23 +8,14 @@
 
 #include "tools/run_command.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
-
-#include <nlohmann/json.hpp>
-#include <openssl/rand.h>
-
-#include "common/cuda_driver.h"
 
 #include <chrono>
 #include <cinttypes>
@@ -32,21 +23,21 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <iostream>
-#include <map>
-#include <sstream>
+#include <nlohmann/json.hpp>
+#include <openssl/rand.h>
+#include <optional>
+#include <set>
 
+#include "common/cuda_driver.h"
 #include "common/flags.h"
-#include "common/logging.h"
 #include "common/loopback.h"
 #include "common/unique_fd.h"
-#include "sidecar/source/dataset_facts.h"
 #include "planner/shard_planner.h"
+#include "sidecar/source/dataset_facts.h"
+#include "tools/child_process.h"
 #include "tools/latency_histogram.h"
 #include "tools/synthetic_dataset.h"
-
-extern char** environ;
 
 namespace meshload::cli {
 namespace {
@@ -80,100 +71,6 @@ using Clock = std::chrono::steady_clock;
 
 volatile sig_atomic_t g_interrupted = 0;
 void OnInterrupt(int) { g_interrupted = 1; }
-
-std::string SelfDir() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return ".";
-  buf[n] = '\0';
-  return std::filesystem::path(buf).parent_path().string();
-}
-
-std::string FindBinary(const std::string& name, const char* env) {
-  if (const char* e = std::getenv(env); e && *e) return e;
-  const std::string self = SelfDir();
-  for (const std::string& candidate : {self + "/" + name, self + "/../sidecar/" + name}) {
-    if (::access(candidate.c_str(), X_OK) == 0) return std::filesystem::weakly_canonical(candidate).string();
-  }
-  return name;  // rely on PATH
-}
-
-struct Child {
-  pid_t pid = -1;
-  std::string what;
-  int out_fd = -1;  // trainers: their stdout (JSON lines)
-  std::string buffer;
-  bool exited = false;
-  int status = 0;
-  std::string log;
-};
-
-// The inherited peer socket lands on this descriptor in the sidecar.
-constexpr int kPeerListenFd = 3;
-
-Result<Child> Spawn(const std::string& what, const std::vector<std::string>& argv, const std::string& log_path,
-                    bool capture_stdout, int inherit_fd = -1) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  // dup2 clears close-on-exec on the copy: only this socket is inherited
-  // (from another descriptor number, since a dup2 onto itself would not).
-  UniqueFd moved;
-  if (inherit_fd == kPeerListenFd) {
-    moved.Reset(::fcntl(inherit_fd, F_DUPFD_CLOEXEC, kPeerListenFd + 1));
-    inherit_fd = moved.get();
-  }
-  if (inherit_fd >= 0) posix_spawn_file_actions_adddup2(&actions, inherit_fd, kPeerListenFd);
-  int pipe_fds[2] = {-1, -1};
-  if (capture_stdout) {
-    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return IoErrorFromErrno("pipe", what, errno);
-    posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
-  } else {
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  }
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  std::vector<char*> cargv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = ::posix_spawnp(&pid, cargv[0], &actions, nullptr, cargv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (capture_stdout) ::close(pipe_fds[1]);
-  if (rc != 0) {
-    if (capture_stdout) ::close(pipe_fds[0]);
-    return IoErrorFromErrno("cannot start " + argv[0], what, rc);
-  }
-  Child c;
-  c.pid = pid;
-  c.what = what;
-  c.out_fd = capture_stdout ? pipe_fds[0] : -1;
-  c.log = log_path;
-  return c;
-}
-
-std::string Tail(const std::string& path, size_t lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  for (std::string l; std::getline(in, l);) all.push_back(l);
-  std::string out;
-  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) out += "    " + all[i] + "\n";
-  return out;
-}
-
-// The sidecar's own resident memory (heap and staging slots: RssAnon +
-// RssShmem), and the page-cache pages it has mapped (RssFile: shared with
-// the page cache and reclaimable; mapped reads of small samples add them).
-std::pair<uint64_t, uint64_t> ResidentBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  uint64_t own = 0, file = 0;
-  for (std::string l; std::getline(in, l);) {
-    const size_t colon = l.find(':');
-    if (colon == std::string::npos) continue;
-    const std::string key = l.substr(0, colon);
-    if (key == "RssAnon" || key == "RssShmem") own += std::stoull(l.substr(colon + 1)) * 1024;
-    if (key == "RssFile") file = std::stoull(l.substr(colon + 1)) * 1024;
-  }
-  return {own, file};
-}
 
 std::string Human(double v, const char* unit) {
   char b[64];
@@ -214,343 +111,416 @@ Result<std::string> RewriteJob(const std::string& job_path, const std::string& u
   return InvalidArgument("no DataLoadJob document", job_path);
 }
 
-}  // namespace
-
-int RunRun(const std::vector<std::string>& args) {
-  std::string file, generate_dir, verify = "bytes", run_dir_flag;
+struct RunOptions {
+  std::string file, generate_dir, verify = "bytes", run_dir;
   bool local = false;
   int64_t steps = -1, files = 2, delay_ms = 0, reader_threads = 0;
   std::optional<int64_t> samples;
-  FlagParser flags("run", kRunUsage);
-  flags.String({"-f", "--file"}, &file);
-  flags.Bool({"--local"}, &local);
-  flags.Int({"--steps"}, &steps);
-  flags.String({"--generate-dataset"}, &generate_dir);
-  flags.OptionalInt({"--samples"}, &samples);
-  flags.Int({"--files"}, &files);
-  flags.String({"--verify"}, &verify);
-  flags.Int({"--delay-ms"}, &delay_ms);
-  flags.Int({"--reader-threads"}, &reader_threads);
-  flags.String({"--run-dir"}, &run_dir_flag);
-  if (int rc = flags.Parse(args); rc >= 0) return rc;
-  if (!local) return UsageError("run: only --local is available here; in a cluster the controller starts the sidecars");
-  if (file.empty()) return UsageError("run: -f JOB.yaml is required");
-  if (verify != "bytes" && verify != "ids" && verify != "none") return UsageError("--verify: expected bytes, ids or none");
-  if (steps == 0 || steps < -1) return UsageError("--steps: expected a positive number of steps");
-  if (reader_threads < 0 || reader_threads > 256) {
-    return UsageError("--reader-threads: expected 1 to 256 (or 0: the sidecar's default), got " +
-                      std::to_string(reader_threads));
+};
+
+// A step that ends the run returns its exit code; kGoOn lets the run go on.
+constexpr int kGoOn = -1;
+
+// One run: each step of RunRun is a method, in the order Run() calls them.
+class LocalRun {
+ public:
+  explicit LocalRun(RunOptions o) : o_(std::move(o)) {}
+  ~LocalRun() {
+    std::error_code ec;
+    if (temp_dir_) std::filesystem::remove_all(run_dir_, ec);
   }
 
+  int Run() {
+    for (int (LocalRun::*step)() : {&LocalRun::MakeRunDir, &LocalRun::LoadJob, &LocalRun::Resolve}) {
+      if (int rc = (this->*step)(); rc != kGoOn) return rc;
+    }
+    CatchSignals();
+    start_ = Clock::now();
+    for (int (LocalRun::*step)() : {&LocalRun::ConnectPeers, &LocalRun::StartSidecars, &LocalRun::StartTrainers,
+                                    &LocalRun::Supervise}) {
+      if (int rc = (this->*step)(); rc != kGoOn) return rc;
+    }
+    StopSidecars();
+    return Report();
+  }
+
+ private:
+  int MakeRunDir();
+  int LoadJob();
+  int Resolve();
+  void CatchSignals();
+  int ConnectPeers();
+  int StartSidecars();
+  int StartTrainers();
+  int Supervise();
+  // Reads what the trainers printed; a line at a time, the last one and
+  // the final report of each kept.
+  void ReadTrainers(const std::vector<pollfd>& fds);
+  // Reaps exited children; a sidecar that exits, or a trainer that fails,
+  // ends the run (its exit code), else kGoOn.
+  int Reap();
+  void SampleMemory();
+  void PrintProgress(Clock::time_point now);
+  void StopSidecars();
+  int Report();
+  // Kills every child, waits for them, says why: exit code 1.
+  int Fail(const std::string& msg);
+
+  const RunOptions o_;
+  std::string run_dir_;
+  bool temp_dir_ = false;
+  std::optional<DataLoadJob> job_;
+  std::string job_path_;
+  std::optional<ResolvedJob> rj_;
+  int64_t P_ = 0;
+  uint64_t batch_bytes_per_process_ = 0;
+  Clock::time_point start_;
+  std::vector<Child> sidecars_, trainers_;
+  bool moves_ = false;
+  std::vector<UniqueFd> peer_fds_;
+  std::string peer_list_, secret_path_;
+  // From the trainers' JSON lines: the last of each, and its final report.
+  std::vector<nlohmann::json> last_, finals_;
+  std::vector<uint64_t> sidecar_peak_, sidecar_file_;
+  Clock::time_point last_print_;
+  uint64_t last_samples_ = 0, last_bytes_ = 0;
+  double elapsed_ = 0;
+};
+
+int LocalRun::MakeRunDir() {
   // The run directory: sockets (0700: only this user reaches them), logs, job.
-  std::string run_dir = run_dir_flag;
-  const bool temp_dir = run_dir.empty();
-  if (temp_dir) {
+  run_dir_ = o_.run_dir;
+  if (run_dir_.empty()) {
     std::string tmpl = std::filesystem::temp_directory_path().string() + "/meshload-run-XXXXXX";
     if (!::mkdtemp(tmpl.data())) return UsageError("cannot create a run directory: " + std::string(std::strerror(errno)));
-    run_dir = tmpl;
+    run_dir_ = tmpl;
+    temp_dir_ = true;
   } else {
-    std::filesystem::create_directories(run_dir);
+    std::filesystem::create_directories(run_dir_);
   }
-  ::chmod(run_dir.c_str(), 0700);
-  struct Cleanup {
-    std::string dir;
-    bool remove;
-    ~Cleanup() {
-      std::error_code ec;
-      if (remove) std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{run_dir, temp_dir};
+  ::chmod(run_dir_.c_str(), 0700);
+  return kGoOn;
+}
 
+int LocalRun::LoadJob() {
   Diagnostics diags;
-  auto job = LoadDataLoadJobFile(file, diags);
+  auto job = LoadDataLoadJobFile(o_.file, diags);
   if (!job.ok()) {
     std::cerr << "meshload run: " << job.status().ToString() << "\n";
     return 1;
   }
-  std::string job_path = file;
-  if (!generate_dir.empty()) {
+  job_path_ = o_.file;
+  if (!o_.generate_dir.empty()) {
     ValidateJobSpec(job->spec, diags);
     if (!diags.ok()) {
-      std::cerr << file << ": invalid DataLoadJob:\n" << diags.ToString();
+      std::cerr << o_.file << ": invalid DataLoadJob:\n" << diags.ToString();
       return 2;
     }
-    const uint64_t n = samples ? static_cast<uint64_t>(*samples)
-                               : job->spec.dataset.samples ? static_cast<uint64_t>(*job->spec.dataset.samples)
-                                                           : static_cast<uint64_t>(job->spec.batch.global_batch_size) * 64;
+    const uint64_t n = o_.samples                ? static_cast<uint64_t>(*o_.samples)
+                       : job->spec.dataset.samples ? static_cast<uint64_t>(*job->spec.dataset.samples)
+                                                   : static_cast<uint64_t>(job->spec.batch.global_batch_size) * 64;
     const auto t0 = Clock::now();
-    auto uri = synthetic::Generate(job->spec.dataset, generate_dir, n, static_cast<int>(files));
+    auto uri = synthetic::Generate(job->spec.dataset, o_.generate_dir, n, static_cast<int>(o_.files));
     if (!uri.ok()) {
       std::cerr << "meshload run: cannot generate the dataset: " << uri.status().ToString() << "\n";
       return 1;
     }
     std::printf("generated %" PRIu64 " %s samples in %s (%.1f s)\n", n,
-                std::string(ToString(job->spec.dataset.format)).c_str(), generate_dir.c_str(),
+                std::string(ToString(job->spec.dataset.format)).c_str(), o_.generate_dir.c_str(),
                 std::chrono::duration<double>(Clock::now() - t0).count());
-    auto rewritten = RewriteJob(file, std::filesystem::absolute(*uri).string(), run_dir + "/job.yaml");
+    auto rewritten = RewriteJob(o_.file, std::filesystem::absolute(*uri).string(), run_dir_ + "/job.yaml");
     if (!rewritten.ok()) {
       std::cerr << "meshload run: " << rewritten.status().ToString() << "\n";
       return 1;
     }
-    job_path = *rewritten;
+    job_path_ = *rewritten;
     Diagnostics d2;
-    job = LoadDataLoadJobFile(job_path, d2);
+    job = LoadDataLoadJobFile(job_path_, d2);
     if (!job.ok()) {
       std::cerr << "meshload run: " << job.status().ToString() << "\n";
       return 1;
     }
   }
-  diags = Diagnostics();
-  auto resolved = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, diags);
+  job_ = std::move(*job);
+  return kGoOn;
+}
+
+int LocalRun::Resolve() {
+  Diagnostics diags;
+  auto resolved = source::ResolveReadingDataset(job_->spec, {}, source::Unreachable::kFail, diags);
   if (!resolved.ok()) {
-    std::cerr << job_path << ": invalid DataLoadJob (" << diags.problems().size() << " problems):\n";
+    std::cerr << job_path_ << ": invalid DataLoadJob (" << diags.problems().size() << " problems):\n";
     for (const auto& p : diags.problems()) std::cerr << "  " << p.ToString() << "\n";
     if (diags.ok()) std::cerr << "  " << resolved.status().ToString() << "\n";
     return 2;
   }
-  const ResolvedJob& rj = *resolved;
-  const int64_t P = rj.mesh.processes();
-  const uint64_t batch_bytes_per_process =
-      rj.global_batch / static_cast<uint64_t>(rj.mesh.shards()) * rj.dataset.sample_bytes() *
-      static_cast<uint64_t>(rj.mesh.devices_per_process());
+  rj_ = std::move(*resolved);
+  const ResolvedJob& rj = *rj_;
+  P_ = rj.mesh.processes();
+  batch_bytes_per_process_ = rj.global_batch / static_cast<uint64_t>(rj.mesh.shards()) * rj.dataset.sample_bytes() *
+                             static_cast<uint64_t>(rj.mesh.devices_per_process());
   std::printf("job %s: %" PRId64 " processes x %" PRId64 " devices, %s/%s, global batch %" PRIu64
               ", %" PRIu64 " samples x %" PRIu64 " B, %s per process per step\n",
-              job->name.c_str(), P, rj.mesh.devices_per_process(), std::string(ToString(rj.spec.strategy)).c_str(),
+              job_->name.c_str(), P_, rj.mesh.devices_per_process(), std::string(ToString(rj.spec.strategy)).c_str(),
               std::string(ToString(rj.spec.replication.fanout)).c_str(), rj.global_batch, rj.samples,
-              rj.dataset.sample_bytes(), Human(static_cast<double>(batch_bytes_per_process), "B").c_str());
+              rj.dataset.sample_bytes(), Human(static_cast<double>(batch_bytes_per_process_), "B").c_str());
+  return kGoOn;
+}
 
-  const std::string self = SelfDir() + "/meshload";
-  const std::string meshload_bin = ::access(self.c_str(), X_OK) == 0 ? self : "meshload";
-  const std::string sidecar_bin = FindBinary("meshload-sidecar", "MESHLOAD_SIDECAR_BIN");
-
+void LocalRun::CatchSignals() {
   struct sigaction sa {};
   sa.sa_handler = OnInterrupt;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
+}
 
-  const auto start = Clock::now();
-  const double start_mono = std::chrono::duration<double>(start.time_since_epoch()).count();
-  std::vector<Child> sidecars, trainers;
-  auto stop_all = [&](int sig) {
-    for (auto* group : {&trainers, &sidecars}) {
-      for (auto& c : *group) {
-        if (!c.exited && c.pid > 0) ::kill(c.pid, sig);
-      }
+int LocalRun::Fail(const std::string& msg) {
+  for (auto* group : {&trainers_, &sidecars_}) {
+    for (auto& c : *group) {
+      if (!c.exited && c.pid > 0) ::kill(c.pid, SIGKILL);
     }
-  };
-  auto fail = [&](const std::string& msg) {
-    stop_all(SIGKILL);
-    for (auto* group : {&trainers, &sidecars}) {
-      for (auto& c : *group) {
-        if (!c.exited && c.pid > 0) ::waitpid(c.pid, nullptr, 0);
-      }
+  }
+  for (auto* group : {&trainers_, &sidecars_}) {
+    for (auto& c : *group) {
+      if (!c.exited && c.pid > 0) ::waitpid(c.pid, nullptr, 0);
     }
-    std::cerr << "meshload run: " << msg << "\n";
-    return 1;
-  };
+  }
+  std::cerr << "meshload run: " << msg << "\n";
+  return 1;
+}
+
+int LocalRun::ConnectPeers() {
   // Plans that move samples between processes get their sidecars
   // connected over loopback TCP.
-  ShardPlanner planner(rj);
-  bool moves = false;
-  for (int64_t p = 0; p < P && !moves; ++p) moves = !planner.TransfersFrom(p, planner.DefaultLoading()).empty();
-  std::vector<UniqueFd> peer_fds;
-  std::string peer_list;
-  for (int64_t p = 0; moves && p < P; ++p) {
+  ShardPlanner planner(*rj_);
+  for (int64_t p = 0; p < P_ && !moves_; ++p) moves_ = !planner.TransfersFrom(p, planner.DefaultLoading()).empty();
+  for (int64_t p = 0; moves_ && p < P_; ++p) {
     auto l = ListenLoopback();
-    if (!l.ok()) return fail(l.status().ToString());
-    peer_list += (p ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(l->second);
-    peer_fds.push_back(std::move(l->first));
+    if (!l.ok()) return Fail(l.status().ToString());
+    peer_list_ += (p ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(l->second);
+    peer_fds_.push_back(std::move(l->first));
   }
   // The sidecars authenticate each other with a secret of this run's.
-  const std::string secret_path = run_dir + "/peer-secret";
-  if (moves) {
-    std::printf("samples move between processes: sidecars exchange them over TCP (%s), authenticated\n",
-                peer_list.c_str());
-    uint8_t raw[32];
-    if (RAND_bytes(raw, sizeof raw) != 1) return fail("cannot make a peer secret: no randomness");
-    std::string hex;
-    for (uint8_t b : raw) {
-      static const char* digits = "0123456789abcdef";
-      hex += digits[b >> 4];
-      hex += digits[b & 15];
-    }
-    const int sfd = ::open(secret_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (sfd < 0 || ::write(sfd, hex.data(), hex.size()) != static_cast<ssize_t>(hex.size())) {
-      if (sfd >= 0) ::close(sfd);
-      return fail("cannot write " + secret_path + ": " + std::strerror(errno));
-    }
-    ::close(sfd);
+  secret_path_ = run_dir_ + "/peer-secret";
+  if (!moves_) return kGoOn;
+  std::printf("samples move between processes: sidecars exchange them over TCP (%s), authenticated\n",
+              peer_list_.c_str());
+  uint8_t raw[32];
+  if (RAND_bytes(raw, sizeof raw) != 1) return Fail("cannot make a peer secret: no randomness");
+  std::string hex;
+  for (uint8_t b : raw) {
+    static const char* digits = "0123456789abcdef";
+    hex += digits[b >> 4];
+    hex += digits[b & 15];
   }
+  const int sfd = ::open(secret_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (sfd < 0 || ::write(sfd, hex.data(), hex.size()) != static_cast<ssize_t>(hex.size())) {
+    if (sfd >= 0) ::close(sfd);
+    return Fail("cannot write " + secret_path_ + ": " + std::strerror(errno));
+  }
+  ::close(sfd);
+  return kGoOn;
+}
+
+int LocalRun::StartSidecars() {
+  const std::string sidecar_bin = FindBinary("meshload-sidecar", "MESHLOAD_SIDECAR_BIN");
   // GPUs: with one for every device of the mesh, process p stages on its
   // own (p × devicesPerProcess + i); otherwise each sidecar takes the
   // first devicesPerProcess it sees (sharing them), or stages on the host
   // when there are fewer (the sidecar logs why).
-  const int64_t dpp = rj.mesh.devices_per_process();
+  const int64_t dpp = rj_->mesh.devices_per_process();
   int64_t gpus = 0;
   if (auto driver = cuda::Driver::Open(); driver.ok()) gpus = static_cast<int64_t>((*driver)->devices().size());
-  const bool gpu_per_device = gpus >= P * dpp;
+  const bool gpu_per_device = gpus >= P_ * dpp;
   if (gpus > 0) {
     std::printf("CUDA sees %" PRId64 " GPU(s): %s\n", gpus,
                 gpu_per_device ? "each process stages on its own"
                 : gpus >= dpp  ? "the processes share them"
                                : "fewer than the devices of one process, so the sidecars stage on the host");
   }
-  for (int64_t p = 0; p < P; ++p) {
-    const std::string sock = run_dir + "/sidecar-" + std::to_string(p) + ".sock";
-    std::vector<std::string> argv = {sidecar_bin, "--job", job_path, "--process", std::to_string(p), "--socket", sock,
+  for (int64_t p = 0; p < P_; ++p) {
+    const std::string sock = run_dir_ + "/sidecar-" + std::to_string(p) + ".sock";
+    std::vector<std::string> argv = {sidecar_bin, "--job", job_path_, "--process", std::to_string(p), "--socket", sock,
                                      "--metrics-port", "0", "--metrics-address", "127.0.0.1"};
-    if (reader_threads > 0) argv.insert(argv.end(), {"--reader-threads", std::to_string(reader_threads)});
-    if (moves) {
-      argv.insert(argv.end(), {"--peers", peer_list, "--peer-listen-fd", std::to_string(kPeerListenFd),
-                               "--peer-secret-file", secret_path});
+    if (o_.reader_threads > 0) argv.insert(argv.end(), {"--reader-threads", std::to_string(o_.reader_threads)});
+    if (moves_) {
+      argv.insert(argv.end(), {"--peers", peer_list_, "--peer-listen-fd", std::to_string(kPeerListenFd),
+                               "--peer-secret-file", secret_path_});
     }
     if (gpu_per_device) {
       std::string list;
       for (int64_t i = 0; i < dpp; ++i) list += (i ? "," : "") + std::to_string(p * dpp + i);
       argv.insert(argv.end(), {"--cuda-devices", list});
     }
-    auto c = Spawn("sidecar " + std::to_string(p), argv, run_dir + "/sidecar-" + std::to_string(p) + ".log", false,
-                   moves ? peer_fds[static_cast<size_t>(p)].get() : -1);
-    if (!c.ok()) return fail(c.status().ToString());
-    sidecars.push_back(std::move(*c));
+    auto c = Spawn("sidecar " + std::to_string(p), argv, run_dir_ + "/sidecar-" + std::to_string(p) + ".log", false,
+                   moves_ ? peer_fds_[static_cast<size_t>(p)].get() : -1);
+    if (!c.ok()) return Fail(c.status().ToString());
+    sidecars_.push_back(std::move(*c));
   }
-  peer_fds.clear();  // the sidecars hold them now
-  for (int64_t p = 0; p < P; ++p) {
-    const std::string sock = run_dir + "/sidecar-" + std::to_string(p) + ".sock";
-    std::vector<std::string> argv = {meshload_bin, "demo-trainer", "--job", job_path, "--process", std::to_string(p),
-                                     "--socket", sock, "--verify", verify, "--delay-ms", std::to_string(delay_ms)};
-    if (steps > 0) {
-      argv.push_back("--steps");
-      argv.push_back(std::to_string(steps));
-    }
-    auto c = Spawn("trainer " + std::to_string(p), argv, run_dir + "/trainer-" + std::to_string(p) + ".log", true);
-    if (!c.ok()) return fail(c.status().ToString());
-    trainers.push_back(std::move(*c));
-  }
+  peer_fds_.clear();  // the sidecars hold them now
+  return kGoOn;
+}
 
-  // Poll the trainers' JSON lines; print progress about once a second.
-  std::vector<nlohmann::json> last(static_cast<size_t>(P)), finals(static_cast<size_t>(P));
-  auto last_print = Clock::now();
-  uint64_t last_samples = 0, last_bytes = 0;
-  bool interrupted_sent = false;
-  std::vector<uint64_t> sidecar_peak(static_cast<size_t>(P), 0), sidecar_file(static_cast<size_t>(P), 0);
-  auto sample_memory = [&] {
-    for (size_t p = 0; p < sidecars.size(); ++p) {
-      if (sidecars[p].exited) continue;
-      const auto [own, file] = ResidentBytes(sidecars[p].pid);
-      sidecar_peak[p] = std::max(sidecar_peak[p], own);
-      sidecar_file[p] = std::max(sidecar_file[p], file);
+int LocalRun::StartTrainers() {
+  const std::string self = SelfDir() + "/meshload";
+  const std::string meshload_bin = ::access(self.c_str(), X_OK) == 0 ? self : "meshload";
+  for (int64_t p = 0; p < P_; ++p) {
+    const std::string sock = run_dir_ + "/sidecar-" + std::to_string(p) + ".sock";
+    std::vector<std::string> argv = {meshload_bin, "demo-trainer", "--job", job_path_, "--process", std::to_string(p),
+                                     "--socket", sock, "--verify", o_.verify, "--delay-ms", std::to_string(o_.delay_ms)};
+    if (o_.steps > 0) {
+      argv.push_back("--steps");
+      argv.push_back(std::to_string(o_.steps));
     }
+    auto c = Spawn("trainer " + std::to_string(p), argv, run_dir_ + "/trainer-" + std::to_string(p) + ".log", true);
+    if (!c.ok()) return Fail(c.status().ToString());
+    trainers_.push_back(std::move(*c));
+  }
+  return kGoOn;
+}
+
+void LocalRun::SampleMemory() {
+  for (size_t p = 0; p < sidecars_.size(); ++p) {
+    if (sidecars_[p].exited) continue;
+    const auto [own, file] = ResidentBytes(sidecars_[p].pid);
+    sidecar_peak_[p] = std::max(sidecar_peak_[p], own);
+    sidecar_file_[p] = std::max(sidecar_file_[p], file);
+  }
+}
+
+void LocalRun::ReadTrainers(const std::vector<pollfd>& fds) {
+  for (size_t i = 0; i < trainers_.size(); ++i) {
+    Child& t = trainers_[i];
+    if (t.out_fd < 0) continue;
+    if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
+    char buf[65536];
+    const ssize_t n = ::read(t.out_fd, buf, sizeof buf);
+    if (n > 0) {
+      t.buffer.append(buf, static_cast<size_t>(n));
+      size_t nl;
+      while ((nl = t.buffer.find('\n')) != std::string::npos) {
+        auto j = nlohmann::json::parse(t.buffer.substr(0, nl), nullptr, false);
+        t.buffer.erase(0, nl + 1);
+        if (j.is_discarded() || !j.contains("type")) continue;
+        (j["type"] == "final" ? finals_[i] : last_[i]) = j;
+        if (j["type"] == "final") last_[i] = j;
+      }
+    } else if (n == 0) {
+      ::close(t.out_fd);
+      t.out_fd = -1;
+    }
+  }
+}
+
+int LocalRun::Reap() {
+  for (auto* group : {&trainers_, &sidecars_}) {
+    for (auto& c : *group) {
+      if (c.exited) continue;
+      int status = 0;
+      if (::waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+      c.exited = true;
+      c.status = status;
+      if (group == &sidecars_ && !g_interrupted) {
+        return Fail(c.what + " exited unexpectedly (" +
+                    (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
+                                       : "signal " + std::to_string(WTERMSIG(status))) +
+                    "); its log:\n" + Tail(c.log, 15));
+      }
+    }
+  }
+  for (auto& t : trainers_) {
+    if (t.exited && WIFEXITED(t.status) && WEXITSTATUS(t.status) != 0 && WEXITSTATUS(t.status) != 3 && !g_interrupted) {
+      return Fail(t.what + " failed; its log:\n" + Tail(t.log, 15));
+    }
+  }
+  return kGoOn;
+}
+
+void LocalRun::PrintProgress(Clock::time_point now) {
+  uint64_t total_samples = 0, total_bytes = 0;
+  int64_t min_steps = -1;
+  double wait99 = 0;
+  for (const auto& j : last_) {
+    if (j.is_null()) continue;
+    total_samples += j.value("samples", uint64_t{0});
+    total_bytes += j.value("bytes", uint64_t{0});
+    const int64_t s = j.value("steps", int64_t{0});
+    min_steps = min_steps < 0 ? s : std::min(min_steps, s);
+    wait99 = std::max(wait99, j.value("wait_p99", 0.0));
+  }
+  const double dt = std::chrono::duration<double>(now - last_print_).count();
+  std::printf("step %6" PRId64 "  %12s samples/s  %10s/s  trainer wait p99 %s\n", std::max<int64_t>(min_steps, 0),
+              Human(static_cast<double>(total_samples - last_samples_) / dt, "").c_str(),
+              Human(static_cast<double>(total_bytes - last_bytes_) / dt, "B").c_str(), Duration(wait99).c_str());
+  std::fflush(stdout);
+  last_samples_ = total_samples;
+  last_bytes_ = total_bytes;
+  last_print_ = now;
+}
+
+int LocalRun::Supervise() {
+  // Poll the trainers' JSON lines; print progress about once a second.
+  last_.assign(static_cast<size_t>(P_), nlohmann::json());
+  finals_.assign(static_cast<size_t>(P_), nlohmann::json());
+  sidecar_peak_.assign(static_cast<size_t>(P_), 0);
+  sidecar_file_.assign(static_cast<size_t>(P_), 0);
+  last_print_ = Clock::now();
+  bool interrupted_sent = false;
+  auto running = [&] {
+    int64_t n = 0;
+    for (const auto& t : trainers_) n += t.exited ? 0 : 1;
+    return n;
   };
-  int64_t running = P;
-  while (running > 0) {
+  while (running() > 0) {
     if (g_interrupted && !interrupted_sent) {
       std::printf("\ninterrupted: stopping the trainers\n");
-      for (auto& t : trainers) {
+      for (auto& t : trainers_) {
         if (!t.exited) ::kill(t.pid, SIGTERM);
       }
       interrupted_sent = true;
     }
     std::vector<pollfd> fds;
-    for (auto& t : trainers) fds.push_back({t.out_fd, POLLIN, 0});
+    for (auto& t : trainers_) fds.push_back({t.out_fd, POLLIN, 0});
     ::poll(fds.data(), fds.size(), 100);
-    for (size_t i = 0; i < trainers.size(); ++i) {
-      Child& t = trainers[i];
-      if (t.out_fd < 0) continue;
-      if (fds[i].revents & (POLLIN | POLLHUP)) {
-        char buf[65536];
-        const ssize_t n = ::read(t.out_fd, buf, sizeof buf);
-        if (n > 0) {
-          t.buffer.append(buf, static_cast<size_t>(n));
-          size_t nl;
-          while ((nl = t.buffer.find('\n')) != std::string::npos) {
-            auto j = nlohmann::json::parse(t.buffer.substr(0, nl), nullptr, false);
-            t.buffer.erase(0, nl + 1);
-            if (j.is_discarded() || !j.contains("type")) continue;
-            (j["type"] == "final" ? finals[i] : last[i]) = j;
-            if (j["type"] == "final") last[i] = j;
-          }
-        } else if (n == 0) {
-          ::close(t.out_fd);
-          t.out_fd = -1;
-        }
-      }
-    }
-    // Reap exited children.
-    for (auto* group : {&trainers, &sidecars}) {
-      for (auto& c : *group) {
-        if (c.exited) continue;
-        int status = 0;
-        if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
-          c.exited = true;
-          c.status = status;
-          if (group == &trainers) {
-            --running;
-          } else if (!g_interrupted) {
-            return fail(c.what + " exited unexpectedly (" +
-                        (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
-                                           : "signal " + std::to_string(WTERMSIG(status))) +
-                        "); its log:\n" + Tail(c.log, 15));
-          }
-        }
-      }
-    }
-    for (auto& t : trainers) {
-      if (t.exited && WIFEXITED(t.status) && WEXITSTATUS(t.status) != 0 && WEXITSTATUS(t.status) != 3 && !g_interrupted) {
-        return fail(t.what + " failed; its log:\n" + Tail(t.log, 15));
-      }
-    }
-    sample_memory();
+    ReadTrainers(fds);
+    if (int rc = Reap(); rc != kGoOn) return rc;
+    SampleMemory();
     const auto now = Clock::now();
-    if (now - last_print >= std::chrono::seconds(1)) {
-      uint64_t total_samples = 0, total_bytes = 0;
-      int64_t min_steps = -1;
-      double wait99 = 0;
-      for (const auto& j : last) {
-        if (j.is_null()) continue;
-        total_samples += j.value("samples", uint64_t{0});
-        total_bytes += j.value("bytes", uint64_t{0});
-        const int64_t s = j.value("steps", int64_t{0});
-        min_steps = min_steps < 0 ? s : std::min(min_steps, s);
-        wait99 = std::max(wait99, j.value("wait_p99", 0.0));
-      }
-      const double dt = std::chrono::duration<double>(now - last_print).count();
-      std::printf("step %6" PRId64 "  %12s samples/s  %10s/s  trainer wait p99 %s\n", std::max<int64_t>(min_steps, 0),
-                  Human(static_cast<double>(total_samples - last_samples) / dt, "").c_str(),
-                  Human(static_cast<double>(total_bytes - last_bytes) / dt, "B").c_str(), Duration(wait99).c_str());
-      std::fflush(stdout);
-      last_samples = total_samples;
-      last_bytes = total_bytes;
-      last_print = now;
-    }
+    if (now - last_print_ >= std::chrono::seconds(1)) PrintProgress(now);
   }
-  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  sample_memory();
-  for (auto& s : sidecars) {
+  elapsed_ = std::chrono::duration<double>(Clock::now() - start_).count();
+  SampleMemory();
+  return kGoOn;
+}
+
+void LocalRun::StopSidecars() {
+  for (auto& s : sidecars_) {
     if (!s.exited) ::kill(s.pid, SIGTERM);
   }
-  for (auto& s : sidecars) {
+  for (auto& s : sidecars_) {
     if (!s.exited) ::waitpid(s.pid, &s.status, 0);
     s.exited = true;
   }
+}
+
+int LocalRun::Report() {
   rusage ru{};
   ::getrusage(RUSAGE_CHILDREN, &ru);
   const double cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
                      static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-
-  // The report.
+  const double start_mono = std::chrono::duration<double>(start_.time_since_epoch()).count();
   LatencyHistogram waits;
   uint64_t total_steps = 0, total_samples = 0, total_bytes = 0, mismatches = 0, reconnects = 0;
   double first_batch = 0, finish = 0;
   std::string errors;
   std::set<std::string> staging_modes;
   uint64_t gpu_checked = 0;
-  for (size_t p = 0; p < finals.size(); ++p) {
-    const auto& j = finals[p];
+  for (size_t p = 0; p < finals_.size(); ++p) {
+    const auto& j = finals_[p];
     if (j.is_null()) {
-      errors += "  trainer " + std::to_string(p) + " sent no report; its log:\n" + Tail(trainers[p].log, 10);
+      errors += "  trainer " + std::to_string(p) + " sent no report; its log:\n" + Tail(trainers_[p].log, 10);
       continue;
     }
     if (!j.value("error", std::string()).empty()) errors += "  trainer " + std::to_string(p) + ": " + j["error"].get<std::string>() + "\n";
@@ -567,11 +537,11 @@ int RunRun(const std::vector<std::string>& args) {
   }
   const double stream = std::max(1e-9, finish - first_batch);
   uint64_t peak = 0, mapped = 0;
-  for (uint64_t v : sidecar_peak) peak = std::max(peak, v);
-  for (uint64_t v : sidecar_file) mapped = std::max(mapped, v);
-  const uint64_t bound = static_cast<uint64_t>(rj.spec.batch.prefetch) * batch_bytes_per_process + (64ull << 20);
+  for (uint64_t v : sidecar_peak_) peak = std::max(peak, v);
+  for (uint64_t v : sidecar_file_) mapped = std::max(mapped, v);
+  const uint64_t bound = static_cast<uint64_t>(rj_->spec.batch.prefetch) * batch_bytes_per_process_ + (64ull << 20);
   std::printf("\n== meshload run --local report\n");
-  std::printf("  steps                %" PRIu64 " per process (%" PRId64 " processes)\n", total_steps, P);
+  std::printf("  steps                %" PRIu64 " per process (%" PRId64 " processes)\n", total_steps, P_);
   std::printf("  samples/s            %s  (%" PRIu64 " samples in %.2f s after the first batch)\n",
               Human(static_cast<double>(total_samples) / stream, "").c_str(), total_samples, stream);
   std::printf("  throughput           %s/s\n", Human(static_cast<double>(total_bytes) / stream, "B").c_str());
@@ -579,7 +549,7 @@ int RunRun(const std::vector<std::string>& args) {
   std::printf("  trainer wait         p50 %s, p99 %s (%" PRIu64 " batches)\n", Duration(waits.Quantile(0.5)).c_str(),
               Duration(waits.Quantile(0.99)).c_str(), waits.count());
   std::printf("  CPU                  %.2f s per GB delivered (%.2f CPU s in all, %.2f s wall)\n",
-              total_bytes ? cpu / (static_cast<double>(total_bytes) / 1e9) : 0.0, cpu, elapsed);
+              total_bytes ? cpu / (static_cast<double>(total_bytes) / 1e9) : 0.0, cpu, elapsed_);
   std::printf("  peak memory          sidecar %s own (heap + slots; bound prefetch x batch + 64 MiB = %s),\n"
               "                       %s of mapped page cache (shared, reclaimable)\n",
               Human(static_cast<double>(peak), "B").c_str(), Human(static_cast<double>(bound), "B").c_str(),
@@ -589,13 +559,42 @@ int RunRun(const std::vector<std::string>& args) {
   std::printf("  staging              %s%s\n", staging.c_str(),
               gpu_checked ? (" (" + std::to_string(gpu_checked) + " GPU tensors copied back and checked)").c_str()
                           : staging == "host" ? " (see the sidecar log's staging_reason)" : "");
-  std::printf("  verified             %s, %" PRIu64 " mismatches, %" PRIu64 " reconnects\n", verify.c_str(), mismatches,
+  std::printf("  verified             %s, %" PRIu64 " mismatches, %" PRIu64 " reconnects\n", o_.verify.c_str(), mismatches,
               reconnects);
   if (!errors.empty()) std::printf("  errors:\n%s", errors.c_str());
-  if (!temp_dir) std::printf("  logs                 %s\n", run_dir.c_str());
+  if (!temp_dir_) std::printf("  logs                 %s\n", run_dir_.c_str());
   const bool ok = mismatches == 0 && errors.empty() && (g_interrupted || total_steps > 0);
   std::printf("%s\n", ok ? "OK" : "FAILED");
   return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int RunRun(const std::vector<std::string>& args) {
+  RunOptions o;
+  FlagParser flags("run", kRunUsage);
+  flags.String({"-f", "--file"}, &o.file);
+  flags.Bool({"--local"}, &o.local);
+  flags.Int({"--steps"}, &o.steps);
+  flags.String({"--generate-dataset"}, &o.generate_dir);
+  flags.OptionalInt({"--samples"}, &o.samples);
+  flags.Int({"--files"}, &o.files);
+  flags.String({"--verify"}, &o.verify);
+  flags.Int({"--delay-ms"}, &o.delay_ms);
+  flags.Int({"--reader-threads"}, &o.reader_threads);
+  flags.String({"--run-dir"}, &o.run_dir);
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+  if (!o.local) return UsageError("run: only --local is available here; in a cluster the controller starts the sidecars");
+  if (o.file.empty()) return UsageError("run: -f JOB.yaml is required");
+  if (o.verify != "bytes" && o.verify != "ids" && o.verify != "none") {
+    return UsageError("--verify: expected bytes, ids or none");
+  }
+  if (o.steps == 0 || o.steps < -1) return UsageError("--steps: expected a positive number of steps");
+  if (o.reader_threads < 0 || o.reader_threads > 256) {
+    return UsageError("--reader-threads: expected 1 to 256 (or 0: the sidecar's default), got " +
+                      std::to_string(o.reader_threads));
+  }
+  return LocalRun(std::move(o)).Run();
 }
 
 }  // namespace meshload::cli
