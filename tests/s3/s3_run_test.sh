@@ -4,8 +4,10 @@
 # every format and every strategy, every byte verified by the trainers;
 # `meshload plan` without --samples (the objects listed, the .npy headers
 # read through S3); a sidecar killed mid-epoch and restarted under its
-# trainer (identical bytes); throttling injected by s3faultproxy; and the
-# secret access key nowhere in what the user sees.
+# trainer (identical bytes); throttling injected by faultproxy
+# (tests/tools/faultproxy, plain HTTP with S3 errors; built with the control
+# plane's tools, scripts/build-test-tools.sh); and the secret access key
+# nowhere in what the user sees.
 # usage: s3_run_test.sh MESHLOAD_BINARY SIDECAR_BINARY REPO_ROOT
 set -u
 ML=$1
@@ -15,6 +17,8 @@ source "$(dirname "$0")/../testing/shell_checks.sh"
 
 BIN=$(bash "$ROOT/scripts/build-s3-test-tools.sh" --dir) || {
   echo "FAIL versitygw is not built: run scripts/install-deps.sh (scripts/build-s3-test-tools.sh)"; exit 1; }
+PROXY_BIN=$(bash "$ROOT/scripts/build-test-tools.sh" --dir) || {
+  echo "FAIL faultproxy is not built: run scripts/install-deps.sh (scripts/build-test-tools.sh)"; exit 1; }
 ACCESS=MESHLOADS3TEST
 SECRET=s3-test-secret-$RANDOM$RANDOM-never-shown
 GW=$TMP/gw
@@ -23,7 +27,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 PORT=$(free_port)
 "$BIN/versitygw" --access "$ACCESS" --secret "$SECRET" --port "127.0.0.1:$PORT" --keep-alive --quiet posix "$GW" >"$TMP/gw.log" 2>&1 &
 PIDS+=($!)
-"$BIN/s3faultproxy" --upstream "http://127.0.0.1:$PORT" --ready-file "$TMP/proxy.ready" >"$TMP/proxy.log" 2>&1 &
+"$PROXY_BIN/faultproxy" --upstream "http://127.0.0.1:$PORT" --errors s3 --ready-file "$TMP/proxy.ready" \
+  >"$TMP/proxy.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 200); do
   curl -s -o /dev/null "http://127.0.0.1:$PORT/" && [ -s "$TMP/proxy.ready" ] && break
@@ -145,7 +150,7 @@ curl -s -X POST "http://$ADMIN/inject?status=503&code=SlowDown&count=2&prefix=/c
 out=$(AWS_ENDPOINT_URL_S3=http://$PROXY "$ML" run --local -f "$TMP/throttled.yaml" --steps 20 2>&1); rc=$?
 answered=$(curl -s "http://$ADMIN/answered")
 [ $rc -eq 0 ] && grep -q "0 mismatches" <<<"$out" && [ "$answered" = 6 ]
-check "6 SlowDown answers through s3faultproxy are retried; every byte verified" $?
+check "6 SlowDown answers through faultproxy are retried; every byte verified" $?
 [ $rc -eq 0 ] || tail -5 <<<"$out"
 
 # ... and counted: the sidecar's meshload_storage_retries_total{reason="throttled"}.

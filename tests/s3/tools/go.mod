@@ -1,7 +1,7 @@
 // The S3 server the object-storage tests run against: versitygw (Apache-2.0)
 // with its POSIX backend, built from this pinned module by
-// scripts/build-s3-test-tools.sh, with the fault proxy in
-// s3faultproxy/. A module of its own so that its dependencies
+// scripts/build-s3-test-tools.sh (the fault proxy in front of it is
+// tests/tools/faultproxy). A module of its own so that its dependencies
 // never move those of the Kubernetes components (tests/tools/go.mod).
 module meshload.io/tests/s3/tools
 

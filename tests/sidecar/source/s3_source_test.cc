@@ -1,7 +1,9 @@
 // The "s3" source against a real S3 server: versitygw with its POSIX
 // backend (built from the pinned module tests/s3/tools by
-// scripts/build-s3-test-tools.sh), with s3faultproxy in front of it for
-// throttling and slow answers. Listing across many pages, globs and
+// scripts/build-s3-test-tools.sh), with faultproxy in front of it for
+// throttling and slow answers (tests/tools/faultproxy in its plain-HTTP,
+// S3 mode; built with the control plane's tools by
+// scripts/build-test-tools.sh). Listing across many pages, globs and
 // prefixes, ranged reads into iovecs, and the errors a user meets: wrong
 // credentials, a missing bucket or key, the wrong region.
 #include <arpa/inet.h>
@@ -87,8 +89,15 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
 class S3SourceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // versitygw from the S3 tools, faultproxy from the control plane's.
     bin_ = Shell("bash " MESHLOAD_SOURCE_DIR "/scripts/build-s3-test-tools.sh --dir 2>&1");
+    const std::string proxy_bin = Shell("bash " MESHLOAD_SOURCE_DIR "/scripts/build-test-tools.sh --dir 2>&1");
     if (!std::filesystem::exists(bin_ + "/versitygw")) {
+      not_built_ = "versitygw is not built: run scripts/install-deps.sh (it runs scripts/build-s3-test-tools.sh)";
+    } else if (!std::filesystem::exists(proxy_bin + "/faultproxy")) {
+      not_built_ = "faultproxy is not built: run scripts/install-deps.sh (it runs scripts/build-test-tools.sh)";
+    }
+    if (!not_built_.empty()) {
       bin_.clear();
       return;
     }
@@ -100,8 +109,8 @@ class S3SourceTest : public ::testing::Test {
                      root_->path() + "/gw"},
                     root_->path() + "/versitygw.log");
     const std::string ready = root_->path() + "/proxy.ready";
-    proxy_ = Spawn({bin_ + "/s3faultproxy", "--upstream", "http://127.0.0.1:" + std::to_string(port_),
-                    "--ready-file", ready},
+    proxy_ = Spawn({proxy_bin + "/faultproxy", "--upstream", "http://127.0.0.1:" + std::to_string(port_),
+                    "--errors", "s3", "--ready-file", ready},
                    root_->path() + "/proxy.log");
     const bool up = ::meshload::testing::WaitFor(
         [&] {
@@ -109,7 +118,7 @@ class S3SourceTest : public ::testing::Test {
           return c.Get("/") && std::filesystem::exists(ready);
         },
         std::chrono::seconds(30), std::chrono::milliseconds(50));
-    if (!up) ADD_FAILURE() << "versitygw or s3faultproxy did not start within 30 s (see " << root_->path() << ")";
+    if (!up) ADD_FAILURE() << "versitygw or faultproxy did not start within 30 s (see " << root_->path() << ")";
     std::ifstream in(ready);
     std::string proxy_addr, admin_addr;
     in >> proxy_addr >> admin_addr;
@@ -127,9 +136,8 @@ class S3SourceTest : public ::testing::Test {
     root_ = nullptr;
   }
   void SetUp() override {
-    ASSERT_FALSE(bin_.empty()) << "versitygw is not built: run scripts/install-deps.sh (it runs "
-                                  "scripts/build-s3-test-tools.sh)";
-    Admin("/clear");
+    ASSERT_FALSE(bin_.empty()) << not_built_;
+    Admin("/reset");  // no injections, no latency
   }
 
   static std::string Endpoint() { return "http://127.0.0.1:" + std::to_string(port_); }
@@ -158,7 +166,7 @@ class S3SourceTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
-  static inline std::string bin_, proxy_endpoint_, admin_;
+  static inline std::string bin_, not_built_, proxy_endpoint_, admin_;
   static inline TempDir* root_ = nullptr;
   static inline int port_ = 0;
   static inline pid_t server_ = -1, proxy_ = -1;
