@@ -24,6 +24,10 @@ pinned Go module by scripts/build-test-tools.sh), without a cluster
 
 usage: chart_check.py REPO_ROOT [--write-monitoring DIR]
 helm: $MESHLOAD_HELM, else the one scripts/build-test-tools.sh built.
+
+Longer than the ~700-line rule on purpose: each scenario (a set of values)
+is rendered once and checked by the same problem finders (deployment, RBAC,
+webhook, certificate, examples), which read best next to each other.
 """
 import copy
 import json

@@ -7,6 +7,10 @@
 The sidecar binary may also come from $MESHLOAD_SIDECAR. CTest runs this as
 `python.client` (registered in client/python/CMakeLists.txt).
 
+Longer than the ~700-line rule on purpose: one unittest module is what
+`pip wheel`'s test (tests/client/package_test.sh) runs against the
+installed wheel as well, so every case of the Python API lives here.
+
 The dataset is synthetic and self-describing: record i (256 bytes) is 32
 little-endian uint64 words, word 0 = i and word k = i * 1000003 + k, so every
 delivered byte can be checked against the sample index it claims to be.

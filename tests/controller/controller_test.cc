@@ -3,6 +3,10 @@
 // namespace per test), through the fault proxy, with an identity of its
 // own: what lands in the cluster, and what it asked of the server, counted
 // from the audit log.
+// Longer than the ~700-line rule on purpose: the cases follow the reconcile
+// steps of controller/reconciler.h in order (finalizer, validation, process
+// assignment, ConfigMap, peer Secret, status and Events, then faults), all
+// on the one control plane this program starts.
 
 #include "controller/controller.h"
 

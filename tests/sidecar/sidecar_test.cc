@@ -1,5 +1,9 @@
 // The sidecar end to end, in process: a real Sidecar on a real Unix socket,
 // the real C++ client, real files (and a real HTTP server for remote data).
+// Longer than the ~700-line rule on purpose: every case drives the same
+// harness (SidecarHarness and its helpers at the top), and the cases read
+// in the order of a connection's life, then the real binary's restarts
+// (SidecarProcess); the GPU variants are in staging/device_staging_test.cc.
 
 #include "sidecar/source/dataset_facts.h"
 #include "common/loopback.h"

@@ -1,3 +1,8 @@
+// The peer exchange between real sockets on loopback: the wire format, the
+// handshake and its refusals, credits, restarts, losses and floods.
+// Longer than the ~700-line rule on purpose: every case drives raw frames
+// through the same helpers (RawHeader, the pair of exchanges at the top).
+
 #include "sidecar/exchange/peer_exchange.h"
 #include "common/loopback.h"
 #include "tests/testing/status_matchers.h"
