@@ -14,11 +14,12 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
-#include <condition_variable>
 #include <random>
 #include <thread>
 
 #include "common/logging.h"
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "protocol/seqpacket.h"
 
 namespace meshload::client {
@@ -37,34 +38,34 @@ class Link : public std::enable_shared_from_this<Link> {
   // Nobody uses the connection any more: it closes now, or, while the
   // release worker still has RELEASEs to send (fences to wait for), the
   // worker closes it once it has sent them.
-  void Retire() {
+  void Retire() MESHLOAD_EXCLUDES(queue_mu_, mu_) {
     bool worker;
     {
-      std::lock_guard lock(queue_mu_);
+      MutexLock lock(queue_mu_);
       stopping_ = true;
       worker = worker_started_;
     }
-    queue_cv_.notify_all();
+    queue_cv_.NotifyAll();
     if (!worker) Close();
   }
 
   // A batch handed to the trainer on this connection.
-  void AddHeld(uint32_t slot, int64_t step) {
-    std::lock_guard lock(mu_);
+  void AddHeld(uint32_t slot, int64_t step) MESHLOAD_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     held_.push_back({slot, step});
   }
 
   // A slot of a batch handed out and not released yet.
-  bool Holds(uint32_t slot) {
-    std::lock_guard lock(mu_);
+  bool Holds(uint32_t slot) MESHLOAD_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return std::any_of(held_.begin(), held_.end(), [&](const protocol::Bye::Held& h) { return h.slot == slot; });
   }
 
   // The client leaves this connection but not the batches it holds: BYE
   // lists them (the sidecar takes the other slots back, READYs never handed
   // out included). Their RELEASEs still come here. Idempotent.
-  void Leave() {
-    std::lock_guard lock(mu_);
+  void Leave() MESHLOAD_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (left_ || closed_) return;
     left_ = true;
     protocol::Bye bye;
@@ -93,8 +94,8 @@ class Link : public std::enable_shared_from_this<Link> {
     uint64_t wait_ns = 0;
     std::shared_ptr<Mapping> mapping;
   };
-  void ReleaseAfter(Pending p) {
-    std::lock_guard lock(queue_mu_);
+  void ReleaseAfter(Pending p) MESHLOAD_EXCLUDES(queue_mu_) {
+    MutexLock lock(queue_mu_);
     if (!worker_started_) {
       // Detached, owning the link: it ends after Retire(), once its queue is
       // empty, and nothing ever waits for it.
@@ -102,33 +103,33 @@ class Link : public std::enable_shared_from_this<Link> {
       std::thread([self = shared_from_this()] { self->ReleaserMain(); }).detach();
     }
     queue_.push_back(std::move(p));
-    queue_cv_.notify_one();
+    queue_cv_.NotifyOne();
   }
 
-  void SendRelease(uint32_t slot, int64_t step, uint64_t wait_ns) {
-    std::lock_guard lock(mu_);
+  void SendRelease(uint32_t slot, int64_t step, uint64_t wait_ns) MESHLOAD_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     auto it = std::find(held_.begin(), held_.end(), protocol::Bye::Held{slot, step});
     if (it != held_.end()) held_.erase(it);
     if (closed_) return;  // the sidecar reclaimed it when we went away
     (void)protocol::SendMessage(fd_.get(), protocol::Encode(protocol::Release{slot, step, wait_ns}));
   }
-  void ReleaserMain() {
+  void ReleaserMain() MESHLOAD_EXCLUDES(queue_mu_, mu_) {
     ::pthread_setname_np(::pthread_self(), "ml-release");
-    std::unique_lock lock(queue_mu_);
+    MutexLock lock(queue_mu_);
     while (true) {
-      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      while (!stopping_ && queue_.empty()) queue_cv_.Wait(queue_mu_);
       if (queue_.empty()) {  // retired, nothing left: the connection closes here
-        lock.unlock();
+        lock.Unlock();
         Close();
         return;
       }
       Pending p = std::move(queue_.front());
       queue_.pop_front();
-      lock.unlock();
+      lock.Unlock();
       WaitForTrainer(p);
       SendRelease(p.slot, p.step, p.wait_ns);
       p = Pending{};  // fences and the mapping go here, not under the lock
-      lock.lock();
+      lock.Lock();
     }
   }
 
@@ -172,8 +173,8 @@ class Link : public std::enable_shared_from_this<Link> {
   // the sidecar sends nothing more, so what is queued is all there is; a
   // connection that did not say BYE waits up to 200 ms for the sidecar's
   // end of file.
-  void Close() {
-    std::lock_guard lock(mu_);
+  void Close() MESHLOAD_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (closed_) return;
     closed_ = true;
     ::shutdown(fd_.get(), SHUT_WR);
@@ -193,16 +194,21 @@ class Link : public std::enable_shared_from_this<Link> {
   }
 
  private:
-  std::mutex mu_;
+  // Set by the constructor and never reset (Close() shuts the socket down;
+  // the descriptor stays open until the Link dies), so fd() reads it without
+  // a lock. mu_ keeps what is sent on it (BYE, RELEASE) in order with
+  // closing.
   UniqueFd fd_;
-  bool closed_ = false;
-  bool left_ = false;                   // BYE sent
-  std::vector<protocol::Bye::Held> held_;    // leases handed out and not released
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::deque<Pending> queue_;
-  bool stopping_ = false;
-  bool worker_started_ = false;
+  Mutex mu_;
+  bool closed_ MESHLOAD_GUARDED_BY(mu_) = false;
+  bool left_ MESHLOAD_GUARDED_BY(mu_) = false;                 // BYE sent
+  std::vector<protocol::Bye::Held> held_ MESHLOAD_GUARDED_BY(mu_);  // leases handed out and not released
+  // The release worker's queue; never held with mu_.
+  Mutex queue_mu_;
+  CondVar queue_cv_;  // queue_ grew, or stopping_ was set
+  std::deque<Pending> queue_ MESHLOAD_GUARDED_BY(queue_mu_);
+  bool stopping_ MESHLOAD_GUARDED_BY(queue_mu_) = false;
+  bool worker_started_ MESHLOAD_GUARDED_BY(queue_mu_) = false;
 };
 
 /// One connection to the sidecar; shared by the client and its leases. When
@@ -381,7 +387,7 @@ Lease::~Lease() {
 }
 
 void Lease::AddConsumerStream(int ordinal, uintptr_t stream) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& s : consumer_streams_) {
     if (s.first == ordinal && s.second == stream) return;
   }

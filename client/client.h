@@ -65,13 +65,14 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/cuda_driver.h"
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/unique_fd.h"
 #include "protocol/protocol.h"
 
@@ -110,11 +111,15 @@ class Lease {
   /// legacy/per-thread default stream) that reads this batch. When the lease
   /// dies an event is recorded on each such stream, and the slot is released
   /// (by the connection's release thread) only once they have passed.
-  void AddConsumerStream(int ordinal, uintptr_t stream);
+  void AddConsumerStream(int ordinal, uintptr_t stream) MESHLOAD_EXCLUDES(mu_);
 
  private:
-  std::mutex mu_;
-  std::vector<std::pair<int, uintptr_t>> consumer_streams_;
+  // AddConsumerStream() may run on several threads at once (one per DLPack
+  // export); the destructor, the last reference, reads the streams alone.
+  Mutex mu_;
+  std::vector<std::pair<int, uintptr_t>> consumer_streams_ MESHLOAD_GUARDED_BY(mu_);
+  // Set by the constructor and read-only after (the destructor moves
+  // mapping_ out).
   std::shared_ptr<Connection> conn_;
   std::shared_ptr<Mapping> mapping_;
   uint32_t slot_;

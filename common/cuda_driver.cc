@@ -204,8 +204,13 @@ Result<std::unique_ptr<Driver>> Driver::Load(const std::string& library) {
     d->devices_.push_back({i, FormatGpuUuid(reinterpret_cast<const unsigned char*>(u.bytes)), name});
   }
   if (d->devices_.empty()) return fail("the CUDA driver sees no device");
-  d->contexts_.assign(d->devices_.size(), nullptr);
-  d->retain_errors_.assign(d->devices_.size(), 0);
+  {
+    // Nobody else sees `d` yet; the lock costs nothing and lets the
+    // analysis check every access to the vectors.
+    MutexLock lock(d->contexts_mu_);
+    d->contexts_.assign(d->devices_.size(), nullptr);
+    d->retain_errors_.assign(d->devices_.size(), 0);
+  }
   return d;
 }
 
@@ -213,8 +218,9 @@ void* Driver::Context(int ordinal) const {
   // The primary context (the one CUDA runtimes such as PyTorch's and JAX's
   // use too), retained on first use: a device this process never touches
   // gets no context (each costs device memory).
-  if (ordinal < 0 || ordinal >= static_cast<int>(contexts_.size())) return nullptr;
-  std::lock_guard lock(contexts_mu_);
+  // contexts_ has one entry per device (Load()); devices_ is read-only.
+  if (ordinal < 0 || ordinal >= static_cast<int>(devices_.size())) return nullptr;
+  MutexLock lock(contexts_mu_);
   if (contexts_[ordinal] == nullptr) {
     CUdevice dev = 0;
     CUcontext ctx = nullptr;
@@ -231,7 +237,7 @@ void* Driver::Context(int ordinal) const {
 
 Status Driver::ContextError(int ordinal) const {
   MESHLOAD_RETURN_IF_ERROR(CheckOrdinal(ordinal));
-  std::lock_guard lock(contexts_mu_);
+  MutexLock lock(contexts_mu_);
   return Status(StatusCode::kUnavailable,
                 "cannot use CUDA device " + std::to_string(ordinal) + " (" + devices_[ordinal].uuid +
                     "): cuDevicePrimaryCtxRetain failed: " + ErrorText(retain_errors_[ordinal]) +

@@ -19,7 +19,8 @@
 ///   - pinned (registered) host memory, one stream per device, events, and
 ///     the copies host→device, device→device (peer) and device→host.
 ///
-/// Thread safety: Driver is immutable after Open() and its methods may be
+/// Thread safety: Driver is immutable after Open() but for the primary
+/// contexts, retained on first use under a mutex, and its methods may be
 /// called from any thread (the driver API is thread-safe; calls that need a
 /// context make the device's primary context current themselves).
 /// Allocation objects are owned by one thread at a time.
@@ -28,11 +29,12 @@
 #include <array>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/unique_fd.h"
 
 namespace meshload::cuda {
@@ -241,8 +243,8 @@ class Driver {
   const Api& api() const { return *api_; }
   /// A device's primary context (a CUcontext), retained on first use; null
   /// when it cannot be had (ContextError() says why).
-  void* Context(int ordinal) const;
-  Status ContextError(int ordinal) const;
+  void* Context(int ordinal) const MESHLOAD_EXCLUDES(contexts_mu_);
+  Status ContextError(int ordinal) const MESHLOAD_EXCLUDES(contexts_mu_);
   /// Whether `ordinal` can read `peer`'s memory directly (cuDeviceCanAccessPeer).
   bool CanAccessPeer(int ordinal, int peer) const;
   /// Waits until everything queued on the device's primary context is done.
@@ -260,13 +262,18 @@ class Driver {
   friend class Stream;
   friend class Fence;
 
+  // Set by Load() before the Driver is shared, then read-only.
   std::string library_;
   int version_ = 0;
   std::vector<DeviceInfo> devices_;
-  mutable std::mutex contexts_mu_;
-  mutable std::vector<void*> contexts_;  // primary context per ordinal, retained on first use, for the process's life
-  mutable std::vector<int> retain_errors_;  // the CUresult when retaining failed
   std::unique_ptr<Api> api_;
+
+  mutable Mutex contexts_mu_;
+  // One per device (sized by Load()): the primary context, retained on
+  // first use and kept for the process's life; the CUresult when retaining
+  // failed.
+  mutable std::vector<void*> contexts_ MESHLOAD_GUARDED_BY(contexts_mu_);
+  mutable std::vector<int> retain_errors_ MESHLOAD_GUARDED_BY(contexts_mu_);
 };
 
 /// The 16 bytes of a CUDA UUID in nvidia-smi's form ("GPU-" + 8-4-4-4-12 hex).

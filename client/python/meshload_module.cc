@@ -54,7 +54,9 @@
 #include "client/client.h"
 #include "client/python/dlpack_versioned.h"
 #include "common/cuda_driver.h"
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 #ifndef MESHLOAD_VERSION
 #define MESHLOAD_VERSION "unknown"
@@ -77,6 +79,41 @@ PyObject* g_sidecar_gone = nullptr;
   PyErr_SetObject(type, exc.ptr());
   throw py::error_already_set();
 }
+
+/// A std::timed_mutex the thread-safety analysis understands, for the lock
+/// next() waits for by a deadline (meshload::Mutex has no timed lock).
+class MESHLOAD_CAPABILITY("mutex") TimedMutex {
+ public:
+  void Lock() MESHLOAD_ACQUIRE() { mu_.lock(); }
+  void Unlock() MESHLOAD_RELEASE() { mu_.unlock(); }
+  bool TryLockUntil(std::chrono::steady_clock::time_point until) MESHLOAD_TRY_ACQUIRE(true) {
+    return mu_.try_lock_until(until);
+  }
+
+ private:
+  std::timed_mutex mu_;
+};
+
+/// Holds a TimedMutex for its scope: takes it, or adopts it from a caller
+/// that took it (TryLockUntil); Unlock() releases it early.
+class MESHLOAD_SCOPED_CAPABILITY TimedMutexLock {
+ public:
+  explicit TimedMutexLock(TimedMutex& mu) MESHLOAD_ACQUIRE(mu) : mu_(mu) { mu_.Lock(); }
+  TimedMutexLock(TimedMutex& mu, std::adopt_lock_t) MESHLOAD_REQUIRES(mu) : mu_(mu) {}
+  ~TimedMutexLock() MESHLOAD_RELEASE() {
+    if (held_) mu_.Unlock();
+  }
+  TimedMutexLock(const TimedMutexLock&) = delete;
+  TimedMutexLock& operator=(const TimedMutexLock&) = delete;
+  void Unlock() MESHLOAD_RELEASE() {
+    mu_.Unlock();
+    held_ = false;
+  }
+
+ private:
+  TimedMutex& mu_;
+  bool held_ = true;
+};
 
 /// Maps a client Status onto the Python exception the API promises.
 [[noreturn]] void RaiseStatus(const Status& st) {
@@ -412,7 +449,7 @@ class Client {
     TakeSnapshot();
   }
 
-  std::shared_ptr<Batch> Next(std::optional<double> timeout_seconds) {
+  std::shared_ptr<Batch> Next(std::optional<double> timeout_seconds) MESHLOAD_EXCLUDES(mu_, snap_mu_) {
     std::optional<std::chrono::milliseconds> timeout;
     if (timeout_seconds && !std::isinf(*timeout_seconds)) {
       if (std::isnan(*timeout_seconds) || *timeout_seconds < 0) {
@@ -434,14 +471,14 @@ class Client {
     // what is left of the timeout (signals that come often must not
     // stretch it).
     while (true) {
-      std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
-      if (!LockBy(lock, deadline)) {
+      if (!LockBy(deadline)) {
         got = Status(StatusCode::kDeadlineExceeded,
                      "no batch within " + std::to_string(timeout->count()) +
                          " ms: another thread's next() was using the client all that time",
                      socket_path_);
         break;
       }
+      TimedMutexLock lock(mu_, std::adopt_lock);
       if (!client_) break;
       std::optional<std::chrono::milliseconds> left;
       if (deadline) {
@@ -454,7 +491,7 @@ class Client {
         TakeSnapshot();
       }
       if (got.ok() || got.status().code() != StatusCode::kCancelled) break;
-      lock.unlock();
+      lock.Unlock();
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
     if (!got.ok()) RaiseStatus(got.status());
@@ -463,7 +500,7 @@ class Client {
     uint32_t process;
     {
       // What the batch names, without copying the whole hello each step.
-      std::lock_guard lock(snap_mu_);
+      MutexLock lock(snap_mu_);
       mesh = snap_.mesh;
       job = snap_.hello.job;
       process = snap_.hello.process;
@@ -471,29 +508,29 @@ class Client {
     return std::make_shared<Batch>(std::move(*got), std::move(mesh), std::move(job), process);
   }
 
-  void Close() {
+  void Close() MESHLOAD_EXCLUDES(mu_, raw_mu_, snap_mu_) {
     {
       // Wakes a next() waiting in another thread (it raises "closed"), so
       // closing never waits for a batch that may never come.
-      std::lock_guard lock(raw_mu_);
+      MutexLock lock(raw_mu_);
       if (raw_) raw_->Interrupt();
     }
     py::gil_scoped_release nogil;
-    std::lock_guard lock(mu_);
+    TimedMutexLock lock(mu_);
     if (!client_) return;
     {
-      std::lock_guard raw(raw_mu_);
+      MutexLock raw(raw_mu_);
       raw_ = nullptr;
     }
     // Live leases keep their memory mapped and their slots (BYE lists them).
     client_->Close();
     client_.reset();
-    std::lock_guard snap(snap_mu_);
+    MutexLock snap(snap_mu_);
     snap_.closed = true;
   }
 
-  Snapshot snapshot() const {
-    std::lock_guard lock(snap_mu_);
+  Snapshot snapshot() const MESHLOAD_EXCLUDES(snap_mu_) {
+    MutexLock lock(snap_mu_);
     return snap_;
   }
   const std::string& socket_path() const { return socket_path_; }
@@ -502,16 +539,16 @@ class Client {
   // Takes mu_ with the GIL released (lock order: nobody waits for mu_ while
   // holding the GIL), by `deadline` if given (false when it passes first).
   // Between tries Python's signal handlers run, so Ctrl-C reaches a thread
-  // that waits for another thread's next().
-  bool LockBy(std::unique_lock<std::timed_mutex>& lock,
-              std::optional<std::chrono::steady_clock::time_point> deadline) {
+  // that waits for another thread's next(). (The analysis trusts the
+  // annotation here: it does not check a try-lock function's own body.)
+  bool LockBy(std::optional<std::chrono::steady_clock::time_point> deadline) MESHLOAD_TRY_ACQUIRE(true, mu_) {
     while (true) {
       auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
       if (deadline && *deadline < until) until = *deadline;
       bool locked;
       {
         py::gil_scoped_release nogil;
-        locked = lock.try_lock_until(until);
+        locked = mu_.TryLockUntil(until);
       }
       if (locked) return true;
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
@@ -519,9 +556,10 @@ class Client {
     }
   }
 
-  // Caller holds mu_ (or is the constructor).
-  void TakeSnapshot() {
-    std::lock_guard lock(snap_mu_);
+  // Called by the constructor too, before the object is shared (the
+  // analysis does not check constructors).
+  void TakeSnapshot() MESHLOAD_REQUIRES(mu_) MESHLOAD_EXCLUDES(snap_mu_) {
+    MutexLock lock(snap_mu_);
     snap_.hello = client_->hello();
     // A reconnect may bring another job's mesh (a resized job): the
     // batches from then on carry the new one.
@@ -533,12 +571,16 @@ class Client {
   }
 
   const std::string socket_path_;
-  std::timed_mutex mu_;                     // serializes next() and close(); see client::Client
-  std::unique_ptr<client::Client> client_;  // null once closed
-  std::mutex raw_mu_;                       // guards raw_; held only to call Interrupt()
-  client::Client* raw_ = nullptr;           // client_ for Interrupt() (null once closed)
-  mutable std::mutex snap_mu_;              // held briefly, never while waiting for anything
-  Snapshot snap_;
+  // Serializes next() and close() (client::Client is used by one thread at
+  // a time). Lock order: mu_ before raw_mu_ and snap_mu_.
+  TimedMutex mu_;
+  std::unique_ptr<client::Client> client_ MESHLOAD_GUARDED_BY(mu_);  // null once closed
+  // Held only to call Interrupt(), which may come while next() holds mu_.
+  Mutex raw_mu_ MESHLOAD_ACQUIRED_AFTER(mu_);
+  client::Client* raw_ MESHLOAD_GUARDED_BY(raw_mu_) = nullptr;  // client_ for Interrupt() (null once closed)
+  // Held briefly, never while waiting for anything.
+  mutable Mutex snap_mu_ MESHLOAD_ACQUIRED_AFTER(mu_);
+  Snapshot snap_ MESHLOAD_GUARDED_BY(snap_mu_);
 };
 
 py::list Devices(const protocol::ServerHello& hello) {

@@ -48,7 +48,7 @@ HealthServer::HealthServer(const Registry& registry, ReadinessCheck readiness,
 HealthServer::~HealthServer() { Stop(); }
 
 Result<int> HealthServer::Start() {
-  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  MutexLock lock(lifecycle_mu_);
   const std::string where = HostPort(options_.bind_address, options_.port);
   if (server_) {
     return FailedPrecondition("health server already running on port " + std::to_string(port_),
@@ -117,7 +117,7 @@ Result<int> HealthServer::Start() {
 }
 
 void HealthServer::Stop() {
-  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  MutexLock lock(lifecycle_mu_);
   if (!server_) return;
   stopping_ = true;
   server_->stop();  // closes the listener; the accept loop ends and joins its workers
@@ -128,13 +128,13 @@ void HealthServer::Stop() {
 }
 
 void HealthServer::SetHealthy(bool healthy, std::string reason) {
-  std::lock_guard<std::mutex> lock(health_mu_);
+  MutexLock lock(health_mu_);
   healthy_ = healthy;
   unhealthy_reason_ = std::move(reason);
 }
 
 bool HealthServer::running() const {
-  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  MutexLock lock(lifecycle_mu_);
   return server_ != nullptr;
 }
 
@@ -162,7 +162,7 @@ void HealthServer::Handle(const httplib::Request& request, httplib::Response& re
     response.status = 200;
     response.set_content(options_.progress(), "application/json");
   } else if (path == "/healthz") {
-    std::lock_guard<std::mutex> lock(health_mu_);
+    MutexLock lock(health_mu_);
     response.status = healthy_ ? 200 : 503;
     response.set_content(healthy_                     ? std::string("ok")
                          : unhealthy_reason_.empty() ? std::string("unhealthy")

@@ -47,13 +47,14 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "common/metrics/metrics.h"
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace httplib {
 class Server;
@@ -98,36 +99,41 @@ class HealthServer {
   /// `cannot bind health server: Address already in use`, when the address
   /// cannot be bound (port in use, address not local or not resolvable,
   /// permission) or the listener fails to start.
-  Result<int> Start();
+  Result<int> Start() MESHLOAD_EXCLUDES(lifecycle_mu_);
 
   /// Stops accepting, finishes in-flight requests and joins every thread the
   /// server started. A no-op when not running.
-  void Stop();
+  void Stop() MESHLOAD_EXCLUDES(lifecycle_mu_);
 
   /// Marks the process (un)healthy for /healthz; `reason` is the 503 body.
   /// For conditions a restart would cure (a wedged pipeline), not for
   /// transient ones, which belong in the readiness check.
-  void SetHealthy(bool healthy, std::string reason = {});
+  void SetHealthy(bool healthy, std::string reason = {}) MESHLOAD_EXCLUDES(health_mu_);
 
   /// True between a successful Start() and Stop().
-  bool running() const;
+  bool running() const MESHLOAD_EXCLUDES(lifecycle_mu_);
   /// The bound port while running, else 0.
   int port() const;
 
  private:
-  void Handle(const httplib::Request& request, httplib::Response& response) const;
+  // On a worker thread, for every request.
+  void Handle(const httplib::Request& request, httplib::Response& response) const
+      MESHLOAD_EXCLUDES(health_mu_);
 
   const Registry& registry_;
   const ReadinessCheck readiness_;
   const HealthServerOptions options_;
 
-  mutable std::mutex health_mu_;  // guards healthy_, unhealthy_reason_
-  bool healthy_ = true;
-  std::string unhealthy_reason_;
+  mutable Mutex health_mu_;
+  bool healthy_ MESHLOAD_GUARDED_BY(health_mu_) = true;
+  std::string unhealthy_reason_ MESHLOAD_GUARDED_BY(health_mu_);
 
-  mutable std::mutex lifecycle_mu_;  // guards server_, thread_; held by Start/Stop
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  // Held for the whole of Start() and Stop() (the listener thread never
+  // takes it).
+  mutable Mutex lifecycle_mu_;
+  std::unique_ptr<httplib::Server> server_ MESHLOAD_GUARDED_BY(lifecycle_mu_);
+  std::thread thread_ MESHLOAD_GUARDED_BY(lifecycle_mu_);
+  // Written by the listener thread, read by Start().
   std::atomic<bool> listen_returned_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<int> port_{0};

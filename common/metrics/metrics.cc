@@ -224,7 +224,7 @@ template <typename T>
 T& Family<T>::Add(const Labels& labels)
   requires(T::kType != MetricType::kHistogram)
 {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Series& series = FindOrInsertLocked(labels);
   // if constexpr as well as the constraint: clang before 15 instantiates a
   // constrained-out member in `template class Family<Histogram>`.
@@ -239,7 +239,7 @@ T& Family<T>::Add(const Labels& labels, const BucketBoundaries& boundaries)
   requires(T::kType == MetricType::kHistogram)
 {
   BucketBoundaries normalized = NormalizeBoundaries(boundaries);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Series& series = FindOrInsertLocked(labels);
   if constexpr (T::kType == MetricType::kHistogram) {  // as above
     if (!series.metric) {
@@ -254,13 +254,13 @@ T& Family<T>::Add(const Labels& labels, const BucketBoundaries& boundaries)
 
 template <typename T>
 void Family<T>::ForEach(const std::function<void(const Labels&, const T&)>& fn) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [labels, series] : series_) fn(labels, *series.metric);
 }
 
 template <typename T>
 bool Family<T>::AppendSamples(std::string* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (series_.empty()) return false;
   for (const auto& [labels, series] : series_) {
     const T& metric = *series.metric;
@@ -316,7 +316,7 @@ Family<T>& Registry::Register(std::string name, std::string help, Labels constan
   }
   for (const auto& [label, value] : constant_labels) CheckLabelName(name, label);
 
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = families_.find(name);
   if (it != families_.end()) {
     FamilyBase& existing = *it->second;
@@ -341,17 +341,17 @@ template Family<Gauge>& Registry::Register<Gauge>(std::string, std::string, Labe
 template Family<Histogram>& Registry::Register<Histogram>(std::string, std::string, Labels);
 
 void Registry::AddCollectHook(std::function<void()> hook) {
-  std::lock_guard<std::mutex> lock(hooks_mu_);
+  MutexLock lock(hooks_mu_);
   hooks_.push_back(std::move(hook));
 }
 
 std::string Registry::Serialize() const {
-  std::lock_guard<std::mutex> collect(collect_mu_);
+  MutexLock collect(collect_mu_);
   // Run copies outside hooks_mu_ so that a hook may itself register families
   // or series without deadlocking.
   std::vector<std::function<void()>> hooks;
   {
-    std::lock_guard<std::mutex> lock(hooks_mu_);
+    MutexLock lock(hooks_mu_);
     hooks = hooks_;
   }
   for (const auto& hook : hooks) {
@@ -360,7 +360,7 @@ std::string Registry::Serialize() const {
 
   std::string out;
   std::string samples;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [name, family] : families_) {
     samples.clear();
     if (!family->AppendSamples(&samples)) continue;

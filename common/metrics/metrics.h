@@ -51,11 +51,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 
 namespace meshload::metrics {
 
@@ -202,17 +204,17 @@ class Family final : public FamilyBase {
   /// labels always return the same object. Aborts on an invalid label name
   /// (see the file comment).
   T& Add(const Labels& labels)
-    requires(T::kType != MetricType::kHistogram);
+    requires(T::kType != MetricType::kHistogram) MESHLOAD_EXCLUDES(mu_);
 
   /// The histogram series with these labels and bucket bounds. Aborts on an
   /// invalid label name or bounds, and when the series exists with other
   /// bounds (one series cannot have two bucket layouts).
   T& Add(const Labels& labels, const BucketBoundaries& boundaries)
-    requires(T::kType == MetricType::kHistogram);
+    requires(T::kType == MetricType::kHistogram) MESHLOAD_EXCLUDES(mu_);
 
   /// Calls `fn` for each series, in label order, under the family's lock:
   /// `fn` must not add series to this family.
-  void ForEach(const std::function<void(const Labels&, const T&)>& fn) const;
+  void ForEach(const std::function<void(const Labels&, const T&)>& fn) const MESHLOAD_EXCLUDES(mu_);
 
  private:
   friend class Registry;
@@ -222,11 +224,14 @@ class Family final : public FamilyBase {
   };
 
   Family(std::string name, std::string help, Labels constant_labels);
-  Series& FindOrInsertLocked(const Labels& labels);
-  bool AppendSamples(std::string* out) const override;
+  Series& FindOrInsertLocked(const Labels& labels) MESHLOAD_REQUIRES(mu_);
+  bool AppendSamples(std::string* out) const override MESHLOAD_EXCLUDES(mu_);
 
-  mutable std::mutex mu_;
-  std::map<Labels, Series> series_;  // sorted by label set: Serialize's order
+  mutable Mutex mu_;
+  // Sorted by label set: Serialize's order. The series themselves are never
+  // removed or replaced, so the references Add() returns stay valid
+  // without the lock.
+  std::map<Labels, Series> series_ MESHLOAD_GUARDED_BY(mu_);
 };
 
 extern template class Family<Counter>;
@@ -247,28 +252,34 @@ class Registry {
   /// Adds a hook that Serialize() runs before rendering, in the order added,
   /// so a component can refresh gauges that are cheaper to read on demand than
   /// to keep current (slots leased, queue depth). A hook may register
-  /// families and add series, but must not call Serialize() or
-  /// AddCollectHook() (it would deadlock) and should be fast: it runs on the
-  /// scrape's thread while the scraper waits. Hooks are never removed, so
+  /// families and add series, but must not call Serialize() (it would
+  /// deadlock); a hook it adds with AddCollectHook() first runs on the next
+  /// scrape. It should be fast: it runs on the scrape's thread while the
+  /// scraper waits. Hooks are never removed, so
   /// whatever a hook captures must outlive the registry or its last scrape.
-  void AddCollectHook(std::function<void()> hook);
+  void AddCollectHook(std::function<void()> hook) MESHLOAD_EXCLUDES(hooks_mu_);
 
   /// Runs the collect hooks, then renders every family in the text exposition
   /// format 0.0.4 (see the file comment for the ordering and number rules).
-  std::string Serialize() const;
+  std::string Serialize() const MESHLOAD_EXCLUDES(collect_mu_, hooks_mu_, mu_);
 
  private:
   template <typename T>
   friend class Builder;
 
   template <typename T>
-  Family<T>& Register(std::string name, std::string help, Labels constant_labels);
+  Family<T>& Register(std::string name, std::string help, Labels constant_labels)
+      MESHLOAD_EXCLUDES(mu_);
 
-  mutable std::mutex mu_;  // guards families_
-  std::map<std::string, std::unique_ptr<FamilyBase>, std::less<>> families_;
-  mutable std::mutex hooks_mu_;  // guards hooks_
-  std::vector<std::function<void()>> hooks_;
-  mutable std::mutex collect_mu_;  // held for a whole Serialize()
+  // Lock order: collect_mu_ before mu_ and hooks_mu_ (never held
+  // together); mu_ before a family's mutex.
+  mutable Mutex mu_;
+  std::map<std::string, std::unique_ptr<FamilyBase>, std::less<>> families_ MESHLOAD_GUARDED_BY(mu_);
+  mutable Mutex hooks_mu_;
+  std::vector<std::function<void()>> hooks_ MESHLOAD_GUARDED_BY(hooks_mu_);
+  // Held for a whole Serialize(), so hooks never run concurrently; guards
+  // no data.
+  mutable Mutex collect_mu_ MESHLOAD_ACQUIRED_BEFORE(mu_, hooks_mu_);
 };
 
 /// Describes a family and registers it; see BuildCounter().
