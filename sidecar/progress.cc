@@ -9,13 +9,13 @@ namespace meshload::sidecar {
 using nlohmann::json;
 
 void ConsumedWatermark::Reset(int64_t first) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   watermark_ = first - 1;
   above_.clear();
 }
 
 void ConsumedWatermark::Consumed(int64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (step <= watermark_) return;
   above_.insert(step);
   while (!above_.empty() && *above_.begin() == watermark_ + 1) {
@@ -25,7 +25,7 @@ void ConsumedWatermark::Consumed(int64_t step) {
 }
 
 int64_t ConsumedWatermark::step() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return watermark_;
 }
 
@@ -54,7 +54,7 @@ ProgressWindow::ProgressWindow(std::vector<double> read_bounds, ProgressOptions 
     : read_bounds_(std::move(read_bounds)), options_(options) {}
 
 void ProgressWindow::Add(ProgressSample s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (samples_.size() >= 2 && s.time_ns - samples_[samples_.size() - 2].time_ns < options_.interval.count()) {
     samples_.back() = std::move(s);
   } else {
@@ -66,7 +66,7 @@ void ProgressWindow::Add(ProgressSample s) {
 }
 
 json ProgressWindow::Report() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   json out = {{"consumedStep", nullptr}, {"resumeStep", nullptr}, {"deliveredStep", nullptr},
               {"stagedAhead", nullptr}, {"trainerConnected", false}, {"windowSeconds", nullptr},
               {"trainerWaitFraction", nullptr}, {"stepsPerSecond", nullptr}, {"bytesPerSecond", nullptr},

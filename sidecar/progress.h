@@ -22,13 +22,15 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 
 namespace meshload::sidecar {
 
@@ -62,17 +64,17 @@ class ConsumedWatermark {
  public:
   /// Steps before `first` count as consumed (a sidecar started at step N
   /// reports N - 1 until the trainer finishes step N).
-  void Reset(int64_t first);
+  void Reset(int64_t first) MESHLOAD_EXCLUDES(mu_);
   /// The trainer released `step`. Steps below the watermark are ignored.
-  void Consumed(int64_t step);
+  void Consumed(int64_t step) MESHLOAD_EXCLUDES(mu_);
   /// The highest step such that it and every step before it (from the
   /// Reset() step) were consumed; Reset() step - 1 when none was.
-  int64_t step() const;
+  int64_t step() const MESHLOAD_EXCLUDES(mu_);
 
  private:
-  mutable std::mutex mu_;
-  int64_t watermark_ = -1;    // guarded by mu_
-  std::set<int64_t> above_;   // guarded by mu_: consumed steps above watermark_ + 1
+  mutable Mutex mu_;
+  int64_t watermark_ MESHLOAD_GUARDED_BY(mu_) = -1;
+  std::set<int64_t> above_ MESHLOAD_GUARDED_BY(mu_);  // consumed steps above watermark_ + 1
 };
 
 struct ProgressOptions {
@@ -90,7 +92,7 @@ class ProgressWindow {
 
   /// Keeps `s` (see ProgressOptions::interval) and drops samples older than
   /// the window, keeping the newest one before it as the window's start.
-  void Add(ProgressSample s);
+  void Add(ProgressSample s) MESHLOAD_EXCLUDES(mu_);
 
   /// The report over the kept samples (the newest last):
   ///   {"consumedStep", "resumeStep", "deliveredStep", "stagedAhead",
@@ -103,13 +105,13 @@ class ProgressWindow {
   /// the window, and peerWaitFraction (the share of the staging time spent
   /// waiting on peers' sidecars) also when the job exchanges nothing. resumeStep = consumedStep + 1: where a restarted job
   /// picks up. The caller adds who it is (job, process).
-  nlohmann::json Report() const;
+  nlohmann::json Report() const MESHLOAD_EXCLUDES(mu_);
 
  private:
   const std::vector<double> read_bounds_;
   const ProgressOptions options_;
-  mutable std::mutex mu_;
-  std::deque<ProgressSample> samples_;  // guarded by mu_, oldest first
+  mutable Mutex mu_;
+  std::deque<ProgressSample> samples_ MESHLOAD_GUARDED_BY(mu_);  // oldest first
 };
 
 /// The latency below which fraction `q` of the counted observations fall,

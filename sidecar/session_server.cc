@@ -119,20 +119,21 @@ void SessionServer::DeliverReady() {
   // letting go (ClientLock).
   ready_pending_.store(true);
   while (ready_pending_.load()) {
-    std::unique_lock lock(client_mu_, std::try_to_lock);
-    if (!lock.owns_lock()) return;
+    if (!client_mu_.TryLock()) return;
     ready_pending_.store(false);
     SendReadyBatchesLocked();
+    client_mu_.Unlock();
   }
 }
 
-SessionServer::ClientLock::ClientLock(SessionServer& s) : s_(s), lock_(s.client_mu_) {}
+SessionServer::ClientLock::ClientLock(SessionServer& s) : s_(s) { s_.client_mu_.Lock(); }
 
 SessionServer::ClientLock::~ClientLock() { Unlock(); }
 
 void SessionServer::ClientLock::Unlock() {
-  if (!lock_.owns_lock()) return;
-  lock_.unlock();
+  if (!held_) return;
+  s_.client_mu_.Unlock();
+  held_ = false;
   if (s_.ready_pending_.load()) s_.DeliverReady();
 }
 
@@ -164,9 +165,9 @@ void SessionServer::AcceptClient() {
     refuse(protocol::ErrorCode::kDataError, fatal_message_, "refused_failed");
     return;
   }
-  if (client_ || pending_) {
+  if (const Client* client = ServerClient(); client || pending_) {
     refuse(protocol::ErrorCode::kBusy,
-           "another trainer (pid " + std::to_string(client_ ? client_->pid : pending_->pid) + ") is connected",
+           "another trainer (pid " + std::to_string(client ? client->pid : pending_->pid) + ") is connected",
            "refused_busy");
     return;
   }
@@ -436,7 +437,7 @@ void SessionServer::DropClient(const std::string& why, bool keep_leases, const L
 }
 
 void SessionServer::ServeClientMessage() {
-  auto msg = protocol::ReceiveMessage(client_->fd.get(), protocol::kMaxMessageBytes);
+  auto msg = protocol::ReceiveMessage(ServerClient()->fd.get(), protocol::kMaxMessageBytes);
   if (!msg.ok()) {
     // End of file or a reset: the trainer is gone, its leases come back.
     // Anything else (an oversized datagram) leaves a trainer that may
@@ -449,7 +450,7 @@ void SessionServer::ServeClientMessage() {
   auto decoded = protocol::Decode(msg->bytes);
   if (!decoded.ok()) {
     metrics_->Error("protocol");
-    (void)protocol::SendTo(client_->fd.get(),
+    (void)protocol::SendTo(ServerClient()->fd.get(),
                            protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest, decoded.status().ToString()}));
     DropClient("malformed message: " + decoded.status().ToString(), /*keep_leases=*/true);
     return;
@@ -475,7 +476,7 @@ void SessionServer::ServeClientMessage() {
     }
     if (!ours) {
       metrics_->Error("protocol");
-      (void)protocol::SendTo(client_->fd.get(),
+      (void)protocol::SendTo(ServerClient()->fd.get(),
                              protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest,
                                                            "RELEASE of slot " + std::to_string(rel->slot) +
                                                                " step " + std::to_string(rel->step) +
@@ -495,7 +496,7 @@ void SessionServer::Consumed(int64_t step, uint64_t wait_ns) {
 }
 
 void SessionServer::CheckTrainerHoldsSlots(double blocked, double limit) {
-  if (blocked > limit && client_) {
+  if (blocked > limit && ServerClient()) {
     if (!reported_blocked_) {
       ClientLock lock(*this);
       uint64_t kept = 0;  // batches the trainer still holds from connections it left
@@ -525,8 +526,8 @@ void SessionServer::Run() {
     nfds_t n = 0;
     fds[n++] = {wake_fd_, POLLIN, 0};
     fds[n++] = {listen_fd_.get(), POLLIN, 0};
-    const int client_i = client_ ? static_cast<int>(n) : -1;
-    if (client_) fds[n++] = {client_->fd.get(), POLLIN, 0};
+    const int client_i = ServerClient() ? static_cast<int>(n) : -1;
+    if (ServerClient()) fds[n++] = {ServerClient()->fd.get(), POLLIN, 0};
     const int pending_i = pending_ ? static_cast<int>(n) : -1;
     if (pending_) fds[n++] = {pending_->fd.get(), POLLIN, 0};
     const nfds_t closing_i = n;
@@ -550,8 +551,8 @@ void SessionServer::Run() {
       // /healthz first (the hook): a trainer told of the failure may look
       // there at once.
       fatal_message_ = hooks_.failure();
-      if (client_) {
-        (void)protocol::SendTo(client_->fd.get(),
+      if (ServerClient()) {
+        (void)protocol::SendTo(ServerClient()->fd.get(),
                                protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kDataError, fatal_message_}));
         DropClient("staging failed", /*keep_leases=*/true);
       }
@@ -566,12 +567,12 @@ void SessionServer::Run() {
     if (!closing_.empty()) ServeClosing(fds + closing_i, n - closing_i);
     // The trainer's messages before new connections: a BYE and the same
     // trainer's next connection may arrive in one wake-up.
-    if (client_i >= 0 && client_ && (fds[client_i].revents & (POLLIN | POLLHUP | POLLERR))) {
+    if (client_i >= 0 && ServerClient() && (fds[client_i].revents & (POLLIN | POLLHUP | POLLERR))) {
       // Every message already queued is served in this wake-up (RELEASEs
       // pile up while the producers keep the cores busy).
       ServeClientMessage();
-      for (int more = 0; more < 64 && client_; ++more) {
-        pollfd again{client_->fd.get(), POLLIN, 0};
+      for (int more = 0; more < 64 && ServerClient(); ++more) {
+        pollfd again{ServerClient()->fd.get(), POLLIN, 0};
         if (::poll(&again, 1, 0) <= 0) break;
         ServeClientMessage();
       }
@@ -584,7 +585,7 @@ void SessionServer::Run() {
       LogWarn("dropped a trainer connection: no CLIENT_HELLO in time", {{"pid", static_cast<int64_t>(pending_->pid)}});
       pending_.reset();
     }
-    if (client_ && client_->broken) DropClient("sending READY failed", /*keep_leases=*/true);
+    if (ServerClient() && ServerClient()->broken) DropClient("sending READY failed", /*keep_leases=*/true);
     if (Clock::now() - last_watchdog > std::chrono::milliseconds(500)) {
       hooks_.watchdog();
       last_watchdog = Clock::now();
@@ -601,8 +602,8 @@ void SessionServer::Run() {
     listen_fd_.Reset();
     ::unlink(options_.socket_path.c_str());
   }
-  if (client_) {
-    (void)protocol::SendTo(client_->fd.get(),
+  if (ServerClient()) {
+    (void)protocol::SendTo(ServerClient()->fd.get(),
                            protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kShuttingDown, "the sidecar is stopping"}));
     DropClient("the sidecar is stopping", /*keep_leases=*/true);
   }

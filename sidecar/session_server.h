@@ -29,12 +29,15 @@
 /// the connected trainer (Client) to the list of closing connections
 /// (Closing) when it goes away, where RELEASEs are still taken.
 ///
-/// Locking (which mutex guards what):
+/// Locking (which mutex guards what; the annotations let clang's
+/// -Wthread-safety check it):
 ///   - client_mu_ guards client_ (the pointer) and the Client it points to
 ///     (leased, next_to_send). client_ is set and reset by the server thread
-///     only, under client_mu_, so the server thread reads it without the
-///     lock; the producers read it (and send READY) under client_mu_, taken
-///     with try_lock (DeliverReady); every other holder uses ClientLock.
+///     only, under client_mu_, so the server thread reads it, and the
+///     fields of the Client that only it writes (fd, pid, uid), without the
+///     lock, through ServerClient(); the producers read it (and send READY)
+///     under client_mu_, taken with TryLock (DeliverReady); every other
+///     holder uses ClientLock.
 ///     Client::broken is atomic: a producer sets it, the server drops the
 ///     trainer.
 ///   - ready_pending_ is atomic: a READY may be due; whoever holds
@@ -61,12 +64,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/unique_fd.h"
 #include "planner/shard_planner.h"
 #include "protocol/protocol.h"
@@ -129,17 +133,17 @@ class SessionServer {
   /// The server loop, until *stop. Then no producer stages any more, the
   /// socket file is removed, the trainer gets ERROR kShuttingDown, and
   /// connections being closed get at most 300 ms to read what was sent.
-  void Run();
+  void Run() MESHLOAD_EXCLUDES(client_mu_);
 
   /// Sends the READYs now due without waiting for client_mu_: a producer
   /// calls it right after staging a step (no hop through the server
   /// thread). Any thread.
-  void DeliverReady();
+  void DeliverReady() MESHLOAD_EXCLUDES(client_mu_);
 
   /// The watchdog (server thread): while the producers have waited for a
   /// free slot longer than `limit` seconds with a trainer connected, says
   /// once that the trainer holds every slot.
-  void CheckTrainerHoldsSlots(double blocked, double limit);
+  void CheckTrainerHoldsSlots(double blocked, double limit) MESHLOAD_EXCLUDES(client_mu_);
 
   /// Removes the socket file if the server still listens (the Sidecar's
   /// destructor, after a start-up that failed or without Run()).
@@ -183,33 +187,36 @@ class SessionServer {
   };
 
   // client_mu_, held; letting go delivers READYs left pending meanwhile.
-  class ClientLock {
+  class MESHLOAD_SCOPED_CAPABILITY ClientLock {
    public:
-    explicit ClientLock(SessionServer& s);
-    ~ClientLock();
-    void Unlock();
+    explicit ClientLock(SessionServer& s) MESHLOAD_ACQUIRE(s.client_mu_);
+    ~ClientLock() MESHLOAD_RELEASE();
+    ClientLock(const ClientLock&) = delete;
+    ClientLock& operator=(const ClientLock&) = delete;
+    void Unlock() MESHLOAD_RELEASE();
 
    private:
     SessionServer& s_;
-    std::unique_lock<std::mutex> lock_;
+    bool held_ = true;
   };
 
   void Notify();
   void AcceptClient();
   // The pending connection's first message: CLIENT_HELLO, or it is refused.
-  void ServePending();
-  void OnHello(const protocol::ClientHello& hello);
-  void ServeClientMessage();
+  void ServePending() MESHLOAD_EXCLUDES(client_mu_);
+  void OnHello(const protocol::ClientHello& hello) MESHLOAD_EXCLUDES(client_mu_);
+  void ServeClientMessage() MESHLOAD_EXCLUDES(client_mu_);
   // Leases and sends READY for every staged step the trainer is due; the
   // producer calls it right after staging (through DeliverReady), the
-  // server after RELEASE and hello. Needs client_mu_.
-  void SendReadyBatchesLocked();
+  // server after RELEASE and hello.
+  void SendReadyBatchesLocked() MESHLOAD_REQUIRES(client_mu_);
   // Ends the connection of the trainer. With `keep_leases` (the sidecar
   // drops a trainer that may still hold batches: after an ERROR, or a BYE
   // listing them), the connection's leases in `keep` (all of them when
   // null) stay lent until released on it or until it closes; the others are
   // taken back at once.
-  void DropClient(const std::string& why, bool keep_leases = false, const LeaseList* keep = nullptr);
+  void DropClient(const std::string& why, bool keep_leases = false, const LeaseList* keep = nullptr)
+      MESHLOAD_EXCLUDES(client_mu_);
   void CloseLater(UniqueFd fd, LeaseList leases = {}, pid_t pid = 0);
   void ServeClosing(const ::pollfd* fds, size_t count);
   // Reads what a closing connection sent; false once it is closed (EOF or error).
@@ -222,6 +229,13 @@ class SessionServer {
   // Where local device i's tensor starts: in the host slot, or at the start
   // of its own device allocation.
   uint64_t TensorOffset(size_t i) const { return device_ ? 0 : layout_.devices[i].offset; }
+  // The connected trainer, for the server thread without client_mu_: it is
+  // the only thread that sets and resets client_ (under client_mu_), and it
+  // reads here only what no other thread writes (fd, pid, uid; broken is
+  // atomic). leased and next_to_send need client_mu_: use client_ under it.
+  // Unchecked because the analysis cannot express "written under the lock
+  // by this thread only, so this thread may read it without".
+  Client* ServerClient() const MESHLOAD_NO_THREAD_SAFETY_ANALYSIS { return client_.get(); }
 
   // What the server works with (Context), fixed at construction.
   const SidecarOptions& options_;
@@ -243,11 +257,12 @@ class SessionServer {
   uint32_t max_leases_ = 1;  // READYs a trainer may have unanswered (ChooseMaxLeases)
 
   // See the file comment for what each of these is guarded by.
-  std::mutex client_mu_;
-  std::unique_ptr<Client> client_;
-  std::unique_ptr<Client> pending_;  // connected, no CLIENT_HELLO yet
+  Mutex client_mu_;
+  // Written under client_mu_ by the server thread only (ServerClient()).
+  std::unique_ptr<Client> client_ MESHLOAD_GUARDED_BY(client_mu_) MESHLOAD_PT_GUARDED_BY(client_mu_);
+  std::unique_ptr<Client> pending_;  // connected, no CLIENT_HELLO yet; server thread only
   std::atomic<bool> ready_pending_{false};  // a READY may be due; whoever holds client_mu_ sends it
-  std::vector<Closing> closing_;
+  std::vector<Closing> closing_;  // server thread only
   bool failure_reported_ = false;  // server thread only
   std::string fatal_message_;      // server thread only
   bool reported_blocked_ = false;  // server thread only (the watchdog)

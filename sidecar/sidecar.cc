@@ -103,7 +103,13 @@ Status Sidecar::Init() {
       first_step = *recorded;
     }
   }
-  start_step_ = target_step_ = first_step;
+  start_step_ = first_step;
+  {
+    // No producer runs yet; the lock is for the analysis (target_step_ is
+    // guarded).
+    MutexLock lock(producer_mu_);
+    target_step_ = first_step;
+  }
   ProgressOptions popts;
   popts.window = options_.progress_window;
   progress_ = std::make_unique<ProgressWindow>(kReadLatencyBuckets, popts);
@@ -357,7 +363,7 @@ void Sidecar::ProducerMain(int index) {
     metrics_->samples_read.Increment(static_cast<double>(stats.samples_read));
     if (pool_->MarkReady(slot)) {
       {
-        std::lock_guard lock(producer_mu_);
+        MutexLock lock(producer_mu_);
         if (gen == generation_) {
           metrics_->batches_staged.Increment();
           if (step == target_step_) target_staged_ = true;
@@ -374,7 +380,7 @@ void Sidecar::StagingFailed(uint32_t slot, int64_t step, const std::string& kind
   metrics_->Error(kind);
   LogError(what, {{"step", step}, {"error", st.ToString()}});
   {
-    std::lock_guard lock(producer_mu_);
+    MutexLock lock(producer_mu_);
     if (fatal_.ok()) fatal_ = st;
   }
   failed_ = true;
@@ -389,7 +395,7 @@ bool Sidecar::PipelineStartsAt(int64_t step) {
 }
 
 void Sidecar::RestartAt(int64_t step) {
-  std::lock_guard lock(producer_mu_);
+  MutexLock lock(producer_mu_);
   // The exchange first: stagings of the old generation stop moving data
   // before a new one can begin.
   if (exchange::PeerExchange* x = loader_->peers()) x->Restart(step);
@@ -407,7 +413,7 @@ void Sidecar::StageFrom(int64_t want) {
     // step with target_step_ before this did not count it), maybe not yet
     // (every staged step was consumed: an earlier step's readiness does
     // not count).
-    std::lock_guard lock(producer_mu_);
+    MutexLock lock(producer_mu_);
     target_step_ = want;
     target_staged_ = pool_->WaitReady(want, std::chrono::milliseconds(0));
   }
@@ -416,7 +422,7 @@ void Sidecar::StageFrom(int64_t want) {
 std::string Sidecar::ReportFailure() {
   Status fatal;
   {
-    std::lock_guard lock(producer_mu_);
+    MutexLock lock(producer_mu_);
     fatal = fatal_;
   }
   std::string message = fatal.ToString();

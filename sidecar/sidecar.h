@@ -45,6 +45,8 @@
 
 #include "common/metrics/http_endpoints.h"
 #include "common/metrics/metrics.h"
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "common/thread_sched.h"
 #include "common/unique_fd.h"
 #include "planner/shard_planner.h"
@@ -140,18 +142,19 @@ class Sidecar {
   Status Init();
   // Sets up GPU staging as options_.staging asks (device_, staging_reason_).
   Status InitDeviceStaging();
-  void ProducerMain(int index);
+  void ProducerMain(int index) MESHLOAD_EXCLUDES(producer_mu_);
   // A step could not be staged: staging stops for good (counted as `kind`,
   // logged as `what`); the server tells trainers and /healthz fails.
-  void StagingFailed(uint32_t slot, int64_t step, const std::string& kind, const char* what, const Status& st);
-  void RestartAt(int64_t step);
+  void StagingFailed(uint32_t slot, int64_t step, const std::string& kind, const char* what, const Status& st)
+      MESHLOAD_EXCLUDES(producer_mu_);
+  void RestartAt(int64_t step) MESHLOAD_EXCLUDES(producer_mu_);
   bool PipelineStartsAt(int64_t step);
   // A trainer starts at `want` (its hello; the server's start_at hook): the
   // producers serve it next, re-planned unless the pipeline starts there.
-  void StageFrom(int64_t want);
+  void StageFrom(int64_t want) MESHLOAD_EXCLUDES(producer_mu_);
   // Staging failed (the server's failure hook, server thread): /healthz
   // fails with fatal_, and its text is what trainers are told.
-  std::string ReportFailure();
+  std::string ReportFailure() MESHLOAD_EXCLUDES(producer_mu_);
   void Notify();
   void Watchdog();
   std::pair<bool, std::string> Readiness() const;
@@ -180,12 +183,14 @@ class Sidecar {
   std::unique_ptr<SessionServer> server_;
   UniqueFd event_fd_;  // producer -> server wake-ups, and RequestStop()
 
-  // Producer state, guarded by producer_mu_.
-  std::mutex producer_mu_;
-  uint64_t generation_ = 0;
-  int64_t target_step_ = 0;  // the first step the trainer asked for (readiness)
-  int64_t start_step_ = 0;   // --start-step or spec.resume.step: what want_step -1 means
-  Status fatal_;
+  // Producer state.
+  Mutex producer_mu_;
+  uint64_t generation_ MESHLOAD_GUARDED_BY(producer_mu_) = 0;
+  int64_t target_step_ MESHLOAD_GUARDED_BY(producer_mu_) = 0;  // the first step the trainer asked for (readiness)
+  Status fatal_ MESHLOAD_GUARDED_BY(producer_mu_);
+  // --start-step or spec.resume.step: what want_step -1 means. Written in
+  // Init() before any thread starts, read-only after: no lock.
+  int64_t start_step_ = 0;
   std::atomic<bool> target_staged_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};

@@ -121,10 +121,10 @@ StepLoader::StepLoader(const ShardPlanner& planner, int64_t process, const Loadi
 
 StepLoader::~StepLoader() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  work_.notify_all();
+  work_.NotifyAll();
   for (auto& t : threads_) t.join();
 }
 
@@ -454,14 +454,14 @@ Status StepLoader::RunOps(Caller& c) {
     }
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     batch.outstanding = c.chunks.size() - 1;
     for (size_t k = 1; k < c.chunks.size(); ++k) queue_.push_back(c.chunks[k]);
   }
-  work_.notify_all();
+  work_.NotifyAll();
   Status mine = RunChunk(c.chunks[0].ops, c.chunks[0].count, *c.inflight);
-  std::unique_lock lock(mu_);
-  done_.wait(lock, [&] { return batch.outstanding == 0; });
+  MutexLock lock(mu_);
+  while (batch.outstanding != 0) done_.Wait(mu_);
   if (!mine.ok()) return mine;
   return batch.first_error;
 }
@@ -560,17 +560,17 @@ Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
 void StepLoader::ReaderMain(Inflight& slot) {
   ApplyThreadSched(options_.reader_sched, "ml-read");  // before the name, which tests wait for
   ::pthread_setname_np(::pthread_self(), "ml-read");
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
-    work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    while (!stop_ && queue_.empty()) work_.Wait(mu_);
     if (stop_) return;
     const Chunk chunk = queue_.front();
     queue_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     Status st = RunChunk(chunk.ops, chunk.count, slot);
-    lock.lock();
+    lock.Lock();
     if (!st.ok() && chunk.batch->first_error.ok()) chunk.batch->first_error = st;
-    if (--chunk.batch->outstanding == 0) done_.notify_all();
+    if (--chunk.batch->outstanding == 0) done_.NotifyAll();
   }
 }
 

@@ -40,17 +40,17 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "common/thread_sched.h"
 #include "planner/shard_planner.h"
 #include "sidecar/exchange/peer_exchange.h"
@@ -183,7 +183,9 @@ class StepLoader {
     uint8_t* dest;
   };
   // A step's reads shared with the reader threads: the caller waits until
-  // `outstanding` chunks are done.
+  // `outstanding` chunks are done. Both fields are read and written under
+  // the loader's mu_ (not annotated: a member of a nested struct cannot name
+  // the enclosing object's mutex).
   struct Batch {
     size_t outstanding = 0;
     Status first_error;
@@ -217,9 +219,9 @@ class StepLoader {
   // The transfers of `plan` to or from this process as exchange parts whose
   // iovecs point at the samples' places (slot or outbox).
   Status BuildParts(const StepPlan& plan, bool incoming, Caller& c, std::vector<exchange::Part>& parts);
-  Status RunOps(Caller& c);
+  Status RunOps(Caller& c) MESHLOAD_EXCLUDES(mu_);
   Status RunChunk(ReadOp* ops, size_t count, Inflight& slot);
-  void ReaderMain(Inflight& slot);
+  void ReaderMain(Inflight& slot) MESHLOAD_EXCLUDES(mu_);
 
   const ShardPlanner& planner_;
   const int64_t process_;
@@ -231,12 +233,14 @@ class StepLoader {
   bool latency_bound_ = false;  // a file's source is (Source::LatencyBound): no inline steps
 
   // Reader threads: a queue of chunks of the steps being read.
-  mutable std::mutex mu_;
-  std::condition_variable work_;
-  std::condition_variable done_;
-  std::deque<Chunk> queue_;
-  bool stop_ = false;
-  // One per caller, then one per reader thread; fixed at Create().
+  mutable Mutex mu_;
+  CondVar work_;
+  CondVar done_;
+  std::deque<Chunk> queue_ MESHLOAD_GUARDED_BY(mu_);
+  bool stop_ MESHLOAD_GUARDED_BY(mu_) = false;
+  // One per caller, then one per reader thread; filled in Create() (the
+  // reader threads started there never read these vectors, only their own
+  // Inflight), read-only after: no lock.
   std::vector<std::unique_ptr<Inflight>> inflight_;
   std::vector<std::unique_ptr<Caller>> callers_;
   std::vector<std::thread> threads_;

@@ -170,7 +170,7 @@ void PeerExchange::Impl::Admit(const std::shared_ptr<Pending>& p) {
   std::string failed;
   bool was_ready;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     failed = c.failed;
     was_ready = c.ready;
   }
@@ -197,7 +197,7 @@ void PeerExchange::Impl::Admit(const std::shared_ptr<Pending>& p) {
   }
   int64_t floor;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     floor = table_.floor();
   }
   Queue(c, {ResetFrame(floor), {}, {}, nullptr});
@@ -215,16 +215,17 @@ void PeerExchange::Impl::Connect(Conn& c) {
   c.attempt_deadline = Clock::now() + std::min<Clock::duration>(opt_.peer_timeout, std::chrono::seconds(10));
   if (c.lost && opt_.address_of) {
     // A peer whose pod was replaced comes back at another address.
-    if (std::optional<PeerAddress> now = opt_.address_of(c.peer); now && !now->host.empty() && now->port != 0 &&
-                                                                   (now->host != c.addr.host || now->port != c.addr.port)) {
+    if (std::optional<PeerAddress> now = opt_.address_of(c.peer);
+        now && !now->host.empty() && now->port != 0 &&
+        (now->host != c.AddrOnIoThread().host || now->port != c.AddrOnIoThread().port)) {
       LogInfo("a lost peer has a new address", {{"peer", c.Name()}, {"address", now->ToString()}});
-      std::lock_guard lock(c.addr_mu);
+      MutexLock lock(c.addr_mu);
       c.addr = *now;
     }
   }
   c.resolver = std::make_unique<tcp::resolver>(io_);
   c.resolver->async_resolve(
-      c.addr.host, std::to_string(c.addr.port),
+      c.AddrOnIoThread().host, std::to_string(c.AddrOnIoThread().port),
       [this, &c, g](boost::system::error_code ec, tcp::resolver::results_type results) {
         if (g != c.gen) return;
         if (ec) {
@@ -382,7 +383,7 @@ void PeerExchange::Impl::MarkConnected(Conn& c, const char* direction) {
   c.connected_once = true;
   c.lost = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     c.ready = true;
     if (again) counters_.reconnects += 1;
     if (again && c.outbound) {
@@ -434,7 +435,7 @@ void PeerExchange::Impl::Lose(Conn& c, const std::string& why) {
   }
   DropSocket(c);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     c.ready = false;
     c.credited.clear();
     for (auto& [ticket, st] : table_) {
@@ -447,7 +448,7 @@ void PeerExchange::Impl::Lose(Conn& c, const std::string& why) {
         p.credited = false;
       }
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   if (!c.lost) {
     c.lost = true;
@@ -468,7 +469,7 @@ void PeerExchange::Impl::Lose(Conn& c, const std::string& why) {
 // The connection is dead: every part that needs it fails, with `why`.
 void PeerExchange::Impl::Fail(Conn& c, const std::string& why, bool quiet) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!c.failed.empty()) return;
     c.failed = why;
     c.ready = false;
@@ -486,7 +487,7 @@ void PeerExchange::Impl::Fail(Conn& c, const std::string& why, bool quiet) {
         }
       }
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   if (quiet || closing_) {
     LogInfo("peer connection closed", {{"peer", c.Name()}, {"reason", why}});
@@ -517,7 +518,7 @@ void PeerExchange::Impl::Heartbeat() {
       for (auto& [p, c] : *m) {
         bool ready;
         {
-          std::lock_guard lock(mu_);
+          MutexLock lock(mu_);
           ready = c->ready;
         }
         if (!ready) {

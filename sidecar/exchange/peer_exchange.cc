@@ -71,10 +71,10 @@ PeerExchange::Impl::Impl(ExchangeOptions o)
 
 PeerExchange::Impl::~Impl() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  serve_cv_.notify_all();
+  serve_cv_.NotifyAll();
   if (server_.joinable()) server_.join();
   // Say goodbye, so that peers report a stop, not a lost connection
   // (bounded: a peer that does not read is not waited for).
@@ -137,7 +137,10 @@ Status PeerExchange::Impl::Start(const std::vector<int64_t>& send_to, const std:
     auto c = std::make_unique<Conn>();
     c->peer = p;
     c->outbound = outbound;
-    c->addr = opt_.peers[static_cast<size_t>(p)];
+    {
+      MutexLock lock(c->addr_mu);  // no other thread sees it yet: for the analysis
+      c->addr = opt_.peers[static_cast<size_t>(p)];
+    }
     (outbound ? out_ : in_)[p] = std::move(c);
     return Status::Ok();
   };
@@ -160,13 +163,13 @@ Status PeerExchange::Impl::Start(const std::vector<int64_t>& send_to, const std:
 }
 
 PeerExchange::Impl::Ticket PeerExchange::Impl::Begin(int64_t step) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return table_.Begin(step);
 }
 
 Status PeerExchange::Impl::Expect(Ticket t, std::vector<Part> incoming) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     StepState& st = table_.at(t);
     for (Part& p : incoming) {
       if (!in_.count(p.peer)) {
@@ -183,7 +186,7 @@ Status PeerExchange::Impl::Expect(Ticket t, std::vector<Part> incoming) {
 Status PeerExchange::Impl::Send(Ticket t, std::vector<Part> outgoing) {
   std::vector<Conn*> conns;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     StepState& st = table_.at(t);
     st.sent = true;
     for (Part& p : outgoing) {
@@ -203,7 +206,7 @@ Status PeerExchange::Impl::Send(Ticket t, std::vector<Part> outgoing) {
 }
 
 Status PeerExchange::Impl::Wait(Ticket t, const std::function<bool()>& cancelled) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   StepState& st = table_.at(t);
   while (true) {
     if (!st.error.ok()) return st.error;
@@ -230,40 +233,41 @@ Status PeerExchange::Impl::Wait(Ticket t, const std::function<bool()>& cancelled
       st.reported = true;
       LogWarn("a step waits on its peers", {{"step", st.step}, {"waiting_for", pending}});
     }
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    cv_.WaitFor(mu_, std::chrono::milliseconds(100));
   }
 }
 
 void PeerExchange::Impl::Abandon(Ticket t) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   StepState* found = table_.Find(t);
   if (found == nullptr) return;
   StepState& st = *found;
   internal::StepTable::Skip(st);
   // A part being written or read finishes (or fails with its connection)
   // before the memory it touches is given back.
-  cv_.wait(lock, [&] {
+  auto none_busy = [&]() MESHLOAD_REQUIRES(mu_) {
     for (const auto* v : {&st.in, &st.out}) {
       for (const PartState& p : *v) {
         if (p.status == PartStatus::kBusy) return false;
       }
     }
     return true;
-  });
+  };
+  while (!none_busy()) cv_.Wait(mu_);
   table_.Erase(t);
 }
 
 void PeerExchange::Impl::Restart(int64_t step) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     table_.Restart(step);
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   asio::post(io_, [this, step] {
     for (auto& [p, c] : in_) {
       bool ready;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         ready = c->ready;
       }
       if (ready) Queue(*c, {ResetFrame(step), {}, {}, nullptr});
@@ -275,7 +279,7 @@ void PeerExchange::Impl::Restart(int64_t step) {
 }
 
 ExchangeCounters PeerExchange::Impl::counters() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ExchangeCounters c = counters_;
   c.peers_connected = 0;
   for (const auto* m : {&in_, &out_}) {

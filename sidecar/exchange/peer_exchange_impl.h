@@ -16,27 +16,29 @@
 /// Threads: the staging threads call the public methods; one I/O thread
 /// (`ml-peers`) runs io_ and every handler; one serving thread
 /// (`ml-peer-serve`) reads parts again on demand. mu_ guards the step table,
-/// the Conn fields marked "under mu_", the serve queue and the counters.
+/// the Conn fields marked "under mu_", the serve queue and the counters
+/// (annotated for clang's -Wthread-safety, except the Conn fields: a member
+/// of a nested struct cannot name the enclosing object's mutex).
 #pragma once
 
 #include <array>
 #include <boost/asio.hpp>
 #include <chrono>
 #include <climits>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "sidecar/exchange/handshake.h"
 #include "sidecar/exchange/peer_exchange.h"
 #include "sidecar/exchange/step_table.h"
@@ -70,10 +72,12 @@ class PeerExchange::Impl {
   struct Conn {
     int64_t peer = 0;
     bool outbound = false;  // this process sends data on it
-    // Written by the I/O thread only (a peer found at a new address), read
-    // anywhere through Name().
-    mutable std::mutex addr_mu;
-    PeerAddress addr;
+    // Written under addr_mu by the I/O thread only (a peer found at a new
+    // address; Start() sets it before the I/O thread runs), read anywhere
+    // through Name(), and by the I/O thread without the lock through
+    // AddrOnIoThread().
+    mutable Mutex addr_mu;
+    PeerAddress addr MESHLOAD_GUARDED_BY(addr_mu);
     // I/O thread only.
     // Bumped whenever the socket is replaced or dropped: a handler of an
     // older socket finds it changed and does nothing.
@@ -93,10 +97,10 @@ class PeerExchange::Impl {
     std::vector<uint8_t> scratch;
     std::deque<WriteItem> wq;
     bool writing = false;
-    // Under mu_.
+    bool dead = false;  // Fail() ran (for good); close once the queue is written
+    // Under the Impl's mu_ (not annotated: see the file comment).
     bool ready = false;
     std::string failed;
-    bool dead = false;  // I/O thread: Fail() ran (for good); close once the queue is written
     std::set<int64_t> credited;  // outbound
     int64_t floor = INT64_MIN;   // outbound: the receiver's RESET
     std::set<int64_t> sent;      // outbound: recently sent steps
@@ -104,10 +108,14 @@ class PeerExchange::Impl {
     int64_t have_through = INT64_MIN;  // outbound: the receiver has every step in [floor, have_through]
     std::set<int64_t> have;            // outbound: and these
     std::deque<int64_t> sent_order;
-    std::string Name() const {
-      std::lock_guard lock(addr_mu);
+    std::string Name() const MESHLOAD_EXCLUDES(addr_mu) {
+      MutexLock lock(addr_mu);
       return "process " + std::to_string(peer) + " (" + addr.ToString() + ")";
     }
+    // The I/O thread, the only writer of addr, reads it without addr_mu.
+    // Unchecked: the analysis cannot express "written under the lock by
+    // this thread only, so this thread may read it without".
+    const PeerAddress& AddrOnIoThread() const MESHLOAD_NO_THREAD_SAFETY_ANALYSIS { return addr; }
   };
   // An accepted connection before its HELLO (and authentication) is through.
   struct Pending {
@@ -128,13 +136,13 @@ class PeerExchange::Impl {
 
   // ---- called by staging threads (peer_exchange.cc) ----
 
-  Ticket Begin(int64_t step);
-  Status Expect(Ticket t, std::vector<Part> incoming);
-  Status Send(Ticket t, std::vector<Part> outgoing);
-  Status Wait(Ticket t, const std::function<bool()>& cancelled);
-  void Abandon(Ticket t);
-  void Restart(int64_t step);
-  ExchangeCounters counters() const;
+  Ticket Begin(int64_t step) MESHLOAD_EXCLUDES(mu_);
+  Status Expect(Ticket t, std::vector<Part> incoming) MESHLOAD_EXCLUDES(mu_);
+  Status Send(Ticket t, std::vector<Part> outgoing) MESHLOAD_EXCLUDES(mu_);
+  Status Wait(Ticket t, const std::function<bool()>& cancelled) MESHLOAD_EXCLUDES(mu_);
+  void Abandon(Ticket t) MESHLOAD_EXCLUDES(mu_);
+  void Restart(int64_t step) MESHLOAD_EXCLUDES(mu_);
+  ExchangeCounters counters() const MESHLOAD_EXCLUDES(mu_);
 
  private:
   // ---- the I/O thread: connection life (connection.cc) ----
@@ -144,7 +152,7 @@ class PeerExchange::Impl {
   void Refuse(const std::shared_ptr<Pending>& p, const std::string& why);
   void Forget(const std::shared_ptr<Pending>& p);
   void OnHello(const std::shared_ptr<Pending>& p, boost::system::error_code ec);
-  void Admit(const std::shared_ptr<Pending>& p);
+  void Admit(const std::shared_ptr<Pending>& p) MESHLOAD_EXCLUDES(mu_);
   // Dialling, and the sender's side of the handshake.
   void Connect(Conn& c);
   void Authenticate(Conn& c, uint64_t g);
@@ -152,29 +160,32 @@ class PeerExchange::Impl {
   void Sending(Conn& c);
   void Retry(Conn& c, const std::string& why);
   // Up, down, and gone for good.
-  void MarkConnected(Conn& c, const char* direction);
-  void DropSocket(Conn& c);
-  void Lose(Conn& c, const std::string& why);
-  void Fail(Conn& c, const std::string& why, bool quiet = false);
+  void MarkConnected(Conn& c, const char* direction) MESHLOAD_EXCLUDES(mu_);
+  // Runs the queued writes' callbacks, which may take mu_.
+  void DropSocket(Conn& c) MESHLOAD_EXCLUDES(mu_);
+  void Lose(Conn& c, const std::string& why) MESHLOAD_EXCLUDES(mu_);
+  void Fail(Conn& c, const std::string& why, bool quiet = false) MESHLOAD_EXCLUDES(mu_);
   void Close(Conn& c);
   void Heartbeat();
   // Frames in and out.
   void ReadFrame(Conn& c);
   void OnFrame(Conn& c);
-  void Queue(Conn& c, WriteItem w);
+  // May run `w.done`, which may take mu_.
+  void Queue(Conn& c, WriteItem w) MESHLOAD_EXCLUDES(mu_);
   void WriteNext(Conn& c);
   void SendError(Conn& c, const std::string& why);
 
   // ---- credit flow and data (transfers.cc) ----
 
-  void SayWhatIsHad(Conn& c);
-  void OnCreditFrame(Conn& c, Type t, const Header& h);
-  void OnData(Conn& c, const Header& h);
+  void SayWhatIsHad(Conn& c) MESHLOAD_EXCLUDES(mu_);
+  void OnCreditFrame(Conn& c, Type t, const Header& h) MESHLOAD_EXCLUDES(mu_);
+  void OnData(Conn& c, const Header& h) MESHLOAD_EXCLUDES(mu_);
   void Discard(Conn& c, uint64_t remaining);
-  void SendCredits();
-  void MarkSent(Conn& c, int64_t step);
-  void Dispatch(Conn& c);
-  void ServeMain();
+  void SendCredits() MESHLOAD_EXCLUDES(mu_);
+  // An outbound connection's `step` counts as sent (c.sent, c.sent_order).
+  void MarkSent(Conn& c, int64_t step) MESHLOAD_REQUIRES(mu_);
+  void Dispatch(Conn& c) MESHLOAD_EXCLUDES(mu_);
+  void ServeMain() MESHLOAD_EXCLUDES(mu_);
 
   const ExchangeOptions opt_;
   boost::asio::io_context io_;
@@ -192,13 +203,13 @@ class PeerExchange::Impl {
   std::thread thread_;
   std::thread server_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  internal::StepTable table_;  // under mu_
-  bool stopping_ = false;
-  std::condition_variable serve_cv_;
-  std::deque<std::pair<Conn*, int64_t>> serve_queue_;
-  ExchangeCounters counters_;
+  mutable Mutex mu_;
+  CondVar cv_;  // a part's state changed (and Restart)
+  internal::StepTable table_ MESHLOAD_GUARDED_BY(mu_);
+  bool stopping_ MESHLOAD_GUARDED_BY(mu_) = false;
+  CondVar serve_cv_;
+  std::deque<std::pair<Conn*, int64_t>> serve_queue_ MESHLOAD_GUARDED_BY(mu_);
+  ExchangeCounters counters_ MESHLOAD_GUARDED_BY(mu_);
 };
 
 }  // namespace meshload::sidecar::exchange

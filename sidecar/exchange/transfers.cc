@@ -32,7 +32,7 @@ using internal::kSentMemory;
 void PeerExchange::Impl::SayWhatIsHad(Conn& c) {
   internal::StepTable::Had had;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     had = table_.HadFrom(c.peer);
   }
   if (had.through >= had.floor) Queue(c, {HaveThroughFrame(had.through), {}, {}, nullptr});
@@ -48,7 +48,7 @@ void PeerExchange::Impl::SayWhatIsHad(Conn& c) {
 // RESET(r), HAVE_THROUGH(t), HAVE(t); then what is credited goes out.
 void PeerExchange::Impl::OnCreditFrame(Conn& c, Type t, const Header& h) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (t == Type::kCredit) {
       if (h.step() >= c.floor) {
         c.credited.insert(h.step());
@@ -74,7 +74,7 @@ void PeerExchange::Impl::OnCreditFrame(Conn& c, Type t, const Header& h) {
 void PeerExchange::Impl::SendCredits() {
   std::vector<std::pair<Conn*, int64_t>> credits;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [ticket, st] : table_) {
       for (PartState& p : st.in) {
         Conn& c = *in_.at(p.part.peer);
@@ -82,7 +82,7 @@ void PeerExchange::Impl::SendCredits() {
         if (!c.failed.empty()) {
           p.status = PartStatus::kFailed;
           if (st.error.ok()) st.error = Status(StatusCode::kUnavailable, c.failed);
-          cv_.notify_all();
+          cv_.NotifyAll();
           continue;
         }
         if (!c.ready) continue;
@@ -98,7 +98,7 @@ void PeerExchange::Impl::OnData(Conn& c, const Header& h) {
   PartState* part = nullptr;
   std::string mismatch;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = table_.begin(); part == nullptr && mismatch.empty() && it != table_.end(); ++it) {
       if (it->second.step != h.step()) continue;
       for (PartState& p : it->second.in) {
@@ -110,7 +110,7 @@ void PeerExchange::Impl::OnData(Conn& c, const Header& h) {
                      std::to_string(p.part.checksum) + "): the processes do not run the same plan";
           p.status = PartStatus::kFailed;
           if (it->second.error.ok()) it->second.error = DataLoss(mismatch);
-          cv_.notify_all();
+          cv_.NotifyAll();
         } else {
           p.status = PartStatus::kBusy;
           part = &p;
@@ -142,7 +142,7 @@ void PeerExchange::Impl::OnData(Conn& c, const Header& h) {
     // A dropped connection (Lose) has put the part back to waiting.
     if (g != c.gen) return;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       // Failed half-way: the part is asked for again on the next connection.
       part->status = ec ? PartStatus::kWaiting : PartStatus::kDone;
       part->credited = false;
@@ -150,7 +150,7 @@ void PeerExchange::Impl::OnData(Conn& c, const Header& h) {
         counters_.bytes_received += bytes;
         counters_.parts_received += 1;
       }
-      cv_.notify_all();
+      cv_.NotifyAll();
     }
     if (ec) {
       Lose(c, "lost the connection to " + c.Name() + " while receiving: " + ec.message());
@@ -179,7 +179,6 @@ void PeerExchange::Impl::Discard(Conn& c, uint64_t remaining) {
   });
 }
 
-// Needs mu_.
 void PeerExchange::Impl::MarkSent(Conn& c, int64_t step) {
   c.sent.insert(step);
   c.sent_order.push_back(step);
@@ -195,25 +194,25 @@ void PeerExchange::Impl::MarkSent(Conn& c, int64_t step) {
 void PeerExchange::Impl::Dispatch(Conn& c) {
   std::vector<std::pair<int64_t, PartState*>> go;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [ticket, st] : table_) {
       for (PartState& p : st.out) {
         if (p.part.peer != c.peer || p.status != PartStatus::kWaiting) continue;
         if (!c.failed.empty()) {
           p.status = PartStatus::kFailed;
           if (st.error.ok()) st.error = Status(StatusCode::kUnavailable, c.failed);
-          cv_.notify_all();
+          cv_.NotifyAll();
         } else if (st.step < c.floor || (c.sent.count(st.step) && !c.credited.count(st.step))) {
           p.status = PartStatus::kSkipped;
           counters_.parts_skipped += 1;
-          cv_.notify_all();
+          cv_.NotifyAll();
         } else if (!c.credited.count(st.step) && (st.step <= c.have_through || c.have.count(st.step))) {
           // The receiver has it already (HAVE). Counted as sent, so that
           // a credit for it later is served on demand.
           p.status = PartStatus::kSkipped;
           counters_.parts_skipped += 1;
           MarkSent(c, st.step);
-          cv_.notify_all();
+          cv_.NotifyAll();
         } else if (c.ready && c.credited.erase(st.step)) {
           p.status = PartStatus::kBusy;
           c.again.erase(st.step);
@@ -238,7 +237,7 @@ void PeerExchange::Impl::Dispatch(Conn& c) {
           c.again.erase(step);
           MarkSent(c, step);
           serve_queue_.emplace_back(&c, step);
-          serve_cv_.notify_one();
+          serve_cv_.NotifyOne();
         } else {
           ++it;
         }
@@ -250,7 +249,7 @@ void PeerExchange::Impl::Dispatch(Conn& c) {
     w.payload.reserve(p->part.iov.size());
     for (const iovec& v : p->part.iov) w.payload.emplace_back(v.iov_base, v.iov_len);
     w.done = [this, &c, p = p, step = step](bool ok) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (ok) {
         p->status = PartStatus::kDone;
         counters_.bytes_sent += p->part.bytes;
@@ -261,7 +260,7 @@ void PeerExchange::Impl::Dispatch(Conn& c) {
         p->status = c.failed.empty() ? PartStatus::kWaiting : PartStatus::kFailed;
         if (c.failed.empty()) c.sent.erase(step);
       }
-      cv_.notify_all();
+      cv_.NotifyAll();
     };
     Queue(c, std::move(w));
   }
@@ -270,13 +269,16 @@ void PeerExchange::Impl::Dispatch(Conn& c) {
 // The serving thread: reads parts again on demand (see the header).
 void PeerExchange::Impl::ServeMain() {
   ::pthread_setname_np(::pthread_self(), "ml-peer-serve");
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
-    serve_cv_.wait(lock, [&] { return stopping_ || !serve_queue_.empty(); });
+    while (!stopping_ && serve_queue_.empty()) serve_cv_.Wait(mu_);
     if (stopping_) return;
-    auto [c, step] = serve_queue_.front();
+    // Not a structured binding: the lambda below captures them, which
+    // clang before 16 does not accept.
+    Conn* const c = serve_queue_.front().first;
+    const int64_t step = serve_queue_.front().second;
     serve_queue_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     auto buf = std::make_shared<std::vector<uint8_t>>();
     uint64_t checksum = 0;
     Status st = opt_.serve ? opt_.serve(step, c->peer, *buf, checksum)
@@ -288,7 +290,7 @@ void PeerExchange::Impl::ServeMain() {
         // Lost meanwhile (perhaps reconnecting, not yet authenticated):
         // nothing goes out before the handshake; the receiver credits the
         // step again once it is back.
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         if (!c->ready) return;
       }
       if (!st.ok()) {
@@ -300,7 +302,7 @@ void PeerExchange::Impl::ServeMain() {
       }
       WriteItem w{DataFrame(step, buf->size(), checksum), {asio::buffer(*buf)}, {}, nullptr};
       w.done = [this, buf](bool ok) {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         if (ok) {
           counters_.bytes_sent += buf->size();
           counters_.parts_served += 1;
@@ -308,7 +310,7 @@ void PeerExchange::Impl::ServeMain() {
       };
       Queue(*c, std::move(w));
     });
-    lock.lock();
+    lock.Lock();
   }
 }
 

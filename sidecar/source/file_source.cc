@@ -218,9 +218,13 @@ class FdCache {
 
   const size_t capacity_;
   const std::shared_ptr<std::atomic<uint64_t>> mapped_total_ = std::make_shared<std::atomic<uint64_t>>(0);
+  // A reader/writer lock: taken shared for lookups (and Snapshot), exclusive
+  // to insert and evict. Left a std::shared_mutex, so index_ is not
+  // annotated: common/mutex.h has no shared Mutex, and an exclusive one
+  // would make readers wait for each other on every hit.
   std::shared_mutex mu_;
   std::atomic<uint64_t> clock_{1};
-  std::unordered_map<std::string, Entry> index_;
+  std::unordered_map<std::string, Entry> index_;  // guarded by mu_ (shared to read)
 };
 
 // Thread safety: thread-safe (the descriptor cache is; the rest is immutable).

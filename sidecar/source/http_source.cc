@@ -11,7 +11,6 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -22,6 +21,8 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "sidecar/source/http_internal.h"
 #include "sidecar/source/source.h"
 
@@ -372,9 +373,9 @@ class ClientPool {
  public:
   explicit ClientPool(const SourceOptions& options) : options_(options) {}
 
-  Result<ClientPtr> Checkout(const HttpUrl& url) {
+  Result<ClientPtr> Checkout(const HttpUrl& url) MESHLOAD_EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       auto it = idle_.find(url.origin);
       if (it != idle_.end() && !it->second.empty()) {
         ClientPtr client = std::move(it->second.back());
@@ -385,9 +386,9 @@ class ClientPool {
     return Make(url);
   }
 
-  void Return(const HttpUrl& url, ClientPtr client) {
+  void Return(const HttpUrl& url, ClientPtr client) MESHLOAD_EXCLUDES(mu_) {
     ClientPtr surplus;  // declared before the lock: closed after it is released
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     std::vector<ClientPtr>& idle = idle_[url.origin];
     if (idle.size() < static_cast<size_t>(options_.max_idle_connections)) {
       idle.push_back(std::move(client));
@@ -423,8 +424,8 @@ class ClientPool {
   }
 
   const SourceOptions& options_;
-  std::mutex mu_;
-  std::unordered_map<std::string, std::vector<ClientPtr>> idle_;
+  Mutex mu_;
+  std::unordered_map<std::string, std::vector<ClientPtr>> idle_ MESHLOAD_GUARDED_BY(mu_);
 };
 
 }  // namespace

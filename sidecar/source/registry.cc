@@ -79,7 +79,7 @@ std::unique_ptr<SourceRegistry> SourceRegistry::WithBuiltins(SourceOptions optio
 }
 
 void SourceRegistry::Register(std::string scheme, SourceFactory factory) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   factories_[Lower(scheme)] = std::move(factory);
 }
 
@@ -107,7 +107,7 @@ Result<std::pair<Source*, std::string>> SourceRegistry::For(const std::string& u
     object = std::string(rest);
   }
 
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto source = sources_.find(scheme);
   if (source == sources_.end()) {
     auto factory = factories_.find(scheme);

@@ -28,12 +28,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace meshload::source {
 
@@ -227,21 +228,21 @@ class SourceRegistry {
   /// A registry with the built-in schemes: file, http, https, s3.
   static std::unique_ptr<SourceRegistry> WithBuiltins(SourceOptions options);
 
-  void Register(std::string scheme, SourceFactory factory);
+  void Register(std::string scheme, SourceFactory factory) MESHLOAD_EXCLUDES(mu_);
 
   /// The source for `uri`'s scheme, and the object name it expects (the
   /// path for files, the whole URL for http). kInvalidArgument naming the
   /// URI for an unknown scheme, listing the known ones.
-  Result<std::pair<Source*, std::string>> For(const std::string& uri);
+  Result<std::pair<Source*, std::string>> For(const std::string& uri) MESHLOAD_EXCLUDES(mu_);
 
   /// The scheme of a URI: "file" for plain paths.
   static std::string SchemeOf(const std::string& uri);
 
  private:
-  SourceOptions options_;
-  std::mutex mu_;
-  std::map<std::string, SourceFactory> factories_;
-  std::map<std::string, std::unique_ptr<Source>> sources_;
+  SourceOptions options_;  // set in the constructor, read-only after
+  Mutex mu_;
+  std::map<std::string, SourceFactory> factories_ MESHLOAD_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Source>> sources_ MESHLOAD_GUARDED_BY(mu_);
 };
 
 /// `uri` safe to log: without its query string and fragment (signed URLs

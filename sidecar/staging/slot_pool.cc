@@ -4,43 +4,42 @@
 
 namespace meshload::staging {
 
-SlotPool::SlotPool(uint32_t slots, int64_t first_step) : slots_(slots), next_fill_(first_step) {}
+SlotPool::SlotPool(uint32_t slots, int64_t first_step) : size_(slots), slots_(slots), next_fill_(first_step) {}
 
-std::optional<uint32_t> SlotPool::WaitForFree(std::unique_lock<std::mutex>& lock, uint64_t generation,
-                                              std::chrono::milliseconds timeout) {
+std::optional<uint32_t> SlotPool::WaitForFree(uint64_t generation, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     if (shutdown_ || generation != generation_) return std::nullopt;
     for (uint32_t i = 0; i < slots_.size(); ++i) {
       if (slots_[i].state == SlotState::kFree) return i;
     }
-    if (free_.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
+    if (!free_.WaitUntil(mu_, deadline)) return std::nullopt;
   }
 }
 
 std::optional<uint32_t> SlotPool::AcquireForFill(int64_t step, uint64_t generation,
                                                  std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  auto slot = WaitForFree(lock, generation, timeout);
+  MutexLock lock(mu_);
+  auto slot = WaitForFree(generation, timeout);
   if (slot) slots_[*slot] = {SlotState::kFilling, step, generation};
   return slot;
 }
 
 std::optional<SlotPool::Fill> SlotPool::AcquireNextForFill(uint64_t generation, std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  auto slot = WaitForFree(lock, generation, timeout);
+  MutexLock lock(mu_);
+  auto slot = WaitForFree(generation, timeout);
   if (!slot) return std::nullopt;
   slots_[*slot] = {SlotState::kFilling, next_fill_, generation};
   return Fill{*slot, next_fill_++};
 }
 
 int64_t SlotPool::next_fill_step() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return next_fill_;
 }
 
 int64_t SlotPool::FirstPendingStep() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   int64_t first = next_fill_;
   for (const Slot& s : slots_) {
     if ((s.state == SlotState::kFilling || s.state == SlotState::kReady) && s.generation == generation_) {
@@ -51,29 +50,29 @@ int64_t SlotPool::FirstPendingStep() const {
 }
 
 bool SlotPool::MarkReady(uint32_t slot) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Slot& s = slots_.at(slot);
   if (s.state != SlotState::kFilling) return false;
   const bool current = s.generation == generation_ && !shutdown_;
   s.state = current ? SlotState::kReady : SlotState::kFree;
   if (!current) s.step = -1;
   if (current) {
-    ready_.notify_all();
+    ready_.NotifyAll();
   } else {
-    free_.notify_one();
+    free_.NotifyOne();
   }
   return current;
 }
 
 void SlotPool::AbandonFill(uint32_t slot) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Slot& s = slots_.at(slot);
   if (s.state == SlotState::kFilling) s = Slot{};
-  free_.notify_one();
+  free_.NotifyOne();
 }
 
 std::optional<uint32_t> SlotPool::Lease(int64_t step) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (uint32_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     if (s.state == SlotState::kReady && s.step == step && s.generation == generation_) {
@@ -85,24 +84,24 @@ std::optional<uint32_t> SlotPool::Lease(int64_t step) {
 }
 
 bool SlotPool::Release(uint32_t slot, int64_t step) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (slot >= slots_.size()) return false;
   Slot& s = slots_[slot];
   if (s.state != SlotState::kLeased || s.step != step) return false;
   s = Slot{};
-  free_.notify_one();  // one slot: one producer (a broadcast would wake them all for it)
+  free_.NotifyOne();  // one slot: one producer (a broadcast would wake them all for it)
   return true;
 }
 
 
 
 uint64_t SlotPool::Reset(int64_t next_step) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return ResetLocked(next_step);
 }
 
 uint64_t SlotPool::Reset() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return ResetLocked(next_fill_);
 }
 
@@ -112,25 +111,25 @@ uint64_t SlotPool::ResetLocked(int64_t next_step) {
   for (Slot& s : slots_) {
     if (s.state == SlotState::kReady) s = Slot{};
   }
-  free_.notify_all();  // producers of the old generation return
-  ready_.notify_all();
+  free_.NotifyAll();  // producers of the old generation return
+  ready_.NotifyAll();
   return generation_;
 }
 
 uint64_t SlotPool::generation() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return generation_;
 }
 
 void SlotPool::Shutdown() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   shutdown_ = true;
-  free_.notify_all();
-  ready_.notify_all();
+  free_.NotifyAll();
+  ready_.NotifyAll();
 }
 
 SlotCounts SlotPool::Counts() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   SlotCounts c;
   for (const Slot& s : slots_) {
     switch (s.state) {
@@ -144,21 +143,28 @@ SlotCounts SlotPool::Counts() const {
 }
 
 std::optional<int64_t> SlotPool::StepOf(uint32_t slot) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const Slot& s = slots_.at(slot);
   if (s.state == SlotState::kReady || s.state == SlotState::kLeased) return s.step;
   return std::nullopt;
 }
 
 bool SlotPool::WaitReady(int64_t step, std::chrono::milliseconds timeout) const {
-  std::unique_lock lock(mu_);
-  return ready_.wait_for(lock, timeout, [&] {
+  MutexLock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto done = [&]() MESHLOAD_REQUIRES(mu_) {
     if (shutdown_) return true;
     for (const Slot& s : slots_) {
       if (s.state == SlotState::kReady && s.step == step && s.generation == generation_) return true;
     }
     return false;
-  }) && !shutdown_;
+  };
+  // As wait_for with a predicate: true once done(), else done() at the
+  // deadline.
+  while (!done()) {
+    if (!ready_.WaitUntil(mu_, deadline)) return done() && !shutdown_;
+  }
+  return !shutdown_;
 }
 
 }  // namespace meshload::staging
