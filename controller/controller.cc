@@ -15,7 +15,7 @@ std::function<void(std::string_view, int)> ApiRequestObserver(metrics::Registry&
 }
 
 Controller::Controller(kube::KubeClient* client, metrics::Registry* registry, ControllerOptions options)
-    : client_(client), options_(std::move(options)), queue_(options_.queue) {
+    : options_(std::move(options)), queue_(options_.queue) {
   kube::InformerOptions jo;
   jo.namespace_ = options_.watch_namespace;
   jo.watch_timeout = options_.watch_timeout;
@@ -164,18 +164,22 @@ void Controller::Worker() {
     }
     queue_.Done(key);
     busy_.fetch_sub(1);
-    std::lock_guard<std::mutex> lock(mu_);
-    cv_.notify_all();
+    MutexLock lock(mu_);
+    cv_.NotifyAll();
   }
 }
 
 void Controller::ResyncLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (!stopping_.load()) {
-    if (cv_.wait_for(lock, options_.resync_period, [this] { return stopping_.load(); })) break;
-    lock.unlock();
+    const auto deadline = std::chrono::steady_clock::now() + options_.resync_period;
+    while (!stopping_.load()) {
+      if (!cv_.WaitUntil(mu_, deadline)) break;  // the resync period passed
+    }
+    if (stopping_.load()) break;
+    lock.Unlock();
     EnqueueAllJobs();
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -204,8 +208,8 @@ bool Controller::WaitIdle(std::chrono::milliseconds quiet, std::chrono::millisec
 void Controller::Stop() {
   if (stopping_.exchange(true)) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    cv_.notify_all();
+    MutexLock lock(mu_);
+    cv_.NotifyAll();
   }
   if (poller_) poller_->Stop();
   queue_.ShutDown();

@@ -26,20 +26,20 @@
 /// Logs: one JSON line per reconcile that wrote or failed, with a
 /// `reconcile_id` unique within the process.
 ///
-/// Thread safety: Start, StartWorkers and Stop from one thread; the rest
-/// are thread-safe.
+/// Thread safety: Start, StartWorkers and Stop one after another, never at
+/// once (meshload-controller calls StartWorkers on its leader-election
+/// thread and joins that thread before Stop); the rest are thread-safe.
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/metrics/metrics.h"
+#include "common/mutex.h"
 #include "controller/kube/client.h"
 #include "controller/kube/informer.h"
 #include "controller/progress_poller.h"
@@ -80,7 +80,7 @@ class Controller {
   /// Starts the workers and the resync loop; every job is queued once.
   void StartWorkers();
   /// Stops workers, informers and the queue. Idempotent.
-  void Stop();
+  void Stop() MESHLOAD_EXCLUDES(mu_);
 
   bool synced() const;
   /// A DataLoadJob from the informer cache (null: none), for the webhook.
@@ -98,24 +98,28 @@ class Controller {
   Reconciler& reconciler() { return *reconciler_; }
 
  private:
-  void Worker();
-  void ResyncLoop();
+  void Worker() MESHLOAD_EXCLUDES(mu_);
+  void ResyncLoop() MESHLOAD_EXCLUDES(mu_);
   void EnqueueAllJobs();
 
-  kube::KubeClient* client_;
+  // Set by the constructor, read-only after.
   ControllerOptions options_;
   runtime::WorkQueue queue_;
   std::unique_ptr<kube::Informer> jobs_, pods_, configmaps_;
   std::unique_ptr<ProgressPoller> poller_;
   std::unique_ptr<Reconciler> reconciler_;
+  // Started by StartWorkers and joined by Stop, which never run at once.
   std::vector<std::thread> workers_;
   std::thread resync_;
   std::atomic<bool> stopping_{false};
   std::atomic<int> busy_{0};
   std::atomic<int64_t> reconciles_{0}, errors_{0}, writes_{0}, next_id_{1};
-  std::mutex mu_;
-  std::condition_variable cv_;
+  // Guards no data: the resync loop waits on cv_ for stopping_ (an atomic),
+  // and Stop and the workers notify it holding mu_ so no wake-up is lost.
+  Mutex mu_;
+  CondVar cv_;
 
+  // Set by the constructor, read-only after (the metrics are thread-safe).
   metrics::Family<metrics::Counter>* reconciles_total_ = nullptr;
   metrics::Histogram* duration_ = nullptr;
   metrics::Gauge* leader_ = nullptr;

@@ -7,11 +7,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 
 #include "common/base64.h"
 #include "common/diagnostics.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "controller/kube/json_fields.h"
 
 namespace meshload::controller {
@@ -179,7 +179,7 @@ Status JobReconcile::Finalize() {
   if (!put.ok()) return put.ToStatus("remove the finalizer of " + key_);
   ++res_.writes;
   {
-    std::lock_guard lock(r_.secrets_mu_);
+    MutexLock lock(r_.secrets_mu_);
     r_.secrets_made_.erase(key_);
   }
   LogInfo("cleaned up a deleted DataLoadJob", {{"job", key_}});
@@ -384,7 +384,7 @@ void JobReconcile::ReadProgress() {
                                     Field(Field(job_, "status"), "progress"));
   bool moves_due = true;
   {
-    std::lock_guard lock(r_.progress_mu_);
+    MutexLock lock(r_.progress_mu_);
     auto it = r_.progress_written_.find(key_);
     moves_due = it == r_.progress_written_.end() ||
                 std::chrono::steady_clock::now() - it->second >= r_.options_.progress_min_write_interval;
@@ -552,7 +552,7 @@ Status JobReconcile::EnsurePeerSecret() {
     } else {
       LogInfo("kept the peer secret that exists", {{"job", key_}, {"secret", ns_ + "/" + secret_name}});
     }
-    std::lock_guard lock(r_.secrets_mu_);
+    MutexLock lock(r_.secrets_mu_);
     r_.secrets_made_[key_] = {uid, desired_.peer_secret_uid};
   } else {
     const Status secret_error = r.ToStatus("create Secret " + ns_ + "/" + secret_name);
@@ -609,7 +609,7 @@ Status JobReconcile::WriteStatus() {
     if (r.ok()) {
       ++res_.writes;
       if (Field(want, "progress") != Field(current, "progress")) {
-        std::lock_guard lock(r_.progress_mu_);
+        MutexLock lock(r_.progress_mu_);
         r_.progress_written_[key_] = std::chrono::steady_clock::now();
       }
       if (r_.options_.record_event) {

@@ -69,7 +69,7 @@ ProgressPoller::~ProgressPoller() { Stop(); }
 
 void ProgressPoller::Start() {
   {
-    std::lock_guard lock(loop_mu_);
+    MutexLock lock(loop_mu_);
     stopping_ = false;
   }
   thread_ = std::thread([this] { Loop(); });
@@ -77,25 +77,28 @@ void ProgressPoller::Start() {
 
 void ProgressPoller::Stop() {
   {
-    std::lock_guard lock(loop_mu_);
+    MutexLock lock(loop_mu_);
     stopping_ = true;
   }
-  loop_cv_.notify_all();
+  loop_cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void ProgressPoller::Loop() {
-  std::unique_lock lock(loop_mu_);
+  MutexLock lock(loop_mu_);
   while (!stopping_) {
-    lock.unlock();
+    lock.Unlock();
     PollOnce();
-    lock.lock();
-    loop_cv_.wait_for(lock, options_.interval, [this] { return stopping_; });
+    lock.Lock();
+    const auto deadline = std::chrono::steady_clock::now() + options_.interval;
+    while (!stopping_) {
+      if (!loop_cv_.WaitUntil(loop_mu_, deadline)) break;  // the interval passed
+    }
   }
 }
 
 std::optional<JobProgress> ProgressPoller::Get(const std::string& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = last_.find(key);
   if (it == last_.end()) return std::nullopt;
   return it->second;
@@ -193,7 +196,7 @@ void ProgressPoller::PollOnce() {
   const auto now = std::chrono::steady_clock::now();
   std::vector<std::string> keys;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = last_.begin(); it != last_.end();) {
       it = polls.count(it->first) ? std::next(it) : last_.erase(it);
     }

@@ -13,15 +13,14 @@
 /// the reason: never guessed. Then `on_polled(job key)` (the controller
 /// queues a reconcile, which writes the status; see ProgressStatus).
 ///
-/// Thread safety: thread-safe. Start() and Stop() from one thread.
+/// Thread safety: thread-safe, but Start() and Stop() one after another,
+/// never at once (Controller::StartWorkers and Stop).
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -29,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/mutex.h"
 #include "controller/kube/informer.h"
 
 namespace meshload::controller {
@@ -69,15 +69,15 @@ class ProgressPoller {
   ProgressPoller& operator=(const ProgressPoller&) = delete;
 
   /// Polls every `interval` from a thread of its own, the first time at once.
-  void Start();
-  void Stop();
+  void Start() MESHLOAD_EXCLUDES(loop_mu_);
+  void Stop() MESHLOAD_EXCLUDES(loop_mu_);
 
   /// One round over every job now, on the caller's thread.
-  void PollOnce();
+  void PollOnce() MESHLOAD_EXCLUDES(mu_);
 
   /// The last poll of job "ns/name"; nullopt before the first, or once the
   /// job is gone.
-  std::optional<JobProgress> Get(const std::string& key) const;
+  std::optional<JobProgress> Get(const std::string& key) const MESHLOAD_EXCLUDES(mu_);
 
  private:
   struct Target {
@@ -86,21 +86,22 @@ class ProgressPoller {
     std::string host;
     int port;
   };
-  void Loop();
+  void Loop() MESHLOAD_EXCLUDES(loop_mu_);
   void Fetch(Target& t) const;
 
+  // Set by the constructor, read-only after.
   kube::Informer* jobs_;
   kube::Informer* pods_;
   kube::Informer* configmaps_;
   const ProgressPollerOptions options_;
 
-  mutable std::mutex mu_;
-  std::map<std::string, JobProgress> last_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, JobProgress> last_ MESHLOAD_GUARDED_BY(mu_);
 
-  std::mutex loop_mu_;
-  std::condition_variable loop_cv_;
-  bool stopping_ = false;  // guarded by loop_mu_
-  std::thread thread_;
+  Mutex loop_mu_;
+  CondVar loop_cv_;
+  bool stopping_ MESHLOAD_GUARDED_BY(loop_mu_) = false;
+  std::thread thread_;  // started by Start, joined by Stop, which never run at once
 };
 
 struct HealthThresholds {

@@ -104,7 +104,7 @@ Reconciler::Reconciler(kube::KubeClient* client, kube::Informer* jobs, kube::Inf
     : client_(client), jobs_(jobs), pods_(pods), configmaps_(configmaps), options_(std::move(options)) {}
 
 std::optional<std::string> Reconciler::MadeSecret(const std::string& key, const std::string& job_uid) const {
-  std::lock_guard lock(secrets_mu_);
+  MutexLock lock(secrets_mu_);
   auto it = secrets_made_.find(key);
   if (it == secrets_made_.end() || it->second.job_uid != job_uid) return std::nullopt;
   return it->second.secret_uid;
@@ -160,10 +160,10 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
 
 void Reconciler::Forget(const std::string& key) {
   {
-    std::lock_guard lock(progress_mu_);
+    MutexLock lock(progress_mu_);
     progress_written_.erase(key);
   }
-  std::lock_guard lock(secrets_mu_);
+  MutexLock lock(secrets_mu_);
   secrets_made_.erase(key);
 }
 

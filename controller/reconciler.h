@@ -63,12 +63,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "controller/kube/client.h"
 #include "controller/kube/informer.h"
@@ -160,12 +160,14 @@ class Reconciler {
   friend class JobReconcile;
 
   // A deleted job: what this process remembers of it goes.
-  void Forget(const std::string& key);
+  void Forget(const std::string& key) MESHLOAD_EXCLUDES(secrets_mu_, progress_mu_);
   Status CheckMayWrite() const;
   // Whether this process made or found the peer secret of job `key` (of
   // uid `job_uid`): then the Secret's uid ("" when found rather than made).
-  std::optional<std::string> MadeSecret(const std::string& key, const std::string& job_uid) const;
+  std::optional<std::string> MadeSecret(const std::string& key, const std::string& job_uid) const
+      MESHLOAD_EXCLUDES(secrets_mu_);
 
+  // Set by the constructor, read-only after.
   kube::KubeClient* client_;
   kube::Informer* jobs_;
   kube::Informer* pods_;
@@ -178,12 +180,13 @@ class Reconciler {
   struct MadeSecretEntry {
     std::string job_uid, secret_uid;
   };
-  mutable std::mutex secrets_mu_;
-  std::map<std::string, MadeSecretEntry> secrets_made_;  // guarded by secrets_mu_
+  mutable Mutex secrets_mu_;
+  std::map<std::string, MadeSecretEntry> secrets_made_ MESHLOAD_GUARDED_BY(secrets_mu_);
   // When each job's status.progress was last written by this process (a
   // restarted controller may write one sooner).
-  std::mutex progress_mu_;
-  std::map<std::string, std::chrono::steady_clock::time_point> progress_written_;  // guarded by progress_mu_
+  Mutex progress_mu_;
+  std::map<std::string, std::chrono::steady_clock::time_point> progress_written_
+      MESHLOAD_GUARDED_BY(progress_mu_);
 };
 
 }  // namespace meshload::controller

@@ -76,7 +76,7 @@ bool RateLimiter::Acquire(const std::atomic<bool>& stop) {
   while (!stop.load()) {
     std::chrono::duration<double> wait{0};
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       auto now = std::chrono::steady_clock::now();
       tokens_ = std::min(burst_, tokens_ + std::chrono::duration<double>(now - last_).count() * qps_);
       last_ = now;
@@ -236,7 +236,7 @@ Result<std::unique_ptr<httplib::ClientImpl>> KubeClient::NewConnection(std::chro
 
 std::unique_ptr<httplib::ClientImpl> KubeClient::TakeConnection(bool* pooled) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!idle_.empty()) {
       auto c = std::move(idle_.back());
       idle_.pop_back();
@@ -250,7 +250,7 @@ std::unique_ptr<httplib::ClientImpl> KubeClient::TakeConnection(bool* pooled) {
 }
 
 void KubeClient::ReturnConnection(std::unique_ptr<httplib::ClientImpl> c) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (idle_.size() < 16 && !stopping_.load()) idle_.push_back(std::move(c));
 }
 
@@ -258,7 +258,7 @@ std::string KubeClient::AuthorizationHeader() {
   if (!config_.bearer_token.empty()) return "Bearer " + config_.bearer_token;
   if (config_.token_file.empty()) return "";
   struct stat st {};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (::stat(config_.token_file.c_str(), &st) == 0) {
     int64_t mtime = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
     if (mtime != token_mtime_ns_) {
@@ -277,8 +277,12 @@ std::string KubeClient::AuthorizationHeader() {
 }
 
 bool KubeClient::Sleep(std::chrono::milliseconds d) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return !cv_.wait_for(lock, d, [this] { return stopping_.load(); });
+  MutexLock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + d;
+  while (!stopping_.load()) {
+    if (!cv_.WaitUntil(mu_, deadline)) break;  // timed out: stopping_ as it is now
+  }
+  return !stopping_.load();
 }
 
 std::chrono::milliseconds KubeClient::Backoff(int attempt) {
@@ -384,12 +388,12 @@ ApiResponse KubeClient::Delete(const std::string& path, const nlohmann::json& bo
 }
 
 uint64_t KubeClient::NewWatchId() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return next_watch_id_++;
 }
 
 void KubeClient::CancelWatch(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   cancelled_watches_.push_back(id);
   if (auto it = watches_.find(id); it != watches_.end()) it->second->stop();
 }
@@ -402,7 +406,7 @@ Status KubeClient::Watch(const std::string& path, const std::function<bool(nlohm
   // timeout only guards against a dead peer.
   MESHLOAD_ASSIGN_OR_RETURN(auto conn, NewConnection(options_.request_timeout + std::chrono::seconds(600)));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_.load() ||
         std::find(cancelled_watches_.begin(), cancelled_watches_.end(), id) != cancelled_watches_.end()) {
       return Status(StatusCode::kCancelled, "the watch was cancelled");
@@ -442,7 +446,7 @@ Status KubeClient::Watch(const std::string& path, const std::function<bool(nlohm
       });
   bool cancelled;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     watches_.erase(id);
     auto it = std::find(cancelled_watches_.begin(), cancelled_watches_.end(), id);
     cancelled = it != cancelled_watches_.end() || stopping_.load();
@@ -463,11 +467,11 @@ Status KubeClient::Watch(const std::string& path, const std::function<bool(nlohm
 }
 
 void KubeClient::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stopping_.store(true);
   for (auto& [id, c] : watches_) c->stop();
   idle_.clear();
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 }  // namespace meshload::kube

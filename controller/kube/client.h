@@ -35,17 +35,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "controller/kube/config.h"
 
@@ -91,14 +90,15 @@ class RateLimiter {
  public:
   RateLimiter(double qps, int burst);
   /// Blocks until a token is available; false when `stop` becomes true first.
-  bool Acquire(const std::atomic<bool>& stop);
+  bool Acquire(const std::atomic<bool>& stop) MESHLOAD_EXCLUDES(mu_);
 
  private:
-  std::mutex mu_;
+  Mutex mu_;
+  // Set by the constructor, read-only after.
   double qps_;
   double burst_;
-  double tokens_;
-  std::chrono::steady_clock::time_point last_;
+  double tokens_ MESHLOAD_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point last_ MESHLOAD_GUARDED_BY(mu_);
 };
 
 class KubeClient {
@@ -123,12 +123,12 @@ class KubeClient {
   /// kCancelled after CancelWatch/Shutdown, an error on transport failure or
   /// a non-200 answer (`*code` receives the HTTP code, 0 for transport).
   Status Watch(const std::string& path, const std::function<bool(nlohmann::json&)>& on_event,
-               uint64_t watch_id, int* code = nullptr);
-  uint64_t NewWatchId();
-  void CancelWatch(uint64_t watch_id);
+               uint64_t watch_id, int* code = nullptr) MESHLOAD_EXCLUDES(mu_);
+  uint64_t NewWatchId() MESHLOAD_EXCLUDES(mu_);
+  void CancelWatch(uint64_t watch_id) MESHLOAD_EXCLUDES(mu_);
 
   /// Cancels every watch and backoff sleep; later calls fail at once.
-  void Shutdown();
+  void Shutdown() MESHLOAD_EXCLUDES(mu_);
   bool shutting_down() const { return stopping_.load(); }
 
   const ClusterConfig& config() const { return config_; }
@@ -137,16 +137,17 @@ class KubeClient {
   KubeClient(ClusterConfig config, ClientOptions options);
   Status Init();
   ApiResponse Call(std::string_view method, const std::string& path, const std::string& body,
-                   std::string_view content_type);
+                   std::string_view content_type) MESHLOAD_EXCLUDES(mu_);
   Result<std::unique_ptr<httplib::ClientImpl>> NewConnection(std::chrono::seconds read_timeout);
   /// A pooled keep-alive connection (*pooled = true) or a new one.
-  std::unique_ptr<httplib::ClientImpl> TakeConnection(bool* pooled);
-  void ReturnConnection(std::unique_ptr<httplib::ClientImpl> c);
-  std::string AuthorizationHeader();
+  std::unique_ptr<httplib::ClientImpl> TakeConnection(bool* pooled) MESHLOAD_EXCLUDES(mu_);
+  void ReturnConnection(std::unique_ptr<httplib::ClientImpl> c) MESHLOAD_EXCLUDES(mu_);
+  std::string AuthorizationHeader() MESHLOAD_EXCLUDES(mu_);
   /// Sleeps `d` unless Shutdown() comes first (then false).
-  bool Sleep(std::chrono::milliseconds d);
+  bool Sleep(std::chrono::milliseconds d) MESHLOAD_EXCLUDES(mu_);
   std::chrono::milliseconds Backoff(int attempt);
 
+  // Set by the constructor and Init() (before Create returns), read-only after.
   ClusterConfig config_;
   ClientOptions options_;
   std::string scheme_, host_;
@@ -154,14 +155,17 @@ class KubeClient {
   RateLimiter limiter_;
   std::atomic<bool> stopping_{false};
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<httplib::ClientImpl>> idle_;
-  std::map<uint64_t, httplib::ClientImpl*> watches_;  // active watch connections
-  std::vector<uint64_t> cancelled_watches_;
-  uint64_t next_watch_id_ = 1;
-  std::string token_;  // from token_file, re-read when its mtime changes
-  int64_t token_mtime_ns_ = -1;
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<std::unique_ptr<httplib::ClientImpl>> idle_ MESHLOAD_GUARDED_BY(mu_);
+  // Active watch connections: the map is guarded, the connections are used
+  // by their Watch() call without the lock (stop() from another thread is
+  // what cpp-httplib allows).
+  std::map<uint64_t, httplib::ClientImpl*> watches_ MESHLOAD_GUARDED_BY(mu_);
+  std::vector<uint64_t> cancelled_watches_ MESHLOAD_GUARDED_BY(mu_);
+  uint64_t next_watch_id_ MESHLOAD_GUARDED_BY(mu_) = 1;
+  std::string token_ MESHLOAD_GUARDED_BY(mu_);  // from token_file, re-read when its mtime changes
+  int64_t token_mtime_ns_ MESHLOAD_GUARDED_BY(mu_) = -1;
 };
 
 /// Percent-encodes a query parameter value.

@@ -53,20 +53,24 @@ void Informer::Stop() {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    cv_.notify_all();
+    MutexLock lock(mu_);
+    cv_.NotifyAll();
   }
   if (watch_id_ != 0) client_->CancelWatch(watch_id_);
   if (thread_.joinable()) thread_.join();
 }
 
 bool Informer::WaitForSync(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [this] { return synced_.load() || stop_.load(); }) && synced_.load();
+  MutexLock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!(synced_.load() || stop_.load())) {
+    if (!cv_.WaitUntil(mu_, deadline)) break;  // timed out: the condition as it is now
+  }
+  return (synced_.load() || stop_.load()) && synced_.load();
 }
 
 ObjectPtr Informer::Get(const std::string& ns, const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = cache_.find(ns);
   if (it == cache_.end()) return nullptr;
   auto jt = it->second.find(name);
@@ -75,7 +79,7 @@ ObjectPtr Informer::Get(const std::string& ns, const std::string& name) const {
 
 std::vector<ObjectPtr> Informer::List(const std::string& ns) const {
   std::vector<ObjectPtr> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto add = [&](const std::map<std::string, ObjectPtr>& m) {
     for (const auto& [name, obj] : m) out.push_back(obj);
   };
@@ -89,18 +93,22 @@ std::vector<ObjectPtr> Informer::List(const std::string& ns) const {
 }
 
 size_t Informer::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return size_;
 }
 
 std::string Informer::last_resource_version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return rv_;
 }
 
 bool Informer::SleepUnlessStopped(std::chrono::milliseconds d) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return !cv_.wait_for(lock, d, [this] { return stop_.load(); });
+  MutexLock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + d;
+  while (!stop_.load()) {
+    if (!cv_.WaitUntil(mu_, deadline)) break;  // timed out: stop_ as it is now
+  }
+  return !stop_.load();
 }
 
 void Informer::Notify(const nlohmann::json& obj, bool deleted) {
@@ -131,7 +139,7 @@ void Informer::Apply(nlohmann::json obj, bool deleted) {
   const std::string ns = MetaString(obj, "namespace"), name = MetaString(obj, "name");
   ObjectPtr ptr = std::make_shared<const nlohmann::json>(std::move(obj));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto& m = cache_[ns];
     if (deleted) {
       size_ -= m.erase(name);
@@ -190,7 +198,7 @@ Result<std::string> Informer::ListAll() {
   size_t count = 0;
   std::map<std::string, std::map<std::string, ObjectPtr>> old;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     old = cache_;  // a copy of pointers only
   }
   for (auto& item : items) {
@@ -213,7 +221,7 @@ Result<std::string> Informer::ListAll() {
     ++count;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     cache_.swap(fresh);
     size_ = count;
     rv_ = *rv;
@@ -255,7 +263,7 @@ Status Informer::WatchOnce(std::string* rv, bool* relist) {
         }  // BOOKMARK: only the resourceVersion moves
         if (!new_rv.empty()) {
           *rv = new_rv;
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           rv_ = new_rv;
         }
         return !stop_.load();
@@ -285,8 +293,8 @@ void Informer::Run() {
       continue;
     }
     if (!synced_.exchange(true)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      cv_.notify_all();
+      MutexLock lock(mu_);
+      cv_.NotifyAll();
     }
     failures = 0;
     std::string current = *rv;

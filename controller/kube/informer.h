@@ -34,16 +34,15 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "controller/kube/client.h"
 
 namespace meshload::kube {
@@ -89,51 +88,56 @@ class Informer {
   void OnChange(Handler handler);
   void Start();
   /// Ends the watch and joins the thread. Idempotent.
-  void Stop();
+  void Stop() MESHLOAD_EXCLUDES(mu_);
 
   /// True once the first LIST has filled the cache.
   bool synced() const { return synced_.load(); }
-  bool WaitForSync(std::chrono::milliseconds timeout);
+  bool WaitForSync(std::chrono::milliseconds timeout) MESHLOAD_EXCLUDES(mu_);
 
-  ObjectPtr Get(const std::string& ns, const std::string& name) const;
+  ObjectPtr Get(const std::string& ns, const std::string& name) const MESHLOAD_EXCLUDES(mu_);
   /// Every cached object in `ns` (all namespaces when empty), by name.
-  std::vector<ObjectPtr> List(const std::string& ns) const;
-  size_t size() const;
+  std::vector<ObjectPtr> List(const std::string& ns) const MESHLOAD_EXCLUDES(mu_);
+  size_t size() const MESHLOAD_EXCLUDES(mu_);
 
   // Counters for tests and metrics.
   int64_t lists() const { return lists_.load(); }
   int64_t watches() const { return watches_.load(); }
   int64_t relists_after_gone() const { return gone_.load(); }
-  std::string last_resource_version() const;
+  std::string last_resource_version() const MESHLOAD_EXCLUDES(mu_);
 
  private:
-  void Run();
+  void Run() MESHLOAD_EXCLUDES(mu_);
   /// Lists and replaces the cache; returns the list's resourceVersion.
-  Result<std::string> ListAll();
+  Result<std::string> ListAll() MESHLOAD_EXCLUDES(mu_);
   Result<std::string> ListPaged(int64_t limit, std::vector<nlohmann::json>* items, int* gone_code);
   /// Watches once from `rv`; returns the new rv, or "" when a relist is needed.
-  Status WatchOnce(std::string* rv, bool* relist);
-  void Apply(nlohmann::json obj, bool deleted);
+  Status WatchOnce(std::string* rv, bool* relist) MESHLOAD_EXCLUDES(mu_);
+  void Apply(nlohmann::json obj, bool deleted) MESHLOAD_EXCLUDES(mu_);
   /// Drops metadata.managedFields and applies the transform (keeping the
   /// object's namespace, name and resourceVersion).
   nlohmann::json Prepare(nlohmann::json obj) const;
   void Notify(const nlohmann::json& obj, bool deleted);
-  bool SleepUnlessStopped(std::chrono::milliseconds d);
+  bool SleepUnlessStopped(std::chrono::milliseconds d) MESHLOAD_EXCLUDES(mu_);
 
+  // Set by the constructor, read-only after.
   KubeClient* client_;
   ResourcePath resource_;
   InformerOptions options_;
+  // Filled by OnChange before Start, read-only (by the informer's thread) after.
   std::vector<Handler> handlers_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::map<std::string, ObjectPtr>> cache_;  // ns -> name -> object
-  size_t size_ = 0;
-  std::string rv_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  // ns -> name -> object
+  std::map<std::string, std::map<std::string, ObjectPtr>> cache_ MESHLOAD_GUARDED_BY(mu_);
+  size_t size_ MESHLOAD_GUARDED_BY(mu_) = 0;
+  std::string rv_ MESHLOAD_GUARDED_BY(mu_);
 
   std::atomic<bool> synced_{false};
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> lists_{0}, watches_{0}, gone_{0};
+  // Written by Start before the thread starts; thread_ is started and joined
+  // by the owner's Start and Stop only.
   uint64_t watch_id_ = 0;
   std::thread thread_;
 };

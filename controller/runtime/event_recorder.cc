@@ -38,24 +38,24 @@ EventRecorder::~EventRecorder() { Stop(); }
 
 void EventRecorder::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   counts_.dropped += queue_.size();
   if (events_total_ != nullptr && !queue_.empty()) {
     events_total_->Add({{"outcome", "dropped"}}).Increment(static_cast<double>(queue_.size()));
   }
   queue_.clear();
-  idle_cv_.notify_all();
+  idle_cv_.NotifyAll();
 }
 
 void EventRecorder::Count(const char* outcome) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const std::string o = outcome;
     if (o == "created") ++counts_.created;
     if (o == "aggregated") ++counts_.aggregated;
@@ -66,7 +66,7 @@ void EventRecorder::Count(const char* outcome) {
 }
 
 EventRecorder::Counts EventRecorder::counts() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return counts_;
 }
 
@@ -85,10 +85,10 @@ void EventRecorder::Record(const json& object, const std::string& type, const st
   e.message = kube::CutUtf8(message, kMaxMessageBytes - 3);
   e.timestamp = kube::NowRfc3339();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!stopping_ && queue_.size() < options_.queue_capacity) {
       queue_.push_back(std::move(e));
-      cv_.notify_one();
+      cv_.NotifyOne();
       return;
     }
   }
@@ -96,28 +96,32 @@ void EventRecorder::Record(const json& object, const std::string& type, const st
 }
 
 bool EventRecorder::Flush(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  return idle_cv_.wait_for(lock, timeout, [&] { return queue_.empty() && !writing_; });
+  MutexLock lock(mu_);
+  const auto deadline = Clock::now() + timeout;
+  while (!(queue_.empty() && !writing_)) {
+    if (!idle_cv_.WaitUntil(mu_, deadline)) break;  // timed out: the condition as it is now
+  }
+  return queue_.empty() && !writing_;
 }
 
 void EventRecorder::Run() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    while (!stopping_ && queue_.empty()) cv_.Wait(mu_);
     if (stopping_) return;
     Pending e = std::move(queue_.front());
     queue_.pop_front();
     writing_ = true;
-    lock.unlock();
+    lock.Unlock();
     try {
       Write(e);
     } catch (const std::exception& ex) {  // e.g. a message that is not UTF-8: lose the event, not the controller
       LogWarn("cannot write an event", {{"reason", e.reason}, {"error", ex.what()}});
       Count("failed");
     }
-    lock.lock();
+    lock.Lock();
     writing_ = false;
-    if (queue_.empty()) idle_cv_.notify_all();
+    if (queue_.empty()) idle_cv_.NotifyAll();
   }
 }
 

@@ -25,17 +25,16 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
 #include "common/metrics/metrics.h"
+#include "common/mutex.h"
 #include "controller/kube/client.h"
 
 namespace meshload::runtime {
@@ -64,17 +63,17 @@ class EventRecorder {
   /// kind and metadata); `type` is "Normal" or "Warning". Messages longer
   /// than 1024 bytes are cut.
   void Record(const nlohmann::json& object, const std::string& type, const std::string& reason,
-              const std::string& message);
+              const std::string& message) MESHLOAD_EXCLUDES(mu_);
 
   /// Waits until every queued event has been written or dropped (tests).
-  bool Flush(std::chrono::milliseconds timeout);
+  bool Flush(std::chrono::milliseconds timeout) MESHLOAD_EXCLUDES(mu_);
   /// Stops the thread; events still queued are dropped. Idempotent.
-  void Stop();
+  void Stop() MESHLOAD_EXCLUDES(mu_);
 
   struct Counts {
     uint64_t created = 0, aggregated = 0, dropped = 0, failed = 0;
   };
-  Counts counts() const;
+  Counts counts() const MESHLOAD_EXCLUDES(mu_);
 
  private:
   struct Pending {
@@ -93,24 +92,27 @@ class EventRecorder {
     std::chrono::steady_clock::time_point last;
   };
 
-  void Run();
-  void Write(const Pending& e);
+  void Run() MESHLOAD_EXCLUDES(mu_);
+  void Write(const Pending& e) MESHLOAD_EXCLUDES(mu_);
   bool TakeToken(const std::string& uid);
-  void Count(const char* outcome);
+  void Count(const char* outcome) MESHLOAD_EXCLUDES(mu_);
 
+  // Set by the constructor, read-only after.
   kube::KubeClient* client_;
   EventRecorderOptions options_;
   metrics::Family<metrics::Counter>* events_total_ = nullptr;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_, idle_cv_;
-  std::deque<Pending> queue_;
-  bool writing_ = false;
-  bool stopping_ = false;
-  Counts counts_;
+  mutable Mutex mu_;
+  CondVar cv_, idle_cv_;
+  std::deque<Pending> queue_ MESHLOAD_GUARDED_BY(mu_);
+  bool writing_ MESHLOAD_GUARDED_BY(mu_) = false;
+  bool stopping_ MESHLOAD_GUARDED_BY(mu_) = false;
+  Counts counts_ MESHLOAD_GUARDED_BY(mu_);
+  // Started by the constructor, joined by Stop(); Stop() is called by the
+  // owner (and the destructor), not by several threads at once.
   std::thread thread_;
 
-  // The writer thread's own state.
+  // The writer thread's own state (no lock).
   std::map<std::string, Written> written_;  // by object uid + type + reason + message
   std::map<std::string, Bucket> buckets_;   // by object uid
 };

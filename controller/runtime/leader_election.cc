@@ -44,19 +44,23 @@ bool LeaderElector::IsLeader() const {
 }
 
 std::string LeaderElector::observed_holder() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return observed_record_.is_object() ? observed_record_.value("holderIdentity", "") : "";
 }
 
 bool LeaderElector::SleepUnlessStopped(std::chrono::milliseconds d) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return !cv_.wait_for(lock, d, [this] { return stop_; });
+  MutexLock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + d;
+  while (!stop_) {
+    if (!cv_.WaitUntil(mu_, deadline)) break;  // timed out: stop_ as it is now
+  }
+  return !stop_;
 }
 
 void LeaderElector::Stop() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stop_ = true;
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 bool LeaderElector::TryAcquireOrRenew() {
@@ -85,7 +89,7 @@ bool LeaderElector::TryAcquireOrRenew() {
       }
       return false;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     observed_record_ = created.body["spec"];
     observed_rv_ = created.body["metadata"].value("resourceVersion", "");
     observed_time_ = Clock::now();
@@ -98,7 +102,7 @@ bool LeaderElector::TryAcquireOrRenew() {
   nlohmann::json spec = got.body.value("spec", nlohmann::json::object());
   const std::string holder = spec.value("holderIdentity", "");
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (spec != observed_record_) {
       observed_record_ = spec;
       observed_time_ = Clock::now();
@@ -126,7 +130,7 @@ bool LeaderElector::TryAcquireOrRenew() {
     LogDebug("cannot update the lease", {{"error", put.ToStatus("update lease").ToString()}});
     return false;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   observed_record_ = put.body["spec"];
   observed_rv_ = put.body["metadata"].value("resourceVersion", "");
   observed_time_ = Clock::now();

@@ -30,12 +30,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/mutex.h"
 #include "controller/kube/client.h"
 
 namespace meshload::runtime {
@@ -57,31 +56,33 @@ class LeaderElector {
   /// return quickly), renews until the lease is lost or Stop() is called,
   /// then calls `on_stopped_leading` (only if it had been leading and the
   /// lease was lost, not on Stop()). Returns when done.
-  void Run(const std::function<void()>& on_started_leading, const std::function<void()>& on_stopped_leading);
+  void Run(const std::function<void()>& on_started_leading, const std::function<void()>& on_stopped_leading)
+      MESHLOAD_EXCLUDES(mu_);
 
-  void Stop();
+  void Stop() MESHLOAD_EXCLUDES(mu_);
   bool IsLeader() const;
   /// The holder in the last record seen ("" when none).
-  std::string observed_holder() const;
+  std::string observed_holder() const MESHLOAD_EXCLUDES(mu_);
   const LeaderElectionOptions& options() const { return options_; }
 
  private:
   using Clock = std::chrono::steady_clock;
   /// One acquire-or-renew attempt; true when we hold the lease afterwards.
-  bool TryAcquireOrRenew();
+  bool TryAcquireOrRenew() MESHLOAD_EXCLUDES(mu_);
   void Release();
-  bool SleepUnlessStopped(std::chrono::milliseconds d);
+  bool SleepUnlessStopped(std::chrono::milliseconds d) MESHLOAD_EXCLUDES(mu_);
   std::string LeasePath(bool collection) const;
 
+  // Set by the constructor, read-only after.
   kube::KubeClient* client_;
   LeaderElectionOptions options_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  nlohmann::json observed_record_;  // the Lease spec last seen
-  std::string observed_rv_;
-  Clock::time_point observed_time_{};
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stop_ MESHLOAD_GUARDED_BY(mu_) = false;
+  nlohmann::json observed_record_ MESHLOAD_GUARDED_BY(mu_);  // the Lease spec last seen
+  std::string observed_rv_ MESHLOAD_GUARDED_BY(mu_);
+  Clock::time_point observed_time_ MESHLOAD_GUARDED_BY(mu_){};
   std::atomic<bool> leading_{false};
   std::atomic<int64_t> last_renew_ns_{0};  // steady clock, when we last held it
 };

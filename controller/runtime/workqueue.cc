@@ -18,16 +18,16 @@ void WorkQueue::AddLocked(const std::string& key) {
   dirty_.insert(key);
   if (processing_.count(key) != 0) return;  // Done() queues it
   queue_.push_back(key);
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void WorkQueue::Add(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   AddLocked(key);
 }
 
 void WorkQueue::AddAfter(const std::string& key, std::chrono::milliseconds delay) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (shutting_down_) return;
   if (delay.count() <= 0) {
     AddLocked(key);
@@ -47,7 +47,7 @@ void WorkQueue::AddAfter(const std::string& key, std::chrono::milliseconds delay
   }
   delayed_at_[key] = at;
   delayed_.emplace(at, key);
-  delay_cv_.notify_one();
+  delay_cv_.NotifyOne();
 }
 
 std::chrono::milliseconds WorkQueue::BackoffLocked(const std::string& key) const {
@@ -62,7 +62,7 @@ std::chrono::milliseconds WorkQueue::BackoffLocked(const std::string& key) const
 void WorkQueue::AddRateLimited(const std::string& key) {
   std::chrono::milliseconds d;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     d = BackoffLocked(key);
     ++failures_[key];
   }
@@ -70,24 +70,24 @@ void WorkQueue::AddRateLimited(const std::string& key) {
 }
 
 void WorkQueue::Forget(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   failures_.erase(key);
 }
 
 int WorkQueue::NumRequeues(const std::string& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = failures_.find(key);
   return it == failures_.end() ? 0 : it->second;
 }
 
 std::chrono::milliseconds WorkQueue::NextBackoff(const std::string& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return BackoffLocked(key);
 }
 
 bool WorkQueue::Get(std::string* key) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return shutting_down_ || !queue_.empty(); });
+  MutexLock lock(mu_);
+  while (!shutting_down_ && queue_.empty()) cv_.Wait(mu_);
   if (shutting_down_) return false;
   *key = std::move(queue_.front());
   queue_.pop_front();
@@ -97,46 +97,46 @@ bool WorkQueue::Get(std::string* key) {
 }
 
 void WorkQueue::Done(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   processing_.erase(key);
   if (dirty_.count(key) != 0 && !shutting_down_) {
     queue_.push_back(key);
-    cv_.notify_one();
+    cv_.NotifyOne();
   }
 }
 
 void WorkQueue::ShutDown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   shutting_down_ = true;
-  cv_.notify_all();
-  delay_cv_.notify_all();
+  cv_.NotifyAll();
+  delay_cv_.NotifyAll();
 }
 
 bool WorkQueue::shutting_down() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return shutting_down_;
 }
 
 size_t WorkQueue::Len() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return queue_.size();
 }
 
 size_t WorkQueue::DelayedLen() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return delayed_.size();
 }
 
 void WorkQueue::DelayLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (!shutting_down_) {
     if (delayed_.empty()) {
-      delay_cv_.wait(lock);
+      delay_cv_.Wait(mu_);
       continue;
     }
     auto first = delayed_.begin()->first;
     if (Clock::now() < first) {
-      delay_cv_.wait_until(lock, first);
+      delay_cv_.WaitUntil(mu_, first);
       continue;
     }
     while (!delayed_.empty() && delayed_.begin()->first <= Clock::now()) {

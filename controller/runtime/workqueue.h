@@ -25,14 +25,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
+
+#include "common/mutex.h"
 
 namespace meshload::runtime {
 
@@ -50,46 +50,49 @@ class WorkQueue {
   WorkQueue(const WorkQueue&) = delete;
   WorkQueue& operator=(const WorkQueue&) = delete;
 
-  void Add(const std::string& key);
-  void AddAfter(const std::string& key, std::chrono::milliseconds delay);
+  void Add(const std::string& key) MESHLOAD_EXCLUDES(mu_);
+  void AddAfter(const std::string& key, std::chrono::milliseconds delay) MESHLOAD_EXCLUDES(mu_);
   /// Adds after this key's backoff, and counts a failure.
-  void AddRateLimited(const std::string& key);
+  void AddRateLimited(const std::string& key) MESHLOAD_EXCLUDES(mu_);
   /// Clears the key's failure count.
-  void Forget(const std::string& key);
+  void Forget(const std::string& key) MESHLOAD_EXCLUDES(mu_);
   /// Failures counted for the key since the last Forget.
-  int NumRequeues(const std::string& key) const;
+  int NumRequeues(const std::string& key) const MESHLOAD_EXCLUDES(mu_);
   /// The delay AddRateLimited would use next for the key (without counting).
-  std::chrono::milliseconds NextBackoff(const std::string& key) const;
+  std::chrono::milliseconds NextBackoff(const std::string& key) const MESHLOAD_EXCLUDES(mu_);
 
   /// Blocks for the next key; false after ShutDown.
-  bool Get(std::string* key);
+  bool Get(std::string* key) MESHLOAD_EXCLUDES(mu_);
   /// The worker is finished with `key`.
-  void Done(const std::string& key);
+  void Done(const std::string& key) MESHLOAD_EXCLUDES(mu_);
 
-  void ShutDown();
-  bool shutting_down() const;
+  void ShutDown() MESHLOAD_EXCLUDES(mu_);
+  bool shutting_down() const MESHLOAD_EXCLUDES(mu_);
 
   /// Keys waiting to be handed out (not counting delayed or in-process ones).
-  size_t Len() const;
+  size_t Len() const MESHLOAD_EXCLUDES(mu_);
   /// Keys waiting for their delay.
-  size_t DelayedLen() const;
+  size_t DelayedLen() const MESHLOAD_EXCLUDES(mu_);
 
  private:
-  void AddLocked(const std::string& key);
-  std::chrono::milliseconds BackoffLocked(const std::string& key) const;
-  void DelayLoop();
+  void AddLocked(const std::string& key) MESHLOAD_REQUIRES(mu_);
+  std::chrono::milliseconds BackoffLocked(const std::string& key) const MESHLOAD_REQUIRES(mu_);
+  void DelayLoop() MESHLOAD_EXCLUDES(mu_);
 
-  WorkQueueOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;        // Get waits here
-  std::condition_variable delay_cv_;  // the delay thread waits here
-  std::deque<std::string> queue_;
-  std::set<std::string> dirty_;       // queued, or to be re-queued by Done
-  std::set<std::string> processing_;
-  std::multimap<Clock::time_point, std::string> delayed_;
-  std::map<std::string, Clock::time_point> delayed_at_;  // earliest ready time per key
-  std::map<std::string, int> failures_;
-  bool shutting_down_ = false;
+  const WorkQueueOptions options_;  // set by the constructor, read-only after
+  mutable Mutex mu_;
+  CondVar cv_;        // Get waits here
+  CondVar delay_cv_;  // the delay thread waits here
+  std::deque<std::string> queue_ MESHLOAD_GUARDED_BY(mu_);
+  std::set<std::string> dirty_ MESHLOAD_GUARDED_BY(mu_);  // queued, or to be re-queued by Done
+  std::set<std::string> processing_ MESHLOAD_GUARDED_BY(mu_);
+  std::multimap<Clock::time_point, std::string> delayed_ MESHLOAD_GUARDED_BY(mu_);
+  // The earliest ready time per key.
+  std::map<std::string, Clock::time_point> delayed_at_ MESHLOAD_GUARDED_BY(mu_);
+  std::map<std::string, int> failures_ MESHLOAD_GUARDED_BY(mu_);
+  bool shutting_down_ MESHLOAD_GUARDED_BY(mu_) = false;
+  // Started by the constructor and joined by the destructor (no other thread
+  // touches it).
   std::thread delay_thread_;
 };
 

@@ -8,10 +8,10 @@
 #include <sys/stat.h>
 
 #include <chrono>
-#include <mutex>
 #include <vector>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "controller/webhook/admission.h"
 
 namespace meshload::controller::webhook {
@@ -79,10 +79,10 @@ class CertificateStore {
   }
 
   /// Loads the pair now; an error names the file.
-  Status Load() {
+  Status Load() MESHLOAD_EXCLUDES(mu_) {
     auto loaded = Read();
     if (!loaded.ok()) return loaded.status();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     current_ = std::move(*loaded);
     if (expiry_ != nullptr) expiry_->Set(static_cast<double>(current_->not_after));
     return Status::Ok();
@@ -90,30 +90,30 @@ class CertificateStore {
 
   /// The pair to serve with, reloaded first if the files changed (checked at
   /// most once a second).
-  std::shared_ptr<const Pair> Current() {
+  std::shared_ptr<const Pair> Current() MESHLOAD_EXCLUDES(mu_) {
     const auto now = std::chrono::steady_clock::now();
     bool check = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (now - last_check_ >= std::chrono::seconds(1)) {
         last_check_ = now;
         check = true;
       }
     }
     if (check) MaybeReload();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return current_;
   }
 
  private:
-  void MaybeReload() {
+  void MaybeReload() MESHLOAD_EXCLUDES(mu_) {
     FileStamp c = Stamp(crt_), k = Stamp(key_);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (c == crt_stamp_ && k == key_stamp_) return;
     }
     auto loaded = Read();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!loaded.ok()) {
       // Keep serving the last good pair; try again when the files change.
       crt_stamp_ = c;
@@ -129,7 +129,7 @@ class CertificateStore {
     LogInfo("reloaded the webhook's serving certificate", {{"file", crt_}, {"not_after", current_->not_after}});
   }
 
-  Result<std::shared_ptr<const Pair>> Read() {
+  Result<std::shared_ptr<const Pair>> Read() MESHLOAD_EXCLUDES(mu_) {
     // Stamps first: a change while reading is seen at the next check.
     FileStamp c = Stamp(crt_), k = Stamp(key_);
     auto pair = std::make_shared<Pair>();
@@ -155,17 +155,18 @@ class CertificateStore {
     const ASN1_TIME* na = X509_get0_notAfter(pair->leaf);
     struct tm t {};
     if (ASN1_TIME_to_tm(na, &t) == 1) pair->not_after = static_cast<int64_t>(timegm(&t));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     crt_stamp_ = c;
     key_stamp_ = k;
     return std::shared_ptr<const Pair>(std::move(pair));
   }
 
   const std::string crt_, key_;
-  std::mutex mu_;  // guards current_, the stamps and last_check_
-  std::shared_ptr<const Pair> current_;
-  FileStamp crt_stamp_, key_stamp_;
-  std::chrono::steady_clock::time_point last_check_{};
+  Mutex mu_;
+  std::shared_ptr<const Pair> current_ MESHLOAD_GUARDED_BY(mu_);
+  FileStamp crt_stamp_ MESHLOAD_GUARDED_BY(mu_), key_stamp_ MESHLOAD_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point last_check_ MESHLOAD_GUARDED_BY(mu_){};
+  // Set by the constructor, read-only after (the metrics are thread-safe).
   metrics::Counter* reload_ok_ = nullptr;
   metrics::Counter* reload_error_ = nullptr;
   metrics::Gauge* expiry_ = nullptr;
