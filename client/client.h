@@ -69,7 +69,7 @@
 #include <string>
 #include <vector>
 
-#include "common/cuda_driver.h"
+#include "common/cuda/driver.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"

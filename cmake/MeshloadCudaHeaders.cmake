@@ -1,6 +1,6 @@
 # Finds cuda.h for the GPU staging and import code. Only the header is used
 # at build time (the driver API's types); libcuda is opened at run time
-# (common/cuda_driver.h), so the same binaries run without a GPU or driver.
+# (common/cuda/driver.h), so the same binaries run without a GPU or driver.
 #
 # Looks, in order, in MESHLOAD_CUDA_INCLUDE_DIR, the CUDA toolkit, NVIDIA's
 # CUDA runtime wheel (nvidia-cuda-runtime) in the Python environment named by

@@ -1,6 +1,6 @@
 #include "common/build_info.h"
 
-#include "common/cuda_driver.h"
+#include "common/cuda/driver.h"
 
 #ifndef MESHLOAD_VERSION
 #error "MESHLOAD_VERSION must be defined by the build (common/CMakeLists.txt)"

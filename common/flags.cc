@@ -5,7 +5,7 @@
 #include <iostream>
 #include <limits>
 
-namespace meshload::cli {
+namespace meshload {
 
 int UsageError(const std::string& message, const std::string& program) {
   std::cerr << program << ": " << message << "\n";
@@ -130,4 +130,4 @@ std::string Env(const char* name) {
   return v ? v : "";
 }
 
-}  // namespace meshload::cli
+}  // namespace meshload

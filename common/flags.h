@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace meshload::cli {
+namespace meshload {
 
 /// Prints `<program>: <message>` to stderr and returns 2.
 int UsageError(const std::string& message, const std::string& program = "meshload");
@@ -60,4 +60,4 @@ std::string Env(const char* name);
 /// Parses a whole decimal integer (optionally signed); false when it is not one.
 bool ParseInt64(const std::string& text, int64_t* out);
 
-}  // namespace meshload::cli
+}  // namespace meshload

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <shared_mutex>
 
 #include "common/thread_annotations.h"
 
@@ -62,6 +63,45 @@ class MESHLOAD_SCOPED_CAPABILITY MutexLock {
  private:
   Mutex& mu_;
   bool held_ = true;
+};
+
+/// A reader/writer mutex (std::shared_mutex): ReaderLock for lookups that
+/// may run side by side, WriterLock to change what it guards.
+class MESHLOAD_CAPABILITY("mutex") SharedMutex {
+ public:
+  SharedMutex() = default;
+  SharedMutex(const SharedMutex&) = delete;
+  SharedMutex& operator=(const SharedMutex&) = delete;
+
+  void Lock() MESHLOAD_ACQUIRE() { mu_.lock(); }
+  void Unlock() MESHLOAD_RELEASE() { mu_.unlock(); }
+  void LockShared() MESHLOAD_ACQUIRE_SHARED() { mu_.lock_shared(); }
+  void UnlockShared() MESHLOAD_RELEASE_SHARED() { mu_.unlock_shared(); }
+
+ private:
+  std::shared_mutex mu_;
+};
+
+class MESHLOAD_SCOPED_CAPABILITY ReaderLock {
+ public:
+  explicit ReaderLock(SharedMutex& mu) MESHLOAD_ACQUIRE_SHARED(mu) : mu_(mu) { mu_.LockShared(); }
+  ~ReaderLock() MESHLOAD_RELEASE() { mu_.UnlockShared(); }
+  ReaderLock(const ReaderLock&) = delete;
+  ReaderLock& operator=(const ReaderLock&) = delete;
+
+ private:
+  SharedMutex& mu_;
+};
+
+class MESHLOAD_SCOPED_CAPABILITY WriterLock {
+ public:
+  explicit WriterLock(SharedMutex& mu) MESHLOAD_ACQUIRE(mu) : mu_(mu) { mu_.Lock(); }
+  ~WriterLock() MESHLOAD_RELEASE() { mu_.Unlock(); }
+  WriterLock(const WriterLock&) = delete;
+  WriterLock& operator=(const WriterLock&) = delete;
+
+ private:
+  SharedMutex& mu_;
 };
 
 /// std::condition_variable on a meshload::Mutex the caller holds.

@@ -219,8 +219,8 @@ void JobReconcile::RecordedPeerSecret() {
 bool JobReconcile::Validate() {
   Diagnostics diags;
   const json& spec_json = Field(job_, "spec");
-  auto spec = ParseJobSpecText(spec_json.dump(), diags);
-  if (spec.ok()) ValidateJobSpec(*spec, diags);
+  auto spec = planner::ParseJobSpecText(spec_json.dump(), diags);
+  if (spec.ok()) planner::ValidateJobSpec(*spec, diags);
   if (spec.ok() && diags.ok() && !spec->selector) {
     diags.Add(InvalidArgument("a selector is required: it names the trainer pods", "spec.selector"));
   }
@@ -233,9 +233,9 @@ bool JobReconcile::Validate() {
                               "metadata.name"));
   }
   if (spec.ok() && diags.ok() && spec->dataset.samples) {
-    ResolveOptions ro;
+    planner::ResolveOptions ro;
     ro.samples = spec->dataset.samples;  // the controller reads no dataset
-    auto r = ResolveJob(*spec, ro, diags);
+    auto r = planner::ResolveJob(*spec, ro, diags);
     if (r.ok() && diags.ok()) resolved_ = std::move(*r);
   }
   if (!spec.ok() || !diags.ok()) {

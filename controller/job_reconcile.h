@@ -86,8 +86,8 @@ class JobReconcile {
   // taken): reported in the status, then returned so the job is retried.
   Status deferred_;
 
-  std::optional<JobSpec> spec_;
-  std::optional<ResolvedJob> resolved_;
+  std::optional<planner::JobSpec> spec_;
+  std::optional<planner::ResolvedJob> resolved_;
   int64_t processes_ = 0;
   kube::ObjectPtr cm_;     // ours, from the cache or the server
   nlohmann::json foreign_;  // a ConfigMap of that name not made for this job

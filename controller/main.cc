@@ -79,7 +79,6 @@ the sidecar-injection webhook (docs/webhook.md), on when --webhook-cert-dir is g
 
 int main(int argc, char** argv) {
   using namespace meshload;
-  using cli::Env;
   ConfigureLogging(LogLevel::kInfo, LogFormat::kJson);
   if (Status st = ConfigureLoggingFromEnv(); !st.ok()) {
     std::cerr << "meshload-controller: " << st.ToString() << "\n";
@@ -96,7 +95,7 @@ int main(int argc, char** argv) {
   int64_t resync_s = 600;
   int64_t progress_s = 15, progress_timeout_ms = 2000, progress_concurrency = 16, sidecar_metrics_port = 9464;
   int64_t progress_granularity = 100, progress_min_write_s = 120;
-  cli::FlagParser flags("", kUsage, "meshload-controller");
+  FlagParser flags("", kUsage, "meshload-controller");
   flags.String({"--kubeconfig"}, &kubeconfig);
   flags.String({"--namespace"}, &watch_ns);
   flags.Int({"--workers"}, &workers);
@@ -131,7 +130,7 @@ int main(int argc, char** argv) {
   flags.String({"--log-format"}, &log_format);
   flags.Version(VersionText("meshload-controller", /*with_gpu_staging=*/false));
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
-  auto usage = [](const std::string& m) { return cli::UsageError(m, "meshload-controller"); };
+  auto usage = [](const std::string& m) { return UsageError(m, "meshload-controller"); };
   if (Status st = ConfigureLoggingFromFlags(log_level, log_format); !st.ok()) return usage(st.message());
   auto number = [](const std::string& text, double* out) {
     try {
@@ -191,7 +190,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto config = kube::LoadClusterConfig(kubeconfig);
+  auto config = controller::kube::LoadClusterConfig(kubeconfig);
   if (!config.ok()) {
     LogError("no cluster configuration", {{"error", config.status().ToString()}});
     return 1;
@@ -205,12 +204,12 @@ int main(int argc, char** argv) {
 
   metrics::Registry registry;
   metrics::RegisterBuildInfo(registry, MESHLOAD_VERSION, "controller");
-  kube::ClientOptions copts;
+  controller::kube::ClientOptions copts;
   copts.qps = qps_value;
   copts.burst = static_cast<int>(burst);
   copts.user_agent = std::string("meshload-controller/") + MESHLOAD_VERSION + " (" + identity + ")";
   copts.observer = controller::ApiRequestObserver(registry);
-  auto client = kube::KubeClient::Create(*config, copts);
+  auto client = controller::kube::KubeClient::Create(*config, copts);
   if (!client.ok()) {
     LogError("cannot create the API client", {{"error", client.status().ToString()}});
     return 1;
@@ -233,8 +232,8 @@ int main(int argc, char** argv) {
   options.progress.default_port = static_cast<int>(sidecar_metrics_port);
   options.reconciler.progress_step_granularity = progress_granularity;
   options.reconciler.progress_min_write_interval = std::chrono::seconds(progress_min_write_s);
-  std::unique_ptr<kube::KubeClient> election_client;  // declared first: it outlives the elector
-  std::unique_ptr<runtime::LeaderElector> elector;
+  std::unique_ptr<controller::kube::KubeClient> election_client;  // declared first: it outlives the elector
+  std::unique_ptr<controller::runtime::LeaderElector> elector;
   if (leader_elect == "true") {
     // The lease has its own client: with one rate limiter shared with the
     // reconcilers, a backlog of their writes (a new leader with many jobs,
@@ -242,7 +241,7 @@ int main(int argc, char** argv) {
     // gave up the lease and exited. A renewal is a GET and a PUT every
     // retry period; each is tried twice at most, and must answer within
     // half the renew deadline (the elector tries again itself).
-    kube::ClientOptions lopts = copts;
+    controller::kube::ClientOptions lopts = copts;
     lopts.user_agent += " leader-election";
     lopts.qps = 5;
     lopts.burst = 10;
@@ -250,41 +249,41 @@ int main(int argc, char** argv) {
     lopts.max_retry_after = std::chrono::seconds(1);
     lopts.request_timeout = std::chrono::seconds(std::max<int64_t>(1, renew_ms / 2000));
     lopts.connect_timeout = std::min(lopts.connect_timeout, lopts.request_timeout);
-    auto lc = kube::KubeClient::Create(*config, lopts);
+    auto lc = controller::kube::KubeClient::Create(*config, lopts);
     if (!lc.ok()) {
       LogError("cannot create the API client for leader election", {{"error", lc.status().ToString()}});
       return 1;
     }
     election_client = std::move(*lc);
-    runtime::LeaderElectionOptions le;
+    controller::runtime::LeaderElectionOptions le;
     le.ns = le_ns;
     le.name = le_id;
     le.identity = identity;
     le.lease_duration = std::chrono::milliseconds(lease_ms);
     le.renew_deadline = std::chrono::milliseconds(renew_ms);
     le.retry_period = std::chrono::milliseconds(retry_ms);
-    elector = std::make_unique<runtime::LeaderElector>(election_client.get(), le);
+    elector = std::make_unique<controller::runtime::LeaderElector>(election_client.get(), le);
     options.reconciler.may_write = [e = elector.get()] { return e->IsLeader(); };
   }
   // Events: their own client and rate, so that they never slow the status
   // writes; written by the leader only.
-  std::unique_ptr<kube::KubeClient> event_client;
-  std::unique_ptr<runtime::EventRecorder> events;
+  std::unique_ptr<controller::kube::KubeClient> event_client;
+  std::unique_ptr<controller::runtime::EventRecorder> events;
   if (event_qps_value > 0) {
-    kube::ClientOptions eopts = copts;
+    controller::kube::ClientOptions eopts = copts;
     eopts.qps = event_qps_value;
     eopts.burst = std::max(1, static_cast<int>(event_qps_value * 5));
     eopts.max_attempts = 2;  // an event is not worth a long retry
-    auto ec = kube::KubeClient::Create(*config, eopts);
+    auto ec = controller::kube::KubeClient::Create(*config, eopts);
     if (!ec.ok()) {
       LogError("cannot create the API client for events", {{"error", ec.status().ToString()}});
       return 1;
     }
     event_client = std::move(*ec);
-    runtime::EventRecorderOptions ro;
+    controller::runtime::EventRecorderOptions ro;
     ro.instance = identity;
     ro.may_write = options.reconciler.may_write;
-    events = std::make_unique<runtime::EventRecorder>(event_client.get(), &registry, ro);
+    events = std::make_unique<controller::runtime::EventRecorder>(event_client.get(), &registry, ro);
     options.reconciler.record_event = [r = events.get()](const nlohmann::json& job, const std::string& type,
                                                          const std::string& reason, const std::string& message) {
       r->Record(job, type, reason, message);

@@ -4,7 +4,7 @@
 #include <bit>
 #include <cerrno>
 
-namespace meshload {
+namespace meshload::planner {
 namespace {
 
 std::string ShapeString(const std::vector<uint64_t>& shape) {
@@ -298,4 +298,4 @@ uint64_t CoalesceExtents(std::vector<Extent>& extents) {
   return total;
 }
 
-}  // namespace meshload
+}  // namespace meshload::planner

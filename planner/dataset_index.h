@@ -34,7 +34,7 @@
 #include "planner/npy.h"
 #include "planner/spec.h"
 
-namespace meshload {
+namespace meshload::planner {
 
 struct DatasetFile {
   std::string path;
@@ -118,4 +118,4 @@ void RadixSort(std::vector<uint64_t>& v);
 /// file and offset first). Returns the total bytes of the merged ranges.
 uint64_t CoalesceExtents(std::vector<Extent>& extents);
 
-}  // namespace meshload
+}  // namespace meshload::planner

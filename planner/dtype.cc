@@ -3,7 +3,7 @@
 #include <array>
 #include <string>
 
-namespace meshload {
+namespace meshload::planner {
 namespace {
 
 struct DTypeInfo {
@@ -50,4 +50,4 @@ std::string_view DTypeNames() {
          "float32, float64";
 }
 
-}  // namespace meshload
+}  // namespace meshload::planner

@@ -9,7 +9,7 @@
 
 #include "common/status.h"
 
-namespace meshload {
+namespace meshload::planner {
 
 enum class DType {
   kBool,
@@ -45,4 +45,4 @@ struct DLPackType {
 };
 DLPackType ToDLPackType(DType t);
 
-}  // namespace meshload
+}  // namespace meshload::planner

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace meshload {
+namespace meshload::planner {
 
 Result<DeviceMesh> DeviceMesh::Create(const MeshSpec& spec) {
   Diagnostics d;
@@ -68,4 +68,4 @@ std::vector<int64_t> DeviceMesh::Coordinates(int64_t device) const {
   return c;
 }
 
-}  // namespace meshload
+}  // namespace meshload::planner

@@ -17,7 +17,7 @@
 #include "common/status.h"
 #include "planner/spec.h"
 
-namespace meshload {
+namespace meshload::planner {
 
 class DeviceMesh {
  public:
@@ -58,4 +58,4 @@ class DeviceMesh {
   std::vector<std::vector<int64_t>> shards_of_process_;
 };
 
-}  // namespace meshload
+}  // namespace meshload::planner

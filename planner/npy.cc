@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-namespace meshload {
+namespace meshload::planner {
 namespace {
 
 constexpr std::string_view kMagic("\x93NUMPY", 6);
@@ -573,4 +573,4 @@ Result<std::string> MakeNpyHeader(DType dtype, const std::vector<uint64_t>& shap
   return out;
 }
 
-}  // namespace meshload
+}  // namespace meshload::planner

@@ -20,7 +20,7 @@
 #include "common/status.h"
 #include "planner/dtype.h"
 
-namespace meshload {
+namespace meshload::planner {
 
 struct NpyHeader {
   int major_version = 0;
@@ -93,4 +93,4 @@ Result<std::string> MakeNpyHeader(DType dtype, const std::vector<uint64_t>& shap
 /// Errors: kInvalidArgument for bfloat16.
 Result<std::string> NpyDescr(DType dtype);
 
-}  // namespace meshload
+}  // namespace meshload::planner

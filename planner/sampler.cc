@@ -4,7 +4,7 @@
 #include <bit>
 #include <utility>
 
-namespace meshload {
+namespace meshload::planner {
 uint64_t DeriveKey(uint64_t seed, uint64_t epoch, uint64_t tag) {
   return Mix64(Mix64(Mix64(seed) ^ epoch) ^ (tag * 0xD1B54A32D192ED03ull));
 }
@@ -146,4 +146,4 @@ void EpochPermutation::AtRange(uint64_t first, size_t count, uint64_t* out) cons
   }
 }
 
-}  // namespace meshload
+}  // namespace meshload::planner

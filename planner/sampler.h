@@ -27,7 +27,7 @@
 
 #include "planner/spec.h"
 
-namespace meshload {
+namespace meshload::planner {
 
 /// SplitMix64 finaliser: a fast, well-mixed 64-bit bijection.
 inline uint64_t Mix64(uint64_t z) {
@@ -153,4 +153,4 @@ class EpochPermutation {
 /// order). Exposed for docs/tests.
 uint64_t DeriveKey(uint64_t seed, uint64_t epoch, uint64_t tag);
 
-}  // namespace meshload
+}  // namespace meshload::planner

@@ -4,7 +4,7 @@
 #include <map>
 #include <unordered_map>
 
-namespace meshload {
+namespace meshload::planner {
 namespace {
 
 // Appends [b, e) to `out`, merging with the last range when they touch.
@@ -377,4 +377,4 @@ Result<std::pair<int64_t, int64_t>> ParseStepRange(std::string_view text) {
   return std::make_pair(a, b);
 }
 
-}  // namespace meshload
+}  // namespace meshload::planner

@@ -46,7 +46,7 @@
 #include "planner/sampler.h"
 #include "planner/spec.h"
 
-namespace meshload {
+namespace meshload::planner {
 
 /// A validated spec with its mesh and dataset: everything a plan needs.
 struct ResolvedJob {
@@ -195,4 +195,4 @@ class ShardPlanner {
 /// Parses `A:B` (half-open), `A:` is rejected, `N` means N:N+1.
 Result<std::pair<int64_t, int64_t>> ParseStepRange(std::string_view text);
 
-}  // namespace meshload
+}  // namespace meshload::planner

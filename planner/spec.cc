@@ -7,7 +7,7 @@
 
 #include "planner/spec.h"
 
-namespace meshload {
+namespace meshload::planner {
 
 std::string_view ToString(ReplicationMode m) {
   switch (m) {
@@ -452,4 +452,4 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
   }
 }
 
-}  // namespace meshload
+}  // namespace meshload::planner

@@ -25,7 +25,7 @@
 #include "common/status.h"
 #include "planner/dtype.h"
 
-namespace meshload {
+namespace meshload::planner {
 
 inline constexpr std::string_view kApiGroup = "meshload.io";
 inline constexpr std::string_view kApiVersion = "meshload.io/v1alpha1";
@@ -210,4 +210,4 @@ bool MovesSamplesBetweenProcesses(const JobSpec& spec);
 /// Renders `[a, b]`.
 std::string FormatNameList(const std::vector<std::string>& names);
 
-}  // namespace meshload
+}  // namespace meshload::planner

@@ -11,7 +11,7 @@
 
 #include "planner/spec.h"
 
-namespace meshload {
+namespace meshload::planner {
 namespace {
 
 std::string LineOf(const YAML::Node& n) {
@@ -639,4 +639,4 @@ Result<DataLoadJob> LoadDataLoadJobFile(const std::string& path, Diagnostics& di
   return job;
 }
 
-}  // namespace meshload
+}  // namespace meshload::planner

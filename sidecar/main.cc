@@ -124,7 +124,7 @@ meshload::Result<int64_t> WaitForProcessFile(const std::string& path) {
       std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
       while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
       int64_t v = 0;
-      if (!meshload::cli::ParseInt64(text, &v) || v < 0 || v > (1 << 22)) {
+      if (!meshload::ParseInt64(text, &v) || v < 0 || v > (1 << 22)) {
         return meshload::InvalidArgument("expected a process index (a decimal integer), got '" + text.substr(0, 40) +
                                              "'",
                                          path);
@@ -206,7 +206,6 @@ meshload::Result<std::vector<meshload::sidecar::exchange::PeerAddress>> WaitForA
 
 int main(int argc, char** argv) {
   using namespace meshload;
-  using cli::Env;
   KeepHeapForReuse();
   if (Status st = ConfigureLoggingFromEnv(); !st.ok()) {
     std::cerr << "meshload-sidecar: " << st.ToString() << "\n";
@@ -232,7 +231,7 @@ int main(int argc, char** argv) {
   opt.socket_path = Env("MESHLOAD_SOCKET");
   if (!Env("MESHLOAD_METRICS_ADDRESS").empty()) opt.metrics_address = Env("MESHLOAD_METRICS_ADDRESS");
 
-  cli::FlagParser flags("", kUsage, "meshload-sidecar");
+  FlagParser flags("", kUsage, "meshload-sidecar");
   flags.String({"--job"}, &opt.job_path);
   flags.String({"--process"}, &process);
   flags.String({"--process-file"}, &process_file);
@@ -263,10 +262,10 @@ int main(int argc, char** argv) {
   flags.Version(VersionText("meshload-sidecar", /*with_gpu_staging=*/true));
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
 
-  auto usage = [](const std::string& msg) { return cli::UsageError(msg, "meshload-sidecar"); };
+  auto usage = [](const std::string& msg) { return UsageError(msg, "meshload-sidecar"); };
   // A value from a flag or its environment variable, within [min, max].
   auto int_flag = [&](const std::string& text, const char* name, int64_t min, int64_t max, int64_t* out) {
-    if (!cli::ParseInt64(text, out) || *out < min || *out > max) {
+    if (!meshload::ParseInt64(text, out) || *out < min || *out > max) {
       usage(std::string(name) + ": expected an integer from " + std::to_string(min) + " to " + std::to_string(max) +
             ", got '" + text + "'");
       return false;
@@ -410,8 +409,8 @@ int main(int argc, char** argv) {
     // processes; other jobs need no peers and do not wait for their IPs. (A
     // job that does not load is reported by the sidecar below.)
     Diagnostics job_diags;
-    auto job = LoadDataLoadJobFile(opt.job_path, job_diags);
-    if (job.ok() && !MovesSamplesBetweenProcesses(job->spec)) {
+    auto job = planner::LoadDataLoadJobFile(opt.job_path, job_diags);
+    if (job.ok() && !planner::MovesSamplesBetweenProcesses(job->spec)) {
       LogInfo("no samples move between this job's processes: the peer exchange is off",
               {{"strategy", std::string(ToString(job->spec.strategy))}});
       opt.peers.reset();

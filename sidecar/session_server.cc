@@ -12,16 +12,14 @@
 #include "common/thread_sched.h"
 #include "protocol/seqpacket.h"
 
-namespace meshload::protocol {
-namespace {
-// Every send to a trainer is non-blocking: a trainer that stops reading must
-// not stall the producer (which sends READY under client_mu_) or a shutdown.
-Status SendTo(int fd, const std::string& bytes) { return SendMessage(fd, bytes, {}, /*nonblocking=*/true); }
-}  // namespace
-}  // namespace meshload::protocol
-
 namespace meshload::sidecar {
 namespace {
+
+// Every send to a trainer is non-blocking: a trainer that stops reading must
+// not stall the producer (which sends READY under client_mu_) or a shutdown.
+Status SendTo(int fd, const std::string& bytes) {
+  return protocol::SendMessage(fd, bytes, {}, /*nonblocking=*/true);
+}
 
 // At most this many READYs unanswered by RELEASE, and at most half of what
 // the trainer's socket queue holds (MeasureReadyQueue): a trainer following
@@ -91,7 +89,7 @@ void SessionServer::ChooseMaxLeases() {
   protocol::Ready r;
   r.step = std::numeric_limits<int64_t>::max();
   r.slot = std::numeric_limits<uint32_t>::max();
-  const DLPackType dl = ToDLPackType(layout_.dtype);
+  const planner::DLPackType dl = planner::ToDLPackType(layout_.dtype);
   for (size_t i = 0; i < layout_.devices.size(); ++i) {
     r.tensors.push_back({TensorOffset(i), dl.code, dl.bits, layout_.devices[i].shape, layout_.devices[i].strides,
                          std::numeric_limits<uint64_t>::max()});
@@ -146,7 +144,7 @@ void SessionServer::AcceptClient() {
     // then sees in /metrics includes its own refusal.
     metrics_->connections.Add({{"outcome", outcome}}).Increment();
     LogWarn("refused a trainer connection", {{"reason", msg}});
-    (void)protocol::SendTo(fd->get(), protocol::Encode(protocol::ErrorMessage{code, msg}));
+    (void)SendTo(fd->get(), protocol::Encode(protocol::ErrorMessage{code, msg}));
     CloseLater(std::move(*fd));
   };
   if (!creds.ok()) {
@@ -287,7 +285,7 @@ void SessionServer::ServePending() {
     metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
     LogWarn("dropped a trainer connection before its hello", {{"reason", why}});
     if (msg.ok()) {
-      (void)protocol::SendTo(pending_->fd.get(),
+      (void)SendTo(pending_->fd.get(),
           protocol::Encode(protocol::ErrorMessage{other_version ? protocol::ErrorCode::kVersionMismatch : protocol::ErrorCode::kBadRequest,
                                         other_version ? "this sidecar speaks protocol version " +
                                                             std::to_string(protocol::kProtocolVersion)
@@ -298,7 +296,7 @@ void SessionServer::ServePending() {
   } else if (hello->version != protocol::kProtocolVersion) {
     metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
     LogWarn("dropped a trainer connection: protocol version mismatch", {{"version", static_cast<uint64_t>(hello->version)}});
-    (void)protocol::SendTo(pending_->fd.get(),
+    (void)SendTo(pending_->fd.get(),
                            protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kVersionMismatch,
                                                          "this sidecar speaks protocol version " +
                                                              std::to_string(protocol::kProtocolVersion)}));
@@ -313,7 +311,7 @@ void SessionServer::OnHello(const protocol::ClientHello& hello) {
   if (hello.want_step > (int64_t{1} << 62)) {
     // Counted before the trainer hears of it (as in AcceptClient).
     metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
-    (void)protocol::SendTo(pending_->fd.get(), protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest,
+    (void)SendTo(pending_->fd.get(), protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest,
                                                                         "want_step " + std::to_string(hello.want_step) +
                                                                             " is out of range"}));
     CloseLater(std::move(pending_->fd));
@@ -329,7 +327,7 @@ void SessionServer::OnHello(const protocol::ClientHello& hello) {
   // The trainer starts at `want`: what comes before it is done, from its side.
   consumed_.Reset(want);
   delivered_step_.store(want - 1);
-  const ResolvedJob& rj = job_;
+  const planner::ResolvedJob& rj = job_;
   protocol::ServerHello sh;
   sh.job = job_name_;
   sh.process = static_cast<uint32_t>(options_.process);
@@ -337,7 +335,7 @@ void SessionServer::OnHello(const protocol::ClientHello& hello) {
     const auto& t = layout_.devices[i];
     sh.devices.push_back({static_cast<uint32_t>(t.device), static_cast<uint8_t>(device_ ? 2 : 1),
                           device_ ? device_->uuids()[i] : ""});
-    const DLPackType dl = ToDLPackType(layout_.dtype);
+    const planner::DLPackType dl = planner::ToDLPackType(layout_.dtype);
     sh.layout.push_back({TensorOffset(i), dl.code, dl.bits, t.shape, t.strides, t.nbytes});
   }
   sh.slots = memory_->slots();
@@ -364,8 +362,8 @@ void SessionServer::OnHello(const protocol::ClientHello& hello) {
   sh.global_batch = rj.global_batch;
   sh.mesh.processes = static_cast<uint32_t>(rj.mesh.processes());
   sh.mesh.devices_per_process = static_cast<uint32_t>(rj.mesh.devices_per_process());
-  for (const MeshAxis& a : rj.spec.mesh.axes) sh.mesh.axes.push_back({a.name, static_cast<uint64_t>(a.size)});
-  sh.mesh.batch_axes = EffectiveBatchAxes(rj.spec.mesh);
+  for (const planner::MeshAxis& a : rj.spec.mesh.axes) sh.mesh.axes.push_back({a.name, static_cast<uint64_t>(a.size)});
+  sh.mesh.batch_axes = planner::EffectiveBatchAxes(rj.spec.mesh);
   Status st = protocol::SendMessage(client_->fd.get(), protocol::Encode(sh), fds, /*nonblocking=*/true);
   if (!st.ok()) {
     client_lock.Unlock();
@@ -388,12 +386,12 @@ void SessionServer::SendReadyBatchesLocked() {
     protocol::Ready r;
     r.step = client_->next_to_send;
     r.slot = *slot;
-    const DLPackType dl = ToDLPackType(layout_.dtype);
+    const planner::DLPackType dl = planner::ToDLPackType(layout_.dtype);
     for (size_t i = 0; i < layout_.devices.size(); ++i) {
       const auto& t = layout_.devices[i];
       r.tensors.push_back({TensorOffset(i), dl.code, dl.bits, t.shape, t.strides, slot_checksums_[*slot][i]});
     }
-    Status st = protocol::SendTo(client_->fd.get(), protocol::Encode(r));
+    Status st = SendTo(client_->fd.get(), protocol::Encode(r));
     if (!st.ok()) {
       // Possibly on the producer thread: leave the dropping to the server.
       pool_->Release(*slot, r.step);
@@ -450,7 +448,7 @@ void SessionServer::ServeClientMessage() {
   auto decoded = protocol::Decode(msg->bytes);
   if (!decoded.ok()) {
     metrics_->Error("protocol");
-    (void)protocol::SendTo(ServerClient()->fd.get(),
+    (void)SendTo(ServerClient()->fd.get(),
                            protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest, decoded.status().ToString()}));
     DropClient("malformed message: " + decoded.status().ToString(), /*keep_leases=*/true);
     return;
@@ -476,7 +474,7 @@ void SessionServer::ServeClientMessage() {
     }
     if (!ours) {
       metrics_->Error("protocol");
-      (void)protocol::SendTo(ServerClient()->fd.get(),
+      (void)SendTo(ServerClient()->fd.get(),
                              protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest,
                                                            "RELEASE of slot " + std::to_string(rel->slot) +
                                                                " step " + std::to_string(rel->step) +
@@ -552,12 +550,12 @@ void SessionServer::Run() {
       // there at once.
       fatal_message_ = hooks_.failure();
       if (ServerClient()) {
-        (void)protocol::SendTo(ServerClient()->fd.get(),
+        (void)SendTo(ServerClient()->fd.get(),
                                protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kDataError, fatal_message_}));
         DropClient("staging failed", /*keep_leases=*/true);
       }
       if (pending_) {  // accepted before the failure, hello not yet read
-        (void)protocol::SendTo(pending_->fd.get(),
+        (void)SendTo(pending_->fd.get(),
                                protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kDataError, fatal_message_}));
         CloseLater(std::move(pending_->fd));
         pending_.reset();
@@ -603,7 +601,7 @@ void SessionServer::Run() {
     ::unlink(options_.socket_path.c_str());
   }
   if (ServerClient()) {
-    (void)protocol::SendTo(ServerClient()->fd.get(),
+    (void)SendTo(ServerClient()->fd.get(),
                            protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kShuttingDown, "the sidecar is stopping"}));
     DropClient("the sidecar is stopping", /*keep_leases=*/true);
   }

@@ -104,7 +104,7 @@ class SessionServer {
     /// thread_sched (read when used: start-up may still fill allowed_uids).
     const SidecarOptions* options = nullptr;
     SidecarMetrics* metrics = nullptr;
-    const ResolvedJob* job = nullptr;
+    const planner::ResolvedJob* job = nullptr;
     std::string job_name;
     const staging::BatchLayout* layout = nullptr;
     const staging::HostSlotMemory* memory = nullptr;
@@ -240,7 +240,7 @@ class SessionServer {
   // What the server works with (Context), fixed at construction.
   const SidecarOptions& options_;
   SidecarMetrics* const metrics_;
-  const ResolvedJob& job_;
+  const planner::ResolvedJob& job_;
   const std::string job_name_;
   const staging::BatchLayout& layout_;
   const staging::HostSlotMemory* const memory_;

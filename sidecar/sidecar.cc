@@ -29,7 +29,7 @@ int64_t NowNs() {
 
 }  // namespace
 
-Result<ResolvedJob> ResolveForSidecar(const JobSpec& spec, source::SourceRegistry& sources, Diagnostics& diags) {
+Result<planner::ResolvedJob> ResolveForSidecar(const planner::JobSpec& spec, source::SourceRegistry& sources, Diagnostics& diags) {
   return source::ResolveWithSources(spec, sources, {}, source::Unreachable::kFail, diags);
 }
 
@@ -48,7 +48,7 @@ Status Sidecar::Init() {
   metrics::RegisterBuildInfo(*registry_, MESHLOAD_VERSION, "sidecar");
   options_.source_options.observer = observer_.get();
   Diagnostics diags;
-  auto job = LoadDataLoadJobFile(options_.job_path, diags);
+  auto job = planner::LoadDataLoadJobFile(options_.job_path, diags);
   if (!job.ok()) return job.status();
   job_name_ = job->name;
   const std::string scheme = source::SourceRegistry::SchemeOf(job->spec.dataset.uri);
@@ -66,8 +66,8 @@ Status Sidecar::Init() {
     if (!diags.ok()) return InvalidArgument("invalid DataLoadJob:\n" + diags.ToString(), options_.job_path);
     return resolved.status();
   }
-  planner_ = std::make_unique<ShardPlanner>(std::move(*resolved));
-  const ResolvedJob& rj = planner_->job();
+  planner_ = std::make_unique<planner::ShardPlanner>(std::move(*resolved));
+  const planner::ResolvedJob& rj = planner_->job();
   if (options_.process < 0 || options_.process >= rj.mesh.processes()) {
     return InvalidArgument("process " + std::to_string(options_.process) + " is not in this job's 0.." +
                                std::to_string(rj.mesh.processes() - 1),
@@ -220,7 +220,7 @@ Status Sidecar::InitDeviceStaging() {
   };
   auto driver = cuda::Driver::Open();
   if (!driver.ok()) return host_because(driver.status().message());
-  const ResolvedJob& rj = planner_->job();
+  const planner::ResolvedJob& rj = planner_->job();
   const size_t local = layout_.devices.size();
   std::vector<int> ordinals = options_.cuda_devices;
   if (ordinals.empty()) {
@@ -252,7 +252,7 @@ Status Sidecar::InitDeviceStaging() {
     return InvalidArgument("too many IPC handles: " + std::to_string(allocs), "spec.batch.prefetch");
   }
   // Devices holding the same shard are replicas: they get a device copy.
-  const StepPlan plan = planner_->PlanStep(start_step_, loading_, options_.process, ShardPlanner::Detail::kSamples);
+  const planner::StepPlan plan = planner_->PlanStep(start_step_, loading_, options_.process, planner::ShardPlanner::Detail::kSamples);
   std::vector<int64_t> shard_of;
   for (const auto& d : plan.devices) shard_of.push_back(d.shard);
   auto device = staging::DeviceSlotMemory::Create(**driver, share, layout_, ordinals, shard_of,

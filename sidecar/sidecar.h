@@ -135,7 +135,7 @@ class Sidecar {
   int metrics_port() const { return metrics_port_; }
   /// The staging mode in use and why (the start-up log line's staging_reason).
   const std::string& staging_reason() const { return staging_reason_; }
-  const ResolvedJob& job() const { return planner_->job(); }
+  const planner::ResolvedJob& job() const { return planner_->job(); }
 
  private:
   explicit Sidecar(SidecarOptions options);
@@ -164,8 +164,8 @@ class Sidecar {
   std::unique_ptr<SidecarMetrics> metrics_;
   std::unique_ptr<StorageMetricsObserver> observer_;
   std::unique_ptr<source::SourceRegistry> sources_;
-  std::unique_ptr<ShardPlanner> planner_;
-  Loading loading_;
+  std::unique_ptr<planner::ShardPlanner> planner_;
+  planner::Loading loading_;
   staging::BatchLayout layout_;
   std::unique_ptr<staging::HostSlotMemory> memory_;
   std::unique_ptr<staging::DeviceSlotMemory> device_;  // GPU staging; null: host staging
@@ -217,7 +217,7 @@ Result<std::optional<int64_t>> ReadResumeFile(const std::string& path, int64_t s
 /// and .npy headers, for every scheme): the sidecar reads the data next, so
 /// data it cannot reach is an error, never a plan from
 /// spec.dataset.samples. Every problem goes to `diags`.
-Result<ResolvedJob> ResolveForSidecar(const JobSpec& spec, source::SourceRegistry& sources,
+Result<planner::ResolvedJob> ResolveForSidecar(const planner::JobSpec& spec, source::SourceRegistry& sources,
                                       Diagnostics& diags);
 
 }  // namespace meshload::sidecar

@@ -22,7 +22,7 @@ int64_t CoarseNowNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-std::string DescribeTransfers(const std::vector<TransferUnit>& in, const std::vector<TransferUnit>& out) {
+std::string DescribeTransfers(const std::vector<planner::TransferUnit>& in, const std::vector<planner::TransferUnit>& out) {
   std::string s;
   if (!in.empty()) s += "receives from process " + std::to_string(in.front().from);
   if (!out.empty()) s += std::string(s.empty() ? "" : " and ") + "sends to process " + std::to_string(out.front().to);
@@ -38,8 +38,8 @@ uint8_t* Find(const std::vector<std::pair<uint64_t, uint8_t*>>& v, uint64_t id) 
 
 }  // namespace
 
-uint64_t JobFingerprint(const ShardPlanner& planner, const Loading& loading) {
-  const ResolvedJob& job = planner.job();
+uint64_t JobFingerprint(const planner::ShardPlanner& planner, const planner::Loading& loading) {
+  const planner::ResolvedJob& job = planner.job();
   std::vector<uint64_t> v = {job.samples,
                              job.global_batch,
                              job.dataset.sample_bytes(),
@@ -54,11 +54,11 @@ uint64_t JobFingerprint(const ShardPlanner& planner, const Loading& loading) {
   return protocol::SampleIdsChecksum(v.data(), v.size());
 }
 
-Result<std::unique_ptr<StepLoader>> StepLoader::Create(const ShardPlanner& planner, int64_t process,
-                                                       const Loading& loading, source::SourceRegistry& sources,
+Result<std::unique_ptr<StepLoader>> StepLoader::Create(const planner::ShardPlanner& planner, int64_t process,
+                                                       const planner::Loading& loading, source::SourceRegistry& sources,
                                                        const staging::BatchLayout& layout,
                                                        StepLoaderOptions options) {
-  const ResolvedJob& job = planner.job();
+  const planner::ResolvedJob& job = planner.job();
   if (process < 0 || process >= job.mesh.processes()) {
     return InvalidArgument("process " + std::to_string(process) + " is not in the job's 0.." +
                            std::to_string(job.mesh.processes() - 1));
@@ -106,15 +106,15 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const ShardPlanner& plann
       return l->ServePart(step, peer, buf, checksum);
     };
     std::vector<int64_t> send_to, receive_from;
-    for (const TransferUnit& u : out) send_to.push_back(u.to);
-    for (const TransferUnit& u : in) receive_from.push_back(u.from);
+    for (const planner::TransferUnit& u : out) send_to.push_back(u.to);
+    for (const planner::TransferUnit& u : in) receive_from.push_back(u.from);
     MESHLOAD_ASSIGN_OR_RETURN(loader->exchange_,
                      exchange::PeerExchange::Create(std::move(xo), std::move(send_to), std::move(receive_from)));
   }
   return loader;
 }
 
-StepLoader::StepLoader(const ShardPlanner& planner, int64_t process, const Loading& loading,
+StepLoader::StepLoader(const planner::ShardPlanner& planner, int64_t process, const planner::Loading& loading,
                        source::SourceRegistry& sources, const staging::BatchLayout& layout,
                        StepLoaderOptions options)
     : planner_(planner), process_(process), loading_(loading), sources_(sources), layout_(layout), options_(options) {}
@@ -129,10 +129,10 @@ StepLoader::~StepLoader() {
 }
 
 Status StepLoader::VerifyFiles() {
-  const DatasetIndex& ds = planner_.job().dataset;
+  const planner::DatasetIndex& ds = planner_.job().dataset;
   if (!ds.indexed()) return Status::Ok();
   for (size_t i = 0; i < ds.files().size(); ++i) {
-    const DatasetFile& f = ds.files()[i];
+    const planner::DatasetFile& f = ds.files()[i];
     auto [src, name] = files_[i];
     MESHLOAD_ASSIGN_OR_RETURN(source::ObjectInfo info, src->Stat(name));
     if (info.size != f.size) {
@@ -143,7 +143,7 @@ Status StepLoader::VerifyFiles() {
     if (f.npy) {
       std::string head(f.npy->data_offset, '\0');
       MESHLOAD_RETURN_IF_ERROR(src->Read(name, 0, head.data(), head.size()));
-      auto h = ParseNpyHeader(head);
+      auto h = planner::ParseNpyHeader(head);
       if (!h.ok()) return h.status().WithLocationPrefix(source::RedactUri(f.path));
       if (h->descr != f.npy->descr || h->shape != f.npy->shape || h->data_offset != f.npy->data_offset) {
         return DataLoss("the npy header changed after the job was resolved", source::RedactUri(f.path));
@@ -162,8 +162,8 @@ StepLoader::ReadOp& StepLoader::Caller::NewOp() {
   return op;
 }
 
-Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, StepLoadStats& stats) {
-  const DatasetIndex& ds = planner_.job().dataset;
+Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller& c, StepLoadStats& stats) {
+  const planner::DatasetIndex& ds = planner_.job().dataset;
   const uint64_t sb = layout_.sample_bytes;
   const int64_t first_device = layout_.devices.front().device;
 
@@ -171,7 +171,7 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
   // others are replicas, filled by a copy or by their own read).
   c.dest_of.clear();
   for (size_t i = 0; i < plan.devices.size(); ++i) {
-    const DevicePlan& d = plan.devices[i];
+    const planner::DevicePlan& d = plan.devices[i];
     size_t primary = i;
     for (size_t j = 0; j < i; ++j) {
       if (plan.devices[j].shard == d.shard) {
@@ -183,8 +183,8 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
       // PerDevice: a replica reads for itself, unless its process receives
       // the shard (Broadcast): then it is copied like any other replica.
       bool reads = false;
-      if (loading_.strategy == Strategy::kPerDevice) {
-        for (const ReadPlan& r : plan.reads) reads |= r.device == d.device;
+      if (loading_.strategy == planner::Strategy::kPerDevice) {
+        for (const planner::ReadPlan& r : plan.reads) reads |= r.device == d.device;
       }
       if (!reads) c.replica_copies.emplace_back(primary, i);
       continue;
@@ -204,7 +204,7 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
   c.outbox_of.clear();
   if (exchange_) {
     uint64_t outside = 0;
-    for (const ReadPlan& r : plan.reads) {
+    for (const planner::ReadPlan& r : plan.reads) {
       if (r.device >= 0) continue;
       for (uint64_t id : r.samples) outside += Find(c.dest_of, id) == nullptr;
     }
@@ -212,7 +212,7 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
   }
   uint8_t* outbox_next = c.outbox.data();
 
-  for (const ReadPlan& r : plan.reads) {
+  for (const planner::ReadPlan& r : plan.reads) {
     // PerDevice: this read fills its own device, replicas included.
     const bool own_device = r.device >= 0;
     const size_t local = own_device ? static_cast<size_t>(r.device - first_device) : 0;
@@ -234,7 +234,7 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
       c.extents.clear();
       ds.AppendExtents(id, c.extents);
       uint64_t done = 0;
-      for (const Extent& e : c.extents) {
+      for (const planner::Extent& e : c.extents) {
         pieces.push_back({e.file, e.offset, e.length, dest ? dest + done : nullptr});
         done += e.length;
       }
@@ -317,10 +317,10 @@ Status StepLoader::BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, Step
   return Status::Ok();
 }
 
-Status StepLoader::BuildParts(const StepPlan& plan, bool incoming, Caller& c, std::vector<exchange::Part>& parts) {
+Status StepLoader::BuildParts(const planner::StepPlan& plan, bool incoming, Caller& c, std::vector<exchange::Part>& parts) {
   const uint64_t sb = layout_.sample_bytes;
   parts.clear();
-  for (const TransferPlan& t : plan.transfers) {
+  for (const planner::TransferPlan& t : plan.transfers) {
     if ((incoming ? t.to : t.from) != process_) continue;
     exchange::Part part;
     part.peer = incoming ? t.from : t.to;
@@ -346,19 +346,19 @@ Status StepLoader::BuildParts(const StepPlan& plan, bool incoming, Caller& c, st
 }
 
 Status StepLoader::ServePart(int64_t step, int64_t peer, std::vector<uint8_t>& out, uint64_t& checksum) {
-  const DatasetIndex& ds = planner_.job().dataset;
+  const planner::DatasetIndex& ds = planner_.job().dataset;
   const uint64_t sb = layout_.sample_bytes;
-  const StepPlan plan = planner_.PlanStep(step, loading_, process_, ShardPlanner::Detail::kSamples);
-  for (const TransferPlan& t : plan.transfers) {
+  const planner::StepPlan plan = planner_.PlanStep(step, loading_, process_, planner::ShardPlanner::Detail::kSamples);
+  for (const planner::TransferPlan& t : plan.transfers) {
     if (t.from != process_ || t.to != peer) continue;
     out.resize(t.samples.size() * sb);
     checksum = protocol::SampleIdsChecksum(t.samples.data(), t.samples.size());
-    std::vector<Extent> extents;
+    std::vector<planner::Extent> extents;
     uint8_t* dest = out.data();
     for (uint64_t id : t.samples) {
       extents.clear();
       ds.AppendExtents(id, extents);
-      for (const Extent& e : extents) {
+      for (const planner::Extent& e : extents) {
         MESHLOAD_RETURN_IF_ERROR(files_[e.file].first->Read(files_[e.file].second, e.offset, dest, e.length));
         dest += e.length;
       }
@@ -376,7 +376,7 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& chec
                            std::to_string(callers_.size() - 1));
   }
   Caller& c = *callers_[static_cast<size_t>(caller)];
-  StepPlan plan = planner_.PlanStep(step, loading_, process_, ShardPlanner::Detail::kSamples);
+  planner::StepPlan plan = planner_.PlanStep(step, loading_, process_, planner::ShardPlanner::Detail::kSamples);
   StepLoadStats stats;
   c.used = 0;
   c.fixups.clear();

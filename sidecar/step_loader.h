@@ -101,7 +101,7 @@ struct StepLoadStats {
 /// Identifies a job's plan across processes: processes exchanging samples
 /// must agree on it (the dataset's size and sample bytes, B, the mesh,
 /// the strategy, and the global batches of two steps, which cover the seed).
-uint64_t JobFingerprint(const ShardPlanner& planner, const Loading& loading);
+uint64_t JobFingerprint(const planner::ShardPlanner& planner, const planner::Loading& loading);
 
 /// Reports reads in flight for longer than a threshold (a stuck storage read
 /// is visible within seconds, never silent).
@@ -114,8 +114,8 @@ struct InflightRead {
 
 class StepLoader {
  public:
-  static Result<std::unique_ptr<StepLoader>> Create(const ShardPlanner& planner, int64_t process,
-                                                    const Loading& loading,
+  static Result<std::unique_ptr<StepLoader>> Create(const planner::ShardPlanner& planner, int64_t process,
+                                                    const planner::Loading& loading,
                                                     source::SourceRegistry& sources,
                                                     const staging::BatchLayout& layout,
                                                     StepLoaderOptions options);
@@ -202,7 +202,7 @@ class StepLoader {
     std::vector<Fixup> fixups;
     std::vector<std::pair<size_t, size_t>> replica_copies;
     std::vector<Piece> pieces;
-    std::vector<Extent> extents;
+    std::vector<planner::Extent> extents;
     std::vector<std::pair<uint64_t, uint8_t*>> dest_of;  // sample id -> slot address, sorted
     std::vector<Chunk> chunks;
     // Samples read for peers only (no local device holds them).
@@ -213,19 +213,19 @@ class StepLoader {
     ReadOp& NewOp();
   };
 
-  StepLoader(const ShardPlanner& planner, int64_t process, const Loading& loading,
+  StepLoader(const planner::ShardPlanner& planner, int64_t process, const planner::Loading& loading,
              source::SourceRegistry& sources, const staging::BatchLayout& layout, StepLoaderOptions options);
-  Status BuildOps(const StepPlan& plan, uint8_t* slot, Caller& c, StepLoadStats& stats);
+  Status BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller& c, StepLoadStats& stats);
   // The transfers of `plan` to or from this process as exchange parts whose
   // iovecs point at the samples' places (slot or outbox).
-  Status BuildParts(const StepPlan& plan, bool incoming, Caller& c, std::vector<exchange::Part>& parts);
+  Status BuildParts(const planner::StepPlan& plan, bool incoming, Caller& c, std::vector<exchange::Part>& parts);
   Status RunOps(Caller& c) MESHLOAD_EXCLUDES(mu_);
   Status RunChunk(ReadOp* ops, size_t count, Inflight& slot);
   void ReaderMain(Inflight& slot) MESHLOAD_EXCLUDES(mu_);
 
-  const ShardPlanner& planner_;
+  const planner::ShardPlanner& planner_;
   const int64_t process_;
-  const Loading loading_;
+  const planner::Loading loading_;
   source::SourceRegistry& sources_;
   const staging::BatchLayout layout_;
   const StepLoaderOptions options_;

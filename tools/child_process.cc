@@ -13,7 +13,7 @@
 
 extern char** environ;
 
-namespace meshload::cli {
+namespace meshload::tools {
 
 std::string SelfDir() {
   char buf[4096];
@@ -93,4 +93,4 @@ std::pair<uint64_t, uint64_t> ResidentBytes(pid_t pid) {
   return {own, file};
 }
 
-}  // namespace meshload::cli
+}  // namespace meshload::tools

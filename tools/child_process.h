@@ -11,7 +11,7 @@
 
 #include "common/status.h"
 
-namespace meshload::cli {
+namespace meshload::tools {
 
 /// The directory of this program (/proc/self/exe).
 std::string SelfDir();
@@ -46,4 +46,4 @@ std::string Tail(const std::string& path, size_t lines);
 /// the page cache and reclaimable; mapped reads of small samples add them).
 std::pair<uint64_t, uint64_t> ResidentBytes(pid_t pid);
 
-}  // namespace meshload::cli
+}  // namespace meshload::tools

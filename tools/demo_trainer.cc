@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "client/client.h"
-#include "common/cuda_driver.h"
+#include "common/cuda/driver.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "sidecar/source/dataset_facts.h"
@@ -26,7 +26,7 @@
 #include "tools/latency_histogram.h"
 #include "tools/synthetic_dataset.h"
 
-namespace meshload::cli {
+namespace meshload::tools {
 namespace {
 
 constexpr const char* kUsage = R"(usage: meshload demo-trainer --job JOB.yaml --process P --socket PATH [options]
@@ -80,13 +80,13 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
   };
 
   Diagnostics diags;
-  auto job = LoadDataLoadJobFile(job_path, diags);
+  auto job = planner::LoadDataLoadJobFile(job_path, diags);
   if (!job.ok()) return fail(job.status().ToString());
-  std::unique_ptr<ShardPlanner> planner;
+  std::unique_ptr<planner::ShardPlanner> planner;
   if (verify != "none") {
-    auto resolved = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, diags);
+    auto resolved = sidecar::source::ResolveReadingDataset(job->spec, {}, sidecar::source::Unreachable::kFail, diags);
     if (!resolved.ok()) return fail("cannot plan for verification: " + diags.ToString() + resolved.status().ToString());
-    planner = std::make_unique<ShardPlanner>(std::move(*resolved));
+    planner = std::make_unique<planner::ShardPlanner>(std::move(*resolved));
   }
 
   const double t_start = MonotonicSeconds();
@@ -123,7 +123,7 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
     }
     waits.Record(batch->wait_seconds);
     if (planner) {
-      StepPlan plan = planner->PlanStep(batch->step, planner->DefaultLoading(), process);
+      planner::StepPlan plan = planner->PlanStep(batch->step, planner->DefaultLoading(), process);
       const uint64_t sb = planner->job().dataset.sample_bytes();
       for (size_t i = 0; i < batch->tensors.size(); ++i) {
         const auto& t = batch->tensors[i];
@@ -150,7 +150,7 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
           gpu_tensors_checked++;
         }
         for (size_t k = 0; k < ids.size(); ++k) {
-          const int64_t at = synthetic::FirstMismatch(planner->job().dataset, ids[k], data + k * sb);
+          const int64_t at = tools::FirstMismatch(planner->job().dataset, ids[k], data + k * sb);
           if (at >= 0) {
             ++mismatches;
             LogError("bytes differ from the dataset", {{"step", batch->step},
@@ -195,4 +195,4 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
   return mismatches == 0 ? 0 : 3;
 }
 
-}  // namespace meshload::cli
+}  // namespace meshload::tools

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-namespace meshload::cli {
+namespace meshload::tools {
 
 /// Exit codes: 0 ok, 1 error, 2 usage, 3 verification mismatches.
 int RunDemoTrainer(const std::vector<std::string>& args);
 
-}  // namespace meshload::cli
+}  // namespace meshload::tools

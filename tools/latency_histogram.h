@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace meshload::cli {
+namespace meshload::tools {
 
 class LatencyHistogram {
  public:
@@ -52,4 +52,4 @@ class LatencyHistogram {
   uint64_t total_ = 0;
 };
 
-}  // namespace meshload::cli
+}  // namespace meshload::tools

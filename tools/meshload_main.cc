@@ -39,9 +39,9 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
-  if (cmd == "plan") return meshload::cli::RunPlan(args);
-  if (cmd == "run") return meshload::cli::RunRun(args);
-  if (cmd == "demo-trainer") return meshload::cli::RunDemoTrainer(args);
+  if (cmd == "plan") return meshload::tools::RunPlan(args);
+  if (cmd == "run") return meshload::tools::RunRun(args);
+  if (cmd == "demo-trainer") return meshload::tools::RunDemoTrainer(args);
   if (cmd == "version" || cmd == "--version") {
     std::cout << meshload::VersionText("meshload", /*with_gpu_staging=*/true);
     return 0;

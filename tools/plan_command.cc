@@ -14,7 +14,7 @@
 #include "planner/shard_planner.h"
 #include "common/flags.h"
 
-namespace meshload::cli {
+namespace meshload::tools {
 namespace {
 
 using nlohmann::ordered_json;
@@ -80,20 +80,20 @@ ordered_json Mean(uint64_t sum, uint64_t n, bool known) {
   return static_cast<double>(sum) / static_cast<double>(n);
 }
 
-std::string MeshSummary(const ResolvedJob& job) {
+std::string MeshSummary(const planner::ResolvedJob& job) {
   std::ostringstream o;
-  const MeshSpec& m = job.spec.mesh;
+  const planner::MeshSpec& m = job.spec.mesh;
   o << m.processes << " processes × " << m.devices_per_process << " devices = " << job.mesh.devices()
     << " devices, axes [";
   for (size_t i = 0; i < m.axes.size(); ++i) o << (i ? ", " : "") << m.axes[i].name << "=" << m.axes[i].size;
-  o << "], batchAxes " << FormatNameList(EffectiveBatchAxes(m)) << " → " << job.mesh.shards()
+  o << "], batchAxes " << planner::FormatNameList(planner::EffectiveBatchAxes(m)) << " → " << job.mesh.shards()
     << " shards (replication " << ToString(ImpliedReplicationMode(m)) << ")";
   return o.str();
 }
 
-std::string DatasetSummary(const ResolvedJob& job) {
+std::string DatasetSummary(const planner::ResolvedJob& job) {
   std::ostringstream o;
-  const DatasetIndex& ds = job.dataset;
+  const planner::DatasetIndex& ds = job.dataset;
   o << ToString(ds.format()) << ", " << job.samples << " samples × "
     << (ds.sample_bytes() ? std::to_string(ds.sample_bytes()) + " B" : std::string("? B"));
   if (ds.indexed()) {
@@ -103,8 +103,8 @@ std::string DatasetSummary(const ResolvedJob& job) {
   }
   o << "; global batch " << job.global_batch << ", " << job.steps_per_epoch << " steps/epoch; shuffle "
     << ToString(job.spec.shuffle.mode);
-  if (job.spec.shuffle.mode != ShuffleMode::kNone) o << " seed " << job.spec.shuffle.seed;
-  if (job.spec.shuffle.mode == ShuffleMode::kBlock) o << " blockSize " << job.spec.shuffle.block_size;
+  if (job.spec.shuffle.mode != planner::ShuffleMode::kNone) o << " seed " << job.spec.shuffle.seed;
+  if (job.spec.shuffle.mode == planner::ShuffleMode::kBlock) o << " blockSize " << job.spec.shuffle.block_size;
   return o.str();
 }
 
@@ -118,10 +118,10 @@ struct PlanOptions {
   bool full = false;
 };
 
-void PrintTable(const ShardPlanner& planner, const PlanOptions& opt, int64_t a, int64_t b,
+void PrintTable(const planner::ShardPlanner& planner, const PlanOptions& opt, int64_t a, int64_t b,
                 const std::string& job_name) {
-  const ResolvedJob& job = planner.job();
-  const Loading loading = planner.DefaultLoading();
+  const planner::ResolvedJob& job = planner.job();
+  const planner::Loading loading = planner.DefaultLoading();
   const bool known = job.dataset.sample_bytes() != 0;
   std::cout << "DataLoadJob " << job_name << ": strategy " << ToString(loading.strategy) << ", fanout "
             << ToString(loading.fanout) << "\n"
@@ -129,7 +129,7 @@ void PrintTable(const ShardPlanner& planner, const PlanOptions& opt, int64_t a, 
             << "dataset: " << DatasetSummary(job) << "\n";
   uint64_t total_read = 0, total_xfer = 0;
   for (int64_t t = a; t < b; ++t) {
-    StepPlan plan = planner.PlanStep(t, loading, opt.process);
+    planner::StepPlan plan = planner.PlanStep(t, loading, opt.process);
     std::cout << "\nstep " << t << " (epoch " << plan.epoch << ", step " << plan.step_in_epoch
               << " of the epoch)\n";
     int64_t cur = -1;
@@ -179,10 +179,10 @@ void PrintTable(const ShardPlanner& planner, const PlanOptions& opt, int64_t a, 
             << "\n";
 }
 
-ordered_json PlanJson(const ShardPlanner& planner, const PlanOptions& opt, int64_t a, int64_t b,
+ordered_json PlanJson(const planner::ShardPlanner& planner, const PlanOptions& opt, int64_t a, int64_t b,
                       const std::string& job_name) {
-  const ResolvedJob& job = planner.job();
-  const Loading loading = planner.DefaultLoading();
+  const planner::ResolvedJob& job = planner.job();
+  const planner::Loading loading = planner.DefaultLoading();
   const bool known = job.dataset.sample_bytes() != 0;
   ordered_json out;
   out["job"] = job_name;
@@ -210,7 +210,7 @@ ordered_json PlanJson(const ShardPlanner& planner, const PlanOptions& opt, int64
   uint64_t total_read = 0, total_xfer = 0;
   ordered_json steps = ordered_json::array();
   for (int64_t t = a; t < b; ++t) {
-    StepPlan plan = planner.PlanStep(t, loading, opt.process);
+    planner::StepPlan plan = planner.PlanStep(t, loading, opt.process);
     ordered_json s;
     s["step"] = t;
     s["epoch"] = plan.epoch;
@@ -268,22 +268,22 @@ ordered_json PlanJson(const ShardPlanner& planner, const PlanOptions& opt, int64
 }
 
 struct CompareRow {
-  Loading loading;
+  planner::Loading loading;
   std::string unsupported;
   // Sums over the step range (means are taken when printing) and maxima.
   uint64_t read = 0, max_read = 0, ranges = 0, xfer = 0, max_sent = 0, max_recv = 0;
 };
 
-std::vector<CompareRow> Compare(const ShardPlanner& planner, int64_t a, int64_t b) {
+std::vector<CompareRow> Compare(const planner::ShardPlanner& planner, int64_t a, int64_t b) {
   std::vector<CompareRow> rows;
-  for (Strategy s : kAllStrategies) {
-    for (Fanout f : kAllFanouts) {
+  for (planner::Strategy s : planner::kAllStrategies) {
+    for (planner::Fanout f : planner::kAllFanouts) {
       CompareRow row;
       row.loading = {s, f};
       row.unsupported = planner.Unsupported(row.loading);
       if (row.unsupported.empty()) {
         for (int64_t t = a; t < b; ++t) {
-          StepCost c = planner.ComputeCost(t, row.loading);
+          planner::StepCost c = planner.ComputeCost(t, row.loading);
           row.read += c.bytes_read;
           row.ranges += c.read_ranges;
           row.xfer += c.bytes_transferred;
@@ -300,12 +300,12 @@ std::vector<CompareRow> Compare(const ShardPlanner& planner, int64_t a, int64_t 
   return rows;
 }
 
-int RunCompare(const ShardPlanner& planner, const PlanOptions& opt, int64_t a, int64_t b,
+int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int64_t a, int64_t b,
                const std::string& job_name) {
-  const ResolvedJob& job = planner.job();
+  const planner::ResolvedJob& job = planner.job();
   const bool known = job.dataset.sample_bytes() != 0;
   const double batch_bytes = static_cast<double>(job.global_batch * job.dataset.sample_bytes());
-  const Loading mine = planner.DefaultLoading();
+  const planner::Loading mine = planner.DefaultLoading();
   std::vector<CompareRow> rows = Compare(planner, a, b);
   const uint64_t n = static_cast<uint64_t>(b - a);
   if (opt.format == "json") {
@@ -400,23 +400,23 @@ int RunPlan(const std::vector<std::string>& args) {
   }
 
   Diagnostics diags;
-  auto job = LoadDataLoadJobFile(opt.file, diags);
+  auto job = planner::LoadDataLoadJobFile(opt.file, diags);
   if (!job.ok()) {
     std::cerr << "meshload plan: " << job.status().ToString() << "\n";
     return job.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
-  ResolveOptions ropts;
+  planner::ResolveOptions ropts;
   ropts.samples = opt.samples;
   {
     // Resolve even when parsing found problems, so the user sees every
     // problem at once (validation does not repeat what parsing reported).
     auto resolved =
-        source::ResolveReadingDataset(job->spec, ropts, source::Unreachable::kUseDeclaredSamples, diags);
+        sidecar::source::ResolveReadingDataset(job->spec, ropts, sidecar::source::Unreachable::kUseDeclaredSamples, diags);
     if (resolved.ok() && diags.ok()) {
-      ShardPlanner planner(std::move(*resolved));
+      planner::ShardPlanner planner(std::move(*resolved));
       int64_t a = job->spec.resume.step, b = a + 1;
       if (steps_text) {
-        auto r = ParseStepRange(*steps_text);
+        auto r = planner::ParseStepRange(*steps_text);
         if (!r.ok()) return UsageError(r.status().ToString());
         a = r->first;
         b = r->second;
@@ -442,4 +442,4 @@ int RunPlan(const std::vector<std::string>& args) {
   return 2;
 }
 
-}  // namespace meshload::cli
+}  // namespace meshload::tools

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-namespace meshload::cli {
+namespace meshload::tools {
 
 /// Runs `meshload plan` with the arguments after "plan". Returns the exit
 /// code: 0 ok, 1 runtime error, 2 invalid spec or arguments.
 int RunPlan(const std::vector<std::string>& args);
 
-}  // namespace meshload::cli
+}  // namespace meshload::tools

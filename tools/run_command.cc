@@ -29,7 +29,7 @@
 #include <optional>
 #include <set>
 
-#include "common/cuda_driver.h"
+#include "common/cuda/driver.h"
 #include "common/flags.h"
 #include "common/loopback.h"
 #include "common/unique_fd.h"
@@ -39,7 +39,7 @@
 #include "tools/latency_histogram.h"
 #include "tools/synthetic_dataset.h"
 
-namespace meshload::cli {
+namespace meshload::tools {
 namespace {
 
 constexpr const char* kRunUsage = R"(usage: meshload run --local -f JOB.yaml [options]
@@ -169,9 +169,9 @@ class LocalRun {
   const RunOptions o_;
   std::string run_dir_;
   bool temp_dir_ = false;
-  std::optional<DataLoadJob> job_;
+  std::optional<planner::DataLoadJob> job_;
   std::string job_path_;
-  std::optional<ResolvedJob> rj_;
+  std::optional<planner::ResolvedJob> rj_;
   int64_t P_ = 0;
   uint64_t batch_bytes_per_process_ = 0;
   Clock::time_point start_;
@@ -204,14 +204,14 @@ int LocalRun::MakeRunDir() {
 
 int LocalRun::LoadJob() {
   Diagnostics diags;
-  auto job = LoadDataLoadJobFile(o_.file, diags);
+  auto job = planner::LoadDataLoadJobFile(o_.file, diags);
   if (!job.ok()) {
     std::cerr << "meshload run: " << job.status().ToString() << "\n";
     return 1;
   }
   job_path_ = o_.file;
   if (!o_.generate_dir.empty()) {
-    ValidateJobSpec(job->spec, diags);
+    planner::ValidateJobSpec(job->spec, diags);
     if (!diags.ok()) {
       std::cerr << o_.file << ": invalid DataLoadJob:\n" << diags.ToString();
       return 2;
@@ -220,7 +220,7 @@ int LocalRun::LoadJob() {
                        : job->spec.dataset.samples ? static_cast<uint64_t>(*job->spec.dataset.samples)
                                                    : static_cast<uint64_t>(job->spec.batch.global_batch_size) * 64;
     const auto t0 = Clock::now();
-    auto uri = synthetic::Generate(job->spec.dataset, o_.generate_dir, n, static_cast<int>(o_.files));
+    auto uri = tools::GenerateSyntheticDataset(job->spec.dataset, o_.generate_dir, n, static_cast<int>(o_.files));
     if (!uri.ok()) {
       std::cerr << "meshload run: cannot generate the dataset: " << uri.status().ToString() << "\n";
       return 1;
@@ -235,7 +235,7 @@ int LocalRun::LoadJob() {
     }
     job_path_ = *rewritten;
     Diagnostics d2;
-    job = LoadDataLoadJobFile(job_path_, d2);
+    job = planner::LoadDataLoadJobFile(job_path_, d2);
     if (!job.ok()) {
       std::cerr << "meshload run: " << job.status().ToString() << "\n";
       return 1;
@@ -247,7 +247,7 @@ int LocalRun::LoadJob() {
 
 int LocalRun::Resolve() {
   Diagnostics diags;
-  auto resolved = source::ResolveReadingDataset(job_->spec, {}, source::Unreachable::kFail, diags);
+  auto resolved = sidecar::source::ResolveReadingDataset(job_->spec, {}, sidecar::source::Unreachable::kFail, diags);
   if (!resolved.ok()) {
     std::cerr << job_path_ << ": invalid DataLoadJob (" << diags.problems().size() << " problems):\n";
     for (const auto& p : diags.problems()) std::cerr << "  " << p.ToString() << "\n";
@@ -255,7 +255,7 @@ int LocalRun::Resolve() {
     return 2;
   }
   rj_ = std::move(*resolved);
-  const ResolvedJob& rj = *rj_;
+  const planner::ResolvedJob& rj = *rj_;
   P_ = rj.mesh.processes();
   batch_bytes_per_process_ = rj.global_batch / static_cast<uint64_t>(rj.mesh.shards()) * rj.dataset.sample_bytes() *
                              static_cast<uint64_t>(rj.mesh.devices_per_process());
@@ -294,7 +294,7 @@ int LocalRun::Fail(const std::string& msg) {
 int LocalRun::ConnectPeers() {
   // Plans that move samples between processes get their sidecars
   // connected over loopback TCP.
-  ShardPlanner planner(*rj_);
+  planner::ShardPlanner planner(*rj_);
   for (int64_t p = 0; p < P_ && !moves_; ++p) moves_ = !planner.TransfersFrom(p, planner.DefaultLoading()).empty();
   for (int64_t p = 0; moves_ && p < P_; ++p) {
     auto l = ListenLoopback();
@@ -597,4 +597,4 @@ int RunRun(const std::vector<std::string>& args) {
   return LocalRun(std::move(o)).Run();
 }
 
-}  // namespace meshload::cli
+}  // namespace meshload::tools

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-namespace meshload::cli {
+namespace meshload::tools {
 
 /// Exit codes: 0 every batch verified, 1 an error or mismatch, 2 usage.
 int RunRun(const std::vector<std::string>& args);
 
-}  // namespace meshload::cli
+}  // namespace meshload::tools

@@ -11,10 +11,10 @@
 #include "planner/npy.h"
 #include "planner/sampler.h"
 
-namespace meshload::synthetic {
+namespace meshload::tools {
 namespace {
 
-uint64_t Word(uint64_t i, uint64_t k) { return k == 0 ? i : Mix64(i * 0x9E3779B97F4A7C15ull + k); }
+uint64_t Word(uint64_t i, uint64_t k) { return k == 0 ? i : planner::Mix64(i * 0x9E3779B97F4A7C15ull + k); }
 
 void FillRecord(uint64_t i, uint8_t* out, uint64_t bytes) {
   for (uint64_t j = 0; j < bytes; j += 8) {
@@ -26,7 +26,7 @@ void FillRecord(uint64_t i, uint8_t* out, uint64_t bytes) {
 
 void FillTokens(uint64_t first_token, uint64_t count, size_t token_bytes, uint8_t* out) {
   for (uint64_t t = 0; t < count; ++t) {
-    const uint64_t v = Mix64(first_token + t);
+    const uint64_t v = planner::Mix64(first_token + t);
     for (size_t b = 0; b < token_bytes; ++b) out[t * token_bytes + b] = static_cast<uint8_t>(v >> (8 * b));
   }
 }
@@ -39,15 +39,15 @@ Status WriteAll(std::ofstream& out, const std::string& path, const uint8_t* data
 
 }  // namespace
 
-Result<std::string> Generate(const DatasetSpec& spec, const std::string& dir, uint64_t samples, int files) {
+Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples, int files) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return IoError("cannot create the dataset directory: " + ec.message(), dir);
   if (samples == 0) return InvalidArgument("a dataset needs at least one sample");
   if (files < 1) files = 1;
   if (static_cast<uint64_t>(files) > samples) files = static_cast<int>(samples);
-  const DType dtype = spec.dtype.value_or(DType::kUint8);
-  const size_t es = DTypeSize(dtype);
+  const planner::DType dtype = spec.dtype.value_or(planner::DType::kUint8);
+  const size_t es = planner::DTypeSize(dtype);
   std::vector<uint8_t> buf;
   auto path_of = [&](int f, const char* ext) {
     char name[64];
@@ -59,11 +59,11 @@ Result<std::string> Generate(const DatasetSpec& spec, const std::string& dir, ui
     if (n.rfind("part-", 0) == 0) std::filesystem::remove(e.path(), ec);
   }
   switch (spec.format) {
-    case DatasetFormat::kFixedRecord:
-    case DatasetFormat::kNpy: {
+    case planner::DatasetFormat::kFixedRecord:
+    case planner::DatasetFormat::kNpy: {
       const uint64_t rb = spec.record_bytes > 0 ? static_cast<uint64_t>(spec.record_bytes) : 1024;
-      if (rb % es != 0) return InvalidArgument("recordBytes is not a whole number of " + std::string(DTypeName(dtype)), "spec.dataset.recordBytes");
-      const bool npy = spec.format == DatasetFormat::kNpy;
+      if (rb % es != 0) return InvalidArgument("recordBytes is not a whole number of " + std::string(planner::DTypeName(dtype)), "spec.dataset.recordBytes");
+      const bool npy = spec.format == planner::DatasetFormat::kNpy;
       uint64_t next = 0;
       for (int f = 0; f < files; ++f) {
         const uint64_t count = samples / static_cast<uint64_t>(files) + (static_cast<uint64_t>(f) < samples % static_cast<uint64_t>(files) ? 1 : 0);
@@ -71,7 +71,7 @@ Result<std::string> Generate(const DatasetSpec& spec, const std::string& dir, ui
         std::ofstream out(path, std::ios::binary | std::ios::trunc);
         if (!out) return IoErrorFromErrno("create", path, errno);
         if (npy) {
-          MESHLOAD_ASSIGN_OR_RETURN(std::string header, MakeNpyHeader(dtype, {count, rb / es}));
+          MESHLOAD_ASSIGN_OR_RETURN(std::string header, planner::MakeNpyHeader(dtype, {count, rb / es}));
           MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, reinterpret_cast<const uint8_t*>(header.data()), header.size()));
         }
         const uint64_t chunk = std::max<uint64_t>(1, (4ull << 20) / rb);
@@ -85,7 +85,7 @@ Result<std::string> Generate(const DatasetSpec& spec, const std::string& dir, ui
       }
       return dir;
     }
-    case DatasetFormat::kTokenStream: {
+    case planner::DatasetFormat::kTokenStream: {
       const uint64_t T = static_cast<uint64_t>(spec.sequence_length);
       const uint64_t tokens = samples * T + 1;  // exactly `samples` samples
       uint64_t next = 0;
@@ -109,14 +109,14 @@ Result<std::string> Generate(const DatasetSpec& spec, const std::string& dir, ui
   return Internal("unknown format");
 }
 
-int64_t FirstMismatch(const DatasetIndex& index, uint64_t id, const uint8_t* bytes) {
+int64_t FirstMismatch(const planner::DatasetIndex& index, uint64_t id, const uint8_t* bytes) {
   const uint64_t sb = index.sample_bytes();
-  if (index.format() == DatasetFormat::kTokenStream) {
-    const size_t es = DTypeSize(index.dtype());
+  if (index.format() == planner::DatasetFormat::kTokenStream) {
+    const size_t es = planner::DTypeSize(index.dtype());
     const uint64_t tokens = sb / es;
     const uint64_t T = tokens - 1;
     for (uint64_t t = 0; t < tokens; ++t) {
-      const uint64_t v = Mix64(id * T + t);
+      const uint64_t v = planner::Mix64(id * T + t);
       for (size_t b = 0; b < es; ++b) {
         if (bytes[t * es + b] != static_cast<uint8_t>(v >> (8 * b))) return static_cast<int64_t>(t * es + b);
       }
@@ -133,4 +133,4 @@ int64_t FirstMismatch(const DatasetIndex& index, uint64_t id, const uint8_t* byt
   return -1;
 }
 
-}  // namespace meshload::synthetic
+}  // namespace meshload::tools

@@ -20,7 +20,7 @@
 #include "planner/dataset_index.h"
 #include "planner/spec.h"
 
-namespace meshload::synthetic {
+namespace meshload::tools {
 
 /// Writes a dataset of `samples` samples in the format of `spec` into
 /// directory `dir` (created if needed; existing dataset files there are
@@ -28,11 +28,11 @@ namespace meshload::synthetic {
 /// two), and returns the URI to put in spec.dataset.uri. Npy needs
 /// recordBytes (bytes per sample) and a dtype whose size divides it
 /// (default uint8).
-Result<std::string> Generate(const DatasetSpec& spec, const std::string& dir, uint64_t samples, int files);
+Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples, int files);
 
 /// Checks that `bytes` (sample_bytes long) are sample `id` of a generated
 /// dataset described by `index`. Returns the byte offset of the first
 /// mismatch, or -1 when every byte matches.
-int64_t FirstMismatch(const DatasetIndex& index, uint64_t id, const uint8_t* bytes);
+int64_t FirstMismatch(const planner::DatasetIndex& index, uint64_t id, const uint8_t* bytes);
 
-}  // namespace meshload::synthetic
+}  // namespace meshload::tools

@@ -54,7 +54,7 @@ struct DLManagedTensorVersioned {
 #define DLPACK_FLAG_BITMASK_IS_COPIED (UINT64_C(1) << 1)
 #endif
 
-namespace meshload::python {
+namespace meshload::client::python {
 
 /// What this module produces in a versioned capsule.
 inline constexpr uint32_t kDLPackMajor = 1;
@@ -83,4 +83,4 @@ static_assert(offsetof(DLManagedTensor, dl_tensor) == 0 &&
               offsetof(DLManagedTensor, manager_ctx) == 48 &&
               offsetof(DLManagedTensor, deleter) == 56 && sizeof(DLManagedTensor) == 64);
 
-}  // namespace meshload::python
+}  // namespace meshload::client::python

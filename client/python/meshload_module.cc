@@ -53,7 +53,7 @@
 
 #include "client/client.h"
 #include "client/python/dlpack_versioned.h"
-#include "common/cuda_driver.h"
+#include "common/cuda/driver.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
@@ -62,7 +62,7 @@
 #define MESHLOAD_VERSION "unknown"
 #endif
 
-namespace meshload::python {
+namespace meshload::client::python {
 namespace {
 
 namespace py = pybind11;
@@ -596,11 +596,11 @@ py::list Devices(const protocol::ServerHello& hello) {
 }
 
 }  // namespace
-}  // namespace meshload::python
+}  // namespace meshload::client::python
 
 PYBIND11_MODULE(_meshload, m) {
   namespace py = pybind11;
-  using namespace meshload::python;  // NOLINT(build/namespaces): the bindings name every class
+  using namespace meshload::client::python;  // NOLINT(build/namespaces): the bindings name every class
 
   m.doc() = "meshload trainer client (C++ extension); see the meshload package docstring.";
   m.attr("__version__") = MESHLOAD_VERSION;

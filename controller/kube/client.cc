@@ -15,7 +15,7 @@
 
 #include "common/logging.h"
 
-namespace meshload::kube {
+namespace meshload::controller::kube {
 namespace {
 
 bool Retryable5xx(int code) { return code == 500 || code == 502 || code == 503 || code == 504; }
@@ -474,4 +474,4 @@ void KubeClient::Shutdown() {
   cv_.NotifyAll();
 }
 
-}  // namespace meshload::kube
+}  // namespace meshload::controller::kube

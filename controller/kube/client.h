@@ -52,7 +52,7 @@ namespace httplib {
 class ClientImpl;
 }
 
-namespace meshload::kube {
+namespace meshload::controller::kube {
 
 struct ClientOptions {
   double qps = 20;
@@ -181,4 +181,4 @@ std::string CutUtf8(const std::string& s, size_t max_bytes);
 /// The verb label for a request: LIST and WATCH are GETs on collections.
 std::string_view VerbLabel(std::string_view method, const std::string& path);
 
-}  // namespace meshload::kube
+}  // namespace meshload::controller::kube

@@ -9,7 +9,7 @@
 
 #include "common/base64.h"
 
-namespace meshload::kube {
+namespace meshload::controller::kube {
 namespace {
 
 namespace fs = std::filesystem;
@@ -180,4 +180,4 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& kubeconfig_flag) {
   return FailedPrecondition("no cluster configuration: pass --kubeconfig, set KUBECONFIG, or run in a pod");
 }
 
-}  // namespace meshload::kube
+}  // namespace meshload::controller::kube

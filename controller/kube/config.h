@@ -25,7 +25,7 @@
 
 #include "common/status.h"
 
-namespace meshload::kube {
+namespace meshload::controller::kube {
 
 inline constexpr char kServiceAccountDir[] = "/var/run/secrets/kubernetes.io/serviceaccount";
 
@@ -54,4 +54,4 @@ Result<ClusterConfig> InClusterConfig(const std::string& service_account_dir = k
 /// The resolution order in the file comment.
 Result<ClusterConfig> LoadClusterConfig(const std::string& kubeconfig_flag);
 
-}  // namespace meshload::kube
+}  // namespace meshload::controller::kube

@@ -5,7 +5,7 @@
 
 #include "common/logging.h"
 
-namespace meshload::kube {
+namespace meshload::controller::kube {
 namespace {
 
 const nlohmann::json& Meta(const nlohmann::json& obj) {
@@ -312,4 +312,4 @@ void Informer::Run() {
   }
 }
 
-}  // namespace meshload::kube
+}  // namespace meshload::controller::kube

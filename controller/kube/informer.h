@@ -45,7 +45,7 @@
 #include "common/mutex.h"
 #include "controller/kube/client.h"
 
-namespace meshload::kube {
+namespace meshload::controller::kube {
 
 /// What an informer watches: "/api/v1" + "pods", or
 /// "/apis/meshload.io/v1alpha1" + "dataloadjobs".
@@ -145,4 +145,4 @@ class Informer {
 /// "namespace/name" of an object.
 std::string ObjectKey(const nlohmann::json& obj);
 
-}  // namespace meshload::kube
+}  // namespace meshload::controller::kube

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-namespace meshload::kube {
+namespace meshload::controller::kube {
 
 /// obj[key], or null when obj is not an object or has no such member.
 inline const nlohmann::json& Field(const nlohmann::json& obj, const char* key) {
@@ -29,4 +29,4 @@ inline std::string Str(const nlohmann::json& obj, const char* key) {
   return v.is_string() ? v.get<std::string>() : std::string();
 }
 
-}  // namespace meshload::kube
+}  // namespace meshload::controller::kube

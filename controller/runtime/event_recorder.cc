@@ -5,7 +5,7 @@
 #include "common/logging.h"
 #include "controller/kube/json_fields.h"
 
-namespace meshload::runtime {
+namespace meshload::controller::runtime {
 namespace {
 
 using nlohmann::json;
@@ -228,4 +228,4 @@ void EventRecorder::Write(const Pending& e) {
   Count("failed");
 }
 
-}  // namespace meshload::runtime
+}  // namespace meshload::controller::runtime

@@ -37,7 +37,7 @@
 #include "common/mutex.h"
 #include "controller/kube/client.h"
 
-namespace meshload::runtime {
+namespace meshload::controller::runtime {
 
 struct EventRecorderOptions {
   std::string component = "meshload-controller";  // source.component, reportingComponent
@@ -117,4 +117,4 @@ class EventRecorder {
   std::map<std::string, Bucket> buckets_;   // by object uid
 };
 
-}  // namespace meshload::runtime
+}  // namespace meshload::controller::runtime

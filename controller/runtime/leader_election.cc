@@ -8,7 +8,7 @@
 
 #include "common/logging.h"
 
-namespace meshload::runtime {
+namespace meshload::controller::runtime {
 namespace {
 
 int64_t SteadyNs() {
@@ -198,4 +198,4 @@ void LeaderElector::Run(const std::function<void()>& on_started_leading,
   }
 }
 
-}  // namespace meshload::runtime
+}  // namespace meshload::controller::runtime

@@ -37,7 +37,7 @@
 #include "common/mutex.h"
 #include "controller/kube/client.h"
 
-namespace meshload::runtime {
+namespace meshload::controller::runtime {
 
 struct LeaderElectionOptions {
   std::string ns;
@@ -90,4 +90,4 @@ class LeaderElector {
 /// Kubernetes MicroTime: "2026-11-21T12:00:00.123456Z".
 std::string MicroTimeNow();
 
-}  // namespace meshload::runtime
+}  // namespace meshload::controller::runtime

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace meshload::runtime {
+namespace meshload::controller::runtime {
 
 WorkQueue::WorkQueue(WorkQueueOptions options) : options_(options) {
   delay_thread_ = std::thread([this] { DelayLoop(); });
@@ -148,4 +148,4 @@ void WorkQueue::DelayLoop() {
   }
 }
 
-}  // namespace meshload::runtime
+}  // namespace meshload::controller::runtime

@@ -34,7 +34,7 @@
 
 #include "common/mutex.h"
 
-namespace meshload::runtime {
+namespace meshload::controller::runtime {
 
 struct WorkQueueOptions {
   std::chrono::milliseconds base_delay{5};
@@ -96,4 +96,4 @@ class WorkQueue {
   std::thread delay_thread_;
 };
 
-}  // namespace meshload::runtime
+}  // namespace meshload::controller::runtime

@@ -96,14 +96,14 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   }
   const json& job_spec = Field(*job, "spec");
   Diagnostics diags;
-  auto parsed = ParseJobSpecText(job_spec.dump(), diags);
-  if (parsed.ok()) ValidateJobSpec(*parsed, diags);
+  auto parsed = planner::ParseJobSpecText(job_spec.dump(), diags);
+  if (parsed.ok()) planner::ValidateJobSpec(*parsed, diags);
   if (!parsed.ok() || !diags.ok()) {
     std::string why = parsed.ok() ? diags.ToString() : parsed.status().ToString();
     while (!why.empty() && why.back() == '\n') why.pop_back();
     return Refuse(job_ref + " is invalid, so its trainer pods cannot get a sidecar: " + why);
   }
-  const JobSpec& js = *parsed;
+  const planner::JobSpec& js = *parsed;
   const json& selector = Field(job_spec, "selector");
   if (!selector.is_object() || !SelectorMatches(selector, Field(md, "labels"))) {
     return Refuse(what + " is labelled for " + job_ref + " but the job's spec.selector " + selector.dump() +
@@ -114,7 +114,7 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
                   "), which holds the dataset");
   }
 
-  const bool peers = MovesSamplesBetweenProcesses(js) && js.mesh.processes > 1;
+  const bool peers = planner::MovesSamplesBetweenProcesses(js) && js.mesh.processes > 1;
   const json& annotations = Field(md, "annotations");
   const bool indexed = annotations.is_object() && annotations.contains(kCompletionIndexAnnotation);
   const json& containers = Items(spec, "containers");

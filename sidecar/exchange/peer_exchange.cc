@@ -56,7 +56,7 @@ Result<std::vector<PeerAddress>> ParsePeerList(std::string_view text) {
       port = item.substr(colon + 1);
     }
     int64_t p = 0;
-    if (a.host.empty() || !cli::ParseInt64(port, &p) || p < 1 || p > 65535) {
+    if (a.host.empty() || !ParseInt64(port, &p) || p < 1 || p > 65535) {
       return InvalidArgument(where + ": expected HOST:PORT with a port in 1..65535");
     }
     a.port = static_cast<uint16_t>(p);

@@ -6,13 +6,13 @@
 #include <vector>
 
 
-namespace meshload::source {
+namespace meshload::sidecar::source {
 
-Result<NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size) {
+Result<planner::NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size) {
   const std::string where = RedactUri(name);
-  std::string head(static_cast<size_t>(std::min<uint64_t>(kNpyPreambleBytes, size)), '\0');
+  std::string head(static_cast<size_t>(std::min<uint64_t>(planner::kNpyPreambleBytes, size)), '\0');
   MESHLOAD_RETURN_IF_ERROR(source.Read(name, 0, head.data(), head.size()));
-  Result<uint64_t> data_offset = NpyDataOffset(head);
+  Result<uint64_t> data_offset = planner::NpyDataOffset(head);
   if (!data_offset.ok()) return data_offset.status().WithLocationPrefix(where);
   // Bounded: NpyDataOffset caps the header at about 1 MiB.
   const uint64_t want = std::min<uint64_t>(*data_offset, size);
@@ -21,12 +21,12 @@ Result<NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_
     head.resize(static_cast<size_t>(want));
     MESHLOAD_RETURN_IF_ERROR(source.Read(name, got, head.data() + got, want - got));
   }
-  Result<NpyHeader> header = ParseNpyHeader(head);
+  Result<planner::NpyHeader> header = planner::ParseNpyHeader(head);
   if (!header.ok()) return header.status().WithLocationPrefix(where);
   return header;
 }
 
-Status S3OptionsForDataset(const DatasetSpec& spec, S3Options& s3) {
+Status S3OptionsForDataset(const planner::DatasetSpec& spec, S3Options& s3) {
   if (spec.s3) {
     if (!spec.s3->endpoint.empty()) s3.endpoint = spec.s3->endpoint;
     if (!spec.s3->region.empty()) s3.region = spec.s3->region;
@@ -36,23 +36,23 @@ Status S3OptionsForDataset(const DatasetSpec& spec, S3Options& s3) {
   return S3OptionsFromEnvironment(s3);
 }
 
-Result<DatasetIndex> IndexDataset(const DatasetSpec& spec, SourceRegistry& sources, Diagnostics& diags) {
+Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, SourceRegistry& sources, Diagnostics& diags) {
   MESHLOAD_ASSIGN_OR_RETURN(auto found, sources.For(spec.uri));
   auto [source, name] = found;
   MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source->List(name));
-  std::vector<DatasetIndex::FileFacts> files;
+  std::vector<planner::DatasetIndex::FileFacts> files;
   files.reserve(objects.size());
   std::vector<std::pair<std::string, std::string>> secret;  // names whose redacted form differs
   for (auto& o : objects) {
     if (std::string r = RedactUri(o.name); r != o.name) secret.emplace_back(o.name, std::move(r));
-    DatasetIndex::FileFacts facts;
+    planner::DatasetIndex::FileFacts facts;
     facts.path = o.name;
     facts.size = o.size;
-    if (spec.format == DatasetFormat::kNpy) facts.npy = ReadNpyHeader(*source, o.name, o.size);
+    if (spec.format == planner::DatasetFormat::kNpy) facts.npy = ReadNpyHeader(*source, o.name, o.size);
     files.push_back(std::move(facts));
   }
   Diagnostics index_diags;
-  auto index = DatasetIndex::FromFiles(spec, std::move(files), index_diags);
+  auto index = planner::DatasetIndex::FromFiles(spec, std::move(files), index_diags);
   // A signed URL's query must not reach messages and logs.
   auto redact = [&](std::string s) {
     for (const auto& [name, redacted] : secret) {
@@ -67,17 +67,17 @@ Result<DatasetIndex> IndexDataset(const DatasetSpec& spec, SourceRegistry& sourc
   return index;
 }
 
-Result<ResolvedJob> ResolveWithSources(const JobSpec& spec, SourceRegistry& sources, ResolveOptions options,
+Result<planner::ResolvedJob> ResolveWithSources(const planner::JobSpec& spec, SourceRegistry& sources, planner::ResolveOptions options,
                                        Unreachable unreachable, Diagnostics& diags) {
   if (options.index || options.samples) {
-    return ResolveJob(spec, options, diags);
+    return planner::ResolveJob(spec, options, diags);
   }
-  ValidateJobSpec(spec, diags);
+  planner::ValidateJobSpec(spec, diags);
   if (!diags.ok()) return diags.ToStatus();
   Diagnostics index_diags;
   auto index = IndexDataset(spec.dataset, sources, index_diags);
   if (!index.ok() && unreachable == Unreachable::kUseDeclaredSamples && spec.dataset.samples) {
-    return ResolveJob(spec, options, diags);  // planned from spec.dataset.samples
+    return planner::ResolveJob(spec, options, diags);  // planned from spec.dataset.samples
   }
   for (const auto& p : index_diags.problems()) diags.Add(p.path, p.message);
   if (!index.ok()) {
@@ -91,10 +91,10 @@ Result<ResolvedJob> ResolveWithSources(const JobSpec& spec, SourceRegistry& sour
   if (!diags.ok()) return diags.ToStatus();
   options.index = std::move(*index);
   Diagnostics again;  // spec problems were reported above
-  return ResolveJob(spec, options, again);
+  return planner::ResolveJob(spec, options, again);
 }
 
-Result<ResolvedJob> ResolveReadingDataset(const JobSpec& spec, ResolveOptions options, Unreachable unreachable,
+Result<planner::ResolvedJob> ResolveReadingDataset(const planner::JobSpec& spec, planner::ResolveOptions options, Unreachable unreachable,
                                           Diagnostics& diags) {
   SourceOptions sopts;
   if (SourceRegistry::SchemeOf(spec.dataset.uri) == "s3") {
@@ -107,4 +107,4 @@ Result<ResolvedJob> ResolveReadingDataset(const JobSpec& spec, ResolveOptions op
   return ResolveWithSources(spec, *sources, std::move(options), unreachable, diags);
 }
 
-}  // namespace meshload::source
+}  // namespace meshload::sidecar::source

@@ -17,24 +17,24 @@
 #include "planner/spec.h"
 #include "sidecar/source/source.h"
 
-namespace meshload::source {
+namespace meshload::sidecar::source {
 
 /// `s3` for the job's dataset: spec.dataset.s3's fields, then what they
 /// leave empty from the environment (S3OptionsFromEnvironment).
-Status S3OptionsForDataset(const DatasetSpec& spec, S3Options& s3);
+Status S3OptionsForDataset(const planner::DatasetSpec& spec, S3Options& s3);
 
 /// The .npy header of object `name` (of `size` bytes) from its first bytes:
 /// the preamble, then exactly the header, never the data. Errors as
 /// ParseNpyHeader's, located "name@offset"; the source's own when it cannot
 /// be read.
-Result<NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size);
+Result<planner::NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size);
 
 /// The index of `spec.uri`'s objects as its source lists them
 /// (Source::List: one object, a prefix, or a glob), in name order, with
 /// each .npy header read from the object's first bytes. Problems with the
 /// objects go to `diags` (as DatasetIndex::FromFiles reports them), URIs
 /// redacted; an error when nothing usable was found, naming the URI.
-Result<DatasetIndex> IndexDataset(const DatasetSpec& spec, SourceRegistry& sources, Diagnostics& diags);
+Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, SourceRegistry& sources, Diagnostics& diags);
 
 /// How ResolveWithSources treats a dataset it cannot list.
 enum class Unreachable {
@@ -44,13 +44,13 @@ enum class Unreachable {
 
 /// ResolveJob, with the dataset indexed through `sources` (IndexDataset)
 /// unless `options` already gives the index or the sample count.
-Result<ResolvedJob> ResolveWithSources(const JobSpec& spec, SourceRegistry& sources, ResolveOptions options,
+Result<planner::ResolvedJob> ResolveWithSources(const planner::JobSpec& spec, SourceRegistry& sources, planner::ResolveOptions options,
                                        Unreachable unreachable, Diagnostics& diags);
 
 /// ResolveWithSources with a registry of the built-in sources made for the
 /// job (S3OptionsForDataset for an s3:// dataset): what the CLI's commands
 /// use.
-Result<ResolvedJob> ResolveReadingDataset(const JobSpec& spec, ResolveOptions options, Unreachable unreachable,
+Result<planner::ResolvedJob> ResolveReadingDataset(const planner::JobSpec& spec, planner::ResolveOptions options, Unreachable unreachable,
                                           Diagnostics& diags);
 
-}  // namespace meshload::source
+}  // namespace meshload::sidecar::source

@@ -23,16 +23,16 @@
 #include <limits>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "sidecar/source/source.h"
 
-namespace meshload::source {
+namespace meshload::sidecar::source {
 namespace {
 
 constexpr std::string_view kScheme = "file";
@@ -163,7 +163,7 @@ class FdCache {
 
   Result<std::shared_ptr<const FileHandle>> Acquire(const std::string& path) {
     {
-      std::shared_lock lock(mu_);
+      ReaderLock lock(mu_);
       auto it = index_.find(path);
       if (it != index_.end()) {
         it->second.last_used.store(clock_.fetch_add(1, std::memory_order_relaxed), std::memory_order_relaxed);
@@ -179,7 +179,7 @@ class FdCache {
 
     // Declared before the lock so that descriptors are closed after it is released.
     std::vector<std::shared_ptr<const FileHandle>> dropped;
-    std::unique_lock lock(mu_);
+    WriterLock lock(mu_);
     auto [it, inserted] = index_.try_emplace(path);
     if (!inserted) {
       // Another reader opened the same file meanwhile; keep one descriptor.
@@ -204,7 +204,7 @@ class FdCache {
 
   // The cached handles (for dropping mapped pages).
   std::vector<std::shared_ptr<const FileHandle>> Snapshot() {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(mu_);
     std::vector<std::shared_ptr<const FileHandle>> out;
     for (const auto& e : index_) out.push_back(e.second.handle);
     return out;
@@ -218,13 +218,12 @@ class FdCache {
 
   const size_t capacity_;
   const std::shared_ptr<std::atomic<uint64_t>> mapped_total_ = std::make_shared<std::atomic<uint64_t>>(0);
-  // A reader/writer lock: taken shared for lookups (and Snapshot), exclusive
-  // to insert and evict. Left a std::shared_mutex, so index_ is not
-  // annotated: common/mutex.h has no shared Mutex, and an exclusive one
-  // would make readers wait for each other on every hit.
-  std::shared_mutex mu_;
+  // Taken shared for lookups (and Snapshot), exclusive to insert and evict:
+  // readers never wait for each other on a hit. An entry's last_used is an
+  // atomic, stored under the shared lock.
+  SharedMutex mu_;
   std::atomic<uint64_t> clock_{1};
-  std::unordered_map<std::string, Entry> index_;  // guarded by mu_ (shared to read)
+  std::unordered_map<std::string, Entry> index_ MESHLOAD_GUARDED_BY(mu_);
 };
 
 // Thread safety: thread-safe (the descriptor cache is; the rest is immutable).
@@ -497,4 +496,4 @@ Result<std::unique_ptr<Source>> MakeFileSource(const SourceOptions& options) {
   return std::unique_ptr<Source>(std::make_unique<FileSource>(options));
 }
 
-}  // namespace meshload::source
+}  // namespace meshload::sidecar::source

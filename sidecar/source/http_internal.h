@@ -20,7 +20,7 @@
 #include "common/status.h"
 #include "sidecar/source/source.h"
 
-namespace meshload::source::internal {
+namespace meshload::sidecar::source::internal {
 
 /// An http(s) URL split the way the source uses it.
 struct HttpUrl {
@@ -96,4 +96,4 @@ class HttpTransport {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace meshload::source::internal
+}  // namespace meshload::sidecar::source::internal

@@ -8,7 +8,7 @@
 
 #include "sidecar/source/source.h"
 
-namespace meshload::source {
+namespace meshload::sidecar::source {
 namespace {
 
 class NullObserverImpl final : public SourceObserver {
@@ -128,4 +128,4 @@ Result<std::pair<Source*, std::string>> SourceRegistry::For(const std::string& u
   return std::make_pair(source->second.get(), std::move(object));
 }
 
-}  // namespace meshload::source
+}  // namespace meshload::sidecar::source

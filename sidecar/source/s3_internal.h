@@ -32,7 +32,7 @@
 #include "sidecar/source/http_internal.h"
 #include "sidecar/source/source.h"
 
-namespace meshload::source::internal {
+namespace meshload::sidecar::source::internal {
 
 /// s3://bucket/key. kInvalidArgument naming the URI when the bucket is
 /// missing or not a valid bucket name (3-63 of a-z 0-9 . -).
@@ -107,4 +107,4 @@ std::string XmlUnescape(std::string_view s);
 /// (one character), [...] (a set; ! or ^ negates; ranges a-z).
 bool GlobMatch(std::string_view pattern, std::string_view name);
 
-}  // namespace meshload::source::internal
+}  // namespace meshload::sidecar::source::internal

@@ -24,7 +24,7 @@
 #include "sidecar/source/s3_internal.h"
 #include "sidecar/source/source.h"
 
-namespace meshload::source {
+namespace meshload::sidecar::source {
 namespace internal {
 namespace {
 
@@ -676,4 +676,4 @@ Status S3OptionsFromEnvironment(S3Options& s3) {
   return Status::Ok();
 }
 
-}  // namespace meshload::source
+}  // namespace meshload::sidecar::source

@@ -36,7 +36,7 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 
-namespace meshload::source {
+namespace meshload::sidecar::source {
 
 struct ObjectInfo {
   uint64_t size = 0;
@@ -267,4 +267,4 @@ Result<std::unique_ptr<Source>> MakeS3Source(const SourceOptions& options);
 /// is kInvalidArgument naming where it came from (never its value).
 Status S3OptionsFromEnvironment(S3Options& s3);
 
-}  // namespace meshload::source
+}  // namespace meshload::sidecar::source

@@ -1,8 +1,8 @@
 #include "sidecar/staging/batch_layout.h"
 
-namespace meshload::staging {
+namespace meshload::sidecar::staging {
 
-BatchLayout ComputeBatchLayout(const ResolvedJob& job, int64_t process) {
+BatchLayout ComputeBatchLayout(const planner::ResolvedJob& job, int64_t process) {
   BatchLayout l;
   l.dtype = job.dataset.dtype();
   l.sample_bytes = job.dataset.sample_bytes();
@@ -31,4 +31,4 @@ BatchLayout ComputeBatchLayout(const ResolvedJob& job, int64_t process) {
   return l;
 }
 
-}  // namespace meshload::staging
+}  // namespace meshload::sidecar::staging

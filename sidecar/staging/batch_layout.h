@@ -14,7 +14,7 @@
 
 #include "planner/shard_planner.h"
 
-namespace meshload::staging {
+namespace meshload::sidecar::staging {
 
 inline constexpr uint64_t kTensorAlignment = 256;
 
@@ -27,7 +27,7 @@ struct DeviceTensor {
 };
 
 struct BatchLayout {
-  DType dtype = DType::kUint8;
+  planner::DType dtype = planner::DType::kUint8;
   uint64_t sample_bytes = 0;
   uint64_t samples_per_device = 0;  // B / S
   uint64_t slot_bytes = 0;          // sum of aligned tensors
@@ -36,6 +36,6 @@ struct BatchLayout {
 
 /// The layout for process `process` of `job`. Precondition: the sample size
 /// is known (job.dataset.sample_bytes() > 0).
-BatchLayout ComputeBatchLayout(const ResolvedJob& job, int64_t process);
+BatchLayout ComputeBatchLayout(const planner::ResolvedJob& job, int64_t process);
 
-}  // namespace meshload::staging
+}  // namespace meshload::sidecar::staging

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <set>
 
-namespace meshload::staging {
+namespace meshload::sidecar::staging {
 
 Result<std::unique_ptr<DeviceSlotMemory>> DeviceSlotMemory::Create(const cuda::Driver& driver, DeviceShare share,
                                                                    const BatchLayout& layout,
@@ -162,4 +162,4 @@ Status DeviceSlotMemory::CopyAndFence(uint32_t slot, const uint8_t* host_slot) {
   return Status::Ok();
 }
 
-}  // namespace meshload::staging
+}  // namespace meshload::sidecar::staging

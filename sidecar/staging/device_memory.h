@@ -33,12 +33,12 @@
 #include <string>
 #include <vector>
 
-#include "common/cuda_driver.h"
+#include "common/cuda/driver.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "sidecar/staging/batch_layout.h"
 
-namespace meshload::staging {
+namespace meshload::sidecar::staging {
 
 enum class DeviceShare { kCudaVmm, kCudaIpc };
 
@@ -108,4 +108,4 @@ class DeviceSlotMemory {
   bool peer_access_ = true;
 };
 
-}  // namespace meshload::staging
+}  // namespace meshload::sidecar::staging

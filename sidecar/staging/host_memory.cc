@@ -6,7 +6,7 @@
 
 #include <cerrno>
 
-namespace meshload::staging {
+namespace meshload::sidecar::staging {
 
 Result<std::unique_ptr<HostSlotMemory>> HostSlotMemory::Create(uint32_t slots, uint64_t slot_bytes,
                                                                const std::string& name) {
@@ -34,4 +34,4 @@ HostSlotMemory::~HostSlotMemory() {
   if (base_) ::munmap(base_, pool_bytes_);
 }
 
-}  // namespace meshload::staging
+}  // namespace meshload::sidecar::staging

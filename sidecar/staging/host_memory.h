@@ -18,7 +18,7 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 
-namespace meshload::staging {
+namespace meshload::sidecar::staging {
 
 class HostSlotMemory {
  public:
@@ -44,4 +44,4 @@ class HostSlotMemory {
   uint64_t pool_bytes_ = 0;
 };
 
-}  // namespace meshload::staging
+}  // namespace meshload::sidecar::staging

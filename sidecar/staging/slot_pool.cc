@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace meshload::staging {
+namespace meshload::sidecar::staging {
 
 SlotPool::SlotPool(uint32_t slots, int64_t first_step) : size_(slots), slots_(slots), next_fill_(first_step) {}
 
@@ -167,4 +167,4 @@ bool SlotPool::WaitReady(int64_t step, std::chrono::milliseconds timeout) const 
   return !shutdown_;
 }
 
-}  // namespace meshload::staging
+}  // namespace meshload::sidecar::staging

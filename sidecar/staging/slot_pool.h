@@ -36,7 +36,7 @@
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 
-namespace meshload::staging {
+namespace meshload::sidecar::staging {
 
 enum class SlotState { kFree, kFilling, kReady, kLeased };
 
@@ -127,4 +127,4 @@ class SlotPool {
   bool shutdown_ MESHLOAD_GUARDED_BY(mu_) = false;
 };
 
-}  // namespace meshload::staging
+}  // namespace meshload::sidecar::staging

@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   using namespace meshload;
   int64_t jobs = 1000, pods_per_job = 10, idle_seconds = 30, progress_seconds = 0, steps_per_second = 5;
   std::string controller_bin, source_dir = MESHLOAD_SOURCE_DIR;
-  cli::FlagParser flags("",
+  FlagParser flags("",
                         "usage: controller_bench [--jobs N] [--pods-per-job N] [--idle-seconds N] "
                         "[--progress-seconds N] [--steps-per-second N]\n",
                         "controller_bench");
@@ -85,13 +85,13 @@ int main(int argc, char** argv) {
   controller_bin = MESHLOAD_CONTROLLER_BIN;
 
   testing::ControlPlane& cp = testing::ControlPlane::Get();
-  kube::ClientOptions copts;
+  controller::kube::ClientOptions copts;
   copts.qps = 0;
   copts.max_attempts = 20;
-  auto client = kube::KubeClient::Create(cp.AdminConfig(), copts);
+  auto client = controller::kube::KubeClient::Create(cp.AdminConfig(), copts);
   if (!client.ok()) return 1;
-  kube::KubeClient& c = **client;
-  auto must = [](const kube::ApiResponse& r, const char* what) {
+  controller::kube::KubeClient& c = **client;
+  auto must = [](const controller::kube::ApiResponse& r, const char* what) {
     if (!r.ok()) {
       std::cerr << r.ToStatus(what).ToString() << "\n";
       std::exit(1);
@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
   double converge_s = -1;
   while (std::chrono::duration<double>(Clock::now() - start).count() < 300) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    kube::ApiResponse r = c.Get("/apis/meshload.io/v1alpha1/dataloadjobs");
+    controller::kube::ApiResponse r = c.Get("/apis/meshload.io/v1alpha1/dataloadjobs");
     if (!r.ok()) continue;
     int64_t done = 0;
     for (const auto& j : r.body["items"]) {
@@ -254,7 +254,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::seconds(progress_seconds));
     progress_writes = state_writes() - before;
     progress_rate = static_cast<double>(progress_writes) / std::chrono::duration<double>(Clock::now() - from).count();
-    kube::ApiResponse r = c.Get("/apis/meshload.io/v1alpha1/dataloadjobs");
+    controller::kube::ApiResponse r = c.Get("/apis/meshload.io/v1alpha1/dataloadjobs");
     for (const auto& j : r.body["items"]) {
       if (j.value("status", json::object()).value("progress", json::object()).contains("step")) ++with_progress;
     }

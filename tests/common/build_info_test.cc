@@ -48,7 +48,7 @@ TEST(BuildInfo, GpuStagingSaysWhetherCudaHeadersWereThere) {
 
 TEST(Flags, VersionPrintsTheTextAndStopsLikeHelp) {
   std::string job;
-  cli::FlagParser flags("", "usage: x\n", "x");
+  FlagParser flags("", "usage: x\n", "x");
   flags.String({"--job"}, &job);
   flags.Version("x 1.2.3\n");
   testing::internal::CaptureStdout();
@@ -57,7 +57,7 @@ TEST(Flags, VersionPrintsTheTextAndStopsLikeHelp) {
 }
 
 TEST(Flags, WithoutAVersionTextVersionIsAnUnknownFlag) {
-  cli::FlagParser flags("plan", "usage: x\n", "x");
+  FlagParser flags("plan", "usage: x\n", "x");
   testing::internal::CaptureStderr();
   EXPECT_EQ(flags.Parse({"--version"}), 2);
   EXPECT_THAT(testing::internal::GetCapturedStderr(), HasSubstr("--version"));

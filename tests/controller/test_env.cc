@@ -24,7 +24,7 @@ std::string SourceDir() { return MESHLOAD_SOURCE_DIR; }
 namespace {
 
 // The CRD, installed once per program and Established before any test uses it.
-void InstallCrd(kube::KubeClient& client) {
+void InstallCrd(controller::kube::KubeClient& client) {
   static std::once_flag once;
   std::call_once(once, [&] {
     auto crd = LoadYamlDocuments(SourceDir() + "/crds/dataloadjobs.meshload.io.yaml").at(0);
@@ -102,7 +102,7 @@ TestCluster::TestCluster(Options options)
       controller_user_(options.chart_rbac ? "system:serviceaccount:" + ns_ + ":" + chart_release()
                                           : "meshload-controller-" + ns_),
       chart_rbac_(options.chart_rbac) {
-  auto client = kube::KubeClient::Create(cp_.AdminConfig(), options.client);
+  auto client = controller::kube::KubeClient::Create(cp_.AdminConfig(), options.client);
   if (!client.ok()) {
     ADD_FAILURE() << client.status().ToString();
     return;
@@ -215,25 +215,25 @@ FaultProxy& TestCluster::proxy() {
   return *proxy_;
 }
 
-kube::ClusterConfig TestCluster::ControllerConfig() const {
-  kube::ClusterConfig c =
+controller::kube::ClusterConfig TestCluster::ControllerConfig() const {
+  controller::kube::ClusterConfig c =
       chart_rbac_ ? cp_.UserConfig(controller_user_, {"system:serviceaccounts", "system:serviceaccounts:" + ns_})
                   : cp_.UserConfig(controller_user_, {"system:masters"});
   c.namespace_ = ns_;
   return proxy_ ? proxy_->Through(c) : c;
 }
 
-std::unique_ptr<kube::KubeClient> TestCluster::ControllerClient(kube::ClientOptions options) const {
+std::unique_ptr<controller::kube::KubeClient> TestCluster::ControllerClient(controller::kube::ClientOptions options) const {
   return NewClient(ControllerConfig(), std::move(options));
 }
 
-std::unique_ptr<kube::KubeClient> TestCluster::NewClient(kube::ClientOptions options) const {
+std::unique_ptr<controller::kube::KubeClient> TestCluster::NewClient(controller::kube::ClientOptions options) const {
   return NewClient(cp_.AdminConfig(), std::move(options));
 }
 
-std::unique_ptr<kube::KubeClient> TestCluster::NewClient(const kube::ClusterConfig& config,
-                                                        kube::ClientOptions options) const {
-  auto c = kube::KubeClient::Create(config, std::move(options));
+std::unique_ptr<controller::kube::KubeClient> TestCluster::NewClient(const controller::kube::ClusterConfig& config,
+                                                        controller::kube::ClientOptions options) const {
+  auto c = controller::kube::KubeClient::Create(config, std::move(options));
   if (!c.ok()) {
     ADD_FAILURE() << c.status().ToString();
     return nullptr;

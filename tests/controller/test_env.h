@@ -36,7 +36,7 @@ using nlohmann::json;
 class TestCluster {
  public:
   struct Options {
-    kube::ClientOptions client{};
+    controller::kube::ClientOptions client{};
     /// Put a fault proxy (tests/tools/faultproxy) in front of the server for
     /// the controller's identity: proxy(), ControllerConfig().
     bool fault_proxy = false;
@@ -57,21 +57,21 @@ class TestCluster {
   FaultProxy& proxy();
 
   /// The test's own client (the admin).
-  kube::KubeClient& client() { return *client_; }
+  controller::kube::KubeClient& client() { return *client_; }
   /// The admin's configuration.
-  kube::ClusterConfig config() const { return cp_.AdminConfig(); }
+  controller::kube::ClusterConfig config() const { return cp_.AdminConfig(); }
   /// The controller's configuration: user controller_user() (the chart's
   /// ServiceAccount, or in system:masters without Options::chart_rbac),
   /// through the fault proxy when there is one.
-  kube::ClusterConfig ControllerConfig() const;
+  controller::kube::ClusterConfig ControllerConfig() const;
   const std::string& controller_user() const { return controller_user_; }
   /// A client with the controller's identity.
-  std::unique_ptr<kube::KubeClient> ControllerClient(kube::ClientOptions options = {}) const;
+  std::unique_ptr<controller::kube::KubeClient> ControllerClient(controller::kube::ClientOptions options = {}) const;
   /// Writes the controller's configuration as a kubeconfig file.
   void WriteKubeconfig(const std::string& path) const { testing::WriteKubeconfig(path, ControllerConfig()); }
   /// Another client with `config` (the admin's by default).
-  std::unique_ptr<kube::KubeClient> NewClient(kube::ClientOptions options = {}) const;
-  std::unique_ptr<kube::KubeClient> NewClient(const kube::ClusterConfig& config, kube::ClientOptions options = {}) const;
+  std::unique_ptr<controller::kube::KubeClient> NewClient(controller::kube::ClientOptions options = {}) const;
+  std::unique_ptr<controller::kube::KubeClient> NewClient(const controller::kube::ClusterConfig& config, controller::kube::ClientOptions options = {}) const;
 
   /// A token (TokenRequest) of service account `name` in ns(), made and
   /// bound to cluster-admin on first use.
@@ -132,7 +132,7 @@ class TestCluster {
   bool forbidden_expected_ = false;
   std::set<std::string> namespaces_;
   std::unique_ptr<FaultProxy> proxy_;
-  std::unique_ptr<kube::KubeClient> client_;
+  std::unique_ptr<controller::kube::KubeClient> client_;
   int pod_ip_ = 10;
 };
 

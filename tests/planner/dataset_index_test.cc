@@ -7,7 +7,7 @@
 
 #include <vector>
 
-namespace meshload {
+namespace meshload::planner {
 namespace {
 
 TEST(CoalesceExtents, MergesTouchingAndOverlappingRangesOfOneFileOnly) {
@@ -23,4 +23,4 @@ TEST(CoalesceExtents, MergesTouchingAndOverlappingRangesOfOneFileOnly) {
 }
 
 }  // namespace
-}  // namespace meshload
+}  // namespace meshload::planner

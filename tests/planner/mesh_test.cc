@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-namespace meshload {
+namespace meshload::planner {
 namespace {
 
 MeshSpec Mesh(int64_t processes, int64_t per_process, std::vector<MeshAxis> axes,
@@ -68,4 +68,4 @@ TEST(DeviceMesh, RejectsAnInvalidMesh) {
 }
 
 }  // namespace
-}  // namespace meshload
+}  // namespace meshload::planner

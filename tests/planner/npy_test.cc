@@ -17,7 +17,7 @@
 
 #include "tests/testing/npy_bytes.h"
 
-namespace meshload {
+namespace meshload::planner {
 namespace {
 
 using meshload::testing::StatusIs;
@@ -679,4 +679,4 @@ TEST(NpyDataOffset, TheHeaderLengthFromThePreambleAlone) {
 }
 
 }  // namespace
-}  // namespace meshload
+}  // namespace meshload::planner

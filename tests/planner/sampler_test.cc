@@ -7,7 +7,7 @@
 #include <set>
 #include <vector>
 
-namespace meshload {
+namespace meshload::planner {
 namespace {
 
 ShuffleSpec Shuffle(ShuffleMode mode, uint64_t seed, int64_t block = 1024) {
@@ -209,4 +209,4 @@ TEST(EpochPermutation, TheOrderIsAStableContract) {
 }
 
 }  // namespace
-}  // namespace meshload
+}  // namespace meshload::planner

@@ -14,7 +14,7 @@
 #include "tests/testing/job_fixtures.h"
 #include "tests/testing/status_matchers.h"
 
-namespace meshload {
+namespace meshload::planner {
 namespace {
 
 using testing::MakePlanner;
@@ -533,4 +533,4 @@ TEST(ParseStepRange, AcceptsRangesAndSingleStepsAndRejectsTheRest) {
 }
 
 }  // namespace
-}  // namespace meshload
+}  // namespace meshload::planner

@@ -8,7 +8,7 @@
 #include "tests/testing/job_fixtures.h"
 #include "tests/testing/status_matchers.h"
 
-namespace meshload {
+namespace meshload::planner {
 namespace {
 
 using testing::MinimalJobYaml;
@@ -382,4 +382,4 @@ TEST(Spec, AxesOfSizeOneDoNotMakeAJobPartiallyReplicated) {
 }
 
 }  // namespace
-}  // namespace meshload
+}  // namespace meshload::planner

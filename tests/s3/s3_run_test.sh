@@ -47,22 +47,11 @@ job() {
     TokenStream) fmt="format: TokenStream, dtype: uint16, sequenceLength: 127" ;;
     Npy) fmt="format: Npy" ;;
   esac
-  cat >"$TMP/$1.yaml" <<YAML
-apiVersion: meshload.io/v1alpha1
-kind: DataLoadJob
-metadata: {name: $1}
-spec:
-  mesh:
-    processes: 2
-    devicesPerProcess: 2
-    axes: [{name: model, size: 2}, {name: data, size: 2}]
-    batchAxes: [data]
-  replication: {mode: Partial, fanout: $4}
+  two_process_job "$TMP/$1.yaml" "$1" model "  replication: {mode: Partial, fanout: $4}
   strategy: $3
-  dataset: {uri: "$5", $fmt}
+  dataset: {uri: \"$5\", $fmt}
   batch: {globalBatchSize: 8, prefetch: 3}
-  shuffle: {mode: Global, seed: 11}
-YAML
+  shuffle: {mode: Global, seed: 11}"
 }
 
 # The datasets, written into the bucket's directory (what the POSIX backend

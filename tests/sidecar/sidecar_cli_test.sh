@@ -15,23 +15,12 @@ source "$(dirname "$0")/../testing/shell_checks.sh"
 listen_port() { echo $((20000 + RANDOM % 12000)); }
 
 job() {  # job NAME FORMAT-FIELDS STRATEGY
-  cat >"$TMP/$1.yaml" <<YAML
-apiVersion: meshload.io/v1alpha1
-kind: DataLoadJob
-metadata: {name: $1}
-spec:
-  mesh:
-    processes: 2
-    devicesPerProcess: 2
-    axes: [{name: data, size: 2}, {name: model, size: 2}]
-    batchAxes: [data]
-  strategy: $3
+  two_process_job "$TMP/$1.yaml" "$1" data "  strategy: $3
   dataset:
     uri: $TMP/none
 $2
   batch: {globalBatchSize: 8, prefetch: 3}
-  shuffle: {mode: Global, seed: 9}
-YAML
+  shuffle: {mode: Global, seed: 9}"
 }
 
 # 1. The main job on every format (each with a different strategy).
@@ -55,22 +44,11 @@ done
 # over TCP, and the trainers verify every byte. `model` spans the processes,
 # so replicas live in different processes.
 moving() {  # moving NAME STRATEGY FANOUT
-  cat >"$TMP/$1.yaml" <<YAML
-apiVersion: meshload.io/v1alpha1
-kind: DataLoadJob
-metadata: {name: $1}
-spec:
-  mesh:
-    processes: 2
-    devicesPerProcess: 2
-    axes: [{name: model, size: 2}, {name: data, size: 2}]
-    batchAxes: [data]
-  replication: {mode: Partial, fanout: $3}
+  two_process_job "$TMP/$1.yaml" "$1" model "  replication: {mode: Partial, fanout: $3}
   strategy: $2
   dataset: {uri: $TMP/none, format: TokenStream, dtype: uint16, sequenceLength: 63}
   batch: {globalBatchSize: 8, prefetch: 3}
-  shuffle: {mode: Global, seed: 9}
-YAML
+  shuffle: {mode: Global, seed: 9}"
 }
 moving reshard LoadAndReshard Load
 moving bcast PerProcess Broadcast

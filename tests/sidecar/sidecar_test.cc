@@ -71,10 +71,10 @@ class SidecarHarness {
   explicit SidecarHarness(int64_t prefetch = 3, std::vector<uid_t> allowed = {}, std::string uri = {},
                           uint64_t samples = 320) {
     if (uri.empty()) {
-      DatasetSpec ds;
-      ds.format = DatasetFormat::kFixedRecord;
+      planner::DatasetSpec ds;
+      ds.format = planner::DatasetFormat::kFixedRecord;
       ds.record_bytes = 512;
-      auto u = synthetic::Generate(ds, dir_.path() + "/data", samples, 2);
+      auto u = tools::GenerateSyntheticDataset(ds, dir_.path() + "/data", samples, 2);
       EXPECT_OK(u);
       uri = *u;
     }
@@ -130,19 +130,19 @@ class SidecarHarness {
   void ExpectBatchIsPlanned(const client::Batch& b) {
     if (!planner_) {
       Diagnostics d;
-      auto job = LoadDataLoadJobFile(job_path_, d);
+      auto job = planner::LoadDataLoadJobFile(job_path_, d);
       auto r = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
       ASSERT_OK(r) << d.ToString();
-      planner_ = std::make_unique<ShardPlanner>(std::move(*r));
+      planner_ = std::make_unique<planner::ShardPlanner>(std::move(*r));
     }
-    StepPlan plan = planner_->PlanStep(b.step, planner_->DefaultLoading(), 1);
+    planner::StepPlan plan = planner_->PlanStep(b.step, planner_->DefaultLoading(), 1);
     ASSERT_EQ(b.tensors.size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
       const auto& ids = plan.devices[i].samples;
       ASSERT_EQ(b.tensors[i].ids_checksum, protocol::SampleIdsChecksum(ids.data(), ids.size()));
       ASSERT_EQ(b.tensors[i].shape, (std::vector<int64_t>{4, 512}));
       for (size_t k = 0; k < ids.size(); ++k) {
-        ASSERT_EQ(synthetic::FirstMismatch(planner_->job().dataset, ids[k],
+        ASSERT_EQ(tools::FirstMismatch(planner_->job().dataset, ids[k],
                                            static_cast<const uint8_t*>(b.tensors[i].data) + k * 512),
                   -1);
       }
@@ -153,7 +153,7 @@ class SidecarHarness {
   std::string uri_, job_path_;
   SidecarOptions options_;
   std::unique_ptr<Sidecar> sidecar_;
-  std::unique_ptr<ShardPlanner> planner_;
+  std::unique_ptr<planner::ShardPlanner> planner_;
   std::thread thread_;
   std::atomic<int> rc_{-1};
 };
@@ -666,10 +666,10 @@ class RangeServer {
 // The bytes of a one-file synthetic dataset in `dir` (what the harness's job
 // describes: 320 records of 512 bytes), to serve over HTTP.
 std::string GeneratedDatasetBytes(const TempDir& dir) {
-  DatasetSpec ds;
-  ds.format = DatasetFormat::kFixedRecord;
+  planner::DatasetSpec ds;
+  ds.format = planner::DatasetFormat::kFixedRecord;
   ds.record_bytes = 512;
-  EXPECT_OK(synthetic::Generate(ds, dir.path(), 320, 1));
+  EXPECT_OK(tools::GenerateSyntheticDataset(ds, dir.path(), 320, 1));
   std::ifstream in(dir.path() + "/part-00000.bin", std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
@@ -822,10 +822,10 @@ TEST(Sidecar, ATrainerOfAWideJobIsNeverSentMoreReadysThanItsSocketHolds) {
   // here) must not be dropped for it: the sidecar sends at most half of
   // what the queue holds, measured at start-up.
   TempDir dir;
-  DatasetSpec ds;
-  ds.format = DatasetFormat::kFixedRecord;
+  planner::DatasetSpec ds;
+  ds.format = planner::DatasetFormat::kFixedRecord;
   ds.record_bytes = 64;
-  auto uri = synthetic::Generate(ds, dir.path() + "/data", 4096, 1);
+  auto uri = tools::GenerateSyntheticDataset(ds, dir.path() + "/data", 4096, 1);
   ASSERT_OK(uri);
   const std::string job = dir.Write(
       "job.yaml",
@@ -1136,10 +1136,10 @@ TEST(SidecarProcess, ARestartedSidecarResumesTheTrainerWithIdenticalBytes) {
 // and every byte of every batch is the planned one.
 void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::string& fanout, int victim) {
   TempDir dir;
-  DatasetSpec ds;
-  ds.format = DatasetFormat::kFixedRecord;
+  planner::DatasetSpec ds;
+  ds.format = planner::DatasetFormat::kFixedRecord;
   ds.record_bytes = 512;
-  auto uri = synthetic::Generate(ds, dir.path() + "/data", 400, 2);
+  auto uri = tools::GenerateSyntheticDataset(ds, dir.path() + "/data", 400, 2);
   ASSERT_OK(uri);
   const std::string job_path = dir.Write(
       "job.yaml",
@@ -1150,11 +1150,11 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
       "  dataset: {uri: " + *uri + ", format: FixedRecord, recordBytes: 512}\n"
       "  batch: {globalBatchSize: 8, prefetch: 3}\n  shuffle: {mode: Global, seed: 9}\n");
   Diagnostics d;
-  auto job = LoadDataLoadJobFile(job_path, d);
+  auto job = planner::LoadDataLoadJobFile(job_path, d);
   ASSERT_OK(job) << d.ToString();
   auto resolved = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
   ASSERT_OK(resolved) << d.ToString();
-  ShardPlanner planner(std::move(*resolved));
+  planner::ShardPlanner planner(std::move(*resolved));
   // Each sidecar's peer socket stays open here, so a restarted sidecar
   // listens on the same port (as a restarted container keeps its pod's IP).
   int listen_fd[2];
@@ -1216,13 +1216,13 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
     auto b = c[p]->Next(milliseconds(20000));
     ASSERT_OK(b) << "process " << p << " step " << step << ": " << b.status().ToString();
     ASSERT_EQ(b->step, step);
-    const StepPlan plan = planner.PlanStep(step, planner.DefaultLoading(), p);
+    const planner::StepPlan plan = planner.PlanStep(step, planner.DefaultLoading(), p);
     ASSERT_EQ(b->tensors.size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
       const auto& ids = plan.devices[i].samples;
       ASSERT_EQ(b->tensors[i].ids_checksum, protocol::SampleIdsChecksum(ids.data(), ids.size()));
       for (size_t k = 0; k < ids.size(); ++k) {
-        ASSERT_EQ(synthetic::FirstMismatch(planner.job().dataset, ids[k],
+        ASSERT_EQ(tools::FirstMismatch(planner.job().dataset, ids[k],
                                            static_cast<const uint8_t*>(b->tensors[i].data) + k * 512),
                   -1)
             << "process " << p << " step " << step << " device " << i << " sample " << ids[k];

@@ -32,16 +32,16 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 struct Case {
-  DatasetFormat format;
-  Strategy strategy;
-  ShuffleMode shuffle;
-  std::vector<MeshAxis> axes;
+  planner::DatasetFormat format;
+  planner::Strategy strategy;
+  planner::ShuffleMode shuffle;
+  std::vector<planner::MeshAxis> axes;
   std::vector<std::string> batch_axes;
   int64_t devices_per_process;
 };
 
-JobSpec SpecFor(const Case& c, const std::string& dir) {
-  JobSpec spec;
+planner::JobSpec SpecFor(const Case& c, const std::string& dir) {
+  planner::JobSpec spec;
   spec.mesh.axes = c.axes;
   int64_t d = 1;
   for (const auto& a : c.axes) d *= a.size;
@@ -53,13 +53,13 @@ JobSpec SpecFor(const Case& c, const std::string& dir) {
   spec.dataset.uri = dir;
   spec.dataset.format = c.format;
   switch (c.format) {
-    case DatasetFormat::kFixedRecord: spec.dataset.record_bytes = 100; break;  // not a multiple of 8
-    case DatasetFormat::kTokenStream:
-      spec.dataset.dtype = DType::kUint16;
+    case planner::DatasetFormat::kFixedRecord: spec.dataset.record_bytes = 100; break;  // not a multiple of 8
+    case planner::DatasetFormat::kTokenStream:
+      spec.dataset.dtype = planner::DType::kUint16;
       spec.dataset.sequence_length = 9;
       break;
-    case DatasetFormat::kNpy:
-      spec.dataset.dtype = DType::kFloat32;
+    case planner::DatasetFormat::kNpy:
+      spec.dataset.dtype = planner::DType::kFloat32;
       spec.dataset.record_bytes = 64;
       break;
   }
@@ -71,27 +71,27 @@ JobSpec SpecFor(const Case& c, const std::string& dir) {
 }
 
 // Generates the dataset, resolves the job and returns a planner.
-std::unique_ptr<ShardPlanner> Prepare(const JobSpec& spec_in, const std::string& dir, uint64_t samples, int files) {
-  JobSpec spec = spec_in;
-  auto uri = synthetic::Generate(spec.dataset, dir, samples, files);
+std::unique_ptr<planner::ShardPlanner> Prepare(const planner::JobSpec& spec_in, const std::string& dir, uint64_t samples, int files) {
+  planner::JobSpec spec = spec_in;
+  auto uri = tools::GenerateSyntheticDataset(spec.dataset, dir, samples, files);
   EXPECT_OK(uri);
   spec.dataset.uri = *uri;
   Diagnostics d;
   auto job = source::ResolveReadingDataset(spec, {}, source::Unreachable::kFail, d);
   EXPECT_OK(job) << d.ToString() << job.status().ToString();
-  return std::make_unique<ShardPlanner>(std::move(*job));
+  return std::make_unique<planner::ShardPlanner>(std::move(*job));
 }
 
-void ExpectSlotMatchesPlan(const ShardPlanner& planner, int64_t process, int64_t step, const uint8_t* slot,
+void ExpectSlotMatchesPlan(const planner::ShardPlanner& planner, int64_t process, int64_t step, const uint8_t* slot,
                            const staging::BatchLayout& layout, const std::vector<uint64_t>& checksums) {
-  StepPlan plan = planner.PlanStep(step, planner.DefaultLoading(), process);
+  planner::StepPlan plan = planner.PlanStep(step, planner.DefaultLoading(), process);
   ASSERT_EQ(plan.devices.size(), layout.devices.size());
   for (size_t i = 0; i < plan.devices.size(); ++i) {
     const auto& ids = plan.devices[i].samples;
     EXPECT_EQ(checksums[i], protocol::SampleIdsChecksum(ids.data(), ids.size()));
     for (size_t k = 0; k < ids.size(); ++k) {
       const uint8_t* bytes = slot + layout.devices[i].offset + k * layout.sample_bytes;
-      ASSERT_EQ(synthetic::FirstMismatch(planner.job().dataset, ids[k], bytes), -1)
+      ASSERT_EQ(tools::FirstMismatch(planner.job().dataset, ids[k], bytes), -1)
           << "step " << step << " device " << i << " sample " << ids[k];
     }
   }
@@ -99,9 +99,9 @@ void ExpectSlotMatchesPlan(const ShardPlanner& planner, int64_t process, int64_t
 
 TEST(StepLoader, EveryFormatStrategyAndShuffleDeliversThePlannedBytes) {
   std::vector<Case> cases;
-  for (DatasetFormat f : {DatasetFormat::kFixedRecord, DatasetFormat::kTokenStream, DatasetFormat::kNpy}) {
-    for (Strategy s : {Strategy::kGlobalLoad, Strategy::kPerDevice, Strategy::kPerProcess}) {
-      for (ShuffleMode m : {ShuffleMode::kNone, ShuffleMode::kGlobal, ShuffleMode::kBlock}) {
+  for (planner::DatasetFormat f : {planner::DatasetFormat::kFixedRecord, planner::DatasetFormat::kTokenStream, planner::DatasetFormat::kNpy}) {
+    for (planner::Strategy s : {planner::Strategy::kGlobalLoad, planner::Strategy::kPerDevice, planner::Strategy::kPerProcess}) {
+      for (planner::ShuffleMode m : {planner::ShuffleMode::kNone, planner::ShuffleMode::kGlobal, planner::ShuffleMode::kBlock}) {
         // 2 processes x 2 devices; `model` replicas inside each process.
         cases.push_back({f, s, m, {{"data", 2}, {"model", 2}}, {"data"}, 2});
         // 1 process x 4 devices, every device its own shard.
@@ -112,7 +112,7 @@ TEST(StepLoader, EveryFormatStrategyAndShuffleDeliversThePlannedBytes) {
   auto sources = source::SourceRegistry::WithBuiltins({});
   for (const Case& c : cases) {
     TempDir dir;
-    JobSpec spec = SpecFor(c, dir.path());
+    planner::JobSpec spec = SpecFor(c, dir.path());
     auto planner = Prepare(spec, dir.path(), 100, 3);
     for (int64_t p = 0; p < planner->job().mesh.processes(); ++p) {
       const auto layout = staging::ComputeBatchLayout(planner->job(), p);
@@ -222,8 +222,8 @@ TEST(StepLoader, EveryReadIsHintedToItsSourceAWindowAhead) {
   for (const int threads : {1, 3}) {
     SCOPED_TRACE(std::to_string(threads) + " reading threads");
     TempDir dir;
-    Case c{DatasetFormat::kTokenStream, Strategy::kPerProcess, ShuffleMode::kGlobal, {{"data", 1}}, {"data"}, 1};
-    JobSpec spec = SpecFor(c, dir.path());
+    Case c{planner::DatasetFormat::kTokenStream, planner::Strategy::kPerProcess, planner::ShuffleMode::kGlobal, {{"data", 1}}, {"data"}, 1};
+    planner::JobSpec spec = SpecFor(c, dir.path());
     spec.batch.global_batch_size = 80;  // more reads per step than one window of hints
     auto planner = Prepare(spec, dir.path(), 400, 3);
     source::SourceRegistry sources({});
@@ -285,8 +285,8 @@ TEST(StepLoader, CloseRangesOfARemoteObjectAreOneRequest) {
   for (const bool remote : {false, true}) {
     SCOPED_TRACE(remote ? "latency-bound source" : "local source");
     TempDir dir;
-    Case c{DatasetFormat::kFixedRecord, Strategy::kPerProcess, ShuffleMode::kGlobal, {{"data", 1}}, {"data"}, 1};
-    JobSpec spec = SpecFor(c, dir.path());
+    Case c{planner::DatasetFormat::kFixedRecord, planner::Strategy::kPerProcess, planner::ShuffleMode::kGlobal, {{"data", 1}}, {"data"}, 1};
+    planner::JobSpec spec = SpecFor(c, dir.path());
     spec.batch.global_batch_size = 40;
     auto planner = Prepare(spec, dir.path(), 400, 2);  // 40 of 400 shuffled samples: gaps between them
     source::SourceRegistry sources({});
@@ -326,9 +326,9 @@ TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
   auto sources = source::SourceRegistry::WithBuiltins({});
   for (uint64_t inline_below : {uint64_t{1} << 30, uint64_t{0}}) {
     TempDir dir;
-    Case c{DatasetFormat::kTokenStream, Strategy::kGlobalLoad, ShuffleMode::kGlobal, {{"data", 2}, {"model", 2}},
+    Case c{planner::DatasetFormat::kTokenStream, planner::Strategy::kGlobalLoad, planner::ShuffleMode::kGlobal, {{"data", 2}, {"model", 2}},
            {"data"}, 2};
-    JobSpec spec = SpecFor(c, dir.path());
+    planner::JobSpec spec = SpecFor(c, dir.path());
     auto planner = Prepare(spec, dir.path(), 200, 3);
     const auto layout = staging::ComputeBatchLayout(planner->job(), 1);
     StepLoaderOptions opts;
@@ -363,7 +363,7 @@ TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
 // scratch under an earlier piece (a use-after-free write ASan reports).
 TEST(StepLoader, GlobalLoadTokenStreamOnAFreshThreadDeliversThePlannedBytes) {
   TempDir dir;
-  Case c{DatasetFormat::kTokenStream, Strategy::kGlobalLoad, ShuffleMode::kNone, {{"data", 2}}, {"data"}, 1};
+  Case c{planner::DatasetFormat::kTokenStream, planner::Strategy::kGlobalLoad, planner::ShuffleMode::kNone, {{"data", 2}}, {"data"}, 1};
   auto planner = Prepare(SpecFor(c, dir.path()), dir.path(), 100, 2);
   auto sources = source::SourceRegistry::WithBuiltins({});
   std::thread fresh([&] {
@@ -382,7 +382,7 @@ TEST(StepLoader, GlobalLoadTokenStreamOnAFreshThreadDeliversThePlannedBytes) {
 
 TEST(StepLoader, StrategiesThatMoveSamplesBetweenProcessesNeedPeers) {
   TempDir dir;
-  Case c{DatasetFormat::kFixedRecord, Strategy::kLoadAndReshard, ShuffleMode::kNone, {{"model", 2}, {"data", 2}}, {"data"}, 2};
+  Case c{planner::DatasetFormat::kFixedRecord, planner::Strategy::kLoadAndReshard, planner::ShuffleMode::kNone, {{"model", 2}, {"data", 2}}, {"data"}, 2};
   auto planner = Prepare(SpecFor(c, dir.path()), dir.path(), 100, 1);
   auto sources = source::SourceRegistry::WithBuiltins({});
   auto layout = staging::ComputeBatchLayout(planner->job(), 0);
@@ -391,7 +391,7 @@ TEST(StepLoader, StrategiesThatMoveSamplesBetweenProcessesNeedPeers) {
   EXPECT_THAT(loader, StatusIs(StatusCode::kFailedPrecondition,
                                AllOf(HasSubstr("moves samples between processes"),
                                      HasSubstr("--peers"))));
-  auto bcast = StepLoader::Create(*planner, 0, {Strategy::kPerProcess, Fanout::kBroadcast}, *sources, layout, {});
+  auto bcast = StepLoader::Create(*planner, 0, {planner::Strategy::kPerProcess, planner::Fanout::kBroadcast}, *sources, layout, {});
   EXPECT_FALSE(bcast.ok());
 }
 
@@ -405,12 +405,12 @@ std::pair<int, uint16_t> Listen() {
 // One loader per process, connected by real PeerExchanges over loopback;
 // each process stages steps on its own thread with two callers (so steps
 // overlap), and every slot must hold exactly the planned bytes.
-void RunExchangeCase(const Case& c, Fanout fanout, int64_t steps) {
+void RunExchangeCase(const Case& c, planner::Fanout fanout, int64_t steps) {
   TempDir dir;
-  JobSpec spec = SpecFor(c, dir.path());
+  planner::JobSpec spec = SpecFor(c, dir.path());
   spec.replication.fanout = fanout;
   auto planner = Prepare(spec, dir.path(), 100, 3);
-  const Loading loading = planner->DefaultLoading();
+  const planner::Loading loading = planner->DefaultLoading();
   const int64_t P = planner->job().mesh.processes();
   auto sources = source::SourceRegistry::WithBuiltins({});
   std::vector<exchange::PeerAddress> peers;
@@ -464,27 +464,27 @@ void RunExchangeCase(const Case& c, Fanout fanout, int64_t steps) {
 }
 
 TEST(StepLoader, BroadcastAndReshardMoveThePlannedBytesBetweenProcesses) {
-  for (DatasetFormat f : {DatasetFormat::kFixedRecord, DatasetFormat::kTokenStream, DatasetFormat::kNpy}) {
+  for (planner::DatasetFormat f : {planner::DatasetFormat::kFixedRecord, planner::DatasetFormat::kTokenStream, planner::DatasetFormat::kNpy}) {
     SCOPED_TRACE(std::string(ToString(f)));
     // 2 processes x 2 devices, each process holding both shards (`model`
     // spans the processes): each reads half and receives the other half.
-    RunExchangeCase({f, Strategy::kLoadAndReshard, ShuffleMode::kGlobal, {{"model", 2}, {"data", 2}}, {"data"}, 2},
-                    Fanout::kLoad, 8);
+    RunExchangeCase({f, planner::Strategy::kLoadAndReshard, planner::ShuffleMode::kGlobal, {{"model", 2}, {"data", 2}}, {"data"}, 2},
+                    planner::Fanout::kLoad, 8);
     // Replicas across processes: `model` spans the processes.
-    for (Strategy s : {Strategy::kGlobalLoad, Strategy::kPerDevice, Strategy::kPerProcess}) {
+    for (planner::Strategy s : {planner::Strategy::kGlobalLoad, planner::Strategy::kPerDevice, planner::Strategy::kPerProcess}) {
       SCOPED_TRACE(std::string(ToString(s)));
-      RunExchangeCase({f, s, ShuffleMode::kGlobal, {{"model", 2}, {"data", 2}}, {"data"}, 2}, Fanout::kBroadcast, 8);
+      RunExchangeCase({f, s, planner::ShuffleMode::kGlobal, {{"model", 2}, {"data", 2}}, {"data"}, 2}, planner::Fanout::kBroadcast, 8);
     }
   }
   // 3 processes, all-to-all: each reads a third and receives the rest.
-  RunExchangeCase({DatasetFormat::kTokenStream, Strategy::kLoadAndReshard, ShuffleMode::kBlock, {{"model", 3}, {"data", 2}},
+  RunExchangeCase({planner::DatasetFormat::kTokenStream, planner::Strategy::kLoadAndReshard, planner::ShuffleMode::kBlock, {{"model", 3}, {"data", 2}},
                    {"data"}, 2},
-                  Fanout::kLoad, 10);
+                  planner::Fanout::kLoad, 10);
 }
 
 TEST(StepLoader, AFileTruncatedAfterPlanningIsAnErrorNamingFileAndOffset) {
   TempDir dir;
-  Case c{DatasetFormat::kFixedRecord, Strategy::kPerProcess, ShuffleMode::kNone, {{"data", 1}}, {"data"}, 1};
+  Case c{planner::DatasetFormat::kFixedRecord, planner::Strategy::kPerProcess, planner::ShuffleMode::kNone, {{"data", 1}}, {"data"}, 1};
   auto planner = Prepare(SpecFor(c, dir.path()), dir.path(), 96, 1);
   const std::string file = planner->job().dataset.files()[0].path;
   auto sources = source::SourceRegistry::WithBuiltins({});
@@ -506,9 +506,9 @@ TEST(StepLoader, AFileTruncatedAfterPlanningIsAnErrorNamingFileAndOffset) {
 
 TEST(StepLoader, ANpyFileShorterThanItsHeaderClaimsIsRefusedAtIndexing) {
   TempDir dir;
-  Case c{DatasetFormat::kNpy, Strategy::kPerProcess, ShuffleMode::kNone, {{"data", 1}}, {"data"}, 1};
-  JobSpec spec = SpecFor(c, dir.path());
-  ASSERT_OK(synthetic::Generate(spec.dataset, dir.path(), 50, 1));
+  Case c{planner::DatasetFormat::kNpy, planner::Strategy::kPerProcess, planner::ShuffleMode::kNone, {{"data", 1}}, {"data"}, 1};
+  planner::JobSpec spec = SpecFor(c, dir.path());
+  ASSERT_OK(tools::GenerateSyntheticDataset(spec.dataset, dir.path(), 50, 1));
   const std::string file = dir.path() + "/part-00000.npy";
   ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(std::filesystem::file_size(file) - 10)), 0);
   Diagnostics d;

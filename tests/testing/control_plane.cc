@@ -143,8 +143,8 @@ int ControlPlane::port(const std::string& component) const {
   return it == ports_.end() ? 0 : it->second;
 }
 
-kube::ClusterConfig ControlPlane::AdminConfig() const {
-  kube::ClusterConfig c;
+controller::kube::ClusterConfig ControlPlane::AdminConfig() const {
+  controller::kube::ClusterConfig c;
   c.server = server_;
   c.ca_pem = ca_pem_;
   c.client_cert_pem = Slurp(dir_ + "/pki/admin.crt");
@@ -153,7 +153,7 @@ kube::ClusterConfig ControlPlane::AdminConfig() const {
   return c;
 }
 
-kube::ClusterConfig ControlPlane::UserConfig(const std::string& name, const std::vector<std::string>& groups) const {
+controller::kube::ClusterConfig ControlPlane::UserConfig(const std::string& name, const std::vector<std::string>& groups) const {
   std::lock_guard lock(mu_);
   auto it = certs_.find(name);
   if (it == certs_.end()) {
@@ -171,7 +171,7 @@ kube::ClusterConfig ControlPlane::UserConfig(const std::string& name, const std:
     if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << "cannot make a client certificate for " << name;
     it = certs_.emplace(name, std::make_pair(Slurp(base + ".crt"), Slurp(base + ".key"))).first;
   }
-  kube::ClusterConfig c;
+  controller::kube::ClusterConfig c;
   c.server = server_;
   c.ca_pem = ca_pem_;
   c.client_cert_pem = it->second.first;
@@ -274,7 +274,7 @@ nlohmann::json RunningPodStatus(const std::string& ip, bool sidecar_ready, int r
                                     container("meshload-sidecar", "meshload/sidecar:0.1.0", sidecar_ready, restarts)})}}}};
 }
 
-void WriteKubeconfig(const std::string& path, const kube::ClusterConfig& config) {
+void WriteKubeconfig(const std::string& path, const controller::kube::ClusterConfig& config) {
   std::ofstream out(path);
   out << "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
       << "clusters:\n- name: test\n  cluster:\n    server: " << config.server << "\n";
@@ -319,7 +319,7 @@ FaultProxy::FaultProxy(ControlPlane& cp) {
 
 FaultProxy::~FaultProxy() { StopProcess(pid_, std::chrono::seconds(5)); }
 
-kube::ClusterConfig FaultProxy::Through(kube::ClusterConfig base) const {
+controller::kube::ClusterConfig FaultProxy::Through(controller::kube::ClusterConfig base) const {
   base.server = url_;
   base.origin += " through the fault proxy";
   return base;

@@ -55,10 +55,10 @@ class ControlPlane {
   int port(const std::string& component) const;
 
   /// The admin's configuration (a client certificate in system:masters).
-  kube::ClusterConfig AdminConfig() const;
+  controller::kube::ClusterConfig AdminConfig() const;
   /// A configuration for user `name` in `groups`, with a client certificate
   /// signed by the control plane's CA (made once per identity).
-  kube::ClusterConfig UserConfig(const std::string& name, const std::vector<std::string>& groups) const;
+  controller::kube::ClusterConfig UserConfig(const std::string& name, const std::vector<std::string>& groups) const;
 
   /// Every request in the audit log so far that `match` accepts (all when
   /// empty).
@@ -98,7 +98,7 @@ nlohmann::json TrainerPod(const std::string& ns, const std::string& name, const 
 nlohmann::json RunningPodStatus(const std::string& ip, bool sidecar_ready, int restarts = 0);
 
 /// Writes `config` as a kubeconfig file (certificates and keys inline).
-void WriteKubeconfig(const std::string& path, const kube::ClusterConfig& config);
+void WriteKubeconfig(const std::string& path, const controller::kube::ClusterConfig& config);
 
 /// tests/tools/faultproxy in front of the control plane's kube-apiserver:
 /// clients use url() instead of the server's; faults are set per proxy.
@@ -112,7 +112,7 @@ class FaultProxy {
 
   const std::string& url() const { return url_; }
   /// A configuration like `base` that goes through the proxy.
-  kube::ClusterConfig Through(kube::ClusterConfig base) const;
+  controller::kube::ClusterConfig Through(controller::kube::ClusterConfig base) const;
 
   /// The next `count` requests whose path starts with `path_prefix` are
   /// answered with `status` (with Retry-After when retry_after_seconds > 0).

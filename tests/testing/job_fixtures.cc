@@ -9,11 +9,11 @@
 
 namespace meshload::testing {
 
-JobSpec RandomSpec(std::mt19937_64& rng) {
+planner::JobSpec RandomSpec(std::mt19937_64& rng) {
   auto uniform = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
-  JobSpec spec;
+  planner::JobSpec spec;
   const int naxes = static_cast<int>(uniform(1, 4));
   std::vector<std::string> names = {"data", "fsdp", "model", "seq"};
   std::shuffle(names.begin(), names.end(), rng);
@@ -35,7 +35,7 @@ JobSpec RandomSpec(std::mt19937_64& rng) {
     shards = devices;
   } else {
     spec.mesh.batch_axes_set = true;
-    std::vector<MeshAxis> axes = spec.mesh.axes;
+    std::vector<planner::MeshAxis> axes = spec.mesh.axes;
     std::shuffle(axes.begin(), axes.end(), rng);
     for (const auto& a : axes) {
       if (uniform(0, 1)) {
@@ -47,35 +47,35 @@ JobSpec RandomSpec(std::mt19937_64& rng) {
   const int64_t unit = uniform(0, 5) == 0 ? shards : std::lcm(shards, spec.mesh.processes);
   spec.batch.global_batch_size = unit * uniform(1, 3);
   const int64_t B = spec.batch.global_batch_size;
-  spec.strategy = kAllStrategies[static_cast<size_t>(uniform(0, 3))];
-  if (B % spec.mesh.processes != 0 && spec.strategy == Strategy::kLoadAndReshard) {
-    spec.strategy = Strategy::kPerProcess;
+  spec.strategy = planner::kAllStrategies[static_cast<size_t>(uniform(0, 3))];
+  if (B % spec.mesh.processes != 0 && spec.strategy == planner::Strategy::kLoadAndReshard) {
+    spec.strategy = planner::Strategy::kPerProcess;
   }
-  spec.replication.fanout = kAllFanouts[static_cast<size_t>(uniform(0, 1))];
+  spec.replication.fanout = planner::kAllFanouts[static_cast<size_t>(uniform(0, 1))];
   if (uniform(0, 1)) {
-    spec.dataset.format = DatasetFormat::kFixedRecord;
+    spec.dataset.format = planner::DatasetFormat::kFixedRecord;
     spec.dataset.record_bytes = uniform(1, 64);
   } else {
-    spec.dataset.format = DatasetFormat::kTokenStream;
-    spec.dataset.dtype = uniform(0, 1) ? DType::kUint16 : DType::kUint32;
+    spec.dataset.format = planner::DatasetFormat::kTokenStream;
+    spec.dataset.dtype = uniform(0, 1) ? planner::DType::kUint16 : planner::DType::kUint32;
     spec.dataset.sequence_length = uniform(1, 16);
   }
   spec.dataset.uri = "/virtual/data";
   spec.dataset.samples = B * uniform(2, 6) + uniform(0, B - 1);
-  spec.shuffle.mode = static_cast<ShuffleMode>(uniform(0, 2));
+  spec.shuffle.mode = static_cast<planner::ShuffleMode>(uniform(0, 2));
   spec.shuffle.seed = static_cast<uint64_t>(uniform(0, 1000));
   spec.shuffle.block_size = uniform(1, 2 * B);
   return spec;
 }
 
-ShardPlanner MakePlanner(const JobSpec& spec) {
+planner::ShardPlanner MakePlanner(const planner::JobSpec& spec) {
   Diagnostics d;
-  auto job = ResolveJob(spec, {}, d);
+  auto job = planner::ResolveJob(spec, {}, d);
   if (!job.ok()) {
     ADD_FAILURE() << "spec did not resolve: " << d.ToString() << job.status().ToString();
     std::abort();
   }
-  return ShardPlanner(std::move(*job));
+  return planner::ShardPlanner(std::move(*job));
 }
 
 std::string MinimalJobYaml() {

@@ -16,10 +16,10 @@ namespace meshload::testing {
 /// 1–4, random devicesPerProcess), random batchAxes (any subset, any order),
 /// a global batch divisible by the shards and (usually) by the processes, a
 /// virtual dataset of 2–6 batches plus a remainder, and a random shuffle.
-JobSpec RandomSpec(std::mt19937_64& rng);
+planner::JobSpec RandomSpec(std::mt19937_64& rng);
 
 /// Resolves a spec whose dataset is virtual (spec.dataset.samples set).
-ShardPlanner MakePlanner(const JobSpec& spec);
+planner::ShardPlanner MakePlanner(const planner::JobSpec& spec);
 
 /// A minimal valid manifest (FixedRecord, 2 processes × 2 devices) to edit in tests.
 std::string MinimalJobYaml();

@@ -35,3 +35,24 @@ finish() {
   [ $fail -eq 0 ]
   exit $?
 }
+
+# two_process_job FILE NAME FIRST_AXIS SPEC: writes a DataLoadJob manifest
+# of 2 processes x 2 devices to FILE, whose mesh axes are FIRST_AXIS (model
+# or data) then the other, batched over `data`; SPEC is the rest of the
+# spec, lines indented by two spaces.
+two_process_job() {
+  local second=data
+  [ "$3" = data ] && second=model
+  cat >"$1" <<YAML
+apiVersion: meshload.io/v1alpha1
+kind: DataLoadJob
+metadata: {name: $2}
+spec:
+  mesh:
+    processes: 2
+    devicesPerProcess: 2
+    axes: [{name: $3, size: 2}, {name: $second, size: 2}]
+    batchAxes: [data]
+$4
+YAML
+}

@@ -59,7 +59,7 @@
 
 extern char** environ;
 
-namespace meshload {
+namespace meshload::tools::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -70,7 +70,7 @@ bool g_failed = false;
 
 struct Scenario {
   std::string name;
-  DatasetFormat format;
+  planner::DatasetFormat format;
   uint64_t record_bytes = 0;  // FixedRecord
   uint64_t seq = 0;           // TokenStream (uint16)
   uint64_t batch = 32;
@@ -89,7 +89,7 @@ std::string SelfDir() {
 }
 
 std::string JobYaml(const Scenario& s, const std::string& dir) {
-  std::string ds = s.format == DatasetFormat::kFixedRecord
+  std::string ds = s.format == planner::DatasetFormat::kFixedRecord
                        ? "    format: FixedRecord\n    recordBytes: " + std::to_string(s.record_bytes) + "\n"
                        : "    format: TokenStream\n    dtype: uint16\n    sequenceLength: " + std::to_string(s.seq) + "\n";
   return "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: bench-" + s.name +
@@ -284,20 +284,20 @@ double RunPython(const std::string& cmd) {
 
 void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   const std::string dir = root + "/" + s.name;
-  DatasetSpec ds;
+  planner::DatasetSpec ds;
   ds.format = s.format;
   ds.record_bytes = static_cast<int64_t>(s.record_bytes);
-  if (s.format == DatasetFormat::kTokenStream) {
-    ds.dtype = DType::kUint16;
+  if (s.format == planner::DatasetFormat::kTokenStream) {
+    ds.dtype = planner::DType::kUint16;
     ds.sequence_length = static_cast<int64_t>(s.seq);
   }
-  const std::string file = dir + (s.format == DatasetFormat::kFixedRecord ? "/part-00000.bin" : "/part-00000.tok");
-  const uint64_t sample_bytes = s.format == DatasetFormat::kFixedRecord ? s.record_bytes : (s.seq + 1) * 2;
-  const uint64_t expect_size = s.format == DatasetFormat::kFixedRecord ? s.samples * s.record_bytes
+  const std::string file = dir + (s.format == planner::DatasetFormat::kFixedRecord ? "/part-00000.bin" : "/part-00000.tok");
+  const uint64_t sample_bytes = s.format == planner::DatasetFormat::kFixedRecord ? s.record_bytes : (s.seq + 1) * 2;
+  const uint64_t expect_size = s.format == planner::DatasetFormat::kFixedRecord ? s.samples * s.record_bytes
                                                                         : (s.samples * s.seq + 1) * 2;
   std::error_code ec;
   if (std::filesystem::file_size(file, ec) != expect_size) {
-    auto g = synthetic::Generate(ds, dir, s.samples, 1);
+    auto g = tools::GenerateSyntheticDataset(ds, dir, s.samples, 1);
     if (!g.ok()) {
       std::fprintf(stderr, "generate: %s\n", g.status().ToString().c_str());
       return;
@@ -306,13 +306,13 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   const std::string job_path = root + "/" + s.name + ".yaml";
   std::ofstream(job_path) << JobYaml(s, dir);
   Diagnostics d;
-  auto job = LoadDataLoadJobFile(job_path, d);
-  auto resolved = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
+  auto job = planner::LoadDataLoadJobFile(job_path, d);
+  auto resolved = sidecar::source::ResolveReadingDataset(job->spec, {}, sidecar::source::Unreachable::kFail, d);
   if (!resolved.ok()) {
     std::fprintf(stderr, "%s", d.ToString().c_str());
     return;
   }
-  ShardPlanner planner(std::move(*resolved));
+  planner::ShardPlanner planner(std::move(*resolved));
   std::vector<std::vector<uint64_t>> batches;
   for (int64_t t = 0; t < s.steps; ++t) batches.push_back(planner.GlobalBatch(t));
 
@@ -321,7 +321,7 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   const uint64_t size = std::filesystem::file_size(file);
   auto* map = static_cast<const uint8_t*>(::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0));
   std::vector<uint8_t> buf(s.batch * sample_bytes);
-  const uint64_t stride = s.format == DatasetFormat::kFixedRecord ? s.record_bytes : s.seq * 2;
+  const uint64_t stride = s.format == planner::DatasetFormat::kFixedRecord ? s.record_bytes : s.seq * 2;
 
   // Ceilings on one thread, same batches.
   auto t0 = Clock::now();
@@ -363,7 +363,7 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   // Only where samples are whole pages at page offsets (FixedRecord here).
   double remap_rate = 0;
   const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  if (s.format == DatasetFormat::kFixedRecord && s.record_bytes % page == 0) {
+  if (s.format == planner::DatasetFormat::kFixedRecord && s.record_bytes % page == 0) {
     const size_t region_bytes = s.batch * sample_bytes;
     void* region = ::mmap(nullptr, region_bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     const size_t remap_steps = std::min<size_t>(batches.size(), 4000);  // 5 us a page: a few seconds at most
@@ -389,7 +389,7 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   {
     std::vector<uint64_t> flat;
     for (const auto& b : batches) flat.insert(flat.end(), b.begin(), b.end());
-    auto header = MakeNpyHeader(DType::kUint64, {static_cast<uint64_t>(batches.size()), s.batch});
+    auto header = planner::MakeNpyHeader(planner::DType::kUint64, {static_cast<uint64_t>(batches.size()), s.batch});
     std::ofstream out(ids_path, std::ios::binary);
     out << *header;
     out.write(reinterpret_cast<const char*>(flat.data()), static_cast<std::streamsize>(flat.size() * 8));
@@ -398,7 +398,7 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   // numpy is in a virtual environment).
   const char* py_env = std::getenv("MESHLOAD_BENCH_PYTHON");
   const std::string py_cmd = std::string(py_env && *py_env ? py_env : "/usr/bin/python3") + " " + SelfDir() + "/../../../tools/bench/numpy_baseline.py " +
-                             (s.format == DatasetFormat::kFixedRecord
+                             (s.format == planner::DatasetFormat::kFixedRecord
                                   ? "fixed " + file + " " + std::to_string(s.record_bytes)
                                   : "tokens " + file + " uint16 " + std::to_string(s.seq)) +
                              " " + ids_path + " 2>&1";
@@ -499,16 +499,17 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
 }
 
 }  // namespace
-}  // namespace meshload
+}  // namespace meshload::tools::bench
 
 int main(int argc, char** argv) {
   using namespace meshload;
+  using namespace meshload::tools::bench;
   bool quick = false;
   std::string only;       // --only NAME: one scenario
   std::optional<int64_t> rounds;  // --rounds N: meshload and Python alternate N times; default 3, 1 with --quick
   std::optional<int64_t> prefetch;  // --prefetch N: every scenario's slots
   std::string root = "/tmp/meshload-bench";
-  cli::FlagParser flags("",
+  FlagParser flags("",
                         "usage: dataloader_bench [--quick] [--dir DIR] [--only fixed-1MiB|fixed-4KiB|tokens-u16-2048]"
                         " [--rounds N] [--prefetch N]\n",
                         "dataloader_bench");
@@ -519,24 +520,24 @@ int main(int argc, char** argv) {
   flags.OptionalInt({"--prefetch"}, &prefetch);
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
   if (rounds && (*rounds < 1 || *rounds > 100)) {
-    return cli::UsageError("--rounds must be 1..100, got " + std::to_string(*rounds), "dataloader_bench");
+    return UsageError("--rounds must be 1..100, got " + std::to_string(*rounds), "dataloader_bench");
   }
   if (prefetch && (*prefetch < 1 || *prefetch > 64)) {
-    return cli::UsageError("--prefetch must be 1..64, got " + std::to_string(*prefetch), "dataloader_bench");
+    return UsageError("--prefetch must be 1..64, got " + std::to_string(*prefetch), "dataloader_bench");
   }
   const int round_count = rounds ? static_cast<int>(*rounds) : (quick ? 1 : 3);
   std::filesystem::create_directories(root);
   const uint64_t gib = quick ? 256ull << 20 : 1ull << 30;
   std::vector<Scenario> scenarios = {
-      {"fixed-1MiB", DatasetFormat::kFixedRecord, 1 << 20, 0, 16, gib >> 20, quick ? 64 : 256, 4, 0.70, 0},
-      {"fixed-4KiB", DatasetFormat::kFixedRecord, 4096, 0, 32, gib >> 12, quick ? 2000 : 24000, 4, 0, 0},
-      {"tokens-u16-2048", DatasetFormat::kTokenStream, 0, 2048, 32, gib / 4096, quick ? 2000 : 24000, 4, 0, 0},
+      {"fixed-1MiB", planner::DatasetFormat::kFixedRecord, 1 << 20, 0, 16, gib >> 20, quick ? 64 : 256, 4, 0.70, 0},
+      {"fixed-4KiB", planner::DatasetFormat::kFixedRecord, 4096, 0, 32, gib >> 12, quick ? 2000 : 24000, 4, 0, 0},
+      {"tokens-u16-2048", planner::DatasetFormat::kTokenStream, 0, 2048, 32, gib / 4096, quick ? 2000 : 24000, 4, 0, 0},
   };
   if (prefetch) {
     for (auto& s : scenarios) s.prefetch = *prefetch;
   }
   if (!only.empty() && std::none_of(scenarios.begin(), scenarios.end(), [&](const Scenario& s) { return s.name == only; })) {
-    return cli::UsageError("--only: no scenario named " + only + " (fixed-1MiB, fixed-4KiB, tokens-u16-2048)",
+    return UsageError("--only: no scenario named " + only + " (fixed-1MiB, fixed-4KiB, tokens-u16-2048)",
                            "dataloader_bench");
   }
   std::printf("meshload host data path benchmark%s (data in %s)\n", quick ? " (quick)" : "", root.c_str());

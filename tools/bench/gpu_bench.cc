@@ -26,13 +26,13 @@
 #include <string>
 #include <vector>
 
-#include "common/cuda_driver.h"
+#include "common/cuda/driver.h"
 #include "common/flags.h"
 #include "sidecar/staging/batch_layout.h"
 #include "sidecar/staging/device_memory.h"
 #include "sidecar/staging/host_memory.h"
 
-namespace meshload {
+namespace meshload::tools::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -40,12 +40,12 @@ double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 
 int Main(int argc, char** argv) {
   int64_t device_flag = 0, iters_flag = 200;
-  cli::FlagParser flags("", "usage: gpu_bench [--device N] [--iters N]\n", "gpu_bench");
+  FlagParser flags("", "usage: gpu_bench [--device N] [--iters N]\n", "gpu_bench");
   flags.Int({"--device"}, &device_flag);
   flags.Int({"--iters"}, &iters_flag);
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
-  if (device_flag < 0 || device_flag > 1023) return cli::UsageError("--device must be 0..1023", "gpu_bench");
-  if (iters_flag < 1 || iters_flag > 1000000) return cli::UsageError("--iters must be 1..1000000", "gpu_bench");
+  if (device_flag < 0 || device_flag > 1023) return UsageError("--device must be 0..1023", "gpu_bench");
+  if (iters_flag < 1 || iters_flag > 1000000) return UsageError("--iters must be 1..1000000", "gpu_bench");
   const int device = static_cast<int>(device_flag), iters = static_cast<int>(iters_flag);
   auto driver = cuda::Driver::Open();
   if (!driver.ok()) {
@@ -68,19 +68,19 @@ int Main(int argc, char** argv) {
   for (uint64_t mib : {1, 2, 4, 8, 16}) {
     const uint64_t bytes = mib << 20;
     // One local device, one tensor of `bytes` per slot.
-    staging::BatchLayout layout;
-    layout.dtype = DType::kUint8;
+    sidecar::staging::BatchLayout layout;
+    layout.dtype = planner::DType::kUint8;
     layout.sample_bytes = bytes;
     layout.samples_per_device = 1;
     layout.slot_bytes = bytes;
     layout.devices.push_back({0, 0, {1, static_cast<int64_t>(bytes)}, {static_cast<int64_t>(bytes), 1}, bytes});
-    auto host = staging::HostSlotMemory::Create(kSlots, bytes, "gpu-bench");
+    auto host = sidecar::staging::HostSlotMemory::Create(kSlots, bytes, "gpu-bench");
     if (!host.ok()) {
       std::fprintf(stderr, "gpu_bench: %s\n", host.status().ToString().c_str());
       return 1;
     }
     std::memset((*host)->slot(0), 0x5a, (*host)->pool_bytes());
-    auto pool = staging::DeviceSlotMemory::Create(d, staging::DeviceShare::kCudaVmm, layout, {device}, {0}, kSlots,
+    auto pool = sidecar::staging::DeviceSlotMemory::Create(d, sidecar::staging::DeviceShare::kCudaVmm, layout, {device}, {0}, kSlots,
                                                   (*host)->slot(0), (*host)->pool_bytes());
     if (!pool.ok()) {
       std::fprintf(stderr, "gpu_bench: %s\n", pool.status().ToString().c_str());
@@ -158,6 +158,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace meshload
+}  // namespace meshload::tools::bench
 
-int main(int argc, char** argv) { return meshload::Main(argc, argv); }
+int main(int argc, char** argv) { return meshload::tools::bench::Main(argc, argv); }

@@ -18,7 +18,7 @@
 #include "planner/sampler.h"
 #include "planner/shard_planner.h"
 
-namespace meshload {
+namespace meshload::tools::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -56,32 +56,33 @@ double BestSeconds(int reps, F fn) {
   return best;
 }
 
-JobSpec BigMeshSpec() {
-  JobSpec spec;
+planner::JobSpec BigMeshSpec() {
+  planner::JobSpec spec;
   spec.mesh.processes = 2048;
   spec.mesh.devices_per_process = 8;
   spec.mesh.axes = {{"data", 512}, {"fsdp", 4}, {"tensor", 8}};
   spec.mesh.batch_axes = {"data", "fsdp"};
   spec.mesh.batch_axes_set = true;
-  spec.strategy = Strategy::kPerProcess;
+  spec.strategy = planner::Strategy::kPerProcess;
   spec.dataset.uri = "/datasets/tokens";
-  spec.dataset.format = DatasetFormat::kTokenStream;
-  spec.dataset.dtype = DType::kUint16;
+  spec.dataset.format = planner::DatasetFormat::kTokenStream;
+  spec.dataset.dtype = planner::DType::kUint16;
   spec.dataset.sequence_length = 2048;
   spec.dataset.samples = 10'000'000'000;  // 10^10 samples: nothing may be stored per sample
   spec.batch.global_batch_size = 65536;
-  spec.shuffle.mode = ShuffleMode::kGlobal;
+  spec.shuffle.mode = planner::ShuffleMode::kGlobal;
   spec.shuffle.seed = 7;
   return spec;
 }
 
 }  // namespace
-}  // namespace meshload
+}  // namespace meshload::tools::bench
 
 int main(int argc, char** argv) {
   using namespace meshload;
+  using namespace meshload::tools::bench;
   bool quick = false;
-  cli::FlagParser flags("", "usage: planner_bench [--quick]\n", "planner_bench");
+  FlagParser flags("", "usage: planner_bench [--quick]\n", "planner_bench");
   flags.Bool({"--quick"}, &quick);
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
   const uint64_t n_eval = quick ? 2'000'000 : 20'000'000;
@@ -93,12 +94,12 @@ int main(int argc, char** argv) {
   // position (the cheapest keyed hash; a permutation cannot be cheaper than
   // one pass of mixing).
   const uint64_t N = 10'000'000'000ull;
-  ShuffleSpec global{ShuffleMode::kGlobal, 7, 1024};
-  ShuffleSpec block{ShuffleMode::kBlock, 7, 4096};
-  EpochPermutation pg(global, N, 3), pb(block, N, 3);
+  planner::ShuffleSpec global{planner::ShuffleMode::kGlobal, 7, 1024};
+  planner::ShuffleSpec block{planner::ShuffleMode::kBlock, 7, 4096};
+  planner::EpochPermutation pg(global, N, 3), pb(block, N, 3);
   // Positions spread over the whole domain, as a real step sees them.
   const uint64_t stride = N / n_eval;
-  double mix = Throughput(n_eval, reps, [&](uint64_t i) { return Mix64(i * stride); });
+  double mix = Throughput(n_eval, reps, [&](uint64_t i) { return planner::Mix64(i * stride); });
   double glob = Throughput(n_eval, reps, [&](uint64_t i) { return pg.At(i * stride); });
   double blk = Throughput(n_eval, reps, [&](uint64_t i) { return pb.At(i * stride); });
   std::printf("permutation, N = 10^10, one core (target >= 50 M positions/s)\n");
@@ -110,7 +111,7 @@ int main(int argc, char** argv) {
   // What a step does: a contiguous range of B positions (AtRange).
   const size_t range = 65536;
   std::vector<uint64_t> buf(range);
-  auto ranged = [&](const EpochPermutation& p) {
+  auto ranged = [&](const planner::EpochPermutation& p) {
     double best = 0;
     for (int r = 0; r < reps * 5; ++r) {
       auto t0 = Clock::now();
@@ -128,29 +129,29 @@ int main(int argc, char** argv) {
   // First with glibc's defaults (a short-lived process), then as the
   // sidecar runs it (KeepHeapForReuse: the heap is kept between steps).
   Diagnostics d;
-  auto job = ResolveJob(BigMeshSpec(), {}, d);
+  auto job = planner::ResolveJob(BigMeshSpec(), {}, d);
   if (!job.ok()) {
     std::fprintf(stderr, "spec did not resolve: %s\n", job.status().ToString().c_str());
     return 1;
   }
-  ShardPlanner planner(std::move(*job));
+  planner::ShardPlanner shard_planner(std::move(*job));
   std::printf("one process's plan, 2048 processes x 8 devices, axes [data=512, fsdp=4, tensor=8],\n"
               "batchAxes [data, fsdp], B = 65,536, TokenStream T = 2048, N = 10^10 (target < 1 ms)\n");
   const int plan_reps = quick ? 20 : 200;
-  auto time_plan = [&](const Loading& l) {
+  auto time_plan = [&](const planner::Loading& l) {
     int64_t p = 0;
     // Mean over reps (not best-of): a sidecar pays every step.
     auto t0 = Clock::now();
     for (int r = 0; r < plan_reps; ++r) {
-      StepPlan plan = planner.PlanStep(12345 + r, l, (p++ * 797) % 2048);
+      planner::StepPlan plan = shard_planner.PlanStep(12345 + r, l, (p++ * 797) % 2048);
       g_sink = plan.bytes_read;
     }
     return Seconds(t0, Clock::now()) / plan_reps;
   };
-  const double global_cold = time_plan({Strategy::kGlobalLoad, Fanout::kLoad});
+  const double global_cold = time_plan({planner::Strategy::kGlobalLoad, planner::Fanout::kLoad});
   KeepHeapForReuse();
-  for (Strategy s : kAllStrategies) {
-    for (Fanout f : kAllFanouts) {
+  for (planner::Strategy s : planner::kAllStrategies) {
+    for (planner::Fanout f : planner::kAllFanouts) {
       const double t = time_plan({s, f});
       std::printf("  %-15s %-9s  %8.3f ms  (%.2fx the 1 ms budget)\n", std::string(ToString(s)).c_str(),
                   std::string(ToString(f)).c_str(), t * 1e3, t / 1e-3);
@@ -159,14 +160,14 @@ int main(int argc, char** argv) {
   std::printf("  GlobalLoad/Load with glibc's default heap trimming: %.3f ms\n", global_cold * 1e3);
   // Ceiling for the plan: evaluating the B positions of the global batch,
   // which GlobalLoad must do and no strategy can beat.
-  double batch_t = BestSeconds(quick ? 5 : 20, [&] { g_sink = planner.GlobalBatch(12345).size(); });
+  double batch_t = BestSeconds(quick ? 5 : 20, [&] { g_sink = shard_planner.GlobalBatch(12345).size(); });
   std::printf("  ceiling: whole global batch (65,536 positions)  %8.3f ms\n\n", batch_t * 1e3);
 
   // 3. The whole-mesh --compare summary: all 4 strategies x 2 fan-outs.
   double cmp = BestSeconds(quick ? 1 : 3, [&] {
-    for (Strategy s : kAllStrategies) {
-      for (Fanout f : kAllFanouts) {
-        StepCost c = planner.ComputeCost(12345, {s, f});
+    for (planner::Strategy s : planner::kAllStrategies) {
+      for (planner::Fanout f : planner::kAllFanouts) {
+        planner::StepCost c = shard_planner.ComputeCost(12345, {s, f});
         g_sink = c.bytes_read;
       }
     }

@@ -22,7 +22,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
 
-namespace meshload::kube {
+namespace meshload::controller::kube {
 namespace {
 
 using meshload::testing::TempDir;
@@ -397,4 +397,4 @@ TEST(Informer, TransformBoundsWhatIsCachedAndKeepsTheObjectsIdentity) {
 }
 
 }  // namespace
-}  // namespace meshload::kube
+}  // namespace meshload::controller::kube

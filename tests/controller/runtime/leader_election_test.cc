@@ -12,7 +12,7 @@
 #include "tests/controller/test_env.h"
 #include "tests/testing/wait.h"
 
-namespace meshload::runtime {
+namespace meshload::controller::runtime {
 namespace {
 
 using meshload::testing::TestCluster;
@@ -95,4 +95,4 @@ TEST(LeaderElection, MicroTimeIsRfc3339WithMicroseconds) {
 }
 
 }  // namespace
-}  // namespace meshload::runtime
+}  // namespace meshload::controller::runtime

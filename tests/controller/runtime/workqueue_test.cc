@@ -15,7 +15,7 @@
 
 #include "tests/testing/wait.h"
 
-namespace meshload::runtime {
+namespace meshload::controller::runtime {
 namespace {
 
 using meshload::testing::CurrentThreadId;
@@ -170,4 +170,4 @@ TEST(WorkQueue, ShutDownWakesBlockedGetters) {
 }
 
 }  // namespace
-}  // namespace meshload::runtime
+}  // namespace meshload::controller::runtime

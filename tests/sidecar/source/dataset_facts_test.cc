@@ -17,7 +17,7 @@
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/status_matchers.h"
 
-namespace meshload::source {
+namespace meshload::sidecar::source {
 namespace {
 
 using meshload::testing::NpyWrap;
@@ -25,27 +25,27 @@ using meshload::testing::StatusIs;
 using meshload::testing::TempDir;
 using ::testing::HasSubstr;
 
-DatasetSpec Fixed(const std::string& uri, int64_t record_bytes) {
-  DatasetSpec s;
+planner::DatasetSpec Fixed(const std::string& uri, int64_t record_bytes) {
+  planner::DatasetSpec s;
   s.uri = uri;
-  s.format = DatasetFormat::kFixedRecord;
+  s.format = planner::DatasetFormat::kFixedRecord;
   s.record_bytes = record_bytes;
   return s;
 }
 
-std::string NpyFile(DType t, const std::vector<uint64_t>& shape, uint64_t data_bytes) {
-  auto h = MakeNpyHeader(t, shape);
+std::string NpyFile(planner::DType t, const std::vector<uint64_t>& shape, uint64_t data_bytes) {
+  auto h = planner::MakeNpyHeader(t, shape);
   EXPECT_OK(h);
   return *h + std::string(data_bytes, '\x01');
 }
 
-Result<DatasetIndex> Index(const DatasetSpec& spec, Diagnostics& d) {
+Result<planner::DatasetIndex> Index(const planner::DatasetSpec& spec, Diagnostics& d) {
   auto sources = SourceRegistry::WithBuiltins({});
   return IndexDataset(spec, *sources, d);
 }
 
 // The header of a local file through the file source.
-Result<NpyHeader> ReadNpyHeader(const std::string& path) {
+Result<planner::NpyHeader> ReadNpyHeader(const std::string& path) {
   auto file = MakeFileSource({});
   EXPECT_OK(file);
   MESHLOAD_ASSIGN_OR_RETURN(ObjectInfo info, (*file)->Stat(path));
@@ -66,7 +66,7 @@ TEST(IndexDataset, DirectoryFilesFormOneDatasetInLexicographicOrder) {
   EXPECT_THAT(idx->files()[0].path, HasSubstr("part-01"));
   EXPECT_THAT(idx->files()[2].path, HasSubstr("part-10"));
   EXPECT_EQ(idx->num_samples(), 6u);
-  std::vector<Extent> ex;
+  std::vector<planner::Extent> ex;
   idx->AppendExtents(2, ex);  // the second sample of part-02
   ASSERT_EQ(ex.size(), 1u);
   EXPECT_EQ(ex[0].file, 1u);
@@ -104,17 +104,17 @@ TEST(IndexDataset, TokenStreamSamplesSpanFiles) {
   TempDir dir;
   dir.Write("0.tok", std::string(2 * 6, 'a'));  // 6 tokens
   dir.Write("1.tok", std::string(2 * 5, 'b'));  // 5 tokens: 11 in all
-  DatasetSpec s;
+  planner::DatasetSpec s;
   s.uri = dir.path();
-  s.format = DatasetFormat::kTokenStream;
-  s.dtype = DType::kUint16;
+  s.format = planner::DatasetFormat::kTokenStream;
+  s.dtype = planner::DType::kUint16;
   s.sequence_length = 4;  // sample i = tokens [4i, 4i+5): N = floor(10/4) = 2
   Diagnostics d;
   auto idx = Index(s, d);
   ASSERT_OK(idx);
   EXPECT_EQ(idx->num_samples(), 2u);
   EXPECT_EQ(idx->sample_bytes(), 10u);
-  std::vector<Extent> ex;
+  std::vector<planner::Extent> ex;
   idx->AppendExtents(1, ex);  // tokens 4..8: 2 in file 0, 3 in file 1
   ASSERT_EQ(ex.size(), 2u);
   EXPECT_EQ(ex[0].file, 0u);
@@ -128,10 +128,10 @@ TEST(IndexDataset, TokenStreamSamplesSpanFiles) {
 TEST(IndexDataset, TokenFileWithAPartialToken) {
   TempDir dir;
   std::string f = dir.Write("t.bin", std::string(7, 'a'));
-  DatasetSpec s;
+  planner::DatasetSpec s;
   s.uri = f;
-  s.format = DatasetFormat::kTokenStream;
-  s.dtype = DType::kUint32;
+  s.format = planner::DatasetFormat::kTokenStream;
+  s.dtype = planner::DType::kUint32;
   s.sequence_length = 1;
   Diagnostics d;
   (void)Index(s, d);
@@ -141,27 +141,27 @@ TEST(IndexDataset, TokenFileWithAPartialToken) {
 
 TEST(IndexDataset, NpyFilesMustAgreeAndMatchTheirHeaders) {
   TempDir dir;
-  dir.Write("a.npy", NpyFile(DType::kFloat32, {3, 4}, 3 * 4 * 4));
-  dir.Write("b.npy", NpyFile(DType::kFloat32, {2, 4}, 2 * 4 * 4));
-  DatasetSpec s;
+  dir.Write("a.npy", NpyFile(planner::DType::kFloat32, {3, 4}, 3 * 4 * 4));
+  dir.Write("b.npy", NpyFile(planner::DType::kFloat32, {2, 4}, 2 * 4 * 4));
+  planner::DatasetSpec s;
   s.uri = dir.path();
-  s.format = DatasetFormat::kNpy;
+  s.format = planner::DatasetFormat::kNpy;
   Diagnostics d;
   auto idx = Index(s, d);
   ASSERT_OK(idx);
   ASSERT_OK(d);
   EXPECT_EQ(idx->num_samples(), 5u);
   EXPECT_EQ(idx->sample_bytes(), 16u);
-  EXPECT_EQ(idx->dtype(), DType::kFloat32);
-  std::vector<Extent> ex;
+  EXPECT_EQ(idx->dtype(), planner::DType::kFloat32);
+  std::vector<planner::Extent> ex;
   idx->AppendExtents(4, ex);
   EXPECT_EQ(ex[0].file, 1u);
   EXPECT_EQ(ex[0].offset, idx->files()[1].data_offset + 16);
 
   // A different trailing shape, a truncated file, and a dtype that contradicts the spec.
-  std::string c = dir.Write("c.npy", NpyFile(DType::kFloat32, {2, 5}, 2 * 5 * 4));
-  std::string t = dir.Write("d.npy", NpyFile(DType::kFloat32, {2, 4}, 10));
-  s.dtype = DType::kFloat64;
+  std::string c = dir.Write("c.npy", NpyFile(planner::DType::kFloat32, {2, 5}, 2 * 5 * 4));
+  std::string t = dir.Write("d.npy", NpyFile(planner::DType::kFloat32, {2, 4}, 10));
+  s.dtype = planner::DType::kFloat64;
   Diagnostics d2;
   (void)Index(s, d2);
   std::string all = d2.ToString();
@@ -174,9 +174,9 @@ TEST(IndexDataset, NpyFilesMustAgreeAndMatchTheirHeaders) {
 TEST(IndexDataset, AMalformedNpyHeaderIsAnErrorNamingTheFile) {
   TempDir dir;
   std::string f = dir.Write("bad.npy", "\x93NUMPY\x01\x00\x10\x00{'descr': '<f4'");
-  DatasetSpec s;
+  planner::DatasetSpec s;
   s.uri = f;
-  s.format = DatasetFormat::kNpy;
+  s.format = planner::DatasetFormat::kNpy;
   Diagnostics d;
   (void)Index(s, d);
   ASSERT_FALSE(d.ok());
@@ -186,7 +186,7 @@ TEST(IndexDataset, AMalformedNpyHeaderIsAnErrorNamingTheFile) {
 TEST(IndexDataset, DeclaredSampleCountMustMatchTheFiles) {
   TempDir dir;
   std::string f = dir.Write("r.bin", std::string(40, 'x'));
-  DatasetSpec s = Fixed(f, 4);
+  planner::DatasetSpec s = Fixed(f, 4);
   s.samples = 11;
   Diagnostics d;
   (void)Index(s, d);
@@ -205,15 +205,15 @@ TEST(IndexDataset, MissingDataIsNotFoundAndAnUnknownSchemeIsNamed) {
 
 TEST(ReadNpyHeader, ReadsTheHeaderAndNeverTheData) {
   TempDir dir;
-  std::string path = dir.Write("a.npy", *MakeNpyHeader(DType::kInt64, {2, 3, 4}) + std::string(192, '\0'));
-  Result<NpyHeader> h = ReadNpyHeader(path);
+  std::string path = dir.Write("a.npy", *planner::MakeNpyHeader(planner::DType::kInt64, {2, 3, 4}) + std::string(192, '\0'));
+  Result<planner::NpyHeader> h = ReadNpyHeader(path);
   ASSERT_OK(h);
-  EXPECT_EQ(h->dtype, DType::kInt64);
+  EXPECT_EQ(h->dtype, planner::DType::kInt64);
   EXPECT_EQ(h->shape, (std::vector<uint64_t>{2, 3, 4}));
   EXPECT_EQ(h->data_offset, 128u);
   EXPECT_EQ(h->data_bytes, 192u);
   // The shape claims 8 GiB that is not there: sizing the file is the index's job.
-  path = dir.Write("header_only.npy", *MakeNpyHeader(DType::kUint16, {1 << 16, 1 << 16}));
+  path = dir.Write("header_only.npy", *planner::MakeNpyHeader(planner::DType::kUint16, {1 << 16, 1 << 16}));
   h = ReadNpyHeader(path);
   ASSERT_OK(h);
   EXPECT_EQ(h->data_bytes, uint64_t{1} << 33);
@@ -222,7 +222,7 @@ TEST(ReadNpyHeader, ReadsTheHeaderAndNeverTheData) {
 TEST(ReadNpyHeader, VersionsTwoAndThreeTinyAndLongHeaders) {
   TempDir dir;
   const std::string dict = "{'descr': '<f8', 'fortran_order': False, 'shape': (3, 2), }";
-  Result<NpyHeader> h = ReadNpyHeader(dir.Write("v3.npy", NpyWrap(3, dict + "\n") + std::string(48, '\0')));
+  Result<planner::NpyHeader> h = ReadNpyHeader(dir.Write("v3.npy", NpyWrap(3, dict + "\n") + std::string(48, '\0')));
   ASSERT_OK(h);
   EXPECT_EQ(h->major_version, 3);
   h = ReadNpyHeader(dir.Write("tiny.npy", NpyWrap(1, "{'descr':'|u1','fortran_order':False,'shape':()}\n")));
@@ -240,14 +240,14 @@ TEST(ReadNpyHeader, ErrorsNameTheFileAndTheByteOffset) {
   TempDir dir;
   std::string path = dir.Write(
       "fortran.npy", NpyWrap(1, "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3), }\n") + std::string(48, '\0'));
-  Result<NpyHeader> h = ReadNpyHeader(path);
+  Result<planner::NpyHeader> h = ReadNpyHeader(path);
   EXPECT_THAT(h, StatusIs(StatusCode::kInvalidArgument, HasSubstr("fortran_order must be False")));
   EXPECT_EQ(h.status().location(), path + "@44");
   path = dir.Write("text.npy", "hello, world\n");
   h = ReadNpyHeader(path);
   EXPECT_THAT(h.status().message(), HasSubstr("not an .npy file"));
   EXPECT_EQ(h.status().location(), path + "@0");
-  const std::string full = *MakeNpyHeader(DType::kUint16, {1000, 2049});
+  const std::string full = *planner::MakeNpyHeader(planner::DType::kUint16, {1000, 2049});
   path = dir.Write("cut.npy", full.substr(0, 70));
   h = ReadNpyHeader(path);
   EXPECT_THAT(h, StatusIs(StatusCode::kDataLoss,
@@ -261,7 +261,7 @@ TEST(ReadNpyHeader, ErrorsNameTheFileAndTheByteOffset) {
 TEST(ResolveWithSources, LocalFilesAreIndexedAndUnreachableDataFallsBackOnlyWhenAsked) {
   TempDir dir;
   dir.Write("r.bin", std::string(64 * 16, 'x'));
-  JobSpec spec;
+  planner::JobSpec spec;
   spec.mesh.processes = 1;
   spec.mesh.devices_per_process = 1;
   spec.mesh.axes = {{"data", 1}};
@@ -287,4 +287,4 @@ TEST(ResolveWithSources, LocalFilesAreIndexedAndUnreachableDataFallsBackOnlyWhen
 }
 
 }  // namespace
-}  // namespace meshload::source
+}  // namespace meshload::sidecar::source

@@ -18,7 +18,7 @@
 #include "test_support.h"
 #include "tests/testing/status_matchers.h"
 
-namespace meshload::source {
+namespace meshload::sidecar::source {
 namespace {
 
 using testing::RandomBytes;
@@ -451,4 +451,4 @@ TEST(FileSourceTest, ReadManyStopsAtTheFirstFailingReadAndNamesIt) {
 }
 
 }  // namespace
-}  // namespace meshload::source
+}  // namespace meshload::sidecar::source

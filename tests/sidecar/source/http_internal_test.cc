@@ -6,7 +6,7 @@
 #include <chrono>
 #include <string>
 
-namespace meshload::source::internal {
+namespace meshload::sidecar::source::internal {
 namespace {
 
 using std::chrono::milliseconds;
@@ -89,4 +89,4 @@ TEST(BackoffBoundTest, DoublesFromTheInitialDelayUpToTheCap) {
 }
 
 }  // namespace
-}  // namespace meshload::source::internal
+}  // namespace meshload::sidecar::source::internal

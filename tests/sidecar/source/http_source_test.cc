@@ -17,7 +17,7 @@
 #include "test_support.h"
 #include "tests/testing/status_matchers.h"
 
-namespace meshload::source {
+namespace meshload::sidecar::source {
 namespace {
 
 using meshload::testing::StatusIs;
@@ -541,4 +541,4 @@ TEST_F(HttpsSourceTest, VerificationOffAcceptsAnUntrustedCertificate) {
 }
 
 }  // namespace
-}  // namespace meshload::source
+}  // namespace meshload::sidecar::source

@@ -8,7 +8,7 @@
 #include "test_support.h"
 #include "tests/testing/status_matchers.h"
 
-namespace meshload::source {
+namespace meshload::sidecar::source {
 namespace {
 
 using testing::RandomBytes;
@@ -119,4 +119,4 @@ TEST(NullObserverTest, IsOneSharedInstance) {
 }
 
 }  // namespace
-}  // namespace meshload::source
+}  // namespace meshload::sidecar::source

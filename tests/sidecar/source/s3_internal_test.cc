@@ -16,7 +16,7 @@
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/status_matchers.h"
 
-namespace meshload::source::internal {
+namespace meshload::sidecar::source::internal {
 namespace {
 
 using meshload::testing::StatusIs;
@@ -248,4 +248,4 @@ TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
 }
 
 }  // namespace
-}  // namespace meshload::source::internal
+}  // namespace meshload::sidecar::source::internal

@@ -35,7 +35,7 @@
 
 extern char** environ;
 
-namespace meshload::source {
+namespace meshload::sidecar::source {
 namespace {
 
 using meshload::testing::StatusIs;
@@ -307,4 +307,4 @@ TEST_F(S3SourceTest, ASlowServerTimesOutAndIsRetried) {
 }
 
 }  // namespace
-}  // namespace meshload::source
+}  // namespace meshload::sidecar::source

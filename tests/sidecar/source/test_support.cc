@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <utility>
 
-namespace meshload::source::testing {
+namespace meshload::sidecar::source::testing {
 
 std::string RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -153,4 +153,4 @@ void ServeBytes(const std::string& data, const httplib::Request& req, httplib::R
   res.set_content(data.substr(first, last - first + 1), "application/octet-stream");
 }
 
-}  // namespace meshload::source::testing
+}  // namespace meshload::sidecar::source::testing

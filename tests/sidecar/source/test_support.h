@@ -19,7 +19,7 @@
 #include "sidecar/source/source.h"
 #include "tests/testing/temp_dir.h"
 
-namespace meshload::source::testing {
+namespace meshload::sidecar::source::testing {
 
 using ::meshload::testing::TempDir;
 
@@ -93,4 +93,4 @@ class TestHttpServer {
 /// Content-Range, or 416 with "bytes */SIZE" when A is past the end.
 void ServeBytes(const std::string& data, const httplib::Request& req, httplib::Response& res);
 
-}  // namespace meshload::source::testing
+}  // namespace meshload::sidecar::source::testing

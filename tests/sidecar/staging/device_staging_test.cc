@@ -31,7 +31,7 @@
 
 #include "sidecar/source/dataset_facts.h"
 #include "client/client.h"
-#include "common/cuda_driver.h"
+#include "common/cuda/driver.h"
 #include "protocol/protocol.h"
 #include "protocol/seqpacket.h"
 #include "sidecar/sidecar.h"
@@ -164,24 +164,24 @@ class GpuJob {
   // `devices`: local devices per process; 0: JobDevices() (2 with replicas).
   explicit GpuJob(bool replicas = false, int devices = 0)
       : devices_(devices > 0 ? devices : replicas ? 2 : JobDevices()) {
-    DatasetSpec ds;
-    ds.format = DatasetFormat::kFixedRecord;
+    planner::DatasetSpec ds;
+    ds.format = planner::DatasetFormat::kFixedRecord;
     ds.record_bytes = 4096;
-    auto u = synthetic::Generate(ds, dir_.path() + "/data", 320, 2);
+    auto u = tools::GenerateSyntheticDataset(ds, dir_.path() + "/data", 320, 2);
     EXPECT_OK(u);
     job_path_ = dir_.Write("job.yaml", JobYaml(*u, replicas, devices_));
     socket_ = dir_.path() + "/s.sock";
     Diagnostics d;
-    auto job = LoadDataLoadJobFile(job_path_, d);
+    auto job = planner::LoadDataLoadJobFile(job_path_, d);
     auto r = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
     EXPECT_OK(r) << d.ToString();
-    planner_ = std::make_unique<ShardPlanner>(std::move(*r));
+    planner_ = std::make_unique<planner::ShardPlanner>(std::move(*r));
   }
 
   // Reads every tensor back through the driver and checks it against the
   // plan and the synthetic bytes.
   void ExpectOnGpuAndPlanned(const client::Batch& b, const cuda::Driver& driver) {
-    const StepPlan plan = planner_->PlanStep(b.step, planner_->DefaultLoading(), 1);
+    const planner::StepPlan plan = planner_->PlanStep(b.step, planner_->DefaultLoading(), 1);
     ASSERT_EQ(b.tensors.size(), static_cast<size_t>(devices_));
     for (size_t i = 0; i < b.tensors.size(); ++i) {
       const client::Tensor& t = b.tensors[i];
@@ -192,7 +192,7 @@ class GpuJob {
       std::vector<uint8_t> host(t.nbytes);
       ASSERT_OK(driver.CopyToHost(host.data(), reinterpret_cast<uintptr_t>(t.data), t.nbytes, t.device_id));
       for (size_t k = 0; k < ids.size(); ++k) {
-        ASSERT_EQ(synthetic::FirstMismatch(planner_->job().dataset, ids[k], host.data() + k * 4096), -1)
+        ASSERT_EQ(tools::FirstMismatch(planner_->job().dataset, ids[k], host.data() + k * 4096), -1)
             << "step " << b.step << " device " << i << " sample " << ids[k];
       }
     }
@@ -277,7 +277,7 @@ class GpuJob {
   int devices_;
   TempDir dir_;
   std::string job_path_, socket_;
-  std::unique_ptr<ShardPlanner> planner_;
+  std::unique_ptr<planner::ShardPlanner> planner_;
 };
 
 void Reap(pid_t pid) {

@@ -14,7 +14,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
 
-namespace meshload::staging {
+namespace meshload::sidecar::staging {
 namespace {
 
 using meshload::testing::CurrentThreadId;
@@ -202,4 +202,4 @@ TEST(HostSlotMemory, IsSealedAgainstShrinkingAndPageAligned) {
 }
 
 }  // namespace
-}  // namespace meshload::staging
+}  // namespace meshload::sidecar::staging

@@ -1,4 +1,4 @@
-#include "common/cuda_driver.h"
+#include "common/cuda/driver.h"
 
 #include <dlfcn.h>
 

@@ -1,7 +1,7 @@
 // The CUDA driver loader against what this machine has: no library, the
 // toolkit's stub, and the real driver when there is one (GPU machines).
 // The GPU code paths themselves: device_staging_test.cc.
-#include "common/cuda_driver.h"
+#include "common/cuda/driver.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

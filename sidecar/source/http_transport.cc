@@ -1,0 +1,676 @@
+// The HTTP transport shared by the http(s) and s3 sources
+// (internal::HttpTransport, http_internal.h): ranged GETs streamed into the
+// caller's iovecs, pooled keep-alive connections, and retries with jittered
+// backoff; the scheme's hooks sign each attempt and explain error bodies.
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/logging.h"
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
+#include "sidecar/source/http_internal.h"
+#include "sidecar/source/source.h"
+
+
+namespace meshload::sidecar::source {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using internal::ContentRange;
+using internal::HttpUrl;
+using internal::ParseContentRange;
+using internal::ParseDecimal;
+
+const char* ReasonPhrase(int status) {
+  switch (status) {
+    case 300:
+      return "Multiple Choices";
+    case 301:
+      return "Moved Permanently";
+    case 302:
+      return "Found";
+    case 303:
+      return "See Other";
+    case 304:
+      return "Not Modified";
+    case 307:
+      return "Temporary Redirect";
+    case 308:
+      return "Permanent Redirect";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 410:
+      return "Gone";
+    case 412:
+      return "Precondition Failed";
+    case 416:
+      return "Range Not Satisfiable";
+    case 429:
+      return "Too Many Requests";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 502:
+      return "Bad Gateway";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return "";
+  }
+}
+
+std::string HttpStatusText(int status) {
+  std::string text = "HTTP " + std::to_string(status);
+  const char* phrase = ReasonPhrase(status);
+  if (*phrase != '\0') {
+    text += ' ';
+    text += phrase;
+  }
+  return text;
+}
+
+bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// What one attempt came to. Statuses carry no location; the retry loop adds
+// `url@offset` once.
+struct Attempt {
+  enum class Kind { kOk, kRetry, kFail };
+  Kind kind = Kind::kOk;
+  Status status;
+  // kRetry: the OnRetry reason; kFail: the OnError kind. Always a literal.
+  std::string_view label;
+  // Retry-After from a 429/503, which replaces the jittered backoff.
+  std::optional<std::chrono::milliseconds> retry_after;
+
+  static Attempt Ok() { return {}; }
+  static Attempt Retry(std::string_view reason, std::string message) {
+    return {Kind::kRetry, Status(StatusCode::kUnavailable, std::move(message)), reason, {}};
+  }
+  static Attempt Fail(std::string_view kind, Status status) {
+    return {Kind::kFail, std::move(status), kind, {}};
+  }
+};
+
+Attempt DataLossAttempt(uint64_t offset, uint64_t len, uint64_t object_size) {
+  return Attempt::Fail("data_loss",
+                       DataLoss("short read: wanted " + std::to_string(len) + " bytes at offset " +
+                                std::to_string(offset) + ", the object ends after " +
+                                std::to_string(object_size) + " bytes"));
+}
+
+// A response status that is neither the data we asked for nor 416, with
+// what the server's error body says (`detail`, from HttpHooks::explain).
+Attempt FromHttpStatus(int status, const std::string& retry_after, const internal::HttpErrorDetail& detail = {}) {
+  std::string text = HttpStatusText(status);
+  if (!detail.text.empty()) text += ": " + detail.text;
+  if (status == 404 || status == 410) {
+    return Attempt::Fail("not_found", NotFound(text + " (not retried)"));
+  }
+  if (status == 429 || status >= 500) {
+    Attempt a = Attempt::Retry(detail.throttled ? "throttled" : status == 429 ? "http_429" : "http_5xx", text);
+    if (status == 429 || status == 503) {
+      // Only the delay-seconds form; an HTTP-date falls back to the backoff.
+      if (std::optional<uint64_t> secs = ParseDecimal(retry_after)) {
+        a.retry_after = std::chrono::milliseconds(
+            std::min<uint64_t>(*secs, std::numeric_limits<int32_t>::max()) * 1000);
+      }
+    }
+    return a;
+  }
+  if (status == 401 || status == 403 || status == 407) {
+    // Credentials or permissions: the request is fine, the world is not.
+    return Attempt::Fail("http_4xx", FailedPrecondition(text + " (not retried)"));
+  }
+  if (status >= 400) return Attempt::Fail("http_4xx", InvalidArgument(text + " (not retried)"));
+  return Attempt::Fail("io", FailedPrecondition("unexpected " + text +
+                                                " (redirects are not followed; not retried)"));
+}
+
+// httplib's own names for its errors are single words ("Connection").
+std::string Describe(httplib::Error err) {
+  using httplib::Error;
+  switch (err) {
+    case Error::Connection:
+      return "cannot connect (refused, unreachable or unknown host)";
+    case Error::Read:
+      return "reading the response failed";
+    case Error::Write:
+      return "sending the request failed";
+    case Error::SSLConnection:
+      return "TLS handshake failed";
+    case Error::SSLLoadingCerts:
+      return "cannot load the CA certificates";
+    case Error::SSLServerVerification:
+      return "the server certificate did not verify";
+    default:
+      return "HTTP client error: " + httplib::to_string(err);
+  }
+}
+
+// A request that produced no complete response.
+Attempt FromTransportError(httplib::Error err, bool timed_out, bool body_started) {
+  using httplib::Error;
+  if (err == Error::SSLLoadingCerts || err == Error::SSLServerVerification) {
+    // Retrying cannot fix a certificate; fail with something actionable.
+    return Attempt::Fail("io", FailedPrecondition("TLS: " + Describe(err) + " (not retried)"));
+  }
+  if (err == Error::ConnectionTimeout) return Attempt::Retry("timeout", "connect timed out");
+  if (timed_out) {
+    return Attempt::Retry("timeout", body_started ? "timed out reading the response body"
+                                                  : "timed out waiting for the response");
+  }
+  if (body_started) {
+    return Attempt::Retry(
+        "short_body", "the connection ended before the whole body arrived (" + Describe(err) + ")");
+  }
+  return Attempt::Retry("connection", Describe(err));
+}
+
+// Copies a byte stream into consecutive iovecs.
+class IovWriter {
+ public:
+  explicit IovWriter(const std::vector<iovec>& iov) : iov_(iov) {}
+
+  // Skips the first n bytes (written by an earlier attempt).
+  void Skip(uint64_t n) {
+    while (n > 0) {
+      const iovec& v = iov_[index_];
+      const uint64_t take = std::min<uint64_t>(n, v.iov_len - within_);
+      n -= take;
+      within_ += take;
+      if (within_ == v.iov_len) {
+        ++index_;
+        within_ = 0;
+      }
+    }
+  }
+
+  // Precondition: at most the remaining capacity.
+  void Write(const char* data, size_t n) {
+    while (n > 0) {
+      const iovec& v = iov_[index_];
+      size_t take = std::min(n, v.iov_len - within_);
+      std::memcpy(static_cast<char*>(v.iov_base) + within_, data, take);
+      data += take;
+      n -= take;
+      within_ += take;
+      if (within_ == v.iov_len) {
+        ++index_;
+        within_ = 0;
+      }
+    }
+  }
+
+ private:
+  const std::vector<iovec>& iov_;
+  size_t index_ = 0;
+  size_t within_ = 0;
+};
+
+using ClientPtr = std::unique_ptr<httplib::Client>;
+
+// Idle keep-alive clients per origin (scheme://host:port). A request checks
+// one out for its whole duration, so reader threads never share a Client;
+// only a client whose last request completed cleanly comes back.
+// Thread safety: thread-safe; clients are created and destroyed (which
+// connects or closes sockets) outside the lock.
+class ClientPool {
+ public:
+  explicit ClientPool(const SourceOptions& options) : options_(options) {}
+
+  Result<ClientPtr> Checkout(const HttpUrl& url) MESHLOAD_EXCLUDES(mu_) {
+    {
+      MutexLock lock(mu_);
+      auto it = idle_.find(url.origin);
+      if (it != idle_.end() && !it->second.empty()) {
+        ClientPtr client = std::move(it->second.back());
+        it->second.pop_back();
+        return client;
+      }
+    }
+    return Make(url);
+  }
+
+  void Return(const HttpUrl& url, ClientPtr client) MESHLOAD_EXCLUDES(mu_) {
+    ClientPtr surplus;  // declared before the lock: closed after it is released
+    MutexLock lock(mu_);
+    std::vector<ClientPtr>& idle = idle_[url.origin];
+    if (idle.size() < static_cast<size_t>(options_.max_idle_connections)) {
+      idle.push_back(std::move(client));
+    } else {
+      surplus = std::move(client);
+    }
+  }
+
+ private:
+  Result<ClientPtr> Make(const HttpUrl& url) {
+    auto client = std::make_unique<httplib::Client>(url.origin);
+    if (!client->is_valid()) {
+      return FailedPrecondition("cannot create an HTTP client for " + url.origin, url.redacted);
+    }
+    client->set_keep_alive(true);
+    client->set_tcp_nodelay(true);
+    // The URL is sent exactly as given: re-encoding would break signatures.
+    client->set_url_encode(false);
+    client->set_decompress(false);
+    client->set_follow_location(false);
+    client->set_connection_timeout(options_.connect_timeout);
+    client->set_read_timeout(options_.read_timeout);
+    client->set_write_timeout(options_.write_timeout);
+    if (url.scheme == "https") {
+#ifdef CPPHTTPLIB_OPENSSL_SUPPORT
+      client->enable_server_certificate_verification(options_.verify_tls);
+      if (!options_.ca_file.empty()) client->set_ca_cert_path(options_.ca_file);
+#else
+      return FailedPrecondition("https needs cpp-httplib built with OpenSSL support", url.redacted);
+#endif
+    }
+    return client;
+  }
+
+  const SourceOptions& options_;
+  Mutex mu_;
+  std::unordered_map<std::string, std::vector<ClientPtr>> idle_ MESHLOAD_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+// Thread safety: thread-safe; per-request state lives on the caller's stack
+// and each request has a Client of its own.
+class internal::HttpTransport::Impl {
+ public:
+  Impl(const SourceOptions& options, std::string scheme, HttpHooks hooks)
+      : options_(options),
+        observer_(options.observer != nullptr ? options.observer : &NullObserver()),
+        scheme_(std::move(scheme)),
+        hooks_(std::move(hooks)),
+        pool_(options_) {}
+
+  Status Stat(const HttpUrl& url, uint64_t* size) {
+    return WithRetries(url, url.redacted, [&] { return StatAttempt(url, size); });
+  }
+
+  Status ReadV(const HttpUrl& url, uint64_t offset, const std::vector<iovec>& iov) {
+    const auto start = Clock::now();
+    std::string location = url.redacted + "@" + std::to_string(offset);
+    uint64_t len = 0;
+    for (const iovec& v : iov) len += v.iov_len;
+    if (len == 0) return Status::Ok();
+    if (len - 1 > std::numeric_limits<uint64_t>::max() - offset) {
+      return InvalidArgument("range of " + std::to_string(len) + " bytes overflows", location);
+    }
+    // A 206 body cut short leaves its bytes in place: the next attempt asks
+    // for the rest only.
+    uint64_t done = 0;
+    MESHLOAD_RETURN_IF_ERROR(WithRetries(url, location, [&] { return ReadAttempt(url, offset, len, iov, done); }));
+    observer_->OnRead(scheme_, len, std::chrono::duration<double>(Clock::now() - start).count());
+    return Status::Ok();
+  }
+
+  Status GetBody(const HttpUrl& url, std::string* body, uint64_t limit) {
+    return WithRetries(url, url.redacted, [&] { return BodyAttempt(url, body, limit); });
+  }
+
+ private:
+  // The request's headers: `base`, and the hook's authentication.
+  httplib::Headers Headers(std::string_view method, const HttpUrl& url, httplib::Headers base) const {
+    if (hooks_.sign) hooks_.sign(method, url, base);
+    return base;
+  }
+  internal::HttpErrorDetail Explain(int status, const std::string& body) const {
+    return hooks_.explain ? hooks_.explain(status, body) : internal::HttpErrorDetail{};
+  }
+
+  // A whole (small) response body: a listing.
+  Attempt BodyAttempt(const HttpUrl& url, std::string* body, uint64_t limit) {
+    auto checkout = pool_.Checkout(url);
+    if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
+    ClientPtr client = std::move(checkout).value();
+    body->clear();
+    int status = 0;
+    bool too_long = false;
+    std::string retry_after;
+    Clock::time_point last_progress = Clock::now();
+    auto on_response = [&](const httplib::Response& res) {
+      last_progress = Clock::now();
+      status = res.status;
+      retry_after = res.get_header_value("Retry-After");
+      return true;
+    };
+    auto on_data = [&](const char* data, size_t n) {
+      last_progress = Clock::now();
+      if (body->size() + n > limit) {
+        too_long = true;
+        return false;
+      }
+      body->append(data, n);
+      return true;
+    };
+    httplib::Result res = client->Get(url.target, Headers("GET", url, {{"Accept-Encoding", "identity"}}),
+                                      on_response, on_data);
+    const bool clean = res.error() == httplib::Error::Success;
+    if (too_long) {
+      return Attempt::Fail("io", FailedPrecondition("the response is longer than " + std::to_string(limit) +
+                                                    " bytes"));
+    }
+    if (!clean) return FromTransportError(res.error(), TimedOut(last_progress), false);
+    pool_.Return(url, std::move(client));
+    if (status == 200) return Attempt::Ok();
+    return FromHttpStatus(status, retry_after, Explain(status, *body));
+  }
+
+  template <typename AttemptFn>
+  Status WithRetries(const HttpUrl& /*url*/, const std::string& location, AttemptFn&& attempt) {
+    const int max_attempts = std::max(1, options_.max_attempts);
+    Attempt last;
+    for (int i = 0; i < max_attempts; ++i) {
+      last = attempt();
+      if (last.kind == Attempt::Kind::kOk) return Status::Ok();
+      if (last.kind == Attempt::Kind::kFail) {
+        observer_->OnError(scheme_, last.label);
+        return Status(last.status.code(), last.status.message(), location);
+      }
+      if (i + 1 == max_attempts) break;
+      observer_->OnRetry(scheme_, last.label);
+      std::chrono::nanoseconds delay = Backoff(i, last.retry_after);
+      LogDebug("source: retrying a storage request",
+               {{"location", location},
+                {"attempt", i + 1},
+                {"reason", last.label},
+                {"error", last.status.message()},
+                {"delay_ms", std::chrono::duration<double, std::milli>(delay).count()}});
+      std::this_thread::sleep_for(delay);
+    }
+    observer_->OnError(scheme_, "retries_exhausted");
+    return Status(StatusCode::kUnavailable,
+                  "giving up after " + std::to_string(max_attempts) +
+                      (max_attempts == 1 ? " attempt: " : " attempts: ") + last.status.message(),
+                  location);
+  }
+
+  std::chrono::nanoseconds Backoff(int retry, std::optional<std::chrono::milliseconds> hint) {
+    if (hint) return std::min<std::chrono::nanoseconds>(*hint, options_.backoff_max);
+    // Full jitter: concurrent readers that failed together spread out.
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    auto bound = internal::BackoffBound(retry, options_.backoff_initial, options_.backoff_max);
+    std::uniform_int_distribution<int64_t> pick(0, bound.count());
+    return std::chrono::nanoseconds(pick(rng));
+  }
+
+  // A read error counts as a timeout when nothing arrived for (about) the
+  // read timeout; httplib reports both as Error::Read.
+  bool TimedOut(Clock::time_point last_progress) const {
+    return Clock::now() - last_progress >= options_.read_timeout * 9 / 10;
+  }
+
+  // Reads bytes [offset + done, offset + len) into iov (from byte `done` of
+  // it) and advances `done` by what a 206 delivered, even on failure.
+  Attempt ReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len,
+                      const std::vector<iovec>& iov, uint64_t& done) {
+    auto checkout = pool_.Checkout(url);
+    if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
+    ClientPtr client = std::move(checkout).value();
+
+    const uint64_t from = offset + done;
+    const uint64_t last_byte = offset + len - 1;
+    const httplib::Headers headers = Headers(
+        "GET", url,
+        {
+            {"Range", "bytes=" + std::to_string(from) + "-" + std::to_string(last_byte)},
+            // Byte ranges of the stored representation, never of a compressed one.
+            {"Accept-Encoding", "identity"},
+        });
+    std::string error_body;  // the start of an error response's body, for Explain
+    int status = 0;
+    bool to_iov = false;    // a 206/200 whose body is our data
+    bool overflow = false;  // the server sent more than asked; we stopped reading
+    uint64_t received = done;
+    std::string retry_after;
+    std::optional<Attempt> verdict;  // decided from the headers alone
+    IovWriter writer(iov);
+    writer.Skip(done);
+    Clock::time_point last_progress = Clock::now();
+
+    auto on_response = [&](const httplib::Response& res) {
+      last_progress = Clock::now();
+      status = res.status;
+      std::string encoding = res.get_header_value("Content-Encoding");
+      if (!encoding.empty() && !EqualsIgnoreCase(encoding, "identity") && status / 100 == 2) {
+        verdict = Attempt::Fail("io", FailedPrecondition("the server applied Content-Encoding " +
+                                                         encoding + " to a byte range"));
+        return false;
+      }
+      if (status == 206) {
+        std::optional<ContentRange> range =
+            ParseContentRange(res.get_header_value("Content-Range"));
+        if (!range || !range->has_range) {
+          verdict = Attempt::Fail(
+              "io", FailedPrecondition("HTTP 206 without a usable Content-Range header (\"" +
+                                       res.get_header_value("Content-Range") + "\")"));
+          return false;
+        }
+        if (range->first != from) {
+          verdict = Attempt::Fail(
+              "io", FailedPrecondition("HTTP 206 for bytes " + std::to_string(range->first) + "-" +
+                                       std::to_string(range->last) + ", asked for bytes " +
+                                       std::to_string(from) + "-" + std::to_string(last_byte)));
+          return false;
+        }
+        if (range->size && *range->size < offset + len) {
+          verdict = DataLossAttempt(offset, len, *range->size);
+          return false;
+        }
+        to_iov = true;
+        return true;
+      }
+      if (status == 200) {
+        // The server ignored Range. From offset 0 the body starts with our
+        // bytes; anywhere else we would have to download and drop a prefix.
+        if (from != 0) {
+          verdict = Attempt::Fail(
+              "io", FailedPrecondition("the server ignored the Range header (HTTP 200 for a "
+                                       "read at offset " +
+                                       std::to_string(from) + ")"));
+          return false;
+        }
+        if (std::optional<uint64_t> size = ParseDecimal(res.get_header_value("Content-Length"));
+            size && *size < len) {
+          verdict = DataLossAttempt(offset, len, *size);
+          return false;
+        }
+        to_iov = true;
+        return true;
+      }
+      if (status == 416) {
+        std::optional<ContentRange> range =
+            ParseContentRange(res.get_header_value("Content-Range"));
+        verdict =
+            range && range->size
+                ? DataLossAttempt(offset, len, *range->size)
+                : Attempt::Fail("data_loss", DataLoss("HTTP 416 Range Not Satisfiable: wanted " +
+                                                      std::to_string(len) + " bytes at offset " +
+                                                      std::to_string(offset)));
+      }
+      retry_after = res.get_header_value("Retry-After");
+      return true;  // drain the (small) error body so the connection stays usable
+    };
+    auto on_data = [&](const char* data, size_t n) {
+      last_progress = Clock::now();
+      if (!to_iov) {
+        if (error_body.size() < kErrorBodyLimit) error_body.append(data, std::min(n, kErrorBodyLimit - error_body.size()));
+        return true;
+      }
+      size_t take = static_cast<size_t>(std::min<uint64_t>(n, len - received));
+      writer.Write(data, take);
+      received += take;
+      if (take < n) {
+        overflow = true;
+        return false;
+      }
+      return true;
+    };
+
+    httplib::Result res = client->Get(url.target, headers, on_response, on_data);
+    const bool clean = res.error() == httplib::Error::Success;
+    if (to_iov && status == 206) done = received;  // kept for the next attempt
+    // Only a connection whose exchange finished cleanly is reused.
+    auto give_back = [&] {
+      if (clean) pool_.Return(url, std::move(client));
+    };
+
+    if (verdict) {
+      give_back();
+      return *verdict;
+    }
+    if (to_iov && received == len && (clean || overflow)) {
+      give_back();
+      return Attempt::Ok();
+    }
+    if (!clean) return FromTransportError(res.error(), TimedOut(last_progress), to_iov);
+    give_back();
+    if (to_iov && status == 200) {
+      // A complete 200 body is the whole object, so the object is this short.
+      return DataLossAttempt(offset, len, received);
+    }
+    if (to_iov) {
+      return Attempt::Retry("short_body", "short body: got " + std::to_string(received) + " of " +
+                                              std::to_string(len) + " bytes");
+    }
+    return FromHttpStatus(status, retry_after, Explain(status, error_body));
+  }
+
+  Attempt StatAttempt(const HttpUrl& url, uint64_t* size) {
+    auto checkout = pool_.Checkout(url);
+    if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
+    ClientPtr client = std::move(checkout).value();
+
+    const Clock::time_point start = Clock::now();
+    httplib::Result res = client->Head(url.target, Headers("HEAD", url, {{"Accept-Encoding", "identity"}}));
+    if (res.error() != httplib::Error::Success) {
+      return FromTransportError(res.error(), TimedOut(start), false);
+    }
+    const int status = res->status;
+    std::optional<uint64_t> length = ParseDecimal(res->get_header_value("Content-Length"));
+    std::string retry_after = res->get_header_value("Retry-After");
+    pool_.Return(url, std::move(client));
+    // A presigned URL is signed for one method, so a GET-signed URL answers
+    // HEAD with 403; some servers do not allow HEAD at all (405).
+    if ((status == 403 || status == 405) && !hooks_.sign) return ProbeSize(url, size);
+    if (status / 100 != 2) return FromHttpStatus(status, retry_after, Explain(status, ""));
+    if (length) {
+      *size = *length;
+      return Attempt::Ok();
+    }
+    return ProbeSize(url, size);
+  }
+
+  // HEAD gave no Content-Length (e.g. a chunked response) or was refused: ask
+  // for one byte and read the size from Content-Range.
+  Attempt ProbeSize(const HttpUrl& url, uint64_t* size) {
+    auto checkout = pool_.Checkout(url);
+    if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
+    ClientPtr client = std::move(checkout).value();
+
+    int status = 0;
+    std::optional<uint64_t> found;
+    std::string retry_after;
+    Clock::time_point last_progress = Clock::now();
+    auto on_response = [&](const httplib::Response& res) {
+      last_progress = Clock::now();
+      status = res.status;
+      retry_after = res.get_header_value("Retry-After");
+      if (status == 206 || status == 416) {
+        std::optional<ContentRange> range =
+            ParseContentRange(res.get_header_value("Content-Range"));
+        if (range) found = range->size;
+        return true;
+      }
+      if (status == 200) {
+        // Range ignored: the length of the whole body is the size; do not download it.
+        found = ParseDecimal(res.get_header_value("Content-Length"));
+        return false;
+      }
+      return true;
+    };
+    auto on_data = [&](const char*, size_t) {
+      last_progress = Clock::now();
+      return true;
+    };
+    httplib::Result res = client->Get(
+        url.target, Headers("GET", url, {{"Range", "bytes=0-0"}, {"Accept-Encoding", "identity"}}), on_response,
+        on_data);
+    const bool clean = res.error() == httplib::Error::Success;
+    if (clean) pool_.Return(url, std::move(client));
+    if (found) {
+      *size = *found;
+      return Attempt::Ok();
+    }
+    if (status == 200 || status == 206 || status == 416) {
+      return Attempt::Fail(
+          "io", FailedPrecondition("the server reports no object size (no Content-Length on "
+                                   "HEAD, no Content-Range on a ranged GET)"));
+    }
+    if (!clean) return FromTransportError(res.error(), TimedOut(last_progress), false);
+    return FromHttpStatus(status, retry_after);
+  }
+
+  static constexpr size_t kErrorBodyLimit = 8192;
+
+  const SourceOptions options_;
+  SourceObserver* const observer_;
+  const std::string scheme_;
+  const HttpHooks hooks_;
+  ClientPool pool_;
+};
+
+namespace internal {
+
+HttpTransport::HttpTransport(const SourceOptions& options, std::string scheme, HttpHooks hooks)
+    : impl_(std::make_unique<Impl>(options, std::move(scheme), std::move(hooks))) {}
+HttpTransport::~HttpTransport() = default;
+Status HttpTransport::Stat(const HttpUrl& url, uint64_t* size) { return impl_->Stat(url, size); }
+Status HttpTransport::ReadV(const HttpUrl& url, uint64_t offset, const std::vector<iovec>& iov) {
+  return impl_->ReadV(url, offset, iov);
+}
+Status HttpTransport::GetBody(const HttpUrl& url, std::string* body, uint64_t limit) {
+  return impl_->GetBody(url, body, limit);
+}
+
+}  // namespace internal
+
+}  // namespace meshload::sidecar::source
