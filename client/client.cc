@@ -91,9 +91,8 @@ Result<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.socket_path.empty()) {
     const char* env = std::getenv(kSocketEnv);
     if (env == nullptr || *env == '\0') {
-      return Status(StatusCode::kInvalidArgument,
-                    std::string("no socket path: give one, or set ") + kSocketEnv +
-                        " (the sidecar-injection webhook sets it in trainer containers)");
+      return Status(StatusCode::kInvalidArgument, std::string("no socket path: give one, or set ") + kSocketEnv +
+                                                      " (the sidecar-injection webhook sets it in trainer containers)");
     }
     options.socket_path = env;
   }
@@ -178,15 +177,15 @@ Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> d
   MESHLOAD_ASSIGN_OR_RETURN(protocol::Received got, protocol::ReceiveMessage(fd.get(), protocol::kMaxMessageBytes));
   MESHLOAD_ASSIGN_OR_RETURN(protocol::Message msg, protocol::Decode(got.bytes));
   if (const auto* err = std::get_if<protocol::ErrorMessage>(&msg)) {
-    const StatusCode code = err->code == protocol::ErrorCode::kBusy ? StatusCode::kUnavailable
-                                                              : StatusCode::kFailedPrecondition;
+    const StatusCode code =
+        err->code == protocol::ErrorCode::kBusy ? StatusCode::kUnavailable : StatusCode::kFailedPrecondition;
     return Status(code, "the sidecar refused the connection: " + err->message, options_.socket_path);
   }
   const auto* sh = std::get_if<protocol::ServerHello>(&msg);
   if (!sh) return InvalidArgument("expected SERVER_HELLO from the sidecar", options_.socket_path);
   if (sh->version != protocol::kProtocolVersion) {
-    return FailedPrecondition("the sidecar speaks protocol version " + std::to_string(sh->version) +
-                                  ", this client " + std::to_string(protocol::kProtocolVersion),
+    return FailedPrecondition("the sidecar speaks protocol version " + std::to_string(sh->version) + ", this client " +
+                                  std::to_string(protocol::kProtocolVersion),
                               options_.socket_path);
   }
   if (want_step >= 0 && sh->first_step != want_step) {
@@ -199,9 +198,9 @@ Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> d
   }
   const size_t want_fds = sh->memory == protocol::MemoryKind::kHostMemfd ? 1 : sh->fd_count;
   if (got.fds.size() != want_fds || sh->fd_count != want_fds) {
-    return InvalidArgument("SERVER_HELLO must carry " + std::to_string(want_fds) + " pool fds, got " +
-                               std::to_string(got.fds.size()),
-                           options_.socket_path);
+    return InvalidArgument(
+        "SERVER_HELLO must carry " + std::to_string(want_fds) + " pool fds, got " + std::to_string(got.fds.size()),
+        options_.socket_path);
   }
   for (const auto& t : sh->layout) {
     if (t.offset > sh->slot_bytes || t.nbytes > sh->slot_bytes - t.offset) {
@@ -209,7 +208,7 @@ Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> d
     }
   }
   auto mapped = sh->memory == protocol::MemoryKind::kHostMemfd ? Mapping::MapHost(got.fds[0].get(), sh->pool_bytes)
-                                                          : Mapping::ImportCuda(*sh, got.fds);
+                                                               : Mapping::ImportCuda(*sh, got.fds);
   if (!mapped.ok()) return mapped.status().WithLocationPrefix(options_.socket_path);
   auto mapping = std::move(*mapped);
   // The descriptors are no longer needed once mapped; UniqueFd closes them.
@@ -307,7 +306,8 @@ Result<Batch> Client::MakeBatch(const protocol::Ready& r, uint64_t wait_ns) {
     return InvalidArgument("READY for step " + std::to_string(r.step) + " while step " + std::to_string(next_step_) +
                            " was expected");
   }
-  if (r.slot >= hello_.slots) return InvalidArgument("READY names slot " + std::to_string(r.slot) + " of " + std::to_string(hello_.slots));
+  if (r.slot >= hello_.slots)
+    return InvalidArgument("READY names slot " + std::to_string(r.slot) + " of " + std::to_string(hello_.slots));
   if (conn_->Holds(r.slot)) {
     return InvalidArgument("READY names slot " + std::to_string(r.slot) + ", which a live batch still holds");
   }
@@ -323,7 +323,8 @@ Result<Batch> Client::MakeBatch(const protocol::Ready& r, uint64_t wait_ns) {
     // trainer's framework will index it with these shapes and strides.
     uint64_t elems = 1;
     for (int64_t d : t.shape) {
-      if (d < 0 || (d > 0 && elems > UINT64_MAX / static_cast<uint64_t>(d))) return InvalidArgument("READY shape overflows");
+      if (d < 0 || (d > 0 && elems > UINT64_MAX / static_cast<uint64_t>(d)))
+        return InvalidArgument("READY shape overflows");
       elems *= static_cast<uint64_t>(d);
     }
     const uint64_t item = t.dtype_bits / 8;
@@ -387,15 +388,17 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
     if (w == -1) {
       // Let the caller see its signal (Ctrl-C in Python, SIGTERM in a
       // trainer); calling Next() again resumes where it was.
-      return Status(StatusCode::kCancelled, "interrupted by a signal while waiting for step " +
-                                                std::to_string(next_step_), options_.socket_path);
+      return Status(StatusCode::kCancelled,
+                    "interrupted by a signal while waiting for step " + std::to_string(next_step_),
+                    options_.socket_path);
     }
     if (w == -2) return Closed();
     if (w < -2) return IoErrorFromErrno("poll", options_.socket_path, -2 - w);
     if (w == 0) {
-      return Status(StatusCode::kDeadlineExceeded,
-                    "no batch for step " + std::to_string(next_step_) + " within " + std::to_string(timeout->count()) + " ms",
-                    options_.socket_path);
+      return Status(
+          StatusCode::kDeadlineExceeded,
+          "no batch for step " + std::to_string(next_step_) + " within " + std::to_string(timeout->count()) + " ms",
+          options_.socket_path);
     }
     auto got = protocol::ReceiveMessage(conn_->fd(), protocol::kMaxMessageBytes);
     if (!got.ok()) {
@@ -409,18 +412,19 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
     if (const auto* err = std::get_if<protocol::ErrorMessage>(&msg)) {
       if (err->code == protocol::ErrorCode::kShuttingDown) {
         // A sidecar being restarted says goodbye: reconnect, as if it had vanished.
-        MESHLOAD_RETURN_IF_ERROR(reconnect(Status(StatusCode::kUnavailable, "the sidecar is stopping: " + err->message)));
+        MESHLOAD_RETURN_IF_ERROR(
+            reconnect(Status(StatusCode::kUnavailable, "the sidecar is stopping: " + err->message)));
         continue;
       }
-      const StatusCode code = err->code == protocol::ErrorCode::kDataError ? StatusCode::kDataLoss
-                                                                     : StatusCode::kFailedPrecondition;
+      const StatusCode code =
+          err->code == protocol::ErrorCode::kDataError ? StatusCode::kDataLoss : StatusCode::kFailedPrecondition;
       Close();
       return Status(code, "the sidecar reported: " + err->message, options_.socket_path);
     }
     const auto* ready = std::get_if<protocol::Ready>(&msg);
     if (!ready) return ProtocolError(InvalidArgument("unexpected message from the sidecar"));
-    const uint64_t wait_ns = static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    const uint64_t wait_ns =
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
     auto batch = MakeBatch(*ready, wait_ns);
     if (!batch.ok()) return ProtocolError(batch.status());
     return batch;

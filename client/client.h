@@ -136,15 +136,15 @@ struct Tensor {
   uint64_t nbytes = 0;
   int32_t device_type = 1;  // DLPack: 1 = CPU, 2 = CUDA (data is then a device address)
   int32_t device_id = 0;
-  int64_t global_device = 0;   // device number in the mesh
-  uint64_t ids_checksum = 0;   // SampleIdsChecksum of its sample ids
+  int64_t global_device = 0;  // device number in the mesh
+  uint64_t ids_checksum = 0;  // SampleIdsChecksum of its sample ids
 };
 
 struct Batch {
   int64_t step = 0;
   std::vector<Tensor> tensors;  // one per local device, in the job's device order
   std::shared_ptr<Lease> lease;
-  double wait_seconds = 0;      // how long Next() blocked for it
+  double wait_seconds = 0;  // how long Next() blocked for it
 };
 
 class Client {
@@ -195,8 +195,7 @@ class Client {
   // after the hello was sent. kDeadlineExceeded when `deadline` comes first
   // and kCancelled on a signal: the handshake stays in progress for the next
   // attempt.
-  Status ConnectOnce(int64_t want_step,
-                     std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
+  Status ConnectOnce(int64_t want_step, std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
   // Waits until `fd` (if >= 0) is readable or `until` (if set) passes: 1
   // readable, 0 timed out, -1 interrupted by a signal, -2 Interrupt() was
   // called, or an errno-style error below -2 (-2 - errno).
@@ -204,8 +203,7 @@ class Client {
   Status Closed() const;
   // kDeadlineExceeded once `deadline` passes (the connection stays closed;
   // the next Next() reconnects again).
-  Status Reconnect(const Status& why,
-                   std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
+  Status Reconnect(const Status& why, std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
   Result<Batch> MakeBatch(const protocol::Ready& ready, uint64_t wait_ns);
   // A message the client cannot accept: leaves the connection (BYE: the
   // sidecar takes back the slots of batches not handed out) and returns `st`.
@@ -213,7 +211,7 @@ class Client {
   Status Interrupted() const;
 
   ClientOptions options_;
-  UniqueFd wake_fd_;                    // eventfd: Interrupt() makes it readable
+  UniqueFd wake_fd_;  // eventfd: Interrupt() makes it readable
   std::atomic<bool> interrupted_{false};
   // A handshake sent and not answered yet (kept across calls).
   struct Handshake {
@@ -224,11 +222,11 @@ class Client {
   std::optional<Handshake> handshake_;
   // While not connected: the reconnect schedule (kept across calls).
   struct Outage {
-    Status why;                                       // what ended the connection
-    Status last;                                      // the last attempt's error
+    Status why;   // what ended the connection
+    Status last;  // the last attempt's error
     std::chrono::steady_clock::time_point started;
     std::chrono::steady_clock::time_point next_try;
-    int attempts = 0;                                 // failed attempts so far
+    int attempts = 0;  // failed attempts so far
   };
   std::optional<Outage> outage_;
   uint64_t rng_state_ = 0;

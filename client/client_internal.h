@@ -204,7 +204,7 @@ class Link : public std::enable_shared_from_this<Link> {
   UniqueFd fd_;
   Mutex mu_;
   bool closed_ MESHLOAD_GUARDED_BY(mu_) = false;
-  bool left_ MESHLOAD_GUARDED_BY(mu_) = false;                 // BYE sent
+  bool left_ MESHLOAD_GUARDED_BY(mu_) = false;                      // BYE sent
   std::vector<protocol::Bye::Held> held_ MESHLOAD_GUARDED_BY(mu_);  // leases handed out and not released
   // The release worker's queue; never held with mu_.
   Mutex queue_mu_;
@@ -275,8 +275,10 @@ class Mapping {
           ours += (ours.empty() ? "" : ", ") + std::to_string(x.ordinal) + "=" + x.uuid;
         }
         return FailedPrecondition("the sidecar stages batches on " + d.uuid + " (device " +
-                                  std::to_string(d.global_index) + " of the mesh), which this process cannot see. "
-                                  "Sidecar's GPUs: [" + theirs + "]; this process's GPUs: [" + ours +
+                                  std::to_string(d.global_index) +
+                                  " of the mesh), which this process cannot see. "
+                                  "Sidecar's GPUs: [" +
+                                  theirs + "]; this process's GPUs: [" + ours +
                                   "]. Give the trainer container the same GPUs (resources, CUDA_VISIBLE_DEVICES)");
       }
       ordinals.push_back(o);
@@ -284,7 +286,8 @@ class Mapping {
     return ordinals;
   }
 
-  static Result<std::shared_ptr<Mapping>> ImportCuda(const protocol::ServerHello& sh, const std::vector<UniqueFd>& fds) {
+  static Result<std::shared_ptr<Mapping>> ImportCuda(const protocol::ServerHello& sh,
+                                                     const std::vector<UniqueFd>& fds) {
     auto driver = cuda::Driver::Open();
     if (!driver.ok()) {
       return FailedPrecondition("the sidecar stages batches in GPU memory, but this process cannot use CUDA: " +

@@ -23,9 +23,7 @@ struct Problem {
 
 class Diagnostics {
  public:
-  void Add(std::string path, std::string message) {
-    problems_.push_back({std::move(path), std::move(message)});
-  }
+  void Add(std::string path, std::string message) { problems_.push_back({std::move(path), std::move(message)}); }
   /// Records a non-OK status as a problem (its location becomes the path).
   void Add(const Status& status) {
     if (!status.ok()) problems_.push_back({status.location(), status.message()});

@@ -91,7 +91,9 @@ int FlagParser::Parse(const std::vector<std::string>& args) {
         positional_->push_back(arg);
         continue;
       }
-      return UsageError((command_.empty() ? "" : command_ + ": ") + "unexpected argument '" + arg + "' (see " + Name() + " --help)", program_);
+      return UsageError(
+          (command_.empty() ? "" : command_ + ": ") + "unexpected argument '" + arg + "' (see " + Name() + " --help)",
+          program_);
     }
     std::optional<std::string> inline_value;
     if (auto eq = arg.find('='); eq != std::string::npos && arg.rfind("--", 0) == 0) {
@@ -105,7 +107,8 @@ int FlagParser::Parse(const std::vector<std::string>& args) {
       }
     }
     if (!flag) {
-      return UsageError((command_.empty() ? "" : command_ + ": ") + "unknown flag " + arg + " (see " + Name() + " --help)", program_);
+      return UsageError(
+          (command_.empty() ? "" : command_ + ": ") + "unknown flag " + arg + " (see " + Name() + " --help)", program_);
     }
     std::string value;
     if (flag->takes_value) {
@@ -120,7 +123,8 @@ int FlagParser::Parse(const std::vector<std::string>& args) {
       return UsageError((command_.empty() ? "" : command_ + ": ") + arg + " takes no value", program_);
     }
     std::string err;
-    if (!flag->set(value, err)) return UsageError((command_.empty() ? "" : command_ + ": ") + arg + ": " + err, program_);
+    if (!flag->set(value, err))
+      return UsageError((command_.empty() ? "" : command_ + ": ") + arg + ": " + err, program_);
   }
   return -1;
 }

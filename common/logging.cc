@@ -17,11 +17,16 @@ std::atomic<int> g_format{static_cast<int>(LogFormat::kJson)};
 
 std::string_view LevelName(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return "debug";
-    case LogLevel::kInfo: return "info";
-    case LogLevel::kWarn: return "warn";
-    case LogLevel::kError: return "error";
-    case LogLevel::kOff: return "off";
+    case LogLevel::kDebug:
+      return "debug";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kWarn:
+      return "warn";
+    case LogLevel::kError:
+      return "error";
+    case LogLevel::kOff:
+      return "off";
   }
   return "info";
 }
@@ -34,8 +39,8 @@ std::string Timestamp() {
   std::tm tm{};
   gmtime_r(&secs, &tm);
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
   return buf;
 }
 
@@ -131,20 +136,28 @@ Status ConfigureLoggingFromEnv() {
 LogLevel CurrentLogLevel() { return static_cast<LogLevel>(g_level.load()); }
 LogFormat CurrentLogFormat() { return static_cast<LogFormat>(g_format.load()); }
 
-bool LogEnabled(LogLevel level) {
-  return level != LogLevel::kOff && static_cast<int>(level) >= g_level.load();
-}
+bool LogEnabled(LogLevel level) { return level != LogLevel::kOff && static_cast<int>(level) >= g_level.load(); }
 
 std::string JsonEscape(std::string_view s) {
   std::string out;
   out.reserve(s.size() + 2);
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -158,8 +171,8 @@ std::string JsonEscape(std::string_view s) {
   return out;
 }
 
-std::string FormatLogLine(LogLevel level, std::string_view msg,
-                          std::initializer_list<LogField> fields, LogFormat format) {
+std::string FormatLogLine(LogLevel level, std::string_view msg, std::initializer_list<LogField> fields,
+                          LogFormat format) {
   std::string line;
   line.reserve(128);
   if (format == LogFormat::kJson) {
@@ -189,8 +202,7 @@ std::string FormatLogLine(LogLevel level, std::string_view msg,
 
 void Log(LogLevel level, std::string_view msg, std::initializer_list<LogField> fields) {
   if (!LogEnabled(level)) return;
-  std::string line =
-      FormatLogLine(level, msg, fields, static_cast<LogFormat>(g_format.load()));
+  std::string line = FormatLogLine(level, msg, fields, static_cast<LogFormat>(g_format.load()));
   // One write per line keeps lines whole across threads; a short write to a
   // pipe is retried, an error is dropped (logging must never fail the caller).
   const char* p = line.data();

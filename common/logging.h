@@ -68,8 +68,8 @@ LogFormat CurrentLogFormat();
 bool LogEnabled(LogLevel level);
 
 /// Formats one event as a line (with the trailing newline). Exposed for tests.
-std::string FormatLogLine(LogLevel level, std::string_view msg,
-                          std::initializer_list<LogField> fields, LogFormat format);
+std::string FormatLogLine(LogLevel level, std::string_view msg, std::initializer_list<LogField> fields,
+                          LogFormat format);
 
 /// Emits one event to stderr if `level` is enabled.
 void Log(LogLevel level, std::string_view msg, std::initializer_list<LogField> fields = {});

@@ -26,17 +26,17 @@ namespace meshload {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,    // the input is wrong (spec, flag, file content)
-  kNotFound,           // a file, object or key does not exist
+  kInvalidArgument,  // the input is wrong (spec, flag, file content)
+  kNotFound,         // a file, object or key does not exist
   kAlreadyExists,
-  kFailedPrecondition, // the world is not in the state the call needs
+  kFailedPrecondition,  // the world is not in the state the call needs
   kOutOfRange,
-  kDataLoss,           // data is truncated or corrupt
-  kIoError,            // the OS refused an I/O call
-  kUnavailable,        // a peer or service cannot be reached (retryable)
+  kDataLoss,     // data is truncated or corrupt
+  kIoError,      // the OS refused an I/O call
+  kUnavailable,  // a peer or service cannot be reached (retryable)
   kDeadlineExceeded,
-  kCancelled,          // interrupted (a signal) before it could finish
-  kInternal,           // a broken invariant
+  kCancelled,  // interrupted (a signal) before it could finish
+  kInternal,   // a broken invariant
 };
 
 /// The lower-case name of a code, e.g. "invalid_argument". Used as a metric
@@ -149,8 +149,8 @@ class [[nodiscard]] Result {
 
 /// Aborts with `what` (a string) when `cond` is false: for invariants, never
 /// for errors a caller can meet (those are Statuses).
-#define MESHLOAD_CHECK(cond, what)                                              \
-  do {                                                                          \
+#define MESHLOAD_CHECK(cond, what)                                                  \
+  do {                                                                              \
     if (!(cond)) ::meshload::internal::InvariantBroken(__FILE__, __LINE__, (what)); \
   } while (0)
 
@@ -158,16 +158,16 @@ class [[nodiscard]] Result {
 #define MESHLOAD_CONCAT_(a, b) MESHLOAD_CONCAT_INNER_(a, b)
 
 /// Returns the status from the enclosing function when `expr` is not OK.
-#define MESHLOAD_RETURN_IF_ERROR(expr)                         \
-  do {                                                \
-    ::meshload::Status _st = (expr);                  \
-    if (!_st.ok()) return _st;                        \
+#define MESHLOAD_RETURN_IF_ERROR(expr) \
+  do {                                 \
+    ::meshload::Status _st = (expr);   \
+    if (!_st.ok()) return _st;         \
   } while (0)
 
 /// `MESHLOAD_ASSIGN_OR_RETURN(auto x, Compute());` binds the value or returns the error.
 #define MESHLOAD_ASSIGN_OR_RETURN(lhs, expr) \
   MESHLOAD_ASSIGN_OR_RETURN_IMPL_(MESHLOAD_CONCAT_(_result_, __LINE__), lhs, expr)
 #define MESHLOAD_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
-  auto tmp = (expr);                           \
-  if (!tmp.ok()) return tmp.status();          \
+  auto tmp = (expr);                                    \
+  if (!tmp.ok()) return tmp.status();                   \
   lhs = std::move(tmp).value()

@@ -100,8 +100,9 @@ Status Controller::Start(std::chrono::milliseconds sync_timeout) {
   for (auto* inf : {configmaps_.get(), pods_.get(), jobs_.get()}) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (!inf->WaitForSync(std::max(left, std::chrono::milliseconds(1)))) {
-      return Status(StatusCode::kDeadlineExceeded, "the informer caches did not sync in time (is the API server "
-                                                   "reachable, and is the DataLoadJob CRD installed?)");
+      return Status(StatusCode::kDeadlineExceeded,
+                    "the informer caches did not sync in time (is the API server "
+                    "reachable, and is the DataLoadJob CRD installed?)");
     }
   }
   LogInfo("informer caches synced", {{"dataloadjobs", static_cast<int64_t>(jobs_->size())},
@@ -157,10 +158,10 @@ void Controller::Worker() {
       auto backoff = queue_.NextBackoff(key);
       queue_.AddRateLimited(key);
       LogWarn("reconcile failed; will retry", {{"reconcile_id", id},
-                                                {"job", key},
-                                                {"error", st.ToString()},
-                                                {"writes", result.writes},
-                                                {"retry_in_ms", static_cast<int64_t>(backoff.count())}});
+                                               {"job", key},
+                                               {"error", st.ToString()},
+                                               {"writes", result.writes},
+                                               {"retry_in_ms", static_cast<int64_t>(backoff.count())}});
     }
     queue_.Done(key);
     busy_.fetch_sub(1);

@@ -157,10 +157,9 @@ Status JobReconcile::Finalize() {
   if (secret_uid.empty()) secret_uid = r_.MadeSecret(key_, Uid()).value_or("");
   if (!secret_uid.empty()) {
     const std::string secret_name = PeerSecretName(name_);
-    kube::ApiResponse del = r_.client_->Delete(SecretsResource().Object(ns_, secret_name),
-                                               {{"apiVersion", "v1"},
-                                                {"kind", "DeleteOptions"},
-                                                {"preconditions", {{"uid", secret_uid}}}});
+    kube::ApiResponse del =
+        r_.client_->Delete(SecretsResource().Object(ns_, secret_name),
+                           {{"apiVersion", "v1"}, {"kind", "DeleteOptions"}, {"preconditions", {{"uid", secret_uid}}}});
     // 404: gone already; 409: the uid differs, someone else's now.
     if (!del.ok() && del.code != 404 && del.code != 409) {
       return del.ToStatus("delete Secret " + ns_ + "/" + secret_name);
@@ -307,8 +306,8 @@ void JobReconcile::AssignProcesses() {
     }
     if (*ci < 0 || *ci >= processes_) {
       problems_.push_back("CompletionIndexOutOfRange: pod " + Str(md, "name") + " has completion index " +
-                          (*ci < 0 ? std::string("that is not a number") : std::to_string(*ci)) +
-                          " but the job has " + std::to_string(processes_) + " processes");
+                          (*ci < 0 ? std::string("that is not a number") : std::to_string(*ci)) + " but the job has " +
+                          std::to_string(processes_) + " processes");
       continue;
     }
     if (by_index_[*ci] != nullptr) {
@@ -380,8 +379,8 @@ void JobReconcile::ReadProgress() {
   if (!poll) return;
   const HealthThresholds thresholds{spec_->health.starved_wait_percent, spec_->health.straggler_steps,
                                     spec_->health.straggler_latency_factor};
-  const json fresh = ProgressStatus(*poll, spec_->batch.global_batch_size, thresholds,
-                                    Field(Field(job_, "status"), "progress"));
+  const json fresh =
+      ProgressStatus(*poll, spec_->batch.global_batch_size, thresholds, Field(Field(job_, "status"), "progress"));
   bool moves_due = true;
   {
     MutexLock lock(r_.progress_mu_);
@@ -444,8 +443,8 @@ void JobReconcile::ConfigMapConflict() {
   problems_.push_back("ConfigMapConflict: ConfigMap " + ns_ + "/" + cm_name_ +
                       " exists and was not made for this job (no controller reference to it); the trainer "
                       "pods mount that name: rename or delete it");
-  deferred_ = Status(StatusCode::kUnavailable, "ConfigMap " + ns_ + "/" + cm_name_ + " belongs to something else",
-                     key_);
+  deferred_ =
+      Status(StatusCode::kUnavailable, "ConfigMap " + ns_ + "/" + cm_name_ + " belongs to something else", key_);
 }
 
 void JobReconcile::ConfigMapFailed(const Status& error) {
@@ -468,10 +467,11 @@ Status JobReconcile::ApplyConfigMap(const json& data) {
     ConfigMapConflict();
   } else if (!cm_) {
     MESHLOAD_RETURN_IF_ERROR(r_.CheckMayWrite());
-    json body = {{"apiVersion", "v1"},
-                 {"kind", "ConfigMap"},
-                 {"metadata", {{"name", cm_name_}, {"namespace", ns_}, {"labels", labels_}, {"ownerReferences", owner_}}},
-                 {"data", data}};
+    json body = {
+        {"apiVersion", "v1"},
+        {"kind", "ConfigMap"},
+        {"metadata", {{"name", cm_name_}, {"namespace", ns_}, {"labels", labels_}, {"ownerReferences", owner_}}},
+        {"data", data}};
     kube::ApiResponse r = r_.client_->Post(cms.Collection(ns_), body);
     if (r.code == 409 && Str(r.body, "reason") == "AlreadyExists") {
       // Made since it was read (a retried POST that had landed): this
@@ -535,13 +535,13 @@ Status JobReconcile::EnsurePeerSecret() {
   MESHLOAD_ASSIGN_OR_RETURN(std::string secret, NewPeerSecret());
   json secret_labels = labels_;
   secret_labels[kJobUidLabel] = uid;  // which job instance it was made for (kubectl -l)
-  json body = {{"apiVersion", "v1"},
-               {"kind", "Secret"},
-               {"metadata",
-                {{"name", secret_name}, {"namespace", ns_}, {"labels", secret_labels}, {"ownerReferences", owner_}}},
-               {"type", "Opaque"},
-               {"immutable", true},
-               {"data", {{"secret", Base64Encode(secret)}}}};
+  json body = {
+      {"apiVersion", "v1"},
+      {"kind", "Secret"},
+      {"metadata", {{"name", secret_name}, {"namespace", ns_}, {"labels", secret_labels}, {"ownerReferences", owner_}}},
+      {"type", "Opaque"},
+      {"immutable", true},
+      {"data", {{"secret", Base64Encode(secret)}}}};
   kube::ApiResponse r = r_.client_->Post(SecretsResource().Collection(ns_), body);
   if (r.ok() || (r.code == 409 && Str(r.body, "reason") == "AlreadyExists")) {
     desired_.peer_secret = secret_name;
@@ -575,13 +575,13 @@ void JobReconcile::SetConditions() {
     return s;
   };
   const bool all_ready = desired_.processes_ready == processes_;
-  std::string ready_msg = std::to_string(desired_.processes_ready) + " of " + std::to_string(processes_) +
-                          " sidecars ready";
+  std::string ready_msg =
+      std::to_string(desired_.processes_ready) + " of " + std::to_string(processes_) + " sidecars ready";
   if (!missing_.empty()) ready_msg += "; processes without a pod: " + list(missing_);
   if (!not_ready_.empty()) ready_msg += "; sidecars not ready: " + list(not_ready_);
-  desired_.conditions.push_back({"SidecarsReady", all_ready ? "True" : "False",
-                                 all_ready ? "AllSidecarsReady" : (missing_.empty() ? "SidecarsNotReady" : "WaitingForPods"),
-                                 ready_msg});
+  desired_.conditions.push_back(
+      {"SidecarsReady", all_ready ? "True" : "False",
+       all_ready ? "AllSidecarsReady" : (missing_.empty() ? "SidecarsNotReady" : "WaitingForPods"), ready_msg});
   if (!problems_.empty() || (desired_.processes_ready > 0 && !all_ready)) {
     std::string reason = problems_.empty() ? "NotAllSidecarsReady" : problems_[0].substr(0, problems_[0].find(':'));
     std::string msg;
@@ -613,7 +613,8 @@ Status JobReconcile::WriteStatus() {
         r_.progress_written_[key_] = std::chrono::steady_clock::now();
       }
       if (r_.options_.record_event) {
-        for (const auto& e : ConditionEvents(current, want)) r_.options_.record_event(job_, e.type, e.reason, e.message);
+        for (const auto& e : ConditionEvents(current, want))
+          r_.options_.record_event(job_, e.type, e.reason, e.message);
       }
       return deferred_;
     }

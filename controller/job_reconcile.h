@@ -89,11 +89,11 @@ class JobReconcile {
   std::optional<planner::JobSpec> spec_;
   std::optional<planner::ResolvedJob> resolved_;
   int64_t processes_ = 0;
-  kube::ObjectPtr cm_;     // ours, from the cache or the server
-  nlohmann::json foreign_;  // a ConfigMap of that name not made for this job
+  kube::ObjectPtr cm_;                           // ours, from the cache or the server
+  nlohmann::json foreign_;                       // a ConfigMap of that name not made for this job
   std::vector<const nlohmann::json*> by_index_;  // process -> pod
-  std::vector<kube::ObjectPtr> pods_;             // the selected pods (by_index_ points into them)
-  std::vector<std::string> problems_;             // "Reason: message"
+  std::vector<kube::ObjectPtr> pods_;            // the selected pods (by_index_ points into them)
+  std::vector<std::string> problems_;            // "Reason: message"
   std::vector<int64_t> missing_, not_ready_;
   std::vector<ProgressCondition> progress_conditions_;
   nlohmann::json labels_, owner_;

@@ -172,8 +172,9 @@ int main(int argc, char** argv) {
   injector.fs_group = sidecar_fs_group;
   injector.resources = nlohmann::json::parse(sidecar_resources, nullptr, false);
   if (!injector.resources.is_object() ||
-      !std::all_of(injector.resources.items().begin(), injector.resources.items().end(),
-                   [](const auto& kv) { return (kv.key() == "requests" || kv.key() == "limits") && kv.value().is_object(); })) {
+      !std::all_of(injector.resources.items().begin(), injector.resources.items().end(), [](const auto& kv) {
+        return (kv.key() == "requests" || kv.key() == "limits") && kv.value().is_object();
+      })) {
     return usage("--sidecar-resources: expected a JSON object with \"requests\" and \"limits\" maps, got '" +
                  sidecar_resources + "'");
   }
@@ -317,9 +318,8 @@ int main(int argc, char** argv) {
     webhook = std::make_unique<controller::webhook::WebhookServer>(
         &registry, [&controller](const std::string& ns, const std::string& name) { return controller.Job(ns, name); },
         injector,
-        controller::webhook::WebhookServerOptions{.bind_address = webhook_address,
-                                                  .port = static_cast<int>(webhook_port),
-                                                  .cert_dir = webhook_cert_dir});
+        controller::webhook::WebhookServerOptions{
+            .bind_address = webhook_address, .port = static_cast<int>(webhook_port), .cert_dir = webhook_cert_dir});
     auto wport = webhook->Start();
     if (!wport.ok()) {
       LogError("cannot serve the webhook", {{"error", wport.status().ToString()}});

@@ -43,7 +43,7 @@ bool SidecarReady(const json& pod, const std::string& container) {
 int MetricsPort(const json& pod, int fallback) {
   const json& port = At(At(pod, "spec"), "metricsPort");
   return port.is_number_integer() && port.get<int64_t>() > 0 && port.get<int64_t>() < 65536 ? port.get<int>()
-                                                                                             : fallback;
+                                                                                            : fallback;
 }
 
 double Median(std::vector<double> v) {
@@ -213,10 +213,14 @@ void ProgressPoller::PollOnce() {
 
 const char* SlowPartName(SlowPart part) {
   switch (part) {
-    case SlowPart::kStorage: return "storage";
-    case SlowPart::kTrainer: return "trainer";
-    case SlowPart::kExchange: return "exchange";
-    case SlowPart::kStaging: return "staging";
+    case SlowPart::kStorage:
+      return "storage";
+    case SlowPart::kTrainer:
+      return "trainer";
+    case SlowPart::kExchange:
+      return "exchange";
+    case SlowPart::kStaging:
+      return "staging";
   }
   return "staging";
 }
@@ -291,10 +295,12 @@ json ProgressStatus(const JobProgress& poll, int64_t global_batch, const HealthT
     const int64_t s = p->report["consumedStep"].get<int64_t>();
     const double behind = median - static_cast<double>(s);
     if (behind > static_cast<double>(lag_steps)) {
-      lagging.push_back({{"process", p->process}, {"pod", p->pod}, {"step", s},
-                         {"behind", static_cast<int64_t>(std::llround(behind))},
-                         {"slow", SlowPartName(WhatIsSlow(p->report, median_p99,
-                                                          thresholds.straggler_latency_factor))}});
+      lagging.push_back(
+          {{"process", p->process},
+           {"pod", p->pod},
+           {"step", s},
+           {"behind", static_cast<int64_t>(std::llround(behind))},
+           {"slow", SlowPartName(WhatIsSlow(p->report, median_p99, thresholds.straggler_latency_factor))}});
     }
   }
   if (!lagging.empty()) out["lagging"] = lagging;
@@ -394,7 +400,8 @@ std::vector<ProgressCondition> ProgressConditions(const JobProgress& poll, const
     const auto p99 = StorageP99(p->report);
     const bool slow_storage = p99 && median_p99 > 0 && *p99 > factor * median_p99;
     const bool lags = behind > static_cast<double>(t.straggler_steps);
-    if (behind > static_cast<double>(t.straggler_steps) / 2 || (p99 && median_p99 > 0 && *p99 > factor / 2 * median_p99)) {
+    if (behind > static_cast<double>(t.straggler_steps) / 2 ||
+        (p99 && median_p99 > 0 && *p99 > factor / 2 * median_p99)) {
       in_band = true;
     }
     if (!lags && !slow_storage) continue;
@@ -407,17 +414,17 @@ std::vector<ProgressCondition> ProgressConditions(const JobProgress& poll, const
         what = "its trainer is slow (it does not wait for data)";
         break;
       case SlowPart::kExchange:
-        what = "the exchange is slow (its trainer waits, and its sidecar spends most of its staging time waiting "
-               "on other processes' sidecars)";
+        what =
+            "the exchange is slow (its trainer waits, and its sidecar spends most of its staging time waiting "
+            "on other processes' sidecars)";
         break;
       case SlowPart::kStaging:
         what = "its staging is slow (its trainer waits; neither its storage nor the exchange is slow)";
         break;
     }
-    straggling.push_back(Who(*p) + (lags ? " is more than " + std::to_string(t.straggler_steps) +
-                                               " steps behind the median: "
-                                         : ": ") +
-                         what);
+    straggling.push_back(
+        Who(*p) + (lags ? " is more than " + std::to_string(t.straggler_steps) + " steps behind the median: " : ": ") +
+        what);
   }
   if (!straggling.empty()) {
     std::string msg;

@@ -45,7 +45,7 @@ struct ProcessProgress {
 /// One poll of a job's sidecars.
 struct JobProgress {
   std::chrono::steady_clock::time_point polled_at;
-  int64_t processes = 0;  // the job's process count (spec.mesh.processes)
+  int64_t processes = 0;                  // the job's process count (spec.mesh.processes)
   std::vector<ProcessProgress> sidecars;  // the ready sidecars polled, by process index
 };
 
@@ -62,8 +62,7 @@ struct ProgressPollerOptions {
 
 class ProgressPoller {
  public:
-  ProgressPoller(kube::Informer* jobs, kube::Informer* pods, kube::Informer* configmaps,
-                 ProgressPollerOptions options);
+  ProgressPoller(kube::Informer* jobs, kube::Informer* pods, kube::Informer* configmaps, ProgressPollerOptions options);
   ~ProgressPoller();
   ProgressPoller(const ProgressPoller&) = delete;
   ProgressPoller& operator=(const ProgressPoller&) = delete;

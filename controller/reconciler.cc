@@ -23,8 +23,8 @@ std::string PeerSecretName(const std::string& job) { return job + "-meshload-pee
 json SlimPod(json pod) {
   json md = Field(pod, "metadata");
   json slim_md = json::object();
-  for (const char* k : {"name", "namespace", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp",
-                        "labels"}) {
+  for (const char* k :
+       {"name", "namespace", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "labels"}) {
     if (md.contains(k)) slim_md[k] = std::move(md[k]);
   }
   std::string index = Str(Field(md, "annotations"), kCompletionIndex);
@@ -39,9 +39,10 @@ json SlimPod(json pod) {
     if (!cs.is_array()) continue;
     json slim = json::array();
     for (const auto& c : cs) {
-      slim.push_back({{"name", Str(c, "name")},
-                      {"ready", Field(c, "ready").is_boolean() ? Field(c, "ready").get<bool>() : false},
-                      {"restartCount", Field(c, "restartCount").is_number() ? Field(c, "restartCount").get<int64_t>() : 0}});
+      slim.push_back(
+          {{"name", Str(c, "name")},
+           {"ready", Field(c, "ready").is_boolean() ? Field(c, "ready").get<bool>() : false},
+           {"restartCount", Field(c, "restartCount").is_number() ? Field(c, "restartCount").get<int64_t>() : 0}});
     }
     slim_st[list] = std::move(slim);
   }
@@ -99,8 +100,8 @@ bool SelectorMatches(const json& selector, const json& labels) {
   return true;
 }
 
-Reconciler::Reconciler(kube::KubeClient* client, kube::Informer* jobs, kube::Informer* pods,
-                       kube::Informer* configmaps, ReconcilerOptions options)
+Reconciler::Reconciler(kube::KubeClient* client, kube::Informer* jobs, kube::Informer* pods, kube::Informer* configmaps,
+                       ReconcilerOptions options)
     : client_(client), jobs_(jobs), pods_(pods), configmaps_(configmaps), options_(std::move(options)) {}
 
 std::optional<std::string> Reconciler::MadeSecret(const std::string& key, const std::string& job_uid) const {

@@ -185,8 +185,7 @@ class Reconciler {
   // When each job's status.progress was last written by this process (a
   // restarted controller may write one sooner).
   Mutex progress_mu_;
-  std::map<std::string, std::chrono::steady_clock::time_point> progress_written_
-      MESHLOAD_GUARDED_BY(progress_mu_);
+  std::map<std::string, std::chrono::steady_clock::time_point> progress_written_ MESHLOAD_GUARDED_BY(progress_mu_);
 };
 
 }  // namespace meshload::controller

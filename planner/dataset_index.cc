@@ -41,10 +41,9 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
       case DatasetFormat::kFixedRecord: {
         const uint64_t rb = static_cast<uint64_t>(spec.record_bytes);
         if (f.size % rb != 0) {
-          diags.Add(p, "size " + std::to_string(f.size) + " is not a whole number of " +
-                           std::to_string(rb) + "-byte records (" + std::to_string(f.size / rb) +
-                           " records and " + std::to_string(f.size % rb) +
-                           " bytes left over); check spec.dataset.recordBytes");
+          diags.Add(p, "size " + std::to_string(f.size) + " is not a whole number of " + std::to_string(rb) +
+                           "-byte records (" + std::to_string(f.size / rb) + " records and " +
+                           std::to_string(f.size % rb) + " bytes left over); check spec.dataset.recordBytes");
         }
         f.count = f.size / rb;
         break;
@@ -78,17 +77,15 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
           std::vector<uint64_t> a(first.shape.begin() + 1, first.shape.end());
           std::vector<uint64_t> b(h->shape.begin() + 1, h->shape.end());
           if (a != b || first.dtype != h->dtype) {
-            diags.Add(p, "holds samples of shape " + ShapeString(b) + " and dtype " +
-                             std::string(DTypeName(h->dtype)) + ", but " + idx.files_.front().path +
-                             " holds " + ShapeString(a) + " " + std::string(DTypeName(first.dtype)) +
-                             "; every file of a dataset must agree");
+            diags.Add(p, "holds samples of shape " + ShapeString(b) + " and dtype " + std::string(DTypeName(h->dtype)) +
+                             ", but " + idx.files_.front().path + " holds " + ShapeString(a) + " " +
+                             std::string(DTypeName(first.dtype)) + "; every file of a dataset must agree");
           }
         }
         if (f.size != h->data_offset + h->data_bytes) {
           diags.Add(p, "size " + std::to_string(f.size) + " does not match its npy header, which says " +
-                           std::to_string(h->data_offset) + " header bytes + " +
-                           std::to_string(h->data_bytes) + " data bytes = " +
-                           std::to_string(h->data_offset + h->data_bytes) +
+                           std::to_string(h->data_offset) + " header bytes + " + std::to_string(h->data_bytes) +
+                           " data bytes = " + std::to_string(h->data_offset + h->data_bytes) +
                            (f.size < h->data_offset + h->data_bytes ? " (truncated)" : " (trailing bytes)"));
         }
         f.data_offset = h->data_offset;
@@ -127,15 +124,15 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
       if (spec.record_bytes > 0 && static_cast<uint64_t>(spec.record_bytes) != idx.sample_bytes_) {
         diags.Add("spec.dataset.recordBytes",
                   std::to_string(spec.record_bytes) + " disagrees with the npy files, whose samples are " +
-                      std::to_string(idx.sample_bytes_) + " bytes (shape " +
-                      ShapeString(idx.sample_shape_) + ", " + std::string(DTypeName(h.dtype)) + ")");
+                      std::to_string(idx.sample_bytes_) + " bytes (shape " + ShapeString(idx.sample_shape_) + ", " +
+                      std::string(DTypeName(h.dtype)) + ")");
       }
       break;
     }
   }
   if (spec.samples && static_cast<uint64_t>(*spec.samples) != idx.num_samples_) {
-    diags.Add("spec.dataset.samples", "says " + std::to_string(*spec.samples) + " but the files at " +
-                                          spec.uri + " hold " + std::to_string(idx.num_samples_) +
+    diags.Add("spec.dataset.samples", "says " + std::to_string(*spec.samples) + " but the files at " + spec.uri +
+                                          " hold " + std::to_string(idx.num_samples_) +
                                           " samples; remove it or correct it");
   }
   return idx;
@@ -197,8 +194,8 @@ void DatasetIndex::AppendExtents(uint64_t i, std::vector<Extent>& out) const {
     }
     return;
   }
-  auto it = std::upper_bound(files_.begin(), files_.end(), i,
-                             [](uint64_t s, const DatasetFile& f) { return s < f.first; });
+  auto it =
+      std::upper_bound(files_.begin(), files_.end(), i, [](uint64_t s, const DatasetFile& f) { return s < f.first; });
   size_t fi = static_cast<size_t>(std::distance(files_.begin(), it)) - 1;
   const DatasetFile& f = files_[fi];
   out.push_back({static_cast<uint32_t>(fi), f.data_offset + (i - f.first) * sample_bytes_, sample_bytes_});
@@ -279,9 +276,8 @@ uint64_t DatasetIndex::CoalescedExtents(std::vector<uint64_t>& ids, std::vector<
 
 uint64_t CoalesceExtents(std::vector<Extent>& extents) {
   if (extents.empty()) return 0;
-  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) {
-    return a.file != b.file ? a.file < b.file : a.offset < b.offset;
-  });
+  std::sort(extents.begin(), extents.end(),
+            [](const Extent& a, const Extent& b) { return a.file != b.file ? a.file < b.file : a.offset < b.offset; });
   size_t w = 0;
   for (size_t r = 1; r < extents.size(); ++r) {
     Extent& cur = extents[w];

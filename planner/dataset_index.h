@@ -68,8 +68,7 @@ class DatasetIndex {
   /// contradicting the files) goes to `diags`; the result is an error only
   /// when nothing usable was found. Precondition: the format-specific
   /// fields passed ValidateJobSpec.
-  static Result<DatasetIndex> FromFiles(const DatasetSpec& spec, std::vector<FileFacts> files,
-                                        Diagnostics& diags);
+  static Result<DatasetIndex> FromFiles(const DatasetSpec& spec, std::vector<FileFacts> files, Diagnostics& diags);
 
   /// An index of `samples` samples in one virtual file, for data that the
   /// planner cannot reach. sampleBytes is known for FixedRecord and
@@ -103,8 +102,8 @@ class DatasetIndex {
   DType dtype_ = DType::kUint8;
   uint64_t num_samples_ = 0;
   uint64_t sample_bytes_ = 0;
-  uint64_t token_bytes_ = 0;       // TokenStream: bytes per token
-  uint64_t sequence_length_ = 0;   // TokenStream: T
+  uint64_t token_bytes_ = 0;      // TokenStream: bytes per token
+  uint64_t sequence_length_ = 0;  // TokenStream: T
   std::vector<uint64_t> sample_shape_;
   bool indexed_ = false;
   std::vector<DatasetFile> files_;

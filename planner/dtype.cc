@@ -37,8 +37,7 @@ Result<DType> ParseDType(std::string_view name) {
   for (const auto& info : kTypes) {
     if (info.name == name) return info.type;
   }
-  return InvalidArgument("unknown dtype '" + std::string(name) + "'; expected one of " +
-                         std::string(DTypeNames()));
+  return InvalidArgument("unknown dtype '" + std::string(name) + "'; expected one of " + std::string(DTypeNames()));
 }
 
 std::string_view DTypeName(DType t) { return Info(t).name; }

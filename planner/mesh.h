@@ -38,15 +38,11 @@ class DeviceMesh {
   std::vector<int64_t> Coordinates(int64_t device) const;
 
   /// Distinct processes holding a device of shard `s`, ascending.
-  const std::vector<int64_t>& ProcessesOfShard(int64_t s) const {
-    return processes_of_shard_[static_cast<size_t>(s)];
-  }
+  const std::vector<int64_t>& ProcessesOfShard(int64_t s) const { return processes_of_shard_[static_cast<size_t>(s)]; }
   /// The lowest-numbered process holding shard `s`.
   int64_t OwnerOf(int64_t s) const { return processes_of_shard_[static_cast<size_t>(s)].front(); }
   /// Distinct shards held by process `p`'s devices, ascending.
-  const std::vector<int64_t>& ShardsOfProcess(int64_t p) const {
-    return shards_of_process_[static_cast<size_t>(p)];
-  }
+  const std::vector<int64_t>& ShardsOfProcess(int64_t p) const { return shards_of_process_[static_cast<size_t>(p)]; }
 
  private:
   int64_t processes_ = 0;

@@ -126,8 +126,8 @@ Result<DType> DescrToDType(std::string_view descr, uint64_t offset) {
 // Element and byte counts of `shape`. On overflow returns false and sets
 // `*bad_dim` to the dimension whose product overflowed, or to shape.size()
 // when only the byte count did (`*count` is then still set).
-bool ComputeSizes(const std::vector<uint64_t>& shape, uint64_t elem_size, uint64_t* count,
-                  uint64_t* bytes, size_t* bad_dim) {
+bool ComputeSizes(const std::vector<uint64_t>& shape, uint64_t elem_size, uint64_t* count, uint64_t* bytes,
+                  size_t* bad_dim) {
   uint64_t n = 1;
   bool has_zero = false;
   for (uint64_t d : shape) has_zero = has_zero || d == 0;
@@ -164,14 +164,13 @@ Result<Preamble> ParsePreamble(std::string_view bytes) {
   size_t n = bytes.size() < kMagic.size() ? bytes.size() : kMagic.size();
   for (size_t i = 0; i < n; ++i) {
     if (bytes[i] != kMagic[i]) {
-      return InvalidArgument("not an .npy file: bad magic " + ByteName(bytes[i]) +
-                                 " (an .npy file starts with \"\\x93NUMPY\")",
-                             At(i));
+      return InvalidArgument(
+          "not an .npy file: bad magic " + ByteName(bytes[i]) + " (an .npy file starts with \"\\x93NUMPY\")", At(i));
     }
   }
   if (bytes.size() < kLenFieldOffset) {
-    return DataLoss("truncated: header needs at least " + std::to_string(kLenFieldOffset + 2) +
-                        " bytes, have " + std::to_string(bytes.size()),
+    return DataLoss("truncated: header needs at least " + std::to_string(kLenFieldOffset + 2) + " bytes, have " +
+                        std::to_string(bytes.size()),
                     At(bytes.size()));
   }
   Preamble p;
@@ -179,15 +178,14 @@ Result<Preamble> ParsePreamble(std::string_view bytes) {
   p.minor = static_cast<unsigned char>(bytes[7]);
   if (p.major < 1 || p.major > 3 || p.minor != 0) {
     return InvalidArgument("unsupported .npy format version " + std::to_string(p.major) + "." +
-                               std::to_string(p.minor) +
-                               "; meshload reads versions 1.0, 2.0 and 3.0",
+                               std::to_string(p.minor) + "; meshload reads versions 1.0, 2.0 and 3.0",
                            At(p.major < 1 || p.major > 3 ? 6 : 7));
   }
   const size_t len_size = p.major == 1 ? 2 : 4;
   p.header_start = kLenFieldOffset + len_size;
   if (bytes.size() < p.header_start) {
-    return DataLoss("truncated: header needs at least " + std::to_string(p.header_start) +
-                        " bytes, have " + std::to_string(bytes.size()),
+    return DataLoss("truncated: header needs at least " + std::to_string(p.header_start) + " bytes, have " +
+                        std::to_string(bytes.size()),
                     At(bytes.size()));
   }
   for (size_t i = 0; i < len_size; ++i) {
@@ -195,13 +193,12 @@ Result<Preamble> ParsePreamble(std::string_view bytes) {
   }
   if (p.major >= 2 && p.header_len > kNpyMaxHeaderLen) {
     return InvalidArgument("header_len " + std::to_string(p.header_len) + " exceeds the " +
-                               std::to_string(kNpyMaxHeaderLen) + "-byte limit for version " +
-                               std::to_string(p.major) + ".0 headers",
+                               std::to_string(kNpyMaxHeaderLen) + "-byte limit for version " + std::to_string(p.major) +
+                               ".0 headers",
                            At(kLenFieldOffset));
   }
   if (p.header_len == 0) {
-    return InvalidArgument("header_len is 0; the header must hold a dict and a final '\\n'",
-                           At(kLenFieldOffset));
+    return InvalidArgument("header_len is 0; the header must hold a dict and a final '\\n'", At(kLenFieldOffset));
   }
   p.data_offset = p.header_start + p.header_len;
   return p;
@@ -273,9 +270,9 @@ class DictParser {
     }
     for (int i = 0; i < 3; ++i) {
       if (!seen[i]) {
-        return InvalidArgument("header dict is missing key " + Quote(kKeys[i]) +
-                                   "; expected exactly 'descr', 'fortran_order' and 'shape'",
-                               At(close_offset));
+        return InvalidArgument(
+            "header dict is missing key " + Quote(kKeys[i]) + "; expected exactly 'descr', 'fortran_order' and 'shape'",
+            At(close_offset));
       }
     }
     // numpy pads with spaces only; anything else means a damaged or foreign header.
@@ -294,9 +291,7 @@ class DictParser {
  private:
   static bool IsWs(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
   static bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-  static bool IsIdentChar(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || IsDigit(c) || c == '_';
-  }
+  static bool IsIdentChar(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || IsDigit(c) || c == '_'; }
 
   uint64_t Offset() const { return base_ + pos_; }
   bool AtEnd() const { return pos_ >= text_.size(); }
@@ -314,8 +309,7 @@ class DictParser {
 
   Status Unexpected(const std::string& expected) const {
     std::string found = AtEnd() ? std::string("the end of the header") : ByteName(text_[pos_]);
-    return InvalidArgument("malformed header dict: expected " + expected + ", found " + found,
-                           At(Offset()));
+    return InvalidArgument("malformed header dict: expected " + expected + ", found " + found, At(Offset()));
   }
 
   // A Python string literal without prefix or escapes, which is all numpy
@@ -332,8 +326,7 @@ class DictParser {
         return s;
       }
       if (c == '\\') {
-        return InvalidArgument("escape sequences are not supported in header strings",
-                               At(Offset()));
+        return InvalidArgument("escape sequences are not supported in header strings", At(Offset()));
       }
       if (c == '\n' || c == '\r') break;
       ++pos_;
@@ -363,9 +356,10 @@ class DictParser {
       return Status::Ok();
     }
     if (word == "True") {
-      return InvalidArgument("fortran_order must be False (C order); Fortran-order arrays are "
-                             "not supported",
-                             At(offset));
+      return InvalidArgument(
+          "fortran_order must be False (C order); Fortran-order arrays are "
+          "not supported",
+          At(offset));
     }
     pos_ = begin;
     if (word.empty()) return Unexpected("False for 'fortran_order'");
@@ -384,25 +378,22 @@ class DictParser {
     std::string_view digits = text_.substr(begin, ndigits);
     // Python 3 rejects leading zeros (`007`); numpy never writes them.
     if (ndigits > 1 && digits[0] == '0') {
-      return InvalidArgument("dimension " + Quote(digits) + " in shape has a leading zero",
-                             At(offset));
+      return InvalidArgument("dimension " + Quote(digits) + " in shape has a leading zero", At(offset));
     }
     // Suffixes such as 5L (Python 2), 5.0, 1_000 or 0x10 are not plain decimal integers.
     if (!AtEnd() && (IsIdentChar(text_[pos_]) || text_[pos_] == '.')) {
-      return InvalidArgument("dimension in shape must be a plain decimal integer, found " +
-                                 ByteName(text_[pos_]) + " after the digits",
-                             At(Offset()));
+      return InvalidArgument(
+          "dimension in shape must be a plain decimal integer, found " + ByteName(text_[pos_]) + " after the digits",
+          At(Offset()));
     }
     if (ndigits > kMaxDimDigits) {
-      return InvalidArgument("dimension " + Quote(digits) + " in shape does not fit in 64 bits",
-                             At(offset));
+      return InvalidArgument("dimension " + Quote(digits) + " in shape does not fit in 64 bits", At(offset));
     }
     uint64_t v = 0;
     for (char c : digits) {
       if (__builtin_mul_overflow(v, uint64_t{10}, &v) ||
           __builtin_add_overflow(v, static_cast<uint64_t>(c - '0'), &v)) {
-        return InvalidArgument("dimension " + Quote(digits) + " in shape does not fit in 64 bits",
-                               At(offset));
+        return InvalidArgument("dimension " + Quote(digits) + " in shape does not fit in 64 bits", At(offset));
       }
     }
     return v;
@@ -422,8 +413,7 @@ class DictParser {
       const uint64_t dim_offset = Offset();
       MESHLOAD_ASSIGN_OR_RETURN(uint64_t dim, ParseDim());
       if (out->shape.size() == kNpyMaxRank) {
-        return InvalidArgument("shape has more than " + std::to_string(kNpyMaxRank) + " dimensions",
-                               At(dim_offset));
+        return InvalidArgument("shape has more than " + std::to_string(kNpyMaxRank) + " dimensions", At(dim_offset));
       }
       out->shape.push_back(dim);
       dim_offsets_.push_back(dim_offset);
@@ -461,43 +451,53 @@ class DictParser {
 
 Result<std::string> NpyDescr(DType dtype) {
   switch (dtype) {
-    case DType::kBool: return std::string("|b1");
-    case DType::kInt8: return std::string("|i1");
-    case DType::kUint8: return std::string("|u1");
-    case DType::kInt16: return std::string("<i2");
-    case DType::kUint16: return std::string("<u2");
-    case DType::kInt32: return std::string("<i4");
-    case DType::kUint32: return std::string("<u4");
-    case DType::kInt64: return std::string("<i8");
-    case DType::kUint64: return std::string("<u8");
-    case DType::kFloat16: return std::string("<f2");
-    case DType::kFloat32: return std::string("<f4");
-    case DType::kFloat64: return std::string("<f8");
-    case DType::kBFloat16: break;
+    case DType::kBool:
+      return std::string("|b1");
+    case DType::kInt8:
+      return std::string("|i1");
+    case DType::kUint8:
+      return std::string("|u1");
+    case DType::kInt16:
+      return std::string("<i2");
+    case DType::kUint16:
+      return std::string("<u2");
+    case DType::kInt32:
+      return std::string("<i4");
+    case DType::kUint32:
+      return std::string("<u4");
+    case DType::kInt64:
+      return std::string("<i8");
+    case DType::kUint64:
+      return std::string("<u8");
+    case DType::kFloat16:
+      return std::string("<f2");
+    case DType::kFloat32:
+      return std::string("<f4");
+    case DType::kFloat64:
+      return std::string("<f8");
+    case DType::kBFloat16:
+      break;
   }
-  return InvalidArgument("dtype " + std::string(DTypeName(dtype)) +
-                         " has no numpy descr; .npy files cannot hold it");
+  return InvalidArgument("dtype " + std::string(DTypeName(dtype)) + " has no numpy descr; .npy files cannot hold it");
 }
 
 Result<NpyHeader> ParseNpyHeader(std::string_view bytes) {
   MESHLOAD_ASSIGN_OR_RETURN(Preamble pre, ParsePreamble(bytes));
   if (bytes.size() < pre.data_offset) {
-    return DataLoss("truncated: header needs " + std::to_string(pre.data_offset) +
-                        " bytes, have " + std::to_string(bytes.size()),
-                    At(bytes.size()));
+    return DataLoss(
+        "truncated: header needs " + std::to_string(pre.data_offset) + " bytes, have " + std::to_string(bytes.size()),
+        At(bytes.size()));
   }
   std::string_view header = bytes.substr(pre.header_start, pre.header_len);
   if (header.back() != '\n') {
-    return InvalidArgument("header must end with '\\n', found " + ByteName(header.back()),
-                           At(pre.data_offset - 1));
+    return InvalidArgument("header must end with '\\n', found " + ByteName(header.back()), At(pre.data_offset - 1));
   }
   // Versions 1.0 and 2.0 are latin-1 by spec but numpy only writes ASCII
   // there; a high byte means the length field points at the wrong place.
   if (pre.major < 3) {
     for (size_t i = 0; i < header.size(); ++i) {
       if (static_cast<unsigned char>(header[i]) >= 0x80) {
-        return InvalidArgument("non-ASCII " + ByteName(header[i]) + " in a version " +
-                                   std::to_string(pre.major) +
+        return InvalidArgument("non-ASCII " + ByteName(header[i]) + " in a version " + std::to_string(pre.major) +
                                    ".0 header (only version 3.0 headers may be UTF-8)",
                                At(pre.header_start + i));
       }
@@ -512,16 +512,13 @@ Result<NpyHeader> ParseNpyHeader(std::string_view bytes) {
   MESHLOAD_RETURN_IF_ERROR(parser.Parse(&out));
 
   size_t bad_dim = 0;
-  if (!ComputeSizes(out.shape, DTypeSize(out.dtype), &out.element_count, &out.data_bytes,
-                    &bad_dim)) {
+  if (!ComputeSizes(out.shape, DTypeSize(out.dtype), &out.element_count, &out.data_bytes, &bad_dim)) {
     if (bad_dim < out.shape.size()) {
-      return InvalidArgument(
-          "shape's element count overflows uint64 at dimension " + std::to_string(bad_dim),
-          At(parser.dim_offsets()[bad_dim]));
+      return InvalidArgument("shape's element count overflows uint64 at dimension " + std::to_string(bad_dim),
+                             At(parser.dim_offsets()[bad_dim]));
     }
-    return InvalidArgument("shape's byte size overflows uint64 (" +
-                               std::to_string(out.element_count) + " elements of " +
-                               std::to_string(DTypeSize(out.dtype)) + " bytes)",
+    return InvalidArgument("shape's byte size overflows uint64 (" + std::to_string(out.element_count) +
+                               " elements of " + std::to_string(DTypeSize(out.dtype)) + " bytes)",
                            At(parser.shape_offset()));
   }
   return out;

@@ -27,8 +27,7 @@ FeistelPermutation::FeistelPermutation(uint64_t n, uint64_t key) : n_(n) {
   }
 }
 
-void FeistelPermutation::ForwardRange(uint64_t first, size_t count, uint64_t* out,
-                                      uint64_t tweak) const {
+void FeistelPermutation::ForwardRange(uint64_t first, size_t count, uint64_t* out, uint64_t tweak) const {
   if (n_ <= 1) {
     for (size_t i = 0; i < count; ++i) out[i] = first + i;
     return;
@@ -85,9 +84,12 @@ EpochPermutation::EpochPermutation(const ShuffleSpec& shuffle, uint64_t n, uint6
 
 uint64_t EpochPermutation::At(uint64_t position) const {
   switch (mode_) {
-    case ShuffleMode::kNone: return position;
-    case ShuffleMode::kGlobal: return perm_.Forward(position);
-    case ShuffleMode::kBlock: return BlockSampleAt(position);
+    case ShuffleMode::kNone:
+      return position;
+    case ShuffleMode::kGlobal:
+      return perm_.Forward(position);
+    case ShuffleMode::kBlock:
+      return BlockSampleAt(position);
   }
   return position;
 }

@@ -79,12 +79,12 @@ class FeistelPermutation {
   // swap every round. F_i(r) = the top h_i bits of (r xor k_i) * m_i, a
   // multiply-shift hash in which every output bit depends on every input bit.
   struct RoundParams {
-    uint64_t key;     // k_i
-    uint64_t mult;    // m_i, odd
-    uint64_t lo_mask; // 2^w_i - 1
-    int lo_bits;      // w_i
-    int hi_bits;      // h_i
-    int f_shift;      // 64 - h_i
+    uint64_t key;      // k_i
+    uint64_t mult;     // m_i, odd
+    uint64_t lo_mask;  // 2^w_i - 1
+    int lo_bits;       // w_i
+    int hi_bits;       // h_i
+    int f_shift;       // 64 - h_i
   };
   static uint64_t F(const RoundParams& p, uint64_t r, uint64_t tweak) {
     return ((r ^ p.key ^ tweak) * p.mult) >> p.f_shift;
@@ -131,9 +131,7 @@ class EpochPermutation {
   uint64_t BlockSampleAt(uint64_t position) const;
   // The block slot holding `position`, the offset in it, and where the slot starts.
   void Locate(uint64_t position, uint64_t* slot, uint64_t* offset) const;
-  uint64_t SlotSize(uint64_t slot) const {
-    return slot == short_block_slot_ ? last_block_size_ : block_size_;
-  }
+  uint64_t SlotSize(uint64_t slot) const { return slot == short_block_slot_ ? last_block_size_ : block_size_; }
   uint64_t BlockTweak(uint64_t block) const { return Mix64(block_key_base_ ^ block); }
 
   ShuffleMode mode_;
@@ -142,8 +140,8 @@ class EpochPermutation {
   uint64_t block_size_ = 1;
   uint64_t num_blocks_ = 1;
   uint64_t last_block_size_ = 1;
-  uint64_t short_block_slot_ = 0;  // where the short last block lands in the block order
-  FeistelPermutation perm_;  // Global: over samples; Block: over blocks
+  uint64_t short_block_slot_ = 0;         // where the short last block lands in the block order
+  FeistelPermutation perm_;               // Global: over samples; Block: over blocks
   FeistelPermutation inner_full_{0, 0};   // Block: inside a full block (tweaked per block)
   FeistelPermutation inner_short_{0, 0};  // Block: inside the short last block
 };

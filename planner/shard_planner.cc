@@ -24,8 +24,8 @@ uint64_t CountPositions(const std::vector<PositionRange>& ranges) {
 }
 
 // Groups (peer, range) pairs into one unit per peer, ranges in order.
-std::vector<TransferUnit> Collate(std::map<int64_t, std::vector<PositionRange>>& by_peer,
-                                  int64_t self, bool self_is_sender) {
+std::vector<TransferUnit> Collate(std::map<int64_t, std::vector<PositionRange>>& by_peer, int64_t self,
+                                  bool self_is_sender) {
   std::vector<TransferUnit> out;
   for (auto& [peer, ranges] : by_peer) {
     std::sort(ranges.begin(), ranges.end(),
@@ -43,8 +43,7 @@ std::vector<TransferUnit> Collate(std::map<int64_t, std::vector<PositionRange>>&
 
 }  // namespace
 
-Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& options,
-                               Diagnostics& diags) {
+Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& options, Diagnostics& diags) {
   // Problems from parsing count too: a field that did not parse holds a
   // placeholder (0), and planning with it would divide by zero.
   ValidateJobSpec(spec, diags);
@@ -92,8 +91,8 @@ ShardPlanner::ShardPlanner(ResolvedJob job) : job_(std::move(job)) {
 std::string ShardPlanner::Unsupported(const Loading& loading) const {
   if (loading.strategy == Strategy::kLoadAndReshard &&
       job_.global_batch % static_cast<uint64_t>(job_.mesh.processes()) != 0) {
-    return "LoadAndReshard needs globalBatchSize (" + std::to_string(job_.global_batch) +
-           ") divisible by processes (" + std::to_string(job_.mesh.processes()) + ")";
+    return "LoadAndReshard needs globalBatchSize (" + std::to_string(job_.global_batch) + ") divisible by processes (" +
+           std::to_string(job_.mesh.processes()) + ")";
   }
   return {};
 }
@@ -367,7 +366,8 @@ Result<std::pair<int64_t, int64_t>> ParseStepRange(std::string_view text) {
   const size_t colon = text.find(':');
   int64_t a = 0, b = 0;
   if (colon == std::string_view::npos) {
-    if (!parse(text, a)) return InvalidArgument("expected a step N or a range A:B, got '" + std::string(text) + "'", "--steps");
+    if (!parse(text, a))
+      return InvalidArgument("expected a step N or a range A:B, got '" + std::string(text) + "'", "--steps");
     return std::make_pair(a, a + 1);
   }
   if (!parse(text.substr(0, colon), a) || !parse(text.substr(colon + 1), b)) {

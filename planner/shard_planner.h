@@ -72,8 +72,7 @@ struct ResolveOptions {
 /// spec.dataset.samples. The planner reads no storage: to index the files,
 /// resolve through source::ResolveWithSources. Every problem goes to
 /// `diags`; the result is an error when there is any.
-Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& options,
-                               Diagnostics& diags);
+Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& options, Diagnostics& diags);
 
 /// Who loads: the strategy and the fan-out.
 struct Loading {

@@ -11,35 +11,48 @@ namespace meshload::planner {
 
 std::string_view ToString(ReplicationMode m) {
   switch (m) {
-    case ReplicationMode::kNone: return "None";
-    case ReplicationMode::kPartial: return "Partial";
-    case ReplicationMode::kFull: return "Full";
+    case ReplicationMode::kNone:
+      return "None";
+    case ReplicationMode::kPartial:
+      return "Partial";
+    case ReplicationMode::kFull:
+      return "Full";
   }
   return "?";
 }
 std::string_view ToString(Fanout f) { return f == Fanout::kLoad ? "Load" : "Broadcast"; }
 std::string_view ToString(Strategy s) {
   switch (s) {
-    case Strategy::kGlobalLoad: return "GlobalLoad";
-    case Strategy::kPerDevice: return "PerDevice";
-    case Strategy::kPerProcess: return "PerProcess";
-    case Strategy::kLoadAndReshard: return "LoadAndReshard";
+    case Strategy::kGlobalLoad:
+      return "GlobalLoad";
+    case Strategy::kPerDevice:
+      return "PerDevice";
+    case Strategy::kPerProcess:
+      return "PerProcess";
+    case Strategy::kLoadAndReshard:
+      return "LoadAndReshard";
   }
   return "?";
 }
 std::string_view ToString(DatasetFormat f) {
   switch (f) {
-    case DatasetFormat::kFixedRecord: return "FixedRecord";
-    case DatasetFormat::kTokenStream: return "TokenStream";
-    case DatasetFormat::kNpy: return "Npy";
+    case DatasetFormat::kFixedRecord:
+      return "FixedRecord";
+    case DatasetFormat::kTokenStream:
+      return "TokenStream";
+    case DatasetFormat::kNpy:
+      return "Npy";
   }
   return "?";
 }
 std::string_view ToString(ShuffleMode m) {
   switch (m) {
-    case ShuffleMode::kNone: return "None";
-    case ShuffleMode::kGlobal: return "Global";
-    case ShuffleMode::kBlock: return "Block";
+    case ShuffleMode::kNone:
+      return "None";
+    case ShuffleMode::kGlobal:
+      return "Global";
+    case ShuffleMode::kBlock:
+      return "Block";
   }
   return "?";
 }
@@ -88,15 +101,20 @@ constexpr int64_t kMaxPrefetch = 1024;
 bool IsValidAxisName(const std::string& s) {
   if (s.empty() || s.size() > 63) return false;
   if (!(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
-  });
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; });
 }
 
 bool IsIntegerType(DType t) {
   switch (t) {
-    case DType::kInt8: case DType::kUint8: case DType::kInt16: case DType::kUint16:
-    case DType::kInt32: case DType::kUint32: case DType::kInt64: case DType::kUint64:
+    case DType::kInt8:
+    case DType::kUint8:
+    case DType::kInt16:
+    case DType::kUint16:
+    case DType::kInt32:
+    case DType::kUint32:
+    case DType::kInt64:
+    case DType::kUint64:
       return true;
     default:
       return false;
@@ -125,7 +143,6 @@ std::string AxisList(const MeshSpec& mesh) {
   }
   return s + "]";
 }
-
 
 // A DNS-1123 label: what Kubernetes allows as a volume's name.
 bool IsDnsLabel(const std::string& s) {
@@ -157,8 +174,8 @@ void ValidateDatasetS3(const DatasetSpec& ds, Diagnostics& d) {
     }
   }
   const std::string& r = s3.region;
-  if (!r.empty() && (r.size() > 64 || r.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") !=
-                                          std::string::npos)) {
+  if (!r.empty() &&
+      (r.size() > 64 || r.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos)) {
     d.Add("spec.dataset.s3.region", "'" + r + "' is not a region (lower-case letters, digits and '-')");
   }
   if (s3.addressing != "Auto" && s3.addressing != "Path" && s3.addressing != "VirtualHosted") {
@@ -179,8 +196,9 @@ void ValidateDatasetS3(const DatasetSpec& ds, Diagnostics& d) {
 void ValidateDatasetVolume(const DatasetSpec& ds, Diagnostics& d) {
   const DatasetVolume& v = *ds.volume;
   if (!v.name.empty() && !IsDnsLabel(v.name)) {
-    d.Add("spec.dataset.volume.name", "'" + v.name + "' is not a volume name (a DNS label: lower-case letters, "
-                                      "digits and '-', at most 63 characters)");
+    d.Add("spec.dataset.volume.name", "'" + v.name +
+                                          "' is not a volume name (a DNS label: lower-case letters, "
+                                          "digits and '-', at most 63 characters)");
   }
   const std::string& m = v.mount_path;
   if (m.empty()) return;  // reported as missing by the parser
@@ -221,13 +239,14 @@ void ValidateSidecar(const SidecarSpec& sc, Diagnostics& d) {
 int64_t ValidateMeshSpec(const MeshSpec& mesh, Diagnostics& d) {
   bool ok = true;
   if (mesh.processes < 1 || mesh.processes > kMaxDevices) {
-    AddOnce(d, "spec.mesh.processes", "must be between 1 and " + std::to_string(kMaxDevices) + ", got " +
-                                          std::to_string(mesh.processes));
+    AddOnce(d, "spec.mesh.processes",
+            "must be between 1 and " + std::to_string(kMaxDevices) + ", got " + std::to_string(mesh.processes));
     ok = false;
   }
   if (mesh.devices_per_process < 1 || mesh.devices_per_process > kMaxDevices) {
-    AddOnce(d, "spec.mesh.devicesPerProcess", "must be between 1 and " + std::to_string(kMaxDevices) +
-                                                  ", got " + std::to_string(mesh.devices_per_process));
+    AddOnce(
+        d, "spec.mesh.devicesPerProcess",
+        "must be between 1 and " + std::to_string(kMaxDevices) + ", got " + std::to_string(mesh.devices_per_process));
     ok = false;
   }
   if (mesh.axes.empty()) {
@@ -235,8 +254,8 @@ int64_t ValidateMeshSpec(const MeshSpec& mesh, Diagnostics& d) {
     return 0;
   }
   if (mesh.axes.size() > kMaxAxes) {
-    d.Add("spec.mesh.axes", "has " + std::to_string(mesh.axes.size()) + " axes; at most " +
-                                std::to_string(kMaxAxes) + " are supported");
+    d.Add("spec.mesh.axes",
+          "has " + std::to_string(mesh.axes.size()) + " axes; at most " + std::to_string(kMaxAxes) + " are supported");
     return 0;
   }
   std::map<std::string, size_t> seen;
@@ -249,8 +268,8 @@ int64_t ValidateMeshSpec(const MeshSpec& mesh, Diagnostics& d) {
               "'" + a.name + "' is not a valid axis name (a letter or _, then letters, digits, _ or -; at most 63)");
       ok = false;
     } else if (auto it = seen.find(a.name); it != seen.end()) {
-      d.Add(ap + ".name", "duplicate axis name '" + a.name + "' (also axes[" +
-                              std::to_string(it->second) + "]); axis names must be unique");
+      d.Add(ap + ".name", "duplicate axis name '" + a.name + "' (also axes[" + std::to_string(it->second) +
+                              "]); axis names must be unique");
       ok = false;
     } else {
       seen[a.name] = i;
@@ -273,9 +292,8 @@ int64_t ValidateMeshSpec(const MeshSpec& mesh, Diagnostics& d) {
   if (mesh.processes * mesh.devices_per_process != devices) {
     d.Add("spec.mesh", "processes × devicesPerProcess = " + std::to_string(mesh.processes) + " × " +
                            std::to_string(mesh.devices_per_process) + " = " +
-                           std::to_string(mesh.processes * mesh.devices_per_process) +
-                           ", but the axes " + AxisList(mesh) + " have " + std::to_string(devices) +
-                           " devices; they must be equal");
+                           std::to_string(mesh.processes * mesh.devices_per_process) + ", but the axes " +
+                           AxisList(mesh) + " have " + std::to_string(devices) + " devices; they must be equal");
     ok = false;
   }
   // batchAxes
@@ -334,13 +352,11 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
           why = "Partial needs batchAxes to leave out some axis of size > 1, but not all";
           break;
       }
-      std::string batch_desc = mesh.batch_axes_set
-                                   ? "batchAxes " + FormatNameList(mesh.batch_axes)
-                                   : "batchAxes (defaulted to every axis " +
-                                         FormatNameList(EffectiveBatchAxes(mesh)) + ")";
-      d.Add("spec.replication.mode", "declared " + std::string(ToString(declared)) + " but " +
-                                         batch_desc + " mean " + std::string(ToString(implied)) +
-                                         "; " + why);
+      std::string batch_desc =
+          mesh.batch_axes_set ? "batchAxes " + FormatNameList(mesh.batch_axes)
+                              : "batchAxes (defaulted to every axis " + FormatNameList(EffectiveBatchAxes(mesh)) + ")";
+      d.Add("spec.replication.mode", "declared " + std::string(ToString(declared)) + " but " + batch_desc + " mean " +
+                                         std::string(ToString(implied)) + "; " + why);
     }
   }
 
@@ -349,23 +365,21 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
     AddOnce(d, "spec.batch.globalBatchSize", "must be >= 1, got " + std::to_string(B));
   } else if (shards > 0) {
     if (B % shards != 0) {
-      d.Add("spec.batch.globalBatchSize",
-            std::to_string(B) + " is not divisible by the " + std::to_string(shards) +
-                " data shards of batchAxes " + FormatNameList(EffectiveBatchAxes(mesh)) +
-                "; use a multiple of " + std::to_string(shards));
+      d.Add("spec.batch.globalBatchSize", std::to_string(B) + " is not divisible by the " + std::to_string(shards) +
+                                              " data shards of batchAxes " + FormatNameList(EffectiveBatchAxes(mesh)) +
+                                              "; use a multiple of " + std::to_string(shards));
     }
-    if (spec.strategy == Strategy::kLoadAndReshard && mesh.processes >= 1 &&
-        B % mesh.processes != 0) {
+    if (spec.strategy == Strategy::kLoadAndReshard && mesh.processes >= 1 && B % mesh.processes != 0) {
       d.Add("spec.batch.globalBatchSize",
             std::to_string(B) + " is not divisible by the " + std::to_string(mesh.processes) +
                 " processes, which strategy LoadAndReshard needs (process p reads positions "
-                "[p·B/P, (p+1)·B/P)); use a multiple of " + std::to_string(mesh.processes) +
-                " or another strategy");
+                "[p·B/P, (p+1)·B/P)); use a multiple of " +
+                std::to_string(mesh.processes) + " or another strategy");
     }
   }
   if (spec.batch.prefetch < 1 || spec.batch.prefetch > kMaxPrefetch) {
-    d.Add("spec.batch.prefetch", "must be between 1 and " + std::to_string(kMaxPrefetch) +
-                                     ", got " + std::to_string(spec.batch.prefetch));
+    d.Add("spec.batch.prefetch",
+          "must be between 1 and " + std::to_string(kMaxPrefetch) + ", got " + std::to_string(spec.batch.prefetch));
   }
 
   // Dataset fields by format.
@@ -383,10 +397,9 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
                 !record_bytes_given ? "required for format FixedRecord: the bytes of one record"
                                     : "must be >= 1, got " + std::to_string(ds.record_bytes));
       } else if (ds.dtype && ds.record_bytes % static_cast<int64_t>(DTypeSize(*ds.dtype)) != 0) {
-        d.Add("spec.dataset.recordBytes",
-              std::to_string(ds.record_bytes) + " is not a whole number of " +
-                  std::string(DTypeName(*ds.dtype)) + " elements (" +
-                  std::to_string(DTypeSize(*ds.dtype)) + " bytes each)");
+        d.Add("spec.dataset.recordBytes", std::to_string(ds.record_bytes) + " is not a whole number of " +
+                                              std::string(DTypeName(*ds.dtype)) + " elements (" +
+                                              std::to_string(DTypeSize(*ds.dtype)) + " bytes each)");
       }
       if (sequence_length_given) {
         d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
@@ -395,11 +408,10 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
     }
     case DatasetFormat::kTokenStream: {
       if (!ds.dtype) {
-        AddOnce(d, "spec.dataset.dtype",
-                "required for format TokenStream: the token type, e.g. uint16 or uint32");
+        AddOnce(d, "spec.dataset.dtype", "required for format TokenStream: the token type, e.g. uint16 or uint32");
       } else if (!IsIntegerType(*ds.dtype)) {
-        d.Add("spec.dataset.dtype", "TokenStream tokens must be an integer type, got " +
-                                        std::string(DTypeName(*ds.dtype)));
+        d.Add("spec.dataset.dtype",
+              "TokenStream tokens must be an integer type, got " + std::string(DTypeName(*ds.dtype)));
       }
       if (ds.sequence_length < 1) {
         AddOnce(d, "spec.dataset.sequenceLength",
@@ -430,8 +442,7 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
   }
   if (ds.samples && B >= 1 && *ds.samples >= 1 && *ds.samples < B) {
     d.Add("spec.dataset.samples", "the dataset has " + std::to_string(*ds.samples) +
-                                      " samples, fewer than one global batch of " +
-                                      std::to_string(B));
+                                      " samples, fewer than one global batch of " + std::to_string(B));
   }
   if (spec.shuffle.mode == ShuffleMode::kBlock && spec.shuffle.block_size < 1) {
     d.Add("spec.shuffle.blockSize", "must be >= 1, got " + std::to_string(spec.shuffle.block_size));

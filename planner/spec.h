@@ -43,8 +43,8 @@ std::string_view ToString(Strategy s);
 std::string_view ToString(DatasetFormat f);
 std::string_view ToString(ShuffleMode m);
 
-inline constexpr Strategy kAllStrategies[] = {Strategy::kGlobalLoad, Strategy::kPerDevice,
-                                              Strategy::kPerProcess, Strategy::kLoadAndReshard};
+inline constexpr Strategy kAllStrategies[] = {Strategy::kGlobalLoad, Strategy::kPerDevice, Strategy::kPerProcess,
+                                              Strategy::kLoadAndReshard};
 inline constexpr Fanout kAllFanouts[] = {Fanout::kLoad, Fanout::kBroadcast};
 
 struct MeshAxis {
@@ -53,9 +53,9 @@ struct MeshAxis {
 };
 
 struct MeshSpec {
-  int64_t processes = 0;           // required
+  int64_t processes = 0;  // required
   int64_t devices_per_process = 1;
-  std::vector<MeshAxis> axes;      // required, non-empty; row-major, last axis fastest
+  std::vector<MeshAxis> axes;  // required, non-empty; row-major, last axis fastest
   /// The PartitionSpec of the batch dimension; defaults to every axis in mesh
   /// order. Order matters: the shard index is row-major over this list.
   std::vector<std::string> batch_axes;
@@ -78,18 +78,18 @@ struct DatasetVolume {
 /// How the sidecar reaches an s3:// dataset (spec.dataset.s3). Empty fields
 /// fall back to the standard AWS environment variables of the sidecar.
 struct DatasetS3 {
-  std::string endpoint;            // http(s)://host[:port]; empty: AWS_ENDPOINT_URL_S3 / AWS's
-  std::string region;              // empty: AWS_REGION, else us-east-1
+  std::string endpoint;             // http(s)://host[:port]; empty: AWS_ENDPOINT_URL_S3 / AWS's
+  std::string region;               // empty: AWS_REGION, else us-east-1
   std::string addressing = "Auto";  // Auto, Path, VirtualHosted
-  std::string credentials_secret;  // a Secret in the job's namespace the injected sidecar mounts
+  std::string credentials_secret;   // a Secret in the job's namespace the injected sidecar mounts
 };
 
 struct DatasetSpec {
   std::string uri;  // required: path, file:// URI, directory or glob; http(s)://, s3:// for the sidecar
   DatasetFormat format = DatasetFormat::kFixedRecord;  // required
   std::optional<DType> dtype;
-  int64_t record_bytes = 0;      // FixedRecord: required; Npy: optional bytes-per-sample hint
-  int64_t sequence_length = 0;   // TokenStream: required
+  int64_t record_bytes = 0;        // FixedRecord: required; Npy: optional bytes-per-sample hint
+  int64_t sequence_length = 0;     // TokenStream: required
   std::optional<int64_t> samples;  // count when the data is not reachable from the planner
   std::optional<DatasetVolume> volume;
   std::optional<DatasetS3> s3;
@@ -142,7 +142,7 @@ struct LabelSelector {
 /// job overrides the chart's defaults. The planner checks the shapes only;
 /// resources are Kubernetes quantities, passed on as written.
 struct SidecarSpec {
-  std::string image;                                 // empty: the controller's --sidecar-image
+  std::string image;                                    // empty: the controller's --sidecar-image
   std::map<std::string, std::string> requests, limits;  // empty: the controller's defaults
   bool resources_set = false;
 };

@@ -22,11 +22,16 @@ std::string LineOf(const YAML::Node& n) {
 
 std::string NodeKind(const YAML::Node& n) {
   switch (n.Type()) {
-    case YAML::NodeType::Null: return "null";
-    case YAML::NodeType::Scalar: return "'" + n.Scalar() + "'";
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a mapping";
-    case YAML::NodeType::Undefined: return "nothing";
+    case YAML::NodeType::Null:
+      return "null";
+    case YAML::NodeType::Scalar:
+      return "'" + n.Scalar() + "'";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Undefined:
+      return "nothing";
   }
   return "something else";
 }
@@ -74,8 +79,7 @@ class SpecReader {
 
   // True when `n` is a mapping; records a problem otherwise. Unknown keys are
   // reported with a suggestion.
-  bool Map(const YAML::Node& n, const std::string& path,
-           std::initializer_list<std::string_view> known) {
+  bool Map(const YAML::Node& n, const std::string& path, std::initializer_list<std::string_view> known) {
     if (!n.IsMap()) {
       d_.Add(path.empty() ? "(document)" : path, "expected a mapping, got " + NodeKind(n) + LineOf(n));
       return false;
@@ -83,8 +87,8 @@ class SpecReader {
     for (const auto& kv : n) {
       const std::string key = kv.first.Scalar();
       if (std::find(known.begin(), known.end(), key) == known.end()) {
-        d_.Add(path.empty() ? key : path + "." + key, "unknown field" + Suggest(key, known) + "; known fields: " +
-                                     JoinOptions(known) + LineOf(kv.first));
+        d_.Add(path.empty() ? key : path + "." + key,
+               "unknown field" + Suggest(key, known) + "; known fields: " + JoinOptions(known) + LineOf(kv.first));
       }
     }
     return true;
@@ -92,7 +96,8 @@ class SpecReader {
 
   std::optional<int64_t> Int(const YAML::Node& n, const std::string& path) {
     if (!n.IsScalar() || n.Tag() == "!") {  // "!" marks a quoted scalar: a string
-      d_.Add(path, "expected an integer, got " + NodeKind(n) + (n.Tag() == "!" ? " (a quoted string)" : "") + LineOf(n));
+      d_.Add(path,
+             "expected an integer, got " + NodeKind(n) + (n.Tag() == "!" ? " (a quoted string)" : "") + LineOf(n));
       return std::nullopt;
     }
     const std::string& s = n.Scalar();
@@ -166,9 +171,7 @@ class SpecReader {
     return out;
   }
 
-  void Missing(const std::string& path, const std::string& what) {
-    d_.Add(path, "required field is missing; " + what);
-  }
+  void Missing(const std::string& path, const std::string& what) { d_.Add(path, "required field is missing; " + what); }
 
   Diagnostics& diags() { return d_; }
 
@@ -336,8 +339,8 @@ JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
   JobSpec js;
   const std::string path = "spec";
   if (!r.Map(spec, path,
-             {"mesh", "replication", "strategy", "dataset", "batch", "shuffle", "resume", "health",
-              "selector", "sidecar"})) {
+             {"mesh", "replication", "strategy", "dataset", "batch", "shuffle", "resume", "health", "selector",
+              "sidecar"})) {
     return js;
   }
   if (spec["mesh"]) {
@@ -398,10 +401,9 @@ JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
     if (r.Map(n, "spec.shuffle", {"mode", "seed", "blockSize"})) {
       bool mode_ok = true;
       if (n["mode"]) {
-        if (auto m = r.Enum<ShuffleMode>(n["mode"], "spec.shuffle.mode",
-                                         {{"None", ShuffleMode::kNone},
-                                          {"Global", ShuffleMode::kGlobal},
-                                          {"Block", ShuffleMode::kBlock}})) {
+        if (auto m = r.Enum<ShuffleMode>(
+                n["mode"], "spec.shuffle.mode",
+                {{"None", ShuffleMode::kNone}, {"Global", ShuffleMode::kGlobal}, {"Block", ShuffleMode::kBlock}})) {
           js.shuffle.mode = *m;
         } else {
           mode_ok = false;
@@ -419,9 +421,9 @@ JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
       if (n["blockSize"]) {
         if (auto v = r.Int(n["blockSize"], "spec.shuffle.blockSize")) js.shuffle.block_size = *v;
         if (mode_ok && js.shuffle.mode != ShuffleMode::kBlock) {
-          r.diags().Add("spec.shuffle.blockSize",
-                        "is only used with mode Block, but mode is " +
-                            std::string(ToString(js.shuffle.mode)) + "; remove it or set mode: Block");
+          r.diags().Add("spec.shuffle.blockSize", "is only used with mode Block, but mode is " +
+                                                      std::string(ToString(js.shuffle.mode)) +
+                                                      "; remove it or set mode: Block");
         }
       }
     }
@@ -438,7 +440,8 @@ JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
     const YAML::Node& n = spec["health"];
     if (r.Map(n, "spec.health", {"starvedWaitPercent", "stragglerSteps", "stragglerLatencyFactor"})) {
       if (n["starvedWaitPercent"]) {
-        if (auto v = r.Int(n["starvedWaitPercent"], "spec.health.starvedWaitPercent")) js.health.starved_wait_percent = *v;
+        if (auto v = r.Int(n["starvedWaitPercent"], "spec.health.starvedWaitPercent"))
+          js.health.starved_wait_percent = *v;
       }
       if (n["stragglerSteps"]) {
         if (auto v = r.Int(n["stragglerSteps"], "spec.health.stragglerSteps")) js.health.straggler_steps = *v;
@@ -485,11 +488,9 @@ JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
               r.Missing(ep + ".key", "name the label key");
             }
             if (me[i]["operator"]) {
-              if (auto op = r.Enum<std::string_view>(me[i]["operator"], ep + ".operator",
-                                                     {{"In", "In"},
-                                                      {"NotIn", "NotIn"},
-                                                      {"Exists", "Exists"},
-                                                      {"DoesNotExist", "DoesNotExist"}})) {
+              if (auto op = r.Enum<std::string_view>(
+                      me[i]["operator"], ep + ".operator",
+                      {{"In", "In"}, {"NotIn", "NotIn"}, {"Exists", "Exists"}, {"DoesNotExist", "DoesNotExist"}})) {
                 req.op = std::string(*op);
               }
             } else {
@@ -542,8 +543,8 @@ Result<DataLoadJob> ParseDataLoadJob(std::string_view yaml_text, Diagnostics& di
     }
   }
   if (matches.empty()) {
-    return InvalidArgument("no document with kind: DataLoadJob among the " +
-                           std::to_string(docs.size()) + " YAML document(s)");
+    return InvalidArgument("no document with kind: DataLoadJob among the " + std::to_string(docs.size()) +
+                           " YAML document(s)");
   }
   if (matches.size() > 1) {
     return InvalidArgument("found " + std::to_string(matches.size()) +
@@ -570,9 +571,9 @@ Result<DataLoadJob> ParseDataLoadJob(std::string_view yaml_text, Diagnostics& di
     if (md.IsMap()) {
       // The ObjectMeta fields a manifest or a server round trip may carry.
       r.Map(md, "metadata",
-            {"name", "namespace", "labels", "annotations", "uid", "resourceVersion", "generation",
-             "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "finalizers",
-             "ownerReferences", "managedFields", "generateName"});
+            {"name", "namespace", "labels", "annotations", "uid", "resourceVersion", "generation", "creationTimestamp",
+             "deletionTimestamp", "deletionGracePeriodSeconds", "finalizers", "ownerReferences", "managedFields",
+             "generateName"});
       for (const char* field : {"labels", "annotations"}) {
         if (md[field] && !md[field].IsMap()) {
           local.Add(std::string("metadata.") + field,

@@ -106,9 +106,9 @@ class Reader {
  private:
   void Truncated(size_t want) {
     if (error_.ok()) {
-      error_ = DataLoss("truncated: need " + std::to_string(want) + " more bytes, have " +
-                            std::to_string(b_.size() - pos_),
-                        "@" + std::to_string(base_ + pos_));
+      error_ =
+          DataLoss("truncated: need " + std::to_string(want) + " more bytes, have " + std::to_string(b_.size() - pos_),
+                   "@" + std::to_string(base_ + pos_));
     }
   }
   uint64_t Raw(size_t bytes) {
@@ -134,8 +134,8 @@ class Reader {
 void CheckDims(Reader& r, size_t at, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
   if (!r.ok()) return;
   if (shape.size() != strides.size()) {
-    r.Fail(at, "shape has " + std::to_string(shape.size()) + " dimensions but strides " +
-                   std::to_string(strides.size()));
+    r.Fail(at,
+           "shape has " + std::to_string(shape.size()) + " dimensions but strides " + std::to_string(strides.size()));
     return;
   }
   for (int64_t d : shape) {
@@ -148,11 +148,17 @@ void CheckDims(Reader& r, size_t at, const std::vector<int64_t>& shape, const st
 
 bool ValidDtype(uint8_t code, uint8_t bits) {
   switch (code) {
-    case 0: case 1: return bits == 8 || bits == 16 || bits == 32 || bits == 64;  // int, uint
-    case 2: return bits == 16 || bits == 32 || bits == 64;                       // float
-    case 4: return bits == 16;                                                    // bfloat
-    case 6: return bits == 8;                                                     // bool
-    default: return false;
+    case 0:
+    case 1:
+      return bits == 8 || bits == 16 || bits == 32 || bits == 64;  // int, uint
+    case 2:
+      return bits == 16 || bits == 32 || bits == 64;  // float
+    case 4:
+      return bits == 16;  // bfloat
+    case 6:
+      return bits == 8;  // bool
+    default:
+      return false;
   }
 }
 
@@ -189,12 +195,18 @@ void ReadTensor(Reader& r, T& t) {
 
 std::string_view MessageTypeName(MessageType t) {
   switch (t) {
-    case MessageType::kClientHello: return "CLIENT_HELLO";
-    case MessageType::kServerHello: return "SERVER_HELLO";
-    case MessageType::kReady: return "READY";
-    case MessageType::kRelease: return "RELEASE";
-    case MessageType::kError: return "ERROR";
-    case MessageType::kBye: return "BYE";
+    case MessageType::kClientHello:
+      return "CLIENT_HELLO";
+    case MessageType::kServerHello:
+      return "SERVER_HELLO";
+    case MessageType::kReady:
+      return "READY";
+    case MessageType::kRelease:
+      return "RELEASE";
+    case MessageType::kError:
+      return "ERROR";
+    case MessageType::kBye:
+      return "BYE";
   }
   return "UNKNOWN";
 }
@@ -243,16 +255,17 @@ Status CheckMesh(const ServerHello& m, const std::string& at) {
   }
   for (size_t i = 0; i < mesh.batch_axes.size(); ++i) {
     const std::string& b = mesh.batch_axes[i];
-    const bool known = std::any_of(mesh.axes.begin(), mesh.axes.end(), [&](const MeshAxisInfo& a) { return a.name == b; });
-    const bool repeated = std::find(mesh.batch_axes.begin(), mesh.batch_axes.begin() + i, b) != mesh.batch_axes.begin() + i;
+    const bool known =
+        std::any_of(mesh.axes.begin(), mesh.axes.end(), [&](const MeshAxisInfo& a) { return a.name == b; });
+    const bool repeated =
+        std::find(mesh.batch_axes.begin(), mesh.batch_axes.begin() + i, b) != mesh.batch_axes.begin() + i;
     if (!known || repeated) {
       return InvalidArgument("batch axis '" + b + "' is " + (known ? "repeated" : "not an axis of the mesh"), at);
     }
   }
   if (m.process >= mesh.processes) {
-    return InvalidArgument("process " + std::to_string(m.process) + " is not one of the mesh's " +
-                               std::to_string(mesh.processes),
-                           at);
+    return InvalidArgument(
+        "process " + std::to_string(m.process) + " is not one of the mesh's " + std::to_string(mesh.processes), at);
   }
   if (m.devices.size() != mesh.devices_per_process) {
     return InvalidArgument("the sidecar lists " + std::to_string(m.devices.size()) + " devices; the mesh gives " +
@@ -261,9 +274,9 @@ Status CheckMesh(const ServerHello& m, const std::string& at) {
   }
   for (const DeviceInfo& d : m.devices) {
     if (d.global_index / mesh.devices_per_process != m.process) {
-      return InvalidArgument("device " + std::to_string(d.global_index) + " is not one of process " +
-                                 std::to_string(m.process) + "'s",
-                             at);
+      return InvalidArgument(
+          "device " + std::to_string(d.global_index) + " is not one of process " + std::to_string(m.process) + "'s",
+          at);
     }
   }
   return Status::Ok();
@@ -406,7 +419,8 @@ Result<Message> Decode(std::string_view bytes) {
       m.pool_bytes = r.U64();
       const size_t fd_at = r.pos();
       m.fd_count = r.U32();
-      if (r.ok() && m.fd_count > kMaxFds) r.Fail(fd_at, "fd_count " + std::to_string(m.fd_count) + " exceeds " + std::to_string(kMaxFds));
+      if (r.ok() && m.fd_count > kMaxFds)
+        r.Fail(fd_at, "fd_count " + std::to_string(m.fd_count) + " exceeds " + std::to_string(kMaxFds));
       const uint32_t nl = r.Count("layout", kMaxDevices);
       for (uint32_t i = 0; i < nl && r.ok(); ++i) {
         TensorLayout t;
@@ -442,9 +456,9 @@ Result<Message> Decode(std::string_view bytes) {
         const uint64_t allocs = static_cast<uint64_t>(m.devices.size()) * m.slots;
         for (const auto& d : m.devices) {
           if (d.kind != 2 || d.uuid.empty()) {
-            return InvalidArgument("device " + std::to_string(d.global_index) +
-                                       " of a CUDA pool is not a CUDA device with a UUID",
-                                   at_payload);
+            return InvalidArgument(
+                "device " + std::to_string(d.global_index) + " of a CUDA pool is not a CUDA device with a UUID",
+                at_payload);
           }
         }
         if (m.memory == MemoryKind::kCudaVmmFd && m.fd_count != allocs) {

@@ -72,7 +72,7 @@ enum class MessageType : uint16_t {
 
 /// Where slot memory lives.
 enum class MemoryKind : uint8_t {
-  kHostMemfd = 1,   // one memfd for the whole pool; tensors at byte offsets in it
+  kHostMemfd = 1,  // one memfd for the whole pool; tensors at byte offsets in it
   // One POSIX fd per (device, slot) from cuMemExportToShareableHandle,
   // device-major (fd index = device * slots + slot), each an allocation of
   // slot_bytes; a tensor's offset is from the start of its allocation.
@@ -107,8 +107,8 @@ struct DeviceInfo {
 
 /// The layout of one device's tensor inside a slot.
 struct TensorLayout {
-  uint64_t offset = 0;  // bytes from the start of the slot; 256-byte aligned
-  uint8_t dtype_code = 0;   // DLPack type code
+  uint64_t offset = 0;     // bytes from the start of the slot; 256-byte aligned
+  uint8_t dtype_code = 0;  // DLPack type code
   uint8_t dtype_bits = 0;
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // in elements, C order
@@ -146,7 +146,7 @@ struct ServerHello {
   uint64_t pool_bytes = 0;  // host: size of the memfd; CUDA: slot_bytes × slots, per device
   uint32_t fd_count = 0;    // file descriptors attached to this message
   std::vector<TensorLayout> layout;  // one per device
-  int64_t first_step = 0;   // the step the first READY will carry
+  int64_t first_step = 0;            // the step the first READY will carry
   uint64_t steps_per_epoch = 0;
   uint64_t global_batch = 0;
   /// kCudaIpc only: one handle (kIpcHandleBytes) per (device, slot).

@@ -32,8 +32,7 @@ Result<UniqueFd> Accept(int listen_fd);
 /// Sends one message with `fds` attached (at most 64); MSG_NOSIGNAL, so a
 /// dead peer is an error, not a SIGPIPE. With `nonblocking`, a full send
 /// buffer (a peer that does not read) is kUnavailable instead of a wait.
-Status SendMessage(int fd, const std::string& bytes, const std::vector<int>& fds = {},
-                   bool nonblocking = false);
+Status SendMessage(int fd, const std::string& bytes, const std::vector<int>& fds = {}, bool nonblocking = false);
 
 /// One received datagram and the descriptors that came with it.
 struct Received {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command from a fresh Debian 12 machine to a passing test suite:
-# installs the Debian packages, then builds and runs four configurations:
+# installs the Debian packages, checks the C++ files' format, then builds and
+# runs these configurations:
 #   1. release build, warnings as errors: every test (ctest)
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build: every test
 #   3. clang libFuzzer build: each fuzz target for MESHLOAD_FUZZ_SECONDS (default 60)
@@ -19,6 +20,9 @@ FUZZ_SECONDS=${MESHLOAD_FUZZ_SECONDS:-60}
 bash scripts/install-deps.sh
 
 step() { echo; echo "== $*"; }
+
+step "format (clang-format 14, .clang-format)"
+bash scripts/check-format
 
 step "release build (-Werror)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHLOAD_WERROR=ON

@@ -125,16 +125,15 @@ meshload::Result<int64_t> WaitForProcessFile(const std::string& path) {
       while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
       int64_t v = 0;
       if (!meshload::ParseInt64(text, &v) || v < 0 || v > (1 << 22)) {
-        return meshload::InvalidArgument("expected a process index (a decimal integer), got '" + text.substr(0, 40) +
-                                             "'",
-                                         path);
+        return meshload::InvalidArgument(
+            "expected a process index (a decimal integer), got '" + text.substr(0, 40) + "'", path);
       }
       return v;
     }
     if (steady_clock::now() >= next_log) {
-      meshload::LogInfo("waiting for the controller to assign this pod a process index",
-                        {{"file", path},
-                         {"waited_seconds", duration_cast<seconds>(steady_clock::now() - start).count()}});
+      meshload::LogInfo(
+          "waiting for the controller to assign this pod a process index",
+          {{"file", path}, {"waited_seconds", duration_cast<seconds>(steady_clock::now() - start).count()}});
       next_log += seconds(10);
     }
     std::this_thread::sleep_for(milliseconds(250));
@@ -147,7 +146,7 @@ meshload::Result<int64_t> WaitForProcessFile(const std::string& path) {
 // process without a pod or an IP yet has an empty host. kNotFound: no file
 // (yet).
 meshload::Result<std::vector<meshload::sidecar::exchange::PeerAddress>> ReadAssignments(const std::string& path,
-                                                                                       uint16_t port) {
+                                                                                        uint16_t port) {
   std::ifstream in(path);
   if (!in) return meshload::Status(meshload::StatusCode::kNotFound, "not there (yet)", path);
   nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -174,7 +173,7 @@ meshload::Result<std::vector<meshload::sidecar::exchange::PeerAddress>> ReadAssi
 // until every process has a pod with an IP (pods get theirs when they
 // start), or a signal arrives.
 meshload::Result<std::vector<meshload::sidecar::exchange::PeerAddress>> WaitForAssignments(const std::string& path,
-                                                                                          uint16_t port) {
+                                                                                           uint16_t port) {
   using namespace std::chrono;
   const auto start = steady_clock::now();
   auto next_log = start;
@@ -273,9 +272,8 @@ int main(int argc, char** argv) {
     return true;
   };
   if (Status st = ConfigureLoggingFromFlags(log_level, log_format); !st.ok()) return usage(st.message());
-  LogInfo("meshload-sidecar", {{"version", std::string(Version())},
-                               {"gpu_staging", GpuStagingBuild()},
-                               {"build", CompilerBuild()}});
+  LogInfo("meshload-sidecar",
+          {{"version", std::string(Version())}, {"gpu_staging", GpuStagingBuild()}, {"build", CompilerBuild()}});
   if (opt.job_path.empty()) return usage("--job (or MESHLOAD_JOB) is required");
   if (opt.socket_path.empty()) return usage("--socket (or MESHLOAD_SOCKET) is required");
   if (process.empty() && process_file.empty()) {
@@ -418,9 +416,10 @@ int main(int argc, char** argv) {
     }
   }
   if (opt.peers && opt.peers->secret.empty()) {
-    LogWarn("peer connections are not authenticated: anyone who can reach the peer port can feed this job "
-            "samples; give every sidecar of the job the same --peer-secret-file",
-            {});
+    LogWarn(
+        "peer connections are not authenticated: anyone who can reach the peer port can feed this job "
+        "samples; give every sidecar of the job the same --peer-secret-file",
+        {});
   }
   if (!assignments.empty()) {
     auto list = WaitForAssignments(assignments, static_cast<uint16_t>(port_number));

@@ -29,8 +29,7 @@ int64_t ConsumedWatermark::step() const {
   return watermark_;
 }
 
-std::optional<double> BucketQuantile(const std::vector<double>& bounds, const std::vector<uint64_t>& counts,
-                                     double q) {
+std::optional<double> BucketQuantile(const std::vector<double>& bounds, const std::vector<uint64_t>& counts, double q) {
   uint64_t total = 0;
   for (uint64_t c : counts) total += c;
   if (total == 0 || bounds.empty()) return std::nullopt;
@@ -67,11 +66,21 @@ void ProgressWindow::Add(ProgressSample s) {
 
 json ProgressWindow::Report() const {
   MutexLock lock(mu_);
-  json out = {{"consumedStep", nullptr}, {"resumeStep", nullptr}, {"deliveredStep", nullptr},
-              {"stagedAhead", nullptr}, {"trainerConnected", false}, {"windowSeconds", nullptr},
-              {"trainerWaitFraction", nullptr}, {"stepsPerSecond", nullptr}, {"bytesPerSecond", nullptr},
+  json out = {{"consumedStep", nullptr},
+              {"resumeStep", nullptr},
+              {"deliveredStep", nullptr},
+              {"stagedAhead", nullptr},
+              {"trainerConnected", false},
+              {"windowSeconds", nullptr},
+              {"trainerWaitFraction", nullptr},
+              {"stepsPerSecond", nullptr},
+              {"bytesPerSecond", nullptr},
               {"storageReadSeconds", {{"p50", nullptr}, {"p90", nullptr}, {"p99", nullptr}, {"requests", 0}}},
-              {"stagingSecondsPerStep", nullptr}, {"peerWaitFraction", nullptr}, {"storageRetries", 0}, {"errors", 0}, {"errorsInWindow", nullptr}};
+              {"stagingSecondsPerStep", nullptr},
+              {"peerWaitFraction", nullptr},
+              {"storageRetries", 0},
+              {"errors", 0},
+              {"errorsInWindow", nullptr}};
   if (samples_.empty()) return out;
   const ProgressSample& now = samples_.back();
   out["consumedStep"] = now.consumed_step;

@@ -103,8 +103,8 @@ class ProgressWindow {
   /// Rates are null without two samples; percentiles are null without reads
   /// in the window; stagingSecondsPerStep is null without a step staged in
   /// the window, and peerWaitFraction (the share of the staging time spent
-  /// waiting on peers' sidecars) also when the job exchanges nothing. resumeStep = consumedStep + 1: where a restarted job
-  /// picks up. The caller adds who it is (job, process).
+  /// waiting on peers' sidecars) also when the job exchanges nothing. resumeStep = consumedStep + 1: where a restarted
+  /// job picks up. The caller adds who it is (job, process).
   nlohmann::json Report() const MESHLOAD_EXCLUDES(mu_);
 
  private:
@@ -119,7 +119,6 @@ class ProgressWindow {
 /// histogram_quantile does); `counts` are per-bucket (not cumulative), one
 /// more than `bounds` (the +Inf bucket, reported as the last bound).
 /// nullopt when nothing was counted.
-std::optional<double> BucketQuantile(const std::vector<double>& bounds, const std::vector<uint64_t>& counts,
-                                     double q);
+std::optional<double> BucketQuantile(const std::vector<double>& bounds, const std::vector<uint64_t>& counts, double q);
 
 }  // namespace meshload::sidecar

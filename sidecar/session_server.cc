@@ -17,9 +17,7 @@ namespace {
 
 // Every send to a trainer is non-blocking: a trainer that stops reading must
 // not stall the producer (which sends READY under client_mu_) or a shutdown.
-Status SendTo(int fd, const std::string& bytes) {
-  return protocol::SendMessage(fd, bytes, {}, /*nonblocking=*/true);
-}
+Status SendTo(int fd, const std::string& bytes) { return protocol::SendMessage(fd, bytes, {}, /*nonblocking=*/true); }
 
 // At most this many READYs unanswered by RELEASE, and at most half of what
 // the trainer's socket queue holds (MeasureReadyQueue): a trainer following
@@ -39,7 +37,8 @@ uint32_t MeasureReadyQueue(const std::string& message) {
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) return 0;
   UniqueFd a(sv[0]), b(sv[1]);
   uint32_t n = 0;
-  while (n < 4096 && ::send(a.get(), message.data(), message.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(message.size())) {
+  while (n < 4096 &&
+         ::send(a.get(), message.data(), message.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(message.size())) {
     ++n;
   }
   return n;
@@ -103,10 +102,12 @@ void SessionServer::ChooseMaxLeases() {
     max_leases_ = std::clamp<uint32_t>(queue / 2, 1, kMaxLeasesPerTrainer);
   }
   if (max_leases_ < slots) {
-    LogInfo("a trainer is sent at most this many batches ahead: its socket queue holds no more (a trainer "
-            "that keeps that many batches alive gets no more until it lets one go)",
-            {{"max_leases", static_cast<uint64_t>(max_leases_)}, {"slots", static_cast<uint64_t>(slots)},
-             {"ready_queue", static_cast<uint64_t>(queue)}});
+    LogInfo(
+        "a trainer is sent at most this many batches ahead: its socket queue holds no more (a trainer "
+        "that keeps that many batches alive gets no more until it lets one go)",
+        {{"max_leases", static_cast<uint64_t>(max_leases_)},
+         {"slots", static_cast<uint64_t>(slots)},
+         {"ready_queue", static_cast<uint64_t>(queue)}});
   }
 }
 
@@ -278,28 +279,30 @@ void SessionServer::ServePending() {
     const std::string why = decoded.ok() ? "expected CLIENT_HELLO" : decoded.status().ToString();
     // A well-formed header of another protocol version deserves the
     // version error, so a newer or older client can say what is wrong.
-    const bool other_version = msg.ok() && msg->bytes.size() >= 6 &&
-                               static_cast<uint8_t>(msg->bytes[4]) + 256 * static_cast<uint8_t>(msg->bytes[5]) !=
-                                   protocol::kProtocolVersion &&
-                               msg->bytes.compare(0, 4, "MLD1") == 0;
+    const bool other_version =
+        msg.ok() && msg->bytes.size() >= 6 &&
+        static_cast<uint8_t>(msg->bytes[4]) + 256 * static_cast<uint8_t>(msg->bytes[5]) != protocol::kProtocolVersion &&
+        msg->bytes.compare(0, 4, "MLD1") == 0;
     metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
     LogWarn("dropped a trainer connection before its hello", {{"reason", why}});
     if (msg.ok()) {
-      (void)SendTo(pending_->fd.get(),
-          protocol::Encode(protocol::ErrorMessage{other_version ? protocol::ErrorCode::kVersionMismatch : protocol::ErrorCode::kBadRequest,
-                                        other_version ? "this sidecar speaks protocol version " +
-                                                            std::to_string(protocol::kProtocolVersion)
-                                                      : why}));
+      (void)SendTo(
+          pending_->fd.get(),
+          protocol::Encode(protocol::ErrorMessage{
+              other_version ? protocol::ErrorCode::kVersionMismatch : protocol::ErrorCode::kBadRequest,
+              other_version ? "this sidecar speaks protocol version " + std::to_string(protocol::kProtocolVersion)
+                            : why}));
     }
     CloseLater(std::move(pending_->fd));
     pending_.reset();
   } else if (hello->version != protocol::kProtocolVersion) {
     metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
-    LogWarn("dropped a trainer connection: protocol version mismatch", {{"version", static_cast<uint64_t>(hello->version)}});
+    LogWarn("dropped a trainer connection: protocol version mismatch",
+            {{"version", static_cast<uint64_t>(hello->version)}});
     (void)SendTo(pending_->fd.get(),
-                           protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kVersionMismatch,
-                                                         "this sidecar speaks protocol version " +
-                                                             std::to_string(protocol::kProtocolVersion)}));
+                 protocol::Encode(protocol::ErrorMessage{
+                     protocol::ErrorCode::kVersionMismatch,
+                     "this sidecar speaks protocol version " + std::to_string(protocol::kProtocolVersion)}));
     CloseLater(std::move(pending_->fd));
     pending_.reset();
   } else {
@@ -311,9 +314,9 @@ void SessionServer::OnHello(const protocol::ClientHello& hello) {
   if (hello.want_step > (int64_t{1} << 62)) {
     // Counted before the trainer hears of it (as in AcceptClient).
     metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
-    (void)SendTo(pending_->fd.get(), protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest,
-                                                                        "want_step " + std::to_string(hello.want_step) +
-                                                                            " is out of range"}));
+    (void)SendTo(pending_->fd.get(), protocol::Encode(protocol::ErrorMessage{
+                                         protocol::ErrorCode::kBadRequest,
+                                         "want_step " + std::to_string(hello.want_step) + " is out of range"}));
     CloseLater(std::move(pending_->fd));
     pending_.reset();
     return;
@@ -333,8 +336,8 @@ void SessionServer::OnHello(const protocol::ClientHello& hello) {
   sh.process = static_cast<uint32_t>(options_.process);
   for (size_t i = 0; i < layout_.devices.size(); ++i) {
     const auto& t = layout_.devices[i];
-    sh.devices.push_back({static_cast<uint32_t>(t.device), static_cast<uint8_t>(device_ ? 2 : 1),
-                          device_ ? device_->uuids()[i] : ""});
+    sh.devices.push_back(
+        {static_cast<uint32_t>(t.device), static_cast<uint8_t>(device_ ? 2 : 1), device_ ? device_->uuids()[i] : ""});
     const planner::DLPackType dl = planner::ToDLPackType(layout_.dtype);
     sh.layout.push_back({TensorOffset(i), dl.code, dl.bits, t.shape, t.strides, t.nbytes});
   }
@@ -372,9 +375,8 @@ void SessionServer::OnHello(const protocol::ClientHello& hello) {
   }
   metrics_->connections.Add({{"outcome", "accepted"}}).Increment();
   metrics_->clients.Set(1);
-  LogInfo("trainer connected", {{"pid", static_cast<int64_t>(client_->pid)},
-                                {"uid", static_cast<uint64_t>(client_->uid)},
-                                {"step", want}});
+  LogInfo("trainer connected",
+          {{"pid", static_cast<int64_t>(client_->pid)}, {"uid", static_cast<uint64_t>(client_->uid)}, {"step", want}});
   SendReadyBatchesLocked();
 }
 
@@ -448,8 +450,8 @@ void SessionServer::ServeClientMessage() {
   auto decoded = protocol::Decode(msg->bytes);
   if (!decoded.ok()) {
     metrics_->Error("protocol");
-    (void)SendTo(ServerClient()->fd.get(),
-                           protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest, decoded.status().ToString()}));
+    (void)SendTo(ServerClient()->fd.get(), protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest,
+                                                                                   decoded.status().ToString()}));
     DropClient("malformed message: " + decoded.status().ToString(), /*keep_leases=*/true);
     return;
   }
@@ -475,9 +477,9 @@ void SessionServer::ServeClientMessage() {
     if (!ours) {
       metrics_->Error("protocol");
       (void)SendTo(ServerClient()->fd.get(),
-                             protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest,
-                                                           "RELEASE of slot " + std::to_string(rel->slot) +
-                                                               " step " + std::to_string(rel->step) +
+                   protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kBadRequest,
+                                                           "RELEASE of slot " + std::to_string(rel->slot) + " step " +
+                                                               std::to_string(rel->step) +
                                                                ", which this connection does not lease"}));
       DropClient("bad RELEASE", /*keep_leases=*/true);
     }
@@ -551,12 +553,12 @@ void SessionServer::Run() {
       fatal_message_ = hooks_.failure();
       if (ServerClient()) {
         (void)SendTo(ServerClient()->fd.get(),
-                               protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kDataError, fatal_message_}));
+                     protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kDataError, fatal_message_}));
         DropClient("staging failed", /*keep_leases=*/true);
       }
       if (pending_) {  // accepted before the failure, hello not yet read
         (void)SendTo(pending_->fd.get(),
-                               protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kDataError, fatal_message_}));
+                     protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kDataError, fatal_message_}));
         CloseLater(std::move(pending_->fd));
         pending_.reset();
       }
@@ -601,8 +603,8 @@ void SessionServer::Run() {
     ::unlink(options_.socket_path.c_str());
   }
   if (ServerClient()) {
-    (void)SendTo(ServerClient()->fd.get(),
-                           protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kShuttingDown, "the sidecar is stopping"}));
+    (void)SendTo(ServerClient()->fd.get(), protocol::Encode(protocol::ErrorMessage{protocol::ErrorCode::kShuttingDown,
+                                                                                   "the sidecar is stopping"}));
     DropClient("the sidecar is stopping", /*keep_leases=*/true);
   }
   // Give the connections being closed a moment (at most 300 ms) to read what

@@ -260,12 +260,12 @@ class SessionServer {
   Mutex client_mu_;
   // Written under client_mu_ by the server thread only (ServerClient()).
   std::unique_ptr<Client> client_ MESHLOAD_GUARDED_BY(client_mu_) MESHLOAD_PT_GUARDED_BY(client_mu_);
-  std::unique_ptr<Client> pending_;  // connected, no CLIENT_HELLO yet; server thread only
+  std::unique_ptr<Client> pending_;         // connected, no CLIENT_HELLO yet; server thread only
   std::atomic<bool> ready_pending_{false};  // a READY may be due; whoever holds client_mu_ sends it
-  std::vector<Closing> closing_;  // server thread only
-  bool failure_reported_ = false;  // server thread only
-  std::string fatal_message_;      // server thread only
-  bool reported_blocked_ = false;  // server thread only (the watchdog)
+  std::vector<Closing> closing_;            // server thread only
+  bool failure_reported_ = false;           // server thread only
+  std::string fatal_message_;               // server thread only
+  bool reported_blocked_ = false;           // server thread only (the watchdog)
 
   ConsumedWatermark consumed_;
   std::atomic<int64_t> delivered_step_{-1};

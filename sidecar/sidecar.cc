@@ -29,7 +29,8 @@ int64_t NowNs() {
 
 }  // namespace
 
-Result<planner::ResolvedJob> ResolveForSidecar(const planner::JobSpec& spec, source::SourceRegistry& sources, Diagnostics& diags) {
+Result<planner::ResolvedJob> ResolveForSidecar(const planner::JobSpec& spec, source::SourceRegistry& sources,
+                                               Diagnostics& diags) {
   return source::ResolveWithSources(spec, sources, {}, source::Unreachable::kFail, diags);
 }
 
@@ -57,9 +58,8 @@ Status Sidecar::Init() {
   }
   if (options_.reader_threads <= 0) options_.reader_threads = scheme == "file" ? 4 : 16;
   // Every reader of every producer keeps its connection between steps.
-  options_.source_options.max_idle_connections =
-      std::max(options_.source_options.max_idle_connections,
-               options_.reader_threads * std::max(1, options_.staging_threads));
+  options_.source_options.max_idle_connections = std::max(
+      options_.source_options.max_idle_connections, options_.reader_threads * std::max(1, options_.staging_threads));
   sources_ = source::SourceRegistry::WithBuiltins(options_.source_options);
   auto resolved = ResolveForSidecar(job->spec, *sources_, diags);
   if (!resolved.ok() || !diags.ok()) {
@@ -89,17 +89,17 @@ Status Sidecar::Init() {
   layout_ = staging::ComputeBatchLayout(rj, options_.process);
 
   const uint32_t slots = static_cast<uint32_t>(rj.spec.batch.prefetch);
-  MESHLOAD_ASSIGN_OR_RETURN(memory_, staging::HostSlotMemory::Create(slots, layout_.slot_bytes,
-                                                            "meshload-" + job_name_ + "-p" +
-                                                                std::to_string(options_.process)));
+  MESHLOAD_ASSIGN_OR_RETURN(
+      memory_, staging::HostSlotMemory::Create(slots, layout_.slot_bytes,
+                                               "meshload-" + job_name_ + "-p" + std::to_string(options_.process)));
   int64_t first_step = rj.spec.resume.step;
   if (options_.start_step) {
     first_step = *options_.start_step;
   } else if (!options_.resume_file.empty()) {
-    MESHLOAD_ASSIGN_OR_RETURN(std::optional<int64_t> recorded, ReadResumeFile(options_.resume_file, rj.spec.resume.step));
+    MESHLOAD_ASSIGN_OR_RETURN(std::optional<int64_t> recorded,
+                              ReadResumeFile(options_.resume_file, rj.spec.resume.step));
     if (recorded) {
-      LogInfo("resuming at the step the controller recorded", {{"step", *recorded},
-                                                              {"file", options_.resume_file}});
+      LogInfo("resuming at the step the controller recorded", {{"step", *recorded}, {"file", options_.resume_file}});
       first_step = *recorded;
     }
   }
@@ -128,7 +128,8 @@ Status Sidecar::Init() {
     lopts.peers->first_step = start_step_;
     lopts.peers->stall_report_after = options_.stall_report_after;
   }
-  MESHLOAD_ASSIGN_OR_RETURN(loader_, StepLoader::Create(*planner_, options_.process, loading_, *sources_, layout_, lopts));
+  MESHLOAD_ASSIGN_OR_RETURN(loader_,
+                            StepLoader::Create(*planner_, options_.process, loading_, *sources_, layout_, lopts));
   MESHLOAD_RETURN_IF_ERROR(loader_->VerifyFiles());
 
   event_fd_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -173,7 +174,8 @@ Status Sidecar::Init() {
     hopts.port = options_.metrics_port;
     progress_->Add(TakeProgressSample());  // the window's first sample: rates count from the start
     hopts.progress = [this] { return ProgressJson(); };
-    health_ = std::make_unique<metrics::HealthServer>(*registry_, [this] { return Readiness(); }, hopts);
+    health_ = std::make_unique<metrics::HealthServer>(
+        *registry_, [this] { return Readiness(); }, hopts);
     MESHLOAD_ASSIGN_OR_RETURN(metrics_port_, health_->Start());
   }
   server_->ChooseMaxLeases();
@@ -244,15 +246,17 @@ Status Sidecar::InitDeviceStaging() {
   const uint64_t allocs = static_cast<uint64_t>(local) * static_cast<uint64_t>(rj.spec.batch.prefetch);
   if (share == staging::DeviceShare::kCudaVmm && allocs > protocol::kMaxFds) {
     return InvalidArgument(std::to_string(local) + " devices × prefetch " + std::to_string(rj.spec.batch.prefetch) +
-                               " slots make " + std::to_string(allocs) + " allocations; one SERVER_HELLO carries at most " +
-                               std::to_string(protocol::kMaxFds) + " descriptors",
+                               " slots make " + std::to_string(allocs) +
+                               " allocations; one SERVER_HELLO carries at most " + std::to_string(protocol::kMaxFds) +
+                               " descriptors",
                            "spec.batch.prefetch");
   }
   if (share == staging::DeviceShare::kCudaIpc && allocs > protocol::kMaxIpcHandles) {
     return InvalidArgument("too many IPC handles: " + std::to_string(allocs), "spec.batch.prefetch");
   }
   // Devices holding the same shard are replicas: they get a device copy.
-  const planner::StepPlan plan = planner_->PlanStep(start_step_, loading_, options_.process, planner::ShardPlanner::Detail::kSamples);
+  const planner::StepPlan plan =
+      planner_->PlanStep(start_step_, loading_, options_.process, planner::ShardPlanner::Detail::kSamples);
   std::vector<int64_t> shard_of;
   for (const auto& d : plan.devices) shard_of.push_back(d.shard);
   auto device = staging::DeviceSlotMemory::Create(**driver, share, layout_, ordinals, shard_of,
@@ -265,9 +269,9 @@ Status Sidecar::InitDeviceStaging() {
   set_mode();
   std::string used;
   for (const auto& u : device_->uuids()) used += (used.empty() ? "" : ",") + u;
-  staging_reason_ = "CUDA driver " + std::to_string((*driver)->version()) + ", staging on " + used +
-                    (share == staging::DeviceShare::kCudaVmm ? " (VMM, fds over SCM_RIGHTS)"
-                                                             : " (legacy CUDA IPC handles)");
+  staging_reason_ =
+      "CUDA driver " + std::to_string((*driver)->version()) + ", staging on " + used +
+      (share == staging::DeviceShare::kCudaVmm ? " (VMM, fds over SCM_RIGHTS)" : " (legacy CUDA IPC handles)");
   bool replicas = false;
   for (size_t i = 0; i < shard_of.size(); ++i) {
     for (size_t j = 0; j < i; ++j) replicas |= shard_of[i] == shard_of[j];
@@ -282,7 +286,7 @@ Status Sidecar::InitDeviceStaging() {
   }
   if (!device_->host_pinned()) {
     LogWarn("the host assembly pool is not page-locked: copies to the GPU are slower",
-               {{"error", device_->host_pin_error()}});
+            {{"error", device_->host_pin_error()}});
   }
   return Status::Ok();
 }
@@ -335,17 +339,16 @@ void Sidecar::ProducerMain(int index) {
     const auto [slot, step] = *fill;
     const auto t0 = Clock::now();
     StepLoadStats stats;
-    Status st = loader_->Load(step, memory_->slot(slot), slot_checksums_[slot], &stats, index, [&] {
-      return pool_->generation() != gen || stop_.load() || failed_.load();
-    });
+    Status st = loader_->Load(step, memory_->slot(slot), slot_checksums_[slot], &stats, index,
+                              [&] { return pool_->generation() != gen || stop_.load() || failed_.load(); });
     if (!st.ok() && st.code() == StatusCode::kCancelled && (pool_->generation() != gen || stop_.load())) {
       // A re-plan (or a stop) abandoned this step while it waited on peers.
       pool_->AbandonFill(slot);
       continue;
     }
     if (!st.ok()) {
-      StagingFailed(slot, step, std::string("load_") + std::string(StatusCodeName(st.code())),
-                    "cannot stage a batch", st);
+      StagingFailed(slot, step, std::string("load_") + std::string(StatusCodeName(st.code())), "cannot stage a batch",
+                    st);
       return;
     }
     if (device_) {
@@ -374,8 +377,7 @@ void Sidecar::ProducerMain(int index) {
   }
 }
 
-void Sidecar::StagingFailed(uint32_t slot, int64_t step, const std::string& kind, const char* what,
-                            const Status& st) {
+void Sidecar::StagingFailed(uint32_t slot, int64_t step, const std::string& kind, const char* what, const Status& st) {
   pool_->AbandonFill(slot);
   metrics_->Error(kind);
   LogError(what, {{"step", step}, {"error", st.ToString()}});

@@ -176,7 +176,7 @@ class Sidecar {
   int metrics_port_ = -1;
   std::string job_name_;
   std::string staging_mode_ = "host";  // host, cuda or cuda-ipc
-  std::string staging_reason_;  // why this staging mode (logged at start)
+  std::string staging_reason_;         // why this staging mode (logged at start)
 
   // The trainer side: the socket, connections, handshake, READY/RELEASE,
   // leases (sidecar/session_server.h, which says what its mutex guards).
@@ -218,6 +218,6 @@ Result<std::optional<int64_t>> ReadResumeFile(const std::string& path, int64_t s
 /// data it cannot reach is an error, never a plan from
 /// spec.dataset.samples. Every problem goes to `diags`.
 Result<planner::ResolvedJob> ResolveForSidecar(const planner::JobSpec& spec, source::SourceRegistry& sources,
-                                      Diagnostics& diags);
+                                               Diagnostics& diags);
 
 }  // namespace meshload::sidecar

@@ -69,10 +69,7 @@ SidecarMetrics::SidecarMetrics(metrics::Registry& r)
                   .Name("meshload_storage_retries_total")
                   .Help("Storage requests retried, by source scheme and reason.")
                   .Register(r)),
-      errors(metrics::BuildCounter()
-                 .Name("meshload_errors_total")
-                 .Help("Errors by kind.")
-                 .Register(r)),
+      errors(metrics::BuildCounter().Name("meshload_errors_total").Help("Errors by kind.").Register(r)),
       connections(metrics::BuildCounter()
                       .Name("meshload_client_connections_total")
                       .Help("Trainer connections by outcome.")

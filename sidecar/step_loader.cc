@@ -22,7 +22,8 @@ int64_t CoarseNowNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-std::string DescribeTransfers(const std::vector<planner::TransferUnit>& in, const std::vector<planner::TransferUnit>& out) {
+std::string DescribeTransfers(const std::vector<planner::TransferUnit>& in,
+                              const std::vector<planner::TransferUnit>& out) {
   std::string s;
   if (!in.empty()) s += "receives from process " + std::to_string(in.front().from);
   if (!out.empty()) s += std::string(s.empty() ? "" : " and ") + "sends to process " + std::to_string(out.front().to);
@@ -56,8 +57,7 @@ uint64_t JobFingerprint(const planner::ShardPlanner& planner, const planner::Loa
 
 Result<std::unique_ptr<StepLoader>> StepLoader::Create(const planner::ShardPlanner& planner, int64_t process,
                                                        const planner::Loading& loading, source::SourceRegistry& sources,
-                                                       const staging::BatchLayout& layout,
-                                                       StepLoaderOptions options) {
+                                                       const staging::BatchLayout& layout, StepLoaderOptions options) {
   const planner::ResolvedJob& job = planner.job();
   if (process < 0 || process >= job.mesh.processes()) {
     return InvalidArgument("process " + std::to_string(process) + " is not in the job's 0.." +
@@ -72,9 +72,9 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const planner::ShardPlann
   const auto out = planner.TransfersFrom(process, loading);
   if ((!in.empty() || !out.empty()) && !options.peers) {
     return FailedPrecondition(
-        "strategy " + std::string(ToString(loading.strategy)) + " with fanout " + std::string(ToString(loading.fanout)) +
-            " moves samples between processes (process " + std::to_string(process) + " " +
-            DescribeTransfers(in, out) +
+        "strategy " + std::string(ToString(loading.strategy)) + " with fanout " +
+            std::string(ToString(loading.fanout)) + " moves samples between processes (process " +
+            std::to_string(process) + " " + DescribeTransfers(in, out) +
             "), so the sidecar needs its peers' addresses: give --peers (or --assignments with --peer-port)",
         "spec.strategy");
   }
@@ -108,15 +108,14 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const planner::ShardPlann
     std::vector<int64_t> send_to, receive_from;
     for (const planner::TransferUnit& u : out) send_to.push_back(u.to);
     for (const planner::TransferUnit& u : in) receive_from.push_back(u.from);
-    MESHLOAD_ASSIGN_OR_RETURN(loader->exchange_,
-                     exchange::PeerExchange::Create(std::move(xo), std::move(send_to), std::move(receive_from)));
+    MESHLOAD_ASSIGN_OR_RETURN(
+        loader->exchange_, exchange::PeerExchange::Create(std::move(xo), std::move(send_to), std::move(receive_from)));
   }
   return loader;
 }
 
 StepLoader::StepLoader(const planner::ShardPlanner& planner, int64_t process, const planner::Loading& loading,
-                       source::SourceRegistry& sources, const staging::BatchLayout& layout,
-                       StepLoaderOptions options)
+                       source::SourceRegistry& sources, const staging::BatchLayout& layout, StepLoaderOptions options)
     : planner_(planner), process_(process), loading_(loading), sources_(sources), layout_(layout), options_(options) {}
 
 StepLoader::~StepLoader() {
@@ -239,9 +238,8 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
         done += e.length;
       }
     }
-    std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
-      return a.file != b.file ? a.file < b.file : a.offset < b.offset;
-    });
+    std::sort(pieces.begin(), pieces.end(),
+              [](const Piece& a, const Piece& b) { return a.file != b.file ? a.file < b.file : a.offset < b.offset; });
     stats.samples_read += r.samples.size();
 
     // Walk the pieces in file order; each run of touching pieces is one
@@ -249,7 +247,7 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
     // a latency-bound source, so is a run whose gaps are at most
     // max_gap_bytes (the gaps are read into scratch and dropped).
     ReadOp* op = nullptr;
-    uint64_t pos = 0;       // next file byte the current op will read
+    uint64_t pos = 0;  // next file byte the current op will read
     uint64_t op_bytes = 0;
     const Piece* prev = nullptr;
     for (const Piece& p : pieces) {
@@ -317,7 +315,8 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
   return Status::Ok();
 }
 
-Status StepLoader::BuildParts(const planner::StepPlan& plan, bool incoming, Caller& c, std::vector<exchange::Part>& parts) {
+Status StepLoader::BuildParts(const planner::StepPlan& plan, bool incoming, Caller& c,
+                              std::vector<exchange::Part>& parts) {
   const uint64_t sb = layout_.sample_bytes;
   parts.clear();
   for (const planner::TransferPlan& t : plan.transfers) {
@@ -330,8 +329,9 @@ Status StepLoader::BuildParts(const planner::StepPlan& plan, bool incoming, Call
       uint8_t* p = Find(c.dest_of, id);
       if (p == nullptr && !incoming) p = Find(c.outbox_of, id);
       if (p == nullptr) {
-        return Internal("step " + std::to_string(plan.step) + ": sample " + std::to_string(id) + (incoming ? " from" : " for") +
-                        " process " + std::to_string(part.peer) + " has no place in this process");
+        return Internal("step " + std::to_string(plan.step) + ": sample " + std::to_string(id) +
+                        (incoming ? " from" : " for") + " process " + std::to_string(part.peer) +
+                        " has no place in this process");
       }
       // Neighbours in the slot (a shard's samples) make one iovec.
       if (!part.iov.empty() && static_cast<uint8_t*>(part.iov.back().iov_base) + part.iov.back().iov_len == p) {
@@ -372,8 +372,7 @@ Status StepLoader::ServePart(int64_t step, int64_t peer, std::vector<uint8_t>& o
 Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats_out,
                         int caller, const std::function<bool()>& cancelled) {
   if (caller < 0 || static_cast<size_t>(caller) >= callers_.size()) {
-    return InvalidArgument("caller " + std::to_string(caller) + " is not in 0.." +
-                           std::to_string(callers_.size() - 1));
+    return InvalidArgument("caller " + std::to_string(caller) + " is not in 0.." + std::to_string(callers_.size() - 1));
   }
   Caller& c = *callers_[static_cast<size_t>(caller)];
   planner::StepPlan plan = planner_.PlanStep(step, loading_, process_, planner::ShardPlanner::Detail::kSamples);
@@ -488,9 +487,9 @@ Status StepLoader::RunChunk(ReadOp* ops, size_t count, Inflight& slot) {
   // would otherwise cost more than copying a small sample.
   constexpr size_t kPrefetchWindow = 32;
   constexpr size_t kMaxBatch = kPrefetchWindow / 2;
-  thread_local std::vector<source::Source::Range> hints;           // kept between steps
+  thread_local std::vector<source::Source::Range> hints;        // kept between steps
   thread_local std::vector<source::Source::ReadRequest> batch;  // kept between steps
-  size_t hinted = 0;  // ops [0, hinted) were hinted
+  size_t hinted = 0;                                            // ops [0, hinted) were hinted
   size_t i = 0;
   while (i < count) {
     if (hinted < count && hinted - i <= kPrefetchWindow / 2) {

@@ -92,10 +92,10 @@ struct StepLoadStats {
   uint64_t samples_read = 0;
   uint64_t bytes_read = 0;
   uint64_t read_ranges = 0;
-  uint64_t bytes_copied = 0;  // replica copies and token fix-ups
-  uint64_t bytes_sent = 0;      // to other processes' sidecars
-  uint64_t bytes_received = 0;  // from them
-  double peer_wait_seconds = 0; // waiting on peers after the reads were done
+  uint64_t bytes_copied = 0;     // replica copies and token fix-ups
+  uint64_t bytes_sent = 0;       // to other processes' sidecars
+  uint64_t bytes_received = 0;   // from them
+  double peer_wait_seconds = 0;  // waiting on peers after the reads were done
 };
 
 /// Identifies a job's plan across processes: processes exchanging samples
@@ -115,10 +115,8 @@ struct InflightRead {
 class StepLoader {
  public:
   static Result<std::unique_ptr<StepLoader>> Create(const planner::ShardPlanner& planner, int64_t process,
-                                                    const planner::Loading& loading,
-                                                    source::SourceRegistry& sources,
-                                                    const staging::BatchLayout& layout,
-                                                    StepLoaderOptions options);
+                                                    const planner::Loading& loading, source::SourceRegistry& sources,
+                                                    const staging::BatchLayout& layout, StepLoaderOptions options);
   ~StepLoader();
   StepLoader(const StepLoader&) = delete;
   StepLoader& operator=(const StepLoader&) = delete;
@@ -136,8 +134,8 @@ class StepLoader {
   /// use the same index at once.
   /// `cancelled` is polled while waiting on peers: when it says so, Load
   /// returns a kCancelled error (the step was abandoned by a re-plan).
-  Status Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats,
-              int caller = 0, const std::function<bool()>& cancelled = {});
+  Status Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats, int caller = 0,
+              const std::function<bool()>& cancelled = {});
 
   /// Reads this process's part of `step` for `peer` alone (the exchange's
   /// on-demand path: a peer asks again for a step this process has passed).
@@ -157,7 +155,7 @@ class StepLoader {
     uint64_t offset = 0;
     std::vector<iovec> iov;
     source::Source* source = nullptr;
-    uint64_t length = 0;  // sum of the iovecs
+    uint64_t length = 0;       // sum of the iovecs
     bool has_scratch = false;  // some iovecs are dropped bytes (iov_base null until read)
   };
   // What each reading thread is doing, for OldestInflight(): written with

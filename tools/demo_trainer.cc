@@ -48,9 +48,7 @@ using Clock = std::chrono::steady_clock;
 volatile sig_atomic_t g_stop = 0;
 void OnStop(int) { g_stop = 1; }
 
-double MonotonicSeconds() {
-  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
+double MonotonicSeconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 }  // namespace
 
@@ -68,8 +66,10 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
   flags.Int({"--delay-ms"}, &delay_ms);
   flags.Int({"--report-ms"}, &report_ms);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
-  if (job_path.empty() || socket.empty() || process < 0) return UsageError("demo-trainer: --job, --process and --socket are required");
-  if (verify != "bytes" && verify != "ids" && verify != "none") return UsageError("--verify: expected bytes, ids or none");
+  if (job_path.empty() || socket.empty() || process < 0)
+    return UsageError("demo-trainer: --job, --process and --socket are required");
+  if (verify != "bytes" && verify != "ids" && verify != "none")
+    return UsageError("--verify: expected bytes, ids or none");
 
   nlohmann::json final_line = {{"type", "final"}, {"process", process}};
   auto fail = [&](const std::string& error) {
@@ -103,7 +103,7 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
   LatencyHistogram waits;
-  std::vector<uint8_t> on_host;       // GPU tensors copied back for --verify bytes
+  std::vector<uint8_t> on_host;  // GPU tensors copied back for --verify bytes
   uint64_t gpu_tensors_checked = 0;
   uint64_t done = 0, samples = 0, bytes = 0, mismatches = 0;
   double first_batch = -1;
@@ -141,8 +141,8 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
           auto driver = cuda::Driver::Open();
           if (!driver.ok()) return fail(driver.status().ToString());
           on_host.resize(t.nbytes);
-          if (Status st = (*driver)->CopyToHost(on_host.data(), reinterpret_cast<uintptr_t>(t.data), t.nbytes,
-                                                t.device_id);
+          if (Status st =
+                  (*driver)->CopyToHost(on_host.data(), reinterpret_cast<uintptr_t>(t.data), t.nbytes, t.device_id);
               !st.ok()) {
             return fail(st.ToString());
           }
@@ -153,10 +153,8 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
           const int64_t at = tools::FirstMismatch(planner->job().dataset, ids[k], data + k * sb);
           if (at >= 0) {
             ++mismatches;
-            LogError("bytes differ from the dataset", {{"step", batch->step},
-                                                       {"device", t.global_device},
-                                                       {"sample", ids[k]},
-                                                       {"byte", at}});
+            LogError("bytes differ from the dataset",
+                     {{"step", batch->step}, {"device", t.global_device}, {"sample", ids[k]}, {"byte", at}});
             break;
           }
         }
@@ -170,9 +168,14 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
     if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     if (Clock::now() - last_report > std::chrono::milliseconds(report_ms)) {
       last_report = Clock::now();
-      nlohmann::json p = {{"type", "progress"}, {"process", process},   {"steps", done},
-                          {"samples", samples}, {"bytes", bytes},       {"wait_p99", waits.Quantile(0.99)},
-                          {"mismatches", mismatches}, {"first_batch_at", first_batch}};
+      nlohmann::json p = {{"type", "progress"},
+                          {"process", process},
+                          {"steps", done},
+                          {"samples", samples},
+                          {"bytes", bytes},
+                          {"wait_p99", waits.Quantile(0.99)},
+                          {"mismatches", mismatches},
+                          {"first_batch_at", first_batch}};
       std::cout << p.dump() << std::endl;
     }
   }
@@ -185,9 +188,9 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
                      {"first_step", first_step},
                      {"finished_at", MonotonicSeconds()},
                      {"reconnects", (*client)->reconnects()},
-                     {"staging", (*client)->hello().memory == protocol::MemoryKind::kHostMemfd ? "host"
+                     {"staging", (*client)->hello().memory == protocol::MemoryKind::kHostMemfd   ? "host"
                                  : (*client)->hello().memory == protocol::MemoryKind::kCudaVmmFd ? "cuda"
-                                                                                             : "cuda-ipc"},
+                                                                                                 : "cuda-ipc"},
                      {"gpu_tensors_checked", gpu_tensors_checked},
                      {"wait_hist", waits.counts()},
                      {"error", ""}});

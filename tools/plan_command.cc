@@ -130,8 +130,7 @@ void PrintTable(const planner::ShardPlanner& planner, const PlanOptions& opt, in
   uint64_t total_read = 0, total_xfer = 0;
   for (int64_t t = a; t < b; ++t) {
     planner::StepPlan plan = planner.PlanStep(t, loading, opt.process);
-    std::cout << "\nstep " << t << " (epoch " << plan.epoch << ", step " << plan.step_in_epoch
-              << " of the epoch)\n";
+    std::cout << "\nstep " << t << " (epoch " << plan.epoch << ", step " << plan.step_in_epoch << " of the epoch)\n";
     int64_t cur = -1;
     auto print_process_io = [&](int64_t p) {
       uint64_t bytes = 0, ranges = 0, samples = 0;
@@ -145,8 +144,8 @@ void PrintTable(const planner::ShardPlanner& planner, const PlanOptions& opt, in
                     << r.ranges.size() << " ranges, " << Bytes(r.bytes, known) << "\n";
         }
       }
-      std::cout << "    reads      " << samples << " samples in " << ranges << " ranges, "
-                << Bytes(bytes, known) << "\n";
+      std::cout << "    reads      " << samples << " samples in " << ranges << " ranges, " << Bytes(bytes, known)
+                << "\n";
       for (const auto& x : plan.transfers) {
         if (x.from == p) {
           std::cout << "    sends → " << x.to << "  " << x.samples.size() << " samples "
@@ -174,9 +173,8 @@ void PrintTable(const planner::ShardPlanner& planner, const PlanOptions& opt, in
     total_xfer += plan.bytes_transferred;
   }
   const uint64_t n = static_cast<uint64_t>(b - a);
-  std::cout << "\ncost per step" << (opt.process ? " (process " + std::to_string(*opt.process) + ")" : "")
-            << ": read " << Bytes(total_read / n, known) << ", transferred " << Bytes(total_xfer / n, known)
-            << "\n";
+  std::cout << "\ncost per step" << (opt.process ? " (process " + std::to_string(*opt.process) + ")" : "") << ": read "
+            << Bytes(total_read / n, known) << ", transferred " << Bytes(total_xfer / n, known) << "\n";
 }
 
 ordered_json PlanJson(const planner::ShardPlanner& planner, const PlanOptions& opt, int64_t a, int64_t b,
@@ -201,12 +199,11 @@ ordered_json PlanJson(const planner::ShardPlanner& planner, const PlanOptions& o
                      {"bytes", job.dataset.indexed() || known ? ordered_json(f.size) : ordered_json(nullptr)},
                      {"dataOffset", f.data_offset}});
   }
-  out["dataset"] = {{"format", ToString(job.dataset.format())}, {"indexed", job.dataset.indexed()},
-                    {"files", files}};
+  out["dataset"] = {{"format", ToString(job.dataset.format())}, {"indexed", job.dataset.indexed()}, {"files", files}};
   if (opt.process) out["process"] = *opt.process;
 
-  std::vector<uint64_t> read_by(static_cast<size_t>(job.mesh.processes())),
-      sent_by(read_by.size()), recv_by(read_by.size());
+  std::vector<uint64_t> read_by(static_cast<size_t>(job.mesh.processes())), sent_by(read_by.size()),
+      recv_by(read_by.size());
   uint64_t total_read = 0, total_xfer = 0;
   ordered_json steps = ordered_json::array();
   for (int64_t t = a; t < b; ++t) {
@@ -236,7 +233,9 @@ ordered_json PlanJson(const planner::ShardPlanner& planner, const PlanOptions& o
     }
     ordered_json transfers = ordered_json::array();
     for (const auto& x : plan.transfers) {
-      transfers.push_back({{"from", x.from}, {"to", x.to}, {"samples", x.samples},
+      transfers.push_back({{"from", x.from},
+                           {"to", x.to},
+                           {"samples", x.samples},
                            {"bytes", known ? ordered_json(x.bytes) : ordered_json(nullptr)}});
       sent_by[static_cast<size_t>(x.from)] += x.bytes;
       recv_by[static_cast<size_t>(x.to)] += x.bytes;
@@ -348,8 +347,8 @@ int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int
             << "dataset: " << DatasetSummary(job) << "\n"
             << "per step, averaged over steps " << a << ":" << b
             << "; amplification = bytes read / bytes of the global batch\n\n";
-  std::printf("  %-16s %-9s %12s %10s %13s %12s %12s %12s %10s\n", "strategy", "fanout", "read/step",
-              "amplif.", "max read/proc", "read ranges", "moved/step", "max sent", "max recv");
+  std::printf("  %-16s %-9s %12s %10s %13s %12s %12s %12s %10s\n", "strategy", "fanout", "read/step", "amplif.",
+              "max read/proc", "read ranges", "moved/step", "max sent", "max recv");
   for (const auto& r : rows) {
     const bool selected = r.loading.strategy == mine.strategy && r.loading.fanout == mine.fanout;
     std::printf("%s %-16s %-9s ", selected ? "*" : " ", std::string(ToString(r.loading.strategy)).c_str(),
@@ -410,8 +409,8 @@ int RunPlan(const std::vector<std::string>& args) {
   {
     // Resolve even when parsing found problems, so the user sees every
     // problem at once (validation does not repeat what parsing reported).
-    auto resolved =
-        sidecar::source::ResolveReadingDataset(job->spec, ropts, sidecar::source::Unreachable::kUseDeclaredSamples, diags);
+    auto resolved = sidecar::source::ResolveReadingDataset(job->spec, ropts,
+                                                           sidecar::source::Unreachable::kUseDeclaredSamples, diags);
     if (resolved.ok() && diags.ok()) {
       planner::ShardPlanner planner(std::move(*resolved));
       int64_t a = job->spec.resume.step, b = a + 1;

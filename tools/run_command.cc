@@ -74,18 +74,25 @@ void OnInterrupt(int) { g_interrupted = 1; }
 
 std::string Human(double v, const char* unit) {
   char b[64];
-  if (v >= 1e9) std::snprintf(b, sizeof b, "%.2f G%s", v / 1e9, unit);
-  else if (v >= 1e6) std::snprintf(b, sizeof b, "%.2f M%s", v / 1e6, unit);
-  else if (v >= 1e3) std::snprintf(b, sizeof b, "%.2f k%s", v / 1e3, unit);
-  else std::snprintf(b, sizeof b, "%.0f %s", v, unit);
+  if (v >= 1e9)
+    std::snprintf(b, sizeof b, "%.2f G%s", v / 1e9, unit);
+  else if (v >= 1e6)
+    std::snprintf(b, sizeof b, "%.2f M%s", v / 1e6, unit);
+  else if (v >= 1e3)
+    std::snprintf(b, sizeof b, "%.2f k%s", v / 1e3, unit);
+  else
+    std::snprintf(b, sizeof b, "%.0f %s", v, unit);
   return b;
 }
 
 std::string Duration(double s) {
   char b[64];
-  if (s < 1e-3) std::snprintf(b, sizeof b, "%.0f µs", s * 1e6);
-  else if (s < 1) std::snprintf(b, sizeof b, "%.1f ms", s * 1e3);
-  else std::snprintf(b, sizeof b, "%.2f s", s);
+  if (s < 1e-3)
+    std::snprintf(b, sizeof b, "%.0f µs", s * 1e6);
+  else if (s < 1)
+    std::snprintf(b, sizeof b, "%.1f ms", s * 1e3);
+  else
+    std::snprintf(b, sizeof b, "%.2f s", s);
   return b;
 }
 
@@ -136,8 +143,8 @@ class LocalRun {
     }
     CatchSignals();
     start_ = Clock::now();
-    for (int (LocalRun::*step)() : {&LocalRun::ConnectPeers, &LocalRun::StartSidecars, &LocalRun::StartTrainers,
-                                    &LocalRun::Supervise}) {
+    for (int (LocalRun::*step)() :
+         {&LocalRun::ConnectPeers, &LocalRun::StartSidecars, &LocalRun::StartTrainers, &LocalRun::Supervise}) {
       if (int rc = (this->*step)(); rc != kGoOn) return rc;
     }
     StopSidecars();
@@ -192,7 +199,8 @@ int LocalRun::MakeRunDir() {
   run_dir_ = o_.run_dir;
   if (run_dir_.empty()) {
     std::string tmpl = std::filesystem::temp_directory_path().string() + "/meshload-run-XXXXXX";
-    if (!::mkdtemp(tmpl.data())) return UsageError("cannot create a run directory: " + std::string(std::strerror(errno)));
+    if (!::mkdtemp(tmpl.data()))
+      return UsageError("cannot create a run directory: " + std::string(std::strerror(errno)));
     run_dir_ = tmpl;
     temp_dir_ = true;
   } else {
@@ -216,7 +224,7 @@ int LocalRun::LoadJob() {
       std::cerr << o_.file << ": invalid DataLoadJob:\n" << diags.ToString();
       return 2;
     }
-    const uint64_t n = o_.samples                ? static_cast<uint64_t>(*o_.samples)
+    const uint64_t n = o_.samples                  ? static_cast<uint64_t>(*o_.samples)
                        : job->spec.dataset.samples ? static_cast<uint64_t>(*job->spec.dataset.samples)
                                                    : static_cast<uint64_t>(job->spec.batch.global_batch_size) * 64;
     const auto t0 = Clock::now();
@@ -259,8 +267,8 @@ int LocalRun::Resolve() {
   P_ = rj.mesh.processes();
   batch_bytes_per_process_ = rj.global_batch / static_cast<uint64_t>(rj.mesh.shards()) * rj.dataset.sample_bytes() *
                              static_cast<uint64_t>(rj.mesh.devices_per_process());
-  std::printf("job %s: %" PRId64 " processes x %" PRId64 " devices, %s/%s, global batch %" PRIu64
-              ", %" PRIu64 " samples x %" PRIu64 " B, %s per process per step\n",
+  std::printf("job %s: %" PRId64 " processes x %" PRId64 " devices, %s/%s, global batch %" PRIu64 ", %" PRIu64
+              " samples x %" PRIu64 " B, %s per process per step\n",
               job_->name.c_str(), P_, rj.mesh.devices_per_process(), std::string(ToString(rj.spec.strategy)).c_str(),
               std::string(ToString(rj.spec.replication.fanout)).c_str(), rj.global_batch, rj.samples,
               rj.dataset.sample_bytes(), Human(static_cast<double>(batch_bytes_per_process_), "B").c_str());
@@ -342,8 +350,9 @@ int LocalRun::StartSidecars() {
   }
   for (int64_t p = 0; p < P_; ++p) {
     const std::string sock = run_dir_ + "/sidecar-" + std::to_string(p) + ".sock";
-    std::vector<std::string> argv = {sidecar_bin, "--job", job_path_, "--process", std::to_string(p), "--socket", sock,
-                                     "--metrics-port", "0", "--metrics-address", "127.0.0.1"};
+    std::vector<std::string> argv = {sidecar_bin, "--job", job_path_,        "--process", std::to_string(p),
+                                     "--socket",  sock,    "--metrics-port", "0",         "--metrics-address",
+                                     "127.0.0.1"};
     if (o_.reader_threads > 0) argv.insert(argv.end(), {"--reader-threads", std::to_string(o_.reader_threads)});
     if (moves_) {
       argv.insert(argv.end(), {"--peers", peer_list_, "--peer-listen-fd", std::to_string(kPeerListenFd),
@@ -368,8 +377,9 @@ int LocalRun::StartTrainers() {
   const std::string meshload_bin = ::access(self.c_str(), X_OK) == 0 ? self : "meshload";
   for (int64_t p = 0; p < P_; ++p) {
     const std::string sock = run_dir_ + "/sidecar-" + std::to_string(p) + ".sock";
-    std::vector<std::string> argv = {meshload_bin, "demo-trainer", "--job", job_path_, "--process", std::to_string(p),
-                                     "--socket", sock, "--verify", o_.verify, "--delay-ms", std::to_string(o_.delay_ms)};
+    std::vector<std::string> argv = {meshload_bin, "demo-trainer",    "--job",      job_path_,
+                                     "--process",  std::to_string(p), "--socket",   sock,
+                                     "--verify",   o_.verify,         "--delay-ms", std::to_string(o_.delay_ms)};
     if (o_.steps > 0) {
       argv.push_back("--steps");
       argv.push_back(std::to_string(o_.steps));
@@ -523,7 +533,8 @@ int LocalRun::Report() {
       errors += "  trainer " + std::to_string(p) + " sent no report; its log:\n" + Tail(trainers_[p].log, 10);
       continue;
     }
-    if (!j.value("error", std::string()).empty()) errors += "  trainer " + std::to_string(p) + ": " + j["error"].get<std::string>() + "\n";
+    if (!j.value("error", std::string()).empty())
+      errors += "  trainer " + std::to_string(p) + ": " + j["error"].get<std::string>() + "\n";
     total_steps = p == 0 ? j.value("steps", uint64_t{0}) : std::min(total_steps, j.value("steps", uint64_t{0}));
     total_samples += j.value("samples", uint64_t{0});
     total_bytes += j.value("bytes", uint64_t{0});
@@ -550,17 +561,19 @@ int LocalRun::Report() {
               Duration(waits.Quantile(0.99)).c_str(), waits.count());
   std::printf("  CPU                  %.2f s per GB delivered (%.2f CPU s in all, %.2f s wall)\n",
               total_bytes ? cpu / (static_cast<double>(total_bytes) / 1e9) : 0.0, cpu, elapsed_);
-  std::printf("  peak memory          sidecar %s own (heap + slots; bound prefetch x batch + 64 MiB = %s),\n"
-              "                       %s of mapped page cache (shared, reclaimable)\n",
-              Human(static_cast<double>(peak), "B").c_str(), Human(static_cast<double>(bound), "B").c_str(),
-              Human(static_cast<double>(mapped), "B").c_str());
+  std::printf(
+      "  peak memory          sidecar %s own (heap + slots; bound prefetch x batch + 64 MiB = %s),\n"
+      "                       %s of mapped page cache (shared, reclaimable)\n",
+      Human(static_cast<double>(peak), "B").c_str(), Human(static_cast<double>(bound), "B").c_str(),
+      Human(static_cast<double>(mapped), "B").c_str());
   std::string staging;
   for (const auto& m : staging_modes) staging += (staging.empty() ? "" : ", ") + m;
   std::printf("  staging              %s%s\n", staging.c_str(),
               gpu_checked ? (" (" + std::to_string(gpu_checked) + " GPU tensors copied back and checked)").c_str()
-                          : staging == "host" ? " (see the sidecar log's staging_reason)" : "");
-  std::printf("  verified             %s, %" PRIu64 " mismatches, %" PRIu64 " reconnects\n", o_.verify.c_str(), mismatches,
-              reconnects);
+              : staging == "host" ? " (see the sidecar log's staging_reason)"
+                                  : "");
+  std::printf("  verified             %s, %" PRIu64 " mismatches, %" PRIu64 " reconnects\n", o_.verify.c_str(),
+              mismatches, reconnects);
   if (!errors.empty()) std::printf("  errors:\n%s", errors.c_str());
   if (!temp_dir_) std::printf("  logs                 %s\n", run_dir_.c_str());
   const bool ok = mismatches == 0 && errors.empty() && (g_interrupted || total_steps > 0);
@@ -584,7 +597,8 @@ int RunRun(const std::vector<std::string>& args) {
   flags.Int({"--reader-threads"}, &o.reader_threads);
   flags.String({"--run-dir"}, &o.run_dir);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
-  if (!o.local) return UsageError("run: only --local is available here; in a cluster the controller starts the sidecars");
+  if (!o.local)
+    return UsageError("run: only --local is available here; in a cluster the controller starts the sidecars");
   if (o.file.empty()) return UsageError("run: -f JOB.yaml is required");
   if (o.verify != "bytes" && o.verify != "ids" && o.verify != "none") {
     return UsageError("--verify: expected bytes, ids or none");

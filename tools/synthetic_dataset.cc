@@ -39,7 +39,8 @@ Status WriteAll(std::ofstream& out, const std::string& path, const uint8_t* data
 
 }  // namespace
 
-Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples, int files) {
+Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
+                                             int files) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return IoError("cannot create the dataset directory: " + ec.message(), dir);
@@ -62,11 +63,14 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
     case planner::DatasetFormat::kFixedRecord:
     case planner::DatasetFormat::kNpy: {
       const uint64_t rb = spec.record_bytes > 0 ? static_cast<uint64_t>(spec.record_bytes) : 1024;
-      if (rb % es != 0) return InvalidArgument("recordBytes is not a whole number of " + std::string(planner::DTypeName(dtype)), "spec.dataset.recordBytes");
+      if (rb % es != 0)
+        return InvalidArgument("recordBytes is not a whole number of " + std::string(planner::DTypeName(dtype)),
+                               "spec.dataset.recordBytes");
       const bool npy = spec.format == planner::DatasetFormat::kNpy;
       uint64_t next = 0;
       for (int f = 0; f < files; ++f) {
-        const uint64_t count = samples / static_cast<uint64_t>(files) + (static_cast<uint64_t>(f) < samples % static_cast<uint64_t>(files) ? 1 : 0);
+        const uint64_t count = samples / static_cast<uint64_t>(files) +
+                               (static_cast<uint64_t>(f) < samples % static_cast<uint64_t>(files) ? 1 : 0);
         const std::string path = path_of(f, npy ? "npy" : "bin");
         std::ofstream out(path, std::ios::binary | std::ios::trunc);
         if (!out) return IoErrorFromErrno("create", path, errno);
@@ -90,7 +94,8 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
       const uint64_t tokens = samples * T + 1;  // exactly `samples` samples
       uint64_t next = 0;
       for (int f = 0; f < files; ++f) {
-        const uint64_t count = tokens / static_cast<uint64_t>(files) + (static_cast<uint64_t>(f) < tokens % static_cast<uint64_t>(files) ? 1 : 0);
+        const uint64_t count = tokens / static_cast<uint64_t>(files) +
+                               (static_cast<uint64_t>(f) < tokens % static_cast<uint64_t>(files) ? 1 : 0);
         const std::string path = path_of(f, "tok");
         std::ofstream out(path, std::ios::binary | std::ios::trunc);
         if (!out) return IoErrorFromErrno("create", path, errno);

@@ -28,7 +28,8 @@ namespace meshload::tools {
 /// two), and returns the URI to put in spec.dataset.uri. Npy needs
 /// recordBytes (bytes per sample) and a dtype whose size divides it
 /// (default uint8).
-Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples, int files);
+Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
+                                             int files);
 
 /// Checks that `bytes` (sample_bytes long) are sample `id` of a generated
 /// dataset described by `index`. Returns the byte offset of the first

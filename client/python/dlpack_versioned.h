@@ -68,9 +68,8 @@ inline constexpr uint8_t kDLBoolCode = 6;
 static_assert(sizeof(DLPackVersion) == 8);
 static_assert(offsetof(DLPackVersion, major) == 0 && offsetof(DLPackVersion, minor) == 4);
 static_assert(sizeof(DLDevice) == 8 && sizeof(DLDataType) == 4);
-static_assert(offsetof(DLTensor, data) == 0 && offsetof(DLTensor, device) == 8 &&
-              offsetof(DLTensor, ndim) == 16 && offsetof(DLTensor, dtype) == 20 &&
-              offsetof(DLTensor, shape) == 24 && offsetof(DLTensor, strides) == 32 &&
+static_assert(offsetof(DLTensor, data) == 0 && offsetof(DLTensor, device) == 8 && offsetof(DLTensor, ndim) == 16 &&
+              offsetof(DLTensor, dtype) == 20 && offsetof(DLTensor, shape) == 24 && offsetof(DLTensor, strides) == 32 &&
               offsetof(DLTensor, byte_offset) == 40 && sizeof(DLTensor) == 48);
 static_assert(offsetof(DLManagedTensorVersioned, version) == 0);
 static_assert(offsetof(DLManagedTensorVersioned, manager_ctx) == 8);
@@ -79,8 +78,7 @@ static_assert(offsetof(DLManagedTensorVersioned, flags) == 24);
 static_assert(offsetof(DLManagedTensorVersioned, dl_tensor) == 32);
 static_assert(sizeof(DLManagedTensorVersioned) == 80);
 // The legacy (0.x) struct that the "dltensor" capsule carries.
-static_assert(offsetof(DLManagedTensor, dl_tensor) == 0 &&
-              offsetof(DLManagedTensor, manager_ctx) == 48 &&
+static_assert(offsetof(DLManagedTensor, dl_tensor) == 0 && offsetof(DLManagedTensor, manager_ctx) == 48 &&
               offsetof(DLManagedTensor, deleter) == 56 && sizeof(DLManagedTensor) == 64);
 
 }  // namespace meshload::client::python

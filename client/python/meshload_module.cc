@@ -136,10 +136,9 @@ std::string DTypeName(uint8_t code, uint8_t bits) {
     const char* name;
   };
   static constexpr Name kNames[] = {
-      {kDLInt, 8, "int8"},       {kDLUInt, 8, "uint8"},     {kDLInt, 16, "int16"},
-      {kDLUInt, 16, "uint16"},   {kDLInt, 32, "int32"},     {kDLUInt, 32, "uint32"},
-      {kDLInt, 64, "int64"},     {kDLUInt, 64, "uint64"},   {kDLFloat, 16, "float16"},
-      {kDLFloat, 32, "float32"}, {kDLFloat, 64, "float64"}, {kDLBfloat, 16, "bfloat16"},
+      {kDLInt, 8, "int8"},       {kDLUInt, 8, "uint8"},     {kDLInt, 16, "int16"},     {kDLUInt, 16, "uint16"},
+      {kDLInt, 32, "int32"},     {kDLUInt, 32, "uint32"},   {kDLInt, 64, "int64"},     {kDLUInt, 64, "uint64"},
+      {kDLFloat, 16, "float16"}, {kDLFloat, 32, "float32"}, {kDLFloat, 64, "float64"}, {kDLBfloat, 16, "bfloat16"},
       {kDLBoolCode, 8, "bool"},
   };
   for (const Name& n : kNames) {
@@ -199,8 +198,7 @@ void CapsuleDestructor(PyObject* capsule) {
   // A destructor may run while an exception is propagating; keep it intact.
   PyObject *type, *value, *traceback;
   PyErr_Fetch(&type, &value, &traceback);
-  auto* managed =
-      static_cast<Managed*>(PyCapsule_GetPointer(capsule, CapsuleNames<Managed>::kFresh));
+  auto* managed = static_cast<Managed*>(PyCapsule_GetPointer(capsule, CapsuleNames<Managed>::kFresh));
   if (managed == nullptr) {
     PyErr_WriteUnraisable(capsule);
   } else if (managed->deleter != nullptr) {
@@ -231,21 +229,19 @@ class Tensor {
       shape += (i ? ", " : "") + std::to_string(t_.shape[i]);
     }
     if (t_.shape.size() == 1) shape += ",";
-    return "<meshload.Tensor step=" + std::to_string(step_) +
-           " global_device=" + std::to_string(t_.global_device) + " shape=(" + shape +
-           ") dtype=" + dtype() + ">";
+    return "<meshload.Tensor step=" + std::to_string(step_) + " global_device=" + std::to_string(t_.global_device) +
+           " shape=(" + shape + ") dtype=" + dtype() + ">";
   }
 
   /// __dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)
-  py::object DLPack(const py::object& stream, const py::object& max_version,
-                    const py::object& dl_device, const py::object& copy) const {
+  py::object DLPack(const py::object& stream, const py::object& max_version, const py::object& dl_device,
+                    const py::object& copy) const {
     if (t_.device_type == kDLCPU) {
       // Host memory has no stream to order against. -1 ("do not
       // synchronize") asks for nothing either, so it is accepted too.
       if (!stream.is_none() && !(py::isinstance<py::int_>(stream) && stream.equal(py::int_(-1)))) {
-        throw py::buffer_error(
-            "meshload tensors are in host memory: __dlpack__ takes stream=None, got " +
-            py::repr(stream).cast<std::string>());
+        throw py::buffer_error("meshload tensors are in host memory: __dlpack__ takes stream=None, got " +
+                               py::repr(stream).cast<std::string>());
       }
     } else {
       // CUDA: the sidecar fenced its copies before READY, so the consumer's
@@ -267,9 +263,8 @@ class Tensor {
     if (!dl_device.is_none()) {
       const py::tuple mine = device();
       if (!dl_device.equal(mine)) {
-        throw py::buffer_error(
-            "meshload tensors live on DLPack device " + py::repr(mine).cast<std::string>() +
-            " and are never copied; cannot export to " + py::repr(dl_device).cast<std::string>());
+        throw py::buffer_error("meshload tensors live on DLPack device " + py::repr(mine).cast<std::string>() +
+                               " and are never copied; cannot export to " + py::repr(dl_device).cast<std::string>());
       }
     }
     if (!copy.is_none()) {
@@ -321,10 +316,9 @@ class Tensor {
       // mapped read-write.
       ex->managed.flags = 0;
     }
-    PyObject* capsule =
-        PyCapsule_New(&ex->managed, CapsuleNames<Managed>::kFresh, &CapsuleDestructor<Managed>);
+    PyObject* capsule = PyCapsule_New(&ex->managed, CapsuleNames<Managed>::kFresh, &CapsuleDestructor<Managed>);
     if (capsule == nullptr) throw py::error_already_set();  // `ex` still owns the export
-    ex.release();  // the capsule (or its consumer) owns it now
+    ex.release();                                           // the capsule (or its consumer) owns it now
     return py::reinterpret_steal<py::object>(capsule);
   }
 
@@ -389,8 +383,7 @@ class Batch {
   const std::string& job() const { return job_; }
   uint32_t process() const { return process_; }
   std::string Repr() const {
-    return "<meshload.Batch step=" + std::to_string(step_) +
-           " tensors=" + std::to_string(tensors_.size()) +
+    return "<meshload.Batch step=" + std::to_string(step_) + " tensors=" + std::to_string(tensors_.size()) +
            " slot=" + std::to_string(lease_->slot()) + ">";
   }
 
@@ -418,7 +411,7 @@ class Client {
  public:
   Client(std::string socket_path, std::optional<int64_t> start_step, int max_reconnect_attempts)
       : socket_path_(socket_path.empty() && std::getenv(client::kSocketEnv) ? std::getenv(client::kSocketEnv)
-                                                                           : socket_path) {
+                                                                            : socket_path) {
     if (start_step && *start_step < 0) throw py::value_error("start_step must be >= 0 or None");
     if (max_reconnect_attempts < 0) throw py::value_error("max_reconnect_attempts must be >= 0");
     if (socket_path_.empty()) {
@@ -458,8 +451,7 @@ class Client {
       // Round up, and to at least 1 ms: the client gives up before polling
       // once the deadline has passed, so 0 would never see a staged batch.
       // poll() takes an int of milliseconds.
-      const double ms =
-          std::min(std::ceil(*timeout_seconds * 1000.0), static_cast<double>(INT_MAX));
+      const double ms = std::min(std::ceil(*timeout_seconds * 1000.0), static_cast<double>(INT_MAX));
       timeout = std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(ms)));
     }
     // The whole call's deadline, when there is a timeout.
@@ -613,40 +605,32 @@ PYBIND11_MODULE(_meshload, m) {
   }
 
   g_meshload_error = PyErr_NewExceptionWithDoc(
-      "meshload.MeshloadError",
-      "An error from the meshload client or the sidecar; `.code` names its kind.",
+      "meshload.MeshloadError", "An error from the meshload client or the sidecar; `.code` names its kind.",
       PyExc_RuntimeError, nullptr);
   if (g_meshload_error == nullptr) throw py::error_already_set();
   m.attr("MeshloadError") = py::reinterpret_borrow<py::object>(g_meshload_error);
   g_sidecar_gone = PyErr_NewExceptionWithDoc(
-      "meshload.SidecarGone",
-      "The sidecar went away and did not come back within the reconnect attempts.",
+      "meshload.SidecarGone", "The sidecar went away and did not come back within the reconnect attempts.",
       PyExc_ConnectionError, nullptr);
   if (g_sidecar_gone == nullptr) throw py::error_already_set();
   m.attr("SidecarGone") = py::reinterpret_borrow<py::object>(g_sidecar_gone);
 
-  py::class_<Tensor, std::shared_ptr<Tensor>>(
-      m, "Tensor",
-      "One local device's part of a batch: a zero-copy view of the "
-      "leased slot, exported through DLPack.")
+  py::class_<Tensor, std::shared_ptr<Tensor>>(m, "Tensor",
+                                              "One local device's part of a batch: a zero-copy view of the "
+                                              "leased slot, exported through DLPack.")
       .def_property_readonly("shape", &Tensor::shape)
-      .def_property_readonly("dtype", &Tensor::dtype,
-                             "numpy-style dtype name, e.g. 'uint8', 'bfloat16'")
+      .def_property_readonly("dtype", &Tensor::dtype, "numpy-style dtype name, e.g. 'uint8', 'bfloat16'")
       .def_property_readonly("nbytes", &Tensor::nbytes)
       .def_property_readonly("ndim", &Tensor::ndim)
-      .def_property_readonly("global_device", &Tensor::global_device,
-                             "the device's number in the mesh")
+      .def_property_readonly("global_device", &Tensor::global_device, "the device's number in the mesh")
       .def_property_readonly("ids_checksum", &Tensor::ids_checksum,
                              "SampleIdsChecksum of the sample ids staged for this device")
       .def_property_readonly("step", &Tensor::step)
-      .def_property_readonly("data_ptr", &Tensor::data_ptr,
-                             "address of the first element (debugging)")
-      .def_property_readonly("device", &Tensor::device,
-                             "(DLPack device type, device id); (1, 0) is host memory")
+      .def_property_readonly("data_ptr", &Tensor::data_ptr, "address of the first element (debugging)")
+      .def_property_readonly("device", &Tensor::device, "(DLPack device type, device id); (1, 0) is host memory")
       .def("__dlpack_device__", &Tensor::device)
       .def("__dlpack__", &Tensor::DLPack, py::kw_only(), py::arg("stream") = py::none(),
-           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
-           py::arg("copy") = py::none(),
+           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
            "A DLPack capsule viewing this tensor; 'dltensor_versioned' (DLPack 1.0) when "
            "max_version >= "
            "(1, 0), else 'dltensor'. The export keeps the slot leased until its consumer frees it.")
@@ -663,31 +647,30 @@ PYBIND11_MODULE(_meshload, m) {
       .def_property_readonly("axes", &JobMesh::axes, "((name, size), ...) in mesh order")
       .def_property_readonly("batch_axes", &JobMesh::batch_axes,
                              "the mesh axes the batch dimension is sharded over, in order")
-      .def("__eq__", [](const JobMesh& a, const py::object& b) -> py::object {
-        if (!py::isinstance<JobMesh>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
-        return py::bool_(a.Equals(b.cast<const JobMesh&>()));
-      })
-      .def("__hash__", [](const JobMesh& m) { return py::hash(py::make_tuple(m.processes(), m.devices_per_process(), m.axes(), m.batch_axes())); })
+      .def("__eq__",
+           [](const JobMesh& a, const py::object& b) -> py::object {
+             if (!py::isinstance<JobMesh>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+             return py::bool_(a.Equals(b.cast<const JobMesh&>()));
+           })
+      .def("__hash__",
+           [](const JobMesh& m) {
+             return py::hash(py::make_tuple(m.processes(), m.devices_per_process(), m.axes(), m.batch_axes()));
+           })
       .def("__repr__", &JobMesh::Repr);
 
-  py::class_<Batch, std::shared_ptr<Batch>>(
-      m, "Batch",
-      "One step's batch. The slot is released when the Batch, its "
-      "Tensors and every DLPack export of them are gone.")
+  py::class_<Batch, std::shared_ptr<Batch>>(m, "Batch",
+                                            "One step's batch. The slot is released when the Batch, its "
+                                            "Tensors and every DLPack export of them are gone.")
       .def_property_readonly("step", &Batch::step)
-      .def_property_readonly("tensors", &Batch::tensors,
-                             "one Tensor per local device, in the job's device order")
-      .def_property_readonly("wait_seconds", &Batch::wait_seconds,
-                             "how long next() blocked for this batch")
+      .def_property_readonly("tensors", &Batch::tensors, "one Tensor per local device, in the job's device order")
+      .def_property_readonly("wait_seconds", &Batch::wait_seconds, "how long next() blocked for this batch")
       .def_property_readonly("slot", &Batch::slot)
-      .def_property_readonly("mesh", &Batch::mesh,
-                             "the JobMesh of the job that staged this batch")
+      .def_property_readonly("mesh", &Batch::mesh, "the JobMesh of the job that staged this batch")
       .def_property_readonly("job", &Batch::job, "the DataLoadJob's name")
       .def_property_readonly("process", &Batch::process, "the process index of the sidecar that staged it")
       .def("__repr__", &Batch::Repr);
 
-  py::class_<Client>(m, "Client",
-                     "Connects to a meshload sidecar and yields its batches in step order.")
+  py::class_<Client>(m, "Client", "Connects to a meshload sidecar and yields its batches in step order.")
       .def(py::init<std::string, std::optional<int64_t>, int>(), py::arg("socket_path") = "",
            py::arg("start_step") = py::none(), py::arg("max_reconnect_attempts") = 8)
       .def("next", &Client::Next, py::arg("timeout") = py::none(),
@@ -711,14 +694,12 @@ PYBIND11_MODULE(_meshload, m) {
       .def_property_readonly("closed", [](const Client& c) { return c.snapshot().closed; })
       .def_property_readonly("job", [](const Client& c) { return c.snapshot().hello.job; })
       .def_property_readonly("process", [](const Client& c) { return c.snapshot().hello.process; })
-      .def_property_readonly("mesh", [](const Client& c) { return c.snapshot().mesh; },
-                             "the job's JobMesh, from the sidecar's hello")
+      .def_property_readonly(
+          "mesh", [](const Client& c) { return c.snapshot().mesh; }, "the job's JobMesh, from the sidecar's hello")
       .def_property_readonly("devices", [](const Client& c) { return Devices(c.snapshot().hello); })
       .def_property_readonly("slots", [](const Client& c) { return c.snapshot().hello.slots; })
-      .def_property_readonly("steps_per_epoch",
-                             [](const Client& c) { return c.snapshot().hello.steps_per_epoch; })
-      .def_property_readonly("global_batch",
-                             [](const Client& c) { return c.snapshot().hello.global_batch; })
+      .def_property_readonly("steps_per_epoch", [](const Client& c) { return c.snapshot().hello.steps_per_epoch; })
+      .def_property_readonly("global_batch", [](const Client& c) { return c.snapshot().hello.global_batch; })
       .def_property_readonly("socket_path", &Client::socket_path)
       .def("__repr__", [](const Client& c) {
         const Snapshot s = c.snapshot();

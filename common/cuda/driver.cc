@@ -15,9 +15,8 @@ namespace meshload::cuda {
 
 std::string FormatGpuUuid(const unsigned char b[16]) {
   char out[64];
-  std::snprintf(out, sizeof out,
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
-                b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  std::snprintf(out, sizeof out, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
   return out;
 }
 
@@ -52,6 +51,7 @@ int Driver::OrdinalOf(const std::string& uuid) const {
 
 // The entry points, by the names cuda.h maps them to (cuCtxPushCurrent is
 // cuCtxPushCurrent_v2, and so on): dlsym must ask for the versioned symbol.
+// clang-format off
 #define ML_CUDA_API(X)                                                                                              \
   X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetUuid) X(cuDeviceGetName)         \
   X(cuGetErrorString) X(cuGetErrorName) X(cuDevicePrimaryCtxRetain) X(cuCtxPushCurrent) X(cuCtxPopCurrent)          \
@@ -62,6 +62,7 @@ int Driver::OrdinalOf(const std::string& uuid) const {
   X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuMemcpyHtoDAsync) X(cuMemcpyPeerAsync)               \
   X(cuMemcpyDtoH) X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuDeviceCanAccessPeer)                            \
   X(cuThreadExchangeStreamCaptureMode) X(cuMemGetAddressRange)
+// clang-format on
 
 #define ML_STR2(x) #x
 #define ML_STR(x) ML_STR2(x)
@@ -178,8 +179,8 @@ Result<std::unique_ptr<Driver>> Driver::Load(const std::string& library) {
     return fail("no CUDA driver: cannot open " + d->library_ + (err ? std::string(" (") + err + ")" : ""));
   }
   std::string missing;
-#define ML_LOAD(fn)                                                              \
-  d->api_->fn = reinterpret_cast<decltype(&::fn)>(::dlsym(h, ML_STR(fn)));       \
+#define ML_LOAD(fn)                                                        \
+  d->api_->fn = reinterpret_cast<decltype(&::fn)>(::dlsym(h, ML_STR(fn))); \
   if (d->api_->fn == nullptr) missing += std::string(missing.empty() ? "" : ", ") + ML_STR(fn);
   ML_CUDA_API(ML_LOAD)
 #undef ML_LOAD
@@ -471,8 +472,7 @@ Status Stream::CopyFromPeer(DevicePtr dst, DevicePtr src, int src_ordinal, uint6
   const auto& api = driver_->api();
   ScopedContext scope(*driver_, ordinal_);
   MESHLOAD_RETURN_IF_ERROR(scope.status());
-  return driver_->Check(api.cuMemcpyPeerAsync(dst, Ctx(*driver_, ordinal_), src,
-                                              Ctx(*driver_, src_ordinal), bytes,
+  return driver_->Check(api.cuMemcpyPeerAsync(dst, Ctx(*driver_, ordinal_), src, Ctx(*driver_, src_ordinal), bytes,
                                               static_cast<CUstream>(stream_)),
                         "cuMemcpyPeerAsync");
 }
@@ -490,8 +490,7 @@ Status Stream::Wait(uint32_t index) {
   if (index >= events_.size()) return InvalidArgument("no event " + std::to_string(index));
   ScopedContext scope(*driver_, ordinal_);
   MESHLOAD_RETURN_IF_ERROR(scope.status());
-  return driver_->Check(driver_->api().cuEventSynchronize(static_cast<CUevent>(events_[index])),
-                        "cuEventSynchronize");
+  return driver_->Check(driver_->api().cuEventSynchronize(static_cast<CUevent>(events_[index])), "cuEventSynchronize");
 }
 
 Result<std::unique_ptr<Fence>> Driver::RecordFence(int ordinal, uintptr_t stream) const {
@@ -548,9 +547,13 @@ Result<std::unique_ptr<Driver>> Driver::Load(const std::string&) {
   return Status(StatusCode::kUnavailable, "this build has no CUDA support (cuda.h was not found at configure time)");
 }
 std::string Driver::ErrorText(int code) const { return "CUDA error " + std::to_string(code); }
-Status Driver::Check(int, const char* call) const { return Status(StatusCode::kUnavailable, std::string(call) + ": no CUDA in this build"); }
+Status Driver::Check(int, const char* call) const {
+  return Status(StatusCode::kUnavailable, std::string(call) + ": no CUDA in this build");
+}
 Result<uint64_t> Driver::Granularity(int) const { return Check(1, "Granularity"); }
-Result<std::unique_ptr<VmmAllocation>> Driver::AllocateShareable(int, uint64_t) const { return Check(1, "cuMemCreate"); }
+Result<std::unique_ptr<VmmAllocation>> Driver::AllocateShareable(int, uint64_t) const {
+  return Check(1, "cuMemCreate");
+}
 Result<std::unique_ptr<ImportedAllocation>> Driver::Import(int, int, uint64_t) const { return Check(1, "cuMemImport"); }
 Result<std::unique_ptr<IpcAllocation>> Driver::AllocateIpc(int, uint64_t) const { return Check(1, "cuMemAlloc"); }
 Result<std::unique_ptr<ImportedAllocation>> Driver::OpenIpc(int, const IpcHandle&, uint64_t) const {
@@ -576,8 +579,12 @@ ImportedAllocation::~ImportedAllocation() = default;
 IpcAllocation::~IpcAllocation() = default;
 PinnedRegistration::~PinnedRegistration() = default;
 Stream::~Stream() = default;
-Status Stream::CopyToDevice(DevicePtr, const void*, uint64_t) { return Status(StatusCode::kUnavailable, "no CUDA in this build"); }
-Status Stream::CopyFromPeer(DevicePtr, DevicePtr, int, uint64_t) { return Status(StatusCode::kUnavailable, "no CUDA in this build"); }
+Status Stream::CopyToDevice(DevicePtr, const void*, uint64_t) {
+  return Status(StatusCode::kUnavailable, "no CUDA in this build");
+}
+Status Stream::CopyFromPeer(DevicePtr, DevicePtr, int, uint64_t) {
+  return Status(StatusCode::kUnavailable, "no CUDA in this build");
+}
 Status Stream::Record(uint32_t) { return Status(StatusCode::kUnavailable, "no CUDA in this build"); }
 Status Stream::Wait(uint32_t) { return Status(StatusCode::kUnavailable, "no CUDA in this build"); }
 

@@ -171,8 +171,8 @@ class Stream {
   Stream() = default;
   const Driver* driver_ = nullptr;
   int ordinal_ = 0;
-  void* stream_ = nullptr;            // CUstream
-  std::vector<void*> events_;         // CUevent
+  void* stream_ = nullptr;     // CUstream
+  std::vector<void*> events_;  // CUevent
 };
 
 /// An event recorded on a stream: Wait() blocks until the work queued on

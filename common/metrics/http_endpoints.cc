@@ -41,8 +41,7 @@ void SetListenerOptions(int sock) {
 
 }  // namespace
 
-HealthServer::HealthServer(const Registry& registry, ReadinessCheck readiness,
-                           HealthServerOptions options)
+HealthServer::HealthServer(const Registry& registry, ReadinessCheck readiness, HealthServerOptions options)
     : registry_(registry), readiness_(std::move(readiness)), options_(std::move(options)) {}
 
 HealthServer::~HealthServer() { Stop(); }
@@ -51,8 +50,7 @@ Result<int> HealthServer::Start() {
   MutexLock lock(lifecycle_mu_);
   const std::string where = HostPort(options_.bind_address, options_.port);
   if (server_) {
-    return FailedPrecondition("health server already running on port " + std::to_string(port_),
-                              where);
+    return FailedPrecondition("health server already running on port " + std::to_string(port_), where);
   }
 
   auto server = std::make_unique<httplib::Server>();
@@ -63,9 +61,7 @@ Result<int> HealthServer::Start() {
   server->set_write_timeout(kIoTimeoutSeconds, 0);
   // One handler for every method httplib routes, so that 404 and 405 are
   // decided in one place (httplib would answer 404 to a POST on /metrics).
-  auto handler = [this](const httplib::Request& request, httplib::Response& response) {
-    Handle(request, response);
-  };
+  auto handler = [this](const httplib::Request& request, httplib::Response& response) { Handle(request, response); };
   server->Get(".*", handler);
   server->Post(".*", handler);
   server->Put(".*", handler);
@@ -82,12 +78,10 @@ Result<int> HealthServer::Start() {
     // bind was reached. Trust only the errors bind gives, since name
     // resolution may leave an unrelated errno (ENOENT from /etc/hosts).
     int err = errno;
-    if (err == EADDRINUSE || err == EADDRNOTAVAIL || err == EACCES || err == EPERM ||
-        err == EAFNOSUPPORT) {
+    if (err == EADDRINUSE || err == EADDRNOTAVAIL || err == EACCES || err == EPERM || err == EAFNOSUPPORT) {
       return IoError("cannot bind health server: " + std::string(std::strerror(err)), where);
     }
-    return IoError("cannot bind health server: the address does not resolve to a local one",
-                   where);
+    return IoError("cannot bind health server: the address does not resolve to a local one", where);
   }
 
   listen_returned_ = false;
@@ -95,8 +89,7 @@ Result<int> HealthServer::Start() {
   httplib::Server* raw = server.get();
   thread_ = std::thread([this, raw, port] {
     if (!raw->listen_after_bind() && !stopping_) {
-      LogError("health server stopped accepting connections",
-               {{"address", options_.bind_address}, {"port", port}});
+      LogError("health server stopped accepting connections", {{"address", options_.bind_address}, {"port", port}});
     }
     listen_returned_ = true;
   });
@@ -142,8 +135,7 @@ int HealthServer::port() const { return port_; }
 
 void HealthServer::Handle(const httplib::Request& request, httplib::Response& response) const {
   const std::string& path = request.path;
-  if (path != "/metrics" && path != "/healthz" && path != "/readyz" &&
-      !(path == "/progress" && options_.progress)) {
+  if (path != "/metrics" && path != "/healthz" && path != "/readyz" && !(path == "/progress" && options_.progress)) {
     response.status = 404;
     response.set_content("not found: " + path, kTextContentType);
     return;
@@ -164,15 +156,14 @@ void HealthServer::Handle(const httplib::Request& request, httplib::Response& re
   } else if (path == "/healthz") {
     MutexLock lock(health_mu_);
     response.status = healthy_ ? 200 : 503;
-    response.set_content(healthy_                     ? std::string("ok")
+    response.set_content(healthy_                    ? std::string("ok")
                          : unhealthy_reason_.empty() ? std::string("unhealthy")
                                                      : unhealthy_reason_,
                          kTextContentType);
   } else {
     auto [ready, reason] = readiness_ ? readiness_() : std::pair<bool, std::string>(true, "");
     response.status = ready ? 200 : 503;
-    response.set_content(ready ? std::string("ready") : reason.empty() ? "not ready" : reason,
-                         kTextContentType);
+    response.set_content(ready ? std::string("ready") : reason.empty() ? "not ready" : reason, kTextContentType);
   }
 }
 

@@ -86,8 +86,7 @@ struct HealthServerOptions {
 class HealthServer {
  public:
   /// A null `readiness` means always ready.
-  HealthServer(const Registry& registry, ReadinessCheck readiness,
-               HealthServerOptions options = {});
+  HealthServer(const Registry& registry, ReadinessCheck readiness, HealthServerOptions options = {});
   /// Stops the server.
   ~HealthServer();
   HealthServer(const HealthServer&) = delete;
@@ -117,8 +116,7 @@ class HealthServer {
 
  private:
   // On a worker thread, for every request.
-  void Handle(const httplib::Request& request, httplib::Response& response) const
-      MESHLOAD_EXCLUDES(health_mu_);
+  void Handle(const httplib::Request& request, httplib::Response& response) const MESHLOAD_EXCLUDES(health_mu_);
 
   const Registry& registry_;
   const ReadinessCheck readiness_;

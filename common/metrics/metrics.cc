@@ -30,8 +30,7 @@ bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
 bool MatchesLabelCharset(std::string_view name) {
   if (name.empty() || !(IsAsciiLetter(name[0]) || name[0] == '_')) return false;
-  return std::all_of(name.begin(), name.end(),
-                     [](char c) { return IsAsciiLetter(c) || IsDigit(c) || c == '_'; });
+  return std::all_of(name.begin(), name.end(), [](char c) { return IsAsciiLetter(c) || IsDigit(c) || c == '_'; });
 }
 
 void CheckLabelName(std::string_view metric, std::string_view label) {
@@ -41,8 +40,7 @@ void CheckLabelName(std::string_view metric, std::string_view label) {
     Die("invalid " + where + ": names starting with \"__\" are reserved for Prometheus");
   }
   if (label == "le" || label == "quantile") {
-    Die("invalid " + where +
-        ": \"le\" and \"quantile\" are reserved for histogram and summary samples");
+    Die("invalid " + where + ": \"le\" and \"quantile\" are reserved for histogram and summary samples");
   }
 }
 
@@ -65,8 +63,8 @@ BucketBoundaries NormalizeBoundaries(BucketBoundaries bounds) {
           ": bounds must be finite (the +Inf bucket is implicit)");
     }
     if (i > 0 && !(bounds[i] > bounds[i - 1])) {
-      Die("histogram bucket bounds must be strictly increasing, got " + FormatValue(bounds[i - 1]) +
-          " then " + FormatValue(bounds[i]) + " at [" + std::to_string(i) + "]");
+      Die("histogram bucket bounds must be strictly increasing, got " + FormatValue(bounds[i - 1]) + " then " +
+          FormatValue(bounds[i]) + " at [" + std::to_string(i) + "]");
     }
   }
   return bounds;
@@ -86,8 +84,8 @@ std::string RenderLabels(const Labels& constant, const Labels& series) {
   return out;
 }
 
-void AppendSample(std::string* out, std::string_view name, std::string_view suffix,
-                  std::string_view labels, std::string_view value) {
+void AppendSample(std::string* out, std::string_view name, std::string_view suffix, std::string_view labels,
+                  std::string_view value) {
   *out += name;
   *out += suffix;
   if (!labels.empty()) {
@@ -104,9 +102,12 @@ void AppendSample(std::string* out, std::string_view name, std::string_view suff
 
 std::string_view MetricTypeName(MetricType type) {
   switch (type) {
-    case MetricType::kCounter: return "counter";
-    case MetricType::kGauge: return "gauge";
-    case MetricType::kHistogram: return "histogram";
+    case MetricType::kCounter:
+      return "counter";
+    case MetricType::kGauge:
+      return "gauge";
+    case MetricType::kHistogram:
+      return "histogram";
   }
   return "untyped";
 }
@@ -127,8 +128,7 @@ Histogram::Histogram(BucketBoundaries boundaries)
 size_t Histogram::BucketOf(double v) const {
   // The first bound >= v; `!(b >= v)` rather than `b < v` so that NaN, which
   // compares false with everything, falls through to the +Inf bucket.
-  auto it = std::partition_point(boundaries_.begin(), boundaries_.end(),
-                                 [v](double bound) { return !(bound >= v); });
+  auto it = std::partition_point(boundaries_.begin(), boundaries_.end(), [v](double bound) { return !(bound >= v); });
   return static_cast<size_t>(it - boundaries_.begin());
 }
 
@@ -170,8 +170,8 @@ uint64_t Histogram::Count() const { return CumulativeCounts().back(); }
 
 BucketBoundaries ExponentialBuckets(double start, double factor, int count) {
   if (!(start > 0) || !(factor > 1) || count < 1) {
-    Die("ExponentialBuckets(" + FormatValue(start) + ", " + FormatValue(factor) + ", " +
-        std::to_string(count) + "): needs start > 0, factor > 1 and count >= 1");
+    Die("ExponentialBuckets(" + FormatValue(start) + ", " + FormatValue(factor) + ", " + std::to_string(count) +
+        "): needs start > 0, factor > 1 and count >= 1");
   }
   BucketBoundaries out;
   out.reserve(static_cast<size_t>(count));
@@ -182,8 +182,8 @@ BucketBoundaries ExponentialBuckets(double start, double factor, int count) {
 
 BucketBoundaries LinearBuckets(double start, double width, int count) {
   if (!std::isfinite(start) || !(width > 0) || count < 1) {
-    Die("LinearBuckets(" + FormatValue(start) + ", " + FormatValue(width) + ", " +
-        std::to_string(count) + "): needs a finite start, width > 0 and count >= 1");
+    Die("LinearBuckets(" + FormatValue(start) + ", " + FormatValue(width) + ", " + std::to_string(count) +
+        "): needs a finite start, width > 0 and count >= 1");
   }
   BucketBoundaries out;
   out.reserve(static_cast<size_t>(count));
@@ -194,12 +194,8 @@ BucketBoundaries LinearBuckets(double start, double width, int count) {
 
 // ---- families ---------------------------------------------------------------
 
-FamilyBase::FamilyBase(MetricType type, std::string name, std::string help,
-                       Labels constant_labels)
-    : type_(type),
-      name_(std::move(name)),
-      help_(std::move(help)),
-      constant_labels_(std::move(constant_labels)) {}
+FamilyBase::FamilyBase(MetricType type, std::string name, std::string help, Labels constant_labels)
+    : type_(type), name_(std::move(name)), help_(std::move(help)), constant_labels_(std::move(constant_labels)) {}
 
 template <typename T>
 Family<T>::Family(std::string name, std::string help, Labels constant_labels)
@@ -212,8 +208,7 @@ typename Family<T>::Series& Family<T>::FindOrInsertLocked(const Labels& labels) 
   for (const auto& [label, value] : labels) {
     CheckLabelName(name(), label);
     if (constant_labels().count(label)) {
-      Die("label " + Quote(label) + " of metric " + Quote(name()) +
-          " is already a constant label of the family");
+      Die("label " + Quote(label) + " of metric " + Quote(name()) + " is already a constant label of the family");
     }
   }
   Series series{RenderLabels(constant_labels(), labels), nullptr};
@@ -221,9 +216,7 @@ typename Family<T>::Series& Family<T>::FindOrInsertLocked(const Labels& labels) 
 }
 
 template <typename T>
-T& Family<T>::Add(const Labels& labels)
-  requires(T::kType != MetricType::kHistogram)
-{
+T& Family<T>::Add(const Labels& labels) requires(T::kType != MetricType::kHistogram) {
   MutexLock lock(mu_);
   Series& series = FindOrInsertLocked(labels);
   // if constexpr as well as the constraint: clang before 15 instantiates a
@@ -235,9 +228,8 @@ T& Family<T>::Add(const Labels& labels)
 }
 
 template <typename T>
-T& Family<T>::Add(const Labels& labels, const BucketBoundaries& boundaries)
-  requires(T::kType == MetricType::kHistogram)
-{
+T& Family<T>::Add(const Labels& labels,
+                  const BucketBoundaries& boundaries) requires(T::kType == MetricType::kHistogram) {
   BucketBoundaries normalized = NormalizeBoundaries(boundaries);
   MutexLock lock(mu_);
   Series& series = FindOrInsertLocked(labels);
@@ -245,8 +237,7 @@ T& Family<T>::Add(const Labels& labels, const BucketBoundaries& boundaries)
     if (!series.metric) {
       series.metric = std::make_unique<T>(std::move(normalized));
     } else if (series.metric->Boundaries() != normalized) {
-      Die("histogram " + Quote(name()) + "{" + series.label_text +
-          "} already exists with other bucket bounds");
+      Die("histogram " + Quote(name()) + "{" + series.label_text + "} already exists with other bucket bounds");
     }
   }
   return *series.metric;
@@ -270,8 +261,7 @@ bool Family<T>::AppendSamples(std::string* out) const {
       std::string prefix = series.label_text.empty() ? "" : series.label_text + ",";
       for (size_t i = 0; i < cumulative.size(); ++i) {
         std::string le = i < bounds.size() ? FormatValue(bounds[i]) : "+Inf";
-        AppendSample(out, name(), "_bucket", prefix + "le=\"" + le + "\"",
-                     std::to_string(cumulative[i]));
+        AppendSample(out, name(), "_bucket", prefix + "le=\"" + le + "\"", std::to_string(cumulative[i]));
       }
       AppendSample(out, name(), "_sum", series.label_text, FormatValue(metric.Sum()));
       // From the buckets, not a separate atomic, so that _count always equals
@@ -311,8 +301,7 @@ Family<T>& Registry::Register(std::string name, std::string help, Labels constan
     }
   }
   if (help.empty()) {
-    Die("metric " + Quote(name) +
-        " has no help text; set Help() (promtool rejects families without it)");
+    Die("metric " + Quote(name) + " has no help text; set Help() (promtool rejects families without it)");
   }
   for (const auto& [label, value] : constant_labels) CheckLabelName(name, label);
 
@@ -321,13 +310,11 @@ Family<T>& Registry::Register(std::string name, std::string help, Labels constan
   if (it != families_.end()) {
     FamilyBase& existing = *it->second;
     if (existing.type() != T::kType) {
-      Die("metric " + Quote(name) + " is already registered as a " +
-          std::string(MetricTypeName(existing.type())) + "; cannot register it as a " +
-          std::string(type_name));
+      Die("metric " + Quote(name) + " is already registered as a " + std::string(MetricTypeName(existing.type())) +
+          "; cannot register it as a " + std::string(type_name));
     }
     if (existing.help() != help || existing.constant_labels() != constant_labels) {
-      Die("metric " + Quote(name) +
-          " is already registered with another help text or other constant labels");
+      Die("metric " + Quote(name) + " is already registered with another help text or other constant labels");
     }
     return static_cast<Family<T>&>(existing);
   }
@@ -378,14 +365,12 @@ std::string Registry::Serialize() const {
   return out;
 }
 
-Gauge& RegisterBuildInfo(Registry& registry, std::string_view version,
-                         std::string_view component) {
+Gauge& RegisterBuildInfo(Registry& registry, std::string_view version, std::string_view component) {
   auto& family = BuildGauge()
                      .Name("meshload_build_info")
                      .Help("Version of the running meshload component; the value is always 1.")
                      .Register(registry);
-  Gauge& gauge =
-      family.Add({{"component", std::string(component)}, {"version", std::string(version)}});
+  Gauge& gauge = family.Add({{"component", std::string(component)}, {"version", std::string(version)}});
   gauge.Set(1);
   return gauge;
 }
@@ -399,8 +384,7 @@ bool IsValidMetricName(std::string_view name) {
 }
 
 bool IsValidLabelName(std::string_view name) {
-  return MatchesLabelCharset(name) && name.substr(0, 2) != "__" && name != "le" &&
-         name != "quantile";
+  return MatchesLabelCharset(name) && name.substr(0, 2) != "__" && name != "le" && name != "quantile";
 }
 
 std::string FormatValue(double v) {
@@ -431,10 +415,17 @@ std::string EscapeLabelValue(std::string_view value) {
   out.reserve(value.size());
   for (char c : value) {
     switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '"': out += "\\\""; break;
-      case '\n': out += "\\n"; break;
-      default: out += c;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -445,9 +436,14 @@ std::string EscapeHelp(std::string_view help) {
   out.reserve(help.size());
   for (char c : help) {
     switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      default: out += c;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
     }
   }
   return out;

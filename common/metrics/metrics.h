@@ -203,14 +203,13 @@ class Family final : public FamilyBase {
   /// The series with these labels, created (at zero) on first use. The same
   /// labels always return the same object. Aborts on an invalid label name
   /// (see the file comment).
-  T& Add(const Labels& labels)
-    requires(T::kType != MetricType::kHistogram) MESHLOAD_EXCLUDES(mu_);
+  T& Add(const Labels& labels) requires(T::kType != MetricType::kHistogram) MESHLOAD_EXCLUDES(mu_);
 
   /// The histogram series with these labels and bucket bounds. Aborts on an
   /// invalid label name or bounds, and when the series exists with other
   /// bounds (one series cannot have two bucket layouts).
-  T& Add(const Labels& labels, const BucketBoundaries& boundaries)
-    requires(T::kType == MetricType::kHistogram) MESHLOAD_EXCLUDES(mu_);
+  T& Add(const Labels& labels, const BucketBoundaries& boundaries) requires(T::kType == MetricType::kHistogram)
+      MESHLOAD_EXCLUDES(mu_);
 
   /// Calls `fn` for each series, in label order, under the family's lock:
   /// `fn` must not add series to this family.
@@ -268,8 +267,7 @@ class Registry {
   friend class Builder;
 
   template <typename T>
-  Family<T>& Register(std::string name, std::string help, Labels constant_labels)
-      MESHLOAD_EXCLUDES(mu_);
+  Family<T>& Register(std::string name, std::string help, Labels constant_labels) MESHLOAD_EXCLUDES(mu_);
 
   // Lock order: collect_mu_ before mu_ and hooks_mu_ (never held
   // together); mu_ before a family's mutex.
@@ -305,9 +303,7 @@ class Builder {
   /// Registers the family, or returns the existing one with the same name,
   /// type, help and constant labels. Aborts on the mistakes listed in the file
   /// comment.
-  Family<T>& Register(Registry& registry) const {
-    return registry.Register<T>(name_, help_, labels_);
-  }
+  Family<T>& Register(Registry& registry) const { return registry.Register<T>(name_, help_, labels_); }
 
  private:
   std::string name_;
@@ -322,8 +318,7 @@ inline Builder<Histogram> BuildHistogram() { return {}; }
 /// Registers `meshload_build_info{component="...",version="..."} 1`, the
 /// gauge dashboards join on to show which version runs where. Calling it again
 /// with another component adds a series to the same family.
-Gauge& RegisterBuildInfo(Registry& registry, std::string_view version,
-                         std::string_view component);
+Gauge& RegisterBuildInfo(Registry& registry, std::string_view version, std::string_view component);
 
 // ---- building blocks, exposed for tests and for code that checks names
 // coming from configuration before it would abort on them -------------------

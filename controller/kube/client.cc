@@ -36,9 +36,7 @@ X509_STORE* StoreFromPem(const std::string& pem) {
   return store;
 }
 
-std::string ErrorText(httplib::Error e) {
-  return httplib::to_string(e);
-}
+std::string ErrorText(httplib::Error e) { return httplib::to_string(e); }
 
 }  // namespace
 
@@ -61,10 +59,14 @@ Status ApiResponse::ToStatus(std::string_view what) const {
   if (!reason().empty()) text += " " + reason();
   if (!message().empty()) text += ": " + message();
   StatusCode sc = StatusCode::kFailedPrecondition;
-  if (code == 404) sc = StatusCode::kNotFound;
-  else if (code == 409 && reason() == "AlreadyExists") sc = StatusCode::kAlreadyExists;
-  else if (code == 400 || code == 422) sc = StatusCode::kInvalidArgument;
-  else if (code == 429 || code >= 500) sc = StatusCode::kUnavailable;
+  if (code == 404)
+    sc = StatusCode::kNotFound;
+  else if (code == 409 && reason() == "AlreadyExists")
+    sc = StatusCode::kAlreadyExists;
+  else if (code == 400 || code == 422)
+    sc = StatusCode::kInvalidArgument;
+  else if (code == 429 || code >= 500)
+    sc = StatusCode::kUnavailable;
   return Status(sc, text);
 }
 
@@ -354,9 +356,9 @@ ApiResponse KubeClient::Call(std::string_view method, const std::string& path, c
             retry_after = 0;
           }
         }
-        delay = retry_after > 0 ? std::chrono::milliseconds(std::min<int64_t>(
-                                      retry_after, options_.max_retry_after.count()) * 1000)
-                                : Backoff(attempt);
+        delay = retry_after > 0
+                    ? std::chrono::milliseconds(std::min<int64_t>(retry_after, options_.max_retry_after.count()) * 1000)
+                    : Backoff(attempt);
       } else if (Retryable5xx(res.status)) {
         delay = Backoff(attempt);
       } else {
@@ -398,8 +400,8 @@ void KubeClient::CancelWatch(uint64_t id) {
   if (auto it = watches_.find(id); it != watches_.end()) it->second->stop();
 }
 
-Status KubeClient::Watch(const std::string& path, const std::function<bool(nlohmann::json&)>& on_event,
-                         uint64_t id, int* code_out) {
+Status KubeClient::Watch(const std::string& path, const std::function<bool(nlohmann::json&)>& on_event, uint64_t id,
+                         int* code_out) {
   if (code_out) *code_out = 0;
   if (!limiter_.Acquire(stopping_)) return Status(StatusCode::kCancelled, "the client is shutting down");
   // A watch may legitimately be silent for its whole timeoutSeconds; the read

@@ -122,8 +122,8 @@ class KubeClient {
   /// Returns OK when the server ended the stream or the callback stopped it,
   /// kCancelled after CancelWatch/Shutdown, an error on transport failure or
   /// a non-200 answer (`*code` receives the HTTP code, 0 for transport).
-  Status Watch(const std::string& path, const std::function<bool(nlohmann::json&)>& on_event,
-               uint64_t watch_id, int* code = nullptr) MESHLOAD_EXCLUDES(mu_);
+  Status Watch(const std::string& path, const std::function<bool(nlohmann::json&)>& on_event, uint64_t watch_id,
+               int* code = nullptr) MESHLOAD_EXCLUDES(mu_);
   uint64_t NewWatchId() MESHLOAD_EXCLUDES(mu_);
   void CancelWatch(uint64_t watch_id) MESHLOAD_EXCLUDES(mu_);
 

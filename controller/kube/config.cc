@@ -100,9 +100,10 @@ Result<ClusterConfig> LoadKubeconfig(const std::string& path, const std::string&
     const std::string uwhere = path + ": users[" + user_name + "].user";
     if (user && user.IsMap()) {
       if (user["exec"] || user["auth-provider"]) {
-        return InvalidArgument("exec and auth-provider plugins are not supported; use a token or a client "
-                               "certificate",
-                               uwhere);
+        return InvalidArgument(
+            "exec and auth-provider plugins are not supported; use a token or a client "
+            "certificate",
+            uwhere);
       }
       if (user["username"] || user["password"]) {
         return InvalidArgument("basic authentication is not supported", uwhere);
@@ -139,8 +140,9 @@ Result<ClusterConfig> InClusterConfig(const std::string& dir, const std::map<std
   };
   std::string host = get("KUBERNETES_SERVICE_HOST"), port = get("KUBERNETES_SERVICE_PORT");
   if (host.empty() || port.empty()) {
-    return FailedPrecondition("not running in a cluster: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT "
-                              "must be set");
+    return FailedPrecondition(
+        "not running in a cluster: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT "
+        "must be set");
   }
   ClusterConfig cfg;
   cfg.origin = "in-cluster";

@@ -30,15 +30,15 @@ namespace meshload::controller::kube {
 inline constexpr char kServiceAccountDir[] = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 struct ClusterConfig {
-  std::string server;              // "https://10.0.0.1:443"
-  std::string ca_pem;              // CA bundle; empty: the system's trust store
+  std::string server;  // "https://10.0.0.1:443"
+  std::string ca_pem;  // CA bundle; empty: the system's trust store
   bool insecure_skip_tls_verify = false;
-  std::string bearer_token;        // a literal token
-  std::string token_file;          // re-read when it changes (projected tokens rotate)
-  std::string client_cert_pem;     // client certificate authentication
+  std::string bearer_token;     // a literal token
+  std::string token_file;       // re-read when it changes (projected tokens rotate)
+  std::string client_cert_pem;  // client certificate authentication
   std::string client_key_pem;
   std::string namespace_ = "default";  // the context's (or the pod's) namespace
-  std::string origin;              // "kubeconfig FILE (context C)" or "in-cluster", for logs
+  std::string origin;                  // "kubeconfig FILE (context C)" or "in-cluster", for logs
 };
 
 /// Reads a kubeconfig file. `context` empty: current-context.

@@ -59,7 +59,7 @@ struct ResourcePath {
 };
 
 struct InformerOptions {
-  std::string namespace_{};     // empty: all namespaces
+  std::string namespace_{};      // empty: all namespaces
   std::string label_selector{};  // a server-side filter
   int64_t page_size = 500;
   std::chrono::seconds watch_timeout{300};

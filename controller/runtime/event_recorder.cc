@@ -23,9 +23,10 @@ EventRecorder::EventRecorder(kube::KubeClient* client, metrics::Registry* regist
   if (registry != nullptr) {
     events_total_ = &metrics::BuildCounter()
                          .Name("meshload_controller_events_total")
-                         .Help("Kubernetes Events about DataLoadJobs: created, aggregated into an earlier one "
-                               "(count raised), dropped (queue full, rate-limited or not the leader) or failed "
-                               "(the API refused them).")
+                         .Help(
+                             "Kubernetes Events about DataLoadJobs: created, aggregated into an earlier one "
+                             "(count raised), dropped (queue full, rate-limited or not the leader) or failed "
+                             "(the API refused them).")
                          .Register(*registry);
     for (const char* outcome : {"created", "aggregated", "dropped", "failed"}) {
       events_total_->Add({{"outcome", outcome}});
@@ -142,8 +143,9 @@ bool EventRecorder::TakeToken(const std::string& uid) {
   if (buckets_.size() > kMaxRemembered) {  // forget the objects whose buckets are full again
     for (auto b2 = buckets_.begin(); b2 != buckets_.end();) {
       const double idle = std::chrono::duration<double>(now - b2->second.last).count();
-      const bool full = b2->second.tokens + idle / std::max(1.0, static_cast<double>(options_.refill_per_object.count())) >=
-                        options_.burst_per_object;
+      const bool full =
+          b2->second.tokens + idle / std::max(1.0, static_cast<double>(options_.refill_per_object.count())) >=
+          options_.burst_per_object;
       b2 = full && b2->first != uid ? buckets_.erase(b2) : std::next(b2);
     }
   }
@@ -206,7 +208,8 @@ void EventRecorder::Write(const Pending& e) {
     kube::ApiResponse r = client_->Post(base, event);
     if (r.ok()) {
       if (written_.size() >= kMaxRemembered) {
-        for (auto w = written_.begin(); w != written_.end();) w = w->second.expires <= now ? written_.erase(w) : std::next(w);
+        for (auto w = written_.begin(); w != written_.end();)
+          w = w->second.expires <= now ? written_.erase(w) : std::next(w);
         if (written_.size() >= kMaxRemembered) written_.erase(written_.begin());
       }
       written_[key] = {ns, name, 1, e.timestamp, now + options_.aggregate_for};
@@ -221,8 +224,9 @@ void EventRecorder::Write(const Pending& e) {
       return;
     }
     if (r.code == 409) continue;  // the name was taken: another suffix
-    LogWarn("cannot create an event",
-            {{"object", ns + "/" + Str(e.ref, "name")}, {"reason", e.reason}, {"error", r.ToStatus("create").ToString()}});
+    LogWarn(
+        "cannot create an event",
+        {{"object", ns + "/" + Str(e.ref, "name")}, {"reason", e.reason}, {"error", r.ToStatus("create").ToString()}});
     break;
   }
   Count("failed");

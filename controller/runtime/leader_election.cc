@@ -24,8 +24,8 @@ std::string MicroTimeNow() {
   struct tm tm {};
   gmtime_r(&tv.tv_sec, &tm);
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long>(tv.tv_usec));
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long>(tv.tv_usec));
   return buf;
 }
 
@@ -68,16 +68,15 @@ bool LeaderElector::TryAcquireOrRenew() {
   const int64_t duration_s = std::chrono::duration_cast<std::chrono::seconds>(options_.lease_duration).count();
   kube::ApiResponse got = client_->Get(LeasePath(false));
   if (got.code == 404) {
-    nlohmann::json lease = {
-        {"apiVersion", "coordination.k8s.io/v1"},
-        {"kind", "Lease"},
-        {"metadata", {{"name", options_.name}, {"namespace", options_.ns}}},
-        {"spec",
-         {{"holderIdentity", options_.identity},
-          {"leaseDurationSeconds", duration_s},
-          {"acquireTime", now},
-          {"renewTime", now},
-          {"leaseTransitions", 0}}}};
+    nlohmann::json lease = {{"apiVersion", "coordination.k8s.io/v1"},
+                            {"kind", "Lease"},
+                            {"metadata", {{"name", options_.name}, {"namespace", options_.ns}}},
+                            {"spec",
+                             {{"holderIdentity", options_.identity},
+                              {"leaseDurationSeconds", duration_s},
+                              {"acquireTime", now},
+                              {"renewTime", now},
+                              {"leaseTransitions", 0}}}};
     kube::ApiResponse created = client_->Post(LeasePath(true), lease);
     if (!created.ok()) {
       if (created.code == 403) {
@@ -189,9 +188,9 @@ void LeaderElector::Run(const std::function<void()>& on_started_leading,
   }
   leading_.store(false);
   if (lost) {
-    LogError("lost the leader lease", {{"lease", options_.ns + "/" + options_.name},
-                                       {"holder", observed_holder()},
-                                       {"identity", options_.identity}});
+    LogError(
+        "lost the leader lease",
+        {{"lease", options_.ns + "/" + options_.name}, {"holder", observed_holder()}, {"identity", options_.identity}});
     on_stopped_leading();
   } else {
     Release();

@@ -77,16 +77,15 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
       HasNamed(spec, "initContainers", options.sidecar_name)) {
     return Unchanged();
   }
-  if (HasNamed(spec, "initContainers", options.sidecar_name) ||
-      HasNamed(spec, "containers", options.sidecar_name)) {
-    return Refuse(what + " already has a container named " + options.sidecar_name + ": remove it to have it injected for " +
-                  job_ref + ", or remove the label to keep your own");
+  if (HasNamed(spec, "initContainers", options.sidecar_name) || HasNamed(spec, "containers", options.sidecar_name)) {
+    return Refuse(what + " already has a container named " + options.sidecar_name +
+                  ": remove it to have it injected for " + job_ref + ", or remove the label to keep your own");
   }
   for (const auto& v : Items(spec, "volumes")) {
     const std::string name = Str(v, "name");
     if (name == kJobVolume || name == kRunVolume || name == kPeerVolume || name == kS3Volume) {
-      return Refuse(what + " already has a volume named " + name + ", which the sidecar's injection adds for " + job_ref +
-                    ": rename it");
+      return Refuse(what + " already has a volume named " + name + ", which the sidecar's injection adds for " +
+                    job_ref + ": rename it");
     }
   }
 
@@ -106,12 +105,13 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   const planner::JobSpec& js = *parsed;
   const json& selector = Field(job_spec, "selector");
   if (!selector.is_object() || !SelectorMatches(selector, Field(md, "labels"))) {
-    return Refuse(what + " is labelled for " + job_ref + " but the job's spec.selector " + selector.dump() +
-                  " does not select it, so it would get no process index: give the pod the labels the selector asks for");
+    return Refuse(
+        what + " is labelled for " + job_ref + " but the job's spec.selector " + selector.dump() +
+        " does not select it, so it would get no process index: give the pod the labels the selector asks for");
   }
   if (js.dataset.volume && !HasNamed(spec, "volumes", js.dataset.volume->name)) {
-    return Refuse(what + " has no volume named " + js.dataset.volume->name + " (spec.dataset.volume.name of " + job_ref +
-                  "), which holds the dataset");
+    return Refuse(what + " has no volume named " + js.dataset.volume->name + " (spec.dataset.volume.name of " +
+                  job_ref + "), which holds the dataset");
   }
 
   const bool peers = planner::MovesSamplesBetweenProcesses(js) && js.mesh.processes > 1;
@@ -128,7 +128,8 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
                           FieldEnv("POD_IP", "status.podIP")});
   if (indexed) {
     // The Indexed Job's completion index, which the controller gives the pod too.
-    env.push_back(FieldEnv("MESHLOAD_PROCESS", std::string("metadata.annotations['") + kCompletionIndexAnnotation + "']"));
+    env.push_back(
+        FieldEnv("MESHLOAD_PROCESS", std::string("metadata.annotations['") + kCompletionIndexAnnotation + "']"));
   } else {
     // The index the controller writes to the job's ConfigMap (the sidecar waits for it).
     args.push_back(std::string("--process-file=") + kJobDir + "/process.$(POD_NAME)");
@@ -144,7 +145,8 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
     mounts.push_back({{"name", kPeerVolume}, {"mountPath", kPeerDir}, {"readOnly", true}});
   }
   if (js.dataset.volume) {
-    mounts.push_back({{"name", js.dataset.volume->name}, {"mountPath", js.dataset.volume->mount_path}, {"readOnly", true}});
+    mounts.push_back(
+        {{"name", js.dataset.volume->name}, {"mountPath", js.dataset.volume->mount_path}, {"readOnly", true}});
   }
   // The object store's credentials: the Secret's keys as files, which the
   // sidecar reads (never environment variables, which `kubectl describe`
@@ -157,7 +159,8 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   sidecar["args"] = args;
   sidecar["env"] = env;
   sidecar["ports"] = ports;
-  sidecar["readinessProbe"] = {{"httpGet", {{"path", "/readyz"}, {"port", options.metrics_port}}}, {"periodSeconds", 5}};
+  sidecar["readinessProbe"] = {{"httpGet", {{"path", "/readyz"}, {"port", options.metrics_port}}},
+                               {"periodSeconds", 5}};
 
   json resources = options.resources.is_object() ? options.resources : json::object();
   if (js.sidecar.resources_set) {
@@ -219,7 +222,8 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   volumes.push_back({{"name", kJobVolume}, {"configMap", {{"name", job_name + "-meshload"}, {"optional", true}}}});
   volumes.push_back({{"name", kRunVolume}, {"emptyDir", json::object()}});
   if (peers) {
-    volumes.push_back({{"name", kPeerVolume}, {"secret", {{"secretName", job_name + "-meshload-peer"}, {"defaultMode", 0440}}}});
+    volumes.push_back(
+        {{"name", kPeerVolume}, {"secret", {{"secretName", job_name + "-meshload-peer"}, {"defaultMode", 0440}}}});
   }
   if (s3_secret) {
     volumes.push_back(

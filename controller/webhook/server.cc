@@ -51,7 +51,7 @@ class CertificateStore {
  public:
   struct Pair {
     X509* leaf = nullptr;
-    STACK_OF(X509)* chain = nullptr;
+    STACK_OF(X509) * chain = nullptr;
     EVP_PKEY* key = nullptr;
     int64_t not_after = 0;  // seconds since the epoch
     ~Pair() {
@@ -61,8 +61,7 @@ class CertificateStore {
     }
   };
 
-  CertificateStore(std::string dir, metrics::Registry* registry)
-      : crt_(dir + "/tls.crt"), key_(dir + "/tls.key") {
+  CertificateStore(std::string dir, metrics::Registry* registry) : crt_(dir + "/tls.crt"), key_(dir + "/tls.key") {
     if (registry != nullptr) {
       auto& reloads = metrics::BuildCounter()
                           .Name("meshload_controller_webhook_certificate_reloads_total")
@@ -134,7 +133,8 @@ class CertificateStore {
     FileStamp c = Stamp(crt_), k = Stamp(key_);
     auto pair = std::make_shared<Pair>();
     std::unique_ptr<BIO, decltype(&BIO_free)> crt_bio(BIO_new_file(crt_.c_str(), "r"), BIO_free);
-    if (!crt_bio) return Status(StatusCode::kNotFound, "cannot open the webhook certificate " + crt_ + ": " + OpenSslError());
+    if (!crt_bio)
+      return Status(StatusCode::kNotFound, "cannot open the webhook certificate " + crt_ + ": " + OpenSslError());
     pair->leaf = PEM_read_bio_X509(crt_bio.get(), nullptr, nullptr, nullptr);
     if (pair->leaf == nullptr) {
       return Status(StatusCode::kInvalidArgument, "no PEM certificate in " + crt_ + ": " + OpenSslError());
@@ -181,10 +181,12 @@ WebhookServer::WebhookServer(metrics::Registry* registry, JobLookup jobs, Inject
   if (registry != nullptr) {
     auto& requests = metrics::BuildCounter()
                          .Name("meshload_controller_webhook_requests_total")
-                         .Help("Admission requests to the sidecar injector, by outcome: injected, unchanged (not "
-                               "labelled, or injected already), refused (the pod is not admitted), bad_request.")
+                         .Help(
+                             "Admission requests to the sidecar injector, by outcome: injected, unchanged (not "
+                             "labelled, or injected already), refused (the pod is not admitted), bad_request.")
                          .Register(*registry);
-    for (const char* o : {"injected", "unchanged", "refused", "bad_request"}) requests_[o] = &requests.Add({{"outcome", o}});
+    for (const char* o : {"injected", "unchanged", "refused", "bad_request"})
+      requests_[o] = &requests.Add({{"outcome", o}});
     duration_ = &metrics::BuildHistogram()
                      .Name("meshload_controller_webhook_request_duration_seconds")
                      .Help("Time to answer one admission request.")
@@ -232,7 +234,8 @@ Result<int> WebhookServer::Start() {
   });
   server->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (res.status == 413) {
-      res.set_content("request body larger than " + std::to_string(kMaxAdmissionReviewBytes) + " bytes\n", "text/plain");
+      res.set_content("request body larger than " + std::to_string(kMaxAdmissionReviewBytes) + " bytes\n",
+                      "text/plain");
     } else if (res.status == 404 && req.path == kPath) {
       res.status = 405;
       res.set_header("Allow", "POST");
@@ -243,10 +246,10 @@ Result<int> WebhookServer::Start() {
   });
   int port = options_.port == 0 ? server->bind_to_any_port(options_.bind_address)
              : server->bind_to_port(options_.bind_address, options_.port) ? options_.port
-                                                                           : -1;
+                                                                          : -1;
   if (port < 0) {
-    return Status(StatusCode::kUnavailable,
-                  "cannot listen on " + options_.bind_address + ":" + std::to_string(options_.port) + " for the webhook");
+    return Status(StatusCode::kUnavailable, "cannot listen on " + options_.bind_address + ":" +
+                                                std::to_string(options_.port) + " for the webhook");
   }
   httplib::SSLServer* raw = server.get();
   server_ = std::move(server);
@@ -258,7 +261,8 @@ Result<int> WebhookServer::Start() {
   while (!raw->is_running() && !*returned) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (*returned) {
     Stop();
-    return Status(StatusCode::kUnavailable, "the webhook's listener on port " + std::to_string(port) + " exited at start");
+    return Status(StatusCode::kUnavailable,
+                  "the webhook's listener on port " + std::to_string(port) + " exited at start");
   }
   LogInfo("webhook listening", {{"address", options_.bind_address}, {"port", port}, {"path", kPath}});
   return port;

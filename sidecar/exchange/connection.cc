@@ -243,25 +243,27 @@ void PeerExchange::Impl::Connect(Conn& c) {
           c.sock->set_option(tcp::no_delay(true), ignored);
           c.last_rx = Clock::now();
           auto h = std::make_shared<Header>(HelloFrame(opt_.process, c.peer, opt_.fingerprint));
-          asio::async_write(*c.sock, asio::buffer(h.get(), sizeof *h), [this, &c, g, h](boost::system::error_code we, size_t) {
-            if (g != c.gen) return;
-            if (we) {
-              Retry(c, we.message());
-              return;
-            }
-            asio::async_read(*c.sock, asio::buffer(&c.rx, sizeof c.rx), [this, &c, g](boost::system::error_code re, size_t) {
-              if (g != c.gen) return;
-              if (re) {
-                Retry(c, re.message());
-                return;
-              }
-              if (IsFrame(c.rx, Type::kChallenge)) {
-                Authenticate(c, g);
-                return;
-              }
-              OnHelloOk(c, g, nullptr);
-            });
-          });
+          asio::async_write(*c.sock, asio::buffer(h.get(), sizeof *h),
+                            [this, &c, g, h](boost::system::error_code we, size_t) {
+                              if (g != c.gen) return;
+                              if (we) {
+                                Retry(c, we.message());
+                                return;
+                              }
+                              asio::async_read(*c.sock, asio::buffer(&c.rx, sizeof c.rx),
+                                               [this, &c, g](boost::system::error_code re, size_t) {
+                                                 if (g != c.gen) return;
+                                                 if (re) {
+                                                   Retry(c, re.message());
+                                                   return;
+                                                 }
+                                                 if (IsFrame(c.rx, Type::kChallenge)) {
+                                                   Authenticate(c, g);
+                                                   return;
+                                                 }
+                                                 OnHelloOk(c, g, nullptr);
+                                               });
+                            });
         });
       });
 }
@@ -270,8 +272,9 @@ void PeerExchange::Impl::Connect(Conn& c) {
 // just read): AUTH, then HELLO_OK with the receiver's proof.
 void PeerExchange::Impl::Authenticate(Conn& c, uint64_t g) {
   if (opt_.secret.empty()) {
-    Fail(c, c.Name() + " requires peer authentication (its sidecar has --peer-secret-file): give this "
-                       "sidecar the same secret");
+    Fail(c, c.Name() +
+                " requires peer authentication (its sidecar has --peer-secret-file): give this "
+                "sidecar the same secret");
     return;
   }
   if (c.rx.payload_bytes() != internal::kNonceBytes) {
@@ -301,14 +304,15 @@ void PeerExchange::Impl::Authenticate(Conn& c, uint64_t g) {
         Retry(c, we.message());
         return;
       }
-      asio::async_read(*c.sock, asio::buffer(&c.rx, sizeof c.rx), [this, &c, g, mine](boost::system::error_code re, size_t) {
-        if (g != c.gen) return;
-        if (re) {
-          Retry(c, re.message());
-          return;
-        }
-        OnHelloOk(c, g, mine);
-      });
+      asio::async_read(*c.sock, asio::buffer(&c.rx, sizeof c.rx),
+                       [this, &c, g, mine](boost::system::error_code re, size_t) {
+                         if (g != c.gen) return;
+                         if (re) {
+                           Retry(c, re.message());
+                           return;
+                         }
+                         OnHelloOk(c, g, mine);
+                       });
     });
   });
 }
@@ -334,8 +338,9 @@ void PeerExchange::Impl::OnHelloOk(Conn& c, uint64_t g, std::shared_ptr<Nonce> n
     return;
   }
   if (!nonce || c.rx.payload_bytes() != internal::kMacBytes) {
-    Fail(c, c.Name() + " does not authenticate (its sidecar runs without --peer-secret-file): this sidecar "
-                       "sends samples only to peers that hold the job's secret");
+    Fail(c, c.Name() +
+                " does not authenticate (its sidecar runs without --peer-secret-file): this sidecar "
+                "sends samples only to peers that hold the job's secret");
     return;
   }
   c.scratch.resize(internal::kMacBytes);
@@ -365,8 +370,8 @@ void PeerExchange::Impl::Sending(Conn& c) {
 void PeerExchange::Impl::Retry(Conn& c, const std::string& why) {
   DropSocket(c);
   if (Clock::now() >= c.deadline) {
-    Fail(c, c.lost ? c.lost_why + ", and it could not be reached again within " +
-                         Seconds(opt_.reconnect_timeout) + ": " + why
+    Fail(c, c.lost ? c.lost_why + ", and it could not be reached again within " + Seconds(opt_.reconnect_timeout) +
+                         ": " + why
                    : "cannot connect to " + c.Name() + " for " + Seconds(opt_.connect_timeout) + ": " + why);
     return;
   }
@@ -611,8 +616,7 @@ void PeerExchange::Impl::OnFrame(Conn& c) {
         Fail(c, c.Name() + " reported: " + std::string(c.scratch.begin(), c.scratch.end()));
       }
     });
-  } else if (c.outbound &&
-             (t == Type::kCredit || t == Type::kReset || t == Type::kHaveThrough || t == Type::kHave)) {
+  } else if (c.outbound && (t == Type::kCredit || t == Type::kReset || t == Type::kHaveThrough || t == Type::kHave)) {
     OnCreditFrame(c, t, h);
     ReadFrame(c);
   } else if (!c.outbound && t == Type::kData) {

@@ -101,10 +101,10 @@ class PeerExchange::Impl {
     // Under the Impl's mu_ (not annotated: see the file comment).
     bool ready = false;
     std::string failed;
-    std::set<int64_t> credited;  // outbound
-    int64_t floor = INT64_MIN;   // outbound: the receiver's RESET
-    std::set<int64_t> sent;      // outbound: recently sent steps
-    std::set<int64_t> again;     // outbound: credited again after being sent
+    std::set<int64_t> credited;        // outbound
+    int64_t floor = INT64_MIN;         // outbound: the receiver's RESET
+    std::set<int64_t> sent;            // outbound: recently sent steps
+    std::set<int64_t> again;           // outbound: credited again after being sent
     int64_t have_through = INT64_MIN;  // outbound: the receiver has every step in [floor, have_through]
     std::set<int64_t> have;            // outbound: and these
     std::deque<int64_t> sent_order;

@@ -20,9 +20,7 @@ Header HelloFrame(int64_t from, int64_t to, uint64_t fingerprint) {
 Header HelloOkFrame(uint64_t proof_bytes) { return Frame(Type::kHelloOk, 0, proof_bytes); }
 Header CreditFrame(int64_t step) { return Frame(Type::kCredit, step); }
 Header ResetFrame(int64_t first_step) { return Frame(Type::kReset, first_step); }
-Header DataFrame(int64_t step, uint64_t bytes, uint64_t checksum) {
-  return Frame(Type::kData, step, bytes, checksum);
-}
+Header DataFrame(int64_t step, uint64_t bytes, uint64_t checksum) { return Frame(Type::kData, step, bytes, checksum); }
 Header HeartbeatFrame() { return Frame(Type::kHeartbeat); }
 Header ErrorFrame(uint64_t text_bytes) { return Frame(Type::kError, 0, text_bytes); }
 Header ByeFrame() { return Frame(Type::kBye); }

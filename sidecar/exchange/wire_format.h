@@ -20,25 +20,25 @@
 namespace meshload::sidecar::exchange::internal {
 
 inline constexpr uint32_t kMagic = 0x58504c4d;  // "MLPX"
-inline constexpr uint16_t kVersion = 2;  // 2: HAVE and HAVE_THROUGH (connections survive a peer's restart)
+inline constexpr uint16_t kVersion = 2;         // 2: HAVE and HAVE_THROUGH (connections survive a peer's restart)
 inline constexpr uint64_t kMaxErrorText = 4096;
 inline constexpr size_t kHaveMemory = 4096;  // steps a receiver reports as already had (HAVE), at most
 
 // Payload sizes of the authentication frames (see handshake.h).
-inline constexpr uint64_t kNonceBytes = 32;                     // CHALLENGE's payload
-inline constexpr uint64_t kMacBytes = 32;                       // HMAC-SHA256; HELLO_OK's payload with a secret
+inline constexpr uint64_t kNonceBytes = 32;                      // CHALLENGE's payload
+inline constexpr uint64_t kMacBytes = 32;                        // HMAC-SHA256; HELLO_OK's payload with a secret
 inline constexpr uint64_t kAuthBytes = kMacBytes + kNonceBytes;  // AUTH's payload: a MAC, then a nonce
 
 /// The frame types, and what each puts in the Header's `index`, `length`
 /// and `digest` (a field not named is 0). `length` bytes of payload follow
 /// the header for every type but HELLO, which has no payload.
 enum class Type : uint16_t {
-  kHello = 1,        // index = from (the sender's process), length = to (the receiver's process),
-                     // digest = the job's fingerprint
-  kHelloOk = 2,      // length = 0, or kMacBytes: the receiver's proof (the receiver has a peer secret)
-  kCredit = 3,       // index = step
-  kReset = 4,        // index = first step the receiver still wants
-  kData = 5,         // index = step, length = bytes, digest = sample-id checksum; then `length` bytes
+  kHello = 1,    // index = from (the sender's process), length = to (the receiver's process),
+                 // digest = the job's fingerprint
+  kHelloOk = 2,  // length = 0, or kMacBytes: the receiver's proof (the receiver has a peer secret)
+  kCredit = 3,   // index = step
+  kReset = 4,    // index = first step the receiver still wants
+  kData = 5,     // index = step, length = bytes, digest = sample-id checksum; then `length` bytes
   kHeartbeat = 6,
   kError = 7,        // length = text bytes (at most kMaxErrorText); then the text
   kBye = 8,          // the sender of it is stopping

@@ -5,7 +5,6 @@
 #include <utility>
 #include <vector>
 
-
 namespace meshload::sidecar::source {
 
 Result<planner::NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size) {
@@ -36,7 +35,8 @@ Status S3OptionsForDataset(const planner::DatasetSpec& spec, S3Options& s3) {
   return S3OptionsFromEnvironment(s3);
 }
 
-Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, SourceRegistry& sources, Diagnostics& diags) {
+Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, SourceRegistry& sources,
+                                           Diagnostics& diags) {
   MESHLOAD_ASSIGN_OR_RETURN(auto found, sources.For(spec.uri));
   auto [source, name] = found;
   MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source->List(name));
@@ -67,8 +67,9 @@ Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, Sou
   return index;
 }
 
-Result<planner::ResolvedJob> ResolveWithSources(const planner::JobSpec& spec, SourceRegistry& sources, planner::ResolveOptions options,
-                                       Unreachable unreachable, Diagnostics& diags) {
+Result<planner::ResolvedJob> ResolveWithSources(const planner::JobSpec& spec, SourceRegistry& sources,
+                                                planner::ResolveOptions options, Unreachable unreachable,
+                                                Diagnostics& diags) {
   if (options.index || options.samples) {
     return planner::ResolveJob(spec, options, diags);
   }
@@ -81,11 +82,11 @@ Result<planner::ResolvedJob> ResolveWithSources(const planner::JobSpec& spec, So
   }
   for (const auto& p : index_diags.problems()) diags.Add(p.path, p.message);
   if (!index.ok()) {
-    diags.Add("spec.dataset.uri", index.status().ToString() +
-                                      (unreachable == Unreachable::kFail
-                                           ? std::string()
-                                           : "; make the data reachable from here, or give its size with "
-                                             "spec.dataset.samples or --samples"));
+    diags.Add("spec.dataset.uri",
+              index.status().ToString() + (unreachable == Unreachable::kFail
+                                               ? std::string()
+                                               : "; make the data reachable from here, or give its size with "
+                                                 "spec.dataset.samples or --samples"));
     return diags.ToStatus();
   }
   if (!diags.ok()) return diags.ToStatus();
@@ -94,8 +95,8 @@ Result<planner::ResolvedJob> ResolveWithSources(const planner::JobSpec& spec, So
   return planner::ResolveJob(spec, options, again);
 }
 
-Result<planner::ResolvedJob> ResolveReadingDataset(const planner::JobSpec& spec, planner::ResolveOptions options, Unreachable unreachable,
-                                          Diagnostics& diags) {
+Result<planner::ResolvedJob> ResolveReadingDataset(const planner::JobSpec& spec, planner::ResolveOptions options,
+                                                   Unreachable unreachable, Diagnostics& diags) {
   SourceOptions sopts;
   if (SourceRegistry::SchemeOf(spec.dataset.uri) == "s3") {
     if (Status st = S3OptionsForDataset(spec.dataset, sopts.s3); !st.ok()) {

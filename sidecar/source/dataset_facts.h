@@ -34,7 +34,8 @@ Result<planner::NpyHeader> ReadNpyHeader(Source& source, const std::string& name
 /// each .npy header read from the object's first bytes. Problems with the
 /// objects go to `diags` (as DatasetIndex::FromFiles reports them), URIs
 /// redacted; an error when nothing usable was found, naming the URI.
-Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, SourceRegistry& sources, Diagnostics& diags);
+Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, SourceRegistry& sources,
+                                           Diagnostics& diags);
 
 /// How ResolveWithSources treats a dataset it cannot list.
 enum class Unreachable {
@@ -44,13 +45,14 @@ enum class Unreachable {
 
 /// ResolveJob, with the dataset indexed through `sources` (IndexDataset)
 /// unless `options` already gives the index or the sample count.
-Result<planner::ResolvedJob> ResolveWithSources(const planner::JobSpec& spec, SourceRegistry& sources, planner::ResolveOptions options,
-                                       Unreachable unreachable, Diagnostics& diags);
+Result<planner::ResolvedJob> ResolveWithSources(const planner::JobSpec& spec, SourceRegistry& sources,
+                                                planner::ResolveOptions options, Unreachable unreachable,
+                                                Diagnostics& diags);
 
 /// ResolveWithSources with a registry of the built-in sources made for the
 /// job (S3OptionsForDataset for an s3:// dataset): what the CLI's commands
 /// use.
-Result<planner::ResolvedJob> ResolveReadingDataset(const planner::JobSpec& spec, planner::ResolveOptions options, Unreachable unreachable,
-                                          Diagnostics& diags);
+Result<planner::ResolvedJob> ResolveReadingDataset(const planner::JobSpec& spec, planner::ResolveOptions options,
+                                                   Unreachable unreachable, Diagnostics& diags);
 
 }  // namespace meshload::sidecar::source

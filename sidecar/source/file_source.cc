@@ -37,9 +37,7 @@ namespace {
 
 constexpr std::string_view kScheme = "file";
 
-std::string At(const std::string& path, uint64_t offset) {
-  return path + "@" + std::to_string(offset);
-}
+std::string At(const std::string& path, uint64_t offset) { return path + "@" + std::to_string(offset); }
 
 // --- SIGBUS guard for mapped reads ----------------------------------------
 // Touching a mapped page past the end of a file that shrank raises SIGBUS.
@@ -192,7 +190,8 @@ class FdCache {
     while (index_.size() > capacity_) {
       auto oldest = index_.begin();
       for (auto e = index_.begin(); e != index_.end(); ++e) {
-        if (e->second.last_used.load(std::memory_order_relaxed) < oldest->second.last_used.load(std::memory_order_relaxed)) {
+        if (e->second.last_used.load(std::memory_order_relaxed) <
+            oldest->second.last_used.load(std::memory_order_relaxed)) {
           oldest = e;
         }
       }
@@ -380,7 +379,7 @@ class FileSource final : public Source {
       AccountMappedCopy(mapped_copied);
     }
     if (!st.ok()) {
-      const char* kind = st.code() == StatusCode::kNotFound  ? "not_found"
+      const char* kind = st.code() == StatusCode::kNotFound   ? "not_found"
                          : st.code() == StatusCode::kDataLoss ? "data_loss"
                                                               : "io";
       observer_->OnError(kScheme, kind);
@@ -408,8 +407,7 @@ class FileSource final : public Source {
       ssize_t n = ::preadv(fd, cur, count, static_cast<off_t>(offset + done));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return IoErrorFromErrno("preadv at offset " + std::to_string(offset + done),
-                                At(path, offset), errno);
+        return IoErrorFromErrno("preadv at offset " + std::to_string(offset + done), At(path, offset), errno);
       }
       if (n == 0) return ShortRead(fd, path, offset, total, done);
       done += static_cast<uint64_t>(n);
@@ -466,10 +464,9 @@ class FileSource final : public Source {
     }
   }
 
-  static Status ShortRead(int fd, const std::string& path, uint64_t offset, uint64_t total,
-                          uint64_t done) {
-    std::string msg = "short read: wanted " + std::to_string(total) + " bytes at offset " +
-                      std::to_string(offset) + ", ";
+  static Status ShortRead(int fd, const std::string& path, uint64_t offset, uint64_t total, uint64_t done) {
+    std::string msg =
+        "short read: wanted " + std::to_string(total) + " bytes at offset " + std::to_string(offset) + ", ";
     struct stat st;
     if (::fstat(fd, &st) == 0) {
       msg += "the file ends after " + std::to_string(st.st_size) + " bytes";
@@ -490,8 +487,7 @@ class FileSource final : public Source {
 
 Result<std::unique_ptr<Source>> MakeFileSource(const SourceOptions& options) {
   if (options.max_open_files < 1) {
-    return InvalidArgument("must be at least 1, got " + std::to_string(options.max_open_files),
-                           "max_open_files");
+    return InvalidArgument("must be at least 1, got " + std::to_string(options.max_open_files), "max_open_files");
   }
   return std::unique_ptr<Source>(std::make_unique<FileSource>(options));
 }

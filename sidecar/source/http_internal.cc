@@ -37,11 +37,9 @@ Result<HttpUrl> ParseHttpUrl(const std::string& url) {
   size_t authority_begin = sep + 3;
   size_t authority_end = url.find_first_of("/?#", authority_begin);
   if (authority_end == std::string::npos) authority_end = url.size();
-  std::string_view authority =
-      std::string_view(url).substr(authority_begin, authority_end - authority_begin);
+  std::string_view authority = std::string_view(url).substr(authority_begin, authority_end - authority_begin);
   if (authority.find('@') != std::string_view::npos) {
-    return InvalidArgument("credentials in the URL (user:password@host) are not supported",
-                           out.redacted);
+    return InvalidArgument("credentials in the URL (user:password@host) are not supported", out.redacted);
   }
 
   std::string_view host;
@@ -67,8 +65,7 @@ Result<HttpUrl> ParseHttpUrl(const std::string& url) {
   if (!port_text.empty()) {
     std::optional<uint64_t> parsed = ParseDecimal(port_text);
     if (!parsed || *parsed == 0 || *parsed > 65535) {
-      return InvalidArgument("bad port \"" + std::string(port_text) + "\" in the URL",
-                             out.redacted);
+      return InvalidArgument("bad port \"" + std::string(port_text) + "\" in the URL", out.redacted);
     }
     port = *parsed;
   }
@@ -126,11 +123,9 @@ std::optional<ContentRange> ParseContentRange(std::string_view value) {
   return out;
 }
 
-std::chrono::nanoseconds BackoffBound(int retry, std::chrono::milliseconds initial,
-                                      std::chrono::milliseconds max) {
+std::chrono::nanoseconds BackoffBound(int retry, std::chrono::milliseconds initial, std::chrono::milliseconds max) {
   // Doubling in floating point cannot overflow; min() brings it back in range.
-  double bound = std::chrono::duration<double, std::nano>(initial).count() *
-                 std::pow(2.0, std::clamp(retry, 0, 1000));
+  double bound = std::chrono::duration<double, std::nano>(initial).count() * std::pow(2.0, std::clamp(retry, 0, 1000));
   double cap = std::chrono::duration<double, std::nano>(max).count();
   return std::chrono::nanoseconds(static_cast<int64_t>(std::max(0.0, std::min(bound, cap))));
 }

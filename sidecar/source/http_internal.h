@@ -52,8 +52,7 @@ std::optional<uint64_t> ParseDecimal(std::string_view value);
 
 /// The full-jitter backoff bound before retry number `retry` (0 for the first
 /// retry): min(max, initial * 2^retry). The sleep is uniform in [0, bound].
-std::chrono::nanoseconds BackoffBound(int retry, std::chrono::milliseconds initial,
-                                      std::chrono::milliseconds max);
+std::chrono::nanoseconds BackoffBound(int retry, std::chrono::milliseconds initial, std::chrono::milliseconds max);
 
 /// What a server's error body says, for the message (S3: "NoSuchKey: The
 /// specified key does not exist."), and whether it asks the client to slow

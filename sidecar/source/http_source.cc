@@ -16,7 +16,8 @@ using internal::HttpUrl;
 // Thread safety: thread-safe (HttpTransport is).
 class HttpSource final : public Source {
  public:
-  explicit HttpSource(const SourceOptions& options) : transport_(options, "http", {}), transport_tls_(options, "https", {}) {}
+  explicit HttpSource(const SourceOptions& options)
+      : transport_(options, "http", {}), transport_tls_(options, "https", {}) {}
 
   Result<ObjectInfo> Stat(const std::string& uri) override {
     MESHLOAD_ASSIGN_OR_RETURN(HttpUrl url, internal::ParseHttpUrl(uri));
@@ -42,15 +43,13 @@ class HttpSource final : public Source {
 Status ValidateOptions(const SourceOptions& o) {
   auto positive = [](std::chrono::milliseconds d, const char* field) {
     return d.count() > 0 ? Status::Ok()
-                         : InvalidArgument(
-                               "must be positive, got " + std::to_string(d.count()) + " ms", field);
+                         : InvalidArgument("must be positive, got " + std::to_string(d.count()) + " ms", field);
   };
   MESHLOAD_RETURN_IF_ERROR(positive(o.connect_timeout, "connect_timeout"));
   MESHLOAD_RETURN_IF_ERROR(positive(o.read_timeout, "read_timeout"));
   MESHLOAD_RETURN_IF_ERROR(positive(o.write_timeout, "write_timeout"));
   if (o.max_attempts < 1) {
-    return InvalidArgument("must be at least 1, got " + std::to_string(o.max_attempts),
-                           "max_attempts");
+    return InvalidArgument("must be at least 1, got " + std::to_string(o.max_attempts), "max_attempts");
   }
   if (o.backoff_initial.count() < 0 || o.backoff_max.count() < 0) {
     return InvalidArgument("backoff_initial and backoff_max must not be negative", "backoff");

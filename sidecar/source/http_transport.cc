@@ -28,7 +28,6 @@
 #include "sidecar/source/http_internal.h"
 #include "sidecar/source/source.h"
 
-
 namespace meshload::sidecar::source {
 namespace {
 
@@ -101,8 +100,7 @@ std::string HttpStatusText(int status) {
 
 bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) ==
-                  std::tolower(static_cast<unsigned char>(y));
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
          });
 }
 
@@ -121,16 +119,13 @@ struct Attempt {
   static Attempt Retry(std::string_view reason, std::string message) {
     return {Kind::kRetry, Status(StatusCode::kUnavailable, std::move(message)), reason, {}};
   }
-  static Attempt Fail(std::string_view kind, Status status) {
-    return {Kind::kFail, std::move(status), kind, {}};
-  }
+  static Attempt Fail(std::string_view kind, Status status) { return {Kind::kFail, std::move(status), kind, {}}; }
 };
 
 Attempt DataLossAttempt(uint64_t offset, uint64_t len, uint64_t object_size) {
-  return Attempt::Fail("data_loss",
-                       DataLoss("short read: wanted " + std::to_string(len) + " bytes at offset " +
-                                std::to_string(offset) + ", the object ends after " +
-                                std::to_string(object_size) + " bytes"));
+  return Attempt::Fail(
+      "data_loss", DataLoss("short read: wanted " + std::to_string(len) + " bytes at offset " + std::to_string(offset) +
+                            ", the object ends after " + std::to_string(object_size) + " bytes"));
 }
 
 // A response status that is neither the data we asked for nor 416, with
@@ -146,8 +141,8 @@ Attempt FromHttpStatus(int status, const std::string& retry_after, const interna
     if (status == 429 || status == 503) {
       // Only the delay-seconds form; an HTTP-date falls back to the backoff.
       if (std::optional<uint64_t> secs = ParseDecimal(retry_after)) {
-        a.retry_after = std::chrono::milliseconds(
-            std::min<uint64_t>(*secs, std::numeric_limits<int32_t>::max()) * 1000);
+        a.retry_after =
+            std::chrono::milliseconds(std::min<uint64_t>(*secs, std::numeric_limits<int32_t>::max()) * 1000);
       }
     }
     return a;
@@ -157,8 +152,7 @@ Attempt FromHttpStatus(int status, const std::string& retry_after, const interna
     return Attempt::Fail("http_4xx", FailedPrecondition(text + " (not retried)"));
   }
   if (status >= 400) return Attempt::Fail("http_4xx", InvalidArgument(text + " (not retried)"));
-  return Attempt::Fail("io", FailedPrecondition("unexpected " + text +
-                                                " (redirects are not followed; not retried)"));
+  return Attempt::Fail("io", FailedPrecondition("unexpected " + text + " (redirects are not followed; not retried)"));
 }
 
 // httplib's own names for its errors are single words ("Connection").
@@ -191,12 +185,11 @@ Attempt FromTransportError(httplib::Error err, bool timed_out, bool body_started
   }
   if (err == Error::ConnectionTimeout) return Attempt::Retry("timeout", "connect timed out");
   if (timed_out) {
-    return Attempt::Retry("timeout", body_started ? "timed out reading the response body"
-                                                  : "timed out waiting for the response");
+    return Attempt::Retry("timeout",
+                          body_started ? "timed out reading the response body" : "timed out waiting for the response");
   }
   if (body_started) {
-    return Attempt::Retry(
-        "short_body", "the connection ended before the whole body arrived (" + Describe(err) + ")");
+    return Attempt::Retry("short_body", "the connection ended before the whole body arrived (" + Describe(err) + ")");
   }
   return Attempt::Retry("connection", Describe(err));
 }
@@ -381,12 +374,11 @@ class internal::HttpTransport::Impl {
       body->append(data, n);
       return true;
     };
-    httplib::Result res = client->Get(url.target, Headers("GET", url, {{"Accept-Encoding", "identity"}}),
-                                      on_response, on_data);
+    httplib::Result res =
+        client->Get(url.target, Headers("GET", url, {{"Accept-Encoding", "identity"}}), on_response, on_data);
     const bool clean = res.error() == httplib::Error::Success;
     if (too_long) {
-      return Attempt::Fail("io", FailedPrecondition("the response is longer than " + std::to_string(limit) +
-                                                    " bytes"));
+      return Attempt::Fail("io", FailedPrecondition("the response is longer than " + std::to_string(limit) + " bytes"));
     }
     if (!clean) return FromTransportError(res.error(), TimedOut(last_progress), false);
     pool_.Return(url, std::move(client));
@@ -440,21 +432,21 @@ class internal::HttpTransport::Impl {
 
   // Reads bytes [offset + done, offset + len) into iov (from byte `done` of
   // it) and advances `done` by what a 206 delivered, even on failure.
-  Attempt ReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len,
-                      const std::vector<iovec>& iov, uint64_t& done) {
+  Attempt ReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len, const std::vector<iovec>& iov,
+                      uint64_t& done) {
     auto checkout = pool_.Checkout(url);
     if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
     ClientPtr client = std::move(checkout).value();
 
     const uint64_t from = offset + done;
     const uint64_t last_byte = offset + len - 1;
-    const httplib::Headers headers = Headers(
-        "GET", url,
-        {
-            {"Range", "bytes=" + std::to_string(from) + "-" + std::to_string(last_byte)},
-            // Byte ranges of the stored representation, never of a compressed one.
-            {"Accept-Encoding", "identity"},
-        });
+    const httplib::Headers headers =
+        Headers("GET", url,
+                {
+                    {"Range", "bytes=" + std::to_string(from) + "-" + std::to_string(last_byte)},
+                    // Byte ranges of the stored representation, never of a compressed one.
+                    {"Accept-Encoding", "identity"},
+                });
     std::string error_body;  // the start of an error response's body, for Explain
     int status = 0;
     bool to_iov = false;    // a 206/200 whose body is our data
@@ -471,24 +463,21 @@ class internal::HttpTransport::Impl {
       status = res.status;
       std::string encoding = res.get_header_value("Content-Encoding");
       if (!encoding.empty() && !EqualsIgnoreCase(encoding, "identity") && status / 100 == 2) {
-        verdict = Attempt::Fail("io", FailedPrecondition("the server applied Content-Encoding " +
-                                                         encoding + " to a byte range"));
+        verdict = Attempt::Fail(
+            "io", FailedPrecondition("the server applied Content-Encoding " + encoding + " to a byte range"));
         return false;
       }
       if (status == 206) {
-        std::optional<ContentRange> range =
-            ParseContentRange(res.get_header_value("Content-Range"));
+        std::optional<ContentRange> range = ParseContentRange(res.get_header_value("Content-Range"));
         if (!range || !range->has_range) {
-          verdict = Attempt::Fail(
-              "io", FailedPrecondition("HTTP 206 without a usable Content-Range header (\"" +
-                                       res.get_header_value("Content-Range") + "\")"));
+          verdict = Attempt::Fail("io", FailedPrecondition("HTTP 206 without a usable Content-Range header (\"" +
+                                                           res.get_header_value("Content-Range") + "\")"));
           return false;
         }
         if (range->first != from) {
-          verdict = Attempt::Fail(
-              "io", FailedPrecondition("HTTP 206 for bytes " + std::to_string(range->first) + "-" +
-                                       std::to_string(range->last) + ", asked for bytes " +
-                                       std::to_string(from) + "-" + std::to_string(last_byte)));
+          verdict = Attempt::Fail("io", FailedPrecondition("HTTP 206 for bytes " + std::to_string(range->first) + "-" +
+                                                           std::to_string(range->last) + ", asked for bytes " +
+                                                           std::to_string(from) + "-" + std::to_string(last_byte)));
           return false;
         }
         if (range->size && *range->size < offset + len) {
@@ -502,14 +491,12 @@ class internal::HttpTransport::Impl {
         // The server ignored Range. From offset 0 the body starts with our
         // bytes; anywhere else we would have to download and drop a prefix.
         if (from != 0) {
-          verdict = Attempt::Fail(
-              "io", FailedPrecondition("the server ignored the Range header (HTTP 200 for a "
-                                       "read at offset " +
-                                       std::to_string(from) + ")"));
+          verdict = Attempt::Fail("io", FailedPrecondition("the server ignored the Range header (HTTP 200 for a "
+                                                           "read at offset " +
+                                                           std::to_string(from) + ")"));
           return false;
         }
-        if (std::optional<uint64_t> size = ParseDecimal(res.get_header_value("Content-Length"));
-            size && *size < len) {
+        if (std::optional<uint64_t> size = ParseDecimal(res.get_header_value("Content-Length")); size && *size < len) {
           verdict = DataLossAttempt(offset, len, *size);
           return false;
         }
@@ -517,14 +504,12 @@ class internal::HttpTransport::Impl {
         return true;
       }
       if (status == 416) {
-        std::optional<ContentRange> range =
-            ParseContentRange(res.get_header_value("Content-Range"));
+        std::optional<ContentRange> range = ParseContentRange(res.get_header_value("Content-Range"));
         verdict =
             range && range->size
                 ? DataLossAttempt(offset, len, *range->size)
-                : Attempt::Fail("data_loss", DataLoss("HTTP 416 Range Not Satisfiable: wanted " +
-                                                      std::to_string(len) + " bytes at offset " +
-                                                      std::to_string(offset)));
+                : Attempt::Fail("data_loss", DataLoss("HTTP 416 Range Not Satisfiable: wanted " + std::to_string(len) +
+                                                      " bytes at offset " + std::to_string(offset)));
       }
       retry_after = res.get_header_value("Retry-After");
       return true;  // drain the (small) error body so the connection stays usable
@@ -532,7 +517,8 @@ class internal::HttpTransport::Impl {
     auto on_data = [&](const char* data, size_t n) {
       last_progress = Clock::now();
       if (!to_iov) {
-        if (error_body.size() < kErrorBodyLimit) error_body.append(data, std::min(n, kErrorBodyLimit - error_body.size()));
+        if (error_body.size() < kErrorBodyLimit)
+          error_body.append(data, std::min(n, kErrorBodyLimit - error_body.size()));
         return true;
       }
       size_t take = static_cast<size_t>(std::min<uint64_t>(n, len - received));
@@ -568,8 +554,8 @@ class internal::HttpTransport::Impl {
       return DataLossAttempt(offset, len, received);
     }
     if (to_iov) {
-      return Attempt::Retry("short_body", "short body: got " + std::to_string(received) + " of " +
-                                              std::to_string(len) + " bytes");
+      return Attempt::Retry("short_body",
+                            "short body: got " + std::to_string(received) + " of " + std::to_string(len) + " bytes");
     }
     return FromHttpStatus(status, retry_after, Explain(status, error_body));
   }
@@ -615,8 +601,7 @@ class internal::HttpTransport::Impl {
       status = res.status;
       retry_after = res.get_header_value("Retry-After");
       if (status == 206 || status == 416) {
-        std::optional<ContentRange> range =
-            ParseContentRange(res.get_header_value("Content-Range"));
+        std::optional<ContentRange> range = ParseContentRange(res.get_header_value("Content-Range"));
         if (range) found = range->size;
         return true;
       }
@@ -631,9 +616,9 @@ class internal::HttpTransport::Impl {
       last_progress = Clock::now();
       return true;
     };
-    httplib::Result res = client->Get(
-        url.target, Headers("GET", url, {{"Range", "bytes=0-0"}, {"Accept-Encoding", "identity"}}), on_response,
-        on_data);
+    httplib::Result res =
+        client->Get(url.target, Headers("GET", url, {{"Range", "bytes=0-0"}, {"Accept-Encoding", "identity"}}),
+                    on_response, on_data);
     const bool clean = res.error() == httplib::Error::Success;
     if (clean) pool_.Return(url, std::move(client));
     if (found) {
@@ -641,9 +626,8 @@ class internal::HttpTransport::Impl {
       return Attempt::Ok();
     }
     if (status == 200 || status == 206 || status == 416) {
-      return Attempt::Fail(
-          "io", FailedPrecondition("the server reports no object size (no Content-Length on "
-                                   "HEAD, no Content-Range on a ranged GET)"));
+      return Attempt::Fail("io", FailedPrecondition("the server reports no object size (no Content-Length on "
+                                                    "HEAD, no Content-Range on a ranged GET)"));
     }
     if (!clean) return FromTransportError(res.error(), TimedOut(last_progress), false);
     return FromHttpStatus(status, retry_after);

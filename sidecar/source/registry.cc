@@ -38,8 +38,7 @@ constexpr std::string_view kSchemeSep = "://";
 // Where "://" starts in `uri` when it has a scheme; npos for plain paths.
 size_t SchemeEnd(std::string_view uri) {
   size_t sep = uri.find(kSchemeSep);
-  return sep != std::string_view::npos && IsScheme(uri.substr(0, sep)) ? sep
-                                                                       : std::string_view::npos;
+  return sep != std::string_view::npos && IsScheme(uri.substr(0, sep)) ? sep : std::string_view::npos;
 }
 
 }  // namespace
@@ -118,8 +117,7 @@ Result<std::pair<Source*, std::string>> SourceRegistry::For(const std::string& u
         known += name;
       }
       if (known.empty()) known = "none";
-      return InvalidArgument("unknown URI scheme \"" + scheme + "\" (known schemes: " + known + ")",
-                             RedactUri(uri));
+      return InvalidArgument("unknown URI scheme \"" + scheme + "\" (known schemes: " + known + ")", RedactUri(uri));
     }
     auto made = factory->second(options_);
     if (!made.ok()) return made.status();

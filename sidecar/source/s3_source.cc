@@ -172,8 +172,8 @@ SigV4Result SignV4(const SigV4Request& request, std::string_view access_key_id, 
   key = HmacSha256(key, "aws4_request");
   const std::string signature = HmacSha256(key, out.string_to_sign);
   out.authorization = "AWS4-HMAC-SHA256 Credential=" + std::string(access_key_id) + "/" + scope +
-                      ", SignedHeaders=" + signed_headers + ", Signature=" +
-                      Hex(reinterpret_cast<const unsigned char*>(signature.data()), signature.size());
+                      ", SignedHeaders=" + signed_headers +
+                      ", Signature=" + Hex(reinterpret_cast<const unsigned char*>(signature.data()), signature.size());
   return out;
 }
 
@@ -193,11 +193,16 @@ std::string XmlUnescape(std::string_view s) {
     std::string_view entity = s.substr(i + 1, semi - i - 1);
     uint32_t code = 0;
     bool known = true;
-    if (entity == "amp") code = '&';
-    else if (entity == "lt") code = '<';
-    else if (entity == "gt") code = '>';
-    else if (entity == "quot") code = '"';
-    else if (entity == "apos") code = '\'';
+    if (entity == "amp")
+      code = '&';
+    else if (entity == "lt")
+      code = '<';
+    else if (entity == "gt")
+      code = '>';
+    else if (entity == "quot")
+      code = '"';
+    else if (entity == "apos")
+      code = '\'';
     else if (entity.size() > 1 && entity[0] == '#') {
       const bool hex = entity[1] == 'x' || entity[1] == 'X';
       const std::string digits(entity.substr(hex ? 2 : 1));
@@ -234,8 +239,7 @@ std::string XmlUnescape(std::string_view s) {
 
 Result<S3ListPage> ParseListObjectsV2(std::string_view xml) {
   if (xml.find("<ListBucketResult") == std::string_view::npos) {
-    return DataLoss("not a ListObjectsV2 result (no <ListBucketResult>): \"" +
-                    std::string(xml.substr(0, 120)) + "\"");
+    return DataLoss("not a ListObjectsV2 result (no <ListBucketResult>): \"" + std::string(xml.substr(0, 120)) + "\"");
   }
   S3ListPage page;
   size_t index = 0;
@@ -405,8 +409,7 @@ class S3Source final : public Source {
       return InvalidArgument("an S3 access key without its secret access key", "s3 credentials");
     }
     const std::string region = s3.region.empty() ? "us-east-1" : s3.region;
-    const std::string endpoint =
-        s3.endpoint.empty() ? "https://s3." + region + ".amazonaws.com" : s3.endpoint;
+    const std::string endpoint = s3.endpoint.empty() ? "https://s3." + region + ".amazonaws.com" : s3.endpoint;
     auto parsed = internal::ParseHttpUrl(endpoint);
     if (!parsed.ok()) {
       return InvalidArgument("the S3 endpoint " + parsed.status().message() + " (want http(s)://host[:port])",
@@ -462,8 +465,7 @@ class S3Source final : public Source {
         if (o.name == key) out.push_back({"s3://" + loc.bucket + "/" + o.name, o.size});
       }
       if (out.empty()) {
-        if (std::find(all.common_prefixes.begin(), all.common_prefixes.end(), key + "/") ==
-            all.common_prefixes.end()) {
+        if (std::find(all.common_prefixes.begin(), all.common_prefixes.end(), key + "/") == all.common_prefixes.end()) {
           return NotFound("no such object, and no objects under " + where + "/", where);
         }
         MESHLOAD_ASSIGN_OR_RETURN(out, Directory(loc.bucket, key + "/", where));
@@ -536,10 +538,12 @@ class S3Source final : public Source {
     if (!s3_.session_token.empty()) headers.emplace("x-amz-security-token", s3_.session_token);
     for (const auto& [name, value] : headers) {
       const std::string lower = internal::Lower(name);
-      if (lower == "host" || lower == "range" || lower.rfind("x-amz-", 0) == 0) request.headers.emplace_back(lower, value);
+      if (lower == "host" || lower == "range" || lower.rfind("x-amz-", 0) == 0)
+        request.headers.emplace_back(lower, value);
     }
-    headers.emplace("Authorization",
-                    internal::SignV4(request, s3_.access_key_id, s3_.secret_access_key, region_, amz_date).authorization);
+    headers.emplace(
+        "Authorization",
+        internal::SignV4(request, s3_.access_key_id, s3_.secret_access_key, region_, amz_date).authorization);
   }
 
   internal::HttpErrorDetail Explain(int status, std::string_view body) const {
@@ -553,8 +557,10 @@ class S3Source final : public Source {
       } else if (status == 404) {
         detail.text = "S3 NoSuchKey or NoSuchBucket (the answer has no body to say which)";
       } else if (status == 403 || status == 400) {
-        detail.text = "S3 refused the request (the answer has no body to say why; check the credentials and the "
-                      "region, " + region_ + ")";
+        detail.text =
+            "S3 refused the request (the answer has no body to say why; check the credentials and the "
+            "region, " +
+            region_ + ")";
       }
       return detail;
     }
@@ -566,8 +572,8 @@ class S3Source final : public Source {
                e->code == "InvalidAccessKeyId") {
       detail.text += " (check the credentials and the region, " + region_ + ")";
     }
-    detail.throttled = e->code == "SlowDown" || e->code == "Throttling" || e->code == "RequestLimitExceeded" ||
-                       (status == 429);
+    detail.throttled =
+        e->code == "SlowDown" || e->code == "Throttling" || e->code == "RequestLimitExceeded" || (status == 429);
     return detail;
   }
 
@@ -669,8 +675,7 @@ Status S3OptionsFromEnvironment(S3Options& s3) {
     s3.access_key_id.clear();
     s3.secret_access_key.clear();
     s3.session_token.clear();
-    return InvalidArgument("profile [" + profile + "] needs both aws_access_key_id and aws_secret_access_key",
-                           file);
+    return InvalidArgument("profile [" + profile + "] needs both aws_access_key_id and aws_secret_access_key", file);
   }
   if (s3.region.empty() && !section["region"].empty()) s3.region = section["region"];
   return Status::Ok();

@@ -19,8 +19,8 @@ namespace meshload::sidecar::staging {
 inline constexpr uint64_t kTensorAlignment = 256;
 
 struct DeviceTensor {
-  int64_t device = 0;  // global device index
-  uint64_t offset = 0; // bytes from the slot start; grows with the device (StepLoader relies on it)
+  int64_t device = 0;   // global device index
+  uint64_t offset = 0;  // bytes from the slot start; grows with the device (StepLoader relies on it)
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // elements
   uint64_t nbytes = 0;

@@ -6,8 +6,7 @@
 namespace meshload::sidecar::staging {
 
 Result<std::unique_ptr<DeviceSlotMemory>> DeviceSlotMemory::Create(const cuda::Driver& driver, DeviceShare share,
-                                                                   const BatchLayout& layout,
-                                                                   std::vector<int> ordinals,
+                                                                   const BatchLayout& layout, std::vector<int> ordinals,
                                                                    std::vector<int64_t> shard_of, uint32_t slots,
                                                                    void* host_base, uint64_t host_bytes) {
   if (ordinals.size() != layout.devices.size() || shard_of.size() != layout.devices.size()) {
@@ -143,7 +142,8 @@ Status DeviceSlotMemory::CopyAndFence(uint32_t slot, const uint8_t* host_slot) {
     // A shard's first device, or a replica that cannot reach it: from the
     // host slot (the first device's bytes; replicas are not assembled there).
     const auto& src = layout_.devices[static_cast<size_t>(p)];
-    MESHLOAD_RETURN_IF_ERROR(streams_[i]->CopyToDevice(ptr(i, slot), host_slot + src.offset, layout_.devices[i].nbytes));
+    MESHLOAD_RETURN_IF_ERROR(
+        streams_[i]->CopyToDevice(ptr(i, slot), host_slot + src.offset, layout_.devices[i].nbytes));
     MESHLOAD_RETURN_IF_ERROR(streams_[i]->Record(slot));
   }
   for (size_t i = 0; i < ordinals_.size(); ++i) {
@@ -153,7 +153,8 @@ Status DeviceSlotMemory::CopyAndFence(uint32_t slot, const uint8_t* host_slot) {
   for (size_t i = 0; i < ordinals_.size(); ++i) {
     const int p = primary_[i];
     if (p == static_cast<int>(i) || via_host_[i]) continue;
-    MESHLOAD_RETURN_IF_ERROR(streams_[i]->CopyFromPeer(ptr(i, slot), ptr(p, slot), ordinals_[p], layout_.devices[i].nbytes));
+    MESHLOAD_RETURN_IF_ERROR(
+        streams_[i]->CopyFromPeer(ptr(i, slot), ptr(p, slot), ordinals_[p], layout_.devices[i].nbytes));
     MESHLOAD_RETURN_IF_ERROR(streams_[i]->Record(slot));
   }
   for (size_t i = 0; i < ordinals_.size(); ++i) {

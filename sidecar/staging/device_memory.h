@@ -94,7 +94,7 @@ class DeviceSlotMemory {
   DeviceShare share_ = DeviceShare::kCudaVmm;
   BatchLayout layout_;
   std::vector<int> ordinals_;
-  std::vector<int> primary_;  // per device: the first device with its shard (itself if none before)
+  std::vector<int> primary_;    // per device: the first device with its shard (itself if none before)
   std::vector<bool> via_host_;  // per device: a replica whose GPU cannot reach its source's (copied from the host)
   std::vector<std::string> uuids_;
   uint32_t slots_ = 0;

@@ -23,8 +23,7 @@ namespace meshload::sidecar::staging {
 class HostSlotMemory {
  public:
   /// `slot_bytes` is rounded up to the page size.
-  static Result<std::unique_ptr<HostSlotMemory>> Create(uint32_t slots, uint64_t slot_bytes,
-                                                        const std::string& name);
+  static Result<std::unique_ptr<HostSlotMemory>> Create(uint32_t slots, uint64_t slot_bytes, const std::string& name);
   ~HostSlotMemory();
   HostSlotMemory(const HostSlotMemory&) = delete;
   HostSlotMemory& operator=(const HostSlotMemory&) = delete;

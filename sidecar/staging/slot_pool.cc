@@ -17,8 +17,7 @@ std::optional<uint32_t> SlotPool::WaitForFree(uint64_t generation, std::chrono::
   }
 }
 
-std::optional<uint32_t> SlotPool::AcquireForFill(int64_t step, uint64_t generation,
-                                                 std::chrono::milliseconds timeout) {
+std::optional<uint32_t> SlotPool::AcquireForFill(int64_t step, uint64_t generation, std::chrono::milliseconds timeout) {
   MutexLock lock(mu_);
   auto slot = WaitForFree(generation, timeout);
   if (slot) slots_[*slot] = {SlotState::kFilling, step, generation};
@@ -93,8 +92,6 @@ bool SlotPool::Release(uint32_t slot, int64_t step) {
   return true;
 }
 
-
-
 uint64_t SlotPool::Reset(int64_t next_step) {
   MutexLock lock(mu_);
   return ResetLocked(next_step);
@@ -133,10 +130,18 @@ SlotCounts SlotPool::Counts() const {
   SlotCounts c;
   for (const Slot& s : slots_) {
     switch (s.state) {
-      case SlotState::kFree: ++c.free; break;
-      case SlotState::kFilling: ++c.filling; break;
-      case SlotState::kReady: ++c.ready; break;
-      case SlotState::kLeased: ++c.leased; break;
+      case SlotState::kFree:
+        ++c.free;
+        break;
+      case SlotState::kFilling:
+        ++c.filling;
+        break;
+      case SlotState::kReady:
+        ++c.ready;
+        break;
+      case SlotState::kLeased:
+        ++c.leased;
+        break;
     }
   }
   return c;

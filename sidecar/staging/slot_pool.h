@@ -65,8 +65,7 @@ class SlotPool {
     uint32_t slot = 0;
     int64_t step = 0;
   };
-  std::optional<Fill> AcquireNextForFill(uint64_t generation, std::chrono::milliseconds timeout)
-      MESHLOAD_EXCLUDES(mu_);
+  std::optional<Fill> AcquireNextForFill(uint64_t generation, std::chrono::milliseconds timeout) MESHLOAD_EXCLUDES(mu_);
   /// The step AcquireNextForFill hands out next.
   int64_t next_fill_step() const MESHLOAD_EXCLUDES(mu_);
   /// The lowest step of the current generation in a filling or ready slot
@@ -105,8 +104,7 @@ class SlotPool {
  private:
   // A free slot once there is one, nullopt on shutdown, a new generation or
   // timeout.
-  std::optional<uint32_t> WaitForFree(uint64_t generation, std::chrono::milliseconds timeout)
-      MESHLOAD_REQUIRES(mu_);
+  std::optional<uint32_t> WaitForFree(uint64_t generation, std::chrono::milliseconds timeout) MESHLOAD_REQUIRES(mu_);
 
   uint64_t ResetLocked(int64_t next_step) MESHLOAD_REQUIRES(mu_);
 

@@ -73,9 +73,9 @@ int main(int argc, char** argv) {
   int64_t jobs = 1000, pods_per_job = 10, idle_seconds = 30, progress_seconds = 0, steps_per_second = 5;
   std::string controller_bin, source_dir = MESHLOAD_SOURCE_DIR;
   FlagParser flags("",
-                        "usage: controller_bench [--jobs N] [--pods-per-job N] [--idle-seconds N] "
-                        "[--progress-seconds N] [--steps-per-second N]\n",
-                        "controller_bench");
+                   "usage: controller_bench [--jobs N] [--pods-per-job N] [--idle-seconds N] "
+                   "[--progress-seconds N] [--steps-per-second N]\n",
+                   "controller_bench");
   flags.Int({"--jobs"}, &jobs);
   flags.Int({"--pods-per-job"}, &pods_per_job);
   flags.Int({"--idle-seconds"}, &idle_seconds);
@@ -126,12 +126,14 @@ int main(int argc, char** argv) {
       const std::string pod = name + "-" + std::to_string(p);
       const int64_t ip = j * pods_per_job + p;
       // Loopback addresses when the sidecars' /progress is served here.
-      const std::string ip_text = (progress_seconds > 0 ? "127." + std::to_string(1 + ip / 65536) : "10." + std::to_string(ip / 65536)) +
-                                  "." + std::to_string(ip / 256 % 256) + "." + std::to_string(ip % 256);
+      const std::string ip_text =
+          (progress_seconds > 0 ? "127." + std::to_string(1 + ip / 65536) : "10." + std::to_string(ip / 65536)) + "." +
+          std::to_string(ip / 256 % 256) + "." + std::to_string(ip % 256);
       // The completion index fixes the process index, which /progress must name.
-      must(c.Post("/api/v1/namespaces/" + ns + "/pods",
-                  testing::TrainerPod(ns, pod, name, {{"batch.kubernetes.io/job-completion-index", std::to_string(p)}})),
-           "create pod");
+      must(
+          c.Post("/api/v1/namespaces/" + ns + "/pods",
+                 testing::TrainerPod(ns, pod, name, {{"batch.kubernetes.io/job-completion-index", std::to_string(p)}})),
+          "create pod");
       must(c.Patch("/api/v1/namespaces/" + ns + "/pods/" + pod + "/status", testing::RunningPodStatus(ip_text, true)),
            "set pod status");
     }
@@ -180,19 +182,38 @@ int main(int argc, char** argv) {
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       const int64_t step = static_cast<int64_t>(seconds * static_cast<double>(steps_per_second));
       ++progress_requests;
-      res.set_content(json({{"process", process}, {"consumedStep", step}, {"resumeStep", step + 1},
+      res.set_content(json({{"process", process},
+                            {"consumedStep", step},
+                            {"resumeStep", step + 1},
                             {"stepsPerSecond", static_cast<double>(steps_per_second)},
-                            {"trainerConnected", true}, {"trainerWaitFraction", 0.01}})
+                            {"trainerConnected", true},
+                            {"trainerWaitFraction", 0.01}})
                           .dump(),
                       "application/json");
     });
     sidecar_port = sidecars.bind_to_any_port("0.0.0.0");
     sidecars_thread = std::thread([&] { sidecars.listen_after_bind(); });
   }
-  std::vector<std::string> args = {"/usr/bin/setpriv", "--pdeathsig", "KILL", controller_bin, "--kubeconfig", kubeconfig,
-                                   "--leader-elect", "false",
-                                   "--metrics-port", "0", "--workers", "8", "--qps", "200", "--burst", "400",
-                                   "--resync-seconds", "10", "--log-level", "warn"};
+  std::vector<std::string> args = {"/usr/bin/setpriv",
+                                   "--pdeathsig",
+                                   "KILL",
+                                   controller_bin,
+                                   "--kubeconfig",
+                                   kubeconfig,
+                                   "--leader-elect",
+                                   "false",
+                                   "--metrics-port",
+                                   "0",
+                                   "--workers",
+                                   "8",
+                                   "--qps",
+                                   "200",
+                                   "--burst",
+                                   "400",
+                                   "--resync-seconds",
+                                   "10",
+                                   "--log-level",
+                                   "warn"};
   if (progress_seconds > 0) {
     args.insert(args.end(), {"--sidecar-metrics-port", std::to_string(sidecar_port)});
   } else {
@@ -207,8 +228,7 @@ int main(int argc, char** argv) {
     return static_cast<int64_t>(cp.Audit([&](const testing::AuditEvent& e) {
                                     return e.user == user && e.write() && e.code >= 200 && e.code < 300 &&
                                            (e.resource == "events") == events;
-                                  })
-                                    .size());
+                                  }).size());
   };
   auto state_writes = [&] { return count(false); };
   auto event_writes = [&] { return count(true); };
@@ -268,7 +288,8 @@ int main(int argc, char** argv) {
   std::printf("%-44s %12.1f s %14s\n", "time until every status converged", converge_s, "< 60 s");
   std::printf("%-44s %10.1f MiB %14s\n", "controller peak RSS (VmHWM)", hwm / 1024.0, "< 200 MiB");
   if (progress_seconds == 0) {
-    std::printf("%-44s %14lld %14s\n", ("writes while idle (" + std::to_string(idle_seconds) + " s, resync 10 s)").c_str(),
+    std::printf("%-44s %14lld %14s\n",
+                ("writes while idle (" + std::to_string(idle_seconds) + " s, resync 10 s)").c_str(),
                 static_cast<long long>(idle_writes), "0");
   }
   // Each job: its finalizer, ConfigMap, peer Secret and status, once each
@@ -277,21 +298,24 @@ int main(int argc, char** argv) {
               "4 per job");
   std::printf("%-44s %14lld %14s\n", "Events written while converging / after", static_cast<long long>(events_converge),
               "");
-  std::printf("%-44s %14lld %14s\n", "  (drained at --event-qps 5 while idle)", static_cast<long long>(idle_events), "");
-  std::printf("controller: --workers 8 --qps 200 --burst 400; kube-apiserver %s with etcd (scripts/control-plane, "
-              "TLS on loopback, audit log), on this machine\n",
-              c.Get("/version").body.value("gitVersion", "?").c_str());
+  std::printf("%-44s %14lld %14s\n", "  (drained at --event-qps 5 while idle)", static_cast<long long>(idle_events),
+              "");
+  std::printf(
+      "controller: --workers 8 --qps 200 --burst 400; kube-apiserver %s with etcd (scripts/control-plane, "
+      "TLS on loopback, audit log), on this machine\n",
+      c.Get("/version").body.value("gitVersion", "?").c_str());
   // With progress polled, the jobs are running, not idle: their writes are
   // the progress window's figure instead.
-  bool ok = converge_s >= 0 && converge_s < 60 && hwm > 0 && hwm < 200 * 1024 &&
-            (progress_seconds > 0 || idle_writes == 0);
+  bool ok =
+      converge_s >= 0 && converge_s < 60 && hwm > 0 && hwm < 200 * 1024 && (progress_seconds > 0 || idle_writes == 0);
   if (progress_seconds > 0) {
     std::printf("\nprogress: %lld jobs x %lld sidecars at %lld steps/s, polled every 15 s (%lld requests answered)\n",
                 static_cast<long long>(jobs), static_cast<long long>(pods_per_job),
                 static_cast<long long>(steps_per_second), static_cast<long long>(progress_requests.load()));
     std::printf("%-44s %12.2f/s %14s\n", ("writes while running (" + std::to_string(progress_seconds) + " s)").c_str(),
                 progress_rate, "< 20/s");
-    std::printf("%-44s %14lld %14s\n", "  of which (status and ConfigMap), total", static_cast<long long>(progress_writes), "");
+    std::printf("%-44s %14lld %14s\n", "  of which (status and ConfigMap), total",
+                static_cast<long long>(progress_writes), "");
     std::printf("%-44s %14lld %14lld\n", "jobs with status.progress.step", static_cast<long long>(with_progress),
                 static_cast<long long>(jobs));
     ok = ok && progress_rate < 20 && with_progress == jobs;

@@ -11,9 +11,9 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(Logging, JsonLinesCarryLevelMessageAndTypedFields) {
-  std::string line = FormatLogLine(LogLevel::kWarn, "slow \"read\"",
-                                   {{"file", "/d/a.bin"}, {"offset", uint64_t{4096}}, {"ok", false}, {"ms", 1.5}},
-                                   LogFormat::kJson);
+  std::string line =
+      FormatLogLine(LogLevel::kWarn, "slow \"read\"",
+                    {{"file", "/d/a.bin"}, {"offset", uint64_t{4096}}, {"ok", false}, {"ms", 1.5}}, LogFormat::kJson);
   EXPECT_EQ(line.back(), '\n');
   EXPECT_THAT(line, HasSubstr("\"level\":\"warn\""));
   EXPECT_THAT(line, HasSubstr("\"msg\":\"slow \\\"read\\\"\""));
@@ -22,14 +22,12 @@ TEST(Logging, JsonLinesCarryLevelMessageAndTypedFields) {
 }
 
 TEST(Logging, KeyValueQuotesOnlyWhatNeedsIt) {
-  std::string line = FormatLogLine(LogLevel::kInfo, "plan computed", {{"step", 3}, {"job", "a b"}, {"p", "x"}},
-                                   LogFormat::kKeyValue);
+  std::string line =
+      FormatLogLine(LogLevel::kInfo, "plan computed", {{"step", 3}, {"job", "a b"}, {"p", "x"}}, LogFormat::kKeyValue);
   EXPECT_THAT(line, HasSubstr("level=info msg=\"plan computed\" step=3 job=\"a b\" p=x\n"));
 }
 
-TEST(Logging, EscapesControlCharacters) {
-  EXPECT_EQ(JsonEscape("a\nb\t\x01"), "a\\nb\\t\\u0001");
-}
+TEST(Logging, EscapesControlCharacters) { EXPECT_EQ(JsonEscape("a\nb\t\x01"), "a\\nb\\t\\u0001"); }
 
 TEST(Logging, LevelsFilterAndParse) {
   ConfigureLogging(LogLevel::kWarn, LogFormat::kJson);

@@ -98,8 +98,7 @@ TEST(StatusMatchers, MatchStatusesAndResults) {
 }
 
 TEST(StatusMatchers, DescribeThemselvesAndWhatTheyGot) {
-  const ::testing::Matcher<const Status&> is =
-      StatusIs(StatusCode::kInvalidArgument, HasSubstr("axes"));
+  const ::testing::Matcher<const Status&> is = StatusIs(StatusCode::kInvalidArgument, HasSubstr("axes"));
   EXPECT_EQ(::testing::DescribeMatcher<const Status&>(is),
             "has code invalid_argument and a message that has substring \"axes\"");
   EXPECT_EQ(::testing::DescribeMatcher<const Status&>(is, /*negation=*/true),
@@ -112,14 +111,12 @@ TEST(StatusMatchers, DescribeThemselvesAndWhatTheyGot) {
 
   ::testing::StringMatchResultListener why;
   EXPECT_FALSE(is.MatchAndExplain(NotFound("no such file", "/d/a.npy"), &why));
-  EXPECT_EQ(why.str(),
-            "whose code is not_found and message is \"no such file\" (location \"/d/a.npy\")");
+  EXPECT_EQ(why.str(), "whose code is not_found and message is \"no such file\" (location \"/d/a.npy\")");
 
   const ::testing::Matcher<const Result<int>&> ok = IsOk();
   ::testing::StringMatchResultListener why_not_ok;
   EXPECT_FALSE(ok.MatchAndExplain(Quarter(6), &why_not_ok));
-  EXPECT_EQ(why_not_ok.str(),
-            "whose code is invalid_argument and message is \"must be even, got 3\" (location \"x\")");
+  EXPECT_EQ(why_not_ok.str(), "whose code is invalid_argument and message is \"must be even, got 3\" (location \"x\")");
 
   EXPECT_EQ(::testing::PrintToString(InvalidArgument("bad", "f")), "invalid_argument: \"f: bad\"");
   EXPECT_EQ(::testing::PrintToString(Quarter(8)), "ok: 2");

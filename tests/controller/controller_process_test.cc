@@ -114,8 +114,8 @@ std::map<int64_t, std::vector<int64_t>> GlobalBatches(const std::string& job_fil
   std::map<int64_t, std::vector<int64_t>> out;
   int rc = 0;
   const std::string text = Shell(std::string(MESHLOAD_BIN) + " plan -f " + job_file + " --format json --steps " +
-                                   std::to_string(from) + ":" + std::to_string(to),
-                               &rc);
+                                     std::to_string(from) + ":" + std::to_string(to),
+                                 &rc);
   json plan = json::parse(text, nullptr, false);
   if (rc != 0 || !plan.is_object()) {
     ADD_FAILURE() << "meshload plan " << job_file << " failed: " << text;
@@ -153,15 +153,14 @@ struct FakePod {
   std::unique_ptr<Process> sidecar;
 };
 
-
 class ControllerProcess : public ::testing::Test {
  protected:
   // The controller's identity (a client certificate of its own), namespace ns_.
   void SetUp() override { cluster_.WriteKubeconfig(dir_.path() + "/kubeconfig"); }
   std::unique_ptr<Process> Start(const std::string& identity, int metrics_port) {
     return Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", identity,
-                  "--metrics-port", std::to_string(metrics_port), "--metrics-address", "127.0.0.1",
-                  "--namespace", ns_, "--leader-election-namespace", ns_, "--log-level", "debug"},
+                  "--metrics-port", std::to_string(metrics_port), "--metrics-address", "127.0.0.1", "--namespace", ns_,
+                  "--leader-election-namespace", ns_, "--log-level", "debug"},
                  dir_.path() + "/" + identity + ".log");
   }
   std::string Holder() {
@@ -188,11 +187,27 @@ class ControllerProcess : public ::testing::Test {
   // A controller that polls the sidecars' /progress every second on
   // `sidecar_port`, writing every move at once.
   std::unique_ptr<Process> StartPollingController(const std::string& identity, int sidecar_port) {
-    return Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", identity,
-                  "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--namespace", ns_,
-                  "--leader-election-namespace", ns_, "--progress-interval-seconds", "1",
-                  "--progress-min-write-seconds", "0", "--sidecar-metrics-port", std::to_string(sidecar_port),
-                  "--log-level", "info"},
+    return Spawn({MESHLOAD_CONTROLLER_BIN,
+                  "--kubeconfig",
+                  dir_.path() + "/kubeconfig",
+                  "--identity",
+                  identity,
+                  "--metrics-port",
+                  "0",
+                  "--metrics-address",
+                  "127.0.0.1",
+                  "--namespace",
+                  ns_,
+                  "--leader-election-namespace",
+                  ns_,
+                  "--progress-interval-seconds",
+                  "1",
+                  "--progress-min-write-seconds",
+                  "0",
+                  "--sidecar-metrics-port",
+                  std::to_string(sidecar_port),
+                  "--log-level",
+                  "info"},
                  dir_.path() + "/" + identity + "-controller.log");
   }
 
@@ -225,16 +240,19 @@ class ControllerProcess : public ::testing::Test {
       cluster_.CreatePod(ns_, pods[i].name, job);
       cluster_.SetSidecar(ns_, pods[i].name, true, 0, pods[i].ip);
     }
-    EXPECT_TRUE(WaitFor([&] {
-      json cm = cluster_.Get(ConfigMapPath(job));
-      if (!cm.is_object()) return false;
-      json j = json::parse(cm["data"].value("job.json", "null"), nullptr, false);
-      if (!j.is_object() || j["spec"]["mesh"]["processes"] != n) return false;
-      for (const auto& p : pods) {
-        if (!cm["data"].contains("process." + p.name)) return false;
-      }
-      return true;
-    }, 30s)) << cluster_.Get(ConfigMapPath(job)).dump(2);
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          json cm = cluster_.Get(ConfigMapPath(job));
+          if (!cm.is_object()) return false;
+          json j = json::parse(cm["data"].value("job.json", "null"), nullptr, false);
+          if (!j.is_object() || j["spec"]["mesh"]["processes"] != n) return false;
+          for (const auto& p : pods) {
+            if (!cm["data"].contains("process." + p.name)) return false;
+          }
+          return true;
+        },
+        30s))
+        << cluster_.Get(ConfigMapPath(job)).dump(2);
     for (auto& p : pods) StartSidecar(p, job, metrics_port);
     for (auto& p : pods) WaitForSocket(p);
     return pods;
@@ -275,8 +293,8 @@ TEST_F(ControllerProcess, OneLeaderWritesAndAStandbyTakesOverFromAStoppedLeader)
         })
         .size();
   };
-  ASSERT_TRUE(WaitFor([&] { return lease_reads_of_b() >= 2; }, 20s, 100ms))
-      << "replica-b never campaigned\n" << Slurp(dir_.path() + "/replica-b.log");
+  ASSERT_TRUE(WaitFor([&] { return lease_reads_of_b() >= 2; }, 20s, 100ms)) << "replica-b never campaigned\n"
+                                                                            << Slurp(dir_.path() + "/replica-b.log");
   EXPECT_GT(cluster_.WriteCountByUserAgent("(replica-a)"), 0);
   EXPECT_EQ(cluster_.WriteCountByUserAgent("(replica-b)"), 0) << "the standby must not write";
 
@@ -317,10 +335,31 @@ TEST_F(ControllerProcess, ABacklogOfWritesNeverCostsTheLeaderItsLease) {
   for (int i = 0; i < 30; ++i) {
     cluster_.CreateJob(cluster_.JobManifest(ns_, "backlog-" + std::to_string(i), 2, "backlog"));
   }
-  auto p = Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", "slow",
-                  "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--namespace", ns_, "--leader-election-namespace", ns_,
-                  "--qps", "0.5", "--burst", "1", "--lease-duration-ms", "3000", "--renew-deadline-ms", "2000",
-                  "--retry-period-ms", "500", "--log-level", "info"},
+  auto p = Spawn({MESHLOAD_CONTROLLER_BIN,
+                  "--kubeconfig",
+                  dir_.path() + "/kubeconfig",
+                  "--identity",
+                  "slow",
+                  "--metrics-port",
+                  "0",
+                  "--metrics-address",
+                  "127.0.0.1",
+                  "--namespace",
+                  ns_,
+                  "--leader-election-namespace",
+                  ns_,
+                  "--qps",
+                  "0.5",
+                  "--burst",
+                  "1",
+                  "--lease-duration-ms",
+                  "3000",
+                  "--renew-deadline-ms",
+                  "2000",
+                  "--retry-period-ms",
+                  "500",
+                  "--log-level",
+                  "info"},
                  dir_.path() + "/slow.log");
   ASSERT_GT(p->pid, 0);
   ASSERT_TRUE(WaitFor([&] { return Holder() == "slow"; }, 20s)) << Slurp(dir_.path() + "/slow.log");
@@ -360,16 +399,21 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
   for (auto& p : pods4) {
     int trc = 0;
     const std::string out = Shell(std::string(MESHLOAD_BIN) + " demo-trainer --job " + p.dir + "/job.json --process " +
-                                    std::to_string(p.process) + " --socket " + p.dir + "/s.sock --steps 20 2>&1",
-                                &trc);
+                                      std::to_string(p.process) + " --socket " + p.dir + "/s.sock --steps 20 2>&1",
+                                  &trc);
     ASSERT_EQ(trc, 0) << out;
     json last = LastJsonLine(out);
     ASSERT_TRUE(last.is_object()) << out;
     EXPECT_EQ(last["mismatches"], 0);
     EXPECT_EQ(last["first_step"], 0);
   }
-  ASSERT_TRUE(WaitFor([&] { return resume() == json({{"step", 20}, {"specStep", 0}}); }, 60s))
-      << job()["status"].dump(2) << "\n" << Slurp(dir_.path() + "/rs-controller.log");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return resume() == json({{"step", 20}, {"specStep", 0}});
+      },
+      60s))
+      << job()["status"].dump(2) << "\n"
+      << Slurp(dir_.path() + "/rs-controller.log");
   EXPECT_EQ(job()["status"]["progress"]["step"], 19);
   EXPECT_EQ(job()["status"]["progress"]["resumeStep"], 20);
 
@@ -382,15 +426,18 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
   }
   // As kubectl edit would: again on a conflict (the controller writes the status meanwhile).
   std::string put_error;
-  ASSERT_TRUE(WaitFor([&] {
-    json resized = job();
-    resized["spec"]["mesh"]["processes"] = 8;
-    resized["spec"]["mesh"]["axes"] = json::array({{{"name", "data"}, {"size", 16}}});
-    resized.erase("status");
-    auto put = cluster_.client().Put("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/rs", resized);
-    put_error = put.message();
-    return put.ok();
-  }, 30s)) << put_error;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        json resized = job();
+        resized["spec"]["mesh"]["processes"] = 8;
+        resized["spec"]["mesh"]["axes"] = json::array({{{"name", "data"}, {"size", 16}}});
+        resized.erase("status");
+        auto put = cluster_.client().Put("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/rs", resized);
+        put_error = put.message();
+        return put.ok();
+      },
+      30s))
+      << put_error;
   auto pods8 = StartPods("rs", 8, 30, metrics_port);
   EXPECT_EQ(resume(), json({{"step", 20}, {"specStep", 0}})) << "the recorded step survives the resize";
 
@@ -405,8 +452,8 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
   for (auto& p : pods8) {
     int trc = 0;
     const std::string out = Shell(std::string(MESHLOAD_BIN) + " demo-trainer --job " + p.dir + "/job.json --process " +
-                                    std::to_string(p.process) + " --socket " + p.dir + "/s.sock --steps 10 2>&1",
-                                &trc);
+                                      std::to_string(p.process) + " --socket " + p.dir + "/s.sock --steps 10 2>&1",
+                                  &trc);
     ASSERT_EQ(trc, 0) << out;
     json last = LastJsonLine(out);
     ASSERT_TRUE(last.is_object()) << out;
@@ -414,8 +461,7 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
     EXPECT_EQ(last["first_step"], 20) << p.name;
     EXPECT_EQ(last["steps"], 10) << p.name;
   }
-  ASSERT_TRUE(WaitFor([&] { return job()["status"]["progress"]["step"] == 29; }, 60s))
-      << job()["status"].dump(2);
+  ASSERT_TRUE(WaitFor([&] { return job()["status"]["progress"]["step"] == 29; }, 60s)) << job()["status"].dump(2);
 
   // 4. Those are the global batches of the uninterrupted 4-process run.
   const std::string eight = dir_.path() + "/rs-8.json";
@@ -442,9 +488,8 @@ TEST_F(ControllerProcess, ASidecarKilledMidRunComesBackAndItsTrainerGoesOnWithId
   std::vector<std::unique_ptr<Process>> trainers;
   for (auto& p : pods) trainers.push_back(StartTrainer(p, "20"));
   auto job = [&] { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/mid"); };
-  ASSERT_TRUE(WaitFor([&] {
-    return ProgressStep(job()) >= 20;
-  }, 60s)) << job()["status"].dump(2) << Slurp(pods[0].dir + "/trainer.log") << Slurp(pods[0].dir + "/sidecar.log");
+  ASSERT_TRUE(WaitFor([&] { return ProgressStep(job()) >= 20; }, 60s))
+      << job()["status"].dump(2) << Slurp(pods[0].dir + "/trainer.log") << Slurp(pods[0].dir + "/sidecar.log");
 
   // Process 1's sidecar dies mid-run and is restarted (the kubelet would):
   // it starts at the recorded step, its trainer reconnects and asks for the
@@ -453,10 +498,13 @@ TEST_F(ControllerProcess, ASidecarKilledMidRunComesBackAndItsTrainerGoesOnWithId
   pods[1].sidecar->WaitExit(10s);
   StartSidecar(pods[1], "mid", metrics_port);
   WaitForSocket(pods[1]);
-  ASSERT_TRUE(WaitFor([&] {
-    json j = job();
-    return ProgressStep(j) >= 60 && !j["status"]["progress"].contains("unreachable");
-  }, 60s)) << job()["status"].dump(2);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        json j = job();
+        return ProgressStep(j) >= 60 && !j["status"]["progress"].contains("unreachable");
+      },
+      60s))
+      << job()["status"].dump(2);
   for (size_t i = 0; i < trainers.size(); ++i) {
     kill(trainers[i]->pid, SIGTERM);
     ASSERT_TRUE(trainers[i]->WaitExit(15s));
@@ -495,10 +543,13 @@ TEST_F(ControllerProcess, ASlowTrainerIsStragglingAndKubectlDescribeNamesItsProc
     }
     return json();
   };
-  ASSERT_TRUE(WaitFor([&] {
-    json c = condition(job(), "Straggling");
-    return c.is_object() && c.value("status", "") == "True";
-  }, 60s)) << job()["status"].dump(2) << Slurp(dir_.path() + "/slow-controller.log");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        json c = condition(job(), "Straggling");
+        return c.is_object() && c.value("status", "") == "True";
+      },
+      60s))
+      << job()["status"].dump(2) << Slurp(dir_.path() + "/slow-controller.log");
   json j = job();
   json straggling = condition(j, "Straggling");
   EXPECT_EQ(straggling["reason"], "ProcessesStraggle");
@@ -518,16 +569,15 @@ TEST_F(ControllerProcess, ASlowTrainerIsStragglingAndKubectlDescribeNamesItsProc
                                           " -n " + ns_ + " describe dlj slow 2>&1",
                                       &rc);
   ASSERT_EQ(rc, 0) << described;
-  EXPECT_THAT(described,
-              HasSubstr(slow + " is more than 20 steps behind the median: its trainer is slow"));
+  EXPECT_THAT(described, HasSubstr(slow + " is more than 20 steps behind the median: its trainer is slow"));
   EXPECT_THAT(described, HasSubstr("Lagging:"));
   EXPECT_TRUE(std::regex_search(described, std::regex("Lagging:\\n +Behind: +[0-9]+\\n +Pod: +slow-1\\n +Process: +" +
-                                                           std::to_string(pods[1].process) + "\\n +Slow: +trainer\\n")))
+                                                      std::to_string(pods[1].process) + "\\n +Slow: +trainer\\n")))
       << described;
   // The change of condition is an Event, a warning with the same message.
-  EXPECT_TRUE(std::regex_search(described, std::regex("Warning +ProcessesStraggle +.* meshload-controller +process " +
-                                                           std::to_string(pods[1].process) +
-                                                           " \\(pod slow-1\\) is more than 20 steps")))
+  EXPECT_TRUE(std::regex_search(
+      described, std::regex("Warning +ProcessesStraggle +.* meshload-controller +process " +
+                            std::to_string(pods[1].process) + " \\(pod slow-1\\) is more than 20 steps")))
       << described;
   // kubectl get shows the step every process has consumed: the slow one's.
   const std::string got = Shell(cluster_.control_plane().bin_dir() + "/kubectl --kubeconfig " + kubeconfig + " -n " +
@@ -550,10 +600,13 @@ TEST_F(ControllerProcess, MetricsHealthAndReadinessAndPromtool) {
   const int port = FreePort();
   auto p = Start("solo", port);
   httplib::Client http("127.0.0.1", port);
-  ASSERT_TRUE(WaitFor([&] {
-    auto r = http.Get("/readyz");
-    return r && r->status == 200;
-  }, 20s)) << Slurp(dir_.path() + "/solo.log");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto r = http.Get("/readyz");
+        return r && r->status == 200;
+      },
+      20s))
+      << Slurp(dir_.path() + "/solo.log");
   ASSERT_TRUE(WaitFor([&] { return Job()["status"].contains("phase"); }, 20s));
   auto health = http.Get("/healthz");
   ASSERT_TRUE(health);
@@ -561,24 +614,26 @@ TEST_F(ControllerProcess, MetricsHealthAndReadinessAndPromtool) {
   // The status write lands before the reconcile that made it is counted
   // and logged: wait for those too.
   const std::vector<std::string> wanted = {
-      "meshload_controller_reconciles_total", "meshload_controller_reconcile_duration_seconds",
-      "meshload_controller_queue_depth", "meshload_controller_leader 1", "meshload_controller_api_requests_total",
-      "meshload_build_info{component=\"controller\""};
+      "meshload_controller_reconciles_total",   "meshload_controller_reconcile_duration_seconds",
+      "meshload_controller_queue_depth",        "meshload_controller_leader 1",
+      "meshload_controller_api_requests_total", "meshload_build_info{component=\"controller\""};
   std::string metrics;
-  const bool all_there = WaitFor([&] {
-    auto m = http.Get("/metrics");
-    if (!m) return false;
-    metrics = m->body;
-    for (const auto& want : wanted) {
-      if (metrics.find(want) == std::string::npos) return false;
-    }
-    return true;
-  }, 20s);
+  const bool all_there = WaitFor(
+      [&] {
+        auto m = http.Get("/metrics");
+        if (!m) return false;
+        metrics = m->body;
+        for (const auto& want : wanted) {
+          if (metrics.find(want) == std::string::npos) return false;
+        }
+        return true;
+      },
+      20s);
   for (const auto& want : wanted) EXPECT_THAT(metrics, HasSubstr(want)) << want;
   EXPECT_TRUE(all_there);
   // JSON logs with a reconcile id.
-  EXPECT_TRUE(WaitFor(
-      [&] { return Slurp(dir_.path() + "/solo.log").find("\"reconcile_id\":") != std::string::npos; }, 20s))
+  EXPECT_TRUE(
+      WaitFor([&] { return Slurp(dir_.path() + "/solo.log").find("\"reconcile_id\":") != std::string::npos; }, 20s))
       << Slurp(dir_.path() + "/solo.log");
   if (std::system("command -v promtool >/dev/null 2>&1") == 0) {
     std::ofstream(dir_.path() + "/metrics.txt") << metrics;

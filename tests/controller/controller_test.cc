@@ -136,7 +136,9 @@ class ControllerTest : public ::testing::Test {
   static ControllerOptions RecordingEvents(runtime::EventRecorder& events) {
     ControllerOptions options;
     options.reconciler.record_event = [&events](const json& job, const std::string& type, const std::string& reason,
-                                                const std::string& message) { events.Record(job, type, reason, message); };
+                                                const std::string& message) {
+      events.Record(job, type, reason, message);
+    };
     return options;
   }
   // Waits until the controller is idle and its events are written.
@@ -217,14 +219,14 @@ TEST_F(ControllerTest, InvalidSpecIsValidFalseWithTheMessagesAndNothingElse) {
   json valid = Condition(job, "Valid");
   EXPECT_EQ(valid["status"], "False");
   EXPECT_EQ(valid["reason"], "InvalidSpec");
-  EXPECT_THAT(valid["message"].get<std::string>(), HasSubstr("spec.batch.globalBatchSize: 3"))
-      << valid.dump();
+  EXPECT_THAT(valid["message"].get<std::string>(), HasSubstr("spec.batch.globalBatchSize: 3")) << valid.dump();
   EXPECT_FALSE(ConfigMapOf("broken").is_object()) << "an invalid job gets no ConfigMap";
 
   // Fixing the spec: generation moves, the job becomes valid and configured.
   job["spec"]["batch"]["globalBatchSize"] = 32;
   job.erase("status");
-  ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/broken", job));
+  ASSERT_OK(
+      cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/broken", job));
   ASSERT_TRUE(WaitFor([&] { return Job("broken")["status"]["phase"] == "Running"; }, 20s));
   json fixed = Job("broken");
   EXPECT_EQ(fixed["status"]["observedGeneration"], 2);
@@ -251,8 +253,7 @@ TEST_F(ControllerTest, AConfigMapOfTheSameNameThatIsNotTheJobsIsLeftAloneAndRepo
   json job = Job("train");
   json degraded = Condition(job, "Degraded");
   EXPECT_EQ(degraded["reason"], "ConfigMapConflict") << degraded.dump();
-  EXPECT_THAT(degraded["message"].get<std::string>(),
-              HasSubstr("train-meshload exists and was not made for this job"))
+  EXPECT_THAT(degraded["message"].get<std::string>(), HasSubstr("train-meshload exists and was not made for this job"))
       << degraded.dump();
   EXPECT_EQ(Condition(job, "Valid")["status"], "True");
   EXPECT_EQ(job["status"]["observedGeneration"], job["metadata"]["generation"]);
@@ -281,11 +282,14 @@ TEST_F(ControllerTest, ItsOwnConfigMapWithTheLabelsTakenOffIsTakenBack) {
   const std::string path = std::string("/api/v1/namespaces/") + kNs + "/configmaps/train-meshload";
   ASSERT_OK(cluster_.client().Put(path, cm));
   controller_->queue().Add(std::string(kNs) + "/train");
-  ASSERT_TRUE(WaitFor([&] {
-    json now = ConfigMapOf("train");
-    return now["metadata"]["labels"]["meshload.io/job"] == "train" &&
-           now["data"]["planHash"] == Job("train")["status"]["planHash"];
-  }, 20s)) << ConfigMapOf("train").dump(2);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        json now = ConfigMapOf("train");
+        return now["metadata"]["labels"]["meshload.io/job"] == "train" &&
+               now["data"]["planHash"] == Job("train")["status"]["planHash"];
+      },
+      20s))
+      << ConfigMapOf("train").dump(2);
   Settle();
   EXPECT_EQ(Job("train")["status"]["phase"], "Running");
 }
@@ -306,8 +310,7 @@ TEST_F(ControllerTest, ANameLongerThanALabelValueIsRefusedByTheCrdAndSixtyThreeI
   // 63 is fine.
   const std::string ok(63, 'b');
   cluster_.CreateJob(cluster_.JobManifest(kNs, ok, 2, "llm"));
-  ASSERT_TRUE(WaitFor([&] { return Job(ok)["status"]["phase"] == "Running"; }, 20s))
-      << Job(ok)["status"].dump(2);
+  ASSERT_TRUE(WaitFor([&] { return Job(ok)["status"]["phase"] == "Running"; }, 20s)) << Job(ok)["status"].dump(2);
   EXPECT_EQ(ConfigMapOf(ok)["metadata"]["labels"]["meshload.io/job"], ok);
 }
 
@@ -331,10 +334,12 @@ TEST_F(ControllerTest, CompletionIndexWinsAndProblemsAreConditions) {
   EXPECT_EQ(d["reason"], "DuplicateCompletionIndex");
   EXPECT_THAT(d["message"].get<std::string>(), HasSubstr("idx-dup"));
   cluster_.CreatePod(kNs, "idx-far", "idx", {{"batch.kubernetes.io/job-completion-index", "7"}});
-  ASSERT_TRUE(WaitFor([&] {
-    return Condition(Job("indexed"), "Degraded")["message"].get<std::string>().find("completion index 7") !=
-           std::string::npos;
-  }, 20s));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Condition(Job("indexed"), "Degraded")["message"].get<std::string>().find("completion index 7") !=
+               std::string::npos;
+      },
+      20s));
   EXPECT_EQ(Assignment("indexed").size(), 3u);
 }
 
@@ -351,8 +356,7 @@ TEST_F(ControllerTest, ReplacedPodsTakeTheFreedIndexAndOthersKeepTheirs) {
   json job = Job("rep");
   EXPECT_EQ(job["status"]["phase"], "Degraded");
   EXPECT_EQ(Condition(job, "SidecarsReady")["reason"], "WaitingForPods");
-  EXPECT_THAT(Condition(job, "SidecarsReady")["message"].get<std::string>(),
-              HasSubstr("processes without a pod: 1"));
+  EXPECT_THAT(Condition(job, "SidecarsReady")["message"].get<std::string>(), HasSubstr("processes without a pod: 1"));
   // Its replacement (a new name, as a Deployment or JobSet would make) gets 1.
   cluster_.CreatePod(kNs, "rep-new", "rep");
   cluster_.SetSidecar(kNs, "rep-new", true);
@@ -363,8 +367,7 @@ TEST_F(ControllerTest, ReplacedPodsTakeTheFreedIndexAndOthersKeepTheirs) {
   // Too many pods: a condition naming the extra pod; assignments unchanged.
   cluster_.CreatePod(kNs, "rep-extra", "rep");
   ASSERT_TRUE(WaitFor([&] { return Condition(Job("rep"), "Degraded")["reason"] == "TooManyPods"; }, 20s));
-  EXPECT_THAT(Condition(Job("rep"), "Degraded")["message"].get<std::string>(),
-              HasSubstr("rep-extra"));
+  EXPECT_THAT(Condition(Job("rep"), "Degraded")["message"].get<std::string>(), HasSubstr("rep-extra"));
   EXPECT_EQ(Assignment("rep"), after);
 }
 
@@ -401,10 +404,12 @@ TEST_F(ControllerTest, AConfigMapCacheThatLagsNeverRenumbersTheTrainers) {
       << Condition(Job("lag"), "SidecarsReady").dump();
   // Nothing changed since: once the job's cache has the last status, a
   // reconcile on the lagging ConfigMap cache writes nothing.
-  EXPECT_TRUE(WaitFor([&] {
-    ReconcileResult r;
-    return reconciler.Reconcile(key, &r).ok() && r.writes == 0;
-  }, 20s));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        ReconcileResult r;
+        return reconciler.Reconcile(key, &r).ok() && r.writes == 0;
+      },
+      20s));
   for (kube::Informer* inf : {&jobs, &pods, &lagging}) inf->Stop();
 }
 
@@ -507,16 +512,22 @@ TEST_F(ControllerTest, AnExistingPeerSecretIsKeptAndAnInvalidJobGetsNone) {
   // The valid job goes invalid: its status keeps the Secret's name.
   json job = Job("own");
   job["spec"]["batch"]["globalBatchSize"] = 3;
-  ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own", job));
+  ASSERT_OK(
+      cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own", job));
   ASSERT_TRUE(WaitFor([&] { return Job("own")["status"]["phase"] == "Failed"; }, 20s));
   EXPECT_EQ(Job("own")["status"]["peerSecretName"], "own-meshload-peer");
   EXPECT_FALSE(Job("own")["status"].contains("peerSecretUID")) << "found, not made";
 
   // Deleting the job leaves the user's Secret alone.
-  ASSERT_OK(cluster_.client().Delete(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own"));
-  ASSERT_TRUE(WaitFor([&] {
-    return cluster_.client().Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own").code == 404;
-  }, 20s));
+  ASSERT_OK(
+      cluster_.client().Delete(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own"));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return cluster_.client()
+                   .Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own")
+                   .code == 404;
+      },
+      20s));
   EXPECT_EQ(cluster_.Get(secrets + "/own-meshload-peer")["data"], mine.body["data"]);
 }
 
@@ -562,7 +573,10 @@ class ProgressEndpoint {
     server_.Get("/progress", [this](const httplib::Request&, httplib::Response& res) {
       ++polls_;
       std::lock_guard lock(mu_);
-      res.set_content(json({{"job", "pg"}, {"process", process_}, {"consumedStep", step_}, {"resumeStep", step_ + 1},
+      res.set_content(json({{"job", "pg"},
+                            {"process", process_},
+                            {"consumedStep", step_},
+                            {"resumeStep", step_ + 1},
                             {"stepsPerSecond", rate_}})
                           .dump(),
                       "application/json");
@@ -630,7 +644,11 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   EXPECT_EQ(p["maxStep"], 43);
   EXPECT_EQ(p["processesReporting"], 2);
   EXPECT_DOUBLE_EQ(p["samplesPerSecond"].get<double>(), 2.0 * 32);  // 2 processes x 2 devices x 8
-  ASSERT_TRUE(WaitFor([&] { return resume() == json({{"step", 42}, {"specStep", 0}}); }, 20s))
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return resume() == json({{"step", 42}, {"specStep", 0}});
+      },
+      20s))
       << ConfigMapOf("pg").dump(2);
 
   // With the poller queueing the job every 200 ms the controller is never
@@ -736,8 +754,9 @@ TEST_F(ControllerTest, DeletionCleansUpAndRemovesTheFinalizer) {
   ASSERT_OK(r) << r.message();
   ASSERT_TRUE(WaitFor(
       [&] {
-        return cluster_.client().Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/del").code ==
-               404;
+        return cluster_.client()
+                   .Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/del")
+                   .code == 404;
       },
       60s));
   EXPECT_FALSE(ConfigMapOf("del").is_object());
@@ -747,8 +766,7 @@ TEST_F(ControllerTest, DeletionCleansUpAndRemovesTheFinalizer) {
   const std::string secret = std::string("/api/v1/namespaces/") + kNs + "/secrets/del-meshload-peer";
   EXPECT_FALSE(cluster_.Get(secret).is_object());
   cluster_.CreateJob(cluster_.JobManifest(kNs, "del", 2, "del"));
-  ASSERT_TRUE(WaitFor([&] { return Job("del")["status"].contains("peerSecretUID"); }, 60s))
-      << Job("del").dump(2);
+  ASSERT_TRUE(WaitFor([&] { return Job("del")["status"].contains("peerSecretUID"); }, 60s)) << Job("del").dump(2);
   Settle();
   json again = cluster_.Get(secret);
   ASSERT_TRUE(again.is_object());
@@ -773,28 +791,35 @@ TEST_F(ControllerTest, WithoutTheChartsFinalizersGrantTheServerRefusesTheOwnedCo
   ASSERT_OK(cluster_.client().Put(role, cr));
   cluster_.ExpectForbidden();
   // The authoriser follows the role by its own watch.
-  ASSERT_TRUE(WaitFor([&] {
-    json review = {{"apiVersion", "authorization.k8s.io/v1"},
-                   {"kind", "SubjectAccessReview"},
-                   {"spec", {{"user", cluster_.controller_user()},
-                             {"resourceAttributes", {{"verb", "update"}, {"group", "meshload.io"},
-                                                     {"resource", "dataloadjobs"}, {"subresource", "finalizers"},
-                                                     {"namespace", kNs}}}}}};
-    auto r = cluster_.client().Post("/apis/authorization.k8s.io/v1/subjectaccessreviews", review);
-    return r.ok() && !r.body["status"].value("allowed", true);
-  }, 20s));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        json review = {{"apiVersion", "authorization.k8s.io/v1"},
+                       {"kind", "SubjectAccessReview"},
+                       {"spec",
+                        {{"user", cluster_.controller_user()},
+                         {"resourceAttributes",
+                          {{"verb", "update"},
+                           {"group", "meshload.io"},
+                           {"resource", "dataloadjobs"},
+                           {"subresource", "finalizers"},
+                           {"namespace", kNs}}}}}};
+        auto r = cluster_.client().Post("/apis/authorization.k8s.io/v1/subjectaccessreviews", review);
+        return r.ok() && !r.body["status"].value("allowed", true);
+      },
+      20s));
   ReadyPods("fin", 2);
   cluster_.CreateJob(cluster_.JobManifest(kNs, "fin", 2, "fin"));
   StartController();
-  ASSERT_TRUE(WaitFor([&] {
-    for (const auto& f : cluster_.Forbidden()) {
-      if (f.rfind("create core/configmaps", 0) == 0) return true;
-    }
-    return false;
-  }, 30s));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (const auto& f : cluster_.Forbidden()) {
+          if (f.rfind("create core/configmaps", 0) == 0) return true;
+        }
+        return false;
+      },
+      30s));
   EXPECT_FALSE(ConfigMapOf("fin").is_object());
-  ASSERT_TRUE(WaitFor([&] { return Job("fin")["status"]["phase"] == "Degraded"; }, 30s))
-      << Job("fin").dump(2);
+  ASSERT_TRUE(WaitFor([&] { return Job("fin")["status"]["phase"] == "Degraded"; }, 30s)) << Job("fin").dump(2);
   EXPECT_THAT(Condition(Job("fin"), "Degraded")["message"].get<std::string>(), HasSubstr("403"))
       << Condition(Job("fin"), "Degraded").dump();
 }
@@ -867,14 +892,22 @@ json RunScenario(bool faults, const json& expect = nullptr) {
     chaos = std::thread([&] {
       for (; rounds < 25; ++rounds) {
         switch (rounds % 5) {
-          case 0: cluster.proxy().CloseAllWatches(); break;
-          case 1: cluster.proxy().InjectErrors("/api", 500, 2); break;
-          case 2: cluster.proxy().InjectErrors("/api", 429, 1, 1); break;
+          case 0:
+            cluster.proxy().CloseAllWatches();
+            break;
+          case 1:
+            cluster.proxy().InjectErrors("/api", 500, 2);
+            break;
+          case 2:
+            cluster.proxy().InjectErrors("/api", 429, 1, 1);
+            break;
           case 3:
             (void)cluster.control_plane().Compact();  // a resumed watch gets 410 Gone
             cluster.proxy().CloseAllWatches();
             break;
-          case 4: cluster.proxy().InjectErrors("/apis/meshload.io", 503, 1); break;
+          case 4:
+            cluster.proxy().InjectErrors("/apis/meshload.io", 503, 1);
+            break;
         }
         // A change while the faults go on: the last pod of app2 becomes ready.
         if (rounds == 8) cluster.SetSidecar(kNs, "app2-2", true);
@@ -899,35 +932,36 @@ json RunScenario(bool faults, const json& expect = nullptr) {
   // After the faults stop, the controller must converge on its own (its
   // informers may still be backing off from the last failures).
   auto snapshot = [&] {
-  json state = json::object();
-  for (const char* j : {"job0", "job1", "job2", "bad"}) {
-    json job = cluster.Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/" + j);
-    json status = job["status"];
-    for (auto& c : status["conditions"]) c.erase("lastTransitionTime");
-    // The Secret's uid differs between the two clusters; that there is one must not.
-    if (status.contains("peerSecretUID")) status["peerSecretUID"] = !status["peerSecretUID"].get<std::string>().empty();
-    state[j] = {{"status", status}, {"finalizers", job["metadata"]["finalizers"]}};
-    json cm = cluster.Get(std::string("/api/v1/namespaces/") + kNs + "/configmaps/" + j + "-meshload");
-    if (!cm.is_object()) continue;
-    json data = cm["data"];
-    // Pod uids differ between the two clusters; everything else must not.
-    json assignments = json::parse(data["assignments.json"].get<std::string>());
-    for (auto& p : assignments["pods"]) p.erase("uid");
-    data["assignments.json"] = assignments;
-    state[j]["data"] = data;
-  }
-  // The two runs have namespaces of their own: the name, and the plan hash
-  // it goes into, are the same where they say the same.
-  std::string text = state.dump();
-  for (size_t at; (at = text.find(kNs)) != std::string::npos;) text.replace(at, kNs.size(), "NS");
-  state = json::parse(text);
-  for (auto& [name, j] : state.items()) {
-    if (!j["status"].contains("planHash")) continue;
-    const bool same = j.contains("data") && j["data"]["planHash"] == j["status"]["planHash"];
-    j["status"]["planHash"] = same;
-    if (j.contains("data")) j["data"]["planHash"] = same;
-  }
-  return state;
+    json state = json::object();
+    for (const char* j : {"job0", "job1", "job2", "bad"}) {
+      json job = cluster.Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/" + j);
+      json status = job["status"];
+      for (auto& c : status["conditions"]) c.erase("lastTransitionTime");
+      // The Secret's uid differs between the two clusters; that there is one must not.
+      if (status.contains("peerSecretUID"))
+        status["peerSecretUID"] = !status["peerSecretUID"].get<std::string>().empty();
+      state[j] = {{"status", status}, {"finalizers", job["metadata"]["finalizers"]}};
+      json cm = cluster.Get(std::string("/api/v1/namespaces/") + kNs + "/configmaps/" + j + "-meshload");
+      if (!cm.is_object()) continue;
+      json data = cm["data"];
+      // Pod uids differ between the two clusters; everything else must not.
+      json assignments = json::parse(data["assignments.json"].get<std::string>());
+      for (auto& p : assignments["pods"]) p.erase("uid");
+      data["assignments.json"] = assignments;
+      state[j]["data"] = data;
+    }
+    // The two runs have namespaces of their own: the name, and the plan hash
+    // it goes into, are the same where they say the same.
+    std::string text = state.dump();
+    for (size_t at; (at = text.find(kNs)) != std::string::npos;) text.replace(at, kNs.size(), "NS");
+    state = json::parse(text);
+    for (auto& [name, j] : state.items()) {
+      if (!j["status"].contains("planHash")) continue;
+      const bool same = j.contains("data") && j["data"]["planHash"] == j["status"]["planHash"];
+      j["status"]["planHash"] = same;
+      if (j.contains("data")) j["data"]["planHash"] = same;
+    }
+    return state;
   };
   json state;
   if (expect.is_null()) {
@@ -979,8 +1013,8 @@ TEST(EventRecorder, WritesEventsAggregatesRepeatsAndLimitsEachObject) {
   events.Record(job, "Warning", "InvalidSpec", "spec.mesh: 3 devices");  // the same: counted, not a new one
   events.Record(job, "Normal", "Planned", "8192 samples");
   ASSERT_TRUE(events.Flush(10s));
-  EXPECT_EQ(EventsAbout(cluster, "ev"),
-            (std::vector<std::string>{"Warning InvalidSpec: spec.mesh: 3 devices (2)", "Normal Planned: 8192 samples (1)"}));
+  EXPECT_EQ(EventsAbout(cluster, "ev"), (std::vector<std::string>{"Warning InvalidSpec: spec.mesh: 3 devices (2)",
+                                                                  "Normal Planned: 8192 samples (1)"}));
   json list = cluster.Get(std::string("/api/v1/namespaces/") + kNs + "/events");
   const json& e = list["items"][0];
   EXPECT_EQ(e["involvedObject"]["kind"], "DataLoadJob");
@@ -1008,7 +1042,7 @@ TEST(EventRecorder, WritesEventsAggregatesRepeatsAndLimitsEachObject) {
   events.Record(other, "Warning", "X", std::string(5000, 'm'));
   std::string accents;
   for (int i = 0; i < 1000; ++i) accents += "\xc3\xa9";  // é, two bytes each
-  events.Record(other, "Warning", "Y", accents);  // 1,021 bytes would end inside an é
+  events.Record(other, "Warning", "Y", accents);         // 1,021 bytes would end inside an é
   ASSERT_TRUE(events.Flush(10s));
   const auto long_events = EventsAbout(cluster, "long");
   ASSERT_EQ(long_events.size(), 2u) << ::testing::PrintToString(long_events);
@@ -1070,7 +1104,8 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   json job = Job("watched");
   job["spec"]["batch"]["globalBatchSize"] = 32;
   job.erase("status");
-  ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/watched", job));
+  ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/watched",
+                                  job));
   ASSERT_TRUE(WaitFor([&] { return Job("watched")["status"]["phase"] == "Pending"; }, 20s));
   ReadyPods("w", 2);
   ASSERT_TRUE(WaitFor([&] { return Job("watched")["status"]["phase"] == "Running"; }, 20s));
@@ -1129,7 +1164,8 @@ TEST_F(ControllerTest, EventsForAJobReadyAtOnceAndForEditsThatKeepItInvalid) {
   json job = Job("edited");
   job["spec"]["batch"]["globalBatchSize"] = 5;
   job.erase("status");
-  ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/edited", job));
+  ASSERT_OK(
+      cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/edited", job));
   ASSERT_TRUE(WaitFor([&] { return Job("edited")["status"]["observedGeneration"] == 2; }, 20s));
   SettleWithEvents(events);
   auto edited = EventsAbout(cluster_, "edited");
@@ -1153,12 +1189,12 @@ TEST(ControllerMetrics, ExposesReconcilesQueueAndApiRequests) {
   controller.StartWorkers();
   ASSERT_TRUE(controller.WaitIdle(200ms, 20s));
   std::string text = registry.Serialize();
-  for (const char* want : {"meshload_controller_reconciles_total{result=\"success\"}",
-                           "meshload_controller_reconcile_duration_seconds_bucket",
-                           "meshload_controller_queue_depth 0", "meshload_controller_leader 1",
-                           "meshload_controller_api_requests_total{code=\"200\",verb=\"LIST\"}",
-                           "meshload_controller_api_requests_total{code=\"201\",verb=\"POST\"}",
-                           "meshload_controller_cached_objects{resource=\"dataloadjobs\"} 1"}) {
+  for (const char* want :
+       {"meshload_controller_reconciles_total{result=\"success\"}",
+        "meshload_controller_reconcile_duration_seconds_bucket", "meshload_controller_queue_depth 0",
+        "meshload_controller_leader 1", "meshload_controller_api_requests_total{code=\"200\",verb=\"LIST\"}",
+        "meshload_controller_api_requests_total{code=\"201\",verb=\"POST\"}",
+        "meshload_controller_cached_objects{resource=\"dataloadjobs\"} 1"}) {
     EXPECT_THAT(text, HasSubstr(want)) << want << "\n" << text;
   }
   controller.Stop();

@@ -96,10 +96,10 @@ TEST(ProgressStatus, StarvingProcessesAreNamedAndStayListedDownToHalfTheThreshol
 }
 
 TEST(ProgressToWrite, SmallMovesKeepTheWrittenStatusAndRealChangesReplaceIt) {
-  json written = {{"step", 1000}, {"resumeStep", 1001}, {"maxStep", 1002}, {"samplesPerSecond", 256.0},
-                  {"processesReporting", 4}};
-  json fresh = {{"step", 1060}, {"resumeStep", 1061}, {"maxStep", 1062}, {"samplesPerSecond", 250.0},
-                {"processesReporting", 4}};
+  json written = {
+      {"step", 1000}, {"resumeStep", 1001}, {"maxStep", 1002}, {"samplesPerSecond", 256.0}, {"processesReporting", 4}};
+  json fresh = {
+      {"step", 1060}, {"resumeStep", 1061}, {"maxStep", 1062}, {"samplesPerSecond", 250.0}, {"processesReporting", 4}};
   EXPECT_EQ(ProgressToWrite(written, fresh, 100), written);  // 60 steps, 2% rate: no write
   fresh["step"] = 1100;
   EXPECT_EQ(ProgressToWrite(written, fresh, 100), fresh);  // a whole granularity
@@ -116,15 +116,15 @@ TEST(ProgressToWrite, SmallMovesKeepTheWrittenStatusAndRealChangesReplaceIt) {
   json later = fresh;
   later["step"] = 1061;
   later["resumeStep"] = 1062;
-  EXPECT_EQ(ProgressToWrite(fresh, later, 100), later);  // stopped, and moved at all: exact
+  EXPECT_EQ(ProgressToWrite(fresh, later, 100), later);   // stopped, and moved at all: exact
   EXPECT_EQ(ProgressToWrite(json(), fresh, 100), fresh);  // nothing written yet
 }
 
 TEST(ProgressToWrite, BeforeTheMinimumIntervalOnlyRealChangesAreWritten) {
-  json written = {{"step", 1000}, {"resumeStep", 1001}, {"maxStep", 1002}, {"samplesPerSecond", 256.0},
-                  {"processesReporting", 4}};
-  json moved = {{"step", 1500}, {"resumeStep", 1501}, {"maxStep", 1502}, {"samplesPerSecond", 128.0},
-                {"processesReporting", 4}};
+  json written = {
+      {"step", 1000}, {"resumeStep", 1001}, {"maxStep", 1002}, {"samplesPerSecond", 256.0}, {"processesReporting", 4}};
+  json moved = {
+      {"step", 1500}, {"resumeStep", 1501}, {"maxStep", 1502}, {"samplesPerSecond", 128.0}, {"processesReporting", 4}};
   EXPECT_EQ(ProgressToWrite(written, moved, 100, /*moves_due=*/false), written);
   EXPECT_EQ(ProgressToWrite(written, moved, 100, /*moves_due=*/true), moved);
   json lost = moved;
@@ -145,7 +145,8 @@ ProcessProgress Full(int64_t process, int64_t step, double wait, std::optional<d
 
 json Status(const std::vector<ProgressCondition>& cs) {
   json out = json::array();
-  for (const auto& c : cs) out.push_back({{"type", c.type}, {"status", c.status}, {"reason", c.reason}, {"message", c.message}});
+  for (const auto& c : cs)
+    out.push_back({{"type", c.type}, {"status", c.status}, {"reason", c.reason}, {"message", c.message}});
   return out;
 }
 
@@ -189,10 +190,10 @@ TEST(ProgressConditions, StragglingSaysWhetherStorageTheTrainerTheExchangeOrStag
     return p;
   };
   poll.sidecars = {exchanging(Full(0, 1000, 0.01, 0.002), 0.1), exchanging(Full(1, 1001, 0.01, 0.002), 0.1),
-                   exchanging(Full(2, 850, 0.01, 0.002), 0.1),    // behind, not waiting: its trainer
-                   exchanging(Full(3, 1000, 0.01, 0.050), 0.1),   // storage 25x the median
-                   exchanging(Full(4, 820, 0.60, 0.002), 0.2),    // behind, waiting, no peer wait: staging
-                   exchanging(Full(5, 840, 0.50, 0.002), 0.8),    // behind, waiting on its peers: the exchange
+                   exchanging(Full(2, 850, 0.01, 0.002), 0.1),   // behind, not waiting: its trainer
+                   exchanging(Full(3, 1000, 0.01, 0.050), 0.1),  // storage 25x the median
+                   exchanging(Full(4, 820, 0.60, 0.002), 0.2),   // behind, waiting, no peer wait: staging
+                   exchanging(Full(5, 840, 0.50, 0.002), 0.8),   // behind, waiting on its peers: the exchange
                    exchanging(Full(6, 1000, 0.01, 0.002), 0.1), exchanging(Full(7, 1000, 0.01, 0.002), 0.1)};
   HealthThresholds t;
   auto cs = ProgressConditions(poll, t, json());
@@ -202,9 +203,8 @@ TEST(ProgressConditions, StragglingSaysWhetherStorageTheTrainerTheExchangeOrStag
   EXPECT_THAT(s.message,
               HasSubstr("process 2 (pod trainer-2) is more than 100 steps behind the median: its trainer is slow"));
   EXPECT_THAT(s.message, HasSubstr("process 3 (pod trainer-3): its storage is slow"));
-  EXPECT_THAT(s.message,
-              HasSubstr("process 4 (pod trainer-4) is more than 100 steps behind the median: its staging is "
-                        "slow (its trainer waits; neither its storage nor the exchange is slow)"));
+  EXPECT_THAT(s.message, HasSubstr("process 4 (pod trainer-4) is more than 100 steps behind the median: its staging is "
+                                   "slow (its trainer waits; neither its storage nor the exchange is slow)"));
   EXPECT_THAT(s.message,
               HasSubstr("process 5 (pod trainer-5) is more than 100 steps behind the median: the exchange is "
                         "slow"));

@@ -33,14 +33,16 @@ void InstallCrd(controller::kube::KubeClient& client) {
       ADD_FAILURE() << r.ToStatus("install the CRD").ToString();
       return;
     }
-    const bool established = WaitFor([&] {
-      auto got = client.Get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/dataloadjobs.meshload.io");
-      if (!got.ok()) return false;
-      for (const auto& c : got.body["status"]["conditions"]) {
-        if (c["type"] == "Established" && c["status"] == "True") return true;
-      }
-      return false;
-    }, 20s);
+    const bool established = WaitFor(
+        [&] {
+          auto got = client.Get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/dataloadjobs.meshload.io");
+          if (!got.ok()) return false;
+          for (const auto& c : got.body["status"]["conditions"]) {
+            if (c["type"] == "Established" && c["status"] == "True") return true;
+          }
+          return false;
+        },
+        20s);
     if (!established) ADD_FAILURE() << "the CRD did not become Established";
     // Served once the discovery and the storage for it are up (if not, the
     // tests' own requests say so).
@@ -138,12 +140,12 @@ void TestCluster::BindChartRbac() {
     if (v.ok()) kube_version = v.body.value("gitVersion", "");
   }
   bool ok = false;
-  const std::string out = Capture({cp_.bin_dir() + "/helm", "template", chart_release(), SourceDir() + "/charts/meshload",
-                                   "--namespace", ns_, "--kube-version", kube_version, "--set",
-                                   "fullnameOverride=" + chart_release(), "--set", "leaderElection.id=meshload-controller",
-                                   "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
-                                   "--show-only", "templates/lease.yaml"},
-                                  &ok);
+  const std::string out =
+      Capture({cp_.bin_dir() + "/helm", "template", chart_release(), SourceDir() + "/charts/meshload", "--namespace",
+               ns_, "--kube-version", kube_version, "--set", "fullnameOverride=" + chart_release(), "--set",
+               "leaderElection.id=meshload-controller", "--show-only", "templates/serviceaccount.yaml", "--show-only",
+               "templates/rbac.yaml", "--show-only", "templates/lease.yaml"},
+              &ok);
   if (!ok) {
     ADD_FAILURE() << "helm template of the chart's RBAC failed";
     return;
@@ -155,7 +157,8 @@ void TestCluster::BindChartRbac() {
     if (kind == "ServiceAccount") {
       path = "/api/v1/namespaces/" + ns_ + "/serviceaccounts";
     } else if (kind == "ClusterRole" || kind == "ClusterRoleBinding") {
-      path = "/apis/rbac.authorization.k8s.io/v1/" + std::string(kind == "ClusterRole" ? "clusterroles" : "clusterrolebindings");
+      path = "/apis/rbac.authorization.k8s.io/v1/" +
+             std::string(kind == "ClusterRole" ? "clusterroles" : "clusterrolebindings");
     } else if (kind == "Lease") {
       path = "/apis/coordination.k8s.io/v1/namespaces/" + doc["metadata"].value("namespace", ns_) + "/leases";
     } else if (kind == "Role" || kind == "RoleBinding") {
@@ -186,23 +189,26 @@ void TestCluster::BindChartRbac() {
   // The authorizer works from its own watch of the roles: wait until it
   // allows what they grant.
   auto allowed = [&](const json& attributes) {
-    json review = {{"apiVersion", "authorization.k8s.io/v1"},
-                   {"kind", "SubjectAccessReview"},
-                   {"spec", {{"user", controller_user_},
-                             {"groups", json::array({"system:serviceaccounts", "system:serviceaccounts:" + ns_,
-                                                     "system:authenticated"})},
-                             {"resourceAttributes", attributes}}}};
+    json review = {
+        {"apiVersion", "authorization.k8s.io/v1"},
+        {"kind", "SubjectAccessReview"},
+        {"spec",
+         {{"user", controller_user_},
+          {"groups", json::array({"system:serviceaccounts", "system:serviceaccounts:" + ns_, "system:authenticated"})},
+          {"resourceAttributes", attributes}}}};
     auto r = client_->Post("/apis/authorization.k8s.io/v1/subjectaccessreviews", review);
     return r.ok() && r.body["status"].value("allowed", false);
   };
-  if (!WaitFor([&] {
-        return allowed({{"verb", "watch"}, {"group", "meshload.io"}, {"resource", "dataloadjobs"}}) &&
-               allowed({{"verb", "update"},
-                        {"group", "coordination.k8s.io"},
-                        {"resource", "leases"},
-                        {"namespace", ns_},
-                        {"name", "meshload-controller"}});
-      }, 20s)) {
+  if (!WaitFor(
+          [&] {
+            return allowed({{"verb", "watch"}, {"group", "meshload.io"}, {"resource", "dataloadjobs"}}) &&
+                   allowed({{"verb", "update"},
+                            {"group", "coordination.k8s.io"},
+                            {"resource", "leases"},
+                            {"namespace", ns_},
+                            {"name", "meshload-controller"}});
+          },
+          20s)) {
     ADD_FAILURE() << "the chart's roles never took effect for " << controller_user_;
   }
 }
@@ -223,7 +229,8 @@ controller::kube::ClusterConfig TestCluster::ControllerConfig() const {
   return proxy_ ? proxy_->Through(c) : c;
 }
 
-std::unique_ptr<controller::kube::KubeClient> TestCluster::ControllerClient(controller::kube::ClientOptions options) const {
+std::unique_ptr<controller::kube::KubeClient> TestCluster::ControllerClient(
+    controller::kube::ClientOptions options) const {
   return NewClient(ControllerConfig(), std::move(options));
 }
 
@@ -232,7 +239,7 @@ std::unique_ptr<controller::kube::KubeClient> TestCluster::NewClient(controller:
 }
 
 std::unique_ptr<controller::kube::KubeClient> TestCluster::NewClient(const controller::kube::ClusterConfig& config,
-                                                        controller::kube::ClientOptions options) const {
+                                                                     controller::kube::ClientOptions options) const {
   auto c = controller::kube::KubeClient::Create(config, std::move(options));
   if (!c.ok()) {
     ADD_FAILURE() << c.status().ToString();
@@ -245,19 +252,20 @@ std::string TestCluster::ServiceAccountToken(const std::string& name) {
   const std::string sa = "/api/v1/namespaces/" + ns_ + "/serviceaccounts";
   auto r = client_->Post(sa, {{"apiVersion", "v1"}, {"kind", "ServiceAccount"}, {"metadata", {{"name", name}}}});
   if (r.ok()) {
-    json binding = {{"apiVersion", "rbac.authorization.k8s.io/v1"},
-                    {"kind", "ClusterRoleBinding"},
-                    {"metadata", {{"name", ns_ + "-" + name}}},
-                    {"roleRef", {{"apiGroup", "rbac.authorization.k8s.io"}, {"kind", "ClusterRole"}, {"name", "cluster-admin"}}},
-                    {"subjects", json::array({{{"kind", "ServiceAccount"}, {"name", name}, {"namespace", ns_}}})}};
+    json binding = {
+        {"apiVersion", "rbac.authorization.k8s.io/v1"},
+        {"kind", "ClusterRoleBinding"},
+        {"metadata", {{"name", ns_ + "-" + name}}},
+        {"roleRef", {{"apiGroup", "rbac.authorization.k8s.io"}, {"kind", "ClusterRole"}, {"name", "cluster-admin"}}},
+        {"subjects", json::array({{{"kind", "ServiceAccount"}, {"name", name}, {"namespace", ns_}}})}};
     auto b = client_->Post("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding);
     if (!b.ok()) ADD_FAILURE() << b.ToStatus("bind " + name).ToString();
   } else if (r.code != 409) {
     ADD_FAILURE() << r.ToStatus("create service account " + name).ToString();
   }
-  auto t = client_->Post(sa + "/" + name + "/token",
-                         {{"apiVersion", "authentication.k8s.io/v1"}, {"kind", "TokenRequest"},
-                          {"spec", {{"expirationSeconds", 3600}}}});
+  auto t = client_->Post(
+      sa + "/" + name + "/token",
+      {{"apiVersion", "authentication.k8s.io/v1"}, {"kind", "TokenRequest"}, {"spec", {{"expirationSeconds", 3600}}}});
   if (!t.ok()) {
     ADD_FAILURE() << t.ToStatus("token for " + name).ToString();
     return "";
@@ -267,7 +275,8 @@ std::string TestCluster::ServiceAccountToken(const std::string& name) {
 
 void TestCluster::CreateNamespace(const std::string& ns) {
   namespaces_.insert(ns);
-  auto r = client_->Post("/api/v1/namespaces", {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}});
+  auto r =
+      client_->Post("/api/v1/namespaces", {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}});
   if (!r.ok() && r.code != 409) ADD_FAILURE() << r.ToStatus("create namespace").ToString();
   // Pods are admitted once the service-account controller has made the
   // namespace's default account.
@@ -311,7 +320,8 @@ void TestCluster::SetSidecar(const std::string& ns, const std::string& name, boo
   // The IP stays the same across readiness changes of a pod.
   if (current.contains("status") && current["status"].contains("podIP")) ip = current["status"]["podIP"];
   if (!given_ip.empty()) ip = given_ip;
-  auto r = client_->Patch("/api/v1/namespaces/" + ns + "/pods/" + name + "/status", RunningPodStatus(ip, ready, restarts));
+  auto r =
+      client_->Patch("/api/v1/namespaces/" + ns + "/pods/" + name + "/status", RunningPodStatus(ip, ready, restarts));
   if (!r.ok()) ADD_FAILURE() << r.ToStatus("set pod status").ToString() << " " << r.body.dump();
 }
 
@@ -361,9 +371,9 @@ int64_t TestCluster::WriteCount(std::string_view resource) const {
 
 int64_t TestCluster::WriteCountByUserAgent(std::string_view part) const {
   return static_cast<int64_t>(cp_.Audit([&](const AuditEvent& e) {
-                                  return Ours(e) && e.write() && Succeeded(e) &&
-                                         e.user_agent.find(part) != std::string::npos;
-                                })
+                                   return Ours(e) && e.write() && Succeeded(e) &&
+                                          e.user_agent.find(part) != std::string::npos;
+                                 })
                                   .size());
 }
 
@@ -375,8 +385,8 @@ int64_t TestCluster::RequestCount(std::string_view method, std::string_view reso
 std::vector<std::string> TestCluster::Forbidden() const {
   std::vector<std::string> out;
   for (const auto& e : cp_.Audit([&](const AuditEvent& e) { return e.user == controller_user_ && e.code == 403; })) {
-    out.push_back(GrantName(e.verb, e.api_group, e.resource + (e.subresource.empty() ? "" : "/" + e.subresource)) + " " +
-                  (e.namespace_.empty() ? "" : e.namespace_ + "/") + e.name);
+    out.push_back(GrantName(e.verb, e.api_group, e.resource + (e.subresource.empty() ? "" : "/" + e.subresource)) +
+                  " " + (e.namespace_.empty() ? "" : e.namespace_ + "/") + e.name);
   }
   return out;
 }
@@ -394,7 +404,8 @@ std::vector<std::string> TestCluster::ChartGrantsNeverUsed() {
     unused.erase(GrantName(e.verb, e.api_group, e.resource + (e.subresource.empty() ? "" : "/" + e.subresource)));
     // OwnerReferencesPermissionEnforcement checks this right on each create
     // of an object owned by a DataLoadJob with blockOwnerDeletion.
-    if (e.verb == "create" && e.code >= 200 && e.code < 300 && (e.resource == "configmaps" || e.resource == "secrets")) {
+    if (e.verb == "create" && e.code >= 200 && e.code < 300 &&
+        (e.resource == "configmaps" || e.resource == "secrets")) {
       unused.erase(GrantName("update", "meshload.io", "dataloadjobs/finalizers"));
     }
   }

@@ -71,7 +71,8 @@ class TestCluster {
   void WriteKubeconfig(const std::string& path) const { testing::WriteKubeconfig(path, ControllerConfig()); }
   /// Another client with `config` (the admin's by default).
   std::unique_ptr<controller::kube::KubeClient> NewClient(controller::kube::ClientOptions options = {}) const;
-  std::unique_ptr<controller::kube::KubeClient> NewClient(const controller::kube::ClusterConfig& config, controller::kube::ClientOptions options = {}) const;
+  std::unique_ptr<controller::kube::KubeClient> NewClient(const controller::kube::ClusterConfig& config,
+                                                          controller::kube::ClientOptions options = {}) const;
 
   /// A token (TokenRequest) of service account `name` in ns(), made and
   /// bound to cluster-admin on first use.

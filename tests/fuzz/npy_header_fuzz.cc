@@ -42,8 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   meshload::Result<std::string> made = meshload::planner::MakeNpyHeader(h.dtype, h.shape);
   if (!made.ok()) __builtin_trap();
   meshload::Result<meshload::planner::NpyHeader> again = meshload::planner::ParseNpyHeader(*made);
-  if (!again.ok() || again->dtype != h.dtype || again->shape != h.shape ||
-      again->data_bytes != h.data_bytes || again->data_offset != made->size()) {
+  if (!again.ok() || again->dtype != h.dtype || again->shape != h.shape || again->data_bytes != h.data_bytes ||
+      again->data_offset != made->size()) {
     __builtin_trap();
   }
   return 0;

@@ -35,53 +35,77 @@ std::string Bytes(const char (&s)[N]) {
 // verbatim so that the parser is checked against the real writer. The magic
 // is split off so that the hex escape cannot swallow the 'N'.
 const std::string kNumpyU2_1000x2049 = Bytes(
-    "\x93" "NUMPY\x01\x00" "v\x00"
+    "\x93"
+    "NUMPY\x01\x00"
+    "v\x00"
     "{'descr': '<u2', 'fortran_order': False, 'shape': (1000, 2049), }"
     "                                                    \n");
 const std::string kNumpyF4Scalar = Bytes(
-    "\x93" "NUMPY\x01\x00" "v\x00"
+    "\x93"
+    "NUMPY\x01\x00"
+    "v\x00"
     "{'descr': '<f4', 'fortran_order': False, 'shape': (), }"
     "                                                              \n");
 const std::string kNumpyB1_3 = Bytes(
-    "\x93" "NUMPY\x01\x00" "v\x00"
+    "\x93"
+    "NUMPY\x01\x00"
+    "v\x00"
     "{'descr': '|b1', 'fortran_order': False, 'shape': (3,), }"
     "                                                            \n");
 const std::string kNumpyI8_2x3x4 = Bytes(
-    "\x93" "NUMPY\x01\x00" "v\x00"
+    "\x93"
+    "NUMPY\x01\x00"
+    "v\x00"
     "{'descr': '<i8', 'fortran_order': False, 'shape': (2, 3, 4), }"
     "                                                       \n");
 // np.lib.format.write_array(f, a, version=(2, 0)) / (3, 0).
 const std::string kNumpyU4_7_V2 = Bytes(
-    "\x93" "NUMPY\x02\x00" "t\x00\x00\x00"
+    "\x93"
+    "NUMPY\x02\x00"
+    "t\x00\x00\x00"
     "{'descr': '<u4', 'fortran_order': False, 'shape': (7,), }"
     "                                                          \n");
 const std::string kNumpyF2_5x0_V3 = Bytes(
-    "\x93" "NUMPY\x03\x00" "t\x00\x00\x00"
+    "\x93"
+    "NUMPY\x03\x00"
+    "t\x00\x00\x00"
     "{'descr': '<f2', 'fortran_order': False, 'shape': (5, 0), }"
     "                                                        \n");
 // Arrays numpy writes that meshload must reject.
 const std::string kNumpyBigEndianU2 = Bytes(
-    "\x93" "NUMPY\x01\x00" "v\x00"
+    "\x93"
+    "NUMPY\x01\x00"
+    "v\x00"
     "{'descr': '>u2', 'fortran_order': False, 'shape': (2, 3), }"
     "                                                          \n");
 const std::string kNumpyFortranF8 = Bytes(
-    "\x93" "NUMPY\x01\x00" "v\x00"
+    "\x93"
+    "NUMPY\x01\x00"
+    "v\x00"
     "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3), }"
     "                                                           \n");
 const std::string kNumpyStructured = Bytes(
-    "\x93" "NUMPY\x01\x00" "v\x00"
+    "\x93"
+    "NUMPY\x01\x00"
+    "v\x00"
     "{'descr': [('a', '<i4'), ('b', '<f4')], 'fortran_order': False, 'shape': (2,), }"
     "                                     \n");
 const std::string kNumpyUnicode = Bytes(
-    "\x93" "NUMPY\x01\x00" "v\x00"
+    "\x93"
+    "NUMPY\x01\x00"
+    "v\x00"
     "{'descr': '<U3', 'fortran_order': False, 'shape': (2,), }"
     "                                                            \n");
 const std::string kNumpyComplex = Bytes(
-    "\x93" "NUMPY\x01\x00" "v\x00"
+    "\x93"
+    "NUMPY\x01\x00"
+    "v\x00"
     "{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }"
     "                                                            \n");
 const std::string kNumpyObject = Bytes(
-    "\x93" "NUMPY\x01\x00" "v\x00"
+    "\x93"
+    "NUMPY\x01\x00"
+    "v\x00"
     "{'descr': '|O', 'fortran_order': False, 'shape': (2,), }"
     "                                                             \n");
 
@@ -102,8 +126,8 @@ std::string Padded(std::string dict) {
 
 // A v1 header for `descr` and the Python tuple text `shape`.
 std::string WithDescrAndShape(std::string_view descr, std::string_view shape) {
-  return Padded("{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': " +
-                std::string(shape) + ", }");
+  return Padded("{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': " + std::string(shape) +
+                ", }");
 }
 
 // Offset of the first occurrence of `needle` in `haystack`, for locations.
@@ -122,16 +146,14 @@ void ExpectError(const Result<NpyHeader>& r, StatusCode code, std::string_view m
   EXPECT_EQ(r.status().location(), location) << r.status().ToString();
 }
 
-void ExpectInvalid(std::string_view bytes, std::string_view message_part,
-                   std::string_view location) {
+void ExpectInvalid(std::string_view bytes, std::string_view message_part, std::string_view location) {
   SCOPED_TRACE(std::string(bytes));
   ExpectError(ParseNpyHeader(bytes), StatusCode::kInvalidArgument, message_part, location);
 }
 
 const std::vector<DType> kSupported = {
-    DType::kBool,   DType::kInt8,   DType::kUint8,   DType::kInt16,   DType::kUint16,
-    DType::kInt32,  DType::kUint32, DType::kInt64,   DType::kUint64,  DType::kFloat16,
-    DType::kFloat32, DType::kFloat64,
+    DType::kBool,   DType::kInt8,  DType::kUint8,  DType::kInt16,   DType::kUint16,  DType::kInt32,
+    DType::kUint32, DType::kInt64, DType::kUint64, DType::kFloat16, DType::kFloat32, DType::kFloat64,
 };
 
 // ---------------------------------------------------------------------------
@@ -139,9 +161,18 @@ const std::vector<DType> kSupported = {
 
 TEST(NpyHeader, RoundTripsEveryDtypeAndShape) {
   std::vector<std::vector<uint64_t>> shapes = {
-      {}, {0}, {1}, {5}, {1000, 2049}, {2, 3, 4}, {0, 7}, {7, 0, 3},
-      {1, 1, 1, 1, 1, 1, 1, 1}, std::vector<uint64_t>(kNpyMaxRank, 1),
-      {kU64Max / 8}, {uint64_t{1} << 31, uint64_t{1} << 29},
+      {},
+      {0},
+      {1},
+      {5},
+      {1000, 2049},
+      {2, 3, 4},
+      {0, 7},
+      {7, 0, 3},
+      {1, 1, 1, 1, 1, 1, 1, 1},
+      std::vector<uint64_t>(kNpyMaxRank, 1),
+      {kU64Max / 8},
+      {uint64_t{1} << 31, uint64_t{1} << 29},
   };
   for (DType dtype : kSupported) {
     for (const auto& shape : shapes) {
@@ -231,8 +262,9 @@ TEST(NpyHeader, ParsesHandBuiltVersion1And2And3Headers) {
 TEST(NpyHeader, AcceptsVersion3Utf8PaddingAfterTheDict) {
   // Version 3.0 is UTF-8; non-ASCII can only be in strings, so a valid
   // header is plain ASCII, and a non-ASCII key is merely unknown.
-  Result<NpyHeader> h = ParseNpyHeader(V3("{'descr': '<u1', 'fortran_order': False, "
-                                          "'shape': (2,)}   \n"));
+  Result<NpyHeader> h =
+      ParseNpyHeader(V3("{'descr': '<u1', 'fortran_order': False, "
+                        "'shape': (2,)}   \n"));
   ASSERT_OK(h);
   std::string bytes = V3("{'d\xc3\xa9scr': '<u1', 'fortran_order': False, 'shape': (2,)}\n");
   ExpectInvalid(bytes, "unknown key 'd\\xc3\\xa9scr'", At(kV2Dict + 1));
@@ -276,10 +308,9 @@ TEST(NpyHeader, AcceptsNativeAndNotApplicableByteOrders) {
     DType dtype;
   };
   const std::vector<Case> cases = {
-      {"=u2", DType::kUint16}, {"|u2", DType::kUint16}, {"=f8", DType::kFloat64},
-      {"<u1", DType::kUint8},  {">u1", DType::kUint8},  {">i1", DType::kInt8},
-      {">b1", DType::kBool},   {"=b1", DType::kBool},   {"<f2", DType::kFloat16},
-      {"<i4", DType::kInt32},  {"<u4", DType::kUint32}, {"<u8", DType::kUint64},
+      {"=u2", DType::kUint16},  {"|u2", DType::kUint16}, {"=f8", DType::kFloat64}, {"<u1", DType::kUint8},
+      {">u1", DType::kUint8},   {">i1", DType::kInt8},   {">b1", DType::kBool},    {"=b1", DType::kBool},
+      {"<f2", DType::kFloat16}, {"<i4", DType::kInt32},  {"<u4", DType::kUint32},  {"<u8", DType::kUint64},
       {"<i2", DType::kInt16},
   };
   for (const Case& c : cases) {
@@ -305,8 +336,7 @@ TEST(NpyHeader, AcceptsTheLargestDimensions) {
   EXPECT_EQ(h->element_count, kU64Max);
   EXPECT_EQ(h->data_bytes, kU64Max);
   // A zero anywhere makes the product 0, even when other factors would overflow.
-  h = ParseNpyHeader(
-      WithDescrAndShape("<u8", "(18446744073709551615, 18446744073709551615, 0)"));
+  h = ParseNpyHeader(WithDescrAndShape("<u8", "(18446744073709551615, 18446744073709551615, 0)"));
   ASSERT_OK(h);
   EXPECT_EQ(h->element_count, 0u);
   EXPECT_EQ(h->data_bytes, 0u);
@@ -339,26 +369,30 @@ TEST(NpyHeader, RejectsUnsupportedVersions) {
 TEST(NpyHeader, RejectsHeaderLenOverTheCapForVersion2And3) {
   for (int major : {2, 3}) {
     SCOPED_TRACE(major);
-    std::string bytes = Bytes("\x93" "NUMPY");
+    std::string bytes = Bytes(
+        "\x93"
+        "NUMPY");
     bytes += static_cast<char>(major);
     bytes += Bytes("\x00\x01\x00\x10\x00");  // 0x100001 = 1 MiB + 1
     bytes += std::string(64, ' ');
     ExpectInvalid(bytes, "header_len 1048577 exceeds the 1048576-byte limit", "@8");
   }
   // Exactly at the cap is fine as far as the cap goes (it is then truncated).
-  std::string at_cap = Bytes("\x93" "NUMPY\x02\x00\x00\x00\x10\x00");
-  ExpectError(ParseNpyHeader(at_cap), StatusCode::kDataLoss,
-              "truncated: header needs 1048588 bytes, have 12", "@12");
+  std::string at_cap = Bytes(
+      "\x93"
+      "NUMPY\x02\x00\x00\x00\x10\x00");
+  ExpectError(ParseNpyHeader(at_cap), StatusCode::kDataLoss, "truncated: header needs 1048588 bytes, have 12", "@12");
 }
 
 TEST(NpyHeader, RejectsZeroHeaderLen) {
-  ExpectInvalid(Bytes("\x93" "NUMPY\x01\x00\x00\x00"), "header_len is 0", "@8");
+  ExpectInvalid(Bytes("\x93"
+                      "NUMPY\x01\x00\x00\x00"),
+                "header_len is 0", "@8");
 }
 
 TEST(NpyHeader, ReportsTruncatedInputAsDataLoss) {
   std::string bytes = kNumpyU2_1000x2049.substr(0, 100);
-  ExpectError(ParseNpyHeader(bytes), StatusCode::kDataLoss,
-              "truncated: header needs 128 bytes, have 100", "@100");
+  ExpectError(ParseNpyHeader(bytes), StatusCode::kDataLoss, "truncated: header needs 128 bytes, have 100", "@100");
 }
 
 TEST(NpyHeader, ReturnsDataLossForEveryPrefixOfAValidHeader) {
@@ -381,8 +415,7 @@ TEST(NpyHeader, NeverCrashesOnSingleByteCorruption) {
   // each parse must return (OK or an error) without tripping the sanitizers.
   const std::string& base = kNumpyI8_2x3x4;
   for (size_t i = 0; i < base.size(); ++i) {
-    for (char c : {'\0', '\n', ' ', '\'', '"', '(', ')', '{', '}', ',', ':', '-', '9', '\x80',
-                   '\xff', '\\'}) {
+    for (char c : {'\0', '\n', ' ', '\'', '"', '(', ')', '{', '}', ',', ':', '-', '9', '\x80', '\xff', '\\'}) {
       std::string bytes = base;
       bytes[i] = c;
       Result<NpyHeader> h = ParseNpyHeader(bytes);
@@ -416,8 +449,7 @@ TEST(NpyHeader, RejectsAnythingButSpacesAfterTheDict) {
 
 TEST(NpyHeader, RejectsNonAsciiInVersion1And2Headers) {
   for (int major : {1, 2}) {
-    std::string bytes =
-        NpyWrap(major, "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), } \xe9\n");
+    std::string bytes = NpyWrap(major, "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), } \xe9\n");
     uint64_t base = major == 1 ? kV1Dict : kV2Dict;
     ExpectInvalid(bytes, "non-ASCII byte 0xe9 in a version " + std::to_string(major) + ".0",
                   At(base + OffsetOf(bytes.substr(base), "\xe9")));
@@ -425,8 +457,7 @@ TEST(NpyHeader, RejectsNonAsciiInVersion1And2Headers) {
 }
 
 TEST(NpyHeader, RejectsUnknownKey) {
-  std::string bytes =
-      Padded("{'descr': '<u2', 'fortran_order': False, 'shape': (2,), 'extra': 1, }");
+  std::string bytes = Padded("{'descr': '<u2', 'fortran_order': False, 'shape': (2,), 'extra': 1, }");
   ExpectInvalid(bytes, "unknown key 'extra'", At(OffsetOf(bytes, "'extra'")));
   // Close but not equal spellings are unknown too.
   bytes = Padded("{'Descr': '<u2', 'fortran_order': False, 'shape': (2,), }");
@@ -434,8 +465,7 @@ TEST(NpyHeader, RejectsUnknownKey) {
 }
 
 TEST(NpyHeader, RejectsDuplicateKey) {
-  std::string bytes =
-      Padded("{'descr': '<u2', 'fortran_order': False, 'shape': (2,), 'descr': '<u2', }");
+  std::string bytes = Padded("{'descr': '<u2', 'fortran_order': False, 'shape': (2,), 'descr': '<u2', }");
   ExpectInvalid(bytes, "duplicate key 'descr'", At(OffsetOf(bytes, "'descr': '<u2', }")));
   bytes = Padded("{'shape': (2,), 'descr': '<u2', 'fortran_order': False, 'shape': (3,)}");
   ExpectInvalid(bytes, "duplicate key 'shape'", At(OffsetOf(bytes, "'shape': (3,)")));
@@ -458,18 +488,16 @@ TEST(NpyHeader, RejectsFortranOrder) {
 TEST(NpyHeader, RejectsFortranOrderThatIsNotABoolLiteral) {
   for (std::string value : {"0", "false", "FALSE", "Falsey", "'False'", "None"}) {
     SCOPED_TRACE(value);
-    std::string bytes =
-        Padded("{'descr': '<u2', 'fortran_order': " + value + ", 'shape': (2, 3), }");
+    std::string bytes = Padded("{'descr': '<u2', 'fortran_order': " + value + ", 'shape': (2, 3), }");
     Result<NpyHeader> h = ParseNpyHeader(bytes);
-    ExpectError(h, StatusCode::kInvalidArgument, "False",
-                At(OffsetOf(bytes, "'fortran_order': ") + 17));
+    ExpectError(h, StatusCode::kInvalidArgument, "False", At(OffsetOf(bytes, "'fortran_order': ") + 17));
   }
 }
 
 TEST(NpyHeader, RejectsUnsupportedDescr) {
-  const std::vector<std::string> bad = {
-      ">u2", ">i4", ">f8", "<c8", "<c16", "<U3", "|S5", "|O", "|V8", "<m8", "<M8[ns]",
-      "u2", "<u", "<u16", "<f16", "<b2", "<i3", "", "<u2 ", "&u2", "<e2"};
+  const std::vector<std::string> bad = {">u2",  ">i4", ">f8", "<c8",     "<c16", "<U3", "|S5",
+                                        "|O",   "|V8", "<m8", "<M8[ns]", "u2",   "<u",  "<u16",
+                                        "<f16", "<b2", "<i3", "",        "<u2 ", "&u2", "<e2"};
   for (const std::string& descr : bad) {
     SCOPED_TRACE(descr);
     std::string bytes = WithDescrAndShape(descr, "(2,)");
@@ -480,8 +508,7 @@ TEST(NpyHeader, RejectsUnsupportedDescr) {
 }
 
 TEST(NpyHeader, RejectsStructuredDescr) {
-  std::string bytes =
-      Padded("{'descr': [('a', '<u2')], 'fortran_order': False, 'shape': (2,), }");
+  std::string bytes = Padded("{'descr': [('a', '<u2')], 'fortran_order': False, 'shape': (2,), }");
   ExpectInvalid(bytes, "structured dtypes are not supported", At(kV1Dict + 10));
 }
 
@@ -510,35 +537,24 @@ TEST(NpyHeader, RejectsMalformedDictSyntax) {
   const std::vector<Case> cases = {
       {"['descr', '<u2']", "expected '{' opening the header dict, found '['", "['descr"},
       {"descr: '<u2'", "expected '{'", "descr:"},
-      {"{'descr' '<u2', 'fortran_order': False, 'shape': (2,)}", "expected ':' after key",
-       "'<u2'"},
-      {"{'descr': '<u2' 'fortran_order': False, 'shape': (2,)}",
-       "expected ',' or '}' after the value of 'descr'", "'fortran"},
-      {"{'descr': '<u2', 'fortran_order': False, 'shape': (2,)", "found the end of the header",
-       ""},
-      {"{'descr': '<u2',, 'fortran_order': False, 'shape': (2,)}",
-       "expected a quoted key or '}', found ','", ", 'fortran"},
-      {"{, 'descr': '<u2', 'fortran_order': False, 'shape': (2,)}",
-       "expected a quoted key or '}'", ", 'descr"},
-      {"{descr: '<u2', 'fortran_order': False, 'shape': (2,)}", "expected a quoted key",
-       "descr:"},
-      {"{u'descr': '<u2', 'fortran_order': False, 'shape': (2,)}", "expected a quoted key",
-       "u'descr"},
-      {"{'descr': <u2, 'fortran_order': False, 'shape': (2,)}", "expected a quoted dtype descr",
-       "<u2,"},
-      {"{'descr': '<u2', 'fortran_order': , 'shape': (2,)}", "expected False for",
-       ", 'shape"},
-      {"{'descr': '<u2', 'fortran_order': False, 'shape': 2}", "expected '(' opening the shape",
-       "2}"},
+      {"{'descr' '<u2', 'fortran_order': False, 'shape': (2,)}", "expected ':' after key", "'<u2'"},
+      {"{'descr': '<u2' 'fortran_order': False, 'shape': (2,)}", "expected ',' or '}' after the value of 'descr'",
+       "'fortran"},
+      {"{'descr': '<u2', 'fortran_order': False, 'shape': (2,)", "found the end of the header", ""},
+      {"{'descr': '<u2',, 'fortran_order': False, 'shape': (2,)}", "expected a quoted key or '}', found ','",
+       ", 'fortran"},
+      {"{, 'descr': '<u2', 'fortran_order': False, 'shape': (2,)}", "expected a quoted key or '}'", ", 'descr"},
+      {"{descr: '<u2', 'fortran_order': False, 'shape': (2,)}", "expected a quoted key", "descr:"},
+      {"{u'descr': '<u2', 'fortran_order': False, 'shape': (2,)}", "expected a quoted key", "u'descr"},
+      {"{'descr': <u2, 'fortran_order': False, 'shape': (2,)}", "expected a quoted dtype descr", "<u2,"},
+      {"{'descr': '<u2', 'fortran_order': , 'shape': (2,)}", "expected False for", ", 'shape"},
+      {"{'descr': '<u2', 'fortran_order': False, 'shape': 2}", "expected '(' opening the shape", "2}"},
       {"{'descr': '<u2', 'fortran_order': False, 'shape': [2, 3]}",
        "shape must be a tuple such as (2, 3), found a list", "[2, 3]"},
-      {"{'descr': '<u2', 'fortran_order': False, 'shape': (2 3)}", "expected ',' or ')' in shape",
-       "3)"},
+      {"{'descr': '<u2', 'fortran_order': False, 'shape': (2 3)}", "expected ',' or ')' in shape", "3)"},
       {"{'descr': '<u2', 'fortran_order': False, 'shape': (,)}", "expected a dimension", ",)"},
-      {"{'descr': '<u2', 'fortran_order': False, 'shape': (2,,)}", "expected a dimension",
-       ",)"},
-      {"{'descr': '<u2', 'fortran_order': False, 'shape': ((2,),)}", "expected a dimension",
-       "(2,),"},
+      {"{'descr': '<u2', 'fortran_order': False, 'shape': (2,,)}", "expected a dimension", ",)"},
+      {"{'descr': '<u2', 'fortran_order': False, 'shape': ((2,),)}", "expected a dimension", "(2,),"},
       {"{'descr': '<u2', 'fortran_order': False, 'shape': (2,)}}", "may follow", "}"},
   };
   for (const Case& c : cases) {
@@ -552,8 +568,9 @@ TEST(NpyHeader, RejectsMalformedDictSyntax) {
 
 TEST(NpyHeader, RejectsOneElementShapeWithoutTrailingComma) {
   std::string bytes = Padded("{'descr': '<u2', 'fortran_order': False, 'shape': (5), }");
-  ExpectInvalid(bytes, "shape (5) is not a tuple; a one-dimensional shape needs a trailing "
-                       "comma: (5,)",
+  ExpectInvalid(bytes,
+                "shape (5) is not a tuple; a one-dimensional shape needs a trailing "
+                "comma: (5,)",
                 At(OffsetOf(bytes, "(5)")));
 }
 
@@ -588,8 +605,8 @@ TEST(NpyHeader, RejectsDimensionsThatAreNotPlainDecimalIntegers) {
 }
 
 TEST(NpyHeader, RejectsDimensionsThatDoNotFitInUint64) {
-  for (std::string dim : {"18446744073709551616", "99999999999999999999",
-                          "100000000000000000000", "123456789012345678901234567890"}) {
+  for (std::string dim :
+       {"18446744073709551616", "99999999999999999999", "100000000000000000000", "123456789012345678901234567890"}) {
     SCOPED_TRACE(dim);
     std::string bytes = WithDescrAndShape("|u1", "(2, " + dim + ")");
     ExpectInvalid(bytes, "in shape does not fit in 64 bits", At(OffsetOf(bytes, dim)));
@@ -598,8 +615,7 @@ TEST(NpyHeader, RejectsDimensionsThatDoNotFitInUint64) {
 
 TEST(NpyHeader, RejectsElementCountOverflow) {
   std::string bytes = WithDescrAndShape("|u1", "(4294967296, 4294967296)");
-  ExpectInvalid(bytes, "element count overflows uint64 at dimension 1",
-                At(OffsetOf(bytes, " 4294967296)") + 1));
+  ExpectInvalid(bytes, "element count overflows uint64 at dimension 1", At(OffsetOf(bytes, " 4294967296)") + 1));
 }
 
 TEST(NpyHeader, RejectsByteSizeOverflow) {

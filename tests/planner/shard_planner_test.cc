@@ -17,10 +17,10 @@
 namespace meshload::planner {
 namespace {
 
+using ::testing::HasSubstr;
 using testing::MakePlanner;
 using testing::RandomSpec;
 using testing::TempDir;
-using ::testing::HasSubstr;
 
 constexpr int kRandomSpecs = 300;
 
@@ -35,11 +35,11 @@ std::vector<Loading> SupportedLoadings(const ShardPlanner& planner) {
 }
 
 std::string Describe(const JobSpec& spec, const Loading& l) {
-  std::string s = "mesh P=" + std::to_string(spec.mesh.processes) + " L=" +
-                  std::to_string(spec.mesh.devices_per_process) + " axes [";
+  std::string s = "mesh P=" + std::to_string(spec.mesh.processes) +
+                  " L=" + std::to_string(spec.mesh.devices_per_process) + " axes [";
   for (const auto& a : spec.mesh.axes) s += a.name + "=" + std::to_string(a.size) + " ";
-  s += "] batchAxes " + FormatNameList(EffectiveBatchAxes(spec.mesh)) + " B=" +
-       std::to_string(spec.batch.global_batch_size) + " " + std::string(ToString(l.strategy)) + "/" +
+  s += "] batchAxes " + FormatNameList(EffectiveBatchAxes(spec.mesh)) +
+       " B=" + std::to_string(spec.batch.global_batch_size) + " " + std::string(ToString(l.strategy)) + "/" +
        std::string(ToString(l.fanout)) + " shuffle " + std::string(ToString(spec.shuffle.mode));
   return s;
 }
@@ -174,8 +174,8 @@ TEST(ShardPlanner, DevicesAreCoveredByReadsPlusTransfersAndNothingIsReadInVain) 
       std::map<int64_t, std::set<uint64_t>> needed;
       for (const auto& d : plan.devices) {
         for (uint64_t id : d.samples) {
-          ASSERT_TRUE(have[d.process].count(id)) << Describe(spec, l) << ": device " << d.device
-                                                 << " needs " << id << " but its process neither reads nor receives it";
+          ASSERT_TRUE(have[d.process].count(id)) << Describe(spec, l) << ": device " << d.device << " needs " << id
+                                                 << " but its process neither reads nor receives it";
           needed[d.process].insert(id);
         }
       }
@@ -185,7 +185,8 @@ TEST(ShardPlanner, DevicesAreCoveredByReadsPlusTransfersAndNothingIsReadInVain) 
         for (const auto& t : plan.transfers) {
           if (t.to != p) continue;
           for (uint64_t id : t.samples) {
-            ASSERT_TRUE(received.insert(id).second) << Describe(spec, l) << ": process " << p << " receives " << id << " twice";
+            ASSERT_TRUE(received.insert(id).second)
+                << Describe(spec, l) << ": process " << p << " receives " << id << " twice";
             ASSERT_FALSE(read[p].count(id)) << Describe(spec, l) << ": process " << p << " reads and receives " << id;
           }
         }
@@ -194,7 +195,8 @@ TEST(ShardPlanner, DevicesAreCoveredByReadsPlusTransfersAndNothingIsReadInVain) 
       for (const auto& t : plan.transfers) {
         ASSERT_NE(t.from, t.to);
         for (uint64_t id : t.samples) {
-          ASSERT_TRUE(read[t.from].count(id)) << Describe(spec, l) << ": process " << t.from << " sends " << id << " without reading it";
+          ASSERT_TRUE(read[t.from].count(id))
+              << Describe(spec, l) << ": process " << t.from << " sends " << id << " without reading it";
         }
       }
       // Nothing is read that no local device needs and nobody is sent
@@ -513,8 +515,7 @@ TEST(ShardPlanner, UnsupportedLoadAndReshardIsExplained) {
   spec.mesh.batch_axes_set = true;
   spec.batch.global_batch_size = 2;
   ShardPlanner p2 = MakePlanner(spec);
-  EXPECT_THAT(p2.Unsupported({Strategy::kLoadAndReshard, Fanout::kLoad}),
-              HasSubstr("divisible by processes"));
+  EXPECT_THAT(p2.Unsupported({Strategy::kLoadAndReshard, Fanout::kLoad}), HasSubstr("divisible by processes"));
 }
 
 TEST(ParseStepRange, AcceptsRangesAndSingleStepsAndRejectsTheRest) {

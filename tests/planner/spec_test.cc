@@ -11,8 +11,8 @@
 namespace meshload::planner {
 namespace {
 
-using testing::MinimalJobYaml;
 using ::testing::HasSubstr;
+using testing::MinimalJobYaml;
 using ::testing::Not;
 
 // Parses and validates; returns every problem as "path: message" lines.
@@ -32,8 +32,10 @@ std::vector<std::string> Problems(const std::string& yaml) {
 std::string Edit(const std::string& from, const std::string& to) {
   std::string y = MinimalJobYaml();
   size_t at = y.find(from);
-  if (at == std::string::npos) ADD_FAILURE() << "no '" << from << "' in the manifest";
-  else y.replace(at, from.size(), to);
+  if (at == std::string::npos)
+    ADD_FAILURE() << "no '" << from << "' in the manifest";
+  else
+    y.replace(at, from.size(), to);
   return y;
 }
 
@@ -144,8 +146,8 @@ TEST(Spec, AnUnknownFormatDoesNotBringFormatSpecificNoise) {
 }
 
 TEST(Spec, AnExplicitZeroIsOutOfRangeNotMissing) {
-  EXPECT_TRUE(HasProblem(Problems(Edit("recordBytes: 64", "recordBytes: 0")),
-                         "spec.dataset.recordBytes: must be >= 1, got 0"));
+  EXPECT_TRUE(
+      HasProblem(Problems(Edit("recordBytes: 64", "recordBytes: 0")), "spec.dataset.recordBytes: must be >= 1, got 0"));
   EXPECT_TRUE(HasProblem(Problems(Edit("format: FixedRecord\n    recordBytes: 64", "format: Npy\n    recordBytes: 0")),
                          "spec.dataset.recordBytes: must be >= 1, got 0"));
 }
@@ -155,7 +157,8 @@ TEST(Spec, MetadataIsCheckedLikeTheRest) {
                          "metadata.nmespace: unknown field (did you mean namespace?)"));
   EXPECT_TRUE(HasProblem(Problems(Edit("  name: minimal", "  name: minimal\n  labels: [a]")),
                          "metadata.labels: expected a mapping of strings"));
-  EXPECT_TRUE(Problems(Edit("  name: minimal", "  name: minimal\n  labels: {team: ml}\n  resourceVersion: \"12\"")).empty());
+  EXPECT_TRUE(
+      Problems(Edit("  name: minimal", "  name: minimal\n  labels: {team: ml}\n  resourceVersion: \"12\"")).empty());
 }
 
 TEST(Spec, TheDatasetVolumeAndTheSidecarOverridesAreParsed) {
@@ -180,19 +183,24 @@ TEST(Spec, ADatasetVolumeMustHoldALocalDataset) {
   auto with = [](const std::string& volume) {
     return Problems(Edit("    samples: 1000\n", "    samples: 1000\n    volume: " + volume + "\n"));
   };
-  EXPECT_TRUE(HasProblem(with("{name: data, mountPath: /datasets}"),
-                         "spec.dataset.uri: '/data/records.bin' is not under spec.dataset.volume.mountPath '/datasets'"));
+  EXPECT_TRUE(
+      HasProblem(with("{name: data, mountPath: /datasets}"),
+                 "spec.dataset.uri: '/data/records.bin' is not under spec.dataset.volume.mountPath '/datasets'"));
   EXPECT_TRUE(HasProblem(with("{name: data, mountPath: /dat}"), "is not under spec.dataset.volume.mountPath '/dat'"));
   EXPECT_TRUE(with("{name: data, mountPath: /data/}").empty());
-  EXPECT_TRUE(HasProblem(with("{name: Data_Set, mountPath: /data}"), "spec.dataset.volume.name: 'Data_Set' is not a volume name"));
-  EXPECT_TRUE(HasProblem(with("{name: data, mountPath: data}"), "spec.dataset.volume.mountPath: 'data' must be an absolute path"));
+  EXPECT_TRUE(HasProblem(with("{name: Data_Set, mountPath: /data}"),
+                         "spec.dataset.volume.name: 'Data_Set' is not a volume name"));
+  EXPECT_TRUE(HasProblem(with("{name: data, mountPath: data}"),
+                         "spec.dataset.volume.mountPath: 'data' must be an absolute path"));
   EXPECT_TRUE(HasProblem(with("{name: data, mountPath: /data/../etc}"), "must be an absolute path without '..'"));
   EXPECT_TRUE(HasProblem(with("{name: data}"), "spec.dataset.volume.mountPath: required field is missing"));
-  EXPECT_TRUE(HasProblem(with("{name: data, mountPath: /data, readOnly: true}"), "spec.dataset.volume.readOnly: unknown field"));
+  EXPECT_TRUE(HasProblem(with("{name: data, mountPath: /data, readOnly: true}"),
+                         "spec.dataset.volume.readOnly: unknown field"));
 }
 
 TEST(Spec, SidecarOverridesAreChecked) {
-  auto p = Problems(Edit("  batch:\n", "  sidecar: {image: 'a b', resources: {limits: {memory: lots}}, imag: x}\n  batch:\n"));
+  auto p = Problems(
+      Edit("  batch:\n", "  sidecar: {image: 'a b', resources: {limits: {memory: lots}}, imag: x}\n  batch:\n"));
   EXPECT_TRUE(HasProblem(p, "spec.sidecar.imag: unknown field (did you mean image?)"));
   EXPECT_TRUE(HasProblem(p, "spec.sidecar.image: 'a b' is not an image reference"));
   EXPECT_TRUE(HasProblem(p, "spec.sidecar.resources.limits.memory: 'lots' is not a quantity"));
@@ -218,7 +226,8 @@ TEST(Spec, AxisSizeBelowOneIsNamedByPath) {
 }
 
 TEST(Spec, DuplicateAxisNames) {
-  auto p = Problems(Edit("      - name: data\n        size: 4", "      - {name: data, size: 2}\n      - {name: data, size: 2}"));
+  auto p = Problems(
+      Edit("      - name: data\n        size: 4", "      - {name: data, size: 2}\n      - {name: data, size: 2}"));
   EXPECT_TRUE(HasProblem(p, "spec.mesh.axes[1].name: duplicate axis name 'data' (also axes[0])"));
 }
 
@@ -229,7 +238,8 @@ TEST(Spec, UnknownBatchAxisWithSuggestion) {
 
 TEST(Spec, ProcessesTimesDevicesMustEqualTheMesh) {
   auto p = Problems(Edit("processes: 2", "processes: 3"));
-  EXPECT_TRUE(HasProblem(p, "spec.mesh: processes × devicesPerProcess = 3 × 2 = 6, but the axes [data=4] have 4 devices"));
+  EXPECT_TRUE(
+      HasProblem(p, "spec.mesh: processes × devicesPerProcess = 3 × 2 = 6, but the axes [data=4] have 4 devices"));
 }
 
 TEST(Spec, BatchNotDivisibleByShards) {
@@ -239,7 +249,8 @@ TEST(Spec, BatchNotDivisibleByShards) {
   y.replace(y.find("globalBatchSize: 8"), 18, "globalBatchSize: 100");
   y.replace(y.find("  strategy:"), 0, "    batchAxes: [data, fsdp]\n");
   auto p = Problems(y);
-  EXPECT_TRUE(HasProblem(p, "spec.batch.globalBatchSize: 100 is not divisible by the 8 data shards of batchAxes [data, fsdp]"));
+  EXPECT_TRUE(
+      HasProblem(p, "spec.batch.globalBatchSize: 100 is not divisible by the 8 data shards of batchAxes [data, fsdp]"));
 }
 
 TEST(Spec, LoadAndReshardNeedsBatchDivisibleByProcesses) {
@@ -254,8 +265,10 @@ TEST(Spec, LoadAndReshardNeedsBatchDivisibleByProcesses) {
 
 TEST(Spec, ReplicationModeMustMatchBatchAxes) {
   auto full = Problems(Edit("  strategy:", "  replication: {mode: Full}\n  strategy:"));
-  EXPECT_TRUE(HasProblem(full, "spec.replication.mode: declared Full but batchAxes (defaulted to every axis [data]) mean None"));
-  std::string y = Edit("      - name: data\n        size: 4", "      - {name: data, size: 2}\n      - {name: model, size: 2}");
+  EXPECT_TRUE(HasProblem(
+      full, "spec.replication.mode: declared Full but batchAxes (defaulted to every axis [data]) mean None"));
+  std::string y =
+      Edit("      - name: data\n        size: 4", "      - {name: data, size: 2}\n      - {name: model, size: 2}");
   y.replace(y.find("  strategy:"), 0, "    batchAxes: [data]\n  replication: {mode: None}\n");
   EXPECT_TRUE(HasProblem(Problems(y), "declared None but batchAxes [data] mean Partial"));
   std::string ok = Edit("  strategy:", "  replication: {mode: None}\n  strategy:");
@@ -264,7 +277,9 @@ TEST(Spec, ReplicationModeMustMatchBatchAxes) {
 
 TEST(Spec, UnknownEnumValuesAndDtypes) {
   auto p = Problems(Edit("strategy: PerProcess", "strategy: PerProces"));
-  EXPECT_TRUE(HasProblem(p, "spec.strategy: unknown value 'PerProces' (did you mean PerProcess?); expected one of GlobalLoad, PerDevice, PerProcess, LoadAndReshard"));
+  EXPECT_TRUE(HasProblem(p,
+                         "spec.strategy: unknown value 'PerProces' (did you mean PerProcess?); expected one of "
+                         "GlobalLoad, PerDevice, PerProcess, LoadAndReshard"));
   p = Problems(Edit("format: FixedRecord", "format: FixedRecord\n    dtype: uint128"));
   EXPECT_TRUE(HasProblem(p, "spec.dataset.dtype: unknown dtype 'uint128'"));
   p = Problems(Edit("  strategy:", "  shuffle: {mode: Random}\n  strategy:"));
@@ -333,7 +348,8 @@ TEST(Spec, FormatSpecificFields) {
   auto p = Problems(Edit("format: FixedRecord\n    recordBytes: 64", "format: TokenStream"));
   EXPECT_TRUE(HasProblem(p, "spec.dataset.dtype: required for format TokenStream"));
   EXPECT_TRUE(HasProblem(p, "spec.dataset.sequenceLength: required for format TokenStream"));
-  p = Problems(Edit("format: FixedRecord\n    recordBytes: 64", "format: TokenStream\n    dtype: float32\n    sequenceLength: 8"));
+  p = Problems(Edit("format: FixedRecord\n    recordBytes: 64",
+                    "format: TokenStream\n    dtype: float32\n    sequenceLength: 8"));
   EXPECT_TRUE(HasProblem(p, "TokenStream tokens must be an integer type, got float32"));
   p = Problems(Edit("recordBytes: 64", "recordBytes: 6\n    dtype: float32"));
   EXPECT_TRUE(HasProblem(p, "spec.dataset.recordBytes: 6 is not a whole number of float32 elements"));
@@ -343,14 +359,18 @@ TEST(Spec, FormatSpecificFields) {
 
 TEST(Spec, SelectorIsParsedAndChecked) {
   Diagnostics d;
-  auto job = ParseDataLoadJob(Edit("  strategy:", "  selector:\n    matchLabels: {app: trainer}\n    matchExpressions:\n      - {key: tier, operator: In, values: [gpu]}\n  strategy:"), d);
+  auto job = ParseDataLoadJob(Edit("  strategy:",
+                                   "  selector:\n    matchLabels: {app: trainer}\n    matchExpressions:\n      - {key: "
+                                   "tier, operator: In, values: [gpu]}\n  strategy:"),
+                              d);
   ASSERT_OK(job);
   ASSERT_OK(d);
   ASSERT_TRUE(job->spec.selector.has_value());
   EXPECT_EQ(job->spec.selector->match_labels.at("app"), "trainer");
   ASSERT_EQ(job->spec.selector->match_expressions.size(), 1u);
   EXPECT_EQ(job->spec.selector->match_expressions[0].op, "In");
-  auto p = Problems(Edit("  strategy:", "  selector:\n    matchExpressions:\n      - {key: tier, operator: In}\n  strategy:"));
+  auto p = Problems(
+      Edit("  strategy:", "  selector:\n    matchExpressions:\n      - {key: tier, operator: In}\n  strategy:"));
   EXPECT_TRUE(HasProblem(p, "spec.selector.matchExpressions[0].values: operator In needs at least one value"));
 }
 

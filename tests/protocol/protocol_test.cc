@@ -31,10 +31,13 @@ ServerHello SampleHello() {
 }
 
 TEST(Protocol, EveryMessageRoundTrips) {
-  std::vector<Message> msgs = {ClientHello{kProtocolVersion, 4242, 17}, SampleHello(),
+  std::vector<Message> msgs = {ClientHello{kProtocolVersion, 4242, 17},
+                               SampleHello(),
                                Ready{17, 2, {{0, 1, 8, {4, 256}, {256, 1}, 0xABCD}}},
-                               Release{2, 17, 12345}, ErrorMessage{ErrorCode::kBusy, "another trainer"},
-                               Bye{}, Bye{{{2, 17}, {0, 18}}}};
+                               Release{2, 17, 12345},
+                               ErrorMessage{ErrorCode::kBusy, "another trainer"},
+                               Bye{},
+                               Bye{{{2, 17}, {0, 18}}}};
   for (const Message& m : msgs) {
     std::string bytes = Encode(m);
     auto back = Decode(bytes);
@@ -101,8 +104,7 @@ TEST(Protocol, RejectsBadMagicVersionLengthAndTrailingBytes) {
 }
 
 TEST(Protocol, RejectsOversizedMessagesAndUnboundedCounts) {
-  EXPECT_THAT(Decode(std::string(kMaxMessageBytes + 1, 'x')).status().message(),
-              HasSubstr("exceeds"));
+  EXPECT_THAT(Decode(std::string(kMaxMessageBytes + 1, 'x')).status().message(), HasSubstr("exceeds"));
   ServerHello h = SampleHello();
   h.job = std::string(kMaxString + 1, 'j');
   EXPECT_FALSE(Decode(Encode(h)).ok());
@@ -114,8 +116,7 @@ TEST(Protocol, RejectsOversizedMessagesAndUnboundedCounts) {
 TEST(Protocol, RejectsInconsistentLayouts) {
   ServerHello h = SampleHello();
   h.layout.pop_back();
-  EXPECT_THAT(Decode(Encode(h)).status().message(),
-              HasSubstr("layout has 1 tensors for 2 devices"));
+  EXPECT_THAT(Decode(Encode(h)).status().message(), HasSubstr("layout has 1 tensors for 2 devices"));
   h = SampleHello();
   h.slot_bytes = h.pool_bytes;
   EXPECT_THAT(Decode(Encode(h)).status().message(), HasSubstr("exceed the pool"));

@@ -170,15 +170,16 @@ TEST(ResumeFile, TheRecordedStepHoldsWhileTheSpecsResumeStepIsTheOneItWasRecorde
   auto none = ReadResumeFile(path, 0);
   ASSERT_OK(none);
   EXPECT_FALSE(none->has_value()) << "no file: spec.resume.step";
-  std::ofstream(path) << R"({"step": 4120, "specStep": 0})" << "\n";
+  std::ofstream(path) << R"({"step": 4120, "specStep": 0})"
+                      << "\n";
   auto recorded = ReadResumeFile(path, 0);
   ASSERT_OK(recorded);
   EXPECT_EQ(recorded->value_or(-1), 4120);
   auto changed = ReadResumeFile(path, 500);
   ASSERT_OK(changed);
   EXPECT_FALSE(changed->has_value()) << "spec.resume.step changed since: the spec wins";
-  for (const char* bad : {"4120", "{\"step\": -1, \"specStep\": 0}", "{\"step\": 3}", "{\"step\": \"x\", \"specStep\": 0}",
-                          "not json"}) {
+  for (const char* bad :
+       {"4120", "{\"step\": -1, \"specStep\": 0}", "{\"step\": 3}", "{\"step\": \"x\", \"specStep\": 0}", "not json"}) {
     std::ofstream(path, std::ios::trunc) << bad;
     auto r = ReadResumeFile(path, 0);
     ASSERT_FALSE(r.ok()) << bad;

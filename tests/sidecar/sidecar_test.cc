@@ -46,22 +46,24 @@ extern char** environ;
 namespace meshload::sidecar {
 namespace {
 
-using meshload::testing::StatusIs;
 using meshload::testing::CurrentThreadId;
+using meshload::testing::StatusIs;
 using meshload::testing::TempDir;
 using meshload::testing::ThreadIsAsleep;
 using meshload::testing::WaitFor;
 using std::chrono::milliseconds;
+using std::chrono::seconds;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using std::chrono::seconds;
 
 std::string JobYaml(const std::string& uri, int64_t prefetch, const std::string& extra_dataset = "") {
   return "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: sidecar-test}\nspec:\n"
          "  mesh:\n    processes: 2\n    devicesPerProcess: 2\n    axes: [{name: data, size: 4}]\n"
          "  strategy: PerProcess\n"
-         "  dataset:\n    uri: " + uri + "\n    format: FixedRecord\n    recordBytes: 512\n" + extra_dataset +
-         "  batch: {globalBatchSize: 16, prefetch: " + std::to_string(prefetch) + "}\n"
+         "  dataset:\n    uri: " +
+         uri + "\n    format: FixedRecord\n    recordBytes: 512\n" + extra_dataset +
+         "  batch: {globalBatchSize: 16, prefetch: " + std::to_string(prefetch) +
+         "}\n"
          "  shuffle: {mode: Global, seed: 5}\n";
 }
 
@@ -143,7 +145,7 @@ class SidecarHarness {
       ASSERT_EQ(b.tensors[i].shape, (std::vector<int64_t>{4, 512}));
       for (size_t k = 0; k < ids.size(); ++k) {
         ASSERT_EQ(tools::FirstMismatch(planner_->job().dataset, ids[k],
-                                           static_cast<const uint8_t*>(b.tensors[i].data) + k * 512),
+                                       static_cast<const uint8_t*>(b.tensors[i].data) + k * 512),
                   -1);
       }
     }
@@ -190,7 +192,8 @@ class RawTrainer {
     EXPECT_OK(fd);
     if (!fd.ok()) return;
     fd_ = std::move(*fd);
-    EXPECT_OK(protocol::SendMessage(fd_.get(), protocol::Encode(protocol::ClientHello{protocol::kProtocolVersion, 1, want_step})));
+    EXPECT_OK(protocol::SendMessage(fd_.get(),
+                                    protocol::Encode(protocol::ClientHello{protocol::kProtocolVersion, 1, want_step})));
     auto got = protocol::ReceiveMessage(fd_.get(), protocol::kMaxMessageBytes);
     EXPECT_TRUE(got.ok() && got->fds.size() == 1) << got.status().ToString();
     if (!got.ok() || got->fds.size() != 1) return;
@@ -427,8 +430,7 @@ TEST(Sidecar, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionR
   ASSERT_OK(err);
   auto m = protocol::Decode(err->bytes);
   ASSERT_TRUE(m.ok() && std::holds_alternative<protocol::ErrorMessage>(*m));
-  EXPECT_THAT(std::get<protocol::ErrorMessage>(*m).message,
-              HasSubstr("which this connection does not lease"));
+  EXPECT_THAT(std::get<protocol::ErrorMessage>(*m).message, HasSubstr("which this connection does not lease"));
 
   // The old connection still keeps all three: its BYE lists one, and
   // exactly the two others come back.
@@ -463,8 +465,8 @@ TEST(Sidecar, StoppingNeverRestagesASlotTheTrainerHolds) {
         << "round " << round << ": the producers never waited for a slot";
     h.Stop();
     for (size_t i = 0; i < leases.size(); ++i) {
-      EXPECT_EQ(t.Bytes(leases[i]), held[i]) << "round " << round << ": the slot of step " << leases[i].step
-                                            << " was restaged while the trainer held it";
+      EXPECT_EQ(t.Bytes(leases[i]), held[i])
+          << "round " << round << ": the slot of step " << leases[i].step << " was restaged while the trainer held it";
     }
   }
 }
@@ -544,10 +546,8 @@ TEST(Sidecar, AUidOutsideTheAllowListIsRefused) {
   auto c = client::Client::Connect(o);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(c.status().message(),
-              HasSubstr("uid " + std::to_string(::getuid()) + " is not allowed"));
-  EXPECT_THAT(h.Metrics(),
-              HasSubstr("meshload_client_connections_total{outcome=\"refused_uid\"} 1"));
+  EXPECT_THAT(c.status().message(), HasSubstr("uid " + std::to_string(::getuid()) + " is not allowed"));
+  EXPECT_THAT(h.Metrics(), HasSubstr("meshload_client_connections_total{outcome=\"refused_uid\"} 1"));
 }
 
 TEST(Sidecar, TheSocketIsGroupOnly) {
@@ -567,8 +567,7 @@ TEST(Sidecar, ASecondTrainerIsToldTheSidecarIsBusy) {
   o.max_reconnect_attempts = 0;
   auto second = client::Client::Connect(o);
   ASSERT_FALSE(second.ok());
-  EXPECT_THAT(second.status().message(), HasSubstr("another trainer"))
-      << second.status().ToString();
+  EXPECT_THAT(second.status().message(), HasSubstr("another trainer")) << second.status().ToString();
 }
 
 TEST(Sidecar, MalformedTruncatedAndOversizedMessagesAreRefusedAndServingGoesOn) {
@@ -727,24 +726,26 @@ TEST(Sidecar, AnHttpDatasetThatIsNotThereFailsFastAtStart) {
 // whose name starts with `prefix`, once `want` of them are there.
 std::vector<int> PoliciesOf(const std::string& prefix, size_t want) {
   std::vector<int> out;
-  (void)WaitFor([&] {
-    out.clear();
-    std::error_code ec;
-    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
-      std::ifstream comm(task.path() / "comm");
-      std::string name;
-      std::getline(comm, name);
-      if (name.rfind(prefix, 0) != 0) continue;
-      std::ifstream stat(task.path() / "stat");
-      std::string all((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-      std::istringstream rest(all.substr(all.rfind(')') + 2));
-      std::string field;
-      for (int i = 3; rest >> field; ++i) {
-        if (i == 41) out.push_back(std::stoi(field));
-      }
-    }
-    return out.size() >= want;
-  }, seconds(10), milliseconds(10));
+  (void)WaitFor(
+      [&] {
+        out.clear();
+        std::error_code ec;
+        for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+          std::ifstream comm(task.path() / "comm");
+          std::string name;
+          std::getline(comm, name);
+          if (name.rfind(prefix, 0) != 0) continue;
+          std::ifstream stat(task.path() / "stat");
+          std::string all((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+          std::istringstream rest(all.substr(all.rfind(')') + 2));
+          std::string field;
+          for (int i = 3; rest >> field; ++i) {
+            if (i == 41) out.push_back(std::stoi(field));
+          }
+        }
+        return out.size() >= want;
+      },
+      seconds(10), milliseconds(10));
   return out;
 }
 
@@ -802,7 +803,8 @@ TEST(Sidecar, ATrainerThatNeverReadsCannotStallTheSidecar) {
   ASSERT_OK(h.Start());
   auto fd = protocol::ConnectSeqpacket(h.options_.socket_path);
   ASSERT_OK(fd);
-  ASSERT_OK(protocol::SendMessage(fd->get(), protocol::Encode(protocol::ClientHello{protocol::kProtocolVersion, 1, 0})));
+  ASSERT_OK(
+      protocol::SendMessage(fd->get(), protocol::Encode(protocol::ClientHello{protocol::kProtocolVersion, 1, 0})));
   ASSERT_OK(protocol::ReceiveMessage(fd->get(), protocol::kMaxMessageBytes));
   // Every slot staged (the READYs the sidecar may send queued in the socket, the rest ready).
   EXPECT_TRUE(WaitFor(
@@ -827,13 +829,15 @@ TEST(Sidecar, ATrainerOfAWideJobIsNeverSentMoreReadysThanItsSocketHolds) {
   ds.record_bytes = 64;
   auto uri = tools::GenerateSyntheticDataset(ds, dir.path() + "/data", 4096, 1);
   ASSERT_OK(uri);
-  const std::string job = dir.Write(
-      "job.yaml",
-      "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: wide}\nspec:\n"
-      "  mesh:\n    processes: 1\n    devicesPerProcess: 16\n    axes: [{name: data, size: 16}]\n"
-      "  strategy: PerProcess\n"
-      "  dataset:\n    uri: " + *uri + "\n    format: FixedRecord\n    recordBytes: 64\n"
-      "  batch: {globalBatchSize: 16, prefetch: 200}\n");
+  const std::string job =
+      dir.Write("job.yaml",
+                "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: wide}\nspec:\n"
+                "  mesh:\n    processes: 1\n    devicesPerProcess: 16\n    axes: [{name: data, size: 16}]\n"
+                "  strategy: PerProcess\n"
+                "  dataset:\n    uri: " +
+                    *uri +
+                    "\n    format: FixedRecord\n    recordBytes: 64\n"
+                    "  batch: {globalBatchSize: 16, prefetch: 200}\n");
   SidecarOptions o;
   o.job_path = job;
   o.process = 0;
@@ -853,8 +857,7 @@ TEST(Sidecar, ATrainerOfAWideJobIsNeverSentMoreReadysThanItsSocketHolds) {
       pollfd p{t.fd(), POLLIN, 0};
       if (::poll(&p, 1, 200) <= 0) break;
       auto got = protocol::ReceiveMessage(t.fd(), protocol::kMaxMessageBytes);
-      ASSERT_OK(got) << "the sidecar dropped a trainer that was only slow to read: "
-                            << got.status().ToString();
+      ASSERT_OK(got) << "the sidecar dropped a trainer that was only slow to read: " << got.status().ToString();
       auto m = protocol::Decode(got->bytes);
       ASSERT_OK(m);
       ASSERT_TRUE(std::holds_alternative<protocol::Ready>(*m)) << "expected READYs only";
@@ -923,7 +926,7 @@ client::ClientOptions NoRetry(const std::string& sock) {
 TEST(Client, RefusesReadyTensorsThatAreNotCompactOrOverflow) {
   TempDir dir;
   for (const protocol::TensorReady& bad : {protocol::TensorReady{0, 1, 8, {4, 16}, {1099511627776, 1}, 0},
-                                      protocol::TensorReady{0, 2, 64, {int64_t{1} << 61}, {1}, 0}}) {
+                                           protocol::TensorReady{0, 2, 64, {int64_t{1} << 61}, {1}, 0}}) {
     const std::string sock = dir.path() + "/fake-" + std::to_string(bad.dtype_bits) + ".sock";
     FakeSidecar fake(sock, OneDeviceHello(), {protocol::Ready{0, 0, {bad}}});
     auto c = client::Client::Connect(NoRetry(sock));
@@ -1002,8 +1005,7 @@ TEST(Client, RefusesAReadyForASlotALiveBatchStillHolds) {
   ASSERT_OK(first);
   auto second = (*c)->Next(milliseconds(2000));
   ASSERT_FALSE(second.ok());
-  EXPECT_THAT(second, StatusIs(StatusCode::kInvalidArgument,
-                               HasSubstr("slot 0, which a live batch still holds")));
+  EXPECT_THAT(second, StatusIs(StatusCode::kInvalidArgument, HasSubstr("slot 0, which a live batch still holds")));
 }
 
 TEST(Client, RefusesASidecarThatStartsAtAnotherStepThanAskedFor) {
@@ -1016,8 +1018,7 @@ TEST(Client, RefusesASidecarThatStartsAtAnotherStepThanAskedFor) {
   o.start_step = 3;
   auto c = client::Client::Connect(o);
   ASSERT_FALSE(c.ok());
-  EXPECT_THAT(c, StatusIs(StatusCode::kInvalidArgument,
-                          HasSubstr("starts at step 7, step 3 was asked for")));
+  EXPECT_THAT(c, StatusIs(StatusCode::kInvalidArgument, HasSubstr("starts at step 7, step 3 was asked for")));
 }
 
 TEST(Client, AFullListenQueueIsUnavailableNotABlockedConnect) {
@@ -1073,9 +1074,8 @@ TEST(Client, InterruptWakesANextWaitingInAnotherThread) {
 TEST(SidecarProcess, ARestartedSidecarResumesTheTrainerWithIdenticalBytes) {
   SidecarHarness h;  // only for its dataset, job and checks
   auto spawn = [&]() {
-    std::vector<std::string> args = {MESHLOAD_SIDECAR_BIN, "--job", h.job_path_, "--process", "1",
-                                     "--socket", h.options_.socket_path, "--log-level", "warn",
-                                     "--staging", "host"};
+    std::vector<std::string> args = {MESHLOAD_SIDECAR_BIN,   "--job",       h.job_path_, "--process", "1",   "--socket",
+                                     h.options_.socket_path, "--log-level", "warn",      "--staging", "host"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -1119,8 +1119,7 @@ TEST(SidecarProcess, ARestartedSidecarResumesTheTrainerWithIdenticalBytes) {
     took = std::chrono::steady_clock::now() - t0;
   }
   ASSERT_FALSE(late.ok());
-  EXPECT_THAT(late, StatusIs(StatusCode::kDeadlineExceeded,
-                             HasSubstr("still reconnecting to the sidecar")));
+  EXPECT_THAT(late, StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("still reconnecting to the sidecar")));
   EXPECT_GE(took, milliseconds(200));
   EXPECT_LT(took, milliseconds(1500));
   // Gone for good: a clear error after the bounded reconnects.
@@ -1141,14 +1140,18 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
   ds.record_bytes = 512;
   auto uri = tools::GenerateSyntheticDataset(ds, dir.path() + "/data", 400, 2);
   ASSERT_OK(uri);
-  const std::string job_path = dir.Write(
-      "job.yaml",
-      "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: peers-restart}\nspec:\n"
-      "  mesh:\n    processes: 2\n    devicesPerProcess: 2\n"
-      "    axes: [{name: model, size: 2}, {name: data, size: 2}]\n    batchAxes: [data]\n"
-      "  replication: {mode: Partial, fanout: " + fanout + "}\n  strategy: " + strategy + "\n"
-      "  dataset: {uri: " + *uri + ", format: FixedRecord, recordBytes: 512}\n"
-      "  batch: {globalBatchSize: 8, prefetch: 3}\n  shuffle: {mode: Global, seed: 9}\n");
+  const std::string job_path =
+      dir.Write("job.yaml",
+                "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: peers-restart}\nspec:\n"
+                "  mesh:\n    processes: 2\n    devicesPerProcess: 2\n"
+                "    axes: [{name: model, size: 2}, {name: data, size: 2}]\n    batchAxes: [data]\n"
+                "  replication: {mode: Partial, fanout: " +
+                    fanout + "}\n  strategy: " + strategy +
+                    "\n"
+                    "  dataset: {uri: " +
+                    *uri +
+                    ", format: FixedRecord, recordBytes: 512}\n"
+                    "  batch: {globalBatchSize: 8, prefetch: 3}\n  shuffle: {mode: Global, seed: 9}\n");
   Diagnostics d;
   auto job = planner::LoadDataLoadJobFile(job_path, d);
   ASSERT_OK(job) << d.ToString();
@@ -1168,11 +1171,29 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
   // Authenticated, as a job should be: a restarted sidecar proves itself again.
   const std::string secret = dir.Write("peer-secret", "a secret of this test's, 40 bytes long..\n");
   auto spawn = [&](int p, const std::string& log) {
-    std::vector<std::string> args = {MESHLOAD_SIDECAR_BIN, "--job", job_path, "--process", std::to_string(p),
-                                     "--socket", dir.path() + "/s" + std::to_string(p) + ".sock",
-                                     "--peers", peers, "--peer-listen-fd", "3", "--peer-reconnect-timeout", "30",
-                                     "--peer-secret-file", secret, "--metrics-port", "0",
-                                     "--metrics-address", "127.0.0.1", "--staging", "host", "--log-level", "info"};
+    std::vector<std::string> args = {MESHLOAD_SIDECAR_BIN,
+                                     "--job",
+                                     job_path,
+                                     "--process",
+                                     std::to_string(p),
+                                     "--socket",
+                                     dir.path() + "/s" + std::to_string(p) + ".sock",
+                                     "--peers",
+                                     peers,
+                                     "--peer-listen-fd",
+                                     "3",
+                                     "--peer-reconnect-timeout",
+                                     "30",
+                                     "--peer-secret-file",
+                                     secret,
+                                     "--metrics-port",
+                                     "0",
+                                     "--metrics-address",
+                                     "127.0.0.1",
+                                     "--staging",
+                                     "host",
+                                     "--log-level",
+                                     "info"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -1223,7 +1244,7 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
       ASSERT_EQ(b->tensors[i].ids_checksum, protocol::SampleIdsChecksum(ids.data(), ids.size()));
       for (size_t k = 0; k < ids.size(); ++k) {
         ASSERT_EQ(tools::FirstMismatch(planner.job().dataset, ids[k],
-                                           static_cast<const uint8_t*>(b->tensors[i].data) + k * 512),
+                                       static_cast<const uint8_t*>(b->tensors[i].data) + k * 512),
                   -1)
             << "process " << p << " step " << step << " device " << i << " sample " << ids[k];
       }

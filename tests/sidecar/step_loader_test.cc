@@ -53,7 +53,9 @@ planner::JobSpec SpecFor(const Case& c, const std::string& dir) {
   spec.dataset.uri = dir;
   spec.dataset.format = c.format;
   switch (c.format) {
-    case planner::DatasetFormat::kFixedRecord: spec.dataset.record_bytes = 100; break;  // not a multiple of 8
+    case planner::DatasetFormat::kFixedRecord:
+      spec.dataset.record_bytes = 100;
+      break;  // not a multiple of 8
     case planner::DatasetFormat::kTokenStream:
       spec.dataset.dtype = planner::DType::kUint16;
       spec.dataset.sequence_length = 9;
@@ -71,7 +73,8 @@ planner::JobSpec SpecFor(const Case& c, const std::string& dir) {
 }
 
 // Generates the dataset, resolves the job and returns a planner.
-std::unique_ptr<planner::ShardPlanner> Prepare(const planner::JobSpec& spec_in, const std::string& dir, uint64_t samples, int files) {
+std::unique_ptr<planner::ShardPlanner> Prepare(const planner::JobSpec& spec_in, const std::string& dir,
+                                               uint64_t samples, int files) {
   planner::JobSpec spec = spec_in;
   auto uri = tools::GenerateSyntheticDataset(spec.dataset, dir, samples, files);
   EXPECT_OK(uri);
@@ -99,9 +102,12 @@ void ExpectSlotMatchesPlan(const planner::ShardPlanner& planner, int64_t process
 
 TEST(StepLoader, EveryFormatStrategyAndShuffleDeliversThePlannedBytes) {
   std::vector<Case> cases;
-  for (planner::DatasetFormat f : {planner::DatasetFormat::kFixedRecord, planner::DatasetFormat::kTokenStream, planner::DatasetFormat::kNpy}) {
-    for (planner::Strategy s : {planner::Strategy::kGlobalLoad, planner::Strategy::kPerDevice, planner::Strategy::kPerProcess}) {
-      for (planner::ShuffleMode m : {planner::ShuffleMode::kNone, planner::ShuffleMode::kGlobal, planner::ShuffleMode::kBlock}) {
+  for (planner::DatasetFormat f :
+       {planner::DatasetFormat::kFixedRecord, planner::DatasetFormat::kTokenStream, planner::DatasetFormat::kNpy}) {
+    for (planner::Strategy s :
+         {planner::Strategy::kGlobalLoad, planner::Strategy::kPerDevice, planner::Strategy::kPerProcess}) {
+      for (planner::ShuffleMode m :
+           {planner::ShuffleMode::kNone, planner::ShuffleMode::kGlobal, planner::ShuffleMode::kBlock}) {
         // 2 processes x 2 devices; `model` replicas inside each process.
         cases.push_back({f, s, m, {{"data", 2}, {"model", 2}}, {"data"}, 2});
         // 1 process x 4 devices, every device its own shard.
@@ -222,7 +228,12 @@ TEST(StepLoader, EveryReadIsHintedToItsSourceAWindowAhead) {
   for (const int threads : {1, 3}) {
     SCOPED_TRACE(std::to_string(threads) + " reading threads");
     TempDir dir;
-    Case c{planner::DatasetFormat::kTokenStream, planner::Strategy::kPerProcess, planner::ShuffleMode::kGlobal, {{"data", 1}}, {"data"}, 1};
+    Case c{planner::DatasetFormat::kTokenStream,
+           planner::Strategy::kPerProcess,
+           planner::ShuffleMode::kGlobal,
+           {{"data", 1}},
+           {"data"},
+           1};
     planner::JobSpec spec = SpecFor(c, dir.path());
     spec.batch.global_batch_size = 80;  // more reads per step than one window of hints
     auto planner = Prepare(spec, dir.path(), 400, 3);
@@ -285,7 +296,12 @@ TEST(StepLoader, CloseRangesOfARemoteObjectAreOneRequest) {
   for (const bool remote : {false, true}) {
     SCOPED_TRACE(remote ? "latency-bound source" : "local source");
     TempDir dir;
-    Case c{planner::DatasetFormat::kFixedRecord, planner::Strategy::kPerProcess, planner::ShuffleMode::kGlobal, {{"data", 1}}, {"data"}, 1};
+    Case c{planner::DatasetFormat::kFixedRecord,
+           planner::Strategy::kPerProcess,
+           planner::ShuffleMode::kGlobal,
+           {{"data", 1}},
+           {"data"},
+           1};
     planner::JobSpec spec = SpecFor(c, dir.path());
     spec.batch.global_batch_size = 40;
     auto planner = Prepare(spec, dir.path(), 400, 2);  // 40 of 400 shuffled samples: gaps between them
@@ -326,8 +342,12 @@ TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
   auto sources = source::SourceRegistry::WithBuiltins({});
   for (uint64_t inline_below : {uint64_t{1} << 30, uint64_t{0}}) {
     TempDir dir;
-    Case c{planner::DatasetFormat::kTokenStream, planner::Strategy::kGlobalLoad, planner::ShuffleMode::kGlobal, {{"data", 2}, {"model", 2}},
-           {"data"}, 2};
+    Case c{planner::DatasetFormat::kTokenStream,
+           planner::Strategy::kGlobalLoad,
+           planner::ShuffleMode::kGlobal,
+           {{"data", 2}, {"model", 2}},
+           {"data"},
+           2};
     planner::JobSpec spec = SpecFor(c, dir.path());
     auto planner = Prepare(spec, dir.path(), 200, 3);
     const auto layout = staging::ComputeBatchLayout(planner->job(), 1);
@@ -363,7 +383,12 @@ TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
 // scratch under an earlier piece (a use-after-free write ASan reports).
 TEST(StepLoader, GlobalLoadTokenStreamOnAFreshThreadDeliversThePlannedBytes) {
   TempDir dir;
-  Case c{planner::DatasetFormat::kTokenStream, planner::Strategy::kGlobalLoad, planner::ShuffleMode::kNone, {{"data", 2}}, {"data"}, 1};
+  Case c{planner::DatasetFormat::kTokenStream,
+         planner::Strategy::kGlobalLoad,
+         planner::ShuffleMode::kNone,
+         {{"data", 2}},
+         {"data"},
+         1};
   auto planner = Prepare(SpecFor(c, dir.path()), dir.path(), 100, 2);
   auto sources = source::SourceRegistry::WithBuiltins({});
   std::thread fresh([&] {
@@ -382,16 +407,21 @@ TEST(StepLoader, GlobalLoadTokenStreamOnAFreshThreadDeliversThePlannedBytes) {
 
 TEST(StepLoader, StrategiesThatMoveSamplesBetweenProcessesNeedPeers) {
   TempDir dir;
-  Case c{planner::DatasetFormat::kFixedRecord, planner::Strategy::kLoadAndReshard, planner::ShuffleMode::kNone, {{"model", 2}, {"data", 2}}, {"data"}, 2};
+  Case c{planner::DatasetFormat::kFixedRecord,
+         planner::Strategy::kLoadAndReshard,
+         planner::ShuffleMode::kNone,
+         {{"model", 2}, {"data", 2}},
+         {"data"},
+         2};
   auto planner = Prepare(SpecFor(c, dir.path()), dir.path(), 100, 1);
   auto sources = source::SourceRegistry::WithBuiltins({});
   auto layout = staging::ComputeBatchLayout(planner->job(), 0);
   auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), *sources, layout, {});
   ASSERT_FALSE(loader.ok());
   EXPECT_THAT(loader, StatusIs(StatusCode::kFailedPrecondition,
-                               AllOf(HasSubstr("moves samples between processes"),
-                                     HasSubstr("--peers"))));
-  auto bcast = StepLoader::Create(*planner, 0, {planner::Strategy::kPerProcess, planner::Fanout::kBroadcast}, *sources, layout, {});
+                               AllOf(HasSubstr("moves samples between processes"), HasSubstr("--peers"))));
+  auto bcast = StepLoader::Create(*planner, 0, {planner::Strategy::kPerProcess, planner::Fanout::kBroadcast}, *sources,
+                                  layout, {});
   EXPECT_FALSE(bcast.ok());
 }
 
@@ -464,27 +494,44 @@ void RunExchangeCase(const Case& c, planner::Fanout fanout, int64_t steps) {
 }
 
 TEST(StepLoader, BroadcastAndReshardMoveThePlannedBytesBetweenProcesses) {
-  for (planner::DatasetFormat f : {planner::DatasetFormat::kFixedRecord, planner::DatasetFormat::kTokenStream, planner::DatasetFormat::kNpy}) {
+  for (planner::DatasetFormat f :
+       {planner::DatasetFormat::kFixedRecord, planner::DatasetFormat::kTokenStream, planner::DatasetFormat::kNpy}) {
     SCOPED_TRACE(std::string(ToString(f)));
     // 2 processes x 2 devices, each process holding both shards (`model`
     // spans the processes): each reads half and receives the other half.
-    RunExchangeCase({f, planner::Strategy::kLoadAndReshard, planner::ShuffleMode::kGlobal, {{"model", 2}, {"data", 2}}, {"data"}, 2},
+    RunExchangeCase({f,
+                     planner::Strategy::kLoadAndReshard,
+                     planner::ShuffleMode::kGlobal,
+                     {{"model", 2}, {"data", 2}},
+                     {"data"},
+                     2},
                     planner::Fanout::kLoad, 8);
     // Replicas across processes: `model` spans the processes.
-    for (planner::Strategy s : {planner::Strategy::kGlobalLoad, planner::Strategy::kPerDevice, planner::Strategy::kPerProcess}) {
+    for (planner::Strategy s :
+         {planner::Strategy::kGlobalLoad, planner::Strategy::kPerDevice, planner::Strategy::kPerProcess}) {
       SCOPED_TRACE(std::string(ToString(s)));
-      RunExchangeCase({f, s, planner::ShuffleMode::kGlobal, {{"model", 2}, {"data", 2}}, {"data"}, 2}, planner::Fanout::kBroadcast, 8);
+      RunExchangeCase({f, s, planner::ShuffleMode::kGlobal, {{"model", 2}, {"data", 2}}, {"data"}, 2},
+                      planner::Fanout::kBroadcast, 8);
     }
   }
   // 3 processes, all-to-all: each reads a third and receives the rest.
-  RunExchangeCase({planner::DatasetFormat::kTokenStream, planner::Strategy::kLoadAndReshard, planner::ShuffleMode::kBlock, {{"model", 3}, {"data", 2}},
-                   {"data"}, 2},
+  RunExchangeCase({planner::DatasetFormat::kTokenStream,
+                   planner::Strategy::kLoadAndReshard,
+                   planner::ShuffleMode::kBlock,
+                   {{"model", 3}, {"data", 2}},
+                   {"data"},
+                   2},
                   planner::Fanout::kLoad, 10);
 }
 
 TEST(StepLoader, AFileTruncatedAfterPlanningIsAnErrorNamingFileAndOffset) {
   TempDir dir;
-  Case c{planner::DatasetFormat::kFixedRecord, planner::Strategy::kPerProcess, planner::ShuffleMode::kNone, {{"data", 1}}, {"data"}, 1};
+  Case c{planner::DatasetFormat::kFixedRecord,
+         planner::Strategy::kPerProcess,
+         planner::ShuffleMode::kNone,
+         {{"data", 1}},
+         {"data"},
+         1};
   auto planner = Prepare(SpecFor(c, dir.path()), dir.path(), 96, 1);
   const std::string file = planner->job().dataset.files()[0].path;
   auto sources = source::SourceRegistry::WithBuiltins({});
@@ -506,7 +553,12 @@ TEST(StepLoader, AFileTruncatedAfterPlanningIsAnErrorNamingFileAndOffset) {
 
 TEST(StepLoader, ANpyFileShorterThanItsHeaderClaimsIsRefusedAtIndexing) {
   TempDir dir;
-  Case c{planner::DatasetFormat::kNpy, planner::Strategy::kPerProcess, planner::ShuffleMode::kNone, {{"data", 1}}, {"data"}, 1};
+  Case c{planner::DatasetFormat::kNpy,
+         planner::Strategy::kPerProcess,
+         planner::ShuffleMode::kNone,
+         {{"data", 1}},
+         {"data"},
+         1};
   planner::JobSpec spec = SpecFor(c, dir.path());
   ASSERT_OK(tools::GenerateSyntheticDataset(spec.dataset, dir.path(), 50, 1));
   const std::string file = dir.path() + "/part-00000.npy";

@@ -96,7 +96,8 @@ Status ControlPlane::Start() {
   dir_ = tmpl;
   const std::string root = MESHLOAD_SOURCE_DIR;
   const auto t0 = Clock::now();
-  MESHLOAD_ASSIGN_OR_RETURN(supervisor_, Spawn({root + "/scripts/control-plane", "run", dir_}, dir_ + "/supervisor.log", "TERM"));
+  MESHLOAD_ASSIGN_OR_RETURN(supervisor_,
+                            Spawn({root + "/scripts/control-plane", "run", dir_}, dir_ + "/supervisor.log", "TERM"));
   bool exited = false;  // (and reaped)
   (void)WaitFor(
       [&] {
@@ -153,7 +154,8 @@ controller::kube::ClusterConfig ControlPlane::AdminConfig() const {
   return c;
 }
 
-controller::kube::ClusterConfig ControlPlane::UserConfig(const std::string& name, const std::vector<std::string>& groups) const {
+controller::kube::ClusterConfig ControlPlane::UserConfig(const std::string& name,
+                                                         const std::vector<std::string>& groups) const {
   std::lock_guard lock(mu_);
   auto it = certs_.find(name);
   if (it == certs_.end()) {
@@ -163,11 +165,11 @@ controller::kube::ClusterConfig ControlPlane::UserConfig(const std::string& name
     for (const auto& g : groups) subject += "/O=" + g;
     subject += "/CN=" + name;
     std::ofstream(base + ".ext") << "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature\n";
-    const std::string cmd =
-        "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout '" + base + ".key' -out '" +
-        base + ".csr' -subj '" + subject + "' 2>/dev/null && openssl x509 -req -in '" + base + ".csr' -CA '" + dir_ +
-        "/pki/ca.crt' -CAkey '" + dir_ + "/pki/ca.key' -CAcreateserial -out '" + base + ".crt' -days 30 -extfile '" +
-        base + ".ext' 2>/dev/null";
+    const std::string cmd = "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout '" + base +
+                            ".key' -out '" + base + ".csr' -subj '" + subject +
+                            "' 2>/dev/null && openssl x509 -req -in '" + base + ".csr' -CA '" + dir_ +
+                            "/pki/ca.crt' -CAkey '" + dir_ + "/pki/ca.key' -CAcreateserial -out '" + base +
+                            ".crt' -days 30 -extfile '" + base + ".ext' 2>/dev/null";
     if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << "cannot make a client certificate for " << name;
     it = certs_.emplace(name, std::make_pair(Slurp(base + ".crt"), Slurp(base + ".key"))).first;
   }
@@ -269,9 +271,9 @@ nlohmann::json RunningPodStatus(const std::string& ip, bool sidecar_ready, int r
            {{"phase", "Running"},
             {"podIP", ip},
             {"podIPs", nlohmann::json::array({{{"ip", ip}}})},
-            {"containerStatuses",
-             nlohmann::json::array({container("trainer", "trainer:1", true, 0),
-                                    container("meshload-sidecar", "meshload/sidecar:0.1.0", sidecar_ready, restarts)})}}}};
+            {"containerStatuses", nlohmann::json::array({container("trainer", "trainer:1", true, 0),
+                                                         container("meshload-sidecar", "meshload/sidecar:0.1.0",
+                                                                   sidecar_ready, restarts)})}}}};
 }
 
 void WriteKubeconfig(const std::string& path, const controller::kube::ClusterConfig& config) {
@@ -286,16 +288,15 @@ void WriteKubeconfig(const std::string& path, const controller::kube::ClusterCon
   } else {
     out << "    token: " << config.bearer_token << "\n";
   }
-  out << "contexts:\n- name: test\n  context: {cluster: test, user: tester, namespace: " << config.namespace_
-      << "}\n";
+  out << "contexts:\n- name: test\n  context: {cluster: test, user: tester, namespace: " << config.namespace_ << "}\n";
 }
 
 FaultProxy::FaultProxy(ControlPlane& cp) {
   static std::atomic<int> counter{0};
   const std::string ready = cp.dir() + "/faultproxy-" + std::to_string(counter++) + ".ready";
-  auto pid = Spawn({cp.bin_dir() + "/faultproxy", "--upstream", cp.server(), "--pki", cp.dir() + "/pki", "--ready-file",
-                    ready},
-                   cp.dir() + "/logs/faultproxy.log", "KILL");
+  auto pid = Spawn(
+      {cp.bin_dir() + "/faultproxy", "--upstream", cp.server(), "--pki", cp.dir() + "/pki", "--ready-file", ready},
+      cp.dir() + "/logs/faultproxy.log", "KILL");
   if (!pid.ok()) {
     ADD_FAILURE() << pid.status().ToString();
     return;

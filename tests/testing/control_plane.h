@@ -26,15 +26,15 @@ namespace meshload::testing {
 /// for a watch still open).
 struct AuditEvent {
   std::string audit_id;
-  std::string verb;       // get, list, watch, create, update, patch, delete, deletecollection
-  std::string user;       // the identity authorized (the impersonated one behind the fault proxy)
+  std::string verb;  // get, list, watch, create, update, patch, delete, deletecollection
+  std::string user;  // the identity authorized (the impersonated one behind the fault proxy)
   std::string user_agent;
   std::string resource;   // "secrets", "dataloadjobs", "leases"
   std::string api_group;  // "" for the core group
   std::string subresource;
   std::string namespace_;
   std::string name;
-  int code = 0;           // HTTP status (0: a watch still open)
+  int code = 0;  // HTTP status (0: a watch still open)
   bool write() const {
     return verb == "create" || verb == "update" || verb == "patch" || verb == "delete" || verb == "deletecollection";
   }

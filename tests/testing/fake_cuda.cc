@@ -53,11 +53,11 @@ struct State {
   std::mutex mu;
   bool initialised = false;
   std::vector<CUuuid> devices;
-  std::map<uint64_t, Alloc> handles;          // VMM handles
+  std::map<uint64_t, Alloc> handles;  // VMM handles
   uint64_t next_handle = 1;
-  std::map<uintptr_t, Alloc> linear;           // cuMemAlloc'd, by address
-  std::map<uintptr_t, size_t> ipc_opened;      // cuIpcOpenMemHandle'd, by address
-  std::map<uintptr_t, size_t> registered;      // cuMemHostRegister'd
+  std::map<uintptr_t, Alloc> linear;       // cuMemAlloc'd, by address
+  std::map<uintptr_t, size_t> ipc_opened;  // cuIpcOpenMemHandle'd, by address
+  std::map<uintptr_t, size_t> registered;  // cuMemHostRegister'd
 };
 
 State& S() {
@@ -161,14 +161,29 @@ CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
 
 CUresult cuGetErrorName(CUresult r, const char** s) {
   switch (r) {
-    case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
-    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
-    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
-    case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
-    case CUDA_ERROR_INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
-    case CUDA_ERROR_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
-    case CUDA_ERROR_NO_DEVICE: *s = "CUDA_ERROR_NO_DEVICE"; break;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    case CUDA_SUCCESS:
+      *s = "CUDA_SUCCESS";
+      break;
+    case CUDA_ERROR_INVALID_VALUE:
+      *s = "CUDA_ERROR_INVALID_VALUE";
+      break;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      *s = "CUDA_ERROR_OUT_OF_MEMORY";
+      break;
+    case CUDA_ERROR_INVALID_CONTEXT:
+      *s = "CUDA_ERROR_INVALID_CONTEXT";
+      break;
+    case CUDA_ERROR_INVALID_DEVICE:
+      *s = "CUDA_ERROR_INVALID_DEVICE";
+      break;
+    case CUDA_ERROR_INVALID_HANDLE:
+      *s = "CUDA_ERROR_INVALID_HANDLE";
+      break;
+    case CUDA_ERROR_NO_DEVICE:
+      *s = "CUDA_ERROR_NO_DEVICE";
+      break;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
 }
@@ -278,8 +293,8 @@ CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocat
 }
 
 CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
-  void* m = ::mmap(reinterpret_cast<void*>(p), size, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  void* m = ::mmap(reinterpret_cast<void*>(p), size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                   -1, 0);
   return m == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 

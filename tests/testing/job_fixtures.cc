@@ -10,9 +10,7 @@
 namespace meshload::testing {
 
 planner::JobSpec RandomSpec(std::mt19937_64& rng) {
-  auto uniform = [&](int64_t lo, int64_t hi) {
-    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
-  };
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   planner::JobSpec spec;
   const int naxes = static_cast<int>(uniform(1, 4));
   std::vector<std::string> names = {"data", "fsdp", "model", "seq"};

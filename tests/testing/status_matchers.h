@@ -48,11 +48,17 @@ template <typename T>
 Status StatusOf(const T& v) {
   if constexpr (std::is_convertible_v<const T&, Status>) {
     return v;
-  } else if constexpr (requires { { v.status() } -> std::convertible_to<Status>; }) {
+  } else if constexpr (requires {
+                         { v.status() } -> std::convertible_to<Status>;
+                       }) {
     return v.status();
-  } else if constexpr (requires { { v.ToStatus() } -> std::convertible_to<Status>; }) {
+  } else if constexpr (requires {
+                         { v.ToStatus() } -> std::convertible_to<Status>;
+                       }) {
     return v.ok() ? Status() : v.ToStatus();
-  } else if constexpr (requires { { v.message() } -> std::convertible_to<std::string>; }) {
+  } else if constexpr (requires {
+                         { v.message() } -> std::convertible_to<std::string>;
+                       }) {
     return v.ok() ? Status() : Status(StatusCode::kInternal, std::string(v.message()));
   } else {
     return v.ok() ? Status() : Status(StatusCode::kInternal, "ok() is false");
@@ -63,8 +69,8 @@ template <typename T>
 ::testing::AssertionResult IsOkFormat(const char* text, const T& value) {
   if (value.ok()) return ::testing::AssertionSuccess();
   const Status st = StatusOf(value);
-  return ::testing::AssertionFailure() << text << " is not OK: " << st.ToString() << " ("
-                                       << StatusCodeName(st.code()) << ")";
+  return ::testing::AssertionFailure() << text << " is not OK: " << st.ToString() << " (" << StatusCodeName(st.code())
+                                       << ")";
 }
 
 namespace internal_status {
@@ -74,15 +80,20 @@ class StatusMatcherCore {
  public:
   enum class Want { kOk, kCode, kAnyError };
 
-  StatusMatcherCore(Want want, StatusCode code,
-                    std::optional<::testing::Matcher<const std::string&>> message)
+  StatusMatcherCore(Want want, StatusCode code, std::optional<::testing::Matcher<const std::string&>> message)
       : want_(want), code_(code), message_(std::move(message)) {}
 
   void DescribeTo(std::ostream* os) const {
     switch (want_) {
-      case Want::kOk: *os << "is OK"; return;
-      case Want::kCode: *os << "has code " << StatusCodeName(code_); break;
-      case Want::kAnyError: *os << "is an error (any code)"; break;
+      case Want::kOk:
+        *os << "is OK";
+        return;
+      case Want::kCode:
+        *os << "has code " << StatusCodeName(code_);
+        break;
+      case Want::kAnyError:
+        *os << "is an error (any code)";
+        break;
     }
     if (message_) {
       *os << " and a message that ";
@@ -92,9 +103,15 @@ class StatusMatcherCore {
 
   void DescribeNegationTo(std::ostream* os) const {
     switch (want_) {
-      case Want::kOk: *os << "is not OK"; return;
-      case Want::kCode: *os << "has a code other than " << StatusCodeName(code_); break;
-      case Want::kAnyError: *os << "is OK"; break;
+      case Want::kOk:
+        *os << "is not OK";
+        return;
+      case Want::kCode:
+        *os << "has a code other than " << StatusCodeName(code_);
+        break;
+      case Want::kAnyError:
+        *os << "is OK";
+        break;
     }
     if (message_) {
       *os << " or has a message that ";
@@ -111,7 +128,8 @@ class StatusMatcherCore {
       }
     }
     switch (want_) {
-      case Want::kOk: return st.ok();
+      case Want::kOk:
+        return st.ok();
       case Want::kCode:
         if (st.code() != code_) return false;
         break;
@@ -167,15 +185,13 @@ class StatusMatcher {
 /// Matches an OK Status, or a Result<T> holding a value.
 inline internal_status::StatusMatcher IsOk() {
   using internal_status::StatusMatcherCore;
-  return internal_status::StatusMatcher(
-      StatusMatcherCore(StatusMatcherCore::Want::kOk, StatusCode::kOk, std::nullopt));
+  return internal_status::StatusMatcher(StatusMatcherCore(StatusMatcherCore::Want::kOk, StatusCode::kOk, std::nullopt));
 }
 
 /// Matches a Status (or Result<T>) whose code is `code`.
 inline internal_status::StatusMatcher StatusIs(StatusCode code) {
   using internal_status::StatusMatcherCore;
-  return internal_status::StatusMatcher(
-      StatusMatcherCore(StatusMatcherCore::Want::kCode, code, std::nullopt));
+  return internal_status::StatusMatcher(StatusMatcherCore(StatusMatcherCore::Want::kCode, code, std::nullopt));
 }
 
 /// Matches a Status (or Result<T>) whose code is `code` and whose message()
@@ -184,18 +200,18 @@ inline internal_status::StatusMatcher StatusIs(StatusCode code) {
 template <typename MessageMatcher>
 internal_status::StatusMatcher StatusIs(StatusCode code, MessageMatcher&& message) {
   using internal_status::StatusMatcherCore;
-  return internal_status::StatusMatcher(StatusMatcherCore(
-      StatusMatcherCore::Want::kCode, code,
-      ::testing::MatcherCast<const std::string&>(std::forward<MessageMatcher>(message))));
+  return internal_status::StatusMatcher(
+      StatusMatcherCore(StatusMatcherCore::Want::kCode, code,
+                        ::testing::MatcherCast<const std::string&>(std::forward<MessageMatcher>(message))));
 }
 
 /// Matches an error (not OK, any code) whose message() matches `message`.
 template <typename MessageMatcher>
 internal_status::StatusMatcher HasMessage(MessageMatcher&& message) {
   using internal_status::StatusMatcherCore;
-  return internal_status::StatusMatcher(StatusMatcherCore(
-      StatusMatcherCore::Want::kAnyError, StatusCode::kOk,
-      ::testing::MatcherCast<const std::string&>(std::forward<MessageMatcher>(message))));
+  return internal_status::StatusMatcher(
+      StatusMatcherCore(StatusMatcherCore::Want::kAnyError, StatusCode::kOk,
+                        ::testing::MatcherCast<const std::string&>(std::forward<MessageMatcher>(message))));
 }
 
 }  // namespace testing

@@ -76,8 +76,7 @@ Result<CertAndKey> Issue(const std::vector<std::pair<std::string, std::string>>&
   X509_NAME* name = X509_get_subject_name(cert.get());
   for (const auto& [field, value] : subject) {
     ok = ok && X509_NAME_add_entry_by_txt(name, field.c_str(), MBSTRING_ASC,
-                                          reinterpret_cast<const unsigned char*>(value.c_str()), -1, -1,
-                                          0) == 1;
+                                          reinterpret_cast<const unsigned char*>(value.c_str()), -1, -1, 0) == 1;
   }
   X509* signer = issuer != nullptr ? issuer : cert.get();
   EVP_PKEY* signer_key = issuer != nullptr ? issuer_key : key.get();
@@ -103,17 +102,17 @@ Result<CertAndKey> Issue(const std::vector<std::pair<std::string, std::string>>&
 Result<TestPki> MakeTestPki() {
   TestPki pki;
   MESHLOAD_ASSIGN_OR_RETURN(pki.ca, Issue({{"CN", "meshload-test-ca"}},
-                                 {{NID_basic_constraints, "critical,CA:TRUE"},
-                                  {NID_key_usage, "critical,keyCertSign,cRLSign,digitalSignature"},
-                                  {NID_subject_key_identifier, "hash"}},
-                                 nullptr, nullptr));
+                                          {{NID_basic_constraints, "critical,CA:TRUE"},
+                                           {NID_key_usage, "critical,keyCertSign,cRLSign,digitalSignature"},
+                                           {NID_subject_key_identifier, "hash"}},
+                                          nullptr, nullptr));
   MESHLOAD_ASSIGN_OR_RETURN(auto ca, Parse(pki.ca));
   MESHLOAD_ASSIGN_OR_RETURN(pki.server, Issue({{"CN", "127.0.0.1"}},
-                                     {{NID_basic_constraints, "critical,CA:FALSE"},
-                                      {NID_key_usage, "critical,digitalSignature,keyEncipherment"},
-                                      {NID_ext_key_usage, "serverAuth"},
-                                      {NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost"}},
-                                     ca.first.get(), ca.second.get()));
+                                              {{NID_basic_constraints, "critical,CA:FALSE"},
+                                               {NID_key_usage, "critical,digitalSignature,keyEncipherment"},
+                                               {NID_ext_key_usage, "serverAuth"},
+                                               {NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost"}},
+                                              ca.first.get(), ca.second.get()));
   return pki;
 }
 

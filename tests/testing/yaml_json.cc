@@ -45,7 +45,9 @@ std::vector<nlohmann::json> Documents(const std::vector<YAML::Node>& docs) {
 }
 }  // namespace
 
-std::vector<nlohmann::json> LoadYamlDocuments(const std::string& path) { return Documents(YAML::LoadAllFromFile(path)); }
+std::vector<nlohmann::json> LoadYamlDocuments(const std::string& path) {
+  return Documents(YAML::LoadAllFromFile(path));
+}
 
 std::vector<nlohmann::json> ParseYamlDocuments(const std::string& text) { return Documents(YAML::LoadAll(text)); }
 

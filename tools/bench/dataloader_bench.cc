@@ -89,20 +89,21 @@ std::string SelfDir() {
 }
 
 std::string JobYaml(const Scenario& s, const std::string& dir) {
-  std::string ds = s.format == planner::DatasetFormat::kFixedRecord
-                       ? "    format: FixedRecord\n    recordBytes: " + std::to_string(s.record_bytes) + "\n"
-                       : "    format: TokenStream\n    dtype: uint16\n    sequenceLength: " + std::to_string(s.seq) + "\n";
+  std::string ds =
+      s.format == planner::DatasetFormat::kFixedRecord
+          ? "    format: FixedRecord\n    recordBytes: " + std::to_string(s.record_bytes) + "\n"
+          : "    format: TokenStream\n    dtype: uint16\n    sequenceLength: " + std::to_string(s.seq) + "\n";
   return "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: bench-" + s.name +
          "}\nspec:\n  mesh: {processes: 1, devicesPerProcess: 1, axes: [{name: data, size: 1}]}\n"
-         "  strategy: PerProcess\n  dataset:\n    uri: " + dir + "\n" + ds +
-         "  batch: {globalBatchSize: " + std::to_string(s.batch) + ", prefetch: " + std::to_string(s.prefetch) +
-         "}\n  shuffle: {mode: Global, seed: 1}\n";
+         "  strategy: PerProcess\n  dataset:\n    uri: " +
+         dir + "\n" + ds + "  batch: {globalBatchSize: " + std::to_string(s.batch) +
+         ", prefetch: " + std::to_string(s.prefetch) + "}\n  shuffle: {mode: Global, seed: 1}\n";
 }
 
 struct Memory {
-  uint64_t peak = 0;   // VmHWM: everything resident, mapped page cache included
-  uint64_t own = 0;    // RssAnon + RssShmem now: the sidecar's heap and its staging slots
-  uint64_t file = 0;   // RssFile now: page-cache pages it has mapped (shared, reclaimable)
+  uint64_t peak = 0;  // VmHWM: everything resident, mapped page cache included
+  uint64_t own = 0;   // RssAnon + RssShmem now: the sidecar's heap and its staging slots
+  uint64_t file = 0;  // RssFile now: page-cache pages it has mapped (shared, reclaimable)
 };
 Memory SidecarMemory(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -178,8 +179,9 @@ MeshloadRun RunMeshload(const Scenario& s, const std::string& job_path, const st
   const std::string sock = root + "/" + s.name + ".sock";
   std::string sidecar = SelfDir() + "/../../sidecar/meshload-sidecar";
   if (const char* e = std::getenv("MESHLOAD_SIDECAR_BIN")) sidecar = e;
-  std::vector<std::string> args = {sidecar, "--job", job_path, "--process", "0", "--socket", sock, "--staging", "host",
-                                   "--log-level", "warn", "--reader-threads", "2"};
+  std::vector<std::string> args = {sidecar, "--job",     job_path, "--process",   "0",    "--socket",
+                                   sock,    "--staging", "host",   "--log-level", "warn", "--reader-threads",
+                                   "2"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -291,10 +293,11 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
     ds.dtype = planner::DType::kUint16;
     ds.sequence_length = static_cast<int64_t>(s.seq);
   }
-  const std::string file = dir + (s.format == planner::DatasetFormat::kFixedRecord ? "/part-00000.bin" : "/part-00000.tok");
+  const std::string file =
+      dir + (s.format == planner::DatasetFormat::kFixedRecord ? "/part-00000.bin" : "/part-00000.tok");
   const uint64_t sample_bytes = s.format == planner::DatasetFormat::kFixedRecord ? s.record_bytes : (s.seq + 1) * 2;
-  const uint64_t expect_size = s.format == planner::DatasetFormat::kFixedRecord ? s.samples * s.record_bytes
-                                                                        : (s.samples * s.seq + 1) * 2;
+  const uint64_t expect_size =
+      s.format == planner::DatasetFormat::kFixedRecord ? s.samples * s.record_bytes : (s.samples * s.seq + 1) * 2;
   std::error_code ec;
   if (std::filesystem::file_size(file, ec) != expect_size) {
     auto g = tools::GenerateSyntheticDataset(ds, dir, s.samples, 1);
@@ -350,7 +353,8 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
         std::vector<uint8_t> own(buf.size());
         for (size_t i = w; i < batches.size(); i += cores) {
           const auto& b = batches[i];
-          for (size_t k = 0; k < b.size(); ++k) std::memcpy(own.data() + k * sample_bytes, map + b[k] * stride, sample_bytes);
+          for (size_t k = 0; k < b.size(); ++k)
+            std::memcpy(own.data() + k * sample_bytes, map + b[k] * stride, sample_bytes);
           g_sink = own[1];
         }
       });
@@ -397,11 +401,12 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   // MESHLOAD_BENCH_PYTHON: another python3 with numpy (a machine whose
   // numpy is in a virtual environment).
   const char* py_env = std::getenv("MESHLOAD_BENCH_PYTHON");
-  const std::string py_cmd = std::string(py_env && *py_env ? py_env : "/usr/bin/python3") + " " + SelfDir() + "/../../../tools/bench/numpy_baseline.py " +
-                             (s.format == planner::DatasetFormat::kFixedRecord
-                                  ? "fixed " + file + " " + std::to_string(s.record_bytes)
-                                  : "tokens " + file + " uint16 " + std::to_string(s.seq)) +
-                             " " + ids_path + " 2>&1";
+  const std::string py_cmd =
+      std::string(py_env && *py_env ? py_env : "/usr/bin/python3") + " " + SelfDir() +
+      "/../../../tools/bench/numpy_baseline.py " +
+      (s.format == planner::DatasetFormat::kFixedRecord ? "fixed " + file + " " + std::to_string(s.record_bytes)
+                                                        : "tokens " + file + " uint16 " + std::to_string(s.seq)) +
+      " " + ids_path + " 2>&1";
 
   // meshload and Python take turns, `rounds` times: the machine's speed
   // drifts by tens of percent between minutes, so each ratio compares runs
@@ -460,19 +465,20 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
               gbs(py_rate));
   std::printf("  meshload (sidecar -> this process)   %11.0f samples/s  %6.2f GB/s  (median round)\n", ml_rate,
               gbs(ml_rate));
-  std::printf("    = %.2fx pread ceiling%s, %.2fx memcpy ceiling, %.2fx python%s\n", ml_rate / pread_rate,
-              s.target_vs_pread > 0 ? (" (target >= " + std::to_string(s.target_vs_pread).substr(0, 4) + ")").c_str() : "",
-              ml_rate / memcpy_rate, py_rate > 0 ? ml_rate / py_rate : 0.0,
-              s.target_vs_python > 0 ? (" (target >= " + std::to_string(s.target_vs_python).substr(0, 3) + ")").c_str() : "");
+  std::printf(
+      "    = %.2fx pread ceiling%s, %.2fx memcpy ceiling, %.2fx python%s\n", ml_rate / pread_rate,
+      s.target_vs_pread > 0 ? (" (target >= " + std::to_string(s.target_vs_pread).substr(0, 4) + ")").c_str() : "",
+      ml_rate / memcpy_rate, py_rate > 0 ? ml_rate / py_rate : 0.0,
+      s.target_vs_python > 0 ? (" (target >= " + std::to_string(s.target_vs_python).substr(0, 3) + ")").c_str() : "");
   if (s.target_vs_python > 0 && py_rate > 0) {
     // What the target asks for, against what the machine can copy at all.
     const double needed = s.target_vs_python * py_rate;
-    std::printf("    target %.1fx python = %.0f samples/s = %.2fx the all-cores memcpy ceiling", s.target_vs_python, needed,
-                needed / all_cores_rate);
+    std::printf("    target %.1fx python = %.0f samples/s = %.2fx the all-cores memcpy ceiling", s.target_vs_python,
+                needed, needed / all_cores_rate);
     if (remap_rate > 0) std::printf(", %.1fx the remap ceiling", needed / remap_rate);
     std::printf("%s\n", needed > all_cores_rate && needed > remap_rate * cores
-                             ? " (beyond what this machine can deliver, copied or mapped)"
-                             : "");
+                            ? " (beyond what this machine can deliver, copied or mapped)"
+                            : "");
   }
   std::printf("  rounds (meshload / python, x python) ");
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -484,14 +490,16 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
               m.sidecar_cores, m.consumer_cores, m.elapsed);
   std::printf("  context switches per step            sidecar %.2f, consumer %.2f (median round)\n", m.sidecar_cs,
               m.consumer_cs);
-  std::printf("  page faults per step                 sidecar %.2f (first touches of the dataset mapping; median round)\n",
-              m.sidecar_faults);
-  std::printf("  trainer wait while streaming         p50 %.1f us, p99 %.1f us (all rounds)\n", Quantile(waits, 0.5) * 1e6,
-              Quantile(waits, 0.99) * 1e6);
+  std::printf(
+      "  page faults per step                 sidecar %.2f (first touches of the dataset mapping; median round)\n",
+      m.sidecar_faults);
+  std::printf("  trainer wait while streaming         p50 %.1f us, p99 %.1f us (all rounds)\n",
+              Quantile(waits, 0.5) * 1e6, Quantile(waits, 0.99) * 1e6);
   std::printf("  handoff, batch already staged        p50 %.1f us, p99 %.1f us (target p99 < 50 us, all rounds)\n",
               Quantile(handoff, 0.5) * 1e6, Quantile(handoff, 0.99) * 1e6);
-  std::printf("  time to first batch                  %.1f ms (target < 1000 ms, sidecar start-up included; worst round)\n",
-              ttfb * 1e3);
+  std::printf(
+      "  time to first batch                  %.1f ms (target < 1000 ms, sidecar start-up included; worst round)\n",
+      ttfb * 1e3);
   std::printf("  sidecar memory: own (anon + slots)   %.1f MiB (bound prefetch x batch + 64 MiB = %.1f MiB)\n",
               static_cast<double>(mem.own) / 1048576.0, bound / 1048576.0);
   std::printf("    mapped page cache (RssFile)        %.1f MiB; peak RSS (VmHWM) %.1f MiB\n",
@@ -505,14 +513,14 @@ int main(int argc, char** argv) {
   using namespace meshload;
   using namespace meshload::tools::bench;
   bool quick = false;
-  std::string only;       // --only NAME: one scenario
-  std::optional<int64_t> rounds;  // --rounds N: meshload and Python alternate N times; default 3, 1 with --quick
+  std::string only;                 // --only NAME: one scenario
+  std::optional<int64_t> rounds;    // --rounds N: meshload and Python alternate N times; default 3, 1 with --quick
   std::optional<int64_t> prefetch;  // --prefetch N: every scenario's slots
   std::string root = "/tmp/meshload-bench";
   FlagParser flags("",
-                        "usage: dataloader_bench [--quick] [--dir DIR] [--only fixed-1MiB|fixed-4KiB|tokens-u16-2048]"
-                        " [--rounds N] [--prefetch N]\n",
-                        "dataloader_bench");
+                   "usage: dataloader_bench [--quick] [--dir DIR] [--only fixed-1MiB|fixed-4KiB|tokens-u16-2048]"
+                   " [--rounds N] [--prefetch N]\n",
+                   "dataloader_bench");
   flags.Bool({"--quick"}, &quick);
   flags.String({"--dir"}, &root);
   flags.String({"--only"}, &only);
@@ -536,9 +544,10 @@ int main(int argc, char** argv) {
   if (prefetch) {
     for (auto& s : scenarios) s.prefetch = *prefetch;
   }
-  if (!only.empty() && std::none_of(scenarios.begin(), scenarios.end(), [&](const Scenario& s) { return s.name == only; })) {
+  if (!only.empty() &&
+      std::none_of(scenarios.begin(), scenarios.end(), [&](const Scenario& s) { return s.name == only; })) {
     return UsageError("--only: no scenario named " + only + " (fixed-1MiB, fixed-4KiB, tokens-u16-2048)",
-                           "dataloader_bench");
+                      "dataloader_bench");
   }
   std::printf("meshload host data path benchmark%s (data in %s)\n", quick ? " (quick)" : "", root.c_str());
   for (const auto& s : scenarios) {

@@ -58,10 +58,10 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const char* lib = std::getenv("MESHLOAD_CUDA_LIBRARY");
-  std::printf("gpu_bench: %s (%s), driver %d, library %s%s\n", d.devices()[device].name.c_str(),
-              d.devices()[device].uuid.c_str(), d.version(), d.library().c_str(),
-              lib && std::string(lib).find("fake") != std::string::npos ? "  ** stand-in driver: figures mean nothing **"
-                                                                        : "");
+  std::printf(
+      "gpu_bench: %s (%s), driver %d, library %s%s\n", d.devices()[device].name.c_str(),
+      d.devices()[device].uuid.c_str(), d.version(), d.library().c_str(),
+      lib && std::string(lib).find("fake") != std::string::npos ? "  ** stand-in driver: figures mean nothing **" : "");
   std::printf("\n%-8s %14s %14s %8s %8s\n", "batch", "ceiling GB/s", "meshload GB/s", "ratio", "target");
   constexpr uint32_t kSlots = 4;
   bool all_met = true;
@@ -80,8 +80,8 @@ int Main(int argc, char** argv) {
       return 1;
     }
     std::memset((*host)->slot(0), 0x5a, (*host)->pool_bytes());
-    auto pool = sidecar::staging::DeviceSlotMemory::Create(d, sidecar::staging::DeviceShare::kCudaVmm, layout, {device}, {0}, kSlots,
-                                                  (*host)->slot(0), (*host)->pool_bytes());
+    auto pool = sidecar::staging::DeviceSlotMemory::Create(d, sidecar::staging::DeviceShare::kCudaVmm, layout, {device},
+                                                           {0}, kSlots, (*host)->slot(0), (*host)->pool_bytes());
     if (!pool.ok()) {
       std::fprintf(stderr, "gpu_bench: %s\n", pool.status().ToString().c_str());
       return 1;
@@ -124,8 +124,8 @@ int Main(int argc, char** argv) {
     }
     const double ratio = best_staging / best_ceiling;
     all_met &= ratio >= 0.85;
-    std::printf("%4llu MiB %14.2f %14.2f %8.2f %8s\n", static_cast<unsigned long long>(mib), best_ceiling,
-                best_staging, ratio, ratio >= 0.85 ? ">=0.85 ok" : ">=0.85 MISS");
+    std::printf("%4llu MiB %14.2f %14.2f %8.2f %8s\n", static_cast<unsigned long long>(mib), best_ceiling, best_staging,
+                ratio, ratio >= 0.85 ? ">=0.85 ok" : ">=0.85 MISS");
   }
 
   // The ring's import cost: 8 slots exported, then imported and mapped as a

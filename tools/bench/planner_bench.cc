@@ -23,9 +23,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 // Keeps the optimiser from deleting a loop whose result is unused.
 volatile uint64_t g_sink;
@@ -106,8 +104,8 @@ int main(int argc, char** argv) {
   std::printf("  ceiling: one Mix64 per position   %8.1f M/s\n", mix / 1e6);
   std::printf("  Global (Feistel, cycle walking)   %8.1f M/s  = %.2f of ceiling, %.2fx target\n", glob / 1e6,
               glob / mix, glob / 50e6);
-  std::printf("  Block (blockSize 4096)            %8.1f M/s  = %.2f of ceiling, %.2fx target\n", blk / 1e6,
-              blk / mix, blk / 50e6);
+  std::printf("  Block (blockSize 4096)            %8.1f M/s  = %.2f of ceiling, %.2fx target\n", blk / 1e6, blk / mix,
+              blk / 50e6);
   // What a step does: a contiguous range of B positions (AtRange).
   const size_t range = 65536;
   std::vector<uint64_t> buf(range);
@@ -135,8 +133,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   planner::ShardPlanner shard_planner(std::move(*job));
-  std::printf("one process's plan, 2048 processes x 8 devices, axes [data=512, fsdp=4, tensor=8],\n"
-              "batchAxes [data, fsdp], B = 65,536, TokenStream T = 2048, N = 10^10 (target < 1 ms)\n");
+  std::printf(
+      "one process's plan, 2048 processes x 8 devices, axes [data=512, fsdp=4, tensor=8],\n"
+      "batchAxes [data, fsdp], B = 65,536, TokenStream T = 2048, N = 10^10 (target < 1 ms)\n");
   const int plan_reps = quick ? 20 : 200;
   auto time_plan = [&](const planner::Loading& l) {
     int64_t p = 0;

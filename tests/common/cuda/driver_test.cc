@@ -26,8 +26,7 @@ TEST(CudaDriver, AMissingDriverIsUnavailableWithTheReason) {
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), StatusCode::kUnavailable);
 #if MESHLOAD_WITH_CUDA
-  EXPECT_THAT(d.status().message(),
-              HasSubstr("no CUDA driver: cannot open /nonexistent/libcuda.so.1"))
+  EXPECT_THAT(d.status().message(), HasSubstr("no CUDA driver: cannot open /nonexistent/libcuda.so.1"))
       << d.status().ToString();
 #endif
 }

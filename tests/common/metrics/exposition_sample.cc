@@ -82,10 +82,8 @@ int main() {
   retries.Add({{"source", "https"}, {"reason", "timeout"}}).Increment(1);
   retries.Add({{"source", "https"}, {"reason", "connection"}});
 
-  auto& errors = BuildCounter()
-                     .Name("meshload_errors_total")
-                     .Help("Requests that failed for good, by kind.")
-                     .Register(registry);
+  auto& errors =
+      BuildCounter().Name("meshload_errors_total").Help("Requests that failed for good, by kind.").Register(registry);
   errors.Add({{"kind", "not_found"}}).Increment();
   errors.Add({{"kind", "data_loss"}});
   // Label values are free text: quotes, backslashes and newlines must survive.

@@ -22,8 +22,8 @@
 namespace meshload::metrics {
 namespace {
 
-using ::testing::HasSubstr;
 using meshload::testing::WaitFor;
+using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
 HealthServerOptions Loopback(int port = 0) { return {.bind_address = "127.0.0.1", .port = port, .progress = nullptr}; }
@@ -70,10 +70,7 @@ std::optional<int> AcceptQueue(int port) {
 class HealthServerTest : public ::testing::Test {
  protected:
   HealthServerTest() {
-    auto& bytes = BuildCounter()
-                      .Name("meshload_bytes_read_total")
-                      .Help("Bytes read from storage.")
-                      .Register(registry_);
+    auto& bytes = BuildCounter().Name("meshload_bytes_read_total").Help("Bytes read from storage.").Register(registry_);
     bytes.Add({{"source", "file"}}).Increment(4096);
   }
 
@@ -256,8 +253,7 @@ TEST_F(HealthServerTest, StartOnAPortHeldByAnotherServerFailsNamingTheAddress) {
   ASSERT_FALSE(port.ok());
   EXPECT_EQ(port.status().code(), StatusCode::kIoError);
   EXPECT_EQ(port.status().location(), "127.0.0.1:" + std::to_string(busy));
-  EXPECT_THAT(port.status().message(), HasSubstr("Address already in use"))
-      << port.status().ToString();
+  EXPECT_THAT(port.status().message(), HasSubstr("Address already in use")) << port.status().ToString();
   EXPECT_FALSE(server.running());
   EXPECT_EQ(server.port(), 0);
 }

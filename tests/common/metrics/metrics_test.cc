@@ -131,8 +131,7 @@ TEST(MetricsHistogram, ConcurrentObservationsAreAllCounted) {
     for (int i = 0; i < kPerThread; ++i) h.Observe(t % 2 ? 0.5 : 5);
   });
   EXPECT_EQ(h.CumulativeCounts(),
-            (std::vector<uint64_t>{kThreads / 2 * kPerThread, kThreads * kPerThread,
-                                   kThreads * kPerThread}));
+            (std::vector<uint64_t>{kThreads / 2 * kPerThread, kThreads * kPerThread, kThreads * kPerThread}));
   EXPECT_EQ(h.Sum(), kThreads / 2 * kPerThread * (0.5 + 5));
 }
 
@@ -215,17 +214,17 @@ TEST(MetricsRegistry, ConcurrentAddOfTheSameLabelsCreatesOneSeries) {
     for (int i = 0; i < 1000; ++i) family.Add({{"source", "file"}}).Increment();
   });
   EXPECT_EQ(family.Add({{"source", "file"}}).Value(), kThreads * 1000);
-  EXPECT_EQ(r.Serialize(), "# HELP x_total h\n# TYPE x_total counter\n"
-                           "x_total{source=\"file\"} 8000\n");
+  EXPECT_EQ(r.Serialize(),
+            "# HELP x_total h\n# TYPE x_total counter\n"
+            "x_total{source=\"file\"} 8000\n");
 }
 
 TEST(MetricsRegistry, BuildInfoIsAGaugeOfOneLabelledWithVersionAndComponent) {
   Registry r;
   Gauge& g = RegisterBuildInfo(r, "0.1.0", "sidecar");
   EXPECT_EQ(g.Value(), 1);
-  EXPECT_THAT(r.Serialize(),
-              HasSubstr("# TYPE meshload_build_info gauge\n"
-                        "meshload_build_info{component=\"sidecar\",version=\"0.1.0\"} 1\n"));
+  EXPECT_THAT(r.Serialize(), HasSubstr("# TYPE meshload_build_info gauge\n"
+                                       "meshload_build_info{component=\"sidecar\",version=\"0.1.0\"} 1\n"));
 }
 
 TEST(MetricsRegistry, BuildInfoForTwoComponentsSharesOneFamily) {
@@ -241,17 +240,12 @@ TEST(MetricsRegistry, BuildInfoForTwoComponentsSharesOneFamily) {
 
 TEST(MetricsSerialize, SmallRegistryMatchesGoldenText) {
   Registry r;
-  auto& bytes = BuildCounter()
-                    .Name("meshload_bytes_read_total")
-                    .Help("Bytes read from storage.")
-                    .Register(r);
+  auto& bytes = BuildCounter().Name("meshload_bytes_read_total").Help("Bytes read from storage.").Register(r);
   bytes.Add({{"source", "http"}}).Increment(2048);
   bytes.Add({{"source", "file"}}).Increment(1048576);
   BuildGauge().Name("meshload_current_step").Help("Step being served.").Register(r).Add({}).Set(42);
-  auto& wait = BuildHistogram()
-                   .Name("meshload_trainer_wait_seconds")
-                   .Help("Time a trainer waited for a batch.")
-                   .Register(r);
+  auto& wait =
+      BuildHistogram().Name("meshload_trainer_wait_seconds").Help("Time a trainer waited for a batch.").Register(r);
   Histogram& h = wait.Add({}, {0.25, 1, 2.5});
   for (double v : {0.25, 0.5, 0.5, 3.0}) h.Observe(v);
 
@@ -326,8 +320,7 @@ TEST(MetricsSerialize, ConstantLabelsJoinSeriesLabelsInNameOrder) {
 
 TEST(MetricsSerialize, HistogramBucketsAreCumulativeWithLeLastAndInfBucketEqualToCount) {
   Registry r;
-  auto& family =
-      BuildHistogram().Name("read_seconds").Help("h").Labels({{"pod", "p"}}).Register(r);
+  auto& family = BuildHistogram().Name("read_seconds").Help("h").Labels({{"pod", "p"}}).Register(r);
   Histogram& h = family.Add({{"source", "file"}}, ExponentialBuckets(0.001, 10, 3));
   for (double v : {0.0005, 0.002, 0.002, 0.05, 7.0}) h.Observe(v);
   EXPECT_EQ(r.Serialize(),
@@ -336,8 +329,10 @@ TEST(MetricsSerialize, HistogramBucketsAreCumulativeWithLeLastAndInfBucketEqualT
             "read_seconds_bucket{pod=\"p\",source=\"file\",le=\"0.01\"} 3\n"
             "read_seconds_bucket{pod=\"p\",source=\"file\",le=\"0.1\"} 4\n"
             "read_seconds_bucket{pod=\"p\",source=\"file\",le=\"+Inf\"} 5\n"
-            "read_seconds_sum{pod=\"p\",source=\"file\"} " + FormatValue(h.Sum()) + "\n"
-            "read_seconds_count{pod=\"p\",source=\"file\"} 5\n");
+            "read_seconds_sum{pod=\"p\",source=\"file\"} " +
+                FormatValue(h.Sum()) +
+                "\n"
+                "read_seconds_count{pod=\"p\",source=\"file\"} 5\n");
 }
 
 TEST(MetricsSerialize, SpecialValuesPrintAsInfAndNaN) {
@@ -407,9 +402,7 @@ TEST(MetricsCollectHook, HooksRunInTheOrderAdded) {
 
 TEST(MetricsCollectHook, HookMayRegisterFamiliesAndAddSeries) {
   Registry r;
-  r.AddCollectHook([&] {
-    BuildGauge().Name("late").Help("h").Register(r).Add({{"k", "v"}}).Set(9);
-  });
+  r.AddCollectHook([&] { BuildGauge().Name("late").Help("h").Register(r).Add({{"k", "v"}}).Set(9); });
   EXPECT_EQ(r.Serialize(), "# HELP late h\n# TYPE late gauge\nlate{k=\"v\"} 9\n");
 }
 
@@ -455,8 +448,7 @@ class MetricsNamesDeathTest : public ::testing::Test {
 
 TEST_F(MetricsNamesDeathTest, InvalidMetricNameAborts) {
   Registry r;
-  EXPECT_DEATH(BuildGauge().Name("bad-name").Help("h").Register(r),
-               "invalid metric name \"bad-name\"");
+  EXPECT_DEATH(BuildGauge().Name("bad-name").Help("h").Register(r), "invalid metric name \"bad-name\"");
   EXPECT_DEATH(BuildGauge().Name("").Help("h").Register(r), "invalid metric name");
 }
 
@@ -492,18 +484,15 @@ TEST_F(MetricsNamesDeathTest, SameNameWithOtherHelpOrConstantLabelsAborts) {
   Registry r;
   BuildGauge().Name("x").Help("h").Register(r);
   EXPECT_DEATH(BuildGauge().Name("x").Help("other").Register(r), "already registered with another");
-  EXPECT_DEATH(BuildGauge().Name("x").Help("h").Labels({{"a", "b"}}).Register(r),
-               "already registered with another");
+  EXPECT_DEATH(BuildGauge().Name("x").Help("h").Labels({{"a", "b"}}).Register(r), "already registered with another");
 }
 
 TEST_F(MetricsNamesDeathTest, InvalidLabelNameAborts) {
   Registry r;
   auto& family = BuildGauge().Name("g").Help("h").Register(r);
-  EXPECT_DEATH(family.Add({{"bad-label", "v"}}),
-               "invalid label \"bad-label\" of metric \"g\": must match");
+  EXPECT_DEATH(family.Add({{"bad-label", "v"}}), "invalid label \"bad-label\" of metric \"g\": must match");
   EXPECT_DEATH(family.Add({{"", "v"}}), "invalid label \"\"");
-  EXPECT_DEATH(BuildGauge().Name("g2").Help("h").Labels({{"1x", "v"}}).Register(r),
-               "invalid label \"1x\"");
+  EXPECT_DEATH(BuildGauge().Name("g2").Help("h").Labels({{"1x", "v"}}).Register(r), "invalid label \"1x\"");
 }
 
 TEST_F(MetricsNamesDeathTest, DoubleUnderscoreLabelAborts) {
@@ -516,8 +505,7 @@ TEST_F(MetricsNamesDeathTest, LeAndQuantileLabelsAbort) {
   Registry r;
   auto& hist = BuildHistogram().Name("h").Help("h").Register(r);
   EXPECT_DEATH(hist.Add({{"le", "1"}}, {1}), "invalid label \"le\" of metric \"h\"");
-  EXPECT_DEATH(BuildHistogram().Name("h2").Help("h").Labels({{"le", "1"}}).Register(r),
-               "invalid label \"le\"");
+  EXPECT_DEATH(BuildHistogram().Name("h2").Help("h").Labels({{"le", "1"}}).Register(r), "invalid label \"le\"");
   auto& gauge = BuildGauge().Name("g").Help("h").Register(r);
   EXPECT_DEATH(gauge.Add({{"quantile", "0.5"}}), "reserved for histogram and summary");
 }

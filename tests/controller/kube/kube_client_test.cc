@@ -25,20 +25,20 @@
 namespace meshload::controller::kube {
 namespace {
 
+using meshload::testing::StatusIs;
 using meshload::testing::TempDir;
 using meshload::testing::TestCluster;
 using meshload::testing::WaitFor;
 using nlohmann::json;
-using meshload::testing::StatusIs;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-void Write(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void Write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 json ConfigMap(const std::string& ns, const std::string& name) {
-  return {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", {{"name", name}, {"namespace", ns}}},
+  return {{"apiVersion", "v1"},
+          {"kind", "ConfigMap"},
+          {"metadata", {{"name", name}, {"namespace", ns}}},
           {"data", {{"k", "v"}}}};
 }
 
@@ -65,13 +65,14 @@ TEST(KubeConfig, FilePathsAreRelativeToTheKubeconfigAndTokenFilesAreRead) {
   TempDir dir;
   Write(dir.path() + "/ca.pem", cluster.control_plane().ca_pem());
   Write(dir.path() + "/token", cluster.ServiceAccountToken("reader") + "\n");
-  Write(dir.path() + "/config", "apiVersion: v1\nkind: Config\ncurrent-context: b\n"
-                                "clusters:\n- name: c\n  cluster:\n    server: " +
-                                    cluster.control_plane().server() +
-                                    "\n    certificate-authority: ca.pem\n"
-                                    "users:\n- name: u\n  user:\n    tokenFile: token\n"
-                                    "contexts:\n- name: a\n  context: {cluster: nope, user: u}\n"
-                                    "- name: b\n  context: {cluster: c, user: u, namespace: training}\n");
+  Write(dir.path() + "/config",
+        "apiVersion: v1\nkind: Config\ncurrent-context: b\n"
+        "clusters:\n- name: c\n  cluster:\n    server: " +
+            cluster.control_plane().server() +
+            "\n    certificate-authority: ca.pem\n"
+            "users:\n- name: u\n  user:\n    tokenFile: token\n"
+            "contexts:\n- name: a\n  context: {cluster: nope, user: u}\n"
+            "- name: b\n  context: {cluster: c, user: u, namespace: training}\n");
   auto cfg = LoadKubeconfig(dir.path() + "/config");
   ASSERT_OK(cfg);
   EXPECT_EQ(cfg->namespace_, "training");
@@ -86,16 +87,19 @@ TEST(KubeConfig, FilePathsAreRelativeToTheKubeconfigAndTokenFilesAreRead) {
 
 TEST(KubeConfig, ErrorsNameTheFieldAndUnsupportedAuthIsRefused) {
   TempDir dir;
-  const std::string head = "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
-                           "contexts:\n- name: x\n  context: {cluster: c, user: u}\n";
-  Write(dir.path() + "/bad-b64", head + "clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n"
-                                        "    certificate-authority-data: '!!notbase64'\nusers:\n- name: u\n  user: {}\n");
+  const std::string head =
+      "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+      "contexts:\n- name: x\n  context: {cluster: c, user: u}\n";
+  Write(dir.path() + "/bad-b64", head +
+                                     "clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n"
+                                     "    certificate-authority-data: '!!notbase64'\nusers:\n- name: u\n  user: {}\n");
   auto r = LoadKubeconfig(dir.path() + "/bad-b64");
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().ToString(), HasSubstr("certificate-authority-data"));
 
-  Write(dir.path() + "/exec", head + "clusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n"
-                                     "users:\n- name: u\n  user:\n    exec: {command: aws}\n");
+  Write(dir.path() + "/exec", head +
+                                  "clusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n"
+                                  "users:\n- name: u\n  user:\n    exec: {command: aws}\n");
   r = LoadKubeconfig(dir.path() + "/exec");
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().ToString(), HasSubstr("exec"));
@@ -251,7 +255,8 @@ TEST(KubeClient, VerbLabelsAreBounded) {
 TEST(Informer, ListsInPagesThenFollowsTheWatch) {
   TestCluster cluster;
   const std::string a = cluster.ns();
-  for (int i = 0; i < 25; ++i) cluster.client().Post("/api/v1/namespaces/" + a + "/configmaps", ConfigMap(a, "cm-" + std::to_string(i)));
+  for (int i = 0; i < 25; ++i)
+    cluster.client().Post("/api/v1/namespaces/" + a + "/configmaps", ConfigMap(a, "cm-" + std::to_string(i)));
   // Every namespace's ConfigMaps, in pages: the control plane's own
   // (kube-root-ca.crt in each namespace) and the 25.
   Informer inf(&cluster.client(), {"/api/v1", "configmaps"}, {.page_size = 4});
@@ -334,7 +339,8 @@ TEST(Informer, GoneResourceVersionRelistsAndSeesDeletionsItMissed) {
 TEST(Informer, AnExpiredContinueTokenFallsBackToAFullList) {
   TestCluster cluster({.fault_proxy = true});
   const std::string a = cluster.ns();
-  for (int i = 0; i < 30; ++i) cluster.client().Post("/api/v1/namespaces/" + a + "/configmaps", ConfigMap(a, "c" + std::to_string(i)));
+  for (int i = 0; i < 30; ++i)
+    cluster.client().Post("/api/v1/namespaces/" + a + "/configmaps", ConfigMap(a, "c" + std::to_string(i)));
   // Slow pages while another writer moves etcd on and history is compacted
   // past the list's resource version: its continue token expires (410).
   cluster.proxy().SetLatency(20ms);
@@ -342,8 +348,9 @@ TEST(Informer, AnExpiredContinueTokenFallsBackToAFullList) {
   auto writer_client = cluster.NewClient({.qps = 0});
   std::thread writer([&] {
     for (int i = 0; !stop.load(); ++i) {
-      writer_client->Post("/api/v1/namespaces/" + a + "/secrets",
-                          {{"apiVersion", "v1"}, {"kind", "Secret"}, {"metadata", {{"name", "w" + std::to_string(i)}}}});
+      writer_client->Post(
+          "/api/v1/namespaces/" + a + "/secrets",
+          {{"apiVersion", "v1"}, {"kind", "Secret"}, {"metadata", {{"name", "w" + std::to_string(i)}}}});
       if (i % 5 == 4) (void)cluster.control_plane().Compact();
     }
   });
@@ -365,15 +372,15 @@ TEST(Informer, TransformBoundsWhatIsCachedAndKeepsTheObjectsIdentity) {
   for (int i = 0; i < 5; ++i) {
     cluster.client().Post("/api/v1/namespaces/" + ns + "/configmaps", ConfigMap(ns, "t" + std::to_string(i)));
   }
-  ASSERT_TRUE(cluster.client()
-                  .Get("/api/v1/namespaces/" + ns + "/configmaps/t0")
-                  .body["metadata"]
-                  .contains("managedFields"))
+  ASSERT_TRUE(
+      cluster.client().Get("/api/v1/namespaces/" + ns + "/configmaps/t0").body["metadata"].contains("managedFields"))
       << "the real server records managedFields";
   // A transform that keeps nothing of the metadata, listed in pages of 2:
   // every object is made small as its page arrives, and keeps its identity.
   Informer inf(&cluster.client(), {"/api/v1", "configmaps"},
-               {.namespace_ = ns, .page_size = 2, .transform = [](json obj) { return json{{"data", obj["data"]}}; }});
+               {.namespace_ = ns, .page_size = 2, .transform = [](json obj) {
+                  return json{{"data", obj["data"]}};
+                }});
   inf.Start();
   ASSERT_TRUE(inf.WaitForSync(10s));
   auto obj = inf.Get(ns, "t3");

@@ -130,7 +130,8 @@ TEST(Injector, AnIndexedTrainerGetsTheNativeSidecarAsDocumented) {
   EXPECT_EQ(sc["securityContext"]["capabilities"]["drop"], json::array({"ALL"}));
   EXPECT_EQ(sc["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
   EXPECT_EQ(sc["securityContext"]["runAsUser"], 1000);
-  EXPECT_EQ(Named(sc["volumeMounts"], "datasets"), json::parse(R"({"name": "datasets", "mountPath": "/datasets", "readOnly": true})"));
+  EXPECT_EQ(Named(sc["volumeMounts"], "datasets"),
+            json::parse(R"({"name": "datasets", "mountPath": "/datasets", "readOnly": true})"));
   EXPECT_EQ(Named(sc["volumeMounts"], "meshload-job")["readOnly"], true);
   // The job's ConfigMap and the socket volume; no peer secret.
   EXPECT_EQ(Named(pod["spec"]["volumes"], "meshload-job")["configMap"]["name"], "llm-meshload");
@@ -150,7 +151,8 @@ TEST(Injector, TrainersOfSeveralUidsAreEachLetIntoTheSocket) {
       << "one trainer: the sidecar runs as its uid, and accepts its own";
   json pod = Pod();
   pod["spec"]["securityContext"] = {{"runAsUser", 3000}};
-  pod["spec"]["containers"].push_back({{"name", "evaluator"}, {"image", "e:1"}, {"securityContext", {{"runAsUser", 2000}}}});
+  pod["spec"]["containers"].push_back(
+      {{"name", "evaluator"}, {"image", "e:1"}, {"securityContext", {{"runAsUser", 2000}}}});
   pod["spec"]["containers"].push_back({{"name", "logger"}, {"image", "l:1"}});  // the pod's uid
   json injected = Apply(pod, InjectSidecar(pod, "training", Lookup(Job()), Options()).patch);
   EXPECT_TRUE(HasArg(Sidecar(injected), "--allow-uids=1000,2000,3000")) << Sidecar(injected)["args"].dump();
@@ -164,8 +166,8 @@ TEST(Injector, APodOutsideAnIndexedJobReadsItsIndexFromTheConfigMap) {
 }
 
 TEST(Injector, JobsThatMoveSamplesGetThePeerSecretReadableByThePodsGroupOnly) {
-  for (const auto& [strategy, fanout] : std::vector<std::pair<std::string, std::string>>{{"PerProcess", "Broadcast"},
-                                                                                           {"LoadAndReshard", "Load"}}) {
+  for (const auto& [strategy, fanout] :
+       std::vector<std::pair<std::string, std::string>>{{"PerProcess", "Broadcast"}, {"LoadAndReshard", "Load"}}) {
     Decision d = InjectSidecar(Pod(), "training", Lookup(Job(strategy, fanout)), Options());
     ASSERT_TRUE(d.allowed) << d.message;
     json pod = Apply(Pod(), d.patch);
@@ -207,8 +209,7 @@ TEST(Injector, AnS3JobsCredentialsSecretIsMountedAsFilesForTheSidecarOnly) {
 
 TEST(Injector, TheJobsSidecarImageAndResourcesOverrideTheDefaults) {
   json job = Job();
-  job["spec"]["sidecar"] = {{"image", "registry.example.com/sidecar:2"},
-                            {"resources", {{"requests", {{"cpu", "4"}}}}}};
+  job["spec"]["sidecar"] = {{"image", "registry.example.com/sidecar:2"}, {"resources", {{"requests", {{"cpu", "4"}}}}}};
   json pod = Apply(Pod(), InjectSidecar(Pod(), "training", Lookup(job), Options()).patch);
   EXPECT_EQ(Sidecar(pod)["image"], "registry.example.com/sidecar:2");
   EXPECT_EQ(Sidecar(pod)["resources"]["requests"], json({{"cpu", "4"}}));
@@ -238,7 +239,8 @@ TEST(Injector, RefusalsNameTheJobAndTheReason) {
   json other = Pod();
   other["metadata"]["labels"]["meshload.io/job"] = "nope";
   EXPECT_EQ(refused(other, Job()),
-            "DataLoadJob training/nope (label meshload.io/job) does not exist: create the DataLoadJob before its trainer pods");
+            "DataLoadJob training/nope (label meshload.io/job) does not exist: create the DataLoadJob before its "
+            "trainer pods");
   json invalid = Job();
   invalid["spec"]["batch"]["globalBatchSize"] = 3;
   EXPECT_THAT(refused(Pod(), invalid),
@@ -311,7 +313,8 @@ TEST(Admission, MalformedBodiesAre400NamingTheProblem) {
       {"[]", "not a JSON object"},
       {R"({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"})", "must be admission.k8s.io/v1"},
       {R"({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"})", "no request object"},
-      {R"({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": 7}})", "request.uid is missing"},
+      {R"({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": 7}})",
+       "request.uid is missing"},
       {R"({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u",
           "kind": {"group": "", "kind": "Pod"}, "operation": "CREATE", "object": "pod"}})",
        "request.object is not an object"},
@@ -405,9 +408,7 @@ TEST(WebhookServer, ServesOverTlsReloadsItsCertificateAndCounts) {
   EXPECT_FALSE(client(*first)->Post("/mutate-pods", Review(Pod()), "application/json")) << "the old one is gone";
 
   // A broken pair is not taken: the last good one stays.
-  {
-    std::ofstream(dir.path() + "/tls.crt") << "not a certificate";
-  }
+  { std::ofstream(dir.path() + "/tls.crt") << "not a certificate"; }
   ASSERT_TRUE(WaitFor(
       [&] {
         client(*second)->Post("/mutate-pods", Review(Pod()), "application/json");
@@ -420,16 +421,14 @@ TEST(WebhookServer, ServesOverTlsReloadsItsCertificateAndCounts) {
   EXPECT_EQ(kept->status, 200);
 
   const std::string m = registry.Serialize();
-  EXPECT_THAT(m,
-              HasSubstr("meshload_controller_webhook_requests_total{outcome=\"bad_request\"} 1"));
-  EXPECT_THAT(m,
-              HasSubstr("meshload_controller_webhook_certificate_reloads_total{result=\"ok\"} 1"));
-  EXPECT_THAT(m,
-              HasSubstr("meshload_controller_webhook_certificate_reloads_total{result=\"error\"} 1"));
+  EXPECT_THAT(m, HasSubstr("meshload_controller_webhook_requests_total{outcome=\"bad_request\"} 1"));
+  EXPECT_THAT(m, HasSubstr("meshload_controller_webhook_certificate_reloads_total{result=\"ok\"} 1"));
+  EXPECT_THAT(m, HasSubstr("meshload_controller_webhook_certificate_reloads_total{result=\"error\"} 1"));
   EXPECT_THAT(m, HasSubstr("meshload_controller_webhook_certificate_expiry_timestamp_seconds "));
   EXPECT_THAT(m, HasSubstr("meshload_controller_webhook_request_duration_seconds_count"));
   // promtool is installed with the project's dependencies (Debian's prometheus).
-  ASSERT_EQ(std::system("command -v promtool >/dev/null 2>&1"), 0) << "promtool is not installed (scripts/install-deps.sh)";
+  ASSERT_EQ(std::system("command -v promtool >/dev/null 2>&1"), 0)
+      << "promtool is not installed (scripts/install-deps.sh)";
   std::ofstream(dir.path() + "/metrics.txt") << m;
   EXPECT_EQ(std::system(("promtool check metrics < " + dir.path() + "/metrics.txt").c_str()), 0) << m;
   server.Stop();
@@ -437,7 +436,8 @@ TEST(WebhookServer, ServesOverTlsReloadsItsCertificateAndCounts) {
 
 TEST(WebhookServer, AMissingOrMismatchedCertificateIsAnErrorNamingTheFile) {
   TempDir dir;
-  WebhookServer none(nullptr, Lookup(Job()), Options(), {.bind_address = "127.0.0.1", .port = 0, .cert_dir = dir.path()});
+  WebhookServer none(nullptr, Lookup(Job()), Options(),
+                     {.bind_address = "127.0.0.1", .port = 0, .cert_dir = dir.path()});
   auto r = none.Start();
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr(dir.path() + "/tls.crt")) << r.status().ToString();

@@ -28,9 +28,9 @@ namespace meshload::sidecar::exchange {
 namespace {
 
 using meshload::testing::StatusIs;
+using meshload::testing::WaitFor;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using meshload::testing::WaitFor;
 using namespace std::chrono_literals;
 
 // A listening loopback socket (kept open for the test's life) and its port.
@@ -39,7 +39,6 @@ std::pair<int, uint16_t> Listen() {
   EXPECT_OK(l);
   return {l->first.Release(), l->second};
 }
-
 
 // Process 0 sends to process 1, over loopback.
 struct Pair {
@@ -275,9 +274,8 @@ TEST(PeerExchange, ASenderWithTheWrongSecretIsRefusedAndTheRealOneStillGetsIn) {
       std::vector<uint8_t> junk(64, 0xee);
       ASSERT_OK((*impostor)->Send(it, {PartOf(1, junk, 3)}));
       Status w = (*impostor)->Wait(it, {});
-      EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable,
-                              HasSubstr(secret.empty() ? "requires peer authentication"
-                                                       : "peer authentication failed")));
+      EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable, HasSubstr(secret.empty() ? "requires peer authentication"
+                                                                                 : "peer authentication failed")));
       (*impostor)->Abandon(it);
     }
   }
@@ -332,8 +330,7 @@ TEST(PeerExchange, APeerThatDoesNotComeBackIsReportedNotHungOn) {
   Status w = (*receiver)->Wait(rt, {});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
   EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable,
-                          AllOf(HasSubstr("process 0 (127.0.0.1:"),
-                                HasSubstr("did not connect again within 1 s"))));
+                          AllOf(HasSubstr("process 0 (127.0.0.1:"), HasSubstr("did not connect again within 1 s"))));
   (*receiver)->Abandon(rt);
 }
 
@@ -577,8 +574,7 @@ TEST(PeerExchange, ALostReceiverThatDoesNotComeBackFailsTheSendersStep) {
   const auto t0 = std::chrono::steady_clock::now();
   Status w = (*sender)->Wait(st1, {});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
-  EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable,
-                          HasSubstr("could not be reached again within 1 s")));
+  EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable, HasSubstr("could not be reached again within 1 s")));
   (*sender)->Abandon(st1);
 }
 
@@ -657,7 +653,6 @@ TEST(PeerExchange, AReceiverThatMovesOnSkipsAndOneThatMovesBackIsServedAgain) {
   EXPECT_EQ(d3, Pattern(32, 3));
   EXPECT_EQ(served.load(), 2);
 }
-
 
 TEST(PeerExchange, AStepCreditedWhileItIsStillBeingStagedIsSentFromItsSlotNotReadAgain) {
   // The receiver's credit for step 0 arrives after the sender began staging

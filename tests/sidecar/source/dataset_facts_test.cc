@@ -205,7 +205,8 @@ TEST(IndexDataset, MissingDataIsNotFoundAndAnUnknownSchemeIsNamed) {
 
 TEST(ReadNpyHeader, ReadsTheHeaderAndNeverTheData) {
   TempDir dir;
-  std::string path = dir.Write("a.npy", *planner::MakeNpyHeader(planner::DType::kInt64, {2, 3, 4}) + std::string(192, '\0'));
+  std::string path =
+      dir.Write("a.npy", *planner::MakeNpyHeader(planner::DType::kInt64, {2, 3, 4}) + std::string(192, '\0'));
   Result<planner::NpyHeader> h = ReadNpyHeader(path);
   ASSERT_OK(h);
   EXPECT_EQ(h->dtype, planner::DType::kInt64);
@@ -238,8 +239,9 @@ TEST(ReadNpyHeader, VersionsTwoAndThreeTinyAndLongHeaders) {
 
 TEST(ReadNpyHeader, ErrorsNameTheFileAndTheByteOffset) {
   TempDir dir;
-  std::string path = dir.Write(
-      "fortran.npy", NpyWrap(1, "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3), }\n") + std::string(48, '\0'));
+  std::string path =
+      dir.Write("fortran.npy",
+                NpyWrap(1, "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3), }\n") + std::string(48, '\0'));
   Result<planner::NpyHeader> h = ReadNpyHeader(path);
   EXPECT_THAT(h, StatusIs(StatusCode::kInvalidArgument, HasSubstr("fortran_order must be False")));
   EXPECT_EQ(h.status().location(), path + "@44");
@@ -250,8 +252,7 @@ TEST(ReadNpyHeader, ErrorsNameTheFileAndTheByteOffset) {
   const std::string full = *planner::MakeNpyHeader(planner::DType::kUint16, {1000, 2049});
   path = dir.Write("cut.npy", full.substr(0, 70));
   h = ReadNpyHeader(path);
-  EXPECT_THAT(h, StatusIs(StatusCode::kDataLoss,
-                          HasSubstr("truncated: header needs 128 bytes, have 70")));
+  EXPECT_THAT(h, StatusIs(StatusCode::kDataLoss, HasSubstr("truncated: header needs 128 bytes, have 70")));
   EXPECT_EQ(h.status().location(), path + "@70");
   path = dir.Write("empty.npy", "");
   EXPECT_EQ(ReadNpyHeader(path).status().location(), path + "@0");

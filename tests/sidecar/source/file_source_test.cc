@@ -21,10 +21,10 @@
 namespace meshload::sidecar::source {
 namespace {
 
+using ::testing::HasSubstr;
 using testing::RandomBytes;
 using testing::RecordingObserver;
 using testing::TempDir;
-using ::testing::HasSubstr;
 
 SourceOptions Options(int max_open_files, SourceObserver* observer = nullptr) {
   SourceOptions options;
@@ -114,8 +114,8 @@ TEST(FileSourceTest, PrefetchHintsNeverFailAndLeaveReadsExact) {
   const std::string path = dir.Write("p.bin", data);
   auto source = MakeFile();
   // In range, empty, past the end, overflowing, larger than a mapped read.
-  const std::vector<Source::Range> ranges = {
-      {0, 4096}, {4098, 4098}, {100, 0}, {60 << 10, 8 << 10}, {~0ull - 10, 100}, {0, 1ull << 30}};
+  const std::vector<Source::Range> ranges = {{0, 4096},           {4098, 4098},      {100, 0},
+                                             {60 << 10, 8 << 10}, {~0ull - 10, 100}, {0, 1ull << 30}};
   source->Prefetch(path, ranges.data(), ranges.size());
   source->Prefetch(path, nullptr, 0);
   source->Prefetch(dir.path() + "/missing.bin", ranges.data(), ranges.size());  // the read reports it
@@ -137,11 +137,8 @@ TEST(FileSourceTest, ScatterReadFillsEveryIovecWithTheFileBytesInOrder) {
   const std::string path = dir.Write("a.bin", data);
   std::string a(1, '\0'), b(100, '\0'), c(4000, '\0'), d(899, '\0');
   char unused = 'x';
-  std::vector<iovec> iov = {{a.data(), a.size()},
-                            {b.data(), b.size()},
-                            {&unused, 0},
-                            {c.data(), c.size()},
-                            {d.data(), d.size()}};
+  std::vector<iovec> iov = {
+      {a.data(), a.size()}, {b.data(), b.size()}, {&unused, 0}, {c.data(), c.size()}, {d.data(), d.size()}};
   auto source = MakeFile();
   ASSERT_OK(source->ReadV(path, 1000, iov));
   EXPECT_EQ(a + b + c + d, data.substr(1000, 5000));
@@ -186,8 +183,7 @@ TEST(FileSourceTest, ReadAcrossTheEndIsDataLossNamingPathOffsetAndFileSize) {
   Status st = source->ReadV(path, 1000, {{a.data(), a.size()}, {b.data(), b.size()}});
   ASSERT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
   EXPECT_EQ(st.location(), path + "@1000");
-  EXPECT_EQ(st.message(),
-            "short read: wanted 4096 bytes at offset 1000, the file ends after 1200 bytes");
+  EXPECT_EQ(st.message(), "short read: wanted 4096 bytes at offset 1000, the file ends after 1200 bytes");
   EXPECT_EQ(observer.errors(), std::vector<std::string>{"data_loss"});
   EXPECT_EQ(observer.reads(), 0u);
 }

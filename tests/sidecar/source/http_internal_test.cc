@@ -38,8 +38,8 @@ TEST(ParseHttpUrlTest, AcceptsBracketedIpv6) {
 }
 
 TEST(ParseHttpUrlTest, RejectsBadUrls) {
-  for (const char* bad : {"ftp://host/x", "http:///x", "http://host:0/x", "http://host:99999/",
-                          "http://host:8a/", "http://[::1/x", "/plain/path"}) {
+  for (const char* bad : {"ftp://host/x", "http:///x", "http://host:0/x", "http://host:99999/", "http://host:8a/",
+                          "http://[::1/x", "/plain/path"}) {
     auto url = ParseHttpUrl(bad);
     EXPECT_FALSE(url.ok()) << bad;
     EXPECT_EQ(url.status().code(), StatusCode::kInvalidArgument) << bad;
@@ -63,9 +63,8 @@ TEST(ParseContentRangeTest, ParsesTheThreeForms) {
 }
 
 TEST(ParseContentRangeTest, RejectsMalformedValues) {
-  for (const char* bad :
-       {"", "bytes", "bytes 1-2", "items 1-2/3", "bytes 5-4/10", "bytes 1-10/10", "bytes */*",
-        "bytes a-2/3", "bytes 1-2/x", "bytes -2/3", "bytes 1-99999999999999999999/*"}) {
+  for (const char* bad : {"", "bytes", "bytes 1-2", "items 1-2/3", "bytes 5-4/10", "bytes 1-10/10", "bytes */*",
+                          "bytes a-2/3", "bytes 1-2/x", "bytes -2/3", "bytes 1-99999999999999999999/*"}) {
     EXPECT_FALSE(ParseContentRange(bad).has_value()) << bad;
   }
 }

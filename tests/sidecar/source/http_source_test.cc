@@ -22,12 +22,12 @@ namespace {
 
 using meshload::testing::StatusIs;
 using std::chrono::milliseconds;
+using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::RandomBytes;
 using testing::RecordingObserver;
 using testing::ServeBytes;
 using testing::TestHttpServer;
-using ::testing::HasSubstr;
-using ::testing::Not;
 
 // Fast retries and short timeouts so that the whole suite stays quick.
 SourceOptions FastOptions(RecordingObserver* observer) {
@@ -51,11 +51,8 @@ class HttpSourceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     data_ = RandomBytes(100000, 42);
-    server_.Get("/obj", [this](const httplib::Request& req, httplib::Response& res) {
-      ServeBytes(data_, req, res);
-    });
-    server_.Get("/missing",
-                [](const httplib::Request&, httplib::Response& res) { res.status = 404; });
+    server_.Get("/obj", [this](const httplib::Request& req, httplib::Response& res) { ServeBytes(data_, req, res); });
+    server_.Get("/missing", [](const httplib::Request&, httplib::Response& res) { res.status = 404; });
   }
 
   std::string data_;
@@ -68,8 +65,7 @@ TEST_F(HttpSourceTest, RangeReadIntoIovecsIsByteExact) {
   auto source = MakeHttp(FastOptions(&observer_));
   std::string a(7, '\0'), b(30000, '\0'), c(1, '\0');
   char unused = 'x';
-  std::vector<iovec> iov = {
-      {a.data(), a.size()}, {&unused, 0}, {b.data(), b.size()}, {c.data(), c.size()}};
+  std::vector<iovec> iov = {{a.data(), a.size()}, {&unused, 0}, {b.data(), b.size()}, {c.data(), c.size()}};
   Status st = source->ReadV(server_.Url("/obj"), 12345, iov);
   ASSERT_OK(st);
   EXPECT_EQ(a + b + c, data_.substr(12345, 30008));
@@ -98,11 +94,10 @@ TEST_F(HttpSourceTest, StatWithoutContentLengthFallsBackToARangedGet) {
   server_.Get("/chunked", [this](const httplib::Request& req, httplib::Response& res) {
     if (req.method == "HEAD") {
       // Chunked: the HEAD response carries no Content-Length.
-      res.set_chunked_content_provider("application/octet-stream",
-                                       [](size_t, httplib::DataSink& sink) {
-                                         sink.done();
-                                         return true;
-                                       });
+      res.set_chunked_content_provider("application/octet-stream", [](size_t, httplib::DataSink& sink) {
+        sink.done();
+        return true;
+      });
       return;
     }
     ServeBytes(data_, req, res);
@@ -175,12 +170,10 @@ TEST_F(HttpSourceTest, NotFoundFailsFastWithoutRetries) {
 }
 
 TEST_F(HttpSourceTest, ForbiddenIsNotRetried) {
-  server_.Get("/forbidden",
-              [](const httplib::Request&, httplib::Response& res) { res.status = 403; });
+  server_.Get("/forbidden", [](const httplib::Request&, httplib::Response& res) { res.status = 403; });
   server_.Start();
   char buf[16];
-  Status st =
-      MakeHttp(FastOptions(&observer_))->Read(server_.Url("/forbidden"), 0, buf, sizeof buf);
+  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/forbidden"), 0, buf, sizeof buf);
   EXPECT_THAT(st, StatusIs(StatusCode::kFailedPrecondition, HasSubstr("HTTP 403 Forbidden")));
   EXPECT_EQ(server_.requests(), 1);
   EXPECT_EQ(observer_.errors(), std::vector<std::string>{"http_4xx"});
@@ -198,8 +191,7 @@ TEST_F(HttpSourceTest, TooManyRequestsWithRetryAfterZeroIsRetried) {
   });
   server_.Start();
   std::string out(1000, '\0');
-  Status st =
-      MakeHttp(FastOptions(&observer_))->Read(server_.Url("/throttled"), 0, out.data(), 1000);
+  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/throttled"), 0, out.data(), 1000);
   ASSERT_OK(st);
   EXPECT_EQ(out, data_.substr(0, 1000));
   EXPECT_EQ(observer_.retries(), std::vector<std::string>{"http_429"});
@@ -232,8 +224,7 @@ TEST_F(HttpSourceTest, AlwaysFailingServerIsGivenUpOnAfterMaxAttempts) {
   char buf[8];
   Status st = source->Read(server_.Url("/down"), 5, buf, sizeof buf);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
-  EXPECT_EQ(st.ToString(),
-            server_.Url("/down") + "@5: giving up after 3 attempts: HTTP 502 Bad Gateway");
+  EXPECT_EQ(st.ToString(), server_.Url("/down") + "@5: giving up after 3 attempts: HTTP 502 Bad Gateway");
   EXPECT_EQ(server_.requests(), 3);
   EXPECT_EQ(observer_.retries(), (std::vector<std::string>{"http_5xx", "http_5xx"}));
   EXPECT_EQ(observer_.errors(), std::vector<std::string>{"retries_exhausted"});
@@ -277,8 +268,7 @@ TEST_F(HttpSourceTest, BodyCutShortIsRetriedForTheRestOnly) {
   });
   server_.Start();
   std::string out(50000, '\0');
-  Status st =
-      MakeHttp(FastOptions(&observer_))->Read(server_.Url("/cut"), 10, out.data(), out.size());
+  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/cut"), 10, out.data(), out.size());
   ASSERT_OK(st);
   EXPECT_EQ(out, data_.substr(10, 50000));
   EXPECT_EQ(observer_.retries(), std::vector<std::string>{"short_body"});
@@ -294,13 +284,12 @@ TEST_F(HttpSourceTest, ShorterRangeThanAskedIsRetriedAsShortBody) {
     res.body.resize(res.body.size() / 2);
     const std::string cr = res.get_header_value("Content-Range");
     uint64_t first = std::stoull(cr.substr(6, cr.find('-') - 6));
-    res.set_header("Content-Range", "bytes " + std::to_string(first) + "-" +
-                                        std::to_string(first + res.body.size() - 1) + "/*");
+    res.set_header("Content-Range",
+                   "bytes " + std::to_string(first) + "-" + std::to_string(first + res.body.size() - 1) + "/*");
   });
   server_.Start();
   std::string out(1000, '\0');
-  Status st =
-      MakeHttp(FastOptions(&observer_))->Read(server_.Url("/stingy"), 0, out.data(), out.size());
+  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/stingy"), 0, out.data(), out.size());
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
   // Each attempt asks for the rest and gets half of it: 500, 250, 125.
   EXPECT_THAT(st.message(), HasSubstr("short body: got 875 of 1000 bytes"));
@@ -337,8 +326,7 @@ TEST_F(HttpSourceTest, PartialContentForAnotherRangeIsRejected) {
   std::string out(100, '\0');
   Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/shifted"), 50, out.data(), 100);
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(st.ToString(),
-            server_.Url("/shifted") + "@50: HTTP 206 for bytes 0-99, asked for bytes 50-149");
+  EXPECT_EQ(st.ToString(), server_.Url("/shifted") + "@50: HTTP 206 for bytes 0-99, asked for bytes 50-149");
   EXPECT_EQ(server_.requests(), 1);
 }
 
@@ -360,17 +348,15 @@ TEST_F(HttpSourceTest, ServerIgnoringRangeIsAcceptedOnlyFromOffsetZero) {
 TEST_F(HttpSourceTest, WholeObjectShorterThanTheReadIsDataLoss) {
   server_.Get("/chunked-small", [](const httplib::Request&, httplib::Response& res) {
     // Range ignored and no Content-Length: the size shows only at the end.
-    res.set_chunked_content_provider("application/octet-stream",
-                                     [](size_t, httplib::DataSink& sink) {
-                                       sink.write("0123456789", 10);
-                                       sink.done();
-                                       return true;
-                                     });
+    res.set_chunked_content_provider("application/octet-stream", [](size_t, httplib::DataSink& sink) {
+      sink.write("0123456789", 10);
+      sink.done();
+      return true;
+    });
   });
   server_.Start();
   std::string out(64, '\0');
-  Status st = MakeHttp(FastOptions(&observer_))
-                  ->Read(server_.Url("/chunked-small"), 0, out.data(), out.size());
+  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/chunked-small"), 0, out.data(), out.size());
   EXPECT_THAT(st, StatusIs(StatusCode::kDataLoss, HasSubstr("the object ends after 10 bytes")));
   EXPECT_EQ(server_.requests(), 1);
 }
@@ -402,8 +388,7 @@ TEST_F(HttpSourceTest, ConcurrentReadersGetExactBytesOnPooledConnections) {
       for (int r = 0; r < kReadsPerThread; ++r) {
         uint64_t offset = (t * 7919 + r * 613) % (data_.size() - 3000);
         std::string a(1000, '\0'), b(2000, '\0');
-        Status st = source->ReadV(server_.Url("/obj"), offset,
-                                  {{a.data(), a.size()}, {b.data(), b.size()}});
+        Status st = source->ReadV(server_.Url("/obj"), offset, {{a.data(), a.size()}, {b.data(), b.size()}});
         if (!st.ok() || a + b != data_.substr(offset, 3000)) failures.fetch_add(1);
       }
     });
@@ -485,9 +470,7 @@ class HttpsSourceTest : public ::testing::Test {
     ASSERT_TRUE(testing::WriteTestCerts(dir_.path(), &ca_, &cert_, &key_));
     server_ = std::make_unique<TestHttpServer>(cert_, key_);
     data_ = RandomBytes(5000, 9);
-    server_->Get("/obj", [this](const httplib::Request& req, httplib::Response& res) {
-      ServeBytes(data_, req, res);
-    });
+    server_->Get("/obj", [this](const httplib::Request& req, httplib::Response& res) { ServeBytes(data_, req, res); });
     server_->Start();
   }
 

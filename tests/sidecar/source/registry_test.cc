@@ -38,8 +38,7 @@ TEST(SourceRegistryTest, FileUrisAndPlainPathsReadThroughTheFileSource) {
   const std::string data = RandomBytes(100, 7);
   const std::string path = dir.Write("r.bin", data);
   auto registry = SourceRegistry::WithBuiltins({});
-  for (const std::string& uri :
-       {"file://" + path, "FILE://" + path, "file://localhost" + path, path}) {
+  for (const std::string& uri : {"file://" + path, "FILE://" + path, "file://localhost" + path, path}) {
     auto found = registry->For(uri);
     ASSERT_OK(found) << uri << ": " << found.status().ToString();
     EXPECT_EQ(found->second, path) << uri;
@@ -100,8 +99,7 @@ TEST(SourceRegistryTest, UnknownSchemeNamesTheUriAndListsKnownSchemes) {
   ASSERT_FALSE(found.ok());
   EXPECT_EQ(found.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(found.status().location(), "gs://bucket/key.bin");
-  EXPECT_EQ(found.status().message(),
-            "unknown URI scheme \"gs\" (known schemes: file, http, https, s3)");
+  EXPECT_EQ(found.status().message(), "unknown URI scheme \"gs\" (known schemes: file, http, https, s3)");
 }
 
 TEST(SourceRegistryTest, FactoryErrorsReachTheCaller) {

@@ -56,9 +56,8 @@ TEST(SignV4, TheListObjectsExampleOfTheS3Reference) {
   r.path = "/";
   r.query = CanonicalQuery({{"prefix", "J"}, {"max-keys", "2"}});
   EXPECT_EQ(r.query, "max-keys=2&prefix=J");
-  r.headers = {{"host", "examplebucket.s3.amazonaws.com"},
-               {"x-amz-content-sha256", kEmpty},
-               {"x-amz-date", "20130524T000000Z"}};
+  r.headers = {
+      {"host", "examplebucket.s3.amazonaws.com"}, {"x-amz-content-sha256", kEmpty}, {"x-amz-date", "20130524T000000Z"}};
   r.payload_hash = kEmpty;
   EXPECT_EQ(SignV4(r, kAccessKey, kSecret, "us-east-1", "20130524T000000Z").authorization,
             "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, "

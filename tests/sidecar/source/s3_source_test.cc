@@ -39,11 +39,11 @@ namespace meshload::sidecar::source {
 namespace {
 
 using meshload::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::RandomBytes;
 using testing::RecordingObserver;
 using testing::TempDir;
-using ::testing::HasSubstr;
-using ::testing::Not;
 
 constexpr const char* kAccess = "MESHLOADTESTKEY";
 constexpr const char* kSecret = "meshload-test-secret-0123456789";
@@ -104,13 +104,12 @@ class S3SourceTest : public ::testing::Test {
     root_ = new TempDir();
     std::filesystem::create_directories(root_->path() + "/gw/bkt");
     port_ = FreePort();
-    server_ = Spawn({bin_ + "/versitygw", "--access", kAccess, "--secret", kSecret, "--region", "us-east-1",
-                     "--port", "127.0.0.1:" + std::to_string(port_), "--keep-alive", "--quiet", "posix",
-                     root_->path() + "/gw"},
+    server_ = Spawn({bin_ + "/versitygw", "--access", kAccess, "--secret", kSecret, "--region", "us-east-1", "--port",
+                     "127.0.0.1:" + std::to_string(port_), "--keep-alive", "--quiet", "posix", root_->path() + "/gw"},
                     root_->path() + "/versitygw.log");
     const std::string ready = root_->path() + "/proxy.ready";
-    proxy_ = Spawn({proxy_bin + "/faultproxy", "--upstream", "http://127.0.0.1:" + std::to_string(port_),
-                    "--errors", "s3", "--ready-file", ready},
+    proxy_ = Spawn({proxy_bin + "/faultproxy", "--upstream", "http://127.0.0.1:" + std::to_string(port_), "--errors",
+                    "s3", "--ready-file", ready},
                    root_->path() + "/proxy.log");
     const bool up = ::meshload::testing::WaitFor(
         [&] {
@@ -242,8 +241,7 @@ TEST_F(S3SourceTest, WrongCredentialsAMissingBucketOrKeyAndTheWrongRegionFailAtO
   Status st = s->Read("s3://bkt/e/obj.bin", 0, buf.data(), buf.size());
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
   EXPECT_EQ(st.location(), "s3://bkt/e/obj.bin@0");
-  EXPECT_THAT(st.message(), HasSubstr("HTTP 403 Forbidden: S3 SignatureDoesNotMatch"))
-      << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr("HTTP 403 Forbidden: S3 SignatureDoesNotMatch")) << st.ToString();
   EXPECT_EQ(std::stoll(Admin("/requests")) - before, 1) << "a refusal is not retried";
   EXPECT_THAT(st.ToString(), Not(HasSubstr("not-the-secret")));
 
@@ -265,7 +263,8 @@ TEST_F(S3SourceTest, WrongCredentialsAMissingBucketOrKeyAndTheWrongRegionFailAtO
 
   anonymous_ = true;
   Status anon = Make({})->Read("s3://bkt/e/obj.bin", 0, buf.data(), buf.size());
-  EXPECT_EQ(anon.code(), StatusCode::kFailedPrecondition) << "unsigned requests to a private bucket: " << anon.ToString();
+  EXPECT_EQ(anon.code(), StatusCode::kFailedPrecondition)
+      << "unsigned requests to a private bucket: " << anon.ToString();
 }
 
 TEST_F(S3SourceTest, ThrottlingIsRetriedWithBackoffAndCountedAsThrottled) {
@@ -285,8 +284,7 @@ TEST_F(S3SourceTest, ThrottlingIsRetriedWithBackoffAndCountedAsThrottled) {
   Admin("/inject?status=503&code=SlowDown&count=5");
   Status gave_up = Make(few, proxy_endpoint_)->Read("s3://bkt/t/obj.bin", 0, got.data(), got.size());
   EXPECT_EQ(gave_up.code(), StatusCode::kUnavailable);
-  EXPECT_THAT(gave_up.message(),
-              HasSubstr("giving up after 2 attempts: HTTP 503 Service Unavailable: S3 SlowDown"))
+  EXPECT_THAT(gave_up.message(), HasSubstr("giving up after 2 attempts: HTTP 503 Service Unavailable: S3 SlowDown"))
       << gave_up.ToString();
 }
 

@@ -62,22 +62,19 @@ std::set<std::string> RecordingObserver::schemes() const {
   return schemes_;
 }
 
-bool WriteTestCerts(const std::string& dir, std::string* ca_path, std::string* cert_path,
-                    std::string* key_path) {
+bool WriteTestCerts(const std::string& dir, std::string* ca_path, std::string* cert_path, std::string* key_path) {
   *ca_path = dir + "/ca.pem";
   *cert_path = dir + "/cert.pem";
   *key_path = dir + "/key.pem";
   auto pki = pki::MakeTestPki();
   return pki.ok() && pki::WritePem(*ca_path, pki->ca.cert_pem).ok() &&
-         pki::WritePem(*cert_path, pki->server.cert_pem).ok() &&
-         pki::WritePem(*key_path, pki->server.key_pem).ok();
+         pki::WritePem(*cert_path, pki->server.cert_pem).ok() && pki::WritePem(*key_path, pki->server.key_pem).ok();
 }
 
 TestHttpServer::TestHttpServer() : server_(std::make_unique<httplib::Server>()) { Configure(); }
 
 TestHttpServer::TestHttpServer(const std::string& cert_path, const std::string& key_path)
-    : server_(std::make_unique<httplib::SSLServer>(cert_path.c_str(), key_path.c_str())),
-      scheme_("https") {
+    : server_(std::make_unique<httplib::SSLServer>(cert_path.c_str(), key_path.c_str())), scheme_("https") {
   Configure();
 }
 
@@ -95,8 +92,7 @@ TestHttpServer::~TestHttpServer() {
 }
 
 void TestHttpServer::Get(const std::string& path, Handler handler) {
-  server_->Get(path, [this, handler = std::move(handler)](const httplib::Request& req,
-                                                          httplib::Response& res) {
+  server_->Get(path, [this, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
     requests_.fetch_add(1);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -148,8 +144,8 @@ void ServeBytes(const std::string& data, const httplib::Request& req, httplib::R
   }
   last = std::min<uint64_t>(last, data.size() - 1);
   res.status = 206;
-  res.set_header("Content-Range", "bytes " + std::to_string(first) + "-" + std::to_string(last) +
-                                      "/" + std::to_string(data.size()));
+  res.set_header("Content-Range",
+                 "bytes " + std::to_string(first) + "-" + std::to_string(last) + "/" + std::to_string(data.size()));
   res.set_content(data.substr(first, last - first + 1), "application/octet-stream");
 }
 

@@ -51,8 +51,7 @@ class RecordingObserver : public SourceObserver {
 /// Writes a fresh CA and a server certificate for 127.0.0.1 signed by it
 /// (common/test_pki.h) and the server's key as PEM files into `dir`;
 /// returns false on failure.
-bool WriteTestCerts(const std::string& dir, std::string* ca_path, std::string* cert_path,
-                    std::string* key_path);
+bool WriteTestCerts(const std::string& dir, std::string* ca_path, std::string* cert_path, std::string* key_path);
 
 /// An httplib::Server (or SSLServer) listening on 127.0.0.1 at a free port. Routes added
 /// with Get() count requests and distinct client connections before the

@@ -49,9 +49,9 @@ using meshload::testing::StatusIs;
 using meshload::testing::TempDir;
 using meshload::testing::WaitFor;
 using std::chrono::milliseconds;
+using std::chrono::seconds;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using std::chrono::seconds;
 
 // The stand-in's devices as this test process sees them (C, B, A); the
 // sidecar processes below see them as A, B, C.
@@ -75,11 +75,11 @@ const cuda::Driver* DriverOrNull() {
     GTEST_SKIP() << "no CUDA driver (" << cuda::Driver::Open().status().message() << "): skipped"; \
   }
 
-#define REQUIRE_STAND_IN()                                                                              \
-  if (RealGpu()) {                                                                                       \
+#define REQUIRE_STAND_IN()                                                                                     \
+  if (RealGpu()) {                                                                                             \
     GTEST_SKIP() << "needs the stand-in driver's devices (several GPUs, unseen UUIDs): skipped on a real GPU"; \
-  }                                                                                                     \
-  do {                                                                                                  \
+  }                                                                                                            \
+  do {                                                                                                         \
   } while (0)
 
 // Local devices per process in GpuJob: 2 with the stand-in, else as many
@@ -97,12 +97,12 @@ std::string SidecarBin() {
   return e && *e ? e : MESHLOAD_SIDECAR_BIN;
 }
 
-#define REQUIRE_TWO_GPUS()                                                               \
-  REQUIRE_DRIVER();                                                                      \
-  if (driver->devices().size() < 2) {                                                    \
-    GTEST_SKIP() << "needs 2 GPUs, this process sees " << driver->devices().size();      \
-  }                                                                                      \
-  do {                                                                                   \
+#define REQUIRE_TWO_GPUS()                                                          \
+  REQUIRE_DRIVER();                                                                 \
+  if (driver->devices().size() < 2) {                                               \
+    GTEST_SKIP() << "needs 2 GPUs, this process sees " << driver->devices().size(); \
+  }                                                                                 \
+  do {                                                                              \
   } while (0)
 
 // A sidecar process's environment: with the stand-in, the two GPUs this
@@ -126,10 +126,12 @@ std::string JobYaml(const std::string& uri, bool replicas, int devices) {
                                       "    batchAxes: [data]\n"
                                     : "    axes: [{name: data, size: " + std::to_string(2 * devices) + "}]\n";
   return "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: gpu-test}\nspec:\n"
-         "  mesh:\n    processes: 2\n    devicesPerProcess: " + std::to_string(devices) + "\n" + mesh +
-         (replicas ? "  replication: {mode: Partial, fanout: Load}\n" : "") +
+         "  mesh:\n    processes: 2\n    devicesPerProcess: " +
+         std::to_string(devices) + "\n" + mesh + (replicas ? "  replication: {mode: Partial, fanout: Load}\n" : "") +
          "  strategy: PerProcess\n"
-         "  dataset:\n    uri: " + uri + "\n    format: FixedRecord\n    recordBytes: 4096\n"
+         "  dataset:\n    uri: " +
+         uri +
+         "\n    format: FixedRecord\n    recordBytes: 4096\n"
          "  batch: {globalBatchSize: 16, prefetch: 3}\n"
          "  shuffle: {mode: Global, seed: 11}\n";
 }
@@ -163,7 +165,9 @@ class GpuJob {
  public:
   // `devices`: local devices per process; 0: JobDevices() (2 with replicas).
   explicit GpuJob(bool replicas = false, int devices = 0)
-      : devices_(devices > 0 ? devices : replicas ? 2 : JobDevices()) {
+      : devices_(devices > 0 ? devices
+                 : replicas  ? 2
+                             : JobDevices()) {
     planner::DatasetSpec ds;
     ds.format = planner::DatasetFormat::kFixedRecord;
     ds.record_bytes = 4096;
@@ -240,8 +244,8 @@ class GpuJob {
   // The real sidecar binary for process 1, with extra environment and
   // flags; its log goes to log_path().
   pid_t Spawn(const std::vector<std::string>& env_extra, const std::vector<std::string>& flags) {
-    std::vector<std::string> args = {SidecarBin(), "--job", job_path_, "--process", "1",
-                                     "--socket", socket_, "--log-format", "kv"};
+    std::vector<std::string> args = {SidecarBin(), "--job", job_path_,      "--process", "1",
+                                     "--socket",   socket_, "--log-format", "kv"};
     args.insert(args.end(), flags.begin(), flags.end());
     std::vector<std::string> env = env_extra;  // these win over this process's own
     for (char** e = environ; *e; ++e) {
@@ -375,8 +379,7 @@ TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
   EXPECT_THAT(m, HasSubstr("meshload_staging_mode{mode=\"host\"} 0"));
   // devices x 3 slots, each rounded up to the granularity; a copy timed per step.
   const uint64_t granularity = *driver->Granularity(0);
-  EXPECT_THAT(m,
-              HasSubstr("meshload_device_memory_bytes " + std::to_string(job.devices() * 3 * granularity)));
+  EXPECT_THAT(m, HasSubstr("meshload_device_memory_bytes " + std::to_string(job.devices() * 3 * granularity)));
   EXPECT_THAT(m, Not(HasSubstr("meshload_device_copy_seconds_count 0")));
 }
 
@@ -388,9 +391,8 @@ TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
   EXPECT_THAT((*s)->staging_reason(), HasSubstr("local replicas copied device to device"));
   // Both local devices hold the same shard; the host copy of the second is
   // never made, so its bytes can only have come from the first GPU.
-  job.TakeSteps(8, *driver, [](const client::Batch& b) {
-    EXPECT_EQ(b.tensors[0].ids_checksum, b.tensors[1].ids_checksum);
-  });
+  job.TakeSteps(8, *driver,
+                [](const client::Batch& b) { EXPECT_EQ(b.tensors[0].ids_checksum, b.tensors[1].ids_checksum); });
 }
 
 TEST(DeviceStaging, ReplicasOnGpusThatCannotReachEachOtherAreCopiedFromTheHostSlot) {
@@ -420,8 +422,9 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
       auto b = c->Next(milliseconds(10000));
       ASSERT_OK(b);
       std::vector<uint8_t> bytes(b->tensors[0].nbytes);
-      ASSERT_TRUE(driver->CopyToHost(bytes.data(), reinterpret_cast<uintptr_t>(b->tensors[0].data), bytes.size(),
-                                     b->tensors[0].device_id)
+      ASSERT_TRUE(driver
+                      ->CopyToHost(bytes.data(), reinterpret_cast<uintptr_t>(b->tensors[0].data), bytes.size(),
+                                   b->tensors[0].device_id)
                       .ok());
       first.push_back(std::move(bytes));
       held.push_back(std::move(*b));  // every slot leased ...
@@ -439,7 +442,8 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
     // and no RELEASE.
     auto fd = protocol::ConnectSeqpacket(job.socket_);
     ASSERT_OK(fd);
-    ASSERT_OK(protocol::SendMessage(fd->get(), protocol::Encode(protocol::ClientHello{protocol::kProtocolVersion, 1, 3})));
+    ASSERT_OK(
+        protocol::SendMessage(fd->get(), protocol::Encode(protocol::ClientHello{protocol::kProtocolVersion, 1, 3})));
     ASSERT_OK(protocol::ReceiveMessage(fd->get(), protocol::kMaxMessageBytes));  // SERVER_HELLO
     for (int i = 0; i < 3; ++i) {
       auto r = protocol::ReceiveMessage(fd->get(), protocol::kMaxMessageBytes);
@@ -461,8 +465,9 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
     job.ExpectOnGpuAndPlanned(*b, *driver);
     if (step < 3) {
       std::vector<uint8_t> bytes(b->tensors[0].nbytes);
-      ASSERT_TRUE(driver->CopyToHost(bytes.data(), reinterpret_cast<uintptr_t>(b->tensors[0].data), bytes.size(),
-                                     b->tensors[0].device_id)
+      ASSERT_TRUE(driver
+                      ->CopyToHost(bytes.data(), reinterpret_cast<uintptr_t>(b->tensors[0].data), bytes.size(),
+                                   b->tensors[0].device_id)
                       .ok());
       EXPECT_EQ(bytes, first[static_cast<size_t>(step)]);
     }
@@ -504,8 +509,7 @@ TEST(DeviceStaging, DeviceStagingNeedsADeviceForEveryLocalDevice) {
   o.cuda_devices = {0, 99};
   auto s = Sidecar::Create(o);
   ASSERT_FALSE(s.ok());
-  EXPECT_THAT(s.status().message(), HasSubstr("CUDA device 99 is not among"))
-      << s.status().ToString();
+  EXPECT_THAT(s.status().message(), HasSubstr("CUDA device 99 is not among")) << s.status().ToString();
   o.cuda_devices = {0};
   s = Sidecar::Create(o);
   ASSERT_FALSE(s.ok());
@@ -543,8 +547,8 @@ TEST(DeviceStagingProcess, AGpuTheTrainerCannotSeeIsAClearErrorListingBothSides)
   REQUIRE_DRIVER();
   GpuJob job;
   const std::string unseen = "GPU-dddddddd-0000-4000-8000-000000000004";
-  const pid_t pid = job.Spawn({"MESHLOAD_FAKE_CUDA_DEVICES=" + std::string(kGpuA) + "," + unseen},
-                              {"--staging", "cuda"});
+  const pid_t pid =
+      job.Spawn({"MESHLOAD_FAKE_CUDA_DEVICES=" + std::string(kGpuA) + "," + unseen}, {"--staging", "cuda"});
   client::ClientOptions o;
   o.socket_path = job.socket_;
   o.max_reconnect_attempts = 10;
@@ -602,7 +606,7 @@ TEST(DeviceStagingProcess, ARestartedSidecarIsImportedAgainAndTheTrainerGetsIden
   }
   EXPECT_EQ(c->reconnects(), 1);
   EXPECT_EQ(c->gpu_imports(), 2 * job.devices() * 3);  // the first pool and the new one, once each
-  if (imports_before >= 0) {  // the new pool, once
+  if (imports_before >= 0) {                           // the new pool, once
     EXPECT_EQ(FakeImports() - imports_before, job.devices() * 3);
   }
   held.clear();
@@ -616,8 +620,7 @@ TEST(DeviceStagingProcess, CudaStagingWithoutADriverIsAnErrorAndAutoSaysWhyItSta
   ::waitpid(pid, &status, 0);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_NE(WEXITSTATUS(status), 0);
-  EXPECT_THAT(job.Log(),
-              HasSubstr("--staging cuda: no CUDA driver: cannot open /nonexistent/libcuda.so.1"));
+  EXPECT_THAT(job.Log(), HasSubstr("--staging cuda: no CUDA driver: cannot open /nonexistent/libcuda.so.1"));
   pid = job.Spawn({"MESHLOAD_CUDA_LIBRARY=/nonexistent/libcuda.so.1"}, {"--staging", "auto"});
   auto c = job.Connect(10);
   ASSERT_TRUE(c) << job.Log();
@@ -638,8 +641,7 @@ int main(int argc, char** argv) {
   if (!meshload::sidecar::RealGpu()) {
     ::setenv("MESHLOAD_CUDA_LIBRARY", MESHLOAD_FAKE_CUDA, 1);
     ::setenv("MESHLOAD_FAKE_CUDA_DEVICES",
-             (std::string(meshload::sidecar::kGpuC) + "," + meshload::sidecar::kGpuB + "," +
-              meshload::sidecar::kGpuA)
+             (std::string(meshload::sidecar::kGpuC) + "," + meshload::sidecar::kGpuB + "," + meshload::sidecar::kGpuA)
                  .c_str(),
              1);
   }

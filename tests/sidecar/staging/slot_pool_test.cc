@@ -85,8 +85,8 @@ TEST(SlotPool, ResetDropsReadySlotsAndStaleFills) {
   auto b = pool.AcquireForFill(1, 0, milliseconds(10));  // still filling
   const uint64_t gen = pool.Reset();
   EXPECT_EQ(gen, 1u);
-  EXPECT_FALSE(pool.Lease(0));         // the ready slot is gone
-  EXPECT_FALSE(pool.MarkReady(*b));    // a stale fill is freed, not published
+  EXPECT_FALSE(pool.Lease(0));       // the ready slot is gone
+  EXPECT_FALSE(pool.MarkReady(*b));  // a stale fill is freed, not published
   EXPECT_EQ(pool.Counts().free, 3u);
   EXPECT_FALSE(pool.AcquireForFill(9, 0, milliseconds(10)));  // old generation
   EXPECT_TRUE(pool.AcquireForFill(9, 1, milliseconds(10)));
@@ -147,7 +147,7 @@ TEST(SlotPool, NextFillHandsOutConsecutiveStepsFromTheFirstAndFromEachReset) {
   EXPECT_EQ(pool.FirstPendingStep(), 11);  // a leased step is the trainer's
   const uint64_t gen = pool.Reset(/*next_step=*/100);
   EXPECT_FALSE(pool.AcquireNextForFill(0, milliseconds(10)));  // the old generation is refused
-  EXPECT_EQ(pool.FirstPendingStep(), 100);  // the lease is of the old generation
+  EXPECT_EQ(pool.FirstPendingStep(), 100);                     // the lease is of the old generation
   auto c = pool.AcquireNextForFill(gen, milliseconds(10));
   ASSERT_TRUE(c);
   EXPECT_EQ(c->step, 100);
