@@ -157,11 +157,30 @@ class ControllerProcess : public ::testing::Test {
  protected:
   // The controller's identity (a client certificate of its own), namespace ns_.
   void SetUp() override { cluster_.WriteKubeconfig(dir_.path() + "/kubeconfig"); }
+  // The controller as identity `identity` in namespace ns_ (its metrics on
+  // 127.0.0.1:metrics_port), with `more` flags, logging to `log`.
+  std::unique_ptr<Process> StartController(const std::string& identity, int metrics_port, const std::string& log_level,
+                                           std::vector<std::string> more, const std::string& log) {
+    std::vector<std::string> args = {MESHLOAD_CONTROLLER_BIN,
+                                     "--kubeconfig",
+                                     dir_.path() + "/kubeconfig",
+                                     "--identity",
+                                     identity,
+                                     "--metrics-port",
+                                     std::to_string(metrics_port),
+                                     "--metrics-address",
+                                     "127.0.0.1",
+                                     "--namespace",
+                                     ns_,
+                                     "--leader-election-namespace",
+                                     ns_,
+                                     "--log-level",
+                                     log_level};
+    args.insert(args.end(), more.begin(), more.end());
+    return Spawn(args, log);
+  }
   std::unique_ptr<Process> Start(const std::string& identity, int metrics_port) {
-    return Spawn({MESHLOAD_CONTROLLER_BIN, "--kubeconfig", dir_.path() + "/kubeconfig", "--identity", identity,
-                  "--metrics-port", std::to_string(metrics_port), "--metrics-address", "127.0.0.1", "--namespace", ns_,
-                  "--leader-election-namespace", ns_, "--log-level", "debug"},
-                 dir_.path() + "/" + identity + ".log");
+    return StartController(identity, metrics_port, "debug", {}, dir_.path() + "/" + identity + ".log");
   }
   std::string Holder() {
     json lease = cluster_.Get("/apis/coordination.k8s.io/v1/namespaces/" + ns_ + "/leases/meshload-controller");
@@ -187,28 +206,10 @@ class ControllerProcess : public ::testing::Test {
   // A controller that polls the sidecars' /progress every second on
   // `sidecar_port`, writing every move at once.
   std::unique_ptr<Process> StartPollingController(const std::string& identity, int sidecar_port) {
-    return Spawn({MESHLOAD_CONTROLLER_BIN,
-                  "--kubeconfig",
-                  dir_.path() + "/kubeconfig",
-                  "--identity",
-                  identity,
-                  "--metrics-port",
-                  "0",
-                  "--metrics-address",
-                  "127.0.0.1",
-                  "--namespace",
-                  ns_,
-                  "--leader-election-namespace",
-                  ns_,
-                  "--progress-interval-seconds",
-                  "1",
-                  "--progress-min-write-seconds",
-                  "0",
-                  "--sidecar-metrics-port",
-                  std::to_string(sidecar_port),
-                  "--log-level",
-                  "info"},
-                 dir_.path() + "/" + identity + "-controller.log");
+    return StartController(identity, 0, "info",
+                           {"--progress-interval-seconds", "1", "--progress-min-write-seconds", "0",
+                            "--sidecar-metrics-port", std::to_string(sidecar_port)},
+                           dir_.path() + "/" + identity + "-controller.log");
   }
 
   std::string ConfigMapPath(const std::string& job) const {
@@ -335,32 +336,10 @@ TEST_F(ControllerProcess, ABacklogOfWritesNeverCostsTheLeaderItsLease) {
   for (int i = 0; i < 30; ++i) {
     cluster_.CreateJob(cluster_.JobManifest(ns_, "backlog-" + std::to_string(i), 2, "backlog"));
   }
-  auto p = Spawn({MESHLOAD_CONTROLLER_BIN,
-                  "--kubeconfig",
-                  dir_.path() + "/kubeconfig",
-                  "--identity",
-                  "slow",
-                  "--metrics-port",
-                  "0",
-                  "--metrics-address",
-                  "127.0.0.1",
-                  "--namespace",
-                  ns_,
-                  "--leader-election-namespace",
-                  ns_,
-                  "--qps",
-                  "0.5",
-                  "--burst",
-                  "1",
-                  "--lease-duration-ms",
-                  "3000",
-                  "--renew-deadline-ms",
-                  "2000",
-                  "--retry-period-ms",
-                  "500",
-                  "--log-level",
-                  "info"},
-                 dir_.path() + "/slow.log");
+  auto p = StartController("slow", 0, "info",
+                           {"--qps", "0.5", "--burst", "1", "--lease-duration-ms", "3000", "--renew-deadline-ms",
+                            "2000", "--retry-period-ms", "500"},
+                           dir_.path() + "/slow.log");
   ASSERT_GT(p->pid, 0);
   ASSERT_TRUE(WaitFor([&] { return Holder() == "slow"; }, 20s)) << Slurp(dir_.path() + "/slow.log");
   EXPECT_FALSE(p->WaitExit(10s)) << "the leader exited:\n" << Slurp(dir_.path() + "/slow.log");
