@@ -213,14 +213,10 @@ void ProgressPoller::PollOnce() {
 
 const char* SlowPartName(SlowPart part) {
   switch (part) {
-    case SlowPart::kStorage:
-      return "storage";
-    case SlowPart::kTrainer:
-      return "trainer";
-    case SlowPart::kExchange:
-      return "exchange";
-    case SlowPart::kStaging:
-      return "staging";
+    case SlowPart::kStorage: return "storage";
+    case SlowPart::kTrainer: return "trainer";
+    case SlowPart::kExchange: return "exchange";
+    case SlowPart::kStaging: return "staging";
   }
   return "staging";
 }
@@ -410,9 +406,7 @@ std::vector<ProgressCondition> ProgressConditions(const JobProgress& poll, const
       case SlowPart::kStorage:
         what = "its storage is slow (p99 over " + std::to_string(t.straggler_latency_factor) + "x the job's median)";
         break;
-      case SlowPart::kTrainer:
-        what = "its trainer is slow (it does not wait for data)";
-        break;
+      case SlowPart::kTrainer: what = "its trainer is slow (it does not wait for data)"; break;
       case SlowPart::kExchange:
         what =
             "the exchange is slow (its trainer waits, and its sidecar spends most of its staging time waiting "

@@ -249,15 +249,9 @@ class DictParser {
       if (!Consume(':')) return Unexpected("':' after key " + Quote(key));
       SkipWs();
       switch (index) {
-        case 0:
-          MESHLOAD_RETURN_IF_ERROR(ParseDescr(out));
-          break;
-        case 1:
-          MESHLOAD_RETURN_IF_ERROR(ParseFortranOrder(out));
-          break;
-        default:
-          MESHLOAD_RETURN_IF_ERROR(ParseShape(out));
-          break;
+        case 0: MESHLOAD_RETURN_IF_ERROR(ParseDescr(out)); break;
+        case 1: MESHLOAD_RETURN_IF_ERROR(ParseFortranOrder(out)); break;
+        default: MESHLOAD_RETURN_IF_ERROR(ParseShape(out)); break;
       }
       SkipWs();
       if (Consume(',')) continue;
@@ -451,32 +445,19 @@ class DictParser {
 
 Result<std::string> NpyDescr(DType dtype) {
   switch (dtype) {
-    case DType::kBool:
-      return std::string("|b1");
-    case DType::kInt8:
-      return std::string("|i1");
-    case DType::kUint8:
-      return std::string("|u1");
-    case DType::kInt16:
-      return std::string("<i2");
-    case DType::kUint16:
-      return std::string("<u2");
-    case DType::kInt32:
-      return std::string("<i4");
-    case DType::kUint32:
-      return std::string("<u4");
-    case DType::kInt64:
-      return std::string("<i8");
-    case DType::kUint64:
-      return std::string("<u8");
-    case DType::kFloat16:
-      return std::string("<f2");
-    case DType::kFloat32:
-      return std::string("<f4");
-    case DType::kFloat64:
-      return std::string("<f8");
-    case DType::kBFloat16:
-      break;
+    case DType::kBool: return std::string("|b1");
+    case DType::kInt8: return std::string("|i1");
+    case DType::kUint8: return std::string("|u1");
+    case DType::kInt16: return std::string("<i2");
+    case DType::kUint16: return std::string("<u2");
+    case DType::kInt32: return std::string("<i4");
+    case DType::kUint32: return std::string("<u4");
+    case DType::kInt64: return std::string("<i8");
+    case DType::kUint64: return std::string("<u8");
+    case DType::kFloat16: return std::string("<f2");
+    case DType::kFloat32: return std::string("<f4");
+    case DType::kFloat64: return std::string("<f8");
+    case DType::kBFloat16: break;
   }
   return InvalidArgument("dtype " + std::string(DTypeName(dtype)) + " has no numpy descr; .npy files cannot hold it");
 }

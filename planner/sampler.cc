@@ -61,11 +61,8 @@ void FeistelPermutation::ForwardRange(uint64_t first, size_t count, uint64_t* ou
 EpochPermutation::EpochPermutation(const ShuffleSpec& shuffle, uint64_t n, uint64_t epoch)
     : mode_(shuffle.mode), n_(n), perm_(0, 0) {
   switch (mode_) {
-    case ShuffleMode::kNone:
-      break;
-    case ShuffleMode::kGlobal:
-      perm_ = FeistelPermutation(n, DeriveKey(shuffle.seed, epoch, 0));
-      break;
+    case ShuffleMode::kNone: break;
+    case ShuffleMode::kGlobal: perm_ = FeistelPermutation(n, DeriveKey(shuffle.seed, epoch, 0)); break;
     case ShuffleMode::kBlock: {
       block_size_ = shuffle.block_size < 1 ? 1 : static_cast<uint64_t>(shuffle.block_size);
       num_blocks_ = n == 0 ? 1 : (n + block_size_ - 1) / block_size_;
@@ -84,12 +81,9 @@ EpochPermutation::EpochPermutation(const ShuffleSpec& shuffle, uint64_t n, uint6
 
 uint64_t EpochPermutation::At(uint64_t position) const {
   switch (mode_) {
-    case ShuffleMode::kNone:
-      return position;
-    case ShuffleMode::kGlobal:
-      return perm_.Forward(position);
-    case ShuffleMode::kBlock:
-      return BlockSampleAt(position);
+    case ShuffleMode::kNone: return position;
+    case ShuffleMode::kGlobal: return perm_.Forward(position);
+    case ShuffleMode::kBlock: return BlockSampleAt(position);
   }
   return position;
 }
@@ -126,9 +120,7 @@ void EpochPermutation::AtRange(uint64_t first, size_t count, uint64_t* out) cons
     case ShuffleMode::kNone:
       for (size_t i = 0; i < count; ++i) out[i] = first + i;
       return;
-    case ShuffleMode::kGlobal:
-      perm_.ForwardRange(first, count, out);
-      return;
+    case ShuffleMode::kGlobal: perm_.ForwardRange(first, count, out); return;
     case ShuffleMode::kBlock: {
       // Contiguous positions run through whole slots: one outer evaluation
       // per slot, then a batched inner range.

@@ -142,9 +142,7 @@ std::vector<ReadUnit> ShardPlanner::ReadUnits(int64_t p, const Loading& loading)
       if (!shards.empty()) units.push_back({p, -1, ShardRanges(shards)});
       break;
     }
-    case Strategy::kLoadAndReshard:
-      units.push_back({p, -1, {BlockRange(p)}});
-      break;
+    case Strategy::kLoadAndReshard: units.push_back({p, -1, {BlockRange(p)}}); break;
   }
   return units;
 }

@@ -11,48 +11,35 @@ namespace meshload::planner {
 
 std::string_view ToString(ReplicationMode m) {
   switch (m) {
-    case ReplicationMode::kNone:
-      return "None";
-    case ReplicationMode::kPartial:
-      return "Partial";
-    case ReplicationMode::kFull:
-      return "Full";
+    case ReplicationMode::kNone: return "None";
+    case ReplicationMode::kPartial: return "Partial";
+    case ReplicationMode::kFull: return "Full";
   }
   return "?";
 }
 std::string_view ToString(Fanout f) { return f == Fanout::kLoad ? "Load" : "Broadcast"; }
 std::string_view ToString(Strategy s) {
   switch (s) {
-    case Strategy::kGlobalLoad:
-      return "GlobalLoad";
-    case Strategy::kPerDevice:
-      return "PerDevice";
-    case Strategy::kPerProcess:
-      return "PerProcess";
-    case Strategy::kLoadAndReshard:
-      return "LoadAndReshard";
+    case Strategy::kGlobalLoad: return "GlobalLoad";
+    case Strategy::kPerDevice: return "PerDevice";
+    case Strategy::kPerProcess: return "PerProcess";
+    case Strategy::kLoadAndReshard: return "LoadAndReshard";
   }
   return "?";
 }
 std::string_view ToString(DatasetFormat f) {
   switch (f) {
-    case DatasetFormat::kFixedRecord:
-      return "FixedRecord";
-    case DatasetFormat::kTokenStream:
-      return "TokenStream";
-    case DatasetFormat::kNpy:
-      return "Npy";
+    case DatasetFormat::kFixedRecord: return "FixedRecord";
+    case DatasetFormat::kTokenStream: return "TokenStream";
+    case DatasetFormat::kNpy: return "Npy";
   }
   return "?";
 }
 std::string_view ToString(ShuffleMode m) {
   switch (m) {
-    case ShuffleMode::kNone:
-      return "None";
-    case ShuffleMode::kGlobal:
-      return "Global";
-    case ShuffleMode::kBlock:
-      return "Block";
+    case ShuffleMode::kNone: return "None";
+    case ShuffleMode::kGlobal: return "Global";
+    case ShuffleMode::kBlock: return "Block";
   }
   return "?";
 }
@@ -114,10 +101,8 @@ bool IsIntegerType(DType t) {
     case DType::kInt32:
     case DType::kUint32:
     case DType::kInt64:
-    case DType::kUint64:
-      return true;
-    default:
-      return false;
+    case DType::kUint64: return true;
+    default: return false;
   }
 }
 
@@ -434,8 +419,7 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
       }
       break;
     }
-    default:
-      break;  // format missing or unknown: already reported
+    default: break;  // format missing or unknown: already reported
   }
   if (ds.samples && *ds.samples < 1) {
     d.Add("spec.dataset.samples", "must be >= 1, got " + std::to_string(*ds.samples));

@@ -22,16 +22,11 @@ std::string LineOf(const YAML::Node& n) {
 
 std::string NodeKind(const YAML::Node& n) {
   switch (n.Type()) {
-    case YAML::NodeType::Null:
-      return "null";
-    case YAML::NodeType::Scalar:
-      return "'" + n.Scalar() + "'";
-    case YAML::NodeType::Sequence:
-      return "a list";
-    case YAML::NodeType::Map:
-      return "a mapping";
-    case YAML::NodeType::Undefined:
-      return "nothing";
+    case YAML::NodeType::Null: return "null";
+    case YAML::NodeType::Scalar: return "'" + n.Scalar() + "'";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Undefined: return "nothing";
   }
   return "something else";
 }

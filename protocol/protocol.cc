@@ -149,16 +149,11 @@ void CheckDims(Reader& r, size_t at, const std::vector<int64_t>& shape, const st
 bool ValidDtype(uint8_t code, uint8_t bits) {
   switch (code) {
     case 0:
-    case 1:
-      return bits == 8 || bits == 16 || bits == 32 || bits == 64;  // int, uint
-    case 2:
-      return bits == 16 || bits == 32 || bits == 64;  // float
-    case 4:
-      return bits == 16;  // bfloat
-    case 6:
-      return bits == 8;  // bool
-    default:
-      return false;
+    case 1: return bits == 8 || bits == 16 || bits == 32 || bits == 64;  // int, uint
+    case 2: return bits == 16 || bits == 32 || bits == 64;               // float
+    case 4: return bits == 16;                                           // bfloat
+    case 6: return bits == 8;                                            // bool
+    default: return false;
   }
 }
 
@@ -195,18 +190,12 @@ void ReadTensor(Reader& r, T& t) {
 
 std::string_view MessageTypeName(MessageType t) {
   switch (t) {
-    case MessageType::kClientHello:
-      return "CLIENT_HELLO";
-    case MessageType::kServerHello:
-      return "SERVER_HELLO";
-    case MessageType::kReady:
-      return "READY";
-    case MessageType::kRelease:
-      return "RELEASE";
-    case MessageType::kError:
-      return "ERROR";
-    case MessageType::kBye:
-      return "BYE";
+    case MessageType::kClientHello: return "CLIENT_HELLO";
+    case MessageType::kServerHello: return "SERVER_HELLO";
+    case MessageType::kReady: return "READY";
+    case MessageType::kRelease: return "RELEASE";
+    case MessageType::kError: return "ERROR";
+    case MessageType::kBye: return "BYE";
   }
   return "UNKNOWN";
 }

@@ -122,10 +122,8 @@ class MESHLOAD_SCOPED_CAPABILITY TimedMutexLock {
     case StatusCode::kDeadlineExceeded:
       PyErr_SetString(PyExc_TimeoutError, message.c_str());
       throw py::error_already_set();
-    case StatusCode::kUnavailable:
-      RaiseWithCode(g_sidecar_gone, message, StatusCodeName(st.code()));
-    default:
-      RaiseWithCode(g_meshload_error, message, StatusCodeName(st.code()));
+    case StatusCode::kUnavailable: RaiseWithCode(g_sidecar_gone, message, StatusCodeName(st.code()));
+    default: RaiseWithCode(g_meshload_error, message, StatusCodeName(st.code()));
   }
 }
 

@@ -102,12 +102,9 @@ void AppendSample(std::string* out, std::string_view name, std::string_view suff
 
 std::string_view MetricTypeName(MetricType type) {
   switch (type) {
-    case MetricType::kCounter:
-      return "counter";
-    case MetricType::kGauge:
-      return "gauge";
-    case MetricType::kHistogram:
-      return "histogram";
+    case MetricType::kCounter: return "counter";
+    case MetricType::kGauge: return "gauge";
+    case MetricType::kHistogram: return "histogram";
   }
   return "untyped";
 }
@@ -415,17 +412,10 @@ std::string EscapeLabelValue(std::string_view value) {
   out.reserve(value.size());
   for (char c : value) {
     switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '"':
-        out += "\\\"";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
+      case '\\': out += "\\\\"; break;
+      case '"': out += "\\\""; break;
+      case '\n': out += "\\n"; break;
+      default: out += c;
     }
   }
   return out;
@@ -436,14 +426,9 @@ std::string EscapeHelp(std::string_view help) {
   out.reserve(help.size());
   for (char c : help) {
     switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      default: out += c;
     }
   }
   return out;

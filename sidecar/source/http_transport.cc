@@ -39,52 +39,29 @@ using internal::ParseDecimal;
 
 const char* ReasonPhrase(int status) {
   switch (status) {
-    case 300:
-      return "Multiple Choices";
-    case 301:
-      return "Moved Permanently";
-    case 302:
-      return "Found";
-    case 303:
-      return "See Other";
-    case 304:
-      return "Not Modified";
-    case 307:
-      return "Temporary Redirect";
-    case 308:
-      return "Permanent Redirect";
-    case 400:
-      return "Bad Request";
-    case 401:
-      return "Unauthorized";
-    case 403:
-      return "Forbidden";
-    case 404:
-      return "Not Found";
-    case 405:
-      return "Method Not Allowed";
-    case 408:
-      return "Request Timeout";
-    case 410:
-      return "Gone";
-    case 412:
-      return "Precondition Failed";
-    case 416:
-      return "Range Not Satisfiable";
-    case 429:
-      return "Too Many Requests";
-    case 500:
-      return "Internal Server Error";
-    case 501:
-      return "Not Implemented";
-    case 502:
-      return "Bad Gateway";
-    case 503:
-      return "Service Unavailable";
-    case 504:
-      return "Gateway Timeout";
-    default:
-      return "";
+    case 300: return "Multiple Choices";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 303: return "See Other";
+    case 304: return "Not Modified";
+    case 307: return "Temporary Redirect";
+    case 308: return "Permanent Redirect";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 410: return "Gone";
+    case 412: return "Precondition Failed";
+    case 416: return "Range Not Satisfiable";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "";
   }
 }
 
@@ -159,20 +136,13 @@ Attempt FromHttpStatus(int status, const std::string& retry_after, const interna
 std::string Describe(httplib::Error err) {
   using httplib::Error;
   switch (err) {
-    case Error::Connection:
-      return "cannot connect (refused, unreachable or unknown host)";
-    case Error::Read:
-      return "reading the response failed";
-    case Error::Write:
-      return "sending the request failed";
-    case Error::SSLConnection:
-      return "TLS handshake failed";
-    case Error::SSLLoadingCerts:
-      return "cannot load the CA certificates";
-    case Error::SSLServerVerification:
-      return "the server certificate did not verify";
-    default:
-      return "HTTP client error: " + httplib::to_string(err);
+    case Error::Connection: return "cannot connect (refused, unreachable or unknown host)";
+    case Error::Read: return "reading the response failed";
+    case Error::Write: return "sending the request failed";
+    case Error::SSLConnection: return "TLS handshake failed";
+    case Error::SSLLoadingCerts: return "cannot load the CA certificates";
+    case Error::SSLServerVerification: return "the server certificate did not verify";
+    default: return "HTTP client error: " + httplib::to_string(err);
   }
 }
 

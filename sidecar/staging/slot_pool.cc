@@ -130,18 +130,10 @@ SlotCounts SlotPool::Counts() const {
   SlotCounts c;
   for (const Slot& s : slots_) {
     switch (s.state) {
-      case SlotState::kFree:
-        ++c.free;
-        break;
-      case SlotState::kFilling:
-        ++c.filling;
-        break;
-      case SlotState::kReady:
-        ++c.ready;
-        break;
-      case SlotState::kLeased:
-        ++c.leased;
-        break;
+      case SlotState::kFree: ++c.free; break;
+      case SlotState::kFilling: ++c.filling; break;
+      case SlotState::kReady: ++c.ready; break;
+      case SlotState::kLeased: ++c.leased; break;
     }
   }
   return c;

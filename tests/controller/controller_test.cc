@@ -892,22 +892,14 @@ json RunScenario(bool faults, const json& expect = nullptr) {
     chaos = std::thread([&] {
       for (; rounds < 25; ++rounds) {
         switch (rounds % 5) {
-          case 0:
-            cluster.proxy().CloseAllWatches();
-            break;
-          case 1:
-            cluster.proxy().InjectErrors("/api", 500, 2);
-            break;
-          case 2:
-            cluster.proxy().InjectErrors("/api", 429, 1, 1);
-            break;
+          case 0: cluster.proxy().CloseAllWatches(); break;
+          case 1: cluster.proxy().InjectErrors("/api", 500, 2); break;
+          case 2: cluster.proxy().InjectErrors("/api", 429, 1, 1); break;
           case 3:
             (void)cluster.control_plane().Compact();  // a resumed watch gets 410 Gone
             cluster.proxy().CloseAllWatches();
             break;
-          case 4:
-            cluster.proxy().InjectErrors("/apis/meshload.io", 503, 1);
-            break;
+          case 4: cluster.proxy().InjectErrors("/apis/meshload.io", 503, 1); break;
         }
         // A change while the faults go on: the last pod of app2 becomes ready.
         if (rounds == 8) cluster.SetSidecar(kNs, "app2-2", true);

@@ -53,9 +53,7 @@ planner::JobSpec SpecFor(const Case& c, const std::string& dir) {
   spec.dataset.uri = dir;
   spec.dataset.format = c.format;
   switch (c.format) {
-    case planner::DatasetFormat::kFixedRecord:
-      spec.dataset.record_bytes = 100;
-      break;  // not a multiple of 8
+    case planner::DatasetFormat::kFixedRecord: spec.dataset.record_bytes = 100; break;  // not a multiple of 8
     case planner::DatasetFormat::kTokenStream:
       spec.dataset.dtype = planner::DType::kUint16;
       spec.dataset.sequence_length = 9;

@@ -161,29 +161,14 @@ CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
 
 CUresult cuGetErrorName(CUresult r, const char** s) {
   switch (r) {
-    case CUDA_SUCCESS:
-      *s = "CUDA_SUCCESS";
-      break;
-    case CUDA_ERROR_INVALID_VALUE:
-      *s = "CUDA_ERROR_INVALID_VALUE";
-      break;
-    case CUDA_ERROR_OUT_OF_MEMORY:
-      *s = "CUDA_ERROR_OUT_OF_MEMORY";
-      break;
-    case CUDA_ERROR_INVALID_CONTEXT:
-      *s = "CUDA_ERROR_INVALID_CONTEXT";
-      break;
-    case CUDA_ERROR_INVALID_DEVICE:
-      *s = "CUDA_ERROR_INVALID_DEVICE";
-      break;
-    case CUDA_ERROR_INVALID_HANDLE:
-      *s = "CUDA_ERROR_INVALID_HANDLE";
-      break;
-    case CUDA_ERROR_NO_DEVICE:
-      *s = "CUDA_ERROR_NO_DEVICE";
-      break;
-    default:
-      return CUDA_ERROR_INVALID_VALUE;
+    case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
+    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case CUDA_ERROR_INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case CUDA_ERROR_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
+    case CUDA_ERROR_NO_DEVICE: *s = "CUDA_ERROR_NO_DEVICE"; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
 }

@@ -85,15 +85,9 @@ class StatusMatcherCore {
 
   void DescribeTo(std::ostream* os) const {
     switch (want_) {
-      case Want::kOk:
-        *os << "is OK";
-        return;
-      case Want::kCode:
-        *os << "has code " << StatusCodeName(code_);
-        break;
-      case Want::kAnyError:
-        *os << "is an error (any code)";
-        break;
+      case Want::kOk: *os << "is OK"; return;
+      case Want::kCode: *os << "has code " << StatusCodeName(code_); break;
+      case Want::kAnyError: *os << "is an error (any code)"; break;
     }
     if (message_) {
       *os << " and a message that ";
@@ -103,15 +97,9 @@ class StatusMatcherCore {
 
   void DescribeNegationTo(std::ostream* os) const {
     switch (want_) {
-      case Want::kOk:
-        *os << "is not OK";
-        return;
-      case Want::kCode:
-        *os << "has a code other than " << StatusCodeName(code_);
-        break;
-      case Want::kAnyError:
-        *os << "is OK";
-        break;
+      case Want::kOk: *os << "is not OK"; return;
+      case Want::kCode: *os << "has a code other than " << StatusCodeName(code_); break;
+      case Want::kAnyError: *os << "is OK"; break;
     }
     if (message_) {
       *os << " or has a message that ";
@@ -128,8 +116,7 @@ class StatusMatcherCore {
       }
     }
     switch (want_) {
-      case Want::kOk:
-        return st.ok();
+      case Want::kOk: return st.ok();
       case Want::kCode:
         if (st.code() != code_) return false;
         break;

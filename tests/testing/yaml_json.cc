@@ -29,8 +29,7 @@ nlohmann::json YamlToJson(const YAML::Node& node) {
       if (std::regex_match(s, kFloat)) return std::stod(s);
       return s;
     }
-    default:
-      return nullptr;
+    default: return nullptr;
   }
 }
 
