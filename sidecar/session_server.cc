@@ -136,6 +136,11 @@ void SessionServer::ClientLock::Unlock() {
   if (s_.ready_pending_.load()) s_.DeliverReady();
 }
 
+SessionServer::Client* SessionServer::ServerClient() {
+  ClientLock lock(*this);
+  return client_.get();
+}
+
 void SessionServer::AcceptClient() {
   auto fd = protocol::Accept(listen_fd_.get());
   if (!fd.ok()) return;

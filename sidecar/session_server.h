@@ -33,11 +33,12 @@
 /// -Wthread-safety check it):
 ///   - client_mu_ guards client_ (the pointer) and the Client it points to
 ///     (leased, next_to_send). client_ is set and reset by the server thread
-///     only, under client_mu_, so the server thread reads it, and the
-///     fields of the Client that only it writes (fd, pid, uid), without the
-///     lock, through ServerClient(); the producers read it (and send READY)
-///     under client_mu_, taken with TryLock (DeliverReady); every other
-///     holder uses ClientLock.
+///     only, under client_mu_; the server thread reads it through
+///     ServerClient() (under the lock) and then, without the lock, the
+///     fields of the Client that only it writes (fd, pid, uid): the Client
+///     stays until the server thread itself resets client_. The producers
+///     read client_ (and send READY) under client_mu_, taken with TryLock
+///     (DeliverReady); every other holder uses ClientLock.
 ///     Client::broken is atomic: a producer sets it, the server drops the
 ///     trainer.
 ///   - ready_pending_ is atomic: a READY may be due; whoever holds
@@ -229,13 +230,14 @@ class SessionServer {
   // Where local device i's tensor starts: in the host slot, or at the start
   // of its own device allocation.
   uint64_t TensorOffset(size_t i) const { return device_ ? 0 : layout_.devices[i].offset; }
-  // The connected trainer, for the server thread without client_mu_: it is
-  // the only thread that sets and resets client_ (under client_mu_), and it
-  // reads here only what no other thread writes (fd, pid, uid; broken is
-  // atomic). leased and next_to_send need client_mu_: use client_ under it.
-  // Unchecked because the analysis cannot express "written under the lock
-  // by this thread only, so this thread may read it without".
-  Client* ServerClient() const MESHLOAD_NO_THREAD_SAFETY_ANALYSIS { return client_.get(); }
+  // The connected trainer (null: none), for the server thread: client_ is
+  // read under client_mu_ (a ClientLock held for the read: a few times per
+  // wake-up of the server loop; a producer finding it held leaves its READY
+  // to the holder). The Client stays valid until the server thread resets
+  // client_; of it, the server thread reads without the lock only what no
+  // other thread writes (fd, pid, uid; broken is atomic). leased and
+  // next_to_send need client_mu_: use client_ under it.
+  Client* ServerClient() MESHLOAD_EXCLUDES(client_mu_);
 
   // What the server works with (Context), fixed at construction.
   const SidecarOptions& options_;
@@ -258,7 +260,7 @@ class SessionServer {
 
   // See the file comment for what each of these is guarded by.
   Mutex client_mu_;
-  // Written under client_mu_ by the server thread only (ServerClient()).
+  // Written under client_mu_ by the server thread only (see ServerClient()).
   std::unique_ptr<Client> client_ MESHLOAD_GUARDED_BY(client_mu_) MESHLOAD_PT_GUARDED_BY(client_mu_);
   std::unique_ptr<Client> pending_;         // connected, no CLIENT_HELLO yet; server thread only
   std::atomic<bool> ready_pending_{false};  // a READY may be due; whoever holds client_mu_ sends it

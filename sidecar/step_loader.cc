@@ -92,6 +92,7 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const planner::ShardPlann
   for (int i = 0; i < options.callers; ++i) {
     loader->inflight_.push_back(std::make_unique<Inflight>());
     loader->callers_.push_back(std::make_unique<Caller>());
+    loader->callers_.back()->index = static_cast<size_t>(i);
     loader->callers_.back()->inflight = loader->inflight_.back().get();
   }
   for (int i = 1; i < options.reader_threads; ++i) {
@@ -116,7 +117,13 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const planner::ShardPlann
 
 StepLoader::StepLoader(const planner::ShardPlanner& planner, int64_t process, const planner::Loading& loading,
                        source::SourceRegistry& sources, const staging::BatchLayout& layout, StepLoaderOptions options)
-    : planner_(planner), process_(process), loading_(loading), sources_(sources), layout_(layout), options_(options) {}
+    : planner_(planner),
+      process_(process),
+      loading_(loading),
+      sources_(sources),
+      layout_(layout),
+      options_(options),
+      batches_(static_cast<size_t>(options.callers)) {}
 
 StepLoader::~StepLoader() {
   {
@@ -439,7 +446,6 @@ Status StepLoader::RunOps(Caller& c) {
   if ((total < options_.inline_step_bytes && !latency_bound_) || count < 2 || threads == 1) {
     return RunChunk(ops, count, *c.inflight);
   }
-  Batch batch;
   const uint64_t per_chunk = (total + threads - 1) / threads;
   c.chunks.clear();
   size_t begin = 0;
@@ -447,22 +453,22 @@ Status StepLoader::RunOps(Caller& c) {
   for (size_t i = 0; i < count; ++i) {
     acc += ops[i].length;
     if (acc >= per_chunk || i + 1 == count) {
-      c.chunks.push_back({ops + begin, i + 1 - begin, &batch});
+      c.chunks.push_back({ops + begin, i + 1 - begin, c.index});
       begin = i + 1;
       acc = 0;
     }
   }
   {
     MutexLock lock(mu_);
-    batch.outstanding = c.chunks.size() - 1;
+    batches_[c.index] = {c.chunks.size() - 1, Status::Ok()};
     for (size_t k = 1; k < c.chunks.size(); ++k) queue_.push_back(c.chunks[k]);
   }
   work_.NotifyAll();
   Status mine = RunChunk(c.chunks[0].ops, c.chunks[0].count, *c.inflight);
   MutexLock lock(mu_);
-  while (batch.outstanding != 0) done_.Wait(mu_);
+  while (batches_[c.index].outstanding != 0) done_.Wait(mu_);
   if (!mine.ok()) return mine;
-  return batch.first_error;
+  return batches_[c.index].first_error;
 }
 
 namespace {
@@ -568,8 +574,9 @@ void StepLoader::ReaderMain(Inflight& slot) {
     lock.Unlock();
     Status st = RunChunk(chunk.ops, chunk.count, slot);
     lock.Lock();
-    if (!st.ok() && chunk.batch->first_error.ok()) chunk.batch->first_error = st;
-    if (--chunk.batch->outstanding == 0) done_.NotifyAll();
+    Batch& batch = batches_[chunk.caller];
+    if (!st.ok() && batch.first_error.ok()) batch.first_error = st;
+    if (--batch.outstanding == 0) done_.NotifyAll();
   }
 }
 

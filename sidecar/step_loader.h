@@ -181,9 +181,7 @@ class StepLoader {
     uint8_t* dest;
   };
   // A step's reads shared with the reader threads: the caller waits until
-  // `outstanding` chunks are done. Both fields are read and written under
-  // the loader's mu_ (not annotated: a member of a nested struct cannot name
-  // the enclosing object's mutex).
+  // `outstanding` chunks are done. One per caller, in batches_ (under mu_).
   struct Batch {
     size_t outstanding = 0;
     Status first_error;
@@ -191,10 +189,12 @@ class StepLoader {
   struct Chunk {
     ReadOp* ops;
     size_t count;
-    Batch* batch;
+    size_t caller;  // whose Batch it counts in (batches_)
   };
-  // What one caller of Load() keeps between steps.
+  // What one caller of Load() keeps between steps, on that caller's thread
+  // (the reader threads read its ops only through the Chunks of a step).
   struct Caller {
+    size_t index = 0;         // in callers_ (and its Batch in batches_)
     std::vector<ReadOp> ops;  // the first `used` are this step's; the rest keep their capacity
     size_t used = 0;
     std::vector<Fixup> fixups;
@@ -235,6 +235,9 @@ class StepLoader {
   CondVar work_;
   CondVar done_;
   std::deque<Chunk> queue_ MESHLOAD_GUARDED_BY(mu_);
+  // One per caller (Caller::index): the step it shares with the reader
+  // threads. Sized at construction.
+  std::vector<Batch> batches_ MESHLOAD_GUARDED_BY(mu_);
   bool stop_ MESHLOAD_GUARDED_BY(mu_) = false;
   // One per caller, then one per reader thread; filled in Create() (the
   // reader threads started there never read these vectors, only their own

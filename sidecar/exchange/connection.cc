@@ -15,7 +15,6 @@
 namespace meshload::sidecar::exchange {
 namespace {
 
-namespace asio = boost::asio;
 using internal::AuthFrame;
 using internal::AuthPayload;
 using internal::ChallengeFrame;
@@ -171,8 +170,9 @@ void PeerExchange::Impl::Admit(const std::shared_ptr<Pending>& p) {
   bool was_ready;
   {
     MutexLock lock(mu_);
-    failed = c.failed;
-    was_ready = c.ready;
+    const ConnShared& s = Shared(c);
+    failed = s.failed;
+    was_ready = s.ready;
   }
   if (!failed.empty()) {
     Refuse(p, failed);
@@ -213,19 +213,20 @@ void PeerExchange::Impl::Connect(Conn& c) {
   // pod's old address can hang until the kernel gives up (minutes); the
   // next attempt looks the address up again.
   c.attempt_deadline = Clock::now() + std::min<Clock::duration>(opt_.peer_timeout, std::chrono::seconds(10));
+  PeerAddress addr = c.Addr();
   if (c.lost && opt_.address_of) {
     // A peer whose pod was replaced comes back at another address.
     if (std::optional<PeerAddress> now = opt_.address_of(c.peer);
-        now && !now->host.empty() && now->port != 0 &&
-        (now->host != c.AddrOnIoThread().host || now->port != c.AddrOnIoThread().port)) {
+        now && !now->host.empty() && now->port != 0 && (now->host != addr.host || now->port != addr.port)) {
       LogInfo("a lost peer has a new address", {{"peer", c.Name()}, {"address", now->ToString()}});
+      addr = *now;
       MutexLock lock(c.addr_mu);
-      c.addr = *now;
+      c.addr = addr;
     }
   }
   c.resolver = std::make_unique<tcp::resolver>(io_);
   c.resolver->async_resolve(
-      c.AddrOnIoThread().host, std::to_string(c.AddrOnIoThread().port),
+      addr.host, std::to_string(addr.port),
       [this, &c, g](boost::system::error_code ec, tcp::resolver::results_type results) {
         if (g != c.gen) return;
         if (ec) {
@@ -389,16 +390,17 @@ void PeerExchange::Impl::MarkConnected(Conn& c, const char* direction) {
   c.lost = false;
   {
     MutexLock lock(mu_);
-    c.ready = true;
+    ConnShared& s = Shared(c);
+    s.ready = true;
     if (again) counters_.reconnects += 1;
     if (again && c.outbound) {
       // Perhaps a new receiver, which has none of it: it says what it
       // has (RESET, HAVE) and credits what it lacks.
-      c.sent.clear();
-      c.again.clear();
-      c.sent_order.clear();
-      c.have_through = INT64_MIN;
-      c.have.clear();
+      s.sent.clear();
+      s.again.clear();
+      s.sent_order.clear();
+      s.have_through = INT64_MIN;
+      s.have.clear();
     }
   }
   if (again) {
@@ -441,14 +443,15 @@ void PeerExchange::Impl::Lose(Conn& c, const std::string& why) {
   DropSocket(c);
   {
     MutexLock lock(mu_);
-    c.ready = false;
-    c.credited.clear();
+    ConnShared& s = Shared(c);
+    s.ready = false;
+    s.credited.clear();
     for (auto& [ticket, st] : table_) {
       for (PartState& p : c.outbound ? st.out : st.in) {
         if (p.part.peer != c.peer) continue;
         if (p.status == PartStatus::kBusy) {
           p.status = PartStatus::kWaiting;
-          if (c.outbound) c.sent.erase(st.step);  // not delivered: send it again when credited
+          if (c.outbound) s.sent.erase(st.step);  // not delivered: send it again when credited
         }
         p.credited = false;
       }
@@ -475,9 +478,10 @@ void PeerExchange::Impl::Lose(Conn& c, const std::string& why) {
 void PeerExchange::Impl::Fail(Conn& c, const std::string& why, bool quiet) {
   {
     MutexLock lock(mu_);
-    if (!c.failed.empty()) return;
-    c.failed = why;
-    c.ready = false;
+    ConnShared& s = Shared(c);
+    if (!s.failed.empty()) return;
+    s.failed = why;
+    s.ready = false;
     for (auto& [ticket, st] : table_) {
       for (PartState& p : c.outbound ? st.out : st.in) {
         if (p.part.peer != c.peer || p.status != PartStatus::kWaiting) continue;
@@ -524,7 +528,7 @@ void PeerExchange::Impl::Heartbeat() {
         bool ready;
         {
           MutexLock lock(mu_);
-          ready = c->ready;
+          ready = Shared(*c).ready;
         }
         if (!ready) {
           if (c->dead) {

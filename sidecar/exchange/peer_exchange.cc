@@ -15,7 +15,6 @@
 namespace meshload::sidecar::exchange {
 namespace {
 
-namespace asio = boost::asio;
 using internal::ByeFrame;
 using internal::ResetFrame;
 
@@ -138,8 +137,14 @@ Status PeerExchange::Impl::Start(const std::vector<int64_t>& send_to, const std:
     c->peer = p;
     c->outbound = outbound;
     {
-      MutexLock lock(c->addr_mu);  // no other thread sees it yet: for the analysis
+      // No other thread runs yet: the locks are for the analysis.
+      MutexLock lock(c->addr_mu);
       c->addr = opt_.peers[static_cast<size_t>(p)];
+    }
+    {
+      MutexLock lock(mu_);
+      c->index = shared_.size();
+      shared_.emplace_back();
     }
     (outbound ? out_ : in_)[p] = std::move(c);
     return Status::Ok();
@@ -268,7 +273,7 @@ void PeerExchange::Impl::Restart(int64_t step) {
       bool ready;
       {
         MutexLock lock(mu_);
-        ready = c->ready;
+        ready = Shared(*c).ready;
       }
       if (ready) Queue(*c, {ResetFrame(step), {}, {}, nullptr});
     }
@@ -283,7 +288,7 @@ ExchangeCounters PeerExchange::Impl::counters() const {
   ExchangeCounters c = counters_;
   c.peers_connected = 0;
   for (const auto* m : {&in_, &out_}) {
-    for (const auto& [p, conn] : *m) c.peers_connected += conn->ready ? 1 : 0;
+    for (const auto& [p, conn] : *m) c.peers_connected += Shared(*conn).ready ? 1 : 0;
   }
   return c;
 }

@@ -16,9 +16,9 @@
 /// Threads: the staging threads call the public methods; one I/O thread
 /// (`ml-peers`) runs io_ and every handler; one serving thread
 /// (`ml-peer-serve`) reads parts again on demand. mu_ guards the step table,
-/// the Conn fields marked "under mu_", the serve queue and the counters
-/// (annotated for clang's -Wthread-safety, except the Conn fields: a member
-/// of a nested struct cannot name the enclosing object's mutex).
+/// each connection's ConnShared, the serve queue and the counters (all
+/// annotated for clang's -Wthread-safety); the rest of a Conn is the I/O
+/// thread's, but for its address (addr_mu).
 #pragma once
 
 #include <array>
@@ -46,6 +46,9 @@
 
 namespace meshload::sidecar::exchange {
 
+// For the exchange's own files, the only ones that include this header.
+namespace asio = boost::asio;
+
 namespace internal {
 inline constexpr size_t kSentMemory = 1 << 16;  // steps remembered per receiver, to refuse a second credit
 // Connections accepted that have not said HELLO (or authenticated) yet.
@@ -56,7 +59,7 @@ class PeerExchange::Impl {
  public:
   using Ticket = PeerExchange::Ticket;
   using Clock = std::chrono::steady_clock;
-  using tcp = boost::asio::ip::tcp;
+  using tcp = asio::ip::tcp;
   using Header = internal::Header;
   using Type = internal::Type;
   using PartStatus = internal::PartStatus;
@@ -65,17 +68,21 @@ class PeerExchange::Impl {
 
   struct WriteItem {
     Header h;
-    std::vector<boost::asio::const_buffer> payload;
+    std::vector<asio::const_buffer> payload;
     std::string text;
     std::function<void(bool)> done;
   };
+  // One connection, to a receiver (outbound) or from a sender. What mu_
+  // guards of it is in its ConnShared (shared_[index]): a member of Conn
+  // could not name the Impl's mu_ in MESHLOAD_GUARDED_BY.
   struct Conn {
     int64_t peer = 0;
     bool outbound = false;  // this process sends data on it
+    size_t index = 0;       // its ConnShared in shared_
+    // peer, outbound and index are fixed in Start(), read anywhere.
     // Written under addr_mu by the I/O thread only (a peer found at a new
-    // address; Start() sets it before the I/O thread runs), read anywhere
-    // through Name(), and by the I/O thread without the lock through
-    // AddrOnIoThread().
+    // address; Start() sets it before the I/O thread runs), read through
+    // Name() and Addr().
     mutable Mutex addr_mu;
     PeerAddress addr MESHLOAD_GUARDED_BY(addr_mu);
     // I/O thread only.
@@ -87,7 +94,7 @@ class PeerExchange::Impl {
     Clock::time_point lost_at;
     std::string lost_why;
     std::unique_ptr<tcp::socket> sock;
-    std::unique_ptr<boost::asio::steady_timer> retry;
+    std::unique_ptr<asio::steady_timer> retry;
     std::unique_ptr<tcp::resolver> resolver;
     Clock::time_point deadline;          // outbound: give up connecting (Retry fails past it)
     Clock::time_point attempt_deadline;  // outbound: give up this dial and handshake, and dial again
@@ -98,7 +105,19 @@ class PeerExchange::Impl {
     std::deque<WriteItem> wq;
     bool writing = false;
     bool dead = false;  // Fail() ran (for good); close once the queue is written
-    // Under the Impl's mu_ (not annotated: see the file comment).
+    std::string Name() const MESHLOAD_EXCLUDES(addr_mu) {
+      MutexLock lock(addr_mu);
+      return "process " + std::to_string(peer) + " (" + addr.ToString() + ")";
+    }
+    // A copy, under addr_mu (the I/O thread dials it: once per attempt).
+    PeerAddress Addr() const MESHLOAD_EXCLUDES(addr_mu) {
+      MutexLock lock(addr_mu);
+      return addr;
+    }
+  };
+  // What mu_ guards of a connection (Shared(c)), with the step table it is
+  // read and changed with.
+  struct ConnShared {
     bool ready = false;
     std::string failed;
     std::set<int64_t> credited;        // outbound
@@ -108,14 +127,6 @@ class PeerExchange::Impl {
     int64_t have_through = INT64_MIN;  // outbound: the receiver has every step in [floor, have_through]
     std::set<int64_t> have;            // outbound: and these
     std::deque<int64_t> sent_order;
-    std::string Name() const MESHLOAD_EXCLUDES(addr_mu) {
-      MutexLock lock(addr_mu);
-      return "process " + std::to_string(peer) + " (" + addr.ToString() + ")";
-    }
-    // The I/O thread, the only writer of addr, reads it without addr_mu.
-    // Unchecked: the analysis cannot express "written under the lock by
-    // this thread only, so this thread may read it without".
-    const PeerAddress& AddrOnIoThread() const MESHLOAD_NO_THREAD_SAFETY_ANALYSIS { return addr; }
   };
   // An accepted connection before its HELLO (and authentication) is through.
   struct Pending {
@@ -182,17 +193,21 @@ class PeerExchange::Impl {
   void OnData(Conn& c, const Header& h) MESHLOAD_EXCLUDES(mu_);
   void Discard(Conn& c, uint64_t remaining);
   void SendCredits() MESHLOAD_EXCLUDES(mu_);
-  // An outbound connection's `step` counts as sent (c.sent, c.sent_order).
-  void MarkSent(Conn& c, int64_t step) MESHLOAD_REQUIRES(mu_);
+  // An outbound connection's `step` counts as sent (its sent, sent_order).
+  void MarkSent(const Conn& c, int64_t step) MESHLOAD_REQUIRES(mu_);
   void Dispatch(Conn& c) MESHLOAD_EXCLUDES(mu_);
   void ServeMain() MESHLOAD_EXCLUDES(mu_);
 
+  // c's ConnShared; the reference is for the scope that holds mu_.
+  ConnShared& Shared(const Conn& c) MESHLOAD_REQUIRES(mu_) { return shared_[c.index]; }
+  const ConnShared& Shared(const Conn& c) const MESHLOAD_REQUIRES(mu_) { return shared_[c.index]; }
+
   const ExchangeOptions opt_;
-  boost::asio::io_context io_;
+  asio::io_context io_;
   tcp::acceptor acceptor_;
-  boost::asio::steady_timer heartbeat_;
-  boost::asio::steady_timer accept_retry_;  // accepting again after an error
-  bool flood_logged_ = false;               // I/O thread: "too many peer connections" logged
+  asio::steady_timer heartbeat_;
+  asio::steady_timer accept_retry_;  // accepting again after an error
+  bool flood_logged_ = false;        // I/O thread: "too many peer connections" logged
   uint16_t port_ = 0;
   const Clock::time_point started_ = Clock::now();
   std::map<int64_t, std::unique_ptr<Conn>> in_, out_;  // fixed after Start()
@@ -206,6 +221,7 @@ class PeerExchange::Impl {
   mutable Mutex mu_;
   CondVar cv_;  // a part's state changed (and Restart)
   internal::StepTable table_ MESHLOAD_GUARDED_BY(mu_);
+  std::vector<ConnShared> shared_ MESHLOAD_GUARDED_BY(mu_);  // by Conn::index, one per Conn made in Start()
   bool stopping_ MESHLOAD_GUARDED_BY(mu_) = false;
   CondVar serve_cv_;
   std::deque<std::pair<Conn*, int64_t>> serve_queue_ MESHLOAD_GUARDED_BY(mu_);

@@ -15,7 +15,6 @@
 namespace meshload::sidecar::exchange {
 namespace {
 
-namespace asio = boost::asio;
 using internal::CreditFrame;
 using internal::DataFrame;
 using internal::HaveFrame;
@@ -49,22 +48,23 @@ void PeerExchange::Impl::SayWhatIsHad(Conn& c) {
 void PeerExchange::Impl::OnCreditFrame(Conn& c, Type t, const Header& h) {
   {
     MutexLock lock(mu_);
+    ConnShared& s = Shared(c);
     if (t == Type::kCredit) {
-      if (h.step() >= c.floor) {
-        c.credited.insert(h.step());
+      if (h.step() >= s.floor) {
+        s.credited.insert(h.step());
         // Asked again for a step already delivered: it moved back.
-        if (c.sent.erase(h.step())) c.again.insert(h.step());
+        if (s.sent.erase(h.step())) s.again.insert(h.step());
       }
     } else if (t == Type::kReset) {
-      c.floor = h.step();
-      c.credited.erase(c.credited.begin(), c.credited.lower_bound(h.step()));
+      s.floor = h.step();
+      s.credited.erase(s.credited.begin(), s.credited.lower_bound(h.step()));
       // What the receiver had is what it had before it re-planned.
-      c.have_through = INT64_MIN;
-      c.have.clear();
+      s.have_through = INT64_MIN;
+      s.have.clear();
     } else if (t == Type::kHaveThrough) {
-      c.have_through = h.step();
-    } else if (c.have.size() < kHaveMemory) {  // HAVE
-      c.have.insert(h.step());
+      s.have_through = h.step();
+    } else if (s.have.size() < kHaveMemory) {  // HAVE
+      s.have.insert(h.step());
     }
   }
   Dispatch(c);
@@ -79,13 +79,14 @@ void PeerExchange::Impl::SendCredits() {
       for (PartState& p : st.in) {
         Conn& c = *in_.at(p.part.peer);
         if (p.status != PartStatus::kWaiting || p.credited) continue;
-        if (!c.failed.empty()) {
+        const ConnShared& s = Shared(c);
+        if (!s.failed.empty()) {
           p.status = PartStatus::kFailed;
-          if (st.error.ok()) st.error = Status(StatusCode::kUnavailable, c.failed);
+          if (st.error.ok()) st.error = Status(StatusCode::kUnavailable, s.failed);
           cv_.NotifyAll();
           continue;
         }
-        if (!c.ready) continue;
+        if (!s.ready) continue;
         p.credited = true;
         credits.emplace_back(&c, st.step);
       }
@@ -179,12 +180,13 @@ void PeerExchange::Impl::Discard(Conn& c, uint64_t remaining) {
   });
 }
 
-void PeerExchange::Impl::MarkSent(Conn& c, int64_t step) {
-  c.sent.insert(step);
-  c.sent_order.push_back(step);
-  if (c.sent_order.size() > kSentMemory) {
-    c.sent.erase(c.sent_order.front());
-    c.sent_order.pop_front();
+void PeerExchange::Impl::MarkSent(const Conn& c, int64_t step) {
+  ConnShared& s = Shared(c);
+  s.sent.insert(step);
+  s.sent_order.push_back(step);
+  if (s.sent_order.size() > kSentMemory) {
+    s.sent.erase(s.sent_order.front());
+    s.sent_order.pop_front();
   }
 }
 
@@ -195,46 +197,47 @@ void PeerExchange::Impl::Dispatch(Conn& c) {
   std::vector<std::pair<int64_t, PartState*>> go;
   {
     MutexLock lock(mu_);
+    ConnShared& s = Shared(c);
     for (auto& [ticket, st] : table_) {
       for (PartState& p : st.out) {
         if (p.part.peer != c.peer || p.status != PartStatus::kWaiting) continue;
-        if (!c.failed.empty()) {
+        if (!s.failed.empty()) {
           p.status = PartStatus::kFailed;
-          if (st.error.ok()) st.error = Status(StatusCode::kUnavailable, c.failed);
+          if (st.error.ok()) st.error = Status(StatusCode::kUnavailable, s.failed);
           cv_.NotifyAll();
-        } else if (st.step < c.floor || (c.sent.count(st.step) && !c.credited.count(st.step))) {
+        } else if (st.step < s.floor || (s.sent.count(st.step) && !s.credited.count(st.step))) {
           p.status = PartStatus::kSkipped;
           counters_.parts_skipped += 1;
           cv_.NotifyAll();
-        } else if (!c.credited.count(st.step) && (st.step <= c.have_through || c.have.count(st.step))) {
+        } else if (!s.credited.count(st.step) && (st.step <= s.have_through || s.have.count(st.step))) {
           // The receiver has it already (HAVE). Counted as sent, so that
           // a credit for it later is served on demand.
           p.status = PartStatus::kSkipped;
           counters_.parts_skipped += 1;
           MarkSent(c, st.step);
           cv_.NotifyAll();
-        } else if (c.ready && c.credited.erase(st.step)) {
+        } else if (s.ready && s.credited.erase(st.step)) {
           p.status = PartStatus::kBusy;
-          c.again.erase(st.step);
+          s.again.erase(st.step);
           MarkSent(c, st.step);
           go.emplace_back(st.step, &p);
         }
       }
     }
-    if (c.ready && c.failed.empty()) {
+    if (s.ready && s.failed.empty()) {
       // Steps this process's pipeline is staging for this receiver now:
       // begun and not yet handed to Send (still being read here), or
       // with a part for it waiting or being written.
       const std::set<int64_t> held = table_.HeldFor(c.peer);
-      for (auto it = c.credited.begin(); it != c.credited.end();) {
+      for (auto it = s.credited.begin(); it != s.credited.end();) {
         const int64_t step = *it;
         // Passed: behind this process's re-plan point, or begun (with
         // every step before it) and sent or skipped already, or asked
         // for again.
         const bool passed = table_.Passed(step, held);
-        if (passed || c.again.count(step)) {
-          it = c.credited.erase(it);
-          c.again.erase(step);
+        if (passed || s.again.count(step)) {
+          it = s.credited.erase(it);
+          s.again.erase(step);
           MarkSent(c, step);
           serve_queue_.emplace_back(&c, step);
           serve_cv_.NotifyOne();
@@ -257,8 +260,9 @@ void PeerExchange::Impl::Dispatch(Conn& c) {
       } else if (p->status == PartStatus::kBusy) {
         // Not delivered. A lost connection sends it again when the
         // receiver, connected again, credits it; a failed one fails it.
-        p->status = c.failed.empty() ? PartStatus::kWaiting : PartStatus::kFailed;
-        if (c.failed.empty()) c.sent.erase(step);
+        ConnShared& s = Shared(c);
+        p->status = s.failed.empty() ? PartStatus::kWaiting : PartStatus::kFailed;
+        if (s.failed.empty()) s.sent.erase(step);
       }
       cv_.NotifyAll();
     };
@@ -291,7 +295,7 @@ void PeerExchange::Impl::ServeMain() {
         // nothing goes out before the handshake; the receiver credits the
         // step again once it is back.
         MutexLock lock(mu_);
-        if (!c->ready) return;
+        if (!Shared(*c).ready) return;
       }
       if (!st.ok()) {
         const std::string why = "process " + std::to_string(opt_.process) + " cannot read its part of step " +
