@@ -7,7 +7,9 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -210,11 +212,16 @@ int main(int argc, char** argv) {
   copts.burst = static_cast<int>(burst);
   copts.user_agent = std::string("meshload-controller/") + MESHLOAD_VERSION + " (" + identity + ")";
   copts.observer = controller::ApiRequestObserver(registry);
-  auto client = controller::kube::KubeClient::Create(*config, copts);
-  if (!client.ok()) {
-    LogError("cannot create the API client", {{"error", client.status().ToString()}});
-    return 1;
-  }
+  // An API client, or null after logging why not; `purpose` ends the message.
+  auto make_client = [&](const controller::kube::ClientOptions& o,
+                         std::string_view purpose) -> std::unique_ptr<controller::kube::KubeClient> {
+    auto c = controller::kube::KubeClient::Create(*config, o);
+    if (c.ok()) return std::move(*c);
+    LogError(std::string("cannot create the API client") + std::string(purpose), {{"error", c.status().ToString()}});
+    return nullptr;
+  };
+  std::unique_ptr<controller::kube::KubeClient> client = make_client(copts, "");
+  if (!client) return 1;
   LogInfo("starting", {{"version", MESHLOAD_VERSION},
                        {"build", CompilerBuild()},
                        {"api_server", config->server},
@@ -250,12 +257,8 @@ int main(int argc, char** argv) {
     lopts.max_retry_after = std::chrono::seconds(1);
     lopts.request_timeout = std::chrono::seconds(std::max<int64_t>(1, renew_ms / 2000));
     lopts.connect_timeout = std::min(lopts.connect_timeout, lopts.request_timeout);
-    auto lc = controller::kube::KubeClient::Create(*config, lopts);
-    if (!lc.ok()) {
-      LogError("cannot create the API client for leader election", {{"error", lc.status().ToString()}});
-      return 1;
-    }
-    election_client = std::move(*lc);
+    election_client = make_client(lopts, " for leader election");
+    if (!election_client) return 1;
     controller::runtime::LeaderElectionOptions le;
     le.ns = le_ns;
     le.name = le_id;
@@ -275,12 +278,8 @@ int main(int argc, char** argv) {
     eopts.qps = event_qps_value;
     eopts.burst = std::max(1, static_cast<int>(event_qps_value * 5));
     eopts.max_attempts = 2;  // an event is not worth a long retry
-    auto ec = controller::kube::KubeClient::Create(*config, eopts);
-    if (!ec.ok()) {
-      LogError("cannot create the API client for events", {{"error", ec.status().ToString()}});
-      return 1;
-    }
-    event_client = std::move(*ec);
+    event_client = make_client(eopts, " for events");
+    if (!event_client) return 1;
     controller::runtime::EventRecorderOptions ro;
     ro.instance = identity;
     ro.may_write = options.reconciler.may_write;
@@ -290,7 +289,7 @@ int main(int argc, char** argv) {
       r->Record(job, type, reason, message);
     };
   }
-  controller::Controller controller(client->get(), &registry, options);
+  controller::Controller controller(client.get(), &registry, options);
 
   std::atomic<bool> leading{elector == nullptr};
   metrics::HealthServer health(
@@ -359,7 +358,7 @@ int main(int argc, char** argv) {
   // a backoff returns at once, so the workers (a reconcile can hold several
   // writes, seconds apart at a low --qps) and the event writer stop
   // promptly instead of finishing their backlog after the lease is gone.
-  client->get()->Shutdown();
+  client->Shutdown();
   if (webhook) webhook->Stop();
   controller.Stop();
   if (event_client) event_client->Shutdown();

@@ -4,127 +4,85 @@ namespace meshload::sidecar {
 
 const metrics::BucketBoundaries kReadLatencyBuckets = metrics::ExponentialBuckets(1e-5, 2, 20);
 
+namespace {
+
+using metrics::Counter;
+using metrics::Gauge;
+using metrics::Histogram;
+
+// A family whose series the sidecar adds by label.
+template <typename T>
+metrics::Family<T>& Labelled(metrics::Registry& r, std::string_view name, std::string_view help) {
+  return metrics::Builder<T>().Name(name).Help(help).Register(r);
+}
+
+// The one series of a family without labels (a histogram's with its bucket
+// bounds).
+template <typename T, typename... Buckets>
+T& Unlabelled(metrics::Registry& r, std::string_view name, std::string_view help, const Buckets&... buckets) {
+  return Labelled<T>(r, name, help).Add({}, buckets...);
+}
+
+}  // namespace
+
 SidecarMetrics::SidecarMetrics(metrics::Registry& r)
-    : bytes_read(metrics::BuildCounter()
-                     .Name("meshload_bytes_read_total")
-                     .Help("Bytes read from storage, by source scheme.")
-                     .Register(r)),
-      samples_read(metrics::BuildCounter()
-                       .Name("meshload_samples_read_total")
-                       .Help("Samples read from storage (a sample read twice counts twice).")
-                       .Register(r)
-                       .Add({})),
-      batches_staged(metrics::BuildCounter()
-                         .Name("meshload_batches_staged_total")
-                         .Help("Batches staged in a slot and ready for the trainer.")
-                         .Register(r)
-                         .Add({})),
-      batches_delivered(metrics::BuildCounter()
-                            .Name("meshload_batches_delivered_total")
-                            .Help("Batches handed to the trainer (READY sent).")
-                            .Register(r)
-                            .Add({})),
-      batches_consumed(metrics::BuildCounter()
-                           .Name("meshload_batches_consumed_total")
-                           .Help("Batches the trainer finished with (RELEASE received).")
-                           .Register(r)
-                           .Add({})),
-      current_step(metrics::BuildGauge()
-                       .Name("meshload_current_step")
-                       .Help("The last step handed to the trainer.")
-                       .Register(r)
-                       .Add({})),
-      next_staged_step(metrics::BuildGauge()
-                           .Name("meshload_next_staged_step")
-                           .Help("The next step the producer will stage.")
-                           .Register(r)
-                           .Add({})),
-      slots(metrics::BuildGauge().Name("meshload_slots").Help("Staging slots by state.").Register(r)),
-      trainer_wait(metrics::BuildHistogram()
-                       .Name("meshload_trainer_wait_seconds")
-                       .Help("How long the trainer waited for each batch (measured by the client).")
-                       .Register(r)
-                       .Add({}, metrics::ExponentialBuckets(1e-6, 4, 12))),
-      read_latency(metrics::BuildHistogram()
-                       .Name("meshload_storage_read_seconds")
-                       .Help("Latency of one storage request, by source scheme.")
-                       .Register(r)),
-      step_load(metrics::BuildHistogram()
-                    .Name("meshload_step_load_seconds")
-                    .Help("Time to read one step's batch into its slot.")
-                    .Register(r)
-                    .Add({}, metrics::ExponentialBuckets(1e-4, 2, 16))),
-      device_copy(metrics::BuildHistogram()
-                      .Name("meshload_device_copy_seconds")
-                      .Help("GPU staging: time to copy one step's batch to the GPUs and wait for it (the fence "
-                            "before READY), included in meshload_step_load_seconds.")
-                      .Register(r)
-                      .Add({}, metrics::ExponentialBuckets(1e-5, 2, 18))),
-      device_memory(metrics::BuildGauge()
-                        .Name("meshload_device_memory_bytes")
-                        .Help("GPU memory held by the staging slots, all local GPUs together (0 with host staging).")
-                        .Register(r)
-                        .Add({})),
-      retries(metrics::BuildCounter()
-                  .Name("meshload_storage_retries_total")
-                  .Help("Storage requests retried, by source scheme and reason.")
-                  .Register(r)),
-      errors(metrics::BuildCounter().Name("meshload_errors_total").Help("Errors by kind.").Register(r)),
-      connections(metrics::BuildCounter()
-                      .Name("meshload_client_connections_total")
-                      .Help("Trainer connections by outcome.")
-                      .Register(r)),
-      clients(metrics::BuildGauge()
-                  .Name("meshload_clients_connected")
-                  .Help("Trainers connected (0 or 1).")
-                  .Register(r)
-                  .Add({})),
-      leases_reclaimed(metrics::BuildCounter()
-                           .Name("meshload_leases_reclaimed_total")
-                           .Help("Slots taken back from trainers that disconnected while holding them.")
-                           .Register(r)
-                           .Add({})),
-      oldest_read(metrics::BuildGauge()
-                      .Name("meshload_oldest_inflight_read_seconds")
-                      .Help("Age of the oldest storage read in flight (0 when none): a stuck read grows it.")
-                      .Register(r)
-                      .Add({})),
-      producer_blocked(metrics::BuildGauge()
-                           .Name("meshload_producer_blocked_seconds")
-                           .Help("How long the producer has waited for a free slot (0 when not waiting): "
-                                 "every slot is staged or leased and none is released.")
-                           .Register(r)
-                           .Add({})),
-      staging_mode(metrics::BuildGauge()
-                       .Name("meshload_staging_mode")
-                       .Help("1 for the active staging mode (host or cuda).")
-                       .Register(r)),
-      peer_bytes(metrics::BuildCounter()
-                     .Name("meshload_peer_bytes_total")
-                     .Help("Sample bytes moved to or from other processes' sidecars (Broadcast, LoadAndReshard), "
-                           "by direction.")
-                     .Register(r)),
-      peer_parts(metrics::BuildCounter()
-                     .Name("meshload_peer_parts_total")
-                     .Help("Step parts handled for peers: sent, received, skipped (the peer had moved past them), "
-                           "served (read again from storage on a peer's demand).")
-                     .Register(r)),
-      peer_reconnects(metrics::BuildCounter()
-                          .Name("meshload_peer_reconnects_total")
-                          .Help("Connections to other processes' sidecars re-established after a loss (a peer "
-                                "restarted, or the network dropped the connection).")
-                          .Register(r)
-                          .Add({})),
-      peers_connected(metrics::BuildGauge()
-                          .Name("meshload_peers_connected")
-                          .Help("Connections to other processes' sidecars that are up.")
-                          .Register(r)
-                          .Add({})),
-      peer_wait(metrics::BuildHistogram()
-                    .Name("meshload_peer_wait_seconds")
-                    .Help("Time a step waited on its peers after its own reads were done.")
-                    .Register(r)
-                    .Add({}, metrics::ExponentialBuckets(1e-5, 4, 10))) {}
+    : bytes_read(Labelled<Counter>(r, "meshload_bytes_read_total", "Bytes read from storage, by source scheme.")),
+      samples_read(Unlabelled<Counter>(r, "meshload_samples_read_total",
+                                       "Samples read from storage (a sample read twice counts twice).")),
+      batches_staged(Unlabelled<Counter>(r, "meshload_batches_staged_total",
+                                         "Batches staged in a slot and ready for the trainer.")),
+      batches_delivered(
+          Unlabelled<Counter>(r, "meshload_batches_delivered_total", "Batches handed to the trainer (READY sent).")),
+      batches_consumed(Unlabelled<Counter>(r, "meshload_batches_consumed_total",
+                                           "Batches the trainer finished with (RELEASE received).")),
+      current_step(Unlabelled<Gauge>(r, "meshload_current_step", "The last step handed to the trainer.")),
+      next_staged_step(Unlabelled<Gauge>(r, "meshload_next_staged_step", "The next step the producer will stage.")),
+      slots(Labelled<Gauge>(r, "meshload_slots", "Staging slots by state.")),
+      trainer_wait(Unlabelled<Histogram>(r, "meshload_trainer_wait_seconds",
+                                         "How long the trainer waited for each batch (measured by the client).",
+                                         metrics::ExponentialBuckets(1e-6, 4, 12))),
+      read_latency(
+          Labelled<Histogram>(r, "meshload_storage_read_seconds", "Latency of one storage request, by source scheme.")),
+      step_load(Unlabelled<Histogram>(r, "meshload_step_load_seconds", "Time to read one step's batch into its slot.",
+                                      metrics::ExponentialBuckets(1e-4, 2, 16))),
+      device_copy(
+          Unlabelled<Histogram>(r, "meshload_device_copy_seconds",
+                                "GPU staging: time to copy one step's batch to the GPUs and wait for it (the fence "
+                                "before READY), included in meshload_step_load_seconds.",
+                                metrics::ExponentialBuckets(1e-5, 2, 18))),
+      device_memory(
+          Unlabelled<Gauge>(r, "meshload_device_memory_bytes",
+                            "GPU memory held by the staging slots, all local GPUs together (0 with host staging).")),
+      retries(Labelled<Counter>(r, "meshload_storage_retries_total",
+                                "Storage requests retried, by source scheme and reason.")),
+      errors(Labelled<Counter>(r, "meshload_errors_total", "Errors by kind.")),
+      connections(Labelled<Counter>(r, "meshload_client_connections_total", "Trainer connections by outcome.")),
+      clients(Unlabelled<Gauge>(r, "meshload_clients_connected", "Trainers connected (0 or 1).")),
+      leases_reclaimed(Unlabelled<Counter>(r, "meshload_leases_reclaimed_total",
+                                           "Slots taken back from trainers that disconnected while holding them.")),
+      oldest_read(Unlabelled<Gauge>(r, "meshload_oldest_inflight_read_seconds",
+                                    "Age of the oldest storage read in flight (0 when none): a stuck read grows it.")),
+      producer_blocked(Unlabelled<Gauge>(r, "meshload_producer_blocked_seconds",
+                                         "How long the producer has waited for a free slot (0 when not waiting): "
+                                         "every slot is staged or leased and none is released.")),
+      staging_mode(Labelled<Gauge>(r, "meshload_staging_mode", "1 for the active staging mode (host or cuda).")),
+      peer_bytes(
+          Labelled<Counter>(r, "meshload_peer_bytes_total",
+                            "Sample bytes moved to or from other processes' sidecars (Broadcast, LoadAndReshard), "
+                            "by direction.")),
+      peer_parts(
+          Labelled<Counter>(r, "meshload_peer_parts_total",
+                            "Step parts handled for peers: sent, received, skipped (the peer had moved past them), "
+                            "served (read again from storage on a peer's demand).")),
+      peer_reconnects(
+          Unlabelled<Counter>(r, "meshload_peer_reconnects_total",
+                              "Connections to other processes' sidecars re-established after a loss (a peer "
+                              "restarted, or the network dropped the connection).")),
+      peers_connected(
+          Unlabelled<Gauge>(r, "meshload_peers_connected", "Connections to other processes' sidecars that are up.")),
+      peer_wait(Unlabelled<Histogram>(r, "meshload_peer_wait_seconds",
+                                      "Time a step waited on its peers after its own reads were done.",
+                                      metrics::ExponentialBuckets(1e-5, 4, 10))) {}
 
 void SidecarMetrics::SetSlotCounts(const staging::SlotCounts& c) {
   slots.Add({{"state", "free"}}).Set(c.free);
@@ -154,10 +112,9 @@ void SidecarMetrics::CountPeers(const exchange::ExchangeCounters& now) {
 }
 
 void RegisterJobInfo(metrics::Registry& r, const std::string& job, int64_t process, std::string_view strategy) {
-  metrics::BuildGauge()
-      .Name("meshload_job_info")
-      .Help("The DataLoadJob and process this sidecar serves, and the job's loading strategy; the value is always 1.")
-      .Register(r)
+  Labelled<Gauge>(
+      r, "meshload_job_info",
+      "The DataLoadJob and process this sidecar serves, and the job's loading strategy; the value is always 1.")
       .Add({{"dataloadjob", job}, {"process", std::to_string(process)}, {"strategy", std::string(strategy)}})
       .Set(1);
 }

@@ -264,6 +264,14 @@ Result<uint64_t> Driver::Granularity(int ordinal) const {
   return static_cast<uint64_t>(g == 0 ? 1 : g);
 }
 
+template <typename T>
+std::unique_ptr<T> Driver::Make(int ordinal) const {
+  std::unique_ptr<T> made(new T());
+  made->driver_ = this;
+  made->ordinal_ = ordinal;
+  return made;
+}
+
 Result<std::unique_ptr<VmmAllocation>> Driver::AllocateShareable(int ordinal, uint64_t bytes) const {
   MESHLOAD_RETURN_IF_ERROR(CheckOrdinal(ordinal));
   MESHLOAD_ASSIGN_OR_RETURN(const uint64_t g, Granularity(ordinal));
@@ -271,9 +279,7 @@ Result<std::unique_ptr<VmmAllocation>> Driver::AllocateShareable(int ordinal, ui
   ScopedContext scope(*this, ordinal);
   MESHLOAD_RETURN_IF_ERROR(scope.status());
   const CUmemAllocationProp prop = ShareableProp(ordinal);
-  std::unique_ptr<VmmAllocation> a(new VmmAllocation());
-  a->driver_ = this;
-  a->ordinal_ = ordinal;
+  std::unique_ptr<VmmAllocation> a = Make<VmmAllocation>(ordinal);
   CUmemGenericAllocationHandle h = 0;
   ML_CU_RETURN(cuMemCreate(&h, size, &prop, 0));
   a->handle_ = h;  // from here on the destructor releases what exists
@@ -321,9 +327,7 @@ Result<std::unique_ptr<ImportedAllocation>> Driver::Import(int ordinal, int fd, 
   CUmemGenericAllocationHandle h = 0;
   ML_CU_RETURN(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
-  std::unique_ptr<ImportedAllocation> a(new ImportedAllocation());
-  a->driver_ = this;
-  a->ordinal_ = ordinal;
+  std::unique_ptr<ImportedAllocation> a = Make<ImportedAllocation>(ordinal);
   auto g = Granularity(ordinal);
   CUdeviceptr p = 0;
   Status st = ML_CU(cuMemAddressReserve(&p, bytes, g.ok() ? *g : 0, 0, 0));
@@ -360,9 +364,7 @@ ImportedAllocation::~ImportedAllocation() {
 Result<std::unique_ptr<IpcAllocation>> Driver::AllocateIpc(int ordinal, uint64_t bytes) const {
   ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
   MESHLOAD_RETURN_IF_ERROR(scope.status());
-  std::unique_ptr<IpcAllocation> a(new IpcAllocation());
-  a->driver_ = this;
-  a->ordinal_ = ordinal;
+  std::unique_ptr<IpcAllocation> a = Make<IpcAllocation>(ordinal);
   CUdeviceptr p = 0;
   ML_CU_RETURN(cuMemAlloc(&p, std::max<uint64_t>(bytes, 1)));
   a->ptr_ = p;
@@ -401,9 +403,7 @@ Result<std::unique_ptr<ImportedAllocation>> Driver::OpenIpc(int ordinal, const I
     (void)ML_CU(cuIpcCloseMemHandle(p));
     return range;
   }
-  std::unique_ptr<ImportedAllocation> a(new ImportedAllocation());
-  a->driver_ = this;
-  a->ordinal_ = ordinal;
+  std::unique_ptr<ImportedAllocation> a = Make<ImportedAllocation>(ordinal);
   a->ptr_ = p;
   a->bytes_ = bytes;
   a->ipc_ = true;
@@ -414,10 +414,8 @@ Result<std::unique_ptr<PinnedRegistration>> Driver::RegisterHost(void* base, uin
   ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
   MESHLOAD_RETURN_IF_ERROR(scope.status());
   ML_CU_RETURN(cuMemHostRegister(base, bytes, CU_MEMHOSTREGISTER_PORTABLE));
-  std::unique_ptr<PinnedRegistration> r(new PinnedRegistration());
-  r->driver_ = this;
+  std::unique_ptr<PinnedRegistration> r = Make<PinnedRegistration>(ordinal);
   r->base_ = base;
-  r->ordinal_ = ordinal;
   return r;
 }
 
@@ -430,9 +428,7 @@ PinnedRegistration::~PinnedRegistration() {
 Result<std::unique_ptr<Stream>> Driver::CreateStream(int ordinal, uint32_t events) const {
   ScopedContext scope(*this, ordinal);  // reports a bad ordinal too
   MESHLOAD_RETURN_IF_ERROR(scope.status());
-  std::unique_ptr<Stream> s(new Stream());
-  s->driver_ = this;
-  s->ordinal_ = ordinal;
+  std::unique_ptr<Stream> s = Make<Stream>(ordinal);
   CUstream cs = nullptr;
   ML_CU_RETURN(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
   s->stream_ = cs;
@@ -502,9 +498,7 @@ Result<std::unique_ptr<Fence>> Driver::RecordFence(int ordinal, uintptr_t stream
   // thread's, not the trainer's.
   CUstream s = stream == 1 || stream == 2 ? CU_STREAM_LEGACY : reinterpret_cast<CUstream>(stream);
   RelaxedCapture relaxed(*api_);
-  std::unique_ptr<Fence> f(new Fence());
-  f->driver_ = this;
-  f->ordinal_ = ordinal;
+  std::unique_ptr<Fence> f = Make<Fence>(ordinal);
   CUevent e = nullptr;
   ML_CU_RETURN(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC));
   f->event_ = e;

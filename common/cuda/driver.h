@@ -255,6 +255,10 @@ class Driver {
   Status CheckOrdinal(int ordinal) const;
   // Turns a CUresult into a Status naming the call.
   Status Check(int result, const char* call) const;
+  // A new object of one of the classes above (their constructors are
+  // private), made by this driver for device `ordinal`.
+  template <typename T>
+  std::unique_ptr<T> Make(int ordinal) const;
   friend class VmmAllocation;
   friend class ImportedAllocation;
   friend class IpcAllocation;

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "common/percent_encoding.h"
 
 namespace meshload::controller::kube {
 namespace {
@@ -110,20 +111,7 @@ std::string CutUtf8(const std::string& s, size_t max_bytes) {
   return s.substr(0, end) + "...";
 }
 
-std::string QueryEscape(std::string_view s) {
-  static const char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
-}
+std::string QueryEscape(std::string_view s) { return PercentEncode(s); }
 
 std::string_view VerbLabel(std::string_view method, const std::string& full_path) {
   if (method != "GET") return method;

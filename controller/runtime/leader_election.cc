@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <ctime>
 #include <random>
+#include <utility>
 
 #include "common/logging.h"
 
@@ -88,10 +89,7 @@ bool LeaderElector::TryAcquireOrRenew() {
       }
       return false;
     }
-    MutexLock lock(mu_);
-    observed_record_ = created.body["spec"];
-    observed_rv_ = created.body["metadata"].value("resourceVersion", "");
-    observed_time_ = Clock::now();
+    ObserveWritten(std::move(created.body));
     return true;
   }
   if (!got.ok()) {
@@ -129,11 +127,15 @@ bool LeaderElector::TryAcquireOrRenew() {
     LogDebug("cannot update the lease", {{"error", put.ToStatus("update lease").ToString()}});
     return false;
   }
-  MutexLock lock(mu_);
-  observed_record_ = put.body["spec"];
-  observed_rv_ = put.body["metadata"].value("resourceVersion", "");
-  observed_time_ = Clock::now();
+  ObserveWritten(std::move(put.body));
   return true;
+}
+
+void LeaderElector::ObserveWritten(nlohmann::json lease) {
+  MutexLock lock(mu_);
+  observed_record_ = lease["spec"];
+  observed_rv_ = lease["metadata"].value("resourceVersion", "");
+  observed_time_ = Clock::now();
 }
 
 void LeaderElector::Release() {

@@ -69,6 +69,9 @@ class LeaderElector {
   using Clock = std::chrono::steady_clock;
   /// One acquire-or-renew attempt; true when we hold the lease afterwards.
   bool TryAcquireOrRenew() MESHLOAD_EXCLUDES(mu_);
+  /// Records the Lease this elector just created or updated (the API
+  /// server's answer) as the one last seen.
+  void ObserveWritten(nlohmann::json lease) MESHLOAD_EXCLUDES(mu_);
   void Release();
   bool SleepUnlessStopped(std::chrono::milliseconds d) MESHLOAD_EXCLUDES(mu_);
   std::string LeasePath(bool collection) const;

@@ -99,6 +99,21 @@ struct Attempt {
   static Attempt Fail(std::string_view kind, Status status) { return {Kind::kFail, std::move(status), kind, {}}; }
 };
 
+// What a small GET's callbacks record for its verdict: the response's status
+// and Retry-After, and when the server last sent anything (for TimedOut).
+struct ResponseProgress {
+  int status = 0;
+  std::string retry_after;
+  Clock::time_point last = Clock::now();
+
+  void OnResponse(const httplib::Response& res) {
+    last = Clock::now();
+    status = res.status;
+    retry_after = res.get_header_value("Retry-After");
+  }
+  void OnData() { last = Clock::now(); }
+};
+
 Attempt DataLossAttempt(uint64_t offset, uint64_t len, uint64_t object_size) {
   return Attempt::Fail(
       "data_loss", DataLoss("short read: wanted " + std::to_string(len) + " bytes at offset " + std::to_string(offset) +
@@ -325,18 +340,14 @@ class internal::HttpTransport::Impl {
     if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
     ClientPtr client = std::move(checkout).value();
     body->clear();
-    int status = 0;
     bool too_long = false;
-    std::string retry_after;
-    Clock::time_point last_progress = Clock::now();
+    ResponseProgress progress;
     auto on_response = [&](const httplib::Response& res) {
-      last_progress = Clock::now();
-      status = res.status;
-      retry_after = res.get_header_value("Retry-After");
+      progress.OnResponse(res);
       return true;
     };
     auto on_data = [&](const char* data, size_t n) {
-      last_progress = Clock::now();
+      progress.OnData();
       if (body->size() + n > limit) {
         too_long = true;
         return false;
@@ -350,10 +361,10 @@ class internal::HttpTransport::Impl {
     if (too_long) {
       return Attempt::Fail("io", FailedPrecondition("the response is longer than " + std::to_string(limit) + " bytes"));
     }
-    if (!clean) return FromTransportError(res.error(), TimedOut(last_progress), false);
+    if (!clean) return FromTransportError(res.error(), TimedOut(progress.last), false);
     pool_.Return(url, std::move(client));
-    if (status == 200) return Attempt::Ok();
-    return FromHttpStatus(status, retry_after, Explain(status, *body));
+    if (progress.status == 200) return Attempt::Ok();
+    return FromHttpStatus(progress.status, progress.retry_after, Explain(progress.status, *body));
   }
 
   template <typename AttemptFn>
@@ -562,14 +573,11 @@ class internal::HttpTransport::Impl {
     if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
     ClientPtr client = std::move(checkout).value();
 
-    int status = 0;
     std::optional<uint64_t> found;
-    std::string retry_after;
-    Clock::time_point last_progress = Clock::now();
+    ResponseProgress progress;
     auto on_response = [&](const httplib::Response& res) {
-      last_progress = Clock::now();
-      status = res.status;
-      retry_after = res.get_header_value("Retry-After");
+      progress.OnResponse(res);
+      const int status = res.status;
       if (status == 206 || status == 416) {
         std::optional<ContentRange> range = ParseContentRange(res.get_header_value("Content-Range"));
         if (range) found = range->size;
@@ -583,7 +591,7 @@ class internal::HttpTransport::Impl {
       return true;
     };
     auto on_data = [&](const char*, size_t) {
-      last_progress = Clock::now();
+      progress.OnData();
       return true;
     };
     httplib::Result res =
@@ -595,12 +603,13 @@ class internal::HttpTransport::Impl {
       *size = *found;
       return Attempt::Ok();
     }
+    const int status = progress.status;
     if (status == 200 || status == 206 || status == 416) {
       return Attempt::Fail("io", FailedPrecondition("the server reports no object size (no Content-Length on "
                                                     "HEAD, no Content-Range on a ranged GET)"));
     }
-    if (!clean) return FromTransportError(res.error(), TimedOut(last_progress), false);
-    return FromHttpStatus(status, retry_after);
+    if (!clean) return FromTransportError(res.error(), TimedOut(progress.last), false);
+    return FromHttpStatus(status, progress.retry_after);
   }
 
   static constexpr size_t kErrorBodyLimit = 8192;

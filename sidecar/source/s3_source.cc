@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/percent_encoding.h"
 #include "sidecar/source/http_internal.h"
 #include "sidecar/source/s3_internal.h"
 #include "sidecar/source/source.h"
@@ -122,21 +123,7 @@ std::string HmacSha256(std::string_view key, std::string_view data) {
   return std::string(reinterpret_cast<const char*>(out), len);
 }
 
-std::string UriEncode(std::string_view s, bool keep_slash) {
-  static const char* kDigits = "0123456789ABCDEF";
-  std::string out;
-  out.reserve(s.size());
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' || (keep_slash && c == '/')) {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kDigits[c >> 4];
-      out += kDigits[c & 15];
-    }
-  }
-  return out;
-}
+std::string UriEncode(std::string_view s, bool keep_slash) { return PercentEncode(s, keep_slash); }
 
 std::string CanonicalQuery(std::vector<std::pair<std::string, std::string>> query) {
   for (auto& [k, v] : query) {

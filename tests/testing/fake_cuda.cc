@@ -94,6 +94,21 @@ int NewMemfd(size_t size) {
   return fd;
 }
 
+// Streams and events are heap ints (an event's int counts its records);
+// creating one needs a current context, as with the real driver.
+template <typename Handle>
+CUresult NewHandle(Handle* h) {
+  if (!HaveContext()) return CUDA_ERROR_INVALID_CONTEXT;
+  *h = reinterpret_cast<Handle>(new int(0));
+  return CUDA_SUCCESS;
+}
+
+template <typename Handle>
+CUresult DeleteHandle(Handle h) {
+  delete reinterpret_cast<int*>(h);
+  return CUDA_SUCCESS;
+}
+
 struct FakeIpcHandle {
   uint32_t magic;
   int32_t pid;
@@ -400,27 +415,13 @@ CUresult cuMemHostUnregister(void* p) {
   return s.registered.erase(reinterpret_cast<uintptr_t>(p)) ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
 }
 
-CUresult cuStreamCreate(CUstream* st, unsigned int) {
-  if (!HaveContext()) return CUDA_ERROR_INVALID_CONTEXT;
-  *st = reinterpret_cast<CUstream>(new int(0));
-  return CUDA_SUCCESS;
-}
+CUresult cuStreamCreate(CUstream* st, unsigned int) { return NewHandle(st); }
 
-CUresult cuStreamDestroy(CUstream st) {
-  delete reinterpret_cast<int*>(st);
-  return CUDA_SUCCESS;
-}
+CUresult cuStreamDestroy(CUstream st) { return DeleteHandle(st); }
 
-CUresult cuEventCreate(CUevent* e, unsigned int) {
-  if (!HaveContext()) return CUDA_ERROR_INVALID_CONTEXT;
-  *e = reinterpret_cast<CUevent>(new int(0));
-  return CUDA_SUCCESS;
-}
+CUresult cuEventCreate(CUevent* e, unsigned int) { return NewHandle(e); }
 
-CUresult cuEventDestroy(CUevent e) {
-  delete reinterpret_cast<int*>(e);
-  return CUDA_SUCCESS;
-}
+CUresult cuEventDestroy(CUevent e) { return DeleteHandle(e); }
 
 CUresult cuEventRecord(CUevent e, CUstream) {
   if (!HaveContext()) return CUDA_ERROR_INVALID_CONTEXT;

@@ -506,12 +506,7 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
               static_cast<double>(mem.file) / 1048576.0, static_cast<double>(mem.peak) / 1048576.0);
 }
 
-}  // namespace
-}  // namespace meshload::tools::bench
-
-int main(int argc, char** argv) {
-  using namespace meshload;
-  using namespace meshload::tools::bench;
+int Main(int argc, char** argv) {
   bool quick = false;
   std::string only;                 // --only NAME: one scenario
   std::optional<int64_t> rounds;    // --rounds N: meshload and Python alternate N times; default 3, 1 with --quick
@@ -559,3 +554,8 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
+}  // namespace meshload::tools::bench
+
+int main(int argc, char** argv) { return meshload::tools::bench::Main(argc, argv); }

@@ -73,12 +73,7 @@ planner::JobSpec BigMeshSpec() {
   return spec;
 }
 
-}  // namespace
-}  // namespace meshload::tools::bench
-
-int main(int argc, char** argv) {
-  using namespace meshload;
-  using namespace meshload::tools::bench;
+int Main(int argc, char** argv) {
   bool quick = false;
   FlagParser flags("", "usage: planner_bench [--quick]\n", "planner_bench");
   flags.Bool({"--quick"}, &quick);
@@ -175,3 +170,8 @@ int main(int argc, char** argv) {
   std::printf("  %8.1f ms  (%.3fx the 1 s budget)\n", cmp * 1e3, cmp);
   return 0;
 }
+
+}  // namespace
+}  // namespace meshload::tools::bench
+
+int main(int argc, char** argv) { return meshload::tools::bench::Main(argc, argv); }
