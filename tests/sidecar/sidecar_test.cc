@@ -67,16 +67,35 @@ std::string JobYaml(const std::string& uri, int64_t prefetch, const std::string&
          "  shuffle: {mode: Global, seed: 5}\n";
 }
 
+// A synthetic FixedRecord dataset of `samples` records of `record_bytes`,
+// in `files` files under `folder`: its URI.
+Result<std::string> FixedRecordDataset(const std::string& folder, int64_t record_bytes, uint64_t samples, int files) {
+  planner::DatasetSpec ds;
+  ds.format = planner::DatasetFormat::kFixedRecord;
+  ds.record_bytes = record_bytes;
+  return tools::GenerateSyntheticDataset(ds, folder, samples, files);
+}
+
+// A DataLoadJob named `name` (YAML), with `spec` (its lines indented) under `spec:`.
+std::string NamedJobYaml(const std::string& name, const std::string& spec) {
+  return "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: " + name + "}\nspec:\n" + spec;
+}
+
+// Client options for `sock` that do not retry a failed connection.
+client::ClientOptions NoRetry(const std::string& sock) {
+  client::ClientOptions o;
+  o.socket_path = sock;
+  o.max_reconnect_attempts = 0;
+  return o;
+}
+
 // A sidecar serving process 1 of a 2-process job, on a generated dataset.
 class SidecarHarness {
  public:
   explicit SidecarHarness(int64_t prefetch = 3, std::vector<uid_t> allowed = {}, std::string uri = {},
                           uint64_t samples = 320) {
     if (uri.empty()) {
-      planner::DatasetSpec ds;
-      ds.format = planner::DatasetFormat::kFixedRecord;
-      ds.record_bytes = 512;
-      auto u = tools::GenerateSyntheticDataset(ds, dir_.path() + "/data", samples, 2);
+      auto u = FixedRecordDataset(dir_.path() + "/data", 512, samples, 2);
       EXPECT_OK(u);
       uri = *u;
     }
@@ -335,18 +354,29 @@ TEST(Sidecar, BatchesHeldAcrossACloseKeepTheirBytesUntilTheTrainerDropsThem) {
   }
 }
 
+// A sidecar (prefetch 3) whose trainer `old` took all three slots, then
+// sent something malformed and was dropped: the sidecar keeps its leases.
+class SidecarWithADroppedTrainer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK(h.Start());
+    old = std::make_unique<RawTrainer>(h.options_.socket_path);
+    leases = old->Take(3);
+    ASSERT_EQ(leases.size(), 3u);
+    held = old->Bytes(leases[0]);
+    old->MisbehaveAndGetDropped();
+  }
+
+  SidecarHarness h{/*prefetch=*/3};
+  std::unique_ptr<RawTrainer> old;
+  std::vector<protocol::Ready> leases;  // all three, kept
+  std::string held;                     // leases[0]'s bytes when it was dropped
+};
+
 // The sidecar drops a trainer that sent something malformed, but the trainer
 // may still be using its batches: they stay lent until it says which it holds
 // (BYE), releases them on the old connection, or closes it.
-TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
-  SidecarHarness h(/*prefetch=*/3);
-  ASSERT_OK(h.Start());
-  RawTrainer old(h.options_.socket_path);
-  const std::vector<protocol::Ready> leases = old.Take(3);
-  ASSERT_EQ(leases.size(), 3u);
-  const std::string held_bytes = old.Bytes(leases[0]);
-  old.MisbehaveAndGetDropped();
-
+TEST_F(SidecarWithADroppedTrainer, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
   // Every slot is still the old trainer's: the next connection gets nothing.
   auto c = h.Connect(/*start=*/3);
   auto none = c->Next(milliseconds(300));
@@ -354,14 +384,14 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
   EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 0);
 
   // BYE: only step 0 is still held; the two others come back.
-  old.Send(protocol::Bye{{{leases[0].slot, leases[0].step}}});
+  old->Send(protocol::Bye{{{leases[0].slot, leases[0].step}}});
   EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", 2));
   for (int64_t step = 3; step < 20; ++step) {
     auto b = c->Next(milliseconds(5000));
     ASSERT_OK(b);
     ASSERT_EQ(b->step, step);
     h.ExpectBatchIsPlanned(*b);
-    ASSERT_EQ(old.Bytes(leases[0]), held_bytes) << "a held batch changed under the old trainer";
+    ASSERT_EQ(old->Bytes(leases[0]), held) << "a held batch changed under the old trainer";
   }
   // Its RELEASE on the old connection is taken; a RELEASE of a lease it
   // gave up, and a second one, change nothing. (The new trainer's 17
@@ -369,9 +399,9 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
   EXPECT_TRUE(MetricReaches(h, "meshload_batches_consumed_total", 17));
   const double consumed = h.Metric("meshload_batches_consumed_total");
   EXPECT_EQ(consumed, 17);
-  old.Send(protocol::Release{leases[1].slot, leases[1].step, 0});
-  old.Send(protocol::Release{leases[0].slot, leases[0].step, 0});
-  old.Send(protocol::Release{leases[0].slot, leases[0].step, 0});
+  old->Send(protocol::Release{leases[1].slot, leases[1].step, 0});
+  old->Send(protocol::Release{leases[0].slot, leases[0].step, 0});
+  old->Send(protocol::Release{leases[0].slot, leases[0].step, 0});
   EXPECT_TRUE(MetricReaches(h, "meshload_batches_consumed_total", consumed + 1));
   // Time for the other two RELEASEs to (wrongly) count: what must NOT
   // happen, so the time is fixed.
@@ -395,15 +425,7 @@ TEST(Sidecar, ADroppedTrainerKeepsItsBatchesUntilItSaysWhichItHoldsOrCloses) {
 
 // Kept leases belong to their connection: a flood of refused connections
 // cannot evict them, and another connection cannot release them.
-TEST(Sidecar, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionReleasesThem) {
-  SidecarHarness h(/*prefetch=*/3);
-  ASSERT_OK(h.Start());
-  RawTrainer old(h.options_.socket_path);
-  const std::vector<protocol::Ready> leases = old.Take(3);
-  ASSERT_EQ(leases.size(), 3u);
-  const std::string held = old.Bytes(leases[0]);
-  old.MisbehaveAndGetDropped();  // all three kept
-
+TEST_F(SidecarWithADroppedTrainer, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionReleasesThem) {
   // A trainer connects (it gets no slot: all are kept), and 80 more are
   // refused as busy: each of those drains, more than 64 at once.
   RawTrainer current(h.options_.socket_path, 3);
@@ -422,7 +444,7 @@ TEST(Sidecar, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionR
   }
   for (auto& fd : refused) ASSERT_OK(protocol::ReceiveMessage(fd.get(), protocol::kMaxMessageBytes));  // ERROR busy
   EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 0);
-  EXPECT_EQ(old.Bytes(leases[0]), held);
+  EXPECT_EQ(old->Bytes(leases[0]), held);
 
   // The current trainer cannot release the old one's lease.
   current.Send(protocol::Release{leases[0].slot, leases[0].step, 0});
@@ -434,13 +456,13 @@ TEST(Sidecar, KeptLeasesSurviveAFloodOfRefusedConnectionsAndOnlyTheirConnectionR
 
   // The old connection still keeps all three: its BYE lists one, and
   // exactly the two others come back.
-  old.Send(protocol::Bye{{{leases[0].slot, leases[0].step}}});
+  old->Send(protocol::Bye{{{leases[0].slot, leases[0].step}}});
   EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", 2));
   // Time for a third (wrong) reclaim to show: what must NOT happen, so the
   // time is fixed.
   std::this_thread::sleep_for(milliseconds(100));
   EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 2);
-  EXPECT_EQ(old.Bytes(leases[0]), held);
+  EXPECT_EQ(old->Bytes(leases[0]), held);
 }
 
 TEST(Sidecar, StoppingNeverRestagesASlotTheTrainerHolds) {
@@ -503,10 +525,8 @@ TEST(Sidecar, ATrainerThatLeavesAndConnectsAgainAtOnceIsNotToldBusy) {
   ASSERT_OK(h.Start());
   int64_t step = 0;
   for (int round = 0; round < 20; ++round) {
-    client::ClientOptions o;
-    o.socket_path = h.options_.socket_path;
+    client::ClientOptions o = NoRetry(h.options_.socket_path);
     o.start_step = step;
-    o.max_reconnect_attempts = 0;
     auto c = client::Client::Connect(o);
     ASSERT_OK(c) << "round " << round << ": " << c.status().ToString();
     auto b = (*c)->Next(milliseconds(5000));
@@ -540,10 +560,7 @@ TEST(Sidecar, ASlowConsumerKeepsMemoryBoundedAndIsReported) {
 TEST(Sidecar, AUidOutsideTheAllowListIsRefused) {
   SidecarHarness h(3, {::getuid() + 4242});
   ASSERT_OK(h.Start());
-  client::ClientOptions o;
-  o.socket_path = h.options_.socket_path;
-  o.max_reconnect_attempts = 0;
-  auto c = client::Client::Connect(o);
+  auto c = client::Client::Connect(NoRetry(h.options_.socket_path));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(c.status().message(), HasSubstr("uid " + std::to_string(::getuid()) + " is not allowed"));
@@ -562,10 +579,7 @@ TEST(Sidecar, ASecondTrainerIsToldTheSidecarIsBusy) {
   SidecarHarness h;
   ASSERT_OK(h.Start());
   auto first = h.Connect();
-  client::ClientOptions o;
-  o.socket_path = h.options_.socket_path;
-  o.max_reconnect_attempts = 0;
-  auto second = client::Client::Connect(o);
+  auto second = client::Client::Connect(NoRetry(h.options_.socket_path));
   ASSERT_FALSE(second.ok());
   EXPECT_THAT(second.status().message(), HasSubstr("another trainer")) << second.status().ToString();
 }
@@ -617,10 +631,7 @@ TEST(Sidecar, AFileTruncatedWhileServingReachesTheTrainerAsAClearError) {
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 503);
   EXPECT_THAT(health->body, HasSubstr(file));
-  client::ClientOptions o;
-  o.socket_path = h.options_.socket_path;
-  o.max_reconnect_attempts = 0;
-  auto late = client::Client::Connect(o);
+  auto late = client::Client::Connect(NoRetry(h.options_.socket_path));
   ASSERT_FALSE(late.ok());
   EXPECT_THAT(late.status().message(), HasSubstr("short read")) << late.status().ToString();
   h.Stop();
@@ -665,10 +676,7 @@ class RangeServer {
 // The bytes of a one-file synthetic dataset in `dir` (what the harness's job
 // describes: 320 records of 512 bytes), to serve over HTTP.
 std::string GeneratedDatasetBytes(const TempDir& dir) {
-  planner::DatasetSpec ds;
-  ds.format = planner::DatasetFormat::kFixedRecord;
-  ds.record_bytes = 512;
-  EXPECT_OK(tools::GenerateSyntheticDataset(ds, dir.path(), 320, 1));
+  EXPECT_OK(FixedRecordDataset(dir.path(), 512, 320, 1));
   std::ifstream in(dir.path() + "/part-00000.bin", std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
@@ -824,20 +832,17 @@ TEST(Sidecar, ATrainerOfAWideJobIsNeverSentMoreReadysThanItsSocketHolds) {
   // here) must not be dropped for it: the sidecar sends at most half of
   // what the queue holds, measured at start-up.
   TempDir dir;
-  planner::DatasetSpec ds;
-  ds.format = planner::DatasetFormat::kFixedRecord;
-  ds.record_bytes = 64;
-  auto uri = tools::GenerateSyntheticDataset(ds, dir.path() + "/data", 4096, 1);
+  auto uri = FixedRecordDataset(dir.path() + "/data", 64, 4096, 1);
   ASSERT_OK(uri);
-  const std::string job =
-      dir.Write("job.yaml",
-                "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: wide}\nspec:\n"
-                "  mesh:\n    processes: 1\n    devicesPerProcess: 16\n    axes: [{name: data, size: 16}]\n"
-                "  strategy: PerProcess\n"
-                "  dataset:\n    uri: " +
-                    *uri +
-                    "\n    format: FixedRecord\n    recordBytes: 64\n"
-                    "  batch: {globalBatchSize: 16, prefetch: 200}\n");
+  const std::string job = dir.Write(
+      "job.yaml",
+      NamedJobYaml("wide",
+                   "  mesh:\n    processes: 1\n    devicesPerProcess: 16\n    axes: [{name: data, size: 16}]\n"
+                   "  strategy: PerProcess\n"
+                   "  dataset:\n    uri: " +
+                       *uri +
+                       "\n    format: FixedRecord\n    recordBytes: 64\n"
+                       "  batch: {globalBatchSize: 16, prefetch: 200}\n"));
   SidecarOptions o;
   o.job_path = job;
   o.process = 0;
@@ -913,14 +918,6 @@ protocol::ServerHello OneDeviceHello() {
   h.layout = {{0, 1, 8, {4, 16}, {16, 1}, 64}};
   h.mesh = {1, 1, {{"data", 1}}, {"data"}};
   return h;
-}
-
-// Client options for `sock` that do not retry a failed connection.
-client::ClientOptions NoRetry(const std::string& sock) {
-  client::ClientOptions o;
-  o.socket_path = sock;
-  o.max_reconnect_attempts = 0;
-  return o;
 }
 
 TEST(Client, RefusesReadyTensorsThatAreNotCompactOrOverflow) {
@@ -1135,23 +1132,19 @@ TEST(SidecarProcess, ARestartedSidecarResumesTheTrainerWithIdenticalBytes) {
 // and every byte of every batch is the planned one.
 void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::string& fanout, int victim) {
   TempDir dir;
-  planner::DatasetSpec ds;
-  ds.format = planner::DatasetFormat::kFixedRecord;
-  ds.record_bytes = 512;
-  auto uri = tools::GenerateSyntheticDataset(ds, dir.path() + "/data", 400, 2);
+  auto uri = FixedRecordDataset(dir.path() + "/data", 512, 400, 2);
   ASSERT_OK(uri);
-  const std::string job_path =
-      dir.Write("job.yaml",
-                "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: peers-restart}\nspec:\n"
-                "  mesh:\n    processes: 2\n    devicesPerProcess: 2\n"
-                "    axes: [{name: model, size: 2}, {name: data, size: 2}]\n    batchAxes: [data]\n"
-                "  replication: {mode: Partial, fanout: " +
-                    fanout + "}\n  strategy: " + strategy +
-                    "\n"
-                    "  dataset: {uri: " +
-                    *uri +
-                    ", format: FixedRecord, recordBytes: 512}\n"
-                    "  batch: {globalBatchSize: 8, prefetch: 3}\n  shuffle: {mode: Global, seed: 9}\n");
+  const std::string job_path = dir.Write(
+      "job.yaml", NamedJobYaml("peers-restart",
+                               "  mesh:\n    processes: 2\n    devicesPerProcess: 2\n"
+                               "    axes: [{name: model, size: 2}, {name: data, size: 2}]\n    batchAxes: [data]\n"
+                               "  replication: {mode: Partial, fanout: " +
+                                   fanout + "}\n  strategy: " + strategy +
+                                   "\n"
+                                   "  dataset: {uri: " +
+                                   *uri +
+                                   ", format: FixedRecord, recordBytes: 512}\n"
+                                   "  batch: {globalBatchSize: 8, prefetch: 3}\n  shuffle: {mode: Global, seed: 9}\n"));
   Diagnostics d;
   auto job = planner::LoadDataLoadJobFile(job_path, d);
   ASSERT_OK(job) << d.ToString();

@@ -28,15 +28,17 @@ namespace {
 
 using meshload::testing::StatusIs;
 using meshload::testing::TempDir;
+using planner::DatasetFormat;
+using planner::ShuffleMode;
+using planner::Strategy;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 struct Case {
-  planner::DatasetFormat format;
-  planner::Strategy strategy;
-  planner::ShuffleMode shuffle;
-  std::vector<planner::MeshAxis> axes;
-  std::vector<std::string> batch_axes;
+  DatasetFormat format;
+  Strategy strategy;
+  ShuffleMode shuffle;
+  std::vector<planner::MeshAxis> axes;  // the batch is split along `data`
   int64_t devices_per_process;
 };
 
@@ -47,18 +49,18 @@ planner::JobSpec SpecFor(const Case& c, const std::string& dir) {
   for (const auto& a : c.axes) d *= a.size;
   spec.mesh.devices_per_process = c.devices_per_process;
   spec.mesh.processes = d / c.devices_per_process;
-  spec.mesh.batch_axes = c.batch_axes;
+  spec.mesh.batch_axes = {"data"};
   spec.mesh.batch_axes_set = true;
   spec.strategy = c.strategy;
   spec.dataset.uri = dir;
   spec.dataset.format = c.format;
   switch (c.format) {
-    case planner::DatasetFormat::kFixedRecord: spec.dataset.record_bytes = 100; break;  // not a multiple of 8
-    case planner::DatasetFormat::kTokenStream:
+    case DatasetFormat::kFixedRecord: spec.dataset.record_bytes = 100; break;  // not a multiple of 8
+    case DatasetFormat::kTokenStream:
       spec.dataset.dtype = planner::DType::kUint16;
       spec.dataset.sequence_length = 9;
       break;
-    case planner::DatasetFormat::kNpy:
+    case DatasetFormat::kNpy:
       spec.dataset.dtype = planner::DType::kFloat32;
       spec.dataset.record_bytes = 64;
       break;
@@ -68,6 +70,11 @@ planner::JobSpec SpecFor(const Case& c, const std::string& dir) {
   spec.shuffle.seed = 11;
   spec.shuffle.block_size = 5;
   return spec;
+}
+
+// A case of one process with one device: the whole batch is its shard.
+Case OneDevice(DatasetFormat format, Strategy strategy, ShuffleMode shuffle) {
+  return {format, strategy, shuffle, {{"data", 1}}, 1};
 }
 
 // Generates the dataset, resolves the job and returns a planner.
@@ -81,6 +88,11 @@ std::unique_ptr<planner::ShardPlanner> Prepare(const planner::JobSpec& spec_in, 
   auto job = source::ResolveReadingDataset(spec, {}, source::Unreachable::kFail, d);
   EXPECT_OK(job) << d.ToString() << job.status().ToString();
   return std::make_unique<planner::ShardPlanner>(std::move(*job));
+}
+
+// Prepare() for a case's spec as SpecFor() writes it.
+std::unique_ptr<planner::ShardPlanner> Prepare(const Case& c, const TempDir& dir, uint64_t samples, int files) {
+  return Prepare(SpecFor(c, dir.path()), dir.path(), samples, files);
 }
 
 void ExpectSlotMatchesPlan(const planner::ShardPlanner& planner, int64_t process, int64_t step, const uint8_t* slot,
@@ -98,26 +110,33 @@ void ExpectSlotMatchesPlan(const planner::ShardPlanner& planner, int64_t process
   }
 }
 
+// Loads `step` of `process` into `slot` and, where that worked, checks the
+// slot holds the planned bytes. Returns the load's status.
+Status LoadAndExpectPlanned(StepLoader& loader, const planner::ShardPlanner& planner, int64_t process,
+                            const staging::BatchLayout& layout, int64_t step, uint8_t* slot,
+                            StepLoadStats* stats = nullptr, int caller = 0) {
+  std::vector<uint64_t> checksums;
+  Status st = loader.Load(step, slot, checksums, stats, caller);
+  if (st.ok()) ExpectSlotMatchesPlan(planner, process, step, slot, layout, checksums);
+  return st;
+}
+
 TEST(StepLoader, EveryFormatStrategyAndShuffleDeliversThePlannedBytes) {
   std::vector<Case> cases;
-  for (planner::DatasetFormat f :
-       {planner::DatasetFormat::kFixedRecord, planner::DatasetFormat::kTokenStream, planner::DatasetFormat::kNpy}) {
-    for (planner::Strategy s :
-         {planner::Strategy::kGlobalLoad, planner::Strategy::kPerDevice, planner::Strategy::kPerProcess}) {
-      for (planner::ShuffleMode m :
-           {planner::ShuffleMode::kNone, planner::ShuffleMode::kGlobal, planner::ShuffleMode::kBlock}) {
+  for (DatasetFormat f : {DatasetFormat::kFixedRecord, DatasetFormat::kTokenStream, DatasetFormat::kNpy}) {
+    for (Strategy s : {Strategy::kGlobalLoad, Strategy::kPerDevice, Strategy::kPerProcess}) {
+      for (ShuffleMode m : {ShuffleMode::kNone, ShuffleMode::kGlobal, ShuffleMode::kBlock}) {
         // 2 processes x 2 devices; `model` replicas inside each process.
-        cases.push_back({f, s, m, {{"data", 2}, {"model", 2}}, {"data"}, 2});
+        cases.push_back({f, s, m, {{"data", 2}, {"model", 2}}, 2});
         // 1 process x 4 devices, every device its own shard.
-        cases.push_back({f, s, m, {{"data", 4}}, {"data"}, 4});
+        cases.push_back({f, s, m, {{"data", 4}}, 4});
       }
     }
   }
   auto sources = source::SourceRegistry::WithBuiltins({});
   for (const Case& c : cases) {
     TempDir dir;
-    planner::JobSpec spec = SpecFor(c, dir.path());
-    auto planner = Prepare(spec, dir.path(), 100, 3);
+    auto planner = Prepare(c, dir, 100, 3);
     for (int64_t p = 0; p < planner->job().mesh.processes(); ++p) {
       const auto layout = staging::ComputeBatchLayout(planner->job(), p);
       StepLoaderOptions opts;
@@ -128,11 +147,8 @@ TEST(StepLoader, EveryFormatStrategyAndShuffleDeliversThePlannedBytes) {
       ASSERT_OK((*loader)->VerifyFiles());
       std::vector<uint8_t> slot(layout.slot_bytes);
       for (int64_t step = 0; step < 6; ++step) {
-        std::vector<uint64_t> checksums;
         StepLoadStats stats;
-        Status st = (*loader)->Load(step, slot.data(), checksums, &stats);
-        ASSERT_OK(st);
-        ExpectSlotMatchesPlan(*planner, p, step, slot.data(), layout, checksums);
+        ASSERT_OK(LoadAndExpectPlanned(**loader, *planner, p, layout, step, slot.data(), &stats));
         EXPECT_GT(stats.bytes_read, 0u);
       }
     }
@@ -222,43 +238,66 @@ std::vector<size_t> CheckHints(const std::vector<RecordingSource::Event>& events
   return ahead;
 }
 
+// What the file source saw of one step's load, behind a RecordingSource.
+struct RecordedLoad {
+  Status status;  // creating the loader, then loading the step
+  StepLoadStats stats;
+  uint64_t sample_bytes = 0;
+  bool recorded = false;  // the loader made its RecordingSource
+  std::vector<RecordingSource::Event> events;
+  std::vector<size_t> batches;
+};
+
+// Loads `step` of a one-device, globally shuffled job of `batch` samples
+// (`samples` of `format` in `files` files) through the file source behind a
+// RecordingSource, and checks the slot holds the planned bytes.
+RecordedLoad LoadRecorded(DatasetFormat format, int64_t batch, uint64_t samples, int files, bool latency_bound,
+                          const StepLoaderOptions& opts, int64_t step) {
+  TempDir dir;
+  planner::JobSpec spec = SpecFor(OneDevice(format, Strategy::kPerProcess, ShuffleMode::kGlobal), dir.path());
+  spec.batch.global_batch_size = batch;
+  auto planner = Prepare(spec, dir.path(), samples, files);
+  source::SourceRegistry sources({});
+  RecordingSource* recorder = nullptr;
+  sources.Register("file", [&](const source::SourceOptions& o) -> Result<std::unique_ptr<source::Source>> {
+    MESHLOAD_ASSIGN_OR_RETURN(auto real, source::MakeFileSource(o));
+    auto r = std::make_unique<RecordingSource>(std::move(real), latency_bound);
+    recorder = r.get();
+    return std::unique_ptr<source::Source>(std::move(r));
+  });
+  const auto layout = staging::ComputeBatchLayout(planner->job(), 0);
+  RecordedLoad out;
+  out.sample_bytes = layout.sample_bytes;
+  auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), sources, layout, opts);
+  if (!loader.ok()) {
+    out.status = loader.status();
+    return out;
+  }
+  std::vector<uint8_t> slot(layout.slot_bytes);
+  out.status = LoadAndExpectPlanned(**loader, *planner, 0, layout, step, slot.data(), &out.stats);
+  if (recorder != nullptr) {
+    out.recorded = true;
+    out.events = recorder->events();
+    out.batches = recorder->batches();
+  }
+  return out;
+}
+
 TEST(StepLoader, EveryReadIsHintedToItsSourceAWindowAhead) {
   for (const int threads : {1, 3}) {
     SCOPED_TRACE(std::to_string(threads) + " reading threads");
-    TempDir dir;
-    Case c{planner::DatasetFormat::kTokenStream,
-           planner::Strategy::kPerProcess,
-           planner::ShuffleMode::kGlobal,
-           {{"data", 1}},
-           {"data"},
-           1};
-    planner::JobSpec spec = SpecFor(c, dir.path());
-    spec.batch.global_batch_size = 80;  // more reads per step than one window of hints
-    auto planner = Prepare(spec, dir.path(), 400, 3);
-    source::SourceRegistry sources({});
-    RecordingSource* recorder = nullptr;
-    sources.Register("file", [&](const source::SourceOptions& o) -> Result<std::unique_ptr<source::Source>> {
-      MESHLOAD_ASSIGN_OR_RETURN(auto real, source::MakeFileSource(o));
-      auto r = std::make_unique<RecordingSource>(std::move(real));
-      recorder = r.get();
-      return std::unique_ptr<source::Source>(std::move(r));
-    });
-    const auto layout = staging::ComputeBatchLayout(planner->job(), 0);
     StepLoaderOptions opts;
     opts.reader_threads = threads;
     opts.inline_step_bytes = 0;  // with 3 threads: the step is cut into chunks
-    auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), sources, layout, opts);
-    ASSERT_OK(loader);
-    std::vector<uint8_t> slot(layout.slot_bytes);
-    std::vector<uint64_t> checksums;
-    StepLoadStats stats;
-    ASSERT_OK((*loader)->Load(3, slot.data(), checksums, &stats));
-    ExpectSlotMatchesPlan(*planner, 0, 3, slot.data(), layout, checksums);
-    ASSERT_NE(recorder, nullptr);
+    // 80 samples a step: more reads per step than one window of hints.
+    const RecordedLoad load = LoadRecorded(DatasetFormat::kTokenStream, /*batch=*/80, /*samples=*/400, /*files=*/3,
+                                           /*latency_bound=*/false, opts, /*step=*/3);
+    ASSERT_OK(load.status);
+    ASSERT_TRUE(load.recorded);
 
     size_t calls = 0, calls_with_one_uri = 0;
-    const std::vector<size_t> ahead = CheckHints(recorder->events(), &calls_with_one_uri, &calls);
-    EXPECT_EQ(ahead.size(), stats.read_ranges);
+    const std::vector<size_t> ahead = CheckHints(load.events, &calls_with_one_uri, &calls);
+    EXPECT_EQ(ahead.size(), load.stats.read_ranges);
     EXPECT_GT(ahead.size(), 32u);
     EXPECT_EQ(calls_with_one_uri, calls) << "one object per hint call";
     EXPECT_GT(calls, 3u);  // three files, more than one window
@@ -273,7 +312,7 @@ TEST(StepLoader, EveryReadIsHintedToItsSourceAWindowAhead) {
     }
     // Reads of one object go to the source in runs of at most 16 (one
     // ReadMany call each; the files are three, so the runs are long).
-    const std::vector<size_t> batches = recorder->batches();
+    const std::vector<size_t>& batches = load.batches;
     size_t batched = 0;
     for (size_t n : batches) {
       EXPECT_GE(n, 1u);
@@ -293,42 +332,20 @@ TEST(StepLoader, EveryReadIsHintedToItsSourceAWindowAhead) {
 TEST(StepLoader, CloseRangesOfARemoteObjectAreOneRequest) {
   for (const bool remote : {false, true}) {
     SCOPED_TRACE(remote ? "latency-bound source" : "local source");
-    TempDir dir;
-    Case c{planner::DatasetFormat::kFixedRecord,
-           planner::Strategy::kPerProcess,
-           planner::ShuffleMode::kGlobal,
-           {{"data", 1}},
-           {"data"},
-           1};
-    planner::JobSpec spec = SpecFor(c, dir.path());
-    spec.batch.global_batch_size = 40;
-    auto planner = Prepare(spec, dir.path(), 400, 2);  // 40 of 400 shuffled samples: gaps between them
-    source::SourceRegistry sources({});
-    RecordingSource* recorder = nullptr;
-    sources.Register("file", [&](const source::SourceOptions& o) -> Result<std::unique_ptr<source::Source>> {
-      MESHLOAD_ASSIGN_OR_RETURN(auto real, source::MakeFileSource(o));
-      auto r = std::make_unique<RecordingSource>(std::move(real), remote);
-      recorder = r.get();
-      return std::unique_ptr<source::Source>(std::move(r));
-    });
-    const auto layout = staging::ComputeBatchLayout(planner->job(), 0);
     StepLoaderOptions opts;
     opts.reader_threads = 1;
-    auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), sources, layout, opts);
-    ASSERT_OK(loader);
-    std::vector<uint8_t> slot(layout.slot_bytes);
-    std::vector<uint64_t> checksums;
-    StepLoadStats stats;
-    ASSERT_OK((*loader)->Load(5, slot.data(), checksums, &stats));
-    ExpectSlotMatchesPlan(*planner, 0, 5, slot.data(), layout, checksums);
+    // 40 of 400 shuffled samples: gaps between them.
+    const RecordedLoad load = LoadRecorded(DatasetFormat::kFixedRecord, /*batch=*/40, /*samples=*/400, /*files=*/2,
+                                           /*latency_bound=*/remote, opts, /*step=*/5);
+    ASSERT_OK(load.status);
     size_t reads = 0;
-    for (const auto& e : recorder->events()) reads += !e.hint;
+    for (const auto& e : load.events) reads += !e.hint;
     if (remote) {
       EXPECT_EQ(reads, 2u) << "one request per file: the files are far smaller than max_gap_bytes";
-      EXPECT_GT(stats.bytes_read, 40 * layout.sample_bytes) << "the gaps were read and dropped";
+      EXPECT_GT(load.stats.bytes_read, 40 * load.sample_bytes) << "the gaps were read and dropped";
     } else {
       EXPECT_GT(reads, 20u) << "a read per range";
-      EXPECT_EQ(stats.bytes_read, 40 * layout.sample_bytes);
+      EXPECT_EQ(load.stats.bytes_read, 40 * load.sample_bytes);
     }
   }
 }
@@ -340,14 +357,9 @@ TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
   auto sources = source::SourceRegistry::WithBuiltins({});
   for (uint64_t inline_below : {uint64_t{1} << 30, uint64_t{0}}) {
     TempDir dir;
-    Case c{planner::DatasetFormat::kTokenStream,
-           planner::Strategy::kGlobalLoad,
-           planner::ShuffleMode::kGlobal,
-           {{"data", 2}, {"model", 2}},
-           {"data"},
-           2};
-    planner::JobSpec spec = SpecFor(c, dir.path());
-    auto planner = Prepare(spec, dir.path(), 200, 3);
+    const Case c{
+        DatasetFormat::kTokenStream, Strategy::kGlobalLoad, ShuffleMode::kGlobal, {{"data", 2}, {"model", 2}}, 2};
+    auto planner = Prepare(c, dir, 200, 3);
     const auto layout = staging::ComputeBatchLayout(planner->job(), 1);
     StepLoaderOptions opts;
     opts.reader_threads = 3;
@@ -361,10 +373,7 @@ TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
       callers.emplace_back([&, caller] {
         std::vector<uint8_t> slot(layout.slot_bytes);
         for (int64_t step = caller; step < 30; step += 3) {
-          std::vector<uint64_t> checksums;
-          Status st = (*loader)->Load(step, slot.data(), checksums, nullptr, caller);
-          ASSERT_OK(st);
-          ExpectSlotMatchesPlan(*planner, 1, step, slot.data(), layout, checksums);
+          ASSERT_OK(LoadAndExpectPlanned(**loader, *planner, 1, layout, step, slot.data(), nullptr, caller));
         }
       });
     }
@@ -381,13 +390,8 @@ TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
 // scratch under an earlier piece (a use-after-free write ASan reports).
 TEST(StepLoader, GlobalLoadTokenStreamOnAFreshThreadDeliversThePlannedBytes) {
   TempDir dir;
-  Case c{planner::DatasetFormat::kTokenStream,
-         planner::Strategy::kGlobalLoad,
-         planner::ShuffleMode::kNone,
-         {{"data", 2}},
-         {"data"},
-         1};
-  auto planner = Prepare(SpecFor(c, dir.path()), dir.path(), 100, 2);
+  const Case c{DatasetFormat::kTokenStream, Strategy::kGlobalLoad, ShuffleMode::kNone, {{"data", 2}}, 1};
+  auto planner = Prepare(c, dir, 100, 2);
   auto sources = source::SourceRegistry::WithBuiltins({});
   std::thread fresh([&] {
     const auto layout = staging::ComputeBatchLayout(planner->job(), 0);
@@ -396,30 +400,24 @@ TEST(StepLoader, GlobalLoadTokenStreamOnAFreshThreadDeliversThePlannedBytes) {
     auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), *sources, layout, opts);
     ASSERT_OK(loader);
     std::vector<uint8_t> slot(layout.slot_bytes);
-    std::vector<uint64_t> checksums;
-    ASSERT_OK((*loader)->Load(1, slot.data(), checksums, nullptr));
-    ExpectSlotMatchesPlan(*planner, 0, 1, slot.data(), layout, checksums);
+    ASSERT_OK(LoadAndExpectPlanned(**loader, *planner, 0, layout, 1, slot.data()));
   });
   fresh.join();
 }
 
 TEST(StepLoader, StrategiesThatMoveSamplesBetweenProcessesNeedPeers) {
   TempDir dir;
-  Case c{planner::DatasetFormat::kFixedRecord,
-         planner::Strategy::kLoadAndReshard,
-         planner::ShuffleMode::kNone,
-         {{"model", 2}, {"data", 2}},
-         {"data"},
-         2};
-  auto planner = Prepare(SpecFor(c, dir.path()), dir.path(), 100, 1);
+  const Case c{
+      DatasetFormat::kFixedRecord, Strategy::kLoadAndReshard, ShuffleMode::kNone, {{"model", 2}, {"data", 2}}, 2};
+  auto planner = Prepare(c, dir, 100, 1);
   auto sources = source::SourceRegistry::WithBuiltins({});
   auto layout = staging::ComputeBatchLayout(planner->job(), 0);
   auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), *sources, layout, {});
   ASSERT_FALSE(loader.ok());
   EXPECT_THAT(loader, StatusIs(StatusCode::kFailedPrecondition,
                                AllOf(HasSubstr("moves samples between processes"), HasSubstr("--peers"))));
-  auto bcast = StepLoader::Create(*planner, 0, {planner::Strategy::kPerProcess, planner::Fanout::kBroadcast}, *sources,
-                                  layout, {});
+  auto bcast =
+      StepLoader::Create(*planner, 0, {Strategy::kPerProcess, planner::Fanout::kBroadcast}, *sources, layout, {});
   EXPECT_FALSE(bcast.ok());
 }
 
@@ -473,11 +471,10 @@ void RunExchangeCase(const Case& c, planner::Fanout fanout, int64_t steps) {
         const auto& layout = layouts[static_cast<size_t>(p)];
         std::vector<uint8_t> slot(layout.slot_bytes);
         for (int64_t step = caller; step < steps; step += 2) {
-          std::vector<uint64_t> checksums;
           StepLoadStats stats;
-          Status st = loaders[static_cast<size_t>(p)]->Load(step, slot.data(), checksums, &stats, caller);
+          Status st = LoadAndExpectPlanned(*loaders[static_cast<size_t>(p)], *planner, p, layout, step, slot.data(),
+                                           &stats, caller);
           ASSERT_OK(st) << "process " << p << " step " << step << ": " << st.ToString();
-          ExpectSlotMatchesPlan(*planner, p, step, slot.data(), layout, checksums);
           std::lock_guard lock(mu);
           moved += stats.bytes_received;
         }
@@ -492,45 +489,27 @@ void RunExchangeCase(const Case& c, planner::Fanout fanout, int64_t steps) {
 }
 
 TEST(StepLoader, BroadcastAndReshardMoveThePlannedBytesBetweenProcesses) {
-  for (planner::DatasetFormat f :
-       {planner::DatasetFormat::kFixedRecord, planner::DatasetFormat::kTokenStream, planner::DatasetFormat::kNpy}) {
+  for (DatasetFormat f : {DatasetFormat::kFixedRecord, DatasetFormat::kTokenStream, DatasetFormat::kNpy}) {
     SCOPED_TRACE(std::string(ToString(f)));
     // 2 processes x 2 devices, each process holding both shards (`model`
     // spans the processes): each reads half and receives the other half.
-    RunExchangeCase({f,
-                     planner::Strategy::kLoadAndReshard,
-                     planner::ShuffleMode::kGlobal,
-                     {{"model", 2}, {"data", 2}},
-                     {"data"},
-                     2},
+    RunExchangeCase({f, Strategy::kLoadAndReshard, ShuffleMode::kGlobal, {{"model", 2}, {"data", 2}}, 2},
                     planner::Fanout::kLoad, 8);
     // Replicas across processes: `model` spans the processes.
-    for (planner::Strategy s :
-         {planner::Strategy::kGlobalLoad, planner::Strategy::kPerDevice, planner::Strategy::kPerProcess}) {
+    for (Strategy s : {Strategy::kGlobalLoad, Strategy::kPerDevice, Strategy::kPerProcess}) {
       SCOPED_TRACE(std::string(ToString(s)));
-      RunExchangeCase({f, s, planner::ShuffleMode::kGlobal, {{"model", 2}, {"data", 2}}, {"data"}, 2},
-                      planner::Fanout::kBroadcast, 8);
+      RunExchangeCase({f, s, ShuffleMode::kGlobal, {{"model", 2}, {"data", 2}}, 2}, planner::Fanout::kBroadcast, 8);
     }
   }
   // 3 processes, all-to-all: each reads a third and receives the rest.
-  RunExchangeCase({planner::DatasetFormat::kTokenStream,
-                   planner::Strategy::kLoadAndReshard,
-                   planner::ShuffleMode::kBlock,
-                   {{"model", 3}, {"data", 2}},
-                   {"data"},
-                   2},
-                  planner::Fanout::kLoad, 10);
+  RunExchangeCase(
+      {DatasetFormat::kTokenStream, Strategy::kLoadAndReshard, ShuffleMode::kBlock, {{"model", 3}, {"data", 2}}, 2},
+      planner::Fanout::kLoad, 10);
 }
 
 TEST(StepLoader, AFileTruncatedAfterPlanningIsAnErrorNamingFileAndOffset) {
   TempDir dir;
-  Case c{planner::DatasetFormat::kFixedRecord,
-         planner::Strategy::kPerProcess,
-         planner::ShuffleMode::kNone,
-         {{"data", 1}},
-         {"data"},
-         1};
-  auto planner = Prepare(SpecFor(c, dir.path()), dir.path(), 96, 1);
+  auto planner = Prepare(OneDevice(DatasetFormat::kFixedRecord, Strategy::kPerProcess, ShuffleMode::kNone), dir, 96, 1);
   const std::string file = planner->job().dataset.files()[0].path;
   auto sources = source::SourceRegistry::WithBuiltins({});
   auto layout = staging::ComputeBatchLayout(planner->job(), 0);
@@ -551,13 +530,8 @@ TEST(StepLoader, AFileTruncatedAfterPlanningIsAnErrorNamingFileAndOffset) {
 
 TEST(StepLoader, ANpyFileShorterThanItsHeaderClaimsIsRefusedAtIndexing) {
   TempDir dir;
-  Case c{planner::DatasetFormat::kNpy,
-         planner::Strategy::kPerProcess,
-         planner::ShuffleMode::kNone,
-         {{"data", 1}},
-         {"data"},
-         1};
-  planner::JobSpec spec = SpecFor(c, dir.path());
+  planner::JobSpec spec =
+      SpecFor(OneDevice(DatasetFormat::kNpy, Strategy::kPerProcess, ShuffleMode::kNone), dir.path());
   ASSERT_OK(tools::GenerateSyntheticDataset(spec.dataset, dir.path(), 50, 1));
   const std::string file = dir.path() + "/part-00000.npy";
   ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(std::filesystem::file_size(file) - 10)), 0);

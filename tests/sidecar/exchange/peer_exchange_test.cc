@@ -80,14 +80,28 @@ std::vector<uint8_t> Pattern(size_t n, uint8_t seed) {
   return v;
 }
 
+// Process 0 begins `step`, sends `src` as its part and waits until it went
+// out (the receiver must expect the step: the part goes on its credit).
+Status SendStep(PeerExchange& sender, int64_t step, std::vector<uint8_t>& src, uint64_t checksum) {
+  const PeerExchange::Ticket t = sender.Begin(step);
+  MESHLOAD_RETURN_IF_ERROR(sender.Send(t, {PartOf(1, src, checksum)}));
+  return sender.Wait(t, {});
+}
+
+// Process 1 begins `step`, expects `dst` as process 0's part and waits
+// until it arrived (the sender must send it meanwhile, or have sent it).
+Status ReceiveStep(PeerExchange& receiver, int64_t step, std::vector<uint8_t>& dst, uint64_t checksum) {
+  const PeerExchange::Ticket t = receiver.Begin(step);
+  MESHLOAD_RETURN_IF_ERROR(receiver.Expect(t, {PartOf(0, dst, checksum)}));
+  return receiver.Wait(t, {});
+}
+
 // Moves one step's part from `sender` (process 0) to `receiver` (process 1).
 void MoveStep(PeerExchange& sender, PeerExchange& receiver, int64_t step, std::vector<uint8_t>& src,
               std::vector<uint8_t>& dst, uint64_t checksum) {
   auto rt = receiver.Begin(step);
   ASSERT_OK(receiver.Expect(rt, {PartOf(0, dst, checksum)}));
-  auto st = sender.Begin(step);
-  ASSERT_OK(sender.Send(st, {PartOf(1, src, checksum)}));
-  ASSERT_OK(sender.Wait(st, {}));
+  ASSERT_OK(SendStep(sender, step, src, checksum));
   ASSERT_OK(receiver.Wait(rt, {}));
 }
 
@@ -95,6 +109,19 @@ void MoveStep(PeerExchange& sender, PeerExchange& receiver, int64_t step, std::v
 Status WaitAtMost(PeerExchange& x, PeerExchange::Ticket t, std::chrono::milliseconds d) {
   const auto t0 = std::chrono::steady_clock::now();
   return x.Wait(t, [&] { return std::chrono::steady_clock::now() - t0 > d; });
+}
+
+// `o`, waiting up to 20 s for a lost peer to come back (a restarted one).
+ExchangeOptions WaitingForRestarts(ExchangeOptions o) {
+  o.reconnect_timeout = 20s;
+  return o;
+}
+
+// Waits on a step that is to fail, then gives it up: how the wait ended.
+Status WaitThenAbandon(PeerExchange& x, PeerExchange::Ticket t) {
+  Status w = x.Wait(t, {});
+  x.Abandon(t);
+  return w;
 }
 
 TEST(ParsePeerList, AcceptsHostsAndIpv6AndNamesTheBadItem) {
@@ -128,9 +155,7 @@ TEST(PeerExchange, MovesStepsOnCreditWithScatteredDestinations) {
     in.checksum = 100 + step;
     auto rt = (*receiver)->Begin(step);
     ASSERT_OK((*receiver)->Expect(rt, {in}));
-    auto st = (*sender)->Begin(step);
-    ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 100 + step)}));
-    ASSERT_OK((*sender)->Wait(st, {}));
+    ASSERT_OK(SendStep(**sender, step, src, 100 + step));
     ASSERT_OK((*receiver)->Wait(rt, {}));
     EXPECT_EQ(0, std::memcmp(a.data(), src.data(), 1000));
     EXPECT_EQ(0, std::memcmp(b.data(), src.data() + 1000, 2000));
@@ -144,6 +169,19 @@ ExchangeOptions CountingServes(ExchangeOptions so, std::atomic<int>& served) {
   so.serve = [&served](int64_t, int64_t, std::vector<uint8_t>& out, uint64_t&) {
     served++;
     out.assign(64, 0);
+    return Status::Ok();
+  };
+  return so;
+}
+
+// A sender's options whose reads on demand (for process 1) give what the
+// sender sends for a step: Pattern(bytes, step), checksum `step`; counted in `served`.
+ExchangeOptions ServingPatterns(ExchangeOptions so, size_t bytes, std::atomic<int>& served) {
+  so.serve = [&served, bytes](int64_t step, int64_t peer, std::vector<uint8_t>& out, uint64_t& checksum) {
+    EXPECT_EQ(peer, 1);
+    out = Pattern(bytes, static_cast<uint8_t>(step));
+    checksum = static_cast<uint64_t>(step);
+    served++;
     return Status::Ok();
   };
   return so;
@@ -166,12 +204,8 @@ TEST(PeerExchange, StepsBegunOutOfOrderAreSentFromTheirSlotsNotReadAgain) {
   // taken, so this is a fixed time; a late credit only makes the test less
   // strict (the sender then has step 0 before it is asked for it).
   std::this_thread::sleep_for(200ms);
-  auto st1 = (*sender)->Begin(1);
-  ASSERT_OK((*sender)->Send(st1, {PartOf(1, s1, 1)}));
-  ASSERT_OK((*sender)->Wait(st1, {}));
-  auto st0 = (*sender)->Begin(0);
-  ASSERT_OK((*sender)->Send(st0, {PartOf(1, s0, 0)}));
-  ASSERT_OK((*sender)->Wait(st0, {}));
+  ASSERT_OK(SendStep(**sender, 1, s1, 1));
+  ASSERT_OK(SendStep(**sender, 0, s0, 0));
   ASSERT_OK((*receiver)->Wait(rt0, {}));
   ASSERT_OK((*receiver)->Wait(rt1, {}));
   EXPECT_EQ(d0, s0);
@@ -246,8 +280,7 @@ TEST(PeerExchange, PeersWithTheJobsSecretAuthenticateEachOther) {
   ASSERT_TRUE(sender.ok() && receiver.ok());
   for (int64_t step = 0; step < 3; ++step) {
     std::vector<uint8_t> src = Pattern(777, static_cast<uint8_t>(step)), dst(777);
-    MoveStep(**sender, **receiver, step, src, dst, static_cast<uint64_t>(step));
-    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    ASSERT_NO_FATAL_FAILURE(MoveStep(**sender, **receiver, step, src, dst, static_cast<uint64_t>(step)));
     EXPECT_EQ(dst, src);
   }
 }
@@ -273,10 +306,9 @@ TEST(PeerExchange, ASenderWithTheWrongSecretIsRefusedAndTheRealOneStillGetsIn) {
       auto it = (*impostor)->Begin(0);
       std::vector<uint8_t> junk(64, 0xee);
       ASSERT_OK((*impostor)->Send(it, {PartOf(1, junk, 3)}));
-      Status w = (*impostor)->Wait(it, {});
-      EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable, HasSubstr(secret.empty() ? "requires peer authentication"
-                                                                                 : "peer authentication failed")));
-      (*impostor)->Abandon(it);
+      EXPECT_THAT(WaitThenAbandon(**impostor, it),
+                  StatusIs(StatusCode::kUnavailable,
+                           HasSubstr(secret.empty() ? "requires peer authentication" : "peer authentication failed")));
     }
   }
   EXPECT_EQ(dst, std::vector<uint8_t>(64, 0)) << "nothing an impostor sent was written";
@@ -286,9 +318,7 @@ TEST(PeerExchange, ASenderWithTheWrongSecretIsRefusedAndTheRealOneStillGetsIn) {
   so.secret = ro.secret;
   auto sender = PeerExchange::Create(so, {1}, {});
   ASSERT_OK(sender);
-  auto st = (*sender)->Begin(0);
-  ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 3)}));
-  ASSERT_OK((*sender)->Wait(st, {}));
+  ASSERT_OK(SendStep(**sender, 0, src, 3));
   ASSERT_OK((*receiver)->Wait(rt, {}));
   EXPECT_EQ(dst, src);
 }
@@ -303,9 +333,7 @@ TEST(PeerExchange, ASenderWithASecretSendsNothingToAReceiverWithout) {
   std::vector<uint8_t> src = Pattern(64, 1);
   auto st = (*sender)->Begin(0);
   ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 1)}));
-  Status w = (*sender)->Wait(st, {});
-  EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable, HasSubstr("does not authenticate")));
-  (*sender)->Abandon(st);
+  EXPECT_THAT(WaitThenAbandon(**sender, st), StatusIs(StatusCode::kUnavailable, HasSubstr("does not authenticate")));
   EXPECT_EQ((*receiver)->counters().bytes_received, 0u);
 }
 
@@ -336,16 +364,13 @@ TEST(PeerExchange, APeerThatDoesNotComeBackIsReportedNotHungOn) {
 
 TEST(PeerExchange, ASenderThatRestartsIsWaitedForAndItsStepsArriveIntact) {
   Pair pair;
-  ExchangeOptions ro = pair.Options(1);
-  ro.reconnect_timeout = 20s;
-  auto receiver = PeerExchange::Create(ro, {}, {0});
+  auto receiver = PeerExchange::Create(WaitingForRestarts(pair.Options(1)), {}, {0});
   ASSERT_OK(receiver);
   std::vector<uint8_t> s0 = Pattern(256, 0), d0(256), d1(256), d2(256);
   {
     auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
     ASSERT_OK(sender);
-    MoveStep(**sender, **receiver, 0, s0, d0, 0);
-    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    ASSERT_NO_FATAL_FAILURE(MoveStep(**sender, **receiver, 0, s0, d0, 0));
   }  // the sender's sidecar stops (a crash or a restart)
   EXPECT_EQ(d0, s0);
   // The receiver goes on to steps 1 and 2; they wait for the sender.
@@ -358,23 +383,14 @@ TEST(PeerExchange, ASenderThatRestartsIsWaitedForAndItsStepsArriveIntact) {
   // The sender comes back, on another port (it only dials), with its
   // pipeline at step 2 (its trainer's step): step 1 is served from storage.
   std::atomic<int> served{0};
-  ExchangeOptions so = pair.Options(0);
+  ExchangeOptions so = ServingPatterns(pair.Options(0), 256, served);
   auto [fd, port] = Listen();
   so.listen_fd = fd;
   so.first_step = 2;
-  so.serve = [&](int64_t step, int64_t peer, std::vector<uint8_t>& out, uint64_t& checksum) {
-    EXPECT_EQ(peer, 1);
-    out = Pattern(256, static_cast<uint8_t>(step));
-    checksum = static_cast<uint64_t>(step);
-    served++;
-    return Status::Ok();
-  };
   auto again = PeerExchange::Create(so, {1}, {});
   ASSERT_OK(again);
   std::vector<uint8_t> s2 = Pattern(256, 2);
-  auto st2 = (*again)->Begin(2);
-  ASSERT_OK((*again)->Send(st2, {PartOf(1, s2, 2)}));
-  ASSERT_OK((*again)->Wait(st2, {}));
+  ASSERT_OK(SendStep(**again, 2, s2, 2));
   ASSERT_OK((*receiver)->Wait(rt1, {}));
   ASSERT_OK((*receiver)->Wait(rt2, {}));
   EXPECT_EQ(d1, Pattern(256, 1));
@@ -449,9 +465,7 @@ int RawSenderCredited(uint16_t port, int64_t step) {
 
 TEST(PeerExchange, APartCutOffHalfWayIsAskedForAgainAndArrivesWhole) {
   Pair pair;
-  ExchangeOptions ro = pair.Options(1);
-  ro.reconnect_timeout = 20s;
-  auto receiver = PeerExchange::Create(ro, {}, {0});
+  auto receiver = PeerExchange::Create(WaitingForRestarts(pair.Options(1)), {}, {0});
   ASSERT_OK(receiver);
   std::vector<uint8_t> src = Pattern(1 << 16, 9), dst(1 << 16, 0);
   auto rt = (*receiver)->Begin(0);
@@ -470,9 +484,7 @@ TEST(PeerExchange, APartCutOffHalfWayIsAskedForAgainAndArrivesWhole) {
   // The restarted process 0 is credited step 0 again and sends all of it.
   auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
   ASSERT_OK(sender);
-  auto st = (*sender)->Begin(0);
-  ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 42)}));
-  ASSERT_OK((*sender)->Wait(st, {}));
+  ASSERT_OK(SendStep(**sender, 0, src, 42));
   ASSERT_OK((*receiver)->Wait(rt, {}));
   EXPECT_EQ(dst, src);
   EXPECT_EQ((*receiver)->counters().parts_received, 1u);
@@ -481,9 +493,7 @@ TEST(PeerExchange, APartCutOffHalfWayIsAskedForAgainAndArrivesWhole) {
 
 TEST(PeerExchange, AReceiverThatRestartsIsDialledAgain) {
   Pair pair;
-  ExchangeOptions so = pair.Options(0);
-  so.reconnect_timeout = 20s;
-  auto sender = PeerExchange::Create(so, {1}, {});
+  auto sender = PeerExchange::Create(WaitingForRestarts(pair.Options(0)), {1}, {});
   ASSERT_OK(sender);
   std::vector<uint8_t> s0 = Pattern(4096, 0), s1 = Pattern(4096, 1), d0(4096), d1(4096);
   // The port stays bound here while the receiver is down (a restarted
@@ -493,8 +503,7 @@ TEST(PeerExchange, AReceiverThatRestartsIsDialledAgain) {
     first.listen_fd = ::dup(pair.fds[1]);
     auto receiver = PeerExchange::Create(first, {}, {0});
     ASSERT_OK(receiver);
-    MoveStep(**sender, **receiver, 0, s0, d0, 0);
-    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    ASSERT_NO_FATAL_FAILURE(MoveStep(**sender, **receiver, 0, s0, d0, 0));
   }  // the receiver's sidecar stops
   EXPECT_EQ(d0, s0);
   auto st1 = (*sender)->Begin(1);
@@ -507,9 +516,7 @@ TEST(PeerExchange, AReceiverThatRestartsIsDialledAgain) {
   ro.first_step = 1;
   auto receiver = PeerExchange::Create(ro, {}, {0});
   ASSERT_OK(receiver);
-  auto rt1 = (*receiver)->Begin(1);
-  ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
-  ASSERT_OK((*receiver)->Wait(rt1, {}));
+  ASSERT_OK(ReceiveStep(**receiver, 1, d1, 1));
   ASSERT_OK((*sender)->Wait(st1, {}));
   EXPECT_EQ(d1, s1);
   EXPECT_EQ((*sender)->counters().reconnects, 1u);
@@ -521,8 +528,7 @@ TEST(PeerExchange, AReceiverThatComesBackAtANewAddressIsFoundThere) {
   auto [moved_fd, moved_port] = Listen();  // the replaced pod's new address
   std::atomic<bool> moved{false};
   std::atomic<int> asked{0};
-  ExchangeOptions so = pair.Options(0);
-  so.reconnect_timeout = 20s;
+  ExchangeOptions so = WaitingForRestarts(pair.Options(0));
   so.address_of = [&](int64_t process) -> std::optional<PeerAddress> {
     EXPECT_EQ(process, 1);
     asked++;
@@ -535,8 +541,7 @@ TEST(PeerExchange, AReceiverThatComesBackAtANewAddressIsFoundThere) {
   {
     auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
     ASSERT_OK(receiver);
-    MoveStep(**sender, **receiver, 0, s0, d0, 0);
-    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    ASSERT_NO_FATAL_FAILURE(MoveStep(**sender, **receiver, 0, s0, d0, 0));
   }
   EXPECT_EQ(asked.load(), 0) << "the first dial uses the peer list";
   auto st1 = (*sender)->Begin(1);
@@ -551,9 +556,7 @@ TEST(PeerExchange, AReceiverThatComesBackAtANewAddressIsFoundThere) {
   auto receiver = PeerExchange::Create(ro, {}, {0});
   ASSERT_OK(receiver);
   moved = true;
-  auto rt1 = (*receiver)->Begin(1);
-  ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
-  ASSERT_OK((*receiver)->Wait(rt1, {}));
+  ASSERT_OK(ReceiveStep(**receiver, 1, d1, 1));
   ASSERT_OK((*sender)->Wait(st1, {}));
   EXPECT_EQ(d1, s1);
 }
@@ -566,8 +569,7 @@ TEST(PeerExchange, ALostReceiverThatDoesNotComeBackFailsTheSendersStep) {
   {
     auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
     ASSERT_OK(receiver);
-    MoveStep(**sender, **receiver, 0, src, dst, 0);
-    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    ASSERT_NO_FATAL_FAILURE(MoveStep(**sender, **receiver, 0, src, dst, 0));
   }
   auto st1 = (*sender)->Begin(1);
   ASSERT_OK((*sender)->Send(st1, {PartOf(1, src, 1)}));
@@ -579,18 +581,17 @@ TEST(PeerExchange, ALostReceiverThatDoesNotComeBackFailsTheSendersStep) {
 }
 
 TEST(PeerExchange, APeerThatNeverStartsIsReportedAfterTheConnectTimeout) {
+  std::vector<uint8_t> src(8), dst(8);  // outlive the exchanges
   Pair pair;
   ExchangeOptions o = pair.Options(0);
   o.connect_timeout = 600ms;
   ::close(pair.fds[1]);  // process 1 never listens
   auto sender = PeerExchange::Create(o, {1}, {});
   ASSERT_OK(sender);
-  std::vector<uint8_t> src(8);
   auto st = (*sender)->Begin(0);
   ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 1)}));
-  Status w = (*sender)->Wait(st, {});
-  EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable, HasSubstr("cannot connect to process 1")));
-  (*sender)->Abandon(st);
+  EXPECT_THAT(WaitThenAbandon(**sender, st),
+              StatusIs(StatusCode::kUnavailable, HasSubstr("cannot connect to process 1")));
 
   // And the receiving side of a sender that never connects.
   Pair other;
@@ -598,36 +599,20 @@ TEST(PeerExchange, APeerThatNeverStartsIsReportedAfterTheConnectTimeout) {
   r.connect_timeout = 600ms;
   auto receiver = PeerExchange::Create(r, {}, {0});
   ASSERT_OK(receiver);
-  std::vector<uint8_t> dst(8);
   auto rt = (*receiver)->Begin(0);
   ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 1)}));
-  Status wr = (*receiver)->Wait(rt, {});
-  EXPECT_THAT(wr, StatusIs(StatusCode::kUnavailable, HasSubstr("has not connected")));
-  (*receiver)->Abandon(rt);
+  EXPECT_THAT(WaitThenAbandon(**receiver, rt), StatusIs(StatusCode::kUnavailable, HasSubstr("has not connected")));
 }
 
 TEST(PeerExchange, AReceiverThatMovesOnSkipsAndOneThatMovesBackIsServedAgain) {
   Pair pair;
   std::atomic<int> served{0};
-  ExchangeOptions so = pair.Options(0);
-  so.serve = [&](int64_t step, int64_t peer, std::vector<uint8_t>& out, uint64_t& checksum) {
-    EXPECT_EQ(peer, 1);
-    out = Pattern(32, static_cast<uint8_t>(step));
-    checksum = static_cast<uint64_t>(step);
-    served++;
-    return Status::Ok();
-  };
-  auto sender = PeerExchange::Create(so, {1}, {});
+  auto sender = PeerExchange::Create(ServingPatterns(pair.Options(0), 32, served), {1}, {});
   auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
   ASSERT_TRUE(sender.ok() && receiver.ok());
   // Step 0 goes through normally.
   std::vector<uint8_t> s0 = Pattern(32, 0), d0(32);
-  auto rt = (*receiver)->Begin(0);
-  ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, d0, 0)}));
-  auto st = (*sender)->Begin(0);
-  ASSERT_OK((*sender)->Send(st, {PartOf(1, s0, 0)}));
-  ASSERT_OK((*sender)->Wait(st, {}));
-  ASSERT_OK((*receiver)->Wait(rt, {}));
+  ASSERT_NO_FATAL_FAILURE(MoveStep(**sender, **receiver, 0, s0, d0, 0));
   // The receiver re-plans from step 5: the sender's step 1 is dropped.
   (*receiver)->Restart(5);
   std::vector<uint8_t> s1 = Pattern(32, 1);
@@ -639,17 +624,13 @@ TEST(PeerExchange, AReceiverThatMovesOnSkipsAndOneThatMovesBackIsServedAgain) {
   // reads it again on demand, and the bytes are the same.
   (*receiver)->Restart(0);
   std::vector<uint8_t> again(32);
-  auto rt2 = (*receiver)->Begin(0);
-  ASSERT_OK((*receiver)->Expect(rt2, {PartOf(0, again, 0)}));
-  ASSERT_OK((*receiver)->Wait(rt2, {}));
+  ASSERT_OK(ReceiveStep(**receiver, 0, again, 0));
   EXPECT_EQ(again, s0);
   EXPECT_EQ(served.load(), 1);
   // And a sender that re-planned past a step serves it on demand too.
   (*sender)->Restart(10);
   std::vector<uint8_t> d3(32);
-  auto rt3 = (*receiver)->Begin(3);
-  ASSERT_OK((*receiver)->Expect(rt3, {PartOf(0, d3, 3)}));
-  ASSERT_OK((*receiver)->Wait(rt3, {}));
+  ASSERT_OK(ReceiveStep(**receiver, 3, d3, 3));
   EXPECT_EQ(d3, Pattern(32, 3));
   EXPECT_EQ(served.load(), 2);
 }
@@ -673,9 +654,7 @@ TEST(PeerExchange, AStepCreditedWhileItIsStillBeingStagedIsSentFromItsSlotNotRea
   // Another step moving meanwhile makes the sender look at its credits again.
   auto rt1 = (*receiver)->Begin(1);
   ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
-  auto st1 = (*sender)->Begin(1);
-  ASSERT_OK((*sender)->Send(st1, {PartOf(1, s1, 1)}));
-  ASSERT_OK((*sender)->Wait(st1, {}));
+  ASSERT_OK(SendStep(**sender, 1, s1, 1));
   ASSERT_OK((*sender)->Send(st0, {PartOf(1, s0, 0)}));
   ASSERT_OK((*sender)->Wait(st0, {}));
   ASSERT_OK((*receiver)->Wait(rt0, {}));
@@ -708,8 +687,7 @@ TEST(PeerExchange, ADialThatHangsIsGivenUpAndTheReceiversNewAddressLookedUp) {
   {
     auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
     ASSERT_OK(receiver);
-    MoveStep(**sender, **receiver, 0, s0, d0, 0);
-    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    ASSERT_NO_FATAL_FAILURE(MoveStep(**sender, **receiver, 0, s0, d0, 0));
   }
   ExchangeOptions ro = pair.Options(1);
   ro.listen_fd = moved_fd;
