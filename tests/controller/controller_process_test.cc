@@ -33,13 +33,13 @@ extern char** environ;
 namespace meshload::controller {
 namespace {
 
+using namespace std::chrono_literals;
 using meshload::testing::TempDir;
 using meshload::testing::TestCluster;
 using meshload::testing::WaitFor;
 using nlohmann::json;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using namespace std::chrono_literals;
 
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -35,6 +35,17 @@ httplib::Client ClientFor(int port) {
   return client;
 }
 
+// Whether `res` is an answer with HTTP `status` (and, when given, exactly
+// `body`); a failure says what came instead.
+::testing::AssertionResult Answered(const httplib::Result& res, int status,
+                                    const std::optional<std::string>& body = std::nullopt) {
+  if (!res) return ::testing::AssertionFailure() << "no answer: " << httplib::to_string(res.error());
+  if (res->status != status || (body && res->body != *body)) {
+    return ::testing::AssertionFailure() << "HTTP " << res->status << " with body \"" << res->body << "\"";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 int ThreadCount() {
   int n = 0;
   DIR* dir = opendir("/proc/self/task");
@@ -87,8 +98,7 @@ TEST_F(HealthServerTest, StartsOnAnEphemeralPortAndServesMetrics) {
 
   auto client = ClientFor(*port);
   auto res = client.Get("/metrics");
-  ASSERT_TRUE(res) << httplib::to_string(res.error());
-  EXPECT_EQ(res->status, 200);
+  ASSERT_TRUE(Answered(res, 200));
   EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
   EXPECT_EQ(res->body, registry_.Serialize());
   EXPECT_THAT(res->body, HasSubstr("meshload_bytes_read_total{source=\"file\"} 4096\n"));
@@ -115,21 +125,14 @@ TEST_F(HealthServerTest, HealthzIsOkUntilMarkedUnhealthyWithAReason) {
   auto client = ClientFor(*port);
 
   auto res = client.Get("/healthz");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 200);
-  EXPECT_EQ(res->body, "ok");
+  ASSERT_TRUE(Answered(res, 200, "ok"));
   EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; charset=utf-8");
 
   server.SetHealthy(false, "staging thread wedged for 120 s");
-  res = client.Get("/healthz");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 503);
-  EXPECT_EQ(res->body, "staging thread wedged for 120 s");
+  EXPECT_TRUE(Answered(client.Get("/healthz"), 503, "staging thread wedged for 120 s"));
 
   server.SetHealthy(true);
-  res = client.Get("/healthz");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 200);
+  EXPECT_TRUE(Answered(client.Get("/healthz"), 200));
 }
 
 TEST_F(HealthServerTest, ReadyzFollowsTheReadinessCheck) {
@@ -145,25 +148,17 @@ TEST_F(HealthServerTest, ReadyzFollowsTheReadinessCheck) {
   ASSERT_OK(port);
   auto client = ClientFor(*port);
 
-  auto res = client.Get("/readyz");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 503);
-  EXPECT_EQ(res->body, "waiting for the first plan");
+  EXPECT_TRUE(Answered(client.Get("/readyz"), 503, "waiting for the first plan"));
 
   ready = true;
-  res = client.Get("/readyz");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 200);
-  EXPECT_EQ(res->body, "ready");
+  EXPECT_TRUE(Answered(client.Get("/readyz"), 200, "ready"));
 }
 
 TEST_F(HealthServerTest, NullReadinessCheckMeansReady) {
   HealthServer server(registry_, nullptr, Loopback());
   Result<int> port = server.Start();
   ASSERT_OK(port);
-  auto res = ClientFor(*port).Get("/readyz");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 200);
+  EXPECT_TRUE(Answered(ClientFor(*port).Get("/readyz"), 200));
 }
 
 TEST_F(HealthServerTest, ProgressServesTheCallersJsonAndIs404WithoutOne) {
@@ -176,21 +171,15 @@ TEST_F(HealthServerTest, ProgressServesTheCallersJsonAndIs404WithoutOne) {
   auto client = ClientFor(*port);
   for (int i = 0; i < 2; ++i) {
     auto res = client.Get("/progress");
-    ASSERT_TRUE(res);
-    EXPECT_EQ(res->status, 200);
+    ASSERT_TRUE(Answered(res, 200, "{\"consumedStep\":" + std::to_string(i) + "}"));
     EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
-    EXPECT_EQ(res->body, "{\"consumedStep\":" + std::to_string(i) + "}");
   }
-  auto post = client.Post("/progress", "", "text/plain");
-  ASSERT_TRUE(post);
-  EXPECT_EQ(post->status, 405);
+  EXPECT_TRUE(Answered(client.Post("/progress", "", "text/plain"), 405));
 
   HealthServer plain(registry_, nullptr, Loopback());
   Result<int> plain_port = plain.Start();
   ASSERT_OK(plain_port);
-  auto res = ClientFor(*plain_port).Get("/progress");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 404);
+  EXPECT_TRUE(Answered(ClientFor(*plain_port).Get("/progress"), 404));
 }
 
 TEST_F(HealthServerTest, UnknownPathIs404WhateverTheMethod) {
@@ -199,13 +188,9 @@ TEST_F(HealthServerTest, UnknownPathIs404WhateverTheMethod) {
   ASSERT_OK(port);
   auto client = ClientFor(*port);
   for (const char* path : {"/", "/metricsx", "/metrics/", "/favicon.ico"}) {
-    auto res = client.Get(path);
-    ASSERT_TRUE(res) << path;
-    EXPECT_EQ(res->status, 404) << path;
+    EXPECT_TRUE(Answered(client.Get(path), 404)) << path;
   }
-  auto res = client.Post("/nope", "x", "text/plain");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 404);
+  EXPECT_TRUE(Answered(client.Post("/nope", "x", "text/plain"), 404));
 }
 
 TEST_F(HealthServerTest, NonGetMethodOnAnEndpointIs405WithAllowHeader) {
@@ -215,25 +200,17 @@ TEST_F(HealthServerTest, NonGetMethodOnAnEndpointIs405WithAllowHeader) {
   auto client = ClientFor(*port);
 
   auto post = client.Post("/metrics", "x=1", "application/x-www-form-urlencoded");
-  ASSERT_TRUE(post);
-  EXPECT_EQ(post->status, 405);
+  ASSERT_TRUE(Answered(post, 405));
   EXPECT_EQ(post->get_header_value("Allow"), "GET, HEAD");
-  auto put = client.Put("/healthz", "x", "text/plain");
-  ASSERT_TRUE(put);
-  EXPECT_EQ(put->status, 405);
-  auto del = client.Delete("/readyz");
-  ASSERT_TRUE(del);
-  EXPECT_EQ(del->status, 405);
+  EXPECT_TRUE(Answered(client.Put("/healthz", "x", "text/plain"), 405));
+  EXPECT_TRUE(Answered(client.Delete("/readyz"), 405));
 }
 
 TEST_F(HealthServerTest, HeadIsAnsweredLikeGetWithoutABody) {
   HealthServer server(registry_, nullptr, Loopback());
   Result<int> port = server.Start();
   ASSERT_OK(port);
-  auto res = ClientFor(*port).Head("/healthz");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 200);
-  EXPECT_EQ(res->body, "");
+  EXPECT_TRUE(Answered(ClientFor(*port).Head("/healthz"), 200, ""));
 }
 
 TEST_F(HealthServerTest, StartOnAPortHeldByAnotherServerFailsNamingTheAddress) {
@@ -267,9 +244,7 @@ TEST_F(HealthServerTest, StartOnAPortHeldByAnotherHealthServerFails) {
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().location(), "127.0.0.1:" + std::to_string(*port));
   // The first server is unaffected.
-  auto res = ClientFor(*port).Get("/healthz");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 200);
+  EXPECT_TRUE(Answered(ClientFor(*port).Get("/healthz"), 200));
 }
 
 TEST_F(HealthServerTest, StartOnAnAddressThatIsNotLocalFails) {
@@ -301,9 +276,7 @@ TEST_F(HealthServerTest, StopTwiceIsHarmlessAndStartAfterStopServesAgain) {
 
   Result<int> restarted = server.Start();
   ASSERT_OK(restarted);
-  auto res = ClientFor(*restarted).Get("/healthz");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 200);
+  EXPECT_TRUE(Answered(ClientFor(*restarted).Get("/healthz"), 200));
 }
 
 TEST_F(HealthServerTest, StopJoinsEveryThreadTheServerStarted) {

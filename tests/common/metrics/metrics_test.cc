@@ -424,19 +424,11 @@ TEST(MetricsCollectHook, ConcurrentSerializationsNeverRunHooksConcurrently) {
 // ---- names ----------------------------------------------------------------
 
 TEST(MetricsNames, ValidatorsFollowThePrometheusCharsets) {
-  EXPECT_TRUE(IsValidMetricName("meshload_bytes_read_total"));
-  EXPECT_TRUE(IsValidMetricName("_x:y_1"));
-  EXPECT_FALSE(IsValidMetricName(""));
-  EXPECT_FALSE(IsValidMetricName("1x"));
-  EXPECT_FALSE(IsValidMetricName("a-b"));
-  EXPECT_FALSE(IsValidMetricName("a b"));
-  EXPECT_TRUE(IsValidLabelName("source"));
-  EXPECT_TRUE(IsValidLabelName("_x1"));
-  EXPECT_FALSE(IsValidLabelName("a:b"));
-  EXPECT_FALSE(IsValidLabelName("1a"));
-  EXPECT_FALSE(IsValidLabelName("__name__"));
-  EXPECT_FALSE(IsValidLabelName("le"));
-  EXPECT_FALSE(IsValidLabelName("quantile"));
+  for (const char* name : {"meshload_bytes_read_total", "_x:y_1"}) EXPECT_TRUE(IsValidMetricName(name)) << name;
+  for (const char* name : {"", "1x", "a-b", "a b"}) EXPECT_FALSE(IsValidMetricName(name)) << name;
+  for (const char* name : {"source", "_x1"}) EXPECT_TRUE(IsValidLabelName(name)) << name;
+  // "le" and "quantile" belong to histograms and summaries; "__" names to Prometheus.
+  for (const char* name : {"a:b", "1a", "__name__", "le", "quantile"}) EXPECT_FALSE(IsValidLabelName(name)) << name;
 }
 
 // Death tests fork; "threadsafe" re-executes the binary so that threads left

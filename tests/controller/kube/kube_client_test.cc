@@ -25,7 +25,6 @@
 namespace meshload::controller::kube {
 namespace {
 
-using meshload::testing::StatusIs;
 using meshload::testing::TempDir;
 using meshload::testing::TestCluster;
 using meshload::testing::WaitFor;
@@ -82,7 +81,7 @@ TEST(KubeConfig, FilePathsAreRelativeToTheKubeconfigAndTokenFilesAreRead) {
   EXPECT_EQ((*client)->Get("/api/v1/namespaces").code, 200);
   // Another context by name: its cluster does not exist.
   auto other = LoadKubeconfig(dir.path() + "/config", "a");
-  EXPECT_THAT(other, StatusIs(StatusCode::kNotFound, HasSubstr("nope")));
+  EXPECT_THAT(other, meshload::testing::StatusIs(StatusCode::kNotFound, HasSubstr("nope")));
 }
 
 TEST(KubeConfig, ErrorsNameTheFieldAndUnsupportedAuthIsRefused) {

@@ -11,6 +11,15 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// Expects `url` to parse, into `origin` (the pool key) and `target` (the
+// request line's).
+void ExpectOriginAndTarget(const std::string& url, const std::string& origin, const std::string& target) {
+  auto parsed = ParseHttpUrl(url);
+  ASSERT_OK(parsed);
+  EXPECT_EQ(parsed->origin, origin) << url;
+  EXPECT_EQ(parsed->target, target) << url;
+}
+
 TEST(ParseHttpUrlTest, SplitsOriginAndTargetKeepingTheQueryOnTheWire) {
   auto url = ParseHttpUrl("HTTP://Store.Example:8080/a/b.bin?X-Sig=abc#frag");
   ASSERT_OK(url);
@@ -21,14 +30,8 @@ TEST(ParseHttpUrlTest, SplitsOriginAndTargetKeepingTheQueryOnTheWire) {
 }
 
 TEST(ParseHttpUrlTest, DefaultsPortsAndPath) {
-  auto https = ParseHttpUrl("https://host");
-  ASSERT_OK(https);
-  EXPECT_EQ(https->origin, "https://host:443");
-  EXPECT_EQ(https->target, "/");
-  auto query_only = ParseHttpUrl("http://host?k=v");
-  ASSERT_OK(query_only);
-  EXPECT_EQ(query_only->origin, "http://host:80");
-  EXPECT_EQ(query_only->target, "/?k=v");
+  ExpectOriginAndTarget("https://host", "https://host:443", "/");
+  ExpectOriginAndTarget("http://host?k=v", "http://host:80", "/?k=v");
 }
 
 TEST(ParseHttpUrlTest, AcceptsBracketedIpv6) {

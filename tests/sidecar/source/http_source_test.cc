@@ -21,22 +21,22 @@ namespace meshload::sidecar::source {
 namespace {
 
 using meshload::testing::StatusIs;
-using std::chrono::milliseconds;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::RandomBytes;
 using testing::RecordingObserver;
 using testing::ServeBytes;
 using testing::TestHttpServer;
+using namespace std::chrono_literals;
 
 // Fast retries and short timeouts so that the whole suite stays quick.
 SourceOptions FastOptions(RecordingObserver* observer) {
   SourceOptions o;
-  o.connect_timeout = milliseconds(1000);
-  o.read_timeout = milliseconds(2000);
+  o.connect_timeout = 1000ms;
+  o.read_timeout = 2000ms;
   o.max_attempts = 3;
-  o.backoff_initial = milliseconds(1);
-  o.backoff_max = milliseconds(5);
+  o.backoff_initial = 1ms;
+  o.backoff_max = 5ms;
   o.observer = observer;
   return o;
 }
@@ -55,14 +55,38 @@ class HttpSourceTest : public ::testing::Test {
     server_.Get("/missing", [](const httplib::Request&, httplib::Response& res) { res.status = 404; });
   }
 
+  // Starts server_; a source with FastOptions that reports to observer_.
+  std::unique_ptr<Source> Start() {
+    server_.Start();
+    return MakeHttp(FastOptions(&observer_));
+  }
+
+  // Serves data_ at `path`, but answers its first `failures` requests with
+  // what `fail` makes of the response instead.
+  void ServeAfterFailures(const std::string& path, int failures, std::function<void(httplib::Response&)> fail) {
+    auto calls = std::make_shared<std::atomic<int>>(0);
+    server_.Get(path, [this, calls, failures, fail](const httplib::Request& req, httplib::Response& res) {
+      if (calls->fetch_add(1) < failures) return fail(res);
+      ServeBytes(data_, req, res);
+    });
+  }
+
+  // Stat of `path` learns data_'s size from a ranged GET after the HEAD: two
+  // requests.
+  void ExpectStatFallsBackToARangedGet(const std::string& path) {
+    auto info = Start()->Stat(server_.Url(path));
+    ASSERT_OK(info);
+    EXPECT_EQ(info->size, data_.size());
+    EXPECT_EQ(server_.requests(), 2);
+  }
+
   std::string data_;
   TestHttpServer server_;
   RecordingObserver observer_;
 };
 
 TEST_F(HttpSourceTest, RangeReadIntoIovecsIsByteExact) {
-  server_.Start();
-  auto source = MakeHttp(FastOptions(&observer_));
+  auto source = Start();
   std::string a(7, '\0'), b(30000, '\0'), c(1, '\0');
   char unused = 'x';
   std::vector<iovec> iov = {{a.data(), a.size()}, {&unused, 0}, {b.data(), b.size()}, {c.data(), c.size()}};
@@ -76,16 +100,14 @@ TEST_F(HttpSourceTest, RangeReadIntoIovecsIsByteExact) {
 }
 
 TEST_F(HttpSourceTest, ReadOfTheLastBytesSucceeds) {
-  server_.Start();
-  auto source = MakeHttp(FastOptions(&observer_));
+  auto source = Start();
   std::string out(100, '\0');
   ASSERT_OK(source->Read(server_.Url("/obj"), data_.size() - 100, out.data(), 100));
   EXPECT_EQ(out, data_.substr(data_.size() - 100));
 }
 
 TEST_F(HttpSourceTest, StatReturnsTheContentLength) {
-  server_.Start();
-  auto info = MakeHttp(FastOptions(&observer_))->Stat(server_.Url("/obj"));
+  auto info = Start()->Stat(server_.Url("/obj"));
   ASSERT_OK(info);
   EXPECT_EQ(info->size, data_.size());
 }
@@ -102,11 +124,7 @@ TEST_F(HttpSourceTest, StatWithoutContentLengthFallsBackToARangedGet) {
     }
     ServeBytes(data_, req, res);
   });
-  server_.Start();
-  auto info = MakeHttp(FastOptions(&observer_))->Stat(server_.Url("/chunked"));
-  ASSERT_OK(info);
-  EXPECT_EQ(info->size, data_.size());
-  EXPECT_EQ(server_.requests(), 2);
+  ExpectStatFallsBackToARangedGet("/chunked");
 }
 
 TEST_F(HttpSourceTest, StatOfAUrlThatRefusesHeadFallsBackToARangedGet) {
@@ -117,33 +135,22 @@ TEST_F(HttpSourceTest, StatOfAUrlThatRefusesHeadFallsBackToARangedGet) {
     }
     ServeBytes(data_, req, res);
   });
-  server_.Start();
-  auto info = MakeHttp(FastOptions(&observer_))->Stat(server_.Url("/get-only?sig=1"));
-  ASSERT_OK(info);
-  EXPECT_EQ(info->size, data_.size());
-  EXPECT_EQ(server_.requests(), 2);
+  ExpectStatFallsBackToARangedGet("/get-only?sig=1");
 }
 
 TEST_F(HttpSourceTest, StatOfAMissingObjectIsNotFound) {
-  server_.Start();
-  auto info = MakeHttp(FastOptions(&observer_))->Stat(server_.Url("/missing"));
+  auto info = Start()->Stat(server_.Url("/missing"));
   ASSERT_FALSE(info.ok());
   EXPECT_EQ(info.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(info.status().location(), server_.Url("/missing"));
 }
 
 TEST_F(HttpSourceTest, TwoServerErrorsAreRetriedThenTheReadSucceeds) {
-  std::atomic<int> calls{0};
-  server_.Get("/flaky", [&](const httplib::Request& req, httplib::Response& res) {
-    if (calls.fetch_add(1) < 2) {
-      res.status = 500;
-      res.set_content("try again", "text/plain");
-      return;
-    }
-    ServeBytes(data_, req, res);
+  ServeAfterFailures("/flaky", 2, [](httplib::Response& res) {
+    res.status = 500;
+    res.set_content("try again", "text/plain");
   });
-  server_.Start();
-  auto source = MakeHttp(FastOptions(&observer_));
+  auto source = Start();
   std::string out(4096, '\0');
   Status st = source->Read(server_.Url("/flaky"), 777, out.data(), out.size());
   ASSERT_OK(st);
@@ -156,8 +163,7 @@ TEST_F(HttpSourceTest, TwoServerErrorsAreRetriedThenTheReadSucceeds) {
 }
 
 TEST_F(HttpSourceTest, NotFoundFailsFastWithoutRetries) {
-  server_.Start();
-  auto source = MakeHttp(FastOptions(&observer_));
+  auto source = Start();
   char buf[16];
   Status st = source->Read(server_.Url("/missing"), 64, buf, sizeof buf);
   EXPECT_EQ(st.code(), StatusCode::kNotFound);
@@ -171,27 +177,20 @@ TEST_F(HttpSourceTest, NotFoundFailsFastWithoutRetries) {
 
 TEST_F(HttpSourceTest, ForbiddenIsNotRetried) {
   server_.Get("/forbidden", [](const httplib::Request&, httplib::Response& res) { res.status = 403; });
-  server_.Start();
   char buf[16];
-  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/forbidden"), 0, buf, sizeof buf);
+  Status st = Start()->Read(server_.Url("/forbidden"), 0, buf, sizeof buf);
   EXPECT_THAT(st, StatusIs(StatusCode::kFailedPrecondition, HasSubstr("HTTP 403 Forbidden")));
   EXPECT_EQ(server_.requests(), 1);
   EXPECT_EQ(observer_.errors(), std::vector<std::string>{"http_4xx"});
 }
 
 TEST_F(HttpSourceTest, TooManyRequestsWithRetryAfterZeroIsRetried) {
-  std::atomic<int> calls{0};
-  server_.Get("/throttled", [&](const httplib::Request& req, httplib::Response& res) {
-    if (calls.fetch_add(1) == 0) {
-      res.status = 429;
-      res.set_header("Retry-After", "0");
-      return;
-    }
-    ServeBytes(data_, req, res);
+  ServeAfterFailures("/throttled", 1, [](httplib::Response& res) {
+    res.status = 429;
+    res.set_header("Retry-After", "0");
   });
-  server_.Start();
   std::string out(1000, '\0');
-  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/throttled"), 0, out.data(), 1000);
+  Status st = Start()->Read(server_.Url("/throttled"), 0, out.data(), 1000);
   ASSERT_OK(st);
   EXPECT_EQ(out, data_.substr(0, 1000));
   EXPECT_EQ(observer_.retries(), std::vector<std::string>{"http_429"});
@@ -199,19 +198,14 @@ TEST_F(HttpSourceTest, TooManyRequestsWithRetryAfterZeroIsRetried) {
 }
 
 TEST_F(HttpSourceTest, RetryAfterIsCappedAtBackoffMax) {
-  std::atomic<int> calls{0};
-  server_.Get("/slowdown", [&](const httplib::Request& req, httplib::Response& res) {
-    if (calls.fetch_add(1) == 0) {
-      res.status = 503;
-      res.set_header("Retry-After", "3600");
-      return;
-    }
-    ServeBytes(data_, req, res);
+  ServeAfterFailures("/slowdown", 1, [](httplib::Response& res) {
+    res.status = 503;
+    res.set_header("Retry-After", "3600");
   });
-  server_.Start();
+  auto source = Start();
   std::string out(10, '\0');
   const auto start = std::chrono::steady_clock::now();
-  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/slowdown"), 0, out.data(), 10);
+  Status st = source->Read(server_.Url("/slowdown"), 0, out.data(), 10);
   ASSERT_OK(st);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   EXPECT_EQ(observer_.retries(), std::vector<std::string>{"http_5xx"});
@@ -219,8 +213,7 @@ TEST_F(HttpSourceTest, RetryAfterIsCappedAtBackoffMax) {
 
 TEST_F(HttpSourceTest, AlwaysFailingServerIsGivenUpOnAfterMaxAttempts) {
   server_.Get("/down", [](const httplib::Request&, httplib::Response& res) { res.status = 502; });
-  server_.Start();
-  auto source = MakeHttp(FastOptions(&observer_));
+  auto source = Start();
   char buf[8];
   Status st = source->Read(server_.Url("/down"), 5, buf, sizeof buf);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
@@ -233,12 +226,12 @@ TEST_F(HttpSourceTest, AlwaysFailingServerIsGivenUpOnAfterMaxAttempts) {
 TEST_F(HttpSourceTest, SlowResponseIsRetriedAsTimeoutAndTheFastRetrySucceeds) {
   std::atomic<int> calls{0};
   server_.Get("/slow", [&](const httplib::Request& req, httplib::Response& res) {
-    if (calls.fetch_add(1) == 0) std::this_thread::sleep_for(milliseconds(500));  // slower than the read timeout
+    if (calls.fetch_add(1) == 0) std::this_thread::sleep_for(500ms);  // slower than the read timeout
     ServeBytes(data_, req, res);
   });
   server_.Start();
   SourceOptions options = FastOptions(&observer_);
-  options.read_timeout = milliseconds(150);
+  options.read_timeout = 150ms;
   std::string out(2048, '\0');
   Status st = MakeHttp(options)->Read(server_.Url("/slow"), 100, out.data(), out.size());
   ASSERT_OK(st);
@@ -266,9 +259,8 @@ TEST_F(HttpSourceTest, BodyCutShortIsRetriedForTheRestOnly) {
     second_range = req.get_header_value("Range");
     ServeBytes(data_, req, res);
   });
-  server_.Start();
   std::string out(50000, '\0');
-  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/cut"), 10, out.data(), out.size());
+  Status st = Start()->Read(server_.Url("/cut"), 10, out.data(), out.size());
   ASSERT_OK(st);
   EXPECT_EQ(out, data_.substr(10, 50000));
   EXPECT_EQ(observer_.retries(), std::vector<std::string>{"short_body"});
@@ -287,9 +279,8 @@ TEST_F(HttpSourceTest, ShorterRangeThanAskedIsRetriedAsShortBody) {
     res.set_header("Content-Range",
                    "bytes " + std::to_string(first) + "-" + std::to_string(first + res.body.size() - 1) + "/*");
   });
-  server_.Start();
   std::string out(1000, '\0');
-  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/stingy"), 0, out.data(), out.size());
+  Status st = Start()->Read(server_.Url("/stingy"), 0, out.data(), out.size());
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
   // Each attempt asks for the rest and gets half of it: 500, 250, 125.
   EXPECT_THAT(st.message(), HasSubstr("short body: got 875 of 1000 bytes"));
@@ -299,8 +290,7 @@ TEST_F(HttpSourceTest, ShorterRangeThanAskedIsRetriedAsShortBody) {
 }
 
 TEST_F(HttpSourceTest, ReadPastTheEndOfTheObjectIsDataLossWithoutRetries) {
-  server_.Start();
-  auto source = MakeHttp(FastOptions(&observer_));
+  auto source = Start();
   std::string out(200, '\0');
   Status st = source->Read(server_.Url("/obj"), data_.size() - 100, out.data(), out.size());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
@@ -322,9 +312,8 @@ TEST_F(HttpSourceTest, PartialContentForAnotherRangeIsRejected) {
     res.set_header("Content-Range", "bytes 0-99/" + std::to_string(data_.size()));
     res.set_content(data_.substr(0, 100), "application/octet-stream");
   });
-  server_.Start();
   std::string out(100, '\0');
-  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/shifted"), 50, out.data(), 100);
+  Status st = Start()->Read(server_.Url("/shifted"), 50, out.data(), 100);
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(st.ToString(), server_.Url("/shifted") + "@50: HTTP 206 for bytes 0-99, asked for bytes 50-149");
   EXPECT_EQ(server_.requests(), 1);
@@ -334,8 +323,7 @@ TEST_F(HttpSourceTest, ServerIgnoringRangeIsAcceptedOnlyFromOffsetZero) {
   server_.Get("/norange", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(data_, "application/octet-stream");
   });
-  server_.Start();
-  auto source = MakeHttp(FastOptions(&observer_));
+  auto source = Start();
   std::string out(300, '\0');
   Status st = source->Read(server_.Url("/norange"), 0, out.data(), out.size());
   ASSERT_OK(st);
@@ -354,16 +342,14 @@ TEST_F(HttpSourceTest, WholeObjectShorterThanTheReadIsDataLoss) {
       return true;
     });
   });
-  server_.Start();
   std::string out(64, '\0');
-  Status st = MakeHttp(FastOptions(&observer_))->Read(server_.Url("/chunked-small"), 0, out.data(), out.size());
+  Status st = Start()->Read(server_.Url("/chunked-small"), 0, out.data(), out.size());
   EXPECT_THAT(st, StatusIs(StatusCode::kDataLoss, HasSubstr("the object ends after 10 bytes")));
   EXPECT_EQ(server_.requests(), 1);
 }
 
 TEST_F(HttpSourceTest, SequentialReadsReuseOneKeepAliveConnection) {
-  server_.Start();
-  auto source = MakeHttp(FastOptions(&observer_));
+  auto source = Start();
   constexpr int kReads = 20;
   for (int i = 0; i < kReads; ++i) {
     std::string out(512, '\0');
@@ -406,8 +392,7 @@ TEST_F(HttpSourceTest, QueryStringIsSentButNeverAppearsInErrors) {
     if (req.get_param_value("secret") == "hunter2") saw_secret.fetch_add(1);
     res.status = req.get_param_value("fail") == "404" ? 404 : 500;
   });
-  server_.Start();
-  auto source = MakeHttp(FastOptions(&observer_));
+  auto source = Start();
   char buf[8];
   for (const char* query : {"?secret=hunter2&fail=404", "?secret=hunter2&fail=500"}) {
     Status st = source->Read(server_.Url(std::string("/signed") + query), 3, buf, sizeof buf);
@@ -451,7 +436,7 @@ TEST(HttpSourceOptionsTest, InvalidOptionsAreRejectedNamingTheField) {
   EXPECT_EQ(source.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(source.status().location(), "max_attempts");
   options = {};
-  options.read_timeout = milliseconds(0);
+  options.read_timeout = 0ms;
   EXPECT_EQ(MakeHttpSource(options).status().location(), "read_timeout");
 }
 

@@ -14,6 +14,14 @@ namespace {
 using testing::RandomBytes;
 using testing::TempDir;
 
+// `make`, counting the sources it makes in `made`.
+SourceFactory Counted(std::atomic<int>& made, SourceFactory make) {
+  return [&made, make](const SourceOptions& o) {
+    made.fetch_add(1);
+    return make(o);
+  };
+}
+
 TEST(SchemeOfTest, PlainPathsAreFilesAndSchemesAreLowerCased) {
   EXPECT_EQ(SourceRegistry::SchemeOf("/data/a.bin"), "file");
   EXPECT_EQ(SourceRegistry::SchemeOf("relative/a.bin"), "file");
@@ -69,10 +77,7 @@ TEST(SourceRegistryTest, HttpObjectNameIsTheWholeUrl) {
 TEST(SourceRegistryTest, SourcesAreCreatedOncePerSchemeAndShared) {
   SourceRegistry registry({});
   std::atomic<int> made{0};
-  registry.Register("file", [&](const SourceOptions& o) {
-    made.fetch_add(1);
-    return MakeFileSource(o);
-  });
+  registry.Register("file", Counted(made, MakeFileSource));
   auto a = registry.For("/a");
   auto b = registry.For("file:///b");
   ASSERT_OK(a);
@@ -84,10 +89,7 @@ TEST(SourceRegistryTest, SourcesAreCreatedOncePerSchemeAndShared) {
 TEST(SourceRegistryTest, NoSourceIsCreatedBeforeItsSchemeIsUsed) {
   SourceRegistry registry({});
   std::atomic<int> made{0};
-  registry.Register("http", [&](const SourceOptions& o) {
-    made.fetch_add(1);
-    return MakeHttpSource(o);
-  });
+  registry.Register("http", Counted(made, MakeHttpSource));
   registry.Register("file", MakeFileSource);
   ASSERT_OK(registry.For("/a"));
   EXPECT_EQ(made.load(), 0);

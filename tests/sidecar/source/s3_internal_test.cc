@@ -21,7 +21,6 @@ namespace {
 
 using meshload::testing::StatusIs;
 using ::testing::HasSubstr;
-using ::testing::Not;
 
 constexpr const char* kAccessKey = "AKIAIOSFODNN7EXAMPLE";
 constexpr const char* kSecret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
@@ -186,6 +185,14 @@ class Env {
   std::map<std::string, std::optional<std::string>> saved_;
 };
 
+// Options holding these credentials.
+::testing::Matcher<const S3Options&> HoldsCredentials(const std::string& key_id, const std::string& secret,
+                                                      const std::string& token) {
+  return ::testing::AllOf(::testing::Field("access_key_id", &S3Options::access_key_id, key_id),
+                          ::testing::Field("secret_access_key", &S3Options::secret_access_key, secret),
+                          ::testing::Field("session_token", &S3Options::session_token, token));
+}
+
 TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
   meshload::testing::TempDir dir;
   Env env;
@@ -219,7 +226,7 @@ TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
   S3Options half;
   Status st = S3OptionsFromEnvironment(half);
   EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument, HasSubstr("AWS_SECRET_ACCESS_KEY")));
-  EXPECT_THAT(st.ToString(), Not(HasSubstr("AKID")));
+  EXPECT_THAT(st.ToString(), ::testing::Not(HasSubstr("AKID")));
 
   // The mounted Secret's files.
   env.Set("AWS_ACCESS_KEY_ID", nullptr);
@@ -228,9 +235,7 @@ TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
   env.Set("MESHLOAD_S3_CREDENTIALS_DIR", dir.path().c_str());
   S3Options mounted;
   ASSERT_OK(S3OptionsFromEnvironment(mounted));
-  EXPECT_EQ(mounted.access_key_id, "FROMFILE");
-  EXPECT_EQ(mounted.secret_access_key, "FILESECRET");
-  EXPECT_EQ(mounted.session_token, "");
+  EXPECT_THAT(mounted, HoldsCredentials("FROMFILE", "FILESECRET", ""));
 
   // The shared credentials file, profile AWS_PROFILE.
   env.Set("MESHLOAD_S3_CREDENTIALS_DIR", nullptr);
@@ -241,9 +246,7 @@ TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
   env.Set("AWS_PROFILE", "train");
   S3Options shared;
   ASSERT_OK(S3OptionsFromEnvironment(shared));
-  EXPECT_EQ(shared.access_key_id, "T");
-  EXPECT_EQ(shared.secret_access_key, "TS");
-  EXPECT_EQ(shared.session_token, "TT");
+  EXPECT_THAT(shared, HoldsCredentials("T", "TS", "TT"));
 }
 
 }  // namespace

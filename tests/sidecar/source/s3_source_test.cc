@@ -40,9 +40,7 @@ namespace {
 
 using meshload::testing::StatusIs;
 using ::testing::HasSubstr;
-using ::testing::Not;
 using testing::RandomBytes;
-using testing::RecordingObserver;
 using testing::TempDir;
 
 constexpr const char* kAccess = "MESHLOADTESTKEY";
@@ -169,7 +167,7 @@ class S3SourceTest : public ::testing::Test {
   static inline TempDir* root_ = nullptr;
   static inline int port_ = 0;
   static inline pid_t server_ = -1, proxy_ = -1;
-  RecordingObserver observer_;
+  testing::RecordingObserver observer_;
   bool anonymous_ = false;
 };
 
@@ -243,7 +241,7 @@ TEST_F(S3SourceTest, WrongCredentialsAMissingBucketOrKeyAndTheWrongRegionFailAtO
   EXPECT_EQ(st.location(), "s3://bkt/e/obj.bin@0");
   EXPECT_THAT(st.message(), HasSubstr("HTTP 403 Forbidden: S3 SignatureDoesNotMatch")) << st.ToString();
   EXPECT_EQ(std::stoll(Admin("/requests")) - before, 1) << "a refusal is not retried";
-  EXPECT_THAT(st.ToString(), Not(HasSubstr("not-the-secret")));
+  EXPECT_THAT(st.ToString(), ::testing::Not(HasSubstr("not-the-secret")));
 
   auto ok = Make({});
   Status bucket = ok->Read("s3://nosuchbucket/e/obj.bin", 0, buf.data(), buf.size());

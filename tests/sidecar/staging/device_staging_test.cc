@@ -16,7 +16,6 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <httplib.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -36,6 +35,7 @@
 #include "protocol/seqpacket.h"
 #include "sidecar/sidecar.h"
 #include "tests/testing/job_fixtures.h"
+#include "tests/testing/metrics_scrape.h"
 #include "tools/synthetic_dataset.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
@@ -45,13 +45,9 @@ extern char** environ;
 namespace meshload::sidecar {
 namespace {
 
-using meshload::testing::StatusIs;
-using meshload::testing::TempDir;
 using meshload::testing::WaitFor;
-using std::chrono::milliseconds;
-using std::chrono::seconds;
 using ::testing::HasSubstr;
-using ::testing::Not;
+using namespace std::chrono_literals;
 
 // The stand-in's devices as this test process sees them (C, B, A); the
 // sidecar processes below see them as A, B, C.
@@ -145,16 +141,8 @@ class RunningSidecar {
     thread_.join();
   }
   const std::string& staging_reason() const { return s_->staging_reason(); }
-  std::string Metrics() {
-    httplib::Client http("127.0.0.1", s_->metrics_port());
-    auto r = http.Get("/metrics");
-    return r ? r->body : "";
-  }
-  double Metric(const std::string& series) {
-    const std::string body = Metrics();
-    const size_t at = body.find("\n" + series + " ");
-    return at == std::string::npos ? -1.0 : std::stod(body.substr(at + series.size() + 2));
-  }
+  std::string Metrics() { return meshload::testing::ScrapeMetrics(s_->metrics_port()); }
+  double Metric(const std::string& series) { return meshload::testing::SampleValue(Metrics(), series); }
 
  private:
   std::unique_ptr<Sidecar> s_;
@@ -224,7 +212,7 @@ class GpuJob {
     auto c = Connect();
     ASSERT_TRUE(c);
     for (int64_t step = 0; step < steps; ++step) {
-      auto b = c->Next(milliseconds(10000));
+      auto b = c->Next(10000ms);
       ASSERT_OK(b);
       if (also) also(*b);
       ExpectOnGpuAndPlanned(*b, driver);
@@ -235,7 +223,7 @@ class GpuJob {
     client::ClientOptions o;
     o.socket_path = socket_;
     o.max_reconnect_attempts = attempts;
-    o.reconnect_backoff_initial = milliseconds(20);
+    o.reconnect_backoff_initial = 20ms;
     auto c = client::Client::Connect(o);
     EXPECT_OK(c);
     return c.ok() ? std::move(*c) : nullptr;
@@ -279,7 +267,7 @@ class GpuJob {
   int devices() const { return devices_; }
 
   int devices_;
-  TempDir dir_;
+  meshload::testing::TempDir dir_;
   std::string job_path_, socket_;
   std::unique_ptr<planner::ShardPlanner> planner_;
 };
@@ -341,7 +329,7 @@ TEST(DeviceStaging, AnIpcHandleSmallerThanTheSlotItIsSaidToHoldIsRefused) {
   ::close(to_parent[0]);
   auto too_big = driver->OpenIpc(0, h, 1 << 20);
   EXPECT_FALSE(too_big.ok());
-  EXPECT_THAT(too_big, StatusIs(StatusCode::kInvalidArgument, HasSubstr("holds 4096 bytes")));
+  EXPECT_THAT(too_big, meshload::testing::StatusIs(StatusCode::kInvalidArgument, HasSubstr("holds 4096 bytes")));
   auto fits = driver->OpenIpc(0, h, 4096);
   EXPECT_OK(fits);
   fits = Status(StatusCode::kCancelled, "closed");  // closes the import before the exporter goes
@@ -361,7 +349,7 @@ TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
     EXPECT_EQ(c->hello().memory, protocol::MemoryKind::kCudaVmmFd);
     EXPECT_EQ(c->hello().fd_count, static_cast<uint32_t>(job.devices()) * 3u);
     for (int64_t step = 0; step < 25; ++step) {
-      auto b = c->Next(milliseconds(10000));
+      auto b = c->Next(10000ms);
       ASSERT_OK(b);
       ASSERT_EQ(b->step, step);
       for (int i = 0; i < job.devices(); ++i) EXPECT_EQ(b->tensors[i].device_id, i);
@@ -380,7 +368,7 @@ TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
   // devices x 3 slots, each rounded up to the granularity; a copy timed per step.
   const uint64_t granularity = *driver->Granularity(0);
   EXPECT_THAT(m, HasSubstr("meshload_device_memory_bytes " + std::to_string(job.devices() * 3 * granularity)));
-  EXPECT_THAT(m, Not(HasSubstr("meshload_device_copy_seconds_count 0")));
+  EXPECT_THAT(m, ::testing::Not(HasSubstr("meshload_device_copy_seconds_count 0")));
 }
 
 TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
@@ -419,7 +407,7 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
     ASSERT_TRUE(c);
     std::vector<client::Batch> held;
     for (int i = 0; i < 3; ++i) {
-      auto b = c->Next(milliseconds(10000));
+      auto b = c->Next(10000ms);
       ASSERT_OK(b);
       std::vector<uint8_t> bytes(b->tensors[0].nbytes);
       ASSERT_TRUE(driver
@@ -429,13 +417,13 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
       first.push_back(std::move(bytes));
       held.push_back(std::move(*b));  // every slot leased ...
     }
-    EXPECT_EQ(c->Next(milliseconds(300)).status().code(), StatusCode::kDeadlineExceeded);  // ... so nothing more
+    EXPECT_EQ(c->Next(300ms).status().code(), StatusCode::kDeadlineExceeded);  // ... so nothing more
     c->Close();  // BYE: the trainer still holds all three, which stay lent
     // Time for a wrong reclaim to show: what must NOT happen, so the time is fixed.
-    std::this_thread::sleep_for(milliseconds(200));
+    std::this_thread::sleep_for(200ms);
     EXPECT_EQ(metric("meshload_leases_reclaimed_total"), 0);
   }  // dropped: their RELEASEs go on the old connection once the fences pass
-  (void)WaitFor([&] { return metric("meshload_batches_consumed_total") >= 3; }, seconds(20));
+  (void)WaitFor([&] { return metric("meshload_batches_consumed_total") >= 3; }, 20s);
   EXPECT_EQ(metric("meshload_batches_consumed_total"), 3);
   {
     // A trainer that dies holding every slot: its socket closes with no BYE
@@ -451,7 +439,7 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
       ASSERT_TRUE(std::holds_alternative<protocol::Ready>(protocol::Decode(r->bytes).value()));
     }
   }
-  (void)WaitFor([&] { return metric("meshload_leases_reclaimed_total") >= 3; }, seconds(20));
+  (void)WaitFor([&] { return metric("meshload_leases_reclaimed_total") >= 3; }, 20s);
   EXPECT_EQ(metric("meshload_leases_reclaimed_total"), 3);
   client::ClientOptions co;
   co.socket_path = job.socket_;
@@ -459,7 +447,7 @@ TEST(DeviceStaging, GpuSlotsHeldAcrossACloseStayLentAndADeadTrainersAreReclaimed
   auto c2 = client::Client::Connect(co);
   ASSERT_OK(c2);
   for (int64_t step = 1; step < 6; ++step) {
-    auto b = (*c2)->Next(milliseconds(10000));
+    auto b = (*c2)->Next(10000ms);
     ASSERT_OK(b);
     ASSERT_EQ(b->step, step);
     job.ExpectOnGpuAndPlanned(*b, *driver);
@@ -486,7 +474,7 @@ TEST(DeviceStaging, DroppingTheLastGpuBatchOfALeftConnectionNeverWaitsForTheGpu)
   ASSERT_OK(s);
   auto c = job.Connect();
   ASSERT_TRUE(c);
-  auto b = c->Next(milliseconds(10000));
+  auto b = c->Next(10000ms);
   ASSERT_OK(b);
   c->Close();  // BYE: the batch keeps its slot and the connection
   c.reset();
@@ -494,11 +482,11 @@ TEST(DeviceStaging, DroppingTheLastGpuBatchOfALeftConnectionNeverWaitsForTheGpu)
   const auto t0 = std::chrono::steady_clock::now();
   b = client::Batch{};  // the last lease of the connection, without a stream: the device is waited for
   const auto dropped = std::chrono::steady_clock::now() - t0;
-  EXPECT_LT(dropped, milliseconds(200)) << "dropping the batch waited for the GPU";
+  EXPECT_LT(dropped, 200ms) << "dropping the batch waited for the GPU";
   double consumed = 0;
-  (void)WaitFor([&] { return (consumed = (*s)->Metric("meshload_batches_consumed_total")) >= 1; }, seconds(20));
+  (void)WaitFor([&] { return (consumed = (*s)->Metric("meshload_batches_consumed_total")) >= 1; }, 20s);
   EXPECT_EQ(consumed, 1) << "the RELEASE is sent once the device is done";
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(450));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 450ms);
   ::unsetenv("MESHLOAD_FAKE_CUDA_CTX_SYNC_MS");
 }
 
@@ -533,7 +521,7 @@ TEST(DeviceStagingProcess, TheTrainersOrdinalsFollowTheUuids) {
   EXPECT_EQ(c->hello().devices[0].uuid, kGpuA);
   EXPECT_EQ(c->hello().devices[1].uuid, kGpuB);
   for (int64_t step = 0; step < 5; ++step) {
-    auto b = c->Next(milliseconds(10000));
+    auto b = c->Next(10000ms);
     ASSERT_OK(b);
     EXPECT_EQ(b->tensors[0].device_id, 2);  // A is this process's device 2
     EXPECT_EQ(b->tensors[1].device_id, 1);
@@ -552,7 +540,7 @@ TEST(DeviceStagingProcess, AGpuTheTrainerCannotSeeIsAClearErrorListingBothSides)
   client::ClientOptions o;
   o.socket_path = job.socket_;
   o.max_reconnect_attempts = 10;
-  o.reconnect_backoff_initial = milliseconds(20);
+  o.reconnect_backoff_initial = 20ms;
   auto c = client::Client::Connect(o);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
@@ -574,7 +562,7 @@ TEST(DeviceStagingProcess, LegacyIpcHandlesCarryTheSameBytes) {
   EXPECT_EQ(c->hello().fd_count, 0u);
   EXPECT_EQ(c->hello().ipc_handles.size(), static_cast<size_t>(job.devices()) * 3u);
   for (int64_t step = 0; step < 6; ++step) {
-    auto b = c->Next(milliseconds(10000));
+    auto b = c->Next(10000ms);
     ASSERT_OK(b);
     job.ExpectOnGpuAndPlanned(*b, *driver);
   }
@@ -591,7 +579,7 @@ TEST(DeviceStagingProcess, ARestartedSidecarIsImportedAgainAndTheTrainerGetsIden
   const int64_t imports_before = FakeImports();
   std::vector<client::Batch> held;
   for (int64_t step = 0; step < 3; ++step) {
-    auto b = c->Next(milliseconds(10000));
+    auto b = c->Next(10000ms);
     ASSERT_OK(b);
     job.ExpectOnGpuAndPlanned(*b, *driver);
     if (step == 2) held.push_back(std::move(*b));  // the trainer dies holding a slot, as far as the sidecar knows
@@ -599,7 +587,7 @@ TEST(DeviceStagingProcess, ARestartedSidecarIsImportedAgainAndTheTrainerGetsIden
   Reap(pid);
   pid = job.Spawn(env, {"--staging", "cuda"});
   for (int64_t step = 3; step < 9; ++step) {
-    auto b = c->Next(milliseconds(15000));
+    auto b = c->Next(15000ms);
     ASSERT_OK(b) << b.status().ToString() << job.Log();
     EXPECT_EQ(b->step, step);
     job.ExpectOnGpuAndPlanned(*b, *driver);

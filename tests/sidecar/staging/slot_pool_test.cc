@@ -18,29 +18,32 @@ namespace meshload::sidecar::staging {
 namespace {
 
 using meshload::testing::CurrentThreadId;
-using meshload::testing::ThreadIsAsleep;
-using meshload::testing::WaitFor;
-using std::chrono::milliseconds;
-using std::chrono::seconds;
+using namespace std::chrono_literals;
+
+// Waits up to 10 s until thread `tid` (0 until it has started) sleeps in the
+// kernel, or `done` is set; whether either happened.
+bool WaitUntilAsleepOrDone(const std::atomic<pid_t>& tid, const std::atomic<bool>& done) {
+  return meshload::testing::WaitFor([&] { return done || (tid != 0 && meshload::testing::ThreadIsAsleep(tid)); }, 10s);
+}
 
 TEST(SlotPool, TheProducerWaitsWhileTheTrainerHoldsEverySlot) {
   SlotPool pool(2);
   for (int64_t step = 0; step < 2; ++step) {
-    auto s = pool.AcquireForFill(step, 0, milliseconds(10));
+    auto s = pool.AcquireForFill(step, 0, 10ms);
     ASSERT_TRUE(s);
     ASSERT_TRUE(pool.MarkReady(*s));
     ASSERT_TRUE(pool.Lease(step));
   }
   // Memory is bounded: no third slot appears.
-  EXPECT_FALSE(pool.AcquireForFill(2, 0, milliseconds(50)));
+  EXPECT_FALSE(pool.AcquireForFill(2, 0, 50ms));
   std::atomic<bool> got{false};
   std::atomic<pid_t> tid{0};
   std::thread producer([&] {
     tid = CurrentThreadId();
-    got = pool.AcquireForFill(2, 0, milliseconds(2000)).has_value();
+    got = pool.AcquireForFill(2, 0, 2000ms).has_value();
   });
   // The producer waits in AcquireForFill (or, wrongly, got a slot).
-  EXPECT_TRUE(WaitFor([&] { return got || (tid != 0 && ThreadIsAsleep(tid)); }, seconds(10)));
+  EXPECT_TRUE(WaitUntilAsleepOrDone(tid, got));
   EXPECT_FALSE(got);
   EXPECT_TRUE(pool.Release(0, 0));
   producer.join();
@@ -49,7 +52,7 @@ TEST(SlotPool, TheProducerWaitsWhileTheTrainerHoldsEverySlot) {
 
 TEST(SlotPool, ReleaseChecksSlotAndStep) {
   SlotPool pool(2);
-  auto s = pool.AcquireForFill(5, 0, milliseconds(10));
+  auto s = pool.AcquireForFill(5, 0, 10ms);
   pool.MarkReady(*s);
   EXPECT_FALSE(pool.Release(*s, 5));  // ready, not leased
   ASSERT_TRUE(pool.Lease(5));
@@ -63,7 +66,7 @@ TEST(SlotPool, ReleasingLeasesFreesThemAndNothingElse) {
   SlotPool pool(3);
   std::vector<uint32_t> slot_of;
   for (int64_t step = 0; step < 3; ++step) {
-    auto s = pool.AcquireForFill(step, 0, milliseconds(10));
+    auto s = pool.AcquireForFill(step, 0, 10ms);
     pool.MarkReady(*s);
     slot_of.push_back(*s);
   }
@@ -80,32 +83,32 @@ TEST(SlotPool, ReleasingLeasesFreesThemAndNothingElse) {
 
 TEST(SlotPool, ResetDropsReadySlotsAndStaleFills) {
   SlotPool pool(3);
-  auto a = pool.AcquireForFill(0, 0, milliseconds(10));
+  auto a = pool.AcquireForFill(0, 0, 10ms);
   pool.MarkReady(*a);
-  auto b = pool.AcquireForFill(1, 0, milliseconds(10));  // still filling
+  auto b = pool.AcquireForFill(1, 0, 10ms);  // still filling
   const uint64_t gen = pool.Reset();
   EXPECT_EQ(gen, 1u);
   EXPECT_FALSE(pool.Lease(0));       // the ready slot is gone
   EXPECT_FALSE(pool.MarkReady(*b));  // a stale fill is freed, not published
   EXPECT_EQ(pool.Counts().free, 3u);
-  EXPECT_FALSE(pool.AcquireForFill(9, 0, milliseconds(10)));  // old generation
-  EXPECT_TRUE(pool.AcquireForFill(9, 1, milliseconds(10)));
+  EXPECT_FALSE(pool.AcquireForFill(9, 0, 10ms));  // old generation
+  EXPECT_TRUE(pool.AcquireForFill(9, 1, 10ms));
 }
 
 TEST(SlotPool, ShutdownWakesTheProducer) {
   SlotPool pool(1);
-  auto s = pool.AcquireForFill(0, 0, milliseconds(10));
+  auto s = pool.AcquireForFill(0, 0, 10ms);
   pool.MarkReady(*s);
   pool.Lease(0);
   std::atomic<pid_t> tid{0};
   std::atomic<bool> returned{false};
   std::thread t([&] {
     tid = CurrentThreadId();
-    EXPECT_FALSE(pool.AcquireForFill(1, 0, milliseconds(10000)));
+    EXPECT_FALSE(pool.AcquireForFill(1, 0, 10000ms));
     returned = true;
   });
   // The producer waits in AcquireForFill (or, wrongly, is back already).
-  EXPECT_TRUE(WaitFor([&] { return returned || (tid != 0 && ThreadIsAsleep(tid)); }, seconds(10)));
+  EXPECT_TRUE(WaitUntilAsleepOrDone(tid, returned));
   pool.Shutdown();
   t.join();
 }
@@ -116,13 +119,13 @@ TEST(SlotPool, ConcurrentProducerAndConsumerSeeEveryStepOnceInOrder) {
   std::thread producer([&] {
     for (int64_t step = 0; step < kSteps; ++step) {
       std::optional<uint32_t> s;
-      while (!(s = pool.AcquireForFill(step, 0, milliseconds(100)))) {
+      while (!(s = pool.AcquireForFill(step, 0, 100ms))) {
       }
       pool.MarkReady(*s);
     }
   });
   for (int64_t step = 0; step < kSteps; ++step) {
-    ASSERT_TRUE(pool.WaitReady(step, milliseconds(5000)));
+    ASSERT_TRUE(pool.WaitReady(step, 5000ms));
     auto s = pool.Lease(step);
     ASSERT_TRUE(s);
     ASSERT_TRUE(pool.Release(*s, step));
@@ -133,8 +136,8 @@ TEST(SlotPool, ConcurrentProducerAndConsumerSeeEveryStepOnceInOrder) {
 TEST(SlotPool, NextFillHandsOutConsecutiveStepsFromTheFirstAndFromEachReset) {
   SlotPool pool(3, /*first_step=*/10);
   EXPECT_EQ(pool.FirstPendingStep(), 10);
-  auto a = pool.AcquireNextForFill(0, milliseconds(10));
-  auto b = pool.AcquireNextForFill(0, milliseconds(10));
+  auto a = pool.AcquireNextForFill(0, 10ms);
+  auto b = pool.AcquireNextForFill(0, 10ms);
   ASSERT_TRUE(a && b);
   EXPECT_EQ(a->step, 10);
   EXPECT_EQ(b->step, 11);
@@ -146,9 +149,9 @@ TEST(SlotPool, NextFillHandsOutConsecutiveStepsFromTheFirstAndFromEachReset) {
   ASSERT_TRUE(pool.Lease(10));
   EXPECT_EQ(pool.FirstPendingStep(), 11);  // a leased step is the trainer's
   const uint64_t gen = pool.Reset(/*next_step=*/100);
-  EXPECT_FALSE(pool.AcquireNextForFill(0, milliseconds(10)));  // the old generation is refused
-  EXPECT_EQ(pool.FirstPendingStep(), 100);                     // the lease is of the old generation
-  auto c = pool.AcquireNextForFill(gen, milliseconds(10));
+  EXPECT_FALSE(pool.AcquireNextForFill(0, 10ms));  // the old generation is refused
+  EXPECT_EQ(pool.FirstPendingStep(), 100);         // the lease is of the old generation
+  auto c = pool.AcquireNextForFill(gen, 10ms);
   ASSERT_TRUE(c);
   EXPECT_EQ(c->step, 100);
 }
@@ -166,7 +169,7 @@ TEST(SlotPool, SeveralProducersFillEveryStepOnceAndTheTrainerNeverStarves) {
   for (int i = 0; i < 3; ++i) {
     producers.emplace_back([&, i] {
       while (!stop) {
-        auto f = pool.AcquireNextForFill(0, milliseconds(50));
+        auto f = pool.AcquireNextForFill(0, 50ms);
         if (!f) continue;
         if (f->step < kSteps) filled[static_cast<size_t>(f->step)]++;
         if (i % 2) std::this_thread::yield();
@@ -176,7 +179,7 @@ TEST(SlotPool, SeveralProducersFillEveryStepOnceAndTheTrainerNeverStarves) {
   }
   std::deque<std::pair<uint32_t, int64_t>> held;
   for (int64_t step = 0; step < kSteps; ++step) {
-    ASSERT_TRUE(pool.WaitReady(step, milliseconds(5000))) << "step " << step << " never staged";
+    ASSERT_TRUE(pool.WaitReady(step, 5000ms)) << "step " << step << " never staged";
     auto s = pool.Lease(step);
     ASSERT_TRUE(s);
     held.emplace_back(*s, step);
