@@ -38,6 +38,7 @@
 #include "protocol/seqpacket.h"
 #include "tests/testing/job_fixtures.h"
 #include "tools/synthetic_dataset.h"
+#include "tests/testing/metrics_scrape.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
 
@@ -126,17 +127,8 @@ class SidecarHarness {
     if (thread_.joinable()) thread_.join();
     sidecar_.reset();
   }
-  std::string Metrics() {
-    httplib::Client c("127.0.0.1", sidecar_->metrics_port());
-    auto r = c.Get("/metrics");
-    return r ? r->body : "";
-  }
-  double Metric(const std::string& series) {
-    const std::string text = Metrics();
-    const size_t at = text.find("\n" + series + " ");
-    if (at == std::string::npos) return -1;
-    return std::stod(text.substr(at + series.size() + 2));
-  }
+  std::string Metrics() { return meshload::testing::ScrapeMetrics(sidecar_->metrics_port()); }
+  double Metric(const std::string& series) { return meshload::testing::SampleValue(Metrics(), series); }
   std::unique_ptr<client::Client> Connect(std::optional<int64_t> start = std::nullopt) {
     client::ClientOptions o;
     o.socket_path = options_.socket_path;
@@ -605,7 +597,7 @@ TEST(Sidecar, MalformedTruncatedAndOversizedMessagesAreRefusedAndServingGoesOn) 
   auto b = c->Next(milliseconds(5000));
   ASSERT_OK(b);
   h.ExpectBatchIsPlanned(*b);
-  EXPECT_GE(h.Metrics().find("meshload_client_connections_total{outcome=\"bad_hello\"}"), 0u);
+  EXPECT_GE(h.Metric("meshload_client_connections_total{outcome=\"bad_hello\"}"), 1) << h.Metrics();
 }
 
 TEST(Sidecar, AFileTruncatedWhileServingReachesTheTrainerAsAClearError) {
