@@ -6,13 +6,7 @@ set -u
 BIN=$1
 ROOT=$2
 PY=${PYTHON:-python3}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-check() {  # check NAME CONDITION-EXIT-CODE
-  if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi
-}
+source "$(dirname "$0")/../testing/shell_checks.sh"
 
 JOB=$ROOT/examples/hybrid-fsdp.yaml
 
@@ -121,5 +115,4 @@ sed -e 's/globalBatchSize: 32/globalBatchSize: "32"/' "$JOB" >"$TMP/quoted.yaml"
 [ $rc -eq 2 ] && grep -q "spec.batch.globalBatchSize: expected an integer" "$TMP/err7"
 check "a quoted batch size is an error, not a crash" $?
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

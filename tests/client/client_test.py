@@ -217,6 +217,24 @@ def snapshot(batch):
     return [(t.ids_checksum, np.array(np.from_dlpack(t), copy=True)) for t in batch.tensors]
 
 
+def next_in_a_thread(client):
+    """Starts a thread that calls client.next() without a timeout; returns
+    the thread and a dict whose "result" is then "a batch" or the
+    MeshloadError next() raised."""
+    outcome = {}
+
+    def run():
+        try:
+            client.next()
+            outcome["result"] = "a batch"
+        except meshload.MeshloadError as e:
+            outcome["result"] = e
+
+    th = threading.Thread(target=run)
+    th.start()
+    return th, outcome
+
+
 # ---- ctypes views of the DLPack structs (the consumer's side of the ABI) ----
 
 
@@ -892,17 +910,7 @@ class ReconnectTest(SidecarTest):
         self.sidecar.start()
         c = meshload.Client(self.sidecar.sock)
         held = [c.next(timeout=10) for _ in range(PREFETCH)]
-        outcome = {}
-
-        def loader():
-            try:
-                c.next()
-                outcome["result"] = "a batch"
-            except meshload.MeshloadError as e:
-                outcome["result"] = e
-
-        th = threading.Thread(target=loader)
-        th.start()
+        th, outcome = next_in_a_thread(c)
         time.sleep(0.3)  # the loader is blocked in next()
         self.assertTrue(th.is_alive())
         t0 = time.monotonic()
@@ -924,17 +932,7 @@ class ReconnectTest(SidecarTest):
         self.sidecar.start()
         c = meshload.Client(self.sidecar.sock)
         held = [c.next(timeout=10) for _ in range(PREFETCH)]
-        outcome = {}
-
-        def blocked():
-            try:
-                c.next()
-                outcome["result"] = "a batch"
-            except meshload.MeshloadError as e:
-                outcome["result"] = e
-
-        th = threading.Thread(target=blocked)
-        th.start()
+        th, outcome = next_in_a_thread(c)
         # Until the other thread holds the client (a loaded machine may take
         # a while to start it), a timed next() waits for a batch itself.
         behind = None

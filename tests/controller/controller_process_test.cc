@@ -192,16 +192,25 @@ class ControllerProcess : public ::testing::Test {
     cluster_.CreatePod(ns_, pod, "lead");
     cluster_.SetSidecar(ns_, pod, true);
   }
-  json Job() { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/lead"); }
-  // Writes `manifest` to `file` and generates the synthetic dataset its
-  // spec.dataset.uri names (the demo trainers verify every byte of it).
-  void GenerateDataset(const json& manifest, const std::string& file) {
+  json Job() { return cluster_.Get(JobPath("lead")); }
+  // The manifest of job `name` (its pods labelled `name`), `processes`
+  // processes over the synthetic dataset in dir_/data (see CreateJobOverDataset).
+  json DatasetJobManifest(const std::string& name, int processes) {
+    json manifest = cluster_.JobManifest(ns_, name, processes, name);
+    manifest["spec"]["dataset"]["uri"] = dir_.path() + "/data";
+    return manifest;
+  }
+  // Writes `manifest` to `file`, generates the synthetic dataset its
+  // spec.dataset.uri names (the demo trainers verify every byte of it), and
+  // creates the job.
+  void CreateJobOverDataset(const json& manifest, const std::string& file) {
     std::ofstream(file) << manifest.dump();
     int rc = 0;
     const std::string out = Shell(std::string(MESHLOAD_BIN) + " run --local -f " + file + " --generate-dataset " +
                                       manifest["spec"]["dataset"]["uri"].get<std::string>() + " --steps 1 2>&1",
                                   &rc);
     ASSERT_EQ(rc, 0) << out;
+    cluster_.CreateJob(manifest);
   }
   // A controller that polls the sidecars' /progress every second on
   // `sidecar_port`, writing every move at once.
@@ -212,6 +221,7 @@ class ControllerProcess : public ::testing::Test {
                            dir_.path() + "/" + identity + "-controller.log");
   }
 
+  std::string JobPath(const std::string& job) const { return TestCluster::JobPath(ns_, job); }
   std::string ConfigMapPath(const std::string& job) const {
     return "/api/v1/namespaces/" + ns_ + "/configmaps/" + job + "-meshload";
   }
@@ -264,6 +274,25 @@ class ControllerProcess : public ::testing::Test {
     return Spawn({MESHLOAD_BIN, "demo-trainer", "--job", p.dir + "/job.json", "--process", std::to_string(p.process),
                   "--socket", p.dir + "/s.sock", "--delay-ms", delay_ms},
                  p.dir + "/trainer.log", p.dir + "/trainer.out");
+  }
+  // Runs a demo trainer of pod `p` for `steps` steps; its report (the last
+  // line it prints) in `report`. Fails unless it exits 0 and reports.
+  static void RunTrainer(const FakePod& p, int steps, json* report) {
+    int rc = 0;
+    const std::string out = Shell(std::string(MESHLOAD_BIN) + " demo-trainer --job " + p.dir + "/job.json --process " +
+                                      std::to_string(p.process) + " --socket " + p.dir + "/s.sock --steps " +
+                                      std::to_string(steps) + " 2>&1",
+                                  &rc);
+    ASSERT_EQ(rc, 0) << out;
+    *report = LastJsonLine(out);
+    ASSERT_TRUE(report->is_object()) << out;
+  }
+  // The end of a test: SIGTERM to the pods' sidecars and to the controller,
+  // which it waits for.
+  static void StopAll(const std::vector<FakePod>& pods, Process& controller) {
+    for (const auto& p : pods) kill(p.sidecar->pid, SIGTERM);
+    kill(controller.pid, SIGTERM);
+    controller.WaitExit(15s);
   }
   static void WaitForSocket(const FakePod& p) {
     EXPECT_TRUE(WaitFor([&] { return std::filesystem::exists(p.dir + "/s.sock"); }, 30s))
@@ -356,18 +385,15 @@ TEST_F(ControllerProcess, ABacklogOfWritesNeverCostsTheLeaderItsLease) {
 
 TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecordedStep) {
   // The dataset the demo trainers verify every byte of.
-  const std::string data = dir_.path() + "/data";
-  json manifest = cluster_.JobManifest(ns_, "rs", 4, "rs");
+  json manifest = DatasetJobManifest("rs", 4);
   manifest["spec"]["batch"]["globalBatchSize"] = 64;  // the same global batch before and after the resize
-  manifest["spec"]["dataset"]["uri"] = data;
   const std::string four = dir_.path() + "/rs-4.json";
-  ASSERT_NO_FATAL_FAILURE(GenerateDataset(manifest, four));
-  cluster_.CreateJob(manifest);
+  ASSERT_NO_FATAL_FAILURE(CreateJobOverDataset(manifest, four));
 
   const int metrics_port = FreePort();
   auto controller = StartPollingController("rs", metrics_port);
   const std::string cm_path = ConfigMapPath("rs");
-  auto job = [&] { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/rs"); };
+  auto job = [&] { return cluster_.Get(JobPath("rs")); };
   auto resume = [&] {
     json cm = cluster_.Get(cm_path);
     return cm.is_object() ? json::parse(cm["data"].value("resume.json", "null"), nullptr, false) : json();
@@ -376,13 +402,8 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
   // 1. Four processes train to step 20 (steps 0..19), then stop.
   auto pods4 = StartPods("rs", 4, 10, metrics_port);
   for (auto& p : pods4) {
-    int trc = 0;
-    const std::string out = Shell(std::string(MESHLOAD_BIN) + " demo-trainer --job " + p.dir + "/job.json --process " +
-                                      std::to_string(p.process) + " --socket " + p.dir + "/s.sock --steps 20 2>&1",
-                                  &trc);
-    ASSERT_EQ(trc, 0) << out;
-    json last = LastJsonLine(out);
-    ASSERT_TRUE(last.is_object()) << out;
+    json last;
+    ASSERT_NO_FATAL_FAILURE(RunTrainer(p, 20, &last));
     EXPECT_EQ(last["mismatches"], 0);
     EXPECT_EQ(last["first_step"], 0);
   }
@@ -411,7 +432,7 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
         resized["spec"]["mesh"]["processes"] = 8;
         resized["spec"]["mesh"]["axes"] = json::array({{{"name", "data"}, {"size", 16}}});
         resized.erase("status");
-        auto put = cluster_.client().Put("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/rs", resized);
+        auto put = cluster_.client().Put(JobPath("rs"), resized);
         put_error = put.message();
         return put.ok();
       },
@@ -429,13 +450,8 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
     EXPECT_EQ(json::parse(r->body)["resumeStep"], 20) << r->body;
   }
   for (auto& p : pods8) {
-    int trc = 0;
-    const std::string out = Shell(std::string(MESHLOAD_BIN) + " demo-trainer --job " + p.dir + "/job.json --process " +
-                                      std::to_string(p.process) + " --socket " + p.dir + "/s.sock --steps 10 2>&1",
-                                  &trc);
-    ASSERT_EQ(trc, 0) << out;
-    json last = LastJsonLine(out);
-    ASSERT_TRUE(last.is_object()) << out;
+    json last;
+    ASSERT_NO_FATAL_FAILURE(RunTrainer(p, 10, &last));
     EXPECT_EQ(last["mismatches"], 0) << p.name;
     EXPECT_EQ(last["first_step"], 20) << p.name;
     EXPECT_EQ(last["steps"], 10) << p.name;
@@ -449,24 +465,19 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
   ASSERT_EQ(before.size(), 10u);
   EXPECT_EQ(before, after) << "the global batches of steps 20..29 depend on the mesh";
 
-  for (auto& p : pods8) kill(p.sidecar->pid, SIGTERM);
-  kill(controller->pid, SIGTERM);
-  controller->WaitExit(15s);
+  StopAll(pods8, *controller);
 }
 
 TEST_F(ControllerProcess, ASidecarKilledMidRunComesBackAndItsTrainerGoesOnWithIdenticalBytes) {
-  const std::string data = dir_.path() + "/data";
-  json manifest = cluster_.JobManifest(ns_, "mid", 2, "mid");
-  manifest["spec"]["dataset"]["uri"] = data;
-  ASSERT_NO_FATAL_FAILURE(GenerateDataset(manifest, dir_.path() + "/mid.json"));
-  cluster_.CreateJob(manifest);
+  json manifest = DatasetJobManifest("mid", 2);
+  ASSERT_NO_FATAL_FAILURE(CreateJobOverDataset(manifest, dir_.path() + "/mid.json"));
   const int metrics_port = FreePort();
   auto controller = StartPollingController("mid", metrics_port);
   std::vector<FakePod> pods = StartPods("mid", 2, 50, metrics_port);
   // Trainers that take 20 ms a step and run until stopped.
   std::vector<std::unique_ptr<Process>> trainers;
   for (auto& p : pods) trainers.push_back(StartTrainer(p, "20"));
-  auto job = [&] { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/mid"); };
+  auto job = [&] { return cluster_.Get(JobPath("mid")); };
   ASSERT_TRUE(WaitFor([&] { return ProgressStep(job()) >= 20; }, 60s))
       << job()["status"].dump(2) << Slurp(pods[0].dir + "/trainer.log") << Slurp(pods[0].dir + "/sidecar.log");
 
@@ -495,18 +506,13 @@ TEST_F(ControllerProcess, ASidecarKilledMidRunComesBackAndItsTrainerGoesOnWithId
     EXPECT_GE(last["steps"].get<int64_t>(), 60) << pods[i].name;
     EXPECT_EQ(last["reconnects"].get<int64_t>() > 0, i == 1) << pods[i].name << ": " << last.dump();
   }
-  for (auto& p : pods) kill(p.sidecar->pid, SIGTERM);
-  kill(controller->pid, SIGTERM);
-  controller->WaitExit(15s);
+  StopAll(pods, *controller);
 }
 
 TEST_F(ControllerProcess, ASlowTrainerIsStragglingAndKubectlDescribeNamesItsProcessAndWhatIsSlow) {
-  const std::string data = dir_.path() + "/data";
-  json manifest = cluster_.JobManifest(ns_, "slow", 2, "slow");
-  manifest["spec"]["dataset"]["uri"] = data;
+  json manifest = DatasetJobManifest("slow", 2);
   manifest["spec"]["health"] = {{"stragglerSteps", 20}};
-  ASSERT_NO_FATAL_FAILURE(GenerateDataset(manifest, dir_.path() + "/slow.json"));
-  cluster_.CreateJob(manifest);
+  ASSERT_NO_FATAL_FAILURE(CreateJobOverDataset(manifest, dir_.path() + "/slow.json"));
   const int metrics_port = FreePort();
   auto controller = StartPollingController("slow", metrics_port);
   std::vector<FakePod> pods = StartPods("slow", 2, 70, metrics_port);
@@ -515,7 +521,7 @@ TEST_F(ControllerProcess, ASlowTrainerIsStragglingAndKubectlDescribeNamesItsProc
   std::vector<std::unique_ptr<Process>> trainers;
   for (size_t i = 0; i < pods.size(); ++i) trainers.push_back(StartTrainer(pods[i], i == 1 ? "60" : "1"));
   const std::string slow = "process " + std::to_string(pods[1].process) + " (pod slow-1)";
-  auto job = [&] { return cluster_.Get("/apis/meshload.io/v1alpha1/namespaces/" + ns_ + "/dataloadjobs/slow"); };
+  auto job = [&] { return cluster_.Get(JobPath("slow")); };
   auto condition = [&](const json& j, const std::string& type) {
     for (const auto& c : j["status"].value("conditions", json::array())) {
       if (c.value("type", "") == type) return c;
@@ -569,9 +575,7 @@ TEST_F(ControllerProcess, ASlowTrainerIsStragglingAndKubectlDescribeNamesItsProc
 
   for (auto& t : trainers) kill(t->pid, SIGTERM);
   for (auto& t : trainers) t->WaitExit(15s);
-  for (auto& p : pods) kill(p.sidecar->pid, SIGTERM);
-  kill(controller->pid, SIGTERM);
-  controller->WaitExit(15s);
+  StopAll(pods, *controller);
 }
 
 TEST_F(ControllerProcess, MetricsHealthAndReadinessAndPromtool) {

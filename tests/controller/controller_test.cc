@@ -93,8 +93,14 @@ class ControllerTest : public ::testing::Test {
   // before the controller has heard of it.
   void Settle() { ASSERT_TRUE(controller_->WaitIdle(1s, 60s)); }
 
-  json Job(const std::string& name) {
-    return cluster_.Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/" + name);
+  std::string JobPath(const std::string& name) const { return TestCluster::JobPath(kNs, name); }
+  json Job(const std::string& name) { return cluster_.Get(JobPath(name)); }
+  // Deletes job `name` and waits until it is gone (the controller has taken
+  // its finalizer off).
+  void DeleteJob(const std::string& name, std::chrono::seconds timeout) {
+    auto r = cluster_.client().Delete(JobPath(name));
+    ASSERT_OK(r) << r.message();
+    ASSERT_TRUE(WaitFor([&] { return cluster_.client().Get(JobPath(name)).code == 404; }, timeout));
   }
   json ConfigMapOf(const std::string& name) {
     return cluster_.Get(std::string("/api/v1/namespaces/") + kNs + "/configmaps/" + name + "-meshload");
@@ -122,6 +128,14 @@ class ControllerTest : public ::testing::Test {
       cluster_.SetSidecar(kNs, name, true);
     }
   }
+  // The usual start: `processes` ready pods of app `app`, job `name` of
+  // `processes` processes selecting them, and the controller, settled.
+  void StartWithJob(const std::string& name, int processes, const std::string& app) {
+    ReadyPods(app, processes);
+    cluster_.CreateJob(cluster_.JobManifest(kNs, name, processes, app));
+    StartController();
+    Settle();
+  }
   // The controller's successful writes, from the audit log.
   int64_t Writes() { return cluster_.WriteCount(); }
   // A job the CRD's schema and rules take but the controller finds invalid:
@@ -131,6 +145,14 @@ class ControllerTest : public ::testing::Test {
     json manifest = cluster_.JobManifest(kNs, name, 2, app);
     manifest["spec"]["batch"]["globalBatchSize"] = batch;
     return manifest;
+  }
+  // Sets job `name`'s global batch size, as kubectl edit would: the job as
+  // it is now, less its status, written back.
+  void EditGlobalBatchSize(const std::string& name, int batch) {
+    json job = Job(name);
+    job["spec"]["batch"]["globalBatchSize"] = batch;
+    job.erase("status");
+    ASSERT_OK(cluster_.client().Put(JobPath(name), job));
   }
   // Options whose reconciler records events with `events`.
   static ControllerOptions RecordingEvents(runtime::EventRecorder& events) {
@@ -146,11 +168,21 @@ class ControllerTest : public ::testing::Test {
     Settle();
     ASSERT_TRUE(events.Flush(10s));
   }
-  // Stops the controller when it goes out of scope: declared after a
-  // recorder the controller calls, it stops the controller first, however
-  // the test ends.
-  std::shared_ptr<void> StopBeforeRecorderGoes() {
-    return std::shared_ptr<void>(nullptr, [this](void*) { StopController(); });
+  // Starts the controller recording Events (ControllerEventRecorder), and
+  // settles it with them.
+  runtime::EventRecorder& StartRecordingEvents() {
+    runtime::EventRecorder& events = ControllerEventRecorder();
+    StartController(RecordingEvents(events));
+    SettleWithEvents(events);
+    return events;
+  }
+  // A recorder of Events with the controller's identity, for
+  // RecordingEvents(). The fixture keeps it until the controller that calls
+  // it is stopped (TearDown), however the test ends.
+  runtime::EventRecorder& ControllerEventRecorder() {
+    event_client_ = cluster_.ControllerClient();
+    events_ = std::make_unique<runtime::EventRecorder>(event_client_.get(), nullptr, runtime::EventRecorderOptions{});
+    return *events_;
   }
 
   TestCluster cluster_{TestCluster::Options{.fault_proxy = true}};
@@ -158,13 +190,12 @@ class ControllerTest : public ::testing::Test {
   std::unique_ptr<kube::KubeClient> controller_client_;
   std::unique_ptr<metrics::Registry> registry_;
   std::unique_ptr<Controller> controller_;
+  std::unique_ptr<kube::KubeClient> event_client_;
+  std::unique_ptr<runtime::EventRecorder> events_;
 };
 
 TEST_F(ControllerTest, ValidJobGetsConfigMapStatusAndFinalizer) {
-  ReadyPods("llm", 4);
-  cluster_.CreateJob(cluster_.JobManifest(kNs, "train", 4, "llm"));
-  StartController();
-  Settle();
+  StartWithJob("train", 4, "llm");
   json job = Job("train");
   EXPECT_EQ(job["status"]["phase"], "Running") << job["status"].dump(2);
   EXPECT_EQ(job["status"]["processesReady"], 4);
@@ -193,10 +224,7 @@ TEST_F(ControllerTest, ValidJobGetsConfigMapStatusAndFinalizer) {
 }
 
 TEST_F(ControllerTest, ReconcileWithNothingChangedMakesZeroWrites) {
-  ReadyPods("llm", 2);
-  cluster_.CreateJob(cluster_.JobManifest(kNs, "train", 2, "llm"));
-  StartController();
-  Settle();
+  StartWithJob("train", 2, "llm");
   const int64_t before = Writes();
   EXPECT_GE(before, 4) << "the audit log shows the controller's writes: finalizer, ConfigMap, Secret, status";
   const int64_t reconciles = controller_->reconciles();
@@ -225,8 +253,7 @@ TEST_F(ControllerTest, InvalidSpecIsValidFalseWithTheMessagesAndNothingElse) {
   // Fixing the spec: generation moves, the job becomes valid and configured.
   job["spec"]["batch"]["globalBatchSize"] = 32;
   job.erase("status");
-  ASSERT_OK(
-      cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/broken", job));
+  ASSERT_OK(cluster_.client().Put(JobPath("broken"), job));
   ASSERT_TRUE(WaitFor([&] { return Job("broken")["status"]["phase"] == "Running"; }, 20s));
   json fixed = Job("broken");
   EXPECT_EQ(fixed["status"]["observedGeneration"], 2);
@@ -270,10 +297,7 @@ TEST_F(ControllerTest, AConfigMapOfTheSameNameThatIsNotTheJobsIsLeftAloneAndRepo
 }
 
 TEST_F(ControllerTest, ItsOwnConfigMapWithTheLabelsTakenOffIsTakenBack) {
-  ReadyPods("llm", 2);
-  cluster_.CreateJob(cluster_.JobManifest(kNs, "train", 2, "llm"));
-  StartController();
-  Settle();
+  StartWithJob("train", 2, "llm");
   json cm = ConfigMapOf("train");
   ASSERT_TRUE(cm.is_object());
   // Somebody removes the labels: the filtered watch reports it DELETED.
@@ -301,8 +325,7 @@ TEST_F(ControllerTest, ANameLongerThanALabelValueIsRefusedByTheCrdAndSixtyThreeI
   // without the rule let it in: `meshload plan` tests that check).
   const std::string name(64, 'a');
   ReadyPods("llm", 2);
-  auto refused = cluster_.client().Post(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs",
-                                        cluster_.JobManifest(kNs, name, 2, "llm"));
+  auto refused = cluster_.client().Post(TestCluster::JobsPath(kNs), cluster_.JobManifest(kNs, name, 2, "llm"));
   EXPECT_EQ(refused.code, 422) << refused.body.dump();
   EXPECT_THAT(refused.message(), HasSubstr("the name is at most 63 characters"));
   StartController();
@@ -344,10 +367,7 @@ TEST_F(ControllerTest, CompletionIndexWinsAndProblemsAreConditions) {
 }
 
 TEST_F(ControllerTest, ReplacedPodsTakeTheFreedIndexAndOthersKeepTheirs) {
-  ReadyPods("rep", 4);
-  cluster_.CreateJob(cluster_.JobManifest(kNs, "rep", 4, "rep"));
-  StartController();
-  Settle();
+  StartWithJob("rep", 4, "rep");
   auto before = Assignment("rep");
   ASSERT_EQ(before.size(), 4u);
   // rep-1 dies: too few pods is a condition.
@@ -414,10 +434,7 @@ TEST_F(ControllerTest, AConfigMapCacheThatLagsNeverRenumbersTheTrainers) {
 }
 
 TEST_F(ControllerTest, RestartKeepsTheAssignmentAndMakesNoWrites) {
-  ReadyPods("rs", 3);
-  cluster_.CreateJob(cluster_.JobManifest(kNs, "rs", 3, "rs"));
-  StartController();
-  Settle();
+  StartWithJob("rs", 3, "rs");
   // Change the pods so that a fresh assignment would differ: the oldest pod
   // goes away and comes back under a name that sorts first.
   cluster_.DeletePod(kNs, "rs-0");
@@ -512,22 +529,13 @@ TEST_F(ControllerTest, AnExistingPeerSecretIsKeptAndAnInvalidJobGetsNone) {
   // The valid job goes invalid: its status keeps the Secret's name.
   json job = Job("own");
   job["spec"]["batch"]["globalBatchSize"] = 3;
-  ASSERT_OK(
-      cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own", job));
+  ASSERT_OK(cluster_.client().Put(JobPath("own"), job));
   ASSERT_TRUE(WaitFor([&] { return Job("own")["status"]["phase"] == "Failed"; }, 20s));
   EXPECT_EQ(Job("own")["status"]["peerSecretName"], "own-meshload-peer");
   EXPECT_FALSE(Job("own")["status"].contains("peerSecretUID")) << "found, not made";
 
   // Deleting the job leaves the user's Secret alone.
-  ASSERT_OK(
-      cluster_.client().Delete(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own"));
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return cluster_.client()
-                   .Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/own")
-                   .code == 404;
-      },
-      20s));
+  ASSERT_NO_FATAL_FAILURE(DeleteJob("own", 20s));
   EXPECT_EQ(cluster_.Get(secrets + "/own-meshload-peer")["data"], mine.body["data"]);
 }
 
@@ -536,19 +544,14 @@ TEST_F(ControllerTest, APeerSecretIsLabelledWithItsJobInstanceAndGoesWithIt) {
   // the same name; deleting the job deletes its Secret (by uid), and the
   // same job applied again gets a new one for its new uid.
   const std::string secrets = std::string("/api/v1/namespaces/") + kNs + "/secrets";
-  const std::string jobs = std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs";
-  ReadyPods("again", 2);
-  cluster_.CreateJob(cluster_.JobManifest(kNs, "again", 2, "again"));
-  StartController();
-  Settle();
+  StartWithJob("again", 2, "again");
   json made = cluster_.Get(secrets + "/again-meshload-peer");
   ASSERT_TRUE(made.is_object());
   EXPECT_EQ(made["metadata"]["labels"]["meshload.io/job-uid"], Job("again")["metadata"]["uid"]);
   EXPECT_EQ(made["metadata"]["labels"]["meshload.io/job"], "again");
   EXPECT_EQ(Job("again")["status"]["peerSecretUID"], made["metadata"]["uid"]);
 
-  ASSERT_OK(cluster_.client().Delete(jobs + "/again"));
-  ASSERT_TRUE(WaitFor([&] { return cluster_.client().Get(jobs + "/again").code == 404; }, 20s));
+  ASSERT_NO_FATAL_FAILURE(DeleteJob("again", 20s));
   EXPECT_EQ(cluster_.client().Get(secrets + "/again-meshload-peer").code, 404);
 
   cluster_.CreateJob(cluster_.JobManifest(kNs, "again", 2, "again"));
@@ -623,9 +626,7 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   cluster_.SetSidecar(kNs, "pg-0", true, 0, "127.0.0.2");
   cluster_.SetSidecar(kNs, "pg-1", true, 0, "127.0.0.3");
   cluster_.CreateJob(cluster_.JobManifest(kNs, "pg", 2, "pg"));
-  auto event_client = cluster_.ControllerClient();
-  runtime::EventRecorder events(event_client.get(), nullptr, {});
-  auto stop_first = StopBeforeRecorderGoes();
+  runtime::EventRecorder& events = ControllerEventRecorder();
   ControllerOptions options = RecordingEvents(events);
   options.progress_interval = 200ms;
   options.progress.default_port = port;
@@ -727,10 +728,7 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
 }
 
 TEST_F(ControllerTest, SidecarNotReadyAndRestartingAreVisible) {
-  ReadyPods("sc", 2);
-  cluster_.CreateJob(cluster_.JobManifest(kNs, "sc", 2, "sc"));
-  StartController();
-  Settle();
+  StartWithJob("sc", 2, "sc");
   cluster_.SetSidecar(kNs, "sc-1", false, /*restarts=*/3);
   ASSERT_TRUE(WaitFor([&] { return Job("sc")["status"]["processesReady"] == 1; }, 20s));
   json job = Job("sc");
@@ -745,20 +743,9 @@ TEST_F(ControllerTest, SidecarNotReadyAndRestartingAreVisible) {
 }
 
 TEST_F(ControllerTest, DeletionCleansUpAndRemovesTheFinalizer) {
-  ReadyPods("del", 2);
-  cluster_.CreateJob(cluster_.JobManifest(kNs, "del", 2, "del"));
-  StartController();
-  Settle();
+  StartWithJob("del", 2, "del");
   ASSERT_TRUE(ConfigMapOf("del").is_object());
-  auto r = cluster_.client().Delete(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/del");
-  ASSERT_OK(r) << r.message();
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return cluster_.client()
-                   .Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/del")
-                   .code == 404;
-      },
-      60s));
+  ASSERT_NO_FATAL_FAILURE(DeleteJob("del", 60s));
   EXPECT_FALSE(ConfigMapOf("del").is_object());
   // The peer secret it made goes before the job does (by uid precondition),
   // so the same job applied again at once gets a new one, not the old one
@@ -847,12 +834,9 @@ TEST_F(ControllerTest, APeerSecretThatCannotBeCreatedDegradesTheJobUntilItCan) {
 }
 
 TEST_F(ControllerTest, StatusConflictsAreRetriedAfterReReading) {
-  ReadyPods("cf", 2);
-  cluster_.CreateJob(cluster_.JobManifest(kNs, "cf", 2, "cf"));
-  StartController();
-  Settle();
+  StartWithJob("cf", 2, "cf");
   // Someone else bumps the resourceVersion (a label) while a pod changes.
-  std::string path = std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/cf";
+  std::string path = JobPath("cf");
   for (int i = 0; i < 5; ++i) {
     cluster_.client().Patch(path, {{"metadata", {{"labels", {{"touch", std::to_string(i)}}}}}});
     cluster_.SetSidecar(kNs, "cf-1", i % 2 == 0);
@@ -926,7 +910,7 @@ json RunScenario(bool faults, const json& expect = nullptr) {
   auto snapshot = [&] {
     json state = json::object();
     for (const char* j : {"job0", "job1", "job2", "bad"}) {
-      json job = cluster.Get(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/" + j);
+      json job = cluster.Get(TestCluster::JobPath(kNs, j));
       json status = job["status"];
       for (auto& c : status["conditions"]) c.erase("lastTransitionTime");
       // The Secret's uid differs between the two clusters; that there is one must not.
@@ -1079,13 +1063,8 @@ TEST(EventRecorder, NeverBlocksAFullQueueOrANonLeaderDrops) {
 }
 
 TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
-  auto event_client = cluster_.ControllerClient();
-  runtime::EventRecorder events(event_client.get(), nullptr, {});
-  auto stop_first = StopBeforeRecorderGoes();
-  ControllerOptions options = RecordingEvents(events);
   cluster_.CreateJob(InvalidManifest("watched", "w"));
-  StartController(options);
-  SettleWithEvents(events);
+  runtime::EventRecorder& events = StartRecordingEvents();
   auto seen = EventsAbout(cluster_, "watched");
   ASSERT_EQ(seen.size(), 2u) << ::testing::PrintToString(seen);
   EXPECT_EQ(seen[0].rfind("Warning InvalidSpec: ", 0), 0u) << seen[0];
@@ -1093,11 +1072,7 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
   EXPECT_EQ(seen[1], "Warning InvalidSpec: the spec must be valid first (1)");
 
   // Fixed, then its trainers come up.
-  json job = Job("watched");
-  job["spec"]["batch"]["globalBatchSize"] = 32;
-  job.erase("status");
-  ASSERT_OK(cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/watched",
-                                  job));
+  ASSERT_NO_FATAL_FAILURE(EditGlobalBatchSize("watched", 32));
   ASSERT_TRUE(WaitFor([&] { return Job("watched")["status"]["phase"] == "Pending"; }, 20s));
   ReadyPods("w", 2);
   ASSERT_TRUE(WaitFor([&] { return Job("watched")["status"]["phase"] == "Running"; }, 20s));
@@ -1137,27 +1112,18 @@ TEST_F(ControllerTest, ConditionChangesBecomeEventsAndAnIdleJobMakesNone) {
 }
 
 TEST_F(ControllerTest, EventsForAJobReadyAtOnceAndForEditsThatKeepItInvalid) {
-  auto event_client = cluster_.ControllerClient();
-  runtime::EventRecorder events(event_client.get(), nullptr, {});
-  auto stop_first = StopBeforeRecorderGoes();
-  ControllerOptions options = RecordingEvents(events);
   // Pods ready before the job: its first status is Running.
   ReadyPods("r", 2);
   cluster_.CreateJob(cluster_.JobManifest(kNs, "ready", 2, "r"));
   // Invalid, then edited and still invalid, for another reason.
   cluster_.CreateJob(InvalidManifest("edited", "e"));
-  StartController(options);
-  SettleWithEvents(events);
+  runtime::EventRecorder& events = StartRecordingEvents();
   auto ready = EventsAbout(cluster_, "ready");
   ASSERT_EQ(ready.size(), 2u) << ::testing::PrintToString(ready);
   EXPECT_EQ(ready[0].rfind("Normal Resolved: ", 0), 0u) << ready[0];
   EXPECT_EQ(ready[1], "Normal AllSidecarsReady: 2 of 2 sidecars ready (1)");
 
-  json job = Job("edited");
-  job["spec"]["batch"]["globalBatchSize"] = 5;
-  job.erase("status");
-  ASSERT_OK(
-      cluster_.client().Put(std::string("/apis/meshload.io/v1alpha1/namespaces/") + kNs + "/dataloadjobs/edited", job));
+  ASSERT_NO_FATAL_FAILURE(EditGlobalBatchSize("edited", 5));
   ASSERT_TRUE(WaitFor([&] { return Job("edited")["status"]["observedGeneration"] == 2; }, 20s));
   SettleWithEvents(events);
   auto edited = EventsAbout(cluster_, "edited");

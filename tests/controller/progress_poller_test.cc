@@ -26,6 +26,15 @@ ProcessProgress Reached(int64_t process, int64_t step, double rate) {
   return p;
 }
 
+// A sidecar that did not answer; `error` says why.
+ProcessProgress Unreachable(int64_t process, std::string error, std::string pod = "") {
+  ProcessProgress p;
+  p.process = process;
+  p.pod = std::move(pod);
+  p.error = std::move(error);
+  return p;
+}
+
 TEST(ProgressStatus, TheStepEveryProcessConsumedIsTheMinimumAndResumeIsOneMore) {
   JobProgress poll;
   poll.processes = 3;
@@ -43,10 +52,7 @@ TEST(ProgressStatus, TheStepEveryProcessConsumedIsTheMinimumAndResumeIsOneMore) 
 TEST(ProgressStatus, AnUnreachableSidecarIsNamedAndNoResumeStepIsGuessed) {
   JobProgress poll;
   poll.processes = 2;
-  ProcessProgress gone;
-  gone.process = 1;
-  gone.pod = "trainer-1";
-  gone.error = "GET http://10.0.0.7:9464/progress: Connection refused";
+  const ProcessProgress gone = Unreachable(1, "GET http://10.0.0.7:9464/progress: Connection refused", "trainer-1");
   poll.sidecars = {Reached(0, 50, 1.0), gone};
   json s = ProgressStatus(poll, 8, HealthThresholds{});
   EXPECT_FALSE(s.contains("step"));
@@ -235,10 +241,7 @@ TEST(ProgressConditions, StragglingSaysWhetherStorageTheTrainerTheExchangeOrStag
 TEST(ProgressConditions, NoAnswerIsUnknownNeverAGuess) {
   JobProgress poll;
   poll.processes = 2;
-  ProcessProgress gone;
-  gone.process = 0;
-  gone.error = "timeout";
-  poll.sidecars = {gone};
+  poll.sidecars = {Unreachable(0, "timeout")};
   auto cs = ProgressConditions(poll, {}, json());
   EXPECT_EQ(Get(cs, "Starved").status, "Unknown");
   EXPECT_EQ(Get(cs, "Straggling").status, "Unknown");

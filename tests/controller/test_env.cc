@@ -300,7 +300,7 @@ json TestCluster::JobManifest(const std::string& ns, const std::string& name, in
 
 json TestCluster::CreateJob(const json& manifest) {
   const std::string ns = manifest["metadata"]["namespace"];
-  auto r = client_->Post("/apis/meshload.io/v1alpha1/namespaces/" + ns + "/dataloadjobs", manifest);
+  auto r = client_->Post(JobsPath(ns), manifest);
   if (!r.ok()) ADD_FAILURE() << r.ToStatus("create job").ToString() << " " << r.body.dump();
   return r.body;
 }

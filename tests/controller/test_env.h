@@ -83,6 +83,11 @@ class TestCluster {
   /// A DataLoadJob from examples/local-fixedrecord.yaml's spec with
   /// `processes` processes (2 devices each), selecting app=<app>.
   json JobManifest(const std::string& ns, const std::string& name, int processes, const std::string& app) const;
+  /// The API paths of the DataLoadJobs in `ns` and of job `name` there.
+  static std::string JobsPath(const std::string& ns) {
+    return "/apis/meshload.io/v1alpha1/namespaces/" + ns + "/dataloadjobs";
+  }
+  static std::string JobPath(const std::string& ns, const std::string& name) { return JobsPath(ns) + "/" + name; }
   json CreateJob(const json& manifest);
   /// A trainer pod with labels {app: app} and optional annotations (the
   /// completion index); the kubelet's part (SetSidecar) is separate.

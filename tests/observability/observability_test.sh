@@ -13,8 +13,6 @@ set -u
 ML=$1
 ROOT=$2
 source "$(dirname "$0")/../testing/shell_checks.sh"
-# Below the kernel's ephemeral range, so no test's outgoing connection holds it.
-listen_port() { echo $((20000 + RANDOM % 12000)); }
 
 # promtool and prometheus come with the Debian package `prometheus`, a
 # declared dependency: missing, they are a failure, not a skip.
@@ -88,17 +86,12 @@ scrape_configs:
       - targets: ["127.0.0.1:${ports[1]}"]
         labels: {namespace: training, pod: trainer-1}
 YAML
-prometheus --config.file="$TMP/prom.yml" --storage.tsdb.path="$TMP/tsdb" \
-  --web.listen-address="127.0.0.1:$PROM_PORT" --log.level=warn >"$TMP/prom.log" 2>&1 &
-PIDS+=($!)
+start_prometheus "$TMP/prom.yml" "$PROM_PORT"
 URL="http://127.0.0.1:$PROM_PORT"
 # Enough scrapes of both for 10 s rate windows.
-ok=1
-for _ in $(seq 120); do
-  sleep 0.5
-  r=$(curl -sf "$URL/api/v1/query?query=count(count_over_time(meshload_job_info%5B30s%5D)%20%3E%3D%208)" 2>/dev/null)
-  if grep -q '"value":\[[0-9.]*,"2"\]' <<<"$r"; then ok=0; break; fi
-done
+prometheus_until "$PROM_PORT" "count(count_over_time(meshload_job_info%5B30s%5D)%20%3E%3D%208)" \
+  '"value":\[[0-9.]*,"2"\]' 60
+ok=$?
 check "Prometheus scraped both sidecars at least 8 times" $ok
 if [ $ok -ne 0 ]; then tail -3 "$TMP/prom.log"; tail -3 "$TMP/run.out"; finish; fi
 kill -0 $RUN 2>/dev/null

@@ -54,11 +54,19 @@ std::map<int64_t, std::multiset<uint64_t>> Available(const StepPlan& plan, bool 
   return have;
 }
 
+// The property tests: check(spec, planner) for `count` random specs drawn
+// from `seed`, stopping at the first fatal failure (as an ASSERT in a loop would).
+template <typename Check>
+void ForRandomSpecs(uint64_t seed, int count, Check check) {
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < count && !::testing::Test::HasFatalFailure(); ++i) {
+    const JobSpec spec = RandomSpec(rng);
+    check(spec, MakePlanner(spec));
+  }
+}
+
 TEST(ShardPlanner, DeviceSamplesAreIdenticalAcrossStrategiesAndFanouts) {
-  std::mt19937_64 rng(1);
-  for (int i = 0; i < kRandomSpecs; ++i) {
-    JobSpec spec = RandomSpec(rng);
-    ShardPlanner planner = MakePlanner(spec);
+  ForRandomSpecs(1, kRandomSpecs, [](const JobSpec& spec, const ShardPlanner& planner) {
     for (int64_t step : {int64_t{0}, int64_t{1}, static_cast<int64_t>(planner.job().steps_per_epoch) + 1}) {
       std::vector<DevicePlan> reference;
       for (const Loading& l : SupportedLoadings(planner)) {
@@ -74,7 +82,7 @@ TEST(ShardPlanner, DeviceSamplesAreIdenticalAcrossStrategiesAndFanouts) {
         }
       }
     }
-  }
+  });
 }
 
 TEST(ShardPlanner, ReplicasHoldTheSameSamplesAndShardsConcatenateToTheGlobalBatch) {
@@ -100,10 +108,7 @@ TEST(ShardPlanner, ReplicasHoldTheSameSamplesAndShardsConcatenateToTheGlobalBatc
 }
 
 TEST(ShardPlanner, AnEpochHasNoRepeatsAndKTimesBDistinctSamples) {
-  std::mt19937_64 rng(3);
-  for (int i = 0; i < 100; ++i) {
-    JobSpec spec = RandomSpec(rng);
-    ShardPlanner planner = MakePlanner(spec);
+  ForRandomSpecs(3, 100, [](const JobSpec& /*spec*/, const ShardPlanner& planner) {
     const uint64_t K = planner.job().steps_per_epoch;
     const uint64_t B = planner.job().global_batch;
     for (uint64_t epoch : {uint64_t{0}, uint64_t{3}}) {
@@ -116,7 +121,7 @@ TEST(ShardPlanner, AnEpochHasNoRepeatsAndKTimesBDistinctSamples) {
       }
       ASSERT_EQ(seen.size(), K * B);
     }
-  }
+  });
 }
 
 TEST(ShardPlanner, GlobalBatchesDoNotDependOnTheMesh) {
@@ -163,10 +168,7 @@ TEST(ShardPlanner, ResumeStepReproducesTheUninterruptedSequence) {
 }
 
 TEST(ShardPlanner, DevicesAreCoveredByReadsPlusTransfersAndNothingIsReadInVain) {
-  std::mt19937_64 rng(6);
-  for (int i = 0; i < kRandomSpecs; ++i) {
-    JobSpec spec = RandomSpec(rng);
-    ShardPlanner planner = MakePlanner(spec);
+  ForRandomSpecs(6, kRandomSpecs, [](const JobSpec& spec, const ShardPlanner& planner) {
     for (const Loading& l : SupportedLoadings(planner)) {
       StepPlan plan = planner.PlanStep(2, l);
       auto have = Available(plan, /*include_received=*/true);
@@ -211,14 +213,11 @@ TEST(ShardPlanner, DevicesAreCoveredByReadsPlusTransfersAndNothingIsReadInVain) 
         }
       }
     }
-  }
+  });
 }
 
 TEST(ShardPlanner, EachStrategyReadsWhatItsDefinitionSays) {
-  std::mt19937_64 rng(7);
-  for (int i = 0; i < kRandomSpecs; ++i) {
-    JobSpec spec = RandomSpec(rng);
-    ShardPlanner planner = MakePlanner(spec);
+  ForRandomSpecs(7, kRandomSpecs, [](const JobSpec& /*spec*/, const ShardPlanner& planner) {
     const auto& job = planner.job();
     const int64_t P = job.mesh.processes();
     const uint64_t B = job.global_batch;
@@ -269,14 +268,11 @@ TEST(ShardPlanner, EachStrategyReadsWhatItsDefinitionSays) {
         }
       }
     }
-  }
+  });
 }
 
 TEST(ShardPlanner, ReportedCostsEqualCountedBytes) {
-  std::mt19937_64 rng(8);
-  for (int i = 0; i < kRandomSpecs; ++i) {
-    JobSpec spec = RandomSpec(rng);
-    ShardPlanner planner = MakePlanner(spec);
+  ForRandomSpecs(8, kRandomSpecs, [](const JobSpec& spec, const ShardPlanner& planner) {
     const auto& job = planner.job();
     for (const Loading& l : SupportedLoadings(planner)) {
       const int64_t step = 1;
@@ -318,14 +314,11 @@ TEST(ShardPlanner, ReportedCostsEqualCountedBytes) {
         ASSERT_EQ(cost.per_process[p].bytes_received, recv[p]);
       }
     }
-  }
+  });
 }
 
 TEST(ShardPlanner, OneProcessPlanEqualsTheWholeMeshPlanRestrictedToIt) {
-  std::mt19937_64 rng(9);
-  for (int i = 0; i < 100; ++i) {
-    JobSpec spec = RandomSpec(rng);
-    ShardPlanner planner = MakePlanner(spec);
+  ForRandomSpecs(9, 100, [](const JobSpec& spec, const ShardPlanner& planner) {
     for (const Loading& l : SupportedLoadings(planner)) {
       StepPlan whole = planner.PlanStep(4, l);
       for (int64_t p = 0; p < planner.job().mesh.processes(); ++p) {
@@ -346,14 +339,11 @@ TEST(ShardPlanner, OneProcessPlanEqualsTheWholeMeshPlanRestrictedToIt) {
         ASSERT_EQ(ta, tb) << Describe(spec, l) << " process " << p;
       }
     }
-  }
+  });
 }
 
 TEST(ShardPlanner, ASamplesOnlyPlanIsTheFullPlanWithoutItsRanges) {
-  std::mt19937_64 rng(10);
-  for (int i = 0; i < 100; ++i) {
-    JobSpec spec = RandomSpec(rng);
-    ShardPlanner planner = MakePlanner(spec);
+  ForRandomSpecs(10, 100, [](const JobSpec& spec, const ShardPlanner& planner) {
     for (const Loading& l : SupportedLoadings(planner)) {
       for (int64_t p = 0; p < planner.job().mesh.processes(); ++p) {
         const StepPlan full = planner.PlanStep(3, l, p);
@@ -382,20 +372,17 @@ TEST(ShardPlanner, ASamplesOnlyPlanIsTheFullPlanWithoutItsRanges) {
         EXPECT_EQ(full.bytes_transferred, lean.bytes_transferred);
       }
     }
-  }
+  });
 }
 
 TEST(ShardPlanner, BroadcastReadsEachShardOnceAcrossProcesses) {
-  std::mt19937_64 rng(10);
-  for (int i = 0; i < kRandomSpecs; ++i) {
-    JobSpec spec = RandomSpec(rng);
-    ShardPlanner planner = MakePlanner(spec);
+  ForRandomSpecs(10, kRandomSpecs, [](const JobSpec& /*spec*/, const ShardPlanner& planner) {
     StepPlan plan = planner.PlanStep(0, {Strategy::kPerProcess, Fanout::kBroadcast});
     std::multiset<uint64_t> all;
     for (const auto& r : plan.reads) all.insert(r.samples.begin(), r.samples.end());
     const auto batch = planner.GlobalBatch(0);
     ASSERT_EQ(all, std::multiset<uint64_t>(batch.begin(), batch.end()));
-  }
+  });
 }
 
 TEST(ShardPlanner, KnownPlanForATwoByTwoHybridMesh) {
@@ -438,6 +425,17 @@ TEST(ShardPlanner, KnownPlanForATwoByTwoHybridMesh) {
   EXPECT_EQ(plan.bytes_transferred, 40u);
 }
 
+// `processes` processes of one device each along one mesh axis "data", a
+// global batch of `batch` samples, the dataset at `uri`; the rest to set.
+JobSpec DataParallelSpec(int64_t processes, int64_t batch, std::string uri) {
+  JobSpec spec;
+  spec.mesh.processes = processes;
+  spec.mesh.axes = {{"data", processes}};
+  spec.batch.global_batch_size = batch;
+  spec.dataset.uri = std::move(uri);
+  return spec;
+}
+
 // A planner for `spec` over files of these sizes (the facts the storage
 // sources would gather).
 ShardPlanner PlannerOver(const JobSpec& spec, const std::vector<std::pair<std::string, uint64_t>>& sizes) {
@@ -459,11 +457,7 @@ ShardPlanner PlannerOver(const JobSpec& spec, const std::vector<std::pair<std::s
 }
 
 TEST(ShardPlanner, AdjacentSamplesInOneFileAreCoalescedAcrossFileBoundariesNot) {
-  JobSpec spec;
-  spec.mesh.processes = 1;
-  spec.mesh.axes = {{"data", 1}};
-  spec.batch.global_batch_size = 8;
-  spec.dataset.uri = "/data";
+  JobSpec spec = DataParallelSpec(1, 8, "/data");
   spec.dataset.format = DatasetFormat::kFixedRecord;
   spec.dataset.record_bytes = 8;
   spec.shuffle.mode = ShuffleMode::kNone;
@@ -482,11 +476,7 @@ TEST(ShardPlanner, AdjacentSamplesInOneFileAreCoalescedAcrossFileBoundariesNot) 
 TEST(ShardPlanner, TokenStreamNeighboursShareTheirOverlappingToken) {
   // T = 4 tokens of uint16: sample i is tokens [4i, 4i+5); samples 0 and 1
   // coalesce into tokens [0, 9) = 18 bytes, not 2 × 10.
-  JobSpec spec;
-  spec.mesh.processes = 1;
-  spec.mesh.axes = {{"data", 1}};
-  spec.batch.global_batch_size = 2;
-  spec.dataset.uri = "/data/tokens.bin";
+  JobSpec spec = DataParallelSpec(1, 2, "/data/tokens.bin");
   spec.dataset.format = DatasetFormat::kTokenStream;
   spec.dataset.dtype = DType::kUint16;
   spec.dataset.sequence_length = 4;
@@ -500,11 +490,7 @@ TEST(ShardPlanner, TokenStreamNeighboursShareTheirOverlappingToken) {
 }
 
 TEST(ShardPlanner, UnsupportedLoadAndReshardIsExplained) {
-  JobSpec spec;
-  spec.mesh.processes = 3;
-  spec.mesh.axes = {{"data", 3}};
-  spec.batch.global_batch_size = 3;
-  spec.dataset.uri = "/v";
+  JobSpec spec = DataParallelSpec(3, 3, "/v");
   spec.dataset.record_bytes = 4;
   spec.dataset.samples = 10;
   ShardPlanner planner = MakePlanner(spec);

@@ -48,6 +48,11 @@ std::string Edit(const std::string& from, const std::string& to) {
   return ::testing::AssertionFailure() << "no problem contains '" << needle << "'; got:" << all;
 }
 
+// HasProblem of the minimal manifest with Edit(from, to).
+::testing::AssertionResult EditHasProblem(const std::string& from, const std::string& to, const std::string& needle) {
+  return HasProblem(Problems(Edit(from, to)), needle);
+}
+
 TEST(Spec, ParsesTheMinimalManifestWithDefaults) {
   Diagnostics d;
   auto job = ParseDataLoadJob(MinimalJobYaml(), d);
@@ -220,27 +225,39 @@ TEST(Spec, OnlyBroadcastAndLoadAndReshardMoveSamplesBetweenProcesses) {
   EXPECT_TRUE(MovesSamplesBetweenProcesses(s));
 }
 
-TEST(Spec, AxisSizeBelowOneIsNamedByPath) {
-  auto p = Problems(Edit("size: 4", "size: 0"));
-  EXPECT_TRUE(HasProblem(p, "spec.mesh.axes[0].size: must be >= 1, got 0"));
+// Edits of the minimal manifest, each a test of its own
+// (Spec/ManifestEdit.BringsItsProblem/<name>): the problem it must bring.
+struct EditCase {
+  const char* name;
+  const char* from;
+  const char* to;
+  const char* problem;
+};
+void PrintTo(const EditCase& c, std::ostream* os) { *os << c.name; }
+
+const EditCase kEdits[] = {
+    {"AxisSizeBelowOneIsNamedByPath", "size: 4", "size: 0", "spec.mesh.axes[0].size: must be >= 1, got 0"},
+    {"DuplicateAxisNames", "      - name: data\n        size: 4",
+     "      - {name: data, size: 2}\n      - {name: data, size: 2}",
+     "spec.mesh.axes[1].name: duplicate axis name 'data' (also axes[0])"},
+    {"UnknownBatchAxisWithSuggestion", "        size: 4\n", "        size: 4\n    batchAxes: [dat]\n",
+     "spec.mesh.batchAxes[0]: unknown axis 'dat' (did you mean data?)"},
+    {"ProcessesTimesDevicesMustEqualTheMesh", "processes: 2", "processes: 3",
+     "spec.mesh: processes × devicesPerProcess = 3 × 2 = 6, but the axes [data=4] have 4 devices"},
+    {"UnknownFieldsAreErrorsWithSuggestions", "globalBatchSize: 8", "globalBatchsize: 8",
+     "spec.batch.globalBatchsize: unknown field (did you mean globalBatchSize?)"},
+    {"DatasetSmallerThanOneGlobalBatch", "samples: 1000", "samples: 5",
+     "spec.dataset.samples: the dataset has 5 samples, fewer than one global batch of 8"},
+};
+
+class ManifestEdit : public ::testing::TestWithParam<EditCase> {};
+
+TEST_P(ManifestEdit, BringsItsProblem) {
+  EXPECT_TRUE(EditHasProblem(GetParam().from, GetParam().to, GetParam().problem));
 }
 
-TEST(Spec, DuplicateAxisNames) {
-  auto p = Problems(
-      Edit("      - name: data\n        size: 4", "      - {name: data, size: 2}\n      - {name: data, size: 2}"));
-  EXPECT_TRUE(HasProblem(p, "spec.mesh.axes[1].name: duplicate axis name 'data' (also axes[0])"));
-}
-
-TEST(Spec, UnknownBatchAxisWithSuggestion) {
-  auto p = Problems(Edit("        size: 4\n", "        size: 4\n    batchAxes: [dat]\n"));
-  EXPECT_TRUE(HasProblem(p, "spec.mesh.batchAxes[0]: unknown axis 'dat' (did you mean data?)"));
-}
-
-TEST(Spec, ProcessesTimesDevicesMustEqualTheMesh) {
-  auto p = Problems(Edit("processes: 2", "processes: 3"));
-  EXPECT_TRUE(
-      HasProblem(p, "spec.mesh: processes × devicesPerProcess = 3 × 2 = 6, but the axes [data=4] have 4 devices"));
-}
+INSTANTIATE_TEST_SUITE_P(Spec, ManifestEdit, ::testing::ValuesIn(kEdits),
+                         [](const ::testing::TestParamInfo<EditCase>& info) { return std::string(info.param.name); });
 
 TEST(Spec, BatchNotDivisibleByShards) {
   std::string y = Edit("      - name: data\n        size: 4",
@@ -276,14 +293,13 @@ TEST(Spec, ReplicationModeMustMatchBatchAxes) {
 }
 
 TEST(Spec, UnknownEnumValuesAndDtypes) {
-  auto p = Problems(Edit("strategy: PerProcess", "strategy: PerProces"));
-  EXPECT_TRUE(HasProblem(p,
-                         "spec.strategy: unknown value 'PerProces' (did you mean PerProcess?); expected one of "
-                         "GlobalLoad, PerDevice, PerProcess, LoadAndReshard"));
-  p = Problems(Edit("format: FixedRecord", "format: FixedRecord\n    dtype: uint128"));
-  EXPECT_TRUE(HasProblem(p, "spec.dataset.dtype: unknown dtype 'uint128'"));
-  p = Problems(Edit("  strategy:", "  shuffle: {mode: Random}\n  strategy:"));
-  EXPECT_TRUE(HasProblem(p, "spec.shuffle.mode: unknown value 'Random'"));
+  EXPECT_TRUE(EditHasProblem("strategy: PerProcess", "strategy: PerProces",
+                             "spec.strategy: unknown value 'PerProces' (did you mean PerProcess?); expected one of "
+                             "GlobalLoad, PerDevice, PerProcess, LoadAndReshard"));
+  EXPECT_TRUE(EditHasProblem("format: FixedRecord", "format: FixedRecord\n    dtype: uint128",
+                             "spec.dataset.dtype: unknown dtype 'uint128'"));
+  EXPECT_TRUE(EditHasProblem(
+      "  strategy:", "  shuffle: {mode: Random}\n  strategy:", "spec.shuffle.mode: unknown value 'Random'"));
 }
 
 TEST(Spec, AtMostEightAxes) {
@@ -291,11 +307,6 @@ TEST(Spec, AtMostEightAxes) {
   for (int i = 0; i < 9; ++i) axes += "      - {name: a" + std::to_string(i) + ", size: 1}\n";
   auto p = Problems(Edit("      - name: data\n        size: 4\n", axes));
   EXPECT_TRUE(HasProblem(p, "spec.mesh.axes: has 9 axes; at most 8 are supported"));
-}
-
-TEST(Spec, DatasetSmallerThanOneGlobalBatch) {
-  auto p = Problems(Edit("samples: 1000", "samples: 5"));
-  EXPECT_TRUE(HasProblem(p, "spec.dataset.samples: the dataset has 5 samples, fewer than one global batch of 8"));
 }
 
 TEST(Spec, ANameLongerThanALabelValueIsRefused) {
@@ -329,32 +340,25 @@ TEST(Spec, EveryProblemIsReportedAtOnce) {
 }
 
 TEST(Spec, TypeErrorsNameTheFieldAndLine) {
-  auto p = Problems(Edit("processes: 2", "processes: two"));
-  EXPECT_TRUE(HasProblem(p, "spec.mesh.processes: expected an integer, got 'two' (line 7)"));
-  p = Problems(Edit("processes: 2", "processes: \"2\""));
-  EXPECT_TRUE(HasProblem(p, "spec.mesh.processes: expected an integer, got '2' (a quoted string)"));
-  p = Problems(Edit("processes: 2", "processes: 2.5"));
-  EXPECT_TRUE(HasProblem(p, "spec.mesh.processes: expected an integer, got '2.5'"));
-  p = Problems(Edit("processes: 2", "processes: 99999999999999999999"));
-  EXPECT_TRUE(HasProblem(p, "out of range"));
-}
-
-TEST(Spec, UnknownFieldsAreErrorsWithSuggestions) {
-  auto p = Problems(Edit("globalBatchSize: 8", "globalBatchsize: 8"));
-  EXPECT_TRUE(HasProblem(p, "spec.batch.globalBatchsize: unknown field (did you mean globalBatchSize?)"));
+  EXPECT_TRUE(
+      EditHasProblem("processes: 2", "processes: two", "spec.mesh.processes: expected an integer, got 'two' (line 7)"));
+  EXPECT_TRUE(EditHasProblem("processes: 2", "processes: \"2\"",
+                             "spec.mesh.processes: expected an integer, got '2' (a quoted string)"));
+  EXPECT_TRUE(EditHasProblem("processes: 2", "processes: 2.5", "spec.mesh.processes: expected an integer, got '2.5'"));
+  EXPECT_TRUE(EditHasProblem("processes: 2", "processes: 99999999999999999999", "out of range"));
 }
 
 TEST(Spec, FormatSpecificFields) {
   auto p = Problems(Edit("format: FixedRecord\n    recordBytes: 64", "format: TokenStream"));
   EXPECT_TRUE(HasProblem(p, "spec.dataset.dtype: required for format TokenStream"));
   EXPECT_TRUE(HasProblem(p, "spec.dataset.sequenceLength: required for format TokenStream"));
-  p = Problems(Edit("format: FixedRecord\n    recordBytes: 64",
-                    "format: TokenStream\n    dtype: float32\n    sequenceLength: 8"));
-  EXPECT_TRUE(HasProblem(p, "TokenStream tokens must be an integer type, got float32"));
-  p = Problems(Edit("recordBytes: 64", "recordBytes: 6\n    dtype: float32"));
-  EXPECT_TRUE(HasProblem(p, "spec.dataset.recordBytes: 6 is not a whole number of float32 elements"));
-  p = Problems(Edit("format: FixedRecord", "format: FixedRecord\n    sequenceLength: 4"));
-  EXPECT_TRUE(HasProblem(p, "spec.dataset.sequenceLength: is only used by format TokenStream"));
+  EXPECT_TRUE(EditHasProblem("format: FixedRecord\n    recordBytes: 64",
+                             "format: TokenStream\n    dtype: float32\n    sequenceLength: 8",
+                             "TokenStream tokens must be an integer type, got float32"));
+  EXPECT_TRUE(EditHasProblem("recordBytes: 64", "recordBytes: 6\n    dtype: float32",
+                             "spec.dataset.recordBytes: 6 is not a whole number of float32 elements"));
+  EXPECT_TRUE(EditHasProblem("format: FixedRecord", "format: FixedRecord\n    sequenceLength: 4",
+                             "spec.dataset.sequenceLength: is only used by format TokenStream"));
 }
 
 TEST(Spec, SelectorIsParsedAndChecked) {

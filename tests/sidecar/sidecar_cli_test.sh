@@ -9,10 +9,6 @@ SIDECAR=$2
 ROOT=$3
 FAKE_CUDA=${4:-}
 source "$(dirname "$0")/../testing/shell_checks.sh"
-# A port to listen on: below the kernel's ephemeral range (32768 and up by
-# default), so no outgoing connection of a test running beside this one
-# holds it.
-listen_port() { echo $((20000 + RANDOM % 12000)); }
 
 job() {  # job NAME FORMAT-FIELDS STRATEGY
   two_process_job "$TMP/$1.yaml" "$1" data "  strategy: $3
@@ -168,15 +164,9 @@ scrape_configs:
   - job_name: meshload-sidecar
     static_configs: [{targets: ["127.0.0.1:$PORT"]}]
 YAML
-  prometheus --config.file="$TMP/prom.yml" --storage.tsdb.path="$TMP/tsdb" \
-    --web.listen-address="127.0.0.1:$PROM_PORT" --log.level=warn >"$TMP/prom.log" 2>&1 &
-  PIDS+=($!)
-  ok=1
-  for _ in $(seq 60); do
-    sleep 0.5
-    r=$(curl -sf "http://127.0.0.1:$PROM_PORT/api/v1/query?query=meshload_batches_consumed_total" 2>/dev/null)
-    if grep -q '"value":\[[0-9.]*,"30"\]' <<<"$r"; then ok=0; break; fi
-  done
+  start_prometheus "$TMP/prom.yml" "$PROM_PORT"
+  prometheus_until "$PROM_PORT" meshload_batches_consumed_total '"value":\[[0-9.]*,"30"\]'
+  ok=$?
   up=$(curl -sf "http://127.0.0.1:$PROM_PORT/api/v1/query?query=up" 2>/dev/null)
   [ $ok -eq 0 ] && grep -q '"value":\[[0-9.]*,"1"\]' <<<"$up"
   check "a real Prometheus scrapes the sidecar (up = 1, batches consumed = 30)" $?

@@ -12,6 +12,16 @@
 #                  it instead of sleeping: a loaded machine (TSan, CI) can take
 #                  seconds where an idle one takes milliseconds.
 #   finish         prints "N passed, N failed[, N skipped]" and exits 1 if any failed
+#   listen_port    a port to listen on: below the kernel's ephemeral range
+#                  (32768 and up by default), so no outgoing connection of a
+#                  test running beside this one holds it
+#   start_prometheus CONFIG PORT
+#                  runs prometheus with CONFIG on 127.0.0.1:PORT, its data in
+#                  $TMP/tsdb and its log in $TMP/prom.log (killed at exit)
+#   prometheus_until PORT QUERY PATTERN [SECONDS]
+#                  polls that Prometheus' instant QUERY (URL-encoded) every
+#                  0.5 s until its answer matches PATTERN (grep), at most
+#                  SECONDS (default 30); returns 1 if it never does
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -34,6 +44,21 @@ finish() {
   if [ $skip -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
   [ $fail -eq 0 ]
   exit $?
+}
+listen_port() { echo $((20000 + RANDOM % 12000)); }
+start_prometheus() {
+  prometheus --config.file="$1" --storage.tsdb.path="$TMP/tsdb" \
+    --web.listen-address="127.0.0.1:$2" --log.level=warn >"$TMP/prom.log" 2>&1 &
+  PIDS+=($!)
+}
+prometheus_until() {
+  local r
+  for _ in $(seq $((${4:-30} * 2))); do
+    sleep 0.5
+    r=$(curl -sf "http://127.0.0.1:$1/api/v1/query?query=$2" 2>/dev/null)
+    grep -q -- "$3" <<<"$r" && return 0
+  done
+  return 1
 }
 
 # two_process_job FILE NAME FIRST_AXIS SPEC: writes a DataLoadJob manifest

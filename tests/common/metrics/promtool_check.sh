@@ -7,25 +7,14 @@
 set -u
 BIN=$1
 PROMTOOL=${PROMTOOL:-promtool}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-check() {  # check NAME CONDITION-EXIT-CODE
-  if [ "$2" -eq 0 ]; then
-    pass=$((pass + 1)); echo "ok   $1"
-  else
-    fail=$((fail + 1)); echo "FAIL $1"
-  fi
-}
+source "$(dirname "$0")/../../testing/shell_checks.sh"
 
 # promtool is a declared dependency (package `prometheus`), so its absence is a
 # failure, not a skip: a skipped lint would let a broken exposition through.
 if ! command -v "$PROMTOOL" >/dev/null 2>&1; then
   echo "promtool not found (looked for '$PROMTOOL'); install it with: bash scripts/install-deps.sh"
   check "promtool check metrics accepts the sidecar exposition" 1
-  echo "$pass passed, $fail failed"
-  exit 1
+  finish
 fi
 
 rc=0
@@ -45,5 +34,4 @@ else
   check "promtool check metrics accepts the sidecar exposition" $?
 fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish
