@@ -40,7 +40,7 @@ BUILD_PACKAGES=(
 # What the tests, benchmarks, fuzzers and the image builds need on top.
 TEST_PACKAGES=(
   git libgtest-dev libgmock-dev libbenchmark-dev python3-numpy
-  clang libclang-rt-14-dev clang-format-14
+  clang libclang-rt-14-dev clang-format-14 ccache
   prometheus curl util-linux openssl python3-yaml python3-jsonschema
   podman debootstrap
 )

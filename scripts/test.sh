@@ -21,6 +21,16 @@ bash scripts/install-deps.sh
 
 step() { echo; echo "== $*"; }
 
+# Every configuration compiles through ccache (installed above; its cache in
+# ~/.cache/ccache): a second run, in this checkout or another clone, only
+# recompiles what changed. BASEDIR and NOHASHDIR let clones in other folders
+# share the cache (paths inside the checkout are hashed relative to it).
+if command -v ccache >/dev/null; then
+  export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_C_COMPILER_LAUNCHER=ccache
+  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
+  ccache --zero-stats >/dev/null
+fi
+
 step "format (clang-format 14, .clang-format)"
 bash scripts/check-format
 
@@ -68,4 +78,5 @@ cmake --build build-tsan -j "$JOBS" --target protocol_test sidecar_test source_t
     -R '^(Sidecar|SidecarProcess|PeerExchange|StepLoader|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|SourceRegistry|Metrics|HealthServer|DeviceStaging|WorkQueue|controller_test$)' \
     -E 'StopJoinsEveryThreadTheServerStarted|SlowResponseIsRetriedAsTimeout')
 
+if command -v ccache >/dev/null; then ccache --show-stats | grep -iE "hits|misses" || true; fi
 step "all configurations passed"
