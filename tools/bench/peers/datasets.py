@@ -82,31 +82,19 @@ def sample_view(path, scenario):
 def job_yaml(name, path, scenario, processes, prefetch=4, seed=1):
     """The DataLoadJob meshload runs for a scenario: one device per process,
     the global batch sharded over the processes, global shuffle."""
-    fmt = ["    format: %s" % scenario.format]
     if scenario.format == "FixedRecord":
-        fmt.append("    recordBytes: %d" % scenario.record_bytes)
+        fmt = "recordBytes: %d" % scenario.record_bytes
     else:
-        fmt += ["    dtype: uint16", "    sequenceLength: %d" % scenario.seq]
-    return "\n".join([
-        "apiVersion: meshload.io/v1alpha1",
-        "kind: DataLoadJob",
-        "metadata:",
-        "  name: %s" % name,
-        "spec:",
-        "  mesh:",
-        "    processes: %d" % processes,
-        "    devicesPerProcess: 1",
-        "    axes:",
-        "      - {name: data, size: %d}" % processes,
-        "  strategy: PerProcess",
-        "  dataset:",
-        "    uri: %s" % path,
-    ] + fmt + [
-        "  batch:",
-        "    globalBatchSize: %d" % scenario.batch,
-        "    prefetch: %d" % prefetch,
-        "  shuffle:",
-        "    mode: Global",
-        "    seed: %d" % seed,
-        "",
-    ])
+        fmt = "dtype: uint16, sequenceLength: %d" % scenario.seq
+    return (
+        "apiVersion: meshload.io/v1alpha1\n"
+        "kind: DataLoadJob\n"
+        "metadata: {name: %(name)s}\n"
+        "spec:\n"
+        "  mesh: {processes: %(p)d, devicesPerProcess: 1, axes: [{name: data, size: %(p)d}]}\n"
+        "  strategy: PerProcess\n"
+        "  dataset: {uri: %(uri)s, format: %(format)s, %(fmt)s}\n"
+        "  batch: {globalBatchSize: %(batch)d, prefetch: %(prefetch)d}\n"
+        "  shuffle: {mode: Global, seed: %(seed)d}\n"
+    ) % {"name": name, "p": processes, "uri": path, "format": scenario.format, "fmt": fmt,
+         "batch": scenario.batch, "prefetch": prefetch, "seed": seed}
