@@ -165,8 +165,6 @@ void Controller::Worker() {
     }
     queue_.Done(key);
     busy_.fetch_sub(1);
-    MutexLock lock(mu_);
-    cv_.NotifyAll();
   }
 }
 

@@ -115,7 +115,7 @@ class Controller {
   std::atomic<int> busy_{0};
   std::atomic<int64_t> reconciles_{0}, errors_{0}, writes_{0}, next_id_{1};
   // Guards no data: the resync loop waits on cv_ for stopping_ (an atomic),
-  // and Stop and the workers notify it holding mu_ so no wake-up is lost.
+  // and Stop notifies it holding mu_ so no wake-up is lost.
   Mutex mu_;
   CondVar cv_;
 
