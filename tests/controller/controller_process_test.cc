@@ -407,9 +407,11 @@ TEST_F(ControllerProcess, AJobKilledAndResizedFrom4To8ProcessesResumesAtTheRecor
     EXPECT_EQ(last["mismatches"], 0);
     EXPECT_EQ(last["first_step"], 0);
   }
+  // The reconcile writes the ConfigMap before the job's status: wait for
+  // both.
   ASSERT_TRUE(WaitFor(
       [&] {
-        return resume() == json({{"step", 20}, {"specStep", 0}});
+        return resume() == json({{"step", 20}, {"specStep", 0}}) && job()["status"]["progress"]["step"] == 19;
       },
       60s))
       << job()["status"].dump(2) << "\n"
