@@ -124,8 +124,11 @@ Status SendMessage(int fd, const std::string& bytes, const std::vector<int>& fds
   }
 }
 
-Result<Received> ReceiveMessage(int fd, size_t max_bytes) {
-  Received out;
+namespace {
+
+// One recvmsg into `out`; with `nonblocking`, false when nothing is queued.
+Result<bool> Receive(int fd, size_t max_bytes, bool nonblocking, Received& out) {
+  out.fds.clear();
   // One buffer per thread, reused: messages are small and frequent, and a
   // fresh 64 KiB buffer per message would be zero-filled every time. One
   // spare byte tells an oversized datagram.
@@ -140,8 +143,9 @@ Result<Received> ReceiveMessage(int fd, size_t max_bytes) {
   msg.msg_controllen = sizeof control;
   ssize_t n;
   do {
-    n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | (nonblocking ? MSG_DONTWAIT : 0));
   } while (n < 0 && errno == EINTR);
+  if (n < 0 && nonblocking && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
   if (n < 0) {
     if (errno == ECONNRESET) return Status(StatusCode::kUnavailable, "peer reset the connection");
     return IoErrorFromErrno("recvmsg", "", errno);
@@ -163,7 +167,19 @@ Result<Received> ReceiveMessage(int fd, size_t max_bytes) {
     return InvalidArgument("message larger than the " + std::to_string(max_bytes) + "-byte limit");
   }
   out.bytes.assign(buffer.data(), static_cast<size_t>(n));
+  return true;
+}
+
+}  // namespace
+
+Result<Received> ReceiveMessage(int fd, size_t max_bytes) {
+  Received out;
+  MESHLOAD_RETURN_IF_ERROR(Receive(fd, max_bytes, /*nonblocking=*/false, out).status());
   return out;
+}
+
+Result<bool> TryReceiveMessage(int fd, size_t max_bytes, Received& out) {
+  return Receive(fd, max_bytes, /*nonblocking=*/true, out);
 }
 
 Result<PeerCredentials> GetPeerCredentials(int fd) {

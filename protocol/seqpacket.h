@@ -45,6 +45,11 @@ struct Received {
 /// the limits and got truncated — the descriptors that did arrive are closed.
 Result<Received> ReceiveMessage(int fd, size_t max_bytes);
 
+/// ReceiveMessage without waiting: false when no message is queued, else
+/// true with the message in `out` (one system call; a caller that usually
+/// finds one there saves a poll).
+Result<bool> TryReceiveMessage(int fd, size_t max_bytes, Received& out);
+
 struct PeerCredentials {
   pid_t pid = 0;
   uid_t uid = 0;

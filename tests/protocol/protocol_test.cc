@@ -1,5 +1,9 @@
 #include "protocol/protocol.h"
+#include "protocol/seqpacket.h"
 #include "tests/testing/status_matchers.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,6 +12,7 @@ namespace meshload::protocol {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::StatusIs;
 
 ServerHello SampleHello() {
   ServerHello h;
@@ -164,6 +169,50 @@ TEST(Protocol, ChecksumDependsOnIdsAndTheirOrder) {
   EXPECT_NE(SampleIdsChecksum(a, 3), SampleIdsChecksum(b, 3));
   EXPECT_NE(SampleIdsChecksum(a, 3), SampleIdsChecksum(c, 2));
   EXPECT_EQ(SampleIdsChecksum(a, 3), SampleIdsChecksum(a, 3));
+}
+
+TEST(Seqpacket, TryReceiveTakesWhatIsQueuedAndNeverWaits) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  Received got;
+  got.bytes = "left over";
+  // Nothing queued: false at once, on a blocking socket.
+  Result<bool> r = TryReceiveMessage(b.get(), kMaxMessageBytes, got);
+  ASSERT_OK(r.status());
+  EXPECT_FALSE(*r);
+  // Two queued messages come one a call, in order, whole.
+  ASSERT_OK(SendMessage(a.get(), Encode(Release{3, 41, 7})));
+  ASSERT_OK(SendMessage(a.get(), Encode(Release{1, 42, 0})));
+  for (const auto& [slot, step] : {std::pair<uint32_t, int64_t>{3, 41}, {1, 42}}) {
+    r = TryReceiveMessage(b.get(), kMaxMessageBytes, got);
+    ASSERT_OK(r.status());
+    ASSERT_TRUE(*r);
+    auto msg = Decode(got.bytes);
+    ASSERT_OK(msg.status());
+    const auto* release = std::get_if<Release>(&*msg);
+    ASSERT_NE(release, nullptr);
+    EXPECT_EQ(release->slot, slot);
+    EXPECT_EQ(release->step, step);
+    EXPECT_TRUE(got.fds.empty());
+  }
+  r = TryReceiveMessage(b.get(), kMaxMessageBytes, got);
+  ASSERT_OK(r.status());
+  EXPECT_FALSE(*r);
+  // Descriptors come with their message; an oversized one is an error.
+  ASSERT_OK(SendMessage(a.get(), "with a descriptor", {a.get()}));
+  r = TryReceiveMessage(b.get(), kMaxMessageBytes, got);
+  ASSERT_OK(r.status());
+  ASSERT_TRUE(*r);
+  EXPECT_EQ(got.bytes, "with a descriptor");
+  EXPECT_EQ(got.fds.size(), 1u);
+  ASSERT_OK(SendMessage(a.get(), std::string(64, 'x')));
+  EXPECT_THAT(TryReceiveMessage(b.get(), 16, got).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("16-byte")));
+  // The peer gone: kUnavailable, as ReceiveMessage says it.
+  a.Reset();
+  EXPECT_THAT(TryReceiveMessage(b.get(), kMaxMessageBytes, got).status(),
+              StatusIs(StatusCode::kUnavailable, HasSubstr("closed")));
 }
 
 }  // namespace
