@@ -133,6 +133,8 @@ Status PeerExchange::Impl::Start(const std::vector<int64_t>& send_to, const std:
       return InvalidArgument("peer process " + std::to_string(p) + " is not another process of the job's 0.." +
                              std::to_string(n - 1));
     }
+    auto& conns = outbound ? out_ : in_;
+    if (conns.count(p) != 0) return Status::Ok();  // listed twice: one connection serves both
     auto c = std::make_unique<Conn>();
     c->peer = p;
     c->outbound = outbound;
@@ -146,7 +148,7 @@ Status PeerExchange::Impl::Start(const std::vector<int64_t>& send_to, const std:
       c->index = shared_.size();
       shared_.emplace_back();
     }
-    (outbound ? out_ : in_)[p] = std::move(c);
+    conns[p] = std::move(c);
     return Status::Ok();
   };
   for (int64_t p : send_to) MESHLOAD_RETURN_IF_ERROR(add(p, true));

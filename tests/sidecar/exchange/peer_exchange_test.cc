@@ -164,6 +164,21 @@ TEST(PeerExchange, MovesStepsOnCreditWithScatteredDestinations) {
   EXPECT_EQ((*receiver)->counters().parts_received, 20u);
 }
 
+TEST(PeerExchange, APeerListedTwiceIsOneConnection) {
+  Pair pair;
+  auto sender = PeerExchange::Create(pair.Options(0), {1, 1}, {});
+  auto receiver = PeerExchange::Create(pair.Options(1), {}, {0, 0});
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  for (int64_t step = 0; step < 3; ++step) {
+    std::vector<uint8_t> src = Pattern(512, static_cast<uint8_t>(step)), dst(512);
+    MoveStep(**sender, **receiver, step, src, dst, 7 + step);
+    EXPECT_EQ(dst, src);
+  }
+  EXPECT_EQ((*sender)->counters().peers_connected, 1);
+  EXPECT_EQ((*receiver)->counters().peers_connected, 1);
+  EXPECT_EQ((*sender)->counters().parts_sent, 3u);
+}
+
 // A sender's options whose reads on demand count themselves in `served`.
 ExchangeOptions CountingServes(ExchangeOptions so, std::atomic<int>& served) {
   so.serve = [&served](int64_t, int64_t, std::vector<uint8_t>& out, uint64_t&) {
