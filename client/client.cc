@@ -217,6 +217,7 @@ Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> d
   mapping_ = std::move(mapping);
   gpu_imports_ += mapping_->gpu_imports();
   hello_ = *sh;
+  ++handshakes_;
   next_step_ = sh->first_step;
   return Status::Ok();
 }

@@ -180,6 +180,9 @@ class Client {
   void Interrupt();
 
   const protocol::ServerHello& hello() const { return hello_; }
+  /// Handshakes completed so far (connections made): hello() changes only
+  /// when this does.
+  uint64_t handshakes() const { return handshakes_; }
   /// The step the next call of Next() returns.
   int64_t next_step() const { return next_step_; }
   /// Times the client had to reconnect.
@@ -235,6 +238,7 @@ class Client {
   protocol::ServerHello hello_;
   int64_t next_step_ = -1;
   int reconnects_ = 0;
+  uint64_t handshakes_ = 0;
   int64_t gpu_imports_ = 0;
 };
 

@@ -86,6 +86,7 @@ class MESHLOAD_CAPABILITY("mutex") TimedMutex {
  public:
   void Lock() MESHLOAD_ACQUIRE() { mu_.lock(); }
   void Unlock() MESHLOAD_RELEASE() { mu_.unlock(); }
+  bool TryLock() MESHLOAD_TRY_ACQUIRE(true) { return mu_.try_lock(); }
   bool TryLockUntil(std::chrono::steady_clock::time_point until) MESHLOAD_TRY_ACQUIRE(true) {
     return mu_.try_lock_until(until);
   }
@@ -400,6 +401,7 @@ class Batch {
 struct Snapshot {
   protocol::ServerHello hello;
   std::shared_ptr<JobMesh> mesh;  // hello.mesh, shared by the batches
+  uint64_t handshakes = 0;        // client::Client::handshakes() when hello was copied
   int64_t next_step = 0;
   int reconnects = 0;
   bool closed = false;
@@ -532,6 +534,9 @@ class Client {
   // that waits for another thread's next(). (The analysis trusts the
   // annotation here: it does not check a try-lock function's own body.)
   bool LockBy(std::optional<std::chrono::steady_clock::time_point> deadline) MESHLOAD_TRY_ACQUIRE(true, mu_) {
+    // Free (the usual case): taken with the GIL held, which a try never
+    // waits with.
+    if (mu_.TryLock()) return true;
     while (true) {
       auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
       if (deadline && *deadline < until) until = *deadline;
@@ -550,11 +555,16 @@ class Client {
   // analysis does not check constructors).
   void TakeSnapshot() MESHLOAD_REQUIRES(mu_) MESHLOAD_EXCLUDES(snap_mu_) {
     MutexLock lock(snap_mu_);
-    snap_.hello = client_->hello();
-    // A reconnect may bring another job's mesh (a resized job): the
-    // batches from then on carry the new one.
-    if (!snap_.mesh || !(snap_.mesh->info() == snap_.hello.mesh)) {
-      snap_.mesh = std::make_shared<JobMesh>(snap_.hello.mesh);
+    // The hello changes only with a new connection: copied then, not each
+    // step (its strings and vectors are a dozen allocations).
+    if (snap_.handshakes != client_->handshakes()) {
+      snap_.handshakes = client_->handshakes();
+      snap_.hello = client_->hello();
+      // A reconnect may bring another job's mesh (a resized job): the
+      // batches from then on carry the new one.
+      if (!snap_.mesh || !(snap_.mesh->info() == snap_.hello.mesh)) {
+        snap_.mesh = std::make_shared<JobMesh>(snap_.hello.mesh);
+      }
     }
     snap_.next_step = client_->next_step();
     snap_.reconnects = client_->reconnects();

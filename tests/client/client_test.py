@@ -821,6 +821,41 @@ class ReconnectTest(SidecarTest):
         self.assertEqual([e.get("step") for e in connected], [k + 1], self.sidecar.log_text())
         c.close()
 
+    def test_a_sidecar_restarted_with_another_mesh_hands_out_the_new_one(self):
+        # The client copies the hello once a connection, not each step: a
+        # reconnect to a resized (here: renamed) mesh must still show.
+        self.sidecar.start()
+        c = meshload.Client(self.sidecar.sock)
+        b = c.next(timeout=10)
+        old = b.mesh
+        self.assertEqual(old.axes, (("data", 2),))
+        self.assertIs(c.next(timeout=10).mesh, old)
+        del b
+        gc.collect()
+        self.sidecar.kill()
+        with open(JOB) as f:
+            original = f.read()
+        try:
+            with open(JOB, "w") as f:
+                f.write(original.replace("{name: data, size: 2}", "{name: dp, size: 2}"))
+            self.sidecar.start()
+            # READYs the first sidecar had sent are still read from its
+            # socket (their slots stay mapped), with its mesh.
+            b = c.next(timeout=30)
+            while c.reconnects == 0:
+                self.assertIs(b.mesh, old)
+                b = c.next(timeout=30)
+            self.assertEqual(b.mesh.axes, (("dp", 2),))
+            self.assertEqual(b.mesh.batch_axes, ("dp",))
+            self.assertEqual(c.mesh, b.mesh)
+            self.assertIsNot(b.mesh, old)
+            self.assertEqual(c.reconnects, 1)
+            del b
+        finally:
+            with open(JOB, "w") as f:
+                f.write(original)
+        c.close()
+
     def test_restart_with_batches_in_flight(self):
         # Unlike above, every batch is dropped at once, so READYs for the
         # steps after k are queued when the sidecar dies: the client hands
