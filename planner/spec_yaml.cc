@@ -131,10 +131,24 @@ class SpecReader {
     return n.Scalar();
   }
 
-  // An enum value spelled exactly as in the CRD.
+  // An enum value spelled exactly as in the CRD, named by its ToString
+  // (planner/spec.cc): the spellings are written down once.
+  template <typename E>
+  std::optional<E> Named(const YAML::Node& n, const std::string& path, std::initializer_list<E> values) {
+    std::vector<std::pair<std::string_view, E>> named;
+    for (E v : values) named.emplace_back(ToString(v), v);
+    return Enum<E>(n, path, named);
+  }
+
+  // A value spelled exactly as one of `values`' names.
   template <typename E>
   std::optional<E> Enum(const YAML::Node& n, const std::string& path,
                         std::initializer_list<std::pair<std::string_view, E>> values) {
+    return Enum<E>(n, path, std::vector<std::pair<std::string_view, E>>(values));
+  }
+  template <typename E>
+  std::optional<E> Enum(const YAML::Node& n, const std::string& path,
+                        const std::vector<std::pair<std::string_view, E>>& values) {
     auto s = Str(n, path);
     if (!s) return std::nullopt;
     for (const auto& [name, v] : values) {
@@ -231,10 +245,9 @@ void ParseDataset(SpecReader& r, const YAML::Node& n, DatasetSpec& ds) {
   }
   ds.format_unknown = true;
   if (n["format"]) {
-    if (auto f = r.Enum<DatasetFormat>(n["format"], path + ".format",
-                                       {{"FixedRecord", DatasetFormat::kFixedRecord},
-                                        {"TokenStream", DatasetFormat::kTokenStream},
-                                        {"Npy", DatasetFormat::kNpy}})) {
+    if (auto f =
+            r.Named<DatasetFormat>(n["format"], path + ".format",
+                                   {DatasetFormat::kFixedRecord, DatasetFormat::kTokenStream, DatasetFormat::kNpy})) {
       ds.format = *f;
       ds.format_unknown = false;
     }
@@ -347,25 +360,21 @@ JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
     const YAML::Node& n = spec["replication"];
     if (r.Map(n, "spec.replication", {"mode", "fanout"})) {
       if (n["mode"]) {
-        js.replication.mode = r.Enum<ReplicationMode>(n["mode"], "spec.replication.mode",
-                                                      {{"None", ReplicationMode::kNone},
-                                                       {"Partial", ReplicationMode::kPartial},
-                                                       {"Full", ReplicationMode::kFull}});
+        js.replication.mode =
+            r.Named<ReplicationMode>(n["mode"], "spec.replication.mode",
+                                     {ReplicationMode::kNone, ReplicationMode::kPartial, ReplicationMode::kFull});
       }
       if (n["fanout"]) {
-        if (auto f = r.Enum<Fanout>(n["fanout"], "spec.replication.fanout",
-                                    {{"Load", Fanout::kLoad}, {"Broadcast", Fanout::kBroadcast}})) {
+        if (auto f = r.Named<Fanout>(n["fanout"], "spec.replication.fanout", {Fanout::kLoad, Fanout::kBroadcast})) {
           js.replication.fanout = *f;
         }
       }
     }
   }
   if (spec["strategy"]) {
-    if (auto s = r.Enum<Strategy>(spec["strategy"], "spec.strategy",
-                                  {{"GlobalLoad", Strategy::kGlobalLoad},
-                                   {"PerDevice", Strategy::kPerDevice},
-                                   {"PerProcess", Strategy::kPerProcess},
-                                   {"LoadAndReshard", Strategy::kLoadAndReshard}})) {
+    if (auto s = r.Named<Strategy>(
+            spec["strategy"], "spec.strategy",
+            {Strategy::kGlobalLoad, Strategy::kPerDevice, Strategy::kPerProcess, Strategy::kLoadAndReshard})) {
       js.strategy = *s;
     }
   }
@@ -396,9 +405,8 @@ JobSpec ParseSpecMapping(SpecReader& r, const YAML::Node& spec) {
     if (r.Map(n, "spec.shuffle", {"mode", "seed", "blockSize"})) {
       bool mode_ok = true;
       if (n["mode"]) {
-        if (auto m = r.Enum<ShuffleMode>(
-                n["mode"], "spec.shuffle.mode",
-                {{"None", ShuffleMode::kNone}, {"Global", ShuffleMode::kGlobal}, {"Block", ShuffleMode::kBlock}})) {
+        if (auto m = r.Named<ShuffleMode>(n["mode"], "spec.shuffle.mode",
+                                          {ShuffleMode::kNone, ShuffleMode::kGlobal, ShuffleMode::kBlock})) {
           js.shuffle.mode = *m;
         } else {
           mode_ok = false;

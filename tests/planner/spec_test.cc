@@ -298,8 +298,15 @@ TEST(Spec, UnknownEnumValuesAndDtypes) {
                              "GlobalLoad, PerDevice, PerProcess, LoadAndReshard"));
   EXPECT_TRUE(EditHasProblem("format: FixedRecord", "format: FixedRecord\n    dtype: uint128",
                              "spec.dataset.dtype: unknown dtype 'uint128'"));
-  EXPECT_TRUE(EditHasProblem(
-      "  strategy:", "  shuffle: {mode: Random}\n  strategy:", "spec.shuffle.mode: unknown value 'Random'"));
+  EXPECT_TRUE(EditHasProblem("  strategy:", "  shuffle: {mode: Random}\n  strategy:",
+                             "spec.shuffle.mode: unknown value 'Random'; expected one of None, Global, Block"));
+  EXPECT_TRUE(EditHasProblem("format: FixedRecord", "format: Parquet",
+                             "spec.dataset.format: unknown value 'Parquet'; expected one of FixedRecord, "
+                             "TokenStream, Npy"));
+  EXPECT_TRUE(EditHasProblem("  strategy:", "  replication: {mode: Half, fanout: Push}\n  strategy:",
+                             "spec.replication.mode: unknown value 'Half'; expected one of None, Partial, Full"));
+  EXPECT_TRUE(EditHasProblem("  strategy:", "  replication: {mode: Half, fanout: Push}\n  strategy:",
+                             "spec.replication.fanout: unknown value 'Push'; expected one of Load, Broadcast"));
 }
 
 TEST(Spec, AtMostEightAxes) {
