@@ -248,6 +248,20 @@ const EditCase kEdits[] = {
      "spec.batch.globalBatchsize: unknown field (did you mean globalBatchSize?)"},
     {"DatasetSmallerThanOneGlobalBatch", "samples: 1000", "samples: 5",
      "spec.dataset.samples: the dataset has 5 samples, fewer than one global batch of 8"},
+    // Unknown enum values list every value the field takes.
+    {"UnknownStrategyWithSuggestion", "strategy: PerProcess", "strategy: PerProces",
+     "spec.strategy: unknown value 'PerProces' (did you mean PerProcess?); expected one of "
+     "GlobalLoad, PerDevice, PerProcess, LoadAndReshard"},
+    {"UnknownShuffleMode", "  strategy:", "  shuffle: {mode: Random}\n  strategy:",
+     "spec.shuffle.mode: unknown value 'Random'; expected one of None, Global, Block"},
+    {"UnknownFormat", "format: FixedRecord", "format: Parquet",
+     "spec.dataset.format: unknown value 'Parquet'; expected one of FixedRecord, TokenStream, Npy"},
+    {"UnknownReplicationMode", "  strategy:", "  replication: {mode: Half}\n  strategy:",
+     "spec.replication.mode: unknown value 'Half'; expected one of None, Partial, Full"},
+    {"UnknownFanout", "  strategy:", "  replication: {fanout: Push}\n  strategy:",
+     "spec.replication.fanout: unknown value 'Push'; expected one of Load, Broadcast"},
+    {"UnknownDtype", "format: FixedRecord", "format: FixedRecord\n    dtype: uint128",
+     "spec.dataset.dtype: unknown dtype 'uint128'"},
 };
 
 class ManifestEdit : public ::testing::TestWithParam<EditCase> {};
@@ -290,23 +304,6 @@ TEST(Spec, ReplicationModeMustMatchBatchAxes) {
   EXPECT_TRUE(HasProblem(Problems(y), "declared None but batchAxes [data] mean Partial"));
   std::string ok = Edit("  strategy:", "  replication: {mode: None}\n  strategy:");
   EXPECT_TRUE(Problems(ok).empty());
-}
-
-TEST(Spec, UnknownEnumValuesAndDtypes) {
-  EXPECT_TRUE(EditHasProblem("strategy: PerProcess", "strategy: PerProces",
-                             "spec.strategy: unknown value 'PerProces' (did you mean PerProcess?); expected one of "
-                             "GlobalLoad, PerDevice, PerProcess, LoadAndReshard"));
-  EXPECT_TRUE(EditHasProblem("format: FixedRecord", "format: FixedRecord\n    dtype: uint128",
-                             "spec.dataset.dtype: unknown dtype 'uint128'"));
-  EXPECT_TRUE(EditHasProblem("  strategy:", "  shuffle: {mode: Random}\n  strategy:",
-                             "spec.shuffle.mode: unknown value 'Random'; expected one of None, Global, Block"));
-  EXPECT_TRUE(EditHasProblem("format: FixedRecord", "format: Parquet",
-                             "spec.dataset.format: unknown value 'Parquet'; expected one of FixedRecord, "
-                             "TokenStream, Npy"));
-  EXPECT_TRUE(EditHasProblem("  strategy:", "  replication: {mode: Half, fanout: Push}\n  strategy:",
-                             "spec.replication.mode: unknown value 'Half'; expected one of None, Partial, Full"));
-  EXPECT_TRUE(EditHasProblem("  strategy:", "  replication: {mode: Half, fanout: Push}\n  strategy:",
-                             "spec.replication.fanout: unknown value 'Push'; expected one of Load, Broadcast"));
 }
 
 TEST(Spec, AtMostEightAxes) {
