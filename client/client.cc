@@ -386,7 +386,8 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
     if (interrupted_.load()) return Closed();
     if (!conn_) MESHLOAD_RETURN_IF_ERROR(reconnect(Status(StatusCode::kUnavailable, "not connected")));
     // A batch already staged is taken without a poll: one system call a
-    // step when the sidecar is ahead, which is the usual case.
+    // step when the sidecar is ahead, which is the usual case. Otherwise
+    // wait until the socket is readable and take it on the next pass.
     protocol::Received received;
     Result<bool> got = protocol::TryReceiveMessage(conn_->fd(), protocol::kMaxMessageBytes, received);
     if (got.ok() && !*got) {
@@ -406,12 +407,7 @@ Result<Batch> Client::Next(std::optional<std::chrono::milliseconds> timeout) {
             "no batch for step " + std::to_string(next_step_) + " within " + std::to_string(timeout->count()) + " ms",
             options_.socket_path);
       }
-      auto waited = protocol::ReceiveMessage(conn_->fd(), protocol::kMaxMessageBytes);
-      if (waited.ok()) {
-        received = std::move(*waited);
-      } else {
-        got = waited.status();
-      }
+      continue;
     }
     if (!got.ok()) {
       if (got.status().code() != StatusCode::kUnavailable) return ProtocolError(got.status());

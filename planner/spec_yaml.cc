@@ -143,11 +143,6 @@ class SpecReader {
   // A value spelled exactly as one of `values`' names.
   template <typename E>
   std::optional<E> Enum(const YAML::Node& n, const std::string& path,
-                        std::initializer_list<std::pair<std::string_view, E>> values) {
-    return Enum<E>(n, path, std::vector<std::pair<std::string_view, E>>(values));
-  }
-  template <typename E>
-  std::optional<E> Enum(const YAML::Node& n, const std::string& path,
                         const std::vector<std::pair<std::string_view, E>>& values) {
     auto s = Str(n, path);
     if (!s) return std::nullopt;
