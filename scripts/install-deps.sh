@@ -3,49 +3,78 @@
 # a project-local Python environment (.venv) from the pinned
 # requirements.txt, and the real control plane the tests run against (etcd,
 # kube-apiserver, kube-controller-manager, kubectl, helm), built from the
-# pinned Go module in tests/tools by scripts/build-test-tools.sh (Go 1.26 or
-# newer must be installed; the binaries are cached under ~/.cache/meshload),
-# the S3 server of the object-storage tests (versitygw, from tests/s3/tools
-# by scripts/build-s3-test-tools.sh),
-# and the third-party CRDs the chart's objects need on that control plane
-# (Prometheus Operator, cert-manager; scripts/fetch-test-crds.sh), and the
-# wheelhouse the Python package's tests install from offline
-# (tests/client/wheelhouse.txt, into ~/.cache/meshload/wheelhouse).
+# pinned Go module in tests/tools by scripts/build-test-tools.sh (the Go that
+# go.mod names must be installed: checked first, and a machine without it is
+# told what to install and left untouched; the binaries are cached under
+# ~/.cache/meshload), the S3 server of the object-storage tests (versitygw,
+# from tests/s3/tools by scripts/build-s3-test-tools.sh), and the third-party
+# CRDs the chart's objects need on that control plane (Prometheus Operator,
+# cert-manager; scripts/fetch-test-crds.sh), and the wheelhouse the Python
+# package's tests install from offline (tests/client/wheelhouse.txt, into
+# ~/.cache/meshload/wheelhouse).
 # Idempotent: what is present is skipped; a second run takes seconds.
 # Runs as root on a fresh Debian 12 (uses sudo when not root).
 #
 #   scripts/install-deps.sh               everything
-#   scripts/install-deps.sh --build-only  what building meshload needs and no
-#                                         more: the compiler, the libraries'
-#                                         headers, and cuda.h from NVIDIA's
-#                                         CUDA runtime wheel
-#                                         (requirements-build.txt) in .venv;
-#                                         no test tools, no control plane (the
-#                                         images' build stage uses this)
+#   scripts/install-deps.sh --build-only  what building meshload's default
+#                                         configuration needs and no more: the
+#                                         compiler, the libraries' headers, and
+#                                         cuda.h from NVIDIA's CUDA runtime
+#                                         wheel (requirements-build.txt) in
+#                                         .venv; no test tools, no control
+#                                         plane (scripts/quickstart.sh and the
+#                                         images' build stage use this)
+#   scripts/install-deps.sh --print-packages [--build-only]
+#                                         print the Debian packages it installs,
+#                                         one a line, and do nothing else
 set -euo pipefail
-BUILD_ONLY=0
-case "${1:-}" in
-  "") ;;
-  --build-only) BUILD_ONLY=1 ;;
-  *) echo "usage: scripts/install-deps.sh [--build-only]" >&2; exit 2 ;;
-esac
+BUILD_ONLY=0 PRINT=0
+for arg in "$@"; do
+  case "$arg" in
+    --build-only) BUILD_ONLY=1 ;;
+    --print-packages) PRINT=1 ;;
+    *) echo "usage: scripts/install-deps.sh [--build-only] [--print-packages]" >&2; exit 2 ;;
+  esac
+done
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
-# What the build needs (the product binaries and the Python module).
+# What the build needs: the product binaries and the Python module, in the
+# project's default configuration (`cmake -S . -B build`: the product, no
+# tests), which is what scripts/quickstart.sh and the images' build stage
+# configure. The tests (MESHLOAD_BUILD_TESTS), the fuzzers and the
+# sanitizer and analysis builds are options; their packages are below.
 BUILD_PACKAGES=(
   build-essential cmake ninja-build pkg-config ca-certificates
   libyaml-cpp-dev nlohmann-json3-dev
   libcpp-httplib-dev libssl-dev libboost-dev
   pybind11-dev python3-dev libdlpack-dev python3-venv
 )
-# What the tests, benchmarks, fuzzers and the image builds need on top.
+# What the tests, fuzzers, analyses and the image builds need on top.
 TEST_PACKAGES=(
-  git libgtest-dev libgmock-dev libbenchmark-dev python3-numpy
+  git libgtest-dev libgmock-dev python3-numpy
   clang libclang-rt-14-dev clang-format-14 ccache
   prometheus curl util-linux openssl python3-yaml python3-jsonschema
   podman debootstrap
 )
 PACKAGES=("${BUILD_PACKAGES[@]}")
 if [ "$BUILD_ONLY" = 0 ]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
+if [ "$PRINT" = 1 ]; then printf '%s\n' "${PACKAGES[@]}"; exit 0; fi
+
+# The test tools are built from pinned Go modules and need the Go their
+# go.mod files name: checked before anything is installed, so a machine
+# without it is told what to install and left as it was. Go's own tarball
+# puts it in /usr/local/go/bin, which sudo's PATH and minimal shells lack:
+# it is used from there when it is not on PATH.
+if [ "$BUILD_ONLY" = 0 ]; then
+  GO_NEEDED=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$ROOT/tests/tools/go.mod" "$ROOT/tests/s3/tools/go.mod" | sort -V | tail -1)
+  if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then export PATH=$PATH:/usr/local/go/bin; fi
+  GO_HAVE=$(go env GOVERSION 2>/dev/null | sed -n 's/^go\([0-9.]*\).*/\1/p' || true)
+  if [ -z "$GO_HAVE" ] || [ "$(printf '%s\n%s\n' "$GO_NEEDED" "$GO_HAVE" | sort -V | head -1)" != "$GO_NEEDED" ]; then
+    if [ -z "$GO_HAVE" ]; then found="no go is on PATH"; else found="this machine has Go $GO_HAVE"; fi
+    echo "install-deps: the test tools need Go $GO_NEEDED or newer and $found: install https://go.dev/dl/go$GO_NEEDED.linux-$(dpkg --print-architecture 2>/dev/null || echo amd64).tar.gz into /usr/local/go (tar -C /usr/local -xzf FILE) and run this again; nothing was installed" >&2
+    exit 1
+  fi
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -69,7 +98,6 @@ fi
 # (which includes requirements-build.txt), or requirements-build.txt alone
 # for --build-only. Reinstalled only when those files changed since the last
 # install; a full environment also serves --build-only.
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=$ROOT/.venv
 STAMP=$VENV/.requirements.sha256
 full=full-$(cat "$ROOT/requirements.txt" "$ROOT/requirements-build.txt" | sha256sum | cut -d' ' -f1)

@@ -31,17 +31,23 @@ if command -v ccache >/dev/null; then
   ccache --zero-stats >/dev/null
 fi
 
+# What the checkout holds that git does not track, before any test: after
+# them all, anything new is a test that wrote into the source tree.
+TREE_BEFORE=$(mktemp)
+trap 'rm -f "$TREE_BEFORE"' EXIT
+python3 tests/repo/source_tree_check.py snapshot . "$TREE_BEFORE" >/dev/null
+
 step "format (clang-format 14, .clang-format)"
 bash scripts/check-format
 
 step "release build (-Werror)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHLOAD_WERROR=ON
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHLOAD_WERROR=ON -DMESHLOAD_BUILD_TESTS=ON
 cmake --build build -j "$JOBS"
 (cd build && ctest --output-on-failure -j "$JOBS")
 
 step "ASan + UBSan build"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMESHLOAD_SANITIZE=ON \
-  -DMESHLOAD_BUILD_BENCHMARKS=OFF
+  -DMESHLOAD_BUILD_TESTS=ON -DMESHLOAD_BUILD_BENCHMARKS=OFF
 cmake --build build-asan -j "$JOBS"
 # The control-plane harness's own check and the chart's on the control plane
 # (scripts, helm and kubectl only, no C++ of ours) run in the release
@@ -66,7 +72,7 @@ cmake --build build-tsa -j "$JOBS"
 
 step "ThreadSanitizer build (sidecar, sources, metrics, GPU staging, controller)"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHLOAD_TSAN=ON \
-  -DMESHLOAD_BUILD_BENCHMARKS=OFF
+  -DMESHLOAD_BUILD_TESTS=ON -DMESHLOAD_BUILD_BENCHMARKS=OFF
 cmake --build build-tsan -j "$JOBS" --target protocol_test sidecar_test source_test metrics_test meshload-sidecar \
   gpu_staging_tests controller_test workqueue_test
 # The controller's tests run too (informers, watches, leader election, the
@@ -77,6 +83,9 @@ cmake --build build-tsan -j "$JOBS" --target protocol_test sidecar_test source_t
   ctest --output-on-failure -j "$JOBS" \
     -R '^(Sidecar|SidecarProcess|PeerExchange|StepLoader|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|SourceRegistry|Metrics|HealthServer|DeviceStaging|WorkQueue|controller_test$)' \
     -E 'StopJoinsEveryThreadTheServerStarted|SlowResponseIsRetriedAsTimeout')
+
+step "the source tree as the tests found it"
+python3 tests/repo/source_tree_check.py compare . "$TREE_BEFORE"
 
 if command -v ccache >/dev/null; then ccache --show-stats | grep -iE "hits|misses" || true; fi
 step "all configurations passed"
