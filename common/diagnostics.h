@@ -35,6 +35,19 @@ class Diagnostics {
   bool ok() const { return problems_.empty(); }
   const std::vector<Problem>& problems() const { return problems_; }
 
+  /// "1 problem", "2 problems": how messages count them.
+  static std::string Count(size_t n) { return std::to_string(n) + (n == 1 ? " problem" : " problems"); }
+
+  /// `<what> (N problems):` and then each problem on an indented line: how
+  /// the tools report an invalid input, e.g.
+  ///   job.yaml: invalid DataLoadJob (1 problem):
+  ///     spec.batch.globalBatchSize: must be >= 1, got 0
+  std::string Report(const std::string& what) const {
+    std::string out = what + " (" + Count(problems_.size()) + "):\n";
+    for (const auto& p : problems_) out += "  " + p.ToString() + "\n";
+    return out;
+  }
+
   /// One line per problem.
   std::string ToString() const {
     std::string out;
@@ -49,7 +62,7 @@ class Diagnostics {
   Status ToStatus() const {
     if (problems_.empty()) return Status::Ok();
     if (problems_.size() == 1) return InvalidArgument(problems_[0].message, problems_[0].path);
-    std::string msg = std::to_string(problems_.size()) + " problems:";
+    std::string msg = Count(problems_.size()) + ":";
     for (const auto& p : problems_) msg += "\n  " + p.ToString();
     return InvalidArgument(std::move(msg));
   }

@@ -63,7 +63,7 @@ Status Sidecar::Init() {
   sources_ = source::SourceRegistry::WithBuiltins(options_.source_options);
   auto resolved = ResolveForSidecar(job->spec, *sources_, diags);
   if (!resolved.ok() || !diags.ok()) {
-    if (!diags.ok()) return InvalidArgument("invalid DataLoadJob:\n" + diags.ToString(), options_.job_path);
+    if (!diags.ok()) return InvalidArgument(diags.Report("invalid DataLoadJob"), options_.job_path);
     return resolved.status();
   }
   planner_ = std::make_unique<planner::ShardPlanner>(std::move(*resolved));

@@ -435,9 +435,7 @@ int RunPlan(const std::vector<std::string>& args) {
     }
     if (!resolved.ok() && diags.ok()) diags.Add(resolved.status());
   }
-  std::cerr << opt.file << ": invalid DataLoadJob (" << diags.problems().size() << " problem"
-            << (diags.problems().size() == 1 ? "" : "s") << "):\n";
-  for (const auto& p : diags.problems()) std::cerr << "  " << p.ToString() << "\n";
+  std::cerr << diags.Report(opt.file + ": invalid DataLoadJob");
   return 2;
 }
 

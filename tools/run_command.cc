@@ -54,9 +54,19 @@ options:
   --steps N                  steps per trainer (default: until interrupted)
   --generate-dataset DIR     first write a synthetic dataset of the job's format
                              into DIR (bytes encode each sample's index) and use it
+  --dataset PATH             use the dataset at PATH (a file, directory or glob
+                             on this machine, or an s3:// URI)
   --samples N                samples to generate (default: spec.dataset.samples,
-                             else 64 global batches)
+                             else 64 global batches; at most 256 MiB of data
+                             unless given)
   --files K                  files to split the generated dataset into (default 2)
+
+Any DataLoadJob manifest runs as it is: with --generate-dataset or --dataset,
+that dataset replaces the manifest's (spec.dataset.uri, and the volume and
+S3 settings that describe where the pods find it; one line says so). With
+neither, the manifest's own dataset is read: a local path, or an s3:// URI
+with the credentials and endpoint of the usual AWS variables
+(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3, AWS_REGION).
   --verify MODE              bytes (default), ids or none
   --delay-ms D               each trainer step takes D ms (a slow consumer)
   --reader-threads N         storage reader threads per sidecar (default: the
@@ -96,20 +106,33 @@ std::string Duration(double s) {
   return b;
 }
 
-// Rewrites the job's dataset to the generated one.
+// Rewrites the job's dataset to `uri`: the URI, and without the fields that
+// say where the pods find the manifest's own dataset (its volume; its S3
+// settings, unless `uri` is on S3 too) or how many samples it has. Returns
+// what was replaced or dropped, for the one line the run prints.
 Result<std::string> RewriteJob(const std::string& job_path, const std::string& uri, const std::string& out_path) {
   try {
     std::vector<YAML::Node> docs = YAML::LoadAllFromFile(job_path);
     for (auto& d : docs) {
       if (d.IsMap() && d["kind"] && d["kind"].as<std::string>() == "DataLoadJob") {
-        d["spec"]["dataset"]["uri"] = uri;
-        d["spec"]["dataset"].remove("samples");
+        YAML::Node ds = d["spec"]["dataset"];
+        std::string what = "spec.dataset.uri '" + (ds["uri"] ? ds["uri"].as<std::string>() : std::string()) + "'";
+        std::vector<std::string> dropped;
+        for (const char* key : {"volume", "s3", "samples"}) {
+          if (std::string(key) == "s3" && uri.rfind("s3://", 0) == 0) continue;
+          if (ds[key]) dropped.push_back(std::string("spec.dataset.") + key);
+          ds.remove(key);
+        }
+        ds["uri"] = uri;
         YAML::Emitter e;
         e << d;
         std::ofstream out(out_path);
         out << e.c_str() << "\n";
         if (!out) return IoErrorFromErrno("write", out_path, errno);
-        return out_path;
+        for (size_t i = 0; i < dropped.size(); ++i) {
+          what += (i == 0 ? " (without " : i + 1 == dropped.size() ? " and " : ", ") + dropped[i];
+        }
+        return what + (dropped.empty() ? "" : ")");
       }
     }
   } catch (const YAML::Exception& e) {
@@ -119,7 +142,7 @@ Result<std::string> RewriteJob(const std::string& job_path, const std::string& u
 }
 
 struct RunOptions {
-  std::string file, generate_dir, verify = "bytes", run_dir;
+  std::string file, generate_dir, dataset, verify = "bytes", run_dir;
   bool local = false;
   int64_t steps = -1, files = 2, delay_ms = 0, reader_threads = 0;
   std::optional<int64_t> samples;
@@ -154,6 +177,8 @@ class LocalRun {
  private:
   int MakeRunDir();
   int LoadJob();
+  // Writes the synthetic dataset of --generate-dataset; returns its URI.
+  Result<std::string> Generate(const planner::JobSpec& spec);
   int Resolve();
   void CatchSignals();
   int ConnectPeers();
@@ -177,6 +202,8 @@ class LocalRun {
   std::string run_dir_;
   bool temp_dir_ = false;
   std::optional<planner::DataLoadJob> job_;
+  // What parsing the manifest found; validation adds to it.
+  Diagnostics parse_diags_;
   std::string job_path_;
   std::optional<planner::ResolvedJob> rj_;
   int64_t P_ = 0;
@@ -211,55 +238,84 @@ int LocalRun::MakeRunDir() {
 }
 
 int LocalRun::LoadJob() {
-  Diagnostics diags;
+  Diagnostics& diags = parse_diags_;
   auto job = planner::LoadDataLoadJobFile(o_.file, diags);
   if (!job.ok()) {
     std::cerr << "meshload run: " << job.status().ToString() << "\n";
-    return 1;
+    return job.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
   job_path_ = o_.file;
+  if (o_.generate_dir.empty() && o_.dataset.empty()) {
+    job_ = std::move(*job);
+    return kGoOn;  // Resolve() reports what parsing found with the rest
+  }
+  // The manifest must be valid as written before its dataset is replaced.
+  planner::ValidateJobSpec(job->spec, diags);
+  if (!diags.ok()) {
+    std::cerr << diags.Report(o_.file + ": invalid DataLoadJob");
+    return 2;
+  }
+  std::string uri = o_.dataset, how = "given";
   if (!o_.generate_dir.empty()) {
-    planner::ValidateJobSpec(job->spec, diags);
-    if (!diags.ok()) {
-      std::cerr << o_.file << ": invalid DataLoadJob:\n" << diags.ToString();
-      return 2;
-    }
-    const uint64_t n = o_.samples                  ? static_cast<uint64_t>(*o_.samples)
-                       : job->spec.dataset.samples ? static_cast<uint64_t>(*job->spec.dataset.samples)
-                                                   : static_cast<uint64_t>(job->spec.batch.global_batch_size) * 64;
-    const auto t0 = Clock::now();
-    auto uri = tools::GenerateSyntheticDataset(job->spec.dataset, o_.generate_dir, n, static_cast<int>(o_.files));
-    if (!uri.ok()) {
-      std::cerr << "meshload run: cannot generate the dataset: " << uri.status().ToString() << "\n";
+    auto generated = Generate(job->spec);
+    if (!generated.ok()) {
+      std::cerr << "meshload run: cannot generate the dataset: " << generated.status().ToString() << "\n";
       return 1;
     }
-    std::printf("generated %" PRIu64 " %s samples in %s (%.1f s)\n", n,
-                std::string(ToString(job->spec.dataset.format)).c_str(), o_.generate_dir.c_str(),
-                std::chrono::duration<double>(Clock::now() - t0).count());
-    auto rewritten = RewriteJob(o_.file, std::filesystem::absolute(*uri).string(), run_dir_ + "/job.yaml");
-    if (!rewritten.ok()) {
-      std::cerr << "meshload run: " << rewritten.status().ToString() << "\n";
-      return 1;
-    }
-    job_path_ = *rewritten;
-    Diagnostics d2;
-    job = planner::LoadDataLoadJobFile(job_path_, d2);
-    if (!job.ok()) {
-      std::cerr << "meshload run: " << job.status().ToString() << "\n";
-      return 1;
-    }
+    uri = std::move(*generated);
+    how = "generated";
+  }
+  if (uri.find("://") == std::string::npos) uri = std::filesystem::absolute(uri).lexically_normal().string();
+  auto replaced = RewriteJob(o_.file, uri, run_dir_ + "/job.yaml");
+  if (!replaced.ok()) {
+    std::cerr << "meshload run: " << replaced.status().ToString() << "\n";
+    return 1;
+  }
+  std::printf("dataset: the %s %s replaces %s\n", how.c_str(), uri.c_str(), replaced->c_str());
+  job_path_ = run_dir_ + "/job.yaml";
+  diags = Diagnostics();
+  job = planner::LoadDataLoadJobFile(job_path_, diags);
+  if (!job.ok()) {
+    std::cerr << "meshload run: " << job.status().ToString() << "\n";
+    return 1;
   }
   job_ = std::move(*job);
   return kGoOn;
 }
 
+Result<std::string> LocalRun::Generate(const planner::JobSpec& spec) {
+  // As many samples as asked for; else the manifest's count, or 64 global
+  // batches, but no more than 256 MiB of data (a cluster manifest may
+  // count a corpus).
+  constexpr uint64_t kDefaultLimit = 256ull << 20;
+  const uint64_t global = static_cast<uint64_t>(spec.batch.global_batch_size);
+  uint64_t n = o_.samples             ? static_cast<uint64_t>(*o_.samples)
+               : spec.dataset.samples ? static_cast<uint64_t>(*spec.dataset.samples)
+                                      : global * 64;
+  std::string capped;
+  const uint64_t per_sample = tools::SyntheticSampleBytes(spec.dataset);
+  if (!o_.samples && n * per_sample > kDefaultLimit) {
+    const uint64_t fit = std::max<uint64_t>(global, kDefaultLimit / per_sample / global * global);
+    capped = "; the job's " + std::to_string(n) + " samples would take " +
+             Human(static_cast<double>(n * per_sample), "B") + ": --samples N generates more";
+    n = fit;
+  }
+  const auto t0 = Clock::now();
+  MESHLOAD_ASSIGN_OR_RETURN(
+      std::string uri, tools::GenerateSyntheticDataset(spec.dataset, o_.generate_dir, n, static_cast<int>(o_.files)));
+  std::printf("generated %" PRIu64 " %s samples in %s (%.1f s%s)\n", n,
+              std::string(ToString(spec.dataset.format)).c_str(), o_.generate_dir.c_str(),
+              std::chrono::duration<double>(Clock::now() - t0).count(), capped.c_str());
+  return uri;
+}
+
 int LocalRun::Resolve() {
-  Diagnostics diags;
+  Diagnostics& diags = parse_diags_;
   auto resolved = sidecar::source::ResolveReadingDataset(job_->spec, {}, sidecar::source::Unreachable::kFail, diags);
-  if (!resolved.ok()) {
-    std::cerr << job_path_ << ": invalid DataLoadJob (" << diags.problems().size() << " problems):\n";
-    for (const auto& p : diags.problems()) std::cerr << "  " << p.ToString() << "\n";
-    if (diags.ok()) std::cerr << "  " << resolved.status().ToString() << "\n";
+  if (!resolved.ok() || !diags.ok()) {
+    if (diags.ok()) diags.Add(resolved.status());
+    const bool replaced = job_path_ != o_.file;
+    std::cerr << diags.Report(o_.file + (replaced ? " (its dataset replaced)" : "") + ": invalid DataLoadJob");
     return 2;
   }
   rj_ = std::move(*resolved);
@@ -590,6 +646,7 @@ int RunRun(const std::vector<std::string>& args) {
   flags.Bool({"--local"}, &o.local);
   flags.Int({"--steps"}, &o.steps);
   flags.String({"--generate-dataset"}, &o.generate_dir);
+  flags.String({"--dataset"}, &o.dataset);
   flags.OptionalInt({"--samples"}, &o.samples);
   flags.Int({"--files"}, &o.files);
   flags.String({"--verify"}, &o.verify);
@@ -600,6 +657,9 @@ int RunRun(const std::vector<std::string>& args) {
   if (!o.local)
     return UsageError("run: only --local is available here; in a cluster the controller starts the sidecars");
   if (o.file.empty()) return UsageError("run: -f JOB.yaml is required");
+  if (!o.generate_dir.empty() && !o.dataset.empty()) {
+    return UsageError("run: --generate-dataset and --dataset both name the dataset; give one");
+  }
   if (o.verify != "bytes" && o.verify != "ids" && o.verify != "none") {
     return UsageError("--verify: expected bytes, ids or none");
   }

@@ -39,6 +39,14 @@ Status WriteAll(std::ofstream& out, const std::string& path, const uint8_t* data
 
 }  // namespace
 
+uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec) {
+  if (spec.format == planner::DatasetFormat::kTokenStream) {
+    return static_cast<uint64_t>(std::max<int64_t>(spec.sequence_length, 1)) *
+           planner::DTypeSize(spec.dtype.value_or(planner::DType::kUint8));
+  }
+  return spec.record_bytes > 0 ? static_cast<uint64_t>(spec.record_bytes) : 1024;
+}
+
 Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
                                              int files) {
   std::error_code ec;
@@ -62,7 +70,7 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
   switch (spec.format) {
     case planner::DatasetFormat::kFixedRecord:
     case planner::DatasetFormat::kNpy: {
-      const uint64_t rb = spec.record_bytes > 0 ? static_cast<uint64_t>(spec.record_bytes) : 1024;
+      const uint64_t rb = SyntheticSampleBytes(spec);
       if (rb % es != 0)
         return InvalidArgument("recordBytes is not a whole number of " + std::string(planner::DTypeName(dtype)),
                                "spec.dataset.recordBytes");

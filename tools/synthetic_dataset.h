@@ -31,6 +31,9 @@ namespace meshload::tools {
 Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
                                              int files);
 
+/// The bytes a sample of `spec` takes in a generated dataset.
+uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec);
+
 /// Checks that `bytes` (sample_bytes long) are sample `id` of a generated
 /// dataset described by `index`. Returns the byte offset of the first
 /// mismatch, or -1 when every byte matches.
