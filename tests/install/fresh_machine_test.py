@@ -445,7 +445,10 @@ def main():
     files, env = machine_settings()
     say("the machine's settings copied in: %s; environment: %s" %
         (", ".join(to for _, to in files), ", ".join(env) or "none"))
-    settings_key = sha(*[to + "\0" + sha(read(src)) for src, to in files], *["%s=%s" % kv for kv in env.items()])
+    # The resolver's files say how to reach the network, not what installs:
+    # they are copied in but left out of the key (they differ between boots).
+    keyed = [(src, to) for src, to in files if to not in ("/etc/resolv.conf", "/etc/hosts")]
+    settings_key = sha(*[to + "\0" + sha(read(src)) for src, to in keyed], *["%s=%s" % kv for kv in env.items()])
     mirrors = os.environ.get("MESHLOAD_DEBIAN_MIRROR", "") + os.environ.get("MESHLOAD_DEBIAN_SECURITY_MIRROR", "")
     base_key = sha(read(repo + "/scripts/lib/debian-base.sh"), mirrors)
     installer = [read(repo + "/" + f) for f in ("scripts/install-deps.sh", "requirements-build.txt",
@@ -495,7 +498,7 @@ def main():
         if os.path.exists(stamp):
             say("the full installer in this root file system passed for these installer and requirement files: %s"
                 % read(stamp, "r").strip())
-            say("(steps 2 and 3 are not run again until one of them changes; MESHLOAD_FRESH_MACHINE_COLD=1 forces them)")
+            say("(steps 2 and 3 run again when one of them changes; MESHLOAD_FRESH_MACHINE_COLD=1 forces them)")
         else:
             root = Root(run_dir + "/suite", [qs_layer, base])
             copy_settings(root.dir, files)
