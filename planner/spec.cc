@@ -6,43 +6,9 @@
 #include <set>
 
 #include "planner/spec.h"
+#include "planner/spec_reader.h"
 
 namespace meshload::planner {
-
-std::string_view ToString(ReplicationMode m) {
-  switch (m) {
-    case ReplicationMode::kNone: return "None";
-    case ReplicationMode::kPartial: return "Partial";
-    case ReplicationMode::kFull: return "Full";
-  }
-  return "?";
-}
-std::string_view ToString(Fanout f) { return f == Fanout::kLoad ? "Load" : "Broadcast"; }
-std::string_view ToString(Strategy s) {
-  switch (s) {
-    case Strategy::kGlobalLoad: return "GlobalLoad";
-    case Strategy::kPerDevice: return "PerDevice";
-    case Strategy::kPerProcess: return "PerProcess";
-    case Strategy::kLoadAndReshard: return "LoadAndReshard";
-  }
-  return "?";
-}
-std::string_view ToString(DatasetFormat f) {
-  switch (f) {
-    case DatasetFormat::kFixedRecord: return "FixedRecord";
-    case DatasetFormat::kTokenStream: return "TokenStream";
-    case DatasetFormat::kNpy: return "Npy";
-  }
-  return "?";
-}
-std::string_view ToString(ShuffleMode m) {
-  switch (m) {
-    case ShuffleMode::kNone: return "None";
-    case ShuffleMode::kGlobal: return "Global";
-    case ShuffleMode::kBlock: return "Block";
-  }
-  return "?";
-}
 
 bool MovesSamplesBetweenProcesses(const JobSpec& spec) {
   return spec.strategy == Strategy::kLoadAndReshard || spec.replication.fanout == Fanout::kBroadcast;
@@ -80,10 +46,12 @@ ReplicationMode ImpliedReplicationMode(const MeshSpec& mesh) {
 
 namespace {
 
-constexpr size_t kMaxAxes = 8;  // the CRD's CEL rule multiplies out at most 8 sizes
-constexpr int64_t kMaxAxisSize = int64_t{1} << 20;
-constexpr int64_t kMaxDevices = int64_t{1} << 22;
-constexpr int64_t kMaxPrefetch = 1024;
+// The declared bounds of the mesh (planner/api/dataloadjob.yaml), which
+// ValidateMeshSpec checks by hand, with the arithmetic between them.
+constexpr size_t kMaxAxes = kMeshSpecAxesMaxItems;  // the CRD's CEL rule multiplies out at most 8 sizes
+constexpr int64_t kMaxAxisSize = kMeshAxisSizeMaximum;
+constexpr int64_t kMaxDevices = kMeshSpecProcessesMaximum;  // processes, devices per process and the whole mesh
+static_assert(kMeshSpecDevicesPerProcessMaximum == kMaxDevices);
 
 bool IsValidAxisName(const std::string& s) {
   if (s.empty() || s.size() > 63) return false;
@@ -106,20 +74,6 @@ bool IsIntegerType(DType t) {
   }
 }
 
-// Adds a problem unless one was already reported at this path or at an
-// enclosing one (a missing `spec.batch` should not also be reported as
-// "spec.batch.globalBatchSize: must be >= 1, got 0").
-void AddOnce(Diagnostics& d, const std::string& path, std::string msg) {
-  for (const auto& p : d.problems()) {
-    if (p.path == path) return;
-    if (path.size() > p.path.size() && path.compare(0, p.path.size(), p.path) == 0 &&
-        (path[p.path.size()] == '.' || path[p.path.size()] == '[')) {
-      return;
-    }
-  }
-  d.Add(path, std::move(msg));
-}
-
 std::string AxisList(const MeshSpec& mesh) {
   std::string s = "[";
   for (size_t i = 0; i < mesh.axes.size(); ++i) {
@@ -129,65 +83,20 @@ std::string AxisList(const MeshSpec& mesh) {
   return s + "]";
 }
 
-// A DNS-1123 label: what Kubernetes allows as a volume's name.
-bool IsDnsLabel(const std::string& s) {
-  if (s.empty() || s.size() > 63) return false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
-    if (!alnum && !(c == '-' && i > 0 && i + 1 < s.size())) return false;
-  }
-  return true;
-}
-
+// What the declaration cannot say about spec.dataset.s3 (its fields' own
+// patterns are declared): it belongs to an s3:// dataset.
 void ValidateDatasetS3(const DatasetSpec& ds, Diagnostics& d) {
-  const DatasetS3& s3 = *ds.s3;
   if (ds.uri.rfind("s3://", 0) != 0) {
     d.Add("spec.dataset.s3", "is for s3:// datasets; spec.dataset.uri is '" + ds.uri + "'");
-  }
-  const std::string& e = s3.endpoint;
-  if (!e.empty()) {
-    const size_t sep = e.find("://");
-    const std::string scheme = sep == std::string::npos ? "" : e.substr(0, sep);
-    const std::string rest = sep == std::string::npos ? "" : e.substr(sep + 3);
-    const std::string host = rest.substr(0, rest.find('/'));
-    const std::string path = rest.substr(host.size());
-    if ((scheme != "http" && scheme != "https") || host.empty() || host.find('@') != std::string::npos ||
-        (!path.empty() && path != "/")) {
-      d.Add("spec.dataset.s3.endpoint",
-            "'" + e + "' is not an endpoint: give http(s)://host[:port], without a path or credentials");
-    }
-  }
-  const std::string& r = s3.region;
-  if (!r.empty() &&
-      (r.size() > 64 || r.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos)) {
-    d.Add("spec.dataset.s3.region", "'" + r + "' is not a region (lower-case letters, digits and '-')");
-  }
-  if (s3.addressing != "Auto" && s3.addressing != "Path" && s3.addressing != "VirtualHosted") {
-    d.Add("spec.dataset.s3.addressing", "must be one of Auto, Path, VirtualHosted, got '" + s3.addressing + "'");
-  }
-  const std::string& secret = s3.credentials_secret;
-  bool name_ok = !secret.empty() && secret.size() <= 253;
-  for (size_t i = 0; i < secret.size(); ++i) {
-    const char c = secret[i];
-    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
-    name_ok = name_ok && (alnum || ((c == '-' || c == '.') && i > 0 && i + 1 < secret.size()));
-  }
-  if (!secret.empty() && !name_ok) {
-    d.Add("spec.dataset.s3.credentialsSecret", "'" + secret + "' is not a Secret name (a DNS subdomain)");
   }
 }
 
 void ValidateDatasetVolume(const DatasetSpec& ds, Diagnostics& d) {
   const DatasetVolume& v = *ds.volume;
-  if (!v.name.empty() && !IsDnsLabel(v.name)) {
-    d.Add("spec.dataset.volume.name", "'" + v.name +
-                                          "' is not a volume name (a DNS label: lower-case letters, "
-                                          "digits and '-', at most 63 characters)");
-  }
   const std::string& m = v.mount_path;
   if (m.empty()) return;  // reported as missing by the parser
-  if (m[0] != '/' || m.find("/../") != std::string::npos || m.size() > 4096 ||
+  if (m[0] != '/' || m.find("/../") != std::string::npos ||
+      static_cast<int64_t>(m.size()) > kDatasetVolumeMountPathMaxLength ||
       (m.size() >= 3 && m.compare(m.size() - 3, 3, "/..") == 0)) {
     d.Add("spec.dataset.volume.mountPath", "'" + m + "' must be an absolute path without '..'");
     return;
@@ -204,17 +113,16 @@ void ValidateDatasetVolume(const DatasetSpec& ds, Diagnostics& d) {
   }
 }
 
-void ValidateSidecar(const SidecarSpec& sc, Diagnostics& d) {
-  if (sc.image.find_first_of(" \t\n") != std::string::npos) {
-    d.Add("spec.sidecar.image", "'" + sc.image + "' is not an image reference (it contains white space)");
-  }
-  for (const auto* m : {&sc.requests, &sc.limits}) {
-    for (const auto& [name, q] : *m) {
-      const bool digits = !q.empty() && ((q[0] >= '0' && q[0] <= '9') || q[0] == '.');
-      if (!digits) {
-        d.Add(std::string("spec.sidecar.resources.") + (m == &sc.requests ? "requests." : "limits.") + name,
-              "'" + q + "' is not a quantity (e.g. 500m, 2, 1Gi)");
-      }
+// Operators In and NotIn need values, Exists and DoesNotExist take none.
+void ValidateSelector(const LabelSelector& sel, Diagnostics& d) {
+  for (size_t i = 0; i < sel.match_expressions.size(); ++i) {
+    const LabelSelectorRequirement& req = sel.match_expressions[i];
+    const std::string ep = "spec.selector.matchExpressions[" + std::to_string(i) + "]";
+    const bool needs_values = req.op == "In" || req.op == "NotIn";
+    if (needs_values && req.values.empty()) {
+      d.Add(ep + ".values", "operator " + req.op + " needs at least one value");
+    } else if (!needs_values && !req.op.empty() && !req.values.empty()) {
+      d.Add(ep + ".values", "operator " + req.op + " takes no values");
     }
   }
 }
@@ -319,6 +227,8 @@ int64_t ValidateMeshSpec(const MeshSpec& mesh, Diagnostics& d) {
 void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
   const MeshSpec& mesh = spec.mesh;
   const int64_t shards = ValidateMeshSpec(mesh, d);
+  // Every field's own bounds, patterns and lengths, as declared.
+  CheckDeclaredBounds(spec, d);
 
   // Replication mode against batchAxes: a mismatch is an error, not a guess.
   if (shards > 0 && spec.replication.mode) {
@@ -346,9 +256,7 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
   }
 
   const int64_t B = spec.batch.global_batch_size;
-  if (B < 1) {
-    AddOnce(d, "spec.batch.globalBatchSize", "must be >= 1, got " + std::to_string(B));
-  } else if (shards > 0) {
+  if (B >= 1 && shards > 0) {
     if (B % shards != 0) {
       d.Add("spec.batch.globalBatchSize", std::to_string(B) + " is not divisible by the " + std::to_string(shards) +
                                               " data shards of batchAxes " + FormatNameList(EffectiveBatchAxes(mesh)) +
@@ -362,17 +270,11 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
                 std::to_string(mesh.processes) + " or another strategy");
     }
   }
-  if (spec.batch.prefetch < 1 || spec.batch.prefetch > kMaxPrefetch) {
-    d.Add("spec.batch.prefetch",
-          "must be between 1 and " + std::to_string(kMaxPrefetch) + ", got " + std::to_string(spec.batch.prefetch));
-  }
-
   // Dataset fields by format.
   const DatasetSpec& ds = spec.dataset;
-  if (ds.uri.empty()) AddOnce(d, "spec.dataset.uri", "must not be empty");
   if (ds.volume) ValidateDatasetVolume(ds, d);
   if (ds.s3) ValidateDatasetS3(ds, d);
-  if (spec.sidecar.resources_set || !spec.sidecar.image.empty()) ValidateSidecar(spec.sidecar, d);
+  if (spec.selector) ValidateSelector(*spec.selector, d);
   const bool record_bytes_given = ds.record_bytes_set || ds.record_bytes != 0;
   const bool sequence_length_given = ds.sequence_length_set || ds.sequence_length != 0;
   switch (ds.format_unknown ? static_cast<DatasetFormat>(-1) : ds.format) {
@@ -421,29 +323,13 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
     }
     default: break;  // format missing or unknown: already reported
   }
-  if (ds.samples && *ds.samples < 1) {
-    d.Add("spec.dataset.samples", "must be >= 1, got " + std::to_string(*ds.samples));
-  }
   if (ds.samples && B >= 1 && *ds.samples >= 1 && *ds.samples < B) {
     d.Add("spec.dataset.samples", "the dataset has " + std::to_string(*ds.samples) +
                                       " samples, fewer than one global batch of " + std::to_string(B));
   }
-  if (spec.shuffle.mode == ShuffleMode::kBlock && spec.shuffle.block_size < 1) {
-    d.Add("spec.shuffle.blockSize", "must be >= 1, got " + std::to_string(spec.shuffle.block_size));
-  }
-  if (spec.resume.step < 0) {
-    d.Add("spec.resume.step", "must be >= 0, got " + std::to_string(spec.resume.step));
-  }
-  if (spec.health.starved_wait_percent < 1 || spec.health.starved_wait_percent > 100) {
-    d.Add("spec.health.starvedWaitPercent",
-          "must be 1 to 100 (% of the window), got " + std::to_string(spec.health.starved_wait_percent));
-  }
-  if (spec.health.straggler_steps < 1) {
-    d.Add("spec.health.stragglerSteps", "must be >= 1, got " + std::to_string(spec.health.straggler_steps));
-  }
-  if (spec.health.straggler_latency_factor < 2) {
-    d.Add("spec.health.stragglerLatencyFactor",
-          "must be >= 2 (times the job's median latency), got " + std::to_string(spec.health.straggler_latency_factor));
+  if (spec.shuffle.block_size_set && !spec.shuffle.mode_invalid && spec.shuffle.mode != ShuffleMode::kBlock) {
+    d.Add("spec.shuffle.blockSize", "is only used with mode Block, but mode is " +
+                                        std::string(ToString(spec.shuffle.mode)) + "; remove it or set mode: Block");
   }
 }
 

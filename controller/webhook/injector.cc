@@ -165,8 +165,8 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   json resources = options.resources.is_object() ? options.resources : json::object();
   if (js.sidecar.resources_set) {
     resources = json::object();
-    if (!js.sidecar.requests.empty()) resources["requests"] = js.sidecar.requests;
-    if (!js.sidecar.limits.empty()) resources["limits"] = js.sidecar.limits;
+    if (!js.sidecar.resources.requests.empty()) resources["requests"] = js.sidecar.resources.requests;
+    if (!js.sidecar.resources.limits.empty()) resources["limits"] = js.sidecar.resources.limits;
   }
   // The trainers' DRA claims: the sidecar stages batches on the same GPUs.
   json claims = json::array();

@@ -180,8 +180,8 @@ TEST(Spec, TheDatasetVolumeAndTheSidecarOverridesAreParsed) {
   EXPECT_EQ(job->spec.dataset.volume->name, "data");
   EXPECT_EQ(job->spec.dataset.volume->mount_path, "/data");
   EXPECT_EQ(job->spec.sidecar.image, "registry.example.com/meshload/sidecar:1.2");
-  EXPECT_EQ(job->spec.sidecar.requests.at("cpu"), "500m");
-  EXPECT_EQ(job->spec.sidecar.limits.at("memory"), "2Gi");
+  EXPECT_EQ(job->spec.sidecar.resources.requests.at("cpu"), "500m");
+  EXPECT_EQ(job->spec.sidecar.resources.limits.at("memory"), "2Gi");
 }
 
 TEST(Spec, ADatasetVolumeMustHoldALocalDataset) {
