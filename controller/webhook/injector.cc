@@ -122,6 +122,7 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   json sidecar = {{"name", options.sidecar_name},
                   {"image", js.sidecar.image.empty() ? options.image : js.sidecar.image},
                   {"restartPolicy", "Always"}};
+  if (js.sidecar.image_pull_policy) sidecar["imagePullPolicy"] = planner::ToString(*js.sidecar.image_pull_policy);
   json args = json::array({std::string("--job=") + kJobDir + "/job.json", std::string("--socket=") + kSocket,
                            "--metrics-port=" + std::to_string(options.metrics_port)});
   json env = json::array({FieldEnv("POD_NAME", "metadata.name"), FieldEnv("POD_NAMESPACE", "metadata.namespace"),

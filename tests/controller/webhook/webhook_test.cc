@@ -216,6 +216,20 @@ TEST(Injector, TheJobsSidecarImageAndResourcesOverrideTheDefaults) {
   EXPECT_FALSE(Sidecar(pod)["resources"].contains("limits"));
 }
 
+TEST(Injector, TheJobsImagePullPolicyReachesTheSidecarAndKubernetesDecidesWithoutIt) {
+  json job = Job();
+  EXPECT_FALSE(Sidecar(Apply(Pod(), InjectSidecar(Pod(), "training", Lookup(job), Options()).patch))
+                   .contains("imagePullPolicy"));
+  job["spec"]["sidecar"] = {{"imagePullPolicy", "IfNotPresent"}};
+  EXPECT_EQ(Sidecar(Apply(Pod(), InjectSidecar(Pod(), "training", Lookup(job), Options()).patch))["imagePullPolicy"],
+            "IfNotPresent");
+  job["spec"]["sidecar"] = {{"imagePullPolicy", "Sometimes"}};
+  Decision d = InjectSidecar(Pod(), "training", Lookup(job), Options());
+  EXPECT_FALSE(d.allowed);
+  EXPECT_THAT(d.message, HasSubstr("spec.sidecar.imagePullPolicy: unknown value 'Sometimes'; expected one of "
+                                   "Always, IfNotPresent, Never"));
+}
+
 TEST(Injector, AnInjectedPodGetsAnEmptyPatchAndAnUnlabelledOneIsLeftAlone) {
   json injected = Apply(Pod(), InjectSidecar(Pod(), "training", Lookup(Job()), Options()).patch);
   Decision again = InjectSidecar(injected, "training", Lookup(Job()), Options());
