@@ -216,29 +216,22 @@ void JobReconcile::RecordedPeerSecret() {
 }
 
 bool JobReconcile::Validate() {
+  // The job, loaded from the informer's object and validated once; the
+  // controller also needs a selector (it names the trainer pods) and plans
+  // from spec.dataset.samples, reading no data.
   Diagnostics diags;
-  const json& spec_json = Field(job_, "spec");
-  auto spec = planner::ParseJobSpecText(spec_json.dump(), diags);
-  if (spec.ok()) planner::ValidateJobSpec(*spec, diags);
-  if (spec.ok() && diags.ok() && !spec->selector) {
+  auto job = planner::LoadJobObject(job_, diags);
+  if (job.ok() && !job->spec().selector) {
     diags.Add(InvalidArgument("a selector is required: it names the trainer pods", "spec.selector"));
   }
-  if (name_.size() > kMaxJobNameLength) {
-    // It is the value of the meshload.io/job label on the objects made for
-    // the job (label values have at most 63 characters), as for batch Jobs.
-    diags.Add(InvalidArgument("at most " + std::to_string(kMaxJobNameLength) +
-                                  " characters (it labels the ConfigMap and Secret made for the job), got " +
-                                  std::to_string(name_.size()),
-                              "metadata.name"));
-  }
-  if (spec.ok() && diags.ok() && spec->dataset.samples) {
+  if (job.ok() && diags.ok() && job->spec().dataset.samples) {
     planner::ResolveOptions ro;
-    ro.samples = spec->dataset.samples;  // the controller reads no dataset
-    auto r = planner::ResolveJob(*spec, ro, diags);
+    ro.samples = job->spec().dataset.samples;
+    auto r = planner::ResolveJob(*job, ro, diags);
     if (r.ok() && diags.ok()) resolved_ = std::move(*r);
   }
-  if (!spec.ok() || !diags.ok()) {
-    std::string msg = spec.ok() ? JoinDiagnostics(diags) : spec.status().ToString();
+  if (!job.ok() || !diags.ok()) {
+    std::string msg = diags.ok() ? job.status().ToString() : JoinDiagnostics(diags);
     if (msg.empty()) msg = "the spec is invalid";
     desired_.phase = "Failed";
     desired_.conditions = {{"Valid", "False", "InvalidSpec", msg},
@@ -247,7 +240,7 @@ bool JobReconcile::Validate() {
                            {"Degraded", "False", "InvalidSpec", ""}};
     return false;
   }
-  spec_ = std::move(*spec);
+  spec_ = job->spec();
   processes_ = spec_->mesh.processes;
   return true;
 }

@@ -66,38 +66,53 @@ json SlimPod(json pod) {
   return slim;
 }
 
-bool SelectorMatches(const json& selector, const json& labels) {
+bool SelectorMatches(const planner::LabelSelector& selector, const json& labels) {
   auto label = [&](const std::string& key) -> std::optional<std::string> {
     if (!labels.is_object()) return std::nullopt;
     auto it = labels.find(key);
     if (it == labels.end() || !it->is_string()) return std::nullopt;
     return it->get<std::string>();
   };
+  for (const auto& [key, value] : selector.match_labels) {
+    if (label(key) != value) return false;
+  }
+  for (const auto& e : selector.match_expressions) {
+    auto v = label(e.key);
+    const bool in = v && std::find(e.values.begin(), e.values.end(), *v) != e.values.end();
+    if (e.op == "In" && !in) return false;
+    if (e.op == "NotIn" && in) return false;
+    if (e.op == "Exists" && !v) return false;
+    if (e.op == "DoesNotExist" && v) return false;
+    if (e.op != "In" && e.op != "NotIn" && e.op != "Exists" && e.op != "DoesNotExist") return false;
+  }
+  return true;
+}
+
+bool SelectorMatches(const json& selector, const json& labels) {
+  // The selector as the declaration types it (a value of the wrong type
+  // matches nothing, as before).
+  planner::LabelSelector typed;
   const json& ml = Field(selector, "matchLabels");
   if (ml.is_object()) {
     for (auto it = ml.begin(); it != ml.end(); ++it) {
-      auto v = label(it.key());
-      if (!v || !it.value().is_string() || *v != it.value().get<std::string>()) return false;
+      if (!it.value().is_string()) return false;
+      typed.match_labels[it.key()] = it.value().get<std::string>();
     }
   }
   const json& me = Field(selector, "matchExpressions");
   if (me.is_array()) {
     for (const auto& e : me) {
-      auto v = label(Str(e, "key"));
-      const std::string op = Str(e, "operator");
+      planner::LabelSelectorRequirement r{Str(e, "key"), Str(e, "operator"), {}};
       const json& values = Field(e, "values");
-      bool in = false;
-      if (v && values.is_array()) {
-        in = std::any_of(values.begin(), values.end(), [&](const json& x) { return x.is_string() && x == *v; });
+      if (values.is_array()) {
+        for (const auto& x : values) {
+          if (x.is_string()) r.values.push_back(x.get<std::string>());
+        }
       }
-      if (op == "In" && !in) return false;
-      if (op == "NotIn" && in) return false;
-      if (op == "Exists" && !v) return false;
-      if (op == "DoesNotExist" && v) return false;
-      if (op != "In" && op != "NotIn" && op != "Exists" && op != "DoesNotExist") return false;
+      typed.match_expressions.push_back(std::move(r));
     }
   }
-  return true;
+  return SelectorMatches(typed, labels);
 }
 
 Reconciler::Reconciler(kube::KubeClient* client, kube::Informer* jobs, kube::Informer* pods, kube::Informer* configmaps,

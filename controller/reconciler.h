@@ -73,6 +73,7 @@
 #include "controller/kube/client.h"
 #include "controller/kube/informer.h"
 #include "controller/progress_poller.h"
+#include "planner/spec.h"
 
 namespace meshload::controller {
 
@@ -107,6 +108,7 @@ nlohmann::json SlimPod(nlohmann::json pod);
 /// label selector object ({matchLabels, matchExpressions}). An empty
 /// selector matches everything, as in Kubernetes.
 bool SelectorMatches(const nlohmann::json& selector, const nlohmann::json& labels);
+bool SelectorMatches(const planner::LabelSelector& selector, const nlohmann::json& labels);
 
 struct ReconcilerOptions {
   /// The sidecar container's name in trainer pods (a container or a native

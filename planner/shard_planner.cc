@@ -43,12 +43,8 @@ std::vector<TransferUnit> Collate(std::map<int64_t, std::vector<PositionRange>>&
 
 }  // namespace
 
-Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& options, Diagnostics& diags) {
-  // Problems from parsing count too: a field that did not parse holds a
-  // placeholder (0), and planning with it would divide by zero.
-  ValidateJobSpec(spec, diags);
-  if (!diags.ok()) return diags.ToStatus();
-  if (spec.batch.global_batch_size < 1) return Internal("globalBatchSize < 1 passed validation");
+Result<ResolvedJob> ResolveJob(const ValidJob& job, const ResolveOptions& options, Diagnostics& diags) {
+  const JobSpec& spec = job.spec();
   const size_t before = diags.problems().size();
 
   MESHLOAD_ASSIGN_OR_RETURN(DeviceMesh mesh, DeviceMesh::Create(spec.mesh));
@@ -78,10 +74,10 @@ Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& option
                                   " (spec.batch.globalBatchSize)");
     return diags.ToStatus();
   }
-  ResolvedJob job{spec, std::move(mesh), std::move(*index), 0, B, 0};
-  job.samples = job.dataset.num_samples();
-  job.steps_per_epoch = job.samples / B;
-  return job;
+  ResolvedJob resolved{spec, std::move(mesh), std::move(*index), 0, B, 0};
+  resolved.samples = resolved.dataset.num_samples();
+  resolved.steps_per_epoch = resolved.samples / B;
+  return resolved;
 }
 
 ShardPlanner::ShardPlanner(ResolvedJob job) : job_(std::move(job)) {

@@ -67,12 +67,13 @@ struct ResolveOptions {
   std::optional<DatasetIndex> index;
 };
 
-/// Validates the spec, builds the mesh, and takes the dataset index from
+/// Builds the mesh of a validated job and takes the dataset index from
 /// `options` (the index, else --samples), else a virtual index of
 /// spec.dataset.samples. The planner reads no storage: to index the files,
-/// resolve through source::ResolveWithSources. Every problem goes to
-/// `diags`; the result is an error when there is any.
-Result<ResolvedJob> ResolveJob(const JobSpec& spec, const ResolveOptions& options, Diagnostics& diags);
+/// resolve through source::ResolveWithSources. Every problem (with the
+/// dataset: its size, a missing sample count) goes to `diags`; the result is
+/// an error when there is any.
+Result<ResolvedJob> ResolveJob(const ValidJob& job, const ResolveOptions& options, Diagnostics& diags);
 
 /// Who loads: the strategy and the fan-out.
 struct Loading {

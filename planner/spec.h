@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -54,13 +55,44 @@ struct DataLoadJob {
 /// or the YAML itself does not parse; `diags` says the rest.
 Result<DataLoadJob> ParseDataLoadJob(std::string_view yaml_text, Diagnostics& diags);
 
-/// Parses a bare `spec` mapping, as YAML or JSON text (the controller's
-/// resolved job carries the spec as JSON). Paths in diagnostics start with
-/// `spec`. Returns an error only when the text is not a YAML/JSON mapping.
+/// Parses a bare `spec` mapping, as YAML or JSON text. Paths in diagnostics
+/// start with `spec`. Returns an error only when the text is not a YAML/JSON
+/// mapping.
 Result<JobSpec> ParseJobSpecText(std::string_view text, Diagnostics& diags);
 
-/// Reads the file and parses it; file errors carry the file name.
-Result<DataLoadJob> LoadDataLoadJobFile(const std::string& path, Diagnostics& diags);
+/// A DataLoadJob that parsed without a problem and passed ValidateJobSpec:
+/// what every component receives. Only the loaders below make one, so a
+/// component that holds one knows the job was validated, and validates it
+/// no more.
+class ValidJob {
+ public:
+  const DataLoadJob& job() const { return job_; }
+  const JobSpec& spec() const { return job_.spec; }
+  const std::string& name() const { return job_.name; }
+
+ private:
+  explicit ValidJob(DataLoadJob job) : job_(std::move(job)) {}
+  friend Result<ValidJob> ValidateJob(DataLoadJob job, Diagnostics& diags);
+  DataLoadJob job_;
+};
+
+/// The one way to a ValidJob: validates `job` (ValidateJobSpec) after what
+/// parsing it already put into `diags`; an error when `diags` holds any
+/// problem, and then `diags` lists every one.
+Result<ValidJob> ValidateJob(DataLoadJob job, Diagnostics& diags);
+/// A spec built in code (tests, benchmarks), as a job without a name.
+Result<ValidJob> ValidateJob(JobSpec spec, Diagnostics& diags);
+
+/// The entry points: read, parse and validate a DataLoadJob, once.
+/// A manifest file (YAML or JSON; a multi-document file gives its one
+/// DataLoadJob); file errors carry the file name.
+Result<ValidJob> LoadJobFile(const std::string& path, Diagnostics& diags);
+/// The same from text.
+Result<ValidJob> LoadJobText(std::string_view yaml_or_json, Diagnostics& diags);
+/// A DataLoadJob object as the API server gives it (the informer's cache,
+/// an admission request): read from the JSON tree as it is, without text in
+/// between. `apiVersion` and `kind` may be left out (list items).
+Result<ValidJob> LoadJobObject(const nlohmann::json& object, Diagnostics& diags);
 
 /// Checks the spec's internal consistency (everything that does not need the
 /// dataset): mesh arithmetic, batchAxes, replication mode, divisibility,

@@ -7,6 +7,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "planner/spec.h"
@@ -30,6 +31,33 @@ Result<YAML::Node> LoadYamlRoot(std::string_view text, std::vector<YAML::Node>* 
   }
 }
 
+// A JSON tree as the YAML tree the parser reads: strings as quoted scalars
+// (so "8" is a string, as in the JSON), no text in between.
+YAML::Node FromJson(const nlohmann::json& j) {
+  switch (j.type()) {
+    case nlohmann::json::value_t::object: {
+      YAML::Node n(YAML::NodeType::Map);
+      for (const auto& [k, v] : j.items()) n[k] = FromJson(v);
+      return n;
+    }
+    case nlohmann::json::value_t::array: {
+      YAML::Node n(YAML::NodeType::Sequence);
+      for (const auto& v : j) n.push_back(FromJson(v));
+      return n;
+    }
+    case nlohmann::json::value_t::string: {
+      YAML::Node n(j.get<std::string>());
+      n.SetTag("!");
+      return n;
+    }
+    case nlohmann::json::value_t::null:
+    case nlohmann::json::value_t::discarded: return YAML::Node(YAML::NodeType::Null);
+    default: return YAML::Node(j.dump());  // numbers and booleans, as JSON writes them
+  }
+}
+
+Result<DataLoadJob> ParseDocument(const YAML::Node& doc, Diagnostics& diags);
+
 }  // namespace
 
 Result<DataLoadJob> ParseDataLoadJob(std::string_view yaml_text, Diagnostics& diags) {
@@ -52,7 +80,12 @@ Result<DataLoadJob> ParseDataLoadJob(std::string_view yaml_text, Diagnostics& di
     return InvalidArgument("found " + std::to_string(matches.size()) +
                            " DataLoadJob documents; give a file with exactly one");
   }
-  const YAML::Node& doc = docs[matches[0]];
+  return ParseDocument(docs[matches[0]], diags);
+}
+
+namespace {
+
+Result<DataLoadJob> ParseDocument(const YAML::Node& doc, Diagnostics& diags) {
   Diagnostics& local = diags;
   SpecReader r(local);
   DataLoadJob job;
@@ -119,6 +152,8 @@ Result<DataLoadJob> ParseDataLoadJob(std::string_view yaml_text, Diagnostics& di
   return job;
 }
 
+}  // namespace
+
 Result<JobSpec> ParseJobSpecText(std::string_view text, Diagnostics& diags) {
   auto root = LoadYamlRoot(text, nullptr);
   if (!root.ok()) return root.status();
@@ -129,7 +164,26 @@ Result<JobSpec> ParseJobSpecText(std::string_view text, Diagnostics& diags) {
   return spec;
 }
 
-Result<DataLoadJob> LoadDataLoadJobFile(const std::string& path, Diagnostics& diags) {
+Result<ValidJob> ValidateJob(DataLoadJob job, Diagnostics& diags) {
+  ValidateJobSpec(job.spec, diags);
+  if (!diags.ok()) return diags.ToStatus();
+  return ValidJob(std::move(job));
+}
+
+Result<ValidJob> ValidateJob(JobSpec spec, Diagnostics& diags) {
+  DataLoadJob job;
+  job.api_version = std::string(kApiVersion);
+  job.kind = std::string(kKind);
+  job.spec = std::move(spec);
+  return ValidateJob(std::move(job), diags);
+}
+
+Result<ValidJob> LoadJobText(std::string_view yaml_or_json, Diagnostics& diags) {
+  MESHLOAD_ASSIGN_OR_RETURN(DataLoadJob job, ParseDataLoadJob(yaml_or_json, diags));
+  return ValidateJob(std::move(job), diags);
+}
+
+Result<ValidJob> LoadJobFile(const std::string& path, Diagnostics& diags) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
     return IoError("is not a regular file; give the path of a DataLoadJob manifest", path);
@@ -141,7 +195,19 @@ Result<DataLoadJob> LoadDataLoadJobFile(const std::string& path, Diagnostics& di
   if (in.bad()) return IoErrorFromErrno("cannot read job file", path, errno);
   auto job = ParseDataLoadJob(buf.str(), diags);
   if (!job.ok()) return job.status().WithLocationPrefix(path);
-  return job;
+  return ValidateJob(std::move(*job), diags);
+}
+
+Result<ValidJob> LoadJobObject(const nlohmann::json& object, Diagnostics& diags) {
+  if (!object.is_object()) return InvalidArgument("a DataLoadJob object is a JSON object, got " + object.dump());
+  YAML::Node doc = FromJson(object);
+  if (!doc["apiVersion"]) doc["apiVersion"] = std::string(kApiVersion);
+  if (!doc["kind"]) doc["kind"] = std::string(kKind);
+  if (doc["kind"].Scalar() != kKind) {
+    return InvalidArgument("not a DataLoadJob: kind " + object.value("kind", std::string()));
+  }
+  MESHLOAD_ASSIGN_OR_RETURN(DataLoadJob job, ParseDocument(doc, diags));
+  return ValidateJob(std::move(job), diags);
 }
 
 }  // namespace meshload::planner

@@ -379,6 +379,17 @@ int main(int argc, char** argv) {
     }
   }
 
+  // The job, loaded and validated once: everything below receives it.
+  Diagnostics job_diags;
+  auto job = planner::LoadJobFile(opt.job_path, job_diags);
+  if (!job.ok()) {
+    const std::string why =
+        job_diags.ok() ? job.status().ToString() : job_diags.Report(opt.job_path + ": invalid DataLoadJob");
+    LogError("sidecar cannot start", {{"error", why}});
+    std::cerr << "meshload-sidecar: " << why << (job_diags.ok() ? "\n" : "");
+    return job.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+  }
+
   // The sidecar never forks. SIGPIPE is ignored before any thread starts;
   // SIGTERM/SIGINT are handled once the sidecar exists (before, the default
   // action, exiting, is right).
@@ -402,18 +413,13 @@ int main(int argc, char** argv) {
     opt.process = *index;
     LogInfo("process index assigned", {{"process", opt.process}, {"file", process_file}});
   }
-  if (!assignments.empty()) {
+  if (!assignments.empty() && !planner::MovesSamplesBetweenProcesses(job->spec())) {
     // Only a Broadcast fan-out or LoadAndReshard moves samples between
-    // processes; other jobs need no peers and do not wait for their IPs. (A
-    // job that does not load is reported by the sidecar below.)
-    Diagnostics job_diags;
-    auto job = planner::LoadDataLoadJobFile(opt.job_path, job_diags);
-    if (job.ok() && !planner::MovesSamplesBetweenProcesses(job->spec)) {
-      LogInfo("no samples move between this job's processes: the peer exchange is off",
-              {{"strategy", std::string(ToString(job->spec.strategy))}});
-      opt.peers.reset();
-      assignments.clear();
-    }
+    // processes; other jobs need no peers and do not wait for their IPs.
+    LogInfo("no samples move between this job's processes: the peer exchange is off",
+            {{"strategy", std::string(ToString(job->spec().strategy))}});
+    opt.peers.reset();
+    assignments.clear();
   }
   if (opt.peers && opt.peers->secret.empty()) {
     LogWarn(
@@ -439,7 +445,7 @@ int main(int argc, char** argv) {
       return (*now)[static_cast<size_t>(process)];
     };
   }
-  auto sidecar = sidecar::Sidecar::Create(opt);
+  auto sidecar = sidecar::Sidecar::Create(std::move(*job), opt);
   if (!sidecar.ok()) {
     LogError("sidecar cannot start", {{"error", sidecar.status().ToString()}});
     std::cerr << "meshload-sidecar: " << sidecar.status().ToString() << "\n";

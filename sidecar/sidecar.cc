@@ -29,39 +29,37 @@ int64_t NowNs() {
 
 }  // namespace
 
-Result<planner::ResolvedJob> ResolveForSidecar(const planner::JobSpec& spec, source::SourceRegistry& sources,
+Result<planner::ResolvedJob> ResolveForSidecar(const planner::ValidJob& job, source::SourceRegistry& sources,
                                                Diagnostics& diags) {
-  return source::ResolveWithSources(spec, sources, {}, source::Unreachable::kFail, diags);
+  return source::ResolveWithSources(job, sources, {}, source::Unreachable::kFail, diags);
 }
 
 Sidecar::Sidecar(SidecarOptions options) : options_(std::move(options)) {}
 
-Result<std::unique_ptr<Sidecar>> Sidecar::Create(SidecarOptions options) {
+Result<std::unique_ptr<Sidecar>> Sidecar::Create(planner::ValidJob job, SidecarOptions options) {
   std::unique_ptr<Sidecar> s(new Sidecar(std::move(options)));
-  MESHLOAD_RETURN_IF_ERROR(s->Init());
+  MESHLOAD_RETURN_IF_ERROR(s->Init(job));
   return s;
 }
 
-Status Sidecar::Init() {
+Status Sidecar::Init(const planner::ValidJob& job) {
   registry_ = std::make_unique<metrics::Registry>();
   metrics_ = std::make_unique<SidecarMetrics>(*registry_);
   observer_ = std::make_unique<StorageMetricsObserver>(*metrics_);
   metrics::RegisterBuildInfo(*registry_, MESHLOAD_VERSION, "sidecar");
   options_.source_options.observer = observer_.get();
   Diagnostics diags;
-  auto job = planner::LoadDataLoadJobFile(options_.job_path, diags);
-  if (!job.ok()) return job.status();
-  job_name_ = job->name;
-  const std::string scheme = source::SourceRegistry::SchemeOf(job->spec.dataset.uri);
+  job_name_ = job.name();
+  const std::string scheme = source::SourceRegistry::SchemeOf(job.spec().dataset.uri);
   if (scheme == "s3") {
-    MESHLOAD_RETURN_IF_ERROR(source::S3OptionsForDataset(job->spec.dataset, options_.source_options.s3));
+    MESHLOAD_RETURN_IF_ERROR(source::S3OptionsForDataset(job.spec().dataset, options_.source_options.s3));
   }
   if (options_.reader_threads <= 0) options_.reader_threads = scheme == "file" ? 4 : 16;
   // Every reader of every producer keeps its connection between steps.
   options_.source_options.max_idle_connections = std::max(
       options_.source_options.max_idle_connections, options_.reader_threads * std::max(1, options_.staging_threads));
   sources_ = source::SourceRegistry::WithBuiltins(options_.source_options);
-  auto resolved = ResolveForSidecar(job->spec, *sources_, diags);
+  auto resolved = ResolveForSidecar(job, *sources_, diags);
   if (!resolved.ok() || !diags.ok()) {
     if (!diags.ok()) return InvalidArgument(diags.Report("invalid DataLoadJob"), options_.job_path);
     return resolved.status();

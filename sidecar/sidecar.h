@@ -66,7 +66,7 @@ struct SidecarMetrics;         // sidecar/sidecar_metrics.h
 class StorageMetricsObserver;  // sidecar/sidecar_metrics.h
 
 struct SidecarOptions {
-  std::string job_path;     // a DataLoadJob manifest (the mounted ConfigMap in a pod)
+  std::string job_path;     // where the job came from (the mounted ConfigMap in a pod), for messages
   int64_t process = -1;     // this pod's process index
   std::string socket_path;  // where the trainer connects; its directory must exist
   mode_t socket_mode = 0660;
@@ -119,10 +119,11 @@ struct SidecarOptions {
 
 class Sidecar {
  public:
-  /// Loads and resolves the job, verifies the dataset files, allocates the
-  /// slot pool, starts the producer and the metrics endpoint, and listens on
-  /// the socket. Every problem with the job is reported at once.
-  static Result<std::unique_ptr<Sidecar>> Create(SidecarOptions options);
+  /// Resolves the job (loaded and validated once, by the caller:
+  /// planner::LoadJobFile), verifies the dataset files, allocates the slot
+  /// pool, starts the producer and the metrics endpoint, and listens on the
+  /// socket. Every problem with the dataset is reported at once.
+  static Result<std::unique_ptr<Sidecar>> Create(planner::ValidJob job, SidecarOptions options);
   ~Sidecar();
 
   /// Serves until RequestStop(). Returns 0 after a clean stop, 1 when
@@ -139,7 +140,7 @@ class Sidecar {
 
  private:
   explicit Sidecar(SidecarOptions options);
-  Status Init();
+  Status Init(const planner::ValidJob& job);
   // Sets up GPU staging as options_.staging asks (device_, staging_reason_).
   Status InitDeviceStaging();
   void ProducerMain(int index) MESHLOAD_EXCLUDES(producer_mu_);
@@ -217,7 +218,7 @@ Result<std::optional<int64_t>> ReadResumeFile(const std::string& path, int64_t s
 /// and .npy headers, for every scheme): the sidecar reads the data next, so
 /// data it cannot reach is an error, never a plan from
 /// spec.dataset.samples. Every problem goes to `diags`.
-Result<planner::ResolvedJob> ResolveForSidecar(const planner::JobSpec& spec, source::SourceRegistry& sources,
+Result<planner::ResolvedJob> ResolveForSidecar(const planner::ValidJob& job, source::SourceRegistry& sources,
                                                Diagnostics& diags);
 
 }  // namespace meshload::sidecar

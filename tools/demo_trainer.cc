@@ -80,11 +80,11 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
   };
 
   Diagnostics diags;
-  auto job = planner::LoadDataLoadJobFile(job_path, diags);
-  if (!job.ok()) return fail(job.status().ToString());
+  auto job = planner::LoadJobFile(job_path, diags);
+  if (!job.ok()) return fail(diags.ok() ? job.status().ToString() : diags.Report(job_path + ": invalid DataLoadJob"));
   std::unique_ptr<planner::ShardPlanner> planner;
   if (verify != "none") {
-    auto resolved = sidecar::source::ResolveReadingDataset(job->spec, {}, sidecar::source::Unreachable::kFail, diags);
+    auto resolved = sidecar::source::ResolveReadingDataset(*job, {}, sidecar::source::Unreachable::kFail, diags);
     if (!resolved.ok()) return fail("cannot plan for verification: " + diags.ToString() + resolved.status().ToString());
     planner = std::make_unique<planner::ShardPlanner>(std::move(*resolved));
   }

@@ -398,22 +398,22 @@ int RunPlan(const std::vector<std::string>& args) {
     return UsageError("--format: expected table or json, got '" + opt.format + "'");
   }
 
+  // The job, loaded and validated once (every problem in the spec at once);
+  // then the dataset's problems, when the spec has none.
   Diagnostics diags;
-  auto job = planner::LoadDataLoadJobFile(opt.file, diags);
-  if (!job.ok()) {
+  auto job = planner::LoadJobFile(opt.file, diags);
+  if (!job.ok() && diags.ok()) {
     std::cerr << "meshload plan: " << job.status().ToString() << "\n";
     return job.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
-  planner::ResolveOptions ropts;
-  ropts.samples = opt.samples;
-  {
-    // Resolve even when parsing found problems, so the user sees every
-    // problem at once (validation does not repeat what parsing reported).
-    auto resolved = sidecar::source::ResolveReadingDataset(job->spec, ropts,
-                                                           sidecar::source::Unreachable::kUseDeclaredSamples, diags);
+  if (job.ok()) {
+    planner::ResolveOptions ropts;
+    ropts.samples = opt.samples;
+    auto resolved =
+        sidecar::source::ResolveReadingDataset(*job, ropts, sidecar::source::Unreachable::kUseDeclaredSamples, diags);
     if (resolved.ok() && diags.ok()) {
       planner::ShardPlanner planner(std::move(*resolved));
-      int64_t a = job->spec.resume.step, b = a + 1;
+      int64_t a = job->spec().resume.step, b = a + 1;
       if (steps_text) {
         auto r = planner::ParseStepRange(*steps_text);
         if (!r.ok()) return UsageError(r.status().ToString());
@@ -424,7 +424,7 @@ int RunPlan(const std::vector<std::string>& args) {
         return UsageError("--process: " + std::to_string(*opt.process) + " is not a process of this job (0.." +
                           std::to_string(planner.job().mesh.processes() - 1) + ")");
       }
-      const std::string name = job->name;
+      const std::string name = job->name();
       if (opt.compare) return RunCompare(planner, opt, a, b, name);
       if (opt.format == "json") {
         std::cout << PlanJson(planner, opt, a, b, name).dump() << "\n";

@@ -201,9 +201,7 @@ class LocalRun {
   const RunOptions o_;
   std::string run_dir_;
   bool temp_dir_ = false;
-  std::optional<planner::DataLoadJob> job_;
-  // What parsing the manifest found; validation adds to it.
-  Diagnostics parse_diags_;
+  std::optional<planner::ValidJob> job_;
   std::string job_path_;
   std::optional<planner::ResolvedJob> rj_;
   int64_t P_ = 0;
@@ -238,26 +236,26 @@ int LocalRun::MakeRunDir() {
 }
 
 int LocalRun::LoadJob() {
-  Diagnostics& diags = parse_diags_;
-  auto job = planner::LoadDataLoadJobFile(o_.file, diags);
+  // The manifest, loaded and validated once: it must be valid as written,
+  // before its dataset is replaced.
+  Diagnostics diags;
+  auto job = planner::LoadJobFile(o_.file, diags);
   if (!job.ok()) {
-    std::cerr << "meshload run: " << job.status().ToString() << "\n";
-    return job.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+    if (diags.ok()) {
+      std::cerr << "meshload run: " << job.status().ToString() << "\n";
+      return job.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    std::cerr << diags.Report(o_.file + ": invalid DataLoadJob");
+    return 2;
   }
   job_path_ = o_.file;
   if (o_.generate_dir.empty() && o_.dataset.empty()) {
     job_ = std::move(*job);
-    return kGoOn;  // Resolve() reports what parsing found with the rest
-  }
-  // The manifest must be valid as written before its dataset is replaced.
-  planner::ValidateJobSpec(job->spec, diags);
-  if (!diags.ok()) {
-    std::cerr << diags.Report(o_.file + ": invalid DataLoadJob");
-    return 2;
+    return kGoOn;
   }
   std::string uri = o_.dataset, how = "given";
   if (!o_.generate_dir.empty()) {
-    auto generated = Generate(job->spec);
+    auto generated = Generate(job->spec());
     if (!generated.ok()) {
       std::cerr << "meshload run: cannot generate the dataset: " << generated.status().ToString() << "\n";
       return 1;
@@ -272,12 +270,13 @@ int LocalRun::LoadJob() {
     return 1;
   }
   std::printf("dataset: the %s %s replaces %s\n", how.c_str(), uri.c_str(), replaced->c_str());
+  // The job the sidecars and trainers load: the manifest with that dataset.
   job_path_ = run_dir_ + "/job.yaml";
-  diags = Diagnostics();
-  job = planner::LoadDataLoadJobFile(job_path_, diags);
+  job = planner::LoadJobFile(job_path_, diags);
   if (!job.ok()) {
-    std::cerr << "meshload run: " << job.status().ToString() << "\n";
-    return 1;
+    std::cerr << (diags.ok() ? "meshload run: " + job.status().ToString() + "\n"
+                             : diags.Report(o_.file + " (its dataset replaced): invalid DataLoadJob"));
+    return 2;
   }
   job_ = std::move(*job);
   return kGoOn;
@@ -310,8 +309,8 @@ Result<std::string> LocalRun::Generate(const planner::JobSpec& spec) {
 }
 
 int LocalRun::Resolve() {
-  Diagnostics& diags = parse_diags_;
-  auto resolved = sidecar::source::ResolveReadingDataset(job_->spec, {}, sidecar::source::Unreachable::kFail, diags);
+  Diagnostics diags;
+  auto resolved = sidecar::source::ResolveReadingDataset(*job_, {}, sidecar::source::Unreachable::kFail, diags);
   if (!resolved.ok() || !diags.ok()) {
     if (diags.ok()) diags.Add(resolved.status());
     const bool replaced = job_path_ != o_.file;
@@ -325,7 +324,7 @@ int LocalRun::Resolve() {
                              static_cast<uint64_t>(rj.mesh.devices_per_process());
   std::printf("job %s: %" PRId64 " processes x %" PRId64 " devices, %s/%s, global batch %" PRIu64 ", %" PRIu64
               " samples x %" PRIu64 " B, %s per process per step\n",
-              job_->name.c_str(), P_, rj.mesh.devices_per_process(), std::string(ToString(rj.spec.strategy)).c_str(),
+              job_->name().c_str(), P_, rj.mesh.devices_per_process(), std::string(ToString(rj.spec.strategy)).c_str(),
               std::string(ToString(rj.spec.replication.fanout)).c_str(), rj.global_batch, rj.samples,
               rj.dataset.sample_bytes(), Human(static_cast<double>(batch_bytes_per_process_), "B").c_str());
   return kGoOn;

@@ -93,20 +93,19 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   if (!job) {
     return Refuse(job_ref + " does not exist: create the DataLoadJob before its trainer pods");
   }
-  const json& job_spec = Field(*job, "spec");
+  // The job from the informer's cache, loaded and validated once.
   Diagnostics diags;
-  auto parsed = planner::ParseJobSpecText(job_spec.dump(), diags);
-  if (parsed.ok()) planner::ValidateJobSpec(*parsed, diags);
-  if (!parsed.ok() || !diags.ok()) {
-    std::string why = parsed.ok() ? diags.ToString() : parsed.status().ToString();
+  auto loaded = planner::LoadJobObject(*job, diags);
+  if (!loaded.ok()) {
+    std::string why = diags.ok() ? loaded.status().ToString() : diags.ToString();
     while (!why.empty() && why.back() == '\n') why.pop_back();
     return Refuse(job_ref + " is invalid, so its trainer pods cannot get a sidecar: " + why);
   }
-  const planner::JobSpec& js = *parsed;
-  const json& selector = Field(job_spec, "selector");
-  if (!selector.is_object() || !SelectorMatches(selector, Field(md, "labels"))) {
+  const planner::JobSpec& js = loaded->spec();
+  if (!js.selector || !SelectorMatches(*js.selector, Field(md, "labels"))) {
     return Refuse(
-        what + " is labelled for " + job_ref + " but the job's spec.selector " + selector.dump() +
+        what + " is labelled for " + job_ref + " but the job's spec.selector " +
+        Field(Field(*job, "spec"), "selector").dump() +
         " does not select it, so it would get no process index: give the pod the labels the selector asks for");
   }
   if (js.dataset.volume && !HasNamed(spec, "volumes", js.dataset.volume->name)) {

@@ -67,18 +67,17 @@ Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, Sou
   return index;
 }
 
-Result<planner::ResolvedJob> ResolveWithSources(const planner::JobSpec& spec, SourceRegistry& sources,
+Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, SourceRegistry& sources,
                                                 planner::ResolveOptions options, Unreachable unreachable,
                                                 Diagnostics& diags) {
   if (options.index || options.samples) {
-    return planner::ResolveJob(spec, options, diags);
+    return planner::ResolveJob(job, options, diags);
   }
-  planner::ValidateJobSpec(spec, diags);
-  if (!diags.ok()) return diags.ToStatus();
+  const planner::JobSpec& spec = job.spec();
   Diagnostics index_diags;
   auto index = IndexDataset(spec.dataset, sources, index_diags);
   if (!index.ok() && unreachable == Unreachable::kUseDeclaredSamples && spec.dataset.samples) {
-    return planner::ResolveJob(spec, options, diags);  // planned from spec.dataset.samples
+    return planner::ResolveJob(job, options, diags);  // planned from spec.dataset.samples
   }
   for (const auto& p : index_diags.problems()) diags.Add(p.path, p.message);
   if (!index.ok()) {
@@ -91,21 +90,20 @@ Result<planner::ResolvedJob> ResolveWithSources(const planner::JobSpec& spec, So
   }
   if (!diags.ok()) return diags.ToStatus();
   options.index = std::move(*index);
-  Diagnostics again;  // spec problems were reported above
-  return planner::ResolveJob(spec, options, again);
+  return planner::ResolveJob(job, options, diags);
 }
 
-Result<planner::ResolvedJob> ResolveReadingDataset(const planner::JobSpec& spec, planner::ResolveOptions options,
+Result<planner::ResolvedJob> ResolveReadingDataset(const planner::ValidJob& job, planner::ResolveOptions options,
                                                    Unreachable unreachable, Diagnostics& diags) {
   SourceOptions sopts;
-  if (SourceRegistry::SchemeOf(spec.dataset.uri) == "s3") {
-    if (Status st = S3OptionsForDataset(spec.dataset, sopts.s3); !st.ok()) {
+  if (SourceRegistry::SchemeOf(job.spec().dataset.uri) == "s3") {
+    if (Status st = S3OptionsForDataset(job.spec().dataset, sopts.s3); !st.ok()) {
       diags.Add(st);
       return diags.ToStatus();
     }
   }
   auto sources = SourceRegistry::WithBuiltins(sopts);
-  return ResolveWithSources(spec, *sources, std::move(options), unreachable, diags);
+  return ResolveWithSources(job, *sources, std::move(options), unreachable, diags);
 }
 
 }  // namespace meshload::sidecar::source

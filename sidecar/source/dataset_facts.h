@@ -45,14 +45,14 @@ enum class Unreachable {
 
 /// ResolveJob, with the dataset indexed through `sources` (IndexDataset)
 /// unless `options` already gives the index or the sample count.
-Result<planner::ResolvedJob> ResolveWithSources(const planner::JobSpec& spec, SourceRegistry& sources,
+Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, SourceRegistry& sources,
                                                 planner::ResolveOptions options, Unreachable unreachable,
                                                 Diagnostics& diags);
 
 /// ResolveWithSources with a registry of the built-in sources made for the
 /// job (S3OptionsForDataset for an s3:// dataset): what the CLI's commands
 /// use.
-Result<planner::ResolvedJob> ResolveReadingDataset(const planner::JobSpec& spec, planner::ResolveOptions options,
+Result<planner::ResolvedJob> ResolveReadingDataset(const planner::ValidJob& job, planner::ResolveOptions options,
                                                    Unreachable unreachable, Diagnostics& diags);
 
 }  // namespace meshload::sidecar::source

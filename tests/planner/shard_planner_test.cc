@@ -451,7 +451,7 @@ ShardPlanner PlannerOver(const JobSpec& spec, const std::vector<std::pair<std::s
   EXPECT_TRUE(index.ok() && d.ok()) << d.ToString();
   ResolveOptions o;
   o.index = std::move(*index);
-  auto job = ResolveJob(spec, o, d);
+  auto job = ResolveJob(testing::MustValidate(spec), o, d);
   EXPECT_OK(job) << d.ToString();
   return ShardPlanner(std::move(*job));
 }

@@ -109,15 +109,16 @@ TEST(Spec, AFieldThatDoesNotParseStopsResolutionInsteadOfPlanningWithZero) {
     Diagnostics d;
     auto job = ParseDataLoadJob(Edit("globalBatchSize: 8", bad), d);
     ASSERT_OK(job);
-    auto resolved = ResolveJob(job->spec, {}, d);
-    EXPECT_FALSE(resolved.ok()) << bad;
+    // A job with a parse problem never becomes a ValidJob, so it is never resolved.
+    auto valid = ValidateJob(std::move(*job), d);
+    EXPECT_FALSE(valid.ok()) << bad;
     EXPECT_TRUE(HasProblem(d.problems().empty() ? std::vector<std::string>{} : std::vector<std::string>{d.ToString()},
                            "spec.batch.globalBatchSize: expected an integer"));
   }
   Diagnostics d;
   auto job = ParseDataLoadJob(Edit("  batch:\n    globalBatchSize: 8\n", "  batch: {}\n"), d);
   ASSERT_OK(job);
-  EXPECT_FALSE(ResolveJob(job->spec, {}, d).ok());
+  EXPECT_FALSE(ValidateJob(std::move(*job), d).ok());
 }
 
 TEST(Spec, HugeProcessCountsAreRejectedNotOverflowed) {

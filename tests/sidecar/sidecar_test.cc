@@ -116,7 +116,7 @@ class SidecarHarness {
   ~SidecarHarness() { Stop(); }
 
   Status Start() {
-    auto s = Sidecar::Create(options_);
+    auto s = Sidecar::Create(testing::MustLoad(job_path_), options_);
     if (!s.ok()) return s.status();
     sidecar_ = std::move(*s);
     thread_ = std::thread([this] { rc_ = sidecar_->Run(); });
@@ -143,8 +143,7 @@ class SidecarHarness {
   void ExpectBatchIsPlanned(const client::Batch& b) {
     if (!planner_) {
       Diagnostics d;
-      auto job = planner::LoadDataLoadJobFile(job_path_, d);
-      auto r = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
+      auto r = source::ResolveReadingDataset(testing::MustLoad(job_path_), {}, source::Unreachable::kFail, d);
       ASSERT_OK(r) << d.ToString();
       planner_ = std::make_unique<planner::ShardPlanner>(std::move(*r));
     }
@@ -840,7 +839,7 @@ TEST(Sidecar, ATrainerOfAWideJobIsNeverSentMoreReadysThanItsSocketHolds) {
   o.process = 0;
   o.socket_path = dir.path() + "/s.sock";
   o.staging = "host";
-  auto sc = Sidecar::Create(o);
+  auto sc = Sidecar::Create(testing::MustLoad(job), o);
   ASSERT_OK(sc);
   int rc = -1;
   std::thread run([&] { rc = (*sc)->Run(); });
@@ -1138,9 +1137,7 @@ void RestartOneSidecarOfAMovingJob(const std::string& strategy, const std::strin
                                    ", format: FixedRecord, recordBytes: 512}\n"
                                    "  batch: {globalBatchSize: 8, prefetch: 3}\n  shuffle: {mode: Global, seed: 9}\n"));
   Diagnostics d;
-  auto job = planner::LoadDataLoadJobFile(job_path, d);
-  ASSERT_OK(job) << d.ToString();
-  auto resolved = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
+  auto resolved = source::ResolveReadingDataset(testing::MustLoad(job_path), {}, source::Unreachable::kFail, d);
   ASSERT_OK(resolved) << d.ToString();
   planner::ShardPlanner planner(std::move(*resolved));
   // Each sidecar's peer socket stays open here, so a restarted sidecar

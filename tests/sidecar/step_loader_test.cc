@@ -85,7 +85,7 @@ std::unique_ptr<planner::ShardPlanner> Prepare(const planner::JobSpec& spec_in, 
   EXPECT_OK(uri);
   spec.dataset.uri = *uri;
   Diagnostics d;
-  auto job = source::ResolveReadingDataset(spec, {}, source::Unreachable::kFail, d);
+  auto job = source::ResolveReadingDataset(testing::MustValidate(spec), {}, source::Unreachable::kFail, d);
   EXPECT_OK(job) << d.ToString() << job.status().ToString();
   return std::make_unique<planner::ShardPlanner>(std::move(*job));
 }
@@ -536,7 +536,7 @@ TEST(StepLoader, ANpyFileShorterThanItsHeaderClaimsIsRefusedAtIndexing) {
   const std::string file = dir.path() + "/part-00000.npy";
   ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(std::filesystem::file_size(file) - 10)), 0);
   Diagnostics d;
-  EXPECT_FALSE(source::ResolveReadingDataset(spec, {}, source::Unreachable::kFail, d).ok());
+  EXPECT_FALSE(source::ResolveReadingDataset(testing::MustValidate(spec), {}, source::Unreachable::kFail, d).ok());
   EXPECT_THAT(d.ToString(), HasSubstr(file + ": size"));
   EXPECT_THAT(d.ToString(), HasSubstr("(truncated)"));
 }

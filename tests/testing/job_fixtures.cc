@@ -66,9 +66,29 @@ planner::JobSpec RandomSpec(std::mt19937_64& rng) {
   return spec;
 }
 
+planner::ValidJob MustValidate(const planner::JobSpec& spec) {
+  Diagnostics d;
+  auto job = planner::ValidateJob(spec, d);
+  if (!job.ok()) {
+    ADD_FAILURE() << "the spec is invalid: " << d.ToString() << job.status().ToString();
+    std::abort();
+  }
+  return std::move(*job);
+}
+
+planner::ValidJob MustLoad(const std::string& path) {
+  Diagnostics d;
+  auto job = planner::LoadJobFile(path, d);
+  if (!job.ok()) {
+    ADD_FAILURE() << path << " does not load: " << d.ToString() << job.status().ToString();
+    std::abort();
+  }
+  return std::move(*job);
+}
+
 planner::ShardPlanner MakePlanner(const planner::JobSpec& spec) {
   Diagnostics d;
-  auto job = planner::ResolveJob(spec, {}, d);
+  auto job = planner::ResolveJob(MustValidate(spec), {}, d);
   if (!job.ok()) {
     ADD_FAILURE() << "spec did not resolve: " << d.ToString() << job.status().ToString();
     std::abort();

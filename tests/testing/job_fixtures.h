@@ -21,6 +21,12 @@ planner::JobSpec RandomSpec(std::mt19937_64& rng);
 /// Resolves a spec whose dataset is virtual (spec.dataset.samples set).
 planner::ShardPlanner MakePlanner(const planner::JobSpec& spec);
 
+/// The ValidJob of a spec built in a test, or a test failure (and an abort:
+/// a test that needs a valid job cannot go on without one).
+planner::ValidJob MustValidate(const planner::JobSpec& spec);
+/// The ValidJob of a manifest file a test wrote, the same way.
+planner::ValidJob MustLoad(const std::string& path);
+
 /// A minimal valid manifest (FixedRecord, 2 processes × 2 devices) to edit in tests.
 std::string MinimalJobYaml();
 

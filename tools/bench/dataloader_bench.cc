@@ -309,8 +309,12 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   const std::string job_path = root + "/" + s.name + ".yaml";
   std::ofstream(job_path) << JobYaml(s, dir);
   Diagnostics d;
-  auto job = planner::LoadDataLoadJobFile(job_path, d);
-  auto resolved = sidecar::source::ResolveReadingDataset(job->spec, {}, sidecar::source::Unreachable::kFail, d);
+  auto job = planner::LoadJobFile(job_path, d);
+  if (!job.ok()) {
+    std::fprintf(stderr, "%s%s\n", d.ToString().c_str(), job.status().ToString().c_str());
+    return;
+  }
+  auto resolved = sidecar::source::ResolveReadingDataset(*job, {}, sidecar::source::Unreachable::kFail, d);
   if (!resolved.ok()) {
     std::fprintf(stderr, "%s", d.ToString().c_str());
     return;

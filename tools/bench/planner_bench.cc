@@ -122,7 +122,12 @@ int Main(int argc, char** argv) {
   // First with glibc's defaults (a short-lived process), then as the
   // sidecar runs it (KeepHeapForReuse: the heap is kept between steps).
   Diagnostics d;
-  auto job = planner::ResolveJob(BigMeshSpec(), {}, d);
+  auto valid = planner::ValidateJob(BigMeshSpec(), d);
+  if (!valid.ok()) {
+    std::fprintf(stderr, "spec is invalid: %s\n", valid.status().ToString().c_str());
+    return 1;
+  }
+  auto job = planner::ResolveJob(*valid, {}, d);
   if (!job.ok()) {
     std::fprintf(stderr, "spec did not resolve: %s\n", job.status().ToString().c_str());
     return 1;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "planner/npy.h"
+#include "tests/testing/job_fixtures.h"
 #include "tests/testing/npy_bytes.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/status_matchers.h"
@@ -270,7 +271,7 @@ TEST(ResolveWithSources, LocalFilesAreIndexedAndUnreachableDataFallsBackOnlyWhen
   spec.batch.global_batch_size = 8;
   auto sources = SourceRegistry::WithBuiltins({});
   Diagnostics d;
-  auto job = ResolveWithSources(spec, *sources, {}, Unreachable::kFail, d);
+  auto job = ResolveWithSources(testing::MustValidate(spec), *sources, {}, Unreachable::kFail, d);
   ASSERT_OK(job) << d.ToString() << job.status().ToString();
   EXPECT_TRUE(job->dataset.indexed());
   EXPECT_EQ(job->samples, 64u);
@@ -278,12 +279,13 @@ TEST(ResolveWithSources, LocalFilesAreIndexedAndUnreachableDataFallsBackOnlyWhen
   spec.dataset.uri = dir.path() + "/elsewhere";
   spec.dataset.samples = 80;
   Diagnostics planned;
-  auto virtual_job = ResolveWithSources(spec, *sources, {}, Unreachable::kUseDeclaredSamples, planned);
+  auto virtual_job =
+      ResolveWithSources(testing::MustValidate(spec), *sources, {}, Unreachable::kUseDeclaredSamples, planned);
   ASSERT_OK(virtual_job) << planned.ToString();
   EXPECT_FALSE(virtual_job->dataset.indexed());
   EXPECT_EQ(virtual_job->samples, 80u);
   Diagnostics failed;
-  EXPECT_FALSE(ResolveWithSources(spec, *sources, {}, Unreachable::kFail, failed).ok());
+  EXPECT_FALSE(ResolveWithSources(testing::MustValidate(spec), *sources, {}, Unreachable::kFail, failed).ok());
   EXPECT_THAT(failed.ToString(), HasSubstr("spec.dataset.uri"));
 }
 

@@ -164,8 +164,7 @@ class GpuJob {
     job_path_ = dir_.Write("job.yaml", JobYaml(*u, replicas, devices_));
     socket_ = dir_.path() + "/s.sock";
     Diagnostics d;
-    auto job = planner::LoadDataLoadJobFile(job_path_, d);
-    auto r = source::ResolveReadingDataset(job->spec, {}, source::Unreachable::kFail, d);
+    auto r = source::ResolveReadingDataset(testing::MustLoad(job_path_), {}, source::Unreachable::kFail, d);
     EXPECT_OK(r) << d.ToString();
     planner_ = std::make_unique<planner::ShardPlanner>(std::move(*r));
   }
@@ -202,7 +201,7 @@ class GpuJob {
     return o;
   }
   Result<std::unique_ptr<RunningSidecar>> Start(const SidecarOptions& o) {
-    MESHLOAD_ASSIGN_OR_RETURN(auto s, Sidecar::Create(o));
+    MESHLOAD_ASSIGN_OR_RETURN(auto s, Sidecar::Create(testing::MustLoad(o.job_path), o));
     return std::make_unique<RunningSidecar>(std::move(s));
   }
 
@@ -495,17 +494,17 @@ TEST(DeviceStaging, DeviceStagingNeedsADeviceForEveryLocalDevice) {
   GpuJob job(/*replicas=*/false, /*devices=*/2);  // nothing is staged: any GPU count will do
   SidecarOptions o = job.Options();
   o.cuda_devices = {0, 99};
-  auto s = Sidecar::Create(o);
+  auto s = Sidecar::Create(testing::MustLoad(o.job_path), o);
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.status().message(), HasSubstr("CUDA device 99 is not among")) << s.status().ToString();
   o.cuda_devices = {0};
-  s = Sidecar::Create(o);
+  s = Sidecar::Create(testing::MustLoad(o.job_path), o);
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.status().ToString(), HasSubstr("--cuda-devices"));
   // auto falls back to host staging and says why.
   o.staging = "auto";
   o.cuda_devices = {0, 99};
-  s = Sidecar::Create(o);
+  s = Sidecar::Create(testing::MustLoad(o.job_path), o);
   ASSERT_OK(s);
 }
 
