@@ -46,7 +46,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD_PACKAGES=(
   build-essential cmake ninja-build pkg-config ca-certificates
   libyaml-cpp-dev nlohmann-json3-dev
-  libcpp-httplib-dev libssl-dev libboost-dev
+  libcpp-httplib-dev libssl-dev libboost-dev prometheus-cpp-dev
   pybind11-dev python3-dev libdlpack-dev python3-venv
 )
 # What the tests, fuzzers, analyses and the image builds need on top.

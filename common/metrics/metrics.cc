@@ -1,5 +1,8 @@
 #include "common/metrics/metrics.h"
 
+#include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
+
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -20,6 +23,12 @@ namespace {
 }
 
 std::string Quote(std::string_view s) { return "\"" + std::string(s) + "\""; }
+
+// A number in a message.
+std::string Number(double v) {
+  char buf[64];
+  return std::string(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+}
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
@@ -59,43 +68,15 @@ BucketBoundaries NormalizeBoundaries(BucketBoundaries bounds) {
   if (!bounds.empty() && std::isinf(bounds.back()) && bounds.back() > 0) bounds.pop_back();
   for (size_t i = 0; i < bounds.size(); ++i) {
     if (!std::isfinite(bounds[i])) {
-      Die("histogram bucket bound [" + std::to_string(i) + "] is " + FormatValue(bounds[i]) +
+      Die("histogram bucket bound [" + std::to_string(i) + "] is " + Number(bounds[i]) +
           ": bounds must be finite (the +Inf bucket is implicit)");
     }
     if (i > 0 && !(bounds[i] > bounds[i - 1])) {
-      Die("histogram bucket bounds must be strictly increasing, got " + FormatValue(bounds[i - 1]) + " then " +
-          FormatValue(bounds[i]) + " at [" + std::to_string(i) + "]");
+      Die("histogram bucket bounds must be strictly increasing, got " + Number(bounds[i - 1]) + " then " +
+          Number(bounds[i]) + " at [" + std::to_string(i) + "]");
     }
   }
   return bounds;
-}
-
-std::string RenderLabels(const Labels& constant, const Labels& series) {
-  Labels merged = constant;
-  merged.insert(series.begin(), series.end());
-  std::string out;
-  for (const auto& [name, value] : merged) {
-    if (!out.empty()) out += ',';
-    out += name;
-    out += "=\"";
-    out += EscapeLabelValue(value);
-    out += '"';
-  }
-  return out;
-}
-
-void AppendSample(std::string* out, std::string_view name, std::string_view suffix, std::string_view labels,
-                  std::string_view value) {
-  *out += name;
-  *out += suffix;
-  if (!labels.empty()) {
-    *out += '{';
-    *out += labels;
-    *out += '}';
-  }
-  *out += ' ';
-  *out += value;
-  *out += '\n';
 }
 
 }  // namespace
@@ -116,10 +97,18 @@ void Gauge::SetToCurrentTime() {
   Set(std::chrono::duration<double>(since_epoch).count());
 }
 
-Histogram::Histogram(BucketBoundaries boundaries)
-    : boundaries_(NormalizeBoundaries(std::move(boundaries))),
-      counts_(new std::atomic<uint64_t>[boundaries_.size() + 1]) {
-  for (size_t i = 0; i <= boundaries_.size(); ++i) counts_[i].store(0, std::memory_order_relaxed);
+Histogram::Histogram(BucketBoundaries boundaries) : boundaries_(NormalizeBoundaries(std::move(boundaries))) {
+  owned_ = std::make_unique<Library>(boundaries_);
+  h_ = owned_.get();
+}
+
+void Histogram::Observe(double v) {
+  // prometheus-cpp counts NaN in the first bucket; it belongs in +Inf only.
+  if (std::isnan(v)) {
+    ObserveMany(&v, 1);
+    return;
+  }
+  h_->Observe(v);
 }
 
 size_t Histogram::BucketOf(double v) const {
@@ -129,45 +118,34 @@ size_t Histogram::BucketOf(double v) const {
   return static_cast<size_t>(it - boundaries_.begin());
 }
 
-void Histogram::Observe(double v) {
-  counts_[BucketOf(v)].fetch_add(1, std::memory_order_relaxed);
-  sum_.fetch_add(v, std::memory_order_relaxed);
-}
-
 void Histogram::ObserveMany(const double* values, size_t n) {
   if (n == 0) return;
+  // prometheus-cpp's ObserveMultiple takes per-bucket (not cumulative)
+  // increments, the +Inf bucket's last.
+  std::vector<double> increments(boundaries_.size() + 1, 0.0);
   double sum = 0.0;
-  size_t bucket = BucketOf(values[0]);
-  uint64_t run = 0;
   for (size_t i = 0; i < n; ++i) {
-    const size_t b = BucketOf(values[i]);
-    if (b != bucket) {
-      counts_[bucket].fetch_add(run, std::memory_order_relaxed);
-      bucket = b;
-      run = 0;
-    }
-    ++run;
+    increments[BucketOf(values[i])] += 1.0;
     sum += values[i];
   }
-  counts_[bucket].fetch_add(run, std::memory_order_relaxed);
-  sum_.fetch_add(sum, std::memory_order_relaxed);
+  h_->ObserveMultiple(increments, sum);
 }
 
 std::vector<uint64_t> Histogram::CumulativeCounts() const {
-  std::vector<uint64_t> out(boundaries_.size() + 1);
-  uint64_t running = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    running += counts_[i].load(std::memory_order_relaxed);
-    out[i] = running;
-  }
+  const prometheus::ClientMetric m = h_->Collect();
+  std::vector<uint64_t> out;
+  out.reserve(m.histogram.bucket.size());
+  for (const auto& b : m.histogram.bucket) out.push_back(b.cumulative_count);
   return out;
 }
 
-uint64_t Histogram::Count() const { return CumulativeCounts().back(); }
+uint64_t Histogram::Count() const { return h_->Collect().histogram.sample_count; }
+
+double Histogram::Sum() const { return h_->Collect().histogram.sample_sum; }
 
 BucketBoundaries ExponentialBuckets(double start, double factor, int count) {
   if (!(start > 0) || !(factor > 1) || count < 1) {
-    Die("ExponentialBuckets(" + FormatValue(start) + ", " + FormatValue(factor) + ", " + std::to_string(count) +
+    Die("ExponentialBuckets(" + Number(start) + ", " + Number(factor) + ", " + std::to_string(count) +
         "): needs start > 0, factor > 1 and count >= 1");
   }
   BucketBoundaries out;
@@ -179,7 +157,7 @@ BucketBoundaries ExponentialBuckets(double start, double factor, int count) {
 
 BucketBoundaries LinearBuckets(double start, double width, int count) {
   if (!std::isfinite(start) || !(width > 0) || count < 1) {
-    Die("LinearBuckets(" + FormatValue(start) + ", " + FormatValue(width) + ", " + std::to_string(count) +
+    Die("LinearBuckets(" + Number(start) + ", " + Number(width) + ", " + std::to_string(count) +
         "): needs a finite start, width > 0 and count >= 1");
   }
   BucketBoundaries out;
@@ -195,33 +173,31 @@ FamilyBase::FamilyBase(MetricType type, std::string name, std::string help, Labe
     : type_(type), name_(std::move(name)), help_(std::move(help)), constant_labels_(std::move(constant_labels)) {}
 
 template <typename T>
-Family<T>::Family(std::string name, std::string help, Labels constant_labels)
-    : FamilyBase(T::kType, std::move(name), std::move(help), std::move(constant_labels)) {}
+Family<T>::Family(Library& library, std::string name, std::string help, Labels constant_labels)
+    : FamilyBase(T::kType, std::move(name), std::move(help), std::move(constant_labels)), library_(&library) {}
 
 template <typename T>
-typename Family<T>::Series& Family<T>::FindOrInsertLocked(const Labels& labels) {
-  auto it = series_.find(labels);
-  if (it != series_.end()) return it->second;
+void Family<T>::CheckLabels(const Labels& labels) const {
   for (const auto& [label, value] : labels) {
     CheckLabelName(name(), label);
     if (constant_labels().count(label)) {
       Die("label " + Quote(label) + " of metric " + Quote(name()) + " is already a constant label of the family");
     }
   }
-  Series series{RenderLabels(constant_labels(), labels), nullptr};
-  return series_.emplace(labels, std::move(series)).first->second;
 }
 
 template <typename T>
 T& Family<T>::Add(const Labels& labels) requires(T::kType != MetricType::kHistogram) {
   MutexLock lock(mu_);
-  Series& series = FindOrInsertLocked(labels);
+  auto it = series_.find(labels);
+  if (it != series_.end()) return *it->second;
+  CheckLabels(labels);
   // if constexpr as well as the constraint: clang before 15 instantiates a
   // constrained-out member in `template class Family<Histogram>`.
   if constexpr (T::kType != MetricType::kHistogram) {
-    if (!series.metric) series.metric = std::make_unique<T>();
+    it = series_.emplace(labels, std::make_unique<T>(library_->Add(labels))).first;
   }
-  return *series.metric;
+  return *it->second;
 }
 
 template <typename T>
@@ -229,46 +205,25 @@ T& Family<T>::Add(const Labels& labels,
                   const BucketBoundaries& boundaries) requires(T::kType == MetricType::kHistogram) {
   BucketBoundaries normalized = NormalizeBoundaries(boundaries);
   MutexLock lock(mu_);
-  Series& series = FindOrInsertLocked(labels);
-  if constexpr (T::kType == MetricType::kHistogram) {  // as above
-    if (!series.metric) {
-      series.metric = std::make_unique<T>(std::move(normalized));
-    } else if (series.metric->Boundaries() != normalized) {
-      Die("histogram " + Quote(name()) + "{" + series.label_text + "} already exists with other bucket bounds");
+  auto it = series_.find(labels);
+  if (it != series_.end()) {
+    if (it->second->Boundaries() != normalized) {
+      Die("histogram " + Quote(name()) + " already exists with other bucket bounds for these labels");
     }
+    return *it->second;
   }
-  return *series.metric;
+  CheckLabels(labels);
+  if constexpr (T::kType == MetricType::kHistogram) {  // as above
+    auto& series = library_->Add(labels, normalized);
+    it = series_.emplace(labels, std::make_unique<T>(series, std::move(normalized))).first;
+  }
+  return *it->second;
 }
 
 template <typename T>
 void Family<T>::ForEach(const std::function<void(const Labels&, const T&)>& fn) const {
   MutexLock lock(mu_);
-  for (const auto& [labels, series] : series_) fn(labels, *series.metric);
-}
-
-template <typename T>
-bool Family<T>::AppendSamples(std::string* out) const {
-  MutexLock lock(mu_);
-  if (series_.empty()) return false;
-  for (const auto& [labels, series] : series_) {
-    const T& metric = *series.metric;
-    if constexpr (T::kType == MetricType::kHistogram) {
-      std::vector<uint64_t> cumulative = metric.CumulativeCounts();
-      const BucketBoundaries& bounds = metric.Boundaries();
-      std::string prefix = series.label_text.empty() ? "" : series.label_text + ",";
-      for (size_t i = 0; i < cumulative.size(); ++i) {
-        std::string le = i < bounds.size() ? FormatValue(bounds[i]) : "+Inf";
-        AppendSample(out, name(), "_bucket", prefix + "le=\"" + le + "\"", std::to_string(cumulative[i]));
-      }
-      AppendSample(out, name(), "_sum", series.label_text, FormatValue(metric.Sum()));
-      // From the buckets, not a separate atomic, so that _count always equals
-      // the +Inf bucket even while observations race with the scrape.
-      AppendSample(out, name(), "_count", series.label_text, std::to_string(cumulative.back()));
-    } else {
-      AppendSample(out, name(), "", series.label_text, FormatValue(metric.Value()));
-    }
-  }
-  return true;
+  for (const auto& [labels, series] : series_) fn(labels, *series);
 }
 
 template class Family<Counter>;
@@ -277,7 +232,7 @@ template class Family<Histogram>;
 
 // ---- registry ---------------------------------------------------------------
 
-Registry::Registry() = default;
+Registry::Registry() : library_(std::make_unique<prometheus::Registry>(prometheus::Registry::InsertBehavior::Throw)) {}
 Registry::~Registry() = default;
 
 template <typename T>
@@ -300,6 +255,10 @@ Family<T>& Registry::Register(std::string name, std::string help, Labels constan
   if (help.empty()) {
     Die("metric " + Quote(name) + " has no help text; set Help() (promtool rejects families without it)");
   }
+  if (help.find_first_of("\\\n") != std::string::npos) {
+    Die("the help text of metric " + Quote(name) +
+        " holds a backslash or a newline, which prometheus-cpp's serializer writes unescaped");
+  }
   for (const auto& [label, value] : constant_labels) CheckLabelName(name, label);
 
   MutexLock lock(mu_);
@@ -315,7 +274,15 @@ Family<T>& Registry::Register(std::string name, std::string help, Labels constan
     }
     return static_cast<Family<T>&>(existing);
   }
-  auto* family = new Family<T>(name, std::move(help), std::move(constant_labels));
+  typename Family<T>::Library* library = nullptr;
+  if constexpr (T::kType == MetricType::kCounter) {
+    library = &prometheus::BuildCounter().Name(name).Help(help).Labels(constant_labels).Register(*library_);
+  } else if constexpr (T::kType == MetricType::kGauge) {
+    library = &prometheus::BuildGauge().Name(name).Help(help).Labels(constant_labels).Register(*library_);
+  } else {
+    library = &prometheus::BuildHistogram().Name(name).Help(help).Labels(constant_labels).Register(*library_);
+  }
+  auto* family = new Family<T>(*library, name, std::move(help), std::move(constant_labels));
   families_.emplace(std::move(name), std::unique_ptr<FamilyBase>(family));
   return *family;
 }
@@ -342,24 +309,34 @@ std::string Registry::Serialize() const {
     if (hook) hook();
   }
 
-  std::string out;
-  std::string samples;
-  MutexLock lock(mu_);
-  for (const auto& [name, family] : families_) {
-    samples.clear();
-    if (!family->AppendSamples(&samples)) continue;
-    out += "# HELP ";
-    out += name;
-    out += ' ';
-    out += EscapeHelp(family->help());
-    out += "\n# TYPE ";
-    out += name;
-    out += ' ';
-    out += MetricTypeName(family->type());
-    out += '\n';
-    out += samples;
+  // prometheus-cpp collects families in registration order and series in
+  // hash order: sorted here, so a scrape reads the same every time.
+  std::vector<prometheus::MetricFamily> families = library_->Collect();
+  families.erase(std::remove_if(families.begin(), families.end(),
+                                [](const prometheus::MetricFamily& f) { return f.metric.empty(); }),
+                 families.end());
+  std::sort(families.begin(), families.end(),
+            [](const prometheus::MetricFamily& a, const prometheus::MetricFamily& b) { return a.name < b.name; });
+  auto key = [](const prometheus::ClientMetric& m) {
+    std::vector<std::pair<std::string, std::string>> k;
+    for (const auto& l : m.label) k.emplace_back(l.name, l.value);
+    std::sort(k.begin(), k.end());
+    return k;
+  };
+  for (auto& f : families) {
+    // Constant and series labels in one order, by name (the library puts
+    // the constant ones first); a histogram's `le` comes last.
+    for (auto& m : f.metric) {
+      std::sort(m.label.begin(), m.label.end(),
+                [](const prometheus::ClientMetric::Label& a, const prometheus::ClientMetric::Label& b) {
+                  return a.name < b.name;
+                });
+    }
+    std::stable_sort(
+        f.metric.begin(), f.metric.end(),
+        [&](const prometheus::ClientMetric& a, const prometheus::ClientMetric& b) { return key(a) < key(b); });
   }
-  return out;
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 Gauge& RegisterBuildInfo(Registry& registry, std::string_view version, std::string_view component) {
@@ -382,56 +359,6 @@ bool IsValidMetricName(std::string_view name) {
 
 bool IsValidLabelName(std::string_view name) {
   return MatchesLabelCharset(name) && name.substr(0, 2) != "__" && name != "le" && name != "quantile";
-}
-
-std::string FormatValue(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  // Integral values below 2^63 print as integers: every such double is an
-  // exact integer, and `1048576` reads better than the shortest form `1.048576e+06`.
-  if (v == std::trunc(v) && std::fabs(v) < 9.2e18) {
-    return std::to_string(static_cast<int64_t>(v));
-  }
-  // Shortest round-trip digits, in fixed notation unless the exponent is below
-  // -4 (Go's strconv 'g' rule, so `le` labels match client_golang's: `0.0005`,
-  // not `5e-04`, and PromQL selectors on `le` work across both) or 21 and up
-  // (only integers past 2^63 get there; fixed would be a wall of zeros).
-  char buf[64];
-  char* end = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific).ptr;
-  const char* e = std::find(buf, end, 'e');
-  int exponent = 0;
-  std::from_chars(e + 1 + (e[1] == '+'), end, exponent);
-  if (exponent >= -4 && exponent < 21) {
-    end = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed).ptr;
-  }
-  return std::string(buf, end);
-}
-
-std::string EscapeLabelValue(std::string_view value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '"': out += "\\\""; break;
-      case '\n': out += "\\n"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-std::string EscapeHelp(std::string_view help) {
-  std::string out;
-  out.reserve(help.size());
-  for (char c : help) {
-    switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      default: out += c;
-    }
-  }
-  return out;
 }
 
 }  // namespace meshload::metrics

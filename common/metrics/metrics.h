@@ -1,6 +1,7 @@
 /// \file
-/// Prometheus metrics in the prometheus-cpp model: a Registry of metric
-/// families, each family a set of series told apart by their labels.
+/// Prometheus metrics with prometheus-cpp's core library (its registry,
+/// families, counters, gauges, histograms and text serializer), behind the
+/// calls meshload's components make:
 ///
 ///   Registry registry;
 ///   auto& bytes = BuildCounter()
@@ -8,45 +9,50 @@
 ///                     .Help("Bytes read from storage.")
 ///                     .Register(registry);
 ///   Counter& file_bytes = bytes.Add({{"source", "file"}});
-///   file_bytes.Increment(4096);               // lock-free, from any thread
+///   file_bytes.Increment(4096);               // from any thread
 ///   std::string text = registry.Serialize();  // what GET /metrics returns
 ///
-/// Contract:
+/// What this layer adds to prometheus-cpp:
 /// - Families and series live as long as the Registry; the references that
 ///   Register() and Add() return stay valid until it is destroyed, so hot paths
-///   look a series up once and then only touch atomics.
+///   look a series up once and then only update it.
 /// - Mistakes in names are programming errors, found the first time the code
-///   runs, so they abort with a message on stderr instead of returning a Status
-///   nobody checks. Register() aborts when
+///   runs, so they abort with a message on stderr instead of the library's
+///   exception. Register() aborts when
 ///     * a metric name does not match `[a-zA-Z_:][a-zA-Z0-9_:]*`;
 ///     * a counter's name does not end in `_total`, or a gauge's or
 ///       histogram's name ends in `_total`, `_bucket`, `_sum` or `_count`
-///       (Prometheus conventions, which `promtool check metrics` enforces; the
-///       suffix rules also keep one family's samples from colliding with
-///       another's);
-///     * the help text is empty (promtool flags it);
+///       (Prometheus conventions, which `promtool check metrics` enforces);
+///     * the help text is empty (promtool flags it), or holds a backslash or
+///       a newline (prometheus-cpp 1.0 writes HELP lines unescaped);
 ///     * a name is registered again with a different type, help text or
 ///       constant labels (registering it again with the same ones returns the
 ///       existing family, so two components may share a family).
 ///   Register() and Add() abort when a label name does not match
-///   `[a-zA-Z_][a-zA-Z0-9_]*`, starts with `__` (reserved for Prometheus),
-///   is `le` or `quantile` (reserved for histogram and summary samples), or
+///   `[a-zA-Z_][a-zA-Z0-9_]*`, starts with `__`, is `le` or `quantile`, or
 ///   repeats a constant label of the family. Label *values* may be any text.
-/// - Serialize() writes the text exposition format 0.0.4: families sorted by
-///   name, series by label set, labels in a series by name (a histogram's `le`
-///   last). A family with no series is left out. Numbers: integral values
-///   below 2^63 print as integers (`1048576`, never `1.048576e+06`); others
-///   with the fewest digits that read back exactly, in fixed notation unless
-///   the exponent is below -4 (`0.005`, `0.0005`, `1.5e-07`: Go's rule, so
-///   `le` labels match the Go client's); and `+Inf`, `-Inf`, `NaN`.
-///   Timestamps are never written; Prometheus stamps the scrape.
+/// - A counter ignores a negative or NaN increment (prometheus-cpp ignores
+///   only negative ones); a histogram's trailing `+Inf` bound is dropped (the
+///   `+Inf` bucket always exists).
+/// - Serialize() runs the collect hooks, then prometheus-cpp's TextSerializer
+///   (text exposition 0.0.4) over the families sorted by name and the series
+///   by label set (labels in a series by name, a histogram's `le` last),
+///   leaving out families without series. Numbers are the library's: up to
+///   16 significant digits without trailing zeros (`1048576`, `0.0005`,
+///   `1.5e-07`, `0.1 + 0.2` as `0.3`), `+Inf`, `-Inf` and `Nan`; a histogram's
+///   `_count` and `_sum` come before its buckets.
 ///
 /// Thread safety: every class here is thread-safe except the builders, which
-/// are values used by one thread. Counter, Gauge and Histogram updates are
-/// lock-free; Registry::Serialize() and registration take mutexes.
+/// are values used by one thread. Counter and Gauge updates are atomic;
+/// prometheus-cpp's Histogram::Observe takes the series' mutex.
 #pragma once
 
-#include <atomic>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -73,83 +79,97 @@ enum class MetricType { kCounter, kGauge, kHistogram };
 /// "counter", "gauge" or "histogram", as in a `# TYPE` line.
 std::string_view MetricTypeName(MetricType type);
 
-/// A value that only goes up: bytes read, samples served, errors.
+/// A value that only goes up: bytes read, samples served, errors
+/// (prometheus::Counter).
 ///
-/// Thread safety: thread-safe and lock-free.
+/// Thread safety: thread-safe.
 class Counter {
  public:
   static constexpr MetricType kType = MetricType::kCounter;
+  using Library = prometheus::Counter;
+  /// A counter of its own (no registry: tests, local tallies).
+  Counter() : owned_(std::make_unique<Library>()), c_(owned_.get()) {}
+  /// A handle on a series of a registry's family.
+  explicit Counter(Library& counter) : c_(&counter) {}
 
   /// Adds `v`. A negative or NaN `v` is ignored — not applied, logged or
   /// counted anywhere — because a counter that goes down reads as a process
   /// restart to Prometheus' rate(); callers must not rely on it to report bugs.
   void Increment(double v = 1.0) {
     if (!(v >= 0.0)) return;
-    value_.fetch_add(v, std::memory_order_relaxed);
+    c_->Increment(v);
   }
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  double Value() const { return c_->Value(); }
 
  private:
-  static_assert(std::atomic<double>::is_always_lock_free);
-  std::atomic<double> value_{0.0};
+  std::unique_ptr<Library> owned_;
+  Library* c_;
 };
 
-/// A value that goes up and down: the current step, slots leased.
+/// A value that goes up and down: the current step, slots leased
+/// (prometheus::Gauge).
 ///
-/// Thread safety: thread-safe and lock-free.
+/// Thread safety: thread-safe.
 class Gauge {
  public:
   static constexpr MetricType kType = MetricType::kGauge;
+  using Library = prometheus::Gauge;
+  /// A gauge of its own (no registry).
+  Gauge() : owned_(std::make_unique<Library>()), g_(owned_.get()) {}
+  /// A handle on a series of a registry's family.
+  explicit Gauge(Library& gauge) : g_(&gauge) {}
 
-  void Set(double v) { value_.store(v, std::memory_order_relaxed); }
-  void Increment(double v = 1.0) { value_.fetch_add(v, std::memory_order_relaxed); }
-  void Decrement(double v = 1.0) { value_.fetch_sub(v, std::memory_order_relaxed); }
+  void Set(double v) { g_->Set(v); }
+  void Increment(double v = 1.0) { g_->Increment(v); }
+  void Decrement(double v = 1.0) { g_->Decrement(v); }
   /// Sets the gauge to the Unix time in seconds (with a fractional part), for
   /// "last time X happened" gauges.
   void SetToCurrentTime();
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  double Value() const { return g_->Value(); }
 
  private:
-  std::atomic<double> value_{0.0};
+  std::unique_ptr<Library> owned_;
+  Library* g_;
 };
 
-/// A distribution of observations (latencies, sizes) in cumulative buckets.
+/// A distribution of observations (latencies, sizes) in cumulative buckets
+/// (prometheus::Histogram).
 ///
-/// Thread safety: thread-safe; Observe() is lock-free (one atomic per bucket).
-/// A reader racing with Observe() may see the sum without the newest
-/// observation, but the count always equals the `+Inf` bucket.
+/// Thread safety: thread-safe; each update takes the series' mutex, so the
+/// count always equals the `+Inf` bucket.
 class Histogram {
  public:
   static constexpr MetricType kType = MetricType::kHistogram;
-
-  /// Aborts unless `boundaries` are strictly increasing and finite; a
-  /// trailing `+Inf` is dropped since the `+Inf` bucket always exists.
+  using Library = prometheus::Histogram;
+  /// A histogram of its own (no registry). Aborts unless `boundaries` are
+  /// strictly increasing and finite; a trailing `+Inf` is dropped since the
+  /// `+Inf` bucket always exists.
   explicit Histogram(BucketBoundaries boundaries);
+  /// A handle on a series of a registry's family, whose bounds (normalized
+  /// as above) are `boundaries`.
+  Histogram(Library& histogram, BucketBoundaries boundaries) : h_(&histogram), boundaries_(std::move(boundaries)) {}
 
   /// Counts `v` in the first bucket whose bound is >= v (`le` is inclusive)
   /// and adds it to the sum. NaN lands in the `+Inf` bucket only and makes the
-  /// sum NaN, as in the Go client.
+  /// sum NaN.
   void Observe(double v);
-  /// Observe() for each of `values`, with one atomic add per run of values
-  /// in the same bucket and one to the sum: a reader thread reporting a
-  /// batch of reads touches the shared counters a few times, not per read.
-  /// Concurrent scrapes may see some of the batch before the rest.
+  /// Observe() for each of `values` with one update of the series (its
+  /// mutex taken once): a reader thread reporting a batch of reads touches
+  /// the shared series once, not per read.
   void ObserveMany(const double* values, size_t n);
 
   const BucketBoundaries& Boundaries() const { return boundaries_; }
   /// Cumulative counts, one per boundary and a last one for `+Inf`.
   std::vector<uint64_t> CumulativeCounts() const;
   uint64_t Count() const;
-  double Sum() const { return sum_.load(std::memory_order_relaxed); }
+  double Sum() const;
 
  private:
   size_t BucketOf(double v) const;
 
+  std::unique_ptr<Library> owned_;
+  Library* h_;
   BucketBoundaries boundaries_;
-  // Per-bucket (not cumulative) counts so that Observe touches one atomic;
-  // the last one is the +Inf bucket.
-  std::unique_ptr<std::atomic<uint64_t>[]> counts_;
-  std::atomic<double> sum_{0.0};
 };
 
 /// `count` bounds: start, start·factor, start·factor², …. Aborts unless
@@ -163,7 +183,8 @@ BucketBoundaries LinearBuckets(double start, double width, int count);
 
 class Registry;
 
-/// The part of a family that does not depend on the metric type.
+/// The part of a family that does not depend on the metric type: what
+/// registering the name again must match.
 ///
 /// Thread safety: immutable after construction.
 class FamilyBase {
@@ -181,11 +202,6 @@ class FamilyBase {
   FamilyBase(MetricType type, std::string name, std::string help, Labels constant_labels);
 
  private:
-  friend class Registry;
-  /// Appends this family's sample lines (not HELP/TYPE) to `out`; returns
-  /// false, appending nothing, when the family has no series.
-  virtual bool AppendSamples(std::string* out) const = 0;
-
   MetricType type_;
   std::string name_;
   std::string help_;
@@ -193,13 +209,16 @@ class FamilyBase {
 };
 
 /// All series of one metric name, e.g. meshload_bytes_read_total for every
-/// `source`. Created by a builder's Register().
+/// `source`: a prometheus::Family, with the handles its series were given.
+/// Created by a builder's Register().
 ///
 /// Thread safety: thread-safe; Add() takes the family's mutex, so call it once
 /// per series and keep the reference rather than calling it per event.
 template <typename T>
 class Family final : public FamilyBase {
  public:
+  using Library = prometheus::Family<typename T::Library>;
+
   /// The series with these labels, created (at zero) on first use. The same
   /// labels always return the same object. Aborts on an invalid label name
   /// (see the file comment).
@@ -217,20 +236,14 @@ class Family final : public FamilyBase {
 
  private:
   friend class Registry;
-  struct Series {
-    std::string label_text;  // `a="x",b="y"`: constant and series labels, escaped
-    std::unique_ptr<T> metric;
-  };
+  Family(Library& library, std::string name, std::string help, Labels constant_labels);
+  void CheckLabels(const Labels& labels) const;
 
-  Family(std::string name, std::string help, Labels constant_labels);
-  Series& FindOrInsertLocked(const Labels& labels) MESHLOAD_REQUIRES(mu_);
-  bool AppendSamples(std::string* out) const override MESHLOAD_EXCLUDES(mu_);
-
+  Library* library_;
   mutable Mutex mu_;
-  // Sorted by label set: Serialize's order. The series themselves are never
-  // removed or replaced, so the references Add() returns stay valid
-  // without the lock.
-  std::map<Labels, Series> series_ MESHLOAD_GUARDED_BY(mu_);
+  // The handles of the library's series, by label set. Never removed, so the
+  // references Add() returns stay valid without the lock.
+  std::map<Labels, std::unique_ptr<T>> series_ MESHLOAD_GUARDED_BY(mu_);
 };
 
 extern template class Family<Counter>;
@@ -269,6 +282,9 @@ class Registry {
   template <typename T>
   Family<T>& Register(std::string name, std::string help, Labels constant_labels) MESHLOAD_EXCLUDES(mu_);
 
+  // prometheus-cpp's registry: the families and series, collected for
+  // each scrape.
+  std::unique_ptr<prometheus::Registry> library_;
   // Lock order: collect_mu_ before mu_ and hooks_mu_ (never held
   // together); mu_ before a family's mutex.
   mutable Mutex mu_;
@@ -328,11 +344,5 @@ bool IsValidMetricName(std::string_view name);
 /// `[a-zA-Z_][a-zA-Z0-9_]*`, not starting with `__`, and not `le` or
 /// `quantile`.
 bool IsValidLabelName(std::string_view name);
-/// A sample value or `le` bound as the exposition format writes it.
-std::string FormatValue(double v);
-/// Escapes `\`, `"` and newline, for the inside of a quoted label value.
-std::string EscapeLabelValue(std::string_view value);
-/// Escapes `\` and newline, for a `# HELP` line.
-std::string EscapeHelp(std::string_view help);
 
 }  // namespace meshload::metrics

@@ -92,7 +92,7 @@ int main() {
   // Special values must parse too.
   auto& special = BuildGauge()
                       .Name("meshload_sample_special_values")
-                      .Help("Gauges holding +Inf, -Inf and NaN; help with a \\ and a\nnewline.")
+                      .Help("Gauges holding +Inf, -Inf and NaN (written as prometheus-cpp writes them).")
                       .Register(registry);
   special.Add({{"value", "pos_inf"}}).Set(std::numeric_limits<double>::infinity());
   special.Add({{"value", "neg_inf"}}).Set(-std::numeric_limits<double>::infinity());
