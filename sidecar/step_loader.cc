@@ -335,11 +335,11 @@ Status StepLoader::BuildParts(const planner::StepPlan& plan, bool incoming, Call
     for (uint64_t id : t.samples) {
       uint8_t* p = Find(c.dest_of, id);
       if (p == nullptr && !incoming) p = Find(c.outbox_of, id);
-      if (p == nullptr) {
-        return Internal("step " + std::to_string(plan.step) + ": sample " + std::to_string(id) +
-                        (incoming ? " from" : " for") + " process " + std::to_string(part.peer) +
-                        " has no place in this process");
-      }
+      // The plan puts every sample a transfer moves in this process's slot
+      // or outbox.
+      MESHLOAD_CHECK(p != nullptr, "step " + std::to_string(plan.step) + ": sample " + std::to_string(id) +
+                                       (incoming ? " from" : " for") + " process " + std::to_string(part.peer) +
+                                       " has no place in this process");
       // Neighbours in the slot (a shard's samples) make one iovec.
       if (!part.iov.empty() && static_cast<uint8_t*>(part.iov.back().iov_base) + part.iov.back().iov_len == p) {
         part.iov.back().iov_len += sb;

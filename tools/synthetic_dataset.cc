@@ -119,7 +119,7 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
       return dir;
     }
   }
-  return Internal("unknown format");
+  MESHLOAD_CHECK(false, "a dataset format without a generator: " + std::string(ToString(spec.format)));
 }
 
 int64_t FirstMismatch(const planner::DatasetIndex& index, uint64_t id, const uint8_t* bytes) {

@@ -160,7 +160,7 @@ void PeerExchange::Impl::OnHello(const std::shared_ptr<Pending>& p, boost::syste
 // fingerprint, then the connection replaces any earlier one.
 void PeerExchange::Impl::Admit(const std::shared_ptr<Pending>& p) {
   const Header& h = p->hello;
-  Conn& c = *in_.at(h.from_process());
+  Conn& c = Sender(h.from_process());
   if (const std::string why = internal::JobProblem(h, opt_.fingerprint); !why.empty()) {
     Refuse(p, why);
     Fail(c, why);

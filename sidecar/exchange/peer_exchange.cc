@@ -179,10 +179,7 @@ Status PeerExchange::Impl::Expect(Ticket t, std::vector<Part> incoming) {
     MutexLock lock(mu_);
     StepState& st = table_.at(t);
     for (Part& p : incoming) {
-      if (!in_.count(p.peer)) {
-        return Internal("step " + std::to_string(st.step) + " expects data from process " + std::to_string(p.peer) +
-                        ", which is not a sender of this process");
-      }
+      (void)Sender(p.peer);  // the plan's senders are this process's
       st.in.push_back({std::move(p), PartStatus::kWaiting, false});
     }
   }
@@ -197,12 +194,7 @@ Status PeerExchange::Impl::Send(Ticket t, std::vector<Part> outgoing) {
     StepState& st = table_.at(t);
     st.sent = true;
     for (Part& p : outgoing) {
-      auto it = out_.find(p.peer);
-      if (it == out_.end()) {
-        return Internal("step " + std::to_string(st.step) + " sends to process " + std::to_string(p.peer) +
-                        ", which is not a receiver of this process");
-      }
-      conns.push_back(it->second.get());
+      conns.push_back(&Receiver(p.peer));  // the plan's receivers are this process's
       st.out.push_back({std::move(p), PartStatus::kWaiting, false});
     }
   }
@@ -220,12 +212,12 @@ Status PeerExchange::Impl::Wait(Ticket t, const std::function<bool()>& cancelled
     std::string pending;
     for (const PartState& p : st.in) {
       if (p.status == PartStatus::kWaiting || p.status == PartStatus::kBusy) {
-        pending += (pending.empty() ? "" : ", ") + in_.at(p.part.peer)->Name() + " has not sent its part";
+        pending += (pending.empty() ? "" : ", ") + Sender(p.part.peer).Name() + " has not sent its part";
       }
     }
     for (const PartState& p : st.out) {
       if (p.status == PartStatus::kWaiting || p.status == PartStatus::kBusy) {
-        pending += (pending.empty() ? "" : ", ") + out_.at(p.part.peer)->Name() +
+        pending += (pending.empty() ? "" : ", ") + Receiver(p.part.peer).Name() +
                    (p.status == PartStatus::kWaiting ? " has not asked for its part" : " is receiving its part");
       }
     }

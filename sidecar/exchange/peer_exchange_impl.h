@@ -198,6 +198,17 @@ class PeerExchange::Impl {
   void Dispatch(Conn& c) MESHLOAD_EXCLUDES(mu_);
   void ServeMain() MESHLOAD_EXCLUDES(mu_);
 
+  // The connection to a sender (in_) or receiver (out_) of this process.
+  // The peer comes from the plan, whose transfers are between these
+  // processes: another peer is a bug (it aborts, naming it).
+  Conn& Sender(int64_t peer) const { return Peer(in_, peer, "a sender"); }
+  Conn& Receiver(int64_t peer) const { return Peer(out_, peer, "a receiver"); }
+  static Conn& Peer(const std::map<int64_t, std::unique_ptr<Conn>>& conns, int64_t peer, const char* what) {
+    auto it = conns.find(peer);
+    MESHLOAD_CHECK(it != conns.end(), "process " + std::to_string(peer) + " is not " + what + " of this process");
+    return *it->second;
+  }
+
   // c's ConnShared; the reference is for the scope that holds mu_.
   ConnShared& Shared(const Conn& c) MESHLOAD_REQUIRES(mu_) { return shared_[c.index]; }
   const ConnShared& Shared(const Conn& c) const MESHLOAD_REQUIRES(mu_) { return shared_[c.index]; }

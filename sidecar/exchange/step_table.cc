@@ -21,8 +21,14 @@ StepState* StepTable::Find(Ticket t) {
   return it == steps_.end() ? nullptr : &it->second;
 }
 
+StepState& StepTable::at(Ticket t) {
+  auto it = steps_.find(t);
+  MESHLOAD_CHECK(it != steps_.end(), "exchange ticket " + std::to_string(t) + " is not open");
+  return it->second;
+}
+
 void StepTable::Finish(Ticket t) {
-  const StepState& st = steps_.at(t);
+  const StepState& st = at(t);
   if (st.generation == restarts_) Mark(st.step, done_through_, done_above_);
   steps_.erase(t);
 }

@@ -56,8 +56,9 @@ class StepTable {
 
   /// A new staging of `step`: its ticket. The step counts as begun.
   Ticket Begin(int64_t step);
-  /// The staging of ticket `t` (std::out_of_range when it is closed).
-  StepState& at(Ticket t) { return steps_.at(t); }
+  /// The staging of ticket `t`, which must be open (a closed one is a bug:
+  /// it aborts).
+  StepState& at(Ticket t);
   /// nullptr when ticket `t` is closed.
   StepState* Find(Ticket t);
   /// Closes a ticket whose every part has arrived or been sent: its step

@@ -77,7 +77,7 @@ void PeerExchange::Impl::SendCredits() {
     MutexLock lock(mu_);
     for (auto& [ticket, st] : table_) {
       for (PartState& p : st.in) {
-        Conn& c = *in_.at(p.part.peer);
+        Conn& c = Sender(p.part.peer);
         if (p.status != PartStatus::kWaiting || p.credited) continue;
         const ConnShared& s = Shared(c);
         if (!s.failed.empty()) {

@@ -1,6 +1,9 @@
 #include "sidecar/staging/slot_pool.h"
 
 #include <algorithm>
+#include <string>
+
+#include "common/status.h"
 
 namespace meshload::sidecar::staging {
 
@@ -50,7 +53,8 @@ int64_t SlotPool::FirstPendingStep() const {
 
 bool SlotPool::MarkReady(uint32_t slot) {
   MutexLock lock(mu_);
-  Slot& s = slots_.at(slot);
+  MESHLOAD_CHECK(slot < slots_.size(), "slot " + std::to_string(slot) + " is not one of the pool's");
+  Slot& s = slots_[slot];
   if (s.state != SlotState::kFilling) return false;
   const bool current = s.generation == generation_ && !shutdown_;
   s.state = current ? SlotState::kReady : SlotState::kFree;
@@ -65,7 +69,8 @@ bool SlotPool::MarkReady(uint32_t slot) {
 
 void SlotPool::AbandonFill(uint32_t slot) {
   MutexLock lock(mu_);
-  Slot& s = slots_.at(slot);
+  MESHLOAD_CHECK(slot < slots_.size(), "slot " + std::to_string(slot) + " is not one of the pool's");
+  Slot& s = slots_[slot];
   if (s.state == SlotState::kFilling) s = Slot{};
   free_.NotifyOne();
 }
@@ -141,7 +146,8 @@ SlotCounts SlotPool::Counts() const {
 
 std::optional<int64_t> SlotPool::StepOf(uint32_t slot) const {
   MutexLock lock(mu_);
-  const Slot& s = slots_.at(slot);
+  MESHLOAD_CHECK(slot < slots_.size(), "slot " + std::to_string(slot) + " is not one of the pool's");
+  const Slot& s = slots_[slot];
   if (s.state == SlotState::kReady || s.state == SlotState::kLeased) return s.step;
   return std::nullopt;
 }

@@ -79,8 +79,8 @@ int Main(int argc, char** argv) {
         NanosPerCall(n, reps, threads, [&](uint64_t) { atomic.fetch_add(1, std::memory_order_relaxed); });
     std::printf("  %-44s %8.1f ns  (the ceiling)\n", "atomic<uint64_t>::fetch_add (relaxed)", ceiling);
     Row("Counter::Increment(1)", NanosPerCall(n, reps, threads, [&](uint64_t) { counter.Increment(1); }), ceiling);
-    Row("Gauge::Set(i)",
-        NanosPerCall(n, reps, threads, [&](uint64_t i) { gauge.Set(static_cast<double>(i)); }), ceiling);
+    Row("Gauge::Set(i)", NanosPerCall(n, reps, threads, [&](uint64_t i) { gauge.Set(static_cast<double>(i)); }),
+        ceiling);
     Row("Histogram::Observe(v)",
         NanosPerCall(n, reps, threads, [&](uint64_t i) { histogram.Observe(1e-6 * static_cast<double>(i & 1023)); }),
         ceiling);
@@ -94,10 +94,8 @@ int Main(int argc, char** argv) {
   // few series each, a dozen histograms of 24 buckets).
   metrics::Registry big;
   for (int f = 0; f < 18; ++f) {
-    auto& fam = metrics::BuildCounter()
-                    .Name("bench_counter_" + std::to_string(f) + "_total")
-                    .Help("A counter.")
-                    .Register(big);
+    auto& fam =
+        metrics::BuildCounter().Name("bench_counter_" + std::to_string(f) + "_total").Help("A counter.").Register(big);
     for (int s = 0; s < 4; ++s) fam.Add({{"source", "s" + std::to_string(s)}}).Increment(f * 10 + s);
   }
   for (int f = 0; f < 12; ++f) {
