@@ -105,9 +105,9 @@ std::string ControllerUid(const json& obj) {
 
 }  // namespace
 
-JobReconcile::JobReconcile(Reconciler& reconciler, std::string key, std::string ns, std::string name, json job,
+JobReconcile::JobReconcile(ReconcileContext context, std::string key, std::string ns, std::string name, json job,
                            ReconcileResult& result)
-    : r_(reconciler),
+    : ctx_(context),
       key_(std::move(key)),
       ns_(std::move(ns)),
       name_(std::move(name)),
@@ -141,9 +141,9 @@ Status JobReconcile::Run() {
 
 Status JobReconcile::Finalize() {
   if (!HasFinalizer(job_)) return Status::Ok();
-  MESHLOAD_RETURN_IF_ERROR(r_.CheckMayWrite());
-  if (r_.configmaps_->Get(ns_, cm_name_)) {
-    kube::ApiResponse del = r_.client_->Delete(ConfigMapsResource().Object(ns_, cm_name_));
+  MESHLOAD_RETURN_IF_ERROR(ctx_.CheckMayWrite());
+  if (ctx_.configmaps->Get(ns_, cm_name_)) {
+    kube::ApiResponse del = ctx_.client->Delete(ConfigMapsResource().Object(ns_, cm_name_));
     if (!del.ok() && del.code != 404) return del.ToStatus("delete ConfigMap " + ns_ + "/" + cm_name_);
     ++res_.writes;
   }
@@ -154,12 +154,12 @@ Status JobReconcile::Finalize() {
   // a uid precondition, never by label (deletecollection answers with the
   // Secrets it deleted, data included: the controller reads no Secret).
   std::string secret_uid = Str(Field(job_, "status"), "peerSecretUID");
-  if (secret_uid.empty()) secret_uid = r_.MadeSecret(key_, Uid()).value_or("");
+  if (secret_uid.empty()) secret_uid = ctx_.memory->MadeSecret(key_, Uid()).value_or("");
   if (!secret_uid.empty()) {
     const std::string secret_name = PeerSecretName(name_);
-    kube::ApiResponse del =
-        r_.client_->Delete(SecretsResource().Object(ns_, secret_name),
-                           {{"apiVersion", "v1"}, {"kind", "DeleteOptions"}, {"preconditions", {{"uid", secret_uid}}}});
+    kube::ApiResponse del = ctx_.client->Delete(
+        SecretsResource().Object(ns_, secret_name),
+        {{"apiVersion", "v1"}, {"kind", "DeleteOptions"}, {"preconditions", {{"uid", secret_uid}}}});
     // 404: gone already; 409: the uid differs, someone else's now.
     if (!del.ok() && del.code != 404 && del.code != 409) {
       return del.ToStatus("delete Secret " + ns_ + "/" + secret_name);
@@ -173,26 +173,23 @@ Status JobReconcile::Finalize() {
   }
   fins = kept;
   job_.erase("status");
-  kube::ApiResponse put = r_.client_->Put(JobsResource().Object(ns_, name_), job_);
+  kube::ApiResponse put = ctx_.client->Put(JobsResource().Object(ns_, name_), job_);
   if (put.code == 404) return Status::Ok();
   if (!put.ok()) return put.ToStatus("remove the finalizer of " + key_);
   ++res_.writes;
-  {
-    MutexLock lock(r_.secrets_mu_);
-    r_.secrets_made_.erase(key_);
-  }
+  ctx_.memory->ForgetSecret(key_);
   LogInfo("cleaned up a deleted DataLoadJob", {{"job", key_}});
   return Status::Ok();
 }
 
 Result<bool> JobReconcile::EnsureFinalizer() {
   if (HasFinalizer(job_)) return true;
-  MESHLOAD_RETURN_IF_ERROR(r_.CheckMayWrite());
+  MESHLOAD_RETURN_IF_ERROR(ctx_.CheckMayWrite());
   json updated = job_;
   if (!updated["metadata"]["finalizers"].is_array()) updated["metadata"]["finalizers"] = json::array();
   updated["metadata"]["finalizers"].push_back(kFinalizer);
   updated.erase("status");
-  kube::ApiResponse put = r_.client_->Put(JobsResource().Object(ns_, name_), updated);
+  kube::ApiResponse put = ctx_.client->Put(JobsResource().Object(ns_, name_), updated);
   if (put.code == 404) return false;
   if (!put.ok()) return put.ToStatus("add the finalizer to " + key_);
   ++res_.writes;
@@ -208,7 +205,7 @@ void JobReconcile::RecordedPeerSecret() {
   // Made, and its status write lost (a conflict, a lagging cache): the
   // status gets it now, whether or not this generation is valid.
   if (desired_.peer_secret != PeerSecretName(name_)) {
-    if (std::optional<std::string> made = r_.MadeSecret(key_, Uid())) {
+    if (std::optional<std::string> made = ctx_.memory->MadeSecret(key_, Uid())) {
       desired_.peer_secret = PeerSecretName(name_);
       desired_.peer_secret_uid = *made;
     }
@@ -252,9 +249,9 @@ Status JobReconcile::ReadConfigMap() {
   // server is asked, so that a lagging cache never makes a fresh
   // assignment that renumbers running trainers. Somebody else's of that
   // name is left alone (ConfigMapConflict).
-  cm_ = r_.configmaps_->Get(ns_, cm_name_);
+  cm_ = ctx_.configmaps->Get(ns_, cm_name_);
   if (cm_) return Status::Ok();
-  kube::ApiResponse got = r_.client_->Get(ConfigMapsResource().Object(ns_, cm_name_));
+  kube::ApiResponse got = ctx_.client->Get(ConfigMapsResource().Object(ns_, cm_name_));
   if (got.ok()) {
     if (ControllerUid(got.body) == Uid()) {
       cm_ = std::make_shared<const json>(std::move(got.body));
@@ -269,7 +266,7 @@ Status JobReconcile::ReadConfigMap() {
 
 void JobReconcile::AssignProcesses() {
   const json& selector = Field(job_, "spec")["selector"];
-  for (const auto& p : r_.pods_->List(ns_)) {
+  for (const auto& p : ctx_.pods->List(ns_)) {
     const json& md = Field(*p, "metadata");
     std::string phase = Str(Field(*p, "status"), "phase");
     if (phase == "Succeeded" || phase == "Failed") continue;
@@ -348,7 +345,7 @@ void JobReconcile::CheckReadiness() {
       missing_.push_back(i);
       continue;
     }
-    const json* sc = SidecarStatus(*p, r_.options_.sidecar_container);
+    const json* sc = SidecarStatus(*p, ctx_.options->sidecar_container);
     bool ready = sc != nullptr && Field(*sc, "ready").is_boolean() && Field(*sc, "ready").get<bool>();
     if (ready) {
       ++desired_.processes_ready;
@@ -367,22 +364,16 @@ void JobReconcile::ReadProgress() {
   // Progress (the sidecars' /progress, polled by the ProgressPoller) and
   // the step a restarted or resized job resumes at: resume.json, which
   // the sidecars read at start next to job.json.
-  if (!r_.options_.progress) return;
-  std::optional<JobProgress> poll = r_.options_.progress(key_);
+  if (!ctx_.options->progress) return;
+  std::optional<JobProgress> poll = ctx_.options->progress(key_);
   if (!poll) return;
   const HealthThresholds thresholds{spec_->health.starved_wait_percent, spec_->health.straggler_steps,
                                     spec_->health.straggler_latency_factor};
   const json fresh =
       ProgressStatus(*poll, spec_->batch.global_batch_size, thresholds, Field(Field(job_, "status"), "progress"));
-  bool moves_due = true;
-  {
-    MutexLock lock(r_.progress_mu_);
-    auto it = r_.progress_written_.find(key_);
-    moves_due = it == r_.progress_written_.end() ||
-                std::chrono::steady_clock::now() - it->second >= r_.options_.progress_min_write_interval;
-  }
+  const bool moves_due = ctx_.memory->ProgressDue(key_, ctx_.options->progress_min_write_interval);
   desired_.progress = ProgressToWrite(Field(Field(job_, "status"), "progress"), fresh,
-                                      r_.options_.progress_step_granularity, moves_due);
+                                      ctx_.options->progress_step_granularity, moves_due);
   progress_conditions_ = ProgressConditions(*poll, thresholds, Field(Field(job_, "status"), "conditions"));
 }
 
@@ -459,18 +450,18 @@ Status JobReconcile::ApplyConfigMap(const json& data) {
   if (foreign_.is_object()) {
     ConfigMapConflict();
   } else if (!cm_) {
-    MESHLOAD_RETURN_IF_ERROR(r_.CheckMayWrite());
+    MESHLOAD_RETURN_IF_ERROR(ctx_.CheckMayWrite());
     json body = {
         {"apiVersion", "v1"},
         {"kind", "ConfigMap"},
         {"metadata", {{"name", cm_name_}, {"namespace", ns_}, {"labels", labels_}, {"ownerReferences", owner_}}},
         {"data", data}};
-    kube::ApiResponse r = r_.client_->Post(cms.Collection(ns_), body);
+    kube::ApiResponse r = ctx_.client->Post(cms.Collection(ns_), body);
     if (r.code == 409 && Str(r.body, "reason") == "AlreadyExists") {
       // Made since it was read (a retried POST that had landed): this
       // reconcile's assignment did not start from it, so nothing is
       // written; the next one reads it.
-      kube::ApiResponse got = r_.client_->Get(cms.Object(ns_, cm_name_));
+      kube::ApiResponse got = ctx_.client->Get(cms.Object(ns_, cm_name_));
       if (!got.ok()) return got.ToStatus("read ConfigMap " + ns_ + "/" + cm_name_);
       if (ControllerUid(got.body) != Uid()) {
         ConfigMapConflict();
@@ -496,12 +487,12 @@ Status JobReconcile::ApplyConfigMap(const json& data) {
       same = Field(have_labels, it.key().c_str()) == it.value();
     }
     if (!same) {
-      MESHLOAD_RETURN_IF_ERROR(r_.CheckMayWrite());
+      MESHLOAD_RETURN_IF_ERROR(ctx_.CheckMayWrite());
       json body = existing;
       body["data"] = data;
       body["metadata"]["ownerReferences"] = owner_;
       for (auto it = labels_.begin(); it != labels_.end(); ++it) body["metadata"]["labels"][it.key()] = it.value();
-      kube::ApiResponse r = r_.client_->Put(cms.Object(ns_, cm_name_), body);
+      kube::ApiResponse r = ctx_.client->Put(cms.Object(ns_, cm_name_), body);
       if (r.ok()) {
         ++res_.writes;
       } else {
@@ -524,7 +515,7 @@ Status JobReconcile::EnsurePeerSecret() {
   const std::string secret_name = PeerSecretName(name_);
   if (desired_.peer_secret == secret_name) return Status::Ok();
   const std::string uid = Uid();
-  MESHLOAD_RETURN_IF_ERROR(r_.CheckMayWrite());
+  MESHLOAD_RETURN_IF_ERROR(ctx_.CheckMayWrite());
   MESHLOAD_ASSIGN_OR_RETURN(std::string secret, NewPeerSecret());
   json secret_labels = labels_;
   secret_labels[kJobUidLabel] = uid;  // which job instance it was made for (kubectl -l)
@@ -535,7 +526,7 @@ Status JobReconcile::EnsurePeerSecret() {
       {"type", "Opaque"},
       {"immutable", true},
       {"data", {{"secret", Base64Encode(secret)}}}};
-  kube::ApiResponse r = r_.client_->Post(SecretsResource().Collection(ns_), body);
+  kube::ApiResponse r = ctx_.client->Post(SecretsResource().Collection(ns_), body);
   if (r.ok() || (r.code == 409 && Str(r.body, "reason") == "AlreadyExists")) {
     desired_.peer_secret = secret_name;
     desired_.peer_secret_uid = r.ok() ? Str(Field(r.body, "metadata"), "uid") : "";
@@ -545,8 +536,7 @@ Status JobReconcile::EnsurePeerSecret() {
     } else {
       LogInfo("kept the peer secret that exists", {{"job", key_}, {"secret", ns_ + "/" + secret_name}});
     }
-    MutexLock lock(r_.secrets_mu_);
-    r_.secrets_made_[key_] = {uid, desired_.peer_secret_uid};
+    ctx_.memory->RememberSecret(key_, uid, desired_.peer_secret_uid);
   } else {
     const Status secret_error = r.ToStatus("create Secret " + ns_ + "/" + secret_name);
     problems_.push_back("PeerSecretFailed: " + secret_error.ToString());
@@ -595,25 +585,24 @@ Status JobReconcile::WriteStatus() {
     const json& current = Field(job_, "status");
     json want = StatusJson(desired_, generation_, current);
     if (current == want) return deferred_;
-    MESHLOAD_RETURN_IF_ERROR(r_.CheckMayWrite());
+    MESHLOAD_RETURN_IF_ERROR(ctx_.CheckMayWrite());
     json body = job_;
     body["status"] = want;
-    kube::ApiResponse r = r_.client_->Put(jobs.Object(ns_, name_) + "/status", body);
+    kube::ApiResponse r = ctx_.client->Put(jobs.Object(ns_, name_) + "/status", body);
     if (r.ok()) {
       ++res_.writes;
       if (Field(want, "progress") != Field(current, "progress")) {
-        MutexLock lock(r_.progress_mu_);
-        r_.progress_written_[key_] = std::chrono::steady_clock::now();
+        ctx_.memory->ProgressWritten(key_);
       }
-      if (r_.options_.record_event) {
+      if (ctx_.options->record_event) {
         for (const auto& e : ConditionEvents(current, want))
-          r_.options_.record_event(job_, e.type, e.reason, e.message);
+          ctx_.options->record_event(job_, e.type, e.reason, e.message);
       }
       return deferred_;
     }
     if (r.code == 404) return Status::Ok();
     if (r.code != 409) return r.ToStatus("update the status of " + key_);
-    kube::ApiResponse fresh = r_.client_->Get(jobs.Object(ns_, name_));
+    kube::ApiResponse fresh = ctx_.client->Get(jobs.Object(ns_, name_));
     if (fresh.code == 404) return Status::Ok();
     if (!fresh.ok()) return fresh.ToStatus("re-read " + key_);
     const int64_t fresh_gen = Field(Field(fresh.body, "metadata"), "generation").is_number()

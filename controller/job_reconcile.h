@@ -29,7 +29,7 @@ namespace meshload::controller {
 
 class JobReconcile {
  public:
-  JobReconcile(Reconciler& reconciler, std::string key, std::string ns, std::string name, nlohmann::json job,
+  JobReconcile(ReconcileContext context, std::string key, std::string ns, std::string name, nlohmann::json job,
                ReconcileResult& result);
 
   /// Runs the steps; an error means "try again with backoff".
@@ -76,7 +76,7 @@ class JobReconcile {
   void ConfigMapFailed(const Status& error);
   std::string Uid() const;
 
-  Reconciler& r_;
+  const ReconcileContext ctx_;
   const std::string key_, ns_, name_, cm_name_;
   nlohmann::json job_;
   ReconcileResult& res_;

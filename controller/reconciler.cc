@@ -66,68 +66,48 @@ json SlimPod(json pod) {
   return slim;
 }
 
-bool SelectorMatches(const planner::LabelSelector& selector, const json& labels) {
-  auto label = [&](const std::string& key) -> std::optional<std::string> {
-    if (!labels.is_object()) return std::nullopt;
-    auto it = labels.find(key);
-    if (it == labels.end() || !it->is_string()) return std::nullopt;
-    return it->get<std::string>();
-  };
-  for (const auto& [key, value] : selector.match_labels) {
-    if (label(key) != value) return false;
-  }
-  for (const auto& e : selector.match_expressions) {
-    auto v = label(e.key);
-    const bool in = v && std::find(e.values.begin(), e.values.end(), *v) != e.values.end();
-    if (e.op == "In" && !in) return false;
-    if (e.op == "NotIn" && in) return false;
-    if (e.op == "Exists" && !v) return false;
-    if (e.op == "DoesNotExist" && v) return false;
-    if (e.op != "In" && e.op != "NotIn" && e.op != "Exists" && e.op != "DoesNotExist") return false;
-  }
-  return true;
-}
-
-bool SelectorMatches(const json& selector, const json& labels) {
-  // The selector as the declaration types it (a value of the wrong type
-  // matches nothing, as before).
-  planner::LabelSelector typed;
-  const json& ml = Field(selector, "matchLabels");
-  if (ml.is_object()) {
-    for (auto it = ml.begin(); it != ml.end(); ++it) {
-      if (!it.value().is_string()) return false;
-      typed.match_labels[it.key()] = it.value().get<std::string>();
-    }
-  }
-  const json& me = Field(selector, "matchExpressions");
-  if (me.is_array()) {
-    for (const auto& e : me) {
-      planner::LabelSelectorRequirement r{Str(e, "key"), Str(e, "operator"), {}};
-      const json& values = Field(e, "values");
-      if (values.is_array()) {
-        for (const auto& x : values) {
-          if (x.is_string()) r.values.push_back(x.get<std::string>());
-        }
-      }
-      typed.match_expressions.push_back(std::move(r));
-    }
-  }
-  return SelectorMatches(typed, labels);
-}
-
 Reconciler::Reconciler(kube::KubeClient* client, kube::Informer* jobs, kube::Informer* pods, kube::Informer* configmaps,
                        ReconcilerOptions options)
     : client_(client), jobs_(jobs), pods_(pods), configmaps_(configmaps), options_(std::move(options)) {}
 
-std::optional<std::string> Reconciler::MadeSecret(const std::string& key, const std::string& job_uid) const {
+std::optional<std::string> JobMemory::MadeSecret(const std::string& key, const std::string& job_uid) const {
   MutexLock lock(secrets_mu_);
   auto it = secrets_made_.find(key);
   if (it == secrets_made_.end() || it->second.job_uid != job_uid) return std::nullopt;
   return it->second.secret_uid;
 }
 
-Status Reconciler::CheckMayWrite() const {
-  if (options_.may_write && !options_.may_write()) {
+void JobMemory::RememberSecret(const std::string& key, std::string job_uid, std::string secret_uid) {
+  MutexLock lock(secrets_mu_);
+  secrets_made_[key] = {std::move(job_uid), std::move(secret_uid)};
+}
+
+void JobMemory::ForgetSecret(const std::string& key) {
+  MutexLock lock(secrets_mu_);
+  secrets_made_.erase(key);
+}
+
+bool JobMemory::ProgressDue(const std::string& key, std::chrono::milliseconds min_interval) const {
+  MutexLock lock(progress_mu_);
+  auto it = progress_written_.find(key);
+  return it == progress_written_.end() || std::chrono::steady_clock::now() - it->second >= min_interval;
+}
+
+void JobMemory::ProgressWritten(const std::string& key) {
+  MutexLock lock(progress_mu_);
+  progress_written_[key] = std::chrono::steady_clock::now();
+}
+
+void JobMemory::Forget(const std::string& key) {
+  {
+    MutexLock lock(progress_mu_);
+    progress_written_.erase(key);
+  }
+  ForgetSecret(key);
+}
+
+Status ReconcileContext::CheckMayWrite() const {
+  if (options->may_write && !options->may_write()) {
     return FailedPrecondition("not the leader: no writes");
   }
   return Status::Ok();
@@ -168,19 +148,11 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
   const std::string ns = key.substr(0, slash), name = key.substr(slash + 1);
   kube::ObjectPtr cached = jobs_->Get(ns, name);
   if (!cached) {  // deleted; owner references clean up
-    Forget(key);
+    memory_.Forget(key);
     return Status::Ok();
   }
-  return JobReconcile(*this, key, ns, name, *cached, res).Run();
-}
-
-void Reconciler::Forget(const std::string& key) {
-  {
-    MutexLock lock(progress_mu_);
-    progress_written_.erase(key);
-  }
-  MutexLock lock(secrets_mu_);
-  secrets_made_.erase(key);
+  const ReconcileContext context{client_, pods_, configmaps_, &options_, &memory_};
+  return JobReconcile(context, key, ns, name, *cached, res).Run();
 }
 
 }  // namespace meshload::controller

@@ -72,6 +72,7 @@
 #include "common/status.h"
 #include "controller/kube/client.h"
 #include "controller/kube/informer.h"
+#include "controller/kube/label_selector.h"
 #include "controller/progress_poller.h"
 #include "planner/spec.h"
 
@@ -104,11 +105,7 @@ std::string PeerSecretName(const std::string& job);
 /// container kDefaultSidecarContainer).
 nlohmann::json SlimPod(nlohmann::json pod);
 
-/// True when `labels` (an object of strings, or null) match a Kubernetes
-/// label selector object ({matchLabels, matchExpressions}). An empty
-/// selector matches everything, as in Kubernetes.
-bool SelectorMatches(const nlohmann::json& selector, const nlohmann::json& labels);
-bool SelectorMatches(const planner::LabelSelector& selector, const nlohmann::json& labels);
+using kube::SelectorMatches;  // controller/kube/label_selector.h
 
 struct ReconcilerOptions {
   /// The sidecar container's name in trainer pods (a container or a native
@@ -136,6 +133,51 @@ struct ReconcilerOptions {
   std::chrono::milliseconds progress_min_write_interval{std::chrono::seconds(120)};
 };
 
+/// What the reconciler remembers between reconciles of a job: the peer
+/// secrets this process made or found, and when it last wrote each job's
+/// status.progress (a restarted controller may write one sooner). Entries
+/// go when the job does.
+///
+/// Thread safety: thread-safe.
+class JobMemory {
+ public:
+  /// Whether this process made or found the peer secret of job `key` (of
+  /// uid `job_uid`): then the Secret's uid ("" when found rather than made).
+  std::optional<std::string> MadeSecret(const std::string& key, const std::string& job_uid) const
+      MESHLOAD_EXCLUDES(secrets_mu_);
+  void RememberSecret(const std::string& key, std::string job_uid, std::string secret_uid)
+      MESHLOAD_EXCLUDES(secrets_mu_);
+  /// Whether `min_interval` has passed since this process last wrote the
+  /// job's status.progress (or it never did).
+  bool ProgressDue(const std::string& key, std::chrono::milliseconds min_interval) const
+      MESHLOAD_EXCLUDES(progress_mu_);
+  void ProgressWritten(const std::string& key) MESHLOAD_EXCLUDES(progress_mu_);
+  /// A deleted job: everything about it goes.
+  void Forget(const std::string& key) MESHLOAD_EXCLUDES(secrets_mu_, progress_mu_);
+  void ForgetSecret(const std::string& key) MESHLOAD_EXCLUDES(secrets_mu_);
+
+ private:
+  struct MadeSecretEntry {
+    std::string job_uid, secret_uid;
+  };
+  mutable Mutex secrets_mu_;
+  std::map<std::string, MadeSecretEntry> secrets_made_ MESHLOAD_GUARDED_BY(secrets_mu_);
+  mutable Mutex progress_mu_;
+  std::map<std::string, std::chrono::steady_clock::time_point> progress_written_ MESHLOAD_GUARDED_BY(progress_mu_);
+};
+
+/// What one job's reconcile (controller/job_reconcile.h) works with, and no
+/// more: the client, the pod and ConfigMap caches, the options, the memory.
+struct ReconcileContext {
+  kube::KubeClient* client = nullptr;
+  kube::Informer* pods = nullptr;
+  kube::Informer* configmaps = nullptr;
+  const ReconcilerOptions* options = nullptr;
+  JobMemory* memory = nullptr;
+  /// kFailedPrecondition when this process may not write (lost leadership).
+  Status CheckMayWrite() const;
+};
+
 /// What one reconcile did.
 struct ReconcileResult {
   int writes = 0;
@@ -158,36 +200,13 @@ class Reconciler {
   static std::string JobForConfigMap(const nlohmann::json& configmap);
 
  private:
-  // One reconcile of one job, step by step (controller/job_reconcile.h).
-  friend class JobReconcile;
-
-  // A deleted job: what this process remembers of it goes.
-  void Forget(const std::string& key) MESHLOAD_EXCLUDES(secrets_mu_, progress_mu_);
-  Status CheckMayWrite() const;
-  // Whether this process made or found the peer secret of job `key` (of
-  // uid `job_uid`): then the Secret's uid ("" when found rather than made).
-  std::optional<std::string> MadeSecret(const std::string& key, const std::string& job_uid) const
-      MESHLOAD_EXCLUDES(secrets_mu_);
-
   // Set by the constructor, read-only after.
   kube::KubeClient* client_;
   kube::Informer* jobs_;
   kube::Informer* pods_;
   kube::Informer* configmaps_;
   ReconcilerOptions options_;
-  // Jobs ("ns/name") whose peer secret this process made or found, with
-  // the job's uid and the Secret's (empty when found): a job read from a
-  // cache that has not seen its status write yet is not asked again.
-  // Entries go when the job does.
-  struct MadeSecretEntry {
-    std::string job_uid, secret_uid;
-  };
-  mutable Mutex secrets_mu_;
-  std::map<std::string, MadeSecretEntry> secrets_made_ MESHLOAD_GUARDED_BY(secrets_mu_);
-  // When each job's status.progress was last written by this process (a
-  // restarted controller may write one sooner).
-  Mutex progress_mu_;
-  std::map<std::string, std::chrono::steady_clock::time_point> progress_written_ MESHLOAD_GUARDED_BY(progress_mu_);
+  JobMemory memory_;
 };
 
 }  // namespace meshload::controller

@@ -47,7 +47,7 @@ uint32_t MeasureReadyQueue(const std::string& message) {
 }  // namespace
 
 SessionServer::SessionServer(Context context)
-    : options_(*context.options),
+    : options_(std::move(context.options)),
       metrics_(context.metrics),
       job_(*context.job),
       job_name_(std::move(context.job_name)),

@@ -72,11 +72,11 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "common/thread_sched.h"
 #include "common/unique_fd.h"
 #include "planner/shard_planner.h"
 #include "protocol/protocol.h"
 #include "sidecar/progress.h"
-#include "sidecar/sidecar.h"
 #include "sidecar/sidecar_metrics.h"
 #include "sidecar/staging/batch_layout.h"
 #include "sidecar/staging/device_memory.h"
@@ -99,11 +99,21 @@ class SessionServer {
     /// Called from the server loop about every 500 ms.
     std::function<void()> watchdog;
   };
+  /// The server's own settings (the sidecar's flags of the same names).
+  struct Options {
+    std::string socket_path;  // where the trainer connects
+    mode_t socket_mode = 0660;
+    /// The uids allowed to connect (the sidecar fills in its own when none
+    /// is given).
+    std::vector<uid_t> allowed_uids;
+    /// How long a connected client has to send CLIENT_HELLO.
+    std::chrono::milliseconds hello_timeout{5000};
+    int64_t process = -1;  // this sidecar's process, in SERVER_HELLO
+    ThreadSched thread_sched = ThreadSched::kBatch;
+  };
   /// What the server works with; all of it outlives the server.
   struct Context {
-    /// allowed_uids, hello_timeout, socket_path, socket_mode, process,
-    /// thread_sched (read when used: start-up may still fill allowed_uids).
-    const SidecarOptions* options = nullptr;
+    Options options;
     SidecarMetrics* metrics = nullptr;
     const planner::ResolvedJob* job = nullptr;
     std::string job_name;
@@ -240,7 +250,7 @@ class SessionServer {
   Client* ServerClient() MESHLOAD_EXCLUDES(client_mu_);
 
   // What the server works with (Context), fixed at construction.
-  const SidecarOptions& options_;
+  const Options options_;
   SidecarMetrics* const metrics_;
   const planner::ResolvedJob& job_;
   const std::string job_name_;

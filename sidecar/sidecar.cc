@@ -134,8 +134,14 @@ Status Sidecar::Init(const planner::ValidJob& job) {
   if (!event_fd_.valid()) return IoErrorFromErrno("eventfd", "", errno);
   // The trainer side (sidecar/session_server.h); the consumed watermark
   // starts at start_step_.
+  if (options_.allowed_uids.empty()) options_.allowed_uids.push_back(::getuid());
   server_ = std::make_unique<SessionServer>(SessionServer::Context{
-      .options = &options_,
+      .options = {.socket_path = options_.socket_path,
+                  .socket_mode = options_.socket_mode,
+                  .allowed_uids = options_.allowed_uids,
+                  .hello_timeout = options_.hello_timeout,
+                  .process = options_.process,
+                  .thread_sched = options_.thread_sched},
       .metrics = metrics_.get(),
       .job = &planner_->job(),
       .job_name = job_name_,
@@ -153,7 +159,6 @@ Status Sidecar::Init(const planner::ValidJob& job) {
                 .watchdog = [this] { Watchdog(); }},
   });
   MESHLOAD_RETURN_IF_ERROR(server_->Listen());
-  if (options_.allowed_uids.empty()) options_.allowed_uids.push_back(::getuid());
 
   registry_->AddCollectHook([this] {
     metrics_->SetSlotCounts(pool_->Counts());

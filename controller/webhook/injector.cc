@@ -6,7 +6,7 @@
 
 #include "common/status.h"
 #include "controller/kube/json_fields.h"
-#include "controller/reconciler.h"
+#include "controller/kube/label_selector.h"
 #include "planner/spec.h"
 
 namespace meshload::controller::webhook {
@@ -26,6 +26,7 @@ constexpr char kRunDir[] = "/run/meshload";
 constexpr char kSocket[] = "/run/meshload/sidecar.sock";
 
 using kube::Field;
+using kube::SelectorMatches;
 using kube::Str;
 
 // j[key] when it is an array, else an empty one.
