@@ -33,6 +33,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+import checks  # noqa: E402
+from checks import check  # noqa: E402
+
 SIZE_BUDGET = 150_000_000  # bytes, per runtime image
 IMAGES = ("sidecar", "controller", "cli")
 # What a runtime stage must not carry: compilers, build tools, pip.
@@ -40,19 +44,6 @@ TOOLS = ("gcc", "g++", "cc", "c++", "cpp", "clang", "clang++", "ld", "as", "make
          "pip", "pip3", "go")
 PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
-passed = failed = 0
-
-
-def check(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("ok   " + name)
-    else:
-        failed += 1
-        print("FAIL " + name + (("\n     " + detail.replace("\n", "\n     ")) if detail else ""))
-    sys.stdout.flush()
-    return ok
 
 
 def run(cmd, **kw):
@@ -210,8 +201,7 @@ def main():
     if os.geteuid() != 0:
         check("running as root (debootstrap, podman's storage, chroot need it)", False,
               "run the suite as root, as scripts/test.sh and CI do")
-        print("%d passed, %d failed" % (passed, failed))
-        return 1
+        return checks.finish()
 
     build = subprocess.run(["bash", os.path.join(root, "scripts/build-images"), "--local-bases"],
                            env=dict(os.environ, MESHLOAD_IMAGE_LOGS=logs), stdout=subprocess.PIPE,
@@ -219,13 +209,12 @@ def main():
     print(build.stdout, end="")
     if not check("scripts/build-images --local-bases built %s (logs in %s)" % (", ".join(IMAGES), logs),
                  build.returncode == 0, "exit status %d" % build.returncode):
-        print("%d passed, %d failed" % (passed, failed))
-        return 1
+        return checks.finish()
     for name in IMAGES:
         check_image(name, "localhost/meshload/%s:%s" % (name, version), version)
     check_references(root, version)
-    print("%d passed, %d failed" % (passed, failed))
-    return 0 if failed == 0 and passed > 0 else 1
+    rc = checks.finish()
+    return rc if checks.passed > 0 else 1
 
 
 if __name__ == "__main__":

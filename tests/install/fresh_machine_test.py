@@ -66,7 +66,10 @@ import sys
 import tempfile
 import time
 
-passed = failed = 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+import checks  # noqa: E402
+from checks import check  # noqa: E402
+
 CLEAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CLONE = "/root/meshload"
 # What is taken from this machine's environment into the chroot's: the
@@ -74,18 +77,6 @@ CLONE = "/root/meshload"
 ENV_PATTERN = re.compile(r"^(PIP_[A-Z_]+|(HTTP|HTTPS|FTP|NO|ALL)_PROXY|(http|https|ftp|no|all)_proxy|"
                          r"SSL_CERT_FILE|SSL_CERT_DIR|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE|GIT_SSL_CAINFO|"
                          r"GOPROXY|GOSUMDB|GONOSUMDB|GOPRIVATE|GOFLAGS)$")
-
-
-def check(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("ok   " + name)
-    else:
-        failed += 1
-        print("FAIL " + name + (("\n     " + detail.replace("\n", "\n     ")) if detail else ""))
-    sys.stdout.flush()
-    return ok
 
 
 def say(msg):
@@ -421,8 +412,7 @@ def main():
         # Everything below runs in a mount namespace of its own.
         if os.geteuid() != 0:
             check("runs as root (debootstrap, mounts and chroot need it)", False, "uid %d" % os.geteuid())
-            print("%d passed, %d failed" % (passed, failed))
-            return 1
+            return checks.finish()
         env = dict(os.environ, MESHLOAD_FRESH_MACHINE_NS="1")
         return subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable] + sys.argv,
                               env=env).returncode
@@ -438,8 +428,7 @@ def main():
     for tool in ("debootstrap", "unshare", "chroot", "git"):
         if not shutil.which(tool):
             check("%s is installed (scripts/install-deps.sh installs it)" % tool, False)
-            print("%d passed, %d failed" % (passed, failed))
-            return 1
+            return checks.finish()
     started = time.monotonic()
 
     files, env = machine_settings()
@@ -461,8 +450,7 @@ def main():
 
     base, how = make_base(repo, cache, base_key, logs)
     if not check("a Debian 12 minbase root file system by debootstrap (%s)" % how.split(":")[0], base is not None, how):
-        print("%d passed, %d failed" % (passed, failed))
-        return 1
+        return checks.finish()
 
     qs_layer = "%s/quickstart-%s" % (cache, qs_key)
     layer_cached = os.path.isdir(qs_layer)
@@ -474,7 +462,7 @@ def main():
             root = Root(run_dir + "/qs", lowers)
         except subprocess.CalledProcessError as e:
             check("an overlay of the cached layers mounts", False, e.stdout.decode(errors="replace"))
-            return 1
+            return checks.finish()
         copy_settings(root.dir, files)
         what = clone_into(repo, root.dir + CLONE)
         say("the clone: %s; the installed Debian packages: %s" %
@@ -492,7 +480,7 @@ def main():
             os.rename(upper, qs_layer)
             say("cached the quickstart's packages as quickstart-%s" % qs_key)
         if not qs_ok:
-            return 1
+            return checks.finish()
 
         stamp = "%s/suite-%s.passed" % (cache, suite_key)
         if os.path.exists(stamp):
@@ -509,7 +497,7 @@ def main():
                     f.write("%s, in %.0f s\n" % (datetime.datetime.now().isoformat(timespec="seconds"),
                                                  time.monotonic() - t0))
             root.close()
-        if failed == 0:
+        if checks.failed == 0:
             prune(cache, keep={"base-" + base_key, "quickstart-" + qs_key, "suite-%s.passed" % suite_key,
                                os.path.basename(run_dir)})
         say("fresh-machine test: %.0f s" % (time.monotonic() - started))
@@ -517,8 +505,7 @@ def main():
         if root is not None:
             root.close()
         remove_tree(run_dir)
-        print("%d passed, %d failed" % (passed, failed))
-    return 0 if failed == 0 else 1
+    return checks.finish()
 
 
 if __name__ == "__main__":

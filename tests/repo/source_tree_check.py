@@ -22,6 +22,10 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+import checks  # noqa: E402
+from checks import check  # noqa: E402
+
 USUAL = {"README.md", "LICENSE", "LICENSE.txt", "NOTICE", "CONTRIBUTING.md", "SECURITY.md", "CHANGELOG.md",
          ".gitignore", ".gitattributes", ".gitmodules", ".clang-format", ".clang-tidy", ".dockerignore",
          ".editorconfig", ".github"}
@@ -29,18 +33,6 @@ USUAL = {"README.md", "LICENSE", "LICENSE.txt", "NOTICE", "CONTRIBUTING.md", "SE
 # and the environment scripts/test.sh itself makes (.gitignore lists them).
 TRANSIENT = re.compile(r"(^|/)(__pycache__/|[^/]*\.pyc$)|^(build[^/]*|\.venv|\.cache)/$")
 
-passed = failed = 0
-
-
-def check(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print("ok   " + name)
-    else:
-        failed += 1
-        print("FAIL " + name + (("\n     " + detail.replace("\n", "\n     ")) if detail else ""))
-    return ok
 
 
 def git(root, *args):
@@ -101,8 +93,7 @@ def main():
             check("the tests left nothing in the source tree", not left,
                   "new since the tests started (a test must write under its own temporary directory):\n" +
                   "\n".join(left))
-    print("%d passed, %d failed" % (passed, failed))
-    return 0 if failed == 0 else 1
+    return checks.finish()
 
 
 if __name__ == "__main__":
