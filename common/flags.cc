@@ -75,11 +75,97 @@ void FlagParser::Bool(std::vector<std::string> names, bool* out) {
                     }});
 }
 
+bool FlagParser::ParseIntIn(const std::string& text, int64_t min, int64_t max, int64_t* out, std::string& err) {
+  if (!ParseInt64(text, out) || *out < min || *out > max) {
+    err = "expected an integer from " + std::to_string(min) + " to " + std::to_string(max) + ", got '" + text + "'";
+    return false;
+  }
+  return true;
+}
+
+void FlagParser::Add(FlagSpec spec, std::function<bool(const std::string&, std::string&)> set) {
+  Flag f{spec.names, !spec.value.empty(), std::move(set), spec};
+  help_lines_.push_back({"", flags_.size(), false});
+  flags_.push_back(std::move(f));
+}
+
+void FlagParser::Text(FlagSpec spec, std::string* out) {
+  Add(std::move(spec), [out](const std::string& v, std::string&) {
+    *out = v;
+    return true;
+  });
+}
+
+void FlagParser::Section(std::string heading) { help_lines_.push_back({std::move(heading), 0, true}); }
+
+std::string FlagParser::Usage() const {
+  if (help_lines_.empty()) return usage_;
+  // The flag and its value in a column of this width, the help after it
+  // (on the next line when the flag is wider), the variable at the end.
+  constexpr size_t kColumn = 34;
+  std::string out = usage_;
+  for (const HelpLine& line : help_lines_) {
+    if (line.is_heading) {
+      out += "\n" + line.heading + "\n";
+      continue;
+    }
+    const FlagSpec& spec = *flags_[line.flag].spec;
+    std::string left = "  ";
+    for (size_t i = 0; i < spec.names.size(); ++i) left += (i ? ", " : "") + spec.names[i];
+    if (!spec.value.empty()) left += " " + spec.value;
+    std::vector<std::string> lines;
+    for (size_t at = 0; at <= spec.help.size();) {
+      size_t nl = spec.help.find('\n', at);
+      if (nl == std::string::npos) nl = spec.help.size();
+      lines.push_back(spec.help.substr(at, nl - at));
+      at = nl + 1;
+    }
+    if (!spec.env.empty()) {
+      // The variable at the end of the help, or on a line of its own when
+      // it would run past 100 columns.
+      const std::string env = "[$" + spec.env + "]";
+      if (kColumn + lines.back().size() + 1 + env.size() > 100) {
+        lines.push_back(env);
+      } else {
+        lines.back() += (lines.back().empty() ? "" : " ") + env;
+      }
+    }
+    if (left.size() + 1 > kColumn) {
+      out += left + "\n";
+      left.clear();
+    }
+    for (const std::string& l : lines) {
+      left.resize(kColumn, ' ');
+      out += left + l + "\n";
+      left.clear();
+    }
+  }
+  if (!version_.empty()) {
+    std::string left = "  --version";
+    left.resize(kColumn, ' ');
+    out += left + "print the version\n";
+  }
+  return out;
+}
+
 int FlagParser::Parse(const std::vector<std::string>& args) {
+  // Declared flags take their environment variable's value first; the
+  // command line wins over it.
+  for (const Flag& f : flags_) {
+    if (!f.spec || f.spec->env.empty()) continue;
+    const std::string value = Env(f.spec->env.c_str());
+    if (value.empty()) continue;
+    std::string err;
+    if (!f.set(value, err)) {
+      return UsageError(
+          (command_.empty() ? "" : command_ + ": ") + f.names.front() + " (from $" + f.spec->env + "): " + err,
+          program_);
+    }
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     std::string arg = args[i];
     if (arg == "-h" || arg == "--help") {
-      std::cout << usage_;
+      std::cout << Usage();
       return 0;
     }
     if (arg == "--version" && !version_.empty()) {

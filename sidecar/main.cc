@@ -31,72 +31,8 @@ namespace {
 constexpr const char* kUsage = R"(usage: meshload-sidecar --job JOB.yaml --process P --socket PATH [options]
 
 Stages the batches of trainer process P of a DataLoadJob and hands them to the
-trainer over a Unix socket (protocol: docs/protocol.md).
-
-options (each also read from the environment variable named after it):
-  --job PATH             the DataLoadJob (in a pod: the mounted ConfigMap)   MESHLOAD_JOB
-  --process P            this pod's process index                             MESHLOAD_PROCESS
-  --process-file PATH    read the index from PATH instead, waiting until it   MESHLOAD_PROCESS_FILE
-                         exists: the controller's ConfigMap key
-                         process.<pod name>, mounted (e.g.
-                         /etc/meshload/job/process.$(POD_NAME))
-  --socket PATH          the socket the trainer connects to                   MESHLOAD_SOCKET
-  --socket-mode MODE     octal permissions of the socket (default 0660)       MESHLOAD_SOCKET_MODE
-  --allow-uids LIST      comma-separated uids allowed to connect              MESHLOAD_ALLOW_UIDS
-                         (default: the sidecar's own uid)
-  --metrics-port N       serve /metrics, /healthz, /readyz, /progress (0: any MESHLOAD_METRICS_PORT
-                         free port; default: off)
-  --metrics-address A    address to serve them on (default 0.0.0.0)           MESHLOAD_METRICS_ADDRESS
-  --progress-window S    seconds /progress reports rates over (default 15)    MESHLOAD_PROGRESS_WINDOW
-  --start-step T         first step to stage before the trainer connects      MESHLOAD_START_STEP
-                         (default: the resume file's step, else
-                         spec.resume.step)
-  --resume-file PATH     the controller's resume.json: start at its step      MESHLOAD_RESUME_FILE
-                         while spec.resume.step is the one it was recorded
-                         for (default: resume.json beside --job when --job
-                         is a ConfigMap's job.json)
-  --reader-threads N     storage reader threads (default 4 for local files,   MESHLOAD_READER_THREADS
-                         16 for http(s):// and s3:// datasets)
-  --mmap-resident-limit-mib N                                                 MESHLOAD_MMAP_RESIDENT_LIMIT_MIB
-                         page-cache pages of local files mapped into the
-                         sidecar stay within N MiB (default 4096, 16 to
-                         1048576); dropped and refaulted beyond it
-  --staging-threads N    steps staged in parallel (default 2, at most the     MESHLOAD_STAGING_THREADS
-                         job's prefetch)
-  --staging-sched S      scheduling class of the staging, reader and server   MESHLOAD_STAGING_SCHED
-                         threads: batch (default: their wake-ups do not
-                         preempt the trainer) or normal
-  --staging MODE         auto (GPU when CUDA and the devices are there, host  MESHLOAD_STAGING
-                         otherwise, logged), host, cuda (VMM, fds over
-                         SCM_RIGHTS; an error without CUDA) or cuda-ipc
-                         (legacy IPC handles; needs shareProcessNamespace)
-  --cuda-devices LIST    CUDA ordinal of each local device, in the job's      MESHLOAD_CUDA_DEVICES
-                         local device order (default 0,1,...)
-  --peers LIST           HOST:PORT of every process's sidecar, in process     MESHLOAD_PEERS
-                         order (for Broadcast and LoadAndReshard, which move
-                         samples between processes)
-  --assignments PATH     read the peers from the controller's                 MESHLOAD_ASSIGNMENTS
-                         assignments.json instead (pod IPs; waits until every
-                         process has one), with --peer-port
-  --peer-port N          the port every sidecar listens on for its peers      MESHLOAD_PEER_PORT
-                         (default 7441; with --assignments)
-  --peer-listen-address ADDR                                                  MESHLOAD_PEER_LISTEN_ADDRESS
-                         the local address to listen for peers on (default
-                         0.0.0.0: every interface)
-  --peer-timeout S       a peer silent this long is lost (default 30)         MESHLOAD_PEER_TIMEOUT
-  --peer-reconnect-timeout S                                                  MESHLOAD_PEER_RECONNECT_TIMEOUT
-                         how long a lost peer (a restarted sidecar) has to
-                         come back before the steps that need it fail
-                         (default 120; 0: fail at once)
-  --peer-secret-file PATH                                                     MESHLOAD_PEER_SECRET_FILE
-                         the job's peer secret (at least 16 bytes): peers
-                         prove they hold it before samples move; every
-                         sidecar of the job needs the same one
-  --peer-listen-fd N     listen for peers on this inherited socket (meshload
-                         run --local)
-  --log-level LEVEL      debug, info, warn, error                             MESHLOAD_LOG_LEVEL
-  --log-format FORMAT    json or kv                                           MESHLOAD_LOG_FORMAT
-  --version              print the version and whether GPU staging is built in
+trainer over a Unix socket (protocol: docs/protocol.md). Each option may come
+from the environment variable in brackets instead; the command line wins.
 )";
 
 // Read by the signal handler: atomic (and lock-free, so async-signal-safe).
@@ -201,200 +137,251 @@ meshload::Result<std::vector<meshload::sidecar::exchange::PeerAddress>> WaitForA
   return meshload::Status(meshload::StatusCode::kCancelled, "stopped while waiting for the assignments", path);
 }
 
-}  // namespace
+// Every flag of the binary: what goes into the sidecar's options as it is,
+// and what CheckFlags turns into them.
+struct Flags {
+  meshload::sidecar::SidecarOptions opt;
+  meshload::sidecar::exchange::ExchangeOptions exchange;
+  int64_t process = -1, peer_port = 7441;
+  std::string process_file, peers, assignments, peer_secret_file, log_level, log_format;
+};
 
-int main(int argc, char** argv) {
-  using namespace meshload;
-  KeepHeapForReuse();
-  if (Status st = ConfigureLoggingFromEnv(); !st.ok()) {
-    std::cerr << "meshload-sidecar: " << st.ToString() << "\n";
-    return 2;
+// A comma-separated list of integers from `min` to `max`.
+bool ParseIntList(const std::string& text, int64_t min, int64_t max, std::vector<int64_t>& out, std::string& err) {
+  out.clear();
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t comma = text.find(',', at);
+    if (comma == std::string::npos) comma = text.size();
+    int64_t v = 0;
+    if (!meshload::FlagParser::ParseIntIn(text.substr(at, comma - at), min, max, &v, err)) return false;
+    out.push_back(v);
+    at = comma + 1;
   }
-  sidecar::SidecarOptions opt;
-  std::string process = Env("MESHLOAD_PROCESS"), metrics_port = Env("MESHLOAD_METRICS_PORT");
-  std::string progress_window = Env("MESHLOAD_PROGRESS_WINDOW");
-  std::string resume_file = Env("MESHLOAD_RESUME_FILE");
-  std::string start_step = Env("MESHLOAD_START_STEP"), reader_threads = Env("MESHLOAD_READER_THREADS");
-  std::string resident_limit = Env("MESHLOAD_MMAP_RESIDENT_LIMIT_MIB");
-  std::string staging_threads = Env("MESHLOAD_STAGING_THREADS"), staging_sched = Env("MESHLOAD_STAGING_SCHED");
-  std::string staging = Env("MESHLOAD_STAGING"), cuda_devices = Env("MESHLOAD_CUDA_DEVICES");
-  std::string process_file = Env("MESHLOAD_PROCESS_FILE");
-  std::string allow = Env("MESHLOAD_ALLOW_UIDS"), mode = Env("MESHLOAD_SOCKET_MODE");
-  std::string log_level, log_format;
-  std::string peers = Env("MESHLOAD_PEERS"), assignments = Env("MESHLOAD_ASSIGNMENTS");
-  std::string peer_port = Env("MESHLOAD_PEER_PORT"), peer_timeout = Env("MESHLOAD_PEER_TIMEOUT"), peer_fd;
-  std::string peer_reconnect = Env("MESHLOAD_PEER_RECONNECT_TIMEOUT");
-  std::string peer_secret_file = Env("MESHLOAD_PEER_SECRET_FILE");
-  std::string peer_listen_address = Env("MESHLOAD_PEER_LISTEN_ADDRESS");
-  opt.job_path = Env("MESHLOAD_JOB");
-  opt.socket_path = Env("MESHLOAD_SOCKET");
-  if (!Env("MESHLOAD_METRICS_ADDRESS").empty()) opt.metrics_address = Env("MESHLOAD_METRICS_ADDRESS");
+  return true;
+}
 
-  FlagParser flags("", kUsage, "meshload-sidecar");
-  flags.String({"--job"}, &opt.job_path);
-  flags.String({"--process"}, &process);
-  flags.String({"--process-file"}, &process_file);
-  flags.String({"--socket"}, &opt.socket_path);
-  flags.String({"--socket-mode"}, &mode);
-  flags.String({"--allow-uids"}, &allow);
-  flags.String({"--metrics-port"}, &metrics_port);
-  flags.String({"--progress-window"}, &progress_window);
-  flags.String({"--resume-file"}, &resume_file);
-  flags.String({"--metrics-address"}, &opt.metrics_address);
-  flags.String({"--start-step"}, &start_step);
-  flags.String({"--reader-threads"}, &reader_threads);
-  flags.String({"--mmap-resident-limit-mib"}, &resident_limit);
-  flags.String({"--staging-threads"}, &staging_threads);
-  flags.String({"--staging-sched"}, &staging_sched);
-  flags.String({"--staging"}, &staging);
-  flags.String({"--cuda-devices"}, &cuda_devices);
-  flags.String({"--peers"}, &peers);
-  flags.String({"--assignments"}, &assignments);
-  flags.String({"--peer-port"}, &peer_port);
-  flags.String({"--peer-timeout"}, &peer_timeout);
-  flags.String({"--peer-reconnect-timeout"}, &peer_reconnect);
-  flags.String({"--peer-secret-file"}, &peer_secret_file);
-  flags.String({"--peer-listen-address"}, &peer_listen_address);
-  flags.String({"--peer-listen-fd"}, &peer_fd);
-  flags.String({"--log-level"}, &log_level);
-  flags.String({"--log-format"}, &log_format);
-  flags.Version(VersionText("meshload-sidecar", /*with_gpu_staging=*/true));
-  if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
-
-  auto usage = [](const std::string& msg) { return UsageError(msg, "meshload-sidecar"); };
-  // A value from a flag or its environment variable, within [min, max].
-  auto int_flag = [&](const std::string& text, const char* name, int64_t min, int64_t max, int64_t* out) {
-    if (!meshload::ParseInt64(text, out) || *out < min || *out > max) {
-      usage(std::string(name) + ": expected an integer from " + std::to_string(min) + " to " + std::to_string(max) +
-            ", got '" + text + "'");
-      return false;
-    }
+// A number of seconds from `min` to `max`, into a duration.
+template <typename Duration>
+std::function<bool(const std::string&, std::string&)> Seconds(Duration* out, int64_t min, int64_t max) {
+  return [out, min, max](const std::string& v, std::string& err) {
+    int64_t x = 0;
+    if (!meshload::FlagParser::ParseIntIn(v, min, max, &x, err)) return false;
+    *out = std::chrono::seconds(x);
     return true;
   };
-  if (Status st = ConfigureLoggingFromFlags(log_level, log_format); !st.ok()) return usage(st.message());
-  LogInfo("meshload-sidecar",
-          {{"version", std::string(Version())}, {"gpu_staging", GpuStagingBuild()}, {"build", CompilerBuild()}});
-  if (opt.job_path.empty()) return usage("--job (or MESHLOAD_JOB) is required");
-  if (opt.socket_path.empty()) return usage("--socket (or MESHLOAD_SOCKET) is required");
-  if (process.empty() && process_file.empty()) {
-    return usage("--process or --process-file (or MESHLOAD_PROCESS / MESHLOAD_PROCESS_FILE) is required");
+}
+
+void BindFlags(meshload::FlagParser& p, Flags& f) {
+  using meshload::FlagParser;
+  meshload::sidecar::SidecarOptions& o = f.opt;
+  p.Section("options:");
+  p.Text({{"--job"}, "PATH", "the DataLoadJob (in a pod: the mounted ConfigMap)", "MESHLOAD_JOB"}, &o.job_path);
+  p.Integer({{"--process"}, "P", "this pod's process index", "MESHLOAD_PROCESS"}, &f.process, 0, 1 << 22);
+  p.Text({{"--process-file"},
+          "PATH",
+          "read the index from PATH instead, waiting until it exists: the\n"
+          "controller's ConfigMap key process.<pod name>, mounted\n"
+          "(e.g. /etc/meshload/job/process.$(POD_NAME))",
+          "MESHLOAD_PROCESS_FILE"},
+         &f.process_file);
+  p.Text({{"--socket"}, "PATH", "the socket the trainer connects to", "MESHLOAD_SOCKET"}, &o.socket_path);
+  p.Add({{"--socket-mode"}, "MODE", "octal permissions of the socket (default 0660)", "MESHLOAD_SOCKET_MODE"},
+        [&o](const std::string& v, std::string& err) {
+          char* end = nullptr;
+          const long m = std::strtol(v.c_str(), &end, 8);
+          if (v.empty() || *end != '\0' || m < 0 || m > 0777) {
+            err = "expected octal like 0660, got '" + v + "'";
+            return false;
+          }
+          o.socket_mode = static_cast<mode_t>(m);
+          return true;
+        });
+  p.Add({{"--allow-uids"},
+         "LIST",
+         "comma-separated uids allowed to connect (default: the\nsidecar's own uid)",
+         "MESHLOAD_ALLOW_UIDS"},
+        [&o](const std::string& v, std::string& err) {
+          std::vector<int64_t> uids;
+          if (!ParseIntList(v, 0, UINT32_MAX - 1, uids, err)) return false;
+          o.allowed_uids.assign(uids.begin(), uids.end());
+          return true;
+        });
+  p.Integer({{"--metrics-port"},
+             "N",
+             "serve /metrics, /healthz, /readyz, /progress (0: any free\nport; default: off)",
+             "MESHLOAD_METRICS_PORT"},
+            &o.metrics_port, 0, 65535);
+  p.Text({{"--metrics-address"}, "A", "address to serve them on (default 0.0.0.0)", "MESHLOAD_METRICS_ADDRESS"},
+         &o.metrics_address);
+  p.Add({{"--progress-window"}, "S", "seconds /progress reports rates over (default 15)", "MESHLOAD_PROGRESS_WINDOW"},
+        Seconds(&o.progress_window, 1, 3600));
+  p.Add({{"--start-step"},
+         "T",
+         "first step to stage before the trainer connects (default: the\nresume file's step, else spec.resume.step)",
+         "MESHLOAD_START_STEP"},
+        [&o](const std::string& v, std::string& err) {
+          int64_t x = 0;
+          if (!FlagParser::ParseIntIn(v, 0, INT64_MAX, &x, err)) return false;
+          o.start_step = x;
+          return true;
+        });
+  p.Text({{"--resume-file"},
+          "PATH",
+          "the controller's resume.json: start at its step while\n"
+          "spec.resume.step is the one it was recorded for (default:\n"
+          "resume.json beside --job when --job is a ConfigMap's job.json)",
+          "MESHLOAD_RESUME_FILE"},
+         &o.resume_file);
+  p.Integer({{"--reader-threads"},
+             "N",
+             "storage reader threads (default 4 for local files, 16 for\nhttp(s):// and s3:// datasets)",
+             "MESHLOAD_READER_THREADS"},
+            &o.reader_threads, 1, 256);
+  p.Add({{"--mmap-resident-limit-mib"},
+         "N",
+         "page-cache pages of local files mapped into the sidecar stay\n"
+         "within N MiB (default 4096, 16 to 1048576); dropped and\n"
+         "refaulted beyond it",
+         "MESHLOAD_MMAP_RESIDENT_LIMIT_MIB"},
+        [&o](const std::string& v, std::string& err) {
+          int64_t x = 0;
+          if (!FlagParser::ParseIntIn(v, 16, 1 << 20, &x, err)) return false;
+          o.source_options.mmap_resident_limit = static_cast<uint64_t>(x) << 20;
+          return true;
+        });
+  p.Integer({{"--staging-threads"},
+             "N",
+             "steps staged in parallel (default 2, at most the job's prefetch)",
+             "MESHLOAD_STAGING_THREADS"},
+            &o.staging_threads, 1, 64);
+  p.Add({{"--staging-sched"},
+         "S",
+         "scheduling class of the staging, reader and server threads:\n"
+         "batch (default: their wake-ups do not preempt the trainer)\n"
+         "or normal",
+         "MESHLOAD_STAGING_SCHED"},
+        [&o](const std::string& v, std::string& err) {
+          auto sched = meshload::ParseThreadSched(v);
+          if (!sched.ok()) {
+            err = sched.status().message();
+            return false;
+          }
+          o.thread_sched = *sched;
+          return true;
+        });
+  p.Text({{"--staging"},
+          "MODE",
+          "auto (GPU when CUDA and the devices are there, host otherwise,\n"
+          "logged), host, cuda (VMM, fds over SCM_RIGHTS; an error without\n"
+          "CUDA) or cuda-ipc (legacy IPC handles; needs\n"
+          "shareProcessNamespace)",
+          "MESHLOAD_STAGING"},
+         &o.staging);
+  p.Add({{"--cuda-devices"},
+         "LIST",
+         "CUDA ordinal of each local device, in the job's local device\norder (default 0,1,...)",
+         "MESHLOAD_CUDA_DEVICES"},
+        [&o](const std::string& v, std::string& err) {
+          std::vector<int64_t> list;
+          if (!ParseIntList(v, 0, 1023, list, err)) return false;
+          o.cuda_devices.assign(list.begin(), list.end());
+          return true;
+        });
+  p.Section("samples between processes (Broadcast, LoadAndReshard):");
+  p.Text({{"--peers"}, "LIST", "HOST:PORT of every process's sidecar, in process order", "MESHLOAD_PEERS"}, &f.peers);
+  p.Text({{"--assignments"},
+          "PATH",
+          "read the peers from the controller's assignments.json instead\n"
+          "(pod IPs; waits until every process has one), with --peer-port",
+          "MESHLOAD_ASSIGNMENTS"},
+         &f.assignments);
+  p.Integer({{"--peer-port"},
+             "N",
+             "the port every sidecar listens on for its peers (default 7441;\nwith --assignments)",
+             "MESHLOAD_PEER_PORT"},
+            &f.peer_port, 1, 65535);
+  p.Text({{"--peer-listen-address"},
+          "ADDR",
+          "the local address to listen for peers on (default 0.0.0.0:\nevery interface)",
+          "MESHLOAD_PEER_LISTEN_ADDRESS"},
+         &f.exchange.listen_address);
+  p.Add({{"--peer-timeout"}, "S", "a peer silent this long is lost (default 30)", "MESHLOAD_PEER_TIMEOUT"},
+        Seconds(&f.exchange.peer_timeout, 1, 3600));
+  p.Add({{"--peer-reconnect-timeout"},
+         "S",
+         "how long a lost peer (a restarted sidecar) has to come back\n"
+         "before the steps that need it fail (default 120; 0: fail at once)",
+         "MESHLOAD_PEER_RECONNECT_TIMEOUT"},
+        Seconds(&f.exchange.reconnect_timeout, 0, 86400));
+  p.Text({{"--peer-secret-file"},
+          "PATH",
+          "the job's peer secret (at least 16 bytes): peers prove they\n"
+          "hold it before samples move; every sidecar of the job needs\n"
+          "the same one",
+          "MESHLOAD_PEER_SECRET_FILE"},
+         &f.peer_secret_file);
+  p.Integer({{"--peer-listen-fd"}, "N", "listen for peers on this inherited socket (meshload run --local)"},
+            &f.exchange.listen_fd, 3, 65535);
+  p.Section("logging:");
+  p.Text({{"--log-level"}, "LEVEL", "debug, info, warn, error (default info)", "MESHLOAD_LOG_LEVEL"}, &f.log_level);
+  p.Text({{"--log-format"}, "FORMAT", "json or kv (default json)", "MESHLOAD_LOG_FORMAT"}, &f.log_format);
+  p.Version(meshload::VersionText("meshload-sidecar", /*with_gpu_staging=*/true));
+}
+
+// What no flag alone can check, and the options that follow; the message
+// names the flag (the secret itself never reaches it).
+std::string CheckFlags(Flags& f) {
+  meshload::sidecar::SidecarOptions& o = f.opt;
+  if (o.job_path.empty()) return "--job (or MESHLOAD_JOB) is required";
+  if (o.socket_path.empty()) return "--socket (or MESHLOAD_SOCKET) is required";
+  if (f.process < 0 && f.process_file.empty()) {
+    return "--process or --process-file (or MESHLOAD_PROCESS / MESHLOAD_PROCESS_FILE) is required";
   }
-  if (!process.empty() && !process_file.empty()) return usage("give --process or --process-file, not both");
-  if (!process.empty() && !int_flag(process, "--process", 0, 1 << 22, &opt.process)) return 2;
-  if (resume_file.empty()) {
+  if (f.process >= 0 && !f.process_file.empty()) return "give --process or --process-file, not both";
+  o.process = f.process;
+  if (o.resume_file.empty()) {
     // The ConfigMap's keys are files side by side: job.json, resume.json.
-    const auto slash = opt.job_path.rfind('/');
-    const std::string base = slash == std::string::npos ? opt.job_path : opt.job_path.substr(slash + 1);
-    if (base == "job.json") resume_file = opt.job_path.substr(0, opt.job_path.size() - base.size()) + "resume.json";
+    const auto slash = o.job_path.rfind('/');
+    const std::string base = slash == std::string::npos ? o.job_path : o.job_path.substr(slash + 1);
+    if (base == "job.json") o.resume_file = o.job_path.substr(0, o.job_path.size() - base.size()) + "resume.json";
   }
-  opt.resume_file = resume_file;
-  int64_t v = 0;
-  if (!progress_window.empty()) {
-    if (!int_flag(progress_window, "--progress-window", 1, 3600, &v)) return 2;
-    opt.progress_window = std::chrono::seconds(v);
+  if (!f.peers.empty() && !f.assignments.empty()) return "give --peers or --assignments, not both";
+  if (!f.peers.empty()) {
+    auto list = meshload::sidecar::exchange::ParsePeerList(f.peers);
+    if (!list.ok()) return "--peers: " + list.status().message();
+    f.exchange.peers = *list;
   }
-  if (!metrics_port.empty()) {
-    if (!int_flag(metrics_port, "--metrics-port", 0, 65535, &v)) return 2;
-    opt.metrics_port = static_cast<int>(v);
-  }
-  if (!start_step.empty()) {
-    if (!int_flag(start_step, "--start-step", 0, INT64_MAX, &v)) return 2;
-    opt.start_step = v;
-  }
-  if (!reader_threads.empty()) {
-    if (!int_flag(reader_threads, "--reader-threads", 1, 256, &v)) return 2;
-    opt.reader_threads = static_cast<int>(v);
-  }
-  if (!resident_limit.empty()) {
-    if (!int_flag(resident_limit, "--mmap-resident-limit-mib", 16, 1 << 20, &v)) return 2;
-    opt.source_options.mmap_resident_limit = static_cast<uint64_t>(v) << 20;
-  }
-  if (!staging_threads.empty()) {
-    if (!int_flag(staging_threads, "--staging-threads", 1, 64, &v)) return 2;
-    opt.staging_threads = static_cast<int>(v);
-  }
-  if (!staging_sched.empty()) {
-    auto sched = ParseThreadSched(staging_sched);
-    if (!sched.ok()) return usage("--staging-sched: " + sched.status().message());
-    opt.thread_sched = *sched;
-  }
-  if (!staging.empty()) opt.staging = staging;  // checked by the sidecar, which names the flag
-  if (!cuda_devices.empty()) {
-    size_t at = 0;
-    while (at <= cuda_devices.size()) {
-      size_t comma = cuda_devices.find(',', at);
-      if (comma == std::string::npos) comma = cuda_devices.size();
-      if (!int_flag(cuda_devices.substr(at, comma - at), "--cuda-devices", 0, 1023, &v)) return 2;
-      opt.cuda_devices.push_back(static_cast<int>(v));
-      at = comma + 1;
-    }
-  }
-  sidecar::exchange::ExchangeOptions xo;
-  int64_t port_number = 7441;
-  if (!peers.empty() && !assignments.empty()) return usage("give --peers or --assignments, not both");
-  if (!peers.empty()) {
-    auto list = sidecar::exchange::ParsePeerList(peers);
-    if (!list.ok()) return usage("--peers: " + list.status().message());
-    xo.peers = *list;
-  }
-  if (!peer_port.empty() && !int_flag(peer_port, "--peer-port", 1, 65535, &port_number)) return 2;
-  if (!peer_timeout.empty()) {
-    if (!int_flag(peer_timeout, "--peer-timeout", 1, 3600, &v)) return 2;
-    xo.peer_timeout = std::chrono::seconds(v);
-  }
-  if (!peer_reconnect.empty()) {
-    if (!int_flag(peer_reconnect, "--peer-reconnect-timeout", 0, 86400, &v)) return 2;
-    xo.reconnect_timeout = std::chrono::seconds(v);
-  }
-  if (!peer_listen_address.empty()) xo.listen_address = peer_listen_address;  // checked when the exchange listens
-  if (!peer_secret_file.empty()) {
-    // The secret never reaches a log line: errors name the file and the size.
-    std::ifstream in(peer_secret_file, std::ios::binary);
-    if (!in) return usage("--peer-secret-file " + peer_secret_file + ": cannot read it (" + std::strerror(errno) + ")");
+  if (!f.peer_secret_file.empty()) {
+    std::ifstream in(f.peer_secret_file, std::ios::binary);
+    if (!in) return "--peer-secret-file " + f.peer_secret_file + ": cannot read it (" + std::strerror(errno) + ")";
     std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) secret.pop_back();
     if (secret.size() < 16) {
-      return usage("--peer-secret-file " + peer_secret_file + ": the secret must be at least 16 bytes, this one has " +
-                   std::to_string(secret.size()));
+      return "--peer-secret-file " + f.peer_secret_file + ": the secret must be at least 16 bytes, this one has " +
+             std::to_string(secret.size());
     }
-    xo.secret = std::move(secret);
+    f.exchange.secret = std::move(secret);
   }
-  if (!peer_fd.empty()) {
-    if (!int_flag(peer_fd, "--peer-listen-fd", 3, 65535, &v)) return 2;
-    xo.listen_fd = static_cast<int>(v);
-  }
-  if (!peers.empty() || !assignments.empty()) opt.peers = xo;
-  if (!mode.empty()) {
-    char* end = nullptr;
-    const long m = std::strtol(mode.c_str(), &end, 8);
-    if (*end != '\0' || m < 0 || m > 0777) return usage("--socket-mode: expected octal like 0660, got '" + mode + "'");
-    opt.socket_mode = static_cast<mode_t>(m);
-  }
-  if (!allow.empty()) {
-    std::stringstream ss(allow);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      if (!int_flag(item, "--allow-uids", 0, UINT32_MAX - 1, &v)) return 2;
-      opt.allowed_uids.push_back(static_cast<uid_t>(v));
-    }
-  }
+  if (!f.peers.empty() || !f.assignments.empty()) o.peers = f.exchange;
+  return "";
+}
 
-  // The job, loaded and validated once: everything below receives it.
-  Diagnostics job_diags;
-  auto job = planner::LoadJobFile(opt.job_path, job_diags);
-  if (!job.ok()) {
-    const std::string why =
-        job_diags.ok() ? job.status().ToString() : job_diags.Report(opt.job_path + ": invalid DataLoadJob");
-    LogError("sidecar cannot start", {{"error", why}});
-    std::cerr << "meshload-sidecar: " << why << (job_diags.ok() ? "\n" : "");
-    return job.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
-  }
+// Prints why the sidecar cannot start (log and stderr); returns `code`.
+int CannotStart(const std::string& why, int code) {
+  meshload::LogError("sidecar cannot start", {{"error", why}});
+  std::cerr << "meshload-sidecar: " << why << (why.empty() || why.back() != '\n' ? "\n" : "");
+  return code;
+}
 
-  // The sidecar never forks. SIGPIPE is ignored before any thread starts;
-  // SIGTERM/SIGINT are handled once the sidecar exists (before, the default
-  // action, exiting, is right).
-  ::signal(SIGPIPE, SIG_IGN);
-  if (!process_file.empty() || !assignments.empty()) {
+// Before the sidecar exists: the process index from the controller's file,
+// and the peers from its assignments (only when the job moves samples
+// between processes). Returns -1 to go on, else the exit code (0 when a
+// signal stopped the wait).
+int WaitForPlace(Flags& f, const meshload::planner::ValidJob& job) {
+  using namespace meshload;
+  sidecar::SidecarOptions& opt = f.opt;
+  if (!f.process_file.empty() || !f.assignments.empty()) {
     // A signal while waiting stops the wait (the sidecar does not exist yet).
     struct sigaction wait_sa {};
     wait_sa.sa_handler = OnSignal;
@@ -402,24 +389,21 @@ int main(int argc, char** argv) {
     ::sigaction(SIGTERM, &wait_sa, nullptr);
     ::sigaction(SIGINT, &wait_sa, nullptr);
   }
-  if (!process_file.empty()) {
-    auto index = WaitForProcessFile(process_file);
+  if (!f.process_file.empty()) {
+    auto index = WaitForProcessFile(f.process_file);
     if (!index.ok()) {
-      if (index.status().code() == StatusCode::kCancelled) return 0;
-      LogError("sidecar cannot start", {{"error", index.status().ToString()}});
-      std::cerr << "meshload-sidecar: " << index.status().ToString() << "\n";
-      return 2;
+      return index.status().code() == StatusCode::kCancelled ? 0 : CannotStart(index.status().ToString(), 2);
     }
     opt.process = *index;
-    LogInfo("process index assigned", {{"process", opt.process}, {"file", process_file}});
+    LogInfo("process index assigned", {{"process", opt.process}, {"file", f.process_file}});
   }
-  if (!assignments.empty() && !planner::MovesSamplesBetweenProcesses(job->spec())) {
+  if (!f.assignments.empty() && !planner::MovesSamplesBetweenProcesses(job.spec())) {
     // Only a Broadcast fan-out or LoadAndReshard moves samples between
     // processes; other jobs need no peers and do not wait for their IPs.
     LogInfo("no samples move between this job's processes: the peer exchange is off",
-            {{"strategy", std::string(ToString(job->spec().strategy))}});
+            {{"strategy", std::string(ToString(job.spec().strategy))}});
     opt.peers.reset();
-    assignments.clear();
+    f.assignments.clear();
   }
   if (opt.peers && opt.peers->secret.empty()) {
     LogWarn(
@@ -427,29 +411,31 @@ int main(int argc, char** argv) {
         "samples; give every sidecar of the job the same --peer-secret-file",
         {});
   }
-  if (!assignments.empty()) {
-    auto list = WaitForAssignments(assignments, static_cast<uint16_t>(port_number));
+  if (!f.assignments.empty()) {
+    const auto port = static_cast<uint16_t>(f.peer_port);
+    auto list = WaitForAssignments(f.assignments, port);
     if (!list.ok()) {
-      if (list.status().code() == StatusCode::kCancelled) return 0;
-      LogError("sidecar cannot start", {{"error", list.status().ToString()}});
-      std::cerr << "meshload-sidecar: " << list.status().ToString() << "\n";
-      return 2;
+      return list.status().code() == StatusCode::kCancelled ? 0 : CannotStart(list.status().ToString(), 2);
     }
     opt.peers->peers = *list;
     // A replaced pod comes back with another IP: a lost peer is looked up
     // again before each dial (the kubelet refreshes the mounted ConfigMap).
-    opt.peers->address_of = [path = assignments, port = static_cast<uint16_t>(port_number)](
-                                int64_t process) -> std::optional<sidecar::exchange::PeerAddress> {
+    opt.peers->address_of = [path = f.assignments,
+                             port](int64_t process) -> std::optional<sidecar::exchange::PeerAddress> {
       auto now = ReadAssignments(path, port);
       if (!now.ok() || process < 0 || static_cast<size_t>(process) >= now->size()) return std::nullopt;
       return (*now)[static_cast<size_t>(process)];
     };
   }
-  auto sidecar = sidecar::Sidecar::Create(std::move(*job), opt);
+  return -1;
+}
+
+// Creates the sidecar and serves until a signal; the exit code.
+int Serve(meshload::planner::ValidJob job, const meshload::sidecar::SidecarOptions& opt) {
+  using namespace meshload;
+  auto sidecar = sidecar::Sidecar::Create(std::move(job), opt);
   if (!sidecar.ok()) {
-    LogError("sidecar cannot start", {{"error", sidecar.status().ToString()}});
-    std::cerr << "meshload-sidecar: " << sidecar.status().ToString() << "\n";
-    return sidecar.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+    return CannotStart(sidecar.status().ToString(), sidecar.status().code() == StatusCode::kInvalidArgument ? 2 : 1);
   }
   g_sidecar = sidecar->get();
   struct sigaction sa {};
@@ -463,4 +449,35 @@ int main(int argc, char** argv) {
   const int rc = (*sidecar)->Run();
   g_sidecar = nullptr;
   return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace meshload;
+  KeepHeapForReuse();
+  if (Status st = ConfigureLoggingFromEnv(); !st.ok()) return UsageError(st.ToString(), "meshload-sidecar");
+  Flags f;
+  FlagParser parser("", kUsage, "meshload-sidecar");
+  BindFlags(parser, f);
+  if (int rc = parser.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
+  if (Status st = ConfigureLoggingFromFlags(f.log_level, f.log_format); !st.ok()) {
+    return UsageError(st.message(), "meshload-sidecar");
+  }
+  LogInfo("meshload-sidecar",
+          {{"version", std::string(Version())}, {"gpu_staging", GpuStagingBuild()}, {"build", CompilerBuild()}});
+  if (std::string why = CheckFlags(f); !why.empty()) return UsageError(why, "meshload-sidecar");
+  // The job, loaded and validated once: everything below receives it.
+  Diagnostics diags;
+  auto job = planner::LoadJobFile(f.opt.job_path, diags);
+  if (!job.ok()) {
+    return CannotStart(diags.ok() ? job.status().ToString() : diags.Report(f.opt.job_path + ": invalid DataLoadJob"),
+                       job.status().code() == StatusCode::kInvalidArgument ? 2 : 1);
+  }
+  // The sidecar never forks. SIGPIPE is ignored before any thread starts;
+  // SIGTERM/SIGINT are handled while it waits and once it exists (before,
+  // the default action, exiting, is right).
+  ::signal(SIGPIPE, SIG_IGN);
+  if (int rc = WaitForPlace(f, *job); rc >= 0) return rc;
+  return Serve(std::move(*job), f.opt);
 }

@@ -218,7 +218,7 @@ out=$("$SIDECAR" --job "$TMP/reshard.yaml" --process 0 --socket "$TMP/p.sock" --
 [ $rc -eq 2 ] && grep -q "peer 1 ('nohost')" <<<"$out"
 check "a bad --peers entry is a usage error naming it" $?
 out=$(MESHLOAD_STAGING_SCHED=fifo "$SIDECAR" --job "$TMP/reshard.yaml" --process 0 --socket "$TMP/p.sock" 2>&1); rc=$?
-[ $rc -eq 2 ] && grep -q -- "--staging-sched: expected batch or normal, got 'fifo'" <<<"$out"
+[ $rc -eq 2 ] && grep -q -- "--staging-sched (from \$MESHLOAD_STAGING_SCHED): expected batch or normal, got 'fifo'" <<<"$out"
 check "a bad MESHLOAD_STAGING_SCHED is a usage error naming the flag and the value" $?
 printf 'hunter2-short\n' >"$TMP/short-secret"
 out=$("$SIDECAR" --job "$TMP/reshard.yaml" --process 0 --socket "$TMP/p.sock" --peers "127.0.0.1:7441,127.0.0.1:7442" \
