@@ -555,6 +555,21 @@ int LocalRun::Supervise() {
     const auto now = Clock::now();
     if (now - last_print_ >= std::chrono::seconds(1)) PrintProgress(now);
   }
+  // A trainer may write its final report and exit between a poll and the
+  // reap that ends the loop: read what its pipe still holds, up to its end.
+  const auto drain_until = Clock::now() + std::chrono::seconds(5);
+  auto open = [&] {
+    for (const auto& t : trainers_) {
+      if (t.out_fd >= 0) return true;
+    }
+    return false;
+  };
+  while (open() && Clock::now() < drain_until) {
+    std::vector<pollfd> fds;
+    for (auto& t : trainers_) fds.push_back({t.out_fd, POLLIN, 0});
+    ::poll(fds.data(), fds.size(), 100);
+    ReadTrainers(fds);
+  }
   elapsed_ = std::chrono::duration<double>(Clock::now() - start_).count();
   SampleMemory();
   return kGoOn;

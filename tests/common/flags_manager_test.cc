@@ -89,7 +89,8 @@ TEST(Manager, APartThatCannotStartStopsTheOnesBeforeItAndIsNamed) {
   Manager m("test");
   m.Add({"metrics", [&] { return Status::Ok(); }, [&] { log.push_back("stop metrics"); }});
   m.Add({"webhook", [&] { return InvalidArgument("port 9443 is taken"); }, [&] { log.push_back("stop webhook"); }});
-  m.Add({"never", [&] {
+  m.Add({"never",
+         [&] {
            log.push_back("start never");
            return Status::Ok();
          },
