@@ -13,6 +13,8 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "controller/kube/json_fields.h"
+#include "controller/kube/label_selector.h"
+#include "planner/job_files.h"
 
 namespace meshload::controller {
 namespace {
@@ -33,12 +35,6 @@ std::string Sha256Hex(const std::string& data, size_t hex_chars) {
     out += kHex[md[i] & 15];
   }
   return out;
-}
-
-bool HasFinalizer(const json& obj) {
-  const json& f = Field(Field(obj, "metadata"), "finalizers");
-  if (!f.is_array()) return false;
-  return std::any_of(f.begin(), f.end(), [](const json& v) { return v.is_string() && v == kFinalizer; });
 }
 
 std::string ConfigMapName(const std::string& job) { return job + "-meshload"; }
@@ -63,44 +59,10 @@ Result<std::string> NewPeerSecret() {
   return out;
 }
 
-// A pod's completion index: the annotation (Kubernetes >= 1.21), or the
-// label (>= 1.28). nullopt when absent; -1 when present but not a number.
-std::optional<int64_t> CompletionIndex(const json& pod) {
-  const json& md = Field(pod, "metadata");
-  std::string v = Str(Field(md, "annotations"), kCompletionIndex);
-  if (v.empty()) v = Str(Field(md, "labels"), kCompletionIndex);
-  if (v.empty()) return std::nullopt;
-  if (v.size() > 9 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
-  return std::stoll(v);
-}
-
-// The sidecar container's status in a pod, or null.
-const json* SidecarStatus(const json& pod, const std::string& container) {
-  const json& st = Field(pod, "status");
-  for (const char* list : {"containerStatuses", "initContainerStatuses"}) {
-    const json& cs = Field(st, list);
-    if (!cs.is_array()) continue;
-    for (const auto& c : cs) {
-      if (Str(c, "name") == container) return &c;
-    }
-  }
-  return nullptr;
-}
-
 std::string JoinDiagnostics(const Diagnostics& d) {
   std::string s = d.ToString();
   while (!s.empty() && s.back() == '\n') s.pop_back();
   return s;
-}
-
-// The uid of an object's controller owner reference, or "".
-std::string ControllerUid(const json& obj) {
-  const json& refs = Field(Field(obj, "metadata"), "ownerReferences");
-  if (!refs.is_array()) return "";
-  for (const auto& r : refs) {
-    if (Field(r, "controller").is_boolean() && r["controller"].get<bool>()) return Str(r, "uid");
-  }
-  return "";
 }
 
 }  // namespace
@@ -112,26 +74,35 @@ JobReconcile::JobReconcile(ReconcileContext context, std::string key, std::strin
       ns_(std::move(ns)),
       name_(std::move(name)),
       cm_name_(ConfigMapName(name_)),
-      job_(std::move(job)),
-      res_(result) {}
+      res_(result) {
+  SetJob(std::move(job));
+}
 
-std::string JobReconcile::Uid() const { return Str(Field(job_, "metadata"), "uid"); }
+void JobReconcile::SetJob(json job) {
+  job_ = std::move(job);
+  meta_ = kube::MetadataOf(job_);
+  status_ = JobStatus::FromJson(Field(job_, "status"));
+}
+
+json JobReconcile::JobWith(const kube::ObjectMeta& meta) const {
+  json body = job_;
+  body["metadata"] = meta.ToJson();
+  body.erase("status");
+  return body;
+}
 
 Status JobReconcile::Run() {
-  if (!Field(Field(job_, "metadata"), "deletionTimestamp").is_null()) return Finalize();
+  if (meta_.being_deleted()) return Finalize();
   MESHLOAD_ASSIGN_OR_RETURN(const bool exists, EnsureFinalizer());
   if (!exists) return Status::Ok();
-  generation_ = Field(Field(job_, "metadata"), "generation").is_number()
-                    ? Field(Field(job_, "metadata"), "generation").get<int64_t>()
-                    : 0;
+  generation_ = meta_.generation;
   RecordedPeerSecret();
   if (Validate()) {
     MESHLOAD_RETURN_IF_ERROR(ReadConfigMap());
     AssignProcesses();
     CheckReadiness();
     ReadProgress();
-    const json data = ConfigMapData();
-    MESHLOAD_RETURN_IF_ERROR(ApplyConfigMap(data));
+    MESHLOAD_RETURN_IF_ERROR(ApplyConfigMap(ConfigMapData()));
     MESHLOAD_RETURN_IF_ERROR(EnsurePeerSecret());
     SetConditions();
   }
@@ -140,7 +111,7 @@ Status JobReconcile::Run() {
 }
 
 Status JobReconcile::Finalize() {
-  if (!HasFinalizer(job_)) return Status::Ok();
+  if (!meta_.HasFinalizer(kFinalizer)) return Status::Ok();
   MESHLOAD_RETURN_IF_ERROR(ctx_.CheckMayWrite());
   if (ctx_.configmaps->Get(ns_, cm_name_)) {
     kube::ApiResponse del = ctx_.client->Delete(ConfigMapsResource().Object(ns_, cm_name_));
@@ -153,27 +124,21 @@ Status JobReconcile::Finalize() {
   // waiting for garbage collection, and take it for its own. By name with
   // a uid precondition, never by label (deletecollection answers with the
   // Secrets it deleted, data included: the controller reads no Secret).
-  std::string secret_uid = Str(Field(job_, "status"), "peerSecretUID");
-  if (secret_uid.empty()) secret_uid = ctx_.memory->MadeSecret(key_, Uid()).value_or("");
+  std::string secret_uid = status_.peer_secret_uid;
+  if (secret_uid.empty()) secret_uid = ctx_.memory->MadeSecret(key_, meta_.uid).value_or("");
   if (!secret_uid.empty()) {
     const std::string secret_name = PeerSecretName(name_);
-    kube::ApiResponse del = ctx_.client->Delete(
-        SecretsResource().Object(ns_, secret_name),
-        {{"apiVersion", "v1"}, {"kind", "DeleteOptions"}, {"preconditions", {{"uid", secret_uid}}}});
+    kube::ApiResponse del =
+        ctx_.client->Delete(SecretsResource().Object(ns_, secret_name), kube::DeleteOptions{secret_uid}.ToJson());
     // 404: gone already; 409: the uid differs, someone else's now.
     if (!del.ok() && del.code != 404 && del.code != 409) {
       return del.ToStatus("delete Secret " + ns_ + "/" + secret_name);
     }
     if (del.ok()) ++res_.writes;
   }
-  json& fins = job_["metadata"]["finalizers"];
-  json kept = json::array();
-  for (const auto& f : fins) {
-    if (f != kFinalizer) kept.push_back(f);
-  }
-  fins = kept;
-  job_.erase("status");
-  kube::ApiResponse put = ctx_.client->Put(JobsResource().Object(ns_, name_), job_);
+  kube::ObjectMeta meta = meta_;
+  std::erase(meta.finalizers, std::string(kFinalizer));
+  kube::ApiResponse put = ctx_.client->Put(JobsResource().Object(ns_, name_), JobWith(meta));
   if (put.code == 404) return Status::Ok();
   if (!put.ok()) return put.ToStatus("remove the finalizer of " + key_);
   ++res_.writes;
@@ -183,29 +148,27 @@ Status JobReconcile::Finalize() {
 }
 
 Result<bool> JobReconcile::EnsureFinalizer() {
-  if (HasFinalizer(job_)) return true;
+  if (meta_.HasFinalizer(kFinalizer)) return true;
   MESHLOAD_RETURN_IF_ERROR(ctx_.CheckMayWrite());
-  json updated = job_;
-  if (!updated["metadata"]["finalizers"].is_array()) updated["metadata"]["finalizers"] = json::array();
-  updated["metadata"]["finalizers"].push_back(kFinalizer);
-  updated.erase("status");
-  kube::ApiResponse put = ctx_.client->Put(JobsResource().Object(ns_, name_), updated);
+  kube::ObjectMeta meta = meta_;
+  meta.finalizers.push_back(kFinalizer);
+  kube::ApiResponse put = ctx_.client->Put(JobsResource().Object(ns_, name_), JobWith(meta));
   if (put.code == 404) return false;
   if (!put.ok()) return put.ToStatus("add the finalizer to " + key_);
   ++res_.writes;
-  job_ = put.body;
+  SetJob(std::move(put.body));
   return true;
 }
 
 void JobReconcile::RecordedPeerSecret() {
   // Once created, the peer secret stays in the status (an invalid edit
   // does not take it away).
-  desired_.peer_secret = Str(Field(job_, "status"), "peerSecretName");
-  desired_.peer_secret_uid = Str(Field(job_, "status"), "peerSecretUID");
+  desired_.peer_secret = status_.peer_secret_name;
+  desired_.peer_secret_uid = status_.peer_secret_uid;
   // Made, and its status write lost (a conflict, a lagging cache): the
   // status gets it now, whether or not this generation is valid.
   if (desired_.peer_secret != PeerSecretName(name_)) {
-    if (std::optional<std::string> made = ctx_.memory->MadeSecret(key_, Uid())) {
+    if (std::optional<std::string> made = ctx_.memory->MadeSecret(key_, meta_.uid)) {
       desired_.peer_secret = PeerSecretName(name_);
       desired_.peer_secret_uid = *made;
     }
@@ -249,14 +212,17 @@ Status JobReconcile::ReadConfigMap() {
   // server is asked, so that a lagging cache never makes a fresh
   // assignment that renumbers running trainers. Somebody else's of that
   // name is left alone (ConfigMapConflict).
-  cm_ = ctx_.configmaps->Get(ns_, cm_name_);
-  if (cm_) return Status::Ok();
+  if (kube::ObjectPtr cached = ctx_.configmaps->Get(ns_, cm_name_)) {
+    cm_ = kube::ConfigMap::FromJson(*cached);
+    return Status::Ok();
+  }
   kube::ApiResponse got = ctx_.client->Get(ConfigMapsResource().Object(ns_, cm_name_));
   if (got.ok()) {
-    if (ControllerUid(got.body) == Uid()) {
-      cm_ = std::make_shared<const json>(std::move(got.body));
+    kube::ConfigMap there = kube::ConfigMap::FromJson(got.body);
+    if (there.metadata.ControllerUid() == meta_.uid) {
+      cm_ = std::move(there);
     } else {
-      foreign_ = std::move(got.body);
+      foreign_ = true;
     }
   } else if (got.code != 404) {
     return got.ToStatus("read ConfigMap " + ns_ + "/" + cm_name_);
@@ -265,55 +231,51 @@ Status JobReconcile::ReadConfigMap() {
 }
 
 void JobReconcile::AssignProcesses() {
-  const json& selector = Field(job_, "spec")["selector"];
-  for (const auto& p : ctx_.pods->List(ns_)) {
-    const json& md = Field(*p, "metadata");
-    std::string phase = Str(Field(*p, "status"), "phase");
-    if (phase == "Succeeded" || phase == "Failed") continue;
-    if (!Field(md, "deletionTimestamp").is_null()) continue;
-    if (SelectorMatches(selector, Field(md, "labels"))) pods_.push_back(p);
+  for (const auto& object : ctx_.pods->List(ns_)) {
+    kube::Pod pod = kube::Pod::FromJson(*object);
+    if (pod.finished() || pod.metadata.being_deleted()) continue;
+    if (kube::SelectorMatches(*spec_->selector, pod.metadata.labels)) pods_.push_back(std::move(pod));
   }
   // Oldest first, then by name: a deterministic order for fresh assignments.
-  std::sort(pods_.begin(), pods_.end(), [](const kube::ObjectPtr& a, const kube::ObjectPtr& b) {
-    const json& ma = Field(*a, "metadata");
-    const json& mb = Field(*b, "metadata");
-    auto ta = Str(ma, "creationTimestamp"), tb = Str(mb, "creationTimestamp");
-    return ta != tb ? ta < tb : Str(ma, "name") < Str(mb, "name");
+  std::sort(pods_.begin(), pods_.end(), [](const kube::Pod& a, const kube::Pod& b) {
+    const auto& ta = a.metadata.creation_timestamp;
+    const auto& tb = b.metadata.creation_timestamp;
+    return ta != tb ? ta < tb : a.metadata.name < b.metadata.name;
   });
-  json previous = json::object();
+  // The assignment recorded before (none when the ConfigMap's is missing
+  // or not the controller's).
+  std::map<std::string, planner::PodAssignment> previous;
   if (cm_) {
-    auto parsed = json::parse(Str(Field(*cm_, "data"), "assignments.json"), nullptr, false);
-    if (parsed.is_object() && Field(parsed, "pods").is_object()) previous = parsed["pods"];
+    auto recorded = planner::Assignments::Parse(cm_->Data("assignments.json"), "assignments.json");
+    if (recorded.ok()) previous = std::move(recorded->pods);
   }
   by_index_.assign(static_cast<size_t>(processes_), nullptr);
-  std::vector<const json*> waiting;
+  std::vector<const kube::Pod*> waiting;
   for (const auto& p : pods_) {
-    const json& md = Field(*p, "metadata");
-    std::optional<int64_t> ci = CompletionIndex(*p);
+    std::optional<int64_t> ci = p.CompletionIndex();
     if (!ci) {
-      waiting.push_back(p.get());
+      waiting.push_back(&p);
       continue;
     }
     if (*ci < 0 || *ci >= processes_) {
-      problems_.push_back("CompletionIndexOutOfRange: pod " + Str(md, "name") + " has completion index " +
+      problems_.push_back("CompletionIndexOutOfRange: pod " + p.metadata.name + " has completion index " +
                           (*ci < 0 ? std::string("that is not a number") : std::to_string(*ci)) + " but the job has " +
                           std::to_string(processes_) + " processes");
       continue;
     }
     if (by_index_[*ci] != nullptr) {
-      problems_.push_back("DuplicateCompletionIndex: pods " + Str(Field(*by_index_[*ci], "metadata"), "name") +
-                          " and " + Str(md, "name") + " both have completion index " + std::to_string(*ci));
+      problems_.push_back("DuplicateCompletionIndex: pods " + by_index_[*ci]->metadata.name + " and " +
+                          p.metadata.name + " both have completion index " + std::to_string(*ci));
       continue;
     }
-    by_index_[*ci] = p.get();
+    by_index_[*ci] = &p;
   }
-  std::vector<const json*> fresh;
-  for (const json* p : waiting) {
-    const json& md = Field(*p, "metadata");
-    const json& prev = Field(previous, Str(md, "name").c_str());
-    if (prev.is_object() && Str(prev, "uid") == Str(md, "uid") && Field(prev, "index").is_number_integer()) {
-      int64_t i = prev["index"].get<int64_t>();
-      if (i >= 0 && i < processes_ && by_index_[i] == nullptr) {
+  std::vector<const kube::Pod*> fresh;
+  for (const kube::Pod* p : waiting) {
+    auto prev = previous.find(p->metadata.name);
+    if (prev != previous.end() && prev->second.uid == p->metadata.uid) {
+      const int64_t i = prev->second.index;  // recorded for the job's size then
+      if (i < processes_ && by_index_[i] == nullptr) {
         by_index_[i] = p;
         continue;
       }
@@ -322,10 +284,10 @@ void JobReconcile::AssignProcesses() {
   }
   std::vector<std::string> extra;
   size_t next_free = 0;
-  for (const json* p : fresh) {
+  for (const kube::Pod* p : fresh) {
     while (next_free < by_index_.size() && by_index_[next_free] != nullptr) ++next_free;
     if (next_free == by_index_.size()) {
-      extra.push_back(Str(Field(*p, "metadata"), "name"));
+      extra.push_back(p->metadata.name);
       continue;
     }
     by_index_[next_free] = p;
@@ -340,21 +302,20 @@ void JobReconcile::AssignProcesses() {
 
 void JobReconcile::CheckReadiness() {
   for (int64_t i = 0; i < processes_; ++i) {
-    const json* p = by_index_[i];
+    const kube::Pod* p = by_index_[i];
     if (p == nullptr) {
       missing_.push_back(i);
       continue;
     }
-    const json* sc = SidecarStatus(*p, ctx_.options->sidecar_container);
-    bool ready = sc != nullptr && Field(*sc, "ready").is_boolean() && Field(*sc, "ready").get<bool>();
-    if (ready) {
+    const kube::ContainerStatus* sc = p->StatusOf(ctx_.options->sidecar_container);
+    if (sc != nullptr && sc->ready) {
       ++desired_.processes_ready;
     } else {
       not_ready_.push_back(i);
-      if (sc != nullptr && Field(*sc, "restartCount").is_number() && Field(*sc, "restartCount").get<int64_t>() > 0) {
+      if (sc != nullptr && sc->restart_count > 0) {
         problems_.push_back("SidecarRestarting: the sidecar of process " + std::to_string(i) + " (pod " +
-                            Str(Field(*p, "metadata"), "name") + ") restarted " +
-                            std::to_string(Field(*sc, "restartCount").get<int64_t>()) + " times and is not ready");
+                            p->metadata.name + ") restarted " + std::to_string(sc->restart_count) +
+                            " times and is not ready");
       }
     }
   }
@@ -369,12 +330,10 @@ void JobReconcile::ReadProgress() {
   if (!poll) return;
   const HealthThresholds thresholds{spec_->health.starved_wait_percent, spec_->health.straggler_steps,
                                     spec_->health.straggler_latency_factor};
-  const json fresh =
-      ProgressStatus(*poll, spec_->batch.global_batch_size, thresholds, Field(Field(job_, "status"), "progress"));
+  const json fresh = ProgressStatus(*poll, spec_->batch.global_batch_size, thresholds, status_.progress);
   const bool moves_due = ctx_.memory->ProgressDue(key_, ctx_.options->progress_min_write_interval);
-  desired_.progress = ProgressToWrite(Field(Field(job_, "status"), "progress"), fresh,
-                                      ctx_.options->progress_step_granularity, moves_due);
-  progress_conditions_ = ProgressConditions(*poll, thresholds, Field(Field(job_, "status"), "conditions"));
+  desired_.progress = ProgressToWrite(status_.progress, fresh, ctx_.options->progress_step_granularity, moves_due);
+  progress_conditions_ = ProgressConditions(*poll, thresholds, status_.conditions);
 }
 
 int64_t JobReconcile::ResumeStep() const {
@@ -385,40 +344,36 @@ int64_t JobReconcile::ResumeStep() const {
   if (cm_) {
     // No fresh figure: keep the recorded one, unless spec.resume.step was
     // changed since it was recorded (then the spec says where to start).
-    json recorded = json::parse(Str(Field(*cm_, "data"), "resume.json"), nullptr, false);
-    if (Field(recorded, "specStep") == json(spec_resume) && Field(recorded, "step").is_number_integer()) {
-      return Field(recorded, "step").get<int64_t>();
-    }
+    auto recorded = planner::ResumeRecord::Parse(cm_->Data("resume.json"), "resume.json");
+    if (recorded.ok() && recorded->spec_step == spec_resume) return recorded->step;
   }
   return spec_resume;
 }
 
-json JobReconcile::ConfigMapData() {
+kube::StringMap JobReconcile::ConfigMapData() {
   json manifest = {{"apiVersion", "meshload.io/v1alpha1"},
                    {"kind", "DataLoadJob"},
                    {"metadata", {{"name", name_}, {"namespace", ns_}}},
                    {"spec", Field(job_, "spec")}};
   const std::string job_text = manifest.dump(2) + "\n";
   desired_.plan_hash = Sha256Hex(job_text, 16);
-  json assigned = json::object();
-  json data = json::object();
+  planner::Assignments assignments;
+  assignments.processes = processes_;
+  kube::StringMap data;
   std::string rendezvous;
   for (int64_t i = 0; i < processes_; ++i) {
-    const json* p = by_index_[i];
+    const kube::Pod* p = by_index_[i];
     if (p == nullptr) continue;
-    const json& md = Field(*p, "metadata");
-    std::string ip = Str(Field(*p, "status"), "podIP");
-    assigned[Str(md, "name")] = {{"uid", Str(md, "uid")}, {"index", i}, {"ip", ip}};
-    data["process." + Str(md, "name")] = std::to_string(i);
-    if (i == 0) rendezvous = ip;
+    assignments.pods[p->metadata.name] = {p->metadata.uid, i, p->pod_ip};
+    data["process." + p->metadata.name] = std::to_string(i);
+    if (i == 0) rendezvous = p->pod_ip;
   }
-  json assignments = {{"processes", processes_}, {"pods", assigned}};
-  if (resolved_) assignments["samples"] = resolved_->samples;
+  if (resolved_) assignments.samples = resolved_->samples;
   data["job.json"] = job_text;
-  data["assignments.json"] = assignments.dump(2) + "\n";
+  data["assignments.json"] = assignments.ToJson().dump(2) + "\n";
   data["planHash"] = desired_.plan_hash;
   data["rendezvous"] = rendezvous;
-  data["resume.json"] = json({{"step", ResumeStep()}, {"specStep", spec_->resume.step}}).dump() + "\n";
+  data["resume.json"] = planner::ResumeRecord{ResumeStep(), spec_->resume.step}.ToJson().dump() + "\n";
   return data;
 }
 
@@ -436,34 +391,41 @@ void JobReconcile::ConfigMapFailed(const Status& error) {
   if (deferred_.ok()) deferred_ = error;
 }
 
-Status JobReconcile::ApplyConfigMap(const json& data) {
+kube::ObjectMeta JobReconcile::ChildMeta(const std::string& child_name) const {
+  kube::ObjectMeta md;
+  md.name = child_name;
+  md.namespace_ = ns_;
+  md.labels = ChildLabels();
+  md.owner_references = {ChildOwner()};
+  return md;
+}
+
+kube::StringMap JobReconcile::ChildLabels() const { return {{kManagedByLabel, kManagedByValue}, {kJobLabel, name_}}; }
+
+kube::OwnerReference JobReconcile::ChildOwner() const {
+  return {"meshload.io/v1alpha1",       "DataLoadJob", name_, meta_.uid, /*controller=*/true,
+          /*block_owner_deletion=*/true};
+}
+
+Status JobReconcile::ApplyConfigMap(const kube::StringMap& data) {
   const kube::ResourcePath cms = ConfigMapsResource();
-  labels_ = {{kManagedByLabel, kManagedByValue}, {kJobLabel, name_}};
-  owner_ = json::array({{{"apiVersion", "meshload.io/v1alpha1"},
-                         {"kind", "DataLoadJob"},
-                         {"name", name_},
-                         {"uid", Uid()},
-                         {"controller", true},
-                         {"blockOwnerDeletion", true}}});
   // The ConfigMap there is: ours from the cache or the server (ours with
   // its labels taken off included), somebody else's, or none.
-  if (foreign_.is_object()) {
+  if (foreign_) {
     ConfigMapConflict();
-  } else if (!cm_) {
+    return Status::Ok();
+  }
+  if (!cm_) {
     MESHLOAD_RETURN_IF_ERROR(ctx_.CheckMayWrite());
-    json body = {
-        {"apiVersion", "v1"},
-        {"kind", "ConfigMap"},
-        {"metadata", {{"name", cm_name_}, {"namespace", ns_}, {"labels", labels_}, {"ownerReferences", owner_}}},
-        {"data", data}};
-    kube::ApiResponse r = ctx_.client->Post(cms.Collection(ns_), body);
+    const kube::ConfigMap made{ChildMeta(cm_name_), data};
+    kube::ApiResponse r = ctx_.client->Post(cms.Collection(ns_), made.ToJson());
     if (r.code == 409 && Str(r.body, "reason") == "AlreadyExists") {
       // Made since it was read (a retried POST that had landed): this
       // reconcile's assignment did not start from it, so nothing is
       // written; the next one reads it.
       kube::ApiResponse got = ctx_.client->Get(cms.Object(ns_, cm_name_));
       if (!got.ok()) return got.ToStatus("read ConfigMap " + ns_ + "/" + cm_name_);
-      if (ControllerUid(got.body) != Uid()) {
+      if (kube::MetadataOf(got.body).ControllerUid() != meta_.uid) {
         ConfigMapConflict();
       } else {
         deferred_ = Status(StatusCode::kUnavailable,
@@ -478,27 +440,21 @@ Status JobReconcile::ApplyConfigMap(const json& data) {
     }
     return Status::Ok();
   }
-  if (cm_) {
-    const json& existing = *cm_;
-    const json& md = Field(existing, "metadata");
-    bool same = Field(existing, "data") == data && Field(md, "ownerReferences") == owner_;
-    const json& have_labels = Field(md, "labels");
-    for (auto it = labels_.begin(); same && it != labels_.end(); ++it) {
-      same = Field(have_labels, it.key().c_str()) == it.value();
-    }
-    if (!same) {
-      MESHLOAD_RETURN_IF_ERROR(ctx_.CheckMayWrite());
-      json body = existing;
-      body["data"] = data;
-      body["metadata"]["ownerReferences"] = owner_;
-      for (auto it = labels_.begin(); it != labels_.end(); ++it) body["metadata"]["labels"][it.key()] = it.value();
-      kube::ApiResponse r = ctx_.client->Put(cms.Object(ns_, cm_name_), body);
-      if (r.ok()) {
-        ++res_.writes;
-      } else {
-        ConfigMapFailed(r.ToStatus("update ConfigMap " + ns_ + "/" + cm_name_));
-      }
-    }
+  const kube::OwnerReference owner = ChildOwner();
+  const kube::StringMap labels = ChildLabels();
+  bool same = cm_->data == data && cm_->metadata.owner_references == std::vector<kube::OwnerReference>{owner};
+  for (const auto& [k, v] : labels) same = same && cm_->metadata.Label(k) == v;
+  if (same) return Status::Ok();
+  MESHLOAD_RETURN_IF_ERROR(ctx_.CheckMayWrite());
+  kube::ConfigMap updated = *cm_;
+  updated.data = data;
+  updated.metadata.owner_references = {owner};
+  for (const auto& [k, v] : labels) updated.metadata.labels[k] = v;
+  kube::ApiResponse r = ctx_.client->Put(cms.Object(ns_, cm_name_), updated.ToJson());
+  if (r.ok()) {
+    ++res_.writes;
+  } else {
+    ConfigMapFailed(r.ToStatus("update ConfigMap " + ns_ + "/" + cm_name_));
   }
   return Status::Ok();
 }
@@ -514,22 +470,18 @@ Status JobReconcile::EnsurePeerSecret() {
   // (PeerSecretFailed) and retried.
   const std::string secret_name = PeerSecretName(name_);
   if (desired_.peer_secret == secret_name) return Status::Ok();
-  const std::string uid = Uid();
+  const std::string uid = meta_.uid;
   MESHLOAD_RETURN_IF_ERROR(ctx_.CheckMayWrite());
   MESHLOAD_ASSIGN_OR_RETURN(std::string secret, NewPeerSecret());
-  json secret_labels = labels_;
-  secret_labels[kJobUidLabel] = uid;  // which job instance it was made for (kubectl -l)
-  json body = {
-      {"apiVersion", "v1"},
-      {"kind", "Secret"},
-      {"metadata", {{"name", secret_name}, {"namespace", ns_}, {"labels", secret_labels}, {"ownerReferences", owner_}}},
-      {"type", "Opaque"},
-      {"immutable", true},
-      {"data", {{"secret", Base64Encode(secret)}}}};
-  kube::ApiResponse r = ctx_.client->Post(SecretsResource().Collection(ns_), body);
+  kube::Secret made;
+  made.metadata = ChildMeta(secret_name);
+  made.metadata.labels[kJobUidLabel] = uid;  // which job instance it was made for (kubectl -l)
+  made.immutable = true;
+  made.data = {{"secret", Base64Encode(secret)}};
+  kube::ApiResponse r = ctx_.client->Post(SecretsResource().Collection(ns_), made.ToJson());
   if (r.ok() || (r.code == 409 && Str(r.body, "reason") == "AlreadyExists")) {
     desired_.peer_secret = secret_name;
-    desired_.peer_secret_uid = r.ok() ? Str(Field(r.body, "metadata"), "uid") : "";
+    desired_.peer_secret_uid = r.ok() ? kube::MetadataOf(r.body).uid : "";
     if (r.ok()) {
       ++res_.writes;
       LogInfo("created the peer secret", {{"job", key_}, {"secret", ns_ + "/" + secret_name}});
@@ -582,20 +534,18 @@ void JobReconcile::SetConditions() {
 Status JobReconcile::WriteStatus() {
   const kube::ResourcePath jobs = JobsResource();
   for (int attempt = 0; attempt < 5; ++attempt) {
-    const json& current = Field(job_, "status");
-    json want = StatusJson(desired_, generation_, current);
-    if (current == want) return deferred_;
+    const JobStatus want = StatusToWrite(desired_, generation_, status_);
+    const json want_json = want.ToJson();
+    if (Field(job_, "status") == want_json) return deferred_;
     MESHLOAD_RETURN_IF_ERROR(ctx_.CheckMayWrite());
     json body = job_;
-    body["status"] = want;
+    body["status"] = want_json;
     kube::ApiResponse r = ctx_.client->Put(jobs.Object(ns_, name_) + "/status", body);
     if (r.ok()) {
       ++res_.writes;
-      if (Field(want, "progress") != Field(current, "progress")) {
-        ctx_.memory->ProgressWritten(key_);
-      }
+      if (want.progress != status_.progress) ctx_.memory->ProgressWritten(key_);
       if (ctx_.options->record_event) {
-        for (const auto& e : ConditionEvents(current, want))
+        for (const auto& e : ConditionEvents(status_, want))
           ctx_.options->record_event(job_, e.type, e.reason, e.message);
       }
       return deferred_;
@@ -605,13 +555,12 @@ Status JobReconcile::WriteStatus() {
     kube::ApiResponse fresh = ctx_.client->Get(jobs.Object(ns_, name_));
     if (fresh.code == 404) return Status::Ok();
     if (!fresh.ok()) return fresh.ToStatus("re-read " + key_);
-    const int64_t fresh_gen = Field(Field(fresh.body, "metadata"), "generation").is_number()
-                                  ? fresh.body["metadata"]["generation"].get<int64_t>()
-                                  : 0;
     // The spec moved on: this status describes an older generation; the
     // informer will bring the new one.
-    if (fresh_gen != generation_) return Status(StatusCode::kUnavailable, "the job changed during the reconcile", key_);
-    job_ = std::move(fresh.body);
+    if (kube::MetadataOf(fresh.body).generation != generation_) {
+      return Status(StatusCode::kUnavailable, "the job changed during the reconcile", key_);
+    }
+    SetJob(std::move(fresh.body));
   }
   return Status(StatusCode::kUnavailable, "the status kept conflicting", key_);
 }

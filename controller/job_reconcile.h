@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "controller/job_status.h"
 #include "controller/kube/informer.h"
+#include "controller/kube/objects.h"
 #include "controller/progress_poller.h"
 #include "controller/reconciler.h"
 #include "planner/shard_planner.h"
@@ -61,9 +62,9 @@ class JobReconcile {
   int64_t ResumeStep() const;
   // The ConfigMap's data: job.json, assignments.json, planHash, rendezvous,
   // resume.json and process.<pod>; sets desired_.plan_hash.
-  nlohmann::json ConfigMapData();
+  kube::StringMap ConfigMapData();
   // Creates or updates the ConfigMap; somebody else's is left alone.
-  Status ApplyConfigMap(const nlohmann::json& data);
+  Status ApplyConfigMap(const kube::StringMap& data);
   // The peer secret, created once.
   Status EnsurePeerSecret();
   // 5. Valid, Planned, SidecarsReady, Degraded, progress conditions; phase.
@@ -74,11 +75,21 @@ class JobReconcile {
   // A ConfigMap of the job's name that is not the job's: a problem, retried.
   void ConfigMapConflict();
   void ConfigMapFailed(const Status& error);
-  std::string Uid() const;
+  // job_ and the typed views of it (meta_, status_).
+  void SetJob(nlohmann::json job);
+  // The job with `meta` as its metadata and no status: a PUT's body.
+  nlohmann::json JobWith(const kube::ObjectMeta& meta) const;
+  // The metadata, labels and controller reference of what the job owns
+  // (the ConfigMap, the peer Secret).
+  kube::ObjectMeta ChildMeta(const std::string& child_name) const;
+  kube::StringMap ChildLabels() const;
+  kube::OwnerReference ChildOwner() const;
 
   const ReconcileContext ctx_;
   const std::string key_, ns_, name_, cm_name_;
-  nlohmann::json job_;
+  nlohmann::json job_;     // as read: a PUT sends its spec back untouched
+  kube::ObjectMeta meta_;  // job_.metadata
+  JobStatus status_;       // job_.status
   ReconcileResult& res_;
   int64_t generation_ = 0;
   DesiredStatus desired_;
@@ -89,14 +100,13 @@ class JobReconcile {
   std::optional<planner::JobSpec> spec_;
   std::optional<planner::ResolvedJob> resolved_;
   int64_t processes_ = 0;
-  kube::ObjectPtr cm_;                           // ours, from the cache or the server
-  nlohmann::json foreign_;                       // a ConfigMap of that name not made for this job
-  std::vector<const nlohmann::json*> by_index_;  // process -> pod
-  std::vector<kube::ObjectPtr> pods_;            // the selected pods (by_index_ points into them)
-  std::vector<std::string> problems_;            // "Reason: message"
+  std::optional<kube::ConfigMap> cm_;       // ours, from the cache or the server
+  bool foreign_ = false;                    // a ConfigMap of that name not made for this job
+  std::vector<const kube::Pod*> by_index_;  // process -> pod
+  std::vector<kube::Pod> pods_;             // the selected pods (by_index_ points into them)
+  std::vector<std::string> problems_;       // "Reason: message"
   std::vector<int64_t> missing_, not_ready_;
   std::vector<ProgressCondition> progress_conditions_;
-  nlohmann::json labels_, owner_;
 };
 
 }  // namespace meshload::controller

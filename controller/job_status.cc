@@ -10,55 +10,102 @@ using nlohmann::json;
 using kube::Field;
 using kube::Str;
 
-json StatusJson(const DesiredStatus& d, int64_t generation, const json& current) {
-  json out = json::object();
-  out["phase"] = d.phase;
-  out["observedGeneration"] = generation;
-  out["processesReady"] = d.processes_ready;
-  if (!d.plan_hash.empty()) out["planHash"] = d.plan_hash;
-  if (!d.peer_secret.empty()) out["peerSecretName"] = d.peer_secret;
-  if (!d.peer_secret_uid.empty()) out["peerSecretUID"] = d.peer_secret_uid;
-  if (d.progress.is_object()) out["progress"] = d.progress;
-  json conds = json::array();
-  const json& old = Field(current, "conditions");
-  for (const auto& c : d.conditions) {
-    std::string ltt = kube::NowRfc3339();
-    if (old.is_array()) {
-      for (const auto& o : old) {
-        if (Str(o, "type") == c.type && Str(o, "status") == c.status && !Str(o, "lastTransitionTime").empty()) {
-          ltt = Str(o, "lastTransitionTime");
-        }
-      }
-    }
-    json cj = {{"type", c.type},
-               {"status", c.status},
-               {"reason", c.reason},
-               {"message", kube::CutUtf8(c.message, 32000)},
-               {"observedGeneration", generation},
-               {"lastTransitionTime", ltt}};
-    conds.push_back(std::move(cj));
+namespace {
+
+int64_t Int(const json& obj, const char* key) {
+  const json& v = Field(obj, key);
+  return v.is_number_integer() ? v.get<int64_t>() : 0;
+}
+
+}  // namespace
+
+JobCondition JobCondition::FromJson(const json& j) {
+  return {Str(j, "type"),
+          Str(j, "status"),
+          Str(j, "reason"),
+          Str(j, "message"),
+          Int(j, "observedGeneration"),
+          Str(j, "lastTransitionTime")};
+}
+
+json JobCondition::ToJson() const {
+  return {{"type", type},
+          {"status", status},
+          {"reason", reason},
+          {"message", message},
+          {"observedGeneration", observed_generation},
+          {"lastTransitionTime", last_transition_time}};
+}
+
+JobStatus JobStatus::FromJson(const json& j) {
+  JobStatus s;
+  s.phase = Str(j, "phase");
+  s.observed_generation = Int(j, "observedGeneration");
+  s.processes_ready = Int(j, "processesReady");
+  s.plan_hash = Str(j, "planHash");
+  s.peer_secret_name = Str(j, "peerSecretName");
+  s.peer_secret_uid = Str(j, "peerSecretUID");
+  if (Field(j, "progress").is_object()) s.progress = j["progress"];
+  const json& conds = Field(j, "conditions");
+  if (conds.is_array()) {
+    for (const auto& c : conds) s.conditions.push_back(JobCondition::FromJson(c));
   }
+  return s;
+}
+
+json JobStatus::ToJson() const {
+  json out = json::object();
+  out["phase"] = phase;
+  out["observedGeneration"] = observed_generation;
+  out["processesReady"] = processes_ready;
+  if (!plan_hash.empty()) out["planHash"] = plan_hash;
+  if (!peer_secret_name.empty()) out["peerSecretName"] = peer_secret_name;
+  if (!peer_secret_uid.empty()) out["peerSecretUID"] = peer_secret_uid;
+  if (progress.is_object()) out["progress"] = progress;
+  json conds = json::array();
+  for (const auto& c : conditions) conds.push_back(c.ToJson());
   out["conditions"] = std::move(conds);
   return out;
 }
 
-std::vector<ConditionEvent> ConditionEvents(const json& before, const json& after) {
+const JobCondition* JobStatus::Find(const std::string& type) const {
+  const JobCondition* found = nullptr;
+  for (const auto& c : conditions) {
+    if (c.type == type) found = &c;  // the last of that type, as a list read in order
+  }
+  return found;
+}
+
+JobStatus StatusToWrite(const DesiredStatus& d, int64_t generation, const JobStatus& current) {
+  JobStatus out;
+  out.phase = d.phase;
+  out.observed_generation = generation;
+  out.processes_ready = d.processes_ready;
+  out.plan_hash = d.plan_hash;
+  out.peer_secret_name = d.peer_secret;
+  out.peer_secret_uid = d.peer_secret_uid;
+  if (d.progress.is_object()) out.progress = d.progress;
+  for (const auto& c : d.conditions) {
+    std::string ltt = kube::NowRfc3339();
+    for (const auto& o : current.conditions) {
+      if (o.type == c.type && o.status == c.status && !o.last_transition_time.empty()) ltt = o.last_transition_time;
+    }
+    out.conditions.push_back({c.type, c.status, c.reason, kube::CutUtf8(c.message, 32000), generation, ltt});
+  }
+  return out;
+}
+
+std::vector<ConditionEvent> ConditionEvents(const JobStatus& before, const JobStatus& after) {
   std::vector<ConditionEvent> out;
-  const json& old = Field(before, "conditions");
-  const json& now = Field(after, "conditions");
-  if (!now.is_array()) return out;
-  for (const auto& c : now) {
-    const std::string type = Str(c, "type"), status = Str(c, "status");
-    std::string reason = Str(c, "reason"), message = Str(c, "message");
+  for (const auto& c : after.conditions) {
+    const std::string& type = c.type;
+    const std::string& status = c.status;
+    std::string reason = c.reason, message = c.message;
     std::string was, was_reason, was_message;
-    if (old.is_array()) {
-      for (const auto& o : old) {
-        if (Str(o, "type") == type) {
-          was = Str(o, "status");
-          was_reason = Str(o, "reason");
-          was_message = Str(o, "message");
-        }
-      }
+    if (const JobCondition* o = before.Find(type)) {
+      was = o->status;
+      was_reason = o->reason;
+      was_message = o->message;
     }
     if (status == "Unknown") continue;
     // Degraded, Starved and Straggling are good when False.

@@ -8,43 +8,15 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "controller/kube/json_fields.h"
+#include "controller/kube/objects.h"
 
 namespace meshload::controller {
 
+using kube::Field;
 using nlohmann::json;
 
 namespace {
-
-const json& At(const json& j, const char* key) {
-  static const json kNull;
-  if (!j.is_object()) return kNull;
-  auto it = j.find(key);
-  return it == j.end() ? kNull : *it;
-}
-
-std::string Text(const json& j, const char* key) {
-  const json& v = At(j, key);
-  return v.is_string() ? v.get<std::string>() : std::string();
-}
-
-bool SidecarReady(const json& pod, const std::string& container) {
-  for (const char* list : {"containerStatuses", "initContainerStatuses"}) {
-    const json& statuses = At(At(pod, "status"), list);
-    if (!statuses.is_array()) continue;
-    for (const auto& c : statuses) {
-      if (Text(c, "name") == container) return At(c, "ready").is_boolean() && At(c, "ready").get<bool>();
-    }
-  }
-  return false;
-}
-
-// The port of the sidecar container named `metrics` (SlimPod keeps it as
-// spec.metricsPort), else `fallback`.
-int MetricsPort(const json& pod, int fallback) {
-  const json& port = At(At(pod, "spec"), "metricsPort");
-  return port.is_number_integer() && port.get<int64_t>() > 0 && port.get<int64_t>() < 65536 ? port.get<int>()
-                                                                                            : fallback;
-}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -123,13 +95,13 @@ void ProgressPoller::Fetch(Target& t) const {
     return;
   }
   json report = json::parse(res->body, nullptr, /*allow_exceptions=*/false);
-  if (!report.is_object() || !At(report, "consumedStep").is_number_integer()) {
+  if (!report.is_object() || !Field(report, "consumedStep").is_number_integer()) {
     out.error = "GET http://" + where + "/progress: not a progress report";
     return;
   }
-  if (At(report, "process") != json(out.process)) {
+  if (Field(report, "process") != json(out.process)) {
     // A pod IP reused by another pod, or a sidecar of another process.
-    out.error = "http://" + where + " answers for process " + At(report, "process").dump() + ", not " +
+    out.error = "http://" + where + " answers for process " + Field(report, "process").dump() + ", not " +
                 std::to_string(out.process);
     return;
   }
@@ -147,32 +119,33 @@ void ProgressPoller::PollOnce() {
   };
   std::vector<Address> addresses;
   for (const kube::ObjectPtr& job : jobs_->List("")) {
-    const json& md = At(*job, "metadata");
-    const std::string ns = Text(md, "namespace"), name = Text(md, "name");
-    if (ns.empty() || name.empty() || !At(md, "deletionTimestamp").is_null()) continue;
-    const std::string key = ns + "/" + name;
+    const kube::ObjectMeta md = kube::MetadataOf(*job);
+    if (md.namespace_.empty() || md.name.empty() || md.being_deleted()) continue;
+    const std::string key = md.namespace_ + "/" + md.name;
     JobProgress& poll = polls[key];
-    const json& processes = At(At(At(*job, "spec"), "mesh"), "processes");
+    const json& processes = Field(Field(Field(*job, "spec"), "mesh"), "processes");
     poll.processes = processes.is_number_integer() ? processes.get<int64_t>() : 0;
-    kube::ObjectPtr cm = configmaps_->Get(ns, name + "-meshload");
-    if (!cm) continue;
-    const json& data = At(*cm, "data");
-    if (!data.is_object()) continue;
-    for (auto it = data.begin(); it != data.end(); ++it) {
-      if (it.key().rfind("process.", 0) != 0 || !it.value().is_string()) continue;
-      const std::string pod_name = it.key().substr(8);
-      kube::ObjectPtr pod = pods_->Get(ns, pod_name);
-      if (!pod || !SidecarReady(*pod, options_.sidecar_container)) continue;
-      const std::string ip = Text(At(*pod, "status"), "podIP");
-      if (ip.empty()) continue;
+    kube::ObjectPtr cm_object = configmaps_->Get(md.namespace_, md.name + "-meshload");
+    if (!cm_object) continue;
+    const kube::ConfigMap cm = kube::ConfigMap::FromJson(*cm_object);
+    for (const auto& [data_key, value] : cm.data) {
+      if (data_key.rfind("process.", 0) != 0) continue;
+      const std::string pod_name = data_key.substr(8);
+      kube::ObjectPtr pod_object = pods_->Get(md.namespace_, pod_name);
+      if (!pod_object) continue;
+      const kube::Pod pod = kube::Pod::FromJson(*pod_object);
+      const kube::ContainerStatus* sidecar = pod.StatusOf(options_.sidecar_container);
+      if (sidecar == nullptr || !sidecar->ready || pod.pod_ip.empty()) continue;
       ProcessProgress p;
       p.pod = pod_name;
       try {
-        p.process = std::stoll(it.value().get<std::string>());
+        p.process = std::stoll(value);
       } catch (...) {
         continue;
       }
-      addresses.push_back({key, poll.sidecars.size(), ip, MetricsPort(*pod, options_.default_port)});
+      addresses.push_back(
+          {key, poll.sidecars.size(), pod.pod_ip,
+           pod.sidecar_metrics_port > 0 ? static_cast<int>(pod.sidecar_metrics_port) : options_.default_port});
       poll.sidecars.push_back(std::move(p));
     }
   }
@@ -228,7 +201,9 @@ std::optional<double> Number(const json& j) {
   return j.get<double>();
 }
 
-std::optional<double> StorageP99(const json& report) { return Number(At(At(report, "storageReadSeconds"), "p99")); }
+std::optional<double> StorageP99(const json& report) {
+  return Number(Field(Field(report, "storageReadSeconds"), "p99"));
+}
 
 // The median of the reached processes' storage p99 (0 when none measured).
 double MedianP99(const std::vector<const ProcessProgress*>& reached) {
@@ -244,8 +219,8 @@ double MedianP99(const std::vector<const ProcessProgress*>& reached) {
 SlowPart WhatIsSlow(const json& report, double median_p99, int64_t latency_factor) {
   const auto p99 = StorageP99(report);
   if (p99 && median_p99 > 0 && *p99 > static_cast<double>(latency_factor) * median_p99) return SlowPart::kStorage;
-  if (auto f = Number(At(report, "trainerWaitFraction")); f && *f < 0.05) return SlowPart::kTrainer;
-  if (auto f = Number(At(report, "peerWaitFraction")); f && *f > 0.5) return SlowPart::kExchange;
+  if (auto f = Number(Field(report, "trainerWaitFraction")); f && *f < 0.05) return SlowPart::kTrainer;
+  if (auto f = Number(Field(report, "peerWaitFraction")); f && *f > 0.5) return SlowPart::kExchange;
   return SlowPart::kStaging;
 }
 
@@ -272,7 +247,7 @@ json ProgressStatus(const JobProgress& poll, int64_t global_batch, const HealthT
     lo = std::min(lo, s);
     hi = std::max(hi, s);
     steps.push_back(static_cast<double>(s));
-    const json& r = At(p->report, "stepsPerSecond");
+    const json& r = Field(p->report, "stepsPerSecond");
     if (r.is_number()) rates.push_back(r.get<double>());
   }
   std::set<int64_t> reporting;
@@ -301,16 +276,16 @@ json ProgressStatus(const JobProgress& poll, int64_t global_batch, const HealthT
   }
   if (!lagging.empty()) out["lagging"] = lagging;
   std::set<int64_t> listed;
-  if (At(current, "starving").is_array()) {
+  if (Field(current, "starving").is_array()) {
     for (const auto& e : current["starving"]) {
-      if (At(e, "process").is_number_integer()) listed.insert(e["process"].get<int64_t>());
+      if (Field(e, "process").is_number_integer()) listed.insert(e["process"].get<int64_t>());
     }
   }
   json starving = json::array();
   const double limit = static_cast<double>(starved_percent) / 100.0;
   for (const auto* p : reached) {
-    if (!At(p->report, "trainerConnected").is_boolean() || !p->report["trainerConnected"].get<bool>()) continue;
-    const json& f = At(p->report, "trainerWaitFraction");
+    if (!Field(p->report, "trainerConnected").is_boolean() || !p->report["trainerConnected"].get<bool>()) continue;
+    const json& f = Field(p->report, "trainerWaitFraction");
     if (!f.is_number()) continue;
     const double wait = f.get<double>();
     if (wait > limit || (listed.count(p->process) && wait > limit / 2)) {
@@ -322,15 +297,6 @@ json ProgressStatus(const JobProgress& poll, int64_t global_batch, const HealthT
 }
 
 namespace {
-
-// The condition of `type` in the status's array, or null.
-json CurrentCondition(const json& conditions, const std::string& type) {
-  if (!conditions.is_array()) return json();
-  for (const auto& c : conditions) {
-    if (c.is_object() && Text(c, "type") == type) return c;
-  }
-  return json();
-}
 
 std::string Who(const ProcessProgress& p) { return "process " + std::to_string(p.process) + " (pod " + p.pod + ")"; }
 
@@ -344,7 +310,7 @@ std::string Join(const std::vector<std::string>& parts) {
 }  // namespace
 
 std::vector<ProgressCondition> ProgressConditions(const JobProgress& poll, const HealthThresholds& t,
-                                                  const json& conditions) {
+                                                  const std::vector<JobCondition>& conditions) {
   std::vector<const ProcessProgress*> reached;
   for (const auto& p : poll.sidecars) {
     if (p.reached) reached.push_back(&p);
@@ -356,9 +322,10 @@ std::vector<ProgressCondition> ProgressConditions(const JobProgress& poll, const
     return out;
   }
   auto keep = [&](const std::string& type) -> std::optional<ProgressCondition> {
-    json c = CurrentCondition(conditions, type);
-    if (Text(c, "status") != "True") return std::nullopt;
-    return ProgressCondition{type, "True", Text(c, "reason"), Text(c, "message")};
+    // The first of that type, as the status lists it.
+    auto c = std::find_if(conditions.begin(), conditions.end(), [&](const JobCondition& x) { return x.type == type; });
+    if (c == conditions.end() || c->status != "True") return std::nullopt;
+    return ProgressCondition{type, "True", c->reason, c->message};
   };
 
   // Starved.
@@ -366,8 +333,8 @@ std::vector<ProgressCondition> ProgressConditions(const JobProgress& poll, const
   std::vector<std::string> starving;
   bool in_band = false;
   for (const auto* p : reached) {
-    if (!At(p->report, "trainerConnected").is_boolean() || !p->report["trainerConnected"].get<bool>()) continue;
-    auto f = Number(At(p->report, "trainerWaitFraction"));
+    if (!Field(p->report, "trainerConnected").is_boolean() || !p->report["trainerConnected"].get<bool>()) continue;
+    auto f = Number(Field(p->report, "trainerWaitFraction"));
     if (!f) continue;
     if (*f > starve) starving.push_back(Who(*p));
     if (*f > starve / 2) in_band = true;
@@ -443,13 +410,13 @@ json ProgressToWrite(const json& current, const json& fresh, int64_t granularity
   if (a != b) return fresh;
   bool moved = false;
   for (const char* k : {"step", "maxStep", "resumeStep"}) {
-    const json& x = At(current, k);
-    const json& y = At(fresh, k);
+    const json& x = Field(current, k);
+    const json& y = Field(fresh, k);
     if (x.is_null() != y.is_null()) return fresh;
     if (x.is_number_integer() && std::llabs(x.get<int64_t>() - y.get<int64_t>()) >= granularity) moved = true;
   }
-  const json& x = At(current, "samplesPerSecond");
-  const json& y = At(fresh, "samplesPerSecond");
+  const json& x = Field(current, "samplesPerSecond");
+  const json& y = Field(fresh, "samplesPerSecond");
   if (x.is_null() != y.is_null()) return fresh;
   if (y.is_number()) {
     const double before = x.get<double>(), now = y.get<double>();

@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/mutex.h"
+#include "controller/job_status.h"
 #include "controller/kube/informer.h"
 
 namespace meshload::controller {
@@ -147,7 +148,7 @@ struct ProgressCondition {
 };
 
 /// The Starved and Straggling conditions from a poll, given the job's
-/// current conditions (`conditions`, the status's array) for hysteresis:
+/// current conditions (`conditions`, the status's) for hysteresis:
 ///  - Starved True (TrainersWaitForData) when a connected trainer waited for
 ///    data more than starved_wait_percent of the sidecar's window; it stays
 ///    True, unchanged, until every trainer waits less than half that; False
@@ -163,7 +164,7 @@ struct ProgressCondition {
 /// measured figures, so a condition is rewritten only when it or the set of
 /// processes it names changes.
 std::vector<ProgressCondition> ProgressConditions(const JobProgress& poll, const HealthThresholds& thresholds,
-                                                  const nlohmann::json& conditions);
+                                                  const std::vector<JobCondition>& conditions);
 
 /// What to write: `fresh`, or `current` (the status.progress written
 /// before) when nothing changed but steps by less than `granularity` and

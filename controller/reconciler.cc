@@ -20,51 +20,7 @@ kube::ResourcePath ConfigMapsResource() { return {"/api/v1", "configmaps"}; }
 kube::ResourcePath SecretsResource() { return {"/api/v1", "secrets"}; }
 std::string PeerSecretName(const std::string& job) { return job + "-meshload-peer"; }
 
-json SlimPod(json pod) {
-  json md = Field(pod, "metadata");
-  json slim_md = json::object();
-  for (const char* k :
-       {"name", "namespace", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "labels"}) {
-    if (md.contains(k)) slim_md[k] = std::move(md[k]);
-  }
-  std::string index = Str(Field(md, "annotations"), kCompletionIndex);
-  if (!index.empty()) slim_md["annotations"] = {{kCompletionIndex, index}};
-  json st = Field(pod, "status");
-  json slim_st = json::object();
-  for (const char* k : {"phase", "podIP"}) {
-    if (st.contains(k)) slim_st[k] = std::move(st[k]);
-  }
-  for (const char* list : {"containerStatuses", "initContainerStatuses"}) {
-    const json& cs = Field(st, list);
-    if (!cs.is_array()) continue;
-    json slim = json::array();
-    for (const auto& c : cs) {
-      slim.push_back(
-          {{"name", Str(c, "name")},
-           {"ready", Field(c, "ready").is_boolean() ? Field(c, "ready").get<bool>() : false},
-           {"restartCount", Field(c, "restartCount").is_number() ? Field(c, "restartCount").get<int64_t>() : 0}});
-    }
-    slim_st[list] = std::move(slim);
-  }
-  // The sidecar's metrics port, where the ProgressPoller asks for /progress.
-  json slim_spec = json::object();
-  const json& spec = Field(pod, "spec");
-  for (const char* list : {"containers", "initContainers"}) {
-    const json& cs = Field(spec, list);
-    if (!cs.is_array()) continue;
-    for (const auto& c : cs) {
-      if (Str(c, "name") != kDefaultSidecarContainer || !Field(c, "ports").is_array()) continue;
-      for (const auto& port : Field(c, "ports")) {
-        if (Str(port, "name") == "metrics" && Field(port, "containerPort").is_number_integer()) {
-          slim_spec["metricsPort"] = Field(port, "containerPort");
-        }
-      }
-    }
-  }
-  json slim = {{"metadata", std::move(slim_md)}, {"status", std::move(slim_st)}};
-  if (!slim_spec.empty()) slim["spec"] = std::move(slim_spec);
-  return slim;
-}
+json SlimPod(json pod) { return kube::Pod::FromFullJson(pod, kDefaultSidecarContainer).ToJson(); }
 
 Reconciler::Reconciler(kube::KubeClient* client, kube::Informer* jobs, kube::Informer* pods, kube::Informer* configmaps,
                        ReconcilerOptions options)
@@ -114,27 +70,26 @@ Status ReconcileContext::CheckMayWrite() const {
 }
 
 std::string Reconciler::JobForConfigMap(const json& cm) {
-  const json& md = Field(cm, "metadata");
-  if (Str(Field(md, "labels"), kManagedByLabel) != kManagedByValue) return "";
-  std::string job = Str(Field(md, "labels"), kJobLabel);
-  return job.empty() ? "" : Str(md, "namespace") + "/" + job;
+  const kube::ObjectMeta md = kube::MetadataOf(cm);
+  if (md.Label(kManagedByLabel) != kManagedByValue) return "";
+  const std::string job = md.Label(kJobLabel);
+  return job.empty() ? "" : md.namespace_ + "/" + job;
 }
 
 std::vector<std::string> Reconciler::JobsForPod(const json& pod) const {
-  const json& md = Field(pod, "metadata");
-  const std::string ns = Str(md, "namespace"), name = Str(md, "name");
+  const kube::ObjectMeta md = kube::MetadataOf(pod);
   std::set<std::string> keys;
-  for (const auto& job : jobs_->List(ns)) {
+  for (const auto& job : jobs_->List(md.namespace_)) {
     const json& sel = Field(Field(*job, "spec"), "selector");
-    if (sel.is_object() && SelectorMatches(sel, Field(md, "labels"))) {
-      keys.insert(ns + "/" + Str(Field(*job, "metadata"), "name"));
+    if (sel.is_object() && SelectorMatches(sel, md.labels)) {
+      keys.insert(md.namespace_ + "/" + kube::MetadataOf(*job).name);
     }
   }
   // A pod whose labels no longer match still concerns the job it was assigned to.
-  for (const auto& cm : configmaps_->List(ns)) {
+  for (const auto& cm : configmaps_->List(md.namespace_)) {
     std::string key = JobForConfigMap(*cm);
     if (key.empty()) continue;
-    if (Field(Field(*cm, "data"), ("process." + name).c_str()).is_string()) keys.insert(key);
+    if (kube::ConfigMap::FromJson(*cm).data.count("process." + md.name)) keys.insert(key);
   }
   return {keys.begin(), keys.end()};
 }

@@ -79,7 +79,6 @@
 namespace meshload::controller {
 
 inline constexpr char kFinalizer[] = "meshload.io/cleanup";
-inline constexpr char kCompletionIndex[] = "batch.kubernetes.io/job-completion-index";
 inline constexpr char kManagedByLabel[] = "app.kubernetes.io/managed-by";
 inline constexpr char kManagedByValue[] = "meshload-controller";
 inline constexpr char kJobLabel[] = "meshload.io/job";

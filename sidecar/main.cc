@@ -23,6 +23,7 @@
 #include "common/build_info.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "planner/job_files.h"
 #include "sidecar/exchange/peer_exchange.h"
 #include "sidecar/sidecar.h"
 
@@ -77,30 +78,18 @@ meshload::Result<int64_t> WaitForProcessFile(const std::string& path) {
   return meshload::Status(meshload::StatusCode::kCancelled, "stopped while waiting for the process index", path);
 }
 
-// The peers in the controller's assignments.json ({"processes": P,
-// "pods": {name: {"index": i, "ip": "10.1.2.3"}}}), by process index; a
-// process without a pod or an IP yet has an empty host. kNotFound: no file
-// (yet).
+// The peers in the controller's assignments.json (planner::Assignments),
+// by process index; a process without a pod or an IP yet has an empty host.
+// kNotFound: no file (yet).
 meshload::Result<std::vector<meshload::sidecar::exchange::PeerAddress>> ReadAssignments(const std::string& path,
                                                                                         uint16_t port) {
   std::ifstream in(path);
   if (!in) return meshload::Status(meshload::StatusCode::kNotFound, "not there (yet)", path);
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("processes") || !j["processes"].is_number_integer() ||
-      !j.contains("pods") || !j["pods"].is_object()) {
-    return meshload::InvalidArgument("expected the controller's assignments (processes, pods)", path);
-  }
-  const int64_t n = j["processes"].get<int64_t>();
-  if (n < 1 || n > (1 << 22)) return meshload::InvalidArgument("processes: out of range", path);
-  std::vector<meshload::sidecar::exchange::PeerAddress> peers(static_cast<size_t>(n));
-  for (const auto& [name, pod] : j["pods"].items()) {
-    if (!pod.is_object() || !pod.contains("index") || !pod["index"].is_number_integer()) {
-      return meshload::InvalidArgument("pods." + name + ".index: expected an integer", path);
-    }
-    const int64_t i = pod["index"].get<int64_t>();
-    if (i < 0 || i >= n) return meshload::InvalidArgument("pods." + name + ".index: out of range", path);
-    if (pod.contains("ip") && pod["ip"].is_string()) peers[static_cast<size_t>(i)].host = pod["ip"].get<std::string>();
-  }
+  std::stringstream text;
+  text << in.rdbuf();
+  MESHLOAD_ASSIGN_OR_RETURN(const auto assignments, meshload::planner::Assignments::Parse(text.str(), path));
+  std::vector<meshload::sidecar::exchange::PeerAddress> peers(static_cast<size_t>(assignments.processes));
+  for (const auto& [name, pod] : assignments.pods) peers[static_cast<size_t>(pod.index)].host = pod.ip;
   for (auto& p : peers) p.port = port;
   return peers;
 }

@@ -10,6 +10,7 @@
 #include <cerrno>
 
 #include "common/logging.h"
+#include "planner/job_files.h"
 #include "sidecar/session_server.h"
 #include "sidecar/sidecar_metrics.h"
 #include "sidecar/source/dataset_facts.h"
@@ -444,21 +445,10 @@ Result<std::optional<int64_t>> ReadResumeFile(const std::string& path, int64_t s
   }
   std::stringstream text;
   text << in.rdbuf();
-  nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  auto bad = [&](const std::string& what) {
-    return Status(StatusCode::kInvalidArgument, "resume file: " + what + ", expected {\"step\": N, \"specStep\": S}",
-                  path);
-  };
-  if (!doc.is_object()) return bad("not a JSON object");
-  const auto step = doc.find("step");
-  const auto spec = doc.find("specStep");
-  if (step == doc.end() || !step->is_number_integer() || step->get<int64_t>() < 0) {
-    return bad("\"step\" is not a non-negative integer");
-  }
-  if (spec == doc.end() || !spec->is_number_integer()) return bad("\"specStep\" is not an integer");
+  MESHLOAD_ASSIGN_OR_RETURN(const planner::ResumeRecord record, planner::ResumeRecord::Parse(text.str(), path));
   // Recorded under another spec.resume.step: the user asked for a new start since.
-  if (spec->get<int64_t>() != spec_step) return std::optional<int64_t>();
-  return std::optional<int64_t>(step->get<int64_t>());
+  if (record.spec_step != spec_step) return std::optional<int64_t>();
+  return std::optional<int64_t>(record.step);
 }
 
 ProgressSample Sidecar::TakeProgressSample() const {

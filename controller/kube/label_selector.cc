@@ -10,12 +10,11 @@ namespace meshload::controller::kube {
 
 using nlohmann::json;
 
-bool SelectorMatches(const planner::LabelSelector& selector, const json& labels) {
+bool SelectorMatches(const planner::LabelSelector& selector, const StringMap& labels) {
   auto label = [&](const std::string& key) -> std::optional<std::string> {
-    if (!labels.is_object()) return std::nullopt;
     auto it = labels.find(key);
-    if (it == labels.end() || !it->is_string()) return std::nullopt;
-    return it->get<std::string>();
+    if (it == labels.end()) return std::nullopt;
+    return it->second;
   };
   for (const auto& [key, value] : selector.match_labels) {
     if (label(key) != value) return false;
@@ -32,7 +31,7 @@ bool SelectorMatches(const planner::LabelSelector& selector, const json& labels)
   return true;
 }
 
-bool SelectorMatches(const json& selector, const json& labels) {
+bool SelectorMatches(const json& selector, const StringMap& labels) {
   // The selector as the declaration types it (a value of the wrong type
   // matches nothing, as before).
   planner::LabelSelector typed;

@@ -9,17 +9,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "controller/kube/objects.h"
 #include "planner/spec.h"
 
 namespace meshload::controller::kube {
 
-/// Whether `labels` (an object's metadata.labels: an object of strings, or
-/// null) match `selector`: every matchLabels entry, and every
+/// Whether `labels` (an object's metadata.labels) match `selector`: every matchLabels entry, and every
 /// matchExpressions requirement (In, NotIn, Exists, DoesNotExist; any other
 /// operator matches nothing). An empty selector matches everything, as in
 /// Kubernetes.
-bool SelectorMatches(const planner::LabelSelector& selector, const nlohmann::json& labels);
+bool SelectorMatches(const planner::LabelSelector& selector, const StringMap& labels);
 /// The same for a selector in JSON (a value of the wrong type matches nothing).
-bool SelectorMatches(const nlohmann::json& selector, const nlohmann::json& labels);
+bool SelectorMatches(const nlohmann::json& selector, const StringMap& labels);
 
 }  // namespace meshload::controller::kube

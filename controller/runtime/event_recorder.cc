@@ -3,7 +3,6 @@
 #include <cstdio>
 
 #include "common/logging.h"
-#include "controller/kube/json_fields.h"
 
 namespace meshload::controller::runtime {
 namespace {
@@ -13,8 +12,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxMessageBytes = 1024;
 constexpr size_t kMaxRemembered = 4096;  // aggregation entries kept
-
-using kube::Str;
 
 }  // namespace
 
@@ -73,14 +70,8 @@ EventRecorder::Counts EventRecorder::counts() const {
 
 void EventRecorder::Record(const json& object, const std::string& type, const std::string& reason,
                            const std::string& message) {
-  const json& md = object.contains("metadata") ? object["metadata"] : json();
   Pending e;
-  e.ref = {{"apiVersion", Str(object, "apiVersion")},
-           {"kind", Str(object, "kind")},
-           {"namespace", Str(md, "namespace")},
-           {"name", Str(md, "name")},
-           {"uid", Str(md, "uid")}};
-  if (!Str(md, "resourceVersion").empty()) e.ref["resourceVersion"] = Str(md, "resourceVersion");
+  e.ref = kube::ObjectReference::To(object);
   e.type = type;
   e.reason = reason;
   e.message = kube::CutUtf8(message, kMaxMessageBytes - 3);
@@ -157,8 +148,8 @@ void EventRecorder::Write(const Pending& e) {
     Count("dropped");
     return;
   }
-  const std::string uid = Str(e.ref, "uid");
-  const std::string ns = Str(e.ref, "namespace");
+  const std::string uid = e.ref.uid;
+  const std::string ns = e.ref.namespace_;
   const std::string key = uid + "\x1f" + e.type + "\x1f" + e.reason + "\x1f" + e.message;
   const auto now = Clock::now();
   if (!TakeToken(uid)) {
@@ -191,21 +182,18 @@ void EventRecorder::Write(const Pending& e) {
     std::snprintf(suffix, sizeof suffix, ".%llx",
                   static_cast<unsigned long long>(std::chrono::system_clock::now().time_since_epoch().count()) +
                       static_cast<unsigned long long>(attempt));
-    const std::string name = Str(e.ref, "name") + suffix;
-    json event = {{"apiVersion", "v1"},
-                  {"kind", "Event"},
-                  {"metadata", {{"name", name}, {"namespace", ns}}},
-                  {"involvedObject", e.ref},
-                  {"reason", e.reason},
-                  {"message", e.message},
-                  {"type", e.type},
-                  {"count", 1},
-                  {"firstTimestamp", e.timestamp},
-                  {"lastTimestamp", e.timestamp},
-                  {"source", {{"component", options_.component}}},
-                  {"reportingComponent", options_.component},
-                  {"reportingInstance", options_.instance}};
-    kube::ApiResponse r = client_->Post(base, event);
+    const std::string name = e.ref.name + suffix;
+    kube::Event event;
+    event.metadata.name = name;
+    event.metadata.namespace_ = ns;
+    event.involved_object = e.ref;
+    event.reason = e.reason;
+    event.message = e.message;
+    event.type = e.type;
+    event.first_timestamp = event.last_timestamp = e.timestamp;
+    event.source_component = event.reporting_component = options_.component;
+    event.reporting_instance = options_.instance;
+    kube::ApiResponse r = client_->Post(base, event.ToJson());
     if (r.ok()) {
       if (written_.size() >= kMaxRemembered) {
         for (auto w = written_.begin(); w != written_.end();)
@@ -224,9 +212,8 @@ void EventRecorder::Write(const Pending& e) {
       return;
     }
     if (r.code == 409) continue;  // the name was taken: another suffix
-    LogWarn(
-        "cannot create an event",
-        {{"object", ns + "/" + Str(e.ref, "name")}, {"reason", e.reason}, {"error", r.ToStatus("create").ToString()}});
+    LogWarn("cannot create an event",
+            {{"object", ns + "/" + e.ref.name}, {"reason", e.reason}, {"error", r.ToStatus("create").ToString()}});
     break;
   }
   Count("failed");

@@ -36,6 +36,7 @@
 #include "common/metrics/metrics.h"
 #include "common/mutex.h"
 #include "controller/kube/client.h"
+#include "controller/kube/objects.h"
 
 namespace meshload::controller::runtime {
 
@@ -77,7 +78,7 @@ class EventRecorder {
 
  private:
   struct Pending {
-    nlohmann::json ref;  // involvedObject
+    kube::ObjectReference ref;  // involvedObject
     std::string type, reason, message;
     std::string timestamp;  // when it was recorded (RFC 3339)
   };

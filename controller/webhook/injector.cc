@@ -103,7 +103,7 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
     return Refuse(job_ref + " is invalid, so its trainer pods cannot get a sidecar: " + why);
   }
   const planner::JobSpec& js = loaded->spec();
-  if (!js.selector || !SelectorMatches(*js.selector, Field(md, "labels"))) {
+  if (!js.selector || !SelectorMatches(*js.selector, kube::ObjectMeta::FromJson(md).labels)) {
     return Refuse(
         what + " is labelled for " + job_ref + " but the job's spec.selector " +
         Field(Field(*job, "spec"), "selector").dump() +

@@ -149,10 +149,9 @@ ProcessProgress Full(int64_t process, int64_t step, double wait, std::optional<d
   return p;
 }
 
-json Status(const std::vector<ProgressCondition>& cs) {
-  json out = json::array();
-  for (const auto& c : cs)
-    out.push_back({{"type", c.type}, {"status", c.status}, {"reason", c.reason}, {"message", c.message}});
+std::vector<JobCondition> Status(const std::vector<ProgressCondition>& cs) {
+  std::vector<JobCondition> out;
+  for (const auto& c : cs) out.push_back({c.type, c.status, c.reason, c.message, 0, ""});
   return out;
 }
 
@@ -168,7 +167,7 @@ TEST(ProgressConditions, StarvedNamesTheWaitingTrainersAndClearsOnlyBelowHalfThe
   JobProgress poll;
   poll.processes = 3;
   poll.sidecars = {Full(0, 10, 0.02, 0.001), Full(1, 10, 0.40, 0.001), Full(2, 10, 0.30, 0.001)};
-  auto cs = ProgressConditions(poll, {}, json());
+  auto cs = ProgressConditions(poll, {}, {});
   EXPECT_EQ(Get(cs, "Starved").status, "True");
   EXPECT_EQ(Get(cs, "Starved").reason, "TrainersWaitForData");
   EXPECT_EQ(Get(cs, "Starved").message,
@@ -180,7 +179,7 @@ TEST(ProgressConditions, StarvedNamesTheWaitingTrainersAndClearsOnlyBelowHalfThe
   EXPECT_EQ(Get(held, "Starved").status, "True");
   EXPECT_EQ(Get(held, "Starved").message, Get(cs, "Starved").message);
   // The same figures on a job that was not starved: not starved.
-  EXPECT_EQ(Get(ProgressConditions(poll, {}, json()), "Starved").status, "False");
+  EXPECT_EQ(Get(ProgressConditions(poll, {}, {}), "Starved").status, "False");
   // Everyone below 12.5%: cleared.
   poll.sidecars = {Full(0, 30, 0.02, 0.001), Full(1, 30, 0.10, 0.001), Full(2, 30, 0.05, 0.001)};
   auto cleared = ProgressConditions(poll, {}, Status(held));
@@ -202,7 +201,7 @@ TEST(ProgressConditions, StragglingSaysWhetherStorageTheTrainerTheExchangeOrStag
                    exchanging(Full(5, 840, 0.50, 0.002), 0.8),   // behind, waiting on its peers: the exchange
                    exchanging(Full(6, 1000, 0.01, 0.002), 0.1), exchanging(Full(7, 1000, 0.01, 0.002), 0.1)};
   HealthThresholds t;
-  auto cs = ProgressConditions(poll, t, json());
+  auto cs = ProgressConditions(poll, t, {});
   const auto& s = Get(cs, "Straggling");
   EXPECT_EQ(s.status, "True");
   EXPECT_EQ(s.reason, "ProcessesStraggle");
@@ -242,7 +241,7 @@ TEST(ProgressConditions, NoAnswerIsUnknownNeverAGuess) {
   JobProgress poll;
   poll.processes = 2;
   poll.sidecars = {Unreachable(0, "timeout")};
-  auto cs = ProgressConditions(poll, {}, json());
+  auto cs = ProgressConditions(poll, {}, {});
   EXPECT_EQ(Get(cs, "Starved").status, "Unknown");
   EXPECT_EQ(Get(cs, "Straggling").status, "Unknown");
   EXPECT_EQ(Get(cs, "Straggling").reason, "NoProgress");
