@@ -159,8 +159,6 @@ Status Sidecar::Init(const planner::ValidJob& job) {
                 .failure = [this] { return ReportFailure(); },
                 .watchdog = [this] { Watchdog(); }},
   });
-  MESHLOAD_RETURN_IF_ERROR(server_->Listen());
-
   registry_->AddCollectHook([this] {
     metrics_->SetSlotCounts(pool_->Counts());
     metrics_->oldest_read.Set(loader_->OldestInflight().seconds);
@@ -176,13 +174,41 @@ Status Sidecar::Init(const planner::ValidJob& job) {
     metrics::HealthServerOptions hopts;
     hopts.bind_address = options_.metrics_address;
     hopts.port = options_.metrics_port;
-    progress_->Add(TakeProgressSample());  // the window's first sample: rates count from the start
     hopts.progress = [this] { return ProgressJson(); };
     health_ = std::make_unique<metrics::HealthServer>(
         *registry_, [this] { return Readiness(); }, hopts);
-    MESHLOAD_ASSIGN_OR_RETURN(metrics_port_, health_->Start());
   }
-  server_->ChooseMaxLeases();
+  // The long-running parts, started in this order and stopped in the
+  // reverse one: the trainer's socket, the metrics and health endpoint,
+  // the staging threads. (The peer exchange, when the job has one, is the
+  // loader's and runs from its creation above to the loader's end, after
+  // the staging threads that use it have stopped.)
+  parts_.Add({"the trainer socket " + options_.socket_path, [this] { return server_->Listen(); },
+              [this] { server_->RemoveSocketFile(); }});
+  if (health_) {
+    parts_.Add({"the metrics endpoint",
+                [this]() -> Status {
+                  progress_->Add(TakeProgressSample());  // the window's first sample: rates count from the start
+                  MESHLOAD_ASSIGN_OR_RETURN(metrics_port_, health_->Start());
+                  return Status::Ok();
+                },
+                [this] { health_->Stop(); }});
+  }
+  parts_.Add({"staging",
+              [this] {
+                server_->ChooseMaxLeases();
+                for (int i = 0; i < options_.staging_threads; ++i) {
+                  producers_.emplace_back([this, i] { ProducerMain(i); });
+                }
+                return Status::Ok();
+              },
+              [this] {
+                stop_ = true;
+                pool_->Shutdown();
+                for (auto& p : producers_) p.join();
+                producers_.clear();
+              }});
+  MESHLOAD_RETURN_IF_ERROR(parts_.Start());
   LogInfo("sidecar started", {{"job", job_name_},
                               {"process", options_.process},
                               {"strategy", std::string(ToString(loading_.strategy))},
@@ -196,7 +222,6 @@ Status Sidecar::Init(const planner::ValidJob& job) {
                               {"thread_sched", ToString(options_.thread_sched)},
                               {"mmap_resident_limit_mib", options_.source_options.mmap_resident_limit >> 20},
                               {"first_step", start_step_}});
-  for (int i = 0; i < options_.staging_threads; ++i) producers_.emplace_back([this, i] { ProducerMain(i); });
   return Status::Ok();
 }
 
@@ -295,13 +320,7 @@ Status Sidecar::InitDeviceStaging() {
   return Status::Ok();
 }
 
-Sidecar::~Sidecar() {
-  stop_ = true;
-  if (pool_) pool_->Shutdown();
-  for (auto& p : producers_) p.join();
-  if (health_) health_->Stop();
-  if (server_) server_->RemoveSocketFile();
-}
+Sidecar::~Sidecar() { parts_.Stop(); }
 
 void Sidecar::RequestStop() {
   stop_.store(true);

@@ -43,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/manager.h"
 #include "common/metrics/http_endpoints.h"
 #include "common/metrics/metrics.h"
 #include "common/mutex.h"
@@ -204,6 +205,9 @@ class Sidecar {
   std::unique_ptr<ProgressWindow> progress_;
   ProgressSample TakeProgressSample() const;
   std::string ProgressJson();
+
+  // Starts and stops the parts above in order (Init, the destructor).
+  Manager parts_{"meshload-sidecar"};
 };
 
 /// The step in the controller's resume file `path` (SidecarOptions::

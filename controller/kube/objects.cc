@@ -53,14 +53,14 @@ void PutIf(json& out, const char* key, const StringMap& v) {
   if (!v.empty()) out[key] = v;
 }
 
-constexpr const char* kBoundMeta[] = {"name",       "namespace",         "uid",         "resourceVersion",
-                                      "generation", "creationTimestamp", "deletionTimestamp", "labels",
-                                      "annotations", "finalizers",       "ownerReferences"};
+constexpr const char* kBoundMeta[] = {
+    "name",   "namespace",   "uid",        "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp",
+    "labels", "annotations", "finalizers", "ownerReferences"};
 
 }  // namespace
 
 OwnerReference OwnerReference::FromJson(const json& j) {
-  return {Str(j, "apiVersion"), Str(j, "kind"),       Str(j, "name"),
+  return {Str(j, "apiVersion"), Str(j, "kind"),        Str(j, "name"),
           Str(j, "uid"),        Bool(j, "controller"), Bool(j, "blockOwnerDeletion")};
 }
 
