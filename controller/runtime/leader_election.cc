@@ -10,15 +10,6 @@
 #include "common/logging.h"
 
 namespace meshload::controller::runtime {
-namespace {
-
-int64_t SteadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 std::string MicroTimeNow() {
   struct timeval tv {};
   gettimeofday(&tv, nullptr);
@@ -31,7 +22,13 @@ std::string MicroTimeNow() {
 }
 
 LeaderElector::LeaderElector(kube::KubeClient* client, LeaderElectionOptions options)
-    : client_(client), options_(std::move(options)) {}
+    : client_(client),
+      options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {}
+
+int64_t LeaderElector::NowNs() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(clock_->Now().time_since_epoch()).count();
+}
 
 std::string LeaderElector::LeasePath(bool collection) const {
   std::string base = "/apis/coordination.k8s.io/v1/namespaces/" + options_.ns + "/leases";
@@ -40,7 +37,7 @@ std::string LeaderElector::LeasePath(bool collection) const {
 
 bool LeaderElector::IsLeader() const {
   if (!leading_.load()) return false;
-  auto age = std::chrono::nanoseconds(SteadyNs() - last_renew_ns_.load());
+  auto age = std::chrono::nanoseconds(NowNs() - last_renew_ns_.load());
   return age < options_.renew_deadline;
 }
 
@@ -51,9 +48,9 @@ std::string LeaderElector::observed_holder() const {
 
 bool LeaderElector::SleepUnlessStopped(std::chrono::milliseconds d) {
   MutexLock lock(mu_);
-  const auto deadline = std::chrono::steady_clock::now() + d;
+  const auto deadline = clock_->Now() + d;
   while (!stop_) {
-    if (!cv_.WaitUntil(mu_, deadline)) break;  // timed out: stop_ as it is now
+    if (!clock_->WaitUntil(cv_, mu_, deadline)) break;  // timed out: stop_ as it is now
   }
   return !stop_;
 }
@@ -102,11 +99,11 @@ bool LeaderElector::TryAcquireOrRenew() {
     MutexLock lock(mu_);
     if (spec != observed_record_) {
       observed_record_ = spec;
-      observed_time_ = Clock::now();
+      observed_time_ = clock_->Now();
     }
     observed_rv_ = got.body["metadata"].value("resourceVersion", "");
     int64_t their_duration = spec.value("leaseDurationSeconds", duration_s);
-    bool expired = Clock::now() > observed_time_ + std::chrono::seconds(their_duration);
+    bool expired = clock_->Now() > observed_time_ + std::chrono::seconds(their_duration);
     if (!holder.empty() && holder != options_.identity && !expired) return false;
   }
   nlohmann::json updated = got.body;
@@ -135,7 +132,7 @@ void LeaderElector::ObserveWritten(nlohmann::json lease) {
   MutexLock lock(mu_);
   observed_record_ = lease["spec"];
   observed_rv_ = lease["metadata"].value("resourceVersion", "");
-  observed_time_ = Clock::now();
+  observed_time_ = clock_->Now();
 }
 
 void LeaderElector::Release() {
@@ -162,7 +159,7 @@ void LeaderElector::Run(const std::function<void()>& on_started_leading,
     if (TryAcquireOrRenew()) break;
     if (!SleepUnlessStopped(jittered())) return;
   }
-  last_renew_ns_.store(SteadyNs());
+  last_renew_ns_.store(NowNs());
   leading_.store(true);
   LogInfo("became the leader", {{"lease", options_.ns + "/" + options_.name}, {"identity", options_.identity}});
   on_started_leading();
@@ -175,7 +172,7 @@ void LeaderElector::Run(const std::function<void()>& on_started_leading,
       break;
     }
     if (TryAcquireOrRenew()) {
-      last_renew_ns_.store(SteadyNs());
+      last_renew_ns_.store(NowNs());
       continue;
     }
     std::string holder = observed_holder();

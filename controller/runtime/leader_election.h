@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "controller/kube/client.h"
 
@@ -46,6 +47,10 @@ struct LeaderElectionOptions {
   std::chrono::milliseconds lease_duration{15000};
   std::chrono::milliseconds renew_deadline{10000};
   std::chrono::milliseconds retry_period{2000};
+  /// The time the lease's expiry, the renew deadline and the retries are
+  /// measured on (null: the steady clock). The Lease's own times
+  /// (acquireTime, renewTime) are wall-clock MicroTime either way.
+  Clock* clock = nullptr;
 };
 
 class LeaderElector {
@@ -66,7 +71,6 @@ class LeaderElector {
   const LeaderElectionOptions& options() const { return options_; }
 
  private:
-  using Clock = std::chrono::steady_clock;
   /// One acquire-or-renew attempt; true when we hold the lease afterwards.
   bool TryAcquireOrRenew() MESHLOAD_EXCLUDES(mu_);
   /// Records the Lease this elector just created or updated (the API
@@ -75,10 +79,12 @@ class LeaderElector {
   void Release();
   bool SleepUnlessStopped(std::chrono::milliseconds d) MESHLOAD_EXCLUDES(mu_);
   std::string LeasePath(bool collection) const;
+  int64_t NowNs() const;  // clock_'s time in ns
 
   // Set by the constructor, read-only after.
   kube::KubeClient* client_;
   LeaderElectionOptions options_;
+  Clock* const clock_;
 
   mutable Mutex mu_;
   CondVar cv_;
@@ -87,7 +93,7 @@ class LeaderElector {
   std::string observed_rv_ MESHLOAD_GUARDED_BY(mu_);
   Clock::time_point observed_time_ MESHLOAD_GUARDED_BY(mu_){};
   std::atomic<bool> leading_{false};
-  std::atomic<int64_t> last_renew_ns_{0};  // steady clock, when we last held it
+  std::atomic<int64_t> last_renew_ns_{0};  // clock_, when we last held it
 };
 
 /// Kubernetes MicroTime: "2026-11-21T12:00:00.123456Z".

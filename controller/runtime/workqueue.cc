@@ -4,7 +4,8 @@
 
 namespace meshload::controller::runtime {
 
-WorkQueue::WorkQueue(WorkQueueOptions options) : options_(options) {
+WorkQueue::WorkQueue(WorkQueueOptions options)
+    : options_(options), clock_(options.clock != nullptr ? options.clock : Clock::Real()) {
   delay_thread_ = std::thread([this] { DelayLoop(); });
 }
 
@@ -33,7 +34,7 @@ void WorkQueue::AddAfter(const std::string& key, std::chrono::milliseconds delay
     AddLocked(key);
     return;
   }
-  auto at = Clock::now() + delay;
+  auto at = clock_->Now() + delay;
   // Keep only the earliest pending time for a key, as client-go does.
   auto it = delayed_at_.find(key);
   if (it != delayed_at_.end()) {
@@ -135,11 +136,11 @@ void WorkQueue::DelayLoop() {
       continue;
     }
     auto first = delayed_.begin()->first;
-    if (Clock::now() < first) {
-      delay_cv_.WaitUntil(mu_, first);
+    if (clock_->Now() < first) {
+      clock_->WaitUntil(delay_cv_, mu_, first);
       continue;
     }
-    while (!delayed_.empty() && delayed_.begin()->first <= Clock::now()) {
+    while (!delayed_.empty() && delayed_.begin()->first <= clock_->Now()) {
       std::string key = delayed_.begin()->second;
       delayed_.erase(delayed_.begin());
       delayed_at_.erase(key);

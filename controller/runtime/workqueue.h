@@ -32,6 +32,7 @@
 #include <string>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 
 namespace meshload::controller::runtime {
@@ -39,12 +40,12 @@ namespace meshload::controller::runtime {
 struct WorkQueueOptions {
   std::chrono::milliseconds base_delay{5};
   std::chrono::milliseconds max_delay{1000 * 1000};
+  /// The time delays and backoffs are measured on (null: the steady clock).
+  Clock* clock = nullptr;
 };
 
 class WorkQueue {
  public:
-  using Clock = std::chrono::steady_clock;
-
   explicit WorkQueue(WorkQueueOptions options = {});
   ~WorkQueue();
   WorkQueue(const WorkQueue&) = delete;
@@ -80,6 +81,7 @@ class WorkQueue {
   void DelayLoop() MESHLOAD_EXCLUDES(mu_);
 
   const WorkQueueOptions options_;  // set by the constructor, read-only after
+  Clock* const clock_;
   mutable Mutex mu_;
   CondVar cv_;        // Get waits here
   CondVar delay_cv_;  // the delay thread waits here

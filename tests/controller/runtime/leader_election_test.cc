@@ -28,9 +28,14 @@ LeaderElectionOptions Fast(const std::string& ns, const std::string& identity) {
           .retry_period = 100ms};
 }
 
+LeaderElectionOptions On(LeaderElectionOptions o, Clock* clock) {
+  o.clock = clock;
+  return o;
+}
+
 struct Candidate {
-  Candidate(std::unique_ptr<kube::KubeClient> c, const std::string& ns, const std::string& id)
-      : client(std::move(c)), elector(client.get(), Fast(ns, id)) {
+  Candidate(std::unique_ptr<kube::KubeClient> c, const std::string& ns, const std::string& id, Clock* clock = nullptr)
+      : client(std::move(c)), elector(client.get(), On(Fast(ns, id), clock)) {
     thread = std::thread([this] {
       elector.Run([this] { started = true; }, [this] { lost = true; });
       returned = true;
@@ -49,23 +54,32 @@ struct Candidate {
 
 TEST(LeaderElection, OneLeaderAndReleaseOnStopHandsOverAtOnce) {
   TestCluster cluster;
-  auto a = std::make_unique<Candidate>(cluster.ControllerClient(), cluster.ns(), "a");
+  // Both candidates on one simulated clock: the lease's expiry, the renew
+  // deadline and the retries move only when the test moves them.
+  SimulatedClock clock;
+  auto a = std::make_unique<Candidate>(cluster.ControllerClient(), cluster.ns(), "a", &clock);
   ASSERT_TRUE(WaitFor([&] { return a->started.load(); }, 5s));
-  Candidate b(cluster.ControllerClient(), cluster.ns(), "b");
+  Candidate b(cluster.ControllerClient(), cluster.ns(), "b", &clock);
   ASSERT_TRUE(WaitFor([&] { return b.elector.observed_holder() == "a"; }, 5s)) << "b never read the lease";
-  // Time for b's retries (every 100 ms) and a's renewals to go on: that b
-  // still does not lead after them is what is checked, so the time is fixed.
-  std::this_thread::sleep_for(600ms);
+  // Six retry periods (100 ms, b's jittered up to 120 ms): each round, both
+  // wait on the clock, time moves, a renews and b tries and is refused.
+  // That b still does not lead after them is what is checked.
+  for (int round = 0; round < 6; ++round) {
+    ASSERT_TRUE(clock.BlockUntilWaiters(2)) << "round " << round << ": a and b never both waited";
+    clock.Advance(120ms);
+  }
+  ASSERT_TRUE(clock.BlockUntilWaiters(2));
   EXPECT_TRUE(a->elector.IsLeader());
   EXPECT_FALSE(b.started.load()) << "the lease is held and renewed: b must wait";
   EXPECT_EQ(b.elector.observed_holder(), "a");
   auto lease = cluster.Get("/apis/coordination.k8s.io/v1/namespaces/" + cluster.ns() + "/leases/meshload-controller");
   EXPECT_EQ(lease["spec"]["holderIdentity"], "a");
   EXPECT_EQ(lease["spec"]["leaseDurationSeconds"], 2);
-  auto stopped_at = std::chrono::steady_clock::now();
   a.reset();  // Stop(): releases the lease
-  ASSERT_TRUE(WaitFor([&] { return b.started.load(); }, 5s));
-  EXPECT_LT(std::chrono::steady_clock::now() - stopped_at, 1200ms) << "a released lease is taken at the next retry";
+  // b's next retry, one period on, takes it: the expiry (2 s) is not waited for.
+  ASSERT_TRUE(clock.BlockUntilWaiters(1));
+  clock.Advance(120ms);
+  ASSERT_TRUE(WaitFor([&] { return b.started.load(); }, 5s)) << "a released lease is taken at the next retry";
   lease = cluster.Get("/apis/coordination.k8s.io/v1/namespaces/" + cluster.ns() + "/leases/meshload-controller");
   EXPECT_EQ(lease["spec"]["holderIdentity"], "b");
   EXPECT_EQ(lease["spec"]["leaseTransitions"], 1);

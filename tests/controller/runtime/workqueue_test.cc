@@ -115,27 +115,48 @@ TEST(WorkQueue, BackoffStartsAt5msDoublesAndCapsAt1000s) {
 }
 
 TEST(WorkQueue, RateLimitedAddArrivesAfterItsBackoff) {
-  WorkQueue q({.base_delay = 40ms, .max_delay = 1000s});
-  auto start = std::chrono::steady_clock::now();
+  SimulatedClock clock;
+  WorkQueue q({.base_delay = 40ms, .max_delay = 1000s, .clock = &clock});
   q.AddRateLimited("k");
   EXPECT_EQ(q.Len(), 0u);
   EXPECT_EQ(q.DelayedLen(), 1u);
+  ASSERT_TRUE(clock.BlockUntilWaiters(1)) << "the delay thread never waited for the backoff";
+  clock.Advance(39ms);
+  EXPECT_EQ(clock.waiters(), 1u) << "39 ms on, the delay thread still waits";
+  EXPECT_EQ(q.Len(), 0u) << "not before its backoff";
+  clock.Advance(1ms);
   std::string k;
   ASSERT_TRUE(q.Get(&k));
-  EXPECT_GE(std::chrono::steady_clock::now() - start, 40ms);
+  EXPECT_EQ(k, "k");
   EXPECT_EQ(q.DelayedLen(), 0u);
 }
 
 TEST(WorkQueue, AddAfterKeepsTheEarliestTimeForAKey) {
-  WorkQueue q;
+  SimulatedClock clock;
+  WorkQueue q({.clock = &clock});
   q.AddAfter("k", 10s);
   q.AddAfter("k", 20ms);
   q.AddAfter("k", 5s);
   EXPECT_EQ(q.DelayedLen(), 1u);
-  auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(clock.BlockUntilWaiters(1));
+  clock.Advance(19ms);
+  EXPECT_EQ(clock.waiters(), 1u);
+  EXPECT_EQ(q.Len(), 0u);
+  clock.Advance(1ms);
   std::string k;
-  ASSERT_TRUE(q.Get(&k));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  ASSERT_TRUE(q.Get(&k)) << "the earliest time, 20 ms, is kept";
+  EXPECT_EQ(q.DelayedLen(), 0u);
+}
+
+TEST(WorkQueue, ADelayedKeyWaitsOnTheClockNotTheWall) {
+  SimulatedClock clock;
+  WorkQueue q({.clock = &clock});
+  q.AddAfter("k", 1h);
+  ASSERT_TRUE(clock.BlockUntilWaiters(1));
+  EXPECT_EQ(q.Len(), 0u);
+  clock.Advance(1h);
+  std::string k;
+  ASSERT_TRUE(q.Get(&k)) << "an hour passes in no time";
 }
 
 TEST(WorkQueue, ShutDownWakesBlockedGetters) {
