@@ -7,16 +7,17 @@
 
 namespace meshload::sidecar::staging {
 
-SlotPool::SlotPool(uint32_t slots, int64_t first_step) : size_(slots), slots_(slots), next_fill_(first_step) {}
+SlotPool::SlotPool(uint32_t slots, int64_t first_step, Clock* clock)
+    : size_(slots), clock_(clock != nullptr ? clock : Clock::Real()), slots_(slots), next_fill_(first_step) {}
 
 std::optional<uint32_t> SlotPool::WaitForFree(uint64_t generation, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = clock_->Now() + timeout;
   while (true) {
     if (shutdown_ || generation != generation_) return std::nullopt;
     for (uint32_t i = 0; i < slots_.size(); ++i) {
       if (slots_[i].state == SlotState::kFree) return i;
     }
-    if (!free_.WaitUntil(mu_, deadline)) return std::nullopt;
+    if (!clock_->WaitUntil(free_, mu_, deadline)) return std::nullopt;
   }
 }
 
@@ -154,7 +155,7 @@ std::optional<int64_t> SlotPool::StepOf(uint32_t slot) const {
 
 bool SlotPool::WaitReady(int64_t step, std::chrono::milliseconds timeout) const {
   MutexLock lock(mu_);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = clock_->Now() + timeout;
   auto done = [&]() MESHLOAD_REQUIRES(mu_) {
     if (shutdown_) return true;
     for (const Slot& s : slots_) {
@@ -165,7 +166,7 @@ bool SlotPool::WaitReady(int64_t step, std::chrono::milliseconds timeout) const 
   // As wait_for with a predicate: true once done(), else done() at the
   // deadline.
   while (!done()) {
-    if (!ready_.WaitUntil(mu_, deadline)) return done() && !shutdown_;
+    if (!clock_->WaitUntil(ready_, mu_, deadline)) return done() && !shutdown_;
   }
   return !shutdown_;
 }

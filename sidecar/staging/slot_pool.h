@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 
@@ -46,7 +47,8 @@ struct SlotCounts {
 
 class SlotPool {
  public:
-  explicit SlotPool(uint32_t slots, int64_t first_step = 0);
+  /// `clock`: what the timeouts are measured on (null: the steady clock).
+  explicit SlotPool(uint32_t slots, int64_t first_step = 0, Clock* clock = nullptr);
 
   uint32_t size() const { return size_; }
 
@@ -119,6 +121,7 @@ class SlotPool {
   mutable CondVar free_;
   mutable CondVar ready_;
   const uint32_t size_;  // slots_.size(), fixed: size() needs no lock
+  Clock* const clock_;   // the timeouts' time
   std::vector<Slot> slots_ MESHLOAD_GUARDED_BY(mu_);
   uint64_t generation_ MESHLOAD_GUARDED_BY(mu_) = 0;
   int64_t next_fill_ MESHLOAD_GUARDED_BY(mu_) = 0;

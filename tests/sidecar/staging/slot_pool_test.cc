@@ -27,15 +27,22 @@ bool WaitUntilAsleepOrDone(const std::atomic<pid_t>& tid, const std::atomic<bool
 }
 
 TEST(SlotPool, TheProducerWaitsWhileTheTrainerHoldsEverySlot) {
-  SlotPool pool(2);
+  SimulatedClock clock;
+  SlotPool pool(2, 0, &clock);
   for (int64_t step = 0; step < 2; ++step) {
     auto s = pool.AcquireForFill(step, 0, 10ms);
     ASSERT_TRUE(s);
     ASSERT_TRUE(pool.MarkReady(*s));
     ASSERT_TRUE(pool.Lease(step));
   }
-  // Memory is bounded: no third slot appears.
-  EXPECT_FALSE(pool.AcquireForFill(2, 0, 50ms));
+  // Memory is bounded: no third slot appears in the whole timeout (the
+  // simulated clock runs it out while the producer waits).
+  std::optional<uint32_t> third = 0;
+  std::thread timed([&] { third = pool.AcquireForFill(2, 0, 50ms); });
+  ASSERT_TRUE(clock.BlockUntilWaiters(1));
+  clock.Advance(50ms);
+  timed.join();
+  EXPECT_FALSE(third);
   std::atomic<bool> got{false};
   std::atomic<pid_t> tid{0};
   std::thread producer([&] {
