@@ -22,7 +22,7 @@
 #include "controller/kube/informer.h"
 #include "controller/kube/objects.h"
 #include "controller/progress_poller.h"
-#include "controller/reconciler.h"
+#include "controller/reconcile_context.h"
 #include "planner/shard_planner.h"
 #include "planner/spec.h"
 

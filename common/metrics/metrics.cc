@@ -203,21 +203,25 @@ T& Family<T>::Add(const Labels& labels) requires(T::kType != MetricType::kHistog
 template <typename T>
 T& Family<T>::Add(const Labels& labels,
                   const BucketBoundaries& boundaries) requires(T::kType == MetricType::kHistogram) {
-  BucketBoundaries normalized = NormalizeBoundaries(boundaries);
-  MutexLock lock(mu_);
-  auto it = series_.find(labels);
-  if (it != series_.end()) {
-    if (it->second->Boundaries() != normalized) {
-      Die("histogram " + Quote(name()) + " already exists with other bucket bounds for these labels");
+  // The whole body under if constexpr, as above: clang before 15
+  // instantiates it in `template class Family<Counter>` too.
+  if constexpr (T::kType == MetricType::kHistogram) {
+    BucketBoundaries normalized = NormalizeBoundaries(boundaries);
+    MutexLock lock(mu_);
+    auto it = series_.find(labels);
+    if (it != series_.end()) {
+      if (it->second->Boundaries() != normalized) {
+        Die("histogram " + Quote(name()) + " already exists with other bucket bounds for these labels");
+      }
+      return *it->second;
     }
-    return *it->second;
-  }
-  CheckLabels(labels);
-  if constexpr (T::kType == MetricType::kHistogram) {  // as above
+    CheckLabels(labels);
     auto& series = library_->Add(labels, normalized);
     it = series_.emplace(labels, std::make_unique<T>(series, std::move(normalized))).first;
+    return *it->second;
+  } else {
+    std::abort();  // never called: the constraint allows histograms only
   }
-  return *it->second;
 }
 
 template <typename T>
