@@ -242,13 +242,10 @@ void JobReconcile::AssignProcesses() {
     const auto& tb = b.metadata.creation_timestamp;
     return ta != tb ? ta < tb : a.metadata.name < b.metadata.name;
   });
-  // The assignment recorded before (none when the ConfigMap's is missing
-  // or not the controller's).
+  // The assignment recorded before: every entry that can be read (none
+  // without a ConfigMap).
   std::map<std::string, planner::PodAssignment> previous;
-  if (cm_) {
-    auto recorded = planner::Assignments::Parse(cm_->Data("assignments.json"), "assignments.json");
-    if (recorded.ok()) previous = std::move(recorded->pods);
-  }
+  if (cm_) previous = planner::Assignments::ReadLeniently(cm_->Data("assignments.json")).pods;
   by_index_.assign(static_cast<size_t>(processes_), nullptr);
   std::vector<const kube::Pod*> waiting;
   for (const auto& p : pods_) {

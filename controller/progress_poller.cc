@@ -419,6 +419,7 @@ json ProgressToWrite(const json& current, const json& fresh, int64_t granularity
   const json& y = Field(fresh, "samplesPerSecond");
   if (x.is_null() != y.is_null()) return fresh;
   if (y.is_number()) {
+    if (!x.is_number()) return fresh;  // a stored figure that is not one (an edit): rewritten
     const double before = x.get<double>(), now = y.get<double>();
     if (now == 0 && before != 0) return fresh;  // the trainers stopped: the exact step
     if (before == 0 && now != 0) return fresh;

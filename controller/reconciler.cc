@@ -40,7 +40,9 @@ std::vector<std::string> Reconciler::JobsForPod(const json& pod) const {
   for (const auto& cm : configmaps_->List(md.namespace_)) {
     std::string key = JobForConfigMap(*cm);
     if (key.empty()) continue;
-    if (kube::ConfigMap::FromJson(*cm).data.count("process." + md.name)) keys.insert(key);
+    // A lookup in the cached object, not a copy of its data (job.json and
+    // assignments.json, for every managed ConfigMap, on every pod event).
+    if (Field(Field(*cm, "data"), ("process." + md.name).c_str()).is_string()) keys.insert(key);
   }
   return {keys.begin(), keys.end()};
 }

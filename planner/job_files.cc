@@ -41,6 +41,25 @@ Result<Assignments> Assignments::Parse(const std::string& text, const std::strin
   return a;
 }
 
+Assignments Assignments::ReadLeniently(const std::string& text) {
+  Assignments a;
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return a;
+  if (j.contains("processes") && j["processes"].is_number_integer()) a.processes = j["processes"].get<int64_t>();
+  if (j.contains("samples") && j["samples"].is_number_integer()) a.samples = j["samples"].get<int64_t>();
+  if (!j.contains("pods") || !j["pods"].is_object()) return a;
+  for (const auto& [name, pod] : j["pods"].items()) {
+    if (!pod.is_object() || !pod.contains("index") || !pod["index"].is_number_integer()) continue;
+    PodAssignment p;
+    p.index = pod["index"].get<int64_t>();
+    if (p.index < 0) continue;
+    if (pod.contains("uid") && pod["uid"].is_string()) p.uid = pod["uid"].get<std::string>();
+    if (pod.contains("ip") && pod["ip"].is_string()) p.ip = pod["ip"].get<std::string>();
+    a.pods[name] = std::move(p);
+  }
+  return a;
+}
+
 json ResumeRecord::ToJson() const { return {{"step", step}, {"specStep", spec_step}}; }
 
 Result<ResumeRecord> ResumeRecord::Parse(const std::string& text, const std::string& file) {

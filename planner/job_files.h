@@ -38,6 +38,12 @@ struct Assignments {
   /// assignments (processes, pods), processes out of range (1 to 2^22), an
   /// index that is not an integer in [0, processes).
   static Result<Assignments> Parse(const std::string& text, const std::string& file);
+  /// What can be read of `text`, entry by entry: each pod whose index is an
+  /// integer >= 0 (uid and ip when they are strings); processes and samples
+  /// when they are integers (else 0 and none). Never fails: the controller
+  /// keeps every assignment it can of a ConfigMap someone edited, rather
+  /// than renumber running trainers.
+  static Assignments ReadLeniently(const std::string& text);
 };
 
 struct ResumeRecord {

@@ -220,10 +220,24 @@ std::optional<int64_t> Pod::CompletionIndex() const {
   return std::stoll(v);
 }
 
-ConfigMap ConfigMap::FromJson(const json& j) { return {MetadataOf(j), Strings(j, "data")}; }
+ConfigMap ConfigMap::FromJson(const json& j) {
+  ConfigMap cm{MetadataOf(j), Strings(j, "data")};
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      const std::string& k = it.key();
+      if (k != "apiVersion" && k != "kind" && k != "metadata" && k != "data") cm.other[k] = it.value();
+    }
+  }
+  return cm;
+}
 
 json ConfigMap::ToJson() const {
-  return {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", metadata.ToJson()}, {"data", data}};
+  json out = other.is_object() ? other : json::object();
+  out["apiVersion"] = "v1";
+  out["kind"] = "ConfigMap";
+  out["metadata"] = metadata.ToJson();
+  out["data"] = data;
+  return out;
 }
 
 std::string ConfigMap::Data(const std::string& key) const {

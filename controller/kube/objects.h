@@ -113,10 +113,12 @@ struct Pod {
   std::optional<int64_t> CompletionIndex() const;
 };
 
-/// corev1.ConfigMap: metadata and data.
+/// corev1.ConfigMap: metadata and data; every other member (binaryData,
+/// immutable) is kept in `other`.
 struct ConfigMap {
   ObjectMeta metadata;
   StringMap data;
+  nlohmann::json other = nlohmann::json::object();
 
   static ConfigMap FromJson(const nlohmann::json& j);
   nlohmann::json ToJson() const;

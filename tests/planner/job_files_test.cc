@@ -49,6 +49,18 @@ TEST(JobFiles, AssignmentsThatAreNotTheControllersNameTheFileAndField) {
   }
 }
 
+TEST(JobFiles, ALenientReadKeepsEveryEntryThatCanBeRead) {
+  const Assignments a = Assignments::ReadLeniently(
+      R"({"processes": "x", "samples": 0, "pods": {"a": {"uid": "ua", "index": 1, "ip": "10.0.0.1"},
+          "b": {"index": "2"}, "c": {"index": -1}, "d": 7, "e": {"index": 0, "uid": 5}}})");
+  EXPECT_EQ(a.processes, 0);
+  ASSERT_EQ(a.pods.size(), 2u);
+  EXPECT_EQ(a.pods.at("a").uid, "ua");
+  EXPECT_EQ(a.pods.at("a").index, 1);
+  EXPECT_EQ(a.pods.at("e").uid, "");
+  EXPECT_TRUE(Assignments::ReadLeniently("not json").pods.empty());
+}
+
 TEST(JobFiles, AResumeRecordReadsBackAndABadOneSaysWhatIsExpected) {
   auto back = ResumeRecord::Parse(ResumeRecord{12, 3}.ToJson().dump(), "resume.json");
   ASSERT_TRUE(back.ok()) << back.status().ToString();

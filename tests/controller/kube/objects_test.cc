@@ -102,7 +102,8 @@ TEST(KubeObjects, AnUpdateOfAnObjectReadKeepsTheMetadataItDoesNotBind) {
                {"managedFields", json::array({{{"manager", "meshload"}}})},
                {"annotations", {{"keep", "me"}}},
                {"finalizers", {"f"}}}},
-             {"data", {{"a", "1"}}}};
+             {"data", {{"a", "1"}}},
+             {"binaryData", {{"b", "AAEC"}}}};
   kube::ConfigMap typed = kube::ConfigMap::FromJson(cm);
   EXPECT_EQ(typed.Data("a"), "1");
   EXPECT_EQ(typed.Data("b"), "");
@@ -115,6 +116,7 @@ TEST(KubeObjects, AnUpdateOfAnObjectReadKeepsTheMetadataItDoesNotBind) {
   EXPECT_EQ(out["metadata"]["annotations"], cm["metadata"]["annotations"]);
   EXPECT_EQ(out["metadata"]["labels"], json({{"meshload.io/job", "j"}}));
   EXPECT_EQ(out["data"], json({{"a", "1"}, {"b", "2"}}));
+  EXPECT_EQ(out["binaryData"], cm["binaryData"]) << "a member the struct does not bind is written back";
 }
 
 TEST(KubeObjects, WhatTheControllerWritesIsTheApiShape) {
