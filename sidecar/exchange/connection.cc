@@ -166,14 +166,8 @@ void PeerExchange::Impl::Admit(const std::shared_ptr<Pending>& p) {
     Fail(c, why);
     return;
   }
-  std::string failed;
-  bool was_ready;
-  {
-    MutexLock lock(mu_);
-    const ConnShared& s = Shared(c);
-    failed = s.failed;
-    was_ready = s.ready;
-  }
+  const std::string failed = book_.Failed(c.link);
+  const bool was_ready = book_.Ready(c.link);
   if (!failed.empty()) {
     Refuse(p, failed);
     return;
@@ -195,11 +189,7 @@ void PeerExchange::Impl::Admit(const std::shared_ptr<Pending>& p) {
     WriteItem w{HelloOkFrame(proof->size()), {asio::buffer(*proof)}, {}, [proof](bool) {}};
     Queue(c, std::move(w));
   }
-  int64_t floor;
-  {
-    MutexLock lock(mu_);
-    floor = table_.floor();
-  }
+  const int64_t floor = book_.Floor();
   Queue(c, {ResetFrame(floor), {}, {}, nullptr});
   SayWhatIsHad(c);
   SendCredits();
@@ -388,21 +378,7 @@ void PeerExchange::Impl::MarkConnected(Conn& c, const char* direction) {
   const double down = c.lost ? std::chrono::duration<double>(Clock::now() - c.lost_at).count() : 0.0;
   c.connected_once = true;
   c.lost = false;
-  {
-    MutexLock lock(mu_);
-    ConnShared& s = Shared(c);
-    s.ready = true;
-    if (again) counters_.reconnects += 1;
-    if (again && c.outbound) {
-      // Perhaps a new receiver, which has none of it: it says what it
-      // has (RESET, HAVE) and credits what it lacks.
-      s.sent.clear();
-      s.again.clear();
-      s.sent_order.clear();
-      s.have_through = INT64_MIN;
-      s.have.clear();
-    }
-  }
+  book_.LinkUp(c.link, again);
   if (again) {
     LogInfo("peer reconnected", {{"peer", c.Name()}, {"direction", direction}, {"seconds_lost", down}});
   } else {
@@ -441,23 +417,7 @@ void PeerExchange::Impl::Lose(Conn& c, const std::string& why) {
     return;
   }
   DropSocket(c);
-  {
-    MutexLock lock(mu_);
-    ConnShared& s = Shared(c);
-    s.ready = false;
-    s.credited.clear();
-    for (auto& [ticket, st] : table_) {
-      for (PartState& p : c.outbound ? st.out : st.in) {
-        if (p.part.peer != c.peer) continue;
-        if (p.status == PartStatus::kBusy) {
-          p.status = PartStatus::kWaiting;
-          if (c.outbound) s.sent.erase(st.step);  // not delivered: send it again when credited
-        }
-        p.credited = false;
-      }
-    }
-    cv_.NotifyAll();
-  }
+  book_.LinkLost(c.link);
   if (!c.lost) {
     c.lost = true;
     c.lost_at = Clock::now();
@@ -476,28 +436,7 @@ void PeerExchange::Impl::Lose(Conn& c, const std::string& why) {
 
 // The connection is dead: every part that needs it fails, with `why`.
 void PeerExchange::Impl::Fail(Conn& c, const std::string& why, bool quiet) {
-  {
-    MutexLock lock(mu_);
-    ConnShared& s = Shared(c);
-    if (!s.failed.empty()) return;
-    s.failed = why;
-    s.ready = false;
-    for (auto& [ticket, st] : table_) {
-      for (PartState& p : c.outbound ? st.out : st.in) {
-        if (p.part.peer != c.peer || p.status != PartStatus::kWaiting) continue;
-        p.status = PartStatus::kFailed;
-        if (st.error.ok()) st.error = Status(StatusCode::kUnavailable, why);
-      }
-      // A part in flight fails in its own handler; the step's error is
-      // the connection's.
-      for (PartState& p : c.outbound ? st.out : st.in) {
-        if (p.part.peer == c.peer && p.status == PartStatus::kBusy && st.error.ok()) {
-          st.error = Status(StatusCode::kUnavailable, why);
-        }
-      }
-    }
-    cv_.NotifyAll();
-  }
+  if (!book_.LinkFailed(c.link, why)) return;
   if (quiet || closing_) {
     LogInfo("peer connection closed", {{"peer", c.Name()}, {"reason", why}});
   } else {
@@ -525,12 +464,7 @@ void PeerExchange::Impl::Heartbeat() {
     const auto now = Clock::now();
     for (auto* m : {&in_, &out_}) {
       for (auto& [p, c] : *m) {
-        bool ready;
-        {
-          MutexLock lock(mu_);
-          ready = Shared(*c).ready;
-        }
-        if (!ready) {
+        if (!book_.Ready(c->link)) {
           if (c->dead) {
             // Its last writes (an ERROR, a part under way) may not finish
             // against a peer that stopped reading: close it anyway, so the

@@ -66,14 +66,17 @@ Result<std::vector<PeerAddress>> ParsePeerList(std::string_view text) {
 }
 
 PeerExchange::Impl::Impl(ExchangeOptions o)
-    : opt_(std::move(o)), acceptor_(io_), heartbeat_(io_), accept_retry_(io_), table_(opt_.first_step) {}
+    : opt_(std::move(o)),
+      acceptor_(io_),
+      heartbeat_(io_),
+      accept_retry_(io_),
+      book_(opt_.first_step, opt_.stall_report_after) {
+  // Called under the book's lock; takes the connection's address lock.
+  book_.SetNamer([this](size_t link) { return by_link_[link]->Name(); });
+}
 
 PeerExchange::Impl::~Impl() {
-  {
-    MutexLock lock(mu_);
-    stopping_ = true;
-  }
-  serve_cv_.NotifyAll();
+  book_.Stop();
   if (server_.joinable()) server_.join();
   // Say goodbye, so that peers report a stop, not a lost connection
   // (bounded: a peer that does not read is not waited for).
@@ -143,11 +146,9 @@ Status PeerExchange::Impl::Start(const std::vector<int64_t>& send_to, const std:
       MutexLock lock(c->addr_mu);
       c->addr = opt_.peers[static_cast<size_t>(p)];
     }
-    {
-      MutexLock lock(mu_);
-      c->index = shared_.size();
-      shared_.emplace_back();
-    }
+    c->link = book_.AddLink(p, outbound);
+    if (by_link_.size() <= c->link) by_link_.resize(c->link + 1);
+    by_link_[c->link] = c.get();
     conns[p] = std::move(c);
     return Status::Ok();
   };
@@ -169,122 +170,30 @@ Status PeerExchange::Impl::Start(const std::vector<int64_t>& send_to, const std:
   return Status::Ok();
 }
 
-PeerExchange::Impl::Ticket PeerExchange::Impl::Begin(int64_t step) {
-  MutexLock lock(mu_);
-  return table_.Begin(step);
-}
-
 Status PeerExchange::Impl::Expect(Ticket t, std::vector<Part> incoming) {
-  {
-    MutexLock lock(mu_);
-    StepState& st = table_.at(t);
-    for (Part& p : incoming) {
-      (void)Sender(p.peer);  // the plan's senders are this process's
-      st.in.push_back({std::move(p), PartStatus::kWaiting, false});
-    }
-  }
+  book_.Expect(t, std::move(incoming));
   asio::post(io_, [this] { SendCredits(); });
   return Status::Ok();
 }
 
 Status PeerExchange::Impl::Send(Ticket t, std::vector<Part> outgoing) {
-  std::vector<Conn*> conns;
-  {
-    MutexLock lock(mu_);
-    StepState& st = table_.at(t);
-    st.sent = true;
-    for (Part& p : outgoing) {
-      conns.push_back(&Receiver(p.peer));  // the plan's receivers are this process's
-      st.out.push_back({std::move(p), PartStatus::kWaiting, false});
-    }
-  }
-  asio::post(io_, [this, conns] {
-    for (Conn* c : conns) Dispatch(*c);
+  std::vector<size_t> links = book_.Send(t, std::move(outgoing));
+  asio::post(io_, [this, links] {
+    for (size_t link : links) Dispatch(*by_link_[link]);
   });
   return Status::Ok();
 }
 
-Status PeerExchange::Impl::Wait(Ticket t, const std::function<bool()>& cancelled) {
-  MutexLock lock(mu_);
-  StepState& st = table_.at(t);
-  while (true) {
-    if (!st.error.ok()) return st.error;
-    std::string pending;
-    for (const PartState& p : st.in) {
-      if (p.status == PartStatus::kWaiting || p.status == PartStatus::kBusy) {
-        pending += (pending.empty() ? "" : ", ") + Sender(p.part.peer).Name() + " has not sent its part";
-      }
-    }
-    for (const PartState& p : st.out) {
-      if (p.status == PartStatus::kWaiting || p.status == PartStatus::kBusy) {
-        pending += (pending.empty() ? "" : ", ") + Receiver(p.part.peer).Name() +
-                   (p.status == PartStatus::kWaiting ? " has not asked for its part" : " is receiving its part");
-      }
-    }
-    if (pending.empty()) {
-      table_.Finish(t);
-      return Status::Ok();
-    }
-    if (cancelled && cancelled()) {
-      return Status(StatusCode::kCancelled, "step " + std::to_string(st.step) + " abandoned");
-    }
-    if (!st.reported && Clock::now() - st.since > opt_.stall_report_after) {
-      st.reported = true;
-      LogWarn("a step waits on its peers", {{"step", st.step}, {"waiting_for", pending}});
-    }
-    cv_.WaitFor(mu_, std::chrono::milliseconds(100));
-  }
-}
-
-void PeerExchange::Impl::Abandon(Ticket t) {
-  MutexLock lock(mu_);
-  StepState* found = table_.Find(t);
-  if (found == nullptr) return;
-  StepState& st = *found;
-  internal::StepTable::Skip(st);
-  // A part being written or read finishes (or fails with its connection)
-  // before the memory it touches is given back.
-  auto none_busy = [&]() MESHLOAD_REQUIRES(mu_) {
-    for (const auto* v : {&st.in, &st.out}) {
-      for (const PartState& p : *v) {
-        if (p.status == PartStatus::kBusy) return false;
-      }
-    }
-    return true;
-  };
-  while (!none_busy()) cv_.Wait(mu_);
-  table_.Erase(t);
-}
-
 void PeerExchange::Impl::Restart(int64_t step) {
-  {
-    MutexLock lock(mu_);
-    table_.Restart(step);
-    cv_.NotifyAll();
-  }
+  book_.Restart(step);
   asio::post(io_, [this, step] {
     for (auto& [p, c] : in_) {
-      bool ready;
-      {
-        MutexLock lock(mu_);
-        ready = Shared(*c).ready;
-      }
-      if (ready) Queue(*c, {ResetFrame(step), {}, {}, nullptr});
+      if (book_.Ready(c->link)) Queue(*c, {ResetFrame(step), {}, {}, nullptr});
     }
     // Credits held for steps this process will no longer stage are now
     // served on demand.
     for (auto& [p, c] : out_) Dispatch(*c);
   });
-}
-
-ExchangeCounters PeerExchange::Impl::counters() const {
-  MutexLock lock(mu_);
-  ExchangeCounters c = counters_;
-  c.peers_connected = 0;
-  for (const auto* m : {&in_, &out_}) {
-    for (const auto& [p, conn] : *m) c.peers_connected += Shared(*conn).ready ? 1 : 0;
-  }
-  return c;
 }
 
 Result<std::unique_ptr<PeerExchange>> PeerExchange::Create(ExchangeOptions options, std::vector<int64_t> send_to,

@@ -1,24 +1,28 @@
 /// \file
-/// PeerExchange::Impl, the exchange's machinery behind peer_exchange.h.
+/// PeerExchange::Impl, the exchange's connections behind peer_exchange.h.
 /// Internal: included by the exchange's own files only, never installed.
 ///
 /// Where things are:
 ///   - peer_exchange.cc: Start/stop, and the staging threads' calls (Begin,
-///     Expect, Send, Wait, Abandon, Restart).
+///     Expect, Send, Wait, Abandon, Restart), which the transfer book
+///     answers and the connections act on.
 ///   - connection.cc: connection life on the I/O thread: accept, HELLO and
 ///     authentication on both sides, admit, connect and retry, lose, fail,
 ///     close, heartbeats, reading frames and the write queue.
-///   - transfers.cc: credit flow and data: CREDIT/RESET/HAVE, DATA in and
-///     out, parts served again on demand (the serving thread).
-///   - wire_format.h (frames), handshake.h (MACs, HELLO checks),
-///     step_table.h (per-step bookkeeping).
+///   - transfers.cc: credit flow and data on the connections: CREDIT/RESET/
+///     HAVE frames, DATA in and out, parts served again on demand (the
+///     serving thread).
+///   - transfer_book.h: the bookkeeping those act on (the step table, what
+///     each link knows of its peer, the serve queue, the counters), with
+///     its own lock; wire_format.h (frames), handshake.h (MACs, HELLO
+///     checks), step_table.h (per-step bookkeeping).
 ///
 /// Threads: the staging threads call the public methods; one I/O thread
 /// (`ml-peers`) runs io_ and every handler; one serving thread
-/// (`ml-peer-serve`) reads parts again on demand. mu_ guards the step table,
-/// each connection's ConnShared, the serve queue and the counters (all
-/// annotated for clang's -Wthread-safety); the rest of a Conn is the I/O
-/// thread's, but for its address (addr_mu).
+/// (`ml-peer-serve`) reads parts again on demand. A Conn is the I/O
+/// thread's, but for its address (addr_mu); what the staging threads and
+/// the connections share is the TransferBook's, under its own mutex, never
+/// held while a connection does I/O.
 #pragma once
 
 #include <array>
@@ -42,6 +46,7 @@
 #include "sidecar/exchange/handshake.h"
 #include "sidecar/exchange/peer_exchange.h"
 #include "sidecar/exchange/step_table.h"
+#include "sidecar/exchange/transfer_book.h"
 #include "sidecar/exchange/wire_format.h"
 
 namespace meshload::sidecar::exchange {
@@ -50,7 +55,6 @@ namespace meshload::sidecar::exchange {
 namespace asio = boost::asio;
 
 namespace internal {
-inline constexpr size_t kSentMemory = 1 << 16;  // steps remembered per receiver, to refuse a second credit
 // Connections accepted that have not said HELLO (or authenticated) yet.
 inline constexpr size_t kMaxPending = 64;
 }  // namespace internal
@@ -72,13 +76,12 @@ class PeerExchange::Impl {
     std::string text;
     std::function<void(bool)> done;
   };
-  // One connection, to a receiver (outbound) or from a sender. What mu_
-  // guards of it is in its ConnShared (shared_[index]): a member of Conn
-  // could not name the Impl's mu_ in MESHLOAD_GUARDED_BY.
+  // One connection, to a receiver (outbound) or from a sender; what the
+  // book knows of it is its link (book_, by `link`).
   struct Conn {
     int64_t peer = 0;
     bool outbound = false;  // this process sends data on it
-    size_t index = 0;       // its ConnShared in shared_
+    size_t link = 0;        // its link in book_
     // peer, outbound and index are fixed in Start(), read anywhere.
     // Written under addr_mu by the I/O thread only (a peer found at a new
     // address; Start() sets it before the I/O thread runs), read through
@@ -115,19 +118,6 @@ class PeerExchange::Impl {
       return addr;
     }
   };
-  // What mu_ guards of a connection (Shared(c)), with the step table it is
-  // read and changed with.
-  struct ConnShared {
-    bool ready = false;
-    std::string failed;
-    std::set<int64_t> credited;        // outbound
-    int64_t floor = INT64_MIN;         // outbound: the receiver's RESET
-    std::set<int64_t> sent;            // outbound: recently sent steps
-    std::set<int64_t> again;           // outbound: credited again after being sent
-    int64_t have_through = INT64_MIN;  // outbound: the receiver has every step in [floor, have_through]
-    std::set<int64_t> have;            // outbound: and these
-    std::deque<int64_t> sent_order;
-  };
   // An accepted connection before its HELLO (and authentication) is through.
   struct Pending {
     tcp::socket sock;
@@ -147,13 +137,13 @@ class PeerExchange::Impl {
 
   // ---- called by staging threads (peer_exchange.cc) ----
 
-  Ticket Begin(int64_t step) MESHLOAD_EXCLUDES(mu_);
-  Status Expect(Ticket t, std::vector<Part> incoming) MESHLOAD_EXCLUDES(mu_);
-  Status Send(Ticket t, std::vector<Part> outgoing) MESHLOAD_EXCLUDES(mu_);
-  Status Wait(Ticket t, const std::function<bool()>& cancelled) MESHLOAD_EXCLUDES(mu_);
-  void Abandon(Ticket t) MESHLOAD_EXCLUDES(mu_);
-  void Restart(int64_t step) MESHLOAD_EXCLUDES(mu_);
-  ExchangeCounters counters() const MESHLOAD_EXCLUDES(mu_);
+  Ticket Begin(int64_t step) { return book_.Begin(step); }
+  Status Expect(Ticket t, std::vector<Part> incoming);
+  Status Send(Ticket t, std::vector<Part> outgoing);
+  Status Wait(Ticket t, const std::function<bool()>& cancelled) { return book_.Wait(t, cancelled); }
+  void Abandon(Ticket t) { book_.Abandon(t); }
+  void Restart(int64_t step);
+  ExchangeCounters counters() const { return book_.counters(); }
 
  private:
   // ---- the I/O thread: connection life (connection.cc) ----
@@ -163,7 +153,7 @@ class PeerExchange::Impl {
   void Refuse(const std::shared_ptr<Pending>& p, const std::string& why);
   void Forget(const std::shared_ptr<Pending>& p);
   void OnHello(const std::shared_ptr<Pending>& p, boost::system::error_code ec);
-  void Admit(const std::shared_ptr<Pending>& p) MESHLOAD_EXCLUDES(mu_);
+  void Admit(const std::shared_ptr<Pending>& p);
   // Dialling, and the sender's side of the handshake.
   void Connect(Conn& c);
   void Authenticate(Conn& c, uint64_t g);
@@ -171,32 +161,30 @@ class PeerExchange::Impl {
   void Sending(Conn& c);
   void Retry(Conn& c, const std::string& why);
   // Up, down, and gone for good.
-  void MarkConnected(Conn& c, const char* direction) MESHLOAD_EXCLUDES(mu_);
-  // Runs the queued writes' callbacks, which may take mu_.
-  void DropSocket(Conn& c) MESHLOAD_EXCLUDES(mu_);
-  void Lose(Conn& c, const std::string& why) MESHLOAD_EXCLUDES(mu_);
-  void Fail(Conn& c, const std::string& why, bool quiet = false) MESHLOAD_EXCLUDES(mu_);
+  void MarkConnected(Conn& c, const char* direction);
+  // Runs the queued writes' callbacks, which tell the book.
+  void DropSocket(Conn& c);
+  void Lose(Conn& c, const std::string& why);
+  void Fail(Conn& c, const std::string& why, bool quiet = false);
   void Close(Conn& c);
   void Heartbeat();
   // Frames in and out.
   void ReadFrame(Conn& c);
   void OnFrame(Conn& c);
-  // May run `w.done`, which may take mu_.
-  void Queue(Conn& c, WriteItem w) MESHLOAD_EXCLUDES(mu_);
+  // May run `w.done`, which tells the book.
+  void Queue(Conn& c, WriteItem w);
   void WriteNext(Conn& c);
   void SendError(Conn& c, const std::string& why);
 
   // ---- credit flow and data (transfers.cc) ----
 
-  void SayWhatIsHad(Conn& c) MESHLOAD_EXCLUDES(mu_);
-  void OnCreditFrame(Conn& c, Type t, const Header& h) MESHLOAD_EXCLUDES(mu_);
-  void OnData(Conn& c, const Header& h) MESHLOAD_EXCLUDES(mu_);
+  void SayWhatIsHad(Conn& c);
+  void OnCreditFrame(Conn& c, Type t, const Header& h);
+  void OnData(Conn& c, const Header& h);
   void Discard(Conn& c, uint64_t remaining);
-  void SendCredits() MESHLOAD_EXCLUDES(mu_);
-  // An outbound connection's `step` counts as sent (its sent, sent_order).
-  void MarkSent(const Conn& c, int64_t step) MESHLOAD_REQUIRES(mu_);
-  void Dispatch(Conn& c) MESHLOAD_EXCLUDES(mu_);
-  void ServeMain() MESHLOAD_EXCLUDES(mu_);
+  void SendCredits();
+  void Dispatch(Conn& c);
+  void ServeMain();
 
   // The connection to a sender (in_) or receiver (out_) of this process.
   // The peer comes from the plan, whose transfers are between these
@@ -209,10 +197,6 @@ class PeerExchange::Impl {
     return *it->second;
   }
 
-  // c's ConnShared; the reference is for the scope that holds mu_.
-  ConnShared& Shared(const Conn& c) MESHLOAD_REQUIRES(mu_) { return shared_[c.index]; }
-  const ConnShared& Shared(const Conn& c) const MESHLOAD_REQUIRES(mu_) { return shared_[c.index]; }
-
   const ExchangeOptions opt_;
   asio::io_context io_;
   tcp::acceptor acceptor_;
@@ -222,6 +206,7 @@ class PeerExchange::Impl {
   uint16_t port_ = 0;
   const Clock::time_point started_ = Clock::now();
   std::map<int64_t, std::unique_ptr<Conn>> in_, out_;  // fixed after Start()
+  std::vector<Conn*> by_link_;                         // Conn of each link of book_, fixed after Start()
   std::vector<std::shared_ptr<Pending>> pending_;      // I/O thread only
   std::vector<std::unique_ptr<tcp::socket>> closed_;   // I/O thread: dropped sockets, freed a tick later
   size_t closed_before_ = 0;
@@ -229,14 +214,8 @@ class PeerExchange::Impl {
   std::thread thread_;
   std::thread server_;
 
-  mutable Mutex mu_;
-  CondVar cv_;  // a part's state changed (and Restart)
-  internal::StepTable table_ MESHLOAD_GUARDED_BY(mu_);
-  std::vector<ConnShared> shared_ MESHLOAD_GUARDED_BY(mu_);  // by Conn::index, one per Conn made in Start()
-  bool stopping_ MESHLOAD_GUARDED_BY(mu_) = false;
-  CondVar serve_cv_;
-  std::deque<std::pair<Conn*, int64_t>> serve_queue_ MESHLOAD_GUARDED_BY(mu_);
-  ExchangeCounters counters_ MESHLOAD_GUARDED_BY(mu_);
+  // What the staging threads and the connections share (its own lock).
+  internal::TransferBook book_;
 };
 
 }  // namespace meshload::sidecar::exchange

@@ -10,11 +10,11 @@
 /// (Passed: served on demand), a receiver uses "done" to tell a reconnected
 /// sender which steps it has (HAVE_THROUGH, HAVE).
 ///
-/// Thread safety: none of its own. PeerExchange::Impl owns the table and
-/// uses it only under its mutex (Impl::table_ is MESHLOAD_GUARDED_BY(mu_)),
-/// which also guards the part states that the I/O thread changes and the
-/// staging threads wait on; a reference to a StepState stays valid until its
-/// ticket is erased.
+/// Thread safety: none of its own. The TransferBook (transfer_book.h) owns
+/// the table and uses it only under its mutex (TransferBook::table_ is
+/// MESHLOAD_GUARDED_BY(mu_)), which also guards the part states that the
+/// I/O thread changes and the staging threads wait on; a reference to a
+/// StepState stays valid until its ticket is erased.
 #pragma once
 
 #include <chrono>
