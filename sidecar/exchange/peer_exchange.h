@@ -68,6 +68,7 @@
 
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "sidecar/exchange/parts.h"
 
 namespace meshload::sidecar::exchange {
 
@@ -117,27 +118,6 @@ struct ExchangeOptions {
   std::function<Status(int64_t step, int64_t peer, std::vector<uint8_t>& out, uint64_t& checksum)> serve;
 };
 
-/// One peer's share of a step: where its bytes come from or go, their size,
-/// and the checksum of their sample ids (protocol::SampleIdsChecksum), which both
-/// sides compute from their own plan.
-struct Part {
-  int64_t peer = 0;
-  std::vector<iovec> iov;
-  uint64_t bytes = 0;
-  uint64_t checksum = 0;
-};
-
-struct ExchangeCounters {
-  uint64_t bytes_sent = 0;
-  uint64_t bytes_received = 0;
-  uint64_t parts_sent = 0;
-  uint64_t parts_received = 0;
-  uint64_t parts_skipped = 0;  // dropped: the receiver moved past them, or had them already
-  uint64_t parts_served = 0;   // read again on demand (see above)
-  uint64_t reconnects = 0;     // connections re-established after a loss
-  int peers_connected = 0;
-};
-
 class PeerExchange {
  public:
   /// Listens, then connects to every process in `send_to` in the background
@@ -153,7 +133,7 @@ class PeerExchange {
   uint16_t port() const;
 
   /// One staging of one step; two may exist for a step across a re-plan.
-  using Ticket = uint64_t;
+  using Ticket = exchange::Ticket;
   Ticket Begin(int64_t step);
   /// Registers where the peers' parts of the step go (the memory must stay
   /// valid until Wait() or Abandon() returns) and credits them.

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "sidecar/exchange/peer_exchange.h"
+#include "sidecar/exchange/parts.h"
 
 namespace meshload::sidecar::exchange::internal {
 
@@ -48,7 +48,7 @@ struct StepState {
 
 class StepTable {
  public:
-  using Ticket = PeerExchange::Ticket;
+  using Ticket = exchange::Ticket;
   using Steps = std::map<Ticket, StepState>;
 
   /// This process stages from `first_step` on (its first RESET).

@@ -33,7 +33,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
-#include "sidecar/exchange/peer_exchange.h"
+#include "sidecar/exchange/parts.h"
 #include "sidecar/exchange/step_table.h"
 #include "sidecar/exchange/wire_format.h"
 
@@ -43,7 +43,7 @@ inline constexpr size_t kSentMemory = 1 << 16;  // steps remembered per receiver
 
 class TransferBook {
  public:
-  using Ticket = PeerExchange::Ticket;
+  using Ticket = exchange::Ticket;
   /// A link's name in messages: "process 3 (10.0.0.3:7441)".
   using Namer = std::function<std::string(size_t link)>;
 
