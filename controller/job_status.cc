@@ -8,16 +8,8 @@ namespace meshload::controller {
 using nlohmann::json;
 
 using kube::Field;
+using kube::Int;
 using kube::Str;
-
-namespace {
-
-int64_t Int(const json& obj, const char* key) {
-  const json& v = Field(obj, key);
-  return v.is_number_integer() ? v.get<int64_t>() : 0;
-}
-
-}  // namespace
 
 JobCondition JobCondition::FromJson(const json& j) {
   return {Str(j, "type"),

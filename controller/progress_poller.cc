@@ -123,8 +123,7 @@ void ProgressPoller::PollOnce() {
     if (md.namespace_.empty() || md.name.empty() || md.being_deleted()) continue;
     const std::string key = md.namespace_ + "/" + md.name;
     JobProgress& poll = polls[key];
-    const json& processes = Field(Field(Field(*job, "spec"), "mesh"), "processes");
-    poll.processes = processes.is_number_integer() ? processes.get<int64_t>() : 0;
+    poll.processes = kube::Int(Field(Field(*job, "spec"), "mesh"), "processes");
     kube::ObjectPtr cm_object = configmaps_->Get(md.namespace_, md.name + "-meshload");
     if (!cm_object) continue;
     const kube::ConfigMap cm = kube::ConfigMap::FromJson(*cm_object);

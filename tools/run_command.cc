@@ -185,9 +185,9 @@ class LocalRun {
   int StartSidecars();
   int StartTrainers();
   int Supervise();
-  // Reads what the trainers printed; a line at a time, the last one and
-  // the final report of each kept.
-  void ReadTrainers(const std::vector<pollfd>& fds);
+  // Waits up to `timeout` for the trainers' output and reads it; a line at
+  // a time, the last one and the final report of each kept.
+  void ReadTrainers(std::chrono::milliseconds timeout);
   // Reaps exited children; a sidecar that exits, or a trainer that fails,
   // ends the run (its exit code), else kGoOn.
   int Reap();
@@ -455,7 +455,10 @@ void LocalRun::SampleMemory() {
   }
 }
 
-void LocalRun::ReadTrainers(const std::vector<pollfd>& fds) {
+void LocalRun::ReadTrainers(std::chrono::milliseconds timeout) {
+  std::vector<pollfd> fds;
+  for (auto& t : trainers_) fds.push_back({t.out_fd, POLLIN, 0});  // a closed pipe (-1) is skipped by poll
+  ::poll(fds.data(), fds.size(), static_cast<int>(timeout.count()));
   for (size_t i = 0; i < trainers_.size(); ++i) {
     Child& t = trainers_[i];
     if (t.out_fd < 0) continue;
@@ -546,10 +549,7 @@ int LocalRun::Supervise() {
       }
       interrupted_sent = true;
     }
-    std::vector<pollfd> fds;
-    for (auto& t : trainers_) fds.push_back({t.out_fd, POLLIN, 0});
-    ::poll(fds.data(), fds.size(), 100);
-    ReadTrainers(fds);
+    ReadTrainers(std::chrono::milliseconds(100));
     if (int rc = Reap(); rc != kGoOn) return rc;
     SampleMemory();
     const auto now = Clock::now();
@@ -564,12 +564,7 @@ int LocalRun::Supervise() {
     }
     return false;
   };
-  while (open() && Clock::now() < drain_until) {
-    std::vector<pollfd> fds;
-    for (auto& t : trainers_) fds.push_back({t.out_fd, POLLIN, 0});
-    ::poll(fds.data(), fds.size(), 100);
-    ReadTrainers(fds);
-  }
+  while (open() && Clock::now() < drain_until) ReadTrainers(std::chrono::milliseconds(100));
   elapsed_ = std::chrono::duration<double>(Clock::now() - start_).count();
   SampleMemory();
   return kGoOn;

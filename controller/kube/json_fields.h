@@ -1,6 +1,7 @@
 /// \file
 /// Reading Kubernetes objects as JSON without throwing: a member that is
-/// missing or of another type reads as null (Field) or "" (Str), so a
+/// missing or of another type reads as null (Field), "" (Str), 0 (Int) or
+/// false (Bool), so a
 /// malformed object from the API server or an admission request is handled
 /// as absent, never as a crash.
 ///
@@ -10,6 +11,7 @@
 /// Thread safety: pure functions.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -27,6 +29,18 @@ inline const nlohmann::json& Field(const nlohmann::json& obj, const char* key) {
 inline std::string Str(const nlohmann::json& obj, const char* key) {
   const nlohmann::json& v = Field(obj, key);
   return v.is_string() ? v.get<std::string>() : std::string();
+}
+
+/// obj[key] when it is an integer, else 0.
+inline int64_t Int(const nlohmann::json& obj, const char* key) {
+  const nlohmann::json& v = Field(obj, key);
+  return v.is_number_integer() ? v.get<int64_t>() : 0;
+}
+
+/// obj[key] when it is a boolean, else false.
+inline bool Bool(const nlohmann::json& obj, const char* key) {
+  const nlohmann::json& v = Field(obj, key);
+  return v.is_boolean() && v.get<bool>();
 }
 
 }  // namespace meshload::controller::kube

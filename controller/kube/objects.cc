@@ -9,16 +9,6 @@ namespace {
 
 using nlohmann::json;
 
-bool Bool(const json& obj, const char* key) {
-  const json& v = Field(obj, key);
-  return v.is_boolean() && v.get<bool>();
-}
-
-int64_t Int(const json& obj, const char* key) {
-  const json& v = Field(obj, key);
-  return v.is_number_integer() ? v.get<int64_t>() : 0;
-}
-
 StringMap Strings(const json& obj, const char* key) {
   StringMap out;
   const json& m = Field(obj, key);
