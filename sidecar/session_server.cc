@@ -48,6 +48,7 @@ uint32_t MeasureReadyQueue(const std::string& message) {
 
 SessionServer::SessionServer(Context context)
     : options_(std::move(context.options)),
+      clock_(context.clock != nullptr ? context.clock : Clock::Real()),
       metrics_(context.metrics),
       job_(*context.job),
       job_name_(std::move(context.job_name)),
@@ -176,6 +177,7 @@ void SessionServer::AcceptClient() {
     return;
   }
   pending_ = std::make_unique<Client>();
+  pending_->connected_at = clock_->Now();
   pending_->fd = std::move(*fd);
   pending_->pid = creds->pid;
   pending_->uid = creds->uid;
@@ -192,7 +194,7 @@ void SessionServer::CloseLater(UniqueFd fd, LeaseList leases, pid_t pid) {
   if (std::count_if(closing_.begin(), closing_.end(), [](const Closing& c) { return c.leases.empty(); }) >= 64) {
     closing_.erase(std::find_if(closing_.begin(), closing_.end(), [](const Closing& c) { return c.leases.empty(); }));
   }
-  closing_.push_back({std::move(fd), Clock::now() + std::chrono::seconds(1), std::move(leases), pid});
+  closing_.push_back({std::move(fd), clock_->Now() + std::chrono::seconds(1), std::move(leases), pid});
 }
 
 void SessionServer::ReclaimClosing(Closing& c, const char* why, const LeaseList* only) {
@@ -251,7 +253,7 @@ bool SessionServer::ServeClosingMessages(Closing& c) {
       ReclaimClosing(c, "BYE: batches the trainer never received", &unheld);
     }
     if (c.leases.empty()) {
-      c.deadline = Clock::now() + std::chrono::seconds(1);
+      c.deadline = clock_->Now() + std::chrono::seconds(1);
       return true;
     }
   }
@@ -268,7 +270,7 @@ void SessionServer::ServeClosing(const pollfd* fds, size_t count) {
       if (c.fd.get() == fds[i].fd && !ServeClosingMessages(c)) done.push_back(fds[i].fd);
     }
   }
-  const auto now = Clock::now();
+  const auto now = clock_->Now();
   std::erase_if(closing_, [&](Closing& c) {
     const bool closed = std::find(done.begin(), done.end(), c.fd.get()) != done.end();
     if (closed) ReclaimClosing(c, "the trainer closed it");
@@ -518,7 +520,7 @@ void SessionServer::CheckTrainerHoldsSlots(double blocked, double limit) {
 }
 
 void SessionServer::Run() {
-  auto last_watchdog = Clock::now();
+  auto last_watchdog = clock_->Now();
   // The server loop too: a RELEASE it handles a little later costs nothing
   // (the trainer has `prefetch` batches), preempting a producer does.
   ApplyThreadSched(options_.thread_sched, "server");
@@ -585,15 +587,15 @@ void SessionServer::Run() {
     if (rc > 0 && (fds[1].revents & POLLIN)) AcceptClient();
     if (ready_pending_.load()) DeliverReady();
     if (pending_i >= 0 && pending_ && (fds[pending_i].revents & (POLLIN | POLLHUP | POLLERR))) ServePending();
-    if (pending_ && Clock::now() - pending_->connected_at > options_.hello_timeout) {
+    if (pending_ && clock_->Now() - pending_->connected_at > options_.hello_timeout) {
       metrics_->connections.Add({{"outcome", "bad_hello"}}).Increment();
       LogWarn("dropped a trainer connection: no CLIENT_HELLO in time", {{"pid", static_cast<int64_t>(pending_->pid)}});
       pending_.reset();
     }
     if (ServerClient() && ServerClient()->broken) DropClient("sending READY failed", /*keep_leases=*/true);
-    if (Clock::now() - last_watchdog > std::chrono::milliseconds(500)) {
+    if (clock_->Now() - last_watchdog > std::chrono::milliseconds(500)) {
       hooks_.watchdog();
-      last_watchdog = Clock::now();
+      last_watchdog = clock_->Now();
     }
   }
   // From here on no producer stages into any slot: the trainer keeps the
@@ -616,8 +618,9 @@ void SessionServer::Run() {
   // was sent to them, so the last ERROR is not lost to a reset at exit.
   // Those that keep leases are not waited for: the slots go with the process.
   std::erase_if(closing_, [](const Closing& c) { return !c.leases.empty(); });
-  const auto drain_until = Clock::now() + std::chrono::milliseconds(300);
-  while (!closing_.empty() && Clock::now() < drain_until) {
+  // Real time: the simulated clock of a test stands still while it stops.
+  const auto drain_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (!closing_.empty() && std::chrono::steady_clock::now() < drain_until) {
     std::vector<pollfd> cfds;
     for (const auto& c : closing_) cfds.push_back({c.fd.get(), POLLIN, 0});
     ::poll(cfds.data(), cfds.size(), 20);

@@ -69,6 +69,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
@@ -128,6 +129,10 @@ class SessionServer {
     std::atomic<bool>* stop = nullptr;
     std::atomic<bool>* failed = nullptr;  // staging failed (or poll did): Run() reports it
     Hooks hooks;
+    /// What the hello timeout, a refused connection's drain (1 s) and the
+    /// watchdog (500 ms) are measured on; null: Clock::Real(). The loop
+    /// looks at least every 250 ms of real time and on every wake-up.
+    Clock* clock = nullptr;
   };
 
   explicit SessionServer(Context context);
@@ -166,7 +171,6 @@ class SessionServer {
   int64_t delivered_step() const { return delivered_step_.load(); }
 
  private:
-  using Clock = std::chrono::steady_clock;
   using LeaseList = std::vector<std::pair<uint32_t, int64_t>>;
 
   // A trainer's connection: the connected trainer (client_) or one not yet
@@ -175,7 +179,7 @@ class SessionServer {
     UniqueFd fd;
     pid_t pid = 0;
     uid_t uid = 0;
-    Clock::time_point connected_at = Clock::now();
+    Clock::time_point connected_at;  // for the hello timeout
     int64_t next_to_send = 0;
     // The leases of this connection, (slot, step), in the order lent: a
     // RELEASE must name one of them (not a lease another connection keeps).
@@ -192,7 +196,7 @@ class SessionServer {
   // them, or its EOF, with no deadline while any is left.
   struct Closing {
     UniqueFd fd;
-    std::chrono::steady_clock::time_point deadline;
+    Clock::time_point deadline;
     LeaseList leases;
     pid_t pid = 0;
   };
@@ -251,6 +255,7 @@ class SessionServer {
 
   // What the server works with (Context), fixed at construction.
   const Options options_;
+  Clock* const clock_;
   SidecarMetrics* const metrics_;
   const planner::ResolvedJob& job_;
   const std::string job_name_;

@@ -113,7 +113,7 @@ Status Sidecar::Init(const planner::ValidJob& job) {
   popts.window = options_.progress_window;
   progress_ = std::make_unique<ProgressWindow>(kReadLatencyBuckets, popts);
   MESHLOAD_RETURN_IF_ERROR(InitDeviceStaging());
-  pool_ = std::make_unique<staging::SlotPool>(slots, start_step_);
+  pool_ = std::make_unique<staging::SlotPool>(slots, start_step_, options_.clock);
   slot_checksums_.assign(slots, {});
   options_.staging_threads = std::clamp(options_.staging_threads, 1, static_cast<int>(slots));
   StepLoaderOptions lopts;
@@ -126,6 +126,7 @@ Status Sidecar::Init(const planner::ValidJob& job) {
     lopts.peers = *options_.peers;
     lopts.peers->first_step = start_step_;
     lopts.peers->stall_report_after = options_.stall_report_after;
+    if (lopts.peers->clock == nullptr) lopts.peers->clock = options_.clock;
   }
   MESHLOAD_ASSIGN_OR_RETURN(loader_,
                             StepLoader::Create(*planner_, options_.process, loading_, *sources_, layout_, lopts));
@@ -158,6 +159,7 @@ Status Sidecar::Init(const planner::ValidJob& job) {
       .hooks = {.start_at = [this](int64_t step) { StageFrom(step); },
                 .failure = [this] { return ReportFailure(); },
                 .watchdog = [this] { Watchdog(); }},
+      .clock = options_.clock,
   });
   registry_->AddCollectHook([this] {
     metrics_->SetSlotCounts(pool_->Counts());

@@ -43,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/manager.h"
 #include "common/metrics/http_endpoints.h"
 #include "common/metrics/metrics.h"
@@ -116,6 +117,10 @@ struct SidecarOptions {
   std::chrono::milliseconds stall_report_after{3000};
   /// How long a connected client has to send CLIENT_HELLO.
   std::chrono::milliseconds hello_timeout{5000};
+  /// The clock the timeouts above run on (the trainer's hello, a refused
+  /// connection's drain, the watchdog, the slot pool's and the peer
+  /// exchange's timeouts); null: Clock::Real().
+  Clock* clock = nullptr;
 };
 
 class Sidecar {

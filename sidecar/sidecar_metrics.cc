@@ -73,7 +73,8 @@ SidecarMetrics::SidecarMetrics(metrics::Registry& r)
       peer_parts(
           Labelled<Counter>(r, "meshload_peer_parts_total",
                             "Step parts handled for peers: sent, received, skipped (the peer had moved past them), "
-                            "served (read again from storage on a peer's demand).")),
+                            "served (read again from storage on a peer's demand), served_unsent (read again, but "
+                            "the peer's connection dropped first), credited (asked for by a peer).")),
       peer_reconnects(
           Unlabelled<Counter>(r, "meshload_peer_reconnects_total",
                               "Connections to other processes' sidecars re-established after a loss (a peer "
@@ -107,6 +108,8 @@ void SidecarMetrics::CountPeers(const exchange::ExchangeCounters& now) {
   add("received", now.parts_received, peer_seen_.parts_received, false);
   add("skipped", now.parts_skipped, peer_seen_.parts_skipped, false);
   add("served", now.parts_served, peer_seen_.parts_served, false);
+  add("served_unsent", now.serves_unsent, peer_seen_.serves_unsent, false);
+  add("credited", now.credits_received, peer_seen_.credits_received, false);
   peer_reconnects.Increment(static_cast<double>(now.reconnects - peer_seen_.reconnects));
   peer_seen_.reconnects = now.reconnects;
 }

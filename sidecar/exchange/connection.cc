@@ -67,7 +67,7 @@ void PeerExchange::Impl::StartAccept() {
     }
     s.set_option(tcp::no_delay(true), ec);
     auto p = std::make_shared<Pending>(std::move(s));
-    p->deadline = Clock::now() + opt_.peer_timeout;
+    p->deadline = clock_->Now() + opt_.peer_timeout;
     pending_.push_back(p);
     asio::async_read(p->sock, asio::buffer(&p->rx, sizeof p->rx),
                      [this, p](boost::system::error_code e, size_t) { OnHello(p, e); });
@@ -179,7 +179,7 @@ void PeerExchange::Impl::Admit(const std::shared_ptr<Pending>& p) {
   Forget(p);
   DropSocket(c);
   c.sock = std::make_unique<tcp::socket>(std::move(p->sock));
-  c.last_rx = Clock::now();
+  c.last_rx = clock_->Now();
   MarkConnected(c, "receive");
   if (opt_.secret.empty()) {
     Queue(c, {HelloOkFrame(), {}, {}, nullptr});
@@ -202,7 +202,7 @@ void PeerExchange::Impl::Connect(Conn& c) {
   // One attempt may not take the whole deadline: a dial to a replaced
   // pod's old address can hang until the kernel gives up (minutes); the
   // next attempt looks the address up again.
-  c.attempt_deadline = Clock::now() + std::min<Clock::duration>(opt_.peer_timeout, std::chrono::seconds(10));
+  c.attempt_deadline = clock_->Now() + std::min<Clock::duration>(opt_.peer_timeout, std::chrono::seconds(10));
   PeerAddress addr = c.Addr();
   if (c.lost && opt_.address_of) {
     // A peer whose pod was replaced comes back at another address.
@@ -232,7 +232,7 @@ void PeerExchange::Impl::Connect(Conn& c) {
           }
           boost::system::error_code ignored;
           c.sock->set_option(tcp::no_delay(true), ignored);
-          c.last_rx = Clock::now();
+          c.last_rx = clock_->Now();
           auto h = std::make_shared<Header>(HelloFrame(opt_.process, c.peer, opt_.fingerprint));
           asio::async_write(*c.sock, asio::buffer(h.get(), sizeof *h),
                             [this, &c, g, h](boost::system::error_code we, size_t) {
@@ -360,7 +360,7 @@ void PeerExchange::Impl::Sending(Conn& c) {
 
 void PeerExchange::Impl::Retry(Conn& c, const std::string& why) {
   DropSocket(c);
-  if (Clock::now() >= c.deadline) {
+  if (clock_->Now() >= c.deadline) {
     Fail(c, c.lost ? c.lost_why + ", and it could not be reached again within " + Seconds(opt_.reconnect_timeout) +
                          ": " + why
                    : "cannot connect to " + c.Name() + " for " + Seconds(opt_.connect_timeout) + ": " + why);
@@ -375,7 +375,7 @@ void PeerExchange::Impl::Retry(Conn& c, const std::string& why) {
 // A connection (the first, or one after a loss) has said HELLO / HELLO_OK.
 void PeerExchange::Impl::MarkConnected(Conn& c, const char* direction) {
   const bool again = c.connected_once;
-  const double down = c.lost ? std::chrono::duration<double>(Clock::now() - c.lost_at).count() : 0.0;
+  const double down = c.lost ? std::chrono::duration<double>(clock_->Now() - c.lost_at).count() : 0.0;
   c.connected_once = true;
   c.lost = false;
   book_.LinkUp(c.link, again);
@@ -417,14 +417,16 @@ void PeerExchange::Impl::Lose(Conn& c, const std::string& why) {
     return;
   }
   DropSocket(c);
-  book_.LinkLost(c.link);
   if (!c.lost) {
     c.lost = true;
-    c.lost_at = Clock::now();
+    c.lost_at = clock_->Now();
     c.lost_why = why;
     LogWarn("lost a peer; waiting for it to come back",
             {{"peer", c.Name()}, {"reason", why}, {"seconds", Seconds(opt_.reconnect_timeout)}});
   }
+  // The link goes down after lost_at is set: whoever sees it down (the
+  // counters' peers_connected) knows the reconnect timeout has begun.
+  book_.LinkLost(c.link);
   if (c.outbound) {
     c.deadline = c.lost_at + opt_.reconnect_timeout;
     c.retry = std::make_unique<asio::steady_timer>(io_, std::chrono::milliseconds(200));
@@ -443,7 +445,7 @@ void PeerExchange::Impl::Fail(Conn& c, const std::string& why, bool quiet) {
     LogError("peer connection failed", {{"peer", c.Name()}, {"error", why}});
   }
   c.dead = true;
-  c.dead_at = Clock::now();
+  c.dead_at = clock_->Now();
   if (c.retry) c.retry->cancel();
   // Writes still queued (an ERROR for the peer) go out first; the socket
   // closes when the queue is done (WriteNext), and at once when idle.
@@ -461,7 +463,7 @@ void PeerExchange::Impl::Heartbeat() {
   heartbeat_.expires_after(opt_.heartbeat);
   heartbeat_.async_wait([this](boost::system::error_code ec) {
     if (ec) return;
-    const auto now = Clock::now();
+    const auto now = clock_->Now();
     for (auto* m : {&in_, &out_}) {
       for (auto& [p, c] : *m) {
         if (!book_.Ready(c->link)) {
@@ -528,7 +530,7 @@ void PeerExchange::Impl::ReadFrame(Conn& c) {
 }
 
 void PeerExchange::Impl::OnFrame(Conn& c) {
-  c.last_rx = Clock::now();
+  c.last_rx = clock_->Now();
   const Header h = c.rx;
   if (!HasMagic(h)) {
     Fail(c, c.Name() + " sent a frame without the meshload peer magic (protocol error)");

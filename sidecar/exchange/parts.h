@@ -31,9 +31,11 @@ struct ExchangeCounters {
   uint64_t bytes_received = 0;
   uint64_t parts_sent = 0;
   uint64_t parts_received = 0;
-  uint64_t parts_skipped = 0;  // dropped: the receiver moved past them, or had them already
-  uint64_t parts_served = 0;   // read again on demand (see above)
-  uint64_t reconnects = 0;     // connections re-established after a loss
+  uint64_t parts_skipped = 0;     // dropped: the receiver moved past them, or had them already
+  uint64_t parts_served = 0;      // read again on demand (see above)
+  uint64_t serves_unsent = 0;     // read again, but the receiver's connection dropped first (it asks again)
+  uint64_t credits_received = 0;  // CREDITs from receivers: parts asked for
+  uint64_t reconnects = 0;        // connections re-established after a loss
   int peers_connected = 0;
 };
 

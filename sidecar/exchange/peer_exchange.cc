@@ -67,10 +67,11 @@ Result<std::vector<PeerAddress>> ParsePeerList(std::string_view text) {
 
 PeerExchange::Impl::Impl(ExchangeOptions o)
     : opt_(std::move(o)),
+      clock_(opt_.clock != nullptr ? opt_.clock : Clock::Real()),
       acceptor_(io_),
       heartbeat_(io_),
       accept_retry_(io_),
-      book_(opt_.first_step, opt_.stall_report_after) {
+      book_(opt_.first_step, opt_.stall_report_after, clock_) {
   // Called under the book's lock; takes the connection's address lock.
   book_.SetNamer([this](size_t link) { return by_link_[link]->Name(); });
 }
@@ -156,7 +157,7 @@ Status PeerExchange::Impl::Start(const std::vector<int64_t>& send_to, const std:
   for (int64_t p : receive_from) MESHLOAD_RETURN_IF_ERROR(add(p, false));
   StartAccept();
   for (auto& [p, c] : out_) {
-    c->deadline = Clock::now() + opt_.connect_timeout;
+    c->deadline = clock_->Now() + opt_.connect_timeout;
     Connect(*c);
   }
   Heartbeat();

@@ -66,6 +66,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "sidecar/exchange/parts.h"
@@ -113,6 +114,10 @@ struct ExchangeOptions {
   std::chrono::milliseconds heartbeat{1000};
   /// How long a step may wait on its peers before it is logged (once).
   std::chrono::milliseconds stall_report_after{5000};
+  /// The clock the timeouts above are measured on (null: Clock::Real()).
+  /// The I/O thread looks at them every `heartbeat` (and a dial every
+  /// 200 ms) of real time; a test passes a SimulatedClock and advances it.
+  Clock* clock = nullptr;
   /// Reads this process's part of `step` for `peer` into `out` (resized to
   /// its bytes) and sets its sample-id checksum: the on-demand path above.
   std::function<Status(int64_t step, int64_t peer, std::vector<uint8_t>& out, uint64_t& checksum)> serve;

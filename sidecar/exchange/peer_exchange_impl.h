@@ -40,6 +40,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
@@ -62,7 +63,7 @@ inline constexpr size_t kMaxPending = 64;
 class PeerExchange::Impl {
  public:
   using Ticket = PeerExchange::Ticket;
-  using Clock = std::chrono::steady_clock;
+  using Clock = meshload::Clock;
   using tcp = asio::ip::tcp;
   using Header = internal::Header;
   using Type = internal::Type;
@@ -198,13 +199,14 @@ class PeerExchange::Impl {
   }
 
   const ExchangeOptions opt_;
+  Clock* const clock_;  // opt_.clock, or the real one
   asio::io_context io_;
   tcp::acceptor acceptor_;
   asio::steady_timer heartbeat_;
   asio::steady_timer accept_retry_;  // accepting again after an error
   bool flood_logged_ = false;        // I/O thread: "too many peer connections" logged
   uint16_t port_ = 0;
-  const Clock::time_point started_ = Clock::now();
+  const Clock::time_point started_ = clock_->Now();
   std::map<int64_t, std::unique_ptr<Conn>> in_, out_;  // fixed after Start()
   std::vector<Conn*> by_link_;                         // Conn of each link of book_, fixed after Start()
   std::vector<std::shared_ptr<Pending>> pending_;      // I/O thread only

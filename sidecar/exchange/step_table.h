@@ -41,7 +41,7 @@ struct StepState {
   uint64_t generation = 0;  // restarts() at Begin
   std::vector<PartState> in, out;
   Status error;
-  std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point since;  // Begin's time (the transfer book's clock)
   bool reported = false;
   bool sent = false;  // Send() ran: until then the step is being staged here (held)
 };

@@ -4,8 +4,8 @@
 
 namespace meshload::sidecar::exchange::internal {
 
-TransferBook::TransferBook(int64_t first_step, std::chrono::milliseconds stall_report_after)
-    : stall_report_after_(stall_report_after), table_(first_step) {}
+TransferBook::TransferBook(int64_t first_step, std::chrono::milliseconds stall_report_after, Clock* clock)
+    : stall_report_after_(stall_report_after), clock_(clock), table_(first_step) {}
 
 size_t TransferBook::AddLink(int64_t peer, bool outbound) {
   auto& links = outbound ? receivers_ : senders_;
@@ -29,7 +29,9 @@ size_t TransferBook::LinkOf(const std::map<int64_t, size_t>& links, int64_t peer
 
 TransferBook::Ticket TransferBook::Begin(int64_t step) {
   MutexLock lock(mu_);
-  return table_.Begin(step);
+  const Ticket t = table_.Begin(step);
+  table_.at(t).since = clock_->Now();
+  return t;
 }
 
 void TransferBook::Expect(Ticket t, std::vector<Part> incoming) {
@@ -77,7 +79,7 @@ Status TransferBook::Wait(Ticket t, const std::function<bool()>& cancelled) {
     if (cancelled && cancelled()) {
       return Status(StatusCode::kCancelled, "step " + std::to_string(st.step) + " abandoned");
     }
-    if (!st.reported && std::chrono::steady_clock::now() - st.since > stall_report_after_) {
+    if (!st.reported && clock_->Now() - st.since > stall_report_after_) {
       st.reported = true;
       LogWarn("a step waits on its peers", {{"step", st.step}, {"waiting_for", pending}});
     }
@@ -205,6 +207,7 @@ void TransferBook::OnCredit(size_t link, Type type, int64_t step) {
   MutexLock lock(mu_);
   Link& l = links_[link];
   if (type == Type::kCredit) {
+    counters_.credits_received += 1;
     if (step >= l.floor) {
       l.credited.insert(step);
       // Asked again for a step already delivered: it moved back.
@@ -373,8 +376,11 @@ std::optional<std::pair<size_t, int64_t>> TransferBook::NextToServe() {
 }
 
 void TransferBook::Served(uint64_t bytes, bool ok) {
-  if (!ok) return;
   MutexLock lock(mu_);
+  if (!ok) {
+    counters_.serves_unsent += 1;
+    return;
+  }
   counters_.bytes_sent += bytes;
   counters_.parts_served += 1;
 }

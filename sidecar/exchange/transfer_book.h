@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
@@ -47,7 +48,9 @@ class TransferBook {
   /// A link's name in messages: "process 3 (10.0.0.3:7441)".
   using Namer = std::function<std::string(size_t link)>;
 
-  TransferBook(int64_t first_step, std::chrono::milliseconds stall_report_after);
+  /// A step that waits on its peers longer than `stall_report_after` on
+  /// `clock` is logged (once).
+  TransferBook(int64_t first_step, std::chrono::milliseconds stall_report_after, Clock* clock);
 
   // ---- set-up, before any other thread runs ----
 
@@ -124,7 +127,8 @@ class TransferBook {
   /// The next (outbound link, step) to read again and send; blocks; none
   /// once Stop() ran.
   std::optional<std::pair<size_t, int64_t>> NextToServe() MESHLOAD_EXCLUDES(mu_);
-  /// A part served again was written (`ok`): counted.
+  /// A part served again was written (`ok`), or its receiver's connection
+  /// dropped before it went out: counted either way.
   void Served(uint64_t bytes, bool ok) MESHLOAD_EXCLUDES(mu_);
   void Stop() MESHLOAD_EXCLUDES(mu_);
 
@@ -151,6 +155,7 @@ class TransferBook {
   static std::vector<PartState>& PartsOf(const Link& l, StepState& st) { return l.outbound ? st.out : st.in; }
 
   const std::chrono::milliseconds stall_report_after_;
+  Clock* const clock_;
   // Fixed after set-up (AddLink, SetNamer): read without the lock.
   std::map<int64_t, size_t> senders_, receivers_;
   Namer name_;

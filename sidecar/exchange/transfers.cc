@@ -68,9 +68,9 @@ void PeerExchange::Impl::OnData(Conn& c, const Header& h) {
   const uint64_t g = c.gen;
   // Bytes arriving count as word from the peer, so a part that takes
   // longer than --peer-timeout to arrive is not taken for silence.
-  auto progress = [&c, g](const boost::system::error_code& ec, size_t) -> size_t {
+  auto progress = [this, &c, g](const boost::system::error_code& ec, size_t) -> size_t {
     if (ec) return 0;
-    if (g == c.gen) c.last_rx = Clock::now();
+    if (g == c.gen) c.last_rx = clock_->Now();
     return 1 << 20;
   };
   asio::async_read(*c.sock, bufs, progress, [this, &c, g, part](boost::system::error_code ec, size_t) {
@@ -81,7 +81,7 @@ void PeerExchange::Impl::OnData(Conn& c, const Header& h) {
       Lose(c, "lost the connection to " + c.Name() + " while receiving: " + ec.message());
       return;
     }
-    c.last_rx = Clock::now();
+    c.last_rx = clock_->Now();
     ReadFrame(c);
   });
 }
@@ -99,7 +99,7 @@ void PeerExchange::Impl::Discard(Conn& c, uint64_t remaining) {
       Lose(c, "lost the connection to " + c.Name() + ": " + ec.message());
       return;
     }
-    c.last_rx = Clock::now();
+    c.last_rx = clock_->Now();
     Discard(c, remaining - n);
   });
 }
@@ -135,7 +135,10 @@ void PeerExchange::Impl::ServeMain() {
       // Lost meanwhile (perhaps reconnecting, not yet authenticated):
       // nothing goes out before the handshake; the receiver credits the
       // step again once it is back.
-      if (!book_.Ready(c->link)) return;
+      if (!book_.Ready(c->link)) {
+        book_.Served(buf->size(), /*ok=*/false);
+        return;
+      }
       if (!st.ok()) {
         const std::string why = "process " + std::to_string(opt_.process) + " cannot read its part of step " +
                                 std::to_string(step) + " again: " + st.ToString();

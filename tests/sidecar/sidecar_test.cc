@@ -12,6 +12,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -33,6 +34,7 @@
 #include <thread>
 
 #include "client/client.h"
+#include "common/clock.h"
 #include "protocol/protocol.h"
 #include "sidecar/exchange/peer_exchange.h"
 #include "protocol/seqpacket.h"
@@ -257,6 +259,11 @@ class RawTrainer {
   void SendRaw(const std::string& bytes) { ASSERT_OK(protocol::SendMessage(fd_.get(), bytes)); }
   void Close() { fd_ = UniqueFd(); }
   int fd() const { return fd_.get(); }
+  // The sidecar closed its end (not just shut it for writing: a hang-up).
+  bool ClosedBySidecar() const {
+    pollfd p{fd_.get(), 0, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & POLLHUP);
+  }
 
  private:
   UniqueFd fd_;
@@ -350,6 +357,7 @@ TEST(Sidecar, BatchesHeldAcrossACloseKeepTheirBytesUntilTheTrainerDropsThem) {
 class SidecarWithADroppedTrainer : public ::testing::Test {
  protected:
   void SetUp() override {
+    h.options_.clock = &clock;  // the server's timeouts: a closed connection's drain
     ASSERT_OK(h.Start());
     old = std::make_unique<RawTrainer>(h.options_.socket_path);
     leases = old->Take(3);
@@ -358,6 +366,7 @@ class SidecarWithADroppedTrainer : public ::testing::Test {
     old->MisbehaveAndGetDropped();
   }
 
+  SimulatedClock clock;  // outlives the sidecar
   SidecarHarness h{/*prefetch=*/3};
   std::unique_ptr<RawTrainer> old;
   std::vector<protocol::Ready> leases;  // all three, kept
@@ -394,9 +403,16 @@ TEST_F(SidecarWithADroppedTrainer, ADroppedTrainerKeepsItsBatchesUntilItSaysWhic
   old->Send(protocol::Release{leases[0].slot, leases[0].step, 0});
   old->Send(protocol::Release{leases[0].slot, leases[0].step, 0});
   EXPECT_TRUE(MetricReaches(h, "meshload_batches_consumed_total", consumed + 1));
-  // Time for the other two RELEASEs to (wrongly) count: what must NOT
-  // happen, so the time is fixed.
-  std::this_thread::sleep_for(milliseconds(100));
+  // With no lease left, the sidecar closes the old connection a second
+  // later (time moves on while the test waits): what it had sent before
+  // was read by then or never will be.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        clock.Advance(milliseconds(500));
+        return old->ClosedBySidecar();
+      },
+      seconds(20), milliseconds(20)))
+      << "the drained connection was not closed";
   EXPECT_EQ(h.Metric("meshload_batches_consumed_total"), consumed + 1);
   EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 2);
 
@@ -449,11 +465,15 @@ TEST_F(SidecarWithADroppedTrainer, KeptLeasesSurviveAFloodOfRefusedConnectionsAn
   // exactly the two others come back.
   old->Send(protocol::Bye{{{leases[0].slot, leases[0].step}}});
   EXPECT_TRUE(MetricReaches(h, "meshload_leases_reclaimed_total", 2));
-  // Time for a third (wrong) reclaim to show: what must NOT happen, so the
-  // time is fixed.
-  std::this_thread::sleep_for(milliseconds(100));
+  // A kept lease has no deadline: an hour on, the sidecar has looked at
+  // its connections again (it does before it answers a trainer's hello)
+  // and the lease is still out.
+  clock.Advance(std::chrono::hours(1));
+  RawTrainer probe(h.options_.socket_path, 3);
+  ASSERT_GE(probe.fd(), 0);
   EXPECT_EQ(h.Metric("meshload_leases_reclaimed_total"), 2);
   EXPECT_EQ(old->Bytes(leases[0]), held);
+  EXPECT_FALSE(old->ClosedBySidecar());
 }
 
 TEST(Sidecar, StoppingNeverRestagesASlotTheTrainerHolds) {
@@ -597,6 +617,53 @@ TEST(Sidecar, MalformedTruncatedAndOversizedMessagesAreRefusedAndServingGoesOn) 
   ASSERT_OK(b);
   h.ExpectBatchIsPlanned(*b);
   EXPECT_GE(h.Metric("meshload_client_connections_total{outcome=\"bad_hello\"}"), 1) << h.Metrics();
+}
+
+// A connection that never says CLIENT_HELLO holds the socket for the hello
+// timeout (5 s, on a simulated clock), no longer: then a trainer gets in.
+TEST(Sidecar, AConnectionThatNeverSaysHelloIsDroppedAfterTheHelloTimeout) {
+  SimulatedClock clock;  // outlives the sidecar
+  SidecarHarness h;
+  h.options_.clock = &clock;
+  ASSERT_OK(h.Start());
+  auto silent = protocol::ConnectSeqpacket(h.options_.socket_path);
+  ASSERT_OK(silent);
+  // A reply to a second connection, in at most 20 s of real time.
+  auto reply_to_another = [&]() -> std::optional<protocol::ErrorMessage> {
+    auto fd = protocol::ConnectSeqpacket(h.options_.socket_path);
+    if (!fd.ok()) return std::nullopt;
+    pollfd p{fd->get(), POLLIN, 0};
+    if (::poll(&p, 1, 20000) != 1) return std::nullopt;
+    auto got = protocol::ReceiveMessage(fd->get(), protocol::kMaxMessageBytes);
+    if (!got.ok()) return std::nullopt;
+    auto m = protocol::Decode(got->bytes);
+    if (!m.ok() || !std::holds_alternative<protocol::ErrorMessage>(*m)) return std::nullopt;
+    return std::get<protocol::ErrorMessage>(*m);
+  };
+  // Another connection is refused as busy: the silent one was accepted
+  // (its 5 s run from now).
+  auto busy = reply_to_another();
+  ASSERT_TRUE(busy) << "no answer to a second connection";
+  EXPECT_EQ(busy->code, protocol::ErrorCode::kBusy);
+  // 4.9 s on it still has the socket: the sidecar looks at the timeout
+  // after each connection it refuses, so the second of these two was
+  // refused after a look at 4.9 s.
+  clock.Advance(milliseconds(4900));
+  for (int i = 0; i < 2; ++i) {
+    busy = reply_to_another();
+    ASSERT_TRUE(busy && busy->code == protocol::ErrorCode::kBusy) << "dropped before its 5 s";
+  }
+  EXPECT_LT(h.Metric("meshload_client_connections_total{outcome=\"bad_hello\"}"), 1);
+  // Past 5 s: it is dropped (hung up on, counted), and a trainer gets in.
+  clock.Advance(milliseconds(200));
+  pollfd hup{silent->get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&hup, 1, 20000), 1) << "the silent connection was not dropped";
+  EXPECT_TRUE(hup.revents & POLLHUP);
+  EXPECT_EQ(h.Metric("meshload_client_connections_total{outcome=\"bad_hello\"}"), 1);
+  auto c = h.Connect();
+  auto b = c->Next(milliseconds(5000));
+  ASSERT_OK(b);
+  h.ExpectBatchIsPlanned(*b);
 }
 
 TEST(Sidecar, AFileTruncatedWhileServingReachesTheTrainerAsAClearError) {

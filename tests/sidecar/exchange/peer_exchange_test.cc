@@ -4,6 +4,7 @@
 // through the same helpers (RawHeader, the pair of exchanges at the top).
 
 #include "sidecar/exchange/peer_exchange.h"
+#include "common/clock.h"
 #include "common/loopback.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
@@ -215,10 +216,8 @@ TEST(PeerExchange, StepsBegunOutOfOrderAreSentFromTheirSlotsNotReadAgain) {
   ASSERT_OK((*receiver)->Expect(rt0, {PartOf(0, d0, 0)}));
   auto rt1 = (*receiver)->Begin(1);
   ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
-  // Both credits reach the sender. The exchange shows no sign of a credit
-  // taken, so this is a fixed time; a late credit only makes the test less
-  // strict (the sender then has step 0 before it is asked for it).
-  std::this_thread::sleep_for(200ms);
+  // Both credits reach the sender before it has either step.
+  ASSERT_TRUE(WaitFor([&] { return (*sender)->counters().credits_received >= 2; }, 10s));
   ASSERT_OK(SendStep(**sender, 1, s1, 1));
   ASSERT_OK(SendStep(**sender, 0, s0, 0));
   ASSERT_OK((*receiver)->Wait(rt0, {}));
@@ -353,8 +352,13 @@ TEST(PeerExchange, ASenderWithASecretSendsNothingToAReceiverWithout) {
 }
 
 TEST(PeerExchange, APeerThatDoesNotComeBackIsReportedNotHungOn) {
+  // The reconnect timeout is the default (120 s), on a simulated clock.
   Pair pair;
-  auto receiver = PeerExchange::Create(pair.Options(1), {}, {0});
+  SimulatedClock clock;
+  ExchangeOptions ro = pair.Options(1);
+  ro.clock = &clock;
+  ro.reconnect_timeout = ExchangeOptions{}.reconnect_timeout;
+  auto receiver = PeerExchange::Create(ro, {}, {0});
   ASSERT_OK(receiver);
   std::vector<uint8_t> src(8), dst(8);
   {
@@ -367,13 +371,13 @@ TEST(PeerExchange, APeerThatDoesNotComeBackIsReportedNotHungOn) {
     ASSERT_OK((*sender)->Wait(st, {}));
     ASSERT_OK((*receiver)->Wait(rt, {}));
   }  // the sender's process is gone
+  ASSERT_TRUE(WaitFor([&] { return (*receiver)->counters().peers_connected == 0; }, 10s)) << "the loss went unseen";
   auto rt = (*receiver)->Begin(1);
   ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 1)}));
-  const auto t0 = std::chrono::steady_clock::now();
+  clock.Advance(121s);
   Status w = (*receiver)->Wait(rt, {});
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
   EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable,
-                          AllOf(HasSubstr("process 0 (127.0.0.1:"), HasSubstr("did not connect again within 1 s"))));
+                          AllOf(HasSubstr("process 0 (127.0.0.1:"), HasSubstr("did not connect again within 120 s"))));
   (*receiver)->Abandon(rt);
 }
 
@@ -577,8 +581,18 @@ TEST(PeerExchange, AReceiverThatComesBackAtANewAddressIsFoundThere) {
 }
 
 TEST(PeerExchange, ALostReceiverThatDoesNotComeBackFailsTheSendersStep) {
+  // The reconnect timeout is the default (120 s), on a simulated clock.
   Pair pair;
-  auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
+  SimulatedClock clock;
+  std::atomic<int> asked{0};  // dials of the lost receiver
+  ExchangeOptions so = pair.Options(0);
+  so.clock = &clock;
+  so.reconnect_timeout = ExchangeOptions{}.reconnect_timeout;
+  so.address_of = [&, addr = pair.peers[1]](int64_t) -> std::optional<PeerAddress> {
+    asked++;
+    return addr;  // where nothing listens any more
+  };
+  auto sender = PeerExchange::Create(so, {1}, {});
   ASSERT_OK(sender);
   std::vector<uint8_t> src(64), dst(64);
   {
@@ -586,37 +600,50 @@ TEST(PeerExchange, ALostReceiverThatDoesNotComeBackFailsTheSendersStep) {
     ASSERT_OK(receiver);
     ASSERT_NO_FATAL_FAILURE(MoveStep(**sender, **receiver, 0, src, dst, 0));
   }
+  ASSERT_TRUE(WaitFor([&] { return (*sender)->counters().peers_connected == 0; }, 10s)) << "the loss went unseen";
   auto st1 = (*sender)->Begin(1);
   ASSERT_OK((*sender)->Send(st1, {PartOf(1, src, 1)}));
-  const auto t0 = std::chrono::steady_clock::now();
+  // Not before its time: two more dials after 119 s, so one failed dial
+  // was weighed against the deadline on the moved clock.
+  clock.Advance(119s);
+  const int dials = asked.load();
+  ASSERT_TRUE(WaitFor([&] { return asked.load() >= dials + 2; }, 10s)) << "the sender stopped dialling";
+  EXPECT_EQ(WaitAtMost(**sender, st1, 0ms).code(), StatusCode::kCancelled) << "failed before the timeout";
+  clock.Advance(2s);
   Status w = (*sender)->Wait(st1, {});
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
-  EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable, HasSubstr("could not be reached again within 1 s")));
+  EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable, HasSubstr("could not be reached again within 120 s")));
   (*sender)->Abandon(st1);
 }
 
 TEST(PeerExchange, APeerThatNeverStartsIsReportedAfterTheConnectTimeout) {
+  // The connect timeout is the default (120 s), on a simulated clock.
   std::vector<uint8_t> src(8), dst(8);  // outlive the exchanges
+  SimulatedClock clock;
   Pair pair;
   ExchangeOptions o = pair.Options(0);
-  o.connect_timeout = 600ms;
+  o.clock = &clock;
+  o.connect_timeout = ExchangeOptions{}.connect_timeout;
   ::close(pair.fds[1]);  // process 1 never listens
   auto sender = PeerExchange::Create(o, {1}, {});
   ASSERT_OK(sender);
   auto st = (*sender)->Begin(0);
   ASSERT_OK((*sender)->Send(st, {PartOf(1, src, 1)}));
+  clock.Advance(121s);
   EXPECT_THAT(WaitThenAbandon(**sender, st),
-              StatusIs(StatusCode::kUnavailable, HasSubstr("cannot connect to process 1")));
+              StatusIs(StatusCode::kUnavailable, AllOf(HasSubstr("cannot connect to process 1"), HasSubstr("120 s"))));
 
   // And the receiving side of a sender that never connects.
   Pair other;
   ExchangeOptions r = other.Options(1);
-  r.connect_timeout = 600ms;
+  r.clock = &clock;
+  r.connect_timeout = ExchangeOptions{}.connect_timeout;
   auto receiver = PeerExchange::Create(r, {}, {0});
   ASSERT_OK(receiver);
   auto rt = (*receiver)->Begin(0);
   ASSERT_OK((*receiver)->Expect(rt, {PartOf(0, dst, 1)}));
-  EXPECT_THAT(WaitThenAbandon(**receiver, rt), StatusIs(StatusCode::kUnavailable, HasSubstr("has not connected")));
+  clock.Advance(121s);
+  EXPECT_THAT(WaitThenAbandon(**receiver, rt),
+              StatusIs(StatusCode::kUnavailable, AllOf(HasSubstr("has not connected for 120 s"))));
 }
 
 TEST(PeerExchange, AReceiverThatMovesOnSkipsAndOneThatMovesBackIsServedAgain) {
@@ -663,9 +690,8 @@ TEST(PeerExchange, AStepCreditedWhileItIsStillBeingStagedIsSentFromItsSlotNotRea
   auto st0 = (*sender)->Begin(0);  // staging step 0: reads under way
   auto rt0 = (*receiver)->Begin(0);
   ASSERT_OK((*receiver)->Expect(rt0, {PartOf(0, d0, 0)}));
-  // The credit reaches the sender: a fixed time, as the exchange shows no
-  // sign of a credit taken; a late one only makes the test less strict.
-  std::this_thread::sleep_for(300ms);
+  // The credit reaches the sender while it stages step 0.
+  ASSERT_TRUE(WaitFor([&] { return (*sender)->counters().credits_received == 1; }, 10s));
   // Another step moving meanwhile makes the sender look at its credits again.
   auto rt1 = (*receiver)->Begin(1);
   ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
@@ -689,9 +715,11 @@ TEST(PeerExchange, ADialThatHangsIsGivenUpAndTheReceiversNewAddressLookedUp) {
   // Listens and never accepts: a dial there connects and hears nothing.
   auto [silent_fd, silent_port] = Listen();
   std::atomic<int> asked{0};
+  SimulatedClock clock;  // the default peer timeout (30 s): an attempt may take 10 s
   ExchangeOptions so = pair.Options(0);
-  so.reconnect_timeout = 30s;
-  so.peer_timeout = 1s;
+  so.clock = &clock;
+  so.reconnect_timeout = 1h;
+  so.peer_timeout = ExchangeOptions{}.peer_timeout;
   so.address_of = [&, silent = silent_port, moved = moved_port](int64_t) -> std::optional<PeerAddress> {
     // The first redial goes where nothing answers; later ones find the pod.
     return PeerAddress{"127.0.0.1", asked++ == 0 ? silent : moved};
@@ -714,7 +742,11 @@ TEST(PeerExchange, ADialThatHangsIsGivenUpAndTheReceiversNewAddressLookedUp) {
   ASSERT_OK((*sender)->Send(st1, {PartOf(1, s1, 1)}));
   auto rt1 = (*receiver)->Begin(1);
   ASSERT_OK((*receiver)->Expect(rt1, {PartOf(0, d1, 1)}));
-  Status got = WaitAtMost(**receiver, rt1, 10s);
+  // The sender's time moves on 5 s at a look until it dials again.
+  Status got = (*receiver)->Wait(rt1, [&] {
+    if (asked.load() < 2) clock.Advance(5s);
+    return std::chrono::steady_clock::now() - t0 > 10s;
+  });
   ASSERT_OK(got);
   Status sent = WaitAtMost(**sender, st1, 5s);
   ASSERT_OK(sent);
@@ -729,9 +761,11 @@ TEST(PeerExchange, AFailedConnectionWithAPartStuckInTheSocketDoesNotHangTheStep)
   // reconnecting allowed: the sender's part fails, and giving the step up
   // returns instead of waiting for a write that never ends.
   Pair pair;
+  SimulatedClock clock;  // the default peer timeout (30 s)
   ExchangeOptions so = pair.Options(0);
+  so.clock = &clock;
   so.reconnect_timeout = 0s;
-  so.peer_timeout = 1s;
+  so.peer_timeout = ExchangeOptions{}.peer_timeout;
   std::vector<uint8_t> big(64 << 20, 1);  // outlives the exchange
   auto sender = PeerExchange::Create(so, {1}, {});
   ASSERT_OK(sender);
@@ -754,14 +788,25 @@ TEST(PeerExchange, AFailedConnectionWithAPartStuckInTheSocketDoesNotHangTheStep)
   ASSERT_TRUE(WriteAll(fd, &credit, sizeof credit));
   auto st = (*sender)->Begin(0);
   ASSERT_OK((*sender)->Send(st, {PartOf(1, big, 0)}));
-  Status failed = WaitAtMost(**sender, st, 10s);
+  // Time moves on 5 s at a look: the silent receiver is lost, the step fails.
+  const auto t0 = std::chrono::steady_clock::now();
+  Status failed = (*sender)->Wait(st, [&] {
+    clock.Advance(5s);
+    return std::chrono::steady_clock::now() - t0 > 10s;
+  });
   EXPECT_EQ(failed.code(), StatusCode::kUnavailable) << failed.ToString();
   std::atomic<bool> abandoned{false};
   std::thread t([&] {
     (*sender)->Abandon(st);
     abandoned = true;
   });
-  EXPECT_TRUE(WaitFor([&] { return abandoned.load(); }, 10s)) << "Abandon still waits for the stuck write after 10 s";
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        clock.Advance(5s);
+        return abandoned.load();
+      },
+      10s, 20ms))
+      << "Abandon still waits for the stuck write after 10 s";
   ::shutdown(fd, SHUT_RDWR);  // lets a stuck Abandon finish, so the test ends
   t.join();
   ::close(fd);
@@ -830,9 +875,10 @@ TEST(PeerExchange, APartReadAgainWhileThePeerIsReconnectingWaitsForTheHandshake)
   let_go();
   ASSERT_TRUE(WaitFor([&] { return served.load() != 0; }, 10s)) << "the read did not finish";
   ASSERT_EQ(served.load(), 1);
-  // Room for the sender to (wrongly) write the part on the new connection:
-  // what must NOT happen, so the time is fixed.
-  std::this_thread::sleep_for(300ms);
+  // The sender has decided what to do with the part it read: it found the
+  // connection not through its handshake and kept the part back.
+  ASSERT_TRUE(WaitFor([&] { return (*sender)->counters().serves_unsent == 1; }, 10s));
+  EXPECT_EQ((*sender)->counters().parts_served, 0u);
   pollfd dialled{silent_fd, POLLIN, 0};
   ASSERT_EQ(::poll(&dialled, 1, 3000), 1) << "the sender did not dial the lost receiver again";
   const int fd = ::accept(silent_fd, nullptr, nullptr);
