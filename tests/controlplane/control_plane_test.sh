@@ -128,7 +128,7 @@ check "the started control plane answers" $?
 [ $? -ne 0 ] && grep -q "already running" "$TMP/out"
 check "a second start in the same directory is refused" $?
 "$CP" stop "$TMP/dev"
-sleep 0.5
+sleep 0.5  # real time: the stopped processes (etcd, apiserver) exit on their own
 [ "$(procs_of "$TMP/dev" | wc -l)" -eq 0 ]
 check "stop leaves no process" $?
 

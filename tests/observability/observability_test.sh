@@ -102,7 +102,8 @@ rc=$?
 check "the dashboard's queries against the live sidecars (dashboard_check.py --prometheus)" $rc
 grep -v "passed, .* failed$" "$TMP/dash.out" | sed 's/^/     /'
 
-# Every rule evaluated against the live series without an error.
+# Every rule evaluated against the live series without an error (real
+# time: the Prometheus server evaluates its rules on its own interval).
 sleep 2
 rules=$(curl -sf "$URL/api/v1/rules" 2>/dev/null)
 n_ok=$(grep -o '"health":"ok"' <<<"$rules" | wc -l)

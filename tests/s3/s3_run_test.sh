@@ -108,14 +108,14 @@ wait_for "$TMP/restart-1.log" "sidecar started"
   >"$TMP/trainer.out" 2>"$TMP/trainer.log" &
 TR=$!
 PIDS+=($TR)
-sleep 1
+sleep 1  # real time: the trainer process streams a while before its sidecar is killed
 kill -9 $SC; wait $SC 2>/dev/null
 "$SIDECAR" --job "$TMP/restart.yaml" --process 0 --socket "$TMP/r.sock" --staging host --log-level info \
   2>"$TMP/restart-2.log" &
 SC=$!
 PIDS+=($SC)
 wait_for "$TMP/restart-2.log" "sidecar started"
-sleep 1.5
+sleep 1.5  # real time: the trainer process reconnects and streams on
 kill $TR; wait $TR; trc=$?
 kill $SC
 last=$(tail -1 "$TMP/trainer.out")

@@ -297,7 +297,7 @@ moved_sidecar 1 127.0.0.3; MV1=$!; PIDS+=($MV1)
   >"$TMP/mvt0.log" 2>&1 & T0=$!
 "$ML" demo-trainer --job "$TMP/bcast.yaml" --process 1 --socket "$TMP/mv1.sock" --steps 300 --delay-ms 5 \
   >"$TMP/mvt1.log" 2>&1 & T1=$!
-sleep 0.5
+sleep 0.5  # real time: the two trainer processes stream a while before the kill
 kill -KILL $MV1; wait $MV1 2>/dev/null
 assign 127.0.0.4
 moved_sidecar 1 127.0.0.4; MV1=$!; PIDS+=($MV1)
