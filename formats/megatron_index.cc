@@ -40,8 +40,8 @@ Result<MegatronIndex> ParseMegatronIndex(std::string_view bytes, std::string_vie
   const uint64_t size = bytes.size();
   if (size < kMegatronIndexHeaderBytes) {
     return At(name, size,
-              "a Megatron index is at least " + std::to_string(kMegatronIndexHeaderBytes) + " bytes; this one ends after " +
-                  std::to_string(size));
+              "a Megatron index is at least " + std::to_string(kMegatronIndexHeaderBytes) +
+                  " bytes; this one ends after " + std::to_string(size));
   }
   if (bytes.substr(0, kMegatronIndexMagic.size()) != kMegatronIndexMagic) {
     return At(name, 0, "not a Megatron indexed dataset index (the magic is not MMIDIDX\\x00\\x00)");

@@ -67,8 +67,8 @@ Status TarWalker::Error(uint64_t offset, const std::string& what) const {
 Result<std::optional<TarMember>> TarWalker::Feed(std::string_view bytes) {
   if (done_) return Error(need_.offset, "the archive has ended; nothing more to read");
   if (bytes.size() != need_.bytes) {
-    return Error(need_.offset, "fed " + std::to_string(bytes.size()) + " bytes where " +
-                                   std::to_string(need_.bytes) + " were asked for");
+    return Error(need_.offset, "fed " + std::to_string(bytes.size()) + " bytes where " + std::to_string(need_.bytes) +
+                                   " were asked for");
   }
   const uint64_t at = need_.offset;
   // Where the header after `data_at` + `size` bytes is, or the end.
@@ -180,7 +180,9 @@ Result<std::optional<TarMember>> TarWalker::Feed(std::string_view bytes) {
   // As Python's tarfile: regular files and types it does not know have
   // data after their header; links, devices, directories and FIFOs none.
   const bool known_without_data = type == '\0' || (type >= '1' && type <= '6');
-  MESHLOAD_RETURN_IF_ERROR(header_at(m.regular ? m.next_offset() : known_without_data ? data_at : data_at + Padded(size)));
+  MESHLOAD_RETURN_IF_ERROR(header_at(m.regular            ? m.next_offset()
+                                     : known_without_data ? data_at
+                                                          : data_at + Padded(size)));
   return std::optional<TarMember>(std::move(m));
 }
 

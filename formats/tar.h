@@ -38,10 +38,10 @@ inline constexpr uint64_t kTarBlock = 512;
 
 struct TarMember {
   std::string name;
-  bool regular = false;     // a regular file (not a directory, link or device)
-  uint64_t offset = 0;      // its first header (a PAX or GNU one before it included)
+  bool regular = false;  // a regular file (not a directory, link or device)
+  uint64_t offset = 0;   // its first header (a PAX or GNU one before it included)
   uint64_t data_offset = 0;
-  uint64_t size = 0;        // data bytes
+  uint64_t size = 0;  // data bytes
   /// Where the next member's header starts.
   uint64_t next_offset() const { return data_offset + (size + kTarBlock - 1) / kTarBlock * kTarBlock; }
 };

@@ -62,9 +62,9 @@ Result<std::vector<uint64_t>> ParseEnergonTarIndex(std::string_view bytes, std::
   std::memcpy(out.data(), bytes.data(), bytes.size());
   for (size_t i = 0; i < out.size(); ++i) {
     if (i > 0 && out[i] < out[i - 1]) {
-      return InvalidArgument("offset " + std::to_string(out[i]) + " is below the one before it (" +
-                                 std::to_string(out[i - 1]) + ")",
-                             at(8 * i));
+      return InvalidArgument(
+          "offset " + std::to_string(out[i]) + " is below the one before it (" + std::to_string(out[i - 1]) + ")",
+          at(8 * i));
     }
     if (out[i] > shard_bytes) {
       return InvalidArgument("offset " + std::to_string(out[i]) + " is past the end of the shard (" +

@@ -42,7 +42,7 @@ struct WebDatasetField {
 };
 struct WebDatasetSample {
   std::string key;
-  uint64_t offset = 0;  // its first member's first header
+  uint64_t offset = 0;                            // its first member's first header
   std::map<std::string, WebDatasetField> fields;  // by extension
 };
 
@@ -68,8 +68,7 @@ class ShardSamples {
 /// `shard_bytes` bytes: its length a multiple of 8, at least one entry,
 /// the offsets never decreasing, the last within the shard. Errors name the
 /// byte offset.
-Result<std::vector<uint64_t>> ParseEnergonTarIndex(std::string_view bytes, std::string_view name,
-                                                   uint64_t shard_bytes);
+Result<std::vector<uint64_t>> ParseEnergonTarIndex(std::string_view bytes, std::string_view name, uint64_t shard_bytes);
 /// The bytes of an Energon `.tar.idx` holding `offsets`.
 std::string EnergonTarIndexBytes(const std::vector<uint64_t>& offsets);
 

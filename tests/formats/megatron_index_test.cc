@@ -10,27 +10,21 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/formats/fixture_files.h"
 #include "tests/testing/status_matchers.h"
 
 namespace meshload::formats {
 namespace {
 
+using fixtures::Slurp;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::StatusIs;
 
 const std::string kData = MESHLOAD_FORMATS_DATA "/megatron/";
-
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << path;
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
 
 // Element `k` of sequence `i` of `bin`, as the number Megatron's reader gave.
 double Element(const MegatronIndex& index, const std::string& bin, uint64_t i, uint64_t k) {
@@ -150,8 +144,8 @@ TEST_F(DamagedMegatronIndex, NegativeLengthsBadPointersAndDocumentIndicesNameThe
   b = good_;
   const int64_t one = 1;
   std::memcpy(&b[docs_at], &one, 8);
-  EXPECT_THAT(Parse(b).ToString(), AllOf(HasSubstr("d.idx@" + std::to_string(docs_at) + ": "),
-                                         HasSubstr("document index 0 is 1")));
+  EXPECT_THAT(Parse(b).ToString(),
+              AllOf(HasSubstr("d.idx@" + std::to_string(docs_at) + ": "), HasSubstr("document index 0 is 1")));
   b = good_;
   const int64_t short_of_the_end = static_cast<int64_t>(s) - 1;
   std::memcpy(&b[good_.size() - 8], &short_of_the_end, 8);
@@ -169,7 +163,7 @@ TEST(MegatronData, AnIndexThatPointsPastTheDataFileNamesTheSequence) {
 
 TEST(MegatronDType, EveryCodeHasItsNameAndWidth) {
   const std::pair<uint8_t, std::pair<std::string_view, uint32_t>> want[] = {
-      {1, {"uint8", 1}},   {2, {"int8", 1}},    {3, {"int16", 2}}, {4, {"int32", 4}},
+      {1, {"uint8", 1}}, {2, {"int8", 1}},    {3, {"int16", 2}},   {4, {"int32", 4}},
       {5, {"int64", 8}}, {6, {"float64", 8}}, {7, {"float32", 4}}, {8, {"uint16", 2}}};
   for (const auto& [code, nb] : want) {
     MegatronDType d;

@@ -11,37 +11,22 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "formats/tar.h"
+#include "tests/formats/fixture_files.h"
 #include "tests/testing/status_matchers.h"
 
 namespace meshload::formats {
 namespace {
 
+using fixtures::Hex;
+using fixtures::Slurp;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 const std::string kData = MESHLOAD_FORMATS_DATA "/webdataset/";
-
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << path;
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-std::string Hex(std::string_view b) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : b) {
-    out += d[c >> 4];
-    out += d[c & 15];
-  }
-  return out;
-}
 
 struct Walked {
   std::vector<WebDatasetSample> samples;
@@ -119,8 +104,9 @@ TEST(EnergonIndex, ADamagedIndexNamesItsByte) {
   uint64_t members_end = 0;
   std::memcpy(&members_end, &idx[idx.size() - 8], 8);
   EXPECT_OK(ParseEnergonTarIndex(idx, "s.tar.idx", members_end));
-  EXPECT_THAT(ParseEnergonTarIndex(idx, "s.tar.idx", members_end - 1).status().ToString(),
-              AllOf(HasSubstr("s.tar.idx@" + std::to_string(idx.size() - 8) + ": "), HasSubstr("past the end of the shard")));
+  EXPECT_THAT(
+      ParseEnergonTarIndex(idx, "s.tar.idx", members_end - 1).status().ToString(),
+      AllOf(HasSubstr("s.tar.idx@" + std::to_string(idx.size() - 8) + ": "), HasSubstr("past the end of the shard")));
 }
 
 TEST(WebDatasetNames, SplitAsWebdatasetAndEnergonSplitThem) {
@@ -131,8 +117,9 @@ TEST(WebDatasetNames, SplitAsWebdatasetAndEnergonSplitThem) {
     const char* key;
     const char* ext;
   } cases[] = {
-      {"a/b.c.d", true, "a/b", "c.d"}, {"noext", false, "", ""},     {"dir/.hidden", true, "dir/", "hidden"},
-      {"X.JPG", true, "X", "jpg"},     {"a.b/c.d", true, "a.b/c", "d"}, {".x", false, "", ""},
+      {"a/b.c.d", true, "a/b", "c.d"},         {"noext", false, "", ""},
+      {"dir/.hidden", true, "dir/", "hidden"}, {"X.JPG", true, "X", "jpg"},
+      {"a.b/c.d", true, "a.b/c", "d"},         {".x", false, "", ""},
       {"a/__k__/b.c", true, "a/__k__/b", "c"},
   };
   for (const auto& c : cases) {
@@ -182,8 +169,8 @@ TEST_F(DamagedShard, ATruncatedShardAtAnyBlockIsAnErrorOrAShorterArchiveNeverACr
   }
   ASSERT_NE(big, 0u);
   auto mid_data = Walk(tar_.substr(0, big + 100), "s.tar");
-  EXPECT_THAT(mid_data.status().ToString(),
-              AllOf(HasSubstr("s.tar@" + std::to_string(big - 512) + ": "), HasSubstr("runs past the end of the file")));
+  EXPECT_THAT(mid_data.status().ToString(), AllOf(HasSubstr("s.tar@" + std::to_string(big - 512) + ": "),
+                                                  HasSubstr("runs past the end of the file")));
   auto mid_header = Walk(tar_.substr(0, 1024 + 100), "s.tar");
   EXPECT_THAT(mid_header.status().ToString(), AllOf(HasSubstr("s.tar@1024: "), HasSubstr("a truncated archive?")));
 }
