@@ -16,12 +16,11 @@ struct Known {
   uint32_t scalar_size;  // 0: not a fixed-size scalar
 };
 constexpr Known kEncodings[] = {
-    {"bytes", 0},       {"str", 0},         {"int", 8},           {"ndarray", 0},     {"uint8", 1},
-    {"uint16", 2},      {"uint32", 4},      {"uint64", 8},        {"int8", 1},        {"int16", 2},
-    {"int32", 4},       {"int64", 8},       {"float16", 2},       {"float32", 4},     {"float64", 8},
-    {"str_int", 0},     {"str_float", 0},   {"str_decimal", 0},   {"pil", 0},         {"jpeg", 0},
-    {"jpeg_array", 0},  {"jpegarray", 0},   {"png", 0},           {"list[pil]", 0},   {"list[jpeg]", 0},
-    {"list[png]", 0},   {"pkl", 0},         {"json", 0},
+    {"bytes", 0},      {"str", 0},       {"int", 8},        {"ndarray", 0},   {"uint8", 1},     {"uint16", 2},
+    {"uint32", 4},     {"uint64", 8},    {"int8", 1},       {"int16", 2},     {"int32", 4},     {"int64", 8},
+    {"float16", 2},    {"float32", 4},   {"float64", 8},    {"str_int", 0},   {"str_float", 0}, {"str_decimal", 0},
+    {"pil", 0},        {"jpeg", 0},      {"jpeg_array", 0}, {"jpegarray", 0}, {"png", 0},       {"list[pil]", 0},
+    {"list[jpeg]", 0}, {"list[png]", 0}, {"pkl", 0},        {"json", 0},
 };
 
 const Known* Find(std::string_view encoding) {
@@ -102,8 +101,8 @@ Result<std::vector<MdsShard>> ParseMdsIndex(std::string_view json, std::string_v
       col.name = names[c].get<std::string>();
       col.encoding = encodings[c].get<std::string>();
       if (!IsMdsEncoding(col.encoding)) {
-        return error(at + ".column_encodings" + cat, "unknown MDS encoding '" + col.encoding + "' (column '" +
-                                                         col.name + "')");
+        return error(at + ".column_encodings" + cat,
+                     "unknown MDS encoding '" + col.encoding + "' (column '" + col.name + "')");
       }
       if (!sizes[c].is_null()) {
         if (!sizes[c].is_number_unsigned() || sizes[c].get<uint64_t>() > UINT32_MAX) {
@@ -160,16 +159,16 @@ Result<std::vector<uint64_t>> ParseMdsShardHead(std::string_view head, const Mds
   }
   if (head.size() < need) return error(head.size(), "the shard's head is cut short");
   if (const uint32_t n = LoadU32(head, 0); n != shard.samples) {
-    return error(0, "the shard holds " + std::to_string(n) + " samples; the index says " +
-                        std::to_string(shard.samples));
+    return error(0,
+                 "the shard holds " + std::to_string(n) + " samples; the index says " + std::to_string(shard.samples));
   }
   std::vector<uint64_t> offsets(shard.samples + 1);
   for (uint64_t i = 0; i <= shard.samples; ++i) {
     offsets[i] = LoadU32(head, 4 * (i + 1));
     const uint64_t lower = i == 0 ? need : offsets[i - 1];
     if (offsets[i] < lower) {
-      return error(4 * (i + 1), "sample offset " + std::to_string(offsets[i]) + " is below " +
-                                    std::to_string(lower) + (i == 0 ? " (the end of the offsets)" : " (the one before)"));
+      return error(4 * (i + 1), "sample offset " + std::to_string(offsets[i]) + " is below " + std::to_string(lower) +
+                                    (i == 0 ? " (the end of the offsets)" : " (the one before)"));
     }
   }
   if (offsets.back() != shard.bytes) {

@@ -36,7 +36,7 @@ namespace meshload::formats {
 
 struct MdsColumn {
   std::string name;
-  std::string encoding;         // as written: "bytes", "int", "ndarray:int32:4", ...
+  std::string encoding;          // as written: "bytes", "int", "ndarray:int32:4", ...
   std::optional<uint32_t> size;  // fixed bytes per sample, or variable
 };
 

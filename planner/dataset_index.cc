@@ -30,7 +30,7 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
   DatasetIndex idx;
   idx.format_ = spec.format;
   idx.indexed_ = true;
-  idx.dtype_ = spec.dtype.value_or(DType::kUint8);
+  idx.dtype_ = spec.dtype.value_or(formats::DType::kUint8);
   uint64_t total = 0;  // samples or tokens
   for (FileFacts& facts : files) {
     const std::string& p = facts.path;
@@ -49,17 +49,17 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
         break;
       }
       case DatasetFormat::kTokenStream: {
-        const uint64_t tb = DTypeSize(idx.dtype_);
+        const uint64_t tb = formats::DTypeSize(idx.dtype_);
         if (f.size % tb != 0) {
           diags.Add(p, "size " + std::to_string(f.size) + " is not a whole number of " +
-                           std::string(DTypeName(idx.dtype_)) + " tokens (" + std::to_string(tb) +
+                           std::string(formats::DTypeName(idx.dtype_)) + " tokens (" + std::to_string(tb) +
                            " bytes each); check spec.dataset.dtype");
         }
         f.count = f.size / tb;
         break;
       }
       case DatasetFormat::kNpy: {
-        Result<NpyHeader>& h = facts.npy;
+        Result<formats::NpyHeader>& h = facts.npy;
         if (!h.ok()) {
           diags.Add(h.status());
           continue;
@@ -69,17 +69,18 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
           continue;
         }
         if (spec.dtype && *spec.dtype != h->dtype) {
-          diags.Add(p, "dtype is " + std::string(DTypeName(h->dtype)) + " ('" + h->descr +
-                           "') but spec.dataset.dtype is " + std::string(DTypeName(*spec.dtype)));
+          diags.Add(p, "dtype is " + std::string(formats::DTypeName(h->dtype)) + " ('" + h->descr +
+                           "') but spec.dataset.dtype is " + std::string(formats::DTypeName(*spec.dtype)));
         }
         if (!idx.files_.empty() && idx.files_.front().npy) {
-          const NpyHeader& first = *idx.files_.front().npy;
+          const formats::NpyHeader& first = *idx.files_.front().npy;
           std::vector<uint64_t> a(first.shape.begin() + 1, first.shape.end());
           std::vector<uint64_t> b(h->shape.begin() + 1, h->shape.end());
           if (a != b || first.dtype != h->dtype) {
-            diags.Add(p, "holds samples of shape " + ShapeString(b) + " and dtype " + std::string(DTypeName(h->dtype)) +
-                             ", but " + idx.files_.front().path + " holds " + ShapeString(a) + " " +
-                             std::string(DTypeName(first.dtype)) + "; every file of a dataset must agree");
+            diags.Add(p, "holds samples of shape " + ShapeString(b) + " and dtype " +
+                             std::string(formats::DTypeName(h->dtype)) + ", but " + idx.files_.front().path +
+                             " holds " + ShapeString(a) + " " + std::string(formats::DTypeName(first.dtype)) +
+                             "; every file of a dataset must agree");
           }
         }
         if (f.size != h->data_offset + h->data_bytes) {
@@ -104,11 +105,11 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
     case DatasetFormat::kFixedRecord: {
       idx.num_samples_ = total;
       idx.sample_bytes_ = static_cast<uint64_t>(spec.record_bytes);
-      idx.sample_shape_ = {idx.sample_bytes_ / DTypeSize(idx.dtype_)};
+      idx.sample_shape_ = {idx.sample_bytes_ / formats::DTypeSize(idx.dtype_)};
       break;
     }
     case DatasetFormat::kTokenStream: {
-      idx.token_bytes_ = DTypeSize(idx.dtype_);
+      idx.token_bytes_ = formats::DTypeSize(idx.dtype_);
       idx.sequence_length_ = static_cast<uint64_t>(spec.sequence_length);
       idx.num_samples_ = total >= 1 ? (total - 1) / idx.sequence_length_ : 0;
       idx.sample_bytes_ = (idx.sequence_length_ + 1) * idx.token_bytes_;
@@ -116,16 +117,16 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
       break;
     }
     case DatasetFormat::kNpy: {
-      const NpyHeader& h = *idx.files_.front().npy;
+      const formats::NpyHeader& h = *idx.files_.front().npy;
       idx.dtype_ = h.dtype;
       idx.num_samples_ = total;
       idx.sample_shape_.assign(h.shape.begin() + 1, h.shape.end());
-      idx.sample_bytes_ = Product(h.shape, 1) * DTypeSize(h.dtype);
+      idx.sample_bytes_ = Product(h.shape, 1) * formats::DTypeSize(h.dtype);
       if (spec.record_bytes > 0 && static_cast<uint64_t>(spec.record_bytes) != idx.sample_bytes_) {
         diags.Add("spec.dataset.recordBytes",
                   std::to_string(spec.record_bytes) + " disagrees with the npy files, whose samples are " +
                       std::to_string(idx.sample_bytes_) + " bytes (shape " + ShapeString(idx.sample_shape_) + ", " +
-                      std::string(DTypeName(h.dtype)) + ")");
+                      std::string(formats::DTypeName(h.dtype)) + ")");
       }
       break;
     }
@@ -142,19 +143,19 @@ DatasetIndex DatasetIndex::Virtual(const DatasetSpec& spec, uint64_t samples) {
   DatasetIndex idx;
   idx.format_ = spec.format;
   idx.indexed_ = false;
-  idx.dtype_ = spec.dtype.value_or(DType::kUint8);
+  idx.dtype_ = spec.dtype.value_or(formats::DType::kUint8);
   idx.num_samples_ = samples;
   DatasetFile f;
   f.path = spec.uri;
   switch (spec.format) {
     case DatasetFormat::kFixedRecord:
       idx.sample_bytes_ = static_cast<uint64_t>(spec.record_bytes);
-      idx.sample_shape_ = {idx.sample_bytes_ / DTypeSize(idx.dtype_)};
+      idx.sample_shape_ = {idx.sample_bytes_ / formats::DTypeSize(idx.dtype_)};
       f.count = samples;
       f.size = samples * idx.sample_bytes_;
       break;
     case DatasetFormat::kTokenStream:
-      idx.token_bytes_ = DTypeSize(idx.dtype_);
+      idx.token_bytes_ = formats::DTypeSize(idx.dtype_);
       idx.sequence_length_ = static_cast<uint64_t>(spec.sequence_length);
       idx.sample_bytes_ = (idx.sequence_length_ + 1) * idx.token_bytes_;
       idx.sample_shape_ = {idx.sequence_length_ + 1};
@@ -163,7 +164,7 @@ DatasetIndex DatasetIndex::Virtual(const DatasetSpec& spec, uint64_t samples) {
       break;
     case DatasetFormat::kNpy:
       idx.sample_bytes_ = spec.record_bytes > 0 ? static_cast<uint64_t>(spec.record_bytes) : 0;
-      if (idx.sample_bytes_) idx.sample_shape_ = {idx.sample_bytes_ / DTypeSize(idx.dtype_)};
+      if (idx.sample_bytes_) idx.sample_shape_ = {idx.sample_bytes_ / formats::DTypeSize(idx.dtype_)};
       f.count = samples;
       f.size = samples * idx.sample_bytes_;
       break;

@@ -30,8 +30,8 @@
 
 #include "common/diagnostics.h"
 #include "common/status.h"
-#include "planner/dtype.h"
-#include "planner/npy.h"
+#include "formats/dtype.h"
+#include "formats/npy.h"
 #include "planner/spec.h"
 
 namespace meshload::planner {
@@ -42,7 +42,7 @@ struct DatasetFile {
   uint64_t data_offset = 0;  // bytes before the sample data (the .npy header)
   uint64_t first = 0;        // first sample (record formats) or first token (TokenStream)
   uint64_t count = 0;        // samples (record formats) or tokens (TokenStream) in this file
-  std::optional<NpyHeader> npy;
+  std::optional<formats::NpyHeader> npy;
 };
 
 /// A byte range of one file.
@@ -60,7 +60,7 @@ class DatasetIndex {
   struct FileFacts {
     std::string path;
     uint64_t size = 0;
-    Result<NpyHeader> npy = Status(StatusCode::kNotFound, "header not read");  // Npy only
+    Result<formats::NpyHeader> npy = Status(StatusCode::kNotFound, "header not read");  // Npy only
   };
   /// Builds the index from facts about files, in the order given (callers
   /// sort them). Every problem (sizes that are not whole records or tokens,
@@ -76,7 +76,7 @@ class DatasetIndex {
   static DatasetIndex Virtual(const DatasetSpec& spec, uint64_t samples);
 
   DatasetFormat format() const { return format_; }
-  DType dtype() const { return dtype_; }
+  formats::DType dtype() const { return dtype_; }
   uint64_t num_samples() const { return num_samples_; }
   /// Bytes of one sample as delivered to the trainer (TokenStream: (T+1)
   /// tokens). 0 when unknown (a virtual Npy index without recordBytes).
@@ -99,7 +99,7 @@ class DatasetIndex {
 
  private:
   DatasetFormat format_ = DatasetFormat::kFixedRecord;
-  DType dtype_ = DType::kUint8;
+  formats::DType dtype_ = formats::DType::kUint8;
   uint64_t num_samples_ = 0;
   uint64_t sample_bytes_ = 0;
   uint64_t token_bytes_ = 0;      // TokenStream: bytes per token

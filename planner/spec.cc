@@ -60,16 +60,16 @@ bool IsValidAxisName(const std::string& s) {
                      [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; });
 }
 
-bool IsIntegerType(DType t) {
+bool IsIntegerType(formats::DType t) {
   switch (t) {
-    case DType::kInt8:
-    case DType::kUint8:
-    case DType::kInt16:
-    case DType::kUint16:
-    case DType::kInt32:
-    case DType::kUint32:
-    case DType::kInt64:
-    case DType::kUint64: return true;
+    case formats::DType::kInt8:
+    case formats::DType::kUint8:
+    case formats::DType::kInt16:
+    case formats::DType::kUint16:
+    case formats::DType::kInt32:
+    case formats::DType::kUint32:
+    case formats::DType::kInt64:
+    case formats::DType::kUint64: return true;
     default: return false;
   }
 }
@@ -283,10 +283,10 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
         AddOnce(d, "spec.dataset.recordBytes",
                 !record_bytes_given ? "required for format FixedRecord: the bytes of one record"
                                     : "must be >= 1, got " + std::to_string(ds.record_bytes));
-      } else if (ds.dtype && ds.record_bytes % static_cast<int64_t>(DTypeSize(*ds.dtype)) != 0) {
+      } else if (ds.dtype && ds.record_bytes % static_cast<int64_t>(formats::DTypeSize(*ds.dtype)) != 0) {
         d.Add("spec.dataset.recordBytes", std::to_string(ds.record_bytes) + " is not a whole number of " +
-                                              std::string(DTypeName(*ds.dtype)) + " elements (" +
-                                              std::to_string(DTypeSize(*ds.dtype)) + " bytes each)");
+                                              std::string(formats::DTypeName(*ds.dtype)) + " elements (" +
+                                              std::to_string(formats::DTypeSize(*ds.dtype)) + " bytes each)");
       }
       if (sequence_length_given) {
         d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
@@ -298,7 +298,7 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
         AddOnce(d, "spec.dataset.dtype", "required for format TokenStream: the token type, e.g. uint16 or uint32");
       } else if (!IsIntegerType(*ds.dtype)) {
         d.Add("spec.dataset.dtype",
-              "TokenStream tokens must be an integer type, got " + std::string(DTypeName(*ds.dtype)));
+              "TokenStream tokens must be an integer type, got " + std::string(formats::DTypeName(*ds.dtype)));
       }
       if (ds.sequence_length < 1) {
         AddOnce(d, "spec.dataset.sequenceLength",

@@ -25,7 +25,7 @@
 #include "common/diagnostics.h"
 #include "common/status.h"
 #include "planner/dataloadjob_api.h"
-#include "planner/dtype.h"
+#include "formats/dtype.h"
 
 namespace meshload::planner {
 

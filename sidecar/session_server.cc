@@ -89,7 +89,7 @@ void SessionServer::ChooseMaxLeases() {
   protocol::Ready r;
   r.step = std::numeric_limits<int64_t>::max();
   r.slot = std::numeric_limits<uint32_t>::max();
-  const planner::DLPackType dl = planner::ToDLPackType(layout_.dtype);
+  const formats::DLPackType dl = formats::ToDLPackType(layout_.dtype);
   for (size_t i = 0; i < layout_.devices.size(); ++i) {
     r.tensors.push_back({TensorOffset(i), dl.code, dl.bits, layout_.devices[i].shape, layout_.devices[i].strides,
                          std::numeric_limits<uint64_t>::max()});
@@ -345,7 +345,7 @@ void SessionServer::OnHello(const protocol::ClientHello& hello) {
     const auto& t = layout_.devices[i];
     sh.devices.push_back(
         {static_cast<uint32_t>(t.device), static_cast<uint8_t>(device_ ? 2 : 1), device_ ? device_->uuids()[i] : ""});
-    const planner::DLPackType dl = planner::ToDLPackType(layout_.dtype);
+    const formats::DLPackType dl = formats::ToDLPackType(layout_.dtype);
     sh.layout.push_back({TensorOffset(i), dl.code, dl.bits, t.shape, t.strides, t.nbytes});
   }
   sh.slots = memory_->slots();
@@ -395,7 +395,7 @@ void SessionServer::SendReadyBatchesLocked() {
     protocol::Ready r;
     r.step = client_->next_to_send;
     r.slot = *slot;
-    const planner::DLPackType dl = planner::ToDLPackType(layout_.dtype);
+    const formats::DLPackType dl = formats::ToDLPackType(layout_.dtype);
     for (size_t i = 0; i < layout_.devices.size(); ++i) {
       const auto& t = layout_.devices[i];
       r.tensors.push_back({TensorOffset(i), dl.code, dl.bits, t.shape, t.strides, slot_checksums_[*slot][i]});

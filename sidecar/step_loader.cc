@@ -149,7 +149,7 @@ Status StepLoader::VerifyFiles() {
     if (f.npy) {
       std::string head(f.npy->data_offset, '\0');
       MESHLOAD_RETURN_IF_ERROR(src->Read(name, 0, head.data(), head.size()));
-      auto h = planner::ParseNpyHeader(head);
+      auto h = formats::ParseNpyHeader(head);
       if (!h.ok()) return h.status().WithLocationPrefix(source::RedactUri(f.path));
       if (h->descr != f.npy->descr || h->shape != f.npy->shape || h->data_offset != f.npy->data_offset) {
         return DataLoss("the npy header changed after the job was resolved", source::RedactUri(f.path));

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <vector>
 
-#include "planner/npy.h"
+#include "formats/npy.h"
 #include "planner/sampler.h"
 
 namespace meshload::tools {
@@ -42,7 +42,7 @@ Status WriteAll(std::ofstream& out, const std::string& path, const uint8_t* data
 uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec) {
   if (spec.format == planner::DatasetFormat::kTokenStream) {
     return static_cast<uint64_t>(std::max<int64_t>(spec.sequence_length, 1)) *
-           planner::DTypeSize(spec.dtype.value_or(planner::DType::kUint8));
+           formats::DTypeSize(spec.dtype.value_or(formats::DType::kUint8));
   }
   return spec.record_bytes > 0 ? static_cast<uint64_t>(spec.record_bytes) : 1024;
 }
@@ -55,8 +55,8 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
   if (samples == 0) return InvalidArgument("a dataset needs at least one sample");
   if (files < 1) files = 1;
   if (static_cast<uint64_t>(files) > samples) files = static_cast<int>(samples);
-  const planner::DType dtype = spec.dtype.value_or(planner::DType::kUint8);
-  const size_t es = planner::DTypeSize(dtype);
+  const formats::DType dtype = spec.dtype.value_or(formats::DType::kUint8);
+  const size_t es = formats::DTypeSize(dtype);
   std::vector<uint8_t> buf;
   auto path_of = [&](int f, const char* ext) {
     char name[64];
@@ -72,7 +72,7 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
     case planner::DatasetFormat::kNpy: {
       const uint64_t rb = SyntheticSampleBytes(spec);
       if (rb % es != 0)
-        return InvalidArgument("recordBytes is not a whole number of " + std::string(planner::DTypeName(dtype)),
+        return InvalidArgument("recordBytes is not a whole number of " + std::string(formats::DTypeName(dtype)),
                                "spec.dataset.recordBytes");
       const bool npy = spec.format == planner::DatasetFormat::kNpy;
       uint64_t next = 0;
@@ -83,7 +83,7 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
         std::ofstream out(path, std::ios::binary | std::ios::trunc);
         if (!out) return IoErrorFromErrno("create", path, errno);
         if (npy) {
-          MESHLOAD_ASSIGN_OR_RETURN(std::string header, planner::MakeNpyHeader(dtype, {count, rb / es}));
+          MESHLOAD_ASSIGN_OR_RETURN(std::string header, formats::MakeNpyHeader(dtype, {count, rb / es}));
           MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, reinterpret_cast<const uint8_t*>(header.data()), header.size()));
         }
         const uint64_t chunk = std::max<uint64_t>(1, (4ull << 20) / rb);
@@ -125,7 +125,7 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
 int64_t FirstMismatch(const planner::DatasetIndex& index, uint64_t id, const uint8_t* bytes) {
   const uint64_t sb = index.sample_bytes();
   if (index.format() == planner::DatasetFormat::kTokenStream) {
-    const size_t es = planner::DTypeSize(index.dtype());
+    const size_t es = formats::DTypeSize(index.dtype());
     const uint64_t tokens = sb / es;
     const uint64_t T = tokens - 1;
     for (uint64_t t = 0; t < tokens; ++t) {

@@ -277,7 +277,7 @@ std::string Header(const Model& m) {
        "#pragma once\n\n"
        "#include <cstdint>\n#include <map>\n#include <optional>\n#include <string>\n#include <string_view>\n"
        "#include <utility>\n#include <vector>\n\n"
-       "#include \"common/diagnostics.h\"\n#include \"planner/dtype.h\"\n\n"
+       "#include \"common/diagnostics.h\"\n#include \"formats/dtype.h\"\n\n"
        "namespace meshload::planner {\n\n";
   for (const auto& e : m.enums()) {
     o << "enum class " << e.name << " {";

@@ -7,11 +7,11 @@
 
 namespace meshload::sidecar::source {
 
-Result<planner::NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size) {
+Result<formats::NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size) {
   const std::string where = RedactUri(name);
-  std::string head(static_cast<size_t>(std::min<uint64_t>(planner::kNpyPreambleBytes, size)), '\0');
+  std::string head(static_cast<size_t>(std::min<uint64_t>(formats::kNpyPreambleBytes, size)), '\0');
   MESHLOAD_RETURN_IF_ERROR(source.Read(name, 0, head.data(), head.size()));
-  Result<uint64_t> data_offset = planner::NpyDataOffset(head);
+  Result<uint64_t> data_offset = formats::NpyDataOffset(head);
   if (!data_offset.ok()) return data_offset.status().WithLocationPrefix(where);
   // Bounded: NpyDataOffset caps the header at about 1 MiB.
   const uint64_t want = std::min<uint64_t>(*data_offset, size);
@@ -20,7 +20,7 @@ Result<planner::NpyHeader> ReadNpyHeader(Source& source, const std::string& name
     head.resize(static_cast<size_t>(want));
     MESHLOAD_RETURN_IF_ERROR(source.Read(name, got, head.data() + got, want - got));
   }
-  Result<planner::NpyHeader> header = planner::ParseNpyHeader(head);
+  Result<formats::NpyHeader> header = formats::ParseNpyHeader(head);
   if (!header.ok()) return header.status().WithLocationPrefix(where);
   return header;
 }

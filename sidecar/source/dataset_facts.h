@@ -12,7 +12,7 @@
 #include "common/diagnostics.h"
 #include "common/status.h"
 #include "planner/dataset_index.h"
-#include "planner/npy.h"
+#include "formats/npy.h"
 #include "planner/shard_planner.h"
 #include "planner/spec.h"
 #include "sidecar/source/source.h"
@@ -27,7 +27,7 @@ Status S3OptionsForDataset(const planner::DatasetSpec& spec, S3Options& s3);
 /// the preamble, then exactly the header, never the data. Errors as
 /// ParseNpyHeader's, located "name@offset"; the source's own when it cannot
 /// be read.
-Result<planner::NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size);
+Result<formats::NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size);
 
 /// The index of `spec.uri`'s objects as its source lists them
 /// (Source::List: one object, a prefix, or a glob), in name order, with

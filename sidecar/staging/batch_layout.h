@@ -27,7 +27,7 @@ struct DeviceTensor {
 };
 
 struct BatchLayout {
-  planner::DType dtype = planner::DType::kUint8;
+  formats::DType dtype = formats::DType::kUint8;
   uint64_t sample_bytes = 0;
   uint64_t samples_per_device = 0;  // B / S
   uint64_t slot_bytes = 0;          // sum of aligned tensors

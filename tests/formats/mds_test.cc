@@ -19,10 +19,10 @@
 namespace meshload::formats {
 namespace {
 
-using ::testing::AllOf;
-using ::testing::HasSubstr;
 using fixtures::Hex;
 using fixtures::Slurp;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 const std::string kData = MESHLOAD_FORMATS_DATA "/mds/";
 

@@ -30,9 +30,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint32_t n;
   std::memcpy(&n, data, 4);
   shard.samples = n;
-  shard.columns = {{"box", "ndarray:uint16:4", 8}, {"image", "bytes", std::nullopt},
-                   {"label", "int", 8},            {"score", "float32", 4},
-                   {"text", "str", std::nullopt},  {"tokens", "ndarray:int32", std::nullopt}};
+  shard.columns = {
+      {"box", "ndarray:uint16:4", 8}, {"image", "bytes", std::nullopt}, {"label", "int", 8},
+      {"score", "float32", 4},        {"text", "str", std::nullopt},    {"tokens", "ndarray:int32", std::nullopt}};
   const uint64_t head = meshload::formats::MdsShardHeadBytes(shard.samples);
   auto offsets = meshload::formats::ParseMdsShardHead(bytes.substr(0, head), shard);
   if (!offsets.ok()) {

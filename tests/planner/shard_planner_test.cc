@@ -10,7 +10,7 @@
 #include <map>
 #include <set>
 
-#include "planner/npy.h"
+#include "formats/npy.h"
 #include "tests/testing/job_fixtures.h"
 #include "tests/testing/status_matchers.h"
 
@@ -478,7 +478,7 @@ TEST(ShardPlanner, TokenStreamNeighboursShareTheirOverlappingToken) {
   // coalesce into tokens [0, 9) = 18 bytes, not 2 × 10.
   JobSpec spec = DataParallelSpec(1, 2, "/data/tokens.bin");
   spec.dataset.format = DatasetFormat::kTokenStream;
-  spec.dataset.dtype = DType::kUint16;
+  spec.dataset.dtype = formats::DType::kUint16;
   spec.dataset.sequence_length = 4;
   spec.shuffle.mode = ShuffleMode::kNone;
   ShardPlanner planner = PlannerOver(spec, {{"/data/tokens.bin", 2 * 41}});  // 41 tokens -> N = 10

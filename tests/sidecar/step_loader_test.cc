@@ -57,11 +57,11 @@ planner::JobSpec SpecFor(const Case& c, const std::string& dir) {
   switch (c.format) {
     case DatasetFormat::kFixedRecord: spec.dataset.record_bytes = 100; break;  // not a multiple of 8
     case DatasetFormat::kTokenStream:
-      spec.dataset.dtype = planner::DType::kUint16;
+      spec.dataset.dtype = formats::DType::kUint16;
       spec.dataset.sequence_length = 9;
       break;
     case DatasetFormat::kNpy:
-      spec.dataset.dtype = planner::DType::kFloat32;
+      spec.dataset.dtype = formats::DType::kFloat32;
       spec.dataset.record_bytes = 64;
       break;
   }

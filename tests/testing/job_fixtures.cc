@@ -55,7 +55,7 @@ planner::JobSpec RandomSpec(std::mt19937_64& rng) {
     spec.dataset.record_bytes = uniform(1, 64);
   } else {
     spec.dataset.format = planner::DatasetFormat::kTokenStream;
-    spec.dataset.dtype = uniform(0, 1) ? planner::DType::kUint16 : planner::DType::kUint32;
+    spec.dataset.dtype = uniform(0, 1) ? formats::DType::kUint16 : formats::DType::kUint32;
     spec.dataset.sequence_length = uniform(1, 16);
   }
   spec.dataset.uri = "/virtual/data";

@@ -53,7 +53,7 @@
 #include "sidecar/source/dataset_facts.h"
 #include "client/client.h"
 #include "common/flags.h"
-#include "planner/npy.h"
+#include "formats/npy.h"
 #include "planner/shard_planner.h"
 #include "tools/synthetic_dataset.h"
 
@@ -290,7 +290,7 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   ds.format = s.format;
   ds.record_bytes = static_cast<int64_t>(s.record_bytes);
   if (s.format == planner::DatasetFormat::kTokenStream) {
-    ds.dtype = planner::DType::kUint16;
+    ds.dtype = formats::DType::kUint16;
     ds.sequence_length = static_cast<int64_t>(s.seq);
   }
   const std::string file =
@@ -397,7 +397,7 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
   {
     std::vector<uint64_t> flat;
     for (const auto& b : batches) flat.insert(flat.end(), b.begin(), b.end());
-    auto header = planner::MakeNpyHeader(planner::DType::kUint64, {static_cast<uint64_t>(batches.size()), s.batch});
+    auto header = formats::MakeNpyHeader(formats::DType::kUint64, {static_cast<uint64_t>(batches.size()), s.batch});
     std::ofstream out(ids_path, std::ios::binary);
     out << *header;
     out.write(reinterpret_cast<const char*>(flat.data()), static_cast<std::streamsize>(flat.size() * 8));

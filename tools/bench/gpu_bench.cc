@@ -69,7 +69,7 @@ int Main(int argc, char** argv) {
     const uint64_t bytes = mib << 20;
     // One local device, one tensor of `bytes` per slot.
     sidecar::staging::BatchLayout layout;
-    layout.dtype = planner::DType::kUint8;
+    layout.dtype = formats::DType::kUint8;
     layout.sample_bytes = bytes;
     layout.samples_per_device = 1;
     layout.slot_bytes = bytes;

@@ -64,7 +64,7 @@ planner::JobSpec BigMeshSpec() {
   spec.strategy = planner::Strategy::kPerProcess;
   spec.dataset.uri = "/datasets/tokens";
   spec.dataset.format = planner::DatasetFormat::kTokenStream;
-  spec.dataset.dtype = planner::DType::kUint16;
+  spec.dataset.dtype = formats::DType::kUint16;
   spec.dataset.sequence_length = 2048;
   spec.dataset.samples = 10'000'000'000;  // 10^10 samples: nothing may be stored per sample
   spec.batch.global_batch_size = 65536;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "planner/npy.h"
+#include "formats/npy.h"
 #include "tests/testing/job_fixtures.h"
 #include "tests/testing/npy_bytes.h"
 #include "tests/testing/temp_dir.h"
@@ -34,8 +34,8 @@ planner::DatasetSpec Fixed(const std::string& uri, int64_t record_bytes) {
   return s;
 }
 
-std::string NpyFile(planner::DType t, const std::vector<uint64_t>& shape, uint64_t data_bytes) {
-  auto h = planner::MakeNpyHeader(t, shape);
+std::string NpyFile(formats::DType t, const std::vector<uint64_t>& shape, uint64_t data_bytes) {
+  auto h = formats::MakeNpyHeader(t, shape);
   EXPECT_OK(h);
   return *h + std::string(data_bytes, '\x01');
 }
@@ -46,7 +46,7 @@ Result<planner::DatasetIndex> Index(const planner::DatasetSpec& spec, Diagnostic
 }
 
 // The header of a local file through the file source.
-Result<planner::NpyHeader> ReadNpyHeader(const std::string& path) {
+Result<formats::NpyHeader> ReadNpyHeader(const std::string& path) {
   auto file = MakeFileSource({});
   EXPECT_OK(file);
   MESHLOAD_ASSIGN_OR_RETURN(ObjectInfo info, (*file)->Stat(path));
@@ -108,7 +108,7 @@ TEST(IndexDataset, TokenStreamSamplesSpanFiles) {
   planner::DatasetSpec s;
   s.uri = dir.path();
   s.format = planner::DatasetFormat::kTokenStream;
-  s.dtype = planner::DType::kUint16;
+  s.dtype = formats::DType::kUint16;
   s.sequence_length = 4;  // sample i = tokens [4i, 4i+5): N = floor(10/4) = 2
   Diagnostics d;
   auto idx = Index(s, d);
@@ -132,7 +132,7 @@ TEST(IndexDataset, TokenFileWithAPartialToken) {
   planner::DatasetSpec s;
   s.uri = f;
   s.format = planner::DatasetFormat::kTokenStream;
-  s.dtype = planner::DType::kUint32;
+  s.dtype = formats::DType::kUint32;
   s.sequence_length = 1;
   Diagnostics d;
   (void)Index(s, d);
@@ -142,8 +142,8 @@ TEST(IndexDataset, TokenFileWithAPartialToken) {
 
 TEST(IndexDataset, NpyFilesMustAgreeAndMatchTheirHeaders) {
   TempDir dir;
-  dir.Write("a.npy", NpyFile(planner::DType::kFloat32, {3, 4}, 3 * 4 * 4));
-  dir.Write("b.npy", NpyFile(planner::DType::kFloat32, {2, 4}, 2 * 4 * 4));
+  dir.Write("a.npy", NpyFile(formats::DType::kFloat32, {3, 4}, 3 * 4 * 4));
+  dir.Write("b.npy", NpyFile(formats::DType::kFloat32, {2, 4}, 2 * 4 * 4));
   planner::DatasetSpec s;
   s.uri = dir.path();
   s.format = planner::DatasetFormat::kNpy;
@@ -153,16 +153,16 @@ TEST(IndexDataset, NpyFilesMustAgreeAndMatchTheirHeaders) {
   ASSERT_OK(d);
   EXPECT_EQ(idx->num_samples(), 5u);
   EXPECT_EQ(idx->sample_bytes(), 16u);
-  EXPECT_EQ(idx->dtype(), planner::DType::kFloat32);
+  EXPECT_EQ(idx->dtype(), formats::DType::kFloat32);
   std::vector<planner::Extent> ex;
   idx->AppendExtents(4, ex);
   EXPECT_EQ(ex[0].file, 1u);
   EXPECT_EQ(ex[0].offset, idx->files()[1].data_offset + 16);
 
   // A different trailing shape, a truncated file, and a dtype that contradicts the spec.
-  std::string c = dir.Write("c.npy", NpyFile(planner::DType::kFloat32, {2, 5}, 2 * 5 * 4));
-  std::string t = dir.Write("d.npy", NpyFile(planner::DType::kFloat32, {2, 4}, 10));
-  s.dtype = planner::DType::kFloat64;
+  std::string c = dir.Write("c.npy", NpyFile(formats::DType::kFloat32, {2, 5}, 2 * 5 * 4));
+  std::string t = dir.Write("d.npy", NpyFile(formats::DType::kFloat32, {2, 4}, 10));
+  s.dtype = formats::DType::kFloat64;
   Diagnostics d2;
   (void)Index(s, d2);
   std::string all = d2.ToString();
@@ -207,15 +207,15 @@ TEST(IndexDataset, MissingDataIsNotFoundAndAnUnknownSchemeIsNamed) {
 TEST(ReadNpyHeader, ReadsTheHeaderAndNeverTheData) {
   TempDir dir;
   std::string path =
-      dir.Write("a.npy", *planner::MakeNpyHeader(planner::DType::kInt64, {2, 3, 4}) + std::string(192, '\0'));
-  Result<planner::NpyHeader> h = ReadNpyHeader(path);
+      dir.Write("a.npy", *formats::MakeNpyHeader(formats::DType::kInt64, {2, 3, 4}) + std::string(192, '\0'));
+  Result<formats::NpyHeader> h = ReadNpyHeader(path);
   ASSERT_OK(h);
-  EXPECT_EQ(h->dtype, planner::DType::kInt64);
+  EXPECT_EQ(h->dtype, formats::DType::kInt64);
   EXPECT_EQ(h->shape, (std::vector<uint64_t>{2, 3, 4}));
   EXPECT_EQ(h->data_offset, 128u);
   EXPECT_EQ(h->data_bytes, 192u);
   // The shape claims 8 GiB that is not there: sizing the file is the index's job.
-  path = dir.Write("header_only.npy", *planner::MakeNpyHeader(planner::DType::kUint16, {1 << 16, 1 << 16}));
+  path = dir.Write("header_only.npy", *formats::MakeNpyHeader(formats::DType::kUint16, {1 << 16, 1 << 16}));
   h = ReadNpyHeader(path);
   ASSERT_OK(h);
   EXPECT_EQ(h->data_bytes, uint64_t{1} << 33);
@@ -224,7 +224,7 @@ TEST(ReadNpyHeader, ReadsTheHeaderAndNeverTheData) {
 TEST(ReadNpyHeader, VersionsTwoAndThreeTinyAndLongHeaders) {
   TempDir dir;
   const std::string dict = "{'descr': '<f8', 'fortran_order': False, 'shape': (3, 2), }";
-  Result<planner::NpyHeader> h = ReadNpyHeader(dir.Write("v3.npy", NpyWrap(3, dict + "\n") + std::string(48, '\0')));
+  Result<formats::NpyHeader> h = ReadNpyHeader(dir.Write("v3.npy", NpyWrap(3, dict + "\n") + std::string(48, '\0')));
   ASSERT_OK(h);
   EXPECT_EQ(h->major_version, 3);
   h = ReadNpyHeader(dir.Write("tiny.npy", NpyWrap(1, "{'descr':'|u1','fortran_order':False,'shape':()}\n")));
@@ -243,14 +243,14 @@ TEST(ReadNpyHeader, ErrorsNameTheFileAndTheByteOffset) {
   std::string path =
       dir.Write("fortran.npy",
                 NpyWrap(1, "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3), }\n") + std::string(48, '\0'));
-  Result<planner::NpyHeader> h = ReadNpyHeader(path);
+  Result<formats::NpyHeader> h = ReadNpyHeader(path);
   EXPECT_THAT(h, StatusIs(StatusCode::kInvalidArgument, HasSubstr("fortran_order must be False")));
   EXPECT_EQ(h.status().location(), path + "@44");
   path = dir.Write("text.npy", "hello, world\n");
   h = ReadNpyHeader(path);
   EXPECT_THAT(h.status().message(), HasSubstr("not an .npy file"));
   EXPECT_EQ(h.status().location(), path + "@0");
-  const std::string full = *planner::MakeNpyHeader(planner::DType::kUint16, {1000, 2049});
+  const std::string full = *formats::MakeNpyHeader(formats::DType::kUint16, {1000, 2049});
   path = dir.Write("cut.npy", full.substr(0, 70));
   h = ReadNpyHeader(path);
   EXPECT_THAT(h, StatusIs(StatusCode::kDataLoss, HasSubstr("truncated: header needs 128 bytes, have 70")));

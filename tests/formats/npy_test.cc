@@ -1,4 +1,4 @@
-#include "planner/npy.h"
+#include "formats/npy.h"
 #include "tests/testing/status_matchers.h"
 
 #include <fcntl.h>
@@ -17,7 +17,7 @@
 
 #include "tests/testing/npy_bytes.h"
 
-namespace meshload::planner {
+namespace meshload::formats {
 namespace {
 
 using meshload::testing::StatusIs;
@@ -695,4 +695,4 @@ TEST(NpyDataOffset, TheHeaderLengthFromThePreambleAlone) {
 }
 
 }  // namespace
-}  // namespace meshload::planner
+}  // namespace meshload::formats

@@ -9,7 +9,7 @@
 
 #include "common/status.h"
 
-namespace meshload::planner {
+namespace meshload::formats {
 
 enum class DType {
   kBool,
@@ -45,4 +45,4 @@ struct DLPackType {
 };
 DLPackType ToDLPackType(DType t);
 
-}  // namespace meshload::planner
+}  // namespace meshload::formats

@@ -1,9 +1,9 @@
-#include "planner/dtype.h"
+#include "formats/dtype.h"
 
 #include <array>
 #include <string>
 
-namespace meshload::planner {
+namespace meshload::formats {
 namespace {
 
 struct DTypeInfo {
@@ -49,4 +49,4 @@ std::string_view DTypeNames() {
          "float32, float64";
 }
 
-}  // namespace meshload::planner
+}  // namespace meshload::formats

@@ -1,4 +1,4 @@
-#include "planner/npy.h"
+#include "formats/npy.h"
 
 #include <cerrno>
 #include <cstddef>
@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-namespace meshload::planner {
+namespace meshload::formats {
 namespace {
 
 constexpr std::string_view kMagic("\x93NUMPY", 6);
@@ -551,4 +551,4 @@ Result<std::string> MakeNpyHeader(DType dtype, const std::vector<uint64_t>& shap
   return out;
 }
 
-}  // namespace meshload::planner
+}  // namespace meshload::formats

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "planner/dtype.h"
+#include "formats/dtype.h"
 
-namespace meshload::planner {
+namespace meshload::formats {
 
 struct NpyHeader {
   int major_version = 0;
@@ -93,4 +93,4 @@ Result<std::string> MakeNpyHeader(DType dtype, const std::vector<uint64_t>& shap
 /// Errors: kInvalidArgument for bfloat16.
 Result<std::string> NpyDescr(DType dtype);
 
-}  // namespace meshload::planner
+}  // namespace meshload::formats
