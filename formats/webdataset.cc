@@ -1,10 +1,53 @@
 #include "formats/webdataset.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <regex>
 
 namespace meshload::formats {
+
+std::vector<std::string> ExpandShardPattern(std::string_view pattern) {
+  const size_t open = pattern.find('{');
+  const size_t close = open == std::string_view::npos ? open : pattern.find('}', open);
+  if (close == std::string_view::npos) return {std::string(pattern)};
+  const std::string_view body = pattern.substr(open + 1, close - open - 1);
+  std::vector<std::string> choices;
+  const size_t dots = body.find("..");
+  auto digits = [](std::string_view t) {
+    return !t.empty() && t.size() <= 18 && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (dots != std::string_view::npos && digits(body.substr(0, dots)) && digits(body.substr(dots + 2))) {
+    const std::string_view a = body.substr(0, dots), b = body.substr(dots + 2);
+    const int64_t from = std::stoll(std::string(a)), to = std::stoll(std::string(b));
+    const size_t width = a.size() > 1 && a[0] == '0' ? a.size() : 0;
+    for (int64_t i = from;; i += from <= to ? 1 : -1) {
+      std::string n = std::to_string(i);
+      if (n.size() < width) n.insert(0, width - n.size(), '0');
+      choices.push_back(std::move(n));
+      if (i == to) break;
+    }
+  } else if (body.find(',') != std::string_view::npos) {
+    size_t start = 0;
+    for (size_t comma; (comma = body.find(',', start)) != std::string_view::npos; start = comma + 1) {
+      choices.emplace_back(body.substr(start, comma - start));
+    }
+    choices.emplace_back(body.substr(start));
+  } else {
+    // Not a group braceexpand expands: kept, and the rest expanded.
+    std::vector<std::string> out;
+    for (std::string& rest : ExpandShardPattern(pattern.substr(close + 1))) {
+      out.push_back(std::string(pattern.substr(0, close + 1)) + rest);
+    }
+    return out;
+  }
+  std::vector<std::string> out;
+  const std::vector<std::string> rests = ExpandShardPattern(pattern.substr(close + 1));
+  for (const std::string& c : choices) {
+    for (const std::string& rest : rests) out.push_back(std::string(pattern.substr(0, open)) + c + rest);
+  }
+  return out;
+}
 
 bool SplitWebDatasetName(std::string_view name, std::string& key, std::string& extension) {
   // The pattern as webdataset and Energon write it, with the same

@@ -29,6 +29,13 @@
 
 namespace meshload::formats {
 
+/// A shard list as webdataset writes it, braces expanded as braceexpand
+/// does for the forms shard names use: `{000000..000127}` (numbers, with
+/// the first bound's zero padding; descending too) and `{a,b,c}`, several
+/// groups giving every combination in order. A pattern without braces, or
+/// with unbalanced ones, is itself.
+std::vector<std::string> ExpandShardPattern(std::string_view pattern);
+
 /// Splits a member's name as webdataset's base_plus_ext does; false when
 /// it does not split (the member belongs to no sample). The extension is
 /// lower-cased, as webdataset's group_by_keys does.

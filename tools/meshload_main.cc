@@ -1,4 +1,4 @@
-// meshload: the command-line tool. Subcommands: plan, run --local,
+// meshload: the command-line tool. Subcommands: plan, index, run --local,
 // demo-trainer, version.
 
 #include <iostream>
@@ -9,6 +9,7 @@
 #include "common/build_info.h"
 #include "common/logging.h"
 #include "tools/demo_trainer.h"
+#include "tools/index_command.h"
 #include "tools/plan_command.h"
 #include "tools/run_command.h"
 
@@ -18,6 +19,7 @@ constexpr const char* kUsage = R"(usage: meshload <command> [options]
 
 commands:
   plan          show which device holds which samples, who reads what, and the I/O cost
+  index         write the .tar.idx index each WebDataset shard needs (Energon's format)
   run --local   run the whole data path on this machine, verifying every batch
   demo-trainer  consume and verify batches from one sidecar (used by run --local)
   version       print the version and whether GPU staging is built in (also --version)
@@ -40,6 +42,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "plan") return meshload::tools::RunPlan(args);
+  if (cmd == "index") return meshload::tools::RunIndex(args);
   if (cmd == "run") return meshload::tools::RunRun(args);
   if (cmd == "demo-trainer") return meshload::tools::RunDemoTrainer(args);
   if (cmd == "version" || cmd == "--version") {

@@ -385,10 +385,8 @@ int RunPlan(const std::vector<std::string>& args) {
   std::string log_level;
   flags.String({"--log-level"}, &log_level);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
-  if (!log_level.empty()) {
-    auto lv = ParseLogLevel(log_level);
-    if (!lv.ok()) return UsageError("--log-level: " + lv.status().message());
-    ConfigureLogging(*lv, LogFormat::kJson);
+  if (Status st = ConfigureLoggingFromFlags(log_level, log_level.empty() ? "" : "json"); !st.ok()) {
+    return UsageError(st.message());
   }
   if (opt.file.empty()) return UsageError("-f JOB.yaml is required\n\n" + std::string(kPlanUsage));
   if (opt.compare && opt.process) {

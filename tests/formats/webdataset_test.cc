@@ -135,6 +135,18 @@ TEST(WebDatasetNames, SplitAsWebdatasetAndEnergonSplitThem) {
   EXPECT_FALSE(IsWebDatasetMetadata("a/__meta__"));
 }
 
+TEST(WebDatasetNames, ShardListsExpandAsBraceexpandExpandsThem) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(ExpandShardPattern("s/train-{000000..000002}.tar"),
+            (V{"s/train-000000.tar", "s/train-000001.tar", "s/train-000002.tar"}));
+  EXPECT_EQ(ExpandShardPattern("{a,b}-{8..10}.tar"),
+            (V{"a-8.tar", "a-9.tar", "a-10.tar", "b-8.tar", "b-9.tar", "b-10.tar"}));
+  EXPECT_EQ(ExpandShardPattern("x{3..1}"), (V{"x3", "x2", "x1"}));
+  EXPECT_EQ(ExpandShardPattern("plain.tar"), (V{"plain.tar"}));
+  EXPECT_EQ(ExpandShardPattern("open{1..2"), (V{"open{1..2"}));
+  EXPECT_EQ(ExpandShardPattern("{x}-{1,2}"), (V{"{x}-1", "{x}-2"}));
+}
+
 // A real shard with one thing changed.
 class DamagedShard : public ::testing::Test {
  protected:

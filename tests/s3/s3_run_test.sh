@@ -175,7 +175,23 @@ out=$("$ML" plan -f "$ROOT/examples/s3-tokens.yaml" 2>&1) && grep -q "2048 sampl
 check "examples/s3-tokens.yaml: plan and run --local against the S3 endpoint, every byte verified" $?
 echo "$out" >"$TMP/example.out"
 
-# 7. The secret access key is nowhere: outputs, sidecar logs.
+# 7. meshload index on s3:// WebDataset shards (webdataset's TarWriter made
+# them, tests/formats/data/webdataset): the tar headers read by ranged GETs,
+# the indexes written locally, byte for byte what Energon's prepare wrote.
+mkdir -p "$GW/corpus/wds" "$TMP/wdsidx"
+cp "$ROOT"/tests/formats/data/webdataset/shard-00000[01].tar "$GW/corpus/wds/"
+"$ML" index --output "$TMP/wdsidx" 's3://corpus/wds/shard-{000000..000001}.tar' >"$TMP/index.out" 2>&1
+ok=$?
+for s in 0 1; do
+  cmp -s "$TMP/wdsidx/shard-00000$s.tar.idx" "$ROOT/tests/formats/data/webdataset/shard-00000$s.tar.idx" || ok=1
+done
+check "meshload index on s3:// shards: Energon's .tar.idx byte for byte, in --output" $ok
+[ $ok -eq 0 ] || cat "$TMP/index.out"
+"$ML" index 's3://corpus/wds/*.tar' >"$TMP/index-no-output.out" 2>&1
+[ $? -eq 2 ] && grep -q -- "--output DIR" "$TMP/index-no-output.out"
+check "meshload index: remote shards without --output are refused, saying what to do" $?
+
+# 8. The secret access key is nowhere: outputs, sidecar logs.
 if grep -rl -- "$SECRET" "$TMP"/*.out "$TMP"/*.log 2>/dev/null | grep -v "gw.log"; then
   check "the secret access key appears in no output or log" 1
 else

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# `meshload index` on local WebDataset shards (webdataset's TarWriter made
+# them, tests/formats/data/webdataset): the .tar.idx files are byte for byte
+# what Energon's prepare wrote; a second run resumes (shards with an index
+# are left alone) and --force redoes them; a damaged shard is named with the
+# byte at fault, gets no index (not even a partial one) and does not stop
+# the others; --output writes elsewhere; bad arguments are usage errors.
+# (s3:// shards: tests/s3/s3_run_test.sh.)
+# usage: index_cli_test.sh MESHLOAD_BINARY REPO_ROOT
+set -u
+ML=$1
+ROOT=$2
+source "$ROOT/tests/testing/shell_checks.sh"
+DATA=$ROOT/tests/formats/data/webdataset
+
+cp "$DATA"/shard-00000[012].tar "$TMP/"
+"$ML" index "$TMP/shard-{000000..000002}.tar" >"$TMP/run1.out" 2>&1
+ok=$?
+for s in 0 1; do cmp -s "$TMP/shard-00000$s.tar.idx" "$DATA/shard-00000$s.tar.idx" || ok=1; done
+[ "$(stat -c %s "$TMP/shard-000002.tar.idx")" -eq $(((5 + 1) * 8)) ] || ok=1
+check "three shards indexed, two of them byte for byte as Energon's prepare wrote them" $ok
+[ $ok -eq 0 ] || cat "$TMP/run1.out"
+grep -q "\[3/3\]" "$TMP/run1.out" && grep -q "12 samples" "$TMP/run1.out"
+check "progress: a line per shard with its samples" $?
+
+before=$(stat -c %i.%Y "$TMP"/*.idx)
+"$ML" index "$TMP" >"$TMP/run2.out" 2>&1 && grep -q "0 indexed, 3 had an index, 0 failed" "$TMP/run2.out" &&
+  [ "$(stat -c %i.%Y "$TMP"/*.idx)" = "$before" ]
+check "a second run (the directory) leaves the shards that have an index alone" $?
+rm "$TMP/shard-000001.tar.idx"
+"$ML" index --jobs 1 "$TMP/*.tar" >"$TMP/run3.out" 2>&1 && grep -q "1 indexed, 2 had an index" "$TMP/run3.out" &&
+  cmp -s "$TMP/shard-000001.tar.idx" "$DATA/shard-000001.tar.idx"
+check "an interrupted run is resumed: only the shard without an index is read (a glob)" $?
+"$ML" index --force "$TMP/shard-000000.tar" >"$TMP/run4.out" 2>&1 && grep -q "1 indexed, 0 had" "$TMP/run4.out"
+check "--force indexes a shard again" $?
+
+# A shard whose second header block has a flipped byte.
+mkdir -p "$TMP/bad"
+cp "$DATA/shard-000001.tar" "$TMP/bad/shard-bad.tar"
+cp "$DATA/shard-000002.tar" "$TMP/bad/shard-good.tar"
+printf '\x7f' | dd of="$TMP/bad/shard-bad.tar" bs=1 seek=$((1024 + 10)) conv=notrunc status=none
+"$ML" index "$TMP/bad" >"$TMP/bad.out" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "shard-bad.tar@1024: bad header checksum" "$TMP/bad.out" &&
+  [ ! -e "$TMP/bad/shard-bad.tar.idx" ] && [ -z "$(ls "$TMP/bad" | grep tmp)" ] && [ -s "$TMP/bad/shard-good.tar.idx" ] &&
+  grep -q "1 indexed, 0 had an index, 1 failed" "$TMP/bad.out"
+check "a damaged shard is named with its byte, gets no index, and the others are indexed (exit 1)" $?
+[ $rc -eq 1 ] || cat "$TMP/bad.out"
+
+mkdir -p "$TMP/out"
+"$ML" index --output "$TMP/out" "$DATA/shard-000000.tar" >"$TMP/out.out" 2>&1 &&
+  cmp -s "$TMP/out/shard-000000.tar.idx" "$DATA/shard-000000.tar.idx"
+check "--output DIR: the index is written there, by the shard's name" $?
+
+"$ML" index >"$TMP/u1.out" 2>&1
+[ $? -eq 2 ] && grep -q "no shards given" "$TMP/u1.out"
+check "no shards given: a usage error" $?
+"$ML" index --jobs 0 "$TMP" >"$TMP/u2.out" 2>&1
+[ $? -eq 2 ] && grep -q -- "--jobs: expected 1 to 256" "$TMP/u2.out"
+check "--jobs 0: a usage error" $?
+"$ML" index "$TMP/out" >"$TMP/u3.out" 2>&1
+[ $? -eq 2 ] && grep -q "no .tar shards found" "$TMP/u3.out"
+check "a folder without shards: a usage error naming it" $?
+"$ML" index --output "$TMP/nowhere" "$TMP" >"$TMP/u4.out" 2>&1
+[ $? -eq 2 ] && grep -q "no such directory" "$TMP/u4.out"
+check "--output to a folder that does not exist: a usage error" $?
+finish

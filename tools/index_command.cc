@@ -1,0 +1,222 @@
+// `meshload index`: Energon-compatible .tar.idx files for WebDataset shards,
+// from the shards' tar headers read through the sources (ranged reads, so
+// a remote shard's data is not downloaded), several shards at once.
+
+#include "tools/index_command.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "common/flags.h"
+#include "common/logging.h"
+#include "formats/tar.h"
+#include "formats/webdataset.h"
+#include "sidecar/source/source.h"
+
+namespace meshload::tools {
+namespace {
+
+using sidecar::source::Source;
+using sidecar::source::SourceRegistry;
+
+constexpr const char* kIndexUsage = R"(usage: meshload index [options] URI...
+
+Writes the index each WebDataset shard needs: SHARD.tar.idx, as
+Megatron-Energon's `energon prepare` writes it (each sample's offset in the
+tar, then where its members end). The shards' tar headers are read through
+the storage sources by ranged reads, several shards at once; a shard that
+has an index already is left as it is, so an interrupted run is resumed by
+running it again.
+
+URI is a shard, a directory, a glob or brace ranges
+(shards/train-{000000..000127}.tar), as a path or a file://, http(s):// or
+s3:// URI (s3: the AWS_* environment gives the endpoint and credentials).
+
+options:
+  --output DIR     write the indexes into DIR (by the shard's name) instead
+                   of beside the shards; needed for http(s) and s3 shards,
+                   whose indexes you then upload beside them
+  --jobs N         shards indexed at once (default 4, 16 for remote shards)
+  --force          index shards that have an index already
+  --log-level LEVEL  debug, info, warn, error, off (env MESHLOAD_LOG_LEVEL)
+
+exit codes: 0 every shard has its index; 1 a shard could not be indexed
+(each is named, with the byte at fault; no partial index is left); 2
+invalid arguments or nothing to index
+)";
+
+// How much of a shard one read brings in: headers are 512 bytes, and a
+// round trip per header would make remote shards slow.
+constexpr uint64_t kReadWindow = 1 << 20;
+
+struct Shard {
+  std::string name;  // as the source names it
+  uint64_t size = 0;
+  std::string index_path;  // where its index goes (a local path)
+};
+
+bool LocalFileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string BaseName(const std::string& name) {
+  const size_t slash = name.find_last_of('/');
+  std::string base = slash == std::string::npos ? name : name.substr(slash + 1);
+  return base.substr(0, base.find('?'));
+}
+
+// Reads the shard's headers through `source` (a window at a time) and
+// returns the index's bytes.
+Result<std::string> IndexShard(Source& source, const Shard& shard, uint64_t* samples) {
+  formats::TarWalker walker(shard.name, shard.size);
+  formats::ShardSamples found(shard.name);
+  std::string window;
+  uint64_t window_at = 0;
+  while (!walker.done()) {
+    const formats::TarWalker::Need need = walker.next();
+    if (need.offset < window_at || need.offset + need.bytes > window_at + window.size()) {
+      window_at = need.offset;
+      window.resize(std::min<uint64_t>(std::max(need.bytes, kReadWindow), shard.size - need.offset));
+      MESHLOAD_RETURN_IF_ERROR(source.Read(shard.name, window_at, window.data(), window.size()));
+    }
+    MESHLOAD_ASSIGN_OR_RETURN(std::optional<formats::TarMember> member,
+                              walker.Feed(std::string_view(window).substr(need.offset - window_at, need.bytes)));
+    if (member) MESHLOAD_RETURN_IF_ERROR(found.Add(*member));
+  }
+  std::vector<formats::WebDatasetSample> all = found.Finish();
+  *samples = all.size();
+  return formats::EnergonTarIndexBytes(formats::ShardSamples::EnergonIndex(all, walker.end_offset()));
+}
+
+// Writes `bytes` to `path` whole or not at all (a temporary, then rename).
+Status WriteWhole(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    f.close();
+    if (!f) {
+      ::unlink(tmp.c_str());
+      return Status(StatusCode::kIoError, "cannot write " + tmp);
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return IoErrorFromErrno("rename", path, errno);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int RunIndex(const std::vector<std::string>& args) {
+  FlagParser flags("index", kIndexUsage);
+  std::vector<std::string> uris;
+  flags.Positional(&uris);
+  std::string output, log_level;
+  std::optional<int64_t> jobs;
+  bool force = false;
+  flags.String({"--output"}, &output);
+  flags.OptionalInt({"--jobs"}, &jobs);
+  flags.Bool({"--force"}, &force);
+  flags.String({"--log-level"}, &log_level);
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+  if (Status st = ConfigureLoggingFromFlags(log_level, log_level.empty() ? "" : "json"); !st.ok()) {
+    return UsageError(st.message());
+  }
+  if (uris.empty()) return UsageError("no shards given\n\n" + std::string(kIndexUsage));
+  if (jobs && (*jobs < 1 || *jobs > 256)) return UsageError("--jobs: expected 1 to 256");
+  if (!output.empty() && !LocalFileExists(output)) return UsageError("--output " + output + ": no such directory");
+
+  sidecar::source::SourceOptions sopts;
+  bool remote = false;
+  for (const std::string& u : uris) {
+    const std::string scheme = SourceRegistry::SchemeOf(u);
+    remote = remote || scheme != "file";
+    if (scheme == "s3") {
+      if (Status st = sidecar::source::S3OptionsFromEnvironment(sopts.s3); !st.ok()) {
+        std::cerr << "meshload index: " << st.ToString() << "\n";
+        return 2;
+      }
+    }
+  }
+  if (remote && output.empty()) {
+    return UsageError("remote shards: give --output DIR for their indexes (meshload writes no objects), then "
+                      "upload them beside the shards");
+  }
+  auto sources = SourceRegistry::WithBuiltins(sopts);
+
+  // The shards, in the order given (brace ranges expanded, globs listed).
+  std::vector<Shard> shards;
+  std::vector<Source*> source_of;
+  for (const std::string& pattern : uris) {
+    for (const std::string& uri : formats::ExpandShardPattern(pattern)) {
+      auto found = sources->For(uri);
+      if (!found.ok()) {
+        std::cerr << "meshload index: " << found.status().ToString() << "\n";
+        return 2;
+      }
+      auto listed = found->first->List(found->second);
+      if (!listed.ok()) {
+        std::cerr << "meshload index: " << sidecar::source::RedactUri(uri) << ": " << listed.status().ToString()
+                  << "\n";
+        return 2;
+      }
+      for (const Source::Listed& o : *listed) {
+        const std::string base = BaseName(o.name);
+        if (!base.ends_with(".tar")) continue;  // an index, a sidecar file: not a shard
+        Shard s{o.name, o.size, output.empty() ? o.name + ".idx" : output + "/" + base + ".idx"};
+        shards.push_back(std::move(s));
+        source_of.push_back(found->first);
+      }
+    }
+  }
+  if (shards.empty()) return UsageError("no .tar shards found in " + sidecar::source::RedactUri(uris.front()));
+
+  const size_t threads = static_cast<size_t>(jobs.value_or(remote ? 16 : 4));
+  std::atomic<size_t> next{0}, done{0}, failed{0}, skipped{0};
+  std::mutex out_mu;
+  auto say = [&](const std::string& line) {
+    std::lock_guard lock(out_mu);
+    std::cerr << line << "\n";
+  };
+  auto worker = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < shards.size();) {
+      const Shard& s = shards[i];
+      const std::string shown = sidecar::source::RedactUri(s.name);
+      if (!force && LocalFileExists(s.index_path)) {
+        ++skipped;
+        say("[" + std::to_string(++done) + "/" + std::to_string(shards.size()) + "] " + shown + ": has an index");
+        continue;
+      }
+      uint64_t samples = 0;
+      Result<std::string> bytes = IndexShard(*source_of[i], s, &samples);
+      Status st = bytes.ok() ? WriteWhole(s.index_path, *bytes) : bytes.status();
+      if (!st.ok()) {
+        ++failed;
+        say("[" + std::to_string(++done) + "/" + std::to_string(shards.size()) + "] " + shown +
+            ": cannot index: " + st.ToString());
+        continue;
+      }
+      say("[" + std::to_string(++done) + "/" + std::to_string(shards.size()) + "] " + shown + ": " +
+          std::to_string(samples) + " samples -> " + s.index_path);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < std::min(threads, shards.size()); ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  std::cout << "meshload index: " << shards.size() - failed - skipped << " indexed, " << skipped
+            << " had an index, " << failed << " failed\n";
+  return failed > 0 ? 1 : 0;
+}
+
+}  // namespace meshload::tools
