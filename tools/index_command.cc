@@ -150,8 +150,9 @@ int RunIndex(const std::vector<std::string>& args) {
     }
   }
   if (remote && output.empty()) {
-    return UsageError("remote shards: give --output DIR for their indexes (meshload writes no objects), then "
-                      "upload them beside the shards");
+    return UsageError(
+        "remote shards: give --output DIR for their indexes (meshload writes no objects), then "
+        "upload them beside the shards");
   }
   auto sources = SourceRegistry::WithBuiltins(sopts);
 
@@ -214,8 +215,8 @@ int RunIndex(const std::vector<std::string>& args) {
   std::vector<std::thread> pool;
   for (size_t t = 0; t < std::min(threads, shards.size()); ++t) pool.emplace_back(worker);
   for (auto& t : pool) t.join();
-  std::cout << "meshload index: " << shards.size() - failed - skipped << " indexed, " << skipped
-            << " had an index, " << failed << " failed\n";
+  std::cout << "meshload index: " << shards.size() - failed - skipped << " indexed, " << skipped << " had an index, "
+            << failed << " failed\n";
   return failed > 0 ? 1 : 0;
 }
 

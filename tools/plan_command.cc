@@ -38,8 +38,10 @@ options:
 --samples overrides spec.dataset.samples and the dataset's files (which are
 then not read).
 
-exit codes: 0 ok; 1 the job file cannot be read; 2 invalid arguments, an
-invalid spec, or a dataset that does not match it (every problem is listed)
+exit codes: 0 ok; 1 the job file cannot be read, or the storage refuses
+or cannot serve the dataset (denied, unreachable); 2 invalid arguments, an
+invalid spec, a dataset URI that names nothing, or a dataset that does not
+match the spec (every problem is listed)
 )";
 
 std::string HumanBytes(double b) {
@@ -432,6 +434,10 @@ int RunPlan(const std::vector<std::string>& args) {
       return 0;
     }
     if (!resolved.ok() && diags.ok()) diags.Add(resolved.status());
+    if (!resolved.ok() && resolved.status().code() != StatusCode::kInvalidArgument) {
+      std::cerr << diags.Report(opt.file + ": the dataset cannot be read");
+      return 1;
+    }
   }
   std::cerr << diags.Report(opt.file + ": invalid DataLoadJob");
   return 2;

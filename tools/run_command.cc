@@ -314,7 +314,12 @@ int LocalRun::Resolve() {
   if (!resolved.ok() || !diags.ok()) {
     if (diags.ok()) diags.Add(resolved.status());
     const bool replaced = job_path_ != o_.file;
-    std::cerr << diags.Report(o_.file + (replaced ? " (its dataset replaced)" : "") + ": invalid DataLoadJob");
+    const std::string file = o_.file + (replaced ? " (its dataset replaced)" : "");
+    if (!resolved.ok() && resolved.status().code() != StatusCode::kInvalidArgument) {
+      std::cerr << diags.Report(file + ": the dataset cannot be read");
+      return 1;
+    }
+    std::cerr << diags.Report(file + ": invalid DataLoadJob");
     return 2;
   }
   rj_ = std::move(*resolved);

@@ -86,7 +86,14 @@ Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, So
                                                ? std::string()
                                                : "; make the data reachable from here, or give its size with "
                                                  "spec.dataset.samples or --samples"));
-    return diags.ToStatus();
+    // Storage that refuses or cannot be reached keeps its code: callers
+    // tell a dataset they cannot read from a wrong job (a URI that names
+    // nothing is the job's: kInvalidArgument, as a dataset that does not
+    // match the spec).
+    const Status all = diags.ToStatus();
+    const StatusCode code = index.status().code();
+    if (code == StatusCode::kInvalidArgument || code == StatusCode::kNotFound) return all;
+    return Status(code, all.message(), all.location());
   }
   if (!diags.ok()) return diags.ToStatus();
   options.index = std::move(*index);

@@ -44,7 +44,10 @@ enum class Unreachable {
 };
 
 /// ResolveJob, with the dataset indexed through `sources` (IndexDataset)
-/// unless `options` already gives the index or the sample count.
+/// unless `options` already gives the index or the sample count. A dataset
+/// the storage refuses or cannot serve (denied, unreachable) is an error
+/// with the storage's code; kInvalidArgument means the job or its data is
+/// wrong (a URI that names nothing included).
 Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, SourceRegistry& sources,
                                                 planner::ResolveOptions options, Unreachable unreachable,
                                                 Diagnostics& diags);

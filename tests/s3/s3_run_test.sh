@@ -83,9 +83,15 @@ out=$("$ML" plan -f "$TMP/plan-npy.yaml" 2>&1); rc=$?
 check "meshload plan on s3:// without --samples: 600 samples in 3 objects, .npy headers read over S3" $?
 [ $rc -eq 0 ] || echo "$out" | head -5
 out=$(AWS_SECRET_ACCESS_KEY=wrong-secret "$ML" plan -f "$TMP/plan-npy.yaml" 2>&1); rc=$?
-[ $rc -ne 0 ] && grep -q "s3://corpus/Npy/" <<<"$out" && grep -q "S3 SignatureDoesNotMatch" <<<"$out"
-check "wrong credentials: plan names the bucket, the prefix and the S3 error code" $?
-[ $rc -ne 0 ] || echo "$out" | head -3
+[ $rc -eq 1 ] && grep -q "s3://corpus/Npy/" <<<"$out" && grep -q "S3 SignatureDoesNotMatch" <<<"$out" &&
+  grep -q "the dataset cannot be read" <<<"$out" && ! grep -q "invalid DataLoadJob" <<<"$out"
+check "wrong credentials: plan says the dataset cannot be read (exit 1, not an invalid job), naming the bucket, the prefix and the S3 error code" $?
+[ $rc -eq 1 ] || echo "$out" | head -3
+out=$(AWS_SECRET_ACCESS_KEY=wrong-secret "$ML" run --local -f "$TMP/plan-npy.yaml" --steps 1 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "the dataset cannot be read" <<<"$out" && grep -q "S3 SignatureDoesNotMatch" <<<"$out" &&
+  ! grep -q "invalid DataLoadJob" <<<"$out"
+check "wrong credentials: run --local says the dataset cannot be read (exit 1), not that the job is invalid" $?
+[ $rc -eq 1 ] || echo "$out" | head -3
 job plan-missing FixedRecord PerProcess Load "s3://nosuchbucket/data/"
 out=$("$ML" plan -f "$TMP/plan-missing.yaml" 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -q "s3://nosuchbucket/data/: HTTP 404 Not Found: S3 NoSuchBucket" <<<"$out"
