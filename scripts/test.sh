@@ -62,7 +62,7 @@ CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo 
   -DMESHLOAD_BUILD_TESTS=OFF -DMESHLOAD_BUILD_BENCHMARKS=OFF -DMESHLOAD_FUZZ_SECONDS="$FUZZ_SECONDS"
 cmake --build build-fuzz -j "$JOBS" --target npy_header_fuzz protocol_fuzz admission_review_fuzz megatron_index_fuzz \
   webdataset_shard_fuzz mds_fuzz
-(cd build-fuzz && ctest --output-on-failure -R '^fuzz\.')
+(cd build-fuzz && ctest --output-on-failure -j "$JOBS" -R '^fuzz\.')
 
 step "clang thread-safety analysis (-Wthread-safety -Werror=thread-safety)"
 # Every program and library of the product, compiled by clang without
