@@ -12,11 +12,11 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <mutex>
 #include <thread>
 
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "formats/tar.h"
 #include "formats/webdataset.h"
 #include "sidecar/source/source.h"
@@ -58,7 +58,8 @@ invalid arguments or nothing to index
 constexpr uint64_t kReadWindow = 1 << 20;
 
 struct Shard {
-  std::string name;  // as the source names it
+  Source* source = nullptr;  // the registry's, for the shard's scheme
+  std::string name;          // as the source names it
   uint64_t size = 0;
   std::string index_path;  // where its index goes (a local path)
 };
@@ -76,7 +77,7 @@ std::string BaseName(const std::string& name) {
 
 // Reads the shard's headers through `source` (a window at a time) and
 // returns the index's bytes.
-Result<std::string> IndexShard(Source& source, const Shard& shard, uint64_t* samples) {
+Result<std::string> IndexShard(const Shard& shard, uint64_t* samples) {
   formats::TarWalker walker(shard.name, shard.size);
   formats::ShardSamples found(shard.name);
   std::string window;
@@ -86,7 +87,7 @@ Result<std::string> IndexShard(Source& source, const Shard& shard, uint64_t* sam
     if (need.offset < window_at || need.offset + need.bytes > window_at + window.size()) {
       window_at = need.offset;
       window.resize(std::min<uint64_t>(std::max(need.bytes, kReadWindow), shard.size - need.offset));
-      MESHLOAD_RETURN_IF_ERROR(source.Read(shard.name, window_at, window.data(), window.size()));
+      MESHLOAD_RETURN_IF_ERROR(shard.source->Read(shard.name, window_at, window.data(), window.size()));
     }
     MESHLOAD_ASSIGN_OR_RETURN(std::optional<formats::TarMember> member,
                               walker.Feed(std::string_view(window).substr(need.offset - window_at, need.bytes)));
@@ -158,7 +159,6 @@ int RunIndex(const std::vector<std::string>& args) {
 
   // The shards, in the order given (brace ranges expanded, globs listed).
   std::vector<Shard> shards;
-  std::vector<Source*> source_of;
   for (const std::string& pattern : uris) {
     for (const std::string& uri : formats::ExpandShardPattern(pattern)) {
       auto found = sources->For(uri);
@@ -175,9 +175,8 @@ int RunIndex(const std::vector<std::string>& args) {
       for (const Source::Listed& o : *listed) {
         const std::string base = BaseName(o.name);
         if (!base.ends_with(".tar")) continue;  // an index, a sidecar file: not a shard
-        Shard s{o.name, o.size, output.empty() ? o.name + ".idx" : output + "/" + base + ".idx"};
-        shards.push_back(std::move(s));
-        source_of.push_back(found->first);
+        shards.push_back(
+            {found->first, o.name, o.size, output.empty() ? o.name + ".idx" : output + "/" + base + ".idx"});
       }
     }
   }
@@ -185,9 +184,9 @@ int RunIndex(const std::vector<std::string>& args) {
 
   const size_t threads = static_cast<size_t>(jobs.value_or(remote ? 16 : 4));
   std::atomic<size_t> next{0}, done{0}, failed{0}, skipped{0};
-  std::mutex out_mu;
+  Mutex out_mu;
   auto say = [&](const std::string& line) {
-    std::lock_guard lock(out_mu);
+    MutexLock lock(out_mu);
     std::cerr << line << "\n";
   };
   auto worker = [&] {
@@ -200,7 +199,7 @@ int RunIndex(const std::vector<std::string>& args) {
         continue;
       }
       uint64_t samples = 0;
-      Result<std::string> bytes = IndexShard(*source_of[i], s, &samples);
+      Result<std::string> bytes = IndexShard(s, &samples);
       Status st = bytes.ok() ? WriteWhole(s.index_path, *bytes) : bytes.status();
       if (!st.ok()) {
         ++failed;
