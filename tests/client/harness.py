@@ -149,6 +149,21 @@ def summary(result):
     return "%d passed, %d failed%s" % (passed, failed, skipped)
 
 
+def json_objects(text):
+    """The JSON objects in `text`, wherever they start: other output may
+    share their lines (Gloo, under JAX and torch.distributed, prints to
+    stdout from its own threads)."""
+    decoder, objects, at = json.JSONDecoder(), [], text.find("{")
+    while at >= 0:
+        try:
+            obj, end = decoder.raw_decode(text, at)
+            objects.append(obj)
+            at = text.find("{", end)
+        except json.JSONDecodeError:
+            at = text.find("{", at + 1)
+    return objects
+
+
 def run_unittests(caller_globals, doc, tmp_prefix, banner=None):
     """main() of the tests that take --sidecar and --meshload: sets the
     caller's SIDECAR, MESHLOAD and TMP (a fresh directory, kept with --keep

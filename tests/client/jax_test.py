@@ -72,15 +72,25 @@ class Scenario:
 
     def run(self, cpu_devices, distributed=None, user_mesh="none", steps=STEPS):
         """Runs one worker per sidecar; returns their reports."""
-        outputs = self.run_each(
+        self.runs = getattr(self, "runs", 0) + 1
+        report = [os.path.join(self.dir, "report-%d-%d.json" % (self.runs, i)) for i in range(len(self.sidecars))]
+        self.run_each(
             lambda i, s: [WORKER, "--socket", s.sock, "--cpu-devices", str(cpu_devices), "--steps", str(steps),
-                          "--expected", self.expected, "--user-mesh", user_mesh],
-            distributed)
-        return [json.loads(lines[-1]) for lines in outputs]
+                          "--expected", self.expected, "--user-mesh", user_mesh, "--report", report[i]],
+            distributed, report)
+        reports = []
+        for path in report:
+            with open(path) as f:
+                reports.append(json.load(f))
+        return reports
 
-    def run_each(self, argv_of, distributed):
+    def run_each(self, argv_of, distributed, reports=None):
         """Runs `python argv_of(i, sidecar)` per sidecar, joined by
-        jax.distributed when `distributed`; returns each one's JSON lines."""
+        jax.distributed when `distributed`; returns the JSON objects each
+        printed. The objects are found wherever they are on a line: JAX's
+        Gloo collectives print to stdout from their own threads, on the
+        same lines. With `reports` (files the processes write), a process
+        must write its file instead of printing."""
         coordinator = "127.0.0.1:%d" % free_port() if distributed else None
         procs = []
         for i, s in enumerate(self.sidecars):
@@ -91,12 +101,13 @@ class Scenario:
             procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                           preexec_fn=harness.die_with_parent))
         outputs = []
-        for p in procs:
+        for i, p in enumerate(procs):
             out, err = p.communicate(timeout=240)
-            lines = [line for line in out.splitlines() if line.startswith("{")]
-            if p.returncode != 0 or not lines:
+            objects = harness.json_objects(out)
+            wrote = os.path.exists(reports[i]) if reports else bool(objects)
+            if p.returncode != 0 or not wrote:
                 raise AssertionError("%s exited with %d:\n%s\n%s" % (p.args[1], p.returncode, out, err[-4000:]))
-            outputs.append(lines)
+            outputs.append(objects)
         return outputs
 
 
@@ -143,8 +154,7 @@ class ExampleTest(unittest.TestCase):
                                                 "--steps", str(STEPS)], distributed=True)
             expected = np.load(sc.expected).view(np.uint8)
         want = [int(expected[s].sum(dtype=np.int64)) for s in range(STEPS)]
-        for i, lines in enumerate(outputs):
-            steps = [json.loads(line) for line in lines]
+        for i, steps in enumerate(outputs):
             self.assertEqual([r["step"] for r in steps], list(range(STEPS)), "process %d" % i)
             self.assertEqual([r["batch_sum"] for r in steps], want, "process %d" % i)
             self.assertTrue(all(np.isfinite(r["loss"]) for r in steps))

@@ -5,12 +5,16 @@ jax.Array with meshload.jax.global_array and checks, in jitted functions,
 that it equals the planner's global batch (--expected, a .npy of shape
 [steps, global batch, 32] uint64 words) and that replicas hold identical data
 (shard_map: every device's block against its replicas'). Also checks that
-the per-device arrays are zero-copy views of the staged slots. Prints one
-JSON line: {"ok": true, ...} or {"error": type, "message": ...}.
+the per-device arrays are zero-copy views of the staged slots. Writes one
+JSON object to --report: {"ok": true, ...} or {"error": type, "message": ...}.
+The report goes to a file, not stdout: JAX's CPU collectives (Gloo) print
+"[Gloo] Rank N is connected ..." to stdout from their own threads, and with
+PYTHONUNBUFFERED those lines can land between a printed object and its newline.
 """
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -20,6 +24,7 @@ def main():
     ap.add_argument("--cpu-devices", type=int, required=True)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--expected")
+    ap.add_argument("--report", required=True, help="where to write the JSON report (atomically)")
     ap.add_argument("--coordinator")
     ap.add_argument("--num-processes", type=int, default=1)
     ap.add_argument("--process-id", type=int, default=0)
@@ -113,7 +118,9 @@ def main():
     except Exception as e:  # noqa: BLE001 (reported to the test)
         report["error"] = type(e).__name__
         report["message"] = str(e)
-    print(json.dumps(report), flush=True)
+    with open(args.report + ".tmp", "w") as f:
+        json.dump(report, f)
+    os.replace(args.report + ".tmp", args.report)
     return 0
 
 

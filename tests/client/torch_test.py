@@ -15,7 +15,6 @@ the planner's global batches.
 """
 
 import gc
-import json
 import os
 import socket
 import subprocess
@@ -118,7 +117,7 @@ class DDPExampleTest(unittest.TestCase):
         finally:
             for s in sidecars:
                 s.stop()
-        steps = [json.loads(line) for line in outs[0].splitlines() if line.startswith("{")]
+        steps = harness.json_objects(outs[0])
         self.assertEqual([r["step"] for r in steps], list(range(STEPS)))
         self.assertEqual([r["batch_sum"] for r in steps], want)
         self.assertTrue(all(np.isfinite(r["loss"]) for r in steps))
