@@ -206,6 +206,8 @@ Status Client::ConnectOnce(int64_t want_step, std::optional<Clock::time_point> d
     if (t.offset > sh->slot_bytes || t.nbytes > sh->slot_bytes - t.offset) {
       return InvalidArgument("a tensor of the layout lies outside its slot", options_.socket_path);
     }
+    // The decoder checked that a ragged tensor's offsets end before its
+    // values, so they lie inside the slot too.
   }
   auto mapped = sh->memory == protocol::MemoryKind::kHostMemfd ? Mapping::MapHost(got.fds[0].get(), sh->pool_bytes)
                                                                : Mapping::ImportCuda(*sh, got.fds);
@@ -343,8 +345,21 @@ Result<Batch> Client::MakeBatch(const protocol::Ready& r, uint64_t wait_ns) {
     if (t.offset > hello_.slot_bytes || nbytes > hello_.slot_bytes - t.offset) {
       return InvalidArgument("READY tensor " + std::to_string(i) + " lies outside its slot");
     }
+    // A ragged tensor is what SERVER_HELLO's layout said: its offsets at
+    // the same place, as many samples, its values within the room.
+    const protocol::TensorLayout& planned = hello_.layout[i];
+    if ((t.ragged || planned.ragged) &&
+        (t.ragged != planned.ragged || t.offset != planned.offset || nbytes > planned.nbytes)) {
+      return InvalidArgument("READY tensor " + std::to_string(i) + " is not the " +
+                             (planned.ragged ? "ragged" : "dense") + " tensor SERVER_HELLO described");
+    }
     Tensor out;
-    out.data = mapping_->Base(i, r.slot, hello_.slot_bytes) + t.offset;
+    uint8_t* base = mapping_->Base(i, r.slot, hello_.slot_bytes);
+    out.data = base + t.offset;
+    if (t.ragged) {
+      out.offsets = reinterpret_cast<const int64_t*>(base + t.ragged->offsets_offset);
+      out.samples = t.ragged->samples;
+    }
     out.dtype_code = t.dtype_code;
     out.dtype_bits = t.dtype_bits;
     out.shape = t.shape;

@@ -131,9 +131,16 @@ struct Tensor {
   void* data = nullptr;
   uint8_t dtype_code = 0;  // DLPack
   uint8_t dtype_bits = 0;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;    // ragged: [elements of all samples]
   std::vector<int64_t> strides;  // in elements
   uint64_t nbytes = 0;
+  /// A ragged tensor (variable-size samples): `data` holds the samples'
+  /// elements back to back (the values), and `offsets` (in the same memory:
+  /// a device address when device_type is CUDA) holds samples + 1 int64
+  /// offsets in elements: sample k is values[offsets[k], offsets[k+1]).
+  /// Null for a dense tensor.
+  const int64_t* offsets = nullptr;
+  uint64_t samples = 0;
   int32_t device_type = 1;  // DLPack: 1 = CPU, 2 = CUDA (data is then a device address)
   int32_t device_id = 0;
   int64_t global_device = 0;  // device number in the mesh

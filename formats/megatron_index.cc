@@ -36,6 +36,41 @@ bool MegatronDTypeOf(uint8_t code, MegatronDType& out) {
   return false;
 }
 
+bool MegatronDTypeFor(DType t, MegatronDType& out) {
+  for (const MegatronDType& d : kDTypes) {
+    if (d.name == DTypeName(t)) {
+      out = d;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool IsMegatronDType(DType t) {
+  MegatronDType unused;
+  return MegatronDTypeFor(t, unused);
+}
+
+std::string MegatronIndexBytes(const MegatronIndex& index) {
+  std::string out(kMegatronIndexMagic);
+  auto put = [&out](const auto& v) { out.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(uint64_t{1});
+  put(index.dtype.code);
+  put(static_cast<uint64_t>(index.lengths.size()));
+  put(static_cast<uint64_t>(index.document_indices.size()));
+  out.append(reinterpret_cast<const char*>(index.lengths.data()), index.lengths.size() * sizeof(int32_t));
+  out.append(reinterpret_cast<const char*>(index.pointers.data()), index.pointers.size() * sizeof(int64_t));
+  out.append(reinterpret_cast<const char*>(index.document_indices.data()),
+             index.document_indices.size() * sizeof(int64_t));
+  return out;
+}
+
+DType ToDType(const MegatronDType& t) {
+  // Every Megatron dtype name is a DataLoadJob dtype name.
+  Result<DType> d = ParseDType(t.name);
+  return d.ok() ? *d : DType::kUint8;
+}
+
 Result<MegatronIndex> ParseMegatronIndex(std::string_view bytes, std::string_view name) {
   const uint64_t size = bytes.size();
   if (size < kMegatronIndexHeaderBytes) {

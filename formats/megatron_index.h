@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "formats/dtype.h"
 
 namespace meshload::formats {
 
@@ -49,6 +50,14 @@ struct MegatronDType {
 };
 /// The dtype of `code`; false when Megatron has no such code.
 bool MegatronDTypeOf(uint8_t code, MegatronDType& out);
+/// Megatron's dtype for `t`; false when Megatron has no code for it (bool,
+/// uint32, uint64, float16, bfloat16).
+bool MegatronDTypeFor(DType t, MegatronDType& out);
+/// True when Megatron has a code for `t` (uint8, int8, int16, int32, int64,
+/// float64, float32, uint16).
+bool IsMegatronDType(DType t);
+/// The DType of a Megatron dtype (its name parsed).
+DType ToDType(const MegatronDType& t);
 
 struct MegatronIndex {
   MegatronDType dtype;
@@ -72,6 +81,10 @@ struct MegatronIndex {
 /// ending at the sequence count, and nothing after them (a multimodal
 /// modes array is refused by name).
 Result<MegatronIndex> ParseMegatronIndex(std::string_view bytes, std::string_view name);
+
+/// The `.idx` bytes of `index`, as Megatron's `_IndexWriter` writes them
+/// (byte-identical; without the multimodal modes array).
+std::string MegatronIndexBytes(const MegatronIndex& index);
 
 /// Checks the index against PREFIX.bin's size: every sequence lies inside
 /// it. The error names the first sequence that does not, and its bytes.

@@ -94,6 +94,38 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
         f.npy = std::move(*h);
         break;
       }
+      case DatasetFormat::kMegatronIndexed: {
+        Result<formats::MegatronIndex>& m = facts.megatron;
+        if (!m.ok()) {
+          diags.Add(m.status());
+          continue;
+        }
+        if (Status st = formats::CheckMegatronData(*m, p, f.size); !st.ok()) {
+          diags.Add(st);
+          continue;
+        }
+        const formats::DType dt = formats::ToDType(m->dtype);
+        if (spec.dtype && *spec.dtype != dt) {
+          diags.Add(p, "the index says its dtype is " + std::string(m->dtype.name) + " but spec.dataset.dtype is " +
+                           std::string(formats::DTypeName(*spec.dtype)));
+        }
+        if (!idx.files_.empty() && idx.dtype_ != dt) {
+          diags.Add(p, "holds " + std::string(m->dtype.name) + " elements, but " + idx.files_.front().path + " holds " +
+                           std::string(formats::DTypeName(idx.dtype_)) + "; every file of a dataset must agree");
+          continue;
+        }
+        idx.dtype_ = dt;
+        f.count = m->sequences();
+        idx.offsets_.reserve(idx.offsets_.size() + f.count);
+        idx.sizes_.reserve(idx.sizes_.size() + f.count);
+        for (uint64_t i = 0; i < f.count; ++i) {
+          const uint64_t at = static_cast<uint64_t>(m->pointers[i]);
+          if (i > 0 && at < idx.offsets_.back()) idx.offsets_ascending_ = false;
+          idx.offsets_.push_back(at);
+          idx.sizes_.push_back(m->SequenceBytes(i));
+        }
+        break;
+      }
     }
     f.first = total;
     total += f.count;
@@ -127,6 +159,19 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
                   std::to_string(spec.record_bytes) + " disagrees with the npy files, whose samples are " +
                       std::to_string(idx.sample_bytes_) + " bytes (shape " + ShapeString(idx.sample_shape_) + ", " +
                       std::string(formats::DTypeName(h.dtype)) + ")");
+      }
+      break;
+    }
+    case DatasetFormat::kMegatronIndexed: {
+      idx.num_samples_ = total;
+      idx.sample_bytes_ = 0;
+      if (!idx.sizes_.empty()) {
+        const auto [lo, hi] = std::minmax_element(idx.sizes_.begin(), idx.sizes_.end());
+        idx.min_sample_bytes_ = *lo;
+        idx.max_sample_bytes_ = *hi;
+        long double sum = 0;
+        for (uint64_t b : idx.sizes_) sum += static_cast<long double>(b);
+        idx.mean_sample_bytes_ = static_cast<double>(sum / static_cast<long double>(idx.sizes_.size()));
       }
       break;
     }
@@ -168,6 +213,10 @@ DatasetIndex DatasetIndex::Virtual(const DatasetSpec& spec, uint64_t samples) {
       f.count = samples;
       f.size = samples * idx.sample_bytes_;
       break;
+    case DatasetFormat::kMegatronIndexed:
+      // Sizes come only from the index: unknown here.
+      f.count = samples;
+      break;
   }
   idx.files_.push_back(std::move(f));
   return idx;
@@ -199,7 +248,34 @@ void DatasetIndex::AppendExtents(uint64_t i, std::vector<Extent>& out) const {
       std::upper_bound(files_.begin(), files_.end(), i, [](uint64_t s, const DatasetFile& f) { return s < f.first; });
   size_t fi = static_cast<size_t>(std::distance(files_.begin(), it)) - 1;
   const DatasetFile& f = files_[fi];
+  if (variable_size()) {
+    if (!sizes_.empty()) out.push_back({static_cast<uint32_t>(fi), offsets_[i], sizes_[i]});
+    return;
+  }
   out.push_back({static_cast<uint32_t>(fi), f.data_offset + (i - f.first) * sample_bytes_, sample_bytes_});
+}
+
+uint64_t DatasetIndex::BytesOf(const uint64_t* ids, size_t count) const {
+  if (!variable_size()) return count * sample_bytes_;
+  if (sizes_.empty()) return 0;
+  uint64_t total = 0;
+  for (size_t k = 0; k < count; ++k) total += sizes_[ids[k]];
+  return total;
+}
+
+uint64_t DatasetIndex::LargestBytes(uint64_t k) const {
+  if (!variable_size()) return k * sample_bytes_;
+  if (sizes_.empty() || k == 0) return 0;
+  if (k >= sizes_.size()) {
+    uint64_t total = 0;
+    for (uint64_t b : sizes_) total += b;
+    return total;
+  }
+  std::vector<uint64_t> v = sizes_;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end(), std::greater<>());
+  uint64_t total = 0;
+  for (uint64_t j = 0; j < k; ++j) total += v[j];
+  return total;
 }
 
 void RadixSort(std::vector<uint64_t>& v) {
@@ -262,6 +338,19 @@ uint64_t DatasetIndex::CoalescedExtents(std::vector<uint64_t>& ids, std::vector<
         left -= n;
         token += n;
       }
+    }
+  } else if (variable_size()) {
+    if (!sizes_.empty()) {
+      for (uint64_t id : ids) {
+        while (fi + 1 < nfiles && id >= files_[fi].first + files_[fi].count) ++fi;
+        if (offsets_ascending_) {
+          emit(static_cast<uint32_t>(fi), offsets_[id], sizes_[id]);
+        } else {
+          out.push_back({static_cast<uint32_t>(fi), offsets_[id], sizes_[id]});
+        }
+      }
+      // An index may place sequences in any order in its .bin: then sort.
+      if (!offsets_ascending_) CoalesceExtents(out);
     }
   } else {
     for (uint64_t id : ids) {

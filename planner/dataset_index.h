@@ -13,6 +13,10 @@
 ///                files); N = floor((tokens − 1) / T);
 ///   Npy          each file is a C-order .npy array with the same dtype and
 ///                trailing shape; samples run along axis 0.
+///   MegatronIndexed  each PREFIX.bin with its PREFIX.idx (Megatron-LM's
+///                indexed dataset); sample i of a file is its sequence i,
+///                of the size and at the byte offset the .idx gives:
+///                samples have variable sizes (variable_size()).
 ///
 /// When the files are not reachable from where the plan is computed (another
 /// machine's path, a bucket without credentials, the controller), a
@@ -31,6 +35,7 @@
 #include "common/diagnostics.h"
 #include "common/status.h"
 #include "formats/dtype.h"
+#include "formats/megatron_index.h"
 #include "formats/npy.h"
 #include "planner/spec.h"
 
@@ -61,6 +66,9 @@ class DatasetIndex {
     std::string path;
     uint64_t size = 0;
     Result<formats::NpyHeader> npy = Status(StatusCode::kNotFound, "header not read");  // Npy only
+    /// MegatronIndexed: `path` is PREFIX.bin (`size` its bytes), and this
+    /// is its PREFIX.idx, parsed (or why it could not be).
+    Result<formats::MegatronIndex> megatron = Status(StatusCode::kNotFound, "index not read");
   };
   /// Builds the index from facts about files, in the order given (callers
   /// sort them). Every problem (sizes that are not whole records or tokens,
@@ -79,9 +87,32 @@ class DatasetIndex {
   formats::DType dtype() const { return dtype_; }
   uint64_t num_samples() const { return num_samples_; }
   /// Bytes of one sample as delivered to the trainer (TokenStream: (T+1)
-  /// tokens). 0 when unknown (a virtual Npy index without recordBytes).
+  /// tokens). 0 when unknown (a virtual Npy index without recordBytes) or
+  /// when samples differ in size (variable_size()).
   uint64_t sample_bytes() const { return sample_bytes_; }
-  /// Shape of one sample in elements of dtype().
+  /// True for formats whose samples differ in size (MegatronIndexed): each
+  /// sample's size comes from SampleBytes(i), and a batch is ragged.
+  bool variable_size() const { return format_ == DatasetFormat::kMegatronIndexed; }
+  /// Bytes of sample `i` (a variable-size sample's from the index; 0 when
+  /// not known: a virtual index of a variable-size format). Precondition:
+  /// i < num_samples().
+  uint64_t SampleBytes(uint64_t i) const {
+    if (!variable_size()) return sample_bytes_;
+    return sizes_.empty() ? 0 : sizes_[i];
+  }
+  /// The bytes of samples `ids` together.
+  uint64_t BytesOf(const uint64_t* ids, size_t count) const;
+  /// The most bytes any `k` samples can hold together: the sum of the `k`
+  /// largest (k × sample_bytes() for fixed-size formats). What a slot
+  /// holding `k` samples of any step must be able to take.
+  uint64_t LargestBytes(uint64_t k) const;
+  /// Variable-size formats: the smallest, mean and largest sample (bytes);
+  /// all 0 for a virtual index.
+  uint64_t min_sample_bytes() const { return min_sample_bytes_; }
+  uint64_t max_sample_bytes() const { return max_sample_bytes_; }
+  double mean_sample_bytes() const { return mean_sample_bytes_; }
+  /// Shape of one sample in elements of dtype() (variable-size formats:
+  /// empty, a sample is a run of elements).
   const std::vector<uint64_t>& sample_shape() const { return sample_shape_; }
   /// True when the files were read; false for a virtual index.
   bool indexed() const { return indexed_; }
@@ -107,6 +138,14 @@ class DatasetIndex {
   std::vector<uint64_t> sample_shape_;
   bool indexed_ = false;
   std::vector<DatasetFile> files_;
+  // Variable-size formats, per sample: the byte offset in its file and the
+  // bytes (empty for a virtual index).
+  std::vector<uint64_t> offsets_;
+  std::vector<uint64_t> sizes_;
+  bool offsets_ascending_ = true;  // within each file, by sample
+  uint64_t min_sample_bytes_ = 0;
+  uint64_t max_sample_bytes_ = 0;
+  double mean_sample_bytes_ = 0;
 };
 
 /// Sorts in place in O(n) passes of up to 12-bit digits (as many as the largest

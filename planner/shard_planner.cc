@@ -283,7 +283,7 @@ StepPlan ShardPlanner::PlanStep(int64_t step, const Loading& loading, std::optio
       t.from = u.from;
       t.to = u.to;
       t.samples = samples_of(u.positions);
-      t.bytes = t.samples.size() * job_.dataset.sample_bytes();
+      t.bytes = job_.dataset.BytesOf(t.samples.data(), t.samples.size());
       plan.bytes_transferred += t.bytes;
       plan.transfers.push_back(std::move(t));
     }
@@ -335,7 +335,14 @@ StepCost ShardPlanner::ComputeCost(int64_t step, const Loading& loading) const {
       pc.read_ranges += it->second.ranges;
     }
     for (const TransferUnit& u : TransfersFrom(p, loading)) {
-      const uint64_t bytes = CountPositions(u.positions) * sample_bytes;
+      uint64_t bytes = 0;
+      if (job_.dataset.variable_size()) {
+        for (const auto& r : u.positions) {
+          bytes += job_.dataset.BytesOf(batch.data() + r.begin, static_cast<size_t>(r.end - r.begin));
+        }
+      } else {
+        bytes = CountPositions(u.positions) * sample_bytes;
+      }
       pc.bytes_sent += bytes;
       cost.per_process[static_cast<size_t>(u.to)].bytes_received += bytes;
       cost.bytes_transferred += bytes;

@@ -6,6 +6,8 @@
 #include <set>
 
 #include "planner/spec.h"
+
+#include "formats/megatron_index.h"
 #include "planner/spec_reader.h"
 
 namespace meshload::planner {
@@ -309,6 +311,21 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
       if (record_bytes_given) {
         d.Add("spec.dataset.recordBytes",
               "is not used by format TokenStream (a sample is sequenceLength+1 tokens); remove it");
+      }
+      break;
+    }
+    case DatasetFormat::kMegatronIndexed: {
+      if (sequence_length_given) {
+        d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
+      }
+      if (record_bytes_given) {
+        d.Add("spec.dataset.recordBytes",
+              "is not used by format MegatronIndexed (the .idx gives every sample's size); remove it");
+      }
+      if (ds.dtype && !formats::IsMegatronDType(*ds.dtype)) {
+        d.Add("spec.dataset.dtype", std::string(formats::DTypeName(*ds.dtype)) +
+                                        " is not a Megatron indexed dataset type (uint8, int8, int16, uint16, int32, "
+                                        "int64, float32, float64); leave it out to take the .idx's");
       }
       break;
     }

@@ -174,6 +174,52 @@ void WriteTensor(Writer& w, const T& t) {
   w.Dims(t.strides);
 }
 
+// Version 3's ragged part of a tensor: u8 0 (dense), or u8 1 then
+// u64 offsets_offset, u64 samples.
+void WriteRagged(Writer& w, const std::optional<RaggedInfo>& ragged) {
+  w.U8(ragged ? 1 : 0);
+  if (ragged) {
+    w.U64(ragged->offsets_offset);
+    w.U64(ragged->samples);
+  }
+}
+
+// The most samples a ragged tensor may hold: its offsets must be
+// addressable (8 bytes each) with room to spare.
+constexpr uint64_t kMaxRaggedSamples = uint64_t{1} << 40;
+
+template <typename T>
+void ReadRagged(Reader& r, T& t) {
+  const size_t at = r.pos();
+  const uint8_t kind = r.U8();
+  if (!r.ok()) return;
+  if (kind > 1) {
+    r.Fail(at, "unknown tensor kind " + std::to_string(kind) + " (0 dense, 1 ragged)");
+    return;
+  }
+  if (kind == 0) return;
+  RaggedInfo g;
+  g.offsets_offset = r.U64();
+  g.samples = r.U64();
+  if (!r.ok()) return;
+  if (g.samples == 0 || g.samples > kMaxRaggedSamples) {
+    r.Fail(at + 9, "a ragged tensor of " + std::to_string(g.samples) + " samples (1 to 2^40)");
+    return;
+  }
+  if (t.shape.size() != 1) {
+    r.Fail(at, "a ragged tensor's values are 1-D, not " + std::to_string(t.shape.size()) + "-D");
+    return;
+  }
+  // The offsets are 8-byte aligned and end at or before the values.
+  const uint64_t offsets_bytes = (g.samples + 1) * 8;
+  if (g.offsets_offset % 8 != 0 || g.offsets_offset > t.offset || offsets_bytes > t.offset - g.offsets_offset) {
+    r.Fail(at + 1, "the ragged offsets at " + std::to_string(g.offsets_offset) + " (" + std::to_string(offsets_bytes) +
+                       " bytes) do not lie 8-byte aligned before the values at " + std::to_string(t.offset));
+    return;
+  }
+  t.ragged = g;
+}
+
 template <typename T>
 void ReadTensor(Reader& r, T& t) {
   const size_t at = r.pos();
@@ -300,6 +346,7 @@ std::string Encode(const Message& m) {
     for (const auto& t : sh->layout) {
       WriteTensor(w, t);
       w.U64(t.nbytes);
+      WriteRagged(w, t.ragged);
     }
     w.I64(sh->first_step);
     w.U64(sh->steps_per_epoch);
@@ -328,6 +375,7 @@ std::string Encode(const Message& m) {
     for (const auto& t : rd->tensors) {
       WriteTensor(w, t);
       w.U64(t.ids_checksum);
+      WriteRagged(w, t.ragged);
     }
     return w.Finish(MessageType::kReady);
   }
@@ -415,6 +463,7 @@ Result<Message> Decode(std::string_view bytes) {
         TensorLayout t;
         ReadTensor(r, t);
         t.nbytes = r.U64();
+        ReadRagged(r, t);
         m.layout.push_back(std::move(t));
       }
       m.first_step = r.I64();
@@ -489,6 +538,7 @@ Result<Message> Decode(std::string_view bytes) {
         TensorReady t;
         ReadTensor(r, t);
         t.ids_checksum = r.U64();
+        ReadRagged(r, t);
         m.tensors.push_back(std::move(t));
       }
       MESHLOAD_RETURN_IF_ERROR(r.Finish());

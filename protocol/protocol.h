@@ -1,5 +1,5 @@
 /// \file
-/// The sidecar ⇄ trainer handoff protocol, version 1 (docs/protocol.md).
+/// The sidecar ⇄ trainer handoff protocol, version 3 (docs/protocol.md).
 ///
 /// Transport: a Unix SOCK_SEQPACKET socket, so every message is one datagram
 /// with preserved boundaries and the kernel reports a dead peer at once.
@@ -46,7 +46,9 @@ namespace meshload::protocol {
 
 inline constexpr uint32_t kMagic = 0x31444C4D;  // "MLD1" little-endian
 // 2: SERVER_HELLO carries the job's mesh (axes, batch axes, processes).
-inline constexpr uint16_t kProtocolVersion = 2;
+// 3: a tensor may be ragged (variable-size samples): values, and the
+//    samples' offsets into them (RaggedInfo).
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kHeaderBytes = 12;
 inline constexpr size_t kMaxMessageBytes = 64 * 1024;
 inline constexpr size_t kMaxDevices = 64;
@@ -105,14 +107,27 @@ struct DeviceInfo {
   std::string uuid;           // "GPU-…" for CUDA devices, "" for host memory
 };
 
+/// A ragged tensor (version 3): a batch of variable-size samples is a 1-D
+/// tensor of their elements back to back (the values: the tensor's offset,
+/// dtype and shape) and `samples + 1` int64 offsets, in elements, at
+/// `offsets_offset` in the same memory: sample k is
+/// values[offsets[k], offsets[k+1]), offsets[0] = 0. The offsets come
+/// before the values.
+struct RaggedInfo {
+  uint64_t offsets_offset = 0;  // bytes from the start of the slot (a device allocation: of it); 8-byte aligned
+  uint64_t samples = 0;         // n, at least 1
+  bool operator==(const RaggedInfo&) const = default;
+};
+
 /// The layout of one device's tensor inside a slot.
 struct TensorLayout {
   uint64_t offset = 0;     // bytes from the start of the slot; 256-byte aligned
   uint8_t dtype_code = 0;  // DLPack type code
   uint8_t dtype_bits = 0;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;    // ragged: [the values' room in elements]
   std::vector<int64_t> strides;  // in elements, C order
   uint64_t nbytes = 0;
+  std::optional<RaggedInfo> ragged;
 };
 
 /// One axis of the job's device mesh (spec.mesh.axes).
@@ -158,9 +173,10 @@ struct TensorReady {
   uint64_t offset = 0;  // bytes from the start of the slot
   uint8_t dtype_code = 0;
   uint8_t dtype_bits = 0;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // ragged: [the elements this step's values take]
   std::vector<int64_t> strides;
   uint64_t ids_checksum = 0;  // SampleIdsChecksum of the device's sample ids
+  std::optional<RaggedInfo> ragged;
 };
 
 struct Ready {

@@ -56,7 +56,7 @@ SessionServer::SessionServer(Context context)
       memory_(context.memory),
       device_(context.device),
       pool_(context.pool),
-      slot_checksums_(*context.slot_checksums),
+      slot_staged_(*context.slot_staged),
       start_step_(context.start_step),
       wake_fd_(context.wake_fd),
       stop_(*context.stop),
@@ -92,7 +92,7 @@ void SessionServer::ChooseMaxLeases() {
   const formats::DLPackType dl = formats::ToDLPackType(layout_.dtype);
   for (size_t i = 0; i < layout_.devices.size(); ++i) {
     r.tensors.push_back({TensorOffset(i), dl.code, dl.bits, layout_.devices[i].shape, layout_.devices[i].strides,
-                         std::numeric_limits<uint64_t>::max()});
+                         std::numeric_limits<uint64_t>::max(), Ragged(i)});
   }
   const uint32_t queue = MeasureReadyQueue(protocol::Encode(r));
   if (queue == 0) {
@@ -346,7 +346,7 @@ void SessionServer::OnHello(const protocol::ClientHello& hello) {
     sh.devices.push_back(
         {static_cast<uint32_t>(t.device), static_cast<uint8_t>(device_ ? 2 : 1), device_ ? device_->uuids()[i] : ""});
     const formats::DLPackType dl = formats::ToDLPackType(layout_.dtype);
-    sh.layout.push_back({TensorOffset(i), dl.code, dl.bits, t.shape, t.strides, t.nbytes});
+    sh.layout.push_back({TensorOffset(i), dl.code, dl.bits, t.shape, t.strides, t.nbytes, Ragged(i)});
   }
   sh.slots = memory_->slots();
   std::vector<int> fds;
@@ -398,7 +398,12 @@ void SessionServer::SendReadyBatchesLocked() {
     const formats::DLPackType dl = formats::ToDLPackType(layout_.dtype);
     for (size_t i = 0; i < layout_.devices.size(); ++i) {
       const auto& t = layout_.devices[i];
-      r.tensors.push_back({TensorOffset(i), dl.code, dl.bits, t.shape, t.strides, slot_checksums_[*slot][i]});
+      const staging::StagedTensor& staged = slot_staged_[*slot][i];
+      // A ragged batch's values: the elements this step's samples take.
+      std::vector<int64_t> shape = t.shape;
+      if (layout_.ragged) shape = {static_cast<int64_t>(staged.values_bytes / formats::DTypeSize(layout_.dtype))};
+      r.tensors.push_back(
+          {TensorOffset(i), dl.code, dl.bits, std::move(shape), t.strides, staged.ids_checksum, Ragged(i)});
     }
     Status st = SendTo(client_->fd.get(), protocol::Encode(r));
     if (!st.ok()) {

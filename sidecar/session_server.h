@@ -65,6 +65,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -123,7 +124,7 @@ class SessionServer {
     const staging::DeviceSlotMemory* device = nullptr;  // GPU staging; null: host staging
     staging::SlotPool* pool = nullptr;
     /// Per slot, written by the producer before MarkReady.
-    const std::vector<std::vector<uint64_t>>* slot_checksums = nullptr;
+    const std::vector<std::vector<staging::StagedTensor>>* slot_staged = nullptr;
     int64_t start_step = 0;  // --start-step or spec.resume.step: what want_step -1 means
     int wake_fd = -1;        // eventfd: producer -> server wake-ups, and RequestStop()
     std::atomic<bool>* stop = nullptr;
@@ -243,7 +244,17 @@ class SessionServer {
   void Consumed(int64_t step, uint64_t wait_ns);
   // Where local device i's tensor starts: in the host slot, or at the start
   // of its own device allocation.
-  uint64_t TensorOffset(size_t i) const { return device_ ? 0 : layout_.devices[i].offset; }
+  // A device allocation holds the device's region (the offsets of a ragged
+  // layout, then the tensor); the host pool the whole slot.
+  uint64_t TensorOffset(size_t i) const {
+    return layout_.devices[i].offset - (device_ ? layout_.devices[i].region_offset : 0);
+  }
+  // Device i's ragged offsets as the protocol describes them (none: dense).
+  std::optional<protocol::RaggedInfo> Ragged(size_t i) const {
+    if (!layout_.ragged) return std::nullopt;
+    return protocol::RaggedInfo{layout_.devices[i].offsets_offset - (device_ ? layout_.devices[i].region_offset : 0),
+                                layout_.samples_per_device};
+  }
   // The connected trainer (null: none), for the server thread: client_ is
   // read under client_mu_ (a ClientLock held for the read: a few times per
   // wake-up of the server loop; a producer finding it held leaves its READY
@@ -263,7 +274,7 @@ class SessionServer {
   const staging::HostSlotMemory* const memory_;
   const staging::DeviceSlotMemory* const device_;  // GPU staging; null: host staging
   staging::SlotPool* const pool_;
-  const std::vector<std::vector<uint64_t>>& slot_checksums_;
+  const std::vector<std::vector<staging::StagedTensor>>& slot_staged_;
   const int64_t start_step_;
   const int wake_fd_;
   std::atomic<bool>& stop_;

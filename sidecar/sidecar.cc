@@ -114,7 +114,7 @@ Status Sidecar::Init(const planner::ValidJob& job) {
   progress_ = std::make_unique<ProgressWindow>(kReadLatencyBuckets, popts);
   MESHLOAD_RETURN_IF_ERROR(InitDeviceStaging());
   pool_ = std::make_unique<staging::SlotPool>(slots, start_step_, options_.clock);
-  slot_checksums_.assign(slots, {});
+  slot_staged_.assign(slots, {});
   options_.staging_threads = std::clamp(options_.staging_threads, 1, static_cast<int>(slots));
   StepLoaderOptions lopts;
   lopts.reader_threads = options_.reader_threads;
@@ -151,7 +151,7 @@ Status Sidecar::Init(const planner::ValidJob& job) {
       .memory = memory_.get(),
       .device = device_.get(),
       .pool = pool_.get(),
-      .slot_checksums = &slot_checksums_,
+      .slot_staged = &slot_staged_,
       .start_step = start_step_,
       .wake_fd = event_fd_.get(),
       .stop = &stop_,
@@ -364,7 +364,7 @@ void Sidecar::ProducerMain(int index) {
     const auto [slot, step] = *fill;
     const auto t0 = Clock::now();
     StepLoadStats stats;
-    Status st = loader_->Load(step, memory_->slot(slot), slot_checksums_[slot], &stats, index,
+    Status st = loader_->Load(step, memory_->slot(slot), slot_staged_[slot], &stats, index,
                               [&] { return pool_->generation() != gen || stop_.load() || failed_.load(); });
     if (!st.ok() && st.code() == StatusCode::kCancelled && (pool_->generation() != gen || stop_.load())) {
       // A re-plan (or a stop) abandoned this step while it waited on peers.

@@ -178,7 +178,7 @@ class Sidecar {
   std::unique_ptr<staging::DeviceSlotMemory> device_;  // GPU staging; null: host staging
   std::unique_ptr<staging::SlotPool> pool_;
   std::unique_ptr<StepLoader> loader_;
-  std::vector<std::vector<uint64_t>> slot_checksums_;  // per slot, written before MarkReady
+  std::vector<std::vector<staging::StagedTensor>> slot_staged_;  // per slot, written before MarkReady
   std::unique_ptr<metrics::HealthServer> health_;
   int metrics_port_ = -1;
   std::string job_name_;

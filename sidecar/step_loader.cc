@@ -44,6 +44,7 @@ uint64_t JobFingerprint(const planner::ShardPlanner& planner, const planner::Loa
   std::vector<uint64_t> v = {job.samples,
                              job.global_batch,
                              job.dataset.sample_bytes(),
+                             job.dataset.LargestBytes(job.samples),  // variable-size: the dataset's bytes
                              static_cast<uint64_t>(job.mesh.processes()),
                              static_cast<uint64_t>(job.mesh.devices()),
                              static_cast<uint64_t>(loading.strategy),
@@ -63,8 +64,12 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const planner::ShardPlann
     return InvalidArgument("process " + std::to_string(process) + " is not in the job's 0.." +
                            std::to_string(job.mesh.processes() - 1));
   }
-  if (job.dataset.sample_bytes() == 0) {
+  if (job.dataset.sample_bytes() == 0 && !job.dataset.variable_size()) {
     return InvalidArgument("the sample size is unknown: the Npy files could not be read; make them reachable",
+                           "spec.dataset.uri");
+  }
+  if (job.dataset.variable_size() && !job.dataset.indexed()) {
+    return InvalidArgument("the samples' sizes are unknown: the dataset's index was not read; make it reachable",
                            "spec.dataset.uri");
   }
   if (std::string why = planner.Unsupported(loading); !why.empty()) return FailedPrecondition(why, "spec.strategy");
@@ -168,10 +173,32 @@ StepLoader::ReadOp& StepLoader::Caller::NewOp() {
   return op;
 }
 
+void StepLoader::PlaceSamples(const planner::StepPlan& plan, uint8_t* slot, Caller& c) {
+  const planner::DatasetIndex& ds = planner_.job().dataset;
+  c.places.resize(plan.devices.size());
+  for (size_t i = 0; i < plan.devices.size(); ++i) {
+    const std::vector<uint64_t>& ids = plan.devices[i].samples;
+    std::vector<uint64_t>& at = c.places[i];
+    at.resize(ids.size() + 1);
+    uint64_t bytes = 0;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      at[k] = bytes;
+      bytes += ds.SampleBytes(ids[k]);
+    }
+    at[ids.size()] = bytes;
+    if (layout_.ragged) {
+      // The sample offsets, in elements, before the values.
+      const uint64_t es = formats::DTypeSize(layout_.dtype);
+      auto* offsets = reinterpret_cast<int64_t*>(slot + layout_.devices[i].offsets_offset);
+      for (size_t k = 0; k <= ids.size(); ++k) offsets[k] = static_cast<int64_t>(at[k] / es);
+    }
+  }
+}
+
 Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller& c, StepLoadStats& stats) {
   const planner::DatasetIndex& ds = planner_.job().dataset;
-  const uint64_t sb = layout_.sample_bytes;
   const int64_t first_device = layout_.devices.front().device;
+  PlaceSamples(plan, slot, c);
 
   // Where each sample goes: the first local device holding its shard (the
   // others are replicas, filled by a copy or by their own read).
@@ -196,7 +223,7 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
       continue;
     }
     for (size_t k = 0; k < d.samples.size(); ++k) {
-      c.dest_of.emplace_back(d.samples[k], slot + layout_.devices[i].offset + k * sb);
+      c.dest_of.emplace_back(d.samples[k], slot + layout_.devices[i].offset + c.places[i][k]);
     }
   }
   // For an id listed twice, the later place wins (as a map's last
@@ -212,9 +239,9 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
     uint64_t outside = 0;
     for (const planner::ReadPlan& r : plan.reads) {
       if (r.device >= 0) continue;
-      for (uint64_t id : r.samples) outside += Find(c.dest_of, id) == nullptr;
+      for (uint64_t id : r.samples) outside += Find(c.dest_of, id) == nullptr ? ds.SampleBytes(id) : 0;
     }
-    if (c.outbox.size() < outside * sb) c.outbox.resize(outside * sb);
+    if (c.outbox.size() < outside) c.outbox.resize(outside);
   }
   uint8_t* outbox_next = c.outbox.data();
 
@@ -228,12 +255,12 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
       const uint64_t id = r.samples[k];
       uint8_t* dest;
       if (own_device) {
-        dest = slot + layout_.devices[local].offset + k * sb;
+        dest = slot + layout_.devices[local].offset + c.places[local][k];
       } else {
         dest = Find(c.dest_of, id);
         if (dest == nullptr && exchange_) {
           dest = outbox_next;
-          outbox_next += sb;
+          outbox_next += ds.SampleBytes(id);
           c.outbox_of.emplace_back(id, dest);
         }
       }
@@ -257,8 +284,13 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
     uint64_t pos = 0;  // next file byte the current op will read
     uint64_t op_bytes = 0;
     const Piece* prev = nullptr;
+    const bool variable = ds.variable_size();
     for (const Piece& p : pieces) {
-      const bool touches = op && prev && p.file == prev->file && p.offset <= pos;
+      if (p.length == 0) continue;  // an empty sample (a Megatron sequence of no tokens) reads nothing
+      // Samples of a fixed-size format overlap only as TokenStream
+      // neighbours (the shared token, handled below); variable-size
+      // samples whose index points them at shared bytes are read again.
+      const bool touches = op && prev && p.file == prev->file && (variable ? p.offset == pos : p.offset <= pos);
       const bool bridges = latency_bound_ && op && prev && p.file == prev->file && p.offset > pos &&
                            p.offset - pos <= options_.max_gap_bytes;
       if ((!touches && !bridges) || op_bytes >= options_.max_read_bytes) {
@@ -316,21 +348,27 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
     }
   }
   if (options_.host_replica_copies) {
-    for (const auto& [from, to] : c.replica_copies) stats.bytes_copied += layout_.devices[to].nbytes;
+    for (const auto& [from, to] : c.replica_copies) stats.bytes_copied += ReplicaCopyBytes(c, from);
   }
   std::sort(c.outbox_of.begin(), c.outbox_of.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return Status::Ok();
 }
 
+uint64_t StepLoader::ReplicaCopyBytes(const Caller& c, size_t from) const {
+  const staging::DeviceTensor& t = layout_.devices[from];
+  // Ragged: the offsets and the values this step uses, not the whole room.
+  return layout_.ragged ? (t.offset - t.region_offset) + c.places[from].back() : t.region_bytes;
+}
+
 Status StepLoader::BuildParts(const planner::StepPlan& plan, bool incoming, Caller& c,
                               std::vector<exchange::Part>& parts) {
-  const uint64_t sb = layout_.sample_bytes;
+  const planner::DatasetIndex& ds = planner_.job().dataset;
   parts.clear();
   for (const planner::TransferPlan& t : plan.transfers) {
     if ((incoming ? t.to : t.from) != process_) continue;
     exchange::Part part;
     part.peer = incoming ? t.from : t.to;
-    part.bytes = t.samples.size() * sb;
+    part.bytes = ds.BytesOf(t.samples.data(), t.samples.size());
     part.checksum = protocol::SampleIdsChecksum(t.samples.data(), t.samples.size());
     for (uint64_t id : t.samples) {
       uint8_t* p = Find(c.dest_of, id);
@@ -341,6 +379,7 @@ Status StepLoader::BuildParts(const planner::StepPlan& plan, bool incoming, Call
                                        (incoming ? " from" : " for") + " process " + std::to_string(part.peer) +
                                        " has no place in this process");
       // Neighbours in the slot (a shard's samples) make one iovec.
+      const uint64_t sb = ds.SampleBytes(id);
       if (!part.iov.empty() && static_cast<uint8_t*>(part.iov.back().iov_base) + part.iov.back().iov_len == p) {
         part.iov.back().iov_len += sb;
       } else {
@@ -354,11 +393,10 @@ Status StepLoader::BuildParts(const planner::StepPlan& plan, bool incoming, Call
 
 Status StepLoader::ServePart(int64_t step, int64_t peer, std::vector<uint8_t>& out, uint64_t& checksum) {
   const planner::DatasetIndex& ds = planner_.job().dataset;
-  const uint64_t sb = layout_.sample_bytes;
   const planner::StepPlan plan = planner_.PlanStep(step, loading_, process_, planner::ShardPlanner::Detail::kSamples);
   for (const planner::TransferPlan& t : plan.transfers) {
     if (t.from != process_ || t.to != peer) continue;
-    out.resize(t.samples.size() * sb);
+    out.resize(ds.BytesOf(t.samples.data(), t.samples.size()));
     checksum = protocol::SampleIdsChecksum(t.samples.data(), t.samples.size());
     std::vector<planner::Extent> extents;
     uint8_t* dest = out.data();
@@ -376,8 +414,8 @@ Status StepLoader::ServePart(int64_t step, int64_t peer, std::vector<uint8_t>& o
                   " to process " + std::to_string(peer));
 }
 
-Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats_out,
-                        int caller, const std::function<bool()>& cancelled) {
+Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<staging::StagedTensor>& staged,
+                        StepLoadStats* stats_out, int caller, const std::function<bool()>& cancelled) {
   if (caller < 0 || static_cast<size_t>(caller) >= callers_.size()) {
     return InvalidArgument("caller " + std::to_string(caller) + " is not in 0.." + std::to_string(callers_.size() - 1));
   }
@@ -421,12 +459,15 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& chec
   }
   if (options_.host_replica_copies) {
     for (const auto& [from, to] : c.replica_copies) {
-      std::memcpy(slot + layout_.devices[to].offset, slot + layout_.devices[from].offset, layout_.devices[to].nbytes);
+      std::memcpy(slot + layout_.devices[to].region_offset, slot + layout_.devices[from].region_offset,
+                  ReplicaCopyBytes(c, from));
     }
   }
-  checksums.resize(plan.devices.size());
+  staged.resize(plan.devices.size());
   for (size_t i = 0; i < plan.devices.size(); ++i) {
-    checksums[i] = protocol::SampleIdsChecksum(plan.devices[i].samples.data(), plan.devices[i].samples.size());
+    staged[i].ids_checksum =
+        protocol::SampleIdsChecksum(plan.devices[i].samples.data(), plan.devices[i].samples.size());
+    staged[i].values_bytes = c.places[i].back();
   }
   if (stats_out) *stats_out = stats;
   return Status::Ok();

@@ -127,15 +127,17 @@ class StepLoader {
   Status VerifyFiles();
 
   /// Reads step `step` into `slot` (layout().slot_bytes bytes). On success,
-  /// `checksums[i]` is SampleIdsChecksum of local device i's sample ids.
+  /// `staged[i]` holds SampleIdsChecksum of local device i's sample ids and
+  /// the bytes of its samples (for a ragged layout, what its values take;
+  /// the sample offsets are in the slot).
   /// Errors name the file and byte offset; the slot content is then
   /// undefined and must not be handed out.
   /// `caller` is this thread's index in 0..callers-1; two threads must not
   /// use the same index at once.
   /// `cancelled` is polled while waiting on peers: when it says so, Load
   /// returns a kCancelled error (the step was abandoned by a re-plan).
-  Status Load(int64_t step, uint8_t* slot, std::vector<uint64_t>& checksums, StepLoadStats* stats, int caller = 0,
-              const std::function<bool()>& cancelled = {});
+  Status Load(int64_t step, uint8_t* slot, std::vector<staging::StagedTensor>& staged, StepLoadStats* stats,
+              int caller = 0, const std::function<bool()>& cancelled = {});
 
   /// Reads this process's part of `step` for `peer` alone (the exchange's
   /// on-demand path: a peer asks again for a step this process has passed).
@@ -202,6 +204,10 @@ class StepLoader {
     std::vector<Piece> pieces;
     std::vector<planner::Extent> extents;
     std::vector<std::pair<uint64_t, uint8_t*>> dest_of;  // sample id -> slot address, sorted
+    // Per local device: the byte offset of each of its samples in its
+    // tensor (k × sample bytes, or the running sum of variable sizes), and
+    // the total last.
+    std::vector<std::vector<uint64_t>> places;
     std::vector<Chunk> chunks;
     // Samples read for peers only (no local device holds them).
     std::vector<uint8_t> outbox;
@@ -213,6 +219,10 @@ class StepLoader {
 
   StepLoader(const planner::ShardPlanner& planner, int64_t process, const planner::Loading& loading,
              source::SourceRegistry& sources, const staging::BatchLayout& layout, StepLoaderOptions options);
+  // Fills c.places for `plan`, and a ragged layout's sample offsets in `slot`.
+  void PlaceSamples(const planner::StepPlan& plan, uint8_t* slot, Caller& c);
+  // What copying local device `from`'s batch to a replica copies.
+  uint64_t ReplicaCopyBytes(const Caller& c, size_t from) const;
   Status BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller& c, StepLoadStats& stats);
   // The transfers of `plan` to or from this process as exchange parts whose
   // iovecs point at the samples' places (slot or outbox).

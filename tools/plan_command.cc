@@ -93,11 +93,24 @@ std::string MeshSummary(const planner::ResolvedJob& job) {
   return o.str();
 }
 
+// Whether the plan's byte counts are known: fixed-size samples of a known
+// size, or variable-size samples whose index was read.
+bool BytesKnown(const planner::DatasetIndex& ds) {
+  return ds.sample_bytes() != 0 || (ds.variable_size() && ds.indexed());
+}
+
 std::string DatasetSummary(const planner::ResolvedJob& job) {
   std::ostringstream o;
   const planner::DatasetIndex& ds = job.dataset;
-  o << ToString(ds.format()) << ", " << job.samples << " samples × "
-    << (ds.sample_bytes() ? std::to_string(ds.sample_bytes()) + " B" : std::string("? B"));
+  o << ToString(ds.format()) << ", " << job.samples << " samples";
+  if (ds.variable_size() && ds.indexed()) {
+    char mean[32];
+    std::snprintf(mean, sizeof mean, "%.0f", ds.mean_sample_bytes());
+    o << " of " << ds.min_sample_bytes() << " to " << ds.max_sample_bytes() << " B (mean " << mean << " B, "
+      << formats::DTypeName(ds.dtype()) << ")";
+  } else {
+    o << " × " << (ds.sample_bytes() ? std::to_string(ds.sample_bytes()) + " B" : std::string("? B"));
+  }
   if (ds.indexed()) {
     o << " in " << ds.files().size() << " file" << (ds.files().size() == 1 ? "" : "s");
   } else {
@@ -124,7 +137,7 @@ void PrintTable(const planner::ShardPlanner& planner, const PlanOptions& opt, in
                 const std::string& job_name) {
   const planner::ResolvedJob& job = planner.job();
   const planner::Loading loading = planner.DefaultLoading();
-  const bool known = job.dataset.sample_bytes() != 0;
+  const bool known = BytesKnown(job.dataset);
   std::cout << "DataLoadJob " << job_name << ": strategy " << ToString(loading.strategy) << ", fanout "
             << ToString(loading.fanout) << "\n"
             << "mesh:    " << MeshSummary(job) << "\n"
@@ -183,7 +196,7 @@ ordered_json PlanJson(const planner::ShardPlanner& planner, const PlanOptions& o
                       const std::string& job_name) {
   const planner::ResolvedJob& job = planner.job();
   const planner::Loading loading = planner.DefaultLoading();
-  const bool known = job.dataset.sample_bytes() != 0;
+  const bool known = BytesKnown(job.dataset);
   ordered_json out;
   out["job"] = job_name;
   out["strategy"] = ToString(loading.strategy);
@@ -194,7 +207,17 @@ ordered_json PlanJson(const planner::ShardPlanner& planner, const PlanOptions& o
   out["globalBatch"] = job.global_batch;
   out["samples"] = job.samples;
   out["stepsPerEpoch"] = job.steps_per_epoch;
-  out["sampleBytes"] = known ? ordered_json(job.dataset.sample_bytes()) : ordered_json(nullptr);
+  out["sampleBytes"] =
+      job.dataset.sample_bytes() != 0 ? ordered_json(job.dataset.sample_bytes()) : ordered_json(nullptr);
+  if (job.dataset.variable_size() && job.dataset.indexed()) {
+    // Variable-size samples: their range, and the most bytes one device's
+    // batch can take (what a ragged slot holds).
+    const uint64_t per_device = job.global_batch / static_cast<uint64_t>(job.mesh.shards());
+    out["sampleBytesRange"] = {{"min", job.dataset.min_sample_bytes()},
+                               {"mean", job.dataset.mean_sample_bytes()},
+                               {"max", job.dataset.max_sample_bytes()},
+                               {"largestDeviceBatch", job.dataset.LargestBytes(per_device)}};
+  }
   ordered_json files = ordered_json::array();
   for (const auto& f : job.dataset.files()) {
     files.push_back({{"path", f.path},
@@ -304,8 +327,10 @@ std::vector<CompareRow> Compare(const planner::ShardPlanner& planner, int64_t a,
 int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int64_t a, int64_t b,
                const std::string& job_name) {
   const planner::ResolvedJob& job = planner.job();
-  const bool known = job.dataset.sample_bytes() != 0;
-  const double batch_bytes = static_cast<double>(job.global_batch * job.dataset.sample_bytes());
+  const bool known = BytesKnown(job.dataset);
+  const double batch_bytes = job.dataset.variable_size()
+                                 ? static_cast<double>(job.global_batch) * job.dataset.mean_sample_bytes()
+                                 : static_cast<double>(job.global_batch * job.dataset.sample_bytes());
   const planner::Loading mine = planner.DefaultLoading();
   std::vector<CompareRow> rows = Compare(planner, a, b);
   const uint64_t n = static_cast<uint64_t>(b - a);
@@ -316,7 +341,8 @@ int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int
     out["devices"] = job.mesh.devices();
     out["shards"] = job.mesh.shards();
     out["globalBatch"] = job.global_batch;
-    out["sampleBytes"] = known ? ordered_json(job.dataset.sample_bytes()) : ordered_json(nullptr);
+    out["sampleBytes"] =
+        job.dataset.sample_bytes() != 0 ? ordered_json(job.dataset.sample_bytes()) : ordered_json(nullptr);
     out["stepRange"] = {a, b};
     ordered_json arr = ordered_json::array();
     for (const auto& r : rows) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <vector>
 
+#include "formats/megatron_index.h"
 #include "formats/npy.h"
 #include "planner/sampler.h"
 
@@ -40,6 +41,9 @@ Status WriteAll(std::ofstream& out, const std::string& path, const uint8_t* data
 }  // namespace
 
 uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec) {
+  if (spec.format == planner::DatasetFormat::kMegatronIndexed) {
+    return 1024 * formats::DTypeSize(spec.dtype.value_or(formats::DType::kUint16));  // the mean
+  }
   if (spec.format == planner::DatasetFormat::kTokenStream) {
     return static_cast<uint64_t>(std::max<int64_t>(spec.sequence_length, 1)) *
            formats::DTypeSize(spec.dtype.value_or(formats::DType::kUint8));
@@ -55,7 +59,8 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
   if (samples == 0) return InvalidArgument("a dataset needs at least one sample");
   if (files < 1) files = 1;
   if (static_cast<uint64_t>(files) > samples) files = static_cast<int>(samples);
-  const formats::DType dtype = spec.dtype.value_or(formats::DType::kUint8);
+  const formats::DType dtype = spec.dtype.value_or(
+      spec.format == planner::DatasetFormat::kMegatronIndexed ? formats::DType::kUint16 : formats::DType::kUint8);
   const size_t es = formats::DTypeSize(dtype);
   std::vector<uint8_t> buf;
   auto path_of = [&](int f, const char* ext) {
@@ -97,6 +102,45 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
       }
       return dir;
     }
+    case planner::DatasetFormat::kMegatronIndexed: {
+      formats::MegatronIndex index;
+      if (!formats::MegatronDTypeFor(dtype, index.dtype)) {
+        return InvalidArgument(std::string(formats::DTypeName(dtype)) + " is not a Megatron indexed dataset type",
+                               "spec.dataset.dtype");
+      }
+      uint64_t next = 0;
+      for (int f = 0; f < files; ++f) {
+        const uint64_t count = samples / static_cast<uint64_t>(files) +
+                               (static_cast<uint64_t>(f) < samples % static_cast<uint64_t>(files) ? 1 : 0);
+        const std::string bin = path_of(f, "bin");
+        std::ofstream out(bin, std::ios::binary | std::ios::trunc);
+        if (!out) return IoErrorFromErrno("create", bin, errno);
+        index.lengths.clear();
+        index.pointers.clear();
+        index.document_indices.clear();
+        int64_t at = 0;
+        for (uint64_t k = 0; k < count; ++k) {
+          const uint64_t id = next + k;
+          const uint64_t n = SyntheticSequenceLength(id);
+          buf.resize(n * es);
+          FillTokens(id << 32, n, es, buf.data());
+          MESHLOAD_RETURN_IF_ERROR(WriteAll(out, bin, buf.data(), buf.size()));
+          index.lengths.push_back(static_cast<int32_t>(n));
+          index.pointers.push_back(at);
+          index.document_indices.push_back(static_cast<int64_t>(k));  // one document per sequence
+          at += static_cast<int64_t>(n * es);
+        }
+        index.document_indices.push_back(static_cast<int64_t>(count));
+        out.close();
+        const std::string idx = path_of(f, "idx");
+        std::ofstream iout(idx, std::ios::binary | std::ios::trunc);
+        if (!iout) return IoErrorFromErrno("create", idx, errno);
+        const std::string bytes = formats::MegatronIndexBytes(index);
+        MESHLOAD_RETURN_IF_ERROR(WriteAll(iout, idx, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+        next += count;
+      }
+      return dir;
+    }
     case planner::DatasetFormat::kTokenStream: {
       const uint64_t T = static_cast<uint64_t>(spec.sequence_length);
       const uint64_t tokens = samples * T + 1;  // exactly `samples` samples
@@ -122,7 +166,24 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
   MESHLOAD_CHECK(false, "a dataset format without a generator: " + std::string(ToString(spec.format)));
 }
 
+uint64_t SyntheticSequenceLength(uint64_t id) {
+  const uint64_t h = planner::Mix64(id ^ 0x5EED5EED5EED5EEDull);
+  return h % 16 == 0 ? 0 : 1 + (h >> 4) % 2048;  // one in 16 empty, as real corpora have empty documents
+}
+
 int64_t FirstMismatch(const planner::DatasetIndex& index, uint64_t id, const uint8_t* bytes) {
+  if (index.format() == planner::DatasetFormat::kMegatronIndexed) {
+    const size_t es = formats::DTypeSize(index.dtype());
+    const uint64_t n = index.SampleBytes(id) / es;
+    if (n != SyntheticSequenceLength(id)) return 0;
+    for (uint64_t t = 0; t < n; ++t) {
+      const uint64_t v = planner::Mix64((id << 32) + t);
+      for (size_t b = 0; b < es; ++b) {
+        if (bytes[t * es + b] != static_cast<uint8_t>(v >> (8 * b))) return static_cast<int64_t>(t * es + b);
+      }
+    }
+    return -1;
+  }
   const uint64_t sb = index.sample_bytes();
   if (index.format() == planner::DatasetFormat::kTokenStream) {
     const size_t es = formats::DTypeSize(index.dtype());

@@ -9,6 +9,12 @@
 ///   TokenStream       token g of the stream is Mix64(g) truncated to the
 ///                     token's width (so sample i, tokens [iT, iT+T+1),
 ///                     encodes its start).
+///   MegatronIndexed   sequence i has SyntheticSequenceLength(i) tokens (0 for
+///                     one in 16, else 1 to 2048, from Mix64 of i), token t of it is
+///                     Mix64(i · 2^32 + t) truncated to the token's width
+///                     (default uint16); each sequence is its own document;
+///                     files are part-NNNNN.bin with part-NNNNN.idx, the
+///                     index as Megatron-LM's builder writes it.
 ///
 /// Thread safety: pure functions.
 #pragma once
@@ -31,10 +37,14 @@ namespace meshload::tools {
 Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
                                              int files);
 
-/// The bytes a sample of `spec` takes in a generated dataset.
+/// The bytes a sample of `spec` takes in a generated dataset (the mean, for
+/// MegatronIndexed).
 uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec);
 
-/// Checks that `bytes` (sample_bytes long) are sample `id` of a generated
+/// The tokens of sequence `id` of a generated MegatronIndexed dataset.
+uint64_t SyntheticSequenceLength(uint64_t id);
+
+/// Checks that `bytes` (index.SampleBytes(id) long) are sample `id` of a generated
 /// dataset described by `index`. Returns the byte offset of the first
 /// mismatch, or -1 when every byte matches.
 int64_t FirstMismatch(const planner::DatasetIndex& index, uint64_t id, const uint8_t* bytes);

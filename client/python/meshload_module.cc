@@ -49,6 +49,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "client/client.h"
@@ -326,6 +327,53 @@ class Tensor {
   int64_t step_;
 };
 
+/// One local device's batch of variable-size samples: the samples' elements
+/// back to back (`values`) and their int64 offsets into them (`offsets`,
+/// n + 1 of them, in elements), both zero-copy Tensors in the leased slot.
+/// to_list() and padded() are added in Python (meshload/ragged.py).
+class Ragged {
+ public:
+  Ragged(const client::Tensor& t, const std::shared_ptr<client::Lease>& lease, int64_t step)
+      : samples_(t.samples), global_device_(t.global_device), ids_checksum_(t.ids_checksum), step_(step) {
+    values_ = std::make_shared<Tensor>(t, lease, step);
+    client::Tensor o;
+    o.data = const_cast<int64_t*>(t.offsets);  // DLPack views are writable; so is the slot
+    o.dtype_code = 0;                          // kDLInt
+    o.dtype_bits = 64;
+    o.shape = {static_cast<int64_t>(t.samples + 1)};
+    o.strides = {1};
+    o.nbytes = (t.samples + 1) * sizeof(int64_t);
+    o.device_type = t.device_type;
+    o.device_id = t.device_id;
+    o.global_device = t.global_device;
+    o.ids_checksum = t.ids_checksum;
+    offsets_ = std::make_shared<Tensor>(std::move(o), lease, step);
+  }
+  const std::shared_ptr<Tensor>& values() const { return values_; }
+  const std::shared_ptr<Tensor>& offsets() const { return offsets_; }
+  uint64_t samples() const { return samples_; }
+  int64_t global_device() const { return global_device_; }
+  uint64_t ids_checksum() const { return ids_checksum_; }
+  int64_t step() const { return step_; }
+  std::string dtype() const { return values_->dtype(); }
+  py::tuple device() const { return values_->device(); }
+  std::string Repr() const {
+    return "<meshload.Ragged step=" + std::to_string(step_) + " global_device=" + std::to_string(global_device_) +
+           " samples=" + std::to_string(samples_) + " values=" + py::str(values_->shape()).cast<std::string>() +
+           " dtype=" + dtype() + ">";
+  }
+
+ private:
+  std::shared_ptr<Tensor> values_;
+  std::shared_ptr<Tensor> offsets_;
+  uint64_t samples_;
+  int64_t global_device_;
+  uint64_t ids_checksum_;
+  int64_t step_;
+};
+
+using DeviceBatch = std::variant<std::shared_ptr<Tensor>, std::shared_ptr<Ragged>>;
+
 /// The job's device mesh from the sidecar's hello (protocol::MeshInfo).
 class JobMesh {
  public:
@@ -369,15 +417,20 @@ class Batch {
         process_(process) {
     tensors_.reserve(b.tensors.size());
     for (client::Tensor& t : b.tensors) {
-      tensors_.push_back(std::make_shared<Tensor>(std::move(t), lease_, step_));
+      if (t.offsets != nullptr) {
+        tensors_.emplace_back(std::make_shared<Ragged>(t, lease_, step_));
+      } else {
+        tensors_.emplace_back(std::make_shared<Tensor>(std::move(t), lease_, step_));
+      }
     }
   }
   int64_t step() const { return step_; }
   double wait_seconds() const { return wait_seconds_; }
   uint32_t slot() const { return lease_->slot(); }
-  /// The same Tensor objects on every call (pybind11 maps a held pointer back
-  /// to its existing Python object), so `b.tensors[0] is b.tensors[0]`.
-  const std::vector<std::shared_ptr<Tensor>>& tensors() const { return tensors_; }
+  /// The same Tensor (or Ragged) objects on every call (pybind11 maps a held
+  /// pointer back to its existing Python object), so
+  /// `b.tensors[0] is b.tensors[0]`.
+  const std::vector<DeviceBatch>& tensors() const { return tensors_; }
   const std::shared_ptr<JobMesh>& mesh() const { return mesh_; }
   const std::string& job() const { return job_; }
   uint32_t process() const { return process_; }
@@ -393,7 +446,7 @@ class Batch {
   std::shared_ptr<JobMesh> mesh_;
   std::string job_;
   uint32_t process_;
-  std::vector<std::shared_ptr<Tensor>> tensors_;
+  std::vector<DeviceBatch> tensors_;
 };
 
 /// What the properties report; copied out of the client after every call
@@ -644,6 +697,21 @@ PYBIND11_MODULE(_meshload, m) {
            "(1, 0), else 'dltensor'. The export keeps the slot leased until its consumer frees it.")
       .def("__repr__", &Tensor::Repr);
 
+  py::class_<Ragged, std::shared_ptr<Ragged>>(
+      m, "Ragged",
+      "One local device's batch of variable-size samples: .values (their elements back to back) and .offsets "
+      "(int64, samples + 1, in elements: sample k is values[offsets[k]:offsets[k+1]]), both zero-copy Tensors.")
+      .def_property_readonly("values", &Ragged::values, "the samples' elements back to back, a 1-D Tensor")
+      .def_property_readonly("offsets", &Ragged::offsets, "samples + 1 int64 offsets into values, a 1-D Tensor")
+      .def_property_readonly("samples", &Ragged::samples, "how many samples")
+      .def_property_readonly("dtype", &Ragged::dtype, "the values' numpy-style dtype name")
+      .def_property_readonly("global_device", &Ragged::global_device, "the device's number in the mesh")
+      .def_property_readonly("ids_checksum", &Ragged::ids_checksum, "checksum of the device's sample ids")
+      .def_property_readonly("step", &Ragged::step)
+      .def_property_readonly("device", &Ragged::device, "(DLPack device type, device id); (1, 0) is host memory")
+      .def("__len__", &Ragged::samples)
+      .def("__repr__", &Ragged::Repr);
+
   py::class_<JobMesh, std::shared_ptr<JobMesh>>(
       m, "JobMesh",
       "The job's device mesh (spec.mesh) as the sidecar resolved it. Global device g belongs to "
@@ -670,7 +738,9 @@ PYBIND11_MODULE(_meshload, m) {
                                             "One step's batch. The slot is released when the Batch, its "
                                             "Tensors and every DLPack export of them are gone.")
       .def_property_readonly("step", &Batch::step)
-      .def_property_readonly("tensors", &Batch::tensors, "one Tensor per local device, in the job's device order")
+      .def_property_readonly("tensors", &Batch::tensors,
+                             "one Tensor (a Ragged for variable-size samples) per local device, in the job's device "
+                             "order")
       .def_property_readonly("wait_seconds", &Batch::wait_seconds, "how long next() blocked for this batch")
       .def_property_readonly("slot", &Batch::slot)
       .def_property_readonly("mesh", &Batch::mesh, "the JobMesh of the job that staged this batch")

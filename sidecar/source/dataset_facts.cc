@@ -1,6 +1,7 @@
 #include "sidecar/source/dataset_facts.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +26,74 @@ Result<formats::NpyHeader> ReadNpyHeader(Source& source, const std::string& name
   return header;
 }
 
+Result<formats::MegatronIndex> ReadMegatronIndex(Source& source, const std::string& name, uint64_t size) {
+  const std::string where = RedactUri(name);
+  std::string bytes(static_cast<size_t>(size), '\0');
+  MESHLOAD_RETURN_IF_ERROR(source.Read(name, 0, bytes.data(), bytes.size()));
+  return formats::ParseMegatronIndex(bytes, where);
+}
+
+namespace {
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// MegatronIndexed: the URI names a prefix (PREFIX.idx and PREFIX.bin beside
+// it), one of the two files, or a directory, glob or object prefix whose
+// .idx/.bin pairs are the dataset's files (other objects are not part of
+// the format and are left out). A .bin without its .idx, or an .idx
+// without its .bin, is a problem named in `diags`.
+Result<std::vector<planner::DatasetIndex::FileFacts>> MegatronFacts(Source& source, const std::string& name,
+                                                                    Diagnostics& diags) {
+  std::string prefix;
+  if (EndsWith(name, ".idx") || EndsWith(name, ".bin")) {
+    prefix = name.substr(0, name.size() - 4);
+  } else if (source.Stat(name + ".idx").ok()) {
+    prefix = name;
+  }
+  std::vector<Source::Listed> objects;
+  if (!prefix.empty()) {
+    for (const char* ext : {".idx", ".bin"}) {
+      MESHLOAD_ASSIGN_OR_RETURN(ObjectInfo info, source.Stat(prefix + ext));
+      objects.push_back({prefix + ext, info.size});
+    }
+  } else {
+    MESHLOAD_ASSIGN_OR_RETURN(objects, source.List(name));
+  }
+  // prefix -> (.idx, .bin), in prefix order.
+  std::map<std::string, std::pair<const Source::Listed*, const Source::Listed*>> pairs;
+  for (const Source::Listed& o : objects) {
+    if (EndsWith(o.name, ".idx")) pairs[o.name.substr(0, o.name.size() - 4)].first = &o;
+    if (EndsWith(o.name, ".bin")) pairs[o.name.substr(0, o.name.size() - 4)].second = &o;
+  }
+  std::vector<planner::DatasetIndex::FileFacts> files;
+  for (const auto& [p, pair] : pairs) {
+    const auto [idx, bin] = pair;
+    if (idx == nullptr) {
+      diags.Add(RedactUri(bin->name), "has no " + RedactUri(p) +
+                                          ".idx beside it: a Megatron indexed dataset is PREFIX.bin with its "
+                                          "PREFIX.idx (written by Megatron-LM's IndexedDatasetBuilder)");
+      continue;
+    }
+    if (bin == nullptr) {
+      diags.Add(RedactUri(idx->name), "has no " + RedactUri(p) + ".bin beside it (the sequences' bytes)");
+      continue;
+    }
+    planner::DatasetIndex::FileFacts facts;
+    facts.path = bin->name;
+    facts.size = bin->size;
+    facts.megatron = ReadMegatronIndex(source, idx->name, idx->size);
+    files.push_back(std::move(facts));
+  }
+  if (files.empty() && diags.ok()) {
+    return InvalidArgument("names no Megatron indexed dataset (no PREFIX.idx with its PREFIX.bin)", RedactUri(name));
+  }
+  return files;
+}
+
+}  // namespace
+
 Status S3OptionsForDataset(const planner::DatasetSpec& spec, S3Options& s3) {
   if (spec.s3) {
     if (!spec.s3->endpoint.empty()) s3.endpoint = spec.s3->endpoint;
@@ -39,19 +108,26 @@ Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, Sou
                                            Diagnostics& diags) {
   MESHLOAD_ASSIGN_OR_RETURN(auto found, sources.For(spec.uri));
   auto [source, name] = found;
-  MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source->List(name));
   std::vector<planner::DatasetIndex::FileFacts> files;
-  files.reserve(objects.size());
   std::vector<std::pair<std::string, std::string>> secret;  // names whose redacted form differs
-  for (auto& o : objects) {
-    if (std::string r = RedactUri(o.name); r != o.name) secret.emplace_back(o.name, std::move(r));
-    planner::DatasetIndex::FileFacts facts;
-    facts.path = o.name;
-    facts.size = o.size;
-    if (spec.format == planner::DatasetFormat::kNpy) facts.npy = ReadNpyHeader(*source, o.name, o.size);
-    files.push_back(std::move(facts));
-  }
   Diagnostics index_diags;
+  if (spec.format == planner::DatasetFormat::kMegatronIndexed) {
+    MESHLOAD_ASSIGN_OR_RETURN(files, MegatronFacts(*source, name, index_diags));
+    for (const auto& f : files) {
+      if (std::string r = RedactUri(f.path); r != f.path) secret.emplace_back(f.path, std::move(r));
+    }
+  } else {
+    MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source->List(name));
+    files.reserve(objects.size());
+    for (auto& o : objects) {
+      if (std::string r = RedactUri(o.name); r != o.name) secret.emplace_back(o.name, std::move(r));
+      planner::DatasetIndex::FileFacts facts;
+      facts.path = o.name;
+      facts.size = o.size;
+      if (spec.format == planner::DatasetFormat::kNpy) facts.npy = ReadNpyHeader(*source, o.name, o.size);
+      files.push_back(std::move(facts));
+    }
+  }
   auto index = planner::DatasetIndex::FromFiles(spec, std::move(files), index_diags);
   // A signed URL's query must not reach messages and logs.
   auto redact = [&](std::string s) {

@@ -12,6 +12,7 @@
 #include "common/diagnostics.h"
 #include "common/status.h"
 #include "planner/dataset_index.h"
+#include "formats/megatron_index.h"
 #include "formats/npy.h"
 #include "planner/shard_planner.h"
 #include "planner/spec.h"
@@ -28,6 +29,10 @@ Status S3OptionsForDataset(const planner::DatasetSpec& spec, S3Options& s3);
 /// ParseNpyHeader's, located "name@offset"; the source's own when it cannot
 /// be read.
 Result<formats::NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size);
+
+/// Megatron-LM's `PREFIX.idx` (object `name`, `size` bytes), read whole and
+/// parsed (formats::ParseMegatronIndex; errors located "name@offset").
+Result<formats::MegatronIndex> ReadMegatronIndex(Source& source, const std::string& name, uint64_t size);
 
 /// The index of `spec.uri`'s objects as its source lists them
 /// (Source::List: one object, a prefix, or a glob), in name order, with

@@ -31,7 +31,7 @@ Result<std::unique_ptr<DeviceSlotMemory>> DeviceSlotMemory::Create(const cuda::D
   m->ordinals_ = std::move(ordinals);
   m->slots_ = slots;
   uint64_t largest = 1;
-  for (const auto& t : layout.devices) largest = std::max(largest, t.nbytes);
+  for (const auto& t : layout.devices) largest = std::max(largest, t.region_bytes);
   m->alloc_bytes_ = largest;
   if (share == DeviceShare::kCudaVmm) {
     uint64_t g = 1;
@@ -143,7 +143,7 @@ Status DeviceSlotMemory::CopyAndFence(uint32_t slot, const uint8_t* host_slot) {
     // host slot (the first device's bytes; replicas are not assembled there).
     const auto& src = layout_.devices[static_cast<size_t>(p)];
     MESHLOAD_RETURN_IF_ERROR(
-        streams_[i]->CopyToDevice(ptr(i, slot), host_slot + src.offset, layout_.devices[i].nbytes));
+        streams_[i]->CopyToDevice(ptr(i, slot), host_slot + src.region_offset, layout_.devices[i].region_bytes));
     MESHLOAD_RETURN_IF_ERROR(streams_[i]->Record(slot));
   }
   for (size_t i = 0; i < ordinals_.size(); ++i) {
@@ -154,7 +154,7 @@ Status DeviceSlotMemory::CopyAndFence(uint32_t slot, const uint8_t* host_slot) {
     const int p = primary_[i];
     if (p == static_cast<int>(i) || via_host_[i]) continue;
     MESHLOAD_RETURN_IF_ERROR(
-        streams_[i]->CopyFromPeer(ptr(i, slot), ptr(p, slot), ordinals_[p], layout_.devices[i].nbytes));
+        streams_[i]->CopyFromPeer(ptr(i, slot), ptr(p, slot), ordinals_[p], layout_.devices[i].region_bytes));
     MESHLOAD_RETURN_IF_ERROR(streams_[i]->Record(slot));
   }
   for (size_t i = 0; i < ordinals_.size(); ++i) {

@@ -43,8 +43,9 @@ def write_dataset(path, n):
 
 
 def job_yaml(name, data, processes, devices_per_process, axes, batch_axes=None, global_batch=8,
-             prefetch=3, seed=7, replication=None, strategy="PerProcess"):
-    """A FixedRecord DataLoadJob over `data` (records of RECORD_BYTES)."""
+             prefetch=3, seed=7, replication=None, strategy="PerProcess", dataset_format="FixedRecord"):
+    """A DataLoadJob over `data`: FixedRecord records of RECORD_BYTES, or
+    another format whose files say their samples' sizes (MegatronIndexed)."""
     lines = [
         "apiVersion: meshload.io/v1alpha1",
         "kind: DataLoadJob",
@@ -65,8 +66,11 @@ def job_yaml(name, data, processes, devices_per_process, axes, batch_axes=None, 
         "  strategy: %s" % strategy,
         "  dataset:",
         "    uri: %s" % data,
-        "    format: FixedRecord",
-        "    recordBytes: %d" % RECORD_BYTES,
+        "    format: %s" % dataset_format,
+    ]
+    if dataset_format == "FixedRecord":
+        lines.append("    recordBytes: %d" % RECORD_BYTES)
+    lines += [
         "  batch:",
         "    globalBatchSize: %d" % global_batch,
         "    prefetch: %d" % prefetch,

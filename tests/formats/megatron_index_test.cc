@@ -68,6 +68,18 @@ TEST_P(MegatronFixture, EverySequenceIsWhatMegatronsReaderReturns) {
   }
 }
 
+// meshload's generator writes indexes with MegatronIndexBytes: for every
+// index Megatron wrote, it gives back the very same bytes.
+TEST_P(MegatronFixture, WritingTheParsedIndexGivesMegatronsBytesBack) {
+  const std::string idx = Slurp(kData + GetParam() + ".idx");
+  auto index = ParseMegatronIndex(idx, GetParam() + ".idx");
+  ASSERT_OK(index);
+  EXPECT_EQ(fixtures::Hex(MegatronIndexBytes(*index)), fixtures::Hex(idx));
+  MegatronDType dt;
+  ASSERT_TRUE(MegatronDTypeFor(ToDType(index->dtype), dt));
+  EXPECT_EQ(dt.code, index->dtype.code);
+}
+
 INSTANTIATE_TEST_SUITE_P(WrittenByMegatron, MegatronFixture,
                          ::testing::Values("tokens_uint16", "tokens_int32", "small_uint8", "small_int8", "small_int16",
                                            "small_int64", "small_float32", "small_float64"));
@@ -159,6 +171,16 @@ TEST(MegatronData, AnIndexThatPointsPastTheDataFileNamesTheSequence) {
   EXPECT_OK(CheckMegatronData(*index, "t.bin", bin.size()));
   Status s = CheckMegatronData(*index, "t.bin", bin.size() - 1);
   EXPECT_THAT(s.ToString(), AllOf(HasSubstr("t.bin: sequence "), HasSubstr("the index points past the data")));
+}
+
+TEST(MegatronDType, OnlyMegatronsEightTypesHaveACode) {
+  for (DType t : {DType::kUint8, DType::kInt8, DType::kInt16, DType::kUint16, DType::kInt32, DType::kInt64,
+                  DType::kFloat32, DType::kFloat64}) {
+    EXPECT_TRUE(IsMegatronDType(t)) << DTypeName(t);
+  }
+  for (DType t : {DType::kBool, DType::kUint32, DType::kUint64, DType::kFloat16, DType::kBFloat16}) {
+    EXPECT_FALSE(IsMegatronDType(t)) << DTypeName(t);
+  }
 }
 
 TEST(MegatronDType, EveryCodeHasItsNameAndWidth) {

@@ -24,7 +24,7 @@ ServerHello SampleHello() {
   h.slot_bytes = 8192;
   h.pool_bytes = 4 * 8192;
   h.fd_count = 1;
-  h.layout = {{0, 1, 8, {4, 256}, {256, 1}, 1024}, {1024, 1, 8, {4, 256}, {256, 1}, 1024}};
+  h.layout = {{0, 1, 8, {4, 256}, {256, 1}, 1024, {}}, {1024, 1, 8, {4, 256}, {256, 1}, 1024, {}}};
   h.first_step = 17;
   h.steps_per_epoch = 100;
   h.global_batch = 32;
@@ -38,7 +38,8 @@ ServerHello SampleHello() {
 TEST(Protocol, EveryMessageRoundTrips) {
   std::vector<Message> msgs = {ClientHello{kProtocolVersion, 4242, 17},
                                SampleHello(),
-                               Ready{17, 2, {{0, 1, 8, {4, 256}, {256, 1}, 0xABCD}}},
+                               Ready{17, 2, {{0, 1, 8, {4, 256}, {256, 1}, 0xABCD, {}}}},
+                               Ready{18, 1, {{4096, 1, 16, {700}, {1}, 0xABCE, RaggedInfo{1024, 9}}}},
                                Release{2, 17, 12345},
                                ErrorMessage{ErrorCode::kBusy, "another trainer"},
                                Bye{},
@@ -79,7 +80,8 @@ TEST(Protocol, ByeListsTheLeasesStillHeldWithinLimits) {
 
 TEST(Protocol, EveryTruncationIsAnErrorWithAnOffset) {
   for (const Message& m :
-       std::vector<Message>{SampleHello(), Ready{1, 0, {{0, 2, 32, {2, 3}, {3, 1}, 7}}}, Bye{{{1, 2}, {3, 4}}}}) {
+       std::vector<Message>{SampleHello(), Ready{1, 0, {{0, 2, 32, {2, 3}, {3, 1}, 7, {}}}},
+                            Ready{1, 0, {{256, 0, 32, {9}, {1}, 7, RaggedInfo{0, 4}}}}, Bye{{{1, 2}, {3, 4}}}}) {
     const std::string bytes = Encode(m);
     for (size_t n = 0; n < bytes.size(); ++n) {
       auto r = Decode(std::string_view(bytes).substr(0, n));
@@ -114,7 +116,7 @@ TEST(Protocol, RejectsOversizedMessagesAndUnboundedCounts) {
   h.job = std::string(kMaxString + 1, 'j');
   EXPECT_FALSE(Decode(Encode(h)).ok());
   Ready r{1, 0, {}};
-  for (size_t i = 0; i <= kMaxDevices; ++i) r.tensors.push_back({0, 1, 8, {1}, {1}, 0});
+  for (size_t i = 0; i <= kMaxDevices; ++i) r.tensors.push_back({0, 1, 8, {1}, {1}, 0, {}});
   EXPECT_THAT(Decode(Encode(r)).status().message(), HasSubstr("exceed the limit"));
 }
 
@@ -125,10 +127,43 @@ TEST(Protocol, RejectsInconsistentLayouts) {
   h = SampleHello();
   h.slot_bytes = h.pool_bytes;
   EXPECT_THAT(Decode(Encode(h)).status().message(), HasSubstr("exceed the pool"));
-  Ready r{1, 0, {{0, 1, 8, {2, 3}, {3}, 0}}};
+  Ready r{1, 0, {{0, 1, 8, {2, 3}, {3}, 0, {}}}};
   EXPECT_THAT(Decode(Encode(r)).status().message(), HasSubstr("strides 1"));
-  r = Ready{1, 0, {{0, 9, 8, {2}, {1}, 0}}};
+  r = Ready{1, 0, {{0, 9, 8, {2}, {1}, 0, {}}}};
   EXPECT_THAT(Decode(Encode(r)).status().message(), HasSubstr("unknown dtype"));
+}
+
+// Version 3's ragged tensors: the values are 1-D, and the n + 1 offsets lie
+// 8-byte aligned before them.
+TEST(Protocol, ARaggedTensorRoundTripsAndItsOffsetsMustLieBeforeItsValues) {
+  ServerHello h = SampleHello();
+  h.layout = {{1024, 1, 16, {3500}, {1}, 7000, RaggedInfo{0, 4}},
+              {9216, 1, 16, {3500}, {1}, 7000, RaggedInfo{8192, 4}}};
+  h.slot_bytes = 16384;
+  h.pool_bytes = 4 * 16384;
+  auto back = Decode(Encode(h));
+  ASSERT_OK(back);
+  const auto& layout = std::get<ServerHello>(*back).layout;
+  ASSERT_TRUE(layout[1].ragged.has_value());
+  EXPECT_EQ(*layout[1].ragged, (RaggedInfo{8192, 4}));
+  EXPECT_FALSE(std::get<ServerHello>(Decode(Encode(SampleHello())).value()).layout[0].ragged.has_value());
+
+  auto error_of = [](const RaggedInfo& g, std::vector<int64_t> shape, uint64_t offset) {
+    std::vector<int64_t> strides(shape.size(), 1);
+    if (shape.size() == 2) strides[0] = shape[1];
+    Ready r{1, 0, {{offset, 1, 16, std::move(shape), std::move(strides), 0, g}}};
+    return Decode(Encode(r)).status();
+  };
+  EXPECT_OK(error_of({0, 31}, {10}, 256));  // 32 offsets: exactly 256 bytes
+  EXPECT_THAT(error_of({0, 32}, {10}, 256).ToString(), HasSubstr("do not lie 8-byte aligned before the values at 256"));
+  EXPECT_THAT(error_of({4, 2}, {10}, 256).ToString(), HasSubstr("do not lie 8-byte aligned"));
+  EXPECT_THAT(error_of({512, 2}, {10}, 256).ToString(), HasSubstr("do not lie 8-byte aligned"));
+  EXPECT_THAT(error_of({0, 0}, {10}, 256).ToString(), HasSubstr("a ragged tensor of 0 samples"));
+  EXPECT_THAT(error_of({0, 2}, {2, 5}, 256).ToString(), HasSubstr("values are 1-D, not 2-D"));
+  // A kind other than 0 (dense) or 1 (ragged): the byte after ids_checksum.
+  std::string b = Encode(Ready{1, 0, {{0, 1, 8, {4}, {1}, 0, {}}}});
+  b.back() = 2;
+  EXPECT_THAT(Decode(b).status().ToString(), HasSubstr("unknown tensor kind 2"));
 }
 
 TEST(Protocol, RejectsAMeshThatDoesNotDescribeTheListedDevices) {

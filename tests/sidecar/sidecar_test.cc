@@ -973,15 +973,15 @@ protocol::ServerHello OneDeviceHello() {
   h.slot_bytes = 4096;
   h.pool_bytes = 4096;
   h.fd_count = 1;
-  h.layout = {{0, 1, 8, {4, 16}, {16, 1}, 64}};
+  h.layout = {{0, 1, 8, {4, 16}, {16, 1}, 64, {}}};
   h.mesh = {1, 1, {{"data", 1}}, {"data"}};
   return h;
 }
 
 TEST(Client, RefusesReadyTensorsThatAreNotCompactOrOverflow) {
   TempDir dir;
-  for (const protocol::TensorReady& bad : {protocol::TensorReady{0, 1, 8, {4, 16}, {1099511627776, 1}, 0},
-                                           protocol::TensorReady{0, 2, 64, {int64_t{1} << 61}, {1}, 0}}) {
+  for (const protocol::TensorReady& bad : {protocol::TensorReady{0, 1, 8, {4, 16}, {1099511627776, 1}, 0, {}},
+                                           protocol::TensorReady{0, 2, 64, {int64_t{1} << 61}, {1}, 0, {}}}) {
     const std::string sock = dir.path() + "/fake-" + std::to_string(bad.dtype_bits) + ".sock";
     FakeSidecar fake(sock, OneDeviceHello(), {protocol::Ready{0, 0, {bad}}});
     auto c = client::Client::Connect(NoRetry(sock));
@@ -991,6 +991,42 @@ TEST(Client, RefusesReadyTensorsThatAreNotCompactOrOverflow) {
     EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << b.status().ToString();
     (*c)->Close();
   }
+}
+
+// A ragged READY must be the ragged tensor SERVER_HELLO described: the same
+// offsets and samples, its values within the room.
+TEST(Client, RefusesARaggedReadyThatIsNotTheTensorTheHelloDescribed) {
+  TempDir dir;
+  protocol::ServerHello hello = OneDeviceHello();
+  hello.layout = {{256, 1, 16, {1000}, {1}, 2000, protocol::RaggedInfo{0, 4}}};
+  const protocol::TensorReady good{256, 1, 16, {700}, {1}, 0, protocol::RaggedInfo{0, 4}};
+  int n = 0;
+  for (const protocol::TensorReady& bad :
+       {protocol::TensorReady{256, 1, 16, {700}, {1}, 0, {}},
+        protocol::TensorReady{256, 1, 16, {1001}, {1}, 0, protocol::RaggedInfo{0, 4}},
+        protocol::TensorReady{256, 1, 16, {700}, {1}, 0, protocol::RaggedInfo{8, 4}},
+        protocol::TensorReady{256, 1, 16, {700}, {1}, 0, protocol::RaggedInfo{0, 3}}}) {
+    const std::string sock = dir.path() + "/fake-" + std::to_string(n++) + ".sock";
+    FakeSidecar fake(sock, hello, {protocol::Ready{0, 0, {bad}}});
+    auto c = client::Client::Connect(NoRetry(sock));
+    ASSERT_OK(c);
+    auto b = (*c)->Next(milliseconds(2000));
+    ASSERT_FALSE(b.ok());
+    EXPECT_THAT(b.status().ToString(), HasSubstr("is not the ragged tensor SERVER_HELLO described"));
+    (*c)->Close();
+  }
+  const std::string sock = dir.path() + "/fake-good.sock";
+  FakeSidecar fake(sock, hello, {protocol::Ready{0, 0, {good}}});
+  auto c = client::Client::Connect(NoRetry(sock));
+  ASSERT_OK(c);
+  auto b = (*c)->Next(milliseconds(2000));
+  ASSERT_OK(b);
+  ASSERT_EQ(b->tensors.size(), 1u);
+  const client::Tensor& t = b->tensors[0];
+  EXPECT_EQ(t.samples, 4u);
+  EXPECT_EQ(reinterpret_cast<const uint8_t*>(t.offsets) + 256, static_cast<const uint8_t*>(t.data));
+  EXPECT_EQ(t.nbytes, 1400u);
+  (*c)->Close();
 }
 
 TEST(Client, AReadyItCannotAcceptClosesTheConnectionSoTheSidecarTakesItsSlotsBack) {
@@ -1052,7 +1088,7 @@ TEST(Client, RefusesAReadyForASlotALiveBatchStillHolds) {
   protocol::ServerHello hello = OneDeviceHello();
   hello.slots = 2;
   hello.pool_bytes = 8192;
-  const protocol::TensorReady t{0, 1, 8, {4, 16}, {16, 1}, 0};
+  const protocol::TensorReady t{0, 1, 8, {4, 16}, {16, 1}, 0, {}};
   FakeSidecar fake(sock, hello, {protocol::Ready{0, 0, {t}}, protocol::Ready{1, 0, {t}}});
   auto c = client::Client::Connect(NoRetry(sock));
   ASSERT_OK(c);

@@ -64,6 +64,7 @@ planner::JobSpec SpecFor(const Case& c, const std::string& dir) {
       spec.dataset.dtype = formats::DType::kFloat32;
       spec.dataset.record_bytes = 64;
       break;
+    case DatasetFormat::kMegatronIndexed: spec.dataset.dtype = formats::DType::kUint16; break;
   }
   spec.batch.global_batch_size = 24;
   spec.shuffle.mode = c.shuffle;
@@ -96,16 +97,32 @@ std::unique_ptr<planner::ShardPlanner> Prepare(const Case& c, const TempDir& dir
 }
 
 void ExpectSlotMatchesPlan(const planner::ShardPlanner& planner, int64_t process, int64_t step, const uint8_t* slot,
-                           const staging::BatchLayout& layout, const std::vector<uint64_t>& checksums) {
+                           const staging::BatchLayout& layout, const std::vector<staging::StagedTensor>& staged) {
   planner::StepPlan plan = planner.PlanStep(step, planner.DefaultLoading(), process);
+  const planner::DatasetIndex& ds = planner.job().dataset;
   ASSERT_EQ(plan.devices.size(), layout.devices.size());
+  ASSERT_EQ(staged.size(), layout.devices.size());
   for (size_t i = 0; i < plan.devices.size(); ++i) {
     const auto& ids = plan.devices[i].samples;
-    EXPECT_EQ(checksums[i], protocol::SampleIdsChecksum(ids.data(), ids.size()));
+    EXPECT_EQ(staged[i].ids_checksum, protocol::SampleIdsChecksum(ids.data(), ids.size()));
+    EXPECT_EQ(staged[i].values_bytes, ds.BytesOf(ids.data(), ids.size()));
+    // Ragged: the offsets (in elements) before the values, then the
+    // samples back to back; dense: sample k at k × sample bytes.
+    const auto* offsets = reinterpret_cast<const int64_t*>(slot + layout.devices[i].offsets_offset);
+    const uint64_t es = formats::DTypeSize(layout.dtype);
+    uint64_t at = 0;
     for (size_t k = 0; k < ids.size(); ++k) {
-      const uint8_t* bytes = slot + layout.devices[i].offset + k * layout.sample_bytes;
-      ASSERT_EQ(tools::FirstMismatch(planner.job().dataset, ids[k], bytes), -1)
+      if (layout.ragged) {
+        ASSERT_EQ(static_cast<uint64_t>(offsets[k]) * es, at) << "step " << step << " device " << i << " offset " << k;
+      }
+      const uint8_t* bytes = slot + layout.devices[i].offset + at;
+      ASSERT_EQ(tools::FirstMismatch(ds, ids[k], bytes), -1)
           << "step " << step << " device " << i << " sample " << ids[k];
+      at += layout.ragged ? ds.SampleBytes(ids[k]) : layout.sample_bytes;
+    }
+    if (layout.ragged) {
+      ASSERT_EQ(static_cast<uint64_t>(offsets[ids.size()]) * es, at) << "step " << step << " device " << i;
+      EXPECT_LE(at, layout.devices[i].nbytes) << "the values fit their room";
     }
   }
 }
@@ -115,15 +132,16 @@ void ExpectSlotMatchesPlan(const planner::ShardPlanner& planner, int64_t process
 Status LoadAndExpectPlanned(StepLoader& loader, const planner::ShardPlanner& planner, int64_t process,
                             const staging::BatchLayout& layout, int64_t step, uint8_t* slot,
                             StepLoadStats* stats = nullptr, int caller = 0) {
-  std::vector<uint64_t> checksums;
-  Status st = loader.Load(step, slot, checksums, stats, caller);
-  if (st.ok()) ExpectSlotMatchesPlan(planner, process, step, slot, layout, checksums);
+  std::vector<staging::StagedTensor> staged;
+  Status st = loader.Load(step, slot, staged, stats, caller);
+  if (st.ok()) ExpectSlotMatchesPlan(planner, process, step, slot, layout, staged);
   return st;
 }
 
 TEST(StepLoader, EveryFormatStrategyAndShuffleDeliversThePlannedBytes) {
   std::vector<Case> cases;
-  for (DatasetFormat f : {DatasetFormat::kFixedRecord, DatasetFormat::kTokenStream, DatasetFormat::kNpy}) {
+  for (DatasetFormat f : {DatasetFormat::kFixedRecord, DatasetFormat::kTokenStream, DatasetFormat::kNpy,
+                          DatasetFormat::kMegatronIndexed}) {
     for (Strategy s : {Strategy::kGlobalLoad, Strategy::kPerDevice, Strategy::kPerProcess}) {
       for (ShuffleMode m : {ShuffleMode::kNone, ShuffleMode::kGlobal, ShuffleMode::kBlock}) {
         // 2 processes x 2 devices; `model` replicas inside each process.
@@ -378,9 +396,9 @@ TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
       });
     }
     for (auto& t : callers) t.join();
-    std::vector<uint64_t> checksums;
+    std::vector<staging::StagedTensor> staged;
     std::vector<uint8_t> slot(layout.slot_bytes);
-    Status bad = (*loader)->Load(0, slot.data(), checksums, nullptr, 3);
+    Status bad = (*loader)->Load(0, slot.data(), staged, nullptr, 3);
     EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument) << bad.ToString();
   }
 }
@@ -489,7 +507,8 @@ void RunExchangeCase(const Case& c, planner::Fanout fanout, int64_t steps) {
 }
 
 TEST(StepLoader, BroadcastAndReshardMoveThePlannedBytesBetweenProcesses) {
-  for (DatasetFormat f : {DatasetFormat::kFixedRecord, DatasetFormat::kTokenStream, DatasetFormat::kNpy}) {
+  for (DatasetFormat f : {DatasetFormat::kFixedRecord, DatasetFormat::kTokenStream, DatasetFormat::kNpy,
+                          DatasetFormat::kMegatronIndexed}) {
     SCOPED_TRACE(std::string(ToString(f)));
     // 2 processes x 2 devices, each process holding both shards (`model`
     // spans the processes): each reads half and receives the other half.
@@ -521,8 +540,8 @@ TEST(StepLoader, AFileTruncatedAfterPlanningIsAnErrorNamingFileAndOffset) {
   EXPECT_EQ(verify.location(), file);
   EXPECT_THAT(verify.message(), HasSubstr("the file changed"));
   std::vector<uint8_t> slot(layout.slot_bytes);
-  std::vector<uint64_t> checksums;
-  Status st = (*loader)->Load(2, slot.data(), checksums, nullptr);  // samples 48..71
+  std::vector<staging::StagedTensor> staged;
+  Status st = (*loader)->Load(2, slot.data(), staged, nullptr);  // samples 48..71
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   EXPECT_EQ(st.location().rfind(file + "@", 0), 0u) << st.ToString();

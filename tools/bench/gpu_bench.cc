@@ -73,7 +73,12 @@ int Main(int argc, char** argv) {
     layout.sample_bytes = bytes;
     layout.samples_per_device = 1;
     layout.slot_bytes = bytes;
-    layout.devices.push_back({0, 0, {1, static_cast<int64_t>(bytes)}, {static_cast<int64_t>(bytes), 1}, bytes});
+    sidecar::staging::DeviceTensor t;
+    t.shape = {1, static_cast<int64_t>(bytes)};
+    t.strides = {static_cast<int64_t>(bytes), 1};
+    t.nbytes = bytes;
+    t.region_bytes = bytes;
+    layout.devices.push_back(std::move(t));
     auto host = sidecar::staging::HostSlotMemory::Create(kSlots, bytes, "gpu-bench");
     if (!host.ok()) {
       std::fprintf(stderr, "gpu_bench: %s\n", host.status().ToString().c_str());

@@ -69,9 +69,14 @@ Public names:
         .next_step, .reconnects, .job, .process, .devices, .mesh, .slots,
         .steps_per_epoch, .global_batch, .socket_path, .closed
     Batch: .step, .tensors, .wait_seconds, .slot, .mesh, .job, .process
+        (.tensors: a Tensor per local device, or a Ragged when the job's
+        samples differ in size)
     JobMesh: .processes, .devices_per_process, .axes, .batch_axes
     Tensor: .shape, .dtype, .nbytes, .ndim, .global_device, .ids_checksum,
         .device, .step, .data_ptr, __dlpack__(), __dlpack_device__()
+    Ragged: .values, .offsets (Tensors), .samples, .dtype, .global_device,
+        .ids_checksum, .device, .step, len(), .to_list(), .padded(length, pad_value)
+        (meshload/ragged.py)
     MeshloadError, SidecarGone
     build_info: {"version", "protocol_version", "gpu_import"} of this build
     (gpu_import: "built in (CUDA 13.0 headers)" or "not built ...")
@@ -87,5 +92,16 @@ from ._meshload import (  # noqa: F401  (re-exported)
     __version__,
     build_info,
 )
+from .ragged import Ragged  # noqa: F401  (with to_list and padded)
 
-__all__ = ["Batch", "Client", "JobMesh", "MeshloadError", "SidecarGone", "Tensor", "__version__", "build_info"]
+__all__ = [
+    "Batch",
+    "Client",
+    "JobMesh",
+    "MeshloadError",
+    "Ragged",
+    "SidecarGone",
+    "Tensor",
+    "__version__",
+    "build_info",
+]

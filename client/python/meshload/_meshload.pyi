@@ -79,14 +79,41 @@ class Tensor:
     ) -> Any:
         """A DLPack capsule viewing this tensor ('dltensor_versioned' when max_version >= (1, 0))."""
 
+class Ragged:
+    """One local device's batch of variable-size samples: values and offsets, zero-copy."""
+
+    @property
+    def values(self) -> Tensor:
+        """The samples' elements back to back (1-D)."""
+    @property
+    def offsets(self) -> Tensor:
+        """samples + 1 int64 offsets into values, in elements."""
+    @property
+    def samples(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def global_device(self) -> int: ...
+    @property
+    def ids_checksum(self) -> int: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def device(self) -> Tuple[int, int]: ...
+    def __len__(self) -> int: ...
+    def to_list(self) -> List[Any]:
+        """One view of values per sample (meshload/ragged.py)."""
+    def padded(self, length: Optional[int] = None, pad_value: Any = 0) -> Tuple[Any, Any]:
+        """A dense [samples, length] copy and the lengths kept."""
+
 class Batch:
     """One step's batch; its slot is released when it, its Tensors and every DLPack export are gone."""
 
     @property
     def step(self) -> int: ...
     @property
-    def tensors(self) -> List[Tensor]:
-        """One Tensor per local device, in the job's local device order."""
+    def tensors(self) -> List[Union[Tensor, Ragged]]:
+        """One Tensor (a Ragged for variable-size samples) per local device, in the job's local device order."""
     @property
     def wait_seconds(self) -> float:
         """How long next() blocked for this batch."""

@@ -9,6 +9,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -24,6 +29,7 @@ namespace {
 using meshload::testing::NpyWrap;
 using meshload::testing::StatusIs;
 using meshload::testing::TempDir;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 planner::DatasetSpec Fixed(const std::string& uri, int64_t record_bytes) {
@@ -258,6 +264,147 @@ TEST(ReadNpyHeader, ErrorsNameTheFileAndTheByteOffset) {
   path = dir.Write("empty.npy", "");
   EXPECT_EQ(ReadNpyHeader(path).status().location(), path + "@0");
   EXPECT_EQ(ReadNpyHeader(dir.path() + "/missing.npy").status().code(), StatusCode::kNotFound);
+}
+
+// MegatronIndexed on files megatron-core's IndexedDatasetBuilder wrote
+// (tests/formats/data/megatron/): the URI is the prefix, either file of
+// the pair, or a directory holding pairs.
+const std::string kMegatron = MESHLOAD_FORMATS_DATA "/megatron/";
+
+planner::DatasetSpec Megatron(const std::string& uri) {
+  planner::DatasetSpec s;
+  s.uri = uri;
+  s.format = planner::DatasetFormat::kMegatronIndexed;
+  return s;
+}
+
+std::string SlurpFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_TRUE(f.good()) << path;
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+TEST(IndexDataset, AMegatronPrefixIsOneSamplePerSequenceOfItsOwnSize) {
+  const nlohmann::json expected = nlohmann::json::parse(SlurpFile(kMegatron + "tokens_uint16.expected.json"));
+  for (const std::string& uri : {kMegatron + "tokens_uint16", kMegatron + "tokens_uint16.idx",
+                                 kMegatron + "tokens_uint16.bin", "file://" + kMegatron + "tokens_uint16"}) {
+    Diagnostics d;
+    auto index = Index(Megatron(uri), d);
+    ASSERT_OK(index) << uri << ": " << d.ToString();
+    EXPECT_TRUE(d.ok()) << d.ToString();
+    const auto& sequences = expected["sequences"];
+    ASSERT_EQ(index->num_samples(), sequences.size()) << uri;
+    EXPECT_TRUE(index->variable_size());
+    EXPECT_EQ(index->dtype(), formats::DType::kUint16);
+    EXPECT_EQ(index->sample_bytes(), 0u);
+    ASSERT_EQ(index->files().size(), 1u);
+    EXPECT_EQ(index->files()[0].path, kMegatron + "tokens_uint16.bin");
+    uint64_t total = 0, largest = 0, smallest = UINT64_MAX;
+    for (uint64_t i = 0; i < index->num_samples(); ++i) {
+      const uint64_t bytes = sequences[i].size() * 2;
+      ASSERT_EQ(index->SampleBytes(i), bytes) << "sample " << i;
+      std::vector<planner::Extent> e;
+      index->AppendExtents(i, e);
+      ASSERT_EQ(e.size(), 1u);
+      EXPECT_EQ(e[0].length, bytes);
+      total += bytes;
+      largest = std::max(largest, bytes);
+      smallest = std::min(smallest, bytes);
+    }
+    EXPECT_EQ(index->max_sample_bytes(), largest);
+    EXPECT_EQ(index->min_sample_bytes(), smallest);
+    EXPECT_DOUBLE_EQ(index->mean_sample_bytes(), static_cast<double>(total) / static_cast<double>(sequences.size()));
+    EXPECT_EQ(index->LargestBytes(index->num_samples()), total);
+    EXPECT_EQ(index->LargestBytes(1), largest);
+  }
+}
+
+TEST(IndexDataset, MegatronSequencesAreReadAsTheirBytesAndNeighboursCoalesce) {
+  Diagnostics d;
+  auto index = Index(Megatron(kMegatron + "tokens_int32"), d);
+  ASSERT_OK(index) << d.ToString();
+  const std::string bin = SlurpFile(kMegatron + "tokens_int32.bin");
+  // Every sequence, in any order: one range covering the whole file.
+  std::vector<uint64_t> ids;
+  for (uint64_t i = index->num_samples(); i-- > 0;) ids.push_back(i);
+  std::vector<planner::Extent> ranges;
+  EXPECT_EQ(index->CoalescedExtents(ids, ranges), bin.size());
+  ASSERT_EQ(ranges.size(), 1u);
+  EXPECT_EQ(ranges[0].offset, 0u);
+  // Two sequences with a non-empty one between them: two ranges, of
+  // exactly their bytes (empty sequences take no bytes, so they do not
+  // separate their neighbours).
+  std::vector<uint64_t> non_empty;
+  for (uint64_t i = 0; i < index->num_samples(); ++i) {
+    if (index->SampleBytes(i) > 0) non_empty.push_back(i);
+  }
+  ASSERT_GE(non_empty.size(), 3u);
+  const uint64_t a = non_empty[0], b = non_empty[2];
+  ids = {b, a};
+  EXPECT_EQ(index->CoalescedExtents(ids, ranges), index->SampleBytes(a) + index->SampleBytes(b));
+  EXPECT_EQ(ranges.size(), 2u);
+  EXPECT_EQ(index->BytesOf(ids.data(), ids.size()), index->SampleBytes(a) + index->SampleBytes(b));
+}
+
+TEST(IndexDataset, AMegatronDirectoryIsItsPairsInNameOrderAndAnUnpairedFileIsNamed) {
+  TempDir dir;
+  for (const char* ext : {".idx", ".bin"}) {
+    dir.Write(std::string("b") + ext, SlurpFile(kMegatron + "tokens_uint16" + ext));
+    dir.Write(std::string("a") + ext, SlurpFile(kMegatron + "small_uint8" + ext));
+  }
+  dir.Write("README.md", "not part of the dataset");
+  Diagnostics d;
+  auto mixed = Index(Megatron(dir.path()), d);
+  EXPECT_FALSE(d.ok());
+  EXPECT_THAT(d.ToString(), AllOf(HasSubstr("b.bin: holds uint16 elements, but " + dir.path() + "/a.bin holds uint8"),
+                                  HasSubstr("every file of a dataset must agree")));
+  // Same dtype: a.* is now uint16 too.
+  for (const char* ext : {".idx", ".bin"})
+    dir.Write(std::string("a") + ext, SlurpFile(kMegatron + "tokens_uint16" + ext));
+  Diagnostics ok;
+  auto index = Index(Megatron(dir.path()), ok);
+  ASSERT_OK(index) << ok.ToString();
+  EXPECT_TRUE(ok.ok()) << ok.ToString();
+  ASSERT_EQ(index->files().size(), 2u);
+  EXPECT_EQ(index->files()[0].path, dir.path() + "/a.bin");
+  EXPECT_EQ(index->files()[1].first, index->files()[0].count);
+  EXPECT_EQ(index->num_samples(), 2 * index->files()[0].count);
+  std::vector<planner::Extent> e;
+  index->AppendExtents(index->files()[0].count + 5, e);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0].file, 1u);
+  EXPECT_EQ(e[0].length, index->SampleBytes(5));
+
+  dir.Write("c.bin", "orphan");
+  dir.Write("d.idx", SlurpFile(kMegatron + "small_uint8.idx"));
+  Diagnostics unpaired;
+  EXPECT_FALSE(Index(Megatron(dir.path()), unpaired).ok() && unpaired.ok());
+  EXPECT_THAT(unpaired.ToString(), AllOf(HasSubstr(dir.path() + "/c.bin: has no " + dir.path() + "/c.idx beside it"),
+                                         HasSubstr(dir.path() + "/d.idx: has no " + dir.path() + "/d.bin beside it")));
+}
+
+TEST(IndexDataset, ADamagedMegatronDatasetIsAnErrorNamingTheFileAndByte) {
+  TempDir dir;
+  std::string idx = SlurpFile(kMegatron + "tokens_uint16.idx");
+  const std::string bin = SlurpFile(kMegatron + "tokens_uint16.bin");
+  dir.Write("t.idx", idx);
+  dir.Write("t.bin", bin.substr(0, bin.size() - 2));  // the last sequence runs past the data
+  Diagnostics d;
+  EXPECT_FALSE(Index(Megatron(dir.path() + "/t"), d).ok());
+  EXPECT_THAT(d.ToString(), HasSubstr(dir.path() + "/t.bin"));
+  dir.Write("t.bin", bin);
+  dir.Write("t.idx", idx.substr(0, 40));
+  Diagnostics truncated;
+  EXPECT_FALSE(Index(Megatron(dir.path() + "/t"), truncated).ok());
+  EXPECT_THAT(truncated.ToString(), HasSubstr(dir.path() + "/t.idx@"));
+  dir.Write("t.idx", idx);
+  planner::DatasetSpec wrong = Megatron(dir.path() + "/t");
+  wrong.dtype = formats::DType::kInt32;
+  Diagnostics dtype;
+  EXPECT_FALSE(Index(wrong, dtype).ok() && dtype.ok());
+  EXPECT_THAT(dtype.ToString(), HasSubstr("the index says its dtype is uint16 but spec.dataset.dtype is int32"));
+  Diagnostics none;
+  EXPECT_THAT(Index(Megatron(dir.path() + "/nothing"), none).status().code(), StatusCode::kNotFound);
 }
 
 TEST(ResolveWithSources, LocalFilesAreIndexedAndUnreachableDataFallsBackOnlyWhenAsked) {

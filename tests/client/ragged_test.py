@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Variable-size samples end to end: Megatron indexed datasets written by
+megatron-core's own IndexedDatasetBuilder (tests/formats/data/megatron/,
+with what Megatron's IndexedDataset returned for every sequence in
+*.expected.json), served by real sidecars to meshload.Ragged batches.
+
+    PYTHONPATH=<build>/client/python .venv/bin/python ragged_test.py \\
+        --sidecar <build>/sidecar/meshload-sidecar --meshload <build>/tools/meshload
+
+For every step of two epochs, every device's Ragged holds exactly the
+planned samples (`meshload plan`), each equal to Megatron's own reading of
+it; `to_list()` views the slot without a copy and `padded()` pads or cuts.
+A run resized from 4 processes to 8 and resumed mid-epoch gets the same
+global batches. CTest runs this as `python.ragged`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+import numpy as np
+
+import harness
+import meshload
+
+SIDECAR = MESHLOAD = None
+TMP = None
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MEGATRON = os.path.join(ROOT, "tests", "formats", "data", "megatron")
+
+
+def expected(prefix):
+    with open(os.path.join(MEGATRON, prefix + ".expected.json")) as f:
+        e = json.load(f)
+    return [np.asarray(s, dtype=e["dtype"]) for s in e["sequences"]], e["dtype"]
+
+
+def planned_devices(job, first, last):
+    """{step: {global device: [sample ids]}} from `meshload plan`."""
+    out = subprocess.run([MESHLOAD, "plan", "-f", job, "--steps", "%d:%d" % (first, last), "--format", "json"],
+                         check=True, capture_output=True, text=True).stdout
+    plan = json.loads(out)
+    return {s["step"]: {d["device"]: d["samples"] for d in s["devices"]} for s in plan["steps"]}, plan
+
+
+class Run:
+    """A MegatronIndexed job over fixture `prefix` and a sidecar per process."""
+
+    def __init__(self, name, prefix, processes, devices_per_process, axes, batch_axes=None, replication=None):
+        self.dir = os.path.join(TMP, name)
+        os.makedirs(self.dir)
+        self.job = os.path.join(self.dir, "job.yaml")
+        with open(self.job, "w") as f:
+            f.write(harness.job_yaml(name, os.path.join(MEGATRON, prefix), processes, devices_per_process, axes,
+                                     batch_axes, replication=replication, dataset_format="MegatronIndexed"))
+        self.sidecars = [
+            harness.SidecarProcess(SIDECAR, self.job, p, os.path.join(self.dir, "s%d.sock" % p),
+                                   os.path.join(self.dir, "sidecar%d.log" % p))
+            for p in range(processes)]
+
+    def __enter__(self):
+        for s in self.sidecars:
+            s.start()
+        return self
+
+    def __exit__(self, *exc):
+        for s in self.sidecars:
+            s.stop()
+
+    def batches(self, first, last):
+        """{step: {global device: [the samples as arrays]}} read through
+        the clients, steps [first, last); also checks every Ragged's shape."""
+        out = {}
+        clients = [meshload.Client(s.sock, start_step=first) for s in self.sidecars]
+        try:
+            for step in range(first, last):
+                out[step] = {}
+                for c in clients:
+                    b = c.next(timeout=60)
+                    assert b.step == step, (b.step, step)
+                    for r in b.tensors:
+                        assert isinstance(r, meshload.Ragged), r
+                        views = r.to_list()
+                        offsets = np.from_dlpack(r.offsets)
+                        values = np.from_dlpack(r.values)
+                        assert len(views) == r.samples == len(offsets) - 1 == len(r)
+                        assert offsets[0] == 0 and offsets[-1] == values.shape[0], (offsets, values.shape)
+                        # Views, not copies: each sample's first element is in the slot.
+                        for v, a in zip(views, offsets[:-1]):
+                            if v.size:
+                                assert v.__array_interface__["data"][0] == values.__array_interface__["data"][0] + \
+                                    int(a) * values.itemsize
+                        out[step][r.global_device] = [v.copy() for v in views]
+                    del b
+        finally:
+            for c in clients:
+                c.close()
+        return out
+
+
+class RaggedTest(unittest.TestCase):
+    def check_against_megatron(self, run, prefix, first, last):
+        sequences, dtype = expected(prefix)
+        planned, _ = planned_devices(run.job, first, last)
+        got = run.batches(first, last)
+        for step in range(first, last):
+            self.assertEqual(sorted(got[step]), sorted(planned[step]), "step %d's devices" % step)
+            for device, ids in planned[step].items():
+                samples = got[step][device]
+                self.assertEqual(len(samples), len(ids), "step %d device %d" % (step, device))
+                for sample_id, a in zip(ids, samples):
+                    self.assertEqual(str(a.dtype), dtype)
+                    np.testing.assert_array_equal(a, sequences[sample_id],
+                                                  "step %d device %d sample %d" % (step, device, sample_id))
+        return got
+
+    def test_two_epochs_of_megatron_sequences_on_four_processes(self):
+        for prefix in ("tokens_uint16", "tokens_int32"):
+            with self.subTest(prefix=prefix), Run("four-" + prefix.replace("_", "-"), prefix, 4, 1,
+                                                   [("data", 4)]) as run:
+                _, plan = planned_devices(run.job, 0, 1)
+                self.assertIsNone(plan["sampleBytes"])
+                self.assertEqual(plan["stepsPerEpoch"], 7)  # 61 sequences, a global batch of 8
+                self.check_against_megatron(run, prefix, 0, 14)
+
+    def test_replicas_in_a_process_get_the_same_ragged_batch(self):
+        # 2 processes x 2 devices; `model` replicates each shard inside a process.
+        with Run("replicas", "tokens_uint16", 2, 2, [("data", 2), ("model", 2)], ["data"], "Partial") as run:
+            got = self.check_against_megatron(run, "tokens_uint16", 0, 9)
+            for step, devices in got.items():
+                for d in (0, 2):
+                    for a, b in zip(devices[d], devices[d + 1]):
+                        np.testing.assert_array_equal(a, b, "step %d devices %d and %d" % (step, d, d + 1))
+
+    def test_a_resize_from_four_to_eight_processes_resumes_with_the_same_global_batches(self):
+        with Run("before", "tokens_uint16", 4, 1, [("data", 4)]) as before:
+            first = before.batches(0, 9)
+        with Run("after", "tokens_uint16", 8, 1, [("data", 8)]) as after:
+            resumed = self.check_against_megatron(after, "tokens_uint16", 9, 14)
+        _, plan4 = planned_devices(os.path.join(TMP, "before", "job.yaml"), 0, 14)
+        _, plan8 = planned_devices(os.path.join(TMP, "after", "job.yaml"), 0, 14)
+
+        def global_batches(plan):
+            return {s["step"]: [i for d in sorted(s["devices"], key=lambda d: d["shard"]) for i in d["samples"]]
+                    for s in plan["steps"]}
+
+        self.assertEqual(global_batches(plan4), global_batches(plan8))
+        self.assertEqual(sorted(first), list(range(9)))
+        self.assertEqual(sorted(resumed), list(range(9, 14)))
+
+    def test_padded_pads_or_cuts_each_sample_and_says_how_long_it_is(self):
+        with Run("padded", "tokens_uint16", 1, 1, [("data", 1)]) as run:
+            c = meshload.Client(run.sidecars[0].sock)
+            try:
+                b = c.next(timeout=60)
+                r = b.tensors[0]
+                views = r.to_list()
+                lengths = [len(v) for v in views]
+                x, kept = r.padded()
+                self.assertEqual(x.shape, (r.samples, max(lengths)))
+                self.assertEqual(kept.tolist(), lengths)
+                for k, v in enumerate(views):
+                    np.testing.assert_array_equal(x[k, :len(v)], v)
+                    self.assertTrue(np.all(x[k, len(v):] == 0))
+                x, kept = r.padded(3, pad_value=7)
+                self.assertEqual(x.shape, (r.samples, 3))
+                self.assertEqual(kept.tolist(), [min(n, 3) for n in lengths])
+                for k, v in enumerate(views):
+                    np.testing.assert_array_equal(x[k, :min(len(v), 3)], v[:3])
+                    self.assertTrue(np.all(x[k, len(v):] == 7))
+                with self.assertRaises(ValueError):
+                    r.padded(-1)
+                self.assertIn("meshload.Ragged", repr(r))
+                del b, r, views, x
+            finally:
+                c.close()
+
+
+def main():
+    return harness.run_unittests(globals(), __doc__, "mlragged-")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
