@@ -124,7 +124,7 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
     waits.Record(batch->wait_seconds);
     if (planner) {
       planner::StepPlan plan = planner->PlanStep(batch->step, planner->DefaultLoading(), process);
-      const uint64_t sb = planner->job().dataset.sample_bytes();
+      const planner::DatasetIndex& ds = planner->job().dataset;
       for (size_t i = 0; i < batch->tensors.size(); ++i) {
         const auto& t = batch->tensors[i];
         const auto& ids = plan.devices[i].samples;
@@ -149,8 +149,33 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
           data = on_host.data();
           gpu_tensors_checked++;
         }
+        // Where each sample starts: k × the sample size, or (ragged) its
+        // offset, which must be where the plan's sizes put it.
+        std::vector<int64_t> offsets(ids.size() + 1);
+        if (t.offsets != nullptr) {
+          if (t.device_type == 2) {
+            auto driver = cuda::Driver::Open();
+            if (!driver.ok()) return fail(driver.status().ToString());
+            if (Status st = (*driver)->CopyToHost(offsets.data(), reinterpret_cast<uintptr_t>(t.offsets),
+                                                  offsets.size() * sizeof(int64_t), t.device_id);
+                !st.ok()) {
+              return fail(st.ToString());
+            }
+          } else {
+            std::copy(t.offsets, t.offsets + ids.size() + 1, offsets.begin());
+          }
+        }
+        const uint64_t es = t.dtype_bits / 8;
+        uint64_t at_byte = 0;
         for (size_t k = 0; k < ids.size(); ++k) {
-          const int64_t at = tools::FirstMismatch(planner->job().dataset, ids[k], data + k * sb);
+          if (t.offsets != nullptr && static_cast<uint64_t>(offsets[k]) * es != at_byte) {
+            ++mismatches;
+            LogError("ragged offsets differ from the samples' sizes",
+                     {{"step", batch->step}, {"device", t.global_device}, {"sample", ids[k]}});
+            break;
+          }
+          const int64_t at = tools::FirstMismatch(ds, ids[k], data + at_byte);
+          at_byte += ds.SampleBytes(ids[k]);
           if (at >= 0) {
             ++mismatches;
             LogError("bytes differ from the dataset",
@@ -161,7 +186,10 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
       }
     }
     for (const auto& t : batch->tensors) bytes += t.nbytes;
-    samples += batch->tensors.empty() ? 0 : static_cast<uint64_t>(batch->tensors[0].shape[0]) * batch->tensors.size();
+    if (!batch->tensors.empty()) {
+      const auto& t0 = batch->tensors[0];
+      samples += (t0.offsets != nullptr ? t0.samples : static_cast<uint64_t>(t0.shape[0])) * batch->tensors.size();
+    }
     ++done;
     // The batch is "trained on" for delay_ms, then released when it goes
     // out of scope at the end of the iteration.

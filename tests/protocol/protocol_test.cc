@@ -166,6 +166,28 @@ TEST(Protocol, ARaggedTensorRoundTripsAndItsOffsetsMustLieBeforeItsValues) {
   EXPECT_THAT(Decode(b).status().ToString(), HasSubstr("unknown tensor kind 2"));
 }
 
+// docs/protocol.md shows a ragged READY tensor entry byte by byte.
+TEST(Protocol, TheDocumentedRaggedTensorEntryIsWhatTheEncoderWrites) {
+  const std::string bytes = Encode(Ready{5, 1, {{256, 1, 16, {4}, {1}, 0x1122334455667788ull, RaggedInfo{0, 2}}}});
+  const std::string entry = bytes.substr(28);  // header, step, slot, tensor count
+  EXPECT_EQ(entry.size(), 53u);
+  std::string hex;
+  for (unsigned char c : entry) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    hex += kDigits[c >> 4];
+    hex += kDigits[c & 15];
+  }
+  EXPECT_EQ(hex,
+            "0001000000000000"        // .offset 256
+            "0110"                    // uint, 16 bits
+            "010400000000000000"      // .shape [4]
+            "010100000000000000"      // .strides [1]
+            "8877665544332211"        // .ids_checksum
+            "01"                      // .kind ragged
+            "0000000000000000"        // .offsets_offset 0
+            "0200000000000000");      // .samples 2
+}
+
 TEST(Protocol, RejectsAMeshThatDoesNotDescribeTheListedDevices) {
   const auto error_of = [](const ServerHello& h) {
     auto r = Decode(Encode(h));

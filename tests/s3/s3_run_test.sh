@@ -46,6 +46,7 @@ job() {
     FixedRecord) fmt="format: FixedRecord, recordBytes: 1024" ;;
     TokenStream) fmt="format: TokenStream, dtype: uint16, sequenceLength: 127" ;;
     Npy) fmt="format: Npy" ;;
+    MegatronIndexed) fmt="format: MegatronIndexed" ;;
   esac
   two_process_job "$TMP/$1.yaml" "$1" model "  replication: {mode: Partial, fanout: $4}
   strategy: $3
@@ -56,14 +57,14 @@ job() {
 
 # The datasets, written into the bucket's directory (what the POSIX backend
 # serves) by the CLI's generator.
-for fmt in FixedRecord TokenStream Npy; do
+for fmt in FixedRecord TokenStream Npy MegatronIndexed; do
   job gen-$fmt $fmt PerProcess Load "$GW/corpus/$fmt"
   "$ML" run --local -f "$TMP/gen-$fmt.yaml" --generate-dataset "$GW/corpus/$fmt" --samples 600 --files 3 --steps 1 \
     >"$TMP/gen-$fmt.out" 2>&1 || { echo "cannot generate the $fmt dataset:"; tail -5 "$TMP/gen-$fmt.out"; }
 done
 
 # 1. run --local: every format, every strategy, on s3://.
-for fmt in FixedRecord TokenStream Npy; do
+for fmt in FixedRecord TokenStream Npy MegatronIndexed; do
   for sf in PerProcess:Load PerProcess:Broadcast GlobalLoad:Broadcast LoadAndReshard:Load; do
     strategy=${sf%%:*} fanout=${sf##*:}
     name=$(echo "$fmt-$strategy-$fanout" | tr 'A-Z' 'a-z')

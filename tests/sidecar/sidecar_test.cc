@@ -619,6 +619,30 @@ TEST(Sidecar, MalformedTruncatedAndOversizedMessagesAreRefusedAndServingGoesOn) 
   EXPECT_GE(h.Metric("meshload_client_connections_total{outcome=\"bad_hello\"}"), 1) << h.Metrics();
 }
 
+// A client of protocol version 2 (before ragged tensors) gets the version
+// error, in the header or in the hello's payload, and serving goes on.
+TEST(Sidecar, AnOlderProtocolVersionGetsTheVersionError) {
+  SidecarHarness h;
+  ASSERT_OK(h.Start());
+  std::string old_header = protocol::Encode(protocol::ClientHello{protocol::kProtocolVersion, 1, 0});
+  old_header[4] = 2;  // the header's version
+  std::string old_payload = protocol::Encode(protocol::ClientHello{2, 1, 0});
+  for (const std::string& hello : {old_header, old_payload}) {
+    auto fd = protocol::ConnectSeqpacket(h.options_.socket_path);
+    ASSERT_OK(fd);
+    ASSERT_OK(protocol::SendMessage(fd->get(), hello));
+    auto reply = protocol::ReceiveMessage(fd->get(), protocol::kMaxMessageBytes);
+    ASSERT_OK(reply);
+    auto m = protocol::Decode(reply->bytes);
+    ASSERT_OK(m);
+    const auto& err = std::get<protocol::ErrorMessage>(*m);
+    EXPECT_EQ(err.code, protocol::ErrorCode::kVersionMismatch);
+    EXPECT_EQ(err.message, "this sidecar speaks protocol version 3");
+  }
+  auto c = h.Connect();
+  ASSERT_OK(c->Next(milliseconds(5000)));
+}
+
 // A connection that never says CLIENT_HELLO holds the socket for the hello
 // timeout (5 s, on a simulated clock), no longer: then a trainer gets in.
 TEST(Sidecar, AConnectionThatNeverSaysHelloIsDroppedAfterTheHelloTimeout) {
