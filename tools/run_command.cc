@@ -328,13 +328,12 @@ int LocalRun::Resolve() {
   // What a slot holds per process (variable-size samples: the room for
   // the largest batch a device can get).
   const uint64_t per_device = rj.global_batch / static_cast<uint64_t>(rj.mesh.shards());
-  batch_bytes_per_process_ =
-      rj.dataset.LargestBytes(per_device) * static_cast<uint64_t>(rj.mesh.devices_per_process());
-  const std::string sample_size =
-      rj.dataset.variable_size()
-          ? std::to_string(rj.dataset.min_sample_bytes()) + ".." + std::to_string(rj.dataset.max_sample_bytes()) +
-                " B (mean " + Human(rj.dataset.mean_sample_bytes(), "B") + ")"
-          : std::to_string(rj.dataset.sample_bytes()) + " B";
+  batch_bytes_per_process_ = rj.dataset.LargestBytes(per_device) * static_cast<uint64_t>(rj.mesh.devices_per_process());
+  const std::string sample_size = rj.dataset.variable_size()
+                                      ? std::to_string(rj.dataset.min_sample_bytes()) + ".." +
+                                            std::to_string(rj.dataset.max_sample_bytes()) + " B (mean " +
+                                            Human(rj.dataset.mean_sample_bytes(), "B") + ")"
+                                      : std::to_string(rj.dataset.sample_bytes()) + " B";
   std::printf("job %s: %" PRId64 " processes x %" PRId64 " devices, %s/%s, global batch %" PRIu64 ", %" PRIu64
               " samples x %s, %s per process per step%s\n",
               job_->name().c_str(), P_, rj.mesh.devices_per_process(), std::string(ToString(rj.spec.strategy)).c_str(),

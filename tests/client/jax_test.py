@@ -146,6 +146,62 @@ class GlobalArrayTest(unittest.TestCase):
             self.assert_all_ok(sc.run(cpu_devices=2, distributed=True, user_mesh="job", steps=STEPS), 2, True)
 
 
+class RaggedScenario(Scenario):
+    """A MegatronIndexed job over a dataset megatron-core wrote
+    (tests/formats/data/megatron/tokens_uint16), its sidecars, and the
+    planner's global batches padded to PAD_TO with their lengths."""
+
+    PAD_TO = 48
+
+    def __init__(self, name, processes, devices_per_process, axes):
+        self.dir = os.path.join(TMP, name)
+        os.makedirs(self.dir)
+        prefix = os.path.join(ROOT, "tests", "formats", "data", "megatron", "tokens_uint16")
+        self.job = os.path.join(self.dir, "job.yaml")
+        with open(self.job, "w") as f:
+            f.write(harness.job_yaml(name, prefix, processes, devices_per_process, axes,
+                                     dataset_format="MegatronIndexed"))
+        with open(prefix + ".expected.json") as f:
+            sequences = json.load(f)["sequences"]
+        plan = harness.planned_global_batches(MESHLOAD, self.job, STEPS)
+        values = np.zeros((STEPS, 8, self.PAD_TO), dtype=np.uint16)
+        lengths = np.zeros((STEPS, 8), dtype=np.int64)
+        for step in range(STEPS):
+            for row, sample in enumerate(plan[step]):
+                kept = sequences[sample][:self.PAD_TO]
+                values[step, row, :len(kept)] = kept
+                lengths[step, row] = len(kept)
+        self.expected = os.path.join(self.dir, "expected.npz")
+        np.savez(self.expected, values=values, lengths=lengths)
+        self.sidecar_processes = list(range(processes))
+        self.sidecars = [
+            harness.SidecarProcess(SIDECAR, self.job, p, os.path.join(self.dir, "s%d.sock" % p),
+                                   os.path.join(self.dir, "sidecar%d.log" % p))
+            for p in self.sidecar_processes]
+
+    def run_ragged(self, cpu_devices, distributed=None):
+        report = [os.path.join(self.dir, "report-%d.json" % i) for i in range(len(self.sidecars))]
+        self.run_each(
+            lambda i, s: [WORKER, "--socket", s.sock, "--cpu-devices", str(cpu_devices), "--steps", str(STEPS),
+                          "--expected", self.expected, "--pad-to", str(self.PAD_TO), "--report", report[i]],
+            distributed, report)
+        out = []
+        for path in report:
+            with open(path) as f:
+                out.append(json.load(f))
+        return out
+
+
+class RaggedTest(unittest.TestCase):
+    def test_padded_global_arrays_of_megatron_sequences_in_two_processes(self):
+        with RaggedScenario("ragged", 2, 2, [("data", 4)]) as sc:
+            reports = sc.run_ragged(cpu_devices=2, distributed=True)
+        for i, r in enumerate(reports):
+            self.assertTrue(r["ok"], "worker %d: %s" % (i, r))
+            self.assertEqual(r["steps"], STEPS)
+            self.assertEqual(r["global_shape"], [8, RaggedScenario.PAD_TO])
+
+
 class ExampleTest(unittest.TestCase):
     def test_the_jax_example_trainer_in_two_processes(self):
         example = os.path.join(ROOT, "examples", "python", "jax_trainer.py")

@@ -25,6 +25,8 @@ def main():
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--expected")
     ap.add_argument("--report", required=True, help="where to write the JSON report (atomically)")
+    ap.add_argument("--pad-to", type=int, help="a ragged job: pad every sample to this length; --expected is then "
+                    "an .npz of `values` [steps, global batch, pad_to] and `lengths` [steps, global batch]")
     ap.add_argument("--coordinator")
     ap.add_argument("--num-processes", type=int, default=1)
     ap.add_argument("--process-id", type=int, default=0)
@@ -52,6 +54,8 @@ def main():
 
     expected = np.load(args.expected) if args.expected else None
     report = {"ok": False, "steps": 0, "zero_copy": 0, "replica_checks": 0}
+    if args.pad_to is not None:
+        return ragged(args, report, expected)
     try:
         with meshload.Client(args.socket) as client:
             job_mesh = client.mesh
@@ -121,6 +125,46 @@ def main():
     with open(args.report + ".tmp", "w") as f:
         json.dump(report, f)
     os.replace(args.report + ".tmp", args.report)
+    return 0
+
+
+def ragged(args, report, expected):
+    """A ragged job: global_array(batch, pad_to=...) is the planner's global
+    batch, padded, with the kept lengths."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+
+    import meshload
+    import meshload.jax as mjax
+
+    try:
+        with meshload.Client(args.socket) as client:
+            for _ in range(args.steps):
+                batch = client.next(timeout=60)
+                assert all(isinstance(t, meshload.Ragged) for t in batch.tensors), batch.tensors
+                values, lengths = mjax.global_array(batch, pad_to=args.pad_to, pad_value=0)
+                spec = mjax.partition_spec(batch)
+                assert values.sharding == NamedSharding(values.sharding.mesh, spec), values.sharding
+                assert values.shape == expected["values"][batch.step].shape, (values.shape,)
+                for arr, want in ((values, expected["values"][batch.step]),
+                                  (lengths, expected["lengths"][batch.step])):
+                    for shard in arr.addressable_shards:
+                        got = np.asarray(shard.data)
+                        if not np.array_equal(got, want[shard.index].astype(got.dtype)):
+                            raise AssertionError("step %d: rows %s differ from the planned, padded samples"
+                                                 % (batch.step, shard.index))
+                report["steps"] += 1
+                report["global_shape"] = list(values.shape)
+                del values, lengths, batch
+        report["ok"] = True
+    except Exception as e:  # noqa: BLE001 (reported to the test)
+        report["error"] = type(e).__name__
+        report["message"] = str(e)
+    with open(args.report + ".tmp", "w") as f:
+        json.dump(report, f)
+    os.replace(args.report + ".tmp", args.report)
+    del jax
     return 0
 
 

@@ -178,14 +178,14 @@ TEST(Protocol, TheDocumentedRaggedTensorEntryIsWhatTheEncoderWrites) {
     hex += kDigits[c & 15];
   }
   EXPECT_EQ(hex,
-            "0001000000000000"        // .offset 256
-            "0110"                    // uint, 16 bits
-            "010400000000000000"      // .shape [4]
-            "010100000000000000"      // .strides [1]
-            "8877665544332211"        // .ids_checksum
-            "01"                      // .kind ragged
-            "0000000000000000"        // .offsets_offset 0
-            "0200000000000000");      // .samples 2
+            "0001000000000000"    // .offset 256
+            "0110"                // uint, 16 bits
+            "010400000000000000"  // .shape [4]
+            "010100000000000000"  // .strides [1]
+            "8877665544332211"    // .ids_checksum
+            "01"                  // .kind ragged
+            "0000000000000000"    // .offsets_offset 0
+            "0200000000000000");  // .samples 2
 }
 
 TEST(Protocol, RejectsAMeshThatDoesNotDescribeTheListedDevices) {

@@ -37,6 +37,14 @@ aligns every tensor to 256 bytes, beyond XLA's 64), and JAX raising is the
 only alternative to a silent copy. The arrays keep the slot leased until JAX
 frees them (see ``meshload``).
 
+Ragged batches (variable-size samples, ``meshload.Ragged``) become dense
+global arrays by padding: ``global_array(batch, pad_to=L)`` returns the
+``(global batch, L)`` array of the samples, each cut to ``L`` elements or
+filled with ``pad_value``, and the ``(global batch,)`` int64 array of the
+lengths they keep, both sharded like a dense batch. Padding is a copy on
+each device (``Ragged.padded``); ``L`` is the caller's, the same in every
+process, so the global shape is known without a collective.
+
 JAX is imported on first use; ``import meshload`` works without it.
 """
 
@@ -257,7 +265,32 @@ def _check_user_mesh(batch, user_mesh, local):
                 (t.global_device, flat[t.global_device], d))
 
 
-def global_array(batch, mesh=None):  # noqa: A002 (the JAX word)
+def _is_ragged(batch):
+    from . import Ragged  # noqa: PLC0415
+
+    kinds = {isinstance(t, Ragged) for t in batch.tensors}
+    return kinds == {True}
+
+
+def _padded_local_arrays(batch, pad_to, pad_value):
+    """Each device's Ragged padded to ``pad_to`` and its lengths, as
+    single-device ``jax.Array`` pairs on the device the batch belongs on."""
+    jax = _jax()
+    targets = _local_targets(batch)
+    values, lengths = [], []
+    for r, device in zip(batch.tensors, targets):
+        x, kept = r.padded(pad_to, pad_value)
+        if r.device[0] == 2:
+            # On the GPU already (CuPy or PyTorch arrays): imported in place.
+            values.append(jax.dlpack.from_dlpack(x))
+            lengths.append(jax.dlpack.from_dlpack(kept))
+        else:
+            values.append(jax.device_put(x, device))
+            lengths.append(jax.device_put(kept, device))
+    return values, lengths
+
+
+def global_array(batch, mesh=None, pad_to=None, pad_value=0):  # noqa: A002 (the JAX word)
     """The step's global batch as one ``jax.Array`` of shape
     ``(global batch, *sample shape)`` sharded ``NamedSharding(mesh,
     P(batch_axes))``; replicas along the other axes share their shard.
@@ -266,18 +299,41 @@ def global_array(batch, mesh=None):  # noqa: A002 (the JAX word)
     (``meshload.jax.mesh(batch)``); its axes must be the job's and its
     devices in the job's global device order, which is checked.
     Every process calls it with its own batch of the same step.
+
+    A ragged batch (``meshload.Ragged`` tensors) needs ``pad_to``: the
+    result is then ``(values, lengths)``, the samples padded (or cut) to
+    ``(global batch, pad_to)`` with ``pad_value``, and their kept lengths,
+    ``(global batch,)`` int64 (int32 without ``jax_enable_x64``).
     """
     jax = _jax()
+    if _is_ragged(batch):
+        if pad_to is None:
+            raise ValueError("batch %d of job %r holds variable-size samples (meshload.Ragged): give pad_to, the "
+                             "length every sample is padded or cut to" % (batch.step, batch.job))
+        values, lengths = _padded_local_arrays(batch, pad_to, pad_value)
+        the_mesh = _checked_mesh(batch, mesh, [next(iter(a.devices())) for a in values])
+        shards = _shards(batch)
+        rows = values[0].shape[0] * shards
+        sh = sharding(batch, the_mesh)
+        return (jax.make_array_from_single_device_arrays((rows, pad_to), sh, values),
+                jax.make_array_from_single_device_arrays((rows,), sh, lengths))
+    if pad_to is not None:
+        raise ValueError("pad_to is for ragged batches; job %r's samples all have one shape" % batch.job)
     arrays = local_arrays(batch)
-    local = [next(iter(a.devices())) for a in arrays]
-    if mesh is None:
-        the_mesh = _mesh_of(batch)
-    else:
-        _check_user_mesh(batch, mesh, local)
-        the_mesh = mesh
-    job_mesh = batch.mesh
-    sizes = dict(job_mesh.axes)
-    shards = math.prod(sizes[a] for a in job_mesh.batch_axes)
+    the_mesh = _checked_mesh(batch, mesh, [next(iter(a.devices())) for a in arrays])
     per_device = arrays[0].shape
-    global_shape = (per_device[0] * shards,) + tuple(per_device[1:])
+    global_shape = (per_device[0] * _shards(batch),) + tuple(per_device[1:])
     return jax.make_array_from_single_device_arrays(global_shape, sharding(batch, the_mesh), arrays)
+
+
+def _shards(batch):
+    sizes = dict(batch.mesh.axes)
+    return math.prod(sizes[a] for a in batch.mesh.batch_axes)
+
+
+def _checked_mesh(batch, mesh, local):  # noqa: A002
+    if mesh is None:
+        return _mesh_of(batch)
+    _check_user_mesh(batch, mesh, local)
+    return mesh
+
