@@ -53,7 +53,9 @@
 #include "sidecar/source/dataset_facts.h"
 #include "client/client.h"
 #include "common/flags.h"
+#include "formats/megatron_index.h"
 #include "formats/npy.h"
+#include "planner/sampler.h"
 #include "planner/shard_planner.h"
 #include "tools/synthetic_dataset.h"
 
@@ -92,6 +94,8 @@ std::string JobYaml(const Scenario& s, const std::string& dir) {
   std::string ds =
       s.format == planner::DatasetFormat::kFixedRecord
           ? "    format: FixedRecord\n    recordBytes: " + std::to_string(s.record_bytes) + "\n"
+      : s.format == planner::DatasetFormat::kMegatronIndexed
+          ? "    format: MegatronIndexed\n"
           : "    format: TokenStream\n    dtype: uint16\n    sequenceLength: " + std::to_string(s.seq) + "\n";
   return "apiVersion: meshload.io/v1alpha1\nkind: DataLoadJob\nmetadata: {name: bench-" + s.name +
          "}\nspec:\n  mesh: {processes: 1, devicesPerProcess: 1, axes: [{name: data, size: 1}]}\n"
@@ -165,7 +169,8 @@ double Quantile(std::vector<double> v, double q) {
 // consuming through the client.
 struct MeshloadRun {
   bool ok = false;
-  double rate = 0;  // samples/s while streaming
+  double rate = 0;        // samples/s while streaming
+  double byte_rate = 0;   // bytes/s delivered while streaming
   double elapsed = 0, sidecar_cores = 0, consumer_cores = 0;
   double sidecar_cs = 0, consumer_cs = 0, sidecar_faults = 0;  // per step
   double ttfb = 0;
@@ -215,6 +220,7 @@ MeshloadRun RunMeshload(const Scenario& s, const std::string& job_path, const st
   const uint64_t sidecar_cs0 = ContextSwitches(pid), self_cs0 = ContextSwitches(::getpid());
   const uint64_t sidecar_faults0 = MinorFaults(pid);
   int64_t streamed = 0;  // steps received after the first
+  uint64_t bytes = 0;
   for (int64_t t = 1; t < s.steps && !failed; ++t) {
     auto b = (*c)->Next();
     if (!b.ok()) {
@@ -223,6 +229,7 @@ MeshloadRun RunMeshload(const Scenario& s, const std::string& job_path, const st
       break;
     }
     ++streamed;
+    for (const auto& tensor : b->tensors) bytes += tensor.nbytes;
     run.waits.push_back(b->wait_seconds);
     g_sink = static_cast<const uint8_t*>(b->tensors[0].data)[0];  // the consumer sees the data
   }
@@ -233,6 +240,7 @@ MeshloadRun RunMeshload(const Scenario& s, const std::string& job_path, const st
   run.sidecar_faults = static_cast<double>(MinorFaults(pid) - sidecar_faults0) / per_step;
   run.consumer_cs = static_cast<double>(ContextSwitches(::getpid()) - self_cs0) / per_step;
   run.rate = static_cast<double>(streamed * static_cast<int64_t>(s.batch)) / elapsed;
+  run.byte_rate = static_cast<double>(bytes) / elapsed;
   run.elapsed = elapsed;
   run.sidecar_cores = sidecar_cpu / elapsed;
   run.consumer_cores = self_cpu / elapsed;
@@ -510,6 +518,121 @@ void RunScenario(const Scenario& s, const std::string& root, int rounds) {
               static_cast<double>(mem.file) / 1048576.0, static_cast<double>(mem.peak) / 1048576.0);
 }
 
+// A Megatron indexed dataset (one .bin and its .idx in `dir`) of `n`
+// sequences of `elem`-byte elements whose sizes are spread evenly over
+// [min_bytes, max_bytes] (seeded, whole elements). Returns the mean bytes.
+double WriteMegatron(const std::string& dir, uint64_t n, uint64_t min_bytes, uint64_t max_bytes, formats::DType dtype) {
+  std::filesystem::create_directories(dir);
+  formats::MegatronIndex index;
+  formats::MegatronDTypeFor(dtype, index.dtype);
+  const uint64_t es = formats::DTypeSize(dtype);
+  auto size_of = [&](uint64_t i) { return (min_bytes + planner::Mix64(i + 77) % (max_bytes - min_bytes + 1)) / es * es; };
+  uint64_t total = 0;
+  for (uint64_t i = 0; i < n; ++i) total += size_of(i);
+  // Written once: a file rewritten before every run would still be in
+  // writeback while the first rounds read it.
+  std::error_code ec;
+  if (std::filesystem::file_size(dir + "/docs.bin", ec) == total && std::filesystem::exists(dir + "/docs.idx")) {
+    return static_cast<double>(total) / static_cast<double>(n);
+  }
+  std::ofstream bin(dir + "/docs.bin", std::ios::binary | std::ios::trunc);
+  // Written in 4 MiB pieces, as the fixed-size peer's generator writes: the
+  // page cache then holds both files in folios of the same sizes, and
+  // neither pays more page faults for how it was written.
+  std::vector<char> buf;
+  buf.reserve(5 << 20);
+  int64_t at = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t bytes = size_of(i);
+    const size_t from = buf.size();
+    buf.resize(from + bytes);
+    for (uint64_t j = 0; j < bytes; j += 8) {
+      const uint64_t w = planner::Mix64(i * 1315423911ull + j);
+      std::memcpy(buf.data() + from + j, &w, std::min<uint64_t>(8, bytes - j));
+    }
+    if (buf.size() >= (4u << 20) || i + 1 == n) {
+      bin.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+      buf.clear();
+    }
+    index.lengths.push_back(static_cast<int32_t>(bytes / es));
+    index.pointers.push_back(at);
+    index.document_indices.push_back(static_cast<int64_t>(i));
+    at += static_cast<int64_t>(bytes);
+  }
+  index.document_indices.push_back(static_cast<int64_t>(n));
+  std::ofstream(dir + "/docs.idx", std::ios::binary | std::ios::trunc) << formats::MegatronIndexBytes(index);
+  return static_cast<double>(at) / static_cast<double>(n);
+}
+
+// Variable-size samples against fixed-size samples of the same mean size,
+// the same batch and the same bytes in all, in one run: meshload's bytes/s
+// for each, alternating `rounds` times (median ratio).
+void RunVariableVsFixed(const std::string& name, const std::string& root, uint64_t min_bytes, uint64_t max_bytes,
+                        formats::DType dtype, uint64_t total_bytes, uint64_t batch, int64_t steps, int rounds) {
+  const uint64_t n = total_bytes / ((min_bytes + max_bytes) / 2);
+  Scenario var{name, planner::DatasetFormat::kMegatronIndexed, 0, 0, batch, n, steps, 4, 0, 0};
+  const std::string var_dir = root + "/" + name;
+  const double mean = WriteMegatron(var_dir, n, min_bytes, max_bytes, dtype);
+  const uint64_t record = static_cast<uint64_t>(mean + 0.5);
+  Scenario fixed{name + "-fixed", planner::DatasetFormat::kFixedRecord, record, 0, batch, n, steps, 4, 0, 0};
+  const std::string fixed_dir = root + "/" + fixed.name;
+  std::error_code ec;
+  if (std::filesystem::file_size(fixed_dir + "/part-00000.bin", ec) != n * record) {
+    planner::DatasetSpec ds;
+    ds.format = planner::DatasetFormat::kFixedRecord;
+    ds.record_bytes = static_cast<int64_t>(record);
+    if (auto g = tools::GenerateSyntheticDataset(ds, fixed_dir, n, 1); !g.ok()) {
+      std::fprintf(stderr, "generate: %s\n", g.status().ToString().c_str());
+      g_failed = true;
+      return;
+    }
+  }
+  const std::string var_job = root + "/" + var.name + ".yaml", fixed_job = root + "/" + fixed.name + ".yaml";
+  std::ofstream(var_job) << JobYaml(var, var_dir);
+  std::ofstream(fixed_job) << JobYaml(fixed, fixed_dir);
+  std::vector<double> ratios;
+  std::vector<std::pair<double, double>> rates;  // (variable, fixed) bytes/s
+  std::vector<double> var_waits;
+  for (int r = 0; r < rounds; ++r) {
+    // Which goes first alternates: neither always gets the warmer machine.
+    MeshloadRun v, f;
+    if (r % 2 == 0) {
+      v = RunMeshload(var, var_job, root);
+      f = RunMeshload(fixed, fixed_job, root);
+    } else {
+      f = RunMeshload(fixed, fixed_job, root);
+      v = RunMeshload(var, var_job, root);
+    }
+    if (!v.ok || !f.ok) {
+      std::printf("\n%s: FAILED in round %d (see above)\n", name.c_str(), r + 1);
+      g_failed = true;
+      return;
+    }
+    rates.emplace_back(v.byte_rate, f.byte_rate);
+    ratios.push_back(v.byte_rate / f.byte_rate);
+    var_waits.insert(var_waits.end(), v.waits.begin(), v.waits.end());
+  }
+  std::vector<size_t> order(ratios.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ratios[a] < ratios[b]; });
+  const size_t mid = order[order.size() / 2];
+  std::printf("\n%s: %llu MegatronIndexed sequences of %llu to %llu B (%s, mean %.0f B), batch %llu, %lld steps\n",
+              name.c_str(), static_cast<unsigned long long>(n), static_cast<unsigned long long>(min_bytes),
+              static_cast<unsigned long long>(max_bytes), std::string(formats::DTypeName(dtype)).c_str(), mean,
+              static_cast<unsigned long long>(batch), static_cast<long long>(steps));
+  std::printf("  peer: FixedRecord of %llu B (the same mean), the same batch, steps and bytes, in the same run\n",
+              static_cast<unsigned long long>(record));
+  std::printf("  meshload, variable-size (ragged)     %6.2f GB/s  (median round)\n", rates[mid].first / 1e9);
+  std::printf("  meshload, fixed-size                 %6.2f GB/s  (median round)\n", rates[mid].second / 1e9);
+  std::printf("    = %.2fx the fixed-size bytes/s (target >= 0.90)\n", ratios[mid]);
+  std::printf("  rounds (variable / fixed GB/s)       ");
+  for (size_t i = 0; i < rates.size(); ++i) {
+    std::printf("%s%.2f / %.2f = %.2fx", i ? ", " : "", rates[i].first / 1e9, rates[i].second / 1e9, ratios[i]);
+  }
+  std::printf("\n  trainer wait, variable-size          p50 %.1f us, p99 %.1f us (all rounds)\n",
+              Quantile(var_waits, 0.5) * 1e6, Quantile(var_waits, 0.99) * 1e6);
+}
+
 int Main(int argc, char** argv) {
   bool quick = false;
   std::string only;                 // --only NAME: one scenario
@@ -517,7 +640,8 @@ int Main(int argc, char** argv) {
   std::optional<int64_t> prefetch;  // --prefetch N: every scenario's slots
   std::string root = "/tmp/meshload-bench";
   FlagParser flags("",
-                   "usage: dataloader_bench [--quick] [--dir DIR] [--only fixed-1MiB|fixed-4KiB|tokens-u16-2048]"
+                   "usage: dataloader_bench [--quick] [--dir DIR] [--only fixed-1MiB|fixed-4KiB|tokens-u16-2048|"
+                   "docs-u16-100-8000|blobs-u8-20-500KiB]"
                    " [--rounds N] [--prefetch N]\n",
                    "dataloader_bench");
   flags.Bool({"--quick"}, &quick);
@@ -543,14 +667,28 @@ int Main(int argc, char** argv) {
   if (prefetch) {
     for (auto& s : scenarios) s.prefetch = *prefetch;
   }
+  const std::vector<std::string> variable = {"docs-u16-100-8000", "blobs-u8-20-500KiB"};
   if (!only.empty() &&
-      std::none_of(scenarios.begin(), scenarios.end(), [&](const Scenario& s) { return s.name == only; })) {
-    return UsageError("--only: no scenario named " + only + " (fixed-1MiB, fixed-4KiB, tokens-u16-2048)",
+      std::none_of(scenarios.begin(), scenarios.end(), [&](const Scenario& s) { return s.name == only; }) &&
+      std::find(variable.begin(), variable.end(), only) == variable.end()) {
+    return UsageError("--only: no scenario named " + only +
+                          " (fixed-1MiB, fixed-4KiB, tokens-u16-2048, docs-u16-100-8000, blobs-u8-20-500KiB)",
                       "dataloader_bench");
   }
   std::printf("meshload host data path benchmark%s (data in %s)\n", quick ? " (quick)" : "", root.c_str());
   for (const auto& s : scenarios) {
     if (only.empty() || s.name == only) RunScenario(s, root, round_count);
+  }
+  // Variable-size samples: token documents of 100 to 8,000 tokens, and
+  // blobs of 20 to 500 KiB (the sizes of encoded images), each against
+  // fixed-size samples of the same mean.
+  if (only.empty() || only == variable[0]) {
+    RunVariableVsFixed(variable[0], root, 200, 16000, formats::DType::kUint16, gib, 32, quick ? 2000 : 8000,
+                       round_count);
+  }
+  if (only.empty() || only == variable[1]) {
+    RunVariableVsFixed(variable[1], root, 20 << 10, 500 << 10, formats::DType::kUint8, gib, 16, quick ? 300 : 1500,
+                       round_count);
   }
   if (g_failed) {
     std::printf("\nFAILED: a round stopped early (see above); the figures printed cover the rounds before it\n");
