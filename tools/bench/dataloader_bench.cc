@@ -169,8 +169,8 @@ double Quantile(std::vector<double> v, double q) {
 // consuming through the client.
 struct MeshloadRun {
   bool ok = false;
-  double rate = 0;        // samples/s while streaming
-  double byte_rate = 0;   // bytes/s delivered while streaming
+  double rate = 0;       // samples/s while streaming
+  double byte_rate = 0;  // bytes/s delivered while streaming
   double elapsed = 0, sidecar_cores = 0, consumer_cores = 0;
   double sidecar_cs = 0, consumer_cs = 0, sidecar_faults = 0;  // per step
   double ttfb = 0;
@@ -526,7 +526,9 @@ double WriteMegatron(const std::string& dir, uint64_t n, uint64_t min_bytes, uin
   formats::MegatronIndex index;
   formats::MegatronDTypeFor(dtype, index.dtype);
   const uint64_t es = formats::DTypeSize(dtype);
-  auto size_of = [&](uint64_t i) { return (min_bytes + planner::Mix64(i + 77) % (max_bytes - min_bytes + 1)) / es * es; };
+  auto size_of = [&](uint64_t i) {
+    return (min_bytes + planner::Mix64(i + 77) % (max_bytes - min_bytes + 1)) / es * es;
+  };
   uint64_t total = 0;
   for (uint64_t i = 0; i < n; ++i) total += size_of(i);
   // Written once: a file rewritten before every run would still be in

@@ -117,7 +117,7 @@ int64_t FakeImports() {
   return fn ? static_cast<int64_t>(fn()) : -1;
 }
 
-std::string JobYaml(const std::string& uri, bool replicas, int devices) {
+std::string JobYaml(const std::string& uri, bool replicas, int devices, bool ragged) {
   const std::string mesh = replicas ? "    axes: [{name: data, size: 2}, {name: model, size: 2}]\n"
                                       "    batchAxes: [data]\n"
                                     : "    axes: [{name: data, size: " + std::to_string(2 * devices) + "}]\n";
@@ -126,8 +126,7 @@ std::string JobYaml(const std::string& uri, bool replicas, int devices) {
          std::to_string(devices) + "\n" + mesh + (replicas ? "  replication: {mode: Partial, fanout: Load}\n" : "") +
          "  strategy: PerProcess\n"
          "  dataset:\n    uri: " +
-         uri +
-         "\n    format: FixedRecord\n    recordBytes: 4096\n"
+         uri + (ragged ? "\n    format: MegatronIndexed\n" : "\n    format: FixedRecord\n    recordBytes: 4096\n") +
          "  batch: {globalBatchSize: 16, prefetch: 3}\n"
          "  shuffle: {mode: Global, seed: 11}\n";
 }
@@ -152,16 +151,17 @@ class RunningSidecar {
 class GpuJob {
  public:
   // `devices`: local devices per process; 0: JobDevices() (2 with replicas).
-  explicit GpuJob(bool replicas = false, int devices = 0)
+  // `ragged`: a MegatronIndexed dataset (variable-size samples).
+  explicit GpuJob(bool replicas = false, int devices = 0, bool ragged = false)
       : devices_(devices > 0 ? devices
                  : replicas  ? 2
                              : JobDevices()) {
     planner::DatasetSpec ds;
-    ds.format = planner::DatasetFormat::kFixedRecord;
-    ds.record_bytes = 4096;
+    ds.format = ragged ? planner::DatasetFormat::kMegatronIndexed : planner::DatasetFormat::kFixedRecord;
+    if (!ragged) ds.record_bytes = 4096;
     auto u = tools::GenerateSyntheticDataset(ds, dir_.path() + "/data", 320, 2);
     EXPECT_OK(u);
-    job_path_ = dir_.Write("job.yaml", JobYaml(*u, replicas, devices_));
+    job_path_ = dir_.Write("job.yaml", JobYaml(*u, replicas, devices_, ragged));
     socket_ = dir_.path() + "/s.sock";
     Diagnostics d;
     auto r = source::ResolveReadingDataset(testing::MustLoad(job_path_), {}, source::Unreachable::kFail, d);
@@ -182,9 +182,28 @@ class GpuJob {
       ASSERT_EQ(t.ids_checksum, protocol::SampleIdsChecksum(ids.data(), ids.size()));
       std::vector<uint8_t> host(t.nbytes);
       ASSERT_OK(driver.CopyToHost(host.data(), reinterpret_cast<uintptr_t>(t.data), t.nbytes, t.device_id));
+      const planner::DatasetIndex& ds = planner_->job().dataset;
+      std::vector<int64_t> offsets;
+      if (ds.variable_size()) {
+        // Ragged: the offsets are on the device too, before the values.
+        ASSERT_NE(t.offsets, nullptr);
+        ASSERT_EQ(t.samples, ids.size());
+        EXPECT_EQ(ds.BytesOf(ids.data(), ids.size()), t.nbytes);
+        offsets.resize(ids.size() + 1);
+        ASSERT_OK(driver.CopyToHost(offsets.data(), reinterpret_cast<uintptr_t>(t.offsets),
+                                    offsets.size() * sizeof(int64_t), t.device_id));
+      }
+      uint64_t at = 0;
       for (size_t k = 0; k < ids.size(); ++k) {
-        ASSERT_EQ(tools::FirstMismatch(planner_->job().dataset, ids[k], host.data() + k * 4096), -1)
+        if (ds.variable_size()) {
+          ASSERT_EQ(static_cast<uint64_t>(offsets[k]) * 2, at) << "offset " << k;
+        }
+        ASSERT_EQ(tools::FirstMismatch(ds, ids[k], host.data() + at), -1)
             << "step " << b.step << " device " << i << " sample " << ids[k];
+        at += ds.variable_size() ? ds.SampleBytes(ids[k]) : 4096;
+      }
+      if (ds.variable_size()) {
+        EXPECT_EQ(static_cast<uint64_t>(offsets[ids.size()]) * 2, at);
       }
     }
   }
@@ -368,6 +387,29 @@ TEST(DeviceStaging, ServesBatchesOnTheGpuImportingEachSlotOncePerConnection) {
   const uint64_t granularity = *driver->Granularity(0);
   EXPECT_THAT(m, HasSubstr("meshload_device_memory_bytes " + std::to_string(job.devices() * 3 * granularity)));
   EXPECT_THAT(m, ::testing::Not(HasSubstr("meshload_device_copy_seconds_count 0")));
+}
+
+// Variable-size samples: each device's region (the offsets, then the
+// values) is staged on its GPU, and the trainer finds both there.
+TEST(DeviceStaging, RaggedBatchesReachTheGpuWithTheirOffsets) {
+  REQUIRE_DRIVER();
+  GpuJob job(/*replicas=*/false, /*devices=*/0, /*ragged=*/true);
+  auto s = job.Start(job.Options());
+  ASSERT_OK(s);
+  job.TakeSteps(12, *driver, [](const client::Batch& b) {
+    for (const auto& t : b.tensors) EXPECT_EQ(reinterpret_cast<uintptr_t>(t.offsets) % 8, 0u);
+  });
+}
+
+TEST(DeviceStaging, RaggedReplicasGetADeviceCopyOfTheirShard) {
+  REQUIRE_TWO_GPUS();
+  GpuJob job(/*replicas=*/true, /*devices=*/0, /*ragged=*/true);
+  auto s = job.Start(job.Options());
+  ASSERT_OK(s);
+  job.TakeSteps(8, *driver, [](const client::Batch& b) {
+    EXPECT_EQ(b.tensors[0].ids_checksum, b.tensors[1].ids_checksum);
+    EXPECT_EQ(b.tensors[0].nbytes, b.tensors[1].nbytes);
+  });
 }
 
 TEST(DeviceStaging, LocalReplicasGetADeviceCopyOfTheirShard) {
