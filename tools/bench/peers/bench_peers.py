@@ -2,7 +2,9 @@
 
     scripts/bench-peers [--quick] [--only SCENARIO] [--procs 1,2] [--rounds N] [--dir DIR]
 
-For each scenario (tokens-u16-2048, fixed-4KiB, fixed-1MiB) and process
+For each scenario (tokens-u16-2048, fixed-4KiB, fixed-1MiB, and
+megatron-docs-100-8000: a Megatron indexed dataset of documents of 100 to
+8,000 uint16 tokens written by megatron-core's IndexedDatasetBuilder) and process
 count (one trainer; two trainers each with its own loader), the same dataset
 files, the same global batch and sample size, with a global shuffle, are fed
 into trainer processes (tools/bench/peers/worker.py) that read every byte of
@@ -16,7 +18,13 @@ every batch, through:
                file, best worker_count
   streaming    MosaicML Streaming's StreamingDataset over MDS shards written
                from the same samples (local), in a DataLoader, best num_workers
+  megatron     (the Megatron scenario) Megatron's own IndexedDataset in a PyTorch
+               DataLoader, a batch being the list of its documents, best num_workers
   numpy        the NumPy memmap + fancy-index loop (a baseline, not a loader)
+
+The Megatron scenario's batches are ragged for meshload (meshload.Ragged:
+the documents' tokens back to back), lists of documents for the others;
+dataloader and grain, which read fixed-size samples, sit it out.
 
 Datasets are 512 MiB (--quick: 128 MiB), read once into the page cache
 first. Each configuration of a peer is tried once (for half a run) and its
@@ -35,6 +43,7 @@ ever a made-up 0.
 
 import argparse
 import faulthandler
+import importlib
 import json
 import os
 import platform
@@ -53,8 +62,16 @@ sys.path.insert(0, HERE)
 from datasets import MiB, SCENARIOS, job_yaml, make_dataset, sample_view  # noqa: E402
 
 WORKER = os.path.join(HERE, "worker.py")
-TARGETS = {"tokens-u16-2048": 2.0, "fixed-4KiB": 2.0, "fixed-1MiB": 1.2}
-PEERS = ("dataloader", "grain", "streaming")
+TARGETS = {"tokens-u16-2048": 2.0, "fixed-4KiB": 2.0, "fixed-1MiB": 1.2, "megatron-docs-100-8000": 2.0}
+PEERS = ("dataloader", "grain", "streaming", "megatron")
+
+
+def peers_of(scenario):
+    """The peers that read the scenario's samples: the fixed-size readers, or
+    (variable-size documents) Megatron's own reader."""
+    if scenario.variable:
+        return ("streaming", "megatron")
+    return ("dataloader", "grain", "streaming")
 
 
 class Failed(Exception):
@@ -206,25 +223,27 @@ def fmt_s(x):
 def scenario_run(runner, scenario, procs, args):
     size = (128 if args.quick else 512) * MiB
     path, samples = make_dataset(args.dir, scenario, size)
+    data = path + ".bin" if scenario.variable else path  # the bytes (a Megatron path is the prefix)
     seconds = 2.0 if args.quick else 6.0
     tune_seconds = seconds / 2
-    with open(path, "rb") as f:  # into the page cache
+    with open(data, "rb") as f:  # into the page cache
         while f.read(64 * MiB):
             pass
-    copy_gbs, read_gbs = ceilings(path, os.path.getsize(path))
+    copy_gbs, read_gbs = ceilings(data, os.path.getsize(data))
     name = scenario.name + ("-%dproc" % procs if procs > 1 else "")
-    print("\n== %s: %d samples x %d B, global batch %d, %.0f s per run, %d trainer(s)"
-          % (name, samples, scenario.sample_bytes, scenario.batch, seconds, procs), flush=True)
+    print("\n== %s: %d samples x %s B, global batch %d, %.0f s per run, %d trainer(s)"
+          % (name, samples, ("%d..%d" % (2 * scenario.min_tokens, 2 * scenario.max_tokens)) if scenario.variable
+             else scenario.sample_bytes, scenario.batch, seconds, procs), flush=True)
     print("  ceilings (1 thread): memcpy %.2f GB/s, page-cache read %.2f GB/s" % (copy_gbs, read_gbs))
     mds = write_mds(args.dir, scenario, path) if "streaming" in args.loaders else None
 
     configs = []  # (label, loader, workers, consumer)
     if "meshload" in args.loaders:
         configs.append(("meshload", "meshload", 0, "numpy"))
-        if not args.no_jax:
+        if not args.no_jax and not scenario.variable:
             configs.append(("meshload-jax", "meshload", 0, "jax"))
     worker_choices = (0, 2) if args.quick else (0, 1, 2, 4)
-    for peer in PEERS:
+    for peer in peers_of(scenario):
         if peer not in args.loaders:
             continue
         best, best_rate = None, -1.0
@@ -272,9 +291,9 @@ def scenario_run(runner, scenario, procs, args):
 
 def versions():
     out = ["python %s" % platform.python_version()]
-    for mod in ("numpy", "torch", "grain", "streaming", "jax", "meshload"):
+    for mod in ("numpy", "torch", "grain", "streaming", "megatron.core", "jax", "meshload"):
         try:
-            m = __import__(mod)
+            m = importlib.import_module(mod)
             out.append("%s %s" % (mod, getattr(m, "__version__", "?")))
         except ImportError:
             out.append("%s missing" % mod)
@@ -290,7 +309,7 @@ def main():
     ap.add_argument("--only", help="one scenario: " + ", ".join(SCENARIOS))
     ap.add_argument("--procs", default="1,2", help="trainer process counts (default 1,2)")
     ap.add_argument("--rounds", type=int)
-    ap.add_argument("--loaders", default="meshload,dataloader,grain,streaming,numpy")
+    ap.add_argument("--loaders", default="meshload,dataloader,grain,streaming,megatron,numpy")
     ap.add_argument("--no-jax", action="store_true", help="leave out meshload's JAX consumer")
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "meshload-bench-peers"))
     args = ap.parse_args()

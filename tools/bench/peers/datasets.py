@@ -1,9 +1,11 @@
 """The benchmark's scenarios and their data, shared by every loader.
 
-A scenario is a dataset (files that meshload reads as FixedRecord or
-TokenStream), the samples the trainer asks for and a global batch size. The
-peers read the very same files (memory-mapped) or, for MosaicML Streaming,
-MDS shards written from the very same samples.
+A scenario is a dataset (files that meshload reads as FixedRecord,
+TokenStream or MegatronIndexed), the samples the trainer asks for and a
+global batch size. The peers read the very same files (memory-mapped, or
+through Megatron's own IndexedDataset) or, for MosaicML Streaming, MDS
+shards written from the very same samples. The Megatron scenario's dataset
+is written by megatron-core's own IndexedDatasetBuilder.
 """
 
 import os
@@ -17,13 +19,21 @@ MiB = 1 << 20
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    format: str  # "FixedRecord" or "TokenStream"
-    sample_bytes: int  # bytes of one delivered sample
+    format: str  # "FixedRecord", "TokenStream" or "MegatronIndexed"
+    sample_bytes: int  # bytes of one delivered sample (MegatronIndexed: the mean)
     record_bytes: int = 0  # FixedRecord
     seq: int = 0  # TokenStream: sequence length (a sample is seq + 1 uint16 tokens)
     batch: int = 32  # global batch
+    min_tokens: int = 0  # MegatronIndexed: documents of min_tokens..max_tokens uint16 tokens
+    max_tokens: int = 0
+
+    @property
+    def variable(self):
+        return self.format == "MegatronIndexed"
 
     def samples_in(self, dataset_bytes):
+        if self.variable:
+            return dataset_bytes // self.sample_bytes
         if self.format == "FixedRecord":
             return dataset_bytes // self.record_bytes
         return (dataset_bytes // 2 - 1) // self.seq
@@ -40,17 +50,51 @@ SCENARIOS = {
         Scenario("tokens-u16-2048", "TokenStream", sample_bytes=2049 * 2, seq=2048, batch=32),
         Scenario("fixed-4KiB", "FixedRecord", sample_bytes=4096, record_bytes=4096, batch=256),
         Scenario("fixed-1MiB", "FixedRecord", sample_bytes=MiB, record_bytes=MiB, batch=16),
+        Scenario("megatron-docs-100-8000", "MegatronIndexed", sample_bytes=(100 + 8000), batch=32,
+                 min_tokens=100, max_tokens=8000),
     )
 }
 
 
 def data_file(root, scenario):
+    if scenario.variable:
+        return os.path.join(root, scenario.name, "docs")  # the prefix: docs.bin and docs.idx
     return os.path.join(root, scenario.name, "part-00000." + ("tok" if scenario.format == "TokenStream" else "bin"))
+
+
+def document_lengths(scenario, samples):
+    """The Megatron scenario's document lengths in tokens (seeded, spread
+    evenly over [min_tokens, max_tokens])."""
+    rng = np.random.default_rng(4321)
+    return rng.integers(scenario.min_tokens, scenario.max_tokens + 1, size=samples)
+
+
+def make_megatron(root, scenario, dataset_bytes):
+    """Writes the scenario's Megatron indexed dataset with megatron-core's own
+    IndexedDatasetBuilder (random uint16 tokens) unless it is there."""
+    samples = scenario.samples_in(dataset_bytes)
+    prefix = data_file(root, scenario)
+    done = prefix + ".complete-%d" % samples
+    if not os.path.exists(done):
+        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+        os.makedirs(os.path.dirname(prefix), exist_ok=True)
+        rng = np.random.default_rng(1234)
+        builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+        import torch
+
+        for n in document_lengths(scenario, samples):
+            builder.add_document(torch.from_numpy(rng.integers(0, 65536, size=int(n), dtype=np.uint16)), [int(n)])
+        builder.finalize(prefix + ".idx")
+        open(done, "w").close()
+    return prefix, samples
 
 
 def make_dataset(root, scenario, dataset_bytes):
     """Writes the scenario's file (random bytes) unless it is there with the
     right size; returns (path, samples)."""
+    if scenario.variable:
+        return make_megatron(root, scenario, dataset_bytes)
     samples = scenario.samples_in(dataset_bytes)
     path = data_file(root, scenario)
     size = scenario.file_bytes(samples)
@@ -68,9 +112,33 @@ def make_dataset(root, scenario, dataset_bytes):
     return path, samples
 
 
+class DocumentView:
+    """A Megatron scenario's documents, by index, as views of the mapped
+    .bin (what the NumPy loop reads; Megatron's reader is in the worker)."""
+
+    def __init__(self, prefix):
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+        index = IndexedDataset(prefix, mmap=True)
+        # Copies: the arrays view the .idx mapping, which goes with `index`.
+        self.lengths = np.array(index.sequence_lengths, dtype=np.int64)
+        self.pointers = np.array(index.index.sequence_pointers, dtype=np.int64)
+        self.bin = np.memmap(prefix + ".bin", dtype=np.uint8, mode="r")
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        a = int(self.pointers[i])
+        return self.bin[a:a + 2 * int(self.lengths[i])].view(np.uint16)
+
+
 def sample_view(path, scenario):
     """The dataset as an (N, sample_bytes) uint8 array view of the mapped file
-    (TokenStream: overlapping windows of seq + 1 tokens, as meshload reads them)."""
+    (TokenStream: overlapping windows of seq + 1 tokens, as meshload reads them;
+    MegatronIndexed: a DocumentView)."""
+    if scenario.variable:
+        return DocumentView(path)
     mm = np.memmap(path, dtype=np.uint8, mode="r")
     if scenario.format == "FixedRecord":
         return mm.reshape(-1, scenario.record_bytes)
@@ -84,6 +152,8 @@ def job_yaml(name, path, scenario, processes, prefetch=4, seed=1):
     the global batch sharded over the processes, global shuffle."""
     if scenario.format == "FixedRecord":
         fmt = "recordBytes: %d" % scenario.record_bytes
+    elif scenario.variable:
+        fmt = "dtype: uint16"
     else:
         fmt = "dtype: uint16, sequenceLength: %d" % scenario.seq
     return (

@@ -73,6 +73,7 @@ class Consumer:
         self.kind = kind
         self.cpu = 0.0
         self.sink = 0
+        self.bytes = 0  # every byte read
         if kind == "jax":
             import jax
             import jax.numpy as jnp
@@ -93,12 +94,20 @@ class Consumer:
         t = clock()
         if self.kind == "jax":
             self.sink ^= int(self.jax_sum(batch))
+            self.bytes += batch.size * batch.dtype.itemsize
+        elif isinstance(batch, list):  # variable-size samples, one array each
+            for x in batch:
+                self._read(x)
         else:
-            a = np.asarray(batch).reshape(-1).view(np.uint8)
-            if a.size % 8 == 0:
-                a = a.view(np.uint64)
-            self.sink ^= int(np.add.reduce(a, dtype=np.uint64))
+            self._read(batch)
         self.cpu += clock() - t
+
+    def _read(self, x):
+        a = np.asarray(x).reshape(-1).view(np.uint8)
+        self.bytes += a.size
+        if a.size % 8 == 0:
+            a = a.view(np.uint64)
+        self.sink ^= int(np.add.reduce(a, dtype=np.uint64))
 
 
 # ---- loaders: each yields the trainer's batches as arrays ---------------------
@@ -113,12 +122,68 @@ def shard_indices(perm, batch, rank, procs):
 
 
 def numpy_loader(cfg, view):
-    """The NumPy memmap loop: a global shuffle, fancy-indexed gathers."""
+    """The NumPy memmap loop: a global shuffle, fancy-indexed gathers (for
+    variable-size documents, a view of each)."""
     rng = np.random.default_rng(cfg["seed"])
+    variable = SCENARIOS[cfg["scenario"]].variable
     while True:
         perm = rng.permutation(len(view))
         for idx in shard_indices(perm, cfg["batch"], cfg["rank"], cfg["procs"]):
-            yield view[np.sort(idx)] if cfg.get("sorted") else view[idx]
+            if variable:
+                yield [view[int(i)] for i in idx]
+            else:
+                yield view[np.sort(idx)] if cfg.get("sorted") else view[idx]
+
+
+def megatron_loader(cfg, view):
+    """Megatron-LM's own IndexedDataset (megatron-core, mmap) in a PyTorch
+    DataLoader: the batch sampler hands each worker a batch of indices, each
+    document comes back as a tensor (through shared memory from workers),
+    a batch is the list of them. Persistent workers."""
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from torch.utils.data import DataLoader, Dataset, Sampler
+
+    prefix = cfg["path"]
+
+    class Documents(Dataset):
+        def __init__(self):
+            self.ds = None  # opened in each worker
+
+        def _d(self):
+            if self.ds is None:
+                self.ds = IndexedDataset(prefix, mmap=True)
+            return self.ds
+
+        def __len__(self):
+            return len(view)
+
+        def __getitem__(self, i):
+            return torch.from_numpy(np.array(self._d()[i]))
+
+        def __getitems__(self, idx):
+            d = self._d()
+            return [torch.from_numpy(np.array(d[int(i)])) for i in idx]
+
+    class GlobalShuffleShard(Sampler):
+        def __init__(self):
+            self.epoch = 0
+
+        def __iter__(self):
+            rng = np.random.default_rng(cfg["seed"] + self.epoch)
+            self.epoch += 1
+            for idx in shard_indices(rng.permutation(len(view)), cfg["batch"], cfg["rank"], cfg["procs"]):
+                yield idx.tolist()
+
+        def __len__(self):
+            return len(view) // cfg["batch"]
+
+    workers = cfg["workers"]
+    dl = DataLoader(Documents(), batch_sampler=GlobalShuffleShard(), collate_fn=lambda b: b, num_workers=workers,
+                    persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+    while True:
+        for b in dl:
+            yield [x.numpy() for x in b]
 
 
 def dataloader_loader(cfg, view):
@@ -221,8 +286,11 @@ def streaming_loader(cfg, view):
     ds = StreamingDataset(local=cfg["mds"], remote=None, batch_size=per, shuffle=True, shuffle_seed=cfg["seed"],
                           predownload=None, num_canonical_nodes=1)
     sb = SCENARIOS[cfg["scenario"]].sample_bytes
+    variable = SCENARIOS[cfg["scenario"]].variable
 
     def collate(samples):
+        if variable:
+            return [np.frombuffer(s["x"], dtype=np.uint16) for s in samples]
         out = np.empty((len(samples), sb), dtype=np.uint8)
         for i, s in enumerate(samples):
             out[i] = np.frombuffer(s["x"], dtype=np.uint8)
@@ -242,7 +310,14 @@ def meshload_loader(cfg, view):
     import meshload
 
     client = meshload.Client(cfg["socket"])
-    if cfg["consumer"] == "jax":
+    if SCENARIOS[cfg["scenario"]].variable:
+        # A meshload.Ragged: the documents' tokens back to back (values) and
+        # their offsets, viewed in place; the values are what is read.
+        while True:
+            b = client.next()
+            r = b.tensors[0]
+            yield Ragged(np.from_dlpack(r.values), r.samples)
+            del b, r
         import jax.numpy as jnp
 
         while True:
@@ -255,7 +330,18 @@ def meshload_loader(cfg, view):
         del b
 
 
+class Ragged:
+    """A ragged batch as the consumer reads it: its values, and how many samples."""
+
+    __slots__ = ("values", "samples")
+
+    def __init__(self, values, samples):
+        self.values = values
+        self.samples = samples
+
+
 LOADERS = {
+    "megatron": megatron_loader,
     "numpy": numpy_loader,
     "dataloader": dataloader_loader,
     "grain": grain_loader,
@@ -279,9 +365,10 @@ def main():
 
     def take():
         b = next(it)
-        if b.shape[0] != per:
-            raise SystemExit("%s delivered a batch of %d samples, expected %d" % (cfg["loader"], b.shape[0], per))
-        return b
+        n = b.samples if isinstance(b, Ragged) else (len(b) if isinstance(b, list) else b.shape[0])
+        if n != per:
+            raise SystemExit("%s delivered a batch of %d samples, expected %d" % (cfg["loader"], n, per))
+        return b.values if isinstance(b, Ragged) else b
 
     # The first batch: set-up (imports, starting workers, the sidecar's
     # start, JAX's compilation of the consumer) counts in the time to first
@@ -295,6 +382,7 @@ def main():
     child_cpu0 = {p: proc_cpu(p) for p in child_pids(me)}
     loader_cpu0 = {p: proc_cpu(p) for p in loader_pids}
     consumer.cpu = 0.0
+    consumer.bytes = 0
     # Runs for `seconds` (and at least `min_steps` steps): fast and slow
     # loaders get measured over the same stretch of time.
     steps = 0
@@ -307,6 +395,7 @@ def main():
         del b
         steps += 1
     end = time.monotonic()
+    timed_bytes = consumer.bytes
     # Ranks leave together, and keep reading (uncounted) until every rank's
     # time is up: as in training, no rank stops while another still steps
     # (Streaming's workers of all ranks meet at epoch boundaries, so a rank
@@ -328,7 +417,7 @@ def main():
     waits.sort()
     print(json.dumps({
         "samples": steps * per,
-        "bytes": steps * per * scenario.sample_bytes,
+        "bytes": timed_bytes,
         "elapsed": end - first,
         "wait_p50": waits[len(waits) // 2],
         "wait_p99": waits[min(len(waits) - 1, int(len(waits) * 0.99))],
