@@ -134,6 +134,36 @@ class SidecarProcess:
         stop_process(self.proc)
 
 
+class SidecarGroup:
+    """A mixin for a scenario with a list `self.sidecars` (SidecarProcess):
+    a context manager that starts them all and stops them all."""
+
+    def __enter__(self):
+        for s in self.sidecars:
+            s.start()
+        return self
+
+    def __exit__(self, *exc):
+        for s in self.sidecars:
+            s.stop()
+
+
+def read_json_files(paths):
+    """The JSON object in each file, in order."""
+    out = []
+    for path in paths:
+        with open(path) as f:
+            out.append(json.load(f))
+    return out
+
+
+def write_json_atomically(path, obj):
+    """Writes `obj` as JSON to `path` whole or not at all (a temporary file, then a rename)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f)
+    os.replace(path + ".tmp", path)
+
+
 def stop_process(proc):
     """SIGTERM, and SIGKILL when it has not exited after 10 s."""
     if proc and proc.poll() is None:

@@ -38,7 +38,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-class Scenario:
+class Scenario(harness.SidecarGroup):
     """A job, its sidecars and the planner's global batches."""
 
     def __init__(self, name, processes, devices_per_process, axes, batch_axes=None, replication=None,
@@ -61,15 +61,6 @@ class Scenario:
                                    os.path.join(self.dir, "sidecar%d.log" % i))
             for i, p in enumerate(self.sidecar_processes)]
 
-    def __enter__(self):
-        for s in self.sidecars:
-            s.start()
-        return self
-
-    def __exit__(self, *exc):
-        for s in self.sidecars:
-            s.stop()
-
     def run(self, cpu_devices, distributed=None, user_mesh="none", steps=STEPS):
         """Runs one worker per sidecar; returns their reports."""
         self.runs = getattr(self, "runs", 0) + 1
@@ -78,11 +69,7 @@ class Scenario:
             lambda i, s: [WORKER, "--socket", s.sock, "--cpu-devices", str(cpu_devices), "--steps", str(steps),
                           "--expected", self.expected, "--user-mesh", user_mesh, "--report", report[i]],
             distributed, report)
-        reports = []
-        for path in report:
-            with open(path) as f:
-                reports.append(json.load(f))
-        return reports
+        return harness.read_json_files(report)
 
     def run_each(self, argv_of, distributed, reports=None):
         """Runs `python argv_of(i, sidecar)` per sidecar, joined by
@@ -185,11 +172,7 @@ class RaggedScenario(Scenario):
             lambda i, s: [WORKER, "--socket", s.sock, "--cpu-devices", str(cpu_devices), "--steps", str(STEPS),
                           "--expected", self.expected, "--pad-to", str(self.PAD_TO), "--report", report[i]],
             distributed, report)
-        out = []
-        for path in report:
-            with open(path) as f:
-                out.append(json.load(f))
-        return out
+        return harness.read_json_files(report)
 
 
 class RaggedTest(unittest.TestCase):

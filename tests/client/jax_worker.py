@@ -13,9 +13,9 @@ PYTHONUNBUFFERED those lines can land between a printed object and its newline.
 """
 
 import argparse
-import json
-import os
 import sys
+
+import harness
 
 
 def main():
@@ -122,9 +122,7 @@ def main():
     except Exception as e:  # noqa: BLE001 (reported to the test)
         report["error"] = type(e).__name__
         report["message"] = str(e)
-    with open(args.report + ".tmp", "w") as f:
-        json.dump(report, f)
-    os.replace(args.report + ".tmp", args.report)
+    harness.write_json_atomically(args.report, report)
     return 0
 
 
@@ -161,9 +159,7 @@ def ragged(args, report, expected):
     except Exception as e:  # noqa: BLE001 (reported to the test)
         report["error"] = type(e).__name__
         report["message"] = str(e)
-    with open(args.report + ".tmp", "w") as f:
-        json.dump(report, f)
-    os.replace(args.report + ".tmp", args.report)
+    harness.write_json_atomically(args.report, report)
     del jax
     return 0
 

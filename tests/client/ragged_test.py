@@ -45,7 +45,7 @@ def planned_devices(job, first, last):
     return {s["step"]: {d["device"]: d["samples"] for d in s["devices"]} for s in plan["steps"]}, plan
 
 
-class Run:
+class Run(harness.SidecarGroup):
     """A MegatronIndexed job over fixture `prefix` and a sidecar per process."""
 
     def __init__(self, name, prefix, processes, devices_per_process, axes, batch_axes=None, replication=None):
@@ -59,15 +59,6 @@ class Run:
             harness.SidecarProcess(SIDECAR, self.job, p, os.path.join(self.dir, "s%d.sock" % p),
                                    os.path.join(self.dir, "sidecar%d.log" % p))
             for p in range(processes)]
-
-    def __enter__(self):
-        for s in self.sidecars:
-            s.start()
-        return self
-
-    def __exit__(self, *exc):
-        for s in self.sidecars:
-            s.stop()
 
     def batches(self, first, last):
         """{step: {global device: [the samples as arrays]}} read through

@@ -135,6 +135,31 @@ def numpy_loader(cfg, view):
                 yield view[np.sort(idx)] if cfg.get("sorted") else view[idx]
 
 
+def batched_dataloader(cfg, dataset, n):
+    """A PyTorch DataLoader over `dataset` (n samples) whose batch sampler
+    hands each worker this rank's share of a global batch of a seeded global
+    shuffle (a new permutation per epoch), gathered by the dataset's
+    __getitems__. Persistent workers."""
+    from torch.utils.data import DataLoader, Sampler
+
+    class GlobalShuffleShard(Sampler):
+        def __init__(self):
+            self.epoch = 0
+
+        def __iter__(self):
+            rng = np.random.default_rng(cfg["seed"] + self.epoch)
+            self.epoch += 1
+            for idx in shard_indices(rng.permutation(n), cfg["batch"], cfg["rank"], cfg["procs"]):
+                yield idx.tolist()
+
+        def __len__(self):
+            return n // cfg["batch"]
+
+    workers = cfg["workers"]
+    return DataLoader(dataset, batch_sampler=GlobalShuffleShard(), collate_fn=lambda b: b, num_workers=workers,
+                      persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+
+
 def megatron_loader(cfg, view):
     """Megatron-LM's own IndexedDataset (megatron-core, mmap) in a PyTorch
     DataLoader: the batch sampler hands each worker a batch of indices, each
@@ -142,7 +167,7 @@ def megatron_loader(cfg, view):
     a batch is the list of them. Persistent workers."""
     import torch
     from megatron.core.datasets.indexed_dataset import IndexedDataset
-    from torch.utils.data import DataLoader, Dataset, Sampler
+    from torch.utils.data import Dataset
 
     prefix = cfg["path"]
 
@@ -165,24 +190,8 @@ def megatron_loader(cfg, view):
             d = self._d()
             return [torch.from_numpy(np.array(d[int(i)])) for i in idx]
 
-    class GlobalShuffleShard(Sampler):
-        def __init__(self):
-            self.epoch = 0
-
-        def __iter__(self):
-            rng = np.random.default_rng(cfg["seed"] + self.epoch)
-            self.epoch += 1
-            for idx in shard_indices(rng.permutation(len(view)), cfg["batch"], cfg["rank"], cfg["procs"]):
-                yield idx.tolist()
-
-        def __len__(self):
-            return len(view) // cfg["batch"]
-
-    workers = cfg["workers"]
-    dl = DataLoader(Documents(), batch_sampler=GlobalShuffleShard(), collate_fn=lambda b: b, num_workers=workers,
-                    persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
     while True:
-        for b in dl:
+        for b in batched_dataloader(cfg, Documents(), len(view)):
             yield [x.numpy() for x in b]
 
 
@@ -192,7 +201,7 @@ def dataloader_loader(cfg, view):
     (one fancy-indexed read, the fast path), tensors come back through shared
     memory. Persistent workers."""
     import torch
-    from torch.utils.data import DataLoader, Dataset, Sampler
+    from torch.utils.data import Dataset
 
     path = cfg["path"]
     scenario = SCENARIOS[cfg["scenario"]]
@@ -215,24 +224,8 @@ def dataloader_loader(cfg, view):
         def __getitems__(self, idx):
             return torch.from_numpy(self._v()[np.asarray(idx)])
 
-    class GlobalShuffleShard(Sampler):
-        def __init__(self):
-            self.epoch = 0
-
-        def __iter__(self):
-            rng = np.random.default_rng(cfg["seed"] + self.epoch)
-            self.epoch += 1
-            for idx in shard_indices(rng.permutation(len(view)), cfg["batch"], cfg["rank"], cfg["procs"]):
-                yield idx.tolist()
-
-        def __len__(self):
-            return len(view) // cfg["batch"]
-
-    workers = cfg["workers"]
-    dl = DataLoader(Samples(), batch_sampler=GlobalShuffleShard(), collate_fn=lambda b: b, num_workers=workers,
-                    persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
     while True:
-        for b in dl:
+        for b in batched_dataloader(cfg, Samples(), len(view)):
             yield b.numpy()
 
 
