@@ -15,6 +15,7 @@ the planner's global batches.
 """
 
 import gc
+import json
 import os
 import socket
 import subprocess
@@ -84,6 +85,43 @@ class OneSidecar(unittest.TestCase):
             for x, copy in zip(xs, copies):
                 self.assertTrue(torch.equal(x, copy), "a slot was restaged under a live tensor")
             self.assertEqual(ids, [self.check_rows(x) for x in xs])
+
+
+class RaggedTest(unittest.TestCase):
+    """A Megatron indexed dataset megatron-core wrote: each device's ragged
+    batch into PyTorch, values and offsets zero-copy, every document equal
+    to Megatron's own reading of it."""
+
+    def test_values_and_offsets_are_views_and_every_document_is_megatrons(self):
+        prefix = os.path.join(ROOT, "tests", "formats", "data", "megatron", "tokens_uint16")
+        with open(prefix + ".expected.json") as f:
+            sequences = json.load(f)["sequences"]
+        d = tempfile.mkdtemp(dir=TMP)
+        job = os.path.join(d, "job.yaml")
+        with open(job, "w") as f:
+            f.write(harness.job_yaml("torch-ragged", prefix, 1, 2, [("data", 2)], dataset_format="MegatronIndexed"))
+        plan = harness.planned_global_batches(MESHLOAD, job, STEPS)
+        sidecar = harness.SidecarProcess(SIDECAR, job, 0, os.path.join(d, "s.sock"),
+                                         os.path.join(d, "sidecar.log")).start()
+        try:
+            with meshload.Client(sidecar.sock) as c:
+                for step in range(STEPS):
+                    b = c.next(timeout=30)
+                    pairs = interop.torch_tensors(b)
+                    ids = iter(plan[step])
+                    for r, (values, offsets) in zip(b.tensors, pairs):
+                        self.assertEqual(values.data_ptr(), r.values.data_ptr)
+                        self.assertEqual(offsets.data_ptr(), r.offsets.data_ptr)
+                        self.assertEqual(values.dtype, torch.uint16)
+                        self.assertEqual(offsets.dtype, torch.int64)
+                        o = offsets.tolist()
+                        for k in range(r.samples):
+                            want = sequences[next(ids)]
+                            self.assertEqual(values[o[k]:o[k + 1]].tolist(), want, "step %d" % step)
+                    del b, pairs, values, offsets
+        finally:
+            gc.collect()
+            sidecar.stop()
 
 
 class DDPExampleTest(unittest.TestCase):

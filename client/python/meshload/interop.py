@@ -3,7 +3,9 @@
 Each function takes a ``meshload.Batch`` and returns one array per local
 device, in the job's local device order, viewing the staged slot (host
 memory, or the GPU the sidecar staged it on, with this process's ordinal for
-it). The frameworks are imported on first use; meshload depends on none.
+it); for a ragged batch (``meshload.Ragged``, variable-size samples) one
+``(values, offsets)`` pair of arrays per device. The frameworks are imported
+on first use; meshload depends on none.
 
     import meshload
     from meshload import interop
@@ -27,23 +29,32 @@ JAX interface; ``jax_arrays`` and ``jax_global_array`` here call it.
 __all__ = ["torch_tensors", "cupy_arrays", "jax_arrays", "jax_global_array"]
 
 
+def _each(batch, from_dlpack):
+    from . import Ragged
+
+    return [(from_dlpack(t.values), from_dlpack(t.offsets)) if isinstance(t, Ragged) else from_dlpack(t)
+            for t in batch.tensors]
+
+
 def torch_tensors(batch):
-    """``torch.from_dlpack`` of every tensor (CPU or CUDA tensors)."""
+    """``torch.from_dlpack`` of every tensor (CPU or CUDA tensors); a
+    ``(values, offsets)`` pair for each device of a ragged batch."""
     import torch
 
-    return [torch.from_dlpack(t) for t in batch.tensors]
+    return _each(batch, torch.from_dlpack)
 
 
 def cupy_arrays(batch):
     """``cupy.from_dlpack`` of every tensor (GPU batches only: CuPy arrays
-    live on a GPU)."""
+    live on a GPU); a ``(values, offsets)`` pair for each device of a ragged
+    batch."""
     for t in batch.tensors:
-        if t.__dlpack_device__()[0] != 2:
+        if t.device[0] != 2:
             raise ValueError("CuPy arrays live on a GPU; this batch is in host memory (the sidecar stages on "
                              "the host: see its staging_reason)")
     import cupy
 
-    return [cupy.from_dlpack(t) for t in batch.tensors]
+    return _each(batch, cupy.from_dlpack)
 
 
 def jax_arrays(batch):
