@@ -40,11 +40,11 @@ import meshload, meshload.jax, meshload.interop
 want = sys.argv[1]
 assert meshload.__version__ == want, (meshload.__version__, want)
 info = meshload.build_info
-assert info["version"] == want and info["protocol_version"] == 2, info
+assert info["version"] == want and info["protocol_version"] == 3, info
 assert info["gpu_import"].startswith("built in (CUDA 13."), info  # cuda.h from the build requirements
 pkg = os.path.dirname(meshload.__file__)
 assert "site-packages" in pkg, pkg
-for f in ("_meshload.pyi", "py.typed", "jax.py", "interop.py"):
+for f in ("_meshload.pyi", "py.typed", "jax.py", "interop.py", "ragged.py"):
     assert os.path.exists(os.path.join(pkg, f)), f
 text = pydoc.render_doc(meshload.Client, renderer=pydoc.plaintext)
 for needed in ("next(self", "Blocks (without the GIL)", "close(self", "socket_path", "start_step"):
@@ -64,7 +64,7 @@ for name, members in stubbed.items():
     if issubclass(cls, BaseException):
         continue
     public = {m for m in vars(cls) if not m.startswith("_") or m in ("__dlpack__", "__dlpack_device__", "__iter__",
-              "__next__", "__enter__", "__exit__", "__eq__", "__hash__")}
+              "__next__", "__enter__", "__exit__", "__eq__", "__hash__", "__len__")}
     missing, extra = public - members, members - public - {"__init__"}
     assert not missing and not extra, "%s: not in the stubs %s, not in the module %s" % (name, missing, extra)
 assert "__init__" in stubbed["Client"]

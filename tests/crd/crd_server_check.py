@@ -71,6 +71,9 @@ FULL = {
 TOKENS = copy.deepcopy(FULL)
 TOKENS["spec"]["dataset"] = {"uri": "s3://bucket/tokens/", "format": "TokenStream", "dtype": "uint16",
                              "sequenceLength": 2048, "samples": 1000}
+MEGATRON = copy.deepcopy(FULL)
+MEGATRON["spec"]["dataset"] = {"uri": "s3://bucket/corpus/docs_text_document", "format": "MegatronIndexed",
+                               "dtype": "uint16", "samples": 1000}
 
 
 def create(doc, dry_run=True):
@@ -78,7 +81,7 @@ def create(doc, dry_run=True):
     return kubectl(*args, stdin=json.dumps(doc))
 
 
-for label, doc in (("FixedRecord", FULL), ("TokenStream", TOKENS)):
+for label, doc in (("FixedRecord", FULL), ("TokenStream", TOKENS), ("MegatronIndexed", MEGATRON)):
     rc, out = create(doc)
     check("a %s job with every field is accepted" % label, rc == 0, out)
 
@@ -209,6 +212,10 @@ CEL = [
      ["spec.dataset.sequenceLength", "sequenceLength is only used by format TokenStream"]),
     ("recordBytes with TokenStream", TOKENS, lambda d: put(d, ["spec", "dataset", "recordBytes"], 8),
      ["spec.dataset.recordBytes", "recordBytes is not used by format TokenStream"]),
+    ("recordBytes with MegatronIndexed", MEGATRON, lambda d: put(d, ["spec", "dataset", "recordBytes"], 8),
+     ["spec.dataset.recordBytes", "recordBytes is not used by format MegatronIndexed"]),
+    ("sequenceLength with MegatronIndexed", MEGATRON, lambda d: put(d, ["spec", "dataset", "sequenceLength"], 8),
+     ["spec.dataset.sequenceLength", "sequenceLength is only used by format TokenStream"]),
     ("blockSize with mode Global", FULL, lambda d: put(d, ["spec", "shuffle", "mode"], "Global"),
      ["spec.shuffle.blockSize", "blockSize is only used with mode Block"]),
     ("blockSize with mode absent (Global by default)", FULL, lambda d: drop(d, ["spec", "shuffle", "mode"]),
