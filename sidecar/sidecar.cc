@@ -379,7 +379,7 @@ void Sidecar::ProducerMain(int index) {
     if (device_) {
       // To the GPUs, fenced: READY may go out once this returns.
       const auto c0 = Clock::now();
-      Status ds = device_->Stage(slot, memory_->slot(slot));
+      Status ds = device_->Stage(slot, memory_->slot(slot), &slot_staged_[slot]);
       metrics_->device_copy.Observe(std::chrono::duration<double>(Clock::now() - c0).count());
       if (!ds.ok()) {
         StagingFailed(slot, step, "device_copy", "cannot copy a batch to the GPU", ds);

@@ -119,11 +119,12 @@ cuda::DevicePtr DeviceSlotMemory::ptr(size_t device, uint32_t slot) const {
   return share_ == DeviceShare::kCudaVmm ? vmm_[k]->ptr() : ipc_[k]->ptr();
 }
 
-Status DeviceSlotMemory::Stage(uint32_t slot, const uint8_t* host_slot) {
+Status DeviceSlotMemory::Stage(uint32_t slot, const uint8_t* host_slot, const std::vector<StagedTensor>* staged) {
   if (slot >= slots_) return InvalidArgument("no slot " + std::to_string(slot));
+  if (staged != nullptr && staged->size() != layout_.devices.size()) staged = nullptr;
   // First every shard's first device, from the host; then local replicas,
   // device to device, once their source is there.
-  Status st = CopyAndFence(slot, host_slot);
+  Status st = CopyAndFence(slot, host_slot, staged);
   if (!st.ok()) {
     // Nothing may be left in flight into a slot that is handed out again.
     for (auto& s : streams_) (void)s->Synchronize();
@@ -131,7 +132,17 @@ Status DeviceSlotMemory::Stage(uint32_t slot, const uint8_t* host_slot) {
   return st;
 }
 
-Status DeviceSlotMemory::CopyAndFence(uint32_t slot, const uint8_t* host_slot) {
+uint64_t DeviceSlotMemory::UsedBytes(size_t i, const std::vector<StagedTensor>* staged) const {
+  const DeviceTensor& t = layout_.devices[i];
+  if (!layout_.ragged || staged == nullptr) return t.region_bytes;
+  // The offsets, then the values this step's samples take (the same for a
+  // replica as for its shard's first device).
+  const size_t p = static_cast<size_t>(primary_[i]);
+  return std::min(t.region_bytes, (t.offset - t.region_offset) + (*staged)[p].values_bytes);
+}
+
+Status DeviceSlotMemory::CopyAndFence(uint32_t slot, const uint8_t* host_slot,
+                                      const std::vector<StagedTensor>* staged) {
   bool peer_replicas = false;
   for (size_t i = 0; i < ordinals_.size(); ++i) {
     const int p = primary_[i];
@@ -143,7 +154,7 @@ Status DeviceSlotMemory::CopyAndFence(uint32_t slot, const uint8_t* host_slot) {
     // host slot (the first device's bytes; replicas are not assembled there).
     const auto& src = layout_.devices[static_cast<size_t>(p)];
     MESHLOAD_RETURN_IF_ERROR(
-        streams_[i]->CopyToDevice(ptr(i, slot), host_slot + src.region_offset, layout_.devices[i].region_bytes));
+        streams_[i]->CopyToDevice(ptr(i, slot), host_slot + src.region_offset, UsedBytes(i, staged)));
     MESHLOAD_RETURN_IF_ERROR(streams_[i]->Record(slot));
   }
   for (size_t i = 0; i < ordinals_.size(); ++i) {
@@ -153,8 +164,7 @@ Status DeviceSlotMemory::CopyAndFence(uint32_t slot, const uint8_t* host_slot) {
   for (size_t i = 0; i < ordinals_.size(); ++i) {
     const int p = primary_[i];
     if (p == static_cast<int>(i) || via_host_[i]) continue;
-    MESHLOAD_RETURN_IF_ERROR(
-        streams_[i]->CopyFromPeer(ptr(i, slot), ptr(p, slot), ordinals_[p], layout_.devices[i].region_bytes));
+    MESHLOAD_RETURN_IF_ERROR(streams_[i]->CopyFromPeer(ptr(i, slot), ptr(p, slot), ordinals_[p], UsedBytes(i, staged)));
     MESHLOAD_RETURN_IF_ERROR(streams_[i]->Record(slot));
   }
   for (size_t i = 0; i < ordinals_.size(); ++i) {

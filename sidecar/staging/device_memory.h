@@ -82,14 +82,20 @@ class DeviceSlotMemory {
 
   /// Copies slot `slot` of the host pool (at `host_slot`) to the devices and
   /// waits until the copies are done.
-  Status Stage(uint32_t slot, const uint8_t* host_slot);
+  /// `staged` (the step loader's, one per local device), for a ragged
+  /// layout: only the offsets and the values the step uses are copied, not
+  /// each device's whole room. Null: every device's whole region.
+  Status Stage(uint32_t slot, const uint8_t* host_slot, const std::vector<StagedTensor>* staged = nullptr);
 
   /// Device address of (device i, slot): for tests and checks.
   cuda::DevicePtr ptr(size_t device, uint32_t slot) const;
 
  private:
   DeviceSlotMemory() = default;
-  Status CopyAndFence(uint32_t slot, const uint8_t* host_slot);
+  Status CopyAndFence(uint32_t slot, const uint8_t* host_slot, const std::vector<StagedTensor>* staged);
+  // The bytes of local device `i`'s region a step fills (its source's, for
+  // a replica).
+  uint64_t UsedBytes(size_t i, const std::vector<StagedTensor>* staged) const;
   const cuda::Driver* driver_ = nullptr;
   DeviceShare share_ = DeviceShare::kCudaVmm;
   BatchLayout layout_;
