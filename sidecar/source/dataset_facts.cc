@@ -35,10 +35,6 @@ Result<formats::MegatronIndex> ReadMegatronIndex(Source& source, const std::stri
 
 namespace {
 
-bool EndsWith(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 // MegatronIndexed: the URI names a prefix (PREFIX.idx and PREFIX.bin beside
 // it), one of the two files, or a directory, glob or object prefix whose
 // .idx/.bin pairs are the dataset's files (other objects are not part of
@@ -47,7 +43,7 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
 Result<std::vector<planner::DatasetIndex::FileFacts>> MegatronFacts(Source& source, const std::string& name,
                                                                     Diagnostics& diags) {
   std::string prefix;
-  if (EndsWith(name, ".idx") || EndsWith(name, ".bin")) {
+  if (name.ends_with(".idx") || name.ends_with(".bin")) {
     prefix = name.substr(0, name.size() - 4);
   } else if (source.Stat(name + ".idx").ok()) {
     prefix = name;
@@ -64,8 +60,8 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MegatronFacts(Source& sour
   // prefix -> (.idx, .bin), in prefix order.
   std::map<std::string, std::pair<const Source::Listed*, const Source::Listed*>> pairs;
   for (const Source::Listed& o : objects) {
-    if (EndsWith(o.name, ".idx")) pairs[o.name.substr(0, o.name.size() - 4)].first = &o;
-    if (EndsWith(o.name, ".bin")) pairs[o.name.substr(0, o.name.size() - 4)].second = &o;
+    if (o.name.ends_with(".idx")) pairs[o.name.substr(0, o.name.size() - 4)].first = &o;
+    if (o.name.ends_with(".bin")) pairs[o.name.substr(0, o.name.size() - 4)].second = &o;
   }
   std::vector<planner::DatasetIndex::FileFacts> files;
   for (const auto& [p, pair] : pairs) {
