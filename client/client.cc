@@ -314,7 +314,11 @@ Result<Batch> Client::MakeBatch(const protocol::Ready& r, uint64_t wait_ns) {
   if (conn_->Holds(r.slot)) {
     return InvalidArgument("READY names slot " + std::to_string(r.slot) + ", which a live batch still holds");
   }
-  if (r.tensors.size() != hello_.devices.size()) return InvalidArgument("READY has the wrong number of tensors");
+  const size_t nfields = hello_.fields.size();
+  if (r.tensors.size() != hello_.devices.size() * nfields) {
+    return InvalidArgument("READY has " + std::to_string(r.tensors.size()) + " tensors; SERVER_HELLO described " +
+                           std::to_string(hello_.devices.size() * nfields));
+  }
   Batch b;
   b.step = r.step;
   b.wait_seconds = static_cast<double>(wait_ns) / 1e9;
@@ -345,16 +349,27 @@ Result<Batch> Client::MakeBatch(const protocol::Ready& r, uint64_t wait_ns) {
     if (t.offset > hello_.slot_bytes || nbytes > hello_.slot_bytes - t.offset) {
       return InvalidArgument("READY tensor " + std::to_string(i) + " lies outside its slot");
     }
-    // A ragged tensor is what SERVER_HELLO's layout said: its offsets at
-    // the same place, as many samples, its values within the room.
+    // The tensor is the one SERVER_HELLO's layout described: at the same
+    // place, of the same dtype and kind; a ragged one's offsets at the same
+    // place, at most as many samples, its values within the room; a dense
+    // one's rows at most the layout's (fewer when samples were skipped).
     const protocol::TensorLayout& planned = hello_.layout[i];
-    if ((t.ragged || planned.ragged) &&
-        (t.ragged != planned.ragged || t.offset != planned.offset || nbytes > planned.nbytes)) {
+    bool same = t.ragged.has_value() == planned.ragged.has_value() && t.offset == planned.offset &&
+                t.dtype_code == planned.dtype_code && t.dtype_bits == planned.dtype_bits && nbytes <= planned.nbytes;
+    if (same && t.ragged) {
+      same = t.ragged->offsets_offset == planned.ragged->offsets_offset && t.ragged->samples <= planned.ragged->samples;
+    } else if (same) {
+      same = t.shape.size() == planned.shape.size() && !t.shape.empty() && t.shape[0] <= planned.shape[0] &&
+             std::equal(t.shape.begin() + 1, t.shape.end(), planned.shape.begin() + 1);
+    }
+    if (!same) {
       return InvalidArgument("READY tensor " + std::to_string(i) + " is not the " +
                              (planned.ragged ? "ragged" : "dense") + " tensor SERVER_HELLO described");
     }
+    const size_t device = i / nfields;
     Tensor out;
-    uint8_t* base = mapping_->Base(i, r.slot, hello_.slot_bytes);
+    out.field = hello_.fields[i % nfields];
+    uint8_t* base = mapping_->Base(device, r.slot, hello_.slot_bytes);
     out.data = base + t.offset;
     if (t.ragged) {
       out.offsets = reinterpret_cast<const int64_t*>(base + t.ragged->offsets_offset);
@@ -366,8 +381,8 @@ Result<Batch> Client::MakeBatch(const protocol::Ready& r, uint64_t wait_ns) {
     out.strides = t.strides;
     out.nbytes = nbytes;
     out.device_type = mapping_->on_gpu() ? 2 : 1;  // DLPack kDLCUDA : kDLCPU
-    out.device_id = mapping_->ordinal(i);
-    out.global_device = hello_.devices[i].global_index;
+    out.device_id = mapping_->ordinal(device);
+    out.global_device = hello_.devices[device].global_index;
     out.ids_checksum = t.ids_checksum;
     b.tensors.push_back(std::move(out));
   }

@@ -144,12 +144,16 @@ struct Tensor {
   int32_t device_type = 1;  // DLPack: 1 = CPU, 2 = CUDA (data is then a device address)
   int32_t device_id = 0;
   int64_t global_device = 0;  // device number in the mesh
-  uint64_t ids_checksum = 0;  // SampleIdsChecksum of its sample ids
+  uint64_t ids_checksum = 0;  // SampleIdsChecksum of its sample ids (planned: skipped samples included)
+  std::string field;          // its field (hello().fields): "" for the formats whose sample is one tensor
 };
 
 struct Batch {
   int64_t step = 0;
-  std::vector<Tensor> tensors;  // one per local device, in the job's device order
+  /// One per (local device, field), device-major: the job's device order,
+  /// and within a device the fields in hello().fields order (one unnamed
+  /// field except for WebDataset and MDS jobs).
+  std::vector<Tensor> tensors;
   std::shared_ptr<Lease> lease;
   double wait_seconds = 0;  // how long Next() blocked for it
 };

@@ -60,6 +60,16 @@ TarWalker::TarWalker(std::string file, uint64_t file_bytes) : file_(std::move(fi
   need_.bytes = std::min(kTarBlock, file_bytes_);
 }
 
+TarWalker::TarWalker(std::string file, uint64_t file_bytes, uint64_t start)
+    : file_(std::move(file)), file_bytes_(file_bytes) {
+  need_.offset = start;
+  if (start >= file_bytes_) {
+    done_ = true;
+    end_offset_ = file_bytes_;
+  }
+  need_.bytes = std::min(kTarBlock, file_bytes_ - std::min(start, file_bytes_));
+}
+
 Status TarWalker::Error(uint64_t offset, const std::string& what) const {
   return InvalidArgument(what, file_ + "@" + std::to_string(offset));
 }

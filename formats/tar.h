@@ -50,6 +50,10 @@ class TarWalker {
  public:
   /// Walks `file` (its name, for messages), of `file_bytes` bytes.
   TarWalker(std::string file, uint64_t file_bytes);
+  /// Walks the members from the header at `start` (a sample's first, from
+  /// an index) up to `file_bytes` (where the caller stops: the end of the
+  /// sample counts as the end of the archive).
+  TarWalker(std::string file, uint64_t file_bytes, uint64_t start);
 
   struct Need {
     uint64_t offset = 0;

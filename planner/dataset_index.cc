@@ -25,6 +25,62 @@ uint64_t Product(const std::vector<uint64_t>& v, size_t from) {
 
 }  // namespace
 
+bool DatasetIndex::ResolveFields(const DatasetSpec& spec, DatasetIndex& idx, Diagnostics& diags) {
+  idx.fields_.clear();
+  if (spec.format == DatasetFormat::kWebDataset) {
+    for (const DatasetField& field : spec.fields) {
+      idx.fields_.push_back(formats::WebDatasetFieldDecoding(field.name, field.dtype));
+    }
+    return true;
+  }
+  // MDS: each field is the column of its name, decoded the same way in
+  // every shard that has it.
+  bool ok = true;
+  for (size_t i = 0; i < spec.fields.size(); ++i) {
+    const DatasetField& field = spec.fields[i];
+    const std::string at = "spec.dataset.fields[" + std::to_string(i) + "]";
+    std::optional<formats::FieldDecoding> decoding;
+    std::string first_shard;
+    for (DatasetFile& f : idx.files_) {
+      if (!f.mds) continue;
+      int column = -1;
+      for (size_t c = 0; c < f.mds->columns.size(); ++c) {
+        if (f.mds->columns[c].name == field.name) column = static_cast<int>(c);
+      }
+      f.mds_columns.push_back(column);
+      if (column < 0) continue;
+      auto d = formats::MdsFieldDecoding(field.name, field.dtype, f.mds->columns[static_cast<size_t>(column)]);
+      if (!d.ok()) {
+        diags.Add(at, d.status().message() + " (shard " + f.path + ")");
+        ok = false;
+        break;
+      }
+      if (!decoding) {
+        decoding = std::move(*d);
+        first_shard = f.path;
+      } else if (!(*decoding == *d)) {
+        diags.Add(at, "column '" + field.name + "' is encoded '" +
+                          f.mds->columns[static_cast<size_t>(column)].encoding + "' in " + f.path +
+                          " but differently in " + first_shard + "; every shard must agree");
+        ok = false;
+        break;
+      }
+    }
+    if (ok && !decoding) {
+      std::string columns;
+      if (!idx.files_.empty() && idx.files_.front().mds) {
+        for (const formats::MdsColumn& c : idx.files_.front().mds->columns)
+          columns += (columns.empty() ? "" : ", ") + c.name;
+      }
+      diags.Add(at + ".name", "no shard has a column '" + field.name + "' (the columns are: " + columns + ")");
+      ok = false;
+    }
+    if (!ok) break;
+    idx.fields_.push_back(std::move(*decoding));
+  }
+  return ok;
+}
+
 Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vector<FileFacts> files,
                                              Diagnostics& diags) {
   DatasetIndex idx;
@@ -126,6 +182,27 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
         }
         break;
       }
+      case DatasetFormat::kWebDataset:
+      case DatasetFormat::kMDS: {
+        Result<std::vector<uint64_t>>& r = facts.records;
+        if (!r.ok()) {
+          diags.Add(r.status());
+          continue;
+        }
+        if (r->empty()) {
+          diags.Add(p, "its index lists no offsets");
+          continue;
+        }
+        f.count = r->size() - 1;
+        idx.offsets_.reserve(idx.offsets_.size() + f.count);
+        idx.sizes_.reserve(idx.sizes_.size() + f.count);
+        for (uint64_t i = 0; i < f.count; ++i) {
+          idx.offsets_.push_back((*r)[i]);
+          idx.sizes_.push_back((*r)[i + 1] - (*r)[i]);
+        }
+        f.mds = std::move(facts.mds);
+        break;
+      }
     }
     f.first = total;
     total += f.count;
@@ -162,6 +239,12 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
       }
       break;
     }
+    case DatasetFormat::kWebDataset:
+    case DatasetFormat::kMDS:
+      idx.dtype_ = formats::DType::kUint8;
+      idx.missing_field_ = spec.missing_field;
+      if (!ResolveFields(spec, idx, diags)) return InvalidArgument("the fields cannot be read", spec.uri);
+      [[fallthrough]];
     case DatasetFormat::kMegatronIndexed: {
       idx.num_samples_ = total;
       idx.sample_bytes_ = 0;
@@ -216,6 +299,18 @@ DatasetIndex DatasetIndex::Virtual(const DatasetSpec& spec, uint64_t samples) {
     case DatasetFormat::kMegatronIndexed:
       // Sizes come only from the index: unknown here.
       f.count = samples;
+      break;
+    case DatasetFormat::kWebDataset:
+    case DatasetFormat::kMDS:
+      // Sizes and MDS column encodings come only from the shards: a field
+      // with a dtype is taken as one value of it.
+      f.count = samples;
+      idx.missing_field_ = spec.missing_field;
+      for (const DatasetField& field : spec.fields) {
+        formats::FieldDecoding d = formats::WebDatasetFieldDecoding(field.name, field.dtype);
+        if (spec.format == DatasetFormat::kMDS && field.dtype) d.kind = formats::FieldDecoding::Kind::kScalar;
+        idx.fields_.push_back(std::move(d));
+      }
       break;
   }
   idx.files_.push_back(std::move(f));

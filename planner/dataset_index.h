@@ -17,6 +17,12 @@
 ///                indexed dataset); sample i of a file is its sequence i,
 ///                of the size and at the byte offset the .idx gives:
 ///                samples have variable sizes (variable_size()).
+///   WebDataset   tar shards, each with its Energon SHARD.tar.idx; sample i
+///                of a shard is the bytes [idx[i], idx[i+1]) (its members).
+///   MDS          the raw shards index.json lists; sample i of a shard is
+///                its row i, by the shard's offset table.
+///   WebDataset and MDS samples are records of several values: the job's
+///   fields (spec.dataset.fields) are decoded from each (fields()).
 ///
 /// When the files are not reachable from where the plan is computed (another
 /// machine's path, a bucket without credentials, the controller), a
@@ -35,6 +41,8 @@
 #include "common/diagnostics.h"
 #include "common/status.h"
 #include "formats/dtype.h"
+#include "formats/fields.h"
+#include "formats/mds.h"
 #include "formats/megatron_index.h"
 #include "formats/npy.h"
 #include "planner/spec.h"
@@ -48,6 +56,10 @@ struct DatasetFile {
   uint64_t first = 0;        // first sample (record formats) or first token (TokenStream)
   uint64_t count = 0;        // samples (record formats) or tokens (TokenStream) in this file
   std::optional<formats::NpyHeader> npy;
+  std::optional<formats::MdsShard> mds;  // MDS: the shard's columns
+  /// MDS: per field of fields(), its column in this shard (-1: none, so
+  /// every row lacks it).
+  std::vector<int> mds_columns;
 };
 
 /// A byte range of one file.
@@ -69,6 +81,12 @@ class DatasetIndex {
     /// MegatronIndexed: `path` is PREFIX.bin (`size` its bytes), and this
     /// is its PREFIX.idx, parsed (or why it could not be).
     Result<formats::MegatronIndex> megatron = Status(StatusCode::kNotFound, "index not read");
+    /// WebDataset, MDS: where each sample starts in the file, then where
+    /// the last one ends (N + 1 offsets: the Energon index, the MDS offset
+    /// table), or why they could not be read.
+    Result<std::vector<uint64_t>> records = Status(StatusCode::kNotFound, "index not read");
+    /// MDS: the shard as index.json describes it.
+    std::optional<formats::MdsShard> mds;
   };
   /// Builds the index from facts about files, in the order given (callers
   /// sort them). Every problem (sizes that are not whole records or tokens,
@@ -92,7 +110,14 @@ class DatasetIndex {
   uint64_t sample_bytes() const { return sample_bytes_; }
   /// True for formats whose samples differ in size (MegatronIndexed): each
   /// sample's size comes from SampleBytes(i), and a batch is ragged.
-  bool variable_size() const { return format_ == DatasetFormat::kMegatronIndexed; }
+  bool variable_size() const { return format_ == DatasetFormat::kMegatronIndexed || record_format(); }
+  /// WebDataset and MDS: a sample is a record of several values, read whole
+  /// and decoded into fields().
+  bool record_format() const { return format_ == DatasetFormat::kWebDataset || format_ == DatasetFormat::kMDS; }
+  /// record_format(): how each of spec.dataset.fields is decoded, in order
+  /// (for MDS, from the shards' column encodings).
+  const std::vector<formats::FieldDecoding>& fields() const { return fields_; }
+  MissingFieldPolicy missing_field() const { return missing_field_; }
   /// Bytes of sample `i` (a variable-size sample's from the index; 0 when
   /// not known: a virtual index of a variable-size format). Precondition:
   /// i < num_samples().
@@ -129,6 +154,10 @@ class DatasetIndex {
   uint64_t CoalescedExtents(std::vector<uint64_t>& ids, std::vector<Extent>& out) const;
 
  private:
+  // WebDataset, MDS: fields_ from the spec and (MDS) the shards' columns;
+  // problems go to `diags` (false when there were any).
+  static bool ResolveFields(const DatasetSpec& spec, DatasetIndex& idx, Diagnostics& diags);
+
   DatasetFormat format_ = DatasetFormat::kFixedRecord;
   formats::DType dtype_ = formats::DType::kUint8;
   uint64_t num_samples_ = 0;
@@ -136,6 +165,8 @@ class DatasetIndex {
   uint64_t token_bytes_ = 0;      // TokenStream: bytes per token
   uint64_t sequence_length_ = 0;  // TokenStream: T
   std::vector<uint64_t> sample_shape_;
+  std::vector<formats::FieldDecoding> fields_;
+  MissingFieldPolicy missing_field_ = MissingFieldPolicy::kError;
   bool indexed_ = false;
   std::vector<DatasetFile> files_;
   // Variable-size formats, per sample: the byte offset in its file and the

@@ -329,6 +329,43 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
       }
       break;
     }
+    case DatasetFormat::kWebDataset:
+    case DatasetFormat::kMDS: {
+      const std::string name(ToString(ds.format));
+      if (sequence_length_given) {
+        d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
+      }
+      if (record_bytes_given) {
+        d.Add("spec.dataset.recordBytes",
+              "is not used by format " + name + " (its index gives every sample's size); remove it");
+      }
+      if (ds.dtype) {
+        d.Add("spec.dataset.dtype",
+              "is not used by format " + name + "; give each field's dtype in spec.dataset.fields");
+      }
+      if (ds.fields.empty()) {
+        AddOnce(d, "spec.dataset.fields",
+                "required for format " + name +
+                    ": the fields each sample delivers, e.g. [{name: jpg}, {name: cls, dtype: int64}]");
+      }
+      for (size_t i = 0; i < ds.fields.size(); ++i) {
+        const DatasetField& f = ds.fields[i];
+        const std::string at = "spec.dataset.fields[" + std::to_string(i) + "]";
+        if (f.name.empty() || f.name.size() > 128 || f.name.find('/') != std::string::npos) {
+          d.Add(at + ".name", "'" + f.name + "' is not a field name (1 to 128 characters, no '/')");
+        }
+        for (size_t j = 0; j < i; ++j) {
+          if (ds.fields[j].name == f.name) d.Add(at + ".name", "'" + f.name + "' is listed twice");
+        }
+        if (ds.format == DatasetFormat::kWebDataset && f.dtype &&
+            (*f.dtype == formats::DType::kBool || *f.dtype == formats::DType::kBFloat16)) {
+          d.Add(at + ".dtype", std::string(formats::DTypeName(*f.dtype)) +
+                                   " is not decoded from a WebDataset member's text; use an integer or float type, or "
+                                   "leave dtype out for the bytes");
+        }
+      }
+      break;
+    }
     case DatasetFormat::kNpy: {
       if (sequence_length_given) {
         d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
@@ -339,6 +376,10 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
       break;
     }
     default: break;  // format missing or unknown: already reported
+  }
+  if (!ds.format_unknown && ds.format != DatasetFormat::kWebDataset && ds.format != DatasetFormat::kMDS &&
+      !ds.fields.empty()) {
+    d.Add("spec.dataset.fields", "are only used by formats WebDataset and MDS; remove them");
   }
   if (ds.samples && B >= 1 && *ds.samples >= 1 && *ds.samples < B) {
     d.Add("spec.dataset.samples", "the dataset has " + std::to_string(*ds.samples) +

@@ -202,8 +202,8 @@ void ReadRagged(Reader& r, T& t) {
   g.offsets_offset = r.U64();
   g.samples = r.U64();
   if (!r.ok()) return;
-  if (g.samples == 0 || g.samples > kMaxRaggedSamples) {
-    r.Fail(at + 9, "a ragged tensor of " + std::to_string(g.samples) + " samples (1 to 2^40)");
+  if (g.samples > kMaxRaggedSamples) {
+    r.Fail(at + 9, "a ragged tensor of " + std::to_string(g.samples) + " samples (at most 2^40)");
     return;
   }
   if (t.shape.size() != 1) {
@@ -366,6 +366,8 @@ std::string Encode(const Message& m) {
     }
     w.U32(static_cast<uint32_t>(sh->mesh.batch_axes.size()));
     for (const auto& a : sh->mesh.batch_axes) w.Str(a);
+    w.U32(static_cast<uint32_t>(sh->fields.size()));
+    for (const auto& f : sh->fields) w.Str(f);
     return w.Finish(MessageType::kServerHello);
   }
   if (const auto* rd = std::get_if<Ready>(&m)) {
@@ -458,7 +460,7 @@ Result<Message> Decode(std::string_view bytes) {
       m.fd_count = r.U32();
       if (r.ok() && m.fd_count > kMaxFds)
         r.Fail(fd_at, "fd_count " + std::to_string(m.fd_count) + " exceeds " + std::to_string(kMaxFds));
-      const uint32_t nl = r.Count("layout", kMaxDevices);
+      const uint32_t nl = r.Count("layout", kMaxDevices * kMaxFields);
       for (uint32_t i = 0; i < nl && r.ok(); ++i) {
         TensorLayout t;
         ReadTensor(r, t);
@@ -486,6 +488,19 @@ Result<Message> Decode(std::string_view bytes) {
       }
       const uint32_t nb = r.Count("batch axes", kMaxMeshAxes);
       for (uint32_t i = 0; i < nb && r.ok(); ++i) m.mesh.batch_axes.push_back(r.Str("batch axis name"));
+      const size_t fields_at = r.pos();
+      const uint32_t nf = r.Count("fields", kMaxFields);
+      m.fields.clear();
+      for (uint32_t i = 0; i < nf && r.ok(); ++i) m.fields.push_back(r.Str("field name"));
+      if (r.ok() && nf == 0) r.Fail(fields_at, "a batch has at least one field");
+      for (size_t i = 0; i < m.fields.size() && r.ok(); ++i) {
+        if (m.fields[i].empty() && m.fields.size() > 1)
+          r.Fail(fields_at, "field " + std::to_string(i) + " has no name");
+        if (std::find(m.fields.begin(), m.fields.begin() + static_cast<std::ptrdiff_t>(i), m.fields[i]) !=
+            m.fields.begin() + static_cast<std::ptrdiff_t>(i)) {
+          r.Fail(fields_at, "field '" + m.fields[i] + "' is listed twice");
+        }
+      }
       MESHLOAD_RETURN_IF_ERROR(r.Finish());
       const std::string at_payload = "@" + std::to_string(kHeaderBytes);
       if (m.memory != MemoryKind::kHostMemfd) {
@@ -516,9 +531,10 @@ Result<Message> Decode(std::string_view bytes) {
       } else if (!m.ipc_handles.empty()) {
         return InvalidArgument("a host pool carries IPC handles", at_payload);
       }
-      if (m.layout.size() != m.devices.size()) {
+      if (m.layout.size() != m.devices.size() * m.fields.size()) {
         return InvalidArgument("layout has " + std::to_string(m.layout.size()) + " tensors for " +
-                                   std::to_string(m.devices.size()) + " devices",
+                                   std::to_string(m.devices.size()) + " devices of " + std::to_string(m.fields.size()) +
+                                   " fields",
                                "@" + std::to_string(kHeaderBytes));
       }
       if (m.memory == MemoryKind::kHostMemfd && m.slots > 0 && m.slot_bytes > m.pool_bytes / m.slots) {
@@ -533,7 +549,7 @@ Result<Message> Decode(std::string_view bytes) {
       Ready m;
       m.step = r.I64();
       m.slot = r.U32();
-      const uint32_t n = r.Count("tensors", kMaxDevices);
+      const uint32_t n = r.Count("tensors", kMaxDevices * kMaxFields);
       for (uint32_t i = 0; i < n && r.ok(); ++i) {
         TensorReady t;
         ReadTensor(r, t);

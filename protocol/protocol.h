@@ -1,5 +1,5 @@
 /// \file
-/// The sidecar ⇄ trainer handoff protocol, version 3 (docs/protocol.md).
+/// The sidecar ⇄ trainer handoff protocol, version 4 (docs/protocol.md).
 ///
 /// Transport: a Unix SOCK_SEQPACKET socket, so every message is one datagram
 /// with preserved boundaries and the kernel reports a dead peer at once.
@@ -48,10 +48,14 @@ inline constexpr uint32_t kMagic = 0x31444C4D;  // "MLD1" little-endian
 // 2: SERVER_HELLO carries the job's mesh (axes, batch axes, processes).
 // 3: a tensor may be ragged (variable-size samples): values, and the
 //    samples' offsets into them (RaggedInfo).
-inline constexpr uint16_t kProtocolVersion = 3;
+// 4: a batch has named fields (WebDataset, MDS: a tensor per field and
+//    device); a ragged tensor may hold no samples (all skipped).
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr size_t kHeaderBytes = 12;
 inline constexpr size_t kMaxMessageBytes = 64 * 1024;
 inline constexpr size_t kMaxDevices = 64;
+// The most fields a batch may have (spec.dataset.fields).
+inline constexpr size_t kMaxFields = 16;
 inline constexpr size_t kMaxRank = 16;
 // SCM_MAX_FD: the most descriptors one message can carry on Linux.
 inline constexpr size_t kMaxFds = 253;
@@ -115,11 +119,11 @@ struct DeviceInfo {
 /// before the values.
 struct RaggedInfo {
   uint64_t offsets_offset = 0;  // bytes from the start of the slot (a device allocation: of it); 8-byte aligned
-  uint64_t samples = 0;         // n, at least 1
+  uint64_t samples = 0;         // n (0: every sample of the device's batch was skipped)
   bool operator==(const RaggedInfo&) const = default;
 };
 
-/// The layout of one device's tensor inside a slot.
+/// The layout of one device's tensor of one field inside a slot.
 struct TensorLayout {
   uint64_t offset = 0;     // bytes from the start of the slot; 256-byte aligned
   uint8_t dtype_code = 0;  // DLPack type code
@@ -160,13 +164,17 @@ struct ServerHello {
   uint64_t slot_bytes = 0;  // host: stride between slots in the memfd; CUDA: bytes of each (device, slot) allocation
   uint64_t pool_bytes = 0;  // host: size of the memfd; CUDA: slot_bytes × slots, per device
   uint32_t fd_count = 0;    // file descriptors attached to this message
-  std::vector<TensorLayout> layout;  // one per device
+  std::vector<TensorLayout> layout;  // one per (device, field), device-major
   int64_t first_step = 0;            // the step the first READY will carry
   uint64_t steps_per_epoch = 0;
   uint64_t global_batch = 0;
   /// kCudaIpc only: one handle (kIpcHandleBytes) per (device, slot).
   std::vector<std::string> ipc_handles;
   MeshInfo mesh;
+  /// The batch's fields (version 4), in the order each device's tensors
+  /// come: one unnamed field ("") for the formats whose sample is one
+  /// tensor; the names of spec.dataset.fields for WebDataset and MDS.
+  std::vector<std::string> fields = {""};
 };
 
 struct TensorReady {
@@ -182,7 +190,7 @@ struct TensorReady {
 struct Ready {
   int64_t step = 0;
   uint32_t slot = 0;
-  std::vector<TensorReady> tensors;  // one per local device, in device order
+  std::vector<TensorReady> tensors;  // one per (local device, field), device-major as the hello's layout
 };
 
 struct Release {

@@ -89,10 +89,13 @@ void SessionServer::ChooseMaxLeases() {
   protocol::Ready r;
   r.step = std::numeric_limits<int64_t>::max();
   r.slot = std::numeric_limits<uint32_t>::max();
-  const formats::DLPackType dl = formats::ToDLPackType(layout_.dtype);
   for (size_t i = 0; i < layout_.devices.size(); ++i) {
-    r.tensors.push_back({TensorOffset(i), dl.code, dl.bits, layout_.devices[i].shape, layout_.devices[i].strides,
-                         std::numeric_limits<uint64_t>::max(), Ragged(i)});
+    for (size_t f = 0; f < layout_.fields.size(); ++f) {
+      const formats::DLPackType dl = formats::ToDLPackType(layout_.fields[f].dtype);
+      const staging::FieldTensor& t = layout_.devices[i].fields[f];
+      r.tensors.push_back({TensorOffset(i, f), dl.code, dl.bits, t.shape, t.strides,
+                           std::numeric_limits<uint64_t>::max(), Ragged(i, f, layout_.samples_per_device)});
+    }
   }
   const uint32_t queue = MeasureReadyQueue(protocol::Encode(r));
   if (queue == 0) {
@@ -341,12 +344,18 @@ void SessionServer::OnHello(const protocol::ClientHello& hello) {
   protocol::ServerHello sh;
   sh.job = job_name_;
   sh.process = static_cast<uint32_t>(options_.process);
+  sh.fields.clear();
+  for (const staging::FieldLayout& f : layout_.fields) sh.fields.push_back(f.name);
   for (size_t i = 0; i < layout_.devices.size(); ++i) {
-    const auto& t = layout_.devices[i];
+    const auto& d = layout_.devices[i];
     sh.devices.push_back(
-        {static_cast<uint32_t>(t.device), static_cast<uint8_t>(device_ ? 2 : 1), device_ ? device_->uuids()[i] : ""});
-    const formats::DLPackType dl = formats::ToDLPackType(layout_.dtype);
-    sh.layout.push_back({TensorOffset(i), dl.code, dl.bits, t.shape, t.strides, t.nbytes, Ragged(i)});
+        {static_cast<uint32_t>(d.device), static_cast<uint8_t>(device_ ? 2 : 1), device_ ? device_->uuids()[i] : ""});
+    for (size_t f = 0; f < layout_.fields.size(); ++f) {
+      const formats::DLPackType dl = formats::ToDLPackType(layout_.fields[f].dtype);
+      const staging::FieldTensor& t = d.fields[f];
+      sh.layout.push_back({TensorOffset(i, f), dl.code, dl.bits, t.shape, t.strides, t.nbytes,
+                           Ragged(i, f, layout_.samples_per_device)});
+    }
   }
   sh.slots = memory_->slots();
   std::vector<int> fds;
@@ -395,15 +404,25 @@ void SessionServer::SendReadyBatchesLocked() {
     protocol::Ready r;
     r.step = client_->next_to_send;
     r.slot = *slot;
-    const formats::DLPackType dl = formats::ToDLPackType(layout_.dtype);
     for (size_t i = 0; i < layout_.devices.size(); ++i) {
-      const auto& t = layout_.devices[i];
       const staging::StagedTensor& staged = slot_staged_[*slot][i];
-      // A ragged batch's values: the elements this step's samples take.
-      std::vector<int64_t> shape = t.shape;
-      if (layout_.ragged) shape = {static_cast<int64_t>(staged.values_bytes / formats::DTypeSize(layout_.dtype))};
-      r.tensors.push_back(
-          {TensorOffset(i), dl.code, dl.bits, std::move(shape), t.strides, staged.ids_checksum, Ragged(i)});
+      for (size_t f = 0; f < layout_.fields.size(); ++f) {
+        const staging::FieldLayout& field = layout_.fields[f];
+        const formats::DLPackType dl = formats::ToDLPackType(field.dtype);
+        const staging::FieldTensor& t = layout_.devices[i].fields[f];
+        // A ragged field's values: the elements this step's samples take;
+        // a dense one's rows: the samples delivered (fewer when some were
+        // skipped).
+        std::vector<int64_t> shape = t.shape;
+        const uint64_t used = f < staged.values_bytes.size() ? staged.values_bytes[f] : 0;
+        if (field.ragged) {
+          shape = {static_cast<int64_t>(used / formats::DTypeSize(field.dtype))};
+        } else {
+          shape[0] = static_cast<int64_t>(staged.samples);
+        }
+        r.tensors.push_back({TensorOffset(i, f), dl.code, dl.bits, std::move(shape), t.strides, staged.ids_checksum,
+                             Ragged(i, f, staged.samples)});
+      }
     }
     Status st = SendTo(client_->fd.get(), protocol::Encode(r));
     if (!st.ok()) {

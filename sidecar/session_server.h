@@ -242,18 +242,19 @@ class SessionServer {
   void ReclaimClosing(Closing& c, const char* why, const LeaseList* only = nullptr);
   // A RELEASE of `step` after a wait of `wait_ns`: counted, and the watermark moves.
   void Consumed(int64_t step, uint64_t wait_ns);
-  // Where local device i's tensor starts: in the host slot, or at the start
-  // of its own device allocation.
-  // A device allocation holds the device's region (the offsets of a ragged
-  // layout, then the tensor); the host pool the whole slot.
-  uint64_t TensorOffset(size_t i) const {
-    return layout_.devices[i].offset - (device_ ? layout_.devices[i].region_offset : 0);
+  // Where local device i's tensor of field f starts: in the host slot, or
+  // at the start of its own device allocation. A device allocation holds
+  // the device's region (each field's tensor, a ragged one's offsets
+  // first); the host pool the whole slot.
+  uint64_t TensorOffset(size_t i, size_t f) const {
+    return layout_.devices[i].fields[f].offset - (device_ ? layout_.devices[i].region_offset : 0);
   }
-  // Device i's ragged offsets as the protocol describes them (none: dense).
-  std::optional<protocol::RaggedInfo> Ragged(size_t i) const {
-    if (!layout_.ragged) return std::nullopt;
-    return protocol::RaggedInfo{layout_.devices[i].offsets_offset - (device_ ? layout_.devices[i].region_offset : 0),
-                                layout_.samples_per_device};
+  // Device i's ragged offsets of field f as the protocol describes them
+  // (none: dense), for `samples` samples.
+  std::optional<protocol::RaggedInfo> Ragged(size_t i, size_t f, uint64_t samples) const {
+    if (!layout_.fields[f].ragged) return std::nullopt;
+    return protocol::RaggedInfo{
+        layout_.devices[i].fields[f].offsets_offset - (device_ ? layout_.devices[i].region_offset : 0), samples};
   }
   // The connected trainer (null: none), for the server thread: client_ is
   // read under client_mu_ (a ClientLock held for the read: a few times per

@@ -389,6 +389,7 @@ void Sidecar::ProducerMain(int index) {
     metrics_->step_load.Observe(std::chrono::duration<double>(Clock::now() - t0).count());
     if (loader_->peers()) metrics_->peer_wait.Observe(stats.peer_wait_seconds);
     metrics_->samples_read.Increment(static_cast<double>(stats.samples_read));
+    if (stats.samples_skipped > 0) metrics_->samples_skipped.Increment(static_cast<double>(stats.samples_skipped));
     if (pool_->MarkReady(slot)) {
       {
         MutexLock lock(producer_mu_);

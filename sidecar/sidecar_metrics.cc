@@ -29,6 +29,9 @@ SidecarMetrics::SidecarMetrics(metrics::Registry& r)
     : bytes_read(Labelled<Counter>(r, "meshload_bytes_read_total", "Bytes read from storage, by source scheme.")),
       samples_read(Unlabelled<Counter>(r, "meshload_samples_read_total",
                                        "Samples read from storage (a sample read twice counts twice).")),
+      samples_skipped(Unlabelled<Counter>(r, "meshload_samples_skipped_total",
+                                          "WebDataset and MDS samples left out of their batch because they lack a "
+                                          "wanted field (spec.dataset.missingField: Skip)")),
       batches_staged(Unlabelled<Counter>(r, "meshload_batches_staged_total",
                                          "Batches staged in a slot and ready for the trainer.")),
       batches_delivered(

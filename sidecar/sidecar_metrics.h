@@ -35,6 +35,7 @@ struct SidecarMetrics {
 
   metrics::Family<metrics::Counter>& bytes_read;
   metrics::Counter& samples_read;
+  metrics::Counter& samples_skipped;
   metrics::Counter& batches_staged;
   metrics::Counter& batches_delivered;
   metrics::Counter& batches_consumed;

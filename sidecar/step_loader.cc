@@ -3,11 +3,13 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <ctime>
 #include <iterator>
 
 #include "common/logging.h"
+#include "formats/fields.h"
 #include "protocol/protocol.h"
 
 namespace meshload::sidecar {
@@ -90,6 +92,13 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const planner::ShardPlann
     MESHLOAD_ASSIGN_OR_RETURN(auto src, sources.For(f.path));
     loader->files_.push_back(src);
     loader->latency_bound_ = loader->latency_bound_ || src.first->LatencyBound();
+  }
+  // WebDataset matches a field to a member's extension as webdataset
+  // splits names: lower-cased.
+  for (const formats::FieldDecoding& f : job.dataset.fields()) {
+    std::string ext = f.name;
+    for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    loader->extensions_.push_back(std::move(ext));
   }
   // Every caller of Load() reads a share of its step itself: one inflight
   // record per caller, then one per reader thread (one fewer than
@@ -186,13 +195,94 @@ void StepLoader::PlaceSamples(const planner::StepPlan& plan, uint8_t* slot, Call
       bytes += ds.SampleBytes(ids[k]);
     }
     at[ids.size()] = bytes;
-    if (layout_.ragged) {
-      // The sample offsets, in elements, before the values.
-      const uint64_t es = formats::DTypeSize(layout_.dtype);
-      auto* offsets = reinterpret_cast<int64_t*>(slot + layout_.devices[i].offsets_offset);
+    if (!layout_.extracts && layout_.fields[0].ragged) {
+      // The sample offsets, in elements, before the values (WebDataset and
+      // MDS fields get theirs when the records are decoded).
+      const uint64_t es = formats::DTypeSize(layout_.fields[0].dtype);
+      auto* offsets = reinterpret_cast<int64_t*>(slot + layout_.devices[i].fields[0].offsets_offset);
       for (size_t k = 0; k <= ids.size(); ++k) offsets[k] = static_cast<int64_t>(at[k] / es);
     }
   }
+}
+
+uint8_t* StepLoader::SamplesBase(Caller& c, uint8_t* slot, size_t device) {
+  if (!layout_.extracts) return slot + layout_.devices[device].fields[0].offset;
+  const size_t need = layout_.devices.size() * layout_.record_room;
+  if (c.records.size() < need) c.records.resize(need);
+  return c.records.data() + device * layout_.record_room;
+}
+
+Status StepLoader::Extract(const planner::StepPlan& plan, uint8_t* slot, Caller& c,
+                           std::vector<staging::StagedTensor>& staged, const std::vector<bool>& copied,
+                           StepLoadStats& stats) {
+  const planner::DatasetIndex& ds = planner_.job().dataset;
+  const std::vector<formats::FieldDecoding>& fields = ds.fields();
+  const bool skip = ds.missing_field() == planner::MissingFieldPolicy::kSkip;
+  formats::FieldValues values;
+  std::string key;
+  std::vector<uint64_t> used(fields.size());
+  for (size_t i = 0; i < plan.devices.size(); ++i) {
+    if (copied[i]) continue;  // a replica: copied from its primary afterwards
+    const std::vector<uint64_t>& ids = plan.devices[i].samples;
+    const staging::DeviceTensor& dev = layout_.devices[i];
+    const uint8_t* base = SamplesBase(c, slot, i);
+    std::fill(used.begin(), used.end(), 0);
+    uint64_t kept = 0;
+    for (size_t f = 0; f < fields.size(); ++f) {
+      if (fields[f].ragged()) reinterpret_cast<int64_t*>(slot + dev.fields[f].offsets_offset)[0] = 0;
+    }
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const std::string_view record(reinterpret_cast<const char*>(base + c.places[i][k]),
+                                    c.places[i][k + 1] - c.places[i][k]);
+      c.extents.clear();
+      ds.AppendExtents(ids[k], c.extents);
+      const planner::Extent& e = c.extents.front();
+      const planner::DatasetFile& file = ds.files()[e.file];
+      const std::string shard = source::RedactUri(file.path);
+      if (ds.format() == planner::DatasetFormat::kWebDataset) {
+        MESHLOAD_RETURN_IF_ERROR(formats::WebDatasetSampleValues(record, shard, e.offset, extensions_, values, key));
+      } else {
+        MESHLOAD_RETURN_IF_ERROR(
+            formats::MdsSampleValues(record, *file.mds, shard, e.offset, file.mds_columns, values));
+        key = "row " + std::to_string(ids[k] - file.first);
+      }
+      size_t missing = fields.size();
+      for (size_t f = 0; f < fields.size() && missing == fields.size(); ++f) {
+        if (!values[f]) missing = f;
+      }
+      if (missing != fields.size()) {
+        if (skip) {
+          stats.samples_skipped += 1;
+          continue;
+        }
+        return InvalidArgument("sample " + std::to_string(ids[k]) + " ('" + key + "') has no field '" +
+                                   fields[missing].name + "' (step " + std::to_string(plan.step) +
+                                   "); set spec.dataset.missingField: Skip to leave such samples out",
+                               shard + "@" + std::to_string(e.offset));
+      }
+      for (size_t f = 0; f < fields.size(); ++f) {
+        const formats::FieldDecoding& fd = fields[f];
+        const staging::FieldTensor& t = dev.fields[f];
+        const uint64_t at = e.offset + static_cast<uint64_t>(values[f]->data() - record.data());
+        uint64_t written = 0;
+        if (fd.ragged()) {
+          MESHLOAD_RETURN_IF_ERROR(formats::DecodeFieldValue(fd, *values[f], slot + t.offset + used[f],
+                                                             t.nbytes - used[f], written, shard, at));
+          used[f] += written;
+          reinterpret_cast<int64_t*>(slot + t.offsets_offset)[kept + 1] =
+              static_cast<int64_t>(used[f] / formats::DTypeSize(fd.dtype));
+        } else {
+          MESHLOAD_RETURN_IF_ERROR(formats::DecodeFieldValue(fd, *values[f], slot + t.offset + kept * fd.sample_bytes(),
+                                                             fd.sample_bytes(), written, shard, at));
+          used[f] += written;
+        }
+      }
+      ++kept;
+    }
+    staged[i].samples = kept;
+    staged[i].values_bytes = used;
+  }
+  return Status::Ok();
 }
 
 Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller& c, StepLoadStats& stats) {
@@ -223,7 +313,7 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
       continue;
     }
     for (size_t k = 0; k < d.samples.size(); ++k) {
-      c.dest_of.emplace_back(d.samples[k], slot + layout_.devices[i].offset + c.places[i][k]);
+      c.dest_of.emplace_back(d.samples[k], SamplesBase(c, slot, i) + c.places[i][k]);
     }
   }
   // For an id listed twice, the later place wins (as a map's last
@@ -255,7 +345,7 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
       const uint64_t id = r.samples[k];
       uint8_t* dest;
       if (own_device) {
-        dest = slot + layout_.devices[local].offset + c.places[local][k];
+        dest = SamplesBase(c, slot, local) + c.places[local][k];
       } else {
         dest = Find(c.dest_of, id);
         if (dest == nullptr && exchange_) {
@@ -347,17 +437,8 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
       prev = &p;
     }
   }
-  if (options_.host_replica_copies) {
-    for (const auto& [from, to] : c.replica_copies) stats.bytes_copied += ReplicaCopyBytes(c, from);
-  }
   std::sort(c.outbox_of.begin(), c.outbox_of.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return Status::Ok();
-}
-
-uint64_t StepLoader::ReplicaCopyBytes(const Caller& c, size_t from) const {
-  const staging::DeviceTensor& t = layout_.devices[from];
-  // Ragged: the offsets and the values this step uses, not the whole room.
-  return layout_.ragged ? (t.offset - t.region_offset) + c.places[from].back() : t.region_bytes;
 }
 
 Status StepLoader::BuildParts(const planner::StepPlan& plan, bool incoming, Caller& c,
@@ -457,17 +538,26 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<staging::Staged
     MESHLOAD_RETURN_IF_ERROR(RunOps(c));
     for (const Fixup& f : c.fixups) std::memcpy(f.dst, f.src, f.len);
   }
-  if (options_.host_replica_copies) {
-    for (const auto& [from, to] : c.replica_copies) {
-      std::memcpy(slot + layout_.devices[to].region_offset, slot + layout_.devices[from].region_offset,
-                  ReplicaCopyBytes(c, from));
-    }
-  }
   staged.resize(plan.devices.size());
   for (size_t i = 0; i < plan.devices.size(); ++i) {
-    staged[i].ids_checksum =
-        protocol::SampleIdsChecksum(plan.devices[i].samples.data(), plan.devices[i].samples.size());
-    staged[i].values_bytes = c.places[i].back();
+    const std::vector<uint64_t>& ids = plan.devices[i].samples;
+    staged[i].ids_checksum = protocol::SampleIdsChecksum(ids.data(), ids.size());
+    staged[i].samples = ids.size();
+    staged[i].values_bytes.assign(layout_.fields.size(), 0);
+    if (!layout_.extracts) staged[i].values_bytes[0] = c.places[i].back();
+  }
+  if (layout_.extracts) {
+    c.copied.assign(plan.devices.size(), false);
+    for (const auto& [from, to] : c.replica_copies) c.copied[to] = true;
+    MESHLOAD_RETURN_IF_ERROR(Extract(plan, slot, c, staged, c.copied, stats));
+  }
+  for (const auto& [from, to] : c.replica_copies) {
+    staged[to].samples = staged[from].samples;
+    staged[to].values_bytes = staged[from].values_bytes;
+    if (!options_.host_replica_copies) continue;
+    const uint64_t bytes = staging::UsedRegionBytes(layout_, from, &staged[from]);
+    std::memcpy(slot + layout_.devices[to].region_offset, slot + layout_.devices[from].region_offset, bytes);
+    stats.bytes_copied += bytes;
   }
   if (stats_out) *stats_out = stats;
   return Status::Ok();

@@ -96,6 +96,7 @@ struct StepLoadStats {
   uint64_t bytes_sent = 0;       // to other processes' sidecars
   uint64_t bytes_received = 0;   // from them
   double peer_wait_seconds = 0;  // waiting on peers after the reads were done
+  uint64_t samples_skipped = 0;  // WebDataset, MDS: left out for a missing field (missingField: Skip)
 };
 
 /// Identifies a job's plan across processes: processes exchanging samples
@@ -213,6 +214,10 @@ class StepLoader {
     std::vector<uint8_t> outbox;
     std::vector<std::pair<uint64_t, uint8_t*>> outbox_of;  // sample id -> outbox address, sorted
     std::vector<exchange::Part> parts;
+    // WebDataset, MDS: the samples' records, read whole before they are
+    // decoded into the slot (layout record_room bytes per local device).
+    std::vector<uint8_t> records;
+    std::vector<bool> copied;  // per local device: a replica copied from its primary
     Inflight* inflight = nullptr;
     ReadOp& NewOp();
   };
@@ -221,8 +226,13 @@ class StepLoader {
              source::SourceRegistry& sources, const staging::BatchLayout& layout, StepLoaderOptions options);
   // Fills c.places for `plan`, and a ragged layout's sample offsets in `slot`.
   void PlaceSamples(const planner::StepPlan& plan, uint8_t* slot, Caller& c);
-  // What copying local device `from`'s batch to a replica copies.
-  uint64_t ReplicaCopyBytes(const Caller& c, size_t from) const;
+  // Where local device `device`'s samples are read to: its tensor in the
+  // slot, or (WebDataset, MDS) its part of the caller's records.
+  uint8_t* SamplesBase(Caller& c, uint8_t* slot, size_t device);
+  // WebDataset, MDS: decodes each device's records into its fields in the
+  // slot (the devices not `copied`), filling `staged`.
+  Status Extract(const planner::StepPlan& plan, uint8_t* slot, Caller& c, std::vector<staging::StagedTensor>& staged,
+                 const std::vector<bool>& copied, StepLoadStats& stats);
   Status BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller& c, StepLoadStats& stats);
   // The transfers of `plan` to or from this process as exchange parts whose
   // iovecs point at the samples' places (slot or outbox).
@@ -238,7 +248,9 @@ class StepLoader {
   const staging::BatchLayout layout_;
   const StepLoaderOptions options_;
   std::vector<std::pair<source::Source*, std::string>> files_;  // per dataset file
-  bool latency_bound_ = false;  // a file's source is (Source::LatencyBound): no inline steps
+  bool latency_bound_ = false;
+  std::vector<std::string> extensions_;  // WebDataset: the fields' member extensions  // a file's source is
+                                         // (Source::LatencyBound): no inline steps
 
   // Reader threads: a queue of chunks of the steps being read.
   mutable Mutex mu_;

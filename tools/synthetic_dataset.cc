@@ -73,6 +73,12 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
     if (n.rfind("part-", 0) == 0) std::filesystem::remove(e.path(), ec);
   }
   switch (spec.format) {
+    case planner::DatasetFormat::kWebDataset:
+    case planner::DatasetFormat::kMDS:
+      return InvalidArgument("synthetic " + std::string(ToString(spec.format)) +
+                                 " datasets are not generated: write one with the format's own writer "
+                                 "(webdataset's TarWriter, Streaming's MDSWriter)",
+                             "spec.dataset.format");
     case planner::DatasetFormat::kFixedRecord:
     case planner::DatasetFormat::kNpy: {
       const uint64_t rb = SyntheticSampleBytes(spec);

@@ -405,11 +405,14 @@ class JobMesh {
   protocol::MeshInfo m_;
 };
 
-/// One step's batch: a Tensor per local device, all sharing the lease.
+/// One step's batch: a Tensor (or Ragged) per local device and field, all
+/// sharing the lease.
 class Batch {
  public:
-  Batch(client::Batch b, std::shared_ptr<JobMesh> mesh, std::string job, uint32_t process)
-      : step_(b.step),
+  Batch(client::Batch b, std::shared_ptr<JobMesh> mesh, std::string job, uint32_t process,
+        std::vector<std::string> fields)
+      : fields_(std::move(fields)),
+        step_(b.step),
         wait_seconds_(b.wait_seconds),
         lease_(std::move(b.lease)),
         mesh_(std::move(mesh)),
@@ -430,16 +433,44 @@ class Batch {
   /// The same Tensor (or Ragged) objects on every call (pybind11 maps a held
   /// pointer back to its existing Python object), so
   /// `b.tensors[0] is b.tensors[0]`.
-  const std::vector<DeviceBatch>& tensors() const { return tensors_; }
+  /// A job of named fields (WebDataset, MDS): per device, a dict from
+  /// field name to its Tensor or Ragged.
+  py::object tensors() const {
+    if (fields_.size() == 1 && fields_[0].empty()) return py::cast(tensors_);
+    py::list out;
+    for (size_t i = 0; i < tensors_.size(); i += fields_.size()) {
+      py::dict d;
+      for (size_t f = 0; f < fields_.size(); ++f) d[py::str(fields_[f])] = py::cast(tensors_[i + f]);
+      out.append(std::move(d));
+    }
+    return out;
+  }
+  /// The batch's field names ("" alone for the formats of one tensor).
+  py::tuple fields() const { return py::cast(fields_); }
+  /// One field's Tensor (or Ragged) per local device.
+  std::vector<DeviceBatch> field(const std::string& name) const {
+    const auto it = std::find(fields_.begin(), fields_.end(), name);
+    if (it == fields_.end()) {
+      std::string names;
+      for (const auto& f : fields_) names += (names.empty() ? "'" : ", '") + f + "'";
+      throw py::key_error("no field '" + name + "' in this batch (its fields: " + names + ")");
+    }
+    const size_t f = static_cast<size_t>(it - fields_.begin());
+    std::vector<DeviceBatch> out;
+    for (size_t i = f; i < tensors_.size(); i += fields_.size()) out.push_back(tensors_[i]);
+    return out;
+  }
   const std::shared_ptr<JobMesh>& mesh() const { return mesh_; }
   const std::string& job() const { return job_; }
   uint32_t process() const { return process_; }
   std::string Repr() const {
     return "<meshload.Batch step=" + std::to_string(step_) + " tensors=" + std::to_string(tensors_.size()) +
+           (fields_.size() > 1 || !fields_[0].empty() ? " fields=" + std::to_string(fields_.size()) : "") +
            " slot=" + std::to_string(lease_->slot()) + ">";
   }
 
  private:
+  std::vector<std::string> fields_;
   int64_t step_;
   double wait_seconds_;
   std::shared_ptr<client::Lease> lease_;
@@ -543,14 +574,16 @@ class Client {
     std::shared_ptr<JobMesh> mesh;
     std::string job;
     uint32_t process;
+    std::vector<std::string> fields;
     {
       // What the batch names, without copying the whole hello each step.
       MutexLock lock(snap_mu_);
       mesh = snap_.mesh;
       job = snap_.hello.job;
       process = snap_.hello.process;
+      fields = snap_.hello.fields;
     }
-    return std::make_shared<Batch>(std::move(*got), std::move(mesh), std::move(job), process);
+    return std::make_shared<Batch>(std::move(*got), std::move(mesh), std::move(job), process, std::move(fields));
   }
 
   void Close() MESHLOAD_EXCLUDES(mu_, raw_mu_, snap_mu_) {
@@ -740,7 +773,10 @@ PYBIND11_MODULE(_meshload, m) {
       .def_property_readonly("step", &Batch::step)
       .def_property_readonly("tensors", &Batch::tensors,
                              "one Tensor (a Ragged for variable-size samples) per local device, in the job's device "
-                             "order")
+                             "order; for a job of named fields (WebDataset, MDS), one dict per device from field "
+                             "name to its Tensor or Ragged")
+      .def_property_readonly("fields", &Batch::fields, "the field names; ('',) for the formats of one tensor")
+      .def("field", &Batch::field, py::arg("name"), "one field's Tensor (or Ragged) per local device")
       .def_property_readonly("wait_seconds", &Batch::wait_seconds, "how long next() blocked for this batch")
       .def_property_readonly("slot", &Batch::slot)
       .def_property_readonly("mesh", &Batch::mesh, "the JobMesh of the job that staged this batch")

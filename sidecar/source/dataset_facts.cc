@@ -6,6 +6,9 @@
 #include <utility>
 #include <vector>
 
+#include "formats/mds.h"
+#include "formats/webdataset.h"
+
 namespace meshload::sidecar::source {
 
 Result<formats::NpyHeader> ReadNpyHeader(Source& source, const std::string& name, uint64_t size) {
@@ -88,6 +91,117 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MegatronFacts(Source& sour
   return files;
 }
 
+// The last component of an object name (after its last '/').
+std::string BaseName(const std::string& name) {
+  const size_t slash = name.rfind('/');
+  return slash == std::string::npos ? name : name.substr(slash + 1);
+}
+
+// WebDataset: the URI names shards (brace ranges expanded as webdataset
+// does, globs and directories listed); each SHARD.tar needs its Energon
+// index SHARD.tar.idx beside it, read whole (8 bytes per sample).
+Result<std::vector<planner::DatasetIndex::FileFacts>> WebDatasetFacts(Source& source, const std::string& uri,
+                                                                      const std::string& name, Diagnostics& diags) {
+  std::vector<planner::DatasetIndex::FileFacts> files;
+  std::vector<std::string> missing;
+  for (const std::string& pattern : formats::ExpandShardPattern(name)) {
+    MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source.List(pattern));
+    for (const Source::Listed& o : objects) {
+      if (!BaseName(o.name).ends_with(".tar")) continue;  // its index, or not part of the format
+      planner::DatasetIndex::FileFacts facts;
+      facts.path = o.name;
+      facts.size = o.size;
+      const std::string idx = o.name + ".idx";
+      auto info = source.Stat(idx);
+      if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
+        missing.push_back(o.name);
+        continue;
+      }
+      if (!info.ok()) {
+        facts.records = info.status();
+      } else {
+        std::string bytes(static_cast<size_t>(info->size), '\0');
+        Status st = source.Read(idx, 0, bytes.data(), bytes.size());
+        facts.records =
+            st.ok() ? formats::ParseEnergonTarIndex(bytes, RedactUri(idx), o.size) : Result<std::vector<uint64_t>>(st);
+      }
+      files.push_back(std::move(facts));
+    }
+  }
+  if (!missing.empty()) {
+    std::string shards = RedactUri(missing.front());
+    if (missing.size() > 1) shards += " and " + std::to_string(missing.size() - 1) + " more";
+    diags.Add(RedactUri(missing.front()), std::to_string(missing.size()) +
+                                              " shard(s) without an Energon index (SHARD.tar.idx) beside them: " +
+                                              shards + ". Write them with `meshload index " + RedactUri(uri) +
+                                              "` (or Megatron-Energon's `energon prepare`), then start the job again");
+  }
+  if (files.empty() && missing.empty()) {
+    return InvalidArgument("names no WebDataset shard (no .tar object)", RedactUri(uri));
+  }
+  return files;
+}
+
+// MDS: the URI names a dataset folder (or prefix) holding index.json, or
+// index.json itself; every shard it lists is read by its offset table (the
+// first 4 × (N + 2) bytes). Compressed shards are refused by name.
+Result<std::vector<planner::DatasetIndex::FileFacts>> MdsFacts(Source& source, const std::string& uri,
+                                                               const std::string& name, Diagnostics& diags) {
+  std::string folder = name;
+  if (folder.ends_with("index.json")) folder.resize(folder.size() - std::string_view("index.json").size());
+  if (!folder.empty() && !folder.ends_with("/")) folder += "/";
+  const std::string index_name = folder + "index.json";
+  auto info = source.Stat(index_name);
+  if (!info.ok()) {
+    if (info.status().code() == StatusCode::kNotFound) {
+      return InvalidArgument(
+          "has no index.json: an MDS dataset is a folder with index.json and its shards "
+          "(written by MosaicML Streaming's MDSWriter)",
+          RedactUri(uri));
+    }
+    return info.status();
+  }
+  std::string json(static_cast<size_t>(info->size), '\0');
+  MESHLOAD_RETURN_IF_ERROR(source.Read(index_name, 0, json.data(), json.size()));
+  MESHLOAD_ASSIGN_OR_RETURN(std::vector<formats::MdsShard> shards, formats::ParseMdsIndex(json, RedactUri(index_name)));
+  std::vector<planner::DatasetIndex::FileFacts> files;
+  for (formats::MdsShard& shard : shards) {
+    planner::DatasetIndex::FileFacts facts;
+    facts.path = folder + shard.basename;
+    if (!shard.compression.empty()) {
+      diags.Add(
+          RedactUri(folder + shard.zip_basename),
+          "is compressed (" + shard.compression +
+              "); meshload reads raw MDS shards by byte range. Write the dataset with MDSWriter(compression=None), "
+              "or decompress each shard to its raw_data basename (" +
+              shard.basename + ")");
+      continue;
+    }
+    auto stat = source.Stat(facts.path);
+    if (!stat.ok()) {
+      facts.records = stat.status();
+    } else if (stat->size != shard.bytes) {
+      facts.records =
+          DataLoss("is " + std::to_string(stat->size) + " bytes but index.json says " + std::to_string(shard.bytes),
+                   RedactUri(facts.path));
+    } else {
+      facts.size = stat->size;
+      std::string head(static_cast<size_t>(std::min(formats::MdsShardHeadBytes(shard.samples), stat->size)), '\0');
+      Status st = source.Read(facts.path, 0, head.data(), head.size());
+      if (!st.ok()) {
+        facts.records = st;
+      } else {
+        facts.records = formats::ParseMdsShardHead(head, shard);
+        if (!facts.records.ok()) facts.records = facts.records.status().WithLocationPrefix(RedactUri(facts.path));
+      }
+    }
+    facts.mds = std::move(shard);
+    files.push_back(std::move(facts));
+  }
+  if (files.empty() && diags.ok()) return InvalidArgument("index.json lists no shards", RedactUri(index_name));
+  return files;
+}
+
 }  // namespace
 
 Status S3OptionsForDataset(const planner::DatasetSpec& spec, S3Options& s3) {
@@ -109,6 +223,13 @@ Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, Sou
   Diagnostics index_diags;
   if (spec.format == planner::DatasetFormat::kMegatronIndexed) {
     MESHLOAD_ASSIGN_OR_RETURN(files, MegatronFacts(*source, name, index_diags));
+    for (const auto& f : files) {
+      if (std::string r = RedactUri(f.path); r != f.path) secret.emplace_back(f.path, std::move(r));
+    }
+  } else if (spec.format == planner::DatasetFormat::kWebDataset || spec.format == planner::DatasetFormat::kMDS) {
+    MESHLOAD_ASSIGN_OR_RETURN(files, spec.format == planner::DatasetFormat::kMDS
+                                         ? MdsFacts(*source, spec.uri, name, index_diags)
+                                         : WebDatasetFacts(*source, spec.uri, name, index_diags));
     for (const auto& f : files) {
       if (std::string r = RedactUri(f.path); r != f.path) secret.emplace_back(f.path, std::move(r));
     }

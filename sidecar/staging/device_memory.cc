@@ -133,12 +133,10 @@ Status DeviceSlotMemory::Stage(uint32_t slot, const uint8_t* host_slot, const st
 }
 
 uint64_t DeviceSlotMemory::UsedBytes(size_t i, const std::vector<StagedTensor>* staged) const {
-  const DeviceTensor& t = layout_.devices[i];
-  if (!layout_.ragged || staged == nullptr) return t.region_bytes;
-  // The offsets, then the values this step's samples take (the same for a
-  // replica as for its shard's first device).
+  // Ragged: the offsets, then the values this step's samples take (the
+  // same for a replica as for its shard's first device).
   const size_t p = static_cast<size_t>(primary_[i]);
-  return std::min(t.region_bytes, (t.offset - t.region_offset) + (*staged)[p].values_bytes);
+  return UsedRegionBytes(layout_, p, staged == nullptr ? nullptr : &(*staged)[p]);
 }
 
 Status DeviceSlotMemory::CopyAndFence(uint32_t slot, const uint8_t* host_slot,

@@ -40,7 +40,7 @@ import meshload, meshload.jax, meshload.interop
 want = sys.argv[1]
 assert meshload.__version__ == want, (meshload.__version__, want)
 info = meshload.build_info
-assert info["version"] == want and info["protocol_version"] == 3, info
+assert info["version"] == want and info["protocol_version"] == 4, info
 assert info["gpu_import"].startswith("built in (CUDA 13."), info  # cuda.h from the build requirements
 pkg = os.path.dirname(meshload.__file__)
 assert "site-packages" in pkg, pkg

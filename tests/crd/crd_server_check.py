@@ -74,6 +74,13 @@ TOKENS["spec"]["dataset"] = {"uri": "s3://bucket/tokens/", "format": "TokenStrea
 MEGATRON = copy.deepcopy(FULL)
 MEGATRON["spec"]["dataset"] = {"uri": "s3://bucket/corpus/docs_text_document", "format": "MegatronIndexed",
                                "dtype": "uint16", "samples": 1000}
+WEBDATASET = copy.deepcopy(FULL)
+WEBDATASET["spec"]["dataset"] = {"uri": "s3://bucket/shards/train-{000000..000127}.tar", "format": "WebDataset",
+                                 "fields": [{"name": "jpg"}, {"name": "cls", "dtype": "int64"}],
+                                 "missingField": "Skip", "samples": 1000}
+MDS = copy.deepcopy(FULL)
+MDS["spec"]["dataset"] = {"uri": "s3://bucket/mds/train/", "format": "MDS",
+                          "fields": [{"name": "image"}, {"name": "label", "dtype": "int64"}], "samples": 1000}
 
 
 def create(doc, dry_run=True):
@@ -81,7 +88,8 @@ def create(doc, dry_run=True):
     return kubectl(*args, stdin=json.dumps(doc))
 
 
-for label, doc in (("FixedRecord", FULL), ("TokenStream", TOKENS), ("MegatronIndexed", MEGATRON)):
+for label, doc in (("FixedRecord", FULL), ("TokenStream", TOKENS), ("MegatronIndexed", MEGATRON),
+                   ("WebDataset", WEBDATASET), ("MDS", MDS)):
     rc, out = create(doc)
     check("a %s job with every field is accepted" % label, rc == 0, out)
 
@@ -216,6 +224,16 @@ CEL = [
      ["spec.dataset.recordBytes", "recordBytes is not used by format MegatronIndexed"]),
     ("sequenceLength with MegatronIndexed", MEGATRON, lambda d: put(d, ["spec", "dataset", "sequenceLength"], 8),
      ["spec.dataset.sequenceLength", "sequenceLength is only used by format TokenStream"]),
+    ("WebDataset without fields", WEBDATASET, lambda d: drop(d, ["spec", "dataset", "fields"]),
+     ["spec.dataset", "formats WebDataset and MDS need fields"]),
+    ("MDS with a dataset dtype", MDS, lambda d: put(d, ["spec", "dataset", "dtype"], "uint8"),
+     ["spec.dataset", "formats WebDataset and MDS need fields, and take no recordBytes or dtype"]),
+    ("fields with FixedRecord", FULL, lambda d: put(d, ["spec", "dataset", "fields"], [{"name": "jpg"}]),
+     ["spec.dataset.fields", "fields are only used by formats WebDataset and MDS"]),
+    ("a field name with a slash", WEBDATASET, lambda d: put(d, ["spec", "dataset", "fields", 0, "name"], "a/b"),
+     ["spec.dataset.fields[0].name"]),
+    ("an unknown missingField policy", WEBDATASET, lambda d: put(d, ["spec", "dataset", "missingField"], "Drop"),
+     ["spec.dataset.missingField", "Unsupported value"]),
     ("blockSize with mode Global", FULL, lambda d: put(d, ["spec", "shuffle", "mode"], "Global"),
      ["spec.shuffle.blockSize", "blockSize is only used with mode Block"]),
     ("blockSize with mode absent (Global by default)", FULL, lambda d: drop(d, ["spec", "shuffle", "mode"]),

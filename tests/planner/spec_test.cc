@@ -366,6 +366,30 @@ TEST(Spec, FormatSpecificFields) {
                              "spec.dataset.sequenceLength: is only used by format TokenStream"));
 }
 
+// WebDataset and MDS name the fields a batch carries; other formats take none.
+TEST(Spec, RecordFormatsNeedTheirFieldsAndTakeNoDatasetDtype) {
+  const char* from = "format: FixedRecord\n    recordBytes: 64";
+  EXPECT_TRUE(EditHasProblem(from, "format: WebDataset", "spec.dataset.fields: required for format WebDataset"));
+  EXPECT_TRUE(EditHasProblem(from, "format: MDS\n    fields: [{name: image}]\n    recordBytes: 64",
+                             "spec.dataset.recordBytes: is not used by format MDS"));
+  EXPECT_TRUE(EditHasProblem(from, "format: MDS\n    fields: [{name: image}]\n    dtype: uint8",
+                             "spec.dataset.dtype: is not used by format MDS; give each field's dtype"));
+  EXPECT_TRUE(EditHasProblem(from, "format: WebDataset\n    fields: [{name: jpg}, {name: jpg, dtype: int64}]",
+                             "spec.dataset.fields[1].name: 'jpg' is listed twice"));
+  EXPECT_TRUE(EditHasProblem(from, "format: WebDataset\n    fields: [{name: cls, dtype: bfloat16}]",
+                             "spec.dataset.fields[0].dtype: bfloat16 is not decoded from a WebDataset member's text"));
+  EXPECT_TRUE(EditHasProblem(from, "format: WebDataset\n    fields: [{name: a/b}]",
+                             "spec.dataset.fields[0].name: 'a/b' is not a field name"));
+  EXPECT_TRUE(EditHasProblem(from, "format: WebDataset\n    fields: [{name: jpg}]\n    missingField: Drop",
+                             "spec.dataset.missingField: unknown value 'Drop'; expected one of Error, Skip"));
+  EXPECT_TRUE(EditHasProblem("recordBytes: 64", "recordBytes: 64\n    fields: [{name: jpg}]",
+                             "spec.dataset.fields: are only used by formats WebDataset and MDS"));
+  auto ok = Problems(Edit(from,
+                          "format: WebDataset\n    fields: [{name: jpg}, {name: cls, dtype: int64}]\n"
+                          "    missingField: Skip"));
+  EXPECT_TRUE(ok.empty()) << ::testing::PrintToString(ok);
+}
+
 TEST(Spec, SelectorIsParsedAndChecked) {
   Diagnostics d;
   auto job = ParseDataLoadJob(Edit("  strategy:",

@@ -116,14 +116,14 @@ TEST(Protocol, RejectsOversizedMessagesAndUnboundedCounts) {
   h.job = std::string(kMaxString + 1, 'j');
   EXPECT_FALSE(Decode(Encode(h)).ok());
   Ready r{1, 0, {}};
-  for (size_t i = 0; i <= kMaxDevices; ++i) r.tensors.push_back({0, 1, 8, {1}, {1}, 0, {}});
+  for (size_t i = 0; i <= kMaxDevices * kMaxFields; ++i) r.tensors.push_back({0, 1, 8, {1}, {1}, 0, {}});
   EXPECT_THAT(Decode(Encode(r)).status().message(), HasSubstr("exceed the limit"));
 }
 
 TEST(Protocol, RejectsInconsistentLayouts) {
   ServerHello h = SampleHello();
   h.layout.pop_back();
-  EXPECT_THAT(Decode(Encode(h)).status().message(), HasSubstr("layout has 1 tensors for 2 devices"));
+  EXPECT_THAT(Decode(Encode(h)).status().message(), HasSubstr("layout has 1 tensors for 2 devices of 1 fields"));
   h = SampleHello();
   h.slot_bytes = h.pool_bytes;
   EXPECT_THAT(Decode(Encode(h)).status().message(), HasSubstr("exceed the pool"));
@@ -158,12 +158,45 @@ TEST(Protocol, ARaggedTensorRoundTripsAndItsOffsetsMustLieBeforeItsValues) {
   EXPECT_THAT(error_of({0, 32}, {10}, 256).ToString(), HasSubstr("do not lie 8-byte aligned before the values at 256"));
   EXPECT_THAT(error_of({4, 2}, {10}, 256).ToString(), HasSubstr("do not lie 8-byte aligned"));
   EXPECT_THAT(error_of({512, 2}, {10}, 256).ToString(), HasSubstr("do not lie 8-byte aligned"));
-  EXPECT_THAT(error_of({0, 0}, {10}, 256).ToString(), HasSubstr("a ragged tensor of 0 samples"));
+  EXPECT_OK(error_of({0, 0}, {10}, 256));  // every sample skipped: one offset, 0
+  EXPECT_THAT(error_of({0, (uint64_t{1} << 40) + 1}, {10}, 256).ToString(), HasSubstr("at most 2^40"));
   EXPECT_THAT(error_of({0, 2}, {2, 5}, 256).ToString(), HasSubstr("values are 1-D, not 2-D"));
   // A kind other than 0 (dense) or 1 (ragged): the byte after ids_checksum.
   std::string b = Encode(Ready{1, 0, {{0, 1, 8, {4}, {1}, 0, {}}}});
   b.back() = 2;
   EXPECT_THAT(Decode(b).status().ToString(), HasSubstr("unknown tensor kind 2"));
+}
+
+// Version 4's named fields: a tensor per (device, field), device-major;
+// the names are unique, and only a batch of one field has an unnamed one.
+TEST(Protocol, NamedFieldsRoundTripAndTheLayoutHasATensorPerDeviceAndField) {
+  ServerHello h = SampleHello();
+  h.fields = {"jpg", "cls"};
+  h.layout = {{256, 1, 8, {1000}, {1}, 1000, RaggedInfo{0, 4}},
+              {1280, 0, 64, {4}, {1}, 32, {}},
+              {2304, 1, 8, {1000}, {1}, 1000, RaggedInfo{2048, 4}},
+              {3328, 0, 64, {4}, {1}, 32, {}}};
+  auto back = Decode(Encode(h));
+  ASSERT_OK(back);
+  EXPECT_EQ(std::get<ServerHello>(*back).fields, (std::vector<std::string>{"jpg", "cls"}));
+  EXPECT_EQ(std::get<ServerHello>(*back).layout.size(), 4u);
+  EXPECT_EQ(std::get<ServerHello>(Decode(Encode(SampleHello())).value()).fields, std::vector<std::string>{""});
+
+  ServerHello bad = h;
+  bad.layout.pop_back();
+  EXPECT_THAT(Decode(Encode(bad)).status().message(), HasSubstr("layout has 3 tensors for 2 devices of 2 fields"));
+  bad = h;
+  bad.fields = {"jpg", "jpg"};
+  EXPECT_THAT(Decode(Encode(bad)).status().message(), HasSubstr("field 'jpg' is listed twice"));
+  bad = h;
+  bad.fields = {"jpg", ""};
+  EXPECT_THAT(Decode(Encode(bad)).status().message(), HasSubstr("field 1 has no name"));
+  bad = SampleHello();
+  bad.fields = {};
+  EXPECT_THAT(Decode(Encode(bad)).status().message(), HasSubstr("at least one field"));
+  bad = SampleHello();
+  bad.fields.assign(kMaxFields + 1, "f");
+  EXPECT_THAT(Decode(Encode(bad)).status().message(), HasSubstr("exceed the limit of 16"));
 }
 
 // docs/protocol.md shows a ragged READY tensor entry byte by byte.

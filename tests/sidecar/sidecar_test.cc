@@ -619,14 +619,14 @@ TEST(Sidecar, MalformedTruncatedAndOversizedMessagesAreRefusedAndServingGoesOn) 
   EXPECT_GE(h.Metric("meshload_client_connections_total{outcome=\"bad_hello\"}"), 1) << h.Metrics();
 }
 
-// A client of protocol version 2 (before ragged tensors) gets the version
+// A client of protocol version 3 (before named fields) gets the version
 // error, in the header or in the hello's payload, and serving goes on.
 TEST(Sidecar, AnOlderProtocolVersionGetsTheVersionError) {
   SidecarHarness h;
   ASSERT_OK(h.Start());
   std::string old_header = protocol::Encode(protocol::ClientHello{protocol::kProtocolVersion, 1, 0});
-  old_header[4] = 2;  // the header's version
-  std::string old_payload = protocol::Encode(protocol::ClientHello{2, 1, 0});
+  old_header[4] = 3;  // the header's version
+  std::string old_payload = protocol::Encode(protocol::ClientHello{3, 1, 0});
   for (const std::string& hello : {old_header, old_payload}) {
     auto fd = protocol::ConnectSeqpacket(h.options_.socket_path);
     ASSERT_OK(fd);
@@ -637,7 +637,7 @@ TEST(Sidecar, AnOlderProtocolVersionGetsTheVersionError) {
     ASSERT_OK(m);
     const auto& err = std::get<protocol::ErrorMessage>(*m);
     EXPECT_EQ(err.code, protocol::ErrorCode::kVersionMismatch);
-    EXPECT_EQ(err.message, "this sidecar speaks protocol version 3");
+    EXPECT_EQ(err.message, "this sidecar speaks protocol version 4");
   }
   auto c = h.Connect();
   ASSERT_OK(c->Next(milliseconds(5000)));
@@ -1018,7 +1018,8 @@ TEST(Client, RefusesReadyTensorsThatAreNotCompactOrOverflow) {
 }
 
 // A ragged READY must be the ragged tensor SERVER_HELLO described: the same
-// offsets and samples, its values within the room.
+// offsets, at most its samples (fewer when some were skipped), its values
+// within the room.
 TEST(Client, RefusesARaggedReadyThatIsNotTheTensorTheHelloDescribed) {
   TempDir dir;
   protocol::ServerHello hello = OneDeviceHello();
@@ -1029,7 +1030,8 @@ TEST(Client, RefusesARaggedReadyThatIsNotTheTensorTheHelloDescribed) {
        {protocol::TensorReady{256, 1, 16, {700}, {1}, 0, {}},
         protocol::TensorReady{256, 1, 16, {1001}, {1}, 0, protocol::RaggedInfo{0, 4}},
         protocol::TensorReady{256, 1, 16, {700}, {1}, 0, protocol::RaggedInfo{8, 4}},
-        protocol::TensorReady{256, 1, 16, {700}, {1}, 0, protocol::RaggedInfo{0, 3}}}) {
+        protocol::TensorReady{256, 1, 16, {700}, {1}, 0, protocol::RaggedInfo{0, 5}},
+        protocol::TensorReady{256, 2, 16, {700}, {1}, 0, protocol::RaggedInfo{0, 4}}}) {
     const std::string sock = dir.path() + "/fake-" + std::to_string(n++) + ".sock";
     FakeSidecar fake(sock, hello, {protocol::Ready{0, 0, {bad}}});
     auto c = client::Client::Connect(NoRetry(sock));
@@ -1050,6 +1052,54 @@ TEST(Client, RefusesARaggedReadyThatIsNotTheTensorTheHelloDescribed) {
   EXPECT_EQ(t.samples, 4u);
   EXPECT_EQ(reinterpret_cast<const uint8_t*>(t.offsets) + 256, static_cast<const uint8_t*>(t.data));
   EXPECT_EQ(t.nbytes, 1400u);
+  (*c)->Close();
+}
+
+// A batch of named fields (WebDataset, MDS): a tensor per (device, field),
+// each named; a dense field may hold fewer rows than the layout (skipped
+// samples), never more, nor another row shape or dtype.
+TEST(Client, ABatchOfNamedFieldsHasATensorPerFieldAndRefusesOthers) {
+  TempDir dir;
+  protocol::ServerHello hello = OneDeviceHello();
+  hello.fields = {"jpg", "cls"};
+  hello.layout = {{256, 1, 8, {1000}, {1}, 1000, protocol::RaggedInfo{0, 4}}, {1280, 0, 64, {4}, {1}, 32, {}}};
+  const protocol::TensorReady jpg{256, 1, 8, {600}, {1}, 0, protocol::RaggedInfo{0, 3}};
+  int n = 0;
+  for (const protocol::TensorReady& bad :
+       {protocol::TensorReady{1280, 0, 64, {5}, {1}, 0, {}}, protocol::TensorReady{1280, 0, 32, {4}, {1}, 0, {}},
+        protocol::TensorReady{1280, 0, 64, {2, 2}, {2, 1}, 0, {}},
+        protocol::TensorReady{1288, 0, 64, {3}, {1}, 0, {}}}) {
+    const std::string sock = dir.path() + "/fake-" + std::to_string(n++) + ".sock";
+    FakeSidecar fake(sock, hello, {protocol::Ready{0, 0, {jpg, bad}}});
+    auto c = client::Client::Connect(NoRetry(sock));
+    ASSERT_OK(c);
+    auto b = (*c)->Next(milliseconds(2000));
+    ASSERT_FALSE(b.ok());
+    EXPECT_THAT(b.status().ToString(), HasSubstr("is not the dense tensor SERVER_HELLO described"));
+    (*c)->Close();
+  }
+  {
+    const std::string sock = dir.path() + "/fake-one.sock";
+    FakeSidecar fake(sock, hello, {protocol::Ready{0, 0, {jpg}}});
+    auto c = client::Client::Connect(NoRetry(sock));
+    ASSERT_OK(c);
+    auto b = (*c)->Next(milliseconds(2000));
+    ASSERT_FALSE(b.ok());
+    EXPECT_THAT(b.status().ToString(), HasSubstr("READY has 1 tensors; SERVER_HELLO described 2"));
+    (*c)->Close();
+  }
+  const std::string sock = dir.path() + "/fake-good.sock";
+  FakeSidecar fake(sock, hello, {protocol::Ready{0, 0, {jpg, protocol::TensorReady{1280, 0, 64, {3}, {1}, 0, {}}}}});
+  auto c = client::Client::Connect(NoRetry(sock));
+  ASSERT_OK(c);
+  auto b = (*c)->Next(milliseconds(2000));
+  ASSERT_OK(b);
+  ASSERT_EQ(b->tensors.size(), 2u);
+  EXPECT_EQ(b->tensors[0].field, "jpg");
+  EXPECT_EQ(b->tensors[0].samples, 3u);
+  EXPECT_EQ(b->tensors[1].field, "cls");
+  EXPECT_EQ(b->tensors[1].shape, std::vector<int64_t>{3});
+  EXPECT_EQ(b->tensors[1].offsets, nullptr);
   (*c)->Close();
 }
 

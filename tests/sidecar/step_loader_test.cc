@@ -65,6 +65,8 @@ planner::JobSpec SpecFor(const Case& c, const std::string& dir) {
       spec.dataset.record_bytes = 64;
       break;
     case DatasetFormat::kMegatronIndexed: spec.dataset.dtype = formats::DType::kUint16; break;
+    case DatasetFormat::kWebDataset:
+    case DatasetFormat::kMDS: break;  // not generated: the formats' own writers' files (RecordFormats below)
   }
   spec.batch.global_batch_size = 24;
   spec.shuffle.mode = c.shuffle;
@@ -105,24 +107,27 @@ void ExpectSlotMatchesPlan(const planner::ShardPlanner& planner, int64_t process
   for (size_t i = 0; i < plan.devices.size(); ++i) {
     const auto& ids = plan.devices[i].samples;
     EXPECT_EQ(staged[i].ids_checksum, protocol::SampleIdsChecksum(ids.data(), ids.size()));
-    EXPECT_EQ(staged[i].values_bytes, ds.BytesOf(ids.data(), ids.size()));
+    EXPECT_EQ(staged[i].values_bytes, std::vector<uint64_t>{ds.BytesOf(ids.data(), ids.size())});
+    EXPECT_EQ(staged[i].samples, ids.size());
     // Ragged: the offsets (in elements) before the values, then the
     // samples back to back; dense: sample k at k × sample bytes.
-    const auto* offsets = reinterpret_cast<const int64_t*>(slot + layout.devices[i].offsets_offset);
-    const uint64_t es = formats::DTypeSize(layout.dtype);
+    const staging::FieldLayout& field = layout.fields[0];
+    const staging::FieldTensor& tensor = layout.devices[i].fields[0];
+    const auto* offsets = reinterpret_cast<const int64_t*>(slot + tensor.offsets_offset);
+    const uint64_t es = formats::DTypeSize(field.dtype);
     uint64_t at = 0;
     for (size_t k = 0; k < ids.size(); ++k) {
-      if (layout.ragged) {
+      if (field.ragged) {
         ASSERT_EQ(static_cast<uint64_t>(offsets[k]) * es, at) << "step " << step << " device " << i << " offset " << k;
       }
-      const uint8_t* bytes = slot + layout.devices[i].offset + at;
+      const uint8_t* bytes = slot + tensor.offset + at;
       ASSERT_EQ(tools::FirstMismatch(ds, ids[k], bytes), -1)
           << "step " << step << " device " << i << " sample " << ids[k];
-      at += layout.ragged ? ds.SampleBytes(ids[k]) : layout.sample_bytes;
+      at += field.ragged ? ds.SampleBytes(ids[k]) : field.sample_bytes;
     }
-    if (layout.ragged) {
+    if (field.ragged) {
       ASSERT_EQ(static_cast<uint64_t>(offsets[ids.size()]) * es, at) << "step " << step << " device " << i;
-      EXPECT_LE(at, layout.devices[i].nbytes) << "the values fit their room";
+      EXPECT_LE(at, tensor.nbytes) << "the values fit their room";
     }
   }
 }
@@ -285,7 +290,7 @@ RecordedLoad LoadRecorded(DatasetFormat format, int64_t batch, uint64_t samples,
   });
   const auto layout = staging::ComputeBatchLayout(planner->job(), 0);
   RecordedLoad out;
-  out.sample_bytes = layout.sample_bytes;
+  out.sample_bytes = layout.fields[0].sample_bytes;
   auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), sources, layout, opts);
   if (!loader.ok()) {
     out.status = loader.status();

@@ -69,16 +69,17 @@ int Main(int argc, char** argv) {
     const uint64_t bytes = mib << 20;
     // One local device, one tensor of `bytes` per slot.
     sidecar::staging::BatchLayout layout;
-    layout.dtype = formats::DType::kUint8;
-    layout.sample_bytes = bytes;
+    layout.fields.push_back({"", formats::DType::kUint8, false, {bytes}, bytes});
     layout.samples_per_device = 1;
     layout.slot_bytes = bytes;
-    sidecar::staging::DeviceTensor t;
+    sidecar::staging::DeviceTensor dev;
+    sidecar::staging::FieldTensor t;
     t.shape = {1, static_cast<int64_t>(bytes)};
     t.strides = {static_cast<int64_t>(bytes), 1};
     t.nbytes = bytes;
-    t.region_bytes = bytes;
-    layout.devices.push_back(std::move(t));
+    dev.region_bytes = bytes;
+    dev.fields.push_back(std::move(t));
+    layout.devices.push_back(std::move(dev));
     auto host = sidecar::staging::HostSlotMemory::Create(kSlots, bytes, "gpu-bench");
     if (!host.ok()) {
       std::fprintf(stderr, "gpu_bench: %s\n", host.status().ToString().c_str());

@@ -1,0 +1,403 @@
+// WebDataset and MDS through the step loader, on files the formats' own
+// writers made (tests/formats/data/): for every sample of every step of two
+// epochs, on a mesh of 4 processes and after a resize to 8 (and with local
+// replicas), each field the sidecar staged equals what the format's own
+// reader returned for that sample (the fixtures' expected.json).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "formats/webdataset.h"
+#include "protocol/protocol.h"
+#include "sidecar/source/dataset_facts.h"
+#include "sidecar/step_loader.h"
+#include "tests/formats/fixture_files.h"
+#include "tests/testing/job_fixtures.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace meshload::sidecar {
+namespace {
+
+using formats::fixtures::Hex;
+using formats::fixtures::Slurp;
+using meshload::testing::TempDir;
+using planner::DatasetFormat;
+using planner::Strategy;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+const std::string kData = MESHLOAD_FORMATS_DATA;
+
+// What the format's own reader returned for each global sample id: per
+// field name, the bytes the sidecar must stage (nullopt: the sample lacks
+// the field).
+using Expected = std::vector<std::map<std::string, std::string>>;
+
+std::string Unhex(const std::string& h) {
+  std::string out(h.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(std::stoi(h.substr(2 * i, 2), nullptr, 16));
+  return out;
+}
+
+template <typename T>
+std::string Bytes(T v) {
+  std::string s(sizeof v, '\0');
+  std::memcpy(s.data(), &v, sizeof v);
+  return s;
+}
+
+// WebDataset: webdataset's samples, in shard order; `cls` decoded as int64
+// from its text, as the job asks for it.
+Expected WebDatasetExpected(const std::vector<std::string>& shards) {
+  Expected out;
+  for (const std::string& shard : shards) {
+    const Json doc = Json::parse(Slurp(kData + "/webdataset/" + shard + ".expected.json"));
+    for (const Json& s : doc["samples"]) {
+      std::map<std::string, std::string> fields;
+      for (const auto& [ext, hex] : s["fields"].items()) fields[ext] = Unhex(hex.get<std::string>());
+      if (fields.count("cls")) fields["cls"] = Bytes<int64_t>(std::stoll(fields["cls"]));
+      out.push_back(std::move(fields));
+    }
+  }
+  return out;
+}
+
+// MDS: Streaming's decoded columns, re-encoded as MDS stores them; the
+// variable-shape ndarray `tokens` asked for as int32 is its elements (the
+// bytes after its shape header).
+Expected MdsExpected() {
+  Expected out;
+  const Json doc = Json::parse(Slurp(kData + "/mds/raw/expected.json"));
+  for (const Json& shard : doc["shards"]) {
+    for (const Json& row : shard) {
+      std::map<std::string, std::string> fields;
+      for (const auto& [col, hex] : row["columns"].items()) fields[col] = Unhex(hex.get<std::string>());
+      const auto b = static_cast<uint8_t>(fields["tokens"][0]);
+      fields["tokens"] = fields["tokens"].substr(1 + (b >> 2) * (size_t{1} << (b & 3)));
+      out.push_back(std::move(fields));
+    }
+  }
+  return out;
+}
+
+void CopyInto(const std::string& from, const std::string& dir) {
+  std::filesystem::copy_file(from, dir + "/" + std::filesystem::path(from).filename().string());
+}
+
+planner::JobSpec RecordSpec(DatasetFormat format, const std::string& uri, std::vector<planner::DatasetField> fields,
+                            int64_t processes, int64_t devices_per_process, Strategy strategy,
+                            std::vector<planner::MeshAxis> axes = {}) {
+  planner::JobSpec spec;
+  spec.mesh.axes = axes.empty() ? std::vector<planner::MeshAxis>{{"data", processes * devices_per_process}} : axes;
+  spec.mesh.processes = processes;
+  spec.mesh.devices_per_process = devices_per_process;
+  spec.mesh.batch_axes = {"data"};
+  spec.mesh.batch_axes_set = true;
+  spec.strategy = strategy;
+  spec.dataset.uri = uri;
+  spec.dataset.format = format;
+  spec.dataset.fields = std::move(fields);
+  spec.batch.global_batch_size = 8;
+  spec.shuffle.mode = planner::ShuffleMode::kGlobal;
+  spec.shuffle.seed = 36;
+  return spec;
+}
+
+Result<planner::ResolvedJob> Resolve(const planner::JobSpec& spec) {
+  Diagnostics d;
+  auto job = source::ResolveReadingDataset(testing::MustValidate(spec), {}, source::Unreachable::kFail, d);
+  if (!job.ok()) return Status(job.status().code(), d.ToString() + " " + job.status().ToString());
+  return job;
+}
+
+// What one step staged on every process of the job: per sample id, each
+// field's bytes (a sample on several devices must be the same on each).
+struct StepResult {
+  std::vector<std::vector<std::string>> samples;
+  uint64_t skipped = 0;
+};
+
+// Loads `steps` steps on every process of `job` and checks every device's
+// slot against the plan: ids, sample counts, offsets; returns the samples.
+std::vector<StepResult> LoadAll(const planner::ResolvedJob& job, int64_t steps) {
+  planner::ShardPlanner planner(job);
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  std::vector<StepResult> out(static_cast<size_t>(steps));
+  for (int64_t p = 0; p < job.mesh.processes(); ++p) {
+    const auto layout = staging::ComputeBatchLayout(job, p);
+    EXPECT_TRUE(layout.extracts);
+    StepLoaderOptions opts;
+    opts.reader_threads = 2;
+    auto loader = StepLoader::Create(planner, p, planner.DefaultLoading(), *sources, layout, opts);
+    EXPECT_OK(loader);
+    if (!loader.ok()) return out;
+    EXPECT_OK((*loader)->VerifyFiles());
+    std::vector<uint8_t> slot(layout.slot_bytes, 0xEE);
+    for (int64_t step = 0; step < steps; ++step) {
+      std::vector<staging::StagedTensor> staged;
+      StepLoadStats stats;
+      Status st = (*loader)->Load(step, slot.data(), staged, &stats);
+      EXPECT_OK(st) << "process " << p << " step " << step;
+      if (!st.ok()) return out;
+      StepResult& r = out[static_cast<size_t>(step)];
+      r.skipped += stats.samples_skipped;
+      const planner::StepPlan plan = planner.PlanStep(step, planner.DefaultLoading(), p);
+      for (size_t i = 0; i < plan.devices.size(); ++i) {
+        const std::vector<uint64_t>& ids = plan.devices[i].samples;
+        EXPECT_EQ(staged[i].ids_checksum, protocol::SampleIdsChecksum(ids.data(), ids.size()));
+        EXPECT_LE(staged[i].samples, ids.size());
+        for (uint64_t k = 0; k < staged[i].samples; ++k) {
+          std::vector<std::string> values;
+          for (size_t f = 0; f < layout.fields.size(); ++f) {
+            const staging::FieldLayout& field = layout.fields[f];
+            const staging::FieldTensor& t = layout.devices[i].fields[f];
+            if (field.ragged) {
+              const auto* offsets = reinterpret_cast<const int64_t*>(slot.data() + t.offsets_offset);
+              const uint64_t es = formats::DTypeSize(field.dtype);
+              EXPECT_EQ(offsets[0], 0);
+              EXPECT_EQ(static_cast<uint64_t>(offsets[staged[i].samples]) * es, staged[i].values_bytes[f]);
+              values.emplace_back(reinterpret_cast<const char*>(slot.data() + t.offset + offsets[k] * es),
+                                  (offsets[k + 1] - offsets[k]) * es);
+            } else {
+              values.emplace_back(reinterpret_cast<const char*>(slot.data() + t.offset + k * field.sample_bytes),
+                                  field.sample_bytes);
+            }
+          }
+          r.samples.push_back(std::move(values));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Every sample of the step's global batch that has every field is
+// delivered with exactly the bytes the format's reader returned, and no
+// other sample is.
+void ExpectStepsMatch(const planner::ResolvedJob& job, const std::vector<StepResult>& got, const Expected& expected,
+                      const std::vector<std::string>& fields, size_t replicas) {
+  planner::ShardPlanner planner(job);
+  for (size_t step = 0; step < got.size(); ++step) {
+    std::multiset<std::vector<std::string>> want, have;
+    uint64_t lacking = 0;
+    for (uint64_t id : planner.GlobalBatch(static_cast<int64_t>(step))) {
+      std::vector<std::string> values;
+      for (const std::string& f : fields) {
+        const auto it = expected[id].find(f);
+        if (it == expected[id].end()) break;
+        values.push_back(it->second);
+      }
+      if (values.size() != fields.size()) {
+        ++lacking;
+        continue;
+      }
+      for (size_t r = 0; r < replicas; ++r) want.insert(values);
+    }
+    for (const auto& values : got[step].samples) have.insert(values);
+    EXPECT_EQ(have.size(), want.size()) << "step " << step;
+    EXPECT_TRUE(have == want) << "step " << step << ": the staged fields are not the reader's";
+    EXPECT_EQ(got[step].skipped, lacking * replicas) << "step " << step;
+  }
+}
+
+class WebDatasetFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* shard : {"shard-000000", "shard-000001"}) {
+      CopyInto(kData + "/webdataset/" + shard + ".tar", dir_.path());
+      CopyInto(kData + "/webdataset/" + shard + ".tar.idx", dir_.path());
+    }
+  }
+  TempDir dir_;
+};
+
+TEST_F(WebDatasetFixture, EveryFieldIsWhatWebdatasetReadsOverTwoEpochsAndAResize) {
+  const Expected expected = WebDatasetExpected({"shard-000000", "shard-000001"});
+  ASSERT_EQ(expected.size(), 21u);
+  const std::vector<planner::DatasetField> fields = {{"jpg", std::nullopt}, {"cls", formats::DType::kInt64}};
+  struct Mesh {
+    int64_t processes, devices;
+    Strategy strategy;
+    std::vector<planner::MeshAxis> axes;
+    size_t replicas;
+  };
+  for (const Mesh& m : {Mesh{4, 1, Strategy::kPerProcess, {}, 1}, Mesh{8, 1, Strategy::kPerProcess, {}, 1},
+                        Mesh{8, 1, Strategy::kGlobalLoad, {}, 1}, Mesh{2, 2, Strategy::kPerDevice, {}, 1},
+                        Mesh{2, 2, Strategy::kPerProcess, {{"data", 2}, {"model", 2}}, 2},
+                        Mesh{2, 2, Strategy::kPerDevice, {{"data", 2}, {"model", 2}}, 2}}) {
+    SCOPED_TRACE(std::to_string(m.processes) + " processes " + std::string(ToString(m.strategy)));
+    auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path() + "/shard-{000000..000001}.tar", fields,
+                           m.processes, m.devices, m.strategy, m.axes);
+    if (m.replicas > 1) spec.mesh.batch_axes = {"data"};
+    auto job = Resolve(spec);
+    ASSERT_OK(job);
+    EXPECT_EQ(job->samples, 21u);
+    EXPECT_EQ(job->steps_per_epoch, 2u);
+    const auto got = LoadAll(*job, 4);  // two epochs
+    ExpectStepsMatch(*job, got, expected, {"jpg", "cls"}, m.replicas);
+  }
+}
+
+TEST_F(WebDatasetFixture, SamplesWithoutAFieldAreSkippedWhenTheJobSaysSoAndCounted) {
+  const Expected expected = WebDatasetExpected({"shard-000000", "shard-000001"});
+  auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path(), {{"json", std::nullopt}, {"jpg", std::nullopt}}, 4,
+                         1, Strategy::kPerProcess);
+  spec.dataset.missing_field = planner::MissingFieldPolicy::kSkip;
+  auto job = Resolve(spec);
+  ASSERT_OK(job);
+  const auto got = LoadAll(*job, 4);
+  ExpectStepsMatch(*job, got, expected, {"json", "jpg"}, 1);
+  uint64_t skipped = 0;
+  for (const auto& s : got) skipped += s.skipped;
+  EXPECT_GT(skipped, 0u) << "a third of the samples have a json member";
+}
+
+TEST_F(WebDatasetFixture, ASampleWithoutAFieldFailsItsStepNamingShardKeyAndOffset) {
+  auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path(), {{"json", std::nullopt}}, 1, 1, Strategy::kPerProcess);
+  spec.shuffle.mode = planner::ShuffleMode::kNone;
+  auto job = Resolve(spec);
+  ASSERT_OK(job);
+  planner::ShardPlanner planner(*job);
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  const auto layout = staging::ComputeBatchLayout(*job, 0);
+  auto loader = StepLoader::Create(planner, 0, planner.DefaultLoading(), *sources, layout, {});
+  ASSERT_OK(loader);
+  std::vector<uint8_t> slot(layout.slot_bytes);
+  std::vector<staging::StagedTensor> staged;
+  // Sample 0 (train/000000) has a json member, sample 1 does not.
+  Status st = (*loader)->Load(0, slot.data(), staged, nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_THAT(st.ToString(), HasSubstr("shard-000000.tar@"));
+  EXPECT_THAT(st.ToString(), HasSubstr("sample 1 ('train/000001') has no field 'json'"));
+  EXPECT_THAT(st.ToString(), HasSubstr("missingField: Skip"));
+}
+
+TEST_F(WebDatasetFixture, AShardWithoutItsIndexIsRefusedWithTheCommandThatWritesIt) {
+  CopyInto(kData + "/webdataset/shard-000002.tar", dir_.path());
+  auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path(), {{"jpg", std::nullopt}}, 1, 1, Strategy::kPerProcess);
+  auto job = Resolve(spec);
+  ASSERT_FALSE(job.ok());
+  EXPECT_THAT(job.status().ToString(), HasSubstr("shard-000002.tar"));
+  EXPECT_THAT(job.status().ToString(), HasSubstr("meshload index " + dir_.path()));
+
+  // The index meshload writes for it (what `meshload index` writes) makes
+  // its samples readable like the others.
+  const std::string tar = Slurp(dir_.path() + "/shard-000002.tar");
+  formats::TarWalker walker("shard-000002.tar", tar.size());
+  formats::ShardSamples samples("shard-000002.tar");
+  while (!walker.done()) {
+    auto m = walker.Feed(std::string_view(tar).substr(walker.next().offset, walker.next().bytes));
+    ASSERT_OK(m);
+    if (*m) {
+      ASSERT_OK(samples.Add(**m));
+    }
+  }
+  std::ofstream(dir_.path() + "/shard-000002.tar.idx", std::ios::binary)
+      << formats::EnergonTarIndexBytes(formats::ShardSamples::EnergonIndex(samples.Finish(), walker.end_offset()));
+  auto indexed = Resolve(spec);
+  ASSERT_OK(indexed);
+  EXPECT_EQ(indexed->samples, 26u);
+  const Expected expected = WebDatasetExpected({"shard-000000", "shard-000001", "shard-000002"});
+  ExpectStepsMatch(*indexed, LoadAll(*indexed, 6), expected, {"jpg"}, 1);
+}
+
+TEST_F(WebDatasetFixture, ADamagedTarHeaderIsAnErrorNamingTheShardAndByte) {
+  // Sample 3's first header (from the index) gets a wrong checksum.
+  const std::string idx = Slurp(dir_.path() + "/shard-000000.tar.idx");
+  uint64_t at = 0;
+  std::memcpy(&at, idx.data() + 3 * 8, 8);
+  std::fstream f(dir_.path() + "/shard-000000.tar", std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(at + 10));
+  f.put('\x7f');
+  f.close();
+  auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path(), {{"jpg", std::nullopt}}, 1, 1, Strategy::kPerProcess);
+  spec.shuffle.mode = planner::ShuffleMode::kNone;
+  auto job = Resolve(spec);
+  ASSERT_OK(job);
+  planner::ShardPlanner planner(*job);
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  const auto layout = staging::ComputeBatchLayout(*job, 0);
+  auto loader = StepLoader::Create(planner, 0, planner.DefaultLoading(), *sources, layout, {});
+  ASSERT_OK(loader);
+  std::vector<uint8_t> slot(layout.slot_bytes);
+  std::vector<staging::StagedTensor> staged;
+  Status st = (*loader)->Load(0, slot.data(), staged, nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_THAT(st.ToString(), HasSubstr("shard-000000.tar@" + std::to_string(at)));
+  EXPECT_THAT(st.ToString(), HasSubstr("bad header checksum"));
+}
+
+TEST_F(WebDatasetFixture, AFieldThatIsNotANumberOfItsDtypeIsAnError) {
+  auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path(), {{"jpg", formats::DType::kInt32}}, 1, 1,
+                         Strategy::kPerProcess);
+  spec.shuffle.mode = planner::ShuffleMode::kNone;
+  auto job = Resolve(spec);
+  ASSERT_OK(job);
+  planner::ShardPlanner planner(*job);
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  const auto layout = staging::ComputeBatchLayout(*job, 0);
+  auto loader = StepLoader::Create(planner, 0, planner.DefaultLoading(), *sources, layout, {});
+  ASSERT_OK(loader);
+  std::vector<uint8_t> slot(layout.slot_bytes);
+  std::vector<staging::StagedTensor> staged;
+  Status st = (*loader)->Load(0, slot.data(), staged, nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_THAT(st.ToString(), HasSubstr("not a number of type int32"));
+  EXPECT_THAT(st.ToString(), HasSubstr("shard-000000.tar@"));
+}
+
+TEST(Mds, EveryColumnIsWhatStreamingReadsOverTwoEpochsAndAResize) {
+  const Expected expected = MdsExpected();
+  ASSERT_EQ(expected.size(), 40u);
+  const std::vector<planner::DatasetField> fields = {{"image", std::nullopt},
+                                                     {"label", formats::DType::kInt64},
+                                                     {"tokens", formats::DType::kInt32},
+                                                     {"box", formats::DType::kUint16},
+                                                     {"score", formats::DType::kFloat32},
+                                                     {"text", std::nullopt}};
+  for (int64_t processes : {4, 8}) {
+    for (Strategy s : {Strategy::kPerProcess, Strategy::kGlobalLoad}) {
+      SCOPED_TRACE(std::to_string(processes) + " processes " + std::string(ToString(s)));
+      auto job = Resolve(RecordSpec(DatasetFormat::kMDS, kData + "/mds/raw", fields, processes, 1, s));
+      ASSERT_OK(job);
+      EXPECT_EQ(job->samples, 40u);
+      const auto layout = staging::ComputeBatchLayout(*job, 0);
+      ASSERT_EQ(layout.fields.size(), 6u);
+      EXPECT_TRUE(layout.fields[0].ragged);
+      EXPECT_FALSE(layout.fields[1].ragged);
+      EXPECT_TRUE(layout.fields[2].ragged);
+      EXPECT_EQ(layout.fields[2].dtype, formats::DType::kInt32);
+      EXPECT_EQ(layout.fields[3].sample_shape, std::vector<uint64_t>{4});
+      EXPECT_EQ(layout.devices[0].fields[3].shape, (std::vector<int64_t>{8 / processes, 4}));
+      ExpectStepsMatch(*job, LoadAll(*job, 10), expected, {"image", "label", "tokens", "box", "score", "text"}, 1);
+    }
+  }
+}
+
+TEST(Mds, ColumnsAndShardsItCannotReadAreRefusedByName) {
+  auto error = [](const std::string& uri, std::vector<planner::DatasetField> fields) {
+    auto job = Resolve(RecordSpec(DatasetFormat::kMDS, uri, std::move(fields), 1, 1, Strategy::kPerProcess));
+    return job.ok() ? std::string("(resolved)") : job.status().ToString();
+  };
+  EXPECT_THAT(error(kData + "/mds/zstd", {{"image", std::nullopt}}),
+              AllOf(HasSubstr("shard.00000.mds.zstd"), HasSubstr("is compressed (zstd)")));
+  EXPECT_THAT(error(kData + "/mds/raw", {{"caption", std::nullopt}}),
+              AllOf(HasSubstr("no shard has a column 'caption'"), HasSubstr("box, image, label")));
+  EXPECT_THAT(error(kData + "/mds/raw", {{"text", formats::DType::kInt64}}),
+              HasSubstr("column 'text' is encoded 'str'"));
+  EXPECT_THAT(error(kData + "/mds/raw", {{"label", formats::DType::kInt32}}), HasSubstr("its values are int64"));
+  EXPECT_THAT(error(kData + "/mds/raw", {{"tokens", formats::DType::kInt64}}), HasSubstr("its elements are int32"));
+  TempDir empty;
+  EXPECT_THAT(error(empty.path(), {{"image", std::nullopt}}), HasSubstr("has no index.json"));
+}
+
+}  // namespace
+}  // namespace meshload::sidecar
