@@ -46,9 +46,7 @@ bool IsFloat(DType t) {
   return t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat32 || t == DType::kFloat64;
 }
 
-bool IsSigned(DType t) {
-  return t == DType::kInt8 || t == DType::kInt16 || t == DType::kInt32 || t == DType::kInt64;
-}
+bool IsSigned(DType t) { return t == DType::kInt8 || t == DType::kInt16 || t == DType::kInt32 || t == DType::kInt64; }
 
 template <typename T>
 void Store(uint8_t* dest, T v) {
@@ -209,8 +207,9 @@ Result<FieldDecoding> MdsFieldDecoding(const std::string& name, std::optional<DT
   }
   const std::optional<uint32_t> scalar = MdsScalarSize(enc);
   if (!scalar) {
-    return refuse("a dtype decodes numeric columns only (int, int8 ... float64, ndarray); leave dtype out for the "
-                  "bytes as stored");
+    return refuse(
+        "a dtype decodes numeric columns only (int, int8 ... float64, ndarray); leave dtype out for the "
+        "bytes as stored");
   }
   const std::string_view want = enc == "int" ? "int64" : std::string_view(enc);
   if (DTypeName(*dtype) != want) return refuse("its values are " + std::string(want));
@@ -245,7 +244,8 @@ Status WebDatasetSampleValues(std::string_view record, const std::string& shard,
     }
   }
   if (key.empty()) {
-    return ErrorAt(shard, offset, "the index points at a sample with no members (the .tar.idx does not match the shard)");
+    return ErrorAt(shard, offset,
+                   "the index points at a sample with no members (the .tar.idx does not match the shard)");
   }
   return Status::Ok();
 }
@@ -277,7 +277,8 @@ Result<std::pair<DType, std::string_view>> MdsNdarrayElements(const FieldDecodin
     if (!need(1)) return ErrorAt(file, offset, "an ndarray value without its dtype byte");
     const auto t = NdarrayDTypeOfCode(static_cast<uint8_t>(value[at]));
     if (!t) {
-      return ErrorAt(file, offset + at, "unknown ndarray dtype code " + std::to_string(static_cast<uint8_t>(value[at])));
+      return ErrorAt(file, offset + at,
+                     "unknown ndarray dtype code " + std::to_string(static_cast<uint8_t>(value[at])));
     }
     if (*t != field.dtype) {
       return ErrorAt(file, offset + at,
@@ -292,15 +293,18 @@ Result<std::pair<DType, std::string_view>> MdsNdarrayElements(const FieldDecodin
   const size_t ndim = b >> 2;
   const size_t dim_bytes = size_t{1} << (b & 3);
   if (!need(ndim * dim_bytes)) {
-    return ErrorAt(file, offset + at, "an ndarray shape of " + std::to_string(ndim) + " dimensions runs past the value");
+    return ErrorAt(file, offset + at,
+                   "an ndarray shape of " + std::to_string(ndim) + " dimensions runs past the value");
   }
   uint64_t elements = 1;
   for (size_t d = 0; d < ndim; ++d) {
     uint64_t v = 0;
     std::memcpy(&v, value.data() + at, dim_bytes);  // little-endian
     at += dim_bytes;
-    if (v != 0 && elements > std::numeric_limits<uint64_t>::max() / v) elements = std::numeric_limits<uint64_t>::max();
-    else elements *= v;
+    if (v != 0 && elements > std::numeric_limits<uint64_t>::max() / v)
+      elements = std::numeric_limits<uint64_t>::max();
+    else
+      elements *= v;
   }
   const std::string_view rest = value.substr(at);
   if (elements > rest.size() / DTypeSize(dtype) || elements * DTypeSize(dtype) != rest.size()) {
@@ -343,8 +347,8 @@ Status DecodeFieldValue(const FieldDecoding& field, std::string_view value, uint
     case FieldDecoding::Kind::kNdarrayFixed:
       if (value.size() != field.sample_bytes()) {
         return ErrorAt(file, offset,
-                       "field '" + field.name + "' has " + std::to_string(value.size()) + " bytes where its encoding gives " +
-                           std::to_string(field.sample_bytes()));
+                       "field '" + field.name + "' has " + std::to_string(value.size()) +
+                           " bytes where its encoding gives " + std::to_string(field.sample_bytes()));
       }
       std::memcpy(dest, value.data(), value.size());
       written = value.size();

@@ -10,6 +10,7 @@
 
 #include "common/logging.h"
 #include "formats/fields.h"
+#include "sidecar/source/record_values.h"
 #include "protocol/protocol.h"
 
 namespace meshload::sidecar {
@@ -93,13 +94,7 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const planner::ShardPlann
     loader->files_.push_back(src);
     loader->latency_bound_ = loader->latency_bound_ || src.first->LatencyBound();
   }
-  // WebDataset matches a field to a member's extension as webdataset
-  // splits names: lower-cased.
-  for (const formats::FieldDecoding& f : job.dataset.fields()) {
-    std::string ext = f.name;
-    for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    loader->extensions_.push_back(std::move(ext));
-  }
+  loader->extensions_ = source::WebDatasetExtensions(job.dataset);
   // Every caller of Load() reads a share of its step itself: one inflight
   // record per caller, then one per reader thread (one fewer than
   // reader_threads, the caller being the first reader).
@@ -234,18 +229,8 @@ Status StepLoader::Extract(const planner::StepPlan& plan, uint8_t* slot, Caller&
     for (size_t k = 0; k < ids.size(); ++k) {
       const std::string_view record(reinterpret_cast<const char*>(base + c.places[i][k]),
                                     c.places[i][k + 1] - c.places[i][k]);
-      c.extents.clear();
-      ds.AppendExtents(ids[k], c.extents);
-      const planner::Extent& e = c.extents.front();
-      const planner::DatasetFile& file = ds.files()[e.file];
-      const std::string shard = source::RedactUri(file.path);
-      if (ds.format() == planner::DatasetFormat::kWebDataset) {
-        MESHLOAD_RETURN_IF_ERROR(formats::WebDatasetSampleValues(record, shard, e.offset, extensions_, values, key));
-      } else {
-        MESHLOAD_RETURN_IF_ERROR(
-            formats::MdsSampleValues(record, *file.mds, shard, e.offset, file.mds_columns, values));
-        key = "row " + std::to_string(ids[k] - file.first);
-      }
+      const source::RecordPlace place = source::PlaceOfRecord(ds, ids[k], c.extents);
+      MESHLOAD_RETURN_IF_ERROR(source::RecordValues(ds, ids[k], record, place, extensions_, values, key));
       size_t missing = fields.size();
       for (size_t f = 0; f < fields.size() && missing == fields.size(); ++f) {
         if (!values[f]) missing = f;
@@ -255,25 +240,22 @@ Status StepLoader::Extract(const planner::StepPlan& plan, uint8_t* slot, Caller&
           stats.samples_skipped += 1;
           continue;
         }
-        return InvalidArgument("sample " + std::to_string(ids[k]) + " ('" + key + "') has no field '" +
-                                   fields[missing].name + "' (step " + std::to_string(plan.step) +
-                                   "); set spec.dataset.missingField: Skip to leave such samples out",
-                               shard + "@" + std::to_string(e.offset));
+        return source::MissingFieldError(ds, ids[k], place, key, missing, plan.step);
       }
       for (size_t f = 0; f < fields.size(); ++f) {
         const formats::FieldDecoding& fd = fields[f];
         const staging::FieldTensor& t = dev.fields[f];
-        const uint64_t at = e.offset + static_cast<uint64_t>(values[f]->data() - record.data());
+        const uint64_t at = place.offset + static_cast<uint64_t>(values[f]->data() - record.data());
         uint64_t written = 0;
         if (fd.ragged()) {
           MESHLOAD_RETURN_IF_ERROR(formats::DecodeFieldValue(fd, *values[f], slot + t.offset + used[f],
-                                                             t.nbytes - used[f], written, shard, at));
+                                                             t.nbytes - used[f], written, place.file_name, at));
           used[f] += written;
           reinterpret_cast<int64_t*>(slot + t.offsets_offset)[kept + 1] =
               static_cast<int64_t>(used[f] / formats::DTypeSize(fd.dtype));
         } else {
           MESHLOAD_RETURN_IF_ERROR(formats::DecodeFieldValue(fd, *values[f], slot + t.offset + kept * fd.sample_bytes(),
-                                                             fd.sample_bytes(), written, shard, at));
+                                                             fd.sample_bytes(), written, place.file_name, at));
           used[f] += written;
         }
       }

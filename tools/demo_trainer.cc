@@ -13,6 +13,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstring>
 #include <iostream>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "sidecar/source/dataset_facts.h"
+#include "sidecar/source/record_values.h"
 #include "planner/shard_planner.h"
 #include "protocol/protocol.h"
 #include "tools/latency_histogram.h"
@@ -50,6 +52,97 @@ void OnStop(int) { g_stop = 1; }
 
 double MonotonicSeconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
+// A tensor's bytes where this process can read them: its own memory
+// (host staging), or a copy back from the GPU; a ragged tensor's offsets
+// (n + 1 of them) go to `offsets`.
+Result<const uint8_t*> CopyBack(const client::Tensor& t, size_t planned, std::vector<uint8_t>& on_host,
+                                std::vector<int64_t>& offsets) {
+  const size_t n = t.offsets != nullptr ? t.samples : planned;
+  offsets.assign(n + 1, 0);
+  if (t.device_type != 2) {
+    if (t.offsets != nullptr) std::copy(t.offsets, t.offsets + n + 1, offsets.begin());
+    return static_cast<const uint8_t*>(t.data);
+  }
+  MESHLOAD_ASSIGN_OR_RETURN(auto driver, cuda::Driver::Open());
+  on_host.resize(t.nbytes);
+  MESHLOAD_RETURN_IF_ERROR(
+      driver->CopyToHost(on_host.data(), reinterpret_cast<uintptr_t>(t.data), t.nbytes, t.device_id));
+  if (t.offsets != nullptr) {
+    MESHLOAD_RETURN_IF_ERROR(driver->CopyToHost(offsets.data(), reinterpret_cast<uintptr_t>(t.offsets),
+                                                offsets.size() * sizeof(int64_t), t.device_id));
+  }
+  return static_cast<const uint8_t*>(on_host.data());
+}
+
+// WebDataset and MDS: what each field of a sample must hold, from its
+// record read here through the storage sources.
+class RecordChecker {
+ public:
+  // Reads through the sources the sidecar's job uses (an s3:// dataset's
+  // endpoint, region and credentials from its spec and the environment).
+  static Result<std::unique_ptr<RecordChecker>> Create(const planner::ResolvedJob& job) {
+    sidecar::source::SourceOptions sopts;
+    if (sidecar::source::SourceRegistry::SchemeOf(job.spec.dataset.uri) == "s3") {
+      MESHLOAD_RETURN_IF_ERROR(sidecar::source::S3OptionsForDataset(job.spec.dataset, sopts.s3));
+    }
+    return std::unique_ptr<RecordChecker>(
+        new RecordChecker(job.dataset, sidecar::source::SourceRegistry::WithBuiltins(sopts)));
+  }
+
+  // The first difference between field `field` of the samples `ids` (less
+  // those skipped for a missing field) and `t` (its bytes at `data`, a
+  // ragged field's offsets at `offsets`): "" when there is none.
+  Result<std::string> Check(const std::vector<uint64_t>& ids, size_t field, const client::Tensor& t,
+                            const uint8_t* data, const int64_t* offsets, int64_t step) {
+    const formats::FieldDecoding& fd = ds_.fields()[field];
+    const uint64_t delivered = t.offsets != nullptr ? t.samples : static_cast<uint64_t>(t.shape[0]);
+    uint64_t k = 0;
+    for (uint64_t id : ids) {
+      const auto place = sidecar::source::PlaceOfRecord(ds_, id, extents_);
+      record_.resize(place.bytes);
+      MESHLOAD_ASSIGN_OR_RETURN(auto found, sources_->For(ds_.files()[place.file].path));
+      MESHLOAD_RETURN_IF_ERROR(found.first->Read(found.second, place.offset, record_.data(), record_.size()));
+      MESHLOAD_RETURN_IF_ERROR(sidecar::source::RecordValues(ds_, id, record_, place, extensions_, values_, key_));
+      bool complete = true;
+      for (const auto& v : values_) complete = complete && v.has_value();
+      if (!complete) {
+        if (ds_.missing_field() != planner::MissingFieldPolicy::kSkip)
+          return std::string("sample ") + std::to_string(id) + " lacks a field but was not refused";
+        continue;
+      }
+      if (k >= delivered) return "sample " + std::to_string(id) + " is missing from the batch";
+      const uint64_t room = fd.ragged() ? values_[field]->size() : fd.sample_bytes();
+      want_.resize(std::max<uint64_t>(room, 1));
+      uint64_t written = 0;
+      MESHLOAD_RETURN_IF_ERROR(
+          formats::DecodeFieldValue(fd, *values_[field], want_.data(), room, written, place.file_name, place.offset));
+      const uint64_t es = formats::DTypeSize(fd.dtype);
+      const uint8_t* got = fd.ragged() ? data + static_cast<uint64_t>(offsets[k]) * es : data + k * fd.sample_bytes();
+      const uint64_t got_bytes =
+          fd.ragged() ? static_cast<uint64_t>(offsets[k + 1] - offsets[k]) * es : fd.sample_bytes();
+      if (got_bytes != written || std::memcmp(got, want_.data(), written) != 0) {
+        return "field '" + fd.name + "' of sample " + std::to_string(id) + " ('" + key_ + "') at step " +
+               std::to_string(step);
+      }
+      ++k;
+    }
+    if (k != delivered)
+      return "the batch holds " + std::to_string(delivered) + " samples, the dataset " + std::to_string(k);
+    return std::string();
+  }
+
+ private:
+  RecordChecker(const planner::DatasetIndex& ds, std::unique_ptr<sidecar::source::SourceRegistry> sources)
+      : ds_(ds), sources_(std::move(sources)), extensions_(sidecar::source::WebDatasetExtensions(ds)) {}
+
+  const planner::DatasetIndex& ds_;
+  std::unique_ptr<sidecar::source::SourceRegistry> sources_;
+  std::vector<std::string> extensions_;
+  std::vector<planner::Extent> extents_;
+  std::string record_, key_;
+  std::vector<uint8_t> want_;
+  formats::FieldValues values_;
+};
 }  // namespace
 
 int RunDemoTrainer(const std::vector<std::string>& args) {
@@ -103,7 +196,14 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
   LatencyHistogram waits;
-  std::vector<uint8_t> on_host;  // GPU tensors copied back for --verify bytes
+  std::vector<uint8_t> on_host;       // GPU tensors copied back for --verify bytes
+  std::vector<int64_t> offsets_host;  // a ragged tensor's offsets (copied back from a GPU)
+  std::unique_ptr<RecordChecker> record_checker;
+  if (planner && planner->job().dataset.record_format() && verify == "bytes") {
+    auto checker = RecordChecker::Create(planner->job());
+    if (!checker.ok()) return fail(checker.status().ToString());
+    record_checker = std::move(*checker);
+  }
   uint64_t gpu_tensors_checked = 0;
   uint64_t done = 0, samples = 0, bytes = 0, mismatches = 0;
   double first_batch = -1;
@@ -125,50 +225,40 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
     if (planner) {
       planner::StepPlan plan = planner->PlanStep(batch->step, planner->DefaultLoading(), process);
       const planner::DatasetIndex& ds = planner->job().dataset;
+      const size_t nfields = (*client)->hello().fields.size();
       for (size_t i = 0; i < batch->tensors.size(); ++i) {
         const auto& t = batch->tensors[i];
-        const auto& ids = plan.devices[i].samples;
+        const auto& ids = plan.devices[i / nfields].samples;
         if (t.ids_checksum != protocol::SampleIdsChecksum(ids.data(), ids.size())) {
           ++mismatches;
           LogError("sample ids differ from the plan", {{"step", batch->step}, {"device", t.global_device}});
           continue;
         }
         if (verify != "bytes") continue;
-        const auto* data = static_cast<const uint8_t*>(t.data);
-        if (t.device_type == 2) {
-          // GPU staging: the bytes are checked on a copy back from the
-          // device (a trainer would hand t.data to its framework instead).
-          auto driver = cuda::Driver::Open();
-          if (!driver.ok()) return fail(driver.status().ToString());
-          on_host.resize(t.nbytes);
-          if (Status st =
-                  (*driver)->CopyToHost(on_host.data(), reinterpret_cast<uintptr_t>(t.data), t.nbytes, t.device_id);
-              !st.ok()) {
-            return fail(st.ToString());
+        // GPU staging: the bytes are checked on a copy back from the device
+        // (a trainer would hand t.data to its framework instead).
+        auto copied = CopyBack(t, ids.size(), on_host, offsets_host);
+        if (!copied.ok()) return fail(copied.status().ToString());
+        const uint8_t* data = *copied;
+        if (t.device_type == 2) gpu_tensors_checked++;
+        if (ds.record_format()) {
+          // WebDataset, MDS: each field of each sample the device holds,
+          // decoded from its record as read from storage here.
+          auto mismatch = record_checker->Check(ids, i % nfields, t, data, offsets_host.data(), batch->step);
+          if (!mismatch.ok()) return fail(mismatch.status().ToString());
+          if (!mismatch->empty()) {
+            ++mismatches;
+            LogError("a field differs from the dataset",
+                     {{"step", batch->step}, {"device", t.global_device}, {"what", *mismatch}});
           }
-          data = on_host.data();
-          gpu_tensors_checked++;
+          continue;
         }
         // Where each sample starts: k × the sample size, or (ragged) its
         // offset, which must be where the plan's sizes put it.
-        std::vector<int64_t> offsets(ids.size() + 1);
-        if (t.offsets != nullptr) {
-          if (t.device_type == 2) {
-            auto driver = cuda::Driver::Open();
-            if (!driver.ok()) return fail(driver.status().ToString());
-            if (Status st = (*driver)->CopyToHost(offsets.data(), reinterpret_cast<uintptr_t>(t.offsets),
-                                                  offsets.size() * sizeof(int64_t), t.device_id);
-                !st.ok()) {
-              return fail(st.ToString());
-            }
-          } else {
-            std::copy(t.offsets, t.offsets + ids.size() + 1, offsets.begin());
-          }
-        }
         const uint64_t es = t.dtype_bits / 8;
         uint64_t at_byte = 0;
         for (size_t k = 0; k < ids.size(); ++k) {
-          if (t.offsets != nullptr && static_cast<uint64_t>(offsets[k]) * es != at_byte) {
+          if (t.offsets != nullptr && static_cast<uint64_t>(offsets_host[k]) * es != at_byte) {
             ++mismatches;
             LogError("ragged offsets differ from the samples' sizes",
                      {{"step", batch->step}, {"device", t.global_device}, {"sample", ids[k]}});
@@ -186,9 +276,11 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
       }
     }
     for (const auto& t : batch->tensors) bytes += t.nbytes;
-    if (!batch->tensors.empty()) {
-      const auto& t0 = batch->tensors[0];
-      samples += (t0.offsets != nullptr ? t0.samples : static_cast<uint64_t>(t0.shape[0])) * batch->tensors.size();
+    // Samples: each device's first field's (all its fields hold as many).
+    const size_t nfields = (*client)->hello().fields.size();
+    for (size_t i = 0; i < batch->tensors.size(); i += nfields) {
+      const auto& t = batch->tensors[i];
+      samples += t.offsets != nullptr ? t.samples : static_cast<uint64_t>(t.shape[0]);
     }
     ++done;
     // The batch is "trained on" for delay_ms, then released when it goes

@@ -2,13 +2,20 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "formats/fields.h"
 #include "formats/megatron_index.h"
+#include "formats/mds.h"
+#include "formats/tar.h"
+#include "formats/webdataset.h"
 #include "formats/npy.h"
 #include "planner/sampler.h"
 
@@ -38,9 +45,188 @@ Status WriteAll(std::ofstream& out, const std::string& path, const uint8_t* data
   return Status::Ok();
 }
 
+// The number a decoded field `f` of sample `id` holds, as text.
+std::string SyntheticNumberText(uint64_t id, size_t f, formats::DType t) {
+  const uint64_t v = planner::Mix64(id * 16 + f);
+  switch (t) {
+    case formats::DType::kBool: return std::to_string(v % 2);
+    case formats::DType::kFloat16:
+    case formats::DType::kBFloat16:
+    case formats::DType::kFloat32:
+    case formats::DType::kFloat64: {
+      const double d = static_cast<double>(v % 1000) / 4.0;  // exact in every float type
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.2f", d);
+      return buf;
+    }
+    default: return std::to_string(v % 100);  // fits every integer type
+  }
+}
+
+// A field of bytes of sample `id`: 256 to 8192 bytes of the record pattern.
+std::string SyntheticBlob(uint64_t id, size_t f) {
+  const uint64_t key = id * 16 + f;
+  std::string b(256 + planner::Mix64(key ^ 0x5A5A) % 7937, '\0');
+  FillRecord(key, reinterpret_cast<uint8_t*>(b.data()), b.size());
+  return b;
+}
+
+// A ustar header for a regular file member.
+std::string TarHeader(const std::string& name, uint64_t size) {
+  std::string h(formats::kTarBlock, '\0');
+  std::memcpy(h.data(), name.data(), std::min<size_t>(name.size(), 99));
+  std::snprintf(h.data() + 100, 8, "%07o", 0644);
+  std::snprintf(h.data() + 108, 8, "%07o", 0);
+  std::snprintf(h.data() + 116, 8, "%07o", 0);
+  std::snprintf(h.data() + 124, 12, "%011llo", static_cast<unsigned long long>(size));
+  std::snprintf(h.data() + 136, 12, "%011o", 0);
+  h[156] = '0';
+  std::memcpy(h.data() + 257, "ustar", 6);
+  std::memcpy(h.data() + 263, "00", 2);
+  std::memset(h.data() + 148, ' ', 8);
+  unsigned sum = 0;
+  for (char c : h) sum += static_cast<unsigned char>(c);
+  std::snprintf(h.data() + 148, 8, "%06o", sum);
+  h[155] = ' ';
+  return h;
+}
+
+// WebDataset: part-NNNNN.tar shards of KEY.FIELD members (decoded fields as
+// text, the others blobs) with Energon's part-NNNNN.tar.idx beside each.
+// MDS: index.json and shard.NNNNN.mds raw shards, a column per field
+// (bytes, or the field's dtype as an MDS scalar).
+Result<std::string> GenerateRecords(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
+                                    int files) {
+  const bool mds = spec.format == planner::DatasetFormat::kMDS;
+  if (spec.fields.empty()) return InvalidArgument("name the fields to generate", "spec.dataset.fields");
+  // MDSWriter sorts columns by name; WebDataset members come in field order.
+  std::vector<size_t> order(spec.fields.size());
+  for (size_t f = 0; f < order.size(); ++f) order[f] = f;
+  if (mds) {
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return spec.fields[a].name < spec.fields[b].name; });
+    for (const planner::DatasetField& f : spec.fields) {
+      if (f.dtype && (*f.dtype == formats::DType::kBool || *f.dtype == formats::DType::kBFloat16)) {
+        return InvalidArgument("MDS has no " + std::string(formats::DTypeName(*f.dtype)) + " encoding to generate",
+                               "spec.dataset.fields");
+      }
+    }
+  }
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("shard.", 0) == 0 || n == "index.json") std::filesystem::remove(e.path());
+  }
+  // The value of field f of sample id, as the file stores it.
+  auto value = [&](uint64_t id, size_t f) -> Result<std::string> {
+    const planner::DatasetField& field = spec.fields[f];
+    if (!field.dtype) return SyntheticBlob(id, f);
+    std::string text = SyntheticNumberText(id, f, *field.dtype);
+    if (!mds) return text;
+    std::string bytes(formats::DTypeSize(*field.dtype), '\0');
+    uint64_t written = 0;
+    MESHLOAD_RETURN_IF_ERROR(formats::DecodeFieldValue(formats::WebDatasetFieldDecoding(field.name, field.dtype), text,
+                                                       reinterpret_cast<uint8_t*>(bytes.data()), bytes.size(), written,
+                                                       "synthetic", 0));
+    return bytes;
+  };
+  nlohmann::json shards = nlohmann::json::array();
+  uint64_t next = 0;
+  for (int part = 0; part < files; ++part) {
+    const uint64_t count = samples / static_cast<uint64_t>(files) +
+                           (static_cast<uint64_t>(part) < samples % static_cast<uint64_t>(files) ? 1 : 0);
+    char name[64];
+    std::snprintf(name, sizeof name, mds ? "shard.%05d.mds" : "part-%05d.tar", part);
+    const std::string path = dir + "/" + name;
+    std::string body;
+    std::vector<uint64_t> offsets;
+    for (uint64_t k = 0; k < count; ++k) {
+      const uint64_t id = next + k;
+      offsets.push_back(body.size());
+      if (mds) {
+        std::string sizes, data;
+        for (size_t f : order) {
+          MESHLOAD_ASSIGN_OR_RETURN(std::string v, value(id, f));
+          if (!spec.fields[f].dtype) {
+            const uint32_t n = static_cast<uint32_t>(v.size());
+            sizes.append(reinterpret_cast<const char*>(&n), 4);
+          }
+          data += v;
+        }
+        body += sizes + data;
+        continue;
+      }
+      char key[32];
+      std::snprintf(key, sizeof key, "sample%09llu", static_cast<unsigned long long>(id));
+      for (size_t f : order) {
+        MESHLOAD_ASSIGN_OR_RETURN(std::string v, value(id, f));
+        body += TarHeader(std::string(key) + "." + spec.fields[f].name, v.size());
+        body += v;
+        body.resize((body.size() + formats::kTarBlock - 1) / formats::kTarBlock * formats::kTarBlock, '\0');
+      }
+    }
+    offsets.push_back(body.size());
+    std::string file;
+    if (mds) {
+      nlohmann::json names = nlohmann::json::array(), encodings = nlohmann::json::array(),
+                     sizes = nlohmann::json::array();
+      for (size_t f : order) {
+        const planner::DatasetField& field = spec.fields[f];
+        names.push_back(field.name);
+        encodings.push_back(field.dtype ? std::string(formats::DTypeName(*field.dtype)) : "bytes");
+        sizes.push_back(field.dtype ? nlohmann::json(formats::DTypeSize(*field.dtype)) : nlohmann::json());
+      }
+      nlohmann::json shard = {{"column_encodings", encodings},
+                              {"column_names", names},
+                              {"column_sizes", sizes},
+                              {"compression", nullptr},
+                              {"format", "mds"},
+                              {"hashes", nlohmann::json::array()},
+                              {"samples", count},
+                              {"size_limit", nullptr},
+                              {"version", 2},
+                              {"zip_data", nullptr}};
+      const std::string config = shard.dump();
+      const uint64_t head = formats::MdsShardHeadBytes(count) + config.size();
+      const uint32_t n = static_cast<uint32_t>(count);
+      file.append(reinterpret_cast<const char*>(&n), 4);
+      for (uint64_t o : offsets) {
+        const uint32_t at = static_cast<uint32_t>(head + o);
+        file.append(reinterpret_cast<const char*>(&at), 4);
+      }
+      file += config + body;
+      shard["raw_data"] = {{"basename", name}, {"bytes", file.size()}, {"hashes", nlohmann::json::object()}};
+      shards.push_back(std::move(shard));
+    } else {
+      file = body + std::string(2 * formats::kTarBlock, '\0');
+    }
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out) return IoErrorFromErrno("create", path, errno);
+    MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, reinterpret_cast<const uint8_t*>(file.data()), file.size()));
+    if (!mds) {
+      const std::string idx = formats::EnergonTarIndexBytes(offsets);
+      std::ofstream iout(path + ".idx", std::ios::binary | std::ios::trunc);
+      if (!iout) return IoErrorFromErrno("create", path + ".idx", errno);
+      MESHLOAD_RETURN_IF_ERROR(WriteAll(iout, path + ".idx", reinterpret_cast<const uint8_t*>(idx.data()), idx.size()));
+    }
+    next += count;
+  }
+  if (mds) {
+    const std::string index = nlohmann::json({{"version", 2}, {"shards", shards}}).dump();
+    std::ofstream out(dir + "/index.json", std::ios::trunc);
+    if (!out) return IoErrorFromErrno("create", dir + "/index.json", errno);
+    MESHLOAD_RETURN_IF_ERROR(
+        WriteAll(out, dir + "/index.json", reinterpret_cast<const uint8_t*>(index.data()), index.size()));
+  }
+  return dir;  // WebDataset: the folder's .tar shards
+}
 }  // namespace
 
 uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec) {
+  if (spec.format == planner::DatasetFormat::kWebDataset || spec.format == planner::DatasetFormat::kMDS) {
+    uint64_t b = 0;  // the mean: a blob of about 4 KiB per field of bytes, and the tar headers
+    for (const planner::DatasetField& f : spec.fields) b += (f.dtype ? 8 : 4352) + 1024;
+    return b;
+  }
   if (spec.format == planner::DatasetFormat::kMegatronIndexed) {
     return 1024 * formats::DTypeSize(spec.dtype.value_or(formats::DType::kUint16));  // the mean
   }
@@ -74,11 +260,7 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
   }
   switch (spec.format) {
     case planner::DatasetFormat::kWebDataset:
-    case planner::DatasetFormat::kMDS:
-      return InvalidArgument("synthetic " + std::string(ToString(spec.format)) +
-                                 " datasets are not generated: write one with the format's own writer "
-                                 "(webdataset's TarWriter, Streaming's MDSWriter)",
-                             "spec.dataset.format");
+    case planner::DatasetFormat::kMDS: return GenerateRecords(spec, dir, samples, files);
     case planner::DatasetFormat::kFixedRecord:
     case planner::DatasetFormat::kNpy: {
       const uint64_t rb = SyntheticSampleBytes(spec);

@@ -15,6 +15,15 @@
 ///                     (default uint16); each sequence is its own document;
 ///                     files are part-NNNNN.bin with part-NNNNN.idx, the
 ///                     index as Megatron-LM's builder writes it.
+///   WebDataset        shards part-NNNNN.tar (with Energon's .tar.idx) of
+///                     samples `sampleNNNNNNNNN`, a member per field: a
+///                     decoded field is the text of a number (Mix64 of
+///                     i · 16 + field: mod 100 for integers, mod 1000 / 4
+///                     for floats), a field of bytes 256 to 8192 bytes of the
+///                     FixedRecord pattern of i · 16 + field;
+///   MDS               index.json with raw shards shard.NNNNN.mds, a column
+///                     per field (the same values: a scalar column of its
+///                     dtype, or bytes).
 ///
 /// Thread safety: pure functions.
 #pragma once

@@ -47,6 +47,8 @@ job() {
     TokenStream) fmt="format: TokenStream, dtype: uint16, sequenceLength: 127" ;;
     Npy) fmt="format: Npy" ;;
     MegatronIndexed) fmt="format: MegatronIndexed" ;;
+    WebDataset) fmt="format: WebDataset, fields: [{name: jpg}, {name: cls, dtype: int64}]" ;;
+    MDS) fmt="format: MDS, fields: [{name: image}, {name: label, dtype: int64}, {name: score, dtype: float32}]" ;;
   esac
   two_process_job "$TMP/$1.yaml" "$1" model "  replication: {mode: Partial, fanout: $4}
   strategy: $3
@@ -57,22 +59,29 @@ job() {
 
 # The datasets, written into the bucket's directory (what the POSIX backend
 # serves) by the CLI's generator.
-for fmt in FixedRecord TokenStream Npy MegatronIndexed; do
+for fmt in FixedRecord TokenStream Npy MegatronIndexed WebDataset MDS; do
   job gen-$fmt $fmt PerProcess Load "$GW/corpus/$fmt"
   "$ML" run --local -f "$TMP/gen-$fmt.yaml" --generate-dataset "$GW/corpus/$fmt" --samples 600 --files 3 --steps 1 \
     >"$TMP/gen-$fmt.out" 2>&1 || { echo "cannot generate the $fmt dataset:"; tail -5 "$TMP/gen-$fmt.out"; }
 done
 
-# 1. run --local: every format, every strategy, on s3://.
-for fmt in FixedRecord TokenStream Npy MegatronIndexed; do
+# 1. run --local: every format, every strategy, on s3:// (WebDataset: its
+#    shards by a brace range; MDS: the folder of index.json).
+uri_of() {
+  case $1 in
+    WebDataset) echo "s3://corpus/$1/part-{00000..00002}.tar" ;;
+    *) echo "s3://corpus/$1/" ;;
+  esac
+}
+for fmt in FixedRecord TokenStream Npy MegatronIndexed WebDataset MDS; do
   for sf in PerProcess:Load PerProcess:Broadcast GlobalLoad:Broadcast LoadAndReshard:Load; do
     strategy=${sf%%:*} fanout=${sf##*:}
     name=$(echo "$fmt-$strategy-$fanout" | tr 'A-Z' 'a-z')
-    job "$name" $fmt $strategy $fanout "s3://corpus/$fmt/"
+    job "$name" $fmt $strategy $fanout "$(uri_of $fmt)"
     out=$("$ML" run --local -f "$TMP/$name.yaml" --steps 40 2>&1); rc=$?
     echo "$out" >"$TMP/$name.out"
     [ $rc -eq 0 ] && grep -q "verified             bytes, 0 mismatches" <<<"$out" && grep -q "^OK$" <<<"$out"
-    check "run --local $fmt $strategy/$fanout on s3://corpus/$fmt/: every byte verified" $?
+    check "run --local $fmt $strategy/$fanout on $(uri_of $fmt): every byte verified" $?
     [ $rc -eq 0 ] || tail -8 <<<"$out"
   done
 done

@@ -234,8 +234,8 @@ TEST_F(WebDatasetFixture, EveryFieldIsWhatWebdatasetReadsOverTwoEpochsAndAResize
                         Mesh{2, 2, Strategy::kPerProcess, {{"data", 2}, {"model", 2}}, 2},
                         Mesh{2, 2, Strategy::kPerDevice, {{"data", 2}, {"model", 2}}, 2}}) {
     SCOPED_TRACE(std::to_string(m.processes) + " processes " + std::string(ToString(m.strategy)));
-    auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path() + "/shard-{000000..000001}.tar", fields,
-                           m.processes, m.devices, m.strategy, m.axes);
+    auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path() + "/shard-{000000..000001}.tar", fields, m.processes,
+                           m.devices, m.strategy, m.axes);
     if (m.replicas > 1) spec.mesh.batch_axes = {"data"};
     auto job = Resolve(spec);
     ASSERT_OK(job);
@@ -248,8 +248,8 @@ TEST_F(WebDatasetFixture, EveryFieldIsWhatWebdatasetReadsOverTwoEpochsAndAResize
 
 TEST_F(WebDatasetFixture, SamplesWithoutAFieldAreSkippedWhenTheJobSaysSoAndCounted) {
   const Expected expected = WebDatasetExpected({"shard-000000", "shard-000001"});
-  auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path(), {{"json", std::nullopt}, {"jpg", std::nullopt}}, 4,
-                         1, Strategy::kPerProcess);
+  auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path(), {{"json", std::nullopt}, {"jpg", std::nullopt}}, 4, 1,
+                         Strategy::kPerProcess);
   spec.dataset.missing_field = planner::MissingFieldPolicy::kSkip;
   auto job = Resolve(spec);
   ASSERT_OK(job);
@@ -261,7 +261,8 @@ TEST_F(WebDatasetFixture, SamplesWithoutAFieldAreSkippedWhenTheJobSaysSoAndCount
 }
 
 TEST_F(WebDatasetFixture, ASampleWithoutAFieldFailsItsStepNamingShardKeyAndOffset) {
-  auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path(), {{"json", std::nullopt}}, 1, 1, Strategy::kPerProcess);
+  auto spec =
+      RecordSpec(DatasetFormat::kWebDataset, dir_.path(), {{"json", std::nullopt}}, 1, 1, Strategy::kPerProcess);
   spec.shuffle.mode = planner::ShuffleMode::kNone;
   auto job = Resolve(spec);
   ASSERT_OK(job);
@@ -357,12 +358,9 @@ TEST_F(WebDatasetFixture, AFieldThatIsNotANumberOfItsDtypeIsAnError) {
 TEST(Mds, EveryColumnIsWhatStreamingReadsOverTwoEpochsAndAResize) {
   const Expected expected = MdsExpected();
   ASSERT_EQ(expected.size(), 40u);
-  const std::vector<planner::DatasetField> fields = {{"image", std::nullopt},
-                                                     {"label", formats::DType::kInt64},
-                                                     {"tokens", formats::DType::kInt32},
-                                                     {"box", formats::DType::kUint16},
-                                                     {"score", formats::DType::kFloat32},
-                                                     {"text", std::nullopt}};
+  const std::vector<planner::DatasetField> fields = {
+      {"image", std::nullopt},          {"label", formats::DType::kInt64},   {"tokens", formats::DType::kInt32},
+      {"box", formats::DType::kUint16}, {"score", formats::DType::kFloat32}, {"text", std::nullopt}};
   for (int64_t processes : {4, 8}) {
     for (Strategy s : {Strategy::kPerProcess, Strategy::kGlobalLoad}) {
       SCOPED_TRACE(std::to_string(processes) + " processes " + std::string(ToString(s)));

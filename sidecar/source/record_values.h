@@ -1,0 +1,46 @@
+/// \file
+/// The values of a WebDataset or MDS sample: its record (the bytes the
+/// index gives it, read whole) split into the job's fields, and each field
+/// decoded as the index says (formats/fields.h). What the step loader does
+/// after reading a step's records, and what `meshload run --local`'s
+/// trainer checks a staged field against.
+///
+/// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "formats/fields.h"
+#include "planner/dataset_index.h"
+
+namespace meshload::sidecar::source {
+
+/// Where sample `id`'s record is and what it is called in messages
+/// (`scratch`: the caller's, reused).
+struct RecordPlace {
+  uint32_t file = 0;
+  uint64_t offset = 0;  // of the record in its file
+  uint64_t bytes = 0;
+  std::string file_name;  // the file, redacted for messages
+};
+RecordPlace PlaceOfRecord(const planner::DatasetIndex& ds, uint64_t id, std::vector<planner::Extent>& scratch);
+
+/// WebDataset's field names as member extensions (lower-cased, as
+/// webdataset splits names).
+std::vector<std::string> WebDatasetExtensions(const planner::DatasetIndex& ds);
+
+/// Sample `id`'s wanted values from its `record` (views into it; nullopt: a
+/// field the sample lacks) and its name for messages (`key`: the
+/// WebDataset key, or the MDS row). Errors name the file and byte.
+Status RecordValues(const planner::DatasetIndex& ds, uint64_t id, std::string_view record, const RecordPlace& place,
+                    const std::vector<std::string>& extensions, formats::FieldValues& values, std::string& key);
+
+/// The error for sample `id` lacking field `field` (missingField: Error).
+Status MissingFieldError(const planner::DatasetIndex& ds, uint64_t id, const RecordPlace& place,
+                         const std::string& key, size_t field, int64_t step);
+
+}  // namespace meshload::sidecar::source
