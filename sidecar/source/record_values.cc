@@ -39,8 +39,8 @@ Status RecordValues(const planner::DatasetIndex& ds, uint64_t id, std::string_vi
   return formats::MdsSampleValues(record, *file.mds, place.file_name, place.offset, file.mds_columns, values);
 }
 
-Status MissingFieldError(const planner::DatasetIndex& ds, uint64_t id, const RecordPlace& place,
-                         const std::string& key, size_t field, int64_t step) {
+Status MissingFieldError(const planner::DatasetIndex& ds, uint64_t id, const RecordPlace& place, const std::string& key,
+                         size_t field, int64_t step) {
   return InvalidArgument("sample " + std::to_string(id) + " ('" + key + "') has no field '" + ds.fields()[field].name +
                              "' (step " + std::to_string(step) +
                              "); set spec.dataset.missingField: Skip to leave such samples out",

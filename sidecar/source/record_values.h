@@ -40,7 +40,7 @@ Status RecordValues(const planner::DatasetIndex& ds, uint64_t id, std::string_vi
                     const std::vector<std::string>& extensions, formats::FieldValues& values, std::string& key);
 
 /// The error for sample `id` lacking field `field` (missingField: Error).
-Status MissingFieldError(const planner::DatasetIndex& ds, uint64_t id, const RecordPlace& place,
-                         const std::string& key, size_t field, int64_t step);
+Status MissingFieldError(const planner::DatasetIndex& ds, uint64_t id, const RecordPlace& place, const std::string& key,
+                         size_t field, int64_t step);
 
 }  // namespace meshload::sidecar::source

@@ -43,9 +43,12 @@ def write_dataset(path, n):
 
 
 def job_yaml(name, data, processes, devices_per_process, axes, batch_axes=None, global_batch=8,
-             prefetch=3, seed=7, replication=None, strategy="PerProcess", dataset_format="FixedRecord"):
+             prefetch=3, seed=7, replication=None, strategy="PerProcess", dataset_format="FixedRecord",
+             fields=None, missing_field=None):
     """A DataLoadJob over `data`: FixedRecord records of RECORD_BYTES, or
-    another format whose files say their samples' sizes (MegatronIndexed)."""
+    another format whose files say their samples' sizes (MegatronIndexed),
+    or whose samples are records of `fields` ([(name, dtype or None)]:
+    WebDataset, MDS)."""
     lines = [
         "apiVersion: meshload.io/v1alpha1",
         "kind: DataLoadJob",
@@ -70,6 +73,11 @@ def job_yaml(name, data, processes, devices_per_process, axes, batch_axes=None, 
     ]
     if dataset_format == "FixedRecord":
         lines.append("    recordBytes: %d" % RECORD_BYTES)
+    if fields:
+        lines.append("    fields:")
+        lines += ["      - {name: %s%s}" % (n, ", dtype: %s" % t if t else "") for n, t in fields]
+    if missing_field:
+        lines.append("    missingField: %s" % missing_field)
     lines += [
         "  batch:",
         "    globalBatchSize: %d" % global_batch,

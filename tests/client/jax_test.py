@@ -15,6 +15,7 @@ data, and that JAX holds the staged slots without a copy. CTest runs this as
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -183,6 +184,56 @@ class RaggedTest(unittest.TestCase):
             self.assertTrue(r["ok"], "worker %d: %s" % (i, r))
             self.assertEqual(r["steps"], STEPS)
             self.assertEqual(r["global_shape"], [8, RaggedScenario.PAD_TO])
+
+
+class FieldsScenario(RaggedScenario):
+    """A WebDataset job over the shards webdataset's TarWriter wrote
+    (tests/formats/data/webdataset/, indexed by Energon's prepare): the
+    encoded images (ragged, padded to PAD_TO bytes) and the classes (int64),
+    the planner's global batches of both as webdataset read them."""
+
+    def __init__(self, name, processes, devices_per_process, axes):
+        self.dir = os.path.join(TMP, name)
+        os.makedirs(self.dir)
+        samples = []
+        for shard in ("shard-000000", "shard-000001"):
+            src = os.path.join(ROOT, "tests", "formats", "data", "webdataset", shard)
+            for ext in (".tar", ".tar.idx"):
+                shutil.copy(src + ext, self.dir)
+            with open(src + ".expected.json") as f:
+                samples += json.load(f)["samples"]
+        self.job = os.path.join(self.dir, "job.yaml")
+        with open(self.job, "w") as f:
+            f.write(harness.job_yaml(name, os.path.join(self.dir, "shard-{000000..000001}.tar"), processes,
+                                     devices_per_process, axes, dataset_format="WebDataset",
+                                     fields=[("jpg", None), ("cls", "int64")]))
+        plan = harness.planned_global_batches(MESHLOAD, self.job, STEPS)
+        values = np.zeros((STEPS, 8, self.PAD_TO), dtype=np.uint8)
+        lengths = np.zeros((STEPS, 8), dtype=np.int64)
+        classes = np.zeros((STEPS, 8), dtype=np.int64)
+        for step in range(STEPS):
+            for row, sample in enumerate(plan[step]):
+                jpg = bytes.fromhex(samples[sample]["fields"]["jpg"])[:self.PAD_TO]
+                values[step, row, :len(jpg)] = np.frombuffer(jpg, np.uint8)
+                lengths[step, row] = len(jpg)
+                classes[step, row] = int(bytes.fromhex(samples[sample]["fields"]["cls"]).decode())
+        self.expected = os.path.join(self.dir, "expected.npz")
+        np.savez(self.expected, **{"jpg.values": values, "jpg.lengths": lengths, "cls": classes})
+        self.sidecar_processes = list(range(processes))
+        self.sidecars = [
+            harness.SidecarProcess(SIDECAR, self.job, p, os.path.join(self.dir, "s%d.sock" % p),
+                                   os.path.join(self.dir, "sidecar%d.log" % p))
+            for p in self.sidecar_processes]
+
+
+class FieldsTest(unittest.TestCase):
+    def test_a_dict_of_global_arrays_of_webdataset_fields_in_two_processes(self):
+        with FieldsScenario("fields", 2, 2, [("data", 4)]) as sc:
+            reports = sc.run_ragged(cpu_devices=2, distributed=True)
+        for i, r in enumerate(reports):
+            self.assertTrue(r["ok"], "worker %d: %s" % (i, r))
+            self.assertEqual(r["steps"], STEPS)
+            self.assertEqual(r["field_shapes"], {"jpg": [8, RaggedScenario.PAD_TO], "cls": [8]})
 
 
 class ExampleTest(unittest.TestCase):

@@ -140,21 +140,39 @@ def ragged(args, report, expected):
         with meshload.Client(args.socket) as client:
             for _ in range(args.steps):
                 batch = client.next(timeout=60)
-                assert all(isinstance(t, meshload.Ragged) for t in batch.tensors), batch.tensors
-                values, lengths = mjax.global_array(batch, pad_to=args.pad_to, pad_value=0)
                 spec = mjax.partition_spec(batch)
-                assert values.sharding == NamedSharding(values.sharding.mesh, spec), values.sharding
-                assert values.shape == expected["values"][batch.step].shape, (values.shape,)
-                for arr, want in ((values, expected["values"][batch.step]),
-                                  (lengths, expected["lengths"][batch.step])):
+                if batch.fields == ("",):
+                    assert all(isinstance(t, meshload.Ragged) for t in batch.tensors), batch.tensors
+                    values, lengths = mjax.global_array(batch, pad_to=args.pad_to, pad_value=0)
+                    checks = [(values, "values"), (lengths, "lengths")]
+                    report["global_shape"] = list(values.shape)
+                else:
+                    # Named fields: a dict of global arrays, ragged ones padded.
+                    arrays = mjax.global_array(batch, pad_to=args.pad_to, pad_value=0)
+                    assert sorted(arrays) == sorted(batch.fields), sorted(arrays)
+                    checks = []
+                    for name, a in arrays.items():
+                        if isinstance(a, tuple):
+                            checks += [(a[0], name + ".values"), (a[1], name + ".lengths")]
+                        else:
+                            checks.append((a, name))
+                    one = mjax.global_array(batch, field="cls")  # one field alone
+                    assert np.array_equal(np.asarray(one.addressable_shards[0].data),
+                                          np.asarray(arrays["cls"].addressable_shards[0].data))
+                    report["field_shapes"] = {n: list((a[0] if isinstance(a, tuple) else a).shape)
+                                              for n, a in arrays.items()}
+                    del one
+                for arr, key in checks:
+                    want = expected[key][batch.step]
+                    assert arr.sharding == NamedSharding(arr.sharding.mesh, spec), arr.sharding
+                    assert arr.shape == want.shape, (key, arr.shape, want.shape)
                     for shard in arr.addressable_shards:
                         got = np.asarray(shard.data)
                         if not np.array_equal(got, want[shard.index].astype(got.dtype)):
-                            raise AssertionError("step %d: rows %s differ from the planned, padded samples"
-                                                 % (batch.step, shard.index))
+                            raise AssertionError("step %d: %s rows %s differ from the planned, padded samples"
+                                                 % (batch.step, key, shard.index))
                 report["steps"] += 1
-                report["global_shape"] = list(values.shape)
-                del values, lengths, batch
+                del checks, batch
         report["ok"] = True
     except Exception as e:  # noqa: BLE001 (reported to the test)
         report["error"] = type(e).__name__

@@ -112,8 +112,14 @@ class Batch:
     @property
     def step(self) -> int: ...
     @property
-    def tensors(self) -> List[Union[Tensor, Ragged]]:
-        """One Tensor (a Ragged for variable-size samples) per local device, in the job's local device order."""
+    def tensors(self) -> Union[List[Union[Tensor, Ragged]], List[Dict[str, Union[Tensor, Ragged]]]]:
+        """One Tensor (a Ragged for variable-size samples) per local device, in the job's local device order;
+        for a job of named fields (WebDataset, MDS), one dict per device from field name to its Tensor or Ragged."""
+    @property
+    def fields(self) -> Tuple[str, ...]:
+        """The batch's field names; ('',) for the formats whose sample is one tensor."""
+    def field(self, name: str) -> List[Union[Tensor, Ragged]]:
+        """One field's Tensor (or Ragged) per local device; KeyError naming the fields for another name."""
     @property
     def wait_seconds(self) -> float:
         """How long next() blocked for this batch."""

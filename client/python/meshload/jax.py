@@ -45,6 +45,14 @@ lengths they keep, both sharded like a dense batch. Padding is a copy on
 each device (``Ragged.padded``); ``L`` is the caller's, the same in every
 process, so the global shape is known without a collective.
 
+Fields. A WebDataset or MDS job's batch has named fields (``batch.fields``);
+``global_array(batch)`` then returns a dict from field name to its global
+array (a ragged field padded to ``pad_to`` as above, a dense one as is), and
+``global_array(batch, field=name)`` one field's. A job that skips samples
+without a field (``missingField: Skip``) can leave devices with fewer rows:
+a dense field's global array needs every device to hold as many, which is
+checked (pad such fields yourself from ``batch.field(name)``).
+
 JAX is imported on first use; ``import meshload`` works without it.
 """
 
@@ -290,7 +298,26 @@ def _padded_local_arrays(batch, pad_to, pad_value):
     return values, lengths
 
 
-def global_array(batch, mesh=None, pad_to=None, pad_value=0):  # noqa: A002 (the JAX word)
+class _FieldView:
+    """One field of a batch of named fields, seen as a batch of that field
+    alone (its tensors; every other attribute the batch's)."""
+
+    fields = ("",)
+
+    def __init__(self, batch, name):
+        self._batch = batch
+        self.field = name
+        self.tensors = batch.field(name)
+
+    def __getattr__(self, attr):
+        return getattr(self._batch, attr)
+
+
+def _named_fields(batch):
+    return tuple(getattr(batch, "fields", ("",))) != ("",)
+
+
+def global_array(batch, mesh=None, pad_to=None, pad_value=0, field=None):  # noqa: A002 (the JAX word)
     """The step's global batch as one ``jax.Array`` of shape
     ``(global batch, *sample shape)`` sharded ``NamedSharding(mesh,
     P(batch_axes))``; replicas along the other axes share their shard.
@@ -304,7 +331,21 @@ def global_array(batch, mesh=None, pad_to=None, pad_value=0):  # noqa: A002 (the
     result is then ``(values, lengths)``, the samples padded (or cut) to
     ``(global batch, pad_to)`` with ``pad_value``, and their kept lengths,
     ``(global batch,)`` int64 (int32 without ``jax_enable_x64``).
+
+    A batch of named fields (WebDataset, MDS): a dict from field name to
+    its global array (``pad_to`` applies to its ragged fields), or with
+    ``field`` that field's alone.
     """
+    if _named_fields(batch):
+        if field is not None:
+            return global_array(_FieldView(batch, field), mesh, pad_to, pad_value)
+        out = {}
+        for name in batch.fields:
+            view = _FieldView(batch, name)
+            out[name] = global_array(view, mesh, pad_to if _is_ragged(view) else None, pad_value)
+        return out
+    if field is not None:
+        raise ValueError("job %r's batches have no named fields; leave field out" % batch.job)
     jax = _jax()
     if _is_ragged(batch):
         if pad_to is None:
@@ -322,6 +363,11 @@ def global_array(batch, mesh=None, pad_to=None, pad_value=0):  # noqa: A002 (the
     arrays = local_arrays(batch)
     the_mesh = _checked_mesh(batch, mesh, [next(iter(a.devices())) for a in arrays])
     per_device = arrays[0].shape
+    rows = sorted({a.shape[0] for a in arrays})
+    if len(rows) > 1:
+        raise ValueError("step %d of job %r: field %r holds %s rows on this process's devices (samples without a "
+                         "field were skipped, missingField: Skip); a global array needs as many on every device"
+                         % (batch.step, batch.job, getattr(batch, "field", ""), rows))
     global_shape = (per_device[0] * _shards(batch),) + tuple(per_device[1:])
     return jax.make_array_from_single_device_arrays(global_shape, sharding(batch, the_mesh), arrays)
 

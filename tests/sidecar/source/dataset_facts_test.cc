@@ -22,6 +22,7 @@
 #include "tests/testing/npy_bytes.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/sidecar/source/test_support.h"
 
 namespace meshload::sidecar::source {
 namespace {
@@ -418,7 +419,7 @@ TEST(ResolveWithSources, LocalFilesAreIndexedAndUnreachableDataFallsBackOnlyWhen
   spec.batch.global_batch_size = 8;
   auto sources = SourceRegistry::WithBuiltins({});
   Diagnostics d;
-  auto job = ResolveWithSources(testing::MustValidate(spec), *sources, {}, Unreachable::kFail, d);
+  auto job = ResolveWithSources(meshload::testing::MustValidate(spec), *sources, {}, Unreachable::kFail, d);
   ASSERT_OK(job) << d.ToString() << job.status().ToString();
   EXPECT_TRUE(job->dataset.indexed());
   EXPECT_EQ(job->samples, 64u);
@@ -426,14 +427,78 @@ TEST(ResolveWithSources, LocalFilesAreIndexedAndUnreachableDataFallsBackOnlyWhen
   spec.dataset.uri = dir.path() + "/elsewhere";
   spec.dataset.samples = 80;
   Diagnostics planned;
-  auto virtual_job =
-      ResolveWithSources(testing::MustValidate(spec), *sources, {}, Unreachable::kUseDeclaredSamples, planned);
+  auto virtual_job = ResolveWithSources(meshload::testing::MustValidate(spec), *sources, {},
+                                        Unreachable::kUseDeclaredSamples, planned);
   ASSERT_OK(virtual_job) << planned.ToString();
   EXPECT_FALSE(virtual_job->dataset.indexed());
   EXPECT_EQ(virtual_job->samples, 80u);
   Diagnostics failed;
-  EXPECT_FALSE(ResolveWithSources(testing::MustValidate(spec), *sources, {}, Unreachable::kFail, failed).ok());
+  EXPECT_FALSE(
+      ResolveWithSources(meshload::testing::MustValidate(spec), *sources, {}, Unreachable::kFail, failed).ok());
   EXPECT_THAT(failed.ToString(), HasSubstr("spec.dataset.uri"));
+}
+
+// WebDataset and MDS through http(s): the same indexes as from the files,
+// the shards named by a brace range of URLs, the MDS dataset by its folder
+// URL (its index.json, then each shard's offset table by a ranged read).
+TEST(IndexDataset, WebDatasetAndMdsOverHttpAreTheSameIndexesAsFromFiles) {
+  const std::string data = MESHLOAD_FORMATS_DATA;
+  testing::TestHttpServer server;
+  std::vector<std::string> served;
+  served.reserve(16);  // the handlers keep pointers into it
+  for (const char* f :
+       {"webdataset/shard-000000.tar", "webdataset/shard-000000.tar.idx", "webdataset/shard-000001.tar",
+        "webdataset/shard-000001.tar.idx", "webdataset/shard-000002.tar", "mds/raw/index.json",
+        "mds/raw/shard.00000.mds", "mds/raw/shard.00001.mds", "mds/raw/shard.00002.mds", "mds/raw/shard.00003.mds"}) {
+    served.push_back(SlurpFile(data + "/" + f));
+    const std::string* bytes = &served.back();
+    server.Get(std::string("/") + f,
+               [bytes](const httplib::Request& req, httplib::Response& res) { testing::ServeBytes(*bytes, req, res); });
+  }
+  server.Start();
+  struct Case {
+    planner::DatasetFormat format;
+    std::string local, remote;
+    uint64_t samples;
+  };
+  for (const Case& c : {Case{planner::DatasetFormat::kWebDataset, data + "/webdataset/shard-{000000..000001}.tar",
+                             server.Url("/webdataset/shard-{000000..000001}.tar"), 21},
+                        Case{planner::DatasetFormat::kMDS, data + "/mds/raw", server.Url("/mds/raw/"), 40}}) {
+    planner::DatasetSpec spec;
+    spec.format = c.format;
+    spec.fields = {{c.format == planner::DatasetFormat::kMDS ? "image" : "jpg", std::nullopt}};
+    Diagnostics d;
+    spec.uri = c.local;
+    auto local = Index(spec, d);
+    ASSERT_OK(local) << d.ToString();
+    spec.uri = c.remote;
+    auto remote = Index(spec, d);
+    ASSERT_OK(remote) << d.ToString();
+    ASSERT_EQ(remote->num_samples(), c.samples);
+    ASSERT_EQ(local->num_samples(), c.samples);
+    std::vector<planner::Extent> a, b;
+    for (uint64_t i = 0; i < c.samples; ++i) {
+      a.clear();
+      b.clear();
+      local->AppendExtents(i, a);
+      remote->AppendExtents(i, b);
+      ASSERT_EQ(a.size(), 1u);
+      ASSERT_EQ(b.size(), 1u);
+      EXPECT_EQ(a[0].file, b[0].file);
+      EXPECT_EQ(a[0].offset, b[0].offset);
+      EXPECT_EQ(a[0].length, b[0].length) << "sample " << i;
+    }
+    EXPECT_THAT(remote->files()[0].path, HasSubstr("http://127.0.0.1:"));
+  }
+  // A shard served without its index is refused naming it and the command.
+  planner::DatasetSpec spec;
+  spec.format = planner::DatasetFormat::kWebDataset;
+  spec.fields = {{"jpg", std::nullopt}};
+  spec.uri = server.Url("/webdataset/shard-{000000..000002}.tar");
+  Diagnostics d;
+  auto missing = Index(spec, d);
+  EXPECT_FALSE(missing.ok() && d.ok());
+  EXPECT_THAT(d.ToString(), AllOf(HasSubstr("shard-000002.tar"), HasSubstr("meshload index")));
 }
 
 }  // namespace
