@@ -8,10 +8,11 @@ or, in an environment with torch and the meshload package installed:
     python torch_test.py --sidecar <build>/sidecar/meshload-sidecar --meshload <build>/tools/meshload
 
 torch.from_dlpack on host-staged batches (zero-copy, every byte checked,
-lifetime across releases), meshload.interop.torch_tensors, and the
+lifetime across releases), meshload.interop.torch_tensors, the
 DistributedDataParallel example trainer (examples/python/torch_ddp_trainer.py)
 in two processes against two sidecars, its per-step batch sums compared with
-the planner's global batches.
+the planner's global batches, and the JPEG example trainer
+(examples/python/torch_jpeg_trainer.py) on WebDataset shards of JPEGs.
 """
 
 import gc
@@ -160,6 +161,57 @@ class DDPExampleTest(unittest.TestCase):
         self.assertEqual([r["batch_sum"] for r in steps], want)
         self.assertTrue(all(np.isfinite(r["loss"]) for r in steps))
         self.assertEqual(outs[1].strip(), "")  # rank 1 prints nothing
+
+
+class JpegExampleTest(unittest.TestCase):
+    """The JPEG example trainer (examples/python/torch_jpeg_trainer.py) on
+    WebDataset shards webdataset's TarWriter wrote (JPEGs encoded by
+    torchvision, the class as text; indexed by `meshload index`): each
+    step's labels and decoded pixels are those of the planner's samples,
+    decoded here by torchvision from the same files, and the loss is finite."""
+
+    def test_the_example_decodes_the_planned_jpegs_and_trains(self):
+        import webdataset
+        from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
+
+        d = tempfile.mkdtemp(dir=TMP)
+        rng = np.random.default_rng(36)
+        files, labels = [], []
+        with webdataset.TarWriter(os.path.join(d, "train-000000.tar")) as w:
+            for i in range(40):
+                h, wd = (int(x) for x in rng.integers(8, 48, size=2))
+                img = torch.from_numpy(rng.integers(0, 256, size=(3, h, wd), dtype=np.uint8))
+                jpg = encode_jpeg(img, quality=90).numpy().tobytes()
+                files.append(jpg)
+                labels.append(int(rng.integers(0, 1000)))
+                w.write({"__key__": "%06d" % i, "jpg": jpg, "cls": str(labels[-1]).encode()})
+        subprocess.run([MESHLOAD, "index", os.path.join(d, "train-000000.tar")], check=True, capture_output=True)
+        job = os.path.join(d, "job.yaml")
+        with open(job, "w") as f:
+            f.write(harness.job_yaml("torch-jpeg", os.path.join(d, "train-{000000..000000}.tar"), 1, 1, [("data", 1)],
+                                     dataset_format="WebDataset", fields=[("jpg", None), ("cls", "int64")]))
+        steps = 8  # 40 images, 8 a step: into the second epoch
+        plan = harness.planned_global_batches(MESHLOAD, job, steps)
+        sidecar = harness.SidecarProcess(SIDECAR, job, 0, os.path.join(d, "s.sock"),
+                                         os.path.join(d, "sidecar.log")).start()
+        try:
+            example = os.path.join(ROOT, "examples", "python", "torch_jpeg_trainer.py")
+            p = subprocess.run([sys.executable, example, "--socket", sidecar.sock, "--steps", str(steps)],
+                               capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        finally:
+            sidecar.stop()
+        rows = harness.json_objects(p.stdout)
+        self.assertEqual([r["step"] for r in rows], list(range(steps)))
+        for r in rows:
+            ids = plan[r["step"]]
+            self.assertEqual(r["images"], len(ids))
+            self.assertEqual(r["label_sum"], sum(labels[i] for i in ids), "step %d" % r["step"])
+            want = sum(int(decode_jpeg(torch.frombuffer(bytearray(files[i]), dtype=torch.uint8),
+                                       mode=ImageReadMode.RGB).to(torch.int64).sum()) for i in ids)
+            self.assertEqual(r["pixel_sum"], want, "step %d" % r["step"])
+            self.assertTrue(np.isfinite(r["loss"]))
+            self.assertEqual(r["decoded_on"], "cpu")
 
 
 def main():

@@ -20,7 +20,18 @@ every batch, through:
                from the same samples (local), in a DataLoader, best num_workers
   megatron     (the Megatron scenario) Megatron's own IndexedDataset in a PyTorch
                DataLoader, a batch being the list of its documents, best num_workers
+  webdataset   (the image scenarios) webdataset's WebDataset pipeline over the
+               tar shards (shard shuffle, a 1,000-sample shuffle buffer, the
+               class decoded from text, batched), in a DataLoader, best num_workers
   numpy        the NumPy memmap + fancy-index loop (a baseline, not a loader)
+
+The image scenarios (wds-images-20-500KiB, mds-images-20-500KiB) are the
+same samples, an encoded image of 20 to 500 KiB (random bytes) and a class,
+written by webdataset's TarWriter (with Energon's .tar.idx, which `meshload
+index` writes) and by Streaming's MDSWriter; meshload reads the WebDataset shards or the MDS
+dataset (fields jpg, and cls decoded to int64) and the peers are webdataset
+on the shards and Streaming on the MDS dataset. Each loader's trainer reads
+every image byte and the classes.
 
 The Megatron scenario's batches are ragged for meshload (meshload.Ragged:
 the documents' tokens back to back), lists of documents for the others;
@@ -59,16 +70,19 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from datasets import MiB, SCENARIOS, job_yaml, make_dataset, sample_view  # noqa: E402
+from datasets import MiB, SCENARIOS, job_yaml, make_dataset, make_images, sample_view  # noqa: E402
 
 WORKER = os.path.join(HERE, "worker.py")
-TARGETS = {"tokens-u16-2048": 2.0, "fixed-4KiB": 2.0, "fixed-1MiB": 1.2, "megatron-docs-100-8000": 2.0}
-PEERS = ("dataloader", "grain", "streaming", "megatron")
+TARGETS = {"tokens-u16-2048": 2.0, "fixed-4KiB": 2.0, "fixed-1MiB": 1.2, "megatron-docs-100-8000": 2.0,
+           "wds-images-20-500KiB": 2.0, "mds-images-20-500KiB": 2.0}
+PEERS = ("dataloader", "grain", "streaming", "megatron", "webdataset")
 
 
 def peers_of(scenario):
     """The peers that read the scenario's samples: the fixed-size readers, or
     (variable-size documents) Megatron's own reader."""
+    if scenario.records:
+        return ("webdataset", "streaming")
     if scenario.variable:
         return ("streaming", "megatron")
     return ("dataloader", "grain", "streaming")
@@ -126,10 +140,11 @@ def write_mds(root, scenario, path):
 class Runner:
     def __init__(self, args, root):
         self.args = args
+        self.wds = None
         self.root = root
         self.python = sys.executable
 
-    def run(self, loader, scenario, path, procs, seconds, workers=0, consumer="numpy", mds=None):
+    def run(self, loader, scenario, path, procs, seconds, workers=0, consumer="numpy", mds=None, samples=0):
         """One measurement: `procs` trainers at once; returns the merged figures."""
         sidecars = []
         if loader == "streaming":
@@ -161,7 +176,10 @@ class Runner:
                 cfg = {"loader": loader, "scenario": scenario.name, "path": path, "seconds": seconds,
                        "min_steps": 5,
                        "batch": scenario.batch, "procs": procs, "rank": r, "seed": 11 + r, "workers": workers,
-                       "consumer": consumer, "t0": t0, "mds": mds, "port": port, "barrier": tmp}
+                       "consumer": consumer, "t0": t0, "mds": mds, "port": port, "barrier": tmp,
+                       "samples": samples}
+                if loader == "webdataset":
+                    cfg["path"] = self.wds  # the shards, whichever format meshload reads
                 if loader == "meshload":
                     cfg["socket"] = socks[r]
                     cfg["loader_pids"] = [sidecars[r].pid]
@@ -222,25 +240,40 @@ def fmt_s(x):
 
 def scenario_run(runner, scenario, procs, args):
     size = (128 if args.quick else 512) * MiB
-    path, samples = make_dataset(args.dir, scenario, size)
-    data = path + ".bin" if scenario.variable else path  # the bytes (a Megatron path is the prefix)
+    if scenario.records:
+        path, samples, images_mds = make_images(args.dir, scenario, size, args.meshload)
+        runner.wds = make_images(args.dir, SCENARIOS["wds-images-20-500KiB"], size, args.meshload)[0]
+        data = os.path.join(os.path.dirname(runner.wds), "shard-000000.tar")
+    else:
+        path, samples = make_dataset(args.dir, scenario, size)
+        data = path + ".bin" if scenario.variable else path  # the bytes (a Megatron path is the prefix)
     seconds = 2.0 if args.quick else 6.0
     tune_seconds = seconds / 2
-    with open(data, "rb") as f:  # into the page cache
-        while f.read(64 * MiB):
-            pass
+    warm = [data]
+    if scenario.records:  # every shard of both formats
+        base = os.path.dirname(os.path.dirname(data))
+        warm = [os.path.join(d, n) for d in (os.path.join(base, "wds"), os.path.join(base, "mds"))
+                for n in sorted(os.listdir(d))]
+    for name in warm:
+        with open(name, "rb") as f:  # into the page cache
+            while f.read(64 * MiB):
+                pass
     copy_gbs, read_gbs = ceilings(data, os.path.getsize(data))
     name = scenario.name + ("-%dproc" % procs if procs > 1 else "")
     print("\n== %s: %d samples x %s B, global batch %d, %.0f s per run, %d trainer(s)"
           % (name, samples, ("%d..%d" % (2 * scenario.min_tokens, 2 * scenario.max_tokens)) if scenario.variable
+             else ("%d..%d" % (scenario.min_bytes, scenario.max_bytes)) if scenario.records
              else scenario.sample_bytes, scenario.batch, seconds, procs), flush=True)
     print("  ceilings (1 thread): memcpy %.2f GB/s, page-cache read %.2f GB/s" % (copy_gbs, read_gbs))
-    mds = write_mds(args.dir, scenario, path) if "streaming" in args.loaders else None
+    if scenario.records:
+        mds = images_mds
+    else:
+        mds = write_mds(args.dir, scenario, path) if "streaming" in args.loaders else None
 
     configs = []  # (label, loader, workers, consumer)
     if "meshload" in args.loaders:
         configs.append(("meshload", "meshload", 0, "numpy"))
-        if not args.no_jax and not scenario.variable:
+        if not args.no_jax and not scenario.variable and not scenario.records:
             configs.append(("meshload-jax", "meshload", 0, "jax"))
     worker_choices = (0, 2) if args.quick else (0, 1, 2, 4)
     for peer in peers_of(scenario):
@@ -249,20 +282,20 @@ def scenario_run(runner, scenario, procs, args):
         best, best_rate = None, -1.0
         tried = []
         for w in worker_choices:
-            r = runner.run(peer, scenario, path, procs, tune_seconds, workers=w, mds=mds)
+            r = runner.run(peer, scenario, path, procs, tune_seconds, workers=w, mds=mds, samples=samples)
             tried.append("%d: %.0f/s" % (w, r["rate"]))
             if r["rate"] > best_rate:
                 best, best_rate = w, r["rate"]
         print("  %s workers tried (samples/s): %s -> %d" % (peer, ", ".join(tried), best), flush=True)
         configs.append(("%s (%d workers)" % (peer, best), peer, best, "numpy"))
-    if "numpy" in args.loaders:
+    if "numpy" in args.loaders and not scenario.records:
         configs.append(("numpy memmap loop", "numpy", 0, "numpy"))
 
     rounds = {label: [] for label, *_ in configs}
     for r in range(args.rounds):
         order = configs if r % 2 == 0 else list(reversed(configs))
         for label, loader, workers, consumer in order:
-            rounds[label].append(runner.run(loader, scenario, path, procs, seconds, workers, consumer, mds))
+            rounds[label].append(runner.run(loader, scenario, path, procs, seconds, workers, consumer, mds, samples))
     print("  %-26s %12s %8s %10s %10s %9s %10s %9s" % ("loader", "samples/s", "GB/s", "wait p50", "wait p99",
                                                       "1st batch", "CPU s/GB", "peak RSS"))
     figures = {}
@@ -291,7 +324,7 @@ def scenario_run(runner, scenario, procs, args):
 
 def versions():
     out = ["python %s" % platform.python_version()]
-    for mod in ("numpy", "torch", "grain", "streaming", "megatron.core", "jax", "meshload"):
+    for mod in ("numpy", "torch", "grain", "streaming", "megatron.core", "webdataset", "jax", "meshload"):
         try:
             m = importlib.import_module(mod)
             out.append("%s %s" % (mod, getattr(m, "__version__", "?")))
@@ -309,10 +342,14 @@ def main():
     ap.add_argument("--only", help="one scenario: " + ", ".join(SCENARIOS))
     ap.add_argument("--procs", default="1,2", help="trainer process counts (default 1,2)")
     ap.add_argument("--rounds", type=int)
-    ap.add_argument("--loaders", default="meshload,dataloader,grain,streaming,megatron,numpy")
+    ap.add_argument("--loaders", default="meshload,dataloader,grain,streaming,megatron,webdataset,numpy")
     ap.add_argument("--no-jax", action="store_true", help="leave out meshload's JAX consumer")
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "meshload-bench-peers"))
+    ap.add_argument("--meshload", help="the meshload CLI (default: beside the sidecar's build tree)")
     args = ap.parse_args()
+    if args.meshload is None:
+        args.meshload = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.sidecar))), "tools",
+                                     "meshload")
     args.loaders = args.loaders.split(",")
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3

@@ -5,7 +5,11 @@ TokenStream or MegatronIndexed), the samples the trainer asks for and a
 global batch size. The peers read the very same files (memory-mapped, or
 through Megatron's own IndexedDataset) or, for MosaicML Streaming, MDS
 shards written from the very same samples. The Megatron scenario's dataset
-is written by megatron-core's own IndexedDatasetBuilder.
+is written by megatron-core's own IndexedDatasetBuilder. The image
+scenarios' samples (an encoded image of 20 to 500 KiB and a class) are
+written by webdataset's TarWriter (with Energon's .tar.idx) and by
+Streaming's MDSWriter, the same samples in both; meshload reads the one the
+scenario names.
 """
 
 import os
@@ -26,13 +30,20 @@ class Scenario:
     batch: int = 32  # global batch
     min_tokens: int = 0  # MegatronIndexed: documents of min_tokens..max_tokens uint16 tokens
     max_tokens: int = 0
+    min_bytes: int = 0  # WebDataset, MDS: images of min_bytes..max_bytes
+    max_bytes: int = 0
 
     @property
     def variable(self):
         return self.format == "MegatronIndexed"
 
+    @property
+    def records(self):
+        """WebDataset and MDS: samples of two fields, an image and its class."""
+        return self.format in ("WebDataset", "MDS")
+
     def samples_in(self, dataset_bytes):
-        if self.variable:
+        if self.variable or self.records:
             return dataset_bytes // self.sample_bytes
         if self.format == "FixedRecord":
             return dataset_bytes // self.record_bytes
@@ -52,8 +63,78 @@ SCENARIOS = {
         Scenario("fixed-1MiB", "FixedRecord", sample_bytes=MiB, record_bytes=MiB, batch=16),
         Scenario("megatron-docs-100-8000", "MegatronIndexed", sample_bytes=(100 + 8000), batch=32,
                  min_tokens=100, max_tokens=8000),
+        Scenario("wds-images-20-500KiB", "WebDataset", sample_bytes=260 * 1024, batch=32, min_bytes=20 * 1024,
+                 max_bytes=500 * 1024),
+        Scenario("mds-images-20-500KiB", "MDS", sample_bytes=260 * 1024, batch=32, min_bytes=20 * 1024,
+                 max_bytes=500 * 1024),
     )
 }
+
+IMAGES = "images-20-500KiB"  # the image scenarios' shared folder
+
+
+def make_images(root, scenario, dataset_bytes, meshload):
+    """The image scenarios' samples (random bytes standing for encoded
+    images of min_bytes..max_bytes, a class in 0..999), written unless they
+    are there: WebDataset shards by webdataset's TarWriter with Energon's
+    .tar.idx beside each (written by `meshload`, the CLI), and an MDS dataset by
+    MDSWriter (raw shards). Returns (what meshload's job reads: the shard
+    pattern or the MDS folder, samples, the MDS folder)."""
+    samples = scenario.samples_in(dataset_bytes)
+    base = os.path.join(root, IMAGES)
+    wds_dir, mds_dir = os.path.join(base, "wds"), os.path.join(base, "mds")
+    done = os.path.join(base, ".complete-%d" % samples)
+    shard_bytes = 64 * MiB
+    if not os.path.exists(done):
+        import shutil
+
+        import subprocess
+
+        import webdataset
+        from streaming import MDSWriter
+
+        shutil.rmtree(base, ignore_errors=True)
+        os.makedirs(wds_dir)
+        rng = np.random.default_rng(2026)
+        sizes = rng.integers(scenario.min_bytes, scenario.max_bytes + 1, size=samples)
+        shard, written, tar = 0, 0, None
+        with MDSWriter(out=mds_dir, columns={"jpg": "bytes", "cls": "int"}, compression=None,
+                       size_limit=shard_bytes) as mds:
+            for i, n in enumerate(sizes):
+                if tar is None or written >= shard_bytes:
+                    if tar is not None:
+                        tar.close()
+                        shard += 1
+                    tar = webdataset.TarWriter(os.path.join(wds_dir, "shard-%06d.tar" % shard))
+                    written = 0
+                jpg = rng.integers(0, 256, size=int(n), dtype=np.uint8).tobytes()
+                cls = int(rng.integers(0, 1000))
+                tar.write({"__key__": "%09d" % i, "jpg": jpg, "cls": str(cls).encode()})
+                mds.write({"jpg": jpg, "cls": cls})
+                written += int(n) + 1536
+        tar.close()
+        # Energon's .tar.idx, as `meshload index` writes it (byte for byte
+        # Energon's prepare's: tests/formats/index_cli_test.sh).
+        subprocess.run([meshload, "index", os.path.join(wds_dir, "shard-{000000..%06d}.tar" % shard)], check=True,
+                       stdout=subprocess.DEVNULL)
+        with open(os.path.join(base, "shards"), "w") as f:
+            f.write(str(shard + 1))
+        open(done, "w").close()
+    with open(os.path.join(base, "shards")) as f:
+        shards = int(f.read())
+    pattern = os.path.join(wds_dir, "shard-{000000..%06d}.tar" % (shards - 1))
+    return (pattern if scenario.format == "WebDataset" else mds_dir), samples, mds_dir
+
+
+class Records:
+    """The image scenarios' samples, only counted (no loader here reads them
+    by index)."""
+
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __len__(self):
+        return self.samples
 
 
 def data_file(root, scenario):
@@ -133,12 +214,14 @@ class DocumentView:
         return self.bin[a:a + 2 * int(self.lengths[i])].view(np.uint16)
 
 
-def sample_view(path, scenario):
+def sample_view(path, scenario, samples=0):
     """The dataset as an (N, sample_bytes) uint8 array view of the mapped file
     (TokenStream: overlapping windows of seq + 1 tokens, as meshload reads them;
     MegatronIndexed: a DocumentView)."""
     if scenario.variable:
         return DocumentView(path)
+    if scenario.records:
+        return Records(samples)
     mm = np.memmap(path, dtype=np.uint8, mode="r")
     if scenario.format == "FixedRecord":
         return mm.reshape(-1, scenario.record_bytes)
@@ -154,6 +237,8 @@ def job_yaml(name, path, scenario, processes, prefetch=4, seed=1):
         fmt = "recordBytes: %d" % scenario.record_bytes
     elif scenario.variable:
         fmt = "dtype: uint16"
+    elif scenario.records:
+        fmt = "fields: [{name: jpg}, {name: cls, dtype: int64}]"
     else:
         fmt = "dtype: uint16, sequenceLength: %d" % scenario.seq
     return (
@@ -163,7 +248,7 @@ def job_yaml(name, path, scenario, processes, prefetch=4, seed=1):
         "spec:\n"
         "  mesh: {processes: %(p)d, devicesPerProcess: 1, axes: [{name: data, size: %(p)d}]}\n"
         "  strategy: PerProcess\n"
-        "  dataset: {uri: %(uri)s, format: %(format)s, %(fmt)s}\n"
+        "  dataset: {uri: \"%(uri)s\", format: %(format)s, %(fmt)s}\n"
         "  batch: {globalBatchSize: %(batch)d, prefetch: %(prefetch)d}\n"
         "  shuffle: {mode: Global, seed: %(seed)d}\n"
     ) % {"name": name, "p": processes, "uri": path, "format": scenario.format, "fmt": fmt,

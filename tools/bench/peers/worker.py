@@ -265,6 +265,32 @@ def grain_loader(cfg, view):
         yield b
 
 
+def webdataset_loader(cfg, view):
+    """webdataset as its users run it: this rank's shards (every procs-th),
+    shuffled, a sample shuffle buffer of 1,000, the image and class members
+    (the class decoded from its text), batched in the pipeline, through a
+    DataLoader whose workers split the shards. Persistent workers."""
+    import braceexpand
+    import webdataset as wds
+    from torch.utils.data import DataLoader
+
+    urls = list(braceexpand.braceexpand(cfg["path"]))[cfg["rank"]::cfg["procs"]]
+    per = cfg["batch"] // cfg["procs"]
+
+    def collate(samples):
+        return Ragged([np.frombuffer(j, np.uint8) for j, _ in samples] +
+                      [np.array([int(c) for _, c in samples], np.int64)], len(samples))
+
+    ds = (wds.WebDataset(urls, shardshuffle=len(urls), seed=cfg["seed"], empty_check=False)
+          .shuffle(1000, seed=cfg["seed"]).to_tuple("jpg", "cls").batched(per, collation_fn=collate, partial=False))
+    workers = cfg["workers"]
+    dl = DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
+                    prefetch_factor=4 if workers else None)
+    while True:
+        for b in dl:
+            yield b
+
+
 def streaming_loader(cfg, view):
     """MosaicML Streaming: a StreamingDataset over MDS shards of the same
     samples (local), its global shuffle, through a DataLoader."""
@@ -280,8 +306,12 @@ def streaming_loader(cfg, view):
                           predownload=None, num_canonical_nodes=1)
     sb = SCENARIOS[cfg["scenario"]].sample_bytes
     variable = SCENARIOS[cfg["scenario"]].variable
+    records = SCENARIOS[cfg["scenario"]].records
 
     def collate(samples):
+        if records:  # the image's bytes and the class, as the trainer reads them
+            return Ragged([np.frombuffer(s["jpg"], np.uint8) for s in samples] +
+                          [np.array([s["cls"] for s in samples], np.int64)], len(samples))
         if variable:
             return [np.frombuffer(s["x"], dtype=np.uint16) for s in samples]
         out = np.empty((len(samples), sb), dtype=np.uint8)
@@ -303,6 +333,15 @@ def meshload_loader(cfg, view):
     import meshload
 
     client = meshload.Client(cfg["socket"])
+    if SCENARIOS[cfg["scenario"]].records:
+        # Named fields: the images' bytes (a meshload.Ragged's values) and
+        # the classes (an int64 Tensor), viewed in place.
+        while True:
+            b = client.next()
+            d = b.tensors[0]
+            jpg, cls = d["jpg"], np.from_dlpack(d["cls"])
+            yield Ragged([np.from_dlpack(jpg.values), cls], jpg.samples)
+            del b, d, jpg, cls
     if SCENARIOS[cfg["scenario"]].variable:
         # A meshload.Ragged: the documents' tokens back to back (values) and
         # their offsets, viewed in place; the values are what is read.
@@ -334,6 +373,7 @@ class Ragged:
 
 
 LOADERS = {
+    "webdataset": webdataset_loader,
     "megatron": megatron_loader,
     "numpy": numpy_loader,
     "dataloader": dataloader_loader,
@@ -347,7 +387,7 @@ def main():
     faulthandler.register(signal.SIGUSR1)  # kill -USR1 prints every thread's stack
     cfg = json.loads(sys.argv[1])
     scenario = SCENARIOS[cfg["scenario"]]
-    view = sample_view(cfg["path"], scenario)
+    view = sample_view(cfg["path"], scenario, cfg.get("samples", 0))
     consumer = Consumer(cfg.get("consumer", "numpy"))
     me = os.getpid()
     loader_pids = [p for p in cfg.get("loader_pids", [])]
