@@ -253,7 +253,12 @@ Status WebDatasetSampleValues(std::string_view record, const std::string& shard,
 Status MdsSampleValues(std::string_view record, const MdsShard& shard_info, const std::string& shard, uint64_t offset,
                        const std::vector<int>& columns, FieldValues& out) {
   auto parsed = ParseMdsSample(record, shard_info, offset);
-  if (!parsed.ok()) return parsed.status().WithLocationPrefix(shard);
+  if (!parsed.ok()) {
+    // Located at the shard's basename; the caller names the file.
+    const Status& st = parsed.status();
+    const size_t at = st.location().rfind('@');
+    return Status(st.code(), st.message(), shard + (at == std::string::npos ? "" : st.location().substr(at)));
+  }
   out.assign(columns.size(), std::nullopt);
   for (size_t i = 0; i < columns.size(); ++i) {
     if (columns[i] < 0) continue;
