@@ -106,13 +106,30 @@ std::string DatasetSummary(const planner::ResolvedJob& job) {
   if (ds.variable_size() && ds.indexed()) {
     char mean[32];
     std::snprintf(mean, sizeof mean, "%.0f", ds.mean_sample_bytes());
-    o << " of " << ds.min_sample_bytes() << " to " << ds.max_sample_bytes() << " B (mean " << mean << " B, "
-      << formats::DTypeName(ds.dtype()) << ")";
+    o << " of " << ds.min_sample_bytes() << " to " << ds.max_sample_bytes() << " B (mean " << mean << " B, ";
+    if (ds.record_format()) {
+      o << "records)";
+    } else {
+      o << formats::DTypeName(ds.dtype()) << ")";
+    }
   } else {
     o << " × " << (ds.sample_bytes() ? std::to_string(ds.sample_bytes()) + " B" : std::string("? B"));
   }
   if (ds.indexed()) {
     o << " in " << ds.files().size() << " file" << (ds.files().size() == 1 ? "" : "s");
+    if (ds.record_format()) {
+      // The fields each sample delivers, as the index decodes them.
+      o << "; fields";
+      for (const formats::FieldDecoding& f : ds.fields()) {
+        o << " " << f.name << " (" << (f.kind == formats::FieldDecoding::Kind::kBytes ? "bytes" : DTypeName(f.dtype));
+        if (!f.shape.empty()) {
+          o << " [";
+          for (size_t i = 0; i < f.shape.size(); ++i) o << (i ? "," : "") << f.shape[i];
+          o << "]";
+        }
+        o << (f.ragged() ? ", ragged)" : ")");
+      }
+    }
   } else {
     o << " (not read: size from spec.dataset.samples/--samples)";
   }
@@ -217,6 +234,18 @@ ordered_json PlanJson(const planner::ShardPlanner& planner, const PlanOptions& o
                                {"mean", job.dataset.mean_sample_bytes()},
                                {"max", job.dataset.max_sample_bytes()},
                                {"largestDeviceBatch", job.dataset.LargestBytes(per_device)}};
+  }
+  if (job.dataset.record_format()) {
+    // WebDataset, MDS: each field as the batch carries it.
+    ordered_json fields = ordered_json::array();
+    for (const formats::FieldDecoding& f : job.dataset.fields()) {
+      fields.push_back({{"name", f.name},
+                        {"dtype", formats::DTypeName(f.dtype)},
+                        {"ragged", f.ragged()},
+                        {"decoded", f.kind != formats::FieldDecoding::Kind::kBytes},
+                        {"sampleShape", f.ragged() ? ordered_json(nullptr) : ordered_json(f.shape)}});
+    }
+    out["fields"] = std::move(fields);
   }
   ordered_json files = ordered_json::array();
   for (const auto& f : job.dataset.files()) {
