@@ -42,8 +42,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // As an MDS row of the fixtures' columns (tests/formats/data/mds/raw).
   MdsShard shard;
   shard.basename = "f.mds";
-  shard.columns = {{"box", "ndarray:uint16:4", 8}, {"image", "bytes", std::nullopt}, {"label", "int", 8},
-                   {"score", "float32", 4},        {"text", "str", std::nullopt},    {"tokens", "ndarray:int32", std::nullopt}};
+  shard.columns = {
+      {"box", "ndarray:uint16:4", 8}, {"image", "bytes", std::nullopt}, {"label", "int", 8},
+      {"score", "float32", 4},        {"text", "str", std::nullopt},    {"tokens", "ndarray:int32", std::nullopt}};
   st = MdsSampleValues(bytes, shard, "f.mds", 64, {5, -1, 1, 0}, values);
   if (!st.ok()) {
     if (!located(st, "f.mds")) __builtin_trap();
@@ -55,9 +56,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   // As a field value: every kind, a dtype from the first byte.
-  static const DType kTypes[] = {DType::kBool,   DType::kInt8,   DType::kUint8,   DType::kInt16,   DType::kUint16,
-                                 DType::kInt32,  DType::kUint32, DType::kInt64,   DType::kUint64,  DType::kFloat16,
-                                 DType::kFloat32, DType::kFloat64};
+  static const DType kTypes[] = {DType::kBool,   DType::kInt8,    DType::kUint8,   DType::kInt16,
+                                 DType::kUint16, DType::kInt32,   DType::kUint32,  DType::kInt64,
+                                 DType::kUint64, DType::kFloat16, DType::kFloat32, DType::kFloat64};
   const DType t = kTypes[pick % (sizeof kTypes / sizeof kTypes[0])];
   std::vector<FieldDecoding> fields(5);
   fields[0] = WebDatasetFieldDecoding("raw", std::nullopt);

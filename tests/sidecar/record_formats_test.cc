@@ -118,6 +118,21 @@ Result<planner::ResolvedJob> Resolve(const planner::JobSpec& spec) {
   return job;
 }
 
+// Loads step 0 of process 0 of the job `spec` describes (resolved first:
+// that must work); the load's status.
+Status LoadFirstStep(const planner::JobSpec& spec) {
+  auto job = Resolve(spec);
+  if (!job.ok()) return Internal("the job does not resolve: " + job.status().ToString());
+  planner::ShardPlanner planner(*job);
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  const auto layout = staging::ComputeBatchLayout(*job, 0);
+  auto loader = StepLoader::Create(planner, 0, planner.DefaultLoading(), *sources, layout, {});
+  if (!loader.ok()) return Internal("no step loader: " + loader.status().ToString());
+  std::vector<uint8_t> slot(layout.slot_bytes);
+  std::vector<staging::StagedTensor> staged;
+  return (*loader)->Load(0, slot.data(), staged, nullptr);
+}
+
 // What one step staged on every process of the job: per sample id, each
 // field's bytes (a sample on several devices must be the same on each).
 struct StepResult {
@@ -264,17 +279,8 @@ TEST_F(WebDatasetFixture, ASampleWithoutAFieldFailsItsStepNamingShardKeyAndOffse
   auto spec =
       RecordSpec(DatasetFormat::kWebDataset, dir_.path(), {{"json", std::nullopt}}, 1, 1, Strategy::kPerProcess);
   spec.shuffle.mode = planner::ShuffleMode::kNone;
-  auto job = Resolve(spec);
-  ASSERT_OK(job);
-  planner::ShardPlanner planner(*job);
-  auto sources = source::SourceRegistry::WithBuiltins({});
-  const auto layout = staging::ComputeBatchLayout(*job, 0);
-  auto loader = StepLoader::Create(planner, 0, planner.DefaultLoading(), *sources, layout, {});
-  ASSERT_OK(loader);
-  std::vector<uint8_t> slot(layout.slot_bytes);
-  std::vector<staging::StagedTensor> staged;
   // Sample 0 (train/000000) has a json member, sample 1 does not.
-  Status st = (*loader)->Load(0, slot.data(), staged, nullptr);
+  const Status st = LoadFirstStep(spec);
   ASSERT_FALSE(st.ok());
   EXPECT_THAT(st.ToString(), HasSubstr("shard-000000.tar@"));
   EXPECT_THAT(st.ToString(), HasSubstr("sample 1 ('train/000001') has no field 'json'"));
@@ -321,16 +327,7 @@ TEST_F(WebDatasetFixture, ADamagedTarHeaderIsAnErrorNamingTheShardAndByte) {
   f.close();
   auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path(), {{"jpg", std::nullopt}}, 1, 1, Strategy::kPerProcess);
   spec.shuffle.mode = planner::ShuffleMode::kNone;
-  auto job = Resolve(spec);
-  ASSERT_OK(job);
-  planner::ShardPlanner planner(*job);
-  auto sources = source::SourceRegistry::WithBuiltins({});
-  const auto layout = staging::ComputeBatchLayout(*job, 0);
-  auto loader = StepLoader::Create(planner, 0, planner.DefaultLoading(), *sources, layout, {});
-  ASSERT_OK(loader);
-  std::vector<uint8_t> slot(layout.slot_bytes);
-  std::vector<staging::StagedTensor> staged;
-  Status st = (*loader)->Load(0, slot.data(), staged, nullptr);
+  const Status st = LoadFirstStep(spec);
   ASSERT_FALSE(st.ok());
   EXPECT_THAT(st.ToString(), HasSubstr("shard-000000.tar@" + std::to_string(at)));
   EXPECT_THAT(st.ToString(), HasSubstr("bad header checksum"));
@@ -340,16 +337,7 @@ TEST_F(WebDatasetFixture, AFieldThatIsNotANumberOfItsDtypeIsAnError) {
   auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path(), {{"jpg", formats::DType::kInt32}}, 1, 1,
                          Strategy::kPerProcess);
   spec.shuffle.mode = planner::ShuffleMode::kNone;
-  auto job = Resolve(spec);
-  ASSERT_OK(job);
-  planner::ShardPlanner planner(*job);
-  auto sources = source::SourceRegistry::WithBuiltins({});
-  const auto layout = staging::ComputeBatchLayout(*job, 0);
-  auto loader = StepLoader::Create(planner, 0, planner.DefaultLoading(), *sources, layout, {});
-  ASSERT_OK(loader);
-  std::vector<uint8_t> slot(layout.slot_bytes);
-  std::vector<staging::StagedTensor> staged;
-  Status st = (*loader)->Load(0, slot.data(), staged, nullptr);
+  const Status st = LoadFirstStep(spec);
   ASSERT_FALSE(st.ok());
   EXPECT_THAT(st.ToString(), HasSubstr("not a number of type int32"));
   EXPECT_THAT(st.ToString(), HasSubstr("shard-000000.tar@"));
