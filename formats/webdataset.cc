@@ -1,5 +1,7 @@
 #include "formats/webdataset.h"
 
+#include <charconv>
+
 #include <algorithm>
 #include <cctype>
 #include <cstring>
@@ -115,6 +117,77 @@ Result<std::vector<uint64_t>> ParseEnergonTarIndex(std::string_view bytes, std::
                              at(8 * i));
     }
   }
+  return out;
+}
+
+Result<std::vector<uint64_t>> ParseDaliTarIndex(std::string_view text, std::string_view name, uint64_t shard_bytes) {
+  auto at = [&](size_t offset) { return std::string(name) + "@" + std::to_string(offset); };
+  // Whitespace-separated tokens of one line, with where each starts.
+  std::vector<std::pair<std::string_view, size_t>> tokens;
+  auto split = [&](size_t begin, size_t end) {
+    tokens.clear();
+    size_t i = begin;
+    while (i < end) {
+      while (i < end && (text[i] == ' ' || text[i] == '\t' || text[i] == '\r')) ++i;
+      const size_t start = i;
+      while (i < end && text[i] != ' ' && text[i] != '\t' && text[i] != '\r') ++i;
+      if (i > start) tokens.emplace_back(text.substr(start, i - start), start);
+    }
+  };
+  auto number = [](std::string_view t, uint64_t& v) {
+    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    return ec == std::errc() && p == t.data() + t.size();
+  };
+  size_t line_end = std::min(text.find('\n'), text.size());
+  split(0, line_end);
+  uint64_t samples = 0;
+  if (tokens.size() != 2 || !number(tokens[1].first, samples)) {
+    return InvalidArgument("not a DALI WebDataset index: the first line is not 'v1.2 SAMPLES'", at(0));
+  }
+  if (tokens[0].first != "v1.2") {
+    return InvalidArgument("DALI index version '" + std::string(tokens[0].first) +
+                               "'; meshload reads version v1.2 (DALI's tools/wds2idx.py writes it)",
+                           at(0));
+  }
+  std::vector<uint64_t> out;
+  out.reserve(samples + 1);
+  uint64_t end = 0;  // where the previous sample's members end (padded to a block)
+  size_t pos = line_end + 1;
+  for (uint64_t i = 0; i < samples; ++i) {
+    if (pos >= text.size()) {
+      return InvalidArgument("the index says " + std::to_string(samples) + " samples but lists " + std::to_string(i) +
+                                 " (a truncated index?)",
+                             at(text.size()));
+    }
+    line_end = std::min(text.find('\n', pos), text.size());
+    split(pos, line_end);
+    if (tokens.empty() || tokens.size() % 4 != 0) {
+      return InvalidArgument("sample " + std::to_string(i) + ": " + std::to_string(tokens.size()) +
+                                 " fields where each member has 4 (extension, data offset, size, name)",
+                             at(pos));
+    }
+    // The sample starts where the one before ended: its first member's
+    // headers (PAX and GNU ones included) come after that.
+    out.push_back(end);
+    for (size_t k = 0; k < tokens.size(); k += 4) {
+      uint64_t data = 0, size = 0;
+      if (!number(tokens[k + 1].first, data) || !number(tokens[k + 2].first, size)) {
+        return InvalidArgument("member '" + std::string(tokens[k + 3].first) + "': its offset or size is not a number",
+                               at(tokens[k + 1].second));
+      }
+      if (data % kTarBlock != 0 || data < end + kTarBlock || size > shard_bytes || data > shard_bytes - size) {
+        return InvalidArgument("member '" + std::string(tokens[k + 3].first) + "' at " + std::to_string(data) + " (" +
+                                   std::to_string(size) +
+                                   " bytes) is not a member's data after the one before it "
+                                   "inside the shard (" +
+                                   std::to_string(shard_bytes) + " bytes): an index of another shard?",
+                               at(tokens[k + 1].second));
+      }
+      end = (data + size + kTarBlock - 1) / kTarBlock * kTarBlock;
+    }
+    pos = line_end + 1;
+  }
+  out.push_back(end);
   return out;
 }
 

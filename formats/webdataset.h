@@ -8,6 +8,9 @@
 /// not split, and metadata (`__…__` at the start of the name) are not part
 /// of any sample.
 ///
+/// DALI's text index beside a shard, `SHARD.idx` (tools/wds2idx.py), is
+/// read too, as Energon's offsets (ParseDaliTarIndex).
+///
 /// Energon's index beside a shard, `SHARD.tar.idx`
 /// (megatron/energon/flavors/webdataset/itar.py), is little-endian u64s:
 /// each sample's offset (its first member's first header), then where the
@@ -76,6 +79,18 @@ class ShardSamples {
 /// the offsets never decreasing, the last within the shard. Errors name the
 /// byte offset.
 Result<std::vector<uint64_t>> ParseEnergonTarIndex(std::string_view bytes, std::string_view name, uint64_t shard_bytes);
+/// Reads DALI's text index of a shard (`name`, for messages) of
+/// `shard_bytes` bytes, as DALI's tools/wds2idx.py writes it beside
+/// `SHARD.tar` as `SHARD.idx`: a line "v1.2 N", then a line per sample
+/// listing its members as "extension data_offset size name". Returned as
+/// Energon's offsets: sample i starts where sample i - 1's members end
+/// (its first member's headers come after that; sample 0 at 0), and the
+/// last entry is where the last sample's members end. Errors name the line
+/// or field's byte offset: another version, a count that disagrees with the
+/// lines, a member's data that is not block-aligned, overlaps the one
+/// before it, or runs past the shard.
+Result<std::vector<uint64_t>> ParseDaliTarIndex(std::string_view text, std::string_view name, uint64_t shard_bytes);
+
 /// The bytes of an Energon `.tar.idx` holding `offsets`.
 std::string EnergonTarIndexBytes(const std::vector<uint64_t>& offsets);
 

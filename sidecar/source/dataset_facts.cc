@@ -111,8 +111,18 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> WebDatasetFacts(Source& so
       planner::DatasetIndex::FileFacts facts;
       facts.path = o.name;
       facts.size = o.size;
-      const std::string idx = o.name + ".idx";
+      // Energon's SHARD.tar.idx, else DALI's SHARD.idx (the name up to the
+      // first dot of its last component, as wds2idx.py names it).
+      std::string idx = o.name + ".idx";
       auto info = source.Stat(idx);
+      bool dali = false;
+      if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
+        const size_t slash = o.name.rfind('/');
+        const size_t dot = o.name.find('.', slash == std::string::npos ? 0 : slash + 1);
+        idx = o.name.substr(0, dot) + ".idx";
+        info = source.Stat(idx);
+        dali = true;
+      }
       if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
         missing.push_back(o.name);
         continue;
@@ -122,8 +132,13 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> WebDatasetFacts(Source& so
       } else {
         std::string bytes(static_cast<size_t>(info->size), '\0');
         Status st = source.Read(idx, 0, bytes.data(), bytes.size());
-        facts.records =
-            st.ok() ? formats::ParseEnergonTarIndex(bytes, RedactUri(idx), o.size) : Result<std::vector<uint64_t>>(st);
+        if (!st.ok()) {
+          facts.records = st;
+        } else if (dali) {
+          facts.records = formats::ParseDaliTarIndex(bytes, RedactUri(idx), o.size);
+        } else {
+          facts.records = formats::ParseEnergonTarIndex(bytes, RedactUri(idx), o.size);
+        }
       }
       files.push_back(std::move(facts));
     }
@@ -131,10 +146,11 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> WebDatasetFacts(Source& so
   if (!missing.empty()) {
     std::string shards = RedactUri(missing.front());
     if (missing.size() > 1) shards += " and " + std::to_string(missing.size() - 1) + " more";
-    diags.Add(RedactUri(missing.front()), std::to_string(missing.size()) +
-                                              " shard(s) without an Energon index (SHARD.tar.idx) beside them: " +
-                                              shards + ". Write them with `meshload index " + RedactUri(uri) +
-                                              "` (or Megatron-Energon's `energon prepare`), then start the job again");
+    diags.Add(RedactUri(missing.front()),
+              std::to_string(missing.size()) +
+                  " shard(s) without an index beside them (Energon's SHARD.tar.idx, or DALI's SHARD.idx): " + shards +
+                  ". Write them with `meshload index " + RedactUri(uri) +
+                  "` (or Megatron-Energon's `energon prepare`), then start the job again");
   }
   if (files.empty() && missing.empty()) {
     return InvalidArgument("names no WebDataset shard (no .tar object)", RedactUri(uri));

@@ -109,6 +109,40 @@ TEST(EnergonIndex, ADamagedIndexNamesItsByte) {
       AllOf(HasSubstr("s.tar.idx@" + std::to_string(idx.size() - 8) + ": "), HasSubstr("past the end of the shard")));
 }
 
+// DALI's text index (shard-00000N.idx, written by DALI's tools/wds2idx.py
+// from nvidia-dali 2.4.0) gives the very offsets Energon's prepare wrote.
+TEST(DaliIndex, DalisIndexGivesTheOffsetsOfEnergonsIndex) {
+  for (const std::string shard : {"shard-000000", "shard-000001"}) {
+    const std::string tar = Slurp(kData + shard + ".tar");
+    auto energon = ParseEnergonTarIndex(Slurp(kData + shard + ".tar.idx"), shard + ".tar.idx", tar.size());
+    ASSERT_OK(energon);
+    auto dali = ParseDaliTarIndex(Slurp(kData + shard + ".idx"), shard + ".idx", tar.size());
+    ASSERT_OK(dali);
+    EXPECT_EQ(*dali, *energon) << shard;
+  }
+}
+
+TEST(DaliIndex, ADamagedIndexNamesItsByte) {
+  const std::string idx = Slurp(kData + "shard-000000.idx");
+  const uint64_t tar_bytes = Slurp(kData + "shard-000000.tar").size();
+  auto error = [&](const std::string& text, uint64_t bytes = 0) {
+    return ParseDaliTarIndex(text, "s.idx", bytes ? bytes : tar_bytes).status().ToString();
+  };
+  EXPECT_THAT(error("v1.1 12\n" + idx.substr(idx.find('\n') + 1)),
+              AllOf(HasSubstr("s.idx@0: "), HasSubstr("version 'v1.1'; meshload reads version v1.2")));
+  EXPECT_THAT(error("hello\n"), HasSubstr("not a DALI WebDataset index"));
+  const size_t last_line = idx.rfind('\n', idx.size() - 2) + 1;
+  EXPECT_THAT(error(idx.substr(0, last_line)),
+              AllOf(HasSubstr("s.idx@" + std::to_string(last_line) + ": "), HasSubstr("lists 11")));
+  std::string three = idx;
+  three.replace(idx.find(' ', idx.find('\n') + 1) + 1, 4, "1537");  // the first member's data, not block-aligned
+  EXPECT_THAT(error(three), HasSubstr("is not a member's data after the one before it"));
+  EXPECT_THAT(error(idx, 4096), HasSubstr("inside the shard (4096 bytes)"));
+  std::string odd = idx;
+  odd.insert(idx.find('\n') + 1, "jpg ");  // a member of 5 fields
+  EXPECT_THAT(error(odd), HasSubstr("sample 0: 17 fields where each member has 4"));
+}
+
 TEST(WebDatasetNames, SplitAsWebdatasetAndEnergonSplitThem) {
   // What Python's re gives for webdataset's pattern on each name.
   const struct {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/formats/data/webdataset/ with webdataset's TarWriter, indexes
-it with Megatron-Energon's prepare, and reads it back with webdataset.
+it with Megatron-Energon's prepare and with DALI's wds2idx.py, and reads it
+back with webdataset.
 
 The fixtures are committed (CI does not install torch, which Energon
 needs): this script is how they were made, and how to make them again, in
@@ -13,7 +14,10 @@ It writes shard-000000.tar and shard-000001.tar with webdataset.TarWriter
 tarfile writes with a PAX header, an upper-case extension, encoded
 "images" of every size, integer classes and JSON), shard-000002.tar with
 the same writer but no index, and SHARD.tar.idx beside the first two with
-Energon's WebdatasetPreparator.prepare_dataset(tar_index_only=True). Then
+Energon's WebdatasetPreparator.prepare_dataset(tar_index_only=True), and
+DALI's text index SHARD.idx beside them with DALI's wds2idx.py (the module
+nvidia-dali-cuda120's wheel installs; it reads the shard with the tar
+program). Then
 it reads every shard with webdataset.WebDataset and writes what it
 returns into SHARD.expected.json: each sample's key and, per field, the
 hex of its bytes.
@@ -25,6 +29,7 @@ import sys
 
 import webdataset
 from megatron.energon.flavors.webdataset.prepare import WebdatasetPreparator
+from wds2idx import IndexCreator  # DALI's (nvidia-dali-cuda120)
 
 
 def write_shard(path, rng, first, count):
@@ -62,6 +67,10 @@ def main():
         write_shard(os.path.join(out, name), rng, first, count)
     WebdatasetPreparator.prepare_dataset(out, ["shard-{000000..000001}.tar"], split_parts_ratio=[("train", 1.0)],
                                          tar_index_only=True, workers=1)
+    for name, _, _ in shards[:2]:
+        tar = os.path.join(out, name)
+        with IndexCreator(tar, tar[:-len(".tar")] + ".idx", verbose=False) as creator:
+            creator.create_index()
     for name, _, _ in shards:
         with open(os.path.join(out, name[:-len(".tar")] + ".expected.json"), "w") as f:
             json.dump(expected(os.path.join(out, name)), f, indent=0)

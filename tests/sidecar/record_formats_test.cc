@@ -261,6 +261,19 @@ TEST_F(WebDatasetFixture, EveryFieldIsWhatWebdatasetReadsOverTwoEpochsAndAResize
   }
 }
 
+// Shards indexed by DALI's wds2idx.py alone (SHARD.idx, no .tar.idx).
+TEST_F(WebDatasetFixture, ShardsWithDalisIndexAloneAreReadTheSame) {
+  for (const char* shard : {"shard-000000", "shard-000001"}) {
+    std::filesystem::remove(dir_.path() + "/" + shard + ".tar.idx");
+    CopyInto(kData + "/webdataset/" + shard + ".idx", dir_.path());
+  }
+  auto job = Resolve(RecordSpec(DatasetFormat::kWebDataset, dir_.path(),
+                                {{"jpg", std::nullopt}, {"cls", formats::DType::kInt64}}, 2, 2, Strategy::kPerProcess));
+  ASSERT_OK(job);
+  EXPECT_EQ(job->samples, 21u);
+  ExpectStepsMatch(*job, LoadAll(*job, 4), WebDatasetExpected({"shard-000000", "shard-000001"}), {"jpg", "cls"}, 1);
+}
+
 TEST_F(WebDatasetFixture, SamplesWithoutAFieldAreSkippedWhenTheJobSaysSoAndCounted) {
   const Expected expected = WebDatasetExpected({"shard-000000", "shard-000001"});
   auto spec = RecordSpec(DatasetFormat::kWebDataset, dir_.path(), {{"json", std::nullopt}, {"jpg", std::nullopt}}, 4, 1,
