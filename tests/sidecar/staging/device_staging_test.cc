@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "sidecar/source/dataset_facts.h"
+#include "sidecar/source/record_values.h"
 #include "client/client.h"
 #include "common/cuda/driver.h"
 #include "protocol/protocol.h"
@@ -117,7 +118,8 @@ int64_t FakeImports() {
   return fn ? static_cast<int64_t>(fn()) : -1;
 }
 
-std::string JobYaml(const std::string& uri, bool replicas, int devices, bool ragged) {
+// `format`: the dataset's format lines (FixedRecord of 4096 B when empty).
+std::string JobYaml(const std::string& uri, bool replicas, int devices, const std::string& format) {
   const std::string mesh = replicas ? "    axes: [{name: data, size: 2}, {name: model, size: 2}]\n"
                                       "    batchAxes: [data]\n"
                                     : "    axes: [{name: data, size: " + std::to_string(2 * devices) + "}]\n";
@@ -126,7 +128,7 @@ std::string JobYaml(const std::string& uri, bool replicas, int devices, bool rag
          std::to_string(devices) + "\n" + mesh + (replicas ? "  replication: {mode: Partial, fanout: Load}\n" : "") +
          "  strategy: PerProcess\n"
          "  dataset:\n    uri: " +
-         uri + (ragged ? "\n    format: MegatronIndexed\n" : "\n    format: FixedRecord\n    recordBytes: 4096\n") +
+         uri + "\n" + (format.empty() ? "    format: FixedRecord\n    recordBytes: 4096\n" : format) +
          "  batch: {globalBatchSize: 16, prefetch: 3}\n"
          "  shuffle: {mode: Global, seed: 11}\n";
 }
@@ -151,17 +153,25 @@ class RunningSidecar {
 class GpuJob {
  public:
   // `devices`: local devices per process; 0: JobDevices() (2 with replicas).
-  // `ragged`: a MegatronIndexed dataset (variable-size samples).
-  explicit GpuJob(bool replicas = false, int devices = 0, bool ragged = false)
+  // `ragged`: a MegatronIndexed dataset (variable-size samples); `fields`:
+  // a WebDataset of a field of bytes (jpg) and a decoded one (cls, int64).
+  explicit GpuJob(bool replicas = false, int devices = 0, bool ragged = false, bool fields = false)
       : devices_(devices > 0 ? devices
                  : replicas  ? 2
                              : JobDevices()) {
     planner::DatasetSpec ds;
-    ds.format = ragged ? planner::DatasetFormat::kMegatronIndexed : planner::DatasetFormat::kFixedRecord;
-    if (!ragged) ds.record_bytes = 4096;
+    ds.format = ragged   ? planner::DatasetFormat::kMegatronIndexed
+                : fields ? planner::DatasetFormat::kWebDataset
+                         : planner::DatasetFormat::kFixedRecord;
+    if (!ragged && !fields) ds.record_bytes = 4096;
+    if (fields) ds.fields = {{"jpg", std::nullopt}, {"cls", formats::DType::kInt64}};
     auto u = tools::GenerateSyntheticDataset(ds, dir_.path() + "/data", 320, 2);
     EXPECT_OK(u);
-    job_path_ = dir_.Write("job.yaml", JobYaml(*u, replicas, devices_, ragged));
+    const std::string format = ragged ? "    format: MegatronIndexed\n"
+                               : fields
+                                   ? "    format: WebDataset\n    fields: [{name: jpg}, {name: cls, dtype: int64}]\n"
+                                   : "";
+    job_path_ = dir_.Write("job.yaml", JobYaml(*u, replicas, devices_, format));
     socket_ = dir_.path() + "/s.sock";
     Diagnostics d;
     auto r = source::ResolveReadingDataset(testing::MustLoad(job_path_), {}, source::Unreachable::kFail, d);
@@ -173,6 +183,7 @@ class GpuJob {
   // plan and the synthetic bytes.
   void ExpectOnGpuAndPlanned(const client::Batch& b, const cuda::Driver& driver) {
     const planner::StepPlan plan = planner_->PlanStep(b.step, planner_->DefaultLoading(), 1);
+    if (planner_->job().dataset.record_format()) return ExpectFieldsOnGpu(b, plan, driver);
     ASSERT_EQ(b.tensors.size(), static_cast<size_t>(devices_));
     for (size_t i = 0; i < b.tensors.size(); ++i) {
       const client::Tensor& t = b.tensors[i];
@@ -204,6 +215,50 @@ class GpuJob {
       }
       if (ds.variable_size()) {
         EXPECT_EQ(static_cast<uint64_t>(offsets[ids.size()]) * 2, at);
+      }
+    }
+  }
+
+  // A WebDataset batch: per device a ragged jpg and a dense cls tensor,
+  // both on the GPU, each sample's values those its record decodes to
+  // (read here through the file source).
+  void ExpectFieldsOnGpu(const client::Batch& b, const planner::StepPlan& plan, const cuda::Driver& driver) {
+    const planner::DatasetIndex& ds = planner_->job().dataset;
+    ASSERT_EQ(b.tensors.size(), 2u * static_cast<size_t>(devices_));
+    auto sources = source::SourceRegistry::WithBuiltins({});
+    std::vector<planner::Extent> scratch;
+    const std::vector<std::string> extensions = source::WebDatasetExtensions(ds);
+    for (int d = 0; d < devices_; ++d) {
+      const client::Tensor& jpg = b.tensors[2 * static_cast<size_t>(d)];
+      const client::Tensor& cls = b.tensors[2 * static_cast<size_t>(d) + 1];
+      const auto& ids = plan.devices[static_cast<size_t>(d)].samples;
+      ASSERT_EQ(jpg.field, "jpg");
+      ASSERT_EQ(cls.field, "cls");
+      EXPECT_EQ(jpg.device_type, 2);
+      EXPECT_EQ(cls.device_type, 2);
+      ASSERT_NE(jpg.offsets, nullptr);
+      ASSERT_EQ(jpg.samples, ids.size());
+      ASSERT_EQ(cls.shape, std::vector<int64_t>{static_cast<int64_t>(ids.size())});
+      std::vector<uint8_t> values(jpg.nbytes);
+      std::vector<int64_t> offsets(ids.size() + 1), classes(ids.size());
+      ASSERT_OK(driver.CopyToHost(values.data(), reinterpret_cast<uintptr_t>(jpg.data), jpg.nbytes, jpg.device_id));
+      ASSERT_OK(driver.CopyToHost(offsets.data(), reinterpret_cast<uintptr_t>(jpg.offsets),
+                                  offsets.size() * sizeof(int64_t), jpg.device_id));
+      ASSERT_OK(driver.CopyToHost(classes.data(), reinterpret_cast<uintptr_t>(cls.data), cls.nbytes, cls.device_id));
+      for (size_t k = 0; k < ids.size(); ++k) {
+        const source::RecordPlace place = source::PlaceOfRecord(ds, ids[k], scratch);
+        std::string record(place.bytes, '\0');
+        auto found = sources->For(ds.files()[place.file].path);
+        ASSERT_OK(found);
+        ASSERT_OK(found->first->Read(found->second, place.offset, record.data(), record.size()));
+        formats::FieldValues v;
+        std::string key;
+        ASSERT_OK(source::RecordValues(ds, ids[k], record, place, extensions, v, key));
+        ASSERT_TRUE(v[0] && v[1]);
+        const std::string got(reinterpret_cast<const char*>(values.data()) + offsets[k],
+                              static_cast<size_t>(offsets[k + 1] - offsets[k]));
+        EXPECT_EQ(got, std::string(*v[0])) << "step " << b.step << " device " << d << " sample " << ids[k];
+        EXPECT_EQ(classes[k], std::stoll(std::string(*v[1]))) << "sample " << ids[k];
       }
     }
   }
@@ -398,6 +453,25 @@ TEST(DeviceStaging, RaggedBatchesReachTheGpuWithTheirOffsets) {
   ASSERT_OK(s);
   job.TakeSteps(12, *driver, [](const client::Batch& b) {
     for (const auto& t : b.tensors) EXPECT_EQ(reinterpret_cast<uintptr_t>(t.offsets) % 8, 0u);
+  });
+}
+
+TEST(DeviceStaging, WebDatasetFieldsReachTheGpuAsARaggedAndADenseTensorPerDevice) {
+  REQUIRE_DRIVER();
+  GpuJob job(/*replicas=*/false, /*devices=*/0, /*ragged=*/false, /*fields=*/true);
+  auto s = job.Start(job.Options());
+  ASSERT_OK(s);
+  job.TakeSteps(10, *driver);
+}
+
+TEST(DeviceStaging, WebDatasetFieldReplicasGetADeviceCopyOfTheirShard) {
+  REQUIRE_TWO_GPUS();
+  GpuJob job(/*replicas=*/true, /*devices=*/0, /*ragged=*/false, /*fields=*/true);
+  auto s = job.Start(job.Options());
+  ASSERT_OK(s);
+  job.TakeSteps(8, *driver, [](const client::Batch& b) {
+    EXPECT_EQ(b.tensors[0].ids_checksum, b.tensors[2].ids_checksum);
+    EXPECT_EQ(b.tensors[0].shape, b.tensors[2].shape);
   });
 }
 
