@@ -81,7 +81,8 @@ for fmt in FixedRecord TokenStream Npy MegatronIndexed WebDataset MDS; do
     out=$("$ML" run --local -f "$TMP/$name.yaml" --steps 40 2>&1); rc=$?
     echo "$out" >"$TMP/$name.out"
     [ $rc -eq 0 ] && grep -q "verified             bytes, 0 mismatches" <<<"$out" && grep -q "^OK$" <<<"$out"
-    check "run --local $fmt $strategy/$fanout on $(uri_of $fmt): every byte verified" $?
+    verified=$?  # before the message's command substitution, which sets $? too
+    check "run --local $fmt $strategy/$fanout on $(uri_of $fmt): every byte verified" $verified
     [ $rc -eq 0 ] || tail -8 <<<"$out"
   done
 done
