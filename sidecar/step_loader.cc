@@ -3,7 +3,6 @@
 #include <pthread.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstring>
 #include <ctime>
 #include <iterator>
@@ -95,6 +94,7 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const planner::ShardPlann
     loader->latency_bound_ = loader->latency_bound_ || src.first->LatencyBound();
   }
   loader->extensions_ = source::WebDatasetExtensions(job.dataset);
+  loader->file_names_ = source::RecordFileNames(job.dataset);
   // Every caller of Load() reads a share of its step itself: one inflight
   // record per caller, then one per reader thread (one fewer than
   // reader_threads, the caller being the first reader).
@@ -229,7 +229,7 @@ Status StepLoader::Extract(const planner::StepPlan& plan, uint8_t* slot, Caller&
     for (size_t k = 0; k < ids.size(); ++k) {
       const std::string_view record(reinterpret_cast<const char*>(base + c.places[i][k]),
                                     c.places[i][k + 1] - c.places[i][k]);
-      const source::RecordPlace place = source::PlaceOfRecord(ds, ids[k], c.extents);
+      const source::RecordPlace place = source::PlaceOfRecord(ds, ids[k], c.extents, file_names_);
       MESHLOAD_RETURN_IF_ERROR(source::RecordValues(ds, ids[k], record, place, extensions_, values, key));
       size_t missing = fields.size();
       for (size_t f = 0; f < fields.size() && missing == fields.size(); ++f) {
@@ -246,17 +246,16 @@ Status StepLoader::Extract(const planner::StepPlan& plan, uint8_t* slot, Caller&
         const formats::FieldDecoding& fd = fields[f];
         const staging::FieldTensor& t = dev.fields[f];
         const uint64_t at = place.offset + static_cast<uint64_t>(values[f]->data() - record.data());
+        // A ragged field's values go on after the samples before it; a
+        // dense field's sample is row `kept`.
+        uint8_t* dest = slot + t.offset + (fd.ragged() ? used[f] : kept * fd.sample_bytes());
+        const uint64_t room = fd.ragged() ? t.nbytes - used[f] : fd.sample_bytes();
         uint64_t written = 0;
+        MESHLOAD_RETURN_IF_ERROR(formats::DecodeFieldValue(fd, *values[f], dest, room, written, *place.file_name, at));
+        used[f] += written;
         if (fd.ragged()) {
-          MESHLOAD_RETURN_IF_ERROR(formats::DecodeFieldValue(fd, *values[f], slot + t.offset + used[f],
-                                                             t.nbytes - used[f], written, place.file_name, at));
-          used[f] += written;
           reinterpret_cast<int64_t*>(slot + t.offsets_offset)[kept + 1] =
               static_cast<int64_t>(used[f] / formats::DTypeSize(fd.dtype));
-        } else {
-          MESHLOAD_RETURN_IF_ERROR(formats::DecodeFieldValue(fd, *values[f], slot + t.offset + kept * fd.sample_bytes(),
-                                                             fd.sample_bytes(), written, place.file_name, at));
-          used[f] += written;
         }
       }
       ++kept;

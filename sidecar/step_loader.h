@@ -249,7 +249,8 @@ class StepLoader {
   const StepLoaderOptions options_;
   std::vector<std::pair<source::Source*, std::string>> files_;  // per dataset file
   bool latency_bound_ = false;
-  std::vector<std::string> extensions_;  // WebDataset: the fields' member extensions  // a file's source is
+  std::vector<std::string> extensions_;  // WebDataset: the fields' member extensions
+  std::vector<std::string> file_names_;  // WebDataset, MDS: the files as messages name them  // a file's source is
                                          // (Source::LatencyBound): no inline steps
 
   // Reader threads: a queue of chunks of the steps being read.

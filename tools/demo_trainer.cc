@@ -98,7 +98,7 @@ class RecordChecker {
     const uint64_t delivered = t.offsets != nullptr ? t.samples : static_cast<uint64_t>(t.shape[0]);
     uint64_t k = 0;
     for (uint64_t id : ids) {
-      const auto place = sidecar::source::PlaceOfRecord(ds_, id, extents_);
+      const auto place = sidecar::source::PlaceOfRecord(ds_, id, extents_, file_names_);
       record_.resize(place.bytes);
       MESHLOAD_ASSIGN_OR_RETURN(auto found, sources_->For(ds_.files()[place.file].path));
       MESHLOAD_RETURN_IF_ERROR(found.first->Read(found.second, place.offset, record_.data(), record_.size()));
@@ -115,7 +115,7 @@ class RecordChecker {
       want_.resize(std::max<uint64_t>(room, 1));
       uint64_t written = 0;
       MESHLOAD_RETURN_IF_ERROR(
-          formats::DecodeFieldValue(fd, *values_[field], want_.data(), room, written, place.file_name, place.offset));
+          formats::DecodeFieldValue(fd, *values_[field], want_.data(), room, written, *place.file_name, place.offset));
       const uint64_t es = formats::DTypeSize(fd.dtype);
       const uint8_t* got = fd.ragged() ? data + static_cast<uint64_t>(offsets[k]) * es : data + k * fd.sample_bytes();
       const uint64_t got_bytes =
@@ -133,11 +133,15 @@ class RecordChecker {
 
  private:
   RecordChecker(const planner::DatasetIndex& ds, std::unique_ptr<sidecar::source::SourceRegistry> sources)
-      : ds_(ds), sources_(std::move(sources)), extensions_(sidecar::source::WebDatasetExtensions(ds)) {}
+      : ds_(ds),
+        sources_(std::move(sources)),
+        extensions_(sidecar::source::WebDatasetExtensions(ds)),
+        file_names_(sidecar::source::RecordFileNames(ds)) {}
 
   const planner::DatasetIndex& ds_;
   std::unique_ptr<sidecar::source::SourceRegistry> sources_;
   std::vector<std::string> extensions_;
+  std::vector<std::string> file_names_;
   std::vector<planner::Extent> extents_;
   std::string record_, key_;
   std::vector<uint8_t> want_;

@@ -6,7 +6,15 @@
 
 namespace meshload::sidecar::source {
 
-RecordPlace PlaceOfRecord(const planner::DatasetIndex& ds, uint64_t id, std::vector<planner::Extent>& scratch) {
+std::vector<std::string> RecordFileNames(const planner::DatasetIndex& ds) {
+  std::vector<std::string> out;
+  out.reserve(ds.files().size());
+  for (const planner::DatasetFile& f : ds.files()) out.push_back(RedactUri(f.path));
+  return out;
+}
+
+RecordPlace PlaceOfRecord(const planner::DatasetIndex& ds, uint64_t id, std::vector<planner::Extent>& scratch,
+                          const std::vector<std::string>& names) {
   std::vector<planner::Extent>& extents = scratch;
   extents.clear();
   ds.AppendExtents(id, extents);
@@ -15,7 +23,7 @@ RecordPlace PlaceOfRecord(const planner::DatasetIndex& ds, uint64_t id, std::vec
   p.file = extents.front().file;
   p.offset = extents.front().offset;
   p.bytes = extents.front().length;
-  p.file_name = RedactUri(ds.files()[p.file].path);
+  p.file_name = &names[p.file];
   return p;
 }
 
@@ -32,11 +40,11 @@ std::vector<std::string> WebDatasetExtensions(const planner::DatasetIndex& ds) {
 Status RecordValues(const planner::DatasetIndex& ds, uint64_t id, std::string_view record, const RecordPlace& place,
                     const std::vector<std::string>& extensions, formats::FieldValues& values, std::string& key) {
   if (ds.format() == planner::DatasetFormat::kWebDataset) {
-    return formats::WebDatasetSampleValues(record, place.file_name, place.offset, extensions, values, key);
+    return formats::WebDatasetSampleValues(record, *place.file_name, place.offset, extensions, values, key);
   }
   const planner::DatasetFile& file = ds.files()[place.file];
   key = "row " + std::to_string(id - file.first);
-  return formats::MdsSampleValues(record, *file.mds, place.file_name, place.offset, file.mds_columns, values);
+  return formats::MdsSampleValues(record, *file.mds, *place.file_name, place.offset, file.mds_columns, values);
 }
 
 Status MissingFieldError(const planner::DatasetIndex& ds, uint64_t id, const RecordPlace& place, const std::string& key,
@@ -44,7 +52,7 @@ Status MissingFieldError(const planner::DatasetIndex& ds, uint64_t id, const Rec
   return InvalidArgument("sample " + std::to_string(id) + " ('" + key + "') has no field '" + ds.fields()[field].name +
                              "' (step " + std::to_string(step) +
                              "); set spec.dataset.missingField: Skip to leave such samples out",
-                         place.file_name + "@" + std::to_string(place.offset));
+                         *place.file_name + "@" + std::to_string(place.offset));
 }
 
 }  // namespace meshload::sidecar::source

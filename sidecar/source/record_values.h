@@ -19,15 +19,20 @@
 
 namespace meshload::sidecar::source {
 
+/// The dataset's files as messages name them (redacted), once per reader:
+/// what PlaceOfRecord points into.
+std::vector<std::string> RecordFileNames(const planner::DatasetIndex& ds);
+
 /// Where sample `id`'s record is and what it is called in messages
-/// (`scratch`: the caller's, reused).
+/// (`scratch`: the caller's, reused; `names`: RecordFileNames(ds)).
 struct RecordPlace {
   uint32_t file = 0;
   uint64_t offset = 0;  // of the record in its file
   uint64_t bytes = 0;
-  std::string file_name;  // the file, redacted for messages
+  const std::string* file_name = nullptr;  // the file, redacted for messages (in `names`)
 };
-RecordPlace PlaceOfRecord(const planner::DatasetIndex& ds, uint64_t id, std::vector<planner::Extent>& scratch);
+RecordPlace PlaceOfRecord(const planner::DatasetIndex& ds, uint64_t id, std::vector<planner::Extent>& scratch,
+                          const std::vector<std::string>& names);
 
 /// WebDataset's field names as member extensions (lower-cased, as
 /// webdataset splits names).

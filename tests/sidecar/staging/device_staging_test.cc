@@ -228,6 +228,7 @@ class GpuJob {
     auto sources = source::SourceRegistry::WithBuiltins({});
     std::vector<planner::Extent> scratch;
     const std::vector<std::string> extensions = source::WebDatasetExtensions(ds);
+    const std::vector<std::string> names = source::RecordFileNames(ds);
     for (int d = 0; d < devices_; ++d) {
       const client::Tensor& jpg = b.tensors[2 * static_cast<size_t>(d)];
       const client::Tensor& cls = b.tensors[2 * static_cast<size_t>(d) + 1];
@@ -246,7 +247,7 @@ class GpuJob {
                                   offsets.size() * sizeof(int64_t), jpg.device_id));
       ASSERT_OK(driver.CopyToHost(classes.data(), reinterpret_cast<uintptr_t>(cls.data), cls.nbytes, cls.device_id));
       for (size_t k = 0; k < ids.size(); ++k) {
-        const source::RecordPlace place = source::PlaceOfRecord(ds, ids[k], scratch);
+        const source::RecordPlace place = source::PlaceOfRecord(ds, ids[k], scratch, names);
         std::string record(place.bytes, '\0');
         auto found = sources->For(ds.files()[place.file].path);
         ASSERT_OK(found);
