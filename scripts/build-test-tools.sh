@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real components the tests run against from the pinned Go module
 # in tests/tools (go.mod, go.sum): etcd, kube-apiserver,
-# kube-controller-manager, kubectl and helm; and the module's own test tool,
+# kube-controller-manager, kube-scheduler, kubectl and helm; and the module's own test tool,
 # faultproxy (tests/tools/faultproxy: the fault-injecting proxy the
 # Kubernetes tests put in front of kube-apiserver and the S3 tests in front
 # of versitygw). Everything comes through the Go module proxy; no binary is
@@ -20,7 +20,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SELF=$ROOT/scripts/build-test-tools.sh
 MOD=$ROOT/tests/tools
-TOOLS=(etcd kube-apiserver kube-controller-manager kubectl helm faultproxy)
+TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl helm faultproxy)
 
 source "$ROOT/scripts/lib/go-tool-cache.sh"
 go_tool_cache_init build-test-tools "the control-plane tests" "$MOD" "$SELF" "$(go_tool_cache_root)"
@@ -44,7 +44,8 @@ echo "build-test-tools: building kubernetes $K8S, etcd $ETCD and helm $HELM from
 cd "$MOD"
 export CGO_ENABLED=0 GOFLAGS=-mod=readonly
 go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$STAGE/" \
-  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 go build -trimpath -ldflags "-s -w" -o "$STAGE/etcd" go.etcd.io/etcd/server/v3
 # The Kubernetes version helm assumes without a cluster (`helm template`,
 # `helm lint`: Chart.yaml's kubeVersion, deprecated APIs), as helm's own

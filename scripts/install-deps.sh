@@ -2,12 +2,14 @@
 # Installs what meshload's build, tests and tools need: the Debian packages,
 # a project-local Python environment (.venv) from the pinned
 # requirements.txt, and the real control plane the tests run against (etcd,
-# kube-apiserver, kube-controller-manager, kubectl, helm), built from the
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm), built from the
 # pinned Go module in tests/tools by scripts/build-test-tools.sh (the Go that
 # go.mod names must be installed: checked first, and a machine without it is
 # told what to install and left untouched; the binaries are cached under
 # ~/.cache/meshload), the S3 server of the object-storage tests (versitygw,
-# from tests/s3/tools by scripts/build-s3-test-tools.sh), and the third-party
+# from tests/s3/tools by scripts/build-s3-test-tools.sh), the simulated
+# cluster's kwok and dashboard check (tests/cluster/tools, by
+# scripts/build-cluster-tools.sh), and the third-party
 # CRDs the chart's objects need on that control plane (Prometheus Operator,
 # cert-manager; scripts/fetch-test-crds.sh), and the wheelhouse the Python
 # package's tests install from offline (tests/client/wheelhouse.txt, into
@@ -129,5 +131,6 @@ if [ "$BUILD_ONLY" = 0 ]; then
   fi
   bash "$ROOT/scripts/build-test-tools.sh" >/dev/null
   bash "$ROOT/scripts/build-s3-test-tools.sh" >/dev/null
+  bash "$ROOT/scripts/build-cluster-tools.sh" >/dev/null
   bash "$ROOT/scripts/fetch-test-crds.sh" >/dev/null
 fi

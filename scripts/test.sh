@@ -55,7 +55,7 @@ cmake --build build-asan -j "$JOBS"
 # uninstrumented) and the JAX tests (JAX's runtime in an interpreter without
 # the sanitizer runtimes; python.client covers the instrumented module).
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -j "$JOBS" -E '^(controlplane\.check|charts\.cluster|python\.package|python\.jax)$')
+  ctest --output-on-failure -j "$JOBS" -E '^(controlplane\.check|charts\.cluster|cluster\.e2e|python\.package|python\.jax)$')
 
 step "libFuzzer build (clang, ${FUZZ_SECONDS}s per target)"
 CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHLOAD_FUZZ=ON \

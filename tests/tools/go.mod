@@ -1,6 +1,6 @@
 // The real components the tests run against, built from pinned modules
 // through the Go module proxy (scripts/build-test-tools.sh): kube-apiserver,
-// kube-controller-manager and kubectl from k8s.io/kubernetes, etcd, helm.
+// kube-controller-manager, kube-scheduler and kubectl from k8s.io/kubernetes, etcd, helm.
 module meshload.io/tests/tools
 
 go 1.26.0
@@ -10,6 +10,7 @@ tool (
 	helm.sh/helm/v3/cmd/helm
 	k8s.io/kubernetes/cmd/kube-apiserver
 	k8s.io/kubernetes/cmd/kube-controller-manager
+	k8s.io/kubernetes/cmd/kube-scheduler
 	k8s.io/kubernetes/cmd/kubectl
 )
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the simulated cluster's tools (scripts/cluster) from the pinned Go
+# module in tests/cluster/tools (go.mod, go.sum) through the Go module proxy:
+# kwok (sigs.k8s.io/kwok), which simulates nodes and pod lifecycles against
+# the real API server; dashboardcheck, which checks the chart's Grafana
+# dashboard with Grafana's own schema (grafana-foundation-sdk); and
+# Prometheus with promtool (github.com/prometheus/prometheus, pinned in the
+# nested module tests/cluster/tools/prometheus: Debian's Prometheus is built
+# without Kubernetes service discovery). The control plane, kube-scheduler
+# among it, comes from scripts/build-test-tools.sh.
+#
+#   scripts/build-cluster-tools.sh          build unless cached; prints the bin dir
+#   scripts/build-cluster-tools.sh --dir    prints the bin dir if it is built (exit 1 if not)
+#
+# Cached like the control plane's tools (scripts/lib/go-tool-cache.sh), under
+# their own key.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SELF=$ROOT/scripts/build-cluster-tools.sh
+MOD=$ROOT/tests/cluster/tools
+TOOLS=(kwok dashboardcheck prometheus promtool)
+
+source "$ROOT/scripts/lib/go-tool-cache.sh"
+go_tool_cache_init build-cluster-tools "the simulated cluster" "$MOD" "$SELF" "$(go_tool_cache_root)/cluster"
+go_tool_cache_answer "${1:-}" "kwok is not built for this go.sum (run scripts/install-deps.sh)" "${TOOLS[@]}"
+KWOK=$(awk '$1 == "sigs.k8s.io/kwok" && $2 ~ /^v/ {print $2; exit}' "$MOD/go.mod")
+go_tool_cache_stage
+PROM=$(awk '$1 == "github.com/prometheus/prometheus" && $2 ~ /^v/ {print $2; exit}' "$MOD/prometheus/go.mod")
+echo "build-cluster-tools: building kwok $KWOK, dashboardcheck and prometheus $PROM from tests/cluster/tools (about eight minutes on 2 cores)" >&2
+cd "$MOD"
+export CGO_ENABLED=0 GOFLAGS=-mod=readonly
+go build -trimpath -ldflags "-s -w" -o "$GO_TOOL_CACHE_STAGE/kwok" \
+  sigs.k8s.io/kwok/cmd/kwok
+go build -trimpath -ldflags "-s -w" -o "$GO_TOOL_CACHE_STAGE/dashboardcheck" ./dashboardcheck
+cd prometheus
+go build -trimpath -ldflags "-s -w" -o "$GO_TOOL_CACHE_STAGE/" \
+  github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool
+go_tool_cache_commit
