@@ -408,6 +408,13 @@ class PodRun:
             self.runner.ensure_mountpoint(dst, is_dir)
             script.append("mount --bind %s %s" % (shlex.quote(src), shlex.quote(staged)))
             mounts.append((dst.count("/"), dst, staged, m.get("readOnly")))
+        # The image's executable, staged too: the build may live below a
+        # path a mount covers (a clone in /tmp, and the pod's /tmp emptyDir).
+        exe = os.path.join(stage, "exe")
+        os.makedirs(stage, exist_ok=True)
+        open(exe, "a").close()
+        script.append("mount --bind %s %s" % (shlex.quote(argv[0]), shlex.quote(exe)))
+        argv = [exe] + argv[1:]
         for _, dst, staged, ro in sorted(mounts):
             script.append("mount --bind %s %s" % (shlex.quote(staged), shlex.quote(dst)))
             if ro:
