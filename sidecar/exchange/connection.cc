@@ -159,6 +159,18 @@ void PeerExchange::Impl::OnHello(const std::shared_ptr<Pending>& p, boost::syste
 // A sender that passed the checks (and authenticated): the job's
 // fingerprint, then the connection replaces any earlier one.
 void PeerExchange::Impl::Admit(const std::shared_ptr<Pending>& p) {
+  if (closing_) {
+    // Stopping: the sender is told so (BYE), as the connections already
+    // open are, and waits for this process or its replacement.
+    auto bye = std::make_shared<Header>(internal::ByeFrame());
+    asio::async_write(p->sock, asio::buffer(bye.get(), sizeof *bye), [this, p, bye](boost::system::error_code, size_t) {
+      boost::system::error_code ignored;
+      p->sock.shutdown(tcp::socket::shutdown_both, ignored);
+      p->sock.close(ignored);
+      Forget(p);
+    });
+    return;
+  }
   const Header& h = p->hello;
   Conn& c = Sender(h.from_process());
   if (const std::string why = internal::JobProblem(h, opt_.fingerprint); !why.empty()) {
@@ -313,6 +325,12 @@ void PeerExchange::Impl::Authenticate(Conn& c, uint64_t g) {
 void PeerExchange::Impl::OnHelloOk(Conn& c, uint64_t g, std::shared_ptr<Nonce> nonce) {
   if (IsFrame(c.rx, Type::kError)) {
     OnFrame(c);  // reads the text and fails the connection
+    return;
+  }
+  if (IsFrame(c.rx, Type::kBye)) {
+    // A peer that is stopping (its pod being deleted) answers BYE: it, or
+    // its replacement, may come back; dialled again until the deadline.
+    Retry(c, c.Name() + " is stopping");
     return;
   }
   if (!IsFrame(c.rx, Type::kHelloOk)) {

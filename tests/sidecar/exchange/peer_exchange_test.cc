@@ -542,6 +542,36 @@ TEST(PeerExchange, AReceiverThatRestartsIsDialledAgain) {
   EXPECT_EQ((*sender)->counters().parts_served, 0u) << "step 1 was still in the sender's slot";
 }
 
+TEST(PeerExchange, AReceiverThatIsStoppingAnswersByeAndIsDialledAgain) {
+  // A pod being deleted: its sidecar, stopping, answers a HELLO with BYE.
+  // The sender waits for it (or its replacement) instead of failing.
+  Pair pair;
+  auto sender = PeerExchange::Create(WaitingForRestarts(pair.Options(0)), {1}, {});
+  ASSERT_OK(sender);
+  const int fd = ::accept(pair.fds[1], nullptr, nullptr);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  RawHeader hello;
+  ASSERT_EQ(static_cast<ssize_t>(sizeof hello), ::recv(fd, &hello, sizeof hello, MSG_WAITALL));
+  ASSERT_EQ(hello.type, 1);
+  RawHeader bye;
+  bye.type = 8;
+  ASSERT_TRUE(WriteAll(fd, &bye, sizeof bye));
+  ::close(fd);
+  std::vector<uint8_t> s0 = Pattern(4096, 0), d0(4096);
+  auto st = (*sender)->Begin(0);
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, s0, 3)}));
+  Status early = WaitAtMost(**sender, st, 300ms);
+  EXPECT_EQ(early.code(), StatusCode::kCancelled) << "still waiting, not failed: " << early.ToString();
+  // The replacement comes up on the same address.
+  ExchangeOptions ro = pair.Options(1);
+  ro.listen_fd = ::dup(pair.fds[1]);
+  auto receiver = PeerExchange::Create(ro, {}, {0});
+  ASSERT_OK(receiver);
+  ASSERT_OK(ReceiveStep(**receiver, 0, d0, 3));
+  ASSERT_OK((*sender)->Wait(st, {}));
+  EXPECT_EQ(d0, s0);
+}
+
 TEST(PeerExchange, AReceiverThatComesBackAtANewAddressIsFoundThere) {
   Pair pair;
   auto [moved_fd, moved_port] = Listen();  // the replaced pod's new address
