@@ -39,7 +39,7 @@ the binaries the project built standing in for the images:
   - a container that exits is restarted as the policy says (native sidecars
     always; the pod's restartPolicy for the rest), with a back-off;
   - a pod being deleted gets SIGTERM in every container, SIGKILL after its
-    grace period, then kwok's pod-delete stage removes it;
+    grace period; once they stopped, the runner deletes it for good;
   - it serves /metrics/cadvisor: container_cpu_usage_seconds_total and
     container_memory_working_set_bytes{namespace,pod,container} measured from
     /proc for the processes it runs, the two cAdvisor series the chart's
@@ -806,6 +806,14 @@ class Runner:
             if m.get("deletionTimestamp") and run.stopping is None:
                 run.stopping = min(pod["spec"].get("terminationGracePeriodSeconds", 30), m.get("deletionGracePeriodSeconds", 30))
                 log("%s: deleted; stopping its containers (grace %d s)" % (run.key, run.stopping))
+            if m.get("deletionTimestamp") and run is not None and run.done:
+                self.remove(pod)
+        # A pod being deleted that the runner never ran (no IP yet, or done
+        # before): nothing to stop.
+        for pod in pods["items"]:
+            m = pod["metadata"]
+            if m.get("deletionTimestamp") and pod["spec"].get("nodeName") in nodes and m["uid"] not in self.pods:
+                self.remove(pod)
         for uid in list(self.pods):
             run = self.pods[uid]
             if uid not in seen and run.stopping is None:
@@ -813,6 +821,17 @@ class Runner:
                 log("%s: gone from the API server; stopping its containers" % run.key)
             if uid not in seen and run.done:
                 del self.pods[uid]
+
+    def remove(self, pod):
+        """What the kubelet does once a deleted pod's containers have stopped:
+        deletes it for good (grace 0, its UID as precondition). Finalizers
+        others put on it (the Job controller's) still hold it until removed."""
+        m = pod["metadata"]
+        code, obj = self.api.request(
+            "DELETE", "/api/v1/namespaces/%s/pods/%s" % (m["namespace"], m["name"]),
+            {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0, "preconditions": {"uid": m["uid"]}})
+        if code not in (200, 202, 404, 409):
+            log("%s/%s: delete: %d %s" % (m["namespace"], m["name"], code, obj.get("message", "")))
 
     def shutdown(self):
         for run in list(self.pods.values()):

@@ -60,46 +60,42 @@ def namespaces_of(mon):
     return sel.get("matchNames") or [mon["metadata"]["namespace"]]
 
 
+def job(name, role, mon, ep, relabel):
+    """One scrape job of a monitor's endpoint, with the labels the Operator sets."""
+    j = {"job_name": name, "honor_labels": bool(ep.get("honorLabels", False)),
+         "kubernetes_sd_configs": sd(role, namespaces_of(mon)), "metrics_path": ep.get("path", "/metrics"),
+         "relabel_configs": relabel + [
+             {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+             {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+             {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+             {"target_label": "endpoint", "replacement": ep["port"]}]}
+    if ep.get("interval"):
+        j["scrape_interval"] = ep["interval"]
+    return j
+
+
 jobs = []
 for pm in get("podmonitors.monitoring.coreos.com"):
-    name = "podMonitor/%s/%s" % (pm["metadata"]["namespace"], pm["metadata"]["name"])
+    ns, name = pm["metadata"]["namespace"], pm["metadata"]["name"]
     for i, ep in enumerate(pm["spec"].get("podMetricsEndpoints", [])):
-        relabel = keep_labels("pod", (pm["spec"].get("selector") or {}).get("matchLabels", {}))
-        relabel += [
-            {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"},
-            {"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": ep["port"]},
-            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-            {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
-            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-            {"target_label": "job", "replacement": "%s/%s" % (pm["metadata"]["namespace"], pm["metadata"]["name"])},
-            {"target_label": "endpoint", "replacement": ep["port"]},
-        ]
-        job = {"job_name": "%s/%d" % (name, i), "honor_labels": bool(ep.get("honorLabels", False)),
-               "kubernetes_sd_configs": sd("pod", namespaces_of(pm)), "metrics_path": ep.get("path", "/metrics"),
-               "relabel_configs": relabel}
-        if ep.get("interval"):
-            job["scrape_interval"] = ep["interval"]
-        jobs.append(job)
+        jobs.append(job("podMonitor/%s/%s/%d" % (ns, name, i), "pod", pm, ep,
+                        keep_labels("pod", (pm["spec"].get("selector") or {}).get("matchLabels", {})) + [
+                            {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"],
+                             "regex": "(Failed|Succeeded)"},
+                            {"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                             "regex": ep["port"]},
+                            {"target_label": "job", "replacement": "%s/%s" % (ns, name)}]))
 for sm in get("servicemonitors.monitoring.coreos.com"):
-    name = "serviceMonitor/%s/%s" % (sm["metadata"]["namespace"], sm["metadata"]["name"])
+    ns, name = sm["metadata"]["namespace"], sm["metadata"]["name"]
     for i, ep in enumerate(sm["spec"].get("endpoints", [])):
-        relabel = keep_labels("service", (sm["spec"].get("selector") or {}).get("matchLabels", {}))
-        relabel += [
-            {"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": ep["port"]},
-            {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"},
-            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
-            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-            {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
-            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job"},
-            {"target_label": "endpoint", "replacement": ep["port"]},
-        ]
-        job = {"job_name": "%s/%d" % (name, i), "honor_labels": bool(ep.get("honorLabels", False)),
-               "kubernetes_sd_configs": sd("endpoints", namespaces_of(sm)), "metrics_path": ep.get("path", "/metrics"),
-               "relabel_configs": relabel}
-        if ep.get("interval"):
-            job["scrape_interval"] = ep["interval"]
-        jobs.append(job)
+        jobs.append(job("serviceMonitor/%s/%s/%d" % (ns, name, i), "endpoints", sm, ep,
+                        keep_labels("service", (sm["spec"].get("selector") or {}).get("matchLabels", {})) + [
+                            {"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"],
+                             "regex": ep["port"]},
+                            {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"],
+                             "regex": "(Failed|Succeeded)"},
+                            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+                            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job"}]))
 jobs.append({"job_name": "kubelet", "metrics_path": "/metrics/cadvisor", "honor_labels": True,
              "static_configs": [{"targets": [CADVISOR]}]})
 
