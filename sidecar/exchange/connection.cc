@@ -333,6 +333,15 @@ void PeerExchange::Impl::OnHelloOk(Conn& c, uint64_t g, std::shared_ptr<Nonce> n
     Retry(c, c.Name() + " is stopping");
     return;
   }
+  if (!HasMagic(c.rx)) {
+    // Not a sidecar at all: the address (a pod IP the controller
+    // published) is someone else's for now, or not yet routed to the pod;
+    // a pod replaced or still starting comes up there, or the controller
+    // publishes its new address. Dialled again until the deadline.
+    Retry(c, c.Name() + " answered HELLO with bytes that are not meshload's peer protocol (another program at " +
+                 "that address?)");
+    return;
+  }
   if (!IsFrame(c.rx, Type::kHelloOk)) {
     Fail(c, c.Name() + " answered HELLO with something else than HELLO_OK");
     return;

@@ -160,6 +160,8 @@ if [ $rc -ne 0 ]; then
   k -n training get pods -o jsonpath='{range .items[*]}{.metadata.name}: {.status.message} {.status.initContainerStatuses}{"\n"}{end}' | cut -c1-600
   tail -20 "$C/logs/pod-runner.log"
   for f in "$C"/pods/training_*/*.log; do echo "== $f"; tail -5 "$f" | cut -c1-400; done
+  echo "the remaining checks need a running job: not run"
+  finish
 fi
 step_of() { k -n training get dlj reshard -o jsonpath='{.status.progress.step}' 2>/dev/null; }
 resume_of() {
@@ -371,6 +373,7 @@ check "every trainer verified every byte: the replacements started at step $R, t
 for _ in $(seq 100); do kill -0 $CLUSTER 2>/dev/null || break; sleep 0.1; done
 left=$(( $(pgrep -f -- "$C/" | wc -l) + $(grep -l -s MESHLOAD_PODNET_IP=10.244 /proc/[0-9]*/environ 2>/dev/null | wc -l) ))
 addrs=$(ip -o -4 addr show dev lo | grep -c ' 10\.244\.')
-[ "$left" = 0 ] && [ "$addrs" = 0 ]
-check "scripts/cluster down leaves nothing running ($left processes, $addrs pod IPs left)" $?
+routes=$(ip route show | grep -c '10\.244\.')
+[ "$left" = 0 ] && [ "$addrs" = 0 ] && [ "$routes" = 0 ]
+check "scripts/cluster down leaves nothing running ($left processes, $addrs pod IPs, $routes pod routes left)" $?
 finish

@@ -291,18 +291,31 @@ class PodRun:
         self.last_status = None
         self.thread = threading.Thread(target=self.run, name=self.key, daemon=True)
 
-    # ---- volumes ----
+    # ---- network and volumes ----
     def setup_network(self):
         """The pod IP on the loopback interface, as a CNI plugin gives a pod
-        its address: reachable from this machine only."""
-        out = subprocess.run(["ip", "addr", "add", self.ip + "/32", "dev", "lo"], capture_output=True, text=True)
-        if out.returncode != 0 and "File exists" not in out.stderr:
-            raise RuntimeError("cannot add the pod IP %s to lo: %s" % (self.ip, out.stderr.strip()))
-        self.has_address = True
+        its address: reachable from this machine only. kwok hands a deleted
+        pod's IP to the next pod at once; a CNI plugin would not, before the
+        old pod's sandbox is gone: the new pod waits (Pending) until the pod
+        that held the address has stopped and released it."""
+        with self.runner.ips_lock:
+            holder = self.runner.ips.get(self.ip)
+            if holder is not None and holder is not self:
+                raise RuntimeError("the pod IP %s is still %s's (stopping)" % (self.ip, holder.key))
+            out = subprocess.run(["ip", "addr", "add", self.ip + "/32", "dev", "lo"], capture_output=True, text=True)
+            # "File exists" / "Address already assigned" (by iproute2's
+            # version): an address a runner that did not stop cleanly left.
+            if out.returncode != 0 and "exists" not in out.stderr and "already assigned" not in out.stderr:
+                raise RuntimeError("cannot add the pod IP %s to lo: %s" % (self.ip, out.stderr.strip()))
+            self.runner.ips[self.ip] = self
+            self.has_address = True
 
     def teardown_network(self):
         if getattr(self, "has_address", False):
-            subprocess.run(["ip", "addr", "del", self.ip + "/32", "dev", "lo"], capture_output=True)
+            with self.runner.ips_lock:
+                subprocess.run(["ip", "addr", "del", self.ip + "/32", "dev", "lo"], capture_output=True)
+                if self.runner.ips.get(self.ip) is self:
+                    del self.runner.ips[self.ip]
             self.has_address = False
 
     def setup_volumes(self):
@@ -677,6 +690,8 @@ class Runner:
         self.pods = {}
         self.procs = {}
         self.procs_lock = threading.Lock()
+        self.ips = {}  # pod IP -> the PodRun holding it on lo
+        self.ips_lock = threading.Lock()
         # Where a container's mounts are staged (PodRun.start): a directory
         # of the host, like the kubelet's /var/lib/kubelet, that no pod's
         # mountPath covers; what the runner creates there it lists in

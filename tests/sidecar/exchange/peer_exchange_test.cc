@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -570,6 +571,65 @@ TEST(PeerExchange, AReceiverThatIsStoppingAnswersByeAndIsDialledAgain) {
   ASSERT_OK(ReceiveStep(**receiver, 0, d0, 3));
   ASSERT_OK((*sender)->Wait(st, {}));
   EXPECT_EQ(d0, s0);
+}
+
+TEST(PeerExchange, AnAddressWhereAnotherProgramAnswersIsDialledAgain) {
+  // The published address is not the sidecar's yet (a pod IP not routed to
+  // its pod, a proxy answering every connection): the answer is not
+  // meshload's protocol. The sender dials again instead of failing the step.
+  Pair pair;
+  auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
+  ASSERT_OK(sender);
+  const int fd = ::accept(pair.fds[1], nullptr, nullptr);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  RawHeader hello;
+  ASSERT_EQ(static_cast<ssize_t>(sizeof hello), ::recv(fd, &hello, sizeof hello, MSG_WAITALL));
+  const std::string http = "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+  ASSERT_GE(http.size(), sizeof(RawHeader));
+  ASSERT_TRUE(WriteAll(fd, http.data(), http.size()));
+  ::close(fd);
+  std::vector<uint8_t> s0 = Pattern(4096, 0), d0(4096);
+  auto st = (*sender)->Begin(0);
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, s0, 3)}));
+  Status early = WaitAtMost(**sender, st, 300ms);
+  EXPECT_EQ(early.code(), StatusCode::kCancelled) << "still dialling, not failed: " << early.ToString();
+  ExchangeOptions ro = pair.Options(1);
+  ro.listen_fd = ::dup(pair.fds[1]);
+  auto receiver = PeerExchange::Create(ro, {}, {0});
+  ASSERT_OK(receiver);
+  ASSERT_OK(ReceiveStep(**receiver, 0, d0, 3));
+  ASSERT_OK((*sender)->Wait(st, {}));
+  EXPECT_EQ(d0, s0);
+}
+
+TEST(PeerExchange, AnAddressWhereAnotherProgramAnswersFailsAtTheConnectDeadlineSayingSo) {
+  Pair pair;
+  ExchangeOptions so = pair.Options(0);
+  so.connect_timeout = 1s;
+  auto sender = PeerExchange::Create(so, {1}, {});
+  ASSERT_OK(sender);
+  std::atomic<bool> stop{false};
+  std::thread impostor([&] {
+    while (!stop) {
+      const int fd = ::accept(pair.fds[1], nullptr, nullptr);
+      if (fd < 0) return;
+      RawHeader hello;
+      (void)::recv(fd, &hello, sizeof hello, MSG_WAITALL);
+      const std::string junk(64, 'x');
+      (void)WriteAll(fd, junk.data(), junk.size());
+      ::close(fd);
+    }
+  });
+  std::vector<uint8_t> s0 = Pattern(512, 0);
+  auto st = (*sender)->Begin(0);
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, s0, 1)}));
+  Status failed = (*sender)->Wait(st, {});
+  stop = true;
+  ::shutdown(pair.fds[1], SHUT_RDWR);
+  impostor.join();
+  EXPECT_FALSE(failed.ok());
+  EXPECT_NE(failed.message().find("cannot connect to process 1"), std::string::npos) << failed.ToString();
+  EXPECT_NE(failed.message().find("not meshload's peer protocol"), std::string::npos) << failed.ToString();
 }
 
 TEST(PeerExchange, AReceiverThatComesBackAtANewAddressIsFoundThere) {
