@@ -216,16 +216,19 @@ void PeerExchange::Impl::Connect(Conn& c) {
   // next attempt looks the address up again.
   c.attempt_deadline = clock_->Now() + std::min<Clock::duration>(opt_.peer_timeout, std::chrono::seconds(10));
   PeerAddress addr = c.Addr();
-  if (c.lost && opt_.address_of) {
-    // A peer whose pod was replaced comes back at another address.
+  if ((c.lost || c.dialled) && opt_.address_of) {
+    // A peer whose pod was replaced comes back at another address (or was
+    // replaced before the first connection: its first address is stale).
     if (std::optional<PeerAddress> now = opt_.address_of(c.peer);
         now && !now->host.empty() && now->port != 0 && (now->host != addr.host || now->port != addr.port)) {
-      LogInfo("a lost peer has a new address", {{"peer", c.Name()}, {"address", now->ToString()}});
+      LogInfo(c.lost ? "a lost peer has a new address" : "a peer not reached yet has a new address",
+              {{"peer", c.Name()}, {"address", now->ToString()}});
       addr = *now;
       MutexLock lock(c.addr_mu);
       c.addr = addr;
     }
   }
+  c.dialled = true;
   c.resolver = std::make_unique<tcp::resolver>(io_);
   c.resolver->async_resolve(
       addr.host, std::to_string(addr.port),

@@ -94,7 +94,8 @@ class PeerExchange::Impl {
     // older socket finds it changed and does nothing.
     uint64_t gen = 0;
     bool connected_once = false;
-    bool lost = false;  // lost and waiting for the peer to come back (since lost_at)
+    bool dialled = false;  // Connect() ran: a later dial looks the address up again
+    bool lost = false;     // lost and waiting for the peer to come back (since lost_at)
     Clock::time_point lost_at;
     std::string lost_why;
     std::unique_ptr<tcp::socket> sock;

@@ -602,6 +602,42 @@ TEST(PeerExchange, AnAddressWhereAnotherProgramAnswersIsDialledAgain) {
   EXPECT_EQ(d0, s0);
 }
 
+TEST(PeerExchange, APeerNotReachedYetIsLookedUpAgainBeforeTheNextDial) {
+  // The first address (from the peer list) answers with another protocol:
+  // the peer's pod was replaced before the first connection. The next dial
+  // uses the address published since.
+  Pair pair;
+  auto [moved_fd, moved_port] = Listen();
+  std::atomic<int> asked{0};
+  ExchangeOptions so = pair.Options(0);
+  so.address_of = [&, port = moved_port](int64_t process) -> std::optional<PeerAddress> {
+    EXPECT_EQ(process, 1);
+    asked++;
+    return PeerAddress{"127.0.0.1", port};
+  };
+  auto sender = PeerExchange::Create(so, {1}, {});
+  ASSERT_OK(sender);
+  const int fd = ::accept(pair.fds[1], nullptr, nullptr);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  EXPECT_EQ(asked.load(), 0) << "the first dial uses the peer list";
+  RawHeader hello;
+  ASSERT_EQ(static_cast<ssize_t>(sizeof hello), ::recv(fd, &hello, sizeof hello, MSG_WAITALL));
+  const std::string junk(64, 'x');
+  ASSERT_TRUE(WriteAll(fd, junk.data(), junk.size()));
+  ::close(fd);
+  ExchangeOptions ro = pair.Options(1);
+  ro.listen_fd = moved_fd;
+  auto receiver = PeerExchange::Create(ro, {}, {0});
+  ASSERT_OK(receiver);
+  std::vector<uint8_t> s0 = Pattern(512, 0), d0(512);
+  auto st = (*sender)->Begin(0);
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, s0, 1)}));
+  ASSERT_OK(ReceiveStep(**receiver, 0, d0, 1));
+  ASSERT_OK((*sender)->Wait(st, {}));
+  EXPECT_EQ(d0, s0);
+  EXPECT_GT(asked.load(), 0);
+}
+
 TEST(PeerExchange, AnAddressWhereAnotherProgramAnswersFailsAtTheConnectDeadlineSayingSo) {
   Pair pair;
   ExchangeOptions so = pair.Options(0);
