@@ -3,7 +3,7 @@
 // checksum of every device, and (for synthetic datasets) every byte.
 //
 // It prints JSON lines on stdout for `meshload run --local`:
-//   {"type":"progress","process":0,"steps":12,"samples":384,"bytes":...}
+//   {"type":"progress","process":0,"steps":12,"first_step":0,"samples":384,"bytes":...}
 //   {"type":"final",...,"wait_hist":[...],"mismatches":0,"error":""}
 
 #include "tools/demo_trainer.h"
@@ -295,6 +295,7 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
       nlohmann::json p = {{"type", "progress"},
                           {"process", process},
                           {"steps", done},
+                          {"first_step", first_step},
                           {"samples", samples},
                           {"bytes", bytes},
                           {"wait_p99", waits.Quantile(0.99)},

@@ -16,6 +16,10 @@
 #   - a sidecar killed is restarted (as the kubelet restarts a native
 #     sidecar) and its trainer goes on with identical bytes;
 #   - the controller's leader pod deleted: the other replica takes over;
+#   - the node under one of the job's two processes deleted: that pod goes
+#     (pod GC), the Job replaces it, the scheduler puts it on another GPU
+#     node, it resumes at the recorded step while the other trainer, never
+#     stopped, waits for it and goes on;
 #   - the nodes under the running job deleted: its pods go (pod GC), the
 #     Job makes replacements, the scheduler puts them on the remaining GPU
 #     node, and they resume at the recorded step with identical bytes;
@@ -34,7 +38,7 @@ if [ "$(id -u)" != 0 ]; then
   skipped "the simulated cluster" "needs root (the pod runner's mount namespaces and pod IPs)"
   finish
 fi
-MESHLOAD_BUILD_DIR=$BUILD setpriv --pdeathsig TERM "$ROOT/scripts/cluster" run "$C" --gpu-nodes 3 \
+MESHLOAD_BUILD_DIR=$BUILD setpriv --pdeathsig TERM "$ROOT/scripts/cluster" run "$C" --gpu-nodes 4 \
   >"$TMP/cluster.log" 2>&1 &
 CLUSTER=$!
 PIDS+=($CLUSTER)
@@ -50,8 +54,8 @@ source "$C/env"
 k() { kubectl --request-timeout=30s "$@"; }
 
 k get nodes -l nvidia.com/gpu.present=true -o jsonpath='{range .items[*]}{.metadata.name} {.status.allocatable.nvidia\.com/gpu} {.spec.taints[0].key}{"\n"}{end}' >"$TMP/nodes"
-[ "$(grep -c ' 8 nvidia.com/gpu$' "$TMP/nodes")" = 3 ] && k get resourceslices -o name | grep -q gpu-node-0
-check "3 GPU nodes: 8 nvidia.com/gpu each, tainted, their GPUs published as DRA devices" $?
+[ "$(grep -c ' 8 nvidia.com/gpu$' "$TMP/nodes")" = 4 ] && k get resourceslices -o name | grep -q gpu-node-0
+check "4 GPU nodes: 8 nvidia.com/gpu each, tainted, their GPUs published as DRA devices" $?
 k -n meshload-system get pods -l app.kubernetes.io/instance=meshload -o jsonpath='{range .items[*]}{.spec.nodeName} {.status.podIP} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' >"$TMP/ctrl"
 [ "$(grep -c '^cpu-node-0 10\.244\.[0-9.]* True$' "$TMP/ctrl")" = 2 ]
 check "the chart's 2 controller replicas run on the CPU node, Ready, on their own pod IPs" $?
@@ -108,6 +112,15 @@ spec:
       labels: {app: trainer, meshload.io/job: reshard, meshload.io/sidecar: "true"}
     spec:
       restartPolicy: Never
+      # One trainer per node where there is room, as a job that wants its
+      # processes on separate hosts asks for it.
+      affinity:
+        podAntiAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+          - weight: 100
+            podAffinityTerm:
+              topologyKey: kubernetes.io/hostname
+              labelSelector: {matchLabels: {app: trainer}}
       securityContext: {runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532}
       containers:
       - name: trainer
@@ -127,7 +140,7 @@ spec:
 EOF
 k apply -f "$TMP/job.yaml" >"$TMP/apply.log" 2>&1
 rc=$?
-check "kubectl apply a LoadAndReshard DataLoadJob and an Indexed trainer Job (the label and nvidia.com/gpu only; its steps from a ConfigMap)" $rc
+check "kubectl apply a LoadAndReshard DataLoadJob and an Indexed trainer Job (the label, nvidia.com/gpu and a spread over nodes; its steps from a ConfigMap)" $rc
 [ $rc -eq 0 ] || cat "$TMP/apply.log"
 
 placed=
@@ -136,8 +149,8 @@ for _ in $(seq 120); do
   [ "$placed" = 2 ] && break
   sleep 0.5
 done
-[ "$placed" = 2 ]
-check "kube-scheduler places both trainer pods on GPU nodes (tolerating their taint)" $?
+[ "$placed" = 2 ] && [ "$(k -n training get pods -l job-name=trainer -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | sort -u | wc -l)" = 2 ]
+check "kube-scheduler places the two trainer pods on two GPU nodes (tolerating their taint)" $?
 k -n training get pods -l job-name=trainer -o json >"$TMP/pods.json"
 python3 - "$TMP/pods.json" <<'EOF'
 import json, sys
@@ -268,10 +281,51 @@ s4=$(step_after "${s3:--1}")
 rc=$?
 check "and the job's status goes on ($s3, then $s4)" $rc
 
-# ---- the nodes of the running job deleted ----
-# Every node that holds a trainer pod goes (one or two of the three): all
-# the job's processes are lost at once, as when its nodes fail.
 uids() { k -n training get pods -l job-name=trainer -o jsonpath='{range .items[*]}{.metadata.uid}{"\n"}{end}' | sort; }
+pod_on() {  # pod_on INDEX: "UID NODE" of the trainer pod of that completion index
+  k -n training get pods -l job-name=trainer -o jsonpath='{range .items[*]}{.metadata.annotations.batch\.kubernetes\.io/job-completion-index} {.metadata.uid} {.spec.nodeName}{"\n"}{end}' |
+    awk -v i="$1" '$1 == i {print $2, $3}'
+}
+
+# ---- the node under one process deleted ----
+# Process 0's node goes; process 1's pod, on another node, keeps running:
+# its sidecar waits for the lost peer, the replacement resumes at the
+# recorded step and the two go on together.
+gen0=$(uids)
+read -r lost_uid lost_node < <(pod_on 0)
+read -r kept_uid kept_node < <(pod_on 1)
+steps_done() {  # steps_done UID: the steps the trainer of that pod reported last
+  grep -h '"progress"' "$C"/pods/training_trainer-*_"${1:0:8}"/trainer.log 2>/dev/null | tail -1 |
+    python3 -c 'import json, sys; t = sys.stdin.read(); print(json.loads(t)["steps"] if t else 0)'
+}
+kept_at_loss=$(steps_done "$kept_uid")
+k delete node "$lost_node" --wait=false >/dev/null
+R1=
+for _ in $(seq 240); do
+  ! uids | grep -qxF "$lost_uid" && { R1=$(resume_of); break; }
+  sleep 0.5
+done
+[ -n "$lost_uid" ] && [ "$lost_node" != "$kept_node" ] && [ -n "$R1" ]
+check "the node under process 0 deleted ($lost_node; process 1 on $kept_node): its pod is gone; the recorded resume step is $R1" $?
+new0=
+for _ in $(seq 240); do
+  read -r new0 new0_node < <(pod_on 0)
+  [ -n "$new0" ] && [ "$new0" != "$lost_uid" ] &&
+    [ "$(k -n training get pod -l job-name=trainer,batch.kubernetes.io/job-completion-index=0 -o jsonpath='{.items[0].status.phase}')" = Running ] && break
+  new0=
+  sleep 0.5
+done
+read -r kept_now _ < <(pod_on 1)
+restarts=$(k -n training get pods -l job-name=trainer,batch.kubernetes.io/job-completion-index=1 \
+  -o jsonpath='{.items[0].status.containerStatuses[?(@.name=="trainer")].restartCount}')
+[ -n "$new0" ] && [ "$new0_node" != "$lost_node" ] && [ "$kept_now" = "$kept_uid" ] && [ "$restarts" = 0 ]
+check "the Job replaced it on ${new0_node:-no node}; process 1's pod ran on untouched (restarts ${restarts:-?})" $?
+s6=$(step_after "$R1")
+check "the job goes on past the recorded step ($R1, then $s6)" $?
+
+# ---- the nodes of the running job deleted ----
+# Every node that holds a trainer pod goes (two of the three left): all
+# the job's processes are lost at once, as when its nodes fail.
 gen1=$(uids)
 lost_nodes=$(k -n training get pods -l job-name=trainer -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | sort -u)
 k delete node $lost_nodes >/dev/null
@@ -331,10 +385,12 @@ gen3=$(k -n training get pods -l job-name=trainer -o jsonpath='{range .items[*]}
 # Every trainer's final report (SIGTERM or done), by generation: the pods of
 # the first Job run, their replacements after the node deletion, the
 # resized ones.
-python3 - "$C/pods" "${R:--1}" "${R2:--1}" "$gen1" "$gen2" "$gen3" <<'PY'
+python3 - "$C/pods" "${R:--1}" "${R2:--1}" "${R1:--1}" "$gen1" "$gen2" "$gen3" "$gen0" "${kept_uid:-none}" "${kept_at_loss:-0}" <<'PY'
 import glob, json, os, sys
-pods, R, R2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-gens = [set(u[:8] for u in g.split()) for g in sys.argv[4:7]]
+pods, R, R2, R1 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+gens = [set(u[:8] for u in g.split()) for g in sys.argv[5:8]]
+gen0 = set(u[:8] for u in sys.argv[8].split())
+kept_uid8, kept_at_loss = sys.argv[9][:8], int(sys.argv[10])
 finals = {}
 for d in glob.glob(pods + "/training_trainer-*"):
     uid8 = d.rsplit("_", 1)[1]
@@ -345,6 +401,21 @@ for d in glob.glob(pods + "/training_trainer-*"):
 problems = []
 def gen_of(uid8):
     return 3 if uid8 in gens[2] else 2 if uid8 in gens[1] and uid8 not in gens[0] else 1
+# The single node loss: the one pod of the second generation (gens[0]) that
+# was not in the first (gen0) replaced process 0, at the recorded step.
+g1 = [f or p for u, (f, p) in finals.items() if u in gens[0] and u not in gen0]  # it went with its node
+if [((f or {}).get("process"), (f or {}).get("first_step")) for f in g1] != [(0, R1)]:
+    problems.append("the replacement of process 0 did not resume at the recorded step %d: %s" %
+                    (R1, [((f or {}).get("process"), (f or {}).get("first_step")) for f in g1]))
+# Process 1's pod ran through it: one start, on past where it was when
+# process 0 was lost (it went with its own node later, without a final
+# report: its last progress report counts).
+kept = [f or p or {} for u, (f, p) in finals.items() if u == kept_uid8]
+starts = sum(1 for l in open(glob.glob(pods + "/training_trainer-*_" + kept_uid8)[0] + "/trainer.log")
+             if l.startswith("---- ")) if kept else 0
+if len(kept) != 1 or kept[0].get("process") != 1 or kept[0].get("steps", 0) <= kept_at_loss or starts != 1:
+    problems.append("process 1's pod did not run on through the loss of process 0: %s, %d starts, %d steps before" %
+                    (kept, starts, kept_at_loss))
 mismatches = sum((f or p or {}).get("mismatches", 0) for f, p in finals.values())
 if mismatches:
     problems.append("%d mismatches" % mismatches)
@@ -360,13 +431,14 @@ if sorted((f or {}).get("process", -1) for f in g3) != [0, 1, 2, 3] or \
         any(f["first_step"] != R2 or f["steps"] != 400 for f in g3):
     problems.append("the resized trainers: %s (want processes 0..3, first step %d, 400 steps)" %
                     ([((f or {}).get("process"), (f or {}).get("first_step"), (f or {}).get("steps")) for f in g3], R2))
-print("     %d trainers in all; replacements %s; resized %s; 0 mismatches" % (
-    len(finals), [(f["process"], f["first_step"], f["steps"]) for f in g2 if f],
+print("     %d trainers in all; process 0 replaced %s, process 1 ran on %s; both replaced %s; resized %s; 0 mismatches" % (
+    len(finals), [(f["process"], f["first_step"], f["steps"]) for f in g1 if f],
+    [(f.get("process"), f.get("steps")) for f in kept], [(f["process"], f["first_step"], f["steps"]) for f in g2 if f],
     [(f["process"], f["first_step"], f["steps"]) for f in g3 if f]) if not problems else
     "     " + "\n     ".join(problems))
 sys.exit(1 if problems else 0)
 PY
-check "every trainer verified every byte: the replacements started at step $R, the 4 resized ones at $R2, no mismatch" $?
+check "every trainer verified every byte: process 0's replacement started at step $R1, both replacements at $R, the 4 resized ones at $R2, no mismatch" $?
 
 # ---- down leaves nothing running ----
 "$ROOT/scripts/cluster" down "$C" >/dev/null 2>&1
