@@ -67,80 +67,16 @@ mkdir -p "$TMP/data" && chmod 755 "$TMP/data"
   --samples 4096 --steps 1 >"$TMP/gen.log" 2>&1
 check "a synthetic token dataset (meshload run --local --generate-dataset)" $?
 chmod -R a+rX "$TMP/data"
-k create namespace training >/dev/null
-cat >"$TMP/job.yaml" <<EOF
-apiVersion: meshload.io/v1alpha1
-kind: DataLoadJob
-metadata: {name: reshard, namespace: training}
-spec:
-  selector: {matchLabels: {app: trainer}}
-  mesh:
-    processes: 2
-    devicesPerProcess: 2
-    axes: [{name: model, size: 2}, {name: data, size: 2}]
-    batchAxes: [data]
-  replication: {mode: Partial, fanout: Load}
-  strategy: LoadAndReshard
-  dataset:
-    uri: /datasets/tokens
-    format: TokenStream
-    dtype: uint16
-    sequenceLength: 2048
-    samples: 4096
-    volume: {name: datasets, mountPath: /datasets}
-  batch: {globalBatchSize: 32, prefetch: 4}
-  shuffle: {mode: Global, seed: 42}
----
-apiVersion: v1
-kind: ConfigMap
-metadata: {name: trainer-settings, namespace: training}
-data: {steps: "100000"}
----
-apiVersion: batch/v1
-kind: Job
-metadata: {name: trainer, namespace: training}
-spec:
-  completionMode: Indexed
-  completions: 2
-  parallelism: 2
-  backoffLimit: 0
-  # Pods that go with their node are not the trainer's failures.
-  podFailurePolicy:
-    rules: [{action: Ignore, onPodConditions: [{type: DisruptionTarget}]}]
-  template:
-    metadata:
-      labels: {app: trainer, meshload.io/job: reshard, meshload.io/sidecar: "true"}
-    spec:
-      restartPolicy: Never
-      # One trainer per node where there is room, as a job that wants its
-      # processes on separate hosts asks for it.
-      affinity:
-        podAntiAffinity:
-          preferredDuringSchedulingIgnoredDuringExecution:
-          - weight: 100
-            podAffinityTerm:
-              topologyKey: kubernetes.io/hostname
-              labelSelector: {matchLabels: {app: trainer}}
-      securityContext: {runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532}
-      containers:
-      - name: trainer
-        image: meshload/cli:test
-        command: [meshload, demo-trainer, --job, /etc/dlj/job.json, --process, \$(JOB_COMPLETION_INDEX),
-                  --socket, \$(MESHLOAD_SOCKET), --steps, \$(TRAINER_STEPS), --delay-ms, "40", --verify, bytes]
-        env:
-        - name: TRAINER_STEPS
-          valueFrom: {configMapKeyRef: {name: trainer-settings, key: steps}}
-        resources: {limits: {nvidia.com/gpu: 2}}
-        volumeMounts:
-        - {name: datasets, mountPath: /datasets, readOnly: true}
-        - {name: dlj, mountPath: /etc/dlj, readOnly: true}
-      volumes:
-      - {name: datasets, hostPath: {path: $TMP/data, type: Directory}}
-      - {name: dlj, configMap: {name: reshard-meshload}}
-EOF
-k apply -f "$TMP/job.yaml" >"$TMP/apply.log" 2>&1
-rc=$?
-check "kubectl apply a LoadAndReshard DataLoadJob and an Indexed trainer Job (the label, nvidia.com/gpu and a spread over nodes; its steps from a ConfigMap)" $rc
+# examples/cluster-reshard.yaml as a user applies it, with this test's dataset.
+sed "s#path: /tmp/meshload-example,#path: $TMP/data,#" "$ROOT/examples/cluster-reshard.yaml" >"$TMP/job.yaml"
+if grep -q "path: $TMP/data," "$TMP/job.yaml"; then
+  k apply -f "$TMP/job.yaml" >"$TMP/apply.log" 2>&1
+  rc=$?
+else
+  echo "examples/cluster-reshard.yaml: its datasets hostPath is not /tmp/meshload-example" >"$TMP/apply.log"
+  rc=1
+fi
+check "kubectl apply -f examples/cluster-reshard.yaml: a LoadAndReshard DataLoadJob and an Indexed trainer Job (the label, nvidia.com/gpu and a spread over nodes; its steps from a ConfigMap)" $rc
 [ $rc -eq 0 ] || cat "$TMP/apply.log"
 
 placed=
