@@ -3,8 +3,9 @@
 # real control plane with kube-scheduler, kwok's simulated GPU nodes, every
 # pod's containers run from this build by tests/cluster/pod_runner.py, the
 # chart installed with helm, Prometheus scraping through the API server):
-#   - a LoadAndReshard DataLoadJob and an Indexed trainer Job that carries
-#     only the label and its GPU request: the scheduler places the pods on
+#   - examples/cluster-reshard.yaml: a LoadAndReshard DataLoadJob and an
+#     Indexed trainer Job that carries the label, its GPU request and a
+#     preferred spread over nodes: the scheduler places the pods on
 #     GPU nodes, the webhook injects the sidecar, the controller gives the
 #     indices, the sidecars exchange samples across pods on their pod IPs,
 #     the trainers (meshload demo-trainer) verify every byte;
@@ -19,10 +20,7 @@
 #   - the node under one of the job's two processes deleted: that pod goes
 #     (pod GC), the Job replaces it, the scheduler puts it on another GPU
 #     node, it resumes at the recorded step while the other trainer, never
-#     stopped, waits for it and goes on;
-#   - the nodes under the running job deleted: its pods go (pod GC), the
-#     Job makes replacements, the scheduler puts them on the remaining GPU
-#     node, and they resume at the recorded step with identical bytes;
+#     stopped, waits for it and goes on (pod GC takes 40 to 90 s);
 #   - the job resized: the Job suspended, the DataLoadJob's mesh and the
 #     Job's parallelism edited (2 to 4 processes), resumed at the recorded
 #     step on the new mesh, every byte verified, the Job complete.
@@ -38,7 +36,7 @@ if [ "$(id -u)" != 0 ]; then
   skipped "the simulated cluster" "needs root (the pod runner's mount namespaces and pod IPs)"
   finish
 fi
-MESHLOAD_BUILD_DIR=$BUILD setpriv --pdeathsig TERM "$ROOT/scripts/cluster" run "$C" --gpu-nodes 4 \
+MESHLOAD_BUILD_DIR=$BUILD setpriv --pdeathsig TERM "$ROOT/scripts/cluster" run "$C" --gpu-nodes 3 \
   >"$TMP/cluster.log" 2>&1 &
 CLUSTER=$!
 PIDS+=($CLUSTER)
@@ -54,8 +52,8 @@ source "$C/env"
 k() { kubectl --request-timeout=30s "$@"; }
 
 k get nodes -l nvidia.com/gpu.present=true -o jsonpath='{range .items[*]}{.metadata.name} {.status.allocatable.nvidia\.com/gpu} {.spec.taints[0].key}{"\n"}{end}' >"$TMP/nodes"
-[ "$(grep -c ' 8 nvidia.com/gpu$' "$TMP/nodes")" = 4 ] && k get resourceslices -o name | grep -q gpu-node-0
-check "4 GPU nodes: 8 nvidia.com/gpu each, tainted, their GPUs published as DRA devices" $?
+[ "$(grep -c ' 8 nvidia.com/gpu$' "$TMP/nodes")" = 3 ] && k get resourceslices -o name | grep -q gpu-node-0
+check "3 GPU nodes: 8 nvidia.com/gpu each, tainted, their GPUs published as DRA devices" $?
 k -n meshload-system get pods -l app.kubernetes.io/instance=meshload -o jsonpath='{range .items[*]}{.spec.nodeName} {.status.podIP} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' >"$TMP/ctrl"
 [ "$(grep -c '^cpu-node-0 10\.244\.[0-9.]* True$' "$TMP/ctrl")" = 2 ]
 check "the chart's 2 controller replicas run on the CPU node, Ready, on their own pod IPs" $?
@@ -259,34 +257,7 @@ check "the Job replaced it on ${new0_node:-no node}; process 1's pod ran on unto
 s6=$(step_after "$R1")
 check "the job goes on past the recorded step ($R1, then $s6)" $?
 
-# ---- the nodes of the running job deleted ----
-# Every node that holds a trainer pod goes (two of the three left): all
-# the job's processes are lost at once, as when its nodes fail.
 gen1=$(uids)
-lost_nodes=$(k -n training get pods -l job-name=trainer -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | sort -u)
-k delete node $lost_nodes >/dev/null
-# Pod GC removes the pods of a deleted node after 40 s; then the Job
-# controller replaces them.
-R=
-for _ in $(seq 240); do
-  [ -z "$(comm -12 <(echo "$gen1") <(uids))" ] && { R=$(resume_of); break; }
-  sleep 0.5
-done
-[ -n "$R" ]
-check "nodes $(echo $lost_nodes) deleted: the trainer pods on them are gone; the recorded resume step is $R" $?
-placed=
-for _ in $(seq 240); do
-  placed=$(k -n training get pods -l job-name=trainer -o jsonpath='{range .items[*]}{.spec.nodeName} {.status.phase}{"\n"}{end}' |
-    grep -c '^gpu-node-[0-9]* Running$')
-  [ "$placed" = 2 ] && break
-  sleep 0.5
-done
-gen2=$(uids)
-[ "$placed" = 2 ] && [ -z "$(comm -12 <(echo "$gen1") <(echo "$gen2"))" ] &&
-  ! k -n training get pods -l job-name=trainer -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | grep -qxF "$lost_nodes"
-check "the Job replaced them, and the scheduler put the new pods on the remaining GPU node" $?
-s5=$(step_after "$R")
-check "the job goes on past the recorded step ($R, then $s5)" $?
 
 # ---- the job resized: 2 to 4 processes ----
 k -n training patch job trainer --type=merge -p '{"spec":{"suspend":true}}' >/dev/null
@@ -317,64 +288,55 @@ if [ $rc -ne 0 ]; then
   k -n training get pods -o wide
   for f in "$C"/pods/training_trainer-*/trainer.log; do echo "== $f"; tail -3 "$f" | cut -c1-300; done
 fi
-gen3=$(k -n training get pods -l job-name=trainer -o jsonpath='{range .items[*]}{.metadata.uid}{"\n"}{end}' | sort)
-# Every trainer's final report (SIGTERM or done), by generation: the pods of
-# the first Job run, their replacements after the node deletion, the
-# resized ones.
-python3 - "$C/pods" "${R:--1}" "${R2:--1}" "${R1:--1}" "$gen1" "$gen2" "$gen3" "$gen0" "${kept_uid:-none}" "${kept_at_loss:-0}" <<'PY'
-import glob, json, os, sys
-pods, R, R2, R1 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-gens = [set(u[:8] for u in g.split()) for g in sys.argv[5:8]]
-gen0 = set(u[:8] for u in sys.argv[8].split())
-kept_uid8, kept_at_loss = sys.argv[9][:8], int(sys.argv[10])
-finals = {}
+gen2=$(uids)
+# Every trainer's last report (final, or progress for one that went with
+# its node), by generation: the first Job run's pods (gen0), the pods after
+# process 0's node went (gen1), the resized ones (gen2).
+python3 - "$C/pods" "${R1:--1}" "${R2:--1}" "$gen0" "$gen1" "$gen2" "${kept_uid:-none}" "${kept_at_loss:-0}" <<'PY'
+import glob, json, sys
+pods, R1, R2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+gen0, gen1, gen2 = [set(u[:8] for u in g.split()) for g in sys.argv[4:7]]
+kept_uid8, kept_at_loss = sys.argv[7][:8], int(sys.argv[8])
+last, starts = {}, {}
 for d in glob.glob(pods + "/training_trainer-*"):
     uid8 = d.rsplit("_", 1)[1]
-    lines = [json.loads(l) for l in open(d + "/trainer.log") if l.startswith("{")]
+    text = open(d + "/trainer.log").read().splitlines()
+    lines = [json.loads(l) for l in text if l.startswith("{")]
     fin = [l for l in lines if l.get("type") == "final"]
     progress = [l for l in lines if l.get("type") == "progress"]
-    finals[uid8] = (fin[-1] if fin else None, progress[-1] if progress else None)
+    last[uid8] = fin[-1] if fin else progress[-1] if progress else {}
+    starts[uid8] = sum(1 for l in text if l.startswith("---- "))
+def show(ls, *keys):
+    return [tuple(l.get(k) for k in keys) for l in ls]
 problems = []
-def gen_of(uid8):
-    return 3 if uid8 in gens[2] else 2 if uid8 in gens[1] and uid8 not in gens[0] else 1
-# The single node loss: the one pod of the second generation (gens[0]) that
-# was not in the first (gen0) replaced process 0, at the recorded step.
-g1 = [f or p for u, (f, p) in finals.items() if u in gens[0] and u not in gen0]  # it went with its node
-if [((f or {}).get("process"), (f or {}).get("first_step")) for f in g1] != [(0, R1)]:
-    problems.append("the replacement of process 0 did not resume at the recorded step %d: %s" %
-                    (R1, [((f or {}).get("process"), (f or {}).get("first_step")) for f in g1]))
-# Process 1's pod ran through it: one start, on past where it was when
-# process 0 was lost (it went with its own node later, without a final
-# report: its last progress report counts).
-kept = [f or p or {} for u, (f, p) in finals.items() if u == kept_uid8]
-starts = sum(1 for l in open(glob.glob(pods + "/training_trainer-*_" + kept_uid8)[0] + "/trainer.log")
-             if l.startswith("---- ")) if kept else 0
-if len(kept) != 1 or kept[0].get("process") != 1 or kept[0].get("steps", 0) <= kept_at_loss or starts != 1:
-    problems.append("process 1's pod did not run on through the loss of process 0: %s, %d starts, %d steps before" %
-                    (kept, starts, kept_at_loss))
-mismatches = sum((f or p or {}).get("mismatches", 0) for f, p in finals.values())
+mismatches = sum(l.get("mismatches", 0) for l in last.values())
 if mismatches:
     problems.append("%d mismatches" % mismatches)
-errors = [f["error"] for f, _ in finals.values() if f and f.get("error")]
-problems += ["a trainer failed: " + e for e in errors]
-g2 = [f for u, (f, _) in finals.items() if gen_of(u) == 2]
-if sorted((f or {}).get("process", -1) for f in g2) != [0, 1] or any(f["first_step"] != R for f in g2):
-    problems.append("the replacements did not resume at the recorded step %d: %s" %
-                    (R, [(f or {}).get("process"), (f or {}).get("first_step")] if len(g2) == 1 else
-                     [((f or {}).get("process"), (f or {}).get("first_step")) for f in g2]))
-g3 = [f for u, (f, _) in finals.items() if gen_of(u) == 3]
-if sorted((f or {}).get("process", -1) for f in g3) != [0, 1, 2, 3] or \
-        any(f["first_step"] != R2 or f["steps"] != 400 for f in g3):
+problems += ["a trainer failed: " + l["error"] for l in last.values() if l.get("error")]
+# Process 0's replacement: the one pod of gen1 not in gen0, from the
+# recorded step.
+replaced = [last[u] for u in last if u in gen1 and u not in gen0]
+if show(replaced, "process", "first_step") != [(0, R1)]:
+    problems.append("process 0's replacement did not start at the recorded step %d: %s" %
+                    (R1, show(replaced, "process", "first_step")))
+# Process 1's pod ran through the loss: one start, from step 0, on past
+# where it was when process 0 went.
+kept = [last[u] for u in last if u == kept_uid8]
+if show(kept, "process", "first_step") != [(1, 0)] or kept[0].get("steps", 0) <= kept_at_loss or \
+        starts.get(kept_uid8) != 1:
+    problems.append("process 1's pod did not run on through the loss of process 0: %s, %s starts, %d steps before" %
+                    (show(kept, "process", "first_step", "steps"), starts.get(kept_uid8), kept_at_loss))
+resized = [last[u] for u in last if u in gen2]
+if sorted(l.get("process", -1) for l in resized) != [0, 1, 2, 3] or \
+        any(l.get("first_step") != R2 or l.get("steps") != 400 for l in resized):
     problems.append("the resized trainers: %s (want processes 0..3, first step %d, 400 steps)" %
-                    ([((f or {}).get("process"), (f or {}).get("first_step"), (f or {}).get("steps")) for f in g3], R2))
-print("     %d trainers in all; process 0 replaced %s, process 1 ran on %s; both replaced %s; resized %s; 0 mismatches" % (
-    len(finals), [(f["process"], f["first_step"], f["steps"]) for f in g1 if f],
-    [(f.get("process"), f.get("steps")) for f in kept], [(f["process"], f["first_step"], f["steps"]) for f in g2 if f],
-    [(f["process"], f["first_step"], f["steps"]) for f in g3 if f]) if not problems else
-    "     " + "\n     ".join(problems))
+                    (show(resized, "process", "first_step", "steps"), R2))
+print("     %d trainers in all; process 0's replacement %s, process 1 %s; resized %s; 0 mismatches" % (
+    len(last), show(replaced, "process", "first_step", "steps"), show(kept, "process", "first_step", "steps"),
+    show(resized, "process", "first_step", "steps")) if not problems else "     " + "\n     ".join(problems))
 sys.exit(1 if problems else 0)
 PY
-check "every trainer verified every byte: process 0's replacement started at step $R1, both replacements at $R, the 4 resized ones at $R2, no mismatch" $?
+check "every trainer verified every byte: process 0's replacement started at step $R1, process 1 ran on from step 0, the 4 resized ones started at $R2, no mismatch" $?
 
 # ---- down leaves nothing running ----
 "$ROOT/scripts/cluster" down "$C" >/dev/null 2>&1

@@ -802,11 +802,12 @@ class Runner:
     def sync(self):
         nodes = self.kwok_nodes()
         pods = self.api.get("/api/v1/pods") or {"items": []}
-        seen = set()
+        seen, orphaned = set(), set()
         for pod in pods["items"]:
             m, spec, st = pod["metadata"], pod["spec"], pod.get("status", {})
             uid = m["uid"]
             if spec.get("nodeName") not in nodes:
+                orphaned.add(uid)  # its node deleted: its processes die with it
                 continue
             seen.add(uid)
             run = self.pods.get(uid)
@@ -832,8 +833,9 @@ class Runner:
         for uid in list(self.pods):
             run = self.pods[uid]
             if uid not in seen and run.stopping is None:
-                run.stopping = 0  # gone from the API server (force-deleted, its node deleted)
-                log("%s: gone from the API server; stopping its containers" % run.key)
+                run.stopping = 0
+                log("%s: %s; stopping its containers" %
+                    (run.key, "its node was deleted" if uid in orphaned else "gone from the API server"))
             if uid not in seen and run.done:
                 del self.pods[uid]
 
