@@ -543,34 +543,46 @@ TEST(PeerExchange, AReceiverThatRestartsIsDialledAgain) {
   EXPECT_EQ((*sender)->counters().parts_served, 0u) << "step 1 was still in the sender's slot";
 }
 
-TEST(PeerExchange, AReceiverThatIsStoppingAnswersByeAndIsDialledAgain) {
-  // A pod being deleted: its sidecar, stopping, answers a HELLO with BYE.
-  // The sender waits for it (or its replacement) instead of failing.
-  Pair pair;
-  auto sender = PeerExchange::Create(WaitingForRestarts(pair.Options(0)), {1}, {});
-  ASSERT_OK(sender);
-  const int fd = ::accept(pair.fds[1], nullptr, nullptr);
+// A hand-made receiver on `listen_fd`: takes the sender's first dial, reads
+// its HELLO and answers with `answer`, then hangs up.
+void AnswerTheFirstHello(int listen_fd, const std::string& answer) {
+  const int fd = ::accept(listen_fd, nullptr, nullptr);
   ASSERT_GE(fd, 0) << std::strerror(errno);
   RawHeader hello;
   ASSERT_EQ(static_cast<ssize_t>(sizeof hello), ::recv(fd, &hello, sizeof hello, MSG_WAITALL));
-  ASSERT_EQ(hello.type, 1);
-  RawHeader bye;
-  bye.type = 8;
-  ASSERT_TRUE(WriteAll(fd, &bye, sizeof bye));
+  EXPECT_EQ(hello.type, 1);
+  EXPECT_TRUE(WriteAll(fd, answer.data(), answer.size()));
   ::close(fd);
+}
+
+// After such an answer the sender's step is still waiting, not failed; a
+// receiver started on the same address then gets it.
+void ExpectTheStepWaitsForAReceiverOnTheSameAddress(Pair& pair, PeerExchange& sender) {
   std::vector<uint8_t> s0 = Pattern(4096, 0), d0(4096);
-  auto st = (*sender)->Begin(0);
-  ASSERT_OK((*sender)->Send(st, {PartOf(1, s0, 3)}));
-  Status early = WaitAtMost(**sender, st, 300ms);
+  auto st = sender.Begin(0);
+  ASSERT_OK(sender.Send(st, {PartOf(1, s0, 3)}));
+  Status early = WaitAtMost(sender, st, 300ms);
   EXPECT_EQ(early.code(), StatusCode::kCancelled) << "still waiting, not failed: " << early.ToString();
-  // The replacement comes up on the same address.
   ExchangeOptions ro = pair.Options(1);
   ro.listen_fd = ::dup(pair.fds[1]);
   auto receiver = PeerExchange::Create(ro, {}, {0});
   ASSERT_OK(receiver);
   ASSERT_OK(ReceiveStep(**receiver, 0, d0, 3));
-  ASSERT_OK((*sender)->Wait(st, {}));
+  ASSERT_OK(sender.Wait(st, {}));
   EXPECT_EQ(d0, s0);
+}
+
+TEST(PeerExchange, AReceiverThatIsStoppingAnswersByeAndIsDialledAgain) {
+  // A pod being deleted: its sidecar, stopping, answers a HELLO with BYE.
+  // The sender waits for it (or its replacement, here on the same address)
+  // instead of failing.
+  Pair pair;
+  auto sender = PeerExchange::Create(WaitingForRestarts(pair.Options(0)), {1}, {});
+  ASSERT_OK(sender);
+  RawHeader bye;
+  bye.type = 8;
+  ASSERT_NO_FATAL_FAILURE(AnswerTheFirstHello(pair.fds[1], std::string(reinterpret_cast<char*>(&bye), sizeof bye)));
+  ExpectTheStepWaitsForAReceiverOnTheSameAddress(pair, **sender);
 }
 
 TEST(PeerExchange, AnAddressWhereAnotherProgramAnswersIsDialledAgain) {
@@ -580,26 +592,10 @@ TEST(PeerExchange, AnAddressWhereAnotherProgramAnswersIsDialledAgain) {
   Pair pair;
   auto sender = PeerExchange::Create(pair.Options(0), {1}, {});
   ASSERT_OK(sender);
-  const int fd = ::accept(pair.fds[1], nullptr, nullptr);
-  ASSERT_GE(fd, 0) << std::strerror(errno);
-  RawHeader hello;
-  ASSERT_EQ(static_cast<ssize_t>(sizeof hello), ::recv(fd, &hello, sizeof hello, MSG_WAITALL));
   const std::string http = "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
   ASSERT_GE(http.size(), sizeof(RawHeader));
-  ASSERT_TRUE(WriteAll(fd, http.data(), http.size()));
-  ::close(fd);
-  std::vector<uint8_t> s0 = Pattern(4096, 0), d0(4096);
-  auto st = (*sender)->Begin(0);
-  ASSERT_OK((*sender)->Send(st, {PartOf(1, s0, 3)}));
-  Status early = WaitAtMost(**sender, st, 300ms);
-  EXPECT_EQ(early.code(), StatusCode::kCancelled) << "still dialling, not failed: " << early.ToString();
-  ExchangeOptions ro = pair.Options(1);
-  ro.listen_fd = ::dup(pair.fds[1]);
-  auto receiver = PeerExchange::Create(ro, {}, {0});
-  ASSERT_OK(receiver);
-  ASSERT_OK(ReceiveStep(**receiver, 0, d0, 3));
-  ASSERT_OK((*sender)->Wait(st, {}));
-  EXPECT_EQ(d0, s0);
+  ASSERT_NO_FATAL_FAILURE(AnswerTheFirstHello(pair.fds[1], http));
+  ExpectTheStepWaitsForAReceiverOnTheSameAddress(pair, **sender);
 }
 
 TEST(PeerExchange, APeerNotReachedYetIsLookedUpAgainBeforeTheNextDial) {
@@ -617,14 +613,9 @@ TEST(PeerExchange, APeerNotReachedYetIsLookedUpAgainBeforeTheNextDial) {
   };
   auto sender = PeerExchange::Create(so, {1}, {});
   ASSERT_OK(sender);
-  const int fd = ::accept(pair.fds[1], nullptr, nullptr);
-  ASSERT_GE(fd, 0) << std::strerror(errno);
-  EXPECT_EQ(asked.load(), 0) << "the first dial uses the peer list";
-  RawHeader hello;
-  ASSERT_EQ(static_cast<ssize_t>(sizeof hello), ::recv(fd, &hello, sizeof hello, MSG_WAITALL));
-  const std::string junk(64, 'x');
-  ASSERT_TRUE(WriteAll(fd, junk.data(), junk.size()));
-  ::close(fd);
+  // The first dial goes to the peer list's address (address_of would say
+  // the new one).
+  ASSERT_NO_FATAL_FAILURE(AnswerTheFirstHello(pair.fds[1], std::string(64, 'x')));
   ExchangeOptions ro = pair.Options(1);
   ro.listen_fd = moved_fd;
   auto receiver = PeerExchange::Create(ro, {}, {0});
