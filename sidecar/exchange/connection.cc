@@ -210,11 +210,13 @@ void PeerExchange::Impl::Admit(const std::shared_ptr<Pending>& p) {
 
 void PeerExchange::Impl::Connect(Conn& c) {
   DropSocket(c);
+  c.closed_why.clear();
   const uint64_t g = c.gen;
   // One attempt may not take the whole deadline: a dial to a replaced
   // pod's old address can hang until the kernel gives up (minutes); the
   // next attempt looks the address up again.
-  c.attempt_deadline = clock_->Now() + std::min<Clock::duration>(opt_.peer_timeout, std::chrono::seconds(10));
+  c.attempt_start = clock_->Now();
+  c.attempt_deadline = c.attempt_start + std::min<Clock::duration>(opt_.peer_timeout, std::chrono::seconds(10));
   PeerAddress addr = c.Addr();
   if ((c.lost || c.dialled) && opt_.address_of) {
     // A peer whose pod was replaced comes back at another address (or was
@@ -388,8 +390,20 @@ void PeerExchange::Impl::Sending(Conn& c) {
   Dispatch(c);
 }
 
-void PeerExchange::Impl::Retry(Conn& c, const std::string& why) {
+void PeerExchange::Impl::Retry(Conn& c, const std::string& error) {
   DropSocket(c);
+  // An attempt this side gave up on (closed at its deadline) fails with the
+  // closed socket's error: say why it was closed, and keep what the
+  // attempts before it ran into, which says more.
+  std::string why = error;
+  if (!c.closed_why.empty()) {
+    why = c.retry_why.empty() || c.retry_why == c.closed_why
+              ? c.closed_why
+              : c.retry_why + " (the last attempt: " + c.closed_why + ")";
+    c.closed_why.clear();
+  } else {
+    c.retry_why = error;
+  }
   if (clock_->Now() >= c.deadline) {
     Fail(c, c.lost ? c.lost_why + ", and it could not be reached again within " + Seconds(opt_.reconnect_timeout) +
                          ": " + why
@@ -408,6 +422,7 @@ void PeerExchange::Impl::MarkConnected(Conn& c, const char* direction) {
   const double down = c.lost ? std::chrono::duration<double>(clock_->Now() - c.lost_at).count() : 0.0;
   c.connected_once = true;
   c.lost = false;
+  c.retry_why.clear();
   book_.LinkUp(c.link, again);
   if (again) {
     LogInfo("peer reconnected", {{"peer", c.Name()}, {"direction", direction}, {"seconds_lost", down}});
@@ -508,7 +523,13 @@ void PeerExchange::Impl::Heartbeat() {
             // A peer that accepts but never answers HELLO: give up on
             // this attempt (its handler then retries, or fails the
             // connection past its deadline).
-            if (c->sock && (now > c->deadline || now > c->attempt_deadline)) Close(*c);
+            if (c->sock && (now > c->deadline || now > c->attempt_deadline)) {
+              c->closed_why = now > c->attempt_deadline
+                                  ? "no answer within " + Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                              c->attempt_deadline - c->attempt_start))
+                                  : "no answer before the deadline";
+              Close(*c);
+            }
           } else if (c->lost && now - c->lost_at > opt_.reconnect_timeout) {
             // Senders time out on their side too.
             Fail(*c, c->lost_why + ", and it did not connect again within " + Seconds(opt_.reconnect_timeout) +

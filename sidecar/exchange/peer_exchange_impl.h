@@ -98,10 +98,17 @@ class PeerExchange::Impl {
     bool lost = false;     // lost and waiting for the peer to come back (since lost_at)
     Clock::time_point lost_at;
     std::string lost_why;
+    // Set when Heartbeat() closes an attempt that took too long: the
+    // attempt's handler then fails with an error of the closed socket, and
+    // this says why instead. retry_why: the reason of the last attempt that
+    // failed on its own (an answer, a refusal), kept for the final error.
+    std::string closed_why;
+    std::string retry_why;
     std::unique_ptr<tcp::socket> sock;
     std::unique_ptr<asio::steady_timer> retry;
     std::unique_ptr<tcp::resolver> resolver;
-    Clock::time_point deadline;          // outbound: give up connecting (Retry fails past it)
+    Clock::time_point deadline;  // outbound: give up connecting (Retry fails past it)
+    Clock::time_point attempt_start;
     Clock::time_point attempt_deadline;  // outbound: give up this dial and handshake, and dial again
     Clock::time_point dead_at;           // when Fail() ran
     Clock::time_point last_rx;

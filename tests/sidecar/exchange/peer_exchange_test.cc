@@ -33,6 +33,7 @@ using meshload::testing::StatusIs;
 using meshload::testing::WaitFor;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
 // A listening loopback socket (kept open for the test's life) and its port.
@@ -730,6 +731,23 @@ TEST(PeerExchange, ALostReceiverThatDoesNotComeBackFailsTheSendersStep) {
   Status w = (*sender)->Wait(st1, {});
   EXPECT_THAT(w, StatusIs(StatusCode::kUnavailable, HasSubstr("could not be reached again within 120 s")));
   (*sender)->Abandon(st1);
+}
+
+TEST(PeerExchange, AnAddressThatAcceptsButNeverAnswersIsReportedSoAtTheConnectDeadline) {
+  // The kernel accepts on the listening socket; nobody reads. The attempt
+  // this side closes at the deadline says so, not the closed socket's error.
+  Pair pair;
+  ExchangeOptions so = pair.Options(0);
+  so.connect_timeout = 1s;
+  auto sender = PeerExchange::Create(so, {1}, {});
+  ASSERT_OK(sender);
+  std::vector<uint8_t> s0 = Pattern(512, 0);
+  auto st = (*sender)->Begin(0);
+  ASSERT_OK((*sender)->Send(st, {PartOf(1, s0, 1)}));
+  EXPECT_THAT((*sender)->Wait(st, {}),
+              StatusIs(StatusCode::kUnavailable, AllOf(HasSubstr("cannot connect to process 1"),
+                                                       HasSubstr("for 1 s: no answer before the deadline"),
+                                                       Not(HasSubstr("descriptor")), Not(HasSubstr("cancel")))));
 }
 
 TEST(PeerExchange, APeerThatNeverStartsIsReportedAfterTheConnectTimeout) {
