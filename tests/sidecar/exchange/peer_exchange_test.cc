@@ -630,11 +630,16 @@ TEST(PeerExchange, APeerNotReachedYetIsLookedUpAgainBeforeTheNextDial) {
   EXPECT_GT(asked.load(), 0);
 }
 
-TEST(PeerExchange, AnAddressWhereAnotherProgramAnswersFailsAtTheConnectDeadlineSayingSo) {
-  Pair pair;
+// A sender to process 1 that gives up connecting after 1 s.
+auto ImpatientSender(Pair& pair) {
   ExchangeOptions so = pair.Options(0);
   so.connect_timeout = 1s;
-  auto sender = PeerExchange::Create(so, {1}, {});
+  return PeerExchange::Create(so, {1}, {});
+}
+
+TEST(PeerExchange, AnAddressWhereAnotherProgramAnswersFailsAtTheConnectDeadlineSayingSo) {
+  Pair pair;
+  auto sender = ImpatientSender(pair);
   ASSERT_OK(sender);
   std::atomic<bool> stop{false};
   std::thread impostor([&] {
@@ -737,9 +742,7 @@ TEST(PeerExchange, AnAddressThatAcceptsButNeverAnswersIsReportedSoAtTheConnectDe
   // The kernel accepts on the listening socket; nobody reads. The attempt
   // this side closes at the deadline says so, not the closed socket's error.
   Pair pair;
-  ExchangeOptions so = pair.Options(0);
-  so.connect_timeout = 1s;
-  auto sender = PeerExchange::Create(so, {1}, {});
+  auto sender = ImpatientSender(pair);
   ASSERT_OK(sender);
   std::vector<uint8_t> s0 = Pattern(512, 0);
   auto st = (*sender)->Begin(0);
