@@ -37,6 +37,13 @@ std::string Seconds(std::chrono::milliseconds d) {
   return buf;
 }
 
+// One dial and handshake may not take the whole deadline: a dial to a
+// replaced pod's old address can hang until the kernel gives up (minutes);
+// the next attempt looks the address up again.
+std::chrono::milliseconds AttemptTimeout(const ExchangeOptions& o) {
+  return std::min<std::chrono::milliseconds>(o.peer_timeout, std::chrono::seconds(10));
+}
+
 }  // namespace
 
 void PeerExchange::Impl::StartAccept() {
@@ -212,13 +219,9 @@ void PeerExchange::Impl::Connect(Conn& c) {
   DropSocket(c);
   c.closed_why.clear();
   const uint64_t g = c.gen;
-  // One attempt may not take the whole deadline: a dial to a replaced
-  // pod's old address can hang until the kernel gives up (minutes); the
-  // next attempt looks the address up again.
-  c.attempt_start = clock_->Now();
-  c.attempt_deadline = c.attempt_start + std::min<Clock::duration>(opt_.peer_timeout, std::chrono::seconds(10));
+  c.attempt_deadline = clock_->Now() + AttemptTimeout(opt_);
   PeerAddress addr = c.Addr();
-  if ((c.lost || c.dialled) && opt_.address_of) {
+  if (c.dialled && opt_.address_of) {
     // A peer whose pod was replaced comes back at another address (or was
     // replaced before the first connection: its first address is stale).
     if (std::optional<PeerAddress> now = opt_.address_of(c.peer);
@@ -397,9 +400,7 @@ void PeerExchange::Impl::Retry(Conn& c, const std::string& error) {
   // attempts before it ran into, which says more.
   std::string why = error;
   if (!c.closed_why.empty()) {
-    why = c.retry_why.empty() || c.retry_why == c.closed_why
-              ? c.closed_why
-              : c.retry_why + " (the last attempt: " + c.closed_why + ")";
+    why = c.retry_why.empty() ? c.closed_why : c.retry_why + " (the last attempt: " + c.closed_why + ")";
     c.closed_why.clear();
   } else {
     c.retry_why = error;
@@ -524,10 +525,8 @@ void PeerExchange::Impl::Heartbeat() {
             // this attempt (its handler then retries, or fails the
             // connection past its deadline).
             if (c->sock && (now > c->deadline || now > c->attempt_deadline)) {
-              c->closed_why = now > c->attempt_deadline
-                                  ? "no answer within " + Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                              c->attempt_deadline - c->attempt_start))
-                                  : "no answer before the deadline";
+              c->closed_why = now > c->attempt_deadline ? "no answer within " + Seconds(AttemptTimeout(opt_))
+                                                        : "no answer before the deadline";
               Close(*c);
             }
           } else if (c->lost && now - c->lost_at > opt_.reconnect_timeout) {

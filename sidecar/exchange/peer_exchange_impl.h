@@ -94,7 +94,7 @@ class PeerExchange::Impl {
     // older socket finds it changed and does nothing.
     uint64_t gen = 0;
     bool connected_once = false;
-    bool dialled = false;  // Connect() ran: a later dial looks the address up again
+    bool dialled = false;  // Connect() ran: a later dial (a lost peer's too) looks the address up again
     bool lost = false;     // lost and waiting for the peer to come back (since lost_at)
     Clock::time_point lost_at;
     std::string lost_why;
@@ -107,8 +107,7 @@ class PeerExchange::Impl {
     std::unique_ptr<tcp::socket> sock;
     std::unique_ptr<asio::steady_timer> retry;
     std::unique_ptr<tcp::resolver> resolver;
-    Clock::time_point deadline;  // outbound: give up connecting (Retry fails past it)
-    Clock::time_point attempt_start;
+    Clock::time_point deadline;          // outbound: give up connecting (Retry fails past it)
     Clock::time_point attempt_deadline;  // outbound: give up this dial and handshake, and dial again
     Clock::time_point dead_at;           // when Fail() ran
     Clock::time_point last_rx;

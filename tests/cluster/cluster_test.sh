@@ -115,8 +115,8 @@ resume_of() {
   k -n training get configmap reshard-meshload -o jsonpath='{.data.resume\.json}' 2>/dev/null |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])' 2>/dev/null
 }
-# The controller polls every 15 s and writes a step that moved by 100
-# (docs/controller.md): waits are sized to that.
+# The cluster's controller polls the sidecars and writes the step every 2 s
+# (scripts/cluster's extraArgs): a step_after waits up to 45 s.
 step_after() {  # STEP: waits until status.progress.step is above STEP; prints it
   local s
   for _ in $(seq 90); do

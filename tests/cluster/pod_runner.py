@@ -822,7 +822,7 @@ class Runner:
             if m.get("deletionTimestamp") and run.stopping is None:
                 run.stopping = min(pod["spec"].get("terminationGracePeriodSeconds", 30), m.get("deletionGracePeriodSeconds", 30))
                 log("%s: deleted; stopping its containers (grace %d s)" % (run.key, run.stopping))
-            if m.get("deletionTimestamp") and run is not None and run.done:
+            if m.get("deletionTimestamp") and run.done:
                 self.remove(pod)
         # A pod being deleted that the runner never ran (no IP yet, or done
         # before): nothing to stop.
