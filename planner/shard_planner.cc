@@ -1,8 +1,11 @@
 #include "planner/shard_planner.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <unordered_map>
+
+#include "common/mutex.h"
 
 namespace meshload::planner {
 namespace {
@@ -80,8 +83,23 @@ Result<ResolvedJob> ResolveJob(const ValidJob& job, const ResolveOptions& option
   return resolved;
 }
 
-ShardPlanner::ShardPlanner(ResolvedJob job) : job_(std::move(job)) {
+struct ShardPlanner::BalancedMemo {
+  static constexpr size_t kKept = 8;
+  Mutex mu;
+  std::deque<std::pair<int64_t, std::shared_ptr<const std::vector<uint64_t>>>> kept MESHLOAD_GUARDED_BY(mu);
+};
+
+ShardPlanner::ShardPlanner(ResolvedJob job) : job_(std::move(job)), memo_(std::make_shared<BalancedMemo>()) {
   shard_size_ = job_.global_batch / static_cast<uint64_t>(job_.mesh.shards());
+  balanced_ = BalanceState() == Balancing::kApplied;
+  if (!job_.dataset.record_format()) token_bytes_ = std::max<uint64_t>(1, formats::DTypeSize(job_.dataset.dtype()));
+}
+
+ShardPlanner::Balancing ShardPlanner::BalanceState() const {
+  if (job_.spec.batch.balance.mode == BalanceMode::kNone) return Balancing::kOff;
+  // A virtual index knows no sample's size: there is nothing to balance by.
+  if (!job_.dataset.variable_size() || !job_.dataset.indexed()) return Balancing::kSizesUnknown;
+  return Balancing::kApplied;
 }
 
 std::string ShardPlanner::Unsupported(const Loading& loading) const {
@@ -213,13 +231,51 @@ std::vector<TransferUnit> ShardPlanner::TransfersFrom(int64_t p, const Loading& 
   return Collate(by_target, p, /*self_is_sender=*/true);
 }
 
-std::vector<uint64_t> ShardPlanner::GlobalBatch(int64_t step) const {
+std::vector<uint64_t> ShardPlanner::SamplerBatch(int64_t step) const {
   const uint64_t epoch = EpochOf(step);
   const uint64_t j = static_cast<uint64_t>(step) % job_.steps_per_epoch;
   EpochPermutation perm(job_.spec.shuffle, job_.samples, epoch);
   std::vector<uint64_t> out(job_.global_batch);
   perm.AtRange(j * job_.global_batch, out.size(), out.data());
   return out;
+}
+
+std::vector<uint64_t> ShardPlanner::GlobalBatch(int64_t step) const {
+  if (!balanced_) return SamplerBatch(step);
+  {
+    MutexLock lock(memo_->mu);
+    for (const auto& [s, batch] : memo_->kept) {
+      if (s == step) return *batch;
+    }
+  }
+  std::vector<uint64_t> batch = SamplerBatch(step);
+  std::vector<uint64_t> tokens = TokensOf(batch);
+  BalanceShards(batch, tokens, job_.mesh.shards(), job_.spec.batch.balance.tolerance);
+  MutexLock lock(memo_->mu);
+  for (const auto& kept : memo_->kept) {
+    if (kept.first == step) return batch;  // another thread dealt it meanwhile
+  }
+  if (memo_->kept.size() == BalancedMemo::kKept) memo_->kept.pop_front();
+  memo_->kept.emplace_back(step, std::make_shared<const std::vector<uint64_t>>(batch));
+  return batch;
+}
+
+std::vector<uint64_t> ShardPlanner::TokensOf(const std::vector<uint64_t>& batch) const {
+  std::vector<uint64_t> tokens(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) tokens[i] = job_.dataset.SampleBytes(batch[i]) / token_bytes_;
+  return tokens;
+}
+
+BalanceOutcome ShardPlanner::Balance(int64_t step) const {
+  std::vector<uint64_t> batch = SamplerBatch(step);
+  std::vector<uint64_t> tokens = TokensOf(batch);
+  if (!balanced_) {
+    BalanceOutcome out;
+    out.before = out.after = LoadsOfShards(tokens, job_.mesh.shards());
+    out.within_tolerance = false;
+    return out;
+  }
+  return BalanceShards(batch, tokens, job_.mesh.shards(), job_.spec.batch.balance.tolerance);
 }
 
 StepPlan ShardPlanner::PlanStep(int64_t step, const Loading& loading, std::optional<int64_t> process,
@@ -233,15 +289,17 @@ StepPlan ShardPlanner::PlanStep(int64_t step, const Loading& loading, std::optio
   const uint64_t base = plan.step_in_epoch * job_.global_batch;
 
   // With one process we evaluate only the positions it touches; for the whole
-  // mesh the global batch is evaluated once and indexed.
+  // mesh, or a balanced batch (its order needs every sample's size), the
+  // global batch is evaluated once and indexed.
+  const bool indexed = !process || balanced_;
   std::vector<uint64_t> batch;
-  if (!process) batch = GlobalBatch(step);
+  if (indexed) batch = GlobalBatch(step);
   auto samples_of = [&](const std::vector<PositionRange>& ranges) {
     std::vector<uint64_t> out(CountPositions(ranges));
     size_t at = 0;
     for (const auto& r : ranges) {
       const size_t len = static_cast<size_t>(r.end - r.begin);
-      if (process) {
+      if (!indexed) {
         perm.AtRange(base + r.begin, len, out.data() + at);
       } else {
         std::copy(batch.begin() + static_cast<ptrdiff_t>(r.begin), batch.begin() + static_cast<ptrdiff_t>(r.end),

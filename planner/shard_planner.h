@@ -7,7 +7,8 @@
 /// per epoch is epoch e = t div K, position j = t mod K; its global batch is
 /// π_e(j·B + i) for i in [0, B). Shard s is global-batch positions
 /// [s·B/S, (s+1)·B/S). Every device holds the shard of its index, whatever
-/// the strategy.
+/// the strategy. With spec.batch.balance Tokens the global batch's order is
+/// the token-balanced deal of those B samples to the S shards (balance.h).
 ///
 /// Strategies decide only *who reads* and *what is sent*. Internally each is
 /// a set of read units (process, device or -1, global-batch position ranges)
@@ -31,16 +32,19 @@
 /// A process receives a sample at most once per step, however many of its
 /// devices need it; copies to its local replicas are local (not transfers).
 ///
-/// Thread safety: immutable after construction; const methods thread-safe.
+/// Thread safety: immutable after construction (but for a small memo of
+/// recent balanced batches, behind its own lock); const methods thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/diagnostics.h"
 #include "common/status.h"
+#include "planner/balance.h"
 #include "planner/dataset_index.h"
 #include "planner/mesh.h"
 #include "planner/sampler.h"
@@ -159,8 +163,25 @@ class ShardPlanner {
   std::string Unsupported(const Loading& loading) const;
 
   uint64_t EpochOf(int64_t step) const { return static_cast<uint64_t>(step) / job_.steps_per_epoch; }
-  /// The global batch of `step`: B sample ids.
+  /// The global batch of `step`: B sample ids, in the order that deals them
+  /// to shards (the sampler's; with spec.batch.balance Tokens, balanced).
   std::vector<uint64_t> GlobalBatch(int64_t step) const;
+  /// The global batch of `step` in the sampler's order.
+  std::vector<uint64_t> SamplerBatch(int64_t step) const;
+
+  /// Whether this job's batches are token-balanced (balance.h).
+  enum class Balancing {
+    kOff,           // spec.batch.balance.mode None
+    kApplied,       // Tokens, over the sizes the dataset's index gives
+    kSizesUnknown,  // Tokens, but the index was not read (a virtual dataset): not applied
+  };
+  Balancing BalanceState() const;
+  /// The shards' tokens of `step` before and after balancing (after =
+  /// before, and within_tolerance false, when balancing is not applied).
+  /// Tokens are a sample's elements: MegatronIndexed tokens, record bytes.
+  BalanceOutcome Balance(int64_t step) const;
+  /// The tokens of each of `samples` (see Balance).
+  std::vector<uint64_t> TokensOf(const std::vector<uint64_t>& samples) const;
 
   /// What PlanStep computes of each read: the samples always; with kFull
   /// also its coalesced file ranges and bytes (and the plan's bytes_read).
@@ -190,6 +211,13 @@ class ShardPlanner {
 
   ResolvedJob job_;
   uint64_t shard_size_ = 0;  // B / S
+  bool balanced_ = false;    // BalanceState() == kApplied
+  // The last few balanced global batches: a sidecar plans a step more than
+  // once (its reads, each part it serves a peer), and dealing costs more
+  // than the rest of a process's plan. Shared by copies of this planner.
+  struct BalancedMemo;
+  std::shared_ptr<BalancedMemo> memo_;
+  uint64_t token_bytes_ = 1;  // bytes per token (MegatronIndexed: the dtype's; else 1)
 };
 
 /// Parses `A:B` (half-open), `A:` is rejected, `N` means N:N+1.

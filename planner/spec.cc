@@ -272,6 +272,14 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
                 std::to_string(mesh.processes) + " or another strategy");
     }
   }
+  if (spec.batch.balance.mode == BalanceMode::kTokens && !spec.dataset.format_unknown &&
+      spec.dataset.format != DatasetFormat::kMegatronIndexed && spec.dataset.format != DatasetFormat::kWebDataset &&
+      spec.dataset.format != DatasetFormat::kMDS) {
+    d.Add("spec.batch.balance.mode",
+          "Tokens needs variable-size samples (format MegatronIndexed, WebDataset or MDS); " +
+              std::string(ToString(spec.dataset.format)) +
+              " samples all have the same size, so every shard already has the same tokens");
+  }
   // Dataset fields by format.
   const DatasetSpec& ds = spec.dataset;
   if (ds.volume) ValidateDatasetVolume(ds, d);

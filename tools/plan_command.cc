@@ -140,6 +140,32 @@ std::string DatasetSummary(const planner::ResolvedJob& job) {
   return o.str();
 }
 
+// spec.batch.balance: what the job asks and whether the plan shows it.
+std::string BalanceSummary(const planner::ShardPlanner& planner) {
+  const planner::BalanceSpec& b = planner.job().spec.batch.balance;
+  char tol[32];
+  std::snprintf(tol, sizeof tol, "%g%%", b.tolerance * 100);
+  switch (planner.BalanceState()) {
+    case planner::ShardPlanner::Balancing::kOff: return "";
+    case planner::ShardPlanner::Balancing::kApplied:
+      return std::string("Tokens, tolerance ") + tol + " (shards dealt by tokens; before = the sampler's order)";
+    case planner::ShardPlanner::Balancing::kSizesUnknown:
+      return "Tokens, NOT shown: the dataset's index was not read (--samples or spec.dataset.samples), so the "
+             "samples' sizes are unknown and the order below is the sampler's, not the one the sidecars deal";
+  }
+  return "";
+}
+
+std::string LoadsText(const planner::ShardLoads& l) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%" PRIu64 "..%" PRIu64 " (spread %.1f%%)", l.min, l.max, l.Spread() * 100);
+  return buf;
+}
+
+ordered_json LoadsJson(const planner::ShardLoads& l) {
+  return {{"min", l.min}, {"max", l.max}, {"mean", l.mean}, {"spread", l.Spread()}};
+}
+
 struct PlanOptions {
   std::string file;
   std::optional<int64_t> samples;
@@ -159,10 +185,19 @@ void PrintTable(const planner::ShardPlanner& planner, const PlanOptions& opt, in
             << ToString(loading.fanout) << "\n"
             << "mesh:    " << MeshSummary(job) << "\n"
             << "dataset: " << DatasetSummary(job) << "\n";
+  const std::string balance = BalanceSummary(planner);
+  if (!balance.empty()) std::cout << "balance: " << balance << "\n";
+  const bool balanced = planner.BalanceState() == planner::ShardPlanner::Balancing::kApplied;
   uint64_t total_read = 0, total_xfer = 0;
   for (int64_t t = a; t < b; ++t) {
     planner::StepPlan plan = planner.PlanStep(t, loading, opt.process);
     std::cout << "\nstep " << t << " (epoch " << plan.epoch << ", step " << plan.step_in_epoch << " of the epoch)\n";
+    if (balanced) {
+      const planner::BalanceOutcome o = planner.Balance(t);
+      std::cout << "  tokens per shard: " << LoadsText(o.before) << " in sampler order, " << LoadsText(o.after)
+                << " dealt (" << o.swaps << " swaps)" << (o.within_tolerance ? "" : "; NOT within the tolerance")
+                << "\n";
+    }
     int64_t cur = -1;
     auto print_process_io = [&](int64_t p) {
       uint64_t bytes = 0, ranges = 0, samples = 0;
@@ -254,6 +289,11 @@ ordered_json PlanJson(const planner::ShardPlanner& planner, const PlanOptions& o
                      {"dataOffset", f.data_offset}});
   }
   out["dataset"] = {{"format", ToString(job.dataset.format())}, {"indexed", job.dataset.indexed()}, {"files", files}};
+  if (job.spec.batch.balance.mode != planner::BalanceMode::kNone) {
+    out["balance"] = {{"mode", ToString(job.spec.batch.balance.mode)},
+                      {"tolerance", job.spec.batch.balance.tolerance},
+                      {"applied", planner.BalanceState() == planner::ShardPlanner::Balancing::kApplied}};
+  }
   if (opt.process) out["process"] = *opt.process;
 
   std::vector<uint64_t> read_by(static_cast<size_t>(job.mesh.processes())), sent_by(read_by.size()),
@@ -265,6 +305,13 @@ ordered_json PlanJson(const planner::ShardPlanner& planner, const PlanOptions& o
     ordered_json s;
     s["step"] = t;
     s["epoch"] = plan.epoch;
+    if (planner.BalanceState() == planner::ShardPlanner::Balancing::kApplied) {
+      const planner::BalanceOutcome o = planner.Balance(t);
+      s["shardTokens"] = {{"before", LoadsJson(o.before)},
+                          {"after", LoadsJson(o.after)},
+                          {"swaps", o.swaps},
+                          {"withinTolerance", o.within_tolerance}};
+    }
     ordered_json devices = ordered_json::array();
     for (const auto& d : plan.devices) {
       devices.push_back({{"device", d.device}, {"process", d.process}, {"shard", d.shard}, {"samples", d.samples}});

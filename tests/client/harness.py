@@ -44,11 +44,11 @@ def write_dataset(path, n):
 
 def job_yaml(name, data, processes, devices_per_process, axes, batch_axes=None, global_batch=8,
              prefetch=3, seed=7, replication=None, strategy="PerProcess", dataset_format="FixedRecord",
-             fields=None, missing_field=None):
+             fields=None, missing_field=None, balance_tolerance=None):
     """A DataLoadJob over `data`: FixedRecord records of RECORD_BYTES, or
     another format whose files say their samples' sizes (MegatronIndexed),
     or whose samples are records of `fields` ([(name, dtype or None)]:
-    WebDataset, MDS)."""
+    WebDataset, MDS). With `balance_tolerance`, token-balanced shards."""
     lines = [
         "apiVersion: meshload.io/v1alpha1",
         "kind: DataLoadJob",
@@ -82,6 +82,10 @@ def job_yaml(name, data, processes, devices_per_process, axes, batch_axes=None, 
         "  batch:",
         "    globalBatchSize: %d" % global_batch,
         "    prefetch: %d" % prefetch,
+    ]
+    if balance_tolerance is not None:
+        lines.append("    balance: {mode: Tokens, tolerance: %g}" % balance_tolerance)
+    lines += [
         "  shuffle:",
         "    mode: Global",
         "    seed: %d" % seed,

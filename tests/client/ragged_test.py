@@ -48,13 +48,15 @@ def planned_devices(job, first, last):
 class Run(harness.SidecarGroup):
     """A MegatronIndexed job over fixture `prefix` and a sidecar per process."""
 
-    def __init__(self, name, prefix, processes, devices_per_process, axes, batch_axes=None, replication=None):
+    def __init__(self, name, prefix, processes, devices_per_process, axes, batch_axes=None, replication=None,
+                 global_batch=8, balance_tolerance=None):
         self.dir = os.path.join(TMP, name)
         os.makedirs(self.dir)
         self.job = os.path.join(self.dir, "job.yaml")
         with open(self.job, "w") as f:
             f.write(harness.job_yaml(name, os.path.join(MEGATRON, prefix), processes, devices_per_process, axes,
-                                     batch_axes, replication=replication, dataset_format="MegatronIndexed"))
+                                     batch_axes, replication=replication, dataset_format="MegatronIndexed",
+                                     global_batch=global_batch, balance_tolerance=balance_tolerance))
         self.sidecars = [
             harness.SidecarProcess(SIDECAR, self.job, p, os.path.join(self.dir, "s%d.sock" % p),
                                    os.path.join(self.dir, "sidecar%d.log" % p))
@@ -140,6 +142,45 @@ class RaggedTest(unittest.TestCase):
         self.assertEqual(global_batches(plan4), global_batches(plan8))
         self.assertEqual(sorted(first), list(range(9)))
         self.assertEqual(sorted(resumed), list(range(9, 14)))
+
+    def test_token_balanced_shards_hold_the_same_samples_with_even_tokens_before_and_after_a_resize(self):
+        # 61 sequences of 2 to 2,000 tokens, a global batch of 16 (3 steps an
+        # epoch): dealt by tokens, each step's devices carry nearly the same
+        # tokens, from exactly the samples the sampler drew.
+        def steps(job, first, last):
+            _, plan = planned_devices(job, first, last)
+            return {s["step"]: s for s in plan["steps"]}, plan
+
+        with Run("balanced", "tokens_uint16", 4, 1, [("data", 4)], global_batch=16, balance_tolerance=0.02) as run:
+            got = self.check_against_megatron(run, "tokens_uint16", 0, 6)
+            planned, plan = steps(run.job, 0, 6)
+        self.assertEqual(plan["balance"], {"mode": "Tokens", "tolerance": 0.02, "applied": True})
+        with Run("sampler-order", "tokens_uint16", 4, 1, [("data", 4)], global_batch=16) as plain:
+            plain_planned, plain_plan = steps(plain.job, 0, 6)
+        self.assertNotIn("balance", plain_plan)
+        improved = 0
+        for step in range(6):
+            tokens = [sum(len(a) for a in got[step][d]) for d in range(4)]
+            shard_tokens = planned[step]["shardTokens"]
+            self.assertEqual((min(tokens), max(tokens)), (shard_tokens["after"]["min"], shard_tokens["after"]["max"]))
+            # The sampler's order, as the unbalanced job deals it.
+            plain_tokens = [sum(len(expected("tokens_uint16")[0][i]) for i in plain_planned[step]["devices"][d]["samples"])
+                            for d in range(4)]
+            self.assertEqual((min(plain_tokens), max(plain_tokens)),
+                             (shard_tokens["before"]["min"], shard_tokens["before"]["max"]))
+            self.assertLessEqual(max(tokens) - min(tokens), max(plain_tokens) - min(plain_tokens))
+            improved += max(tokens) - min(tokens) < max(plain_tokens) - min(plain_tokens)
+            self.assertEqual(sorted(i for d in planned[step]["devices"] for i in d["samples"]),
+                             sorted(i for d in plain_planned[step]["devices"] for i in d["samples"]), "step %d" % step)
+        self.assertGreater(improved, 0, "the sampler's order was even already: the test proves nothing")
+        # Resized to 2 processes and resumed at step 4: the same samples each step.
+        with Run("balanced-resized", "tokens_uint16", 2, 1, [("data", 2)], global_batch=16,
+                 balance_tolerance=0.02) as resized:
+            self.check_against_megatron(resized, "tokens_uint16", 4, 6)
+            resized_planned, _ = steps(resized.job, 4, 6)
+        for step in (4, 5):
+            self.assertEqual(sorted(i for d in resized_planned[step]["devices"] for i in d["samples"]),
+                             sorted(i for d in planned[step]["devices"] for i in d["samples"]), "step %d" % step)
 
     def test_padded_pads_or_cuts_each_sample_and_says_how_long_it_is(self):
         with Run("padded", "tokens_uint16", 1, 1, [("data", 1)]) as run:

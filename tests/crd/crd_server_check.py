@@ -74,6 +74,7 @@ TOKENS["spec"]["dataset"] = {"uri": "s3://bucket/tokens/", "format": "TokenStrea
 MEGATRON = copy.deepcopy(FULL)
 MEGATRON["spec"]["dataset"] = {"uri": "s3://bucket/corpus/docs_text_document", "format": "MegatronIndexed",
                                "dtype": "uint16", "samples": 1000}
+MEGATRON["spec"]["batch"]["balance"] = {"mode": "Tokens", "tolerance": 0.02}
 WEBDATASET = copy.deepcopy(FULL)
 WEBDATASET["spec"]["dataset"] = {"uri": "s3://bucket/shards/train-{000000..000127}.tar", "format": "WebDataset",
                                  "fields": [{"name": "jpg"}, {"name": "cls", "dtype": "int64"}],
@@ -224,6 +225,11 @@ CEL = [
      ["spec.dataset.recordBytes", "recordBytes is not used by format MegatronIndexed"]),
     ("sequenceLength with MegatronIndexed", MEGATRON, lambda d: put(d, ["spec", "dataset", "sequenceLength"], 8),
      ["spec.dataset.sequenceLength", "sequenceLength is only used by format TokenStream"]),
+    ("token balancing with FixedRecord", FULL,
+     lambda d: put(d, ["spec", "batch", "balance"], {"mode": "Tokens"}),
+     ["spec.batch.balance.mode", "batch.balance.mode Tokens needs variable-size samples"]),
+    ("a balance tolerance above 1", MEGATRON, lambda d: put(d, ["spec", "batch", "balance", "tolerance"], 1.5),
+     ["spec.batch.balance.tolerance", "less than or equal to 1"]),
     ("WebDataset without fields", WEBDATASET, lambda d: drop(d, ["spec", "dataset", "fields"]),
      ["spec.dataset", "formats WebDataset and MDS need fields"]),
     ("MDS with a dataset dtype", MDS, lambda d: put(d, ["spec", "dataset", "dtype"], "uint8"),

@@ -390,6 +390,34 @@ TEST(Spec, RecordFormatsNeedTheirFieldsAndTakeNoDatasetDtype) {
   EXPECT_TRUE(ok.empty()) << ::testing::PrintToString(ok);
 }
 
+// Token balancing deals variable-size samples; its fields are checked.
+TEST(Spec, TokenBalancingNeedsVariableSizeSamplesAndATolerance) {
+  const std::string balance = "globalBatchSize: 8\n    balance: {mode: Tokens}";
+  EXPECT_TRUE(EditHasProblem("globalBatchSize: 8", balance,
+                             "spec.batch.balance.mode: Tokens needs variable-size samples (format MegatronIndexed, "
+                             "WebDataset or MDS); FixedRecord samples all have the same size"));
+  EXPECT_TRUE(EditHasProblem("globalBatchSize: 8", "globalBatchSize: 8\n    balance: {mode: Bytes}",
+                             "spec.batch.balance.mode: unknown value 'Bytes'; expected one of None, Tokens"));
+  EXPECT_TRUE(EditHasProblem("globalBatchSize: 8", "globalBatchSize: 8\n    balance: {mode: Tokens, tolerance: 1.5}",
+                             "spec.batch.balance.tolerance: must be between 0 and 1, got 1.5"));
+  EXPECT_TRUE(EditHasProblem("globalBatchSize: 8", "globalBatchSize: 8\n    balance: {mode: Tokens, tolerance: -0.1}",
+                             "spec.batch.balance.tolerance: must be between 0 and 1"));
+  std::string y = Edit("format: FixedRecord\n    recordBytes: 64", "format: MegatronIndexed");
+  y.replace(y.find("globalBatchSize: 8"), 18, "globalBatchSize: 8\n    balance: {mode: Tokens, tolerance: 0.05}");
+  Diagnostics d;
+  auto job = ParseDataLoadJob(y, d);
+  ASSERT_OK(job);
+  ValidateJobSpec(job->spec, d);
+  EXPECT_TRUE(d.ok()) << d.ToString();
+  EXPECT_EQ(job->spec.batch.balance.mode, BalanceMode::kTokens);
+  EXPECT_EQ(job->spec.batch.balance.tolerance, 0.05);
+  // Absent: None, with the default tolerance.
+  auto plain = ParseDataLoadJob(MinimalJobYaml(), d);
+  ASSERT_OK(plain);
+  EXPECT_EQ(plain->spec.batch.balance.mode, BalanceMode::kNone);
+  EXPECT_EQ(plain->spec.batch.balance.tolerance, 0.01);
+}
+
 TEST(Spec, SelectorIsParsedAndChecked) {
   Diagnostics d;
   auto job = ParseDataLoadJob(Edit("  strategy:",

@@ -96,6 +96,59 @@ planner::ShardPlanner MakePlanner(const planner::JobSpec& spec) {
   return planner::ShardPlanner(std::move(*job));
 }
 
+std::vector<int32_t> RandomDocumentLengths(std::mt19937_64& rng, size_t count, int32_t typical) {
+  std::vector<int32_t> out(count);
+  for (int32_t& len : out) {
+    const bool long_one = rng() % 16 == 0;
+    const int32_t lo = long_one ? 2 * typical : std::max(1, typical / 4);
+    const int32_t hi = long_one ? 16 * typical : 2 * typical;
+    len = std::uniform_int_distribution<int32_t>(lo, hi)(rng);
+  }
+  return out;
+}
+
+planner::ShardPlanner MakeMegatronPlanner(planner::JobSpec spec, const std::vector<int32_t>& lengths) {
+  spec.dataset.format = planner::DatasetFormat::kMegatronIndexed;
+  spec.dataset.uri = "/virtual/corpus";
+  spec.dataset.samples.reset();
+  spec.dataset.record_bytes = 0;
+  spec.dataset.record_bytes_set = false;
+  spec.dataset.sequence_length = 0;
+  spec.dataset.sequence_length_set = false;
+  spec.dataset.dtype.reset();
+  formats::MegatronIndex index;
+  if (!formats::MegatronDTypeOf(8, index.dtype)) std::abort();  // uint16
+  int64_t at = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    index.lengths.push_back(lengths[i]);
+    index.pointers.push_back(at);
+    index.document_indices.push_back(static_cast<int64_t>(i));
+    at += int64_t{lengths[i]} * 2;
+  }
+  index.document_indices.push_back(static_cast<int64_t>(lengths.size()));
+  index.data_bytes_needed = static_cast<uint64_t>(at);
+  planner::DatasetIndex::FileFacts facts;
+  facts.path = "/virtual/corpus.bin";
+  facts.size = static_cast<uint64_t>(at);
+  facts.megatron = std::move(index);
+  Diagnostics d;
+  std::vector<planner::DatasetIndex::FileFacts> files;
+  files.push_back(std::move(facts));
+  auto dataset = planner::DatasetIndex::FromFiles(spec.dataset, std::move(files), d);
+  if (!dataset.ok() || !d.ok()) {
+    ADD_FAILURE() << "the Megatron index did not build: " << d.ToString() << dataset.status().ToString();
+    std::abort();
+  }
+  planner::ResolveOptions o;
+  o.index = std::move(*dataset);
+  auto job = planner::ResolveJob(MustValidate(spec), o, d);
+  if (!job.ok()) {
+    ADD_FAILURE() << "spec did not resolve: " << d.ToString() << job.status().ToString();
+    std::abort();
+  }
+  return planner::ShardPlanner(std::move(*job));
+}
+
 std::string MinimalJobYaml() {
   return R"(apiVersion: meshload.io/v1alpha1
 kind: DataLoadJob

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +21,16 @@ planner::JobSpec RandomSpec(std::mt19937_64& rng);
 
 /// Resolves a spec whose dataset is virtual (spec.dataset.samples set).
 planner::ShardPlanner MakePlanner(const planner::JobSpec& spec);
+
+/// Document lengths (tokens) with a long tail, as language-model corpora
+/// have: most between `typical`/4 and 2·`typical`, one in 16 up to
+/// 16·`typical`.
+std::vector<int32_t> RandomDocumentLengths(std::mt19937_64& rng, size_t count, int32_t typical);
+
+/// `spec` (its mesh, batch, strategy and shuffle) over a MegatronIndexed
+/// dataset of uint16 sequences of these lengths, indexed as if its .idx had
+/// been read (spec.dataset's format, uri and samples are replaced).
+planner::ShardPlanner MakeMegatronPlanner(planner::JobSpec spec, const std::vector<int32_t>& lengths);
 
 /// The ValidJob of a spec built in a test, or a test failure (and an abort:
 /// a test that needs a valid job cannot go on without one).
