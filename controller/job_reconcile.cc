@@ -184,9 +184,14 @@ bool JobReconcile::Validate() {
   if (job.ok() && !job->spec().selector) {
     diags.Add(InvalidArgument("a selector is required: it names the trainer pods", "spec.selector"));
   }
-  if (job.ok() && diags.ok() && job->spec().dataset.samples) {
+  bool sized = job.ok() && job->spec().dataset.samples;
+  if (job.ok() && job->spec().mixture) {
+    sized = true;  // a mixture is sized by each of its datasets
+    for (const planner::MixtureDataset& m : job->spec().mixture->datasets) sized = sized && m.samples;
+  }
+  if (job.ok() && diags.ok() && sized) {
     planner::ResolveOptions ro;
-    ro.samples = job->spec().dataset.samples;
+    if (!job->spec().mixture) ro.samples = job->spec().dataset.samples;
     auto r = planner::ResolveJob(*job, ro, diags);
     if (r.ok() && diags.ok()) resolved_ = std::move(*r);
   }
@@ -495,9 +500,14 @@ Status JobReconcile::EnsurePeerSecret() {
 }
 
 void JobReconcile::SetConditions() {
-  std::string planned_msg = resolved_ ? std::to_string(resolved_->samples) + " samples, " +
-                                            std::to_string(resolved_->steps_per_epoch) + " steps per epoch"
-                                      : "the sidecars read the dataset size from the files";
+  std::string planned_msg = "the sidecars read the dataset size from the files";
+  if (resolved_ && resolved_->spec.mixture) {
+    planned_msg = std::to_string(resolved_->samples) + " samples in " +
+                  std::to_string(resolved_->spec.mixture->datasets.size()) + " datasets mixed by weight";
+  } else if (resolved_) {
+    planned_msg = std::to_string(resolved_->samples) + " samples, " + std::to_string(resolved_->steps_per_epoch) +
+                  " steps per epoch";
+  }
   desired_.conditions.push_back({"Valid", "True", "Valid", ""});
   desired_.conditions.push_back({"Planned", "True", resolved_ ? "Resolved" : "DatasetSizeFromSidecars", planned_msg});
   auto list = [](const std::vector<int64_t>& v) {

@@ -27,9 +27,8 @@ std::vector<uint64_t> HeaviestFirst(const std::vector<uint64_t>& weights) {
     return order;
   }
   for (uint64_t i = 0; i < n; ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) {
-    return weights[a] != weights[b] ? weights[a] > weights[b] : a < b;
-  });
+  std::sort(order.begin(), order.end(),
+            [&](uint64_t a, uint64_t b) { return weights[a] != weights[b] ? weights[a] > weights[b] : a < b; });
   return order;
 }
 
@@ -111,9 +110,8 @@ BalanceOutcome BalanceShards(std::vector<uint64_t>& batch, std::vector<uint64_t>
     // The light shard's members by weight (then position), to search.
     light_sorted.assign(members.begin() + static_cast<ptrdiff_t>(lo * k),
                         members.begin() + static_cast<ptrdiff_t>((lo + 1) * k));
-    std::sort(light_sorted.begin(), light_sorted.end(), [&](uint64_t a, uint64_t b) {
-      return weights[a] != weights[b] ? weights[a] < weights[b] : a < b;
-    });
+    std::sort(light_sorted.begin(), light_sorted.end(),
+              [&](uint64_t a, uint64_t b) { return weights[a] != weights[b] ? weights[a] < weights[b] : a < b; });
     // Moving d = w_a − w_b (0 < d < gap) from hi to lo is best at d = gap/2:
     // minimise |2d − gap|; ties go to the lower positions.
     uint64_t best_cost = UINT64_MAX, best_a = 0, best_b = 0;
@@ -121,9 +119,8 @@ BalanceOutcome BalanceShards(std::vector<uint64_t>& batch, std::vector<uint64_t>
       const uint64_t a = members[ia];
       const uint64_t wa = weights[a];
       // The first light member with 2·w_b >= 2·w_a − gap, and the one before.
-      auto it = std::lower_bound(light_sorted.begin(), light_sorted.end(), a, [&](uint64_t b, uint64_t) {
-        return 2 * weights[b] + gap < 2 * wa;
-      });
+      auto it = std::lower_bound(light_sorted.begin(), light_sorted.end(), a,
+                                 [&](uint64_t b, uint64_t) { return 2 * weights[b] + gap < 2 * wa; });
       for (auto c : {it, it == light_sorted.begin() ? light_sorted.end() : it - 1}) {
         if (c == light_sorted.end()) continue;
         const uint64_t wb = weights[*c];

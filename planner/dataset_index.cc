@@ -264,6 +264,7 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
                                           " hold " + std::to_string(idx.num_samples_) +
                                           " samples; remove it or correct it");
   }
+  idx.parts_ = {{"", 0, idx.num_samples_}};
   return idx;
 }
 
@@ -314,7 +315,76 @@ DatasetIndex DatasetIndex::Virtual(const DatasetSpec& spec, uint64_t samples) {
       break;
   }
   idx.files_.push_back(std::move(f));
+  idx.parts_ = {{"", 0, idx.num_samples_}};
   return idx;
+}
+
+Result<DatasetIndex> DatasetIndex::Combine(std::vector<DatasetIndex> datasets, const std::vector<std::string>& names,
+                                           const std::vector<std::string>& paths, Diagnostics& diags) {
+  MESHLOAD_CHECK(!datasets.empty() && datasets.size() == names.size() && names.size() == paths.size(),
+                 "Combine needs a name and a path per dataset");
+  DatasetIndex out = datasets.front();
+  out.files_.clear();
+  out.offsets_.clear();
+  out.sizes_.clear();
+  out.parts_.clear();
+  const DatasetIndex& first = datasets.front();
+  const bool tokens = first.format_ == DatasetFormat::kTokenStream;
+  const uint64_t T = first.sequence_length_;
+  uint64_t next_id = 0;
+  long double bytes = 0;
+  uint64_t sized = 0;
+  for (size_t d = 0; d < datasets.size(); ++d) {
+    DatasetIndex& ds = datasets[d];
+    const std::string against = " but " + paths[0] + " (" + names[0] + ") ";
+    if (ds.indexed_ != first.indexed_) {
+      return InvalidArgument("the datasets of a mixture are all read or all planned from their samples", paths[d]);
+    }
+    if (ds.dtype_ != first.dtype_) {
+      diags.Add(paths[d], "holds " + std::string(formats::DTypeName(ds.dtype_)) + " elements," + against + "holds " +
+                              std::string(formats::DTypeName(first.dtype_)) + "; the datasets of a mixture must agree");
+    } else if (ds.sample_shape_ != first.sample_shape_ || ds.sample_bytes_ != first.sample_bytes_) {
+      diags.Add(paths[d], "has samples of " + std::to_string(ds.sample_bytes_) + " bytes," + against + "has " +
+                              std::to_string(first.sample_bytes_) + "; the datasets of a mixture must agree");
+    } else if (ds.fields_ != first.fields_) {
+      diags.Add(paths[d], "decodes its fields otherwise than " + paths[0] + " (" + names[0] +
+                              ", e.g. an MDS column of another encoding); the datasets of a mixture must agree");
+    }
+    // Where its ids (and, for TokenStream, its tokens) start.
+    const uint64_t first_file = out.files_.size();
+    uint64_t shift = next_id;
+    if (tokens) shift = next_id * T;
+    for (DatasetFile& f : ds.files_) {
+      f.first += shift;
+      out.files_.push_back(std::move(f));
+    }
+    out.parts_.push_back({names[d], next_id, ds.num_samples_});
+    if (tokens) {
+      uint64_t count = 0;
+      for (size_t f = first_file; f < out.files_.size(); ++f) count += out.files_[f].count;
+      next_id = (next_id * T + count + T - 1) / T;  // the next multiple of T past its tokens
+    } else {
+      next_id += ds.num_samples_;
+    }
+    out.offsets_.insert(out.offsets_.end(), ds.offsets_.begin(), ds.offsets_.end());
+    out.sizes_.insert(out.sizes_.end(), ds.sizes_.begin(), ds.sizes_.end());
+    out.offsets_ascending_ = out.offsets_ascending_ && ds.offsets_ascending_;
+    if (!ds.sizes_.empty()) {
+      out.min_sample_bytes_ = sized ? std::min(out.min_sample_bytes_, ds.min_sample_bytes_) : ds.min_sample_bytes_;
+      out.max_sample_bytes_ = std::max(out.max_sample_bytes_, ds.max_sample_bytes_);
+      bytes += static_cast<long double>(ds.mean_sample_bytes_) * static_cast<long double>(ds.sizes_.size());
+      sized += ds.sizes_.size();
+    }
+  }
+  out.num_samples_ = out.parts_.back().first + out.parts_.back().samples;
+  if (sized) out.mean_sample_bytes_ = static_cast<double>(bytes / static_cast<long double>(sized));
+  if (!diags.ok()) return InvalidArgument("the datasets of the mixture disagree", paths[0]);
+  return out;
+}
+
+size_t DatasetIndex::PartOf(uint64_t i) const {
+  auto it = std::upper_bound(parts_.begin(), parts_.end(), i, [](uint64_t s, const Part& p) { return s < p.first; });
+  return static_cast<size_t>(std::distance(parts_.begin(), it)) - 1;
 }
 
 void DatasetIndex::AppendExtents(uint64_t i, std::vector<Extent>& out) const {

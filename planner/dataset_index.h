@@ -96,6 +96,27 @@ class DatasetIndex {
   /// fields passed ValidateJobSpec.
   static Result<DatasetIndex> FromFiles(const DatasetSpec& spec, std::vector<FileFacts> files, Diagnostics& diags);
 
+  /// A mixture's datasets (spec.mixture) as one index: dataset d's samples
+  /// are ids [parts()[d].first, parts()[d].first + parts()[d].samples), its
+  /// files follow dataset d−1's. The datasets must agree on what a sample
+  /// is (dtype, sample shape, fields); a disagreement goes to `diags`,
+  /// named by `paths[d]` ("spec.mixture.datasets[d]"). All indexed or all
+  /// virtual. TokenStream datasets each keep their own token stream (a
+  /// sample never spans two datasets): between two datasets' ids a gap of
+  /// an id or two may be unused.
+  static Result<DatasetIndex> Combine(std::vector<DatasetIndex> datasets, const std::vector<std::string>& names,
+                                      const std::vector<std::string>& paths, Diagnostics& diags);
+
+  /// One dataset of a mixture (one part for a single dataset).
+  struct Part {
+    std::string name;
+    uint64_t first = 0;    // its first sample id
+    uint64_t samples = 0;  // N_d
+  };
+  const std::vector<Part>& parts() const { return parts_; }
+  /// The part holding sample `i`.
+  size_t PartOf(uint64_t i) const;
+
   /// An index of `samples` samples in one virtual file, for data that the
   /// planner cannot reach. sampleBytes is known for FixedRecord and
   /// TokenStream, and for Npy only when spec.recordBytes gives it.
@@ -169,6 +190,7 @@ class DatasetIndex {
   MissingFieldPolicy missing_field_ = MissingFieldPolicy::kError;
   bool indexed_ = false;
   std::vector<DatasetFile> files_;
+  std::vector<Part> parts_;  // one, or a mixture's datasets
   // Variable-size formats, per sample: the byte offset in its file and the
   // bytes (empty for a virtual index).
   std::vector<uint64_t> offsets_;

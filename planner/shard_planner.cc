@@ -54,6 +54,29 @@ Result<ResolvedJob> ResolveJob(const ValidJob& job, const ResolveOptions& option
   std::optional<DatasetIndex> index;
   if (options.index) {
     index = *options.index;
+  } else if (spec.mixture) {
+    // A mixture is planned without its files from each dataset's samples.
+    if (options.samples) {
+      diags.Add("--samples", "does not size a mixture; give each dataset's in spec.mixture.datasets[i].samples");
+    }
+    const std::vector<DatasetSpec> datasets = JobDatasets(spec);
+    std::vector<DatasetIndex> parts;
+    std::vector<std::string> names, paths;
+    for (size_t d = 0; d < datasets.size(); ++d) {
+      if (!datasets[d].samples) {
+        diags.Add(DatasetPath(spec, d) + ".samples",
+                  "required when the dataset (" + datasets[d].uri +
+                      ") is not indexed (the planner reads no storage); give its number of samples");
+        continue;
+      }
+      parts.push_back(DatasetIndex::Virtual(datasets[d], static_cast<uint64_t>(*datasets[d].samples)));
+      names.push_back(spec.mixture->datasets[d].name);
+      paths.push_back(DatasetPath(spec, d));
+    }
+    if (diags.problems().size() == before) {
+      auto combined = DatasetIndex::Combine(std::move(parts), names, paths, diags);
+      if (combined.ok()) index = std::move(*combined);
+    }
   } else if (options.samples) {
     if (*options.samples < 1) {
       diags.Add("--samples", "must be >= 1, got " + std::to_string(*options.samples));
@@ -69,8 +92,25 @@ Result<ResolvedJob> ResolveJob(const ValidJob& job, const ResolveOptions& option
                   "sidecar/source/dataset_facts.h); give the number of samples, or --samples");
   }
   if (diags.problems().size() != before) return diags.ToStatus();
+  if (!index) return InvalidArgument("the dataset could not be indexed", "spec.dataset");
 
   const uint64_t B = static_cast<uint64_t>(spec.batch.global_batch_size);
+  if (spec.mixture) {
+    if (index->parts().size() != spec.mixture->datasets.size()) {
+      return InvalidArgument("the index has " + std::to_string(index->parts().size()) + " datasets, the mixture " +
+                                 std::to_string(spec.mixture->datasets.size()),
+                             "spec.mixture.datasets");
+    }
+    uint64_t total = 0;
+    for (const DatasetIndex::Part& p : index->parts()) total += p.samples;
+    // A mixture's datasets repeat as their weights need: no sample count is
+    // too small. K is nominal (the samples of all datasets once), for
+    // reports only.
+    ResolvedJob resolved{spec, std::move(mesh), std::move(*index), 0, B, 0};
+    resolved.samples = total;
+    resolved.steps_per_epoch = std::max<uint64_t>(1, total / B);
+    return resolved;
+  }
   if (index->num_samples() < B) {
     diags.Add("spec.dataset", "the dataset has " + std::to_string(index->num_samples()) +
                                   " samples, fewer than one global batch of " + std::to_string(B) +
@@ -90,6 +130,7 @@ struct ShardPlanner::BalancedMemo {
 };
 
 ShardPlanner::ShardPlanner(ResolvedJob job) : job_(std::move(job)), memo_(std::make_shared<BalancedMemo>()) {
+  if (job_.spec.mixture) mixture_ = std::make_shared<const MixtureSchedule>(*job_.spec.mixture, job_.global_batch);
   shard_size_ = job_.global_batch / static_cast<uint64_t>(job_.mesh.shards());
   balanced_ = BalanceState() == Balancing::kApplied;
   if (!job_.dataset.record_format()) token_bytes_ = std::max<uint64_t>(1, formats::DTypeSize(job_.dataset.dtype()));
@@ -231,7 +272,43 @@ std::vector<TransferUnit> ShardPlanner::TransfersFrom(int64_t p, const Loading& 
   return Collate(by_target, p, /*self_is_sender=*/true);
 }
 
+std::vector<uint64_t> ShardPlanner::MixtureBatch(int64_t step) const {
+  const std::vector<uint64_t> counts = mixture_->CountsAt(step);
+  const std::vector<uint64_t> consumed = mixture_->ConsumedBefore(step);
+  const auto& parts = job_.dataset.parts();
+  const uint64_t B = job_.global_batch;
+  // Each dataset's next samples of its own stream, dataset by dataset.
+  std::vector<uint64_t> runs(B);
+  size_t at = 0;
+  for (size_t d = 0; d < parts.size(); ++d) {
+    ShuffleSpec shuffle = job_.spec.shuffle;
+    shuffle.seed = MixtureDatasetSeed(job_.spec.shuffle.seed, d);
+    const uint64_t n = parts[d].samples;
+    uint64_t i = consumed[d];
+    uint64_t left = counts[d];
+    while (left > 0) {
+      const uint64_t pos = i % n;
+      const uint64_t take = std::min(left, n - pos);
+      EpochPermutation perm(shuffle, n, i / n);
+      perm.AtRange(pos, static_cast<size_t>(take), runs.data() + at);
+      for (uint64_t k = 0; k < take; ++k) runs[at + k] += parts[d].first;
+      at += take;
+      i += take;
+      left -= take;
+    }
+  }
+  MESHLOAD_CHECK(at == B, "a mixture's counts do not add up to the global batch");
+  // Interleaved, so that every shard gets a mix.
+  FeistelPermutation interleave(B, MixtureInterleaveKey(job_.spec.shuffle.seed, step));
+  std::vector<uint64_t> from(B);
+  interleave.ForwardRange(0, B, from.data());
+  std::vector<uint64_t> out(B);
+  for (uint64_t j = 0; j < B; ++j) out[j] = runs[from[j]];
+  return out;
+}
+
 std::vector<uint64_t> ShardPlanner::SamplerBatch(int64_t step) const {
+  if (mixture_) return MixtureBatch(step);
   const uint64_t epoch = EpochOf(step);
   const uint64_t j = static_cast<uint64_t>(step) % job_.steps_per_epoch;
   EpochPermutation perm(job_.spec.shuffle, job_.samples, epoch);
@@ -291,7 +368,7 @@ StepPlan ShardPlanner::PlanStep(int64_t step, const Loading& loading, std::optio
   // With one process we evaluate only the positions it touches; for the whole
   // mesh, or a balanced batch (its order needs every sample's size), the
   // global batch is evaluated once and indexed.
-  const bool indexed = !process || balanced_;
+  const bool indexed = !process || balanced_ || mixture_;
   std::vector<uint64_t> batch;
   if (indexed) batch = GlobalBatch(step);
   auto samples_of = [&](const std::vector<PositionRange>& ranges) {

@@ -47,6 +47,7 @@
 #include "planner/balance.h"
 #include "planner/dataset_index.h"
 #include "planner/mesh.h"
+#include "planner/mixture.h"
 #include "planner/sampler.h"
 #include "planner/spec.h"
 
@@ -166,8 +167,11 @@ class ShardPlanner {
   /// The global batch of `step`: B sample ids, in the order that deals them
   /// to shards (the sampler's; with spec.batch.balance Tokens, balanced).
   std::vector<uint64_t> GlobalBatch(int64_t step) const;
-  /// The global batch of `step` in the sampler's order.
+  /// The global batch of `step` in the sampler's order (a mixture's:
+  /// mixture.h).
   std::vector<uint64_t> SamplerBatch(int64_t step) const;
+  /// The job's mixture schedule; null without spec.mixture.
+  const MixtureSchedule* mixture() const { return mixture_.get(); }
 
   /// Whether this job's batches are token-balanced (balance.h).
   enum class Balancing {
@@ -217,6 +221,8 @@ class ShardPlanner {
   // than the rest of a process's plan. Shared by copies of this planner.
   struct BalancedMemo;
   std::shared_ptr<BalancedMemo> memo_;
+  std::shared_ptr<const MixtureSchedule> mixture_;
+  std::vector<uint64_t> MixtureBatch(int64_t step) const;
   uint64_t token_bytes_ = 1;  // bytes per token (MegatronIndexed: the dtype's; else 1)
 };
 

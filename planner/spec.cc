@@ -8,12 +8,36 @@
 #include "planner/spec.h"
 
 #include "formats/megatron_index.h"
+#include "planner/mixture.h"
 #include "planner/spec_reader.h"
 
 namespace meshload::planner {
 
 bool MovesSamplesBetweenProcesses(const JobSpec& spec) {
   return spec.strategy == Strategy::kLoadAndReshard || spec.replication.fanout == Fanout::kBroadcast;
+}
+
+std::string ResolveMixtureUri(const std::string& root, const std::string& uri) {
+  if (uri.find("://") != std::string::npos || uri.rfind('/', 0) == 0) return uri;
+  std::string base = root;
+  while (!base.empty() && base.back() == '/') base.pop_back();
+  return base + "/" + uri;
+}
+
+std::vector<DatasetSpec> JobDatasets(const JobSpec& spec) {
+  if (!spec.mixture) return {spec.dataset};
+  std::vector<DatasetSpec> out;
+  for (const MixtureDataset& m : spec.mixture->datasets) {
+    DatasetSpec ds = spec.dataset;
+    ds.uri = ResolveMixtureUri(spec.dataset.uri, m.uri);
+    ds.samples = m.samples;
+    out.push_back(std::move(ds));
+  }
+  return out;
+}
+
+std::string DatasetPath(const JobSpec& spec, size_t d) {
+  return spec.mixture ? "spec.mixture.datasets[" + std::to_string(d) + "]" : std::string("spec.dataset");
 }
 
 std::string FormatNameList(const std::vector<std::string>& names) {
@@ -93,7 +117,7 @@ void ValidateDatasetS3(const DatasetSpec& ds, Diagnostics& d) {
   }
 }
 
-void ValidateDatasetVolume(const DatasetSpec& ds, Diagnostics& d) {
+void ValidateDatasetVolume(const DatasetSpec& ds, const std::string& uri_path, Diagnostics& d) {
   const DatasetVolume& v = *ds.volume;
   const std::string& m = v.mount_path;
   if (m.empty()) return;  // reported as missing by the parser
@@ -110,8 +134,76 @@ void ValidateDatasetVolume(const DatasetSpec& ds, Diagnostics& d) {
   std::string prefix = m;
   while (prefix.size() > 1 && prefix.back() == '/') prefix.pop_back();
   if (!(path == prefix || path.rfind(prefix == "/" ? prefix : prefix + "/", 0) == 0)) {
-    d.Add("spec.dataset.uri", "'" + ds.uri + "' is not under spec.dataset.volume.mountPath '" + m +
-                                  "', where the sidecar mounts the dataset's volume");
+    d.Add(uri_path, "'" + ds.uri + "' is not under spec.dataset.volume.mountPath '" + m +
+                        "', where the sidecar mounts the dataset's volume");
+  }
+}
+
+// spec.mixture: what its declaration cannot say.
+void ValidateMixture(const JobSpec& spec, Diagnostics& d) {
+  const MixtureSpec& mix = *spec.mixture;
+  if (mix.datasets.size() < 2) {
+    d.Add("spec.mixture.datasets", "a mixture needs at least 2 datasets, got " + std::to_string(mix.datasets.size()) +
+                                       "; for one dataset, leave spec.mixture out");
+  }
+  if (spec.dataset.samples) {
+    d.Add("spec.dataset.samples",
+          "is not used with spec.mixture; give each dataset's in spec.mixture.datasets[i].samples");
+  }
+  std::map<std::string, size_t> names;
+  for (size_t i = 0; i < mix.datasets.size(); ++i) {
+    const MixtureDataset& m = mix.datasets[i];
+    const std::string at = "spec.mixture.datasets[" + std::to_string(i) + "]";
+    if (!m.name.empty()) {
+      auto [it, fresh] = names.emplace(m.name, i);
+      if (!fresh) d.Add(at + ".name", "'" + m.name + "' is also datasets[" + std::to_string(it->second) + "]'s name");
+    }
+    if (!m.uri.empty()) {
+      const std::string path = m.uri.substr(0, m.uri.find('?'));
+      if (path == ".." || path.rfind("../", 0) == 0 || path.find("/../") != std::string::npos ||
+          (path.size() >= 3 && path.compare(path.size() - 3, 3, "/..") == 0)) {
+        d.Add(at + ".uri", "'" + m.uri + "' has a '..' component");
+      } else if (spec.dataset.volume) {
+        DatasetSpec resolved = spec.dataset;
+        resolved.uri = ResolveMixtureUri(spec.dataset.uri, m.uri);
+        ValidateDatasetVolume(resolved, at + ".uri", d);
+      }
+    }
+    for (size_t k = 1; k < m.schedule.size(); ++k) {
+      if (m.schedule[k].step <= m.schedule[k - 1].step) {
+        d.Add(at + ".schedule[" + std::to_string(k) + "].step",
+              std::to_string(m.schedule[k].step) + " does not follow schedule[" + std::to_string(k - 1) + "].step " +
+                  std::to_string(m.schedule[k - 1].step) + "; steps must increase");
+      }
+    }
+  }
+  if (!d.ok()) return;
+  // Every step must draw from some dataset: the weights in force from each
+  // step where one changes must not all be 0.
+  std::set<int64_t> steps = {0};
+  for (const MixtureDataset& m : mix.datasets) {
+    for (const MixtureWeight& e : m.schedule) steps.insert(e.step);
+  }
+  if (steps.size() - 1 > MixtureSchedule::kMaxChanges) {
+    d.Add("spec.mixture.datasets", "the weights change at " + std::to_string(steps.size() - 1) + " steps; at most " +
+                                       std::to_string(MixtureSchedule::kMaxChanges));
+    return;
+  }
+  for (int64_t step : steps) {
+    bool any = false;
+    for (const MixtureDataset& m : mix.datasets) {
+      double w = m.weight;
+      for (const MixtureWeight& e : m.schedule) {
+        if (e.step <= step) w = e.weight;
+      }
+      any = any || w > 0;
+    }
+    if (!any) {
+      d.Add("spec.mixture.datasets", step == 0 ? std::string("the weights are all 0: no dataset would give a sample")
+                                               : "the weights from step " + std::to_string(step) +
+                                                     " on are all 0: no dataset would give a sample");
+      return;
+    }
   }
 }
 
@@ -282,7 +374,8 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
   }
   // Dataset fields by format.
   const DatasetSpec& ds = spec.dataset;
-  if (ds.volume) ValidateDatasetVolume(ds, d);
+  if (ds.volume && !spec.mixture) ValidateDatasetVolume(ds, "spec.dataset.uri", d);
+  if (spec.mixture) ValidateMixture(spec, d);
   if (ds.s3) ValidateDatasetS3(ds, d);
   if (spec.selector) ValidateSelector(*spec.selector, d);
   const bool record_bytes_given = ds.record_bytes_set || ds.record_bytes != 0;

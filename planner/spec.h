@@ -115,6 +115,18 @@ std::vector<std::string> EffectiveBatchAxes(const MeshSpec& mesh);
 /// job's peer secret.
 bool MovesSamplesBetweenProcesses(const JobSpec& spec);
 
+/// A mixture dataset's uri resolved against spec.dataset.uri: a relative
+/// path (no scheme, no leading '/') is joined to it; anything else is kept.
+std::string ResolveMixtureUri(const std::string& root, const std::string& uri);
+
+/// The job's datasets: spec.dataset, or one per spec.mixture dataset
+/// (spec.dataset with that dataset's resolved uri and samples), in order.
+std::vector<DatasetSpec> JobDatasets(const JobSpec& spec);
+
+/// Where dataset `d` of JobDatasets is declared, for messages:
+/// "spec.dataset" or "spec.mixture.datasets[d]".
+std::string DatasetPath(const JobSpec& spec, size_t d);
+
 /// Renders `[a, b]`.
 std::string FormatNameList(const std::vector<std::string>& names);
 

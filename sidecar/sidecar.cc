@@ -51,11 +51,13 @@ Status Sidecar::Init(const planner::ValidJob& job) {
   options_.source_options.observer = observer_.get();
   Diagnostics diags;
   job_name_ = job.name();
-  const std::string scheme = source::SourceRegistry::SchemeOf(job.spec().dataset.uri);
-  if (scheme == "s3") {
+  if (source::UsesScheme(job.spec(), "s3")) {
     MESHLOAD_RETURN_IF_ERROR(source::S3OptionsForDataset(job.spec().dataset, options_.source_options.s3));
   }
-  if (options_.reader_threads <= 0) options_.reader_threads = scheme == "file" ? 4 : 16;
+  // Local files want a few readers; remote storage many (its latency).
+  const bool all_local = !source::UsesScheme(job.spec(), "s3") && !source::UsesScheme(job.spec(), "http") &&
+                         !source::UsesScheme(job.spec(), "https");
+  if (options_.reader_threads <= 0) options_.reader_threads = all_local ? 4 : 16;
   // Every reader of every producer keeps its connection between steps.
   options_.source_options.max_idle_connections = std::max(
       options_.source_options.max_idle_connections, options_.reader_threads * std::max(1, options_.staging_threads));

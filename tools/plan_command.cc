@@ -156,6 +156,49 @@ std::string BalanceSummary(const planner::ShardPlanner& planner) {
   return "";
 }
 
+// A mixture's datasets: their names, sizes and the weights in force at `step`.
+std::string MixtureSummary(const planner::ShardPlanner& planner, int64_t step) {
+  const planner::MixtureSchedule* mix = planner.mixture();
+  if (!mix) return "";
+  const auto& parts = planner.job().dataset.parts();
+  const std::vector<double> w = mix->WeightsAt(step);
+  std::ostringstream o;
+  for (size_t d = 0; d < parts.size(); ++d) {
+    char weight[32];
+    std::snprintf(weight, sizeof weight, "%.4g", w[d]);
+    o << (d ? ", " : "") << parts[d].name << " " << weight << " of " << parts[d].samples << " samples";
+  }
+  return o.str();
+}
+
+// Step `t` of a mixture: each dataset's samples in the batch and its epoch.
+std::string MixtureStepText(const planner::ShardPlanner& planner, int64_t t) {
+  const planner::MixtureSchedule* mix = planner.mixture();
+  const auto& parts = planner.job().dataset.parts();
+  const std::vector<uint64_t> counts = mix->CountsAt(t);
+  const std::vector<uint64_t> before = mix->ConsumedBefore(t);
+  std::ostringstream o;
+  for (size_t d = 0; d < parts.size(); ++d) {
+    o << (d ? ", " : "") << parts[d].name << " " << counts[d] << " (epoch " << before[d] / parts[d].samples << ")";
+  }
+  return o.str();
+}
+
+ordered_json MixtureStepJson(const planner::ShardPlanner& planner, int64_t t) {
+  const planner::MixtureSchedule* mix = planner.mixture();
+  const auto& parts = planner.job().dataset.parts();
+  const std::vector<uint64_t> counts = mix->CountsAt(t);
+  const std::vector<uint64_t> before = mix->ConsumedBefore(t);
+  ordered_json out = ordered_json::array();
+  for (size_t d = 0; d < parts.size(); ++d) {
+    out.push_back({{"name", parts[d].name},
+                   {"samples", counts[d]},
+                   {"consumedBefore", before[d]},
+                   {"epoch", before[d] / parts[d].samples}});
+  }
+  return out;
+}
+
 std::string LoadsText(const planner::ShardLoads& l) {
   char buf[96];
   std::snprintf(buf, sizeof buf, "%" PRIu64 "..%" PRIu64 " (spread %.1f%%)", l.min, l.max, l.Spread() * 100);
@@ -187,11 +230,17 @@ void PrintTable(const planner::ShardPlanner& planner, const PlanOptions& opt, in
             << "dataset: " << DatasetSummary(job) << "\n";
   const std::string balance = BalanceSummary(planner);
   if (!balance.empty()) std::cout << "balance: " << balance << "\n";
+  if (planner.mixture()) std::cout << "mixture: " << MixtureSummary(planner, a) << " (weights at step " << a << ")\n";
   const bool balanced = planner.BalanceState() == planner::ShardPlanner::Balancing::kApplied;
   uint64_t total_read = 0, total_xfer = 0;
   for (int64_t t = a; t < b; ++t) {
     planner::StepPlan plan = planner.PlanStep(t, loading, opt.process);
-    std::cout << "\nstep " << t << " (epoch " << plan.epoch << ", step " << plan.step_in_epoch << " of the epoch)\n";
+    if (planner.mixture()) {
+      std::cout << "\nstep " << t << "\n";  // each dataset has its own epochs
+    } else {
+      std::cout << "\nstep " << t << " (epoch " << plan.epoch << ", step " << plan.step_in_epoch << " of the epoch)\n";
+    }
+    if (planner.mixture()) std::cout << "  datasets: " << MixtureStepText(planner, t) << "\n";
     if (balanced) {
       const planner::BalanceOutcome o = planner.Balance(t);
       std::cout << "  tokens per shard: " << LoadsText(o.before) << " in sampler order, " << LoadsText(o.after)
@@ -294,6 +343,13 @@ ordered_json PlanJson(const planner::ShardPlanner& planner, const PlanOptions& o
                       {"tolerance", job.spec.batch.balance.tolerance},
                       {"applied", planner.BalanceState() == planner::ShardPlanner::Balancing::kApplied}};
   }
+  if (planner.mixture()) {
+    ordered_json mixture = ordered_json::array();
+    for (const auto& p : job.dataset.parts()) {
+      mixture.push_back({{"name", p.name}, {"samples", p.samples}, {"firstSample", p.first}});
+    }
+    out["mixture"] = std::move(mixture);
+  }
   if (opt.process) out["process"] = *opt.process;
 
   std::vector<uint64_t> read_by(static_cast<size_t>(job.mesh.processes())), sent_by(read_by.size()),
@@ -305,6 +361,7 @@ ordered_json PlanJson(const planner::ShardPlanner& planner, const PlanOptions& o
     ordered_json s;
     s["step"] = t;
     s["epoch"] = plan.epoch;
+    if (planner.mixture()) s["datasets"] = MixtureStepJson(planner, t);
     if (planner.BalanceState() == planner::ShardPlanner::Balancing::kApplied) {
       const planner::BalanceOutcome o = planner.Balance(t);
       s["shardTokens"] = {{"before", LoadsJson(o.before)},

@@ -276,6 +276,13 @@ Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, Sou
   return index;
 }
 
+bool UsesScheme(const planner::JobSpec& spec, std::string_view scheme) {
+  for (const planner::DatasetSpec& ds : planner::JobDatasets(spec)) {
+    if (SourceRegistry::SchemeOf(ds.uri) == scheme) return true;
+  }
+  return false;
+}
+
 Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, SourceRegistry& sources,
                                                 planner::ResolveOptions options, Unreachable unreachable,
                                                 Diagnostics& diags) {
@@ -284,13 +291,44 @@ Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, So
   }
   const planner::JobSpec& spec = job.spec();
   Diagnostics index_diags;
-  auto index = IndexDataset(spec.dataset, sources, index_diags);
-  if (!index.ok() && unreachable == Unreachable::kUseDeclaredSamples && spec.dataset.samples) {
-    return planner::ResolveJob(job, options, diags);  // planned from spec.dataset.samples
+  Result<planner::DatasetIndex> index = Status(StatusCode::kInternal, "not indexed");
+  bool declared = spec.dataset.samples.has_value();
+  std::string failed_path = "spec.dataset.uri";
+  if (spec.mixture) {
+    // Each dataset of the mixture, read as spec.dataset says; then one index.
+    const std::vector<planner::DatasetSpec> datasets = planner::JobDatasets(spec);
+    std::vector<planner::DatasetIndex> parts;
+    std::vector<std::string> names, paths;
+    declared = true;
+    for (size_t d = 0; d < datasets.size() && index_diags.ok(); ++d) {
+      declared = declared && datasets[d].samples.has_value();
+      auto part = IndexDataset(datasets[d], sources, index_diags);
+      if (!part.ok()) {
+        index = part.status();
+        failed_path = planner::DatasetPath(spec, d) + ".uri";
+        break;
+      }
+      parts.push_back(std::move(*part));
+      names.push_back(spec.mixture->datasets[d].name);
+      paths.push_back(planner::DatasetPath(spec, d));
+    }
+    for (size_t d = parts.size(); d < datasets.size(); ++d) declared = declared && datasets[d].samples.has_value();
+    if (parts.size() == datasets.size()) {
+      index = planner::DatasetIndex::Combine(std::move(parts), names, paths, index_diags);
+      if (!index.ok()) {  // the datasets disagree: index_diags names how
+        for (const auto& p : index_diags.problems()) diags.Add(p.path, p.message);
+        return diags.ToStatus();
+      }
+    }
+  } else {
+    index = IndexDataset(spec.dataset, sources, index_diags);
+  }
+  if (!index.ok() && unreachable == Unreachable::kUseDeclaredSamples && declared) {
+    return planner::ResolveJob(job, options, diags);  // planned from the declared samples
   }
   for (const auto& p : index_diags.problems()) diags.Add(p.path, p.message);
   if (!index.ok()) {
-    diags.Add("spec.dataset.uri",
+    diags.Add(failed_path,
               index.status().ToString() + (unreachable == Unreachable::kFail
                                                ? std::string()
                                                : "; make the data reachable from here, or give its size with "
@@ -312,7 +350,7 @@ Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, So
 Result<planner::ResolvedJob> ResolveReadingDataset(const planner::ValidJob& job, planner::ResolveOptions options,
                                                    Unreachable unreachable, Diagnostics& diags) {
   SourceOptions sopts;
-  if (SourceRegistry::SchemeOf(job.spec().dataset.uri) == "s3") {
+  if (UsesScheme(job.spec(), "s3")) {
     if (Status st = S3OptionsForDataset(job.spec().dataset, sopts.s3); !st.ok()) {
       diags.Add(st);
       return diags.ToStatus();

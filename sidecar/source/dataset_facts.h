@@ -42,6 +42,10 @@ Result<formats::MegatronIndex> ReadMegatronIndex(Source& source, const std::stri
 Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, SourceRegistry& sources,
                                            Diagnostics& diags);
 
+/// True when one of the job's datasets (spec.dataset, or each of a
+/// mixture's) is of storage scheme `scheme` ("file", "s3", ...).
+bool UsesScheme(const planner::JobSpec& spec, std::string_view scheme);
+
 /// How ResolveWithSources treats a dataset it cannot list.
 enum class Unreachable {
   kFail,               // the caller reads the data next (the sidecar, run --local)

@@ -44,11 +44,13 @@ def write_dataset(path, n):
 
 def job_yaml(name, data, processes, devices_per_process, axes, batch_axes=None, global_batch=8,
              prefetch=3, seed=7, replication=None, strategy="PerProcess", dataset_format="FixedRecord",
-             fields=None, missing_field=None, balance_tolerance=None):
+             fields=None, missing_field=None, balance_tolerance=None, mixture=None):
     """A DataLoadJob over `data`: FixedRecord records of RECORD_BYTES, or
     another format whose files say their samples' sizes (MegatronIndexed),
     or whose samples are records of `fields` ([(name, dtype or None)]:
-    WebDataset, MDS). With `balance_tolerance`, token-balanced shards."""
+    WebDataset, MDS). With `balance_tolerance`, token-balanced shards. With
+    `mixture` ([(name, uri, weight, [(step, weight)])]), several datasets
+    under `data` mixed by weight."""
     lines = [
         "apiVersion: meshload.io/v1alpha1",
         "kind: DataLoadJob",
@@ -78,6 +80,13 @@ def job_yaml(name, data, processes, devices_per_process, axes, batch_axes=None, 
         lines += ["      - {name: %s%s}" % (n, ", dtype: %s" % t if t else "") for n, t in fields]
     if missing_field:
         lines.append("    missingField: %s" % missing_field)
+    if mixture:
+        lines += ["  mixture:", "    datasets:"]
+        for name, uri, weight, schedule in mixture:
+            entry = "      - {name: %s, uri: %s, weight: %g" % (name, uri, weight)
+            if schedule:
+                entry += ", schedule: [%s]" % ", ".join("{step: %d, weight: %g}" % s for s in schedule)
+            lines.append(entry + "}")
     lines += [
         "  batch:",
         "    globalBatchSize: %d" % global_batch,

@@ -49,14 +49,15 @@ class Run(harness.SidecarGroup):
     """A MegatronIndexed job over fixture `prefix` and a sidecar per process."""
 
     def __init__(self, name, prefix, processes, devices_per_process, axes, batch_axes=None, replication=None,
-                 global_batch=8, balance_tolerance=None):
+                 global_batch=8, balance_tolerance=None, mixture=None):
         self.dir = os.path.join(TMP, name)
         os.makedirs(self.dir)
         self.job = os.path.join(self.dir, "job.yaml")
         with open(self.job, "w") as f:
             f.write(harness.job_yaml(name, os.path.join(MEGATRON, prefix), processes, devices_per_process, axes,
                                      batch_axes, replication=replication, dataset_format="MegatronIndexed",
-                                     global_batch=global_batch, balance_tolerance=balance_tolerance))
+                                     global_batch=global_batch, balance_tolerance=balance_tolerance,
+                                     mixture=mixture))
         self.sidecars = [
             harness.SidecarProcess(SIDECAR, self.job, p, os.path.join(self.dir, "s%d.sock" % p),
                                    os.path.join(self.dir, "sidecar%d.log" % p))
@@ -181,6 +182,38 @@ class RaggedTest(unittest.TestCase):
         for step in (4, 5):
             self.assertEqual(sorted(i for d in resized_planned[step]["devices"] for i in d["samples"]),
                              sorted(i for d in planned[step]["devices"] for i in d["samples"]), "step %d" % step)
+
+    def test_a_mixture_of_two_corpora_follows_its_weights_and_schedule_and_resumes_resized(self):
+        # tokens_uint16 (61 sequences) and code_uint16 (a corpus of other
+        # documents), 3:1 until step 4, then 3:3; every sample is the one
+        # Megatron reads from its own corpus, in every step's planned counts.
+        mixture = [("web", "tokens_uint16", 3, []), ("code", "code_uint16", 1, [(4, 3)])]
+        web, dtype = expected("tokens_uint16")
+        code, _ = expected("code_uint16")
+
+        def check(run, first, last):
+            planned, plan = planned_devices(run.job, first, last)
+            self.assertEqual([(m["name"], m["firstSample"]) for m in plan["mixture"]], [("web", 0), ("code", 61)])
+            steps = {s["step"]: s for s in plan["steps"]}
+            got = run.batches(first, last)
+            for step in range(first, last):
+                counts = {d["name"]: d["samples"] for d in steps[step]["datasets"]}
+                self.assertEqual(counts, {"web": 12, "code": 4} if step < 4 else {"web": 8, "code": 8}, step)
+                ids = [i for d in sorted(planned[step]) for i in planned[step][d]]
+                self.assertEqual(sum(i >= 61 for i in ids), counts["code"], "step %d" % step)
+                for device, samples in planned[step].items():
+                    for sample_id, a in zip(samples, got[step][device]):
+                        want = web[sample_id] if sample_id < 61 else code[sample_id - 61]
+                        self.assertEqual(str(a.dtype), dtype)
+                        np.testing.assert_array_equal(a, want, "step %d device %d sample %d" % (step, device, sample_id))
+            return {step: sorted(i for d in planned[step] for i in planned[step][d]) for step in range(first, last)}
+
+        with Run("mixture", "", 2, 1, [("data", 2)], global_batch=16, mixture=mixture) as run:
+            before = check(run, 0, 8)
+        with Run("mixture-resized", "", 4, 1, [("data", 4)], global_batch=16, mixture=mixture) as run:
+            after = check(run, 5, 8)
+        for step in range(5, 8):
+            self.assertEqual(after[step], before[step], "step %d" % step)
 
     def test_padded_pads_or_cuts_each_sample_and_says_how_long_it_is(self):
         with Run("padded", "tokens_uint16", 1, 1, [("data", 1)]) as run:

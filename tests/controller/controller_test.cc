@@ -194,6 +194,26 @@ class ControllerTest : public ::testing::Test {
   std::unique_ptr<runtime::EventRecorder> events_;
 };
 
+// A mixture is planned from each dataset's declared samples, reading no data.
+TEST_F(ControllerTest, AMixtureIsPlannedFromItsDatasetsSamples) {
+  ReadyPods("mix", 2);
+  json manifest = cluster_.JobManifest(kNs, "mix", 2, "mix");
+  manifest["spec"]["dataset"].erase("samples");
+  manifest["spec"]["mixture"] = {{"datasets",
+                                  {{{"name", "web"}, {"uri", "web"}, {"weight", 0.75}, {"samples", 3000}},
+                                   {{"name", "code"},
+                                    {"uri", "code"},
+                                    {"weight", 0.25},
+                                    {"samples", 1000},
+                                    {"schedule", {{{"step", 10}, {"weight", 1}}}}}}}};
+  cluster_.CreateJob(manifest);
+  StartController();
+  Settle();
+  json job = Job("mix");
+  EXPECT_EQ(Condition(job, "Valid")["status"], "True") << job["status"].dump(2);
+  EXPECT_EQ(Condition(job, "Planned")["message"], "4000 samples in 2 datasets mixed by weight");
+}
+
 TEST_F(ControllerTest, ValidJobGetsConfigMapStatusAndFinalizer) {
   StartWithJob("train", 4, "llm");
   json job = Job("train");

@@ -79,6 +79,13 @@ WEBDATASET = copy.deepcopy(FULL)
 WEBDATASET["spec"]["dataset"] = {"uri": "s3://bucket/shards/train-{000000..000127}.tar", "format": "WebDataset",
                                  "fields": [{"name": "jpg"}, {"name": "cls", "dtype": "int64"}],
                                  "missingField": "Skip", "samples": 1000}
+MIXTURE = copy.deepcopy(MEGATRON)
+MIXTURE["spec"]["dataset"]["uri"] = "s3://bucket/corpora"
+del MIXTURE["spec"]["dataset"]["samples"]
+MIXTURE["spec"]["mixture"] = {"datasets": [
+    {"name": "web", "uri": "web/docs_text_document", "weight": 0.7, "samples": 1000,
+     "schedule": [{"step": 1000, "weight": 0.5}]},
+    {"name": "code", "uri": "s3://other/code_text_document", "weight": 0.3, "samples": 500}]}
 MDS = copy.deepcopy(FULL)
 MDS["spec"]["dataset"] = {"uri": "s3://bucket/mds/train/", "format": "MDS",
                           "fields": [{"name": "image"}, {"name": "label", "dtype": "int64"}], "samples": 1000}
@@ -90,7 +97,7 @@ def create(doc, dry_run=True):
 
 
 for label, doc in (("FixedRecord", FULL), ("TokenStream", TOKENS), ("MegatronIndexed", MEGATRON),
-                   ("WebDataset", WEBDATASET), ("MDS", MDS)):
+                   ("WebDataset", WEBDATASET), ("MDS", MDS), ("mixture", MIXTURE)):
     rc, out = create(doc)
     check("a %s job with every field is accepted" % label, rc == 0, out)
 
@@ -230,6 +237,12 @@ CEL = [
      ["spec.batch.balance.mode", "batch.balance.mode Tokens needs variable-size samples"]),
     ("a balance tolerance above 1", MEGATRON, lambda d: put(d, ["spec", "batch", "balance", "tolerance"], 1.5),
      ["spec.batch.balance.tolerance", "less than or equal to 1"]),
+    ("a mixture of one dataset", MIXTURE, lambda d: d["spec"]["mixture"]["datasets"].pop(),
+     ["spec.mixture.datasets", "should have at least 2 items"]),
+    ("a negative mixture weight", MIXTURE, lambda d: put(d, ["spec", "mixture", "datasets", 1, "weight"], -1),
+     ["spec.mixture.datasets[1].weight", "greater than or equal to 0"]),
+    ("a mixture dataset without a uri", MIXTURE, lambda d: drop(d, ["spec", "mixture", "datasets", 0, "uri"]),
+     ["spec.mixture.datasets[0].uri", "Required value"]),
     ("WebDataset without fields", WEBDATASET, lambda d: drop(d, ["spec", "dataset", "fields"]),
      ["spec.dataset", "formats WebDataset and MDS need fields"]),
     ("MDS with a dataset dtype", MDS, lambda d: put(d, ["spec", "dataset", "dtype"], "uint8"),

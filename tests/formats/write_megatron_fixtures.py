@@ -64,6 +64,12 @@ def main():
         write(out, "small_" + numpy.dtype(dt).name, dt, small)
     # A multimodal dataset: a mode byte per sequence after the document indices.
     write(out, "multimodal", numpy.int32, small, multimodal=True)
+    # A second uint16 corpus of other documents (and more of them, mostly
+    # short), to mix with tokens_uint16 (spec.mixture).
+    rng = random.Random(37)
+    code = [[[rng.randrange(65000) for _ in range(rng.choice([2, 5, 40, 200]))]
+             for _ in range(rng.randrange(1, 3))] for _ in range(45)]
+    write(out, "code_uint16", numpy.uint16, code)
 
 
 if __name__ == "__main__":

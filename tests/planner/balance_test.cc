@@ -102,7 +102,7 @@ TEST(BalanceShards, RandomBatchesKeepTheirSamplesAndMeetTheTolerance) {
   std::mt19937_64 rng(11);
   int within = 0, total = 0;
   for (int round = 0; round < 300; ++round) {
-    const int64_t S = int64_t{1} << (rng() % 7);           // 1..64 shards
+    const int64_t S = int64_t{1} << (rng() % 7);             // 1..64 shards
     const int64_t k = 1 + static_cast<int64_t>(rng() % 48);  // samples per shard
     Batch b = MakeBatch(LongTail(rng, static_cast<size_t>(S * k), 1 + static_cast<int32_t>(rng() % 4000)));
     const Batch original = b;
