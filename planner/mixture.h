@@ -63,11 +63,11 @@ class MixtureSchedule {
  private:
   struct Segment {
     int64_t start = 0;
-    std::vector<double> weights;      // normalised
-    std::vector<uint64_t> base;       // b_d
-    std::vector<uint64_t> fraction;   // f_d
-    std::vector<uint16_t> extras;     // (R + 1) × D: E_d(n) at extras[n·D + d] (< R)
-    std::vector<uint64_t> consumed;   // C_d(start)
+    std::vector<double> weights;     // normalised
+    std::vector<uint64_t> base;      // b_d
+    std::vector<uint64_t> fraction;  // f_d
+    std::vector<uint16_t> extras;    // (R + 1) × D: E_d(n) at extras[n·D + d] (< R)
+    std::vector<uint64_t> consumed;  // C_d(start)
   };
   const Segment& SegmentOf(int64_t step) const;
   // C_d(segment.start + n) for each d, added to `out`.

@@ -124,6 +124,14 @@ Result<std::string> RewriteJob(const std::string& job_path, const std::string& u
           ds.remove(key);
         }
         ds["uri"] = uri;
+        if (YAML::Node mix = d["spec"]["mixture"]; mix && mix["datasets"] && mix["datasets"].IsSequence()) {
+          // A mixture's datasets: each under the new root, in a folder of its name.
+          for (YAML::Node m : mix["datasets"]) {
+            if (m["name"]) m["uri"] = m["name"].as<std::string>();
+            m.remove("samples");
+          }
+          what += " and each spec.mixture.datasets[].uri (the folder of its name under it)";
+        }
         YAML::Emitter e;
         e << d;
         std::ofstream out(out_path);
@@ -300,6 +308,27 @@ Result<std::string> LocalRun::Generate(const planner::JobSpec& spec) {
     n = fit;
   }
   const auto t0 = Clock::now();
+  if (spec.mixture) {
+    // Each dataset of the mixture in a folder of its name (RewriteJob points
+    // the mixture there), as many samples as asked for, else its own count,
+    // else the default, within the same budget.
+    uint64_t total = 0;
+    for (const planner::MixtureDataset& m : spec.mixture->datasets) {
+      uint64_t nd = o_.samples  ? static_cast<uint64_t>(*o_.samples)
+                    : m.samples ? static_cast<uint64_t>(*m.samples)
+                                : global * 64;
+      if (!o_.samples)
+        nd = std::max<uint64_t>(1, std::min(nd, kDefaultLimit / spec.mixture->datasets.size() / per_sample));
+      MESHLOAD_RETURN_IF_ERROR(
+          tools::GenerateSyntheticDataset(spec.dataset, o_.generate_dir + "/" + m.name, nd, static_cast<int>(o_.files))
+              .status());
+      total += nd;
+    }
+    std::printf("generated %" PRIu64 " %s samples in %zu datasets under %s (%.1f s)\n", total,
+                std::string(ToString(spec.dataset.format)).c_str(), spec.mixture->datasets.size(),
+                o_.generate_dir.c_str(), std::chrono::duration<double>(Clock::now() - t0).count());
+    return o_.generate_dir;
+  }
   MESHLOAD_ASSIGN_OR_RETURN(
       std::string uri, tools::GenerateSyntheticDataset(spec.dataset, o_.generate_dir, n, static_cast<int>(o_.files)));
   std::printf("generated %" PRIu64 " %s samples in %s (%.1f s%s)\n", n,

@@ -359,10 +359,13 @@ uint64_t SyntheticSequenceLength(uint64_t id) {
   return h % 16 == 0 ? 0 : 1 + (h >> 4) % 2048;  // one in 16 empty, as real corpora have empty documents
 }
 
-int64_t FirstMismatch(const planner::DatasetIndex& index, uint64_t id, const uint8_t* bytes) {
+int64_t FirstMismatch(const planner::DatasetIndex& index, uint64_t global_id, const uint8_t* bytes) {
+  // A mixture's datasets were each generated on their own: the content is
+  // the sample's within its dataset.
+  const uint64_t id = global_id - index.parts()[index.PartOf(global_id)].first;
   if (index.format() == planner::DatasetFormat::kMegatronIndexed) {
     const size_t es = formats::DTypeSize(index.dtype());
-    const uint64_t n = index.SampleBytes(id) / es;
+    const uint64_t n = index.SampleBytes(global_id) / es;
     if (n != SyntheticSequenceLength(id)) return 0;
     for (uint64_t t = 0; t < n; ++t) {
       const uint64_t v = planner::Mix64((id << 32) + t);

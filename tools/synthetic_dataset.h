@@ -54,8 +54,8 @@ uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec);
 uint64_t SyntheticSequenceLength(uint64_t id);
 
 /// Checks that `bytes` (index.SampleBytes(id) long) are sample `id` of a generated
-/// dataset described by `index`. Returns the byte offset of the first
-/// mismatch, or -1 when every byte matches.
+/// dataset described by `index` (a mixture's: of its dataset, generated on its own). Returns the byte offset of the
+/// first mismatch, or -1 when every byte matches.
 int64_t FirstMismatch(const planner::DatasetIndex& index, uint64_t id, const uint8_t* bytes);
 
 }  // namespace meshload::tools
