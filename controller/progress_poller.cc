@@ -258,6 +258,33 @@ json ProgressStatus(const JobProgress& poll, int64_t global_batch, const HealthT
   }
   out["maxStep"] = hi;
   if (!rates.empty()) out["samplesPerSecond"] = ThreeSignificant(Median(rates) * static_cast<double>(global_batch));
+  // Per dataset: what the job took up to the lowest step (that process's
+  // report), and every reporting sidecar's tokens together.
+  const ProcessProgress* lowest = nullptr;
+  for (const auto* p : reached) {
+    if (p->report["consumedStep"].get<int64_t>() == lo && Field(p->report, "datasets").is_array()) lowest = p;
+  }
+  if (lowest) {
+    json datasets = json::array();
+    for (const json& d : lowest->report["datasets"]) {
+      if (!d.is_object() || !Field(d, "name").is_string()) continue;
+      int64_t tokens = 0;
+      for (const auto* p : reached) {
+        if (!Field(p->report, "datasets").is_array()) continue;
+        for (const json& e : p->report["datasets"]) {
+          if (Field(e, "name") == d["name"] && Field(e, "processTokens").is_number_integer()) {
+            tokens += e["processTokens"].get<int64_t>();
+          }
+        }
+      }
+      json entry = {{"name", d["name"]}, {"tokens", tokens}};
+      for (const char* k : {"weight", "samplesConsumed", "epoch"}) {
+        if (Field(d, k).is_number()) entry[std::string(k) == "samplesConsumed" ? "samples" : k] = d[k];
+      }
+      datasets.push_back(std::move(entry));
+    }
+    out["datasets"] = std::move(datasets);
+  }
   const double median = Median(steps);
   const double median_p99 = MedianP99(reached);
   json lagging = json::array();
@@ -402,7 +429,7 @@ json ProgressToWrite(const json& current, const json& fresh, int64_t granularity
   if (!current.is_object() || !fresh.is_object()) return fresh;
   // Everything but the moving figures must be equal.
   json a = current, b = fresh;
-  for (const char* k : {"step", "maxStep", "resumeStep", "samplesPerSecond"}) {
+  for (const char* k : {"step", "maxStep", "resumeStep", "samplesPerSecond", "datasets"}) {
     a.erase(k);
     b.erase(k);
   }

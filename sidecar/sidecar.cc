@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <sstream>
 #include <fstream>
 #include <cerrno>
@@ -163,7 +164,27 @@ Status Sidecar::Init(const planner::ValidJob& job) {
                 .watchdog = [this] { Watchdog(); }},
       .clock = options_.clock,
   });
+  // Per-dataset counters: one per dataset of the index (a mixture's), and
+  // the shards whose samples this process counts (those it is the lowest
+  // process of), each by one of its devices.
+  for (const planner::DatasetIndex::Part& part : planner_->job().dataset.parts()) {
+    const std::string name = part.name.empty() ? "default" : part.name;
+    datasets_.push_back({name, &metrics_->dataset_samples.Add({{"dataset", name}}),
+                         &metrics_->dataset_tokens.Add({{"dataset", name}})});
+  }
+  {
+    const planner::DeviceMesh& mesh = planner_->job().mesh;
+    std::set<int64_t> shards;
+    for (int64_t d = options_.process * mesh.devices_per_process();
+         d < (options_.process + 1) * mesh.devices_per_process(); ++d) {
+      const int64_t s = mesh.ShardOf(d);
+      if (mesh.OwnerOf(s) == options_.process && shards.insert(s).second) counted_devices_.push_back(d);
+    }
+    MutexLock lock(datasets_mu_);
+    datasets_counted_ = start_step_ - 1;
+  }
   registry_->AddCollectHook([this] {
+    CountConsumedDatasets();
     metrics_->SetSlotCounts(pool_->Counts());
     metrics_->oldest_read.Set(loader_->OldestInflight().seconds);
     const int64_t since = producer_blocked_since_ns_.load();
@@ -475,7 +496,35 @@ Result<std::optional<int64_t>> ReadResumeFile(const std::string& path, int64_t s
   return std::optional<int64_t>(record.step);
 }
 
+void Sidecar::CountConsumedDatasets() const {
+  if (!server_ || datasets_.empty()) return;
+  MutexLock lock(datasets_mu_);
+  const int64_t consumed = server_->consumed_step();
+  if (consumed < datasets_counted_) datasets_counted_ = consumed;  // the trainer went back (StageFrom)
+  std::vector<uint64_t> samples(datasets_.size()), tokens(datasets_.size());
+  const planner::DatasetIndex& ds = planner_->job().dataset;
+  for (int64_t step = datasets_counted_ + 1; step <= consumed; ++step) {
+    const planner::StepPlan plan =
+        planner_->PlanStep(step, loading_, options_.process, planner::ShardPlanner::Detail::kSamples);
+    for (const planner::DevicePlan& d : plan.devices) {
+      if (!std::binary_search(counted_devices_.begin(), counted_devices_.end(), d.device)) continue;
+      const std::vector<uint64_t> t = planner_->TokensOf(d.samples);
+      for (size_t k = 0; k < d.samples.size(); ++k) {
+        const size_t part = ds.PartOf(d.samples[k]);
+        ++samples[part];
+        tokens[part] += t[k];
+      }
+    }
+  }
+  datasets_counted_ = std::max(datasets_counted_, consumed);
+  for (size_t i = 0; i < datasets_.size(); ++i) {
+    if (samples[i]) datasets_[i].samples->Increment(static_cast<double>(samples[i]));
+    if (tokens[i]) datasets_[i].tokens->Increment(static_cast<double>(tokens[i]));
+  }
+}
+
 ProgressSample Sidecar::TakeProgressSample() const {
+  CountConsumedDatasets();
   ProgressSample s;
   s.time_ns = NowNs();
   s.consumed_step = server_->consumed_step();
@@ -511,6 +560,26 @@ std::string Sidecar::ProgressJson() {
   report["job"] = job_name_;
   report["process"] = options_.process;
   report["stepsPerEpoch"] = planner_->job().steps_per_epoch;
+  // Each dataset: its weight now, the samples the job consumed of it up to
+  // this process's consumed step (every process's shards: from the
+  // schedule), its epoch, and this process's tokens of it.
+  const int64_t consumed = server_->consumed_step();
+  const planner::MixtureSchedule* mix = planner_->mixture();
+  const auto& parts = planner_->job().dataset.parts();
+  const uint64_t B = planner_->job().global_batch;
+  const std::vector<uint64_t> before =
+      mix ? mix->ConsumedBefore(consumed + 1) : std::vector<uint64_t>{static_cast<uint64_t>(consumed + 1) * B};
+  const std::vector<double> weights =
+      mix ? mix->WeightsAt(std::max<int64_t>(consumed + 1, 0)) : std::vector<double>{1.0};
+  nlohmann::json datasets = nlohmann::json::array();
+  for (size_t d = 0; d < datasets_.size() && d < parts.size(); ++d) {
+    datasets.push_back({{"name", datasets_[d].name},
+                        {"weight", weights[d]},
+                        {"samplesConsumed", before[d]},
+                        {"epoch", parts[d].samples ? before[d] / parts[d].samples : 0},
+                        {"processTokens", static_cast<uint64_t>(datasets_[d].tokens->Value())}});
+  }
+  report["datasets"] = std::move(datasets);
   return report.dump();
 }
 

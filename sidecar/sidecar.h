@@ -211,6 +211,20 @@ class Sidecar {
   ProgressSample TakeProgressSample() const;
   std::string ProgressJson();
 
+  // Per-dataset figures (meshload_dataset_*_total, /progress "datasets"):
+  // the consumed steps' samples of the shards this process owns, counted
+  // up to the consumed watermark whenever metrics or progress are read.
+  struct DatasetCounters {
+    std::string name;
+    metrics::Counter* samples = nullptr;
+    metrics::Counter* tokens = nullptr;
+  };
+  std::vector<DatasetCounters> datasets_;  // per part of the index; set in Init()
+  std::vector<int64_t> counted_devices_;   // one device of each shard this process owns
+  mutable Mutex datasets_mu_;
+  mutable int64_t datasets_counted_ MESHLOAD_GUARDED_BY(datasets_mu_) = -1;  // the last step counted
+  void CountConsumedDatasets() const MESHLOAD_EXCLUDES(datasets_mu_);
+
   // Starts and stops the parts above in order (Init, the destructor).
   Manager parts_{"meshload-sidecar"};
 };

@@ -86,7 +86,14 @@ SidecarMetrics::SidecarMetrics(metrics::Registry& r)
           Unlabelled<Gauge>(r, "meshload_peers_connected", "Connections to other processes' sidecars that are up.")),
       peer_wait(Unlabelled<Histogram>(r, "meshload_peer_wait_seconds",
                                       "Time a step waited on its peers after its own reads were done.",
-                                      metrics::ExponentialBuckets(1e-5, 4, 10))) {}
+                                      metrics::ExponentialBuckets(1e-5, 4, 10))),
+      dataset_samples(Labelled<Counter>(r, "meshload_dataset_samples_total",
+                                        "Samples of the steps the trainer consumed, by dataset (a mixture's, else "
+                                        "'default'): this process's shards, each shard counted by the lowest process "
+                                        "holding it, so the sum over sidecars counts every sample of a step once.")),
+      dataset_tokens(Labelled<Counter>(r, "meshload_dataset_tokens_total",
+                                       "Tokens (a sample's elements; record bytes for WebDataset and MDS) of the "
+                                       "samples meshload_dataset_samples_total counts, by dataset.")) {}
 
 void SidecarMetrics::SetSlotCounts(const staging::SlotCounts& c) {
   slots.Add({{"state", "free"}}).Set(c.free);

@@ -60,6 +60,8 @@ struct SidecarMetrics {
   metrics::Counter& peer_reconnects;
   metrics::Gauge& peers_connected;
   metrics::Histogram& peer_wait;
+  metrics::Family<metrics::Counter>& dataset_samples;
+  metrics::Family<metrics::Counter>& dataset_tokens;
 
   void Error(std::string_view kind) { errors.Add({{"kind", std::string(kind)}}).Increment(); }
 

@@ -151,6 +151,15 @@ class SidecarProcess:
         with open(self.log_path, "r", errors="replace") as f:
             return f.read()
 
+    def http_get(self, path):
+        """GET `path` (/metrics, /progress) from the sidecar's metrics port, as text."""
+        import re
+        import urllib.request
+        port = re.search(r'"metrics_port":(\d+)', self.log_text())
+        assert port, "the sidecar logged no metrics port:\n" + self.log_text()
+        with urllib.request.urlopen("http://127.0.0.1:%s%s" % (port.group(1), path), timeout=10) as r:
+            return r.read().decode()
+
     def stop(self):
         stop_process(self.proc)
 

@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import unittest
 
 import numpy as np
@@ -210,6 +211,33 @@ class RaggedTest(unittest.TestCase):
 
         with Run("mixture", "", 2, 1, [("data", 2)], global_batch=16, mixture=mixture) as run:
             before = check(run, 0, 8)
+            # Per dataset: the sidecars' counters add up to every consumed
+            # sample once and its tokens; /progress says what the job took.
+            lengths = {i: len(web[i]) if i < 61 else len(code[i - 61]) for s in before.values() for i in s}
+            want = {"web": [0, 0], "code": [0, 0]}
+            for ids in before.values():
+                for i in ids:
+                    want["web" if i < 61 else "code"][0] += 1
+                    want["web" if i < 61 else "code"][1] += lengths[i]
+            deadline = time.monotonic() + 10
+            while True:
+                progress = [json.loads(s.http_get("/progress")) for s in run.sidecars]
+                if all(p["consumedStep"] == 7 for p in progress) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            got = {"web": [0, 0], "code": [0, 0]}
+            for s in run.sidecars:
+                for line in s.http_get("/metrics").splitlines():
+                    for name, k in (("meshload_dataset_samples_total", 0), ("meshload_dataset_tokens_total", 1)):
+                        for d in got:
+                            if line.startswith('%s{dataset="%s"} ' % (name, d)):
+                                got[d][k] += int(float(line.split()[-1]))
+            self.assertEqual(got, want)
+            for p in progress:
+                self.assertEqual(p["consumedStep"], 7)
+                self.assertEqual([(d["name"], d["samplesConsumed"]) for d in p["datasets"]],
+                                 [("web", want["web"][0]), ("code", want["code"][0])])
+                self.assertEqual([d["weight"] for d in p["datasets"]], [0.5, 0.5])
         with Run("mixture-resized", "", 4, 1, [("data", 4)], global_batch=16, mixture=mixture) as run:
             after = check(run, 5, 8)
         for step in range(5, 8):

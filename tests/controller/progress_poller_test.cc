@@ -49,6 +49,29 @@ TEST(ProgressStatus, TheStepEveryProcessConsumedIsTheMinimumAndResumeIsOneMore) 
   EXPECT_FALSE(s.contains("unreachable"));
 }
 
+// Per dataset: what the job took up to the lowest step (that sidecar's
+// figure), and the tokens of every reporting sidecar together.
+TEST(ProgressStatus, DatasetsAreTakenAtTheLowestStepWithEveryProcesssTokens) {
+  JobProgress poll;
+  poll.processes = 2;
+  poll.sidecars = {Reached(0, 12, 1.0), Reached(1, 10, 1.0)};
+  poll.sidecars[0].report["datasets"] = {
+      {{"name", "web"}, {"weight", 0.75}, {"samplesConsumed", 156}, {"epoch", 2}, {"processTokens", 1000}},
+      {{"name", "code"}, {"weight", 0.25}, {"samplesConsumed", 52}, {"epoch", 0}, {"processTokens", 300}}};
+  poll.sidecars[1].report["datasets"] = {
+      {{"name", "web"}, {"weight", 0.75}, {"samplesConsumed", 132}, {"epoch", 2}, {"processTokens", 900}},
+      {{"name", "code"}, {"weight", 0.25}, {"samplesConsumed", 44}, {"epoch", 0}, {"processTokens", 250}}};
+  json s = ProgressStatus(poll, 16, HealthThresholds{});
+  EXPECT_EQ(s["step"], 10);
+  EXPECT_EQ(s["datasets"], json::parse(R"([
+      {"name": "web", "tokens": 1900, "weight": 0.75, "samples": 132, "epoch": 2},
+      {"name": "code", "tokens": 550, "weight": 0.25, "samples": 44, "epoch": 0}])"));
+  // Only the moving figures changed: not rewritten before a move is due.
+  json later = s;
+  later["datasets"][0]["tokens"] = 2000;
+  EXPECT_EQ(ProgressToWrite(s, later, 100, false), s);
+}
+
 TEST(ProgressStatus, AnUnreachableSidecarIsNamedAndNoResumeStepIsGuessed) {
   JobProgress poll;
   poll.processes = 2;
