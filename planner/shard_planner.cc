@@ -318,7 +318,9 @@ std::vector<uint64_t> ShardPlanner::SamplerBatch(int64_t step) const {
 }
 
 std::vector<uint64_t> ShardPlanner::GlobalBatch(int64_t step) const {
-  if (!balanced_) return SamplerBatch(step);
+  // Only a batch that costs more than the positions a process needs
+  // (dealt by tokens, or drawn from a mixture) is kept.
+  if (!balanced_ && !mixture_) return SamplerBatch(step);
   {
     MutexLock lock(memo_->mu);
     for (const auto& [s, batch] : memo_->kept) {
@@ -326,11 +328,13 @@ std::vector<uint64_t> ShardPlanner::GlobalBatch(int64_t step) const {
     }
   }
   std::vector<uint64_t> batch = SamplerBatch(step);
-  std::vector<uint64_t> tokens = TokensOf(batch);
-  BalanceShards(batch, tokens, job_.mesh.shards(), job_.spec.batch.balance.tolerance);
+  if (balanced_) {
+    std::vector<uint64_t> tokens = TokensOf(batch);
+    BalanceShards(batch, tokens, job_.mesh.shards(), job_.spec.batch.balance.tolerance);
+  }
   MutexLock lock(memo_->mu);
   for (const auto& kept : memo_->kept) {
-    if (kept.first == step) return batch;  // another thread dealt it meanwhile
+    if (kept.first == step) return batch;  // another thread made it meanwhile
   }
   if (memo_->kept.size() == BalancedMemo::kKept) memo_->kept.pop_front();
   memo_->kept.emplace_back(step, std::make_shared<const std::vector<uint64_t>>(batch));

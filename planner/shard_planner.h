@@ -33,7 +33,8 @@
 /// devices need it; copies to its local replicas are local (not transfers).
 ///
 /// Thread safety: immutable after construction (but for a small memo of
-/// recent balanced batches, behind its own lock); const methods thread-safe.
+/// recent balanced or mixed batches, behind its own lock); const methods
+/// thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -216,9 +217,10 @@ class ShardPlanner {
   ResolvedJob job_;
   uint64_t shard_size_ = 0;  // B / S
   bool balanced_ = false;    // BalanceState() == kApplied
-  // The last few balanced global batches: a sidecar plans a step more than
-  // once (its reads, each part it serves a peer), and dealing costs more
-  // than the rest of a process's plan. Shared by copies of this planner.
+  // The last few balanced or mixed global batches: a sidecar plans a step
+  // more than once (its reads, each part it serves a peer, its counters),
+  // and these cost more than the rest of a process's plan. Shared by
+  // copies of this planner.
   struct BalancedMemo;
   std::shared_ptr<BalancedMemo> memo_;
   std::shared_ptr<const MixtureSchedule> mixture_;

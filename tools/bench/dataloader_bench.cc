@@ -635,6 +635,72 @@ void RunVariableVsFixed(const std::string& name, const std::string& root, uint64
               Quantile(var_waits, 0.5) * 1e6, Quantile(var_waits, 0.99) * 1e6);
 }
 
+// A mixture of three MegatronIndexed corpora (spec.mixture, weights
+// 0.5/0.3/0.2) against one corpus of the same documents' sizes, the same
+// batch and steps, in one run: the sidecar's and the consumer's CPU per step
+// (median of `rounds` alternating rounds). Target: mixing adds at most 10%.
+void RunMixedVsSingle(const std::string& name, const std::string& root, uint64_t total_bytes, int64_t steps,
+                      int rounds) {
+  const uint64_t min_bytes = 200, max_bytes = 16000;
+  const uint64_t n = total_bytes / ((min_bytes + max_bytes) / 2);
+  const std::string dir = root + "/" + name;
+  const char* names[] = {"web", "code", "books"};
+  for (const char* c : names) WriteMegatron(dir + "/" + c, n / 3, min_bytes, max_bytes, formats::DType::kUint16);
+  // The peer reads as many bytes in all, from one corpus.
+  WriteMegatron(dir + "-single", n, min_bytes, max_bytes, formats::DType::kUint16);
+  Scenario single{name + "-single", planner::DatasetFormat::kMegatronIndexed, 0, 0, 32, n, steps, 4, 0, 0};
+  Scenario mixed{name, planner::DatasetFormat::kMegatronIndexed, 0, 0, 32, n, steps, 4, 0, 0};
+  const std::string single_job = root + "/" + single.name + ".yaml", mixed_job = root + "/" + mixed.name + ".yaml";
+  std::ofstream(single_job) << JobYaml(single, dir + "-single");
+  std::string yaml = JobYaml(mixed, dir);
+  yaml +=
+      "  mixture:\n    datasets:\n"
+      "      - {name: web, uri: web, weight: 0.5}\n"
+      "      - {name: code, uri: code, weight: 0.3}\n"
+      "      - {name: books, uri: books, weight: 0.2}\n";
+  std::ofstream(mixed_job) << yaml;
+  struct PerStep {
+    double sidecar_us, consumer_us, rate;
+  };
+  std::vector<std::pair<PerStep, PerStep>> results;  // (mixed, single)
+  auto per_step = [&](const MeshloadRun& r) {
+    return PerStep{r.sidecar_cores * r.elapsed / static_cast<double>(steps) * 1e6,
+                   r.consumer_cores * r.elapsed / static_cast<double>(steps) * 1e6, r.rate};
+  };
+  for (int r = 0; r < rounds; ++r) {
+    MeshloadRun m, s;
+    if (r % 2 == 0) {
+      m = RunMeshload(mixed, mixed_job, root);
+      s = RunMeshload(single, single_job, root);
+    } else {
+      s = RunMeshload(single, single_job, root);
+      m = RunMeshload(mixed, mixed_job, root);
+    }
+    if (!m.ok || !s.ok) {
+      std::printf("\n%s: FAILED in round %d (see above)\n", name.c_str(), r + 1);
+      g_failed = true;
+      return;
+    }
+    results.emplace_back(per_step(m), per_step(s));
+  }
+  auto cpu = [](const PerStep& p) { return p.sidecar_us + p.consumer_us; };
+  std::sort(results.begin(), results.end(),
+            [&](const auto& a, const auto& b) { return cpu(a.first) / cpu(a.second) < cpu(b.first) / cpu(b.second); });
+  const auto& [m, s] = results[results.size() / 2];
+  std::printf(
+      "\n%s: 3 MegatronIndexed corpora of %llu sequences each (200 to 16,000 B), weights 0.5/0.3/0.2,\n"
+      "batch 32, %lld steps\n",
+      name.c_str(), static_cast<unsigned long long>(n / 3), static_cast<long long>(steps));
+  std::printf("  peer: one corpus of %llu such sequences (as many bytes), the same batch and steps, in the same run\n",
+              static_cast<unsigned long long>(n));
+  std::printf("  CPU per step, mixed                  sidecar %.1f us + consumer %.1f us  (%.0f samples/s)\n",
+              m.sidecar_us, m.consumer_us, m.rate);
+  std::printf("  CPU per step, one corpus             sidecar %.1f us + consumer %.1f us  (%.0f samples/s)\n",
+              s.sidecar_us, s.consumer_us, s.rate);
+  std::printf("    = %.2fx the one corpus's CPU per step (median of %zu rounds; target <= 1.10)\n", cpu(m) / cpu(s),
+              results.size());
+}
+
 int Main(int argc, char** argv) {
   bool quick = false;
   std::string only;                 // --only NAME: one scenario
@@ -643,7 +709,7 @@ int Main(int argc, char** argv) {
   std::string root = "/tmp/meshload-bench";
   FlagParser flags("",
                    "usage: dataloader_bench [--quick] [--dir DIR] [--only fixed-1MiB|fixed-4KiB|tokens-u16-2048|"
-                   "docs-u16-100-8000|blobs-u8-20-500KiB]"
+                   "docs-u16-100-8000|blobs-u8-20-500KiB|docs-mixture-3]"
                    " [--rounds N] [--prefetch N]\n",
                    "dataloader_bench");
   flags.Bool({"--quick"}, &quick);
@@ -669,12 +735,13 @@ int Main(int argc, char** argv) {
   if (prefetch) {
     for (auto& s : scenarios) s.prefetch = *prefetch;
   }
-  const std::vector<std::string> variable = {"docs-u16-100-8000", "blobs-u8-20-500KiB"};
+  const std::vector<std::string> variable = {"docs-u16-100-8000", "blobs-u8-20-500KiB", "docs-mixture-3"};
   if (!only.empty() &&
       std::none_of(scenarios.begin(), scenarios.end(), [&](const Scenario& s) { return s.name == only; }) &&
       std::find(variable.begin(), variable.end(), only) == variable.end()) {
     return UsageError("--only: no scenario named " + only +
-                          " (fixed-1MiB, fixed-4KiB, tokens-u16-2048, docs-u16-100-8000, blobs-u8-20-500KiB)",
+                          " (fixed-1MiB, fixed-4KiB, tokens-u16-2048, docs-u16-100-8000, blobs-u8-20-500KiB, "
+                          "docs-mixture-3)",
                       "dataloader_bench");
   }
   std::printf("meshload host data path benchmark%s (data in %s)\n", quick ? " (quick)" : "", root.c_str());
@@ -691,6 +758,9 @@ int Main(int argc, char** argv) {
   if (only.empty() || only == variable[1]) {
     RunVariableVsFixed(variable[1], root, 20 << 10, 500 << 10, formats::DType::kUint8, gib, 16, quick ? 300 : 1500,
                        round_count);
+  }
+  if (only.empty() || only == variable[2]) {
+    RunMixedVsSingle(variable[2], root, gib, quick ? 2000 : 8000, std::max(round_count, 3));
   }
   if (g_failed) {
     std::printf("\nFAILED: a round stopped early (see above); the figures printed cover the rounds before it\n");
