@@ -566,6 +566,31 @@ double WriteMegatron(const std::string& dir, uint64_t n, uint64_t min_bytes, uin
   return static_cast<double>(at) / static_cast<double>(n);
 }
 
+// `rounds` runs of two jobs, which goes first alternating (neither always
+// gets the warmer machine); `each(a, b)` takes every round's pair. False,
+// having said so, when a run failed.
+template <typename Each>
+bool AlternatingRounds(const std::string& name, int rounds, const Scenario& a, const std::string& a_job,
+                       const Scenario& b, const std::string& b_job, const std::string& root, Each each) {
+  for (int r = 0; r < rounds; ++r) {
+    MeshloadRun x, y;
+    if (r % 2 == 0) {
+      x = RunMeshload(a, a_job, root);
+      y = RunMeshload(b, b_job, root);
+    } else {
+      y = RunMeshload(b, b_job, root);
+      x = RunMeshload(a, a_job, root);
+    }
+    if (!x.ok || !y.ok) {
+      std::printf("\n%s: FAILED in round %d (see above)\n", name.c_str(), r + 1);
+      g_failed = true;
+      return false;
+    }
+    each(x, y);
+  }
+  return true;
+}
+
 // Variable-size samples against fixed-size samples of the same mean size,
 // the same batch and the same bytes in all, in one run: meshload's bytes/s
 // for each, alternating `rounds` times (median ratio).
@@ -595,25 +620,13 @@ void RunVariableVsFixed(const std::string& name, const std::string& root, uint64
   std::vector<double> ratios;
   std::vector<std::pair<double, double>> rates;  // (variable, fixed) bytes/s
   std::vector<double> var_waits;
-  for (int r = 0; r < rounds; ++r) {
-    // Which goes first alternates: neither always gets the warmer machine.
-    MeshloadRun v, f;
-    if (r % 2 == 0) {
-      v = RunMeshload(var, var_job, root);
-      f = RunMeshload(fixed, fixed_job, root);
-    } else {
-      f = RunMeshload(fixed, fixed_job, root);
-      v = RunMeshload(var, var_job, root);
-    }
-    if (!v.ok || !f.ok) {
-      std::printf("\n%s: FAILED in round %d (see above)\n", name.c_str(), r + 1);
-      g_failed = true;
-      return;
-    }
-    rates.emplace_back(v.byte_rate, f.byte_rate);
-    ratios.push_back(v.byte_rate / f.byte_rate);
-    var_waits.insert(var_waits.end(), v.waits.begin(), v.waits.end());
-  }
+  const bool ok = AlternatingRounds(name, rounds, var, var_job, fixed, fixed_job, root,
+                                    [&](const MeshloadRun& v, const MeshloadRun& f) {
+                                      rates.emplace_back(v.byte_rate, f.byte_rate);
+                                      ratios.push_back(v.byte_rate / f.byte_rate);
+                                      var_waits.insert(var_waits.end(), v.waits.begin(), v.waits.end());
+                                    });
+  if (!ok) return;
   std::vector<size_t> order(ratios.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ratios[a] < ratios[b]; });
@@ -667,21 +680,10 @@ void RunMixedVsSingle(const std::string& name, const std::string& root, uint64_t
     return PerStep{r.sidecar_cores * r.elapsed / static_cast<double>(steps) * 1e6,
                    r.consumer_cores * r.elapsed / static_cast<double>(steps) * 1e6, r.rate};
   };
-  for (int r = 0; r < rounds; ++r) {
-    MeshloadRun m, s;
-    if (r % 2 == 0) {
-      m = RunMeshload(mixed, mixed_job, root);
-      s = RunMeshload(single, single_job, root);
-    } else {
-      s = RunMeshload(single, single_job, root);
-      m = RunMeshload(mixed, mixed_job, root);
-    }
-    if (!m.ok || !s.ok) {
-      std::printf("\n%s: FAILED in round %d (see above)\n", name.c_str(), r + 1);
-      g_failed = true;
-      return;
-    }
-    results.emplace_back(per_step(m), per_step(s));
+  if (!AlternatingRounds(
+          name, rounds, mixed, mixed_job, single, single_job, root,
+          [&](const MeshloadRun& m, const MeshloadRun& s) { results.emplace_back(per_step(m), per_step(s)); })) {
+    return;
   }
   auto cpu = [](const PerStep& p) { return p.sidecar_us + p.consumer_us; };
   std::sort(results.begin(), results.end(),
