@@ -34,6 +34,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -137,6 +138,13 @@ uint64_t StatField(pid_t pid, int n) {
 
 // CPU seconds (user + system) a process has used so far; 0 if unknown.
 double CpuSeconds(pid_t pid) {
+  // The process's CPU clock counts nanoseconds; /proc's utime and stime,
+  // the fallback, count ticks of 10 ms (too coarse for a short run).
+  clockid_t clock;
+  timespec ts;
+  if (::clock_getcpuclockid(pid, &clock) == 0 && ::clock_gettime(clock, &ts) == 0) {
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+  }
   return static_cast<double>(StatField(pid, 14) + StatField(pid, 15)) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
