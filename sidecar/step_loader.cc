@@ -302,6 +302,17 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
   // with the device, see ComputeBatchLayout), so sorting by (id, place) keeps
   // them in the order they were added, without stable_sort's buffer.
   std::sort(c.dest_of.begin(), c.dest_of.end());
+  // The other places of an id listed twice get a copy of the last one
+  // (Find's) when the step is complete.
+  c.duplicates.clear();
+  for (size_t i = 0; i + 1 < c.dest_of.size();) {
+    size_t last = i;
+    while (last + 1 < c.dest_of.size() && c.dest_of[last + 1].first == c.dest_of[i].first) ++last;
+    for (size_t k = i; k < last; ++k) {
+      c.duplicates.push_back({c.dest_of[k].second, c.dest_of[last].second, ds.SampleBytes(c.dest_of[i].first)});
+    }
+    i = last + 1;
+  }
 
   // With peers, a sample read that no local device holds is a peer's: it is
   // read into the outbox (sized first: its addresses must not move).
@@ -519,6 +530,7 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<staging::Staged
     MESHLOAD_RETURN_IF_ERROR(RunOps(c));
     for (const Fixup& f : c.fixups) std::memcpy(f.dst, f.src, f.len);
   }
+  for (const Fixup& f : c.duplicates) std::memcpy(f.dst, f.src, f.len);
   staged.resize(plan.devices.size());
   for (size_t i = 0; i < plan.devices.size(); ++i) {
     const std::vector<uint64_t>& ids = plan.devices[i].samples;

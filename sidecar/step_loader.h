@@ -201,6 +201,11 @@ class StepLoader {
     std::vector<ReadOp> ops;  // the first `used` are this step's; the rest keep their capacity
     size_t used = 0;
     std::vector<Fixup> fixups;
+    // A sample a step holds at more than one place of this process (a
+    // mixture's small dataset whose epoch ends inside the batch): read (or
+    // received) into its last place, copied to the others once the step's
+    // bytes are all there.
+    std::vector<Fixup> duplicates;
     std::vector<std::pair<size_t, size_t>> replica_copies;
     std::vector<Piece> pieces;
     std::vector<planner::Extent> extents;

@@ -408,6 +408,86 @@ TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
   }
 }
 
+// A mixture of two generated Megatron corpora with token-balanced shards:
+// callers on three threads load interleaved steps while the checks plan the
+// same steps again (the planner keeps the dealt batches: under TSan, that
+// memo is shared by every thread), and every byte is its own corpus's.
+void RunExchange(const planner::ShardPlanner* planner, int64_t steps);  // below, with the exchange cases
+
+// Two generated Megatron corpora (300 and 41 sequences) mixed 0.75 : 0.25,
+// then 0.75 : 0.5 from step 7, with token-balanced shards, for case `c`.
+std::unique_ptr<planner::ShardPlanner> PrepareMixture(const Case& c, planner::Fanout fanout, const TempDir& dir) {
+  planner::JobSpec spec = SpecFor(c, dir.path());
+  spec.replication.fanout = fanout;
+  for (const char* name : {"web", "code"}) {
+    EXPECT_OK(tools::GenerateSyntheticDataset(spec.dataset, dir.path() + "/" + name,
+                                              std::string(name) == "web" ? 300 : 41, 2));
+  }
+  planner::MixtureSpec mix;
+  mix.datasets = {{"web", "web", 0.75, std::nullopt, {}}, {"code", "code", 0.25, std::nullopt, {{7, 0.5}}}};
+  spec.mixture = mix;
+  spec.batch.balance.mode = planner::BalanceMode::kTokens;
+  spec.batch.balance.tolerance = 0.05;
+  Diagnostics d;
+  auto job = source::ResolveReadingDataset(testing::MustValidate(spec), {}, source::Unreachable::kFail, d);
+  EXPECT_OK(job) << d.ToString();
+  return std::make_unique<planner::ShardPlanner>(std::move(*job));
+}
+
+TEST(StepLoader, AMixtureWithBalancedShardsDeliversThePlannedBytesFromManyCallers) {
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  TempDir dir;
+  const Case c{DatasetFormat::kMegatronIndexed, Strategy::kPerProcess, ShuffleMode::kGlobal, {{"data", 4}}, 2};
+  auto prepared = PrepareMixture(c, planner::Fanout::kLoad, dir);
+  const planner::ShardPlanner& planner = *prepared;
+  ASSERT_EQ(planner.job().dataset.parts().size(), 2u);
+  ASSERT_EQ(planner.BalanceState(), planner::ShardPlanner::Balancing::kApplied);
+  for (int64_t process : {0, 1}) {
+    const auto layout = staging::ComputeBatchLayout(planner.job(), process);
+    StepLoaderOptions opts;
+    opts.reader_threads = 3;
+    opts.callers = 3;
+    auto loader = StepLoader::Create(planner, process, planner.DefaultLoading(), *sources, layout, opts);
+    ASSERT_OK(loader);
+    std::vector<std::thread> callers;
+    for (int caller = 0; caller < 3; ++caller) {
+      callers.emplace_back([&, caller] {
+        std::vector<uint8_t> slot(layout.slot_bytes);
+        for (int64_t step = caller; step < 30; step += 3) {
+          ASSERT_OK(LoadAndExpectPlanned(**loader, planner, process, layout, step, slot.data(), nullptr, caller));
+        }
+      });
+    }
+    for (auto& t : callers) t.join();
+  }
+  // Both corpora are drawn from, in the schedule's proportions (0.75 : 0.25,
+  // then 0.75 : 0.5 from step 7, 14.4 and 9.6 of 24), and the small one
+  // repeats: its epoch ended inside some step, which then holds one of its
+  // samples twice, each place with its bytes (checked above).
+  std::vector<uint64_t> per(2, 0);
+  for (uint64_t id : planner.GlobalBatch(3)) ++per[planner.job().dataset.PartOf(id)];
+  EXPECT_EQ(per, (std::vector<uint64_t>{18, 6}));
+  per.assign(2, 0);
+  for (uint64_t id : planner.GlobalBatch(8)) ++per[planner.job().dataset.PartOf(id)];
+  EXPECT_TRUE(per == (std::vector<uint64_t>{14, 10}) || per == (std::vector<uint64_t>{15, 9})) << per[0];
+  bool repeated = false;
+  for (int64_t step = 0; step < 30; ++step) {
+    std::vector<uint64_t> b = planner.GlobalBatch(step);
+    std::sort(b.begin(), b.end());
+    repeated = repeated || std::adjacent_find(b.begin(), b.end()) != b.end();
+  }
+  EXPECT_TRUE(repeated) << "no step holds a sample twice: the test proves nothing about duplicates";
+  // Samples moving between processes, a repeated one included.
+  for (Strategy s : {Strategy::kLoadAndReshard, Strategy::kPerProcess}) {
+    SCOPED_TRACE(std::string(ToString(s)));
+    TempDir exchanged;
+    const Case moving_case{DatasetFormat::kMegatronIndexed, s, ShuffleMode::kGlobal, {{"model", 2}, {"data", 2}}, 2};
+    auto moving = PrepareMixture(
+        moving_case, s == Strategy::kPerProcess ? planner::Fanout::kBroadcast : planner::Fanout::kLoad, exchanged);
+    RunExchange(moving.get(), 30);
+  }
+}
+
 // GlobalLoad on a TokenStream drops overlapping samples whose scratch pieces
 // have different lengths; a fresh thread (empty scratch) once freed the
 // scratch under an earlier piece (a use-after-free write ASan reports).
@@ -454,11 +534,7 @@ std::pair<int, uint16_t> Listen() {
 // One loader per process, connected by real PeerExchanges over loopback;
 // each process stages steps on its own thread with two callers (so steps
 // overlap), and every slot must hold exactly the planned bytes.
-void RunExchangeCase(const Case& c, planner::Fanout fanout, int64_t steps) {
-  TempDir dir;
-  planner::JobSpec spec = SpecFor(c, dir.path());
-  spec.replication.fanout = fanout;
-  auto planner = Prepare(spec, dir.path(), 100, 3);
+void RunExchange(const planner::ShardPlanner* planner, int64_t steps) {
   const planner::Loading loading = planner->DefaultLoading();
   const int64_t P = planner->job().mesh.processes();
   auto sources = source::SourceRegistry::WithBuiltins({});
@@ -509,6 +585,14 @@ void RunExchangeCase(const Case& c, planner::Fanout fanout, int64_t steps) {
   for (int64_t step = 0; step < steps; ++step) planned += planner->ComputeCost(step, loading).bytes_transferred;
   EXPECT_EQ(moved, planned) << "the bytes received are the plan's transfers";
   EXPECT_GT(moved, 0u);
+}
+
+void RunExchangeCase(const Case& c, planner::Fanout fanout, int64_t steps) {
+  TempDir dir;
+  planner::JobSpec spec = SpecFor(c, dir.path());
+  spec.replication.fanout = fanout;
+  auto planner = Prepare(spec, dir.path(), 100, 3);
+  RunExchange(planner.get(), steps);
 }
 
 TEST(StepLoader, BroadcastAndReshardMoveThePlannedBytesBetweenProcesses) {
