@@ -123,13 +123,13 @@ Result<ResolvedJob> ResolveJob(const ValidJob& job, const ResolveOptions& option
   return resolved;
 }
 
-struct ShardPlanner::BalancedMemo {
+struct ShardPlanner::BatchMemo {
   static constexpr size_t kKept = 8;
   Mutex mu;
   std::deque<std::pair<int64_t, std::shared_ptr<const std::vector<uint64_t>>>> kept MESHLOAD_GUARDED_BY(mu);
 };
 
-ShardPlanner::ShardPlanner(ResolvedJob job) : job_(std::move(job)), memo_(std::make_shared<BalancedMemo>()) {
+ShardPlanner::ShardPlanner(ResolvedJob job) : job_(std::move(job)), memo_(std::make_shared<BatchMemo>()) {
   if (job_.spec.mixture) mixture_ = std::make_shared<const MixtureSchedule>(*job_.spec.mixture, job_.global_batch);
   shard_size_ = job_.global_batch / static_cast<uint64_t>(job_.mesh.shards());
   balanced_ = BalanceState() == Balancing::kApplied;
@@ -336,7 +336,7 @@ std::vector<uint64_t> ShardPlanner::GlobalBatch(int64_t step) const {
   for (const auto& kept : memo_->kept) {
     if (kept.first == step) return batch;  // another thread made it meanwhile
   }
-  if (memo_->kept.size() == BalancedMemo::kKept) memo_->kept.pop_front();
+  if (memo_->kept.size() == BatchMemo::kKept) memo_->kept.pop_front();
   memo_->kept.emplace_back(step, std::make_shared<const std::vector<uint64_t>>(batch));
   return batch;
 }
@@ -370,8 +370,9 @@ StepPlan ShardPlanner::PlanStep(int64_t step, const Loading& loading, std::optio
   const uint64_t base = plan.step_in_epoch * job_.global_batch;
 
   // With one process we evaluate only the positions it touches; for the whole
-  // mesh, or a balanced batch (its order needs every sample's size), the
-  // global batch is evaluated once and indexed.
+  // mesh, a balanced batch (its order needs every sample's size) or a mixture
+  // (its order needs every dataset's run), the global batch is evaluated
+  // once and indexed.
   const bool indexed = !process || balanced_ || mixture_;
   std::vector<uint64_t> batch;
   if (indexed) batch = GlobalBatch(step);

@@ -221,8 +221,8 @@ class ShardPlanner {
   // more than once (its reads, each part it serves a peer, its counters),
   // and these cost more than the rest of a process's plan. Shared by
   // copies of this planner.
-  struct BalancedMemo;
-  std::shared_ptr<BalancedMemo> memo_;
+  struct BatchMemo;
+  std::shared_ptr<BatchMemo> memo_;
   std::shared_ptr<const MixtureSchedule> mixture_;
   std::vector<uint64_t> MixtureBatch(int64_t step) const;
   uint64_t token_bytes_ = 1;  // bytes per token (MegatronIndexed: the dtype's; else 1)

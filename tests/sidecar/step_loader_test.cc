@@ -376,6 +376,22 @@ TEST(StepLoader, CloseRangesOfARemoteObjectAreOneRequest) {
 // Several producers call Load() at once, each with its caller index, on
 // consecutive steps; small steps are read inline, large ones are shared with
 // the reader threads, whose queue then holds chunks of several steps.
+// Loads steps 0..29 of `process` on `callers` threads at once (caller c
+// takes steps c, c + callers, ...), each checked against the plan.
+void LoadOnConcurrentCallers(StepLoader& loader, const planner::ShardPlanner& planner, int64_t process,
+                             const staging::BatchLayout& layout, int callers) {
+  std::vector<std::thread> threads;
+  for (int caller = 0; caller < callers; ++caller) {
+    threads.emplace_back([&, caller] {
+      std::vector<uint8_t> slot(layout.slot_bytes);
+      for (int64_t step = caller; step < 30; step += callers) {
+        ASSERT_OK(LoadAndExpectPlanned(loader, planner, process, layout, step, slot.data(), nullptr, caller));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
 TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
   auto sources = source::SourceRegistry::WithBuiltins({});
   for (uint64_t inline_below : {uint64_t{1} << 30, uint64_t{0}}) {
@@ -391,16 +407,7 @@ TEST(StepLoader, ConcurrentCallersEachGetThePlannedBytes) {
     opts.inline_step_bytes = inline_below;
     auto loader = StepLoader::Create(*planner, 1, planner->DefaultLoading(), *sources, layout, opts);
     ASSERT_OK(loader);
-    std::vector<std::thread> callers;
-    for (int caller = 0; caller < 3; ++caller) {
-      callers.emplace_back([&, caller] {
-        std::vector<uint8_t> slot(layout.slot_bytes);
-        for (int64_t step = caller; step < 30; step += 3) {
-          ASSERT_OK(LoadAndExpectPlanned(**loader, *planner, 1, layout, step, slot.data(), nullptr, caller));
-        }
-      });
-    }
-    for (auto& t : callers) t.join();
+    LoadOnConcurrentCallers(**loader, *planner, 1, layout, 3);
     std::vector<staging::StagedTensor> staged;
     std::vector<uint8_t> slot(layout.slot_bytes);
     Status bad = (*loader)->Load(0, slot.data(), staged, nullptr, 3);
@@ -449,16 +456,7 @@ TEST(StepLoader, AMixtureWithBalancedShardsDeliversThePlannedBytesFromManyCaller
     opts.callers = 3;
     auto loader = StepLoader::Create(planner, process, planner.DefaultLoading(), *sources, layout, opts);
     ASSERT_OK(loader);
-    std::vector<std::thread> callers;
-    for (int caller = 0; caller < 3; ++caller) {
-      callers.emplace_back([&, caller] {
-        std::vector<uint8_t> slot(layout.slot_bytes);
-        for (int64_t step = caller; step < 30; step += 3) {
-          ASSERT_OK(LoadAndExpectPlanned(**loader, planner, process, layout, step, slot.data(), nullptr, caller));
-        }
-      });
-    }
-    for (auto& t : callers) t.join();
+    LoadOnConcurrentCallers(**loader, planner, process, layout, 3);
   }
   // Both corpora are drawn from, in the schedule's proportions (0.75 : 0.25,
   // then 0.75 : 0.5 from step 7, 14.4 and 9.6 of 24), and the small one
