@@ -4,6 +4,8 @@
 #include <bit>
 #include <cerrno>
 
+#include "planner/mixture.h"
+
 namespace meshload::planner {
 namespace {
 
@@ -387,7 +389,82 @@ size_t DatasetIndex::PartOf(uint64_t i) const {
   return static_cast<size_t>(std::distance(parts_.begin(), it)) - 1;
 }
 
+Result<DatasetIndex> DatasetIndex::CutIntoRows(DatasetIndex documents, const JobSpec& spec, Diagnostics& diags) {
+  MESHLOAD_CHECK(spec.tokens.has_value() && !documents.rows_, "CutIntoRows needs spec.tokens and documents");
+  const TokensSpec& tokens = *spec.tokens;
+  if (!documents.indexed_) {
+    return InvalidArgument("the rows are cut from the documents' lengths, which only the dataset's index gives",
+                           "spec.tokens");
+  }
+  const std::optional<uint64_t> max_token = MaxTokenOf(documents.dtype_);
+  const std::string dtype(formats::DTypeName(documents.dtype_));
+  if (!max_token) {
+    diags.Add("spec.tokens", "needs documents of token ids (an integer dtype), but the dataset holds " + dtype);
+    return diags.ToStatus();
+  }
+  auto fits = [&](const std::string& path, int64_t token) {
+    if (static_cast<uint64_t>(token) > *max_token) {
+      diags.Add(path, std::to_string(token) + " does not fit the dataset's " + dtype + " tokens (0 to " +
+                          std::to_string(*max_token) + ")");
+    }
+  };
+  if (tokens.end_of_document) fits("spec.tokens.endOfDocument.token", tokens.end_of_document->token);
+  if (tokens.mode == TokensMode::kPack) fits("spec.tokens.padToken", tokens.pad_token);
+  if (!diags.ok()) return diags.ToStatus();
+
+  const uint64_t tb = formats::DTypeSize(documents.dtype_);
+  std::vector<uint64_t> doc_tokens(documents.sizes_.size());
+  for (size_t i = 0; i < doc_tokens.size(); ++i) doc_tokens[i] = documents.sizes_[i] / tb;
+  std::vector<TokenRows::Dataset> datasets;
+  for (size_t d = 0; d < documents.parts_.size(); ++d) {
+    const Part& p = documents.parts_[d];
+    const uint64_t seed = spec.mixture ? MixtureDatasetSeed(spec.shuffle.seed, d) : spec.shuffle.seed;
+    datasets.push_back({p.first, p.samples, seed, DatasetPath(spec, d)});
+  }
+  documents.token_bytes_ = tb;
+  MESHLOAD_ASSIGN_OR_RETURN(std::shared_ptr<const TokenRows> rows,
+                            TokenRows::Build(
+                                tokens, spec.shuffle, datasets, doc_tokens,
+                                [&documents](uint64_t doc) { return documents.DescribeDocument(doc); }, diags));
+  DatasetIndex out = std::move(documents);
+  out.documents_ = out.num_samples_;
+  out.document_parts_ = out.parts_;
+  out.parts_.clear();
+  for (size_t d = 0; d < out.document_parts_.size(); ++d) {
+    out.parts_.push_back(
+        {out.document_parts_[d].name, rows->row_first(d), rows->row_first(d + 1) - rows->row_first(d)});
+  }
+  out.num_samples_ = rows->rows();
+  out.sample_bytes_ = rows->row_tokens() * tb;
+  out.sample_shape_ = {rows->row_tokens()};
+  out.rows_ = std::move(rows);
+  return out;
+}
+
+std::string DatasetIndex::DescribeDocument(uint64_t doc) const {
+  auto it =
+      std::upper_bound(files_.begin(), files_.end(), doc, [](uint64_t s, const DatasetFile& f) { return s < f.first; });
+  const DatasetFile& f = *std::prev(it);
+  return "sequence " + std::to_string(doc - f.first) + " of " + f.path;
+}
+
+Extent DatasetIndex::DocumentExtent(uint64_t doc, uint64_t offset, uint64_t tokens) const {
+  auto it =
+      std::upper_bound(files_.begin(), files_.end(), doc, [](uint64_t s, const DatasetFile& f) { return s < f.first; });
+  const uint32_t fi = static_cast<uint32_t>(std::distance(files_.begin(), it) - 1);
+  return {fi, offsets_[doc] + offset * token_bytes_, tokens * token_bytes_};
+}
+
 void DatasetIndex::AppendExtents(uint64_t i, std::vector<Extent>& out) const {
+  if (rows_) {
+    thread_local std::vector<RowPiece> pieces;
+    pieces.clear();
+    rows_->AppendPieces(i, pieces);
+    for (const RowPiece& p : pieces) {
+      if (p.tokens > 0) out.push_back(DocumentExtent(p.doc, p.offset, p.tokens));
+    }
+    return;
+  }
   if (format_ == DatasetFormat::kTokenStream) {
     uint64_t token = i * sequence_length_;
     uint64_t left = sequence_length_ + 1;
@@ -490,6 +567,11 @@ uint64_t DatasetIndex::CoalescedExtents(std::vector<uint64_t>& ids, std::vector<
   };
   size_t fi = 0;
   const size_t nfiles = files_.size();
+  if (rows_) {
+    // A row's pieces are runs of documents anywhere in the files.
+    for (uint64_t id : ids) AppendExtents(id, out);
+    return CoalesceExtents(out);
+  }
   if (format_ == DatasetFormat::kTokenStream) {
     for (uint64_t id : ids) {
       uint64_t token = id * sequence_length_;

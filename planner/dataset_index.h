@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +47,7 @@
 #include "formats/megatron_index.h"
 #include "formats/npy.h"
 #include "planner/spec.h"
+#include "planner/token_rows.h"
 
 namespace meshload::planner {
 
@@ -117,6 +119,32 @@ class DatasetIndex {
   /// The part holding sample `i`.
   size_t PartOf(uint64_t i) const;
 
+  /// The rows of tokens (spec.tokens) of `documents`, an index of a
+  /// MegatronIndexed dataset or mixture, as an index whose samples are the
+  /// rows (token_rows()): dataset d's rows are parts()[d], each row a dense
+  /// sample of TokenRows::row_tokens() tokens. Problems (tokens that do not
+  /// fit the dtype, documents longer than the job allows, a dataset that
+  /// makes no row) go to `diags`, by field path. Precondition: `spec`
+  /// passed ValidateJobSpec and has `tokens`; `documents` is indexed.
+  static Result<DatasetIndex> CutIntoRows(DatasetIndex documents, const JobSpec& spec, Diagnostics& diags);
+
+  /// With spec.tokens, the rows (null otherwise).
+  const TokenRows* token_rows() const { return rows_.get(); }
+  /// With spec.tokens: the documents the rows are cut from (ids of the
+  /// documents' index; a mixture's in its datasets' order), and each
+  /// dataset's.
+  uint64_t documents() const { return rows_ ? documents_ : num_samples_; }
+  const std::vector<Part>& document_parts() const { return rows_ ? document_parts_ : parts_; }
+  /// With spec.tokens: the bytes of `tokens` tokens of document `doc` from
+  /// its token `offset`.
+  Extent DocumentExtent(uint64_t doc, uint64_t offset, uint64_t tokens) const;
+  /// With spec.tokens: the tokens of document `doc`.
+  uint64_t DocumentTokens(uint64_t doc) const { return sizes_[doc] / token_bytes_; }
+  /// "sequence S of FILE" for document `doc` (a Megatron index's), for messages.
+  std::string DescribeDocument(uint64_t doc) const;
+  /// Bytes per token (TokenStream, and rows of tokens).
+  uint64_t token_bytes() const { return token_bytes_; }
+
   /// An index of `samples` samples in one virtual file, for data that the
   /// planner cannot reach. sampleBytes is known for FixedRecord and
   /// TokenStream, and for Npy only when spec.recordBytes gives it.
@@ -131,7 +159,8 @@ class DatasetIndex {
   uint64_t sample_bytes() const { return sample_bytes_; }
   /// True for formats whose samples differ in size (MegatronIndexed): each
   /// sample's size comes from SampleBytes(i), and a batch is ragged.
-  bool variable_size() const { return format_ == DatasetFormat::kMegatronIndexed || record_format(); }
+  /// Rows of tokens (token_rows()) are dense samples of one size.
+  bool variable_size() const { return !rows_ && (format_ == DatasetFormat::kMegatronIndexed || record_format()); }
   /// WebDataset and MDS: a sample is a record of several values, read whole
   /// and decoded into fields().
   bool record_format() const { return format_ == DatasetFormat::kWebDataset || format_ == DatasetFormat::kMDS; }
@@ -196,6 +225,10 @@ class DatasetIndex {
   std::vector<uint64_t> offsets_;
   std::vector<uint64_t> sizes_;
   bool offsets_ascending_ = true;  // within each file, by sample
+  // spec.tokens: the rows; offsets_ and sizes_ stay the documents'.
+  std::shared_ptr<const TokenRows> rows_;
+  uint64_t documents_ = 0;
+  std::vector<Part> document_parts_;
   uint64_t min_sample_bytes_ = 0;
   uint64_t max_sample_bytes_ = 0;
   double mean_sample_bytes_ = 0;

@@ -93,6 +93,18 @@ Result<ResolvedJob> ResolveJob(const ValidJob& job, const ResolveOptions& option
   }
   if (diags.problems().size() != before) return diags.ToStatus();
   if (!index) return InvalidArgument("the dataset could not be indexed", "spec.dataset");
+  if (spec.tokens && !index->token_rows()) {
+    // The samples are rows of tokens, cut from the documents' lengths.
+    if (!index->indexed()) {
+      diags.Add("spec.tokens",
+                "the rows are cut from the documents' lengths, which only the dataset's index gives: a plan "
+                "without the data (spec.dataset.samples, --samples) cannot know them; make the data reachable");
+      return diags.ToStatus();
+    }
+    auto rows = DatasetIndex::CutIntoRows(std::move(*index), spec, diags);
+    if (!rows.ok() || diags.problems().size() != before) return diags.ok() ? rows.status() : diags.ToStatus();
+    index = std::move(*rows);
+  }
 
   const uint64_t B = static_cast<uint64_t>(spec.batch.global_batch_size);
   if (spec.mixture) {
@@ -112,9 +124,9 @@ Result<ResolvedJob> ResolveJob(const ValidJob& job, const ResolveOptions& option
     return resolved;
   }
   if (index->num_samples() < B) {
-    diags.Add("spec.dataset", "the dataset has " + std::to_string(index->num_samples()) +
-                                  " samples, fewer than one global batch of " + std::to_string(B) +
-                                  " (spec.batch.globalBatchSize)");
+    diags.Add(spec.tokens ? "spec.tokens" : "spec.dataset",
+              "the dataset has " + std::to_string(index->num_samples()) + (spec.tokens ? " rows" : " samples") +
+                  ", fewer than one global batch of " + std::to_string(B) + " (spec.batch.globalBatchSize)");
     return diags.ToStatus();
   }
   ResolvedJob resolved{spec, std::move(mesh), std::move(*index), 0, B, 0};
@@ -343,6 +355,10 @@ std::vector<uint64_t> ShardPlanner::GlobalBatch(int64_t step) const {
 
 std::vector<uint64_t> ShardPlanner::TokensOf(const std::vector<uint64_t>& batch) const {
   std::vector<uint64_t> tokens(batch.size());
+  if (const TokenRows* rows = job_.dataset.token_rows()) {
+    for (size_t i = 0; i < batch.size(); ++i) tokens[i] = rows->TokensOf(batch[i]);
+    return tokens;
+  }
   for (size_t i = 0; i < batch.size(); ++i) tokens[i] = job_.dataset.SampleBytes(batch[i]) / token_bytes_;
   return tokens;
 }

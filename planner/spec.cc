@@ -139,6 +139,30 @@ void ValidateDatasetVolume(const DatasetSpec& ds, const std::string& uri_path, D
   }
 }
 
+// spec.tokens: what its declaration cannot say (the token ids against the
+// dataset's dtype are checked with the index: DatasetIndex::CutIntoRows).
+void ValidateTokens(const JobSpec& spec, Diagnostics& d) {
+  const TokensSpec& t = *spec.tokens;
+  if (!spec.dataset.format_unknown && spec.dataset.format != DatasetFormat::kMegatronIndexed) {
+    d.Add("spec.tokens",
+          "needs format MegatronIndexed (documents whose index gives their lengths), but "
+          "spec.dataset.format is " +
+              std::string(ToString(spec.dataset.format)));
+  }
+  if (!t.mode_invalid && t.mode != TokensMode::kPack) {
+    if (t.pad_token_set) d.Add("spec.tokens.padToken", "is only used with mode Pack; remove it");
+    if (t.packing_set) d.Add("spec.tokens.packing", "is only used with mode Pack; remove it");
+  }
+  if (spec.batch.balance.mode == BalanceMode::kTokens) {
+    d.Add("spec.batch.balance.mode", "Tokens is not used with spec.tokens: every row holds the same " +
+                                         std::to_string(t.sequence_length) + " tokens; remove it");
+  }
+  if (spec.dataset.dtype && !IsIntegerType(*spec.dataset.dtype)) {
+    d.Add("spec.dataset.dtype", "spec.tokens needs token ids (an integer dtype), got " +
+                                    std::string(formats::DTypeName(*spec.dataset.dtype)));
+  }
+}
+
 // spec.mixture: what its declaration cannot say.
 void ValidateMixture(const JobSpec& spec, Diagnostics& d) {
   const MixtureSpec& mix = *spec.mixture;
@@ -482,7 +506,8 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
       !ds.fields.empty()) {
     d.Add("spec.dataset.fields", "are only used by formats WebDataset and MDS; remove them");
   }
-  if (ds.samples && B >= 1 && *ds.samples >= 1 && *ds.samples < B) {
+  if (spec.tokens) ValidateTokens(spec, d);
+  if (ds.samples && B >= 1 && *ds.samples >= 1 && *ds.samples < B && !spec.tokens) {
     d.Add("spec.dataset.samples", "the dataset has " + std::to_string(*ds.samples) +
                                       " samples, fewer than one global batch of " + std::to_string(B));
   }

@@ -169,8 +169,11 @@ Status Sidecar::Init(const planner::ValidJob& job) {
   // process of), each by one of its devices.
   for (const planner::DatasetIndex::Part& part : planner_->job().dataset.parts()) {
     const std::string name = part.name.empty() ? "default" : part.name;
+    const planner::TokenRows* rows = planner_->job().dataset.token_rows();
+    const bool packed = rows && rows->mode() == planner::TokensMode::kPack;
     datasets_.push_back({name, &metrics_->dataset_samples.Add({{"dataset", name}}),
-                         &metrics_->dataset_tokens.Add({{"dataset", name}})});
+                         &metrics_->dataset_tokens.Add({{"dataset", name}}),
+                         packed ? &metrics_->dataset_padding.Add({{"dataset", name}}) : nullptr});
   }
   {
     const planner::DeviceMesh& mesh = planner_->job().mesh;
@@ -501,7 +504,9 @@ void Sidecar::CountConsumedDatasets() const {
   MutexLock lock(datasets_mu_);
   const int64_t consumed = server_->consumed_step();
   if (consumed < datasets_counted_) datasets_counted_ = consumed;  // the trainer went back (StageFrom)
-  std::vector<uint64_t> samples(datasets_.size()), tokens(datasets_.size());
+  std::vector<uint64_t> samples(datasets_.size()), tokens(datasets_.size()), padding(datasets_.size());
+  const planner::TokenRows* rows = planner_->job().dataset.token_rows();
+  const uint64_t row_tokens = rows ? rows->row_tokens() : 0;
   const planner::DatasetIndex& ds = planner_->job().dataset;
   for (int64_t step = datasets_counted_ + 1; step <= consumed; ++step) {
     const planner::StepPlan plan =
@@ -513,6 +518,7 @@ void Sidecar::CountConsumedDatasets() const {
         const size_t part = ds.PartOf(d.samples[k]);
         ++samples[part];
         tokens[part] += t[k];
+        if (rows) padding[part] += row_tokens - t[k];
       }
     }
   }
@@ -520,6 +526,7 @@ void Sidecar::CountConsumedDatasets() const {
   for (size_t i = 0; i < datasets_.size(); ++i) {
     if (samples[i]) datasets_[i].samples->Increment(static_cast<double>(samples[i]));
     if (tokens[i]) datasets_[i].tokens->Increment(static_cast<double>(tokens[i]));
+    if (padding[i] && datasets_[i].padding) datasets_[i].padding->Increment(static_cast<double>(padding[i]));
   }
 }
 
@@ -578,6 +585,10 @@ std::string Sidecar::ProgressJson() {
                         {"samplesConsumed", before[d]},
                         {"epoch", parts[d].samples ? before[d] / parts[d].samples : 0},
                         {"processTokens", static_cast<uint64_t>(datasets_[d].tokens->Value())}});
+    // Packed rows: this process's padding tokens of them.
+    if (datasets_[d].padding) {
+      datasets.back()["processPaddingTokens"] = static_cast<uint64_t>(datasets_[d].padding->Value());
+    }
   }
   report["datasets"] = std::move(datasets);
   return report.dump();

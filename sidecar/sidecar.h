@@ -218,6 +218,7 @@ class Sidecar {
     std::string name;
     metrics::Counter* samples = nullptr;
     metrics::Counter* tokens = nullptr;
+    metrics::Counter* padding = nullptr;  // packed rows only
   };
   std::vector<DatasetCounters> datasets_;  // per part of the index; set in Init()
   std::vector<int64_t> counted_devices_;   // one device of each shard this process owns

@@ -93,7 +93,11 @@ SidecarMetrics::SidecarMetrics(metrics::Registry& r)
                                         "holding it, so the sum over sidecars counts every sample of a step once.")),
       dataset_tokens(Labelled<Counter>(r, "meshload_dataset_tokens_total",
                                        "Tokens (a sample's elements; record bytes for WebDataset and MDS) of the "
-                                       "samples meshload_dataset_samples_total counts, by dataset.")) {}
+                                       "samples meshload_dataset_samples_total counts, by dataset.")),
+      dataset_padding(Labelled<Counter>(r, "meshload_dataset_padding_tokens_total",
+                                        "Padding tokens of the packed rows (spec.tokens.mode Pack) that "
+                                        "meshload_dataset_samples_total counts, by dataset: their rows' "
+                                        "sequenceLength minus their document tokens.")) {}
 
 void SidecarMetrics::SetSlotCounts(const staging::SlotCounts& c) {
   slots.Add({{"state", "free"}}).Set(c.free);

@@ -62,6 +62,7 @@ struct SidecarMetrics {
   metrics::Histogram& peer_wait;
   metrics::Family<metrics::Counter>& dataset_samples;
   metrics::Family<metrics::Counter>& dataset_tokens;
+  metrics::Family<metrics::Counter>& dataset_padding;
 
   void Error(std::string_view kind) { errors.Add({{"kind", std::string(kind)}}).Increment(); }
 

@@ -39,6 +39,21 @@ uint8_t* Find(const std::vector<std::pair<uint64_t, uint8_t*>>& v, uint64_t id) 
   return it == v.begin() || std::prev(it)->first != id ? nullptr : std::prev(it)->second;
 }
 
+// Writes token value `v` (`tb` bytes, little-endian as the data is) at `p`.
+void StoreToken(uint8_t* p, uint64_t v, uint64_t tb) { std::memcpy(p, &v, static_cast<size_t>(tb)); }
+uint64_t LoadToken(const uint8_t* p, uint64_t tb) {
+  uint64_t v = 0;
+  std::memcpy(&v, p, static_cast<size_t>(tb));
+  return v;
+}
+void FillTokens(uint8_t* p, uint64_t v, uint64_t tb, uint64_t count) {
+  if (tb == 1 || v == 0) {
+    std::memset(p, static_cast<int>(v & 0xFF), static_cast<size_t>(count * tb));
+    return;
+  }
+  for (uint64_t i = 0; i < count; ++i) StoreToken(p + i * tb, v, tb);
+}
+
 }  // namespace
 
 uint64_t JobFingerprint(const planner::ShardPlanner& planner, const planner::Loading& loading) {
@@ -51,6 +66,8 @@ uint64_t JobFingerprint(const planner::ShardPlanner& planner, const planner::Loa
                              static_cast<uint64_t>(job.mesh.devices()),
                              static_cast<uint64_t>(loading.strategy),
                              static_cast<uint64_t>(loading.fanout)};
+  // Rows of tokens: the same rows (pieces, end-of-document and pad tokens).
+  if (const planner::TokenRows* rows = job.dataset.token_rows()) v.push_back(rows->fingerprint());
   for (int64_t step : {int64_t{0}, static_cast<int64_t>(job.steps_per_epoch)}) {
     const std::vector<uint64_t> batch = planner.GlobalBatch(step);
     v.push_back(protocol::SampleIdsChecksum(batch.data(), batch.size()));
@@ -266,9 +283,82 @@ Status StepLoader::Extract(const planner::StepPlan& plan, uint8_t* slot, Caller&
   return Status::Ok();
 }
 
+void StepLoader::AddRowPieces(uint64_t row, uint8_t* dest, Caller& c) {
+  const planner::DatasetIndex& ds = planner_.job().dataset;
+  const planner::TokenRows& rows = *ds.token_rows();
+  const uint64_t tb = ds.token_bytes();
+  c.row_pieces.clear();
+  rows.AppendPieces(row, c.row_pieces);
+  uint64_t at = 0;  // tokens into the row
+  for (const planner::RowPiece& rp : c.row_pieces) {
+    if (rp.tokens > 0) {
+      const planner::Extent e = ds.DocumentExtent(rp.doc, rp.offset, rp.tokens);
+      c.pieces.push_back({e.file, e.offset, e.length, dest ? dest + at * tb : nullptr});
+      // endOfDocument.append Never: the document's last token is checked
+      // once it is read.
+      if (dest && rows.eod_in_data() && rp.offset + rp.tokens == ds.DocumentTokens(rp.doc)) {
+        c.eod_checks.push_back({dest + (at + rp.tokens - 1) * tb, rp.doc});
+      }
+    }
+    at += rp.tokens;
+    if (rp.eod) {
+      if (dest) StoreToken(dest + at * tb, rows.eod_token(), tb);
+      ++at;
+    }
+  }
+  if (dest && at < rows.row_tokens()) FillTokens(dest + at * tb, rows.pad_token(), tb, rows.row_tokens() - at);
+}
+
+void StepLoader::WriteRowFields(const planner::StepPlan& plan, uint8_t* slot, Caller& c) {
+  const planner::TokenRows& rows = *planner_.job().dataset.token_rows();
+  const uint64_t T = rows.row_tokens();
+  std::vector<bool> copy_target(plan.devices.size(), false);
+  for (const auto& [from, to] : c.replica_copies) copy_target[to] = true;
+  for (size_t i = 0; i < plan.devices.size(); ++i) {
+    if (copy_target[i]) continue;  // copied from its primary with the rest of its region
+    const staging::DeviceTensor& dev = layout_.devices[i];
+    auto* seg = reinterpret_cast<int32_t*>(slot + dev.fields[1].offset);
+    auto* pos = reinterpret_cast<int32_t*>(slot + dev.fields[2].offset);
+    for (uint64_t row : plan.devices[i].samples) {
+      c.row_pieces.clear();
+      rows.AppendPieces(row, c.row_pieces);
+      uint64_t at = 0;
+      int32_t segment = 0;
+      for (const planner::RowPiece& rp : c.row_pieces) {
+        const uint32_t n = rp.row_tokens();
+        std::fill(seg + at, seg + at + n, ++segment);
+        for (uint32_t k = 0; k < n; ++k) pos[at + k] = static_cast<int32_t>(k);
+        at += n;
+      }
+      std::fill(seg + at, seg + T, 0);
+      std::fill(pos + at, pos + T, 0);
+      seg += T;
+      pos += T;
+    }
+  }
+}
+
+Status StepLoader::CheckDocumentEnds(const Caller& c) const {
+  const planner::DatasetIndex& ds = planner_.job().dataset;
+  const planner::TokenRows& rows = *ds.token_rows();
+  for (const auto& [at, doc] : c.eod_checks) {
+    const uint64_t last = LoadToken(at, ds.token_bytes());
+    if (last != rows.eod_token()) {
+      return DataLoss("the document " + ds.DescribeDocument(doc) + " ends with token " + std::to_string(last) +
+                          ", not the end-of-document token " + std::to_string(rows.eod_token()) +
+                          " that spec.tokens.endOfDocument.append Never says every document ends with; use "
+                          "append: Always to have meshload add it",
+                      "spec.tokens.endOfDocument");
+    }
+  }
+  return Status::Ok();
+}
+
 Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller& c, StepLoadStats& stats) {
   const planner::DatasetIndex& ds = planner_.job().dataset;
+  const planner::TokenRows* rows = ds.token_rows();
   const int64_t first_device = layout_.devices.front().device;
+  c.eod_checks.clear();
   PlaceSamples(plan, slot, c);
 
   // Where each sample goes: the first local device holding its shard (the
@@ -346,6 +436,10 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
           c.outbox_of.emplace_back(id, dest);
         }
       }
+      if (rows != nullptr) {
+        AddRowPieces(id, dest, c);
+        continue;
+      }
       c.extents.clear();
       ds.AppendExtents(id, c.extents);
       uint64_t done = 0;
@@ -366,7 +460,9 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
     uint64_t pos = 0;  // next file byte the current op will read
     uint64_t op_bytes = 0;
     const Piece* prev = nullptr;
-    const bool variable = ds.variable_size();
+    // Rows of tokens are runs of documents: pieces that share bytes (a
+    // Concatenate row's last token) are read again, as variable-size ones.
+    const bool variable = ds.variable_size() || rows != nullptr;
     for (const Piece& p : pieces) {
       if (p.length == 0) continue;  // an empty sample (a Megatron sequence of no tokens) reads nothing
       // Samples of a fixed-size format overlap only as TokenStream
@@ -473,6 +569,7 @@ Status StepLoader::ServePart(int64_t step, int64_t peer, std::vector<uint8_t>& o
     checksum = protocol::SampleIdsChecksum(t.samples.data(), t.samples.size());
     std::vector<planner::Extent> extents;
     uint8_t* dest = out.data();
+    if (ds.token_rows()) return ServeRows(t.samples, out);
     for (uint64_t id : t.samples) {
       extents.clear();
       ds.AppendExtents(id, extents);
@@ -487,6 +584,25 @@ Status StepLoader::ServePart(int64_t step, int64_t peer, std::vector<uint8_t>& o
                   " to process " + std::to_string(peer));
 }
 
+Status StepLoader::ServeRows(const std::vector<uint64_t>& ids, std::vector<uint8_t>& out) {
+  // Each row as Load() assembles it: its pieces read, the end-of-document
+  // and pad tokens written.
+  const planner::DatasetIndex& ds = planner_.job().dataset;
+  Caller scratch;
+  uint8_t* dest = out.data();
+  for (uint64_t id : ids) {
+    scratch.pieces.clear();
+    scratch.eod_checks.clear();
+    AddRowPieces(id, dest, scratch);
+    for (const Piece& p : scratch.pieces) {
+      MESHLOAD_RETURN_IF_ERROR(files_[p.file].first->Read(files_[p.file].second, p.offset, p.dest, p.length));
+    }
+    if (!scratch.eod_checks.empty()) MESHLOAD_RETURN_IF_ERROR(CheckDocumentEnds(scratch));
+    dest += ds.sample_bytes();
+  }
+  return Status::Ok();
+}
+
 Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<staging::StagedTensor>& staged,
                         StepLoadStats* stats_out, int caller, const std::function<bool()>& cancelled) {
   if (caller < 0 || static_cast<size_t>(caller) >= callers_.size()) {
@@ -499,6 +615,8 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<staging::Staged
   c.fixups.clear();
   c.replica_copies.clear();
   MESHLOAD_RETURN_IF_ERROR(BuildOps(plan, slot, c, stats));
+  const planner::TokenRows* rows = planner_.job().dataset.token_rows();
+  if (rows && rows->mode() == planner::TokensMode::kPack) WriteRowFields(plan, slot, c);
   if (exchange_) {
     // Credit first: a peer may send while this process still reads.
     exchange::PeerExchange::Ticket ticket = exchange_->Begin(step);
@@ -508,6 +626,7 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<staging::Staged
       st = exchange_->Expect(ticket, std::move(c.parts));
     }
     if (st.ok()) st = RunOps(c);
+    if (st.ok() && !c.eod_checks.empty()) st = CheckDocumentEnds(c);
     if (st.ok()) {
       for (const Fixup& f : c.fixups) std::memcpy(f.dst, f.src, f.len);
       st = BuildParts(plan, /*incoming=*/false, c, c.parts);
@@ -528,6 +647,7 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<staging::Staged
     c.parts.clear();
   } else {
     MESHLOAD_RETURN_IF_ERROR(RunOps(c));
+    if (!c.eod_checks.empty()) MESHLOAD_RETURN_IF_ERROR(CheckDocumentEnds(c));
     for (const Fixup& f : c.fixups) std::memcpy(f.dst, f.src, f.len);
   }
   for (const Fixup& f : c.duplicates) std::memcpy(f.dst, f.src, f.len);
@@ -537,7 +657,13 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<staging::Staged
     staged[i].ids_checksum = protocol::SampleIdsChecksum(ids.data(), ids.size());
     staged[i].samples = ids.size();
     staged[i].values_bytes.assign(layout_.fields.size(), 0);
-    if (!layout_.extracts) staged[i].values_bytes[0] = c.places[i].back();
+    if (!layout_.extracts) {
+      staged[i].values_bytes[0] = c.places[i].back();
+      // Packed rows' segment ids and positions: dense, one row per sample.
+      for (size_t f = 1; f < layout_.fields.size(); ++f) {
+        staged[i].values_bytes[f] = ids.size() * layout_.fields[f].sample_bytes;
+      }
+    }
   }
   if (layout_.extracts) {
     c.copied.assign(plan.devices.size(), false);

@@ -223,6 +223,10 @@ class StepLoader {
     // decoded into the slot (layout record_room bytes per local device).
     std::vector<uint8_t> records;
     std::vector<bool> copied;  // per local device: a replica copied from its primary
+    // Rows of tokens: one row's pieces, and where a document's last token
+    // lands that must be the end-of-document token (append: Never).
+    std::vector<planner::RowPiece> row_pieces;
+    std::vector<std::pair<const uint8_t*, uint64_t>> eod_checks;
     Inflight* inflight = nullptr;
     ReadOp& NewOp();
   };
@@ -239,6 +243,17 @@ class StepLoader {
   Status Extract(const planner::StepPlan& plan, uint8_t* slot, Caller& c, std::vector<staging::StagedTensor>& staged,
                  const std::vector<bool>& copied, StepLoadStats& stats);
   Status BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller& c, StepLoadStats& stats);
+  // Rows of tokens: the pieces of row `row` into c.pieces, its bytes going
+  // to `dest` (null: dropped), and its end-of-document and pad tokens
+  // written there now (they are no file's bytes).
+  void AddRowPieces(uint64_t row, uint8_t* dest, Caller& c);
+  // Packed rows: every local device's segment ids and positions (but the
+  // replicas copied from their primary), from the plan alone.
+  void WriteRowFields(const planner::StepPlan& plan, uint8_t* slot, Caller& c);
+  // append: Never: every document end read this step is the token.
+  Status CheckDocumentEnds(const Caller& c) const;
+  // ServePart for rows of tokens.
+  Status ServeRows(const std::vector<uint64_t>& ids, std::vector<uint8_t>& out);
   // The transfers of `plan` to or from this process as exchange parts whose
   // iovecs point at the samples' places (slot or outbox).
   Status BuildParts(const planner::StepPlan& plan, bool incoming, Caller& c, std::vector<exchange::Part>& parts);

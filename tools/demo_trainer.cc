@@ -147,6 +147,70 @@ class RecordChecker {
   std::vector<uint8_t> want_;
   formats::FieldValues values_;
 };
+// Rows of tokens (spec.tokens): what each row's tokens, segment ids and
+// positions must be, from its documents read here through the storage
+// sources and the rows' contract (planner/token_rows.h).
+class RowChecker {
+ public:
+  static Result<std::unique_ptr<RowChecker>> Create(const planner::ResolvedJob& job) {
+    sidecar::source::SourceOptions sopts;
+    if (sidecar::source::UsesScheme(job.spec, "s3")) {
+      MESHLOAD_RETURN_IF_ERROR(sidecar::source::S3OptionsForDataset(job.spec.dataset, sopts.s3));
+    }
+    return std::unique_ptr<RowChecker>(
+        new RowChecker(job.dataset, sidecar::source::SourceRegistry::WithBuiltins(sopts)));
+  }
+
+  // The first difference between field `field` of rows `ids` and `data`
+  // (the device's tensor): "" when there is none.
+  Result<std::string> Check(const std::vector<uint64_t>& ids, size_t field, const uint8_t* data, int64_t step) {
+    const planner::TokenRows& rows = *ds_.token_rows();
+    const uint64_t T = rows.row_tokens();
+    const uint64_t tb = ds_.token_bytes();
+    for (size_t k = 0; k < ids.size(); ++k) {
+      pieces_.clear();
+      rows.AppendPieces(ids[k], pieces_);
+      std::vector<uint8_t>& want = want_;
+      want.assign(field == 0 ? T * tb : T * sizeof(int32_t), 0);
+      uint64_t at = 0;
+      int32_t segment = 0;
+      for (const planner::RowPiece& p : pieces_) {
+        if (field == 0 && p.tokens > 0) {
+          const planner::Extent e = ds_.DocumentExtent(p.doc, p.offset, p.tokens);
+          MESHLOAD_ASSIGN_OR_RETURN(auto found, sources_->For(ds_.files()[e.file].path));
+          MESHLOAD_RETURN_IF_ERROR(found.first->Read(found.second, e.offset, want.data() + at * tb, e.length));
+        }
+        if (field == 0 && p.eod) std::memcpy(want.data() + (at + p.tokens) * tb, &eod_, tb);
+        ++segment;
+        for (uint32_t j = 0; j < p.row_tokens(); ++j) {
+          const int32_t v = field == 1 ? segment : static_cast<int32_t>(j);
+          if (field != 0) std::memcpy(want.data() + (at + j) * sizeof(int32_t), &v, sizeof v);
+        }
+        at += p.row_tokens();
+      }
+      if (field == 0) {
+        for (uint64_t j = at; j < T; ++j) std::memcpy(want.data() + j * tb, &pad_, tb);
+      }
+      const uint8_t* got = data + k * want.size();
+      if (std::memcmp(got, want.data(), want.size()) != 0) {
+        static const char* kNames[] = {"tokens", "segment_ids", "positions"};
+        return std::string(kNames[field]) + " of row " + std::to_string(ids[k]) + " at step " + std::to_string(step);
+      }
+    }
+    return std::string();
+  }
+
+ private:
+  RowChecker(const planner::DatasetIndex& ds, std::unique_ptr<sidecar::source::SourceRegistry> sources)
+      : ds_(ds), sources_(std::move(sources)), eod_(ds.token_rows()->eod_token()), pad_(ds.token_rows()->pad_token()) {}
+
+  const planner::DatasetIndex& ds_;
+  std::unique_ptr<sidecar::source::SourceRegistry> sources_;
+  uint64_t eod_, pad_;
+  std::vector<planner::RowPiece> pieces_;
+  std::vector<uint8_t> want_;
+};
+
 }  // namespace
 
 int RunDemoTrainer(const std::vector<std::string>& args) {
@@ -203,6 +267,12 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
   std::vector<uint8_t> on_host;       // GPU tensors copied back for --verify bytes
   std::vector<int64_t> offsets_host;  // a ragged tensor's offsets (copied back from a GPU)
   std::unique_ptr<RecordChecker> record_checker;
+  std::unique_ptr<RowChecker> row_checker;
+  if (planner && planner->job().dataset.token_rows() && verify == "bytes") {
+    auto checker = RowChecker::Create(planner->job());
+    if (!checker.ok()) return fail(checker.status().ToString());
+    row_checker = std::move(*checker);
+  }
   if (planner && planner->job().dataset.record_format() && verify == "bytes") {
     auto checker = RecordChecker::Create(planner->job());
     if (!checker.ok()) return fail(checker.status().ToString());
@@ -245,6 +315,17 @@ int RunDemoTrainer(const std::vector<std::string>& args) {
         if (!copied.ok()) return fail(copied.status().ToString());
         const uint8_t* data = *copied;
         if (t.device_type == 2) gpu_tensors_checked++;
+        if (row_checker) {
+          // Rows of tokens: each row's fields, from its documents.
+          auto mismatch = row_checker->Check(ids, i % nfields, data, batch->step);
+          if (!mismatch.ok()) return fail(mismatch.status().ToString());
+          if (!mismatch->empty()) {
+            ++mismatches;
+            LogError("a row differs from its documents",
+                     {{"step", batch->step}, {"device", t.global_device}, {"what", *mismatch}});
+          }
+          continue;
+        }
         if (ds.record_format()) {
           // WebDataset, MDS: each field of each sample the device holds,
           // decoded from its record as read from storage here.

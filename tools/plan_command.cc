@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "common/logging.h"
@@ -199,6 +200,87 @@ ordered_json MixtureStepJson(const planner::ShardPlanner& planner, int64_t t) {
   return out;
 }
 
+// spec.tokens: the rows and what they hold, per dataset.
+std::string TokensSummary(const planner::ResolvedJob& job) {
+  const planner::TokenRows* rows = job.dataset.token_rows();
+  if (!rows) return "";
+  const planner::TokensSpec& t = *job.spec.tokens;
+  std::ostringstream o;
+  o << ToString(t.mode) << ", rows of " << rows->row_tokens() << " " << formats::DTypeName(job.dataset.dtype())
+    << " tokens from " << job.dataset.documents() << " documents (window " << t.window;
+  if (t.mode == planner::TokensMode::kPack) o << ", " << ToString(t.packing);
+  o << ")";
+  if (rows->has_eod()) {
+    o << ", end-of-document " << rows->eod_token() << (rows->eod_in_data() ? " (in the data)" : " (appended)");
+  }
+  const auto& parts = job.dataset.parts();
+  for (size_t d = 0; d < rows->datasets(); ++d) {
+    const planner::TokenRows::Stats& st = rows->stats(d);
+    o << "\n         " << (parts[d].name.empty() ? std::string("dataset") : parts[d].name) << ": " << st.rows
+      << " rows, " << st.documents << " documents (" << st.split << " split over rows), " << st.tokens << " tokens";
+    if (t.mode == planner::TokensMode::kPack) {
+      char pct[32];
+      const double all = static_cast<double>(st.rows * rows->row_tokens());
+      std::snprintf(pct, sizeof pct, "%.2f%%", all > 0 ? 100.0 * static_cast<double>(st.padding) / all : 0.0);
+      o << ", padding " << st.padding << " tokens (" << pct << ")";
+    } else {
+      o << ", " << st.dropped << " tokens after the last row (in no row)";
+    }
+  }
+  return o.str();
+}
+
+// A row's pieces as text: `doc 12[0:512]+eod` (a mixture's: `code/12[...]`).
+std::string RowText(const planner::ResolvedJob& job, uint64_t row, std::vector<planner::RowPiece>& pieces) {
+  const planner::TokenRows& rows = *job.dataset.token_rows();
+  pieces.clear();
+  rows.AppendPieces(row, pieces);
+  const auto& parts = job.dataset.document_parts();
+  std::ostringstream o;
+  o << "row " << row << ":";
+  for (const planner::RowPiece& p : pieces) {
+    size_t d = 0;
+    while (d + 1 < parts.size() && p.doc >= parts[d + 1].first) ++d;
+    o << " " << (parts[d].name.empty() ? "doc " : parts[d].name + "/") << p.doc - parts[d].first << "[" << p.offset
+      << ":" << p.offset + p.tokens << "]" << (p.eod ? "+eod" : "");
+  }
+  const uint64_t used = rows.TokensOf(row);
+  if (rows.mode() == planner::TokensMode::kPack && used < rows.row_tokens()) {
+    o << " pad " << rows.row_tokens() - used;
+  }
+  return o.str();
+}
+
+ordered_json RowJson(const planner::ResolvedJob& job, uint64_t row, std::vector<planner::RowPiece>& pieces) {
+  const planner::TokenRows& rows = *job.dataset.token_rows();
+  pieces.clear();
+  rows.AppendPieces(row, pieces);
+  const auto& parts = job.dataset.document_parts();
+  ordered_json jp = ordered_json::array();
+  for (const planner::RowPiece& p : pieces) {
+    size_t d = 0;
+    while (d + 1 < parts.size() && p.doc >= parts[d + 1].first) ++d;
+    ordered_json j = {{"document", p.doc - parts[d].first},
+                      {"offset", p.offset},
+                      {"tokens", p.tokens},
+                      {"eod", static_cast<bool>(p.eod)}};
+    if (job.spec.mixture) j["dataset"] = parts[d].name;
+    jp.push_back(std::move(j));
+  }
+  const uint64_t used = rows.TokensOf(row);
+  return {{"row", row}, {"pieces", std::move(jp)}, {"padding", rows.row_tokens() - std::min(used, rows.row_tokens())}};
+}
+
+// The rows the plan's devices hold, each once, in device order.
+std::vector<uint64_t> RowsOfPlan(const planner::StepPlan& plan) {
+  std::vector<uint64_t> out;
+  std::set<int64_t> shards;
+  for (const auto& d : plan.devices) {
+    if (shards.insert(d.shard).second) out.insert(out.end(), d.samples.begin(), d.samples.end());
+  }
+  return out;
+}
+
 std::string LoadsText(const planner::ShardLoads& l) {
   char buf[96];
   std::snprintf(buf, sizeof buf, "%" PRIu64 "..%" PRIu64 " (spread %.1f%%)", l.min, l.max, l.Spread() * 100);
@@ -231,6 +313,9 @@ void PrintTable(const planner::ShardPlanner& planner, const PlanOptions& opt, in
   const std::string balance = BalanceSummary(planner);
   if (!balance.empty()) std::cout << "balance: " << balance << "\n";
   if (planner.mixture()) std::cout << "mixture: " << MixtureSummary(planner, a) << " (weights at step " << a << ")\n";
+  const std::string tokens = TokensSummary(job);
+  if (!tokens.empty()) std::cout << "rows:    " << tokens << "\n";
+  std::vector<planner::RowPiece> pieces;
   const bool balanced = planner.BalanceState() == planner::ShardPlanner::Balancing::kApplied;
   uint64_t total_read = 0, total_xfer = 0;
   for (int64_t t = a; t < b; ++t) {
@@ -283,6 +368,20 @@ void PrintTable(const planner::ShardPlanner& planner, const PlanOptions& opt, in
                 << "\n";
     }
     if (cur >= 0) print_process_io(cur);
+    if (job.dataset.token_rows()) {
+      // The rows of the step (each shard's once) and their document pieces.
+      const std::vector<uint64_t> rows = RowsOfPlan(plan);
+      uint64_t used = 0;
+      for (uint64_t r : rows) used += job.dataset.token_rows()->TokensOf(r);
+      std::cout << "  rows (" << rows.size() << ", " << used << " tokens";
+      if (job.spec.tokens->mode == planner::TokensMode::kPack) {
+        std::cout << ", padding " << rows.size() * job.dataset.token_rows()->row_tokens() - used;
+      }
+      std::cout << "):\n";
+      const size_t shown = opt.full ? rows.size() : std::min<size_t>(rows.size(), 12);
+      for (size_t k = 0; k < shown; ++k) std::cout << "    " << RowText(job, rows[k], pieces) << "\n";
+      if (shown < rows.size()) std::cout << "    … +" << rows.size() - shown << " rows (--full shows all)\n";
+    }
     std::cout << "  step I/O: read " << Bytes(plan.bytes_read, known) << ", transferred "
               << Bytes(plan.bytes_transferred, known) << "\n";
     total_read += plan.bytes_read;
@@ -350,7 +449,26 @@ ordered_json PlanJson(const planner::ShardPlanner& planner, const PlanOptions& o
     }
     out["mixture"] = std::move(mixture);
   }
+  if (const planner::TokenRows* rows = job.dataset.token_rows()) {
+    ordered_json per = ordered_json::array();
+    for (size_t d = 0; d < rows->datasets(); ++d) {
+      const planner::TokenRows::Stats& st = rows->stats(d);
+      per.push_back({{"name", job.dataset.parts()[d].name},
+                     {"rows", st.rows},
+                     {"documents", st.documents},
+                     {"splitDocuments", st.split},
+                     {"tokens", st.tokens},
+                     {"paddingTokens", st.padding},
+                     {"droppedTokens", st.dropped}});
+    }
+    out["tokens"] = {{"mode", ToString(job.spec.tokens->mode)},
+                     {"sequenceLength", job.spec.tokens->sequence_length},
+                     {"rowTokens", rows->row_tokens()},
+                     {"documents", job.dataset.documents()},
+                     {"datasets", std::move(per)}};
+  }
   if (opt.process) out["process"] = *opt.process;
+  std::vector<planner::RowPiece> pieces;
 
   std::vector<uint64_t> read_by(static_cast<size_t>(job.mesh.processes())), sent_by(read_by.size()),
       recv_by(read_by.size());
@@ -397,6 +515,11 @@ ordered_json PlanJson(const planner::ShardPlanner& planner, const PlanOptions& o
                            {"bytes", known ? ordered_json(x.bytes) : ordered_json(nullptr)}});
       sent_by[static_cast<size_t>(x.from)] += x.bytes;
       recv_by[static_cast<size_t>(x.to)] += x.bytes;
+    }
+    if (job.dataset.token_rows()) {
+      ordered_json rows = ordered_json::array();
+      for (uint64_t r : RowsOfPlan(plan)) rows.push_back(RowJson(job, r, pieces));
+      s["rows"] = std::move(rows);
     }
     s["devices"] = std::move(devices);
     s["reads"] = std::move(reads);

@@ -11,6 +11,16 @@ uint64_t Aligned(uint64_t n) { return (n + kTensorAlignment - 1) / kTensorAlignm
 // MDS) each field as the index decodes it.
 std::vector<FieldLayout> Fields(const planner::DatasetIndex& ds) {
   std::vector<FieldLayout> out;
+  const planner::TokenRows* rows = ds.token_rows();
+  if (rows && rows->mode() == planner::TokensMode::kPack) {
+    // Packed rows: the tokens, and the segment ids and positions an
+    // attention mask is made from (token_rows.h).
+    const uint64_t T = rows->row_tokens();
+    out.push_back({std::string(kTokensField), ds.dtype(), false, {T}, T * formats::DTypeSize(ds.dtype())});
+    out.push_back({std::string(kSegmentIdsField), formats::DType::kInt32, false, {T}, T * sizeof(int32_t)});
+    out.push_back({std::string(kPositionsField), formats::DType::kInt32, false, {T}, T * sizeof(int32_t)});
+    return out;
+  }
   if (!ds.record_format()) {
     FieldLayout f;
     f.dtype = ds.dtype();

@@ -5,8 +5,9 @@
 /// the job's device order) one region, 256-byte aligned, holding a tensor
 /// per field of the batch (in field order, each 256-byte aligned, what CUDA
 /// and DLPack consumers expect). The formats whose sample is one tensor
-/// (FixedRecord, TokenStream, Npy, MegatronIndexed) have one unnamed field;
-/// WebDataset and MDS have spec.dataset.fields.
+/// (FixedRecord, TokenStream, Npy, MegatronIndexed, rows of concatenated
+/// tokens) have one unnamed field; WebDataset and MDS have
+/// spec.dataset.fields; packed rows have tokens, segment_ids and positions.
 ///
 /// A dense field is a C-order tensor [samples per shard, *sample shape].
 /// A ragged field (variable-size values: MegatronIndexed sequences, a
@@ -27,6 +28,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "planner/shard_planner.h"
@@ -34,6 +36,12 @@
 namespace meshload::sidecar::staging {
 
 inline constexpr uint64_t kTensorAlignment = 256;
+
+/// The fields of a batch of packed rows (spec.tokens.mode Pack): the rows'
+/// tokens, then their segment ids and positions (int32).
+inline constexpr std::string_view kTokensField = "tokens";
+inline constexpr std::string_view kSegmentIdsField = "segment_ids";
+inline constexpr std::string_view kPositionsField = "positions";
 
 /// One field of the batch, the same for every device.
 struct FieldLayout {

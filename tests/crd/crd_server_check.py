@@ -79,6 +79,10 @@ WEBDATASET = copy.deepcopy(FULL)
 WEBDATASET["spec"]["dataset"] = {"uri": "s3://bucket/shards/train-{000000..000127}.tar", "format": "WebDataset",
                                  "fields": [{"name": "jpg"}, {"name": "cls", "dtype": "int64"}],
                                  "missingField": "Skip", "samples": 1000}
+ROWS = copy.deepcopy(MEGATRON)
+del ROWS["spec"]["batch"]["balance"]
+ROWS["spec"]["tokens"] = {"mode": "Pack", "sequenceLength": 2048, "endOfDocument": {"token": 0, "append": "Always"},
+                          "padToken": 0, "window": 1024, "packing": "BestFit", "maxDocumentTokens": 100000}
 MIXTURE = copy.deepcopy(MEGATRON)
 MIXTURE["spec"]["dataset"]["uri"] = "s3://bucket/corpora"
 del MIXTURE["spec"]["dataset"]["samples"]
@@ -97,7 +101,7 @@ def create(doc, dry_run=True):
 
 
 for label, doc in (("FixedRecord", FULL), ("TokenStream", TOKENS), ("MegatronIndexed", MEGATRON),
-                   ("WebDataset", WEBDATASET), ("MDS", MDS), ("mixture", MIXTURE)):
+                   ("WebDataset", WEBDATASET), ("MDS", MDS), ("mixture", MIXTURE), ("rows of tokens", ROWS)):
     rc, out = create(doc)
     check("a %s job with every field is accepted" % label, rc == 0, out)
 
@@ -125,6 +129,8 @@ def display(path):
 
 
 def base_for(path):
+    if "tokens" in path:
+        return ROWS
     return TOKENS if "sequenceLength" in path else FULL
 
 
@@ -243,6 +249,13 @@ CEL = [
      ["spec.mixture.datasets[1].weight", "greater than or equal to 0"]),
     ("a mixture dataset without a uri", MIXTURE, lambda d: drop(d, ["spec", "mixture", "datasets", 0, "uri"]),
      ["spec.mixture.datasets[0].uri", "Required value"]),
+    ("tokens with FixedRecord", FULL,
+     lambda d: put(d, ["spec", "tokens"], {"mode": "Concatenate", "sequenceLength": 8}),
+     ["spec.tokens", "tokens needs format MegatronIndexed"]),
+    ("token balancing with rows of tokens", ROWS, lambda d: put(d, ["spec", "batch", "balance"], {"mode": "Tokens"}),
+     ["spec.batch.balance.mode", "batch.balance.mode Tokens is not used with tokens"]),
+    ("padToken and packing with Concatenate", ROWS, lambda d: put(d, ["spec", "tokens", "mode"], "Concatenate"),
+     ["spec.tokens", "padToken and packing are only used with mode Pack"]),
     ("WebDataset without fields", WEBDATASET, lambda d: drop(d, ["spec", "dataset", "fields"]),
      ["spec.dataset", "formats WebDataset and MDS need fields"]),
     ("MDS with a dataset dtype", MDS, lambda d: put(d, ["spec", "dataset", "dtype"], "uint8"),

@@ -108,6 +108,17 @@ std::vector<int32_t> RandomDocumentLengths(std::mt19937_64& rng, size_t count, i
 }
 
 planner::ShardPlanner MakeMegatronPlanner(planner::JobSpec spec, const std::vector<int32_t>& lengths) {
+  Diagnostics d;
+  auto job = ResolveMegatron(std::move(spec), lengths, d);
+  if (!job.ok()) {
+    ADD_FAILURE() << "spec did not resolve: " << d.ToString() << job.status().ToString();
+    std::abort();
+  }
+  return planner::ShardPlanner(std::move(*job));
+}
+
+Result<planner::ResolvedJob> ResolveMegatron(planner::JobSpec spec, const std::vector<int32_t>& lengths,
+                                             Diagnostics& d) {
   spec.dataset.format = planner::DatasetFormat::kMegatronIndexed;
   spec.dataset.uri = "/virtual/corpus";
   spec.dataset.samples.reset();
@@ -131,7 +142,6 @@ planner::ShardPlanner MakeMegatronPlanner(planner::JobSpec spec, const std::vect
   facts.path = "/virtual/corpus.bin";
   facts.size = static_cast<uint64_t>(at);
   facts.megatron = std::move(index);
-  Diagnostics d;
   std::vector<planner::DatasetIndex::FileFacts> files;
   files.push_back(std::move(facts));
   auto dataset = planner::DatasetIndex::FromFiles(spec.dataset, std::move(files), d);
@@ -141,12 +151,7 @@ planner::ShardPlanner MakeMegatronPlanner(planner::JobSpec spec, const std::vect
   }
   planner::ResolveOptions o;
   o.index = std::move(*dataset);
-  auto job = planner::ResolveJob(MustValidate(spec), o, d);
-  if (!job.ok()) {
-    ADD_FAILURE() << "spec did not resolve: " << d.ToString() << job.status().ToString();
-    std::abort();
-  }
-  return planner::ShardPlanner(std::move(*job));
+  return planner::ResolveJob(MustValidate(spec), o, d);
 }
 
 std::string MinimalJobYaml() {

@@ -31,6 +31,9 @@ std::vector<int32_t> RandomDocumentLengths(std::mt19937_64& rng, size_t count, i
 /// dataset of uint16 sequences of these lengths, indexed as if its .idx had
 /// been read (spec.dataset's format, uri and samples are replaced).
 planner::ShardPlanner MakeMegatronPlanner(planner::JobSpec spec, const std::vector<int32_t>& lengths);
+/// The same, resolved: the job, or the error with its problems in `d`.
+Result<planner::ResolvedJob> ResolveMegatron(planner::JobSpec spec, const std::vector<int32_t>& lengths,
+                                             Diagnostics& d);
 
 /// The ValidJob of a spec built in a test, or a test failure (and an abort:
 /// a test that needs a valid job cannot go on without one).
