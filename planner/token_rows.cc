@@ -10,7 +10,7 @@ namespace meshload::planner {
 namespace {
 
 constexpr uint64_t kMaxPieceTokens = (uint64_t{1} << 31) - 1;  // RowPiece::tokens and ::offset
-constexpr size_t kMaxReported = 8;                              // long documents named, then a count
+constexpr size_t kMaxReported = 8;                             // long documents named, then a count
 
 // The document order of one dataset, a window at a time (AtRange is much
 // cheaper than a call per position).
@@ -117,8 +117,8 @@ Result<std::shared_ptr<const TokenRows>> TokenRows::Build(const TokensSpec& toke
         why = "has " + std::to_string(n) + " tokens, more than spec.tokens.maxDocumentTokens (" +
               std::to_string(limit) + ")";
       } else if (n > kMaxPieceTokens - 1) {
-        why = "has " + std::to_string(n) + " tokens; a document may have at most " +
-              std::to_string(kMaxPieceTokens - 1);
+        why =
+            "has " + std::to_string(n) + " tokens; a document may have at most " + std::to_string(kMaxPieceTokens - 1);
       }
       if (why.empty()) continue;
       if (++refused <= kMaxReported) {
@@ -156,7 +156,8 @@ Result<std::shared_ptr<const TokenRows>> TokenRows::Build(const TokensSpec& toke
   h = HashStep(h, r.append_eod_);
   h = HashStep(h, r.pad_token_);
   for (uint64_t c : r.chunk_begin_) h = HashStep(h, c);
-  for (const RowPiece& p : r.pieces_) h = HashStep(HashStep(h, p.doc), (uint64_t{p.offset} << 32) | (p.tokens << 1) | p.eod);
+  for (const RowPiece& p : r.pieces_)
+    h = HashStep(HashStep(h, p.doc), (uint64_t{p.offset} << 32) | (p.tokens << 1) | p.eod);
   r.fingerprint_ = h;
   return std::shared_ptr<const TokenRows>(std::move(rows));
 }
@@ -237,10 +238,10 @@ void TokenRows::BuildPack(const Dataset& ds, const std::vector<uint64_t>& doc_to
   };
   std::vector<uint64_t> docs;
   std::vector<Item> items;
-  std::vector<size_t> sequence;   // items in placement order
-  std::vector<uint64_t> row_of;   // per item: its packed row
-  std::vector<uint64_t> room;     // per packed row
-  std::vector<size_t> row_count;  // per packed row: items placed
+  std::vector<size_t> sequence;                  // items in placement order
+  std::vector<uint64_t> row_of;                  // per item: its packed row
+  std::vector<uint64_t> room;                    // per packed row
+  std::vector<size_t> row_count;                 // per packed row: items placed
   std::set<std::pair<uint64_t, uint64_t>> best;  // BestFit: (room, row) of open rows with room
   EarliestRoom earliest;
   for (uint64_t w = 0; w * window_ < ds.count; ++w) {
@@ -321,7 +322,8 @@ void TokenRows::BuildPack(const Dataset& ds, const std::vector<uint64_t>& doc_to
 }
 
 void TokenRows::AppendPieces(uint64_t r, std::vector<RowPiece>& out) const {
-  const size_t d = static_cast<size_t>(std::upper_bound(row_first_.begin(), row_first_.end(), r) - row_first_.begin()) - 1;
+  const size_t d =
+      static_cast<size_t>(std::upper_bound(row_first_.begin(), row_first_.end(), r) - row_first_.begin()) - 1;
   const uint64_t c = chunk_first_[d] + (r - row_first_[d]);
   out.insert(out.end(), pieces_.begin() + static_cast<std::ptrdiff_t>(chunk_begin_[c]),
              pieces_.begin() + static_cast<std::ptrdiff_t>(chunk_begin_[c + 1]));
@@ -338,7 +340,8 @@ void TokenRows::AppendPieces(uint64_t r, std::vector<RowPiece>& out) const {
 
 uint64_t TokenRows::TokensOf(uint64_t r) const {
   if (mode_ == TokensMode::kConcatenate) return row_tokens();
-  const size_t d = static_cast<size_t>(std::upper_bound(row_first_.begin(), row_first_.end(), r) - row_first_.begin()) - 1;
+  const size_t d =
+      static_cast<size_t>(std::upper_bound(row_first_.begin(), row_first_.end(), r) - row_first_.begin()) - 1;
   const uint64_t c = chunk_first_[d] + (r - row_first_[d]);
   uint64_t n = 0;
   for (uint64_t i = chunk_begin_[c]; i < chunk_begin_[c + 1]; ++i) n += pieces_[i].row_tokens();

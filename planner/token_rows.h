@@ -86,11 +86,11 @@ class TokenRows {
   /// What the rows of one dataset hold.
   struct Stats {
     uint64_t rows = 0;
-    uint64_t documents = 0;      // documents with at least one token in a row
-    uint64_t tokens = 0;         // document and end-of-document tokens in rows (Concatenate: the overlap counted once)
-    uint64_t padding = 0;        // Pack: padding tokens in all rows
-    uint64_t dropped = 0;        // Concatenate: stream tokens in no row (fewer than T)
-    uint64_t split = 0;          // documents whose pieces are in more than one row
+    uint64_t documents = 0;  // documents with at least one token in a row
+    uint64_t tokens = 0;     // document and end-of-document tokens in rows (Concatenate: the overlap counted once)
+    uint64_t padding = 0;    // Pack: padding tokens in all rows
+    uint64_t dropped = 0;    // Concatenate: stream tokens in no row (fewer than T)
+    uint64_t split = 0;      // documents whose pieces are in more than one row
     uint64_t pieces = 0;
   };
 

@@ -85,7 +85,7 @@ std::vector<int32_t> RandomLengths(std::mt19937_64& rng, size_t n, int32_t T) {
   std::vector<int32_t> out(n);
   for (int32_t& len : out) {
     switch (rng() % 8) {
-      case 0: len = 0; break;                                             // Megatron allows empty sequences
+      case 0: len = 0; break;                                              // Megatron allows empty sequences
       case 1: len = static_cast<int32_t>(T + rng() % (3 * T + 1)); break;  // longer than a row
       default: len = static_cast<int32_t>(1 + rng() % T); break;
     }
@@ -341,9 +341,9 @@ TEST(TokenRowsErrors, TokensThatDoNotFitTheDatasetsDtype) {
 
 TEST(TokenRowsErrors, DocumentsThatMakeNoRow) {
   Diagnostics d;
-  EXPECT_FALSE(testing::ResolveMegatron(TokensJob(TokensMode::kConcatenate, 64, 8, false, ShuffleMode::kNone, 0),
-                                        {10, 20, 0}, d)
-                   .ok());
+  EXPECT_FALSE(
+      testing::ResolveMegatron(TokensJob(TokensMode::kConcatenate, 64, 8, false, ShuffleMode::kNone, 0), {10, 20, 0}, d)
+          .ok());
   EXPECT_THAT(d.ToString(), HasSubstr("spec.dataset: its 3 documents make no row of 65 tokens"));
 }
 
