@@ -127,6 +127,12 @@ void BindFlags(FlagParser& p, Flags& f) {
              "GID",
              "the pod fsGroup set, when a pod has none, for jobs whose\nsidecars read the peer secret (default 65532)"},
             &f.sidecar_fs_group, 1, INT32_MAX);
+  p.Text({{"--sidecar-cache-host-path"},
+          "DIR",
+          "a node directory the sidecars of every job share as the block\n"
+          "cache of remote datasets (it must exist, writable by the\n"
+          "sidecar's user); default: an emptyDir per pod"},
+         &f.injector.cache_host_path);
   p.Section("logging:");
   p.Text({{"--log-level"}, "LEVEL", "debug, info, warn, error (default info)"}, &f.log_level);
   p.Text({{"--log-format"}, "FORMAT", "json or kv (default json)"}, &f.log_format);

@@ -63,7 +63,8 @@ EpochPermutation::EpochPermutation(const ShuffleSpec& shuffle, uint64_t n, uint6
   switch (mode_) {
     case ShuffleMode::kNone: break;
     case ShuffleMode::kGlobal: perm_ = FeistelPermutation(n, DeriveKey(shuffle.seed, epoch, 0)); break;
-    case ShuffleMode::kBlock: {
+    case ShuffleMode::kBlock:
+    case ShuffleMode::kWindow: {
       block_size_ = shuffle.block_size < 1 ? 1 : static_cast<uint64_t>(shuffle.block_size);
       num_blocks_ = n == 0 ? 1 : (n + block_size_ - 1) / block_size_;
       last_block_size_ = n - (num_blocks_ - 1) * block_size_;
@@ -74,6 +75,12 @@ EpochPermutation::EpochPermutation(const ShuffleSpec& shuffle, uint64_t n, uint6
       // The short block takes fewer positions; find where it lands once so
       // every position maps in O(1).
       short_block_slot_ = perm_.Inverse(num_blocks_ - 1);
+      if (mode_ == ShuffleMode::kWindow) {
+        window_blocks_ = shuffle.window_blocks < 1 ? 1 : static_cast<uint64_t>(shuffle.window_blocks);
+        window_key_ = DeriveKey(shuffle.seed, epoch, 4);
+        window_tweak_base_ = DeriveKey(shuffle.seed, epoch, 5);
+        window_full_ = FeistelPermutation(window_blocks_ * block_size_, window_key_);
+      }
       break;
     }
   }
@@ -84,8 +91,32 @@ uint64_t EpochPermutation::At(uint64_t position) const {
     case ShuffleMode::kNone: return position;
     case ShuffleMode::kGlobal: return perm_.Forward(position);
     case ShuffleMode::kBlock: return BlockSampleAt(position);
+    case ShuffleMode::kWindow: return WindowSampleAt(position);
   }
   return position;
+}
+
+void EpochPermutation::WindowOf(uint64_t position, uint64_t* window, uint64_t* begin, uint64_t* end) const {
+  uint64_t slot, offset;
+  Locate(position, &slot, &offset);
+  *window = slot / window_blocks_;
+  *begin = SlotStart(*window * window_blocks_);
+  *end = SlotStart(std::min(num_blocks_, (*window + 1) * window_blocks_));
+}
+
+uint64_t EpochPermutation::WindowSampleAt(uint64_t position) const {
+  uint64_t window, begin, end;
+  WindowOf(position, &window, &begin, &end);
+  const uint64_t tweak = Mix64(window_tweak_base_ ^ window);
+  const uint64_t len = end - begin;
+  // A window of full blocks has the precomputed network; the one holding
+  // the short block, and the last, have their own sizes.
+  const uint64_t within = len == window_full_.size()
+                              ? window_full_.Forward(position - begin, tweak)
+                              : FeistelPermutation(len, window_key_).Forward(position - begin, tweak);
+  uint64_t slot, offset;
+  Locate(begin + within, &slot, &offset);
+  return perm_.Forward(slot) * block_size_ + offset;
 }
 
 void EpochPermutation::Locate(uint64_t position, uint64_t* slot, uint64_t* offset) const {
@@ -133,6 +164,27 @@ void EpochPermutation::AtRange(uint64_t first, size_t count, uint64_t* out) cons
         const FeistelPermutation& inner = block == num_blocks_ - 1 ? inner_short_ : inner_full_;
         inner.ForwardRange(offset, len, out + done, BlockTweak(block));
         for (size_t i = 0; i < len; ++i) out[done + i] += block * block_size_;
+        done += len;
+      }
+      return;
+    }
+    case ShuffleMode::kWindow: {
+      // One window's network per run of positions in it, then each
+      // window position to its slot's block.
+      size_t done = 0;
+      while (done < count) {
+        uint64_t window, begin, end;
+        WindowOf(first + done, &window, &begin, &end);
+        const size_t len = static_cast<size_t>(std::min<uint64_t>(end - (first + done), count - done));
+        const uint64_t tweak = Mix64(window_tweak_base_ ^ window);
+        const FeistelPermutation other(end - begin == window_full_.size() ? 0 : end - begin, window_key_);
+        const FeistelPermutation& inner = end - begin == window_full_.size() ? window_full_ : other;
+        inner.ForwardRange(first + done - begin, len, out + done, tweak);
+        for (size_t i = 0; i < len; ++i) {
+          uint64_t slot, offset;
+          Locate(begin + out[done + i], &slot, &offset);
+          out[done + i] = perm_.Forward(slot) * block_size_ + offset;
+        }
         done += len;
       }
       return;

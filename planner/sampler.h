@@ -15,6 +15,13 @@
 /// block, its samples, each with its own keyed Feistel network, so a batch
 /// reads a few runs of nearby samples instead of scattered ones.
 ///
+/// Window mode: the blocks in Block mode's order, taken `windowBlocks` at a
+/// time; inside each window, its positions are permuted as one (a keyed
+/// Feistel network per window), so the window's samples are mixed across
+/// its blocks while a step reads from the window's blocks only: remote
+/// data fetched in blocks is fetched once per epoch with a cache of a
+/// window (Streaming's shard-window shuffles).
+///
 /// The round keys are a fixed function of (seed, epoch) documented in
 /// docs/sampler.md: the order is part of meshload's contract and must not
 /// change between releases (a resumed job must see the same batches).
@@ -129,6 +136,14 @@ class EpochPermutation {
 
  private:
   uint64_t BlockSampleAt(uint64_t position) const;
+  // Window mode: the sample at `position`, and the window holding it
+  // ([begin, end) of positions, and its permutation's size).
+  uint64_t WindowSampleAt(uint64_t position) const;
+  void WindowOf(uint64_t position, uint64_t* window, uint64_t* begin, uint64_t* end) const;
+  // The first position of block slot `slot` (slot <= num_blocks_).
+  uint64_t SlotStart(uint64_t slot) const {
+    return slot <= short_block_slot_ ? slot * block_size_ : slot * block_size_ - (block_size_ - last_block_size_);
+  }
   // The block slot holding `position`, the offset in it, and where the slot starts.
   void Locate(uint64_t position, uint64_t* slot, uint64_t* offset) const;
   uint64_t SlotSize(uint64_t slot) const { return slot == short_block_slot_ ? last_block_size_ : block_size_; }
@@ -144,11 +159,15 @@ class EpochPermutation {
   FeistelPermutation perm_;               // Global: over samples; Block: over blocks
   FeistelPermutation inner_full_{0, 0};   // Block: inside a full block (tweaked per block)
   FeistelPermutation inner_short_{0, 0};  // Block: inside the short last block
+  uint64_t window_blocks_ = 1;            // Window: blocks per window
+  uint64_t window_key_ = 0;               // Window: the inner networks' key
+  uint64_t window_tweak_base_ = 0;        // Window: each window's tweak
+  FeistelPermutation window_full_{0, 0};  // Window: a window of window_blocks_ full blocks
 };
 
 /// Derives the key of one network from the job's seed, the epoch and a
-/// purpose tag (0: the epoch's global or block order; b+1: block b's inner
-/// order). Exposed for docs/tests.
+/// purpose tag (0: the epoch's global or block order; 1 and 2: the blocks'
+/// inner orders; 4 and 5: the windows'). Exposed for docs/tests.
 uint64_t DeriveKey(uint64_t seed, uint64_t epoch, uint64_t tag);
 
 }  // namespace meshload::planner

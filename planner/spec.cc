@@ -511,9 +511,15 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
     d.Add("spec.dataset.samples", "the dataset has " + std::to_string(*ds.samples) +
                                       " samples, fewer than one global batch of " + std::to_string(B));
   }
-  if (spec.shuffle.block_size_set && !spec.shuffle.mode_invalid && spec.shuffle.mode != ShuffleMode::kBlock) {
-    d.Add("spec.shuffle.blockSize", "is only used with mode Block, but mode is " +
-                                        std::string(ToString(spec.shuffle.mode)) + "; remove it or set mode: Block");
+  const ShuffleMode mode = spec.shuffle.mode;
+  if (spec.shuffle.block_size_set && !spec.shuffle.mode_invalid && mode != ShuffleMode::kBlock &&
+      mode != ShuffleMode::kWindow) {
+    d.Add("spec.shuffle.blockSize", "is only used with modes Block and Window, but mode is " +
+                                        std::string(ToString(mode)) + "; remove it or set mode: Block or Window");
+  }
+  if (spec.shuffle.window_blocks_set && !spec.shuffle.mode_invalid && mode != ShuffleMode::kWindow) {
+    d.Add("spec.shuffle.windowBlocks", "is only used with mode Window, but mode is " + std::string(ToString(mode)) +
+                                           "; remove it or set mode: Window");
   }
 }
 

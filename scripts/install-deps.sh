@@ -49,7 +49,7 @@ BUILD_PACKAGES=(
   build-essential cmake ninja-build pkg-config ca-certificates
   libyaml-cpp-dev nlohmann-json3-dev
   libcpp-httplib-dev libssl-dev libboost-dev prometheus-cpp-dev
-  pybind11-dev python3-dev libdlpack-dev python3-venv
+  pybind11-dev python3-dev libdlpack-dev python3-venv libxxhash-dev
 )
 # What the tests, fuzzers, analyses and the image builds need on top.
 TEST_PACKAGES=(

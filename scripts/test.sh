@@ -82,7 +82,7 @@ cmake --build build-tsan -j "$JOBS" --target protocol_test sidecar_test source_t
 # whose 150 ms timeout is too tight under TSan's slowdown.
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" \
   ctest --output-on-failure -j "$JOBS" \
-    -R '^(Sidecar|SidecarProcess|PeerExchange|StepLoader|WebDatasetFixture|Mds|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|SourceRegistry|Metrics|HealthServer|DeviceStaging|WorkQueue|controller_test$)' \
+    -R '^(Sidecar|SidecarProcess|PeerExchange|StepLoader|WebDatasetFixture|Mds|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|SourceRegistry|Metrics|HealthServer|DeviceStaging|WorkQueue|BlockCache|CachedSource|FetchAhead|controller_test$)' \
     -E 'StopJoinsEveryThreadTheServerStarted|SlowResponseIsRetriedAsTimeout')
 
 step "the source tree as the tests found it"

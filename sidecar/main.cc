@@ -222,6 +222,13 @@ void BindFlags(meshload::FlagParser& p, Flags& f) {
           "resume.json beside --job when --job is a ConfigMap's job.json)",
           "MESHLOAD_RESUME_FILE"},
          &o.resume_file);
+  p.Text({{"--cache-dir"},
+          "DIR",
+          "the node-local block cache of a remote dataset\n"
+          "(spec.dataset.cache; in a pod: the injected cache volume);\n"
+          "default: none, reads go to the source",
+          "MESHLOAD_CACHE_DIR"},
+         &o.cache_dir);
   p.Integer({{"--reader-threads"},
              "N",
              "storage reader threads (default 4 for local files, 16 for\nhttp(s):// and s3:// datasets)",

@@ -434,7 +434,7 @@ void SessionServer::SendReadyBatchesLocked() {
     }
     client_->leased.emplace_back(*slot, r.step);
     client_->next_to_send++;
-    metrics_->batches_delivered.Increment();
+    metrics_->Delivered();
     metrics_->current_step.Set(static_cast<double>(r.step));
     delivered_step_.store(r.step);
   }

@@ -47,6 +47,7 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Create(planner::ValidJob job, SidecarO
 Status Sidecar::Init(const planner::ValidJob& job) {
   registry_ = std::make_unique<metrics::Registry>();
   metrics_ = std::make_unique<SidecarMetrics>(*registry_);
+  metrics_->started_ns = NowNs();
   observer_ = std::make_unique<StorageMetricsObserver>(*metrics_);
   metrics::RegisterBuildInfo(*registry_, MESHLOAD_VERSION, "sidecar");
   options_.source_options.observer = observer_.get();
@@ -58,6 +59,7 @@ Status Sidecar::Init(const planner::ValidJob& job) {
   // Local files want a few readers; remote storage many (its latency).
   const bool all_local = !source::UsesScheme(job.spec(), "s3") && !source::UsesScheme(job.spec(), "http") &&
                          !source::UsesScheme(job.spec(), "https");
+  const bool reader_threads_given = options_.reader_threads > 0;
   if (options_.reader_threads <= 0) options_.reader_threads = all_local ? 4 : 16;
   // Every reader of every producer keeps its connection between steps.
   options_.source_options.max_idle_connections = std::max(
@@ -119,6 +121,10 @@ Status Sidecar::Init(const planner::ValidJob& job) {
   pool_ = std::make_unique<staging::SlotPool>(slots, start_step_, options_.clock);
   slot_staged_.assign(slots, {});
   options_.staging_threads = std::clamp(options_.staging_threads, 1, static_cast<int>(slots));
+  MESHLOAD_RETURN_IF_ERROR(InitCache());
+  // Through the block cache, reads are memory copies (the fetch-ahead's
+  // threads wait on the network): a local dataset's readers.
+  if (cache_mode_ == "blocks" && !reader_threads_given) options_.reader_threads = 4;
   StepLoaderOptions lopts;
   lopts.reader_threads = options_.reader_threads;
   lopts.callers = options_.staging_threads;
@@ -134,6 +140,7 @@ Status Sidecar::Init(const planner::ValidJob& job) {
   MESHLOAD_ASSIGN_OR_RETURN(loader_,
                             StepLoader::Create(*planner_, options_.process, loading_, *sources_, layout_, lopts));
   MESHLOAD_RETURN_IF_ERROR(loader_->VerifyFiles());
+  if (fetch_ahead_) fetch_ahead_->Start(start_step_);
 
   event_fd_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!event_fd_.valid()) return IoErrorFromErrno("eventfd", "", errno);
@@ -188,6 +195,7 @@ Status Sidecar::Init(const planner::ValidJob& job) {
   }
   registry_->AddCollectHook([this] {
     CountConsumedDatasets();
+    CountCache();
     metrics_->SetSlotCounts(pool_->Counts());
     metrics_->oldest_read.Set(loader_->OldestInflight().seconds);
     const int64_t since = producer_blocked_since_ns_.load();
@@ -249,6 +257,8 @@ Status Sidecar::Init(const planner::ValidJob& job) {
                               {"staging_threads", options_.staging_threads},
                               {"thread_sched", ToString(options_.thread_sched)},
                               {"mmap_resident_limit_mib", options_.source_options.mmap_resident_limit >> 20},
+                              {"cache_mode", cache_mode_},
+                              {"cache_reason", cache_reason_},
                               {"first_step", start_step_}});
   return Status::Ok();
 }
@@ -348,7 +358,106 @@ Status Sidecar::InitDeviceStaging() {
   return Status::Ok();
 }
 
-Sidecar::~Sidecar() { parts_.Stop(); }
+Status Sidecar::InitCache() {
+  const planner::ResolvedJob& rj = planner_->job();
+  const planner::DatasetCache& spec = rj.spec.dataset.cache;
+  // The dataset's remote objects: those whose source waits on the network.
+  source::Source* remote = nullptr;
+  std::vector<std::pair<size_t, std::string>> remote_files;  // (file, object name)
+  for (size_t i = 0; i < rj.dataset.files().size(); ++i) {
+    MESHLOAD_ASSIGN_OR_RETURN(auto found, sources_->For(rj.dataset.files()[i].path));
+    if (!found.first->LatencyBound()) continue;
+    if (remote != nullptr && remote != found.first) {
+      return InvalidArgument("the dataset's objects are on more than one kind of remote storage", "spec.dataset.uri");
+    }
+    remote = found.first;
+    remote_files.emplace_back(i, found.second);
+  }
+  auto set_mode = [this](std::string mode, std::string why) {
+    cache_mode_ = std::move(mode);
+    cache_reason_ = std::move(why);
+    for (const char* m : {"blocks", "direct", "none"}) metrics_->cache_mode.Add({{"mode", m}}).Set(cache_mode_ == m);
+  };
+  auto direct = [&](std::string why) {
+    set_mode(remote ? "direct" : "none", std::move(why));
+    return Status::Ok();
+  };
+  if (remote == nullptr) return direct("the dataset is local");
+  if (spec.mode == planner::CacheMode::kDirect) return direct("spec.dataset.cache.mode is Direct");
+  if (options_.cache_dir.empty()) {
+    if (spec.mode == planner::CacheMode::kBlocks) {
+      return FailedPrecondition("spec.dataset.cache.mode Blocks needs a cache directory: give --cache-dir",
+                                "--cache-dir");
+    }
+    return direct("no cache directory (--cache-dir)");
+  }
+  const uint64_t capacity = static_cast<uint64_t>(spec.capacity_bytes);
+  const planner::BlockGeometry geometry{static_cast<uint64_t>(spec.block_bytes),
+                                        static_cast<uint64_t>(spec.whole_object_bytes)};
+  if (spec.mode == planner::CacheMode::kAuto) {
+    // Blocks pay when the cache holds each block from the first to the last
+    // step of the epoch that reads it; otherwise they would be fetched again.
+    const planner::FetchEstimate est = planner::EstimateFetch(*planner_, loading_, options_.process, geometry,
+                                                              planner_->EpochOf(start_step_), 1 << 18);
+    if (est.working_set_bytes > capacity) {
+      return direct("an epoch keeps " + std::to_string(est.working_set_bytes) +
+                    " bytes of blocks in use under this shuffle, more than spec.dataset.cache.capacityBytes (" +
+                    std::to_string(capacity) +
+                    "): reads fetch their own bytes (a Window shuffle, or a larger "
+                    "cache, lets blocks be fetched once; meshload plan --compare)");
+    }
+  }
+  cache::BlockCacheOptions copts;
+  copts.dir = options_.cache_dir;
+  copts.capacity_bytes = capacity;
+  copts.clock = options_.clock;
+  auto opened = cache::BlockCache::Open(copts);
+  if (!opened.ok()) {
+    if (spec.mode == planner::CacheMode::kBlocks) return opened.status();
+    return direct("the cache directory cannot be used: " + opened.status().ToString());
+  }
+  cache_ = std::move(*opened);
+  cached_ = std::make_unique<cache::CachedSource>(*remote, *cache_, geometry);
+  std::vector<int64_t> object_of_file(rj.dataset.files().size(), -1);
+  for (const auto& [file, name] : remote_files) {
+    // The object's version (its ETag) keys its blocks: a rewritten object
+    // never matches blocks of its old bytes.
+    MESHLOAD_ASSIGN_OR_RETURN(source::ObjectInfo info, remote->Stat(name));
+    object_of_file[file] = static_cast<int64_t>(cached_->AddObject(name, rj.dataset.files()[file].size, info.version));
+  }
+  sources_->Interpose(remote, cached_.get());
+  cache::FetchAheadOptions fopts;
+  fopts.lookahead_bytes = std::min<uint64_t>(static_cast<uint64_t>(spec.lookahead_bytes), capacity / 2);
+  fopts.threads = static_cast<int>(spec.fetch_threads);
+  fetch_ahead_ = std::make_unique<cache::FetchAhead>(*planner_, loading_, options_.process, *cached_,
+                                                     std::move(object_of_file), fopts);
+  set_mode("blocks", "blocks of " + std::to_string(geometry.block_bytes) + " bytes (objects up to " +
+                         std::to_string(geometry.whole_object_bytes) + " whole) in " + cache_->root() + ", " +
+                         std::to_string(capacity) + " bytes, " + std::to_string(cache_->resident_bytes()) + " there");
+  metrics_->cache_capacity.Set(static_cast<double>(capacity));
+  if (spec.warm_steps > 0) {
+    warm_ = false;
+    warm_thread_ = std::thread([this, steps = spec.warm_steps] {
+      const auto t0 = std::chrono::steady_clock::now();
+      Status st = fetch_ahead_->WaitResident(start_step_, steps, std::chrono::minutes(30));
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (st.ok()) {
+        LogInfo("the block cache holds the first steps' blocks", {{"steps", steps}, {"seconds", s}});
+      } else {
+        LogWarn("the block cache could not be warmed; serving anyway",
+                {{"steps", steps}, {"seconds", s}, {"error", st.ToString()}});
+      }
+      warm_ = true;
+    });
+  }
+  return Status::Ok();
+}
+
+Sidecar::~Sidecar() {
+  parts_.Stop();
+  if (fetch_ahead_) fetch_ahead_->Stop();  // ends a warm-up's wait too
+  if (warm_thread_.joinable()) warm_thread_.join();
+}
 
 void Sidecar::RequestStop() {
   stop_.store(true);
@@ -367,6 +476,7 @@ void Sidecar::Notify() {
 
 std::pair<bool, std::string> Sidecar::Readiness() const {
   if (failed_) return {false, "failed: see the logs and meshload_errors_total"};
+  if (!warm_) return {false, "filling the block cache with the first steps' blocks (spec.dataset.cache.warmSteps)"};
   if (!target_staged_) return {false, "staging the first batch"};
   return {true, "ready"};
 }
@@ -388,6 +498,7 @@ void Sidecar::ProducerMain(int index) {
     }
     producer_blocked_since_ns_.store(0);
     const auto [slot, step] = *fill;
+    if (fetch_ahead_) fetch_ahead_->Passed(server_->consumed_step());
     const auto t0 = Clock::now();
     StepLoadStats stats;
     Status st = loader_->Load(step, memory_->slot(slot), slot_staged_[slot], &stats, index,
@@ -453,6 +564,7 @@ void Sidecar::RestartAt(int64_t step) {
   // The exchange first: stagings of the old generation stop moving data
   // before a new one can begin.
   if (exchange::PeerExchange* x = loader_->peers()) x->Restart(step);
+  if (fetch_ahead_) fetch_ahead_->StartAt(step);
   generation_ = pool_->Reset(step);
   target_step_ = step;
   target_staged_ = false;
@@ -591,7 +703,50 @@ std::string Sidecar::ProgressJson() {
     }
   }
   report["datasets"] = std::move(datasets);
+  report["cache"] = CacheJson();
   return report.dump();
+}
+
+void Sidecar::CountCache() const {
+  if (!cached_) return;
+  const cache::BlockCacheCounters& c = cache_->counters();
+  const cache::CachedSourceCounters& s = cached_->counters();
+  metrics_->CountCache({.hits = c.hits.load(),
+                        .misses = c.misses.load(),
+                        .fetched_bytes = c.fetched_bytes.load() + s.direct_bytes.load(),
+                        .delivered_bytes = s.delivered_bytes.load(),
+                        .evicted_bytes = c.evicted_bytes.load(),
+                        .corrupt = c.corrupt_blocks.load(),
+                        .write_errors = c.write_errors.load(),
+                        .ahead_errors = fetch_ahead_->fill_errors()});
+  metrics_->cache_bytes.Set(static_cast<double>(cache_->resident_bytes()));
+  metrics_->cache_lookahead_steps.Set(static_cast<double>(fetch_ahead_->ahead_steps()));
+  metrics_->cache_lookahead_bytes.Set(static_cast<double>(fetch_ahead_->ahead_bytes()));
+}
+
+nlohmann::json Sidecar::CacheJson() const {
+  nlohmann::json out = {{"mode", cache_mode_}, {"reason", cache_reason_}};
+  out["timeToFirstBatchSeconds"] = metrics_->time_to_first_batch.Value();
+  if (!cached_) return out;
+  const cache::BlockCacheCounters& c = cache_->counters();
+  const cache::CachedSourceCounters& s = cached_->counters();
+  const uint64_t fetched = c.fetched_bytes.load() + s.direct_bytes.load();
+  const uint64_t delivered = s.delivered_bytes.load();
+  out["hits"] = c.hits.load();
+  out["misses"] = c.misses.load();
+  out["fetchedBytes"] = fetched;
+  out["deliveredBytes"] = delivered;
+  out["amplification"] = delivered ? static_cast<double>(fetched) / static_cast<double>(delivered) : 0.0;
+  out["evictedBytes"] = c.evicted_bytes.load();
+  out["residentBytes"] = cache_->resident_bytes();
+  out["capacityBytes"] = cache_->capacity_bytes();
+  out["lookaheadSteps"] = fetch_ahead_->ahead_steps();
+  out["lookaheadBytes"] = fetch_ahead_->ahead_bytes();
+  out["corruptBlocks"] = c.corrupt_blocks.load();
+  out["writeErrors"] = c.write_errors.load();
+  out["storing"] = cache_->storing();
+  out["warm"] = warm_.load();
+  return out;
 }
 
 void Sidecar::Watchdog() {
@@ -617,7 +772,17 @@ void Sidecar::Watchdog() {
 
 int Sidecar::Run() {
   server_->Run();
-  LogInfo("sidecar stopping", {{"job", job_name_}, {"process", options_.process}});
+  const nlohmann::json c = CacheJson();
+  LogInfo("sidecar stopping", {{"job", job_name_},
+                               {"process", options_.process},
+                               {"cache_mode", cache_mode_},
+                               {"cache_reason", cache_reason_},
+                               {"cache_fetched_bytes", c.value("fetchedBytes", uint64_t{0})},
+                               {"cache_delivered_bytes", c.value("deliveredBytes", uint64_t{0})},
+                               {"cache_hits", c.value("hits", uint64_t{0})},
+                               {"cache_misses", c.value("misses", uint64_t{0})},
+                               {"cache_corrupt_blocks", c.value("corruptBlocks", uint64_t{0})},
+                               {"cache_write_errors", c.value("writeErrors", uint64_t{0})}});
   return failed_ ? 1 : 0;
 }
 

@@ -54,6 +54,9 @@
 #include "planner/shard_planner.h"
 #include "protocol/protocol.h"
 #include "sidecar/progress.h"
+#include "sidecar/cache/block_cache.h"
+#include "sidecar/cache/cached_source.h"
+#include "sidecar/cache/fetch_ahead.h"
 #include "sidecar/source/source.h"
 #include "sidecar/staging/batch_layout.h"
 #include "sidecar/staging/device_memory.h"
@@ -117,6 +120,9 @@ struct SidecarOptions {
   std::chrono::milliseconds stall_report_after{3000};
   /// How long a connected client has to send CLIENT_HELLO.
   std::chrono::milliseconds hello_timeout{5000};
+  /// The node-local block cache of a remote dataset (spec.dataset.cache;
+  /// sidecar/cache/block_cache.h); empty: none, reads go to the source.
+  std::string cache_dir;
   /// The clock the timeouts above run on (the trainer's hello, a refused
   /// connection's drain, the watchdog, the slot pool's and the peer
   /// exchange's timeouts); null: Clock::Real().
@@ -149,6 +155,9 @@ class Sidecar {
   Status Init(const planner::ValidJob& job);
   // Sets up GPU staging as options_.staging asks (device_, staging_reason_).
   Status InitDeviceStaging();
+  // A remote dataset's block cache and fetch-ahead, as spec.dataset.cache
+  // and --cache-dir say (cache_mode_, cache_reason_), interposed in sources_.
+  Status InitCache();
   void ProducerMain(int index) MESHLOAD_EXCLUDES(producer_mu_);
   // A step could not be staged: staging stops for good (counted as `kind`,
   // logged as `what`); the server tells trainers and /healthz fails.
@@ -177,7 +186,16 @@ class Sidecar {
   std::unique_ptr<staging::HostSlotMemory> memory_;
   std::unique_ptr<staging::DeviceSlotMemory> device_;  // GPU staging; null: host staging
   std::unique_ptr<staging::SlotPool> pool_;
+  // The block cache of a remote dataset (null: none; cache_reason_ says why).
+  std::unique_ptr<cache::BlockCache> cache_;
+  std::unique_ptr<cache::CachedSource> cached_;
+  std::string cache_mode_ = "none";  // blocks, direct (a remote dataset read without the cache) or none
+  std::string cache_reason_;
   std::unique_ptr<StepLoader> loader_;
+  // After the loader: it plans like the loader and fills what it will read.
+  std::unique_ptr<cache::FetchAhead> fetch_ahead_;
+  std::atomic<bool> warm_{true};  // spec.dataset.cache.warmSteps done (readiness)
+  std::thread warm_thread_;
   std::vector<std::vector<staging::StagedTensor>> slot_staged_;  // per slot, written before MarkReady
   std::unique_ptr<metrics::HealthServer> health_;
   int metrics_port_ = -1;
@@ -210,6 +228,9 @@ class Sidecar {
   std::unique_ptr<ProgressWindow> progress_;
   ProgressSample TakeProgressSample() const;
   std::string ProgressJson();
+  // The block cache's figures: its metrics (collect hook) and /progress's "cache".
+  void CountCache() const;
+  nlohmann::json CacheJson() const;
 
   // Per-dataset figures (meshload_dataset_*_total, /progress "datasets"):
   // the consumed steps' samples of the shards this process owns, counted

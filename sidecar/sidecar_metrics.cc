@@ -1,5 +1,7 @@
 #include "sidecar/sidecar_metrics.h"
 
+#include <chrono>
+
 namespace meshload::sidecar {
 
 const metrics::BucketBoundaries kReadLatencyBuckets = metrics::ExponentialBuckets(1e-5, 2, 20);
@@ -97,7 +99,37 @@ SidecarMetrics::SidecarMetrics(metrics::Registry& r)
       dataset_padding(Labelled<Counter>(r, "meshload_dataset_padding_tokens_total",
                                         "Padding tokens of the packed rows (spec.tokens.mode Pack) that "
                                         "meshload_dataset_samples_total counts, by dataset: their rows' "
-                                        "sequenceLength minus their document tokens.")) {}
+                                        "sequenceLength minus their document tokens.")),
+      cache_mode(Labelled<Gauge>(r, "meshload_cache_mode",
+                                 "How a remote dataset is read: blocks (through the node-local block cache), direct "
+                                 "(each read's bytes from the source) or none (a local dataset); 1 for the mode in "
+                                 "use.")),
+      cache_capacity(Unlabelled<Gauge>(r, "meshload_cache_capacity_bytes",
+                                       "The block cache's capacity (spec.dataset.cache.capacityBytes).")),
+      cache_bytes(Unlabelled<Gauge>(r, "meshload_cache_bytes",
+                                    "Bytes of the blocks in the cache directory (this job's and those it found).")),
+      cache_hits(Unlabelled<Counter>(r, "meshload_cache_hits_total", "Block reads that found their block cached.")),
+      cache_misses(Unlabelled<Counter>(r, "meshload_cache_misses_total",
+                                       "Block reads that waited for their block (fetched then, or being fetched).")),
+      cache_fetched_bytes(Unlabelled<Counter>(
+          r, "meshload_cache_fetched_bytes_total",
+          "Bytes fetched from remote storage for the dataset (blocks, and direct reads while the cache's disk "
+          "refuses blocks); over meshload_cache_delivered_bytes_total, the fetch amplification.")),
+      cache_delivered_bytes(Unlabelled<Counter>(r, "meshload_cache_delivered_bytes_total",
+                                                "Bytes of the remote dataset read into batches.")),
+      cache_evicted_bytes(Unlabelled<Counter>(r, "meshload_cache_evicted_bytes_total",
+                                              "Block bytes evicted from the cache to make room.")),
+      cache_errors(Labelled<Counter>(r, "meshload_cache_errors_total",
+                                     "Block cache problems by kind: corrupt (a block failed its checksum or was "
+                                     "truncated: fetched again), write (the disk refused a block: reads went to the "
+                                     "source), fetch_ahead (a fill ahead of need failed: the read fetched it).")),
+      cache_lookahead_steps(Unlabelled<Gauge>(r, "meshload_cache_lookahead_steps",
+                                              "Steps planned and fetched ahead of the last one consumed.")),
+      cache_lookahead_bytes(
+          Unlabelled<Gauge>(r, "meshload_cache_lookahead_bytes", "Block bytes fetched for steps not consumed yet.")),
+      time_to_first_batch(Unlabelled<Gauge>(r, "meshload_time_to_first_batch_seconds",
+                                            "From the sidecar's start to the first batch handed to a trainer (0 "
+                                            "until then).")) {}
 
 void SidecarMetrics::SetSlotCounts(const staging::SlotCounts& c) {
   slots.Add({{"state", "free"}}).Set(c.free);
@@ -126,6 +158,31 @@ void SidecarMetrics::CountPeers(const exchange::ExchangeCounters& now) {
   add("credited", now.credits_received, peer_seen_.credits_received, false);
   peer_reconnects.Increment(static_cast<double>(now.reconnects - peer_seen_.reconnects));
   peer_seen_.reconnects = now.reconnects;
+}
+
+void SidecarMetrics::CountCache(const CacheCounts& now) {
+  auto add = [](metrics::Counter& c, uint64_t value, uint64_t& seen) {
+    c.Increment(static_cast<double>(value - seen));
+    seen = value;
+  };
+  add(cache_hits, now.hits, cache_seen_.hits);
+  add(cache_misses, now.misses, cache_seen_.misses);
+  add(cache_fetched_bytes, now.fetched_bytes, cache_seen_.fetched_bytes);
+  add(cache_delivered_bytes, now.delivered_bytes, cache_seen_.delivered_bytes);
+  add(cache_evicted_bytes, now.evicted_bytes, cache_seen_.evicted_bytes);
+  add(cache_errors.Add({{"kind", "corrupt"}}), now.corrupt, cache_seen_.corrupt);
+  add(cache_errors.Add({{"kind", "write"}}), now.write_errors, cache_seen_.write_errors);
+  add(cache_errors.Add({{"kind", "fetch_ahead"}}), now.ahead_errors, cache_seen_.ahead_errors);
+}
+
+void SidecarMetrics::Delivered() {
+  batches_delivered.Increment();
+  if (!delivered_once_.exchange(true)) {
+    const int64_t now =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count();
+    time_to_first_batch.Set(static_cast<double>(now - started_ns.load()) / 1e9);
+  }
 }
 
 void RegisterJobInfo(metrics::Registry& r, const std::string& job, int64_t process, std::string_view strategy) {

@@ -12,6 +12,7 @@
 /// StorageMetricsObserver is called by every reader thread at once.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -63,6 +64,19 @@ struct SidecarMetrics {
   metrics::Family<metrics::Counter>& dataset_samples;
   metrics::Family<metrics::Counter>& dataset_tokens;
   metrics::Family<metrics::Counter>& dataset_padding;
+  // The block cache of a remote dataset (sidecar/cache/).
+  metrics::Family<metrics::Gauge>& cache_mode;
+  metrics::Gauge& cache_capacity;
+  metrics::Gauge& cache_bytes;
+  metrics::Counter& cache_hits;
+  metrics::Counter& cache_misses;
+  metrics::Counter& cache_fetched_bytes;
+  metrics::Counter& cache_delivered_bytes;
+  metrics::Counter& cache_evicted_bytes;
+  metrics::Family<metrics::Counter>& cache_errors;
+  metrics::Gauge& cache_lookahead_steps;
+  metrics::Gauge& cache_lookahead_bytes;
+  metrics::Gauge& time_to_first_batch;
 
   void Error(std::string_view kind) { errors.Add({{"kind", std::string(kind)}}).Increment(); }
 
@@ -74,8 +88,22 @@ struct SidecarMetrics {
   /// collect hook only (its collect lock orders the calls).
   void CountPeers(const exchange::ExchangeCounters& now);
 
+  /// The block cache's counts, `now` (as CountPeers: from the collect hook).
+  struct CacheCounts {
+    uint64_t hits = 0, misses = 0, fetched_bytes = 0, delivered_bytes = 0, evicted_bytes = 0;
+    uint64_t corrupt = 0, write_errors = 0, ahead_errors = 0;
+  };
+  void CountCache(const CacheCounts& now);
+
+  /// A batch handed to the trainer (READY sent): counted, and the first
+  /// one's time since `started_ns` (the sidecar's start, steady clock) kept.
+  void Delivered();
+  std::atomic<int64_t> started_ns{0};
+
  private:
   exchange::ExchangeCounters peer_seen_;  // what the peer families have counted
+  CacheCounts cache_seen_;                // what the cache families have counted
+  std::atomic<bool> delivered_once_{false};
 };
 
 /// Registers meshload_job_info{dataloadjob, process, strategy} 1: which job

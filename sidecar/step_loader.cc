@@ -108,7 +108,10 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const planner::ShardPlann
   for (const auto& f : job.dataset.files()) {
     MESHLOAD_ASSIGN_OR_RETURN(auto src, sources.For(f.path));
     loader->files_.push_back(src);
-    loader->latency_bound_ = loader->latency_bound_ || src.first->LatencyBound();
+    if (std::find(loader->distinct_sources_.begin(), loader->distinct_sources_.end(), src.first) ==
+        loader->distinct_sources_.end()) {
+      loader->distinct_sources_.push_back(src.first);
+    }
   }
   loader->extensions_ = source::WebDatasetExtensions(job.dataset);
   loader->file_names_ = source::RecordFileNames(job.dataset);
@@ -359,6 +362,16 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
   const planner::TokenRows* rows = ds.token_rows();
   const int64_t first_device = layout_.devices.front().device;
   c.eod_checks.clear();
+  // Asked each step: a cached remote source waits on the network only
+  // while its disk refuses blocks, and a source's gap follows what it
+  // measured.
+  c.latency_bound = false;
+  c.max_gap = 0;
+  for (source::Source* s : distinct_sources_) {
+    if (!s->LatencyBound()) continue;
+    c.latency_bound = true;
+    c.max_gap = std::max(c.max_gap, std::min(options_.max_gap_bytes, s->GapWorthReading()));
+  }
   PlaceSamples(plan, slot, c);
 
   // Where each sample goes: the first local device holding its shard (the
@@ -455,7 +468,7 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
     // Walk the pieces in file order; each run of touching pieces is one
     // coalesced range (split at max_read_bytes) and becomes one ReadOp; for
     // a latency-bound source, so is a run whose gaps are at most
-    // max_gap_bytes (the gaps are read into scratch and dropped).
+    // c.max_gap (the gaps are read into scratch and dropped).
     ReadOp* op = nullptr;
     uint64_t pos = 0;  // next file byte the current op will read
     uint64_t op_bytes = 0;
@@ -469,8 +482,8 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
       // neighbours (the shared token, handled below); variable-size
       // samples whose index points them at shared bytes are read again.
       const bool touches = op && prev && p.file == prev->file && (variable ? p.offset == pos : p.offset <= pos);
-      const bool bridges = latency_bound_ && op && prev && p.file == prev->file && p.offset > pos &&
-                           p.offset - pos <= options_.max_gap_bytes;
+      const bool bridges =
+          c.latency_bound && op && prev && p.file == prev->file && p.offset > pos && p.offset - pos <= c.max_gap;
       if ((!touches && !bridges) || op_bytes >= options_.max_read_bytes) {
         // A split of a long range goes on where the last read stopped, so a
         // shared token is read once (and copied); after a dropped piece it
@@ -693,7 +706,7 @@ Status StepLoader::RunOps(Caller& c) {
   uint64_t total = 0;
   for (size_t i = 0; i < count; ++i) total += ops[i].length;
   const size_t threads = threads_.size() + 1;
-  if ((total < options_.inline_step_bytes && !latency_bound_) || count < 2 || threads == 1) {
+  if ((total < options_.inline_step_bytes && !c.latency_bound) || count < 2 || threads == 1) {
     return RunChunk(ops, count, *c.inflight);
   }
   const uint64_t per_chunk = (total + threads - 1) / threads;

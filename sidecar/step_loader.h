@@ -74,11 +74,12 @@ struct StepLoaderOptions {
   /// reader threads costs more than the reads (local files only: a
   /// latency-bound source's reads always go to every reader thread).
   uint64_t inline_step_bytes = 512ull << 10;
-  /// For a latency-bound (remote) source: ranges of one object at most this
-  /// far apart are read by one request, the bytes between them dropped
-  /// (a ranged GET costs a round trip; a MiB more of its body costs less).
-  /// 0: only touching ranges are merged.
-  uint64_t max_gap_bytes = 1ull << 20;
+  /// For a latency-bound (remote) source: ranges of one object whose gap
+  /// costs less read (and dropped) than a second request, at the latency
+  /// and bandwidth the source measured (Source::GapWorthReading), are read
+  /// by one request; never across a gap longer than this. 0: only touching
+  /// ranges are merged.
+  uint64_t max_gap_bytes = 8ull << 20;
   /// Copy a shard to the local devices that replicate it inside the host
   /// slot. Off for GPU staging, where replicas get a device-to-device copy.
   bool host_replica_copies = true;
@@ -228,6 +229,10 @@ class StepLoader {
     std::vector<planner::RowPiece> row_pieces;
     std::vector<std::pair<const uint8_t*, uint64_t>> eod_checks;
     Inflight* inflight = nullptr;
+    // This step's: whether a source waits on the network (its reads then
+    // go to every reader thread), and the longest gap a read bridges.
+    bool latency_bound = false;
+    uint64_t max_gap = 0;
     ReadOp& NewOp();
   };
 
@@ -268,8 +273,8 @@ class StepLoader {
   const staging::BatchLayout layout_;
   const StepLoaderOptions options_;
   std::vector<std::pair<source::Source*, std::string>> files_;  // per dataset file
-  bool latency_bound_ = false;
-  std::vector<std::string> extensions_;  // WebDataset: the fields' member extensions
+  std::vector<source::Source*> distinct_sources_;               // of files_, each once
+  std::vector<std::string> extensions_;                         // WebDataset: the fields' member extensions
   std::vector<std::string> file_names_;  // WebDataset, MDS: the files as messages name them  // a file's source is
                                          // (Source::LatencyBound): no inline steps
 

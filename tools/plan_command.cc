@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "planner/fetch_plan.h"
 #include "sidecar/source/dataset_facts.h"
 #include "planner/shard_planner.h"
 #include "common/flags.h"
@@ -580,6 +581,63 @@ std::vector<CompareRow> Compare(const planner::ShardPlanner& planner, int64_t a,
   return rows;
 }
 
+// A remote dataset's reads under each shuffle mode, for process 0 and the
+// job's strategy, over one epoch: what it reads, what it fetches through
+// the block cache, and the cache that needs (planner/fetch_plan.h).
+struct FetchRow {
+  planner::ShuffleSpec shuffle;
+  bool selected = false;
+  planner::FetchEstimate est;
+};
+
+bool RemoteDataset(const planner::ResolvedJob& job) {
+  const std::string scheme = sidecar::source::SourceRegistry::SchemeOf(job.spec.dataset.uri);
+  return scheme != "file";
+}
+
+std::vector<FetchRow> FetchRows(const planner::ShardPlanner& planner) {
+  const planner::ResolvedJob& job = planner.job();
+  const planner::DatasetCache& c = job.spec.dataset.cache;
+  const planner::BlockGeometry g{static_cast<uint64_t>(c.block_bytes), static_cast<uint64_t>(c.whole_object_bytes)};
+  // Block and Window rows use the job's blockSize, else about one cache
+  // block's samples.
+  const planner::ShuffleSpec& own = job.spec.shuffle;
+  const double mean = std::max(1.0, job.dataset.variable_size() ? job.dataset.mean_sample_bytes()
+                                                                : static_cast<double>(job.dataset.sample_bytes()));
+  const int64_t block = own.block_size_set
+                            ? own.block_size
+                            : std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(g.block_bytes) / mean));
+  std::vector<FetchRow> rows;
+  for (planner::ShuffleMode m : {planner::ShuffleMode::kNone, planner::ShuffleMode::kGlobal,
+                                 planner::ShuffleMode::kBlock, planner::ShuffleMode::kWindow}) {
+    FetchRow r;
+    r.shuffle = own;
+    r.shuffle.mode = m;
+    if (m != own.mode) {
+      r.shuffle.block_size = block;
+      r.shuffle.block_size_set = m == planner::ShuffleMode::kBlock || m == planner::ShuffleMode::kWindow;
+      r.shuffle.window_blocks_set = m == planner::ShuffleMode::kWindow;
+    }
+    r.selected = m == own.mode;
+    planner::ResolvedJob variant = job;
+    variant.spec.shuffle = r.shuffle;
+    const planner::ShardPlanner p(std::move(variant));
+    r.est = planner::EstimateFetch(p, p.DefaultLoading(), 0, g);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+std::string ShuffleText(const planner::ShuffleSpec& s) {
+  std::string out(ToString(s.mode));
+  if (s.mode == planner::ShuffleMode::kBlock || s.mode == planner::ShuffleMode::kWindow) {
+    out += " (" + std::to_string(s.block_size);
+    if (s.mode == planner::ShuffleMode::kWindow) out += " x " + std::to_string(s.window_blocks);
+    out += ")";
+  }
+  return out;
+}
+
 int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int64_t a, int64_t b,
                const std::string& job_name) {
   const planner::ResolvedJob& job = planner.job();
@@ -623,6 +681,30 @@ int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int
       arr.push_back(std::move(j));
     }
     out["compare"] = std::move(arr);
+    if (RemoteDataset(job) && known) {
+      const planner::DatasetCache& c = job.spec.dataset.cache;
+      ordered_json remote = {{"process", 0},
+                             {"blockBytes", c.block_bytes},
+                             {"wholeObjectBytes", c.whole_object_bytes},
+                             {"capacityBytes", c.capacity_bytes}};
+      ordered_json shuffles = ordered_json::array();
+      for (const FetchRow& r : FetchRows(planner)) {
+        const bool fits = r.est.working_set_bytes <= static_cast<uint64_t>(c.capacity_bytes);
+        shuffles.push_back({{"shuffle", ToString(r.shuffle.mode)},
+                            {"blockSize", r.shuffle.block_size},
+                            {"windowBlocks", r.shuffle.window_blocks},
+                            {"selected", r.selected},
+                            {"epochComplete", r.est.complete},
+                            {"steps", r.est.steps},
+                            {"readBytesPerEpoch", r.est.read_bytes},
+                            {"fetchedBytesPerEpoch", r.est.block_bytes},
+                            {"cacheNeededBytes", r.est.working_set_bytes},
+                            {"amplification", r.est.Amplification()},
+                            {"autoMode", fits ? "Blocks" : "Direct"}});
+      }
+      remote["shuffles"] = std::move(shuffles);
+      out["remote"] = std::move(remote);
+    }
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -650,6 +732,28 @@ int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int
                 Bytes(r.max_sent, known).c_str(), Bytes(r.max_recv, known).c_str());
   }
   std::cout << "\n* the job's strategy. LoadAndReshard reads each position once, so its fan-out changes nothing.\n";
+  if (RemoteDataset(job) && known) {
+    const planner::DatasetCache& c = job.spec.dataset.cache;
+    std::cout << "\nremote dataset: one epoch of process 0 under each shuffle, through the block cache (blocks of "
+              << HumanBytes(static_cast<double>(c.block_bytes)) << ", objects up to "
+              << HumanBytes(static_cast<double>(c.whole_object_bytes)) << " whole; capacity "
+              << HumanBytes(static_cast<double>(c.capacity_bytes)) << ")\n";
+    std::printf("  %-24s %14s %16s %14s %10s %8s\n", "shuffle", "read/epoch", "fetched/epoch", "cache needed",
+                "amplif.", "Auto");
+    for (const FetchRow& r : FetchRows(planner)) {
+      const bool fits = r.est.working_set_bytes <= static_cast<uint64_t>(c.capacity_bytes);
+      std::printf("%s %-24s %14s %16s %14s %9.2fx %8s%s\n", r.selected ? "*" : " ", ShuffleText(r.shuffle).c_str(),
+                  HumanBytes(static_cast<double>(r.est.read_bytes)).c_str(),
+                  HumanBytes(static_cast<double>(r.est.block_bytes)).c_str(),
+                  HumanBytes(static_cast<double>(r.est.working_set_bytes)).c_str(), r.est.Amplification(),
+                  fits ? "Blocks" : "Direct",
+                  r.est.complete ? "" : (" (first " + std::to_string(r.est.steps) + " steps)").c_str());
+    }
+    std::cout << "\n* the job's shuffle. fetched/epoch: whole blocks, with a cache of at least `cache needed` (each "
+                 "block held from its first to its last read in the epoch; a cache that holds the dataset fetches "
+                 "nothing in later epochs). Auto: Blocks when the capacity holds it, else Direct (each read's own "
+                 "bytes, every epoch).\n";
+  }
   return 0;
 }
 

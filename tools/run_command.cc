@@ -73,6 +73,9 @@ with the credentials and endpoint of the usual AWS variables
                              sidecar's, 4 for local files, 16 for remote data)
   --run-dir DIR              where sockets, logs and the job go (default: a new
                              temporary directory, removed afterwards)
+  --cache-dir DIR            the block cache the sidecars share for a remote
+                             (s3://, http(s)://) dataset, kept across runs
+                             (default: the run directory's, removed with it)
 
 exit codes: 0 every batch verified; 1 an error or a mismatch; 2 usage
 )";
@@ -150,7 +153,7 @@ Result<std::string> RewriteJob(const std::string& job_path, const std::string& u
 }
 
 struct RunOptions {
-  std::string file, generate_dir, dataset, verify = "bytes", run_dir;
+  std::string file, generate_dir, dataset, verify = "bytes", run_dir, cache_dir;
   bool local = false;
   int64_t steps = -1, files = 2, delay_ms = 0, reader_threads = 0;
   std::optional<int64_t> samples;
@@ -193,6 +196,9 @@ class LocalRun {
   int StartSidecars();
   int StartTrainers();
   int Supervise();
+  // The remote dataset's reads, from each sidecar's last log line: the
+  // cache's mode and its fetched and delivered bytes.
+  void PrintStorage() const;
   // Waits up to `timeout` for the trainers' output and reads it; a line at
   // a time, the last one and the final report of each kept.
   void ReadTrainers(std::chrono::milliseconds timeout);
@@ -451,6 +457,9 @@ int LocalRun::StartSidecars() {
                                      "--socket",  sock,    "--metrics-port", "0",         "--metrics-address",
                                      "127.0.0.1"};
     if (o_.reader_threads > 0) argv.insert(argv.end(), {"--reader-threads", std::to_string(o_.reader_threads)});
+    // The sidecars of this machine share one block cache, as the pods of a
+    // node do with the chart's shared cache; a local dataset ignores it.
+    argv.insert(argv.end(), {"--cache-dir", o_.cache_dir.empty() ? run_dir_ + "/cache" : o_.cache_dir});
     if (moves_) {
       argv.insert(argv.end(), {"--peers", peer_list_, "--peer-listen-fd", std::to_string(kPeerListenFd),
                                "--peer-secret-file", secret_path_});
@@ -622,6 +631,45 @@ void LocalRun::StopSidecars() {
   }
 }
 
+void LocalRun::PrintStorage() const {
+  std::string mode, reason;
+  uint64_t fetched = 0, delivered = 0, hits = 0, misses = 0, corrupt = 0, refused = 0;
+  bool any = false;
+  for (int64_t p = 0; p < P_; ++p) {
+    std::ifstream in(run_dir_ + "/sidecar-" + std::to_string(p) + ".log");
+    std::string line;
+    nlohmann::json last;
+    while (std::getline(in, line)) {
+      if (line.find("\"sidecar stopping\"") == std::string::npos) continue;
+      last = nlohmann::json::parse(line, nullptr, false);
+    }
+    if (!last.is_object() || last.value("cache_mode", std::string("none")) == "none") continue;
+    any = true;
+    mode = last.value("cache_mode", std::string());
+    reason = last.value("cache_reason", std::string());
+    fetched += last.value("cache_fetched_bytes", uint64_t{0});
+    delivered += last.value("cache_delivered_bytes", uint64_t{0});
+    hits += last.value("cache_hits", uint64_t{0});
+    misses += last.value("cache_misses", uint64_t{0});
+    corrupt += last.value("cache_corrupt_blocks", uint64_t{0});
+    refused += last.value("cache_write_errors", uint64_t{0});
+  }
+  if (!any) return;
+  if (mode == "blocks") {
+    std::printf(
+        "  remote storage       through the block cache: %s fetched for %s delivered (amplification %.2f), "
+        "%" PRIu64 " block hits, %" PRIu64 " misses%s\n",
+        Human(static_cast<double>(fetched), "B").c_str(), Human(static_cast<double>(delivered), "B").c_str(),
+        delivered ? static_cast<double>(fetched) / static_cast<double>(delivered) : 0.0, hits, misses,
+        corrupt || refused ? (", " + std::to_string(corrupt) + " corrupt blocks fetched again, " +
+                              std::to_string(refused) + " refused by the disk")
+                                 .c_str()
+                           : "");
+  } else {
+    std::printf("  remote storage       read directly: %s\n", reason.c_str());
+  }
+}
+
 int LocalRun::Report() {
   rusage ru{};
   ::getrusage(RUSAGE_CHILDREN, &ru);
@@ -681,6 +729,7 @@ int LocalRun::Report() {
                                   : "");
   std::printf("  verified             %s, %" PRIu64 " mismatches, %" PRIu64 " reconnects\n", o_.verify.c_str(),
               mismatches, reconnects);
+  PrintStorage();
   if (!errors.empty()) std::printf("  errors:\n%s", errors.c_str());
   if (!temp_dir_) std::printf("  logs                 %s\n", run_dir_.c_str());
   const bool ok = mismatches == 0 && errors.empty() && (g_interrupted || total_steps > 0);
@@ -704,6 +753,7 @@ int RunRun(const std::vector<std::string>& args) {
   flags.Int({"--delay-ms"}, &o.delay_ms);
   flags.Int({"--reader-threads"}, &o.reader_threads);
   flags.String({"--run-dir"}, &o.run_dir);
+  flags.String({"--cache-dir"}, &o.cache_dir);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (!o.local)
     return UsageError("run: only --local is available here; in a cluster the controller starts the sidecars");

@@ -20,6 +20,8 @@ constexpr char kRunVolume[] = "meshload-run";
 constexpr char kPeerVolume[] = "meshload-peer";
 constexpr char kS3Volume[] = "meshload-s3";
 constexpr char kS3Dir[] = "/etc/meshload/s3";
+constexpr char kCacheVolume[] = "meshload-cache";
+constexpr char kCacheDir[] = "/var/cache/meshload";
 constexpr char kJobDir[] = "/etc/meshload/job";
 constexpr char kPeerDir[] = "/etc/meshload/peer";
 constexpr char kRunDir[] = "/run/meshload";
@@ -84,7 +86,7 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   }
   for (const auto& v : Items(spec, "volumes")) {
     const std::string name = Str(v, "name");
-    if (name == kJobVolume || name == kRunVolume || name == kPeerVolume || name == kS3Volume) {
+    if (name == kJobVolume || name == kRunVolume || name == kPeerVolume || name == kS3Volume || name == kCacheVolume) {
       return Refuse(what + " already has a volume named " + name + ", which the sidecar's injection adds for " +
                     job_ref + ": rename it");
     }
@@ -157,6 +159,15 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
     mounts.push_back({{"name", kS3Volume}, {"mountPath", kS3Dir}, {"readOnly", true}});
     env.push_back({{"name", "MESHLOAD_S3_CREDENTIALS_DIR"}, {"value", kS3Dir}});
   }
+  // A remote dataset's block cache (spec.dataset.cache): an emptyDir of
+  // its capacity, or the node's directory the chart shares between jobs.
+  const planner::DatasetCache& cache = js.dataset.cache;
+  const bool remote = js.dataset.uri.find("://") != std::string::npos && js.dataset.uri.rfind("file://", 0) != 0;
+  const bool cached = remote && cache.mode != planner::CacheMode::kDirect;
+  if (cached) {
+    mounts.push_back({{"name", kCacheVolume}, {"mountPath", kCacheDir}});
+    env.push_back({{"name", "MESHLOAD_CACHE_DIR"}, {"value", kCacheDir}});
+  }
   sidecar["args"] = args;
   sidecar["env"] = env;
   sidecar["ports"] = ports;
@@ -178,7 +189,21 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
     }
   }
   if (!claims.empty()) resources["claims"] = claims;
+  if (cached && options.cache_host_path.empty()) {
+    // The cache's disk, so the scheduler places the pod where it fits and
+    // the kubelet does not evict it for using what it asked for.
+    json& requests = resources["requests"];
+    if (!requests.is_object()) requests = json::object();
+    if (!requests.contains("ephemeral-storage")) requests["ephemeral-storage"] = std::to_string(cache.capacity_bytes);
+  }
   if (!resources.empty()) sidecar["resources"] = resources;
+  if (cached && cache.warm_steps > 0) {
+    // The trainer container starts once the first steps' blocks are cached
+    // (a native sidecar's startup probe holds the pod's containers).
+    sidecar["startupProbe"] = {{"httpGet", {{"path", "/readyz"}, {"port", options.metrics_port}}},
+                               {"periodSeconds", 2},
+                               {"failureThreshold", 900}};
+  }
 
   // Restricted (Pod Security Standards), and the trainer's uid where the
   // trainer sets its own: the sidecar accepts connections from its own uid.
@@ -229,6 +254,14 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   if (s3_secret) {
     volumes.push_back(
         {{"name", kS3Volume}, {"secret", {{"secretName", js.dataset.s3->credentials_secret}, {"defaultMode", 0440}}}});
+  }
+  if (cached) {
+    if (options.cache_host_path.empty()) {
+      volumes.push_back({{"name", kCacheVolume}, {"emptyDir", {{"sizeLimit", std::to_string(cache.capacity_bytes)}}}});
+    } else {
+      volumes.push_back(
+          {{"name", kCacheVolume}, {"hostPath", {{"path", options.cache_host_path}, {"type", "Directory"}}}});
+    }
   }
   json trainers = containers;
   for (auto& c : trainers) {

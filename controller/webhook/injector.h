@@ -47,6 +47,10 @@ struct InjectorOptions {
   /// The group that may read the peer secret (0440), set as the pod's
   /// fsGroup when the pod has none and the job needs the secret.
   int64_t fs_group = 65532;
+  /// A node directory the sidecars of every job share as their block cache
+  /// (it must exist and be writable by the sidecar's user); empty: each
+  /// sidecar gets an emptyDir of its job's spec.dataset.cache.capacityBytes.
+  std::string cache_host_path;
 };
 
 /// A DataLoadJob by namespace and name from the controller's cache (null:

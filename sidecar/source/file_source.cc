@@ -249,7 +249,9 @@ class FileSource final : public Source {
       observer_->OnError(kScheme, "io");
       return InvalidArgument("not a regular file", path);
     }
-    return ObjectInfo{static_cast<uint64_t>(st.st_size)};
+    ObjectInfo info;
+    info.size = static_cast<uint64_t>(st.st_size);
+    return info;
   }
 
   // A file, a directory's regular non-hidden files, or a glob's regular

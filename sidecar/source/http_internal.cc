@@ -130,6 +130,35 @@ std::chrono::nanoseconds BackoffBound(int retry, std::chrono::milliseconds initi
   return std::chrono::nanoseconds(static_cast<int64_t>(std::max(0.0, std::min(bound, cap))));
 }
 
+void TransferCostModel::Add(uint64_t bytes, double seconds) {
+  constexpr double kWeight = 0.1;  // of a new measurement
+  MutexLock lock(mu_);
+  if (bytes <= kSmallBytes) {
+    latency_ = small_++ == 0 ? seconds : latency_ + kWeight * (seconds - latency_);
+  } else if (bytes >= kLargeBytes) {
+    const double moving = seconds - latency_;
+    if (moving <= 0) return;
+    const double bw = static_cast<double>(bytes) / moving;
+    bandwidth_ = large_++ == 0 ? bw : bandwidth_ + kWeight * (bw - bandwidth_);
+  }
+}
+
+uint64_t TransferCostModel::GapWorthReading() const {
+  MutexLock lock(mu_);
+  const double gap = latency_ * bandwidth_;
+  return static_cast<uint64_t>(std::clamp(gap, 4096.0, 64.0 * (1 << 20)));
+}
+
+double TransferCostModel::latency() const {
+  MutexLock lock(mu_);
+  return latency_;
+}
+
+double TransferCostModel::bandwidth() const {
+  MutexLock lock(mu_);
+  return bandwidth_;
+}
+
 }  // namespace internal
 
 }  // namespace meshload::sidecar::source

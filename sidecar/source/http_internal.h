@@ -17,7 +17,9 @@
 #include <string_view>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "sidecar/source/source.h"
 
 namespace meshload::sidecar::source::internal {
@@ -71,6 +73,38 @@ struct HttpHooks {
   std::function<HttpErrorDetail(int status, std::string_view body)> explain;
 };
 
+/// What one request costs, from the requests a transport made: a latency
+/// (the time of a request of few bytes) and a bandwidth (what a large
+/// request moves per second once it started), each an exponentially
+/// weighted mean. GapWorthReading() = latency × bandwidth: the bytes a
+/// request moves in the time a second request would wait for its first
+/// byte, so a gap up to that long between two needed ranges is cheaper
+/// read and dropped than skipped. Before it has measured both it assumes
+/// what `assumed_latency` and `assumed_bandwidth` say.
+/// Thread safety: thread-safe.
+class TransferCostModel {
+ public:
+  TransferCostModel(double assumed_latency = 0.002, double assumed_bandwidth = 100e6)
+      : latency_(assumed_latency), bandwidth_(assumed_bandwidth) {}
+  /// One request of `bytes` that took `seconds`.
+  void Add(uint64_t bytes, double seconds) MESHLOAD_EXCLUDES(mu_);
+  uint64_t GapWorthReading() const MESHLOAD_EXCLUDES(mu_);
+  double latency() const MESHLOAD_EXCLUDES(mu_);
+  double bandwidth() const MESHLOAD_EXCLUDES(mu_);
+
+  /// Requests of at most this many bytes measure the latency; of at least
+  /// kLargeBytes, the bandwidth.
+  static constexpr uint64_t kSmallBytes = 64 << 10;
+  static constexpr uint64_t kLargeBytes = 1 << 20;
+
+ private:
+  mutable Mutex mu_;
+  double latency_ MESHLOAD_GUARDED_BY(mu_);
+  double bandwidth_ MESHLOAD_GUARDED_BY(mu_);
+  uint64_t small_ MESHLOAD_GUARDED_BY(mu_) = 0;
+  uint64_t large_ MESHLOAD_GUARDED_BY(mu_) = 0;
+};
+
 /// Ranged GETs streamed into iovecs, HEADs and small GETs over pooled
 /// keep-alive connections, with retries (jittered exponential backoff, or
 /// Retry-After) on 5xx, 429, timeouts and dropped connections, never on
@@ -82,13 +116,16 @@ class HttpTransport {
  public:
   HttpTransport(const SourceOptions& options, std::string scheme, HttpHooks hooks);
   ~HttpTransport();
-  /// The object's size: HEAD (unsigned transports fall back to a one-byte
-  /// ranged GET when HEAD gives no length or is refused).
-  Status Stat(const HttpUrl& url, uint64_t* size);
+  /// The object's size and, when the server gives one, its ETag: HEAD
+  /// (unsigned transports fall back to a one-byte ranged GET when HEAD
+  /// gives no length or is refused).
+  Status Stat(const HttpUrl& url, uint64_t* size, std::string* etag = nullptr);
   /// Bytes [offset, offset + Σ iov) into the iovecs.
   Status ReadV(const HttpUrl& url, uint64_t offset, const std::vector<iovec>& iov);
   /// A whole 200 response body of at most `limit` bytes (a listing).
   Status GetBody(const HttpUrl& url, std::string* body, uint64_t limit);
+  /// From the ranged GETs made so far (TransferCostModel).
+  uint64_t GapWorthReading() const;
 
  private:
   class Impl;

@@ -1,6 +1,7 @@
 // The "http" and "https" sources: a dataset served over HTTP(S), read
 // through the shared transport (http_transport.cc).
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,9 +22,9 @@ class HttpSource final : public Source {
 
   Result<ObjectInfo> Stat(const std::string& uri) override {
     MESHLOAD_ASSIGN_OR_RETURN(HttpUrl url, internal::ParseHttpUrl(uri));
-    uint64_t size = 0;
-    MESHLOAD_RETURN_IF_ERROR(For(url).Stat(url, &size));
-    return ObjectInfo{size};
+    ObjectInfo info;
+    MESHLOAD_RETURN_IF_ERROR(For(url).Stat(url, &info.size, &info.version));
+    return info;
   }
 
   Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override {
@@ -32,6 +33,9 @@ class HttpSource final : public Source {
   }
 
   bool LatencyBound() const override { return true; }
+  uint64_t GapWorthReading() const override {
+    return std::max(transport_.GapWorthReading(), transport_tls_.GapWorthReading());
+  }
 
  private:
   // Metrics and logs name the scheme the URL has.

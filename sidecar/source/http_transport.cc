@@ -299,8 +299,8 @@ class internal::HttpTransport::Impl {
         hooks_(std::move(hooks)),
         pool_(options_) {}
 
-  Status Stat(const HttpUrl& url, uint64_t* size) {
-    return WithRetries(url, url.redacted, [&] { return StatAttempt(url, size); });
+  Status Stat(const HttpUrl& url, uint64_t* size, std::string* etag) {
+    return WithRetries(url, url.redacted, [&] { return StatAttempt(url, size, etag); });
   }
 
   Status ReadV(const HttpUrl& url, uint64_t offset, const std::vector<iovec>& iov) {
@@ -315,10 +315,18 @@ class internal::HttpTransport::Impl {
     // A 206 body cut short leaves its bytes in place: the next attempt asks
     // for the rest only.
     uint64_t done = 0;
-    MESHLOAD_RETURN_IF_ERROR(WithRetries(url, location, [&] { return ReadAttempt(url, offset, len, iov, done); }));
-    observer_->OnRead(scheme_, len, std::chrono::duration<double>(Clock::now() - start).count());
+    int attempts = 0;
+    MESHLOAD_RETURN_IF_ERROR(WithRetries(url, location, [&] {
+      ++attempts;
+      return ReadAttempt(url, offset, len, iov, done);
+    }));
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    observer_->OnRead(scheme_, len, seconds);
+    if (attempts == 1) cost_.Add(len, seconds);  // a retried read's time is its backoff's too
     return Status::Ok();
   }
+
+  uint64_t GapWorthReading() const { return cost_.GapWorthReading(); }
 
   Status GetBody(const HttpUrl& url, std::string* body, uint64_t limit) {
     return WithRetries(url, url.redacted, [&] { return BodyAttempt(url, body, limit); });
@@ -541,7 +549,7 @@ class internal::HttpTransport::Impl {
     return FromHttpStatus(status, retry_after, Explain(status, error_body));
   }
 
-  Attempt StatAttempt(const HttpUrl& url, uint64_t* size) {
+  Attempt StatAttempt(const HttpUrl& url, uint64_t* size, std::string* etag) {
     auto checkout = pool_.Checkout(url);
     if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
     ClientPtr client = std::move(checkout).value();
@@ -554,6 +562,7 @@ class internal::HttpTransport::Impl {
     const int status = res->status;
     std::optional<uint64_t> length = ParseDecimal(res->get_header_value("Content-Length"));
     std::string retry_after = res->get_header_value("Retry-After");
+    if (etag != nullptr) *etag = res->get_header_value("ETag");
     pool_.Return(url, std::move(client));
     // A presigned URL is signed for one method, so a GET-signed URL answers
     // HEAD with 403; some servers do not allow HEAD at all (405).
@@ -619,6 +628,7 @@ class internal::HttpTransport::Impl {
   const std::string scheme_;
   const HttpHooks hooks_;
   ClientPool pool_;
+  TransferCostModel cost_;
 };
 
 namespace internal {
@@ -626,7 +636,11 @@ namespace internal {
 HttpTransport::HttpTransport(const SourceOptions& options, std::string scheme, HttpHooks hooks)
     : impl_(std::make_unique<Impl>(options, std::move(scheme), std::move(hooks))) {}
 HttpTransport::~HttpTransport() = default;
-Status HttpTransport::Stat(const HttpUrl& url, uint64_t* size) { return impl_->Stat(url, size); }
+uint64_t HttpTransport::GapWorthReading() const { return impl_->GapWorthReading(); }
+
+Status HttpTransport::Stat(const HttpUrl& url, uint64_t* size, std::string* etag) {
+  return impl_->Stat(url, size, etag);
+}
 Status HttpTransport::ReadV(const HttpUrl& url, uint64_t offset, const std::vector<iovec>& iov) {
   return impl_->ReadV(url, offset, iov);
 }

@@ -123,7 +123,14 @@ Result<std::pair<Source*, std::string>> SourceRegistry::For(const std::string& u
     if (!made.ok()) return made.status();
     source = sources_.emplace(scheme, std::move(made).value()).first;
   }
-  return std::make_pair(source->second.get(), std::move(object));
+  Source* found = source->second.get();
+  if (auto in = interposed_.find(found); in != interposed_.end()) found = in->second;
+  return std::make_pair(found, std::move(object));
+}
+
+void SourceRegistry::Interpose(Source* inner, Source* outer) {
+  MutexLock lock(mu_);
+  interposed_[inner] = outer;
 }
 
 }  // namespace meshload::sidecar::source

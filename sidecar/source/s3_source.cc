@@ -411,9 +411,9 @@ class S3Source final : public Source {
 
   Result<ObjectInfo> Stat(const std::string& uri) override {
     MESHLOAD_ASSIGN_OR_RETURN(HttpUrl url, ObjectUrl(uri));
-    uint64_t size = 0;
-    MESHLOAD_RETURN_IF_ERROR(transport_.Stat(url, &size));
-    return ObjectInfo{size};
+    ObjectInfo info;
+    MESHLOAD_RETURN_IF_ERROR(transport_.Stat(url, &info.size, &info.version));
+    return info;
   }
 
   Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override {
@@ -422,6 +422,7 @@ class S3Source final : public Source {
   }
 
   bool LatencyBound() const override { return true; }
+  uint64_t GapWorthReading() const override { return transport_.GapWorthReading(); }
 
   Result<std::vector<Listed>> List(const std::string& uri) override {
     MESHLOAD_ASSIGN_OR_RETURN(S3Uri loc, internal::ParseS3Uri(uri));

@@ -40,6 +40,9 @@ namespace meshload::sidecar::source {
 
 struct ObjectInfo {
   uint64_t size = 0;
+  /// What changes when the object's bytes do, where the source says it
+  /// (HTTP and S3: the ETag); "" otherwise.
+  std::string version;
 };
 
 /// Hooks for metrics and logs; the sidecar wires them to its registry. All
@@ -209,6 +212,13 @@ class Source {
   /// such datasets more reader threads by default.
   virtual bool LatencyBound() const { return false; }
 
+  /// For a latency-bound source: the longest gap between two needed ranges
+  /// of one object that costs less to read (and drop) than a second
+  /// request, from the latency and bandwidth this source measured on its
+  /// own requests (internal::TransferCostModel). The step loader merges
+  /// reads across such gaps, and no longer ones. 0: never merge.
+  virtual uint64_t GapWorthReading() const { return 0; }
+
   /// Convenience: one destination buffer.
   Status Read(const std::string& uri, uint64_t offset, void* dst, uint64_t len) {
     return ReadV(uri, offset, {iovec{dst, static_cast<size_t>(len)}});
@@ -238,11 +248,17 @@ class SourceRegistry {
   /// The scheme of a URI: "file" for plain paths.
   static std::string SchemeOf(const std::string& uri);
 
+  /// From now on, For() gives `outer` where it gave `inner` (a source that
+  /// reads through `inner`, such as the block cache's; it must outlive its
+  /// use through this registry).
+  void Interpose(Source* inner, Source* outer) MESHLOAD_EXCLUDES(mu_);
+
  private:
   SourceOptions options_;  // set in the constructor, read-only after
   Mutex mu_;
   std::map<std::string, SourceFactory> factories_ MESHLOAD_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Source>> sources_ MESHLOAD_GUARDED_BY(mu_);
+  std::map<Source*, Source*> interposed_ MESHLOAD_GUARDED_BY(mu_);
 };
 
 /// `uri` safe to log: without its query string and fragment (signed URLs

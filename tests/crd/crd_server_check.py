@@ -58,7 +58,10 @@ FULL = {
         "replication": {"mode": "Partial", "fanout": "Load"},
         "strategy": "PerProcess",
         "dataset": {"uri": "s3://bucket/records/", "format": "FixedRecord", "dtype": "uint8", "recordBytes": 4096,
-                    "samples": 1000, "volume": {"name": "cache", "mountPath": "/cache"}},
+                    "samples": 1000, "volume": {"name": "cache", "mountPath": "/cache"},
+                    "cache": {"mode": "Auto", "blockBytes": 8388608, "wholeObjectBytes": 16777216,
+                              "capacityBytes": 17179869184, "lookaheadBytes": 1073741824, "fetchThreads": 16,
+                              "warmSteps": 4}},
         "batch": {"globalBatchSize": 8, "prefetch": 2},
         "shuffle": {"mode": "Block", "seed": 1, "blockSize": 16},
         "resume": {"step": 0},
@@ -79,6 +82,8 @@ WEBDATASET = copy.deepcopy(FULL)
 WEBDATASET["spec"]["dataset"] = {"uri": "s3://bucket/shards/train-{000000..000127}.tar", "format": "WebDataset",
                                  "fields": [{"name": "jpg"}, {"name": "cls", "dtype": "int64"}],
                                  "missingField": "Skip", "samples": 1000}
+WINDOW = copy.deepcopy(FULL)
+WINDOW["spec"]["shuffle"] = {"mode": "Window", "seed": 1, "blockSize": 2048, "windowBlocks": 8}
 ROWS = copy.deepcopy(MEGATRON)
 del ROWS["spec"]["batch"]["balance"]
 ROWS["spec"]["tokens"] = {"mode": "Pack", "sequenceLength": 2048, "endOfDocument": {"token": 0, "append": "Always"},
@@ -101,7 +106,8 @@ def create(doc, dry_run=True):
 
 
 for label, doc in (("FixedRecord", FULL), ("TokenStream", TOKENS), ("MegatronIndexed", MEGATRON),
-                   ("WebDataset", WEBDATASET), ("MDS", MDS), ("mixture", MIXTURE), ("rows of tokens", ROWS)):
+                   ("WebDataset", WEBDATASET), ("MDS", MDS), ("mixture", MIXTURE), ("rows of tokens", ROWS),
+                   ("window-shuffled", WINDOW)):
     rc, out = create(doc)
     check("a %s job with every field is accepted" % label, rc == 0, out)
 
@@ -131,6 +137,8 @@ def display(path):
 def base_for(path):
     if "tokens" in path:
         return ROWS
+    if "windowBlocks" in path:
+        return WINDOW
     return TOKENS if "sequenceLength" in path else FULL
 
 
@@ -267,9 +275,11 @@ CEL = [
     ("an unknown missingField policy", WEBDATASET, lambda d: put(d, ["spec", "dataset", "missingField"], "Drop"),
      ["spec.dataset.missingField", "Unsupported value"]),
     ("blockSize with mode Global", FULL, lambda d: put(d, ["spec", "shuffle", "mode"], "Global"),
-     ["spec.shuffle.blockSize", "blockSize is only used with mode Block"]),
+     ["spec.shuffle.blockSize", "blockSize is only used with modes Block and Window"]),
     ("blockSize with mode absent (Global by default)", FULL, lambda d: drop(d, ["spec", "shuffle", "mode"]),
-     ["spec.shuffle.blockSize", "blockSize is only used with mode Block"]),
+     ["spec.shuffle.blockSize", "blockSize is only used with modes Block and Window"]),
+    ("windowBlocks with mode Block", WINDOW, lambda d: put(d, ["spec", "shuffle", "mode"], "Block"),
+     ["spec.shuffle.windowBlocks", "windowBlocks is only used with mode Window"]),
     ("In without values", FULL, lambda d: drop(d, ["spec", "selector", "matchExpressions", 0, "values"]),
      ["spec.selector.matchExpressions[0].values", "operators In and NotIn need at least one value"]),
     ("NotIn with no values", FULL,

@@ -10,11 +10,12 @@
 namespace meshload::planner {
 namespace {
 
-ShuffleSpec Shuffle(ShuffleMode mode, uint64_t seed, int64_t block = 1024) {
+ShuffleSpec Shuffle(ShuffleMode mode, uint64_t seed, int64_t block = 1024, int64_t window = 16) {
   ShuffleSpec s;
   s.mode = mode;
   s.seed = seed;
   s.block_size = block;
+  s.window_blocks = window;
   return s;
 }
 
@@ -139,7 +140,7 @@ TEST(EpochPermutation, NeighbouringPositionsAreUncorrelated) {
 }
 
 TEST(EpochPermutation, AtRangeEqualsAtForEveryMode) {
-  for (ShuffleMode mode : {ShuffleMode::kNone, ShuffleMode::kGlobal, ShuffleMode::kBlock}) {
+  for (ShuffleMode mode : {ShuffleMode::kNone, ShuffleMode::kGlobal, ShuffleMode::kBlock, ShuffleMode::kWindow}) {
     for (uint64_t n : {1ull, 5ull, 1000ull, 70001ull}) {
       EpochPermutation p(Shuffle(mode, 11, 37), n, 4);
       const uint64_t first = n / 3, count = n - first;
@@ -161,6 +162,46 @@ TEST(EpochPermutation, BlockModeKeepsRunsOfOneBlockTogether) {
   }
   // ...and the blocks are not in their natural order.
   EXPECT_NE(p.At(0) / bs, 0u);
+}
+
+TEST(EpochPermutation, WindowModeIsABijectionForAnySizeBlockAndWindow) {
+  for (uint64_t n : {1ull, 2ull, 37ull, 100ull, 999ull, 1000ull, 1001ull, 4096ull, 10007ull}) {
+    for (int64_t block : {1, 7, 64, 100}) {
+      for (int64_t window : {1, 2, 3, 16}) {
+        for (uint64_t epoch : {0ull, 5ull}) {
+          ExpectBijection(
+              Materialize(EpochPermutation(Shuffle(ShuffleMode::kWindow, 9, block, window), n, epoch)),
+              "n=" + std::to_string(n) + " block=" + std::to_string(block) + " window=" + std::to_string(window));
+        }
+      }
+    }
+  }
+}
+
+TEST(EpochPermutation, WindowModeDrawsEachWindowFromItsBlocksAndMixesThem) {
+  // 100 blocks of 100 samples, windows of 4 blocks (400 positions).
+  const uint64_t n = 10'000, bs = 100, w = 4;
+  for (uint64_t epoch : {0ull, 1ull}) {
+    EpochPermutation p(Shuffle(ShuffleMode::kWindow, 17, bs, w), n, epoch);
+    std::set<uint64_t> all_blocks;
+    for (uint64_t start = 0; start < n; start += bs * w) {
+      std::set<uint64_t> blocks, first_quarter;
+      for (uint64_t i = start; i < start + bs * w; ++i) {
+        blocks.insert(p.At(i) / bs);
+        if (i < start + bs) first_quarter.insert(p.At(i) / bs);
+      }
+      // A window's positions are its 4 blocks' samples, all of them ...
+      ASSERT_EQ(blocks.size(), w) << "window at " << start;
+      for (uint64_t b : blocks) ASSERT_TRUE(all_blocks.insert(b).second) << "block " << b << " in two windows";
+      // ... mixed: its first 100 positions draw from every one of them.
+      EXPECT_EQ(first_quarter.size(), w) << "window at " << start;
+    }
+    // The windows' blocks follow Block mode's block order (its first block).
+    EpochPermutation block_mode(Shuffle(ShuffleMode::kBlock, 17, bs), n, epoch);
+    std::set<uint64_t> first_window;
+    for (uint64_t i = 0; i < bs * w; ++i) first_window.insert(p.At(i) / bs);
+    EXPECT_TRUE(first_window.count(block_mode.At(0) / bs)) << "epoch " << epoch;
+  }
 }
 
 TEST(EpochPermutation, BlockModePlacesTheShortBlockAnywhere) {
@@ -206,6 +247,16 @@ TEST(EpochPermutation, TheOrderIsAStableContract) {
   std::string got;
   for (uint64_t v : first) got += std::to_string(v) + ",";
   EXPECT_EQ(got, "771,672,949,607,101,792,392,375,485,493,494,487,");
+}
+
+TEST(EpochPermutation, TheWindowOrderIsAStableContract) {
+  // As above, for Window mode (docs/sampler.md): 1000 samples, blocks of 16,
+  // windows of 4 blocks, epoch 3, then the window holding the short block.
+  EpochPermutation w(Shuffle(ShuffleMode::kWindow, 42, 16, 4), 1000, 3);
+  std::string got;
+  for (uint64_t i = 0; i < 8; ++i) got += std::to_string(w.At(i)) + ",";
+  for (uint64_t i = 960; i < 964; ++i) got += std::to_string(w.At(i)) + ",";
+  EXPECT_EQ(got, "361,988,989,986,982,389,384,387,317,250,244,243,");
 }
 
 }  // namespace

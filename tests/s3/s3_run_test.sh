@@ -208,6 +208,63 @@ check "meshload index on s3:// shards: Energon's .tar.idx byte for byte, in --ou
 [ $? -eq 2 ] && grep -q -- "--output DIR" "$TMP/index-no-output.out"
 check "meshload index: remote shards without --output are refused, saying what to do" $?
 
+# 9. The block cache: the sidecars of one machine share it (run --local's
+#    --cache-dir, as a node's hostPath cache); each block is fetched once
+#    however many sidecars read it, a second run fetches nothing, a corrupt
+#    block is fetched again (never served), S3 errors during a fill are
+#    retried, and every byte is verified throughout.
+job cached FixedRecord GlobalLoad Load "s3://corpus/FixedRecord/"
+stopping_sum() {  # the sidecars' last log line: the sum of one cache figure
+  cat "$1"/sidecar-*.log | grep '"sidecar stopping"' | grep -o "\"$2\":[0-9]*" | cut -d: -f2 | awk '{s += $1} END {print s + 0}'
+}
+cached_run() {  # cached_run NAME [ENV...]: run --local into $TMP/NAME, its output in $TMP/NAME.out
+  local name=$1
+  shift
+  rm -rf "$TMP/$name"
+  env "$@" "$ML" run --local -f "$TMP/cached.yaml" --steps 40 --cache-dir "$TMP/blocks" --run-dir "$TMP/$name" \
+    >"$TMP/$name.out" 2>&1
+}
+cached_run cache-1
+[ $? -eq 0 ] && grep -q "0 mismatches" "$TMP/cache-1.out" && grep -q "remote storage       through the block cache" "$TMP/cache-1.out" &&
+  [ "$(stopping_sum "$TMP/cache-1" cache_fetched_bytes)" = 614400 ]
+check "two sidecars sharing a block cache fetch each of the 3 objects once (614400 bytes between them); every byte verified" $?
+grep "remote storage\|mismatches" "$TMP/cache-1.out"
+cached_run cache-2
+[ $? -eq 0 ] && grep -q "0 mismatches" "$TMP/cache-2.out" && [ "$(stopping_sum "$TMP/cache-2" cache_fetched_bytes)" = 0 ] &&
+  [ "$(stopping_sum "$TMP/cache-2" cache_misses)" = 0 ]
+check "restarted sidecars find the cache on disk: nothing fetched, no miss" $?
+grep "remote storage" "$TMP/cache-2.out"
+block=$(find "$TMP/blocks/meshload-blocks-v1" -type f ! -name '*.fill' | head -1)
+printf '\xff\xfe' | dd of="$block" bs=1 seek=100 conv=notrunc status=none
+cached_run cache-3
+[ $? -eq 0 ] && grep -q "0 mismatches" "$TMP/cache-3.out" && [ "$(stopping_sum "$TMP/cache-3" cache_corrupt_blocks)" -ge 1 ] &&
+  [ "$(stopping_sum "$TMP/cache-3" cache_fetched_bytes)" -gt 0 ] && grep -q "corrupt blocks fetched again" "$TMP/cache-3.out"
+check "a block corrupted on disk is found by its checksum, fetched again, never served: every byte verified" $?
+grep "remote storage" "$TMP/cache-3.out"
+rm -rf "$TMP/blocks"
+curl -s -X POST "http://$ADMIN/reset" >/dev/null 2>&1
+curl -s -X POST "http://$ADMIN/inject?status=503&code=SlowDown&count=4&prefix=/corpus/FixedRecord/" >/dev/null
+before=$(curl -s "http://$ADMIN/answered")
+cached_run cache-4 AWS_ENDPOINT_URL_S3=http://$PROXY
+[ $? -eq 0 ] && grep -q "0 mismatches" "$TMP/cache-4.out" && [ "$(( $(curl -s "http://$ADMIN/answered") - before ))" = 4 ]
+check "S3 SlowDown while the cache fills is retried: every byte verified" $?
+sed 's|dataset: {uri: "s3://corpus/FixedRecord/",|dataset: {uri: "s3://corpus/FixedRecord/", cache: {mode: Direct},|' \
+  "$TMP/cached.yaml" >"$TMP/direct.yaml"
+out=$("$ML" run --local -f "$TMP/direct.yaml" --steps 20 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "0 mismatches" <<<"$out" && grep -q "read directly: spec.dataset.cache.mode is Direct" <<<"$out"
+check "cache.mode Direct reads each range from S3, every byte verified" $?
+[ $rc -eq 0 ] || tail -5 <<<"$out"
+sed 's|dataset: {uri: "s3://corpus/FixedRecord/",|dataset: {uri: "s3://corpus/FixedRecord/", cache: {warmSteps: 8},|' \
+  "$TMP/cached.yaml" >"$TMP/warm.yaml"
+out=$("$ML" run --local -f "$TMP/warm.yaml" --steps 20 --run-dir "$TMP/warm" 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "0 mismatches" <<<"$out" && grep -q "the block cache holds the first steps' blocks" "$TMP/warm/sidecar-0.log"
+check "warmSteps: the sidecar fills the first steps' blocks before it is ready; every byte verified" $?
+out=$("$ML" plan -f "$TMP/cached.yaml" --compare 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "remote dataset: one epoch of process 0 under each shuffle" <<<"$out" &&
+  grep -q "^\* Global" <<<"$out" && grep -q "Window (" <<<"$out"
+check "plan --compare on s3:// shows each shuffle's bytes fetched per epoch and the cache it needs" $?
+[ $rc -eq 0 ] && grep -A6 "remote dataset" <<<"$out"
+
 # 8. The secret access key is nowhere: outputs, sidecar logs.
 if grep -rl -- "$SECRET" "$TMP"/*.out "$TMP"/*.log 2>/dev/null | grep -v "gw.log"; then
   check "the secret access key appears in no output or log" 1

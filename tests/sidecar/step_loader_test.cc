@@ -181,9 +181,11 @@ TEST(StepLoader, EveryFormatStrategyAndShuffleDeliversThePlannedBytes) {
 // The file source, recording the hints and reads it gets, in order.
 class RecordingSource final : public source::Source {
  public:
-  explicit RecordingSource(std::unique_ptr<source::Source> real, bool latency_bound = false)
-      : real_(std::move(real)), latency_bound_(latency_bound) {}
+  // `gap`: what a latency-bound source says a gap costs (GapWorthReading).
+  explicit RecordingSource(std::unique_ptr<source::Source> real, bool latency_bound = false, uint64_t gap = 1 << 20)
+      : real_(std::move(real)), latency_bound_(latency_bound), gap_(gap) {}
   bool LatencyBound() const override { return latency_bound_; }
+  uint64_t GapWorthReading() const override { return latency_bound_ ? gap_ : 0; }
   struct Event {
     bool hint;
     std::string uri;
@@ -229,6 +231,7 @@ class RecordingSource final : public source::Source {
  private:
   std::unique_ptr<source::Source> real_;
   const bool latency_bound_;
+  const uint64_t gap_;
   std::mutex mu_;
   std::vector<Event> events_;
   std::vector<size_t> batches_;  // ReadMany calls: reads in each
@@ -275,7 +278,7 @@ struct RecordedLoad {
 // (`samples` of `format` in `files` files) through the file source behind a
 // RecordingSource, and checks the slot holds the planned bytes.
 RecordedLoad LoadRecorded(DatasetFormat format, int64_t batch, uint64_t samples, int files, bool latency_bound,
-                          const StepLoaderOptions& opts, int64_t step) {
+                          const StepLoaderOptions& opts, int64_t step, uint64_t gap = 1 << 20) {
   TempDir dir;
   planner::JobSpec spec = SpecFor(OneDevice(format, Strategy::kPerProcess, ShuffleMode::kGlobal), dir.path());
   spec.batch.global_batch_size = batch;
@@ -284,7 +287,7 @@ RecordedLoad LoadRecorded(DatasetFormat format, int64_t batch, uint64_t samples,
   RecordingSource* recorder = nullptr;
   sources.Register("file", [&](const source::SourceOptions& o) -> Result<std::unique_ptr<source::Source>> {
     MESHLOAD_ASSIGN_OR_RETURN(auto real, source::MakeFileSource(o));
-    auto r = std::make_unique<RecordingSource>(std::move(real), latency_bound);
+    auto r = std::make_unique<RecordingSource>(std::move(real), latency_bound, gap);
     recorder = r.get();
     return std::unique_ptr<source::Source>(std::move(r));
   });
@@ -350,21 +353,27 @@ TEST(StepLoader, EveryReadIsHintedToItsSourceAWindowAhead) {
 }
 
 // A latency-bound (remote) source gets one request for ranges of an object
-// that lie close together, the bytes between them dropped; the slot still
-// holds exactly the planned samples. A local source gets a read per range.
+// whose gaps cost less read than a second request (at what the source
+// measured, GapWorthReading), the bytes between them dropped; across a
+// longer gap, a request of its own. The slot still holds exactly the planned
+// samples. A local source gets a read per range.
 TEST(StepLoader, CloseRangesOfARemoteObjectAreOneRequest) {
-  for (const bool remote : {false, true}) {
-    SCOPED_TRACE(remote ? "latency-bound source" : "local source");
+  struct Case {
+    bool remote;
+    uint64_t gap;  // what the source says a gap costs
+  };
+  for (const Case& k : {Case{false, 0}, Case{true, 1 << 20}, Case{true, 8}}) {
+    SCOPED_TRACE(!k.remote ? "local source" : k.gap > 8 ? "remote, gaps cheap" : "remote, gaps dear");
     StepLoaderOptions opts;
     opts.reader_threads = 1;
     // 40 of 400 shuffled samples: gaps between them.
     const RecordedLoad load = LoadRecorded(DatasetFormat::kFixedRecord, /*batch=*/40, /*samples=*/400, /*files=*/2,
-                                           /*latency_bound=*/remote, opts, /*step=*/5);
+                                           /*latency_bound=*/k.remote, opts, /*step=*/5, k.gap);
     ASSERT_OK(load.status);
     size_t reads = 0;
     for (const auto& e : load.events) reads += !e.hint;
-    if (remote) {
-      EXPECT_EQ(reads, 2u) << "one request per file: the files are far smaller than max_gap_bytes";
+    if (k.remote && k.gap > 8) {
+      EXPECT_EQ(reads, 2u) << "one request per file: the files are far smaller than the gap worth reading";
       EXPECT_GT(load.stats.bytes_read, 40 * load.sample_bytes) << "the gaps were read and dropped";
     } else {
       EXPECT_GT(reads, 20u) << "a read per range";

@@ -207,6 +207,55 @@ TEST(Injector, AnS3JobsCredentialsSecretIsMountedAsFilesForTheSidecarOnly) {
   EXPECT_TRUE(Named(plain["spec"]["volumes"], "meshload-s3").is_null());
 }
 
+// A remote dataset read through the block cache: a cache volume of the
+// job's capacity (an emptyDir, with the ephemeral storage it takes), or the
+// node directory the controller names; a startup probe with warmSteps; no
+// cache for Direct reads or a local dataset.
+TEST(Injector, ARemoteDatasetGetsItsBlockCache) {
+  json job = Job();
+  job["spec"]["dataset"] = json::parse(R"({"uri": "s3://corpus/tokens/", "format": "TokenStream", "dtype": "uint16",
+      "sequenceLength": 2048, "samples": 100000, "cache": {"capacityBytes": 1073741824}})");
+  json pod = Pod();
+  pod = Apply(pod, InjectSidecar(pod, "training", Lookup(job), Options()).patch);
+  EXPECT_EQ(Named(pod["spec"]["volumes"], "meshload-cache"),
+            json::parse(R"({"name": "meshload-cache", "emptyDir": {"sizeLimit": "1073741824"}})"));
+  EXPECT_EQ(Named(Sidecar(pod)["volumeMounts"], "meshload-cache"),
+            json::parse(R"({"name": "meshload-cache", "mountPath": "/var/cache/meshload"})"));
+  EXPECT_EQ(Named(Sidecar(pod)["env"], "MESHLOAD_CACHE_DIR")["value"], "/var/cache/meshload");
+  EXPECT_EQ(Sidecar(pod)["resources"]["requests"]["ephemeral-storage"], "1073741824");
+  EXPECT_EQ(Sidecar(pod)["resources"]["requests"]["cpu"], "1") << "the other requests kept";
+  EXPECT_FALSE(Sidecar(pod).contains("startupProbe"));
+  EXPECT_TRUE(Named(pod["spec"]["containers"][0]["volumeMounts"], "meshload-cache").is_null());
+
+  // The chart's node cache: a hostPath, no ephemeral storage asked for.
+  InjectorOptions shared = Options();
+  shared.cache_host_path = "/var/cache/meshload-node";
+  json on_node = Pod();
+  on_node = Apply(on_node, InjectSidecar(on_node, "training", Lookup(job), shared).patch);
+  EXPECT_EQ(Named(on_node["spec"]["volumes"], "meshload-cache")["hostPath"],
+            json::parse(R"({"path": "/var/cache/meshload-node", "type": "Directory"})"));
+  EXPECT_FALSE(Sidecar(on_node)["resources"]["requests"].contains("ephemeral-storage"));
+
+  // warmSteps: the trainer waits for the cache through the startup probe.
+  job["spec"]["dataset"]["cache"]["warmSteps"] = 8;
+  json warm = Pod();
+  warm = Apply(warm, InjectSidecar(warm, "training", Lookup(job), Options()).patch);
+  EXPECT_EQ(Sidecar(warm)["startupProbe"]["httpGet"]["path"], "/readyz");
+  EXPECT_GE(Sidecar(warm)["startupProbe"]["failureThreshold"].get<int>() *
+                Sidecar(warm)["startupProbe"]["periodSeconds"].get<int>(),
+            1800);
+
+  // Direct reads, and a local dataset: no cache at all.
+  job["spec"]["dataset"]["cache"] = {{"mode", "Direct"}};
+  json direct = Pod();
+  direct = Apply(direct, InjectSidecar(direct, "training", Lookup(job), Options()).patch);
+  EXPECT_TRUE(Named(direct["spec"]["volumes"], "meshload-cache").is_null());
+  EXPECT_TRUE(Named(Sidecar(direct)["env"], "MESHLOAD_CACHE_DIR").is_null());
+  json local = Pod();
+  local = Apply(local, InjectSidecar(local, "training", Lookup(Job()), Options()).patch);
+  EXPECT_TRUE(Named(local["spec"]["volumes"], "meshload-cache").is_null());
+}
+
 TEST(Injector, TheJobsSidecarImageAndResourcesOverrideTheDefaults) {
   json job = Job();
   job["spec"]["sidecar"] = {{"image", "registry.example.com/sidecar:2"}, {"resources", {{"requests", {{"cpu", "4"}}}}}};

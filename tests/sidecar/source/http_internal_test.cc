@@ -90,5 +90,28 @@ TEST(BackoffBoundTest, DoublesFromTheInitialDelayUpToTheCap) {
   EXPECT_EQ(BackoffBound(10000, initial, cap), milliseconds(2000));
 }
 
+// A request costs its latency and its bytes over the bandwidth; a gap is
+// worth reading while it takes less than a second request's latency.
+TEST(TransferCostModel, AGapIsWorthReadingUpToLatencyTimesBandwidth) {
+  TransferCostModel m(0.002, 100e6);
+  EXPECT_EQ(m.GapWorthReading(), 200000u) << "assumed: 2 ms at 100 MB/s";
+  // Small requests of 0.5 ms: the latency.
+  for (int i = 0; i < 50; ++i) m.Add(4096, 0.0005);
+  EXPECT_NEAR(m.latency(), 0.0005, 1e-9);
+  // 8 MiB in 0.5 ms + 8 ms: about 1 GB/s once started.
+  for (int i = 0; i < 50; ++i) m.Add(8 << 20, 0.0085);
+  EXPECT_NEAR(m.bandwidth(), (8 << 20) / 0.008, 1e3);
+  EXPECT_NEAR(static_cast<double>(m.GapWorthReading()), 0.0005 * (8 << 20) / 0.008, 2.0);
+  // A slower network moves the figure with it (weighted toward the recent).
+  for (int i = 0; i < 200; ++i) m.Add(1024, 0.02);
+  EXPECT_NEAR(m.latency(), 0.02, 1e-4);
+  EXPECT_GT(m.GapWorthReading(), 10u << 20);
+  // The figure stays in bounds.
+  TransferCostModel fast(1e-7, 1e6);
+  EXPECT_EQ(fast.GapWorthReading(), 4096u);
+  TransferCostModel slow(10, 1e9);
+  EXPECT_EQ(slow.GapWorthReading(), 64u << 20);
+}
+
 }  // namespace
 }  // namespace meshload::sidecar::source::internal

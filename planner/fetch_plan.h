@@ -1,0 +1,54 @@
+/// \file
+/// What reading a remote dataset through the node-local block cache costs:
+/// how objects are cut into blocks, and, for one process under a job's
+/// shuffle, the bytes an epoch fetches and the cache it needs
+/// (docs/operations.md, "Object storage: blocks, cache and shuffle").
+///
+/// A block is a whole object of at most `whole_object_bytes`, else an
+/// aligned `block_bytes` range of it (the last shorter). With a cache that
+/// holds every block from the first to the last step of the epoch that
+/// reads it (the working set), each block is fetched once per epoch, and
+/// not at all in later epochs when the cache holds the whole dataset.
+/// Without one, reads go to the source for their own bytes.
+///
+/// Thread safety: pure functions of their arguments.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "planner/shard_planner.h"
+
+namespace meshload::planner {
+
+/// How objects are cut into blocks.
+struct BlockGeometry {
+  uint64_t block_bytes = 8ull << 20;
+  uint64_t whole_object_bytes = 16ull << 20;
+  /// The bytes of each block of an object of `size` bytes but the last.
+  uint64_t Unit(uint64_t size) const { return size <= whole_object_bytes ? std::max<uint64_t>(size, 1) : block_bytes; }
+  uint64_t Blocks(uint64_t size) const { return size == 0 ? 0 : (size + Unit(size) - 1) / Unit(size); }
+};
+
+/// One epoch of one process's reads, block by block.
+struct FetchEstimate {
+  uint64_t steps = 0;          // steps looked at (the epoch's, or its first ones when `complete` is false)
+  bool complete = true;        // the whole epoch was looked at
+  uint64_t read_bytes = 0;     // the bytes the steps read (what a process reads without a cache)
+  uint64_t blocks = 0;         // distinct blocks the steps read from
+  uint64_t block_bytes = 0;    // their bytes: what an epoch fetches with a cache of working_set_bytes
+  uint64_t working_set_bytes = 0;  // the most block bytes in use at once (first to last read in the epoch)
+  uint64_t dataset_bytes = 0;  // every file's bytes
+  /// Bytes fetched per byte read in an epoch with a cache of the working set.
+  double Amplification() const {
+    return read_bytes ? static_cast<double>(block_bytes) / static_cast<double>(read_bytes) : 0;
+  }
+};
+
+/// Epoch `epoch` of process `process`'s reads under `loading`, looked at
+/// up to `max_samples` samples read (then `complete` is false and the
+/// figures are those of the steps looked at).
+FetchEstimate EstimateFetch(const ShardPlanner& planner, const Loading& loading, int64_t process,
+                            const BlockGeometry& geometry, uint64_t epoch = 0, uint64_t max_samples = 1ull << 20);
+
+}  // namespace meshload::planner

@@ -1,0 +1,95 @@
+/// \file
+/// CachedSource: a remote dataset's objects read through the node-local
+/// block cache (sidecar/cache/block_cache.h).
+///
+/// It stands in for the remote source (s3, http) of the dataset's objects:
+/// a read copies from the blocks it covers, fetching a block that is not
+/// resident (one request for the whole block, which the fetch-ahead usually
+/// made already; sidecar/cache/fetch_ahead.h). While the cache's disk refuses
+/// blocks (BlockCache::storing() false), reads go to the remote source for
+/// exactly their bytes, as without a cache.
+///
+/// Blocks: an object of at most `whole_object_bytes` is one block; a larger
+/// one is cut into `block_bytes` blocks from its start, the last shorter
+/// (planner/fetch_plan.h).
+///
+/// Thread safety: AddObject() before the first read; then every method is
+/// thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "planner/fetch_plan.h"
+#include "sidecar/cache/block_cache.h"
+#include "sidecar/source/source.h"
+
+namespace meshload::sidecar::cache {
+
+using planner::BlockGeometry;
+
+/// What reads through the cache did (the cache's own counters are
+/// BlockCache::counters()).
+struct CachedSourceCounters {
+  std::atomic<uint64_t> delivered_bytes{0};  // bytes reads copied out (the amplification's denominator)
+  std::atomic<uint64_t> direct_bytes{0};     // bytes read from the source directly (the disk refused blocks)
+};
+
+class CachedSource final : public source::Source {
+ public:
+  CachedSource(source::Source& remote, BlockCache& cache, BlockGeometry geometry);
+
+  /// Registers object `name` (the name reads give) of `size` bytes at
+  /// `version` (an ETag; "" when the source has none). Returns its index.
+  size_t AddObject(const std::string& name, uint64_t size, const std::string& version);
+
+  Result<source::ObjectInfo> Stat(const std::string& uri) override { return remote_.Stat(uri); }
+  Result<std::vector<Listed>> List(const std::string& uri) override { return remote_.List(uri); }
+  Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override;
+  /// Reads from resident blocks are memory copies; only while the disk
+  /// refuses blocks do reads wait on the network.
+  bool LatencyBound() const override { return !cache_.storing(); }
+
+  /// The fetch-ahead's side: block `block` of object `object` made
+  /// resident for step `next_use` (fetched when it is not).
+  Status Fill(size_t object, uint64_t block, int64_t next_use, bool* fetched = nullptr);
+
+  size_t objects() const { return objects_.size(); }
+  /// The object `name` is, or -1 when it was not added.
+  int64_t IndexOf(const std::string& name) const;
+  uint64_t ObjectSize(size_t object) const { return objects_[object].size; }
+  BlockId IdOf(size_t object, uint64_t block) const { return {objects_[object].key, block}; }
+  /// Block `block` of `object`: its first byte and its length.
+  std::pair<uint64_t, uint64_t> BlockExtent(size_t object, uint64_t block) const;
+  /// The blocks [first, last] that bytes [offset, offset + len) of
+  /// `object` touch (len > 0).
+  std::pair<uint64_t, uint64_t> BlocksOf(size_t object, uint64_t offset, uint64_t len) const;
+
+  const BlockGeometry& geometry() const { return geometry_; }
+  BlockCache& cache() const { return cache_; }
+  source::Source& remote() const { return remote_; }
+  const CachedSourceCounters& counters() const { return counters_; }
+
+ private:
+  struct Object {
+    std::string name;
+    uint64_t size = 0;
+    uint64_t key = 0;
+    uint64_t unit = 1;  // BlockGeometry::Unit(size)
+  };
+  Result<BlockCache::Block> Get(size_t object, uint64_t block, int64_t next_use, BlockCache::Want want,
+                                bool* fetched);
+
+  source::Source& remote_;
+  BlockCache& cache_;
+  const BlockGeometry geometry_;
+  std::vector<Object> objects_;
+  std::unordered_map<std::string, size_t> by_name_;
+  mutable CachedSourceCounters counters_;
+};
+
+}  // namespace meshload::sidecar::cache

@@ -1,0 +1,645 @@
+// The block cache of remote datasets (sidecar/cache/): blocks stored,
+// verified and found again after a restart; corrupt and truncated blocks
+// fetched again, never served; eviction by next use, then least recent use;
+// one fetch for concurrent fillers, threads or processes; a full disk
+// (a real tmpfs) served from memory and the reads sent to the source; other
+// formats' directories; reads through the cache equal to the source's; the
+// fetch-ahead filling what the schedule reads, within its lookahead; and the
+// step loader reading every byte of a job through it, the second epoch
+// without a single fetch.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "planner/fetch_plan.h"
+#include "sidecar/cache/block_cache.h"
+#include "sidecar/cache/cached_source.h"
+#include "sidecar/cache/fetch_ahead.h"
+#include "sidecar/source/dataset_facts.h"
+#include "sidecar/step_loader.h"
+#include "tests/testing/job_fixtures.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
+#include "tools/synthetic_dataset.h"
+
+namespace meshload::sidecar::cache {
+namespace {
+
+using meshload::testing::TempDir;
+using ::testing::HasSubstr;
+
+std::vector<uint8_t> Pattern(uint64_t n, uint64_t seed) {
+  std::vector<uint8_t> v(n);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<uint8_t>(x);
+  }
+  return v;
+}
+
+// A fetch that copies `bytes` and counts its calls.
+struct CountingFetch {
+  std::vector<uint8_t> bytes;
+  std::atomic<int> calls{0};
+  std::chrono::milliseconds delay{0};
+  BlockCache::Fetch Get() {
+    return [this](uint8_t* dst, uint64_t len) -> Status {
+      calls += 1;
+      if (delay.count() > 0) std::this_thread::sleep_for(delay);
+      if (len != bytes.size()) return Internal("wrong length");
+      std::memcpy(dst, bytes.data(), len);
+      return Status::Ok();
+    };
+  }
+};
+
+std::unique_ptr<BlockCache> MustOpen(const std::string& dir, uint64_t capacity) {
+  BlockCacheOptions o;
+  o.dir = dir;
+  o.capacity_bytes = capacity;
+  auto c = BlockCache::Open(o);
+  EXPECT_OK(c);
+  return std::move(*c);
+}
+
+std::vector<uint8_t> BytesOf(const BlockCache::Block& b) { return {b.data(), b.data() + b.size()}; }
+
+TEST(BlockCache, StoresABlockOnceAndFindsItAgainAfterARestart) {
+  TempDir dir;
+  CountingFetch f;
+  f.bytes = Pattern(100000, 1);
+  const BlockId id{ObjectKey("s3://b/k", 1 << 20, "\"etag\""), 3};
+  {
+    auto cache = MustOpen(dir.path(), 1 << 20);
+    bool fetched = false;
+    auto b = cache->Get(id, f.bytes.size(), f.Get(), 5, BlockCache::Want::kRead, &fetched);
+    ASSERT_OK(b);
+    EXPECT_TRUE(fetched);
+    EXPECT_EQ(BytesOf(*b), f.bytes);
+    auto again = cache->Get(id, f.bytes.size(), f.Get(), 5, BlockCache::Want::kRead, &fetched);
+    ASSERT_OK(again);
+    EXPECT_FALSE(fetched);
+    EXPECT_EQ(f.calls.load(), 1);
+    EXPECT_EQ(cache->counters().hits.load(), 1u);
+    EXPECT_EQ(cache->counters().misses.load(), 1u);
+    EXPECT_EQ(cache->counters().fetched_bytes.load(), f.bytes.size());
+    EXPECT_EQ(cache->resident_bytes(), f.bytes.size() + BlockCache::kTrailerBytes);
+    EXPECT_TRUE(std::filesystem::exists(cache->PathOf(id)));
+  }
+  // A restarted sidecar: the directory is the index.
+  auto cache = MustOpen(dir.path(), 1 << 20);
+  EXPECT_EQ(cache->resident_blocks(), 1u);
+  EXPECT_TRUE(cache->Contains(id));
+  auto b = cache->Get(id, f.bytes.size(), f.Get(), 0, BlockCache::Want::kRead);
+  ASSERT_OK(b);
+  EXPECT_EQ(BytesOf(*b), f.bytes);
+  EXPECT_EQ(f.calls.load(), 1) << "found on disk, not fetched";
+  EXPECT_EQ(cache->counters().hits.load(), 1u);
+}
+
+TEST(BlockCache, AChangedObjectNeverMatchesItsOldBlocks) {
+  EXPECT_NE(ObjectKey("s3://b/k", 100, "\"a\""), ObjectKey("s3://b/k", 100, "\"b\""));
+  EXPECT_NE(ObjectKey("s3://b/k", 100, ""), ObjectKey("s3://b/k", 101, ""));
+  EXPECT_NE(ObjectKey("s3://b/k1", 100, ""), ObjectKey("s3://b/k", 1100, ""));
+  EXPECT_EQ(ObjectKey("s3://b/k", 100, "\"a\""), ObjectKey("s3://b/k", 100, "\"a\""));
+}
+
+// Damages the block file of `id` with `damage` between two runs of a cache
+// and checks that the next one fetches it again and serves the fetched bytes.
+void ExpectRefetchedAfter(const std::function<void(const std::string&)>& damage, const char* what) {
+  TempDir dir;
+  CountingFetch f;
+  f.bytes = Pattern(50000, 2);
+  const BlockId id{ObjectKey("s3://b/k", 50000, ""), 0};
+  std::string path;
+  {
+    auto cache = MustOpen(dir.path(), 1 << 20);
+    ASSERT_OK(cache->Get(id, f.bytes.size(), f.Get(), 0, BlockCache::Want::kRead));
+    path = cache->PathOf(id);
+  }
+  damage(path);
+  auto cache = MustOpen(dir.path(), 1 << 20);
+  auto b = cache->Get(id, f.bytes.size(), f.Get(), 0, BlockCache::Want::kRead);
+  ASSERT_OK(b);
+  EXPECT_EQ(BytesOf(*b), f.bytes) << what;
+  EXPECT_EQ(f.calls.load(), 2) << what << ": fetched again";
+  EXPECT_EQ(cache->counters().corrupt_blocks.load(), 1u) << what;
+  // The block on disk is whole again.
+  auto fresh = MustOpen(dir.path(), 1 << 20);
+  ASSERT_OK(fresh->Get(id, f.bytes.size(), f.Get(), 0, BlockCache::Want::kRead));
+  EXPECT_EQ(f.calls.load(), 2) << what;
+  EXPECT_EQ(fresh->counters().corrupt_blocks.load(), 0u) << what;
+}
+
+TEST(BlockCache, ACorruptBlockIsFetchedAgainNeverServed) {
+  ExpectRefetchedAfter(
+      [](const std::string& path) {
+        std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+        io.seekp(1234);
+        char c = 0;
+        io.read(&c, 1);
+        io.seekp(1234);
+        c = static_cast<char>(c ^ 0x40);
+        io.write(&c, 1);
+      },
+      "a flipped bit");
+  ExpectRefetchedAfter([](const std::string& path) { ASSERT_EQ(::truncate(path.c_str(), 20000), 0); },
+                       "a truncated block");
+  ExpectRefetchedAfter(
+      [](const std::string& path) {
+        std::ofstream out(path, std::ios::binary | std::ios::trunc);
+        out << "not a block";
+      },
+      "another file under the block's name");
+}
+
+TEST(BlockCache, EvictsBlocksNoStepNeedsFirstThenTheOneNeededFurthestAhead) {
+  TempDir dir;
+  const uint64_t len = 10000, disk = len + BlockCache::kTrailerBytes;
+  auto cache = MustOpen(dir.path(), 4 * disk);
+  CountingFetch f;
+  f.bytes = Pattern(len, 3);
+  auto id = [](uint64_t i) { return BlockId{42, i}; };
+  // Next uses: 0 at step 10, 1 at 30, 2 at 20, 3 at 12; then 4 for step 15
+  // evicts block 1 (step 30, furthest ahead).
+  const int64_t uses[] = {10, 30, 20, 12};
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_OK(cache->Get(id(i), len, f.Get(), uses[i], BlockCache::Want::kAhead));
+  ASSERT_OK(cache->Get(id(4), len, f.Get(), 15, BlockCache::Want::kAhead));
+  EXPECT_FALSE(cache->Contains(id(1)));
+  EXPECT_TRUE(cache->Contains(id(0)) && cache->Contains(id(2)) && cache->Contains(id(3)) && cache->Contains(id(4)));
+  EXPECT_EQ(cache->counters().evicted_bytes.load(), len);
+  // Steps up to 12 are done: blocks 0 and 3 are needed by no known step,
+  // and go first, the least recently used first (0).
+  cache->SetPassed(12);
+  ASSERT_OK(cache->Get(id(5), len, f.Get(), 40, BlockCache::Want::kAhead));
+  EXPECT_FALSE(cache->Contains(id(0)));
+  EXPECT_TRUE(cache->Contains(id(3)));
+  // A block needed later than every resident one is not stored at all: it
+  // is served from memory (block 7, step 50; the furthest resident, 40).
+  ASSERT_OK(cache->Get(id(6), len, f.Get(), 13, BlockCache::Want::kAhead));  // evicts 3 (no known use)
+  EXPECT_FALSE(cache->Contains(id(3)));
+  auto late = cache->Get(id(7), len, f.Get(), 50, BlockCache::Want::kAhead);
+  ASSERT_OK(late);
+  EXPECT_EQ(BytesOf(*late), f.bytes);
+  EXPECT_FALSE(cache->Contains(id(7)));
+  EXPECT_LE(cache->resident_bytes(), 4 * disk);
+}
+
+TEST(BlockCache, BlocksFoundOnDiskAreEvictedLeastRecentlyUsedFirst) {
+  TempDir dir;
+  const uint64_t len = 10000, disk = len + BlockCache::kTrailerBytes;
+  CountingFetch f;
+  f.bytes = Pattern(len, 4);
+  std::vector<std::string> paths;
+  {
+    auto other_job = MustOpen(dir.path(), 10 * disk);
+    for (uint64_t i = 0; i < 3; ++i) {
+      ASSERT_OK(other_job->Get({7, i}, len, f.Get(), -1, BlockCache::Want::kAhead));
+      paths.push_back(other_job->PathOf({7, i}));
+    }
+  }
+  // Ages: block 1 oldest, then 0, then 2.
+  const int64_t now = ::time(nullptr);
+  const int64_t ages[] = {200, 300, 100};
+  for (size_t i = 0; i < 3; ++i) {
+    timespec t[2] = {{now - ages[i], 0}, {now - ages[i], 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, paths[i].c_str(), t, 0), 0);
+  }
+  auto cache = MustOpen(dir.path(), 4 * disk);
+  EXPECT_EQ(cache->resident_blocks(), 3u);
+  ASSERT_OK(cache->Get({8, 0}, len, f.Get(), 5, BlockCache::Want::kAhead));
+  ASSERT_OK(cache->Get({8, 1}, len, f.Get(), 6, BlockCache::Want::kAhead));
+  EXPECT_FALSE(cache->Contains({7, 1})) << "the oldest is evicted first";
+  EXPECT_TRUE(cache->Contains({7, 0}));
+  ASSERT_OK(cache->Get({8, 2}, len, f.Get(), 7, BlockCache::Want::kAhead));
+  EXPECT_FALSE(cache->Contains({7, 0}));
+  EXPECT_TRUE(cache->Contains({7, 2}));
+  EXPECT_TRUE(cache->Contains({8, 0}) && cache->Contains({8, 1}) && cache->Contains({8, 2}));
+}
+
+TEST(BlockCache, ThreadsAskingForOneBlockAtOnceFetchItOnce) {
+  TempDir dir;
+  auto cache = MustOpen(dir.path(), 1 << 20);
+  CountingFetch f;
+  f.bytes = Pattern(30000, 5);
+  f.delay = std::chrono::milliseconds(50);
+  std::vector<std::thread> threads;
+  std::atomic<int> good{0};
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&] {
+      auto b = cache->Get({1, 1}, f.bytes.size(), f.Get(), 0, BlockCache::Want::kRead);
+      if (b.ok() && BytesOf(*b) == f.bytes) good += 1;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(good.load(), 8);
+  EXPECT_EQ(f.calls.load(), 1);
+  EXPECT_EQ(cache->counters().hits.load() + cache->counters().misses.load(), 8u);
+}
+
+TEST(BlockCache, TwoProcessesFillingOneBlockOfASharedDirectoryFetchItOnce) {
+  TempDir dir;
+  const std::string count_file = dir.path() + "/fetches";
+  const std::vector<uint8_t> bytes = Pattern(200000, 6);
+  // Each process: its own cache on the shared directory, a slow fetch that
+  // appends a byte to `count_file`.
+  auto fill = [&]() -> bool {
+    BlockCacheOptions o;
+    o.dir = dir.path() + "/cache";
+    o.capacity_bytes = 1 << 20;
+    auto cache = BlockCache::Open(o);
+    if (!cache.ok()) return false;
+    auto b = (*cache)->Get({9, 9}, bytes.size(),
+                           [&](uint8_t* dst, uint64_t len) {
+                             int fd = ::open(count_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+                             if (::write(fd, "x", 1) != 1) return Internal("write");
+                             ::close(fd);
+                             std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                             std::memcpy(dst, bytes.data(), len);
+                             return Status::Ok();
+                           },
+                           0, BlockCache::Want::kRead);
+    return b.ok() && std::memcmp(b->data(), bytes.data(), bytes.size()) == 0;
+  };
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(fill() ? 0 : 1);
+  const bool mine = fill();
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(mine);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the other process's bytes";
+  EXPECT_EQ(std::filesystem::file_size(count_file), 1u) << "one fetch between the two processes";
+}
+
+// Runs `body` in a child process with a tmpfs of `bytes` mounted at `dir`
+// (its own mount namespace; a user namespace when not root). Returns the
+// child's exit code, or -1 (with `why`) when such a mount is not possible here.
+int InSmallFilesystem(const std::string& dir, uint64_t bytes, const std::function<int()>& body, std::string* why) {
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) return -1;
+  const uid_t uid = ::getuid();
+  const gid_t gid = ::getgid();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    auto fail = [&](const char* what) {
+      std::string msg = std::string(what) + ": " + std::strerror(errno);
+      if (::write(pipe_fds[1], msg.data(), msg.size()) < 0) {
+      }
+      ::_exit(77);
+    };
+    if (uid != 0) {
+      if (::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) fail("unshare(user, mount)");
+      auto write_file = [](const char* path, const std::string& text) {
+        int fd = ::open(path, O_WRONLY);
+        bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+        if (fd >= 0) ::close(fd);
+        return ok;
+      };
+      write_file("/proc/self/setgroups", "deny");
+      if (!write_file("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1") ||
+          !write_file("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1")) {
+        fail("uid_map");
+      }
+    } else if (::unshare(CLONE_NEWNS) != 0) {
+      fail("unshare(mount)");
+    }
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) fail("make / private");
+    const std::string opts = "size=" + std::to_string(bytes);
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) != 0) fail("mount tmpfs");
+    ::_exit(body());
+  }
+  ::close(pipe_fds[1]);
+  char buf[256] = {};
+  const ssize_t n = ::read(pipe_fds[0], buf, sizeof buf - 1);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (!WIFEXITED(status)) return 99;
+  if (WEXITSTATUS(status) == 77) {
+    *why = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown";
+    return -1;
+  }
+  return WEXITSTATUS(status);
+}
+
+TEST(BlockCache, AFullDiskServesTheBlockFromMemoryAndSendsReadsToTheSource) {
+  TempDir dir;
+  const std::string mnt = dir.path() + "/small";
+  std::filesystem::create_directories(mnt);
+  std::string why;
+  // A 256 KiB file system under a cache that believes it has 8 MiB: the
+  // third 100 KB block does not fit.
+  const int rc = InSmallFilesystem(
+      mnt, 256 << 10,
+      [&]() -> int {
+        BlockCacheOptions o;
+        o.dir = mnt;
+        o.capacity_bytes = 8 << 20;
+        auto cache = BlockCache::Open(o);
+        if (!cache.ok()) return 10;
+        CountingFetch f;
+        f.bytes = Pattern(100000, 7);
+        for (uint64_t i = 0; i < 3; ++i) {
+          auto b = (*cache)->Get({5, i}, f.bytes.size(), f.Get(), 0, BlockCache::Want::kRead);
+          if (!b.ok()) return 11;
+          if (BytesOf(*b) != f.bytes) return 12;
+        }
+        if ((*cache)->counters().write_errors.load() != 1) return 13;
+        if ((*cache)->storing()) return 14;
+        if ((*cache)->Contains({5, 2})) return 15;
+        // The disk refusing, a CachedSource reads from its source directly.
+        TempDir remote_dir;
+        const std::string path = remote_dir.Write("obj", std::string(300000, 'q'));
+        auto files = source::MakeFileSource(source::SourceOptions{});
+        if (!files.ok()) return 16;
+        CachedSource cached(**files, **cache, planner::BlockGeometry{65536, 0});
+        cached.AddObject(path, 300000, "");
+        std::vector<uint8_t> out(1000);
+        if (!cached.Read(path, 5000, out.data(), out.size()).ok()) return 17;
+        if (out != std::vector<uint8_t>(1000, 'q')) return 18;
+        if (cached.counters().direct_bytes.load() != 1000) return 19;
+        if (!cached.LatencyBound()) return 20;
+        return 0;
+      },
+      &why);
+  if (rc == -1) GTEST_SKIP() << "no small file system can be mounted here (" << why << "): the full-disk path is not tested";
+  EXPECT_EQ(rc, 0) << "the child's check that failed (see the test's return codes)";
+}
+
+TEST(BlockCache, AnOlderFormatsDirectoryIsRemovedANewerOneLeftAlone) {
+  TempDir dir;
+  dir.Write("meshload-blocks-v0/ab/x", "old");
+  dir.Write("meshload-blocks-v2/ab/y", "new");
+  dir.Write("unrelated/z", "kept");
+  auto cache = MustOpen(dir.path(), 1 << 20);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/meshload-blocks-v0"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/meshload-blocks-v2/ab/y"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/unrelated/z"));
+  EXPECT_EQ(cache->root(), dir.path() + "/meshload-blocks-v1");
+  EXPECT_EQ(cache->resident_blocks(), 0u);
+}
+
+TEST(BlockCache, LeftoversOfAFillThatDiedAreRemovedOnceStale) {
+  TempDir dir;
+  { MustOpen(dir.path(), 1 << 20); }
+  const std::string root = dir.path() + "/meshload-blocks-v1/ab/";
+  const std::string stale = dir.Write("meshload-blocks-v1/ab/00000000000000ab-1.tmp.123.0", "partial");
+  const std::string lock = dir.Write("meshload-blocks-v1/ab/00000000000000ab-1.fill", "");
+  const std::string fresh = dir.Write("meshload-blocks-v1/ab/00000000000000ab-2.tmp.124.0", "being written");
+  const int64_t old = ::time(nullptr) - 3600;
+  timespec t[2] = {{old, 0}, {old, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, stale.c_str(), t, 0), 0);
+  ASSERT_EQ(::utimensat(AT_FDCWD, lock.c_str(), t, 0), 0);
+  auto cache = MustOpen(dir.path(), 1 << 20);
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_FALSE(std::filesystem::exists(lock));
+  EXPECT_TRUE(std::filesystem::exists(fresh)) << "another process may still be writing it";
+  EXPECT_EQ(cache->resident_blocks(), 0u);
+}
+
+TEST(BlockCache, RefusesADirectoryItCannotMake) {
+  TempDir dir;
+  const std::string file = dir.Write("a-file", "x");
+  BlockCacheOptions o;
+  o.dir = file + "/cache";  // under a file: no directory can be made there, root or not
+  auto c = BlockCache::Open(o);
+  EXPECT_THAT(c.status(),
+              meshload::testing::StatusIs(StatusCode::kInvalidArgument, HasSubstr("cannot make the cache directory")));
+  EXPECT_THAT(c.status().ToString(), HasSubstr(file));
+}
+
+// The real file source, counting the reads that reach it: the "remote"
+// behind a CachedSource in these tests (the S3 source against versitygw is
+// tests/s3/s3_run_test.sh's).
+class CountingSource final : public source::Source {
+ public:
+  explicit CountingSource(source::Source& inner) : inner_(inner) {}
+  Result<source::ObjectInfo> Stat(const std::string& uri) override { return inner_.Stat(uri); }
+  Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override {
+    reads += 1;
+    for (const iovec& v : iov) bytes += v.iov_len;
+    return inner_.ReadV(uri, offset, iov);
+  }
+  bool LatencyBound() const override { return true; }
+  std::atomic<uint64_t> reads{0}, bytes{0};
+
+ private:
+  source::Source& inner_;
+};
+
+TEST(CachedSource, ReadsAcrossBlocksEqualTheSourcesBytes) {
+  TempDir data, cache_dir;
+  const std::vector<uint8_t> all = Pattern(1000000, 8);
+  const std::string path = data.Write("obj", std::string(all.begin(), all.end()));
+  auto files = source::MakeFileSource(source::SourceOptions{});
+  ASSERT_OK(files);
+  CountingSource remote(**files);
+  auto cache = MustOpen(cache_dir.path(), 64 << 20);
+  CachedSource cached(remote, *cache, planner::BlockGeometry{65536, 100000});
+  cached.AddObject(path, all.size(), "");
+  EXPECT_EQ(cached.BlocksOf(0, 65535, 2), (std::pair<uint64_t, uint64_t>{0, 1}));
+  EXPECT_EQ(cached.BlockExtent(0, 15), (std::pair<uint64_t, uint64_t>{983040, 16960}));
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 200; ++i) {
+    const uint64_t off = rng() % all.size();
+    const uint64_t len = 1 + rng() % std::min<uint64_t>(all.size() - off, 300000);
+    // Into three iovecs of uneven sizes.
+    std::vector<uint8_t> out(len);
+    const uint64_t a = len / 3, b = len / 2;
+    std::vector<iovec> iov = {{out.data(), a}, {out.data() + a, b - a}, {out.data() + b, len - b}};
+    ASSERT_OK(cached.ReadV(path, off, iov));
+    ASSERT_TRUE(std::equal(out.begin(), out.end(), all.begin() + static_cast<ptrdiff_t>(off))) << off << "+" << len;
+  }
+  std::vector<uint8_t> whole(all.size());
+  ASSERT_OK(cached.Read(path, 0, whole.data(), whole.size()));
+  EXPECT_EQ(whole, all);
+  EXPECT_EQ(remote.reads.load(), 16u) << "each of the 16 blocks fetched once";
+  EXPECT_EQ(remote.bytes.load(), all.size());
+  std::vector<uint8_t> past(10);
+  EXPECT_THAT(cached.Read(path, all.size() - 5, past.data(), past.size()),
+              meshload::testing::StatusIs(StatusCode::kDataLoss, HasSubstr("past the end")));
+  // A small object is one block, fetched whole.
+  const std::string small = data.Write("small", std::string(5000, 's'));
+  cached.AddObject(small, 5000, "");
+  std::vector<uint8_t> one(10);
+  ASSERT_OK(cached.Read(small, 100, one.data(), one.size()));
+  EXPECT_EQ(remote.bytes.load(), all.size() + 5000);
+}
+
+// A FixedRecord job over generated files, read through a CachedSource whose
+// "remote" is the counting file source.
+struct CachedJob {
+  TempDir data, cache_dir;
+  std::unique_ptr<planner::ShardPlanner> planner;
+  std::unique_ptr<source::SourceRegistry> sources;
+  source::Source* files = nullptr;
+  std::unique_ptr<CountingSource> remote;
+  std::unique_ptr<BlockCache> cache;
+  std::unique_ptr<CachedSource> cached;
+  std::vector<int64_t> object_of_file;
+
+  CachedJob(planner::ShuffleMode shuffle, uint64_t samples, uint64_t capacity, int nfiles = 3,
+            planner::BlockGeometry geometry = {65536, 0}) {
+    planner::JobSpec spec;
+    spec.mesh.processes = 1;
+    spec.mesh.devices_per_process = 1;
+    spec.mesh.axes = {{"data", 1}};
+    spec.strategy = planner::Strategy::kPerProcess;
+    spec.dataset.format = planner::DatasetFormat::kFixedRecord;
+    spec.dataset.record_bytes = 4096;
+    spec.batch.global_batch_size = 32;
+    spec.shuffle.mode = shuffle;
+    spec.shuffle.seed = 3;
+    if (shuffle == planner::ShuffleMode::kBlock) {
+      spec.shuffle.block_size = 16;
+      spec.shuffle.block_size_set = true;
+    }
+    auto uri = tools::GenerateSyntheticDataset(spec.dataset, data.path(), samples, nfiles);
+    EXPECT_OK(uri);
+    spec.dataset.uri = *uri;
+    Diagnostics d;
+    auto job = source::ResolveReadingDataset(meshload::testing::MustValidate(spec), {}, source::Unreachable::kFail, d);
+    EXPECT_OK(job) << d.ToString();
+    planner = std::make_unique<planner::ShardPlanner>(std::move(*job));
+    sources = source::SourceRegistry::WithBuiltins({});
+    files = (*sources->For(planner->job().dataset.files()[0].path)).first;
+    remote = std::make_unique<CountingSource>(*files);
+    cache = MustOpen(cache_dir.path(), capacity);
+    cached = std::make_unique<CachedSource>(*remote, *cache, geometry);
+    for (const auto& f : planner->job().dataset.files()) {
+      object_of_file.push_back(static_cast<int64_t>(cached->AddObject(f.path, f.size, "")));
+    }
+    sources->Interpose(files, cached.get());
+  }
+};
+
+TEST(FetchAhead, FillsTheBlocksOfTheNextStepsWithinItsLookahead) {
+  CachedJob job(planner::ShuffleMode::kNone, 32 * 64, 64 << 20);
+  // 32 records of 4 KiB a step: two 64 KiB blocks; 20 steps ahead at most.
+  FetchAheadOptions o;
+  o.lookahead_bytes = 10 * 2 * 65536;
+  o.threads = 4;
+  FetchAhead ahead(*job.planner, job.planner->DefaultLoading(), 0, *job.cached, job.object_of_file, o);
+  EXPECT_EQ(ahead.BlocksOf(0).size(), 2u);
+  ahead.Start(0);
+  auto reads_reach = [&](uint64_t n) {
+    return meshload::testing::WaitFor([&] { return job.remote->reads.load() >= n; }, std::chrono::seconds(20),
+                                      std::chrono::milliseconds(5));
+  };
+  // Held at its lookahead: 10 steps' blocks, no more.
+  ASSERT_TRUE(reads_reach(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(job.remote->reads.load(), 20u);
+  EXPECT_EQ(ahead.ahead_bytes(), 10u * 2 * 65536);
+  EXPECT_EQ(ahead.ahead_steps(), 10);
+  ASSERT_OK(ahead.WaitResident(0, 10, std::chrono::seconds(20)));
+  for (int64_t s = 0; s < 10; ++s) {
+    for (const BlockRef& r : ahead.BlocksOf(s)) EXPECT_TRUE(job.cache->Contains(job.cached->IdOf(r.object, r.block)));
+  }
+  for (const BlockRef& r : ahead.BlocksOf(12)) EXPECT_FALSE(job.cache->Contains(job.cached->IdOf(r.object, r.block)));
+  // The trainer passes 5 steps: 5 more are fetched.
+  ahead.Passed(4);
+  ASSERT_TRUE(reads_reach(30));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(job.remote->reads.load(), 30u);
+  EXPECT_EQ(ahead.ahead_steps(), 10);
+  ASSERT_OK(ahead.WaitResident(10, 5, std::chrono::seconds(20)));
+  // Starting over elsewhere (a resize, a trainer that went back).
+  ahead.StartAt(40);
+  ASSERT_OK(ahead.WaitResident(40, 3, std::chrono::seconds(20)));
+}
+
+TEST(FetchAhead, WaitResidentSaysWhenTheCacheCannotHoldTheSteps) {
+  // A capacity of one block: the first steps' four blocks cannot be held.
+  CachedJob job(planner::ShuffleMode::kNone, 32 * 64, 65536 + BlockCache::kTrailerBytes);
+  FetchAhead ahead(*job.planner, job.planner->DefaultLoading(), 0, *job.cached, job.object_of_file,
+                   {.lookahead_bytes = 4 * 65536, .threads = 2, .max_steps_ahead = 2});
+  ahead.Start(0);
+  EXPECT_THAT(ahead.WaitResident(0, 2, std::chrono::seconds(20)),
+              meshload::testing::StatusIs(StatusCode::kUnavailable, HasSubstr("capacity")));
+}
+
+// The step loader reads every planned byte through the cache for two epochs
+// under a global shuffle; the second fetches nothing.
+TEST(CachedSource, AJobReadThroughTheCacheFetchesEachBlockOnceAcrossEpochs) {
+  const uint64_t samples = 32 * 40;  // 40 steps an epoch, 5 MiB
+  CachedJob job(planner::ShuffleMode::kGlobal, samples, 64 << 20);
+  FetchAhead ahead(*job.planner, job.planner->DefaultLoading(), 0, *job.cached, job.object_of_file,
+                   {.lookahead_bytes = 2 << 20, .threads = 4, .max_steps_ahead = 64});
+  const staging::BatchLayout layout = staging::ComputeBatchLayout(job.planner->job(), 0);
+  auto loader = StepLoader::Create(*job.planner, 0, job.planner->DefaultLoading(), *job.sources, layout, {});
+  ASSERT_OK(loader);
+  ahead.Start(0);
+  std::vector<uint8_t> slot(layout.slot_bytes);
+  std::vector<staging::StagedTensor> staged;
+  const planner::DatasetIndex& ds = job.planner->job().dataset;
+  for (int64_t step = 0; step < 80; ++step) {
+    ahead.Passed(step - 1);
+    ASSERT_OK((*loader)->Load(step, slot.data(), staged, nullptr));
+    const planner::StepPlan plan = job.planner->PlanStep(step, job.planner->DefaultLoading(), 0);
+    const auto& ids = plan.devices[0].samples;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      ASSERT_EQ(tools::FirstMismatch(ds, ids[k], slot.data() + layout.devices[0].fields[0].offset + k * 4096), -1)
+          << "step " << step << " sample " << ids[k];
+    }
+    if (step == 39) {
+      // The first epoch fetched the dataset once, block by block.
+      EXPECT_EQ(job.remote->bytes.load(), samples * 4096);
+    }
+  }
+  EXPECT_EQ(job.remote->bytes.load(), samples * 4096) << "the second epoch fetched nothing";
+  EXPECT_EQ(job.cached->counters().delivered_bytes.load(), 2 * samples * 4096);
+  const planner::FetchEstimate est =
+      planner::EstimateFetch(*job.planner, job.planner->DefaultLoading(), 0, job.cached->geometry());
+  EXPECT_TRUE(est.complete);
+  EXPECT_EQ(est.read_bytes, samples * 4096);
+  EXPECT_EQ(est.block_bytes, samples * 4096);
+  EXPECT_DOUBLE_EQ(est.Amplification(), 1.0);
+}
+
+TEST(FetchPlan, TheWorkingSetFollowsTheShuffle) {
+  const uint64_t samples = 32 * 64;  // 8 MiB in 128 blocks of 64 KiB, one file
+  CachedJob global(planner::ShuffleMode::kGlobal, samples, 64 << 20, 1);
+  CachedJob none(planner::ShuffleMode::kNone, samples, 64 << 20, 1);
+  CachedJob block(planner::ShuffleMode::kBlock, samples, 64 << 20, 1);
+  const planner::BlockGeometry g{65536, 0};
+  const auto eg = planner::EstimateFetch(*global.planner, global.planner->DefaultLoading(), 0, g);
+  const auto en = planner::EstimateFetch(*none.planner, none.planner->DefaultLoading(), 0, g);
+  const auto eb = planner::EstimateFetch(*block.planner, block.planner->DefaultLoading(), 0, g);
+  // Global: nearly every block is in use from the first steps to the last.
+  EXPECT_GT(eg.working_set_bytes, samples * 4096 * 3 / 4);
+  // None, and Block with sampler blocks of one storage block (16 samples):
+  // a step's two blocks, used by that step alone.
+  EXPECT_EQ(en.working_set_bytes, 2u * 65536);
+  EXPECT_EQ(eb.working_set_bytes, 2u * 65536);
+  for (const auto* e : {&eg, &en, &eb}) {
+    EXPECT_EQ(e->read_bytes, samples * 4096);
+    EXPECT_EQ(e->block_bytes, samples * 4096);
+    EXPECT_EQ(e->steps, 64u);
+  }
+  const auto capped = planner::EstimateFetch(*global.planner, global.planner->DefaultLoading(), 0, g, 0, 320);
+  EXPECT_FALSE(capped.complete);
+  EXPECT_EQ(capped.steps, 10u);
+}
+
+}  // namespace
+}  // namespace meshload::sidecar::cache
