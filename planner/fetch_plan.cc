@@ -1,15 +1,88 @@
 #include "planner/fetch_plan.h"
 
+#include <cmath>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace meshload::planner {
 
+uint64_t BlockOfOffset(const BlockGeometry& g, const std::vector<uint64_t>& starts, uint64_t size, uint64_t offset) {
+  if (starts.empty()) return offset / g.Unit(size);
+  return static_cast<uint64_t>(std::upper_bound(starts.begin(), starts.end(), offset) - starts.begin()) - 1;
+}
+
+std::pair<uint64_t, uint64_t> BlockExtentOf(const BlockGeometry& g, const std::vector<uint64_t>& starts, uint64_t size,
+                                            uint64_t block) {
+  if (starts.empty()) {
+    const uint64_t unit = g.Unit(size);
+    const uint64_t start = block * unit;
+    return {start, std::min(unit, size - start)};
+  }
+  const uint64_t end = block + 1 < starts.size() ? starts[block + 1] : size;
+  return {starts[block], end - starts[block]};
+}
+
+uint64_t BlockCount(const BlockGeometry& g, const std::vector<uint64_t>& starts, uint64_t size) {
+  return starts.empty() ? g.Blocks(size) : starts.size();
+}
+
+BlockMap::BlockMap(const ResolvedJob& job, const BlockGeometry& geometry) : geometry_(geometry) {
+  const DatasetIndex& ds = job.dataset;
+  for (const DatasetFile& f : ds.files()) sizes_.push_back(f.size);
+  starts_.resize(sizes_.size());
+  const ShuffleSpec& sh = job.spec.shuffle;
+  if ((sh.mode != ShuffleMode::kBlock && sh.mode != ShuffleMode::kWindow) || ds.token_rows() != nullptr ||
+      !ds.indexed() || sh.block_size < 1) {
+    return;
+  }
+  sample_aligned_ = true;
+  const uint64_t b = static_cast<uint64_t>(sh.block_size);
+  std::vector<DatasetIndex::Part> parts = ds.parts();
+  if (parts.empty()) parts.push_back({"", 0, ds.num_samples()});
+  std::vector<planner::Extent> extents;
+  for (const DatasetIndex::Part& p : parts) {
+    for (uint64_t local = 0; local < p.samples; local += b) {
+      extents.clear();
+      ds.AppendExtents(p.first + local, extents);
+      if (!extents.empty()) starts_[extents.front().file].push_back(extents.front().offset);
+    }
+  }
+  for (size_t f = 0; f < starts_.size(); ++f) {
+    std::vector<uint64_t>& s = starts_[f];
+    s.push_back(0);
+    std::sort(s.begin(), s.end());
+    s.erase(std::unique(s.begin(), s.end()), s.end());
+    // Long sampler blocks (large samples, or a large blockSize) in pieces
+    // of about block_bytes, so one block is never most of a cache.
+    std::vector<uint64_t> cut;
+    for (size_t i = 0; i < s.size(); ++i) {
+      const uint64_t end = i + 1 < s.size() ? s[i + 1] : sizes_[f];
+      const uint64_t len = end - s[i];
+      const double pieces =
+          std::max(1.0, std::round(static_cast<double>(len) / static_cast<double>(geometry.block_bytes)));
+      const uint64_t n = len > geometry.block_bytes * 3 / 2 ? static_cast<uint64_t>(pieces) : 1;
+      for (uint64_t k = 0; k < n; ++k) cut.push_back(s[i] + len * k / n);
+    }
+    s = std::move(cut);
+  }
+}
+
+uint64_t BlockMap::Blocks(size_t f) const { return BlockCount(geometry_, starts_[f], sizes_[f]); }
+
+uint64_t BlockMap::BlockOf(size_t f, uint64_t offset) const {
+  return BlockOfOffset(geometry_, starts_[f], sizes_[f], offset);
+}
+
+std::pair<uint64_t, uint64_t> BlockMap::Extent(size_t f, uint64_t b) const {
+  return BlockExtentOf(geometry_, starts_[f], sizes_[f], b);
+}
+
 FetchEstimate EstimateFetch(const ShardPlanner& planner, const Loading& loading, int64_t process,
                             const BlockGeometry& geometry, uint64_t epoch, uint64_t max_samples) {
   const ResolvedJob& job = planner.job();
   const DatasetIndex& ds = job.dataset;
+  const BlockMap blocks(job, geometry);
   FetchEstimate out;
   for (const DatasetFile& f : ds.files()) out.dataset_bytes += f.size;
   struct Use {
@@ -25,8 +98,8 @@ FetchEstimate EstimateFetch(const ShardPlanner& planner, const Loading& loading,
       out.complete = false;
       break;
     }
-    const StepPlan plan = planner.PlanStep(static_cast<int64_t>(epoch * K + j), loading, process,
-                                           ShardPlanner::Detail::kSamples);
+    const StepPlan plan =
+        planner.PlanStep(static_cast<int64_t>(epoch * K + j), loading, process, ShardPlanner::Detail::kSamples);
     for (const ReadPlan& r : plan.reads) {
       samples += r.samples.size();
       for (uint64_t id : r.samples) {
@@ -35,11 +108,10 @@ FetchEstimate EstimateFetch(const ShardPlanner& planner, const Loading& loading,
         for (const Extent& e : extents) {
           if (e.length == 0) continue;
           out.read_bytes += e.length;
-          const uint64_t size = ds.files()[e.file].size;
-          const uint64_t unit = geometry.Unit(size);
-          for (uint64_t b = e.offset / unit; b <= (e.offset + e.length - 1) / unit; ++b) {
+          const uint64_t last = blocks.BlockOf(e.file, e.offset + e.length - 1);
+          for (uint64_t b = blocks.BlockOf(e.file, e.offset); b <= last; ++b) {
             auto [it, added] = uses.try_emplace((uint64_t{e.file} << 40) | b, Use{j, j, 0});
-            if (added) it->second.bytes = std::min(unit, size - b * unit);
+            if (added) it->second.bytes = blocks.Extent(e.file, b).second;
             it->second.last = j;
           }
         }

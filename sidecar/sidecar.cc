@@ -419,11 +419,13 @@ Status Sidecar::InitCache() {
   cache_ = std::move(*opened);
   cached_ = std::make_unique<cache::CachedSource>(*remote, *cache_, geometry);
   std::vector<int64_t> object_of_file(rj.dataset.files().size(), -1);
+  const planner::BlockMap blocks(rj, geometry);
   for (const auto& [file, name] : remote_files) {
     // The object's version (its ETag) keys its blocks: a rewritten object
     // never matches blocks of its old bytes.
     MESHLOAD_ASSIGN_OR_RETURN(source::ObjectInfo info, remote->Stat(name));
-    object_of_file[file] = static_cast<int64_t>(cached_->AddObject(name, rj.dataset.files()[file].size, info.version));
+    object_of_file[file] = static_cast<int64_t>(
+        cached_->AddObject(name, rj.dataset.files()[file].size, info.version, blocks.starts(file)));
   }
   sources_->Interpose(remote, cached_.get());
   cache::FetchAheadOptions fopts;
@@ -745,6 +747,10 @@ nlohmann::json Sidecar::CacheJson() const {
   out["corruptBlocks"] = c.corrupt_blocks.load();
   out["writeErrors"] = c.write_errors.load();
   out["storing"] = cache_->storing();
+  // From the first fetch's start to the latest fetch's end: the fill rate
+  // of a burst (a first epoch) is fetchedBytes over it.
+  const int64_t first = c.first_fetch_ns.load(), last = c.last_fetch_ns.load();
+  out["fetchSpanSeconds"] = first > 0 && last > first ? static_cast<double>(last - first) / 1e9 : 0.0;
   out["warm"] = warm_.load();
   return out;
 }

@@ -93,6 +93,10 @@ uint64_t ObjectKey(std::string_view uri, uint64_t size, std::string_view version
   return XXH3_64bits_withSeed(key.data(), key.size(), 0x6D6573686C6F6164ull);  // "meshload"
 }
 
+uint64_t LayoutKey(const std::vector<uint64_t>& starts) {
+  return XXH3_64bits(starts.data(), starts.size() * sizeof(uint64_t));
+}
+
 size_t BlockIdHash::operator()(const BlockId& b) const noexcept {
   return static_cast<size_t>(b.object ^ (b.index * 0x9E3779B97F4A7C15ull));
 }
@@ -106,9 +110,17 @@ int64_t BlockCache::NowNs() const {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(clock_->Now().time_since_epoch()).count();
 }
 
+std::optional<BlockCache::Block> BlockCache::Peek(const BlockId& id) const {
+  MutexLock lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || !it->second.map) return std::nullopt;
+  return Block(it->second.map);
+}
+
 Result<std::unique_ptr<BlockCache>> BlockCache::Open(BlockCacheOptions options) {
   if (options.dir.empty()) return InvalidArgument("no cache directory given", "cache dir");
-  if (options.capacity_bytes == 0) return InvalidArgument("the cache's capacity must be above 0 bytes", "cache capacity");
+  if (options.capacity_bytes == 0)
+    return InvalidArgument("the cache's capacity must be above 0 bytes", "cache capacity");
   std::unique_ptr<BlockCache> c(new BlockCache(std::move(options)));
   MESHLOAD_RETURN_IF_ERROR(c->Init());
   return c;
@@ -164,15 +176,11 @@ void BlockCache::Rescan() {
   struct Found {
     BlockId id;
     uint64_t bytes;
-    int64_t mtime_ns;
+    int64_t age_s;
   };
   std::vector<Found> found;
-  const int64_t now_wall = std::chrono::duration_cast<std::chrono::seconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count();
-  // Files found get a last use in this clock's terms: their age subtracted
-  // from now.
-  const int64_t now = NowNs();
+  const int64_t now_wall =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   DIR* top = ::opendir(root_.c_str());
   if (top == nullptr) return;
   while (dirent* d = ::readdir(top)) {
@@ -192,8 +200,7 @@ void BlockCache::Rescan() {
         if (leftover && now_wall - st.st_mtim.tv_sec > kStaleFillSeconds) ::unlink(path.c_str());
         continue;
       }
-      const int64_t age_ns = std::max<int64_t>(0, now_wall - st.st_mtim.tv_sec) * 1000000000;
-      found.push_back({id, static_cast<uint64_t>(st.st_size), now - age_ns});
+      found.push_back({id, static_cast<uint64_t>(st.st_size), std::max<int64_t>(0, now_wall - st.st_mtim.tv_sec)});
     }
     ::closedir(dir);
   }
@@ -204,9 +211,9 @@ void BlockCache::Rescan() {
   for (const Found& f : found) {
     seen[f.id] = true;
     auto [it, added] = entries_.try_emplace(f.id);
-    if (!added) continue;
+    if (!added && (it->second.filling || it->second.disk_bytes > 0)) continue;  // known here (a placeholder is not)
     it->second.disk_bytes = f.bytes;
-    it->second.last_use_ns = f.mtime_ns;
+    it->second.last_use = -f.age_s;
     used_ += f.bytes;
   }
   // Entries whose files went (another process evicted them): a reader
@@ -222,11 +229,10 @@ void BlockCache::Rescan() {
       ++it;
     }
   }
-  next_rescan_ns_ = now + std::chrono::duration_cast<std::chrono::nanoseconds>(options_.rescan_every).count();
+  next_rescan_ns_ = NowNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(options_.rescan_every).count();
 }
 
-Result<std::shared_ptr<const BlockCache::Block::Bytes>> BlockCache::MapVerified(const BlockId& id,
-                                                                                 uint64_t len) const {
+Result<std::shared_ptr<const BlockCache::Block::Bytes>> BlockCache::MapVerified(const BlockId& id, uint64_t len) const {
   const std::string path = PathOf(id);
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) {
@@ -270,10 +276,15 @@ bool BlockCache::MakeRoom(uint64_t bytes, int64_t next_use) {
     int64_t key;  // unknown: last use (oldest first); known: next use (furthest first)
   };
   std::vector<Candidate> cands;
-  for (const auto& [id, e] : entries_) {
-    if (e.filling || e.disk_bytes == 0) continue;
-    const bool known = e.next_use >= 0 && e.next_use > passed_;
-    cands.push_back({id, known, known ? e.next_use : e.last_use_ns});
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    Entry& e = it->second;
+    const int64_t next = NextUse(e);
+    if (!e.filling && e.disk_bytes == 0 && next < 0) {
+      it = entries_.erase(it);  // a placeholder whose steps passed
+      continue;
+    }
+    if (!e.filling && e.disk_bytes > 0) cands.push_back({it->first, next >= 0, next >= 0 ? next : e.last_use});
+    ++it;
   }
   std::sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
     if (a.known != b.known) return !a.known;
@@ -309,12 +320,13 @@ void BlockCache::DiskRefused(int err, const BlockId& id) {
       NowNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(options_.store_retry_after).count();
   if (!refusal_logged_) {
     refusal_logged_ = true;
-    LogWarn("the cache disk refused a block: reads go to the source directly for a while (logged once; "
-            "meshload_cache_errors_total{kind=\"write\"} counts them)",
-            {{"block", PathOf(id)},
-             {"error", std::strerror(err)},
-             {"disk_full", DiskFull(err)},
-             {"retry_after_s", static_cast<int64_t>(options_.store_retry_after.count() / 1000)}});
+    LogWarn(
+        "the cache disk refused a block: reads go to the source directly for a while (logged once; "
+        "meshload_cache_errors_total{kind=\"write\"} counts them)",
+        {{"block", PathOf(id)},
+         {"error", std::strerror(err)},
+         {"disk_full", DiskFull(err)},
+         {"retry_after_s", static_cast<int64_t>(options_.store_retry_after.count() / 1000)}});
   }
 }
 
@@ -339,8 +351,8 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
           return Internal("block " + PathOf(id) + " has " + std::to_string(e.map->size) + " bytes, wanted " +
                           std::to_string(len));
         }
-        e.last_use_ns = NowNs();
-        if (next_use >= 0 && (e.next_use <= passed_ || next_use < e.next_use)) e.next_use = next_use;
+        e.last_use = ++uses_;
+        if (next_use >= 0) AddUse(e, next_use);
         if (want == Want::kRead) (waited ? counters_.misses : counters_.hits) += 1;
         return Block(e.map);
       }
@@ -351,6 +363,7 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
         filled_.Wait(mu_);
         continue;
       }
+      if (e.disk_bytes == 0) break;  // a placeholder: fetched below, its noted uses kept
       // On disk, not verified by this process yet.
       e.filling = true;
       lock.Unlock();
@@ -378,8 +391,8 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
     if (want == Want::kRead && next_use < 0) next_use = passed_ + 1;
     Entry& e = entries_[id];
     e.filling = true;
-    e.next_use = next_use;
-    e.last_use_ns = NowNs();
+    if (next_use >= 0) AddUse(e, next_use);
+    e.last_use = ++uses_;
     if (want == Want::kRead) counters_.misses += 1;
     rescan = NowNs() >= next_rescan_ns_;
   }
@@ -469,9 +482,15 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
     }
   }
   // Not stored (the disk refuses blocks, or no room for one needed this
-  // late): this read gets it from memory.
+  // late). Ahead of need, it is not fetched at all (the read that needs it
+  // will); a read gets it from memory.
+  if (want == Want::kAhead) {
+    unlock_fill();
+    finish(nullptr, 0);
+    return Block();
+  }
   std::vector<uint8_t> buf(static_cast<size_t>(len));
-  Status st = fetch(buf.data(), len);
+  Status st = TimedFetch(fetch, buf.data(), len);
   unlock_fill();
   finish(nullptr, 0);
   if (!st.ok()) return st;
@@ -483,6 +502,21 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
   held->data = held->heap.data();
   held->size = len;
   return Block(std::move(held));
+}
+
+Status BlockCache::TimedFetch(const Fetch& fetch, uint8_t* dst, uint64_t len) const {
+  const auto now = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  int64_t zero = 0;
+  counters_.first_fetch_ns.compare_exchange_strong(zero, now());
+  Status st = fetch(dst, len);
+  const int64_t end = now();
+  int64_t last = counters_.last_fetch_ns.load();
+  while (last < end && !counters_.last_fetch_ns.compare_exchange_weak(last, end)) {
+  }
+  return st;
 }
 
 BlockCache::Filled BlockCache::FillFile(const BlockId& id, uint64_t len, const Fetch& fetch) const {
@@ -506,7 +540,9 @@ BlockCache::Filled BlockCache::FillFile(const BlockId& id, uint64_t len, const F
     out.err = err;
     return out;
   }
-  void* m = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  // Populated at once: the fetch then writes into pages that are there,
+  // not one page fault per 4 KiB.
+  void* m = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   if (m == MAP_FAILED) {
     out.err = errno;
     ::unlink(tmp.c_str());
@@ -518,7 +554,7 @@ BlockCache::Filled BlockCache::FillFile(const BlockId& id, uint64_t len, const F
   bytes->data = static_cast<const uint8_t*>(m);
   bytes->size = len;
   auto* data = static_cast<uint8_t*>(m);
-  out.status = fetch(data, len);
+  out.status = TimedFetch(fetch, data, len);
   out.fetched = out.status.ok();
   if (!out.status.ok()) {
     ::unlink(tmp.c_str());
@@ -548,11 +584,30 @@ bool BlockCache::Contains(const BlockId& id) const {
 
 bool BlockCache::SetNextUse(const BlockId& id, int64_t step) {
   MutexLock lock(mu_);
-  auto it = entries_.find(id);
-  if (it == entries_.end() || it->second.disk_bytes == 0) return false;
-  Entry& e = it->second;
-  if (e.next_use <= passed_ || step < e.next_use) e.next_use = step;
-  return true;
+  if (step <= passed_) {
+    auto it = entries_.find(id);
+    return it != entries_.end() && it->second.disk_bytes > 0 && !it->second.filling;
+  }
+  // A block not there yet gets a placeholder with the step: its uses are
+  // known the moment it is stored, whoever fetches it.
+  Entry& e = entries_[id];
+  AddUse(e, step);
+  return e.disk_bytes > 0 && !e.filling;
+}
+
+int64_t BlockCache::NextUse(Entry& e) const {
+  size_t passed = 0;
+  while (passed < e.uses.size() && e.uses[passed] <= passed_) ++passed;
+  if (passed > 0) e.uses.erase(e.uses.begin(), e.uses.begin() + static_cast<ptrdiff_t>(passed));
+  return e.uses.empty() ? -1 : e.uses.front();
+}
+
+void BlockCache::AddUse(Entry& e, int64_t step) const {
+  if (step <= passed_) return;
+  auto at = std::lower_bound(e.uses.begin(), e.uses.end(), step);
+  if (at != e.uses.end() && *at == step) return;
+  e.uses.insert(at, step);
+  if (e.uses.size() > kMaxUses) e.uses.pop_back();
 }
 
 void BlockCache::SetPassed(int64_t step) {

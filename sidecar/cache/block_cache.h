@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -61,6 +62,9 @@ namespace meshload::sidecar::cache {
 /// bytes at that size and version (an ETag, or "" when the source has
 /// none), nothing else.
 uint64_t ObjectKey(std::string_view uri, uint64_t size, std::string_view version);
+/// A key of an object's block layout (its blocks' starts), mixed into its
+/// ObjectKey's version: blocks of another layout never match.
+uint64_t LayoutKey(const std::vector<uint64_t>& starts);
 
 struct BlockId {
   uint64_t object = 0;  // ObjectKey
@@ -82,6 +86,11 @@ struct BlockCacheCounters {
   std::atomic<uint64_t> corrupt_blocks{0};  // blocks found corrupt or truncated on disk (fetched again)
   std::atomic<uint64_t> write_errors{0};    // blocks the disk refused (served from memory once)
   std::atomic<uint64_t> found_on_disk{0};   // blocks a fill found written by another process
+  // When the first fetch began and the latest one ended (steady clock, ns;
+  // 0: none yet): fetched_bytes over their difference is the fetch rate of
+  // a burst of fills.
+  std::atomic<int64_t> first_fetch_ns{0};
+  std::atomic<int64_t> last_fetch_ns{0};
 };
 
 struct BlockCacheOptions {
@@ -133,16 +142,23 @@ class BlockCache {
   enum class Want { kRead, kAhead };
 
   /// Block `id` of `len` bytes, verified: resident, or found on disk, or
-  /// fetched by `fetch` (once however many ask at once) and stored.
+  /// fetched by `fetch` (once however many ask at once) and stored. When it
+  /// cannot be stored (no room for a block needed this late, or a disk
+  /// that refuses blocks), a read gets it from memory, and kAhead gets an
+  /// empty Block without fetching it.
   /// `next_use`: the step that needs it (for eviction), -1 unknown.
   /// `fetched`, when given, is set to whether this call fetched it.
   Result<Block> Get(const BlockId& id, uint64_t len, const Fetch& fetch, int64_t next_use, Want want,
                     bool* fetched = nullptr) MESHLOAD_EXCLUDES(mu_);
 
+  /// Block `id` when it is resident and verified by this process, without
+  /// counting a read (prefetch hints); nullopt otherwise.
+  std::optional<Block> Peek(const BlockId& id) const MESHLOAD_EXCLUDES(mu_);
+
   /// Whether block `id` is resident (in the index, verified or not).
   bool Contains(const BlockId& id) const MESHLOAD_EXCLUDES(mu_);
-  /// Notes that step `step` reads block `id` (when it is resident, and no
-  /// nearer use is known). Returns whether it is resident.
+  /// Notes that step `step` reads block `id` (resident, or being filled).
+  /// Returns whether it is resident.
   bool SetNextUse(const BlockId& id, int64_t step) MESHLOAD_EXCLUDES(mu_);
   /// The steps up to `step` are done: a use at or before it is no longer a
   /// reason to keep a block.
@@ -164,12 +180,19 @@ class BlockCache {
   static constexpr uint64_t kTrailerBytes = 48;
 
  private:
+  // An entry with no bytes on disk and no filler is a placeholder: the
+  // steps that will read a block not fetched yet (SetNextUse).
   struct Entry {
     uint64_t disk_bytes = 0;                  // file size, trailer included
     std::shared_ptr<const Block::Bytes> map;  // verified and mapped (null: on disk, not verified here)
     bool filling = false;                     // a thread of this process is filling or verifying it
-    int64_t next_use = -1;                    // -1: no known step needs it
-    int64_t last_use_ns = 0;                  // this clock's time of the last use (files found: their mtime)
+    // The steps known to read it (ascending; those passed are dropped as
+    // they are met): its next use is the first; none, no known step.
+    std::vector<int64_t> uses;
+    // The order of last uses (least recently used first): this process's
+    // uses count up from 1; a file found on disk has its age in seconds,
+    // negated (older first, before any use here).
+    int64_t last_use = 0;
   };
 
   explicit BlockCache(BlockCacheOptions options);
@@ -191,12 +214,21 @@ class BlockCache {
     std::shared_ptr<const Block::Bytes> bytes;
   };
   Filled FillFile(const BlockId& id, uint64_t len, const Fetch& fetch) const;
+  // `fetch`, with the fetch span counters kept.
+  Status TimedFetch(const Fetch& fetch, uint8_t* dst, uint64_t len) const;
   // Removes blocks until `bytes` more fit, for a block that step
   // `next_use` needs (-1: none known): the blocks no known step needs first
   // (least recently used first), then those needed furthest ahead, never
   // one needed before `next_use`. False when that leaves too little room.
   bool MakeRoom(uint64_t bytes, int64_t next_use) MESHLOAD_REQUIRES(mu_);
   void Remove(const BlockId& id, bool evicted) MESHLOAD_REQUIRES(mu_);
+  // The first step after the passed ones that reads `e` (-1: none known),
+  // dropping the passed ones.
+  int64_t NextUse(Entry& e) const MESHLOAD_REQUIRES(mu_);
+  // Notes that step `step` reads `e` (at most kMaxUses are kept, the
+  // nearest).
+  void AddUse(Entry& e, int64_t step) const MESHLOAD_REQUIRES(mu_);
+  static constexpr size_t kMaxUses = 64;
   void DiskRefused(int err, const BlockId& id) MESHLOAD_EXCLUDES(mu_);
   int64_t NowNs() const;
 
@@ -210,6 +242,7 @@ class BlockCache {
   std::unordered_map<BlockId, Entry, BlockIdHash> entries_ MESHLOAD_GUARDED_BY(mu_);
   uint64_t used_ MESHLOAD_GUARDED_BY(mu_) = 0;  // Σ disk_bytes of entries_
   int64_t passed_ MESHLOAD_GUARDED_BY(mu_) = -1;
+  int64_t uses_ MESHLOAD_GUARDED_BY(mu_) = 0;  // last_use's counter
   int64_t refused_until_ns_ MESHLOAD_GUARDED_BY(mu_) = 0;
   bool refusal_logged_ MESHLOAD_GUARDED_BY(mu_) = false;
   int64_t next_rescan_ns_ MESHLOAD_GUARDED_BY(mu_) = 0;

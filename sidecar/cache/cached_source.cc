@@ -8,9 +8,16 @@ namespace meshload::sidecar::cache {
 CachedSource::CachedSource(source::Source& remote, BlockCache& cache, BlockGeometry geometry)
     : remote_(remote), cache_(cache), geometry_(geometry) {}
 
-size_t CachedSource::AddObject(const std::string& name, uint64_t size, const std::string& version) {
+size_t CachedSource::AddObject(const std::string& name, uint64_t size, const std::string& version,
+                               std::vector<uint64_t> starts) {
   auto [it, added] = by_name_.try_emplace(name, objects_.size());
-  if (added) objects_.push_back({name, size, ObjectKey(name, size, version), geometry_.Unit(size)});
+  if (added) {
+    // Sample-aligned blocks are a layout of their own: keyed apart from
+    // the byte-aligned blocks of the same object.
+    std::string key_version = version;
+    if (!starts.empty()) key_version += "|layout:" + std::to_string(LayoutKey(starts));
+    objects_.push_back({name, size, ObjectKey(name, size, key_version), std::move(starts)});
+  }
   return it->second;
 }
 
@@ -21,13 +28,13 @@ int64_t CachedSource::IndexOf(const std::string& name) const {
 
 std::pair<uint64_t, uint64_t> CachedSource::BlockExtent(size_t object, uint64_t block) const {
   const Object& o = objects_[object];
-  const uint64_t start = block * o.unit;
-  return {start, std::min(o.unit, o.size - start)};
+  return planner::BlockExtentOf(geometry_, o.starts, o.size, block);
 }
 
 std::pair<uint64_t, uint64_t> CachedSource::BlocksOf(size_t object, uint64_t offset, uint64_t len) const {
   const Object& o = objects_[object];
-  return {offset / o.unit, (offset + len - 1) / o.unit};
+  return {planner::BlockOfOffset(geometry_, o.starts, o.size, offset),
+          planner::BlockOfOffset(geometry_, o.starts, o.size, offset + len - 1)};
 }
 
 Result<BlockCache::Block> CachedSource::Get(size_t object, uint64_t block, int64_t next_use, BlockCache::Want want,
@@ -35,46 +42,40 @@ Result<BlockCache::Block> CachedSource::Get(size_t object, uint64_t block, int64
   const Object& o = objects_[object];
   const auto [start, len] = BlockExtent(object, block);
   return cache_.Get(
-      {o.key, block}, len,
-      [&](uint8_t* dst, uint64_t n) { return remote_.Read(o.name, start, dst, n); }, next_use, want, fetched);
+      {o.key, block}, len, [&](uint8_t* dst, uint64_t n) { return remote_.Read(o.name, start, dst, n); }, next_use,
+      want, fetched);
 }
 
 Status CachedSource::Fill(size_t object, uint64_t block, int64_t next_use, bool* fetched) {
   return Get(object, block, next_use, BlockCache::Want::kAhead, fetched).status();
 }
 
-Status CachedSource::ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) {
-  uint64_t len = 0;
-  for (const iovec& v : iov) len += v.iov_len;
-  if (len == 0) return Status::Ok();
-  const int64_t object = IndexOf(uri);
-  if (object < 0 || !cache_.storing()) {
-    // An object the dataset does not list (none, today), or a disk that
-    // refuses blocks: the source, for exactly these bytes.
-    counters_.direct_bytes += len;
-    counters_.delivered_bytes += len;
-    return remote_.ReadV(uri, offset, iov);
-  }
-  const Object& o = objects_[static_cast<size_t>(object)];
+Status CachedSource::CopyOut(size_t object, uint64_t offset, const std::vector<iovec>& iov, uint64_t len, Held& held) {
+  const Object& o = objects_[object];
   if (offset + len > o.size) {
     return DataLoss("range [" + std::to_string(offset) + ", " + std::to_string(offset + len) + ") is past the end of " +
                         std::to_string(o.size) + " bytes",
-                    source::RedactUri(uri) + "@" + std::to_string(offset));
+                    source::RedactUri(o.name) + "@" + std::to_string(offset));
   }
   size_t vi = 0;       // the iovec being filled
   uint64_t vdone = 0;  // bytes of it filled
   uint64_t pos = offset;
   const uint64_t end = offset + len;
   while (pos < end) {
-    const uint64_t block = pos / o.unit;
-    MESHLOAD_ASSIGN_OR_RETURN(BlockCache::Block b,
-                              Get(static_cast<size_t>(object), block, -1, BlockCache::Want::kRead, nullptr));
-    const uint64_t bstart = block * o.unit;
-    const uint64_t bend = std::min(end, bstart + b.size());
+    // The block held from the previous read serves this one too when it
+    // covers it (a batch's reads are in file order): no lookup.
+    if (!held.block || held.object != object || pos < held.start || pos >= held.start + held.block.size()) {
+      const uint64_t b = planner::BlockOfOffset(geometry_, o.starts, o.size, pos);
+      MESHLOAD_ASSIGN_OR_RETURN(held.block, Get(object, b, -1, BlockCache::Want::kRead, nullptr));
+      held.object = object;
+      held.start = BlockExtent(object, b).first;
+    }
+    const uint64_t bend = std::min(end, held.start + held.block.size());
     while (pos < bend) {
       const iovec& v = iov[vi];
       const uint64_t n = std::min<uint64_t>(v.iov_len - vdone, bend - pos);
-      std::memcpy(static_cast<uint8_t*>(v.iov_base) + vdone, b.data() + (pos - bstart), static_cast<size_t>(n));
+      std::memcpy(static_cast<uint8_t*>(v.iov_base) + vdone, held.block.data() + (pos - held.start),
+                  static_cast<size_t>(n));
       pos += n;
       vdone += n;
       if (vdone == v.iov_len) {
@@ -83,8 +84,60 @@ Status CachedSource::ReadV(const std::string& uri, uint64_t offset, const std::v
       }
     }
   }
-  counters_.delivered_bytes += len;
   return Status::Ok();
+}
+
+Status CachedSource::ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) {
+  const ReadRequest r{offset, &iov};
+  return ReadMany(uri, &r, 1, nullptr, nullptr);
+}
+
+Status CachedSource::ReadMany(const std::string& uri, const ReadRequest* reads, size_t count, BeforeRead before,
+                              void* context) {
+  const int64_t object = IndexOf(uri);
+  uint64_t delivered = 0;
+  if (object < 0 || !cache_.storing()) {
+    // An object the dataset does not list (none, today), or a disk that
+    // refuses blocks: the source, for exactly these bytes.
+    for (size_t i = 0; i < count; ++i) {
+      for (const iovec& v : *reads[i].iov) delivered += v.iov_len;
+    }
+    counters_.direct_bytes += delivered;
+    counters_.delivered_bytes += delivered;
+    return remote_.ReadMany(uri, reads, count, before, context);
+  }
+  Held held;
+  for (size_t i = 0; i < count; ++i) {
+    if (before != nullptr) before(context, i);
+    uint64_t len = 0;
+    for (const iovec& v : *reads[i].iov) len += v.iov_len;
+    if (len == 0) continue;
+    MESHLOAD_RETURN_IF_ERROR(CopyOut(static_cast<size_t>(object), reads[i].offset, *reads[i].iov, len, held));
+    delivered += len;
+  }
+  counters_.delivered_bytes += delivered;
+  return Status::Ok();
+}
+
+void CachedSource::Prefetch(const std::string& uri, const Range* ranges, size_t count) {
+  // Resident blocks only (a hint never fetches): the first cache line of
+  // each range, so the copies that follow overlap their misses.
+  const int64_t object = IndexOf(uri);
+  if (object < 0) return;
+  const Object& o = objects_[static_cast<size_t>(object)];
+  Held held;
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t pos = ranges[i].offset;
+    if (ranges[i].length == 0 || pos >= o.size) continue;
+    if (!held.block || pos < held.start || pos >= held.start + held.block.size()) {
+      const uint64_t b = planner::BlockOfOffset(geometry_, o.starts, o.size, pos);
+      auto found = cache_.Peek(IdOf(static_cast<size_t>(object), b));
+      if (!found) continue;
+      held.block = std::move(*found);
+      held.start = BlockExtent(static_cast<size_t>(object), b).first;
+    }
+    __builtin_prefetch(held.block.data() + (pos - held.start));
+  }
 }
 
 }  // namespace meshload::sidecar::cache

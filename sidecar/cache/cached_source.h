@@ -10,8 +10,9 @@
 /// exactly their bytes, as without a cache.
 ///
 /// Blocks: an object of at most `whole_object_bytes` is one block; a larger
-/// one is cut into `block_bytes` blocks from its start, the last shorter
-/// (planner/fetch_plan.h).
+/// one is cut into `block_bytes` blocks from its start, the last shorter;
+/// or, under a Block or Window shuffle, at its sampler blocks' starts
+/// (planner/fetch_plan.h, BlockMap).
 ///
 /// Thread safety: AddObject() before the first read; then every method is
 /// thread-safe.
@@ -44,12 +45,21 @@ class CachedSource final : public source::Source {
   CachedSource(source::Source& remote, BlockCache& cache, BlockGeometry geometry);
 
   /// Registers object `name` (the name reads give) of `size` bytes at
-  /// `version` (an ETag; "" when the source has none). Returns its index.
-  size_t AddObject(const std::string& name, uint64_t size, const std::string& version);
+  /// `version` (an ETag; "" when the source has none), its blocks starting
+  /// at `starts` (planner::BlockMap's; empty: cut by the geometry). Returns
+  /// its index.
+  size_t AddObject(const std::string& name, uint64_t size, const std::string& version,
+                   std::vector<uint64_t> starts = {});
 
   Result<source::ObjectInfo> Stat(const std::string& uri) override { return remote_.Stat(uri); }
   Result<std::vector<Listed>> List(const std::string& uri) override { return remote_.List(uri); }
   Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override;
+  /// A batch of one object's reads in file order: one lookup while they
+  /// stay in one block.
+  Status ReadMany(const std::string& uri, const ReadRequest* reads, size_t count, BeforeRead before,
+                  void* context) override;
+  /// Touches the first cache line of each range of a resident block.
+  void Prefetch(const std::string& uri, const Range* ranges, size_t count) override;
   /// Reads from resident blocks are memory copies; only while the disk
   /// refuses blocks do reads wait on the network.
   bool LatencyBound() const override { return !cache_.storing(); }
@@ -79,10 +89,18 @@ class CachedSource final : public source::Source {
     std::string name;
     uint64_t size = 0;
     uint64_t key = 0;
-    uint64_t unit = 1;  // BlockGeometry::Unit(size)
+    std::vector<uint64_t> starts;  // empty: BlockGeometry's aligned blocks
   };
-  Result<BlockCache::Block> Get(size_t object, uint64_t block, int64_t next_use, BlockCache::Want want,
-                                bool* fetched);
+  Result<BlockCache::Block> Get(size_t object, uint64_t block, int64_t next_use, BlockCache::Want want, bool* fetched);
+  // The block the last read of a batch used.
+  struct Held {
+    BlockCache::Block block;
+    size_t object = 0;
+    uint64_t start = 0;
+  };
+  // Copies bytes [offset, offset + len) of `object` into `iov` from its
+  // blocks, starting with `held` when it covers them.
+  Status CopyOut(size_t object, uint64_t offset, const std::vector<iovec>& iov, uint64_t len, Held& held);
 
   source::Source& remote_;
   BlockCache& cache_;

@@ -119,7 +119,7 @@ void FetchAhead::WalkerMain() {
     if (generation != generation_ || step != scanned_ + 1) continue;  // started over meanwhile
     uint64_t bytes = 0;
     for (const BlockRef& r : fresh) {
-      if (!queued_.insert(Key(r)).second) continue;  // queued or being filled already
+      if (!queued_.insert(Key(r)).second) continue;  // queued or being filled already (this use is noted)
       queue_.push_back({r, step, generation});
       bytes += source_.BlockExtent(r.object, r.block).second;
     }
@@ -149,9 +149,9 @@ void FetchAhead::FetcherMain() {
     queued_.erase(Key(item.ref));
     if (!st.ok()) {
       fill_errors_.fetch_add(1, std::memory_order_relaxed);
-      const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::steady_clock::now().time_since_epoch())
-                              .count();
+      const int64_t now =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+              .count();
       if (now - last_error_logged_ns_ >= 10'000'000'000) {
         last_error_logged_ns_ = now;
         LogWarn("fetching a block ahead failed; the step that needs it fetches it again (logged at most every 10 s)",
