@@ -408,14 +408,19 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
   // The other places of an id listed twice get a copy of the last one
   // (Find's) when the step is complete.
   c.duplicates.clear();
+  c.duplicate_ids.clear();
   for (size_t i = 0; i + 1 < c.dest_of.size();) {
     size_t last = i;
     while (last + 1 < c.dest_of.size() && c.dest_of[last + 1].first == c.dest_of[i].first) ++last;
     for (size_t k = i; k < last; ++k) {
       c.duplicates.push_back({c.dest_of[k].second, c.dest_of[last].second, ds.SampleBytes(c.dest_of[i].first)});
     }
+    if (last > i) c.duplicate_ids.push_back(c.dest_of[i].first);  // ascending, as dest_of
     i = last + 1;
   }
+  // One writer per place: a duplicated sample is read (or received) into
+  // its last place once; the writers after the first go elsewhere.
+  c.written.clear();
 
   // With peers, a sample read that no local device holds is a peer's: it is
   // read into the outbox (sized first: its addresses must not move).
@@ -443,6 +448,12 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
         dest = SamplesBase(c, slot, local) + c.places[local][k];
       } else {
         dest = Find(c.dest_of, id);
+        if (dest != nullptr && std::binary_search(c.duplicate_ids.begin(), c.duplicate_ids.end(), id)) {
+          // Read once into its last place (a second read of it would write
+          // the same bytes there at the same time).
+          if (std::find(c.written.begin(), c.written.end(), id) != c.written.end()) continue;
+          c.written.push_back(id);
+        }
         if (dest == nullptr && exchange_) {
           dest = outbox_next;
           outbox_next += ds.SampleBytes(id);
@@ -546,6 +557,25 @@ Status StepLoader::BuildParts(const planner::StepPlan& plan, bool incoming, Call
                               std::vector<exchange::Part>& parts) {
   const planner::DatasetIndex& ds = planner_.job().dataset;
   parts.clear();
+  if (incoming) {
+    // A duplicated sample already read here, or received in another part,
+    // is received into the sink and dropped: one writer per place.
+    uint64_t sink = 0;
+    std::vector<uint64_t> seen = c.written;
+    for (const planner::TransferPlan& t : plan.transfers) {
+      if (t.to != process_) continue;
+      for (uint64_t id : t.samples) {
+        if (!std::binary_search(c.duplicate_ids.begin(), c.duplicate_ids.end(), id)) continue;
+        if (std::find(seen.begin(), seen.end(), id) != seen.end()) {
+          sink += ds.SampleBytes(id);
+        } else {
+          seen.push_back(id);
+        }
+      }
+    }
+    if (c.sink.size() < sink) c.sink.resize(sink);
+  }
+  uint8_t* sink_next = c.sink.data();
   for (const planner::TransferPlan& t : plan.transfers) {
     if ((incoming ? t.to : t.from) != process_) continue;
     exchange::Part part;
@@ -555,6 +585,14 @@ Status StepLoader::BuildParts(const planner::StepPlan& plan, bool incoming, Call
     for (uint64_t id : t.samples) {
       uint8_t* p = Find(c.dest_of, id);
       if (p == nullptr && !incoming) p = Find(c.outbox_of, id);
+      if (incoming && p != nullptr && std::binary_search(c.duplicate_ids.begin(), c.duplicate_ids.end(), id)) {
+        if (std::find(c.written.begin(), c.written.end(), id) != c.written.end()) {
+          p = sink_next;
+          sink_next += ds.SampleBytes(id);
+        } else {
+          c.written.push_back(id);
+        }
+      }
       // The plan puts every sample a transfer moves in this process's slot
       // or outbox.
       MESHLOAD_CHECK(p != nullptr, "step " + std::to_string(plan.step) + ": sample " + std::to_string(id) +

@@ -207,6 +207,9 @@ class StepLoader {
     // received) into its last place, copied to the others once the step's
     // bytes are all there.
     std::vector<Fixup> duplicates;
+    std::vector<uint64_t> duplicate_ids;  // the ids held at more than one place, ascending
+    std::vector<uint64_t> written;        // duplicated ids given a writer (a read or a receive) this step
+    std::vector<uint8_t> sink;            // receives of duplicated ids that have a writer already
     std::vector<std::pair<size_t, size_t>> replica_copies;
     std::vector<Piece> pieces;
     std::vector<planner::Extent> extents;

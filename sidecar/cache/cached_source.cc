@@ -40,10 +40,11 @@ std::pair<uint64_t, uint64_t> CachedSource::BlocksOf(size_t object, uint64_t off
 Result<BlockCache::Block> CachedSource::Get(size_t object, uint64_t block, int64_t next_use, BlockCache::Want want,
                                             bool* fetched) {
   const Object& o = objects_[object];
-  const auto [start, len] = BlockExtent(object, block);
+  const std::pair<uint64_t, uint64_t> extent = BlockExtent(object, block);
+  const uint64_t start = extent.first;
   return cache_.Get(
-      {o.key, block}, len, [&](uint8_t* dst, uint64_t n) { return remote_.Read(o.name, start, dst, n); }, next_use,
-      want, fetched);
+      {o.key, block}, extent.second, [&](uint8_t* dst, uint64_t n) { return remote_.Read(o.name, start, dst, n); },
+      next_use, want, fetched);
 }
 
 Status CachedSource::Fill(size_t object, uint64_t block, int64_t next_use, bool* fetched) {
