@@ -438,7 +438,6 @@ TEST(BlockCache, RefusesADirectoryItCannotMake) {
   EXPECT_THAT(c.status().ToString(), HasSubstr(file));
 }
 
-std::atomic<int64_t> g_step{-1};
 // The real file source, counting the reads that reach it: the "remote"
 // behind a CachedSource in these tests (the S3 source against versitygw is
 // tests/s3/s3_run_test.sh's).
@@ -452,8 +451,6 @@ class CountingSource final : public source::Source {
     {
       std::lock_guard lock(mu_);
       fetches_[{uri, offset}] += 1;
-      std::cerr << "DBG fetch " << uri.substr(uri.size() - 8) << "@" << offset << " #" << fetches_[{uri, offset}]
-                << " at step " << g_step.load() << "\n";
     }
     return inner_.ReadV(uri, offset, iov);
   }
@@ -563,6 +560,30 @@ struct CachedJob {
   }
 };
 
+// Loads steps [first, end) of `job` through its cache with a fetch-ahead
+// (`opts`), checking every sample's bytes.
+void LoadThroughTheCache(CachedJob& job, const FetchAheadOptions& opts, int64_t first, int64_t end) {
+  FetchAhead ahead(*job.planner, job.planner->DefaultLoading(), 0, *job.cached, job.object_of_file, opts);
+  const staging::BatchLayout layout = staging::ComputeBatchLayout(job.planner->job(), 0);
+  auto loader = StepLoader::Create(*job.planner, 0, job.planner->DefaultLoading(), *job.sources, layout, {});
+  ASSERT_OK(loader);
+  ahead.Start(first);
+  std::vector<uint8_t> slot(layout.slot_bytes);
+  std::vector<staging::StagedTensor> staged;
+  const planner::DatasetIndex& ds = job.planner->job().dataset;
+  for (int64_t step = first; step < end; ++step) {
+    ahead.Passed(step - 1);
+    ASSERT_OK((*loader)->Load(step, slot.data(), staged, nullptr));
+    const planner::StepPlan plan = job.planner->PlanStep(step, job.planner->DefaultLoading(), 0);
+    const auto& ids = plan.devices[0].samples;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      ASSERT_EQ(tools::FirstMismatch(ds, ids[k], slot.data() + layout.devices[0].fields[0].offset + k * 4096), -1)
+          << "step " << step << " sample " << ids[k];
+    }
+  }
+  ahead.Stop();
+}
+
 TEST(FetchAhead, FillsTheBlocksOfTheNextStepsWithinItsLookahead) {
   CachedJob job(planner::ShuffleMode::kNone, 32 * 64, 64 << 20);
   // 32 records of 4 KiB a step: two 64 KiB blocks; 20 steps ahead at most.
@@ -614,29 +635,10 @@ TEST(FetchAhead, WaitResidentSaysWhenTheCacheCannotHoldTheSteps) {
 TEST(CachedSource, AJobReadThroughTheCacheFetchesEachBlockOnceAcrossEpochs) {
   const uint64_t samples = 32 * 40;  // 40 steps an epoch, 5 MiB
   CachedJob job(planner::ShuffleMode::kGlobal, samples, 64 << 20);
-  FetchAhead ahead(*job.planner, job.planner->DefaultLoading(), 0, *job.cached, job.object_of_file,
-                   {.lookahead_bytes = 2 << 20, .threads = 4, .max_steps_ahead = 64});
-  const staging::BatchLayout layout = staging::ComputeBatchLayout(job.planner->job(), 0);
-  auto loader = StepLoader::Create(*job.planner, 0, job.planner->DefaultLoading(), *job.sources, layout, {});
-  ASSERT_OK(loader);
-  ahead.Start(0);
-  std::vector<uint8_t> slot(layout.slot_bytes);
-  std::vector<staging::StagedTensor> staged;
-  const planner::DatasetIndex& ds = job.planner->job().dataset;
-  for (int64_t step = 0; step < 80; ++step) {
-    ahead.Passed(step - 1);
-    ASSERT_OK((*loader)->Load(step, slot.data(), staged, nullptr));
-    const planner::StepPlan plan = job.planner->PlanStep(step, job.planner->DefaultLoading(), 0);
-    const auto& ids = plan.devices[0].samples;
-    for (size_t k = 0; k < ids.size(); ++k) {
-      ASSERT_EQ(tools::FirstMismatch(ds, ids[k], slot.data() + layout.devices[0].fields[0].offset + k * 4096), -1)
-          << "step " << step << " sample " << ids[k];
-    }
-    if (step == 39) {
-      // The first epoch fetched the dataset once, block by block.
-      EXPECT_EQ(job.remote->bytes.load(), samples * 4096);
-    }
-  }
+  const FetchAheadOptions opts{.lookahead_bytes = 2 << 20, .threads = 4, .max_steps_ahead = 64};
+  LoadThroughTheCache(job, opts, 0, 40);
+  EXPECT_EQ(job.remote->bytes.load(), samples * 4096) << "the first epoch fetched the dataset once, block by block";
+  LoadThroughTheCache(job, opts, 40, 80);
   EXPECT_EQ(job.remote->bytes.load(), samples * 4096) << "the second epoch fetched nothing";
   EXPECT_EQ(job.cached->counters().delivered_bytes.load(), 2 * samples * 4096);
   const planner::FetchEstimate est =
@@ -696,27 +698,7 @@ TEST(FetchPlan, AWindowShuffleFetchesEachByteOnceAnEpochWithACacheOfAFewWindows)
   EXPECT_LT(est.working_set_bytes, samples * 4096 / 2);
   // Two epochs through the step loader, with a cache of 4 windows: the
   // source sees each byte once an epoch.
-  FetchAhead ahead(*job.planner, job.planner->DefaultLoading(), 0, *job.cached, job.object_of_file,
-                   {.lookahead_bytes = window_bytes, .threads = 2, .max_steps_ahead = 64});
-  const staging::BatchLayout layout = staging::ComputeBatchLayout(job.planner->job(), 0);
-  auto loader = StepLoader::Create(*job.planner, 0, job.planner->DefaultLoading(), *job.sources, layout, {});
-  ASSERT_OK(loader);
-  ahead.Start(0);
-  std::vector<uint8_t> slot(layout.slot_bytes);
-  std::vector<staging::StagedTensor> staged;
-  const planner::DatasetIndex& ds = job.planner->job().dataset;
-  for (int64_t step = 0; step < 120; ++step) {
-    g_step = step;
-    ahead.Passed(step - 1);
-    ASSERT_OK((*loader)->Load(step, slot.data(), staged, nullptr));
-    const planner::StepPlan plan = job.planner->PlanStep(step, job.planner->DefaultLoading(), 0);
-    const auto& ids = plan.devices[0].samples;
-    for (size_t k = 0; k < ids.size(); ++k) {
-      ASSERT_EQ(tools::FirstMismatch(ds, ids[k], slot.data() + layout.devices[0].fields[0].offset + k * 4096), -1)
-          << "step " << step << " sample " << ids[k];
-    }
-  }
-  ahead.Stop();
+  LoadThroughTheCache(job, {.lookahead_bytes = window_bytes, .threads = 2, .max_steps_ahead = 64}, 0, 120);
   EXPECT_LE(job.cache->resident_bytes(), 4 * window_bytes);
   // Every block at most once an epoch: twice, or three times for the few
   // the fetch-ahead took for the third epoch (its lookahead, a window); a
