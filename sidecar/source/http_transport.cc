@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -25,6 +26,7 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
+#include "sidecar/source/http_connection.h"
 #include "sidecar/source/http_internal.h"
 #include "sidecar/source/source.h"
 
@@ -33,7 +35,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using internal::ContentRange;
+using internal::HttpConnection;
+using internal::HttpIoError;
+using internal::HttpIoResult;
+using internal::HttpResponseHead;
 using internal::HttpUrl;
+using internal::IovCursor;
 using internal::ParseContentRange;
 using internal::ParseDecimal;
 
@@ -179,112 +186,163 @@ Attempt FromTransportError(httplib::Error err, bool timed_out, bool body_started
   return Attempt::Retry("connection", Describe(err));
 }
 
-// Copies a byte stream into consecutive iovecs.
-class IovWriter {
+// Idle keep-alive connections per origin (scheme://host:port): httplib
+// clients, or plain HttpConnections. A request checks one out for its whole
+// duration, so reader threads never share one; only a connection whose last
+// exchange completed cleanly comes back. `*reused` tells a pooled one from
+// a new one.
+// Thread safety: thread-safe; connections are made and closed outside the
+// lock.
+template <typename Connection>
+class IdlePool {
  public:
-  explicit IovWriter(const std::vector<iovec>& iov) : iov_(iov) {}
+  using Ptr = std::unique_ptr<Connection>;
+  using Maker = std::function<Result<Ptr>(const HttpUrl&)>;
 
-  // Skips the first n bytes (written by an earlier attempt).
-  void Skip(uint64_t n) {
-    while (n > 0) {
-      const iovec& v = iov_[index_];
-      const uint64_t take = std::min<uint64_t>(n, v.iov_len - within_);
-      n -= take;
-      within_ += take;
-      if (within_ == v.iov_len) {
-        ++index_;
-        within_ = 0;
-      }
-    }
-  }
+  IdlePool(const SourceOptions& options, Maker make) : options_(options), make_(std::move(make)) {}
 
-  // Precondition: at most the remaining capacity.
-  void Write(const char* data, size_t n) {
-    while (n > 0) {
-      const iovec& v = iov_[index_];
-      size_t take = std::min(n, v.iov_len - within_);
-      std::memcpy(static_cast<char*>(v.iov_base) + within_, data, take);
-      data += take;
-      n -= take;
-      within_ += take;
-      if (within_ == v.iov_len) {
-        ++index_;
-        within_ = 0;
-      }
-    }
-  }
-
- private:
-  const std::vector<iovec>& iov_;
-  size_t index_ = 0;
-  size_t within_ = 0;
-};
-
-using ClientPtr = std::unique_ptr<httplib::Client>;
-
-// Idle keep-alive clients per origin (scheme://host:port). A request checks
-// one out for its whole duration, so reader threads never share a Client;
-// only a client whose last request completed cleanly comes back.
-// Thread safety: thread-safe; clients are created and destroyed (which
-// connects or closes sockets) outside the lock.
-class ClientPool {
- public:
-  explicit ClientPool(const SourceOptions& options) : options_(options) {}
-
-  Result<ClientPtr> Checkout(const HttpUrl& url) MESHLOAD_EXCLUDES(mu_) {
+  Result<Ptr> Checkout(const HttpUrl& url, bool* reused = nullptr) MESHLOAD_EXCLUDES(mu_) {
     {
       MutexLock lock(mu_);
       auto it = idle_.find(url.origin);
       if (it != idle_.end() && !it->second.empty()) {
-        ClientPtr client = std::move(it->second.back());
+        Ptr connection = std::move(it->second.back());
         it->second.pop_back();
-        return client;
+        if (reused != nullptr) *reused = true;
+        return connection;
       }
     }
-    return Make(url);
+    if (reused != nullptr) *reused = false;
+    return make_(url);
   }
 
-  void Return(const HttpUrl& url, ClientPtr client) MESHLOAD_EXCLUDES(mu_) {
-    ClientPtr surplus;  // declared before the lock: closed after it is released
+  void Return(const HttpUrl& url, Ptr connection) MESHLOAD_EXCLUDES(mu_) {
+    Ptr surplus;  // declared before the lock: closed after it is released
     MutexLock lock(mu_);
-    std::vector<ClientPtr>& idle = idle_[url.origin];
+    std::vector<Ptr>& idle = idle_[url.origin];
     if (idle.size() < static_cast<size_t>(options_.max_idle_connections)) {
-      idle.push_back(std::move(client));
+      idle.push_back(std::move(connection));
     } else {
-      surplus = std::move(client);
+      surplus = std::move(connection);
     }
   }
 
  private:
-  Result<ClientPtr> Make(const HttpUrl& url) {
-    auto client = std::make_unique<httplib::Client>(url.origin);
-    if (!client->is_valid()) {
-      return FailedPrecondition("cannot create an HTTP client for " + url.origin, url.redacted);
-    }
-    client->set_keep_alive(true);
-    client->set_tcp_nodelay(true);
-    // The URL is sent exactly as given: re-encoding would break signatures.
-    client->set_url_encode(false);
-    client->set_decompress(false);
-    client->set_follow_location(false);
-    client->set_connection_timeout(options_.connect_timeout);
-    client->set_read_timeout(options_.read_timeout);
-    client->set_write_timeout(options_.write_timeout);
-    if (url.scheme == "https") {
-#ifdef CPPHTTPLIB_OPENSSL_SUPPORT
-      client->enable_server_certificate_verification(options_.verify_tls);
-      if (!options_.ca_file.empty()) client->set_ca_cert_path(options_.ca_file);
-#else
-      return FailedPrecondition("https needs cpp-httplib built with OpenSSL support", url.redacted);
-#endif
-    }
-    return client;
-  }
-
   const SourceOptions& options_;
+  const Maker make_;
   Mutex mu_;
-  std::unordered_map<std::string, std::vector<ClientPtr>> idle_ MESHLOAD_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::vector<Ptr>> idle_ MESHLOAD_GUARDED_BY(mu_);
 };
+
+using ClientPtr = std::unique_ptr<httplib::Client>;
+
+Result<ClientPtr> MakeClient(const SourceOptions& options, const HttpUrl& url) {
+  auto client = std::make_unique<httplib::Client>(url.origin);
+  if (!client->is_valid()) {
+    return FailedPrecondition("cannot create an HTTP client for " + url.origin, url.redacted);
+  }
+  client->set_keep_alive(true);
+  client->set_tcp_nodelay(true);
+  // The URL is sent exactly as given: re-encoding would break signatures.
+  client->set_url_encode(false);
+  client->set_decompress(false);
+  client->set_follow_location(false);
+  client->set_connection_timeout(options.connect_timeout);
+  client->set_read_timeout(options.read_timeout);
+  client->set_write_timeout(options.write_timeout);
+  if (url.scheme == "https") {
+#ifdef CPPHTTPLIB_OPENSSL_SUPPORT
+    client->enable_server_certificate_verification(options.verify_tls);
+    if (!options.ca_file.empty()) client->set_ca_cert_path(options.ca_file);
+#else
+    return FailedPrecondition("https needs cpp-httplib built with OpenSSL support", url.redacted);
+#endif
+  }
+  return client;
+}
+
+// What an HttpConnection's failure comes to; `body_started`: some of the
+// data had arrived.
+Attempt FromIo(const HttpIoResult& r, bool body_started) {
+  switch (r.error) {
+    case HttpIoError::kTimeout:
+      return Attempt::Retry(
+          "timeout", body_started ? "timed out reading the response body" : "timed out waiting for the response");
+    case HttpIoError::kClosed:
+      if (body_started) {
+        return Attempt::Retry("short_body", "the connection ended before the whole body arrived (" + r.message + ")");
+      }
+      return Attempt::Retry("connection", r.message);
+    case HttpIoError::kMalformed: return Attempt::Retry("connection", "a malformed response: " + r.message);
+    case HttpIoError::kNone: break;
+  }
+  return Attempt::Ok();
+}
+
+// What a ranged GET's response head decides, whichever client read it: the
+// body is our bytes (to_iov); or a verdict from the head alone (`stop`: do
+// not read the body); or neither, an error status whose body explains it.
+struct RangeHeadVerdict {
+  bool to_iov = false;
+  bool stop = false;
+  std::optional<Attempt> verdict;
+  std::string retry_after;
+};
+
+RangeHeadVerdict JudgeRangeHead(int status, const std::function<std::string(const char*)>& header, uint64_t offset,
+                                uint64_t len, uint64_t from) {
+  RangeHeadVerdict v;
+  const uint64_t last_byte = offset + len - 1;
+  auto stop = [&](Attempt a) {
+    v.verdict = std::move(a);
+    v.stop = true;
+    return v;
+  };
+  std::string encoding = header("Content-Encoding");
+  if (!encoding.empty() && !EqualsIgnoreCase(encoding, "identity") && status / 100 == 2) {
+    return stop(Attempt::Fail(
+        "io", FailedPrecondition("the server applied Content-Encoding " + encoding + " to a byte range")));
+  }
+  if (status == 206) {
+    std::optional<ContentRange> range = ParseContentRange(header("Content-Range"));
+    if (!range || !range->has_range) {
+      return stop(Attempt::Fail("io", FailedPrecondition("HTTP 206 without a usable Content-Range header (\"" +
+                                                         header("Content-Range") + "\")")));
+    }
+    if (range->first != from) {
+      return stop(Attempt::Fail("io", FailedPrecondition("HTTP 206 for bytes " + std::to_string(range->first) + "-" +
+                                                         std::to_string(range->last) + ", asked for bytes " +
+                                                         std::to_string(from) + "-" + std::to_string(last_byte))));
+    }
+    if (range->size && *range->size < offset + len) return stop(DataLossAttempt(offset, len, *range->size));
+    v.to_iov = true;
+    return v;
+  }
+  if (status == 200) {
+    // The server ignored Range. From offset 0 the body starts with our
+    // bytes; anywhere else we would have to download and drop a prefix.
+    if (from != 0) {
+      return stop(Attempt::Fail("io", FailedPrecondition("the server ignored the Range header (HTTP 200 for a "
+                                                         "read at offset " +
+                                                         std::to_string(from) + ")")));
+    }
+    if (std::optional<uint64_t> size = ParseDecimal(header("Content-Length")); size && *size < len) {
+      return stop(DataLossAttempt(offset, len, *size));
+    }
+    v.to_iov = true;
+    return v;
+  }
+  if (status == 416) {
+    std::optional<ContentRange> range = ParseContentRange(header("Content-Range"));
+    v.verdict =
+        range && range->size
+            ? DataLossAttempt(offset, len, *range->size)
+            : Attempt::Fail("data_loss", DataLoss("HTTP 416 Range Not Satisfiable: wanted " + std::to_string(len) +
+                                                  " bytes at offset " + std::to_string(offset)));
+  }
+  v.retry_after = header("Retry-After");
+  return v;  // the (small) error body is read, so the connection stays usable
+}
 
 }  // namespace
 
@@ -297,7 +355,14 @@ class internal::HttpTransport::Impl {
         observer_(options.observer != nullptr ? options.observer : &NullObserver()),
         scheme_(std::move(scheme)),
         hooks_(std::move(hooks)),
-        pool_(options_) {}
+        pool_(options_, [this](const HttpUrl& url) { return MakeClient(options_, url); }),
+        plain_pool_(options_, [this](const HttpUrl& url) -> Result<std::unique_ptr<HttpConnection>> {
+          HttpConnection::Timeouts t;
+          t.connect = options_.connect_timeout;
+          t.read = options_.read_timeout;
+          t.write = options_.write_timeout;
+          return HttpConnection::Connect(url.origin, t);
+        }) {}
 
   Status Stat(const HttpUrl& url, uint64_t* size, std::string* etag) {
     return WithRetries(url, url.redacted, [&] { return StatAttempt(url, size, etag); });
@@ -423,91 +488,33 @@ class internal::HttpTransport::Impl {
   // it) and advances `done` by what a 206 delivered, even on failure.
   Attempt ReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len, const std::vector<iovec>& iov,
                       uint64_t& done) {
+    if (url.scheme == "http") return PlainReadAttempt(url, offset, len, iov, done);
     auto checkout = pool_.Checkout(url);
     if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
     ClientPtr client = std::move(checkout).value();
 
     const uint64_t from = offset + done;
-    const uint64_t last_byte = offset + len - 1;
-    const httplib::Headers headers =
-        Headers("GET", url,
-                {
-                    {"Range", "bytes=" + std::to_string(from) + "-" + std::to_string(last_byte)},
-                    // Byte ranges of the stored representation, never of a compressed one.
-                    {"Accept-Encoding", "identity"},
-                });
+    const httplib::Headers headers = RangeHeaders(url, from, offset + len - 1);
     std::string error_body;  // the start of an error response's body, for Explain
     int status = 0;
-    bool to_iov = false;    // a 206/200 whose body is our data
+    RangeHeadVerdict head;
     bool overflow = false;  // the server sent more than asked; we stopped reading
     uint64_t received = done;
-    std::string retry_after;
-    std::optional<Attempt> verdict;  // decided from the headers alone
-    IovWriter writer(iov);
-    writer.Skip(done);
+    IovCursor writer(iov);
+    writer.Advance(done);
     Clock::time_point last_progress = Clock::now();
 
     auto on_response = [&](const httplib::Response& res) {
       last_progress = Clock::now();
       status = res.status;
-      std::string encoding = res.get_header_value("Content-Encoding");
-      if (!encoding.empty() && !EqualsIgnoreCase(encoding, "identity") && status / 100 == 2) {
-        verdict = Attempt::Fail(
-            "io", FailedPrecondition("the server applied Content-Encoding " + encoding + " to a byte range"));
-        return false;
-      }
-      if (status == 206) {
-        std::optional<ContentRange> range = ParseContentRange(res.get_header_value("Content-Range"));
-        if (!range || !range->has_range) {
-          verdict = Attempt::Fail("io", FailedPrecondition("HTTP 206 without a usable Content-Range header (\"" +
-                                                           res.get_header_value("Content-Range") + "\")"));
-          return false;
-        }
-        if (range->first != from) {
-          verdict = Attempt::Fail("io", FailedPrecondition("HTTP 206 for bytes " + std::to_string(range->first) + "-" +
-                                                           std::to_string(range->last) + ", asked for bytes " +
-                                                           std::to_string(from) + "-" + std::to_string(last_byte)));
-          return false;
-        }
-        if (range->size && *range->size < offset + len) {
-          verdict = DataLossAttempt(offset, len, *range->size);
-          return false;
-        }
-        to_iov = true;
-        return true;
-      }
-      if (status == 200) {
-        // The server ignored Range. From offset 0 the body starts with our
-        // bytes; anywhere else we would have to download and drop a prefix.
-        if (from != 0) {
-          verdict = Attempt::Fail("io", FailedPrecondition("the server ignored the Range header (HTTP 200 for a "
-                                                           "read at offset " +
-                                                           std::to_string(from) + ")"));
-          return false;
-        }
-        if (std::optional<uint64_t> size = ParseDecimal(res.get_header_value("Content-Length")); size && *size < len) {
-          verdict = DataLossAttempt(offset, len, *size);
-          return false;
-        }
-        to_iov = true;
-        return true;
-      }
-      if (status == 416) {
-        std::optional<ContentRange> range = ParseContentRange(res.get_header_value("Content-Range"));
-        verdict =
-            range && range->size
-                ? DataLossAttempt(offset, len, *range->size)
-                : Attempt::Fail("data_loss", DataLoss("HTTP 416 Range Not Satisfiable: wanted " + std::to_string(len) +
-                                                      " bytes at offset " + std::to_string(offset)));
-      }
-      retry_after = res.get_header_value("Retry-After");
-      return true;  // drain the (small) error body so the connection stays usable
+      head = JudgeRangeHead(
+          status, [&](const char* name) { return res.get_header_value(name); }, offset, len, from);
+      return !head.stop;
     };
     auto on_data = [&](const char* data, size_t n) {
       last_progress = Clock::now();
-      if (!to_iov) {
-        if (error_body.size() < kErrorBodyLimit)
-          error_body.append(data, std::min(n, kErrorBodyLimit - error_body.size()));
+      if (!head.to_iov) {
+        AppendErrorBody(error_body, data, n);
         return true;
       }
       size_t take = static_cast<size_t>(std::min<uint64_t>(n, len - received));
@@ -522,31 +529,129 @@ class internal::HttpTransport::Impl {
 
     httplib::Result res = client->Get(url.target, headers, on_response, on_data);
     const bool clean = res.error() == httplib::Error::Success;
-    if (to_iov && status == 206) done = received;  // kept for the next attempt
+    if (head.to_iov && status == 206) done = received;  // kept for the next attempt
     // Only a connection whose exchange finished cleanly is reused.
     auto give_back = [&] {
       if (clean) pool_.Return(url, std::move(client));
     };
 
-    if (verdict) {
+    if (head.verdict) {
       give_back();
-      return *verdict;
+      return *head.verdict;
     }
-    if (to_iov && received == len && (clean || overflow)) {
+    if (head.to_iov && received == len && (clean || overflow)) {
       give_back();
       return Attempt::Ok();
     }
-    if (!clean) return FromTransportError(res.error(), TimedOut(last_progress), to_iov);
+    if (!clean) return FromTransportError(res.error(), TimedOut(last_progress), head.to_iov);
     give_back();
-    if (to_iov && status == 200) {
+    return AfterCompleteBody(status, head, offset, len, received, error_body);
+  }
+
+  // ReadAttempt over plain http: the body goes straight from the socket into
+  // the iovecs (HttpConnection).
+  Attempt PlainReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len, const std::vector<iovec>& iov,
+                           uint64_t& done) {
+    const uint64_t from = offset + done;
+    const httplib::Headers headers = RangeHeaders(url, from, offset + len - 1);
+    for (;;) {
+      bool reused = false;
+      auto checkout = plain_pool_.Checkout(url, &reused);
+      if (!checkout.ok()) {
+        const Status& st = checkout.status();
+        if (st.code() == StatusCode::kDeadlineExceeded) return Attempt::Retry("timeout", "connect timed out");
+        if (st.code() == StatusCode::kUnavailable) return Attempt::Retry("connection", st.message());
+        return Attempt::Fail("io", st);
+      }
+      std::unique_ptr<HttpConnection> conn = std::move(checkout).value();
+      if (reused && !conn->Reusable()) continue;  // the server closed it while it was idle
+
+      HttpResponseHead response;
+      bool got_bytes = false;
+      HttpIoResult r = conn->SendGet(url.target, headers);
+      if (r.ok()) r = conn->ReadHead(&response, &got_bytes);
+      if (!r.ok()) {
+        // A pooled connection the server closed as the request went out:
+        // once more on a new one (nothing was received, a GET is safe to repeat).
+        if (reused && !got_bytes && r.error == HttpIoError::kClosed) continue;
+        return FromIo(r, false);
+      }
+      RangeHeadVerdict head = JudgeRangeHead(
+          response.status, [&](const char* name) { return response.Header(name); }, offset, len, from);
+      if (head.stop) return *head.verdict;
+
+      auto give_back = [&] {
+        if (conn->Reusable()) plain_pool_.Return(url, std::move(conn));
+      };
+      if (head.to_iov) {
+        IovCursor writer(iov);
+        writer.Advance(done);
+        uint64_t received = done;
+        bool overflow = false;
+        if (response.content_length && !response.chunked) {
+          uint64_t got = 0;
+          r = conn->ReadBodyInto(response, len - done, writer, &got);
+          received += got;
+          overflow = *response.content_length > len - done;
+        } else {
+          r = conn->ReadBody(response, std::numeric_limits<uint64_t>::max(), [&](const char* data, size_t n) {
+            const size_t take = static_cast<size_t>(std::min<uint64_t>(n, len - received));
+            writer.Write(data, take);
+            received += take;
+            overflow = take < n;
+            return !overflow;
+          });
+        }
+        if (response.status == 206) done = received;  // kept for the next attempt
+        if (received == len && r.ok()) {
+          if (!overflow) give_back();
+          return Attempt::Ok();
+        }
+        if (!r.ok()) return FromIo(r, true);
+        give_back();
+        return AfterCompleteBody(response.status, head, offset, len, received, "");
+      }
+      std::string error_body;
+      r = conn->ReadBody(response, kErrorDrainLimit, [&](const char* data, size_t n) {
+        AppendErrorBody(error_body, data, n);
+        return true;
+      });
+      if (head.verdict) {
+        if (r.ok()) give_back();
+        return *head.verdict;
+      }
+      if (!r.ok()) return FromIo(r, false);
+      give_back();
+      return AfterCompleteBody(response.status, head, offset, len, len, error_body);
+    }
+  }
+
+  httplib::Headers RangeHeaders(const HttpUrl& url, uint64_t from, uint64_t last_byte) const {
+    return Headers("GET", url,
+                   {
+                       {"Range", "bytes=" + std::to_string(from) + "-" + std::to_string(last_byte)},
+                       // Byte ranges of the stored representation, never of a compressed one.
+                       {"Accept-Encoding", "identity"},
+                   });
+  }
+
+  static void AppendErrorBody(std::string& body, const char* data, size_t n) {
+    if (body.size() < kErrorBodyLimit) body.append(data, std::min(n, kErrorBodyLimit - body.size()));
+  }
+
+  // A ranged GET whose response arrived whole without delivering our bytes:
+  // a body of data shorter than asked, or an error status.
+  Attempt AfterCompleteBody(int status, const RangeHeadVerdict& head, uint64_t offset, uint64_t len, uint64_t received,
+                            const std::string& error_body) const {
+    if (head.to_iov && status == 200) {
       // A complete 200 body is the whole object, so the object is this short.
       return DataLossAttempt(offset, len, received);
     }
-    if (to_iov) {
+    if (head.to_iov) {
       return Attempt::Retry("short_body",
                             "short body: got " + std::to_string(received) + " of " + std::to_string(len) + " bytes");
     }
-    return FromHttpStatus(status, retry_after, Explain(status, error_body));
+    return FromHttpStatus(status, head.retry_after, Explain(status, error_body));
   }
 
   Attempt StatAttempt(const HttpUrl& url, uint64_t* size, std::string* etag) {
@@ -622,12 +727,15 @@ class internal::HttpTransport::Impl {
   }
 
   static constexpr size_t kErrorBodyLimit = 8192;
+  // An error body longer than this is not read to its end; its connection closes.
+  static constexpr uint64_t kErrorDrainLimit = 1 << 20;
 
   const SourceOptions options_;
   SourceObserver* const observer_;
   const std::string scheme_;
   const HttpHooks hooks_;
-  ClientPool pool_;
+  IdlePool<httplib::Client> pool_;       // HEADs, listings, and https
+  IdlePool<HttpConnection> plain_pool_;  // ranged GETs over http
   TransferCostModel cost_;
 };
 
