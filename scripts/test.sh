@@ -61,7 +61,7 @@ step "libFuzzer build (clang, ${FUZZ_SECONDS}s per target)"
 CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHLOAD_FUZZ=ON \
   -DMESHLOAD_BUILD_TESTS=OFF -DMESHLOAD_BUILD_BENCHMARKS=OFF -DMESHLOAD_FUZZ_SECONDS="$FUZZ_SECONDS"
 cmake --build build-fuzz -j "$JOBS" --target npy_header_fuzz protocol_fuzz admission_review_fuzz megatron_index_fuzz \
-  webdataset_shard_fuzz mds_fuzz record_fields_fuzz
+  webdataset_shard_fuzz mds_fuzz record_fields_fuzz http_response_fuzz
 (cd build-fuzz && ctest --output-on-failure -j "$JOBS" -R '^fuzz\.')
 
 step "clang thread-safety analysis (-Wthread-safety -Werror=thread-safety)"
@@ -82,7 +82,7 @@ cmake --build build-tsan -j "$JOBS" --target protocol_test sidecar_test source_t
 # whose 150 ms timeout is too tight under TSan's slowdown.
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" \
   ctest --output-on-failure -j "$JOBS" \
-    -R '^(Sidecar|SidecarProcess|PeerExchange|StepLoader|WebDatasetFixture|Mds|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|SourceRegistry|Metrics|HealthServer|DeviceStaging|WorkQueue|BlockCache|CachedSource|FetchAhead|controller_test$)' \
+    -R '^(Sidecar|SidecarProcess|PeerExchange|StepLoader|WebDatasetFixture|Mds|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|PlainHttp|SourceRegistry|Metrics|HealthServer|DeviceStaging|WorkQueue|BlockCache|CachedSource|FetchAhead|controller_test$)' \
     -E 'StopJoinsEveryThreadTheServerStarted|SlowResponseIsRetriedAsTimeout')
 
 step "the source tree as the tests found it"

@@ -41,8 +41,7 @@ bool ContainsTokenIgnoreCase(std::string_view list, std::string_view token) {
     size_t comma = list.find(',', pos);
     if (comma == std::string_view::npos) comma = list.size();
     std::string_view item = Trim(list.substr(pos, comma - pos));
-    if (item.size() == token.size() &&
-        std::equal(item.begin(), item.end(), token.begin(), [](char a, char b) {
+    if (item.size() == token.size() && std::equal(item.begin(), item.end(), token.begin(), [](char a, char b) {
           return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
         })) {
       return true;
@@ -152,8 +151,77 @@ std::string HttpResponseHead::Header(const char* name) const {
   return it == headers.end() ? std::string() : it->second;
 }
 
-Result<std::unique_ptr<HttpConnection>> HttpConnection::Connect(const std::string& origin,
-                                                                 const Timeouts& timeouts) {
+HttpIoResult ParseResponseHead(std::string_view text, HttpResponseHead* head) {
+  *head = HttpResponseHead{};
+  size_t line_end = text.find('\n');
+  std::string_view status_line = Trim(text.substr(0, line_end));
+  // HTTP/1.x SSS reason
+  if (status_line.size() < 12 || status_line.substr(0, 7) != "HTTP/1." || status_line[8] != ' ' ||
+      status_line[9] < '1' || status_line[9] > '9' || !std::isdigit(static_cast<unsigned char>(status_line[10])) ||
+      !std::isdigit(static_cast<unsigned char>(status_line[11]))) {
+    return {HttpIoError::kMalformed, "not an HTTP/1.x status line: \"" +
+                                         std::string(status_line.substr(0, std::min<size_t>(64, status_line.size()))) +
+                                         "\""};
+  }
+  const bool http11 = status_line[7] == '1';
+  head->status = (status_line[9] - '0') * 100 + (status_line[10] - '0') * 10 + (status_line[11] - '0');
+  std::string_view rest = line_end == std::string_view::npos ? std::string_view() : text.substr(line_end + 1);
+  while (!rest.empty()) {
+    size_t nl = rest.find('\n');
+    std::string_view line = rest.substr(0, nl);
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) break;
+    if (line.front() == ' ' || line.front() == '\t') {
+      return {HttpIoError::kMalformed, "a folded header line in the response"};
+    }
+    size_t colon = line.find(':');
+    if (colon == std::string_view::npos || colon == 0) {
+      return {HttpIoError::kMalformed, "a header line without a name: \"" +
+                                           std::string(line.substr(0, std::min<size_t>(64, line.size()))) + "\""};
+    }
+    head->headers.emplace(std::string(Trim(line.substr(0, colon))), std::string(Trim(line.substr(colon + 1))));
+  }
+
+  const std::string connection = head->Header("Connection");
+  head->keep_alive =
+      http11 ? !ContainsTokenIgnoreCase(connection, "close") : ContainsTokenIgnoreCase(connection, "keep-alive");
+  const std::string encoding = head->Header("Transfer-Encoding");
+  if (!encoding.empty()) {
+    // Only chunked alone: another transfer coding (gzip, ...) would hand
+    // over bytes that are not the object's.
+    if (!ContainsTokenIgnoreCase(encoding, "chunked") || encoding.find(',') != std::string::npos) {
+      return {HttpIoError::kMalformed, "an unsupported Transfer-Encoding: " + encoding};
+    }
+    head->chunked = true;
+  } else if (head->headers.count("Content-Length") > 0) {
+    auto range = head->headers.equal_range("Content-Length");
+    for (auto it = range.first; it != range.second; ++it) {
+      std::optional<uint64_t> n = ParseDecimal(it->second);
+      if (!n || (head->content_length && *head->content_length != *n)) {
+        return {HttpIoError::kMalformed, "an invalid Content-Length: \"" + it->second + "\""};
+      }
+      head->content_length = n;
+    }
+  }
+  if (head->status == 204 || head->status == 304) head->content_length = 0;
+  return {};
+}
+
+std::optional<uint64_t> ParseChunkSize(std::string_view line) {
+  std::string_view size_text = Trim(line.substr(0, line.find(';')));
+  if (size_text.empty() || size_text.size() > 15) return std::nullopt;
+  uint64_t size = 0;
+  for (char c : size_text) {
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return std::nullopt;
+    size = size * 16 + static_cast<uint64_t>(std::isdigit(static_cast<unsigned char>(c))
+                                                 ? c - '0'
+                                                 : std::tolower(static_cast<unsigned char>(c)) - 'a' + 10);
+  }
+  return size;
+}
+
+Result<std::unique_ptr<HttpConnection>> HttpConnection::Connect(const std::string& origin, const Timeouts& timeouts) {
   // origin: http://HOST:PORT, HOST maybe [v6].
   const size_t scheme_end = origin.find("://");
   std::string hostport = scheme_end == std::string::npos ? origin : origin.substr(scheme_end + 3);
@@ -297,59 +365,9 @@ HttpIoResult HttpConnection::ReadHead(HttpResponseHead* head, bool* got_bytes) {
     std::string_view text(buf_.data() + begin_, head_end);
     begin_ += head_end;
 
-    *head = HttpResponseHead{};
-    size_t line_end = text.find('\n');
-    std::string_view status_line = Trim(text.substr(0, line_end));
-    // HTTP/1.x SSS reason
-    if (status_line.size() < 12 || status_line.substr(0, 7) != "HTTP/1." || status_line[8] != ' ' ||
-        !std::isdigit(static_cast<unsigned char>(status_line[9])) ||
-        !std::isdigit(static_cast<unsigned char>(status_line[10])) ||
-        !std::isdigit(static_cast<unsigned char>(status_line[11]))) {
-      return {HttpIoError::kMalformed, "not an HTTP/1.x status line: \"" +
-                                           std::string(status_line.substr(0, std::min<size_t>(64, status_line.size()))) +
-                                           "\""};
-    }
-    const bool http11 = status_line[7] == '1';
-    head->status = (status_line[9] - '0') * 100 + (status_line[10] - '0') * 10 + (status_line[11] - '0');
-    std::string_view rest = text.substr(line_end + 1);
-    while (!rest.empty()) {
-      size_t nl = rest.find('\n');
-      std::string_view line = rest.substr(0, nl);
-      rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      if (line.empty()) break;
-      if (line.front() == ' ' || line.front() == '\t') {
-        return {HttpIoError::kMalformed, "a folded header line in the response"};
-      }
-      size_t colon = line.find(':');
-      if (colon == std::string_view::npos || colon == 0) {
-        return {HttpIoError::kMalformed, "a header line without a name: \"" +
-                                             std::string(line.substr(0, std::min<size_t>(64, line.size()))) + "\""};
-      }
-      head->headers.emplace(std::string(Trim(line.substr(0, colon))), std::string(Trim(line.substr(colon + 1))));
-    }
+    HttpIoResult parsed = ParseResponseHead(text, head);
+    if (!parsed.ok()) return parsed;
     if (head->status / 100 == 1) continue;  // 100 Continue, 103 Early Hints: the final answer follows
-
-    const std::string connection = head->Header("Connection");
-    head->keep_alive = http11 ? !ContainsTokenIgnoreCase(connection, "close")
-                              : ContainsTokenIgnoreCase(connection, "keep-alive");
-    const std::string encoding = head->Header("Transfer-Encoding");
-    if (!encoding.empty()) {
-      if (!ContainsTokenIgnoreCase(encoding, "chunked")) {
-        return {HttpIoError::kMalformed, "an unsupported Transfer-Encoding: " + encoding};
-      }
-      head->chunked = true;
-    } else if (head->headers.count("Content-Length") > 0) {
-      auto range = head->headers.equal_range("Content-Length");
-      for (auto it = range.first; it != range.second; ++it) {
-        std::optional<uint64_t> n = ParseDecimal(it->second);
-        if (!n || (head->content_length && *head->content_length != *n)) {
-          return {HttpIoError::kMalformed, "an invalid Content-Length: \"" + it->second + "\""};
-        }
-        head->content_length = n;
-      }
-    }
-    if (head->status == 204 || head->status == 304) head->content_length = 0;
     return {};
   }
 }
@@ -411,18 +429,9 @@ HttpIoResult HttpConnection::ReadBody(const HttpResponseHead& head, uint64_t lim
       std::string line;
       HttpIoResult r = ReadLine(&line);
       if (!r.ok()) return r;
-      std::string_view size_text = Trim(std::string_view(line).substr(0, line.find(';')));
-      uint64_t size = 0;
-      if (size_text.empty() || size_text.size() > 15) {
-        return {HttpIoError::kMalformed, "an invalid chunk size: \"" + line.substr(0, 32) + "\""};
-      }
-      for (char c : size_text) {
-        if (!std::isxdigit(static_cast<unsigned char>(c))) {
-          return {HttpIoError::kMalformed, "an invalid chunk size: \"" + line.substr(0, 32) + "\""};
-        }
-        size = size * 16 + static_cast<uint64_t>(std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
-                                                                                              : std::tolower(c) - 'a' + 10);
-      }
+      std::optional<uint64_t> parsed = ParseChunkSize(line);
+      if (!parsed) return {HttpIoError::kMalformed, "an invalid chunk size: \"" + line.substr(0, 32) + "\""};
+      const uint64_t size = *parsed;
       if (size == 0) {
         // Trailers up to an empty line.
         do {

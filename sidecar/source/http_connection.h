@@ -70,6 +70,17 @@ struct HttpIoResult {
   bool ok() const { return error == HttpIoError::kNone; }
 };
 
+/// Parses a response head (the status line, the header lines, up to and
+/// with the empty line) and its body's framing. kMalformed for a status line
+/// that is not HTTP/1.x, a folded or nameless header line, a
+/// Transfer-Encoding other than chunked, or Content-Lengths that are not
+/// one decimal number.
+HttpIoResult ParseResponseHead(std::string_view text, HttpResponseHead* head);
+
+/// The size of a chunk from its size line (hex digits, then optional
+/// ";extensions"); nullopt when malformed or above 2^60.
+std::optional<uint64_t> ParseChunkSize(std::string_view line);
+
 class HttpConnection {
  public:
   struct Timeouts {
