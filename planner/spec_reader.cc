@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cmath>
 #include <limits>
 
 namespace meshload::planner {
@@ -132,7 +134,27 @@ std::optional<double> SpecReader::Number(const YAML::Node& n, const std::string&
     d_.Add(path, "expected a number, got " + NodeKind(n) + (n.Tag() == "!" ? " (a quoted string)" : "") + LineOf(n));
     return std::nullopt;
   }
+  if (!std::isfinite(v)) {
+    // YAML's .nan and .inf: no bound or proportion means anything with them.
+    d_.Add(path, "must be a finite number, got " + n.Scalar() + LineOf(n));
+    return std::nullopt;
+  }
   return v;
+}
+
+std::string FormatNumber(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  std::string s(buf, ec == std::errc() ? end : buf);
+  // to_chars writes exponents with two digits at least ("1e-07").
+  if (size_t e = s.find('e'); e != std::string::npos) {
+    size_t digits = e + 1 + (s[e + 1] == '-' || s[e + 1] == '+' ? 1 : 0);
+    while (digits + 1 < s.size() && s[digits] == '0') s.erase(digits, 1);
+    if (s[e + 1] == '+') s.erase(e + 1, 1);
+  }
+  return s;
 }
 
 std::optional<bool> SpecReader::Bool(const YAML::Node& n, const std::string& path) {

@@ -31,6 +31,10 @@ std::string NodeKind(const YAML::Node& n);
 /// Levenshtein distance, ignoring case: for "did you mean" hints.
 size_t EditDistance(std::string_view a, std::string_view b);
 /// " (did you mean X?)" when one of `options` is close to `got`, else "".
+/// `v` as the shortest text that reads back as the same double ("0.5",
+/// "-1e-7", "nan"), for messages: never rounded to six decimals.
+std::string FormatNumber(double v);
+
 std::string Suggest(std::string_view got, const std::vector<std::string_view>& options);
 
 /// Adds a problem unless one was already reported at this path or at an

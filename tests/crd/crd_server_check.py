@@ -318,6 +318,19 @@ for what, path, mutate, words in cases:
     rc, out = create(doc)
     check("bound: %s is refused" % what, rc != 0 and all(w in out for w in words), "want %r in: %s" % (words, out))
 
+# NaN and the infinities: JSON has no spelling for them (kubectl refuses to
+# encode YAML's .nan and .inf), so a weight that is not a finite number can
+# reach the server only as bytes written by hand: the server refuses those
+# too, before any rule runs. The planner refuses .nan and .inf in a YAML job
+# file by field path (tests/planner/mixture_test.cc).
+for what, text in (("NaN", "NaN"), ("Infinity", "Infinity"), ("1e400", "1e400")):
+    doc = copy.deepcopy(MIXTURE)
+    doc["spec"]["mixture"]["datasets"][1]["weight"] = "@W@"
+    body = json.dumps(doc).replace('"@W@"', text)
+    rc, out = kubectl("create", "--raw", "/apis/meshload.io/v1alpha1/namespaces/%s/dataloadjobs?dryRun=All" % NS,
+                      "-f", "-", stdin=body)
+    check("a mixture weight of %s is refused by the server" % what, rc != 0 and "full" not in out, out)
+
 # batchAxes: an ordered list. The order written is the order stored (it
 # decides the sharding).
 doc = copy.deepcopy(FULL)

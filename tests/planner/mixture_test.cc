@@ -13,6 +13,8 @@
 #include <set>
 
 #include "planner/shard_planner.h"
+#include "planner/spec.h"
+#include "planner/spec_reader.h"
 #include "tests/testing/job_fixtures.h"
 #include "tests/testing/status_matchers.h"
 
@@ -68,6 +70,39 @@ TEST(MixtureSchedule, CountsAreWithinOneOfExactEveryStepAndInTotal) {
         }
       }
       ASSERT_EQ(sum, B);
+    }
+  }
+}
+
+// The cumulative drift docs/sampler.md states: quotas in 1/R of a sample
+// leave each dataset's total within 1 + n/R samples of its exact share
+// after n steps, and the figure it gives (batch 64, weights 0.5/0.3/0.2, a
+// million steps: 195 samples over and under) is what the schedule does.
+TEST(MixtureSchedule, TheCumulativeDriftIsWithinTheDocumentedBoundAndFigure) {
+  MixtureSchedule s(Weights({0.5, 0.3, 0.2}), 64);
+  const int64_t n = 1000000;
+  const std::vector<uint64_t> c = s.ConsumedBefore(n);
+  const std::vector<double> w = s.WeightsAt(0);
+  std::vector<double> off(3);
+  for (size_t d = 0; d < 3; ++d) off[d] = static_cast<double>(c[d]) - static_cast<double>(n) * 64 * w[d];
+  EXPECT_NEAR(off[0], 0, 1);
+  EXPECT_NEAR(off[1], 195.3, 1);
+  EXPECT_NEAR(off[2], -195.3, 1);
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 100; ++round) {
+    const size_t D = 2 + rng() % 6;
+    const uint64_t B = 1 + rng() % 4096;
+    std::vector<double> wr(D);
+    for (double& x : wr) x = std::uniform_real_distribution<double>(0.01, 5)(rng);
+    MixtureSchedule m(Weights(wr), B);
+    const std::vector<double> norm = m.WeightsAt(0);
+    for (int64_t steps : {int64_t{999983}, int64_t{123456789}}) {
+      const std::vector<uint64_t> got = m.ConsumedBefore(steps);
+      for (size_t d = 0; d < D; ++d) {
+        const double exact = static_cast<double>(steps) * static_cast<double>(B) * norm[d];
+        ASSERT_LE(std::abs(static_cast<double>(got[d]) - exact), 1.0 + static_cast<double>(steps) / R)
+            << "round " << round << " dataset " << d << " steps " << steps;
+      }
     }
   }
 }
@@ -277,6 +312,44 @@ TEST(MixtureSpecChecks, BadWeightsSchedulesNamesAndPathsAreNamed) {
   EXPECT_EQ(ResolveMixtureUri("s3://b/corpora/", "web"), "s3://b/corpora/web");
   EXPECT_EQ(ResolveMixtureUri("/data", "/other/x"), "/other/x");
   EXPECT_EQ(ResolveMixtureUri("/data", "s3://b/x"), "s3://b/x");
+}
+
+// NaN and the infinities satisfy no bound and mean no proportion: refused
+// with the field's path from a YAML job (where `.nan` and `.inf` are
+// numbers) and from a spec built in code; a refused weight is printed as
+// given, never rounded to six decimals.
+TEST(MixtureSpecChecks, NonFiniteWeightsAreRefusedAndNumbersArePrintedAsGiven) {
+  for (double bad : std::vector<double>{std::nan(""), INFINITY, -INFINITY}) {
+    JobSpec spec = MixtureJob(2, 8, {{10, 1}, {10, bad}});
+    EXPECT_THAT(Problems(spec), HasSubstr("spec.mixture.datasets[1].weight: must be a finite number"));
+    spec = MixtureJob(2, 8, {{10, 1}, {10, 1}});
+    spec.mixture->datasets[0].schedule = {{50, bad}};
+    EXPECT_THAT(Problems(spec), HasSubstr("spec.mixture.datasets[0].schedule[0].weight: must be a finite number"));
+  }
+  JobSpec spec = MixtureJob(2, 8, {{10, 1}, {10, -1e-7}});
+  EXPECT_THAT(Problems(spec), HasSubstr("spec.mixture.datasets[1].weight: must be >= 0, got -1e-7"));
+
+  std::string yaml = meshload::testing::MinimalJobYaml();
+  const std::string mixture =
+      "  mixture:\n    datasets:\n      - {name: a, uri: a, weight: 1}\n"
+      "      - {name: b, uri: b, weight: .nan}\n"
+      "      - {name: c, uri: c, weight: 1, schedule: [{step: 5, weight: .inf}]}\n";
+  yaml += mixture;
+  Diagnostics d;
+  (void)ParseDataLoadJob(yaml, d);
+  EXPECT_THAT(d.ToString(), HasSubstr("spec.mixture.datasets[1].weight: must be a finite number, got .nan"));
+  EXPECT_THAT(d.ToString(),
+              HasSubstr("spec.mixture.datasets[2].schedule[0].weight: must be a finite number, got .inf"));
+}
+
+TEST(FormatNumber, TheShortestTextThatReadsBack) {
+  EXPECT_EQ(FormatNumber(-1e-7), "-1e-7");
+  EXPECT_EQ(FormatNumber(0), "0");
+  EXPECT_EQ(FormatNumber(0.02), "0.02");
+  EXPECT_EQ(FormatNumber(1.0 / 3), "0.3333333333333333");
+  EXPECT_EQ(FormatNumber(1e300), "1e300");
+  EXPECT_EQ(FormatNumber(std::nan("")), "nan");
+  EXPECT_EQ(FormatNumber(-INFINITY), "-inf");
 }
 
 // Megatron datasets of different token types cannot be mixed.
