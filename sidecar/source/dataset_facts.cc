@@ -294,6 +294,7 @@ Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, So
   Result<planner::DatasetIndex> index = Status(StatusCode::kInternal, "not indexed");
   bool declared = spec.dataset.samples.has_value();
   std::string failed_path = "spec.dataset.uri";
+  std::string size_hint = "spec.dataset.samples or --samples";
   if (spec.mixture) {
     // Each dataset of the mixture, read as spec.dataset says; then one index.
     const std::vector<planner::DatasetSpec> datasets = planner::JobDatasets(spec);
@@ -306,6 +307,8 @@ Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, So
       if (!part.ok()) {
         index = part.status();
         failed_path = planner::DatasetPath(spec, d) + ".uri";
+        // --samples does not size a mixture: each dataset declares its own.
+        size_hint = planner::DatasetPath(spec, d) + ".samples";
         break;
       }
       parts.push_back(std::move(*part));
@@ -328,11 +331,10 @@ Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, So
   }
   for (const auto& p : index_diags.problems()) diags.Add(p.path, p.message);
   if (!index.ok()) {
-    diags.Add(failed_path,
-              index.status().ToString() + (unreachable == Unreachable::kFail
-                                               ? std::string()
-                                               : "; make the data reachable from here, or give its size with "
-                                                 "spec.dataset.samples or --samples"));
+    diags.Add(failed_path, index.status().ToString() +
+                               (unreachable == Unreachable::kFail
+                                    ? std::string()
+                                    : "; make the data reachable from here, or give its size with " + size_hint));
     // Storage that refuses or cannot be reached keeps its code: callers
     // tell a dataset they cannot read from a wrong job (a URI that names
     // nothing is the job's: kInvalidArgument, as a dataset that does not

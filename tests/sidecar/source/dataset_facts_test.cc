@@ -438,6 +438,36 @@ TEST(ResolveWithSources, LocalFilesAreIndexedAndUnreachableDataFallsBackOnlyWhen
   EXPECT_THAT(failed.ToString(), HasSubstr("spec.dataset.uri"));
 }
 
+TEST(ResolveWithSources, AMixtureDatasetThatCannotBeReadIsToldToDeclareItsOwnSamples) {
+  TempDir dir;
+  dir.Write("a/r.bin", std::string(64 * 16, 'x'));
+  planner::JobSpec spec;
+  spec.mesh.processes = 1;
+  spec.mesh.devices_per_process = 1;
+  spec.mesh.axes = {{"data", 1}};
+  spec.dataset = Fixed(dir.path(), 16);
+  spec.batch.global_batch_size = 8;
+  planner::MixtureSpec mix;
+  mix.datasets.resize(2);
+  mix.datasets[0].name = "present";
+  mix.datasets[0].uri = dir.path() + "/a";
+  mix.datasets[0].weight = 1;
+  mix.datasets[1].name = "absent";
+  mix.datasets[1].uri = dir.path() + "/b";
+  mix.datasets[1].weight = 1;
+  spec.mixture = mix;
+  auto sources = SourceRegistry::WithBuiltins({});
+  Diagnostics d;
+  auto job =
+      ResolveWithSources(meshload::testing::MustValidate(spec), *sources, {}, Unreachable::kUseDeclaredSamples, d);
+  ASSERT_FALSE(job.ok());
+  EXPECT_THAT(d.ToString(), HasSubstr("spec.mixture.datasets[1].uri"));
+  EXPECT_THAT(d.ToString(), HasSubstr("give its size with spec.mixture.datasets[1].samples"));
+  // A mixture refuses both of these: no hint may name them.
+  EXPECT_THAT(d.ToString(), ::testing::Not(HasSubstr("spec.dataset.samples")));
+  EXPECT_THAT(d.ToString(), ::testing::Not(HasSubstr("--samples")));
+}
+
 // WebDataset and MDS through http(s): the same indexes as from the files,
 // the shards named by a brace range of URLs, the MDS dataset by its folder
 // URL (its index.json, then each shard's offset table by a ranged read).
