@@ -115,4 +115,29 @@ sed -e 's/globalBatchSize: 32/globalBatchSize: "32"/' "$JOB" >"$TMP/quoted.yaml"
 [ $rc -eq 2 ] && grep -q "spec.batch.globalBatchSize: expected an integer" "$TMP/err7"
 check "a quoted batch size is an error, not a crash" $?
 
+# The contract lists every dataset format the plan can report (the
+# declaration's enum of spec.dataset.format).
+"$PY" - "$ROOT/planner/api/dataloadjob.yaml" "$ROOT/docs/plan-json.md" <<'PYEOF'
+import re, sys, yaml
+api = yaml.safe_load(open(sys.argv[1]))
+def find(node):
+    if isinstance(node, dict):
+        if node.get("x-cpp-enum") == "DatasetFormat":
+            return node["enum"]
+        for v in node.values():
+            r = find(v)
+            if r:
+                return r
+    elif isinstance(node, list):
+        for v in node:
+            r = find(v)
+            if r:
+                return r
+formats = find(api)
+row = next(l for l in open(sys.argv[2]) if l.startswith("| `format` |"))
+documented = re.findall(r"`([A-Za-z]+)`", row.split("|")[3])
+assert sorted(documented) == sorted(formats), (documented, formats)
+PYEOF
+check "plan-json.md lists every dataset format" $?
+
 finish
