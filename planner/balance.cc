@@ -95,26 +95,28 @@ BalanceOutcome BalanceShards(std::vector<uint64_t>& batch, std::vector<uint64_t>
     }
   }
 
-  // 2. Swaps between the heaviest and the lightest shard.
+  // 2. Swaps. The best swap between two shards `hi` (heavier) and `lo`
+  // moves d = w_a − w_b (0 < d < gap) from hi to lo, best at d = gap/2:
+  // minimise |2d − gap|; ties go to the lower positions. Any such swap
+  // lowers the sum of squared loads and raises neither the heaviest load
+  // nor lowers the lightest, so the loop ends.
   using Entry = std::pair<uint64_t, uint64_t>;  // (load, shard)
   std::set<Entry> shards_by_load;
   for (uint64_t s = 0; s < S; ++s) shards_by_load.emplace(load[s], s);
   const double mean = out.before.mean;
-  const uint64_t max_swaps = 4 * S + 16;
+  const uint64_t max_swaps = 8 * S + 64;
   std::vector<uint64_t> light_sorted;
-  while (out.swaps < max_swaps) {
-    const auto [lo_load, lo] = *shards_by_load.begin();
-    const auto [hi_load, hi] = *shards_by_load.rbegin();
-    const uint64_t gap = hi_load - lo_load;
-    if (within(gap, mean)) break;
+  struct Swap {
+    uint64_t cost = UINT64_MAX, a = 0, b = 0;
+  };
+  auto best_swap = [&](uint64_t hi, uint64_t lo) {
+    Swap best;
+    const uint64_t gap = load[hi] - load[lo];
     // The light shard's members by weight (then position), to search.
     light_sorted.assign(members.begin() + static_cast<ptrdiff_t>(lo * k),
                         members.begin() + static_cast<ptrdiff_t>((lo + 1) * k));
     std::sort(light_sorted.begin(), light_sorted.end(),
               [&](uint64_t a, uint64_t b) { return weights[a] != weights[b] ? weights[a] < weights[b] : a < b; });
-    // Moving d = w_a − w_b (0 < d < gap) from hi to lo is best at d = gap/2:
-    // minimise |2d − gap|; ties go to the lower positions.
-    uint64_t best_cost = UINT64_MAX, best_a = 0, best_b = 0;
     for (uint64_t ia = hi * k; ia < (hi + 1) * k; ++ia) {
       const uint64_t a = members[ia];
       const uint64_t wa = weights[a];
@@ -127,21 +129,41 @@ BalanceOutcome BalanceShards(std::vector<uint64_t>& batch, std::vector<uint64_t>
         if (wb >= wa || wa - wb >= gap) continue;
         const uint64_t d2 = 2 * (wa - wb);
         const uint64_t cost = d2 > gap ? d2 - gap : gap - d2;
-        if (cost < best_cost || (cost == best_cost && std::make_pair(a, *c) < std::make_pair(best_a, best_b))) {
-          best_cost = cost;
-          best_a = a;
-          best_b = *c;
+        if (cost < best.cost || (cost == best.cost && std::make_pair(a, *c) < std::make_pair(best.a, best.b))) {
+          best = {cost, a, *c};
         }
       }
     }
-    if (best_cost == UINT64_MAX) break;  // no swap between them narrows the gap
-    const uint64_t d = weights[best_a] - weights[best_b];
+    return best;
+  };
+  while (out.swaps < max_swaps) {
+    const uint64_t lightest = shards_by_load.begin()->second;
+    const uint64_t heaviest = shards_by_load.rbegin()->second;
+    if (within(load[heaviest] - load[lightest], mean)) break;
+    // The heaviest with the lightest; when no swap between them narrows
+    // their gap, the heaviest with the next lighter shards in turn, then
+    // the lightest with the next heavier ones.
+    uint64_t hi = heaviest, lo = lightest;
+    Swap swap = best_swap(hi, lo);
+    for (auto it = std::next(shards_by_load.begin()); swap.cost == UINT64_MAX && it->second != heaviest; ++it) {
+      if (it->first == load[heaviest]) break;
+      lo = it->second;
+      swap = best_swap(hi, lo);
+    }
+    for (auto it = std::next(shards_by_load.rbegin()); swap.cost == UINT64_MAX && it->second != lightest; ++it) {
+      if (it->first == load[lightest]) break;
+      hi = it->second;
+      lo = lightest;
+      swap = best_swap(hi, lo);
+    }
+    if (swap.cost == UINT64_MAX) break;  // no swap with either extreme narrows a gap
+    const uint64_t d = weights[swap.a] - weights[swap.b];
     *std::find(members.begin() + static_cast<ptrdiff_t>(hi * k), members.begin() + static_cast<ptrdiff_t>((hi + 1) * k),
-               best_a) = best_b;
+               swap.a) = swap.b;
     *std::find(members.begin() + static_cast<ptrdiff_t>(lo * k), members.begin() + static_cast<ptrdiff_t>((lo + 1) * k),
-               best_b) = best_a;
-    shards_by_load.erase(shards_by_load.begin());
-    shards_by_load.erase(std::prev(shards_by_load.end()));
+               swap.b) = swap.a;
+    shards_by_load.erase({load[hi], hi});
+    shards_by_load.erase({load[lo], lo});
     load[hi] -= d;
     load[lo] += d;
     shards_by_load.emplace(load[hi], hi);

@@ -22,9 +22,11 @@
 ///      round, B/S in all.
 ///   2. Swaps: while the heaviest shard minus the lightest exceeds
 ///      tolerance × the mean shard, swap the pair of samples between those
-///      two shards whose weight difference comes closest to half their gap
-///      (a strictly smaller sum of squared loads, so it ends), until no swap
-///      helps or a bound of 4·S + 16 swaps.
+///      two shards whose weight difference comes closest to half their gap;
+///      when no swap between them narrows it, the same between the heaviest
+///      and the next lighter shards in turn, then between the lightest and
+///      the next heavier ones (a strictly smaller sum of squared loads each
+///      time, so it ends), until no swap helps or a bound of 8·S + 64 swaps.
 ///   3. Inside a shard, its samples keep their sampler order.
 ///
 /// Thread safety: pure functions.

@@ -137,6 +137,84 @@ TEST(BalanceShards, RandomBatchesKeepTheirSamplesAndMeetTheTolerance) {
   EXPECT_GT(total, 50);
 }
 
+// A plain reference: longest processing time first (each sample, heaviest
+// first, to the lightest shard with room), then the best pairwise swap of
+// all pairs of shards while one narrows the spread. Returns the spread.
+double ReferenceSpread(const std::vector<uint64_t>& weights, int64_t S) {
+  const size_t k = weights.size() / static_cast<size_t>(S);
+  std::vector<uint64_t> order(weights.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) { return weights[a] > weights[b]; });
+  std::vector<std::vector<uint64_t>> shard(static_cast<size_t>(S));
+  std::vector<uint64_t> load(static_cast<size_t>(S), 0);
+  for (uint64_t i : order) {
+    size_t best = SIZE_MAX;
+    for (size_t s = 0; s < shard.size(); ++s) {
+      if (shard[s].size() < k && (best == SIZE_MAX || load[s] < load[best])) best = s;
+    }
+    shard[best].push_back(weights[i]);
+    load[best] += weights[i];
+  }
+  auto spread = [&] {
+    auto [lo, hi] = std::minmax_element(load.begin(), load.end());
+    double total = 0;
+    for (uint64_t l : load) total += static_cast<double>(l);
+    return static_cast<double>(*hi - *lo) / (total / static_cast<double>(S));
+  };
+  for (int iter = 0; iter < 1000; ++iter) {
+    const double now = spread();
+    double best = now;
+    size_t bi = 0, bj = 0, ba = 0, bb = 0;
+    for (size_t i = 0; i < shard.size(); ++i) {
+      for (size_t j = i + 1; j < shard.size(); ++j) {
+        for (size_t a = 0; a < k; ++a) {
+          for (size_t b = 0; b < k; ++b) {
+            const int64_t d = static_cast<int64_t>(shard[i][a]) - static_cast<int64_t>(shard[j][b]);
+            load[i] -= d;
+            load[j] += d;
+            const double after = spread();
+            load[i] += d;
+            load[j] -= d;
+            if (after < best) {
+              best = after;
+              bi = i, bj = j, ba = a, bb = b;
+            }
+          }
+        }
+      }
+    }
+    if (best >= now) break;
+    const int64_t d = static_cast<int64_t>(shard[bi][ba]) - static_cast<int64_t>(shard[bj][bb]);
+    std::swap(shard[bi][ba], shard[bj][bb]);
+    load[bi] -= d;
+    load[bj] += d;
+  }
+  return spread();
+}
+
+// Where a plain deal with pairwise swaps reaches the tolerance, the deal
+// does too: 16 shards of 4 long-tailed documents at tolerance 0.02 (the
+// case a user found: before, the swaps stopped when no swap between the
+// heaviest and the lightest shard narrowed their gap, and 499 of 500 steps
+// missed a tolerance 52 of them could meet).
+TEST(BalanceShards, MeetsTheToleranceWhereverAPlainDealWithPairwiseSwapsDoes) {
+  std::mt19937_64 rng(14);
+  int reachable = 0, met = 0;
+  for (int step = 0; step < 500; ++step) {
+    Batch b = MakeBatch(LongTail(rng, 64, 1000));
+    const double reference = ReferenceSpread(b.weights, 16);
+    BalanceOutcome o = BalanceShards(b.ids, b.weights, 16, 0.02);
+    if (reference <= 0.02) {
+      ++reachable;
+      EXPECT_TRUE(o.within_tolerance) << "step " << step << ": spread " << o.after.Spread() << " after " << o.swaps
+                                      << " swaps; the reference reaches " << reference;
+    }
+    met += o.within_tolerance;
+  }
+  EXPECT_GT(reachable, 5);
+  EXPECT_GE(met, reachable);
+}
+
 JobSpec MeshSpecOf(int64_t processes, int64_t devices_per_process, int64_t batch, Strategy strategy) {
   JobSpec spec;
   spec.mesh.processes = processes;
