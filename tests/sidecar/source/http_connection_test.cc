@@ -168,7 +168,8 @@ TEST_F(PlainHttpTest, ALargeBodyLandsInMisalignedIovecsByteExact) {
     return Reply{{Partial(data_, first, last)}};
   });
   std::string a(3, '\0'), b(700001, '\0'), c(5, '\0');
-  ASSERT_OK(MakeSource()->ReadV(server.Url("/o"), 11, {{a.data(), a.size()}, {b.data(), b.size()}, {c.data(), c.size()}}));
+  ASSERT_OK(
+      MakeSource()->ReadV(server.Url("/o"), 11, {{a.data(), a.size()}, {b.data(), b.size()}, {c.data(), c.size()}}));
   EXPECT_EQ(a + b + c, data_.substr(11, a.size() + b.size() + c.size()));
   EXPECT_TRUE(observer_.retries().empty());
 }
@@ -271,8 +272,9 @@ TEST_F(PlainHttpTest, ABodyCutShortAfterItsHeadIsResumedFromTheFirstMissingByte)
 TEST_F(PlainHttpTest, AnErrorWithAChunkedBodyKeepsTheConnection) {
   CannedServer server([&](int request, const std::string& head) {
     if (request == 0) {
-      return Reply{{"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\nRetry-After: 0\r\n\r\n"
-                    "5\r\nbusy!\r\n0\r\n\r\n"}};
+      return Reply{
+          {"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\nRetry-After: 0\r\n\r\n"
+           "5\r\nbusy!\r\n0\r\n\r\n"}};
     }
     auto [first, last] = RangeOf(head);
     return Reply{{Partial(data_, first, last)}};
