@@ -418,6 +418,7 @@ Status Sidecar::InitCache() {
   }
   cache_ = std::move(*opened);
   cached_ = std::make_unique<cache::CachedSource>(*remote, *cache_, geometry);
+  cached_->CountByEpoch([this](int64_t step) { return planner_->EpochOf(step); });
   std::vector<int64_t> object_of_file(rj.dataset.files().size(), -1);
   const planner::BlockMap blocks(rj, geometry);
   for (const auto& [file, name] : remote_files) {
@@ -500,7 +501,11 @@ void Sidecar::ProducerMain(int index) {
     }
     producer_blocked_since_ns_.store(0);
     const auto [slot, step] = *fill;
-    if (fetch_ahead_) fetch_ahead_->Passed(server_->consumed_step());
+    // The blocks of steps already staged have no use left (unless a
+    // trainer comes back for an earlier step): the cache may evict them
+    // for the steps being read now.
+    if (fetch_ahead_) fetch_ahead_->Passed(std::max(server_->consumed_step(), pool_->FirstFillingStep() - 1));
+    if (cached_) cached_->NoteStep(step);
     const auto t0 = Clock::now();
     StepLoadStats stats;
     Status st = loader_->Load(step, memory_->slot(slot), slot_staged_[slot], &stats, index,
@@ -530,6 +535,7 @@ void Sidecar::ProducerMain(int index) {
     metrics_->samples_read.Increment(static_cast<double>(stats.samples_read));
     if (stats.samples_skipped > 0) metrics_->samples_skipped.Increment(static_cast<double>(stats.samples_skipped));
     if (pool_->MarkReady(slot)) {
+      if (fetch_ahead_) fetch_ahead_->Passed(pool_->FirstFillingStep() - 1);
       {
         MutexLock lock(producer_mu_);
         if (gen == generation_) {
@@ -751,6 +757,10 @@ nlohmann::json Sidecar::CacheJson() const {
   // of a burst (a first epoch) is fetchedBytes over it.
   const int64_t first = c.first_fetch_ns.load(), last = c.last_fetch_ns.load();
   out["fetchSpanSeconds"] = first > 0 && last > first ? static_cast<double>(last - first) / 1e9 : 0.0;
+  // Bytes fetched for each epoch's steps, whenever they were fetched.
+  nlohmann::json by_epoch = nlohmann::json::array();
+  for (const auto& [epoch, bytes] : cached_->FetchedByEpoch()) by_epoch.push_back({{"epoch", epoch}, {"bytes", bytes}});
+  out["fetchedBytesByEpoch"] = std::move(by_epoch);
   out["warm"] = warm_.load();
   return out;
 }

@@ -451,6 +451,17 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
     MutexLock lock(mu_);
     if (NowNs() >= refused_until_ns_) {
       room = MakeRoom(len + kTrailerBytes, next_use);
+      // A read for step t whose room is held by blocks that earlier steps
+      // still need: those steps are being read now (the cache learns when
+      // they pass, SetPassed). Waiting for them, up to kRoomWait, stores
+      // the block; fetching it now could not, and the next reads of it
+      // would fetch it again.
+      const auto deadline = std::chrono::steady_clock::now() + kRoomWait;
+      while (!room && want == Want::kRead && next_use >= 0 && passed_ < next_use - 1 &&
+             std::chrono::steady_clock::now() < deadline) {
+        passed_changed_.WaitUntil(mu_, deadline);
+        room = MakeRoom(len + kTrailerBytes, next_use);
+      }
       if (room) used_ += len + kTrailerBytes;  // reserved while it is filled
     }
   }
@@ -611,8 +622,12 @@ void BlockCache::AddUse(Entry& e, int64_t step) const {
 }
 
 void BlockCache::SetPassed(int64_t step) {
-  MutexLock lock(mu_);
-  passed_ = std::max(passed_, step);
+  {
+    MutexLock lock(mu_);
+    if (step <= passed_) return;
+    passed_ = step;
+  }
+  passed_changed_.NotifyAll();
 }
 
 uint64_t BlockCache::resident_bytes() const {

@@ -42,6 +42,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -238,7 +239,10 @@ class BlockCache {
   mutable BlockCacheCounters counters_;
 
   mutable Mutex mu_;
-  CondVar filled_;  // an entry's `filling` went false
+  CondVar filled_;          // an entry's `filling` went false
+  CondVar passed_changed_;  // passed_ grew
+  // The longest a read waits for earlier steps to pass and leave it room.
+  static constexpr std::chrono::milliseconds kRoomWait{2000};
   std::unordered_map<BlockId, Entry, BlockIdHash> entries_ MESHLOAD_GUARDED_BY(mu_);
   uint64_t used_ MESHLOAD_GUARDED_BY(mu_) = 0;  // Σ disk_bytes of entries_
   int64_t passed_ MESHLOAD_GUARDED_BY(mu_) = -1;

@@ -4,9 +4,19 @@
 #include <cstring>
 
 namespace meshload::sidecar::cache {
+namespace {
+// The step this thread is reading for (NoteStep) and from which source: a
+// read's block is needed by that step.
+struct ReadingStep {
+  uint64_t source = 0;  // CachedSource::id_ (never 0)
+  int64_t step = -1;
+};
+thread_local ReadingStep t_reading;
+std::atomic<uint64_t> g_next_id{1};
+}  // namespace
 
 CachedSource::CachedSource(source::Source& remote, BlockCache& cache, BlockGeometry geometry)
-    : remote_(remote), cache_(cache), geometry_(geometry) {}
+    : remote_(remote), cache_(cache), id_(g_next_id.fetch_add(1)), geometry_(geometry) {}
 
 size_t CachedSource::AddObject(const std::string& name, uint64_t size, const std::string& version,
                                std::vector<uint64_t> starts) {
@@ -42,9 +52,35 @@ Result<BlockCache::Block> CachedSource::Get(size_t object, uint64_t block, int64
   const Object& o = objects_[object];
   const std::pair<uint64_t, uint64_t> extent = BlockExtent(object, block);
   const uint64_t start = extent.first;
-  return cache_.Get(
+  bool got = false;
+  Result<BlockCache::Block> b = cache_.Get(
       {o.key, block}, extent.second, [&](uint8_t* dst, uint64_t n) { return remote_.Read(o.name, start, dst, n); },
-      next_use, want, fetched);
+      next_use, want, &got);
+  if (got) {
+    if (fetched) *fetched = true;
+    CountFetch(next_use, extent.second);
+  }
+  return b;
+}
+
+void CachedSource::NoteStep(int64_t step) {
+  noted_step_.store(step, std::memory_order_relaxed);
+  t_reading = {id_, step};
+}
+
+void CachedSource::CountByEpoch(std::function<int64_t(int64_t)> epoch_of) { epoch_of_ = std::move(epoch_of); }
+
+void CachedSource::CountFetch(int64_t step, uint64_t bytes) {
+  if (!epoch_of_) return;
+  const int64_t epoch = epoch_of_(step >= 0 ? step : noted_step_.load(std::memory_order_relaxed));
+  MutexLock lock(epoch_mu_);
+  fetched_by_epoch_[epoch] += bytes;
+  while (fetched_by_epoch_.size() > kEpochsKept) fetched_by_epoch_.erase(fetched_by_epoch_.begin());
+}
+
+std::vector<std::pair<int64_t, uint64_t>> CachedSource::FetchedByEpoch() const {
+  MutexLock lock(epoch_mu_);
+  return {fetched_by_epoch_.begin(), fetched_by_epoch_.end()};
 }
 
 Status CachedSource::Fill(size_t object, uint64_t block, int64_t next_use, bool* fetched) {
@@ -67,7 +103,8 @@ Status CachedSource::CopyOut(size_t object, uint64_t offset, const std::vector<i
     // covers it (a batch's reads are in file order): no lookup.
     if (!held.block || held.object != object || pos < held.start || pos >= held.start + held.block.size()) {
       const uint64_t b = planner::BlockOfOffset(geometry_, o.starts, o.size, pos);
-      MESHLOAD_ASSIGN_OR_RETURN(held.block, Get(object, b, -1, BlockCache::Want::kRead, nullptr));
+      MESHLOAD_ASSIGN_OR_RETURN(
+          held.block, Get(object, b, t_reading.source == id_ ? t_reading.step : -1, BlockCache::Want::kRead, nullptr));
       held.object = object;
       held.start = BlockExtent(object, b).first;
     }
@@ -104,6 +141,7 @@ Status CachedSource::ReadMany(const std::string& uri, const ReadRequest* reads, 
       for (const iovec& v : *reads[i].iov) delivered += v.iov_len;
     }
     counters_.direct_bytes += delivered;
+    CountFetch(-1, delivered);
     counters_.delivered_bytes += delivered;
     return remote_.ReadMany(uri, reads, count, before, context);
   }

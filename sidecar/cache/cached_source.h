@@ -20,11 +20,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "planner/fetch_plan.h"
 #include "sidecar/cache/block_cache.h"
 #include "sidecar/source/source.h"
@@ -79,6 +83,20 @@ class CachedSource final : public source::Source {
   /// `object` touch (len > 0).
   std::pair<uint64_t, uint64_t> BlocksOf(size_t object, uint64_t offset, uint64_t len) const;
 
+  /// Counts fetched bytes by epoch from now on: a block fetched ahead for
+  /// step t counts to epoch_of(t); a read's own fetch, and a direct read,
+  /// to the epoch of the step last noted (NoteStep), the step being loaded.
+  /// So a second epoch's first blocks, fetched while the first epoch runs,
+  /// count to the second. Before it is called, nothing is counted by epoch.
+  void CountByEpoch(std::function<int64_t(int64_t step)> epoch_of);
+  /// The calling thread reads for `step` from now on: its reads' blocks are
+  /// needed by that step (for eviction), and their fetches count to its
+  /// epoch.
+  void NoteStep(int64_t step);
+  /// (epoch, bytes fetched for it), the latest kEpochsKept epochs, in order.
+  std::vector<std::pair<int64_t, uint64_t>> FetchedByEpoch() const MESHLOAD_EXCLUDES(epoch_mu_);
+  static constexpr size_t kEpochsKept = 8;
+
   const BlockGeometry& geometry() const { return geometry_; }
   BlockCache& cache() const { return cache_; }
   source::Source& remote() const { return remote_; }
@@ -102,8 +120,16 @@ class CachedSource final : public source::Source {
   // blocks, starting with `held` when it covers them.
   Status CopyOut(size_t object, uint64_t offset, const std::vector<iovec>& iov, uint64_t len, Held& held);
 
+  // Adds `bytes` to the epoch of `step` (-1: the noted step).
+  void CountFetch(int64_t step, uint64_t bytes) MESHLOAD_EXCLUDES(epoch_mu_);
+
   source::Source& remote_;
   BlockCache& cache_;
+  std::function<int64_t(int64_t)> epoch_of_;  // set before reads start
+  const uint64_t id_;                         // this source among all (NoteStep's thread-local)
+  std::atomic<int64_t> noted_step_{0};
+  mutable Mutex epoch_mu_;
+  std::map<int64_t, uint64_t> fetched_by_epoch_ MESHLOAD_GUARDED_BY(epoch_mu_);
   const BlockGeometry geometry_;
   std::vector<Object> objects_;
   std::unordered_map<std::string, size_t> by_name_;

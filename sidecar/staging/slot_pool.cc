@@ -52,6 +52,15 @@ int64_t SlotPool::FirstPendingStep() const {
   return first;
 }
 
+int64_t SlotPool::FirstFillingStep() const {
+  MutexLock lock(mu_);
+  int64_t first = next_fill_;
+  for (const Slot& s : slots_) {
+    if (s.state == SlotState::kFilling && s.generation == generation_) first = std::min(first, s.step);
+  }
+  return first;
+}
+
 bool SlotPool::MarkReady(uint32_t slot) {
   MutexLock lock(mu_);
   MESHLOAD_CHECK(slot < slots_.size(), "slot " + std::to_string(slot) + " is not one of the pool's");

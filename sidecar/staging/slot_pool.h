@@ -74,6 +74,10 @@ class SlotPool {
   /// (leased ones are the trainer's: a reconnecting trainer may still hold
   /// some); next_fill_step() when there is none.
   int64_t FirstPendingStep() const MESHLOAD_EXCLUDES(mu_);
+  /// The lowest step of the current generation in a filling slot;
+  /// next_fill_step() when there is none. Every step of the generation
+  /// below it is staged (or was handed over): its reads are done.
+  int64_t FirstFillingStep() const MESHLOAD_EXCLUDES(mu_);
 
   /// The fill of `slot` finished. Ready for leasing if its generation is
   /// still current, otherwise freed. Returns true when it became ready.

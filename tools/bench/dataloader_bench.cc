@@ -711,6 +711,66 @@ void RunMixedVsSingle(const std::string& name, const std::string& root, uint64_t
               results.size());
 }
 
+// Rows of tokens (spec.tokens) against TokenStream windows of the same
+// tokens: one MegatronIndexed corpus of 100 to 4,000-token documents read
+// as Pack and as Concatenate rows of 2,048 tokens, and its .bin file read as
+// a TokenStream of 2,048 + 1-token samples, batch 32, in one run: the
+// sidecar's and the consumer's CPU per step (median of `rounds` alternating
+// rounds). Target: rows cost at most 10% more CPU a step.
+void RunRowsVsTokenStream(const std::string& name, const std::string& root, uint64_t total_bytes, int64_t steps,
+                          int rounds) {
+  const uint64_t min_bytes = 200, max_bytes = 8000;
+  const uint64_t n = total_bytes / ((min_bytes + max_bytes) / 2);
+  const std::string dir = root + "/" + name;
+  WriteMegatron(dir, n, min_bytes, max_bytes, formats::DType::kUint16);
+  const uint64_t tokens = std::filesystem::file_size(dir + "/docs.bin") / 2;
+  Scenario stream{
+      name + "-tokenstream", planner::DatasetFormat::kTokenStream, 0, 2048, 32, tokens / 2048, steps, 4, 0, 0};
+  Scenario rows{name, planner::DatasetFormat::kMegatronIndexed, 0, 0, 32, n, steps, 4, 0, 0};
+  const std::string stream_job = root + "/" + stream.name + ".yaml";
+  std::ofstream(stream_job) << JobYaml(stream, dir + "/docs.bin");
+  struct PerStep {
+    double sidecar_us, consumer_us, rate;
+  };
+  auto per_step = [&](const MeshloadRun& r) {
+    return PerStep{r.sidecar_cores * r.elapsed / static_cast<double>(steps) * 1e6,
+                   r.consumer_cores * r.elapsed / static_cast<double>(steps) * 1e6, r.rate};
+  };
+  auto cpu = [](const PerStep& p) { return p.sidecar_us + p.consumer_us; };
+  std::printf(
+      "\n%s: %llu MegatronIndexed documents of 100 to 4,000 uint16 tokens (%llu tokens), rows of 2,048\n"
+      "tokens, batch 32, %lld steps\n",
+      name.c_str(), static_cast<unsigned long long>(n), static_cast<unsigned long long>(tokens),
+      static_cast<long long>(steps));
+  std::printf(
+      "  peer: the same .bin read as TokenStream samples of 2,048 + 1 tokens, the same batch and steps,\n"
+      "  in the same run\n");
+  for (const char* mode : {"Pack", "Concatenate"}) {
+    const std::string job = root + "/" + name + "-" + mode + ".yaml";
+    std::string yaml = JobYaml(rows, dir);
+    yaml += std::string("  tokens: {mode: ") + mode +
+            ", sequenceLength: 2048, endOfDocument: {token: 0, append: Always}" +
+            (std::string(mode) == "Pack" ? ", padToken: 0" : "") + "}\n";
+    std::ofstream(job) << yaml;
+    std::vector<std::pair<PerStep, PerStep>> results;  // (rows, stream)
+    if (!AlternatingRounds(
+            name + "-" + mode, rounds, rows, job, stream, stream_job, root,
+            [&](const MeshloadRun& r, const MeshloadRun& t) { results.emplace_back(per_step(r), per_step(t)); })) {
+      return;
+    }
+    std::sort(results.begin(), results.end(), [&](const auto& a, const auto& b) {
+      return cpu(a.first) / cpu(a.second) < cpu(b.first) / cpu(b.second);
+    });
+    const auto& [r, t] = results[results.size() / 2];
+    std::printf("  CPU per step, %-11s            sidecar %.1f us + consumer %.1f us  (%.0f rows/s)\n", mode,
+                r.sidecar_us, r.consumer_us, r.rate);
+    std::printf("  CPU per step, TokenStream            sidecar %.1f us + consumer %.1f us  (%.0f samples/s)\n",
+                t.sidecar_us, t.consumer_us, t.rate);
+    std::printf("    = %.2fx TokenStream's CPU per step (median of %zu rounds; target <= 1.10)\n", cpu(r) / cpu(t),
+                results.size());
+  }
+}
+
 int Main(int argc, char** argv) {
   bool quick = false;
   std::string only;                 // --only NAME: one scenario
@@ -719,7 +779,7 @@ int Main(int argc, char** argv) {
   std::string root = "/tmp/meshload-bench";
   FlagParser flags("",
                    "usage: dataloader_bench [--quick] [--dir DIR] [--only fixed-1MiB|fixed-4KiB|tokens-u16-2048|"
-                   "docs-u16-100-8000|blobs-u8-20-500KiB|docs-mixture-3]"
+                   "docs-u16-100-8000|blobs-u8-20-500KiB|docs-mixture-3|rows-u16-2048]"
                    " [--rounds N] [--prefetch N]\n",
                    "dataloader_bench");
   flags.Bool({"--quick"}, &quick);
@@ -745,13 +805,14 @@ int Main(int argc, char** argv) {
   if (prefetch) {
     for (auto& s : scenarios) s.prefetch = *prefetch;
   }
-  const std::vector<std::string> variable = {"docs-u16-100-8000", "blobs-u8-20-500KiB", "docs-mixture-3"};
+  const std::vector<std::string> variable = {"docs-u16-100-8000", "blobs-u8-20-500KiB", "docs-mixture-3",
+                                             "rows-u16-2048"};
   if (!only.empty() &&
       std::none_of(scenarios.begin(), scenarios.end(), [&](const Scenario& s) { return s.name == only; }) &&
       std::find(variable.begin(), variable.end(), only) == variable.end()) {
     return UsageError("--only: no scenario named " + only +
                           " (fixed-1MiB, fixed-4KiB, tokens-u16-2048, docs-u16-100-8000, blobs-u8-20-500KiB, "
-                          "docs-mixture-3)",
+                          "docs-mixture-3, rows-u16-2048)",
                       "dataloader_bench");
   }
   std::printf("meshload host data path benchmark%s (data in %s)\n", quick ? " (quick)" : "", root.c_str());
@@ -771,6 +832,9 @@ int Main(int argc, char** argv) {
   }
   if (only.empty() || only == variable[2]) {
     RunMixedVsSingle(variable[2], root, gib, quick ? 2000 : 8000, std::max(round_count, 3));
+  }
+  if (only.empty() || only == variable[3]) {
+    RunRowsVsTokenStream(variable[3], root, gib, quick ? 2000 : 8000, std::max(round_count, 3));
   }
   if (g_failed) {
     std::printf("\nFAILED: a round stopped early (see above); the figures printed cover the rounds before it\n");

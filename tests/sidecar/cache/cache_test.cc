@@ -212,6 +212,35 @@ TEST(BlockCache, EvictsBlocksNoStepNeedsFirstThenTheOneNeededFurthestAhead) {
   EXPECT_LE(cache->resident_bytes(), 4 * disk);
 }
 
+// A read for step t whose room is held by blocks an earlier step still
+// needs (a step being read by another thread) waits for that step to pass
+// and then stores its block, rather than fetching it unstored (and again
+// for every later read of it).
+TEST(BlockCache, AReadWaitsForEarlierStepsToPassAndStoresItsBlock) {
+  TempDir dir;
+  const uint64_t len = 10000, disk = len + BlockCache::kTrailerBytes;
+  auto cache = MustOpen(dir.path(), 2 * disk);
+  CountingFetch f;
+  f.bytes = Pattern(len, 5);
+  auto id = [](uint64_t i) { return BlockId{43, i}; };
+  cache->SetPassed(9);
+  ASSERT_OK(cache->Get(id(0), len, f.Get(), 10, BlockCache::Want::kAhead));
+  ASSERT_OK(cache->Get(id(1), len, f.Get(), 10, BlockCache::Want::kAhead));
+  std::thread last_of_window([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    cache->SetPassed(10);  // step 10's reads are done
+  });
+  auto read = cache->Get(id(2), len, f.Get(), 11, BlockCache::Want::kRead);
+  last_of_window.join();
+  ASSERT_OK(read);
+  EXPECT_EQ(BytesOf(*read), f.bytes);
+  EXPECT_TRUE(cache->Contains(id(2))) << "stored once step 10 passed";
+  EXPECT_EQ(f.calls.load(), 3);
+  auto again = cache->Get(id(2), len, f.Get(), 12, BlockCache::Want::kRead);
+  ASSERT_OK(again);
+  EXPECT_EQ(f.calls.load(), 3) << "not fetched again";
+}
+
 TEST(BlockCache, BlocksFoundOnDiskAreEvictedLeastRecentlyUsedFirst) {
   TempDir dir;
   const uint64_t len = 10000, disk = len + BlockCache::kTrailerBytes;
@@ -507,6 +536,31 @@ TEST(CachedSource, ReadsAcrossBlocksEqualTheSourcesBytes) {
   std::vector<uint8_t> one(10);
   ASSERT_OK(cached.Read(small, 100, one.data(), one.size()));
   EXPECT_EQ(remote.bytes.load(), all.size() + 5000);
+}
+
+// Fetched bytes are counted to the epoch whose step needs them: a block
+// fetched ahead for a later epoch's step counts to that epoch, a read's own
+// fetch to the epoch of the step being loaded; a block already there
+// counts nowhere.
+TEST(CachedSource, FetchedBytesCountToTheEpochOfTheStepTheyWereFetchedFor) {
+  TempDir data, cache_dir;
+  const std::vector<uint8_t> all = Pattern(400000, 9);
+  const std::string path = data.Write("obj", std::string(all.begin(), all.end()));
+  auto files = source::MakeFileSource(source::SourceOptions{});
+  ASSERT_OK(files);
+  auto cache = MustOpen(cache_dir.path(), 64 << 20);
+  CachedSource cached(**files, *cache, planner::BlockGeometry{100000, 100000});
+  cached.AddObject(path, all.size(), "");
+  cached.CountByEpoch([](int64_t step) { return step / 10; });
+  ASSERT_OK(cached.Fill(0, 0, 25));  // ahead, for step 25 of epoch 2
+  ASSERT_OK(cached.Fill(0, 0, 3));   // already there
+  cached.NoteStep(7);
+  std::vector<uint8_t> out(10);
+  ASSERT_OK(cached.Read(path, 150000, out.data(), out.size()));  // block 1, for the step being loaded
+  cached.NoteStep(12);
+  ASSERT_OK(cached.Read(path, 399990, out.data(), out.size()));  // block 3
+  EXPECT_EQ(cached.FetchedByEpoch(),
+            (std::vector<std::pair<int64_t, uint64_t>>{{0, 100000}, {1, 100000}, {2, 100000}}));
 }
 
 // A FixedRecord job over generated files, read through a CachedSource whose

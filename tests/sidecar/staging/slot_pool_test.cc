@@ -150,9 +150,12 @@ TEST(SlotPool, NextFillHandsOutConsecutiveStepsFromTheFirstAndFromEachReset) {
   EXPECT_EQ(b->step, 11);
   EXPECT_EQ(pool.next_fill_step(), 12);
   EXPECT_EQ(pool.FirstPendingStep(), 10);  // step 10 is still being filled
+  EXPECT_EQ(pool.FirstFillingStep(), 10);
   ASSERT_TRUE(pool.MarkReady(b->slot));
   EXPECT_EQ(pool.FirstPendingStep(), 10);
+  EXPECT_EQ(pool.FirstFillingStep(), 10);
   ASSERT_TRUE(pool.MarkReady(a->slot));
+  EXPECT_EQ(pool.FirstFillingStep(), 12);  // none filling: every step below the next fill is staged
   ASSERT_TRUE(pool.Lease(10));
   EXPECT_EQ(pool.FirstPendingStep(), 11);  // a leased step is the trainer's
   const uint64_t gen = pool.Reset(/*next_step=*/100);
