@@ -10,6 +10,7 @@ checked against the sample it claims to be.
 
 import argparse
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -101,6 +102,57 @@ def job_yaml(name, data, processes, devices_per_process, axes, batch_axes=None, 
         "",
     ]
     return "\n".join(lines)
+
+
+def packed_job_yaml(name, data, processes, devices, resume=0, length=64):
+    """A MegatronIndexed job over `data` whose samples are packed rows of
+    `length` tokens (spec.tokens Pack, BestFit, 0 the end-of-document and
+    padding token), batch 8, one data axis; with `resume`, spec.resume.step."""
+    yaml = job_yaml(name, data, processes, devices, [("data", processes * devices)],
+                    dataset_format="MegatronIndexed", prefetch=4)
+    yaml += ("  tokens: {mode: Pack, sequenceLength: %d, endOfDocument: {token: 0, append: Always},"
+             " padToken: 0, packing: BestFit, window: 64}\n" % length)
+    if resume:
+        yaml += "  resume: {step: %d}\n" % resume
+    return yaml
+
+
+def packed_batch_digest(tokens, segment_ids, positions):
+    """SHA-256 of a global batch of packed rows (numpy arrays), as the
+    trainers of the tests hash what they received."""
+    digest = hashlib.sha256()
+    for name, whole in (("tokens", tokens), ("segment_ids", segment_ids), ("positions", positions)):
+        digest.update(name.encode() + str(whole.dtype).encode() + str(whole.shape).encode())
+        digest.update(whole.tobytes())
+    return digest.hexdigest()
+
+
+def planned_packed_digests(meshload, job_path, data, steps, length=64):
+    """Each step's global batch of packed rows rebuilt from `meshload plan`'s
+    rows (their document pieces) and the documents as Megatron's reader
+    returns them (DATA.expected.json), hashed by packed_batch_digest."""
+    out = subprocess.run([meshload, "plan", "-f", job_path, "--steps", "0:%d" % steps, "--format", "json"],
+                         check=True, capture_output=True, text=True).stdout
+    with open(data + ".expected.json") as f:
+        documents = json.load(f)["sequences"]
+    batches = planned_global_batches(meshload, job_path, steps)
+    digests = []
+    for step in json.loads(out)["steps"]:
+        pieces = {r["row"]: r["pieces"] for r in step["rows"]}
+        rows = batches[step["step"]]
+        tokens = np.zeros((len(rows), length), np.uint16)
+        segments = np.zeros((len(rows), length), np.int32)
+        positions = np.zeros((len(rows), length), np.int32)
+        for i, row in enumerate(rows):
+            at = 0
+            for j, p in enumerate(pieces[row]):
+                doc = documents[p["document"]][p["offset"]:p["offset"] + p["tokens"]] + ([0] if p["eod"] else [])
+                tokens[i, at:at + len(doc)] = doc
+                segments[i, at:at + len(doc)] = j + 1
+                positions[i, at:at + len(doc)] = np.arange(len(doc))
+                at += len(doc)
+        digests.append(packed_batch_digest(tokens, segments, positions))
+    return digests
 
 
 def planned_global_batches(meshload, job_path, steps):

@@ -8,7 +8,8 @@ or, in an environment with torch and the meshload package installed:
     python torch_test.py --sidecar <build>/sidecar/meshload-sidecar --meshload <build>/tools/meshload
 
 torch.from_dlpack on host-staged batches (zero-copy, every byte checked,
-lifetime across releases), meshload.interop.torch_tensors, the
+lifetime across releases), meshload.interop.torch_tensors, a tiny causal
+language model trained on packed rows (spec.tokens Pack), the
 DistributedDataParallel example trainer (examples/python/torch_ddp_trainer.py)
 in two processes against two sidecars, its per-step batch sums compared with
 the planner's global batches, and the JPEG example trainer
@@ -123,6 +124,69 @@ class RaggedTest(unittest.TestCase):
         finally:
             gc.collect()
             sidecar.stop()
+
+
+class PackedLanguageModelTest(unittest.TestCase):
+    """A tiny causal language model in PyTorch trained on packed rows
+    (spec.tokens Pack) from one sidecar: the attention mask from the
+    segment ids, the loss falls, and every step's batch is the planner's
+    rows (tests/client/lm_test.py does the same in JAX across processes and
+    a resize)."""
+
+    STEPS = 150
+    DATA = os.path.join(ROOT, "tests", "formats", "data", "megatron", "lm_uint16")
+
+    def test_a_tiny_model_learns_from_packed_rows(self):
+        directory = tempfile.mkdtemp(dir=TMP)
+        job = os.path.join(directory, "job.yaml")
+        with open(job, "w") as f:
+            f.write(harness.packed_job_yaml("torch-lm", self.DATA, 1, 1))
+        want = harness.planned_packed_digests(MESHLOAD, job, self.DATA, self.STEPS)
+        sidecar = harness.SidecarProcess(SIDECAR, job, 0, os.path.join(directory, "s.sock"),
+                                         os.path.join(directory, "sidecar.log")).start()
+        torch.manual_seed(0)
+        vocab, width, length = 64, 64, 64
+        embed, pos = torch.nn.Embedding(vocab, width), torch.nn.Embedding(length, width)
+        attn = torch.nn.MultiheadAttention(width, 1, batch_first=True)
+        mlp, out = torch.nn.Linear(width, width), torch.nn.Linear(width, vocab)
+        params = [p for m in (embed, pos, attn, mlp, out) for p in m.parameters()]
+        opt = torch.optim.Adam(params, lr=3e-3)
+        causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
+        losses, got = [], []
+        try:
+            with meshload.Client(sidecar.sock) as client:
+                for _ in range(self.STEPS):
+                    batch = client.next()
+                    fields = {name: torch.from_dlpack(batch.field(name)[0]) for name in batch.fields}
+                    tokens = fields["tokens"].to(torch.int64)
+                    segments, positions = fields["segment_ids"], fields["positions"]
+                    got.append(harness.packed_batch_digest(fields["tokens"].numpy(), segments.numpy(),
+                                                           positions.numpy()))
+                    # Attention stays inside a document and off padding;
+                    # a padding query attends to itself alone (no empty row).
+                    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] > 0)
+                    allowed = (causal[None] & same) | torch.eye(length, dtype=torch.bool)[None]
+                    x = embed(tokens) + pos(positions.to(torch.int64))
+                    a, _ = attn(x, x, x, attn_mask=~allowed, need_weights=False)
+                    x = x + a
+                    x = x + torch.relu(mlp(x))
+                    logits = out(x)[:, :-1]
+                    valid = (segments[:, 1:] == segments[:, :-1]) & (segments[:, :-1] > 0)
+                    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1),
+                                                            reduction="none").reshape(valid.shape)
+                    loss = (nll * valid).sum() / valid.sum().clamp(min=1)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    losses.append(loss.item())
+                    del fields, tokens, segments, positions, batch
+        finally:
+            gc.collect()
+            sidecar.stop()
+        self.assertEqual(got, want, "the batches are not the planner's rows")
+        first, last = sum(losses[:20]) / 20, sum(losses[-20:]) / 20
+        print("loss: first 20 steps %.3f, last 20 steps %.3f" % (first, last))
+        self.assertLess(last, 0.5 * first, losses)
 
 
 class DDPExampleTest(unittest.TestCase):

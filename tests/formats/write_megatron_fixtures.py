@@ -70,6 +70,15 @@ def main():
     code = [[[rng.randrange(65000) for _ in range(rng.choice([2, 5, 40, 200]))]
              for _ in range(rng.randrange(1, 3))] for _ in range(45)]
     write(out, "code_uint16", numpy.uint16, code)
+    # A corpus a tiny language model can learn (tests/client/lm_test.py):
+    # each document counts up from a random start, modulo 63, in tokens 1
+    # to 63 (0 is the end-of-document and padding token).
+    rng = random.Random(38)
+    lm = []
+    for _ in range(400):
+        start, length = rng.randrange(63), rng.randrange(3, 121)
+        lm.append([[1 + (start + i) % 63 for i in range(length)]])
+    write(out, "lm_uint16", numpy.uint16, lm)
 
 
 if __name__ == "__main__":

@@ -179,7 +179,10 @@ _meshes_lock = threading.Lock()
 def mesh(batch):
     """The job's mesh as a ``jax.sharding.Mesh`` over every process's devices:
     ``mesh.devices.flat[g]`` is the job's global device ``g``. The first call
-    for a job is a collective in multi-process runs (every process makes it)."""
+    for a job is a collective in multi-process runs (every process makes it).
+    A batch of named fields has one mesh for all of them."""
+    if _named_fields(batch):
+        batch = _FieldView(batch, batch.fields[0])
     return _mesh_of(batch)
 
 
