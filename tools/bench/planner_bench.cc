@@ -277,11 +277,83 @@ int MixtureSection(bool quick) {
   return 0;
 }
 
+// 6. Rows of tokens (spec.tokens): building the rows of a corpus (what a
+// start or a resume of a job costs before its first plan), in tokens per
+// second on one core (the target: 10 M tokens/s), and one process's
+// step plan at step 0 and at step 10^6 (a resume far into the job costs no
+// more than a fresh start: the rows are not walked up to the step).
+int RowsSection(bool quick) {
+  const uint64_t docs = quick ? 600'000 : 3'000'000;
+  planner::JobSpec base = BigMeshSpec();
+  base.dataset.format = planner::DatasetFormat::kMegatronIndexed;
+  base.dataset.uri = "/datasets/corpus";
+  base.dataset.dtype.reset();
+  base.dataset.sequence_length = 0;
+  base.dataset.samples.reset();
+  auto corpus = CorpusIndex(base.dataset, docs);
+  if (!corpus.ok()) return 1;
+  uint64_t tokens = 0;
+  for (uint64_t i = 0; i < corpus->num_samples(); ++i) tokens += corpus->SampleBytes(i) / 2;
+  std::printf("\nrows of tokens from %.1f M MegatronIndexed documents (%.2f G tokens, mean %.0f), rows of 2,048 tokens,\n"
+              "window 1,024 documents, same mesh, B = 65,536 rows\n",
+              static_cast<double>(docs) / 1e6, static_cast<double>(tokens) / 1e9,
+              static_cast<double>(tokens) / static_cast<double>(docs));
+  for (planner::TokensMode mode : {planner::TokensMode::kPack, planner::TokensMode::kConcatenate}) {
+    planner::JobSpec spec = base;
+    planner::TokensSpec t;
+    t.mode = mode;
+    t.sequence_length = 2048;
+    t.end_of_document = planner::EndOfDocument{0, planner::EodAppend::kAlways};
+    spec.tokens = t;
+    Diagnostics d;
+    auto valid = planner::ValidateJob(spec, d);
+    if (!valid.ok()) {
+      std::fprintf(stderr, "spec: %s\n", d.ToString().c_str());
+      return 1;
+    }
+    std::optional<planner::ShardPlanner> planner;
+    const double build = BestSeconds(quick ? 1 : 3, [&] {
+      planner::ResolveOptions o;
+      o.index = *corpus;
+      auto job = planner::ResolveJob(*valid, o, d);
+      if (job.ok()) planner.emplace(std::move(*job));
+    });
+    if (!planner) {
+      std::fprintf(stderr, "rows did not resolve: %s\n", d.ToString().c_str());
+      return 1;
+    }
+    const int reps = quick ? 10 : 40;
+    auto plan_at = [&](int64_t first) {
+      return BestSeconds(3, [&] {
+               for (int r = 0; r < reps; ++r) {
+                 g_sink = planner->PlanStep(first + r, planner->DefaultLoading(), (r * 797) % 2048,
+                                            planner::ShardPlanner::Detail::kSamples)
+                              .devices.size();
+               }
+             }) /
+             reps;
+    };
+    const double at0 = plan_at(0), at_million = plan_at(1'000'000);
+    std::printf("  %-11s %.2f M rows built in %.2f s on one core: %.0f M tokens/s (target >= 10 M: %.1fx)\n",
+                mode == planner::TokensMode::kPack ? "Pack" : "Concatenate",
+                static_cast<double>(planner->job().samples) / 1e6, build, static_cast<double>(tokens) / build / 1e6,
+                static_cast<double>(tokens) / build / 10e6);
+    std::printf("              one process's step plan: %.3f ms at step 0, %.3f ms at step 1,000,000 (%.2fx;\n"
+                "              a resume costs the build and one plan, whatever the step)\n",
+                at0 * 1e3, at_million * 1e3, at_million / at0);
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   bool quick = false;
-  FlagParser flags("", "usage: planner_bench [--quick]\n", "planner_bench");
+  std::string only;
+  FlagParser flags("", "usage: planner_bench [--quick] [--only rows]\n", "planner_bench");
   flags.Bool({"--quick"}, &quick);
+  flags.String({"--only"}, &only);
   if (int rc = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); rc >= 0) return rc;
+  if (only == "rows") return RowsSection(quick);
+  if (!only.empty()) return UsageError("--only: no section named " + only + " (rows)", "planner_bench");
   const uint64_t n_eval = quick ? 2'000'000 : 20'000'000;
   const int reps = quick ? 1 : 3;
 
@@ -378,7 +450,8 @@ int Main(int argc, char** argv) {
   std::printf("whole-mesh --compare summary (8 strategy/fan-out costs over 2048 processes)\n");
   std::printf("  %8.1f ms  (%.3fx the 1 s budget)\n", cmp * 1e3, cmp);
   if (int rc = BalanceSection(quick); rc != 0) return rc;
-  return MixtureSection(quick);
+  if (int rc = MixtureSection(quick); rc != 0) return rc;
+  return RowsSection(quick);
 }
 
 }  // namespace
