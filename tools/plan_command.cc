@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -33,6 +34,7 @@ options:
                          (default: spec.resume.step)
   --process P            only process P: its devices, reads and transfers
   --format table|json    output format (default table)
+  --json                 the same as --format json
   --compare              cost of every strategy and fan-out for this mesh
   --full                 table: print every sample id (default: first 12)
   --log-level LEVEL      debug, info, warn, error, off (env MESHLOAD_LOG_LEVEL)
@@ -767,7 +769,10 @@ int RunPlan(const std::vector<std::string>& args) {
   flags.OptionalString({"--steps"}, &steps_text);
   flags.OptionalInt({"--samples"}, &opt.samples);
   flags.OptionalInt({"--process"}, &opt.process);
-  flags.String({"--format"}, &opt.format);
+  std::optional<std::string> format_flag;
+  flags.OptionalString({"--format"}, &format_flag);
+  bool json_flag = false;
+  flags.Bool({"--json"}, &json_flag);
   flags.Bool({"--compare"}, &opt.compare);
   flags.Bool({"--full"}, &opt.full);
   std::string log_level;
@@ -780,8 +785,13 @@ int RunPlan(const std::vector<std::string>& args) {
   if (opt.compare && opt.process) {
     return UsageError("--compare covers the whole mesh; it cannot be combined with --process");
   }
+  if (format_flag) opt.format = *format_flag;
   if (opt.format != "table" && opt.format != "json") {
     return UsageError("--format: expected table or json, got '" + opt.format + "'");
+  }
+  if (json_flag) {
+    if (opt.format != "json" && format_flag) return UsageError("--json contradicts --format " + opt.format);
+    opt.format = "json";
   }
 
   // The job, loaded and validated once (every problem in the spec at once);

@@ -140,4 +140,12 @@ assert sorted(documented) == sorted(formats), (documented, formats)
 PYEOF
 check "plan-json.md lists every dataset format" $?
 
+# --json is --format json; with another --format it is a usage error.
+"$BIN" plan -f "$JOB" --json --steps 2:3 >"$TMP/plan-json-flag.json" 2>"$TMP/err-json"; rc=$?
+[ $rc -eq 0 ] && "$BIN" plan -f "$JOB" --format json --steps 2:3 | cmp -s - "$TMP/plan-json-flag.json"
+check "--json prints what --format json prints" $?
+"$BIN" plan -f "$JOB" --json --format table >/dev/null 2>"$TMP/err-json2"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--json contradicts --format table" "$TMP/err-json2"
+check "--json with --format table is a usage error" $?
+
 finish
