@@ -101,8 +101,12 @@ Result<std::vector<MdsShard>> ParseMdsIndex(std::string_view json, std::string_v
       col.name = names[c].get<std::string>();
       col.encoding = encodings[c].get<std::string>();
       if (!IsMdsEncoding(col.encoding)) {
+        std::string known;
+        for (const Known& k : kEncodings) known += (known.empty() ? "" : ", ") + std::string(k.name);
         return error(at + ".column_encodings" + cat,
-                     "unknown MDS encoding '" + col.encoding + "' (column '" + col.name + "')");
+                     "unknown MDS encoding '" + col.encoding + "' (column '" + col.name +
+                         "'); meshload reads the encodings Streaming's MDSWriter writes (" + known +
+                         ", and ndarray:<dtype>[:<shape>]): write the column with one of them");
       }
       if (!sizes[c].is_null()) {
         if (!sizes[c].is_number_unsigned() || sizes[c].get<uint64_t>() > UINT32_MAX) {

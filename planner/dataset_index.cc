@@ -163,13 +163,17 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
           continue;
         }
         const formats::DType dt = formats::ToDType(m->dtype);
+        // The dtype is the .idx's code at byte 17 (formats/megatron_index.h).
+        const std::string dtype_at =
+            (p.size() > 4 && p.compare(p.size() - 4, 4, ".bin") == 0 ? p.substr(0, p.size() - 4) + ".idx" : p) + "@17";
         if (spec.dtype && *spec.dtype != dt) {
-          diags.Add(p, "the index says its dtype is " + std::string(m->dtype.name) + " but spec.dataset.dtype is " +
-                           std::string(formats::DTypeName(*spec.dtype)));
+          diags.Add(dtype_at, "the index says its dtype is " + std::string(m->dtype.name) +
+                                  " but spec.dataset.dtype is " + std::string(formats::DTypeName(*spec.dtype)));
         }
         if (!idx.files_.empty() && idx.dtype_ != dt) {
-          diags.Add(p, "holds " + std::string(m->dtype.name) + " elements, but " + idx.files_.front().path + " holds " +
-                           std::string(formats::DTypeName(idx.dtype_)) + "; every file of a dataset must agree");
+          diags.Add(dtype_at, "holds " + std::string(m->dtype.name) + " elements, but " + idx.files_.front().path +
+                                  " holds " + std::string(formats::DTypeName(idx.dtype_)) +
+                                  "; every file of a dataset must agree");
           continue;
         }
         idx.dtype_ = dt;

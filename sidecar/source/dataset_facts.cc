@@ -326,13 +326,31 @@ Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, So
   } else {
     index = IndexDataset(spec.dataset, sources, index_diags);
   }
-  if (!index.ok() && unreachable == Unreachable::kUseDeclaredSamples && declared) {
+  // Data that could not be reached (missing here, refused, down) may be
+  // planned from its declared size; data that was read and is wrong is an
+  // error everywhere, as the sidecar will find it, and no size fixes it.
+  const StatusCode failed = index.ok() ? StatusCode::kOk : index.status().code();
+  const bool out_of_reach = !index.ok() && index_diags.ok() &&
+                            (failed == StatusCode::kNotFound || failed == StatusCode::kUnavailable ||
+                             failed == StatusCode::kFailedPrecondition || failed == StatusCode::kDeadlineExceeded ||
+                             failed == StatusCode::kIoError);
+  if (out_of_reach && unreachable == Unreachable::kUseDeclaredSamples && declared) {
     return planner::ResolveJob(job, options, diags);  // planned from the declared samples
   }
   for (const auto& p : index_diags.problems()) diags.Add(p.path, p.message);
-  if (!index.ok()) {
+  const auto names_a_dataset = [&](const std::string& where) {
+    for (const planner::DatasetSpec& ds : planner::JobDatasets(spec)) {
+      if (ds.uri == where) return true;
+    }
+    return false;
+  };
+  if (!index.ok() && !out_of_reach && !index.status().location().empty() &&
+      !names_a_dataset(index.status().location()) && index_diags.ok()) {
+    // What was read is wrong: the file (and byte) it names is where to look.
+    diags.Add(index.status().location(), index.status().message());
+  } else if (!index.ok()) {
     diags.Add(failed_path, index.status().ToString() +
-                               (unreachable == Unreachable::kFail
+                               (unreachable == Unreachable::kFail || !out_of_reach
                                     ? std::string()
                                     : "; make the data reachable from here, or give its size with " + size_hint));
     // Storage that refuses or cannot be reached keeps its code: callers

@@ -294,10 +294,11 @@ int RowsSection(bool quick) {
   if (!corpus.ok()) return 1;
   uint64_t tokens = 0;
   for (uint64_t i = 0; i < corpus->num_samples(); ++i) tokens += corpus->SampleBytes(i) / 2;
-  std::printf("\nrows of tokens from %.1f M MegatronIndexed documents (%.2f G tokens, mean %.0f), rows of 2,048 tokens,\n"
-              "window 1,024 documents, same mesh, B = 65,536 rows\n",
-              static_cast<double>(docs) / 1e6, static_cast<double>(tokens) / 1e9,
-              static_cast<double>(tokens) / static_cast<double>(docs));
+  std::printf(
+      "\nrows of tokens from %.1f M MegatronIndexed documents (%.2f G tokens, mean %.0f), rows of 2,048 tokens,\n"
+      "window 1,024 documents, same mesh, B = 65,536 rows\n",
+      static_cast<double>(docs) / 1e6, static_cast<double>(tokens) / 1e9,
+      static_cast<double>(tokens) / static_cast<double>(docs));
   for (planner::TokensMode mode : {planner::TokensMode::kPack, planner::TokensMode::kConcatenate}) {
     planner::JobSpec spec = base;
     planner::TokensSpec t;
@@ -324,13 +325,15 @@ int RowsSection(bool quick) {
     }
     const int reps = quick ? 10 : 40;
     auto plan_at = [&](int64_t first) {
-      return BestSeconds(3, [&] {
-               for (int r = 0; r < reps; ++r) {
-                 g_sink = planner->PlanStep(first + r, planner->DefaultLoading(), (r * 797) % 2048,
-                                            planner::ShardPlanner::Detail::kSamples)
-                              .devices.size();
-               }
-             }) /
+      return BestSeconds(3,
+                         [&] {
+                           for (int r = 0; r < reps; ++r) {
+                             g_sink = planner
+                                          ->PlanStep(first + r, planner->DefaultLoading(), (r * 797) % 2048,
+                                                     planner::ShardPlanner::Detail::kSamples)
+                                          .devices.size();
+                           }
+                         }) /
              reps;
     };
     const double at0 = plan_at(0), at_million = plan_at(1'000'000);
@@ -338,9 +341,10 @@ int RowsSection(bool quick) {
                 mode == planner::TokensMode::kPack ? "Pack" : "Concatenate",
                 static_cast<double>(planner->job().samples) / 1e6, build, static_cast<double>(tokens) / build / 1e6,
                 static_cast<double>(tokens) / build / 10e6);
-    std::printf("              one process's step plan: %.3f ms at step 0, %.3f ms at step 1,000,000 (%.2fx;\n"
-                "              a resume costs the build and one plan, whatever the step)\n",
-                at0 * 1e3, at_million * 1e3, at_million / at0);
+    std::printf(
+        "              one process's step plan: %.3f ms at step 0, %.3f ms at step 1,000,000 (%.2fx;\n"
+        "              a resume costs the build and one plan, whatever the step)\n",
+        at0 * 1e3, at_million * 1e3, at_million / at0);
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdint>
 #include <fstream>
 #include <iterator>
@@ -357,8 +358,9 @@ TEST(IndexDataset, AMegatronDirectoryIsItsPairsInNameOrderAndAnUnpairedFileIsNam
   Diagnostics d;
   auto mixed = Index(Megatron(dir.path()), d);
   EXPECT_FALSE(d.ok());
-  EXPECT_THAT(d.ToString(), AllOf(HasSubstr("b.bin: holds uint16 elements, but " + dir.path() + "/a.bin holds uint8"),
-                                  HasSubstr("every file of a dataset must agree")));
+  EXPECT_THAT(d.ToString(),
+              AllOf(HasSubstr("b.idx@17: holds uint16 elements, but " + dir.path() + "/a.bin holds uint8"),
+                    HasSubstr("every file of a dataset must agree")));
   // Same dtype: a.* is now uint16 too.
   for (const char* ext : {".idx", ".bin"})
     dir.Write(std::string("a") + ext, SlurpFile(kMegatron + "tokens_uint16" + ext));
@@ -403,7 +405,8 @@ TEST(IndexDataset, ADamagedMegatronDatasetIsAnErrorNamingTheFileAndByte) {
   wrong.dtype = formats::DType::kInt32;
   Diagnostics dtype;
   EXPECT_FALSE(Index(wrong, dtype).ok() && dtype.ok());
-  EXPECT_THAT(dtype.ToString(), HasSubstr("the index says its dtype is uint16 but spec.dataset.dtype is int32"));
+  EXPECT_THAT(dtype.ToString(), HasSubstr(dir.path() + "/t.idx@17: the index says its dtype is uint16 but "
+                                                       "spec.dataset.dtype is int32"));
   Diagnostics none;
   EXPECT_THAT(Index(Megatron(dir.path() + "/nothing"), none).status().code(), StatusCode::kNotFound);
 }
@@ -436,6 +439,59 @@ TEST(ResolveWithSources, LocalFilesAreIndexedAndUnreachableDataFallsBackOnlyWhen
   EXPECT_FALSE(
       ResolveWithSources(meshload::testing::MustValidate(spec), *sources, {}, Unreachable::kFail, failed).ok());
   EXPECT_THAT(failed.ToString(), HasSubstr("spec.dataset.uri"));
+}
+
+// Declared samples stand in for data that cannot be reached from here, never
+// for data that was read and is wrong: a damaged Megatron index or an MDS
+// index with an encoding meshload does not read is an error (as the sidecar
+// will find it), named by its file and byte, without advice to declare a
+// size that would not fix it.
+TEST(ResolveWithSources, DataThatWasReadAndIsWrongIsAnErrorEvenWithDeclaredSamples) {
+  TempDir dir;
+  const std::string src = std::string(MESHLOAD_FORMATS_DATA) + "/megatron/tokens_uint16";
+  std::ifstream idx_in(src + ".idx", std::ios::binary), bin_in(src + ".bin", std::ios::binary);
+  std::string idx((std::istreambuf_iterator<char>(idx_in)), {}), bin((std::istreambuf_iterator<char>(bin_in)), {});
+  idx.replace(0, 4, "XXXX");
+  dir.Write("d.idx", idx);
+  dir.Write("d.bin", bin);
+  planner::JobSpec spec;
+  spec.mesh.processes = 1;
+  spec.mesh.devices_per_process = 1;
+  spec.mesh.axes = {{"data", 1}};
+  spec.dataset = Megatron(dir.path() + "/d");
+  spec.dataset.samples = 40;
+  spec.batch.global_batch_size = 4;
+  auto sources = SourceRegistry::WithBuiltins({});
+  Diagnostics d;
+  auto job =
+      ResolveWithSources(meshload::testing::MustValidate(spec), *sources, {}, Unreachable::kUseDeclaredSamples, d);
+  EXPECT_FALSE(job.ok()) << "a damaged index was planned from the declared samples";
+  EXPECT_THAT(d.ToString(), HasSubstr(dir.path() + "/d.idx@0: not a Megatron indexed dataset index"));
+  EXPECT_THAT(d.ToString(), ::testing::Not(HasSubstr("make the data reachable")));
+
+  // An MDS column of an encoding meshload does not read: the index.json names it.
+  TempDir mds;
+  const std::string raw = std::string(MESHLOAD_FORMATS_DATA) + "/mds/raw";
+  for (const auto& e : std::filesystem::directory_iterator(raw)) {
+    std::filesystem::copy_file(e.path(), mds.path() + "/" + e.path().filename().string());
+  }
+  std::ifstream in(mds.path() + "/index.json");
+  nlohmann::json index = nlohmann::json::parse(in);
+  index["shards"][0]["column_encodings"][0] = "bogus";
+  std::ofstream(mds.path() + "/index.json") << index.dump();
+  planner::JobSpec m = spec;
+  m.dataset = planner::DatasetSpec{};
+  m.dataset.uri = mds.path();
+  m.dataset.format = planner::DatasetFormat::kMDS;
+  m.dataset.fields = {planner::DatasetField{"label", formats::DType::kInt64}};
+  m.dataset.samples = 10;
+  Diagnostics md;
+  EXPECT_FALSE(
+      ResolveWithSources(meshload::testing::MustValidate(m), *sources, {}, Unreachable::kUseDeclaredSamples, md).ok());
+  EXPECT_THAT(md.ToString(), HasSubstr(mds.path() + "/index.json: shards[0].column_encodings[0]: unknown MDS "
+                                                    "encoding 'bogus'"));
+  EXPECT_THAT(md.ToString(), ::testing::Not(HasSubstr("spec.dataset.uri")));
+  EXPECT_THAT(md.ToString(), ::testing::Not(HasSubstr("make the data reachable")));
 }
 
 TEST(ResolveWithSources, AMixtureDatasetThatCannotBeReadIsToldToDeclareItsOwnSamples) {
