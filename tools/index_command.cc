@@ -203,8 +203,11 @@ int RunIndex(const std::vector<std::string>& args) {
       Status st = bytes.ok() ? WriteWhole(s.index_path, *bytes) : bytes.status();
       if (!st.ok()) {
         ++failed;
+        // A damaged shard gets no index: one left from before describes
+        // bytes the shard no longer has (--force got here past it).
+        const bool removed = !bytes.ok() && LocalFileExists(s.index_path) && ::unlink(s.index_path.c_str()) == 0;
         say("[" + std::to_string(++done) + "/" + std::to_string(shards.size()) + "] " + shown +
-            ": cannot index: " + st.ToString());
+            ": cannot index: " + st.ToString() + (removed ? "; its old index removed" : ""));
         continue;
       }
       say("[" + std::to_string(++done) + "/" + std::to_string(shards.size()) + "] " + shown + ": " +

@@ -46,6 +46,19 @@ rc=$?
   grep -q "1 indexed, 0 had an index, 1 failed" "$TMP/bad.out"
 check "a damaged shard is named with its byte, gets no index, and the others are indexed (exit 1)" $?
 [ $rc -eq 1 ] || cat "$TMP/bad.out"
+# --force over a shard that had an index and is damaged now: the old index,
+# which describes other bytes, is removed, not left to be read.
+mkdir -p "$TMP/stale"
+cp "$DATA/shard-000001.tar" "$TMP/stale/shard.tar"
+"$ML" index "$TMP/stale" >/dev/null 2>&1
+[ -s "$TMP/stale/shard.tar.idx" ]
+check "a shard indexed before it is damaged" $?
+printf '\x7f' | dd of="$TMP/stale/shard.tar" bs=1 seek=$((1024 + 10)) conv=notrunc status=none
+"$ML" index --force "$TMP/stale" >"$TMP/stale.out" 2>&1
+rc=$?
+[ $rc -eq 1 ] && [ ! -e "$TMP/stale/shard.tar.idx" ] && grep -q "its old index removed" "$TMP/stale.out"
+check "--force on a damaged shard removes its old index (exit 1)" $?
+[ $rc -eq 1 ] || cat "$TMP/stale.out"
 
 mkdir -p "$TMP/out"
 "$ML" index --output "$TMP/out" "$DATA/shard-000000.tar" >"$TMP/out.out" 2>&1 &&
