@@ -148,4 +148,17 @@ check "--json prints what --format json prints" $?
 [ $rc -eq 2 ] && grep -q -- "--json contradicts --format table" "$TMP/err-json2"
 check "--json with --format table is a usage error" $?
 
+# docs/crd-reference.md's examples of dataset.format errors are what
+# meshload prints (the formats listed are every format).
+sed 's/    format: TokenStream/    format: npy/' "$JOB" >"$TMP/npy.yaml"
+"$BIN" plan -f "$TMP/npy.yaml" >/dev/null 2>"$TMP/err-npy"
+sed '/    format: TokenStream/d' "$JOB" >"$TMP/noformat.yaml"
+"$BIN" plan -f "$TMP/noformat.yaml" >/dev/null 2>"$TMP/err-noformat"
+unknown=$(grep -o "spec.dataset.format: unknown value 'npy' (did you mean Npy?); expected one of [A-Za-z, ]*[A-Za-z]" \
+  "$TMP/err-npy")
+missing=$(grep -o "spec.dataset.format: required field is missing; one of [A-Za-z, ]*" "$TMP/err-noformat")
+[ -n "$unknown" ] && [ -n "$missing" ] && grep -qF "$unknown (line" "$ROOT/docs/crd-reference.md" &&
+  grep -qxF "$missing" "$ROOT/docs/crd-reference.md"
+check "crd-reference.md's dataset.format errors are meshload's" $?
+
 finish

@@ -68,9 +68,13 @@ Public names:
         .next(timeout=None) -> Batch, iteration, context manager, .close(),
         .next_step, .reconnects, .job, .process, .devices, .mesh, .slots,
         .steps_per_epoch, .global_batch, .socket_path, .closed
-    Batch: .step, .tensors, .wait_seconds, .slot, .mesh, .job, .process
+    Batch: .step, .tensors, .wait_seconds, .slot, .mesh, .job, .process,
+        .fields, .field(name)
         (.tensors: a Tensor per local device, or a Ragged when the job's
-        samples differ in size)
+        samples differ in size; for WebDataset, MDS and packed rows of
+        tokens a dict from field name to its Tensor or Ragged per device;
+        .fields: the field names, ('',) for one tensor; .field(name): that
+        field's tensor per local device)
     JobMesh: .processes, .devices_per_process, .axes, .batch_axes
     Tensor: .shape, .dtype, .nbytes, .ndim, .global_device, .ids_checksum,
         .device, .step, .data_ptr, __dlpack__(), __dlpack_device__()
