@@ -358,7 +358,13 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
       }
       if (e.filling) {
         // Another thread fetches it (a miss for this read too), or verifies
-        // the file it found on disk (then a hit).
+        // the file it found on disk (then a hit). Its filler may be waiting
+        // for room for a later step: this step needs the block too.
+        const int64_t mine = want == Want::kRead && next_use < 0 ? passed_ + 1 : next_use;
+        if (mine >= 0) {
+          AddUse(e, mine);
+          room_changed_.NotifyAll();
+        }
         waited = waited || e.disk_bytes == 0;
         filled_.Wait(mu_);
         continue;
@@ -450,17 +456,24 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
   {
     MutexLock lock(mu_);
     if (NowNs() >= refused_until_ns_) {
-      room = MakeRoom(len + kTrailerBytes, next_use);
+      // The block is needed as soon as its earliest known use: another
+      // step's (the fetch-ahead noted it) may come before this read's.
+      auto needed_at = [&] {
+        auto it = entries_.find(id);
+        const int64_t earliest = it == entries_.end() ? -1 : NextUse(it->second);
+        return earliest >= 0 && (next_use < 0 || earliest < next_use) ? earliest : next_use;
+      };
+      room = MakeRoom(len + kTrailerBytes, needed_at());
       // A read for step t whose room is held by blocks that earlier steps
       // still need: those steps are being read now (the cache learns when
-      // they pass, SetPassed). Waiting for them, up to kRoomWait, stores
-      // the block; fetching it now could not, and the next reads of it
-      // would fetch it again.
+      // they pass, SetPassed, or when one of them asks for this block too).
+      // Waiting for them, up to kRoomWait, stores the block; fetching it
+      // now could not, and the next reads of it would fetch it again.
       const auto deadline = std::chrono::steady_clock::now() + kRoomWait;
-      while (!room && want == Want::kRead && next_use >= 0 && passed_ < next_use - 1 &&
+      while (!room && want == Want::kRead && needed_at() >= 0 && passed_ < needed_at() - 1 &&
              std::chrono::steady_clock::now() < deadline) {
-        passed_changed_.WaitUntil(mu_, deadline);
-        room = MakeRoom(len + kTrailerBytes, next_use);
+        room_changed_.WaitUntil(mu_, deadline);
+        room = MakeRoom(len + kTrailerBytes, needed_at());
       }
       if (room) used_ += len + kTrailerBytes;  // reserved while it is filled
     }
@@ -627,7 +640,7 @@ void BlockCache::SetPassed(int64_t step) {
     if (step <= passed_) return;
     passed_ = step;
   }
-  passed_changed_.NotifyAll();
+  room_changed_.NotifyAll();
 }
 
 uint64_t BlockCache::resident_bytes() const {

@@ -239,8 +239,8 @@ class BlockCache {
   mutable BlockCacheCounters counters_;
 
   mutable Mutex mu_;
-  CondVar filled_;          // an entry's `filling` went false
-  CondVar passed_changed_;  // passed_ grew
+  CondVar filled_;        // an entry's `filling` went false
+  CondVar room_changed_;  // passed_ grew, or a step asked for a block being filled
   // The longest a read waits for earlier steps to pass and leave it room.
   static constexpr std::chrono::milliseconds kRoomWait{2000};
   std::unordered_map<BlockId, Entry, BlockIdHash> entries_ MESHLOAD_GUARDED_BY(mu_);

@@ -241,6 +241,32 @@ TEST(BlockCache, AReadWaitsForEarlierStepsToPassAndStoresItsBlock) {
   EXPECT_EQ(f.calls.load(), 3) << "not fetched again";
 }
 
+// The read that waits for room for step 12 learns that step 11, still
+// being read, asks for the same block: the block is needed as soon as the
+// blocks in its way, so it takes their room at once, with no wait for step
+// 11 to pass (which could not happen while step 11 waits for this block).
+TEST(BlockCache, AReadWaitingForRoomStopsWaitingWhenAnEarlierStepAsksForItsBlock) {
+  TempDir dir;
+  const uint64_t len = 10000;
+  auto cache = MustOpen(dir.path(), 2 * (len + BlockCache::kTrailerBytes));
+  CountingFetch f;
+  f.bytes = Pattern(len, 6);
+  auto id = [](uint64_t i) { return BlockId{44, i}; };
+  cache->SetPassed(10);
+  ASSERT_OK(cache->Get(id(0), len, f.Get(), 11, BlockCache::Want::kAhead));
+  ASSERT_OK(cache->Get(id(1), len, f.Get(), 11, BlockCache::Want::kAhead));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread later([&] { ASSERT_OK(cache->Get(id(2), len, f.Get(), 12, BlockCache::Want::kRead)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto earlier = cache->Get(id(2), len, f.Get(), 11, BlockCache::Want::kRead);
+  later.join();
+  ASSERT_OK(earlier);
+  EXPECT_EQ(BytesOf(*earlier), f.bytes);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500)) << "it waited for its 2 s";
+  EXPECT_TRUE(cache->Contains(id(2)));
+  EXPECT_EQ(f.calls.load(), 3) << "fetched once";
+}
+
 TEST(BlockCache, BlocksFoundOnDiskAreEvictedLeastRecentlyUsedFirst) {
   TempDir dir;
   const uint64_t len = 10000, disk = len + BlockCache::kTrailerBytes;
