@@ -52,10 +52,11 @@ cmake --build build-asan -j "$JOBS"
 # The control-plane harness's own check and the chart's on the control plane
 # (scripts, helm and kubectl only, no C++ of ours) run in the release
 # configuration alone, as do the pip package's test (it builds its own,
-# uninstrumented) and the JAX tests (JAX's runtime in an interpreter without
-# the sanitizer runtimes; python.client covers the instrumented module).
+# uninstrumented) and the JAX tests, python.jax and python.lm (JAX's runtime
+# in an interpreter without the sanitizer runtimes; python.client covers the
+# instrumented module).
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -j "$JOBS" -E '^(controlplane\.check|charts\.cluster|cluster\.e2e|python\.package|python\.jax)$')
+  ctest --output-on-failure -j "$JOBS" -E '^(controlplane\.check|charts\.cluster|cluster\.e2e|python\.package|python\.jax|python\.lm)$')
 
 step "libFuzzer build (clang, ${FUZZ_SECONDS}s per target)"
 CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHLOAD_FUZZ=ON \
