@@ -456,24 +456,17 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
   {
     MutexLock lock(mu_);
     if (NowNs() >= refused_until_ns_) {
-      // The block is needed as soon as its earliest known use: another
-      // step's (the fetch-ahead noted it) may come before this read's.
-      auto needed_at = [&] {
-        auto it = entries_.find(id);
-        const int64_t earliest = it == entries_.end() ? -1 : NextUse(it->second);
-        return earliest >= 0 && (next_use < 0 || earliest < next_use) ? earliest : next_use;
-      };
-      room = MakeRoom(len + kTrailerBytes, needed_at());
+      room = MakeRoom(len + kTrailerBytes, NeededAt(id, next_use));
       // A read for step t whose room is held by blocks that earlier steps
       // still need: those steps are being read now (the cache learns when
       // they pass, SetPassed, or when one of them asks for this block too).
       // Waiting for them, up to kRoomWait, stores the block; fetching it
       // now could not, and the next reads of it would fetch it again.
       const auto deadline = std::chrono::steady_clock::now() + kRoomWait;
-      while (!room && want == Want::kRead && needed_at() >= 0 && passed_ < needed_at() - 1 &&
+      while (!room && want == Want::kRead && NeededAt(id, next_use) >= 0 && passed_ < NeededAt(id, next_use) - 1 &&
              std::chrono::steady_clock::now() < deadline) {
         room_changed_.WaitUntil(mu_, deadline);
-        room = MakeRoom(len + kTrailerBytes, needed_at());
+        room = MakeRoom(len + kTrailerBytes, NeededAt(id, next_use));
       }
       if (room) used_ += len + kTrailerBytes;  // reserved while it is filled
     }
@@ -617,6 +610,14 @@ bool BlockCache::SetNextUse(const BlockId& id, int64_t step) {
   Entry& e = entries_[id];
   AddUse(e, step);
   return e.disk_bytes > 0 && !e.filling;
+}
+
+int64_t BlockCache::NeededAt(const BlockId& id, int64_t next_use) {
+  // The block is needed as soon as its earliest known use: another step's
+  // (the fetch-ahead noted it, or a read waits for it) may come first.
+  auto it = entries_.find(id);
+  const int64_t earliest = it == entries_.end() ? -1 : NextUse(it->second);
+  return earliest >= 0 && (next_use < 0 || earliest < next_use) ? earliest : next_use;
 }
 
 int64_t BlockCache::NextUse(Entry& e) const {

@@ -226,6 +226,9 @@ class BlockCache {
   // The first step after the passed ones that reads `e` (-1: none known),
   // dropping the passed ones.
   int64_t NextUse(Entry& e) const MESHLOAD_REQUIRES(mu_);
+  // The earliest step that needs block `id`: its earliest noted use, or
+  // `next_use` when that comes first (or none is noted).
+  int64_t NeededAt(const BlockId& id, int64_t next_use) MESHLOAD_REQUIRES(mu_);
   // Notes that step `step` reads `e` (at most kMaxUses are kept, the
   // nearest).
   void AddUse(Entry& e, int64_t step) const MESHLOAD_REQUIRES(mu_);
