@@ -79,6 +79,17 @@ planner::JobSpec BigMeshSpec() {
 // A MegatronIndexed corpus of `n` uint16 documents with a long tail of
 // lengths (most 128 to 2,048 tokens, one in 16 up to 16,384), indexed as
 // if its .idx had been read: the balancing's input at scale.
+// BigMeshSpec over a MegatronIndexed dataset at `uri` (sizes from its index).
+planner::JobSpec MegatronBigMeshSpec(const std::string& uri) {
+  planner::JobSpec spec = BigMeshSpec();
+  spec.dataset.format = planner::DatasetFormat::kMegatronIndexed;
+  spec.dataset.uri = uri;
+  spec.dataset.dtype.reset();
+  spec.dataset.sequence_length = 0;
+  spec.dataset.samples.reset();
+  return spec;
+}
+
 Result<planner::DatasetIndex> CorpusIndex(const planner::DatasetSpec& spec, uint64_t n) {
   formats::MegatronIndex index;
   formats::MegatronDTypeOf(8, index.dtype);  // uint16
@@ -120,13 +131,8 @@ int BalanceSection(bool quick) {
       "MegatronIndexed corpus of %.0f M documents of 128..16,384 tokens (long tail)\n",
       static_cast<double>(docs) / 1e6);
   for (bool all_axes : {false, true}) {
-    planner::JobSpec spec = BigMeshSpec();
+    planner::JobSpec spec = MegatronBigMeshSpec("/datasets/corpus");
     if (all_axes) spec.mesh.batch_axes = {"data", "fsdp", "tensor"};
-    spec.dataset.format = planner::DatasetFormat::kMegatronIndexed;
-    spec.dataset.uri = "/datasets/corpus";
-    spec.dataset.dtype.reset();
-    spec.dataset.sequence_length = 0;
-    spec.dataset.samples.reset();
     spec.batch.balance.mode = planner::BalanceMode::kTokens;
     planner::JobSpec plain_spec = spec;
     plain_spec.batch.balance.mode = planner::BalanceMode::kNone;
@@ -208,12 +214,7 @@ int BalanceSection(bool quick) {
 // plans per second (the target: 10 M tokens/s).
 int MixtureSection(bool quick) {
   const uint64_t docs = quick ? 600'000 : 3'000'000;
-  planner::JobSpec spec = BigMeshSpec();
-  spec.dataset.format = planner::DatasetFormat::kMegatronIndexed;
-  spec.dataset.uri = "/datasets/corpora";
-  spec.dataset.dtype.reset();
-  spec.dataset.sequence_length = 0;
-  spec.dataset.samples.reset();
+  planner::JobSpec spec = MegatronBigMeshSpec("/datasets/corpora");
   planner::JobSpec single = spec;
   planner::MixtureSpec mix;
   const char* names[] = {"web", "code", "books"};
@@ -284,12 +285,7 @@ int MixtureSection(bool quick) {
 // more than a fresh start: the rows are not walked up to the step).
 int RowsSection(bool quick) {
   const uint64_t docs = quick ? 600'000 : 3'000'000;
-  planner::JobSpec base = BigMeshSpec();
-  base.dataset.format = planner::DatasetFormat::kMegatronIndexed;
-  base.dataset.uri = "/datasets/corpus";
-  base.dataset.dtype.reset();
-  base.dataset.sequence_length = 0;
-  base.dataset.samples.reset();
+  planner::JobSpec base = MegatronBigMeshSpec("/datasets/corpus");
   auto corpus = CorpusIndex(base.dataset, docs);
   if (!corpus.ok()) return 1;
   uint64_t tokens = 0;

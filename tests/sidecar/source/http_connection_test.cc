@@ -140,21 +140,10 @@ std::string Partial(const std::string& data, uint64_t first, uint64_t last, cons
          extra_headers + "\r\n" + data.substr(first, last - first + 1);
 }
 
-SourceOptions Fast(RecordingObserver* observer) {
-  SourceOptions o;
-  o.connect_timeout = 1000ms;
-  o.read_timeout = 2000ms;
-  o.max_attempts = 3;
-  o.backoff_initial = 1ms;
-  o.backoff_max = 5ms;
-  o.observer = observer;
-  return o;
-}
-
 class PlainHttpTest : public ::testing::Test {
  protected:
   std::unique_ptr<Source> MakeSource() {
-    auto source = MakeHttpSource(Fast(&observer_));
+    auto source = MakeHttpSource(testing::FastOptions(&observer_));
     EXPECT_OK(source);
     return std::move(source).value();
   }

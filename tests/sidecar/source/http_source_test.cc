@@ -21,6 +21,7 @@ namespace meshload::sidecar::source {
 namespace {
 
 using meshload::testing::StatusIs;
+using testing::FastOptions;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::RandomBytes;
@@ -28,18 +29,6 @@ using testing::RecordingObserver;
 using testing::ServeBytes;
 using testing::TestHttpServer;
 using namespace std::chrono_literals;
-
-// Fast retries and short timeouts so that the whole suite stays quick.
-SourceOptions FastOptions(RecordingObserver* observer) {
-  SourceOptions o;
-  o.connect_timeout = 1000ms;
-  o.read_timeout = 2000ms;
-  o.max_attempts = 3;
-  o.backoff_initial = 1ms;
-  o.backoff_max = 5ms;
-  o.observer = observer;
-  return o;
-}
 
 std::unique_ptr<Source> MakeHttp(const SourceOptions& options) {
   auto source = MakeHttpSource(options);

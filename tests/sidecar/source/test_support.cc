@@ -15,6 +15,17 @@
 
 namespace meshload::sidecar::source::testing {
 
+SourceOptions FastOptions(SourceObserver* observer) {
+  SourceOptions o;
+  o.connect_timeout = std::chrono::milliseconds(1000);
+  o.read_timeout = std::chrono::milliseconds(2000);
+  o.max_attempts = 3;
+  o.backoff_initial = std::chrono::milliseconds(1);
+  o.backoff_max = std::chrono::milliseconds(5);
+  o.observer = observer;
+  return o;
+}
+
 std::string RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::string out(n, '\0');

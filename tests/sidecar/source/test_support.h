@@ -26,6 +26,11 @@ using ::meshload::testing::TempDir;
 /// `n` pseudo-random bytes, different for each seed.
 std::string RandomBytes(size_t n, uint64_t seed);
 
+/// Source options with fast retries (3 attempts, 1 to 5 ms apart) and short
+/// timeouts (1 s to connect, 2 s of silence), reporting to `observer`, so
+/// that tests of failures stay quick.
+SourceOptions FastOptions(SourceObserver* observer);
+
 /// Records every callback. Thread-safe.
 class RecordingObserver : public SourceObserver {
  public:
