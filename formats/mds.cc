@@ -145,6 +145,10 @@ Result<std::vector<MdsShard>> ParseMdsIndex(std::string_view json, std::string_v
         return error(at + ".zip_data", "a compressed shard without its file's basename and bytes");
       }
       shard.zip_basename = s["zip_data"]["basename"].get<std::string>();
+      if (shard.zip_basename.empty() || shard.zip_basename.front() == '/' ||
+          shard.zip_basename.find("..") != std::string::npos) {
+        return error(at + ".zip_data.basename", "'" + shard.zip_basename + "' is not a file in the dataset's folder");
+      }
       shard.zip_bytes = s["zip_data"]["bytes"].get<uint64_t>();
     }
     out.push_back(std::move(shard));

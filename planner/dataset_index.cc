@@ -207,6 +207,7 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
           idx.sizes_.push_back((*r)[i + 1] - (*r)[i]);
         }
         f.mds = std::move(facts.mds);
+        f.stored = std::move(facts.stored);
         break;
       }
     }

@@ -51,6 +51,17 @@
 
 namespace meshload::planner {
 
+/// Where a file's bytes are stored when they are not stored as they are
+/// read: the decompression of object `path` (`size` bytes) with
+/// `compression` (formats/compression.h's names). A compressed MDS shard
+/// is read as its raw shard, whose name index.json gives but which no
+/// storage holds.
+struct StoredFile {
+  std::string path;
+  uint64_t size = 0;
+  std::string compression;
+};
+
 struct DatasetFile {
   std::string path;
   uint64_t size = 0;         // bytes on disk
@@ -62,6 +73,9 @@ struct DatasetFile {
   /// MDS: per field of fields(), its column in this shard (-1: none, so
   /// every row lacks it).
   std::vector<int> mds_columns;
+  /// Set when the file is stored compressed: `path` and `size` are then
+  /// the decompressed file's.
+  std::optional<StoredFile> stored;
 };
 
 /// A byte range of one file.
@@ -89,6 +103,9 @@ class DatasetIndex {
     Result<std::vector<uint64_t>> records = Status(StatusCode::kNotFound, "index not read");
     /// MDS: the shard as index.json describes it.
     std::optional<formats::MdsShard> mds;
+    /// Set when `path` (of `size` bytes) is the decompression of another
+    /// object (see DatasetFile::stored).
+    std::optional<StoredFile> stored;
   };
   /// Builds the index from facts about files, in the order given (callers
   /// sort them). Every problem (sizes that are not whole records or tokens,

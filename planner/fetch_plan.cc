@@ -32,10 +32,20 @@ BlockMap::BlockMap(const ResolvedJob& job, const BlockGeometry& geometry) : geom
   for (const DatasetFile& f : ds.files()) sizes_.push_back(f.size);
   starts_.resize(sizes_.size());
   const ShuffleSpec& sh = job.spec.shuffle;
-  if ((sh.mode != ShuffleMode::kBlock && sh.mode != ShuffleMode::kWindow) || ds.token_rows() != nullptr ||
-      !ds.indexed() || sh.block_size < 1) {
-    return;
+  if ((sh.mode == ShuffleMode::kBlock || sh.mode == ShuffleMode::kWindow) && ds.token_rows() == nullptr &&
+      ds.indexed() && sh.block_size >= 1) {
+    AlignToSamplerBlocks(job);
   }
+  // A file stored compressed is one block: it is decompressed whole.
+  for (size_t f = 0; f < sizes_.size(); ++f) {
+    if (ds.files()[f].stored) starts_[f] = {0};
+  }
+}
+
+void BlockMap::AlignToSamplerBlocks(const ResolvedJob& job) {
+  const DatasetIndex& ds = job.dataset;
+  const ShuffleSpec& sh = job.spec.shuffle;
+  const BlockGeometry& geometry = geometry_;
   sample_aligned_ = true;
   const uint64_t b = static_cast<uint64_t>(sh.block_size);
   std::vector<DatasetIndex::Part> parts = ds.parts();

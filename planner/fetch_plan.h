@@ -41,7 +41,9 @@ struct BlockGeometry {
 /// file order (not rows of tokens): then each file's blocks start at the
 /// first byte of each sampler block's samples in it (a mixture's, per
 /// dataset), a block longer than 1.5 × block_bytes cut into round(length /
-/// block_bytes) equal pieces, and the file's first block at 0.
+/// block_bytes) equal pieces, and the file's first block at 0. A file
+/// stored compressed (DatasetFile::stored) is one block whatever its size:
+/// it is decompressed whole.
 class BlockMap {
  public:
   BlockMap(const ResolvedJob& job, const BlockGeometry& geometry);
@@ -56,6 +58,7 @@ class BlockMap {
   const BlockGeometry& geometry() const { return geometry_; }
 
  private:
+  void AlignToSamplerBlocks(const ResolvedJob& job);
   BlockGeometry geometry_;
   std::vector<uint64_t> sizes_;
   std::vector<std::vector<uint64_t>> starts_;

@@ -50,6 +50,7 @@ BUILD_PACKAGES=(
   libyaml-cpp-dev nlohmann-json3-dev
   libcpp-httplib-dev libssl-dev libboost-dev prometheus-cpp-dev
   pybind11-dev python3-dev libdlpack-dev python3-venv libxxhash-dev
+  libzstd-dev zlib1g-dev libbz2-dev libbrotli-dev libsnappy-dev
 )
 # What the tests, fuzzers, analyses and the image builds need on top.
 TEST_PACKAGES=(

@@ -361,25 +361,58 @@ Status Sidecar::InitDeviceStaging() {
 Status Sidecar::InitCache() {
   const planner::ResolvedJob& rj = planner_->job();
   const planner::DatasetCache& spec = rj.spec.dataset.cache;
-  // The dataset's remote objects: those whose source waits on the network.
+  // The dataset's objects read through the cache: those whose source waits
+  // on the network, and every file stored compressed (decompressed into
+  // the cache, whatever its storage).
   source::Source* remote = nullptr;
-  std::vector<std::pair<size_t, std::string>> remote_files;  // (file, object name)
+  struct CachedFile {
+    size_t file;
+    std::string name;         // the source's name for the file
+    std::string stored_name;  // and for its stored object, when it is stored compressed
+  };
+  std::vector<CachedFile> remote_files;
+  bool stored_files = false;
   for (size_t i = 0; i < rj.dataset.files().size(); ++i) {
-    MESHLOAD_ASSIGN_OR_RETURN(auto found, sources_->For(rj.dataset.files()[i].path));
-    if (!found.first->LatencyBound()) continue;
+    const planner::DatasetFile& f = rj.dataset.files()[i];
+    MESHLOAD_ASSIGN_OR_RETURN(auto found, sources_->For(f.path));
+    std::string stored_name;
+    if (f.stored) {
+      MESHLOAD_ASSIGN_OR_RETURN(auto stored, sources_->For(f.stored->path));
+      if (stored.first != found.first) {
+        return InvalidArgument("is on another kind of storage than " + source::RedactUri(f.path),
+                               source::RedactUri(f.stored->path));
+      }
+      stored_name = std::move(stored.second);
+      stored_files = true;
+    } else if (!found.first->LatencyBound()) {
+      continue;
+    }
     if (remote != nullptr && remote != found.first) {
-      return InvalidArgument("the dataset's objects are on more than one kind of remote storage", "spec.dataset.uri");
+      return InvalidArgument(
+          "the dataset's objects read through the cache (remote ones, and files stored compressed) are on more "
+          "than one kind of storage",
+          "spec.dataset.uri");
     }
     remote = found.first;
-    remote_files.emplace_back(i, found.second);
+    remote_files.push_back({i, std::move(found.second), std::move(stored_name)});
   }
   auto set_mode = [this](std::string mode, std::string why) {
     cache_mode_ = std::move(mode);
     cache_reason_ = std::move(why);
     for (const char* m : {"blocks", "direct", "none"}) metrics_->cache_mode.Add({{"mode", m}}).Set(cache_mode_ == m);
   };
-  auto direct = [&](std::string why) {
+  auto direct = [&](std::string why) -> Status {
     set_mode(remote ? "direct" : "none", std::move(why));
+    if (stored_files) {
+      // Without blocks, compressed files are decompressed in memory, within
+      // the cache's capacity.
+      MESHLOAD_ASSIGN_OR_RETURN(
+          decoding_, source::InstallDecoding(rj.dataset, *sources_, static_cast<uint64_t>(spec.capacity_bytes)));
+      LogWarn(
+          "compressed files are decompressed in memory, not into the block cache: a file evicted from memory "
+          "is read and decompressed again",
+          {{"reason", cache_reason_}, {"capacity_bytes", spec.capacity_bytes}});
+    }
     return Status::Ok();
   };
   if (remote == nullptr) return direct("the dataset is local");
@@ -421,12 +454,14 @@ Status Sidecar::InitCache() {
   cached_->CountByEpoch([this](int64_t step) { return planner_->EpochOf(step); });
   std::vector<int64_t> object_of_file(rj.dataset.files().size(), -1);
   const planner::BlockMap blocks(rj, geometry);
-  for (const auto& [file, name] : remote_files) {
+  for (const CachedFile& cf : remote_files) {
     // The object's version (its ETag) keys its blocks: a rewritten object
     // never matches blocks of its old bytes.
-    MESHLOAD_ASSIGN_OR_RETURN(source::ObjectInfo info, remote->Stat(name));
-    object_of_file[file] = static_cast<int64_t>(
-        cached_->AddObject(name, rj.dataset.files()[file].size, info.version, blocks.starts(file)));
+    const planner::DatasetFile& f = rj.dataset.files()[cf.file];
+    MESHLOAD_ASSIGN_OR_RETURN(source::ObjectInfo info, remote->Stat(f.stored ? cf.stored_name : cf.name));
+    object_of_file[cf.file] = static_cast<int64_t>(
+        f.stored ? cached_->AddStoredObject(cf.name, f.size, cf.stored_name, *f.stored, info.version)
+                 : cached_->AddObject(cf.name, f.size, info.version, blocks.starts(cf.file)));
   }
   sources_->Interpose(remote, cached_.get());
   cache::FetchAheadOptions fopts;

@@ -22,6 +22,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "sidecar/source/dataset_facts.h"
+#include "sidecar/source/decoded_source.h"
 #include "sidecar/source/record_values.h"
 #include "planner/shard_planner.h"
 #include "protocol/protocol.h"
@@ -85,8 +86,13 @@ class RecordChecker {
     if (sidecar::source::SourceRegistry::SchemeOf(job.spec.dataset.uri) == "s3") {
       MESHLOAD_RETURN_IF_ERROR(sidecar::source::S3OptionsForDataset(job.spec.dataset, sopts.s3));
     }
-    return std::unique_ptr<RecordChecker>(
+    std::unique_ptr<RecordChecker> checker(
         new RecordChecker(job.dataset, sidecar::source::SourceRegistry::WithBuiltins(sopts)));
+    // Compressed shards decompressed here too, a few at a time (the
+    // trainer's batches reach across them in any order).
+    MESHLOAD_ASSIGN_OR_RETURN(checker->decoding_,
+                              sidecar::source::InstallDecoding(job.dataset, *checker->sources_, 256ull << 20));
+    return checker;
   }
 
   // The first difference between field `field` of the samples `ids` (less
@@ -140,6 +146,7 @@ class RecordChecker {
 
   const planner::DatasetIndex& ds_;
   std::unique_ptr<sidecar::source::SourceRegistry> sources_;
+  std::vector<std::unique_ptr<sidecar::source::DecodingSource>> decoding_;  // interposed in sources_
   std::vector<std::string> extensions_;
   std::vector<std::string> file_names_;
   std::vector<planner::Extent> extents_;

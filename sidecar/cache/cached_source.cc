@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "sidecar/source/decoded_source.h"
+
 namespace meshload::sidecar::cache {
 namespace {
 // The step this thread is reading for (NoteStep) and from which source: a
@@ -26,9 +28,32 @@ size_t CachedSource::AddObject(const std::string& name, uint64_t size, const std
     // the byte-aligned blocks of the same object.
     std::string key_version = version;
     if (!starts.empty()) key_version += "|layout:" + std::to_string(LayoutKey(starts));
-    objects_.push_back({name, size, ObjectKey(name, size, key_version), std::move(starts)});
+    objects_.push_back({name, size, ObjectKey(name, size, key_version), std::move(starts), std::nullopt, {}});
   }
   return it->second;
+}
+
+size_t CachedSource::AddStoredObject(const std::string& name, uint64_t size, const std::string& stored_name,
+                                     const planner::StoredFile& stored, const std::string& version) {
+  auto [it, added] = by_name_.try_emplace(name, objects_.size());
+  if (added) {
+    // One block, the whole decompressed file; keyed by the stored object's
+    // name, size, version and codec, so a rewritten or recompressed shard
+    // never matches an old block.
+    const std::string key_version =
+        "stored:" + stored_name + "|" + std::to_string(stored.size) + "|" + stored.compression + "|" + version;
+    objects_.push_back({name, size, ObjectKey(name, size, key_version), {0}, stored, stored_name});
+  }
+  return it->second;
+}
+
+Result<source::ObjectInfo> CachedSource::Stat(const std::string& uri) {
+  const int64_t object = IndexOf(uri);
+  if (object < 0 || !objects_[static_cast<size_t>(object)].stored) return remote_.Stat(uri);
+  const Object& o = objects_[static_cast<size_t>(object)];
+  MESHLOAD_ASSIGN_OR_RETURN(source::ObjectInfo info, remote_.Stat(o.stored_name));
+  info.size = o.size;
+  return info;
 }
 
 int64_t CachedSource::IndexOf(const std::string& name) const {
@@ -53,8 +78,14 @@ Result<BlockCache::Block> CachedSource::Get(size_t object, uint64_t block, int64
   const std::pair<uint64_t, uint64_t> extent = BlockExtent(object, block);
   const uint64_t start = extent.first;
   bool got = false;
+  // A file stored compressed is one block: the stored object read whole
+  // and decompressed into it.
   Result<BlockCache::Block> b = cache_.Get(
-      {o.key, block}, extent.second, [&](uint8_t* dst, uint64_t n) { return remote_.Read(o.name, start, dst, n); },
+      {o.key, block}, extent.second,
+      [&](uint8_t* dst, uint64_t n) {
+        if (o.stored) return source::ReadStored(remote_, o.stored_name, *o.stored, dst, n);
+        return remote_.Read(o.name, start, dst, n);
+      },
       next_use, want, &got);
   if (got) {
     if (fetched) *fetched = true;
@@ -134,9 +165,13 @@ Status CachedSource::ReadMany(const std::string& uri, const ReadRequest* reads, 
                               void* context) {
   const int64_t object = IndexOf(uri);
   uint64_t delivered = 0;
-  if (object < 0 || !cache_.storing()) {
-    // An object the dataset does not list (none, today), or a disk that
-    // refuses blocks: the source, for exactly these bytes.
+  // An object the cache does not hold (a local file beside compressed
+  // ones): the source's, uncounted.
+  if (object < 0) return remote_.ReadMany(uri, reads, count, before, context);
+  if (!cache_.storing() && !objects_[static_cast<size_t>(object)].stored) {
+    // A disk that refuses blocks: the source, for exactly these bytes (a
+    // compressed file has no such bytes there: its block is decompressed
+    // and served from memory).
     for (size_t i = 0; i < count; ++i) {
       for (const iovec& v : *reads[i].iov) delivered += v.iov_len;
     }

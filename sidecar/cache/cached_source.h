@@ -9,6 +9,10 @@
 /// blocks (BlockCache::storing() false), reads go to the remote source for
 /// exactly their bytes, as without a cache.
 ///
+/// A file stored compressed (planner::StoredFile) is one block of its
+/// decompressed bytes, filled by reading the stored object and
+/// decompressing it.
+///
 /// Blocks: an object of at most `whole_object_bytes` is one block; a larger
 /// one is cut into `block_bytes` blocks from its start, the last shorter;
 /// or, under a Block or Window shuffle, at its sampler blocks' starts
@@ -22,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -29,6 +34,7 @@
 
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
+#include "planner/dataset_index.h"
 #include "planner/fetch_plan.h"
 #include "sidecar/cache/block_cache.h"
 #include "sidecar/source/source.h"
@@ -55,7 +61,16 @@ class CachedSource final : public source::Source {
   size_t AddObject(const std::string& name, uint64_t size, const std::string& version,
                    std::vector<uint64_t> starts = {});
 
-  Result<source::ObjectInfo> Stat(const std::string& uri) override { return remote_.Stat(uri); }
+  /// Registers object `name` of `size` bytes that is stored compressed:
+  /// the decompression of `stored_name` (the remote source's name for
+  /// stored.path) at `version` (its ETag). One block, the whole file: a
+  /// fill reads the stored object and decompresses it into the block. Its
+  /// reads always go through the cache (when the disk refuses the block,
+  /// from memory). Returns its index.
+  size_t AddStoredObject(const std::string& name, uint64_t size, const std::string& stored_name,
+                         const planner::StoredFile& stored, const std::string& version);
+
+  Result<source::ObjectInfo> Stat(const std::string& uri) override;
   Result<std::vector<Listed>> List(const std::string& uri) override { return remote_.List(uri); }
   Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override;
   /// A batch of one object's reads in file order: one lookup while they
@@ -107,7 +122,9 @@ class CachedSource final : public source::Source {
     std::string name;
     uint64_t size = 0;
     uint64_t key = 0;
-    std::vector<uint64_t> starts;  // empty: BlockGeometry's aligned blocks
+    std::vector<uint64_t> starts;               // empty: BlockGeometry's aligned blocks
+    std::optional<planner::StoredFile> stored;  // set: the decompression of stored_name
+    std::string stored_name;
   };
   Result<BlockCache::Block> Get(size_t object, uint64_t block, int64_t next_use, BlockCache::Want want, bool* fetched);
   // The block the last read of a batch used.

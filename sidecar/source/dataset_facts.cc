@@ -1,5 +1,8 @@
 #include "sidecar/source/dataset_facts.h"
 
+#include "formats/compression.h"
+#include "sidecar/source/decoded_source.h"
+
 #include <algorithm>
 #include <map>
 #include <string>
@@ -160,7 +163,8 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> WebDatasetFacts(Source& so
 
 // MDS: the URI names a dataset folder (or prefix) holding index.json, or
 // index.json itself; every shard it lists is read by its offset table (the
-// first 4 × (N + 2) bytes). Compressed shards are refused by name.
+// first 4 × (N + 2) bytes). A compressed shard is read as the raw shard it
+// decompresses to (DatasetFile::stored), its head decompressed here.
 Result<std::vector<planner::DatasetIndex::FileFacts>> MdsFacts(Source& source, const std::string& uri,
                                                                const std::string& name, Diagnostics& diags) {
   std::string folder = name;
@@ -185,30 +189,51 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MdsFacts(Source& source, c
     planner::DatasetIndex::FileFacts facts;
     facts.path = folder + shard.basename;
     if (!shard.compression.empty()) {
-      diags.Add(
-          RedactUri(folder + shard.zip_basename),
-          "is compressed (" + shard.compression +
-              "); meshload reads raw MDS shards by byte range. Write the dataset with MDSWriter(compression=None), "
-              "or decompress each shard to its raw_data basename (" +
-              shard.basename + ")");
-      continue;
-    }
-    auto stat = source.Stat(facts.path);
-    if (!stat.ok()) {
-      facts.records = stat.status();
-    } else if (stat->size != shard.bytes) {
-      facts.records =
-          DataLoss("is " + std::to_string(stat->size) + " bytes but index.json says " + std::to_string(shard.bytes),
-                   RedactUri(facts.path));
-    } else {
-      facts.size = stat->size;
-      std::string head(static_cast<size_t>(std::min(formats::MdsShardHeadBytes(shard.samples), stat->size)), '\0');
-      Status st = source.Read(facts.path, 0, head.data(), head.size());
-      if (!st.ok()) {
-        facts.records = st;
+      // Read as the raw shard it decompresses to: the stored object's size
+      // checked against index.json, its head decompressed for the offsets
+      // (only the compressed bytes those need are read).
+      planner::StoredFile stored{folder + shard.zip_basename, shard.zip_bytes, shard.compression};
+      facts.size = shard.bytes;
+      auto stat = source.Stat(stored.path);
+      if (auto codec = formats::ParseCompression(shard.compression); !codec.ok()) {
+        facts.records = codec.status().WithLocationPrefix(RedactUri(stored.path));
+      } else if (!stat.ok()) {
+        facts.records = stat.status();
+      } else if (stat->size != shard.zip_bytes) {
+        facts.records = DataLoss("is " + std::to_string(stat->size) + " bytes but index.json says " +
+                                     std::to_string(shard.zip_bytes) + " (zip_data.bytes)",
+                                 RedactUri(stored.path));
       } else {
-        facts.records = formats::ParseMdsShardHead(head, shard);
-        if (!facts.records.ok()) facts.records = facts.records.status().WithLocationPrefix(RedactUri(facts.path));
+        auto head = ReadStoredHead(source, stored.path, stored, formats::MdsShardHeadBytes(shard.samples));
+        if (!head.ok()) {
+          facts.records = head.status();
+        } else {
+          facts.records = formats::ParseMdsShardHead(*head, shard);
+          if (!facts.records.ok()) {
+            facts.records = facts.records.status().WithLocationPrefix(RedactUri(facts.path) + " (decompressed from " +
+                                                                      RedactUri(stored.path) + ")");
+          }
+        }
+      }
+      facts.stored = std::move(stored);
+    } else {
+      auto stat = source.Stat(facts.path);
+      if (!stat.ok()) {
+        facts.records = stat.status();
+      } else if (stat->size != shard.bytes) {
+        facts.records =
+            DataLoss("is " + std::to_string(stat->size) + " bytes but index.json says " + std::to_string(shard.bytes),
+                     RedactUri(facts.path));
+      } else {
+        facts.size = stat->size;
+        std::string head(static_cast<size_t>(std::min(formats::MdsShardHeadBytes(shard.samples), stat->size)), '\0');
+        Status st = source.Read(facts.path, 0, head.data(), head.size());
+        if (!st.ok()) {
+          facts.records = st;
+        } else {
+          facts.records = formats::ParseMdsShardHead(head, shard);
+          if (!facts.records.ok()) facts.records = facts.records.status().WithLocationPrefix(RedactUri(facts.path));
+        }
       }
     }
     facts.mds = std::move(shard);

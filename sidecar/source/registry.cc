@@ -124,7 +124,9 @@ Result<std::pair<Source*, std::string>> SourceRegistry::For(const std::string& u
     source = sources_.emplace(scheme, std::move(made).value()).first;
   }
   Source* found = source->second.get();
-  if (auto in = interposed_.find(found); in != interposed_.end()) found = in->second;
+  // An interposed source may itself have another over it (the decoding of
+  // compressed files over the block cache over the remote source).
+  for (auto in = interposed_.find(found); in != interposed_.end(); in = interposed_.find(found)) found = in->second;
   return std::make_pair(found, std::move(object));
 }
 

@@ -250,7 +250,8 @@ class SourceRegistry {
 
   /// From now on, For() gives `outer` where it gave `inner` (a source that
   /// reads through `inner`, such as the block cache's; it must outlive its
-  /// use through this registry).
+  /// use through this registry). `inner` may be one interposed before:
+  /// For() follows the chain to its last.
   void Interpose(Source* inner, Source* outer) MESHLOAD_EXCLUDES(mu_);
 
  private:

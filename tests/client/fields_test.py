@@ -16,6 +16,7 @@ sample. A job that skips samples without a field gets fewer samples on that
 device, the same count in every field. CTest runs this as `python.fields`.
 """
 
+import glob
 import json
 import os
 import shutil
@@ -44,9 +45,9 @@ def webdataset_expected():
     return out
 
 
-def mds_expected():
+def mds_expected(codec="raw"):
     """Per global sample id: {column: bytes as MDS encodes them}."""
-    with open(os.path.join(DATA, "mds", "raw", "expected.json")) as f:
+    with open(os.path.join(DATA, "mds", codec, "expected.json")) as f:
         doc = json.load(f)
     return [{c: bytes.fromhex(v) for c, v in row["columns"].items()} for shard in doc["shards"] for row in shard]
 
@@ -60,7 +61,7 @@ def planned(job, first, last):
 
 class Run(harness.SidecarGroup):
     def __init__(self, name, fmt, uri, fields, processes, devices_per_process, axes, batch_axes=None,
-                 replication=None, missing_field=None):
+                 replication=None, missing_field=None, cache=False):
         self.dir = os.path.join(TMP, name)
         os.makedirs(self.dir)
         self.job = os.path.join(self.dir, "job.yaml")
@@ -71,7 +72,8 @@ class Run(harness.SidecarGroup):
                                      missing_field=missing_field))
         self.sidecars = [
             harness.SidecarProcess(SIDECAR, self.job, p, os.path.join(self.dir, "s%d.sock" % p),
-                                   os.path.join(self.dir, "sidecar%d.log" % p))
+                                   os.path.join(self.dir, "sidecar%d.log" % p),
+                                   extra=["--cache-dir", os.path.join(self.dir, "cache")] if cache else [])
             for p in range(processes)]
 
     def batches(self, first, last):
@@ -179,21 +181,39 @@ class FieldsTest(unittest.TestCase):
             _, skipped = self.check(run, expected, self.wds_decode, 0, 4)
             self.assertGreater(skipped, 0)
 
+    @staticmethod
+    def mds_decode(field, b):
+        if field == "label":
+            return np.frombuffer(b, np.int64)[0]
+        if field == "score":
+            return np.frombuffer(b, np.float32)[0]
+        if field == "box":
+            return np.frombuffer(b, np.uint16)
+        if field == "tokens":  # a variable-shape ndarray: its elements, after the shape header
+            n = 1 + (b[0] >> 2) * (1 << (b[0] & 3))
+            return b[n:]
+        return b
+
+    def test_compressed_mds_through_the_block_cache_and_in_memory(self):
+        """zstd and brotli shards (MDSWriter's), decompressed into the block
+        cache (--cache-dir: one block per shard, on disk) or, without one, in
+        memory: the same columns as Streaming's reader returns."""
+        fields = [("image", None), ("label", "int64"), ("tokens", "int32")]
+        for codec, cache in (("zstd", True), ("br", False)):
+            with self.subTest(codec=codec, cache=cache):
+                with Run("mds-" + codec, "MDS", os.path.join(DATA, "mds", codec), fields, 2, 1, [("data", 2)],
+                         cache=cache) as run:
+                    self.check(run, mds_expected(codec), self.mds_decode, 0, 10)
+                    log = run.sidecars[0].log_text()
+                    if cache:
+                        blocks = glob.glob(os.path.join(run.dir, "cache", "meshload-blocks-v1", "*", "*"))
+                        self.assertEqual(len(blocks), 4, blocks)  # one per shard
+                    else:
+                        self.assertIn("decompressed in memory", log)
+
     def test_mds_columns_as_bytes_scalars_and_arrays(self):
         expected = mds_expected()
-
-        def decode(field, b):
-            if field == "label":
-                return np.frombuffer(b, np.int64)[0]
-            if field == "score":
-                return np.frombuffer(b, np.float32)[0]
-            if field == "box":
-                return np.frombuffer(b, np.uint16)
-            if field == "tokens":  # a variable-shape ndarray: its elements, after the shape header
-                n = 1 + (b[0] >> 2) * (1 << (b[0] & 3))
-                return b[n:]
-            return b
-
+        decode = self.mds_decode
         fields = [("text", None), ("label", "int64"), ("box", "uint16"), ("score", "float32"), ("tokens", "int32")]
         with Run("mds", "MDS", os.path.join(DATA, "mds", "raw"), fields, 2, 2, [("data", 4)]) as run:
             self.check(run, expected, decode, 0, 10)  # 40 samples: 5 steps an epoch

@@ -10,20 +10,25 @@ the environment tests/formats/requirements-writers.txt pins:
 
 raw/: an uncompressed dataset in several shards (a small size_limit), with
 a variable-shape ndarray of int32 tokens, a string, an int, bytes, a
-float32 and a fixed-shape ndarray. zstd/: the same samples in zstd
-shards (its index only is read). For raw/, expected.json holds, per shard of index.json and per
-sample, what Streaming's reader returns: the sample's raw bytes
-(get_sample_data) and each column re-encoded from the decoded value
-(mds_encode(decode_sample(...))), in hex.
+float32 and a fixed-shape ndarray. zstd/, gz/, bz2/, br/, snappy/: the
+same samples in shards compressed with each codec Streaming writes (MDSWriter
+keeps only the compressed files). For each, expected.json holds, per shard
+of index.json and per sample, what Streaming's reader returns: the sample's
+raw bytes (get_sample_data) and each column re-encoded from the decoded
+value (mds_encode(decode_sample(...))), in hex; for a compressed dataset the
+reader reads the shards as Streaming decompresses them
+(streaming.base.compression.decompress) into a scratch folder.
 """
 import json
 import os
 import random
 import shutil
 import sys
+import tempfile
 
 import numpy
 from streaming import MDSWriter
+from streaming.base.compression import decompress
 from streaming.base.format import reader_from_json
 from streaming.base.format.mds.encodings import mds_encode
 
@@ -49,12 +54,17 @@ def samples(rng):
         }
 
 
-def expected(out):
+def expected(out, scratch):
     with open(os.path.join(out, "index.json")) as f:
         index = json.load(f)
     shards = []
     for obj in index["shards"]:
-        reader = reader_from_json(out, None, obj)
+        if obj["compression"]:
+            with open(os.path.join(out, obj["zip_data"]["basename"]), "rb") as f:
+                raw = decompress(obj["compression"], f.read())
+            with open(os.path.join(scratch, obj["raw_data"]["basename"]), "wb") as f:
+                f.write(raw)
+        reader = reader_from_json(scratch if obj["compression"] else out, None, obj)
         rows = []
         for i in range(obj["samples"]):
             raw = reader.get_sample_data(i)
@@ -67,18 +77,22 @@ def expected(out):
     return {"writer": "streaming.MDSWriter; read back with streaming's MDS reader", "shards": shards}
 
 
+CODECS = (("raw", None), ("zstd", "zstd"), ("gz", "gz"), ("bz2", "bz2"), ("br", "br:5"), ("snappy", "snappy"))
+
+
 def main():
     root = sys.argv[1]
-    for name, compression in (("raw", None), ("zstd", "zstd")):
+    for name, compression in CODECS:
         out = os.path.join(root, name)
         shutil.rmtree(out, ignore_errors=True)
         with MDSWriter(out=out, columns=COLUMNS, compression=compression, size_limit=8192) as w:
             for s in samples(random.Random(36)):
                 w.write(s)
-        if compression is None:  # meshload refuses compressed shards by name: nothing to compare
-            with open(os.path.join(out, "expected.json"), "w") as f:
-                json.dump(expected(out), f, indent=0)
-                f.write("\n")
+        with tempfile.TemporaryDirectory() as scratch:
+            got = expected(out, scratch)
+        with open(os.path.join(out, "expected.json"), "w") as f:
+            json.dump(got, f, indent=0)
+            f.write("\n")
 
 
 if __name__ == "__main__":

@@ -87,6 +87,24 @@ for fmt in FixedRecord TokenStream Npy MegatronIndexed WebDataset MDS; do
   done
 done
 
+# 1b. Compressed MDS (Streaming's MDSWriter, zstd and bzip2 shards): each
+#    shard fetched once and decompressed into the block cache; the trainers
+#    verify every byte (they decompress the shards themselves).
+for codec in zstd bz2; do
+  mkdir -p "$GW/corpus/MDS-$codec"
+  cp "$ROOT/tests/formats/data/mds/$codec"/index.json "$ROOT/tests/formats/data/mds/$codec"/*.mds.* "$GW/corpus/MDS-$codec/"
+  for sf in PerProcess:Load LoadAndReshard:Load; do
+    strategy=${sf%%:*} fanout=${sf##*:}
+    name=$(echo "mds-$codec-$strategy" | tr 'A-Z' 'a-z')
+    job "$name" MDS $strategy $fanout "s3://corpus/MDS-$codec/"
+    out=$("$ML" run --local -f "$TMP/$name.yaml" --steps 12 2>&1); rc=$?
+    echo "$out" >"$TMP/$name.out"
+    [ $rc -eq 0 ] && grep -q "verified             bytes, 0 mismatches" <<<"$out" && grep -q "^OK$" <<<"$out"
+    check "run --local on $codec-compressed MDS shards on S3 ($strategy): decompressed into the block cache, every byte verified over two epochs" $?
+    [ $rc -eq 0 ] || tail -8 <<<"$out"
+  done
+done
+
 # 2. meshload plan lists the objects itself: no --samples needed.
 job plan-npy Npy PerProcess Load "s3://corpus/Npy/*.npy"
 out=$("$ML" plan -f "$TMP/plan-npy.yaml" 2>&1); rc=$?

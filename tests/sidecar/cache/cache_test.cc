@@ -28,11 +28,13 @@
 #include <thread>
 #include <vector>
 
+#include "formats/mds.h"
 #include "planner/fetch_plan.h"
 #include "sidecar/cache/block_cache.h"
 #include "sidecar/cache/cached_source.h"
 #include "sidecar/cache/fetch_ahead.h"
 #include "sidecar/source/dataset_facts.h"
+#include "sidecar/source/decoded_source.h"
 #include "sidecar/step_loader.h"
 #include "tests/testing/job_fixtures.h"
 #include "tests/testing/status_matchers.h"
@@ -562,6 +564,81 @@ TEST(CachedSource, ReadsAcrossBlocksEqualTheSourcesBytes) {
   std::vector<uint8_t> one(10);
   ASSERT_OK(cached.Read(small, 100, one.data(), one.size()));
   EXPECT_EQ(remote.bytes.load(), all.size() + 5000);
+}
+
+// A compressed MDS shard (Streaming's MDSWriter, zstd) read through the
+// cache: one block, its decompressed bytes, fetched with one read of the
+// stored object; found on disk by the next cache over the directory; a
+// corrupt block on disk decompressed again, never served.
+TEST(CachedSource, AFileStoredCompressedIsOneBlockOfItsDecompressedBytes) {
+  const std::string dir = std::string(MESHLOAD_FORMATS_DATA) + "/mds/zstd/";
+  std::ifstream index_file(dir + "index.json");
+  const std::string index((std::istreambuf_iterator<char>(index_file)), std::istreambuf_iterator<char>());
+  auto shards = formats::ParseMdsIndex(index, "index.json");
+  ASSERT_OK(shards);
+  const formats::MdsShard& shard = (*shards)[2];
+  const planner::StoredFile stored{dir + shard.zip_basename, shard.zip_bytes, shard.compression};
+  const std::string name = dir + shard.basename;  // no such file: its bytes are the decompression
+  std::vector<uint8_t> raw(shard.bytes);
+  ASSERT_OK(source::ReadStored(**source::MakeFileSource({}), stored.path, stored, raw.data(), raw.size()));
+
+  TempDir cache_dir;
+  auto files = source::MakeFileSource(source::SourceOptions{});
+  ASSERT_OK(files);
+  CountingSource remote(**files);
+  BlockId id;
+  {
+    auto cache = MustOpen(cache_dir.path(), 64 << 20);
+    CachedSource cached(remote, *cache, planner::BlockGeometry{1024, 2048});  // the file is larger: still one block
+    ASSERT_EQ(cached.AddStoredObject(name, raw.size(), stored.path, stored, ""), 0u);
+    EXPECT_EQ(cached.BlocksOf(0, 0, raw.size()), (std::pair<uint64_t, uint64_t>{0, 0}));
+    auto info = cached.Stat(name);
+    ASSERT_OK(info);
+    EXPECT_EQ(info->size, shard.bytes);
+    std::mt19937_64 rng(5);
+    for (int i = 0; i < 50; ++i) {
+      const uint64_t off = rng() % raw.size();
+      const uint64_t len = 1 + rng() % (raw.size() - off);
+      std::vector<uint8_t> out(len);
+      ASSERT_OK(cached.Read(name, off, out.data(), len));
+      ASSERT_TRUE(std::equal(out.begin(), out.end(), raw.begin() + static_cast<ptrdiff_t>(off)));
+    }
+    EXPECT_EQ(remote.reads.load(), 1u) << "the stored object read once, whole";
+    EXPECT_EQ(remote.bytes.load(), shard.zip_bytes);
+    id = cached.IdOf(0, 0);
+    EXPECT_TRUE(std::filesystem::exists(cache->PathOf(id)));
+  }
+  {
+    auto cache = MustOpen(cache_dir.path(), 64 << 20);
+    CachedSource cached(remote, *cache, planner::BlockGeometry{1024, 2048});
+    cached.AddStoredObject(name, raw.size(), stored.path, stored, "");
+    std::vector<uint8_t> all(raw.size());
+    ASSERT_OK(cached.Read(name, 0, all.data(), all.size()));
+    EXPECT_EQ(all, raw);
+    EXPECT_EQ(remote.reads.load(), 1u) << "found on disk";
+    // A block decompressed from another codec or stored object is another
+    // block.
+    planner::StoredFile other = stored;
+    other.compression = "zstd:7";
+    CachedSource recompressed(remote, *cache, planner::BlockGeometry{1024, 2048});
+    recompressed.AddStoredObject(name, raw.size(), stored.path, other, "");
+    EXPECT_NE(recompressed.IdOf(0, 0).object, id.object);
+  }
+  {
+    // Damage on disk: found, decompressed again.
+    std::fstream f(MustOpen(cache_dir.path(), 64 << 20)->PathOf(id), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x42');
+    f.close();
+    auto cache = MustOpen(cache_dir.path(), 64 << 20);
+    CachedSource cached(remote, *cache, planner::BlockGeometry{1024, 2048});
+    cached.AddStoredObject(name, raw.size(), stored.path, stored, "");
+    std::vector<uint8_t> all(raw.size());
+    ASSERT_OK(cached.Read(name, 0, all.data(), all.size()));
+    EXPECT_EQ(all, raw);
+    EXPECT_EQ(remote.reads.load(), 2u);
+    EXPECT_EQ(cache->counters().corrupt_blocks.load(), 1u);
+  }
 }
 
 // Fetched bytes are counted to the epoch whose step needs them: a block
