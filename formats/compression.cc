@@ -18,8 +18,8 @@ struct Named {
   Codec codec;
 };
 constexpr Named kCodecs[] = {
-    {"br", Codec::kBrotli}, {"bz2", Codec::kBzip2}, {"gz", Codec::kGzip}, {"snappy", Codec::kSnappy},
-    {"zstd", Codec::kZstd},
+    {"br", Codec::kBrotli},     {"bz2", Codec::kBzip2}, {"gz", Codec::kGzip},
+    {"snappy", Codec::kSnappy}, {"zstd", Codec::kZstd},
 };
 
 Status Corrupt(Codec codec, uint64_t at, std::string_view why) {
@@ -166,7 +166,8 @@ class BrotliStream final : public Stream {
     const uint8_t* next_in = in;
     size_t avail_out = out_cap;
     uint8_t* next_out = out;
-    const BrotliDecoderResult r = BrotliDecoderDecompressStream(s_, &avail_in, &next_in, &avail_out, &next_out, nullptr);
+    const BrotliDecoderResult r =
+        BrotliDecoderDecompressStream(s_, &avail_in, &next_in, &avail_out, &next_out, nullptr);
     used = in_len - avail_in;
     made = out_cap - avail_out;
     if (r == BROTLI_DECODER_RESULT_ERROR) {
@@ -193,14 +194,14 @@ Status DecompressSnappy(const uint8_t* in, size_t in_len, uint8_t* out, size_t o
     return Corrupt(Codec::kSnappy, 0, "the uncompressed length at its start does not parse");
   }
   if (n > out_len) {
-    return Corrupt(Codec::kSnappy, 0,
-                   "decodes to more than the " + std::to_string(out_len) + " bytes the index gives (" +
-                       std::to_string(n) + ")");
+    return Corrupt(
+        Codec::kSnappy, 0,
+        "decodes to more than the " + std::to_string(out_len) + " bytes the index gives (" + std::to_string(n) + ")");
   }
   if (n < out_len) {
-    return Corrupt(Codec::kSnappy, 0,
-                   "decodes to " + std::to_string(n) + " bytes, not the " + std::to_string(out_len) +
-                       " the index gives");
+    return Corrupt(
+        Codec::kSnappy, 0,
+        "decodes to " + std::to_string(n) + " bytes, not the " + std::to_string(out_len) + " the index gives");
   }
   size_t got = n;
   if (snappy_uncompress(src, in_len, reinterpret_cast<char*>(out), &got) != SNAPPY_OK || got != n) {
@@ -260,16 +261,11 @@ class SnappyStream final : public Stream {
 
 std::unique_ptr<Stream> MakeStream(Codec codec) {
   switch (codec) {
-    case Codec::kZstd:
-      return std::make_unique<ZstdStream>();
-    case Codec::kGzip:
-      return std::make_unique<GzipStream>();
-    case Codec::kBzip2:
-      return std::make_unique<Bzip2Stream>();
-    case Codec::kBrotli:
-      return std::make_unique<BrotliStream>();
-    case Codec::kSnappy:
-      return std::make_unique<SnappyStream>();
+    case Codec::kZstd: return std::make_unique<ZstdStream>();
+    case Codec::kGzip: return std::make_unique<GzipStream>();
+    case Codec::kBzip2: return std::make_unique<Bzip2Stream>();
+    case Codec::kBrotli: return std::make_unique<BrotliStream>();
+    case Codec::kSnappy: return std::make_unique<SnappyStream>();
   }
   return nullptr;
 }
@@ -363,9 +359,9 @@ Status Decompress(Codec codec, const uint8_t* in, size_t in_len, uint8_t* out, s
     }
   }
   if (out_pos != out_len) {
-    return Corrupt(codec, s->consumed(),
-                   "decodes to " + std::to_string(out_pos) + " bytes, not the " + std::to_string(out_len) +
-                       " the index gives");
+    return Corrupt(
+        codec, s->consumed(),
+        "decodes to " + std::to_string(out_pos) + " bytes, not the " + std::to_string(out_len) + " the index gives");
   }
   return Status::Ok();
 }

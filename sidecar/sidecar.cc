@@ -56,9 +56,10 @@ Status Sidecar::Init(const planner::ValidJob& job) {
   if (source::UsesScheme(job.spec(), "s3")) {
     MESHLOAD_RETURN_IF_ERROR(source::S3OptionsForDataset(job.spec().dataset, options_.source_options.s3));
   }
-  // Local files want a few readers; remote storage many (its latency).
-  const bool all_local = !source::UsesScheme(job.spec(), "s3") && !source::UsesScheme(job.spec(), "http") &&
-                         !source::UsesScheme(job.spec(), "https");
+  // Local files want a few readers; remote storage many (its latency), as
+  // each scheme's registration says (the readers size the sources'
+  // connection pools, so this is asked before the sources are made).
+  const bool all_local = !source::ReadsOverNetwork(job.spec(), *source::SourceRegistry::WithBuiltins({}));
   const bool reader_threads_given = options_.reader_threads > 0;
   if (options_.reader_threads <= 0) options_.reader_threads = all_local ? 4 : 16;
   // Every reader of every producer keeps its connection between steps.

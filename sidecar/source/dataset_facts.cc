@@ -301,6 +301,13 @@ Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, Sou
   return index;
 }
 
+bool ReadsOverNetwork(const planner::JobSpec& spec, const SourceRegistry& sources) {
+  for (const planner::DatasetSpec& ds : planner::JobDatasets(spec)) {
+    if (sources.Network(ds.uri)) return true;
+  }
+  return false;
+}
+
 bool UsesScheme(const planner::JobSpec& spec, std::string_view scheme) {
   for (const planner::DatasetSpec& ds : planner::JobDatasets(spec)) {
     if (SourceRegistry::SchemeOf(ds.uri) == scheme) return true;

@@ -46,6 +46,11 @@ Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, Sou
 /// mixture's) is of storage scheme `scheme` ("file", "s3", ...).
 bool UsesScheme(const planner::JobSpec& spec, std::string_view scheme);
 
+/// True when one of the job's datasets is on storage `sources` registered
+/// as SourceRegistry::Latency::kNetwork (a remote scheme, whatever its
+/// name).
+bool ReadsOverNetwork(const planner::JobSpec& spec, const SourceRegistry& sources);
+
 /// How ResolveWithSources treats a dataset it cannot list.
 enum class Unreachable {
   kFail,               // the caller reads the data next (the sidecar, run --local)

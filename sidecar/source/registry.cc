@@ -71,15 +71,23 @@ SourceRegistry::SourceRegistry(SourceOptions options) : options_(std::move(optio
 std::unique_ptr<SourceRegistry> SourceRegistry::WithBuiltins(SourceOptions options) {
   auto registry = std::make_unique<SourceRegistry>(std::move(options));
   registry->Register("file", MakeFileSource);
-  registry->Register("http", MakeHttpSource);
-  registry->Register("https", MakeHttpSource);
-  registry->Register("s3", MakeS3Source);
+  registry->Register("http", MakeHttpSource, Latency::kNetwork);
+  registry->Register("https", MakeHttpSource, Latency::kNetwork);
+  registry->Register("s3", MakeS3Source, Latency::kNetwork);
   return registry;
 }
 
-void SourceRegistry::Register(std::string scheme, SourceFactory factory) {
+void SourceRegistry::Register(std::string scheme, SourceFactory factory, Latency latency) {
   MutexLock lock(mu_);
-  factories_[Lower(scheme)] = std::move(factory);
+  scheme = Lower(scheme);
+  factories_[scheme] = std::move(factory);
+  latency_[scheme] = latency;
+}
+
+bool SourceRegistry::Network(const std::string& uri) const {
+  MutexLock lock(mu_);
+  auto it = latency_.find(SchemeOf(uri));
+  return it != latency_.end() && it->second == Latency::kNetwork;
 }
 
 std::string SourceRegistry::SchemeOf(const std::string& uri) {

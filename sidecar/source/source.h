@@ -238,7 +238,15 @@ class SourceRegistry {
   /// A registry with the built-in schemes: file, http, https, s3.
   static std::unique_ptr<SourceRegistry> WithBuiltins(SourceOptions options);
 
-  void Register(std::string scheme, SourceFactory factory) MESHLOAD_EXCLUDES(mu_);
+  /// How reads of a scheme's sources cost: copying (local files) or waiting
+  /// on a network round trip (http, https, s3). The sidecar sizes its
+  /// readers by it before any source exists (SourceRegistry::Network); a
+  /// source's LatencyBound() says the same of one made source, at run time.
+  enum class Latency { kLocal, kNetwork };
+  void Register(std::string scheme, SourceFactory factory, Latency latency = Latency::kLocal) MESHLOAD_EXCLUDES(mu_);
+  /// Whether `uri`'s scheme was registered as kNetwork (false for an
+  /// unknown scheme: For() reports it).
+  bool Network(const std::string& uri) const MESHLOAD_EXCLUDES(mu_);
 
   /// The source for `uri`'s scheme, and the object name it expects (the
   /// path for files, the whole URL for http). kInvalidArgument naming the
@@ -256,8 +264,9 @@ class SourceRegistry {
 
  private:
   SourceOptions options_;  // set in the constructor, read-only after
-  Mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, SourceFactory> factories_ MESHLOAD_GUARDED_BY(mu_);
+  std::map<std::string, Latency> latency_ MESHLOAD_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Source>> sources_ MESHLOAD_GUARDED_BY(mu_);
   std::map<Source*, Source*> interposed_ MESHLOAD_GUARDED_BY(mu_);
 };

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "sidecar/source/dataset_facts.h"
 #include "sidecar/source/source.h"
 #include "test_support.h"
 #include "tests/testing/status_matchers.h"
@@ -93,6 +94,48 @@ TEST(SourceRegistryTest, NoSourceIsCreatedBeforeItsSchemeIsUsed) {
   registry.Register("file", MakeFileSource);
   ASSERT_OK(registry.For("/a"));
   EXPECT_EQ(made.load(), 0);
+}
+
+// Whether a dataset is read over a network comes from how its scheme was
+// registered, not from a list of scheme names: a new remote scheme gets the
+// sidecar's remote reader count.
+TEST(SourceRegistryTest, ASchemesLatencyClassIsWhatItsRegistrationSays) {
+  auto builtins = SourceRegistry::WithBuiltins({});
+  EXPECT_TRUE(builtins->Network("s3://bucket/key"));
+  EXPECT_TRUE(builtins->Network("HTTPS://host/a"));
+  EXPECT_TRUE(builtins->Network("http://host/a"));
+  EXPECT_FALSE(builtins->Network("/data/a"));
+  EXPECT_FALSE(builtins->Network("file:///data/a"));
+  EXPECT_FALSE(builtins->Network("gs://bucket/key"));  // unknown: For() says so
+
+  std::atomic<int> made{0};
+  builtins->Register("gs", Counted(made, MakeHttpSource), SourceRegistry::Latency::kNetwork);
+  EXPECT_TRUE(builtins->Network("gs://bucket/key"));
+  EXPECT_EQ(made.load(), 0) << "asked without making a source";
+
+  planner::JobSpec spec;
+  spec.dataset.uri = "/data/train/";
+  EXPECT_FALSE(ReadsOverNetwork(spec, *builtins));
+  spec.dataset.uri = "gs://bucket/train/";
+  EXPECT_TRUE(ReadsOverNetwork(spec, *builtins));
+}
+
+// A source interposed over an interposed one (decompression over the block
+// cache over the remote source): For() gives the last.
+TEST(SourceRegistryTest, InterposedSourcesChain) {
+  auto registry = SourceRegistry::WithBuiltins({});
+  auto file = registry->For("/a");
+  ASSERT_OK(file);
+  auto outer = MakeFileSource({});
+  auto outermost = MakeFileSource({});
+  ASSERT_OK(outer);
+  ASSERT_OK(outermost);
+  registry->Interpose(file->first, outer->get());
+  registry->Interpose(outer->get(), outermost->get());
+  auto found = registry->For("/b");
+  ASSERT_OK(found);
+  EXPECT_EQ(found->first, outermost->get());
+  EXPECT_EQ(found->second, "/b");
 }
 
 TEST(SourceRegistryTest, UnknownSchemeNamesTheUriAndListsKnownSchemes) {
