@@ -592,10 +592,21 @@ struct FetchRow {
   planner::FetchEstimate est;
 };
 
+// A dataset (or a mixture's) on storage registered as remote.
 bool RemoteDataset(const planner::ResolvedJob& job) {
-  const std::string scheme = sidecar::source::SourceRegistry::SchemeOf(job.spec.dataset.uri);
-  return scheme != "file";
+  return sidecar::source::ReadsOverNetwork(job.spec, *sidecar::source::SourceRegistry::WithBuiltins({}));
 }
+
+// Files stored compressed are decompressed into the block cache whatever
+// their storage.
+bool CompressedFiles(const planner::ResolvedJob& job) {
+  for (const planner::DatasetFile& f : job.dataset.files()) {
+    if (f.stored) return true;
+  }
+  return false;
+}
+
+bool ThroughTheCache(const planner::ResolvedJob& job) { return RemoteDataset(job) || CompressedFiles(job); }
 
 std::vector<FetchRow> FetchRows(const planner::ShardPlanner& planner) {
   const planner::ResolvedJob& job = planner.job();
@@ -683,9 +694,10 @@ int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int
       arr.push_back(std::move(j));
     }
     out["compare"] = std::move(arr);
-    if (RemoteDataset(job) && known) {
+    if (ThroughTheCache(job) && known) {
       const planner::DatasetCache& c = job.spec.dataset.cache;
       ordered_json remote = {{"process", 0},
+                             {"compressedFiles", CompressedFiles(job)},
                              {"blockBytes", c.block_bytes},
                              {"wholeObjectBytes", c.whole_object_bytes},
                              {"capacityBytes", c.capacity_bytes}};
@@ -734,12 +746,15 @@ int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int
                 Bytes(r.max_sent, known).c_str(), Bytes(r.max_recv, known).c_str());
   }
   std::cout << "\n* the job's strategy. LoadAndReshard reads each position once, so its fan-out changes nothing.\n";
-  if (RemoteDataset(job) && known) {
+  if (ThroughTheCache(job) && known) {
     const planner::DatasetCache& c = job.spec.dataset.cache;
-    std::cout << "\nremote dataset: one epoch of process 0 under each shuffle, through the block cache (blocks of "
+    std::cout << "\n"
+              << (RemoteDataset(job) ? "remote dataset" : "compressed files")
+              << ": one epoch of process 0 under each shuffle, through the block cache (blocks of "
               << HumanBytes(static_cast<double>(c.block_bytes)) << ", objects up to "
-              << HumanBytes(static_cast<double>(c.whole_object_bytes)) << " whole; capacity "
-              << HumanBytes(static_cast<double>(c.capacity_bytes)) << ")\n";
+              << HumanBytes(static_cast<double>(c.whole_object_bytes)) << " whole"
+              << (CompressedFiles(job) ? ", a compressed file one block of its decompressed bytes" : "")
+              << "; capacity " << HumanBytes(static_cast<double>(c.capacity_bytes)) << ")\n";
     std::printf("  %-24s %14s %16s %14s %10s %8s\n", "shuffle", "read/epoch", "fetched/epoch", "cache needed",
                 "amplif.", "Auto");
     for (const FetchRow& r : FetchRows(planner)) {

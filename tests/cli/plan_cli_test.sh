@@ -148,6 +148,30 @@ check "--json prints what --format json prints" $?
 [ $rc -eq 2 ] && grep -q -- "--json contradicts --format table" "$TMP/err-json2"
 check "--json with --format table is a usage error" $?
 
+# Compressed MDS shards (MDSWriter's zstd) go through the block cache as one
+# block each: --compare shows the cache each shuffle needs for them.
+cat >"$TMP/mds-zstd.yaml" <<EOF
+apiVersion: meshload.io/v1alpha1
+kind: DataLoadJob
+metadata: {name: mds-zstd}
+spec:
+  mesh: {axes: [{name: data, size: 2}], processes: 2, devicesPerProcess: 1}
+  strategy: PerProcess
+  dataset: {uri: "$ROOT/tests/formats/data/mds/zstd", format: MDS, fields: [{name: image}]}
+  batch: {globalBatchSize: 8}
+  shuffle: {mode: Global, seed: 3}
+EOF
+out=$("$BIN" plan -f "$TMP/mds-zstd.yaml" --compare 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "dataset: MDS, 40 samples" <<<"$out" &&
+  grep -q "compressed files: one epoch of process 0 under each shuffle" <<<"$out" &&
+  grep -q "a compressed file one block of its decompressed bytes" <<<"$out" &&
+  grep -qE "^\* Global +[0-9.]+ KiB +29.5 KiB +29.5 KiB" <<<"$out"
+check "plan --compare on zstd MDS shards: each shard one block of its decompressed bytes (29.5 KiB in all)" $?
+[ $rc -eq 0 ] || echo "$out" | tail -5
+"$BIN" plan -f "$TMP/mds-zstd.yaml" --compare --json |
+  "$PY" -c 'import json,sys; r=json.load(sys.stdin)["remote"]; assert r["compressedFiles"] is True; assert r["shuffles"][1]["fetchedBytesPerEpoch"]==30161, r'
+check "plan --compare --json: compressedFiles, the shards' 30161 decompressed bytes fetched per epoch" $?
+
 # docs/crd-reference.md's examples of dataset.format errors are what
 # meshload prints (the formats listed are every format).
 sed 's/    format: TokenStream/    format: npy/' "$JOB" >"$TMP/npy.yaml"
