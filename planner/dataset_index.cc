@@ -95,6 +95,7 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
     DatasetFile f;
     f.path = p;
     f.size = facts.size;
+    f.version = facts.version;
     switch (spec.format) {
       case DatasetFormat::kFixedRecord: {
         const uint64_t rb = static_cast<uint64_t>(spec.record_bytes);

@@ -73,6 +73,10 @@ struct DatasetFile {
   /// MDS: per field of fields(), its column in this shard (-1: none, so
   /// every row lacks it).
   std::vector<int> mds_columns;
+  /// What the storage said of the stored object's bytes when the dataset
+  /// was indexed (an S3 ETag; "" when it said nothing): a cache keys its
+  /// blocks by it without asking again.
+  std::string version;
   /// Set when the file is stored compressed: `path` and `size` are then
   /// the decompressed file's.
   std::optional<StoredFile> stored;
@@ -103,6 +107,8 @@ class DatasetIndex {
     Result<std::vector<uint64_t>> records = Status(StatusCode::kNotFound, "index not read");
     /// MDS: the shard as index.json describes it.
     std::optional<formats::MdsShard> mds;
+    /// The stored object's version (DatasetFile::version).
+    std::string version;
     /// Set when `path` (of `size` bytes) is the decompression of another
     /// object (see DatasetFile::stored).
     std::optional<StoredFile> stored;

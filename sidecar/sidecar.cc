@@ -458,11 +458,17 @@ Status Sidecar::InitCache() {
   for (const CachedFile& cf : remote_files) {
     // The object's version (its ETag) keys its blocks: a rewritten object
     // never matches blocks of its old bytes.
+    // The listing that indexed the dataset gave it (an S3 ETag); else one
+    // request for it.
     const planner::DatasetFile& f = rj.dataset.files()[cf.file];
-    MESHLOAD_ASSIGN_OR_RETURN(source::ObjectInfo info, remote->Stat(f.stored ? cf.stored_name : cf.name));
-    object_of_file[cf.file] = static_cast<int64_t>(
-        f.stored ? cached_->AddStoredObject(cf.name, f.size, cf.stored_name, *f.stored, info.version)
-                 : cached_->AddObject(cf.name, f.size, info.version, blocks.starts(cf.file)));
+    std::string version = f.version;
+    if (version.empty()) {
+      MESHLOAD_ASSIGN_OR_RETURN(source::ObjectInfo info, remote->Stat(f.stored ? cf.stored_name : cf.name));
+      version = std::move(info.version);
+    }
+    object_of_file[cf.file] =
+        static_cast<int64_t>(f.stored ? cached_->AddStoredObject(cf.name, f.size, cf.stored_name, *f.stored, version)
+                                      : cached_->AddObject(cf.name, f.size, version, blocks.starts(cf.file)));
   }
   sources_->Interpose(remote, cached_.get());
   cache::FetchAheadOptions fopts;

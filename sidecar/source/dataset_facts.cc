@@ -4,6 +4,10 @@
 #include "sidecar/source/decoded_source.h"
 
 #include <algorithm>
+#include <atomic>
+#include <functional>
+#include <thread>
+#include <unordered_map>
 #include <map>
 #include <string>
 #include <utility>
@@ -41,6 +45,21 @@ Result<formats::MegatronIndex> ReadMegatronIndex(Source& source, const std::stri
 
 namespace {
 
+// Runs fn(i) for every file i of n, several at a time on a source that
+// waits on the network (a request per file: their round trips overlap),
+// one after the other on local files. Sources are thread-safe.
+void ForEachFile(const Source& source, size_t n, const std::function<void(size_t)>& fn) {
+  const size_t threads = source.LatencyBound() ? std::min<size_t>(n, 16) : 1;
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
 // MegatronIndexed: the URI names a prefix (PREFIX.idx and PREFIX.bin beside
 // it), one of the two files, or a directory, glob or object prefix whose
 // .idx/.bin pairs are the dataset's files (other objects are not part of
@@ -58,7 +77,7 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MegatronFacts(Source& sour
   if (!prefix.empty()) {
     for (const char* ext : {".idx", ".bin"}) {
       MESHLOAD_ASSIGN_OR_RETURN(ObjectInfo info, source.Stat(prefix + ext));
-      objects.push_back({prefix + ext, info.size});
+      objects.push_back({prefix + ext, info.size, info.version});
     }
   } else {
     MESHLOAD_ASSIGN_OR_RETURN(objects, source.List(name));
@@ -70,6 +89,8 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MegatronFacts(Source& sour
     if (o.name.ends_with(".bin")) pairs[o.name.substr(0, o.name.size() - 4)].second = &o;
   }
   std::vector<planner::DatasetIndex::FileFacts> files;
+  std::vector<std::pair<const Source::Listed*, planner::DatasetIndex::FileFacts*>> to_read;  // (.idx, its facts)
+  files.reserve(pairs.size());
   for (const auto& [p, pair] : pairs) {
     const auto [idx, bin] = pair;
     if (idx == nullptr) {
@@ -82,12 +103,15 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MegatronFacts(Source& sour
       diags.Add(RedactUri(idx->name), "has no " + RedactUri(p) + ".bin beside it (the sequences' bytes)");
       continue;
     }
-    planner::DatasetIndex::FileFacts facts;
+    planner::DatasetIndex::FileFacts& facts = files.emplace_back();
     facts.path = bin->name;
     facts.size = bin->size;
-    facts.megatron = ReadMegatronIndex(source, idx->name, idx->size);
-    files.push_back(std::move(facts));
+    facts.version = bin->version;
+    to_read.emplace_back(idx, &facts);
   }
+  ForEachFile(source, to_read.size(), [&](size_t i) {
+    to_read[i].second->megatron = ReadMegatronIndex(source, to_read[i].first->name, to_read[i].first->size);
+  });
   if (files.empty() && diags.ok()) {
     return InvalidArgument("names no Megatron indexed dataset (no PREFIX.idx with its PREFIX.bin)", RedactUri(name));
   }
@@ -105,45 +129,58 @@ std::string BaseName(const std::string& name) {
 // index SHARD.tar.idx beside it, read whole (8 bytes per sample).
 Result<std::vector<planner::DatasetIndex::FileFacts>> WebDatasetFacts(Source& source, const std::string& uri,
                                                                       const std::string& name, Diagnostics& diags) {
-  std::vector<planner::DatasetIndex::FileFacts> files;
-  std::vector<std::string> missing;
+  std::vector<Source::Listed> tars;
   for (const std::string& pattern : formats::ExpandShardPattern(name)) {
     MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source.List(pattern));
-    for (const Source::Listed& o : objects) {
-      if (!BaseName(o.name).ends_with(".tar")) continue;  // its index, or not part of the format
-      planner::DatasetIndex::FileFacts facts;
-      facts.path = o.name;
-      facts.size = o.size;
-      // Energon's SHARD.tar.idx, else DALI's SHARD.idx (the name up to the
-      // first dot of its last component, as wds2idx.py names it).
-      std::string idx = o.name + ".idx";
-      auto info = source.Stat(idx);
-      bool dali = false;
-      if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
-        const size_t slash = o.name.rfind('/');
-        const size_t dot = o.name.find('.', slash == std::string::npos ? 0 : slash + 1);
-        idx = o.name.substr(0, dot) + ".idx";
-        info = source.Stat(idx);
-        dali = true;
-      }
-      if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
-        missing.push_back(o.name);
-        continue;
-      }
-      if (!info.ok()) {
-        facts.records = info.status();
-      } else {
-        std::string bytes(static_cast<size_t>(info->size), '\0');
-        Status st = source.Read(idx, 0, bytes.data(), bytes.size());
-        if (!st.ok()) {
-          facts.records = st;
-        } else if (dali) {
-          facts.records = formats::ParseDaliTarIndex(bytes, RedactUri(idx), o.size);
-        } else {
-          facts.records = formats::ParseEnergonTarIndex(bytes, RedactUri(idx), o.size);
-        }
-      }
-      files.push_back(std::move(facts));
+    for (Source::Listed& o : objects) {
+      if (BaseName(o.name).ends_with(".tar")) tars.push_back(std::move(o));  // not its index, nor other objects
+    }
+  }
+  std::vector<planner::DatasetIndex::FileFacts> found(tars.size());
+  std::vector<char> indexed(tars.size(), 1);
+  ForEachFile(source, tars.size(), [&](size_t i) {
+    const Source::Listed& o = tars[i];
+    planner::DatasetIndex::FileFacts& facts = found[i];
+    facts.path = o.name;
+    facts.size = o.size;
+    facts.version = o.version;
+    // Energon's SHARD.tar.idx, else DALI's SHARD.idx (the name up to the
+    // first dot of its last component, as wds2idx.py names it).
+    std::string idx = o.name + ".idx";
+    auto info = source.Stat(idx);
+    bool dali = false;
+    if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
+      const size_t slash = o.name.rfind('/');
+      const size_t dot = o.name.find('.', slash == std::string::npos ? 0 : slash + 1);
+      idx = o.name.substr(0, dot) + ".idx";
+      info = source.Stat(idx);
+      dali = true;
+    }
+    if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
+      indexed[i] = 0;
+      return;
+    }
+    if (!info.ok()) {
+      facts.records = info.status();
+      return;
+    }
+    std::string bytes(static_cast<size_t>(info->size), '\0');
+    Status st = source.Read(idx, 0, bytes.data(), bytes.size());
+    if (!st.ok()) {
+      facts.records = st;
+    } else if (dali) {
+      facts.records = formats::ParseDaliTarIndex(bytes, RedactUri(idx), o.size);
+    } else {
+      facts.records = formats::ParseEnergonTarIndex(bytes, RedactUri(idx), o.size);
+    }
+  });
+  std::vector<planner::DatasetIndex::FileFacts> files;
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < tars.size(); ++i) {
+    if (indexed[i]) {
+      files.push_back(std::move(found[i]));
+    } else {
+      missing.push_back(tars[i].name);
     }
   }
   if (!missing.empty()) {
@@ -184,9 +221,21 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MdsFacts(Source& source, c
   std::string json(static_cast<size_t>(info->size), '\0');
   MESHLOAD_RETURN_IF_ERROR(source.Read(index_name, 0, json.data(), json.size()));
   MESHLOAD_ASSIGN_OR_RETURN(std::vector<formats::MdsShard> shards, formats::ParseMdsIndex(json, RedactUri(index_name)));
-  std::vector<planner::DatasetIndex::FileFacts> files;
-  for (formats::MdsShard& shard : shards) {
-    planner::DatasetIndex::FileFacts facts;
+  // The folder's objects in one listing rather than a request per shard,
+  // where the source can list it (not plain http); else each is asked for.
+  std::unordered_map<std::string, Source::Listed> listed;
+  if (auto all = source.List(folder); all.ok()) {
+    for (Source::Listed& o : *all) listed.emplace(o.name, std::move(o));
+  }
+  auto stat = [&](const std::string& object) -> Result<Source::Listed> {
+    if (auto it = listed.find(object); it != listed.end()) return it->second;
+    MESHLOAD_ASSIGN_OR_RETURN(ObjectInfo i, source.Stat(object));
+    return Source::Listed{object, i.size, i.version};
+  };
+  std::vector<planner::DatasetIndex::FileFacts> files(shards.size());
+  ForEachFile(source, shards.size(), [&](size_t i) {
+    formats::MdsShard& shard = shards[i];
+    planner::DatasetIndex::FileFacts& facts = files[i];
     facts.path = folder + shard.basename;
     if (!shard.compression.empty()) {
       // Read as the raw shard it decompresses to: the stored object's size
@@ -194,16 +243,17 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MdsFacts(Source& source, c
       // (only the compressed bytes those need are read).
       planner::StoredFile stored{folder + shard.zip_basename, shard.zip_bytes, shard.compression};
       facts.size = shard.bytes;
-      auto stat = source.Stat(stored.path);
+      auto found = stat(stored.path);
       if (auto codec = formats::ParseCompression(shard.compression); !codec.ok()) {
         facts.records = codec.status().WithLocationPrefix(RedactUri(stored.path));
-      } else if (!stat.ok()) {
-        facts.records = stat.status();
-      } else if (stat->size != shard.zip_bytes) {
-        facts.records = DataLoss("is " + std::to_string(stat->size) + " bytes but index.json says " +
+      } else if (!found.ok()) {
+        facts.records = found.status();
+      } else if (found->size != shard.zip_bytes) {
+        facts.records = DataLoss("is " + std::to_string(found->size) + " bytes but index.json says " +
                                      std::to_string(shard.zip_bytes) + " (zip_data.bytes)",
                                  RedactUri(stored.path));
       } else {
+        facts.version = found->version;
         auto head = ReadStoredHead(source, stored.path, stored, formats::MdsShardHeadBytes(shard.samples));
         if (!head.ok()) {
           facts.records = head.status();
@@ -217,16 +267,17 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MdsFacts(Source& source, c
       }
       facts.stored = std::move(stored);
     } else {
-      auto stat = source.Stat(facts.path);
-      if (!stat.ok()) {
-        facts.records = stat.status();
-      } else if (stat->size != shard.bytes) {
+      auto found = stat(facts.path);
+      if (!found.ok()) {
+        facts.records = found.status();
+      } else if (found->size != shard.bytes) {
         facts.records =
-            DataLoss("is " + std::to_string(stat->size) + " bytes but index.json says " + std::to_string(shard.bytes),
+            DataLoss("is " + std::to_string(found->size) + " bytes but index.json says " + std::to_string(shard.bytes),
                      RedactUri(facts.path));
       } else {
-        facts.size = stat->size;
-        std::string head(static_cast<size_t>(std::min(formats::MdsShardHeadBytes(shard.samples), stat->size)), '\0');
+        facts.size = found->size;
+        facts.version = found->version;
+        std::string head(static_cast<size_t>(std::min(formats::MdsShardHeadBytes(shard.samples), found->size)), '\0');
         Status st = source.Read(facts.path, 0, head.data(), head.size());
         if (!st.ok()) {
           facts.records = st;
@@ -237,8 +288,7 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MdsFacts(Source& source, c
       }
     }
     facts.mds = std::move(shard);
-    files.push_back(std::move(facts));
-  }
+  });
   if (files.empty() && diags.ok()) return InvalidArgument("index.json lists no shards", RedactUri(index_name));
   return files;
 }
@@ -276,14 +326,17 @@ Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, Sou
     }
   } else {
     MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source->List(name));
-    files.reserve(objects.size());
-    for (auto& o : objects) {
+    files.resize(objects.size());
+    for (size_t i = 0; i < objects.size(); ++i) {
+      const Source::Listed& o = objects[i];
       if (std::string r = RedactUri(o.name); r != o.name) secret.emplace_back(o.name, std::move(r));
-      planner::DatasetIndex::FileFacts facts;
-      facts.path = o.name;
-      facts.size = o.size;
-      if (spec.format == planner::DatasetFormat::kNpy) facts.npy = ReadNpyHeader(*source, o.name, o.size);
-      files.push_back(std::move(facts));
+      files[i].path = o.name;
+      files[i].size = o.size;
+      files[i].version = o.version;
+    }
+    if (spec.format == planner::DatasetFormat::kNpy) {
+      ForEachFile(*source, files.size(),
+                  [&](size_t i) { files[i].npy = ReadNpyHeader(*source, files[i].path, files[i].size); });
     }
   }
   auto index = planner::DatasetIndex::FromFiles(spec, std::move(files), index_diags);

@@ -260,7 +260,8 @@ class FileSource final : public Source {
     std::vector<Listed> files;
     auto add_regular = [&](const std::string& p) {
       struct stat st {};
-      if (::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode)) files.push_back({p, static_cast<uint64_t>(st.st_size)});
+      if (::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+        files.push_back({p, static_cast<uint64_t>(st.st_size), {}});
     };
     if (path.find_first_of("*?[") != std::string::npos) {
       glob_t g{};
@@ -292,7 +293,7 @@ class FileSource final : public Source {
         ::closedir(dir);
         if (files.empty()) return NotFound("the dataset directory has no regular files", path);
       } else if (S_ISREG(st.st_mode)) {
-        files.push_back({path, static_cast<uint64_t>(st.st_size)});
+        files.push_back({path, static_cast<uint64_t>(st.st_size), {}});
       } else {
         return InvalidArgument("is neither a regular file nor a directory", path);
       }

@@ -238,7 +238,8 @@ Result<S3ListPage> ParseListObjectsV2(std::string_view xml) {
       return DataLoss("<Contents> " + std::to_string(index) + " of the listing has no " +
                       (key ? "usable <Size>" : "<Key>"));
     }
-    page.objects.push_back({XmlUnescape(*key), *bytes});
+    auto etag = Element(contents, "ETag");
+    page.objects.push_back({XmlUnescape(*key), *bytes, etag ? XmlUnescape(*etag) : std::string()});
     ++index;
   }
   for (std::string_view prefix : Elements(xml, "CommonPrefixes")) {
@@ -441,7 +442,7 @@ class S3Source final : public Source {
       for (auto& o : all.objects) {
         const std::string name = o.name.substr(dir.size());
         if ((name.empty() || name[0] != '.' || pattern[0] == '.') && internal::GlobMatch(pattern, name)) {
-          out.push_back({"s3://" + loc.bucket + "/" + o.name, o.size});
+          out.push_back({"s3://" + loc.bucket + "/" + o.name, o.size, o.version});
         }
       }
       if (out.empty()) return NotFound("the glob matches no object", where);
@@ -450,7 +451,7 @@ class S3Source final : public Source {
     } else {
       MESHLOAD_ASSIGN_OR_RETURN(internal::S3ListPage all, ListAll(loc.bucket, key));
       for (auto& o : all.objects) {
-        if (o.name == key) out.push_back({"s3://" + loc.bucket + "/" + o.name, o.size});
+        if (o.name == key) out.push_back({"s3://" + loc.bucket + "/" + o.name, o.size, o.version});
       }
       if (out.empty()) {
         if (std::find(all.common_prefixes.begin(), all.common_prefixes.end(), key + "/") == all.common_prefixes.end()) {
@@ -601,7 +602,7 @@ class S3Source final : public Source {
     for (auto& o : all.objects) {
       const std::string name = o.name.substr(prefix.size());
       if (name.empty() || name[0] == '.') continue;  // the "directory" marker, hidden objects
-      out.push_back({"s3://" + bucket + "/" + o.name, o.size});
+      out.push_back({"s3://" + bucket + "/" + o.name, o.size, o.version});
     }
     if (out.empty()) return NotFound("no objects under the prefix", where);
     return out;

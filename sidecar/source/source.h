@@ -143,6 +143,9 @@ class Source {
   struct Listed {
     std::string name;
     uint64_t size = 0;
+    /// As ObjectInfo::version (an S3 listing's ETag); "" when the listing
+    /// says nothing.
+    std::string version;
   };
   /// The objects `uri` names, in lexicographic byte order of their names:
   /// one object; a directory's (a prefix ending in '/', or a key that is
@@ -151,7 +154,7 @@ class Source {
   /// default: the one object, by Stat.
   virtual Result<std::vector<Listed>> List(const std::string& uri) {
     MESHLOAD_ASSIGN_OR_RETURN(ObjectInfo info, Stat(uri));
-    return std::vector<Listed>{{uri, info.size}};
+    return std::vector<Listed>{{uri, info.size, info.version}};
   }
 
   /// The size of an object. kNotFound when it does not exist.

@@ -118,7 +118,7 @@ TEST(ParseListObjectsV2, KeysSizesPrefixesAndTheContinuationToken) {
   const char* xml = R"(<?xml version="1.0" encoding="UTF-8"?>
 <ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>bkt</Name><Prefix>d/</Prefix>
 <KeyCount>3</KeyCount><MaxKeys>2</MaxKeys><Delimiter>/</Delimiter><IsTruncated>true</IsTruncated>
-<Contents><Key>d/a&amp;b.bin</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified><Size>4096</Size></Contents>
+<Contents><Key>d/a&amp;b.bin</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified><ETag>&quot;9b2cf535f27731c974343645a3985328&quot;</ETag><Size>4096</Size></Contents>
 <Contents><Key>d/c&#233;.bin</Key><Size>0</Size></Contents>
 <CommonPrefixes><Prefix>d/sub/</Prefix></CommonPrefixes>
 <NextContinuationToken>tok+/=</NextContinuationToken></ListBucketResult>)";
@@ -127,6 +127,10 @@ TEST(ParseListObjectsV2, KeysSizesPrefixesAndTheContinuationToken) {
   ASSERT_EQ(page->objects.size(), 2u);
   EXPECT_EQ(page->objects[0].name, "d/a&b.bin");
   EXPECT_EQ(page->objects[0].size, 4096u);
+  // The ETag as a HEAD's header gives it (quotes included): blocks cached
+  // under either match.
+  EXPECT_EQ(page->objects[0].version, "\"9b2cf535f27731c974343645a3985328\"");
+  EXPECT_EQ(page->objects[1].version, "");
   EXPECT_EQ(page->objects[1].name, "d/c\xc3\xa9.bin");
   EXPECT_EQ(page->common_prefixes, std::vector<std::string>{"d/sub/"});
   EXPECT_TRUE(page->truncated);
