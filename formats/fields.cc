@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "formats/tar.h"
+#include "formats/tfrecord.h"
 #include "formats/webdataset.h"
 
 namespace meshload::formats {
@@ -162,6 +163,67 @@ FieldDecoding WebDatasetFieldDecoding(const std::string& name, std::optional<DTy
     f.dtype = *dtype;
   }
   return f;
+}
+
+namespace {
+std::string Article(TfFeature::Kind kind) { return kind == TfFeature::Kind::kInt64 ? "an " : "a "; }
+}  // namespace
+
+Result<FieldDecoding> TfRecordFieldDecoding(const std::string& name, std::optional<DType> dtype) {
+  FieldDecoding f;
+  f.name = name;
+  if (!dtype) return f;  // a bytes_list's value
+  if (*dtype == DType::kInt64) {
+    f.kind = FieldDecoding::Kind::kTfInt64List;
+  } else if (*dtype == DType::kFloat32) {
+    f.kind = FieldDecoding::Kind::kTfFloatList;
+  } else {
+    return InvalidArgument("a TFRecord feature holds bytes (no dtype), int64 or float32 values, not " +
+                           std::string(DTypeName(*dtype)));
+  }
+  f.dtype = *dtype;
+  return f;
+}
+
+Status TfRecordSampleValues(std::string_view record, const std::string& file, uint64_t offset,
+                            const std::vector<FieldDecoding>& fields, FieldValues& out) {
+  MESHLOAD_ASSIGN_OR_RETURN(std::string_view example, TfRecordPayload(record, file, offset));
+  thread_local std::vector<std::string> names;
+  thread_local std::vector<std::optional<TfFeature>> features;
+  thread_local std::vector<std::string_view> bytes;
+  names.clear();
+  for (const FieldDecoding& f : fields) names.push_back(f.name);
+  MESHLOAD_RETURN_IF_ERROR(TfExampleFeatures(example, names, features, file, offset));
+  out.assign(fields.size(), std::nullopt);
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (!features[i]) continue;
+    const FieldDecoding& fd = fields[i];
+    const TfFeature::Kind want = fd.kind == FieldDecoding::Kind::kTfInt64List   ? TfFeature::Kind::kInt64
+                                 : fd.kind == FieldDecoding::Kind::kTfFloatList ? TfFeature::Kind::kFloat
+                                                                                : TfFeature::Kind::kBytes;
+    if (features[i]->kind != want) {
+      return ErrorAt(
+          file, offset,
+          "feature '" + fd.name + "' is " + Article(features[i]->kind) +
+              std::string(TfFeatureKindName(features[i]->kind)) + ", and the job asks for " + Article(want) +
+              std::string(TfFeatureKindName(want)) +
+              (want == TfFeature::Kind::kBytes ? " (no dtype)" : " (dtype " + std::string(DTypeName(fd.dtype)) + ")"));
+    }
+    if (want != TfFeature::Kind::kBytes) {
+      out[i] = features[i]->list;
+      continue;
+    }
+    bytes.clear();
+    if (Status st = TfBytesValues(features[i]->list, bytes); !st.ok())
+      return st.WithLocationPrefix(file + "@" + std::to_string(offset));
+    if (bytes.size() != 1) {
+      return ErrorAt(file, offset,
+                     "feature '" + fd.name + "' is a bytes_list of " + std::to_string(bytes.size()) +
+                         " values; meshload delivers a bytes_list of one value per sample");
+    }
+    out[i] = bytes.front();
+  }
+  return Status::Ok();
 }
 
 Result<FieldDecoding> MdsFieldDecoding(const std::string& name, std::optional<DType> dtype, const MdsColumn& column) {
@@ -348,6 +410,26 @@ Status DecodeFieldValue(const FieldDecoding& field, std::string_view value, uint
       }
       written = DTypeSize(field.dtype);
       return Status::Ok();
+    case FieldDecoding::Kind::kTfInt64List:
+    case FieldDecoding::Kind::kTfFloatList: {
+      thread_local std::vector<int64_t> ints;
+      thread_local std::vector<float> floats;
+      ints.clear();
+      floats.clear();
+      Status st =
+          field.kind == FieldDecoding::Kind::kTfInt64List ? TfInt64Values(value, ints) : TfFloatValues(value, floats);
+      if (!st.ok())
+        return Status(st.code(), "feature '" + field.name + "': " + st.message(), file + "@" + std::to_string(offset));
+      const uint64_t n = field.kind == FieldDecoding::Kind::kTfInt64List ? ints.size() * 8 : floats.size() * 4;
+      if (n > room) {
+        return ErrorAt(file, offset,
+                       "field '" + field.name + "' of " + std::to_string(n) + " bytes does not fit the " +
+                           std::to_string(room) + " left for it");
+      }
+      if (n > 0) std::memcpy(dest, ints.empty() ? static_cast<const void*>(floats.data()) : ints.data(), n);
+      written = n;
+      return Status::Ok();
+    }
     case FieldDecoding::Kind::kScalar:
     case FieldDecoding::Kind::kNdarrayFixed:
       if (value.size() != field.sample_bytes()) {

@@ -40,13 +40,21 @@ struct FieldDecoding {
     kScalar,           // MDS: a fixed-size scalar column
     kNdarrayFixed,     // MDS: ndarray:<dtype>:<shape>
     kNdarrayVariable,  // MDS: ndarray:<dtype> or ndarray (shape, and maybe dtype, in each value)
+    kTfInt64List,      // TFRecord: an Int64List's values (int64)
+    kTfFloatList,      // TFRecord: a FloatList's values (float32)
   };
   std::string name;
   Kind kind = Kind::kBytes;
   DType dtype = DType::kUint8;
   std::vector<uint64_t> shape;  // kNdarrayFixed: one sample's shape
   bool dtype_in_value = false;  // kNdarrayVariable of a bare `ndarray` column: each value names its dtype
-  bool ragged() const { return kind == Kind::kBytes || kind == Kind::kNdarrayVariable; }
+  bool ragged() const {
+    return kind == Kind::kBytes || kind == Kind::kNdarrayVariable || kind == Kind::kTfInt64List ||
+           kind == Kind::kTfFloatList;
+  }
+  /// A ragged field's decoded bytes per byte of the record, at most: an
+  /// Int64List's varint of one byte decodes to 8.
+  uint64_t expansion() const { return kind == Kind::kTfInt64List ? 8 : 1; }
   /// Dense kinds: bytes of one sample's value.
   uint64_t sample_bytes() const;
   bool operator==(const FieldDecoding&) const = default;
@@ -59,6 +67,11 @@ FieldDecoding WebDatasetFieldDecoding(const std::string& name, std::optional<DTy
 /// gives it). Errors name the field and the encoding: a dtype asked of a
 /// column that does not hold numbers of that dtype.
 Result<FieldDecoding> MdsFieldDecoding(const std::string& name, std::optional<DType> dtype, const MdsColumn& column);
+
+/// A TFRecord field: a bytes_list's one value as stored (no dtype), an
+/// int64_list's values (int64) or a float_list's (float32), ragged. Errors
+/// name the field and the dtype: another dtype.
+Result<FieldDecoding> TfRecordFieldDecoding(const std::string& name, std::optional<DType> dtype);
 
 /// One sample's wanted values, in the order of the fields asked for: a view
 /// into the sample's bytes, or nullopt when the sample lacks the field.
@@ -77,6 +90,15 @@ Status WebDatasetSampleValues(std::string_view record, const std::string& shard,
 /// shard has no such column, so every row lacks it).
 Status MdsSampleValues(std::string_view record, const MdsShard& shard_info, const std::string& shard, uint64_t offset,
                        const std::vector<int>& columns, FieldValues& out);
+
+/// The features of a TFRecord record (`record`: its framing and its
+/// Example, at byte `offset` of file `file`; both CRCs checked) for the
+/// wanted `fields`: a bytes_list's single value, or an int64_list's or
+/// float_list's list message, which DecodeFieldValue decodes. Errors name
+/// the file and byte: a bad CRC, a malformed Example, a feature of another
+/// kind than its field's, a bytes_list of more or fewer than one value.
+Status TfRecordSampleValues(std::string_view record, const std::string& file, uint64_t offset,
+                            const std::vector<FieldDecoding>& fields, FieldValues& out);
 
 /// Decodes `value` (at byte `offset` of `file`, for messages) into `dest`:
 /// the bytes a ragged field takes (at most `room`; `written` says how many)

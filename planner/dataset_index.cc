@@ -35,6 +35,21 @@ bool DatasetIndex::ResolveFields(const DatasetSpec& spec, DatasetIndex& idx, Dia
     }
     return true;
   }
+  if (spec.format == DatasetFormat::kTFRecord) {
+    // Each field is the feature of its name; its kind is checked record by
+    // record (an Example has no schema).
+    bool ok = true;
+    for (size_t i = 0; i < spec.fields.size(); ++i) {
+      auto d = formats::TfRecordFieldDecoding(spec.fields[i].name, spec.fields[i].dtype);
+      if (!d.ok()) {
+        diags.Add("spec.dataset.fields[" + std::to_string(i) + "].dtype", d.status().message());
+        ok = false;
+        continue;
+      }
+      idx.fields_.push_back(std::move(*d));
+    }
+    return ok;
+  }
   // MDS: each field is the column of its name, decoded the same way in
   // every shard that has it.
   bool ok = true;
@@ -190,7 +205,8 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
         break;
       }
       case DatasetFormat::kWebDataset:
-      case DatasetFormat::kMDS: {
+      case DatasetFormat::kMDS:
+      case DatasetFormat::kTFRecord: {
         Result<std::vector<uint64_t>>& r = facts.records;
         if (!r.ok()) {
           diags.Add(r.status());
@@ -249,6 +265,7 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
     }
     case DatasetFormat::kWebDataset:
     case DatasetFormat::kMDS:
+    case DatasetFormat::kTFRecord:
       idx.dtype_ = formats::DType::kUint8;
       idx.missing_field_ = spec.missing_field;
       if (!ResolveFields(spec, idx, diags)) return InvalidArgument("the fields cannot be read", spec.uri);
@@ -311,13 +328,19 @@ DatasetIndex DatasetIndex::Virtual(const DatasetSpec& spec, uint64_t samples) {
       break;
     case DatasetFormat::kWebDataset:
     case DatasetFormat::kMDS:
+    case DatasetFormat::kTFRecord:
       // Sizes and MDS column encodings come only from the shards: a field
-      // with a dtype is taken as one value of it.
+      // with a dtype is taken as one value of it (a TFRecord list's values,
+      // ragged).
       f.count = samples;
       idx.missing_field_ = spec.missing_field;
       for (const DatasetField& field : spec.fields) {
         formats::FieldDecoding d = formats::WebDatasetFieldDecoding(field.name, field.dtype);
         if (spec.format == DatasetFormat::kMDS && field.dtype) d.kind = formats::FieldDecoding::Kind::kScalar;
+        if (spec.format == DatasetFormat::kTFRecord) {
+          auto tf = formats::TfRecordFieldDecoding(field.name, field.dtype);
+          if (tf.ok()) d = std::move(*tf);
+        }
         idx.fields_.push_back(std::move(d));
       }
       break;

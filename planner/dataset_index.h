@@ -186,7 +186,7 @@ class DatasetIndex {
   bool variable_size() const { return !rows_ && (format_ == DatasetFormat::kMegatronIndexed || record_format()); }
   /// WebDataset and MDS: a sample is a record of several values, read whole
   /// and decoded into fields().
-  bool record_format() const { return format_ == DatasetFormat::kWebDataset || format_ == DatasetFormat::kMDS; }
+  bool record_format() const { return IsRecordFormat(format_); }
   /// record_format(): how each of spec.dataset.fields is decoded, in order
   /// (for MDS, from the shards' column encodings).
   const std::vector<formats::FieldDecoding>& fields() const { return fields_; }

@@ -389,10 +389,9 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
     }
   }
   if (spec.batch.balance.mode == BalanceMode::kTokens && !spec.dataset.format_unknown &&
-      spec.dataset.format != DatasetFormat::kMegatronIndexed && spec.dataset.format != DatasetFormat::kWebDataset &&
-      spec.dataset.format != DatasetFormat::kMDS) {
+      spec.dataset.format != DatasetFormat::kMegatronIndexed && !IsRecordFormat(spec.dataset.format)) {
     d.Add("spec.batch.balance.mode",
-          "Tokens needs variable-size samples (format MegatronIndexed, WebDataset or MDS); " +
+          "Tokens needs variable-size samples (format MegatronIndexed, WebDataset, MDS or TFRecord); " +
               std::string(ToString(spec.dataset.format)) +
               " samples all have the same size, so every shard already has the same tokens");
   }
@@ -455,7 +454,8 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
       break;
     }
     case DatasetFormat::kWebDataset:
-    case DatasetFormat::kMDS: {
+    case DatasetFormat::kMDS:
+    case DatasetFormat::kTFRecord: {
       const std::string name(ToString(ds.format));
       if (sequence_length_given) {
         d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
@@ -488,6 +488,12 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
                                    " is not decoded from a WebDataset member's text; use an integer or float type, or "
                                    "leave dtype out for the bytes");
         }
+        if (ds.format == DatasetFormat::kTFRecord && f.dtype && *f.dtype != formats::DType::kInt64 &&
+            *f.dtype != formats::DType::kFloat32) {
+          d.Add(at + ".dtype", std::string(formats::DTypeName(*f.dtype)) +
+                                   " is not a TFRecord feature's type: int64 (an int64_list), float32 (a "
+                                   "float_list), or no dtype for a bytes_list");
+        }
       }
       break;
     }
@@ -502,9 +508,8 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
     }
     default: break;  // format missing or unknown: already reported
   }
-  if (!ds.format_unknown && ds.format != DatasetFormat::kWebDataset && ds.format != DatasetFormat::kMDS &&
-      !ds.fields.empty()) {
-    d.Add("spec.dataset.fields", "are only used by formats WebDataset and MDS; remove them");
+  if (!ds.format_unknown && !IsRecordFormat(ds.format) && !ds.fields.empty()) {
+    d.Add("spec.dataset.fields", "are only used by formats WebDataset, MDS and TFRecord; remove them");
   }
   if (spec.tokens) ValidateTokens(spec, d);
   if (ds.samples && B >= 1 && *ds.samples >= 1 && *ds.samples < B && !spec.tokens) {

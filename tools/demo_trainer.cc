@@ -117,7 +117,7 @@ class RecordChecker {
         continue;
       }
       if (k >= delivered) return "sample " + std::to_string(id) + " is missing from the batch";
-      const uint64_t room = fd.ragged() ? values_[field]->size() : fd.sample_bytes();
+      const uint64_t room = fd.ragged() ? values_[field]->size() * fd.expansion() : fd.sample_bytes();
       want_.resize(std::max<uint64_t>(room, 1));
       uint64_t written = 0;
       MESHLOAD_RETURN_IF_ERROR(

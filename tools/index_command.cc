@@ -1,4 +1,5 @@
-// `meshload index`: Energon-compatible .tar.idx files for WebDataset shards,
+// `meshload index`: Energon-compatible .tar.idx files for WebDataset shards
+// and DALI tfrecord2idx indexes for TFRecord files,
 // from the shards' tar headers read through the sources (ranged reads, so
 // a remote shard's data is not downloaded), several shards at once.
 
@@ -18,6 +19,7 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "formats/tar.h"
+#include "formats/tfrecord.h"
 #include "formats/webdataset.h"
 #include "sidecar/source/source.h"
 
@@ -29,14 +31,17 @@ using sidecar::source::SourceRegistry;
 
 constexpr const char* kIndexUsage = R"(usage: meshload index [options] URI...
 
-Writes the index each WebDataset shard needs: SHARD.tar.idx, as
-Megatron-Energon's `energon prepare` writes it (each sample's offset in the
-tar, then where its members end). The shards' tar headers are read through
-the storage sources by ranged reads, several shards at once; a shard that
-has an index already is left as it is, so an interrupted run is resumed by
-running it again.
+Writes the index each WebDataset shard or TFRecord file needs: for a
+shard (.tar), SHARD.tar.idx, as Megatron-Energon's `energon prepare` writes
+it (each sample's offset in the tar, then where its members end); for a
+TFRecord file (a name with .tfrecord in it, or any file with --format
+TFRecord), FILE.idx as DALI's tfrecord2idx writes it (a line "OFFSET
+LENGTH" per record). The tar headers or record frames are read through the
+storage sources by ranged reads, several files at once; a file that has an
+index already is left as it is, so an interrupted run is resumed by running
+it again.
 
-URI is a shard, a directory, a glob or brace ranges
+URI is a file, a directory, a glob or brace ranges
 (shards/train-{000000..000127}.tar), as a path or a file://, http(s):// or
 s3:// URI (s3: the AWS_* environment gives the endpoint and credentials).
 
@@ -45,7 +50,9 @@ options:
                    of beside the shards; needed for http(s) and s3 shards,
                    whose indexes you then upload beside them
   --jobs N         shards indexed at once (default 4, 16 for remote shards)
-  --force          index shards that have an index already
+  --force          index files that have an index already
+  --format FORMAT  WebDataset or TFRecord: index every file the URIs name as
+                   that format (default: by name, .tar and .tfrecord)
   --log-level LEVEL  debug, info, warn, error, off (env MESHLOAD_LOG_LEVEL)
 
 exit codes: 0 every shard has its index; 1 a shard could not be indexed
@@ -62,6 +69,7 @@ struct Shard {
   std::string name;          // as the source names it
   uint64_t size = 0;
   std::string index_path;  // where its index goes (a local path)
+  bool tfrecord = false;   // a TFRecord file, not a tar shard
 };
 
 bool LocalFileExists(const std::string& path) {
@@ -98,6 +106,38 @@ Result<std::string> IndexShard(const Shard& shard, uint64_t* samples) {
   return formats::EnergonTarIndexBytes(formats::ShardSamples::EnergonIndex(all, walker.end_offset()));
 }
 
+// Walks a TFRecord file's frames (each record's 12-byte header, its length
+// CRC checked; the payloads are skipped, but read in the window) and
+// returns its DALI index.
+Result<std::string> IndexTfRecordFile(const Shard& shard, uint64_t* records) {
+  std::vector<uint64_t> offsets;
+  std::string window;
+  uint64_t window_at = 0;
+  uint64_t at = 0;
+  while (at < shard.size) {
+    if (shard.size - at < formats::kTfRecordFramingBytes) {
+      return DataLoss("a record's framing is cut off by the end of the file", shard.name + "@" + std::to_string(at));
+    }
+    if (at < window_at || at + 12 > window_at + window.size()) {
+      window_at = at;
+      window.resize(std::min<uint64_t>(kReadWindow, shard.size - at));
+      MESHLOAD_RETURN_IF_ERROR(shard.source->Read(shard.name, window_at, window.data(), window.size()));
+    }
+    MESHLOAD_ASSIGN_OR_RETURN(const uint64_t n,
+                              formats::TfRecordLength(std::string_view(window).substr(at - window_at, 12),
+                                                      sidecar::source::RedactUri(shard.name), at));
+    if (n > shard.size - at - formats::kTfRecordFramingBytes) {
+      return DataLoss("a record of " + std::to_string(n) + " bytes runs past the end of the file",
+                      sidecar::source::RedactUri(shard.name) + "@" + std::to_string(at));
+    }
+    offsets.push_back(at);
+    at += n + formats::kTfRecordFramingBytes;
+  }
+  offsets.push_back(at);
+  *records = offsets.size() - 1;
+  return formats::TfRecordIndexText(offsets);
+}
+
 // Writes `bytes` to `path` whole or not at all (a temporary, then rename).
 Status WriteWhole(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp";
@@ -126,6 +166,8 @@ int RunIndex(const std::vector<std::string>& args) {
   std::string output, log_level;
   std::optional<int64_t> jobs;
   bool force = false;
+  std::string format;
+  flags.String({"--format"}, &format);
   flags.String({"--output"}, &output);
   flags.OptionalInt({"--jobs"}, &jobs);
   flags.Bool({"--force"}, &force);
@@ -136,6 +178,9 @@ int RunIndex(const std::vector<std::string>& args) {
   }
   if (uris.empty()) return UsageError("no shards given\n\n" + std::string(kIndexUsage));
   if (jobs && (*jobs < 1 || *jobs > 256)) return UsageError("--jobs: expected 1 to 256");
+  if (!format.empty() && format != "WebDataset" && format != "TFRecord") {
+    return UsageError("--format: expected WebDataset or TFRecord, got '" + format + "'");
+  }
   if (!output.empty() && !LocalFileExists(output)) return UsageError("--output " + output + ": no such directory");
 
   sidecar::source::SourceOptions sopts;
@@ -174,13 +219,17 @@ int RunIndex(const std::vector<std::string>& args) {
       }
       for (const Source::Listed& o : *listed) {
         const std::string base = BaseName(o.name);
-        if (!base.ends_with(".tar")) continue;  // an index, a sidecar file: not a shard
+        if (base.ends_with(".idx") || base.ends_with(".tmp")) continue;  // an index: not data
+        const bool tfrecord = format.empty() ? base.find(".tfrecord") != std::string::npos : format == "TFRecord";
+        if (!tfrecord && (format.empty() ? !base.ends_with(".tar") : false)) continue;  // not a shard
         shards.push_back(
-            {found->first, o.name, o.size, output.empty() ? o.name + ".idx" : output + "/" + base + ".idx"});
+            {found->first, o.name, o.size, output.empty() ? o.name + ".idx" : output + "/" + base + ".idx", tfrecord});
       }
     }
   }
-  if (shards.empty()) return UsageError("no .tar shards found in " + sidecar::source::RedactUri(uris.front()));
+  if (shards.empty()) {
+    return UsageError("no .tar shards or .tfrecord files found in " + sidecar::source::RedactUri(uris.front()));
+  }
 
   const size_t threads = static_cast<size_t>(jobs.value_or(remote ? 16 : 4));
   std::atomic<size_t> next{0}, done{0}, failed{0}, skipped{0};
@@ -199,7 +248,7 @@ int RunIndex(const std::vector<std::string>& args) {
         continue;
       }
       uint64_t samples = 0;
-      Result<std::string> bytes = IndexShard(s, &samples);
+      Result<std::string> bytes = s.tfrecord ? IndexTfRecordFile(s, &samples) : IndexShard(s, &samples);
       Status st = bytes.ok() ? WriteWhole(s.index_path, *bytes) : bytes.status();
       if (!st.ok()) {
         ++failed;
@@ -211,7 +260,7 @@ int RunIndex(const std::vector<std::string>& args) {
         continue;
       }
       say("[" + std::to_string(++done) + "/" + std::to_string(shards.size()) + "] " + shown + ": " +
-          std::to_string(samples) + " samples -> " + s.index_path);
+          std::to_string(samples) + (s.tfrecord ? " records -> " : " samples -> ") + s.index_path);
     }
   };
   std::vector<std::thread> pool;

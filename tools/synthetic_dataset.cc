@@ -15,6 +15,7 @@
 #include "formats/megatron_index.h"
 #include "formats/mds.h"
 #include "formats/tar.h"
+#include "formats/tfrecord.h"
 #include "formats/webdataset.h"
 #include "formats/npy.h"
 #include "planner/sampler.h"
@@ -219,10 +220,64 @@ Result<std::string> GenerateRecords(const planner::DatasetSpec& spec, const std:
   }
   return dir;  // WebDataset: the folder's .tar shards
 }
+// TFRecord: part-NNNNN.tfrecord files of tf.train.Example records, each
+// field a feature (a bytes_list of the field's blob; an int64_list or
+// float_list of 1 to 8 values of the sample's numbers), with their DALI
+// index part-NNNNN.tfrecord.idx.
+Result<std::string> GenerateTfRecords(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
+                                      int files) {
+  if (spec.fields.empty()) return InvalidArgument("name the fields to generate", "spec.dataset.fields");
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("part-", 0) == 0) std::filesystem::remove(e.path());
+  }
+  uint64_t next = 0;
+  for (int part = 0; part < files; ++part) {
+    const uint64_t count = samples / static_cast<uint64_t>(files) +
+                           (static_cast<uint64_t>(part) < samples % static_cast<uint64_t>(files) ? 1 : 0);
+    char name[64];
+    std::snprintf(name, sizeof name, "part-%05d.tfrecord", part);
+    const std::string path = dir + "/" + name;
+    std::string body;
+    std::vector<uint64_t> offsets;
+    for (uint64_t k = 0; k < count; ++k) {
+      const uint64_t id = next + k;
+      formats::TfExampleWriter example;
+      for (size_t f = 0; f < spec.fields.size(); ++f) {
+        const planner::DatasetField& field = spec.fields[f];
+        const uint64_t n = 1 + (id * 7 + f) % 8;
+        if (!field.dtype) {
+          example.AddBytes(field.name, SyntheticBlob(id, f));
+        } else if (*field.dtype == formats::DType::kInt64) {
+          std::vector<int64_t> v(n);
+          for (uint64_t i = 0; i < n; ++i) v[i] = static_cast<int64_t>((id * 2654435761u + i * 40503u) % 100003) - 7;
+          example.AddInt64s(field.name, v);
+        } else {
+          std::vector<float> v(n);
+          for (uint64_t i = 0; i < n; ++i) v[i] = static_cast<float>(id) * 0.25f + static_cast<float>(i);
+          example.AddFloats(field.name, v);
+        }
+      }
+      offsets.push_back(body.size());
+      body += formats::TfRecordFrame(example.Serialize());
+    }
+    offsets.push_back(body.size());
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out) return IoErrorFromErrno("create", path, errno);
+    MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, reinterpret_cast<const uint8_t*>(body.data()), body.size()));
+    const std::string idx = formats::TfRecordIndexText(offsets);
+    std::ofstream iout(path + ".idx", std::ios::binary | std::ios::trunc);
+    if (!iout) return IoErrorFromErrno("create", path + ".idx", errno);
+    MESHLOAD_RETURN_IF_ERROR(WriteAll(iout, path + ".idx", reinterpret_cast<const uint8_t*>(idx.data()), idx.size()));
+    next += count;
+  }
+  return dir;
+}
+
 }  // namespace
 
 uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec) {
-  if (spec.format == planner::DatasetFormat::kWebDataset || spec.format == planner::DatasetFormat::kMDS) {
+  if (planner::IsRecordFormat(spec.format)) {
     uint64_t b = 0;  // the mean: a blob of about 4 KiB per field of bytes, and the tar headers
     for (const planner::DatasetField& f : spec.fields) b += (f.dtype ? 8 : 4352) + 1024;
     return b;
@@ -261,6 +316,7 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
   switch (spec.format) {
     case planner::DatasetFormat::kWebDataset:
     case planner::DatasetFormat::kMDS: return GenerateRecords(spec, dir, samples, files);
+    case planner::DatasetFormat::kTFRecord: return GenerateTfRecords(spec, dir, samples, files);
     case planner::DatasetFormat::kFixedRecord:
     case planner::DatasetFormat::kNpy: {
       const uint64_t rb = SyntheticSampleBytes(spec);

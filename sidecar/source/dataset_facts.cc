@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "formats/mds.h"
+#include "formats/tfrecord.h"
 #include "formats/webdataset.h"
 
 namespace meshload::sidecar::source {
@@ -198,6 +199,77 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> WebDatasetFacts(Source& so
   return files;
 }
 
+// TFRecord: the URI names files (brace ranges, globs, folders, as for
+// WebDataset; objects ending .idx are indexes, not data); each FILE needs
+// its DALI index (tfrecord2idx's "OFFSET LENGTH" lines) beside it as
+// FILE.idx, else as the name up to its first dot + .idx.
+Result<std::vector<planner::DatasetIndex::FileFacts>> TfRecordFacts(Source& source, const std::string& uri,
+                                                                    const std::string& name, Diagnostics& diags) {
+  std::vector<Source::Listed> data;
+  for (const std::string& pattern : formats::ExpandShardPattern(name)) {
+    MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source.List(pattern));
+    for (Source::Listed& o : objects) {
+      if (!BaseName(o.name).ends_with(".idx")) data.push_back(std::move(o));
+    }
+  }
+  std::vector<planner::DatasetIndex::FileFacts> found(data.size());
+  std::vector<char> indexed(data.size(), 1);
+  ForEachFile(source, data.size(), [&](size_t i) {
+    const Source::Listed& o = data[i];
+    planner::DatasetIndex::FileFacts& facts = found[i];
+    facts.path = o.name;
+    facts.size = o.size;
+    facts.version = o.version;
+    std::string idx = o.name + ".idx";
+    auto info = source.Stat(idx);
+    if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
+      const size_t slash = o.name.rfind('/');
+      const size_t dot = o.name.find('.', slash == std::string::npos ? 0 : slash + 1);
+      if (dot != std::string::npos) {
+        idx = o.name.substr(0, dot) + ".idx";
+        info = source.Stat(idx);
+      }
+    }
+    if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
+      indexed[i] = 0;
+      return;
+    }
+    if (!info.ok()) {
+      facts.records = info.status();
+      return;
+    }
+    std::string bytes(static_cast<size_t>(info->size), '\0');
+    Status st = source.Read(idx, 0, bytes.data(), bytes.size());
+    if (!st.ok()) {
+      facts.records = st;
+    } else {
+      facts.records = formats::ParseTfRecordIndex(bytes, RedactUri(idx), o.size);
+    }
+  });
+  std::vector<planner::DatasetIndex::FileFacts> files;
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (indexed[i]) {
+      files.push_back(std::move(found[i]));
+    } else {
+      missing.push_back(data[i].name);
+    }
+  }
+  if (!missing.empty()) {
+    std::string names = RedactUri(missing.front());
+    if (missing.size() > 1) names += " and " + std::to_string(missing.size() - 1) + " more";
+    diags.Add(RedactUri(missing.front()),
+              std::to_string(missing.size()) +
+                  " TFRecord file(s) without an index beside them (FILE.idx, as DALI's "
+                  "tfrecord2idx writes it): " +
+                  names + ". Write them with `meshload index " + RedactUri(uri) +
+                  "`, then start the job again; or, if they are not TFRecord files, name only those that are "
+                  "(a glob such as DIR/*.tfrecord)");
+  }
+  if (files.empty() && missing.empty()) return InvalidArgument("names no TFRecord file", RedactUri(uri));
+  return files;
+}
+
 // MDS: the URI names a dataset folder (or prefix) holding index.json, or
 // index.json itself; every shard it lists is read by its offset table (the
 // first 4 × (N + 2) bytes). A compressed shard is read as the raw shard it
@@ -317,9 +389,11 @@ Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, Sou
     for (const auto& f : files) {
       if (std::string r = RedactUri(f.path); r != f.path) secret.emplace_back(f.path, std::move(r));
     }
-  } else if (spec.format == planner::DatasetFormat::kWebDataset || spec.format == planner::DatasetFormat::kMDS) {
+  } else if (planner::IsRecordFormat(spec.format)) {
     MESHLOAD_ASSIGN_OR_RETURN(files, spec.format == planner::DatasetFormat::kMDS
                                          ? MdsFacts(*source, spec.uri, name, index_diags)
+                                     : spec.format == planner::DatasetFormat::kTFRecord
+                                         ? TfRecordFacts(*source, spec.uri, name, index_diags)
                                          : WebDatasetFacts(*source, spec.uri, name, index_diags));
     for (const auto& f : files) {
       if (std::string r = RedactUri(f.path); r != f.path) secret.emplace_back(f.path, std::move(r));
@@ -335,8 +409,9 @@ Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, Sou
       files[i].version = o.version;
     }
     if (spec.format == planner::DatasetFormat::kNpy) {
-      ForEachFile(*source, files.size(),
-                  [&](size_t i) { files[i].npy = ReadNpyHeader(*source, files[i].path, files[i].size); });
+      Source* src = source;  // a structured binding: not captured by older compilers
+      ForEachFile(*src, files.size(),
+                  [&](size_t i) { files[i].npy = ReadNpyHeader(*src, files[i].path, files[i].size); });
     }
   }
   auto index = planner::DatasetIndex::FromFiles(spec, std::move(files), index_diags);

@@ -43,6 +43,10 @@ Status RecordValues(const planner::DatasetIndex& ds, uint64_t id, std::string_vi
     return formats::WebDatasetSampleValues(record, *place.file_name, place.offset, extensions, values, key);
   }
   const planner::DatasetFile& file = ds.files()[place.file];
+  if (ds.format() == planner::DatasetFormat::kTFRecord) {
+    key = "record " + std::to_string(id - file.first);
+    return formats::TfRecordSampleValues(record, *place.file_name, place.offset, ds.fields(), values);
+  }
   key = "row " + std::to_string(id - file.first);
   return formats::MdsSampleValues(record, *file.mds, *place.file_name, place.offset, file.mds_columns, values);
 }

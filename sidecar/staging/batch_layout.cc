@@ -70,11 +70,15 @@ BatchLayout ComputeBatchLayout(const planner::ResolvedJob& job, int64_t process)
   // One device's region: each field's tensor, relative to the region.
   std::vector<FieldTensor> tensors;
   uint64_t region = 0;
-  for (const FieldLayout& f : l.fields) {
+  for (size_t fi = 0; fi < l.fields.size(); ++fi) {
+    const FieldLayout& f = l.fields[fi];
     FieldTensor t;
     if (f.ragged) {
+      const uint64_t expansion = l.extracts ? ds.fields()[fi].expansion() : 1;
       const uint64_t es = formats::DTypeSize(f.dtype);
-      const uint64_t values = largest / es * es;
+      // A field decoded from the record can take more than its bytes there
+      // (a TFRecord int64 varint of one byte is 8).
+      const uint64_t values = largest * expansion / es * es;
       t.offsets_offset = region;
       region += Aligned((n + 1) * sizeof(int64_t));
       t.offset = region;

@@ -52,6 +52,24 @@ def mds_expected(codec="raw"):
     return [{c: bytes.fromhex(v) for c, v in row["columns"].items()} for shard in doc["shards"] for row in shard]
 
 
+def tfrecord_expected():
+    """Per global sample id: {feature: bytes as the sidecar stages them} (a
+    bytes_list's value; int64 and float values little-endian, back to back)."""
+    with open(os.path.join(DATA, "tfrecord", "expected.json")) as f:
+        doc = json.load(f)
+    out = []
+    for file in doc["files"]:
+        for record in file["records"]:
+            fields = {}
+            for name, feature in record["features"].items():
+                if feature["kind"] == "int64":
+                    fields[name] = np.array(feature["values"], np.int64).tobytes()
+                else:
+                    fields[name] = b"".join(bytes.fromhex(v) for v in feature["values"])
+            out.append(fields)
+    return out
+
+
 def planned(job, first, last):
     """{step: {global device: [sample ids]}} from `meshload plan`."""
     out = subprocess.run([MESHLOAD, "plan", "-f", job, "--steps", "%d:%d" % (first, last), "--format", "json"],
@@ -210,6 +228,23 @@ class FieldsTest(unittest.TestCase):
                         self.assertEqual(len(blocks), 4, blocks)  # one per shard
                     else:
                         self.assertIn("decompressed in memory", log)
+
+    def test_tfrecord_features_as_bytes_and_ragged_lists(self):
+        """TFRecord files TensorFlow wrote: bytes, int64 and float32 features
+        over two epochs, each a ragged field of the dtype the job names."""
+        fields = [("image", None), ("label", "int64"), ("input_ids", "int64"), ("box", "float32")]
+        with Run("tfrecord", "TFRecord", os.path.join(DATA, "tfrecord", "*.tfrecord"), fields, 2, 1,
+                 [("data", 2)]) as run:
+            self.check(run, tfrecord_expected(), lambda f, b: b, 0, 8)  # 30 records, batch 8: two epochs
+            c = meshload.Client(run.sidecars[0].sock)
+            try:
+                b = c.next(timeout=60)
+                self.assertIsInstance(b.field("label")[0], meshload.Ragged)
+                self.assertEqual(str(np.from_dlpack(b.field("label")[0].values).dtype), "int64")
+                self.assertEqual(str(np.from_dlpack(b.field("box")[0].values).dtype), "float32")
+                del b
+            finally:
+                c.close()
 
     def test_mds_columns_as_bytes_scalars_and_arrays(self):
         expected = mds_expected()

@@ -98,6 +98,11 @@ MIXTURE["spec"]["mixture"] = {"datasets": [
 MDS = copy.deepcopy(FULL)
 MDS["spec"]["dataset"] = {"uri": "s3://bucket/mds/train/", "format": "MDS",
                           "fields": [{"name": "image"}, {"name": "label", "dtype": "int64"}], "samples": 1000}
+TFRECORD = copy.deepcopy(FULL)
+TFRECORD["spec"]["dataset"] = {"uri": "s3://bucket/tf/train-*.tfrecord", "format": "TFRecord",
+                               "fields": [{"name": "image"}, {"name": "label", "dtype": "int64"},
+                                          {"name": "box", "dtype": "float32"}], "samples": 1000}
+TFRECORD["spec"]["batch"]["balance"] = {"mode": "Tokens", "tolerance": 0.05}
 
 
 def create(doc, dry_run=True):
@@ -106,7 +111,8 @@ def create(doc, dry_run=True):
 
 
 for label, doc in (("FixedRecord", FULL), ("TokenStream", TOKENS), ("MegatronIndexed", MEGATRON),
-                   ("WebDataset", WEBDATASET), ("MDS", MDS), ("mixture", MIXTURE), ("rows of tokens", ROWS),
+                   ("WebDataset", WEBDATASET), ("MDS", MDS), ("TFRecord", TFRECORD), ("mixture", MIXTURE),
+                   ("rows of tokens", ROWS),
                    ("window-shuffled", WINDOW)):
     rc, out = create(doc)
     check("a %s job with every field is accepted" % label, rc == 0, out)
@@ -265,11 +271,15 @@ CEL = [
     ("padToken and packing with Concatenate", ROWS, lambda d: put(d, ["spec", "tokens", "mode"], "Concatenate"),
      ["spec.tokens", "padToken and packing are only used with mode Pack"]),
     ("WebDataset without fields", WEBDATASET, lambda d: drop(d, ["spec", "dataset", "fields"]),
-     ["spec.dataset", "formats WebDataset and MDS need fields"]),
+     ["spec.dataset", "formats WebDataset, MDS and TFRecord need fields"]),
+    ("TFRecord without fields", TFRECORD, lambda d: drop(d, ["spec", "dataset", "fields"]),
+     ["spec.dataset", "formats WebDataset, MDS and TFRecord need fields"]),
     ("MDS with a dataset dtype", MDS, lambda d: put(d, ["spec", "dataset", "dtype"], "uint8"),
-     ["spec.dataset", "formats WebDataset and MDS need fields, and take no recordBytes or dtype"]),
+     ["spec.dataset", "formats WebDataset, MDS and TFRecord need fields, and take no recordBytes or dtype"]),
+    ("TFRecord with recordBytes", TFRECORD, lambda d: put(d, ["spec", "dataset", "recordBytes"], 64),
+     ["spec.dataset", "formats WebDataset, MDS and TFRecord need fields, and take no recordBytes or dtype"]),
     ("fields with FixedRecord", FULL, lambda d: put(d, ["spec", "dataset", "fields"], [{"name": "jpg"}]),
-     ["spec.dataset.fields", "fields are only used by formats WebDataset and MDS"]),
+     ["spec.dataset.fields", "fields are only used by formats WebDataset, MDS and TFRecord"]),
     ("a field name with a slash", WEBDATASET, lambda d: put(d, ["spec", "dataset", "fields", 0, "name"], "a/b"),
      ["spec.dataset.fields[0].name"]),
     ("an unknown missingField policy", WEBDATASET, lambda d: put(d, ["spec", "dataset", "missingField"], "Drop"),

@@ -5,6 +5,8 @@
 # are left alone) and --force redoes them; a damaged shard is named with the
 # byte at fault, gets no index (not even a partial one) and does not stop
 # the others; --output writes elsewhere; bad arguments are usage errors.
+# TFRecord files (TensorFlow's, tests/formats/data/tfrecord): their indexes
+# are what DALI's tfrecord2idx wrote.
 # (s3:// shards: tests/s3/s3_run_test.sh.)
 # usage: index_cli_test.sh MESHLOAD_BINARY REPO_ROOT
 set -u
@@ -72,9 +74,34 @@ check "no shards given: a usage error" $?
 [ $? -eq 2 ] && grep -q -- "--jobs: expected 1 to 256" "$TMP/u2.out"
 check "--jobs 0: a usage error" $?
 "$ML" index "$TMP/out" >"$TMP/u3.out" 2>&1
-[ $? -eq 2 ] && grep -q "no .tar shards found" "$TMP/u3.out"
+[ $? -eq 2 ] && grep -q "no .tar shards or .tfrecord files found" "$TMP/u3.out"
 check "a folder without shards: a usage error naming it" $?
 "$ML" index --output "$TMP/nowhere" "$TMP" >"$TMP/u4.out" 2>&1
 [ $? -eq 2 ] && grep -q "no such directory" "$TMP/u4.out"
 check "--output to a folder that does not exist: a usage error" $?
+"$ML" index --format tar "$TMP" >"$TMP/u5.out" 2>&1
+[ $? -eq 2 ] && grep -q -- "--format: expected WebDataset or TFRecord, got 'tar'" "$TMP/u5.out"
+check "--format of another format: a usage error" $?
+
+# TFRecord files TensorFlow wrote: their index is byte for byte what DALI's
+# tfrecord2idx (the tfrecord package's) wrote; a file named without
+# .tfrecord is indexed with --format TFRecord; a file cut short is named with
+# the byte of the record it cuts, and gets no index.
+TF=$ROOT/tests/formats/data/tfrecord
+mkdir -p "$TMP/tf"
+cp "$TF"/part-0000[01].tfrecord "$TMP/tf/"
+cp "$TF/part-00002.tfrecord" "$TMP/tf/train-00002-of-00003"
+"$ML" index "$TMP/tf" >"$TMP/tf1.out" 2>&1 && grep -q "2 indexed, 0 had an index, 0 failed" "$TMP/tf1.out" &&
+  cmp -s "$TMP/tf/part-00000.tfrecord.idx" "$TF/part-00000.tfrecord.idx" &&
+  cmp -s "$TMP/tf/part-00001.tfrecord.idx" "$TF/part-00001.tfrecord.idx" && grep -q "12 records" "$TMP/tf1.out"
+check "TFRecord files indexed byte for byte as tfrecord2idx indexed them (.tfrecord names)" $?
+[ $? -eq 0 ] || cat "$TMP/tf1.out"
+"$ML" index --format TFRecord "$TMP/tf/train-00002-of-00003" >"$TMP/tf2.out" 2>&1 &&
+  cmp -s "$TMP/tf/train-00002-of-00003.idx" "$TF/part-00002.tfrecord.idx"
+check "--format TFRecord indexes a file named without .tfrecord" $?
+head -c 2000 "$TF/part-00001.tfrecord" >"$TMP/tf/cut.tfrecord"
+"$ML" index "$TMP/tf/cut.tfrecord" >"$TMP/tf3.out" 2>&1
+[ $? -eq 1 ] && grep -q "cut.tfrecord@1430: a record of 790 bytes runs past the end of the file" "$TMP/tf3.out" && [ ! -e "$TMP/tf/cut.tfrecord.idx" ]
+check "a TFRecord file cut short: named with the byte of the record it cuts, no index written" $?
+[ $? -eq 0 ] || cat "$TMP/tf3.out"
 finish

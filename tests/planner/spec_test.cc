@@ -383,7 +383,7 @@ TEST(Spec, RecordFormatsNeedTheirFieldsAndTakeNoDatasetDtype) {
   EXPECT_TRUE(EditHasProblem(from, "format: WebDataset\n    fields: [{name: jpg}]\n    missingField: Drop",
                              "spec.dataset.missingField: unknown value 'Drop'; expected one of Error, Skip"));
   EXPECT_TRUE(EditHasProblem("recordBytes: 64", "recordBytes: 64\n    fields: [{name: jpg}]",
-                             "spec.dataset.fields: are only used by formats WebDataset and MDS"));
+                             "spec.dataset.fields: are only used by formats WebDataset, MDS and TFRecord"));
   auto ok = Problems(Edit(from,
                           "format: WebDataset\n    fields: [{name: jpg}, {name: cls, dtype: int64}]\n"
                           "    missingField: Skip"));
@@ -395,7 +395,7 @@ TEST(Spec, TokenBalancingNeedsVariableSizeSamplesAndATolerance) {
   const std::string balance = "globalBatchSize: 8\n    balance: {mode: Tokens}";
   EXPECT_TRUE(EditHasProblem("globalBatchSize: 8", balance,
                              "spec.batch.balance.mode: Tokens needs variable-size samples (format MegatronIndexed, "
-                             "WebDataset or MDS); FixedRecord samples all have the same size"));
+                             "WebDataset, MDS or TFRecord); FixedRecord samples all have the same size"));
   EXPECT_TRUE(EditHasProblem("globalBatchSize: 8", "globalBatchSize: 8\n    balance: {mode: Bytes}",
                              "spec.batch.balance.mode: unknown value 'Bytes'; expected one of None, Tokens"));
   EXPECT_TRUE(EditHasProblem("globalBatchSize: 8", "globalBatchSize: 8\n    balance: {mode: Tokens, tolerance: 1.5}",

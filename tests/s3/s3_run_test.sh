@@ -49,6 +49,7 @@ job() {
     MegatronIndexed) fmt="format: MegatronIndexed" ;;
     WebDataset) fmt="format: WebDataset, fields: [{name: jpg}, {name: cls, dtype: int64}]" ;;
     MDS) fmt="format: MDS, fields: [{name: image}, {name: label, dtype: int64}, {name: score, dtype: float32}]" ;;
+    TFRecord) fmt="format: TFRecord, fields: [{name: image}, {name: label, dtype: int64}, {name: box, dtype: float32}]" ;;
   esac
   two_process_job "$TMP/$1.yaml" "$1" model "  replication: {mode: Partial, fanout: $4}
   strategy: $3
@@ -59,21 +60,22 @@ job() {
 
 # The datasets, written into the bucket's directory (what the POSIX backend
 # serves) by the CLI's generator.
-for fmt in FixedRecord TokenStream Npy MegatronIndexed WebDataset MDS; do
+for fmt in FixedRecord TokenStream Npy MegatronIndexed WebDataset MDS TFRecord; do
   job gen-$fmt $fmt PerProcess Load "$GW/corpus/$fmt"
   "$ML" run --local -f "$TMP/gen-$fmt.yaml" --generate-dataset "$GW/corpus/$fmt" --samples 600 --files 3 --steps 1 \
     >"$TMP/gen-$fmt.out" 2>&1 || { echo "cannot generate the $fmt dataset:"; tail -5 "$TMP/gen-$fmt.out"; }
 done
 
 # 1. run --local: every format, every strategy, on s3:// (WebDataset: its
-#    shards by a brace range; MDS: the folder of index.json).
+#    shards by a brace range; MDS: the folder of index.json; TFRecord: the
+#    folder, its .idx objects the indexes).
 uri_of() {
   case $1 in
     WebDataset) echo "s3://corpus/$1/part-{00000..00002}.tar" ;;
     *) echo "s3://corpus/$1/" ;;
   esac
 }
-for fmt in FixedRecord TokenStream Npy MegatronIndexed WebDataset MDS; do
+for fmt in FixedRecord TokenStream Npy MegatronIndexed WebDataset MDS TFRecord; do
   for sf in PerProcess:Load PerProcess:Broadcast GlobalLoad:Broadcast LoadAndReshard:Load; do
     strategy=${sf%%:*} fanout=${sf##*:}
     name=$(echo "$fmt-$strategy-$fanout" | tr 'A-Z' 'a-z')
@@ -104,6 +106,20 @@ for codec in zstd bz2; do
     [ $rc -eq 0 ] || tail -8 <<<"$out"
   done
 done
+
+# 1d. TFRecord files TensorFlow wrote, with the indexes tfrecord2idx wrote,
+#    on S3: every feature verified by the trainers.
+mkdir -p "$GW/corpus/tf-written"
+cp "$ROOT/tests/formats/data/tfrecord"/part-* "$GW/corpus/tf-written/"
+two_process_job "$TMP/tf-written.yaml" tf-written model "  replication: {mode: Partial, fanout: Load}
+  strategy: LoadAndReshard
+  dataset: {uri: \"s3://corpus/tf-written/\", format: TFRecord, fields: [{name: image}, {name: label, dtype: int64}, {name: input_ids, dtype: int64}, {name: box, dtype: float32}]}
+  batch: {globalBatchSize: 8, prefetch: 3}
+  shuffle: {mode: Global, seed: 11}"
+out=$("$ML" run --local -f "$TMP/tf-written.yaml" --steps 12 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "verified             bytes, 0 mismatches" <<<"$out" && grep -q "^OK$" <<<"$out"
+check "run --local on TensorFlow-written TFRecord files on S3 (LoadAndReshard): every feature verified over three epochs" $?
+[ $rc -eq 0 ] || tail -8 <<<"$out"
 
 # 1c. Indexing many objects costs a listing and one read per object's
 #    index, several at once: an MDS dataset of 48 shards behind 25 ms of

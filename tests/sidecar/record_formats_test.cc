@@ -12,6 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "formats/webdataset.h"
 #include "planner/fetch_plan.h"
@@ -84,6 +85,32 @@ Expected MdsExpected(const std::string& dir = "raw") {
       for (const auto& [col, hex] : row["columns"].items()) fields[col] = Unhex(hex.get<std::string>());
       const auto b = static_cast<uint8_t>(fields["tokens"][0]);
       fields["tokens"] = fields["tokens"].substr(1 + (b >> 2) * (size_t{1} << (b & 3)));
+      out.push_back(std::move(fields));
+    }
+  }
+  return out;
+}
+
+// TFRecord: the second reader's features (expected.json), as the sidecar
+// stages them: a bytes_list's value, an int64_list's values as int64, a
+// float_list's as float32.
+Expected TfRecordExpected() {
+  Expected out;
+  const Json doc = Json::parse(Slurp(kData + "/tfrecord/expected.json"));
+  for (const Json& file : doc["files"]) {
+    for (const Json& record : file["records"]) {
+      std::map<std::string, std::string> fields;
+      for (const auto& [name, f] : record["features"].items()) {
+        std::string bytes;
+        for (const Json& v : f["values"]) {
+          if (f["kind"] == "int64") {
+            bytes += Bytes<int64_t>(v.get<int64_t>());
+          } else {
+            bytes += Unhex(v.get<std::string>());
+          }
+        }
+        fields[name] = bytes;
+      }
       out.push_back(std::move(fields));
     }
   }
@@ -472,6 +499,86 @@ TEST(MdsCompressed, AShardIsOneBlockUnderEveryShuffle) {
       }
     }
   }
+}
+
+// TFRecord files TensorFlow wrote, indexed by tfrecord2idx: every feature
+// is what the second reader read, over two epochs, on 4 and 8 processes.
+TEST(TfRecord, EveryFeatureIsWhatTheReaderReadsOverTwoEpochsAndAResize) {
+  const Expected expected = TfRecordExpected();
+  ASSERT_EQ(expected.size(), 30u);
+  const std::vector<planner::DatasetField> fields = {{"image", std::nullopt},
+                                                     {"label", formats::DType::kInt64},
+                                                     {"input_ids", formats::DType::kInt64},
+                                                     {"box", formats::DType::kFloat32}};
+  for (int64_t processes : {4, 8}) {
+    for (Strategy s : {Strategy::kPerProcess, Strategy::kGlobalLoad}) {
+      SCOPED_TRACE(std::to_string(processes) + " processes " + std::string(ToString(s)));
+      auto job = Resolve(RecordSpec(DatasetFormat::kTFRecord, kData + "/tfrecord/*.tfrecord", fields, processes, 1, s));
+      ASSERT_OK(job);
+      EXPECT_EQ(job->samples, 30u);
+      const auto layout = staging::ComputeBatchLayout(*job, 0);
+      ASSERT_EQ(layout.fields.size(), 4u);
+      for (const auto& f : layout.fields) EXPECT_TRUE(f.ragged) << f.name;
+      EXPECT_EQ(layout.fields[1].dtype, formats::DType::kInt64);
+      EXPECT_EQ(layout.fields[3].dtype, formats::DType::kFloat32);
+      // 4 epochs of 30 samples in batches of 8: two epochs and more.
+      ExpectStepsMatch(*job, LoadAll(*job, 8), expected, {"image", "label", "input_ids", "box"}, 1);
+    }
+  }
+  // Record 17 has no `text`: left out and counted under missingField Skip.
+  auto spec = RecordSpec(DatasetFormat::kTFRecord, kData + "/tfrecord/*.tfrecord",
+                         {{"text", std::nullopt}, {"label", formats::DType::kInt64}}, 2, 1, Strategy::kPerProcess);
+  spec.dataset.missing_field = planner::MissingFieldPolicy::kSkip;
+  auto job = Resolve(spec);
+  ASSERT_OK(job);
+  ExpectStepsMatch(*job, LoadAll(*job, 8), expected, {"text", "label"}, 1);
+}
+
+TEST(TfRecord, DamageAndMismatchesAreErrorsNamingTheFileAndRecord) {
+  TempDir dir;
+  for (const auto& e : std::filesystem::directory_iterator(kData + "/tfrecord")) {
+    if (e.path().extension() != ".json") CopyInto(e.path(), dir.path());
+  }
+  auto spec = RecordSpec(DatasetFormat::kTFRecord, dir.path(), {{"image", std::nullopt}}, 1, 1, Strategy::kPerProcess);
+  spec.shuffle.mode = planner::ShuffleMode::kNone;
+  spec.batch.global_batch_size = 30;
+
+  // A feature of another kind than the job asks for.
+  auto as_float = spec;
+  as_float.dataset.fields = {{"label", formats::DType::kFloat32}};
+  EXPECT_THAT(LoadFirstStep(as_float).ToString(),
+              AllOf(HasSubstr("part-00000.tfrecord@0"),
+                    HasSubstr("feature 'label' is an int64_list, and the job asks for a float_list (dtype float32)")));
+  auto as_int32 = spec;
+  as_int32.dataset.fields = {{"label", formats::DType::kInt32}};
+  Diagnostics d;
+  planner::ValidateJobSpec(as_int32, d);
+  EXPECT_THAT(d.ToString(),
+              AllOf(HasSubstr("spec.dataset.fields[0].dtype"), HasSubstr("int32 is not a TFRecord feature's type")));
+
+  // A flipped payload byte: the data CRC, naming the file and the record.
+  const std::string path = dir.path() + "/part-00001.tfrecord";
+  std::string data = Slurp(path);
+  uint64_t third = 0;  // the third record's offset, from its index
+  {
+    std::istringstream lines(Slurp(path + ".idx"));
+    uint64_t o = 0, l = 0;
+    for (int i = 0; i < 3 && lines >> o >> l; ++i) third = o;
+  }
+  ASSERT_GT(third, 0u);
+  data[third + 30] = static_cast<char>(data[third + 30] ^ 0x40);
+  std::ofstream(path, std::ios::binary) << data;
+  const Status st = LoadFirstStep(spec);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+  EXPECT_THAT(st.ToString(),
+              AllOf(HasSubstr("part-00001.tfrecord@" + std::to_string(third)), HasSubstr("bad data CRC")));
+
+  // A file without its index: refused with the command that writes it.
+  std::filesystem::remove(dir.path() + "/part-00002.tfrecord.idx");
+  auto job = Resolve(spec);
+  ASSERT_FALSE(job.ok());
+  EXPECT_THAT(job.status().ToString(),
+              AllOf(HasSubstr("part-00002.tfrecord"), HasSubstr("meshload index " + dir.path())));
 }
 
 TEST(Mds, ColumnsAndShardsItCannotReadAreRefusedByName) {
