@@ -152,7 +152,7 @@ struct Batch {
   int64_t step = 0;
   /// One per (local device, field), device-major: the job's device order,
   /// and within a device the fields in hello().fields order (one unnamed
-  /// field except for WebDataset and MDS jobs).
+  /// field except for WebDataset, MDS and TFRecord jobs).
   std::vector<Tensor> tensors;
   std::shared_ptr<Lease> lease;
   double wait_seconds = 0;  // how long Next() blocked for it

@@ -655,18 +655,22 @@ void LocalRun::PrintStorage() const {
     refused += last.value("cache_write_errors", uint64_t{0});
   }
   if (!any) return;
+  // Local files reach the cache only when they are stored compressed.
+  const bool remote =
+      rj_ && sidecar::source::ReadsOverNetwork(rj_->spec, *sidecar::source::SourceRegistry::WithBuiltins({}));
   if (mode == "blocks") {
     std::printf(
-        "  remote storage       through the block cache: %s fetched for %s delivered (amplification %.2f), "
+        "  %s through the block cache: %s fetched for %s delivered (amplification %.2f), "
         "%" PRIu64 " block hits, %" PRIu64 " misses%s\n",
-        Human(static_cast<double>(fetched), "B").c_str(), Human(static_cast<double>(delivered), "B").c_str(),
+        remote ? "remote storage      " : "compressed files    ", Human(static_cast<double>(fetched), "B").c_str(),
+        Human(static_cast<double>(delivered), "B").c_str(),
         delivered ? static_cast<double>(fetched) / static_cast<double>(delivered) : 0.0, hits, misses,
         corrupt || refused ? (", " + std::to_string(corrupt) + " corrupt blocks fetched again, " +
                               std::to_string(refused) + " refused by the disk")
                                  .c_str()
                            : "");
   } else {
-    std::printf("  remote storage       read directly: %s\n", reason.c_str());
+    std::printf("  %s read directly: %s\n", remote ? "remote storage      " : "compressed files    ", reason.c_str());
   }
 }
 

@@ -433,7 +433,7 @@ class Batch {
   /// The same Tensor (or Ragged) objects on every call (pybind11 maps a held
   /// pointer back to its existing Python object), so
   /// `b.tensors[0] is b.tensors[0]`.
-  /// A job of named fields (WebDataset, MDS): per device, a dict from
+  /// A job of named fields (WebDataset, MDS, TFRecord): per device, a dict from
   /// field name to its Tensor or Ragged.
   py::object tensors() const {
     if (fields_.size() == 1 && fields_[0].empty()) return py::cast(tensors_);
@@ -771,10 +771,11 @@ PYBIND11_MODULE(_meshload, m) {
                                             "One step's batch. The slot is released when the Batch, its "
                                             "Tensors and every DLPack export of them are gone.")
       .def_property_readonly("step", &Batch::step)
-      .def_property_readonly("tensors", &Batch::tensors,
-                             "one Tensor (a Ragged for variable-size samples) per local device, in the job's device "
-                             "order; for a job of named fields (WebDataset, MDS), one dict per device from field "
-                             "name to its Tensor or Ragged")
+      .def_property_readonly(
+          "tensors", &Batch::tensors,
+          "one Tensor (a Ragged for variable-size samples) per local device, in the job's device "
+          "order; for a job of named fields (WebDataset, MDS, TFRecord), one dict per device from field "
+          "name to its Tensor or Ragged")
       .def_property_readonly("fields", &Batch::fields, "the field names; ('',) for the formats of one tensor")
       .def("field", &Batch::field, py::arg("name"), "one field's Tensor (or Ragged) per local device")
       .def_property_readonly("wait_seconds", &Batch::wait_seconds, "how long next() blocked for this batch")

@@ -171,6 +171,11 @@ check "plan --compare on zstd MDS shards: each shard one block of its decompress
 "$BIN" plan -f "$TMP/mds-zstd.yaml" --compare --json |
   "$PY" -c 'import json,sys; r=json.load(sys.stdin)["remote"]; assert r["compressedFiles"] is True; assert r["shuffles"][1]["fetchedBytesPerEpoch"]==30161, r'
 check "plan --compare --json: compressedFiles, the shards' 30161 decompressed bytes fetched per epoch" $?
+out=$("$BIN" run --local -f "$TMP/mds-zstd.yaml" --steps 12 --run-dir "$TMP/mds-zstd-run" 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "verified             bytes, 0 mismatches" <<<"$out" &&
+  grep -q "compressed files     through the block cache: 30.16 kB fetched" <<<"$out" && grep -q "^OK$" <<<"$out"
+check "run --local on zstd MDS shards: each shard decompressed once into the run's block cache, every byte verified" $?
+[ $rc -eq 0 ] || echo "$out" | tail -5
 
 # docs/crd-reference.md's examples of dataset.format errors are what
 # meshload prints (the formats listed are every format).

@@ -71,10 +71,10 @@ Public names:
     Batch: .step, .tensors, .wait_seconds, .slot, .mesh, .job, .process,
         .fields, .field(name)
         (.tensors: a Tensor per local device, or a Ragged when the job's
-        samples differ in size; for WebDataset, MDS and packed rows of
-        tokens a dict from field name to its Tensor or Ragged per device;
-        .fields: the field names, ('',) for one tensor; .field(name): that
-        field's tensor per local device)
+        samples differ in size; for WebDataset, MDS, TFRecord and packed
+        rows of tokens a dict from field name to its Tensor or Ragged per
+        device; .fields: the field names, ('',) for one tensor;
+        .field(name): that field's tensor per local device)
     JobMesh: .processes, .devices_per_process, .axes, .batch_axes
     Tensor: .shape, .dtype, .nbytes, .ndim, .global_device, .ids_checksum,
         .device, .step, .data_ptr, __dlpack__(), __dlpack_device__()

@@ -114,7 +114,7 @@ class Batch:
     @property
     def tensors(self) -> Union[List[Union[Tensor, Ragged]], List[Dict[str, Union[Tensor, Ragged]]]]:
         """One Tensor (a Ragged for variable-size samples) per local device, in the job's local device order;
-        for a job of named fields (WebDataset, MDS), one dict per device from field name to its Tensor or Ragged."""
+        for a job of named fields (WebDataset, MDS, TFRecord), one dict per device from field name to its Tensor or Ragged."""
     @property
     def fields(self) -> Tuple[str, ...]:
         """The batch's field names; ('',) for the formats whose sample is one tensor."""

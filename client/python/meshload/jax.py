@@ -45,7 +45,7 @@ lengths they keep, both sharded like a dense batch. Padding is a copy on
 each device (``Ragged.padded``); ``L`` is the caller's, the same in every
 process, so the global shape is known without a collective.
 
-Fields. A WebDataset or MDS job's batch has named fields (``batch.fields``);
+Fields. A WebDataset, MDS or TFRecord job's batch has named fields (``batch.fields``);
 ``global_array(batch)`` then returns a dict from field name to its global
 array (a ragged field padded to ``pad_to`` as above, a dense one as is), and
 ``global_array(batch, field=name)`` one field's. A job that skips samples
@@ -335,7 +335,7 @@ def global_array(batch, mesh=None, pad_to=None, pad_value=0, field=None):  # noq
     ``(global batch, pad_to)`` with ``pad_value``, and their kept lengths,
     ``(global batch,)`` int64 (int32 without ``jax_enable_x64``).
 
-    A batch of named fields (WebDataset, MDS): a dict from field name to
+    A batch of named fields (WebDataset, MDS, TFRecord): a dict from field name to
     its global array (``pad_to`` applies to its ragged fields), or with
     ``field`` that field's alone.
     """
