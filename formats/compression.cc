@@ -224,8 +224,7 @@ class SnappyStream final : public Stream {
       consumed_ += in_len;
       if (!last) return Status::Ok();
       size_t n = 0;
-      const char* src = reinterpret_cast<const char*>(input_.data());
-      if (snappy_uncompressed_length(src, input_.size(), &n) != SNAPPY_OK) {
+      if (snappy_uncompressed_length(reinterpret_cast<const char*>(input_.data()), input_.size(), &n) != SNAPPY_OK) {
         return Fail("the uncompressed length at its start does not parse", 0);
       }
       if (n > kMaxSnappyRatio * input_.size() + 64) {  // before allocating what a damaged length claims
@@ -233,15 +232,8 @@ class SnappyStream final : public Stream {
                         " bytes of snappy data can hold",
                     0);
       }
-      if (snappy_validate_compressed_buffer(src, input_.size()) != SNAPPY_OK) {
-        return Fail("the data does not decode to its " + std::to_string(n) + " bytes", 0);
-      }
       output_.resize(n);
-      size_t got = n;
-      if (snappy_uncompress(src, input_.size(), reinterpret_cast<char*>(output_.data()), &got) != SNAPPY_OK ||
-          got != n) {
-        return Fail("the data does not decode to its " + std::to_string(n) + " bytes", 0);
-      }
+      MESHLOAD_RETURN_IF_ERROR(DecompressSnappy(input_.data(), input_.size(), output_.data(), n));
       decoded_ = true;
       std::vector<uint8_t>().swap(input_);
     }

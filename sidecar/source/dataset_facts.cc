@@ -125,91 +125,26 @@ std::string BaseName(const std::string& name) {
   return slash == std::string::npos ? name : name.substr(slash + 1);
 }
 
-// WebDataset: the URI names shards (brace ranges expanded as webdataset
-// does, globs and directories listed); each SHARD.tar needs its Energon
-// index SHARD.tar.idx beside it, read whole (8 bytes per sample).
-Result<std::vector<planner::DatasetIndex::FileFacts>> WebDatasetFacts(Source& source, const std::string& uri,
-                                                                      const std::string& name, Diagnostics& diags) {
-  std::vector<Source::Listed> tars;
-  for (const std::string& pattern : formats::ExpandShardPattern(name)) {
-    MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source.List(pattern));
-    for (Source::Listed& o : objects) {
-      if (BaseName(o.name).ends_with(".tar")) tars.push_back(std::move(o));  // not its index, nor other objects
-    }
-  }
-  std::vector<planner::DatasetIndex::FileFacts> found(tars.size());
-  std::vector<char> indexed(tars.size(), 1);
-  ForEachFile(source, tars.size(), [&](size_t i) {
-    const Source::Listed& o = tars[i];
-    planner::DatasetIndex::FileFacts& facts = found[i];
-    facts.path = o.name;
-    facts.size = o.size;
-    facts.version = o.version;
-    // Energon's SHARD.tar.idx, else DALI's SHARD.idx (the name up to the
-    // first dot of its last component, as wds2idx.py names it).
-    std::string idx = o.name + ".idx";
-    auto info = source.Stat(idx);
-    bool dali = false;
-    if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
-      const size_t slash = o.name.rfind('/');
-      const size_t dot = o.name.find('.', slash == std::string::npos ? 0 : slash + 1);
-      idx = o.name.substr(0, dot) + ".idx";
-      info = source.Stat(idx);
-      dali = true;
-    }
-    if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
-      indexed[i] = 0;
-      return;
-    }
-    if (!info.ok()) {
-      facts.records = info.status();
-      return;
-    }
-    std::string bytes(static_cast<size_t>(info->size), '\0');
-    Status st = source.Read(idx, 0, bytes.data(), bytes.size());
-    if (!st.ok()) {
-      facts.records = st;
-    } else if (dali) {
-      facts.records = formats::ParseDaliTarIndex(bytes, RedactUri(idx), o.size);
-    } else {
-      facts.records = formats::ParseEnergonTarIndex(bytes, RedactUri(idx), o.size);
-    }
-  });
+// The data files `name` names (brace ranges expanded as webdataset does,
+// globs and directories listed; `is_data` picks them by their last path
+// component) and the index beside each: FILE.idx, else the name up to the
+// first dot of its last component + .idx (DALI's naming, as wds2idx.py and
+// tfrecord2idx name them), read whole and parsed by `parse` (`dali_named`:
+// it was found by the second name). Files with neither go to `missing`.
+struct IndexedFiles {
   std::vector<planner::DatasetIndex::FileFacts> files;
   std::vector<std::string> missing;
-  for (size_t i = 0; i < tars.size(); ++i) {
-    if (indexed[i]) {
-      files.push_back(std::move(found[i]));
-    } else {
-      missing.push_back(tars[i].name);
-    }
-  }
-  if (!missing.empty()) {
-    std::string shards = RedactUri(missing.front());
-    if (missing.size() > 1) shards += " and " + std::to_string(missing.size() - 1) + " more";
-    diags.Add(RedactUri(missing.front()),
-              std::to_string(missing.size()) +
-                  " shard(s) without an index beside them (Energon's SHARD.tar.idx, or DALI's SHARD.idx): " + shards +
-                  ". Write them with `meshload index " + RedactUri(uri) +
-                  "` (or Megatron-Energon's `energon prepare`), then start the job again");
-  }
-  if (files.empty() && missing.empty()) {
-    return InvalidArgument("names no WebDataset shard (no .tar object)", RedactUri(uri));
-  }
-  return files;
-}
-
-// TFRecord: the URI names files (brace ranges, globs, folders, as for
-// WebDataset; objects ending .idx are indexes, not data); each FILE needs
-// its DALI index (tfrecord2idx's "OFFSET LENGTH" lines) beside it as
-// FILE.idx, else as the name up to its first dot + .idx.
-Result<std::vector<planner::DatasetIndex::FileFacts>> TfRecordFacts(Source& source, const std::string& uri,
-                                                                    const std::string& name, Diagnostics& diags) {
+};
+using ParseIndex = std::function<Result<std::vector<uint64_t>>(const std::string& bytes, const std::string& idx,
+                                                               uint64_t file_bytes, bool dali_named)>;
+Result<IndexedFiles> FilesWithIndexes(Source& source, const std::string& name,
+                                      const std::function<bool(const std::string& base)>& is_data,
+                                      const ParseIndex& parse) {
   std::vector<Source::Listed> data;
   for (const std::string& pattern : formats::ExpandShardPattern(name)) {
     MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source.List(pattern));
     for (Source::Listed& o : objects) {
-      if (!BaseName(o.name).ends_with(".idx")) data.push_back(std::move(o));
+      if (is_data(BaseName(o.name))) data.push_back(std::move(o));
     }
   }
   std::vector<planner::DatasetIndex::FileFacts> found(data.size());
@@ -222,12 +157,14 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> TfRecordFacts(Source& sour
     facts.version = o.version;
     std::string idx = o.name + ".idx";
     auto info = source.Stat(idx);
+    bool dali = false;
     if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
       const size_t slash = o.name.rfind('/');
       const size_t dot = o.name.find('.', slash == std::string::npos ? 0 : slash + 1);
       if (dot != std::string::npos) {
         idx = o.name.substr(0, dot) + ".idx";
         info = source.Stat(idx);
+        dali = true;
       }
     }
     if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
@@ -240,34 +177,71 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> TfRecordFacts(Source& sour
     }
     std::string bytes(static_cast<size_t>(info->size), '\0');
     Status st = source.Read(idx, 0, bytes.data(), bytes.size());
-    if (!st.ok()) {
-      facts.records = st;
-    } else {
-      facts.records = formats::ParseTfRecordIndex(bytes, RedactUri(idx), o.size);
-    }
+    facts.records = st.ok() ? parse(bytes, RedactUri(idx), o.size, dali) : Result<std::vector<uint64_t>>(st);
   });
-  std::vector<planner::DatasetIndex::FileFacts> files;
-  std::vector<std::string> missing;
+  IndexedFiles out;
   for (size_t i = 0; i < data.size(); ++i) {
     if (indexed[i]) {
-      files.push_back(std::move(found[i]));
+      out.files.push_back(std::move(found[i]));
     } else {
-      missing.push_back(data[i].name);
+      out.missing.push_back(data[i].name);
     }
   }
-  if (!missing.empty()) {
-    std::string names = RedactUri(missing.front());
-    if (missing.size() > 1) names += " and " + std::to_string(missing.size() - 1) + " more";
-    diags.Add(RedactUri(missing.front()),
-              std::to_string(missing.size()) +
-                  " TFRecord file(s) without an index beside them (FILE.idx, as DALI's "
-                  "tfrecord2idx writes it): " +
-                  names + ". Write them with `meshload index " + RedactUri(uri) +
+  return out;
+}
+
+// "FIRST and N more", redacted.
+std::string FirstAndMore(const std::vector<std::string>& names) {
+  std::string out = RedactUri(names.front());
+  if (names.size() > 1) out += " and " + std::to_string(names.size() - 1) + " more";
+  return out;
+}
+
+// WebDataset: each SHARD.tar needs its Energon index SHARD.tar.idx beside
+// it (8 bytes per sample), or DALI's SHARD.idx.
+Result<std::vector<planner::DatasetIndex::FileFacts>> WebDatasetFacts(Source& source, const std::string& uri,
+                                                                      const std::string& name, Diagnostics& diags) {
+  MESHLOAD_ASSIGN_OR_RETURN(
+      IndexedFiles found,
+      FilesWithIndexes(
+          source, name, [](const std::string& base) { return base.ends_with(".tar"); },  // not its index, nor others
+          [](const std::string& bytes, const std::string& idx, uint64_t size, bool dali) {
+            return dali ? formats::ParseDaliTarIndex(bytes, idx, size)
+                        : formats::ParseEnergonTarIndex(bytes, idx, size);
+          }));
+  if (!found.missing.empty()) {
+    diags.Add(RedactUri(found.missing.front()),
+              std::to_string(found.missing.size()) +
+                  " shard(s) without an index beside them (Energon's SHARD.tar.idx, or DALI's SHARD.idx): " +
+                  FirstAndMore(found.missing) + ". Write them with `meshload index " + RedactUri(uri) +
+                  "` (or Megatron-Energon's `energon prepare`), then start the job again");
+  }
+  if (found.files.empty() && found.missing.empty()) {
+    return InvalidArgument("names no WebDataset shard (no .tar object)", RedactUri(uri));
+  }
+  return std::move(found.files);
+}
+
+// TFRecord: every object the URI names but the .idx ones is a file; each
+// needs its DALI index (tfrecord2idx's "OFFSET LENGTH" lines).
+Result<std::vector<planner::DatasetIndex::FileFacts>> TfRecordFacts(Source& source, const std::string& uri,
+                                                                    const std::string& name, Diagnostics& diags) {
+  MESHLOAD_ASSIGN_OR_RETURN(IndexedFiles found,
+                            FilesWithIndexes(
+                                source, name, [](const std::string& base) { return !base.ends_with(".idx"); },
+                                [](const std::string& bytes, const std::string& idx, uint64_t size, bool) {
+                                  return formats::ParseTfRecordIndex(bytes, idx, size);
+                                }));
+  if (!found.missing.empty()) {
+    diags.Add(RedactUri(found.missing.front()),
+              std::to_string(found.missing.size()) +
+                  " TFRecord file(s) without an index beside them (FILE.idx, as DALI's tfrecord2idx writes it): " +
+                  FirstAndMore(found.missing) + ". Write them with `meshload index " + RedactUri(uri) +
                   "`, then start the job again; or, if they are not TFRecord files, name only those that are "
                   "(a glob such as DIR/*.tfrecord)");
   }
-  if (files.empty() && missing.empty()) return InvalidArgument("names no TFRecord file", RedactUri(uri));
-  return files;
+  if (found.files.empty() && found.missing.empty()) return InvalidArgument("names no TFRecord file", RedactUri(uri));
+  return std::move(found.files);
 }
 
 // MDS: the URI names a dataset folder (or prefix) holding index.json, or

@@ -608,12 +608,22 @@ TEST(CachedSource, AFileStoredCompressedIsOneBlockOfItsDecompressedBytes) {
     id = cached.IdOf(0, 0);
     EXPECT_TRUE(std::filesystem::exists(cache->PathOf(id)));
   }
+  // A new cache over the directory, the shard added to a source reading
+  // through it.
+  struct Reopened {
+    std::unique_ptr<BlockCache> cache;
+    std::unique_ptr<CachedSource> cached;
+  };
+  auto reopen = [&] {
+    Reopened r{MustOpen(cache_dir.path(), 64 << 20), nullptr};
+    r.cached = std::make_unique<CachedSource>(remote, *r.cache, planner::BlockGeometry{1024, 2048});
+    r.cached->AddStoredObject(name, raw.size(), stored.path, stored, "");
+    return r;
+  };
   {
-    auto cache = MustOpen(cache_dir.path(), 64 << 20);
-    CachedSource cached(remote, *cache, planner::BlockGeometry{1024, 2048});
-    cached.AddStoredObject(name, raw.size(), stored.path, stored, "");
+    auto [cache, cached] = reopen();
     std::vector<uint8_t> all(raw.size());
-    ASSERT_OK(cached.Read(name, 0, all.data(), all.size()));
+    ASSERT_OK(cached->Read(name, 0, all.data(), all.size()));
     EXPECT_EQ(all, raw);
     EXPECT_EQ(remote.reads.load(), 1u) << "found on disk";
     // A block decompressed from another codec or stored object is another
@@ -630,11 +640,9 @@ TEST(CachedSource, AFileStoredCompressedIsOneBlockOfItsDecompressedBytes) {
     f.seekp(100);
     f.put('\x42');
     f.close();
-    auto cache = MustOpen(cache_dir.path(), 64 << 20);
-    CachedSource cached(remote, *cache, planner::BlockGeometry{1024, 2048});
-    cached.AddStoredObject(name, raw.size(), stored.path, stored, "");
+    auto [cache, cached] = reopen();
     std::vector<uint8_t> all(raw.size());
-    ASSERT_OK(cached.Read(name, 0, all.data(), all.size()));
+    ASSERT_OK(cached->Read(name, 0, all.data(), all.size()));
     EXPECT_EQ(all, raw);
     EXPECT_EQ(remote.reads.load(), 2u);
     EXPECT_EQ(cache->counters().corrupt_blocks.load(), 1u);
