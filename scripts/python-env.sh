@@ -15,7 +15,7 @@ python_env() {
   fi
   [ -x "$root/.venv/bin/python" ] || { echo "no $root/.venv: run scripts/install-deps.sh" >&2; return 1; }
   base=$("$root/.venv/bin/python" -c 'import sys; print(sys._base_executable)')
-  echo "making $venv from ${requirements#"$root"/} (PyTorch and CUDA's libraries from PyPI: about 5 GiB)"
+  echo "making $venv from ${requirements#"$root"/}"
   rm -rf "$venv"
   "$base" -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements"

@@ -46,6 +46,34 @@ TEST(Crc32c, KnownValues) {
   }
 }
 
+// Long inputs run in three lanes that are joined at the end (8 KiB lanes,
+// then 256-byte ones, then the rest): every length around those bounds,
+// against a byte at a time.
+TEST(Crc32c, ThreeLanesJoinToOneRegister) {
+  std::string bytes(3 * 8192 * 2 + 3 * 256 * 2 + 64, '\0');
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (char& ch : bytes) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    ch = static_cast<char>(x);
+  }
+  auto bitwise = [&](size_t at, size_t n) {
+    uint32_t crc = ~0u;
+    for (size_t i = 0; i < n; ++i) {
+      crc ^= static_cast<uint8_t>(bytes[at + i]);
+      for (int k = 0; k < 8; ++k) crc = (crc & 1) ? (crc >> 1) ^ 0x82f63b78u : crc >> 1;
+    }
+    return ~crc;
+  };
+  for (size_t base : {size_t{3 * 256}, size_t{3 * 8192}, size_t{2 * 3 * 8192}, size_t{3 * 8192 + 3 * 256}}) {
+    for (size_t n = base - 9; n <= base + 9 && n <= bytes.size() - 3; ++n) {
+      for (size_t at : {0, 3}) EXPECT_EQ(Crc32c(bytes.data() + at, n), bitwise(at, n)) << at << "+" << n;
+    }
+  }
+  EXPECT_EQ(Crc32c(bytes.data(), bytes.size()), bitwise(0, bytes.size()));
+}
+
 TEST(TfRecord, EveryFeatureOfEveryRecordIsWhatTheSecondReaderRead) {
   const Json doc = Json::parse(Slurp(kDir + "expected.json"));
   ASSERT_EQ(doc["files"].size(), 3u);

@@ -25,13 +25,29 @@ every batch, through:
                class decoded from text, batched), in a DataLoader, best num_workers
   numpy        the NumPy memmap + fancy-index loop (a baseline, not a loader)
 
-The image scenarios (wds-images-20-500KiB, mds-images-20-500KiB) are the
-same samples, an encoded image of 20 to 500 KiB (random bytes) and a class,
-written by webdataset's TarWriter (with Energon's .tar.idx, which `meshload
-index` writes) and by Streaming's MDSWriter; meshload reads the WebDataset shards or the MDS
-dataset (fields jpg, and cls decoded to int64) and the peers are webdataset
-on the shards and Streaming on the MDS dataset. Each loader's trainer reads
-every image byte and the classes.
+The image scenarios (wds-images-20-500KiB, mds-images-20-500KiB,
+mds-zstd-images-20-500KiB, tfrecord-images-20-500KiB) are the same samples,
+an encoded image of 20 to 500 KiB (random bytes) and a class, written by
+webdataset's TarWriter (with Energon's .tar.idx, which `meshload index`
+writes), by Streaming's MDSWriter (raw shards, and shards compressed with
+zstd) and by TensorFlow's TFRecordWriter (tf.train.Example records; the
+tfrecord2idx index `meshload index` writes); meshload reads the WebDataset
+shards, an MDS dataset or the TFRecord files (fields jpg, and cls as int64)
+and the peers are webdataset on the shards, Streaming on the MDS dataset
+and tf.data on the TFRecord files:
+
+  tfdata       (the TFRecord scenario) TensorFlow's tf.data: the files
+               shuffled and interleaved, a 1,000-record shuffle buffer,
+               batched and parsed with tf.io.parse_example, prefetched;
+               best parallelism (its workers: interleave and map calls).
+               It runs in TensorFlow's environment (--tf-python).
+
+Compressed MDS shards are Streaming's remote, decompressed into a fresh
+local folder of each run, and go through a fresh block cache of each run's
+sidecar for meshload (--cache-dir): both decompress as they read. The
+images are random bytes, which zstd stores rather than compresses (as it
+does with encoded images); the scenario measures reading through the codec.
+Each loader's trainer reads every image byte and the classes.
 
 The Megatron scenario's batches are ragged for meshload (meshload.Ragged:
 the documents' tokens back to back), lists of documents for the others;
@@ -74,13 +90,18 @@ from datasets import MiB, SCENARIOS, job_yaml, make_dataset, make_images, sample
 
 WORKER = os.path.join(HERE, "worker.py")
 TARGETS = {"tokens-u16-2048": 2.0, "fixed-4KiB": 2.0, "fixed-1MiB": 1.2, "megatron-docs-100-8000": 2.0,
-           "wds-images-20-500KiB": 2.0, "mds-images-20-500KiB": 2.0}
-PEERS = ("dataloader", "grain", "streaming", "megatron", "webdataset")
+           "wds-images-20-500KiB": 2.0, "mds-images-20-500KiB": 2.0, "mds-zstd-images-20-500KiB": 2.0,
+           "tfrecord-images-20-500KiB": 2.0}
+PEERS = ("dataloader", "grain", "streaming", "megatron", "webdataset", "tfdata")
 
 
 def peers_of(scenario):
     """The peers that read the scenario's samples: the fixed-size readers, or
     (variable-size documents) Megatron's own reader."""
+    if scenario.format == "TFRecord":
+        return ("tfdata",)
+    if scenario.compression:
+        return ("streaming",)
     if scenario.records:
         return ("webdataset", "streaming")
     if scenario.variable:
@@ -166,9 +187,12 @@ class Runner:
                 for p in range(procs):
                     sock = os.path.join(tmp, "s%d.sock" % p)
                     log = open(os.path.join(tmp, "sidecar%d.log" % p), "wb")
+                    # Compressed shards are decompressed into the block
+                    # cache: a fresh one per run, as Streaming's local folder.
+                    cache = ["--cache-dir", os.path.join(tmp, "cache%d" % p)] if scenario.compression else []
                     sidecars.append(subprocess.Popen(
                         [self.args.sidecar, "--job", job, "--process", str(p), "--socket", sock, "--staging", "host",
-                         "--metrics-port", "0", "--log-level", "warn"], stdout=subprocess.DEVNULL, stderr=log))
+                         "--metrics-port", "0", "--log-level", "warn"] + cache, stdout=subprocess.DEVNULL, stderr=log))
                     socks.append(sock)
             port = 29000 + (os.getpid() % 1000)
             procs_ = []
@@ -177,13 +201,15 @@ class Runner:
                        "min_steps": 5,
                        "batch": scenario.batch, "procs": procs, "rank": r, "seed": 11 + r, "workers": workers,
                        "consumer": consumer, "t0": t0, "mds": mds, "port": port, "barrier": tmp,
-                       "samples": samples}
+                       "samples": samples,
+                       "local": os.path.join(tmp, "streaming-local") if scenario.compression else None}
                 if loader == "webdataset":
                     cfg["path"] = self.wds  # the shards, whichever format meshload reads
                 if loader == "meshload":
                     cfg["socket"] = socks[r]
                     cfg["loader_pids"] = [sidecars[r].pid]
-                procs_.append(subprocess.Popen([self.python, WORKER, json.dumps(cfg)], stdout=subprocess.PIPE,
+                python = self.args.tf_python if loader == "tfdata" else self.python
+                procs_.append(subprocess.Popen([python, WORKER, json.dumps(cfg)], stdout=subprocess.PIPE,
                                                stderr=subprocess.PIPE, text=True, cwd=tmp, start_new_session=True))
             outputs = []
             for p in procs_:
@@ -241,7 +267,7 @@ def fmt_s(x):
 def scenario_run(runner, scenario, procs, args):
     size = (128 if args.quick else 512) * MiB
     if scenario.records:
-        path, samples, images_mds = make_images(args.dir, scenario, size, args.meshload)
+        path, samples, images_mds = make_images(args.dir, scenario, size, args.meshload, args.tf_python)
         runner.wds = make_images(args.dir, SCENARIOS["wds-images-20-500KiB"], size, args.meshload)[0]
         data = os.path.join(os.path.dirname(runner.wds), "shard-000000.tar")
     else:
@@ -250,10 +276,12 @@ def scenario_run(runner, scenario, procs, args):
     seconds = 2.0 if args.quick else 6.0
     tune_seconds = seconds / 2
     warm = [data]
-    if scenario.records:  # every shard of both formats
+    if scenario.records:  # every shard of the formats this scenario reads
         base = os.path.dirname(os.path.dirname(data))
-        warm = [os.path.join(d, n) for d in (os.path.join(base, "wds"), os.path.join(base, "mds"))
-                for n in sorted(os.listdir(d))]
+        dirs = {"WebDataset": ["wds", "mds"], "TFRecord": ["tfrecord"]}.get(scenario.format, ["mds"])
+        if scenario.compression:
+            dirs = ["mds-" + scenario.compression]
+        warm = [os.path.join(base, d, n) for d in dirs for n in sorted(os.listdir(os.path.join(base, d)))]
     for name in warm:
         with open(name, "rb") as f:  # into the page cache
             while f.read(64 * MiB):
@@ -322,7 +350,7 @@ def scenario_run(runner, scenario, procs, args):
     return line
 
 
-def versions():
+def versions(tf_python=None):
     out = ["python %s" % platform.python_version()]
     for mod in ("numpy", "torch", "grain", "streaming", "megatron.core", "webdataset", "jax", "meshload"):
         try:
@@ -330,6 +358,10 @@ def versions():
             out.append("%s %s" % (mod, getattr(m, "__version__", "?")))
         except ImportError:
             out.append("%s missing" % mod)
+    if tf_python:
+        tf = subprocess.run([tf_python, "-c", "import tensorflow as tf; print(tf.__version__)"], capture_output=True,
+                            text=True)
+        out.append("tensorflow %s" % (tf.stdout.strip() or "missing"))
     return ", ".join(out)
 
 
@@ -342,24 +374,31 @@ def main():
     ap.add_argument("--only", help="one scenario: " + ", ".join(SCENARIOS))
     ap.add_argument("--procs", default="1,2", help="trainer process counts (default 1,2)")
     ap.add_argument("--rounds", type=int)
-    ap.add_argument("--loaders", default="meshload,dataloader,grain,streaming,megatron,webdataset,numpy")
+    ap.add_argument("--loaders", default="meshload,dataloader,grain,streaming,megatron,webdataset,tfdata,numpy")
     ap.add_argument("--no-jax", action="store_true", help="leave out meshload's JAX consumer")
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "meshload-bench-peers"))
     ap.add_argument("--meshload", help="the meshload CLI (default: beside the sidecar's build tree)")
+    ap.add_argument("--tf-python", help="the Python of an environment with TensorFlow: the TFRecord scenario's "
+                    "writer and its tf.data peer (scripts/bench-peers makes it)")
     args = ap.parse_args()
     if args.meshload is None:
         args.meshload = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.sidecar))), "tools",
                                      "meshload")
     args.loaders = args.loaders.split(",")
+    if args.tf_python is None:  # no TensorFlow: no TFRecord scenario (it needs TensorFlow's writer and peer)
+        skip = [n for n, s in SCENARIOS.items() if s.format == "TFRecord"]
+        if args.only in skip:
+            ap.error("%s needs --tf-python" % args.only)
+        print("bench-peers: no --tf-python: leaving out %s" % ", ".join(skip))
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
     os.makedirs(args.dir, exist_ok=True)
-    print("bench-peers: %s; %d cores; %s" % (platform.node(), os.cpu_count(), versions()))
+    print("bench-peers: %s; %d cores; %s" % (platform.node(), os.cpu_count(), versions(args.tf_python)))
     runner = Runner(args, args.dir)
     lines = []
     try:
         for name, scenario in SCENARIOS.items():
-            if args.only and name != args.only:
+            if args.only and name != args.only or scenario.format == "TFRecord" and args.tf_python is None:
                 continue
             for procs in [int(x) for x in args.procs.split(",")]:
                 line = scenario_run(runner, scenario, procs, args)

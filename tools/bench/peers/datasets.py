@@ -7,9 +7,11 @@ through Megatron's own IndexedDataset) or, for MosaicML Streaming, MDS
 shards written from the very same samples. The Megatron scenario's dataset
 is written by megatron-core's own IndexedDatasetBuilder. The image
 scenarios' samples (an encoded image of 20 to 500 KiB and a class) are
-written by webdataset's TarWriter (with Energon's .tar.idx) and by
-Streaming's MDSWriter, the same samples in both; meshload reads the one the
-scenario names.
+written by webdataset's TarWriter (with Energon's .tar.idx), by Streaming's
+MDSWriter (raw shards, and shards compressed with zstd) and by TensorFlow's
+TFRecordWriter (tf.train.Example records, with DALI's tfrecord2idx index,
+which `meshload index` writes), the same samples in each; meshload reads the
+one the scenario names.
 """
 
 import os
@@ -30,8 +32,9 @@ class Scenario:
     batch: int = 32  # global batch
     min_tokens: int = 0  # MegatronIndexed: documents of min_tokens..max_tokens uint16 tokens
     max_tokens: int = 0
-    min_bytes: int = 0  # WebDataset, MDS: images of min_bytes..max_bytes
+    min_bytes: int = 0  # WebDataset, MDS, TFRecord: images of min_bytes..max_bytes
     max_bytes: int = 0
+    compression: str = ""  # MDS: the shards' codec ("" for raw shards)
 
     @property
     def variable(self):
@@ -39,8 +42,8 @@ class Scenario:
 
     @property
     def records(self):
-        """WebDataset and MDS: samples of two fields, an image and its class."""
-        return self.format in ("WebDataset", "MDS")
+        """WebDataset, MDS and TFRecord: samples of two fields, an image and its class."""
+        return self.format in ("WebDataset", "MDS", "TFRecord")
 
     def samples_in(self, dataset_bytes):
         if self.variable or self.records:
@@ -67,23 +70,32 @@ SCENARIOS = {
                  max_bytes=500 * 1024),
         Scenario("mds-images-20-500KiB", "MDS", sample_bytes=260 * 1024, batch=32, min_bytes=20 * 1024,
                  max_bytes=500 * 1024),
+        Scenario("mds-zstd-images-20-500KiB", "MDS", sample_bytes=260 * 1024, batch=32, min_bytes=20 * 1024,
+                 max_bytes=500 * 1024, compression="zstd"),
+        Scenario("tfrecord-images-20-500KiB", "TFRecord", sample_bytes=260 * 1024, batch=32, min_bytes=20 * 1024,
+                 max_bytes=500 * 1024),
     )
 }
 
 IMAGES = "images-20-500KiB"  # the image scenarios' shared folder
 
 
-def make_images(root, scenario, dataset_bytes, meshload):
+def make_images(root, scenario, dataset_bytes, meshload, tf_python=None):
     """The image scenarios' samples (random bytes standing for encoded
     images of min_bytes..max_bytes, a class in 0..999), written unless they
     are there: WebDataset shards by webdataset's TarWriter with Energon's
-    .tar.idx beside each (written by `meshload`, the CLI), and an MDS dataset by
-    MDSWriter (raw shards). Returns (what meshload's job reads: the shard
-    pattern or the MDS folder, samples, the MDS folder)."""
+    .tar.idx beside each (written by `meshload`, the CLI), an MDS dataset by
+    MDSWriter (raw shards) and another with zstd-compressed shards, and
+    (with `tf_python`, the interpreter of an environment with TensorFlow)
+    TFRecord files by TensorFlow's TFRecordWriter, one per tar shard, with
+    the .idx `meshload index` writes. Returns (what meshload's job reads: the
+    shard pattern, the MDS folder or the TFRecord pattern; samples; the MDS
+    folder of the scenario's compression, which Streaming reads)."""
     samples = scenario.samples_in(dataset_bytes)
     base = os.path.join(root, IMAGES)
     wds_dir, mds_dir = os.path.join(base, "wds"), os.path.join(base, "mds")
-    done = os.path.join(base, ".complete-%d" % samples)
+    zstd_dir, tfr_dir = os.path.join(base, "mds-zstd"), os.path.join(base, "tfrecord")
+    done = os.path.join(base, ".complete-v2-%d" % samples)
     shard_bytes = 64 * MiB
     if not os.path.exists(done):
         import shutil
@@ -98,8 +110,9 @@ def make_images(root, scenario, dataset_bytes, meshload):
         rng = np.random.default_rng(2026)
         sizes = rng.integers(scenario.min_bytes, scenario.max_bytes + 1, size=samples)
         shard, written, tar = 0, 0, None
-        with MDSWriter(out=mds_dir, columns={"jpg": "bytes", "cls": "int"}, compression=None,
-                       size_limit=shard_bytes) as mds:
+        columns = {"jpg": "bytes", "cls": "int"}
+        with MDSWriter(out=mds_dir, columns=columns, compression=None, size_limit=shard_bytes) as mds, \
+                MDSWriter(out=zstd_dir, columns=columns, compression="zstd", size_limit=shard_bytes) as mds_zstd:
             for i, n in enumerate(sizes):
                 if tar is None or written >= shard_bytes:
                     if tar is not None:
@@ -111,6 +124,7 @@ def make_images(root, scenario, dataset_bytes, meshload):
                 cls = int(rng.integers(0, 1000))
                 tar.write({"__key__": "%09d" % i, "jpg": jpg, "cls": str(cls).encode()})
                 mds.write({"jpg": jpg, "cls": cls})
+                mds_zstd.write({"jpg": jpg, "cls": cls})
                 written += int(n) + 1536
         tar.close()
         # Energon's .tar.idx, as `meshload index` writes it (byte for byte
@@ -123,7 +137,24 @@ def make_images(root, scenario, dataset_bytes, meshload):
     with open(os.path.join(base, "shards")) as f:
         shards = int(f.read())
     pattern = os.path.join(wds_dir, "shard-{000000..%06d}.tar" % (shards - 1))
-    return (pattern if scenario.format == "WebDataset" else mds_dir), samples, mds_dir
+    tfr_pattern = os.path.join(tfr_dir, "shard-{000000..%06d}.tfrecord" % (shards - 1))
+    if scenario.format == "TFRecord" and not os.path.exists(os.path.join(tfr_dir, ".complete")):
+        import shutil
+        import subprocess
+
+        if tf_python is None:
+            raise SystemExit("the TFRecord scenario needs TensorFlow's environment (--tf-python)")
+        shutil.rmtree(tfr_dir, ignore_errors=True)
+        subprocess.run([tf_python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "write_tfrecords.py"),
+                        wds_dir, tfr_dir], check=True)
+        subprocess.run([meshload, "index", tfr_pattern], check=True, stdout=subprocess.DEVNULL)
+        open(os.path.join(tfr_dir, ".complete"), "w").close()
+    if scenario.format == "WebDataset":
+        return pattern, samples, mds_dir
+    if scenario.format == "TFRecord":
+        return tfr_pattern, samples, None
+    mds = zstd_dir if scenario.compression else mds_dir
+    return mds, samples, mds
 
 
 class Records:

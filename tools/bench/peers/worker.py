@@ -291,9 +291,39 @@ def webdataset_loader(cfg, view):
             yield b
 
 
+def tfdata_loader(cfg, view):
+    """tf.data as TensorFlow's input-pipeline guide has it: this rank's
+    TFRecord files (every procs-th), shuffled, read interleaved
+    (cycle_length and parallel reads = workers, 1 when 0), a 1,000-record
+    shuffle buffer, batched, the batch parsed by tf.io.parse_example
+    (vectorized; num_parallel_calls = workers, sequential when 0),
+    prefetched (AUTOTUNE); the image's bytes and the class as NumPy."""
+    import glob
+
+    import tensorflow as tf
+
+    tf.random.set_seed(cfg["seed"])
+    # The files of the pattern meshload reads (shard-{000000..N}.tfrecord): all of the folder's.
+    files = sorted(glob.glob(os.path.join(os.path.dirname(cfg["path"]), "*.tfrecord")))[cfg["rank"]::cfg["procs"]]
+    per = cfg["batch"] // cfg["procs"]
+    workers = cfg["workers"]
+    features = {"jpg": tf.io.FixedLenFeature([], tf.string), "cls": tf.io.FixedLenFeature([], tf.int64)}
+    ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=cfg["seed"]).repeat()
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=max(1, workers),
+                       num_parallel_calls=workers if workers else None, deterministic=False)
+    ds = ds.shuffle(1000, seed=cfg["seed"]).batch(per, drop_remainder=True)
+    ds = ds.map(lambda x: tf.io.parse_example(x, features), num_parallel_calls=workers if workers else None)
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    for b in ds.as_numpy_iterator():
+        yield Ragged([np.frombuffer(j, np.uint8) for j in b["jpg"]] + [b["cls"]], per)
+
+
 def streaming_loader(cfg, view):
     """MosaicML Streaming: a StreamingDataset over MDS shards of the same
-    samples (local), its global shuffle, through a DataLoader."""
+    samples, its global shuffle, through a DataLoader. Raw shards are read
+    where they are (local); compressed ones are its remote, decompressed
+    into a fresh local cache of the run's (as Streaming reads compressed
+    shards), as meshload decompresses them into its own."""
     from streaming import StreamingDataset
     from torch.utils.data import DataLoader
 
@@ -302,8 +332,12 @@ def streaming_loader(cfg, view):
                       LOCAL_WORLD_SIZE=str(cfg["procs"]), NODE_RANK="0", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(cfg.get("port", 29517)))
     per = cfg["batch"] // cfg["procs"]
-    ds = StreamingDataset(local=cfg["mds"], remote=None, batch_size=per, shuffle=True, shuffle_seed=cfg["seed"],
-                          predownload=None, num_canonical_nodes=1)
+    if cfg.get("local"):
+        ds = StreamingDataset(remote=cfg["mds"], local=cfg["local"], batch_size=per, shuffle=True,
+                              shuffle_seed=cfg["seed"], predownload=None, num_canonical_nodes=1)
+    else:
+        ds = StreamingDataset(local=cfg["mds"], remote=None, batch_size=per, shuffle=True, shuffle_seed=cfg["seed"],
+                              predownload=None, num_canonical_nodes=1)
     sb = SCENARIOS[cfg["scenario"]].sample_bytes
     variable = SCENARIOS[cfg["scenario"]].variable
     records = SCENARIOS[cfg["scenario"]].records
@@ -335,11 +369,13 @@ def meshload_loader(cfg, view):
     client = meshload.Client(cfg["socket"])
     if SCENARIOS[cfg["scenario"]].records:
         # Named fields: the images' bytes (a meshload.Ragged's values) and
-        # the classes (an int64 Tensor), viewed in place.
+        # the classes (an int64 Tensor; a TFRecord int64 list is a Ragged),
+        # viewed in place.
         while True:
             b = client.next()
             d = b.tensors[0]
-            jpg, cls = d["jpg"], np.from_dlpack(d["cls"])
+            jpg, cls = d["jpg"], d["cls"]
+            cls = np.from_dlpack(cls.values if isinstance(cls, meshload.Ragged) else cls)
             yield Ragged([np.from_dlpack(jpg.values), cls], jpg.samples)
             del b, d, jpg, cls
     if SCENARIOS[cfg["scenario"]].variable:
@@ -379,6 +415,7 @@ LOADERS = {
     "dataloader": dataloader_loader,
     "grain": grain_loader,
     "streaming": streaming_loader,
+    "tfdata": tfdata_loader,
     "meshload": meshload_loader,
 }
 
