@@ -169,10 +169,14 @@ namespace {
 std::string Article(TfFeature::Kind kind) { return kind == TfFeature::Kind::kInt64 ? "an " : "a "; }
 }  // namespace
 
-Result<FieldDecoding> TfRecordFieldDecoding(const std::string& name, std::optional<DType> dtype) {
+Result<FieldDecoding> TfRecordFieldDecoding(const std::string& name, std::optional<DType> dtype,
+                                            const std::optional<std::vector<uint64_t>>& shape) {
   FieldDecoding f;
   f.name = name;
-  if (!dtype) return f;  // a bytes_list's value
+  if (!dtype) {
+    if (shape) return InvalidArgument("a shape needs a dtype: int64 for an int64_list, float32 for a float_list");
+    return f;  // a bytes_list's value
+  }
   if (*dtype == DType::kInt64) {
     f.kind = FieldDecoding::Kind::kTfInt64List;
   } else if (*dtype == DType::kFloat32) {
@@ -182,6 +186,10 @@ Result<FieldDecoding> TfRecordFieldDecoding(const std::string& name, std::option
                            std::string(DTypeName(*dtype)));
   }
   f.dtype = *dtype;
+  if (shape) {
+    f.fixed_list = true;
+    f.shape = *shape;
+  }
   return f;
 }
 
@@ -421,6 +429,12 @@ Status DecodeFieldValue(const FieldDecoding& field, std::string_view value, uint
       if (!st.ok())
         return Status(st.code(), "feature '" + field.name + "': " + st.message(), file + "@" + std::to_string(offset));
       const uint64_t n = field.kind == FieldDecoding::Kind::kTfInt64List ? ints.size() * 8 : floats.size() * 4;
+      if (field.fixed_list && n != field.sample_bytes()) {
+        const uint64_t got = n / DTypeSize(field.dtype), want = field.sample_bytes() / DTypeSize(field.dtype);
+        return ErrorAt(file, offset,
+                       "feature '" + field.name + "' has " + std::to_string(got) + " value" + (got == 1 ? "" : "s") +
+                           " where its shape takes " + std::to_string(want));
+      }
       if (n > room) {
         return ErrorAt(file, offset,
                        "field '" + field.name + "' of " + std::to_string(n) + " bytes does not fit the " +

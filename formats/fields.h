@@ -48,9 +48,12 @@ struct FieldDecoding {
   DType dtype = DType::kUint8;
   std::vector<uint64_t> shape;  // kNdarrayFixed: one sample's shape
   bool dtype_in_value = false;  // kNdarrayVariable of a bare `ndarray` column: each value names its dtype
+  /// kTfInt64List, kTfFloatList: every record's list has shape's values
+  /// (the shape may be [], one value): a dense field.
+  bool fixed_list = false;
   bool ragged() const {
-    return kind == Kind::kBytes || kind == Kind::kNdarrayVariable || kind == Kind::kTfInt64List ||
-           kind == Kind::kTfFloatList;
+    return kind == Kind::kBytes || kind == Kind::kNdarrayVariable ||
+           ((kind == Kind::kTfInt64List || kind == Kind::kTfFloatList) && !fixed_list);
   }
   /// A ragged field's decoded bytes per byte of the record, at most: an
   /// Int64List's varint of one byte decodes to 8.
@@ -69,9 +72,12 @@ FieldDecoding WebDatasetFieldDecoding(const std::string& name, std::optional<DTy
 Result<FieldDecoding> MdsFieldDecoding(const std::string& name, std::optional<DType> dtype, const MdsColumn& column);
 
 /// A TFRecord field: a bytes_list's one value as stored (no dtype), an
-/// int64_list's values (int64) or a float_list's (float32), ragged. Errors
-/// name the field and the dtype: another dtype.
-Result<FieldDecoding> TfRecordFieldDecoding(const std::string& name, std::optional<DType> dtype);
+/// int64_list's values (int64) or a float_list's (float32): ragged, or
+/// (with `shape`, tf.io.FixedLenFeature's) dense, every record's list of
+/// exactly the shape's values. Errors name the field and the dtype: another
+/// dtype, or a shape without one.
+Result<FieldDecoding> TfRecordFieldDecoding(const std::string& name, std::optional<DType> dtype,
+                                            const std::optional<std::vector<uint64_t>>& shape = std::nullopt);
 
 /// One sample's wanted values, in the order of the fields asked for: a view
 /// into the sample's bytes, or nullopt when the sample lacks the field.

@@ -9,6 +9,12 @@
 namespace meshload::planner {
 namespace {
 
+// spec.dataset.fields[].shape, when given (ValidateJobSpec checked each dimension).
+std::optional<std::vector<uint64_t>> TfShape(const DatasetField& field) {
+  if (!field.shape_set) return std::nullopt;
+  return std::vector<uint64_t>(field.shape.begin(), field.shape.end());
+}
+
 std::string ShapeString(const std::vector<uint64_t>& shape) {
   std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -40,7 +46,7 @@ bool DatasetIndex::ResolveFields(const DatasetSpec& spec, DatasetIndex& idx, Dia
     // record (an Example has no schema).
     bool ok = true;
     for (size_t i = 0; i < spec.fields.size(); ++i) {
-      auto d = formats::TfRecordFieldDecoding(spec.fields[i].name, spec.fields[i].dtype);
+      auto d = formats::TfRecordFieldDecoding(spec.fields[i].name, spec.fields[i].dtype, TfShape(spec.fields[i]));
       if (!d.ok()) {
         diags.Add("spec.dataset.fields[" + std::to_string(i) + "].dtype", d.status().message());
         ok = false;
@@ -338,7 +344,7 @@ DatasetIndex DatasetIndex::Virtual(const DatasetSpec& spec, uint64_t samples) {
         formats::FieldDecoding d = formats::WebDatasetFieldDecoding(field.name, field.dtype);
         if (spec.format == DatasetFormat::kMDS && field.dtype) d.kind = formats::FieldDecoding::Kind::kScalar;
         if (spec.format == DatasetFormat::kTFRecord) {
-          auto tf = formats::TfRecordFieldDecoding(field.name, field.dtype);
+          auto tf = formats::TfRecordFieldDecoding(field.name, field.dtype, TfShape(field));
           if (tf.ok()) d = std::move(*tf);
         }
         idx.fields_.push_back(std::move(d));

@@ -76,6 +76,7 @@ namespace {
 // ValidateMeshSpec checks by hand, with the arithmetic between them.
 constexpr size_t kMaxAxes = kMeshSpecAxesMaxItems;  // the CRD's CEL rule multiplies out at most 8 sizes
 constexpr int64_t kMaxAxisSize = kMeshAxisSizeMaximum;
+constexpr uint64_t kMaxFieldValues = uint64_t{1} << 24;     // spec.dataset.fields[].shape's product
 constexpr int64_t kMaxDevices = kMeshSpecProcessesMaximum;  // processes, devices per process and the whole mesh
 static_assert(kMeshSpecDevicesPerProcessMaximum == kMaxDevices);
 
@@ -493,6 +494,29 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
           d.Add(at + ".dtype", std::string(formats::DTypeName(*f.dtype)) +
                                    " is not a TFRecord feature's type: int64 (an int64_list), float32 (a "
                                    "float_list), or no dtype for a bytes_list");
+        }
+        if (f.shape_set) {
+          if (ds.format != DatasetFormat::kTFRecord) {
+            d.Add(at + ".shape",
+                  "is only used by format TFRecord (an MDS ndarray's shape comes from the shards; "
+                  "a WebDataset number is one value); remove it");
+          } else if (!f.dtype) {
+            d.Add(at + ".shape",
+                  "needs a dtype: int64 for an int64_list, float32 for a float_list (a bytes_list's "
+                  "value is ragged bytes)");
+          }
+          // Each dimension's range is the declaration's check; their product's is this.
+          uint64_t values = 1;
+          bool each_in_range = true;
+          for (int64_t dim : f.shape) {
+            each_in_range = each_in_range && dim >= 1 && dim <= static_cast<int64_t>(kMaxFieldValues);
+            if (each_in_range) values = std::min<uint64_t>(values * static_cast<uint64_t>(dim), kMaxFieldValues + 1);
+          }
+          if (each_in_range && values > kMaxFieldValues) {
+            d.Add(at + ".shape",
+                  "holds more than 16777216 (2^24) values a sample; a larger list is a ragged field "
+                  "(leave shape out)");
+          }
         }
       }
       break;

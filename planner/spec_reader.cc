@@ -183,6 +183,15 @@ std::vector<std::string> SpecReader::StrList(const YAML::Node& n, const std::str
   return out;
 }
 
+std::vector<int64_t> SpecReader::IntList(const YAML::Node& n, const std::string& path) {
+  std::vector<int64_t> out;
+  if (!List(n, path, "a list of integers")) return out;
+  for (size_t i = 0; i < n.size(); ++i) {
+    if (auto v = Int(n[i], path + "[" + std::to_string(i) + "]")) out.push_back(*v);
+  }
+  return out;
+}
+
 std::map<std::string, std::string> SpecReader::StrMap(const YAML::Node& n, const std::string& path,
                                                       const std::string& what) {
   std::map<std::string, std::string> out;

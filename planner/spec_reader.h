@@ -57,6 +57,7 @@ class SpecReader {
   std::optional<bool> Bool(const YAML::Node& n, const std::string& path);
   std::optional<std::string> Str(const YAML::Node& n, const std::string& path);
   std::vector<std::string> StrList(const YAML::Node& n, const std::string& path);
+  std::vector<int64_t> IntList(const YAML::Node& n, const std::string& path);
   /// A mapping of strings; `what` names it in the message when it is not
   /// one ("a mapping of label to value"). Values may be integers in the
   /// input (Kubernetes int-or-string); they are kept as written.

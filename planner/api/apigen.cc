@@ -104,7 +104,7 @@ struct Field {
   std::string cpp_type;       // the value type (without optional)
   std::string presence;       // "", "optional", "flag"
   std::string struct_name;    // kStruct, or kList of structs
-  Kind item = Kind::kString;  // kList: the items' kind (kString or kStruct)
+  Kind item = Kind::kString;  // kList: the items' kind (kString, kInt or kStruct)
 };
 
 struct Enum {
@@ -195,6 +195,9 @@ class Model {
       } else if (Str(items, "type") == "string") {
         f.item = Kind::kString;
         f.cpp_type = "std::vector<std::string>";
+      } else if (Str(items, "type") == "integer") {
+        f.item = Kind::kInt;
+        f.cpp_type = "std::vector<int64_t>";
       } else {
         Fail(f.path, "a list of " + Str(items, "type") + " has no C++ type here");
       }
@@ -328,6 +331,8 @@ std::string Header(const Model& m) {
         o << " = false";
       } else if (f.presence != "optional" && f.kind == Kind::kEnum) {
         o << " = " << f.cpp_type << "::k" << f.schema["enum"][0].as<std::string>();
+      } else if (f.presence != "optional" && (f.kind == Kind::kList || f.kind == Kind::kMap)) {
+        o << "{}";  // aggregate initialisation may leave it out ({"label", DType::kInt64})
       }
       o << ";\n";
     }
@@ -446,7 +451,7 @@ void EmitParseField(std::ostringstream& o, const Field& f) {
              "      }\n"
              "    }\n";
       } else {
-        o << "    " << target << " = r.StrList(x, p);\n";
+        o << "    " << target << " = r." << (f.item == Kind::kInt ? "IntList" : "StrList") << "(x, p);\n";
       }
       break;
     case Kind::kMap:
@@ -592,7 +597,7 @@ void EmitCheckField(std::ostringstream& o, const Struct& s, const Field& f) {
         o << "    Check" << f.struct_name << "(" << v << "[i], item, d);\n";
       } else {
         Field itemf = f;
-        itemf.cpp_type = "std::string";
+        itemf.cpp_type = f.item == Kind::kInt ? "int64_t" : "std::string";
         EmitValueChecks(o, s, itemf, sch["items"], v + "[i]", "item", "    ", false);
       }
       o << "  }\n";
@@ -754,6 +759,7 @@ std::string TypeDoc(const Model& m, const Field& f) {
     }
     case Kind::kList: {
       if (f.item == Kind::kString) return "list of strings";
+      if (f.item == Kind::kInt) return "list of integers";
       std::string s = "list of `{";
       const Struct& st = m.Find(f.struct_name);
       for (size_t i = 0; i < st.fields.size(); ++i) s += (i ? ", " : "") + st.fields[i].json;

@@ -83,7 +83,7 @@ class Run(harness.SidecarGroup):
         self.dir = os.path.join(TMP, name)
         os.makedirs(self.dir)
         self.job = os.path.join(self.dir, "job.yaml")
-        self.fields = [n for n, _ in fields]
+        self.fields = [f[0] for f in fields]
         with open(self.job, "w") as f:
             f.write(harness.job_yaml(name, uri, processes, devices_per_process, axes, batch_axes,
                                      replication=replication, dataset_format=fmt, fields=fields,
@@ -242,6 +242,30 @@ class FieldsTest(unittest.TestCase):
                 self.assertIsInstance(b.field("label")[0], meshload.Ragged)
                 self.assertEqual(str(np.from_dlpack(b.field("label")[0].values).dtype), "int64")
                 self.assertEqual(str(np.from_dlpack(b.field("box")[0].values).dtype), "float32")
+                del b
+            finally:
+                c.close()
+
+    def test_tfrecord_lists_of_a_fixed_shape_are_dense_tensors(self):
+        """With a shape (tf.io.FixedLenFeature's), an int64_list or float_list
+        is a dense Tensor of [n, *shape]: label [] and box [4]."""
+        fields = [("image", None), ("label", "int64", []), ("box", "float32", [4])]
+
+        def decode(f, b):
+            if f == "label":
+                return np.frombuffer(b, np.int64)[0]
+            return np.frombuffer(b, np.float32) if f == "box" else b
+
+        with Run("tfrecord-dense", "TFRecord", os.path.join(DATA, "tfrecord", "*.tfrecord"), fields, 2, 1,
+                 [("data", 2)]) as run:
+            self.check(run, tfrecord_expected(), decode, 0, 8)
+            c = meshload.Client(run.sidecars[0].sock)
+            try:
+                b = c.next(timeout=60)
+                self.assertEqual(b.field("label")[0].shape, (4,))
+                self.assertEqual(b.field("label")[0].dtype, "int64")
+                self.assertEqual(b.field("box")[0].shape, (4, 4))
+                self.assertEqual(b.field("box")[0].dtype, "float32")
                 del b
             finally:
                 c.close()

@@ -78,7 +78,9 @@ def job_yaml(name, data, processes, devices_per_process, axes, batch_axes=None, 
         lines.append("    recordBytes: %d" % RECORD_BYTES)
     if fields:
         lines.append("    fields:")
-        lines += ["      - {name: %s%s}" % (n, ", dtype: %s" % t if t else "") for n, t in fields]
+        # (name, dtype or None[, shape]): a shape makes a TFRecord list dense.
+        lines += ["      - {name: %s%s%s}" % (f[0], ", dtype: %s" % f[1] if f[1] else "",
+                                             ", shape: %s" % list(f[2]) if len(f) > 2 else "") for f in fields]
     if missing_field:
         lines.append("    missingField: %s" % missing_field)
     if mixture:

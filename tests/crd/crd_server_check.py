@@ -100,8 +100,9 @@ MDS["spec"]["dataset"] = {"uri": "s3://bucket/mds/train/", "format": "MDS",
                           "fields": [{"name": "image"}, {"name": "label", "dtype": "int64"}], "samples": 1000}
 TFRECORD = copy.deepcopy(FULL)
 TFRECORD["spec"]["dataset"] = {"uri": "s3://bucket/tf/train-*.tfrecord", "format": "TFRecord",
-                               "fields": [{"name": "image"}, {"name": "label", "dtype": "int64"},
-                                          {"name": "box", "dtype": "float32"}], "samples": 1000}
+                               "fields": [{"name": "image"}, {"name": "label", "dtype": "int64", "shape": []},
+                                          {"name": "box", "dtype": "float32", "shape": [4]},
+                                          {"name": "input_ids", "dtype": "int64"}], "samples": 1000}
 TFRECORD["spec"]["batch"]["balance"] = {"mode": "Tokens", "tolerance": 0.05}
 
 
@@ -278,6 +279,13 @@ CEL = [
      ["spec.dataset", "formats WebDataset, MDS and TFRecord need fields, and take no recordBytes or dtype"]),
     ("TFRecord with recordBytes", TFRECORD, lambda d: put(d, ["spec", "dataset", "recordBytes"], 64),
      ["spec.dataset", "formats WebDataset, MDS and TFRecord need fields, and take no recordBytes or dtype"]),
+    ("a field's shape without a dtype", TFRECORD, lambda d: put(d, ["spec", "dataset", "fields", 0, "shape"], [2]),
+     ["spec.dataset.fields[0].shape", "a field's shape needs a dtype"]),
+    ("a field's shape with MDS", MDS, lambda d: put(d, ["spec", "dataset", "fields", 1, "shape"], []),
+     ["spec.dataset.fields", "a field's shape is only used by format TFRecord"]),
+    ("a field's shape with a dimension of 0", TFRECORD,
+     lambda d: put(d, ["spec", "dataset", "fields", 2, "shape"], [0]),
+     ["spec.dataset.fields[2].shape[0]"]),
     ("fields with FixedRecord", FULL, lambda d: put(d, ["spec", "dataset", "fields"], [{"name": "jpg"}]),
      ["spec.dataset.fields", "fields are only used by formats WebDataset, MDS and TFRecord"]),
     ("a field name with a slash", WEBDATASET, lambda d: put(d, ["spec", "dataset", "fields", 0, "name"], "a/b"),

@@ -534,6 +534,58 @@ TEST(TfRecord, EveryFeatureIsWhatTheReaderReadsOverTwoEpochsAndAResize) {
   ExpectStepsMatch(*job, LoadAll(*job, 8), expected, {"text", "label"}, 1);
 }
 
+// A list of a fixed shape (tf.io.FixedLenFeature's) is a dense field:
+// `label` one int64 a sample ([]), `box` four floats ([4]); every value is
+// the second reader's, and a record whose list has another count is an
+// error naming the file, the record and the counts.
+TEST(TfRecord, ListsOfAFixedShapeAreDense) {
+  const Expected expected = TfRecordExpected();
+  const std::vector<planner::DatasetField> fields = {{"image", std::nullopt, {}, false},
+                                                     {"label", formats::DType::kInt64, {}, true},
+                                                     {"box", formats::DType::kFloat32, {4}, true}};
+  for (int64_t processes : {4, 8}) {
+    SCOPED_TRACE(std::to_string(processes) + " processes");
+    auto job = Resolve(RecordSpec(DatasetFormat::kTFRecord, kData + "/tfrecord/*.tfrecord", fields, processes, 1,
+                                  Strategy::kPerProcess));
+    ASSERT_OK(job);
+    const auto layout = staging::ComputeBatchLayout(*job, 0);
+    ASSERT_EQ(layout.fields.size(), 3u);
+    EXPECT_TRUE(layout.fields[0].ragged);
+    EXPECT_FALSE(layout.fields[1].ragged);
+    EXPECT_EQ(layout.fields[1].sample_shape, std::vector<uint64_t>{});
+    EXPECT_EQ(layout.fields[1].sample_bytes, 8u);
+    EXPECT_FALSE(layout.fields[2].ragged);
+    EXPECT_EQ(layout.fields[2].sample_shape, std::vector<uint64_t>{4});
+    EXPECT_EQ(layout.fields[2].sample_bytes, 16u);
+    ExpectStepsMatch(*job, LoadAll(*job, 8), expected, {"image", "label", "box"}, 1);
+  }
+
+  // input_ids has one value in the first record and more in others.
+  auto spec = RecordSpec(DatasetFormat::kTFRecord, kData + "/tfrecord/*.tfrecord",
+                         {{"input_ids", formats::DType::kInt64, {1}, true}}, 1, 1, Strategy::kPerProcess);
+  spec.shuffle.mode = planner::ShuffleMode::kNone;
+  spec.batch.global_batch_size = 30;
+  const Status st = LoadFirstStep(spec);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();  // the job's shape, not damage
+  EXPECT_THAT(st.ToString(), AllOf(HasSubstr(".tfrecord@"), HasSubstr("feature 'input_ids' has "),
+                                   HasSubstr(" values where its shape takes 1")));
+
+  // A shape needs a dtype and TFRecord; no more than 2^24 values.
+  Diagnostics d;
+  auto no_dtype = spec;
+  no_dtype.dataset.fields = {{"image", std::nullopt, {2}, true}};
+  planner::ValidateJobSpec(no_dtype, d);
+  auto mds = RecordSpec(DatasetFormat::kMDS, kData + "/mds/raw", {{"box", formats::DType::kFloat32, {4}, true}}, 1, 1,
+                        Strategy::kPerProcess);
+  planner::ValidateJobSpec(mds, d);
+  auto huge = spec;
+  huge.dataset.fields = {{"box", formats::DType::kFloat32, {4096, 4097}, true}};
+  planner::ValidateJobSpec(huge, d);
+  EXPECT_THAT(d.ToString(), AllOf(HasSubstr("spec.dataset.fields[0].shape: needs a dtype"),
+                                  HasSubstr("spec.dataset.fields[0].shape: is only used by format TFRecord"),
+                                  HasSubstr("holds more than 16777216 (2^24) values a sample")));
+}
+
 TEST(TfRecord, DamageAndMismatchesAreErrorsNamingTheFileAndRecord) {
   TempDir dir;
   for (const auto& e : std::filesystem::directory_iterator(kData + "/tfrecord")) {
