@@ -1,12 +1,15 @@
-// WebDataset and MDS through the step loader, on files the formats' own
-// writers made (tests/formats/data/): for every sample of every step of two
+// WebDataset, MDS (raw and compressed) and TFRecord through the step
+// loader, on files the formats' own writers made (tests/formats/data/), as
+// local files and served over HTTP: for every sample of every step of two
 // epochs, on a mesh of 4 processes and after a resize to 8 (and with local
 // replicas), each field the sidecar staged equals what the format's own
-// reader returned for that sample (the fixtures' expected.json).
+// reader returned for that sample (the fixtures' expected.json). (S3:
+// tests/s3/s3_run_test.sh, through the real server.)
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -21,6 +24,7 @@
 #include "sidecar/source/decoded_source.h"
 #include "sidecar/step_loader.h"
 #include "tests/formats/fixture_files.h"
+#include "tests/sidecar/source/test_support.h"
 #include "tests/testing/job_fixtures.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -631,6 +635,59 @@ TEST(TfRecord, DamageAndMismatchesAreErrorsNamingTheFileAndRecord) {
   ASSERT_FALSE(job.ok());
   EXPECT_THAT(job.status().ToString(),
               AllOf(HasSubstr("part-00002.tfrecord"), HasSubstr("meshload index " + dir.path())));
+}
+
+// The same files served over HTTP as an object store serves them (ranged
+// GETs; no listing, so a folder is an MDS dataset's index.json and files are
+// brace ranges): every format's fields are its reader's, on 4 processes and
+// after a resize to 8, over two epochs.
+TEST(RecordFormatsOverHttp, EveryFieldIsTheReadersOnFourAndEightProcesses) {
+  source::testing::TestHttpServer server;
+  std::deque<std::string> served;  // the handlers keep pointers into it
+  for (const char* dir : {"webdataset", "mds/raw", "mds/zstd", "tfrecord"}) {
+    for (const auto& e : std::filesystem::directory_iterator(kData + "/" + dir)) {
+      const std::string name = std::string("/") + dir + "/" + e.path().filename().string();
+      served.push_back(Slurp(e.path().string()));
+      const std::string* bytes = &served.back();
+      server.Get(name, [bytes](const httplib::Request& req, httplib::Response& res) {
+        source::testing::ServeBytes(*bytes, req, res);
+      });
+    }
+  }
+  server.Start();
+  const std::vector<planner::DatasetField> mds_fields = {
+      {"image", std::nullopt}, {"label", formats::DType::kInt64}, {"tokens", formats::DType::kInt32}};
+  struct Case {
+    DatasetFormat format;
+    std::string uri;
+    std::vector<planner::DatasetField> fields;
+    std::vector<std::string> names;
+    Expected expected;
+  };
+  const std::vector<Case> cases = {
+      {DatasetFormat::kWebDataset,
+       server.Url("/webdataset/shard-{000000..000001}.tar"),
+       {{"jpg", std::nullopt}, {"cls", formats::DType::kInt64}},
+       {"jpg", "cls"},
+       WebDatasetExpected({"shard-000000", "shard-000001"})},
+      {DatasetFormat::kMDS, server.Url("/mds/raw/"), mds_fields, {"image", "label", "tokens"}, MdsExpected("raw")},
+      {DatasetFormat::kMDS, server.Url("/mds/zstd/"), mds_fields, {"image", "label", "tokens"}, MdsExpected("zstd")},
+      {DatasetFormat::kTFRecord,
+       server.Url("/tfrecord/part-{00000..00002}.tfrecord"),
+       {{"image", std::nullopt}, {"label", formats::DType::kInt64, {}, true}, {"input_ids", formats::DType::kInt64}},
+       {"image", "label", "input_ids"},
+       TfRecordExpected()}};
+  for (const Case& c : cases) {
+    for (int64_t processes : {4, 8}) {
+      SCOPED_TRACE(c.uri + " on " + std::to_string(processes) + " processes");
+      auto job = Resolve(RecordSpec(c.format, c.uri, c.fields, processes, 1, Strategy::kPerProcess));
+      ASSERT_OK(job);
+      ASSERT_EQ(job->samples, c.expected.size());
+      const int64_t two_epochs = static_cast<int64_t>(2 * c.expected.size() / 8 + 1);
+      ExpectStepsMatch(*job, LoadAll(*job, two_epochs), c.expected, c.names, 1);
+    }
+  }
+  EXPECT_GT(server.requests(), 0);
 }
 
 TEST(Mds, ColumnsAndShardsItCannotReadAreRefusedByName) {
