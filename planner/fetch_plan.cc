@@ -96,7 +96,7 @@ FetchEstimate EstimateFetch(const ShardPlanner& planner, const Loading& loading,
   FetchEstimate out;
   for (const DatasetFile& f : ds.files()) out.dataset_bytes += f.size;
   struct Use {
-    uint64_t first, last, bytes;
+    uint64_t first, last, bytes, fetched;
   };
   // (file << 40 | block) -> the steps of the epoch (from 0) that read it.
   std::unordered_map<uint64_t, Use> uses;
@@ -120,8 +120,13 @@ FetchEstimate EstimateFetch(const ShardPlanner& planner, const Loading& loading,
           out.read_bytes += e.length;
           const uint64_t last = blocks.BlockOf(e.file, e.offset + e.length - 1);
           for (uint64_t b = blocks.BlockOf(e.file, e.offset); b <= last; ++b) {
-            auto [it, added] = uses.try_emplace((uint64_t{e.file} << 40) | b, Use{j, j, 0});
-            if (added) it->second.bytes = blocks.Extent(e.file, b).second;
+            auto [it, added] = uses.try_emplace((uint64_t{e.file} << 40) | b, Use{j, j, 0, 0});
+            if (added) {
+              // A compressed file is one block, fetched as its stored bytes.
+              const std::optional<StoredFile>& stored = ds.files()[e.file].stored;
+              it->second.bytes = blocks.Extent(e.file, b).second;
+              it->second.fetched = stored ? stored->size : it->second.bytes;
+            }
             it->second.last = j;
           }
         }
@@ -136,6 +141,7 @@ FetchEstimate EstimateFetch(const ShardPlanner& planner, const Loading& loading,
   for (const auto& [key, u] : uses) {
     out.blocks += 1;
     out.block_bytes += u.bytes;
+    out.fetched_bytes += u.fetched;
     events.push_back({u.first, static_cast<int64_t>(u.bytes)});
     events.push_back({u.last + 1, -static_cast<int64_t>(u.bytes)});
   }

@@ -78,12 +78,14 @@ struct FetchEstimate {
   bool complete = true;            // the whole epoch was looked at
   uint64_t read_bytes = 0;         // the bytes the steps read (what a process reads without a cache)
   uint64_t blocks = 0;             // distinct blocks the steps read from
-  uint64_t block_bytes = 0;        // their bytes: what an epoch fetches with a cache of working_set_bytes
+  uint64_t block_bytes = 0;        // their bytes in the cache
+  uint64_t fetched_bytes = 0;      // what storage sends for them (a compressed file: its stored bytes): what an
+                                   // epoch fetches with a cache of working_set_bytes
   uint64_t working_set_bytes = 0;  // the most block bytes in use at once (first to last read in the epoch)
   uint64_t dataset_bytes = 0;      // every file's bytes
   /// Bytes fetched per byte read in an epoch with a cache of the working set.
   double Amplification() const {
-    return read_bytes ? static_cast<double>(block_bytes) / static_cast<double>(read_bytes) : 0;
+    return read_bytes ? static_cast<double>(fetched_bytes) / static_cast<double>(read_bytes) : 0;
   }
 };
 

@@ -711,7 +711,7 @@ int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int
                             {"epochComplete", r.est.complete},
                             {"steps", r.est.steps},
                             {"readBytesPerEpoch", r.est.read_bytes},
-                            {"fetchedBytesPerEpoch", r.est.block_bytes},
+                            {"fetchedBytesPerEpoch", r.est.fetched_bytes},
                             {"cacheNeededBytes", r.est.working_set_bytes},
                             {"amplification", r.est.Amplification()},
                             {"autoMode", fits ? "Blocks" : "Direct"}});
@@ -761,15 +761,15 @@ int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int
       const bool fits = r.est.working_set_bytes <= static_cast<uint64_t>(c.capacity_bytes);
       std::printf("%s %-24s %14s %16s %14s %9.2fx %8s%s\n", r.selected ? "*" : " ", ShuffleText(r.shuffle).c_str(),
                   HumanBytes(static_cast<double>(r.est.read_bytes)).c_str(),
-                  HumanBytes(static_cast<double>(r.est.block_bytes)).c_str(),
+                  HumanBytes(static_cast<double>(r.est.fetched_bytes)).c_str(),
                   HumanBytes(static_cast<double>(r.est.working_set_bytes)).c_str(), r.est.Amplification(),
                   fits ? "Blocks" : "Direct",
                   r.est.complete ? "" : (" (first " + std::to_string(r.est.steps) + " steps)").c_str());
     }
-    std::cout << "\n* the job's shuffle. fetched/epoch: whole blocks, with a cache of at least `cache needed` (each "
-                 "block held from its first to its last read in the epoch; a cache that holds the dataset fetches "
-                 "nothing in later epochs). Auto: Blocks when the capacity holds it, else Direct (each read's own "
-                 "bytes, every epoch).\n";
+    std::cout << "\n* the job's shuffle. fetched/epoch: whole blocks (a compressed file's stored bytes), with a "
+                 "cache of at least `cache needed` (each block held from its first to its last read in the epoch; a "
+                 "cache that holds the dataset fetches nothing in later epochs). Auto: Blocks when the capacity holds "
+                 "it, else Direct (each read's own bytes, every epoch).\n";
   }
   return 0;
 }

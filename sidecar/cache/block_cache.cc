@@ -336,8 +336,9 @@ bool BlockCache::storing() const {
 }
 
 Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const Fetch& fetch, int64_t next_use,
-                                          Want want, bool* fetched) {
+                                          Want want, bool* fetched, uint64_t fetch_bytes) {
   if (fetched) *fetched = false;
+  if (fetch_bytes == 0) fetch_bytes = len;
   bool waited = false;
   bool rescan = false;
   {
@@ -476,7 +477,7 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
     if (f.fetched) {
       if (fetched) *fetched = true;
       counters_.fetches += 1;
-      counters_.fetched_bytes += len;
+      counters_.fetched_bytes += fetch_bytes;
     }
     if (f.err == 0 && f.bytes) {
       unlock_fill();
@@ -513,7 +514,7 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
   if (!st.ok()) return st;
   if (fetched) *fetched = true;
   counters_.fetches += 1;
-  counters_.fetched_bytes += len;
+  counters_.fetched_bytes += fetch_bytes;
   auto held = std::make_shared<Block::Bytes>();
   held->heap = std::move(buf);
   held->data = held->heap.data();

@@ -149,8 +149,10 @@ class BlockCache {
   /// empty Block without fetching it.
   /// `next_use`: the step that needs it (for eviction), -1 unknown.
   /// `fetched`, when given, is set to whether this call fetched it.
+  /// `fetch_bytes`: what `fetch` reads from the source, counted as fetched
+  /// (a compressed file's stored bytes); 0: `len`.
   Result<Block> Get(const BlockId& id, uint64_t len, const Fetch& fetch, int64_t next_use, Want want,
-                    bool* fetched = nullptr) MESHLOAD_EXCLUDES(mu_);
+                    bool* fetched = nullptr, uint64_t fetch_bytes = 0) MESHLOAD_EXCLUDES(mu_);
 
   /// Block `id` when it is resident and verified by this process, without
   /// counting a read (prefetch hints); nullopt otherwise.

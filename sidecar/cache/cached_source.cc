@@ -79,17 +79,18 @@ Result<BlockCache::Block> CachedSource::Get(size_t object, uint64_t block, int64
   const uint64_t start = extent.first;
   bool got = false;
   // A file stored compressed is one block: the stored object read whole
-  // and decompressed into it.
+  // and decompressed into it; what storage sent is its stored bytes.
+  const uint64_t fetch_bytes = o.stored ? o.stored->size : extent.second;
   Result<BlockCache::Block> b = cache_.Get(
       {o.key, block}, extent.second,
       [&](uint8_t* dst, uint64_t n) {
         if (o.stored) return source::ReadStored(remote_, o.stored_name, *o.stored, dst, n);
         return remote_.Read(o.name, start, dst, n);
       },
-      next_use, want, &got);
+      next_use, want, &got, fetch_bytes);
   if (got) {
     if (fetched) *fetched = true;
-    CountFetch(next_use, extent.second);
+    CountFetch(next_use, fetch_bytes);
   }
   return b;
 }

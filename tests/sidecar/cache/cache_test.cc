@@ -605,6 +605,9 @@ TEST(CachedSource, AFileStoredCompressedIsOneBlockOfItsDecompressedBytes) {
     }
     EXPECT_EQ(remote.reads.load(), 1u) << "the stored object read once, whole";
     EXPECT_EQ(remote.bytes.load(), shard.zip_bytes);
+    // Fetched: the compressed bytes storage sent, not the block's.
+    EXPECT_EQ(cache->counters().fetched_bytes.load(), shard.zip_bytes);
+    EXPECT_NE(shard.zip_bytes, shard.bytes);
     id = cached.IdOf(0, 0);
     EXPECT_TRUE(std::filesystem::exists(cache->PathOf(id)));
   }
