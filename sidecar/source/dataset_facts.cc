@@ -49,8 +49,9 @@ namespace {
 // Runs fn(i) for every file i of n, several at a time on a source that
 // waits on the network (a request per file: their round trips overlap),
 // one after the other on local files. Sources are thread-safe.
-void ForEachFile(const Source& source, size_t n, const std::function<void(size_t)>& fn) {
-  const size_t threads = source.LatencyBound() ? std::min<size_t>(n, 16) : 1;
+// fn(0) ... fn(n - 1) on up to `threads` threads (this one among them).
+void ForEach(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
+  threads = std::min(n, threads);
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
@@ -59,6 +60,10 @@ void ForEachFile(const Source& source, size_t n, const std::function<void(size_t
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
   for (std::thread& t : pool) t.join();
+}
+
+void ForEachFile(const Source& source, size_t n, const std::function<void(size_t)>& fn) {
+  ForEach(n, source.LatencyBound() ? 16 : 1, fn);
 }
 
 // MegatronIndexed: the URI names a prefix (PREFIX.idx and PREFIX.bin beside
@@ -432,12 +437,21 @@ Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, So
   if (spec.mixture) {
     // Each dataset of the mixture, read as spec.dataset says; then one index.
     const std::vector<planner::DatasetSpec> datasets = planner::JobDatasets(spec);
+    // Over a network, the datasets are indexed at once (each one's file
+    // reads are already in flight together): a mixture of remote datasets
+    // takes about as long as its slowest one, not their sum. Their results
+    // are then taken in order, as one after the other would give them.
+    std::vector<Result<planner::DatasetIndex>> indexed(datasets.size(), Status(StatusCode::kInternal, "not indexed"));
+    std::vector<Diagnostics> indexed_diags(datasets.size());
+    ForEach(datasets.size(), ReadsOverNetwork(spec, sources) ? 8 : 1,
+            [&](size_t d) { indexed[d] = IndexDataset(datasets[d], sources, indexed_diags[d]); });
     std::vector<planner::DatasetIndex> parts;
     std::vector<std::string> names, paths;
     declared = true;
     for (size_t d = 0; d < datasets.size() && index_diags.ok(); ++d) {
       declared = declared && datasets[d].samples.has_value();
-      auto part = IndexDataset(datasets[d], sources, index_diags);
+      for (const auto& p : indexed_diags[d].problems()) index_diags.Add(p.path, p.message);
+      Result<planner::DatasetIndex>& part = indexed[d];
       if (!part.ok()) {
         index = part.status();
         failed_path = planner::DatasetPath(spec, d) + ".uri";

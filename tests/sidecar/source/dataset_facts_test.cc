@@ -10,10 +10,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <cstdint>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -522,6 +525,57 @@ TEST(ResolveWithSources, AMixtureDatasetThatCannotBeReadIsToldToDeclareItsOwnSam
   // A mixture refuses both of these: no hint may name them.
   EXPECT_THAT(d.ToString(), ::testing::Not(HasSubstr("spec.dataset.samples")));
   EXPECT_THAT(d.ToString(), ::testing::Not(HasSubstr("--samples")));
+}
+
+// A mixture's remote datasets are indexed at once: the server answers the
+// first dataset only once the second one has been asked for (else, after
+// 5 s, 404), which one dataset after the other never does.
+TEST(ResolveWithSources, AMixturesRemoteDatasetsAreIndexedAtOnce) {
+  const std::string a(64 * 16, 'a'), b(64 * 16, 'b');
+  std::mutex mu;
+  std::condition_variable asked;
+  bool b_asked = false;
+  testing::TestHttpServer server;
+  server.Get("/a.bin", [&](const httplib::Request& req, httplib::Response& res) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!asked.wait_for(lock, std::chrono::seconds(5), [&] { return b_asked; })) {
+      res.status = 404;
+      return;
+    }
+    lock.unlock();
+    testing::ServeBytes(a, req, res);
+  });
+  server.Get("/b.bin", [&](const httplib::Request& req, httplib::Response& res) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      b_asked = true;
+    }
+    asked.notify_all();
+    testing::ServeBytes(b, req, res);
+  });
+  server.Start();
+  planner::JobSpec spec;
+  spec.mesh.processes = 1;
+  spec.mesh.devices_per_process = 1;
+  spec.mesh.axes = {{"data", 1}};
+  spec.dataset = Fixed(server.Url("/a.bin"), 16);
+  spec.batch.global_batch_size = 8;
+  planner::MixtureSpec mix;
+  mix.datasets.resize(2);
+  mix.datasets[0] = {"a", server.Url("/a.bin"), 1, std::nullopt};
+  mix.datasets[1] = {"b", server.Url("/b.bin"), 1, std::nullopt};
+  spec.mixture = mix;
+  auto sources = SourceRegistry::WithBuiltins({});
+  Diagnostics d;
+  const auto start = std::chrono::steady_clock::now();
+  auto job = ResolveWithSources(meshload::testing::MustValidate(spec), *sources, {}, Unreachable::kFail, d);
+  ASSERT_OK(job) << d.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+  ASSERT_EQ(job->dataset.parts().size(), 2u);
+  EXPECT_EQ(job->dataset.parts()[0].name, "a");
+  EXPECT_EQ(job->dataset.parts()[0].samples, 64u);
+  EXPECT_EQ(job->dataset.parts()[1].name, "b");
+  EXPECT_EQ(job->dataset.parts()[1].first, 64u);
 }
 
 // WebDataset and MDS through http(s): the same indexes as from the files,
