@@ -402,17 +402,32 @@ Status Sidecar::InitCache() {
     cache_reason_ = std::move(why);
     for (const char* m : {"blocks", "direct", "none"}) metrics_->cache_mode.Add({{"mode", m}}).Set(cache_mode_ == m);
   };
+  const planner::BlockGeometry geometry{static_cast<uint64_t>(spec.block_bytes),
+                                        static_cast<uint64_t>(spec.whole_object_bytes)};
+  // The bytes of blocks (a compressed file: its decompressed bytes) an epoch
+  // of this process keeps in use at once under the job's shuffle.
+  auto in_use = [&] {
+    return planner::EstimateFetch(*planner_, loading_, options_.process, geometry, planner_->EpochOf(start_step_),
+                                  1 << 18)
+        .working_set_bytes;
+  };
   auto direct = [&](std::string why) -> Status {
     set_mode(remote ? "direct" : "none", std::move(why));
     if (stored_files) {
       // Without blocks, compressed files are decompressed in memory, within
-      // the cache's capacity.
-      MESHLOAD_ASSIGN_OR_RETURN(
-          decoding_, source::InstallDecoding(rj.dataset, *sources_, static_cast<uint64_t>(spec.capacity_bytes)));
-      LogWarn(
-          "compressed files are decompressed in memory, not into the block cache: a file evicted from memory "
-          "is read and decompressed again",
-          {{"reason", cache_reason_}, {"capacity_bytes", spec.capacity_bytes}});
+      // the cache's capacity; when an epoch keeps more of them in use than
+      // that, files are decompressed again and again within it.
+      const uint64_t capacity = static_cast<uint64_t>(spec.capacity_bytes);
+      MESHLOAD_ASSIGN_OR_RETURN(decoding_, source::InstallDecoding(rj.dataset, *sources_, capacity));
+      const uint64_t needed = in_use();
+      LogWarn(needed > capacity
+                  ? "compressed files are decompressed in memory, not into the block cache, and an epoch keeps more "
+                    "of them in use than spec.dataset.cache.capacityBytes holds: files are read and decompressed "
+                    "again within each epoch (a larger capacityBytes, a cache directory, or a Window shuffle avoids "
+                    "it; meshload plan --compare shows what each shuffle needs)"
+                  : "compressed files are decompressed in memory, not into the block cache: a file evicted from "
+                    "memory is read and decompressed again",
+              {{"reason", cache_reason_}, {"capacity_bytes", spec.capacity_bytes}, {"in_use_bytes", needed}});
     }
     return Status::Ok();
   };
@@ -426,15 +441,11 @@ Status Sidecar::InitCache() {
     return direct("no cache directory (--cache-dir)");
   }
   const uint64_t capacity = static_cast<uint64_t>(spec.capacity_bytes);
-  const planner::BlockGeometry geometry{static_cast<uint64_t>(spec.block_bytes),
-                                        static_cast<uint64_t>(spec.whole_object_bytes)};
   if (spec.mode == planner::CacheMode::kAuto) {
     // Blocks pay when the cache holds each block from the first to the last
     // step of the epoch that reads it; otherwise they would be fetched again.
-    const planner::FetchEstimate est = planner::EstimateFetch(*planner_, loading_, options_.process, geometry,
-                                                              planner_->EpochOf(start_step_), 1 << 18);
-    if (est.working_set_bytes > capacity) {
-      return direct("an epoch keeps " + std::to_string(est.working_set_bytes) +
+    if (const uint64_t needed = in_use(); needed > capacity) {
+      return direct("an epoch keeps " + std::to_string(needed) +
                     " bytes of blocks in use under this shuffle, more than spec.dataset.cache.capacityBytes (" +
                     std::to_string(capacity) +
                     "): reads fetch their own bytes (a Window shuffle, or a larger "

@@ -228,6 +228,12 @@ class FieldsTest(unittest.TestCase):
                         self.assertEqual(len(blocks), 4, blocks)  # one per shard
                     else:
                         self.assertIn("decompressed in memory", log)
+                        # With the decompressed bytes an epoch keeps in use
+                        # (at most the 4 shards' 30161), which the default
+                        # capacity holds: no decompressing again.
+                        line = next(json.loads(x) for x in log.splitlines() if "decompressed in memory" in x)
+                        self.assertTrue(0 < line["in_use_bytes"] <= 30161, line)
+                        self.assertNotIn("again within each epoch", line["msg"])
 
     def test_tfrecord_features_as_bytes_and_ragged_lists(self):
         """TFRecord files TensorFlow wrote: bytes, int64 and float32 features
