@@ -406,10 +406,14 @@ Status Sidecar::InitCache() {
                                         static_cast<uint64_t>(spec.whole_object_bytes)};
   // The bytes of blocks (a compressed file: its decompressed bytes) an epoch
   // of this process keeps in use at once under the job's shuffle.
+  std::optional<uint64_t> in_use_bytes;  // estimated once
   auto in_use = [&] {
-    return planner::EstimateFetch(*planner_, loading_, options_.process, geometry, planner_->EpochOf(start_step_),
-                                  1 << 18)
-        .working_set_bytes;
+    if (!in_use_bytes) {
+      in_use_bytes = planner::EstimateFetch(*planner_, loading_, options_.process, geometry,
+                                            planner_->EpochOf(start_step_), 1 << 18)
+                         .working_set_bytes;
+    }
+    return *in_use_bytes;
   };
   auto direct = [&](std::string why) -> Status {
     set_mode(remote ? "direct" : "none", std::move(why));
