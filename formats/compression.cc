@@ -19,7 +19,7 @@ struct Named {
 };
 constexpr Named kCodecs[] = {
     {"br", Codec::kBrotli},     {"bz2", Codec::kBzip2}, {"gz", Codec::kGzip},
-    {"snappy", Codec::kSnappy}, {"zstd", Codec::kZstd},
+    {"snappy", Codec::kSnappy}, {"zlib", Codec::kZlib}, {"zstd", Codec::kZstd},
 };
 
 Status Corrupt(Codec codec, uint64_t at, std::string_view why) {
@@ -69,11 +69,14 @@ class ZstdStream final : public Stream {
   ZSTD_DCtx* ctx_;
 };
 
+// gzip members (RFC 1952), or zlib streams (RFC 1950: TensorFlow's ZLIB
+// TFRecord files), one after another.
 class GzipStream final : public Stream {
  public:
-  GzipStream() : Stream(Codec::kGzip) {
+  explicit GzipStream(Codec codec) : Stream(codec) {
     std::memset(&z_, 0, sizeof z_);
-    ok_ = inflateInit2(&z_, 16 + MAX_WBITS) == Z_OK;  // a gzip header and trailer
+    // 16 +: a gzip header and trailer; else a zlib header and trailer.
+    ok_ = inflateInit2(&z_, codec == Codec::kGzip ? 16 + MAX_WBITS : MAX_WBITS) == Z_OK;
   }
   ~GzipStream() override {
     if (ok_) inflateEnd(&z_);
@@ -81,7 +84,7 @@ class GzipStream final : public Stream {
   Status Step(const uint8_t* in, size_t in_len, bool, uint8_t* out, size_t out_cap, size_t& used, size_t& made,
               bool& ended) override {
     if (!ok_) return Internal("zlib: cannot initialize inflate");
-    if (ended_ && in_len > 0) {  // another gzip member follows
+    if (ended_ && in_len > 0) {  // another gzip member (zlib stream) follows
       inflateReset(&z_);
       ended_ = false;
     }
@@ -254,7 +257,8 @@ class SnappyStream final : public Stream {
 std::unique_ptr<Stream> MakeStream(Codec codec) {
   switch (codec) {
     case Codec::kZstd: return std::make_unique<ZstdStream>();
-    case Codec::kGzip: return std::make_unique<GzipStream>();
+    case Codec::kGzip:
+    case Codec::kZlib: return std::make_unique<GzipStream>(codec);
     case Codec::kBzip2: return std::make_unique<Bzip2Stream>();
     case Codec::kBrotli: return std::make_unique<BrotliStream>();
     case Codec::kSnappy: return std::make_unique<SnappyStream>();
@@ -321,7 +325,7 @@ std::string_view CodecName(Codec codec) {
   return "?";
 }
 
-std::string_view SupportedCompressions() { return "br, bz2, gz, snappy, zstd"; }
+std::string_view SupportedCompressions() { return "br, bz2, gz, snappy, zlib, zstd"; }
 
 Status Decompress(Codec codec, const uint8_t* in, size_t in_len, uint8_t* out, size_t out_len) {
   if (codec == Codec::kSnappy) return DecompressSnappy(in, in_len, out, out_len);  // straight into `out`
@@ -356,6 +360,28 @@ Status Decompress(Codec codec, const uint8_t* in, size_t in_len, uint8_t* out, s
         "decodes to " + std::to_string(out_pos) + " bytes, not the " + std::to_string(out_len) + " the index gives");
   }
   return Status::Ok();
+}
+
+Result<std::string> Compress(Codec codec, std::string_view in) {
+  if (codec != Codec::kGzip && codec != Codec::kZlib) {
+    return InvalidArgument("meshload writes only gz and zlib, not " + std::string(CodecName(codec)));
+  }
+  z_stream z;
+  std::memset(&z, 0, sizeof z);
+  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, codec == Codec::kGzip ? 16 + MAX_WBITS : MAX_WBITS, 8,
+                   Z_DEFAULT_STRATEGY) != Z_OK) {
+    return Internal("zlib: cannot initialize deflate");
+  }
+  std::string out(deflateBound(&z, static_cast<uLong>(in.size())), '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+  z.avail_in = static_cast<uInt>(in.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  const int r = deflate(&z, Z_FINISH);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  if (r != Z_STREAM_END || in.size() > (1u << 30)) return Internal("zlib: deflate did not finish");
+  return out;
 }
 
 Result<std::unique_ptr<PrefixDecoder>> PrefixDecoder::Make(Codec codec) {

@@ -189,7 +189,10 @@ uint32_t Crc32c(const void* data, size_t n) {
   return ~Crc32cTable(p, n, ~0u);
 }
 
-Result<std::vector<uint64_t>> ParseTfRecordIndex(std::string_view text, std::string_view name, uint64_t file_bytes) {
+Result<std::vector<uint64_t>> ParseTfRecordIndex(std::string_view text, std::string_view name,
+                                                 std::optional<uint64_t> file_bytes) {
+  // A compressed file's decompressed bytes end where its records do.
+  const uint64_t bound = file_bytes.value_or(UINT64_MAX);
   std::vector<uint64_t> offsets;
   uint64_t expect = 0;
   size_t line = 0;
@@ -219,22 +222,34 @@ Result<std::vector<uint64_t>> ParseTfRecordIndex(std::string_view text, std::str
                                  ": the index is not this file's (write it again with `meshload index`)",
                              std::string(name));
     }
-    if (length < kTfRecordFramingBytes || length > file_bytes - std::min(offset, file_bytes)) {
+    if (length < kTfRecordFramingBytes || length > bound - std::min(offset, bound)) {
       return InvalidArgument("line " + std::to_string(line) + " gives a record of " + std::to_string(length) +
-                                 " bytes at byte " + std::to_string(offset) + " of a " + std::to_string(file_bytes) +
-                                 "-byte file",
+                                 " bytes at byte " + std::to_string(offset) +
+                                 (file_bytes ? " of a " + std::to_string(*file_bytes) + "-byte file" : ""),
                              std::string(name));
     }
     offsets.push_back(offset);
     expect = offset + length;
   }
-  if (expect != file_bytes) {
-    return InvalidArgument("its records end at byte " + std::to_string(expect) + " of a " + std::to_string(file_bytes) +
+  if (file_bytes && expect != *file_bytes) {
+    return InvalidArgument("its records end at byte " + std::to_string(expect) + " of a " +
+                               std::to_string(*file_bytes) +
                                "-byte file: the index is not this file's (write it again with `meshload index`)",
                            std::string(name));
   }
   offsets.push_back(expect);
   return offsets;
+}
+
+std::string_view TfRecordCompressionHint(std::string_view head) {
+  if (head.size() < 2) return "";
+  const auto b0 = static_cast<uint8_t>(head[0]);
+  const auto b1 = static_cast<uint8_t>(head[1]);
+  if (b0 == 0x1f && b1 == 0x8b) return "GZIP";
+  // CMF: deflate (method 8) with a window of at most 32 KiB; FCHECK makes
+  // CMF·256 + FLG a multiple of 31.
+  if ((b0 & 0x0f) == 8 && (b0 >> 4) <= 7 && ((b0 << 8) | b1) % 31 == 0) return "ZLIB";
+  return "";
 }
 
 Result<uint64_t> TfRecordLength(std::string_view header, std::string_view name, uint64_t offset) {

@@ -1,6 +1,8 @@
 /// \file
 /// TFRecord files of tf.train.Example records, as TensorFlow's
-/// TFRecordWriter writes them (uncompressed).
+/// TFRecordWriter writes them (a file compressed with its GZIP or ZLIB
+/// option is decompressed whole first: formats/compression.h; its index
+/// gives offsets in the decompressed bytes).
 ///
 /// A file is records back to back, each, little-endian:
 ///
@@ -47,8 +49,18 @@ constexpr uint64_t kTfRecordFramingBytes = 16;
 /// messages) of a file of `file_bytes` bytes: N + 1 offsets, the last the
 /// file's end. Checks that each line is two decimal numbers, that records
 /// follow each other from byte 0 without a gap, are at least 16 bytes, and
-/// end at the file's end (else the index is not this file's).
-Result<std::vector<uint64_t>> ParseTfRecordIndex(std::string_view text, std::string_view name, uint64_t file_bytes);
+/// end at the file's end (else the index is not this file's). A compressed
+/// file's index (offsets in its decompressed bytes) is parsed with
+/// `file_bytes` nullopt: the records' end is then the decompressed size,
+/// checked when the file is decompressed.
+Result<std::vector<uint64_t>> ParseTfRecordIndex(std::string_view text, std::string_view name,
+                                                 std::optional<uint64_t> file_bytes);
+
+/// The compression a TFRecord file's first bytes suggest when it was read
+/// as uncompressed and its first frame did not parse: "GZIP" for a gzip
+/// member's magic (1f 8b), "ZLIB" for a zlib header (RFC 1950: deflate,
+/// a header checksum), "" otherwise. For messages only.
+std::string_view TfRecordCompressionHint(std::string_view head);
 
 /// The payload length a record's first 12 bytes give (`header`; the record
 /// at byte `offset` of file `name`), its length CRC checked.

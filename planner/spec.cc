@@ -535,6 +535,11 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
   if (!ds.format_unknown && !IsRecordFormat(ds.format) && !ds.fields.empty()) {
     d.Add("spec.dataset.fields", "are only used by formats WebDataset, MDS and TFRecord; remove them");
   }
+  if (!ds.format_unknown && !ds.compression_invalid && ds.compression != FileCompression::kNone &&
+      ds.format != DatasetFormat::kTFRecord) {
+    d.Add("spec.dataset.compression",
+          "is only used by format TFRecord (an MDS shard's compression comes from its index.json); remove it");
+  }
   if (spec.tokens) ValidateTokens(spec, d);
   if (ds.samples && B >= 1 && *ds.samples >= 1 && *ds.samples < B && !spec.tokens) {
     d.Add("spec.dataset.samples", "the dataset has " + std::to_string(*ds.samples) +

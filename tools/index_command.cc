@@ -1,5 +1,6 @@
 // `meshload index`: Energon-compatible .tar.idx files for WebDataset shards
-// and DALI tfrecord2idx indexes for TFRecord files,
+// and DALI tfrecord2idx indexes for TFRecord files (compressed ones: of
+// their decompressed bytes),
 // from the shards' tar headers read through the sources (ranged reads, so
 // a remote shard's data is not downloaded), several shards at once.
 
@@ -18,6 +19,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "formats/compression.h"
 #include "formats/tar.h"
 #include "formats/tfrecord.h"
 #include "formats/webdataset.h"
@@ -36,7 +38,9 @@ shard (.tar), SHARD.tar.idx, as Megatron-Energon's `energon prepare` writes
 it (each sample's offset in the tar, then where its members end); for a
 TFRecord file (a name with .tfrecord in it, or any file with --format
 TFRecord), FILE.idx as DALI's tfrecord2idx writes it (a line "OFFSET
-LENGTH" per record). The tar headers or record frames are read through the
+LENGTH" per record; with --compression, the offsets in the bytes the file
+decompresses to, as the sidecar reads a TFRecord job with
+spec.dataset.compression). The tar headers or record frames are read through the
 storage sources by ranged reads, several files at once; a file that has an
 index already is left as it is, so an interrupted run is resumed by running
 it again.
@@ -53,6 +57,9 @@ options:
   --force          index files that have an index already
   --format FORMAT  WebDataset or TFRecord: index every file the URIs name as
                    that format (default: by name, .tar and .tfrecord)
+  --compression C  GZIP or ZLIB: the TFRecord files are compressed, as
+                   TensorFlow writes them with that compression_type (each
+                   is decompressed as it is read, never held whole)
   --log-level LEVEL  debug, info, warn, error, off (env MESHLOAD_LOG_LEVEL)
 
 exit codes: 0 every shard has its index; 1 a shard could not be indexed
@@ -68,8 +75,9 @@ struct Shard {
   Source* source = nullptr;  // the registry's, for the shard's scheme
   std::string name;          // as the source names it
   uint64_t size = 0;
-  std::string index_path;  // where its index goes (a local path)
-  bool tfrecord = false;   // a TFRecord file, not a tar shard
+  std::string index_path;               // where its index goes (a local path)
+  bool tfrecord = false;                // a TFRecord file, not a tar shard
+  std::optional<formats::Codec> codec;  // a compressed TFRecord file's
 };
 
 bool LocalFileExists(const std::string& path) {
@@ -123,15 +131,94 @@ Result<std::string> IndexTfRecordFile(const Shard& shard, uint64_t* records) {
       window.resize(std::min<uint64_t>(kReadWindow, shard.size - at));
       MESHLOAD_RETURN_IF_ERROR(shard.source->Read(shard.name, window_at, window.data(), window.size()));
     }
-    MESHLOAD_ASSIGN_OR_RETURN(const uint64_t n,
-                              formats::TfRecordLength(std::string_view(window).substr(at - window_at, 12),
-                                                      sidecar::source::RedactUri(shard.name), at));
+    Result<uint64_t> length = formats::TfRecordLength(std::string_view(window).substr(at - window_at, 12),
+                                                      sidecar::source::RedactUri(shard.name), at);
+    if (!length.ok()) {
+      const std::string_view hint = at == 0 ? formats::TfRecordCompressionHint(window) : "";
+      if (hint.empty()) return length.status();
+      return Status(length.status().code(),
+                    length.status().message() + " (the file starts like a " + std::string(hint) +
+                        " stream: if TensorFlow wrote it compressed, index it with --compression " + std::string(hint) +
+                        ")",
+                    length.status().location());
+    }
+    const uint64_t n = *length;
     if (n > shard.size - at - formats::kTfRecordFramingBytes) {
       return DataLoss("a record of " + std::to_string(n) + " bytes runs past the end of the file",
                       sidecar::source::RedactUri(shard.name) + "@" + std::to_string(at));
     }
     offsets.push_back(at);
     at += n + formats::kTfRecordFramingBytes;
+  }
+  offsets.push_back(at);
+  *records = offsets.size() - 1;
+  return formats::TfRecordIndexText(offsets);
+}
+
+// Walks a compressed TFRecord file's frames in the bytes it decompresses
+// to: the compressed bytes read a window at a time and decoded as they
+// come (only the bytes not yet walked past are kept), each frame's length
+// CRC checked. Offsets are in the decompressed bytes, where the records
+// must end exactly.
+Result<std::string> IndexCompressedTfRecordFile(const Shard& shard, uint64_t* records) {
+  const std::string shown = sidecar::source::RedactUri(shard.name);
+  const std::string decompressed = shown + ".decompressed";
+  MESHLOAD_ASSIGN_OR_RETURN(std::unique_ptr<formats::PrefixDecoder> decoder,
+                            formats::PrefixDecoder::Make(*shard.codec));
+  constexpr size_t kStep = 4 << 20;  // decompressed bytes decoded at a time
+  std::string window;                // compressed bytes read, not yet fed
+  uint64_t read = 0;
+  bool last = shard.size == 0;
+  bool ended = false;
+  std::string out;      // decompressed bytes not yet walked past
+  uint64_t out_at = 0;  // the offset of out[0] in the decompressed file
+  // Appends up to kStep decompressed bytes to `out`; `ended` once the
+  // stream is over.
+  auto more = [&]() -> Status {
+    const size_t want = out.size() + kStep;
+    while (true) {
+      bool done = false;
+      Status st = decoder->Feed(window, last, want, out, done);
+      if (!st.ok()) return st.WithLocationPrefix(shown);
+      window.clear();
+      if (out.size() >= want) return Status::Ok();
+      if (done) {
+        ended = true;
+        return Status::Ok();
+      }
+      if (last) return DataLoss("the compressed stream ends early (truncated)", shown);
+      window.resize(std::min<uint64_t>(kReadWindow, shard.size - read));
+      MESHLOAD_RETURN_IF_ERROR(shard.source->Read(shard.name, read, window.data(), window.size()));
+      read += window.size();
+      last = read == shard.size;
+    }
+  };
+  std::vector<uint64_t> offsets;
+  uint64_t at = 0;  // the next record's offset
+  while (true) {
+    while (at >= out_at && at + 12 <= out_at + out.size()) {
+      MESHLOAD_ASSIGN_OR_RETURN(
+          const uint64_t n, formats::TfRecordLength(std::string_view(out).substr(at - out_at, 12), decompressed, at));
+      if (n > (uint64_t{1} << 56)) {
+        return DataLoss("a record of " + std::to_string(n) + " bytes", decompressed + "@" + std::to_string(at));
+      }
+      offsets.push_back(at);
+      at += n + formats::kTfRecordFramingBytes;
+    }
+    const uint64_t keep_from = std::min(at, out_at + out.size());
+    out.erase(0, static_cast<size_t>(keep_from - out_at));
+    out_at = keep_from;
+    if (ended) break;
+    MESHLOAD_RETURN_IF_ERROR(more());
+  }
+  const uint64_t end = out_at + out.size();
+  if (at < end) {
+    return DataLoss("a record's framing is cut off by the end of the decompressed bytes (" + std::to_string(end) + ")",
+                    decompressed + "@" + std::to_string(at));
+  }
+  if (at > end) {
+    return DataLoss("a record runs past the end of the decompressed bytes (" + std::to_string(end) + ")",
+                    decompressed + "@" + std::to_string(offsets.back()));
   }
   offsets.push_back(at);
   *records = offsets.size() - 1;
@@ -166,8 +253,9 @@ int RunIndex(const std::vector<std::string>& args) {
   std::string output, log_level;
   std::optional<int64_t> jobs;
   bool force = false;
-  std::string format;
+  std::string format, compression;
   flags.String({"--format"}, &format);
+  flags.String({"--compression"}, &compression);
   flags.String({"--output"}, &output);
   flags.OptionalInt({"--jobs"}, &jobs);
   flags.Bool({"--force"}, &force);
@@ -180,6 +268,15 @@ int RunIndex(const std::vector<std::string>& args) {
   if (jobs && (*jobs < 1 || *jobs > 256)) return UsageError("--jobs: expected 1 to 256");
   if (!format.empty() && format != "WebDataset" && format != "TFRecord") {
     return UsageError("--format: expected WebDataset or TFRecord, got '" + format + "'");
+  }
+  std::optional<formats::Codec> codec;
+  if (!compression.empty()) {
+    if (compression != "GZIP" && compression != "ZLIB") {
+      return UsageError("--compression: expected GZIP or ZLIB (TensorFlow's compression_type), got '" + compression +
+                        "'");
+    }
+    if (format == "WebDataset") return UsageError("--compression: only TFRecord files are read compressed");
+    codec = compression == "GZIP" ? formats::Codec::kGzip : formats::Codec::kZlib;
   }
   if (!output.empty() && !LocalFileExists(output)) return UsageError("--output " + output + ": no such directory");
 
@@ -222,8 +319,8 @@ int RunIndex(const std::vector<std::string>& args) {
         if (base.ends_with(".idx") || base.ends_with(".tmp")) continue;  // an index: not data
         const bool tfrecord = format.empty() ? base.find(".tfrecord") != std::string::npos : format == "TFRecord";
         if (!tfrecord && (format.empty() ? !base.ends_with(".tar") : false)) continue;  // not a shard
-        shards.push_back(
-            {found->first, o.name, o.size, output.empty() ? o.name + ".idx" : output + "/" + base + ".idx", tfrecord});
+        shards.push_back({found->first, o.name, o.size, output.empty() ? o.name + ".idx" : output + "/" + base + ".idx",
+                          tfrecord, tfrecord ? codec : std::nullopt});
       }
     }
   }
@@ -248,7 +345,9 @@ int RunIndex(const std::vector<std::string>& args) {
         continue;
       }
       uint64_t samples = 0;
-      Result<std::string> bytes = s.tfrecord ? IndexTfRecordFile(s, &samples) : IndexShard(s, &samples);
+      Result<std::string> bytes = !s.tfrecord ? IndexShard(s, &samples)
+                                  : s.codec   ? IndexCompressedTfRecordFile(s, &samples)
+                                              : IndexTfRecordFile(s, &samples);
       Status st = bytes.ok() ? WriteWhole(s.index_path, *bytes) : bytes.status();
       if (!st.ok()) {
         ++failed;

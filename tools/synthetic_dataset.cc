@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/compression.h"
 #include "formats/fields.h"
 #include "formats/megatron_index.h"
 #include "formats/mds.h"
@@ -235,8 +236,13 @@ Result<std::string> GenerateTfRecords(const planner::DatasetSpec& spec, const st
   for (int part = 0; part < files; ++part) {
     const uint64_t count = samples / static_cast<uint64_t>(files) +
                            (static_cast<uint64_t>(part) < samples % static_cast<uint64_t>(files) ? 1 : 0);
+    // compression: GZIP or ZLIB files as TensorFlow writes them, their
+    // indexes giving offsets in the decompressed bytes.
     char name[64];
-    std::snprintf(name, sizeof name, "part-%05d.tfrecord", part);
+    std::snprintf(name, sizeof name, "part-%05d.tfrecord%s", part,
+                  spec.compression == planner::FileCompression::kGZIP   ? ".gz"
+                  : spec.compression == planner::FileCompression::kZLIB ? ".zlib"
+                                                                        : "");
     const std::string path = dir + "/" + name;
     std::string body;
     std::vector<uint64_t> offsets;
@@ -262,6 +268,12 @@ Result<std::string> GenerateTfRecords(const planner::DatasetSpec& spec, const st
       body += formats::TfRecordFrame(example.Serialize());
     }
     offsets.push_back(body.size());
+    if (spec.compression != planner::FileCompression::kNone) {
+      MESHLOAD_ASSIGN_OR_RETURN(
+          body, formats::Compress(
+                    spec.compression == planner::FileCompression::kGZIP ? formats::Codec::kGzip : formats::Codec::kZlib,
+                    body));
+    }
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     if (!out) return IoErrorFromErrno("create", path, errno);
     MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, reinterpret_cast<const uint8_t*>(body.data()), body.size()));

@@ -228,20 +228,67 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> WebDatasetFacts(Source& so
 }
 
 // TFRecord: every object the URI names but the .idx ones is a file; each
-// needs its DALI index (tfrecord2idx's "OFFSET LENGTH" lines).
+// needs its DALI index (tfrecord2idx's "OFFSET LENGTH" lines). A
+// compressed file (spec.dataset.compression) is read as the bytes it
+// decompresses to (DatasetFile::stored, named FILE.decompressed), whose
+// size is where its index's records end; its first record's header is
+// decompressed here, so a wrong compression is an error before the job
+// starts, not at its first read.
 Result<std::vector<planner::DatasetIndex::FileFacts>> TfRecordFacts(Source& source, const std::string& uri,
-                                                                    const std::string& name, Diagnostics& diags) {
+                                                                    const std::string& name,
+                                                                    planner::FileCompression compression,
+                                                                    Diagnostics& diags) {
+  const bool compressed = compression != planner::FileCompression::kNone;
   MESHLOAD_ASSIGN_OR_RETURN(IndexedFiles found,
                             FilesWithIndexes(
                                 source, name, [](const std::string& base) { return !base.ends_with(".idx"); },
-                                [](const std::string& bytes, const std::string& idx, uint64_t size, bool) {
-                                  return formats::ParseTfRecordIndex(bytes, idx, size);
+                                [compressed](const std::string& bytes, const std::string& idx, uint64_t size, bool) {
+                                  return formats::ParseTfRecordIndex(
+                                      bytes, idx, compressed ? std::nullopt : std::optional<uint64_t>(size));
                                 }));
+  const std::string_view spec_name = compression == planner::FileCompression::kGZIP ? "GZIP" : "ZLIB";
+  ForEachFile(source, found.files.size(), [&](size_t i) {
+    planner::DatasetIndex::FileFacts& facts = found.files[i];
+    if (!compressed) {
+      // An index that does not fit an uncompressed file: say so when the
+      // file looks compressed.
+      if (facts.records.ok() || facts.size < 2) return;
+      std::string head(2, '\0');
+      if (!source.Read(facts.path, 0, head.data(), head.size()).ok()) return;
+      if (std::string_view hint = formats::TfRecordCompressionHint(head); !hint.empty()) {
+        facts.records = Status(facts.records.status().code(),
+                               facts.records.status().message() + " (" + RedactUri(facts.path) + " starts like a " +
+                                   std::string(hint) +
+                                   " stream: if TensorFlow wrote it compressed, set "
+                                   "spec.dataset.compression: " +
+                                   std::string(hint) + ")",
+                               facts.records.status().location());
+      }
+      return;
+    }
+    planner::StoredFile stored{facts.path, facts.size, compression == planner::FileCompression::kGZIP ? "gz" : "zlib"};
+    facts.path += ".decompressed";
+    facts.size = facts.records.ok() ? facts.records->back() : 0;
+    if (facts.records.ok() && facts.size > 0) {
+      auto head = ReadStoredHead(source, stored.path, stored, 12);
+      Result<uint64_t> first =
+          head.ok() ? formats::TfRecordLength(*head, RedactUri(facts.path), 0) : Result<uint64_t>(head.status());
+      if (!first.ok()) {
+        facts.records =
+            Status(first.status().code(),
+                   first.status().message() + " (read with spec.dataset.compression: " + std::string(spec_name) +
+                       "; is that how it was written?)",
+                   first.status().location().empty() ? RedactUri(stored.path) : first.status().location());
+      }
+    }
+    facts.stored = std::move(stored);
+  });
   if (!found.missing.empty()) {
     diags.Add(RedactUri(found.missing.front()),
               std::to_string(found.missing.size()) +
                   " TFRecord file(s) without an index beside them (FILE.idx, as DALI's tfrecord2idx writes it): " +
-                  FirstAndMore(found.missing) + ". Write them with `meshload index " + RedactUri(uri) +
+                  FirstAndMore(found.missing) + ". Write them with `meshload index " +
+                  (compressed ? "--compression " + std::string(spec_name) + " " : std::string()) + RedactUri(uri) +
                   "`, then start the job again; or, if they are not TFRecord files, name only those that are "
                   "(a glob such as DIR/*.tfrecord)");
   }
@@ -372,7 +419,7 @@ Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, Sou
     MESHLOAD_ASSIGN_OR_RETURN(files, spec.format == planner::DatasetFormat::kMDS
                                          ? MdsFacts(*source, spec.uri, name, index_diags)
                                      : spec.format == planner::DatasetFormat::kTFRecord
-                                         ? TfRecordFacts(*source, spec.uri, name, index_diags)
+                                         ? TfRecordFacts(*source, spec.uri, name, spec.compression, index_diags)
                                          : WebDatasetFacts(*source, spec.uri, name, index_diags));
     for (const auto& f : files) {
       if (std::string r = RedactUri(f.path); r != f.path) secret.emplace_back(f.path, std::move(r));

@@ -79,7 +79,7 @@ def planned(job, first, last):
 
 class Run(harness.SidecarGroup):
     def __init__(self, name, fmt, uri, fields, processes, devices_per_process, axes, batch_axes=None,
-                 replication=None, missing_field=None, cache=False):
+                 replication=None, missing_field=None, cache=False, compression=None):
         self.dir = os.path.join(TMP, name)
         os.makedirs(self.dir)
         self.job = os.path.join(self.dir, "job.yaml")
@@ -87,7 +87,7 @@ class Run(harness.SidecarGroup):
         with open(self.job, "w") as f:
             f.write(harness.job_yaml(name, uri, processes, devices_per_process, axes, batch_axes,
                                      replication=replication, dataset_format=fmt, fields=fields,
-                                     missing_field=missing_field))
+                                     missing_field=missing_field, compression=compression))
         self.sidecars = [
             harness.SidecarProcess(SIDECAR, self.job, p, os.path.join(self.dir, "s%d.sock" % p),
                                    os.path.join(self.dir, "sidecar%d.log" % p),
@@ -251,6 +251,31 @@ class FieldsTest(unittest.TestCase):
                 del b
             finally:
                 c.close()
+
+    def test_tfrecord_files_tensorflow_compressed_read_through_the_cache_or_in_memory(self):
+        """TFRecord files TensorFlow wrote with compression_type GZIP and ZLIB:
+        the sidecar decompresses each whole, into its block cache (with a
+        cache directory) or in memory, and delivers every feature the
+        second reader read, over two epochs."""
+        fields = [("image", None), ("label", "int64", []), ("input_ids", "int64")]
+
+        def decode(f, b):
+            return np.frombuffer(b, np.int64)[0] if f == "label" else b
+
+        for kind, pattern in (("GZIP", "gzip/*.gz"), ("ZLIB", "zlib/*.zlib")):
+            for cache in (True, False):
+                with self.subTest(kind=kind, cache=cache):
+                    with Run("tfrecord-%s-%s" % (kind.lower(), "cache" if cache else "memory"), "TFRecord",
+                             os.path.join(DATA, "tfrecord", pattern), fields, 2, 1, [("data", 2)], cache=cache,
+                             compression=kind) as run:
+                        self.check(run, tfrecord_expected(), decode, 0, 8)
+                        log = run.sidecars[0].log_text()
+                        if cache:
+                            blocks = glob.glob(os.path.join(run.dir, "cache", "meshload-blocks-v1", "*", "*"))
+                            self.assertEqual(len(blocks), 3, blocks)  # one per file, decompressed
+                            self.assertNotIn("decompressed in memory", log)
+                        else:
+                            self.assertIn("decompressed in memory", log)
 
     def test_tfrecord_lists_of_a_fixed_shape_are_dense_tensors(self):
         """With a shape (tf.io.FixedLenFeature's), an int64_list or float_list

@@ -45,7 +45,7 @@ def write_dataset(path, n):
 
 def job_yaml(name, data, processes, devices_per_process, axes, batch_axes=None, global_batch=8,
              prefetch=3, seed=7, replication=None, strategy="PerProcess", dataset_format="FixedRecord",
-             fields=None, missing_field=None, balance_tolerance=None, mixture=None):
+             fields=None, missing_field=None, balance_tolerance=None, mixture=None, compression=None):
     """A DataLoadJob over `data`: FixedRecord records of RECORD_BYTES, or
     another format whose files say their samples' sizes (MegatronIndexed),
     or whose samples are records of `fields` ([(name, dtype or None)]:
@@ -83,6 +83,8 @@ def job_yaml(name, data, processes, devices_per_process, axes, batch_axes=None, 
                                              ", shape: %s" % list(f[2]) if len(f) > 2 else "") for f in fields]
     if missing_field:
         lines.append("    missingField: %s" % missing_field)
+    if compression:
+        lines.append("    compression: %s" % compression)
     if mixture:
         lines += ["  mixture:", "    datasets:"]
         for name, uri, weight, schedule in mixture:

@@ -102,7 +102,8 @@ TFRECORD = copy.deepcopy(FULL)
 TFRECORD["spec"]["dataset"] = {"uri": "s3://bucket/tf/train-*.tfrecord", "format": "TFRecord",
                                "fields": [{"name": "image"}, {"name": "label", "dtype": "int64", "shape": []},
                                           {"name": "box", "dtype": "float32", "shape": [4]},
-                                          {"name": "input_ids", "dtype": "int64"}], "samples": 1000}
+                                          {"name": "input_ids", "dtype": "int64"}], "samples": 1000,
+                               "compression": "GZIP"}
 TFRECORD["spec"]["batch"]["balance"] = {"mode": "Tokens", "tolerance": 0.05}
 
 
@@ -286,6 +287,10 @@ CEL = [
     ("a field's shape with a dimension of 0", TFRECORD,
      lambda d: put(d, ["spec", "dataset", "fields", 2, "shape"], [0]),
      ["spec.dataset.fields[2].shape[0]"]),
+    ("compression with MDS", MDS, lambda d: put(d, ["spec", "dataset", "compression"], "ZLIB"),
+     ["spec.dataset.compression", "compression is only used by format TFRecord"]),
+    ("an unknown TFRecord compression", TFRECORD, lambda d: put(d, ["spec", "dataset", "compression"], "zstd"),
+     ["spec.dataset.compression", "Unsupported value"]),
     ("fields with FixedRecord", FULL, lambda d: put(d, ["spec", "dataset", "fields"], [{"name": "jpg"}]),
      ["spec.dataset.fields", "fields are only used by formats WebDataset, MDS and TFRecord"]),
     ("a field name with a slash", WEBDATASET, lambda d: put(d, ["spec", "dataset", "fields", 0, "name"], "a/b"),

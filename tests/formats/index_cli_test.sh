@@ -104,4 +104,31 @@ head -c 2000 "$TF/part-00001.tfrecord" >"$TMP/tf/cut.tfrecord"
 [ $? -eq 1 ] && grep -q "cut.tfrecord@1430: a record of 790 bytes runs past the end of the file" "$TMP/tf3.out" && [ ! -e "$TMP/tf/cut.tfrecord.idx" ]
 check "a TFRecord file cut short: named with the byte of the record it cuts, no index written" $?
 [ $? -eq 0 ] || cat "$TMP/tf3.out"
+
+# Compressed TFRecord files TensorFlow wrote (GZIP and ZLIB): indexed in
+# their decompressed bytes, which are the uncompressed files', so the
+# indexes are tfrecord2idx's of those; without --compression the error
+# says which option the file looks like; a file cut short is named.
+mkdir -p "$TMP/tfz"
+cp "$TF"/gzip/part-0000[01].tfrecord.gz "$TF"/zlib/part-00002.tfrecord.zlib "$TMP/tfz/"
+"$ML" index --compression GZIP "$TMP/tfz/"'*.gz' >"$TMP/tfz1.out" 2>&1 &&
+  "$ML" index --compression ZLIB "$TMP/tfz/part-00002.tfrecord.zlib" >>"$TMP/tfz1.out" 2>&1 &&
+  cmp -s "$TMP/tfz/part-00000.tfrecord.gz.idx" "$TF/part-00000.tfrecord.idx" &&
+  cmp -s "$TMP/tfz/part-00001.tfrecord.gz.idx" "$TF/part-00001.tfrecord.idx" &&
+  cmp -s "$TMP/tfz/part-00002.tfrecord.zlib.idx" "$TF/part-00002.tfrecord.idx" && grep -q "7 records" "$TMP/tfz1.out"
+check "GZIP and ZLIB TFRecord files indexed in their decompressed bytes, as tfrecord2idx indexed those" $?
+[ $? -eq 0 ] || cat "$TMP/tfz1.out"
+rm "$TMP/tfz/part-00000.tfrecord.gz.idx"
+"$ML" index "$TMP/tfz/part-00000.tfrecord.gz" >"$TMP/tfz2.out" 2>&1
+[ $? -eq 1 ] && grep -q "starts like a GZIP stream: if TensorFlow wrote it compressed, index it with --compression GZIP" \
+  "$TMP/tfz2.out" && [ ! -e "$TMP/tfz/part-00000.tfrecord.gz.idx" ]
+check "a GZIP file indexed as uncompressed: the error names the option it needs" $?
+head -c 300 "$TF/gzip/part-00001.tfrecord.gz" >"$TMP/tfz/cut.tfrecord.gz"
+"$ML" index --compression GZIP "$TMP/tfz/cut.tfrecord.gz" >"$TMP/tfz3.out" 2>&1
+[ $? -eq 1 ] && grep -q "cut.tfrecord.gz" "$TMP/tfz3.out" && [ ! -e "$TMP/tfz/cut.tfrecord.gz.idx" ]
+check "a GZIP file cut short: named, no index written" $?
+[ $? -eq 0 ] || cat "$TMP/tfz3.out"
+"$ML" index --compression zstd "$TMP/tfz/cut.tfrecord.gz" >"$TMP/tfz4.out" 2>&1
+[ $? -eq 2 ] && grep -q -- "--compression: expected GZIP or ZLIB" "$TMP/tfz4.out"
+check "--compression takes GZIP or ZLIB" $?
 finish

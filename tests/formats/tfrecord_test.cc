@@ -11,6 +11,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "formats/compression.h"
 #include "tests/formats/fixture_files.h"
 #include "tests/testing/status_matchers.h"
 
@@ -150,6 +151,61 @@ TEST(TfRecord, AnIndexThatIsNotTheFilesIsRefusedByLine) {
   auto empty = ParseTfRecordIndex("", "e.idx", 0);
   ASSERT_OK(empty);
   EXPECT_EQ(*empty, std::vector<uint64_t>{0});
+}
+
+// The same records TensorFlow wrote again with TFRecordOptions GZIP and
+// ZLIB: each decompresses to exactly the uncompressed file, its index
+// (offsets in the decompressed bytes) is that file's, and the first bytes
+// say which option wrote it.
+TEST(TfRecordCompressed, GzipAndZlibFilesDecompressToTheUncompressedFiles) {
+  struct Kind {
+    const char* folder;
+    const char* suffix;
+    Codec codec;
+    const char* hint;
+  };
+  for (const Kind& k : {Kind{"gzip", ".gz", Codec::kGzip, "GZIP"}, Kind{"zlib", ".zlib", Codec::kZlib, "ZLIB"}}) {
+    for (const char* file : {"part-00000.tfrecord", "part-00001.tfrecord", "part-00002.tfrecord"}) {
+      SCOPED_TRACE(std::string(k.folder) + "/" + file);
+      const std::string raw = Slurp(kDir + file);
+      const std::string path = kDir + k.folder + "/" + file + k.suffix;
+      const std::string zipped = Slurp(path);
+      EXPECT_LT(zipped.size(), raw.size());
+      EXPECT_EQ(TfRecordCompressionHint(zipped), k.hint);
+      std::string out(raw.size(), '\0');
+      ASSERT_OK(Decompress(k.codec, reinterpret_cast<const uint8_t*>(zipped.data()), zipped.size(),
+                           reinterpret_cast<uint8_t*>(out.data()), out.size()));
+      EXPECT_TRUE(out == raw);
+      auto offsets = ParseTfRecordIndex(Slurp(path + ".idx"), path + ".idx", std::nullopt);
+      ASSERT_OK(offsets);
+      auto scanned = ScanTfRecords(raw, file);
+      ASSERT_OK(scanned);
+      EXPECT_EQ(*offsets, *scanned);
+      EXPECT_EQ(offsets->back(), raw.size());
+      // The other codec does not read it.
+      const Codec other = k.codec == Codec::kGzip ? Codec::kZlib : Codec::kGzip;
+      Status wrong = Decompress(other, reinterpret_cast<const uint8_t*>(zipped.data()), zipped.size(),
+                                reinterpret_cast<uint8_t*>(out.data()), out.size());
+      EXPECT_EQ(wrong.code(), StatusCode::kDataLoss) << wrong.ToString();
+      // What meshload writes for such a job reads back the same.
+      auto again = Compress(k.codec, raw);
+      ASSERT_OK(again);
+      EXPECT_EQ(TfRecordCompressionHint(*again), k.hint);
+      std::string back(raw.size(), '\0');
+      ASSERT_OK(Decompress(k.codec, reinterpret_cast<const uint8_t*>(again->data()), again->size(),
+                           reinterpret_cast<uint8_t*>(back.data()), back.size()));
+      EXPECT_TRUE(back == raw);
+    }
+  }
+  EXPECT_EQ(TfRecordCompressionHint(Slurp(kDir + "part-00000.tfrecord")), "");
+  EXPECT_EQ(TfRecordCompressionHint("x"), "");
+  EXPECT_EQ(Compress(Codec::kZstd, "abc").status().code(), StatusCode::kInvalidArgument);
+  // Without a file size the records still follow each other from byte 0.
+  auto gap = ParseTfRecordIndex("0 172\n180 875\n", "f.idx", std::nullopt);
+  EXPECT_THAT(gap.status().ToString(), HasSubstr("line 2 puts a record at byte 180 where the one before ended at 172"));
+  auto fine = ParseTfRecordIndex("0 172\n172 875\n", "f.idx", std::nullopt);
+  ASSERT_OK(fine);
+  EXPECT_EQ(*fine, (std::vector<uint64_t>{0, 172, 1047}));
 }
 
 TEST(TfRecord, ABadCrcIsAnErrorNamingTheFileAndRecord) {

@@ -14,6 +14,9 @@ imported into one interpreter, their protobuf descriptors clash, so the
 script runs itself once per step):
 
     python tests/formats/write_tfrecord_fixtures.py tests/formats/data/tfrecord
+    # or only the compressed copies of the committed files, then the check:
+    python tests/formats/write_tfrecord_fixtures.py compress tests/formats/data/tfrecord
+    python tests/formats/write_tfrecord_fixtures.py read tests/formats/data/tfrecord
 
 part-0000{0,1,2}.tfrecord: 30 records over three files (the last file
 empty of records is not made: 12, 11 and 7 records), each a tf.train.Example
@@ -23,6 +26,13 @@ some above 2^32), a float list `box` (4 values) and a bytes `text`; record
 17 has no `text`. expected.json: per file, per record, its byte offset and
 length, and per feature its kind and values (bytes in hex, int64 values as
 numbers, floats as their little-endian float32 bytes in hex).
+
+gzip/part-0000{0,1,2}.tfrecord.gz and zlib/part-0000{0,1,2}.tfrecord.zlib:
+the same records, read back by tf.data.TFRecordDataset and written again by
+TFRecordWriter with TFRecordOptions(compression_type="GZIP") and "ZLIB";
+checked by a second reader (Python's gzip and zlib decompress each to
+exactly the uncompressed file's bytes), so each one's index, FILE.idx (the
+records' offsets in its decompressed bytes), is the uncompressed file's.
 """
 import json
 import os
@@ -56,6 +66,23 @@ def write(out):
                         value=[("record %d " % n + "x" * rng.randrange(30)).encode()]))
                 w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
                 n += 1
+    compress(out)
+
+
+def compress(out):
+    """gzip/ and zlib/ from the uncompressed files in `out` (alone: from the
+    committed ones; TensorFlow serializes an Example's feature map in no
+    fixed order, so writing the records again changes their bytes)."""
+    import tensorflow as tf
+
+    for kind, suffix in (("GZIP", "gz"), ("ZLIB", "zlib")):
+        os.makedirs(os.path.join(out, kind.lower()), exist_ok=True)
+        for f in range(3):
+            src = os.path.join(out, "part-%05d.tfrecord" % f)
+            dst = os.path.join(out, kind.lower(), "part-%05d.tfrecord.%s" % (f, suffix))
+            with tf.io.TFRecordWriter(dst, options=tf.io.TFRecordOptions(compression_type=kind)) as w:
+                for record in tf.data.TFRecordDataset(src):
+                    w.write(record.numpy())
 
 
 def masked_crc(data):
@@ -103,16 +130,31 @@ def read(out):
     with open(os.path.join(out, "expected.json"), "w") as f:
         json.dump(doc, f, indent=0, sort_keys=True)
         f.write("\n")
+    import gzip
+    import shutil
+    import zlib
+
+    for kind, suffix, decompress in (("gzip", "gz", gzip.decompress), ("zlib", "zlib", zlib.decompress)):
+        for name in files:
+            path = os.path.join(out, kind, name + "." + suffix)
+            with open(path, "rb") as f, open(os.path.join(out, name), "rb") as g:
+                assert decompress(f.read()) == g.read(), path
+            shutil.copyfile(os.path.join(out, name + ".idx"), path + ".idx")
 
 
 def main():
     if len(sys.argv) == 3:
-        {"write": write, "read": read}[sys.argv[1]](sys.argv[2])
+        {"write": write, "compress": compress, "read": read}[sys.argv[1]](sys.argv[2])
         return
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
+    import shutil
+
     for p in os.listdir(out):
-        os.remove(os.path.join(out, p))
+        if os.path.isdir(os.path.join(out, p)):
+            shutil.rmtree(os.path.join(out, p))
+        else:
+            os.remove(os.path.join(out, p))
     subprocess.run([sys.executable, __file__, "write", out], check=True)
     subprocess.run([sys.executable, __file__, "read", out], check=True)
 

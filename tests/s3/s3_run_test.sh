@@ -121,6 +121,24 @@ out=$("$ML" run --local -f "$TMP/tf-written.yaml" --steps 12 2>&1); rc=$?
 check "run --local on TensorFlow-written TFRecord files on S3 (LoadAndReshard): every feature verified over three epochs" $?
 [ $rc -eq 0 ] || tail -8 <<<"$out"
 
+# 1e. The same records in files TensorFlow wrote with GZIP and ZLIB: each
+#    fetched whole and decompressed into the block cache; the trainers
+#    verify every feature (they decompress the files themselves).
+for kind in GZIP ZLIB; do
+  k=$(echo $kind | tr 'A-Z' 'a-z')
+  mkdir -p "$GW/corpus/tf-$k"
+  cp "$ROOT/tests/formats/data/tfrecord/$k"/part-* "$GW/corpus/tf-$k/"
+  two_process_job "$TMP/tf-$k.yaml" tf-$k model "  replication: {mode: Partial, fanout: Load}
+  strategy: LoadAndReshard
+  dataset: {uri: \"s3://corpus/tf-$k/\", format: TFRecord, compression: $kind, fields: [{name: image}, {name: label, dtype: int64, shape: []}, {name: input_ids, dtype: int64}]}
+  batch: {globalBatchSize: 8, prefetch: 3}
+  shuffle: {mode: Global, seed: 11}"
+  out=$("$ML" run --local -f "$TMP/tf-$k.yaml" --steps 12 2>&1); rc=$?
+  [ $rc -eq 0 ] && grep -q "verified             bytes, 0 mismatches" <<<"$out" && grep -q "^OK$" <<<"$out"
+  check "run --local on $kind-compressed TFRecord files TensorFlow wrote, on S3 (LoadAndReshard): decompressed into the block cache, every feature verified" $?
+  [ $rc -eq 0 ] || tail -8 <<<"$out"
+done
+
 # 1c. Indexing many objects costs a listing and one read per object's
 #    index, several at once: an MDS dataset of 48 shards behind 25 ms of
 #    added latency is indexed with 51 requests or fewer (not a HEAD and a
