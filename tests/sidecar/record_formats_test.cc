@@ -152,19 +152,26 @@ Result<planner::ResolvedJob> Resolve(const planner::JobSpec& spec) {
   return job;
 }
 
-// Loads step 0 of process 0 of the job `spec` describes (resolved first:
-// that must work); the load's status.
-Status LoadFirstStep(const planner::JobSpec& spec) {
-  auto job = Resolve(spec);
-  if (!job.ok()) return Internal("the job does not resolve: " + job.status().ToString());
-  planner::ShardPlanner planner(*job);
+// Loads step 0 of process 0 of `job` (compressed files decompressed in
+// memory); the load's status.
+Status LoadFirstStepOf(const planner::ResolvedJob& job) {
+  planner::ShardPlanner planner(job);
   auto sources = source::SourceRegistry::WithBuiltins({});
-  const auto layout = staging::ComputeBatchLayout(*job, 0);
+  auto decoding = source::InstallDecoding(job.dataset, *sources, 1 << 20);
+  if (!decoding.ok()) return Internal("no decoding: " + decoding.status().ToString());
+  const auto layout = staging::ComputeBatchLayout(job, 0);
   auto loader = StepLoader::Create(planner, 0, planner.DefaultLoading(), *sources, layout, {});
   if (!loader.ok()) return Internal("no step loader: " + loader.status().ToString());
   std::vector<uint8_t> slot(layout.slot_bytes);
   std::vector<staging::StagedTensor> staged;
   return (*loader)->Load(0, slot.data(), staged, nullptr);
+}
+
+// The same for the job `spec` describes (resolved first: that must work).
+Status LoadFirstStep(const planner::JobSpec& spec) {
+  auto job = Resolve(spec);
+  if (!job.ok()) return Internal("the job does not resolve: " + job.status().ToString());
+  return LoadFirstStepOf(*job);
 }
 
 // What one step staged on every process of the job: per sample id, each
@@ -459,16 +466,7 @@ TEST(MdsCompressed, ACorruptOrMisSizedShardIsAnErrorNamingItsFile) {
   auto job = Resolve(spec);
   Status st = job.status();
   if (job.ok()) {
-    planner::ShardPlanner planner(*job);
-    auto sources = source::SourceRegistry::WithBuiltins({});
-    auto decoding = source::InstallDecoding(job->dataset, *sources, 1 << 20);
-    ASSERT_OK(decoding);
-    const auto layout = staging::ComputeBatchLayout(*job, 0);
-    auto loader = StepLoader::Create(planner, 0, planner.DefaultLoading(), *sources, layout, {});
-    ASSERT_OK(loader);
-    std::vector<uint8_t> slot(layout.slot_bytes);
-    std::vector<staging::StagedTensor> staged;
-    st = (*loader)->Load(0, slot.data(), staged, nullptr);
+    st = LoadFirstStepOf(*job);
     EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
   }
   ASSERT_FALSE(st.ok());
@@ -706,16 +704,7 @@ TEST(TfRecordCompressed, AWrongCompressionOrDamageIsAnErrorNamingTheFile) {
   std::ofstream(path, std::ios::binary) << zip;
   auto job = Resolve(spec);
   ASSERT_OK(job);
-  planner::ShardPlanner planner(*job);
-  auto sources = source::SourceRegistry::WithBuiltins({});
-  auto decoding = source::InstallDecoding(job->dataset, *sources, 1 << 20);
-  ASSERT_OK(decoding);
-  const auto layout = staging::ComputeBatchLayout(*job, 0);
-  auto loader = StepLoader::Create(planner, 0, planner.DefaultLoading(), *sources, layout, {});
-  ASSERT_OK(loader);
-  std::vector<uint8_t> slot(layout.slot_bytes);
-  std::vector<staging::StagedTensor> staged;
-  const Status st = (*loader)->Load(0, slot.data(), staged, nullptr);
+  const Status st = LoadFirstStepOf(*job);
   EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
   EXPECT_THAT(st.ToString(), HasSubstr("part-00001.tfrecord.gz"));
 

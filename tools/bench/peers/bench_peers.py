@@ -36,11 +36,17 @@ shards, an MDS dataset or the TFRecord files (fields jpg, and cls as int64)
 and the peers are webdataset on the shards, Streaming on the MDS dataset
 and tf.data on the TFRecord files:
 
-  tfdata       (the TFRecord scenario) TensorFlow's tf.data: the files
+  tfdata       (the TFRecord scenarios) TensorFlow's tf.data: the files
                shuffled and interleaved, a 1,000-record shuffle buffer,
                batched and parsed with tf.io.parse_example, prefetched;
                best parallelism (its workers: interleave and map calls).
                It runs in TensorFlow's environment (--tf-python).
+
+tfrecord-gzip-images-20-500KiB is the TFRecord files written with
+compression_type GZIP: tf.data reads them with that compression_type
+(decompressing as it reads), meshload with spec.dataset.compression: GZIP
+through a fresh block cache of each run's sidecar (each file decompressed
+whole once while the cache holds it).
 
 Compressed MDS shards are Streaming's remote, decompressed into a fresh
 local folder of each run, and go through a fresh block cache of each run's
@@ -91,7 +97,7 @@ from datasets import MiB, SCENARIOS, job_yaml, make_dataset, make_images, sample
 WORKER = os.path.join(HERE, "worker.py")
 TARGETS = {"tokens-u16-2048": 2.0, "fixed-4KiB": 2.0, "fixed-1MiB": 1.2, "megatron-docs-100-8000": 2.0,
            "wds-images-20-500KiB": 2.0, "mds-images-20-500KiB": 2.0, "mds-zstd-images-20-500KiB": 2.0,
-           "tfrecord-images-20-500KiB": 2.0}
+           "tfrecord-images-20-500KiB": 2.0, "tfrecord-gzip-images-20-500KiB": 2.0}
 PEERS = ("dataloader", "grain", "streaming", "megatron", "webdataset", "tfdata")
 
 
@@ -280,7 +286,7 @@ def scenario_run(runner, scenario, procs, args):
         base = os.path.dirname(os.path.dirname(data))
         dirs = {"WebDataset": ["wds", "mds"], "TFRecord": ["tfrecord"]}.get(scenario.format, ["mds"])
         if scenario.compression:
-            dirs = ["mds-" + scenario.compression]
+            dirs = [("tfrecord-" if scenario.format == "TFRecord" else "mds-") + scenario.compression.lower()]
         warm = [os.path.join(base, d, n) for d in dirs for n in sorted(os.listdir(os.path.join(base, d)))]
     for name in warm:
         with open(name, "rb") as f:  # into the page cache

@@ -34,7 +34,7 @@ class Scenario:
     max_tokens: int = 0
     min_bytes: int = 0  # WebDataset, MDS, TFRecord: images of min_bytes..max_bytes
     max_bytes: int = 0
-    compression: str = ""  # MDS: the shards' codec ("" for raw shards)
+    compression: str = ""  # MDS: the shards' codec ("" for raw shards); TFRecord: GZIP or ZLIB
 
     @property
     def variable(self):
@@ -74,6 +74,8 @@ SCENARIOS = {
                  max_bytes=500 * 1024, compression="zstd"),
         Scenario("tfrecord-images-20-500KiB", "TFRecord", sample_bytes=260 * 1024, batch=32, min_bytes=20 * 1024,
                  max_bytes=500 * 1024),
+        Scenario("tfrecord-gzip-images-20-500KiB", "TFRecord", sample_bytes=260 * 1024, batch=32,
+                 min_bytes=20 * 1024, max_bytes=500 * 1024, compression="GZIP"),
     )
 }
 
@@ -87,14 +89,17 @@ def make_images(root, scenario, dataset_bytes, meshload, tf_python=None):
     .tar.idx beside each (written by `meshload`, the CLI), an MDS dataset by
     MDSWriter (raw shards) and another with zstd-compressed shards, and
     (with `tf_python`, the interpreter of an environment with TensorFlow)
-    TFRecord files by TensorFlow's TFRecordWriter, one per tar shard, with
-    the .idx `meshload index` writes. Returns (what meshload's job reads: the
+    TFRecord files by TensorFlow's TFRecordWriter, one per tar shard
+    (compressed with the scenario's GZIP: shard-N.tfrecord.gz), with the
+    .idx `meshload index` writes. Returns (what meshload's job reads: the
     shard pattern, the MDS folder or the TFRecord pattern; samples; the MDS
     folder of the scenario's compression, which Streaming reads)."""
     samples = scenario.samples_in(dataset_bytes)
     base = os.path.join(root, IMAGES)
     wds_dir, mds_dir = os.path.join(base, "wds"), os.path.join(base, "mds")
-    zstd_dir, tfr_dir = os.path.join(base, "mds-zstd"), os.path.join(base, "tfrecord")
+    zstd_dir = os.path.join(base, "mds-zstd")
+    tfr_dir = os.path.join(base, "tfrecord" + ("-" + scenario.compression.lower() if scenario.format == "TFRecord"
+                                               and scenario.compression else ""))
     done = os.path.join(base, ".complete-v2-%d" % samples)
     shard_bytes = 64 * MiB
     if not os.path.exists(done):
@@ -137,7 +142,8 @@ def make_images(root, scenario, dataset_bytes, meshload, tf_python=None):
     with open(os.path.join(base, "shards")) as f:
         shards = int(f.read())
     pattern = os.path.join(wds_dir, "shard-{000000..%06d}.tar" % (shards - 1))
-    tfr_pattern = os.path.join(tfr_dir, "shard-{000000..%06d}.tfrecord" % (shards - 1))
+    suffix = {"GZIP": ".gz", "ZLIB": ".zlib"}.get(scenario.compression, "") if scenario.format == "TFRecord" else ""
+    tfr_pattern = os.path.join(tfr_dir, "shard-{000000..%06d}.tfrecord%s" % (shards - 1, suffix))
     if scenario.format == "TFRecord" and not os.path.exists(os.path.join(tfr_dir, ".complete")):
         import shutil
         import subprocess
@@ -146,8 +152,9 @@ def make_images(root, scenario, dataset_bytes, meshload, tf_python=None):
             raise SystemExit("the TFRecord scenario needs TensorFlow's environment (--tf-python)")
         shutil.rmtree(tfr_dir, ignore_errors=True)
         subprocess.run([tf_python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "write_tfrecords.py"),
-                        wds_dir, tfr_dir], check=True)
-        subprocess.run([meshload, "index", tfr_pattern], check=True, stdout=subprocess.DEVNULL)
+                        wds_dir, tfr_dir] + ([scenario.compression] if scenario.compression else []), check=True)
+        subprocess.run([meshload, "index"] + (["--compression", scenario.compression] if scenario.compression else [])
+                       + [tfr_pattern], check=True, stdout=subprocess.DEVNULL)
         open(os.path.join(tfr_dir, ".complete"), "w").close()
     if scenario.format == "WebDataset":
         return pattern, samples, mds_dir
@@ -270,6 +277,8 @@ def job_yaml(name, path, scenario, processes, prefetch=4, seed=1):
         fmt = "dtype: uint16"
     elif scenario.records:
         fmt = "fields: [{name: jpg}, {name: cls, dtype: int64}]"
+        if scenario.format == "TFRecord" and scenario.compression:
+            fmt += ", compression: " + scenario.compression
     else:
         fmt = "dtype: uint16, sequenceLength: %d" % scenario.seq
     return (

@@ -303,13 +303,16 @@ def tfdata_loader(cfg, view):
     import tensorflow as tf
 
     tf.random.set_seed(cfg["seed"])
-    # The files of the pattern meshload reads (shard-{000000..N}.tfrecord): all of the folder's.
-    files = sorted(glob.glob(os.path.join(os.path.dirname(cfg["path"]), "*.tfrecord")))[cfg["rank"]::cfg["procs"]]
+    # The files of the pattern meshload reads (shard-{000000..N}.tfrecord, or
+    # .tfrecord.gz: compression_type GZIP): all of the folder's.
+    compression = "GZIP" if cfg["path"].endswith(".gz") else "ZLIB" if cfg["path"].endswith(".zlib") else ""
+    suffix = cfg["path"].rsplit("}", 1)[1]
+    files = sorted(glob.glob(os.path.join(os.path.dirname(cfg["path"]), "*" + suffix)))[cfg["rank"]::cfg["procs"]]
     per = cfg["batch"] // cfg["procs"]
     workers = cfg["workers"]
     features = {"jpg": tf.io.FixedLenFeature([], tf.string), "cls": tf.io.FixedLenFeature([], tf.int64)}
     ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=cfg["seed"]).repeat()
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=max(1, workers),
+    ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression), cycle_length=max(1, workers),
                        num_parallel_calls=workers if workers else None, deterministic=False)
     ds = ds.shuffle(1000, seed=cfg["seed"]).batch(per, drop_remainder=True)
     ds = ds.map(lambda x: tf.io.parse_example(x, features), num_parallel_calls=workers if workers else None)
