@@ -366,6 +366,7 @@ Result<std::string> Compress(Codec codec, std::string_view in) {
   if (codec != Codec::kGzip && codec != Codec::kZlib) {
     return InvalidArgument("meshload writes only gz and zlib, not " + std::string(CodecName(codec)));
   }
+  if (in.size() > (1u << 30)) return InvalidArgument("meshload compresses at most 1 GiB at once");
   z_stream z;
   std::memset(&z, 0, sizeof z);
   if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, codec == Codec::kGzip ? 16 + MAX_WBITS : MAX_WBITS, 8,
@@ -380,7 +381,7 @@ Result<std::string> Compress(Codec codec, std::string_view in) {
   const int r = deflate(&z, Z_FINISH);
   out.resize(z.total_out);
   deflateEnd(&z);
-  if (r != Z_STREAM_END || in.size() > (1u << 30)) return Internal("zlib: deflate did not finish");
+  if (r != Z_STREAM_END) return Internal("zlib: deflate did not finish");
   return out;
 }
 
