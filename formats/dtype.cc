@@ -42,6 +42,7 @@ Result<DType> ParseDType(std::string_view name) {
 
 std::string_view DTypeName(DType t) { return Info(t).name; }
 size_t DTypeSize(DType t) { return Info(t).size; }
+bool IsIntegerDType(DType t) { return Info(t).dl.code == 0 || Info(t).dl.code == 1; }
 DLPackType ToDLPackType(DType t) { return Info(t).dl; }
 
 std::string_view DTypeNames() {

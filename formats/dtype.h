@@ -36,6 +36,8 @@ std::string_view DTypeName(DType t);
 size_t DTypeSize(DType t);
 /// The comma-separated list of valid spellings, for error messages.
 std::string_view DTypeNames();
+/// True for the signed and unsigned integer types (not bool).
+bool IsIntegerDType(DType t);
 
 /// DLPack type code (kDLInt=0, kDLUInt=1, kDLFloat=2, kDLBfloat=4, kDLBool=6)
 /// and bit width, so that the client can describe tensors without a table.

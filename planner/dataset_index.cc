@@ -4,291 +4,39 @@
 #include <bit>
 #include <cerrno>
 
+#include "planner/format_driver.h"
 #include "planner/mixture.h"
 
 namespace meshload::planner {
-namespace {
-
-// spec.dataset.fields[].shape, when given (ValidateJobSpec checked each dimension).
-std::optional<std::vector<uint64_t>> TfShape(const DatasetField& field) {
-  if (!field.shape_set) return std::nullopt;
-  return std::vector<uint64_t>(field.shape.begin(), field.shape.end());
-}
-
-std::string ShapeString(const std::vector<uint64_t>& shape) {
-  std::string s = "(";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  if (shape.size() == 1) s += ",";
-  return s + ")";
-}
-
-uint64_t Product(const std::vector<uint64_t>& v, size_t from) {
-  uint64_t p = 1;
-  for (size_t i = from; i < v.size(); ++i) p *= v[i];
-  return p;
-}
-
-}  // namespace
-
-bool DatasetIndex::ResolveFields(const DatasetSpec& spec, DatasetIndex& idx, Diagnostics& diags) {
-  idx.fields_.clear();
-  if (spec.format == DatasetFormat::kWebDataset) {
-    for (const DatasetField& field : spec.fields) {
-      idx.fields_.push_back(formats::WebDatasetFieldDecoding(field.name, field.dtype));
-    }
-    return true;
-  }
-  if (spec.format == DatasetFormat::kTFRecord) {
-    // Each field is the feature of its name; its kind is checked record by
-    // record (an Example has no schema).
-    bool ok = true;
-    for (size_t i = 0; i < spec.fields.size(); ++i) {
-      auto d = formats::TfRecordFieldDecoding(spec.fields[i].name, spec.fields[i].dtype, TfShape(spec.fields[i]));
-      if (!d.ok()) {
-        diags.Add("spec.dataset.fields[" + std::to_string(i) + "].dtype", d.status().message());
-        ok = false;
-        continue;
-      }
-      idx.fields_.push_back(std::move(*d));
-    }
-    return ok;
-  }
-  // MDS: each field is the column of its name, decoded the same way in
-  // every shard that has it.
-  bool ok = true;
-  for (size_t i = 0; i < spec.fields.size(); ++i) {
-    const DatasetField& field = spec.fields[i];
-    const std::string at = "spec.dataset.fields[" + std::to_string(i) + "]";
-    std::optional<formats::FieldDecoding> decoding;
-    std::string first_shard;
-    for (DatasetFile& f : idx.files_) {
-      if (!f.mds) continue;
-      int column = -1;
-      for (size_t c = 0; c < f.mds->columns.size(); ++c) {
-        if (f.mds->columns[c].name == field.name) column = static_cast<int>(c);
-      }
-      f.mds_columns.push_back(column);
-      if (column < 0) continue;
-      auto d = formats::MdsFieldDecoding(field.name, field.dtype, f.mds->columns[static_cast<size_t>(column)]);
-      if (!d.ok()) {
-        diags.Add(at, d.status().message() + " (shard " + f.path + ")");
-        ok = false;
-        break;
-      }
-      if (!decoding) {
-        decoding = std::move(*d);
-        first_shard = f.path;
-      } else if (!(*decoding == *d)) {
-        diags.Add(at, "column '" + field.name + "' is encoded '" +
-                          f.mds->columns[static_cast<size_t>(column)].encoding + "' in " + f.path +
-                          " but differently in " + first_shard + "; every shard must agree");
-        ok = false;
-        break;
-      }
-    }
-    if (ok && !decoding) {
-      std::string columns;
-      if (!idx.files_.empty() && idx.files_.front().mds) {
-        for (const formats::MdsColumn& c : idx.files_.front().mds->columns)
-          columns += (columns.empty() ? "" : ", ") + c.name;
-      }
-      diags.Add(at + ".name", "no shard has a column '" + field.name + "' (the columns are: " + columns + ")");
-      ok = false;
-    }
-    if (!ok) break;
-    idx.fields_.push_back(std::move(*decoding));
-  }
-  return ok;
-}
 
 Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vector<FileFacts> files,
                                              Diagnostics& diags) {
+  const FormatDriver& driver = DriverOf(spec.format);
   DatasetIndex idx;
   idx.format_ = spec.format;
+  idx.traits_ = driver.traits();
   idx.indexed_ = true;
   idx.dtype_ = spec.dtype.value_or(formats::DType::kUint8);
   uint64_t total = 0;  // samples or tokens
   for (FileFacts& facts : files) {
-    const std::string& p = facts.path;
     DatasetFile f;
-    f.path = p;
+    f.path = facts.path;
     f.size = facts.size;
     f.version = facts.version;
-    switch (spec.format) {
-      case DatasetFormat::kFixedRecord: {
-        const uint64_t rb = static_cast<uint64_t>(spec.record_bytes);
-        if (f.size % rb != 0) {
-          diags.Add(p, "size " + std::to_string(f.size) + " is not a whole number of " + std::to_string(rb) +
-                           "-byte records (" + std::to_string(f.size / rb) + " records and " +
-                           std::to_string(f.size % rb) + " bytes left over); check spec.dataset.recordBytes");
-        }
-        f.count = f.size / rb;
-        break;
-      }
-      case DatasetFormat::kTokenStream: {
-        const uint64_t tb = formats::DTypeSize(idx.dtype_);
-        if (f.size % tb != 0) {
-          diags.Add(p, "size " + std::to_string(f.size) + " is not a whole number of " +
-                           std::string(formats::DTypeName(idx.dtype_)) + " tokens (" + std::to_string(tb) +
-                           " bytes each); check spec.dataset.dtype");
-        }
-        f.count = f.size / tb;
-        break;
-      }
-      case DatasetFormat::kNpy: {
-        Result<formats::NpyHeader>& h = facts.npy;
-        if (!h.ok()) {
-          diags.Add(h.status());
-          continue;
-        }
-        if (h->shape.empty()) {
-          diags.Add(p, "holds a 0-dimensional array; samples run along axis 0, so it needs at least 1 dimension");
-          continue;
-        }
-        if (spec.dtype && *spec.dtype != h->dtype) {
-          diags.Add(p, "dtype is " + std::string(formats::DTypeName(h->dtype)) + " ('" + h->descr +
-                           "') but spec.dataset.dtype is " + std::string(formats::DTypeName(*spec.dtype)));
-        }
-        if (!idx.files_.empty() && idx.files_.front().npy) {
-          const formats::NpyHeader& first = *idx.files_.front().npy;
-          std::vector<uint64_t> a(first.shape.begin() + 1, first.shape.end());
-          std::vector<uint64_t> b(h->shape.begin() + 1, h->shape.end());
-          if (a != b || first.dtype != h->dtype) {
-            diags.Add(p, "holds samples of shape " + ShapeString(b) + " and dtype " +
-                             std::string(formats::DTypeName(h->dtype)) + ", but " + idx.files_.front().path +
-                             " holds " + ShapeString(a) + " " + std::string(formats::DTypeName(first.dtype)) +
-                             "; every file of a dataset must agree");
-          }
-        }
-        if (f.size != h->data_offset + h->data_bytes) {
-          diags.Add(p, "size " + std::to_string(f.size) + " does not match its npy header, which says " +
-                           std::to_string(h->data_offset) + " header bytes + " + std::to_string(h->data_bytes) +
-                           " data bytes = " + std::to_string(h->data_offset + h->data_bytes) +
-                           (f.size < h->data_offset + h->data_bytes ? " (truncated)" : " (trailing bytes)"));
-        }
-        f.data_offset = h->data_offset;
-        f.count = h->shape[0];
-        f.npy = std::move(*h);
-        break;
-      }
-      case DatasetFormat::kMegatronIndexed: {
-        Result<formats::MegatronIndex>& m = facts.megatron;
-        if (!m.ok()) {
-          diags.Add(m.status());
-          continue;
-        }
-        if (Status st = formats::CheckMegatronData(*m, p, f.size); !st.ok()) {
-          diags.Add(st);
-          continue;
-        }
-        const formats::DType dt = formats::ToDType(m->dtype);
-        // The dtype is the .idx's code at byte 17 (formats/megatron_index.h).
-        const std::string dtype_at =
-            (p.size() > 4 && p.compare(p.size() - 4, 4, ".bin") == 0 ? p.substr(0, p.size() - 4) + ".idx" : p) + "@17";
-        if (spec.dtype && *spec.dtype != dt) {
-          diags.Add(dtype_at, "the index says its dtype is " + std::string(m->dtype.name) +
-                                  " but spec.dataset.dtype is " + std::string(formats::DTypeName(*spec.dtype)));
-        }
-        if (!idx.files_.empty() && idx.dtype_ != dt) {
-          diags.Add(dtype_at, "holds " + std::string(m->dtype.name) + " elements, but " + idx.files_.front().path +
-                                  " holds " + std::string(formats::DTypeName(idx.dtype_)) +
-                                  "; every file of a dataset must agree");
-          continue;
-        }
-        idx.dtype_ = dt;
-        f.count = m->sequences();
-        idx.offsets_.reserve(idx.offsets_.size() + f.count);
-        idx.sizes_.reserve(idx.sizes_.size() + f.count);
-        for (uint64_t i = 0; i < f.count; ++i) {
-          const uint64_t at = static_cast<uint64_t>(m->pointers[i]);
-          if (i > 0 && at < idx.offsets_.back()) idx.offsets_ascending_ = false;
-          idx.offsets_.push_back(at);
-          idx.sizes_.push_back(m->SequenceBytes(i));
-        }
-        break;
-      }
-      case DatasetFormat::kWebDataset:
-      case DatasetFormat::kMDS:
-      case DatasetFormat::kTFRecord: {
-        Result<std::vector<uint64_t>>& r = facts.records;
-        if (!r.ok()) {
-          diags.Add(r.status());
-          continue;
-        }
-        if (r->empty()) {
-          diags.Add(p, "its index lists no offsets");
-          continue;
-        }
-        f.count = r->size() - 1;
-        idx.offsets_.reserve(idx.offsets_.size() + f.count);
-        idx.sizes_.reserve(idx.sizes_.size() + f.count);
-        for (uint64_t i = 0; i < f.count; ++i) {
-          idx.offsets_.push_back((*r)[i]);
-          idx.sizes_.push_back((*r)[i + 1] - (*r)[i]);
-        }
-        f.mds = std::move(facts.mds);
-        f.stored = std::move(facts.stored);
-        break;
-      }
-    }
+    if (!driver.AddFile(spec, facts, f, idx, diags)) continue;
     f.first = total;
     total += f.count;
     idx.files_.push_back(std::move(f));
   }
   if (idx.files_.empty()) return InvalidArgument("no usable dataset file", spec.uri);
-
-  switch (spec.format) {
-    case DatasetFormat::kFixedRecord: {
-      idx.num_samples_ = total;
-      idx.sample_bytes_ = static_cast<uint64_t>(spec.record_bytes);
-      idx.sample_shape_ = {idx.sample_bytes_ / formats::DTypeSize(idx.dtype_)};
-      break;
-    }
-    case DatasetFormat::kTokenStream: {
-      idx.token_bytes_ = formats::DTypeSize(idx.dtype_);
-      idx.sequence_length_ = static_cast<uint64_t>(spec.sequence_length);
-      idx.num_samples_ = total >= 1 ? (total - 1) / idx.sequence_length_ : 0;
-      idx.sample_bytes_ = (idx.sequence_length_ + 1) * idx.token_bytes_;
-      idx.sample_shape_ = {idx.sequence_length_ + 1};
-      break;
-    }
-    case DatasetFormat::kNpy: {
-      const formats::NpyHeader& h = *idx.files_.front().npy;
-      idx.dtype_ = h.dtype;
-      idx.num_samples_ = total;
-      idx.sample_shape_.assign(h.shape.begin() + 1, h.shape.end());
-      idx.sample_bytes_ = Product(h.shape, 1) * formats::DTypeSize(h.dtype);
-      if (spec.record_bytes > 0 && static_cast<uint64_t>(spec.record_bytes) != idx.sample_bytes_) {
-        diags.Add("spec.dataset.recordBytes",
-                  std::to_string(spec.record_bytes) + " disagrees with the npy files, whose samples are " +
-                      std::to_string(idx.sample_bytes_) + " bytes (shape " + ShapeString(idx.sample_shape_) + ", " +
-                      std::string(formats::DTypeName(h.dtype)) + ")");
-      }
-      break;
-    }
-    case DatasetFormat::kWebDataset:
-    case DatasetFormat::kMDS:
-    case DatasetFormat::kTFRecord:
-      idx.dtype_ = formats::DType::kUint8;
-      idx.missing_field_ = spec.missing_field;
-      if (!ResolveFields(spec, idx, diags)) return InvalidArgument("the fields cannot be read", spec.uri);
-      [[fallthrough]];
-    case DatasetFormat::kMegatronIndexed: {
-      idx.num_samples_ = total;
-      idx.sample_bytes_ = 0;
-      if (!idx.sizes_.empty()) {
-        const auto [lo, hi] = std::minmax_element(idx.sizes_.begin(), idx.sizes_.end());
-        idx.min_sample_bytes_ = *lo;
-        idx.max_sample_bytes_ = *hi;
-        long double sum = 0;
-        for (uint64_t b : idx.sizes_) sum += static_cast<long double>(b);
-        idx.mean_sample_bytes_ = static_cast<double>(sum / static_cast<long double>(idx.sizes_.size()));
-      }
-      break;
-    }
+  MESHLOAD_RETURN_IF_ERROR(driver.Finish(spec, total, idx, diags));
+  if (idx.traits_.variable_size && !idx.sizes_.empty()) {
+    const auto [lo, hi] = std::minmax_element(idx.sizes_.begin(), idx.sizes_.end());
+    idx.min_sample_bytes_ = *lo;
+    idx.max_sample_bytes_ = *hi;
+    long double sum = 0;
+    for (uint64_t b : idx.sizes_) sum += static_cast<long double>(b);
+    idx.mean_sample_bytes_ = static_cast<double>(sum / static_cast<long double>(idx.sizes_.size()));
   }
   if (spec.samples && static_cast<uint64_t>(*spec.samples) != idx.num_samples_) {
     diags.Add("spec.dataset.samples", "says " + std::to_string(*spec.samples) + " but the files at " + spec.uri +
@@ -300,57 +48,16 @@ Result<DatasetIndex> DatasetIndex::FromFiles(const DatasetSpec& spec, std::vecto
 }
 
 DatasetIndex DatasetIndex::Virtual(const DatasetSpec& spec, uint64_t samples) {
+  const FormatDriver& driver = DriverOf(spec.format);
   DatasetIndex idx;
   idx.format_ = spec.format;
+  idx.traits_ = driver.traits();
   idx.indexed_ = false;
   idx.dtype_ = spec.dtype.value_or(formats::DType::kUint8);
   idx.num_samples_ = samples;
   DatasetFile f;
   f.path = spec.uri;
-  switch (spec.format) {
-    case DatasetFormat::kFixedRecord:
-      idx.sample_bytes_ = static_cast<uint64_t>(spec.record_bytes);
-      idx.sample_shape_ = {idx.sample_bytes_ / formats::DTypeSize(idx.dtype_)};
-      f.count = samples;
-      f.size = samples * idx.sample_bytes_;
-      break;
-    case DatasetFormat::kTokenStream:
-      idx.token_bytes_ = formats::DTypeSize(idx.dtype_);
-      idx.sequence_length_ = static_cast<uint64_t>(spec.sequence_length);
-      idx.sample_bytes_ = (idx.sequence_length_ + 1) * idx.token_bytes_;
-      idx.sample_shape_ = {idx.sequence_length_ + 1};
-      f.count = samples * idx.sequence_length_ + 1;
-      f.size = f.count * idx.token_bytes_;
-      break;
-    case DatasetFormat::kNpy:
-      idx.sample_bytes_ = spec.record_bytes > 0 ? static_cast<uint64_t>(spec.record_bytes) : 0;
-      if (idx.sample_bytes_) idx.sample_shape_ = {idx.sample_bytes_ / formats::DTypeSize(idx.dtype_)};
-      f.count = samples;
-      f.size = samples * idx.sample_bytes_;
-      break;
-    case DatasetFormat::kMegatronIndexed:
-      // Sizes come only from the index: unknown here.
-      f.count = samples;
-      break;
-    case DatasetFormat::kWebDataset:
-    case DatasetFormat::kMDS:
-    case DatasetFormat::kTFRecord:
-      // Sizes and MDS column encodings come only from the shards: a field
-      // with a dtype is taken as one value of it (a TFRecord list's values,
-      // ragged).
-      f.count = samples;
-      idx.missing_field_ = spec.missing_field;
-      for (const DatasetField& field : spec.fields) {
-        formats::FieldDecoding d = formats::WebDatasetFieldDecoding(field.name, field.dtype);
-        if (spec.format == DatasetFormat::kMDS && field.dtype) d.kind = formats::FieldDecoding::Kind::kScalar;
-        if (spec.format == DatasetFormat::kTFRecord) {
-          auto tf = formats::TfRecordFieldDecoding(field.name, field.dtype, TfShape(field));
-          if (tf.ok()) d = std::move(*tf);
-        }
-        idx.fields_.push_back(std::move(d));
-      }
-      break;
-  }
+  driver.Virtual(spec, samples, f, idx);
   idx.files_.push_back(std::move(f));
   idx.parts_ = {{"", 0, idx.num_samples_}};
   return idx;
@@ -366,7 +73,7 @@ Result<DatasetIndex> DatasetIndex::Combine(std::vector<DatasetIndex> datasets, c
   out.sizes_.clear();
   out.parts_.clear();
   const DatasetIndex& first = datasets.front();
-  const bool tokens = first.format_ == DatasetFormat::kTokenStream;
+  const bool tokens = first.traits_.token_stream;
   const uint64_t T = first.sequence_length_;
   uint64_t next_id = 0;
   long double bytes = 0;
@@ -500,7 +207,7 @@ void DatasetIndex::AppendExtents(uint64_t i, std::vector<Extent>& out) const {
     }
     return;
   }
-  if (format_ == DatasetFormat::kTokenStream) {
+  if (traits_.token_stream) {
     uint64_t token = i * sequence_length_;
     uint64_t left = sequence_length_ + 1;
     // The last file whose first token is <= token (empty files share `first`
@@ -607,7 +314,7 @@ uint64_t DatasetIndex::CoalescedExtents(std::vector<uint64_t>& ids, std::vector<
     for (uint64_t id : ids) AppendExtents(id, out);
     return CoalesceExtents(out);
   }
-  if (format_ == DatasetFormat::kTokenStream) {
+  if (traits_.token_stream) {
     for (uint64_t id : ids) {
       uint64_t token = id * sequence_length_;
       uint64_t left = sequence_length_ + 1;

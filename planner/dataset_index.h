@@ -82,6 +82,25 @@ struct DatasetFile {
   std::optional<StoredFile> stored;
 };
 
+/// What kind of samples a format has (its driver's, planner/format_driver.h).
+struct FormatTraits {
+  /// Samples differ in size; each one's comes from the format's index, and
+  /// a batch is ragged.
+  bool variable_size = false;
+  /// A sample is a record of named values, decoded into spec.dataset.fields.
+  bool records = false;
+  /// Samples are windows of one stream of tokens over all the files (one may
+  /// span two files).
+  bool token_stream = false;
+  /// Samples are documents whose index gives their tokens: spec.tokens can
+  /// cut them into rows.
+  bool documents = false;
+  /// Each file may be stored compressed as a whole (spec.dataset.compression).
+  bool file_compression = false;
+};
+
+class FormatDriver;
+
 /// A byte range of one file.
 struct Extent {
   uint32_t file = 0;
@@ -174,6 +193,8 @@ class DatasetIndex {
   static DatasetIndex Virtual(const DatasetSpec& spec, uint64_t samples);
 
   DatasetFormat format() const { return format_; }
+  /// The format's traits (FormatDriver::traits()).
+  const FormatTraits& traits() const { return traits_; }
   formats::DType dtype() const { return dtype_; }
   uint64_t num_samples() const { return num_samples_; }
   /// Bytes of one sample as delivered to the trainer (TokenStream: (T+1)
@@ -183,10 +204,10 @@ class DatasetIndex {
   /// True for formats whose samples differ in size (MegatronIndexed): each
   /// sample's size comes from SampleBytes(i), and a batch is ragged.
   /// Rows of tokens (token_rows()) are dense samples of one size.
-  bool variable_size() const { return !rows_ && (format_ == DatasetFormat::kMegatronIndexed || record_format()); }
-  /// WebDataset and MDS: a sample is a record of several values, read whole
-  /// and decoded into fields().
-  bool record_format() const { return IsRecordFormat(format_); }
+  bool variable_size() const { return !rows_ && traits_.variable_size; }
+  /// WebDataset, MDS and TFRecord: a sample is a record of several values,
+  /// read whole and decoded into fields().
+  bool record_format() const { return traits_.records; }
   /// record_format(): how each of spec.dataset.fields is decoded, in order
   /// (for MDS, from the shards' column encodings).
   const std::vector<formats::FieldDecoding>& fields() const { return fields_; }
@@ -227,11 +248,10 @@ class DatasetIndex {
   uint64_t CoalescedExtents(std::vector<uint64_t>& ids, std::vector<Extent>& out) const;
 
  private:
-  // WebDataset, MDS: fields_ from the spec and (MDS) the shards' columns;
-  // problems go to `diags` (false when there were any).
-  static bool ResolveFields(const DatasetSpec& spec, DatasetIndex& idx, Diagnostics& diags);
+  friend class FormatDriver;  // a format's driver builds the index
 
   DatasetFormat format_ = DatasetFormat::kFixedRecord;
+  FormatTraits traits_;
   formats::DType dtype_ = formats::DType::kUint8;
   uint64_t num_samples_ = 0;
   uint64_t sample_bytes_ = 0;

@@ -7,7 +7,7 @@
 
 #include "planner/spec.h"
 
-#include "formats/megatron_index.h"
+#include "planner/format_driver.h"
 #include "planner/mixture.h"
 #include "planner/spec_reader.h"
 
@@ -76,7 +76,6 @@ namespace {
 // ValidateMeshSpec checks by hand, with the arithmetic between them.
 constexpr size_t kMaxAxes = kMeshSpecAxesMaxItems;  // the CRD's CEL rule multiplies out at most 8 sizes
 constexpr int64_t kMaxAxisSize = kMeshAxisSizeMaximum;
-constexpr uint64_t kMaxFieldValues = uint64_t{1} << 24;     // spec.dataset.fields[].shape's product
 constexpr int64_t kMaxDevices = kMeshSpecProcessesMaximum;  // processes, devices per process and the whole mesh
 static_assert(kMeshSpecDevicesPerProcessMaximum == kMaxDevices);
 
@@ -85,20 +84,6 @@ bool IsValidAxisName(const std::string& s) {
   if (!(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
   return std::all_of(s.begin(), s.end(),
                      [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; });
-}
-
-bool IsIntegerType(formats::DType t) {
-  switch (t) {
-    case formats::DType::kInt8:
-    case formats::DType::kUint8:
-    case formats::DType::kInt16:
-    case formats::DType::kUint16:
-    case formats::DType::kInt32:
-    case formats::DType::kUint32:
-    case formats::DType::kInt64:
-    case formats::DType::kUint64: return true;
-    default: return false;
-  }
 }
 
 std::string AxisList(const MeshSpec& mesh) {
@@ -144,11 +129,11 @@ void ValidateDatasetVolume(const DatasetSpec& ds, const std::string& uri_path, D
 // dataset's dtype are checked with the index: DatasetIndex::CutIntoRows).
 void ValidateTokens(const JobSpec& spec, Diagnostics& d) {
   const TokensSpec& t = *spec.tokens;
-  if (!spec.dataset.format_unknown && spec.dataset.format != DatasetFormat::kMegatronIndexed) {
-    d.Add("spec.tokens",
-          "needs format MegatronIndexed (documents whose index gives their lengths), but "
-          "spec.dataset.format is " +
-              std::string(ToString(spec.dataset.format)));
+  if (!spec.dataset.format_unknown && !DriverOf(spec.dataset.format).traits().documents) {
+    d.Add("spec.tokens", "needs format " + FormatsWith(&FormatTraits::documents) +
+                             " (documents whose index gives their lengths), but "
+                             "spec.dataset.format is " +
+                             std::string(ToString(spec.dataset.format)));
   }
   if (!t.mode_invalid && t.mode != TokensMode::kPack) {
     if (t.pad_token_set) d.Add("spec.tokens.padToken", "is only used with mode Pack; remove it");
@@ -158,7 +143,7 @@ void ValidateTokens(const JobSpec& spec, Diagnostics& d) {
     d.Add("spec.batch.balance.mode", "Tokens is not used with spec.tokens: every row holds the same " +
                                          std::to_string(t.sequence_length) + " tokens; remove it");
   }
-  if (spec.dataset.dtype && !IsIntegerType(*spec.dataset.dtype)) {
+  if (spec.dataset.dtype && !formats::IsIntegerDType(*spec.dataset.dtype)) {
     d.Add("spec.dataset.dtype", "spec.tokens needs token ids (an integer dtype), got " +
                                     std::string(formats::DTypeName(*spec.dataset.dtype)));
   }
@@ -390,11 +375,11 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
     }
   }
   if (spec.batch.balance.mode == BalanceMode::kTokens && !spec.dataset.format_unknown &&
-      spec.dataset.format != DatasetFormat::kMegatronIndexed && !IsRecordFormat(spec.dataset.format)) {
-    d.Add("spec.batch.balance.mode",
-          "Tokens needs variable-size samples (format MegatronIndexed, WebDataset, MDS or TFRecord); " +
-              std::string(ToString(spec.dataset.format)) +
-              " samples all have the same size, so every shard already has the same tokens");
+      !DriverOf(spec.dataset.format).traits().variable_size) {
+    d.Add("spec.batch.balance.mode", "Tokens needs variable-size samples (format " +
+                                         FormatsWith(&FormatTraits::variable_size) + "); " +
+                                         std::string(ToString(spec.dataset.format)) +
+                                         " samples all have the same size, so every shard already has the same tokens");
   }
   // Dataset fields by format.
   const DatasetSpec& ds = spec.dataset;
@@ -402,143 +387,16 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
   if (spec.mixture) ValidateMixture(spec, d);
   if (ds.s3) ValidateDatasetS3(ds, d);
   if (spec.selector) ValidateSelector(*spec.selector, d);
-  const bool record_bytes_given = ds.record_bytes_set || ds.record_bytes != 0;
-  const bool sequence_length_given = ds.sequence_length_set || ds.sequence_length != 0;
-  switch (ds.format_unknown ? static_cast<DatasetFormat>(-1) : ds.format) {
-    case DatasetFormat::kFixedRecord: {
-      if (ds.record_bytes < 1) {
-        AddOnce(d, "spec.dataset.recordBytes",
-                !record_bytes_given ? "required for format FixedRecord: the bytes of one record"
-                                    : "must be >= 1, got " + std::to_string(ds.record_bytes));
-      } else if (ds.dtype && ds.record_bytes % static_cast<int64_t>(formats::DTypeSize(*ds.dtype)) != 0) {
-        d.Add("spec.dataset.recordBytes", std::to_string(ds.record_bytes) + " is not a whole number of " +
-                                              std::string(formats::DTypeName(*ds.dtype)) + " elements (" +
-                                              std::to_string(formats::DTypeSize(*ds.dtype)) + " bytes each)");
-      }
-      if (sequence_length_given) {
-        d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
-      }
-      break;
-    }
-    case DatasetFormat::kTokenStream: {
-      if (!ds.dtype) {
-        AddOnce(d, "spec.dataset.dtype", "required for format TokenStream: the token type, e.g. uint16 or uint32");
-      } else if (!IsIntegerType(*ds.dtype)) {
-        d.Add("spec.dataset.dtype",
-              "TokenStream tokens must be an integer type, got " + std::string(formats::DTypeName(*ds.dtype)));
-      }
-      if (ds.sequence_length < 1) {
-        AddOnce(d, "spec.dataset.sequenceLength",
-                !sequence_length_given
-                    ? "required for format TokenStream: tokens per sample (T; a sample is T+1 tokens)"
-                    : "must be >= 1, got " + std::to_string(ds.sequence_length));
-      }
-      if (record_bytes_given) {
-        d.Add("spec.dataset.recordBytes",
-              "is not used by format TokenStream (a sample is sequenceLength+1 tokens); remove it");
-      }
-      break;
-    }
-    case DatasetFormat::kMegatronIndexed: {
-      if (sequence_length_given) {
-        d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
-      }
-      if (record_bytes_given) {
-        d.Add("spec.dataset.recordBytes",
-              "is not used by format MegatronIndexed (the .idx gives every sample's size); remove it");
-      }
-      if (ds.dtype && !formats::IsMegatronDType(*ds.dtype)) {
-        d.Add("spec.dataset.dtype", std::string(formats::DTypeName(*ds.dtype)) +
-                                        " is not a Megatron indexed dataset type (uint8, int8, int16, uint16, int32, "
-                                        "int64, float32, float64); leave it out to take the .idx's");
-      }
-      break;
-    }
-    case DatasetFormat::kWebDataset:
-    case DatasetFormat::kMDS:
-    case DatasetFormat::kTFRecord: {
-      const std::string name(ToString(ds.format));
-      if (sequence_length_given) {
-        d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
-      }
-      if (record_bytes_given) {
-        d.Add("spec.dataset.recordBytes",
-              "is not used by format " + name + " (its index gives every sample's size); remove it");
-      }
-      if (ds.dtype) {
-        d.Add("spec.dataset.dtype",
-              "is not used by format " + name + "; give each field's dtype in spec.dataset.fields");
-      }
-      if (ds.fields.empty()) {
-        AddOnce(d, "spec.dataset.fields",
-                "required for format " + name +
-                    ": the fields each sample delivers, e.g. [{name: jpg}, {name: cls, dtype: int64}]");
-      }
-      for (size_t i = 0; i < ds.fields.size(); ++i) {
-        const DatasetField& f = ds.fields[i];
-        const std::string at = "spec.dataset.fields[" + std::to_string(i) + "]";
-        if (f.name.empty() || f.name.size() > 128 || f.name.find('/') != std::string::npos) {
-          d.Add(at + ".name", "'" + f.name + "' is not a field name (1 to 128 characters, no '/')");
-        }
-        for (size_t j = 0; j < i; ++j) {
-          if (ds.fields[j].name == f.name) d.Add(at + ".name", "'" + f.name + "' is listed twice");
-        }
-        if (ds.format == DatasetFormat::kWebDataset && f.dtype &&
-            (*f.dtype == formats::DType::kBool || *f.dtype == formats::DType::kBFloat16)) {
-          d.Add(at + ".dtype", std::string(formats::DTypeName(*f.dtype)) +
-                                   " is not decoded from a WebDataset member's text; use an integer or float type, or "
-                                   "leave dtype out for the bytes");
-        }
-        if (ds.format == DatasetFormat::kTFRecord && f.dtype && *f.dtype != formats::DType::kInt64 &&
-            *f.dtype != formats::DType::kFloat32) {
-          d.Add(at + ".dtype", std::string(formats::DTypeName(*f.dtype)) +
-                                   " is not a TFRecord feature's type: int64 (an int64_list), float32 (a "
-                                   "float_list), or no dtype for a bytes_list");
-        }
-        if (f.shape_set) {
-          if (ds.format != DatasetFormat::kTFRecord) {
-            d.Add(at + ".shape",
-                  "is only used by format TFRecord (an MDS ndarray's shape comes from the shards; "
-                  "a WebDataset number is one value); remove it");
-          } else if (!f.dtype) {
-            d.Add(at + ".shape",
-                  "needs a dtype: int64 for an int64_list, float32 for a float_list (a bytes_list's "
-                  "value is ragged bytes)");
-          }
-          // Each dimension's range is the declaration's check; their product's is this.
-          uint64_t values = 1;
-          bool each_in_range = true;
-          for (int64_t dim : f.shape) {
-            each_in_range = each_in_range && dim >= 1 && dim <= static_cast<int64_t>(kMaxFieldValues);
-            if (each_in_range) values = std::min<uint64_t>(values * static_cast<uint64_t>(dim), kMaxFieldValues + 1);
-          }
-          if (each_in_range && values > kMaxFieldValues) {
-            d.Add(at + ".shape",
-                  "holds more than 16777216 (2^24) values a sample; a larger list is a ragged field "
-                  "(leave shape out)");
-          }
-        }
-      }
-      break;
-    }
-    case DatasetFormat::kNpy: {
-      if (sequence_length_given) {
-        d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
-      }
-      if (record_bytes_given && ds.record_bytes < 1) {
-        d.Add("spec.dataset.recordBytes", "must be >= 1, got " + std::to_string(ds.record_bytes));
-      }
-      break;
-    }
-    default: break;  // format missing or unknown: already reported
-  }
-  if (!ds.format_unknown && !IsRecordFormat(ds.format) && !ds.fields.empty()) {
-    d.Add("spec.dataset.fields", "are only used by formats WebDataset, MDS and TFRecord; remove them");
+  // The format's own checks (a format missing or unknown is already reported).
+  if (!ds.format_unknown) DriverOf(ds.format).CheckSpec(ds, d);
+  if (!ds.format_unknown && !DriverOf(ds.format).traits().records && !ds.fields.empty()) {
+    d.Add("spec.dataset.fields",
+          "are only used by formats " + FormatsWith(&FormatTraits::records, "and") + "; remove them");
   }
   if (!ds.format_unknown && !ds.compression_invalid && ds.compression != FileCompression::kNone &&
-      ds.format != DatasetFormat::kTFRecord) {
-    d.Add("spec.dataset.compression",
-          "is only used by format TFRecord (an MDS shard's compression comes from its index.json); remove it");
+      !DriverOf(ds.format).traits().file_compression) {
+    d.Add("spec.dataset.compression", "is only used by format " + FormatsWith(&FormatTraits::file_compression) +
+                                          " (an MDS shard's compression comes from its index.json); remove it");
   }
   if (spec.tokens) ValidateTokens(spec, d);
   if (ds.samples && B >= 1 && *ds.samples >= 1 && *ds.samples < B && !spec.tokens) {

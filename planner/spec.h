@@ -110,12 +110,6 @@ ReplicationMode ImpliedReplicationMode(const MeshSpec& mesh);
 /// The effective batchAxes (the declared list, or every axis).
 std::vector<std::string> EffectiveBatchAxes(const MeshSpec& mesh);
 
-/// Formats whose samples are records of named fields (spec.dataset.fields):
-/// WebDataset, MDS, TFRecord.
-inline bool IsRecordFormat(DatasetFormat f) {
-  return f == DatasetFormat::kWebDataset || f == DatasetFormat::kMDS || f == DatasetFormat::kTFRecord;
-}
-
 /// True when the job moves samples between its processes' sidecars (a
 /// Broadcast fan-out or LoadAndReshard): they need the peer exchange and the
 /// job's peer secret.

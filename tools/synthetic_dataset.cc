@@ -19,6 +19,7 @@
 #include "formats/tfrecord.h"
 #include "formats/webdataset.h"
 #include "formats/npy.h"
+#include "planner/format_driver.h"
 #include "planner/sampler.h"
 
 namespace meshload::tools {
@@ -289,7 +290,7 @@ Result<std::string> GenerateTfRecords(const planner::DatasetSpec& spec, const st
 }  // namespace
 
 uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec) {
-  if (planner::IsRecordFormat(spec.format)) {
+  if (planner::DriverOf(spec.format).traits().records) {
     uint64_t b = 0;  // the mean: a blob of about 4 KiB per field of bytes, and the tar headers
     for (const planner::DatasetField& f : spec.fields) b += (f.dtype ? 8 : 4352) + 1024;
     return b;

@@ -403,42 +403,64 @@ Status S3OptionsForDataset(const planner::DatasetSpec& spec, S3Options& s3) {
   return S3OptionsFromEnvironment(s3);
 }
 
+namespace {
+
+using FileFactsList = std::vector<planner::DatasetIndex::FileFacts>;
+
+// The objects `name` names as its source lists them, with their sizes.
+Result<FileFactsList> ListedFacts(Source& source, const std::string& name) {
+  MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source.List(name));
+  FileFactsList files(objects.size());
+  for (size_t i = 0; i < objects.size(); ++i) {
+    files[i].path = objects[i].name;
+    files[i].size = objects[i].size;
+    files[i].version = objects[i].version;
+  }
+  return files;
+}
+
+// The I/O half of each format's driver (planner/format_driver.h): the facts
+// of a dataset's files, gathered through its source. One line per format.
+using GatherFacts = Result<FileFactsList> (*)(const planner::DatasetSpec& spec, Source& source, const std::string& name,
+                                              Diagnostics& diags);
+GatherFacts GathererOf(planner::DatasetFormat format) {
+  using F = planner::DatasetFormat;
+  static const std::map<F, GatherFacts> gatherers = {
+      {F::kFixedRecord, [](const planner::DatasetSpec&, Source& s, const std::string& name,
+                           Diagnostics&) { return ListedFacts(s, name); }},
+      {F::kTokenStream, [](const planner::DatasetSpec&, Source& s, const std::string& name,
+                           Diagnostics&) { return ListedFacts(s, name); }},
+      {F::kNpy,
+       [](const planner::DatasetSpec&, Source& s, const std::string& name, Diagnostics&) -> Result<FileFactsList> {
+         MESHLOAD_ASSIGN_OR_RETURN(FileFactsList files, ListedFacts(s, name));
+         ForEachFile(s, files.size(), [&](size_t i) { files[i].npy = ReadNpyHeader(s, files[i].path, files[i].size); });
+         return files;
+       }},
+      {F::kMegatronIndexed, [](const planner::DatasetSpec&, Source& s, const std::string& name,
+                               Diagnostics& d) { return MegatronFacts(s, name, d); }},
+      {F::kWebDataset, [](const planner::DatasetSpec& spec, Source& s, const std::string& name,
+                          Diagnostics& d) { return WebDatasetFacts(s, spec.uri, name, d); }},
+      {F::kMDS, [](const planner::DatasetSpec& spec, Source& s, const std::string& name,
+                   Diagnostics& d) { return MdsFacts(s, spec.uri, name, d); }},
+      {F::kTFRecord, [](const planner::DatasetSpec& spec, Source& s, const std::string& name,
+                        Diagnostics& d) { return TfRecordFacts(s, spec.uri, name, spec.compression, d); }},
+  };
+  auto it = gatherers.find(format);
+  MESHLOAD_CHECK(it != gatherers.end(), "format " + std::string(planner::ToString(format)) + " gathers no facts");
+  return it->second;
+}
+
+}  // namespace
+
 Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, SourceRegistry& sources,
                                            Diagnostics& diags) {
   MESHLOAD_ASSIGN_OR_RETURN(auto found, sources.For(spec.uri));
   auto [source, name] = found;
-  std::vector<planner::DatasetIndex::FileFacts> files;
-  std::vector<std::pair<std::string, std::string>> secret;  // names whose redacted form differs
   Diagnostics index_diags;
-  if (spec.format == planner::DatasetFormat::kMegatronIndexed) {
-    MESHLOAD_ASSIGN_OR_RETURN(files, MegatronFacts(*source, name, index_diags));
-    for (const auto& f : files) {
-      if (std::string r = RedactUri(f.path); r != f.path) secret.emplace_back(f.path, std::move(r));
-    }
-  } else if (planner::IsRecordFormat(spec.format)) {
-    MESHLOAD_ASSIGN_OR_RETURN(files, spec.format == planner::DatasetFormat::kMDS
-                                         ? MdsFacts(*source, spec.uri, name, index_diags)
-                                     : spec.format == planner::DatasetFormat::kTFRecord
-                                         ? TfRecordFacts(*source, spec.uri, name, spec.compression, index_diags)
-                                         : WebDatasetFacts(*source, spec.uri, name, index_diags));
-    for (const auto& f : files) {
-      if (std::string r = RedactUri(f.path); r != f.path) secret.emplace_back(f.path, std::move(r));
-    }
-  } else {
-    MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source->List(name));
-    files.resize(objects.size());
-    for (size_t i = 0; i < objects.size(); ++i) {
-      const Source::Listed& o = objects[i];
-      if (std::string r = RedactUri(o.name); r != o.name) secret.emplace_back(o.name, std::move(r));
-      files[i].path = o.name;
-      files[i].size = o.size;
-      files[i].version = o.version;
-    }
-    if (spec.format == planner::DatasetFormat::kNpy) {
-      Source* src = source;  // a structured binding: not captured by older compilers
-      ForEachFile(*src, files.size(),
-                  [&](size_t i) { files[i].npy = ReadNpyHeader(*src, files[i].path, files[i].size); });
-    }
+  MESHLOAD_ASSIGN_OR_RETURN(FileFactsList files, GathererOf(spec.format)(spec, *source, name, index_diags));
+  std::vector<std::pair<std::string, std::string>> secret;  // names whose redacted form differs
+  for (const auto& f : files) {
+    if (std::string r = RedactUri(f.path); r != f.path) secret.emplace_back(f.path, std::move(r));
   }
   auto index = planner::DatasetIndex::FromFiles(spec, std::move(files), index_diags);
   // A signed URL's query must not reach messages and logs.

@@ -1,0 +1,88 @@
+// The format registry (planner/format_driver.h): one driver per declared
+// format, traits that agree with the indexes the drivers build, and the
+// checks every driver shares.
+#include "planner/format_driver.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace meshload::planner {
+namespace {
+
+using ::testing::Contains;
+using ::testing::Field;
+using ::testing::Not;
+
+// A spec.dataset each format accepts.
+DatasetSpec ValidSpec(DatasetFormat f) {
+  DatasetSpec ds;
+  ds.uri = "/data/x";
+  ds.format = f;
+  const FormatTraits t = DriverOf(f).traits();
+  if (f == DatasetFormat::kFixedRecord) ds.record_bytes = 16;
+  if (t.token_stream) {
+    ds.dtype = formats::DType::kUint16;
+    ds.sequence_length = 8;
+  }
+  if (t.records) {
+    DatasetField field;
+    field.name = "x";
+    ds.fields.push_back(field);
+  }
+  return ds;
+}
+
+TEST(FormatDrivers, EveryDeclaredFormatHasOneDriverInTheDeclarationsOrder) {
+  const auto& declared = DatasetFormatNames();
+  ASSERT_EQ(FormatDrivers().size(), declared.size());
+  for (size_t i = 0; i < declared.size(); ++i) {
+    const auto& [name, format] = declared[i];
+    EXPECT_EQ(FormatDrivers()[i]->format(), format) << name;
+    EXPECT_EQ(&DriverOf(format), FormatDrivers()[i]) << name;
+    EXPECT_EQ(DriverOf(format).name(), name);
+  }
+}
+
+TEST(FormatDrivers, EachAcceptsItsValidSpecAndItsVirtualIndexHasItsTraits) {
+  for (const FormatDriver* driver : FormatDrivers()) {
+    const DatasetSpec ds = ValidSpec(driver->format());
+    Diagnostics d;
+    driver->CheckSpec(ds, d);
+    EXPECT_TRUE(d.ok()) << driver->name() << ": " << d.ToStatus().ToString();
+    const DatasetIndex idx = DatasetIndex::Virtual(ds, 100);
+    EXPECT_EQ(idx.format(), driver->format());
+    EXPECT_EQ(idx.num_samples(), 100u) << driver->name();
+    EXPECT_EQ(idx.variable_size(), driver->traits().variable_size) << driver->name();
+    EXPECT_EQ(idx.record_format(), driver->traits().records) << driver->name();
+    EXPECT_EQ(idx.fields().size(), ds.fields.size()) << driver->name();
+    if (!driver->traits().variable_size && driver->format() != DatasetFormat::kNpy) {
+      EXPECT_GT(idx.sample_bytes(), 0u) << driver->name() << ": a fixed-size format's virtual samples have a size";
+    }
+  }
+}
+
+TEST(FormatDrivers, OnlyTheTokenStreamTakesASequenceLength) {
+  for (const FormatDriver* driver : FormatDrivers()) {
+    DatasetSpec ds = ValidSpec(driver->format());
+    ds.sequence_length = 2048;
+    Diagnostics d;
+    driver->CheckSpec(ds, d);
+    if (driver->traits().token_stream) {
+      EXPECT_THAT(d.problems(), Not(Contains(Field(&Problem::path, "spec.dataset.sequenceLength"))));
+    } else {
+      EXPECT_THAT(d.problems(), Contains(Field(&Problem::path, "spec.dataset.sequenceLength"))) << driver->name();
+    }
+  }
+}
+
+TEST(FormatDrivers, MessagesNameTheFormatsWithATrait) {
+  EXPECT_EQ(FormatsWith(&FormatTraits::records, "and"), "WebDataset, MDS and TFRecord");
+  EXPECT_EQ(FormatsWith(&FormatTraits::variable_size), "MegatronIndexed, WebDataset, MDS or TFRecord");
+  EXPECT_EQ(FormatsWith(&FormatTraits::documents), "MegatronIndexed");
+  EXPECT_EQ(FormatsWith(&FormatTraits::file_compression), "TFRecord");
+}
+
+}  // namespace
+}  // namespace meshload::planner
