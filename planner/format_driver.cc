@@ -8,7 +8,7 @@ namespace meshload::planner {
 const std::vector<const FormatDriver*>& FormatDrivers() {
   // One line per format, in the declaration's order.
   static const std::vector<const FormatDriver*> all = {
-      &drivers::FixedRecord(), &drivers::TokenStream(), &drivers::Npy(), &drivers::MegatronIndexed(),
+      &drivers::FixedRecord(), &drivers::TokenStream(), &drivers::Npy(),      &drivers::MegatronIndexed(),
       &drivers::WebDataset(),  &drivers::MDS(),         &drivers::TFRecord(),
   };
   return all;
@@ -22,7 +22,7 @@ const FormatDriver& DriverOf(DatasetFormat format) {
   std::abort();
 }
 
-std::string FormatsWith(bool FormatTraits::* trait, std::string_view last) {
+std::string FormatsWith(bool FormatTraits::*trait, std::string_view last) {
   std::vector<std::string> names;
   for (const FormatDriver* d : FormatDrivers()) {
     if (d->traits().*trait) names.push_back(d->name());
@@ -36,9 +36,9 @@ std::string FormatsWith(bool FormatTraits::* trait, std::string_view last) {
 }
 
 FormatDriver::IndexParts FormatDriver::Parts(DatasetIndex& idx) {
-  return {idx.dtype_,        idx.num_samples_, idx.sample_bytes_, idx.token_bytes_,
-          idx.sequence_length_, idx.sample_shape_, idx.fields_,      idx.missing_field_,
-          idx.files_,        idx.offsets_,     idx.sizes_,        idx.offsets_ascending_};
+  return {idx.dtype_,           idx.num_samples_,  idx.sample_bytes_, idx.token_bytes_,
+          idx.sequence_length_, idx.sample_shape_, idx.fields_,       idx.missing_field_,
+          idx.files_,           idx.offsets_,      idx.sizes_,        idx.offsets_ascending_};
 }
 
 }  // namespace meshload::planner

@@ -16,7 +16,9 @@
 /// and thread-safe.
 #pragma once
 
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/diagnostics.h"
@@ -25,6 +27,20 @@
 #include "planner/spec.h"
 
 namespace meshload::planner {
+
+/// How a record format's samples become the job's field values: made once
+/// per job (FormatDriver::MakeDecoder), then called for each sample.
+class RecordDecoder {
+ public:
+  virtual ~RecordDecoder() = default;
+  /// Sample `id`'s wanted values from its `record` (the bytes the index
+  /// gives it, read whole from file `file`, named `file_name` in messages, at
+  /// byte `offset`): views into `record`, nullopt for a field the sample
+  /// lacks; `key` names the sample in messages (a WebDataset key, an MDS
+  /// row, a TFRecord record). Errors name the file and byte.
+  virtual Status Decode(uint64_t id, std::string_view record, uint32_t file, const std::string& file_name,
+                        uint64_t offset, formats::FieldValues& values, std::string& key) const = 0;
+};
 
 class FormatDriver {
  public:
@@ -56,6 +72,13 @@ class FormatDriver {
   /// known of them without the files (its count, size, fields).
   virtual void Virtual(const DatasetSpec& spec, uint64_t samples, DatasetFile& f, DatasetIndex& idx) const = 0;
 
+  /// A record format's decoder of `ds`'s samples (`ds`, an index this
+  /// driver built, must outlive it); null for the other formats.
+  virtual std::unique_ptr<const RecordDecoder> MakeDecoder(const DatasetIndex& ds) const {
+    (void)ds;
+    return nullptr;
+  }
+
  protected:
   /// The parts of an index a driver builds (DatasetIndex lets drivers, and
   /// only them, set these).
@@ -84,6 +107,6 @@ const FormatDriver& DriverOf(DatasetFormat format);
 
 /// The formats with `trait`, for messages: "WebDataset, MDS or TFRecord"
 /// (`last` joins the last two).
-std::string FormatsWith(bool FormatTraits::* trait, std::string_view last = "or");
+std::string FormatsWith(bool FormatTraits::*trait, std::string_view last = "or");
 
 }  // namespace meshload::planner

@@ -113,7 +113,7 @@ Result<std::unique_ptr<StepLoader>> StepLoader::Create(const planner::ShardPlann
       loader->distinct_sources_.push_back(src.first);
     }
   }
-  loader->extensions_ = source::WebDatasetExtensions(job.dataset);
+  loader->decoder_ = source::RecordDecoderOf(job.dataset);
   loader->file_names_ = source::RecordFileNames(job.dataset);
   // Every caller of Load() reads a share of its step itself: one inflight
   // record per caller, then one per reader thread (one fewer than
@@ -250,7 +250,7 @@ Status StepLoader::Extract(const planner::StepPlan& plan, uint8_t* slot, Caller&
       const std::string_view record(reinterpret_cast<const char*>(base + c.places[i][k]),
                                     c.places[i][k + 1] - c.places[i][k]);
       const source::RecordPlace place = source::PlaceOfRecord(ds, ids[k], c.extents, file_names_);
-      MESHLOAD_RETURN_IF_ERROR(source::RecordValues(ds, ids[k], record, place, extensions_, values, key));
+      MESHLOAD_RETURN_IF_ERROR(source::RecordValues(*decoder_, ids[k], record, place, values, key));
       size_t missing = fields.size();
       for (size_t f = 0; f < fields.size() && missing == fields.size(); ++f) {
         if (!values[f]) missing = f;

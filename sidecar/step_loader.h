@@ -52,6 +52,7 @@
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "common/thread_sched.h"
+#include "planner/format_driver.h"
 #include "planner/shard_planner.h"
 #include "sidecar/exchange/peer_exchange.h"
 #include "sidecar/source/source.h"
@@ -277,7 +278,7 @@ class StepLoader {
   const StepLoaderOptions options_;
   std::vector<std::pair<source::Source*, std::string>> files_;  // per dataset file
   std::vector<source::Source*> distinct_sources_;               // of files_, each once
-  std::vector<std::string> extensions_;                         // WebDataset: the fields' member extensions
+  std::unique_ptr<const planner::RecordDecoder> decoder_;       // record formats: their samples' decoder
   std::vector<std::string> file_names_;  // WebDataset, MDS: the files as messages name them  // a file's source is
                                          // (Source::LatencyBound): no inline steps
 

@@ -108,7 +108,7 @@ class RecordChecker {
       record_.resize(place.bytes);
       MESHLOAD_ASSIGN_OR_RETURN(auto found, sources_->For(ds_.files()[place.file].path));
       MESHLOAD_RETURN_IF_ERROR(found.first->Read(found.second, place.offset, record_.data(), record_.size()));
-      MESHLOAD_RETURN_IF_ERROR(sidecar::source::RecordValues(ds_, id, record_, place, extensions_, values_, key_));
+      MESHLOAD_RETURN_IF_ERROR(sidecar::source::RecordValues(*decoder_, id, record_, place, values_, key_));
       bool complete = true;
       for (const auto& v : values_) complete = complete && v.has_value();
       if (!complete) {
@@ -141,13 +141,13 @@ class RecordChecker {
   RecordChecker(const planner::DatasetIndex& ds, std::unique_ptr<sidecar::source::SourceRegistry> sources)
       : ds_(ds),
         sources_(std::move(sources)),
-        extensions_(sidecar::source::WebDatasetExtensions(ds)),
+        decoder_(sidecar::source::RecordDecoderOf(ds)),
         file_names_(sidecar::source::RecordFileNames(ds)) {}
 
   const planner::DatasetIndex& ds_;
   std::unique_ptr<sidecar::source::SourceRegistry> sources_;
   std::vector<std::unique_ptr<sidecar::source::DecodingSource>> decoding_;  // interposed in sources_
-  std::vector<std::string> extensions_;
+  std::unique_ptr<const planner::RecordDecoder> decoder_;
   std::vector<std::string> file_names_;
   std::vector<planner::Extent> extents_;
   std::string record_, key_;

@@ -35,6 +35,7 @@ class RecordDriver : public FormatDriver {
                Diagnostics& diags) const override;
   Status Finish(const DatasetSpec& spec, uint64_t total, DatasetIndex& idx, Diagnostics& diags) const override;
   void Virtual(const DatasetSpec& spec, uint64_t samples, DatasetFile& f, DatasetIndex& idx) const override;
+  std::unique_ptr<const RecordDecoder> MakeDecoder(const DatasetIndex& ds) const override = 0;
 
  protected:
   /// The format's own check of field `i` (at "spec.dataset.fields[i]").

@@ -7,9 +7,26 @@
 namespace meshload::planner::drivers {
 namespace {
 
+class MdsDecoder final : public RecordDecoder {
+ public:
+  explicit MdsDecoder(const DatasetIndex& ds) : ds_(ds) {}
+  Status Decode(uint64_t id, std::string_view record, uint32_t file, const std::string& file_name, uint64_t offset,
+                formats::FieldValues& values, std::string& key) const override {
+    const DatasetFile& f = ds_.files()[file];
+    key = "row " + std::to_string(id - f.first);
+    return formats::MdsSampleValues(record, *f.mds, file_name, offset, f.mds_columns, values);
+  }
+
+ private:
+  const DatasetIndex& ds_;
+};
+
 class MdsDriver final : public RecordDriver {
  public:
   DatasetFormat format() const override { return DatasetFormat::kMDS; }
+  std::unique_ptr<const RecordDecoder> MakeDecoder(const DatasetIndex& ds) const override {
+    return std::make_unique<MdsDecoder>(ds);
+  }
 
  protected:
   void CheckField(const DatasetField& f, const std::string& at, Diagnostics& d) const override {

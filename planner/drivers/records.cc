@@ -18,9 +18,7 @@ void RefuseSequenceLength(const DatasetSpec& ds, Diagnostics& d) {
   if (SequenceLengthGiven(ds)) d.Add("spec.dataset.sequenceLength", "is only used by format TokenStream; remove it");
 }
 
-FormatTraits RecordDriver::traits() const {
-  return {.variable_size = true, .records = true};
-}
+FormatTraits RecordDriver::traits() const { return {.variable_size = true, .records = true}; }
 
 void RecordDriver::CheckSpec(const DatasetSpec& ds, Diagnostics& d) const {
   const std::string format_name = name();

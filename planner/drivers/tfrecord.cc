@@ -14,6 +14,19 @@ std::optional<std::vector<uint64_t>> Shape(const DatasetField& field) {
   return std::vector<uint64_t>(field.shape.begin(), field.shape.end());
 }
 
+class TfRecordDecoder final : public RecordDecoder {
+ public:
+  explicit TfRecordDecoder(const DatasetIndex& ds) : ds_(ds) {}
+  Status Decode(uint64_t id, std::string_view record, uint32_t file, const std::string& file_name, uint64_t offset,
+                formats::FieldValues& values, std::string& key) const override {
+    key = "record " + std::to_string(id - ds_.files()[file].first);
+    return formats::TfRecordSampleValues(record, file_name, offset, ds_.fields(), values);
+  }
+
+ private:
+  const DatasetIndex& ds_;
+};
+
 class TfRecordDriver final : public RecordDriver {
  public:
   DatasetFormat format() const override { return DatasetFormat::kTFRecord; }
@@ -21,6 +34,9 @@ class TfRecordDriver final : public RecordDriver {
     FormatTraits t = RecordDriver::traits();
     t.file_compression = true;
     return t;
+  }
+  std::unique_ptr<const RecordDecoder> MakeDecoder(const DatasetIndex& ds) const override {
+    return std::make_unique<TfRecordDecoder>(ds);
   }
 
  protected:

@@ -21,8 +21,9 @@ class TokenStreamDriver final : public FormatDriver {
     }
     if (ds.sequence_length < 1) {
       AddOnce(d, "spec.dataset.sequenceLength",
-              !SequenceLengthGiven(ds) ? "required for format TokenStream: tokens per sample (T; a sample is T+1 tokens)"
-                                       : "must be >= 1, got " + std::to_string(ds.sequence_length));
+              !SequenceLengthGiven(ds)
+                  ? "required for format TokenStream: tokens per sample (T; a sample is T+1 tokens)"
+                  : "must be >= 1, got " + std::to_string(ds.sequence_length));
     }
     if (RecordBytesGiven(ds)) {
       d.Add("spec.dataset.recordBytes",

@@ -1,7 +1,5 @@
 #include "sidecar/source/record_values.h"
 
-#include <cctype>
-
 #include "sidecar/source/source.h"
 
 namespace meshload::sidecar::source {
@@ -27,28 +25,8 @@ RecordPlace PlaceOfRecord(const planner::DatasetIndex& ds, uint64_t id, std::vec
   return p;
 }
 
-std::vector<std::string> WebDatasetExtensions(const planner::DatasetIndex& ds) {
-  std::vector<std::string> out;
-  for (const formats::FieldDecoding& f : ds.fields()) {
-    std::string ext = f.name;
-    for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    out.push_back(std::move(ext));
-  }
-  return out;
-}
-
-Status RecordValues(const planner::DatasetIndex& ds, uint64_t id, std::string_view record, const RecordPlace& place,
-                    const std::vector<std::string>& extensions, formats::FieldValues& values, std::string& key) {
-  if (ds.format() == planner::DatasetFormat::kWebDataset) {
-    return formats::WebDatasetSampleValues(record, *place.file_name, place.offset, extensions, values, key);
-  }
-  const planner::DatasetFile& file = ds.files()[place.file];
-  if (ds.format() == planner::DatasetFormat::kTFRecord) {
-    key = "record " + std::to_string(id - file.first);
-    return formats::TfRecordSampleValues(record, *place.file_name, place.offset, ds.fields(), values);
-  }
-  key = "row " + std::to_string(id - file.first);
-  return formats::MdsSampleValues(record, *file.mds, *place.file_name, place.offset, file.mds_columns, values);
+std::unique_ptr<const planner::RecordDecoder> RecordDecoderOf(const planner::DatasetIndex& ds) {
+  return planner::DriverOf(ds.format()).MakeDecoder(ds);
 }
 
 Status MissingFieldError(const planner::DatasetIndex& ds, uint64_t id, const RecordPlace& place, const std::string& key,

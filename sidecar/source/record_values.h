@@ -1,5 +1,5 @@
 /// \file
-/// The values of a WebDataset or MDS sample: its record (the bytes the
+/// The values of a WebDataset, MDS or TFRecord sample: its record (the bytes the
 /// index gives it, read whole) split into the job's fields, and each field
 /// decoded as the index says (formats/fields.h). What the step loader does
 /// after reading a step's records, and what `meshload run --local`'s
@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "common/status.h"
 #include "formats/fields.h"
 #include "planner/dataset_index.h"
+#include "planner/format_driver.h"
 
 namespace meshload::sidecar::source {
 
@@ -34,15 +36,18 @@ struct RecordPlace {
 RecordPlace PlaceOfRecord(const planner::DatasetIndex& ds, uint64_t id, std::vector<planner::Extent>& scratch,
                           const std::vector<std::string>& names);
 
-/// WebDataset's field names as member extensions (lower-cased, as
-/// webdataset splits names).
-std::vector<std::string> WebDatasetExtensions(const planner::DatasetIndex& ds);
+/// The decoder of `ds`'s records (its format driver's; null when `ds` is
+/// not of a record format). `ds` must outlive it.
+std::unique_ptr<const planner::RecordDecoder> RecordDecoderOf(const planner::DatasetIndex& ds);
 
 /// Sample `id`'s wanted values from its `record` (views into it; nullopt: a
 /// field the sample lacks) and its name for messages (`key`: the
-/// WebDataset key, or the MDS row). Errors name the file and byte.
-Status RecordValues(const planner::DatasetIndex& ds, uint64_t id, std::string_view record, const RecordPlace& place,
-                    const std::vector<std::string>& extensions, formats::FieldValues& values, std::string& key);
+/// WebDataset key, the MDS row, the TFRecord record), by `decoder`
+/// (RecordDecoderOf). Errors name the file and byte.
+inline Status RecordValues(const planner::RecordDecoder& decoder, uint64_t id, std::string_view record,
+                           const RecordPlace& place, formats::FieldValues& values, std::string& key) {
+  return decoder.Decode(id, record, place.file, *place.file_name, place.offset, values, key);
+}
 
 /// The error for sample `id` lacking field `field` (missingField: Error).
 Status MissingFieldError(const planner::DatasetIndex& ds, uint64_t id, const RecordPlace& place, const std::string& key,

@@ -227,7 +227,7 @@ class GpuJob {
     ASSERT_EQ(b.tensors.size(), 2u * static_cast<size_t>(devices_));
     auto sources = source::SourceRegistry::WithBuiltins({});
     std::vector<planner::Extent> scratch;
-    const std::vector<std::string> extensions = source::WebDatasetExtensions(ds);
+    const auto decoder = source::RecordDecoderOf(ds);
     const std::vector<std::string> names = source::RecordFileNames(ds);
     for (int d = 0; d < devices_; ++d) {
       const client::Tensor& jpg = b.tensors[2 * static_cast<size_t>(d)];
@@ -254,7 +254,7 @@ class GpuJob {
         ASSERT_OK(found->first->Read(found->second, place.offset, record.data(), record.size()));
         formats::FieldValues v;
         std::string key;
-        ASSERT_OK(source::RecordValues(ds, ids[k], record, place, extensions, v, key));
+        ASSERT_OK(source::RecordValues(*decoder, ids[k], record, place, v, key));
         ASSERT_TRUE(v[0] && v[1]);
         const std::string got(reinterpret_cast<const char*>(values.data()) + offsets[k],
                               static_cast<size_t>(offsets[k + 1] - offsets[k]));
