@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,7 +20,7 @@
 #include "formats/tfrecord.h"
 #include "formats/webdataset.h"
 #include "formats/npy.h"
-#include "planner/format_driver.h"
+#include "planner/dataset_index.h"
 #include "planner/sampler.h"
 
 namespace meshload::tools {
@@ -287,23 +288,212 @@ Result<std::string> GenerateTfRecords(const planner::DatasetSpec& spec, const st
   return dir;
 }
 
-}  // namespace
+// The samples of file `f` of `files` when `total` are dealt out (the
+// first files take one more).
+uint64_t CountOfFile(uint64_t total, int files, int f) {
+  return total / static_cast<uint64_t>(files) +
+         (static_cast<uint64_t>(f) < total % static_cast<uint64_t>(files) ? 1 : 0);
+}
 
-uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec) {
-  if (planner::DriverOf(spec.format).traits().records) {
-    uint64_t b = 0;  // the mean: a blob of about 4 KiB per field of bytes, and the tar headers
-    for (const planner::DatasetField& f : spec.fields) b += (f.dtype ? 8 : 4352) + 1024;
-    return b;
-  }
-  if (spec.format == planner::DatasetFormat::kMegatronIndexed) {
-    return 1024 * formats::DTypeSize(spec.dtype.value_or(formats::DType::kUint16));  // the mean
-  }
-  if (spec.format == planner::DatasetFormat::kTokenStream) {
-    return static_cast<uint64_t>(std::max<int64_t>(spec.sequence_length, 1)) *
-           formats::DTypeSize(spec.dtype.value_or(formats::DType::kUint8));
-  }
+std::string PartPath(const std::string& dir, int f, const char* ext) {
+  char name[64];
+  std::snprintf(name, sizeof name, "part-%05d.%s", f, ext);
+  return dir + "/" + name;
+}
+
+formats::DType DTypeOf(const planner::DatasetSpec& spec) {
+  return spec.dtype.value_or(spec.format == planner::DatasetFormat::kMegatronIndexed ? formats::DType::kUint16
+                                                                                     : formats::DType::kUint8);
+}
+
+uint64_t RecordSampleBytes(const planner::DatasetSpec& spec) {
+  uint64_t b = 0;  // the mean: a blob of about 4 KiB per field of bytes, and the tar headers
+  for (const planner::DatasetField& f : spec.fields) b += (f.dtype ? 8 : 4352) + 1024;
+  return b;
+}
+
+uint64_t FixedSampleBytes(const planner::DatasetSpec& spec) {
   return spec.record_bytes > 0 ? static_cast<uint64_t>(spec.record_bytes) : 1024;
 }
+
+// FixedRecord (part-NNNNN.bin) and Npy (part-NNNNN.npy): each sample the
+// FixedRecord pattern of its id.
+Result<std::string> GenerateFixed(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
+                                  int files) {
+  const formats::DType dtype = DTypeOf(spec);
+  const size_t es = formats::DTypeSize(dtype);
+  const uint64_t rb = FixedSampleBytes(spec);
+  if (rb % es != 0)
+    return InvalidArgument("recordBytes is not a whole number of " + std::string(formats::DTypeName(dtype)),
+                           "spec.dataset.recordBytes");
+  const bool npy = spec.format == planner::DatasetFormat::kNpy;
+  std::vector<uint8_t> buf;
+  uint64_t next = 0;
+  for (int f = 0; f < files; ++f) {
+    const uint64_t count = CountOfFile(samples, files, f);
+    const std::string path = PartPath(dir, f, npy ? "npy" : "bin");
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out) return IoErrorFromErrno("create", path, errno);
+    if (npy) {
+      MESHLOAD_ASSIGN_OR_RETURN(std::string header, formats::MakeNpyHeader(dtype, {count, rb / es}));
+      MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, reinterpret_cast<const uint8_t*>(header.data()), header.size()));
+    }
+    const uint64_t chunk = std::max<uint64_t>(1, (4ull << 20) / rb);
+    for (uint64_t done = 0; done < count; done += chunk) {
+      const uint64_t n = std::min(chunk, count - done);
+      buf.resize(n * rb);
+      for (uint64_t k = 0; k < n; ++k) FillRecord(next + done + k, buf.data() + k * rb, rb);
+      MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, buf.data(), buf.size()));
+    }
+    next += count;
+  }
+  return dir;
+}
+
+// MegatronIndexed: part-NNNNN.bin with part-NNNNN.idx, sequence i of
+// SyntheticSequenceLength(i) tokens, one document each.
+Result<std::string> GenerateMegatron(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
+                                     int files) {
+  const formats::DType dtype = DTypeOf(spec);
+  const size_t es = formats::DTypeSize(dtype);
+  formats::MegatronIndex index;
+  if (!formats::MegatronDTypeFor(dtype, index.dtype)) {
+    return InvalidArgument(std::string(formats::DTypeName(dtype)) + " is not a Megatron indexed dataset type",
+                           "spec.dataset.dtype");
+  }
+  std::vector<uint8_t> buf;
+  uint64_t next = 0;
+  for (int f = 0; f < files; ++f) {
+    const uint64_t count = CountOfFile(samples, files, f);
+    const std::string bin = PartPath(dir, f, "bin");
+    std::ofstream out(bin, std::ios::binary | std::ios::trunc);
+    if (!out) return IoErrorFromErrno("create", bin, errno);
+    index.lengths.clear();
+    index.pointers.clear();
+    index.document_indices.clear();
+    int64_t at = 0;
+    for (uint64_t k = 0; k < count; ++k) {
+      const uint64_t id = next + k;
+      const uint64_t n = SyntheticSequenceLength(id);
+      buf.resize(n * es);
+      FillTokens(id << 32, n, es, buf.data());
+      MESHLOAD_RETURN_IF_ERROR(WriteAll(out, bin, buf.data(), buf.size()));
+      index.lengths.push_back(static_cast<int32_t>(n));
+      index.pointers.push_back(at);
+      index.document_indices.push_back(static_cast<int64_t>(k));  // one document per sequence
+      at += static_cast<int64_t>(n * es);
+    }
+    index.document_indices.push_back(static_cast<int64_t>(count));
+    out.close();
+    const std::string idx = PartPath(dir, f, "idx");
+    std::ofstream iout(idx, std::ios::binary | std::ios::trunc);
+    if (!iout) return IoErrorFromErrno("create", idx, errno);
+    const std::string bytes = formats::MegatronIndexBytes(index);
+    MESHLOAD_RETURN_IF_ERROR(WriteAll(iout, idx, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    next += count;
+  }
+  return dir;
+}
+
+// TokenStream: part-NNNNN.tok files of one token stream, token g Mix64(g).
+Result<std::string> GenerateTokens(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
+                                   int files) {
+  const size_t es = formats::DTypeSize(DTypeOf(spec));
+  const uint64_t T = static_cast<uint64_t>(spec.sequence_length);
+  const uint64_t tokens = samples * T + 1;  // exactly `samples` samples
+  std::vector<uint8_t> buf;
+  uint64_t next = 0;
+  for (int f = 0; f < files; ++f) {
+    const uint64_t count = CountOfFile(tokens, files, f);
+    const std::string path = PartPath(dir, f, "tok");
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out) return IoErrorFromErrno("create", path, errno);
+    const uint64_t chunk = (4ull << 20) / es;
+    for (uint64_t done = 0; done < count; done += chunk) {
+      const uint64_t n = std::min(chunk, count - done);
+      buf.resize(n * es);
+      FillTokens(next + done, n, es, buf.data());
+      MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, buf.data(), buf.size()));
+    }
+    next += count;
+  }
+  return dir;
+}
+
+// The first byte of `bytes` (sample `id` of its dataset, `n` tokens of
+// `es` bytes) that is not token t = Mix64(base + t), or -1.
+int64_t FirstTokenMismatch(uint64_t base, uint64_t n, size_t es, const uint8_t* bytes) {
+  for (uint64_t t = 0; t < n; ++t) {
+    const uint64_t v = planner::Mix64(base + t);
+    for (size_t b = 0; b < es; ++b) {
+      if (bytes[t * es + b] != static_cast<uint8_t>(v >> (8 * b))) return static_cast<int64_t>(t * es + b);
+    }
+  }
+  return -1;
+}
+
+int64_t FixedMismatch(const planner::DatasetIndex& index, uint64_t, uint64_t id, const uint8_t* bytes) {
+  const uint64_t sb = index.sample_bytes();
+  for (uint64_t j = 0; j < sb; j += 8) {
+    const uint64_t w = Word(id, j / 8);
+    const uint64_t n = std::min<uint64_t>(8, sb - j);
+    for (uint64_t b = 0; b < n; ++b) {
+      if (bytes[j + b] != static_cast<uint8_t>(w >> (8 * b))) return static_cast<int64_t>(j + b);
+    }
+  }
+  return -1;
+}
+
+int64_t TokensMismatch(const planner::DatasetIndex& index, uint64_t, uint64_t id, const uint8_t* bytes) {
+  const size_t es = formats::DTypeSize(index.dtype());
+  const uint64_t tokens = index.sample_bytes() / es;
+  return FirstTokenMismatch(id * (tokens - 1), tokens, es, bytes);
+}
+
+int64_t MegatronMismatch(const planner::DatasetIndex& index, uint64_t global_id, uint64_t id, const uint8_t* bytes) {
+  const size_t es = formats::DTypeSize(index.dtype());
+  const uint64_t n = index.SampleBytes(global_id) / es;
+  if (n != SyntheticSequenceLength(id)) return 0;
+  return FirstTokenMismatch(id << 32, n, es, bytes);
+}
+
+// Each format's test data: how its files are written, the bytes of a sample
+// (the mean), and how a delivered sample's bytes are checked (by its id;
+// the record formats' samples are checked field by field instead, by the
+// formats' own decoding). One line per format.
+struct Generator {
+  Result<std::string> (*write)(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples, int files);
+  uint64_t (*sample_bytes)(const planner::DatasetSpec& spec);
+  int64_t (*first_mismatch)(const planner::DatasetIndex& index, uint64_t global_id, uint64_t id, const uint8_t* bytes);
+};
+
+const Generator& GeneratorOf(planner::DatasetFormat format) {
+  using F = planner::DatasetFormat;
+  static const std::map<F, Generator> generators = {
+      {F::kFixedRecord, {GenerateFixed, FixedSampleBytes, FixedMismatch}},
+      {F::kTokenStream,
+       {GenerateTokens,
+        [](const planner::DatasetSpec& spec) {
+          return static_cast<uint64_t>(std::max<int64_t>(spec.sequence_length, 1)) *
+                 formats::DTypeSize(spec.dtype.value_or(formats::DType::kUint8));
+        },
+        TokensMismatch}},
+      {F::kNpy, {GenerateFixed, FixedSampleBytes, FixedMismatch}},
+      {F::kMegatronIndexed,
+       {GenerateMegatron, [](const planner::DatasetSpec& spec) { return 1024 * formats::DTypeSize(DTypeOf(spec)); },
+        MegatronMismatch}},
+      {F::kWebDataset, {GenerateRecords, RecordSampleBytes, FixedMismatch}},
+      {F::kMDS, {GenerateRecords, RecordSampleBytes, FixedMismatch}},
+      {F::kTFRecord, {GenerateTfRecords, RecordSampleBytes, FixedMismatch}},
+  };
+  auto it = generators.find(format);
+  MESHLOAD_CHECK(it != generators.end(), "a dataset format without a generator: " + std::string(ToString(format)));
+  return it->second;
+}
+
+}  // namespace
+
+uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec) { return GeneratorOf(spec.format).sample_bytes(spec); }
 
 Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
                                              int files) {
@@ -313,114 +503,11 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
   if (samples == 0) return InvalidArgument("a dataset needs at least one sample");
   if (files < 1) files = 1;
   if (static_cast<uint64_t>(files) > samples) files = static_cast<int>(samples);
-  const formats::DType dtype = spec.dtype.value_or(
-      spec.format == planner::DatasetFormat::kMegatronIndexed ? formats::DType::kUint16 : formats::DType::kUint8);
-  const size_t es = formats::DTypeSize(dtype);
-  std::vector<uint8_t> buf;
-  auto path_of = [&](int f, const char* ext) {
-    char name[64];
-    std::snprintf(name, sizeof name, "part-%05d.%s", f, ext);
-    return dir + "/" + name;
-  };
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
     if (n.rfind("part-", 0) == 0) std::filesystem::remove(e.path(), ec);
   }
-  switch (spec.format) {
-    case planner::DatasetFormat::kWebDataset:
-    case planner::DatasetFormat::kMDS: return GenerateRecords(spec, dir, samples, files);
-    case planner::DatasetFormat::kTFRecord: return GenerateTfRecords(spec, dir, samples, files);
-    case planner::DatasetFormat::kFixedRecord:
-    case planner::DatasetFormat::kNpy: {
-      const uint64_t rb = SyntheticSampleBytes(spec);
-      if (rb % es != 0)
-        return InvalidArgument("recordBytes is not a whole number of " + std::string(formats::DTypeName(dtype)),
-                               "spec.dataset.recordBytes");
-      const bool npy = spec.format == planner::DatasetFormat::kNpy;
-      uint64_t next = 0;
-      for (int f = 0; f < files; ++f) {
-        const uint64_t count = samples / static_cast<uint64_t>(files) +
-                               (static_cast<uint64_t>(f) < samples % static_cast<uint64_t>(files) ? 1 : 0);
-        const std::string path = path_of(f, npy ? "npy" : "bin");
-        std::ofstream out(path, std::ios::binary | std::ios::trunc);
-        if (!out) return IoErrorFromErrno("create", path, errno);
-        if (npy) {
-          MESHLOAD_ASSIGN_OR_RETURN(std::string header, formats::MakeNpyHeader(dtype, {count, rb / es}));
-          MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, reinterpret_cast<const uint8_t*>(header.data()), header.size()));
-        }
-        const uint64_t chunk = std::max<uint64_t>(1, (4ull << 20) / rb);
-        for (uint64_t done = 0; done < count; done += chunk) {
-          const uint64_t n = std::min(chunk, count - done);
-          buf.resize(n * rb);
-          for (uint64_t k = 0; k < n; ++k) FillRecord(next + done + k, buf.data() + k * rb, rb);
-          MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, buf.data(), buf.size()));
-        }
-        next += count;
-      }
-      return dir;
-    }
-    case planner::DatasetFormat::kMegatronIndexed: {
-      formats::MegatronIndex index;
-      if (!formats::MegatronDTypeFor(dtype, index.dtype)) {
-        return InvalidArgument(std::string(formats::DTypeName(dtype)) + " is not a Megatron indexed dataset type",
-                               "spec.dataset.dtype");
-      }
-      uint64_t next = 0;
-      for (int f = 0; f < files; ++f) {
-        const uint64_t count = samples / static_cast<uint64_t>(files) +
-                               (static_cast<uint64_t>(f) < samples % static_cast<uint64_t>(files) ? 1 : 0);
-        const std::string bin = path_of(f, "bin");
-        std::ofstream out(bin, std::ios::binary | std::ios::trunc);
-        if (!out) return IoErrorFromErrno("create", bin, errno);
-        index.lengths.clear();
-        index.pointers.clear();
-        index.document_indices.clear();
-        int64_t at = 0;
-        for (uint64_t k = 0; k < count; ++k) {
-          const uint64_t id = next + k;
-          const uint64_t n = SyntheticSequenceLength(id);
-          buf.resize(n * es);
-          FillTokens(id << 32, n, es, buf.data());
-          MESHLOAD_RETURN_IF_ERROR(WriteAll(out, bin, buf.data(), buf.size()));
-          index.lengths.push_back(static_cast<int32_t>(n));
-          index.pointers.push_back(at);
-          index.document_indices.push_back(static_cast<int64_t>(k));  // one document per sequence
-          at += static_cast<int64_t>(n * es);
-        }
-        index.document_indices.push_back(static_cast<int64_t>(count));
-        out.close();
-        const std::string idx = path_of(f, "idx");
-        std::ofstream iout(idx, std::ios::binary | std::ios::trunc);
-        if (!iout) return IoErrorFromErrno("create", idx, errno);
-        const std::string bytes = formats::MegatronIndexBytes(index);
-        MESHLOAD_RETURN_IF_ERROR(WriteAll(iout, idx, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
-        next += count;
-      }
-      return dir;
-    }
-    case planner::DatasetFormat::kTokenStream: {
-      const uint64_t T = static_cast<uint64_t>(spec.sequence_length);
-      const uint64_t tokens = samples * T + 1;  // exactly `samples` samples
-      uint64_t next = 0;
-      for (int f = 0; f < files; ++f) {
-        const uint64_t count = tokens / static_cast<uint64_t>(files) +
-                               (static_cast<uint64_t>(f) < tokens % static_cast<uint64_t>(files) ? 1 : 0);
-        const std::string path = path_of(f, "tok");
-        std::ofstream out(path, std::ios::binary | std::ios::trunc);
-        if (!out) return IoErrorFromErrno("create", path, errno);
-        const uint64_t chunk = (4ull << 20) / es;
-        for (uint64_t done = 0; done < count; done += chunk) {
-          const uint64_t n = std::min(chunk, count - done);
-          buf.resize(n * es);
-          FillTokens(next + done, n, es, buf.data());
-          MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, buf.data(), buf.size()));
-        }
-        next += count;
-      }
-      return dir;
-    }
-  }
-  MESHLOAD_CHECK(false, "a dataset format without a generator: " + std::string(ToString(spec.format)));
+  return GeneratorOf(spec.format).write(spec, dir, samples, files);
 }
 
 uint64_t SyntheticSequenceLength(uint64_t id) {
@@ -432,39 +519,7 @@ int64_t FirstMismatch(const planner::DatasetIndex& index, uint64_t global_id, co
   // A mixture's datasets were each generated on their own: the content is
   // the sample's within its dataset.
   const uint64_t id = global_id - index.parts()[index.PartOf(global_id)].first;
-  if (index.format() == planner::DatasetFormat::kMegatronIndexed) {
-    const size_t es = formats::DTypeSize(index.dtype());
-    const uint64_t n = index.SampleBytes(global_id) / es;
-    if (n != SyntheticSequenceLength(id)) return 0;
-    for (uint64_t t = 0; t < n; ++t) {
-      const uint64_t v = planner::Mix64((id << 32) + t);
-      for (size_t b = 0; b < es; ++b) {
-        if (bytes[t * es + b] != static_cast<uint8_t>(v >> (8 * b))) return static_cast<int64_t>(t * es + b);
-      }
-    }
-    return -1;
-  }
-  const uint64_t sb = index.sample_bytes();
-  if (index.format() == planner::DatasetFormat::kTokenStream) {
-    const size_t es = formats::DTypeSize(index.dtype());
-    const uint64_t tokens = sb / es;
-    const uint64_t T = tokens - 1;
-    for (uint64_t t = 0; t < tokens; ++t) {
-      const uint64_t v = planner::Mix64(id * T + t);
-      for (size_t b = 0; b < es; ++b) {
-        if (bytes[t * es + b] != static_cast<uint8_t>(v >> (8 * b))) return static_cast<int64_t>(t * es + b);
-      }
-    }
-    return -1;
-  }
-  for (uint64_t j = 0; j < sb; j += 8) {
-    const uint64_t w = Word(id, j / 8);
-    const uint64_t n = std::min<uint64_t>(8, sb - j);
-    for (uint64_t b = 0; b < n; ++b) {
-      if (bytes[j + b] != static_cast<uint8_t>(w >> (8 * b))) return static_cast<int64_t>(j + b);
-    }
-  }
-  return -1;
+  return GeneratorOf(index.format()).first_mismatch(index, global_id, id, bytes);
 }
 
 }  // namespace meshload::tools
