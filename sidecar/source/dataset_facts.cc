@@ -234,6 +234,29 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> WebDatasetFacts(Source& so
 // size is where its index's records end; its first record's header is
 // decompressed here, so a wrong compression is an error before the job
 // starts, not at its first read.
+// A GZIP file's trailer holds the size its last member decompresses to,
+// modulo 2^32 (RFC 1952): an index written for another version of the file
+// ends elsewhere, found here rather than when a step reads the file. A file
+// of several members (not how TensorFlow writes one) has the last member's
+// size there: it is decompressed whole and counted before it is refused.
+Status CheckGzipIndexEnd(Source& source, const planner::StoredFile& stored, uint64_t index_end,
+                         const std::string& uri) {
+  if (stored.size < 18) return Status::Ok();  // not a gzip member: its first read says so
+  uint8_t tail[4];
+  MESHLOAD_RETURN_IF_ERROR(source.Read(stored.path, stored.size - 4, tail, sizeof tail));
+  const uint32_t isize = static_cast<uint32_t>(tail[0]) | static_cast<uint32_t>(tail[1]) << 8 |
+                         static_cast<uint32_t>(tail[2]) << 16 | static_cast<uint32_t>(tail[3]) << 24;
+  if (isize == static_cast<uint32_t>(index_end)) return Status::Ok();
+  MESHLOAD_ASSIGN_OR_RETURN(const uint64_t size, DecompressedSize(source, stored.path, stored));
+  if (size == index_end) return Status::Ok();
+  return DataLoss("says the records end at byte " + std::to_string(index_end) + " of the decompressed bytes, but " +
+                      RedactUri(stored.path) + " decompresses to " + std::to_string(size) +
+                      " bytes: the index was written for another version of the file. Write it again with "
+                      "`meshload index --compression GZIP " +
+                      RedactUri(uri) + "`",
+                  RedactUri(stored.path) + ".idx");
+}
+
 Result<std::vector<planner::DatasetIndex::FileFacts>> TfRecordFacts(Source& source, const std::string& uri,
                                                                     const std::string& name,
                                                                     planner::FileCompression compression,
@@ -279,6 +302,8 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> TfRecordFacts(Source& sour
                    first.status().message() + " (read with spec.dataset.compression: " + std::string(spec_name) +
                        "; is that how it was written?)",
                    first.status().location().empty() ? RedactUri(stored.path) : first.status().location());
+      } else if (compression == planner::FileCompression::kGZIP) {
+        if (Status st = CheckGzipIndexEnd(source, stored, facts.size, uri); !st.ok()) facts.records = st;
       }
     }
     facts.stored = std::move(stored);

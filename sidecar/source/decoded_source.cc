@@ -40,6 +40,31 @@ Result<std::string> ReadStoredHead(Source& source, const std::string& stored_nam
   return out;
 }
 
+Result<uint64_t> DecompressedSize(Source& source, const std::string& stored_name, const planner::StoredFile& stored) {
+  MESHLOAD_ASSIGN_OR_RETURN(formats::Codec codec, formats::ParseCompression(stored.compression));
+  MESHLOAD_ASSIGN_OR_RETURN(std::unique_ptr<formats::PrefixDecoder> decoder, formats::PrefixDecoder::Make(codec));
+  constexpr size_t kStep = 4 << 20;  // decompressed bytes decoded (and dropped) at a time
+  std::string in;
+  std::string out;
+  uint64_t at = 0;
+  uint64_t total = 0;
+  bool last = stored.size == 0;
+  while (true) {
+    bool done = false;
+    out.clear();
+    MESHLOAD_RETURN_IF_ERROR(decoder->Feed(in, last, kStep, out, done).WithLocationPrefix(RedactUri(stored_name)));
+    in.clear();
+    total += out.size();
+    if (out.size() >= kStep) continue;  // more may be pending without more input
+    if (done) return total;
+    const uint64_t n = std::min<uint64_t>(kStep, stored.size - at);
+    in.resize(static_cast<size_t>(n));
+    if (n > 0) MESHLOAD_RETURN_IF_ERROR(source.Read(stored_name, at, in.data(), n));
+    at += n;
+    last = at == stored.size;
+  }
+}
+
 void DecodingSource::Add(const std::string& name, const std::string& stored_name, const planner::StoredFile& stored,
                          uint64_t size) {
   files_[name] = File{stored_name, stored, size};

@@ -43,6 +43,10 @@ Status ReadStored(Source& source, const std::string& stored_name, const planner:
 Result<std::string> ReadStoredHead(Source& source, const std::string& stored_name, const planner::StoredFile& stored,
                                    uint64_t want);
 
+/// The bytes object `stored_name` decompresses to, counted by decoding it
+/// whole a window at a time (nothing is kept). Errors as ReadStored's.
+Result<uint64_t> DecompressedSize(Source& source, const std::string& stored_name, const planner::StoredFile& stored);
+
 class DecodingSource final : public Source {
  public:
   /// `inner`: the source of the stored objects and of every other object;

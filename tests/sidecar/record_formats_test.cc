@@ -18,6 +18,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "formats/compression.h"
 #include "formats/webdataset.h"
 #include "planner/fetch_plan.h"
 #include "protocol/protocol.h"
@@ -715,6 +716,51 @@ TEST(TfRecordCompressed, AWrongCompressionOrDamageIsAnErrorNamingTheFile) {
   mds.dataset.compression = planner::FileCompression::kGZIP;
   planner::ValidateJobSpec(mds, d);
   EXPECT_THAT(d.ToString(), HasSubstr("spec.dataset.compression: is only used by format TFRecord"));
+}
+
+// A GZIP file rewritten after its index was (here without its last record)
+// is refused before the job starts, naming the index and the command that
+// writes it again; a file of several gzip members, whose trailer gives the
+// last member's size only, is counted whole and read.
+TEST(TfRecordCompressed, AStaleIndexIsRefusedBeforeTheJobStartsAndSeveralMembersAreRead) {
+  TempDir dir;
+  for (const auto& e : std::filesystem::directory_iterator(kData + "/tfrecord/gzip")) CopyInto(e.path(), dir.path());
+  auto spec = RecordSpec(DatasetFormat::kTFRecord, dir.path() + "/*.gz", {{"image", std::nullopt}}, 1, 1,
+                         Strategy::kPerProcess);
+  spec.dataset.compression = planner::FileCompression::kGZIP;
+  spec.shuffle.mode = planner::ShuffleMode::kNone;
+  spec.batch.global_batch_size = 30;
+  const std::string raw = Slurp(kData + "/tfrecord/part-00001.tfrecord");
+  const std::string path = dir.path() + "/part-00001.tfrecord.gz";
+
+  // The same bytes in two members.
+  const std::string_view bytes(raw);
+  auto first = formats::Compress(formats::Codec::kGzip, bytes.substr(0, bytes.size() / 2));
+  auto second = formats::Compress(formats::Codec::kGzip, bytes.substr(bytes.size() / 2));
+  ASSERT_OK(first);
+  ASSERT_OK(second);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << *first << *second;
+  auto members = Resolve(spec);
+  ASSERT_OK(members);
+  EXPECT_OK(LoadFirstStepOf(*members));
+
+  // Without its last record, the old index kept.
+  uint64_t last_record = 0;
+  {
+    std::istringstream lines(Slurp(kData + "/tfrecord/part-00001.tfrecord.idx"));
+    uint64_t o = 0, l = 0;
+    while (lines >> o >> l) last_record = o;
+  }
+  ASSERT_GT(last_record, 0u);
+  auto shorter = formats::Compress(formats::Codec::kGzip, bytes.substr(0, last_record));
+  ASSERT_OK(shorter);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << *shorter;
+  auto stale = Resolve(spec);
+  ASSERT_FALSE(stale.ok());
+  EXPECT_THAT(stale.status().ToString(), AllOf(HasSubstr("part-00001.tfrecord.gz.idx"),
+                                               HasSubstr("the records end at byte " + std::to_string(raw.size())),
+                                               HasSubstr("decompresses to " + std::to_string(last_record) + " bytes"),
+                                               HasSubstr("meshload index --compression GZIP " + dir.path())));
 }
 
 // The same files served over HTTP as an object store serves them (ranged
