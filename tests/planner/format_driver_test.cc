@@ -6,6 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 
 namespace meshload::planner {
@@ -84,5 +88,49 @@ TEST(FormatDrivers, MessagesNameTheFormatsWithATrait) {
   EXPECT_EQ(FormatsWith(&FormatTraits::file_compression), "TFRecord");
 }
 
+// The formats with `trait`, by name.
+std::set<std::string> NamesWith(bool FormatTraits::*trait) {
+  std::set<std::string> out;
+  for (const FormatDriver* d : FormatDrivers()) {
+    if (d->traits().*trait) out.insert(d->name());
+  }
+  return out;
+}
+
+// The format names quoted in the declaration's line holding `marker` (a CEL
+// rule of the CRD).
+std::set<std::string> FormatsInRule(const std::string& declaration, const std::string& marker) {
+  std::istringstream lines(declaration);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(marker) == std::string::npos) continue;
+    std::set<std::string> out;
+    const std::regex quoted("'([A-Za-z]+)'");
+    for (auto it = std::sregex_iterator(line.begin(), line.end(), quoted); it != std::sregex_iterator(); ++it) {
+      const std::string name = (*it)[1];
+      for (const FormatDriver* d : FormatDrivers()) {
+        if (d->name() == name) out.insert(name);
+      }
+    }
+    return out;
+  }
+  ADD_FAILURE() << "no rule holding " << marker << " in the declaration";
+  return {};
+}
+
+// The CRD's CEL rules name the same formats as the drivers' traits (the API
+// server refuses what the planner would).
+TEST(FormatDrivers, TheDeclarationsRulesNameTheFormatsTheTraitsSay) {
+  std::ifstream in(MESHLOAD_API_DECLARATION);
+  ASSERT_TRUE(in) << MESHLOAD_API_DECLARATION;
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string decl = text.str();
+  EXPECT_EQ(FormatsInRule(decl, "self.dataset.format in ["), NamesWith(&FormatTraits::variable_size));
+  EXPECT_EQ(FormatsInRule(decl, "!has(self.tokens) || (has(self.dataset.format)"), NamesWith(&FormatTraits::documents));
+  EXPECT_EQ(FormatsInRule(decl, "|| !has(self.fields)\""), NamesWith(&FormatTraits::records));
+  EXPECT_EQ(FormatsInRule(decl, "|| (has(self.fields) && !has(self.recordBytes)"), NamesWith(&FormatTraits::records));
+  EXPECT_EQ(FormatsInRule(decl, "|| !has(self.compression)"), NamesWith(&FormatTraits::file_compression));
+  EXPECT_EQ(FormatsInRule(decl, "|| !has(self.sequenceLength)"), NamesWith(&FormatTraits::token_stream));
+}
 }  // namespace
 }  // namespace meshload::planner
