@@ -38,8 +38,9 @@ class RecordDriver : public FormatDriver {
   std::unique_ptr<const RecordDecoder> MakeDecoder(const DatasetIndex& ds) const override = 0;
 
  protected:
-  /// The format's own check of field `i` (at "spec.dataset.fields[i]").
-  virtual void CheckField(const DatasetField& field, const std::string& at, Diagnostics& d) const = 0;
+  /// The format's own check of field `i` (at "spec.dataset.fields[i]"):
+  /// by default a shape is refused (only TFRecord's lists take one).
+  virtual void CheckField(const DatasetField& field, const std::string& at, Diagnostics& d) const;
   /// How each field is decoded, from the spec and the files' facts (in
   /// `idx`); false when a problem went to `diags`.
   virtual bool ResolveFields(const DatasetSpec& spec, DatasetIndex& idx, Diagnostics& diags) const = 0;

@@ -29,14 +29,6 @@ class MdsDriver final : public RecordDriver {
   }
 
  protected:
-  void CheckField(const DatasetField& f, const std::string& at, Diagnostics& d) const override {
-    if (f.shape_set) {
-      d.Add(at + ".shape",
-            "is only used by format TFRecord (an MDS ndarray's shape comes from the shards; "
-            "a WebDataset number is one value); remove it");
-    }
-  }
-
   // Each field is the column of its name, decoded the same way in every
   // shard that has it.
   bool ResolveFields(const DatasetSpec& spec, DatasetIndex& idx, Diagnostics& diags) const override {

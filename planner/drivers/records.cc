@@ -63,6 +63,14 @@ void RecordDriver::CheckSpec(const DatasetSpec& ds, Diagnostics& d) const {
   }
 }
 
+void RecordDriver::CheckField(const DatasetField& f, const std::string& at, Diagnostics& d) const {
+  if (f.shape_set) {
+    d.Add(at + ".shape",
+          "is only used by format TFRecord (an MDS ndarray's shape comes from the shards; "
+          "a WebDataset number is one value); remove it");
+  }
+}
+
 bool RecordDriver::AddFile(const DatasetSpec&, DatasetIndex::FileFacts& facts, DatasetFile& f, DatasetIndex& idx,
                            Diagnostics& diags) const {
   Result<std::vector<uint64_t>>& r = facts.records;

@@ -43,11 +43,7 @@ class WebDatasetDriver final : public RecordDriver {
                                " is not decoded from a WebDataset member's text; use an integer or float type, or "
                                "leave dtype out for the bytes");
     }
-    if (f.shape_set) {
-      d.Add(at + ".shape",
-            "is only used by format TFRecord (an MDS ndarray's shape comes from the shards; "
-            "a WebDataset number is one value); remove it");
-    }
+    RecordDriver::CheckField(f, at, d);
   }
 
   bool ResolveFields(const DatasetSpec& spec, DatasetIndex& idx, Diagnostics&) const override {
