@@ -227,13 +227,6 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> WebDatasetFacts(Source& so
   return std::move(found.files);
 }
 
-// TFRecord: every object the URI names but the .idx ones is a file; each
-// needs its DALI index (tfrecord2idx's "OFFSET LENGTH" lines). A
-// compressed file (spec.dataset.compression) is read as the bytes it
-// decompresses to (DatasetFile::stored, named FILE.decompressed), whose
-// size is where its index's records end; its first record's header is
-// decompressed here, so a wrong compression is an error before the job
-// starts, not at its first read.
 // A GZIP file's trailer holds the size its last member decompresses to,
 // modulo 2^32 (RFC 1952): an index written for another version of the file
 // ends elsewhere, found here rather than when a step reads the file. A file
@@ -257,6 +250,13 @@ Status CheckGzipIndexEnd(Source& source, const planner::StoredFile& stored, uint
                   RedactUri(stored.path) + ".idx");
 }
 
+// TFRecord: every object the URI names but the .idx ones is a file; each
+// needs its DALI index (tfrecord2idx's "OFFSET LENGTH" lines). A
+// compressed file (spec.dataset.compression) is read as the bytes it
+// decompresses to (DatasetFile::stored, named FILE.decompressed), whose
+// size is where its index's records end; its first record's header is
+// decompressed here, so a wrong compression is an error before the job
+// starts, not at its first read; so is a GZIP file's stale index.
 Result<std::vector<planner::DatasetIndex::FileFacts>> TfRecordFacts(Source& source, const std::string& uri,
                                                                     const std::string& name,
                                                                     planner::FileCompression compression,
