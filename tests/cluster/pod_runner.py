@@ -38,8 +38,10 @@ the binaries the project built standing in for the images:
     Failed when the containers are done and the restart policy says so);
   - a container that exits is restarted as the policy says (native sidecars
     always; the pod's restartPolicy for the rest), with a back-off;
-  - a pod being deleted gets SIGTERM in every container, SIGKILL after its
-    grace period; once they stopped, the runner deletes it for good;
+  - a pod being deleted gets SIGTERM in its main containers, then, once
+    they stopped, in its sidecars in reverse order (as the kubelet does),
+    SIGKILL for what is left after its grace period; once they stopped, the
+    runner deletes it for good;
   - it serves /metrics/cadvisor: container_cpu_usage_seconds_total and
     container_memory_working_set_bytes{namespace,pod,container} measured from
     /proc for the processes it runs, the two cAdvisor series the chart's
@@ -496,27 +498,40 @@ class PodRun:
             return False
 
     def stop_all(self, grace):
-        running = [c for c in self.inits + self.mains if c.proc is not None]
-        # Main containers first, then the sidecars in reverse order, as the kubelet does.
-        order = [c for c in self.mains if c in running] + [c for c in reversed(self.inits) if c in running]
-        for c in order:
-            try:
-                os.killpg(c.proc.pid, signal.SIGTERM)
-            except OSError:
-                pass
+        # As the kubelet does (KEP-753): SIGTERM to the main containers, and
+        # only once they are gone to the sidecars, one at a time in reverse
+        # order, all within the one grace period; SIGKILL for whatever is
+        # left at its end. A sidecar stopped with its trainer would break
+        # the trainer's last step (the trainer sees "the sidecar is
+        # stopping" instead of its own SIGTERM).
         deadline = time.time() + grace
-        for c in order:
-            while c.proc is not None and c.proc.poll() is None and time.time() < deadline:
-                time.sleep(0.05)
-            if c.proc is not None and c.proc.poll() is None:
-                try:
-                    os.killpg(c.proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                c.proc.wait()
-            self.reap(c)
-            if c.exit is None and getattr(c, "last_exit", None):
-                c.exit = c.last_exit
+        mains = [c for c in self.mains if c.proc is not None]
+        for c in mains:
+            self.signal(c, signal.SIGTERM)
+        for c in mains:
+            self.wait_or_kill(c, deadline)
+        for c in reversed(self.inits):
+            if c.proc is None:
+                continue
+            self.signal(c, signal.SIGTERM)
+            self.wait_or_kill(c, deadline)
+
+    @staticmethod
+    def signal(c, sig):
+        try:
+            os.killpg(c.proc.pid, sig)
+        except OSError:
+            pass
+
+    def wait_or_kill(self, c, deadline):
+        while c.proc is not None and c.proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        if c.proc is not None and c.proc.poll() is None:
+            self.signal(c, signal.SIGKILL)
+            c.proc.wait()
+        self.reap(c)
+        if c.exit is None and getattr(c, "last_exit", None):
+            c.exit = c.last_exit
 
     # ---- the pod's life ----
     def restart_policy(self, c):
