@@ -182,6 +182,16 @@ class DatasetIndex {
   Extent DocumentExtent(uint64_t doc, uint64_t offset, uint64_t tokens) const;
   /// With spec.tokens: the tokens of document `doc`.
   uint64_t DocumentTokens(uint64_t doc) const { return sizes_[doc] / token_bytes_; }
+  /// With spec.tokens: brings what DocumentExtent and DocumentTokens read
+  /// for rows `ids` into the CPU's cache ahead of a step's lookups
+  /// (TokenRows::Prefetch, then the documents' offsets and sizes).
+  void PrefetchRows(const uint64_t* ids, size_t n) const {
+    if (!rows_) return;
+    rows_->Prefetch(ids, n, [this](uint64_t doc) {
+      __builtin_prefetch(&offsets_[doc]);
+      __builtin_prefetch(&sizes_[doc]);
+    });
+  }
   /// "sequence S of FILE" for document `doc` (a Megatron index's), for messages.
   std::string DescribeDocument(uint64_t doc) const;
   /// Bytes per token (TokenStream, and rows of tokens).

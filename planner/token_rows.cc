@@ -73,6 +73,42 @@ uint64_t HashStep(uint64_t h, uint64_t v) { return Mix64(h ^ Mix64(v)); }
 
 }  // namespace
 
+namespace {
+
+// The body of WritePackedFields, compiled once per instruction set below
+// (std::fill and the ramp vectorize to the caller's vector width).
+[[gnu::always_inline]] inline void PackedFields(const RowPiece* pieces, size_t count, uint64_t row_tokens,
+                                                int32_t* segment_ids, int32_t* positions) {
+  uint64_t at = 0;
+  for (size_t j = 0; j < count; ++j) {
+    const uint32_t n = pieces[j].row_tokens();
+    std::fill(segment_ids + at, segment_ids + at + n, static_cast<int32_t>(j + 1));
+    int32_t* pos = positions + at;
+    for (uint32_t k = 0; k < n; ++k) pos[k] = static_cast<int32_t>(k);
+    at += n;
+  }
+  std::fill(segment_ids + at, segment_ids + row_tokens, 0);
+  std::fill(positions + at, positions + row_tokens, 0);
+}
+
+#if defined(__x86_64__)
+[[gnu::target("avx2")]] void PackedFieldsAvx2(const RowPiece* pieces, size_t count, uint64_t row_tokens,
+                                              int32_t* segment_ids, int32_t* positions) {
+  PackedFields(pieces, count, row_tokens, segment_ids, positions);
+}
+#endif
+
+}  // namespace
+
+void WritePackedFields(const RowPiece* pieces, size_t count, uint64_t row_tokens, int32_t* segment_ids,
+                       int32_t* positions) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return PackedFieldsAvx2(pieces, count, row_tokens, segment_ids, positions);
+#endif
+  PackedFields(pieces, count, row_tokens, segment_ids, positions);
+}
+
 uint64_t DocumentOrderSeed(uint64_t seed) { return DeriveKey(seed, ~uint64_t{0}, 3); }
 
 std::optional<uint64_t> MaxTokenOf(formats::DType dtype) {
@@ -321,10 +357,13 @@ void TokenRows::BuildPack(const Dataset& ds, const std::vector<uint64_t>& doc_to
   st.pieces = pieces_.size() - first_piece;
 }
 
+std::span<const RowPiece> TokenRows::StoredPieces(uint64_t r) const {
+  const uint64_t c = ChunkOf(r);
+  return {pieces_.data() + chunk_begin_[c], pieces_.data() + chunk_begin_[c + 1]};
+}
+
 void TokenRows::AppendPieces(uint64_t r, std::vector<RowPiece>& out) const {
-  const size_t d =
-      static_cast<size_t>(std::upper_bound(row_first_.begin(), row_first_.end(), r) - row_first_.begin()) - 1;
-  const uint64_t c = chunk_first_[d] + (r - row_first_[d]);
+  const uint64_t c = ChunkOf(r);
   out.insert(out.end(), pieces_.begin() + static_cast<std::ptrdiff_t>(chunk_begin_[c]),
              pieces_.begin() + static_cast<std::ptrdiff_t>(chunk_begin_[c + 1]));
   if (mode_ == TokensMode::kConcatenate) {
@@ -340,11 +379,8 @@ void TokenRows::AppendPieces(uint64_t r, std::vector<RowPiece>& out) const {
 
 uint64_t TokenRows::TokensOf(uint64_t r) const {
   if (mode_ == TokensMode::kConcatenate) return row_tokens();
-  const size_t d =
-      static_cast<size_t>(std::upper_bound(row_first_.begin(), row_first_.end(), r) - row_first_.begin()) - 1;
-  const uint64_t c = chunk_first_[d] + (r - row_first_[d]);
   uint64_t n = 0;
-  for (uint64_t i = chunk_begin_[c]; i < chunk_begin_[c + 1]; ++i) n += pieces_[i].row_tokens();
+  for (const RowPiece& p : StoredPieces(r)) n += p.row_tokens();
   return n;
 }
 

@@ -45,10 +45,12 @@
 /// Thread safety: immutable after Build(); const methods thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -125,6 +127,26 @@ class TokenRows {
   /// Appends row `r`'s pieces, in row order (their row_tokens() add up to
   /// row_tokens() less the row's padding). Precondition: r < rows().
   void AppendPieces(uint64_t r, std::vector<RowPiece>& out) const;
+  /// Row `r`'s pieces as stored, not copied: a Pack row's pieces; a
+  /// Concatenate row's without the last token AppendPieces adds (the next
+  /// chunk's first). Precondition: r < rows().
+  std::span<const RowPiece> StoredPieces(uint64_t r) const;
+  /// Asks the CPU to bring rows `ids`' pieces into its cache (nothing
+  /// else): a step's rows are in random places of an index of tens of
+  /// megabytes, and their lookups, one after another, would each wait for
+  /// memory. Calls `doc(d)` for the documents of those pieces it could
+  /// already see (in the cache), so that the caller can do the same for its
+  /// per-document data.
+  template <typename DocumentHint>
+  void Prefetch(const uint64_t* ids, size_t n, DocumentHint&& doc) const {
+    // Two rounds, so that the misses of each round overlap: the rows'
+    // places in chunk_begin_, then their pieces.
+    for (size_t i = 0; i < n; ++i) __builtin_prefetch(&chunk_begin_[ChunkOf(ids[i])]);
+    for (size_t i = 0; i < n; ++i) __builtin_prefetch(&pieces_[chunk_begin_[ChunkOf(ids[i])]]);
+    for (size_t i = 0; i < n; ++i) {
+      for (const RowPiece& p : StoredPieces(ids[i])) doc(p.doc);
+    }
+  }
   /// The tokens of row `r` that are not padding.
   uint64_t TokensOf(uint64_t r) const;
   /// A fingerprint of the rows (every piece), for processes that must agree.
@@ -132,6 +154,13 @@ class TokenRows {
 
  private:
   TokenRows() = default;
+  // Row r's chunk (Concatenate) or its place in the piece arrays (Pack).
+  uint64_t ChunkOf(uint64_t r) const {
+    if (row_first_.size() == 2) return chunk_first_[0] + r;  // one dataset: no search
+    const size_t d =
+        static_cast<size_t>(std::upper_bound(row_first_.begin(), row_first_.end(), r) - row_first_.begin()) - 1;
+    return chunk_first_[d] + (r - row_first_[d]);
+  }
   void BuildConcatenate(const Dataset& ds, const std::vector<uint64_t>& doc_tokens, Stats& st);
   void BuildPack(const Dataset& ds, const std::vector<uint64_t>& doc_tokens, Stats& st);
   // Appends `take` tokens of item (document `doc` of `len` tokens, plus an
@@ -159,6 +188,15 @@ class TokenRows {
   std::vector<Stats> stats_;
   uint64_t fingerprint_ = 0;
 };
+
+/// Writes a packed row's `segment_ids` and `positions` (row_tokens entries
+/// each) from its pieces, as the class comment defines them: piece j is
+/// segment j + 1 over its row_tokens(), positions count from 0 in each
+/// piece, and both are 0 on the padding after the last piece. Uses AVX2
+/// where the CPU has it: these fields are four times a uint16 row's token
+/// bytes, and SSE2's stores write them at half the rate.
+void WritePackedFields(const RowPiece* pieces, size_t count, uint64_t row_tokens, int32_t* segment_ids,
+                       int32_t* positions);
 
 /// The largest token id a dataset of `dtype` holds (an integer type), or
 /// nullopt for a type that holds no token ids (floats, bool).

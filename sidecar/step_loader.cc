@@ -323,18 +323,8 @@ void StepLoader::WriteRowFields(const planner::StepPlan& plan, uint8_t* slot, Ca
     auto* seg = reinterpret_cast<int32_t*>(slot + dev.fields[1].offset);
     auto* pos = reinterpret_cast<int32_t*>(slot + dev.fields[2].offset);
     for (uint64_t row : plan.devices[i].samples) {
-      c.row_pieces.clear();
-      rows.AppendPieces(row, c.row_pieces);
-      uint64_t at = 0;
-      int32_t segment = 0;
-      for (const planner::RowPiece& rp : c.row_pieces) {
-        const uint32_t n = rp.row_tokens();
-        std::fill(seg + at, seg + at + n, ++segment);
-        for (uint32_t k = 0; k < n; ++k) pos[at + k] = static_cast<int32_t>(k);
-        at += n;
-      }
-      std::fill(seg + at, seg + T, 0);
-      std::fill(pos + at, pos + T, 0);
+      const std::span<const planner::RowPiece> pieces = rows.StoredPieces(row);  // a Pack row's, all of them
+      planner::WritePackedFields(pieces.data(), pieces.size(), T, seg, pos);
       seg += T;
       pos += T;
     }
@@ -441,6 +431,7 @@ Status StepLoader::BuildOps(const planner::StepPlan& plan, uint8_t* slot, Caller
     const size_t local = own_device ? static_cast<size_t>(r.device - first_device) : 0;
     std::vector<Piece>& pieces = c.pieces;
     pieces.clear();
+    if (rows != nullptr) ds.PrefetchRows(r.samples.data(), r.samples.size());
     for (size_t k = 0; k < r.samples.size(); ++k) {
       const uint64_t id = r.samples[k];
       uint8_t* dest;

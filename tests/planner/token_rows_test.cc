@@ -15,6 +15,7 @@
 #include "planner/sampler.h"
 #include "planner/shard_planner.h"
 #include "tests/testing/job_fixtures.h"
+#include "tests/testing/status_matchers.h"
 
 namespace meshload::planner {
 namespace {
@@ -189,6 +190,91 @@ TEST(TokenRowsPack, EveryDocumentOnceAndNoRowOverTheLength) {
       for (size_t k = 1; k + 1 < in.size(); ++k) EXPECT_EQ(in[k], in[k - 1] + 1) << "document " << doc;
     }
     EXPECT_EQ(rows.stats(0).padding, padding);
+  }
+}
+
+// What the step loader reads without copying (StoredPieces) and asks the
+// cache for (Prefetch) is each row's pieces, for one dataset and for
+// several (rows found by a search over the datasets' first rows).
+TEST(TokenRows, StoredPiecesAndPrefetchSeeEachRowsPieces) {
+  std::mt19937_64 rng(41);
+  for (int round = 0; round < 24; ++round) {
+    TokensSpec t;
+    t.mode = round % 2 ? TokensMode::kPack : TokensMode::kConcatenate;
+    t.sequence_length = 1 + static_cast<int64_t>(rng() % 30);
+    t.window = 1 + static_cast<int64_t>(rng() % 8);
+    t.end_of_document = EndOfDocument{7, EodAppend::kAlways};
+    ShuffleSpec shuffle;
+    shuffle.mode = ShuffleMode::kGlobal;
+    std::vector<uint64_t> doc_tokens;
+    std::vector<TokenRows::Dataset> datasets;
+    const size_t count = 1 + round % 3;
+    for (size_t d = 0; d < count; ++d) {
+      const uint64_t first = doc_tokens.size(), n = 10 + rng() % 40;
+      for (int32_t len : RandomLengths(rng, n, static_cast<int32_t>(t.sequence_length))) doc_tokens.push_back(len);
+      doc_tokens.push_back(static_cast<uint64_t>(t.sequence_length));  // every dataset makes a row
+      datasets.push_back({first, n + 1, rng(), "spec.mixture.datasets[" + std::to_string(d) + "]"});
+    }
+    Diagnostics diags;
+    auto built = TokenRows::Build(
+        t, shuffle, datasets, doc_tokens, [](uint64_t d) { return std::to_string(d); }, diags);
+    ASSERT_OK(built.status());
+    ASSERT_TRUE(diags.ok());
+    const TokenRows& rows = **built;
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::vector<uint64_t> ids, want_docs;
+    for (uint64_t r = 0; r < rows.rows(); ++r) {
+      std::vector<RowPiece> want = PiecesOf(rows, r);
+      if (t.mode == TokensMode::kConcatenate) want.pop_back();  // the next chunk's first token
+      const std::span<const RowPiece> stored = rows.StoredPieces(r);
+      EXPECT_EQ(std::vector<RowPiece>(stored.begin(), stored.end()), want) << "row " << r;
+      if (r % 3 == 0) {
+        ids.push_back(r);
+        for (const RowPiece& p : want) want_docs.push_back(p.doc);
+      }
+    }
+    std::vector<uint64_t> docs;
+    rows.Prefetch(ids.data(), ids.size(), [&docs](uint64_t d) { docs.push_back(d); });
+    EXPECT_EQ(docs, want_docs);
+  }
+}
+
+// A packed row's segment_ids and positions as token_rows.h defines them,
+// for rows of every length up to past a vector's width, every entry
+// written (the buffers start as neither 0 nor a valid id).
+TEST(TokenRowsPack, PackedFieldsFollowTheRowsPieces) {
+  std::mt19937_64 rng(43);
+  for (int round = 0; round < 400; ++round) {
+    const uint64_t T = round < 100 ? 1 + round : 1 + rng() % 5000;
+    std::vector<RowPiece> pieces;
+    uint64_t used = 0;
+    while (used < T && rng() % 5 != 0) {
+      RowPiece p;
+      p.doc = rng() % 100;
+      p.tokens = static_cast<uint32_t>(rng() % (T - used + 1));
+      p.eod = p.tokens < T - used && rng() % 2;
+      if (p.row_tokens() == 0) continue;
+      pieces.push_back(p);
+      used += p.row_tokens();
+    }
+    std::vector<int32_t> want_seg(T, 0), want_pos(T, 0);
+    uint64_t at = 0;
+    for (size_t j = 0; j < pieces.size(); ++j) {
+      for (uint32_t k = 0; k < pieces[j].row_tokens(); ++k, ++at) {
+        want_seg[at] = static_cast<int32_t>(j + 1);
+        want_pos[at] = static_cast<int32_t>(k);
+      }
+    }
+    // One element of slack on each side, which must stay untouched.
+    std::vector<int32_t> seg(T + 2, -5), pos(T + 2, -5);
+    WritePackedFields(pieces.data(), pieces.size(), T, seg.data() + 1, pos.data() + 1);
+    SCOPED_TRACE("round " + std::to_string(round) + ", T=" + std::to_string(T));
+    EXPECT_EQ(std::vector<int32_t>(seg.begin() + 1, seg.end() - 1), want_seg);
+    EXPECT_EQ(std::vector<int32_t>(pos.begin() + 1, pos.end() - 1), want_pos);
+    EXPECT_EQ(seg.front(), -5);
+    EXPECT_EQ(seg.back(), -5);
+    EXPECT_EQ(pos.front(), -5);
+    EXPECT_EQ(pos.back(), -5);
   }
 }
 
