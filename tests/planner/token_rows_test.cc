@@ -338,42 +338,56 @@ TEST(TokenRows, TheRowsAreAStableContract) {
 
 // Batches of rows are batches of samples: the same global batch for any
 // process count, and a planner made afresh at a step (a resume) gives it.
+// The global batches of rows, for 4, 8 and 16 processes and after a
+// resume (a new planner, its rows rebuilt from the index at step 40), are
+// the same, over one corpus and over a mixture of three.
 TEST(TokenRowsPlanner, TheSameGlobalBatchesOn4And8And16ProcessesAndAfterAResume) {
   std::mt19937_64 rng(39);
   const std::vector<int32_t> lengths = testing::RandomDocumentLengths(rng, 3000, 200);
-  for (TokensMode mode : {TokensMode::kConcatenate, TokensMode::kPack}) {
-    std::map<int64_t, std::vector<std::vector<uint64_t>>> by_step;
-    for (int64_t P : {4, 8, 16}) {
-      JobSpec spec = TokensJob(mode, 256, 128, true, ShuffleMode::kGlobal, 11);
-      spec.mesh.processes = P;
-      spec.mesh.devices_per_process = 2;
-      spec.mesh.axes = {{"data", P * 2}};
-      spec.batch.global_batch_size = 64;
-      const ShardPlanner planner = MakeMegatronPlanner(spec, lengths);
-      for (int64_t step : {0, 1, 17, 40}) {
-        // What the devices hold, shard by shard.
-        const StepPlan plan = planner.PlanStep(step, planner.DefaultLoading());
-        std::vector<uint64_t> global;
-        for (const DevicePlan& d : plan.devices) global.insert(global.end(), d.samples.begin(), d.samples.end());
-        by_step[step].push_back(global);
-      }
-    }
-    for (const auto& [step, batches] : by_step) {
-      for (size_t k = 1; k < batches.size(); ++k) EXPECT_EQ(batches[k], batches[0]) << "step " << step;
-    }
-    // A resume: a new planner (rows rebuilt from the index) at step 40.
-    JobSpec spec = TokensJob(mode, 256, 128, true, ShuffleMode::kGlobal, 11);
-    spec.mesh.processes = 4;
-    spec.mesh.devices_per_process = 2;
-    spec.mesh.axes = {{"data", 8}};
-    spec.batch.global_batch_size = 64;
-    spec.resume.step = 40;
-    const ShardPlanner resumed = MakeMegatronPlanner(spec, lengths);
-    EXPECT_EQ(resumed.GlobalBatch(40), MakeMegatronPlanner(spec, lengths).GlobalBatch(40));
-    const StepPlan plan = resumed.PlanStep(40, resumed.DefaultLoading());
+  std::vector<std::vector<int32_t>> corpora;
+  for (int32_t typical : {200, 60, 900}) corpora.push_back(testing::RandomDocumentLengths(rng, 1500, typical));
+  auto global_batch = [](const ShardPlanner& planner, int64_t step) {
+    // What the devices hold, shard by shard.
+    const StepPlan plan = planner.PlanStep(step, planner.DefaultLoading());
     std::vector<uint64_t> global;
     for (const DevicePlan& d : plan.devices) global.insert(global.end(), d.samples.begin(), d.samples.end());
-    EXPECT_EQ(global, by_step[40][0]);
+    return global;
+  };
+  for (const bool mixture : {false, true}) {
+    for (TokensMode mode : {TokensMode::kConcatenate, TokensMode::kPack}) {
+      SCOPED_TRACE(std::string(mixture ? "a mixture, " : "one corpus, ") +
+                   (mode == TokensMode::kPack ? "Pack" : "Concatenate"));
+      auto make = [&](int64_t P, int64_t resume) {
+        JobSpec spec = TokensJob(mode, 256, 128, true, ShuffleMode::kGlobal, 11);
+        spec.mesh.processes = P;
+        spec.mesh.devices_per_process = 2;
+        spec.mesh.axes = {{"data", P * 2}};
+        spec.batch.global_batch_size = 64;
+        if (resume > 0) spec.resume.step = resume;
+        return mixture ? testing::MakeMegatronMixturePlanner(spec, corpora, {0.5, 0.3, 0.2})
+                       : MakeMegatronPlanner(spec, lengths);
+      };
+      std::map<int64_t, std::vector<std::vector<uint64_t>>> by_step;
+      for (int64_t P : {4, 8, 16}) {
+        const ShardPlanner planner = make(P, 0);
+        if (mixture) {
+          ASSERT_EQ(planner.job().dataset.token_rows()->datasets(), 3u);
+        }
+        for (int64_t step : {0, 1, 17, 40}) by_step[step].push_back(global_batch(planner, step));
+      }
+      for (const auto& [step, batches] : by_step) {
+        for (size_t k = 1; k < batches.size(); ++k) EXPECT_EQ(batches[k], batches[0]) << "step " << step;
+      }
+      const ShardPlanner resumed = make(4, 40);
+      EXPECT_EQ(resumed.GlobalBatch(40), make(4, 40).GlobalBatch(40));
+      EXPECT_EQ(global_batch(resumed, 40), by_step[40][0]);
+      if (mixture) {
+        // Every dataset is in the batches.
+        std::set<size_t> parts;
+        for (uint64_t id : by_step[17][0]) parts.insert(resumed.job().dataset.PartOf(id));
+        EXPECT_EQ(parts.size(), 3u);
+      }
+    }
   }
 }
 

@@ -117,16 +117,12 @@ planner::ShardPlanner MakeMegatronPlanner(planner::JobSpec spec, const std::vect
   return planner::ShardPlanner(std::move(*job));
 }
 
-Result<planner::ResolvedJob> ResolveMegatron(planner::JobSpec spec, const std::vector<int32_t>& lengths,
-                                             Diagnostics& d) {
-  spec.dataset.format = planner::DatasetFormat::kMegatronIndexed;
-  spec.dataset.uri = "/virtual/corpus";
-  spec.dataset.samples.reset();
-  spec.dataset.record_bytes = 0;
-  spec.dataset.record_bytes_set = false;
-  spec.dataset.sequence_length = 0;
-  spec.dataset.sequence_length_set = false;
-  spec.dataset.dtype.reset();
+namespace {
+
+// A MegatronIndexed dataset of uint16 sequences of these lengths, indexed as
+// if `bin`'s .idx had been read.
+planner::DatasetIndex MegatronIndexOf(const planner::DatasetSpec& spec, const std::string& bin,
+                                      const std::vector<int32_t>& lengths) {
   formats::MegatronIndex index;
   if (!formats::MegatronDTypeOf(8, index.dtype)) std::abort();  // uint16
   int64_t at = 0;
@@ -139,19 +135,73 @@ Result<planner::ResolvedJob> ResolveMegatron(planner::JobSpec spec, const std::v
   index.document_indices.push_back(static_cast<int64_t>(lengths.size()));
   index.data_bytes_needed = static_cast<uint64_t>(at);
   planner::DatasetIndex::FileFacts facts;
-  facts.path = "/virtual/corpus.bin";
+  facts.path = bin;
   facts.size = static_cast<uint64_t>(at);
   facts.megatron = std::move(index);
   std::vector<planner::DatasetIndex::FileFacts> files;
   files.push_back(std::move(facts));
-  auto dataset = planner::DatasetIndex::FromFiles(spec.dataset, std::move(files), d);
+  Diagnostics d;
+  auto dataset = planner::DatasetIndex::FromFiles(spec, std::move(files), d);
   if (!dataset.ok() || !d.ok()) {
     ADD_FAILURE() << "the Megatron index did not build: " << d.ToString() << dataset.status().ToString();
     std::abort();
   }
+  return std::move(*dataset);
+}
+
+void MakeMegatronDataset(planner::DatasetSpec& dataset) {
+  dataset.format = planner::DatasetFormat::kMegatronIndexed;
+  dataset.samples.reset();
+  dataset.record_bytes = 0;
+  dataset.record_bytes_set = false;
+  dataset.sequence_length = 0;
+  dataset.sequence_length_set = false;
+  dataset.dtype.reset();
+}
+
+}  // namespace
+
+Result<planner::ResolvedJob> ResolveMegatron(planner::JobSpec spec, const std::vector<int32_t>& lengths,
+                                             Diagnostics& d) {
+  MakeMegatronDataset(spec.dataset);
+  spec.dataset.uri = "/virtual/corpus";
   planner::ResolveOptions o;
-  o.index = std::move(*dataset);
+  o.index = MegatronIndexOf(spec.dataset, "/virtual/corpus.bin", lengths);
   return planner::ResolveJob(MustValidate(spec), o, d);
+}
+
+planner::ShardPlanner MakeMegatronMixturePlanner(planner::JobSpec spec,
+                                                 const std::vector<std::vector<int32_t>>& lengths,
+                                                 const std::vector<double>& weights) {
+  MakeMegatronDataset(spec.dataset);
+  spec.dataset.uri = "/virtual/corpora";
+  planner::MixtureSpec m;
+  for (size_t k = 0; k < lengths.size(); ++k) {
+    planner::MixtureDataset ds;
+    ds.name = "corpus" + std::to_string(k);
+    ds.uri = ds.name;
+    ds.weight = weights[k];
+    m.datasets.push_back(ds);
+  }
+  spec.mixture = m;
+  std::vector<planner::DatasetIndex> parts;
+  std::vector<std::string> names, paths;
+  const std::vector<planner::DatasetSpec> datasets = planner::JobDatasets(spec);
+  for (size_t k = 0; k < lengths.size(); ++k) {
+    parts.push_back(MegatronIndexOf(datasets[k], "/virtual/corpora/" + m.datasets[k].name + ".bin", lengths[k]));
+    names.push_back(m.datasets[k].name);
+    paths.push_back(planner::DatasetPath(spec, k));
+  }
+  Diagnostics d;
+  auto combined = planner::DatasetIndex::Combine(std::move(parts), names, paths, d);
+  planner::ResolveOptions o;
+  if (combined.ok()) o.index = std::move(*combined);
+  auto job = combined.ok() ? planner::ResolveJob(MustValidate(spec), o, d) : combined.status();
+  if (!job.ok() || !d.ok()) {
+    ADD_FAILURE() << "the mixture did not resolve: " << d.ToString() << job.status().ToString();
+    std::abort();
+  }
+  return planner::ShardPlanner(std::move(*job));
 }
 
 std::string MinimalJobYaml() {

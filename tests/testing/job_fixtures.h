@@ -35,6 +35,13 @@ planner::ShardPlanner MakeMegatronPlanner(planner::JobSpec spec, const std::vect
 Result<planner::ResolvedJob> ResolveMegatron(planner::JobSpec spec, const std::vector<int32_t>& lengths,
                                              Diagnostics& d);
 
+/// `spec` over a mixture (spec.mixture) of MegatronIndexed datasets of
+/// uint16 sequences, dataset k's of lengths[k], with weights[k], each
+/// indexed as if its .idx had been read.
+planner::ShardPlanner MakeMegatronMixturePlanner(planner::JobSpec spec,
+                                                 const std::vector<std::vector<int32_t>>& lengths,
+                                                 const std::vector<double>& weights);
+
 /// The ValidJob of a spec built in a test, or a test failure (and an abort:
 /// a test that needs a valid job cannot go on without one).
 planner::ValidJob MustValidate(const planner::JobSpec& spec);
