@@ -53,9 +53,8 @@ Status Sidecar::Init(const planner::ValidJob& job) {
   options_.source_options.observer = observer_.get();
   Diagnostics diags;
   job_name_ = job.name();
-  if (source::UsesScheme(job.spec(), "s3")) {
-    MESHLOAD_RETURN_IF_ERROR(source::S3OptionsForDataset(job.spec().dataset, options_.source_options.s3));
-  }
+  MESHLOAD_ASSIGN_OR_RETURN(options_.source_options,
+                            source::SourceOptionsForJob(job.spec(), std::move(options_.source_options)));
   // Local files want a few readers; remote storage many (its latency), as
   // each scheme's registration says (the readers size the sources'
   // connection pools, so this is asked before the sources are made).

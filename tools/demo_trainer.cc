@@ -82,12 +82,9 @@ class RecordChecker {
   // Reads through the sources the sidecar's job uses (an s3:// dataset's
   // endpoint, region and credentials from its spec and the environment).
   static Result<std::unique_ptr<RecordChecker>> Create(const planner::ResolvedJob& job) {
-    sidecar::source::SourceOptions sopts;
-    if (sidecar::source::SourceRegistry::SchemeOf(job.spec.dataset.uri) == "s3") {
-      MESHLOAD_RETURN_IF_ERROR(sidecar::source::S3OptionsForDataset(job.spec.dataset, sopts.s3));
-    }
+    MESHLOAD_ASSIGN_OR_RETURN(sidecar::source::SourceOptions sopts, sidecar::source::SourceOptionsForJob(job.spec));
     std::unique_ptr<RecordChecker> checker(
-        new RecordChecker(job.dataset, sidecar::source::SourceRegistry::WithBuiltins(sopts)));
+        new RecordChecker(job.dataset, sidecar::source::SourceRegistry::WithBuiltins(std::move(sopts))));
     // Compressed shards decompressed here too, a few at a time (the
     // trainer's batches reach across them in any order).
     MESHLOAD_ASSIGN_OR_RETURN(checker->decoding_,
@@ -160,12 +157,9 @@ class RecordChecker {
 class RowChecker {
  public:
   static Result<std::unique_ptr<RowChecker>> Create(const planner::ResolvedJob& job) {
-    sidecar::source::SourceOptions sopts;
-    if (sidecar::source::UsesScheme(job.spec, "s3")) {
-      MESHLOAD_RETURN_IF_ERROR(sidecar::source::S3OptionsForDataset(job.spec.dataset, sopts.s3));
-    }
+    MESHLOAD_ASSIGN_OR_RETURN(sidecar::source::SourceOptions sopts, sidecar::source::SourceOptionsForJob(job.spec));
     return std::unique_ptr<RowChecker>(
-        new RowChecker(job.dataset, sidecar::source::SourceRegistry::WithBuiltins(sopts)));
+        new RowChecker(job.dataset, sidecar::source::SourceRegistry::WithBuiltins(std::move(sopts))));
   }
 
   // The first difference between field `field` of rows `ids` and `data`

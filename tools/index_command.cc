@@ -280,24 +280,19 @@ int RunIndex(const std::vector<std::string>& args) {
   }
   if (!output.empty() && !LocalFileExists(output)) return UsageError("--output " + output + ": no such directory");
 
-  sidecar::source::SourceOptions sopts;
-  bool remote = false;
-  for (const std::string& u : uris) {
-    const std::string scheme = SourceRegistry::SchemeOf(u);
-    remote = remote || scheme != "file";
-    if (scheme == "s3") {
-      if (Status st = sidecar::source::S3OptionsFromEnvironment(sopts.s3); !st.ok()) {
-        std::cerr << "meshload index: " << st.ToString() << "\n";
-        return 2;
-      }
-    }
+  bool remote = false;  // meshload writes no objects: their indexes go to --output
+  for (const std::string& u : uris) remote = remote || SourceRegistry::SchemeOf(u) != "file";
+  Result<sidecar::source::SourceOptions> sopts = sidecar::source::SourceOptionsForUris(uris);
+  if (!sopts.ok()) {
+    std::cerr << "meshload index: " << sopts.status().ToString() << "\n";
+    return 2;
   }
   if (remote && output.empty()) {
     return UsageError(
         "remote shards: give --output DIR for their indexes (meshload writes no objects), then "
         "upload them beside the shards");
   }
-  auto sources = SourceRegistry::WithBuiltins(sopts);
+  auto sources = SourceRegistry::WithBuiltins(std::move(*sopts));
 
   // The shards, in the order given (brace ranges expanded, globs listed).
   std::vector<Shard> shards;

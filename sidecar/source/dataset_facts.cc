@@ -418,16 +418,6 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MdsFacts(Source& source, c
 
 }  // namespace
 
-Status S3OptionsForDataset(const planner::DatasetSpec& spec, S3Options& s3) {
-  if (spec.s3) {
-    if (!spec.s3->endpoint.empty()) s3.endpoint = spec.s3->endpoint;
-    if (!spec.s3->region.empty()) s3.region = spec.s3->region;
-    if (spec.s3->addressing == "Path") s3.addressing = S3Options::Addressing::kPath;
-    if (spec.s3->addressing == "VirtualHosted") s3.addressing = S3Options::Addressing::kVirtualHosted;
-  }
-  return S3OptionsFromEnvironment(s3);
-}
-
 namespace {
 
 using FileFactsList = std::vector<planner::DatasetIndex::FileFacts>;
@@ -505,13 +495,6 @@ Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, Sou
 bool ReadsOverNetwork(const planner::JobSpec& spec, const SourceRegistry& sources) {
   for (const planner::DatasetSpec& ds : planner::JobDatasets(spec)) {
     if (sources.Network(ds.uri)) return true;
-  }
-  return false;
-}
-
-bool UsesScheme(const planner::JobSpec& spec, std::string_view scheme) {
-  for (const planner::DatasetSpec& ds : planner::JobDatasets(spec)) {
-    if (SourceRegistry::SchemeOf(ds.uri) == scheme) return true;
   }
   return false;
 }
@@ -611,14 +594,12 @@ Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, So
 
 Result<planner::ResolvedJob> ResolveReadingDataset(const planner::ValidJob& job, planner::ResolveOptions options,
                                                    Unreachable unreachable, Diagnostics& diags) {
-  SourceOptions sopts;
-  if (UsesScheme(job.spec(), "s3")) {
-    if (Status st = S3OptionsForDataset(job.spec().dataset, sopts.s3); !st.ok()) {
-      diags.Add(st);
-      return diags.ToStatus();
-    }
+  Result<SourceOptions> sopts = SourceOptionsForJob(job.spec());
+  if (!sopts.ok()) {
+    diags.Add(sopts.status());
+    return diags.ToStatus();
   }
-  auto sources = SourceRegistry::WithBuiltins(sopts);
+  auto sources = SourceRegistry::WithBuiltins(std::move(*sopts));
   return ResolveWithSources(job, *sources, std::move(options), unreachable, diags);
 }
 

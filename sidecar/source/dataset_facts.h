@@ -20,10 +20,6 @@
 
 namespace meshload::sidecar::source {
 
-/// `s3` for the job's dataset: spec.dataset.s3's fields, then what they
-/// leave empty from the environment (S3OptionsFromEnvironment).
-Status S3OptionsForDataset(const planner::DatasetSpec& spec, S3Options& s3);
-
 /// The .npy header of object `name` (of `size` bytes) from its first bytes:
 /// the preamble, then exactly the header, never the data. Errors as
 /// ParseNpyHeader's, located "name@offset"; the source's own when it cannot
@@ -41,10 +37,6 @@ Result<formats::MegatronIndex> ReadMegatronIndex(Source& source, const std::stri
 /// redacted; an error when nothing usable was found, naming the URI.
 Result<planner::DatasetIndex> IndexDataset(const planner::DatasetSpec& spec, SourceRegistry& sources,
                                            Diagnostics& diags);
-
-/// True when one of the job's datasets (spec.dataset, or each of a
-/// mixture's) is of storage scheme `scheme` ("file", "s3", ...).
-bool UsesScheme(const planner::JobSpec& spec, std::string_view scheme);
 
 /// True when one of the job's datasets is on storage `sources` registered
 /// as SourceRegistry::Latency::kNetwork (a remote scheme, whatever its
@@ -67,7 +59,7 @@ Result<planner::ResolvedJob> ResolveWithSources(const planner::ValidJob& job, So
                                                 Diagnostics& diags);
 
 /// ResolveWithSources with a registry of the built-in sources made for the
-/// job (S3OptionsForDataset for an s3:// dataset): what the CLI's commands
+/// job (SourceOptionsForJob): what the CLI's commands
 /// use.
 Result<planner::ResolvedJob> ResolveReadingDataset(const planner::ValidJob& job, planner::ResolveOptions options,
                                                    Unreachable unreachable, Diagnostics& diags);

@@ -8,6 +8,9 @@
 
 #include "sidecar/source/source.h"
 
+#include "common/status.h"
+#include "planner/spec.h"
+
 namespace meshload::sidecar::source {
 namespace {
 
@@ -68,13 +71,67 @@ SourceRegistry::SourceRegistry(SourceOptions options) : options_(std::move(optio
   if (options_.observer == nullptr) options_.observer = &NullObserver();
 }
 
+namespace {
+
+// s3: the dataset's spec.dataset.s3, then the environment.
+Status S3SettingsOf(const planner::DatasetSpec& dataset, SourceOptions& options) {
+  S3Options& s3 = options.s3;
+  if (dataset.s3) {
+    if (!dataset.s3->endpoint.empty()) s3.endpoint = dataset.s3->endpoint;
+    if (!dataset.s3->region.empty()) s3.region = dataset.s3->region;
+    if (dataset.s3->addressing == "Path") s3.addressing = S3Options::Addressing::kPath;
+    if (dataset.s3->addressing == "VirtualHosted") s3.addressing = S3Options::Addressing::kVirtualHosted;
+  }
+  return S3OptionsFromEnvironment(s3);
+}
+
+// A built-in scheme, in one place: its sources, how their reads cost, and
+// the settings they take from a dataset declared on it (none: null).
+struct BuiltinScheme {
+  const char* scheme;
+  Result<std::unique_ptr<Source>> (*make)(const SourceOptions&);
+  SourceRegistry::Latency latency;
+  Status (*settings)(const planner::DatasetSpec&, SourceOptions&);
+};
+
+constexpr BuiltinScheme kBuiltins[] = {
+    {"file", MakeFileSource, SourceRegistry::Latency::kLocal, nullptr},
+    {"http", MakeHttpSource, SourceRegistry::Latency::kNetwork, nullptr},
+    {"https", MakeHttpSource, SourceRegistry::Latency::kNetwork, nullptr},
+    {"s3", MakeS3Source, SourceRegistry::Latency::kNetwork, S3SettingsOf},
+};
+
+// Each dataset's scheme fills its settings into `options`, once per scheme
+// (a mixture's datasets share spec.dataset's settings).
+Result<SourceOptions> WithSettings(const std::vector<planner::DatasetSpec>& datasets, SourceOptions options) {
+  std::vector<std::string> done;
+  for (const planner::DatasetSpec& ds : datasets) {
+    const std::string scheme = SourceRegistry::SchemeOf(ds.uri);
+    if (std::find(done.begin(), done.end(), scheme) != done.end()) continue;
+    done.push_back(scheme);
+    for (const BuiltinScheme& b : kBuiltins) {
+      if (scheme == b.scheme && b.settings != nullptr) MESHLOAD_RETURN_IF_ERROR(b.settings(ds, options));
+    }
+  }
+  return options;
+}
+
+}  // namespace
+
 std::unique_ptr<SourceRegistry> SourceRegistry::WithBuiltins(SourceOptions options) {
   auto registry = std::make_unique<SourceRegistry>(std::move(options));
-  registry->Register("file", MakeFileSource);
-  registry->Register("http", MakeHttpSource, Latency::kNetwork);
-  registry->Register("https", MakeHttpSource, Latency::kNetwork);
-  registry->Register("s3", MakeS3Source, Latency::kNetwork);
+  for (const BuiltinScheme& b : kBuiltins) registry->Register(b.scheme, b.make, b.latency);
   return registry;
+}
+
+Result<SourceOptions> SourceOptionsForJob(const planner::JobSpec& spec, SourceOptions base) {
+  return WithSettings(planner::JobDatasets(spec), std::move(base));
+}
+
+Result<SourceOptions> SourceOptionsForUris(const std::vector<std::string>& uris, SourceOptions base) {
+  std::vector<planner::DatasetSpec> datasets(uris.size());
+  for (size_t i = 0; i < uris.size(); ++i) datasets[i].uri = uris[i];
+  return WithSettings(datasets, std::move(base));
 }
 
 void SourceRegistry::Register(std::string scheme, SourceFactory factory, Latency latency) {

@@ -36,6 +36,11 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 
+namespace meshload::planner {
+struct DatasetSpec;
+struct JobSpec;
+}  // namespace meshload::planner
+
 namespace meshload::sidecar::source {
 
 struct ObjectInfo {
@@ -279,6 +284,18 @@ class SourceRegistry {
 /// An s3:// URI is kept whole: it has no query ('?' is a glob character of
 /// its key) and its credentials never are in it.
 std::string RedactUri(std::string_view uri);
+
+/// The options a job's storage needs, from the job: `base`, with each
+/// built-in scheme that one of the job's datasets (spec.dataset, or each of
+/// a mixture's) uses filling in its own settings (s3: spec.dataset.s3's
+/// endpoint, region and addressing, then what they leave empty from the
+/// environment, S3OptionsFromEnvironment). Each scheme's settings are
+/// registered with its factory and latency (registry.cc), so a caller never
+/// names a scheme. Errors name where a setting came from, never a secret.
+Result<SourceOptions> SourceOptionsForJob(const planner::JobSpec& spec, SourceOptions base = {});
+/// The same for URIs named without a job (meshload index): each scheme's
+/// settings from the environment alone.
+Result<SourceOptions> SourceOptionsForUris(const std::vector<std::string>& uris, SourceOptions base = {});
 
 /// The built-in sources (exposed for tests).
 Result<std::unique_ptr<Source>> MakeFileSource(const SourceOptions& options);

@@ -13,6 +13,8 @@
 #include <optional>
 #include <string>
 
+#include "planner/spec.h"
+#include "sidecar/source/source.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/status_matchers.h"
 
@@ -251,6 +253,68 @@ TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
   S3Options shared;
   ASSERT_OK(S3OptionsFromEnvironment(shared));
   EXPECT_THAT(shared, HoldsCredentials("T", "TS", "TT"));
+}
+
+// A job's storage options come from the schemes its datasets use, each
+// filling its own: an s3 dataset (or a mixture of them under an s3 prefix)
+// gets spec.dataset.s3 and then the environment; a job on local files never
+// reads the environment's S3 settings, so a broken one does not touch it.
+TEST(SourceOptionsForJob, EachSchemeTheJobUsesFillsItsOwnSettings) {
+  meshload::testing::TempDir dir;
+  Env env;
+  for (const char* k : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
+                        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                        "MESHLOAD_S3_CREDENTIALS_DIR", "AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE"}) {
+    env.Set(k, nullptr);
+  }
+  env.Set("HOME", dir.path().c_str());
+  env.Set("AWS_REGION", "eu-west-1");
+  env.Set("AWS_ACCESS_KEY_ID", "AKID");
+  env.Set("AWS_SECRET_ACCESS_KEY", "SECRET");
+  planner::JobSpec spec;
+  spec.dataset.uri = "s3://bucket/data/";
+  spec.dataset.s3 = planner::DatasetS3{};
+  spec.dataset.s3->endpoint = "http://store:9000";
+  spec.dataset.s3->addressing = "Path";
+  SourceOptions base;
+  base.max_idle_connections = 77;  // what the caller set stays
+  const Result<SourceOptions> o = SourceOptionsForJob(spec, base);
+  ASSERT_OK(o.status());
+  EXPECT_EQ(o->s3.endpoint, "http://store:9000");
+  EXPECT_EQ(o->s3.region, "eu-west-1");
+  EXPECT_EQ(o->s3.addressing, S3Options::Addressing::kPath);
+  EXPECT_THAT(o->s3, HoldsCredentials("AKID", "SECRET", ""));
+  EXPECT_EQ(o->max_idle_connections, 77);
+
+  // A mixture whose datasets are relative to an s3:// prefix.
+  planner::JobSpec mixed = spec;
+  mixed.mixture = planner::MixtureSpec{};
+  for (const char* name : {"web", "code"}) {
+    planner::MixtureDataset ds;
+    ds.name = name;
+    ds.uri = name;
+    ds.weight = 1;
+    mixed.mixture->datasets.push_back(ds);
+  }
+  const Result<SourceOptions> m = SourceOptionsForJob(mixed);
+  ASSERT_OK(m.status());
+  EXPECT_EQ(m->s3.endpoint, "http://store:9000");
+  EXPECT_THAT(m->s3, HoldsCredentials("AKID", "SECRET", ""));
+
+  // A broken environment (a key without its secret) is an error for s3
+  // data, naming the variable, and nothing to a job on local files.
+  env.Set("AWS_SECRET_ACCESS_KEY", nullptr);
+  EXPECT_THAT(SourceOptionsForJob(spec).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("AWS_SECRET_ACCESS_KEY")));
+  EXPECT_THAT(SourceOptionsForUris({"/data/a.tar", "s3://bucket/b.tar"}).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("AWS_SECRET_ACCESS_KEY")));
+  planner::JobSpec local = spec;
+  local.dataset.uri = "/data/shards/";
+  const Result<SourceOptions> l = SourceOptionsForJob(local);
+  ASSERT_OK(l.status());
+  EXPECT_EQ(l->s3.endpoint, "");
+  EXPECT_EQ(l->s3.access_key_id, "");
+  ASSERT_OK(SourceOptionsForUris({"/data/a.tar", "https://host/b.tar"}).status());
 }
 
 }  // namespace
