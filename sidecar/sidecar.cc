@@ -782,7 +782,8 @@ void Sidecar::CountCache() const {
                         .evicted_bytes = c.evicted_bytes.load(),
                         .corrupt = c.corrupt_blocks.load(),
                         .write_errors = c.write_errors.load(),
-                        .ahead_errors = fetch_ahead_->fill_errors()});
+                        .ahead_errors = fetch_ahead_->fill_errors(),
+                        .found = c.found_on_disk.load()});
   metrics_->cache_bytes.Set(static_cast<double>(cache_->resident_bytes()));
   metrics_->cache_lookahead_steps.Set(static_cast<double>(fetch_ahead_->ahead_steps()));
   metrics_->cache_lookahead_bytes.Set(static_cast<double>(fetch_ahead_->ahead_bytes()));
@@ -807,6 +808,7 @@ nlohmann::json Sidecar::CacheJson() const {
   out["lookaheadSteps"] = fetch_ahead_->ahead_steps();
   out["lookaheadBytes"] = fetch_ahead_->ahead_bytes();
   out["corruptBlocks"] = c.corrupt_blocks.load();
+  out["foundBlocks"] = c.found_on_disk.load();
   out["writeErrors"] = c.write_errors.load();
   out["storing"] = cache_->storing();
   // From the first fetch's start to the latest fetch's end: the fill rate
@@ -854,6 +856,7 @@ int Sidecar::Run() {
                                {"cache_hits", c.value("hits", uint64_t{0})},
                                {"cache_misses", c.value("misses", uint64_t{0})},
                                {"cache_corrupt_blocks", c.value("corruptBlocks", uint64_t{0})},
+                               {"cache_found_blocks", c.value("foundBlocks", uint64_t{0})},
                                {"cache_write_errors", c.value("writeErrors", uint64_t{0})}});
   return failed_ ? 1 : 0;
 }

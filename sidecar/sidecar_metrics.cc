@@ -119,6 +119,10 @@ SidecarMetrics::SidecarMetrics(metrics::Registry& r)
                                                 "Bytes of the remote dataset read into batches.")),
       cache_evicted_bytes(Unlabelled<Counter>(r, "meshload_cache_evicted_bytes_total",
                                               "Block bytes evicted from the cache to make room.")),
+      cache_found_blocks(Unlabelled<Counter>(
+          r, "meshload_cache_found_blocks_total",
+          "Blocks read from the cache directory that this sidecar did not fetch: written by another sidecar "
+          "sharing the node's cache, or by this pod before a restart (each verified by its checksum first).")),
       cache_errors(Labelled<Counter>(r, "meshload_cache_errors_total",
                                      "Block cache problems by kind: corrupt (a block failed its checksum or was "
                                      "truncated: fetched again), write (the disk refused a block: reads went to the "
@@ -170,6 +174,7 @@ void SidecarMetrics::CountCache(const CacheCounts& now) {
   add(cache_fetched_bytes, now.fetched_bytes, cache_seen_.fetched_bytes);
   add(cache_delivered_bytes, now.delivered_bytes, cache_seen_.delivered_bytes);
   add(cache_evicted_bytes, now.evicted_bytes, cache_seen_.evicted_bytes);
+  add(cache_found_blocks, now.found, cache_seen_.found);
   add(cache_errors.Add({{"kind", "corrupt"}}), now.corrupt, cache_seen_.corrupt);
   add(cache_errors.Add({{"kind", "write"}}), now.write_errors, cache_seen_.write_errors);
   add(cache_errors.Add({{"kind", "fetch_ahead"}}), now.ahead_errors, cache_seen_.ahead_errors);

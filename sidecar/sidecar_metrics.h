@@ -73,6 +73,7 @@ struct SidecarMetrics {
   metrics::Counter& cache_fetched_bytes;
   metrics::Counter& cache_delivered_bytes;
   metrics::Counter& cache_evicted_bytes;
+  metrics::Counter& cache_found_blocks;
   metrics::Family<metrics::Counter>& cache_errors;
   metrics::Gauge& cache_lookahead_steps;
   metrics::Gauge& cache_lookahead_bytes;
@@ -91,7 +92,7 @@ struct SidecarMetrics {
   /// The block cache's counts, `now` (as CountPeers: from the collect hook).
   struct CacheCounts {
     uint64_t hits = 0, misses = 0, fetched_bytes = 0, delivered_bytes = 0, evicted_bytes = 0;
-    uint64_t corrupt = 0, write_errors = 0, ahead_errors = 0;
+    uint64_t corrupt = 0, write_errors = 0, ahead_errors = 0, found = 0;
   };
   void CountCache(const CacheCounts& now);
 

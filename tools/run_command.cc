@@ -633,7 +633,7 @@ void LocalRun::StopSidecars() {
 
 void LocalRun::PrintStorage() const {
   std::string mode, reason;
-  uint64_t fetched = 0, delivered = 0, hits = 0, misses = 0, corrupt = 0, refused = 0;
+  uint64_t fetched = 0, delivered = 0, hits = 0, misses = 0, corrupt = 0, refused = 0, found = 0;
   bool any = false;
   for (int64_t p = 0; p < P_; ++p) {
     std::ifstream in(run_dir_ + "/sidecar-" + std::to_string(p) + ".log");
@@ -652,6 +652,7 @@ void LocalRun::PrintStorage() const {
     hits += last.value("cache_hits", uint64_t{0});
     misses += last.value("cache_misses", uint64_t{0});
     corrupt += last.value("cache_corrupt_blocks", uint64_t{0});
+    found += last.value("cache_found_blocks", uint64_t{0});
     refused += last.value("cache_write_errors", uint64_t{0});
   }
   if (!any) return;
@@ -661,10 +662,13 @@ void LocalRun::PrintStorage() const {
   if (mode == "blocks") {
     std::printf(
         "  %s through the block cache: %s fetched for %s delivered (amplification %.2f), "
-        "%" PRIu64 " block hits, %" PRIu64 " misses%s\n",
+        "%" PRIu64 " block hits, %" PRIu64 " misses%s%s\n",
         remote ? "remote storage      " : "compressed files    ", Human(static_cast<double>(fetched), "B").c_str(),
         Human(static_cast<double>(delivered), "B").c_str(),
         delivered ? static_cast<double>(fetched) / static_cast<double>(delivered) : 0.0, hits, misses,
+        found ? (", " + std::to_string(found) + " blocks found in the cache directory (not fetched by their reader)")
+                    .c_str()
+              : "",
         corrupt || refused ? (", " + std::to_string(corrupt) + " corrupt blocks fetched again, " +
                               std::to_string(refused) + " refused by the disk")
                                  .c_str()

@@ -380,6 +380,7 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
       it->second.filling = false;
       filled_.NotifyAll();
       if (mapped.ok()) {
+        counters_.found_on_disk += 1;
         it->second.map = std::move(*mapped);
         continue;  // served above
       }

@@ -86,7 +86,9 @@ struct BlockCacheCounters {
   std::atomic<uint64_t> evictions{0};
   std::atomic<uint64_t> corrupt_blocks{0};  // blocks found corrupt or truncated on disk (fetched again)
   std::atomic<uint64_t> write_errors{0};    // blocks the disk refused (served from memory once)
-  std::atomic<uint64_t> found_on_disk{0};   // blocks a fill found written by another process
+  // Blocks served from files this process did not write (another sidecar
+  // sharing the directory, or this pod before a restart), verified first.
+  std::atomic<uint64_t> found_on_disk{0};
   // When the first fetch began and the latest one ended (steady clock, ns;
   // 0: none yet): fetched_bytes over their difference is the fetch rate of
   // a burst of fills.

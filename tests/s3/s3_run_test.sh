@@ -295,8 +295,9 @@ check "two sidecars sharing a block cache fetch each of the 3 objects once (6144
 grep "remote storage\|mismatches" "$TMP/cache-1.out"
 cached_run cache-2
 [ $? -eq 0 ] && grep -q "0 mismatches" "$TMP/cache-2.out" && [ "$(stopping_sum "$TMP/cache-2" cache_fetched_bytes)" = 0 ] &&
-  [ "$(stopping_sum "$TMP/cache-2" cache_misses)" = 0 ]
-check "restarted sidecars find the cache on disk: nothing fetched, no miss" $?
+  [ "$(stopping_sum "$TMP/cache-2" cache_misses)" = 0 ] && [ "$(stopping_sum "$TMP/cache-2" cache_found_blocks)" -ge 3 ] &&
+  grep -q "blocks found in the cache directory" "$TMP/cache-2.out"
+check "restarted sidecars find the cache on disk: nothing fetched, no miss, the blocks counted as found" $?
 grep "remote storage" "$TMP/cache-2.out"
 block=$(find "$TMP/blocks/meshload-blocks-v1" -type f ! -name '*.fill' | head -1)
 printf '\xff\xfe' | dd of="$block" bs=1 seek=100 conv=notrunc status=none
