@@ -179,6 +179,16 @@ class Env {
   ~Env() {
     for (auto& [k, v] : saved_) v ? ::setenv(k.c_str(), v->c_str(), 1) : ::unsetenv(k.c_str());
   }
+  // None of the variables S3OptionsFromEnvironment reads, and HOME at
+  // `home` (no shared credentials file there).
+  void ClearS3(const std::string& home) {
+    for (const char* k : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
+                          "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                          "MESHLOAD_S3_CREDENTIALS_DIR", "AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE"}) {
+      Set(k, nullptr);
+    }
+    Set("HOME", home.c_str());
+  }
   void Set(const std::string& k, const char* v) {
     if (!saved_.count(k)) {
       const char* old = ::getenv(k.c_str());
@@ -202,12 +212,7 @@ class Env {
 TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
   meshload::testing::TempDir dir;
   Env env;
-  for (const char* k : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
-                        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                        "MESHLOAD_S3_CREDENTIALS_DIR", "AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE"}) {
-    env.Set(k, nullptr);
-  }
-  env.Set("HOME", dir.path().c_str());
+  env.ClearS3(dir.path());
   env.Set("AWS_ENDPOINT_URL", "http://general:1");
   env.Set("AWS_ENDPOINT_URL_S3", "http://s3-only:2");
   env.Set("AWS_DEFAULT_REGION", "eu-west-1");
@@ -262,12 +267,7 @@ TEST(S3OptionsFromEnvironment, VariablesThenTheMountedSecretThenTheSharedFile) {
 TEST(SourceOptionsForJob, EachSchemeTheJobUsesFillsItsOwnSettings) {
   meshload::testing::TempDir dir;
   Env env;
-  for (const char* k : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
-                        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                        "MESHLOAD_S3_CREDENTIALS_DIR", "AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE"}) {
-    env.Set(k, nullptr);
-  }
-  env.Set("HOME", dir.path().c_str());
+  env.ClearS3(dir.path());
   env.Set("AWS_REGION", "eu-west-1");
   env.Set("AWS_ACCESS_KEY_ID", "AKID");
   env.Set("AWS_SECRET_ACCESS_KEY", "SECRET");
