@@ -71,10 +71,6 @@ class EarliestRoom {
 
 uint64_t HashStep(uint64_t h, uint64_t v) { return Mix64(h ^ Mix64(v)); }
 
-}  // namespace
-
-namespace {
-
 // The body of WritePackedFields, compiled once per instruction set below
 // (std::fill and the ramp vectorize to the caller's vector width).
 [[gnu::always_inline]] inline void PackedFields(const RowPiece* pieces, size_t count, uint64_t row_tokens,
