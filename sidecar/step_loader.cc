@@ -651,6 +651,10 @@ Status StepLoader::Load(int64_t step, uint8_t* slot, std::vector<staging::Staged
     return InvalidArgument("caller " + std::to_string(caller) + " is not in 0.." + std::to_string(callers_.size() - 1));
   }
   Caller& c = *callers_[static_cast<size_t>(caller)];
+  // Every thread that reads for this step says so (the block cache keeps
+  // a read's block for the step that needs it).
+  c.step = step;
+  source::SetReadingStep(step);
   planner::StepPlan plan = planner_.PlanStep(step, loading_, process_, planner::ShardPlanner::Detail::kSamples);
   StepLoadStats stats;
   c.used = 0;
@@ -745,7 +749,7 @@ Status StepLoader::RunOps(Caller& c) {
   for (size_t i = 0; i < count; ++i) {
     acc += ops[i].length;
     if (acc >= per_chunk || i + 1 == count) {
-      c.chunks.push_back({ops + begin, i + 1 - begin, c.index});
+      c.chunks.push_back({ops + begin, i + 1 - begin, c.index, c.step});
       begin = i + 1;
       acc = 0;
     }
@@ -758,7 +762,25 @@ Status StepLoader::RunOps(Caller& c) {
   work_.NotifyAll();
   Status mine = RunChunk(c.chunks[0].ops, c.chunks[0].count, *c.inflight);
   MutexLock lock(mu_);
-  while (batches_[c.index].outstanding != 0) done_.Wait(mu_);
+  while (batches_[c.index].outstanding != 0) {
+    // This step's chunks no reader thread took yet are read here: a step
+    // never waits for reader threads busy with another step's reads, which
+    // may themselves wait for this step to pass (a block cache with no room
+    // for a later step's blocks until then).
+    auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Chunk& k) { return k.caller == c.index; });
+    if (it == queue_.end()) {
+      done_.Wait(mu_);
+      continue;
+    }
+    const Chunk chunk = *it;
+    queue_.erase(it);
+    lock.Unlock();
+    Status st = RunChunk(chunk.ops, chunk.count, *c.inflight);
+    lock.Lock();
+    Batch& batch = batches_[c.index];
+    if (!st.ok() && batch.first_error.ok()) batch.first_error = st;
+    --batch.outstanding;
+  }
   if (!mine.ok()) return mine;
   return batches_[c.index].first_error;
 }
@@ -864,6 +886,7 @@ void StepLoader::ReaderMain(Inflight& slot) {
     const Chunk chunk = queue_.front();
     queue_.pop_front();
     lock.Unlock();
+    source::SetReadingStep(chunk.step);
     Status st = RunChunk(chunk.ops, chunk.count, slot);
     lock.Lock();
     Batch& batch = batches_[chunk.caller];

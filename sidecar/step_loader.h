@@ -195,11 +195,13 @@ class StepLoader {
     ReadOp* ops;
     size_t count;
     size_t caller;  // whose Batch it counts in (batches_)
+    int64_t step;   // the step it reads for (source::SetReadingStep)
   };
   // What one caller of Load() keeps between steps, on that caller's thread
   // (the reader threads read its ops only through the Chunks of a step).
   struct Caller {
     size_t index = 0;         // in callers_ (and its Batch in batches_)
+    int64_t step = -1;        // the step being loaded
     std::vector<ReadOp> ops;  // the first `used` are this step's; the rest keep their capacity
     size_t used = 0;
     std::vector<Fixup> fixups;

@@ -290,12 +290,13 @@ bool BlockCache::MakeRoom(uint64_t bytes, int64_t next_use) {
     if (a.known != b.known) return !a.known;
     return a.known ? a.key > b.key : a.key < b.key;
   });
-  // A block some step needs is not evicted for one needed later (or by no
-  // known step): the newcomer is then not stored.
+  // A block some step needs is not evicted for one needed later, by the
+  // same step (both are needed now: the newcomer's bytes are read without
+  // storing it), or by no known step: the newcomer is then not stored.
   const bool new_known = next_use >= 0 && next_use > passed_;
   for (const Candidate& c : cands) {
     if (used_ + bytes <= cap) break;
-    if (c.known && (!new_known || c.key < next_use)) break;
+    if (c.known && (!new_known || c.key <= next_use)) break;
     Remove(c.id, /*evicted=*/true);
   }
   return used_ + bytes <= cap;
@@ -354,14 +355,14 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
         }
         e.last_use = ++uses_;
         if (next_use >= 0) AddUse(e, next_use);
-        if (want == Want::kRead) (waited ? counters_.misses : counters_.hits) += 1;
+        if (want != Want::kAhead) (waited ? counters_.misses : counters_.hits) += 1;
         return Block(e.map);
       }
       if (e.filling) {
         // Another thread fetches it (a miss for this read too), or verifies
         // the file it found on disk (then a hit). Its filler may be waiting
         // for room for a later step: this step needs the block too.
-        const int64_t mine = want == Want::kRead && next_use < 0 ? passed_ + 1 : next_use;
+        const int64_t mine = want != Want::kAhead && next_use < 0 ? passed_ + 1 : next_use;
         if (mine >= 0) {
           AddUse(e, mine);
           room_changed_.NotifyAll();
@@ -396,12 +397,12 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
     }
     // Not resident: this thread fills it. A read needs it now: as soon as
     // any step not passed.
-    if (want == Want::kRead && next_use < 0) next_use = passed_ + 1;
+    if (want != Want::kAhead && next_use < 0) next_use = passed_ + 1;
     Entry& e = entries_[id];
     e.filling = true;
     if (next_use >= 0) AddUse(e, next_use);
     e.last_use = ++uses_;
-    if (want == Want::kRead) counters_.misses += 1;
+    if (want != Want::kAhead) counters_.misses += 1;
     rescan = NowNs() >= next_rescan_ns_;
   }
   if (rescan) Rescan();
@@ -465,7 +466,9 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
       // Waiting for them, up to kRoomWait, stores the block; fetching it
       // now could not, and the next reads of it would fetch it again.
       const auto deadline = std::chrono::steady_clock::now() + kRoomWait;
-      while (!room && want == Want::kRead && NeededAt(id, next_use) >= 0 && passed_ < NeededAt(id, next_use) - 1 &&
+      // (A block larger than the whole cache never finds room: no wait.)
+      while (!room && want != Want::kAhead && len + kTrailerBytes <= options_.capacity_bytes &&
+             NeededAt(id, next_use) >= 0 && passed_ < NeededAt(id, next_use) - 1 &&
              std::chrono::steady_clock::now() < deadline) {
         room_changed_.WaitUntil(mu_, deadline);
         room = MakeRoom(len + kTrailerBytes, NeededAt(id, next_use));
@@ -502,8 +505,8 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
   }
   // Not stored (the disk refuses blocks, or no room for one needed this
   // late). Ahead of need, it is not fetched at all (the read that needs it
-  // will); a read gets it from memory.
-  if (want == Want::kAhead) {
+  // will); a read gets it from memory, or reads its own bytes elsewhere.
+  if (want != Want::kRead) {
     unlock_fill();
     finish(nullptr, 0);
     return Block();

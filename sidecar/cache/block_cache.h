@@ -142,13 +142,16 @@ class BlockCache {
   /// offset (the source's).
   using Fetch = std::function<Status(uint8_t* dst, uint64_t len)>;
   /// Who asks: a read (counted as a hit or a miss) or the fetch-ahead.
-  enum class Want { kRead, kAhead };
+  /// kReadOrNone is a read that, when its block cannot be stored, gets an
+  /// empty Block without a fetch: the reader then asks the source for the
+  /// bytes it needs, not for the whole block.
+  enum class Want { kRead, kReadOrNone, kAhead };
 
   /// Block `id` of `len` bytes, verified: resident, or found on disk, or
   /// fetched by `fetch` (once however many ask at once) and stored. When it
   /// cannot be stored (no room for a block needed this late, or a disk
-  /// that refuses blocks), a read gets it from memory, and kAhead gets an
-  /// empty Block without fetching it.
+  /// that refuses blocks), kRead gets it from memory, and kReadOrNone and
+  /// kAhead get an empty Block without fetching it.
   /// `next_use`: the step that needs it (for eviction), -1 unknown.
   /// `fetched`, when given, is set to whether this call fetched it.
   /// `fetch_bytes`: what `fetch` reads from the source, counted as fetched

@@ -6,19 +6,9 @@
 #include "sidecar/source/decoded_source.h"
 
 namespace meshload::sidecar::cache {
-namespace {
-// The step this thread is reading for (NoteStep) and from which source: a
-// read's block is needed by that step.
-struct ReadingStep {
-  uint64_t source = 0;  // CachedSource::id_ (never 0)
-  int64_t step = -1;
-};
-thread_local ReadingStep t_reading;
-std::atomic<uint64_t> g_next_id{1};
-}  // namespace
 
 CachedSource::CachedSource(source::Source& remote, BlockCache& cache, BlockGeometry geometry)
-    : remote_(remote), cache_(cache), id_(g_next_id.fetch_add(1)), geometry_(geometry) {}
+    : remote_(remote), cache_(cache), geometry_(geometry) {}
 
 size_t CachedSource::AddObject(const std::string& name, uint64_t size, const std::string& version,
                                std::vector<uint64_t> starts) {
@@ -97,13 +87,14 @@ Result<BlockCache::Block> CachedSource::Get(size_t object, uint64_t block, int64
 
 void CachedSource::NoteStep(int64_t step) {
   noted_step_.store(step, std::memory_order_relaxed);
-  t_reading = {id_, step};
+  source::SetReadingStep(step);
 }
 
 void CachedSource::CountByEpoch(std::function<int64_t(int64_t)> epoch_of) { epoch_of_ = std::move(epoch_of); }
 
 void CachedSource::CountFetch(int64_t step, uint64_t bytes) {
   if (!epoch_of_) return;
+  if (step < 0) step = source::ReadingStep();
   const int64_t epoch = epoch_of_(step >= 0 ? step : noted_step_.load(std::memory_order_relaxed));
   MutexLock lock(epoch_mu_);
   fetched_by_epoch_[epoch] += bytes;
@@ -119,7 +110,35 @@ Status CachedSource::Fill(size_t object, uint64_t block, int64_t next_use, bool*
   return Get(object, block, next_use, BlockCache::Want::kAhead, fetched).status();
 }
 
-Status CachedSource::CopyOut(size_t object, uint64_t offset, const std::vector<iovec>& iov, uint64_t len, Held& held) {
+namespace {
+
+uint64_t BytesOf(const std::vector<iovec>& iov) {
+  uint64_t n = 0;
+  for (const iovec& v : iov) n += v.iov_len;
+  return n;
+}
+
+// Copies `n` bytes from `src` into `iov` from buffer `vi`, byte `vdone` of
+// it on, and moves them past the bytes copied.
+void Scatter(const uint8_t* src, uint64_t n, const std::vector<iovec>& iov, size_t& vi, uint64_t& vdone) {
+  while (n > 0) {
+    const iovec& v = iov[vi];
+    const uint64_t k = std::min<uint64_t>(v.iov_len - vdone, n);
+    std::memcpy(static_cast<uint8_t*>(v.iov_base) + vdone, src, static_cast<size_t>(k));
+    src += k;
+    n -= k;
+    vdone += k;
+    if (vdone == v.iov_len) {
+      ++vi;
+      vdone = 0;
+    }
+  }
+}
+
+}  // namespace
+
+Result<size_t> CachedSource::CopyOut(size_t object, uint64_t offset, const std::vector<iovec>& iov, uint64_t len,
+                                     Held& held, const ReadRequest* next, size_t next_count) {
   const Object& o = objects_[object];
   if (offset + len > o.size) {
     return DataLoss("range [" + std::to_string(offset) + ", " + std::to_string(offset + len) + ") is past the end of " +
@@ -130,31 +149,58 @@ Status CachedSource::CopyOut(size_t object, uint64_t offset, const std::vector<i
   uint64_t vdone = 0;  // bytes of it filled
   uint64_t pos = offset;
   const uint64_t end = offset + len;
+  size_t merged = 0;  // reads of `next` served here
   while (pos < end) {
     // The block held from the previous read serves this one too when it
     // covers it (a batch's reads are in file order): no lookup.
     if (!held.block || held.object != object || pos < held.start || pos >= held.start + held.block.size()) {
       const uint64_t b = planner::BlockOfOffset(geometry_, o.starts, o.size, pos);
-      MESHLOAD_ASSIGN_OR_RETURN(
-          held.block, Get(object, b, t_reading.source == id_ ? t_reading.step : -1, BlockCache::Want::kRead, nullptr));
+      const auto [bstart, blen] = BlockExtent(object, b);
+      // A compressed file's block is all there is of its bytes: held in
+      // memory when it cannot be stored. Other blocks that cannot be
+      // stored are not fetched for one read.
+      MESHLOAD_ASSIGN_OR_RETURN(BlockCache::Block got,
+                                Get(object, b, source::ReadingStep(),
+                                    o.stored ? BlockCache::Want::kRead : BlockCache::Want::kReadOrNone, nullptr));
+      if (!got) {
+        // The bytes this read needs from the block, from the source in one
+        // request with those of the next reads in the same block, as long
+        // as the gap to each costs less than a request of its own.
+        const uint64_t bend = bstart + blen;
+        const uint64_t mine_end = std::min(end, bend);
+        uint64_t span_end = mine_end;
+        if (end <= bend) {
+          const uint64_t worth = remote_.GapWorthReading();
+          while (merged < next_count) {
+            const ReadRequest& r = next[merged];
+            const uint64_t rlen = BytesOf(*r.iov);
+            if (rlen == 0 || r.offset < span_end || r.offset + rlen > bend || r.offset - span_end > worth) break;
+            span_end = r.offset + rlen;
+            ++merged;
+          }
+        }
+        std::vector<uint8_t> bytes(static_cast<size_t>(span_end - pos));
+        MESHLOAD_RETURN_IF_ERROR(remote_.Read(o.name, pos, bytes.data(), bytes.size()));
+        counters_.direct_bytes += bytes.size();
+        CountFetch(-1, bytes.size());
+        Scatter(bytes.data(), mine_end - pos, iov, vi, vdone);
+        for (size_t k = 0; k < merged; ++k) {
+          size_t kvi = 0;
+          uint64_t kdone = 0;
+          Scatter(bytes.data() + (next[k].offset - pos), BytesOf(*next[k].iov), *next[k].iov, kvi, kdone);
+        }
+        pos = mine_end;
+        continue;
+      }
+      held.block = std::move(got);
       held.object = object;
-      held.start = BlockExtent(object, b).first;
+      held.start = bstart;
     }
     const uint64_t bend = std::min(end, held.start + held.block.size());
-    while (pos < bend) {
-      const iovec& v = iov[vi];
-      const uint64_t n = std::min<uint64_t>(v.iov_len - vdone, bend - pos);
-      std::memcpy(static_cast<uint8_t*>(v.iov_base) + vdone, held.block.data() + (pos - held.start),
-                  static_cast<size_t>(n));
-      pos += n;
-      vdone += n;
-      if (vdone == v.iov_len) {
-        ++vi;
-        vdone = 0;
-      }
-    }
+    Scatter(held.block.data() + (pos - held.start), bend - pos, iov, vi, vdone);
+    pos = bend;
   }
-  return Status::Ok();
+  return merged;
 }
 
 Status CachedSource::ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) {
@@ -173,9 +219,7 @@ Status CachedSource::ReadMany(const std::string& uri, const ReadRequest* reads, 
     // A disk that refuses blocks: the source, for exactly these bytes (a
     // compressed file has no such bytes there: its block is decompressed
     // and served from memory).
-    for (size_t i = 0; i < count; ++i) {
-      for (const iovec& v : *reads[i].iov) delivered += v.iov_len;
-    }
+    for (size_t i = 0; i < count; ++i) delivered += BytesOf(*reads[i].iov);
     counters_.direct_bytes += delivered;
     CountFetch(-1, delivered);
     counters_.delivered_bytes += delivered;
@@ -184,11 +228,16 @@ Status CachedSource::ReadMany(const std::string& uri, const ReadRequest* reads, 
   Held held;
   for (size_t i = 0; i < count; ++i) {
     if (before != nullptr) before(context, i);
-    uint64_t len = 0;
-    for (const iovec& v : *reads[i].iov) len += v.iov_len;
+    const uint64_t len = BytesOf(*reads[i].iov);
     if (len == 0) continue;
-    MESHLOAD_RETURN_IF_ERROR(CopyOut(static_cast<size_t>(object), reads[i].offset, *reads[i].iov, len, held));
+    MESHLOAD_ASSIGN_OR_RETURN(const size_t merged, CopyOut(static_cast<size_t>(object), reads[i].offset, *reads[i].iov,
+                                                           len, held, reads + i + 1, count - i - 1));
     delivered += len;
+    for (size_t k = 1; k <= merged; ++k) {
+      if (before != nullptr) before(context, i + k);
+      delivered += BytesOf(*reads[i + k].iov);
+    }
+    i += merged;
   }
   counters_.delivered_bytes += delivered;
   return Status::Ok();

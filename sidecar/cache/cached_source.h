@@ -5,9 +5,14 @@
 /// It stands in for the remote source (s3, http) of the dataset's objects:
 /// a read copies from the blocks it covers, fetching a block that is not
 /// resident (one request for the whole block, which the fetch-ahead usually
-/// made already; sidecar/cache/fetch_ahead.h). While the cache's disk refuses
-/// blocks (BlockCache::storing() false), reads go to the remote source for
-/// exactly their bytes, as without a cache.
+/// made already; sidecar/cache/fetch_ahead.h). A block the cache cannot
+/// store (no room for one needed this late) is not fetched for one read:
+/// the read asks the source for its own bytes, in one request with the
+/// next reads of the batch in that block where the gaps between them cost
+/// less than a request (Source::GapWorthReading), so bytes no step uses are
+/// not fetched. While the cache's disk refuses blocks (BlockCache::storing()
+/// false), reads go to the remote source for exactly their bytes, as
+/// without a cache.
 ///
 /// A file stored compressed (planner::StoredFile) is one block of its
 /// decompressed bytes, filled by reading the stored object and
@@ -47,7 +52,7 @@ using planner::BlockGeometry;
 /// BlockCache::counters()).
 struct CachedSourceCounters {
   std::atomic<uint64_t> delivered_bytes{0};  // bytes reads copied out (the amplification's denominator)
-  std::atomic<uint64_t> direct_bytes{0};     // bytes read from the source directly (the disk refused blocks)
+  std::atomic<uint64_t> direct_bytes{0};     // bytes read from the source directly (blocks not stored)
 };
 
 class CachedSource final : public source::Source {
@@ -100,13 +105,16 @@ class CachedSource final : public source::Source {
 
   /// Counts fetched bytes by epoch from now on: a block fetched ahead for
   /// step t counts to epoch_of(t); a read's own fetch, and a direct read,
-  /// to the epoch of the step last noted (NoteStep), the step being loaded.
+  /// to the epoch of the step the reading thread reads for
+  /// (source::ReadingStep), else of the step last noted (NoteStep).
   /// So a second epoch's first blocks, fetched while the first epoch runs,
   /// count to the second. Before it is called, nothing is counted by epoch.
   void CountByEpoch(std::function<int64_t(int64_t step)> epoch_of);
-  /// The calling thread reads for `step` from now on: its reads' blocks are
-  /// needed by that step (for eviction), and their fetches count to its
-  /// epoch.
+  /// The calling thread reads for `step` from now on
+  /// (source::SetReadingStep, which the step loader calls on each thread
+  /// reading a step): its reads' blocks are needed by that step (for
+  /// eviction), and their fetches count to its epoch. Also the step a
+  /// fetch counts to when its thread says none.
   void NoteStep(int64_t step);
   /// (epoch, bytes fetched for it), the latest kEpochsKept epochs, in order.
   std::vector<std::pair<int64_t, uint64_t>> FetchedByEpoch() const MESHLOAD_EXCLUDES(epoch_mu_);
@@ -134,8 +142,13 @@ class CachedSource final : public source::Source {
     uint64_t start = 0;
   };
   // Copies bytes [offset, offset + len) of `object` into `iov` from its
-  // blocks, starting with `held` when it covers them.
-  Status CopyOut(size_t object, uint64_t offset, const std::vector<iovec>& iov, uint64_t len, Held& held);
+  // blocks, starting with `held` when it covers them. A block that cannot
+  // be stored is not fetched: the bytes come from the source, this read's
+  // and, in the same request, those of the reads after it (`next`) that lie
+  // in that block with gaps worth reading; returns how many of them it
+  // served.
+  Result<size_t> CopyOut(size_t object, uint64_t offset, const std::vector<iovec>& iov, uint64_t len, Held& held,
+                         const ReadRequest* next, size_t next_count);
 
   // Adds `bytes` to the epoch of `step` (-1: the noted step).
   void CountFetch(int64_t step, uint64_t bytes) MESHLOAD_EXCLUDES(epoch_mu_);
@@ -143,7 +156,6 @@ class CachedSource final : public source::Source {
   source::Source& remote_;
   BlockCache& cache_;
   std::function<int64_t(int64_t)> epoch_of_;  // set before reads start
-  const uint64_t id_;                         // this source among all (NoteStep's thread-local)
   std::atomic<int64_t> noted_step_{0};
   mutable Mutex epoch_mu_;
   std::map<int64_t, uint64_t> fetched_by_epoch_ MESHLOAD_GUARDED_BY(epoch_mu_);

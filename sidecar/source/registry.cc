@@ -200,4 +200,11 @@ void SourceRegistry::Interpose(Source* inner, Source* outer) {
   interposed_[inner] = outer;
 }
 
+namespace {
+thread_local int64_t t_reading_step = -1;
+}  // namespace
+
+void SetReadingStep(int64_t step) { t_reading_step = step; }
+int64_t ReadingStep() { return t_reading_step; }
+
 }  // namespace meshload::sidecar::source

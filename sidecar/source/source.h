@@ -233,6 +233,14 @@ class Source {
   }
 };
 
+/// The step the calling thread reads for. The step loader sets it on each
+/// thread that reads a step's bytes (the caller of Load and its reader
+/// threads), so a source that keeps bytes for the steps that need them (the
+/// block cache, sidecar/cache/cached_source.h) knows which step a read
+/// serves. -1 until set on the thread.
+void SetReadingStep(int64_t step);
+int64_t ReadingStep();
+
 /// Creates a source for one scheme.
 using SourceFactory = std::function<Result<std::unique_ptr<Source>>(const SourceOptions&)>;
 

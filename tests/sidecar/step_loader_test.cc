@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <set>
@@ -191,7 +193,8 @@ class RecordingSource final : public source::Source {
     bool hint;
     std::string uri;
     uint64_t offset, length;
-    size_t call;  // which Prefetch call (hints)
+    size_t call;        // which Prefetch call (hints)
+    int64_t step = -1;  // source::ReadingStep() on the reading thread (reads)
   };
   Result<source::ObjectInfo> Stat(const std::string& uri) override { return real_->Stat(uri); }
   Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override {
@@ -199,7 +202,7 @@ class RecordingSource final : public source::Source {
     for (const iovec& v : iov) n += v.iov_len;
     {
       std::lock_guard lock(mu_);
-      events_.push_back({false, uri, offset, n, 0});
+      events_.push_back({false, uri, offset, n, 0, source::ReadingStep()});
     }
     return real_->ReadV(uri, offset, iov);
   }
@@ -351,6 +354,101 @@ TEST(StepLoader, EveryReadIsHintedToItsSourceAWindowAhead) {
       EXPECT_LE(batches.size() * 4, ahead.size()) << "runs, not a call per read";
     }
   }
+}
+
+// Every thread that reads for a step, the reader threads included, tells
+// the sources which step (source::ReadingStep): the block cache keeps a
+// read's block for that step (a reader thread that said nothing had its
+// blocks kept only for the step after the last one passed, and a block a
+// later step needed could evict one the step being read still needed).
+TEST(StepLoader, EveryThreadReadingAStepTellsTheSourcesWhichStep) {
+  StepLoaderOptions opts;
+  opts.reader_threads = 3;
+  opts.inline_step_bytes = 0;  // the step cut into chunks, read on three threads
+  const RecordedLoad load = LoadRecorded(DatasetFormat::kTokenStream, /*batch=*/80, /*samples=*/400, /*files=*/3,
+                                         /*latency_bound=*/false, opts, /*step=*/3);
+  ASSERT_OK(load.status);
+  ASSERT_TRUE(load.recorded);
+  size_t reads = 0;
+  for (const RecordingSource::Event& e : load.events) {
+    if (e.hint) continue;
+    ++reads;
+    EXPECT_EQ(e.step, 3) << "the read at " << e.uri << "@" << e.offset;
+  }
+  EXPECT_GT(reads, 32u);
+}
+
+// Reads of one step that wait for another step to pass: the file source,
+// except that a read for step `held` blocks until Release() (or 5 s).
+class GateSource final : public source::Source {
+ public:
+  GateSource(std::unique_ptr<source::Source> real, int64_t held) : real_(std::move(real)), held_(held) {}
+  Result<source::ObjectInfo> Stat(const std::string& uri) override { return real_->Stat(uri); }
+  Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override {
+    if (source::ReadingStep() == held_) {
+      std::unique_lock lock(mu_);
+      ++blocked_;
+      cv_.notify_all();
+      cv_.wait_for(lock, std::chrono::seconds(5), [&] { return released_; });
+    }
+    return real_->ReadV(uri, offset, iov);
+  }
+  // Waits until `n` reads of the held step are blocked.
+  void AwaitBlocked(int n) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(5), [&] { return blocked_ >= n; });
+  }
+  void Release() {
+    std::lock_guard lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::unique_ptr<source::Source> real_;
+  const int64_t held_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int blocked_ = 0;
+  bool released_ = false;
+};
+
+// Two staging threads share the reader threads. When every reader thread
+// reads for step 8 and those reads wait for step 7 to pass (a block cache
+// with no room for step 8's blocks until then), step 7's loader reads its
+// own chunks itself instead of waiting for a reader thread.
+TEST(StepLoader, AStepNeverWaitsForReaderThreadsBusyWithAnotherStep) {
+  TempDir dir;
+  planner::JobSpec spec =
+      SpecFor(OneDevice(DatasetFormat::kTokenStream, Strategy::kPerProcess, ShuffleMode::kGlobal), dir.path());
+  spec.batch.global_batch_size = 80;
+  auto planner = Prepare(spec, dir.path(), 400, 3);
+  source::SourceRegistry sources({});
+  GateSource* gate = nullptr;
+  sources.Register("file", [&](const source::SourceOptions& o) -> Result<std::unique_ptr<source::Source>> {
+    MESHLOAD_ASSIGN_OR_RETURN(auto real, source::MakeFileSource(o));
+    auto g = std::make_unique<GateSource>(std::move(real), /*held=*/8);
+    gate = g.get();
+    return std::unique_ptr<source::Source>(std::move(g));
+  });
+  const auto layout = staging::ComputeBatchLayout(planner->job(), 0);
+  StepLoaderOptions opts;
+  opts.reader_threads = 3;  // the caller and two reader threads
+  opts.callers = 2;
+  opts.inline_step_bytes = 0;
+  auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), sources, layout, opts);
+  ASSERT_OK(loader);
+  ASSERT_NE(gate, nullptr);
+  std::vector<uint8_t> slot8(layout.slot_bytes), slot7(layout.slot_bytes);
+  Status st8;
+  std::thread later([&] { st8 = LoadAndExpectPlanned(**loader, *planner, 0, layout, 8, slot8.data(), nullptr, 1); });
+  gate->AwaitBlocked(3);  // step 8's three chunks: its caller's and both reader threads'
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_OK(LoadAndExpectPlanned(**loader, *planner, 0, layout, 7, slot7.data(), nullptr, 0));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3)) << "step 7 waited for step 8's readers";
+  gate->Release();
+  later.join();
+  EXPECT_OK(st8);
 }
 
 // A latency-bound (remote) source gets one request for ranges of an object

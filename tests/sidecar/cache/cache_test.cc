@@ -245,8 +245,11 @@ TEST(BlockCache, AReadWaitsForEarlierStepsToPassAndStoresItsBlock) {
 
 // The read that waits for room for step 12 learns that step 11, still
 // being read, asks for the same block: the block is needed as soon as the
-// blocks in its way, so it takes their room at once, with no wait for step
-// 11 to pass (which could not happen while step 11 waits for this block).
+// blocks in its way, so neither waits for step 11 to pass (which could not
+// happen while step 11 waits for this block). The blocks in its way are
+// step 11's too, so they stay: both reads get no block (and read their own
+// bytes from the source), and nothing is fetched. (Evicting one of them
+// would fetch it again if step 11 had not read it yet.)
 TEST(BlockCache, AReadWaitingForRoomStopsWaitingWhenAnEarlierStepAsksForItsBlock) {
   TempDir dir;
   const uint64_t len = 10000;
@@ -258,15 +261,20 @@ TEST(BlockCache, AReadWaitingForRoomStopsWaitingWhenAnEarlierStepAsksForItsBlock
   ASSERT_OK(cache->Get(id(0), len, f.Get(), 11, BlockCache::Want::kAhead));
   ASSERT_OK(cache->Get(id(1), len, f.Get(), 11, BlockCache::Want::kAhead));
   const auto t0 = std::chrono::steady_clock::now();
-  std::thread later([&] { ASSERT_OK(cache->Get(id(2), len, f.Get(), 12, BlockCache::Want::kRead)); });
+  Result<BlockCache::Block> later = BlockCache::Block();
+  std::thread reader([&] { later = cache->Get(id(2), len, f.Get(), 12, BlockCache::Want::kReadOrNone); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  auto earlier = cache->Get(id(2), len, f.Get(), 11, BlockCache::Want::kRead);
-  later.join();
+  auto earlier = cache->Get(id(2), len, f.Get(), 11, BlockCache::Want::kReadOrNone);
+  reader.join();
   ASSERT_OK(earlier);
-  EXPECT_EQ(BytesOf(*earlier), f.bytes);
+  ASSERT_OK(later.status());
+  EXPECT_FALSE(*earlier);
+  EXPECT_FALSE(*later);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500)) << "it waited for its 2 s";
-  EXPECT_TRUE(cache->Contains(id(2)));
-  EXPECT_EQ(f.calls.load(), 3) << "fetched once";
+  EXPECT_TRUE(cache->Contains(id(0)));
+  EXPECT_TRUE(cache->Contains(id(1)));
+  EXPECT_FALSE(cache->Contains(id(2)));
+  EXPECT_EQ(f.calls.load(), 2) << "block 2 not fetched";
 }
 
 TEST(BlockCache, BlocksFoundOnDiskAreEvictedLeastRecentlyUsedFirst) {
@@ -519,7 +527,9 @@ class CountingSource final : public source::Source {
     return k;
   }
   bool LatencyBound() const override { return true; }
+  uint64_t GapWorthReading() const override { return gap_worth; }
   std::atomic<uint64_t> reads{0}, bytes{0};
+  uint64_t gap_worth = 0;  // set before reading
 
  private:
   source::Source& inner_;
@@ -564,6 +574,64 @@ TEST(CachedSource, ReadsAcrossBlocksEqualTheSourcesBytes) {
   std::vector<uint8_t> one(10);
   ASSERT_OK(cached.Read(small, 100, one.data(), one.size()));
   EXPECT_EQ(remote.bytes.load(), all.size() + 5000);
+}
+
+// A block the cache cannot store is not fetched for a read: the read asks
+// the source for its own bytes, with the next reads of its batch in that
+// block in the same request where the gap to each costs less than a request
+// (the source's GapWorthReading), and nothing else. (Here no block fits the
+// cache; the sidecar meets this when a step's blocks outgrow the room the
+// earlier steps leave it.)
+TEST(CachedSource, AReadWhoseBlockCannotBeStoredFetchesOnlyTheBytesItsBatchNeeds) {
+  TempDir data, cache_dir;
+  const std::vector<uint8_t> all = Pattern(300000, 9);
+  const std::string path = data.Write("obj", std::string(all.begin(), all.end()));
+  auto files = source::MakeFileSource(source::SourceOptions{});
+  ASSERT_OK(files);
+  CountingSource remote(**files);
+  auto cache = MustOpen(cache_dir.path(), 50000);  // less than one 65536-byte block
+  CachedSource cached(remote, *cache, planner::BlockGeometry{65536, 0});
+  cached.AddObject(path, all.size(), "");
+  // One batch: three reads in block 0 (gaps of 100 and 5,000 bytes), one
+  // across blocks 0 and 1, one in block 3.
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = {
+      {1000, 4096}, {5196, 4096}, {14292, 4096}, {60000, 10000}, {200000, 4096}};
+  auto read_batch = [&] {
+    std::vector<std::vector<uint8_t>> out;
+    std::vector<std::vector<iovec>> iovs;
+    for (const auto& [off, len] : ranges) out.emplace_back(len);
+    for (auto& o : out) iovs.push_back({{o.data(), o.size() / 2}, {o.data() + o.size() / 2, o.size() - o.size() / 2}});
+    std::vector<source::Source::ReadRequest> reads;
+    for (size_t i = 0; i < ranges.size(); ++i) reads.push_back({ranges[i].first, &iovs[i]});
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_OK(cached.ReadMany(path, reads.data(), reads.size(), nullptr, nullptr));
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500))
+        << "no wait for room a block larger than the cache never finds";
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      EXPECT_TRUE(std::equal(out[i].begin(), out[i].end(), all.begin() + static_cast<ptrdiff_t>(ranges[i].first)))
+          << "read " << i;
+    }
+  };
+  uint64_t wanted = 0;
+  for (const auto& [off, len] : ranges) wanted += len;
+  // No gap worth reading: each read its own request (the one across two
+  // blocks, one a block), exactly the bytes read.
+  read_batch();
+  EXPECT_EQ(remote.bytes.load(), wanted);
+  EXPECT_EQ(remote.reads.load(), 6u);
+  EXPECT_EQ(cache->resident_blocks(), 0u);
+  EXPECT_EQ(cached.counters().direct_bytes.load(), wanted);
+  EXPECT_EQ(cached.counters().delivered_bytes.load(), wanted);
+  // A source that finds a gap of 1,000 bytes cheaper than a request: the
+  // first two reads share one request (and its 100-byte gap); the third,
+  // 5,000 bytes further, does not.
+  remote.bytes = 0;
+  remote.reads = 0;
+  remote.gap_worth = 1000;
+  read_batch();
+  EXPECT_EQ(remote.bytes.load(), wanted + 100);
+  EXPECT_EQ(remote.reads.load(), 5u);
+  EXPECT_EQ(cache->counters().fetched_bytes.load(), 0u) << "no block was fetched";
 }
 
 // A compressed MDS shard (Streaming's MDSWriter, zstd) read through the
