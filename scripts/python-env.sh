@@ -4,7 +4,8 @@
 #
 #   source scripts/python-env.sh
 #   python_env VENV REQUIREMENTS      # (re)made when REQUIREMENTS changed
-#   install_meshload_wheel VENV       # builds the wheel offline (the wheelhouse) and installs it
+#   install_meshload_wheel VENV       # builds the wheel offline (the wheelhouse) and installs it,
+#                                     # unless the sources it builds from are those of the installed one
 
 python_env() {
   local venv=$1 requirements=$2 root base want
@@ -23,8 +24,16 @@ python_env() {
 }
 
 install_meshload_wheel() {
-  local venv=$1 root wheelhouse work
+  local venv=$1 root wheelhouse work want
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  # The wheel compiles client/, common/ and protocol/ (minutes on 2 cores):
+  # built again only when one of the files it builds from changed.
+  want=$(cd "$root" && find client common protocol cmake CMakeLists.txt -type f -print0 | sort -z |
+    xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$venv/.meshload-wheel.sha256" 2>/dev/null)" = "$want" ] &&
+      "$venv/bin/python" -c 'import meshload' 2>/dev/null; then
+    return 0
+  fi
   wheelhouse=${MESHLOAD_WHEELHOUSE:-$HOME/.cache/meshload/wheelhouse}
   work=$(mktemp -d)
   if ! "$venv/bin/pip" wheel -q --disable-pip-version-check --no-index --find-links "$wheelhouse" \
@@ -35,4 +44,5 @@ install_meshload_wheel() {
   fi
   "$venv/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps "$work"/dist/meshload-*.whl
   rm -rf "$work"
+  echo "$want" >"$venv/.meshload-wheel.sha256"
 }

@@ -1,6 +1,7 @@
 """meshload against MosaicML Streaming on object storage, in one run.
 
     scripts/bench-s3 [--quick] [--rounds N] [--only SCENARIO] [--dir DIR] [--json FILE] [--block-bytes 2,4,...]
+                     [--loaders meshload,...] [--keep]
 
 The same MDS shards (written by Streaming's MDSWriter, no compression)
 served by the same S3 server (versitygw with its POSIX backend, on
@@ -30,11 +31,19 @@ peak disk its cache took. --block-bytes adds meshload runs with other block
 sizes.
 
 The ceiling is the server's own throughput for a plain parallel download of
-the same objects (boto3, 16 threads, into memory), measured in the same run.
-Rounds alternate the loaders; the median round is reported, with the ratios
-meshload / Streaming (targets: >= 2 in both epochs), first-epoch bytes/s over
-the ceiling (target >= 0.8), and second-epoch samples/s over meshload-file's
-(target >= 0.8). A loader that fails stops the program (exit 1).
+the same objects (boto3, 16 threads, 8 MiB ranges): into files, one per
+object, as the AWS CLI's `s3 cp --recursive` does (a loader that caches on
+the node's disk stores every byte it fetches, as this does), and into
+memory (bytes nobody keeps: Python's allocator hands the same pages back
+for each range, where a cache's or a download's bytes need pages the
+machine has not touched yet). Both are measured right before and right
+after each meshload run (the machine's speed drifts between minutes; the
+printed ceilings are the medians of all). Rounds alternate the loaders; the
+median round is reported, with the ratios meshload / Streaming (targets: >=
+2 in both epochs), first-epoch bytes/s over the mean of its own round's two
+ceilings (target >= 0.8 of the download into files; the median of the
+rounds' ratios), and second-epoch samples/s over meshload-file's (target >=
+0.8). A loader that fails stops the program (exit 1).
 """
 
 import argparse
@@ -113,8 +122,11 @@ def s3_client(endpoint):
                         region_name="us-east-1", config=Config(max_pool_connections=32))
 
 
-def ceiling(endpoint, bucket, prefix):
-    """bytes/s of a 16-thread download of every object under prefix."""
+def ceiling(endpoint, bucket, prefix, into=None):
+    """bytes/s of a 16-thread download of every object under prefix: into
+    memory, or, with `into` (a directory), into one file per object there,
+    as the AWS CLI's `s3 cp --recursive` does (the files are removed
+    afterwards, outside the timing)."""
     c = s3_client(endpoint)
     keys = [(o["Key"], o["Size"]) for o in c.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]]
     # Objects over 8 MiB in 8 MiB ranges, so 16 threads share them.
@@ -124,6 +136,9 @@ def ceiling(endpoint, bucket, prefix):
             parts.append((k, off, min(n, off + 8 * MiB) - 1))
     lock = threading.Lock()
     total = [0]
+    fds = {}
+    if into:
+        os.makedirs(into, exist_ok=True)
 
     def work():
         while True:
@@ -131,7 +146,11 @@ def ceiling(endpoint, bucket, prefix):
                 if not parts:
                     return
                 k, a, b = parts.pop()
+                if into and k not in fds:
+                    fds[k] = os.open(os.path.join(into, k.replace("/", "_")), os.O_WRONLY | os.O_CREAT, 0o644)
             body = c.get_object(Bucket=bucket, Key=k, Range="bytes=%d-%d" % (a, b))["Body"].read()
+            if into:
+                os.pwrite(fds[k], body, a)
             with lock:
                 total[0] += len(body)
 
@@ -141,7 +160,12 @@ def ceiling(endpoint, bucket, prefix):
         t.start()
     for t in threads:
         t.join()
-    return total[0] / (time.monotonic() - t0)
+    rate = total[0] / (time.monotonic() - t0)
+    for fd in fds.values():
+        os.close(fd)
+    if into:
+        shutil.rmtree(into)
+    return rate
 
 
 WORKER = r'''
@@ -295,27 +319,27 @@ spec:
     def meshload(self, sc, uri, shuffle, cache):
         run = tempfile.mkdtemp(dir=self.root, prefix="run-")
         sock, log = os.path.join(run, "s.sock"), os.path.join(run, "sidecar.log")
+        port = free_port()
         args = [self.args.sidecar, "--job", self.job(sc, uri, shuffle, cache), "--process", "0", "--socket", sock,
-                "--staging", "host", "--metrics-port", "0", "--metrics-address", "127.0.0.1", "--cache-dir",
+                "--staging", "host", "--metrics-port", str(port), "--metrics-address", "127.0.0.1", "--cache-dir",
                 os.path.join(run, "cache"), "--log-level", "info"]
+        # The sidecar and the trainer start together, as the containers of
+        # one pod do (the client connects once the socket is there).
         t0 = time.monotonic()
         sc_proc = subprocess.Popen(args, env=self.env, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-        port = None
-        while port is None and time.monotonic() - t0 < 60:
-            for line in open(log):
-                if '"sidecar started"' in line:
-                    port = json.loads(line)["metrics_port"]
-            if sc_proc.poll() is not None:
-                sys.exit("bench-s3: the sidecar exited:\n" + open(log).read()[-3000:])
-            time.sleep(0.01)
         cfg = {"loader": "meshload", "socket": sock, "port": port, "steps": sc.steps_per_epoch, "batch": sc.batch,
                "log": log, "launched": t0}
-        r = self.worker(cfg)
-        peak = dir_bytes(os.path.join(run, "cache"))
-        sc_proc.terminate()
-        sc_proc.wait()
-        r["peak_disk"] = peak
-        shutil.rmtree(run, ignore_errors=True)
+        try:
+            r = self.worker(cfg)
+            r["peak_disk"] = dir_bytes(os.path.join(run, "cache"))
+        finally:
+            sc_proc.terminate()
+            sc_proc.wait()
+        if self.args.keep:
+            shutil.rmtree(os.path.join(run, "cache"), ignore_errors=True)
+            print("  (kept %s)" % run)
+        else:
+            shutil.rmtree(run, ignore_errors=True)
         return r
 
     def streaming(self, sc, capacity):
@@ -365,16 +389,36 @@ spec:
             loaders["meshload-%dMiB" % (bb // MiB)] = lambda bb=bb: self.meshload(
                 sc, "s3://bench/%s/" % sc.name, "mode: Global, seed: 1",
                 "%s, blockBytes: %d, wholeObjectBytes: %d" % (same, bb, bb))
+        if self.args.loaders:
+            loaders = {k: v for k, v in loaders.items() if k in self.args.loaders}
         results = {k: [] for k in loaders}
-        ceilings = []
+        ceilings, file_ceilings = [], []
         for r in range(self.args.rounds):
-            ceilings.append(ceiling(self.endpoint, "bench", sc.name + "/"))
             order = list(loaders) if r % 2 == 0 else list(reversed(loaders))
             for name in order:
-                results[name].append(loaders[name]())
-        return data, statistics.median(ceilings), results
+                if name != "meshload":
+                    results[name].append(loaders[name]())
+                    continue
+                # The ceiling right before and right after meshload's run:
+                # the machine's speed drifts between minutes, so the
+                # first epoch is compared with the ceiling of its own time.
+                files = os.path.join(self.root, "ceiling-files")
+                before = ceiling(self.endpoint, "bench", sc.name + "/")
+                before_files = ceiling(self.endpoint, "bench", sc.name + "/", into=files)
+                x = loaders[name]()
+                after_files = ceiling(self.endpoint, "bench", sc.name + "/", into=files)
+                after = ceiling(self.endpoint, "bench", sc.name + "/")
+                x["ceiling"] = (before + after) / 2
+                x["ceiling_files"] = (before_files + after_files) / 2
+                ceilings += [before, after]
+                file_ceilings += [before_files, after_files]
+                results[name].append(x)
+        return data, (ceilings, file_ceilings), results
 
-    def report(self, sc, data, ceil, results):
+    def report(self, sc, data, ceilings, results):
+        ceilings, file_ceilings = ceilings
+        ceil = statistics.median(ceilings) if ceilings else float("nan")
+        ceil_files = statistics.median(file_ceilings) if file_ceilings else float("nan")
         def med(name, f):
             return statistics.median(f(x) for x in results[name])
 
@@ -389,9 +433,13 @@ spec:
                        max(1, sum(e["delivered"] for e in x["epochs"])))
 
         out = {"scenario": sc.name, "samples": sc.samples, "sampleBytes": sc.sample_bytes, "batch": sc.batch,
-               "datasetBytes": data, "ceilingBytesPerSecond": ceil, "loaders": {}}
-        print("\n%s: %d samples x %d B (%.1f MiB of MDS shards), batch %d, S3 ceiling %.0f MB/s (16-thread download)"
-              % (sc.name, sc.samples, sc.sample_bytes, data / MiB, sc.batch, ceil / 1e6))
+               "datasetBytes": data, "ceilingBytesPerSecond": ceil,
+               "ceilingIntoFilesBytesPerSecond": ceil_files, "loaders": {}}
+        print("\n%s: %d samples x %d B (%.1f MiB of MDS shards), batch %d, S3 ceiling (16-thread download) %.0f MB/s"
+              " into memory, %.0f into files (medians; %.0f to %.0f and %.0f to %.0f in this run)" % (
+                  sc.name, sc.samples, sc.sample_bytes, data / MiB, sc.batch, ceil / 1e6, ceil_files / 1e6,
+                  min(ceilings or [ceil]) / 1e6, max(ceilings or [ceil]) / 1e6,
+                  min(file_ceilings or [ceil_files]) / 1e6, max(file_ceilings or [ceil_files]) / 1e6))
         print("  %-16s %14s %14s %10s %10s %10s %12s %12s %12s" % (
             "loader", "epoch 1 /s", "epoch 2 /s", "amplif. 1", "amplif. 2", "both", "first batch", "wait p99",
             "peak disk"))
@@ -409,13 +457,28 @@ spec:
             print("  %-16s %14s %14s %10.2f %10.2f %10.2f %10.0f ms %9.2f ms %9.1f MiB" % (
                 name, "{:,.0f}".format(row["epoch1"]), "{:,.0f}".format(row["epoch2"]), row["amp1"], row["amp2"],
                 row["amp_both"], row["first"] * 1e3, row["p99"] * 1e3, row["disk"] / MiB))
+        if set(out["loaders"]) < {"meshload", "streaming", "meshload-file", "meshload-window", "meshload-window1"}:
+            return out  # --loaders: no ratios
+        def epoch1_bytes_per_s(x):
+            return x["epochs"][0]["samples"] * sc.sample_bytes / x["epochs"][0]["seconds"]
+
+        def fill_rate(x):
+            e = x["epochs"][0]
+            return e.get("fetched_window", e["fetched"]) / e["fetch_span"] if e.get("fetch_span") else 0.0
+
         m, s, f = out["loaders"]["meshload"], out["loaders"]["streaming"], out["loaders"]["meshload-file"]
         w, w1 = out["loaders"]["meshload-window"], out["loaders"]["meshload-window1"]
         ratios = {
             "epoch1 meshload/streaming": m["epoch1"] / s["epoch1"],
             "epoch2 meshload/streaming": m["epoch2"] / s["epoch2"],
-            "epoch1 bytes/s over the S3 ceiling (from the loader's start)": m["epoch1"] * sc.sample_bytes / ceil,
-            "epoch1 fetch rate over the S3 ceiling (its fills' span)": m["fetch_rate"] / ceil,
+            "epoch1 bytes/s over the S3 ceiling into files (from the loader's start)": med("meshload", lambda x: (
+                epoch1_bytes_per_s(x) / x["ceiling_files"])),
+            "epoch1 bytes/s over the S3 ceiling into memory (from the loader's start)": med("meshload", lambda x: (
+                epoch1_bytes_per_s(x) / x["ceiling"])),
+            "epoch1 fetch rate over the S3 ceiling into files (its fills' span)": med("meshload", lambda x: (
+                fill_rate(x) / x["ceiling_files"])),
+            "epoch1 fetch rate over the S3 ceiling into memory (its fills' span)": med("meshload", lambda x: (
+                fill_rate(x) / x["ceiling"])),
             "epoch2 over meshload-file": m["epoch2"] / f["epoch2"],
             "window amplification (epoch 1, 2; both)": "%.2f, %.2f; %.2f" % (w["amp1"], w["amp2"], w["amp_both"]),
             "window amplification, a cache of one window (epoch 1, 2; both)": "%.2f, %.2f; %.2f" % (
@@ -423,7 +486,7 @@ spec:
         }
         out["ratios"] = ratios
         for k, v in ratios.items():
-            print("  %-58s %s" % (k, v if isinstance(v, str) else "%.2f" % v))
+            print("  %-72s %s" % (k, v if isinstance(v, str) else "%.2f" % v))
         return out
 
 
@@ -436,6 +499,9 @@ def main():
     ap.add_argument("--only", action="append", choices=sorted(SCENARIOS))
     ap.add_argument("--dir", help="keep the datasets here (default: a temporary directory)")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--keep", action="store_true", help="keep meshload's run directories (the sidecar's log)")
+    ap.add_argument("--loaders", type=lambda v: v.split(","),
+                    help="only these loaders (comma-separated; for profiling: the ratios need all five)")
     ap.add_argument("--block-bytes", type=lambda v: [int(x) * MiB for x in v.split(",")],
                     help="also meshload with these blockBytes (MiB, comma-separated; objects cut likewise)")
     args = ap.parse_args()
@@ -450,8 +516,8 @@ def main():
     try:
         for name in args.only or list(SCENARIOS):
             sc = SCENARIOS[name]
-            data, ceil, results = b.scenario(sc)
-            out.append(b.report(sc, data, ceil, results))
+            data, ceilings, results = b.scenario(sc)
+            out.append(b.report(sc, data, ceilings, results))
     finally:
         b.close()
     if args.json:
