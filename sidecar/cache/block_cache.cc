@@ -340,6 +340,7 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
                                           Want want, bool* fetched, uint64_t fetch_bytes) {
   if (fetched) *fetched = false;
   if (fetch_bytes == 0) fetch_bytes = len;
+  const bool reading = want != Want::kAhead;  // kRead or kReadOrNone: counted, needed now
   bool waited = false;
   bool rescan = false;
   {
@@ -355,14 +356,14 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
         }
         e.last_use = ++uses_;
         if (next_use >= 0) AddUse(e, next_use);
-        if (want != Want::kAhead) (waited ? counters_.misses : counters_.hits) += 1;
+        if (reading) (waited ? counters_.misses : counters_.hits) += 1;
         return Block(e.map);
       }
       if (e.filling) {
         // Another thread fetches it (a miss for this read too), or verifies
         // the file it found on disk (then a hit). Its filler may be waiting
         // for room for a later step: this step needs the block too.
-        const int64_t mine = want != Want::kAhead && next_use < 0 ? passed_ + 1 : next_use;
+        const int64_t mine = reading && next_use < 0 ? passed_ + 1 : next_use;
         if (mine >= 0) {
           AddUse(e, mine);
           room_changed_.NotifyAll();
@@ -397,12 +398,12 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
     }
     // Not resident: this thread fills it. A read needs it now: as soon as
     // any step not passed.
-    if (want != Want::kAhead && next_use < 0) next_use = passed_ + 1;
+    if (reading && next_use < 0) next_use = passed_ + 1;
     Entry& e = entries_[id];
     e.filling = true;
     if (next_use >= 0) AddUse(e, next_use);
     e.last_use = ++uses_;
-    if (want != Want::kAhead) counters_.misses += 1;
+    if (reading) counters_.misses += 1;
     rescan = NowNs() >= next_rescan_ns_;
   }
   if (rescan) Rescan();
@@ -467,9 +468,8 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
       // now could not, and the next reads of it would fetch it again.
       const auto deadline = std::chrono::steady_clock::now() + kRoomWait;
       // (A block larger than the whole cache never finds room: no wait.)
-      while (!room && want != Want::kAhead && len + kTrailerBytes <= options_.capacity_bytes &&
-             NeededAt(id, next_use) >= 0 && passed_ < NeededAt(id, next_use) - 1 &&
-             std::chrono::steady_clock::now() < deadline) {
+      while (!room && reading && len + kTrailerBytes <= options_.capacity_bytes && NeededAt(id, next_use) >= 0 &&
+             passed_ < NeededAt(id, next_use) - 1 && std::chrono::steady_clock::now() < deadline) {
         room_changed_.WaitUntil(mu_, deadline);
         room = MakeRoom(len + kTrailerBytes, NeededAt(id, next_use));
       }
