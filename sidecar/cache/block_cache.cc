@@ -45,9 +45,12 @@ struct Trailer {
 };
 static_assert(sizeof(Trailer) == BlockCache::kTrailerBytes);
 
+uint64_t ChecksumSeed(const BlockId& id, uint64_t len) {
+  return id.object ^ (id.index * 0x9E3779B97F4A7C15ull) ^ (len * 0xC2B2AE3D27D4EB4Full);
+}
+
 uint64_t Checksum(const uint8_t* data, uint64_t len, const BlockId& id) {
-  const uint64_t seed = id.object ^ (id.index * 0x9E3779B97F4A7C15ull) ^ (len * 0xC2B2AE3D27D4EB4Full);
-  return XXH3_64bits_withSeed(data, static_cast<size_t>(len), seed);
+  return XXH3_64bits_withSeed(data, static_cast<size_t>(len), ChecksumSeed(id, len));
 }
 
 // "OOOOOOOOOOOOOOOO-III" back into an id; false for any other name.
@@ -482,6 +485,10 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
       if (fetched) *fetched = true;
       counters_.fetches += 1;
       counters_.fetched_bytes += fetch_bytes;
+    } else if (f.received > 0) {
+      // The disk stopped the fill: what arrived was fetched all the same
+      // (a stored file's bytes were all read before they were decompressed).
+      counters_.fetched_bytes += fetch_bytes == len ? f.received : fetch_bytes;
     }
     if (f.err == 0 && f.bytes) {
       unlock_fill();
@@ -512,7 +519,10 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
     return Block();
   }
   std::vector<uint8_t> buf(static_cast<size_t>(len));
-  Status st = TimedFetch(fetch, buf.data(), len);
+  Status st = TimedFetch(fetch, len, [&](uint64_t at, const uint8_t* data, size_t n) {
+    std::memcpy(buf.data() + at, data, n);
+    return Status::Ok();
+  });
   unlock_fill();
   finish(nullptr, 0);
   if (!st.ok()) return st;
@@ -526,14 +536,20 @@ Result<BlockCache::Block> BlockCache::Get(const BlockId& id, uint64_t len, const
   return Block(std::move(held));
 }
 
-Status BlockCache::TimedFetch(const Fetch& fetch, uint8_t* dst, uint64_t len) const {
+Status BlockCache::TimedFetch(const Fetch& fetch, uint64_t len, const Sink& sink) const {
   const auto now = [] {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
   };
   int64_t zero = 0;
   counters_.first_fetch_ns.compare_exchange_strong(zero, now());
-  Status st = fetch(dst, len);
+  Status st = fetch(len, [&](uint64_t at, const uint8_t* data, size_t n) -> Status {
+    if (at > len || n > len - at) {
+      return Internal("the source handed bytes " + std::to_string(at) + ".." + std::to_string(at + n) +
+                      " of a block of " + std::to_string(len));
+    }
+    return sink(at, data, n);
+  });
   const int64_t end = now();
   int64_t last = counters_.last_fetch_ns.load();
   while (last < end && !counters_.last_fetch_ns.compare_exchange_weak(last, end)) {
@@ -553,7 +569,7 @@ BlockCache::Filled BlockCache::FillFile(const BlockId& id, uint64_t len, const F
     return out;
   }
   // The disk's room is taken before the fetch (a full disk says so here,
-  // not as a SIGBUS on a page of the mapping).
+  // not halfway through the block).
   int err = 0;
   while ((err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size))) == EINTR) {
   }
@@ -562,9 +578,52 @@ BlockCache::Filled BlockCache::FillFile(const BlockId& id, uint64_t len, const F
     out.err = err;
     return out;
   }
-  // Populated at once: the fetch then writes into pages that are there,
-  // not one page fault per 4 KiB.
-  void* m = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+  // The bytes are written to the file as they arrive, a piece at a time,
+  // and hashed on the way while they come in order. Not through a mapping
+  // of the new file: that costs a page fault per 4 KiB (each page zeroed
+  // first), several times the copy itself.
+  const uint64_t seed = ChecksumSeed(id, len);
+  XXH3_state_t hash;
+  XXH3_64bits_reset_withSeed(&hash, seed);
+  uint64_t hashed = 0;  // bytes [0, hashed) are in `hash`
+  bool in_order = true;
+  auto write_all = [&](const uint8_t* data, size_t n, uint64_t at) -> int {
+    while (n > 0) {
+      const ssize_t w = ::pwrite(fd.get(), data, n, static_cast<off_t>(at));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return w < 0 ? errno : EIO;
+      data += w;
+      n -= static_cast<size_t>(w);
+      at += static_cast<uint64_t>(w);
+    }
+    return 0;
+  };
+  out.status = TimedFetch(fetch, len, [&](uint64_t at, const uint8_t* data, size_t n) -> Status {
+    if (const int e = write_all(data, n, at); e != 0) {
+      out.err = e;
+      return Status(StatusCode::kIoError, std::string("writing a block to the cache: ") + std::strerror(e), tmp);
+    }
+    out.received = std::max(out.received, at + n);
+    if (in_order && at == hashed) {
+      XXH3_64bits_update(&hash, data, n);
+      hashed += n;
+    } else {
+      in_order = false;  // a retry handed a range again: hashed from the file below
+    }
+    return Status::Ok();
+  });
+  if (out.err != 0) {
+    // The disk stopped the fill: the fetch itself did not fail.
+    out.status = Status::Ok();
+    ::unlink(tmp.c_str());
+    return out;
+  }
+  out.fetched = out.status.ok();
+  if (!out.status.ok()) {
+    ::unlink(tmp.c_str());
+    return out;
+  }
+  void* m = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd.get(), 0);
   if (m == MAP_FAILED) {
     out.err = errno;
     ::unlink(tmp.c_str());
@@ -575,25 +634,19 @@ BlockCache::Filled BlockCache::FillFile(const BlockId& id, uint64_t len, const F
   bytes->map_len = static_cast<size_t>(size);
   bytes->data = static_cast<const uint8_t*>(m);
   bytes->size = len;
-  auto* data = static_cast<uint8_t*>(m);
-  out.status = TimedFetch(fetch, data, len);
-  out.fetched = out.status.ok();
-  if (!out.status.ok()) {
-    ::unlink(tmp.c_str());
-    return out;
-  }
   Trailer t{};
   std::memcpy(t.magic, kMagic, sizeof kMagic);
   t.object = id.object;
   t.index = id.index;
   t.length = len;
-  t.checksum = Checksum(data, len, id);
-  std::memcpy(data + len, &t, sizeof t);
-  ::mprotect(m, static_cast<size_t>(size), PROT_READ);
-  if (::close(fd.Release()) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+  t.checksum = in_order && hashed == len ? XXH3_64bits_digest(&hash) : Checksum(bytes->data, len, id);
+  if (const int e = write_all(reinterpret_cast<const uint8_t*>(&t), sizeof t, len); e != 0) {
+    out.err = e;
+  } else if (::close(fd.Release()) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
     out.err = errno;
-    ::unlink(tmp.c_str());
   }
+  if (out.err != 0) ::unlink(tmp.c_str());
+  // Served from the mapping even when the file could not be kept.
   out.bytes = std::move(bytes);
   return out;
 }

@@ -138,9 +138,12 @@ class BlockCache {
     std::shared_ptr<const Bytes> bytes_;
   };
 
-  /// Fetches `len` bytes of a block into `dst`; errors name the object and
-  /// offset (the source's).
-  using Fetch = std::function<Status(uint8_t* dst, uint64_t len)>;
+  /// Takes `n` bytes of a block at position `at` (source::Source::Sink).
+  using Sink = std::function<Status(uint64_t at, const uint8_t* data, size_t n)>;
+  /// Fetches the `len` bytes of a block and hands them to `sink` in pieces
+  /// (source::Source::ReadTo); errors name the object and offset (the
+  /// source's), a sink's error is returned as is.
+  using Fetch = std::function<Status(uint64_t len, const Sink& sink)>;
   /// Who asks: a read (counted as a hit or a miss) or the fetch-ahead.
   /// kReadOrNone is a read that, when its block cannot be stored, gets an
   /// empty Block without a fetch: the reader then asks the source for the
@@ -212,18 +215,20 @@ class BlockCache {
   // truncated, kNotFound when it is gone.
   Result<std::shared_ptr<const Block::Bytes>> MapVerified(const BlockId& id, uint64_t len) const;
   // Fetches block `id` into a new file (the disk's room taken first, the
-  // bytes fetched into its mapping, the trailer written, then renamed into
-  // place). `err`: the disk's errno, 0 when it kept the block; `status`:
-  // the fetch's; `bytes`: the mapped block whenever the fetch worked.
+  // bytes written as they arrive, the trailer after them, then mapped and
+  // renamed into place). `err`: the disk's errno, 0 when it kept the
+  // block; `status`: the fetch's (OK when the disk stopped it); `bytes`:
+  // the mapped block when it was kept; `received`: the bytes that arrived.
   struct Filled {
     int err = 0;
     Status status;
     bool fetched = false;
+    uint64_t received = 0;
     std::shared_ptr<const Block::Bytes> bytes;
   };
   Filled FillFile(const BlockId& id, uint64_t len, const Fetch& fetch) const;
   // `fetch`, with the fetch span counters kept.
-  Status TimedFetch(const Fetch& fetch, uint8_t* dst, uint64_t len) const;
+  Status TimedFetch(const Fetch& fetch, uint64_t len, const Sink& sink) const;
   // Removes blocks until `bytes` more fit, for a block that step
   // `next_use` needs (-1: none known): the blocks no known step needs first
   // (least recently used first), then those needed furthest ahead, never

@@ -73,9 +73,14 @@ Result<BlockCache::Block> CachedSource::Get(size_t object, uint64_t block, int64
   const uint64_t fetch_bytes = o.stored ? o.stored->size : extent.second;
   Result<BlockCache::Block> b = cache_.Get(
       {o.key, block}, extent.second,
-      [&](uint8_t* dst, uint64_t n) {
-        if (o.stored) return source::ReadStored(remote_, o.stored_name, *o.stored, dst, n);
-        return remote_.Read(o.name, start, dst, n);
+      [&](uint64_t n, const BlockCache::Sink& sink) -> Status {
+        if (o.stored) {
+          // Decompressed whole, then handed on.
+          std::vector<uint8_t> raw(static_cast<size_t>(n));
+          MESHLOAD_RETURN_IF_ERROR(source::ReadStored(remote_, o.stored_name, *o.stored, raw.data(), n));
+          return sink(0, raw.data(), raw.size());
+        }
+        return remote_.ReadTo(o.name, start, n, sink);
       },
       next_use, want, &got, fetch_bytes);
   if (got) {

@@ -100,8 +100,12 @@ int ConnectOne(const addrinfo* ai, std::chrono::milliseconds timeout, int* errno
 }  // namespace
 
 void IovCursor::Advance(uint64_t n) {
+  if (iov_ == nullptr) {
+    at_ += n;
+    return;
+  }
   while (n > 0) {
-    const iovec& v = iov_[index_];
+    const iovec& v = (*iov_)[index_];
     const uint64_t take = std::min<uint64_t>(n, v.iov_len - within_);
     n -= take;
     within_ += take;
@@ -112,9 +116,15 @@ void IovCursor::Advance(uint64_t n) {
   }
 }
 
-void IovCursor::Write(const char* data, size_t n) {
+bool IovCursor::Write(const char* data, size_t n) {
+  if (iov_ == nullptr) {
+    if (n == 0) return sink_status_.ok();
+    if (sink_status_.ok()) sink_status_ = (*sink_)(at_, reinterpret_cast<const uint8_t*>(data), n);
+    at_ += n;
+    return sink_status_.ok();
+  }
   while (n > 0) {
-    const iovec& v = iov_[index_];
+    const iovec& v = (*iov_)[index_];
     const size_t take = std::min(n, v.iov_len - within_);
     std::memcpy(static_cast<char*>(v.iov_base) + within_, data, take);
     data += take;
@@ -125,14 +135,21 @@ void IovCursor::Write(const char* data, size_t n) {
       within_ = 0;
     }
   }
+  return true;
 }
 
 int IovCursor::Room(uint64_t max_bytes, iovec* out, int max_iov) const {
+  if (iov_ == nullptr) {
+    if (max_bytes == 0 || max_iov < 1) return 0;
+    out[0].iov_base = buffer_;
+    out[0].iov_len = static_cast<size_t>(std::min<uint64_t>(max_bytes, buffer_len_));
+    return 1;
+  }
   int count = 0;
   size_t index = index_;
   size_t within = within_;
-  while (max_bytes > 0 && count < max_iov && index < iov_.size()) {
-    const iovec& v = iov_[index];
+  while (max_bytes > 0 && count < max_iov && index < iov_->size()) {
+    const iovec& v = (*iov_)[index];
     const size_t take = static_cast<size_t>(std::min<uint64_t>(max_bytes, v.iov_len - within));
     if (take > 0) {
       out[count].iov_base = static_cast<char*>(v.iov_base) + within;
@@ -144,6 +161,12 @@ int IovCursor::Room(uint64_t max_bytes, iovec* out, int max_iov) const {
     within = 0;
   }
   return count;
+}
+
+bool IovCursor::Landed(uint64_t n) {
+  if (iov_ == nullptr) return Write(reinterpret_cast<const char*>(buffer_), static_cast<size_t>(n));
+  Advance(n);
+  return true;
 }
 
 std::string HttpResponseHead::Header(const char* name) const {
@@ -379,16 +402,17 @@ HttpIoResult HttpConnection::ReadBodyInto(const HttpResponseHead& head, uint64_t
   const uint64_t want = std::min(body, max);
   // What came with the head first.
   const uint64_t buffered = std::min<uint64_t>(end_ - begin_, want);
-  dest.Write(buf_.data() + begin_, static_cast<size_t>(buffered));
+  const bool taken = dest.Write(buf_.data() + begin_, static_cast<size_t>(buffered));
   begin_ += buffered;
   *received = buffered;
+  if (!taken) return {HttpIoError::kRefused, dest.sink_status().message()};
   iovec room[IOV_MAX];
   while (*received < want) {
     const int count = dest.Room(want - *received, room, IOV_MAX);
     ssize_t n = readv(fd_, room, count);
     if (n > 0) {
-      dest.Advance(static_cast<uint64_t>(n));
       *received += static_cast<uint64_t>(n);
+      if (!dest.Landed(static_cast<uint64_t>(n))) return {HttpIoError::kRefused, dest.sink_status().message()};
       continue;
     }
     if (n == 0) return {HttpIoError::kClosed, "the server closed the connection"};

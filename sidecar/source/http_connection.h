@@ -2,11 +2,10 @@
 /// One HTTP/1.1 client connection over plain TCP, for the ranged GETs that
 /// carry a dataset's bytes over `http://` (the "http" source and the "s3"
 /// source on an http endpoint). A body of known length is read with readv()
-/// straight into the caller's iovecs, as many bytes per system call as the
-/// socket holds; cpp-httplib reads a body 4 KiB at a time into a buffer of
-/// its own and copies it out, which on a fast link costs a core per few
-/// GB/s. TLS stays with cpp-httplib. Internal to the HTTP transport; exposed
-/// for its tests.
+/// straight into the caller's iovecs (or into a buffer handed to a sink
+/// after each call), as many bytes per system call as the socket holds; cpp-httplib reads a body 4 KiB at a time into a
+/// buffer of its own and copies it out, which on a fast link costs a core per few GB/s. TLS stays with cpp-httplib.
+/// Internal to the HTTP transport; exposed for its tests.
 ///
 /// Thread safety: a connection is used by one thread at a time.
 #pragma once
@@ -27,23 +26,41 @@
 
 namespace meshload::sidecar::source::internal {
 
-/// A cursor over consecutive iovecs that bytes are written into.
+/// Where a body's bytes go: consecutive iovecs, or a sink (Source::Sink)
+/// that gets them in pieces, read into a buffer of the caller's first.
+/// Positions count from the start of the destination.
 class IovCursor {
  public:
-  explicit IovCursor(const std::vector<iovec>& iov) : iov_(iov) {}
-  /// Moves past n bytes (written elsewhere: by readv, or an earlier attempt).
+  using Sink = std::function<Status(uint64_t at, const uint8_t* data, size_t n)>;
+  explicit IovCursor(const std::vector<iovec>& iov) : iov_(&iov) {}
+  /// Bytes go to `sink`; readv() lands them in `buffer` first.
+  IovCursor(const Sink& sink, uint8_t* buffer, size_t buffer_len)
+      : iov_(nullptr), sink_(&sink), buffer_(buffer), buffer_len_(buffer_len) {}
+  /// Moves past n bytes (written by an earlier attempt).
   /// Precondition: at most the remaining capacity.
   void Advance(uint64_t n);
-  /// Copies n bytes in and advances. Precondition: at most the remaining capacity.
-  void Write(const char* data, size_t n);
+  /// Copies n bytes in (hands them to the sink) and advances; false when
+  /// the sink refused them (its status: sink_status()).
+  /// Precondition: at most the remaining capacity.
+  bool Write(const char* data, size_t n);
   /// The next at most `max_bytes` bytes of room as at most `max_iov` iovecs
-  /// into `out`; returns how many iovecs.
+  /// into `out` (the iovecs', or the sink's buffer); returns how many iovecs.
   int Room(uint64_t max_bytes, iovec* out, int max_iov) const;
+  /// n bytes landed in the room Room() gave: advances (a sink gets them);
+  /// false when the sink refused them.
+  bool Landed(uint64_t n);
+  /// OK, or why the sink refused bytes.
+  const Status& sink_status() const { return sink_status_; }
 
  private:
-  const std::vector<iovec>& iov_;
+  const std::vector<iovec>* iov_;
   size_t index_ = 0;
   size_t within_ = 0;
+  const Sink* sink_ = nullptr;
+  uint8_t* buffer_ = nullptr;
+  size_t buffer_len_ = 0;
+  uint64_t at_ = 0;  // sink mode: the position of the next byte
+  Status sink_status_;
 };
 
 /// A response's status line and headers.
@@ -62,7 +79,9 @@ struct HttpResponseHead {
 
 /// How a connection's I/O failed: the retry loop tells a timeout from a
 /// connection that ended, and both from a response it cannot parse.
-enum class HttpIoError { kNone, kTimeout, kClosed, kMalformed };
+/// kRefused: the destination (a sink) refused the bytes; the cursor's
+/// sink_status() says why.
+enum class HttpIoError { kNone, kTimeout, kClosed, kMalformed, kRefused };
 
 struct HttpIoResult {
   HttpIoError error = HttpIoError::kNone;

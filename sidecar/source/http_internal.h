@@ -122,6 +122,8 @@ class HttpTransport {
   Status Stat(const HttpUrl& url, uint64_t* size, std::string* etag = nullptr);
   /// Bytes [offset, offset + Σ iov) into the iovecs.
   Status ReadV(const HttpUrl& url, uint64_t offset, const std::vector<iovec>& iov);
+  /// Bytes [offset, offset + len) handed to `sink` in pieces (Source::ReadTo), one request.
+  Status ReadTo(const HttpUrl& url, uint64_t offset, uint64_t len, const Source::Sink& sink);
   /// A whole 200 response body of at most `limit` bytes (a listing).
   Status GetBody(const HttpUrl& url, std::string* body, uint64_t limit);
   /// From the ranged GETs made so far (TransferCostModel).

@@ -32,6 +32,11 @@ class HttpSource final : public Source {
     return For(url).ReadV(url, offset, iov);
   }
 
+  Status ReadTo(const std::string& uri, uint64_t offset, uint64_t len, const Sink& sink) override {
+    MESHLOAD_ASSIGN_OR_RETURN(HttpUrl url, internal::ParseHttpUrl(uri));
+    return For(url).ReadTo(url, offset, len, sink);
+  }
+
   bool LatencyBound() const override { return true; }
   uint64_t GapWorthReading() const override {
     return std::max(transport_.GapWorthReading(), transport_tls_.GapWorthReading());

@@ -91,7 +91,9 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
 // What one attempt came to. Statuses carry no location; the retry loop adds
 // `url@offset` once.
 struct Attempt {
-  enum class Kind { kOk, kRetry, kFail };
+  // kRefused: the destination (a sink) refused the bytes; its status is
+  // the read's, as is (not the storage's error: no retry, no metric).
+  enum class Kind { kOk, kRetry, kFail, kRefused };
   Kind kind = Kind::kOk;
   Status status;
   // kRetry: the OnRetry reason; kFail: the OnError kind. Always a literal.
@@ -104,6 +106,7 @@ struct Attempt {
     return {Kind::kRetry, Status(StatusCode::kUnavailable, std::move(message)), reason, {}};
   }
   static Attempt Fail(std::string_view kind, Status status) { return {Kind::kFail, std::move(status), kind, {}}; }
+  static Attempt Refused(Status status) { return {Kind::kRefused, std::move(status), "", {}}; }
 };
 
 // What a small GET's callbacks record for its verdict: the response's status
@@ -274,6 +277,7 @@ Attempt FromIo(const HttpIoResult& r, bool body_started) {
       }
       return Attempt::Retry("connection", r.message);
     case HttpIoError::kMalformed: return Attempt::Retry("connection", "a malformed response: " + r.message);
+    case HttpIoError::kRefused: return Attempt::Refused(Status(StatusCode::kIoError, r.message));
     case HttpIoError::kNone: break;
   }
   return Attempt::Ok();
@@ -369,10 +373,51 @@ class internal::HttpTransport::Impl {
   }
 
   Status ReadV(const HttpUrl& url, uint64_t offset, const std::vector<iovec>& iov) {
-    const auto start = Clock::now();
-    std::string location = url.redacted + "@" + std::to_string(offset);
     uint64_t len = 0;
     for (const iovec& v : iov) len += v.iov_len;
+    Destination dest;
+    dest.iov = &iov;
+    return Read(url, offset, len, dest);
+  }
+
+  Status ReadTo(const HttpUrl& url, uint64_t offset, uint64_t len, const IovCursor::Sink& sink) {
+    // The body lands in this buffer (one per thread, kept), then the sink
+    // takes it: a few hundred KiB at a time stay in the CPU's cache
+    // between the socket's copy and the sink's.
+    thread_local std::unique_ptr<uint8_t[]> buffer(new uint8_t[kSinkBufferBytes]);
+    Destination dest;
+    dest.sink = &sink;
+    dest.buffer = buffer.get();
+    dest.buffer_len = kSinkBufferBytes;
+    return Read(url, offset, len, dest);
+  }
+
+  uint64_t GapWorthReading() const { return cost_.GapWorthReading(); }
+
+  Status GetBody(const HttpUrl& url, std::string* body, uint64_t limit) {
+    return WithRetries(url, url.redacted, [&] { return BodyAttempt(url, body, limit); });
+  }
+
+ private:
+  static constexpr size_t kSinkBufferBytes = 256 << 10;
+
+  // Where a read's bytes go: the caller's iovecs, or a sink through a buffer.
+  struct Destination {
+    const std::vector<iovec>* iov = nullptr;
+    const IovCursor::Sink* sink = nullptr;
+    uint8_t* buffer = nullptr;
+    size_t buffer_len = 0;
+    // A cursor at position `done` (bytes an earlier attempt delivered).
+    IovCursor At(uint64_t done) const {
+      IovCursor c = iov != nullptr ? IovCursor(*iov) : IovCursor(*sink, buffer, buffer_len);
+      c.Advance(done);
+      return c;
+    }
+  };
+
+  Status Read(const HttpUrl& url, uint64_t offset, uint64_t len, const Destination& dest) {
+    const auto start = Clock::now();
+    std::string location = url.redacted + "@" + std::to_string(offset);
     if (len == 0) return Status::Ok();
     if (len - 1 > std::numeric_limits<uint64_t>::max() - offset) {
       return InvalidArgument("range of " + std::to_string(len) + " bytes overflows", location);
@@ -383,7 +428,7 @@ class internal::HttpTransport::Impl {
     int attempts = 0;
     MESHLOAD_RETURN_IF_ERROR(WithRetries(url, location, [&] {
       ++attempts;
-      return ReadAttempt(url, offset, len, iov, done);
+      return ReadAttempt(url, offset, len, dest, done);
     }));
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     observer_->OnRead(scheme_, len, seconds);
@@ -391,13 +436,6 @@ class internal::HttpTransport::Impl {
     return Status::Ok();
   }
 
-  uint64_t GapWorthReading() const { return cost_.GapWorthReading(); }
-
-  Status GetBody(const HttpUrl& url, std::string* body, uint64_t limit) {
-    return WithRetries(url, url.redacted, [&] { return BodyAttempt(url, body, limit); });
-  }
-
- private:
   // The request's headers: `base`, and the hook's authentication.
   httplib::Headers Headers(std::string_view method, const HttpUrl& url, httplib::Headers base) const {
     if (hooks_.sign) hooks_.sign(method, url, base);
@@ -447,6 +485,7 @@ class internal::HttpTransport::Impl {
     for (int i = 0; i < max_attempts; ++i) {
       last = attempt();
       if (last.kind == Attempt::Kind::kOk) return Status::Ok();
+      if (last.kind == Attempt::Kind::kRefused) return last.status;
       if (last.kind == Attempt::Kind::kFail) {
         observer_->OnError(scheme_, last.label);
         return Status(last.status.code(), last.status.message(), location);
@@ -484,11 +523,10 @@ class internal::HttpTransport::Impl {
     return Clock::now() - last_progress >= options_.read_timeout * 9 / 10;
   }
 
-  // Reads bytes [offset + done, offset + len) into iov (from byte `done` of
-  // it) and advances `done` by what a 206 delivered, even on failure.
-  Attempt ReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len, const std::vector<iovec>& iov,
-                      uint64_t& done) {
-    if (url.scheme == "http") return PlainReadAttempt(url, offset, len, iov, done);
+  // Reads bytes [offset + done, offset + len) into dest (from byte `done`
+  // of it) and advances `done` by what a 206 delivered, even on failure.
+  Attempt ReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len, const Destination& dest, uint64_t& done) {
+    if (url.scheme == "http") return PlainReadAttempt(url, offset, len, dest, done);
     auto checkout = pool_.Checkout(url);
     if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
     ClientPtr client = std::move(checkout).value();
@@ -500,8 +538,8 @@ class internal::HttpTransport::Impl {
     RangeHeadVerdict head;
     bool overflow = false;  // the server sent more than asked; we stopped reading
     uint64_t received = done;
-    IovCursor writer(iov);
-    writer.Advance(done);
+    IovCursor writer = dest.At(done);
+    bool refused = false;
     Clock::time_point last_progress = Clock::now();
 
     auto on_response = [&](const httplib::Response& res) {
@@ -518,7 +556,10 @@ class internal::HttpTransport::Impl {
         return true;
       }
       size_t take = static_cast<size_t>(std::min<uint64_t>(n, len - received));
-      writer.Write(data, take);
+      if (!writer.Write(data, take)) {
+        refused = true;
+        return false;
+      }
       received += take;
       if (take < n) {
         overflow = true;
@@ -530,6 +571,7 @@ class internal::HttpTransport::Impl {
     httplib::Result res = client->Get(url.target, headers, on_response, on_data);
     const bool clean = res.error() == httplib::Error::Success;
     if (head.to_iov && status == 206) done = received;  // kept for the next attempt
+    if (refused) return Attempt::Refused(writer.sink_status());
     // Only a connection whose exchange finished cleanly is reused.
     auto give_back = [&] {
       if (clean) pool_.Return(url, std::move(client));
@@ -550,8 +592,7 @@ class internal::HttpTransport::Impl {
 
   // ReadAttempt over plain http: the body goes straight from the socket into
   // the iovecs (HttpConnection).
-  Attempt PlainReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len, const std::vector<iovec>& iov,
-                           uint64_t& done) {
+  Attempt PlainReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len, const Destination& dest, uint64_t& done) {
     const uint64_t from = offset + done;
     const httplib::Headers headers = RangeHeaders(url, from, offset + len - 1);
     for (;;) {
@@ -584,8 +625,7 @@ class internal::HttpTransport::Impl {
         if (conn->Reusable()) plain_pool_.Return(url, std::move(conn));
       };
       if (head.to_iov) {
-        IovCursor writer(iov);
-        writer.Advance(done);
+        IovCursor writer = dest.At(done);
         uint64_t received = done;
         bool overflow = false;
         if (response.content_length && !response.chunked) {
@@ -596,13 +636,14 @@ class internal::HttpTransport::Impl {
         } else {
           r = conn->ReadBody(response, std::numeric_limits<uint64_t>::max(), [&](const char* data, size_t n) {
             const size_t take = static_cast<size_t>(std::min<uint64_t>(n, len - received));
-            writer.Write(data, take);
+            if (!writer.Write(data, take)) return false;
             received += take;
             overflow = take < n;
             return !overflow;
           });
         }
         if (response.status == 206) done = received;  // kept for the next attempt
+        if (!writer.sink_status().ok()) return Attempt::Refused(writer.sink_status());
         if (received == len && r.ok()) {
           if (!overflow) give_back();
           return Attempt::Ok();
@@ -751,6 +792,9 @@ Status HttpTransport::Stat(const HttpUrl& url, uint64_t* size, std::string* etag
 }
 Status HttpTransport::ReadV(const HttpUrl& url, uint64_t offset, const std::vector<iovec>& iov) {
   return impl_->ReadV(url, offset, iov);
+}
+Status HttpTransport::ReadTo(const HttpUrl& url, uint64_t offset, uint64_t len, const Source::Sink& sink) {
+  return impl_->ReadTo(url, offset, len, sink);
 }
 Status HttpTransport::GetBody(const HttpUrl& url, std::string* body, uint64_t limit) {
   return impl_->GetBody(url, body, limit);

@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "sidecar/source/source.h"
 
@@ -198,6 +199,17 @@ Result<std::pair<Source*, std::string>> SourceRegistry::For(const std::string& u
 void SourceRegistry::Interpose(Source* inner, Source* outer) {
   MutexLock lock(mu_);
   interposed_[inner] = outer;
+}
+
+Status Source::ReadTo(const std::string& uri, uint64_t offset, uint64_t len, const Sink& sink) {
+  std::vector<uint8_t> piece(static_cast<size_t>(std::min<uint64_t>(len, kStreamPiece)));
+  for (uint64_t at = 0; at < len;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(len - at, piece.size()));
+    MESHLOAD_RETURN_IF_ERROR(Read(uri, offset + at, piece.data(), n));
+    MESHLOAD_RETURN_IF_ERROR(sink(at, piece.data(), n));
+    at += n;
+  }
+  return Status::Ok();
 }
 
 namespace {

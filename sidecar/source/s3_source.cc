@@ -422,6 +422,11 @@ class S3Source final : public Source {
     return transport_.ReadV(url, offset, iov);
   }
 
+  Status ReadTo(const std::string& uri, uint64_t offset, uint64_t len, const Sink& sink) override {
+    MESHLOAD_ASSIGN_OR_RETURN(HttpUrl url, ObjectUrl(uri));
+    return transport_.ReadTo(url, offset, len, sink);
+  }
+
   bool LatencyBound() const override { return true; }
   uint64_t GapWorthReading() const override { return transport_.GapWorthReading(); }
 

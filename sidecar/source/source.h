@@ -227,6 +227,20 @@ class Source {
   /// reads across such gaps, and no longer ones. 0: never merge.
   virtual uint64_t GapWorthReading() const { return 0; }
 
+  /// Where ReadTo hands bytes: `n` bytes at position `at` of the read
+  /// (0 is its offset). A non-OK status stops the read and is its result.
+  using Sink = std::function<Status(uint64_t at, const uint8_t* data, size_t n)>;
+  /// Reads bytes [offset, offset + len) of `uri` and hands them to `sink`
+  /// in pieces, in order, the bytes of each piece valid during the call
+  /// only: a reader that stores the bytes somewhere other than memory it
+  /// already holds (the block cache writes them to a file) never needs a
+  /// buffer of `len`. A retried request may hand a range again from an
+  /// earlier position (the same bytes). A source that can stream overrides
+  /// it with one request whose body arrives in pieces (http, https, s3);
+  /// the default reads pieces of kStreamPiece with ReadV. Errors as ReadV's.
+  virtual Status ReadTo(const std::string& uri, uint64_t offset, uint64_t len, const Sink& sink);
+  static constexpr size_t kStreamPiece = 1 << 20;
+
   /// Convenience: one destination buffer.
   Status Read(const std::string& uri, uint64_t offset, void* dst, uint64_t len) {
     return ReadV(uri, offset, {iovec{dst, static_cast<size_t>(len)}});

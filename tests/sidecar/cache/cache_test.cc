@@ -60,18 +60,28 @@ std::vector<uint8_t> Pattern(uint64_t n, uint64_t seed) {
   return v;
 }
 
-// A fetch that copies `bytes` and counts its calls.
+// A fetch that hands `bytes` to the cache in pieces of `piece` bytes and
+// counts its calls; with `again`, it hands the first half a second time
+// after the whole (what a retried request of a streaming source may do).
 struct CountingFetch {
   std::vector<uint8_t> bytes;
   std::atomic<int> calls{0};
   std::chrono::milliseconds delay{0};
+  size_t piece = 7001;
+  bool again = false;
   BlockCache::Fetch Get() {
-    return [this](uint8_t* dst, uint64_t len) -> Status {
+    return [this](uint64_t len, const BlockCache::Sink& sink) -> Status {
       calls += 1;
       if (delay.count() > 0) std::this_thread::sleep_for(delay);
       if (len != bytes.size()) return Internal("wrong length");
-      std::memcpy(dst, bytes.data(), len);
-      return Status::Ok();
+      auto hand = [&](uint64_t from, uint64_t to) -> Status {
+        for (uint64_t at = from; at < to; at += piece) {
+          MESHLOAD_RETURN_IF_ERROR(sink(at, bytes.data() + at, std::min<uint64_t>(piece, to - at)));
+        }
+        return Status::Ok();
+      };
+      MESHLOAD_RETURN_IF_ERROR(hand(0, len));
+      return again ? hand(0, len / 2) : Status::Ok();
     };
   }
 };
@@ -118,6 +128,42 @@ TEST(BlockCache, StoresABlockOnceAndFindsItAgainAfterARestart) {
   EXPECT_EQ(BytesOf(*b), f.bytes);
   EXPECT_EQ(f.calls.load(), 1) << "found on disk, not fetched";
   EXPECT_EQ(cache->counters().hits.load(), 1u);
+}
+
+TEST(BlockCache, ABlockHandedInPiecesAndPartlyAgainIsStoredWholeAndVerified) {
+  TempDir dir;
+  CountingFetch f;
+  f.bytes = Pattern(300000, 4);
+  f.piece = 65536;
+  f.again = true;  // a retried request's bytes, handed a second time
+  const BlockId id{ObjectKey("s3://b/k", 300000, ""), 0};
+  {
+    auto cache = MustOpen(dir.path(), 1 << 20);
+    auto b = cache->Get(id, f.bytes.size(), f.Get(), 0, BlockCache::Want::kRead);
+    ASSERT_OK(b);
+    EXPECT_EQ(BytesOf(*b), f.bytes);
+  }
+  // Another process verifies the file (its trailer's checksum) before it serves it.
+  auto cache = MustOpen(dir.path(), 1 << 20);
+  auto b = cache->Get(id, f.bytes.size(), f.Get(), 0, BlockCache::Want::kRead);
+  ASSERT_OK(b);
+  EXPECT_EQ(BytesOf(*b), f.bytes);
+  EXPECT_EQ(f.calls.load(), 1);
+  EXPECT_EQ(cache->counters().found_on_disk.load(), 1u);
+  EXPECT_EQ(cache->counters().corrupt_blocks.load(), 0u);
+}
+
+TEST(BlockCache, AFetchHandingBytesPastItsBlockFailsAndStoresNothing) {
+  TempDir dir;
+  auto cache = MustOpen(dir.path(), 1 << 20);
+  const BlockId id{ObjectKey("s3://b/k", 1000, ""), 0};
+  const std::vector<uint8_t> bytes(2000, 7);
+  auto b = cache->Get(
+      id, 1000, [&](uint64_t, const BlockCache::Sink& sink) { return sink(500, bytes.data(), 600); }, 0,
+      BlockCache::Want::kRead);
+  EXPECT_THAT(b.status(), meshload::testing::StatusIs(StatusCode::kInternal, HasSubstr("bytes 500..1100")));
+  EXPECT_FALSE(cache->Contains(id));
+  EXPECT_EQ(cache->resident_bytes(), 0u);
 }
 
 TEST(BlockCache, AChangedObjectNeverMatchesItsOldBlocks) {
@@ -343,13 +389,12 @@ TEST(BlockCache, TwoProcessesFillingOneBlockOfASharedDirectoryFetchItOnce) {
     if (!cache.ok()) return false;
     auto b = (*cache)->Get(
         {9, 9}, bytes.size(),
-        [&](uint8_t* dst, uint64_t len) {
+        [&](uint64_t len, const BlockCache::Sink& sink) {
           int fd = ::open(count_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
           if (::write(fd, "x", 1) != 1) return Internal("write");
           ::close(fd);
           std::this_thread::sleep_for(std::chrono::milliseconds(300));
-          std::memcpy(dst, bytes.data(), len);
-          return Status::Ok();
+          return sink(0, bytes.data(), len);
         },
         0, BlockCache::Want::kRead);
     return b.ok() && std::memcmp(b->data(), bytes.data(), bytes.size()) == 0;
@@ -518,6 +563,15 @@ class CountingSource final : public source::Source {
       fetches_[{uri, offset}] += 1;
     }
     return inner_.ReadV(uri, offset, iov);
+  }
+  // One request, its body handed on in pieces, as a streaming remote does.
+  Status ReadTo(const std::string& uri, uint64_t offset, uint64_t len, const Sink& sink) override {
+    std::vector<uint8_t> all(len);
+    MESHLOAD_RETURN_IF_ERROR(ReadV(uri, offset, {iovec{all.data(), all.size()}}));
+    for (uint64_t at = 0; at < len; at += 100000) {
+      MESHLOAD_RETURN_IF_ERROR(sink(at, all.data() + at, std::min<uint64_t>(100000, len - at)));
+    }
+    return Status::Ok();
   }
   // How many ranges were fetched `n` times.
   size_t FetchedTimes(int n) const {

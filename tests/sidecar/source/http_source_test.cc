@@ -258,6 +258,78 @@ TEST_F(HttpSourceTest, BodyCutShortIsRetriedForTheRestOnly) {
   EXPECT_EQ(second_range, "bytes=25010-50009");
 }
 
+// What a streamed read (Source::ReadTo) handed its sink: the bytes by
+// position, and whether each piece began where the one before it ended.
+struct Pieces {
+  std::string bytes;
+  int count = 0;
+  bool in_order = true;
+  Source::Sink Sink() {
+    return [this](uint64_t at, const uint8_t* data, size_t n) {
+      in_order = in_order && at == bytes.size();
+      if (bytes.size() < at + n) bytes.resize(at + n);
+      bytes.replace(at, n, reinterpret_cast<const char*>(data), n);
+      count += 1;
+      return Status::Ok();
+    };
+  }
+};
+
+TEST_F(HttpSourceTest, AStreamedReadHandsItsBytesInOrderFromOneRequest) {
+  const std::string big = RandomBytes(3 << 20, 5);
+  server_.Get("/big", [&](const httplib::Request& req, httplib::Response& res) { ServeBytes(big, req, res); });
+  auto source = Start();
+  Pieces got;
+  ASSERT_OK(source->ReadTo(server_.Url("/big"), 12345, 3000000, got.Sink()));
+  EXPECT_EQ(got.bytes, big.substr(12345, 3000000));
+  EXPECT_TRUE(got.in_order);
+  EXPECT_GT(got.count, 1) << "handed in pieces, never as one buffer of the whole read";
+  EXPECT_EQ(server_.requests(), 1);
+  EXPECT_EQ(observer_.reads(), 1u);
+  EXPECT_EQ(observer_.bytes(), 3000000u);
+}
+
+TEST_F(HttpSourceTest, AStreamedReadCutShortGoesOnFromTheByteItReached) {
+  std::atomic<int> calls{0};
+  std::string second_range;
+  server_.Get("/cut", [&](const httplib::Request& req, httplib::Response& res) {
+    if (calls.fetch_add(1) == 0) {
+      ServeBytes(data_, req, res);
+      std::string body = res.body;
+      res.body.clear();
+      res.set_content_provider(body.size(), "application/octet-stream",
+                               [body](size_t, size_t, httplib::DataSink& sink) {
+                                 sink.write(body.data(), body.size() / 2);
+                                 return false;
+                               });
+      return;
+    }
+    second_range = req.get_header_value("Range");
+    ServeBytes(data_, req, res);
+  });
+  Pieces got;
+  ASSERT_OK(Start()->ReadTo(server_.Url("/cut"), 10, 50000, got.Sink()));
+  EXPECT_EQ(got.bytes, data_.substr(10, 50000));
+  EXPECT_TRUE(got.in_order) << "no byte handed twice";
+  EXPECT_EQ(observer_.retries(), std::vector<std::string>{"short_body"});
+  EXPECT_EQ(second_range, "bytes=25010-50009");
+}
+
+TEST_F(HttpSourceTest, ASinkThatRefusesBytesEndsTheReadWithItsOwnErrorUnretried) {
+  auto source = Start();
+  int calls = 0;
+  Status st = source->ReadTo(server_.Url("/obj"), 0, data_.size(), [&](uint64_t, const uint8_t*, size_t) {
+    calls += 1;
+    return Status(StatusCode::kIoError, "writing a block to the cache: No space left on device", "/cache/x.tmp");
+  });
+  EXPECT_THAT(st, StatusIs(StatusCode::kIoError, HasSubstr("No space left on device")));
+  EXPECT_EQ(st.location(), "/cache/x.tmp") << "the sink's error as it is, not a storage error of the URL";
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(server_.requests(), 1);
+  EXPECT_TRUE(observer_.retries().empty());
+  EXPECT_TRUE(observer_.errors().empty()) << "the storage did nothing wrong";
+}
+
 TEST_F(HttpSourceTest, ShorterRangeThanAskedIsRetriedAsShortBody) {
   server_.Get("/stingy", [&](const httplib::Request& req, httplib::Response& res) {
     // A consistent 206 for fewer bytes than asked, object size unknown.
@@ -466,6 +538,17 @@ TEST_F(HttpsSourceTest, ReadVerifiedAgainstTheCaFileIsByteExact) {
   ASSERT_OK(info);
   EXPECT_EQ(info->size, data_.size());
   EXPECT_EQ(observer_.schemes(), std::set<std::string>{"https"});
+}
+
+TEST_F(HttpsSourceTest, AStreamedReadIsByteExact) {
+  SourceOptions options = FastOptions(&observer_);
+  options.ca_file = ca_;
+  auto source = MakeHttp(options);
+  Pieces got;
+  ASSERT_OK(source->ReadTo(server_->Url("/obj"), 100, 4000, got.Sink()));
+  EXPECT_EQ(got.bytes, data_.substr(100, 4000));
+  EXPECT_TRUE(got.in_order);
+  EXPECT_EQ(observer_.reads(), 1u);
 }
 
 TEST_F(HttpsSourceTest, UntrustedCertificateFailsWithoutRetries) {
