@@ -469,17 +469,20 @@ Status Sidecar::InitCache() {
   cached_->CountByEpoch([this](int64_t step) { return planner_->EpochOf(step); });
   std::vector<int64_t> object_of_file(rj.dataset.files().size(), -1);
   const planner::BlockMap blocks(rj, geometry);
-  for (const CachedFile& cf : remote_files) {
-    // The object's version (its ETag) keys its blocks: a rewritten object
-    // never matches blocks of its old bytes.
-    // The listing that indexed the dataset gave it (an S3 ETag); else one
-    // request for it.
+  // The object's version (its ETag) keys its blocks: a rewritten object
+  // never matches blocks of its old bytes. The listing that indexed the
+  // dataset gave it (an S3 ETag); else one request for it, 16 at a time.
+  std::vector<Result<source::ObjectInfo>> versions(remote_files.size(), source::ObjectInfo{});
+  source::ForEachObject(*remote, remote_files.size(), [&](size_t i) {
+    const CachedFile& cf = remote_files[i];
     const planner::DatasetFile& f = rj.dataset.files()[cf.file];
-    std::string version = f.version;
-    if (version.empty()) {
-      MESHLOAD_ASSIGN_OR_RETURN(source::ObjectInfo info, remote->Stat(f.stored ? cf.stored_name : cf.name));
-      version = std::move(info.version);
-    }
+    if (f.version.empty()) versions[i] = remote->Stat(f.stored ? cf.stored_name : cf.name);
+  });
+  for (size_t i = 0; i < remote_files.size(); ++i) {
+    const CachedFile& cf = remote_files[i];
+    const planner::DatasetFile& f = rj.dataset.files()[cf.file];
+    if (!versions[i].ok()) return versions[i].status();
+    const std::string& version = f.version.empty() ? versions[i]->version : f.version;
     object_of_file[cf.file] =
         static_cast<int64_t>(f.stored ? cached_->AddStoredObject(cf.name, f.size, cf.stored_name, *f.stored, version)
                                       : cached_->AddObject(cf.name, f.size, version, blocks.starts(cf.file)));

@@ -46,26 +46,6 @@ Result<formats::MegatronIndex> ReadMegatronIndex(Source& source, const std::stri
 
 namespace {
 
-// Runs fn(i) for every file i of n, several at a time on a source that
-// waits on the network (a request per file: their round trips overlap),
-// one after the other on local files. Sources are thread-safe.
-// fn(0) ... fn(n - 1) on up to `threads` threads (this one among them).
-void ForEach(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
-  threads = std::min(n, threads);
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
-  };
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-}
-
-void ForEachFile(const Source& source, size_t n, const std::function<void(size_t)>& fn) {
-  ForEach(n, source.LatencyBound() ? 16 : 1, fn);
-}
-
 // MegatronIndexed: the URI names a prefix (PREFIX.idx and PREFIX.bin beside
 // it), one of the two files, or a directory, glob or object prefix whose
 // .idx/.bin pairs are the dataset's files (other objects are not part of
@@ -115,7 +95,7 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MegatronFacts(Source& sour
     facts.version = bin->version;
     to_read.emplace_back(idx, &facts);
   }
-  ForEachFile(source, to_read.size(), [&](size_t i) {
+  ForEachObject(source, to_read.size(), [&](size_t i) {
     to_read[i].second->megatron = ReadMegatronIndex(source, to_read[i].first->name, to_read[i].first->size);
   });
   if (files.empty() && diags.ok()) {
@@ -154,7 +134,7 @@ Result<IndexedFiles> FilesWithIndexes(Source& source, const std::string& name,
   }
   std::vector<planner::DatasetIndex::FileFacts> found(data.size());
   std::vector<char> indexed(data.size(), 1);
-  ForEachFile(source, data.size(), [&](size_t i) {
+  ForEachObject(source, data.size(), [&](size_t i) {
     const Source::Listed& o = data[i];
     planner::DatasetIndex::FileFacts& facts = found[i];
     facts.path = o.name;
@@ -270,7 +250,7 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> TfRecordFacts(Source& sour
                                       bytes, idx, compressed ? std::nullopt : std::optional<uint64_t>(size));
                                 }));
   const std::string_view spec_name = compression == planner::FileCompression::kGZIP ? "GZIP" : "ZLIB";
-  ForEachFile(source, found.files.size(), [&](size_t i) {
+  ForEachObject(source, found.files.size(), [&](size_t i) {
     planner::DatasetIndex::FileFacts& facts = found.files[i];
     if (!compressed) {
       // An index that does not fit an uncompressed file: say so when the
@@ -356,7 +336,7 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MdsFacts(Source& source, c
     return Source::Listed{object, i.size, i.version};
   };
   std::vector<planner::DatasetIndex::FileFacts> files(shards.size());
-  ForEachFile(source, shards.size(), [&](size_t i) {
+  ForEachObject(source, shards.size(), [&](size_t i) {
     formats::MdsShard& shard = shards[i];
     planner::DatasetIndex::FileFacts& facts = files[i];
     facts.path = folder + shard.basename;
@@ -448,7 +428,8 @@ GatherFacts GathererOf(planner::DatasetFormat format) {
       {F::kNpy,
        [](const planner::DatasetSpec&, Source& s, const std::string& name, Diagnostics&) -> Result<FileFactsList> {
          MESHLOAD_ASSIGN_OR_RETURN(FileFactsList files, ListedFacts(s, name));
-         ForEachFile(s, files.size(), [&](size_t i) { files[i].npy = ReadNpyHeader(s, files[i].path, files[i].size); });
+         ForEachObject(s, files.size(),
+                       [&](size_t i) { files[i].npy = ReadNpyHeader(s, files[i].path, files[i].size); });
          return files;
        }},
       {F::kMegatronIndexed, [](const planner::DatasetSpec&, Source& s, const std::string& name,

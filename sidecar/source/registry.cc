@@ -1,9 +1,11 @@
 // SourceRegistry, scheme parsing, URI redaction and the null observer.
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -210,6 +212,22 @@ Status Source::ReadTo(const std::string& uri, uint64_t offset, uint64_t len, con
     at += n;
   }
   return Status::Ok();
+}
+
+void ForEach(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
+  threads = std::min(n, threads);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+void ForEachObject(const Source& source, size_t n, const std::function<void(size_t)>& fn) {
+  ForEach(n, source.LatencyBound() ? 16 : 1, fn);
 }
 
 namespace {

@@ -247,6 +247,14 @@ class Source {
   }
 };
 
+/// Runs fn(0) ... fn(n - 1) on up to `threads` threads (the caller's
+/// among them), each i once, and returns when all have.
+void ForEach(size_t n, size_t threads, const std::function<void(size_t)>& fn);
+/// ForEach over n objects of `source`: 16 at a time on a source that waits
+/// on the network (a request per object: their round trips overlap), one
+/// after the other on local files. Sources are thread-safe.
+void ForEachObject(const Source& source, size_t n, const std::function<void(size_t)>& fn);
+
 /// The step the calling thread reads for. The step loader sets it on each
 /// thread that reads a step's bytes (the caller of Load and its reader
 /// threads), so a source that keeps bytes for the steps that need them (the

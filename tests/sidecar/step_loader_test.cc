@@ -742,6 +742,27 @@ TEST(StepLoader, AFileTruncatedAfterPlanningIsAnErrorNamingFileAndOffset) {
   EXPECT_EQ(st.location().rfind(file + "@", 0), 0u) << st.ToString();
 }
 
+TEST(StepLoader, VerifyingManyFilesAtOnceReportsTheFirstChangedOneInFileOrder) {
+  TempDir dir;
+  auto planner =
+      Prepare(OneDevice(DatasetFormat::kFixedRecord, Strategy::kPerProcess, ShuffleMode::kNone), dir, 960, 40);
+  const auto& files = planner->job().dataset.files();
+  ASSERT_EQ(files.size(), 40u);
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  auto layout = staging::ComputeBatchLayout(planner->job(), 0);
+  auto loader = StepLoader::Create(*planner, 0, planner->DefaultLoading(), *sources, layout, {});
+  ASSERT_OK(loader);
+  ASSERT_OK((*loader)->VerifyFiles());
+  // Files are checked 16 at a time; whichever finishes first, the error
+  // names the first changed file of the dataset's order.
+  for (size_t i : {37u, 23u, 9u}) ASSERT_EQ(::truncate(files[i].path.c_str(), 10), 0);
+  for (int round = 0; round < 5; ++round) {
+    Status verify = (*loader)->VerifyFiles();
+    EXPECT_EQ(verify.code(), StatusCode::kDataLoss);
+    EXPECT_EQ(verify.location(), files[9].path);
+  }
+}
+
 TEST(StepLoader, ANpyFileShorterThanItsHeaderClaimsIsRefusedAtIndexing) {
   TempDir dir;
   planner::JobSpec spec =
