@@ -491,6 +491,11 @@ Status Sidecar::InitCache() {
   cache::FetchAheadOptions fopts;
   fopts.lookahead_bytes = std::min<uint64_t>(static_cast<uint64_t>(spec.lookahead_bytes), capacity / 2);
   fopts.threads = static_cast<int>(spec.fetch_threads);
+  // Planned at most an epoch ahead: what a step that far off reads only
+  // orders evictions (a block with no use noted counts as used furthest
+  // ahead), and planning six epochs of a small dataset at start-up took
+  // the CPU the trainer's own start-up needed.
+  fopts.max_steps_ahead = std::clamp<int64_t>(static_cast<int64_t>(rj.steps_per_epoch), 1, fopts.max_steps_ahead);
   fetch_ahead_ = std::make_unique<cache::FetchAhead>(*planner_, loading_, options_.process, *cached_,
                                                      std::move(object_of_file), fopts);
   set_mode("blocks", "blocks of " + std::to_string(geometry.block_bytes) + " bytes (objects up to " +
