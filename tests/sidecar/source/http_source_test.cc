@@ -69,6 +69,28 @@ class HttpSourceTest : public ::testing::Test {
     EXPECT_EQ(server_.requests(), 2);
   }
 
+  // Serves data_ at `path`; the first response promises the whole range,
+  // sends half of it and drops the connection. The next request's Range
+  // header goes to *second_range.
+  void ServeCutOnce(const std::string& path, std::string* second_range) {
+    auto calls = std::make_shared<std::atomic<int>>(0);
+    server_.Get(path, [this, calls, second_range](const httplib::Request& req, httplib::Response& res) {
+      if (calls->fetch_add(1) == 0) {
+        ServeBytes(data_, req, res);
+        std::string body = res.body;
+        res.body.clear();
+        res.set_content_provider(body.size(), "application/octet-stream",
+                                 [body](size_t, size_t, httplib::DataSink& sink) {
+                                   sink.write(body.data(), body.size() / 2);
+                                   return false;
+                                 });
+        return;
+      }
+      *second_range = req.get_header_value("Range");
+      ServeBytes(data_, req, res);
+    });
+  }
+
   std::string data_;
   TestHttpServer server_;
   RecordingObserver observer_;
@@ -230,24 +252,8 @@ TEST_F(HttpSourceTest, SlowResponseIsRetriedAsTimeoutAndTheFastRetrySucceeds) {
 }
 
 TEST_F(HttpSourceTest, BodyCutShortIsRetriedForTheRestOnly) {
-  std::atomic<int> calls{0};
   std::string second_range;
-  server_.Get("/cut", [&](const httplib::Request& req, httplib::Response& res) {
-    if (calls.fetch_add(1) == 0) {
-      // Promise the whole range, send half of it, then drop the connection.
-      ServeBytes(data_, req, res);
-      std::string body = res.body;
-      res.body.clear();
-      res.set_content_provider(body.size(), "application/octet-stream",
-                               [body](size_t, size_t, httplib::DataSink& sink) {
-                                 sink.write(body.data(), body.size() / 2);
-                                 return false;
-                               });
-      return;
-    }
-    second_range = req.get_header_value("Range");
-    ServeBytes(data_, req, res);
-  });
+  ServeCutOnce("/cut", &second_range);
   std::string out(50000, '\0');
   Status st = Start()->Read(server_.Url("/cut"), 10, out.data(), out.size());
   ASSERT_OK(st);
@@ -290,23 +296,8 @@ TEST_F(HttpSourceTest, AStreamedReadHandsItsBytesInOrderFromOneRequest) {
 }
 
 TEST_F(HttpSourceTest, AStreamedReadCutShortGoesOnFromTheByteItReached) {
-  std::atomic<int> calls{0};
   std::string second_range;
-  server_.Get("/cut", [&](const httplib::Request& req, httplib::Response& res) {
-    if (calls.fetch_add(1) == 0) {
-      ServeBytes(data_, req, res);
-      std::string body = res.body;
-      res.body.clear();
-      res.set_content_provider(body.size(), "application/octet-stream",
-                               [body](size_t, size_t, httplib::DataSink& sink) {
-                                 sink.write(body.data(), body.size() / 2);
-                                 return false;
-                               });
-      return;
-    }
-    second_range = req.get_header_value("Range");
-    ServeBytes(data_, req, res);
-  });
+  ServeCutOnce("/cut", &second_range);
   Pieces got;
   ASSERT_OK(Start()->ReadTo(server_.Url("/cut"), 10, 50000, got.Sink()));
   EXPECT_EQ(got.bytes, data_.substr(10, 50000));
