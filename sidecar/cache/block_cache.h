@@ -56,6 +56,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "sidecar/source/source.h"
 
 namespace meshload::sidecar::cache {
 
@@ -138,8 +139,8 @@ class BlockCache {
     std::shared_ptr<const Bytes> bytes_;
   };
 
-  /// Takes `n` bytes of a block at position `at` (source::Source::Sink).
-  using Sink = std::function<Status(uint64_t at, const uint8_t* data, size_t n)>;
+  /// Takes `n` bytes of a block at position `at`.
+  using Sink = source::Source::Sink;
   /// Fetches the `len` bytes of a block and hands them to `sink` in pieces
   /// (source::Source::ReadTo); errors name the object and offset (the
   /// source's), a sink's error is returned as is.

@@ -3,9 +3,10 @@
 /// carry a dataset's bytes over `http://` (the "http" source and the "s3"
 /// source on an http endpoint). A body of known length is read with readv()
 /// straight into the caller's iovecs (or into a buffer handed to a sink
-/// after each call), as many bytes per system call as the socket holds; cpp-httplib reads a body 4 KiB at a time into a
-/// buffer of its own and copies it out, which on a fast link costs a core per few GB/s. TLS stays with cpp-httplib.
-/// Internal to the HTTP transport; exposed for its tests.
+/// after each call), as many bytes per system call as the socket holds;
+/// cpp-httplib reads a body 4 KiB at a time into a buffer of its own and
+/// copies it out, which on a fast link costs a core per few GB/s. TLS stays
+/// with cpp-httplib. Internal to the HTTP transport; exposed for its tests.
 ///
 /// Thread safety: a connection is used by one thread at a time.
 #pragma once
@@ -23,15 +24,17 @@
 #include <vector>
 
 #include "common/status.h"
+#include "sidecar/source/source.h"
 
 namespace meshload::sidecar::source::internal {
 
 /// Where a body's bytes go: consecutive iovecs, or a sink (Source::Sink)
 /// that gets them in pieces, read into a buffer of the caller's first.
-/// Positions count from the start of the destination.
+/// Positions count from the start of the destination. Copyable: a copy
+/// goes on from the same position.
 class IovCursor {
  public:
-  using Sink = std::function<Status(uint64_t at, const uint8_t* data, size_t n)>;
+  using Sink = Source::Sink;
   explicit IovCursor(const std::vector<iovec>& iov) : iov_(&iov) {}
   /// Bytes go to `sink`; readv() lands them in `buffer` first.
   IovCursor(const Sink& sink, uint8_t* buffer, size_t buffer_len)

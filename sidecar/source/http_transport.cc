@@ -375,21 +375,15 @@ class internal::HttpTransport::Impl {
   Status ReadV(const HttpUrl& url, uint64_t offset, const std::vector<iovec>& iov) {
     uint64_t len = 0;
     for (const iovec& v : iov) len += v.iov_len;
-    Destination dest;
-    dest.iov = &iov;
-    return Read(url, offset, len, dest);
+    return Read(url, offset, len, IovCursor(iov));
   }
 
-  Status ReadTo(const HttpUrl& url, uint64_t offset, uint64_t len, const IovCursor::Sink& sink) {
+  Status ReadTo(const HttpUrl& url, uint64_t offset, uint64_t len, const Source::Sink& sink) {
     // The body lands in this buffer (one per thread, kept), then the sink
     // takes it: a few hundred KiB at a time stay in the CPU's cache
     // between the socket's copy and the sink's.
     thread_local std::unique_ptr<uint8_t[]> buffer(new uint8_t[kSinkBufferBytes]);
-    Destination dest;
-    dest.sink = &sink;
-    dest.buffer = buffer.get();
-    dest.buffer_len = kSinkBufferBytes;
-    return Read(url, offset, len, dest);
+    return Read(url, offset, len, IovCursor(sink, buffer.get(), kSinkBufferBytes));
   }
 
   uint64_t GapWorthReading() const { return cost_.GapWorthReading(); }
@@ -401,21 +395,9 @@ class internal::HttpTransport::Impl {
  private:
   static constexpr size_t kSinkBufferBytes = 256 << 10;
 
-  // Where a read's bytes go: the caller's iovecs, or a sink through a buffer.
-  struct Destination {
-    const std::vector<iovec>* iov = nullptr;
-    const IovCursor::Sink* sink = nullptr;
-    uint8_t* buffer = nullptr;
-    size_t buffer_len = 0;
-    // A cursor at position `done` (bytes an earlier attempt delivered).
-    IovCursor At(uint64_t done) const {
-      IovCursor c = iov != nullptr ? IovCursor(*iov) : IovCursor(*sink, buffer, buffer_len);
-      c.Advance(done);
-      return c;
-    }
-  };
-
-  Status Read(const HttpUrl& url, uint64_t offset, uint64_t len, const Destination& dest) {
+  // `dest`: where the read's bytes go, a cursor at its start; each attempt
+  // copies it and moves past what earlier attempts delivered.
+  Status Read(const HttpUrl& url, uint64_t offset, uint64_t len, const IovCursor& dest) {
     const auto start = Clock::now();
     std::string location = url.redacted + "@" + std::to_string(offset);
     if (len == 0) return Status::Ok();
@@ -525,7 +507,7 @@ class internal::HttpTransport::Impl {
 
   // Reads bytes [offset + done, offset + len) into dest (from byte `done`
   // of it) and advances `done` by what a 206 delivered, even on failure.
-  Attempt ReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len, const Destination& dest, uint64_t& done) {
+  Attempt ReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len, const IovCursor& dest, uint64_t& done) {
     if (url.scheme == "http") return PlainReadAttempt(url, offset, len, dest, done);
     auto checkout = pool_.Checkout(url);
     if (!checkout.ok()) return Attempt::Fail("io", checkout.status());
@@ -538,8 +520,8 @@ class internal::HttpTransport::Impl {
     RangeHeadVerdict head;
     bool overflow = false;  // the server sent more than asked; we stopped reading
     uint64_t received = done;
-    IovCursor writer = dest.At(done);
-    bool refused = false;
+    IovCursor writer = dest;
+    writer.Advance(done);
     Clock::time_point last_progress = Clock::now();
 
     auto on_response = [&](const httplib::Response& res) {
@@ -556,10 +538,7 @@ class internal::HttpTransport::Impl {
         return true;
       }
       size_t take = static_cast<size_t>(std::min<uint64_t>(n, len - received));
-      if (!writer.Write(data, take)) {
-        refused = true;
-        return false;
-      }
+      if (!writer.Write(data, take)) return false;
       received += take;
       if (take < n) {
         overflow = true;
@@ -571,7 +550,7 @@ class internal::HttpTransport::Impl {
     httplib::Result res = client->Get(url.target, headers, on_response, on_data);
     const bool clean = res.error() == httplib::Error::Success;
     if (head.to_iov && status == 206) done = received;  // kept for the next attempt
-    if (refused) return Attempt::Refused(writer.sink_status());
+    if (!writer.sink_status().ok()) return Attempt::Refused(writer.sink_status());
     // Only a connection whose exchange finished cleanly is reused.
     auto give_back = [&] {
       if (clean) pool_.Return(url, std::move(client));
@@ -592,7 +571,7 @@ class internal::HttpTransport::Impl {
 
   // ReadAttempt over plain http: the body goes straight from the socket into
   // the iovecs (HttpConnection).
-  Attempt PlainReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len, const Destination& dest, uint64_t& done) {
+  Attempt PlainReadAttempt(const HttpUrl& url, uint64_t offset, uint64_t len, const IovCursor& dest, uint64_t& done) {
     const uint64_t from = offset + done;
     const httplib::Headers headers = RangeHeaders(url, from, offset + len - 1);
     for (;;) {
@@ -625,7 +604,8 @@ class internal::HttpTransport::Impl {
         if (conn->Reusable()) plain_pool_.Return(url, std::move(conn));
       };
       if (head.to_iov) {
-        IovCursor writer = dest.At(done);
+        IovCursor writer = dest;
+        writer.Advance(done);
         uint64_t received = done;
         bool overflow = false;
         if (response.content_length && !response.chunked) {
