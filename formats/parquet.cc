@@ -89,7 +89,8 @@ uint64_t ParquetField::row_bytes() const {
 Result<ParquetFooterPlace> LocateParquetFooter(std::string_view tail, uint64_t file_size) {
   if (file_size < kMagic.size() + kParquetTrailerBytes) {
     return DataLoss("a Parquet file has at least 12 bytes (PAR1, its footer's length, PAR1); this one has " +
-                    std::to_string(file_size), "@0");
+                        std::to_string(file_size),
+                    "@0");
   }
   if (tail.size() < kParquetTrailerBytes || tail.size() > file_size) {
     return Internal("LocateParquetFooter: the tail must be the file's last 8 bytes or more");
@@ -158,7 +159,8 @@ struct ParquetFooter::Impl {
           break;
         }
         p.push_back(next->field->name());
-        rest = rest.size() == next->field->name().size() ? std::string_view() : rest.substr(next->field->name().size() + 1);
+        rest = rest.size() == next->field->name().size() ? std::string_view()
+                                                         : rest.substr(next->field->name().size() + 1);
         at = next;
       }
       if (at) {
@@ -203,8 +205,8 @@ Result<ParquetFooter> ParquetFooter::Parse(std::string_view footer, uint64_t fil
           return InvalidArgument("the file's columns are encrypted, which meshload does not read");
         }
         parquet::ArrowReaderProperties props;
-        arrow::Status as = parquet::arrow::SchemaManifest::Make(md.schema(), md.key_value_metadata(), props,
-                                                                &impl->manifest);
+        arrow::Status as =
+            parquet::arrow::SchemaManifest::Make(md.schema(), md.key_value_metadata(), props, &impl->manifest);
         if (!as.ok()) return InvalidArgument("its schema has no Arrow equivalent: " + as.ToString());
         if (md.num_rows() < 0 || md.num_row_groups() < 0) return DataLoss("a negative row count");
         uint64_t rows = 0;
@@ -223,7 +225,8 @@ Result<ParquetFooter> ParquetFooter::Parse(std::string_view footer, uint64_t fil
           out.columns.resize(static_cast<size_t>(rg->num_columns()));
           for (int c = 0; c < rg->num_columns(); ++c) {
             const std::unique_ptr<parquet::ColumnChunkMetaData> cc = rg->ColumnChunk(c);
-            const std::string where = "row group " + std::to_string(g) + ", column " + md.schema()->Column(c)->path()->ToDotString();
+            const std::string where =
+                "row group " + std::to_string(g) + ", column " + md.schema()->Column(c)->path()->ToDotString();
             ParquetColumnChunk& ch = out.columns[static_cast<size_t>(c)];
             const int64_t data_at = cc->data_page_offset();
             int64_t start = data_at;
@@ -233,9 +236,9 @@ Result<ParquetFooter> ParquetFooter::Parse(std::string_view footer, uint64_t fil
             if (start < static_cast<int64_t>(kMagic.size()) || cc->total_compressed_size() <= 0 ||
                 cc->num_values() < 0 || cc->total_uncompressed_size() < 0 ||
                 static_cast<uint64_t>(start) + static_cast<uint64_t>(cc->total_compressed_size()) > footer_at) {
-              return DataLoss(where + " says it is " + std::to_string(cc->total_compressed_size()) +
-                              " bytes at byte " + std::to_string(start) + ", which is not within the file's " +
-                              std::to_string(footer_at) + " bytes before its footer");
+              return DataLoss(where + " says it is " + std::to_string(cc->total_compressed_size()) + " bytes at byte " +
+                              std::to_string(start) + ", which is not within the file's " + std::to_string(footer_at) +
+                              " bytes before its footer");
             }
             ch.offset = static_cast<uint64_t>(start);
             ch.bytes = static_cast<uint64_t>(cc->total_compressed_size());
@@ -326,7 +329,8 @@ Result<ParquetField> ParquetFooter::Field(std::string_view name) const {
     out.dtype = fixed->second;
   } else if (t.id() == arrow::Type::STRUCT) {
     std::string members;
-    for (const parquet::arrow::SchemaField& c : f->children) members += (members.empty() ? "" : ", ") + out.name + "." + c.field->name();
+    for (const parquet::arrow::SchemaField& c : f->children)
+      members += (members.empty() ? "" : ", ") + out.name + "." + c.field->name();
     return refuse("name one of its members as the field (" + members + ")");
   } else if (t.id() == arrow::Type::DICTIONARY) {
     return refuse("dictionary-typed columns are not delivered; write the column with its value type");
@@ -346,8 +350,8 @@ std::string ParquetFooter::SchemaDifference(const ParquetFooter& other) const {
     const parquet::arrow::SchemaField* o = other.impl_->Find(f.field->name(), nullptr);
     if (!o) return "column " + f.field->name() + ": missing there";
     if (!f.field->type()->Equals(*o->field->type())) {
-      return "column " + f.field->name() + ": " + f.field->type()->ToString() + " here, " + o->field->type()->ToString() +
-             " there";
+      return "column " + f.field->name() + ": " + f.field->type()->ToString() + " here, " +
+             o->field->type()->ToString() + " there";
     }
   }
   for (const parquet::arrow::SchemaField& o : theirs) {
@@ -366,7 +370,8 @@ namespace {
 class ReadBytesFile final : public arrow::io::RandomAccessFile {
  public:
   ReadBytesFile(std::vector<ParquetBytes> parts, int64_t size) : parts_(std::move(parts)), size_(size) {
-    std::sort(parts_.begin(), parts_.end(), [](const ParquetBytes& a, const ParquetBytes& b) { return a.offset < b.offset; });
+    std::sort(parts_.begin(), parts_.end(),
+              [](const ParquetBytes& a, const ParquetBytes& b) { return a.offset < b.offset; });
   }
   arrow::Status Close() override {
     closed_ = true;
@@ -480,7 +485,8 @@ struct ParquetRowGroupValues::Column {
         return std::string_view(reinterpret_cast<const char*>(base + (a.offset() + i) * w), w);
       }
       case ParquetValueKind::kFixedList:
-        if (a.type_id() == arrow::Type::FIXED_SIZE_BINARY) return static_cast<const arrow::FixedSizeBinaryArray&>(a).GetView(i);
+        if (a.type_id() == arrow::Type::FIXED_SIZE_BINARY)
+          return static_cast<const arrow::FixedSizeBinaryArray&>(a).GetView(i);
         return ElementsOf(a, i, i + 1);
       case ParquetValueKind::kList: {
         int64_t from = 0, to = 0;
@@ -543,8 +549,7 @@ Result<ParquetRowGroupValues> ParquetRowGroupValues::Decode(const ParquetFooter&
                                                             const std::vector<ParquetBytes>& bytes) {
   const ParquetFooter::Impl& impl = *footer.impl_;
   if (group < 0 || static_cast<size_t>(group) >= impl.row_groups.size()) {
-    return OutOfRange("row group " + std::to_string(group) + " of a file of " +
-                      std::to_string(impl.row_groups.size()));
+    return OutOfRange("row group " + std::to_string(group) + " of a file of " + std::to_string(impl.row_groups.size()));
   }
   const std::string where = "row group " + std::to_string(group);
   const auto size = static_cast<int64_t>(impl.file_size);
@@ -591,15 +596,16 @@ Result<ParquetRowGroupValues> ParquetRowGroupValues::Decode(const ParquetFooter&
         a = std::move(*flat);
       }
       if (NullsBelow(*a)) {
-        return DataLoss("column " + field.name + " holds a null number inside a list; meshload delivers lists of numbers",
-                        where);
+        return DataLoss(
+            "column " + field.name + " holds a null number inside a list; meshload delivers lists of numbers", where);
       }
       ParquetRowGroupValues::Column::Piece piece;
       piece.first_row = first;
       if (field.kind == ParquetValueKind::kScalar && field.dtype == DType::kBool) {
         const auto& b = static_cast<const arrow::BooleanArray&>(*a);
         piece.bools.resize(static_cast<size_t>(b.length()));
-        for (int64_t i = 0; i < b.length(); ++i) piece.bools[static_cast<size_t>(i)] = b.IsValid(i) && b.Value(i) ? 1 : 0;
+        for (int64_t i = 0; i < b.length(); ++i)
+          piece.bools[static_cast<size_t>(i)] = b.IsValid(i) && b.Value(i) ? 1 : 0;
         out.bytes_ += piece.bools.size();
       }
       first += a->length();

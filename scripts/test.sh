@@ -76,14 +76,14 @@ step "ThreadSanitizer build (sidecar, sources, metrics, GPU staging, controller)
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHLOAD_TSAN=ON \
   -DMESHLOAD_BUILD_TESTS=ON -DMESHLOAD_BUILD_BENCHMARKS=OFF
 cmake --build build-tsan -j "$JOBS" --target protocol_test sidecar_test source_test metrics_test meshload-sidecar \
-  gpu_staging_tests controller_test workqueue_test
+  gpu_staging_tests controller_test workqueue_test parquet_source_test
 # The controller's tests run too (informers, watches, leader election, the
 # work queue, the event recorder), against the real control plane.
 # Left out: a test that counts the process's threads (TSan adds one) and one
 # whose 150 ms timeout is too tight under TSan's slowdown.
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" \
   ctest --output-on-failure -j "$JOBS" \
-    -R '^(Sidecar|SidecarProcess|PeerExchange|StepLoader|WebDatasetFixture|Mds|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|PlainHttp|SourceRegistry|Metrics|HealthServer|DeviceStaging|WorkQueue|BlockCache|CachedSource|FetchAhead|controller_test$)' \
+    -R '^(ParquetRowSource|Sidecar|SidecarProcess|PeerExchange|StepLoader|WebDatasetFixture|Mds|SlotPool|HostSlotMemory|Protocol|Client|FileSource|HttpSource|PlainHttp|SourceRegistry|Metrics|HealthServer|DeviceStaging|WorkQueue|BlockCache|CachedSource|FetchAhead|controller_test$)' \
     -E 'StopJoinsEveryThreadTheServerStarted|SlowResponseIsRetriedAsTimeout')
 
 step "the source tree as the tests found it"

@@ -2,6 +2,7 @@
 // (tests/formats/write_parquet_fixtures.py) and what pyarrow's reader returns
 // for every row.
 #include "formats/parquet.h"
+#include "formats/parquet_record.h"
 
 #include <gtest/gtest.h>
 
@@ -21,7 +22,7 @@ using fixtures::Slurp;
 
 const std::string kDir = std::string(MESHLOAD_FORMATS_DATA) + "/parquet/";
 
-const std::vector<std::string> kFields = {"input_ids", "text", "label", "score",      "flag",       "emb",
+const std::vector<std::string> kFields = {"input_ids", "text",        "label",      "score",  "flag",   "emb",
                                           "grid",      "image.bytes", "image.path", "digest", "big_ids"};
 
 nlohmann::json Expected() { return nlohmann::json::parse(Slurp(kDir + "expected.json")); }
@@ -175,7 +176,8 @@ TEST(Parquet, ADamagedEndOrFooterIsAnErrorNamingTheByte) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(r.status().ToString().find("not a Parquet file: its last 4 bytes are not PAR1"), std::string::npos);
-  EXPECT_NE(r.status().ToString().find("@" + std::to_string(cut.size() - 4)), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().ToString().find("@" + std::to_string(cut.size() - 4)), std::string::npos)
+      << r.status().ToString();
   // A footer length past the file's start.
   std::string longer = file;
   longer[file.size() - 6] = '\x7f';
@@ -202,7 +204,8 @@ TEST(Parquet, ADamagedEndOrFooterIsAnErrorNamingTheByte) {
     }
   }
   // The file shorter than its footer says: the last chunk ends past it.
-  auto f = ParquetFooter::Parse(std::string_view(file).substr(place->offset, place->length), place->length + 8 + 4 + 100);
+  auto f =
+      ParquetFooter::Parse(std::string_view(file).substr(place->offset, place->length), place->length + 8 + 4 + 100);
   ASSERT_FALSE(f.ok());
   EXPECT_EQ(f.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(f.status().message().find("row group 0, column input_ids.list.element says it is"), std::string::npos)
@@ -217,7 +220,8 @@ TEST(Parquet, ACorruptPageIsAnErrorNamingTheRowGroupAndColumn) {
   auto field = footer->Field("text");
   ASSERT_TRUE(field.ok());
   const ParquetColumnChunk& c = footer->row_groups()[1].columns[field->leaves[0]];
-  for (uint64_t at = c.offset + c.bytes / 2; at < c.offset + c.bytes; ++at) file[at] = static_cast<char>(file[at] ^ 0xff);
+  for (uint64_t at = c.offset + c.bytes / 2; at < c.offset + c.bytes; ++at)
+    file[at] = static_cast<char>(file[at] ^ 0xff);
   auto values = ParquetRowGroupValues::Decode(*footer, 1, {*field}, ChunksOf(file, *footer, 1, {*field}));
   ASSERT_FALSE(values.ok());
   EXPECT_EQ(values.status().code(), StatusCode::kDataLoss);
@@ -247,6 +251,55 @@ TEST(Parquet, DecodingBytesThatWereNotReadNamesThem) {
   values = ParquetRowGroupValues::Decode(*footer, 2, {*ids}, half);
   ASSERT_FALSE(values.ok());
   EXPECT_EQ(values.status().code(), StatusCode::kOutOfRange) << values.status().ToString();
+}
+
+}  // namespace
+}  // namespace meshload::formats
+
+namespace meshload::formats {
+namespace {
+
+TEST(ParquetRecord, ValuesAndNullsGoThroughARecordOfFixedSize) {
+  const ParquetRecordLayout layout = ParquetRecordLayout::Make({8, 0, 16});
+  EXPECT_EQ(layout.bytes, 4 + 8 + 4 + 0 + 4 + 16u);
+  EXPECT_EQ(layout.at, (std::vector<uint64_t>{0, 12, 16}));
+  std::string record(layout.bytes, '\x55');
+  const FieldValues in = {std::string_view("12345678"), std::nullopt, std::string_view("abc")};
+  size_t bad = 99;
+  ASSERT_TRUE(EncodeParquetRecord(layout, in, reinterpret_cast<uint8_t*>(record.data()), bad).ok());
+  FieldValues out;
+  ASSERT_TRUE(ParquetRecordValues(layout, record, out).ok());
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(*out[0], "12345678");
+  EXPECT_FALSE(out[1].has_value());
+  EXPECT_EQ(*out[2], "abc");
+  // An empty value is not a null.
+  ASSERT_TRUE(EncodeParquetRecord(layout, {std::string_view(), std::string_view(), std::string_view()},
+                                  reinterpret_cast<uint8_t*>(record.data()), bad)
+                  .ok());
+  ASSERT_TRUE(ParquetRecordValues(layout, record, out).ok());
+  EXPECT_TRUE(out[1].has_value() && out[1]->empty());
+}
+
+TEST(ParquetRecord, AValueLongerThanItsRoomAndADamagedLengthAreErrors) {
+  const ParquetRecordLayout layout = ParquetRecordLayout::Make({8, 4});
+  std::string record(layout.bytes, '\0');
+  size_t bad = 99;
+  Status st = EncodeParquetRecord(layout, {std::string_view("1"), std::string_view("12345")},
+                                  reinterpret_cast<uint8_t*>(record.data()), bad);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(bad, 1u);
+  EXPECT_EQ(st.message(), "a value of 5 bytes, more than the 4 its field allows");
+  // A length word past the room.
+  std::string damaged(layout.bytes, '\0');
+  damaged[layout.at[1]] = 9;
+  FieldValues out;
+  st = ParquetRecordValues(layout, damaged, out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(st.location(), "@" + std::to_string(layout.at[1]));
+  EXPECT_EQ(ParquetRecordValues(layout, damaged.substr(1), out).code(), StatusCode::kDataLoss);
 }
 
 }  // namespace

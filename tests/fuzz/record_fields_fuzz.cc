@@ -1,5 +1,5 @@
 /// \file
-/// libFuzzer target for the decoding of WebDataset and MDS samples into
+/// libFuzzer target for the decoding of WebDataset, MDS and Parquet records into
 /// fields (formats/fields.h): the same bytes as a WebDataset sample's tar
 /// members, as an MDS row of the fixtures' columns, and as a field value of
 /// every kind and dtype (the first byte picks them). They must never crash,
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "formats/fields.h"
+#include "formats/parquet_record.h"
 
 using namespace meshload::formats;
 
@@ -52,6 +53,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (values.size() != 4 || values[1]) __builtin_trap();
     for (const auto& v : values) {
       if (!inside(v)) __builtin_trap();
+    }
+  }
+
+  // As a Parquet row's record (formats/parquet_record.h) of three fields,
+  // their rooms from the first byte.
+  const ParquetRecordLayout layout = ParquetRecordLayout::Make({pick % 7u, 0, pick % 13u + 1});
+  if (bytes.size() >= layout.bytes) {
+    const std::string_view record = bytes.substr(0, layout.bytes);
+    st = ParquetRecordValues(layout, record, values);
+    if (st.ok()) {
+      if (values.size() != 3) __builtin_trap();
+      for (size_t f = 0; f < values.size(); ++f) {
+        if (values[f] && (values[f]->size() > layout.room[f] || values[f]->data() < record.data() ||
+                          values[f]->data() + values[f]->size() > record.data() + record.size())) {
+          __builtin_trap();
+        }
+      }
+    } else if (st.location().rfind('@', 0) != 0) {
+      __builtin_trap();
     }
   }
 

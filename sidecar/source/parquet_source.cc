@@ -1,0 +1,198 @@
+#include "sidecar/source/parquet_source.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace meshload::sidecar::source {
+namespace {
+
+uint64_t Rows(const ParquetRowSource::File& f) { return f.footer->rows(); }
+
+}  // namespace
+
+void ParquetRowSource::Add(const std::string& name, File file) { files_[name] = std::move(file); }
+
+Result<ObjectInfo> ParquetRowSource::Stat(const std::string& uri) {
+  auto f = files_.find(uri);
+  if (f == files_.end()) return inner_.Stat(uri);
+  MESHLOAD_ASSIGN_OR_RETURN(ObjectInfo info, inner_.Stat(f->second.stored_name));
+  info.size = Rows(f->second) * f->second.layout.bytes;
+  return info;
+}
+
+int ParquetRowSource::GroupOf(const File& f, uint64_t row) {
+  const std::vector<formats::ParquetRowGroup>& groups = f.footer->row_groups();
+  auto it = std::upper_bound(groups.begin(), groups.end(), row,
+                             [](uint64_t r, const formats::ParquetRowGroup& g) { return r < g.first_row; });
+  return static_cast<int>(it - groups.begin()) - 1;
+}
+
+Result<std::shared_ptr<const formats::ParquetRowGroupValues>> ParquetRowSource::Decode(const std::string& name,
+                                                                                       const File& f, int g) {
+  const formats::ParquetRowGroup& group = f.footer->row_groups()[static_cast<size_t>(g)];
+  // The column chunks of the fields' leaves, in file order, adjacent ones
+  // read as one (a row group's chunks follow each other in column order).
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const formats::ParquetField& field : f.fields) {
+    for (int leaf : field.leaves) {
+      const formats::ParquetColumnChunk& c = group.columns[static_cast<size_t>(leaf)];
+      ranges.emplace_back(c.offset, c.offset + c.bytes);
+    }
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<uint64_t, uint64_t>> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && r.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  std::vector<formats::ParquetBytes> bytes;
+  uint64_t read = 0;
+  for (const auto& [from, to] : merged) {
+    auto buf = std::make_shared<std::string>(static_cast<size_t>(to - from), '\0');
+    MESHLOAD_RETURN_IF_ERROR(inner_.Read(f.stored_name, from, buf->data(), to - from));
+    bytes.push_back({from, *buf, buf});
+    read += to - from;
+  }
+  auto values = formats::ParquetRowGroupValues::Decode(*f.footer, g, f.fields, bytes);
+  if (!values.ok()) {
+    const Status& st = values.status();
+    return Status(st.code(), st.message(), RedactUri(f.stored_name) + (st.location().empty() ? "" : ": ") + st.location());
+  }
+  {
+    MutexLock lock(mu_);
+    ++decodes_;
+    chunk_bytes_ += read;
+  }
+  (void)name;
+  return std::make_shared<const formats::ParquetRowGroupValues>(std::move(*values));
+}
+
+Result<std::shared_ptr<const formats::ParquetRowGroupValues>> ParquetRowSource::Group(const std::string& name,
+                                                                                      const File& f, int g) {
+  const Key key{&f, g};
+  MutexLock lock(mu_);
+  while (true) {
+    auto it = held_.find(key);
+    if (it == held_.end()) break;
+    if (it->second.values) {
+      lru_.splice(lru_.end(), lru_, it->second.lru);
+      return it->second.values;
+    }
+    done_.Wait(mu_);  // another read is decoding it
+  }
+  lru_.push_back(key);
+  held_[key] = Held{nullptr, std::prev(lru_.end())};
+  lock.Unlock();
+  auto values = Decode(name, f, g);
+  lock.Lock();
+  auto it = held_.find(key);
+  if (!values.ok()) {
+    lru_.erase(it->second.lru);
+    held_.erase(it);
+    done_.NotifyAll();
+    return values.status();
+  }
+  it->second.values = *values;
+  held_bytes_ += (*values)->bytes();
+  // The least recently used groups out until the rest fit (never this one).
+  while (held_bytes_ > capacity_ && lru_.front() != key) {
+    auto old = held_.find(lru_.front());
+    if (!old->second.values) break;  // being decoded: it is the newest use
+    held_bytes_ -= old->second.values->bytes();
+    held_.erase(old);
+    lru_.pop_front();
+  }
+  done_.NotifyAll();
+  return *values;
+}
+
+Status ParquetRowSource::ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) {
+  auto found = files_.find(uri);
+  if (found == files_.end()) return inner_.ReadV(uri, offset, iov);
+  const File& f = found->second;
+  const uint64_t R = f.layout.bytes;
+  uint64_t len = 0;
+  for (const iovec& v : iov) len += v.iov_len;
+  const uint64_t size = Rows(f) * R;
+  if (offset > size || len > size - offset) {
+    return DataLoss("range [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
+                        ") is past the end of its " + std::to_string(Rows(f)) + " rows of " + std::to_string(R) +
+                        " bytes",
+                    RedactUri(uri) + "@" + std::to_string(offset));
+  }
+  thread_local std::vector<uint8_t> record;
+  thread_local formats::FieldValues values;
+  record.resize(static_cast<size_t>(R));
+  values.resize(f.fields.size());
+  size_t seg = 0;         // the iovec being filled
+  uint64_t seg_at = 0;    // bytes of it filled
+  uint64_t at = offset;   // the next byte of the file to hand
+  std::shared_ptr<const formats::ParquetRowGroupValues> group;
+  int g = -1;
+  while (at < offset + len) {
+    const uint64_t row = at / R;
+    const uint64_t in_row = at % R;
+    const int rg = GroupOf(f, row);
+    if (rg != g) {
+      MESHLOAD_ASSIGN_OR_RETURN(group, Group(uri, f, rg));
+      g = rg;
+    }
+    const uint64_t r = row - f.footer->row_groups()[static_cast<size_t>(g)].first_row;
+    for (size_t k = 0; k < f.fields.size(); ++k) values[k] = group->Value(k, r);
+    // A whole record that lands in one buffer is written there; else
+    // through the scratch record.
+    const iovec& v = iov[seg];
+    const bool direct = in_row == 0 && v.iov_len - seg_at >= R;
+    uint8_t* dest = direct ? static_cast<uint8_t*>(v.iov_base) + seg_at : record.data();
+    size_t bad = 0;
+    if (Status st = formats::EncodeParquetRecord(f.layout, values, dest, bad); !st.ok()) {
+      return Status(st.code(),
+                    "row " + std::to_string(row) + " (row group " + std::to_string(g) + "): field " +
+                        f.fields[bad].name + " holds " + st.message() + " (spec.dataset.fields[" +
+                        std::to_string(bad) + "].maxBytes)",
+                    RedactUri(f.stored_name));
+    }
+    uint64_t n = std::min<uint64_t>(R - in_row, offset + len - at);
+    if (direct) {
+      seg_at += n;
+    } else {
+      uint64_t done = 0;
+      while (done < n) {
+        const iovec& w = iov[seg];
+        const uint64_t k = std::min<uint64_t>(w.iov_len - seg_at, n - done);
+        std::memcpy(static_cast<uint8_t*>(w.iov_base) + seg_at, record.data() + in_row + done, k);
+        done += k;
+        seg_at += k;
+        if (seg_at == w.iov_len && seg + 1 < iov.size()) {
+          ++seg;
+          seg_at = 0;
+        }
+      }
+    }
+    while (seg < iov.size() && seg_at == iov[seg].iov_len && seg + 1 < iov.size()) {
+      ++seg;
+      seg_at = 0;
+    }
+    at += n;
+  }
+  return Status::Ok();
+}
+
+void ParquetRowSource::Prefetch(const std::string& uri, const Range* ranges, size_t count) {
+  if (files_.count(uri) == 0) inner_.Prefetch(uri, ranges, count);
+}
+
+uint64_t ParquetRowSource::decodes() const {
+  MutexLock lock(mu_);
+  return decodes_;
+}
+
+uint64_t ParquetRowSource::chunk_bytes_read() const {
+  MutexLock lock(mu_);
+  return chunk_bytes_;
+}
+
+}  // namespace meshload::sidecar::source

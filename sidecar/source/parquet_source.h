@@ -1,0 +1,92 @@
+/// \file
+/// Parquet files read as the files of their rows' records
+/// (formats/parquet_record.h): row r of a file is bytes [r × R, (r + 1) × R)
+/// of a file of rows × R bytes, R the record's size, so the step loader
+/// reads a Parquet row like any record format's sample and decodes it into
+/// the job's fields.
+///
+/// A read of rows decodes the row groups holding them through Arrow C++
+/// (formats/parquet.h): the column chunks of the wanted fields' leaves,
+/// read through the inner source (the block cache's, when the sidecar has
+/// one: the Parquet file's bytes are cached as stored), decoded once and
+/// kept in memory (least recently used first out, within a byte bound) for
+/// the other rows of the group. Every other read goes to the inner source.
+///
+/// Thread safety: Add() before the first read; then thread-safe. Two reads
+/// of one row group decode it once.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/status.h"
+#include "common/thread_annotations.h"
+#include "formats/parquet.h"
+#include "formats/parquet_record.h"
+#include "sidecar/source/source.h"
+
+namespace meshload::sidecar::source {
+
+class ParquetRowSource final : public Source {
+ public:
+  /// `inner`: the source of the Parquet objects and of every other object;
+  /// `capacity_bytes`: the decoded row groups kept in memory (one is kept
+  /// whatever its size while it is read).
+  ParquetRowSource(Source& inner, uint64_t capacity_bytes) : inner_(inner), capacity_(capacity_bytes) {}
+
+  /// One Parquet object read as its rows' records.
+  struct File {
+    std::string stored_name;  // the object, as `inner` names it
+    std::shared_ptr<const formats::ParquetFooter> footer;
+    std::vector<formats::ParquetField> fields;  // the job's, in order
+    formats::ParquetRecordLayout layout;        // of those fields
+  };
+  /// Reads of `name` are the records of `file`'s rows.
+  void Add(const std::string& name, File file);
+  bool Decodes(const std::string& name) const { return files_.count(name) > 0; }
+
+  Result<ObjectInfo> Stat(const std::string& uri) override;
+  Result<std::vector<Listed>> List(const std::string& uri) override { return inner_.List(uri); }
+  Status ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) override;
+  void Prefetch(const std::string& uri, const Range* ranges, size_t count) override;
+  bool LatencyBound() const override { return inner_.LatencyBound(); }
+  uint64_t GapWorthReading() const override { return inner_.GapWorthReading(); }
+
+  /// Row groups decoded so far (one evicted and read again counts again),
+  /// and the bytes of column chunks read for them.
+  uint64_t decodes() const MESHLOAD_EXCLUDES(mu_);
+  uint64_t chunk_bytes_read() const MESHLOAD_EXCLUDES(mu_);
+
+ private:
+  using Key = std::pair<const File*, int>;  // a file's row group
+  struct Held {
+    std::shared_ptr<const formats::ParquetRowGroupValues> values;  // null while being decoded
+    std::list<Key>::iterator lru;
+  };
+  Result<std::shared_ptr<const formats::ParquetRowGroupValues>> Group(const std::string& name, const File& f, int g)
+      MESHLOAD_EXCLUDES(mu_);
+  Result<std::shared_ptr<const formats::ParquetRowGroupValues>> Decode(const std::string& name, const File& f,
+                                                                       int g);
+  /// The row group holding row `row` of `f`.
+  static int GroupOf(const File& f, uint64_t row);
+
+  Source& inner_;
+  const uint64_t capacity_;
+  std::unordered_map<std::string, File> files_;  // set before reads
+  mutable Mutex mu_;
+  CondVar done_;
+  std::map<Key, Held> held_ MESHLOAD_GUARDED_BY(mu_);
+  std::list<Key> lru_ MESHLOAD_GUARDED_BY(mu_);  // least recently used first
+  uint64_t held_bytes_ MESHLOAD_GUARDED_BY(mu_) = 0;
+  uint64_t decodes_ MESHLOAD_GUARDED_BY(mu_) = 0;
+  uint64_t chunk_bytes_ MESHLOAD_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace meshload::sidecar::source
