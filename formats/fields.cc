@@ -410,6 +410,20 @@ Status DecodeFieldValue(const FieldDecoding& field, std::string_view value, uint
       written = bytes.size();
       return Status::Ok();
     }
+    case FieldDecoding::Kind::kValues:
+      if (value.size() % DTypeSize(field.dtype) != 0) {
+        return ErrorAt(file, offset,
+                       "field '" + field.name + "' has " + std::to_string(value.size()) + " bytes, not whole " +
+                           std::string(DTypeName(field.dtype)) + " values");
+      }
+      if (value.size() > room) {
+        return ErrorAt(file, offset,
+                       "field '" + field.name + "' of " + std::to_string(value.size()) + " bytes does not fit the " +
+                           std::to_string(room) + " left for it");
+      }
+      if (!value.empty()) std::memcpy(dest, value.data(), value.size());
+      written = value.size();
+      return Status::Ok();
     case FieldDecoding::Kind::kText:
       if (!ParseNumber(value, field.dtype, dest)) {
         return ErrorAt(file, offset,

@@ -42,6 +42,7 @@ struct FieldDecoding {
     kNdarrayVariable,  // MDS: ndarray:<dtype> or ndarray (shape, and maybe dtype, in each value)
     kTfInt64List,      // TFRecord: an Int64List's values (int64)
     kTfFloatList,      // TFRecord: a FloatList's values (float32)
+    kValues,           // Parquet: a list's numbers, little-endian in the dtype (ragged)
   };
   std::string name;
   Kind kind = Kind::kBytes;
@@ -52,7 +53,7 @@ struct FieldDecoding {
   /// (the shape may be [], one value): a dense field.
   bool fixed_list = false;
   bool ragged() const {
-    return kind == Kind::kBytes || kind == Kind::kNdarrayVariable ||
+    return kind == Kind::kBytes || kind == Kind::kNdarrayVariable || kind == Kind::kValues ||
            ((kind == Kind::kTfInt64List || kind == Kind::kTfFloatList) && !fixed_list);
   }
   /// A ragged field's decoded bytes per byte of the record, at most: an

@@ -80,12 +80,6 @@ Status Guard(F&& f, std::string_view what) {
 
 }  // namespace
 
-uint64_t ParquetField::row_bytes() const {
-  uint64_t n = DTypeSize(dtype);
-  for (uint64_t d : shape) n *= d;
-  return n;
-}
-
 Result<ParquetFooterPlace> LocateParquetFooter(std::string_view tail, uint64_t file_size) {
   if (file_size < kMagic.size() + kParquetTrailerBytes) {
     return DataLoss("a Parquet file has at least 12 bytes (PAR1, its footer's length, PAR1); this one has " +

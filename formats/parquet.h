@@ -40,6 +40,7 @@
 
 #include "common/status.h"
 #include "formats/dtype.h"
+#include "formats/parquet_record.h"
 
 namespace meshload::formats {
 
@@ -59,27 +60,6 @@ struct ParquetFooterPlace {
 /// "PAR1" at its end, a footer length past the file's start. An encrypted
 /// footer ("PARE") is refused by name (kInvalidArgument).
 Result<ParquetFooterPlace> LocateParquetFooter(std::string_view tail, uint64_t file_size);
-
-/// How a column's values become a field of the batch.
-enum class ParquetValueKind {
-  kBytes,      // binary or string: the bytes, ragged uint8
-  kScalar,     // a number (or bool) per row: dense, one element
-  kList,       // a list of numbers: its values, ragged
-  kFixedList,  // a fixed-size list of numbers (nested too): dense, `shape`
-};
-
-/// A column asked for as a field.
-struct ParquetField {
-  std::string name;  // as asked: "input_ids", "image.bytes"
-  std::string type;  // its Arrow type, for messages ("list<element: int32>")
-  ParquetValueKind kind = ParquetValueKind::kBytes;
-  DType dtype = DType::kUint8;
-  std::vector<uint64_t> shape;  // kFixedList: one value's shape
-  std::vector<int> leaves;      // the leaf columns that hold it (one for every kind delivered)
-  bool ragged() const { return kind == ParquetValueKind::kBytes || kind == ParquetValueKind::kList; }
-  /// Dense kinds: bytes of one row's value.
-  uint64_t row_bytes() const;
-};
 
 /// One row group's column chunk of one leaf column.
 struct ParquetColumnChunk {

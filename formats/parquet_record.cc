@@ -5,6 +5,12 @@
 
 namespace meshload::formats {
 
+uint64_t ParquetField::row_bytes() const {
+  uint64_t n = DTypeSize(dtype);
+  for (uint64_t d : shape) n *= d;
+  return n;
+}
+
 ParquetRecordLayout ParquetRecordLayout::Make(const std::vector<uint64_t>& rooms) {
   ParquetRecordLayout l;
   l.room = rooms;

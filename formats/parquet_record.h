@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -25,6 +26,27 @@
 #include "formats/fields.h"
 
 namespace meshload::formats {
+
+/// How a column's values become a field of the batch.
+enum class ParquetValueKind {
+  kBytes,      // binary or string: the bytes, ragged uint8
+  kScalar,     // a number (or bool) per row: dense, one element
+  kList,       // a list of numbers: its values, ragged
+  kFixedList,  // a fixed-size list of numbers (nested too): dense, `shape`
+};
+
+/// A column asked for as a field.
+struct ParquetField {
+  std::string name;  // as asked: "input_ids", "image.bytes"
+  std::string type;  // its Arrow type, for messages ("list<element: int32>")
+  ParquetValueKind kind = ParquetValueKind::kBytes;
+  DType dtype = DType::kUint8;
+  std::vector<uint64_t> shape;  // kFixedList: one value's shape
+  std::vector<int> leaves;      // the leaf columns that hold it (one for every kind delivered)
+  bool ragged() const { return kind == ParquetValueKind::kBytes || kind == ParquetValueKind::kList; }
+  /// Dense kinds: bytes of one row's value.
+  uint64_t row_bytes() const;
+};
 
 /// The length word of a null value.
 inline constexpr uint32_t kParquetNullValue = 0xFFFFFFFFu;

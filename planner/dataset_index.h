@@ -46,6 +46,7 @@
 #include "formats/mds.h"
 #include "formats/megatron_index.h"
 #include "formats/npy.h"
+#include "formats/parquet_record.h"
 #include "planner/spec.h"
 #include "planner/token_rows.h"
 
@@ -60,6 +61,17 @@ struct StoredFile {
   std::string path;
   uint64_t size = 0;
   std::string compression;
+};
+
+/// A Parquet file read as its rows' records (formats/parquet_record.h):
+/// DatasetFile::size is then its rows' records' bytes, and this says what
+/// the stored object is.
+struct ParquetFile {
+  uint64_t stored_size = 0;  // the Parquet object's bytes
+  uint64_t rows = 0;
+  /// spec.dataset.fields' columns, in their order (the same in every file).
+  std::vector<formats::ParquetField> fields;
+  formats::ParquetRecordLayout layout;
 };
 
 struct DatasetFile {
@@ -80,6 +92,8 @@ struct DatasetFile {
   /// Set when the file is stored compressed: `path` and `size` are then
   /// the decompressed file's.
   std::optional<StoredFile> stored;
+  /// Parquet: the file's rows as records.
+  std::optional<ParquetFile> parquet;
 };
 
 /// What kind of samples a format has (its driver's, planner/format_driver.h).
@@ -131,6 +145,9 @@ class DatasetIndex {
     /// Set when `path` (of `size` bytes) is the decompression of another
     /// object (see DatasetFile::stored).
     std::optional<StoredFile> stored;
+    /// Parquet: what the footer says, or why it could not be read (`size`
+    /// is then the rows' records' bytes).
+    Result<ParquetFile> parquet = Status(StatusCode::kNotFound, "footer not read");
   };
   /// Builds the index from facts about files, in the order given (callers
   /// sort them). Every problem (sizes that are not whole records or tokens,

@@ -9,7 +9,7 @@ const std::vector<const FormatDriver*>& FormatDrivers() {
   // One line per format, in the declaration's order.
   static const std::vector<const FormatDriver*> all = {
       &drivers::FixedRecord(), &drivers::TokenStream(), &drivers::Npy(),      &drivers::MegatronIndexed(),
-      &drivers::WebDataset(),  &drivers::MDS(),         &drivers::TFRecord(),
+      &drivers::WebDataset(),  &drivers::MDS(),         &drivers::TFRecord(), &drivers::Parquet(),
   };
   return all;
 }

@@ -122,6 +122,13 @@ Status Sidecar::Init(const planner::ValidJob& job) {
   slot_staged_.assign(slots, {});
   options_.staging_threads = std::clamp(options_.staging_threads, 1, static_cast<int>(slots));
   MESHLOAD_RETURN_IF_ERROR(InitCache());
+  // Parquet files are read as their rows' records: row groups decoded from
+  // their column chunks, read from storage directly (not through blocks),
+  // kept in memory within the cache's capacity.
+  MESHLOAD_ASSIGN_OR_RETURN(
+      parquet_rows_,
+      source::InstallParquetRows(planner_->job().dataset, *sources_,
+                                 static_cast<uint64_t>(planner_->job().spec.dataset.cache.capacity_bytes)));
   // Through the block cache, reads are memory copies (the fetch-ahead's
   // threads wait on the network): a local dataset's readers.
   if (cache_mode_ == "blocks" && !reader_threads_given) options_.reader_threads = 4;
@@ -376,6 +383,9 @@ Status Sidecar::InitCache() {
     const planner::DatasetFile& f = rj.dataset.files()[i];
     MESHLOAD_ASSIGN_OR_RETURN(auto found, sources_->For(f.path));
     std::string stored_name;
+    // A Parquet file's rows are decoded from its column chunks, which a
+    // row group's read fetches whole (sidecar/source/parquet_source.h).
+    if (f.parquet) continue;
     if (f.stored) {
       MESHLOAD_ASSIGN_OR_RETURN(auto stored, sources_->For(f.stored->path));
       if (stored.first != found.first) {

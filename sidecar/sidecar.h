@@ -57,6 +57,7 @@
 #include "sidecar/cache/block_cache.h"
 #include "sidecar/cache/cached_source.h"
 #include "sidecar/source/decoded_source.h"
+#include "sidecar/source/parquet_source.h"
 #include "sidecar/cache/fetch_ahead.h"
 #include "sidecar/source/source.h"
 #include "sidecar/staging/batch_layout.h"
@@ -192,6 +193,7 @@ class Sidecar {
   std::unique_ptr<cache::CachedSource> cached_;
   // Compressed files decompressed in memory, when there are no blocks.
   std::vector<std::unique_ptr<source::DecodingSource>> decoding_;
+  std::vector<std::unique_ptr<source::ParquetRowSource>> parquet_rows_;
   std::string cache_mode_ = "none";  // blocks, direct (a remote dataset read without the cache) or none
   std::string cache_reason_;
   std::unique_ptr<StepLoader> loader_;

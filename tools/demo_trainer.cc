@@ -23,6 +23,7 @@
 #include "common/logging.h"
 #include "sidecar/source/dataset_facts.h"
 #include "sidecar/source/decoded_source.h"
+#include "sidecar/source/parquet_source.h"
 #include "sidecar/source/record_values.h"
 #include "planner/shard_planner.h"
 #include "protocol/protocol.h"
@@ -75,7 +76,7 @@ Result<const uint8_t*> CopyBack(const client::Tensor& t, size_t planned, std::ve
   return static_cast<const uint8_t*>(on_host.data());
 }
 
-// WebDataset and MDS: what each field of a sample must hold, from its
+// Record formats (WebDataset, MDS, TFRecord, Parquet): what each field of a sample must hold, from its
 // record read here through the storage sources.
 class RecordChecker {
  public:
@@ -89,6 +90,10 @@ class RecordChecker {
     // trainer's batches reach across them in any order).
     MESHLOAD_ASSIGN_OR_RETURN(checker->decoding_,
                               sidecar::source::InstallDecoding(job.dataset, *checker->sources_, 256ull << 20));
+    // Parquet rows decoded here too, through Arrow C++ as the sidecar does
+    // (the values are checked against the footers' columns, not a copy).
+    MESHLOAD_ASSIGN_OR_RETURN(checker->parquet_rows_,
+                              sidecar::source::InstallParquetRows(job.dataset, *checker->sources_, 256ull << 20));
     return checker;
   }
 
@@ -143,7 +148,8 @@ class RecordChecker {
 
   const planner::DatasetIndex& ds_;
   std::unique_ptr<sidecar::source::SourceRegistry> sources_;
-  std::vector<std::unique_ptr<sidecar::source::DecodingSource>> decoding_;  // interposed in sources_
+  std::vector<std::unique_ptr<sidecar::source::DecodingSource>> decoding_;        // interposed in sources_
+  std::vector<std::unique_ptr<sidecar::source::ParquetRowSource>> parquet_rows_;  // likewise
   std::unique_ptr<const planner::RecordDecoder> decoder_;
   std::vector<std::string> file_names_;
   std::vector<planner::Extent> extents_;

@@ -467,7 +467,7 @@ struct Generator {
   int64_t (*first_mismatch)(const planner::DatasetIndex& index, uint64_t global_id, uint64_t id, const uint8_t* bytes);
 };
 
-const Generator& GeneratorOf(planner::DatasetFormat format) {
+const Generator* FindGenerator(planner::DatasetFormat format) {
   using F = planner::DatasetFormat;
   static const std::map<F, Generator> generators = {
       {F::kFixedRecord, {GenerateFixed, FixedSampleBytes, FixedMismatch}},
@@ -487,13 +487,21 @@ const Generator& GeneratorOf(planner::DatasetFormat format) {
       {F::kTFRecord, {GenerateTfRecords, RecordSampleBytes, FixedMismatch}},
   };
   auto it = generators.find(format);
-  MESHLOAD_CHECK(it != generators.end(), "a dataset format without a generator: " + std::string(ToString(format)));
-  return it->second;
+  return it == generators.end() ? nullptr : &it->second;
+}
+
+const Generator& GeneratorOf(planner::DatasetFormat format) {
+  const Generator* g = FindGenerator(format);
+  MESHLOAD_CHECK(g != nullptr, "a dataset format without a generator: " + std::string(ToString(format)));
+  return *g;
 }
 
 }  // namespace
 
-uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec) { return GeneratorOf(spec.format).sample_bytes(spec); }
+uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec) {
+  const Generator* g = FindGenerator(spec.format);
+  return g ? g->sample_bytes(spec) : 0;
+}
 
 Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
                                              int files) {
@@ -501,6 +509,12 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
   std::filesystem::create_directories(dir, ec);
   if (ec) return IoError("cannot create the dataset directory: " + ec.message(), dir);
   if (samples == 0) return InvalidArgument("a dataset needs at least one sample");
+  if (FindGenerator(spec.format) == nullptr) {
+    return InvalidArgument("meshload generates no " + std::string(ToString(spec.format)) +
+                               " test data: give the files with --dataset PATH (Parquet: files pyarrow or Hugging "
+                               "Face datasets wrote)",
+                           "spec.dataset.format");
+  }
   if (files < 1) files = 1;
   if (static_cast<uint64_t>(files) > samples) files = static_cast<int>(samples);
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {

@@ -47,7 +47,7 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
                                              int files);
 
 /// The bytes a sample of `spec` takes in a generated dataset (the mean, for
-/// MegatronIndexed).
+/// MegatronIndexed); 0 for a format meshload generates no data of.
 uint64_t SyntheticSampleBytes(const planner::DatasetSpec& spec);
 
 /// The tokens of sequence `id` of a generated MegatronIndexed dataset.

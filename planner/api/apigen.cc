@@ -331,7 +331,7 @@ std::string Header(const Model& m) {
         o << " = false";
       } else if (f.presence != "optional" && f.kind == Kind::kEnum) {
         o << " = " << f.cpp_type << "::k" << f.schema["enum"][0].as<std::string>();
-      } else if (f.presence != "optional" && (f.kind == Kind::kList || f.kind == Kind::kMap)) {
+      } else if (f.presence == "optional" || f.kind == Kind::kList || f.kind == Kind::kMap) {
         o << "{}";  // aggregate initialisation may leave it out ({"label", DType::kInt64})
       }
       o << ";\n";

@@ -16,6 +16,7 @@ const FormatDriver& MegatronIndexed();
 const FormatDriver& WebDataset();
 const FormatDriver& MDS();
 const FormatDriver& TFRecord();
+const FormatDriver& Parquet();
 
 /// spec.dataset.recordBytes or sequenceLength given (set, or not 0).
 inline bool RecordBytesGiven(const DatasetSpec& ds) { return ds.record_bytes_set || ds.record_bytes != 0; }
@@ -40,6 +41,8 @@ class RecordDriver : public FormatDriver {
  protected:
   /// The format's own check of field `i` (at "spec.dataset.fields[i]"):
   /// by default a shape is refused (only TFRecord's lists take one).
+  /// A field's maxBytes is refused by RecordDriver::CheckSpec for every
+  /// format but Parquet.
   virtual void CheckField(const DatasetField& field, const std::string& at, Diagnostics& d) const;
   /// How each field is decoded, from the spec and the files' facts (in
   /// `idx`); false when a problem went to `diags`.

@@ -46,6 +46,14 @@ void RecordDriver::CheckSpec(const DatasetSpec& ds, Diagnostics& d) const {
       if (ds.fields[j].name == f.name) d.Add(at + ".name", "'" + f.name + "' is listed twice");
     }
     CheckField(f, at, d);
+    if (f.max_bytes && (*f.max_bytes < kDatasetFieldMaxBytesMinimum || *f.max_bytes > kDatasetFieldMaxBytesMaximum)) {
+      d.Add(at + ".maxBytes", "must be between " + std::to_string(kDatasetFieldMaxBytesMinimum) + " and " +
+                                  std::to_string(kDatasetFieldMaxBytesMaximum) + ", got " +
+                                  std::to_string(*f.max_bytes));
+    } else if (f.max_bytes && format() != DatasetFormat::kParquet) {
+      d.Add(at + ".maxBytes",
+            "is only used by format Parquet (" + format_name + "'s index gives each sample's size); remove it");
+    }
     if (f.shape_set) {
       // Each dimension's range is the declaration's check; their product's is this.
       uint64_t values = 1;

@@ -2,6 +2,7 @@
 
 #include "formats/compression.h"
 #include "sidecar/source/decoded_source.h"
+#include "sidecar/source/parquet_source.h"
 
 #include <algorithm>
 #include <atomic>
@@ -398,6 +399,72 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MdsFacts(Source& source, c
 
 }  // namespace
 
+// Parquet: every `.parquet` object the URI names (every object, when none
+// is so named), each read by its footer (one ranged read of its last 64
+// KiB); a field is the column of its name, the same type in every file.
+// A file's size becomes its rows' records' (formats/parquet_record.h).
+Result<std::vector<planner::DatasetIndex::FileFacts>> ParquetFacts(const planner::DatasetSpec& spec, Source& source,
+                                                                   const std::string& name) {
+  MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source.List(name));
+  std::vector<Source::Listed> parquet;
+  for (const Source::Listed& o : objects) {
+    if (o.name.ends_with(".parquet")) parquet.push_back(o);
+  }
+  if (parquet.empty()) parquet = std::move(objects);
+  std::vector<planner::DatasetIndex::FileFacts> files(parquet.size());
+  ForEachObject(source, files.size(), [&](size_t i) {
+    planner::DatasetIndex::FileFacts& facts = files[i];
+    facts.path = parquet[i].name;
+    facts.size = parquet[i].size;
+    facts.version = parquet[i].version;
+    auto footer = ReadParquetFooter(source, facts.path, facts.size);
+    if (!footer.ok()) {
+      facts.parquet = footer.status();
+      return;
+    }
+    planner::ParquetFile pf;
+    pf.stored_size = facts.size;
+    pf.rows = footer->rows();
+    std::vector<uint64_t> rooms;
+    for (size_t k = 0; k < spec.fields.size(); ++k) {
+      auto field = footer->Field(spec.fields[k].name);
+      if (!field.ok()) {
+        facts.parquet = Status(field.status().code(),
+                               field.status().message() + " (spec.dataset.fields[" + std::to_string(k) + "])",
+                               RedactUri(facts.path));
+        return;
+      }
+      rooms.push_back(field->ragged() ? static_cast<uint64_t>(spec.fields[k].max_bytes.value_or(0))
+                                      : field->row_bytes());
+      pf.fields.push_back(std::move(*field));
+    }
+    pf.layout = formats::ParquetRecordLayout::Make(rooms);
+    facts.size = pf.rows * pf.layout.bytes;
+    facts.parquet = std::move(pf);
+  });
+  // Every file's columns as the first file's.
+  const planner::DatasetIndex::FileFacts* first = nullptr;
+  for (planner::DatasetIndex::FileFacts& f : files) {
+    if (!f.parquet.ok()) continue;
+    if (!first) {
+      first = &f;
+      continue;
+    }
+    for (size_t k = 0; k < f.parquet->fields.size(); ++k) {
+      const formats::ParquetField& a = first->parquet->fields[k];
+      const formats::ParquetField& b = f.parquet->fields[k];
+      if (a.type != b.type) {
+        f.parquet = InvalidArgument("column " + b.name + " is " + b.type + " here, " + a.type + " in " +
+                                        RedactUri(first->path) + " (every file of a dataset has the same columns)",
+                                    RedactUri(f.path));
+        break;
+      }
+    }
+  }
+  if (files.empty()) return InvalidArgument("names no Parquet file", RedactUri(spec.uri));
+  return files;
+}
+
 namespace {
 
 using FileFactsList = std::vector<planner::DatasetIndex::FileFacts>;
@@ -440,6 +507,8 @@ GatherFacts GathererOf(planner::DatasetFormat format) {
                    Diagnostics& d) { return MdsFacts(s, spec.uri, name, d); }},
       {F::kTFRecord, [](const planner::DatasetSpec& spec, Source& s, const std::string& name,
                         Diagnostics& d) { return TfRecordFacts(s, spec.uri, name, spec.compression, d); }},
+      {F::kParquet, [](const planner::DatasetSpec& spec, Source& s, const std::string& name,
+                       Diagnostics&) { return ParquetFacts(spec, s, name); }},
   };
   auto it = gatherers.find(format);
   MESHLOAD_CHECK(it != gatherers.end(), "format " + std::string(planner::ToString(format)) + " gathers no facts");

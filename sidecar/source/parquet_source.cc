@@ -59,7 +59,8 @@ Result<std::shared_ptr<const formats::ParquetRowGroupValues>> ParquetRowSource::
   auto values = formats::ParquetRowGroupValues::Decode(*f.footer, g, f.fields, bytes);
   if (!values.ok()) {
     const Status& st = values.status();
-    return Status(st.code(), st.message(), RedactUri(f.stored_name) + (st.location().empty() ? "" : ": ") + st.location());
+    return Status(st.code(), st.message(),
+                  RedactUri(f.stored_name) + (st.location().empty() ? "" : ": ") + st.location());
   }
   {
     MutexLock lock(mu_);
@@ -127,9 +128,9 @@ Status ParquetRowSource::ReadV(const std::string& uri, uint64_t offset, const st
   thread_local formats::FieldValues values;
   record.resize(static_cast<size_t>(R));
   values.resize(f.fields.size());
-  size_t seg = 0;         // the iovec being filled
-  uint64_t seg_at = 0;    // bytes of it filled
-  uint64_t at = offset;   // the next byte of the file to hand
+  size_t seg = 0;        // the iovec being filled
+  uint64_t seg_at = 0;   // bytes of it filled
+  uint64_t at = offset;  // the next byte of the file to hand
   std::shared_ptr<const formats::ParquetRowGroupValues> group;
   int g = -1;
   while (at < offset + len) {
@@ -151,8 +152,8 @@ Status ParquetRowSource::ReadV(const std::string& uri, uint64_t offset, const st
     if (Status st = formats::EncodeParquetRecord(f.layout, values, dest, bad); !st.ok()) {
       return Status(st.code(),
                     "row " + std::to_string(row) + " (row group " + std::to_string(g) + "): field " +
-                        f.fields[bad].name + " holds " + st.message() + " (spec.dataset.fields[" +
-                        std::to_string(bad) + "].maxBytes)",
+                        f.fields[bad].name + " holds " + st.message() + " (spec.dataset.fields[" + std::to_string(bad) +
+                        "].maxBytes)",
                     RedactUri(f.stored_name));
     }
     uint64_t n = std::min<uint64_t>(R - in_row, offset + len - at);
@@ -193,6 +194,92 @@ uint64_t ParquetRowSource::decodes() const {
 uint64_t ParquetRowSource::chunk_bytes_read() const {
   MutexLock lock(mu_);
   return chunk_bytes_;
+}
+
+Result<formats::ParquetFooter> ReadParquetFooter(Source& source, const std::string& name, uint64_t size) {
+  const std::string where = RedactUri(name);
+  if (size < formats::kParquetTrailerBytes) {
+    return formats::LocateParquetFooter(std::string_view(), size).status().WithLocationPrefix(where);
+  }
+  std::string tail(static_cast<size_t>(std::min<uint64_t>(size, formats::kParquetTailBytes)), '\0');
+  MESHLOAD_RETURN_IF_ERROR(source.Read(name, size - tail.size(), tail.data(), tail.size()));
+  auto place = formats::LocateParquetFooter(tail, size);
+  if (!place.ok()) return place.status().WithLocationPrefix(where);
+  std::string footer;
+  const uint64_t tail_at = size - tail.size();
+  if (place->offset >= tail_at) {
+    footer = tail.substr(static_cast<size_t>(place->offset - tail_at), static_cast<size_t>(place->length));
+  } else {
+    // A footer longer than the first read: the rest of it, in one more.
+    footer.resize(static_cast<size_t>(place->length));
+    MESHLOAD_RETURN_IF_ERROR(source.Read(name, place->offset, footer.data(), footer.size()));
+  }
+  auto parsed = formats::ParquetFooter::Parse(footer, size);
+  if (!parsed.ok()) return parsed.status().WithLocationPrefix(where);
+  return parsed;
+}
+
+Result<std::vector<std::unique_ptr<ParquetRowSource>>> InstallParquetRows(const planner::DatasetIndex& ds,
+                                                                          SourceRegistry& sources,
+                                                                          uint64_t capacity_bytes) {
+  struct Found {
+    Source* source = nullptr;
+    std::string name;
+    Result<ParquetRowSource::File> file = Status(StatusCode::kNotFound, "not read");
+  };
+  std::vector<Found> found;
+  std::vector<size_t> of_file;
+  for (size_t i = 0; i < ds.files().size(); ++i) {
+    const planner::DatasetFile& f = ds.files()[i];
+    if (!f.parquet) continue;
+    MESHLOAD_ASSIGN_OR_RETURN(auto at, sources.For(f.path));
+    found.push_back({at.first, std::move(at.second), Status(StatusCode::kNotFound, "not read")});
+    of_file.push_back(i);
+  }
+  if (found.empty()) return std::vector<std::unique_ptr<ParquetRowSource>>{};
+  ForEachObject(*found.front().source, found.size(), [&](size_t k) {
+    const planner::DatasetFile& f = ds.files()[of_file[k]];
+    const planner::ParquetFile& pf = *f.parquet;
+    auto footer = ReadParquetFooter(*found[k].source, found[k].name, pf.stored_size);
+    if (!footer.ok()) {
+      found[k].file = footer.status();
+      return;
+    }
+    ParquetRowSource::File file;
+    file.stored_name = found[k].name;
+    file.layout = pf.layout;
+    for (const formats::ParquetField& want : pf.fields) {
+      auto got = footer->Field(want.name);
+      if (!got.ok() || got->type != want.type || got->leaves != want.leaves) {
+        found[k].file =
+            DataLoss("column " + want.name + " changed after the job was resolved (it was " + want.type + ")",
+                     RedactUri(f.path));
+        return;
+      }
+      file.fields.push_back(std::move(*got));
+    }
+    if (footer->rows() != pf.rows) {
+      found[k].file = DataLoss("holds " + std::to_string(footer->rows()) + " rows; it held " + std::to_string(pf.rows) +
+                                   " when the job was resolved",
+                               RedactUri(f.path));
+      return;
+    }
+    file.footer = std::make_shared<const formats::ParquetFooter>(std::move(*footer));
+    found[k].file = std::move(file);
+  });
+  std::map<Source*, std::unique_ptr<ParquetRowSource>> by_source;
+  for (Found& fd : found) {
+    if (!fd.file.ok()) return fd.file.status();
+    auto& rows = by_source[fd.source];
+    if (!rows) rows = std::make_unique<ParquetRowSource>(*fd.source, capacity_bytes);
+    rows->Add(fd.name, std::move(*fd.file));
+  }
+  std::vector<std::unique_ptr<ParquetRowSource>> out;
+  for (auto& [inner, rows] : by_source) {
+    sources.Interpose(inner, rows.get());
+    out.push_back(std::move(rows));
+  }
+  return out;
 }
 
 }  // namespace meshload::sidecar::source

@@ -30,6 +30,7 @@
 #include "common/thread_annotations.h"
 #include "formats/parquet.h"
 #include "formats/parquet_record.h"
+#include "planner/dataset_index.h"
 #include "sidecar/source/source.h"
 
 namespace meshload::sidecar::source {
@@ -72,8 +73,7 @@ class ParquetRowSource final : public Source {
   };
   Result<std::shared_ptr<const formats::ParquetRowGroupValues>> Group(const std::string& name, const File& f, int g)
       MESHLOAD_EXCLUDES(mu_);
-  Result<std::shared_ptr<const formats::ParquetRowGroupValues>> Decode(const std::string& name, const File& f,
-                                                                       int g);
+  Result<std::shared_ptr<const formats::ParquetRowGroupValues>> Decode(const std::string& name, const File& f, int g);
   /// The row group holding row `row` of `f`.
   static int GroupOf(const File& f, uint64_t row);
 
@@ -88,5 +88,21 @@ class ParquetRowSource final : public Source {
   uint64_t decodes_ MESHLOAD_GUARDED_BY(mu_) = 0;
   uint64_t chunk_bytes_ MESHLOAD_GUARDED_BY(mu_) = 0;
 };
+
+/// The footer of Parquet object `name` of `source` (of `size` bytes): its
+/// last 64 KiB read, and the rest of the footer when it is longer. Errors
+/// name the object (and the byte offset).
+Result<formats::ParquetFooter> ReadParquetFooter(Source& source, const std::string& name, uint64_t size);
+
+/// For each Parquet file of `ds` (DatasetFile::parquet), a ParquetRowSource
+/// over its source in `sources` (interposed there, so that For() gives it),
+/// keeping `capacity_bytes` of decoded row groups; each file's footer read
+/// again (16 at a time over the network) and checked against the index
+/// (kDataLoss naming the file when its rows or columns changed since the
+/// job was resolved). The returned sources must outlive the registry's
+/// use; empty when the dataset has no Parquet file.
+Result<std::vector<std::unique_ptr<ParquetRowSource>>> InstallParquetRows(const planner::DatasetIndex& ds,
+                                                                          SourceRegistry& sources,
+                                                                          uint64_t capacity_bytes);
 
 }  // namespace meshload::sidecar::source

@@ -82,8 +82,8 @@ TEST(FormatDrivers, OnlyTheTokenStreamTakesASequenceLength) {
 }
 
 TEST(FormatDrivers, MessagesNameTheFormatsWithATrait) {
-  EXPECT_EQ(FormatsWith(&FormatTraits::records, "and"), "WebDataset, MDS and TFRecord");
-  EXPECT_EQ(FormatsWith(&FormatTraits::variable_size), "MegatronIndexed, WebDataset, MDS or TFRecord");
+  EXPECT_EQ(FormatsWith(&FormatTraits::records, "and"), "WebDataset, MDS, TFRecord and Parquet");
+  EXPECT_EQ(FormatsWith(&FormatTraits::variable_size), "MegatronIndexed, WebDataset, MDS, TFRecord or Parquet");
   EXPECT_EQ(FormatsWith(&FormatTraits::documents), "MegatronIndexed");
   EXPECT_EQ(FormatsWith(&FormatTraits::file_compression), "TFRecord");
 }

@@ -146,8 +146,8 @@ TEST(Spec, AMissingSectionIsReportedOnceWithoutFollowOnProblems) {
 }
 
 TEST(Spec, AnUnknownFormatDoesNotBringFormatSpecificNoise) {
-  auto p = Problems(Edit("format: FixedRecord\n    recordBytes: 64", "format: Parquet"));
-  EXPECT_TRUE(HasProblem(p, "spec.dataset.format: unknown value 'Parquet'"));
+  auto p = Problems(Edit("format: FixedRecord\n    recordBytes: 64", "format: Avro"));
+  EXPECT_TRUE(HasProblem(p, "spec.dataset.format: unknown value 'Avro'"));
   for (const auto& s : p) EXPECT_THAT(s, Not(HasSubstr("recordBytes")));
 }
 
@@ -255,8 +255,8 @@ const EditCase kEdits[] = {
      "GlobalLoad, PerDevice, PerProcess, LoadAndReshard"},
     {"UnknownShuffleMode", "  strategy:", "  shuffle: {mode: Random}\n  strategy:",
      "spec.shuffle.mode: unknown value 'Random'; expected one of None, Global, Block"},
-    {"UnknownFormat", "format: FixedRecord", "format: Parquet",
-     "spec.dataset.format: unknown value 'Parquet'; expected one of FixedRecord, TokenStream, Npy"},
+    {"UnknownFormat", "format: FixedRecord", "format: Avro",
+     "spec.dataset.format: unknown value 'Avro'; expected one of FixedRecord, TokenStream, Npy"},
     {"UnknownReplicationMode", "  strategy:", "  replication: {mode: Half}\n  strategy:",
      "spec.replication.mode: unknown value 'Half'; expected one of None, Partial, Full"},
     {"UnknownFanout", "  strategy:", "  replication: {fanout: Push}\n  strategy:",
@@ -383,10 +383,27 @@ TEST(Spec, RecordFormatsNeedTheirFieldsAndTakeNoDatasetDtype) {
   EXPECT_TRUE(EditHasProblem(from, "format: WebDataset\n    fields: [{name: jpg}]\n    missingField: Drop",
                              "spec.dataset.missingField: unknown value 'Drop'; expected one of Error, Skip"));
   EXPECT_TRUE(EditHasProblem("recordBytes: 64", "recordBytes: 64\n    fields: [{name: jpg}]",
-                             "spec.dataset.fields: are only used by formats WebDataset, MDS and TFRecord"));
+                             "spec.dataset.fields: are only used by formats WebDataset, MDS, TFRecord and Parquet"));
   auto ok = Problems(Edit(from,
                           "format: WebDataset\n    fields: [{name: jpg}, {name: cls, dtype: int64}]\n"
                           "    missingField: Skip"));
+  EXPECT_TRUE(ok.empty()) << ::testing::PrintToString(ok);
+}
+
+// Parquet: a ragged column's maxBytes is Parquet's alone; a shape comes from
+// the column, not the spec.
+TEST(Spec, ParquetFieldsTakeMaxBytesAndNoShape) {
+  const std::string from = "format: FixedRecord\n    recordBytes: 64";
+  EXPECT_TRUE(EditHasProblem(from, "format: WebDataset\n    fields: [{name: jpg, maxBytes: 100}]",
+                             "spec.dataset.fields[0].maxBytes: is only used by format Parquet"));
+  EXPECT_TRUE(EditHasProblem(from, "format: Parquet\n    fields: [{name: emb, dtype: float32, shape: [4]}]",
+                             "spec.dataset.fields[0].shape: is not used by format Parquet"));
+  EXPECT_TRUE(EditHasProblem(from, "format: Parquet\n    fields: [{name: text, maxBytes: 0}]",
+                             "spec.dataset.fields[0].maxBytes"));
+  EXPECT_TRUE(EditHasProblem(from, "format: Parquet", "spec.dataset.fields: required for format Parquet"));
+  auto ok = Problems(Edit(from,
+                          "format: Parquet\n    fields: [{name: input_ids, maxBytes: 16384}, {name: image.bytes, "
+                          "maxBytes: 1048576}, {name: label, dtype: int64}]\n    missingField: Skip"));
   EXPECT_TRUE(ok.empty()) << ::testing::PrintToString(ok);
 }
 
@@ -395,7 +412,7 @@ TEST(Spec, TokenBalancingNeedsVariableSizeSamplesAndATolerance) {
   const std::string balance = "globalBatchSize: 8\n    balance: {mode: Tokens}";
   EXPECT_TRUE(EditHasProblem("globalBatchSize: 8", balance,
                              "spec.batch.balance.mode: Tokens needs variable-size samples (format MegatronIndexed, "
-                             "WebDataset, MDS or TFRecord); FixedRecord samples all have the same size"));
+                             "WebDataset, MDS, TFRecord or Parquet); FixedRecord samples all have the same size"));
   EXPECT_TRUE(EditHasProblem("globalBatchSize: 8", "globalBatchSize: 8\n    balance: {mode: Bytes}",
                              "spec.batch.balance.mode: unknown value 'Bytes'; expected one of None, Tokens"));
   EXPECT_TRUE(EditHasProblem("globalBatchSize: 8", "globalBatchSize: 8\n    balance: {mode: Tokens, tolerance: 1.5}",

@@ -1,4 +1,4 @@
-// WebDataset, MDS (raw and compressed) and TFRecord through the step
+// WebDataset, MDS (raw and compressed), TFRecord and Parquet through the step
 // loader, on files the formats' own writers made (tests/formats/data/), as
 // local files and served over HTTP: for every sample of every step of two
 // epochs, on a mesh of 4 processes and after a resize to 8 (and with local
@@ -24,6 +24,7 @@
 #include "protocol/protocol.h"
 #include "sidecar/source/dataset_facts.h"
 #include "sidecar/source/decoded_source.h"
+#include "sidecar/source/parquet_source.h"
 #include "sidecar/step_loader.h"
 #include "tests/formats/fixture_files.h"
 #include "tests/sidecar/source/test_support.h"
@@ -123,6 +124,45 @@ Expected TfRecordExpected() {
   return out;
 }
 
+// Parquet: pyarrow's rows (expected.json), as the sidecar stages them, for
+// the files `names` in order (each holds the same 60 rows); a null is a
+// field the row lacks.
+Expected ParquetExpected(size_t files) {
+  Expected out;
+  const Json doc = Json::parse(Slurp(kData + "/parquet/expected.json"));
+  for (size_t k = 0; k < files; ++k) {
+    for (const Json& row : doc["rows"]) {
+      std::map<std::string, std::string> fields;
+      for (const auto& [name, hex] : row.items()) {
+        if (!hex.is_null()) fields[name] = Unhex(hex.get<std::string>());
+      }
+      out.push_back(std::move(fields));
+    }
+  }
+  return out;
+}
+
+// The Parquet fields the tests ask for: every kind of column.
+std::vector<planner::DatasetField> ParquetFields() {
+  std::vector<planner::DatasetField> f(9);
+  f[0].name = "input_ids";
+  f[0].max_bytes = 4 * 40;
+  f[1].name = "text";
+  f[1].max_bytes = 64;
+  f[2].name = "label";
+  f[3].name = "flag";
+  f[4].name = "emb";
+  f[5].name = "grid";
+  f[6].name = "image.bytes";
+  f[6].max_bytes = 300;
+  f[7].name = "digest";
+  f[8].name = "big_ids";
+  f[8].max_bytes = 8 * 4;
+  return f;
+}
+const std::vector<std::string> kParquetNames = {"input_ids", "text",        "label",  "flag",   "emb",
+                                                "grid",      "image.bytes", "digest", "big_ids"};
+
 void CopyInto(const std::string& from, const std::string& dir) {
   std::filesystem::copy_file(from, dir + "/" + std::filesystem::path(from).filename().string());
 }
@@ -160,6 +200,8 @@ Status LoadFirstStepOf(const planner::ResolvedJob& job) {
   auto sources = source::SourceRegistry::WithBuiltins({});
   auto decoding = source::InstallDecoding(job.dataset, *sources, 1 << 20);
   if (!decoding.ok()) return Internal("no decoding: " + decoding.status().ToString());
+  auto parquet = source::InstallParquetRows(job.dataset, *sources, 1 << 20);
+  if (!parquet.ok()) return parquet.status();
   const auto layout = staging::ComputeBatchLayout(job, 0);
   auto loader = StepLoader::Create(planner, 0, planner.DefaultLoading(), *sources, layout, {});
   if (!loader.ok()) return Internal("no step loader: " + loader.status().ToString());
@@ -191,6 +233,9 @@ std::vector<StepResult> LoadAll(const planner::ResolvedJob& job, int64_t steps) 
   // reach across all four: they are decompressed again as they come back).
   auto decoding = source::InstallDecoding(job.dataset, *sources, 16 << 10);
   EXPECT_OK(decoding);
+  // Parquet row groups decoded, a few at a time (decoded again as they come back).
+  auto parquet = source::InstallParquetRows(job.dataset, *sources, 16 << 10);
+  EXPECT_OK(parquet);
   std::vector<StepResult> out(static_cast<size_t>(steps));
   for (int64_t p = 0; p < job.mesh.processes(); ++p) {
     const auto layout = staging::ComputeBatchLayout(job, p);
@@ -544,9 +589,9 @@ TEST(TfRecord, EveryFeatureIsWhatTheReaderReadsOverTwoEpochsAndAResize) {
 // error naming the file, the record and the counts.
 TEST(TfRecord, ListsOfAFixedShapeAreDense) {
   const Expected expected = TfRecordExpected();
-  const std::vector<planner::DatasetField> fields = {{"image", std::nullopt, {}, false},
-                                                     {"label", formats::DType::kInt64, {}, true},
-                                                     {"box", formats::DType::kFloat32, {4}, true}};
+  const std::vector<planner::DatasetField> fields = {{"image", std::nullopt},
+                                                     {"label", formats::DType::kInt64, {}, {}, true},
+                                                     {"box", formats::DType::kFloat32, {4}, {}, true}};
   for (int64_t processes : {4, 8}) {
     SCOPED_TRACE(std::to_string(processes) + " processes");
     auto job = Resolve(RecordSpec(DatasetFormat::kTFRecord, kData + "/tfrecord/*.tfrecord", fields, processes, 1,
@@ -566,7 +611,7 @@ TEST(TfRecord, ListsOfAFixedShapeAreDense) {
 
   // input_ids has one value in the first record and more in others.
   auto spec = RecordSpec(DatasetFormat::kTFRecord, kData + "/tfrecord/*.tfrecord",
-                         {{"input_ids", formats::DType::kInt64, {1}, true}}, 1, 1, Strategy::kPerProcess);
+                         {{"input_ids", formats::DType::kInt64, {1}, {}, true}}, 1, 1, Strategy::kPerProcess);
   spec.shuffle.mode = planner::ShuffleMode::kNone;
   spec.batch.global_batch_size = 30;
   const Status st = LoadFirstStep(spec);
@@ -577,13 +622,13 @@ TEST(TfRecord, ListsOfAFixedShapeAreDense) {
   // A shape needs a dtype and TFRecord; no more than 2^24 values.
   Diagnostics d;
   auto no_dtype = spec;
-  no_dtype.dataset.fields = {{"image", std::nullopt, {2}, true}};
+  no_dtype.dataset.fields = {{"image", std::nullopt, {2}, {}, true}};
   planner::ValidateJobSpec(no_dtype, d);
-  auto mds = RecordSpec(DatasetFormat::kMDS, kData + "/mds/raw", {{"box", formats::DType::kFloat32, {4}, true}}, 1, 1,
-                        Strategy::kPerProcess);
+  auto mds = RecordSpec(DatasetFormat::kMDS, kData + "/mds/raw", {{"box", formats::DType::kFloat32, {4}, {}, true}}, 1,
+                        1, Strategy::kPerProcess);
   planner::ValidateJobSpec(mds, d);
   auto huge = spec;
-  huge.dataset.fields = {{"box", formats::DType::kFloat32, {4096, 4097}, true}};
+  huge.dataset.fields = {{"box", formats::DType::kFloat32, {4096, 4097}, {}, true}};
   planner::ValidateJobSpec(huge, d);
   EXPECT_THAT(d.ToString(), AllOf(HasSubstr("spec.dataset.fields[0].shape: needs a dtype"),
                                   HasSubstr("spec.dataset.fields[0].shape: is only used by format TFRecord"),
@@ -644,9 +689,9 @@ TEST(TfRecord, DamageAndMismatchesAreErrorsNamingTheFileAndRecord) {
 TEST(TfRecordCompressed, GzipAndZlibFilesDeliverWhatTheReaderReads) {
   const Expected expected = TfRecordExpected();
   const std::vector<planner::DatasetField> fields = {{"image", std::nullopt},
-                                                     {"label", formats::DType::kInt64, {}, true},
+                                                     {"label", formats::DType::kInt64, {}, {}, true},
                                                      {"input_ids", formats::DType::kInt64},
-                                                     {"box", formats::DType::kFloat32, {4}, true}};
+                                                     {"box", formats::DType::kFloat32, {4}, {}, true}};
   for (const auto& [folder, compression, codec] :
        {std::tuple{"gzip/*.gz", planner::FileCompression::kGZIP, "gz"},
         std::tuple{"zlib/*.zlib", planner::FileCompression::kZLIB, "zlib"}}) {
@@ -770,7 +815,7 @@ TEST(TfRecordCompressed, AStaleIndexIsRefusedBeforeTheJobStartsAndSeveralMembers
 TEST(RecordFormatsOverHttp, EveryFieldIsTheReadersOnFourAndEightProcesses) {
   source::testing::TestHttpServer server;
   std::deque<std::string> served;  // the handlers keep pointers into it
-  for (const char* dir : {"webdataset", "mds/raw", "mds/zstd", "tfrecord", "tfrecord/gzip"}) {
+  for (const char* dir : {"webdataset", "mds/raw", "mds/zstd", "tfrecord", "tfrecord/gzip", "parquet"}) {
     for (const auto& e : std::filesystem::directory_iterator(kData + "/" + dir)) {
       if (!e.is_regular_file()) continue;
       const std::string name = std::string("/") + dir + "/" + e.path().filename().string();
@@ -802,20 +847,26 @@ TEST(RecordFormatsOverHttp, EveryFieldIsTheReadersOnFourAndEightProcesses) {
       {DatasetFormat::kMDS, server.Url("/mds/zstd/"), mds_fields, {"image", "label", "tokens"}, MdsExpected("zstd")},
       {DatasetFormat::kTFRecord,
        server.Url("/tfrecord/part-{00000..00002}.tfrecord"),
-       {{"image", std::nullopt}, {"label", formats::DType::kInt64, {}, true}, {"input_ids", formats::DType::kInt64}},
+       {{"image", std::nullopt},
+        {"label", formats::DType::kInt64, {}, {}, true},
+        {"input_ids", formats::DType::kInt64}},
        {"image", "label", "input_ids"},
        TfRecordExpected()},
       {DatasetFormat::kTFRecord,
        server.Url("/tfrecord/gzip/part-{00000..00002}.tfrecord.gz"),
-       {{"image", std::nullopt}, {"label", formats::DType::kInt64, {}, true}, {"box", formats::DType::kFloat32}},
+       {{"image", std::nullopt}, {"label", formats::DType::kInt64, {}, {}, true}, {"box", formats::DType::kFloat32}},
        {"image", "label", "box"},
        TfRecordExpected(),
-       planner::FileCompression::kGZIP}};
+       planner::FileCompression::kGZIP},
+      {DatasetFormat::kParquet, server.Url("/parquet/rg25-plain-zstd-v2.parquet"), ParquetFields(), kParquetNames,
+       ParquetExpected(1)}};
   for (const Case& c : cases) {
     for (int64_t processes : {4, 8}) {
       SCOPED_TRACE(c.uri + " on " + std::to_string(processes) + " processes");
       auto spec = RecordSpec(c.format, c.uri, c.fields, processes, 1, Strategy::kPerProcess);
       spec.dataset.compression = c.compression;
+      // Parquet rows with a null column are left out (pyarrow's nulls).
+      if (c.format == DatasetFormat::kParquet) spec.dataset.missing_field = planner::MissingFieldPolicy::kSkip;
       auto job = Resolve(spec);
       ASSERT_OK(job);
       ASSERT_EQ(job->samples, c.expected.size());
@@ -839,6 +890,85 @@ TEST(Mds, ColumnsAndShardsItCannotReadAreRefusedByName) {
   EXPECT_THAT(error(kData + "/mds/raw", {{"tokens", formats::DType::kInt64}}), HasSubstr("its elements are int32"));
   TempDir empty;
   EXPECT_THAT(error(empty.path(), {{"image", std::nullopt}}), HasSubstr("has no index.json"));
+}
+
+// Parquet files pyarrow wrote (three row-group sizes, dictionary and plain
+// encodings, snappy, zstd and gzip): every column is what pyarrow's reader
+// read, over two epochs, on 4 and 8 processes; rows with a null are left
+// out and counted under missingField Skip.
+TEST(Parquet, EveryColumnIsWhatPyarrowReadsOverTwoEpochsAndAResize) {
+  const Expected expected = ParquetExpected(3);
+  for (int64_t processes : {4, 8}) {
+    for (Strategy s : {Strategy::kPerProcess, Strategy::kGlobalLoad}) {
+      SCOPED_TRACE(std::to_string(processes) + " processes " + std::string(ToString(s)));
+      auto spec = RecordSpec(DatasetFormat::kParquet, kData + "/parquet/rg*.parquet", ParquetFields(), processes, 1, s);
+      spec.dataset.missing_field = planner::MissingFieldPolicy::kSkip;
+      auto job = Resolve(spec);
+      ASSERT_OK(job);
+      EXPECT_EQ(job->samples, 180u);
+      const auto layout = staging::ComputeBatchLayout(*job, 0);
+      ASSERT_EQ(layout.fields.size(), 9u);
+      EXPECT_TRUE(layout.fields[0].ragged);
+      EXPECT_EQ(layout.fields[0].dtype, formats::DType::kInt32);
+      EXPECT_FALSE(layout.fields[2].ragged);
+      EXPECT_EQ(layout.fields[2].dtype, formats::DType::kInt64);
+      EXPECT_EQ(layout.fields[3].dtype, formats::DType::kBool);
+      EXPECT_EQ(layout.fields[4].sample_shape, (std::vector<uint64_t>{4}));
+      EXPECT_EQ(layout.fields[5].sample_shape, (std::vector<uint64_t>{2, 3}));
+      EXPECT_EQ(layout.fields[7].sample_shape, (std::vector<uint64_t>{8}));
+      EXPECT_TRUE(layout.fields[8].ragged);
+      ExpectStepsMatch(*job, LoadAll(*job, 2 * 180 / 8 + 1), expected, kParquetNames, 1);
+    }
+  }
+}
+
+TEST(Parquet, ColumnsFieldsAndFilesItCannotReadAreRefusedByNameBeforeTheJobStarts) {
+  auto error = [](const std::string& uri, std::vector<planner::DatasetField> fields) {
+    auto job = Resolve(RecordSpec(DatasetFormat::kParquet, uri, std::move(fields), 2, 1, Strategy::kPerProcess));
+    return job.ok() ? std::string("resolved") : job.status().ToString();
+  };
+  const std::string one = kData + "/parquet/rg7-dict-snappy.parquet";
+  std::vector<planner::DatasetField> f(1);
+  f[0].name = "tags";
+  EXPECT_THAT(error(one, f),
+              AllOf(HasSubstr("rg7-dict-snappy.parquet"), HasSubstr("column tags is list<element: string>"),
+                    HasSubstr("spec.dataset.fields[0]")));
+  f[0].name = "caption";
+  EXPECT_THAT(error(one, f), AllOf(HasSubstr("no column caption"), HasSubstr("its columns: input_ids")));
+  f[0].name = "input_ids";  // ragged, without maxBytes
+  EXPECT_THAT(error(one, f),
+              AllOf(HasSubstr("spec.dataset.fields[0].maxBytes"), HasSubstr("required: column input_ids")));
+  f[0].name = "label";
+  f[0].max_bytes = 8;  // dense, with maxBytes
+  EXPECT_THAT(error(one, f), AllOf(HasSubstr("spec.dataset.fields[0].maxBytes"), HasSubstr("is not used")));
+  f[0].max_bytes.reset();
+  f[0].dtype = formats::DType::kInt32;  // not the column's type
+  EXPECT_THAT(error(one, f),
+              AllOf(HasSubstr("spec.dataset.fields[0].dtype"), HasSubstr("int32 is not column label's type")));
+  // A file of another schema among them: named, with the column.
+  f[0].dtype.reset();
+  f[0].name = "input_ids";
+  f[0].max_bytes = 160;
+  EXPECT_THAT(error(kData + "/parquet/*.parquet", f),
+              AllOf(HasSubstr("schema-int64.parquet"), HasSubstr("column input_ids is list<element: int64> here")));
+  // Not a Parquet file.
+  TempDir dir;
+  { std::ofstream(dir.path() + "/a.parquet") << "not parquet at all"; }
+  EXPECT_THAT(error(dir.path() + "/a.parquet", f), AllOf(HasSubstr("a.parquet@"), HasSubstr("not a Parquet file")));
+}
+
+// A row whose value is larger than its field's maxBytes fails its step
+// naming the file, the row and the field.
+TEST(Parquet, ARowOverItsFieldsMaxBytesFailsItsStepNamingFileRowAndField) {
+  std::vector<planner::DatasetField> f(1);
+  f[0].name = "input_ids";
+  f[0].max_bytes = 8;
+  auto spec =
+      RecordSpec(DatasetFormat::kParquet, kData + "/parquet/rg7-dict-snappy.parquet", f, 1, 1, Strategy::kPerProcess);
+  spec.dataset.missing_field = planner::MissingFieldPolicy::kSkip;
+  const Status st = LoadFirstStep(spec);
+  EXPECT_THAT(st.ToString(), AllOf(HasSubstr("rg7-dict-snappy.parquet"), HasSubstr("field input_ids holds a value of "),
+                                   HasSubstr("spec.dataset.fields[0].maxBytes")));
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ using formats::fixtures::Hex;
 using formats::fixtures::Slurp;
 
 const std::string kDir = std::string(MESHLOAD_FORMATS_DATA) + "/parquet/";
-const std::vector<std::string> kFields = {"input_ids", "text", "label", "score",      "flag",       "emb",
+const std::vector<std::string> kFields = {"input_ids", "text",        "label",      "score",  "flag",   "emb",
                                           "grid",      "image.bytes", "image.path", "digest", "big_ids"};
 constexpr uint64_t kMaxBytes = 4096;  // what the job allows a ragged field's value
 
@@ -132,9 +132,8 @@ TEST(ParquetRowSource, OverHttpTheRowsAreTheSame) {
   const nlohmann::json rows = Rows();
   const std::string bytes = Slurp(kDir + "rg25-plain-zstd-v2.parquet");
   testing::TestHttpServer server;
-  server.Get("/d/a.parquet", [&](const httplib::Request& req, httplib::Response& res) {
-    testing::ServeBytes(bytes, req, res);
-  });
+  server.Get("/d/a.parquet",
+             [&](const httplib::Request& req, httplib::Response& res) { testing::ServeBytes(bytes, req, res); });
   server.Start();
   auto inner = MakeHttpSource(testing::FastOptions(nullptr));
   ASSERT_TRUE(inner.ok());
@@ -193,8 +192,7 @@ TEST(ParquetRowSource, AValueLongerThanItsFieldAllowsNamesTheFileRowAndField) {
   EXPECT_EQ(st.location(), path);
   EXPECT_NE(st.message().find("row 0 (row group 0): field input_ids holds a value of "), std::string::npos)
       << st.ToString();
-  EXPECT_NE(st.message().find("more than the 64 its field allows (spec.dataset.fields[0].maxBytes)"),
-            std::string::npos)
+  EXPECT_NE(st.message().find("more than the 64 its field allows (spec.dataset.fields[0].maxBytes)"), std::string::npos)
       << st.ToString();
   // Past the last row.
   st = src.Read("rows", 60 * f.layout.bytes - 1, one.data(), 2);
@@ -211,9 +209,7 @@ TEST(ParquetRowSource, ACorruptColumnChunkNamesTheFileRowGroupAndColumn) {
   const formats::ParquetColumnChunk& c = good.footer->row_groups()[1].columns[good.fields[1].leaves[0]];
   for (uint64_t at = c.offset + c.bytes / 2; at < c.offset + c.bytes; ++at) bytes[at] = static_cast<char>(~bytes[at]);
   const std::string path = dir + "/bad.parquet";
-  {
-    std::ofstream(path, std::ios::binary) << bytes;
-  }
+  { std::ofstream(path, std::ios::binary) << bytes; }
   ParquetRowSource src(**inner, 64 << 20);
   src.Add("rows", FileOf(**inner, path));
   std::string one(good.layout.bytes, '\0');
