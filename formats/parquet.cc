@@ -2,9 +2,11 @@
 
 #include <arrow/api.h>
 #include <arrow/io/interfaces.h>
+#include <arrow/io/memory.h>
 #include <arrow/util/byte_size.h>
 #include <arrow/util/compression.h>
 #include <parquet/arrow/reader.h>
+#include <parquet/arrow/writer.h>
 #include <parquet/arrow/schema.h>
 #include <parquet/exception.h>
 #include <parquet/file_reader.h>
@@ -623,6 +625,104 @@ Result<ParquetRowGroupValues> ParquetRowGroupValues::Decode(const ParquetFooter&
 
 std::optional<std::string_view> ParquetRowGroupValues::Value(size_t f, uint64_t row) const {
   return columns_[f]->Value(row);
+}
+
+// ---------------------------------------------------------------------------
+// Writing
+
+namespace {
+
+std::shared_ptr<arrow::DataType> ArrowTypeOf(DType t) {
+  switch (t) {
+    case DType::kBool: return arrow::boolean();
+    case DType::kInt8: return arrow::int8();
+    case DType::kUint8: return arrow::uint8();
+    case DType::kInt16: return arrow::int16();
+    case DType::kUint16: return arrow::uint16();
+    case DType::kInt32: return arrow::int32();
+    case DType::kUint32: return arrow::uint32();
+    case DType::kInt64: return arrow::int64();
+    case DType::kUint64: return arrow::uint64();
+    case DType::kFloat16: return arrow::float16();
+    case DType::kFloat32: return arrow::float32();
+    case DType::kFloat64: return arrow::float64();
+    case DType::kBFloat16: return nullptr;
+  }
+  return nullptr;
+}
+
+/// `n` numbers of `dtype` from their bytes back to back.
+Result<std::shared_ptr<arrow::Array>> Numbers(DType dtype, const std::string& bytes, int64_t n) {
+  std::shared_ptr<arrow::DataType> type = ArrowTypeOf(dtype);
+  if (!type) return InvalidArgument(std::string(DTypeName(dtype)) + " has no Parquet type");
+  if (dtype == DType::kBool) {
+    arrow::BooleanBuilder b;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!b.Append(bytes[static_cast<size_t>(i)] != 0).ok()) return Internal("arrow: append");
+    }
+    std::shared_ptr<arrow::Array> out;
+    if (!b.Finish(&out).ok()) return Internal("arrow: finish");
+    return out;
+  }
+  return arrow::MakeArray(arrow::ArrayData::Make(type, n, {nullptr, arrow::Buffer::FromString(bytes)}));
+}
+
+}  // namespace
+
+Result<std::string> ParquetFileBytes(const std::vector<ParquetColumnToWrite>& columns, uint64_t rows_per_group) {
+  std::vector<std::shared_ptr<arrow::Field>> fields;
+  std::vector<std::shared_ptr<arrow::Array>> arrays;
+  for (const ParquetColumnToWrite& c : columns) {
+    const auto n = static_cast<int64_t>(c.values.size());
+    const size_t es = DTypeSize(c.dtype);
+    std::shared_ptr<arrow::Array> a;
+    if (c.kind == ParquetValueKind::kBytes) {
+      arrow::BinaryBuilder b;
+      for (const std::string& v : c.values) {
+        if (!b.Append(v).ok()) return Internal("arrow: append", c.name);
+      }
+      if (!b.Finish(&a).ok()) return Internal("arrow: finish", c.name);
+    } else if (c.kind == ParquetValueKind::kScalar) {
+      std::string all;
+      for (const std::string& v : c.values) {
+        if (v.size() != es) return InvalidArgument("a value of " + std::to_string(v.size()) + " bytes", c.name);
+        all += v;
+      }
+      MESHLOAD_ASSIGN_OR_RETURN(a, Numbers(c.dtype, all, n));
+    } else if (c.kind == ParquetValueKind::kList) {
+      std::string all;
+      std::vector<int32_t> offsets = {0};
+      for (const std::string& v : c.values) {
+        if (v.size() % es != 0) return InvalidArgument("a list of " + std::to_string(v.size()) + " bytes", c.name);
+        all += v;
+        offsets.push_back(static_cast<int32_t>(all.size() / es));
+      }
+      MESHLOAD_ASSIGN_OR_RETURN(auto values, Numbers(c.dtype, all, static_cast<int64_t>(all.size() / es)));
+      auto off = arrow::MakeArray(arrow::ArrayData::Make(
+          arrow::int32(), n + 1,
+          {nullptr, arrow::Buffer::FromString(std::string(reinterpret_cast<const char*>(offsets.data()),
+                                                          offsets.size() * sizeof(int32_t)))}));
+      auto list = arrow::ListArray::FromArrays(*off, *values);
+      if (!list.ok()) return Internal("arrow: " + list.status().ToString(), c.name);
+      a = *list;
+    } else {
+      return InvalidArgument("fixed-size lists are not written", c.name);
+    }
+    fields.push_back(arrow::field(c.name, a->type()));
+    arrays.push_back(std::move(a));
+  }
+  const std::shared_ptr<arrow::Table> table = arrow::Table::Make(arrow::schema(fields), arrays);
+  auto sink = arrow::io::BufferOutputStream::Create();
+  if (!sink.ok()) return Internal("arrow: " + sink.status().ToString());
+  parquet::WriterProperties::Builder props;
+  props.compression(parquet::Compression::SNAPPY);
+  arrow::Status st =
+      parquet::arrow::WriteTable(*table, arrow::default_memory_pool(), *sink,
+                                 static_cast<int64_t>(std::max<uint64_t>(rows_per_group, 1)), props.build());
+  if (!st.ok()) return Internal("libparquet: " + st.ToString());
+  auto buffer = (*sink)->Finish();
+  if (!buffer.ok()) return Internal("arrow: " + buffer.status().ToString());
+  return (*buffer)->ToString();
 }
 
 }  // namespace meshload::formats

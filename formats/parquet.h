@@ -166,4 +166,18 @@ class ParquetRowGroupValues {
   std::vector<std::shared_ptr<const Column>> columns_;
 };
 
+/// Writing (`meshload run --generate-dataset`, tests): a Parquet file of
+/// these columns, written by libparquet (snappy pages, dictionary encoding
+/// where it pays, as pyarrow writes by default), `rows_per_group` rows a
+/// row group. Each column's `values` hold one row's value each: bytes as
+/// they are (kBytes), one number (kScalar; a bool one byte), or a list's
+/// numbers back to back (kList), little-endian in `dtype`.
+struct ParquetColumnToWrite {
+  std::string name;
+  ParquetValueKind kind = ParquetValueKind::kBytes;
+  DType dtype = DType::kUint8;
+  std::vector<std::string> values;
+};
+Result<std::string> ParquetFileBytes(const std::vector<ParquetColumnToWrite>& columns, uint64_t rows_per_group);
+
 }  // namespace meshload::formats

@@ -20,6 +20,7 @@
 #include "formats/tfrecord.h"
 #include "formats/webdataset.h"
 #include "formats/npy.h"
+#include "formats/parquet.h"
 #include "planner/dataset_index.h"
 #include "planner/sampler.h"
 
@@ -288,6 +289,81 @@ Result<std::string> GenerateTfRecords(const planner::DatasetSpec& spec, const st
   return dir;
 }
 
+// Parquet: part-NNNNN.parquet files written by libparquet, 64 rows a row
+// group, a column per field: without a dtype, binary (the field's blob, cut
+// to its maxBytes); with a dtype and maxBytes, a list of 0 to maxBytes of
+// the sample's numbers; with a dtype alone, one number.
+Result<std::string> GenerateParquet(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
+                                    int files) {
+  if (spec.fields.empty()) return InvalidArgument("name the fields to generate", "spec.dataset.fields");
+  uint64_t next = 0;
+  for (int part = 0; part < files; ++part) {
+    const uint64_t count = samples / static_cast<uint64_t>(files) +
+                           (static_cast<uint64_t>(part) < samples % static_cast<uint64_t>(files) ? 1 : 0);
+    std::vector<formats::ParquetColumnToWrite> columns(spec.fields.size());
+    for (size_t f = 0; f < spec.fields.size(); ++f) {
+      const planner::DatasetField& field = spec.fields[f];
+      formats::ParquetColumnToWrite& c = columns[f];
+      c.name = field.name;
+      c.dtype = field.dtype.value_or(formats::DType::kUint8);
+      c.kind = !field.dtype      ? formats::ParquetValueKind::kBytes
+               : field.max_bytes ? formats::ParquetValueKind::kList
+                                 : formats::ParquetValueKind::kScalar;
+      const uint64_t es = formats::DTypeSize(c.dtype);
+      for (uint64_t k = 0; k < count; ++k) {
+        const uint64_t id = next + k;
+        std::string v;
+        if (c.kind == formats::ParquetValueKind::kBytes) {
+          v = SyntheticBlob(id, f);
+          if (field.max_bytes) v.resize(std::min<uint64_t>(v.size(), static_cast<uint64_t>(*field.max_bytes)));
+        } else {
+          const uint64_t room =
+              c.kind == formats::ParquetValueKind::kList ? static_cast<uint64_t>(*field.max_bytes) / es : 1;
+          const uint64_t n = c.kind == formats::ParquetValueKind::kList ? planner::Mix64(id * 31 + f) % (room + 1) : 1;
+          v.resize(n * es);
+          FillRecord(id * 16 + f, reinterpret_cast<uint8_t*>(v.data()), v.size());
+          if (c.dtype == formats::DType::kBool) {
+            for (char& b : v) b = static_cast<char>(b & 1);
+          } else if (c.dtype == formats::DType::kFloat16 || c.dtype == formats::DType::kFloat32 ||
+                     c.dtype == formats::DType::kFloat64) {
+            // Finite numbers only: a NaN's bits need not come back as written.
+            for (uint64_t i = 0; i < n; ++i) {
+              const double x = static_cast<double>((id * 7 + i) % 1000) / 8;
+              if (c.dtype == formats::DType::kFloat64) {
+                std::memcpy(v.data() + i * es, &x, es);
+              } else if (c.dtype == formats::DType::kFloat32) {
+                const float y = static_cast<float>(x);
+                std::memcpy(v.data() + i * es, &y, es);
+              } else {
+                const uint16_t h = static_cast<uint16_t>(0x3c00 + (id + i) % 512);  // 1.0 and up
+                std::memcpy(v.data() + i * es, &h, es);
+              }
+            }
+          }
+        }
+        c.values.push_back(std::move(v));
+      }
+    }
+    MESHLOAD_ASSIGN_OR_RETURN(std::string bytes, formats::ParquetFileBytes(columns, 64));
+    char name[64];
+    std::snprintf(name, sizeof name, "part-%05d.parquet", part);
+    const std::string path = dir + "/" + name;
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out) return IoErrorFromErrno("create", path, errno);
+    MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    next += count;
+  }
+  return dir;
+}
+
+uint64_t ParquetSampleBytes(const planner::DatasetSpec& spec) {
+  uint64_t b = 0;  // a row's record: each field's room and length word
+  for (const planner::DatasetField& f : spec.fields) {
+    b += 4 + (f.max_bytes ? static_cast<uint64_t>(*f.max_bytes) : f.dtype ? formats::DTypeSize(*f.dtype) : 4352);
+  }
+  return b;
+}
+
 // The samples of file `f` of `files` when `total` are dealt out (the
 // first files take one more).
 uint64_t CountOfFile(uint64_t total, int files, int f) {
@@ -485,6 +561,7 @@ const Generator* FindGenerator(planner::DatasetFormat format) {
       {F::kWebDataset, {GenerateRecords, RecordSampleBytes, FixedMismatch}},
       {F::kMDS, {GenerateRecords, RecordSampleBytes, FixedMismatch}},
       {F::kTFRecord, {GenerateTfRecords, RecordSampleBytes, FixedMismatch}},
+      {F::kParquet, {GenerateParquet, ParquetSampleBytes, FixedMismatch}},
   };
   auto it = generators.find(format);
   return it == generators.end() ? nullptr : &it->second;
@@ -511,8 +588,7 @@ Result<std::string> GenerateSyntheticDataset(const planner::DatasetSpec& spec, c
   if (samples == 0) return InvalidArgument("a dataset needs at least one sample");
   if (FindGenerator(spec.format) == nullptr) {
     return InvalidArgument("meshload generates no " + std::string(ToString(spec.format)) +
-                               " test data: give the files with --dataset PATH (Parquet: files pyarrow or Hugging "
-                               "Face datasets wrote)",
+                               " test data: give the files with --dataset PATH",
                            "spec.dataset.format");
   }
   if (files < 1) files = 1;

@@ -77,7 +77,8 @@ class ParquetDriver final : public RecordDriver {
  protected:
   void CheckField(const DatasetField& f, const std::string& at, Diagnostics& d) const override {
     if (f.shape_set) {
-      d.Add(at + ".shape", "is not used by format Parquet (a fixed-size list's shape comes from its column); remove it");
+      d.Add(at + ".shape",
+            "is not used by format Parquet (a fixed-size list's shape comes from its column); remove it");
     }
   }
 
@@ -96,7 +97,7 @@ class ParquetDriver final : public RecordDriver {
         diags.Add(at + ".dtype",
                   std::string(formats::DTypeName(*field.dtype)) + " is not column " + c.name + "'s type (" + c.type +
                       (c.kind == formats::ParquetValueKind::kBytes ? ", delivered as its bytes: remove dtype"
-                                                                    : ": " + std::string(formats::DTypeName(c.dtype))) +
+                                                                   : ": " + std::string(formats::DTypeName(c.dtype))) +
                       ")");
         ok = false;
       }

@@ -78,48 +78,12 @@ Result<ObjectInfo> DecodingSource::Stat(const std::string& uri) {
   return info;
 }
 
-uint64_t DecodingSource::decompressions() const {
-  MutexLock lock(mu_);
-  return decompressions_;
-}
-
 Result<std::shared_ptr<const std::vector<uint8_t>>> DecodingSource::Bytes(const std::string& name, const File& f) {
-  MutexLock lock(mu_);
-  while (true) {
-    auto it = held_.find(name);
-    if (it == held_.end()) break;
-    if (it->second.bytes) {
-      lru_.splice(lru_.end(), lru_, it->second.lru);
-      return it->second.bytes;
-    }
-    done_.Wait(mu_);  // another read is decompressing it
-  }
-  lru_.push_back(name);
-  held_[name] = Held{nullptr, std::prev(lru_.end())};
-  lock.Unlock();
-  auto bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(f.size));
-  Status st = ReadStored(inner_, f.stored_name, f.stored, bytes->data(), f.size);
-  lock.Lock();
-  auto it = held_.find(name);
-  if (!st.ok()) {
-    lru_.erase(it->second.lru);
-    held_.erase(it);
-    done_.NotifyAll();
-    return st;
-  }
-  ++decompressions_;
-  it->second.bytes = bytes;
-  held_bytes_ += f.size;
-  // The least recently used files out until the rest fit (never this one).
-  while (held_bytes_ > capacity_ && lru_.front() != name) {
-    auto old = held_.find(lru_.front());
-    if (!old->second.bytes) break;  // being decompressed: it is the newest use
-    held_bytes_ -= old->second.bytes->size();
-    held_.erase(old);
-    lru_.pop_front();
-  }
-  done_.NotifyAll();
-  return std::shared_ptr<const std::vector<uint8_t>>(std::move(bytes));
+  return kept_.Get(name, [&]() -> Result<std::shared_ptr<const std::vector<uint8_t>>> {
+    auto bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(f.size));
+    MESHLOAD_RETURN_IF_ERROR(ReadStored(inner_, f.stored_name, f.stored, bytes->data(), f.size));
+    return std::shared_ptr<const std::vector<uint8_t>>(std::move(bytes));
+  });
 }
 
 Status DecodingSource::ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) {

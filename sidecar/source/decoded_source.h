@@ -18,16 +18,14 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "common/mutex.h"
 #include "common/status.h"
-#include "common/thread_annotations.h"
 #include "planner/dataset_index.h"
+#include "sidecar/source/kept_values.h"
 #include "sidecar/source/source.h"
 
 namespace meshload::sidecar::source {
@@ -52,7 +50,7 @@ class DecodingSource final : public Source {
   /// `inner`: the source of the stored objects and of every other object;
   /// `capacity_bytes`: the decompressed files kept in memory (one is kept
   /// whatever its size while it is read).
-  DecodingSource(Source& inner, uint64_t capacity_bytes) : inner_(inner), capacity_(capacity_bytes) {}
+  DecodingSource(Source& inner, uint64_t capacity_bytes) : inner_(inner), kept_(capacity_bytes, BytesOf) {}
 
   /// Reads of `name` (the name reads give) are the decompression of
   /// `stored` (its path in `stored_name` form: the name `inner` takes), of
@@ -69,7 +67,7 @@ class DecodingSource final : public Source {
 
   /// Stored objects decompressed so far (a file evicted and read again
   /// counts again).
-  uint64_t decompressions() const MESHLOAD_EXCLUDES(mu_);
+  uint64_t decompressions() const { return kept_.made(); }
 
  private:
   struct File {
@@ -77,22 +75,13 @@ class DecodingSource final : public Source {
     planner::StoredFile stored;
     uint64_t size = 0;
   };
-  struct Held {
-    std::shared_ptr<const std::vector<uint8_t>> bytes;  // null while being decompressed
-    std::list<std::string>::iterator lru;
-  };
-  Result<std::shared_ptr<const std::vector<uint8_t>>> Bytes(const std::string& name, const File& f)
-      MESHLOAD_EXCLUDES(mu_);
+  static uint64_t BytesOf(const std::vector<uint8_t>& v) { return v.size(); }
+  /// File `name`'s decompressed bytes (kept, or read and decompressed).
+  Result<std::shared_ptr<const std::vector<uint8_t>>> Bytes(const std::string& name, const File& f);
 
   Source& inner_;
-  const uint64_t capacity_;
   std::unordered_map<std::string, File> files_;  // set before reads
-  mutable Mutex mu_;
-  CondVar done_;
-  std::unordered_map<std::string, Held> held_ MESHLOAD_GUARDED_BY(mu_);
-  std::list<std::string> lru_ MESHLOAD_GUARDED_BY(mu_);  // least recently used first
-  uint64_t held_bytes_ MESHLOAD_GUARDED_BY(mu_) = 0;
-  uint64_t decompressions_ MESHLOAD_GUARDED_BY(mu_) = 0;
+  KeptValues<std::string, std::vector<uint8_t>> kept_;
 };
 
 /// For each file of `ds` stored compressed, a DecodingSource over its

@@ -27,8 +27,7 @@ int ParquetRowSource::GroupOf(const File& f, uint64_t row) {
   return static_cast<int>(it - groups.begin()) - 1;
 }
 
-Result<std::shared_ptr<const formats::ParquetRowGroupValues>> ParquetRowSource::Decode(const std::string& name,
-                                                                                       const File& f, int g) {
+Result<std::shared_ptr<const formats::ParquetRowGroupValues>> ParquetRowSource::Decode(const File& f, int g) {
   const formats::ParquetRowGroup& group = f.footer->row_groups()[static_cast<size_t>(g)];
   // The column chunks of the fields' leaves, in file order, adjacent ones
   // read as one (a row group's chunks follow each other in column order).
@@ -62,52 +61,8 @@ Result<std::shared_ptr<const formats::ParquetRowGroupValues>> ParquetRowSource::
     return Status(st.code(), st.message(),
                   RedactUri(f.stored_name) + (st.location().empty() ? "" : ": ") + st.location());
   }
-  {
-    MutexLock lock(mu_);
-    ++decodes_;
-    chunk_bytes_ += read;
-  }
-  (void)name;
+  chunk_bytes_ += read;
   return std::make_shared<const formats::ParquetRowGroupValues>(std::move(*values));
-}
-
-Result<std::shared_ptr<const formats::ParquetRowGroupValues>> ParquetRowSource::Group(const std::string& name,
-                                                                                      const File& f, int g) {
-  const Key key{&f, g};
-  MutexLock lock(mu_);
-  while (true) {
-    auto it = held_.find(key);
-    if (it == held_.end()) break;
-    if (it->second.values) {
-      lru_.splice(lru_.end(), lru_, it->second.lru);
-      return it->second.values;
-    }
-    done_.Wait(mu_);  // another read is decoding it
-  }
-  lru_.push_back(key);
-  held_[key] = Held{nullptr, std::prev(lru_.end())};
-  lock.Unlock();
-  auto values = Decode(name, f, g);
-  lock.Lock();
-  auto it = held_.find(key);
-  if (!values.ok()) {
-    lru_.erase(it->second.lru);
-    held_.erase(it);
-    done_.NotifyAll();
-    return values.status();
-  }
-  it->second.values = *values;
-  held_bytes_ += (*values)->bytes();
-  // The least recently used groups out until the rest fit (never this one).
-  while (held_bytes_ > capacity_ && lru_.front() != key) {
-    auto old = held_.find(lru_.front());
-    if (!old->second.values) break;  // being decoded: it is the newest use
-    held_bytes_ -= old->second.values->bytes();
-    held_.erase(old);
-    lru_.pop_front();
-  }
-  done_.NotifyAll();
-  return *values;
 }
 
 Status ParquetRowSource::ReadV(const std::string& uri, uint64_t offset, const std::vector<iovec>& iov) {
@@ -138,7 +93,7 @@ Status ParquetRowSource::ReadV(const std::string& uri, uint64_t offset, const st
     const uint64_t in_row = at % R;
     const int rg = GroupOf(f, row);
     if (rg != g) {
-      MESHLOAD_ASSIGN_OR_RETURN(group, Group(uri, f, rg));
+      MESHLOAD_ASSIGN_OR_RETURN(group, kept_.Get(Key{&f, rg}, [&] { return Decode(f, rg); }));
       g = rg;
     }
     const uint64_t r = row - f.footer->row_groups()[static_cast<size_t>(g)].first_row;
@@ -184,16 +139,6 @@ Status ParquetRowSource::ReadV(const std::string& uri, uint64_t offset, const st
 
 void ParquetRowSource::Prefetch(const std::string& uri, const Range* ranges, size_t count) {
   if (files_.count(uri) == 0) inner_.Prefetch(uri, ranges, count);
-}
-
-uint64_t ParquetRowSource::decodes() const {
-  MutexLock lock(mu_);
-  return decodes_;
-}
-
-uint64_t ParquetRowSource::chunk_bytes_read() const {
-  MutexLock lock(mu_);
-  return chunk_bytes_;
 }
 
 Result<formats::ParquetFooter> ReadParquetFooter(Source& source, const std::string& name, uint64_t size) {

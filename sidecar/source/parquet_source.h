@@ -17,7 +17,7 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,12 +25,11 @@
 #include <utility>
 #include <vector>
 
-#include "common/mutex.h"
 #include "common/status.h"
-#include "common/thread_annotations.h"
 #include "formats/parquet.h"
 #include "formats/parquet_record.h"
 #include "planner/dataset_index.h"
+#include "sidecar/source/kept_values.h"
 #include "sidecar/source/source.h"
 
 namespace meshload::sidecar::source {
@@ -40,7 +39,7 @@ class ParquetRowSource final : public Source {
   /// `inner`: the source of the Parquet objects and of every other object;
   /// `capacity_bytes`: the decoded row groups kept in memory (one is kept
   /// whatever its size while it is read).
-  ParquetRowSource(Source& inner, uint64_t capacity_bytes) : inner_(inner), capacity_(capacity_bytes) {}
+  ParquetRowSource(Source& inner, uint64_t capacity_bytes) : inner_(inner), kept_(capacity_bytes, BytesOf) {}
 
   /// One Parquet object read as its rows' records.
   struct File {
@@ -62,31 +61,20 @@ class ParquetRowSource final : public Source {
 
   /// Row groups decoded so far (one evicted and read again counts again),
   /// and the bytes of column chunks read for them.
-  uint64_t decodes() const MESHLOAD_EXCLUDES(mu_);
-  uint64_t chunk_bytes_read() const MESHLOAD_EXCLUDES(mu_);
+  uint64_t decodes() const { return kept_.made(); }
+  uint64_t chunk_bytes_read() const { return chunk_bytes_.load(); }
 
  private:
   using Key = std::pair<const File*, int>;  // a file's row group
-  struct Held {
-    std::shared_ptr<const formats::ParquetRowGroupValues> values;  // null while being decoded
-    std::list<Key>::iterator lru;
-  };
-  Result<std::shared_ptr<const formats::ParquetRowGroupValues>> Group(const std::string& name, const File& f, int g)
-      MESHLOAD_EXCLUDES(mu_);
-  Result<std::shared_ptr<const formats::ParquetRowGroupValues>> Decode(const std::string& name, const File& f, int g);
+  static uint64_t BytesOf(const formats::ParquetRowGroupValues& v) { return v.bytes(); }
+  Result<std::shared_ptr<const formats::ParquetRowGroupValues>> Decode(const File& f, int g);
   /// The row group holding row `row` of `f`.
   static int GroupOf(const File& f, uint64_t row);
 
   Source& inner_;
-  const uint64_t capacity_;
   std::unordered_map<std::string, File> files_;  // set before reads
-  mutable Mutex mu_;
-  CondVar done_;
-  std::map<Key, Held> held_ MESHLOAD_GUARDED_BY(mu_);
-  std::list<Key> lru_ MESHLOAD_GUARDED_BY(mu_);  // least recently used first
-  uint64_t held_bytes_ MESHLOAD_GUARDED_BY(mu_) = 0;
-  uint64_t decodes_ MESHLOAD_GUARDED_BY(mu_) = 0;
-  uint64_t chunk_bytes_ MESHLOAD_GUARDED_BY(mu_) = 0;
+  KeptValues<Key, formats::ParquetRowGroupValues> kept_;
+  std::atomic<uint64_t> chunk_bytes_{0};
 };
 
 /// The footer of Parquet object `name` of `source` (of `size` bytes): its

@@ -14,7 +14,7 @@ file system and checks it with chroot:
   - the image's user is a non-root uid that the image's /etc/passwd knows,
     and its entrypoint is one of those binaries;
   - no compiler, build tool or pip, and no package caches or lists;
-  - the image is under its size budget (150 MB);
+  - the image is under its size budget (175 MB);
   - in the sidecar and CLI images, `meshload run --local` runs a small job as
     the image's user (sidecar and trainer processes, every byte checked);
   - the chart's default image references, the controller's default sidecar
@@ -37,7 +37,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import checks  # noqa: E402
 from checks import check  # noqa: E402
 
-SIZE_BUDGET = 150_000_000  # bytes, per runtime image
+# Bytes, per runtime image: debian:12-slim (82 MB), meshload's binaries, and
+# in the sidecar and cli images Arrow C++'s libarrow and libparquet (about
+# 48 MB stripped; Parquet datasets), which Debian 12 does not package.
+SIZE_BUDGET = 175_000_000
 IMAGES = ("sidecar", "controller", "cli")
 # What a runtime stage must not carry: compilers, build tools, pip.
 TOOLS = ("gcc", "g++", "cc", "c++", "cpp", "clang", "clang++", "ld", "as", "make", "cmake", "ninja",

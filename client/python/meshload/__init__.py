@@ -71,7 +71,7 @@ Public names:
     Batch: .step, .tensors, .wait_seconds, .slot, .mesh, .job, .process,
         .fields, .field(name)
         (.tensors: a Tensor per local device, or a Ragged when the job's
-        samples differ in size; for WebDataset, MDS, TFRecord and packed
+        samples differ in size; for WebDataset, MDS, TFRecord, Parquet and packed
         rows of tokens a dict from field name to its Tensor or Ragged per
         device; .fields: the field names, ('',) for one tensor;
         .field(name): that field's tensor per local device)
