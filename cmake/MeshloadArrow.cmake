@@ -84,5 +84,18 @@ set_target_properties(meshload::arrow PROPERTIES INTERFACE_SYSTEM_INCLUDE_DIRECT
 add_library(meshload::parquet SHARED IMPORTED GLOBAL)
 set_target_properties(meshload::parquet PROPERTIES IMPORTED_LOCATION "${_meshload_libparquet}"
                                                    INTERFACE_LINK_LIBRARIES meshload::arrow)
+# The pyarrow wheel's libparquet carries its own copy of OpenSSL's libcrypto
+# and exports its symbols (EVP_*, X509_*, ...). Loaded ahead of the
+# system's libcrypto, it would take the calls the HTTPS and S3 sources make
+# through the system's OpenSSL (two OpenSSL builds mixed: a crash). Whatever
+# links libparquet therefore names the system's libcrypto first, so that it
+# comes first in the process's symbol lookup order (libparquet's own calls
+# then go to the system's libcrypto too; meshload refuses encrypted Parquet,
+# the only thing libparquet uses OpenSSL for).
+if(NOT OPENSSL_CRYPTO_LIBRARY)
+  message(FATAL_ERROR "MeshloadArrow.cmake needs find_package(OpenSSL) first")
+endif()
+set_target_properties(meshload::parquet PROPERTIES
+  INTERFACE_LINK_OPTIONS "LINKER:--push-state,--no-as-needed;${OPENSSL_CRYPTO_LIBRARY};LINKER:--pop-state")
 set(MESHLOAD_ARROW_LIBRARIES "${_meshload_libarrow};${_meshload_libparquet}")
 message(STATUS "meshload: Arrow C++ ${MESHLOAD_ARROW_VERSION} with Parquet from ${_meshload_arrow_from} at ${_meshload_arrow_dir}")

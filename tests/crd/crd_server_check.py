@@ -105,6 +105,12 @@ TFRECORD["spec"]["dataset"] = {"uri": "s3://bucket/tf/train-*.tfrecord", "format
                                           {"name": "input_ids", "dtype": "int64"}], "samples": 1000,
                                "compression": "GZIP"}
 TFRECORD["spec"]["batch"]["balance"] = {"mode": "Tokens", "tolerance": 0.05}
+PARQUET = copy.deepcopy(FULL)
+PARQUET["spec"]["dataset"] = {"uri": "s3://bucket/hub/data/", "format": "Parquet",
+                              "fields": [{"name": "input_ids", "dtype": "int32", "maxBytes": 16384},
+                                         {"name": "image.bytes", "maxBytes": 1048576},
+                                         {"name": "label", "dtype": "int64"}],
+                              "missingField": "Skip", "samples": 1000}
 
 
 def create(doc, dry_run=True):
@@ -113,7 +119,8 @@ def create(doc, dry_run=True):
 
 
 for label, doc in (("FixedRecord", FULL), ("TokenStream", TOKENS), ("MegatronIndexed", MEGATRON),
-                   ("WebDataset", WEBDATASET), ("MDS", MDS), ("TFRecord", TFRECORD), ("mixture", MIXTURE),
+                   ("WebDataset", WEBDATASET), ("MDS", MDS), ("TFRecord", TFRECORD), ("Parquet", PARQUET),
+                   ("mixture", MIXTURE),
                    ("rows of tokens", ROWS),
                    ("window-shuffled", WINDOW)):
     rc, out = create(doc)
@@ -273,13 +280,13 @@ CEL = [
     ("padToken and packing with Concatenate", ROWS, lambda d: put(d, ["spec", "tokens", "mode"], "Concatenate"),
      ["spec.tokens", "padToken and packing are only used with mode Pack"]),
     ("WebDataset without fields", WEBDATASET, lambda d: drop(d, ["spec", "dataset", "fields"]),
-     ["spec.dataset", "formats WebDataset, MDS and TFRecord need fields"]),
+     ["spec.dataset", "formats WebDataset, MDS, TFRecord and Parquet need fields"]),
     ("TFRecord without fields", TFRECORD, lambda d: drop(d, ["spec", "dataset", "fields"]),
-     ["spec.dataset", "formats WebDataset, MDS and TFRecord need fields"]),
+     ["spec.dataset", "formats WebDataset, MDS, TFRecord and Parquet need fields"]),
     ("MDS with a dataset dtype", MDS, lambda d: put(d, ["spec", "dataset", "dtype"], "uint8"),
-     ["spec.dataset", "formats WebDataset, MDS and TFRecord need fields, and take no recordBytes or dtype"]),
+     ["spec.dataset", "formats WebDataset, MDS, TFRecord and Parquet need fields, and take no recordBytes or dtype"]),
     ("TFRecord with recordBytes", TFRECORD, lambda d: put(d, ["spec", "dataset", "recordBytes"], 64),
-     ["spec.dataset", "formats WebDataset, MDS and TFRecord need fields, and take no recordBytes or dtype"]),
+     ["spec.dataset", "formats WebDataset, MDS, TFRecord and Parquet need fields, and take no recordBytes or dtype"]),
     ("a field's shape without a dtype", TFRECORD, lambda d: put(d, ["spec", "dataset", "fields", 0, "shape"], [2]),
      ["spec.dataset.fields[0].shape", "a field's shape needs a dtype"]),
     ("a field's shape with MDS", MDS, lambda d: put(d, ["spec", "dataset", "fields", 1, "shape"], []),
@@ -292,7 +299,13 @@ CEL = [
     ("an unknown TFRecord compression", TFRECORD, lambda d: put(d, ["spec", "dataset", "compression"], "zstd"),
      ["spec.dataset.compression", "Unsupported value"]),
     ("fields with FixedRecord", FULL, lambda d: put(d, ["spec", "dataset", "fields"], [{"name": "jpg"}]),
-     ["spec.dataset.fields", "fields are only used by formats WebDataset, MDS and TFRecord"]),
+     ["spec.dataset.fields", "fields are only used by formats WebDataset, MDS, TFRecord and Parquet"]),
+    ("a field's maxBytes with MDS", MDS, lambda d: put(d, ["spec", "dataset", "fields", 0, "maxBytes"], 100),
+     ["spec.dataset.fields", "a field's maxBytes is only used by format Parquet"]),
+    ("Parquet without fields", PARQUET, lambda d: drop(d, ["spec", "dataset", "fields"]),
+     ["spec.dataset", "formats WebDataset, MDS, TFRecord and Parquet need fields"]),
+    ("a Parquet field's maxBytes of 0", PARQUET, lambda d: put(d, ["spec", "dataset", "fields", 0, "maxBytes"], 0),
+     ["spec.dataset.fields[0].maxBytes"]),
     ("a field name with a slash", WEBDATASET, lambda d: put(d, ["spec", "dataset", "fields", 0, "name"], "a/b"),
      ["spec.dataset.fields[0].name"]),
     ("an unknown missingField policy", WEBDATASET, lambda d: put(d, ["spec", "dataset", "missingField"], "Drop"),

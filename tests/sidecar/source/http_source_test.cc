@@ -1,6 +1,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
+#include <openssl/evp.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -516,6 +518,20 @@ class HttpsSourceTest : public ::testing::Test {
   std::unique_ptr<TestHttpServer> server_;
   RecordingObserver observer_;
 };
+
+// The sources link libparquet (Parquet datasets), whose pyarrow build
+// carries and exports its own copy of OpenSSL's libcrypto: the process's
+// OpenSSL calls (TLS to HTTPS and S3 endpoints) must still reach the
+// system's libcrypto, the one libssl was built with; mixing the two crashed
+// the first HTTPS handshake.
+TEST(HttpsSourceLinking, OpenSslCallsReachTheSystemsLibcryptoNotLibparquetsCopy) {
+  for (void* fn : {reinterpret_cast<void*>(&EVP_sha256), reinterpret_cast<void*>(&EVP_MD_CTX_new)}) {
+    Dl_info info{};
+    ASSERT_NE(dladdr(fn, &info), 0);
+    ASSERT_NE(info.dli_fname, nullptr);
+    EXPECT_THAT(std::string(info.dli_fname), ::testing::HasSubstr("libcrypto.so"));
+  }
+}
 
 TEST_F(HttpsSourceTest, ReadVerifiedAgainstTheCaFileIsByteExact) {
   SourceOptions options = FastOptions(&observer_);
