@@ -426,8 +426,10 @@ class ReadBytesFile final : public arrow::io::RandomAccessFile {
     return ReadAt(position, nbytes, true);
   }
 
-  /// The bytes libparquet asked for that nobody read (empty: none).
+  /// The bytes libparquet asked for that nobody read since the last
+  /// ClearMissing() (empty: none).
   const std::string& missing() const { return missing_; }
+  void ClearMissing() { missing_.clear(); }
 
  private:
   void NoteMissing(int64_t from, int64_t to) {
@@ -551,22 +553,33 @@ Result<ParquetRowGroupValues> ParquetRowGroupValues::Decode(const ParquetFooter&
   const auto size = static_cast<int64_t>(impl.file_size);
   ParquetRowGroupValues out;
   out.rows_ = impl.row_groups[static_cast<size_t>(group)].rows;
+  // One reader over the bytes read, for every field (the footer is the one
+  // parsed: nothing is read to open it).
+  auto file = std::make_shared<ReadBytesFile>(bytes, size);
+  std::unique_ptr<parquet::arrow::FileReader> reader;
+  Status opened = Guard(
+      [&]() -> Status {
+        parquet::ReaderProperties rp = parquet::default_reader_properties();
+        std::unique_ptr<parquet::ParquetFileReader> pf = parquet::ParquetFileReader::Open(file, rp, impl.metadata);
+        parquet::ArrowReaderProperties ap;
+        ap.set_use_threads(false);
+        auto fr = parquet::arrow::FileReader::Make(arrow::default_memory_pool(), std::move(pf), ap);
+        if (!fr.ok()) return DataLoss(fr.status().ToString());
+        reader = std::move(*fr);
+        return Status::Ok();
+      },
+      "libparquet");
+  if (!opened.ok()) return DataLoss("the row group's reader does not open: " + opened.message(), where);
   for (const ParquetField& field : fields) {
     std::vector<std::string> path;
     if (!impl.Find(field.name, &path)) return InvalidArgument("no column " + field.name, where);
-    auto file = std::make_shared<ReadBytesFile>(bytes, size);
+    file->ClearMissing();
     auto col = std::make_shared<Column>();
     col->field = field;
     std::shared_ptr<arrow::Table> table;
     Status st = Guard(
         [&]() -> Status {
-          parquet::ReaderProperties rp = parquet::default_reader_properties();
-          std::unique_ptr<parquet::ParquetFileReader> pf = parquet::ParquetFileReader::Open(file, rp, impl.metadata);
-          parquet::ArrowReaderProperties ap;
-          ap.set_use_threads(false);
-          auto fr = parquet::arrow::FileReader::Make(arrow::default_memory_pool(), std::move(pf), ap);
-          if (!fr.ok()) return DataLoss(fr.status().ToString());
-          auto t = (*fr)->ReadRowGroup(group, field.leaves);
+          auto t = reader->ReadRowGroup(group, field.leaves);
           if (!t.ok()) return DataLoss(t.status().ToString());
           table = std::move(*t);
           return Status::Ok();
