@@ -562,7 +562,12 @@ Result<ParquetRowGroupValues> ParquetRowGroupValues::Decode(const ParquetFooter&
         parquet::ReaderProperties rp = parquet::default_reader_properties();
         std::unique_ptr<parquet::ParquetFileReader> pf = parquet::ParquetFileReader::Open(file, rp, impl.metadata);
         parquet::ArrowReaderProperties ap;
+        // Decoded on the calling thread: no column decoded on Arrow's CPU
+        // pool, and no read handed to its I/O pool (pre-buffering reads
+        // through ReadAsync, which runs on that pool: the bytes are in
+        // memory already).
         ap.set_use_threads(false);
+        ap.set_pre_buffer(false);
         auto fr = parquet::arrow::FileReader::Make(arrow::default_memory_pool(), std::move(pf), ap);
         if (!fr.ok()) return DataLoss(fr.status().ToString());
         reader = std::move(*fr);

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -89,6 +90,32 @@ TEST(Parquet, EveryRowOfEveryFileIsWhatPyarrowReads) {
     }
     EXPECT_EQ(row, 60u);
   }
+}
+
+size_t ThreadsOfThisProcess() {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) n += e.is_directory() ? 1 : 0;
+  return n;
+}
+
+// The sidecar's reader threads decode; Arrow must not hand the work (or the
+// reads of the bytes already in memory) to thread pools of its own, which
+// would run beside the staging threads unbounded and unseen.
+TEST(Parquet, DecodingStartsNoThreadOfArrowsOwn) {
+  const size_t before = ThreadsOfThisProcess();
+  for (const std::string name : {"rg7-dict-snappy.parquet", "rg25-plain-zstd-v2.parquet", "rg1000-gzip.parquet"}) {
+    const std::string file = Slurp(kDir + name);
+    auto footer = FooterOf(file);
+    ASSERT_TRUE(footer.ok()) << footer.status().ToString();
+    std::vector<ParquetField> fields;
+    for (const std::string& f : kFields) fields.push_back(*footer->Field(f));
+    for (size_t g = 0; g < footer->row_groups().size(); ++g) {
+      auto values = ParquetRowGroupValues::Decode(*footer, static_cast<int>(g), fields,
+                                                  ChunksOf(file, *footer, static_cast<int>(g), fields));
+      ASSERT_TRUE(values.ok()) << values.status().ToString();
+    }
+  }
+  EXPECT_EQ(ThreadsOfThisProcess(), before);
 }
 
 TEST(Parquet, ColumnsBecomeFieldsByTheirArrowType) {
