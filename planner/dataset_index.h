@@ -50,6 +50,10 @@
 #include "planner/spec.h"
 #include "planner/token_rows.h"
 
+namespace meshload::formats {
+class ParquetFooter;
+}
+
 namespace meshload::planner {
 
 /// Where a file's bytes are stored when they are not stored as they are
@@ -72,6 +76,19 @@ struct ParquetFile {
   /// spec.dataset.fields' columns, in their order (the same in every file).
   std::vector<formats::ParquetField> fields;
   formats::ParquetRecordLayout layout;
+  /// Its row groups, in order: a read of any of a group's rows decodes the
+  /// whole group, fetching its wanted column chunks (the fields' leaves).
+  struct RowGroup {
+    uint64_t first_row = 0;
+    uint64_t rows = 0;
+    uint64_t chunk_bytes = 0;    // the wanted column chunks' stored bytes
+    uint64_t decoded_bytes = 0;  // and their bytes decompressed (about what the decoded group holds)
+  };
+  std::vector<RowGroup> row_groups;
+  /// The footer as the gatherer parsed it (formats/parquet.h; only what
+  /// links Arrow makes one), so that the sidecar's reader of the rows
+  /// does not read it again; null when these facts came from elsewhere.
+  std::shared_ptr<const formats::ParquetFooter> footer;
 };
 
 struct DatasetFile {
@@ -111,6 +128,9 @@ struct FormatTraits {
   bool documents = false;
   /// Each file may be stored compressed as a whole (spec.dataset.compression).
   bool file_compression = false;
+  /// The URI may name a Hugging Face Hub dataset repository whose split
+  /// (spec.dataset.split, .config) gives the files.
+  bool hub_repository = false;
 };
 
 class FormatDriver;

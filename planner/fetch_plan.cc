@@ -1,5 +1,8 @@
 #include "planner/fetch_plan.h"
 
+#include <list>
+#include <unordered_map>
+
 #include <cmath>
 #include <unordered_map>
 #include <utility>
@@ -36,9 +39,17 @@ BlockMap::BlockMap(const ResolvedJob& job, const BlockGeometry& geometry) : geom
       ds.indexed() && sh.block_size >= 1) {
     AlignToSamplerBlocks(job);
   }
-  // A file stored compressed is one block: it is decompressed whole.
+  // A file stored compressed is one block: it is decompressed whole. A
+  // Parquet file's blocks are its row groups: one is decoded whole.
   for (size_t f = 0; f < sizes_.size(); ++f) {
-    if (ds.files()[f].stored) starts_[f] = {0};
+    const DatasetFile& file = ds.files()[f];
+    if (file.stored) starts_[f] = {0};
+    if (file.parquet && !file.parquet->row_groups.empty()) {
+      starts_[f].clear();
+      for (const ParquetFile::RowGroup& g : file.parquet->row_groups) {
+        starts_[f].push_back(g.first_row * file.parquet->layout.bytes);
+      }
+    }
   }
 }
 
@@ -88,8 +99,44 @@ std::pair<uint64_t, uint64_t> BlockMap::Extent(size_t f, uint64_t b) const {
   return BlockExtentOf(geometry_, starts_[f], sizes_[f], b);
 }
 
+namespace {
+
+// A least-recently-used store of blocks by their bytes: what a block that
+// is not in it costs to fetch, summed.
+class LruFetches {
+ public:
+  explicit LruFetches(uint64_t capacity) : capacity_(capacity) {}
+  void Read(uint64_t key, uint64_t bytes, uint64_t fetched) {
+    if (auto it = where_.find(key); it != where_.end()) {
+      order_.splice(order_.begin(), order_, it->second);
+      return;
+    }
+    fetched_ += fetched;
+    order_.push_front({key, bytes});
+    where_[key] = order_.begin();
+    held_ += bytes;
+    // The block being read stays, even alone over the capacity.
+    while (held_ > capacity_ && order_.size() > 1) {
+      held_ -= order_.back().second;
+      where_.erase(order_.back().first);
+      order_.pop_back();
+    }
+  }
+  uint64_t fetched() const { return fetched_; }
+
+ private:
+  uint64_t capacity_;
+  uint64_t held_ = 0;
+  uint64_t fetched_ = 0;
+  std::list<std::pair<uint64_t, uint64_t>> order_;  // most recent first
+  std::unordered_map<uint64_t, std::list<std::pair<uint64_t, uint64_t>>::iterator> where_;
+};
+
+}  // namespace
+
 FetchEstimate EstimateFetch(const ShardPlanner& planner, const Loading& loading, int64_t process,
-                            const BlockGeometry& geometry, uint64_t epoch, uint64_t max_samples) {
+                            const BlockGeometry& geometry, uint64_t epoch, uint64_t max_samples,
+                            uint64_t capacity_bytes) {
   const ResolvedJob& job = planner.job();
   const DatasetIndex& ds = job.dataset;
   const BlockMap blocks(job, geometry);
@@ -101,6 +148,7 @@ FetchEstimate EstimateFetch(const ShardPlanner& planner, const Loading& loading,
   // (file << 40 | block) -> the steps of the epoch (from 0) that read it.
   std::unordered_map<uint64_t, Use> uses;
   std::vector<Extent> extents;
+  LruFetches lru(capacity_bytes);
   uint64_t samples = 0;
   const uint64_t K = job.steps_per_epoch;
   for (uint64_t j = 0; j < K; ++j) {
@@ -122,12 +170,18 @@ FetchEstimate EstimateFetch(const ShardPlanner& planner, const Loading& loading,
           for (uint64_t b = blocks.BlockOf(e.file, e.offset); b <= last; ++b) {
             auto [it, added] = uses.try_emplace((uint64_t{e.file} << 40) | b, Use{j, j, 0, 0});
             if (added) {
-              // A compressed file is one block, fetched as its stored bytes.
-              const std::optional<StoredFile>& stored = ds.files()[e.file].stored;
+              // A compressed file is one block, fetched as its stored bytes;
+              // a Parquet row group as its wanted column chunks.
+              const DatasetFile& file = ds.files()[e.file];
               it->second.bytes = blocks.Extent(e.file, b).second;
-              it->second.fetched = stored ? stored->size : it->second.bytes;
+              it->second.fetched = file.stored ? file.stored->size : it->second.bytes;
+              if (file.parquet && b < file.parquet->row_groups.size()) {
+                it->second.fetched = file.parquet->row_groups[b].chunk_bytes;
+                it->second.bytes = file.parquet->row_groups[b].decoded_bytes;
+              }
             }
             it->second.last = j;
+            if (capacity_bytes > 0) lru.Read(it->first, it->second.bytes, it->second.fetched);
           }
         }
       }
@@ -154,6 +208,7 @@ FetchEstimate EstimateFetch(const ShardPlanner& planner, const Loading& loading,
     most = std::max(most, live);
   }
   out.working_set_bytes = static_cast<uint64_t>(most);
+  out.capacity_fetched_bytes = capacity_bytes > 0 ? lru.fetched() : out.fetched_bytes;
   return out;
 }
 

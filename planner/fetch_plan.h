@@ -43,7 +43,9 @@ struct BlockGeometry {
 /// dataset), a block longer than 1.5 × block_bytes cut into round(length /
 /// block_bytes) equal pieces, and the file's first block at 0. A file
 /// stored compressed (DatasetFile::stored) is one block whatever its size:
-/// it is decompressed whole.
+/// it is decompressed whole. A Parquet file's blocks are its row groups
+/// (a row's read decodes its whole group), each fetched as its wanted
+/// column chunks and held as their decompressed bytes.
 class BlockMap {
  public:
   BlockMap(const ResolvedJob& job, const BlockGeometry& geometry);
@@ -74,15 +76,17 @@ uint64_t BlockCount(const BlockGeometry& g, const std::vector<uint64_t>& starts,
 
 /// One epoch of one process's reads, block by block.
 struct FetchEstimate {
-  uint64_t steps = 0;              // steps looked at (the epoch's, or its first ones when `complete` is false)
-  bool complete = true;            // the whole epoch was looked at
-  uint64_t read_bytes = 0;         // the bytes the steps read (what a process reads without a cache)
-  uint64_t blocks = 0;             // distinct blocks the steps read from
-  uint64_t block_bytes = 0;        // their bytes in the cache
-  uint64_t fetched_bytes = 0;      // what storage sends for them (a compressed file: its stored bytes): what an
-                                   // epoch fetches with a cache of working_set_bytes
-  uint64_t working_set_bytes = 0;  // the most block bytes in use at once (first to last read in the epoch)
-  uint64_t dataset_bytes = 0;      // every file's bytes
+  uint64_t steps = 0;                   // steps looked at (the epoch's, or its first ones when `complete` is false)
+  bool complete = true;                 // the whole epoch was looked at
+  uint64_t read_bytes = 0;              // the bytes the steps read (what a process reads without a cache)
+  uint64_t blocks = 0;                  // distinct blocks the steps read from
+  uint64_t block_bytes = 0;             // their bytes in the cache
+  uint64_t fetched_bytes = 0;           // what storage sends for them (a compressed file: its stored bytes): what an
+                                        // epoch fetches with a cache of working_set_bytes
+  uint64_t working_set_bytes = 0;       // the most block bytes in use at once (first to last read in the epoch)
+  uint64_t capacity_fetched_bytes = 0;  // what storage sends with a least-recently-used cache of the capacity
+                                        // given, the epoch's reads in plan order (fetched_bytes when none is)
+  uint64_t dataset_bytes = 0;           // every file's bytes
   /// Bytes fetched per byte read in an epoch with a cache of the working set.
   double Amplification() const {
     return read_bytes ? static_cast<double>(fetched_bytes) / static_cast<double>(read_bytes) : 0;
@@ -91,8 +95,10 @@ struct FetchEstimate {
 
 /// Epoch `epoch` of process `process`'s reads under `loading`, looked at
 /// up to `max_samples` samples read (then `complete` is false and the
-/// figures are those of the steps looked at).
+/// figures are those of the steps looked at); with `capacity_bytes`, also
+/// what a least-recently-used cache of that many block bytes fetches.
 FetchEstimate EstimateFetch(const ShardPlanner& planner, const Loading& loading, int64_t process,
-                            const BlockGeometry& geometry, uint64_t epoch = 0, uint64_t max_samples = 1ull << 20);
+                            const BlockGeometry& geometry, uint64_t epoch = 0, uint64_t max_samples = 1ull << 20,
+                            uint64_t capacity_bytes = 0);
 
 }  // namespace meshload::planner

@@ -606,7 +606,24 @@ bool CompressedFiles(const planner::ResolvedJob& job) {
   return false;
 }
 
-bool ThroughTheCache(const planner::ResolvedJob& job) { return RemoteDataset(job) || CompressedFiles(job); }
+// Parquet files are read as their rows, a row group decoded at a time
+// (sidecar/source/parquet_source.h), not through the block cache.
+bool ParquetRows(const planner::ResolvedJob& job) {
+  for (const planner::DatasetFile& f : job.dataset.files()) {
+    if (f.parquet && !f.parquet->row_groups.empty()) return true;
+  }
+  return false;
+}
+
+uint64_t RowGroups(const planner::ResolvedJob& job) {
+  uint64_t n = 0;
+  for (const planner::DatasetFile& f : job.dataset.files()) n += f.parquet ? f.parquet->row_groups.size() : 0;
+  return n;
+}
+
+bool ThroughTheCache(const planner::ResolvedJob& job) {
+  return !ParquetRows(job) && (RemoteDataset(job) || CompressedFiles(job));
+}
 
 std::vector<FetchRow> FetchRows(const planner::ShardPlanner& planner) {
   const planner::ResolvedJob& job = planner.job();
@@ -617,8 +634,11 @@ std::vector<FetchRow> FetchRows(const planner::ShardPlanner& planner) {
   const planner::ShuffleSpec& own = job.spec.shuffle;
   const double mean = std::max(1.0, job.dataset.variable_size() ? job.dataset.mean_sample_bytes()
                                                                 : static_cast<double>(job.dataset.sample_bytes()));
-  const int64_t block = own.block_size_set
-                            ? own.block_size
+  // (Parquet: a row group's rows, on average.)
+  const uint64_t groups = RowGroups(job);
+  const int64_t block = own.block_size_set ? own.block_size
+                        : groups > 0
+                            ? std::max<int64_t>(1, static_cast<int64_t>(job.dataset.num_samples() / groups))
                             : std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(g.block_bytes) / mean));
   std::vector<FetchRow> rows;
   for (planner::ShuffleMode m : {planner::ShuffleMode::kNone, planner::ShuffleMode::kGlobal,
@@ -635,7 +655,9 @@ std::vector<FetchRow> FetchRows(const planner::ShardPlanner& planner) {
     planner::ResolvedJob variant = job;
     variant.spec.shuffle = r.shuffle;
     const planner::ShardPlanner p(std::move(variant));
-    r.est = planner::EstimateFetch(p, p.DefaultLoading(), 0, g);
+    // Parquet: what its decoded row groups, kept within the capacity, fetch.
+    r.est = planner::EstimateFetch(p, p.DefaultLoading(), 0, g, 0, 1ull << 20,
+                                   groups > 0 ? static_cast<uint64_t>(c.capacity_bytes) : 0);
     rows.push_back(std::move(r));
   }
   return rows;
@@ -649,6 +671,18 @@ std::string ShuffleText(const planner::ShuffleSpec& s) {
     out += ")";
   }
   return out;
+}
+
+// The fields every row of a shuffle comparison has.
+ordered_json ShuffleRowJson(const FetchRow& r) {
+  return {{"shuffle", ToString(r.shuffle.mode)},     {"blockSize", r.shuffle.block_size},
+          {"windowBlocks", r.shuffle.window_blocks}, {"selected", r.selected},
+          {"epochComplete", r.est.complete},         {"steps", r.est.steps}};
+}
+
+// Parquet: the row groups' fetches at the capacity per fetch of each once.
+double Refetch(const planner::FetchEstimate& e) {
+  return e.fetched_bytes ? static_cast<double>(e.capacity_fetched_bytes) / static_cast<double>(e.fetched_bytes) : 0.0;
 }
 
 int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int64_t a, int64_t b,
@@ -704,20 +738,33 @@ int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int
       ordered_json shuffles = ordered_json::array();
       for (const FetchRow& r : FetchRows(planner)) {
         const bool fits = r.est.working_set_bytes <= static_cast<uint64_t>(c.capacity_bytes);
-        shuffles.push_back({{"shuffle", ToString(r.shuffle.mode)},
-                            {"blockSize", r.shuffle.block_size},
-                            {"windowBlocks", r.shuffle.window_blocks},
-                            {"selected", r.selected},
-                            {"epochComplete", r.est.complete},
-                            {"steps", r.est.steps},
-                            {"readBytesPerEpoch", r.est.read_bytes},
-                            {"fetchedBytesPerEpoch", r.est.fetched_bytes},
-                            {"cacheNeededBytes", r.est.working_set_bytes},
-                            {"amplification", r.est.Amplification()},
-                            {"autoMode", fits ? "Blocks" : "Direct"}});
+        ordered_json row = ShuffleRowJson(r);
+        row["readBytesPerEpoch"] = r.est.read_bytes;
+        row["fetchedBytesPerEpoch"] = r.est.fetched_bytes;
+        row["cacheNeededBytes"] = r.est.working_set_bytes;
+        row["amplification"] = r.est.Amplification();
+        row["autoMode"] = fits ? "Blocks" : "Direct";
+        shuffles.push_back(std::move(row));
       }
       remote["shuffles"] = std::move(shuffles);
       out["remote"] = std::move(remote);
+    }
+    if (ParquetRows(job) && known) {
+      const uint64_t capacity = static_cast<uint64_t>(job.spec.dataset.cache.capacity_bytes);
+      ordered_json parquet = {{"process", 0}, {"rowGroups", RowGroups(job)}, {"capacityBytes", capacity}};
+      ordered_json shuffles = ordered_json::array();
+      for (const FetchRow& r : FetchRows(planner)) {
+        ordered_json row = ShuffleRowJson(r);
+        row["rowGroupsRead"] = r.est.blocks;
+        row["fetchedBytesPerEpoch"] = r.est.fetched_bytes;
+        row["decodedBytesNeeded"] = r.est.working_set_bytes;
+        row["fits"] = r.est.working_set_bytes <= capacity;
+        row["fetchedBytesPerEpochAtCapacity"] = r.est.capacity_fetched_bytes;
+        row["refetch"] = Refetch(r.est);
+        shuffles.push_back(std::move(row));
+      }
+      parquet["shuffles"] = std::move(shuffles);
+      out["parquet"] = std::move(parquet);
     }
     std::cout << out.dump(2) << "\n";
     return 0;
@@ -770,6 +817,29 @@ int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int
                  "cache of at least `cache needed` (each block held from its first to its last read in the epoch; a "
                  "cache that holds the dataset fetches nothing in later epochs). Auto: Blocks when the capacity holds "
                  "it, else Direct (each read's own bytes, every epoch).\n";
+  }
+  if (ParquetRows(job) && known) {
+    const uint64_t capacity = static_cast<uint64_t>(job.spec.dataset.cache.capacity_bytes);
+    std::cout << "\nParquet: one epoch of process 0 under each shuffle; a row's read decodes its whole row group ("
+              << RowGroups(job) << " in all), fetching the fields' column chunks, and keeps it decoded within "
+              << HumanBytes(static_cast<double>(capacity)) << " (spec.dataset.cache.capacityBytes)\n";
+    std::printf("  %-24s %11s %14s %16s %6s %17s %8s\n", "shuffle", "row groups", "fetched/epoch", "decoded needed",
+                "fits", "fetched at capac.", "refetch");
+    for (const FetchRow& r : FetchRows(planner)) {
+      const bool fits = r.est.working_set_bytes <= capacity;
+      const double refetch = Refetch(r.est);
+      std::printf("%s %-24s %11llu %14s %16s %6s %17s %7.2fx%s\n", r.selected ? "*" : " ",
+                  ShuffleText(r.shuffle).c_str(), static_cast<unsigned long long>(r.est.blocks),
+                  HumanBytes(static_cast<double>(r.est.fetched_bytes)).c_str(),
+                  HumanBytes(static_cast<double>(r.est.working_set_bytes)).c_str(), fits ? "yes" : "no",
+                  HumanBytes(static_cast<double>(r.est.capacity_fetched_bytes)).c_str(), refetch,
+                  r.est.complete ? "" : (" (first " + std::to_string(r.est.steps) + " steps)").c_str());
+    }
+    std::cout << "\n* the job's shuffle. fetched/epoch: each row group read fetched and decoded once, which needs "
+                 "`decoded needed` kept (each group from its first to its last read in the epoch). fetched at capac.: "
+                 "with the groups kept within the capacity (least recently used out), a group evicted before its "
+                 "rows come back is fetched and decoded again, `refetch` times fetched/epoch in all. Block and "
+                 "Window shuffles of about a row group's rows keep a group's rows together.\n";
   }
   return 0;
 }

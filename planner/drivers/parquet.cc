@@ -51,6 +51,11 @@ formats::FieldDecoding Decoding(const std::string& name, const formats::ParquetF
 class ParquetDriver final : public RecordDriver {
  public:
   DatasetFormat format() const override { return DatasetFormat::kParquet; }
+  FormatTraits traits() const override {
+    FormatTraits t = RecordDriver::traits();
+    t.hub_repository = true;
+    return t;
+  }
   std::unique_ptr<const RecordDecoder> MakeDecoder(const DatasetIndex& ds) const override {
     return std::make_unique<ParquetDecoder>(ds);
   }

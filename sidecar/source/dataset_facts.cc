@@ -10,10 +10,12 @@
 #include <thread>
 #include <unordered_map>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "formats/hub_repository.h"
 #include "formats/mds.h"
 #include "formats/tfrecord.h"
 #include "formats/webdataset.h"
@@ -399,13 +401,117 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> MdsFacts(Source& source, c
 
 }  // namespace
 
+namespace {
+
+// A Hugging Face Hub repository's split: the objects its README.md's
+// config names (formats/hub_repository.h), and the rows its dataset_info
+// says the split has.
+struct HubSplitObjects {
+  std::vector<Source::Listed> objects;
+  std::string config;  // the config read ("default" for a card of none)
+  std::string card;    // README.md's name, for messages ("" when there is none)
+  std::optional<uint64_t> examples;
+};
+
+// A README.md larger than this is not a dataset card.
+constexpr uint64_t kMaxHubCardBytes = 16ull << 20;
+
+Result<HubSplitObjects> HubRepositoryObjects(const planner::DatasetSpec& spec, Source& source,
+                                             const std::string& name) {
+  std::string root = name;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  const std::string where = RedactUri(root);
+  // "README.md:7" in a card's error is the card in this repository.
+  auto in_repo = [&](const Status& st) {
+    std::string loc = st.location();
+    if (loc.starts_with("README.md")) loc = where + "/" + loc;
+    return Status(st.code(), "the repository's dataset card " + st.message(), loc);
+  };
+  HubSplitObjects out;
+  formats::HubCard card;
+  const std::string readme = root + "/README.md";
+  Result<ObjectInfo> info = source.Stat(readme);
+  if (info.ok()) {
+    if (info->size > kMaxHubCardBytes) {
+      return InvalidArgument("is " + std::to_string(info->size) + " bytes, more than a dataset card's 16 MiB",
+                             RedactUri(readme));
+    }
+    std::string text(static_cast<size_t>(info->size), '\0');
+    MESHLOAD_RETURN_IF_ERROR(source.Read(readme, 0, text.data(), text.size()));
+    Result<formats::HubCard> parsed = formats::HubCard::Parse(text);
+    if (!parsed.ok()) return in_repo(parsed.status());
+    card = std::move(*parsed);
+    out.card = RedactUri(readme);
+  } else if (info.status().code() != StatusCode::kNotFound) {
+    return info.status();
+  }
+  Result<formats::HubLayouts> layouts = formats::HubSplitLayouts(card, spec.config, spec.split);
+  if (!layouts.ok()) return in_repo(layouts.status());
+  out.config = "default";
+  if (!card.configs.empty()) {
+    Result<const formats::HubConfig*> config = card.Config(spec.config);
+    if (!config.ok()) return in_repo(config.status());
+    out.config = (*config)->name;
+  }
+  out.examples = card.Examples(out.config, spec.split);
+  // A card's data_files is one layout, every pattern of which must match (as
+  // the Hub requires); of the default layouts, the first that matches.
+  const bool from_card = layouts->size() == 1;
+  std::vector<std::string> tried;
+  for (const std::vector<std::string>& layout : *layouts) {
+    std::vector<Source::Listed> all;
+    for (const std::string& pattern : layout) {
+      if (pattern.find("**") != std::string::npos || pattern.find('{') != std::string::npos) {
+        return InvalidArgument("config " + out.config + " split " + spec.split + ": data_files path '" + pattern +
+                                   "' is a recursive glob or a brace pattern, which meshload does not expand; "
+                                   "give the files' folder and a * glob in its last part",
+                               out.card.empty() ? where : out.card);
+      }
+      tried.push_back(pattern);
+      Result<std::vector<Source::Listed>> listed = source.List(root + "/" + pattern);
+      if (!listed.ok() && listed.status().code() != StatusCode::kNotFound) return listed.status();
+      if (!listed.ok() || listed->empty()) {
+        if (!from_card) continue;
+        return NotFound("config " + out.config + " split " + spec.split + ": data_files path '" + pattern +
+                            "' matches no file under " + where,
+                        out.card);
+      }
+      for (Source::Listed& o : *listed) all.push_back(std::move(o));
+    }
+    if (all.empty()) continue;
+    std::sort(all.begin(), all.end(), [](const Source::Listed& a, const Source::Listed& b) { return a.name < b.name; });
+    all.erase(std::unique(all.begin(), all.end(),
+                          [](const Source::Listed& a, const Source::Listed& b) { return a.name == b.name; }),
+              all.end());
+    out.objects = std::move(all);
+    return out;
+  }
+  std::string list;
+  for (size_t i = 0; i < tried.size(); ++i) list += (i ? ", " : "") + tried[i];
+  return NotFound("has no split " + spec.split + ": " +
+                      (out.card.empty() ? "no README.md names configs, and none of the Hub's default layouts (" + list +
+                                              ") matches a file"
+                                        : "none of " + list + " matches a file"),
+                  where);
+}
+
+}  // namespace
+
 // Parquet: every `.parquet` object the URI names (every object, when none
-// is so named), each read by its footer (one ranged read of its last 64
-// KiB); a field is the column of its name, the same type in every file.
-// A file's size becomes its rows' records' (formats/parquet_record.h).
+// is so named), or those of a Hub repository's split (spec.dataset.split),
+// each read by its footer (one ranged read of its last 64 KiB); a field is
+// the column of its name, the same type in every file. A file's size
+// becomes its rows' records' (formats/parquet_record.h).
 Result<std::vector<planner::DatasetIndex::FileFacts>> ParquetFacts(const planner::DatasetSpec& spec, Source& source,
                                                                    const std::string& name) {
-  MESHLOAD_ASSIGN_OR_RETURN(std::vector<Source::Listed> objects, source.List(name));
+  std::optional<HubSplitObjects> hub;
+  std::vector<Source::Listed> objects;
+  if (!spec.split.empty()) {
+    MESHLOAD_ASSIGN_OR_RETURN(hub, HubRepositoryObjects(spec, source, name));
+    objects = std::move(hub->objects);
+  } else {
+    MESHLOAD_ASSIGN_OR_RETURN(objects, source.List(name));
+  }
   std::vector<Source::Listed> parquet;
   for (const Source::Listed& o : objects) {
     if (o.name.ends_with(".parquet")) parquet.push_back(o);
@@ -439,6 +545,17 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> ParquetFacts(const planner
       pf.fields.push_back(std::move(*field));
     }
     pf.layout = formats::ParquetRecordLayout::Make(rooms);
+    for (const formats::ParquetRowGroup& g : footer->row_groups()) {
+      planner::ParquetFile::RowGroup rg{g.first_row, g.rows, 0, 0};
+      for (const formats::ParquetField& field : pf.fields) {
+        for (int leaf : field.leaves) {
+          rg.chunk_bytes += g.columns[static_cast<size_t>(leaf)].bytes;
+          rg.decoded_bytes += g.columns[static_cast<size_t>(leaf)].uncompressed_bytes;
+        }
+      }
+      pf.row_groups.push_back(rg);
+    }
+    pf.footer = std::make_shared<const formats::ParquetFooter>(std::move(*footer));
     facts.size = pf.rows * pf.layout.bytes;
     facts.parquet = std::move(pf);
   });
@@ -462,6 +579,22 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> ParquetFacts(const planner
     }
   }
   if (files.empty()) return InvalidArgument("names no Parquet file", RedactUri(spec.uri));
+  // The card's count of the split's rows, against the files' (a file not
+  // copied, or one left from an older push, would change what a step reads).
+  if (hub && hub->examples) {
+    uint64_t rows = 0;
+    for (const planner::DatasetIndex::FileFacts& f : files) {
+      if (!f.parquet.ok()) return files;  // the file's own error says more
+      rows += f.parquet->rows;
+    }
+    if (rows != *hub->examples) {
+      return InvalidArgument("dataset_info gives config " + hub->config + " split " + spec.split + " " +
+                                 std::to_string(*hub->examples) + " examples, but its " + std::to_string(files.size()) +
+                                 " files hold " + std::to_string(rows) +
+                                 " rows: a file is missing, or one is left from an earlier upload",
+                             hub->card);
+    }
+  }
   return files;
 }
 

@@ -185,7 +185,10 @@ Result<std::vector<std::unique_ptr<ParquetRowSource>>> InstallParquetRows(const 
   ForEachObject(*found.front().source, found.size(), [&](size_t k) {
     const planner::DatasetFile& f = ds.files()[of_file[k]];
     const planner::ParquetFile& pf = *f.parquet;
-    auto footer = ReadParquetFooter(*found[k].source, found[k].name, pf.stored_size);
+    // The footer the job was resolved with, else read again (and checked).
+    Result<formats::ParquetFooter> footer = pf.footer
+                                                ? Result<formats::ParquetFooter>(*pf.footer)
+                                                : ReadParquetFooter(*found[k].source, found[k].name, pf.stored_size);
     if (!footer.ok()) {
       found[k].file = footer.status();
       return;

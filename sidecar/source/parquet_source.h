@@ -84,8 +84,9 @@ Result<formats::ParquetFooter> ReadParquetFooter(Source& source, const std::stri
 
 /// For each Parquet file of `ds` (DatasetFile::parquet), a ParquetRowSource
 /// over its source in `sources` (interposed there, so that For() gives it),
-/// keeping `capacity_bytes` of decoded row groups; each file's footer read
-/// again (16 at a time over the network) and checked against the index
+/// keeping `capacity_bytes` of decoded row groups; each file read with the
+/// footer the index holds (ParquetFile::footer), else its footer read again
+/// (16 at a time over the network) and checked against the index
 /// (kDataLoss naming the file when its rows or columns changed since the
 /// job was resolved). The returned sources must outlive the registry's
 /// use; empty when the dataset has no Parquet file.

@@ -177,6 +177,49 @@ out=$("$BIN" run --local -f "$TMP/mds-zstd.yaml" --steps 12 --run-dir "$TMP/mds-
 check "run --local on zstd MDS shards: each shard decompressed once into the run's block cache, every byte verified" $?
 [ $rc -eq 0 ] || echo "$out" | tail -5
 
+# Parquet files (pyarrow's: row groups of 7, 25 and 1000 rows): a row's read
+# decodes its row group, so --compare shows, per shuffle, the row groups'
+# column chunks fetched per epoch (each once, what pyarrow's footers say
+# the two fields' chunks hold); the capacity holds them all, so nothing is
+# fetched twice (a small capacity: tests/sidecar/record_formats_test.cc,
+# Parquet.TheFetchEstimateIsWhatTheRowSourceDecodes).
+cat >"$TMP/parquet.yaml" <<EOF
+apiVersion: meshload.io/v1alpha1
+kind: DataLoadJob
+metadata: {name: parquet}
+spec:
+  mesh: {axes: [{name: data, size: 1}], processes: 1, devicesPerProcess: 1}
+  strategy: PerProcess
+  dataset: {uri: "$ROOT/tests/formats/data/parquet/rg*.parquet", format: Parquet, missingField: Skip, fields: [{name: input_ids, maxBytes: 160}, {name: label}]}
+  batch: {globalBatchSize: 4}
+  shuffle: {mode: Global, seed: 3}
+EOF
+out=$("$BIN" plan -f "$TMP/parquet.yaml" --compare 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "Parquet: one epoch of process 0 under each shuffle; a row's read decodes its whole row group (13 in all)" <<<"$out" &&
+  grep -qE "^\* Global +13 " <<<"$out" && ! grep -q "through the block cache" <<<"$out"
+check "plan --compare on Parquet files: the row groups each shuffle decodes, not the block cache" $?
+[ $rc -eq 0 ] || echo "$out" | tail -8
+VPY=$ROOT/.venv/bin/python
+[ -x "$VPY" ] || VPY=$PY
+want=$("$VPY" -c 'import glob,sys,pyarrow.parquet as pq
+n=0
+for f in sorted(glob.glob(sys.argv[1]+"/rg*.parquet")):
+  md=pq.ParquetFile(f).metadata
+  for g in range(md.num_row_groups):
+    for c in range(md.num_columns):
+      col=md.row_group(g).column(c)
+      if col.path_in_schema in ("input_ids.list.element","label"): n+=col.total_compressed_size
+print(n)' "$ROOT/tests/formats/data/parquet")
+"$BIN" plan -f "$TMP/parquet.yaml" --compare --json |
+  "$PY" -c 'import json,sys
+p=json.load(sys.stdin)["parquet"]; s={r["shuffle"]: r for r in p["shuffles"]}; want=int(sys.argv[1])
+assert p["rowGroups"]==13, p
+for m in ("None","Global"): assert s[m]["rowGroupsRead"]==13 and s[m]["fetchedBytesPerEpoch"]==want, (want, s[m])
+assert s["Global"]["selected"] and s["Global"]["fits"], s
+assert all(r["refetch"]==1.0 and r["fetchedBytesPerEpochAtCapacity"]==want for r in s.values()), s
+assert s["Block"]["blockSize"]==13, s' "$want"
+check "plan --compare --json on Parquet: each shuffle fetches the 13 row groups' chunks once ($want bytes, as pyarrow's footers say)" $?
+
 # docs/crd-reference.md's examples of dataset.format errors are what
 # meshload prints (the formats listed are every format).
 sed 's/    format: TokenStream/    format: npy/' "$JOB" >"$TMP/npy.yaml"

@@ -106,7 +106,8 @@ TFRECORD["spec"]["dataset"] = {"uri": "s3://bucket/tf/train-*.tfrecord", "format
                                "compression": "GZIP"}
 TFRECORD["spec"]["batch"]["balance"] = {"mode": "Tokens", "tolerance": 0.05}
 PARQUET = copy.deepcopy(FULL)
-PARQUET["spec"]["dataset"] = {"uri": "s3://bucket/hub/data/", "format": "Parquet",
+PARQUET["spec"]["dataset"] = {"uri": "s3://bucket/hub/my-dataset", "format": "Parquet",
+                              "split": "train", "config": "20231101.en",
                               "fields": [{"name": "input_ids", "dtype": "int32", "maxBytes": 16384},
                                          {"name": "image.bytes", "maxBytes": 1048576},
                                          {"name": "label", "dtype": "int64"}],
@@ -306,6 +307,12 @@ CEL = [
      ["spec.dataset", "formats WebDataset, MDS, TFRecord and Parquet need fields"]),
     ("a Parquet field's maxBytes of 0", PARQUET, lambda d: put(d, ["spec", "dataset", "fields", 0, "maxBytes"], 0),
      ["spec.dataset.fields[0].maxBytes"]),
+    ("a split with MDS", MDS, lambda d: put(d, ["spec", "dataset", "split"], "train"),
+     ["spec.dataset.split", "split is only used by format Parquet"]),
+    ("a config without a split", PARQUET, lambda d: drop(d, ["spec", "dataset", "split"]),
+     ["spec.dataset.config", "config needs split"]),
+    ("a split name with a slash", PARQUET, lambda d: put(d, ["spec", "dataset", "split"], "train/x"),
+     ["spec.dataset.split"]),
     ("a field name with a slash", WEBDATASET, lambda d: put(d, ["spec", "dataset", "fields", 0, "name"], "a/b"),
      ["spec.dataset.fields[0].name"]),
     ("an unknown missingField policy", WEBDATASET, lambda d: put(d, ["spec", "dataset", "missingField"], "Drop"),

@@ -86,6 +86,7 @@ TEST(FormatDrivers, MessagesNameTheFormatsWithATrait) {
   EXPECT_EQ(FormatsWith(&FormatTraits::variable_size), "MegatronIndexed, WebDataset, MDS, TFRecord or Parquet");
   EXPECT_EQ(FormatsWith(&FormatTraits::documents), "MegatronIndexed");
   EXPECT_EQ(FormatsWith(&FormatTraits::file_compression), "TFRecord");
+  EXPECT_EQ(FormatsWith(&FormatTraits::hub_repository), "Parquet");
 }
 
 // The formats with `trait`, by name.
@@ -131,6 +132,7 @@ TEST(FormatDrivers, TheDeclarationsRulesNameTheFormatsTheTraitsSay) {
   EXPECT_EQ(FormatsInRule(decl, "|| (has(self.fields) && !has(self.recordBytes)"), NamesWith(&FormatTraits::records));
   EXPECT_EQ(FormatsInRule(decl, "|| !has(self.compression)"), NamesWith(&FormatTraits::file_compression));
   EXPECT_EQ(FormatsInRule(decl, "|| !has(self.sequenceLength)"), NamesWith(&FormatTraits::token_stream));
+  EXPECT_EQ(FormatsInRule(decl, "|| !has(self.split)"), NamesWith(&FormatTraits::hub_repository));
 }
 }  // namespace
 }  // namespace meshload::planner

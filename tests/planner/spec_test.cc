@@ -407,6 +407,21 @@ TEST(Spec, ParquetFieldsTakeMaxBytesAndNoShape) {
   EXPECT_TRUE(ok.empty()) << ::testing::PrintToString(ok);
 }
 
+// A Hugging Face Hub repository's split and config are Parquet's, and the
+// names are the Hub's.
+TEST(Spec, AHubSplitAndConfigAreParquetsAndNamedAsTheHubNamesThem) {
+  const std::string from = "format: FixedRecord\n    recordBytes: 64";
+  const std::string parquet = "format: Parquet\n    fields: [{name: label}]\n";
+  EXPECT_TRUE(EditHasProblem(from, from + "\n    split: train", "spec.dataset.split: is only used by format Parquet"));
+  EXPECT_TRUE(EditHasProblem(from, parquet + "    config: en", "spec.dataset.config: needs spec.dataset.split"));
+  EXPECT_TRUE(
+      EditHasProblem(from, parquet + "    split: train/../x", "spec.dataset.split: 'train/../x' is not a split name"));
+  EXPECT_TRUE(EditHasProblem(from, parquet + "    split: train\n    config: 'a b'",
+                             "spec.dataset.config: 'a b' is not a config name"));
+  auto ok = Problems(Edit(from, parquet + "    split: train.clean\n    config: 20231101.en"));
+  EXPECT_TRUE(ok.empty()) << ::testing::PrintToString(ok);
+}
+
 // Token balancing deals variable-size samples; its fields are checked.
 TEST(Spec, TokenBalancingNeedsVariableSizeSamplesAndATolerance) {
   const std::string balance = "globalBatchSize: 8\n    balance: {mode: Tokens}";

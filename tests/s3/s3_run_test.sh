@@ -148,6 +148,22 @@ for strategy in PerProcess LoadAndReshard; do
   [ $rc -eq 0 ] || tail -8 <<<"$out"
 done
 
+# 1f. A Hugging Face Hub repository of two configs, laid out as
+#    push_to_hub lays it out, synced to a bucket: split train of the
+#    config its card marks default (en, two shards under en/) found from
+#    README.md over S3, every column verified by the trainers.
+mkdir -p "$GW/corpus/hub"
+cp -r "$ROOT"/tests/formats/data/hub/configs "$GW/corpus/hub/"
+two_process_job "$TMP/hub.yaml" hub model "  replication: {mode: Partial, fanout: Load}
+  strategy: PerProcess
+  dataset: {uri: \"s3://corpus/hub/configs\", format: Parquet, split: train, fields: [{name: input_ids, maxBytes: 92}, {name: text, maxBytes: 64}, {name: label}]}
+  batch: {globalBatchSize: 8, prefetch: 3}
+  shuffle: {mode: Global, seed: 11}"
+out=$("$ML" run --local -f "$TMP/hub.yaml" --steps 6 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "verified             bytes, 0 mismatches" <<<"$out" && grep -q "^OK$" <<<"$out"
+check "run --local on a Hugging Face Hub repository's split on S3 (files from its README.md's default config): every column verified" $?
+[ $rc -eq 0 ] || tail -8 <<<"$out"
+
 # 1c. Indexing many objects costs a listing and one read per object's
 #    index, several at once: an MDS dataset of 48 shards behind 25 ms of
 #    added latency is indexed with 51 requests or fewer (not a HEAD and a

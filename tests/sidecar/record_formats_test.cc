@@ -971,5 +971,211 @@ TEST(Parquet, ARowOverItsFieldsMaxBytesFailsItsStepNamingFileRowAndField) {
                                    HasSubstr("spec.dataset.fields[0].maxBytes")));
 }
 
+// The footers read to resolve the job are those the rows are read with:
+// installing the Parquet rows reads nothing more from storage.
+TEST(Parquet, TheRowsAreReadWithTheFootersTheJobWasResolvedWith) {
+  source::testing::TestHttpServer server;
+  const std::string bytes = Slurp(kData + "/parquet/rg7-dict-snappy.parquet");
+  server.Get("/p/a.parquet", [&bytes](const httplib::Request& req, httplib::Response& res) {
+    source::testing::ServeBytes(bytes, req, res);
+  });
+  server.Start();
+  std::vector<planner::DatasetField> f(1);
+  f[0].name = "label";
+  auto job = Resolve(RecordSpec(DatasetFormat::kParquet, server.Url("/p/a.parquet"), f, 1, 1, Strategy::kPerProcess));
+  ASSERT_OK(job);
+  const int resolving = server.requests();
+  EXPECT_GE(resolving, 1);
+  auto sources = source::SourceRegistry::WithBuiltins({});
+  auto rows = source::InstallParquetRows(job->dataset, *sources, 1 << 20);
+  ASSERT_OK(rows);
+  EXPECT_EQ(server.requests(), resolving);
+  EXPECT_OK(LoadFirstStepOf(*job));
+  EXPECT_GT(server.requests(), resolving);  // the row groups' column chunks
+}
+
+// What `meshload plan --compare` says a Parquet job fetches under a shuffle
+// (planner/fetch_plan.h: row groups as blocks, their wanted column chunks
+// fetched, kept decoded within the capacity) is what the sidecar's row
+// source does over an epoch: each group once when they all fit, or read in
+// file order; again and again under a global shuffle with room for a few.
+TEST(Parquet, TheFetchEstimateIsWhatTheRowSourceDecodes) {
+  std::vector<planner::DatasetField> f(2);
+  f[0].name = "input_ids";
+  f[0].max_bytes = 160;
+  f[1].name = "label";
+  for (planner::ShuffleMode mode : {planner::ShuffleMode::kNone, planner::ShuffleMode::kGlobal}) {
+    for (uint64_t capacity : {uint64_t{1} << 20, uint64_t{3000}}) {
+      SCOPED_TRACE(std::string(ToString(mode)) + ", capacity " + std::to_string(capacity));
+      auto spec = RecordSpec(DatasetFormat::kParquet, kData + "/parquet/rg*.parquet", f, 1, 1, Strategy::kPerProcess);
+      spec.shuffle.mode = mode;
+      spec.dataset.missing_field = planner::MissingFieldPolicy::kSkip;
+      spec.batch.global_batch_size = 4;
+      auto job = Resolve(spec);
+      ASSERT_OK(job);
+      planner::ShardPlanner planner(*job);
+      const planner::FetchEstimate est = planner::EstimateFetch(planner, planner.DefaultLoading(), 0,
+                                                                planner::BlockGeometry{}, 0, 1ull << 20, capacity);
+      EXPECT_EQ(est.blocks, 13u);
+      auto sources = source::SourceRegistry::WithBuiltins({});
+      auto rows = source::InstallParquetRows(job->dataset, *sources, capacity);
+      ASSERT_OK(rows);
+      ASSERT_EQ(rows->size(), 1u);
+      const auto layout = staging::ComputeBatchLayout(*job, 0);
+      StepLoaderOptions opts;
+      opts.reader_threads = 1;
+      auto loader = StepLoader::Create(planner, 0, planner.DefaultLoading(), *sources, layout, opts);
+      ASSERT_OK(loader);
+      std::vector<uint8_t> slot(layout.slot_bytes);
+      for (int64_t step = 0; step < static_cast<int64_t>(job->steps_per_epoch); ++step) {
+        std::vector<staging::StagedTensor> staged;
+        ASSERT_OK((*loader)->Load(step, slot.data(), staged, nullptr));
+      }
+      const uint64_t fetched = (*rows)[0]->chunk_bytes_read();
+      if (capacity > 3000 || mode == planner::ShuffleMode::kNone) {
+        EXPECT_EQ(est.capacity_fetched_bytes, est.fetched_bytes);
+        EXPECT_EQ(fetched, est.fetched_bytes);
+        EXPECT_EQ((*rows)[0]->decodes(), 13u);
+      } else {
+        EXPECT_GT(est.capacity_fetched_bytes, 3 * est.fetched_bytes);
+        EXPECT_GT(fetched, 3 * est.fetched_bytes);
+        EXPECT_NEAR(static_cast<double>(fetched), static_cast<double>(est.capacity_fetched_bytes),
+                    0.25 * static_cast<double>(est.capacity_fetched_bytes));
+      }
+    }
+  }
+}
+
+// A Hugging Face Hub repository's split, as `datasets.load_dataset` read
+// it (tests/formats/data/hub/expected.json): per row input_ids (int32),
+// text, label (int64) and image bytes, as the sidecar stages them.
+Expected HubExpected(const std::string& repo, const std::string& config, const std::string& split) {
+  Expected out;
+  const Json doc = Json::parse(Slurp(kData + "/hub/expected.json"));
+  for (const Json& row : doc["repositories"][repo][config][split]) {
+    std::map<std::string, std::string> fields;
+    if (row.contains("input_ids")) {
+      std::string ids;
+      for (const Json& t : row["input_ids"]) ids += Bytes(t.get<int32_t>());
+      fields["input_ids"] = ids;
+    }
+    if (row.contains("text")) fields["text"] = Unhex(row["text"].get<std::string>());
+    if (row.contains("label")) fields["label"] = Bytes(row["label"].get<int64_t>());
+    if (row.contains("image")) fields["image.bytes"] = Unhex(row["image"].get<std::string>());
+    out.push_back(std::move(fields));
+  }
+  return out;
+}
+
+std::vector<planner::DatasetField> HubTokenFields() {
+  std::vector<planner::DatasetField> f(3);
+  f[0].name = "input_ids";
+  f[0].max_bytes = 4 * 23;
+  f[1].name = "text";
+  f[1].max_bytes = 64;
+  f[2].name = "label";
+  return f;
+}
+const std::vector<std::string> kHubTokenNames = {"input_ids", "text", "label"};
+
+planner::JobSpec HubSpec(const std::string& repo, const std::string& split, const std::string& config,
+                         std::vector<planner::DatasetField> fields, int64_t processes) {
+  planner::JobSpec spec =
+      RecordSpec(DatasetFormat::kParquet, repo, std::move(fields), processes, 1, Strategy::kPerProcess);
+  spec.dataset.split = split;
+  spec.dataset.config = config;
+  return spec;
+}
+
+// Repositories laid out as push_to_hub lays them out: the split the job
+// names (of the config it names, or the card's default) is what
+// load_dataset reads, row for row, over two epochs, on 4 and 8 processes.
+TEST(HubRepository, EachSplitIsWhatLoadDatasetReadsOverTwoEpochsAndAResize) {
+  struct Case {
+    std::string repo, config, split, expected_config;
+    std::vector<planner::DatasetField> fields;
+    std::vector<std::string> names;
+    size_t files;
+  };
+  std::vector<planner::DatasetField> image(2);
+  image[0].name = "image.bytes";
+  image[0].max_bytes = 1024;
+  image[1].name = "label";
+  const std::vector<Case> cases = {
+      {"tokens", "", "train", "default", HubTokenFields(), kHubTokenNames, 3},
+      {"tokens", "", "test", "default", HubTokenFields(), kHubTokenNames, 1},
+      {"configs", "", "train", "en", HubTokenFields(), kHubTokenNames, 2},  // en is marked default
+      {"configs", "fr", "train", "fr", HubTokenFields(), kHubTokenNames, 1},
+      {"default-layout", "", "train", "default", HubTokenFields(), kHubTokenNames, 2},  // no README.md
+      {"images", "", "train", "default", image, {"image.bytes", "label"}, 1},
+  };
+  for (const Case& c : cases) {
+    const Expected expected = HubExpected(c.repo, c.expected_config, c.split);
+    for (int64_t processes : {4, 8}) {
+      if (static_cast<int64_t>(expected.size()) < processes) continue;  // images: 6 rows
+      SCOPED_TRACE(c.repo + " " + c.config + " " + c.split + " on " + std::to_string(processes) + " processes");
+      planner::JobSpec spec = HubSpec(kData + "/hub/" + c.repo, c.split, c.config, c.fields, processes);
+      spec.batch.global_batch_size =
+          std::min<int64_t>(8, static_cast<int64_t>(expected.size()) / processes * processes);
+      auto job = Resolve(spec);
+      ASSERT_OK(job);
+      EXPECT_EQ(job->samples, expected.size());
+      EXPECT_EQ(job->dataset.files().size(), c.files);
+      for (const planner::DatasetFile& f : job->dataset.files()) {
+        EXPECT_EQ(f.path.rfind(kData + "/hub/" + c.repo + "/", 0), 0u) << f.path;
+      }
+      const int64_t steps = 2 * static_cast<int64_t>(expected.size()) / spec.batch.global_batch_size + 1;
+      ExpectStepsMatch(*job, LoadAll(*job, steps), expected, c.names, 1);
+    }
+  }
+}
+
+TEST(HubRepository, ASplitConfigOrCardItCannotReadIsAnErrorNamingTheRepositoryAndWhatItHas) {
+  auto error = [](const std::string& repo, const std::string& split, const std::string& config) {
+    auto job = Resolve(HubSpec(repo, split, config, HubTokenFields(), 2));
+    return job.ok() ? std::string("resolved") : job.status().ToString();
+  };
+  const std::string tokens = kData + "/hub/tokens";
+  EXPECT_THAT(error(tokens, "validation", ""),
+              AllOf(HasSubstr(tokens + "/README.md"),
+                    HasSubstr("config default has no split validation (its splits: train, test; spec.dataset.split)")));
+  EXPECT_THAT(error(kData + "/hub/configs", "train", "de"),
+              AllOf(HasSubstr("configs/README.md"), HasSubstr("has no config de (its configs: en, fr")));
+  EXPECT_THAT(error(kData + "/hub/default-layout", "test", ""),
+              AllOf(HasSubstr("default-layout"), HasSubstr("has no split test: no README.md names configs"),
+                    HasSubstr("data/test-*")));
+  // Files named for their split at the root, without a card.
+  TempDir flat;
+  std::filesystem::copy_file(kData + "/hub/default-layout/data/train-00000-of-00002.parquet",
+                             flat.path() + "/train.parquet");
+  std::filesystem::copy_file(kData + "/hub/default-layout/data/validation-00000-of-00001.parquet",
+                             flat.path() + "/validation.parquet");
+  for (const auto& [split, rows] : {std::pair<std::string, uint64_t>{"train", 7}, {"validation", 5}}) {
+    planner::JobSpec spec = HubSpec(flat.path(), split, "", HubTokenFields(), 2);
+    spec.batch.global_batch_size = 2;
+    auto job = Resolve(spec);
+    ASSERT_OK(job);
+    ASSERT_EQ(job->dataset.files().size(), 1u);
+    EXPECT_EQ(job->dataset.files()[0].path, flat.path() + "/" + split + ".parquet");
+    EXPECT_EQ(job->samples, rows);
+  }
+  // A shard missing: the card's count of the split's rows differs.
+  TempDir dir;
+  std::filesystem::copy(tokens, dir.path(), std::filesystem::copy_options::recursive);
+  std::filesystem::remove(dir.path() + "/data/train-00001-of-00003.parquet");
+  EXPECT_THAT(
+      error(dir.path(), "train", ""),
+      AllOf(HasSubstr(dir.path() + "/README.md"),
+            HasSubstr("dataset_info gives config default split train 50 examples, but its 2 files hold 33 rows")));
+  // A card pointing at files that are not there.
+  std::filesystem::remove(dir.path() + "/data/test-00000-of-00001.parquet");
+  EXPECT_THAT(error(dir.path(), "test", ""),
+              AllOf(HasSubstr("config default split test: data_files path 'data/test-*' matches no file")));
+  // A damaged card names its line.
+  { std::ofstream(dir.path() + "/README.md") << "---\nconfigs:\n- config_name: default\n  data_files: [x\n---\n"; }
+  EXPECT_THAT(error(dir.path(), "train", ""),
+              AllOf(HasSubstr(dir.path() + "/README.md:5"), HasSubstr("not valid YAML")));
+}
+
 }  // namespace
 }  // namespace meshload::sidecar
