@@ -92,7 +92,8 @@ void ParseInfo(const YAML::Node& info, const std::string& key, std::vector<HubSp
     HubSplitInfo hs{config, Scalar(s["name"], skey + ".name"), std::nullopt};
     if (const YAML::Node n = s["num_examples"]) {
       const std::string v = Scalar(n, skey + ".num_examples");
-      if (v.empty() || v.size() > 19 || !std::all_of(v.begin(), v.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+      if (v.empty() || v.size() > 19 ||
+          !std::all_of(v.begin(), v.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
         throw CardError{skey + ".num_examples", "'" + v + "' is not a count", LineOf(n)};
       }
       hs.examples = std::stoull(v);
@@ -135,7 +136,8 @@ Result<HubCard> HubCard::Parse(std::string_view readme) {
     at = line_end(at) + 1;
   }
   if (end == std::string_view::npos) {
-    return InvalidArgument("its YAML front matter, opened by --- on line 1, is not closed by a --- line", "README.md:1");
+    return InvalidArgument("its YAML front matter, opened by --- on line 1, is not closed by a --- line",
+                           "README.md:1");
   }
   const std::string yaml(readme.substr(start, end - start));
   try {
@@ -181,15 +183,15 @@ Result<const HubConfig*> HubCard::Config(const std::string& name) const {
     for (const HubConfig& c : configs) {
       if (c.name == name) return &c;
     }
-    return NotFound("has no config " + name + " (its configs: " + Names(names) + "; spec.dataset.config)",
-                    "README.md");
+    return NotFound("has no config " + name + " (its configs: " + Names(names) + "; spec.dataset.config)", "README.md");
   }
   const HubConfig* marked = nullptr;
   for (const HubConfig& c : configs) {
     if (c.marked_default) {
       if (marked) {
-        return InvalidArgument("marks configs " + marked->name + " and " + c.name + " default; name one in spec.dataset.config",
-                               "README.md");
+        return InvalidArgument(
+            "marks configs " + marked->name + " and " + c.name + " default; name one in spec.dataset.config",
+            "README.md");
       }
       marked = &c;
     }
@@ -217,9 +219,8 @@ HubLayouts HubDefaultPatterns(const std::string& split, const std::string& dir) 
   // The shards push_to_hub writes; a folder of the split's name; files
   // named for the split (train.parquet, train_0.parquet).
   const std::string named = split + "[-._ 0-9]*";
-  return {{p + "data/" + split + "-*"},
-          {p + split + "/*", p + "data/" + split + "/*"},
-          {p + named, p + "data/" + named}};
+  return {
+      {p + "data/" + split + "-*"}, {p + split + "/*", p + "data/" + split + "/*"}, {p + named, p + "data/" + named}};
 }
 
 Result<HubLayouts> HubSplitLayouts(const HubCard& card, const std::string& config, const std::string& split) {
@@ -244,9 +245,9 @@ Result<HubLayouts> HubSplitLayouts(const HubCard& card, const std::string& confi
     }
     names.push_back(s.name);
   }
-  return NotFound("config " + c->name + " has no split " + split + " (its splits: " + Names(names) +
-                      "; spec.dataset.split)",
-                  "README.md");
+  return NotFound(
+      "config " + c->name + " has no split " + split + " (its splits: " + Names(names) + "; spec.dataset.split)",
+      "README.md");
 }
 
 }  // namespace meshload::formats

@@ -379,13 +379,17 @@ Status Sidecar::InitCache() {
   };
   std::vector<CachedFile> remote_files;
   bool stored_files = false;
+  size_t parquet_files = 0;
   for (size_t i = 0; i < rj.dataset.files().size(); ++i) {
     const planner::DatasetFile& f = rj.dataset.files()[i];
     MESHLOAD_ASSIGN_OR_RETURN(auto found, sources_->For(f.path));
     std::string stored_name;
     // A Parquet file's rows are decoded from its column chunks, which a
     // row group's read fetches whole (sidecar/source/parquet_source.h).
-    if (f.parquet) continue;
+    if (f.parquet) {
+      ++parquet_files;
+      continue;
+    }
     if (f.stored) {
       MESHLOAD_ASSIGN_OR_RETURN(auto stored, sources_->For(f.stored->path));
       if (stored.first != found.first) {
@@ -444,7 +448,11 @@ Status Sidecar::InitCache() {
     }
     return Status::Ok();
   };
-  if (remote == nullptr) return direct("the dataset is local");
+  if (remote == nullptr) {
+    return direct(parquet_files > 0 ? "Parquet rows are decoded from their row groups' column chunks, read from "
+                                      "storage as needed and kept decoded within spec.dataset.cache.capacityBytes"
+                                    : "the dataset is local");
+  }
   if (spec.mode == planner::CacheMode::kDirect) return direct("spec.dataset.cache.mode is Direct");
   if (options_.cache_dir.empty()) {
     if (spec.mode == planner::CacheMode::kBlocks) {
@@ -789,7 +797,20 @@ std::string Sidecar::ProgressJson() {
   return report.dump();
 }
 
+std::pair<uint64_t, uint64_t> Sidecar::ParquetCounts() const {
+  uint64_t groups = 0, bytes = 0;
+  for (const auto& rows : parquet_rows_) {
+    groups += rows->decodes();
+    bytes += rows->chunk_bytes_read();
+  }
+  return {groups, bytes};
+}
+
 void Sidecar::CountCache() const {
+  if (!parquet_rows_.empty()) {
+    const auto [groups, bytes] = ParquetCounts();
+    metrics_->CountParquet(groups, bytes);
+  }
   if (!cached_) return;
   const cache::BlockCacheCounters& c = cache_->counters();
   const cache::CachedSourceCounters& s = cached_->counters();
@@ -810,6 +831,10 @@ void Sidecar::CountCache() const {
 nlohmann::json Sidecar::CacheJson() const {
   nlohmann::json out = {{"mode", cache_mode_}, {"reason", cache_reason_}};
   out["timeToFirstBatchSeconds"] = metrics_->time_to_first_batch.Value();
+  if (!parquet_rows_.empty()) {
+    const auto [groups, bytes] = ParquetCounts();
+    out["parquet"] = {{"rowGroupsDecoded", groups}, {"chunkBytesFetched", bytes}};
+  }
   if (!cached_) return out;
   const cache::BlockCacheCounters& c = cache_->counters();
   const cache::CachedSourceCounters& s = cached_->counters();
@@ -875,7 +900,9 @@ int Sidecar::Run() {
                                {"cache_misses", c.value("misses", uint64_t{0})},
                                {"cache_corrupt_blocks", c.value("corruptBlocks", uint64_t{0})},
                                {"cache_found_blocks", c.value("foundBlocks", uint64_t{0})},
-                               {"cache_write_errors", c.value("writeErrors", uint64_t{0})}});
+                               {"cache_write_errors", c.value("writeErrors", uint64_t{0})},
+                               {"parquet_row_groups_decoded", ParquetCounts().first},
+                               {"parquet_chunk_bytes", ParquetCounts().second}});
   return failed_ ? 1 : 0;
 }
 

@@ -236,6 +236,8 @@ class Sidecar {
   // The block cache's figures: its metrics (collect hook) and /progress's "cache".
   void CountCache() const;
   nlohmann::json CacheJson() const;
+  /// The Parquet row groups decoded so far and their column chunks' bytes.
+  std::pair<uint64_t, uint64_t> ParquetCounts() const;
 
   // Per-dataset figures (meshload_dataset_*_total, /progress "datasets"):
   // the consumed steps' samples of the shards this process owns, counted

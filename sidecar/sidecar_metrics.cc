@@ -133,7 +133,14 @@ SidecarMetrics::SidecarMetrics(metrics::Registry& r)
           Unlabelled<Gauge>(r, "meshload_cache_lookahead_bytes", "Block bytes fetched for steps not consumed yet.")),
       time_to_first_batch(Unlabelled<Gauge>(r, "meshload_time_to_first_batch_seconds",
                                             "From the sidecar's start to the first batch handed to a trainer (0 "
-                                            "until then).")) {}
+                                            "until then).")),
+      parquet_row_groups_decoded(Unlabelled<Counter>(
+          r, "meshload_parquet_row_groups_decoded_total",
+          "Parquet row groups decoded (a group evicted from memory and read again counts again); over the row "
+          "groups an epoch reads, how often each is decoded (meshload plan --compare estimates it).")),
+      parquet_chunk_bytes(
+          Unlabelled<Counter>(r, "meshload_parquet_chunk_bytes_total",
+                              "Bytes of Parquet column chunks fetched from storage to decode row groups.")) {}
 
 void SidecarMetrics::SetSlotCounts(const staging::SlotCounts& c) {
   slots.Add({{"state", "free"}}).Set(c.free);
@@ -178,6 +185,13 @@ void SidecarMetrics::CountCache(const CacheCounts& now) {
   add(cache_errors.Add({{"kind", "corrupt"}}), now.corrupt, cache_seen_.corrupt);
   add(cache_errors.Add({{"kind", "write"}}), now.write_errors, cache_seen_.write_errors);
   add(cache_errors.Add({{"kind", "fetch_ahead"}}), now.ahead_errors, cache_seen_.ahead_errors);
+}
+
+void SidecarMetrics::CountParquet(uint64_t row_groups, uint64_t chunk_bytes) {
+  parquet_row_groups_decoded.Increment(static_cast<double>(row_groups - parquet_seen_groups_));
+  parquet_chunk_bytes.Increment(static_cast<double>(chunk_bytes - parquet_seen_bytes_));
+  parquet_seen_groups_ = row_groups;
+  parquet_seen_bytes_ = chunk_bytes;
 }
 
 void SidecarMetrics::Delivered() {

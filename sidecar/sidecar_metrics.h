@@ -78,6 +78,8 @@ struct SidecarMetrics {
   metrics::Gauge& cache_lookahead_steps;
   metrics::Gauge& cache_lookahead_bytes;
   metrics::Gauge& time_to_first_batch;
+  metrics::Counter& parquet_row_groups_decoded;
+  metrics::Counter& parquet_chunk_bytes;
 
   void Error(std::string_view kind) { errors.Add({{"kind", std::string(kind)}}).Increment(); }
 
@@ -96,6 +98,10 @@ struct SidecarMetrics {
   };
   void CountCache(const CacheCounts& now);
 
+  /// Parquet row groups decoded so far and the column-chunk bytes fetched
+  /// for them (as CountPeers: from the collect hook).
+  void CountParquet(uint64_t row_groups, uint64_t chunk_bytes);
+
   /// A batch handed to the trainer (READY sent): counted, and the first
   /// one's time since `started_ns` (the sidecar's start, steady clock) kept.
   void Delivered();
@@ -104,6 +110,7 @@ struct SidecarMetrics {
  private:
   exchange::ExchangeCounters peer_seen_;  // what the peer families have counted
   CacheCounts cache_seen_;                // what the cache families have counted
+  uint64_t parquet_seen_groups_ = 0, parquet_seen_bytes_ = 0;
   std::atomic<bool> delivered_once_{false};
 };
 

@@ -634,6 +634,7 @@ void LocalRun::StopSidecars() {
 void LocalRun::PrintStorage() const {
   std::string mode, reason;
   uint64_t fetched = 0, delivered = 0, hits = 0, misses = 0, corrupt = 0, refused = 0, found = 0;
+  uint64_t parquet_groups = 0, parquet_bytes = 0;
   bool any = false;
   for (int64_t p = 0; p < P_; ++p) {
     std::ifstream in(run_dir_ + "/sidecar-" + std::to_string(p) + ".log");
@@ -643,7 +644,10 @@ void LocalRun::PrintStorage() const {
       if (line.find("\"sidecar stopping\"") == std::string::npos) continue;
       last = nlohmann::json::parse(line, nullptr, false);
     }
-    if (!last.is_object() || last.value("cache_mode", std::string("none")) == "none") continue;
+    if (!last.is_object()) continue;
+    parquet_groups += last.value("parquet_row_groups_decoded", uint64_t{0});
+    parquet_bytes += last.value("parquet_chunk_bytes", uint64_t{0});
+    if (last.value("cache_mode", std::string("none")) == "none") continue;
     any = true;
     mode = last.value("cache_mode", std::string());
     reason = last.value("cache_reason", std::string());
@@ -654,6 +658,10 @@ void LocalRun::PrintStorage() const {
     corrupt += last.value("cache_corrupt_blocks", uint64_t{0});
     found += last.value("cache_found_blocks", uint64_t{0});
     refused += last.value("cache_write_errors", uint64_t{0});
+  }
+  if (parquet_groups > 0) {
+    std::printf("  Parquet row groups   %" PRIu64 " decoded, %s of their column chunks fetched\n", parquet_groups,
+                Human(static_cast<double>(parquet_bytes), "B").c_str());
   }
   if (!any) return;
   // Local files reach the cache only when they are stored compressed.

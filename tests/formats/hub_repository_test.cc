@@ -60,12 +60,10 @@ TEST(HubCard, EveryFormOfDataFilesTheHubReads) {
             (HubLayouts{{"sub/v1-*", "sub/v2-*"}}));
   // A config with a data_dir alone: the default layouts under it.
   EXPECT_EQ(LayoutsOf("---\nconfigs:\n- config_name: a\n  data_dir: en\n---\n", "", "test"),
-            (HubLayouts{{"en/data/test-*"},
-                        {"en/test/*", "en/data/test/*"},
-                        {"en/test[-._ 0-9]*", "en/data/test[-._ 0-9]*"}}));
+            (HubLayouts{
+                {"en/data/test-*"}, {"en/test/*", "en/data/test/*"}, {"en/test[-._ 0-9]*", "en/data/test[-._ 0-9]*"}}));
   // No front matter, or front matter without configs: the default layouts.
-  const HubLayouts defaults{
-      {"data/train-*"}, {"train/*", "data/train/*"}, {"train[-._ 0-9]*", "data/train[-._ 0-9]*"}};
+  const HubLayouts defaults{{"data/train-*"}, {"train/*", "data/train/*"}, {"train[-._ 0-9]*", "data/train[-._ 0-9]*"}};
   EXPECT_EQ(LayoutsOf("# A dataset\n\nNo card data.\n", "", "train"), defaults);
   EXPECT_EQ(LayoutsOf("---\nlicense: mit\n---\n", "", "train"), defaults);
   EXPECT_EQ(LayoutsOf("", "", "train"), defaults);
@@ -82,7 +80,8 @@ TEST(HubCard, TheDefaultConfigIsTheMarkedOneThenTheOneNamedDefaultThenTheOnlyOne
   EXPECT_EQ(name("---\nconfigs:\n" + two + "---\n"), "default");
   EXPECT_EQ(name("---\nconfigs:\n" + two + "- config_name: m\n  data_files: m/*\n  default: true\n---\n"), "m");
   EXPECT_EQ(name("---\nconfigs:\n- config_name: only\n  data_files: o/*\n---\n"), "only");
-  const std::string none = name("---\nconfigs:\n- config_name: a\n  data_files: a/*\n- config_name: b\n  data_files: b/*\n---\n");
+  const std::string none =
+      name("---\nconfigs:\n- config_name: a\n  data_files: a/*\n- config_name: b\n  data_files: b/*\n---\n");
   EXPECT_NE(none.find("has configs a, b and none is the default: name one in spec.dataset.config"), std::string::npos)
       << none;
   const std::string missing = name("---\nconfigs:\n" + two + "---\n", "zz");
@@ -113,7 +112,8 @@ TEST(HubCard, ADamagedCardIsAnErrorNamingTheKeyAndLine) {
   EXPECT_EQ(error("---\nconfigs:\n- config_name: a\n  data_files: [x\n---\n").substr(0, 12), "README.md:5:");
   EXPECT_EQ(error("---\nconfigs: {a: 1}\n---\n"), "README.md:2: configs: is not a list");
   EXPECT_EQ(error("---\nconfigs:\n- data_files: x\n---\n"), "README.md:3: configs[0].config_name: is missing");
-  EXPECT_EQ(error("---\nconfigs:\n- config_name: a\n---\n"), "README.md:3: configs[0]: gives neither data_files nor data_dir");
+  EXPECT_EQ(error("---\nconfigs:\n- config_name: a\n---\n"),
+            "README.md:3: configs[0]: gives neither data_files nor data_dir");
   EXPECT_EQ(error("---\nconfigs:\n- config_name: a\n  data_files:\n  - path: x\n---\n"),
             "README.md:5: configs[0].data_files[0].split: is missing");
   EXPECT_EQ(error("---\nconfigs:\n- config_name: a\n  data_files:\n  - split: t\n    path: {x: 1}\n---\n"),

@@ -143,8 +143,9 @@ for strategy in PerProcess LoadAndReshard; do
   batch: {globalBatchSize: 8, prefetch: 3}
   shuffle: {mode: Global, seed: 11}"
   out=$("$ML" run --local -f "$TMP/$name.yaml" --steps 50 2>&1); rc=$?
-  [ $rc -eq 0 ] && grep -q "verified             bytes, 0 mismatches" <<<"$out" && grep -q "^OK$" <<<"$out"
-  check "run --local on pyarrow-written Parquet files on S3 ($strategy): every column verified over two epochs" $?
+  [ $rc -eq 0 ] && grep -q "verified             bytes, 0 mismatches" <<<"$out" && grep -q "^OK$" <<<"$out" &&
+    grep -qE "^  Parquet row groups   [1-9][0-9]* decoded, [0-9.]+ kB of their column chunks fetched" <<<"$out"
+  check "run --local on pyarrow-written Parquet files on S3 ($strategy): every column verified over two epochs, the row groups decoded counted" $?
   [ $rc -eq 0 ] || tail -8 <<<"$out"
 done
 
