@@ -223,23 +223,23 @@ HubLayouts HubDefaultPatterns(const std::string& split, const std::string& dir) 
       {p + "data/" + split + "-*"}, {p + split + "/*", p + "data/" + split + "/*"}, {p + named, p + "data/" + named}};
 }
 
-Result<HubLayouts> HubSplitLayouts(const HubCard& card, const std::string& config, const std::string& split) {
+Result<HubSplitFiles> HubSplitLayouts(const HubCard& card, const std::string& config, const std::string& split) {
   if (card.configs.empty()) {
     if (!config.empty()) {
       return NotFound("names no configs, so it has no config " + config + " (spec.dataset.config)", "README.md");
     }
-    return HubDefaultPatterns(split);
+    return HubSplitFiles{"default", false, HubDefaultPatterns(split)};
   }
   MESHLOAD_ASSIGN_OR_RETURN(const HubConfig* c, card.Config(config));
-  if (c->splits.empty()) return HubDefaultPatterns(split, c->data_dir);
+  if (c->splits.empty()) return HubSplitFiles{c->name, false, HubDefaultPatterns(split, c->data_dir)};
   std::vector<std::string> names;
   for (const HubSplit& s : c->splits) {
     if (s.name == split) {
-      HubLayouts one{s.patterns};
+      HubSplitFiles one{c->name, true, {s.patterns}};
       if (!c->data_dir.empty()) {
         std::string d = c->data_dir;
         while (d.ends_with('/')) d.pop_back();
-        for (std::string& p : one[0]) p = d + "/" + p;
+        for (std::string& p : one.layouts[0]) p = d + "/" + p;
       }
       return one;
     }

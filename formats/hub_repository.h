@@ -81,7 +81,14 @@ struct HubCard {
 /// Hub's default layouts (HubDefaultPatterns). An error names the config
 /// and lists its splits.
 using HubLayouts = std::vector<std::vector<std::string>>;
-Result<HubLayouts> HubSplitLayouts(const HubCard& card, const std::string& config, const std::string& split);
+struct HubSplitFiles {
+  std::string config;  // the config the split is of ("default" for a card of none)
+  /// The card's data_files: every pattern must match a file (as on the
+  /// Hub). Else the default layouts, the first that matches.
+  bool from_card = false;
+  HubLayouts layouts;
+};
+Result<HubSplitFiles> HubSplitLayouts(const HubCard& card, const std::string& config, const std::string& split);
 
 /// The Hub's default layouts of a split under `dir` ("" for the root), in
 /// the order it tries them: the shards push_to_hub writes (data/SPLIT-*),

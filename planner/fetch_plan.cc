@@ -1,9 +1,7 @@
 #include "planner/fetch_plan.h"
 
-#include <list>
-#include <unordered_map>
-
 #include <cmath>
+#include <list>
 #include <unordered_map>
 #include <utility>
 #include <vector>

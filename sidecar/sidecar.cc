@@ -890,6 +890,7 @@ void Sidecar::Watchdog() {
 int Sidecar::Run() {
   server_->Run();
   const nlohmann::json c = CacheJson();
+  const auto [parquet_groups, parquet_bytes] = ParquetCounts();
   LogInfo("sidecar stopping", {{"job", job_name_},
                                {"process", options_.process},
                                {"cache_mode", cache_mode_},
@@ -901,8 +902,8 @@ int Sidecar::Run() {
                                {"cache_corrupt_blocks", c.value("corruptBlocks", uint64_t{0})},
                                {"cache_found_blocks", c.value("foundBlocks", uint64_t{0})},
                                {"cache_write_errors", c.value("writeErrors", uint64_t{0})},
-                               {"parquet_row_groups_decoded", ParquetCounts().first},
-                               {"parquet_chunk_bytes", ParquetCounts().second}});
+                               {"parquet_row_groups_decoded", parquet_groups},
+                               {"parquet_chunk_bytes", parquet_bytes}});
   return failed_ ? 1 : 0;
 }
 

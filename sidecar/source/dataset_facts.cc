@@ -445,20 +445,12 @@ Result<HubSplitObjects> HubRepositoryObjects(const planner::DatasetSpec& spec, S
   } else if (info.status().code() != StatusCode::kNotFound) {
     return info.status();
   }
-  Result<formats::HubLayouts> layouts = formats::HubSplitLayouts(card, spec.config, spec.split);
-  if (!layouts.ok()) return in_repo(layouts.status());
-  out.config = "default";
-  if (!card.configs.empty()) {
-    Result<const formats::HubConfig*> config = card.Config(spec.config);
-    if (!config.ok()) return in_repo(config.status());
-    out.config = (*config)->name;
-  }
+  Result<formats::HubSplitFiles> split = formats::HubSplitLayouts(card, spec.config, spec.split);
+  if (!split.ok()) return in_repo(split.status());
+  out.config = split->config;
   out.examples = card.Examples(out.config, spec.split);
-  // A card's data_files is one layout, every pattern of which must match (as
-  // the Hub requires); of the default layouts, the first that matches.
-  const bool from_card = layouts->size() == 1;
   std::vector<std::string> tried;
-  for (const std::vector<std::string>& layout : *layouts) {
+  for (const std::vector<std::string>& layout : split->layouts) {
     std::vector<Source::Listed> all;
     for (const std::string& pattern : layout) {
       if (pattern.find("**") != std::string::npos || pattern.find('{') != std::string::npos) {
@@ -471,7 +463,7 @@ Result<HubSplitObjects> HubRepositoryObjects(const planner::DatasetSpec& spec, S
       Result<std::vector<Source::Listed>> listed = source.List(root + "/" + pattern);
       if (!listed.ok() && listed.status().code() != StatusCode::kNotFound) return listed.status();
       if (!listed.ok() || listed->empty()) {
-        if (!from_card) continue;
+        if (!split->from_card) continue;
         return NotFound("config " + out.config + " split " + spec.split + ": data_files path '" + pattern +
                             "' matches no file under " + where,
                         out.card);

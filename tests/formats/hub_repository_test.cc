@@ -22,7 +22,7 @@ HubLayouts LayoutsOf(const std::string& readme, const std::string& config, const
   if (!card.ok()) return {};
   auto layouts = HubSplitLayouts(*card, config, split);
   EXPECT_TRUE(layouts.ok()) << layouts.status().ToString();
-  return layouts.ok() ? *layouts : HubLayouts{};
+  return layouts.ok() ? layouts->layouts : HubLayouts{};
 }
 
 TEST(HubCard, PushToHubsCardsGiveEachSplitsFilesAndExamples) {
@@ -30,8 +30,8 @@ TEST(HubCard, PushToHubsCardsGiveEachSplitsFilesAndExamples) {
   ASSERT_TRUE(card.ok()) << card.status().ToString();
   ASSERT_EQ(card->configs.size(), 1u);
   EXPECT_EQ(card->configs[0].name, "default");
-  EXPECT_EQ(HubSplitLayouts(*card, "", "train").value(), (HubLayouts{{"data/train-*"}}));
-  EXPECT_EQ(HubSplitLayouts(*card, "", "test").value(), (HubLayouts{{"data/test-*"}}));
+  EXPECT_EQ(HubSplitLayouts(*card, "", "train").value().layouts, (HubLayouts{{"data/train-*"}}));
+  EXPECT_EQ(HubSplitLayouts(*card, "", "test").value().layouts, (HubLayouts{{"data/test-*"}}));
   EXPECT_EQ(card->Examples("default", "train"), 50u);
   EXPECT_EQ(card->Examples("default", "test"), 12u);
   EXPECT_EQ(card->Examples("default", "validation"), std::nullopt);
@@ -41,8 +41,8 @@ TEST(HubCard, PushToHubsCardsGiveEachSplitsFilesAndExamples) {
   ASSERT_TRUE(card.ok()) << card.status().ToString();
   EXPECT_EQ(card->Config("").value()->name, "en");
   EXPECT_EQ(card->Config("fr").value()->name, "fr");
-  EXPECT_EQ(HubSplitLayouts(*card, "", "train").value(), (HubLayouts{{"en/train-*"}}));
-  EXPECT_EQ(HubSplitLayouts(*card, "fr", "train").value(), (HubLayouts{{"fr/train-*"}}));
+  EXPECT_EQ(HubSplitLayouts(*card, "", "train").value().layouts, (HubLayouts{{"en/train-*"}}));
+  EXPECT_EQ(HubSplitLayouts(*card, "fr", "train").value().layouts, (HubLayouts{{"fr/train-*"}}));
   EXPECT_EQ(card->Examples("en", "train"), 20u);
   EXPECT_EQ(card->Examples("fr", "train"), 9u);
 }

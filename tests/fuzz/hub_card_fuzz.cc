@@ -22,8 +22,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (layouts.status().location() != "README.md") __builtin_trap();
       continue;
     }
-    if (layouts->empty()) __builtin_trap();
-    for (const auto& layout : *layouts) {
+    if (layouts->layouts.empty()) __builtin_trap();
+    for (const auto& layout : layouts->layouts) {
       if (layout.empty()) __builtin_trap();
     }
   }
