@@ -28,7 +28,7 @@
 /// the file.
 ///
 /// Thread safety: a ParquetFooter is immutable once parsed and may be shared
-/// between threads; ParquetRowGroupValues likewise once decoded.
+/// between threads.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "formats/columnar.h"
 #include "formats/dtype.h"
 #include "formats/parquet_record.h"
 
@@ -61,26 +62,8 @@ struct ParquetFooterPlace {
 /// footer ("PARE") is refused by name (kInvalidArgument).
 Result<ParquetFooterPlace> LocateParquetFooter(std::string_view tail, uint64_t file_size);
 
-/// One row group's column chunk of one leaf column.
-struct ParquetColumnChunk {
-  uint64_t offset = 0;  // its first byte: the dictionary page's, else the first data page's
-  uint64_t bytes = 0;   // as stored (compressed, page headers included)
-  uint64_t uncompressed_bytes = 0;
-  uint64_t values = 0;  // level entries: values, nulls and empty lists
-  /// The BYTE_ARRAY values' bytes, decoded (the size statistics writers
-  /// store since Parquet 2.10); nullopt when the file has none.
-  std::optional<uint64_t> unencoded_bytes;
-  std::string codec;  // "SNAPPY", "ZSTD", "UNCOMPRESSED", ...
-};
-
-struct ParquetRowGroup {
-  uint64_t rows = 0;
-  uint64_t first_row = 0;                   // of the file
-  std::vector<ParquetColumnChunk> columns;  // one per leaf column
-};
-
-/// A parsed footer.
-class ParquetFooter {
+/// A parsed footer: the file's row groups and columns (formats/columnar.h).
+class ParquetFooter final : public ColumnarFile {
  public:
   /// The footer's bytes (`footer`: what ParquetFooterPlace locates; the
   /// file's size `file_size` bounds every column chunk). kDataLoss when it
@@ -90,8 +73,9 @@ class ParquetFooter {
   /// this libparquet cannot decompress, by name.
   static Result<ParquetFooter> Parse(std::string_view footer, uint64_t file_size);
 
-  uint64_t rows() const;
-  const std::vector<ParquetRowGroup>& row_groups() const;
+  std::string_view kind() const override { return "Parquet"; }
+  uint64_t rows() const override;
+  const std::vector<ParquetRowGroup>& row_groups() const override;
   size_t leaves() const;
   /// A leaf column's dotted path in the Parquet schema ("input_ids.list.element").
   std::string LeafPath(size_t leaf) const;
@@ -100,70 +84,22 @@ class ParquetFooter {
   /// The writer, as the footer names it ("parquet-cpp-arrow version 26.0.1").
   std::string created_by() const;
 
-  /// The field named `name`: a top-level column, or a struct's member by
-  /// its dotted path. kInvalidArgument naming the column and its type when
-  /// meshload cannot deliver it, and listing the columns when there is none
-  /// of that name.
-  Result<ParquetField> Field(std::string_view name) const;
-  /// The top-level columns' names, in the schema's order.
-  std::vector<std::string> FieldNames() const;
-  /// The top-level columns and their Arrow types, for messages:
-  /// "text: string, input_ids: list<element: int32>".
-  std::string Columns() const;
-  /// "" when `other` (another file of the same dataset) has the same
-  /// schema; else what differs, naming the first column that does
-  /// ("column input_ids: list<element: int32> here, list<element: int64>
-  /// there"; "column label: missing there").
-  std::string SchemaDifference(const ParquetFooter& other) const;
+  Result<ParquetField> Field(std::string_view name) const override;
+  std::vector<std::string> FieldNames() const override;
+  std::string Columns() const override;
+  /// Decoded by libparquet from the column chunks of the fields' leaves;
+  /// kDataLoss naming the row group and column when a page does not decode.
+  Result<ParquetRowGroupValues> DecodeGroup(int group, const std::vector<ParquetField>& fields,
+                                            const std::vector<ParquetBytes>& bytes) const override;
 
   struct Impl;
+
+ protected:
+  std::vector<std::pair<std::string, std::string>> TypedColumns() const override;
 
  private:
   explicit ParquetFooter(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<const Impl> impl_;
-  friend class ParquetRowGroupValues;
-};
-
-/// Bytes of a Parquet file the caller read: `bytes` are the file's bytes
-/// from `offset` on; `owner` keeps them alive (the decoded values may point
-/// into them).
-struct ParquetBytes {
-  uint64_t offset = 0;
-  std::string_view bytes;
-  std::shared_ptr<const void> owner;
-};
-
-/// One row group's values of the wanted fields, decoded by libparquet from
-/// the column chunks of their leaves.
-class ParquetRowGroupValues {
- public:
-  /// Row group `group` of the file whose footer is `footer`, the values of
-  /// `fields` (from footer.Field), decoded from `bytes`, which must cover
-  /// each of their leaves' column chunks (ParquetColumnChunk offset and
-  /// bytes) in that row group. kDataLoss naming the row group and column
-  /// when a page does not decode (a bad header, a corrupt compressed page,
-  /// fewer values than the footer says), or when a list holds a null
-  /// number; kOutOfRange naming the byte range when `bytes` lack a part the
-  /// reader needed.
-  static Result<ParquetRowGroupValues> Decode(const ParquetFooter& footer, int group,
-                                              const std::vector<ParquetField>& fields,
-                                              const std::vector<ParquetBytes>& bytes);
-
-  uint64_t rows() const { return rows_; }
-  /// Row `row`'s value of fields[f] (row within the group): its bytes, as
-  /// the field delivers them (a scalar's or a list's elements in the
-  /// field's dtype, little-endian), valid while this object lives; nullopt
-  /// for a null.
-  std::optional<std::string_view> Value(size_t f, uint64_t row) const;
-  /// The memory its values take.
-  uint64_t bytes() const { return bytes_; }
-
-  struct Column;
-
- private:
-  uint64_t rows_ = 0;
-  uint64_t bytes_ = 0;
-  std::vector<std::shared_ptr<const Column>> columns_;
 };
 
 /// Writing (`meshload run --generate-dataset`, tests): a Parquet file of

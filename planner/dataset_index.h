@@ -51,7 +51,7 @@
 #include "planner/token_rows.h"
 
 namespace meshload::formats {
-class ParquetFooter;
+class ColumnarFile;
 }
 
 namespace meshload::planner {
@@ -67,17 +67,19 @@ struct StoredFile {
   std::string compression;
 };
 
-/// A Parquet file read as its rows' records (formats/parquet_record.h):
-/// DatasetFile::size is then its rows' records' bytes, and this says what
-/// the stored object is.
+/// A columnar file (a Parquet file, or an Arrow IPC file of format Arrow;
+/// formats/columnar.h) read as its rows' records
+/// (formats/parquet_record.h): DatasetFile::size is then its rows' records'
+/// bytes, and this says what the stored object is.
 struct ParquetFile {
-  uint64_t stored_size = 0;  // the Parquet object's bytes
+  uint64_t stored_size = 0;  // the stored object's bytes
   uint64_t rows = 0;
   /// spec.dataset.fields' columns, in their order (the same in every file).
   std::vector<formats::ParquetField> fields;
   formats::ParquetRecordLayout layout;
-  /// Its row groups, in order: a read of any of a group's rows decodes the
-  /// whole group, fetching its wanted column chunks (the fields' leaves).
+  /// Its row groups (an Arrow file's record batches), in order: a read of
+  /// any of a group's rows decodes the whole group, fetching its wanted
+  /// column chunks (the fields' leaves; an Arrow batch's whole message).
   struct RowGroup {
     uint64_t first_row = 0;
     uint64_t rows = 0;
@@ -85,10 +87,11 @@ struct ParquetFile {
     uint64_t decoded_bytes = 0;  // and their bytes decompressed (about what the decoded group holds)
   };
   std::vector<RowGroup> row_groups;
-  /// The footer as the gatherer parsed it (formats/parquet.h; only what
-  /// links Arrow makes one), so that the sidecar's reader of the rows
-  /// does not read it again; null when these facts came from elsewhere.
-  std::shared_ptr<const formats::ParquetFooter> footer;
+  /// The footer (an Arrow file's index) as the gatherer parsed it
+  /// (formats/columnar.h; only what links Arrow makes one), so that the
+  /// sidecar's reader of the rows does not read it again; null when these
+  /// facts came from elsewhere.
+  std::shared_ptr<const formats::ColumnarFile> footer;
 };
 
 struct DatasetFile {
@@ -109,7 +112,7 @@ struct DatasetFile {
   /// Set when the file is stored compressed: `path` and `size` are then
   /// the decompressed file's.
   std::optional<StoredFile> stored;
-  /// Parquet: the file's rows as records.
+  /// Parquet and Arrow: the file's rows as records.
   std::optional<ParquetFile> parquet;
 };
 
@@ -128,8 +131,11 @@ struct FormatTraits {
   bool documents = false;
   /// Each file may be stored compressed as a whole (spec.dataset.compression).
   bool file_compression = false;
-  /// The URI may name a Hugging Face Hub dataset repository whose split
-  /// (spec.dataset.split, .config) gives the files.
+  /// The URI may name a folder of splits (spec.dataset.split) that gives
+  /// the files: a Hugging Face Hub repository, a saved DatasetDict.
+  bool splits = false;
+  /// Those splits are a Hugging Face Hub repository's, of configs
+  /// (spec.dataset.config).
   bool hub_repository = false;
 };
 

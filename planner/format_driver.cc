@@ -8,8 +8,9 @@ namespace meshload::planner {
 const std::vector<const FormatDriver*>& FormatDrivers() {
   // One line per format, in the declaration's order.
   static const std::vector<const FormatDriver*> all = {
-      &drivers::FixedRecord(), &drivers::TokenStream(), &drivers::Npy(),      &drivers::MegatronIndexed(),
-      &drivers::WebDataset(),  &drivers::MDS(),         &drivers::TFRecord(), &drivers::Parquet(),
+      &drivers::FixedRecord(),     &drivers::TokenStream(), &drivers::Npy(),
+      &drivers::MegatronIndexed(), &drivers::WebDataset(),  &drivers::MDS(),
+      &drivers::TFRecord(),        &drivers::Parquet(),     &drivers::Arrow(),
   };
   return all;
 }

@@ -398,12 +398,15 @@ void ValidateJobSpec(const JobSpec& spec, Diagnostics& d) {
     d.Add("spec.dataset.compression", "is only used by format " + FormatsWith(&FormatTraits::file_compression) +
                                           " (an MDS shard's compression comes from its index.json); remove it");
   }
-  if (!ds.format_unknown && !ds.split.empty() && !DriverOf(ds.format).traits().hub_repository) {
-    d.Add("spec.dataset.split", "is only used by format " + FormatsWith(&FormatTraits::hub_repository) +
-                                    " (a Hugging Face Hub repository of Parquet files); remove it");
+  if (!ds.format_unknown && !ds.split.empty() && !DriverOf(ds.format).traits().splits) {
+    d.Add("spec.dataset.split", "is only used by formats " + FormatsWith(&FormatTraits::splits, "and") +
+                                    " (a Hugging Face Hub repository, a saved DatasetDict); remove it");
   }
   if (!ds.config.empty() && ds.split.empty()) {
     d.Add("spec.dataset.config", "needs spec.dataset.split (the repository's split to read)");
+  } else if (!ds.format_unknown && !ds.config.empty() && !DriverOf(ds.format).traits().hub_repository) {
+    d.Add("spec.dataset.config", "is only used by format " + FormatsWith(&FormatTraits::hub_repository) +
+                                     " (a Hugging Face Hub repository's configs); remove it");
   }
   if (spec.tokens) ValidateTokens(spec, d);
   if (ds.samples && B >= 1 && *ds.samples >= 1 && *ds.samples < B && !spec.tokens) {

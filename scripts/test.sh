@@ -62,7 +62,7 @@ step "libFuzzer build (clang, ${FUZZ_SECONDS}s per target)"
 CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHLOAD_FUZZ=ON \
   -DMESHLOAD_BUILD_TESTS=OFF -DMESHLOAD_BUILD_BENCHMARKS=OFF -DMESHLOAD_FUZZ_SECONDS="$FUZZ_SECONDS"
 cmake --build build-fuzz -j "$JOBS" --target npy_header_fuzz protocol_fuzz admission_review_fuzz megatron_index_fuzz \
-  webdataset_shard_fuzz mds_fuzz record_fields_fuzz http_response_fuzz compression_fuzz tfrecord_fuzz parquet_footer_fuzz hub_card_fuzz
+  webdataset_shard_fuzz mds_fuzz record_fields_fuzz http_response_fuzz compression_fuzz tfrecord_fuzz parquet_footer_fuzz hub_card_fuzz arrow_ipc_fuzz
 (cd build-fuzz && ctest --output-on-failure -j "$JOBS" -R '^fuzz\.')
 
 step "clang thread-safety analysis (-Wthread-safety -Werror=thread-safety)"

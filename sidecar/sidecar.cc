@@ -449,9 +449,12 @@ Status Sidecar::InitCache() {
     return Status::Ok();
   };
   if (remote == nullptr) {
-    return direct(parquet_files > 0 ? "Parquet rows are decoded from their row groups' column chunks, read from "
-                                      "storage as needed and kept decoded within spec.dataset.cache.capacityBytes"
-                                    : "the dataset is local");
+    if (parquet_files == 0) return direct("the dataset is local");
+    return direct(rj.spec.dataset.format == planner::DatasetFormat::kArrow
+                      ? "Arrow rows are decoded from their files' record batches, read from storage as needed and "
+                        "kept decoded within spec.dataset.cache.capacityBytes"
+                      : "Parquet rows are decoded from their row groups' column chunks, read from storage as needed "
+                        "and kept decoded within spec.dataset.cache.capacityBytes");
   }
   if (spec.mode == planner::CacheMode::kDirect) return direct("spec.dataset.cache.mode is Direct");
   if (options_.cache_dir.empty()) {

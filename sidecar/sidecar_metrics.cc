@@ -136,11 +136,13 @@ SidecarMetrics::SidecarMetrics(metrics::Registry& r)
                                             "until then).")),
       parquet_row_groups_decoded(Unlabelled<Counter>(
           r, "meshload_parquet_row_groups_decoded_total",
-          "Parquet row groups decoded (a group evicted from memory and read again counts again); over the row "
+          "Parquet row groups (Arrow record batches) decoded (a group evicted from memory and read again counts "
+          "again); over the row "
           "groups an epoch reads, how often each is decoded (meshload plan --compare estimates it).")),
-      parquet_chunk_bytes(
-          Unlabelled<Counter>(r, "meshload_parquet_chunk_bytes_total",
-                              "Bytes of Parquet column chunks fetched from storage to decode row groups.")) {}
+      parquet_chunk_bytes(Unlabelled<Counter>(
+          r, "meshload_parquet_chunk_bytes_total",
+          "Bytes of Parquet column chunks (Arrow record batch messages) fetched from storage to decode row "
+          "groups.")) {}
 
 void SidecarMetrics::SetSlotCounts(const staging::SlotCounts& c) {
   slots.Add({{"state", "free"}}).Set(c.free);

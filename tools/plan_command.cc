@@ -820,7 +820,9 @@ int RunCompare(const planner::ShardPlanner& planner, const PlanOptions& opt, int
   }
   if (ParquetRows(job) && known) {
     const uint64_t capacity = static_cast<uint64_t>(job.spec.dataset.cache.capacity_bytes);
-    std::cout << "\nParquet: one epoch of process 0 under each shuffle; a row's read decodes its whole row group ("
+    std::cout << "\n"
+              << planner::ToString(job.spec.dataset.format)
+              << ": one epoch of process 0 under each shuffle; a row's read decodes its whole row group ("
               << RowGroups(job) << " in all), fetching the fields' column chunks, and keeps it decoded within "
               << HumanBytes(static_cast<double>(capacity)) << " (spec.dataset.cache.capacityBytes)\n";
     std::printf("  %-24s %11s %14s %16s %6s %17s %8s\n", "shuffle", "row groups", "fetched/epoch", "decoded needed",

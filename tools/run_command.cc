@@ -659,7 +659,10 @@ void LocalRun::PrintStorage() const {
     found += last.value("cache_found_blocks", uint64_t{0});
     refused += last.value("cache_write_errors", uint64_t{0});
   }
-  if (parquet_groups > 0) {
+  if (parquet_groups > 0 && rj_ && rj_->spec.dataset.format == planner::DatasetFormat::kArrow) {
+    std::printf("  Arrow record batches %" PRIu64 " decoded, %s of their messages fetched\n", parquet_groups,
+                Human(static_cast<double>(parquet_bytes), "B").c_str());
+  } else if (parquet_groups > 0) {
     std::printf("  Parquet row groups   %" PRIu64 " decoded, %s of their column chunks fetched\n", parquet_groups,
                 Human(static_cast<double>(parquet_bytes), "B").c_str());
   }

@@ -20,6 +20,7 @@
 #include "formats/tfrecord.h"
 #include "formats/webdataset.h"
 #include "formats/npy.h"
+#include "formats/arrow_ipc.h"
 #include "formats/parquet.h"
 #include "planner/dataset_index.h"
 #include "planner/sampler.h"
@@ -290,13 +291,16 @@ Result<std::string> GenerateTfRecords(const planner::DatasetSpec& spec, const st
 }
 
 // Parquet: part-NNNNN.parquet files written by libparquet, 64 rows a row
-// group, a column per field: without a dtype, binary (the field's blob, cut
-// to its maxBytes); with a dtype and maxBytes, a list of 0 to maxBytes of
-// the sample's numbers; with a dtype alone, one number.
-Result<std::string> GenerateParquet(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
-                                    int files) {
+// group; Arrow: a Dataset's folder as save_to_disk leaves it,
+// data-NNNNN-of-MMMMM.arrow IPC streams (64 rows a record batch) and the
+// state.json that lists them. A column per field: without a dtype, binary
+// (the field's blob, cut to its maxBytes); with a dtype and maxBytes, a list
+// of 0 to maxBytes of the sample's numbers; with a dtype alone, one number.
+Result<std::string> GenerateColumnar(const planner::DatasetSpec& spec, const std::string& dir, uint64_t samples,
+                                     int files) {
   if (spec.fields.empty()) return InvalidArgument("name the fields to generate", "spec.dataset.fields");
   uint64_t next = 0;
+  std::string state;  // Arrow: state.json's _data_files
   for (int part = 0; part < files; ++part) {
     const uint64_t count = samples / static_cast<uint64_t>(files) +
                            (static_cast<uint64_t>(part) < samples % static_cast<uint64_t>(files) ? 1 : 0);
@@ -344,14 +348,29 @@ Result<std::string> GenerateParquet(const planner::DatasetSpec& spec, const std:
         c.values.push_back(std::move(v));
       }
     }
-    MESHLOAD_ASSIGN_OR_RETURN(std::string bytes, formats::ParquetFileBytes(columns, 64));
+    const bool arrow = spec.format == planner::DatasetFormat::kArrow;
+    MESHLOAD_ASSIGN_OR_RETURN(
+        std::string bytes, arrow ? formats::ArrowIpcStreamBytes(columns, 64) : formats::ParquetFileBytes(columns, 64));
     char name[64];
-    std::snprintf(name, sizeof name, "part-%05d.parquet", part);
+    if (arrow) {
+      std::snprintf(name, sizeof name, "data-%05d-of-%05d.arrow", part, files);
+    } else {
+      std::snprintf(name, sizeof name, "part-%05d.parquet", part);
+    }
     const std::string path = dir + "/" + name;
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     if (!out) return IoErrorFromErrno("create", path, errno);
     MESHLOAD_RETURN_IF_ERROR(WriteAll(out, path, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    if (arrow) state += std::string(part ? ", " : "") + "{\"filename\": \"" + name + "\"}";
     next += count;
+  }
+  if (spec.format == planner::DatasetFormat::kArrow) {
+    // The Dataset's folder as save_to_disk leaves it: state.json lists the files.
+    const std::string path = dir + "/state.json";
+    std::ofstream out(path, std::ios::trunc);
+    if (!out) return IoErrorFromErrno("create", path, errno);
+    out << "{\"_data_files\": [" << state << "], \"_split\": null}\n";
+    if (!out.flush()) return IoErrorFromErrno("write", path, errno);
   }
   return dir;
 }
@@ -561,7 +580,8 @@ const Generator* FindGenerator(planner::DatasetFormat format) {
       {F::kWebDataset, {GenerateRecords, RecordSampleBytes, FixedMismatch}},
       {F::kMDS, {GenerateRecords, RecordSampleBytes, FixedMismatch}},
       {F::kTFRecord, {GenerateTfRecords, RecordSampleBytes, FixedMismatch}},
-      {F::kParquet, {GenerateParquet, ParquetSampleBytes, FixedMismatch}},
+      {F::kParquet, {GenerateColumnar, ParquetSampleBytes, FixedMismatch}},
+      {F::kArrow, {GenerateColumnar, ParquetSampleBytes, FixedMismatch}},
   };
   auto it = generators.find(format);
   return it == generators.end() ? nullptr : &it->second;

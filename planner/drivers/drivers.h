@@ -17,6 +17,7 @@ const FormatDriver& WebDataset();
 const FormatDriver& MDS();
 const FormatDriver& TFRecord();
 const FormatDriver& Parquet();
+const FormatDriver& Arrow();
 
 /// spec.dataset.recordBytes or sequenceLength given (set, or not 0).
 inline bool RecordBytesGiven(const DatasetSpec& ds) { return ds.record_bytes_set || ds.record_bytes != 0; }

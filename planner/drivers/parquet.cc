@@ -1,22 +1,24 @@
-// Parquet: the rows of Parquet files, read through Arrow C++ by the sidecar
-// (sidecar/source/parquet_source.h) as records of fixed size
-// (formats/parquet_record.h); each file's footer gives its rows, and a
-// field is the column of its name (a struct's member by its dotted path),
-// delivered as its type says.
+// Parquet and Arrow: the rows of columnar files (formats/columnar.h: Parquet
+// files, Arrow IPC files as datasets.Dataset.save_to_disk writes them), read
+// through Arrow C++ by the sidecar (sidecar/source/parquet_source.h) as
+// records of fixed size (formats/parquet_record.h); each file's footer (an
+// Arrow file's record batch headers) gives its rows, and a field is the
+// column of its name (a struct's member by its dotted path), delivered as
+// its type says. One driver class, registered once per format.
 
 #include "planner/drivers/drivers.h"
 
 namespace meshload::planner::drivers {
 namespace {
 
-class ParquetDecoder final : public RecordDecoder {
+class ColumnarDecoder final : public RecordDecoder {
  public:
-  explicit ParquetDecoder(const DatasetIndex& ds) : ds_(ds) {}
+  explicit ColumnarDecoder(const DatasetIndex& ds) : ds_(ds) {}
   Status Decode(uint64_t id, std::string_view record, uint32_t file, const std::string& file_name, uint64_t offset,
                 formats::FieldValues& values, std::string& key) const override {
     const DatasetFile& f = ds_.files()[file];
     key = "row " + std::to_string(id - f.first);
-    if (!f.parquet) return Internal("a Parquet file without its footer's facts", file_name);
+    if (!f.parquet) return Internal("a columnar file without its footer's facts", file_name);
     Status st = formats::ParquetRecordValues(f.parquet->layout, record, values);
     if (!st.ok()) {
       // The record's byte within the file of records, for the message.
@@ -48,16 +50,18 @@ formats::FieldDecoding Decoding(const std::string& name, const formats::ParquetF
   return d;
 }
 
-class ParquetDriver final : public RecordDriver {
+class ColumnarDriver final : public RecordDriver {
  public:
-  DatasetFormat format() const override { return DatasetFormat::kParquet; }
+  explicit ColumnarDriver(DatasetFormat format) : format_(format) {}
+  DatasetFormat format() const override { return format_; }
   FormatTraits traits() const override {
     FormatTraits t = RecordDriver::traits();
-    t.hub_repository = true;
+    t.splits = true;  // a Hub repository's, a saved DatasetDict's
+    t.hub_repository = format_ == DatasetFormat::kParquet;
     return t;
   }
   std::unique_ptr<const RecordDecoder> MakeDecoder(const DatasetIndex& ds) const override {
-    return std::make_unique<ParquetDecoder>(ds);
+    return std::make_unique<ColumnarDecoder>(ds);
   }
 
   bool AddFile(const DatasetSpec&, DatasetIndex::FileFacts& facts, DatasetFile& f, DatasetIndex& idx,
@@ -82,8 +86,8 @@ class ParquetDriver final : public RecordDriver {
  protected:
   void CheckField(const DatasetField& f, const std::string& at, Diagnostics& d) const override {
     if (f.shape_set) {
-      d.Add(at + ".shape",
-            "is not used by format Parquet (a fixed-size list's shape comes from its column); remove it");
+      d.Add(at + ".shape", "is not used by format " + std::string(ToString(format_)) +
+                               " (a fixed-size list's shape comes from its column); remove it");
     }
   }
 
@@ -107,9 +111,10 @@ class ParquetDriver final : public RecordDriver {
         ok = false;
       }
       if (c.ragged() && !field.max_bytes) {
-        diags.Add(at + ".maxBytes", "required: column " + c.name + " is " + c.type +
-                                        ", a ragged field whose rows' sizes a Parquet footer does not give; "
-                                        "give the most bytes one row's value takes");
+        diags.Add(at + ".maxBytes",
+                  "required: column " + c.name + " is " + c.type + ", a ragged field whose rows' sizes " +
+                      (format_ == DatasetFormat::kArrow ? "an Arrow batch's header" : "a Parquet footer") +
+                      " does not give; give the most bytes one row's value takes");
         ok = false;
       } else if (!c.ragged() && field.max_bytes) {
         diags.Add(at + ".maxBytes", "is not used: column " + c.name + " is " + c.type + ", " +
@@ -137,12 +142,20 @@ class ParquetDriver final : public RecordDriver {
     }
     return d;
   }
+
+ private:
+  DatasetFormat format_;
 };
 
 }  // namespace
 
 const FormatDriver& Parquet() {
-  static const ParquetDriver driver;
+  static const ColumnarDriver driver(DatasetFormat::kParquet);
+  return driver;
+}
+
+const FormatDriver& Arrow() {
+  static const ColumnarDriver driver(DatasetFormat::kArrow);
   return driver;
 }
 

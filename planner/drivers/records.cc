@@ -50,9 +50,9 @@ void RecordDriver::CheckSpec(const DatasetSpec& ds, Diagnostics& d) const {
       d.Add(at + ".maxBytes", "must be between " + std::to_string(kDatasetFieldMaxBytesMinimum) + " and " +
                                   std::to_string(kDatasetFieldMaxBytesMaximum) + ", got " +
                                   std::to_string(*f.max_bytes));
-    } else if (f.max_bytes && format() != DatasetFormat::kParquet) {
-      d.Add(at + ".maxBytes",
-            "is only used by format Parquet (" + format_name + "'s index gives each sample's size); remove it");
+    } else if (f.max_bytes && format() != DatasetFormat::kParquet && format() != DatasetFormat::kArrow) {
+      d.Add(at + ".maxBytes", "is only used by formats Parquet and Arrow (" + format_name +
+                                  "'s index gives each sample's size); remove it");
     }
     if (f.shape_set) {
       // Each dimension's range is the declaration's check; their product's is this.

@@ -17,6 +17,7 @@
 
 #include "formats/hub_repository.h"
 #include "formats/mds.h"
+#include "formats/saved_dataset.h"
 #include "formats/tfrecord.h"
 #include "formats/webdataset.h"
 
@@ -489,24 +490,113 @@ Result<HubSplitObjects> HubRepositoryObjects(const planner::DatasetSpec& spec, S
 
 }  // namespace
 
-// Parquet: every `.parquet` object the URI names (every object, when none
-// is so named), or those of a Hub repository's split (spec.dataset.split),
-// each read by its footer (one ranged read of its last 64 KiB); a field is
-// the column of its name, the same type in every file. A file's size
-// becomes its rows' records' (formats/parquet_record.h).
-Result<std::vector<planner::DatasetIndex::FileFacts>> ParquetFacts(const planner::DatasetSpec& spec, Source& source,
-                                                                   const std::string& name) {
+// A Dataset or DatasetDict that datasets' save_to_disk wrote
+// (formats/saved_dataset.h): the Arrow files state.json lists, in its
+// order, of the folder `name` names or of its split's folder
+// (spec.dataset.split, one of dataset_dict.json's). nullopt when the folder
+// has neither JSON file (the URI names Arrow files themselves).
+Result<std::optional<std::vector<Source::Listed>>> SavedDatasetObjects(const planner::DatasetSpec& spec, Source& source,
+                                                                       const std::string& name) {
+  std::string root = name;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  // A JSON file of the folder: its text, nullopt when there is none.
+  auto read_json = [&](const std::string& path) -> Result<std::optional<std::string>> {
+    Result<ObjectInfo> info = source.Stat(path);
+    if (!info.ok()) {
+      if (info.status().code() == StatusCode::kNotFound) return std::optional<std::string>();
+      return info.status();
+    }
+    if (info->size > formats::kSavedDatasetJsonMaxBytes) {
+      return InvalidArgument("is " + std::to_string(info->size) + " bytes, more than save_to_disk's JSON files' 16 MiB",
+                             RedactUri(path));
+    }
+    std::string text(static_cast<size_t>(info->size), '\0');
+    MESHLOAD_RETURN_IF_ERROR(source.Read(path, 0, text.data(), text.size()));
+    return std::optional<std::string>(std::move(text));
+  };
+  auto in_file = [](const Status& st, const std::string& path) {
+    return Status(st.code(), st.message(), RedactUri(path) + (st.location().empty() ? "" : ": " + st.location()));
+  };
+  MESHLOAD_ASSIGN_OR_RETURN(std::optional<std::string> dict, read_json(root + "/dataset_dict.json"));
+  std::string folder = root;
+  if (dict) {
+    Result<std::vector<std::string>> splits = formats::SavedDatasetSplits(*dict);
+    if (!splits.ok()) return in_file(splits.status(), root + "/dataset_dict.json");
+    std::string list;
+    for (size_t i = 0; i < splits->size(); ++i) list += (i ? ", " : "") + (*splits)[i];
+    if (spec.split.empty()) {
+      return InvalidArgument(
+          "is a DatasetDict of splits " + list + " (dataset_dict.json): name one in spec.dataset.split",
+          RedactUri(root));
+    }
+    if (std::find(splits->begin(), splits->end(), spec.split) == splits->end()) {
+      return NotFound("has no split " + spec.split + " (dataset_dict.json lists " + list + ")", RedactUri(root));
+    }
+    folder = root + "/" + spec.split;
+  } else if (!spec.split.empty()) {
+    return NotFound(
+        "has no dataset_dict.json: spec.dataset.split names a split of a DatasetDict that save_to_disk "
+        "wrote; for a Dataset's folder or Arrow files, remove it",
+        RedactUri(root));
+  }
+  const std::string state_path = folder + "/state.json";
+  MESHLOAD_ASSIGN_OR_RETURN(std::optional<std::string> state, read_json(state_path));
+  if (!state) {
+    if (!dict) return std::optional<std::vector<Source::Listed>>();
+    return NotFound("has no state.json: the split's folder is not a Dataset that save_to_disk wrote",
+                    RedactUri(folder));
+  }
+  Result<std::vector<std::string>> names = formats::SavedDatasetFiles(*state);
+  if (!names.ok()) return in_file(names.status(), state_path);
+  std::vector<Source::Listed> objects(names->size());
+  std::vector<Status> errors(names->size());
+  ForEachObject(source, objects.size(), [&](size_t i) {
+    objects[i].name = folder + "/" + (*names)[i];
+    Result<ObjectInfo> info = source.Stat(objects[i].name);
+    if (!info.ok()) {
+      errors[i] = info.status().code() == StatusCode::kNotFound
+                      ? NotFound("is listed by state.json's _data_files, and is not there", RedactUri(objects[i].name))
+                      : info.status();
+      return;
+    }
+    objects[i].size = info->size;
+    objects[i].version = info->version;
+  });
+  for (const Status& st : errors) MESHLOAD_RETURN_IF_ERROR(st);
+  return std::optional<std::vector<Source::Listed>>(std::move(objects));
+}
+
+// Parquet and Arrow: every `.parquet` (`.arrow`) object the URI names
+// (every object, when none is so named), or those of a Hub repository's
+// split (Parquet, spec.dataset.split) or of a saved Dataset or DatasetDict's
+// split (Arrow); each read by its footer (one ranged read of its last
+// 64 KiB; an Arrow file's record batch headers); a field is the column of
+// its name, the same type in every file. A file's size becomes its rows'
+// records' (formats/parquet_record.h).
+Result<std::vector<planner::DatasetIndex::FileFacts>> ColumnarFacts(const planner::DatasetSpec& spec, Source& source,
+                                                                    const std::string& name) {
+  const bool arrow = spec.format == planner::DatasetFormat::kArrow;
   std::optional<HubSplitObjects> hub;
   std::vector<Source::Listed> objects;
-  if (!spec.split.empty()) {
+  bool listed_in_order = false;  // by state.json: its order is the dataset's
+  if (arrow) {
+    MESHLOAD_ASSIGN_OR_RETURN(auto saved, SavedDatasetObjects(spec, source, name));
+    if (saved) {
+      objects = std::move(*saved);
+      listed_in_order = true;
+    } else {
+      MESHLOAD_ASSIGN_OR_RETURN(objects, source.List(name));
+    }
+  } else if (!spec.split.empty()) {
     MESHLOAD_ASSIGN_OR_RETURN(hub, HubRepositoryObjects(spec, source, name));
     objects = std::move(hub->objects);
   } else {
     MESHLOAD_ASSIGN_OR_RETURN(objects, source.List(name));
   }
   std::vector<Source::Listed> parquet;
+  const std::string_view extension = arrow ? ".arrow" : ".parquet";
   for (const Source::Listed& o : objects) {
-    if (o.name.ends_with(".parquet")) parquet.push_back(o);
+    if (listed_in_order || o.name.ends_with(extension)) parquet.push_back(o);
   }
   if (parquet.empty()) parquet = std::move(objects);
   std::vector<planner::DatasetIndex::FileFacts> files(parquet.size());
@@ -515,11 +605,12 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> ParquetFacts(const planner
     facts.path = parquet[i].name;
     facts.size = parquet[i].size;
     facts.version = parquet[i].version;
-    auto footer = ReadParquetFooter(source, facts.path, facts.size);
-    if (!footer.ok()) {
-      facts.parquet = footer.status();
+    auto read = ReadColumnarFile(spec.format, source, facts.path, facts.size);
+    if (!read.ok()) {
+      facts.parquet = read.status();
       return;
     }
+    const std::shared_ptr<const formats::ColumnarFile>& footer = *read;
     planner::ParquetFile pf;
     pf.stored_size = facts.size;
     pf.rows = footer->rows();
@@ -547,7 +638,7 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> ParquetFacts(const planner
       }
       pf.row_groups.push_back(rg);
     }
-    pf.footer = std::make_shared<const formats::ParquetFooter>(std::move(*footer));
+    pf.footer = footer;
     facts.size = pf.rows * pf.layout.bytes;
     facts.parquet = std::move(pf);
   });
@@ -570,7 +661,9 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> ParquetFacts(const planner
       }
     }
   }
-  if (files.empty()) return InvalidArgument("names no Parquet file", RedactUri(spec.uri));
+  if (files.empty()) {
+    return InvalidArgument(std::string("names no ") + (arrow ? "Arrow" : "Parquet") + " file", RedactUri(spec.uri));
+  }
   // The card's count of the split's rows, against the files' (a file not
   // copied, or one left from an older push, would change what a step reads).
   if (hub && hub->examples) {
@@ -633,7 +726,9 @@ GatherFacts GathererOf(planner::DatasetFormat format) {
       {F::kTFRecord, [](const planner::DatasetSpec& spec, Source& s, const std::string& name,
                         Diagnostics& d) { return TfRecordFacts(s, spec.uri, name, spec.compression, d); }},
       {F::kParquet, [](const planner::DatasetSpec& spec, Source& s, const std::string& name,
-                       Diagnostics&) { return ParquetFacts(spec, s, name); }},
+                       Diagnostics&) { return ColumnarFacts(spec, s, name); }},
+      {F::kArrow, [](const planner::DatasetSpec& spec, Source& s, const std::string& name,
+                     Diagnostics&) { return ColumnarFacts(spec, s, name); }},
   };
   auto it = gatherers.find(format);
   MESHLOAD_CHECK(it != gatherers.end(), "format " + std::string(planner::ToString(format)) + " gathers no facts");

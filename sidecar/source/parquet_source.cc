@@ -164,6 +164,27 @@ Result<formats::ParquetFooter> ReadParquetFooter(Source& source, const std::stri
   return parsed;
 }
 
+Result<formats::ArrowIpcFile> ReadArrowIpcIndex(Source& source, const std::string& name, uint64_t size) {
+  auto read = [&](uint64_t offset, uint64_t length) -> Result<std::string> {
+    std::string bytes(static_cast<size_t>(length), '\0');
+    MESHLOAD_RETURN_IF_ERROR(source.Read(name, offset, bytes.data(), bytes.size()));
+    return bytes;
+  };
+  auto index = formats::ArrowIpcFile::Index(read, size);
+  if (!index.ok()) return index.status().WithLocationPrefix(RedactUri(name));
+  return index;
+}
+
+Result<std::shared_ptr<const formats::ColumnarFile>> ReadColumnarFile(planner::DatasetFormat format, Source& source,
+                                                                      const std::string& name, uint64_t size) {
+  if (format == planner::DatasetFormat::kArrow) {
+    MESHLOAD_ASSIGN_OR_RETURN(formats::ArrowIpcFile index, ReadArrowIpcIndex(source, name, size));
+    return std::shared_ptr<const formats::ColumnarFile>(std::make_shared<formats::ArrowIpcFile>(std::move(index)));
+  }
+  MESHLOAD_ASSIGN_OR_RETURN(formats::ParquetFooter footer, ReadParquetFooter(source, name, size));
+  return std::shared_ptr<const formats::ColumnarFile>(std::make_shared<formats::ParquetFooter>(std::move(footer)));
+}
+
 Result<std::vector<std::unique_ptr<ParquetRowSource>>> InstallParquetRows(const planner::DatasetIndex& ds,
                                                                           SourceRegistry& sources,
                                                                           uint64_t capacity_bytes) {
@@ -186,9 +207,9 @@ Result<std::vector<std::unique_ptr<ParquetRowSource>>> InstallParquetRows(const 
     const planner::DatasetFile& f = ds.files()[of_file[k]];
     const planner::ParquetFile& pf = *f.parquet;
     // The footer the job was resolved with, else read again (and checked).
-    Result<formats::ParquetFooter> footer = pf.footer
-                                                ? Result<formats::ParquetFooter>(*pf.footer)
-                                                : ReadParquetFooter(*found[k].source, found[k].name, pf.stored_size);
+    Result<std::shared_ptr<const formats::ColumnarFile>> footer =
+        pf.footer ? Result<std::shared_ptr<const formats::ColumnarFile>>(pf.footer)
+                  : ReadColumnarFile(ds.format(), *found[k].source, found[k].name, pf.stored_size);
     if (!footer.ok()) {
       found[k].file = footer.status();
       return;
@@ -197,7 +218,7 @@ Result<std::vector<std::unique_ptr<ParquetRowSource>>> InstallParquetRows(const 
     file.stored_name = found[k].name;
     file.layout = pf.layout;
     for (const formats::ParquetField& want : pf.fields) {
-      auto got = footer->Field(want.name);
+      auto got = (*footer)->Field(want.name);
       if (!got.ok() || got->type != want.type || got->leaves != want.leaves) {
         found[k].file =
             DataLoss("column " + want.name + " changed after the job was resolved (it was " + want.type + ")",
@@ -206,13 +227,13 @@ Result<std::vector<std::unique_ptr<ParquetRowSource>>> InstallParquetRows(const 
       }
       file.fields.push_back(std::move(*got));
     }
-    if (footer->rows() != pf.rows) {
-      found[k].file = DataLoss("holds " + std::to_string(footer->rows()) + " rows; it held " + std::to_string(pf.rows) +
-                                   " when the job was resolved",
+    if ((*footer)->rows() != pf.rows) {
+      found[k].file = DataLoss("holds " + std::to_string((*footer)->rows()) + " rows; it held " +
+                                   std::to_string(pf.rows) + " when the job was resolved",
                                RedactUri(f.path));
       return;
     }
-    file.footer = std::make_shared<const formats::ParquetFooter>(std::move(*footer));
+    file.footer = std::move(*footer);
     found[k].file = std::move(file);
   });
   std::map<Source*, std::unique_ptr<ParquetRowSource>> by_source;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "formats/arrow_ipc.h"
 #include "formats/parquet.h"
 #include "formats/parquet_record.h"
 #include "planner/dataset_index.h"
@@ -43,10 +44,10 @@ class ParquetRowSource final : public Source {
 
   /// One Parquet object read as its rows' records.
   struct File {
-    std::string stored_name;  // the object, as `inner` names it
-    std::shared_ptr<const formats::ParquetFooter> footer;
-    std::vector<formats::ParquetField> fields;  // the job's, in order
-    formats::ParquetRecordLayout layout;        // of those fields
+    std::string stored_name;                              // the object, as `inner` names it
+    std::shared_ptr<const formats::ColumnarFile> footer;  // a Parquet footer or an Arrow file's index
+    std::vector<formats::ParquetField> fields;            // the job's, in order
+    formats::ParquetRecordLayout layout;                  // of those fields
   };
   /// Reads of `name` are the records of `file`'s rows.
   void Add(const std::string& name, File file);
@@ -82,7 +83,18 @@ class ParquetRowSource final : public Source {
 /// name the object (and the byte offset).
 Result<formats::ParquetFooter> ReadParquetFooter(Source& source, const std::string& name, uint64_t size);
 
-/// For each Parquet file of `ds` (DatasetFile::parquet), a ParquetRowSource
+/// The index of Arrow IPC object `name` of `source` (of `size` bytes): its
+/// messages' metadata, read 64 KiB at a time (formats/arrow_ipc.h). Errors
+/// name the object (and the byte offset).
+Result<formats::ArrowIpcFile> ReadArrowIpcIndex(Source& source, const std::string& name, uint64_t size);
+
+/// The columnar file `name` of `source` (of `size` bytes) as `format`
+/// stores it: an Arrow IPC file's index for format Arrow, else a Parquet
+/// footer.
+Result<std::shared_ptr<const formats::ColumnarFile>> ReadColumnarFile(planner::DatasetFormat format, Source& source,
+                                                                      const std::string& name, uint64_t size);
+
+/// For each Parquet (or Arrow) file of `ds` (DatasetFile::parquet), a ParquetRowSource
 /// over its source in `sources` (interposed there, so that For() gives it),
 /// keeping `capacity_bytes` of decoded row groups; each file read with the
 /// footer the index holds (ParquetFile::footer), else its footer read again

@@ -82,6 +82,11 @@ WEBDATASET = copy.deepcopy(FULL)
 WEBDATASET["spec"]["dataset"] = {"uri": "s3://bucket/shards/train-{000000..000127}.tar", "format": "WebDataset",
                                  "fields": [{"name": "jpg"}, {"name": "cls", "dtype": "int64"}],
                                  "missingField": "Skip", "samples": 1000}
+ARROW = copy.deepcopy(FULL)
+ARROW["spec"]["dataset"] = {"uri": "s3://bucket/saved/my-dataset-dict", "format": "Arrow", "split": "train",
+                            "fields": [{"name": "input_ids", "dtype": "int32", "maxBytes": 16384},
+                                       {"name": "label", "dtype": "int64"}], "samples": 1000}
+ARROW["spec"]["batch"]["balance"] = {"mode": "Tokens", "tolerance": 0.05}
 WINDOW = copy.deepcopy(FULL)
 WINDOW["spec"]["shuffle"] = {"mode": "Window", "seed": 1, "blockSize": 2048, "windowBlocks": 8}
 ROWS = copy.deepcopy(MEGATRON)
@@ -121,6 +126,7 @@ def create(doc, dry_run=True):
 
 for label, doc in (("FixedRecord", FULL), ("TokenStream", TOKENS), ("MegatronIndexed", MEGATRON),
                    ("WebDataset", WEBDATASET), ("MDS", MDS), ("TFRecord", TFRECORD), ("Parquet", PARQUET),
+                   ("Arrow", ARROW),
                    ("mixture", MIXTURE),
                    ("rows of tokens", ROWS),
                    ("window-shuffled", WINDOW)):
@@ -281,13 +287,13 @@ CEL = [
     ("padToken and packing with Concatenate", ROWS, lambda d: put(d, ["spec", "tokens", "mode"], "Concatenate"),
      ["spec.tokens", "padToken and packing are only used with mode Pack"]),
     ("WebDataset without fields", WEBDATASET, lambda d: drop(d, ["spec", "dataset", "fields"]),
-     ["spec.dataset", "formats WebDataset, MDS, TFRecord and Parquet need fields"]),
+     ["spec.dataset", "formats WebDataset, MDS, TFRecord, Parquet and Arrow need fields"]),
     ("TFRecord without fields", TFRECORD, lambda d: drop(d, ["spec", "dataset", "fields"]),
-     ["spec.dataset", "formats WebDataset, MDS, TFRecord and Parquet need fields"]),
+     ["spec.dataset", "formats WebDataset, MDS, TFRecord, Parquet and Arrow need fields"]),
     ("MDS with a dataset dtype", MDS, lambda d: put(d, ["spec", "dataset", "dtype"], "uint8"),
-     ["spec.dataset", "formats WebDataset, MDS, TFRecord and Parquet need fields, and take no recordBytes or dtype"]),
+     ["spec.dataset", "formats WebDataset, MDS, TFRecord, Parquet and Arrow need fields, and take no recordBytes or dtype"]),
     ("TFRecord with recordBytes", TFRECORD, lambda d: put(d, ["spec", "dataset", "recordBytes"], 64),
-     ["spec.dataset", "formats WebDataset, MDS, TFRecord and Parquet need fields, and take no recordBytes or dtype"]),
+     ["spec.dataset", "formats WebDataset, MDS, TFRecord, Parquet and Arrow need fields, and take no recordBytes or dtype"]),
     ("a field's shape without a dtype", TFRECORD, lambda d: put(d, ["spec", "dataset", "fields", 0, "shape"], [2]),
      ["spec.dataset.fields[0].shape", "a field's shape needs a dtype"]),
     ("a field's shape with MDS", MDS, lambda d: put(d, ["spec", "dataset", "fields", 1, "shape"], []),
@@ -300,15 +306,18 @@ CEL = [
     ("an unknown TFRecord compression", TFRECORD, lambda d: put(d, ["spec", "dataset", "compression"], "zstd"),
      ["spec.dataset.compression", "Unsupported value"]),
     ("fields with FixedRecord", FULL, lambda d: put(d, ["spec", "dataset", "fields"], [{"name": "jpg"}]),
-     ["spec.dataset.fields", "fields are only used by formats WebDataset, MDS, TFRecord and Parquet"]),
+     ["spec.dataset.fields", "fields are only used by formats WebDataset, MDS, TFRecord, Parquet and Arrow"]),
     ("a field's maxBytes with MDS", MDS, lambda d: put(d, ["spec", "dataset", "fields", 0, "maxBytes"], 100),
-     ["spec.dataset.fields", "a field's maxBytes is only used by format Parquet"]),
+     ["spec.dataset.fields", "a field's maxBytes is only used by formats Parquet and Arrow"]),
     ("Parquet without fields", PARQUET, lambda d: drop(d, ["spec", "dataset", "fields"]),
-     ["spec.dataset", "formats WebDataset, MDS, TFRecord and Parquet need fields"]),
+     ["spec.dataset", "formats WebDataset, MDS, TFRecord, Parquet and Arrow need fields"]),
     ("a Parquet field's maxBytes of 0", PARQUET, lambda d: put(d, ["spec", "dataset", "fields", 0, "maxBytes"], 0),
      ["spec.dataset.fields[0].maxBytes"]),
     ("a split with MDS", MDS, lambda d: put(d, ["spec", "dataset", "split"], "train"),
-     ["spec.dataset.split", "split is only used by format Parquet"]),
+     ["spec.dataset.split", "split is only used by formats Parquet"]),
+    ("a config with Arrow (a saved DatasetDict has no configs)", ARROW,
+     lambda d: put(d, ["spec", "dataset", "config"], "en"),
+     ["spec.dataset.config", "config is only used by format Parquet"]),
     ("a config without a split", PARQUET, lambda d: drop(d, ["spec", "dataset", "split"]),
      ["spec.dataset.config", "config needs split"]),
     ("a split name with a slash", PARQUET, lambda d: put(d, ["spec", "dataset", "split"], "train/x"),

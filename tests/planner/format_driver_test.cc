@@ -82,11 +82,12 @@ TEST(FormatDrivers, OnlyTheTokenStreamTakesASequenceLength) {
 }
 
 TEST(FormatDrivers, MessagesNameTheFormatsWithATrait) {
-  EXPECT_EQ(FormatsWith(&FormatTraits::records, "and"), "WebDataset, MDS, TFRecord and Parquet");
-  EXPECT_EQ(FormatsWith(&FormatTraits::variable_size), "MegatronIndexed, WebDataset, MDS, TFRecord or Parquet");
+  EXPECT_EQ(FormatsWith(&FormatTraits::records, "and"), "WebDataset, MDS, TFRecord, Parquet and Arrow");
+  EXPECT_EQ(FormatsWith(&FormatTraits::variable_size), "MegatronIndexed, WebDataset, MDS, TFRecord, Parquet or Arrow");
   EXPECT_EQ(FormatsWith(&FormatTraits::documents), "MegatronIndexed");
   EXPECT_EQ(FormatsWith(&FormatTraits::file_compression), "TFRecord");
   EXPECT_EQ(FormatsWith(&FormatTraits::hub_repository), "Parquet");
+  EXPECT_EQ(FormatsWith(&FormatTraits::splits, "and"), "Parquet and Arrow");
 }
 
 // The formats with `trait`, by name.
@@ -132,7 +133,8 @@ TEST(FormatDrivers, TheDeclarationsRulesNameTheFormatsTheTraitsSay) {
   EXPECT_EQ(FormatsInRule(decl, "|| (has(self.fields) && !has(self.recordBytes)"), NamesWith(&FormatTraits::records));
   EXPECT_EQ(FormatsInRule(decl, "|| !has(self.compression)"), NamesWith(&FormatTraits::file_compression));
   EXPECT_EQ(FormatsInRule(decl, "|| !has(self.sequenceLength)"), NamesWith(&FormatTraits::token_stream));
-  EXPECT_EQ(FormatsInRule(decl, "|| !has(self.split)"), NamesWith(&FormatTraits::hub_repository));
+  EXPECT_EQ(FormatsInRule(decl, "|| !has(self.split)"), NamesWith(&FormatTraits::splits));
+  EXPECT_EQ(FormatsInRule(decl, "|| !has(self.config)"), NamesWith(&FormatTraits::hub_repository));
 }
 }  // namespace
 }  // namespace meshload::planner

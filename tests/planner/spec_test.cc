@@ -256,7 +256,7 @@ const EditCase kEdits[] = {
     {"UnknownShuffleMode", "  strategy:", "  shuffle: {mode: Random}\n  strategy:",
      "spec.shuffle.mode: unknown value 'Random'; expected one of None, Global, Block"},
     {"UnknownFormat", "format: FixedRecord", "format: Avro",
-     "spec.dataset.format: unknown value 'Avro'; expected one of FixedRecord, TokenStream, Npy"},
+     "spec.dataset.format: unknown value 'Avro' (did you mean Arrow?); expected one of FixedRecord, TokenStream, Npy"},
     {"UnknownReplicationMode", "  strategy:", "  replication: {mode: Half}\n  strategy:",
      "spec.replication.mode: unknown value 'Half'; expected one of None, Partial, Full"},
     {"UnknownFanout", "  strategy:", "  replication: {fanout: Push}\n  strategy:",
@@ -382,8 +382,9 @@ TEST(Spec, RecordFormatsNeedTheirFieldsAndTakeNoDatasetDtype) {
                              "spec.dataset.fields[0].name: 'a/b' is not a field name"));
   EXPECT_TRUE(EditHasProblem(from, "format: WebDataset\n    fields: [{name: jpg}]\n    missingField: Drop",
                              "spec.dataset.missingField: unknown value 'Drop'; expected one of Error, Skip"));
-  EXPECT_TRUE(EditHasProblem("recordBytes: 64", "recordBytes: 64\n    fields: [{name: jpg}]",
-                             "spec.dataset.fields: are only used by formats WebDataset, MDS, TFRecord and Parquet"));
+  EXPECT_TRUE(
+      EditHasProblem("recordBytes: 64", "recordBytes: 64\n    fields: [{name: jpg}]",
+                     "spec.dataset.fields: are only used by formats WebDataset, MDS, TFRecord, Parquet and Arrow"));
   auto ok = Problems(Edit(from,
                           "format: WebDataset\n    fields: [{name: jpg}, {name: cls, dtype: int64}]\n"
                           "    missingField: Skip"));
@@ -395,7 +396,7 @@ TEST(Spec, RecordFormatsNeedTheirFieldsAndTakeNoDatasetDtype) {
 TEST(Spec, ParquetFieldsTakeMaxBytesAndNoShape) {
   const std::string from = "format: FixedRecord\n    recordBytes: 64";
   EXPECT_TRUE(EditHasProblem(from, "format: WebDataset\n    fields: [{name: jpg, maxBytes: 100}]",
-                             "spec.dataset.fields[0].maxBytes: is only used by format Parquet"));
+                             "spec.dataset.fields[0].maxBytes: is only used by formats Parquet and Arrow"));
   EXPECT_TRUE(EditHasProblem(from, "format: Parquet\n    fields: [{name: emb, dtype: float32, shape: [4]}]",
                              "spec.dataset.fields[0].shape: is not used by format Parquet"));
   EXPECT_TRUE(EditHasProblem(from, "format: Parquet\n    fields: [{name: text, maxBytes: 0}]",
@@ -412,7 +413,14 @@ TEST(Spec, ParquetFieldsTakeMaxBytesAndNoShape) {
 TEST(Spec, AHubSplitAndConfigAreParquetsAndNamedAsTheHubNamesThem) {
   const std::string from = "format: FixedRecord\n    recordBytes: 64";
   const std::string parquet = "format: Parquet\n    fields: [{name: label}]\n";
-  EXPECT_TRUE(EditHasProblem(from, from + "\n    split: train", "spec.dataset.split: is only used by format Parquet"));
+  EXPECT_TRUE(EditHasProblem(from, from + "\n    split: train",
+                             "spec.dataset.split: is only used by formats Parquet and Arrow"));
+  // A saved DatasetDict has splits and no configs.
+  const std::string arrow = "format: Arrow\n    fields: [{name: label}]\n";
+  EXPECT_TRUE(EditHasProblem(from, arrow + "    split: train\n    config: en",
+                             "spec.dataset.config: is only used by format Parquet"));
+  auto saved = Problems(Edit(from, arrow + "    split: train"));
+  EXPECT_TRUE(saved.empty()) << ::testing::PrintToString(saved);
   EXPECT_TRUE(EditHasProblem(from, parquet + "    config: en", "spec.dataset.config: needs spec.dataset.split"));
   EXPECT_TRUE(
       EditHasProblem(from, parquet + "    split: train/../x", "spec.dataset.split: 'train/../x' is not a split name"));
@@ -425,9 +433,10 @@ TEST(Spec, AHubSplitAndConfigAreParquetsAndNamedAsTheHubNamesThem) {
 // Token balancing deals variable-size samples; its fields are checked.
 TEST(Spec, TokenBalancingNeedsVariableSizeSamplesAndATolerance) {
   const std::string balance = "globalBatchSize: 8\n    balance: {mode: Tokens}";
-  EXPECT_TRUE(EditHasProblem("globalBatchSize: 8", balance,
-                             "spec.batch.balance.mode: Tokens needs variable-size samples (format MegatronIndexed, "
-                             "WebDataset, MDS, TFRecord or Parquet); FixedRecord samples all have the same size"));
+  EXPECT_TRUE(
+      EditHasProblem("globalBatchSize: 8", balance,
+                     "spec.batch.balance.mode: Tokens needs variable-size samples (format MegatronIndexed, "
+                     "WebDataset, MDS, TFRecord, Parquet or Arrow); FixedRecord samples all have the same size"));
   EXPECT_TRUE(EditHasProblem("globalBatchSize: 8", "globalBatchSize: 8\n    balance: {mode: Bytes}",
                              "spec.batch.balance.mode: unknown value 'Bytes'; expected one of None, Tokens"));
   EXPECT_TRUE(EditHasProblem("globalBatchSize: 8", "globalBatchSize: 8\n    balance: {mode: Tokens, tolerance: 1.5}",

@@ -165,6 +165,23 @@ out=$("$ML" run --local -f "$TMP/hub.yaml" --steps 6 2>&1); rc=$?
 check "run --local on a Hugging Face Hub repository's split on S3 (files from its README.md's default config): every column verified" $?
 [ $rc -eq 0 ] || tail -8 <<<"$out"
 
+# 1g. A DatasetDict that datasets' save_to_disk wrote, synced to a bucket:
+#    split train's Arrow files found from dataset_dict.json and
+#    train/state.json over S3, its rows decoded from their record batches
+#    (fetched by ranged GETs), every column verified by the trainers.
+mkdir -p "$GW/corpus/saved"
+cp -r "$ROOT"/tests/formats/data/saved/tokens "$GW/corpus/saved/"
+two_process_job "$TMP/saved.yaml" saved model "  replication: {mode: Partial, fanout: Load}
+  strategy: LoadAndReshard
+  dataset: {uri: \"s3://corpus/saved/tokens\", format: Arrow, split: train, fields: [{name: input_ids, maxBytes: 92}, {name: text, maxBytes: 64}, {name: label}]}
+  batch: {globalBatchSize: 8, prefetch: 3}
+  shuffle: {mode: Global, seed: 11}"
+out=$("$ML" run --local -f "$TMP/saved.yaml" --steps 12 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "verified             bytes, 0 mismatches" <<<"$out" && grep -q "^OK$" <<<"$out" &&
+  grep -qE "^  Arrow record batches [1-9][0-9]* decoded, [0-9.]+ kB of their messages fetched" <<<"$out"
+check "run --local on a save_to_disk DatasetDict's split on S3 (files from its state.json): every column verified over two epochs, the record batches decoded counted" $?
+[ $rc -eq 0 ] || tail -8 <<<"$out"
+
 # 1c. Indexing many objects costs a listing and one read per object's
 #    index, several at once: an MDS dataset of 48 shards behind 25 ms of
 #    added latency is indexed with 51 requests or fewer (not a HEAD and a

@@ -1177,5 +1177,129 @@ TEST(HubRepository, ASplitConfigOrCardItCannotReadIsAnErrorNamingTheRepositoryAn
               AllOf(HasSubstr(dir.path() + "/README.md:5"), HasSubstr("not valid YAML")));
 }
 
+// A dataset that datasets' save_to_disk wrote, as load_from_disk read it
+// (tests/formats/data/saved/expected.json; split "" for a Dataset).
+Expected SavedExpected(const std::string& dataset, const std::string& split) {
+  Expected out;
+  const Json doc = Json::parse(Slurp(kData + "/saved/expected.json"));
+  for (const Json& row : doc["saved"][dataset][split]) {
+    std::map<std::string, std::string> fields;
+    if (row.contains("input_ids")) {
+      std::string ids;
+      for (const Json& t : row["input_ids"]) ids += Bytes(t.get<int32_t>());
+      fields["input_ids"] = ids;
+    }
+    if (row.contains("text")) fields["text"] = Unhex(row["text"].get<std::string>());
+    if (row.contains("label")) fields["label"] = Bytes(row["label"].get<int64_t>());
+    if (row.contains("image")) fields["image.bytes"] = Unhex(row["image"].get<std::string>());
+    out.push_back(std::move(fields));
+  }
+  return out;
+}
+
+planner::JobSpec SavedSpec(const std::string& uri, const std::string& split, std::vector<planner::DatasetField> fields,
+                           int64_t processes) {
+  planner::JobSpec spec =
+      RecordSpec(DatasetFormat::kArrow, uri, std::move(fields), processes, 1, Strategy::kPerProcess);
+  spec.dataset.split = split;
+  return spec;
+}
+
+// Datasets save_to_disk wrote (Arrow IPC streams of several record batches,
+// state.json, a DatasetDict's dataset_dict.json): each split, and a
+// Dataset's folder, is what load_from_disk reads, row for row, over two
+// epochs, on 4 and 8 processes; the index is the files' record batches.
+TEST(SavedDataset, EachSplitIsWhatLoadFromDiskReadsOverTwoEpochsAndAResize) {
+  struct Case {
+    std::string dataset, split;
+    std::vector<planner::DatasetField> fields;
+    std::vector<std::string> names;
+    size_t files;
+  };
+  std::vector<planner::DatasetField> image(2);
+  image[0].name = "image.bytes";
+  image[0].max_bytes = 1024;
+  image[1].name = "label";
+  const std::vector<Case> cases = {
+      {"tokens", "train", HubTokenFields(), kHubTokenNames, 3},
+      {"tokens", "test", HubTokenFields(), kHubTokenNames, 1},
+      {"images", "", image, {"image.bytes", "label"}, 1},
+  };
+  const Json doc = Json::parse(Slurp(kData + "/saved/expected.json"));
+  for (const Case& c : cases) {
+    const Expected expected = SavedExpected(c.dataset, c.split);
+    const std::string folder = c.dataset + (c.split.empty() ? "" : "/" + c.split);
+    for (int64_t processes : {4, 8}) {
+      if (static_cast<int64_t>(expected.size()) < processes) continue;  // images: 6 rows
+      SCOPED_TRACE(folder + " on " + std::to_string(processes) + " processes");
+      planner::JobSpec spec = SavedSpec(kData + "/saved/" + c.dataset, c.split, c.fields, processes);
+      spec.batch.global_batch_size =
+          std::min<int64_t>(8, static_cast<int64_t>(expected.size()) / processes * processes);
+      auto job = Resolve(spec);
+      ASSERT_OK(job);
+      EXPECT_EQ(job->samples, expected.size());
+      ASSERT_EQ(job->dataset.files().size(), c.files);
+      for (const planner::DatasetFile& f : job->dataset.files()) {
+        // The files state.json lists, each with its record batches as
+        // pyarrow's stream reader reads them.
+        const std::string name = f.path.substr(f.path.rfind('/') + 1);
+        EXPECT_EQ(f.path, kData + "/saved/" + folder + "/" + name);
+        ASSERT_TRUE(f.parquet.has_value());
+        std::vector<uint64_t> batches;
+        for (const planner::ParquetFile::RowGroup& g : f.parquet->row_groups) batches.push_back(g.rows);
+        EXPECT_EQ(batches, doc["batches"][folder][name].get<std::vector<uint64_t>>()) << name;
+      }
+      const int64_t steps = 2 * static_cast<int64_t>(expected.size()) / spec.batch.global_batch_size + 1;
+      ExpectStepsMatch(*job, LoadAll(*job, steps), expected, c.names, 1);
+    }
+  }
+  // The Arrow files named directly (a glob), without state.json.
+  planner::JobSpec spec = SavedSpec(kData + "/saved/tokens/train/*.arrow", "", HubTokenFields(), 2);
+  spec.batch.global_batch_size = 2;
+  auto job = Resolve(spec);
+  ASSERT_OK(job);
+  EXPECT_EQ(job->samples, 50u);
+  ExpectStepsMatch(*job, LoadAll(*job, 25), SavedExpected("tokens", "train"), kHubTokenNames, 1);
+}
+
+TEST(SavedDataset, ADatasetItCannotReadIsAnErrorNamingTheFileAndWhatItHas) {
+  auto error = [](const std::string& uri, const std::string& split) {
+    auto job = Resolve(SavedSpec(uri, split, HubTokenFields(), 2));
+    return job.ok() ? std::string("resolved") : job.status().ToString();
+  };
+  const std::string tokens = kData + "/saved/tokens";
+  EXPECT_THAT(error(tokens, ""), AllOf(HasSubstr(tokens), HasSubstr("is a DatasetDict of splits train, test"),
+                                       HasSubstr("spec.dataset.split")));
+  EXPECT_THAT(error(tokens, "validation"),
+              AllOf(HasSubstr("has no split validation (dataset_dict.json lists train, test)")));
+  EXPECT_THAT(error(kData + "/saved/images", "train"), HasSubstr("has no dataset_dict.json"));
+  TempDir dir;
+  std::filesystem::copy(tokens, dir.path(), std::filesystem::copy_options::recursive);
+  // A file state.json lists is missing.
+  std::filesystem::remove(dir.path() + "/train/data-00001-of-00003.arrow");
+  EXPECT_THAT(error(dir.path(), "train"), AllOf(HasSubstr(dir.path() + "/train/data-00001-of-00003.arrow"),
+                                                HasSubstr("is listed by state.json's _data_files, and is not there")));
+  // A damaged state.json names its key.
+  { std::ofstream(dir.path() + "/test/state.json") << R"({"_data_files": [{"filename": "../x.arrow"}]})"; }
+  EXPECT_THAT(error(dir.path(), "test"), AllOf(HasSubstr(dir.path() + "/test/state.json: _data_files[0].filename"),
+                                               HasSubstr("is not a file of the dataset's folder")));
+  // A truncated Arrow file names the byte where its message ends early.
+  const std::string a = kData + "/saved/tokens/test/data-00000-of-00001.arrow";
+  const std::string bytes = Slurp(a);
+  TempDir cut;
+  { std::ofstream(cut.path() + "/data.arrow", std::ios::binary) << bytes.substr(0, bytes.size() - 200); }
+  EXPECT_THAT(error(cut.path(), ""), AllOf(HasSubstr(cut.path() + "/data.arrow@"), HasSubstr("passes the file's end")));
+  // A file that is not Arrow IPC.
+  { std::ofstream(cut.path() + "/data.arrow", std::ios::binary) << "PAR1 not an arrow stream at all"; }
+  EXPECT_THAT(error(cut.path(), ""), AllOf(HasSubstr(cut.path() + "/data.arrow@0"), HasSubstr("metadata length")));
+  // A column of a type meshload does not deliver is refused by name.
+  std::vector<planner::DatasetField> fields = HubTokenFields();
+  fields[0].name = "nope";
+  auto job = Resolve(SavedSpec(tokens, "test", fields, 2));
+  ASSERT_FALSE(job.ok());
+  EXPECT_THAT(job.status().ToString(),
+              AllOf(HasSubstr("has no column nope"), HasSubstr("input_ids: list<item: int32>")));
+}
+
 }  // namespace
 }  // namespace meshload::sidecar

@@ -70,7 +70,8 @@ planner::JobSpec SpecFor(const Case& c, const std::string& dir) {
     case DatasetFormat::kWebDataset:
     case DatasetFormat::kMDS:
     case DatasetFormat::kTFRecord:
-    case DatasetFormat::kParquet: break;  // not generated: the formats' own writers' files (RecordFormats below)
+    case DatasetFormat::kParquet:
+    case DatasetFormat::kArrow: break;  // not generated: the formats' own writers' files (RecordFormats below)
   }
   spec.batch.global_batch_size = 24;
   spec.shuffle.mode = c.shuffle;
