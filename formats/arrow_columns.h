@@ -29,7 +29,8 @@ std::optional<DType> ArrowNumberDType(const arrow::DataType& t);
 /// top-level field of that name, else a struct's member by its dotted path
 /// (the longest names first: a column may have a dot in its name). The
 /// names from the top to it go to `path`; nullptr when there is none.
-const arrow::Field* FindArrowField(const arrow::FieldVector& top, std::string_view name, std::vector<std::string>* path);
+const arrow::Field* FindArrowField(const arrow::FieldVector& top, std::string_view name,
+                                   std::vector<std::string>* path);
 
 /// How field `f`, asked for as `name`, is delivered (kind, dtype, shape;
 /// `leaves` as given). kInvalidArgument naming the column and its type when

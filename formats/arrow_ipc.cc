@@ -217,10 +217,10 @@ Result<ArrowIpcFile> ArrowIpcFile::Index(const ReadAt& read, uint64_t file_size)
       case ArrowIpcMessage::Type::kSchema: {
         if (impl->schema) return DataLoss("a second schema message; a file holds one", where);
         const uint64_t prefix = m->prefix_bytes;
-        MESHLOAD_ASSIGN_OR_RETURN(auto message,
-                                  OpenMessage(bytes.substr(static_cast<size_t>(prefix),
-                                                           static_cast<size_t>(m->metadata_bytes - prefix)),
-                                              nullptr));
+        MESHLOAD_ASSIGN_OR_RETURN(
+            auto message,
+            OpenMessage(bytes.substr(static_cast<size_t>(prefix), static_cast<size_t>(m->metadata_bytes - prefix)),
+                        nullptr));
         arrow::ipc::DictionaryMemo memo;
         auto schema = arrow::ipc::ReadSchema(*message, &memo);
         if (!schema.ok()) return DataLoss("the schema does not read: " + schema.status().message(), where);
@@ -315,8 +315,8 @@ Result<ParquetRowGroupValues> ArrowIpcFile::DecodeGroup(int group, const std::ve
                           ", which were not read",
                       where);
   }
-  const std::string_view message = part->bytes.substr(static_cast<size_t>(m.offset - part->offset),
-                                                      static_cast<size_t>(m.end() - m.offset));
+  const std::string_view message =
+      part->bytes.substr(static_cast<size_t>(m.offset - part->offset), static_cast<size_t>(m.end() - m.offset));
   const uint64_t prefix = m.prefix_bytes;
   auto opened = OpenMessage(message.substr(prefix, static_cast<size_t>(m.metadata_bytes - prefix)),
                             Viewed(message.substr(static_cast<size_t>(m.metadata_bytes)), part->owner));
@@ -326,7 +326,8 @@ Result<ParquetRowGroupValues> ArrowIpcFile::DecodeGroup(int group, const std::ve
   std::vector<std::vector<std::string>> paths;
   for (const ParquetField& field : fields) {
     std::vector<std::string> path;
-    if (!FindArrowField(impl.schema->fields(), field.name, &path)) return InvalidArgument("no column " + field.name, where);
+    if (!FindArrowField(impl.schema->fields(), field.name, &path))
+      return InvalidArgument("no column " + field.name, where);
     wanted.insert(impl.schema->GetFieldIndex(path[0]));
     paths.push_back(std::move(path));
   }
@@ -345,9 +346,9 @@ Result<ParquetRowGroupValues> ArrowIpcFile::DecodeGroup(int group, const std::ve
       "arrow");
   if (!st.ok()) return DataLoss("it does not decode: " + st.message(), where);
   if (static_cast<uint64_t>(batch->num_rows()) != m.rows) {
-    return DataLoss("it decodes to " + std::to_string(batch->num_rows()) + " rows, its header says " +
-                        std::to_string(m.rows),
-                    where);
+    return DataLoss(
+        "it decodes to " + std::to_string(batch->num_rows()) + " rows, its header says " + std::to_string(m.rows),
+        where);
   }
   // Arrow checks a batch's buffers against its body as it reads; the
   // offsets inside them are checked here, before a row is looked up.

@@ -51,7 +51,7 @@ struct ArrowIpcMessage {
   uint64_t prefix_bytes = 8;    // 4 in files from before Arrow 0.15
   uint64_t metadata_bytes = 0;  // the prefix and the metadata flatbuffer (padded)
   uint64_t body_bytes = 0;
-  uint64_t rows = 0;            // a record batch's
+  uint64_t rows = 0;                   // a record batch's
   std::string codec = "UNCOMPRESSED";  // a record batch's body compression: "ZSTD", "LZ4_FRAME"
   uint64_t end() const { return offset + metadata_bytes + body_bytes; }
 };

@@ -48,7 +48,7 @@ Result<ArrowIpcFile> IndexOf(const std::string& file) {
 /// Every row of `fields` in `file`, decoded batch by batch from exactly
 /// each batch's message.
 Result<std::vector<std::vector<std::optional<std::string>>>> RowsOf(const std::string& file,
-                                                                   const std::vector<std::string>& names) {
+                                                                    const std::vector<std::string>& names) {
   MESHLOAD_ASSIGN_OR_RETURN(ArrowIpcFile index, IndexOf(file));
   std::vector<ParquetField> fields;
   for (const std::string& n : names) {
@@ -59,8 +59,9 @@ Result<std::vector<std::vector<std::optional<std::string>>>> RowsOf(const std::s
   for (size_t g = 0; g < index.row_groups().size(); ++g) {
     const ParquetColumnChunk& c = index.row_groups()[g].columns[0];
     auto copy = std::make_shared<std::string>(file.substr(c.offset, c.bytes));
-    MESHLOAD_ASSIGN_OR_RETURN(ParquetRowGroupValues values,
-                              ParquetRowGroupValues::Decode(index, static_cast<int>(g), fields, {{c.offset, *copy, copy}}));
+    MESHLOAD_ASSIGN_OR_RETURN(
+        ParquetRowGroupValues values,
+        ParquetRowGroupValues::Decode(index, static_cast<int>(g), fields, {{c.offset, *copy, copy}}));
     for (uint64_t r = 0; r < values.rows(); ++r) {
       std::vector<std::optional<std::string>> row;
       for (size_t f = 0; f < fields.size(); ++f) {
@@ -84,7 +85,8 @@ std::string Int32s(const nlohmann::json& list) {
 
 std::string Unhex(const std::string& hex) {
   std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return out;
 }
 
@@ -154,7 +156,8 @@ void ExpectNumbers(const std::string& file, int64_t n, size_t batches) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t id = i * 3;
     EXPECT_EQ((*rows)[static_cast<size_t>(i)][0], std::string(reinterpret_cast<const char*>(&id), 8));
-    EXPECT_EQ((*rows)[static_cast<size_t>(i)][1], "row " + std::to_string(i) + std::string(static_cast<size_t>(i % 5), 'x'));
+    EXPECT_EQ((*rows)[static_cast<size_t>(i)][1],
+              "row " + std::to_string(i) + std::string(static_cast<size_t>(i % 5), 'x'));
   }
 }
 

@@ -808,75 +808,6 @@ TEST(TfRecordCompressed, AStaleIndexIsRefusedBeforeTheJobStartsAndSeveralMembers
                                                HasSubstr("meshload index --compression GZIP " + dir.path())));
 }
 
-// The same files served over HTTP as an object store serves them (ranged
-// GETs; no listing, so a folder is an MDS dataset's index.json and files are
-// brace ranges): every format's fields are its reader's, on 4 processes and
-// after a resize to 8, over two epochs.
-TEST(RecordFormatsOverHttp, EveryFieldIsTheReadersOnFourAndEightProcesses) {
-  source::testing::TestHttpServer server;
-  std::deque<std::string> served;  // the handlers keep pointers into it
-  for (const char* dir : {"webdataset", "mds/raw", "mds/zstd", "tfrecord", "tfrecord/gzip", "parquet"}) {
-    for (const auto& e : std::filesystem::directory_iterator(kData + "/" + dir)) {
-      if (!e.is_regular_file()) continue;
-      const std::string name = std::string("/") + dir + "/" + e.path().filename().string();
-      served.push_back(Slurp(e.path().string()));
-      const std::string* bytes = &served.back();
-      server.Get(name, [bytes](const httplib::Request& req, httplib::Response& res) {
-        source::testing::ServeBytes(*bytes, req, res);
-      });
-    }
-  }
-  server.Start();
-  const std::vector<planner::DatasetField> mds_fields = {
-      {"image", std::nullopt}, {"label", formats::DType::kInt64}, {"tokens", formats::DType::kInt32}};
-  struct Case {
-    DatasetFormat format;
-    std::string uri;
-    std::vector<planner::DatasetField> fields;
-    std::vector<std::string> names;
-    Expected expected;
-    planner::FileCompression compression = planner::FileCompression::kNone;
-  };
-  const std::vector<Case> cases = {
-      {DatasetFormat::kWebDataset,
-       server.Url("/webdataset/shard-{000000..000001}.tar"),
-       {{"jpg", std::nullopt}, {"cls", formats::DType::kInt64}},
-       {"jpg", "cls"},
-       WebDatasetExpected({"shard-000000", "shard-000001"})},
-      {DatasetFormat::kMDS, server.Url("/mds/raw/"), mds_fields, {"image", "label", "tokens"}, MdsExpected("raw")},
-      {DatasetFormat::kMDS, server.Url("/mds/zstd/"), mds_fields, {"image", "label", "tokens"}, MdsExpected("zstd")},
-      {DatasetFormat::kTFRecord,
-       server.Url("/tfrecord/part-{00000..00002}.tfrecord"),
-       {{"image", std::nullopt},
-        {"label", formats::DType::kInt64, {}, {}, true},
-        {"input_ids", formats::DType::kInt64}},
-       {"image", "label", "input_ids"},
-       TfRecordExpected()},
-      {DatasetFormat::kTFRecord,
-       server.Url("/tfrecord/gzip/part-{00000..00002}.tfrecord.gz"),
-       {{"image", std::nullopt}, {"label", formats::DType::kInt64, {}, {}, true}, {"box", formats::DType::kFloat32}},
-       {"image", "label", "box"},
-       TfRecordExpected(),
-       planner::FileCompression::kGZIP},
-      {DatasetFormat::kParquet, server.Url("/parquet/rg25-plain-zstd-v2.parquet"), ParquetFields(), kParquetNames,
-       ParquetExpected(1)}};
-  for (const Case& c : cases) {
-    for (int64_t processes : {4, 8}) {
-      SCOPED_TRACE(c.uri + " on " + std::to_string(processes) + " processes");
-      auto spec = RecordSpec(c.format, c.uri, c.fields, processes, 1, Strategy::kPerProcess);
-      spec.dataset.compression = c.compression;
-      // Parquet rows with a null column are left out (pyarrow's nulls).
-      if (c.format == DatasetFormat::kParquet) spec.dataset.missing_field = planner::MissingFieldPolicy::kSkip;
-      auto job = Resolve(spec);
-      ASSERT_OK(job);
-      ASSERT_EQ(job->samples, c.expected.size());
-      const int64_t two_epochs = static_cast<int64_t>(2 * c.expected.size() / 8 + 1);
-      ExpectStepsMatch(*job, LoadAll(*job, two_epochs), c.expected, c.names, 1);
-    }
-  }
-  EXPECT_GT(server.requests(), 0);
-}
-
 TEST(Mds, ColumnsAndShardsItCannotReadAreRefusedByName) {
   auto error = [](const std::string& uri, std::vector<planner::DatasetField> fields) {
     auto job = Resolve(RecordSpec(DatasetFormat::kMDS, uri, std::move(fields), 1, 1, Strategy::kPerProcess));
@@ -1299,6 +1230,81 @@ TEST(SavedDataset, ADatasetItCannotReadIsAnErrorNamingTheFileAndWhatItHas) {
   ASSERT_FALSE(job.ok());
   EXPECT_THAT(job.status().ToString(),
               AllOf(HasSubstr("has no column nope"), HasSubstr("input_ids: list<item: int32>")));
+}
+
+// The same files served over HTTP as an object store serves them (ranged
+// GETs; no listing, so a folder is an MDS dataset's index.json or a saved
+// DatasetDict's JSON files, and files are brace ranges): every format's
+// fields are its reader's, on 4 processes and after a resize to 8, over two
+// epochs.
+TEST(RecordFormatsOverHttp, EveryFieldIsTheReadersOnFourAndEightProcesses) {
+  source::testing::TestHttpServer server;
+  std::deque<std::string> served;  // the handlers keep pointers into it
+  for (const char* dir : {"webdataset", "mds/raw", "mds/zstd", "tfrecord", "tfrecord/gzip", "parquet", "saved/tokens",
+                          "saved/tokens/test"}) {
+    for (const auto& e : std::filesystem::directory_iterator(kData + "/" + dir)) {
+      if (!e.is_regular_file()) continue;
+      const std::string name = std::string("/") + dir + "/" + e.path().filename().string();
+      served.push_back(Slurp(e.path().string()));
+      const std::string* bytes = &served.back();
+      server.Get(name, [bytes](const httplib::Request& req, httplib::Response& res) {
+        source::testing::ServeBytes(*bytes, req, res);
+      });
+    }
+  }
+  server.Start();
+  const std::vector<planner::DatasetField> mds_fields = {
+      {"image", std::nullopt}, {"label", formats::DType::kInt64}, {"tokens", formats::DType::kInt32}};
+  struct Case {
+    DatasetFormat format;
+    std::string uri;
+    std::vector<planner::DatasetField> fields;
+    std::vector<std::string> names;
+    Expected expected;
+    planner::FileCompression compression = planner::FileCompression::kNone;
+  };
+  const std::vector<Case> cases = {
+      {DatasetFormat::kWebDataset,
+       server.Url("/webdataset/shard-{000000..000001}.tar"),
+       {{"jpg", std::nullopt}, {"cls", formats::DType::kInt64}},
+       {"jpg", "cls"},
+       WebDatasetExpected({"shard-000000", "shard-000001"})},
+      {DatasetFormat::kMDS, server.Url("/mds/raw/"), mds_fields, {"image", "label", "tokens"}, MdsExpected("raw")},
+      {DatasetFormat::kMDS, server.Url("/mds/zstd/"), mds_fields, {"image", "label", "tokens"}, MdsExpected("zstd")},
+      {DatasetFormat::kTFRecord,
+       server.Url("/tfrecord/part-{00000..00002}.tfrecord"),
+       {{"image", std::nullopt},
+        {"label", formats::DType::kInt64, {}, {}, true},
+        {"input_ids", formats::DType::kInt64}},
+       {"image", "label", "input_ids"},
+       TfRecordExpected()},
+      {DatasetFormat::kTFRecord,
+       server.Url("/tfrecord/gzip/part-{00000..00002}.tfrecord.gz"),
+       {{"image", std::nullopt}, {"label", formats::DType::kInt64, {}, {}, true}, {"box", formats::DType::kFloat32}},
+       {"image", "label", "box"},
+       TfRecordExpected(),
+       planner::FileCompression::kGZIP},
+      {DatasetFormat::kParquet, server.Url("/parquet/rg25-plain-zstd-v2.parquet"), ParquetFields(), kParquetNames,
+       ParquetExpected(1)},
+      // A DatasetDict's split: its files from dataset_dict.json and test/state.json.
+      {DatasetFormat::kArrow, server.Url("/saved/tokens"), HubTokenFields(), kHubTokenNames,
+       SavedExpected("tokens", "test")}};
+  for (const Case& c : cases) {
+    for (int64_t processes : {4, 8}) {
+      SCOPED_TRACE(c.uri + " on " + std::to_string(processes) + " processes");
+      auto spec = RecordSpec(c.format, c.uri, c.fields, processes, 1, Strategy::kPerProcess);
+      spec.dataset.compression = c.compression;
+      if (c.format == DatasetFormat::kArrow) spec.dataset.split = "test";
+      // Parquet rows with a null column are left out (pyarrow's nulls).
+      if (c.format == DatasetFormat::kParquet) spec.dataset.missing_field = planner::MissingFieldPolicy::kSkip;
+      auto job = Resolve(spec);
+      ASSERT_OK(job);
+      ASSERT_EQ(job->samples, c.expected.size());
+      const int64_t two_epochs = static_cast<int64_t>(2 * c.expected.size() / 8 + 1);
+      ExpectStepsMatch(*job, LoadAll(*job, two_epochs), c.expected, c.names, 1);
+    }
+  }
+  EXPECT_GT(server.requests(), 0);
 }
 
 }  // namespace
