@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -628,13 +629,15 @@ Result<std::vector<planner::DatasetIndex::FileFacts>> ColumnarFacts(const planne
       pf.fields.push_back(std::move(*field));
     }
     pf.layout = formats::ParquetRecordLayout::Make(rooms);
+    // The chunks the fields need, each once (an Arrow batch's message is
+    // every field's).
+    std::set<int> leaves;
+    for (const formats::ParquetField& field : pf.fields) leaves.insert(field.leaves.begin(), field.leaves.end());
     for (const formats::ParquetRowGroup& g : footer->row_groups()) {
       planner::ParquetFile::RowGroup rg{g.first_row, g.rows, 0, 0};
-      for (const formats::ParquetField& field : pf.fields) {
-        for (int leaf : field.leaves) {
-          rg.chunk_bytes += g.columns[static_cast<size_t>(leaf)].bytes;
-          rg.decoded_bytes += g.columns[static_cast<size_t>(leaf)].uncompressed_bytes;
-        }
+      for (int leaf : leaves) {
+        rg.chunk_bytes += g.columns[static_cast<size_t>(leaf)].bytes;
+        rg.decoded_bytes += g.columns[static_cast<size_t>(leaf)].uncompressed_bytes;
       }
       pf.row_groups.push_back(rg);
     }

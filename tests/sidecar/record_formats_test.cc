@@ -1177,8 +1177,14 @@ TEST(SavedDataset, EachSplitIsWhatLoadFromDiskReadsOverTwoEpochsAndAResize) {
         EXPECT_EQ(f.path, kData + "/saved/" + folder + "/" + name);
         ASSERT_TRUE(f.parquet.has_value());
         std::vector<uint64_t> batches;
-        for (const planner::ParquetFile::RowGroup& g : f.parquet->row_groups) batches.push_back(g.rows);
+        uint64_t fetched = 0;  // a batch's message once, whatever the fields
+        for (const planner::ParquetFile::RowGroup& g : f.parquet->row_groups) {
+          batches.push_back(g.rows);
+          fetched += g.chunk_bytes;
+        }
         EXPECT_EQ(batches, doc["batches"][folder][name].get<std::vector<uint64_t>>()) << name;
+        EXPECT_LE(fetched, f.parquet->stored_size) << name;
+        EXPECT_GT(fetched, f.parquet->stored_size / 2) << name;
       }
       const int64_t steps = 2 * static_cast<int64_t>(expected.size()) / spec.batch.global_batch_size + 1;
       ExpectStepsMatch(*job, LoadAll(*job, steps), expected, c.names, 1);
