@@ -220,6 +220,34 @@ assert all(r["refetch"]==1.0 and r["fetchedBytesPerEpochAtCapacity"]==want for r
 assert s["Block"]["blockSize"]==13, s' "$want"
 check "plan --compare --json on Parquet: each shuffle fetches the 13 row groups' chunks once ($want bytes, as pyarrow's footers say)" $?
 
+# A DatasetDict save_to_disk wrote (format Arrow, split train): its record
+# batches stand for row groups, each batch's message fetched once, whatever
+# the fields (the batches and file sizes as pyarrow and the files say).
+cat >"$TMP/saved.yaml" <<EOF
+apiVersion: meshload.io/v1alpha1
+kind: DataLoadJob
+metadata: {name: saved}
+spec:
+  mesh: {axes: [{name: data, size: 1}], processes: 1, devicesPerProcess: 1}
+  strategy: PerProcess
+  dataset: {uri: "$ROOT/tests/formats/data/saved/tokens", format: Arrow, split: train, fields: [{name: input_ids, maxBytes: 92}, {name: text, maxBytes: 64}, {name: label}]}
+  batch: {globalBatchSize: 5}
+  shuffle: {mode: Global, seed: 3}
+EOF
+out=$("$BIN" plan -f "$TMP/saved.yaml" --compare 2>&1); rc=$?
+batches=$("$PY" -c 'import json,sys; e=json.load(open(sys.argv[1])); print(sum(len(v) for v in e["batches"]["tokens/train"].values()))' \
+  "$ROOT/tests/formats/data/saved/expected.json")
+[ $rc -eq 0 ] && grep -q "Arrow: one epoch of process 0 under each shuffle; a row's read decodes its whole row group ($batches in all)" <<<"$out"
+check "plan --compare on a save_to_disk dataset: its $batches record batches, each decoded by the shuffles" $?
+[ $rc -eq 0 ] || echo "$out" | tail -5
+size=$(cat "$ROOT"/tests/formats/data/saved/tokens/train/*.arrow | wc -c)
+"$BIN" plan -f "$TMP/saved.yaml" --compare --json |
+  "$PY" -c 'import json,sys
+p=json.load(sys.stdin)["parquet"]; s={r["shuffle"]: r for r in p["shuffles"]}; size=int(sys.argv[1]); n=int(sys.argv[2])
+assert p["rowGroups"]==n, p
+for m in ("None","Global"): assert s[m]["rowGroupsRead"]==n and size//2 < s[m]["fetchedBytesPerEpoch"] <= size, (size, s[m])' "$size" "$batches"
+check "plan --compare --json on a save_to_disk dataset: each shuffle fetches the batches' messages once (at most the files' $size bytes)" $?
+
 # docs/crd-reference.md's examples of dataset.format errors are what
 # meshload prints (the formats listed are every format).
 sed 's/    format: TokenStream/    format: npy/' "$JOB" >"$TMP/npy.yaml"
