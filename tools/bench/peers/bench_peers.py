@@ -59,6 +59,26 @@ The Megatron scenario's batches are ragged for meshload (meshload.Ragged:
 the documents' tokens back to back), lists of documents for the others;
 dataloader and grain, which read fixed-size samples, sit it out.
 
+The columnar scenarios (parquet-tokens-100-2048, saved-tokens-100-2048)
+are tokenized documents (input_ids of 100 to 2,048 int32 tokens, an int64
+label) written by Hugging Face datasets itself: Parquet files by
+Dataset.to_parquet, and the same rows by save_to_disk (Arrow streams).
+meshload reads them as they are (format Parquet, or Arrow; the fields
+input_ids and label; a global shuffle, decoded row groups kept within 2 GiB)
+and the peers are datasets' own:
+
+  hf-map       a map-style Dataset (load_from_disk; Dataset.from_parquet, which
+               converts the Parquet files into its Arrow cache before the timed
+               part) in Arrow format, a batch one take of a global shuffle's
+               indices, in a PyTorch DataLoader, best num_workers
+  hf-iterable  an IterableDataset (load_dataset("parquet", streaming=True);
+               the saved Dataset's to_iterable_dataset), this rank's share, a
+               1,000-row shuffle buffer, Arrow format, in a DataLoader, best
+               num_workers
+  grain-parquet (Parquet) Grain's ParquetIterDataset over this rank's files, a
+               1,000-row window shuffle, batched, Grain's multiprocess
+               prefetch, best worker count
+
 Datasets are 512 MiB (--quick: 128 MiB), read once into the page cache
 first. Each configuration of a peer is tried once (for half a run) and its
 best kept; then every loader runs --rounds times (default 3; --quick 1), for
@@ -92,13 +112,15 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from datasets import MiB, SCENARIOS, job_yaml, make_dataset, make_images, sample_view  # noqa: E402
+from scenarios import MiB, SCENARIOS, job_yaml, make_columnar, make_dataset, make_images, sample_view  # noqa: E402
 
 WORKER = os.path.join(HERE, "worker.py")
 TARGETS = {"tokens-u16-2048": 2.0, "fixed-4KiB": 2.0, "fixed-1MiB": 1.2, "megatron-docs-100-8000": 2.0,
            "wds-images-20-500KiB": 2.0, "mds-images-20-500KiB": 2.0, "mds-zstd-images-20-500KiB": 2.0,
-           "tfrecord-images-20-500KiB": 2.0, "tfrecord-gzip-images-20-500KiB": 2.0}
-PEERS = ("dataloader", "grain", "streaming", "megatron", "webdataset", "tfdata")
+           "tfrecord-images-20-500KiB": 2.0, "tfrecord-gzip-images-20-500KiB": 2.0, "parquet-tokens-100-2048": 2.0,
+           "saved-tokens-100-2048": 2.0}
+PEERS = ("dataloader", "grain", "streaming", "megatron", "webdataset", "tfdata", "hf-map", "hf-iterable",
+         "grain-parquet")
 
 
 def peers_of(scenario):
@@ -106,6 +128,8 @@ def peers_of(scenario):
     (variable-size documents) Megatron's own reader."""
     if scenario.format == "TFRecord":
         return ("tfdata",)
+    if scenario.columnar:
+        return ("hf-map", "hf-iterable") + (("grain-parquet",) if scenario.format == "Parquet" else ())
     if scenario.compression:
         return ("streaming",)
     if scenario.records:
@@ -196,9 +220,11 @@ class Runner:
                     # Compressed shards are decompressed into the block
                     # cache: a fresh one per run, as Streaming's local folder.
                     cache = ["--cache-dir", os.path.join(tmp, "cache%d" % p)] if scenario.compression else []
+                    # Columnar rows: the stopping log's column-chunk bytes (info).
+                    level = "info" if scenario.columnar else "warn"
                     sidecars.append(subprocess.Popen(
                         [self.args.sidecar, "--job", job, "--process", str(p), "--socket", sock, "--staging", "host",
-                         "--metrics-port", "0", "--log-level", "warn"] + cache, stdout=subprocess.DEVNULL, stderr=log))
+                         "--metrics-port", "0", "--log-level", level] + cache, stdout=subprocess.DEVNULL, stderr=log))
                     socks.append(sock)
             port = 29000 + (os.getpid() % 1000)
             procs_ = []
@@ -251,6 +277,12 @@ class Runner:
                     s.wait(20)
                 except subprocess.TimeoutExpired:
                     s.kill()
+            fetched = 0  # columnar: the column-chunk (batch message) bytes the sidecars fetched to decode groups
+            for p in range(len(sidecars)):
+                with open(os.path.join(tmp, "sidecar%d.log" % p), errors="replace") as f:
+                    for text in f:
+                        if '"parquet_chunk_bytes"' in text:
+                            fetched += json.loads(text).get("parquet_chunk_bytes", 0)
             shutil.rmtree(tmp, ignore_errors=True)
         total = sum(r["samples"] for r in results)
         elapsed = max(r["elapsed"] for r in results)
@@ -263,6 +295,8 @@ class Runner:
             "ttfb": max(r["ttfb"] for r in results),
             "cpu_per_gb": sum(r["loader_cpu"] for r in results) / gb,
             "peak_rss": sum(r["peak_rss"] for r in results),
+            # Bytes read from the files per byte delivered, over the whole run.
+            "amplification": fetched / max(1, sum(r["all_bytes"] for r in results)) if loader == "meshload" else None,
         }
 
 
@@ -276,6 +310,9 @@ def scenario_run(runner, scenario, procs, args):
         path, samples, images_mds = make_images(args.dir, scenario, size, args.meshload, args.tf_python)
         runner.wds = make_images(args.dir, SCENARIOS["wds-images-20-500KiB"], size, args.meshload)[0]
         data = os.path.join(os.path.dirname(runner.wds), "shard-000000.tar")
+    elif scenario.columnar:
+        path, samples = make_columnar(args.dir, scenario, size)
+        data = os.path.join(path, sorted(n for n in os.listdir(path) if n.endswith((".parquet", ".arrow")))[0])
     else:
         path, samples = make_dataset(args.dir, scenario, size)
         data = path + ".bin" if scenario.variable else path  # the bytes (a Megatron path is the prefix)
@@ -288,6 +325,8 @@ def scenario_run(runner, scenario, procs, args):
         if scenario.compression:
             dirs = [("tfrecord-" if scenario.format == "TFRecord" else "mds-") + scenario.compression.lower()]
         warm = [os.path.join(base, d, n) for d in dirs for n in sorted(os.listdir(os.path.join(base, d)))]
+    if scenario.columnar:
+        warm = [os.path.join(path, n) for n in sorted(os.listdir(path))]
     for name in warm:
         with open(name, "rb") as f:  # into the page cache
             while f.read(64 * MiB):
@@ -295,19 +334,23 @@ def scenario_run(runner, scenario, procs, args):
     copy_gbs, read_gbs = ceilings(data, os.path.getsize(data))
     name = scenario.name + ("-%dproc" % procs if procs > 1 else "")
     print("\n== %s: %d samples x %s B, global batch %d, %.0f s per run, %d trainer(s)"
-          % (name, samples, ("%d..%d" % (2 * scenario.min_tokens, 2 * scenario.max_tokens)) if scenario.variable
+          % (name, samples, ("%d..%d" % (4 * scenario.min_tokens + 8, 4 * scenario.max_tokens + 8))
+             if scenario.columnar
+             else ("%d..%d" % (2 * scenario.min_tokens, 2 * scenario.max_tokens)) if scenario.variable
              else ("%d..%d" % (scenario.min_bytes, scenario.max_bytes)) if scenario.records
              else scenario.sample_bytes, scenario.batch, seconds, procs), flush=True)
     print("  ceilings (1 thread): memcpy %.2f GB/s, page-cache read %.2f GB/s" % (copy_gbs, read_gbs))
     if scenario.records:
         mds = images_mds
+    elif scenario.columnar:
+        mds = None
     else:
         mds = write_mds(args.dir, scenario, path) if "streaming" in args.loaders else None
 
     configs = []  # (label, loader, workers, consumer)
     if "meshload" in args.loaders:
         configs.append(("meshload", "meshload", 0, "numpy"))
-        if not args.no_jax and not scenario.variable and not scenario.records:
+        if not args.no_jax and not scenario.variable and not scenario.records and not scenario.columnar:
             configs.append(("meshload-jax", "meshload", 0, "jax"))
     worker_choices = (0, 2) if args.quick else (0, 1, 2, 4)
     for peer in peers_of(scenario):
@@ -322,7 +365,7 @@ def scenario_run(runner, scenario, procs, args):
                 best, best_rate = w, r["rate"]
         print("  %s workers tried (samples/s): %s -> %d" % (peer, ", ".join(tried), best), flush=True)
         configs.append(("%s (%d workers)" % (peer, best), peer, best, "numpy"))
-    if "numpy" in args.loaders and not scenario.records:
+    if "numpy" in args.loaders and not scenario.records and not scenario.columnar:
         configs.append(("numpy memmap loop", "numpy", 0, "numpy"))
 
     rounds = {label: [] for label, *_ in configs}
@@ -341,6 +384,10 @@ def scenario_run(runner, scenario, procs, args):
               % (label, m["rate"], m["gbs"], fmt_s(m["wait_p50"]), fmt_s(m["wait_p99"]), fmt_s(m["ttfb"]),
                  m["cpu_per_gb"], m["peak_rss"] / MiB, ", ".join("%.0f" % x["rate"] for x in rounds[label])),
               flush=True)
+    if scenario.columnar and figures.get("meshload", {}).get("amplification") is not None:
+        print("  meshload read amplification: %.3f (column-chunk bytes fetched per byte delivered, over a run of "
+              "several epochs: each row group decoded once and kept); hf-map reads each row's bytes in place, "
+              "hf-iterable and grain-parquet every file once an epoch (about 1)" % figures["meshload"]["amplification"])
     peers = {k: v for k, v in figures.items() if k.split(" ")[0] in PEERS}
     line = None
     if "meshload" in figures and peers:
@@ -358,7 +405,8 @@ def scenario_run(runner, scenario, procs, args):
 
 def versions(tf_python=None):
     out = ["python %s" % platform.python_version()]
-    for mod in ("numpy", "torch", "grain", "streaming", "megatron.core", "webdataset", "jax", "meshload"):
+    for mod in ("numpy", "torch", "grain", "streaming", "megatron.core", "webdataset", "datasets", "pyarrow", "jax",
+                "meshload"):
         try:
             m = importlib.import_module(mod)
             out.append("%s %s" % (mod, getattr(m, "__version__", "?")))
@@ -380,7 +428,8 @@ def main():
     ap.add_argument("--only", help="one scenario: " + ", ".join(SCENARIOS))
     ap.add_argument("--procs", default="1,2", help="trainer process counts (default 1,2)")
     ap.add_argument("--rounds", type=int)
-    ap.add_argument("--loaders", default="meshload,dataloader,grain,streaming,megatron,webdataset,tfdata,numpy")
+    ap.add_argument("--loaders",
+                    default="meshload,dataloader,grain,streaming,megatron,webdataset,tfdata,hf-map,hf-iterable,grain-parquet,numpy")
     ap.add_argument("--no-jax", action="store_true", help="leave out meshload's JAX consumer")
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "meshload-bench-peers"))
     ap.add_argument("--meshload", help="the meshload CLI (default: beside the sidecar's build tree)")

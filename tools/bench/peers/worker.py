@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from datasets import SCENARIOS, sample_view  # noqa: E402
+from scenarios import SCENARIOS, sample_view  # noqa: E402
 
 
 def clock_ticks():
@@ -364,12 +364,133 @@ def streaming_loader(cfg, view):
             yield b
 
 
+def columnar_files(cfg):
+    """The columnar scenario's files: the Parquet files, or the saved Dataset's Arrow files."""
+    import glob
+
+    scenario = SCENARIOS[cfg["scenario"]]
+    return sorted(glob.glob(os.path.join(cfg["path"], "*.parquet" if scenario.format == "Parquet" else "*.arrow")))
+
+
+def arrow_batch(table):
+    """A batch of rows (a pyarrow Table) as the trainer reads it: the
+    input_ids' tokens back to back and the labels."""
+    ids = table.column("input_ids").combine_chunks()
+    values = ids.values.to_numpy(zero_copy_only=False)
+    labels = table.column("label").to_numpy()
+    return Ragged([values, labels], table.num_rows)
+
+
+def hf_map_loader(cfg, view):
+    """Hugging Face datasets' map-style Dataset in a PyTorch DataLoader: the
+    saved Dataset by load_from_disk, the Parquet files by Dataset.from_parquet
+    (which converts them into its Arrow cache first, outside the timed
+    part), in Arrow format (no per-row Python objects), a batch gathered by
+    one take of a global shuffle's indices. Best num_workers."""
+    import datasets
+
+    scenario = SCENARIOS[cfg["scenario"]]
+    if scenario.format == "Arrow":
+        ds = datasets.load_from_disk(cfg["path"])
+    else:
+        ds = datasets.Dataset.from_parquet(columnar_files(cfg), cache_dir=os.path.join(cfg["barrier"], "hf-cache"))
+    ds = ds.with_format("arrow")
+
+    class Rows:
+        def __len__(self):
+            return len(ds)
+
+        def __getitem__(self, i):
+            return ds[i]
+
+        def __getitems__(self, idx):
+            return arrow_batch(ds[idx])
+
+    dl = batched_dataloader(cfg, Rows(), len(ds))
+    while True:
+        for b in dl:
+            yield b
+
+
+def hf_iterable_loader(cfg, view):
+    """Hugging Face datasets' IterableDataset, as its docs stream a dataset:
+    the Parquet files read as they are (load_dataset("parquet",
+    streaming=True)) or the saved Dataset's to_iterable_dataset, this rank's
+    share (split_dataset_by_node), a 1,000-row shuffle buffer, Arrow format,
+    batched in a DataLoader. Best num_workers."""
+    import datasets
+    from datasets.distributed import split_dataset_by_node
+    from torch.utils.data import DataLoader
+
+    scenario = SCENARIOS[cfg["scenario"]]
+    files = columnar_files(cfg)
+    if scenario.format == "Arrow":
+        ds = datasets.load_from_disk(cfg["path"]).to_iterable_dataset(num_shards=len(files) * 8)
+    else:
+        ds = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+    ds = split_dataset_by_node(ds, rank=cfg["rank"], world_size=cfg["procs"])
+    ds = ds.shuffle(seed=cfg["seed"], buffer_size=1000).with_format("arrow")
+    per = cfg["batch"] // cfg["procs"]
+    workers = cfg["workers"]
+    dl = DataLoader(ds, batch_size=per, collate_fn=lambda rows: arrow_batch(__import__("pyarrow").concat_tables(rows)),
+                    num_workers=workers, persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
+                    drop_last=True)
+    epoch = 0
+    while True:
+        ds.set_epoch(epoch)
+        epoch += 1
+        for b in dl:
+            yield b
+
+
+def _rows_batch(rows):
+    """A Grain batch of Parquet rows (dicts of NumPy values): the tokens back
+    to back, the labels, the count (plain arrays: it crosses processes)."""
+    return (np.concatenate([np.asarray(r["input_ids"], dtype=np.int32) for r in rows]),
+            np.array([r["label"] for r in rows], dtype=np.int64), len(rows))
+
+
+def grain_parquet_loader(cfg, view):
+    """Grain's Parquet source (grain.experimental.ParquetIterDataset: a file
+    read row group by row group through pyarrow), this rank's files
+    interleaved, a 1,000-row window shuffle, batched; with workers, Grain's
+    multiprocess prefetch (a slice of the files each). Best worker count."""
+    import grain.python as grain
+    from grain import experimental as gx
+    from absl import flags as absl_flags
+
+    if not absl_flags.FLAGS.is_parsed():
+        absl_flags.FLAGS.mark_as_parsed()
+    files = columnar_files(cfg)[cfg["rank"]::cfg["procs"]]
+    per = cfg["batch"] // cfg["procs"]
+    epoch = 0
+    while True:
+        ds = gx.ParquetIterDataset(files)  # interleaved, at most 16 at a time
+        ds = gx.WindowShuffleIterDataset(ds, window_size=1000, seed=cfg["seed"] + epoch)
+        ds = ds.batch(per, drop_remainder=True, batch_fn=_rows_batch)
+        if cfg["workers"]:
+            # Each worker reads a slice of the files.
+            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg["workers"]))
+        for values, labels, n in ds:
+            yield Ragged([values, labels], n)
+        epoch += 1
+
+
 def meshload_loader(cfg, view):
     """meshload: this process's sidecar (started by the driver), the Python
     client, the batch viewed in place (NumPy) or imported into JAX."""
     import meshload
 
     client = meshload.Client(cfg["socket"])
+    if SCENARIOS[cfg["scenario"]].columnar:
+        # Named fields: the input_ids (a meshload.Ragged: the tokens back to
+        # back) and the labels (an int64 Tensor), viewed in place.
+        while True:
+            b = client.next()
+            d = b.tensors[0]
+            ids, label = d["input_ids"], d["label"]
+            yield Ragged([np.from_dlpack(ids.values), np.from_dlpack(label)], ids.samples)
+            del b, d, ids, label
     if SCENARIOS[cfg["scenario"]].records:
         # Named fields: the images' bytes (a meshload.Ragged's values) and
         # the classes (an int64 Tensor; a TFRecord int64 list is a Ragged),
@@ -412,6 +533,9 @@ class Ragged:
 
 
 LOADERS = {
+    "hf-map": hf_map_loader,
+    "hf-iterable": hf_iterable_loader,
+    "grain-parquet": grain_parquet_loader,
     "webdataset": webdataset_loader,
     "megatron": megatron_loader,
     "numpy": numpy_loader,
@@ -455,6 +579,7 @@ def main():
     child_cpu0 = {p: proc_cpu(p) for p in child_pids(me)}
     loader_cpu0 = {p: proc_cpu(p) for p in loader_pids}
     consumer.cpu = 0.0
+    untimed_bytes = consumer.bytes  # the first batch's
     consumer.bytes = 0
     # Runs for `seconds` (and at least `min_steps` steps): fast and slow
     # loaders get measured over the same stretch of time.
@@ -491,6 +616,7 @@ def main():
     print(json.dumps({
         "samples": steps * per,
         "bytes": timed_bytes,
+        "all_bytes": untimed_bytes + consumer.bytes,  # every batch this trainer read, the untimed ones too
         "elapsed": end - first,
         "wait_p50": waits[len(waits) // 2],
         "wait_p99": waits[min(len(waits) - 1, int(len(waits) * 0.99))],

@@ -11,7 +11,10 @@ written by webdataset's TarWriter (with Energon's .tar.idx), by Streaming's
 MDSWriter (raw shards, and shards compressed with zstd) and by TensorFlow's
 TFRecordWriter (tf.train.Example records, with DALI's tfrecord2idx index,
 which `meshload index` writes), the same samples in each; meshload reads the
-one the scenario names.
+one the scenario names. The columnar scenarios' rows (a tokenized document's
+input_ids, 100 to 2,048 int32 tokens, and an int64 label) are written by
+Hugging Face `datasets` itself: Parquet files by Dataset.to_parquet (what the
+Hub serves) and a Dataset's folder by save_to_disk (Arrow IPC streams).
 """
 
 import os
@@ -37,6 +40,11 @@ class Scenario:
     compression: str = ""  # MDS: the shards' codec ("" for raw shards); TFRecord: GZIP or ZLIB
 
     @property
+    def columnar(self):
+        """Parquet and Arrow: rows of input_ids (min_tokens..max_tokens int32) and a label."""
+        return self.format in ("Parquet", "Arrow")
+
+    @property
     def variable(self):
         return self.format == "MegatronIndexed"
 
@@ -46,7 +54,7 @@ class Scenario:
         return self.format in ("WebDataset", "MDS", "TFRecord")
 
     def samples_in(self, dataset_bytes):
-        if self.variable or self.records:
+        if self.variable or self.records or self.columnar:
             return dataset_bytes // self.sample_bytes
         if self.format == "FixedRecord":
             return dataset_bytes // self.record_bytes
@@ -76,6 +84,10 @@ SCENARIOS = {
                  max_bytes=500 * 1024),
         Scenario("tfrecord-gzip-images-20-500KiB", "TFRecord", sample_bytes=260 * 1024, batch=32,
                  min_bytes=20 * 1024, max_bytes=500 * 1024, compression="GZIP"),
+        Scenario("parquet-tokens-100-2048", "Parquet", sample_bytes=4 * 1074 + 8, batch=32, min_tokens=100,
+                 max_tokens=2048),
+        Scenario("saved-tokens-100-2048", "Arrow", sample_bytes=4 * 1074 + 8, batch=32, min_tokens=100,
+                 max_tokens=2048),
     )
 }
 
@@ -162,6 +174,42 @@ def make_images(root, scenario, dataset_bytes, meshload, tf_python=None):
         return tfr_pattern, samples, None
     mds = zstd_dir if scenario.compression else mds_dir
     return mds, samples, mds
+
+
+def make_columnar(root, scenario, dataset_bytes):
+    """The columnar scenarios' rows, written by Hugging Face datasets unless
+    they are there: Parquet files of about 64 MiB (at least 8) by
+    Dataset.to_parquet (its default row groups), and the same rows saved by
+    save_to_disk in as many Arrow streams. Returns (the Parquet folder or the saved
+    Dataset's folder, rows)."""
+    samples = scenario.samples_in(dataset_bytes)
+    base = os.path.join(root, "columnar-tokens")
+    pq_dir, saved_dir = os.path.join(base, "parquet"), os.path.join(base, "saved")
+    # At least 8 files: Grain's Parquet reader gives each worker whole files.
+    shards = max(8, samples * 4 * (scenario.min_tokens + scenario.max_tokens) // 2 // (64 * MiB))
+    done = os.path.join(base, ".complete-%d-%d" % (samples, shards))
+    if not os.path.exists(done):
+        import shutil
+
+        import pyarrow as pa
+        from datasets import Dataset
+
+        shutil.rmtree(base, ignore_errors=True)
+        os.makedirs(pq_dir)
+        rng = np.random.default_rng(2027)
+        lengths = rng.integers(scenario.min_tokens, scenario.max_tokens + 1, size=samples)
+        offsets = np.zeros(samples + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        values = rng.integers(0, 50000, size=int(offsets[-1]), dtype=np.int32)
+        table = pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)),
+                          "label": pa.array(rng.integers(0, 1000, size=samples), pa.int64())})
+        ds = Dataset(table)
+        for k in range(shards):
+            ds.shard(num_shards=shards, index=k, contiguous=True).to_parquet(
+                os.path.join(pq_dir, "train-%05d-of-%05d.parquet" % (k, shards)))
+        ds.save_to_disk(saved_dir, num_shards=shards)
+        open(done, "w").close()
+    return (pq_dir if scenario.format == "Parquet" else saved_dir), samples
 
 
 class Records:
@@ -258,7 +306,7 @@ def sample_view(path, scenario, samples=0):
     MegatronIndexed: a DocumentView)."""
     if scenario.variable:
         return DocumentView(path)
-    if scenario.records:
+    if scenario.records or scenario.columnar:
         return Records(samples)
     mm = np.memmap(path, dtype=np.uint8, mode="r")
     if scenario.format == "FixedRecord":
@@ -275,6 +323,11 @@ def job_yaml(name, path, scenario, processes, prefetch=4, seed=1):
         fmt = "recordBytes: %d" % scenario.record_bytes
     elif scenario.variable:
         fmt = "dtype: uint16"
+    elif scenario.columnar:
+        # Decoded row groups (batches) kept: twice the rows' bytes, so a
+        # global shuffle decodes each once an epoch.
+        fmt = ("fields: [{name: input_ids, dtype: int32, maxBytes: %d}, {name: label, dtype: int64}], "
+               "cache: {capacityBytes: %d}" % (4 * scenario.max_tokens, 2 * (1 << 30)))
     elif scenario.records:
         fmt = "fields: [{name: jpg}, {name: cls, dtype: int64}]"
         if scenario.format == "TFRecord" and scenario.compression:
