@@ -112,7 +112,11 @@ def png(i):
 
 
 def expected(root, name, split):
-    ds = load_dataset(root, name=name, split=split)
+    return rows_of(load_dataset(root, name=name, split=split))
+
+
+def rows_of(ds):
+    """What each row of `ds` holds, as expected.json writes it."""
     if "image" in ds.features:
         ds = ds.cast_column("image", Image(decode=False))
     rows = []

@@ -25,7 +25,6 @@ in order: input_ids, text (hex of its UTF-8), label, image bytes (hex); and
 per Arrow file, its record batches' row counts (pyarrow's stream reader).
 """
 
-import io
 import json
 import os
 import shutil
@@ -33,46 +32,10 @@ import sys
 
 import datasets
 import pyarrow as pa
-from datasets import Dataset, DatasetDict, Features, Image, List, Value, load_from_disk
-from PIL import Image as PILImage
+from datasets import Dataset, DatasetDict, Features, Image, Value, load_from_disk
 
-
-def tokens_rows(n, seed):
-    rows = {"input_ids": [], "text": [], "label": []}
-    for i in range(n):
-        k = (i * 7 + seed) % 23
-        rows["input_ids"].append([(i * 131 + j * 17 + seed) % 50000 for j in range(k)])
-        rows["text"].append(f"document {seed}-{i} " + "é" * (i % 4) + "x" * (i % 11))
-        rows["label"].append((i + seed) % 5)
-    return rows
-
-
-TOKENS = Features({"input_ids": List(Value("int32")), "text": Value("string"), "label": Value("int64")})
-
-
-def png(i):
-    img = PILImage.new("RGB", (3 + i, 2 + i % 3), (i * 40 % 256, 100, 200 - i * 20))
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def rows_of(ds):
-    if "image" in ds.features:
-        ds = ds.cast_column("image", Image(decode=False))
-    rows = []
-    for r in ds:
-        row = {}
-        if "input_ids" in r:
-            row["input_ids"] = r["input_ids"]
-        if "text" in r:
-            row["text"] = r["text"].encode("utf-8").hex()
-        if "label" in r:
-            row["label"] = r["label"]
-        if "image" in r:
-            row["image"] = r["image"]["bytes"].hex()
-        rows.append(row)
-    return rows
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from write_hub_fixtures import TOKENS, png, rows_of, tokens_rows  # noqa: E402  (the Hub fixtures' rows)
 
 
 def batches_of(folder):

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "formats/parquet.h"
+#include "tests/fuzz/columnar_groups.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshload::formats;
@@ -47,19 +48,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (fields.empty() || rows > (1u << 16)) return 0;
   const std::vector<ParquetBytes> bytes = {{0, file, nullptr}};
-  for (size_t g = 0; g < footer->row_groups().size() && g < 8; ++g) {
-    auto values = ParquetRowGroupValues::Decode(*footer, static_cast<int>(g), fields, bytes);
-    if (!values.ok()) continue;
-    if (values->rows() != footer->row_groups()[g].rows) __builtin_trap();
-    uint64_t sum = 0;
-    for (uint64_t r = 0; r < values->rows(); ++r) {
-      for (size_t f = 0; f < fields.size(); ++f) {
-        auto v = values->Value(f, r);
-        if (v && !v->empty()) sum += static_cast<unsigned char>((*v)[0]) + static_cast<unsigned char>(v->back());
-        if (v && !fields[f].ragged() && v->size() != fields[f].row_bytes()) __builtin_trap();
-      }
-    }
-    if (sum == UINT64_MAX) __builtin_trap();
-  }
+  meshload::fuzz::CheckDecodedGroups(*footer, fields, bytes);
   return 0;
 }

@@ -980,10 +980,12 @@ TEST(Parquet, TheFetchEstimateIsWhatTheRowSourceDecodes) {
 // A Hugging Face Hub repository's split, as `datasets.load_dataset` read
 // it (tests/formats/data/hub/expected.json): per row input_ids (int32),
 // text, label (int64) and image bytes, as the sidecar stages them.
-Expected HubExpected(const std::string& repo, const std::string& config, const std::string& split) {
+// Rows as the fixture writers of Hugging Face datasets wrote them
+// (input_ids, text in hex, label, image bytes in hex), as the sidecar
+// stages them.
+Expected DatasetsRows(const Json& rows) {
   Expected out;
-  const Json doc = Json::parse(Slurp(kData + "/hub/expected.json"));
-  for (const Json& row : doc["repositories"][repo][config][split]) {
+  for (const Json& row : rows) {
     std::map<std::string, std::string> fields;
     if (row.contains("input_ids")) {
       std::string ids;
@@ -996,6 +998,10 @@ Expected HubExpected(const std::string& repo, const std::string& config, const s
     out.push_back(std::move(fields));
   }
   return out;
+}
+
+Expected HubExpected(const std::string& repo, const std::string& config, const std::string& split) {
+  return DatasetsRows(Json::parse(Slurp(kData + "/hub/expected.json"))["repositories"][repo][config][split]);
 }
 
 std::vector<planner::DatasetField> HubTokenFields() {
@@ -1111,21 +1117,7 @@ TEST(HubRepository, ASplitConfigOrCardItCannotReadIsAnErrorNamingTheRepositoryAn
 // A dataset that datasets' save_to_disk wrote, as load_from_disk read it
 // (tests/formats/data/saved/expected.json; split "" for a Dataset).
 Expected SavedExpected(const std::string& dataset, const std::string& split) {
-  Expected out;
-  const Json doc = Json::parse(Slurp(kData + "/saved/expected.json"));
-  for (const Json& row : doc["saved"][dataset][split]) {
-    std::map<std::string, std::string> fields;
-    if (row.contains("input_ids")) {
-      std::string ids;
-      for (const Json& t : row["input_ids"]) ids += Bytes(t.get<int32_t>());
-      fields["input_ids"] = ids;
-    }
-    if (row.contains("text")) fields["text"] = Unhex(row["text"].get<std::string>());
-    if (row.contains("label")) fields["label"] = Bytes(row["label"].get<int64_t>());
-    if (row.contains("image")) fields["image.bytes"] = Unhex(row["image"].get<std::string>());
-    out.push_back(std::move(fields));
-  }
-  return out;
+  return DatasetsRows(Json::parse(Slurp(kData + "/saved/expected.json"))["saved"][dataset][split]);
 }
 
 planner::JobSpec SavedSpec(const std::string& uri, const std::string& split, std::vector<planner::DatasetField> fields,
