@@ -1015,6 +1015,15 @@ std::vector<planner::DatasetField> HubTokenFields() {
 }
 const std::vector<std::string> kHubTokenNames = {"input_ids", "text", "label"};
 
+// The Image feature's bytes (a PNG of at most 1 KiB here) and the label.
+std::vector<planner::DatasetField> ImageFields() {
+  std::vector<planner::DatasetField> f(2);
+  f[0].name = "image.bytes";
+  f[0].max_bytes = 1024;
+  f[1].name = "label";
+  return f;
+}
+
 planner::JobSpec HubSpec(const std::string& repo, const std::string& split, const std::string& config,
                          std::vector<planner::DatasetField> fields, int64_t processes) {
   planner::JobSpec spec =
@@ -1034,10 +1043,7 @@ TEST(HubRepository, EachSplitIsWhatLoadDatasetReadsOverTwoEpochsAndAResize) {
     std::vector<std::string> names;
     size_t files;
   };
-  std::vector<planner::DatasetField> image(2);
-  image[0].name = "image.bytes";
-  image[0].max_bytes = 1024;
-  image[1].name = "label";
+  const std::vector<planner::DatasetField> image = ImageFields();
   const std::vector<Case> cases = {
       {"tokens", "", "train", "default", HubTokenFields(), kHubTokenNames, 3},
       {"tokens", "", "test", "default", HubTokenFields(), kHubTokenNames, 1},
@@ -1139,10 +1145,7 @@ TEST(SavedDataset, EachSplitIsWhatLoadFromDiskReadsOverTwoEpochsAndAResize) {
     std::vector<std::string> names;
     size_t files;
   };
-  std::vector<planner::DatasetField> image(2);
-  image[0].name = "image.bytes";
-  image[0].max_bytes = 1024;
-  image[1].name = "label";
+  const std::vector<planner::DatasetField> image = ImageFields();
   const std::vector<Case> cases = {
       {"tokens", "train", HubTokenFields(), kHubTokenNames, 3},
       {"tokens", "test", HubTokenFields(), kHubTokenNames, 1},
