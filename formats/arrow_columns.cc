@@ -198,18 +198,20 @@ struct ParquetRowGroupValues::Column {
           return static_cast<const arrow::FixedSizeBinaryArray&>(a).GetView(i);
         return ElementsOf(a, i, i + 1);
       case ParquetValueKind::kList: {
+        // The list's values by reference: a shared_ptr copied for every
+        // row would bounce its count between the threads reading the group.
         int64_t from = 0, to = 0;
-        std::shared_ptr<arrow::Array> values;
+        const arrow::Array* values = nullptr;
         if (a.type_id() == arrow::Type::LIST) {
           const auto& l = static_cast<const arrow::ListArray&>(a);
           from = l.value_offset(i);
           to = l.value_offset(i + 1);
-          values = l.values();
+          values = l.values().get();
         } else {
           const auto& l = static_cast<const arrow::LargeListArray&>(a);
           from = l.value_offset(i);
           to = l.value_offset(i + 1);
-          values = l.values();
+          values = l.values().get();
         }
         return ElementsOf(*values, from, to);
       }
