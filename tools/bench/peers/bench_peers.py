@@ -10,7 +10,10 @@ files, the same global batch and sample size, with a global shuffle, are fed
 into trainer processes (tools/bench/peers/worker.py) that read every byte of
 every batch, through:
 
-  meshload     a sidecar per trainer (host staging) and the Python client,
+  meshload     a sidecar per trainer (host staging; its staging threads
+               tried at 1 and 2 as the peers' workers are, the faster kept:
+               on cores it shares with the trainer a second thread can cost
+               the trainer more than it adds) and the Python client,
                consumed as NumPy (meshload) and as JAX arrays (meshload-jax)
   dataloader   PyTorch DataLoader over a memory-mapped map-style dataset
                (batched __getitems__, persistent workers), best num_workers
@@ -222,9 +225,12 @@ class Runner:
                     cache = ["--cache-dir", os.path.join(tmp, "cache%d" % p)] if scenario.compression else []
                     # Columnar rows: the stopping log's column-chunk bytes (info).
                     level = "info" if scenario.columnar else "warn"
+                    # `workers`: the sidecar's staging threads (0: its default).
+                    threads = ["--staging-threads", str(workers)] if workers else []
                     sidecars.append(subprocess.Popen(
                         [self.args.sidecar, "--job", job, "--process", str(p), "--socket", sock, "--staging", "host",
-                         "--metrics-port", "0", "--log-level", level] + cache, stdout=subprocess.DEVNULL, stderr=log))
+                         "--metrics-port", "0", "--log-level", level] + cache + threads, stdout=subprocess.DEVNULL,
+                        stderr=log))
                     socks.append(sock)
             port = 29000 + (os.getpid() % 1000)
             procs_ = []
@@ -347,11 +353,20 @@ def scenario_run(runner, scenario, procs, args):
     else:
         mds = write_mds(args.dir, scenario, path) if "streaming" in args.loaders else None
 
-    configs = []  # (label, loader, workers, consumer)
+    configs = []  # (label, loader, workers (meshload: staging threads), consumer)
     if "meshload" in args.loaders:
-        configs.append(("meshload", "meshload", 0, "numpy"))
+        # Its staging threads tuned as the peers' workers are.
+        best, best_rate = None, -1.0
+        tried = []
+        for t in (1, 2):
+            r = runner.run("meshload", scenario, path, procs, tune_seconds, workers=t, mds=mds, samples=samples)
+            tried.append("%d: %.0f/s" % (t, r["rate"]))
+            if r["rate"] > best_rate:
+                best, best_rate = t, r["rate"]
+        print("  meshload staging threads tried (samples/s): %s -> %d" % (", ".join(tried), best), flush=True)
+        configs.append(("meshload", "meshload", best, "numpy"))
         if not args.no_jax and not scenario.variable and not scenario.records and not scenario.columnar:
-            configs.append(("meshload-jax", "meshload", 0, "jax"))
+            configs.append(("meshload-jax", "meshload", best, "jax"))
     worker_choices = (0, 2) if args.quick else (0, 1, 2, 4)
     for peer in peers_of(scenario):
         if peer not in args.loaders:
