@@ -23,7 +23,7 @@ const json* Member(const json& j, const char* key, json::value_t type) {
 
 }  // namespace
 
-AdmissionAnswer ReviewPodAdmission(std::string_view body, const JobLookup& jobs, const InjectorOptions& options) {
+AdmissionAnswer ReviewAdmission(std::string_view body, const JobLookup& jobs, const InjectorOptions& options) {
   if (body.size() > kMaxAdmissionReviewBytes) {
     return BadRequest("the body is " + std::to_string(body.size()) + " bytes, more than " +
                       std::to_string(kMaxAdmissionReviewBytes));
@@ -45,10 +45,14 @@ AdmissionAnswer ReviewPodAdmission(std::string_view body, const JobLookup& jobs,
   std::string outcome = "unchanged";
   const json* req_kind = Member(*request, "kind", json::value_t::object);
   const json* operation = Member(*request, "operation", json::value_t::string);
-  const bool pod = req_kind && Member(*req_kind, "kind", json::value_t::string) && (*req_kind)["kind"] == "Pod" &&
-                   Member(*req_kind, "group", json::value_t::string) && (*req_kind)["group"] == "";
+  auto is = [&](const char* group, const char* kind) {
+    return req_kind && Member(*req_kind, "kind", json::value_t::string) && (*req_kind)["kind"] == kind &&
+           Member(*req_kind, "group", json::value_t::string) && (*req_kind)["group"] == group;
+  };
+  const bool pod = is("", "Pod");
+  const bool job = is("batch", "Job");
   const json* sub = Member(*request, "subResource", json::value_t::string);
-  if (pod && operation && *operation == "CREATE" && (!sub || sub->get_ref<const std::string&>().empty())) {
+  if ((pod || job) && operation && *operation == "CREATE" && (!sub || sub->get_ref<const std::string&>().empty())) {
     const json* object = Member(*request, "object", json::value_t::object);
     if (!object) return BadRequest("request.object is not an object");
     const json* ns = Member(*request, "namespace", json::value_t::string);
@@ -58,7 +62,8 @@ AdmissionAnswer ReviewPodAdmission(std::string_view body, const JobLookup& jobs,
       const json* mns = md ? Member(*md, "namespace", json::value_t::string) : nullptr;
       if (mns) pod_ns = mns->get<std::string>();
     }
-    Decision d = InjectSidecar(*object, pod_ns, jobs, options);
+    Decision d =
+        pod ? InjectSidecar(*object, pod_ns, jobs, options) : InjectJobTemplate(*object, pod_ns, jobs, options);
     outcome = d.outcome;
     if (!d.allowed) {
       response["allowed"] = false;

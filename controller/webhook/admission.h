@@ -1,15 +1,16 @@
 /// \file
 /// AdmissionReview v1 for the sidecar injector: decodes the API server's
-/// request, asks InjectSidecar, and encodes the response.
+/// request, asks InjectSidecar (a Pod) or InjectJobTemplate (a batch/v1
+/// Job), and encodes the response.
 ///
-///   AdmissionAnswer a = ReviewPodAdmission(body, lookup, options);
+///   AdmissionAnswer a = ReviewAdmission(body, lookup, options);
 ///   // HTTP a.http_status with a.body (application/json); a.outcome for metrics
 ///
 /// Bad input never crashes and never admits by accident: a body that is not
 /// JSON, not an AdmissionReview v1, larger than kMaxAdmissionReviewBytes or
 /// without request.uid is answered HTTP 400 with a message naming what is
 /// wrong (the API server then applies the webhook's failurePolicy). A request
-/// for anything but a Pod CREATE is allowed unchanged.
+/// for anything but a Pod or Job CREATE is allowed unchanged.
 ///
 /// Thread safety: pure function (the lookup must be thread-safe).
 #pragma once
@@ -32,6 +33,6 @@ struct AdmissionAnswer {
   std::string outcome;  // injected, unchanged, refused, bad_request
 };
 
-AdmissionAnswer ReviewPodAdmission(std::string_view body, const JobLookup& jobs, const InjectorOptions& options);
+AdmissionAnswer ReviewAdmission(std::string_view body, const JobLookup& jobs, const InjectorOptions& options);
 
 }  // namespace meshload::controller::webhook

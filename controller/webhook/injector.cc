@@ -64,14 +64,24 @@ bool HasNamed(const json& spec, const char* list, const std::string& name) {
   return false;
 }
 
-}  // namespace
+// A pod, or the pod template of a workload: its metadata and spec, how
+// messages name it, where it is in the object (the JSON Pointer of the
+// patch's paths: "" for a pod), and whether its pods are an Indexed Job's.
+struct Target {
+  const json& md;
+  const json& spec;
+  std::string what;
+  std::string at;
+  bool indexed = false;
+};
 
-Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& jobs, const InjectorOptions& options) {
-  const json& md = Field(pod, "metadata");
-  const json& spec = Field(pod, "spec");
+std::string NameOf(const json& md) { return Str(md, "name").empty() ? Str(md, "generateName") + "*" : Str(md, "name"); }
+
+Decision InjectInto(const Target& t, const std::string& ns, const JobLookup& jobs, const InjectorOptions& options) {
+  const json& md = t.md;
+  const json& spec = t.spec;
+  const std::string& what = t.what;
   const std::string job_name = Str(Field(md, "labels"), kJobLabel);
-  const std::string pod_name = Str(md, "name").empty() ? Str(md, "generateName") + "*" : Str(md, "name");
-  const std::string what = "pod " + ns + "/" + pod_name;
   if (job_name.empty()) return Unchanged();
   const std::string job_ref = "DataLoadJob " + ns + "/" + job_name + " (label " + kJobLabel + ")";
 
@@ -106,10 +116,11 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   }
   const planner::JobSpec& js = loaded->spec();
   if (!js.selector || !SelectorMatches(*js.selector, kube::ObjectMeta::FromJson(md).labels)) {
-    return Refuse(
-        what + " is labelled for " + job_ref + " but the job's spec.selector " +
-        Field(Field(*job, "spec"), "selector").dump() +
-        " does not select it, so it would get no process index: give the pod the labels the selector asks for");
+    return Refuse(what + " is labelled for " + job_ref + " but the job's spec.selector " +
+                  Field(Field(*job, "spec"), "selector").dump() + " does not select " +
+                  (t.at.empty() ? "it" : "its pods") + ", so " + (t.at.empty() ? "it" : "they") +
+                  " would get no process index: give " + (t.at.empty() ? "the pod" : "the template") +
+                  " the labels the selector asks for");
   }
   if (js.dataset.volume && !HasNamed(spec, "volumes", js.dataset.volume->name)) {
     return Refuse(what + " has no volume named " + js.dataset.volume->name + " (spec.dataset.volume.name of " +
@@ -118,7 +129,7 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
 
   const bool peers = planner::MovesSamplesBetweenProcesses(js) && js.mesh.processes > 1;
   const json& annotations = Field(md, "annotations");
-  const bool indexed = annotations.is_object() && annotations.contains(kCompletionIndexAnnotation);
+  const bool indexed = t.indexed;
   const json& containers = Items(spec, "containers");
 
   json sidecar = {{"name", options.sidecar_name},
@@ -282,20 +293,53 @@ Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& 
   Decision d;
   d.outcome = "injected";
   // "add" replaces a member that exists (RFC 6902 4.1), so each is one op.
-  d.patch.push_back({{"op", "add"}, {"path", "/metadata/annotations"}, {"value", new_annotations}});
-  d.patch.push_back({{"op", "add"}, {"path", "/spec/initContainers"}, {"value", init}});
-  d.patch.push_back({{"op", "add"}, {"path", "/spec/containers"}, {"value", trainers}});
-  d.patch.push_back({{"op", "add"}, {"path", "/spec/volumes"}, {"value", volumes}});
+  d.patch.push_back({{"op", "add"}, {"path", t.at + "/metadata/annotations"}, {"value", new_annotations}});
+  d.patch.push_back({{"op", "add"}, {"path", t.at + "/spec/initContainers"}, {"value", init}});
+  d.patch.push_back({{"op", "add"}, {"path", t.at + "/spec/containers"}, {"value", trainers}});
+  d.patch.push_back({{"op", "add"}, {"path", t.at + "/spec/volumes"}, {"value", volumes}});
   if (peers || s3_secret) {
     // The peer and S3 Secrets are 0440: readable by the pod's fsGroup (the sidecar's group).
     json pod_sc = Field(spec, "securityContext").is_object() ? Field(spec, "securityContext") : json::object();
     if (!pod_sc.contains("fsGroup")) {
       pod_sc["fsGroup"] = sc.contains("runAsGroup") ? sc["runAsGroup"] : json(options.fs_group);
       if (!pod_sc.contains("fsGroupChangePolicy")) pod_sc["fsGroupChangePolicy"] = "OnRootMismatch";
-      d.patch.push_back({{"op", "add"}, {"path", "/spec/securityContext"}, {"value", pod_sc}});
+      d.patch.push_back({{"op", "add"}, {"path", t.at + "/spec/securityContext"}, {"value", pod_sc}});
     }
   }
   return d;
+}
+
+}  // namespace
+
+Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& jobs, const InjectorOptions& options) {
+  const json& md = Field(pod, "metadata");
+  const json& annotations = Field(md, "annotations");
+  const bool indexed = annotations.is_object() && annotations.contains(kCompletionIndexAnnotation);
+  return InjectInto({md, Field(pod, "spec"), "pod " + ns + "/" + NameOf(md), "", indexed}, ns, jobs, options);
+}
+
+Decision InjectJobTemplate(const json& job, const std::string& ns, const JobLookup& jobs,
+                           const InjectorOptions& options) {
+  const json& md = Field(job, "metadata");
+  const json& spec = Field(job, "spec");
+  const json& tmd = Field(Field(spec, "template"), "metadata");
+  const std::string name = NameOf(md);
+  const std::string what = "Job " + ns + "/" + name + "'s pod template";
+  const std::string on_job = Str(Field(md, "labels"), kJobLabel);
+  const std::string on_template = Str(Field(tmd, "labels"), kJobLabel);
+  if (on_job.empty() && on_template.empty()) return Unchanged();
+  if (on_template != on_job) {
+    return Refuse("Job " + ns + "/" + name + " is labelled " + kJobLabel + "=" + on_job +
+                  (on_template.empty() ? std::string(" but its pod template is not")
+                                       : " but its pod template " + std::string(kJobLabel) + "=" + on_template) +
+                  ": give spec.template.metadata.labels the Job's " + kJobLabel +
+                  " label, so that its pods are the "
+                  "DataLoadJob's trainers");
+  }
+  if (!tmd.is_object()) return Refuse(what + " has no metadata");
+  return InjectInto(
+      {tmd, Field(Field(spec, "template"), "spec"), what, "/spec/template", Str(spec, "completionMode") == "Indexed"},
+      ns, jobs, options);
 }
 
 }  // namespace meshload::controller::webhook

@@ -1,6 +1,7 @@
 /// \file
 /// The sidecar injector: what the mutating admission webhook does to a pod
-/// labelled `meshload.io/job: <DataLoadJob name>` (docs/webhook.md).
+/// labelled `meshload.io/job: <DataLoadJob name>`, and to the pod template
+/// of a Job so labelled (docs/webhook.md).
 ///
 ///   Decision d = InjectSidecar(pod, "training", lookup, options);
 ///   if (!d.allowed) ... refuse with d.message
@@ -70,5 +71,18 @@ struct Decision {
 /// What to do with `pod` (a v1 Pod as JSON) created in namespace `ns`.
 Decision InjectSidecar(const nlohmann::json& pod, const std::string& ns, const JobLookup& jobs,
                        const InjectorOptions& options);
+
+/// What to do with `job` (a batch/v1 Job as JSON) created in namespace
+/// `ns`: the sidecar placed in its pod template (spec.template), as
+/// InjectSidecar places it in a pod, so that the Job's pods are created with
+/// it and what admits workloads from their templates (Kueue's podSets, the
+/// scheduler's view of a suspended Job) counts its requests. The opt-in is
+/// the label `meshload.io/job` on the Job and on its template, naming the
+/// same DataLoadJob (refused, naming both, when they differ or the template
+/// lacks it; unchanged when neither has it). An Indexed Job's pods take
+/// their process index from their completion index. The template gets the
+/// injected annotation, so its pods are left alone by the pod injection.
+Decision InjectJobTemplate(const nlohmann::json& job, const std::string& ns, const JobLookup& jobs,
+                           const InjectorOptions& options);
 
 }  // namespace meshload::controller::webhook

@@ -18,7 +18,10 @@ namespace meshload::controller::webhook {
 
 namespace {
 
+// Pods, and the Jobs whose templates get the sidecar (one handler: the
+// review names the kind).
 constexpr char kPath[] = "/mutate-pods";
+constexpr char kJobsPath[] = "/mutate-jobs";
 
 std::string OpenSslError() {
   unsigned long e = ERR_get_error();
@@ -219,9 +222,9 @@ Result<int> WebhookServer::Start() {
   server->set_read_timeout(10, 0);
   server->set_write_timeout(10, 0);
   server->set_keep_alive_timeout(30);
-  server->Post(kPath, [this](const httplib::Request& req, httplib::Response& res) {
+  const auto review = [this](const httplib::Request& req, httplib::Response& res) {
     const auto start = std::chrono::steady_clock::now();
-    AdmissionAnswer a = ReviewPodAdmission(req.body, jobs_, injector_);
+    AdmissionAnswer a = ReviewAdmission(req.body, jobs_, injector_);
     res.status = a.http_status;
     res.set_content(a.body, "application/json");
     if (auto it = requests_.find(a.outcome); it != requests_.end()) it->second->Increment();
@@ -231,12 +234,14 @@ Result<int> WebhookServer::Start() {
     if (a.outcome == "refused" || a.outcome == "bad_request") {
       LogInfo("webhook refused a request", {{"outcome", a.outcome}, {"answer", a.body.substr(0, 1024)}});
     }
-  });
+  };
+  server->Post(kPath, review);
+  server->Post(kJobsPath, review);
   server->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (res.status == 413) {
       res.set_content("request body larger than " + std::to_string(kMaxAdmissionReviewBytes) + " bytes\n",
                       "text/plain");
-    } else if (res.status == 404 && req.path == kPath) {
+    } else if (res.status == 404 && (req.path == kPath || req.path == kJobsPath)) {
       res.status = 405;
       res.set_header("Allow", "POST");
       res.set_content("method not allowed\n", "text/plain");

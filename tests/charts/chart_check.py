@@ -678,6 +678,39 @@ if out:
     check("cert-manager with an issuerRef: only the serving Certificate, issued by it",
           lambda: [c["spec"]["issuerRef"] for c in objs(docs, "Certificate")] == [{"name": "corp-ca", "kind": "ClusterIssuer"}]
           and not objs(docs, "Issuer"))
+out = scenario("Job template injection", {"webhook": {"templateInjection": {"enabled": True}}})
+if out:
+    rendered, docs = out
+    hooks = the(docs, "MutatingWebhookConfiguration")["webhooks"]
+
+    def template_hook_problems():
+        if [h["name"] for h in hooks] != ["sidecar.meshload.io", "template.meshload.io"]:
+            return ["webhooks %r" % [h["name"] for h in hooks]]
+        pods, jobs = hooks
+        p = []
+        if jobs["rules"] != [{"operations": ["CREATE"], "apiGroups": ["batch"], "apiVersions": ["v1"],
+                              "resources": ["jobs"], "scope": "Namespaced"}]:
+            p.append("rules %r" % jobs["rules"])
+        if jobs["clientConfig"]["service"]["path"] != "/mutate-jobs":
+            p.append("path %r" % jobs["clientConfig"]["service"]["path"])
+        if jobs.get("reinvocationPolicy") != "Never":
+            p.append("reinvocationPolicy %r" % jobs.get("reinvocationPolicy"))
+        # The rest as the pods' entry: opt-in by the label, the same
+        # namespaces, failurePolicy Fail, the same Service and CA.
+        for k in ("objectSelector", "namespaceSelector", "failurePolicy", "sideEffects", "matchPolicy",
+                  "timeoutSeconds", "admissionReviewVersions"):
+            if jobs.get(k) != pods.get(k):
+                p.append("%s %r differs from the pods' %r" % (k, jobs.get(k), pods.get(k)))
+        for k in ("caBundle",):
+            if jobs["clientConfig"].get(k) != pods["clientConfig"].get(k):
+                p.append("clientConfig.%s differs from the pods'" % k)
+        if {k: v for k, v in jobs["clientConfig"]["service"].items() if k != "path"} != \
+                {k: v for k, v in pods["clientConfig"]["service"].items() if k != "path"}:
+            p.append("clientConfig.service %r" % jobs["clientConfig"]["service"])
+        return p
+
+    check("templateInjection: a second webhook for batch/v1 Jobs (path /mutate-jobs, reinvocation Never), "
+          "otherwise as the pods' one", template_hook_problems, None)
 out = scenario("webhook off", {"webhook": {"enabled": False}})
 if out:
     rendered, docs = out

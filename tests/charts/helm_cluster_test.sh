@@ -60,11 +60,12 @@ EOF
     one-replica) echo '{replicaCount: 1, leaderElection: {enabled: false}}' ;;
     cert-manager) echo '{webhook: {certManager: {enabled: true}}}' ;;
     no-webhook) echo '{webhook: {enabled: false}}' ;;
+    template-injection) echo '{webhook: {templateInjection: {enabled: true}}}' ;;
   esac >"$TMP/values-$1.yaml"
 }
 # defaults: two replicas, leader election, the webhook with the chart's own
 # certificate; cert-manager: its Issuers and Certificates (cert-manager's CRDs).
-for case in defaults monitoring one-namespace one-replica cert-manager no-webhook; do
+for case in defaults monitoring one-namespace one-replica cert-manager no-webhook template-injection; do
   values $case
   ns=meshload-system release=meshload
   [ $case = one-replica ] && ns=ops release=ml
@@ -179,7 +180,9 @@ wait_for "$TMP/controller.log" "serving the sidecar-injection webhook" 30
 rc=$?
 check "meshload-controller serves the webhook as the chart's ServiceAccount" $rc
 [ $rc -eq 0 ] || tail -20 "$TMP/controller.log"
-# The chart's configuration, pointed at it by url, with the test's CA.
+# The chart's configuration, pointed at it by url, with the test's CA (the
+# chart's clientConfig kept, for the upgrade below).
+k get mutatingwebhookconfiguration meshload-sidecar-injector -o jsonpath='{.webhooks[0].clientConfig}' >"$TMP/cc0.json"
 k patch mutatingwebhookconfiguration meshload-sidecar-injector --type=json -p "[
   {\"op\": \"replace\", \"path\": \"/webhooks/0/clientConfig\",
    \"value\": {\"url\": \"https://127.0.0.1:$WHPORT/mutate-pods\", \"caBundle\": \"$(base64 -w0 "$TMP/wh/ca.crt")\"}}]" >/dev/null
@@ -223,7 +226,84 @@ metrics_port=$(sed -n 's/.*serving \/metrics.*port=\([0-9]*\).*/\1/p' "$TMP/cont
 curl -s "http://127.0.0.1:$metrics_port/metrics" >"$TMP/metrics"
 grep -q 'meshload_controller_webhook_requests_total{outcome="injected"} 4' "$TMP/metrics" &&
   grep -q 'meshload_controller_webhook_requests_total{outcome="refused"} 1' "$TMP/metrics"
-check "the webhook's metrics count 4 injections and 1 refusal" $?
+rc=$?
+check "the webhook's metrics count 4 injections and 1 refusal" $rc
+[ $rc -eq 0 ] || grep webhook_requests "$TMP/metrics"
+# Jobs' templates too (webhook.templateInjection.enabled): the second entry
+# (the chart's clientConfig back first: Helm merges into the live object).
+k patch mutatingwebhookconfiguration meshload-sidecar-injector --type=json \
+  -p "[{\"op\": \"replace\", \"path\": \"/webhooks/0/clientConfig\", \"value\": $(cat "$TMP/cc0.json")}]" >/dev/null &&
+  helm upgrade meshload "$CHART" -n meshload-system --reuse-values --set webhook.templateInjection.enabled=true \
+  >"$TMP/upgrade-template" 2>&1 &&
+  [ "$(k get mutatingwebhookconfiguration meshload-sidecar-injector -o jsonpath='{.webhooks[*].name}')" = \
+    "sidecar.meshload.io template.meshload.io" ]
+rc=$?
+check "helm upgrade with webhook.templateInjection.enabled registers the Job template webhook" $rc
+[ $rc -eq 0 ] || cat "$TMP/upgrade-template"
+k patch mutatingwebhookconfiguration meshload-sidecar-injector --type=json -p "[
+  {\"op\": \"replace\", \"path\": \"/webhooks/0/clientConfig\",
+   \"value\": {\"url\": \"https://127.0.0.1:$WHPORT/mutate-pods\", \"caBundle\": \"$(base64 -w0 "$TMP/wh/ca.crt")\"}},
+  {\"op\": \"replace\", \"path\": \"/webhooks/1/clientConfig\",
+   \"value\": {\"url\": \"https://127.0.0.1:$WHPORT/mutate-jobs\", \"caBundle\": \"$(base64 -w0 "$TMP/wh/ca.crt")\"}}]" >/dev/null
+check "both webhooks point at it" $?
+# A Job labelled for its DataLoadJob (on the Job and its template): the
+# sidecar goes into the stored template, and the Job controller's pods are
+# made with it (the pod injection leaves them alone).
+webhook_count() { # outcome: the controller's webhook_requests_total for it
+  curl -s "http://127.0.0.1:$metrics_port/metrics" |
+    sed -n "s/^meshload_controller_webhook_requests_total{outcome=\"$1\"} //p"
+}
+injected0=$(webhook_count injected) unchanged0=$(webhook_count unchanged)
+sed -e 's/^  name: hybrid-fsdp$/  name: tmpl-fsdp/' -e 's/^      app: llama-trainer$/      app: tmpl-trainer/' \
+  "$ROOT/examples/hybrid-fsdp.yaml" >"$TMP/tmpl-fsdp.yaml"
+sed -e 's/^  name: llama-trainer$/  name: tmpl-trainer\n  labels: {meshload.io\/job: tmpl-fsdp}/' \
+  -e 's/^        app: llama-trainer .*/        app: tmpl-trainer/' -e 's/meshload.io\/job: hybrid-fsdp .*/meshload.io\/job: tmpl-fsdp/' \
+  "$ROOT/examples/trainer-job.yaml" >"$TMP/tmpl-trainer.yaml"
+k apply -f "$TMP/tmpl-fsdp.yaml" -f "$TMP/tmpl-trainer.yaml" >"$TMP/apply-tmpl" 2>&1
+rc=$?
+check "kubectl apply a DataLoadJob and its trainer Job labelled meshload.io/job on the Job" $rc
+[ $rc -eq 0 ] || cat "$TMP/apply-tmpl"
+k -n training get job tmpl-trainer -o json >"$TMP/tmpl-job.json" 2>&1
+/usr/bin/python3 - "$TMP/tmpl-job.json" <<'PYCHECK'
+import json, sys
+t = json.load(open(sys.argv[1]))["spec"]["template"]
+init = t["spec"].get("initContainers") or []
+env = {e["name"]: e for e in init[0].get("env", [])} if init else {}
+ok = (len(init) == 1 and init[0]["name"] == "meshload-sidecar" and init[0].get("restartPolicy") == "Always"
+      and t["metadata"]["annotations"].get("meshload.io/sidecar-injected") == "tmpl-fsdp"
+      and env.get("MESHLOAD_PROCESS", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+      == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+      and init[0].get("resources", {}).get("requests", {}).get("cpu") == "1"
+      and any(v["name"] == "meshload-job" and v["configMap"]["name"] == "tmpl-fsdp-meshload" for v in t["spec"]["volumes"]))
+sys.exit(0 if ok else 1)
+PYCHECK
+rc=$?
+check "the stored Job's pod template holds the sidecar, its requests and the injected annotation" $rc
+[ $rc -eq 0 ] || head -c 3000 "$TMP/tmpl-job.json"
+sidecars=
+for _ in $(seq 150); do
+  sidecars=$(k -n training get pods -l job-name=tmpl-trainer -o json 2>/dev/null | /usr/bin/python3 -c '
+import json, sys
+pods = json.load(sys.stdin)["items"]
+print(" ".join(sorted(str(sum(c["name"] == "meshload-sidecar" for c in (p["spec"].get("initContainers") or []) + p["spec"]["containers"])) for p in pods)))' 2>/dev/null)
+  [ "$sidecars" = "1 1 1 1" ] && break
+  sleep 0.2
+done
+[ "$sidecars" = "1 1 1 1" ]
+rc=$?
+check "the Job controller's 4 pods each have the sidecar once (made from the template, not injected again)" $rc
+[ $rc -eq 0 ] || echo "sidecars per pod: $sidecars"
+injected=$(($(webhook_count injected) - injected0)) unchanged=$(($(webhook_count unchanged) - unchanged0))
+[ "$injected" = 1 ] && [ "$unchanged" -ge 4 ]
+rc=$?
+check "the webhook's metrics: the Job's template injected, its 4 pods left unchanged" $rc
+[ $rc -eq 0 ] || echo "injected $injected, unchanged $unchanged more than before"
+sed -e 's/^  name: tmpl-trainer$/  name: tmpl-mislabelled/' -e 's/^        meshload.io\/job: tmpl-fsdp$/        meshload.io\/job: hybrid-fsdp/' \
+  "$TMP/tmpl-trainer.yaml" | k apply -f - >"$TMP/mislabelled.out" 2>&1
+[ $? -ne 0 ] && grep -q 'meshload: Job training/tmpl-mislabelled is labelled meshload.io/job=tmpl-fsdp but its pod template meshload.io/job=hybrid-fsdp' "$TMP/mislabelled.out"
+rc=$?
+check "a Job labelled for one DataLoadJob whose template names another is refused, naming both" $rc
+[ $rc -eq 0 ] || cat "$TMP/mislabelled.out"
 # The webhook down: opted-in pods are refused (failurePolicy Fail), others are not touched.
 kill $CTRL
 wait $CTRL 2>/dev/null

@@ -1,7 +1,7 @@
 /// \file
 /// libFuzzer target for the sidecar-injection webhook's decoder: the API
 /// server sends AdmissionReviews, but anything that reaches the port may
-/// send anything. ReviewPodAdmission must never crash, and must answer
+/// send anything. ReviewAdmission must never crash, and must answer
 /// either 400 with an error or 200 with an AdmissionReview that carries the
 /// request's uid (and a JSON Patch that decodes, when it has one).
 #include <cstddef>
@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   };
   InjectorOptions options;
   options.image = "meshload/sidecar:fuzz";
-  AdmissionAnswer a = ReviewPodAdmission(body, lookup, options);
+  AdmissionAnswer a = ReviewAdmission(body, lookup, options);
   json out = json::parse(a.body, nullptr, false);
   if (out.is_discarded()) __builtin_trap();
   if (a.http_status == 400) {

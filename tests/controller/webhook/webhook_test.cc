@@ -1,5 +1,6 @@
 // The sidecar injector without a cluster: the patch it makes for a labelled
-// pod (applied here and checked as the stored pod would be), idempotence,
+// pod or Job template (applied here and checked as the stored object would
+// be), idempotence,
 // every refusal with its message, AdmissionReview decoding of bad bodies,
 // and the HTTPS server (TLS, certificate reload, metrics). The API server
 // calling it for real is in tests/charts/helm_cluster_test.sh.
@@ -325,13 +326,104 @@ TEST(Injector, RefusalsNameTheJobAndTheReason) {
   EXPECT_THAT(refused(clash, Job()), HasSubstr("already has a volume named meshload-run"));
 }
 
+// A batch/v1 Job whose template is Pod()'s, labelled for llm (on the Job too).
+json TrainerJob(bool indexed = true) {
+  json pod = Pod(false);
+  json job = {{"apiVersion", "batch/v1"},
+              {"kind", "Job"},
+              {"metadata", {{"name", "trainer"}, {"namespace", "training"}, {"labels", {{"meshload.io/job", "llm"}}}}},
+              {"spec",
+               {{"completions", 2},
+                {"parallelism", 2},
+                {"template", {{"metadata", {{"labels", pod["metadata"]["labels"]}}}, {"spec", pod["spec"]}}}}}};
+  if (indexed) job["spec"]["completionMode"] = "Indexed";
+  return job;
+}
+
+TEST(Injector, AJobsTemplateGetsWhatAPodGetsAndItsPodsAreLeftAlone) {
+  Decision d = InjectJobTemplate(TrainerJob(), "training", Lookup(Job()), Options());
+  ASSERT_TRUE(d.allowed) << d.message;
+  EXPECT_EQ(d.outcome, "injected");
+  for (const auto& op : d.patch) EXPECT_EQ(op["path"].get<std::string>().rfind("/spec/template/", 0), 0u) << op;
+  json job = Apply(TrainerJob(), d.patch);
+  const json& tmpl = job["spec"]["template"];
+  // The same sidecar as a pod of an Indexed Job gets, in the template.
+  json pod = Apply(Pod(), InjectSidecar(Pod(), "training", Lookup(Job()), Options()).patch);
+  EXPECT_EQ(tmpl["spec"]["initContainers"], pod["spec"]["initContainers"]);
+  EXPECT_EQ(tmpl["spec"]["containers"], pod["spec"]["containers"]);
+  EXPECT_EQ(tmpl["spec"]["volumes"], pod["spec"]["volumes"]);
+  EXPECT_EQ(tmpl["metadata"]["annotations"]["meshload.io/sidecar-injected"], "llm");
+  EXPECT_EQ(Named(Sidecar(tmpl)["env"], "MESHLOAD_PROCESS")["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.annotations['batch.kubernetes.io/job-completion-index']");
+  EXPECT_EQ(job["metadata"], TrainerJob()["metadata"]) << "the Job's own metadata is not touched";
+
+  // A pod the Job controller makes from it (the template, plus the
+  // completion index): left as it is.
+  json made = {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", tmpl["metadata"]}, {"spec", tmpl["spec"]}};
+  made["metadata"]["generateName"] = "trainer-0-";
+  made["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] = "0";
+  Decision again = InjectSidecar(made, "training", Lookup(Job()), Options());
+  EXPECT_TRUE(again.allowed);
+  EXPECT_EQ(again.outcome, "unchanged");
+  EXPECT_TRUE(again.patch.empty());
+  // And the Job again (a retried create): unchanged.
+  EXPECT_EQ(InjectJobTemplate(job, "training", Lookup(Job()), Options()).outcome, "unchanged");
+}
+
+TEST(Injector, ANonIndexedJobsPodsReadTheirIndexFromTheConfigMap) {
+  json job = Apply(TrainerJob(false), InjectJobTemplate(TrainerJob(false), "training", Lookup(Job()), Options()).patch);
+  const json& sc = Sidecar(job["spec"]["template"]);
+  EXPECT_TRUE(Named(sc["env"], "MESHLOAD_PROCESS").is_null());
+  EXPECT_TRUE(HasArg(sc, "--process-file=/etc/meshload/job/process.$(POD_NAME)"));
+}
+
+TEST(Injector, AJobIsInjectedOnlyWhenItAndItsTemplateNameTheSameDataLoadJob) {
+  json plain = TrainerJob();
+  plain["metadata"]["labels"].erase("meshload.io/job");
+  plain["spec"]["template"]["metadata"]["labels"].erase("meshload.io/job");
+  Decision d = InjectJobTemplate(plain, "training", Lookup(Job()), Options());
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.outcome, "unchanged");
+  EXPECT_TRUE(d.patch.empty());
+
+  json bare_template = TrainerJob();
+  bare_template["spec"]["template"]["metadata"]["labels"].erase("meshload.io/job");
+  d = InjectJobTemplate(bare_template, "training", Lookup(Job()), Options());
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.message,
+            "Job training/trainer is labelled meshload.io/job=llm but its pod template is not: give "
+            "spec.template.metadata.labels the Job's meshload.io/job label, so that its pods are the DataLoadJob's "
+            "trainers");
+  json other = TrainerJob();
+  other["spec"]["template"]["metadata"]["labels"]["meshload.io/job"] = "other";
+  d = InjectJobTemplate(other, "training", Lookup(Job()), Options());
+  EXPECT_FALSE(d.allowed);
+  EXPECT_THAT(d.message, HasSubstr("labelled meshload.io/job=llm but its pod template meshload.io/job=other"));
+
+  // What a pod is refused for, naming the Job's template.
+  json unselected = TrainerJob();
+  unselected["spec"]["template"]["metadata"]["labels"]["app"] = "other";
+  d = InjectJobTemplate(unselected, "training", Lookup(Job()), Options());
+  EXPECT_FALSE(d.allowed);
+  EXPECT_THAT(d.message, HasSubstr("Job training/trainer's pod template is labelled for DataLoadJob training/llm "
+                                   "(label meshload.io/job) but the job's spec.selector "
+                                   "{\"matchLabels\":{\"app\":\"trainer\"}} does not select its pods"));
+  json missing = TrainerJob();
+  missing["metadata"]["labels"]["meshload.io/job"] = "nope";
+  missing["spec"]["template"]["metadata"]["labels"]["meshload.io/job"] = "nope";
+  d = InjectJobTemplate(missing, "training", Lookup(Job()), Options());
+  EXPECT_FALSE(d.allowed);
+  EXPECT_THAT(d.message, HasSubstr("DataLoadJob training/nope (label meshload.io/job) does not exist"));
+}
+
 std::string Review(const json& pod, const std::string& operation = "CREATE") {
+  const bool job = pod["kind"] == "Job";
   return json{{"apiVersion", "admission.k8s.io/v1"},
               {"kind", "AdmissionReview"},
               {"request",
                {{"uid", "705ab4f5-6393-11e8-b7cc-42010a800002"},
-                {"kind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
-                {"resource", {{"group", ""}, {"version", "v1"}, {"resource", "pods"}}},
+                {"kind", {{"group", job ? "batch" : ""}, {"version", "v1"}, {"kind", job ? "Job" : "Pod"}}},
+                {"resource", {{"group", job ? "batch" : ""}, {"version", "v1"}, {"resource", job ? "jobs" : "pods"}}},
                 {"namespace", "training"},
                 {"operation", operation},
                 {"object", pod}}}}
@@ -339,7 +431,7 @@ std::string Review(const json& pod, const std::string& operation = "CREATE") {
 }
 
 TEST(Admission, ARequestIsAnsweredWithItsUidAndABase64JsonPatch) {
-  AdmissionAnswer a = ReviewPodAdmission(Review(Pod()), Lookup(Job()), Options());
+  AdmissionAnswer a = ReviewAdmission(Review(Pod()), Lookup(Job()), Options());
   ASSERT_EQ(a.http_status, 200) << a.body;
   EXPECT_EQ(a.outcome, "injected");
   json r = json::parse(a.body);
@@ -353,10 +445,29 @@ TEST(Admission, ARequestIsAnsweredWithItsUidAndABase64JsonPatch) {
   EXPECT_EQ(json::parse(*patch), InjectSidecar(Pod(), "training", Lookup(Job()), Options()).patch);
 }
 
+TEST(Admission, AJobCreateIsAnsweredWithItsTemplatesPatch) {
+  AdmissionAnswer a = ReviewAdmission(Review(TrainerJob()), Lookup(Job()), Options());
+  ASSERT_EQ(a.http_status, 200) << a.body;
+  EXPECT_EQ(a.outcome, "injected");
+  json r = json::parse(a.body);
+  auto patch = Base64Decode(r["response"]["patch"].get<std::string>());
+  ASSERT_TRUE(patch.has_value());
+  EXPECT_EQ(json::parse(*patch), InjectJobTemplate(TrainerJob(), "training", Lookup(Job()), Options()).patch);
+  // A Job's other operations, and a Job of another group, are let through.
+  EXPECT_FALSE(
+      json::parse(ReviewAdmission(Review(TrainerJob(), "UPDATE"), Lookup(Job()), Options()).body)["response"].contains(
+          "patch"));
+  json review = json::parse(Review(TrainerJob()));
+  review["request"]["kind"]["group"] = "example.com";
+  AdmissionAnswer other = ReviewAdmission(review.dump(), Lookup(Job()), Options());
+  EXPECT_EQ(other.outcome, "unchanged");
+  EXPECT_FALSE(json::parse(other.body)["response"].contains("patch"));
+}
+
 TEST(Admission, ARefusalIsA403StatusWithTheMessage) {
   json pod = Pod();
   pod["metadata"]["labels"]["meshload.io/job"] = "nope";
-  json r = json::parse(ReviewPodAdmission(Review(pod), Lookup(Job()), Options()).body);
+  json r = json::parse(ReviewAdmission(Review(pod), Lookup(Job()), Options()).body);
   EXPECT_EQ(r["response"]["allowed"], false);
   EXPECT_EQ(r["response"]["status"]["code"], 403);
   EXPECT_EQ(r["response"]["status"]["message"].get<std::string>().rfind("meshload: DataLoadJob training/nope", 0), 0u);
@@ -364,7 +475,7 @@ TEST(Admission, ARefusalIsA403StatusWithTheMessage) {
 }
 
 TEST(Admission, OtherOperationsAndKindsAreAllowedUnchanged) {
-  json r = json::parse(ReviewPodAdmission(Review(Pod(), "UPDATE"), Lookup(Job()), Options()).body);
+  json r = json::parse(ReviewAdmission(Review(Pod(), "UPDATE"), Lookup(Job()), Options()).body);
   EXPECT_EQ(r["response"]["allowed"], true);
   EXPECT_FALSE(r["response"].contains("patch"));
 }
@@ -383,13 +494,13 @@ TEST(Admission, MalformedBodiesAre400NamingTheProblem) {
        "request.object is not an object"},
   };
   for (const auto& [body, says] : cases) {
-    AdmissionAnswer a = ReviewPodAdmission(body, Lookup(Job()), Options());
+    AdmissionAnswer a = ReviewAdmission(body, Lookup(Job()), Options());
     EXPECT_EQ(a.http_status, 400) << body;
     EXPECT_EQ(a.outcome, "bad_request");
     EXPECT_THAT(a.body, HasSubstr(says)) << body << " -> " << a.body;
   }
   std::string big(kMaxAdmissionReviewBytes + 1, ' ');
-  EXPECT_EQ(ReviewPodAdmission(big, Lookup(Job()), Options()).http_status, 400);
+  EXPECT_EQ(ReviewAdmission(big, Lookup(Job()), Options()).http_status, 400);
 }
 
 // ---- the HTTPS server ----
