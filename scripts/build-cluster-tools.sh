@@ -6,8 +6,10 @@
 # dashboard with Grafana's own schema (grafana-foundation-sdk); and
 # Prometheus with promtool (github.com/prometheus/prometheus, pinned in the
 # nested module tests/cluster/tools/prometheus: Debian's Prometheus is built
-# without Kubernetes service discovery). The control plane, kube-scheduler
-# among it, comes from scripts/build-test-tools.sh.
+# without Kubernetes service discovery); and Kueue's manager
+# (sigs.k8s.io/kueue, pinned in the nested module tests/cluster/tools/kueue)
+# with its install's kustomization (kueue-config/, from the same module). The control
+# plane, kube-scheduler among it, comes from scripts/build-test-tools.sh.
 #
 #   scripts/build-cluster-tools.sh          build unless cached; prints the bin dir
 #   scripts/build-cluster-tools.sh --dir    prints the bin dir if it is built (exit 1 if not)
@@ -18,7 +20,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SELF=$ROOT/scripts/build-cluster-tools.sh
 MOD=$ROOT/tests/cluster/tools
-TOOLS=(kwok dashboardcheck prometheus promtool)
+TOOLS=(kwok dashboardcheck prometheus promtool kueue)
 
 source "$ROOT/scripts/lib/go-tool-cache.sh"
 go_tool_cache_init build-cluster-tools "the simulated cluster" "$MOD" "$SELF" "$(go_tool_cache_root)/cluster"
@@ -26,7 +28,8 @@ go_tool_cache_answer "${1:-}" "kwok is not built for this go.sum (run scripts/in
 KWOK=$(awk '$1 == "sigs.k8s.io/kwok" && $2 ~ /^v/ {print $2; exit}' "$MOD/go.mod")
 go_tool_cache_stage
 PROM=$(awk '$1 == "github.com/prometheus/prometheus" && $2 ~ /^v/ {print $2; exit}' "$MOD/prometheus/go.mod")
-echo "build-cluster-tools: building kwok $KWOK, dashboardcheck and prometheus $PROM from tests/cluster/tools (about eight minutes on 2 cores)" >&2
+KUEUE=$(awk '$1 == "sigs.k8s.io/kueue" && $2 ~ /^v/ {print $2; exit}' "$MOD/kueue/go.mod")
+echo "build-cluster-tools: building kwok $KWOK, dashboardcheck, prometheus $PROM and kueue $KUEUE from tests/cluster/tools (about eleven minutes on 2 cores)" >&2
 cd "$MOD"
 export CGO_ENABLED=0 GOFLAGS=-mod=readonly
 go build -trimpath -ldflags "-s -w" -o "$GO_TOOL_CACHE_STAGE/kwok" \
@@ -35,4 +38,11 @@ go build -trimpath -ldflags "-s -w" -o "$GO_TOOL_CACHE_STAGE/dashboardcheck" ./d
 cd prometheus
 go build -trimpath -ldflags "-s -w" -o "$GO_TOOL_CACHE_STAGE/" \
   github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool
+cd ../kueue
+go build -trimpath -ldflags "-s -w" -o "$GO_TOOL_CACHE_STAGE/kueue" sigs.k8s.io/kueue/cmd/kueue
+# Its install's kustomization (config/: `kubectl kustomize kueue-config/default`
+# renders the CRDs as Kueue installs them, conversion webhooks included).
+go mod download sigs.k8s.io/kueue
+cp -r "$(go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)/config" "$GO_TOOL_CACHE_STAGE/kueue-config"
+chmod -R u+w "$GO_TOOL_CACHE_STAGE/kueue-config"
 go_tool_cache_commit

@@ -1,0 +1,296 @@
+#!/usr/bin/env bash
+# A DataLoadJob's trainers queued by the real Kueue (its manager built from
+# the pinned sigs.k8s.io/kueue by scripts/build-cluster-tools.sh, its CRDs
+# as its install renders them) on the real control plane (scripts/control-plane: kube-apiserver and
+# kube-controller-manager with the Job controller), with meshload-controller
+# serving the sidecar-injection webhook with Job template injection on:
+#   - a suspended Indexed Job labelled for its DataLoadJob and a LocalQueue
+#     gets the sidecar in its template; the Workload Kueue builds from the
+#     template holds it, and its requests count: a ClusterQueue whose quota
+#     fits exactly the trainers plus their sidecars admits it (Kueue
+#     unsuspends the Job, whose pods are made with the sidecar once); one
+#     whose CPU fits the trainers alone does not, saying the sidecars' CPU
+#     is short.
+# Kueue's own webhooks are not registered (there is no cluster network for
+# the API server to reach them by Service): the Jobs are created suspended,
+# as Kueue's Job webhook would make them.
+# usage: kueue_test.sh REPO_ROOT MESHLOAD_CONTROLLER_BINARY
+set -u
+ROOT=$1
+CONTROLLER=$2
+source "$(dirname "$0")/../testing/shell_checks.sh"
+source "$(dirname "$0")/../testing/control_plane.sh"
+
+BIN=$("$ROOT/scripts/build-cluster-tools.sh" --dir)
+if [ $? -ne 0 ] || [ ! -x "$BIN/kueue" ]; then
+  echo "FAIL Kueue is not built (run scripts/install-deps.sh)"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+start_control_plane "$ROOT"
+for ns in training kueue-system; do k create namespace "$ns" >/dev/null; done
+# Kueue's CRDs as its install renders them (their conversion webhooks,
+# whose CA its manager injects, included).
+k kustomize "$BIN/kueue-config/default" | /usr/bin/python3 -c '
+import re, sys
+docs = re.split(r"^---\n", sys.stdin.read(), flags=re.M)
+print("---\n".join(d for d in docs if re.search(r"^kind: CustomResourceDefinition$", d, re.M)))' >"$TMP/kueue-crds.yaml"
+k apply --server-side -f "$ROOT/charts/meshload/crds/" -f "$TMP/kueue-crds.yaml" >"$TMP/crds.out" 2>&1 &&
+  k wait --for condition=Established --timeout=60s -f "$ROOT/charts/meshload/crds/" -f "$TMP/kueue-crds.yaml" \
+    >>"$TMP/crds.out" 2>&1
+rc=$?
+check "the DataLoadJob CRD and Kueue's CRDs ($(grep -c '^kind: CustomResourceDefinition$' "$TMP/kueue-crds.yaml")) are Established" $rc
+[ $rc -eq 0 ] || tail -5 "$TMP/crds.out"
+
+# A serving certificate for 127.0.0.1 from a CA of the test's: meshload's
+# webhook.
+cert() { # dir
+  mkdir -p "$1"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=test-ca \
+    -keyout "$1/ca.key" -out "$1/ca.crt" 2>/dev/null &&
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=127.0.0.1 \
+      -keyout "$1/tls.key" -out "$1/tls.csr" 2>/dev/null &&
+    openssl x509 -req -in "$1/tls.csr" -CA "$1/ca.crt" -CAkey "$1/ca.key" -CAcreateserial -days 1 \
+      -extfile <(printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth') -out "$1/tls.crt" 2>/dev/null
+}
+cert "$TMP/wh"
+check "a loopback serving certificate for meshload's webhook" $?
+
+# Kueue's manager: batch/v1 Jobs, no leader election, its webhook server
+# on loopback (not registered), its health probes on a free port, its own
+# certificate management (into the Secret its manifests create empty, which
+# its Deployment mounts at certDir: copied there here, as there is no
+# kubelet; without it the manager wants a metrics certificate at a fixed
+# path), and no on-demand visibility API server (it authenticates through
+# the in-cluster configuration, which a process outside a pod lacks).
+k -n kueue-system create secret generic kueue-webhook-server-cert >/dev/null
+KUEUE_HEALTH=$(listen_port)
+cat >"$TMP/kueue.yaml" <<EOF
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+health:
+  healthProbeBindAddress: 127.0.0.1:$KUEUE_HEALTH
+metrics:
+  bindAddress: "0"
+webhook:
+  host: 127.0.0.1
+  port: $(listen_port)
+  certDir: $TMP/kueue-certs
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: true
+integrations:
+  frameworks: ["batch/job"]
+EOF
+setpriv --pdeathsig KILL "$BIN/kueue" --config "$TMP/kueue.yaml" --feature-gates=VisibilityOnDemand=false \
+  >"$TMP/kueue.log" 2>&1 &
+PIDS+=($!)
+mkdir -p "$TMP/kueue-certs"
+ready=1
+for _ in $(seq 450); do
+  if [ ! -s "$TMP/kueue-certs/tls.key" ]; then
+    for f in ca.crt tls.crt tls.key; do
+      k -n kueue-system get secret kueue-webhook-server-cert -o jsonpath="{.data.${f//./\\.}}" 2>/dev/null |
+        base64 -d >"$TMP/kueue-certs/.$f" 2>/dev/null
+    done
+    [ -s "$TMP/kueue-certs/.tls.key" ] && for f in ca.crt tls.crt tls.key; do mv "$TMP/kueue-certs/.$f" "$TMP/kueue-certs/$f"; done
+  fi
+  curl -sf "http://127.0.0.1:$KUEUE_HEALTH/readyz" >/dev/null 2>&1 && { ready=0; break; }
+  sleep 0.2
+done
+check "Kueue's manager is ready" $ready
+[ $ready -eq 0 ] || tail -20 "$TMP/kueue.log"
+
+WHPORT=$(listen_port)
+setpriv --pdeathsig KILL "$CONTROLLER" --kubeconfig "$KUBECONFIG" --metrics-port 0 --metrics-address 127.0.0.1 \
+  --leader-elect false --log-format kv --webhook-cert-dir "$TMP/wh" --webhook-address 127.0.0.1 \
+  --webhook-port "$WHPORT" --sidecar-image meshload/sidecar:test \
+  --sidecar-resources '{"requests":{"cpu":"1","memory":"512Mi"},"limits":{"memory":"2Gi"}}' >"$TMP/controller.log" 2>&1 &
+PIDS+=($!)
+wait_for "$TMP/controller.log" "serving the sidecar-injection webhook" 30
+rc=$?
+check "meshload-controller serves the webhook" $rc
+[ $rc -eq 0 ] || tail -20 "$TMP/controller.log"
+# The chart's two entries (charts/meshload/templates/webhook.yaml with
+# webhook.templateInjection.enabled), reaching the controller by url.
+CA=$(base64 -w0 "$TMP/wh/ca.crt")
+hook() { # name path apiGroup resource
+  cat <<EOF
+  - name: $1
+    admissionReviewVersions: [v1]
+    clientConfig: {url: "https://127.0.0.1:$WHPORT$2", caBundle: "$CA"}
+    rules: [{operations: [CREATE], apiGroups: ["$3"], apiVersions: [v1], resources: [$4], scope: Namespaced}]
+    objectSelector: {matchExpressions: [{key: meshload.io/job, operator: Exists}]}
+    failurePolicy: Fail
+    sideEffects: None
+    timeoutSeconds: 5
+EOF
+}
+{
+  printf 'apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata: {name: meshload-sidecar-injector}\nwebhooks:\n'
+  hook sidecar.meshload.io /mutate-pods "" pods
+  hook template.meshload.io /mutate-jobs batch jobs
+} | k apply -f - >"$TMP/mwc.out" 2>&1
+rc=$?
+check "the webhook configuration (pods and Jobs) points at it" $rc
+[ $rc -eq 0 ] || cat "$TMP/mwc.out"
+
+# Two ClusterQueues: one whose quota is exactly 2 trainers (1 CPU, 1 GiB
+# each) plus their sidecars (1 CPU, 512 MiB each: --sidecar-resources), one
+# with the CPU of the trainers alone.
+queues() { # name cpu memory
+  cat <<EOF
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: $1}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [cpu, memory]
+    flavors:
+    - name: default
+      resources:
+      - {name: cpu, nominalQuota: $2}
+      - {name: memory, nominalQuota: $3}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {name: $1, namespace: training}
+spec: {clusterQueue: $1}
+EOF
+}
+{
+  printf 'apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: default}\n'
+  queues exact 4 3Gi
+  queues trainers-only 2 3Gi
+} | k apply -f - >"$TMP/queues.out" 2>&1
+rc=$?
+check "a ResourceFlavor, ClusterQueues exact (4 CPU, 3Gi) and trainers-only (2 CPU, 3Gi), their LocalQueues" $rc
+[ $rc -eq 0 ] || cat "$TMP/queues.out"
+
+# A DataLoadJob and its trainers: a suspended Indexed Job in a queue.
+loader() { # name
+  cat <<EOF
+---
+apiVersion: meshload.io/v1alpha1
+kind: DataLoadJob
+metadata: {name: $1, namespace: training}
+spec:
+  mesh: {processes: 2, devicesPerProcess: 2, axes: [{name: data, size: 4}]}
+  dataset: {uri: /datasets/tokens, format: TokenStream, dtype: uint16, sequenceLength: 2048, samples: 100000}
+  batch: {globalBatchSize: 32}
+  selector: {matchLabels: {app: $1}}
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: $1
+  namespace: training
+  labels: {meshload.io/job: $1, kueue.x-k8s.io/queue-name: $2}
+spec:
+  suspend: true
+  completionMode: Indexed
+  completions: 2
+  parallelism: 2
+  template:
+    metadata:
+      labels: {app: $1, meshload.io/job: $1}
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: trainer
+        image: trainer:1
+        resources: {requests: {cpu: "1", memory: 1Gi}}
+EOF
+}
+loader queued exact | k apply -f - >"$TMP/apply.out" 2>&1
+rc=$?
+check "kubectl apply a DataLoadJob and its suspended trainer Job in LocalQueue exact" $rc
+[ $rc -eq 0 ] || cat "$TMP/apply.out"
+
+workload() { # job: the Workload Kueue made for it, as JSON (empty until there is one)
+  k -n training get workloads.kueue.x-k8s.io -o json 2>/dev/null | /usr/bin/python3 -c '
+import json, sys
+for w in json.load(sys.stdin)["items"]:
+    if any(o["kind"] == "Job" and o["name"] == sys.argv[1] for o in w["metadata"].get("ownerReferences", [])):
+        print(json.dumps(w))' "$1"
+}
+condition() { # json type: its status
+  /usr/bin/python3 -c '
+import json, sys
+w = json.loads(sys.argv[1])
+print(" ".join(c["status"] + ": " + c.get("message", "") for c in w.get("status", {}).get("conditions", [])
+               if c["type"] == sys.argv[2]))' "$1" "$2"
+}
+w=
+for _ in $(seq 300); do
+  w=$(workload queued)
+  [ -n "$w" ] && [[ "$(condition "$w" Admitted)" == True* ]] && break
+  sleep 0.2
+done
+echo "$w" >"$TMP/workload-queued.json"
+/usr/bin/python3 - "$TMP/workload-queued.json" <<'PYCHECK'
+import json, sys
+w = json.load(open(sys.argv[1]))
+ps = w["spec"]["podSets"]
+init = ps[0]["template"]["spec"].get("initContainers") or []
+ok = (len(ps) == 1 and ps[0]["count"] == 2 and len(init) == 1 and init[0]["name"] == "meshload-sidecar"
+      and init[0].get("restartPolicy") == "Always"
+      and init[0]["resources"]["requests"] == {"cpu": "1", "memory": "512Mi"})
+sys.exit(0 if ok else 1)
+PYCHECK
+rc=$?
+check "the Workload Kueue built from the Job's template holds the sidecar and its requests" $rc
+[ $rc -eq 0 ] || head -c 3000 "$TMP/workload-queued.json"
+usage=$(/usr/bin/python3 -c '
+import json, sys
+w = json.load(open(sys.argv[1]))
+u = w["status"]["admission"]["podSetAssignments"][0]["resourceUsage"]
+print(u.get("cpu"), u.get("memory"))' "$TMP/workload-queued.json" 2>/dev/null)
+[[ "$(condition "$(cat "$TMP/workload-queued.json")" Admitted)" == True* ]] && [ "$usage" = "4 3Gi" ]
+rc=$?
+check "ClusterQueue exact admits it, counting trainers and sidecars: 4 CPU, 3Gi (got: $usage)" $rc
+[ $rc -eq 0 ] || { condition "$(cat "$TMP/workload-queued.json")" QuotaReserved; tail -5 "$TMP/kueue.log"; }
+suspended=
+for _ in $(seq 150); do
+  suspended=$(k -n training get job queued -o jsonpath='{.spec.suspend}')
+  [ "$suspended" = false ] && break
+  sleep 0.2
+done
+[ "$suspended" = false ]
+check "Kueue unsuspends the admitted Job" $?
+sidecars=
+for _ in $(seq 150); do
+  sidecars=$(k -n training get pods -l job-name=queued -o json 2>/dev/null | /usr/bin/python3 -c '
+import json, sys
+pods = json.load(sys.stdin)["items"]
+print(" ".join(sorted(str(sum(c["name"] == "meshload-sidecar" for c in (p["spec"].get("initContainers") or []) + p["spec"]["containers"])) for p in pods)))' 2>/dev/null)
+  [ "$sidecars" = "1 1" ] && break
+  sleep 0.2
+done
+[ "$sidecars" = "1 1" ]
+rc=$?
+check "the Job controller's 2 pods each have the sidecar once" $rc
+[ $rc -eq 0 ] || echo "sidecars per pod: $sidecars"
+
+# The same trainers in a queue with room for the trainers alone: the
+# sidecars' requests count, so it is not admitted, and Kueue says why.
+loader short trainers-only | k apply -f - >"$TMP/apply-short.out" 2>&1
+check "kubectl apply the same in LocalQueue trainers-only" $?
+reserved=
+for _ in $(seq 150); do
+  w=$(workload short)
+  reserved=$([ -n "$w" ] && condition "$w" QuotaReserved)
+  [[ "$reserved" == False*"insufficient quota for cpu"*"(4) > maximum capacity (2)"* ]] && break
+  sleep 0.2
+done
+[[ "$reserved" == False*"insufficient quota for cpu"*"(4) > maximum capacity (2)"* ]] &&
+  [ "$(k -n training get job short -o jsonpath='{.spec.suspend}')" = true ]
+rc=$?
+check "ClusterQueue trainers-only does not admit it: 4 CPU asked (trainers and sidecars), 2 there; the Job stays suspended" $rc
+[ $rc -eq 0 ] || echo "QuotaReserved: $reserved"
+
+finish
