@@ -159,13 +159,7 @@ check "an install with an unknown value (wokers) is refused naming it" $?
 
 # ---- the sidecar-injection webhook, end to end ----
 # A serving certificate for 127.0.0.1 (the url below), from a CA of the test's.
-mkdir -p "$TMP/wh"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=test-ca \
-  -keyout "$TMP/wh/ca.key" -out "$TMP/wh/ca.crt" 2>/dev/null &&
-  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=127.0.0.1 \
-    -keyout "$TMP/wh/tls.key" -out "$TMP/wh/tls.csr" 2>/dev/null &&
-  openssl x509 -req -in "$TMP/wh/tls.csr" -CA "$TMP/wh/ca.crt" -CAkey "$TMP/wh/ca.key" -CAcreateserial -days 1 \
-    -extfile <(printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth') -out "$TMP/wh/tls.crt" 2>/dev/null
+loopback_certificate "$TMP/wh"
 check "a loopback serving certificate for the webhook" $?
 # The controller as the chart's ServiceAccount (a token from the TokenRequest API).
 service_account_kubeconfig meshload-system meshload "$TMP/sa.kubeconfig"
@@ -280,19 +274,10 @@ PYCHECK
 rc=$?
 check "the stored Job's pod template holds the sidecar, its requests and the injected annotation" $rc
 [ $rc -eq 0 ] || head -c 3000 "$TMP/tmpl-job.json"
-sidecars=
-for _ in $(seq 150); do
-  sidecars=$(k -n training get pods -l job-name=tmpl-trainer -o json 2>/dev/null | /usr/bin/python3 -c '
-import json, sys
-pods = json.load(sys.stdin)["items"]
-print(" ".join(sorted(str(sum(c["name"] == "meshload-sidecar" for c in (p["spec"].get("initContainers") or []) + p["spec"]["containers"])) for p in pods)))' 2>/dev/null)
-  [ "$sidecars" = "1 1 1 1" ] && break
-  sleep 0.2
-done
-[ "$sidecars" = "1 1 1 1" ]
+wait_sidecars_per_pod training tmpl-trainer "1 1 1 1"
 rc=$?
 check "the Job controller's 4 pods each have the sidecar once (made from the template, not injected again)" $rc
-[ $rc -eq 0 ] || echo "sidecars per pod: $sidecars"
+[ $rc -eq 0 ] || echo "sidecars per pod: $SIDECARS"
 injected=$(($(webhook_count injected) - injected0)) unchanged=$(($(webhook_count unchanged) - unchanged0))
 [ "$injected" = 1 ] && [ "$unchanged" -ge 4 ]
 rc=$?

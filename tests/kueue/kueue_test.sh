@@ -44,16 +44,7 @@ check "the DataLoadJob CRD and Kueue's CRDs ($(grep -c '^kind: CustomResourceDef
 
 # A serving certificate for 127.0.0.1 from a CA of the test's: meshload's
 # webhook.
-cert() { # dir
-  mkdir -p "$1"
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=test-ca \
-    -keyout "$1/ca.key" -out "$1/ca.crt" 2>/dev/null &&
-    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=127.0.0.1 \
-      -keyout "$1/tls.key" -out "$1/tls.csr" 2>/dev/null &&
-    openssl x509 -req -in "$1/tls.csr" -CA "$1/ca.crt" -CAkey "$1/ca.key" -CAcreateserial -days 1 \
-      -extfile <(printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth') -out "$1/tls.crt" 2>/dev/null
-}
-cert "$TMP/wh"
+loopback_certificate "$TMP/wh"
 check "a loopback serving certificate for meshload's webhook" $?
 
 # Kueue's manager: batch/v1 Jobs, no leader election, its webhook server
@@ -262,19 +253,10 @@ for _ in $(seq 150); do
 done
 [ "$suspended" = false ]
 check "Kueue unsuspends the admitted Job" $?
-sidecars=
-for _ in $(seq 150); do
-  sidecars=$(k -n training get pods -l job-name=queued -o json 2>/dev/null | /usr/bin/python3 -c '
-import json, sys
-pods = json.load(sys.stdin)["items"]
-print(" ".join(sorted(str(sum(c["name"] == "meshload-sidecar" for c in (p["spec"].get("initContainers") or []) + p["spec"]["containers"])) for p in pods)))' 2>/dev/null)
-  [ "$sidecars" = "1 1" ] && break
-  sleep 0.2
-done
-[ "$sidecars" = "1 1" ]
+wait_sidecars_per_pod training queued "1 1"
 rc=$?
 check "the Job controller's 2 pods each have the sidecar once" $rc
-[ $rc -eq 0 ] || echo "sidecars per pod: $sidecars"
+[ $rc -eq 0 ] || echo "sidecars per pod: $SIDECARS"
 
 # The same trainers in a queue with room for the trainers alone: the
 # sidecars' requests count, so it is not admitted, and Kueue says why.
