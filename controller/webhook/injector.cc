@@ -116,10 +116,11 @@ Decision InjectInto(const Target& t, const std::string& ns, const JobLookup& job
   }
   const planner::JobSpec& js = loaded->spec();
   if (!js.selector || !SelectorMatches(*js.selector, kube::ObjectMeta::FromJson(md).labels)) {
+    const bool pod = t.at.empty();
     return Refuse(what + " is labelled for " + job_ref + " but the job's spec.selector " +
-                  Field(Field(*job, "spec"), "selector").dump() + " does not select " +
-                  (t.at.empty() ? "it" : "its pods") + ", so " + (t.at.empty() ? "it" : "they") +
-                  " would get no process index: give " + (t.at.empty() ? "the pod" : "the template") +
+                  Field(Field(*job, "spec"), "selector").dump() +
+                  (pod ? " does not select it, so it would get no process index: give the pod"
+                       : " does not select its pods, so they would get no process index: give the template") +
                   " the labels the selector asks for");
   }
   if (js.dataset.volume && !HasNamed(spec, "volumes", js.dataset.volume->name)) {
@@ -322,24 +323,21 @@ Decision InjectJobTemplate(const json& job, const std::string& ns, const JobLook
                            const InjectorOptions& options) {
   const json& md = Field(job, "metadata");
   const json& spec = Field(job, "spec");
-  const json& tmd = Field(Field(spec, "template"), "metadata");
-  const std::string name = NameOf(md);
-  const std::string what = "Job " + ns + "/" + name + "'s pod template";
+  const json& tmpl = Field(spec, "template");
+  const std::string name = "Job " + ns + "/" + NameOf(md);
   const std::string on_job = Str(Field(md, "labels"), kJobLabel);
-  const std::string on_template = Str(Field(tmd, "labels"), kJobLabel);
+  const std::string on_template = Str(Field(Field(tmpl, "metadata"), "labels"), kJobLabel);
   if (on_job.empty() && on_template.empty()) return Unchanged();
   if (on_template != on_job) {
-    return Refuse("Job " + ns + "/" + name + " is labelled " + kJobLabel + "=" + on_job +
+    return Refuse(name + " is labelled " + kJobLabel + "=" + on_job +
                   (on_template.empty() ? std::string(" but its pod template is not")
                                        : " but its pod template " + std::string(kJobLabel) + "=" + on_template) +
                   ": give spec.template.metadata.labels the Job's " + kJobLabel +
-                  " label, so that its pods are the "
-                  "DataLoadJob's trainers");
+                  " label, so that its pods are the DataLoadJob's trainers");
   }
-  if (!tmd.is_object()) return Refuse(what + " has no metadata");
-  return InjectInto(
-      {tmd, Field(Field(spec, "template"), "spec"), what, "/spec/template", Str(spec, "completionMode") == "Indexed"},
-      ns, jobs, options);
+  return InjectInto({Field(tmpl, "metadata"), Field(tmpl, "spec"), name + "'s pod template", "/spec/template",
+                     Str(spec, "completionMode") == "Indexed"},
+                    ns, jobs, options);
 }
 
 }  // namespace meshload::controller::webhook

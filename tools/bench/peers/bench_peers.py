@@ -353,17 +353,22 @@ def scenario_run(runner, scenario, procs, args):
     else:
         mds = write_mds(args.dir, scenario, path) if "streaming" in args.loaders else None
 
-    configs = []  # (label, loader, workers (meshload: staging threads), consumer)
-    if "meshload" in args.loaders:
-        # Its staging threads tuned as the peers' workers are.
+    def tune(loader, choices, what):
+        """The fastest of `choices` for `loader`'s workers (meshload: its
+        staging threads), one short run each, printed."""
         best, best_rate = None, -1.0
         tried = []
-        for t in (1, 2):
-            r = runner.run("meshload", scenario, path, procs, tune_seconds, workers=t, mds=mds, samples=samples)
-            tried.append("%d: %.0f/s" % (t, r["rate"]))
+        for w in choices:
+            r = runner.run(loader, scenario, path, procs, tune_seconds, workers=w, mds=mds, samples=samples)
+            tried.append("%d: %.0f/s" % (w, r["rate"]))
             if r["rate"] > best_rate:
-                best, best_rate = t, r["rate"]
-        print("  meshload staging threads tried (samples/s): %s -> %d" % (", ".join(tried), best), flush=True)
+                best, best_rate = w, r["rate"]
+        print("  %s %s tried (samples/s): %s -> %d" % (loader, what, ", ".join(tried), best), flush=True)
+        return best
+
+    configs = []  # (label, loader, workers (meshload: staging threads), consumer)
+    if "meshload" in args.loaders:
+        best = tune("meshload", (1, 2), "staging threads")
         configs.append(("meshload", "meshload", best, "numpy"))
         if not args.no_jax and not scenario.variable and not scenario.records and not scenario.columnar:
             configs.append(("meshload-jax", "meshload", best, "jax"))
@@ -371,14 +376,7 @@ def scenario_run(runner, scenario, procs, args):
     for peer in peers_of(scenario):
         if peer not in args.loaders:
             continue
-        best, best_rate = None, -1.0
-        tried = []
-        for w in worker_choices:
-            r = runner.run(peer, scenario, path, procs, tune_seconds, workers=w, mds=mds, samples=samples)
-            tried.append("%d: %.0f/s" % (w, r["rate"]))
-            if r["rate"] > best_rate:
-                best, best_rate = w, r["rate"]
-        print("  %s workers tried (samples/s): %s -> %d" % (peer, ", ".join(tried), best), flush=True)
+        best = tune(peer, worker_choices, "workers")
         configs.append(("%s (%d workers)" % (peer, best), peer, best, "numpy"))
     if "numpy" in args.loaders and not scenario.records and not scenario.columnar:
         configs.append(("numpy memmap loop", "numpy", 0, "numpy"))
