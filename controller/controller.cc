@@ -1,6 +1,7 @@
 #include "controller/controller.h"
 
 #include "common/logging.h"
+#include "controller/trainer_jobs.h"
 
 namespace meshload::controller {
 
@@ -26,6 +27,9 @@ Controller::Controller(kube::KubeClient* client, metrics::Registry* registry, Co
   jobs_ = std::make_unique<kube::Informer>(client, JobsResource(), jo);
   pods_ = std::make_unique<kube::Informer>(client, PodsResource(), po);
   configmaps_ = std::make_unique<kube::Informer>(client, ConfigMapsResource(), co);
+  kube::InformerOptions bo = jo;
+  bo.transform = SlimBatchJob;
+  trainer_jobs_ = std::make_unique<kube::Informer>(client, BatchJobsResource(), bo);
   ReconcilerOptions ro = options_.reconciler;
   if (options_.progress_interval.count() > 0) {
     ProgressPollerOptions pp = options_.progress;
@@ -35,11 +39,15 @@ Controller::Controller(kube::KubeClient* client, metrics::Registry* registry, Co
     poller_ = std::make_unique<ProgressPoller>(jobs_.get(), pods_.get(), configmaps_.get(), pp);
     ro.progress = [this](const std::string& key) { return poller_->Get(key); };
   }
-  reconciler_ = std::make_unique<Reconciler>(client, jobs_.get(), pods_.get(), configmaps_.get(), ro);
+  reconciler_ =
+      std::make_unique<Reconciler>(client, jobs_.get(), pods_.get(), configmaps_.get(), trainer_jobs_.get(), ro);
 
   jobs_->OnChange([this](const nlohmann::json& job, bool) { queue_.Add(kube::ObjectKey(job)); });
   pods_->OnChange([this](const nlohmann::json& pod, bool) {
     for (const auto& key : reconciler_->JobsForPod(pod)) queue_.Add(key);
+  });
+  trainer_jobs_->OnChange([this](const nlohmann::json& job, bool) {
+    for (const auto& key : reconciler_->JobsForTrainerJob(job)) queue_.Add(key);
   });
   configmaps_->OnChange([this](const nlohmann::json& cm, bool) {
     std::string key = Reconciler::JobForConfigMap(cm);
@@ -80,12 +88,14 @@ Controller::Controller(kube::KubeClient* client, metrics::Registry* registry, Co
     auto* cj = &cached.Add({{"resource", "dataloadjobs"}});
     auto* cp = &cached.Add({{"resource", "pods"}});
     auto* cc = &cached.Add({{"resource", "configmaps"}});
-    registry->AddCollectHook([this, &depth, &delayed, cj, cp, cc] {
+    auto* ct = &cached.Add({{"resource", "jobs.batch"}});
+    registry->AddCollectHook([this, &depth, &delayed, cj, cp, cc, ct] {
       depth.Set(static_cast<double>(queue_.Len()));
       delayed.Set(static_cast<double>(queue_.DelayedLen()));
       cj->Set(static_cast<double>(jobs_->size()));
       cp->Set(static_cast<double>(pods_->size()));
       cc->Set(static_cast<double>(configmaps_->size()));
+      ct->Set(static_cast<double>(trainer_jobs_->size()));
     });
   }
 }
@@ -95,9 +105,10 @@ Controller::~Controller() { Stop(); }
 Status Controller::Start(std::chrono::milliseconds sync_timeout) {
   configmaps_->Start();
   pods_->Start();
+  trainer_jobs_->Start();
   jobs_->Start();
   auto deadline = std::chrono::steady_clock::now() + sync_timeout;
-  for (auto* inf : {configmaps_.get(), pods_.get(), jobs_.get()}) {
+  for (auto* inf : {configmaps_.get(), pods_.get(), trainer_jobs_.get(), jobs_.get()}) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (!inf->WaitForSync(std::max(left, std::chrono::milliseconds(1)))) {
       return Status(StatusCode::kDeadlineExceeded,
@@ -107,11 +118,14 @@ Status Controller::Start(std::chrono::milliseconds sync_timeout) {
   }
   LogInfo("informer caches synced", {{"dataloadjobs", static_cast<int64_t>(jobs_->size())},
                                      {"pods", static_cast<int64_t>(pods_->size())},
-                                     {"configmaps", static_cast<int64_t>(configmaps_->size())}});
+                                     {"configmaps", static_cast<int64_t>(configmaps_->size())},
+                                     {"jobs.batch", static_cast<int64_t>(trainer_jobs_->size())}});
   return Status::Ok();
 }
 
-bool Controller::synced() const { return jobs_->synced() && pods_->synced() && configmaps_->synced(); }
+bool Controller::synced() const {
+  return jobs_->synced() && pods_->synced() && configmaps_->synced() && trainer_jobs_->synced();
+}
 
 void Controller::SetLeader(bool leader) {
   if (leader_ != nullptr) leader_->Set(leader ? 1 : 0);
@@ -217,6 +231,7 @@ void Controller::Stop() {
   jobs_->Stop();
   pods_->Stop();
   configmaps_->Stop();
+  trainer_jobs_->Stop();
   SetLeader(false);
 }
 

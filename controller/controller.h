@@ -1,6 +1,6 @@
 /// \file
-/// Controller: informers for DataLoadJobs, pods and the controller's
-/// ConfigMaps, a work queue of job keys, N workers running the Reconciler,
+/// Controller: informers for DataLoadJobs, pods, the controller's
+/// ConfigMaps and batch/v1 Jobs (the trainers'), a work queue of job keys, N workers running the Reconciler,
 /// a periodic resync, and the controller's Prometheus metrics.
 ///
 ///   Controller c(client, &registry, {.workers = 4});
@@ -11,7 +11,8 @@
 ///
 /// Events map to keys: a job event to the job; a pod event to the jobs whose
 /// selector matches the pod or whose ConfigMap lists it; a ConfigMap event
-/// to its job. What the event was does not matter: the reconcile reads the
+/// to its job; a batch/v1 Job event to the jobs whose selector matches its
+/// pod template (controller/trainer_jobs.h). What the event was does not matter: the reconcile reads the
 /// world.
 ///
 /// With ControllerOptions::progress_interval, a ProgressPoller reads the
@@ -105,7 +106,7 @@ class Controller {
   // Set by the constructor, read-only after.
   ControllerOptions options_;
   runtime::WorkQueue queue_;
-  std::unique_ptr<kube::Informer> jobs_, pods_, configmaps_;
+  std::unique_ptr<kube::Informer> jobs_, pods_, configmaps_, trainer_jobs_;
   std::unique_ptr<ProgressPoller> poller_;
   std::unique_ptr<Reconciler> reconciler_;
   // Started by StartWorkers and joined by Stop, which never run at once.

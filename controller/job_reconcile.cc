@@ -101,7 +101,12 @@ Status JobReconcile::Run() {
     MESHLOAD_RETURN_IF_ERROR(ReadConfigMap());
     AssignProcesses();
     CheckReadiness();
-    ReadProgress();
+    ReadTrainerJobs();
+    if (suspended_jobs_.empty()) {
+      ReadProgress();
+    } else {
+      desired_.progress = status_.progress;  // as the trainers left it: no pods to poll
+    }
     MESHLOAD_RETURN_IF_ERROR(ApplyConfigMap(ConfigMapData()));
     MESHLOAD_RETURN_IF_ERROR(EnsurePeerSecret());
     SetConditions();
@@ -323,6 +328,18 @@ void JobReconcile::CheckReadiness() {
   }
 }
 
+void JobReconcile::ReadTrainerJobs() {
+  if (ctx_.trainer_jobs == nullptr) return;
+  trainer_jobs_ = TrainerJobsOf(*ctx_.trainer_jobs, ns_, Field(Field(job_, "spec"), "selector"));
+  for (auto& p : TrainerJobProblems(trainer_jobs_, processes_)) problems_.push_back(std::move(p));
+  int suspended = 0;
+  for (const auto& t : trainer_jobs_) {
+    if (!t.suspended) continue;
+    suspended_jobs_ += (suspended++ == 0 ? "" : ", ") + ns_ + "/" + t.metadata.name;
+  }
+  if (suspended > 0) suspended_jobs_ = (suspended == 1 ? "batch/v1 Job " : "batch/v1 Jobs ") + suspended_jobs_;
+}
+
 void JobReconcile::ReadProgress() {
   // Progress (the sidecars' /progress, polled by the ProgressPoller) and
   // the step a restarted or resized job resumes at: resume.json, which
@@ -455,6 +472,14 @@ Status JobReconcile::ApplyConfigMap(const kube::StringMap& data) {
   kube::ApiResponse r = ctx_.client->Put(cms.Object(ns_, cm_name_), updated.ToJson());
   if (r.ok()) {
     ++res_.writes;
+  } else if (r.code == 409) {
+    // Written since the cache's copy (this controller's own last update,
+    // whose watch event is not here yet): this reconcile's assignment did
+    // not start from it, so nothing is written; the next one, on the
+    // caught-up cache, does. Not a problem: no Degraded, no warning.
+    deferred_ =
+        Status(StatusCode::kUnavailable,
+               "ConfigMap " + ns_ + "/" + cm_name_ + " changed since the cache read it: reconciled again", key_);
   } else {
     ConfigMapFailed(r.ToStatus("update ConfigMap " + ns_ + "/" + cm_name_));
   }
@@ -536,6 +561,51 @@ void JobReconcile::SetConditions() {
     desired_.phase = all_ready ? "Running" : "Pending";
   }
   for (const auto& c : progress_conditions_) desired_.conditions.push_back({c.type, c.status, c.reason, c.message});
+  if (!suspended_jobs_.empty()) {
+    SetSuspendedConditions();
+  } else if (!trainer_jobs_.empty()) {
+    std::string names;
+    for (const auto& t : trainer_jobs_) names += (names.empty() ? "" : ", ") + ns_ + "/" + t.metadata.name;
+    desired_.conditions.push_back({"Admitted", "True", "TrainersAdmitted",
+                                   (trainer_jobs_.size() == 1 ? "batch/v1 Job " : "batch/v1 Jobs ") + names +
+                                       " not suspended: their pods may run"});
+  }
+}
+
+void JobReconcile::SetSuspendedConditions() {
+  // Admitted before (the condition was True, or the job was Suspended
+  // already): a preemption, or somebody suspended it. Else it waits for
+  // its first admission.
+  const JobCondition* was = status_.Find("Admitted");
+  const bool ran = was != nullptr && (was->status == "True" || was->reason == "Suspended");
+  const int64_t step = ResumeStep();
+  const std::string at = std::to_string(step);
+  const bool one = suspended_jobs_.rfind("batch/v1 Job ", 0) == 0;
+  const std::string is = suspended_jobs_ + (one ? " is" : " are") + " suspended (spec.suspend: true)";
+  const std::string message =
+      ran ? is + " after running: preempted by its queue or stopped; the trainers resume at step " + at +
+                " when admitted again"
+          : is + ": waiting for admission by its queue; the trainers start at step " + at;
+  const std::string reason = ran ? "Suspended" : "WaitingForAdmission";
+  desired_.phase = reason;
+  if (ran) desired_.suspended_at_step = step;
+  // No pods while suspended is no problem: not SidecarsReady, Degraded,
+  // Starved or Straggling (a real problem, such as a parallelism the mesh
+  // cannot take, stays Degraded).
+  const std::string why = "no trainer pods while " + is;
+  for (auto& c : desired_.conditions) {
+    if (c.type == "SidecarsReady" && c.status != "True") {
+      c = {c.type, "False", "TrainersSuspended", why};
+    } else if (c.type == "Degraded" && (problems_.empty() || c.reason == "NotAllSidecarsReady")) {
+      c = {c.type, "False", "TrainersSuspended", ""};
+    }
+  }
+  std::erase_if(desired_.conditions, [](const Condition& c) { return c.type == "Starved" || c.type == "Straggling"; });
+  if (ctx_.options->progress) {
+    desired_.conditions.push_back({"Starved", "False", "TrainersSuspended", why});
+    desired_.conditions.push_back({"Straggling", "False", "TrainersSuspended", why});
+  }
+  desired_.conditions.push_back({"Admitted", "False", reason, message});
 }
 
 Status JobReconcile::WriteStatus() {

@@ -2,7 +2,7 @@
 // that controller/reconciler.h describes:
 //   1. Finalize (being deleted) or EnsureFinalizer
 //   2. Validate (the planner's parser and checks)
-//   3. ReadConfigMap, AssignProcesses, CheckReadiness
+//   3. ReadConfigMap, AssignProcesses, CheckReadiness, ReadTrainerJobs
 //   4. ReadProgress, ConfigMapData, ApplyConfigMap, EnsurePeerSecret
 //   5. SetConditions, then WriteStatus (and the Events it makes)
 // Internal to the controller: Reconciler::Reconcile makes one per call, on
@@ -23,6 +23,7 @@
 #include "controller/kube/objects.h"
 #include "controller/progress_poller.h"
 #include "controller/reconcile_context.h"
+#include "controller/trainer_jobs.h"
 #include "planner/shard_planner.h"
 #include "planner/spec.h"
 
@@ -55,6 +56,13 @@ class JobReconcile {
   void AssignProcesses();
   // Which processes have no pod, or a sidecar that is not ready.
   void CheckReadiness();
+  // The trainers' batch/v1 Jobs (controller/trainer_jobs.h): which are
+  // suspended, and whether their parallelism fits the mesh.
+  void ReadTrainerJobs();
+  // While trainer Jobs are suspended: the Admitted condition, the phase
+  // WaitingForAdmission (never admitted) or Suspended (admitted before;
+  // suspendedAtStep), and the conditions missing pods would otherwise set.
+  void SetSuspendedConditions();
   // 4. Progress from the last poll of the sidecars (status.progress and the
   // Starved/Straggling conditions).
   void ReadProgress();
@@ -107,6 +115,8 @@ class JobReconcile {
   std::vector<std::string> problems_;       // "Reason: message"
   std::vector<int64_t> missing_, not_ready_;
   std::vector<ProgressCondition> progress_conditions_;
+  std::vector<TrainerJob> trainer_jobs_;
+  std::string suspended_jobs_;  // "batch/v1 Job ns/a" or "batch/v1 Jobs ns/a, ns/b"; empty: none suspended
 };
 
 }  // namespace meshload::controller

@@ -38,6 +38,7 @@ JobStatus JobStatus::FromJson(const json& j) {
   s.peer_secret_name = Str(j, "peerSecretName");
   s.peer_secret_uid = Str(j, "peerSecretUID");
   if (Field(j, "progress").is_object()) s.progress = j["progress"];
+  if (Field(j, "suspendedAtStep").is_number_integer()) s.suspended_at_step = j["suspendedAtStep"].get<int64_t>();
   const json& conds = Field(j, "conditions");
   if (conds.is_array()) {
     for (const auto& c : conds) s.conditions.push_back(JobCondition::FromJson(c));
@@ -54,6 +55,7 @@ json JobStatus::ToJson() const {
   if (!peer_secret_name.empty()) out["peerSecretName"] = peer_secret_name;
   if (!peer_secret_uid.empty()) out["peerSecretUID"] = peer_secret_uid;
   if (progress.is_object()) out["progress"] = progress;
+  if (suspended_at_step) out["suspendedAtStep"] = *suspended_at_step;
   json conds = json::array();
   for (const auto& c : conditions) conds.push_back(c.ToJson());
   out["conditions"] = std::move(conds);
@@ -77,6 +79,7 @@ JobStatus StatusToWrite(const DesiredStatus& d, int64_t generation, const JobSta
   out.peer_secret_name = d.peer_secret;
   out.peer_secret_uid = d.peer_secret_uid;
   if (d.progress.is_object()) out.progress = d.progress;
+  out.suspended_at_step = d.suspended_at_step;
   for (const auto& c : d.conditions) {
     std::string ltt = kube::NowRfc3339();
     for (const auto& o : current.conditions) {
@@ -100,9 +103,12 @@ std::vector<ConditionEvent> ConditionEvents(const JobStatus& before, const JobSt
       was_message = o->message;
     }
     if (status == "Unknown") continue;
-    // Degraded, Starved and Straggling are good when False.
+    // Degraded, Starved and Straggling are good when False. Admitted is
+    // neither: waiting for a queue, or being preempted by it, is how
+    // queued jobs run (Normal either way).
     const bool negative = type == "Degraded" || type == "Starved" || type == "Straggling";
-    const bool good = negative == (status == "False");
+    const bool neutral = type == "Admitted";
+    const bool good = neutral || negative == (status == "False");
     const bool fresh = was.empty() || was == "Unknown";  // a new, or newly valid, job
     if (was == status) {
       // Still bad, for another reason or with other errors (an edit that
@@ -113,11 +119,15 @@ std::vector<ConditionEvent> ConditionEvents(const JobStatus& before, const JobSt
     } else if (fresh) {
       // Say what is wrong, that it was planned, and that its sidecars are
       // ready; not ready yet, and not degraded, is how a job starts.
-      const bool worth = type == "Planned" || (type == "SidecarsReady" ? good : !good);
+      const bool worth =
+          type == "Planned" || (type == "SidecarsReady" ? good : !good) || (neutral && status == "False");
       if (!worth) continue;
     } else if (type == "Degraded" && good && reason == "InvalidSpec") {
       continue;  // not a recovery: the spec went invalid (Valid says so)
     }
+    // Pods gone with their suspended Jobs are Admitted's event, not a
+    // sidecar problem or a recovery.
+    if (reason == "TrainersSuspended" && (type == "SidecarsReady" || type == "Degraded")) continue;
     // Sidecars that are not all ready are SidecarsReady's events (Degraded
     // says it too, and would repeat each one, at every job's start as well).
     if (type == "Degraded" && (good ? was_reason : reason) == "NotAllSidecarsReady") continue;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,7 @@ struct JobCondition {
 };
 
 /// status: phase, observedGeneration, processesReady, planHash,
-/// peerSecretName, peerSecretUID, progress (the sub-document ProgressStatus
+/// peerSecretName, peerSecretUID, suspendedAtStep, progress (the sub-document ProgressStatus
 /// builds, kept as JSON: controller/progress_poller.h describes it), and the
 /// conditions. FromJson reads a stored status tolerantly (a missing or
 /// mistyped member reads as empty); ToJson writes what a reconcile sends.
@@ -33,6 +34,9 @@ struct JobStatus {
   std::string peer_secret_name;  // the Secret's name, once it exists
   std::string peer_secret_uid;   // its uid, when this controller made it
   nlohmann::json progress;       // null without a poll
+  /// While the trainer Jobs are suspended after running: the step they
+  /// resume at.
+  std::optional<int64_t> suspended_at_step;
   std::vector<JobCondition> conditions;
 
   static JobStatus FromJson(const nlohmann::json& j);
@@ -54,6 +58,7 @@ struct DesiredStatus {
   std::string peer_secret;      // the Secret's name, once it exists
   std::string peer_secret_uid;  // its uid, when this controller made it
   nlohmann::json progress;      // status.progress (ProgressStatus), null without a poll
+  std::optional<int64_t> suspended_at_step;
   std::vector<Condition> conditions;
 };
 

@@ -106,11 +106,13 @@ class JobMemory {
 };
 
 /// What one job's reconcile (controller/job_reconcile.h) works with, and no
-/// more: the client, the pod and ConfigMap caches, the options, the memory.
+/// more: the client, the pod, ConfigMap and trainer Job caches, the options, the memory.
 struct ReconcileContext {
   kube::KubeClient* client = nullptr;
   kube::Informer* pods = nullptr;
   kube::Informer* configmaps = nullptr;
+  /// The batch/v1 Jobs (SlimBatchJob), or null: trainers are bare pods only.
+  kube::Informer* trainer_jobs = nullptr;
   const ReconcilerOptions* options = nullptr;
   JobMemory* memory = nullptr;
   /// kFailedPrecondition when this process may not write (lost leadership).

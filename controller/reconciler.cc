@@ -6,6 +6,7 @@
 
 #include "controller/job_reconcile.h"
 #include "controller/kube/json_fields.h"
+#include "controller/trainer_jobs.h"
 
 namespace meshload::controller {
 
@@ -17,8 +18,13 @@ using kube::Str;
 json SlimPod(json pod) { return kube::Pod::FromFullJson(pod, kDefaultSidecarContainer).ToJson(); }
 
 Reconciler::Reconciler(kube::KubeClient* client, kube::Informer* jobs, kube::Informer* pods, kube::Informer* configmaps,
-                       ReconcilerOptions options)
-    : client_(client), jobs_(jobs), pods_(pods), configmaps_(configmaps), options_(std::move(options)) {}
+                       kube::Informer* trainer_jobs, ReconcilerOptions options)
+    : client_(client),
+      jobs_(jobs),
+      pods_(pods),
+      configmaps_(configmaps),
+      trainer_jobs_(trainer_jobs),
+      options_(std::move(options)) {}
 
 std::string Reconciler::JobForConfigMap(const json& cm) {
   const kube::ObjectMeta md = kube::MetadataOf(cm);
@@ -47,6 +53,19 @@ std::vector<std::string> Reconciler::JobsForPod(const json& pod) const {
   return {keys.begin(), keys.end()};
 }
 
+std::vector<std::string> Reconciler::JobsForTrainerJob(const json& job) const {
+  const TrainerJob t = TrainerJob::FromJson(job);
+  std::vector<std::string> keys;
+  if (t.template_labels.empty()) return keys;
+  for (const auto& dlj : jobs_->List(t.metadata.namespace_)) {
+    const json& sel = Field(Field(*dlj, "spec"), "selector");
+    if (sel.is_object() && SelectorMatches(sel, t.template_labels)) {
+      keys.push_back(t.metadata.namespace_ + "/" + kube::MetadataOf(*dlj).name);
+    }
+  }
+  return keys;
+}
+
 Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
   ReconcileResult local;
   ReconcileResult& res = result ? *result : local;
@@ -59,7 +78,7 @@ Status Reconciler::Reconcile(const std::string& key, ReconcileResult* result) {
     memory_.Forget(key);
     return Status::Ok();
   }
-  const ReconcileContext context{client_, pods_, configmaps_, &options_, &memory_};
+  const ReconcileContext context{client_, pods_, configmaps_, trainer_jobs_, &options_, &memory_};
   return JobReconcile(context, key, ns, name, *cached, res).Run();
 }
 

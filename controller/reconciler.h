@@ -80,8 +80,9 @@ using kube::SelectorMatches;  // controller/kube/label_selector.h
 
 class Reconciler {
  public:
+  /// `trainer_jobs`: the batch/v1 Jobs (SlimBatchJob), or null.
   Reconciler(kube::KubeClient* client, kube::Informer* jobs, kube::Informer* pods, kube::Informer* configmaps,
-             ReconcilerOptions options = {});
+             kube::Informer* trainer_jobs, ReconcilerOptions options = {});
 
   /// Reconciles the job with key "namespace/name". An error means "try
   /// again with backoff".
@@ -90,6 +91,9 @@ class Reconciler {
   /// Keys of the jobs that a pod event concerns: jobs in its namespace whose
   /// selector matches it, and jobs whose ConfigMap lists it.
   std::vector<std::string> JobsForPod(const nlohmann::json& pod) const;
+  /// Keys of the jobs in a batch/v1 Job's namespace whose selector matches
+  /// its pod template's labels (its suspension is theirs).
+  std::vector<std::string> JobsForTrainerJob(const nlohmann::json& job) const;
   /// The key of the job owning a ConfigMap, or "" when it is not ours.
   static std::string JobForConfigMap(const nlohmann::json& configmap);
 
@@ -99,6 +103,7 @@ class Reconciler {
   kube::Informer* jobs_;
   kube::Informer* pods_;
   kube::Informer* configmaps_;
+  kube::Informer* trainer_jobs_;
   ReconcilerOptions options_;
   JobMemory memory_;
 };

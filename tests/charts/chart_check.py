@@ -403,6 +403,7 @@ WORKLOAD_RULES = [("meshload.io", "dataloadjobs", ["get", "list", "watch", "upda
                   ("meshload.io", "dataloadjobs/status", ["update"]),
                   ("meshload.io", "dataloadjobs/finalizers", ["update"]),
                   ("", "pods", ["list", "watch"]),
+                  ("batch", "jobs", ["list", "watch"]),
                   ("", "configmaps", ["get", "list", "watch", "create", "update", "delete"]),
                   ("", "secrets", ["create", "delete"]),
                   ("", "events", ["create", "patch"])]
@@ -731,9 +732,9 @@ if out:
     check("watchNamespace: no ClusterRole or ClusterRoleBinding (nothing cluster-wide, pods included)",
           not objs(docs, "ClusterRole") and not objs(docs, "ClusterRoleBinding"))
     watched = [r for r in objs(docs, "Role") if r["metadata"].get("namespace") == "training"]
-    check("watchNamespace: pods, configmaps, secrets, events and dataloadjobs are a Role in that namespace",
+    check("watchNamespace: pods, jobs, configmaps, secrets, events and dataloadjobs are a Role in that namespace",
           lambda: len(watched) == 1 and {res for r in watched[0]["rules"] for res in r["resources"]}
-          == {"pods", "configmaps", "secrets", "events", "dataloadjobs", "dataloadjobs/status",
+          == {"pods", "jobs", "configmaps", "secrets", "events", "dataloadjobs", "dataloadjobs/status",
               "dataloadjobs/finalizers"})
     sm = objs(docs, "ServiceMonitor")
     check("serviceMonitor: a monitoring.coreos.com/v1 ServiceMonitor scrapes the metrics port of the Service",

@@ -136,6 +136,34 @@ class ControllerTest : public ::testing::Test {
     StartController();
     Settle();
   }
+  // Caches with the controller's identity for a Reconciler the test drives
+  // itself: DataLoadJobs and pods of kNs, ConfigMaps of `configmaps_ns`;
+  // listed before it returns, stopped when it goes.
+  struct Caches {
+    std::unique_ptr<kube::KubeClient> client;
+    std::unique_ptr<kube::Informer> jobs, pods, configmaps;
+    ~Caches() {
+      for (kube::Informer* inf : {jobs.get(), pods.get(), configmaps.get()}) inf->Stop();
+    }
+    Reconciler NewReconciler(kube::Informer* cms = nullptr) {
+      return Reconciler(client.get(), jobs.get(), pods.get(), cms ? cms : configmaps.get(), nullptr);
+    }
+  };
+  std::unique_ptr<Caches> StartCaches(const std::string& configmaps_ns) {
+    auto c = std::make_unique<Caches>();
+    c->client = cluster_.ControllerClient();
+    c->jobs =
+        std::make_unique<kube::Informer>(c->client.get(), JobsResource(), kube::InformerOptions{.namespace_ = kNs});
+    c->pods =
+        std::make_unique<kube::Informer>(c->client.get(), PodsResource(), kube::InformerOptions{.namespace_ = kNs});
+    c->configmaps = std::make_unique<kube::Informer>(c->client.get(), ConfigMapsResource(),
+                                                     kube::InformerOptions{.namespace_ = configmaps_ns});
+    for (kube::Informer* inf : {c->jobs.get(), c->pods.get(), c->configmaps.get()}) inf->Start();
+    for (kube::Informer* inf : {c->jobs.get(), c->pods.get(), c->configmaps.get()}) {
+      EXPECT_TRUE(inf->WaitForSync(10s));
+    }
+    return c;
+  }
   // The controller's successful writes, from the audit log.
   int64_t Writes() { return cluster_.WriteCount(); }
   // A job the CRD's schema and rules take but the controller finds invalid:
@@ -419,13 +447,9 @@ TEST_F(ControllerTest, ReplacedPodsTakeTheFreedIndexAndOthersKeepTheirs) {
 TEST_F(ControllerTest, AConfigMapCacheThatLagsNeverRenumbersTheTrainers) {
   ReadyPods("lag", 4);
   cluster_.CreateJob(cluster_.JobManifest(kNs, "lag", 4, "lag"));
-  auto client = cluster_.ControllerClient();
-  kube::InformerOptions here{.namespace_ = kNs};
-  kube::Informer jobs(client.get(), JobsResource(), here), pods(client.get(), PodsResource(), here);
-  kube::Informer lagging(client.get(), ConfigMapsResource(), {.namespace_ = kNs + "-elsewhere"});
-  for (kube::Informer* inf : {&jobs, &pods, &lagging}) inf->Start();
-  for (kube::Informer* inf : {&jobs, &pods, &lagging}) ASSERT_TRUE(inf->WaitForSync(10s));
-  Reconciler reconciler(client.get(), &jobs, &pods, &lagging);
+  auto caches = StartCaches(kNs + "-elsewhere");  // a ConfigMap cache that lags for ever
+  kube::Informer& pods = *caches->pods;
+  Reconciler reconciler = caches->NewReconciler();
   const std::string key = kNs + "/lag";
   // As the work queue would: again until it succeeds (a status write on a
   // job the cache has not caught up with yet answers 409 and is retried).
@@ -450,7 +474,41 @@ TEST_F(ControllerTest, AConfigMapCacheThatLagsNeverRenumbersTheTrainers) {
         return reconciler.Reconcile(key, &r).ok() && r.writes == 0;
       },
       20s));
-  for (kube::Informer* inf : {&jobs, &pods, &lagging}) inf->Stop();
+}
+
+// A ConfigMap cache a write behind (its watch event not here yet): the
+// update answers 409, which is a retry, not a problem (no ConfigMapFailed,
+// no warning); the retry on the caught-up cache lands.
+TEST_F(ControllerTest, AConfigMapUpdateOnAStaleCacheIsRetriedNotReportedAsAProblem) {
+  ReadyPods("stale", 2);
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "stale", 2, "stale"));
+  auto caches = StartCaches(kNs);
+  kube::Informer &pods = *caches->pods, &cms = *caches->configmaps;
+  Reconciler reconciler = caches->NewReconciler();
+  const std::string key = kNs + "/stale";
+  auto reconcile = [&] { return WaitFor([&] { return reconciler.Reconcile(key).ok(); }, 20s); };
+  ASSERT_TRUE(reconcile());
+  ASSERT_TRUE(WaitFor([&] { return cms.Get(kNs, "stale-meshload") != nullptr; }, 20s));
+  cms.Stop();  // from here the cache keeps the ConfigMap's first version
+  cluster_.DeletePod(kNs, "stale-1");
+  ASSERT_TRUE(WaitFor([&] { return pods.List(kNs).size() == 1; }, 20s));
+  ASSERT_TRUE(reconcile());  // updates the ConfigMap from the cached version: lands
+  EXPECT_EQ(Assignment("stale").count("stale-1"), 0u);
+  ReadyPods("stale", 1, 2);
+  ASSERT_TRUE(WaitFor([&] { return pods.List(kNs).size() == 2; }, 20s));
+  Status st = reconciler.Reconcile(key);  // from the stale version: 409
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(Condition(Job("stale"), "Degraded")["reason"], "ConfigMapFailed") << Job("stale").dump(2);
+  EXPECT_EQ(Assignment("stale").count("stale-2"), 0u) << "nothing written from the stale version";
+  // The retry, on a cache that caught up.
+  kube::Informer fresh(caches->client.get(), ConfigMapsResource(), {.namespace_ = kNs});
+  fresh.Start();
+  ASSERT_TRUE(fresh.WaitForSync(10s));
+  Reconciler caught_up = caches->NewReconciler(&fresh);
+  ASSERT_TRUE(WaitFor([&] { return caught_up.Reconcile(key).ok(); }, 20s));
+  EXPECT_EQ(Assignment("stale").count("stale-2"), 1u);
+  EXPECT_NE(Condition(Job("stale"), "Degraded")["status"], "True") << Job("stale").dump(2);
+  fresh.Stop();
 }
 
 TEST_F(ControllerTest, RestartKeepsTheAssignmentAndMakesNoWrites) {
@@ -745,6 +803,167 @@ TEST_F(ControllerTest, TheSidecarsProgressIsInTheStatusAndTheResumeStepInTheConf
   EXPECT_EQ(straggle[0].rfind("Warning ProcessesStraggle: process 1 (pod pg-1) is more than 100 steps behind", 0), 0u)
       << straggle[0];
   EXPECT_EQ(straggle[1], "Normal NoStragglers: Straggling is now False (1)");
+}
+
+// A trainer Job as a queue such as Kueue makes it: Indexed, created
+// suspended, unsuspended on admission and suspended again on preemption
+// (the Job controller of the control plane makes and deletes its pods).
+json TrainerJobManifest(const std::string& ns, const std::string& name, const std::string& app, int parallelism,
+                        int completions, bool suspend) {
+  return {{"apiVersion", "batch/v1"},
+          {"kind", "Job"},
+          {"metadata", {{"name", name}, {"namespace", ns}}},
+          {"spec",
+           {{"suspend", suspend},
+            {"completionMode", "Indexed"},
+            {"completions", completions},
+            {"parallelism", parallelism},
+            {"template",
+             {{"metadata", {{"labels", {{"app", app}}}}},
+              {"spec",
+               {{"restartPolicy", "Never"},
+                {"containers", json::array({{{"name", "trainer"}, {"image", "trainer:1"}}})}}}}}}}};
+}
+
+TEST_F(ControllerTest, ASuspendedTrainerJobWaitsForAdmissionAndAPreemptedOneIsSuspendedAtItsStep) {
+  const std::string jobs = "/apis/batch/v1/namespaces/" + kNs + "/jobs";
+  auto set_suspend = [&](bool suspend) {
+    auto r = cluster_.client().Patch(jobs + "/q-trainers", json{{"spec", {{"suspend", suspend}}}},
+                                     "application/merge-patch+json");
+    ASSERT_OK(r) << r.message();
+  };
+  // The Job controller's pods of Job q-trainers, by completion index ("" when gone).
+  auto pods = [&] {
+    std::vector<std::string> out(2);
+    json list = cluster_.Get("/api/v1/namespaces/" + kNs + "/pods?labelSelector=app%3Dq");
+    for (const auto& p : list["items"]) {
+      if (p["metadata"].contains("deletionTimestamp")) continue;
+      const json& a = p["metadata"]["annotations"];
+      const int i = std::stoi(a.value(kube::kJobCompletionIndex, std::string("9")));
+      if (i < 2) out[i] = p["metadata"]["name"];
+    }
+    return out;
+  };
+  // Two sidecars on 127.0.0.2 and .3 whose trainers stopped at step 57.
+  const int port = 21000 + static_cast<int>(::getpid() % 9000);
+  ProgressEndpoint p0("127.0.0.2", port, 0), p1("127.0.0.3", port, 1);
+  ASSERT_TRUE(p0.ok() && p1.ok()) << "cannot listen on 127.0.0.2/3:" << port;
+  p0.Set(57, 0.0);
+  p1.Set(57, 0.0);
+  auto admit = [&] {
+    set_suspend(false);
+    std::vector<std::string> made;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          made = pods();
+          return !made[0].empty() && !made[1].empty();
+        },
+        30s))
+        << "the Job controller made no pods for Job q-trainers";
+    cluster_.SetSidecar(kNs, made[0], true, 0, "127.0.0.2");
+    cluster_.SetSidecar(kNs, made[1], true, 0, "127.0.0.3");
+  };
+
+  ASSERT_OK(cluster_.client().Post(jobs, TrainerJobManifest(kNs, "q-trainers", "q", 2, 2, /*suspend=*/true)));
+  json manifest = cluster_.JobManifest(kNs, "q", 2, "q");
+  manifest["spec"]["resume"] = {{"step", 40}};
+  cluster_.CreateJob(manifest);
+  runtime::EventRecorder& events = ControllerEventRecorder();
+  ControllerOptions options = RecordingEvents(events);
+  options.progress_interval = 200ms;
+  options.progress.default_port = port;
+  options.progress.timeout = 1s;
+  options.reconciler.progress_min_write_interval = 0ms;
+  StartController(options);
+
+  // Queued: waiting for admission, at the spec's step; no pods is no problem.
+  ASSERT_TRUE(WaitFor([&] { return Job("q")["status"]["phase"] == "WaitingForAdmission"; }, 20s)) << Job("q").dump(2);
+  json job = Job("q");
+  EXPECT_EQ(Condition(job, "Admitted")["status"], "False");
+  EXPECT_EQ(Condition(job, "Admitted")["reason"], "WaitingForAdmission");
+  EXPECT_EQ(Condition(job, "Admitted")["message"],
+            "batch/v1 Job " + kNs +
+                "/q-trainers is suspended (spec.suspend: true): waiting for admission by its queue; the "
+                "trainers start at step 40");
+  EXPECT_EQ(Condition(job, "SidecarsReady")["reason"], "TrainersSuspended");
+  EXPECT_EQ(Condition(job, "Degraded")["status"], "False");
+  EXPECT_EQ(Condition(job, "Starved")["reason"], "TrainersSuspended");
+  EXPECT_EQ(Condition(job, "Straggling")["reason"], "TrainersSuspended");
+  EXPECT_FALSE(job["status"].contains("suspendedAtStep"));
+
+  // Admitted: its pods run and their sidecars report step 57.
+  admit();
+  ASSERT_TRUE(WaitFor([&] { return Job("q")["status"]["progress"]["resumeStep"] == 58; }, 30s)) << Job("q").dump(2);
+  ASSERT_TRUE(WaitFor([&] { return Job("q")["status"]["phase"] == "Running"; }, 20s)) << Job("q").dump(2);
+  EXPECT_EQ(Condition(Job("q"), "Admitted")["reason"], "TrainersAdmitted");
+
+  // Preempted: the queue suspends the Job, whose pods go. Suspended at the
+  // step the trainers reached, which the ConfigMap keeps for their return.
+  set_suspend(true);
+  ASSERT_TRUE(WaitFor([&] { return Job("q")["status"]["phase"] == "Suspended"; }, 30s)) << Job("q").dump(2);
+  job = Job("q");
+  EXPECT_EQ(job["status"]["suspendedAtStep"], 58);
+  EXPECT_EQ(Condition(job, "Admitted")["reason"], "Suspended");
+  EXPECT_THAT(Condition(job, "Admitted")["message"].get<std::string>(),
+              HasSubstr("after running: preempted by its queue or stopped; the trainers resume at step 58"));
+  EXPECT_EQ(Condition(job, "Degraded")["status"], "False");
+  EXPECT_EQ(Condition(job, "Starved")["status"], "False");
+  EXPECT_EQ(job["status"]["progress"]["resumeStep"], 58) << "the progress the trainers left is kept";
+  ASSERT_TRUE(WaitFor([&] { return pods() == std::vector<std::string>(2); }, 30s));
+  auto resume = [&] { return json::parse(ConfigMapOf("q")["data"]["resume.json"].get<std::string>()); };
+  EXPECT_EQ(resume(), json({{"step", 58}, {"specStep", 40}}));
+  // Still Suspended after the controller restarts.
+  StopController();
+  StartController(options);
+  std::this_thread::sleep_for(2s);
+  EXPECT_EQ(Job("q")["status"]["phase"], "Suspended");
+
+  // Admitted again: new pods, which start at the recorded step.
+  admit();
+  ASSERT_TRUE(WaitFor([&] { return Job("q")["status"]["phase"] == "Running"; }, 30s)) << Job("q").dump(2);
+  EXPECT_FALSE(Job("q")["status"].contains("suspendedAtStep"));
+  EXPECT_EQ(resume(), json({{"step", 58}, {"specStep", 40}}));
+  ASSERT_TRUE(events.Flush(10s));
+  std::vector<std::string> seen;
+  for (const auto& e : EventsAbout(cluster_, "q")) {
+    if (e.rfind("Warning", 0) == 0) ADD_FAILURE() << "a warning about a queued job: " << e;
+    if (e.find("Admi") != std::string::npos || e.find("Suspend") != std::string::npos) seen.push_back(e);
+  }
+  ASSERT_EQ(seen.size(), 3u) << ::testing::PrintToString(EventsAbout(cluster_, "q"));
+  EXPECT_EQ(seen[0].rfind("Normal WaitingForAdmission: batch/v1 Job " + kNs + "/q-trainers is suspended", 0), 0u)
+      << seen[0];
+  EXPECT_EQ(seen[1].rfind("Normal TrainersAdmitted: batch/v1 Job " + kNs + "/q-trainers not suspended", 0), 0u)
+      << seen[1];
+  EXPECT_EQ(seen[2].rfind("Normal Suspended: batch/v1 Job " + kNs + "/q-trainers is suspended", 0), 0u) << seen[2];
+}
+
+TEST_F(ControllerTest, TrainerJobsWhoseParallelismTheMeshCannotTakeAreNamedWithTheirField) {
+  const std::string jobs = "/apis/batch/v1/namespaces/" + kNs + "/jobs";
+  ASSERT_OK(cluster_.client().Post(jobs, TrainerJobManifest(kNs, "wide", "par", 3, 3, /*suspend=*/true)));
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "par", 2, "par"));
+  runtime::EventRecorder& events = StartRecordingEvents();
+  ASSERT_TRUE(WaitFor([&] { return Condition(Job("par"), "Degraded")["status"] == "True"; }, 20s))
+      << Job("par").dump(2);
+  json d = Condition(Job("par"), "Degraded");
+  EXPECT_EQ(d["reason"], "TrainerParallelismMismatch");
+  EXPECT_THAT(d["message"].get<std::string>(), HasSubstr("batch/v1 Job " + kNs +
+                                                         "/wide has spec.parallelism 3 but the mesh has 2 processes "
+                                                         "(spec.mesh.processes)"));
+  EXPECT_THAT(d["message"].get<std::string>(),
+              HasSubstr("TrainerCompletionsMismatch: Indexed batch/v1 Job " + kNs + "/wide has spec.completions 3"));
+  EXPECT_EQ(Job("par")["status"]["phase"], "WaitingForAdmission") << "still queued, with a problem";
+  // Fixed (a new Job of the right size): no longer degraded.
+  auto r = cluster_.client().Delete(jobs + "/wide");
+  ASSERT_OK(r) << r.message();
+  ASSERT_OK(cluster_.client().Post(jobs, TrainerJobManifest(kNs, "fits", "par", 2, 2, /*suspend=*/true)));
+  ASSERT_TRUE(WaitFor([&] { return Condition(Job("par"), "Degraded")["status"] == "False"; }, 20s))
+      << Job("par").dump(2);
+  SettleWithEvents(events);
+  bool warned = false;
+  for (const auto& e : EventsAbout(cluster_, "par")) {
+    warned = warned || e.rfind("Warning TrainerParallelismMismatch: batch/v1 Job " + kNs + "/wide", 0) == 0;
+  }
+  EXPECT_TRUE(warned) << ::testing::PrintToString(EventsAbout(cluster_, "par"));
 }
 
 TEST_F(ControllerTest, SidecarNotReadyAndRestartingAreVisible) {

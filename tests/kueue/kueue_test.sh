@@ -10,7 +10,12 @@
 #     fits exactly the trainers plus their sidecars admits it (Kueue
 #     unsuspends the Job, whose pods are made with the sidecar once); one
 #     whose CPU fits the trainers alone does not, saying the sidecars' CPU
-#     is short.
+#     is short;
+#   - the DataLoadJob says so: WaitingForAdmission while Kueue holds its
+#     trainer Job suspended, Admitted once it runs; preempted by a Job of a
+#     higher WorkloadPriorityClass, Suspended at its recorded step (its pods
+#     gone); admitted again when the preemptor goes, with new pods that
+#     have the sidecar and the same resume step.
 # Kueue's own webhooks are not registered (there is no cluster network for
 # the API server to reach them by Service): the Jobs are created suspended,
 # as Kueue's Job webhook would make them.
@@ -86,7 +91,10 @@ for _ in $(seq 450); do
       k -n kueue-system get secret kueue-webhook-server-cert -o jsonpath="{.data.${f//./\\.}}" 2>/dev/null |
         base64 -d >"$TMP/kueue-certs/.$f" 2>/dev/null
     done
-    [ -s "$TMP/kueue-certs/.tls.key" ] && for f in ca.crt tls.crt tls.key; do mv "$TMP/kueue-certs/.$f" "$TMP/kueue-certs/$f"; done
+    # All three or none (read one by one, the Secret may fill in between;
+    # the manager takes the files as they appear, as from a kubelet mount).
+    [ -s "$TMP/kueue-certs/.ca.crt" ] && [ -s "$TMP/kueue-certs/.tls.crt" ] && [ -s "$TMP/kueue-certs/.tls.key" ] &&
+      for f in ca.crt tls.key tls.crt; do mv "$TMP/kueue-certs/.$f" "$TMP/kueue-certs/$f"; done
   fi
   curl -sf "http://127.0.0.1:$KUEUE_HEALTH/readyz" >/dev/null 2>&1 && { ready=0; break; }
   sleep 0.2
@@ -139,6 +147,7 @@ kind: ClusterQueue
 metadata: {name: $1}
 spec:
   namespaceSelector: {}
+  preemption: {withinClusterQueue: LowerPriority}
   resourceGroups:
   - coveredResources: [cpu, memory]
     flavors:
@@ -155,11 +164,12 @@ EOF
 }
 {
   printf 'apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: default}\n'
+  printf -- '---\napiVersion: kueue.x-k8s.io/v1beta2\nkind: WorkloadPriorityClass\nmetadata: {name: high}\nvalue: 1000\n'
   queues exact 4 3Gi
   queues trainers-only 2 3Gi
 } | k apply -f - >"$TMP/queues.out" 2>&1
 rc=$?
-check "a ResourceFlavor, ClusterQueues exact (4 CPU, 3Gi) and trainers-only (2 CPU, 3Gi), their LocalQueues" $rc
+check "a ResourceFlavor, a WorkloadPriorityClass high, ClusterQueues exact (4 CPU, 3Gi) and trainers-only (2 CPU, 3Gi), preempting lower priorities, their LocalQueues" $rc
 [ $rc -eq 0 ] || cat "$TMP/queues.out"
 
 # A DataLoadJob and its trainers: a suspended Indexed Job in a queue.
@@ -173,6 +183,7 @@ spec:
   mesh: {processes: 2, devicesPerProcess: 2, axes: [{name: data, size: 4}]}
   dataset: {uri: /datasets/tokens, format: TokenStream, dtype: uint16, sequenceLength: 2048, samples: 100000}
   batch: {globalBatchSize: 32}
+  resume: {step: 40}
   selector: {matchLabels: {app: $1}}
 ---
 apiVersion: batch/v1
@@ -274,5 +285,88 @@ done
 rc=$?
 check "ClusterQueue trainers-only does not admit it: 4 CPU asked (trainers and sidecars), 2 there; the Job stays suspended" $rc
 [ $rc -eq 0 ] || echo "QuotaReserved: $reserved"
+
+# What the DataLoadJob says: "phase admitted-reason suspendedAtStep".
+dlj() {
+  k -n training get dataloadjob "$1" -o json 2>/dev/null | /usr/bin/python3 -c '
+import json, sys
+s = json.load(sys.stdin).get("status", {})
+a = [c["reason"] for c in s.get("conditions", []) if c["type"] == "Admitted"]
+print(s.get("phase", "-"), a[0] if a else "-", s.get("suspendedAtStep", "-"))'
+}
+wait_dlj() { # name want
+  got=
+  for _ in $(seq 150); do
+    got=$(dlj "$1")
+    [ "$got" = "$2" ] && return 0
+    sleep 0.2
+  done
+  return 1
+}
+wait_dlj short "WaitingForAdmission WaitingForAdmission -"
+rc=$?
+check "DataLoadJob short is WaitingForAdmission while Kueue holds its Job (got: $got)" $rc
+msg=$(k -n training get dataloadjob short -o jsonpath='{.status.conditions[?(@.type=="Admitted")].message}')
+[ "$msg" = "batch/v1 Job training/short is suspended (spec.suspend: true): waiting for admission by its queue; the trainers start at step 40" ]
+check "its Admitted condition names the Job and the step it starts at" $?
+[ $rc -eq 0 ] || echo "Admitted: $msg"
+wait_dlj queued "Pending TrainersAdmitted -"
+check "DataLoadJob queued, whose Job Kueue admitted, is Admitted (pods made, sidecars not run here; got: $got)" $?
+
+# A Job of a higher priority in the same ClusterQueue, which has room for
+# one of them: Kueue preempts the trainers (suspends their Job, whose pods
+# go), and the DataLoadJob is Suspended at its recorded step.
+cat <<EOF | k apply -f - >"$TMP/urgent.out" 2>&1
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: urgent
+  namespace: training
+  labels: {kueue.x-k8s.io/queue-name: exact, kueue.x-k8s.io/priority-class: high}
+spec:
+  suspend: true
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: urgent
+        image: urgent:1
+        resources: {requests: {cpu: "4", memory: 1Gi}}
+EOF
+check "kubectl apply a Job of priority class high, 4 CPU, in LocalQueue exact" $?
+wait_dlj queued "Suspended Suspended 40"
+rc=$?
+check "Kueue preempts the trainers: DataLoadJob queued is Suspended at step 40 (got: $got)" $rc
+[ $rc -eq 0 ] || { k -n training get job queued urgent -o wide; tail -5 "$TMP/kueue.log"; }
+both=
+for _ in $(seq 150); do
+  both="$(k -n training get job queued -o jsonpath='{.spec.suspend}') $(k -n training get job urgent -o jsonpath='{.spec.suspend}')"
+  [ "$both" = "true false" ] && break
+  sleep 0.2
+done
+[ "$both" = "true false" ]
+check "the trainers' Job is suspended, the preemptor's admitted (spec.suspend: $both)" $?
+k -n training get dataloadjob queued -o jsonpath='{.status.conditions[?(@.type=="Admitted")].message}' >"$TMP/preempted.txt"
+grep -q "after running: preempted by its queue or stopped; the trainers resume at step 40 when admitted again" "$TMP/preempted.txt"
+check "its Admitted condition says it was preempted and where it resumes" $?
+[ "$(k -n training get dataloadjob queued -o jsonpath='{.status.conditions[?(@.type=="Degraded")].reason}')" = TrainersSuspended ]
+check "a preempted job is not Degraded" $?
+k -n training delete job urgent --cascade=foreground --wait=false >/dev/null 2>&1
+wait_dlj queued "Pending TrainersAdmitted -"
+rc=$?
+check "the preemptor gone, Kueue admits the trainers again: DataLoadJob queued is Admitted (got: $got)" $rc
+wait_sidecars_per_pod training queued "1 1"
+rc=$?
+check "the Job's 2 new pods each have the sidecar once" $rc
+[ $rc -eq 0 ] || echo "sidecars per pod: $SIDECARS"
+[ "$(k -n training get configmap queued-meshload -o jsonpath='{.data.resume\.json}')" = '{"specStep":40,"step":40}' ]
+check "the ConfigMap's resume step is the one recorded before the preemption" $?
+k -n training get events --field-selector involvedObject.kind=DataLoadJob,involvedObject.name=queued \
+  -o jsonpath='{range .items[*]}{.type} {.reason}{"\n"}{end}' >"$TMP/events.txt"
+grep -q "^Normal Suspended$" "$TMP/events.txt" && grep -q "^Normal TrainersAdmitted$" "$TMP/events.txt" &&
+  ! grep -q "^Warning" "$TMP/events.txt"
+rc=$?
+check "the DataLoadJob's events: Normal Suspended and TrainersAdmitted, no warning" $rc
+[ $rc -eq 0 ] || cat "$TMP/events.txt"
 
 finish

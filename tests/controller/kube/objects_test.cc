@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "controller/job_status.h"
+#include "controller/trainer_jobs.h"
 
 namespace meshload::controller {
 namespace {
@@ -158,12 +159,13 @@ TEST(KubeObjects, WhatTheControllerWritesIsTheApiShape) {
 TEST(JobStatusBinding, AStoredStatusReadsAndWritesBackTheSame) {
   const json stored = json::parse(R"({"phase": "Running", "observedGeneration": 4, "processesReady": 2,
     "planHash": "abc", "peerSecretName": "j-meshload-peer", "peerSecretUID": "s1",
-    "progress": {"step": 10},
+    "progress": {"step": 10}, "suspendedAtStep": 11,
     "conditions": [{"type": "Valid", "status": "True", "reason": "Valid", "message": "",
                     "observedGeneration": 4, "lastTransitionTime": "2026-01-01T00:00:00Z"}]})");
   const JobStatus s = JobStatus::FromJson(stored);
   EXPECT_EQ(s.phase, "Running");
   EXPECT_EQ(s.processes_ready, 2);
+  EXPECT_EQ(s.suspended_at_step, 11);
   ASSERT_NE(s.Find("Valid"), nullptr);
   EXPECT_EQ(s.Find("Valid")->last_transition_time, "2026-01-01T00:00:00Z");
   EXPECT_EQ(s.Find("Degraded"), nullptr);
@@ -188,6 +190,83 @@ TEST(JobStatusBinding, AConditionKeepsItsTransitionTimeWhileItsStatusStays) {
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].type, "Warning");
   EXPECT_EQ(events[0].reason, "TooManyPods");
+}
+
+// Waiting for a queue and being preempted by it are how queued trainers
+// run: Normal events, once each; the pods that go with a suspended Job are
+// not a sidecar problem nor a recovery.
+TEST(JobStatusBinding, AdmissionChangesAreNormalEventsAndSuspendedPodsNoWarning) {
+  JobStatus none;
+  JobStatus waiting;
+  waiting.conditions = {{"Admitted", "False", "WaitingForAdmission", "queued", 1, "t"},
+                        {"SidecarsReady", "False", "TrainersSuspended", "no pods", 1, "t"},
+                        {"Degraded", "False", "TrainersSuspended", "", 1, "t"}};
+  auto events = ConditionEvents(none, waiting);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].type, "Normal");
+  EXPECT_EQ(events[0].reason, "WaitingForAdmission");
+  JobStatus running;
+  running.conditions = {{"Admitted", "True", "TrainersAdmitted", "go", 1, "t"},
+                        {"SidecarsReady", "True", "AllSidecarsReady", "2 of 2", 1, "t"},
+                        {"Degraded", "False", "AsExpected", "", 1, "t"}};
+  events = ConditionEvents(waiting, running);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].reason, "TrainersAdmitted");
+  EXPECT_EQ(events[1].reason, "AllSidecarsReady");
+  JobStatus suspended = waiting;
+  suspended.conditions[0] = {"Admitted", "False", "Suspended", "preempted at 58", 1, "t"};
+  events = ConditionEvents(running, suspended);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].type, "Normal");
+  EXPECT_EQ(events[0].reason, "Suspended");
+  EXPECT_EQ(events[0].message, "preempted at 58");
+  EXPECT_TRUE(ConditionEvents(suspended, suspended).empty());
+}
+
+TEST(TrainerJobs, ABatchJobIsReadSlimAndItsSizeCheckedAgainstTheMesh) {
+  const json server = json::parse(R"({"apiVersion": "batch/v1", "kind": "Job",
+    "metadata": {"name": "t", "namespace": "ml", "uid": "u", "resourceVersion": "9", "labels": {"q": "a"},
+                 "annotations": {"big": "x"}, "managedFields": [{"manager": "kueue"}]},
+    "spec": {"suspend": true, "parallelism": 3, "completions": 4, "completionMode": "Indexed",
+             "template": {"metadata": {"labels": {"app": "tr"}}, "spec": {"containers": [{"name": "c"}]}}},
+    "status": {"conditions": [{"type": "Suspended", "status": "True"}]}})");
+  const TrainerJob t = TrainerJob::FromJson(server);
+  EXPECT_TRUE(t.suspended);
+  EXPECT_EQ(t.parallelism, 3);
+  EXPECT_EQ(t.completions, 4);
+  EXPECT_TRUE(t.indexed);
+  EXPECT_FALSE(t.finished);
+  EXPECT_EQ(t.template_labels, (kube::StringMap{{"app", "tr"}}));
+  const json slim = SlimBatchJob(server);
+  EXPECT_FALSE(slim["metadata"].contains("annotations"));
+  EXPECT_FALSE(slim["spec"]["template"].contains("spec"));
+  EXPECT_EQ(slim["metadata"]["resourceVersion"], "9");
+  EXPECT_EQ(TrainerJob::FromJson(slim).ToJson(), slim);
+  // Unset parallelism is 1, as the API defaults it; a Complete Job is finished.
+  const TrainerJob done = TrainerJob::FromJson(
+      json::parse(R"({"spec": {}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}})"));
+  EXPECT_EQ(done.parallelism, 1);
+  EXPECT_TRUE(done.finished);
+
+  auto problems = TrainerJobProblems({t}, 4);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0],
+            "TrainerParallelismMismatch: batch/v1 Job ml/t has spec.parallelism 3 but the mesh has 4 processes "
+            "(spec.mesh.processes)");
+  problems = TrainerJobProblems({t}, 3);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].rfind("TrainerCompletionsMismatch: Indexed batch/v1 Job ml/t has spec.completions 4", 0), 0u);
+  TrainerJob u = t;
+  u.metadata.name = "u";
+  u.parallelism = 2;
+  problems = TrainerJobProblems({t, u}, 4);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0],
+            "TrainerParallelismMismatch: the batch/v1 Jobs in ml whose pods the selector matches run 5 pods in all "
+            "(spec.parallelism: t 3, u 2) but the mesh has 4 processes (spec.mesh.processes)");
+  u.parallelism = 1;
+  EXPECT_TRUE(TrainerJobProblems({t, u}, 4).empty());
+  EXPECT_TRUE(TrainerJobProblems({}, 4).empty());
 }
 
 }  // namespace
