@@ -99,9 +99,9 @@ Status JobReconcile::Run() {
   RecordedPeerSecret();
   if (Validate()) {
     MESHLOAD_RETURN_IF_ERROR(ReadConfigMap());
+    ReadTrainerJobs();
     AssignProcesses();
     CheckReadiness();
-    ReadTrainerJobs();
     if (suspended_jobs_.empty()) {
       ReadProgress();
     } else {
@@ -259,7 +259,15 @@ void JobReconcile::AssignProcesses() {
   by_index_.assign(static_cast<size_t>(processes_), nullptr);
   std::vector<const kube::Pod*> waiting;
   for (const auto& p : pods_) {
-    std::optional<int64_t> ci = p.CompletionIndex();
+    // A JobSet's pod: its Job's place in the JobSet plus its completion
+    // index; else the completion index of an Indexed Job's pod.
+    std::string jobset_problem;
+    std::optional<int64_t> ci = JobSetProcessIndex(p, trainer_jobs_, &jobset_problem);
+    if (!jobset_problem.empty()) {
+      problems_.push_back(jobset_problem);
+      continue;
+    }
+    if (!ci) ci = p.CompletionIndex();
     if (!ci) {
       waiting.push_back(&p);
       continue;
@@ -334,7 +342,7 @@ void JobReconcile::ReadTrainerJobs() {
   for (auto& p : TrainerJobProblems(trainer_jobs_, processes_)) problems_.push_back(std::move(p));
   int suspended = 0;
   for (const auto& t : trainer_jobs_) {
-    if (!t.suspended) continue;
+    if (!t.suspended || t.finished) continue;
     suspended_jobs_ += (suspended++ == 0 ? "" : ", ") + ns_ + "/" + t.metadata.name;
   }
   if (suspended > 0) suspended_jobs_ = (suspended == 1 ? "batch/v1 Job " : "batch/v1 Jobs ") + suspended_jobs_;
@@ -563,12 +571,17 @@ void JobReconcile::SetConditions() {
   for (const auto& c : progress_conditions_) desired_.conditions.push_back({c.type, c.status, c.reason, c.message});
   if (!suspended_jobs_.empty()) {
     SetSuspendedConditions();
-  } else if (!trainer_jobs_.empty()) {
+  } else {
     std::string names;
-    for (const auto& t : trainer_jobs_) names += (names.empty() ? "" : ", ") + ns_ + "/" + t.metadata.name;
-    desired_.conditions.push_back({"Admitted", "True", "TrainersAdmitted",
-                                   (trainer_jobs_.size() == 1 ? "batch/v1 Job " : "batch/v1 Jobs ") + names +
-                                       " not suspended: their pods may run"});
+    int running = 0;
+    for (const auto& t : trainer_jobs_) {
+      if (!t.finished) names += (running++ == 0 ? "" : ", ") + ns_ + "/" + t.metadata.name;
+    }
+    if (running > 0) {
+      desired_.conditions.push_back(
+          {"Admitted", "True", "TrainersAdmitted",
+           (running == 1 ? "batch/v1 Job " : "batch/v1 Jobs ") + names + " not suspended: their pods may run"});
+    }
   }
 }
 

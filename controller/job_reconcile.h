@@ -2,7 +2,7 @@
 // that controller/reconciler.h describes:
 //   1. Finalize (being deleted) or EnsureFinalizer
 //   2. Validate (the planner's parser and checks)
-//   3. ReadConfigMap, AssignProcesses, CheckReadiness, ReadTrainerJobs
+//   3. ReadConfigMap, ReadTrainerJobs, AssignProcesses, CheckReadiness
 //   4. ReadProgress, ConfigMapData, ApplyConfigMap, EnsurePeerSecret
 //   5. SetConditions, then WriteStatus (and the Events it makes)
 // Internal to the controller: Reconciler::Reconcile makes one per call, on
@@ -51,7 +51,8 @@ class JobReconcile {
   // 3. The ConfigMap there is (ours, somebody else's, or none), read from the
   // cache or, when the cache has none, from the server.
   Status ReadConfigMap();
-  // Process indices for the selected pods: completion index, else the one
+  // Process indices for the selected pods: a JobSet pod's place in its
+  // JobSet (JobSetProcessIndex), else its completion index, else the one
   // recorded in the ConfigMap, else the lowest free one, oldest pod first.
   void AssignProcesses();
   // Which processes have no pod, or a sidecar that is not ready.
@@ -115,8 +116,8 @@ class JobReconcile {
   std::vector<std::string> problems_;       // "Reason: message"
   std::vector<int64_t> missing_, not_ready_;
   std::vector<ProgressCondition> progress_conditions_;
-  std::vector<TrainerJob> trainer_jobs_;
-  std::string suspended_jobs_;  // "batch/v1 Job ns/a" or "batch/v1 Jobs ns/a, ns/b"; empty: none suspended
+  std::vector<TrainerJob> trainer_jobs_;  // finished ones included (a JobSet's pods count from them)
+  std::string suspended_jobs_;            // "batch/v1 Job ns/a" or "batch/v1 Jobs ns/a, ns/b"; empty: none suspended
 };
 
 }  // namespace meshload::controller

@@ -13,7 +13,10 @@
 ///    phase Failed, and nothing else (an existing ConfigMap is left as it
 ///    is, so running sidecars keep their last valid job).
 /// 3. Trainer pods are the pods of spec.selector in the job's namespace that
-///    are not terminated or being deleted. Process indices: the pod's
+///    are not terminated or being deleted. Process indices: a JobSet's pod
+///    (label jobset.sigs.k8s.io/jobset-name) takes the indices of the Jobs
+///    of its JobSet before its own (by jobset.sigs.k8s.io/job-global-index)
+///    plus its completion index; else the pod's
 ///    `batch.kubernetes.io/job-completion-index` when it has one; otherwise
 ///    the index recorded for that pod (same name and uid) in the ConfigMap,
 ///    so assignments survive reconciles and controller restarts; otherwise

@@ -28,6 +28,12 @@ using StringMap = std::map<std::string, std::string>;
 
 /// The Indexed Job's completion index, an annotation and (>= 1.28) a label.
 inline constexpr char kJobCompletionIndex[] = "batch.kubernetes.io/job-completion-index";
+/// The labels JobSet (sigs.k8s.io/jobset) puts on the Jobs it makes and
+/// their pods: the JobSet's name, the replicated job's name, and the Job's
+/// index across the whole JobSet (0 to the number of its Jobs - 1).
+inline constexpr char kJobSetNameLabel[] = "jobset.sigs.k8s.io/jobset-name";
+inline constexpr char kReplicatedJobLabel[] = "jobset.sigs.k8s.io/replicatedjob-name";
+inline constexpr char kJobGlobalIndexLabel[] = "jobset.sigs.k8s.io/job-global-index";
 
 /// metav1.OwnerReference.
 struct OwnerReference {

@@ -51,8 +51,10 @@ AdmissionAnswer ReviewAdmission(std::string_view body, const JobLookup& jobs, co
   };
   const bool pod = is("", "Pod");
   const bool job = is("batch", "Job");
+  const bool jobset = is("jobset.x-k8s.io", "JobSet");
   const json* sub = Member(*request, "subResource", json::value_t::string);
-  if ((pod || job) && operation && *operation == "CREATE" && (!sub || sub->get_ref<const std::string&>().empty())) {
+  if ((pod || job || jobset) && operation && *operation == "CREATE" &&
+      (!sub || sub->get_ref<const std::string&>().empty())) {
     const json* object = Member(*request, "object", json::value_t::object);
     if (!object) return BadRequest("request.object is not an object");
     const json* ns = Member(*request, "namespace", json::value_t::string);
@@ -62,8 +64,9 @@ AdmissionAnswer ReviewAdmission(std::string_view body, const JobLookup& jobs, co
       const json* mns = md ? Member(*md, "namespace", json::value_t::string) : nullptr;
       if (mns) pod_ns = mns->get<std::string>();
     }
-    Decision d =
-        pod ? InjectSidecar(*object, pod_ns, jobs, options) : InjectJobTemplate(*object, pod_ns, jobs, options);
+    Decision d = pod   ? InjectSidecar(*object, pod_ns, jobs, options)
+                 : job ? InjectJobTemplate(*object, pod_ns, jobs, options)
+                       : InjectJobSetTemplates(*object, pod_ns, jobs, options);
     outcome = d.outcome;
     if (!d.allowed) {
       response["allowed"] = false;

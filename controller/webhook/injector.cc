@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "controller/kube/json_fields.h"
 #include "controller/kube/label_selector.h"
+#include "controller/kube/objects.h"
 #include "planner/spec.h"
 
 namespace meshload::controller::webhook {
@@ -315,7 +316,10 @@ Decision InjectInto(const Target& t, const std::string& ns, const JobLookup& job
 Decision InjectSidecar(const json& pod, const std::string& ns, const JobLookup& jobs, const InjectorOptions& options) {
   const json& md = Field(pod, "metadata");
   const json& annotations = Field(md, "annotations");
-  const bool indexed = annotations.is_object() && annotations.contains(kCompletionIndexAnnotation);
+  // A JobSet's pod: its completion index is its place in its own Job only,
+  // so it reads its place in the JobSet from the controller, as others do.
+  const bool jobset = !Str(Field(md, "labels"), kube::kJobSetNameLabel).empty();
+  const bool indexed = !jobset && annotations.is_object() && annotations.contains(kCompletionIndexAnnotation);
   return InjectInto({md, Field(pod, "spec"), "pod " + ns + "/" + NameOf(md), "", indexed}, ns, jobs, options);
 }
 
@@ -338,6 +342,45 @@ Decision InjectJobTemplate(const json& job, const std::string& ns, const JobLook
   return InjectInto({Field(tmpl, "metadata"), Field(tmpl, "spec"), name + "'s pod template", "/spec/template",
                      Str(spec, "completionMode") == "Indexed"},
                     ns, jobs, options);
+}
+
+Decision InjectJobSetTemplates(const json& jobset, const std::string& ns, const JobLookup& jobs,
+                               const InjectorOptions& options) {
+  const json& md = Field(jobset, "metadata");
+  const std::string name = "JobSet " + ns + "/" + NameOf(md);
+  const std::string on_jobset = Str(Field(md, "labels"), kJobLabel);
+  const json& rjs = Items(Field(jobset, "spec"), "replicatedJobs");
+  Decision out = Unchanged();
+  int labelled = 0;
+  for (size_t i = 0; i < rjs.size(); ++i) {
+    const json& tmpl = Field(Field(Field(rjs[i], "template"), "spec"), "template");
+    const std::string field = "spec.replicatedJobs[" + std::to_string(i) + "].template.spec.template";
+    const std::string on_template = Str(Field(Field(tmpl, "metadata"), "labels"), kJobLabel);
+    if (on_template.empty()) continue;  // pods of another kind (a launcher): no sidecar
+    if (on_template != on_jobset) {
+      return Refuse(name +
+                    (on_jobset.empty() ? std::string(" is not labelled ") + kJobLabel
+                                       : " is labelled " + std::string(kJobLabel) + "=" + on_jobset) +
+                    " but its " + field + " (replicated job " + Str(rjs[i], "name") + ") " + kJobLabel + "=" +
+                    on_template + ": label the JobSet and the pod templates of its trainers for the same DataLoadJob");
+    }
+    ++labelled;
+    // Not indexed: a pod's completion index is its place in its own Job;
+    // the controller gives it its place in the JobSet.
+    Decision d = InjectInto({Field(tmpl, "metadata"), Field(tmpl, "spec"),
+                             name + "'s " + field + " (replicated job " + Str(rjs[i], "name") + ")",
+                             "/spec/replicatedJobs/" + std::to_string(i) + "/template/spec/template", false},
+                            ns, jobs, options);
+    if (!d.allowed) return d;
+    for (auto& op : d.patch) out.patch.push_back(std::move(op));
+    if (d.outcome == "injected") out.outcome = "injected";
+  }
+  if (!on_jobset.empty() && labelled == 0) {
+    return Refuse(name + " is labelled " + kJobLabel + "=" + on_jobset +
+                  " but none of its spec.replicatedJobs[].template.spec.template is: give the pod templates of its "
+                  "trainers the label, so that their pods are the DataLoadJob's trainers");
+  }
+  return out;
 }
 
 }  // namespace meshload::controller::webhook

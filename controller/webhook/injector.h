@@ -85,4 +85,17 @@ Decision InjectSidecar(const nlohmann::json& pod, const std::string& ns, const J
 Decision InjectJobTemplate(const nlohmann::json& job, const std::string& ns, const JobLookup& jobs,
                            const InjectorOptions& options);
 
+/// What to do with `jobset` (a jobset.x-k8s.io/v1alpha2 JobSet as JSON)
+/// created in namespace `ns`: the sidecar placed in the pod template of
+/// each replicated job (spec.replicatedJobs[i].template.spec.template)
+/// labelled `meshload.io/job` like the JobSet; replicated jobs whose
+/// template is not labelled (a launcher, a parameter server) are left
+/// alone. Refused, naming the field: a template labelled for another
+/// DataLoadJob, or a labelled JobSet none of whose templates is. Its pods
+/// take their process index from the controller (their completion index
+/// is their place in their own Job; the controller adds the Jobs before
+/// it: docs/controller.md).
+Decision InjectJobSetTemplates(const nlohmann::json& jobset, const std::string& ns, const JobLookup& jobs,
+                               const InjectorOptions& options);
+
 }  // namespace meshload::controller::webhook

@@ -18,8 +18,8 @@ namespace meshload::controller::webhook {
 
 namespace {
 
-// Pods, and the Jobs whose templates get the sidecar (one handler: the
-// review names the kind).
+// Pods, and the Jobs and JobSets whose templates get the sidecar (one
+// handler: the review names the kind).
 constexpr char kPath[] = "/mutate-pods";
 constexpr char kJobsPath[] = "/mutate-jobs";
 

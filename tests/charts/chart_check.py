@@ -690,7 +690,9 @@ if out:
         pods, jobs = hooks
         p = []
         if jobs["rules"] != [{"operations": ["CREATE"], "apiGroups": ["batch"], "apiVersions": ["v1"],
-                              "resources": ["jobs"], "scope": "Namespaced"}]:
+                              "resources": ["jobs"], "scope": "Namespaced"},
+                             {"operations": ["CREATE"], "apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"],
+                              "resources": ["jobsets"], "scope": "Namespaced"}]:
             p.append("rules %r" % jobs["rules"])
         if jobs["clientConfig"]["service"]["path"] != "/mutate-jobs":
             p.append("path %r" % jobs["clientConfig"]["service"]["path"])
@@ -710,7 +712,7 @@ if out:
             p.append("clientConfig.service %r" % jobs["clientConfig"]["service"])
         return p
 
-    check("templateInjection: a second webhook for batch/v1 Jobs (path /mutate-jobs, reinvocation Never), "
+    check("templateInjection: a second webhook for batch/v1 Jobs and JobSets (path /mutate-jobs, reinvocation Never), "
           "otherwise as the pods' one", template_hook_problems, None)
 out = scenario("webhook off", {"webhook": {"enabled": False}})
 if out:

@@ -937,6 +937,46 @@ TEST_F(ControllerTest, ASuspendedTrainerJobWaitsForAdmissionAndAPreemptedOneIsSu
   EXPECT_EQ(seen[2].rfind("Normal Suspended: batch/v1 Job " + kNs + "/q-trainers is suspended", 0), 0u) << seen[2];
 }
 
+// A JobSet's trainers: the Jobs JobSet makes (here as it makes them: each
+// Indexed, its template labelled with the JobSet, the replicated job and
+// the Job's global index), whose pods the Job controller makes. Their
+// process indices run across the Jobs: 2 x global index + completion index.
+TEST_F(ControllerTest, AJobSetsPodsTakeProcessIndicesAcrossItsJobs) {
+  const std::string jobs = "/apis/batch/v1/namespaces/" + kNs + "/jobs";
+  for (int g = 0; g < 2; ++g) {
+    json j = TrainerJobManifest(kNs, "js-workers-" + std::to_string(g), "js", 2, 2, /*suspend=*/false);
+    json labels = {{"app", "js"},
+                   {"jobset.sigs.k8s.io/jobset-name", "js"},
+                   {"jobset.sigs.k8s.io/replicatedjob-name", "workers"},
+                   {"jobset.sigs.k8s.io/job-global-index", std::to_string(g)}};
+    j["metadata"]["labels"] = labels;
+    j["spec"]["template"]["metadata"]["labels"] = labels;
+    ASSERT_OK(cluster_.client().Post(jobs, j));
+  }
+  // process index -> pod, from the pods' labels and completion index.
+  std::map<int, std::string> want;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        want.clear();
+        json list = cluster_.Get("/api/v1/namespaces/" + kNs + "/pods?labelSelector=app%3Djs");
+        for (const auto& p : list["items"]) {
+          const int g = std::stoi(p["metadata"]["labels"]["jobset.sigs.k8s.io/job-global-index"].get<std::string>());
+          const int c = std::stoi(p["metadata"]["annotations"][kube::kJobCompletionIndex].get<std::string>());
+          want[2 * g + c] = p["metadata"]["name"];
+        }
+        return want.size() == 4;
+      },
+      30s))
+      << "the Job controller made " << want.size() << " of 4 pods";
+  for (const auto& [i, name] : want) cluster_.SetSidecar(kNs, name, true);
+  cluster_.CreateJob(cluster_.JobManifest(kNs, "js", 4, "js"));
+  StartController();
+  ASSERT_TRUE(WaitFor([&] { return Job("js")["status"]["phase"] == "Running"; }, 30s)) << Job("js").dump(2);
+  const auto assignment = Assignment("js");
+  for (const auto& [i, name] : want) EXPECT_EQ(assignment.at(name), i) << name;
+  EXPECT_EQ(Condition(Job("js"), "Admitted")["reason"], "TrainersAdmitted");
+}
+
 TEST_F(ControllerTest, TrainerJobsWhoseParallelismTheMeshCannotTakeAreNamedWithTheirField) {
   const std::string jobs = "/apis/batch/v1/namespaces/" + kNs + "/jobs";
   ASSERT_OK(cluster_.client().Post(jobs, TrainerJobManifest(kNs, "wide", "par", 3, 3, /*suspend=*/true)));

@@ -262,11 +262,67 @@ TEST(TrainerJobs, ABatchJobIsReadSlimAndItsSizeCheckedAgainstTheMesh) {
   problems = TrainerJobProblems({t, u}, 4);
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_EQ(problems[0],
-            "TrainerParallelismMismatch: the batch/v1 Jobs in ml whose pods the selector matches run 5 pods in all "
-            "(spec.parallelism: t 3, u 2) but the mesh has 4 processes (spec.mesh.processes)");
+            "TrainerParallelismMismatch: the trainer Jobs in ml whose pods the selector matches run 5 pods in all "
+            "(Job t spec.parallelism 3, Job u spec.parallelism 2) but the mesh has 4 processes (spec.mesh.processes)");
   u.parallelism = 1;
   EXPECT_TRUE(TrainerJobProblems({t, u}, 4).empty());
   EXPECT_TRUE(TrainerJobProblems({}, 4).empty());
+}
+
+// A JobSet's replicated jobs number their pods in the order of their Jobs'
+// global indices: a driver Job of 1 pod, then 2 worker Jobs of 2.
+TEST(TrainerJobs, AJobSetsPodsAreNumberedAcrossItsJobs) {
+  auto job = [](const std::string& name, const std::string& rj, int g, int par) {
+    TrainerJob t;
+    t.metadata.name = name;
+    t.metadata.namespace_ = "ml";
+    t.metadata.labels = {
+        {kJobSetNameLabel, "js"}, {kReplicatedJobLabel, rj}, {kJobGlobalIndexLabel, std::to_string(g)}};
+    t.parallelism = par;
+    t.completions = par;
+    t.indexed = true;
+    return t;
+  };
+  std::vector<TrainerJob> jobs = {job("js-driver-0", "driver", 0, 1), job("js-workers-0", "workers", 1, 2),
+                                  job("js-workers-1", "workers", 2, 2)};
+  auto pod = [](int g, int c, const std::string& jobset = "js") {
+    kube::Pod p;
+    p.metadata.name = "p" + std::to_string(g) + std::to_string(c);
+    p.metadata.namespace_ = "ml";
+    p.metadata.labels = {{kJobSetNameLabel, jobset}, {kJobGlobalIndexLabel, std::to_string(g)}};
+    p.metadata.annotations = {{kube::kJobCompletionIndex, std::to_string(c)}};
+    return p;
+  };
+  std::string problem;
+  EXPECT_EQ(JobSetProcessIndex(pod(0, 0), jobs, &problem), 0);
+  EXPECT_EQ(JobSetProcessIndex(pod(1, 0), jobs, &problem), 1);
+  EXPECT_EQ(JobSetProcessIndex(pod(1, 1), jobs, &problem), 2);
+  EXPECT_EQ(JobSetProcessIndex(pod(2, 0), jobs, &problem), 3);
+  EXPECT_EQ(JobSetProcessIndex(pod(2, 1), jobs, &problem), 4);
+  EXPECT_EQ(problem, "");
+  kube::Pod bare;
+  bare.metadata.annotations = {{kube::kJobCompletionIndex, "1"}};
+  EXPECT_EQ(JobSetProcessIndex(bare, jobs, &problem), std::nullopt) << "an Indexed Job's pod of no JobSet";
+  // A Job before its own not known (yet): a problem, never a guess.
+  EXPECT_EQ(JobSetProcessIndex(pod(2, 0), {jobs[0], jobs[2]}, &problem), -1);
+  EXPECT_EQ(problem,
+            "JobSetIndexUnknown: pod p20 of JobSet ml/js is in its Job of global index 2, but the Job of global "
+            "index 1 is not known (yet)");
+  EXPECT_TRUE(TrainerJobProblems(jobs, 5).empty());
+  auto problems = TrainerJobProblems(jobs, 4);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0],
+            "TrainerParallelismMismatch: the trainer Jobs in ml whose pods the selector matches run 5 pods in all "
+            "(JobSet js (spec.replicatedJobs, replicas x parallelism: driver 1 x 1, workers 2 x 2)) but the mesh has "
+            "4 processes (spec.mesh.processes)");
+  jobs[2].completions = 3;
+  problems = TrainerJobProblems(jobs, 5);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].rfind("TrainerCompletionsMismatch: Indexed batch/v1 Job ml/js-workers-1 of JobSet js has "
+                              "spec.completions 3 but spec.parallelism 2",
+                              0),
+            0u)
+      << problems[0];
 }
 
 }  // namespace

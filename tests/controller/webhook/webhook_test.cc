@@ -416,14 +416,87 @@ TEST(Injector, AJobIsInjectedOnlyWhenItAndItsTemplateNameTheSameDataLoadJob) {
   EXPECT_THAT(d.message, HasSubstr("DataLoadJob training/nope (label meshload.io/job) does not exist"));
 }
 
+// A JobSet of a launcher (no label: no sidecar) and 2 replicas of an
+// Indexed worker Job of 1 pod each, labelled for DataLoadJob llm.
+json TrainerJobSet() {
+  json workers = TrainerJob();
+  workers["spec"]["completions"] = 1;
+  workers["spec"]["parallelism"] = 1;
+  workers["metadata"].erase("labels");
+  json launcher = workers;
+  launcher["spec"]["template"]["metadata"]["labels"] = {{"app", "launcher"}};
+  launcher["spec"]["template"]["spec"].erase("resourceClaims");
+  launcher["spec"]["template"]["spec"]["containers"][0].erase("resources");
+  return {{"apiVersion", "jobset.x-k8s.io/v1alpha2"},
+          {"kind", "JobSet"},
+          {"metadata", {{"name", "llm-run"}, {"namespace", "training"}, {"labels", {{"meshload.io/job", "llm"}}}}},
+          {"spec",
+           {{"replicatedJobs", json::array({{{"name", "launcher"}, {"replicas", 1}, {"template", launcher}},
+                                            {{"name", "workers"}, {"replicas", 2}, {"template", workers}}})}}}};
+}
+
+TEST(Injector, AJobSetsLabelledTemplatesGetTheSidecarAndTheirPodsTheirIndexFromTheController) {
+  Decision d = InjectJobSetTemplates(TrainerJobSet(), "training", Lookup(Job()), Options());
+  ASSERT_TRUE(d.allowed) << d.message;
+  EXPECT_EQ(d.outcome, "injected");
+  for (const auto& op : d.patch) {
+    EXPECT_EQ(op["path"].get<std::string>().rfind("/spec/replicatedJobs/1/template/spec/template/", 0), 0u) << op;
+  }
+  json js = Apply(TrainerJobSet(), d.patch);
+  EXPECT_EQ(js["spec"]["replicatedJobs"][0], TrainerJobSet()["spec"]["replicatedJobs"][0]) << "the launcher's";
+  const json& tmpl = js["spec"]["replicatedJobs"][1]["template"]["spec"]["template"];
+  const json& sc = Sidecar(tmpl);
+  EXPECT_EQ(sc["name"], "meshload-sidecar");
+  // Its completion index is its place in its own Job, not in the JobSet.
+  EXPECT_TRUE(Named(sc["env"], "MESHLOAD_PROCESS").is_null());
+  EXPECT_TRUE(HasArg(sc, "--process-file=/etc/meshload/job/process.$(POD_NAME)"));
+  EXPECT_EQ(tmpl["metadata"]["annotations"]["meshload.io/sidecar-injected"], "llm");
+  EXPECT_EQ(InjectJobSetTemplates(js, "training", Lookup(Job()), Options()).outcome, "unchanged");
+  // The same for a JobSet pod given the sidecar at its creation (the
+  // template injection off).
+  json pod = Pod();
+  pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] = "llm-run";
+  json injected = Apply(pod, InjectSidecar(pod, "training", Lookup(Job()), Options()).patch);
+  EXPECT_TRUE(Named(Sidecar(injected)["env"], "MESHLOAD_PROCESS").is_null());
+  EXPECT_TRUE(HasArg(Sidecar(injected), "--process-file=/etc/meshload/job/process.$(POD_NAME)"));
+
+  // Refused, naming the field: a template labelled for another job, a
+  // labelled JobSet with no labelled template.
+  json other = TrainerJobSet();
+  other["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["metadata"]["labels"]["meshload.io/job"] = "x";
+  d = InjectJobSetTemplates(other, "training", Lookup(Job()), Options());
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.message,
+            "JobSet training/llm-run is labelled meshload.io/job=llm but its "
+            "spec.replicatedJobs[1].template.spec.template (replicated job workers) meshload.io/job=x: label the "
+            "JobSet and the pod templates of its trainers for the same DataLoadJob");
+  json none = TrainerJobSet();
+  none["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["metadata"]["labels"].erase("meshload.io/job");
+  d = InjectJobSetTemplates(none, "training", Lookup(Job()), Options());
+  EXPECT_FALSE(d.allowed);
+  EXPECT_THAT(d.message, HasSubstr("none of its spec.replicatedJobs[].template.spec.template is"));
+  json unselected = TrainerJobSet();
+  unselected["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["metadata"]["labels"]["app"] = "x";
+  d = InjectJobSetTemplates(unselected, "training", Lookup(Job()), Options());
+  EXPECT_FALSE(d.allowed);
+  EXPECT_THAT(d.message, HasSubstr("JobSet training/llm-run's spec.replicatedJobs[1].template.spec.template "
+                                   "(replicated job workers) is labelled for DataLoadJob training/llm"));
+  json plain = none;
+  plain["metadata"].erase("labels");
+  EXPECT_EQ(InjectJobSetTemplates(plain, "training", Lookup(Job()), Options()).outcome, "unchanged");
+}
+
 std::string Review(const json& pod, const std::string& operation = "CREATE") {
-  const bool job = pod["kind"] == "Job";
+  const std::string kind = pod["kind"];
+  const std::string group = kind == "Job" ? "batch" : kind == "JobSet" ? "jobset.x-k8s.io" : "";
+  const std::string version = kind == "JobSet" ? "v1alpha2" : "v1";
+  const std::string resource = kind == "Job" ? "jobs" : kind == "JobSet" ? "jobsets" : "pods";
   return json{{"apiVersion", "admission.k8s.io/v1"},
               {"kind", "AdmissionReview"},
               {"request",
                {{"uid", "705ab4f5-6393-11e8-b7cc-42010a800002"},
-                {"kind", {{"group", job ? "batch" : ""}, {"version", "v1"}, {"kind", job ? "Job" : "Pod"}}},
-                {"resource", {{"group", job ? "batch" : ""}, {"version", "v1"}, {"resource", job ? "jobs" : "pods"}}},
+                {"kind", {{"group", group}, {"version", version}, {"kind", kind}}},
+                {"resource", {{"group", group}, {"version", version}, {"resource", resource}}},
                 {"namespace", "training"},
                 {"operation", operation},
                 {"object", pod}}}}
@@ -462,6 +535,15 @@ TEST(Admission, AJobCreateIsAnsweredWithItsTemplatesPatch) {
   AdmissionAnswer other = ReviewAdmission(review.dump(), Lookup(Job()), Options());
   EXPECT_EQ(other.outcome, "unchanged");
   EXPECT_FALSE(json::parse(other.body)["response"].contains("patch"));
+}
+
+TEST(Admission, AJobSetCreateIsAnsweredWithItsTemplatesPatch) {
+  AdmissionAnswer a = ReviewAdmission(Review(TrainerJobSet()), Lookup(Job()), Options());
+  ASSERT_EQ(a.http_status, 200) << a.body;
+  EXPECT_EQ(a.outcome, "injected");
+  auto patch = Base64Decode(json::parse(a.body)["response"]["patch"].get<std::string>());
+  ASSERT_TRUE(patch.has_value());
+  EXPECT_EQ(json::parse(*patch), InjectJobSetTemplates(TrainerJobSet(), "training", Lookup(Job()), Options()).patch);
 }
 
 TEST(Admission, ARefusalIsA403StatusWithTheMessage) {
