@@ -8,7 +8,9 @@
 # nested module tests/cluster/tools/prometheus: Debian's Prometheus is built
 # without Kubernetes service discovery); and Kueue's manager
 # (sigs.k8s.io/kueue, pinned in the nested module tests/cluster/tools/kueue)
-# with its install's kustomization (kueue-config/, from the same module). The control
+# with its install's kustomization (kueue-config/, from the same module); and
+# JobSet's manager (sigs.k8s.io/jobset, pinned in tests/cluster/tools/jobset)
+# with its install's manifests (jobset-config/: its CRD, its webhooks). The control
 # plane, kube-scheduler among it, comes from scripts/build-test-tools.sh.
 #
 #   scripts/build-cluster-tools.sh          build unless cached; prints the bin dir
@@ -20,7 +22,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SELF=$ROOT/scripts/build-cluster-tools.sh
 MOD=$ROOT/tests/cluster/tools
-TOOLS=(kwok dashboardcheck prometheus promtool kueue)
+TOOLS=(kwok dashboardcheck prometheus promtool kueue jobset)
 
 source "$ROOT/scripts/lib/go-tool-cache.sh"
 go_tool_cache_init build-cluster-tools "the simulated cluster" "$MOD" "$SELF" "$(go_tool_cache_root)/cluster"
@@ -29,7 +31,8 @@ KWOK=$(awk '$1 == "sigs.k8s.io/kwok" && $2 ~ /^v/ {print $2; exit}' "$MOD/go.mod
 go_tool_cache_stage
 PROM=$(awk '$1 == "github.com/prometheus/prometheus" && $2 ~ /^v/ {print $2; exit}' "$MOD/prometheus/go.mod")
 KUEUE=$(awk '$1 == "sigs.k8s.io/kueue" && $2 ~ /^v/ {print $2; exit}' "$MOD/kueue/go.mod")
-echo "build-cluster-tools: building kwok $KWOK, dashboardcheck, prometheus $PROM and kueue $KUEUE from tests/cluster/tools (about eleven minutes on 2 cores)" >&2
+JOBSET=$(awk '$1 == "sigs.k8s.io/jobset" && $2 ~ /^v/ {print $2; exit}' "$MOD/jobset/go.mod")
+echo "build-cluster-tools: building kwok $KWOK, dashboardcheck, prometheus $PROM, kueue $KUEUE and jobset $JOBSET from tests/cluster/tools (about thirteen minutes on 2 cores)" >&2
 cd "$MOD"
 export CGO_ENABLED=0 GOFLAGS=-mod=readonly
 go build -trimpath -ldflags "-s -w" -o "$GO_TOOL_CACHE_STAGE/kwok" \
@@ -45,4 +48,9 @@ go build -trimpath -ldflags "-s -w" -o "$GO_TOOL_CACHE_STAGE/kueue" sigs.k8s.io/
 go mod download sigs.k8s.io/kueue
 cp -r "$(go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)/config" "$GO_TOOL_CACHE_STAGE/kueue-config"
 chmod -R u+w "$GO_TOOL_CACHE_STAGE/kueue-config"
+cd ../jobset
+go build -trimpath -ldflags "-s -w" -o "$GO_TOOL_CACHE_STAGE/jobset" sigs.k8s.io/jobset
+go mod download sigs.k8s.io/jobset
+cp -r "$(go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)/config" "$GO_TOOL_CACHE_STAGE/jobset-config"
+chmod -R u+w "$GO_TOOL_CACHE_STAGE/jobset-config"
 go_tool_cache_commit

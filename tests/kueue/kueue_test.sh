@@ -16,9 +16,16 @@
 #     higher WorkloadPriorityClass, Suspended at its recorded step (its pods
 #     gone); admitted again when the preemptor goes, with new pods that
 #     have the sidecar and the same resume step.
+#   - the same trainers as a JobSet (JobSet's manager built from the pinned
+#     sigs.k8s.io/jobset, its CRD and its own JobSet webhooks as its install
+#     has them): the webhook puts the sidecar in the JobSet's labelled
+#     template, Kueue's Workload holds it and a queue of exactly trainers
+#     plus sidecars admits it; JobSet makes its Jobs, the Job controller
+#     their pods, with the sidecar once; the DataLoadJob is Admitted and its
+#     processes are numbered across the JobSet's Jobs.
 # Kueue's own webhooks are not registered (there is no cluster network for
-# the API server to reach them by Service): the Jobs are created suspended,
-# as Kueue's Job webhook would make them.
+# the API server to reach them by Service): the Jobs and JobSets are created
+# suspended, as Kueue's webhooks would make them.
 # usage: kueue_test.sh REPO_ROOT MESHLOAD_CONTROLLER_BINARY
 set -u
 ROOT=$1
@@ -27,8 +34,8 @@ source "$(dirname "$0")/../testing/shell_checks.sh"
 source "$(dirname "$0")/../testing/control_plane.sh"
 
 BIN=$("$ROOT/scripts/build-cluster-tools.sh" --dir)
-if [ $? -ne 0 ] || [ ! -x "$BIN/kueue" ]; then
-  echo "FAIL Kueue is not built (run scripts/install-deps.sh)"
+if [ $? -ne 0 ] || [ ! -x "$BIN/kueue" ] || [ ! -x "$BIN/jobset" ]; then
+  echo "FAIL Kueue and JobSet are not built (run scripts/install-deps.sh)"
   echo "0 passed, 1 failed"
   exit 1
 fi
@@ -40,11 +47,12 @@ k kustomize "$BIN/kueue-config/default" | /usr/bin/python3 -c '
 import re, sys
 docs = re.split(r"^---\n", sys.stdin.read(), flags=re.M)
 print("---\n".join(d for d in docs if re.search(r"^kind: CustomResourceDefinition$", d, re.M)))' >"$TMP/kueue-crds.yaml"
-k apply --server-side -f "$ROOT/charts/meshload/crds/" -f "$TMP/kueue-crds.yaml" >"$TMP/crds.out" 2>&1 &&
+JOBSET_CRD=$BIN/jobset-config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml
+k apply --server-side -f "$ROOT/charts/meshload/crds/" -f "$TMP/kueue-crds.yaml" -f "$JOBSET_CRD" >"$TMP/crds.out" 2>&1 &&
   k wait --for condition=Established --timeout=60s -f "$ROOT/charts/meshload/crds/" -f "$TMP/kueue-crds.yaml" \
-    >>"$TMP/crds.out" 2>&1
+    -f "$JOBSET_CRD" >>"$TMP/crds.out" 2>&1
 rc=$?
-check "the DataLoadJob CRD and Kueue's CRDs ($(grep -c '^kind: CustomResourceDefinition$' "$TMP/kueue-crds.yaml")) are Established" $rc
+check "the DataLoadJob CRD, Kueue's CRDs ($(grep -c '^kind: CustomResourceDefinition$' "$TMP/kueue-crds.yaml")) and JobSet's are Established" $rc
 [ $rc -eq 0 ] || tail -5 "$TMP/crds.out"
 
 # A serving certificate for 127.0.0.1 from a CA of the test's: meshload's
@@ -78,7 +86,7 @@ leaderElection:
 internalCertManagement:
   enable: true
 integrations:
-  frameworks: ["batch/job"]
+  frameworks: ["batch/job", "jobset.x-k8s.io/jobset"]
 EOF
 setpriv --pdeathsig KILL "$BIN/kueue" --config "$TMP/kueue.yaml" --feature-gates=VisibilityOnDemand=false \
   >"$TMP/kueue.log" 2>&1 &
@@ -102,6 +110,31 @@ done
 check "Kueue's manager is ready" $ready
 [ $ready -eq 0 ] || tail -20 "$TMP/kueue.log"
 
+# JobSet's manager: no leader election, no metrics, its webhook server on
+# loopback with the test's certificate (no certificate management of its
+# own: that would wait for a kubelet to mount its Secret at a fixed path).
+JOBSET_HEALTH=$(listen_port)
+JOBSET_WEBHOOK=$(listen_port)
+cat >"$TMP/jobset.yaml" <<EOF
+apiVersion: config.jobset.x-k8s.io/v1alpha1
+kind: Configuration
+leaderElection: {leaderElect: false}
+health: {healthProbeBindAddress: "127.0.0.1:$JOBSET_HEALTH"}
+metrics: {bindAddress: "0"}
+webhook: {host: 127.0.0.1, port: $JOBSET_WEBHOOK, certDir: $TMP/wh}
+internalCertManagement: {enable: false}
+EOF
+setpriv --pdeathsig KILL "$BIN/jobset" --config "$TMP/jobset.yaml" --kubeconfig "$KUBECONFIG" --zap-devel=false \
+  >"$TMP/jobset.log" 2>&1 &
+PIDS+=($!)
+ready=1
+for _ in $(seq 300); do
+  curl -sf "http://127.0.0.1:$JOBSET_HEALTH/readyz" >/dev/null 2>&1 && { ready=0; break; }
+  sleep 0.2
+done
+check "JobSet's manager is ready" $ready
+[ $ready -eq 0 ] || tail -20 "$TMP/jobset.log"
+
 WHPORT=$(listen_port)
 setpriv --pdeathsig KILL "$CONTROLLER" --kubeconfig "$KUBECONFIG" --metrics-port 0 --metrics-address 127.0.0.1 \
   --leader-elect false --log-format kv --webhook-cert-dir "$TMP/wh" --webhook-address 127.0.0.1 \
@@ -115,25 +148,44 @@ check "meshload-controller serves the webhook" $rc
 # The chart's two entries (charts/meshload/templates/webhook.yaml with
 # webhook.templateInjection.enabled), reaching the controller by url.
 CA=$(base64 -w0 "$TMP/wh/ca.crt")
-hook() { # name path apiGroup resource
+hook() { # name path apiGroup resource [apiGroup resource version]
   cat <<EOF
   - name: $1
     admissionReviewVersions: [v1]
     clientConfig: {url: "https://127.0.0.1:$WHPORT$2", caBundle: "$CA"}
-    rules: [{operations: [CREATE], apiGroups: ["$3"], apiVersions: [v1], resources: [$4], scope: Namespaced}]
+    rules:
+    - {operations: [CREATE], apiGroups: ["$3"], apiVersions: [v1], resources: [$4], scope: Namespaced}
+EOF
+  [ $# -gt 4 ] && echo "    - {operations: [CREATE], apiGroups: [\"$5\"], apiVersions: [$7], resources: [$6], scope: Namespaced}"
+  cat <<EOF
     objectSelector: {matchExpressions: [{key: meshload.io/job, operator: Exists}]}
     failurePolicy: Fail
     sideEffects: None
     timeoutSeconds: 5
 EOF
 }
+# JobSet's own webhooks for JobSets (its install's manifests: defaulting and
+# validation), by url.
+jobset_hook() { # kind name path
+  printf -- '---\napiVersion: admissionregistration.k8s.io/v1\nkind: %sWebhookConfiguration\nmetadata: {name: jobset-%s}\nwebhooks:\n' "$1" "$2"
+  cat <<EOF
+  - name: $2.jobset.x-k8s.io
+    admissionReviewVersions: [v1]
+    clientConfig: {url: "https://127.0.0.1:$JOBSET_WEBHOOK$3", caBundle: "$CA"}
+    rules: [{operations: [CREATE, UPDATE], apiGroups: [jobset.x-k8s.io], apiVersions: [v1alpha2], resources: [jobsets]}]
+    failurePolicy: Fail
+    sideEffects: None
+EOF
+}
 {
   printf 'apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata: {name: meshload-sidecar-injector}\nwebhooks:\n'
   hook sidecar.meshload.io /mutate-pods "" pods
-  hook template.meshload.io /mutate-jobs batch jobs
+  hook template.meshload.io /mutate-jobs batch jobs jobset.x-k8s.io jobsets v1alpha2
+  jobset_hook Mutating mjobset /mutate-jobset-x-k8s-io-v1alpha2-jobset
+  jobset_hook Validating vjobset /validate-jobset-x-k8s-io-v1alpha2-jobset
 } | k apply -f - >"$TMP/mwc.out" 2>&1
 rc=$?
-check "the webhook configuration (pods and Jobs) points at it" $rc
+check "the webhook configuration (pods, Jobs and JobSets) points at it, JobSet's at JobSet's manager" $rc
 [ $rc -eq 0 ] || cat "$TMP/mwc.out"
 
 # Two ClusterQueues: one whose quota is exactly 2 trainers (1 CPU, 1 GiB
@@ -167,13 +219,14 @@ EOF
   printf -- '---\napiVersion: kueue.x-k8s.io/v1beta2\nkind: WorkloadPriorityClass\nmetadata: {name: high}\nvalue: 1000\n'
   queues exact 4 3Gi
   queues trainers-only 2 3Gi
+  queues jobsets 4 3Gi
 } | k apply -f - >"$TMP/queues.out" 2>&1
 rc=$?
-check "a ResourceFlavor, a WorkloadPriorityClass high, ClusterQueues exact (4 CPU, 3Gi) and trainers-only (2 CPU, 3Gi), preempting lower priorities, their LocalQueues" $rc
+check "a ResourceFlavor, a WorkloadPriorityClass high, ClusterQueues exact and jobsets (4 CPU, 3Gi) and trainers-only (2 CPU, 3Gi), preempting lower priorities, their LocalQueues" $rc
 [ $rc -eq 0 ] || cat "$TMP/queues.out"
 
-# A DataLoadJob and its trainers: a suspended Indexed Job in a queue.
-loader() { # name
+# A DataLoadJob of 2 processes selecting app=NAME, resuming at step 40.
+dataloadjob() { # name
   cat <<EOF
 ---
 apiVersion: meshload.io/v1alpha1
@@ -185,6 +238,27 @@ spec:
   batch: {globalBatchSize: 32}
   resume: {step: 40}
   selector: {matchLabels: {app: $1}}
+EOF
+}
+# A trainer pod template labelled app=NAME and for DataLoadJob NAME (1 CPU,
+# 1 GiB), indented by INDENT.
+trainer_template() { # name indent
+  sed "s/^/$2/" <<EOF
+template:
+  metadata:
+    labels: {app: $1, meshload.io/job: $1}
+  spec:
+    restartPolicy: Never
+    containers:
+    - name: trainer
+      image: trainer:1
+      resources: {requests: {cpu: "1", memory: 1Gi}}
+EOF
+}
+# A DataLoadJob and its trainers: a suspended Indexed Job in a queue.
+loader() { # name queue
+  dataloadjob "$1"
+  cat <<EOF
 ---
 apiVersion: batch/v1
 kind: Job
@@ -197,28 +271,20 @@ spec:
   completionMode: Indexed
   completions: 2
   parallelism: 2
-  template:
-    metadata:
-      labels: {app: $1, meshload.io/job: $1}
-    spec:
-      restartPolicy: Never
-      containers:
-      - name: trainer
-        image: trainer:1
-        resources: {requests: {cpu: "1", memory: 1Gi}}
 EOF
+  trainer_template "$1" "  "
 }
 loader queued exact | k apply -f - >"$TMP/apply.out" 2>&1
 rc=$?
 check "kubectl apply a DataLoadJob and its suspended trainer Job in LocalQueue exact" $rc
 [ $rc -eq 0 ] || cat "$TMP/apply.out"
 
-workload() { # job: the Workload Kueue made for it, as JSON (empty until there is one)
+workload() { # kind name: the Workload Kueue made for it, as JSON (empty until there is one)
   k -n training get workloads.kueue.x-k8s.io -o json 2>/dev/null | /usr/bin/python3 -c '
 import json, sys
 for w in json.load(sys.stdin)["items"]:
-    if any(o["kind"] == "Job" and o["name"] == sys.argv[1] for o in w["metadata"].get("ownerReferences", [])):
-        print(json.dumps(w))' "$1"
+    if any(o["kind"] == sys.argv[1] and o["name"] == sys.argv[2] for o in w["metadata"].get("ownerReferences", [])):
+        print(json.dumps(w))' "$1" "$2"
 }
 condition() { # json type: its status
   /usr/bin/python3 -c '
@@ -227,13 +293,16 @@ w = json.loads(sys.argv[1])
 print(" ".join(c["status"] + ": " + c.get("message", "") for c in w.get("status", {}).get("conditions", [])
                if c["type"] == sys.argv[2]))' "$1" "$2"
 }
-w=
-for _ in $(seq 300); do
-  w=$(workload queued)
-  [ -n "$w" ] && [[ "$(condition "$w" Admitted)" == True* ]] && break
-  sleep 0.2
-done
-echo "$w" >"$TMP/workload-queued.json"
+admitted_workload() { # kind name file: waits (60 s at most) until it is admitted; writes it to file
+  local w=
+  for _ in $(seq 300); do
+    w=$(workload "$1" "$2")
+    [ -n "$w" ] && [[ "$(condition "$w" Admitted)" == True* ]] && break
+    sleep 0.2
+  done
+  echo "$w" >"$3"
+}
+admitted_workload Job queued "$TMP/workload-queued.json"
 /usr/bin/python3 - "$TMP/workload-queued.json" <<'PYCHECK'
 import json, sys
 w = json.load(open(sys.argv[1]))
@@ -275,7 +344,7 @@ loader short trainers-only | k apply -f - >"$TMP/apply-short.out" 2>&1
 check "kubectl apply the same in LocalQueue trainers-only" $?
 reserved=
 for _ in $(seq 150); do
-  w=$(workload short)
+  w=$(workload Job short)
   reserved=$([ -n "$w" ] && condition "$w" QuotaReserved)
   [[ "$reserved" == False*"insufficient quota for cpu"*"(4) > maximum capacity (2)"* ]] && break
   sleep 0.2
@@ -368,5 +437,79 @@ grep -q "^Normal Suspended$" "$TMP/events.txt" && grep -q "^Normal TrainersAdmit
 rc=$?
 check "the DataLoadJob's events: Normal Suspended and TrainersAdmitted, no warning" $rc
 [ $rc -eq 0 ] || cat "$TMP/events.txt"
+
+# The same trainers as a JobSet: 2 replicas of an Indexed Job of 1 pod.
+{
+  dataloadjob js
+  cat <<EOF
+---
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata:
+  name: js-run
+  namespace: training
+  labels: {meshload.io/job: js, kueue.x-k8s.io/queue-name: jobsets}
+spec:
+  suspend: true
+  replicatedJobs:
+  - name: workers
+    replicas: 2
+    template:
+      spec:
+        completionMode: Indexed
+        completions: 1
+        parallelism: 1
+EOF
+  trainer_template js "        "
+} | k apply -f - >"$TMP/jobset-apply.out" 2>&1
+rc=$?
+check "kubectl apply a DataLoadJob and its trainers as a suspended JobSet in LocalQueue jobsets" $rc
+[ $rc -eq 0 ] || cat "$TMP/jobset-apply.out"
+k -n training get jobset js-run -o json >"$TMP/jobset.json" 2>/dev/null
+/usr/bin/python3 - "$TMP/jobset.json" <<'PYCHECK'
+import json, sys
+t = json.load(open(sys.argv[1]))["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+init = t["spec"].get("initContainers") or []
+sys.exit(0 if [c["name"] for c in init] == ["meshload-sidecar"] else 1)
+PYCHECK
+check "the webhook put the sidecar in the JobSet's template" $?
+admitted_workload JobSet js-run "$TMP/workload-jobset.json"
+/usr/bin/python3 - "$TMP/workload-jobset.json" <<'PYCHECK'
+import json, sys
+w = json.load(open(sys.argv[1]))
+ps = w["spec"]["podSets"]
+init = ps[0]["template"]["spec"].get("initContainers") or []
+u = w["status"]["admission"]["podSetAssignments"][0]["resourceUsage"]
+ok = (len(ps) == 1 and ps[0]["count"] == 2 and [c["name"] for c in init] == ["meshload-sidecar"]
+      and (u.get("cpu"), u.get("memory")) == ("4", "3Gi"))
+sys.exit(0 if ok else 1)
+PYCHECK
+rc=$?
+check "Kueue's Workload for the JobSet holds the sidecar, and ClusterQueue jobsets admits it: 4 CPU, 3Gi" $rc
+[ $rc -eq 0 ] || { head -c 2000 "$TMP/workload-jobset.json"; tail -5 "$TMP/kueue.log"; }
+wait_sidecars_per_pod training jobset.sigs.k8s.io/jobset-name=js-run "1 1"
+rc=$?
+check "JobSet made its 2 Jobs, the Job controller their pods, each with the sidecar once" $rc
+[ $rc -eq 0 ] || { echo "sidecars per pod: $SIDECARS"; k -n training get jobset,jobs; tail -20 "$TMP/jobset.log"; }
+wait_dlj js "Pending TrainersAdmitted -"
+check "DataLoadJob js is Admitted (got: $got)" $?
+# Process index = the Job's global index in the JobSet (1 pod per Job).
+indices=
+for _ in $(seq 150); do
+  k -n training get configmap js-meshload -o json >"$TMP/js-cm.json" 2>/dev/null
+  indices=$(k -n training get pods -l jobset.sigs.k8s.io/jobset-name=js-run -o json | /usr/bin/python3 -c '
+import json, sys
+try:
+    cm = json.load(open(sys.argv[1])).get("data", {})
+except ValueError:
+    cm = {}
+print(" ".join(sorted("%s=%s" % (p["metadata"]["labels"].get("jobset.sigs.k8s.io/job-global-index"),
+                                 cm.get("process." + p["metadata"]["name"]))
+                      for p in json.load(sys.stdin)["items"])))' "$TMP/js-cm.json" 2>/dev/null)
+  [ "$indices" = "0=0 1=1" ] && break
+  sleep 0.2
+done
+[ "$indices" = "0=0 1=1" ]
+check "the JobSet's pods have the processes of their Jobs' global indices (global index=process: $indices)" $?
 
 finish

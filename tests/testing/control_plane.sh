@@ -16,7 +16,8 @@
 #           tls.key: a serving certificate for 127.0.0.1 it signed (a
 #           webhook the API server reaches by url on loopback)
 #   wait_sidecars_per_pod NS JOB WANT
-#           waits (30 s at most) until the pods of Job NS/JOB have WANT
+#           waits (30 s at most) until the pods of Job NS/JOB (or of the
+#           label selector JOB, when it has an =) have WANT
 #           containers named meshload-sidecar each ("1 1": two pods, once
 #           each); SIDECARS is what it saw last
 start_control_plane() {
@@ -55,8 +56,10 @@ loopback_certificate() {
 }
 wait_sidecars_per_pod() {
   SIDECARS=
+  local selector="job-name=$2"
+  [[ "$2" == *=* ]] && selector=$2
   for _ in $(seq 150); do
-    SIDECARS=$(k -n "$1" get pods -l "job-name=$2" -o json 2>/dev/null | /usr/bin/python3 -c '
+    SIDECARS=$(k -n "$1" get pods -l "$selector" -o json 2>/dev/null | /usr/bin/python3 -c '
 import json, sys
 pods = json.load(sys.stdin)["items"]
 print(" ".join(sorted(str(sum(c["name"] == "meshload-sidecar" for c in (p["spec"].get("initContainers") or []) + p["spec"]["containers"])) for p in pods)))' 2>/dev/null)
