@@ -21,9 +21,10 @@
 #     (pod GC), the Job replaces it, the scheduler puts it on another GPU
 #     node, it resumes at the recorded step while the other trainer, never
 #     stopped, waits for it and goes on (pod GC takes 40 to 90 s);
-#   - the job resized: the Job suspended, the DataLoadJob's mesh and the
-#     Job's parallelism edited (2 to 4 processes), resumed at the recorded
-#     step on the new mesh, every byte verified, the Job complete.
+#   - the job resized: the Job suspended (the DataLoadJob Suspended at the
+#     recorded step), the DataLoadJob's mesh and the Job's parallelism
+#     edited (2 to 4 processes), resumed at the recorded step on the new
+#     mesh, every byte verified, the Job complete.
 # usage: cluster_test.sh REPO_ROOT BUILD_DIR
 set -u
 ROOT=$1
@@ -268,6 +269,14 @@ done
 R2=$(resume_of)
 [ -z "$(k -n training get pods -l job-name=trainer -o name)" ] && [ -n "$R2" ]
 check "the Job suspended: its pods stopped; the recorded resume step is $R2" $?
+susp=
+for _ in $(seq 60); do
+  susp=$(k -n training get dlj reshard -o jsonpath='{.status.phase} {.status.suspendedAtStep} {.status.conditions[?(@.type=="Admitted")].reason} {.status.conditions[?(@.type=="Degraded")].status}')
+  [ "$susp" = "Suspended $R2 Suspended False" ] && break
+  sleep 0.5
+done
+[ "$susp" = "Suspended $R2 Suspended False" ]
+check "the DataLoadJob says so: Suspended at step $R2, not Degraded (phase, suspendedAtStep, Admitted, Degraded: $susp)" $?
 k -n training patch dlj reshard --type=merge -p \
   '{"spec":{"mesh":{"processes":4,"axes":[{"name":"model","size":2},{"name":"data","size":4}]}}}' >"$TMP/resize.log" 2>&1 &&
   # The resized trainers run 400 steps and finish, so that the Job completes.
