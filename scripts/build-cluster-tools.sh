@@ -10,7 +10,9 @@
 # (sigs.k8s.io/kueue, pinned in the nested module tests/cluster/tools/kueue)
 # with its install's kustomization (kueue-config/, from the same module); and
 # JobSet's manager (sigs.k8s.io/jobset, pinned in tests/cluster/tools/jobset)
-# with its install's manifests (jobset-config/: its CRD, its webhooks). The control
+# with its install's manifests (jobset-config/: its CRD, its webhooks); and
+# Kubeflow Trainer's manager (github.com/kubeflow/trainer/v2, pinned in
+# tests/cluster/tools/trainer) with its manifests (trainer-manifests/). The control
 # plane, kube-scheduler among it, comes from scripts/build-test-tools.sh.
 #
 #   scripts/build-cluster-tools.sh          build unless cached; prints the bin dir
@@ -22,7 +24,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SELF=$ROOT/scripts/build-cluster-tools.sh
 MOD=$ROOT/tests/cluster/tools
-TOOLS=(kwok dashboardcheck prometheus promtool kueue jobset)
+TOOLS=(kwok dashboardcheck prometheus promtool kueue jobset trainer)
 
 source "$ROOT/scripts/lib/go-tool-cache.sh"
 go_tool_cache_init build-cluster-tools "the simulated cluster" "$MOD" "$SELF" "$(go_tool_cache_root)/cluster"
@@ -32,7 +34,8 @@ go_tool_cache_stage
 PROM=$(awk '$1 == "github.com/prometheus/prometheus" && $2 ~ /^v/ {print $2; exit}' "$MOD/prometheus/go.mod")
 KUEUE=$(awk '$1 == "sigs.k8s.io/kueue" && $2 ~ /^v/ {print $2; exit}' "$MOD/kueue/go.mod")
 JOBSET=$(awk '$1 == "sigs.k8s.io/jobset" && $2 ~ /^v/ {print $2; exit}' "$MOD/jobset/go.mod")
-echo "build-cluster-tools: building kwok $KWOK, dashboardcheck, prometheus $PROM, kueue $KUEUE and jobset $JOBSET from tests/cluster/tools (about thirteen minutes on 2 cores)" >&2
+TRAINER=$(awk '$1 == "github.com/kubeflow/trainer/v2" && $2 ~ /^v/ {print $2; exit}' "$MOD/trainer/go.mod")
+echo "build-cluster-tools: building kwok $KWOK, dashboardcheck, prometheus $PROM, kueue $KUEUE, jobset $JOBSET and kubeflow trainer $TRAINER from tests/cluster/tools (about fifteen minutes on 2 cores)" >&2
 cd "$MOD"
 export CGO_ENABLED=0 GOFLAGS=-mod=readonly
 go build -trimpath -ldflags "-s -w" -o "$GO_TOOL_CACHE_STAGE/kwok" \
@@ -53,4 +56,10 @@ go build -trimpath -ldflags "-s -w" -o "$GO_TOOL_CACHE_STAGE/jobset" sigs.k8s.io
 go mod download sigs.k8s.io/jobset
 cp -r "$(go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)/config" "$GO_TOOL_CACHE_STAGE/jobset-config"
 chmod -R u+w "$GO_TOOL_CACHE_STAGE/jobset-config"
+cd ../trainer
+go build -trimpath -ldflags "-s -w" -o "$GO_TOOL_CACHE_STAGE/trainer" \
+  github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager
+go mod download github.com/kubeflow/trainer/v2
+cp -r "$(go list -m -f '{{.Dir}}' github.com/kubeflow/trainer/v2)/manifests" "$GO_TOOL_CACHE_STAGE/trainer-manifests"
+chmod -R u+w "$GO_TOOL_CACHE_STAGE/trainer-manifests"
 go_tool_cache_commit

@@ -52,8 +52,9 @@ AdmissionAnswer ReviewAdmission(std::string_view body, const JobLookup& jobs, co
   const bool pod = is("", "Pod");
   const bool job = is("batch", "Job");
   const bool jobset = is("jobset.x-k8s.io", "JobSet");
+  const bool runtime = is("trainer.kubeflow.org", "TrainingRuntime");
   const json* sub = Member(*request, "subResource", json::value_t::string);
-  if ((pod || job || jobset) && operation && *operation == "CREATE" &&
+  if ((pod || job || jobset || runtime) && operation && *operation == "CREATE" &&
       (!sub || sub->get_ref<const std::string&>().empty())) {
     const json* object = Member(*request, "object", json::value_t::object);
     if (!object) return BadRequest("request.object is not an object");
@@ -64,9 +65,10 @@ AdmissionAnswer ReviewAdmission(std::string_view body, const JobLookup& jobs, co
       const json* mns = md ? Member(*md, "namespace", json::value_t::string) : nullptr;
       if (mns) pod_ns = mns->get<std::string>();
     }
-    Decision d = pod   ? InjectSidecar(*object, pod_ns, jobs, options)
-                 : job ? InjectJobTemplate(*object, pod_ns, jobs, options)
-                       : InjectJobSetTemplates(*object, pod_ns, jobs, options);
+    Decision d = pod      ? InjectSidecar(*object, pod_ns, jobs, options)
+                 : job    ? InjectJobTemplate(*object, pod_ns, jobs, options)
+                 : jobset ? InjectJobSetTemplates(*object, pod_ns, jobs, options)
+                          : InjectTrainingRuntimeTemplates(*object, pod_ns, jobs, options);
     outcome = d.outcome;
     if (!d.allowed) {
       response["allowed"] = false;

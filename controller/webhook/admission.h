@@ -1,8 +1,9 @@
 /// \file
 /// AdmissionReview v1 for the sidecar injector: decodes the API server's
-/// request, asks InjectSidecar (a Pod), InjectJobTemplate (a batch/v1 Job)
-/// or InjectJobSetTemplates (a jobset.x-k8s.io JobSet), and encodes the
-/// response.
+/// request, asks InjectSidecar (a Pod), InjectJobTemplate (a batch/v1 Job),
+/// InjectJobSetTemplates (a jobset.x-k8s.io JobSet) or
+/// InjectTrainingRuntimeTemplates (a trainer.kubeflow.org TrainingRuntime),
+/// and encodes the response.
 ///
 ///   AdmissionAnswer a = ReviewAdmission(body, lookup, options);
 ///   // HTTP a.http_status with a.body (application/json); a.outcome for metrics
@@ -11,7 +12,8 @@
 /// JSON, not an AdmissionReview v1, larger than kMaxAdmissionReviewBytes or
 /// without request.uid is answered HTTP 400 with a message naming what is
 /// wrong (the API server then applies the webhook's failurePolicy). A request
-/// for anything but a Pod, Job or JobSet CREATE is allowed unchanged.
+/// for anything but a Pod, Job, JobSet or TrainingRuntime CREATE is allowed
+/// unchanged.
 ///
 /// Thread safety: pure function (the lookup must be thread-safe).
 #pragma once

@@ -344,43 +344,65 @@ Decision InjectJobTemplate(const json& job, const std::string& ns, const JobLook
                     ns, jobs, options);
 }
 
-Decision InjectJobSetTemplates(const json& jobset, const std::string& ns, const JobLookup& jobs,
-                               const InjectorOptions& options) {
-  const json& md = Field(jobset, "metadata");
-  const std::string name = "JobSet " + ns + "/" + NameOf(md);
-  const std::string on_jobset = Str(Field(md, "labels"), kJobLabel);
-  const json& rjs = Items(Field(jobset, "spec"), "replicatedJobs");
+namespace {
+
+// The pod templates of a JobSet's replicated jobs, `rjs` at JSON Pointer
+// `at` ("/spec/replicatedJobs" in a JobSet; a TrainingRuntime holds a
+// JobSet template), `field` the same as a field path; `what` names the
+// object, labelled `on_object`.
+Decision InjectReplicatedJobs(const std::string& what, const std::string& on_object, const json& rjs,
+                              const std::string& at, const std::string& field, const std::string& ns,
+                              const JobLookup& jobs, const InjectorOptions& options) {
   Decision out = Unchanged();
   int labelled = 0;
   for (size_t i = 0; i < rjs.size(); ++i) {
     const json& tmpl = Field(Field(Field(rjs[i], "template"), "spec"), "template");
-    const std::string field = "spec.replicatedJobs[" + std::to_string(i) + "].template.spec.template";
+    const std::string tmpl_field = field + "[" + std::to_string(i) + "].template.spec.template";
     const std::string on_template = Str(Field(Field(tmpl, "metadata"), "labels"), kJobLabel);
     if (on_template.empty()) continue;  // pods of another kind (a launcher): no sidecar
-    if (on_template != on_jobset) {
-      return Refuse(name +
-                    (on_jobset.empty() ? std::string(" is not labelled ") + kJobLabel
-                                       : " is labelled " + std::string(kJobLabel) + "=" + on_jobset) +
-                    " but its " + field + " (replicated job " + Str(rjs[i], "name") + ") " + kJobLabel + "=" +
-                    on_template + ": label the JobSet and the pod templates of its trainers for the same DataLoadJob");
+    if (on_template != on_object) {
+      return Refuse(what +
+                    (on_object.empty() ? std::string(" is not labelled ") + kJobLabel
+                                       : " is labelled " + std::string(kJobLabel) + "=" + on_object) +
+                    " but its " + tmpl_field + " (replicated job " + Str(rjs[i], "name") + ") " + kJobLabel + "=" +
+                    on_template + ": label it and the pod templates of its trainers for the same DataLoadJob");
     }
     ++labelled;
     // Not indexed: a pod's completion index is its place in its own Job;
     // the controller gives it its place in the JobSet.
     Decision d = InjectInto({Field(tmpl, "metadata"), Field(tmpl, "spec"),
-                             name + "'s " + field + " (replicated job " + Str(rjs[i], "name") + ")",
-                             "/spec/replicatedJobs/" + std::to_string(i) + "/template/spec/template", false},
+                             what + "'s " + tmpl_field + " (replicated job " + Str(rjs[i], "name") + ")",
+                             at + "/" + std::to_string(i) + "/template/spec/template", false},
                             ns, jobs, options);
     if (!d.allowed) return d;
     for (auto& op : d.patch) out.patch.push_back(std::move(op));
     if (d.outcome == "injected") out.outcome = "injected";
   }
-  if (!on_jobset.empty() && labelled == 0) {
-    return Refuse(name + " is labelled " + kJobLabel + "=" + on_jobset +
-                  " but none of its spec.replicatedJobs[].template.spec.template is: give the pod templates of its "
-                  "trainers the label, so that their pods are the DataLoadJob's trainers");
+  if (!on_object.empty() && labelled == 0) {
+    return Refuse(what + " is labelled " + kJobLabel + "=" + on_object + " but none of its " + field +
+                  "[].template.spec.template is: give the pod templates of its trainers the label, so that their "
+                  "pods are the DataLoadJob's trainers");
   }
   return out;
+}
+
+}  // namespace
+
+Decision InjectJobSetTemplates(const json& jobset, const std::string& ns, const JobLookup& jobs,
+                               const InjectorOptions& options) {
+  const json& md = Field(jobset, "metadata");
+  return InjectReplicatedJobs("JobSet " + ns + "/" + NameOf(md), Str(Field(md, "labels"), kJobLabel),
+                              Items(Field(jobset, "spec"), "replicatedJobs"), "/spec/replicatedJobs",
+                              "spec.replicatedJobs", ns, jobs, options);
+}
+
+Decision InjectTrainingRuntimeTemplates(const json& runtime, const std::string& ns, const JobLookup& jobs,
+                                        const InjectorOptions& options) {
+  const json& md = Field(runtime, "metadata");
+  return InjectReplicatedJobs("TrainingRuntime " + ns + "/" + NameOf(md), Str(Field(md, "labels"), kJobLabel),
+                              Items(Field(Field(Field(runtime, "spec"), "template"), "spec"), "replicatedJobs"),
+                              "/spec/template/spec/replicatedJobs", "spec.template.spec.replicatedJobs", ns, jobs,
+                              options);
 }
 
 }  // namespace meshload::controller::webhook

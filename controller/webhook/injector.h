@@ -98,4 +98,15 @@ Decision InjectJobTemplate(const nlohmann::json& job, const std::string& ns, con
 Decision InjectJobSetTemplates(const nlohmann::json& jobset, const std::string& ns, const JobLookup& jobs,
                                const InjectorOptions& options);
 
+/// What to do with `runtime` (a trainer.kubeflow.org/v1alpha1
+/// TrainingRuntime as JSON) created in namespace `ns`: as
+/// InjectJobSetTemplates, in the JobSet template it holds
+/// (spec.template.spec.replicatedJobs[i].template.spec.template). Kubeflow
+/// Trainer makes each TrainJob's JobSet from its runtime, and Kueue counts
+/// a TrainJob's quota from the runtime's templates, so the sidecar must be
+/// there: a TrainJob cannot add a container of its own. The runtime is
+/// then the DataLoadJob's (its label names it).
+Decision InjectTrainingRuntimeTemplates(const nlohmann::json& runtime, const std::string& ns, const JobLookup& jobs,
+                                        const InjectorOptions& options);
+
 }  // namespace meshload::controller::webhook

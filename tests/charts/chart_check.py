@@ -692,7 +692,9 @@ if out:
         if jobs["rules"] != [{"operations": ["CREATE"], "apiGroups": ["batch"], "apiVersions": ["v1"],
                               "resources": ["jobs"], "scope": "Namespaced"},
                              {"operations": ["CREATE"], "apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"],
-                              "resources": ["jobsets"], "scope": "Namespaced"}]:
+                              "resources": ["jobsets"], "scope": "Namespaced"},
+                             {"operations": ["CREATE"], "apiGroups": ["trainer.kubeflow.org"],
+                              "apiVersions": ["v1alpha1"], "resources": ["trainingruntimes"], "scope": "Namespaced"}]:
             p.append("rules %r" % jobs["rules"])
         if jobs["clientConfig"]["service"]["path"] != "/mutate-jobs":
             p.append("path %r" % jobs["clientConfig"]["service"]["path"])
@@ -712,7 +714,8 @@ if out:
             p.append("clientConfig.service %r" % jobs["clientConfig"]["service"])
         return p
 
-    check("templateInjection: a second webhook for batch/v1 Jobs and JobSets (path /mutate-jobs, reinvocation Never), "
+    check("templateInjection: a second webhook for batch/v1 Jobs, JobSets and TrainingRuntimes (path /mutate-jobs, "
+          "reinvocation Never), "
           "otherwise as the pods' one", template_hook_problems, None)
 out = scenario("webhook off", {"webhook": {"enabled": False}})
 if out:

@@ -22,10 +22,18 @@
 #     template, Kueue's Workload holds it and a queue of exactly trainers
 #     plus sidecars admits it; JobSet makes its Jobs, the Job controller
 #     their pods, with the sidecar once; the DataLoadJob is Admitted and its
-#     processes are numbered across the JobSet's Jobs.
+#     processes are numbered across the JobSet's Jobs;
+#   - the same trainers as a Kubeflow TrainJob (Trainer's manager built
+#     from the pinned github.com/kubeflow/trainer/v2, its CRDs): the webhook
+#     puts the sidecar in the DataLoadJob's labelled TrainingRuntime (a
+#     TrainJob cannot add a container; Kueue counts it from its runtime),
+#     Kueue's Workload for the TrainJob holds it and admits it where
+#     trainers and sidecars fit; Trainer makes its JobSet, JobSet its Job,
+#     the Job controller the pods, with the sidecar once.
 # Kueue's own webhooks are not registered (there is no cluster network for
-# the API server to reach them by Service): the Jobs and JobSets are created
-# suspended, as Kueue's webhooks would make them.
+# the API server to reach them by Service): the Jobs, JobSets and TrainJobs
+# are created suspended (the TrainJob with Kueue's runtime patch), as
+# Kueue's webhooks would make them.
 # usage: kueue_test.sh REPO_ROOT MESHLOAD_CONTROLLER_BINARY
 set -u
 ROOT=$1
@@ -34,8 +42,8 @@ source "$(dirname "$0")/../testing/shell_checks.sh"
 source "$(dirname "$0")/../testing/control_plane.sh"
 
 BIN=$("$ROOT/scripts/build-cluster-tools.sh" --dir)
-if [ $? -ne 0 ] || [ ! -x "$BIN/kueue" ] || [ ! -x "$BIN/jobset" ]; then
-  echo "FAIL Kueue and JobSet are not built (run scripts/install-deps.sh)"
+if [ $? -ne 0 ] || [ ! -x "$BIN/kueue" ] || [ ! -x "$BIN/jobset" ] || [ ! -x "$BIN/trainer" ]; then
+  echo "FAIL Kueue, JobSet and Kubeflow Trainer are not built (run scripts/install-deps.sh)"
   echo "0 passed, 1 failed"
   exit 1
 fi
@@ -48,11 +56,13 @@ import re, sys
 docs = re.split(r"^---\n", sys.stdin.read(), flags=re.M)
 print("---\n".join(d for d in docs if re.search(r"^kind: CustomResourceDefinition$", d, re.M)))' >"$TMP/kueue-crds.yaml"
 JOBSET_CRD=$BIN/jobset-config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml
-k apply --server-side -f "$ROOT/charts/meshload/crds/" -f "$TMP/kueue-crds.yaml" -f "$JOBSET_CRD" >"$TMP/crds.out" 2>&1 &&
-  k wait --for condition=Established --timeout=60s -f "$ROOT/charts/meshload/crds/" -f "$TMP/kueue-crds.yaml" \
-    -f "$JOBSET_CRD" >>"$TMP/crds.out" 2>&1
+TRAINER_CRDS=$BIN/trainer-manifests/base/crds
+crds=(-f "$ROOT/charts/meshload/crds/" -f "$TMP/kueue-crds.yaml" -f "$JOBSET_CRD")
+for f in "$TRAINER_CRDS"/trainer.kubeflow.org_*.yaml; do crds+=(-f "$f"); done
+k apply --server-side "${crds[@]}" >"$TMP/crds.out" 2>&1 &&
+  k wait --for condition=Established --timeout=60s "${crds[@]}" >>"$TMP/crds.out" 2>&1
 rc=$?
-check "the DataLoadJob CRD, Kueue's CRDs ($(grep -c '^kind: CustomResourceDefinition$' "$TMP/kueue-crds.yaml")) and JobSet's are Established" $rc
+check "the DataLoadJob CRD, Kueue's CRDs ($(grep -c '^kind: CustomResourceDefinition$' "$TMP/kueue-crds.yaml")), JobSet's and Kubeflow Trainer's are Established" $rc
 [ $rc -eq 0 ] || tail -5 "$TMP/crds.out"
 
 # A serving certificate for 127.0.0.1 from a CA of the test's: meshload's
@@ -86,7 +96,7 @@ leaderElection:
 internalCertManagement:
   enable: true
 integrations:
-  frameworks: ["batch/job", "jobset.x-k8s.io/jobset"]
+  frameworks: ["batch/job", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"]
 EOF
 setpriv --pdeathsig KILL "$BIN/kueue" --config "$TMP/kueue.yaml" --feature-gates=VisibilityOnDemand=false \
   >"$TMP/kueue.log" 2>&1 &
@@ -124,16 +134,39 @@ metrics: {bindAddress: "0"}
 webhook: {host: 127.0.0.1, port: $JOBSET_WEBHOOK, certDir: $TMP/wh}
 internalCertManagement: {enable: false}
 EOF
-setpriv --pdeathsig KILL "$BIN/jobset" --config "$TMP/jobset.yaml" --kubeconfig "$KUBECONFIG" --zap-devel=false \
-  >"$TMP/jobset.log" 2>&1 &
-PIDS+=($!)
-ready=1
-for _ in $(seq 300); do
-  curl -sf "http://127.0.0.1:$JOBSET_HEALTH/readyz" >/dev/null 2>&1 && { ready=0; break; }
-  sleep 0.2
-done
-check "JobSet's manager is ready" $ready
-[ $ready -eq 0 ] || tail -20 "$TMP/jobset.log"
+# A controller-runtime manager of ours: started with its configuration
+# file, ready when its /readyz answers (60 s at most).
+start_manager() { # name health-port title
+  setpriv --pdeathsig KILL "$BIN/$1" --config "$TMP/$1.yaml" --kubeconfig "$KUBECONFIG" --zap-devel=false \
+    >"$TMP/$1.log" 2>&1 &
+  PIDS+=($!)
+  local ready=1
+  for _ in $(seq 300); do
+    curl -sf "http://127.0.0.1:$2/readyz" >/dev/null 2>&1 && { ready=0; break; }
+    sleep 0.2
+  done
+  check "$3's manager is ready" $ready
+  [ $ready -eq 0 ] || tail -20 "$TMP/$1.log"
+}
+start_manager jobset "$JOBSET_HEALTH" JobSet
+
+# Kubeflow Trainer's manager: no leader election, no metrics, its own
+# certificate management off (its webhook server reads the test's
+# certificate from its default directory under TMPDIR); its webhooks (only
+# validation) not registered.
+TRAINER_HEALTH=$(listen_port)
+cat >"$TMP/trainer.yaml" <<EOF
+apiVersion: config.trainer.kubeflow.org/v1alpha1
+kind: Configuration
+leaderElection: {leaderElect: false}
+health: {healthProbeBindAddress: "127.0.0.1:$TRAINER_HEALTH"}
+metrics: {bindAddress: "0"}
+webhook: {host: 127.0.0.1, port: $(listen_port)}
+certManagement: {enable: false}
+EOF
+mkdir -p "$TMP/trainer-tmp/k8s-webhook-server/serving-certs"
+cp "$TMP/wh/tls.crt" "$TMP/wh/tls.key" "$TMP/trainer-tmp/k8s-webhook-server/serving-certs/"
+TMPDIR=$TMP/trainer-tmp start_manager trainer "$TRAINER_HEALTH" "Kubeflow Trainer"
 
 WHPORT=$(listen_port)
 setpriv --pdeathsig KILL "$CONTROLLER" --kubeconfig "$KUBECONFIG" --metrics-port 0 --metrics-address 127.0.0.1 \
@@ -157,6 +190,7 @@ hook() { # name path apiGroup resource [apiGroup resource version]
     - {operations: [CREATE], apiGroups: ["$3"], apiVersions: [v1], resources: [$4], scope: Namespaced}
 EOF
   [ $# -gt 4 ] && echo "    - {operations: [CREATE], apiGroups: [\"$5\"], apiVersions: [$7], resources: [$6], scope: Namespaced}"
+  [ $# -gt 7 ] && echo "    - {operations: [CREATE], apiGroups: [\"$8\"], apiVersions: [${10}], resources: [$9], scope: Namespaced}"
   cat <<EOF
     objectSelector: {matchExpressions: [{key: meshload.io/job, operator: Exists}]}
     failurePolicy: Fail
@@ -180,7 +214,7 @@ EOF
 {
   printf 'apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata: {name: meshload-sidecar-injector}\nwebhooks:\n'
   hook sidecar.meshload.io /mutate-pods "" pods
-  hook template.meshload.io /mutate-jobs batch jobs jobset.x-k8s.io jobsets v1alpha2
+  hook template.meshload.io /mutate-jobs batch jobs jobset.x-k8s.io jobsets v1alpha2 trainer.kubeflow.org trainingruntimes v1alpha1
   jobset_hook Mutating mjobset /mutate-jobset-x-k8s-io-v1alpha2-jobset
   jobset_hook Validating vjobset /validate-jobset-x-k8s-io-v1alpha2-jobset
 } | k apply -f - >"$TMP/mwc.out" 2>&1
@@ -220,9 +254,10 @@ EOF
   queues exact 4 3Gi
   queues trainers-only 2 3Gi
   queues jobsets 4 3Gi
+  queues trainjobs 4 3Gi
 } | k apply -f - >"$TMP/queues.out" 2>&1
 rc=$?
-check "a ResourceFlavor, a WorkloadPriorityClass high, ClusterQueues exact and jobsets (4 CPU, 3Gi) and trainers-only (2 CPU, 3Gi), preempting lower priorities, their LocalQueues" $rc
+check "a ResourceFlavor, a WorkloadPriorityClass high, ClusterQueues exact, jobsets and trainjobs (4 CPU, 3Gi) and trainers-only (2 CPU, 3Gi), preempting lower priorities, their LocalQueues" $rc
 [ $rc -eq 0 ] || cat "$TMP/queues.out"
 
 # A DataLoadJob of 2 processes selecting app=NAME, resuming at step 40.
@@ -303,6 +338,33 @@ admitted_workload() { # kind name file: waits (60 s at most) until it is admitte
   echo "$w" >"$3"
 }
 admitted_workload Job queued "$TMP/workload-queued.json"
+# Whether the object in FILE has exactly the sidecar as init container in
+# the pod template at PATH (dot-separated keys and list indices).
+has_sidecar() { # file path
+  /usr/bin/python3 - "$1" "$2" <<'PYCHECK'
+import json, sys
+t = json.load(open(sys.argv[1]))
+for key in sys.argv[2].split("."):
+    t = t[int(key)] if isinstance(t, list) else t[key]
+sys.exit(0 if [c["name"] for c in t["spec"].get("initContainers") or []] == ["meshload-sidecar"] else 1)
+PYCHECK
+}
+# Whether the Workload in FILE has a podSet NAME of COUNT pods whose
+# template holds the sidecar, admitted with 4 CPU and 3Gi in all.
+workload_counts_sidecars() { # file podset count
+  /usr/bin/python3 - "$1" "$2" "$3" <<'PYCHECK'
+import json, sys
+w = json.load(open(sys.argv[1]))
+named = [p for p in w["spec"]["podSets"] if p["name"] == sys.argv[2]]
+init = (named[0]["template"]["spec"].get("initContainers") or []) if named else []
+use = {}
+for a in w["status"]["admission"]["podSetAssignments"]:
+    use.update(a.get("resourceUsage", {}))
+ok = (len(named) == 1 and named[0]["count"] == int(sys.argv[3]) and [c["name"] for c in init] == ["meshload-sidecar"]
+      and (use.get("cpu"), use.get("memory")) == ("4", "3Gi"))
+sys.exit(0 if ok else 1)
+PYCHECK
+}
 /usr/bin/python3 - "$TMP/workload-queued.json" <<'PYCHECK'
 import json, sys
 w = json.load(open(sys.argv[1]))
@@ -466,24 +528,10 @@ rc=$?
 check "kubectl apply a DataLoadJob and its trainers as a suspended JobSet in LocalQueue jobsets" $rc
 [ $rc -eq 0 ] || cat "$TMP/jobset-apply.out"
 k -n training get jobset js-run -o json >"$TMP/jobset.json" 2>/dev/null
-/usr/bin/python3 - "$TMP/jobset.json" <<'PYCHECK'
-import json, sys
-t = json.load(open(sys.argv[1]))["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
-init = t["spec"].get("initContainers") or []
-sys.exit(0 if [c["name"] for c in init] == ["meshload-sidecar"] else 1)
-PYCHECK
+has_sidecar "$TMP/jobset.json" spec.replicatedJobs.0.template.spec.template
 check "the webhook put the sidecar in the JobSet's template" $?
 admitted_workload JobSet js-run "$TMP/workload-jobset.json"
-/usr/bin/python3 - "$TMP/workload-jobset.json" <<'PYCHECK'
-import json, sys
-w = json.load(open(sys.argv[1]))
-ps = w["spec"]["podSets"]
-init = ps[0]["template"]["spec"].get("initContainers") or []
-u = w["status"]["admission"]["podSetAssignments"][0]["resourceUsage"]
-ok = (len(ps) == 1 and ps[0]["count"] == 2 and [c["name"] for c in init] == ["meshload-sidecar"]
-      and (u.get("cpu"), u.get("memory")) == ("4", "3Gi"))
-sys.exit(0 if ok else 1)
-PYCHECK
+workload_counts_sidecars "$TMP/workload-jobset.json" workers 2
 rc=$?
 check "Kueue's Workload for the JobSet holds the sidecar, and ClusterQueue jobsets admits it: 4 CPU, 3Gi" $rc
 [ $rc -eq 0 ] || { head -c 2000 "$TMP/workload-jobset.json"; tail -5 "$TMP/kueue.log"; }
@@ -493,23 +541,110 @@ check "JobSet made its 2 Jobs, the Job controller their pods, each with the side
 [ $rc -eq 0 ] || { echo "sidecars per pod: $SIDECARS"; k -n training get jobset,jobs; tail -20 "$TMP/jobset.log"; }
 wait_dlj js "Pending TrainersAdmitted -"
 check "DataLoadJob js is Admitted (got: $got)" $?
-# Process index = the Job's global index in the JobSet (1 pod per Job).
-indices=
-for _ in $(seq 150); do
-  k -n training get configmap js-meshload -o json >"$TMP/js-cm.json" 2>/dev/null
-  indices=$(k -n training get pods -l jobset.sigs.k8s.io/jobset-name=js-run -o json | /usr/bin/python3 -c '
+# The processes the controller gave a JobSet's pods, as "G.C=P" (its Job's
+# global index, its completion index, its process), sorted.
+wait_processes() { # dataloadjob jobset want
+  INDICES=
+  for _ in $(seq 150); do
+    k -n training get configmap "$1-meshload" -o json >"$TMP/$1-cm.json" 2>/dev/null
+    INDICES=$(k -n training get pods -l "jobset.sigs.k8s.io/jobset-name=$2" -o json | /usr/bin/python3 -c '
 import json, sys
 try:
     cm = json.load(open(sys.argv[1])).get("data", {})
 except ValueError:
     cm = {}
-print(" ".join(sorted("%s=%s" % (p["metadata"]["labels"].get("jobset.sigs.k8s.io/job-global-index"),
-                                 cm.get("process." + p["metadata"]["name"]))
-                      for p in json.load(sys.stdin)["items"])))' "$TMP/js-cm.json" 2>/dev/null)
-  [ "$indices" = "0=0 1=1" ] && break
-  sleep 0.2
-done
-[ "$indices" = "0=0 1=1" ]
-check "the JobSet's pods have the processes of their Jobs' global indices (global index=process: $indices)" $?
+print(" ".join(sorted("%s.%s=%s" % (p["metadata"]["labels"].get("jobset.sigs.k8s.io/job-global-index"),
+                                    p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index"),
+                                    cm.get("process." + p["metadata"]["name"]))
+                      for p in json.load(sys.stdin)["items"])))' "$TMP/$1-cm.json" 2>/dev/null)
+    [ "$INDICES" = "$3" ] && return 0
+    sleep 0.2
+  done
+  return 1
+}
+# 1 pod per Job: the process is the Job's global index.
+wait_processes js js-run "0.0=0 1.0=1"
+check "the JobSet's pods have the processes of their Jobs' global indices (global.completion index=process: $INDICES)" $?
+
+# The same trainers as a Kubeflow TrainJob of 2 nodes, on a TrainingRuntime
+# of the DataLoadJob's (a torch runtime: its node job's template labelled).
+{
+  dataloadjob tj
+  cat <<EOF
+---
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainingRuntime
+metadata:
+  name: torch-tj
+  namespace: training
+  labels: {meshload.io/job: tj, trainer.kubeflow.org/framework: torch}
+spec:
+  mlPolicy:
+    numNodes: 1
+    torch: {}
+  template:
+    spec:
+      replicatedJobs:
+      - name: node
+        template:
+          metadata:
+            labels: {trainer.kubeflow.org/trainjob-ancestor-step: trainer}
+          spec:
+            template:
+              metadata:
+                labels: {app: tj, meshload.io/job: tj}
+              spec:
+                containers:
+                - name: node
+                  image: trainer:1
+---
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata:
+  name: tj-run
+  namespace: training
+  labels: {kueue.x-k8s.io/queue-name: trainjobs}
+spec:
+  suspend: true
+  # What Kueue's TrainJob webhook adds (not registered here): its runtime
+  # patch, where it places what it admits with.
+  runtimePatches:
+  - manager: kueue.x-k8s.io/manager
+    trainingRuntimeSpec:
+      template:
+        metadata: {labels: {kueue.x-k8s.io/queue-name: trainjobs}}
+        spec: {}
+  runtimeRef: {name: torch-tj, kind: TrainingRuntime, apiGroup: trainer.kubeflow.org}
+  trainer:
+    numNodes: 2
+    resourcesPerNode: {requests: {cpu: "1", memory: 1Gi}}
+EOF
+} | k apply -f - >"$TMP/trainjob-apply.out" 2>&1
+rc=$?
+check "kubectl apply a DataLoadJob, its TrainingRuntime and a suspended TrainJob of 2 nodes in LocalQueue trainjobs" $rc
+[ $rc -eq 0 ] || cat "$TMP/trainjob-apply.out"
+k -n training get trainingruntime torch-tj -o json >"$TMP/runtime.json" 2>/dev/null
+has_sidecar "$TMP/runtime.json" spec.template.spec.replicatedJobs.0.template.spec.template
+check "the webhook put the sidecar in the TrainingRuntime's node template" $?
+admitted_workload TrainJob tj-run "$TMP/workload-trainjob.json"
+workload_counts_sidecars "$TMP/workload-trainjob.json" node 2
+rc=$?
+check "Kueue's Workload for the TrainJob holds the sidecar, and ClusterQueue trainjobs admits it: 4 CPU, 3Gi" $rc
+[ $rc -eq 0 ] || { head -c 3000 "$TMP/workload-trainjob.json"; echo; tail -5 "$TMP/kueue.log"; }
+wait_sidecars_per_pod training jobset.sigs.k8s.io/jobset-name=tj-run "1 1"
+rc=$?
+check "Trainer made the TrainJob's JobSet, JobSet its Job, the Job controller 2 pods, each with the sidecar once" $rc
+[ $rc -eq 0 ] || {
+  echo "sidecars per pod: $SIDECARS"
+  k -n training get trainjob,jobset,jobs
+  k -n training get trainjob tj-run -o jsonpath='{.spec.suspend} {.status}{"\n"}'
+  grep -i 'tj-run' "$TMP/kueue.log" | tail -8 | cut -c1-500
+  grep -i 'tj-run' "$TMP/trainer.log" | tail -5 | cut -c1-500
+}
+wait_dlj tj "Pending TrainersAdmitted -"
+check "DataLoadJob tj is Admitted (got: $got)" $?
+# One node Job of 2 pods: the process is the completion index.
+wait_processes tj tj-run "0.0=0 0.1=1"
+check "the TrainJob's pods have the processes of their completion indices (global.completion index=process: $INDICES)" $?
 
 finish

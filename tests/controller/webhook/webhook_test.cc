@@ -468,8 +468,8 @@ TEST(Injector, AJobSetsLabelledTemplatesGetTheSidecarAndTheirPodsTheirIndexFromT
   EXPECT_FALSE(d.allowed);
   EXPECT_EQ(d.message,
             "JobSet training/llm-run is labelled meshload.io/job=llm but its "
-            "spec.replicatedJobs[1].template.spec.template (replicated job workers) meshload.io/job=x: label the "
-            "JobSet and the pod templates of its trainers for the same DataLoadJob");
+            "spec.replicatedJobs[1].template.spec.template (replicated job workers) meshload.io/job=x: label it and "
+            "the pod templates of its trainers for the same DataLoadJob");
   json none = TrainerJobSet();
   none["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["metadata"]["labels"].erase("meshload.io/job");
   d = InjectJobSetTemplates(none, "training", Lookup(Job()), Options());
@@ -488,9 +488,15 @@ TEST(Injector, AJobSetsLabelledTemplatesGetTheSidecarAndTheirPodsTheirIndexFromT
 
 std::string Review(const json& pod, const std::string& operation = "CREATE") {
   const std::string kind = pod["kind"];
-  const std::string group = kind == "Job" ? "batch" : kind == "JobSet" ? "jobset.x-k8s.io" : "";
-  const std::string version = kind == "JobSet" ? "v1alpha2" : "v1";
-  const std::string resource = kind == "Job" ? "jobs" : kind == "JobSet" ? "jobsets" : "pods";
+  const std::string group = kind == "Job"               ? "batch"
+                            : kind == "JobSet"          ? "jobset.x-k8s.io"
+                            : kind == "TrainingRuntime" ? "trainer.kubeflow.org"
+                                                        : "";
+  const std::string version = kind == "JobSet" ? "v1alpha2" : kind == "TrainingRuntime" ? "v1alpha1" : "v1";
+  const std::string resource = kind == "Job"               ? "jobs"
+                               : kind == "JobSet"          ? "jobsets"
+                               : kind == "TrainingRuntime" ? "trainingruntimes"
+                                                           : "pods";
   return json{{"apiVersion", "admission.k8s.io/v1"},
               {"kind", "AdmissionReview"},
               {"request",
@@ -501,6 +507,52 @@ std::string Review(const json& pod, const std::string& operation = "CREATE") {
                 {"operation", operation},
                 {"object", pod}}}}
       .dump();
+}
+
+// A Kubeflow Trainer TrainingRuntime whose JobSet template's node job is
+// labelled for DataLoadJob llm (as the torch runtime, with the labels).
+json TrainerRuntime() {
+  json js = TrainerJobSet();
+  json node = js["spec"]["replicatedJobs"][1];
+  node["name"] = "node";
+  return {{"apiVersion", "trainer.kubeflow.org/v1alpha1"},
+          {"kind", "TrainingRuntime"},
+          {"metadata", {{"name", "torch-llm"}, {"namespace", "training"}, {"labels", {{"meshload.io/job", "llm"}}}}},
+          {"spec",
+           {{"mlPolicy", {{"numNodes", 2}, {"torch", json::object()}}},
+            {"template", {{"spec", {{"replicatedJobs", json::array({node})}}}}}}}};
+}
+
+TEST(Injector, ATrainingRuntimesLabelledTemplateGetsTheSidecarAsAJobSetsDoes) {
+  Decision d = InjectTrainingRuntimeTemplates(TrainerRuntime(), "training", Lookup(Job()), Options());
+  ASSERT_TRUE(d.allowed) << d.message;
+  EXPECT_EQ(d.outcome, "injected");
+  for (const auto& op : d.patch) {
+    EXPECT_EQ(op["path"].get<std::string>().rfind("/spec/template/spec/replicatedJobs/0/template/spec/template/", 0),
+              0u)
+        << op;
+  }
+  json rt = Apply(TrainerRuntime(), d.patch);
+  json js = Apply(TrainerJobSet(), InjectJobSetTemplates(TrainerJobSet(), "training", Lookup(Job()), Options()).patch);
+  // What the JobSet's template gets, in the runtime's JobSet template.
+  EXPECT_EQ(rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"],
+            js["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]);
+  // The JobSet Kubeflow Trainer makes from it: left as it is.
+  json made = TrainerJobSet();
+  made["spec"]["replicatedJobs"] = rt["spec"]["template"]["spec"]["replicatedJobs"];
+  EXPECT_EQ(InjectJobSetTemplates(made, "training", Lookup(Job()), Options()).outcome, "unchanged");
+
+  json other = TrainerRuntime();
+  other["metadata"]["labels"]["meshload.io/job"] = "x";
+  d = InjectTrainingRuntimeTemplates(other, "training", Lookup(Job()), Options());
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.message,
+            "TrainingRuntime training/torch-llm is labelled meshload.io/job=x but its "
+            "spec.template.spec.replicatedJobs[0].template.spec.template (replicated job node) meshload.io/job=llm: "
+            "label it and the pod templates of its trainers for the same DataLoadJob");
+  AdmissionAnswer a = ReviewAdmission(Review(TrainerRuntime()), Lookup(Job()), Options());
+  ASSERT_EQ(a.http_status, 200) << a.body;
+  EXPECT_EQ(a.outcome, "injected");
 }
 
 TEST(Admission, ARequestIsAnsweredWithItsUidAndABase64JsonPatch) {
