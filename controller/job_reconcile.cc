@@ -340,12 +340,17 @@ void JobReconcile::ReadTrainerJobs() {
   if (ctx_.trainer_jobs == nullptr) return;
   trainer_jobs_ = TrainerJobsOf(*ctx_.trainer_jobs, ns_, Field(Field(job_, "spec"), "selector"));
   for (auto& p : TrainerJobProblems(trainer_jobs_, processes_)) problems_.push_back(std::move(p));
-  int suspended = 0;
+  suspended_jobs_ = TrainerJobNames(true);
+}
+
+std::string JobReconcile::TrainerJobNames(bool suspended_only) const {
+  std::string names;
+  int n = 0;
   for (const auto& t : trainer_jobs_) {
-    if (!t.suspended || t.finished) continue;
-    suspended_jobs_ += (suspended++ == 0 ? "" : ", ") + ns_ + "/" + t.metadata.name;
+    if (t.finished || (suspended_only && !t.suspended)) continue;
+    names += (n++ == 0 ? "" : ", ") + ns_ + "/" + t.metadata.name;
   }
-  if (suspended > 0) suspended_jobs_ = (suspended == 1 ? "batch/v1 Job " : "batch/v1 Jobs ") + suspended_jobs_;
+  return n == 0 ? "" : (n == 1 ? "batch/v1 Job " : "batch/v1 Jobs ") + names;
 }
 
 void JobReconcile::ReadProgress() {
@@ -571,17 +576,9 @@ void JobReconcile::SetConditions() {
   for (const auto& c : progress_conditions_) desired_.conditions.push_back({c.type, c.status, c.reason, c.message});
   if (!suspended_jobs_.empty()) {
     SetSuspendedConditions();
-  } else {
-    std::string names;
-    int running = 0;
-    for (const auto& t : trainer_jobs_) {
-      if (!t.finished) names += (running++ == 0 ? "" : ", ") + ns_ + "/" + t.metadata.name;
-    }
-    if (running > 0) {
-      desired_.conditions.push_back(
-          {"Admitted", "True", "TrainersAdmitted",
-           (running == 1 ? "batch/v1 Job " : "batch/v1 Jobs ") + names + " not suspended: their pods may run"});
-    }
+  } else if (const std::string running = TrainerJobNames(false); !running.empty()) {
+    desired_.conditions.push_back(
+        {"Admitted", "True", "TrainersAdmitted", running + " not suspended: their pods may run"});
   }
 }
 

@@ -60,6 +60,9 @@ class JobReconcile {
   // The trainers' batch/v1 Jobs (controller/trainer_jobs.h): which are
   // suspended, and whether their parallelism fits the mesh.
   void ReadTrainerJobs();
+  // "batch/v1 Job ns/a" or "batch/v1 Jobs ns/a, ns/b": the unfinished
+  // trainer Jobs (the suspended ones only); "" when none.
+  std::string TrainerJobNames(bool suspended_only) const;
   // While trainer Jobs are suspended: the Admitted condition, the phase
   // WaitingForAdmission (never admitted) or Suspended (admitted before;
   // suspendedAtStep), and the conditions missing pods would otherwise set.

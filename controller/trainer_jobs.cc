@@ -55,13 +55,7 @@ json TrainerJob::ToJson() const {
   return out;
 }
 
-int64_t TrainerJob::global_index() const {
-  const std::string v = metadata.Label(kJobGlobalIndexLabel);
-  if (v.empty() || v.size() > 9 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return -1;
-  }
-  return std::stoll(v);
-}
+int64_t TrainerJob::global_index() const { return kube::ParseIndex(metadata.Label(kJobGlobalIndexLabel)).value_or(-1); }
 
 json SlimBatchJob(json job) { return TrainerJob::FromJson(job).ToJson(); }
 
@@ -70,9 +64,7 @@ std::optional<int64_t> JobSetProcessIndex(const kube::Pod& pod, const std::vecto
   const std::string jobset = pod.metadata.Label(kJobSetNameLabel);
   const std::optional<int64_t> ci = pod.CompletionIndex();
   if (jobset.empty() || !ci || *ci < 0) return std::nullopt;
-  TrainerJob own;
-  own.metadata.labels[kJobGlobalIndexLabel] = pod.metadata.Label(kJobGlobalIndexLabel);
-  const int64_t g = own.global_index();
+  const int64_t g = kube::ParseIndex(pod.metadata.Label(kJobGlobalIndexLabel)).value_or(-1);
   const std::string where = "pod " + pod.metadata.name + " of JobSet " + pod.metadata.namespace_ + "/" + jobset;
   if (g < 0) {
     *problem = "JobSetIndexUnknown: " + where + " has no label " + kJobGlobalIndexLabel;

@@ -201,13 +201,17 @@ const ContainerStatus* Pod::StatusOf(const std::string& container) const {
   return nullptr;
 }
 
+std::optional<int64_t> ParseIndex(const std::string& v) {
+  if (v.empty()) return std::nullopt;
+  if (v.size() > 9 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
+  return std::stoll(v);
+}
+
 std::optional<int64_t> Pod::CompletionIndex() const {
   std::string v;
   if (auto it = metadata.annotations.find(kJobCompletionIndex); it != metadata.annotations.end()) v = it->second;
   if (v.empty()) v = metadata.Label(kJobCompletionIndex);
-  if (v.empty()) return std::nullopt;
-  if (v.size() > 9 || !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
-  return std::stoll(v);
+  return ParseIndex(v);
 }
 
 ConfigMap ConfigMap::FromJson(const json& j) {

@@ -28,6 +28,10 @@ using StringMap = std::map<std::string, std::string>;
 
 /// The Indexed Job's completion index, an annotation and (>= 1.28) a label.
 inline constexpr char kJobCompletionIndex[] = "batch.kubernetes.io/job-completion-index";
+/// An index label or annotation's value: nullopt when empty, -1 when not a
+/// number of at most 9 digits.
+std::optional<int64_t> ParseIndex(const std::string& v);
+
 /// The labels JobSet (sigs.k8s.io/jobset) puts on the Jobs it makes and
 /// their pods: the JobSet's name, the replicated job's name, and the Job's
 /// index across the whole JobSet (0 to the number of its Jobs - 1).
